@@ -156,7 +156,11 @@ def _render_one(err: DslError, sources: dict[str, str]) -> str:
 def _excerpt(span: Span, sources: dict[str, str]) -> list[str]:
     text = sources.get(span.file)
     if text is None:
-        return []
+        try:
+            with open(span.file, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError):
+            return []
     lines = text.splitlines()
     if not 1 <= span.line <= len(lines):
         return []
