@@ -1,0 +1,3 @@
+from deepdsl.cli import main
+
+main()

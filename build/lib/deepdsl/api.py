@@ -1,0 +1,83 @@
+"""The staged driver shared by the CLI and the tests: text -> AST -> forward graph.
+
+Each stage is one function; `compile_source` / `compile_file` run them up to `stop_at`. Errors are
+raised as `DslError`; `sources` collects the text of every file read so they can be rendered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import deepdsl.ops  # noqa: F401 — fills the op registry
+from deepdsl.errors import DslError, DslProgramError
+from deepdsl.frontend import ast
+from deepdsl.frontend.elaborate import Elaborator
+from deepdsl.frontend.parser import parse_text
+from deepdsl.frontend.program import Program
+
+STAGES = ("ast", "graph")
+
+
+@dataclass
+class Compilation:
+    """What a run of the driver produced so far, and the source texts for rendering diagnostics."""
+
+    sources: dict[str, str] = field(default_factory=dict)
+    module: ast.Module | None = None
+    program: Program | None = None
+
+
+def parse_stage(text: str, file: str, c: Compilation) -> ast.Module:
+    c.sources[file] = text
+    return parse_text(text, file)
+
+
+def load_includes(module: ast.Module, c: Compilation) -> dict[str, ast.Module | DslError]:
+    """Parse every file the module includes, transitively; a failure is kept for the include's site."""
+    found: dict[str, ast.Module | DslError] = {}
+    todo = [module]
+    while todo:
+        m = todo.pop()
+        for item in m.items:
+            if not isinstance(item, ast.Include):
+                continue
+            path = str((Path(m.file).parent / item.path).resolve())
+            if path in found:
+                continue
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                found[path] = DslProgramError(f"cannot read included file '{item.path}': {exc.strerror or exc}", item.span)
+                continue
+            try:
+                sub = parse_stage(text, path, c)
+            except DslError as err:
+                found[path] = err
+                continue
+            found[path] = sub
+            todo.append(sub)
+    return found
+
+
+def elaborate_stage(module: ast.Module, includes: dict, sets: dict[str, int | float]) -> Program:
+    return Elaborator(module, includes, sets).run()
+
+
+def compile_source(
+    text: str, file: str = "<input>", sets: dict[str, int | float] | None = None, stop_at: str = "graph",
+    c: Compilation | None = None,
+) -> Compilation:  # fmt: skip
+    c = c if c is not None else Compilation()
+    c.module = parse_stage(text, file, c)
+    if stop_at == "ast":
+        return c
+    c.program = elaborate_stage(c.module, load_includes(c.module, c), sets or {})
+    return c
+
+
+def compile_file(
+    path: str | Path, sets: dict[str, int | float] | None = None, stop_at: str = "graph", c: Compilation | None = None
+) -> Compilation:
+    text = Path(path).read_text(encoding="utf-8")
+    return compile_source(text, str(path), sets, stop_at, c)

@@ -1,0 +1,161 @@
+"""The command line: parses options, calls the staged driver (`api`), renders. No compiler logic here.
+
+Exit codes: 0 ok, 1 an error in the user's input, 2 a usage error, 3 an internal error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import click
+
+from deepdsl import __version__, api
+from deepdsl.config import from_env
+from deepdsl.errors import DslError, render
+from deepdsl.frontend.ast import format_node
+from deepdsl.frontend.program import Program
+from deepdsl.ir.printer import format_graph
+
+EXIT_USER, EXIT_USAGE, EXIT_INTERNAL = 1, 2, 3
+
+
+def _parse_set(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, int | float]:
+    out: dict[str, int | float] = {}
+    for item in values:
+        name, eq, raw = item.partition("=")
+        if not eq or not name.strip().isidentifier():
+            raise click.BadParameter(f"expected NAME=VALUE, got {item!r}", ctx, param)
+        try:
+            value: int | float = int(raw)
+        except ValueError:
+            try:
+                value = float(raw)
+            except ValueError:
+                raise click.BadParameter(f"{name}: {raw!r} is not a number", ctx, param) from None
+        out[name.strip()] = value
+    return out
+
+
+def common(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every compiling command shares, and the error handling that gives exit codes."""
+
+    @click.argument("file", type=click.Path(exists=True, dir_okay=False))
+    @click.option("--set", "sets", multiple=True, callback=_parse_set, metavar="NAME=VALUE",
+                  help="Override a const of the network (repeatable).")  # fmt: skip
+    @wraps(fn)
+    def run(file: str, sets: dict[str, int | float], **kw: Any) -> None:
+        c = api.Compilation()
+        try:
+            fn(c, file, sets, **kw)
+        except DslError as err:
+            click.echo(render(err, c.sources), err=True)
+            sys.exit(EXIT_USER)
+        except click.exceptions.Exit:
+            raise
+        except click.ClickException:
+            raise
+        except Exception as exc:  # noqa: BLE001 — anything else is our bug
+            if from_env().debug:
+                traceback.print_exc()
+            click.echo(
+                f"internal error: {type(exc).__name__}: {exc}\n"
+                "This is a bug in deepdsl. Please report it with the input file and this command line "
+                "(DEEPDSL_DEBUG=1 shows the traceback).",
+                err=True,
+            )
+            sys.exit(EXIT_INTERNAL)
+
+    return run
+
+
+def _warnings(c: api.Compilation) -> None:
+    if c.program is not None:
+        for w in c.program.warnings:
+            click.echo(render(w, c.sources), err=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="deepdsl")
+def cli() -> None:
+    """deepdsl: compile deep networks written in .ddsl to checked, optimised programs."""
+
+
+@cli.command()
+@common
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
+@click.option("--layers", is_flag=True, help="Also print every layer with its output shape and parameters.")
+def check(c: api.Compilation, file: str, sets: dict, as_json: bool, layers: bool) -> None:
+    """Parse and shape-check FILE; print its inputs, outputs and parameter count."""
+    api.compile_file(file, sets, c=c)
+    assert c.program is not None
+    _warnings(c)
+    if as_json:
+        click.echo(json.dumps(check_json(c.program)))
+    else:
+        click.echo(check_text(c.program, file, layers))
+
+
+@cli.command()
+@common
+@click.option("--stage", type=click.Choice(api.STAGES), default="graph", show_default=True,
+              help="Which stage to print.")  # fmt: skip
+def ir(c: api.Compilation, file: str, sets: dict, stage: str) -> None:
+    """Print FILE at one stage of the compiler, in a stable text form."""
+    api.compile_file(file, sets, stop_at=stage, c=c)
+    if stage == "ast":
+        assert c.module is not None
+        click.echo(format_node(c.module))
+        return
+    assert c.program is not None
+    _warnings(c)
+    click.echo(format_graph(c.program.graph), nl=False)
+
+
+def check_json(p: Program) -> dict[str, Any]:
+    g = p.graph
+    return {
+        "network": g.name,
+        "parameters": g.parameter_count,
+        "parameter_bytes": g.parameter_bytes,
+        "inputs": {d.value.name: list(d.value.type.shape) for d in g.inputs},
+        "outputs": {name: list(v.type.shape) for name, v in g.outputs},
+        "layers": [
+            {"name": r.name, "op": r.kind, "output": list(r.output.shape), "parameters": r.parameters} for r in p.layers
+        ],
+    }
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def check_text(p: Program, file: str, layers: bool) -> str:
+    g = p.graph
+    lines = [f"network {g.name}  ({file})"]
+    for i, d in enumerate(g.inputs):
+        extra = f"  ({d.classes} classes)" if d.classes is not None else ""
+        lines.append(f"  {'inputs' if i == 0 else '':<11} {d.value.name} {d.value.type}{extra}")
+    for name, v in g.outputs:
+        lines.append(f"  {name:<11} {v.type}")
+    lines.append(f"  {'parameters':<11} {g.parameter_count:,} ({_mib(g.parameter_bytes)})")
+    if g.state:
+        n = sum(s.value.type.numel for s in g.state)
+        lines.append(f"  {'state':<11} {n:,} ({_mib(n * 4)}: running statistics)")
+    if layers:
+        width = max([5, *(len(r.name) for r in p.layers)])
+        kind_w = max([4, *(len(r.kind) for r in p.layers)])
+        lines.append("")
+        lines.append(f"  {'layer':<{width}}  {'kind':<{kind_w}}  {'output':<20} {'parameters':>12}")
+        for r in p.layers:
+            lines.append(f"  {r.name:<{width}}  {r.kind:<{kind_w}}  {str(r.output):<20} {r.parameters:>12,}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `deepdsl` console script."""
+    cli.main(args=argv, prog_name="deepdsl")

@@ -1,0 +1,171 @@
+"""Source spans, the diagnostics users see, and the one function that renders them.
+
+Every failure a user can cause is a `DslError` (or a subclass) carrying a `Span`; the CLI renders it
+as `file:line:col: error: message`, the source line, a caret under the span and an optional hint.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, order=True)
+class Span:
+    """A region of a source file; lines and columns count from 1, `end_col` is exclusive."""
+
+    file: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+    @staticmethod
+    def point(file: str, line: int, col: int, width: int = 1) -> Span:
+        return Span(file, line, col, line, col + width)
+
+
+@dataclass(frozen=True)
+class Note:
+    message: str
+    span: Span | None = None
+
+
+class DslError(Exception):
+    """A problem in the user's input (exit code 1)."""
+
+    kind = "error"
+
+    def __init__(self, message: str, span: Span | None = None, hint: str | None = None, notes: Iterable[Note] = ()):
+        super().__init__(message)
+        self.message = message
+        self.span = span
+        self.hint = hint
+        self.notes = tuple(notes)
+
+    def __str__(self) -> str:
+        where = f"{self.span}: " if self.span else ""
+        return f"{where}{self.message}"
+
+
+class DslSyntaxError(DslError):
+    """The text does not follow the grammar."""
+
+
+class DslNameError(DslError):
+    """A name that is not defined, defined twice, or reserved."""
+
+
+class DslArgumentError(DslError):
+    """A call with a wrong, missing or unknown argument."""
+
+
+class DslTypeError(DslError):
+    """A value of the wrong kind where another was expected (a tensor where an int must be, ...)."""
+
+
+class DslShapeError(DslError):
+    """Shapes that do not fit together."""
+
+
+class DslRecursionError(DslError):
+    """A def that calls itself, directly or through others."""
+
+
+class DslProgramError(DslError):
+    """Whole-program problems: a missing or non-scalar loss, an invalid train block, a budget missed."""
+
+
+class DslWarning(DslError):
+    """Reported, but does not stop compilation."""
+
+    kind = "warning"
+
+
+class DiagnosticsError(DslError):
+    """Several errors found in one run, reported together in source order."""
+
+    def __init__(self, errors: Iterable[DslError]):
+        self.errors = tuple(sorted(errors, key=_order))
+        first = self.errors[0]
+        super().__init__(first.message, first.span, first.hint, first.notes)
+
+
+@dataclass
+class Diagnostics:
+    """Collects errors and warnings while a stage keeps going after the first problem."""
+
+    errors: list[DslError] = field(default_factory=list)
+    warnings: list[DslError] = field(default_factory=list)
+
+    def add(self, err: DslError) -> None:
+        (self.warnings if isinstance(err, DslWarning) else self.errors).append(err)
+
+    def raise_if_errors(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise DiagnosticsError(self.errors)
+
+
+def _order(err: DslError) -> tuple[str, int, int]:
+    s = err.span
+    return (s.file, s.line, s.col) if s else ("", 0, 0)
+
+
+def flatten(err: DslError) -> tuple[DslError, ...]:
+    return err.errors if isinstance(err, DiagnosticsError) else (err,)
+
+
+def nearest(name: str, known: Iterable[str]) -> str | None:
+    """The known name closest to `name`, for "did you mean" hints."""
+    matches = difflib.get_close_matches(name, sorted(set(known)), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str | None:
+    best = nearest(name, known)
+    return f"did you mean '{best}'?" if best else None
+
+
+def render(err: DslError, sources: dict[str, str]) -> str:
+    """Format one diagnostic (or each of several) the way a compiler does, with the line and a caret."""
+    return "\n".join(_render_one(e, sources) for e in flatten(err))
+
+
+def _render_one(err: DslError, sources: dict[str, str]) -> str:
+    out = []
+    if err.span is None:
+        out.append(f"{err.kind}: {err.message}")
+    else:
+        out.append(f"{err.span}: {err.kind}: {err.message}")
+        out.extend(_excerpt(err.span, sources))
+    for note in err.notes:
+        out.append(f"{note.span}: note: {note.message}" if note.span else f"note: {note.message}")
+        if note.span:
+            out.extend(_excerpt(note.span, sources))
+    if err.hint:
+        out.append(f"  hint: {err.hint}")
+    return "\n".join(out)
+
+
+def _excerpt(span: Span, sources: dict[str, str]) -> list[str]:
+    text = sources.get(span.file)
+    if text is None:
+        try:
+            with open(span.file, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError):
+            return []
+    lines = text.splitlines()
+    if not 1 <= span.line <= len(lines):
+        return []
+    line = lines[span.line - 1].expandtabs(1)
+    width = (span.end_col - span.col) if span.end_line == span.line else len(line) - span.col + 1
+    width = max(1, min(width, len(line) - span.col + 1 if span.col <= len(line) else 1))
+    gutter = f"{span.line:>5} | "
+    return [gutter + line, " " * (len(gutter) - 2) + "| " + " " * (span.col - 1) + "^" + "~" * (width - 1)]

@@ -1,0 +1,248 @@
+"""The built-in layers and functions of DESIGN §2.4: their signatures and how each lowers to IR ops.
+
+A built-in layer is the user's vocabulary (`conv`, `full`, `batch_norm`); it makes its parameters and
+emits one or more registry ops (`conv2d` + `bias_add`). Signatures are data, so argument checking,
+defaults and error messages are shared by every entry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from deepdsl.errors import DslArgumentError, DslShapeError, Span
+from deepdsl.frontend.values import Spec, TensorVal
+
+if TYPE_CHECKING:
+    from deepdsl.frontend.elaborate import Elaborator
+
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    name: str
+    kind: str  # int, pair, float, bool, init, str
+    default: Any = REQUIRED
+    low: float | None = None  # smallest allowed value (ints, pairs, floats)
+    below: float | None = None  # values must be strictly less than this
+
+
+Args = dict[str, Any]
+Apply = Callable[["Elaborator", str, tuple[TensorVal, ...], Args, Span], TensorVal]
+
+
+@dataclass(frozen=True)
+class Builtin:
+    name: str
+    inputs: int  # leading tensor inputs; -1 for any number (concat)
+    args: tuple[ArgSpec, ...]
+    apply: Apply
+    layer: bool = True  # a layer gets a naming scope and a row in `check --layers`
+
+
+HE = Spec("init", "he", ())
+ZERO = Spec("init", "constant", (("v", 0.0),))
+ONE = Spec("init", "constant", (("v", 1.0),))
+
+BUILTINS: dict[str, Builtin] = {}
+
+
+def builtin(name: str, *args: ArgSpec, inputs: int = 1, layer: bool = True) -> Callable[[Apply], Apply]:
+    def register(fn: Apply) -> Apply:
+        BUILTINS[name] = Builtin(name, inputs, args, fn, layer)
+        return fn
+
+    return register
+
+
+def need_rank(x: TensorVal, ranks: tuple[int, ...], what: str, span: Span, hint: str | None = None) -> None:
+    if len(x.shape) not in ranks:
+        want = " or ".join(f"{r}-D" for r in ranks)
+        raise DslShapeError(f"{what} expects a {want} input, got {x.value.type} from {x.origin}", span, hint=hint)
+
+
+# ---- layers with parameters ---------------------------------------------------------------------
+
+
+@builtin(
+    "conv",
+    ArgSpec("out", "int", low=1),
+    ArgSpec("kernel", "pair", low=1),
+    ArgSpec("stride", "pair", 1, low=1),
+    ArgSpec("pad", "pair", 0, low=0),
+    ArgSpec("groups", "int", 1, low=1),
+    ArgSpec("bias", "bool", True),
+    ArgSpec("init", "init", HE),
+    ArgSpec("bias_init", "init", ZERO),
+)
+def conv(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    (x,) = xs
+    need_rank(x, (4,), "conv", span, "conv works on [N, C, H, W] images")
+    c, g = x.shape[1], a["groups"]
+    if c % g:
+        raise DslShapeError(f"conv: groups={g} does not divide the {c} input channels of {x.origin}", span)
+    w = el.param(path, "W", (a["out"], c // g, *a["kernel"]), a["init"], span)
+    y = el.emit("conv2d", (x, w), span, path, "conv", stride=a["stride"], pad=a["pad"], groups=g)
+    if a["bias"]:
+        b = el.param(path, "b", (a["out"],), a["bias_init"], span)
+        y = el.emit("bias_add", (y, b), span, path, "conv")
+    return y
+
+
+@builtin(
+    "full",
+    ArgSpec("out", "int", low=1),
+    ArgSpec("bias", "bool", True),
+    ArgSpec("init", "init", HE),
+    ArgSpec("bias_init", "init", ZERO),
+)
+def full(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    (x,) = xs
+    hint = "use `flatten` first to turn [N, C, H, W] into [N, C*H*W]" if len(x.shape) > 2 else None
+    need_rank(x, (2,), "full", span, hint)
+    w = el.param(path, "W", (a["out"], x.shape[1]), a["init"], span)
+    y = el.emit("linear", (x, w), span, path, "full")
+    if a["bias"]:
+        b = el.param(path, "b", (a["out"],), a["bias_init"], span)
+        y = el.emit("bias_add", (y, b), span, path, "full")
+    return y
+
+
+@builtin(
+    "batch_norm",
+    ArgSpec("eps", "float", 1e-5, low=1e-30),
+    ArgSpec("momentum", "float", 0.1, low=0.0),
+    ArgSpec("affine", "bool", True),
+)
+def batch_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    (x,) = xs
+    need_rank(x, (2, 4), "batch_norm", span)
+    c = (x.shape[1],)
+    ins = [x, el.param(path, "running_mean", c, ZERO, span, "state"), el.param(path, "running_var", c, ONE, span, "state")]
+    if a["affine"]:
+        ins += [el.param(path, "gamma", c, ONE, span), el.param(path, "beta", c, ZERO, span)]
+    return el.emit("batch_norm", tuple(ins), span, path, "batch_norm", eps=a["eps"], momentum=a["momentum"], affine=a["affine"])
+
+
+# ---- layers without parameters ------------------------------------------------------------------
+
+
+def _pool(op: str, what: str) -> Apply:
+    def apply(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+        (x,) = xs
+        need_rank(x, (4,), what, span, f"{what} works on [N, C, H, W] images")
+        stride = a["stride"] if a["stride"] is not None else a["kernel"]
+        return el.emit(op, (x,), span, path, what, kernel=a["kernel"], stride=stride, pad=a["pad"])
+
+    return apply
+
+
+for _op, _what in (("max_pool2d", "max_pool"), ("avg_pool2d", "avg_pool")):
+    builtin(
+        _what,
+        ArgSpec("kernel", "pair", low=1),
+        ArgSpec("stride", "pair", None, low=1),
+        ArgSpec("pad", "pair", 0, low=0),
+    )(_pool(_op, _what))
+
+
+@builtin("global_avg_pool")
+def global_avg_pool(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    need_rank(xs[0], (4,), "global_avg_pool", span)
+    return el.emit("global_avg_pool", xs, span, path, "global_avg_pool")
+
+
+@builtin("flatten")
+def flatten(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    (x,) = xs
+    need_rank(x, (2, 3, 4, 5, 6), "flatten", span)
+    shape = (x.shape[0], math.prod(x.shape[1:]))
+    return el.emit("reshape", xs, span, path, "flatten", shape=shape)
+
+
+def _simple(op: str, *args: ArgSpec) -> None:
+    def apply(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+        return el.emit(op, xs, span, path, op, **a)
+
+    builtin(op, *args)(apply)
+
+
+for _name in ("relu", "sigmoid", "tanh", "softmax", "log_softmax", "exp", "log", "sqrt", "abs"):
+    _simple(_name)
+_simple("leaky_relu", ArgSpec("slope", "float", 0.01))
+_simple("lrn", ArgSpec("size", "int", 5, low=1), ArgSpec("alpha", "float", 1e-4), ArgSpec("beta", "float", 0.75),
+        ArgSpec("k", "float", 1.0))  # fmt: skip
+
+
+@builtin("dropout", ArgSpec("p", "float", 0.5, low=0.0, below=1.0))
+def dropout(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    return el.emit("dropout", xs, span, path, "dropout", p=a["p"], site=path)
+
+
+# ---- functions of several tensors -----------------------------------------------------------------
+
+
+@builtin("concat", ArgSpec("axis", "int", 1, low=0), inputs=-1, layer=False)
+def concat(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    if len(xs) < 2:
+        raise DslArgumentError("concat needs at least two tensors", span)
+    return el.emit("concat", xs, span, path, "concat", axis=a["axis"])
+
+
+def _class_loss(op: str) -> None:
+    def apply(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+        scores, labels = xs
+        if labels.classes is not None and len(scores.shape) == 2 and scores.shape[1] != labels.classes:
+            raise DslShapeError(
+                f"{op}: {scores.origin} gives {scores.shape[1]} scores per sample, "
+                f"but the labels '{labels.origin.split(chr(39))[1]}' have {labels.classes} classes",
+                span,
+            )
+        return el.emit(op, xs, span, path, op)
+
+    builtin(op, inputs=2, layer=False)(apply)
+
+
+for _name in ("softmax_cross_entropy", "cross_entropy", "accuracy"):
+    _class_loss(_name)
+
+
+@builtin("mse", inputs=2, layer=False)
+def mse(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    return el.emit("mse", xs, span, path, "mse")
+
+
+@builtin("argmax", layer=False)
+def argmax(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    return el.emit("argmax", xs, span, path, "argmax")
+
+
+# ---- specs: initialisers, data sources, optimizers ---------------------------------------------------
+
+SPECS: dict[str, tuple[str, tuple[ArgSpec, ...]]] = {
+    "he": ("init", ()),
+    "xavier": ("init", ()),
+    "gaussian": ("init", (ArgSpec("std", "float", low=0.0),)),
+    "uniform": ("init", (ArgSpec("a", "float", low=0.0),)),
+    "constant": ("init", (ArgSpec("v", "float"),)),
+    "synthetic": ("data", (ArgSpec("seed", "int", 1),)),
+    "mnist": ("data", (ArgSpec("dir", "str"),)),
+    "cifar10": ("data", (ArgSpec("dir", "str"),)),
+    "npz": ("data", (ArgSpec("file", "str"),)),
+    "sgd": (
+        "optimizer",
+        (ArgSpec("lr", "float", low=0.0), ArgSpec("momentum", "float", 0.0, low=0.0),
+         ArgSpec("weight_decay", "float", 0.0, low=0.0), ArgSpec("clip", "float", 0.0, low=0.0)),
+    ),  # fmt: skip
+    "adam": (
+        "optimizer",
+        (ArgSpec("lr", "float", 0.001, low=0.0), ArgSpec("beta1", "float", 0.9, low=0.0, below=1.0),
+         ArgSpec("beta2", "float", 0.999, low=0.0, below=1.0), ArgSpec("eps", "float", 1e-8, low=0.0)),
+    ),  # fmt: skip
+}
+
+# compile-time shape queries: name -> number of arguments after the tensor
+QUERIES = {"dim": 1, "channels": 0, "rank": 0}

@@ -1,0 +1,109 @@
+"""Loads grammar/ddsl.lark once (LALR, positions kept) and turns parse failures into diagnostics."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from lark import Lark, Token, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import VisitError
+
+from deepdsl.errors import DslError, DslSyntaxError, Span
+from deepdsl.frontend import ast
+from deepdsl.frontend.syntax_hints import EXAMPLES
+from deepdsl.frontend.transformer import ToAst
+
+_FRIENDLY = {
+    "NAME": "a name",
+    "INT": "an integer",
+    "FLOAT": "a number",
+    "STRING": "a string",
+    "CMP_OP": "a comparison",
+    "ADD_OP": "'+' or '-'",
+    "MUL_OP": "'*', '/' or '%'",
+    "REDUCE": "'sum' or 'max'",
+    "$END": "the end of the file",
+}
+
+
+def grammar_path() -> Path:
+    """The grammar inside an installed wheel (deepdsl/grammar/), else the source tree's grammar/."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "grammar" / "ddsl.lark", here.parent / "grammar" / "ddsl.lark"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError("grammar/ddsl.lark is missing from the deepdsl installation")
+
+
+@functools.cache
+def _lark() -> Lark:
+    return Lark(grammar_path().read_text(), parser="lalr", propagate_positions=True, maybe_placeholders=True)
+
+
+def parse_text(text: str, file: str = "<input>") -> ast.Module:
+    """Parse one .ddsl text into an `ast.Module`; raises DslSyntaxError (or DslNameError) on bad input."""
+    parser = _lark()
+    try:
+        tree = parser.parse(text)
+    except UnexpectedInput as exc:
+        raise _syntax_error(exc, text, file) from None
+    try:
+        return ToAst(file).transform(tree)
+    except VisitError as exc:
+        if isinstance(exc.orig_exc, DslError):
+            raise exc.orig_exc from None
+        raise
+
+
+def parse_file(path: str | Path) -> ast.Module:
+    p = Path(path)
+    return parse_text(p.read_text(), str(path))
+
+
+def _describe(term: str) -> str:
+    if term in _FRIENDLY:
+        return _FRIENDLY[term]
+    try:
+        pattern = _lark().get_terminal(term).pattern
+    except KeyError:
+        return term
+    return f"'{pattern.value}'" if pattern.type == "str" else term
+
+
+def _expected(names: set[str]) -> str:
+    shown = sorted({_describe(n) for n in names})
+    if len(shown) > 8:
+        shown = shown[:8] + ["..."]
+    return ", ".join(shown)
+
+
+def _syntax_error(exc: UnexpectedInput, text: str, file: str) -> DslSyntaxError:
+    line, col = exc.line, exc.column
+    if isinstance(exc, UnexpectedEOF) or (isinstance(exc, UnexpectedToken) and exc.token.type == "$END"):
+        lines = text.splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+        found = "the end of the file"
+        width = 1
+    elif isinstance(exc, UnexpectedToken):
+        tok: Token = exc.token
+        kind = {"NAME": "name", "INT": "integer", "FLOAT": "number", "STRING": "string"}.get(tok.type)
+        found = f"{kind} {tok}" if kind == "string" else f"{kind} '{tok}'" if kind else f"'{tok}'"
+        width = max(1, len(str(tok)))
+    else:
+        assert isinstance(exc, UnexpectedCharacters)
+        found = f"character {text[exc.pos_in_stream]!r}" if 0 <= exc.pos_in_stream < len(text) else "a character"
+        width = 1
+    if line is None or line < 1:
+        line, col = 1, 1
+    expected = getattr(exc, "expected", None) or getattr(exc, "allowed", None) or set()
+    if isinstance(exc, UnexpectedToken):
+        expected = exc.accepts or exc.expected
+    message = f"unexpected {found}"
+    if expected:
+        message += f"; expected {_expected(set(expected))}"
+    hint = None
+    try:
+        hint = exc.match_examples(_lark().parse, EXAMPLES, use_accepts=True)
+    except Exception:  # noqa: BLE001 — a hint is best-effort; the error itself stands
+        hint = None
+    return DslSyntaxError(message, Span.point(file, line, col or 1, width), hint=hint)

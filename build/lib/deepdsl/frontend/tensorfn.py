@@ -1,0 +1,293 @@
+"""Lowering of `tensor` functions (DESIGN §2.5) to `indexed` statements.
+
+Each local definition (`mu[n] = ...`) and the returned expression becomes one `indexed` statement
+whose body is a scalar index expression (`ir.indexexpr`). Size names in the signature bind to the
+arguments' sizes; the range of each index variable is given explicitly (`i: H - K + 1`) or read off
+the plain accesses that use it (`x[n, d]` gives d the size of x's second dimension).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from deepdsl.errors import DslArgumentError, DslNameError, DslShapeError, DslTypeError, Note, Span, did_you_mean
+from deepdsl.frontend import ast
+from deepdsl.frontend.values import Spec, TensorVal, describe
+from deepdsl.ir import indexexpr as ie
+from deepdsl.ir.types import DType
+
+if TYPE_CHECKING:
+    from deepdsl.frontend.elaborate import Elaborator, Env
+
+
+@dataclass
+class _Stmt:
+    """One indexed statement being lowered: its inputs, binders and the readings of each index."""
+
+    tensors: dict[str, TensorVal]
+    inputs: list[TensorVal] = field(default_factory=list)
+    readings: dict[str, list[tuple[int, Span, str]]] = field(default_factory=dict)
+    binders: dict[str, str] = field(default_factory=dict)  # source name -> unique name
+    used: set[str] = field(default_factory=set)
+    sizes: dict[str, int] = field(default_factory=dict)  # reduction variable -> its range
+
+    def input_index(self, name: str) -> int:
+        t = self.tensors[name]
+        for k, existing in enumerate(self.inputs):
+            if existing.value == t.value:
+                return k
+        self.inputs.append(t)
+        return len(self.inputs) - 1
+
+    def bind(self, name: str) -> str:
+        unique, k = name, 1
+        while unique in self.used:
+            k += 1
+            unique = f"{name}_{k}"
+        self.used.add(unique)
+        self.binders[name] = unique
+        return unique
+
+
+def call_tensor_fn(el: Elaborator, fn: ast.TensorDef, args: tuple[TensorVal, ...], path: str, span: Span) -> TensorVal:
+    if len(args) != len(fn.inputs):
+        raise DslArgumentError(f"tensor function '{fn.name}' takes {len(fn.inputs)} tensors, got {len(args)}", span)
+    sizes: dict[str, int] = {}
+    size_from: dict[str, str] = {}
+    tensors: dict[str, TensorVal] = {}
+    for tp, x in zip(fn.inputs, args):
+        if x.value.type.dtype is not DType.F32:
+            raise DslTypeError(f"'{fn.name}' takes float tensors; '{tp.name}' gets {x.value.type}", span)
+        if len(x.shape) != len(tp.sizes):
+            raise DslShapeError(
+                f"'{fn.name}' expects {tp.name} of rank {len(tp.sizes)}, got {x.value.type} from {x.origin}", span,
+                notes=[Note(f"{tp.name} is declared here", tp.span)],
+            )  # fmt: skip
+        for axis, ((sspan, size), actual) in enumerate(zip(tp.sizes, x.shape)):
+            where = f"dimension {axis} of {tp.name}"
+            if isinstance(size, int):
+                if size != actual:
+                    raise DslShapeError(f"'{fn.name}' needs {where} to be {size}, got {actual} ({x.value.type})", span)
+            elif size in sizes and sizes[size] != actual:
+                raise DslShapeError(
+                    f"'{fn.name}': size {size} is {sizes[size]} from {size_from[size]} but {actual} from {where}",
+                    span, notes=[Note(f"{size} is bound here", sspan)],
+                )  # fmt: skip
+            else:
+                sizes[size], size_from[size] = actual, where
+        tensors[tp.name] = x
+    from deepdsl.frontend.elaborate import Env
+
+    env = Env(dict(sizes), el.globals)
+    for decl in fn.params:
+        dims = tuple(el.eval_int(d, env, "a parameter dimension", low=1) for d in decl.dims)
+        init = el.eval(decl.init, env)
+        if not (isinstance(init, Spec) and init.family == "init"):
+            raise DslTypeError(f"a param's initialiser must be he(), constant(v), ...; got {describe(init)}", decl.init.span)
+        if decl.name in tensors:
+            raise DslNameError(f"'{decl.name}' is already an input of '{fn.name}'", decl.span)
+        tensors[decl.name] = el.param(path, decl.name, dims, init, decl.span)
+    for local in fn.locals:
+        if local.name in tensors:
+            raise DslNameError(f"'{local.name}' is already defined in '{fn.name}'", local.span)
+        outs = tuple(ast.IndexRange(local.span, i, None) for i in local.indices)
+        tensors[local.name] = _lower(el, env, tensors, outs, local.value, path, f"{fn.name}.{local.name}", local.span)
+    result = _lower(el, env, tensors, fn.outputs, fn.result, path, fn.name, span)
+    for decl in fn.params:
+        if not _mentions(fn, decl.name):
+            el.diags.add(_unused(decl))
+    return result
+
+
+def _unused(decl: ast.ParamDecl) -> Any:
+    from deepdsl.errors import DslWarning
+
+    return DslWarning(f"param '{decl.name}' is never read", decl.span)
+
+
+def _mentions(fn: ast.TensorDef, name: str) -> bool:
+    found = False
+
+    def go(e: ast.IExpr) -> None:
+        nonlocal found
+        if isinstance(e, ast.IAccess):
+            found |= e.tensor == name
+            for i in e.indices:
+                go(i)
+        elif isinstance(e, ast.ICall):
+            for a in e.args:
+                go(a)
+        elif isinstance(e, ast.IUnary):
+            go(e.operand)
+        elif isinstance(e, (ast.IBinary,)):
+            go(e.left)
+            go(e.right)
+        elif isinstance(e, ast.ICond):
+            go(e.cond)
+            go(e.then)
+            go(e.other)
+        elif isinstance(e, ast.IReduce):
+            go(e.body)
+
+    for local in fn.locals:
+        go(local.value)
+    go(fn.result)
+    return found
+
+
+def _lower(
+    el: Elaborator, env: Env, tensors: dict[str, TensorVal], outs: tuple[ast.IndexRange, ...], body: ast.IExpr,
+    path: str, what: str, span: Span,
+) -> TensorVal:  # fmt: skip
+    st = _Stmt(tensors)
+    explicit: dict[str, tuple[int, Span]] = {}
+    names = []
+    for r in outs:
+        if r.name in st.binders:
+            raise DslNameError(f"index '{r.name}' appears twice", r.span)
+        if r.name in tensors:
+            raise DslNameError(f"'{r.name}' names a tensor and cannot be an index", r.span)
+        unique = st.bind(r.name)
+        names.append((unique, r))
+        if r.size is not None:
+            explicit[unique] = (el.eval_int(r.size, env, "an index range", low=1), r.span)
+    expr = _convert(el, env, st, body, explicit, dict(st.binders))
+    out = tuple((unique, _range(st, unique, r.name, explicit, r.span)) for unique, r in names)
+    expr = _fill_ranges(expr, st, explicit)
+    return el.emit("indexed", tuple(st.inputs), span, path, what, out=out, body=expr)
+
+
+def _range(st: _Stmt, unique: str, name: str, explicit: dict[str, tuple[int, Span]], span: Span) -> int:
+    if unique in explicit:
+        return explicit[unique][0]
+    readings = st.readings.get(unique, [])
+    if not readings:
+        raise DslShapeError(
+            f"cannot tell the range of index '{name}': it is never used plainly in an access like x[..., {name}, ...]",
+            span, hint=f"give it in the signature or the reduction, e.g. `{name}: H - K + 1`",
+        )  # fmt: skip
+    size, first_span, first = readings[0]
+    for other, ospan, tname in readings[1:]:
+        if other != size:
+            raise DslShapeError(
+                f"index '{name}' ranges over {size} in {first} but over {other} in {tname}", ospan,
+                notes=[Note(f"{first} reads it here", first_span)],
+            )  # fmt: skip
+    return size
+
+
+def _fill_ranges(e: ie.IE, st: _Stmt, explicit: dict[str, tuple[int, Span]]) -> ie.IE:
+    if isinstance(e, ie.Reduce):
+        return ie.Reduce(e.kind, tuple((v, st.sizes[v]) for v, _ in e.vars), _fill_ranges(e.body, st, explicit))
+    if isinstance(e, ie.Apply):
+        return ie.Apply(e.fn, tuple(_fill_ranges(a, st, explicit) for a in e.args))
+    return e
+
+
+def _convert(
+    el: Elaborator, env: Env, st: _Stmt, e: ast.IExpr, explicit: dict[str, tuple[int, Span]], scope: dict[str, str]
+) -> ie.IE:
+    def go(e: ast.IExpr, scope: dict[str, str]) -> ie.IE:
+        if isinstance(e, ast.INum):
+            return ie.Const(float(e.value))
+        if isinstance(e, ast.IName):
+            if e.name in scope:
+                return ie.Var(scope[e.name])
+            return ie.Const(float(_scalar(el, env, st, e.name, e.span, scope)))
+        if isinstance(e, ast.IAccess):
+            if e.tensor not in st.tensors:
+                raise DslNameError(
+                    f"unknown tensor '{e.tensor}'", e.span, hint=did_you_mean(e.tensor, list(st.tensors))
+                )
+            t = st.tensors[e.tensor]
+            if len(e.indices) != len(t.shape):
+                raise DslShapeError(
+                    f"'{e.tensor}' has rank {len(t.shape)} ({t.value.type}) but is read with {len(e.indices)} indices",
+                    e.span,
+                )
+            index = tuple(_affine(el, env, st, i, scope) for i in e.indices)
+            for axis, a in enumerate(index):
+                if a.plain_var is not None:
+                    st.readings.setdefault(a.plain_var, []).append((t.shape[axis], e.span, f"{e.tensor}[...]"))
+            return ie.Read(st.input_index(e.tensor), index)
+        if isinstance(e, ast.ICall):
+            arity = ie.FUNCTIONS.get(e.func)
+            if arity is None:
+                raise DslNameError(
+                    f"unknown scalar function '{e.func}'", e.span, hint=did_you_mean(e.func, list(ie.FUNCTIONS))
+                    or f"the functions are: {', '.join(ie.FUNCTIONS)}",
+                )  # fmt: skip
+            if len(e.args) != arity:
+                raise DslArgumentError(f"{e.func} takes {arity} argument(s), got {len(e.args)}", e.span)
+            return ie.Apply(e.func, tuple(go(a, scope) for a in e.args))
+        if isinstance(e, ast.IUnary):
+            return ie.Apply("neg" if e.op == "-" else "not", (go(e.operand, scope),))
+        if isinstance(e, ast.IBinary):
+            if e.op == "%":
+                raise DslTypeError("'%' is not a scalar operator in tensor bodies", e.span)
+            return ie.Apply(e.op, (go(e.left, scope), go(e.right, scope)))
+        if isinstance(e, ast.ICond):
+            return ie.Apply("select", (go(e.cond, scope), go(e.then, scope), go(e.other, scope)))
+        if isinstance(e, ast.IReduce):
+            inner = dict(scope)
+            bound = []
+            for r in e.indices:
+                if r.name in st.tensors:
+                    raise DslNameError(f"'{r.name}' names a tensor and cannot be an index", r.span)
+                unique = st.bind(r.name)
+                inner[r.name] = unique
+                if r.size is not None:
+                    explicit[unique] = (el.eval_int(r.size, env, "an index range", low=1), r.span)
+                bound.append((unique, r))
+            body = go(e.body, inner)
+            for unique, r in bound:
+                st.sizes[unique] = _range(st, unique, r.name, explicit, r.span)
+            return ie.Reduce(e.kind, tuple((u, 0) for u, _ in bound), body)
+        raise AssertionError(e)
+
+    return go(e, scope)
+
+
+def _scalar(el: Elaborator, env: Env, st: _Stmt, name: str, span: Span, scope: dict[str, str]) -> float:
+    if name in st.tensors:
+        raise DslTypeError(f"'{name}' is a tensor; read an element with {name}[...]", span)
+    try:
+        v = env.lookup(name)
+    except KeyError:
+        known = list(scope) + list(st.tensors) + [k for k, v in env.values.items() if isinstance(v, int)]
+        raise DslNameError(f"unknown name '{name}' in a tensor body", span, hint=did_you_mean(name, known)) from None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise DslTypeError(f"'{name}' is {describe(v)}, not a number", span)
+    return v
+
+
+def _affine(el: Elaborator, env: Env, st: _Stmt, e: ast.IExpr, scope: dict[str, str]) -> ie.Affine:
+    def bad() -> DslTypeError:
+        return DslTypeError(
+            "an index must be affine in the index variables (like i + kh, 2 * i - 1 or a constant)", e.span
+        )
+
+    if isinstance(e, ast.INum):
+        if not e.is_int:
+            raise bad()
+        return ie.Affine((), int(e.value))
+    if isinstance(e, ast.IName):
+        if e.name in scope:
+            return ie.Affine.var(scope[e.name])
+        v = _scalar(el, env, st, e.name, e.span, scope)
+        if not isinstance(v, int):
+            raise bad()
+        return ie.Affine((), v)
+    if isinstance(e, ast.IUnary) and e.op == "-":
+        return ie.affine_scale(_affine(el, env, st, e.operand, scope), -1)
+    if isinstance(e, ast.IBinary) and e.op in ("+", "-"):
+        a, b = _affine(el, env, st, e.left, scope), _affine(el, env, st, e.right, scope)
+        return ie.affine_add(a, b, 1 if e.op == "+" else -1)
+    if isinstance(e, ast.IBinary) and e.op == "*":
+        a, b = _affine(el, env, st, e.left, scope), _affine(el, env, st, e.right, scope)
+        if not a.terms:
+            return ie.affine_scale(b, a.const)
+        if not b.terms:
+            return ie.affine_scale(a, b.const)
+    raise bad()

@@ -1,0 +1,74 @@
+"""Validation of the `train { ... }` block into a TrainConfig."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from deepdsl.errors import DslArgumentError, DslProgramError, Note, did_you_mean
+from deepdsl.frontend import ast
+from deepdsl.frontend.builtins import SPECS
+from deepdsl.frontend.program import TrainConfig
+from deepdsl.frontend.values import BuiltinFn, Spec, describe
+
+if TYPE_CHECKING:
+    from deepdsl.frontend.elaborate import Elaborator
+
+DEFAULT_DATA = ("synthetic", (("seed", 1),))
+DEFAULT_OPTIMIZER = ("sgd", (("lr", 0.01), ("momentum", 0.0), ("weight_decay", 0.0), ("clip", 0.0)))
+
+# key -> (kind, the smallest allowed value)
+KEYS: dict[str, tuple[str, int]] = {
+    "data": ("data", 0),
+    "optimizer": ("optimizer", 0),
+    "iterations": ("int", 0),
+    "test_every": ("int", 0),
+    "test_iterations": ("int", 1),
+    "seed": ("int", 0),
+    "shuffle": ("bool", 0),
+    "save": ("str", 0),
+}
+
+
+def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
+    if block is None:
+        return TrainConfig(DEFAULT_DATA, DEFAULT_OPTIMIZER)
+    values: dict[str, Any] = {}
+    seen: dict[str, ast.TrainEntry] = {}
+    for entry in block.entries:
+        if entry.key not in KEYS:
+            raise DslArgumentError(
+                f"unknown train setting '{entry.key}'", entry.span,
+                hint=did_you_mean(entry.key, KEYS) or f"the settings are: {', '.join(KEYS)}",
+            )  # fmt: skip
+        if entry.key in seen:
+            raise DslProgramError(
+                f"train setting '{entry.key}' is given twice", entry.span, notes=[Note("first here", seen[entry.key].span)]
+            )
+        seen[entry.key] = entry
+        kind, low = KEYS[entry.key]
+        v = el.eval(entry.value, el.globals)
+        if isinstance(v, BuiltinFn) and v.name in SPECS:  # `optimizer = sgd` without parentheses
+            v = el.call(v, (), entry.value.span)
+        if kind in ("data", "optimizer"):
+            if not (isinstance(v, Spec) and v.family == kind):
+                choices = [n for n, (fam, _) in SPECS.items() if fam == kind]
+                raise DslArgumentError(
+                    f"'{entry.key}' must be one of {', '.join(c + '(...)' for c in choices)}, got {describe(v)}",
+                    entry.value.span,
+                )
+            values[entry.key] = (v.name, v.args)
+        elif kind == "int":
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise DslArgumentError(f"'{entry.key}' must be an integer of at least {low}, got {v!r}", entry.value.span)
+            values[entry.key] = v
+        elif kind == "bool":
+            if not isinstance(v, bool):
+                raise DslArgumentError(f"'{entry.key}' must be true or false, got {describe(v)}", entry.value.span)
+            values[entry.key] = v
+        else:
+            if not isinstance(v, str):
+                raise DslArgumentError(f"'{entry.key}' must be a string, got {describe(v)}", entry.value.span)
+            values[entry.key] = v
+    values.setdefault("data", DEFAULT_DATA)
+    values.setdefault("optimizer", DEFAULT_OPTIMIZER)
+    return TrainConfig(**values)
