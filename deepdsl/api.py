@@ -48,7 +48,9 @@ def load_includes(module: ast.Module, c: Compilation) -> dict[str, ast.Module | 
             try:
                 text = Path(path).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
-                found[path] = DslProgramError(f"cannot read included file '{item.path}': {exc.strerror or exc}", item.span)
+                found[path] = DslProgramError(
+                    f"cannot read included file '{item.path}': {exc.strerror or exc}", item.span
+                )
                 continue
             try:
                 sub = parse_stage(text, path, c)

@@ -123,7 +123,11 @@ def flatten(err: DslError) -> tuple[DslError, ...]:
 
 def nearest(name: str, known: Iterable[str]) -> str | None:
     """The known name closest to `name`, for "did you mean" hints."""
-    matches = difflib.get_close_matches(name, sorted(set(known)), n=1, cutoff=0.6)
+    candidates = sorted(set(known))
+    same_but_case = [k for k in candidates if k.lower() == name.lower() and k != name]
+    if same_but_case:
+        return same_but_case[0]
+    matches = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
     return matches[0] if matches else None
 
 

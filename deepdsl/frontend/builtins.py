@@ -121,10 +121,16 @@ def batch_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, sp
     (x,) = xs
     need_rank(x, (2, 4), "batch_norm", span)
     c = (x.shape[1],)
-    ins = [x, el.param(path, "running_mean", c, ZERO, span, "state"), el.param(path, "running_var", c, ONE, span, "state")]
+    ins = [
+        x,
+        el.param(path, "running_mean", c, ZERO, span, "state"),
+        el.param(path, "running_var", c, ONE, span, "state"),
+    ]
     if a["affine"]:
         ins += [el.param(path, "gamma", c, ONE, span), el.param(path, "beta", c, ZERO, span)]
-    return el.emit("batch_norm", tuple(ins), span, path, "batch_norm", eps=a["eps"], momentum=a["momentum"], affine=a["affine"])
+    return el.emit(
+        "batch_norm", tuple(ins), span, path, "batch_norm", eps=a["eps"], momentum=a["momentum"], affine=a["affine"]
+    )
 
 
 # ---- layers without parameters ------------------------------------------------------------------
@@ -234,13 +240,21 @@ SPECS: dict[str, tuple[str, tuple[ArgSpec, ...]]] = {
     "npz": ("data", (ArgSpec("file", "str"),)),
     "sgd": (
         "optimizer",
-        (ArgSpec("lr", "float", low=0.0), ArgSpec("momentum", "float", 0.0, low=0.0),
-         ArgSpec("weight_decay", "float", 0.0, low=0.0), ArgSpec("clip", "float", 0.0, low=0.0)),
+        (
+            ArgSpec("lr", "float", low=0.0),
+            ArgSpec("momentum", "float", 0.0, low=0.0),
+            ArgSpec("weight_decay", "float", 0.0, low=0.0),
+            ArgSpec("clip", "float", 0.0, low=0.0),
+        ),
     ),  # fmt: skip
     "adam": (
         "optimizer",
-        (ArgSpec("lr", "float", 0.001, low=0.0), ArgSpec("beta1", "float", 0.9, low=0.0, below=1.0),
-         ArgSpec("beta2", "float", 0.999, low=0.0, below=1.0), ArgSpec("eps", "float", 1e-8, low=0.0)),
+        (
+            ArgSpec("lr", "float", 0.001, low=0.0),
+            ArgSpec("beta1", "float", 0.9, low=0.0, below=1.0),
+            ArgSpec("beta2", "float", 0.999, low=0.0, below=1.0),
+            ArgSpec("eps", "float", 1e-8, low=0.0),
+        ),
     ),  # fmt: skip
 }
 

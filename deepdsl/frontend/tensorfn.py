@@ -84,7 +84,9 @@ def call_tensor_fn(el: Elaborator, fn: ast.TensorDef, args: tuple[TensorVal, ...
         dims = tuple(el.eval_int(d, env, "a parameter dimension", low=1) for d in decl.dims)
         init = el.eval(decl.init, env)
         if not (isinstance(init, Spec) and init.family == "init"):
-            raise DslTypeError(f"a param's initialiser must be he(), constant(v), ...; got {describe(init)}", decl.init.span)
+            raise DslTypeError(
+                f"a param's initialiser must be he(), constant(v), ...; got {describe(init)}", decl.init.span
+            )
         if decl.name in tensors:
             raise DslNameError(f"'{decl.name}' is already an input of '{fn.name}'", decl.span)
         tensors[decl.name] = el.param(path, decl.name, dims, init, decl.span)

@@ -42,7 +42,9 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
             )  # fmt: skip
         if entry.key in seen:
             raise DslProgramError(
-                f"train setting '{entry.key}' is given twice", entry.span, notes=[Note("first here", seen[entry.key].span)]
+                f"train setting '{entry.key}' is given twice",
+                entry.span,
+                notes=[Note("first here", seen[entry.key].span)],
             )
         seen[entry.key] = entry
         kind, low = KEYS[entry.key]
@@ -59,7 +61,9 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
             values[entry.key] = (v.name, v.args)
         elif kind == "int":
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
-                raise DslArgumentError(f"'{entry.key}' must be an integer of at least {low}, got {v!r}", entry.value.span)
+                raise DslArgumentError(
+                    f"'{entry.key}' must be an integer of at least {low}, got {v!r}", entry.value.span
+                )
             values[entry.key] = v
         elif kind == "bool":
             if not isinstance(v, bool):

@@ -39,7 +39,7 @@ class GraphBuilder:
         """Append `out = op(inputs){attrs}` (or return the value an identical earlier statement made)."""
         frozen = make_attrs(**attrs)
         key = (op, tuple(v.name for v in inputs), frozen)
-        if lookup(op).pure and key in self._numbering:
+        if key in self._numbering:
             return self._numbering[key]
         out_type = self.infer(op, inputs, **attrs)
         self._counter += 1

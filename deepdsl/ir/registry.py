@@ -24,20 +24,19 @@ class OpDef:
     doc: str = ""
     elementwise: bool = False
     view: bool = False  # the output aliases its input (flatten/reshape): no kernel, no copy
-    pure: bool = True  # False for ops that draw random numbers; value numbering keeps them apart
 
 
 REGISTRY: dict[str, OpDef] = {}
 
 
 def defop(
-    name: str, arity: int | None = 1, *, elementwise: bool = False, view: bool = False, pure: bool = True
+    name: str, arity: int | None = 1, *, doc: str = "", elementwise: bool = False, view: bool = False
 ) -> Callable[[ShapeRule], ShapeRule]:
-    """Register `fn` as the shape rule of op `name` (the docstring becomes the op's description)."""
+    """Register `fn` as the shape rule of op `name`; `doc` (else the rule's docstring) describes the op."""
 
     def register(fn: ShapeRule) -> ShapeRule:
         assert name not in REGISTRY, f"op {name} registered twice"
-        REGISTRY[name] = OpDef(name, fn, arity, (fn.__doc__ or "").strip(), elementwise, view, pure)
+        REGISTRY[name] = OpDef(name, fn, arity, doc or (fn.__doc__ or "").strip(), elementwise, view)
         return fn
 
     return register

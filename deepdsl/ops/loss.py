@@ -16,8 +16,8 @@ def _softmax(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType
     return x
 
 
-defop("softmax", 1)(_softmax)
-defop("log_softmax", 1)(_softmax)
+defop("softmax", 1, doc="exp(x - max) / sum exp(x - max) over axis 1")(_softmax)
+defop("log_softmax", 1, doc="x - max - log sum exp(x - max) over axis 1")(_softmax)
 
 
 def _class_loss(what: str):  # noqa: ANN202
@@ -32,9 +32,11 @@ def _class_loss(what: str):  # noqa: ANN202
     return rule
 
 
-defop("softmax_cross_entropy", 2)(_class_loss("softmax_cross_entropy"))
-defop("cross_entropy", 2)(_class_loss("cross_entropy"))
-defop("accuracy", 2)(_class_loss("accuracy"))
+defop("softmax_cross_entropy", 2, doc="mean over the batch of -log softmax(x)[label]")(
+    _class_loss("softmax_cross_entropy")
+)
+defop("cross_entropy", 2, doc="mean over the batch of -log p[label] for probabilities p")(_class_loss("cross_entropy"))
+defop("accuracy", 2, doc="fraction of rows whose largest score is at the label")(_class_loss("accuracy"))
 
 
 @defop("mse", 2)

@@ -28,7 +28,7 @@ from deepdsl.errors import (
     did_you_mean,
 )
 from deepdsl.frontend import ast
-from deepdsl.frontend.builtins import BUILTINS, QUERIES, SPECS, REQUIRED, ArgSpec
+from deepdsl.frontend.builtins import BUILTINS, QUERIES, REQUIRED, SPECS, ArgSpec
 from deepdsl.frontend.program import LayerRow, Program
 from deepdsl.frontend.train import train_config
 from deepdsl.frontend.values import (
@@ -113,8 +113,11 @@ class Elaborator:
         m = self.module
         if m.network is None:
             self.diags.add(
-                DslProgramError("a network file starts with `network Name`", Span.point(m.file, 1, 1),
-                                hint="add a first line such as `network LeNet`")  # fmt: skip
+                DslProgramError(
+                    "a network file starts with `network Name`",
+                    Span.point(m.file, 1, 1),
+                    hint="add a first line such as `network LeNet`",
+                )  # fmt: skip
             )
         elif not m.network.isidentifier():
             self.diags.add(DslNameError(f"'{m.network}' is not a valid class name", m.network_span))
@@ -136,8 +139,11 @@ class Elaborator:
             self.diags.add(DslArgumentError(f"--set {name}: the network has no const '{name}'", None, hint=hint))
         if self.loss is None and not self.diags.errors:
             self.diags.add(
-                DslProgramError("the network defines no `loss`", m.network_span or Span.point(m.file, 1, 1),
-                                hint="add e.g. `loss = softmax_cross_entropy(net(x), y)`")  # fmt: skip
+                DslProgramError(
+                    "the network defines no `loss`",
+                    m.network_span or Span.point(m.file, 1, 1),
+                    hint="add e.g. `loss = softmax_cross_entropy(net(x), y)`",
+                )  # fmt: skip
             )
         train = None
         try:
@@ -190,9 +196,7 @@ class Elaborator:
     def _declare(self, name: str, span: Span, define: bool = True) -> bool:
         if name in self.declared and self.declared[name] != span:
             first = self.declared[name]
-            self.diags.add(
-                DslNameError(f"'{name}' is defined twice", span, notes=[Note("first defined here", first)])
-            )
+            self.diags.add(DslNameError(f"'{name}' is defined twice", span, notes=[Note("first defined here", first)]))
             return False
         if name in BUILTINS or name in SPECS or name in QUERIES:
             self.diags.add(DslNameError(f"'{name}' is a built-in and cannot be redefined", span))
@@ -403,14 +407,18 @@ class Elaborator:
         if op == "*":
             return self.emit("mul_scalar", (t,), e.span, "", op, value=c)
         if op == "-":
-            return self.emit("add_scalar", (t,), e.span, "", op, value=-c) if left else self.emit(
-                "rsub_scalar", (t,), e.span, "", op, value=c
+            return (
+                self.emit("add_scalar", (t,), e.span, "", op, value=-c)
+                if left
+                else self.emit("rsub_scalar", (t,), e.span, "", op, value=c)
             )
         if op == "/":
             if left and c == 0:
                 raise DslProgramError("division by zero", e.span)
-            return self.emit("mul_scalar", (t,), e.span, "", op, value=1.0 / c) if left else self.emit(
-                "rdiv_scalar", (t,), e.span, "", op, value=c
+            return (
+                self.emit("mul_scalar", (t,), e.span, "", op, value=1.0 / c)
+                if left
+                else self.emit("rdiv_scalar", (t,), e.span, "", op, value=c)
             )
         if op == "^" and left:
             return self.emit("pow_scalar", (t,), e.span, "", op, value=c)
@@ -460,7 +468,9 @@ class Elaborator:
                     )
                 tensors.append(a.value)
             path = self._path(fn.node.name, explicit, name, own)
-            return self._as_layer(fn.node.name, path, span, lambda: call_tensor_fn(self, fn.node, tuple(tensors), path, span))
+            return self._as_layer(
+                fn.node.name, path, span, lambda: call_tensor_fn(self, fn.node, tuple(tensors), path, span)
+            )
         raise DslTypeError(f"{describe(fn)} is not a function and cannot be called", span)
 
     def _single_input(self, args: tuple[CallArg, ...], span: Span, what: str) -> tuple[TensorVal, ...]:
@@ -541,7 +551,9 @@ class Elaborator:
             raise DslArgumentError(f"axis {axis!r} is out of range for a rank-{len(shape)} tensor", args[-1].span)
         return shape[axis]
 
-    def bind_args(self, fname: str, specs: tuple[ArgSpec, ...], args: tuple[CallArg, ...], span: Span) -> dict[str, Any]:
+    def bind_args(
+        self, fname: str, specs: tuple[ArgSpec, ...], args: tuple[CallArg, ...], span: Span
+    ) -> dict[str, Any]:
         """Match arguments to a built-in's signature, convert and range-check them."""
         out: dict[str, Any] = {}
         where: dict[str, Span] = {}
@@ -659,7 +671,9 @@ class Elaborator:
 
     # ---- what built-ins and tensor functions call back ----
 
-    def param(self, path: str, local: str, shape: tuple[int, ...], init: Spec, span: Span, kind: str = "param") -> TensorVal:
+    def param(
+        self, path: str, local: str, shape: tuple[int, ...], init: Spec, span: Span, kind: str = "param"
+    ) -> TensorVal:
         """Make parameter `path.local` (or return it, for a shared layer applied again)."""
         full = _join(path, local)
         if any(d <= 0 for d in shape):
@@ -764,7 +778,9 @@ def _convert(fname: str, spec: ArgSpec, v: Any, span: Span) -> Any:
         if spec.low is not None and x < spec.low:
             raise DslArgumentError(f"argument '{spec.name}' of {fname} must be at least {spec.low:g}, got {x:g}", span)
         if spec.below is not None and x >= spec.below:
-            raise DslArgumentError(f"argument '{spec.name}' of {fname} must be less than {spec.below:g}, got {x:g}", span)
+            raise DslArgumentError(
+                f"argument '{spec.name}' of {fname} must be less than {spec.below:g}, got {x:g}", span
+            )
 
     is_int = isinstance(v, int) and not isinstance(v, bool)
     if spec.kind == "int":
@@ -774,7 +790,11 @@ def _convert(fname: str, spec: ArgSpec, v: Any, span: Span) -> Any:
         return v
     if spec.kind == "pair":
         pair = (v, v) if is_int else v
-        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(p, int) and not isinstance(p, bool) for p in pair)):
+        if not (
+            isinstance(pair, tuple)
+            and len(pair) == 2
+            and all(isinstance(p, int) and not isinstance(p, bool) for p in pair)
+        ):
             raise bad("an integer or a pair (h, w)")
         for p in pair:
             check_range(p)

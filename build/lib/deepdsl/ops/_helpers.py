@@ -21,7 +21,7 @@ def binary_same(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorT
 def need_rank(t: TensorType, ranks: tuple[int, ...], what: str, hint: str = "") -> None:
     if t.rank not in ranks:
         want = " or ".join(f"{r}-D" for r in ranks)
-        raise ShapeError(f"{what} expects a {want} input, got {t}{hint}")
+        raise ShapeError(f"{what} expects a {want} input{hint}, got {t}")
 
 
 def need_float(t: TensorType, what: str) -> None:

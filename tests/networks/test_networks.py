@@ -1,0 +1,70 @@
+"""Every network of networks/ parses, shape-checks and has the reference parameter count."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import NETWORKS
+
+from deepdsl import api
+from deepdsl.ir.verify import check_graph
+
+# shared/reference/networks.md
+REFERENCE = {
+    "mlp": ("MLP", 545_810, (1, 28, 28), 10),
+    "lenet": ("LeNet", 431_080, (1, 28, 28), 10),
+    "alexnet": ("AlexNet", 60_965_224, (3, 227, 227), 1000),
+    "overfeat": ("OverFeat", 145_920_872, (3, 231, 231), 1000),
+    "vgg16": ("VGG16", 138_357_544, (3, 224, 224), 1000),
+    "googlenet": ("GoogLeNet", 6_998_552, (3, 224, 224), 1000),
+    "resnet50": ("ResNet50", 25_557_032, (3, 224, 224), 1000),
+}
+
+# the smallest spatial size each architecture still fits (see each file's header)
+SMALL = {"mlp": 28, "lenet": 28, "alexnet": 67, "overfeat": 71, "vgg16": 32, "googlenet": 32, "resnet50": 32}
+
+
+def test_every_reference_network_is_there() -> None:
+    assert sorted(p.stem for p in NETWORKS) == sorted(REFERENCE)
+
+
+@pytest.mark.parametrize("path", NETWORKS, ids=lambda p: p.stem)
+def test_network_matches_reference(path) -> None:
+    name, params, chw, classes = REFERENCE[path.stem]
+    c = api.compile_file(path)
+    g = check_graph(c.program.graph)
+    assert g.name == name
+    assert g.parameter_count == params
+    assert g.parameter_bytes == 4 * params
+    x = next(d for d in g.inputs if d.kind == "input")
+    y = next(d for d in g.inputs if d.kind == "label")
+    assert x.value.type.shape[1:] == chw
+    assert y.classes == classes
+    n = x.value.type.shape[0]
+    assert g.output("loss").type.shape == ()
+    assert g.output("predict").type.shape == (n, classes)
+    assert c.program.warnings == ()
+
+
+@pytest.mark.parametrize("path", NETWORKS, ids=lambda p: p.stem)
+def test_network_scales_down_with_set(path) -> None:
+    size = SMALL[path.stem]
+    sets = {"N": 2, "H": size, "W": size}
+    g = check_graph(api.compile_file(path, sets).program.graph)
+    x = next(d for d in g.inputs if d.kind == "input")
+    assert x.value.type.shape[0] == 2 and x.value.type.shape[2:] == (size, size)
+    assert g.output("predict").type.shape[0] == 2
+    if path.stem in ("googlenet", "resnet50"):  # global average pooling: the same parameters at any size
+        assert g.parameter_count == REFERENCE[path.stem][1]
+
+
+def test_resnet50_parameter_names_follow_the_call_path() -> None:
+    g = api.compile_file(next(p for p in NETWORKS if p.stem == "resnet50")).program.graph
+    names = {p.value.name for p in g.params}
+    assert "model.stem.conv.W" in names
+    assert "model.stage1.bottleneck1.shortcut.bn.gamma" in names
+    assert "model.stage3.bottleneck6.conv_bn2.conv.W" in names
+    assert "model.stage1.bottleneck2.shortcut.conv.W" not in names  # only the first block projects
+    assert "model.fc.W" in names and "model.fc.b" in names
+    state = {p.value.name for p in g.state}
+    assert "model.stem.bn.running_mean" in state and "model.stem.bn.running_var" in state
+    assert len([p for p in g.params if p.value.name.endswith(".conv.W")]) == 53

@@ -1,0 +1,99 @@
+"""The command line: outputs, --json, exit codes, --help."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import NETWORKS, ROOT
+
+LENET = str(ROOT / "networks" / "lenet.ddsl")
+
+
+def test_check_prints_the_summary(cli) -> None:  # noqa: ANN001
+    r = cli("check", LENET)
+    assert r.exit_code == 0, r.output
+    assert "network LeNet" in r.stdout
+    assert "parameters  431,080 (1.64 MiB)" in r.stdout
+    assert "predict     f32[64,10]" in r.stdout
+
+
+def test_check_layers_table(cli) -> None:  # noqa: ANN001
+    r = cli("check", LENET, "--layers")
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("  cv") or line.startswith("  fc")]
+    assert rows == [
+        ["cv1", "conv", "f32[64,20,24,24]", "520"],
+        ["cv2", "conv", "f32[64,50,8,8]", "25,050"],
+        ["fc1", "full", "f32[64,500]", "400,500"],
+        ["fc2", "full", "f32[64,10]", "5,010"],
+    ]
+
+
+def test_check_json_is_one_object_with_the_design_fields(cli) -> None:  # noqa: ANN001
+    r = cli("check", LENET, "--json", "--set", "N=8")
+    obj = json.loads(r.stdout)
+    assert obj["network"] == "LeNet"
+    assert obj["parameters"] == 431_080 and obj["parameter_bytes"] == 4 * 431_080
+    assert obj["inputs"] == {"x": [8, 1, 28, 28], "y": [8]}
+    assert obj["outputs"] == {"loss": [], "predict": [8, 10]}
+    assert obj["layers"][0] == {"name": "cv1", "op": "conv", "output": [8, 20, 24, 24], "parameters": 520}
+    assert sum(row["parameters"] for row in obj["layers"]) == 431_080
+
+
+@pytest.mark.parametrize("stage", ["ast", "graph"])
+def test_ir_prints_a_stage(cli, stage: str) -> None:  # noqa: ANN001
+    r = cli("ir", LENET, "--stage", stage)
+    assert r.exit_code == 0
+    assert ("Module(" if stage == "ast" else "graph LeNet") in r.stdout
+
+
+def test_usage_errors_exit_2(cli) -> None:  # noqa: ANN001
+    assert cli("check").exit_code == 2
+    assert cli("check", "no/such/file.ddsl").exit_code == 2
+    assert cli("ir", LENET, "--stage", "nope").exit_code == 2
+    assert cli("check", LENET, "--set", "N").exit_code == 2
+    assert cli("check", LENET, "--set", "N=abc").exit_code == 2
+    assert cli("frobnicate").exit_code == 2
+
+
+def test_unknown_set_name_is_a_user_error_with_a_hint(cli) -> None:  # noqa: ANN001
+    r = cli("check", LENET, "--set", "n=4")
+    assert r.exit_code == 1
+    assert "error: --set n: the network has no const 'n'" in r.stderr
+    assert "did you mean 'N'?" in r.stderr
+
+
+def test_user_error_exit_1_with_a_rendered_diagnostic(cli, tmp_path) -> None:  # noqa: ANN001
+    f = tmp_path / "bad.ddsl"
+    f.write_text("network Bad\ninput x : [2, 4]\nloss = mse(relux(x), x)\n")
+    r = cli("check", str(f))
+    assert r.exit_code == 1
+    assert r.stderr.splitlines()[0] == f"{f}:3:12: error: unknown name 'relux'"
+    assert "hint: did you mean 'relu'?" in r.stderr
+
+
+def test_help_on_every_command(cli) -> None:  # noqa: ANN001
+    for args in ([], ["check"], ["ir"]):
+        r = cli(*args, "--help")
+        assert r.exit_code == 0 and "Usage:" in r.stdout
+
+
+def test_internal_errors_exit_3_and_ask_for_a_report(cli, monkeypatch) -> None:  # noqa: ANN001
+    import deepdsl.api
+
+    def broken(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(deepdsl.api, "compile_file", broken)
+    r = cli("check", LENET)
+    assert r.exit_code == 3
+    assert "internal error: RuntimeError: boom" in r.stderr and "Please report it" in r.stderr
+
+
+def test_console_script_runs_as_a_module() -> None:
+    r = subprocess.run([sys.executable, "-m", "deepdsl", "check", str(NETWORKS[0]), "--json"],
+                       capture_output=True, text=True, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["parameters"] > 0

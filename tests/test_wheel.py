@@ -1,0 +1,27 @@
+"""The wheel ships the grammar: build it, install it into a fresh folder, and parse from there."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_grammar_loads_from_an_installed_wheel(tmp_path) -> None:  # noqa: ANN001
+    dist, target = tmp_path / "dist", tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)], check=True)
+    (wheel,) = dist.glob("deepdsl-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True)  # fmt: skip
+    assert (target / "deepdsl" / "grammar" / "ddsl.lark").is_file()
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "from deepdsl.frontend.parser import grammar_path, parse_text;"
+        "assert str(grammar_path()).startswith(sys.argv[1]), grammar_path();"
+        "print(parse_text('network A\\nconst N = 1\\n').network)"
+    )
+    r = subprocess.run([sys.executable, "-c", probe, str(target)], cwd=tmp_path, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin"}, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "A"
