@@ -22,6 +22,9 @@ EXAMPLES: dict[str, list[str]] = {
         "network A x = f(g(a)",
         "network A x = f(a\ny = 2",
         "network A x = f(a, b\ny = 2",
+        "network A x = f(a\nlayer b = 2",
+        "network A x = f(a, b\nlayer c = 2",
+        "network A x = f(a = 1\nloss = 2",
     ],
     "missing ']' to close the shape": [
         "network A input x : [1, 2",
@@ -32,6 +35,8 @@ EXAMPLES: dict[str, list[str]] = {
         "network A x = o f",
         "network A x = f o o g",
         "network A x = f o\ny = 2",
+        "network A x = f o\nloss = 2",
+        "network A x = f o\npredict = 2",
     ],
     "a def's body is `= expr` or a block `{ ... return expr }`": [
         "network A def f(x) x",

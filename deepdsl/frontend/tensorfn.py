@@ -167,7 +167,7 @@ def _range(st: _Stmt, unique: str, name: str, explicit: dict[str, tuple[int, Spa
     if not readings:
         raise DslShapeError(
             f"cannot tell the range of index '{name}': it is never used plainly in an access like x[..., {name}, ...]",
-            span, hint=f"give it in the signature or the reduction, e.g. `{name}: H - K + 1`",
+            span, hint=f"give its range where it is bound, e.g. `{name}: 3` in the signature's output or in sum[...]",
         )  # fmt: skip
     size, first_span, first = readings[0]
     for other, ospan, tname in readings[1:]:

@@ -37,7 +37,7 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
     for entry in block.entries:
         if entry.key not in KEYS:
             raise DslArgumentError(
-                f"unknown train setting '{entry.key}'", entry.span,
+                f"unknown train setting '{entry.key}'", entry.key_span,
                 hint=did_you_mean(entry.key, KEYS) or f"the settings are: {', '.join(KEYS)}",
             )  # fmt: skip
         if entry.key in seen:

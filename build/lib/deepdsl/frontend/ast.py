@@ -289,6 +289,7 @@ class TrainEntry:
     span: Span
     key: str
     value: Expr
+    key_span: Span
 
 
 @dataclass(frozen=True)

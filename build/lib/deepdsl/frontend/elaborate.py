@@ -125,17 +125,18 @@ class Elaborator:
         for item in m.items:
             try:
                 self._item(item)
-            except Poisoned:
-                pass
-            except DslError as err:
-                self.diags.add(err)
+            except (Poisoned, DslError) as err:
+                if isinstance(err, DslError):
+                    self.diags.add(err)
                 for name in _bound_names(item):
                     self.globals.values[name] = _POISON
             except RecursionError:
                 self.diags.add(DslProgramError("the expression is nested too deeply", item.span))
         unknown = sorted(set(self.sets) - self._const_names())
         for name in unknown:
-            hint = did_you_mean(name, self._const_names())
+            consts = self._const_names()
+            listed = f"its consts are: {', '.join(sorted(consts))}" if consts else "it has no consts"
+            hint = did_you_mean(name, consts) or listed
             self.diags.add(DslArgumentError(f"--set {name}: the network has no const '{name}'", None, hint=hint))
         if self.loss is None and not self.diags.errors:
             self.diags.add(
@@ -560,9 +561,12 @@ class Elaborator:
         positional = [a for a in args if a.name is None]
         if len(positional) > len(specs):
             extra = positional[len(specs)]
-            raise DslArgumentError(
-                f"{fname} takes at most {len(specs)} positional arguments, got {len(positional)}", extra.span
-            )
+            b = BUILTINS.get(fname)
+            count = {-1: "any number of tensors", 1: "1 tensor"}
+            tensors = "" if b is None else count.get(b.inputs, f"{b.inputs} tensors")
+            rest = ", ".join(s.name for s in specs)
+            takes = " then ".join(t for t in (tensors, rest) if t) or "no arguments"
+            raise DslArgumentError(f"too many arguments for {fname}: it takes {takes}", extra.span)
         for spec, a in zip(specs, positional):
             out[spec.name], where[spec.name] = a.value, a.span
         names = [s.name for s in specs]
@@ -595,7 +599,9 @@ class Elaborator:
             env = self._bind_def(node, args, span)
         except DslArgumentError:
             # `bottleneck(64, 256)` with the input left out: a function waiting for it
-            if node.params and not any(a.name == node.params[0].name for a in args):
+            first = next((a for a in args if a.name is None), None)
+            takes_input = first is None or not isinstance(first.value, TensorVal)
+            if node.params and takes_input and not any(a.name == node.params[0].name for a in args):
                 try:
                     self._bind_def(node, (CallArg(None, None, span), *args), span)
                 except DslArgumentError:
@@ -690,9 +696,11 @@ class Elaborator:
                     )  # fmt: skip
                 return value
             raise DslNameError(
-                f"parameter name '{full}' is already used", span, notes=[Note("first made here", self.param_spans[full])],
-                hint="give one of the calls another name=\"...\"",
-            )  # fmt: skip
+                f"parameter name '{full}' is already used",
+                span,
+                notes=[Note("first made here", self.param_spans[full])],
+                hint='give one of the calls another name="..."',
+            )
         t = TensorType(shape)
         fan_in, fan_out = _fans(shape)
         init_args = tuple(float(v) for _, v in init.args)
@@ -716,11 +724,16 @@ class Elaborator:
         for s in reversed(graph.stmts):
             if s.out.name in needed:
                 needed.update(v.name for v in s.inputs)
+        unused: dict[str, list[ParamDef]] = {}
         for p in graph.trainable:
             if p.value.name not in needed:
-                self.diags.add(
-                    DslWarning(f"parameter '{p.value.name}' does not affect the loss and will not be trained", p.span)
-                )
+                unused.setdefault(p.layer, []).append(p)
+        for layer, params in unused.items():
+            listed = ", ".join(p.value.name for p in params)
+            self.diags.add(
+                DslWarning(f"the parameters of '{layer}' ({listed}) do not affect the loss and will not be trained",
+                           params[0].span)  # fmt: skip
+            )
 
 
 # ---- helpers ----

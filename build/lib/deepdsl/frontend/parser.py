@@ -11,7 +11,7 @@ from lark.exceptions import VisitError
 from deepdsl.errors import DslError, DslSyntaxError, Span
 from deepdsl.frontend import ast
 from deepdsl.frontend.syntax_hints import EXAMPLES
-from deepdsl.frontend.transformer import ToAst
+from deepdsl.frontend.transformer import RESERVED, ToAst
 
 _FRIENDLY = {
     "NAME": "a name",
@@ -22,8 +22,12 @@ _FRIENDLY = {
     "ADD_OP": "'+' or '-'",
     "MUL_OP": "'*', '/' or '%'",
     "REDUCE": "'sum' or 'max'",
-    "$END": "the end of the file",
+    "$END": "end of file",
 }
+
+
+# a reserved word that starts an item is more likely the next item than a misused name
+ITEM_KEYWORDS = frozenset("network const input label layer def tensor loss predict train include".split())
 
 
 def grammar_path() -> Path:
@@ -82,7 +86,7 @@ def _syntax_error(exc: UnexpectedInput, text: str, file: str) -> DslSyntaxError:
     if isinstance(exc, UnexpectedEOF) or (isinstance(exc, UnexpectedToken) and exc.token.type == "$END"):
         lines = text.splitlines() or [""]
         line, col = len(lines), len(lines[-1]) + 1
-        found = "the end of the file"
+        found = "end of file"
         width = 1
     elif isinstance(exc, UnexpectedToken):
         tok: Token = exc.token
@@ -101,9 +105,39 @@ def _syntax_error(exc: UnexpectedInput, text: str, file: str) -> DslSyntaxError:
     message = f"unexpected {found}"
     if expected:
         message += f"; expected {_expected(set(expected))}"
-    hint = None
-    try:
-        hint = exc.match_examples(_lark().parse, EXAMPLES, use_accepts=True)
-    except Exception:  # noqa: BLE001 — a hint is best-effort; the error itself stands
-        hint = None
+    hint = _example_hint(exc)
+    word = str(exc.token) if isinstance(exc, UnexpectedToken) else ""
+    if hint is None and word in RESERVED - ITEM_KEYWORDS and "NAME" in expected:
+        hint = f"'{word}' is a reserved word and cannot name a value"
     return DslSyntaxError(message, Span.point(file, line, col or 1, width), hint=hint)
+
+
+def _failure_key(exc: UnexpectedInput) -> tuple:
+    """Where a parse failed: the exception kind, the parser's top state and the token kind.
+
+    Lark's own `match_examples` also compares the depth of the parser stack, so an example only
+    matches a mistake in the first item of a file; comparing the top state matches it anywhere.
+    """
+    state = getattr(exc, "state", None)
+    top = getattr(state, "position", state)
+    token = exc.token.type if isinstance(exc, UnexpectedToken) else None
+    return (type(exc).__name__, top, token)
+
+
+@functools.cache
+def _example_keys() -> dict[tuple, str]:
+    keys: dict[tuple, str] = {}
+    for label, examples in EXAMPLES.items():
+        for text in examples:
+            try:
+                _lark().parse(text)
+            except UnexpectedInput as exc:
+                keys.setdefault(_failure_key(exc), label)
+    return keys
+
+
+def _example_hint(exc: UnexpectedInput) -> str | None:
+    try:
+        return _example_keys().get(_failure_key(exc))
+    except TypeError:  # an unhashable parser state: no hint
+        return None

@@ -6,9 +6,10 @@ from typing import Any
 
 from lark import Token, Transformer, v_args
 
-from deepdsl.errors import DslNameError, Span
+from deepdsl.errors import Span
 from deepdsl.frontend import ast
 
+# the grammar's NAME terminal excludes these; kept here for messages
 RESERVED = frozenset(
     "network const input label layer def tensor param loss predict train include for in if then else "
     "return and or not true false o".split()
@@ -35,10 +36,7 @@ class ToAst(Transformer):
         return Span(self.file, tok.line or 1, tok.column or 1, tok.end_line or 1, tok.end_column or 2)
 
     def binder(self, tok: Token) -> str:
-        name = str(tok)
-        if name in RESERVED:
-            raise DslNameError(f"'{name}' is a reserved word and cannot name a value", self.tspan(tok))
-        return name
+        return str(tok)
 
     # ---- file and items ----
     def start(self, meta: Any, ch: list) -> ast.Module:
@@ -94,7 +92,7 @@ class ToAst(Transformer):
         return ast.Train(self.span(meta), tuple(ch))
 
     def train_entry(self, meta: Any, ch: list) -> ast.TrainEntry:
-        return ast.TrainEntry(self.span(meta), str(ch[0]), ch[1])
+        return ast.TrainEntry(self.span(meta), str(ch[0]), ch[1], self.tspan(ch[0]))
 
     def include_item(self, meta: Any, ch: list) -> ast.Include:
         return ast.Include(self.span(meta), str(ch[0])[1:-1])

@@ -27,8 +27,11 @@ def concat(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     if not 0 <= axis < first.rank:
         raise ShapeError(f"concat: axis {axis} is out of range for {first}")
     for t in types[1:]:
-        if t.rank != first.rank or any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != axis):
-            raise ShapeError(f"concat along axis {axis}: {first} and {t} differ in another dimension")
+        if t.rank != first.rank:
+            raise ShapeError(f"concat: {first} and {t} differ in rank")
+        for i, (a, b) in enumerate(zip(first.shape, t.shape)):
+            if i != axis and a != b:
+                raise ShapeError(f"concat along axis {axis}: {first} and {t} differ in axis {i} ({a} vs {b})")
     shape = list(first.shape)
     shape[axis] = sum(t.shape[axis] for t in types)
     return TensorType(tuple(shape), first.dtype)
