@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from deepdsl.errors import DslArgumentError, DslNameError, DslShapeError, DslTypeError, Note, Span, did_you_mean
 from deepdsl.frontend import ast
-from deepdsl.frontend.values import Spec, TensorVal, describe
+from deepdsl.frontend.values import Env, Spec, TensorVal, describe
 from deepdsl.ir import indexexpr as ie
 from deepdsl.ir.types import DType
 
 if TYPE_CHECKING:
-    from deepdsl.frontend.elaborate import Elaborator, Env
+    from deepdsl.frontend.elaborate import Elaborator
 
 
 @dataclass
@@ -77,8 +77,6 @@ def call_tensor_fn(el: Elaborator, fn: ast.TensorDef, args: tuple[TensorVal, ...
             else:
                 sizes[size], size_from[size] = actual, where
         tensors[tp.name] = x
-    from deepdsl.frontend.elaborate import Env
-
     env = Env(dict(sizes), el.globals)
     for decl in fn.params:
         dims = tuple(el.eval_int(d, env, "a parameter dimension", low=1) for d in decl.dims)

@@ -16,6 +16,30 @@ from deepdsl.frontend import ast
 from deepdsl.ir.graph import Value
 
 
+class Env:
+    """Names in scope: a block's or a def's own values, then the enclosing ones."""
+
+    def __init__(self, values: dict[str, Any], parent: Env | None = None):
+        self.values = values
+        self.parent = parent
+
+    def lookup(self, name: str) -> Any:
+        env: Env | None = self
+        while env is not None:
+            if name in env.values:
+                return env.values[name]
+            env = env.parent
+        raise KeyError(name)
+
+    def names(self) -> set[str]:
+        out: set[str] = set()
+        env: Env | None = self
+        while env is not None:
+            out |= set(env.values)
+            env = env.parent
+        return out
+
+
 @dataclass(frozen=True)
 class TensorVal:
     value: Value

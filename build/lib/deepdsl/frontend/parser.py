@@ -113,15 +113,14 @@ def _syntax_error(exc: UnexpectedInput, text: str, file: str) -> DslSyntaxError:
 
 
 def _failure_key(exc: UnexpectedInput) -> tuple:
-    """Where a parse failed: the exception kind, the parser's top state and the token kind.
+    """Where a parse failed: the exception kind and the parser's top state.
 
     Lark's own `match_examples` also compares the depth of the parser stack, so an example only
     matches a mistake in the first item of a file; comparing the top state matches it anywhere.
     """
     state = getattr(exc, "state", None)
     top = getattr(state, "position", state)
-    token = exc.token.type if isinstance(exc, UnexpectedToken) else None
-    return (type(exc).__name__, top, token)
+    return (type(exc).__name__, top)
 
 
 @functools.cache
