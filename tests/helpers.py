@@ -20,3 +20,65 @@ def error_text(text: str, file: str = "t.ddsl", sets: dict | None = None) -> str
     except DslError as err:
         return render(err, c.sources)
     raise AssertionError("expected a compile error")
+
+
+# ---- gradient checks ----
+
+
+def op_graph(op: str, inputs: list, attrs: dict):  # noqa: ANN201
+    """A graph `loss = sum(op(inputs) * r)`: float inputs become parameters, int inputs labels."""
+    import numpy as np
+
+    from deepdsl.ir import GraphBuilder, Init, InputDef, ParamDef, TensorType, Value
+    from deepdsl.ir.types import DType
+
+    b = GraphBuilder("T")
+    values = []
+    for k, x in enumerate(inputs):
+        x = np.asarray(x)
+        if x.dtype.kind == "i":
+            values.append(b.add_input(InputDef(Value(f"i{k}", TensorType(x.shape, DType.I64)), "label", 10)))
+        else:
+            values.append(b.add_param(ParamDef(Value(f"p{k}", TensorType(x.shape)), Init("constant", (0.0,)))))
+    out = b.emit(op, *values, **attrs)
+    r = b.add_input(InputDef(Value("r", out.type), "input"))
+    loss = b.emit("sum", b.emit("mul", out, r))
+    b.output("loss", loss)
+    return b, values, loss
+
+
+def check_op_gradient(op: str, inputs: list, attrs: dict, samples: int = 20, seed: int = 0, tol: float = 1e-5) -> None:
+    """Compare the op's symbolic gradient (autodiff over its vjp rule) with central differences in float64."""
+    import numpy as np
+
+    from deepdsl.autodiff import gradients
+    from deepdsl.backends.numpy_runner import run
+
+    rng = np.random.default_rng(seed)
+    b, values, loss = op_graph(op, inputs, attrs)
+    params = {v.name: np.asarray(x, dtype=np.float64) for v, x in zip(values, inputs) if v.name.startswith("p")}
+    feeds = {v.name: np.asarray(x) for v, x in zip(values, inputs) if v.name.startswith("i")}
+    feeds["r"] = rng.standard_normal(b.stmts[0].out.type.shape)
+    grads = gradients(b, loss, set(params))
+    for name in params:
+        if name in grads:
+            b.output(f"d{name}", grads[name])
+    g = b.build()
+    result = run(g, feeds, params, dtype=np.float64)
+    for name, x in params.items():
+        symbolic = result.outputs.get(f"d{name}", np.zeros_like(x))
+        flat = x.reshape(-1)
+        for idx in rng.choice(flat.size, size=min(samples, flat.size), replace=False):
+            h = 1e-6 * max(1.0, abs(flat[idx]))
+            plus, minus = dict(params), dict(params)
+            plus[name] = flat.copy()
+            plus[name][idx] += h
+            minus[name] = flat.copy()
+            minus[name][idx] -= h
+            plus[name], minus[name] = plus[name].reshape(x.shape), minus[name].reshape(x.shape)
+            fp = run(g, feeds, plus, dtype=np.float64).outputs["loss"]
+            fm = run(g, feeds, minus, dtype=np.float64).outputs["loss"]
+            numeric = (fp - fm) / (2 * h)
+            got = symbolic.reshape(-1)[idx]
+            scale = max(1.0, abs(numeric), abs(got))
+            assert abs(got - numeric) <= tol * scale, f"{op} d{name}[{idx}]: symbolic {got}, numeric {numeric}"

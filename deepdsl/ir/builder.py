@@ -17,6 +17,7 @@ class GraphBuilder:
         self.params: list[ParamDef] = []
         self.stmts: list[Stmt] = []
         self.outputs: list[tuple[str, Value]] = []
+        self.updates: list[tuple[str, Value]] = []
         self._numbering: dict[tuple, Value] = {}
         self._counter = 0
 
@@ -51,5 +52,11 @@ class GraphBuilder:
     def output(self, name: str, value: Value) -> None:
         self.outputs.append((name, value))
 
+    def update(self, name: str, value: Value) -> None:
+        self.updates.append((name, value))
+
     def build(self) -> Graph:
-        return Graph(self.name, tuple(self.inputs), tuple(self.params), tuple(self.stmts), tuple(self.outputs))
+        return Graph(
+            self.name, tuple(self.inputs), tuple(self.params), tuple(self.stmts), tuple(self.outputs),
+            tuple(self.updates),
+        )  # fmt: skip

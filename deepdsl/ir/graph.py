@@ -41,7 +41,7 @@ class Init:
 @dataclass(frozen=True)
 class InputDef:
     value: Value
-    kind: str  # "input" (float data) or "label" (int class ids)
+    kind: str  # "input" (float data), "label" (int class ids) or "step" (the iteration, for dropout masks)
     classes: int | None = None
     span: Span | None = None
 
@@ -50,7 +50,7 @@ class InputDef:
 class ParamDef:
     value: Value
     init: Init
-    kind: str = "param"  # "param" (trained) or "state" (running statistics and the like)
+    kind: str = "param"  # "param" (trained), "state" (running statistics) or "opt" (optimizer state)
     layer: str = ""
     span: Span | None = None
 
@@ -86,6 +86,7 @@ class Graph:
     params: tuple[ParamDef, ...]
     stmts: tuple[Stmt, ...]
     outputs: tuple[tuple[str, Value], ...]
+    updates: tuple[tuple[str, Value], ...] = ()  # parameter or state name -> its value after the step
 
     def replace(self, **kw: Any) -> Graph:
         return dataclasses.replace(self, **kw)

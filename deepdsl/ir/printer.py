@@ -38,4 +38,6 @@ def format_graph(g: Graph) -> str:
         lines.append("  " + format_stmt(s))
     for name, v in g.outputs:
         lines.append(f"  output {name} = {v}")
+    for name, v in g.updates:
+        lines.append(f"  update {name} = {v}")
     return "\n".join(lines) + "\n"

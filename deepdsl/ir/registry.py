@@ -1,11 +1,13 @@
 """The op registry: one `OpDef` per op holds everything the op means.
 
-Issue 2 fills in the shape rules; gradients, costs and kernels join the same entries later, so that
-adding an op is adding one entry, never editing the backends.
+An op's module registers its shape rule with `defop`, then attaches the other aspects to the same
+entry with `numpy_kernel`, `vjp_rule`, `flops_rule` and `lowering`. Backends and passes read entries;
+they never keep per-op tables of their own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +16,14 @@ from deepdsl.errors import did_you_mean
 from deepdsl.ir.types import TensorType
 
 ShapeRule = Callable[[tuple[TensorType, ...], dict[str, Any]], TensorType]
+# (input arrays, attrs) -> output array, in the inputs' float precision
+NumpyKernel = Callable[[tuple[Any, ...], dict[str, Any]], Any]
+# (builder, the statement, the gradient of its output) -> one gradient Value (or None) per input
+VjpRule = Callable[[Any, Any, Any], tuple[Any, ...]]
+# (input types, output type, attrs) -> floating-point operations
+FlopsRule = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], int]
+# (builder, the statement, "train" or "infer") -> the Value that replaces the statement's output
+LowerRule = Callable[[Any, Any, str], Any]
 
 
 @dataclass(frozen=True)
@@ -24,19 +34,67 @@ class OpDef:
     doc: str = ""
     elementwise: bool = False
     view: bool = False  # the output aliases its input (flatten/reshape): no kernel, no copy
+    numpy: NumpyKernel | None = None
+    vjp: VjpRule | None = None
+    flops: FlopsRule | None = None
+    lower: LowerRule | None = None  # ops the train/infer programs rewrite into others (batch_norm, dropout)
+    differentiable: bool = True  # False for ops whose output carries no gradient (argmax, accuracy)
 
 
 REGISTRY: dict[str, OpDef] = {}
 
 
 def defop(
-    name: str, arity: int | None = 1, *, doc: str = "", elementwise: bool = False, view: bool = False
+    name: str,
+    arity: int | None = 1,
+    *,
+    doc: str = "",
+    elementwise: bool = False,
+    view: bool = False,
+    differentiable: bool = True,
 ) -> Callable[[ShapeRule], ShapeRule]:
     """Register `fn` as the shape rule of op `name`; `doc` (else the rule's docstring) describes the op."""
 
     def register(fn: ShapeRule) -> ShapeRule:
         assert name not in REGISTRY, f"op {name} registered twice"
-        REGISTRY[name] = OpDef(name, fn, arity, doc or (fn.__doc__ or "").strip(), elementwise, view)
+        description = doc or (fn.__doc__ or "").strip()
+        REGISTRY[name] = OpDef(name, fn, arity, description, elementwise, view, differentiable=differentiable)
+        return fn
+
+    return register
+
+
+def _attach(name: str, field: str) -> Callable[[Callable], Callable]:
+    def register(fn: Callable) -> Callable:
+        entry = REGISTRY[name]
+        assert getattr(entry, field) is None, f"op {name}: {field} given twice"
+        REGISTRY[name] = dataclasses.replace(entry, **{field: fn})
+        return fn
+
+    return register
+
+
+def numpy_kernel(*names: str) -> Callable[[NumpyKernel], NumpyKernel]:
+    """Attach `fn` as the NumPy kernel of each op in `names`."""
+    return _attach_all(names, "numpy")
+
+
+def vjp_rule(*names: str) -> Callable[[VjpRule], VjpRule]:
+    return _attach_all(names, "vjp")
+
+
+def flops_rule(*names: str) -> Callable[[FlopsRule], FlopsRule]:
+    return _attach_all(names, "flops")
+
+
+def lowering(*names: str) -> Callable[[LowerRule], LowerRule]:
+    return _attach_all(names, "lower")
+
+
+def _attach_all(names: tuple[str, ...], field: str) -> Callable[[Callable], Callable]:
+    def register(fn: Callable) -> Callable:
+        for name in names:
+            _attach(name, field)(fn)
         return fn
 
     return register

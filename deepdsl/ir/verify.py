@@ -40,6 +40,12 @@ def check_graph(g: Graph) -> Graph:
     for name, v in g.outputs:
         if defined.get(v.name) != v:
             _fail(g, len(g.stmts), f"output {name} = {v} is not defined")
+    params = {p.value.name: p.value for p in g.params}
+    for name, v in g.updates:
+        if defined.get(v.name) != v:
+            _fail(g, len(g.stmts), f"update {name} = {v} is not defined")
+        if name not in params or params[name].type != v.type:
+            _fail(g, len(g.stmts), f"update {name} = {v}: no parameter or state of that name and type")
     return g
 
 

@@ -1,3 +1,15 @@
 """Importing this package fills the op registry: one module per family of ops."""
 
-from deepdsl.ops import conv, elementwise, indexed, linalg, loss, norm, pool, random, shape  # noqa: F401
+from deepdsl.ops import (  # noqa: F401
+    conv,
+    elementwise,
+    indexed,
+    linalg,
+    loss,
+    norm,
+    optim,
+    pool,
+    random,
+    reduce,
+    shape,
+)

@@ -40,3 +40,8 @@ def window_out(size: int, k: int, s: int, p: int, what: str) -> int:
             f"{what}: a window of {k} with padding {p} does not fit an input of size {size} (output would be {out})"
         )
     return out
+
+
+def emit_like(b: Any, s: Any, op: str, *xs: Any, **attrs: Any) -> Any:
+    """Emit a gradient statement carrying the span and layer of the forward statement `s`."""
+    return b.emit(op, *xs, span=s.span, layer=s.layer, **attrs)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepdsl.ir.registry import defop
+import numpy as np
+
+from deepdsl.ir.registry import defop, flops_rule, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
+from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
 
 
@@ -27,3 +30,66 @@ def bias_add(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType
     if x.rank < 2 or b.shape != (x.shape[1],):
         raise ShapeError(f"bias {b} does not fit {x} along axis 1")
     return x
+
+
+@defop("matmul", 2)
+def matmul(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """op(a) @ op(b) for 2-D a, b, where op transposes when attrs transpose_a / transpose_b."""
+    a, b = types
+    if a.rank != 2 or b.rank != 2:
+        raise ShapeError(f"matmul needs 2-D operands, got {a} and {b}")
+    m, k = a.shape[::-1] if attrs.get("transpose_a") else a.shape
+    k2, n = b.shape[::-1] if attrs.get("transpose_b") else b.shape
+    if k != k2:
+        raise ShapeError(f"matmul: inner sizes differ ({a} and {b})")
+    return TensorType((m, n))
+
+
+def _t(x: np.ndarray, flag: bool) -> np.ndarray:
+    return x.T if flag else x
+
+
+numpy_kernel("linear")(lambda xs, a: xs[0] @ xs[1].T)
+numpy_kernel("matmul")(lambda xs, a: _t(xs[0], a.get("transpose_a", False)) @ _t(xs[1], a.get("transpose_b", False)))
+numpy_kernel("bias_add")(lambda xs, a: xs[0] + xs[1].reshape((1, -1) + (1,) * (xs[0].ndim - 2)))
+
+
+@flops_rule("linear")
+def _linear_flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
+    return 2 * out.numel * types[0].shape[1]
+
+
+@flops_rule("matmul")
+def _matmul_flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
+    k = types[0].shape[0] if a.get("transpose_a") else types[0].shape[1]
+    return 2 * out.numel * k
+
+
+@flops_rule("bias_add")
+def _bias_flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
+    return out.numel
+
+
+@vjp_rule("linear")
+def _linear_vjp(b: Any, s: Any, g: Any) -> tuple:
+    x, w = s.inputs
+    return (_e(b, s, "matmul", g, w), _e(b, s, "matmul", g, x, transpose_a=True))
+
+
+@vjp_rule("matmul")
+def _matmul_vjp(b: Any, s: Any, g: Any) -> tuple:
+    x, w = s.inputs
+    ta, tb = s.a.get("transpose_a", False), s.a.get("transpose_b", False)
+    # C = op(A) op(B): dop(A) = G op(B)^T, dop(B) = op(A)^T G, then undo the op
+    ga = _e(b, s, "matmul", w, g, transpose_a=tb, transpose_b=True) if ta else _e(
+        b, s, "matmul", g, w, transpose_b=not tb
+    )
+    gb = _e(b, s, "matmul", g, x, transpose_a=True, transpose_b=ta) if tb else _e(
+        b, s, "matmul", x, g, transpose_a=not ta
+    )
+    return (ga, gb)
+
+
+@vjp_rule("bias_add")
+def _bias_vjp(b: Any, s: Any, g: Any) -> tuple:
+    return (g, _e(b, s, "channel_sum", g))

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepdsl.ir.registry import defop
+import numpy as np
+
+from deepdsl.ir.registry import defop, flops_rule, numpy_kernel, vjp_rule
 from deepdsl.ir.types import DType, ShapeError, TensorType
+from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
 
 
@@ -36,7 +39,9 @@ defop("softmax_cross_entropy", 2, doc="mean over the batch of -log softmax(x)[la
     _class_loss("softmax_cross_entropy")
 )
 defop("cross_entropy", 2, doc="mean over the batch of -log p[label] for probabilities p")(_class_loss("cross_entropy"))
-defop("accuracy", 2, doc="fraction of rows whose largest score is at the label")(_class_loss("accuracy"))
+defop("accuracy", 2, doc="fraction of rows whose largest score is at the label", differentiable=False)(
+    _class_loss("accuracy")
+)
 
 
 @defop("mse", 2)
@@ -48,9 +53,119 @@ def mse(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     return TensorType(())
 
 
-@defop("argmax", 1)
+@defop("argmax", 1, differentiable=False)
 def argmax(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     """Index of the largest score per row: [N, K] -> int [N]."""
     (x,) = types
     need_rank(x, (2,), "argmax")
     return TensorType((x.shape[0],), DType.I64)
+
+
+# ---- backward ops ----
+
+
+def _like_second(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    return types[1] if len(types) == 2 else types[0]
+
+
+defop("softmax_backward", 2, doc="y * (g - sum(g * y, axis 1)) for y = softmax(x)  (y, g)", differentiable=False)(
+    _like_second
+)
+defop("log_softmax_backward", 2, doc="g - exp(y) * sum(g, axis 1) for y = log_softmax(x)  (y, g)",
+      differentiable=False)(_like_second)  # fmt: skip
+
+
+@defop("softmax_cross_entropy_backward", 3, differentiable=False)
+def _sce_backward(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """(softmax(x) - onehot(labels)) / N * g  (x, labels, g)"""
+    return types[0]
+
+
+@defop("cross_entropy_backward", 3, differentiable=False)
+def _ce_backward(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """-onehot(labels) / (p N) * g  (p, labels, g)"""
+    return types[0]
+
+
+@defop("mse_backward", 3, differentiable=False)
+def _mse_backward(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """2 (a - b) / numel * g  (a, b, g)"""
+    return types[0]
+
+
+# ---- NumPy kernels ----
+
+
+def _softmax_np(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _log_softmax_np(x: np.ndarray) -> np.ndarray:
+    z = x - x.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def _rows(n: int) -> np.ndarray:
+    return np.arange(n)
+
+
+numpy_kernel("softmax")(lambda xs, a: _softmax_np(xs[0]))
+numpy_kernel("log_softmax")(lambda xs, a: _log_softmax_np(xs[0]))
+numpy_kernel("softmax_cross_entropy")(
+    lambda xs, a: -np.mean(_log_softmax_np(xs[0])[_rows(len(xs[1])), xs[1]]).astype(xs[0].dtype)
+)
+numpy_kernel("cross_entropy")(lambda xs, a: -np.mean(np.log(xs[0][_rows(len(xs[1])), xs[1]])).astype(xs[0].dtype))
+numpy_kernel("mse")(lambda xs, a: np.mean(np.square(xs[0] - xs[1])).astype(xs[0].dtype))
+numpy_kernel("argmax")(lambda xs, a: np.argmax(xs[0], axis=1).astype(np.int64))
+numpy_kernel("accuracy")(lambda xs, a: np.mean(np.argmax(xs[0], axis=1) == xs[1]).astype(xs[0].dtype))
+numpy_kernel("softmax_backward")(lambda xs, a: xs[0] * (xs[1] - np.sum(xs[1] * xs[0], axis=1, keepdims=True)))
+numpy_kernel("log_softmax_backward")(lambda xs, a: xs[1] - np.exp(xs[0]) * np.sum(xs[1], axis=1, keepdims=True))
+
+
+@numpy_kernel("softmax_cross_entropy_backward")
+def _sce_backward_np(xs: tuple, a: dict) -> np.ndarray:
+    x, labels, g = xs
+    d = _softmax_np(x)
+    d[_rows(len(labels)), labels] -= 1
+    return d * (g / len(labels))
+
+
+@numpy_kernel("cross_entropy_backward")
+def _ce_backward_np(xs: tuple, a: dict) -> np.ndarray:
+    p, labels, g = xs
+    d = np.zeros_like(p)
+    rows = _rows(len(labels))
+    d[rows, labels] = -g / (p[rows, labels] * len(labels))
+    return d
+
+
+numpy_kernel("mse_backward")(lambda xs, a: (xs[0] - xs[1]) * (2 * xs[2] / xs[0].size))
+
+
+# ---- costs and gradients ----
+
+
+@flops_rule("softmax", "log_softmax", "softmax_backward", "log_softmax_backward", "softmax_cross_entropy",
+            "softmax_cross_entropy_backward", "cross_entropy", "cross_entropy_backward", "mse", "mse_backward",
+            "argmax", "accuracy")  # fmt: skip
+def _flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
+    return 5 * types[0].numel
+
+
+@vjp_rule("softmax", "log_softmax")
+def _softmax_vjp(b: Any, s: Any, g: Any) -> tuple:
+    return (_e(b, s, f"{s.op}_backward", s.out, g),)
+
+
+@vjp_rule("softmax_cross_entropy", "cross_entropy")
+def _class_loss_vjp(b: Any, s: Any, g: Any) -> tuple:
+    x, labels = s.inputs
+    return (_e(b, s, f"{s.op}_backward", x, labels, g), None)
+
+
+@vjp_rule("mse")
+def _mse_vjp(b: Any, s: Any, g: Any) -> tuple:
+    x, t = s.inputs
+    gx = _e(b, s, "mse_backward", x, t, g)
+    return (gx, _e(b, s, "neg", gx))

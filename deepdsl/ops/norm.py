@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepdsl.ir.registry import defop
+import numpy as np
+
+from deepdsl.ir.registry import defop, flops_rule, lowering, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
+from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
 
 
-@defop("batch_norm", None)
+@defop("batch_norm", None)  # lowered before anything runs: see _lower_batch_norm
 def batch_norm(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     """Inputs x, running_mean, running_var, then gamma, beta when affine. attrs: eps, momentum, affine."""
     x, *rest = types
@@ -32,3 +35,77 @@ def lrn(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     if attrs["size"] < 1:
         raise ShapeError(f"lrn: size must be at least 1, got {attrs['size']}")
     return x
+
+
+# ---- batch norm in the train and infer programs ----
+
+
+@defop("bn_apply", None)
+def bn_apply(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """(x - mean) / sqrt(var + eps) * gamma + beta per channel; inputs x, mean, var[, gamma, beta]."""
+    x, *rest = types
+    if len(rest) not in (2, 4) or any(t.shape != (x.shape[1],) for t in rest):
+        raise ShapeError(f"bn_apply: per-channel inputs {', '.join(map(str, rest))} do not fit {x}")
+    return x
+
+
+@defop("running_update", 2, differentiable=False)
+def running_update(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """(1 - momentum) * r + momentum * correction * v: a running statistic r after batch statistic v."""
+    return types[0]
+
+
+@lowering("batch_norm")
+def _lower_batch_norm(b: Any, s: Any, mode: str) -> Any:
+    x, rm, rv, *affine = s.inputs
+    eps, momentum = s.a["eps"], s.a["momentum"]
+    if mode == "infer":
+        return _e(b, s, "bn_apply", x, rm, rv, *affine, eps=eps)
+    mean = _e(b, s, "channel_mean", x)
+    var = _e(b, s, "channel_var", x, mean)
+    per = x.type.numel // x.type.shape[1]
+    b.update(rm.name, _e(b, s, "running_update", rm, mean, momentum=momentum, correction=1.0))
+    b.update(rv.name, _e(b, s, "running_update", rv, var, momentum=momentum, correction=per / max(per - 1, 1)))
+    return _e(b, s, "bn_apply", x, mean, var, *affine, eps=eps)
+
+
+def _bc(v: np.ndarray, ndim: int) -> np.ndarray:
+    return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+@numpy_kernel("bn_apply")
+def _bn_apply_np(xs: tuple, a: dict) -> np.ndarray:
+    x, mean, var, *affine = xs
+    scale = 1 / np.sqrt(var + x.dtype.type(a["eps"]))
+    if affine:
+        scale = scale * affine[0]
+    y = (x - _bc(mean, x.ndim)) * _bc(scale, x.ndim)
+    return y + _bc(affine[1], x.ndim) if affine else y
+
+
+numpy_kernel("running_update")(
+    lambda xs, a: (1 - a["momentum"]) * xs[0] + (a["momentum"] * a["correction"]) * xs[1]
+)
+
+
+@flops_rule("bn_apply", "running_update")
+def _flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
+    return 4 * out.numel
+
+
+@vjp_rule("bn_apply")
+def _bn_apply_vjp(b: Any, s: Any, g: Any) -> tuple:
+    # y = (x - m) * r * gamma + beta with r = (v + eps)^-1/2
+    x, m, v, *affine = s.inputs
+    shape = x.type.shape
+    r = _e(b, s, "pow_scalar", _e(b, s, "add_scalar", v, value=s.a["eps"]), value=-0.5)
+    scale = _e(b, s, "mul", r, affine[0]) if affine else r
+    gx = _e(b, s, "mul", g, _e(b, s, "broadcast_channel", scale, shape=shape))
+    gm = _e(b, s, "neg", _e(b, s, "channel_sum", gx))
+    sum_g_centred = _e(b, s, "channel_sum", _e(b, s, "mul", g, _e(b, s, "sub", x, _e(b, s, "broadcast_channel", m,
+                                                                                        shape=shape))))  # fmt: skip
+    r3 = _e(b, s, "mul_scalar", _e(b, s, "mul", _e(b, s, "mul", r, r), scale), value=-0.5)  # -1/2 gamma r^3
+    gv = _e(b, s, "mul", sum_g_centred, r3)
+    if not affine:
+        return (gx, gm, gv)
+    return (gx, gm, gv, _e(b, s, "mul", sum_g_centred, r), _e(b, s, "channel_sum", g))

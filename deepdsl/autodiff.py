@@ -1,0 +1,166 @@
+"""The training and inference programs: lowering, reverse-mode gradients, optimizer updates.
+
+- `lower(g, mode)` rewrites the ops whose meaning depends on the program (batch norm uses batch
+  statistics and updates its running statistics in training, running statistics in inference;
+  dropout masks in training, is the identity in inference) through each op's `lower` rule.
+- `train_program(g, optimizer)` is forward + backward + update: reverse accumulation over the
+  statement list, each statement's gradient emitted by its op's `vjp` rule, the gradients of a value
+  used several times summed; then one update per parameter (DESIGN §2.4 optimizers).
+- `infer_program(g)` is the forward program with the `predict` output only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from deepdsl.errors import DslProgramError
+from deepdsl.ir import REGISTRY, Graph, GraphBuilder, Init, InputDef, ParamDef, Stmt, Value
+from deepdsl.ir.types import DType, TensorType
+
+STEP = "step"  # the train program's iteration counter input (seeds dropout masks)
+
+
+def replay(g: Graph, b: GraphBuilder, hook: Callable[[GraphBuilder, Stmt], Value | None] | None = None) -> dict:
+    """Re-emit `g`'s statements into `b` (inputs and params already there); `hook` may replace one."""
+    vmap: dict[str, Value] = {d.value.name: d.value for d in b.inputs}
+    vmap.update({p.value.name: p.value for p in b.params})
+    for s in g.stmts:
+        s2 = s.replace(inputs=tuple(vmap[v.name] for v in s.inputs))
+        out = hook(b, s2) if hook else None
+        if out is None:
+            out = b.emit(s2.op, *s2.inputs, span=s2.span, layer=s2.layer, **s2.a)
+        vmap[s.out.name] = out
+    return vmap
+
+
+def _start(g: Graph, with_step: bool) -> GraphBuilder:
+    b = GraphBuilder(g.name)
+    for d in g.inputs:
+        b.add_input(d)
+    if with_step:
+        b.add_input(InputDef(Value(STEP, TensorType((), DType.I64)), "step"))
+    for p in g.params:
+        b.add_param(p)
+    return b
+
+
+def lower(g: Graph, mode: str) -> Graph:
+    """Apply every op's lowering for `mode` ("train" or "infer")."""
+    b = _start(g, with_step=mode == "train" and _uses(g, "dropout"))
+
+    def hook(b: GraphBuilder, s: Stmt) -> Value | None:
+        rule = REGISTRY[s.op].lower
+        return rule(b, s, mode) if rule else None
+
+    vmap = replay(g, b, hook)
+    for name, v in g.outputs:
+        b.output(name, vmap[v.name])
+    return b.build()
+
+
+def _uses(g: Graph, op: str) -> bool:
+    return any(s.op == op for s in g.stmts)
+
+
+def infer_program(g: Graph) -> Graph:
+    low = lower(g, "infer")
+    if not any(name == "predict" for name, _ in low.outputs):
+        raise DslProgramError("the network defines no `predict`, so it has no inference program")
+    b = _start(low, with_step=False)
+    vmap = replay(low, b)
+    b.output("predict", vmap[low.output("predict").name])
+    return _prune(b.build())
+
+
+def gradients(b: GraphBuilder, loss: Value, wrt: set[str]) -> dict[str, Value]:
+    """Emit the backward pass of the statements already in `b`; return d loss / d value by name."""
+    stmts = list(b.stmts)
+    # only statements between a parameter and the loss need gradients
+    depends = set(wrt)
+    for s in stmts:
+        if REGISTRY[s.op].differentiable and any(v.name in depends for v in s.inputs):
+            depends.add(s.out.name)
+    grads: dict[str, Value] = {loss.name: b.emit("fill", value=1.0, shape=())}
+    for s in reversed(stmts):
+        g = grads.get(s.out.name)
+        if g is None or s.out.name not in depends:
+            continue
+        rule = REGISTRY[s.op].vjp
+        assert rule is not None, f"op {s.op} has no gradient rule"
+        contributions = rule(b, s, g)
+        assert len(contributions) == len(s.inputs), f"{s.op}: vjp gives {len(contributions)} gradients"
+        for v, dv in zip(s.inputs, contributions):
+            if dv is None or v.name not in depends:
+                continue
+            assert dv.type == v.type, f"{s.op}: gradient {dv.type} for input {v.type}"
+            old = grads.get(v.name)
+            grads[v.name] = dv if old is None else b.emit("add", old, dv, span=s.span, layer=s.layer)
+    return grads
+
+
+def train_program(g: Graph, optimizer: tuple[str, tuple[tuple[str, Any], ...]]) -> Graph:
+    low = lower(g, "train")
+    b = _start(low, with_step=False)
+    vmap = replay(low, b)
+    for name, v in low.updates:
+        b.update(name, vmap[v.name])
+    loss = vmap[low.output("loss").name]
+    b.output("loss", loss)
+    trainable = [p for p in low.params if p.kind == "param"]
+    grads = gradients(b, loss, {p.value.name for p in trainable})
+    pairs = [(p, grads[p.value.name]) for p in trainable if p.value.name in grads]
+    apply_optimizer(b, pairs, optimizer)
+    return b.build()
+
+
+def apply_optimizer(b: GraphBuilder, pairs: list[tuple[ParamDef, Value]], optimizer: tuple[str, tuple]) -> None:
+    """One update per parameter, in the PyTorch convention (DESIGN §2.4); optimizer state as `opt/...`."""
+    name, args = optimizer
+    a = dict(args)
+    if a.get("clip", 0.0) > 0.0:
+        total = None
+        for _, g in pairs:
+            sq = b.emit("sum_squares", g)
+            total = sq if total is None else b.emit("add", total, sq)
+        assert total is not None
+        scale = b.emit("clip_scale", total, clip=a["clip"])
+        pairs = [(p, b.emit("scale_by", g, scale)) for p, g in pairs]
+    if name == "adam":
+        step = _opt_state(b, "opt/step", TensorType(()))
+        step1 = b.emit("add_scalar", step, value=1.0)
+        b.update("opt/step", step1)
+    for p, g in pairs:
+        w = p.value
+        if name == "sgd":
+            if a["momentum"] > 0.0:
+                v = _opt_state(b, f"opt/{w.name}/momentum", w.type)
+                v1 = b.emit("sgd_momentum", v, g, w, momentum=a["momentum"], weight_decay=a["weight_decay"])
+                b.update(v.name, v1)
+                w1 = b.emit("sgd_step", w, v1, lr=a["lr"])
+            else:
+                w1 = b.emit("sgd_plain", w, g, lr=a["lr"], weight_decay=a["weight_decay"])
+        else:
+            m = _opt_state(b, f"opt/{w.name}/m", w.type)
+            v = _opt_state(b, f"opt/{w.name}/v", w.type)
+            m1 = b.emit("adam_moment", m, g, beta=a["beta1"], power=1)
+            v1 = b.emit("adam_moment", v, g, beta=a["beta2"], power=2)
+            b.update(m.name, m1)
+            b.update(v.name, v1)
+            w1 = b.emit("adam_step", w, m1, v1, step1, lr=a["lr"], beta1=a["beta1"], beta2=a["beta2"], eps=a["eps"])
+        b.update(w.name, w1)
+
+
+def _opt_state(b: GraphBuilder, name: str, t: TensorType) -> Value:
+    return b.add_param(ParamDef(Value(name, t), Init("constant", (0.0,)), "opt"))
+
+
+def _prune(g: Graph) -> Graph:
+    """Drop statements no output or update needs."""
+    needed = {v.name for _, v in g.outputs} | {v.name for _, v in g.updates}
+    keep = []
+    for s in reversed(g.stmts):
+        if s.out.name in needed:
+            keep.append(s)
+            needed.update(v.name for v in s.inputs)
+    return g.replace(stmts=tuple(reversed(keep)))

@@ -1,0 +1,1 @@
+"""Backends: executors and emitters of compiled programs."""

@@ -1,0 +1,64 @@
+"""Optimizer updates (DESIGN §2.4, PyTorch's convention): element-wise, so they fuse as epilogues."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from deepdsl.ir.registry import defop, flops_rule, numpy_kernel
+from deepdsl.ir.types import ShapeError, TensorType
+
+
+def _like_first(types: tuple[TensorType, ...], a: dict[str, Any]) -> TensorType:
+    for t in types[1:]:
+        if t.shape not in (types[0].shape, ()):
+            raise ShapeError(f"optimizer update: {t} does not fit {types[0]}")
+    return types[0]
+
+
+_OPS = {
+    "sgd_plain": (2, "w - lr * (g + weight_decay * w)  (w, g)"),
+    "sgd_momentum": (3, "momentum * v + g + weight_decay * w  (v, g, w): the new momentum buffer"),
+    "sgd_step": (2, "w - lr * v  (w, v)"),
+    "adam_moment": (2, "beta * m + (1 - beta) * g^power  (m, g)"),
+    "adam_step": (4, "w - lr * m̂ / (sqrt(v̂) + eps), bias-corrected by the step t  (w, m, v, t)"),
+    "scale_by": (2, "x * s for a scalar tensor s  (x, s)"),
+}
+for _name, (_arity, _doc) in _OPS.items():
+    defop(_name, _arity, doc=_doc, elementwise=True, differentiable=False)(_like_first)
+
+
+@defop("clip_scale", 1, doc="min(1, clip / sqrt(total)) for the summed squared gradient norm total", differentiable=False)
+def _clip_scale(types: tuple[TensorType, ...], a: dict[str, Any]) -> TensorType:
+    return TensorType(())
+
+
+def _f(x: np.ndarray, v: float) -> Any:
+    return x.dtype.type(v)
+
+
+numpy_kernel("sgd_plain")(lambda xs, a: xs[0] - _f(xs[0], a["lr"]) * (xs[1] + _f(xs[0], a["weight_decay"]) * xs[0]))
+numpy_kernel("sgd_momentum")(
+    lambda xs, a: _f(xs[0], a["momentum"]) * xs[0] + xs[1] + _f(xs[0], a["weight_decay"]) * xs[2]
+)
+numpy_kernel("sgd_step")(lambda xs, a: xs[0] - _f(xs[0], a["lr"]) * xs[1])
+numpy_kernel("adam_moment")(
+    lambda xs, a: _f(xs[0], a["beta"]) * xs[0] + _f(xs[0], 1 - a["beta"]) * xs[1] ** int(a["power"])
+)
+numpy_kernel("scale_by")(lambda xs, a: xs[0] * xs[1])
+numpy_kernel("clip_scale")(lambda xs, a: np.minimum(1.0, a["clip"] / (np.sqrt(xs[0]) + 1e-6)).astype(xs[0].dtype))
+
+
+@numpy_kernel("adam_step")
+def _adam_step(xs: tuple, a: dict) -> np.ndarray:
+    w, m, v, t = xs
+    t = float(t)
+    m_hat = m / (1 - a["beta1"] ** t)
+    v_hat = v / (1 - a["beta2"] ** t)
+    return (w - a["lr"] * m_hat / (np.sqrt(v_hat) + a["eps"])).astype(w.dtype)
+
+
+@flops_rule(*_OPS, "clip_scale")
+def _flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
+    return 4 * out.numel
