@@ -1,3 +1,0 @@
-from deepdsl.cli import main
-
-main()
