@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from deepdsl.errors import DslProgramError
@@ -45,13 +46,25 @@ def _start(g: Graph, with_step: bool) -> GraphBuilder:
     return b
 
 
-def lower(g: Graph, mode: str) -> Graph:
+@dataclass(frozen=True)
+class LowerContext:
+    """What a lowering rule may depend on: the program kind, the run's seed and the step input."""
+
+    train: bool
+    seed: int = 1
+    step: Value | None = None
+
+
+def lower(g: Graph, mode: str, seed: int = 1) -> Graph:
     """Apply every op's lowering for `mode` ("train" or "infer")."""
-    b = _start(g, with_step=mode == "train" and _uses(g, "dropout"))
+    train = mode == "train"
+    b = _start(g, with_step=train and _uses(g, "dropout"))
+    step = next((d.value for d in b.inputs if d.kind == "step"), None)
+    ctx = LowerContext(train, seed, step)
 
     def hook(b: GraphBuilder, s: Stmt) -> Value | None:
         rule = REGISTRY[s.op].lower
-        return rule(b, s, mode) if rule else None
+        return rule(b, s, ctx) if rule else None
 
     vmap = replay(g, b, hook)
     for name, v in g.outputs:
@@ -99,8 +112,8 @@ def gradients(b: GraphBuilder, loss: Value, wrt: set[str]) -> dict[str, Value]:
     return grads
 
 
-def train_program(g: Graph, optimizer: tuple[str, tuple[tuple[str, Any], ...]]) -> Graph:
-    low = lower(g, "train")
+def train_program(g: Graph, optimizer: tuple[str, tuple[tuple[str, Any], ...]], seed: int = 1) -> Graph:
+    low = lower(g, "train", seed)
     b = _start(low, with_step=False)
     vmap = replay(low, b)
     for name, v in low.updates:

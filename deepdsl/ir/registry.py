@@ -22,8 +22,8 @@ NumpyKernel = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 VjpRule = Callable[[Any, Any, Any], tuple[Any, ...]]
 # (input types, output type, attrs) -> floating-point operations
 FlopsRule = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], int]
-# (builder, the statement, "train" or "infer") -> the Value that replaces the statement's output
-LowerRule = Callable[[Any, Any, str], Any]
+# (builder, the statement, autodiff.LowerContext) -> the Value that replaces the statement's output
+LowerRule = Callable[[Any, Any, Any], Any]
 
 
 @dataclass(frozen=True)

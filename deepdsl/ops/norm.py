@@ -56,10 +56,10 @@ def running_update(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> Tens
 
 
 @lowering("batch_norm")
-def _lower_batch_norm(b: Any, s: Any, mode: str) -> Any:
+def _lower_batch_norm(b: Any, s: Any, ctx: Any) -> Any:
     x, rm, rv, *affine = s.inputs
     eps, momentum = s.a["eps"], s.a["momentum"]
-    if mode == "infer":
+    if not ctx.train:
         return _e(b, s, "bn_apply", x, rm, rv, *affine, eps=eps)
     mean = _e(b, s, "channel_mean", x)
     var = _e(b, s, "channel_var", x, mean)
@@ -109,3 +109,61 @@ def _bn_apply_vjp(b: Any, s: Any, g: Any) -> tuple:
     if not affine:
         return (gx, gm, gv)
     return (gx, gm, gv, _e(b, s, "mul", sum_g_centred, r), _e(b, s, "channel_sum", g))
+
+
+# ---- local response normalisation ----
+# y = x * d^-beta with d = k + alpha/size * S(x^2), S summing the channels c - size//2 .. c + (size-1)//2
+# (zero-padded), PyTorch's LocalResponseNorm.
+
+
+@defop("lrn_backward", 3, differentiable=False)
+def lrn_backward(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """d lrn / d x: inputs x, y (the lrn output), g (d y); attrs as lrn."""
+    x, y, g = types
+    if not x.shape == y.shape == g.shape:
+        raise ShapeError(f"lrn_backward: output {y} and gradient {g} do not fit input {x}")
+    return lrn((x,), attrs)
+
+
+def _window_sum(v: np.ndarray, before: int, after: int) -> np.ndarray:
+    """out[:, c] = sum of v[:, c - before .. c + after] along axis 1, zero outside the channels."""
+    c = v.shape[1]
+    out = np.zeros_like(v)
+    for o in range(-before, after + 1):
+        lo, hi = max(0, -o), min(c, c - o)  # out[:, lo:hi] takes v[:, lo + o : hi + o]
+        if lo < hi:
+            out[:, lo:hi] += v[:, lo + o : hi + o]
+    return out
+
+
+def _lrn_denominator(x: np.ndarray, a: dict) -> np.ndarray:
+    size = a["size"]
+    t = x.dtype.type
+    return t(a["k"]) + t(a["alpha"] / size) * _window_sum(x * x, size // 2, (size - 1) // 2)
+
+
+@numpy_kernel("lrn")
+def _lrn_np(xs: tuple, a: dict) -> np.ndarray:
+    (x,) = xs
+    return x * np.power(_lrn_denominator(x, a), x.dtype.type(-a["beta"]))
+
+
+@numpy_kernel("lrn_backward")
+def _lrn_backward_np(xs: tuple, a: dict) -> np.ndarray:
+    # dx_j = g_j d_j^-beta - 2 alpha beta / size * x_j * sum over the c whose window holds j of g_c y_c / d_c
+    x, y, g = xs
+    size, t = a["size"], x.dtype.type
+    d = _lrn_denominator(x, a)
+    back = _window_sum(g * y / d, (size - 1) // 2, size // 2)  # the transposed window
+    return g * np.power(d, t(-a["beta"])) - t(2 * a["alpha"] * a["beta"] / size) * x * back
+
+
+@flops_rule("lrn", "lrn_backward")
+def _lrn_flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
+    per = a["size"] + 4  # square, window sum, scale and shift, power, product
+    return out.numel * (per if len(types) == 1 else 2 * per + 4)
+
+
+@vjp_rule("lrn")
+def _lrn_vjp(b: Any, s: Any, g: Any) -> tuple:
+    return (_e(b, s, "lrn_backward", s.inputs[0], s.out, g, **s.a),)

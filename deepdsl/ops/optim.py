@@ -29,7 +29,9 @@ for _name, (_arity, _doc) in _OPS.items():
     defop(_name, _arity, doc=_doc, elementwise=True, differentiable=False)(_like_first)
 
 
-@defop("clip_scale", 1, doc="min(1, clip / sqrt(total)) for the summed squared gradient norm total", differentiable=False)
+@defop(
+    "clip_scale", 1, doc="min(1, clip / sqrt(total)) for the summed squared gradient norm total", differentiable=False
+)
 def _clip_scale(types: tuple[TensorType, ...], a: dict[str, Any]) -> TensorType:
     return TensorType(())
 

@@ -71,3 +71,54 @@ def test_matmul_gradients_for_every_transpose_combination() -> None:
             a = rand(4, 3) if ta else rand(3, 4)
             b = rand(5, 4) if tb else rand(4, 5)
             check_op_gradient("matmul", [a, b], {"transpose_a": ta, "transpose_b": tb})
+
+
+def _tensor_fn_graph(src: str):  # noqa: ANN202
+    from helpers import HEADER, compile_text
+
+    return compile_text(HEADER + src).program.graph
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "x[n, d] * sigmoid(x[n, d])",  # swish
+        "sum[e] x[n, e] * x[n, e] / D + max(x[n, d], 0.5)",
+        "x[n, d] - (sum[e] x[n, e]) / D",
+        "exp(x[n, d] - (max[e] x[n, e]))",  # max reduction
+        "x[n, d] > 0 ? tanh(x[n, d]) : x[n, d] ^ 2",
+        "abs(x[n, d]) + sqrt(x[n, d] * x[n, d] + 1) + log(1 + x[n, d] * x[n, d])",
+    ],
+)
+def test_indexed_gradients_match_finite_differences(body: str) -> None:
+    g = _tensor_fn_graph(f"tensor f(x[B, D]) -> [n, d] = {body}\nh = f(flatten(x))\nloss = mse(h, h)\n")
+    (stmt,) = [s for s in g.stmts if s.op == "indexed"]
+    check_op_gradient("indexed", [rand(3, 4)], stmt.a)
+
+
+def test_indexed_gradient_of_a_convolution_inverts_the_shifted_access() -> None:
+    g = _tensor_fn_graph(
+        "tensor c(x[N, C, H, W], w[F, C, K, K]) -> [n, f, i: H - K + 1, j: W - K + 1] =\n"
+        "  sum[c, kh: K, kw: K] x[n, c, i + kh, j + kw] * w[f, c, kh, kw]\n"
+        "tensor wgt(x[N, C, H, W]) -> [f: 2, c: C, a: 3, b: 3] = 0.1\n"
+        "h = c(x, wgt(x))\nloss = mse(h, h)\n"
+    )
+    stmt = g.stmts[-2]
+    check_op_gradient("indexed", [rand(2, 3, 5, 5), rand(2, 3, 3, 3)], stmt.a)
+
+
+def test_indexed_gradient_with_a_strided_access_and_a_diagonal() -> None:
+    g = _tensor_fn_graph(
+        "tensor down(x[N, C, H, W]) -> [n, c, i: H / 2, j: W / 2] = x[n, c, 2 * i, 2 * j + 1]\n"
+        "h = down(x)\nloss = mse(h, h)\n"
+    )
+    down = g.stmts[0]
+    check_op_gradient("indexed", [rand(2, 3, 6, 6)], down.a)
+
+
+def test_indexed_gradient_of_a_diagonal_keeps_the_delta_as_an_indicator() -> None:
+    from deepdsl.ir.indexexpr import Affine, Apply, Const, Read
+
+    n = Affine.var("n")
+    body = Apply("*", (Read(0, (n, n)), Const(3.0)))  # out[n] = 3 x[n, n]
+    check_op_gradient("indexed", [rand(3, 3)], {"out": (("n", 3),), "body": body})
