@@ -1,4 +1,4 @@
-"""The staged driver shared by the CLI and the tests: text -> AST -> forward graph.
+"""The staged driver shared by the CLI and the tests: text -> AST -> forward graph -> train/infer programs.
 
 Each stage is one function; `compile_source` / `compile_file` run them up to `stop_at`. Errors are
 raised as `DslError`; `sources` collects the text of every file read so they can be rendered.
@@ -14,9 +14,11 @@ from deepdsl.errors import DslError, DslProgramError
 from deepdsl.frontend import ast
 from deepdsl.frontend.elaborate import Elaborator
 from deepdsl.frontend.parser import parse_text
+from deepdsl.autodiff import infer_program, train_program
 from deepdsl.frontend.program import Program
+from deepdsl.ir import Graph
 
-STAGES = ("ast", "graph")
+STAGES = ("ast", "graph", "train", "infer")
 
 
 @dataclass
@@ -26,6 +28,8 @@ class Compilation:
     sources: dict[str, str] = field(default_factory=dict)
     module: ast.Module | None = None
     program: Program | None = None
+    train: Graph | None = None
+    infer: Graph | None = None
 
 
 def parse_stage(text: str, file: str, c: Compilation) -> ast.Module:
@@ -75,6 +79,10 @@ def compile_source(
     if stop_at == "ast":
         return c
     c.program = elaborate_stage(c.module, load_includes(c.module, c), sets or {})
+    if stop_at == "train":
+        c.train = train_program(c.program.graph, c.program.train.optimizer, c.program.train.seed)
+    elif stop_at == "infer":
+        c.infer = infer_program(c.program.graph)
     return c
 
 

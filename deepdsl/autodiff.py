@@ -124,7 +124,22 @@ def train_program(g: Graph, optimizer: tuple[str, tuple[tuple[str, Any], ...]], 
     grads = gradients(b, loss, {p.value.name for p in trainable})
     pairs = [(p, grads[p.value.name]) for p in trainable if p.value.name in grads]
     apply_optimizer(b, pairs, optimizer)
-    return b.build()
+    return _prune(b.build())  # a vjp rule emits every input's gradient; drop those nobody needs (data inputs)
+
+
+def gradient_program(g: Graph, seed: int = 1) -> Graph:
+    """The training forward pass and every parameter's gradient as outputs `grad:NAME` (for checks)."""
+    low = lower(g, "train", seed)
+    b = _start(low, with_step=False)
+    vmap = replay(low, b)
+    loss = vmap[low.output("loss").name]
+    b.output("loss", loss)
+    trainable = [p.value.name for p in low.params if p.kind == "param"]
+    grads = gradients(b, loss, set(trainable))
+    for name in trainable:
+        if name in grads:
+            b.output(f"grad:{name}", grads[name])
+    return _prune(b.build())
 
 
 def apply_optimizer(b: GraphBuilder, pairs: list[tuple[ParamDef, Value]], optimizer: tuple[str, tuple]) -> None:

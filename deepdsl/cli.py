@@ -113,7 +113,38 @@ def ir(c: api.Compilation, file: str, sets: dict, stage: str) -> None:
         return
     assert c.program is not None
     _warnings(c)
-    click.echo(format_graph(c.program.graph), nl=False)
+    graph = {"graph": c.program.graph, "train": c.train, "infer": c.infer}[stage]
+    assert graph is not None
+    click.echo(format_graph(graph), nl=False)
+
+
+@cli.command()
+@common
+@click.option("--iters", type=click.IntRange(min=0), default=None, help="Training steps (default: the train block's).")
+@click.option("--data", "data_flag", metavar="SOURCE", default=None,
+              help="synthetic | mnist:DIR | cifar10:DIR | npz:FILE (default: the train block's).")  # fmt: skip
+@click.option("--load", "load_path", type=click.Path(dir_okay=False), default=None, help="Start from this .npz file.")
+@click.option("--save", "save_path", type=click.Path(dir_okay=False), default=None, help="Write the final state here.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where to run: the NumPy runner (cpu) or the PyCUDA runner (cuda).")  # fmt: skip
+@click.option("--seed", type=int, default=None, help="Override the train block's seed.")
+@click.option("--float64", "double", is_flag=True, help="Run in float64 (the reference precision for checks).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
+def run(c: api.Compilation, file: str, sets: dict, iters: int | None, data_flag: str | None, load_path: str | None,
+        save_path: str | None, device: str, seed: int | None, double: bool, as_json: bool) -> None:  # fmt: skip
+    """Train FILE for a few iterations with the reference runner and report the losses."""
+    from deepdsl import running
+
+    api.compile_file(file, sets, c=c)
+    assert c.program is not None
+    _warnings(c)
+    report = None if as_json else lambda line: click.echo(line)
+    result = running.run_training(
+        c.program, iters=iters, data_flag=data_flag, load=load_path, save=save_path, device=device, seed=seed,
+        double=double, report=report,
+    )  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(result))
 
 
 def check_json(p: Program) -> dict[str, Any]:

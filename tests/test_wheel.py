@@ -24,6 +24,7 @@ def test_grammar_loads_from_an_installed_wheel(tmp_path) -> None:  # noqa: ANN00
     probe = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
         "from deepdsl.frontend.parser import grammar_path, parse_text;"
+        "import deepdsl.cli, deepdsl.trainer, deepdsl.running, deepdsl.data.mnist, deepdsl.backends.numpy_runner;"
         "assert str(grammar_path()).startswith(sys.argv[1]), grammar_path();"
         "print(parse_text('network A\\nconst N = 1\\n').network)"
     )

@@ -1,0 +1,130 @@
+"""Parameter files (DESIGN.md 9): NumPy ``.npz`` archives shared with the Java runtime.
+
+    save_npz(path, arrays)            write atomically, entries in dict order
+    load_npz(path, expected)          read and check against {name: (shape, dtype)}
+
+The archive is exactly what ``np.savez`` writes (uncompressed ZIP, one ``NAME.npy`` entry per
+array, ZIP64 extra fields forced), but it is written with `zipfile` directly so that any name
+works: ``np.savez(file, **arrays)`` would take a parameter called ``file`` or ``allow_pickle`` as
+its own argument. Names may hold ``.`` and ``/`` (``cv1.W``, ``opt/cv1.W/momentum``, ``opt/step``):
+a slash simply becomes a folder inside the ZIP, and ``np.load`` gives the name back unchanged.
+
+Names with a slash are optimizer state and optional as a group: a file with none of the
+expected ``opt/...`` names loads without them (the optimizer starts fresh); a file with some of
+them must have all.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import zipfile
+from collections.abc import Mapping
+
+import numpy as np
+
+from .errors import DslProgramError
+
+__all__ = ["is_optimizer_state", "load_npz", "save_npz"]
+
+
+def is_optimizer_state(name: str) -> bool:
+    """Optimizer state lives under names with a slash (``opt/<parameter>/momentum``, ``opt/step``)."""
+    return "/" in name
+
+
+def save_npz(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray]) -> None:
+    """Write `arrays` to `path` (used as given, no suffix added): a temp file in the same folder, then a rename."""
+    path = os.fspath(path)
+    for name in arrays:
+        if not name or name.startswith("/") or "\\" in name or name.endswith("/"):
+            raise DslProgramError(f"cannot save an array under the name {name!r} in '{path}'")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise DslProgramError(f"cannot write parameter file '{path}': folder '{folder}' does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    except OSError as e:
+        raise DslProgramError(f"cannot write parameter file '{path}': {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+                for name, value in arrays.items():
+                    with zf.open(name + ".npy", "w", force_zip64=True) as entry:
+                        np.lib.format.write_array(entry, np.asanyarray(value), allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise DslProgramError(f"cannot write parameter file '{path}': {e.strerror or e}") from None
+        raise
+
+
+def load_npz(
+    path: str | os.PathLike[str],
+    expected: Mapping[str, tuple[tuple[int, ...], np.dtype]],
+    *,
+    ignore_optimizer_state: bool = False,
+) -> dict[str, np.ndarray]:
+    """Read `path` and check it holds exactly the `expected` arrays; returns them in `expected`'s order.
+
+    Every name of `expected` must be present with its shape, except the optimizer state (names
+    with a slash), which may be absent as a whole. Any entry the file has beyond `expected` is an
+    error, unless it is optimizer state and `ignore_optimizer_state` is set (loading a training
+    checkpoint for inference). Arrays are converted to the expected dtype within the same kind
+    (float64 -> float32, int32 -> int64); a float where an int is expected, or the reverse, is an error.
+    The first problem found (in `expected`'s order, then the file's extra entries) is reported.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise DslProgramError(f"parameter file not found: '{path}'")
+    try:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise DslProgramError(f"parameter file '{path}' is a single .npy array, not an .npz archive")
+        with z:
+            names = list(z.files)
+            have = set(names)
+            with_opt = any(is_optimizer_state(n) and n in have for n in expected)
+            extra = [n for n in names if n not in expected and not (ignore_optimizer_state and is_optimizer_state(n))]
+            out: dict[str, np.ndarray] = {}
+            for name, (shape, dtype) in expected.items():
+                if is_optimizer_state(name) and not with_opt:
+                    continue
+                if name not in have:
+                    what = "optimizer state" if is_optimizer_state(name) else "array"
+                    raise DslProgramError(f"parameter file '{path}' has no {what} '{name}'")
+                value = z[name]
+                shape = tuple(int(d) for d in shape)
+                if value.shape != shape:
+                    raise DslProgramError(
+                        f"parameter file '{path}': '{name}' has shape {list(value.shape)}, "
+                        f"but the network expects {list(shape)}"
+                    )
+                out[name] = _convert(value, np.dtype(dtype), name, path)
+    except DslProgramError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise DslProgramError(f"cannot read parameter file '{path}': {e}") from None
+    if extra:
+        name = extra[0]
+        hint = " (saved with a different optimizer?)" if is_optimizer_state(name) else ""
+        raise DslProgramError(f"parameter file '{path}' has an entry '{name}' that the network does not have{hint}")
+    return out
+
+
+def _kind(dtype: np.dtype) -> str:
+    return {"f": "float", "i": "int", "u": "int", "b": "bool"}.get(dtype.kind, dtype.kind)
+
+
+def _convert(value: np.ndarray, dtype: np.dtype, name: str, path: str) -> np.ndarray:
+    if value.dtype == dtype:
+        return value
+    if _kind(value.dtype) != _kind(dtype):
+        raise DslProgramError(f"parameter file '{path}': '{name}' holds {value.dtype}, but the network expects {dtype}")
+    return value.astype(dtype)

@@ -1,0 +1,139 @@
+"""Training with the NumPy reference runner: parameters, steps, tests, saving and loading.
+
+The trainer owns the arrays of every parameter, model state (`NAME.running_mean`, ...) and optimizer
+state (`opt/<parameter>/momentum`, `opt/step`, ...); one `step(i)` runs the training program on batch i
+and writes the updates back. Parameter files follow DESIGN §9.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from deepdsl.autodiff import STEP, infer_program, train_program
+from deepdsl.backends.numpy_runner import NonFinite, run
+from deepdsl.checkpoint import load_npz, save_npz
+from deepdsl.data import Dataset
+from deepdsl.errors import DslProgramError
+from deepdsl.frontend.program import Program
+from deepdsl.initializers import init_array
+from deepdsl.ir import Graph, ParamDef
+
+
+@dataclass
+class TrainResult:
+    losses: list[float] = field(default_factory=list)
+    test_accuracy: float | None = None
+    peak_bytes: int = 0
+    seconds_per_iter: float = 0.0
+
+
+class Trainer:
+    def __init__(self, program: Program, data: Dataset, seed: int | None = None, dtype: type = np.float32):
+        cfg = program.train
+        self.program = program
+        self.data = data
+        self.seed = cfg.seed if seed is None else seed
+        self.dtype = dtype
+        self.train_graph: Graph = train_program(program.graph, cfg.optimizer, self.seed)
+        self.infer_graph: Graph | None = (
+            infer_program(program.graph) if any(n == "predict" for n, _ in program.graph.outputs) else None
+        )
+        self.batch = next(d for d in program.graph.inputs if d.kind == "input").value.type.shape[0]
+        self.shuffle = self.seed if cfg.shuffle else None
+        self.arrays: dict[str, np.ndarray] = {p.value.name: self._init(p) for p in self.train_graph.params}
+        self.step_count = 0
+
+    def _init(self, p: ParamDef) -> np.ndarray:
+        i = p.init
+        return init_array(p.value.name, p.value.type.shape, i.kind, i.args, i.fan_in, i.fan_out, self.seed, self.dtype)
+
+    def _feeds(self, graph: Graph, x: np.ndarray, y: np.ndarray, step: int) -> dict[str, np.ndarray]:
+        feeds: dict[str, np.ndarray] = {}
+        for d in graph.inputs:
+            feeds[d.value.name] = {"input": x, "label": y, "step": np.asarray(step, dtype=np.int64)}[d.kind]
+        return feeds
+
+    def step(self) -> tuple[float, int]:
+        """Run one training step on the next batch; returns (loss, peak bytes held by the runner)."""
+        i = self.step_count
+        x, y = self.data.batch(i, self.batch, self.shuffle)
+        feeds = self._feeds(self.train_graph, x, y, i)
+        result = run(self.train_graph, feeds, self.arrays, self.dtype)
+        loss = float(result.outputs["loss"])
+        if not math.isfinite(loss):
+            self._locate_non_finite(feeds, i)
+        self.arrays.update(result.updates)
+        self.step_count += 1
+        return loss, result.peak_bytes
+
+    def _locate_non_finite(self, feeds: dict[str, np.ndarray], i: int) -> None:
+        try:
+            run(self.train_graph, feeds, self.arrays, self.dtype, check_finite=True)
+        except NonFinite as err:
+            raise NonFinite(f"iteration {i}: {err.message}", err.span) from None
+        raise NonFinite(f"iteration {i}: the loss is not finite")
+
+    def test(self, batches: int | None = None) -> float | None:
+        """Accuracy of `predict` on the test set (the whole set, or the first `batches` batches)."""
+        d = self.data
+        if self.infer_graph is None or d.x_test is None or d.y_test is None:
+            return None
+        graph = self.infer_graph
+        n = graph.inputs[0].value.type.shape[0] if graph.inputs else self.batch
+        count = len(d.x_test) // n if batches is None else min(batches, max(1, len(d.x_test) // n))
+        correct = total = 0
+        for b in range(max(1, count)):
+            xs = np.take(d.x_test, range(b * n, b * n + n), axis=0, mode="wrap")
+            ys = np.take(d.y_test, range(b * n, b * n + n), mode="wrap")
+            feeds = {dd.value.name: xs if dd.kind == "input" else ys for dd in graph.inputs}
+            scores = run(graph, feeds, self.arrays, self.dtype).outputs["predict"]
+            correct += int(np.sum(np.argmax(scores, axis=1) == ys))
+            total += n
+        return correct / total
+
+    def train(self, iterations: int, on_step: Callable[[int, float, float], None] | None = None) -> TrainResult:
+        cfg = self.program.train
+        result = TrainResult()
+        start = time.perf_counter()
+        for k in range(iterations):
+            t0 = time.perf_counter()
+            loss, peak = self.step()
+            result.losses.append(loss)
+            result.peak_bytes = max(result.peak_bytes, peak)
+            if on_step:
+                on_step(k, loss, time.perf_counter() - t0)
+            if cfg.test_every and (k + 1) % cfg.test_every == 0 and k + 1 < iterations:
+                self.test(cfg.test_iterations)
+        result.seconds_per_iter = (time.perf_counter() - start) / iterations if iterations else 0.0
+        result.test_accuracy = self.test()
+        return result
+
+    # ---- parameter files (DESIGN §9) ----
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = {p.value.name: self.arrays[p.value.name] for p in self.train_graph.params if p.kind != "opt"}
+        out.update({p.value.name: self.arrays[p.value.name] for p in self.train_graph.params if p.kind == "opt"})
+        out["opt/iteration"] = np.asarray(self.step_count, dtype=np.int64)
+        return out
+
+    def save(self, path: str) -> None:
+        save_npz(path, self.state())
+
+    def load(self, path: str) -> None:
+        expected = {name: (a.shape, a.dtype) for name, a in self.state().items()}
+        loaded = load_npz(path, expected)
+        if not loaded:
+            raise DslProgramError(f"parameter file '{path}' holds nothing to load")
+        for name, a in loaded.items():
+            if name == "opt/iteration":
+                self.step_count = int(a)
+            else:
+                self.arrays[name] = a.astype(self.arrays[name].dtype)
+
+
+__all__ = ["STEP", "TrainResult", "Trainer"]
