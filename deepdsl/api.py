@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import deepdsl.ops  # noqa: F401 — fills the op registry
+from deepdsl.autodiff import infer_program, train_program
 from deepdsl.errors import DslError, DslProgramError
 from deepdsl.frontend import ast
 from deepdsl.frontend.elaborate import Elaborator
 from deepdsl.frontend.parser import parse_text
-from deepdsl.autodiff import infer_program, train_program
 from deepdsl.frontend.program import Program
 from deepdsl.ir import Graph
 

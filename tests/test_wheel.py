@@ -13,9 +13,10 @@ def test_grammar_loads_from_an_installed_wheel(tmp_path) -> None:  # noqa: ANN00
     # build from a copy, so setuptools' build/ folder never lands in the checkout
     src, dist, target = tmp_path / "src", tmp_path / "dist", tmp_path / "site"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "deepdsl", "grammar"):
-        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
-        copy(ROOT / name, src / name, **({"ignore": shutil.ignore_patterns("__pycache__")} if copy is shutil.copytree else {}))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("deepdsl", "grammar"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)], check=True)
     (wheel,) = dist.glob("deepdsl-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],

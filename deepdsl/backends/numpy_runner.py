@@ -77,4 +77,3 @@ def _execute(s: Stmt, env: dict[str, np.ndarray], dtype: type) -> np.ndarray:
         out = out.astype(dtype)
     assert out.shape == s.out.type.shape, f"{s.op}: kernel gave {out.shape}, the shape rule {s.out.type.shape}"
     return out
-

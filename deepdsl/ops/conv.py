@@ -1,11 +1,20 @@
-"""2-D convolution (cross-correlation, NCHW), weight [out, in/groups, kh, kw]."""
+"""2-D convolution (cross-correlation, NCHW), weight [out, in/groups, kh, kw], and its two gradients.
+
+The NumPy kernels lower each convolution to one batched matrix product per group over an im2col
+matrix (a strided window view of the zero-padded input, copied once); the data gradient scatters its
+columns back with one strided accumulation per kernel offset (col2im).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from deepdsl.ir.registry import defop
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from deepdsl.ir.registry import defop, flops_rule, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
+from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank, window_out
 
 
@@ -23,3 +32,112 @@ def conv2d(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     if cg * g != c:
         raise ShapeError(f"conv: weight {w} expects {cg * g} input channels, the input {x} has {c}")
     return TensorType((n, f, window_out(h, kh, sh, ph, "conv"), window_out(wd, kw, sw, pw, "conv")))
+
+
+@defop("conv2d_backward_data", 2, differentiable=False)
+def conv2d_backward_data(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """d conv2d / d x: inputs g (d out), w; attrs stride, pad, groups and in_shape (the shape of x)."""
+    g, w = types
+    x = TensorType(tuple(attrs["in_shape"]))
+    if conv2d((x, w), attrs).shape != g.shape:
+        raise ShapeError(f"conv2d_backward_data: gradient {g} does not fit input {x} and weight {w}")
+    return x
+
+
+@defop("conv2d_backward_filter", 2, differentiable=False)
+def conv2d_backward_filter(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """d conv2d / d w: inputs x, g (d out); attrs stride, pad, groups and w_shape (the shape of w)."""
+    x, g = types
+    w = TensorType(tuple(attrs["w_shape"]))
+    if conv2d((x, w), attrs).shape != g.shape:
+        raise ShapeError(f"conv2d_backward_filter: gradient {g} does not fit input {x} and weight {w}")
+    return w
+
+
+# ---- NumPy kernels ----
+
+
+def _padded(x: np.ndarray, ph: int, pw: int) -> np.ndarray:
+    if not (ph or pw):
+        return x
+    n, c, h, w = x.shape
+    out = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=x.dtype)
+    out[:, :, ph : ph + h, pw : pw + w] = x
+    return out
+
+
+def _cols(x: np.ndarray, kh: int, kw: int, a: dict) -> np.ndarray:
+    """im2col, channel-major: [groups, C/groups*kh*kw, N*OH*OW], rows in (c, i, j) order, columns in (n, oh, ow)."""
+    (sh, sw), (ph, pw), groups = a["stride"], a["pad"], a["groups"]
+    c = x.shape[1]
+    win = sliding_window_view(_padded(x, ph, pw), (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]  # N, C, OH, OW, kh, kw
+    return np.ascontiguousarray(win.transpose(1, 4, 5, 0, 2, 3)).reshape(groups, c // groups * kh * kw, -1)
+
+
+def _grad_cols(g: np.ndarray, groups: int) -> np.ndarray:
+    """d out [N, F, OH, OW] as [groups, F/groups, N*OH*OW], the layout of the im2col product."""
+    n, f = g.shape[:2]
+    return np.ascontiguousarray(g.transpose(1, 0, 2, 3)).reshape(groups, f // groups, -1)
+
+
+@numpy_kernel("conv2d")
+def _conv2d_np(xs: tuple, a: dict) -> np.ndarray:
+    x, w = xs
+    groups = a["groups"]
+    f, cg, kh, kw = w.shape
+    oh = window_out(x.shape[2], kh, a["stride"][0], a["pad"][0], "conv")
+    ow = window_out(x.shape[3], kw, a["stride"][1], a["pad"][1], "conv")
+    y = np.matmul(w.reshape(groups, f // groups, cg * kh * kw), _cols(x, kh, kw, a))  # G, F/G, N*OH*OW
+    return np.ascontiguousarray(y.reshape(f, x.shape[0], oh, ow).transpose(1, 0, 2, 3))
+
+
+@numpy_kernel("conv2d_backward_filter")
+def _conv2d_backward_filter_np(xs: tuple, a: dict) -> np.ndarray:
+    x, g = xs
+    f, cg, kh, kw = a["w_shape"]
+    dw = np.matmul(_grad_cols(g, a["groups"]), _cols(x, kh, kw, a).transpose(0, 2, 1))  # G, F/G, C/G*kh*kw
+    return dw.reshape(f, cg, kh, kw)
+
+
+@numpy_kernel("conv2d_backward_data")
+def _conv2d_backward_data_np(xs: tuple, a: dict) -> np.ndarray:
+    g, w = xs
+    n, c, h, wd = a["in_shape"]
+    (sh, sw), (ph, pw), groups = a["stride"], a["pad"], a["groups"]
+    f, cg, kh, kw = w.shape
+    oh, ow = g.shape[2:]
+    # the columns of d x with the batch innermost, [groups, C/G*kh*kw, OH*OW*N] = [C, kh, kw, OH, OW, N], so
+    # that each kernel offset's block below is long contiguous runs (OW*N elements at stride 1)
+    wt = w.reshape(groups, f // groups, cg * kh * kw).transpose(0, 2, 1)
+    gt = np.ascontiguousarray(g.transpose(1, 2, 3, 0)).reshape(groups, f // groups, -1)
+    dcols = np.matmul(wt, gt).reshape(c, kh, kw, oh, ow, n)
+    # col2im: add each offset's columns onto its strided block of the padded input
+    dxp = np.zeros((c, h + 2 * ph, wd + 2 * pw, n), dtype=g.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            dxp[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw] += dcols[:, i, j]
+    return np.ascontiguousarray(dxp[:, ph : ph + h, pw : pw + wd].transpose(3, 0, 1, 2))
+
+
+@flops_rule("conv2d", "conv2d_backward_data", "conv2d_backward_filter")
+def _conv_flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
+    # one multiply-add per (output element, weight element in its group), the same for all three
+    if "w_shape" in a:
+        _, g = types
+        w_shape = tuple(a["w_shape"])
+    elif "in_shape" in a:
+        g, w = types
+        w_shape = w.shape
+    else:
+        g, w_shape = out, types[1].shape
+    _, cg, kh, kw = w_shape
+    return 2 * g.numel * cg * kh * kw
+
+
+@vjp_rule("conv2d")
+def _conv2d_vjp(b: Any, s: Any, g: Any) -> tuple:
+    x, w = s.inputs
+    conv = {"stride": s.a["stride"], "pad": s.a["pad"], "groups": s.a["groups"]}
+    gx = _e(b, s, "conv2d_backward_data", g, w, in_shape=x.type.shape, **conv)
+    gw = _e(b, s, "conv2d_backward_filter", x, g, w_shape=w.type.shape, **conv)
+    return (gx, gw)

@@ -170,4 +170,3 @@ def _abs_vjp(b: Any, s: Any, g: Any) -> tuple:
 @vjp_rule("leaky_relu")
 def _leaky_vjp(b: Any, s: Any, g: Any) -> tuple:
     return (_e(b, s, "leaky_relu_grad", g, s.inputs[0], slope=s.a["slope"]),)
-

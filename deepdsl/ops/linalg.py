@@ -81,11 +81,15 @@ def _matmul_vjp(b: Any, s: Any, g: Any) -> tuple:
     x, w = s.inputs
     ta, tb = s.a.get("transpose_a", False), s.a.get("transpose_b", False)
     # C = op(A) op(B): dop(A) = G op(B)^T, dop(B) = op(A)^T G, then undo the op
-    ga = _e(b, s, "matmul", w, g, transpose_a=tb, transpose_b=True) if ta else _e(
-        b, s, "matmul", g, w, transpose_b=not tb
+    ga = (
+        _e(b, s, "matmul", w, g, transpose_a=tb, transpose_b=True)
+        if ta
+        else _e(b, s, "matmul", g, w, transpose_b=not tb)
     )
-    gb = _e(b, s, "matmul", g, x, transpose_a=True, transpose_b=ta) if tb else _e(
-        b, s, "matmul", x, g, transpose_a=not ta
+    gb = (
+        _e(b, s, "matmul", g, x, transpose_a=True, transpose_b=ta)
+        if tb
+        else _e(b, s, "matmul", x, g, transpose_a=not ta)
     )
     return (ga, gb)
 

@@ -83,9 +83,7 @@ def _bn_apply_np(xs: tuple, a: dict) -> np.ndarray:
     return y + _bc(affine[1], x.ndim) if affine else y
 
 
-numpy_kernel("running_update")(
-    lambda xs, a: (1 - a["momentum"]) * xs[0] + (a["momentum"] * a["correction"]) * xs[1]
-)
+numpy_kernel("running_update")(lambda xs, a: (1 - a["momentum"]) * xs[0] + (a["momentum"] * a["correction"]) * xs[1])
 
 
 @flops_rule("bn_apply", "running_update")

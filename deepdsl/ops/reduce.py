@@ -57,9 +57,7 @@ numpy_kernel("sum")(lambda xs, a: np.sum(xs[0]))
 numpy_kernel("sum_squares")(lambda xs, a: np.sum(xs[0] * xs[0]))
 numpy_kernel("channel_sum")(lambda xs, a: np.sum(xs[0], axis=_channel_axes(xs[0])))
 numpy_kernel("channel_mean")(lambda xs, a: np.mean(xs[0], axis=_channel_axes(xs[0])))
-numpy_kernel("channel_var")(
-    lambda xs, a: np.mean(np.square(xs[0] - _bc(xs[1], xs[0].ndim)), axis=_channel_axes(xs[0]))
-)
+numpy_kernel("channel_var")(lambda xs, a: np.mean(np.square(xs[0] - _bc(xs[1], xs[0].ndim)), axis=_channel_axes(xs[0])))
 numpy_kernel("broadcast_channel")(lambda xs, a: np.broadcast_to(_bc(xs[0], len(a["shape"])), a["shape"]).copy())
 
 

@@ -56,6 +56,11 @@ CASES = {
     "softmax_cross_entropy": ([rand(4, 6), labels(4, 6)], {}),
     "cross_entropy": ([rand(4, 6, positive=True), labels(4, 6)], {}),
     "mse": ([rand(2, 3), rand(2, 3)], {}),
+    "conv2d": ([rand(2, 4, 6, 5), rand(6, 2, 3, 3)], {"stride": (2, 1), "pad": (1, 0), "groups": 2}),
+    "max_pool2d": ([rand(2, 2, 7, 7)], {"kernel": (3, 3), "stride": (2, 2), "pad": (1, 1)}),
+    "avg_pool2d": ([rand(2, 2, 6, 5)], {"kernel": (3, 2), "stride": (2, 1), "pad": (1, 1)}),
+    "global_avg_pool": ([rand(2, 3, 4, 5)], {}),
+    "lrn": ([rand(2, 6, 3, 3)], {"size": 5, "alpha": 0.5, "beta": 0.75, "k": 2.0}),
 }
 
 
@@ -122,3 +127,38 @@ def test_indexed_gradient_of_a_diagonal_keeps_the_delta_as_an_indicator() -> Non
     n = Affine.var("n")
     body = Apply("*", (Read(0, (n, n)), Const(3.0)))  # out[n] = 3 x[n, n]
     check_op_gradient("indexed", [rand(3, 3)], {"out": (("n", 3),), "body": body})
+
+
+CONV_GRAD_CASES = [  # x shape, weight shape, stride, pad, groups
+    ((2, 3, 5, 5), (4, 3, 3, 3), (1, 1), (0, 0), 1),
+    ((2, 3, 6, 7), (2, 3, 3, 3), (2, 2), (1, 1), 1),
+    ((1, 2, 7, 5), (3, 2, 3, 2), (2, 1), (1, 0), 1),
+    ((2, 4, 5, 5), (4, 1, 3, 3), (1, 1), (1, 1), 4),  # depthwise
+    ((1, 4, 6, 6), (4, 2, 2, 2), (2, 2), (0, 0), 2),
+]
+
+
+@pytest.mark.parametrize("case", CONV_GRAD_CASES, ids=[f"conv{i}" for i in range(len(CONV_GRAD_CASES))])
+def test_conv2d_gradients_for_strides_pads_and_groups(case: tuple) -> None:
+    xs, ws, stride, pad, groups = case
+    check_op_gradient("conv2d", [rand(*xs), rand(*ws)], {"stride": stride, "pad": pad, "groups": groups})
+
+
+@pytest.mark.parametrize(
+    ("op", "kernel", "stride", "pad"),
+    [
+        ("max_pool2d", (2, 2), (2, 2), (0, 0)),
+        ("max_pool2d", (3, 3), (2, 2), (0, 0)),  # overlapping windows
+        ("max_pool2d", (3, 2), (1, 2), (1, 0)),
+        ("avg_pool2d", (3, 3), (2, 2), (1, 1)),
+        ("avg_pool2d", (2, 3), (1, 2), (0, 1)),
+    ],
+)
+def test_pool_gradients(op: str, kernel: tuple, stride: tuple, pad: tuple) -> None:
+    # random normal inputs: no two elements of a window tie, so max pool is differentiable there
+    check_op_gradient(op, [rand(2, 2, 7, 6)], {"kernel": kernel, "stride": stride, "pad": pad})
+
+
+@pytest.mark.parametrize("size", [1, 3, 4, 5])
+def test_lrn_gradients(size: int) -> None:
+    check_op_gradient("lrn", [rand(2, 5, 2, 3)], {"size": size, "alpha": 0.8, "beta": 0.75, "k": 1.0})

@@ -1,0 +1,183 @@
+"""End to end on the NumPy runner: whole-network gradients, learning, resuming, non-finite losses."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from conftest import ROOT
+from helpers import HEADER, compile_text
+
+from deepdsl import api
+from deepdsl.autodiff import gradient_program
+from deepdsl.backends.numpy_runner import run
+from deepdsl.data import Dataset, load_data
+from deepdsl.initializers import init_array
+from deepdsl.trainer import Trainer
+
+# a small step: a deep network has many ReLU and max-pool kinks, and a larger step crosses some of them
+STEP = 1e-7
+
+# every network at a reduced size: (sets, parameter tensors sampled for the gradient check)
+REDUCED = {
+    "mlp": ({"N": 4}, 6),
+    "lenet": ({"N": 4}, 8),
+    "alexnet": ({"N": 2, "H": 67, "W": 67}, 4),
+    "overfeat": ({"N": 2, "H": 71, "W": 71}, 3),
+    "vgg16": ({"N": 2, "H": 32, "W": 32}, 4),
+    "googlenet": ({"N": 2, "H": 32, "W": 32}, 4),
+    "resnet50": ({"N": 4, "H": 32, "W": 32}, 4),  # BN over 2 samples at 1x1 is too flat for differences
+}
+
+TENSOR_NET = (
+    HEADER
+    + """
+tensor layer_norm(x[B, D]) -> [n, d] {
+  param g[D] = constant(1)
+  param h[D] = constant(0)
+  mu[n]  = sum[d] x[n, d] / D
+  var[n] = sum[d] (x[n, d] - mu[n]) ^ 2 / D
+  return g[d] * (x[n, d] - mu[n]) / sqrt(var[n] + 1e-5) + h[d]
+}
+tensor swish(x[B, D]) -> [n, d] = x[n, d] * sigmoid(x[n, d])
+layer c = conv(4, kernel=3, pad=1)
+layer f1 = full(16)
+layer f2 = full(10)
+net = f2 o swish o layer_norm o f1 o flatten o relu o c
+loss = softmax_cross_entropy(net(x), y)
+predict = net(x)
+"""
+)
+
+
+def _feeds_and_params(g, rng):  # noqa: ANN001, ANN202
+    params = {
+        p.value.name: init_array(
+            p.value.name, p.value.type.shape, p.init.kind, p.init.args, p.init.fan_in, p.init.fan_out, 1, np.float64
+        )
+        for p in g.params
+    }
+    feeds = {}
+    for d in g.inputs:
+        t = d.value.type
+        feeds[d.value.name] = (
+            rng.random(t.shape) if d.kind == "input" else rng.integers(0, d.classes, t.shape) if d.kind == "label"
+            else np.asarray(3)
+        )  # fmt: skip
+    return feeds, params
+
+
+def check_network_gradient(graph, tensors: int, seed: int = 0) -> float:  # noqa: ANN001
+    """Symbolic gradients of the whole training loss against central differences (float64)."""
+    g = gradient_program(graph)
+    loss_only = gradient_program(graph).replace(outputs=(("loss", g.output("loss")),))
+    rng = np.random.default_rng(seed)
+    feeds, params = _feeds_and_params(g, rng)
+    out = run(g, feeds, params, np.float64).outputs
+    trainable = [p.value.name for p in g.params if p.kind == "param"]
+    chosen = [trainable[0], trainable[-1], *rng.choice(trainable, size=max(0, tensors - 2), replace=False)]
+    worst = 0.0
+    for name in chosen:
+        flat = params[name].reshape(-1)
+        idx = int(rng.integers(flat.size))
+        values = []
+        for sign in (1, -1):
+            a = flat.copy()
+            a[idx] += sign * STEP
+            values.append(float(run(loss_only, feeds, {**params, name: a.reshape(params[name].shape)},
+                                    np.float64).outputs["loss"]))  # fmt: skip
+        numeric = (values[0] - values[1]) / (2 * STEP)
+        symbolic = float(out[f"grad:{name}"].reshape(-1)[idx])
+        err = abs(numeric - symbolic) / max(1e-4, abs(numeric), abs(symbolic))
+        assert err < 1e-4, f"d loss / d {name}[{idx}]: symbolic {symbolic}, numeric {numeric}"
+        worst = max(worst, err)
+    return worst
+
+
+@pytest.mark.parametrize("name", sorted(REDUCED))
+def test_network_gradient_matches_finite_differences(name: str) -> None:
+    sets, tensors = REDUCED[name]
+    check_network_gradient(api.compile_file(ROOT / "networks" / f"{name}.ddsl", sets).program.graph, tensors)
+
+
+def test_tensor_function_network_gradient_matches_finite_differences() -> None:
+    check_network_gradient(compile_text(TENSOR_NET).program.graph, 7)
+
+
+def _trainer(name: str, sets: dict, **train) -> Trainer:  # noqa: ANN003
+    p = api.compile_file(ROOT / "networks" / f"{name}.ddsl", sets).program
+    if train:
+        p = dataclasses.replace(p, train=dataclasses.replace(p.train, **train))
+    x = next(d for d in p.graph.inputs if d.kind == "input").value.type.shape
+    y = next(d for d in p.graph.inputs if d.kind == "label")
+    return Trainer(p, load_data("synthetic", {}, x[1:], y.classes, 1))
+
+
+@pytest.mark.parametrize("name", sorted(REDUCED))
+def test_loss_decreases_on_synthetic_data(name: str) -> None:
+    """A few steps on one fixed synthetic batch (10 classes) lower the loss."""
+    sets, _ = REDUCED[name]
+    sgd = ("sgd", (("lr", 0.01), ("momentum", 0.0), ("weight_decay", 0.0), ("clip", 1.0)))
+    t = _trainer(name, {**sets, "N": 8, "K": 10}, optimizer=sgd)
+    t.data = Dataset(t.data.x_train[:8], t.data.y_train[:8], None, None)
+    losses = t.train(5).losses
+    assert losses[-1] < losses[0], losses
+
+
+def test_save_load_continue_gives_the_same_losses(tmp_path) -> None:  # noqa: ANN001
+    straight = _trainer("lenet", {"N": 8}).train(6).losses
+    first = _trainer("lenet", {"N": 8})
+    head = first.train(3).losses
+    first.save(str(tmp_path / "mid.npz"))
+    second = _trainer("lenet", {"N": 8})
+    second.load(str(tmp_path / "mid.npz"))
+    tail = second.train(3).losses
+    assert head + tail == straight
+
+
+def test_a_non_finite_loss_names_the_first_statement(cli, tmp_path) -> None:  # noqa: ANN001
+    f = tmp_path / "bad.ddsl"
+    f.write_text(HEADER + "layer fc = full(10)\nh = log(fc(flatten(x)) - 1000)\nloss = mse(h, h)\n")
+    r = cli("run", str(f), "--iters", "2", "--save", str(tmp_path / "out.npz"))
+    assert r.exit_code == 1
+    assert "iteration 0: statement" in r.stderr and "log(...)" in r.stderr and "produced a NaN or Inf" in r.stderr
+    assert "h = log(fc(flatten(x)) - 1000)" in r.stderr  # the source line, with a caret
+    assert not (tmp_path / "out.npz").exists()
+
+
+def test_run_json_reports_the_design_fields(cli) -> None:  # noqa: ANN001
+    r = cli(
+        "run", str(ROOT / "networks" / "mlp.ddsl"), "--set", "N=16", "--iters", "3", "--data", "synthetic", "--json"
+    )
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.stdout)
+    assert obj["device"] == "cpu" and len(obj["losses"]) == 3
+    assert 0.0 <= obj["test_accuracy"] <= 1.0
+    assert obj["peak_bytes"] > 0 and obj["seconds_per_iter"] > 0
+
+
+def test_run_reports_progress_and_accuracy(cli, tmp_path) -> None:  # noqa: ANN001
+    out = tmp_path / "mlp.npz"
+    r = cli("run", str(ROOT / "networks" / "mlp.ddsl"), "--set", "N=16", "--iters", "2", "--data", "synthetic",
+            "--save", str(out))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "device: cpu" in r.stdout and "iter 2/2  loss" in r.stdout and "images/s" in r.stdout
+    assert "test accuracy:" in r.stdout
+    saved = np.load(out)
+    assert "fc1.W" in saved.files and "opt/fc1.W/momentum" in saved.files
+
+
+def test_cuda_device_without_pycuda_is_a_clear_error(cli) -> None:  # noqa: ANN001
+    r = cli("run", str(ROOT / "networks" / "mlp.ddsl"), "--device", "cuda", "--iters", "1")
+    assert r.exit_code == 1
+    assert "--device cuda is not available" in r.stderr
+
+
+def test_load_checks_names_and_shapes(cli, tmp_path) -> None:  # noqa: ANN001
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **{"fc1.W": np.zeros((3, 3), np.float32)})
+    r = cli("run", str(ROOT / "networks" / "mlp.ddsl"), "--iters", "1", "--data", "synthetic", "--load", str(bad))
+    assert r.exit_code == 1
+    assert "fc1.W" in r.stderr
