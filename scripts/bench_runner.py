@@ -1,0 +1,123 @@
+"""Train-step time of the NumPy reference runner, and of PyTorch (CPU) on the same network, as a ratio.
+
+    python scripts/bench_runner.py [--steps 10]
+
+The PyTorch side runs the very same forward graph (an interpreter over our IR with torch.nn.functional)
+with autograd and torch.optim.SGD, same batch, same threads. Where PyTorch is not importable only the
+NumPy figures are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from deepdsl import api
+from deepdsl.data import load_data
+from deepdsl.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = [
+    ("lenet", {"N": 64}),
+    ("resnet50", {"N": 8, "H": 64, "W": 64}),
+]
+
+
+def numpy_step_seconds(program, steps: int) -> float:  # noqa: ANN001
+    x = next(d for d in program.graph.inputs if d.kind == "input").value.type.shape
+    y = next(d for d in program.graph.inputs if d.kind == "label")
+    t = Trainer(program, load_data("synthetic", {}, x[1:], y.classes, 1))
+    t.step()  # warm up
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        t.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def torch_step_seconds(program, steps: int) -> float | None:  # noqa: ANN001
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return None
+    g = program.graph
+    torch.manual_seed(0)
+    params = {p.value.name: torch.randn(p.value.type.shape) * 0.05 for p in g.params}
+    for p in g.params:
+        params[p.value.name].requires_grad_(p.kind == "param")
+    if any(p.init.kind == "constant" for p in g.params):
+        for p in g.params:
+            if p.init.kind == "constant":
+                params[p.value.name] = torch.full(p.value.type.shape, p.init.args[0], requires_grad=p.kind == "param")
+    ops = {
+        "conv2d": lambda a, x, w: F.conv2d(x, w, stride=a["stride"], padding=a["pad"], groups=a["groups"]),
+        "bias_add": lambda a, x, b: x + b.reshape((1, -1) + (1,) * (x.dim() - 2)),
+        "max_pool2d": lambda a, x: F.max_pool2d(x, a["kernel"], a["stride"], a["pad"]),
+        "avg_pool2d": lambda a, x: F.avg_pool2d(x, a["kernel"], a["stride"], a["pad"], count_include_pad=True),
+        "global_avg_pool": lambda a, x: F.adaptive_avg_pool2d(x, 1),
+        "linear": lambda a, x, w: F.linear(x, w),
+        "reshape": lambda a, x: x.reshape(a["shape"]),
+        "relu": lambda a, x: F.relu(x),
+        "add": lambda a, x, y: x + y,
+        "concat": lambda a, *xs: torch.cat(xs, dim=a["axis"]),
+        "lrn": lambda a, x: F.local_response_norm(x, a["size"], a["alpha"], a["beta"], a["k"]),
+        "dropout": lambda a, x: F.dropout(x, a["p"], training=True),
+        "batch_norm": lambda a, x, rm, rv, *gb: F.batch_norm(x, rm, rv, *gb, training=True, momentum=a["momentum"],
+                                                             eps=a["eps"]),  # fmt: skip
+        "softmax_cross_entropy": lambda a, x, y: F.cross_entropy(x, y),
+    }
+    x_def = next(d for d in g.inputs if d.kind == "input")
+    y_def = next(d for d in g.inputs if d.kind == "label")
+    feeds = {x_def.value.name: torch.rand(x_def.value.type.shape),
+             y_def.value.name: torch.randint(0, y_def.classes, y_def.value.type.shape)}  # fmt: skip
+    opt_args = dict(program.train.optimizer[1])
+    trainable = [params[p.value.name] for p in g.params if p.kind == "param"]
+    opt = torch.optim.SGD(trainable, lr=opt_args.get("lr", 0.01), momentum=opt_args.get("momentum", 0.0),
+                          weight_decay=opt_args.get("weight_decay", 0.0))  # fmt: skip
+
+    def step() -> None:
+        env = {**feeds, **params}
+        for s in g.stmts:
+            env[s.out.name] = ops[s.op](s.a, *(env[v.name] for v in s.inputs))
+        opt.zero_grad()
+        env[g.output("loss").name].backward()
+        opt.step()
+
+    step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=10)
+    args = ap.parse_args()
+    print(f"{'network':<10} {'sizes':<24} {'numpy ms':>9} {'torch ms':>9} {'numpy/torch':>12}   (median of {args.steps})")
+    for name, sets in CASES:
+        program = api.compile_file(ROOT / "networks" / f"{name}.ddsl", sets).program
+        ours = numpy_step_seconds(program, args.steps)
+        theirs = torch_step_seconds(program, args.steps)
+        ratio = f"{ours / theirs:>12.2f}" if theirs else f"{'n/a':>12}"
+        torch_ms = f"{1000 * theirs:>9.1f}" if theirs else f"{'n/a':>9}"
+        sizes = " ".join(f"{k}={v}" for k, v in sets.items())
+        print(f"{name:<10} {sizes:<24} {1000 * ours:>9.1f} {torch_ms} {ratio}")
+    try:
+        import torch
+
+        print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads; NumPy {np.__version__}")
+    except ImportError:
+        print("PyTorch is not importable here: only the NumPy runner was timed")
+
+
+if __name__ == "__main__":
+    main()
