@@ -1,24 +1,32 @@
 """Train-step time of the NumPy reference runner, and of PyTorch (CPU) on the same network, as a ratio.
 
-    python scripts/bench_runner.py [--steps 10]
+    python scripts/bench_runner.py [--steps 10] [--threads 1]
 
 The PyTorch side runs the very same forward graph (an interpreter over our IR with torch.nn.functional)
-with autograd and torch.optim.SGD, same batch, same threads. Where PyTorch is not importable only the
-NumPy figures are printed.
+with autograd and torch.optim.SGD, same batch, same number of threads (OpenBLAS's for NumPy, set before
+NumPy loads; torch.set_num_threads for PyTorch). Where PyTorch is not importable only the NumPy figures
+are printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
-import numpy as np
+THREADS = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--threads=")), None) or (
+    sys.argv[sys.argv.index("--threads") + 1] if "--threads" in sys.argv else "1"
+)
+os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = THREADS
 
-from deepdsl import api
-from deepdsl.data import load_data
-from deepdsl.trainer import Trainer
+import numpy as np  # noqa: E402 — after the thread settings
+
+from deepdsl import api  # noqa: E402 — after the thread settings
+from deepdsl.data import load_data  # noqa: E402 — after the thread settings
+from deepdsl.trainer import Trainer  # noqa: E402 — after the thread settings
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = [
@@ -46,6 +54,7 @@ def torch_step_seconds(program, steps: int) -> float | None:  # noqa: ANN001
         import torch.nn.functional as F
     except ImportError:
         return None
+    torch.set_num_threads(int(THREADS))
     g = program.graph
     torch.manual_seed(0)
     params = {p.value.name: torch.randn(p.value.type.shape) * 0.05 for p in g.params}
@@ -101,8 +110,10 @@ def torch_step_seconds(program, steps: int) -> float | None:  # noqa: ANN001
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=1, help="BLAS / PyTorch threads on both sides")
     args = ap.parse_args()
-    print(f"{'network':<10} {'sizes':<24} {'numpy ms':>9} {'torch ms':>9} {'numpy/torch':>12}   (median of {args.steps})")
+    head = f"{'network':<10} {'sizes':<24} {'numpy ms':>9} {'torch ms':>9} {'numpy/torch':>12}"
+    print(f"{head}   (median of {args.steps})")
     for name, sets in CASES:
         program = api.compile_file(ROOT / "networks" / f"{name}.ddsl", sets).program
         ours = numpy_step_seconds(program, args.steps)
@@ -114,7 +125,8 @@ def main() -> None:
     try:
         import torch
 
-        print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads; NumPy {np.__version__}")
+        print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads; NumPy {np.__version__}, "
+              f"OPENBLAS_NUM_THREADS={THREADS}")  # fmt: skip
     except ImportError:
         print("PyTorch is not importable here: only the NumPy runner was timed")
 
