@@ -50,11 +50,9 @@ def load_includes(module: ast.Module, c: Compilation) -> dict[str, ast.Module | 
             if path in found:
                 continue
             try:
-                text = Path(path).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                found[path] = DslProgramError(
-                    f"cannot read included file '{item.path}': {exc.strerror or exc}", item.span
-                )
+                text = read_source(path)
+            except DslError as err:
+                found[path] = DslProgramError(f"cannot include '{item.path}': {err.message}", item.span)
                 continue
             try:
                 sub = parse_stage(text, path, c)
@@ -89,5 +87,22 @@ def compile_source(
 def compile_file(
     path: str | Path, sets: dict[str, int | float] | None = None, stop_at: str = "graph", c: Compilation | None = None
 ) -> Compilation:
-    text = Path(path).read_text(encoding="utf-8")
-    return compile_source(text, str(path), sets, stop_at, c)
+    return compile_source(read_source(path), str(path), sets, stop_at, c)
+
+
+MAX_SOURCE_BYTES = 16 * 2**20
+
+
+def read_source(path: str | Path) -> str:
+    """The text of a .ddsl file; a missing, special, huge or non-UTF-8 file is a user error."""
+    p = Path(path)
+    try:
+        if not p.is_file():
+            raise DslProgramError(f"'{path}' is not a regular file" if p.exists() else f"file not found: '{path}'")
+        if p.stat().st_size > MAX_SOURCE_BYTES:
+            raise DslProgramError(f"'{path}' is larger than {MAX_SOURCE_BYTES // 2**20} MiB; is it a .ddsl file?")
+        return p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DslProgramError(f"'{path}' is not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise DslProgramError(f"cannot read '{path}': {exc.strerror or exc}") from None

@@ -83,7 +83,9 @@ def infer_program(g: Graph) -> Graph:
     b = _start(low, with_step=False)
     vmap = replay(low, b)
     b.output("predict", vmap[low.output("predict").name])
-    return _prune(b.build())
+    g2 = _prune(b.build())
+    used = {v.name for s in g2.stmts for v in s.inputs} | {v.name for _, v in g2.outputs}
+    return g2.replace(inputs=tuple(d for d in g2.inputs if d.value.name in used))  # no labels in inference
 
 
 def gradients(b: GraphBuilder, loss: Value, wrt: set[str]) -> dict[str, Value]:

@@ -57,7 +57,11 @@ def run_training(
             report(f"[{'#' * done}{'.' * (BAR - done)}] iter {k + 1:>{len(str(n))}}/{n}  loss {loss:.4f}  "
                    f"{rate:,.0f} images/s")  # fmt: skip
 
-    result = trainer.train(n, on_step)
+    def on_test(k: int, accuracy: float) -> None:
+        if report:
+            report(f"test accuracy after {k + 1} iterations: {100 * accuracy:.2f}% ({cfg.test_iterations} batches)")
+
+    result = trainer.train(n, on_step, on_test)
     if save:
         trainer.save(save)
     if report:

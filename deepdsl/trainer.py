@@ -96,7 +96,14 @@ class Trainer:
             total += n
         return correct / total
 
-    def train(self, iterations: int, on_step: Callable[[int, float, float], None] | None = None) -> TrainResult:
+    def train(
+        self,
+        iterations: int,
+        on_step: Callable[[int, float, float], None] | None = None,
+        on_test: Callable[[int, float], None] | None = None,
+    ) -> TrainResult:
+        """Run `iterations` steps; every `test_every` steps test on `test_iterations` batches (reported
+        through `on_test`); test on the whole test set at the end."""
         cfg = self.program.train
         result = TrainResult()
         start = time.perf_counter()
@@ -107,8 +114,10 @@ class Trainer:
             result.peak_bytes = max(result.peak_bytes, peak)
             if on_step:
                 on_step(k, loss, time.perf_counter() - t0)
-            if cfg.test_every and (k + 1) % cfg.test_every == 0 and k + 1 < iterations:
-                self.test(cfg.test_iterations)
+            if on_test and cfg.test_every and (k + 1) % cfg.test_every == 0 and k + 1 < iterations:
+                accuracy = self.test(cfg.test_iterations)
+                if accuracy is not None:
+                    on_test(k, accuracy)
         result.seconds_per_iter = (time.perf_counter() - start) / iterations if iterations else 0.0
         result.test_accuracy = self.test()
         return result

@@ -77,8 +77,9 @@ def torch_step_seconds(program, steps: int) -> float | None:  # noqa: ANN001
         "concat": lambda a, *xs: torch.cat(xs, dim=a["axis"]),
         "lrn": lambda a, x: F.local_response_norm(x, a["size"], a["alpha"], a["beta"], a["k"]),
         "dropout": lambda a, x: F.dropout(x, a["p"], training=True),
-        "batch_norm": lambda a, x, rm, rv, *gb: F.batch_norm(x, rm, rv, *gb, training=True, momentum=a["momentum"],
-                                                             eps=a["eps"]),  # fmt: skip
+        "batch_norm": lambda a, x, rm, rv, *gb: F.batch_norm(
+            x, rm, rv, *gb, training=True, momentum=a["momentum"], eps=a["eps"]
+        ),  # fmt: skip
         "softmax_cross_entropy": lambda a, x, y: F.cross_entropy(x, y),
     }
     x_def = next(d for d in g.inputs if d.kind == "input")

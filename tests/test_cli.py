@@ -97,3 +97,16 @@ def test_console_script_runs_as_a_module() -> None:
                        capture_output=True, text=True, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["parameters"] > 0
+
+
+def test_unreadable_sources_are_user_errors(cli, tmp_path) -> None:  # noqa: ANN001
+    binary = tmp_path / "bin.ddsl"
+    binary.write_bytes(b"\xff\xfe")
+    r = cli("check", str(binary))
+    assert r.exit_code == 1 and "is not UTF-8 text" in r.stderr
+    main = tmp_path / "main.ddsl"
+    main.write_text('network A\ninclude "/dev/zero"\ninclude "bin.ddsl"\ninput x : [2, 3]\nloss = mse(x, x)\n')
+    r = cli("check", str(main))
+    assert r.exit_code == 1
+    assert "cannot include '/dev/zero': '/dev/zero' is not a regular file" in r.stderr
+    assert "cannot include 'bin.ddsl'" in r.stderr and "is not UTF-8 text (byte 0)" in r.stderr

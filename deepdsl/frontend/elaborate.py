@@ -138,11 +138,26 @@ class Elaborator:
             if isinstance(item, ast.Include):
                 self._include(item, m, stack)
             elif isinstance(item, (ast.Def, ast.TensorDef)):
+                self._check_parameters(item)
                 if self._declare(item.name, item.span):
                     self.globals.values[item.name] = DefFn(item) if isinstance(item, ast.Def) else TensorFn(item)
             elif m is self.module:
                 for name in _bound_names(item):
                     self._declare(name, item.span, define=False)
+
+    def _check_parameters(self, item: ast.Def | ast.TensorDef) -> None:
+        seen: dict[str, Span] = {}
+        params = [(p.name, p.span) for p in item.params] if isinstance(item, ast.Def) else []
+        if isinstance(item, ast.TensorDef):
+            params = [(t.name, t.span) for t in item.inputs] + [(d.name, d.span) for d in item.params]
+        for name, span in params:
+            if name in seen:
+                self.diags.add(
+                    DslNameError(
+                        f"'{name}' names two parameters of '{item.name}'", span, notes=[Note("the first", seen[name])]
+                    )  # fmt: skip
+                )
+            seen[name] = span
 
     def _include(self, item: ast.Include, m: ast.Module, stack: list[str]) -> None:
         key = _resolve(m.file, item.path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from deepdsl.errors import DslArgumentError, DslProgramError, Note, did_you_mean
-from deepdsl.frontend import ast
+from deepdsl.frontend import ast, calls
 from deepdsl.frontend.builtins import SPECS
 from deepdsl.frontend.program import TrainConfig
 from deepdsl.frontend.values import BuiltinFn, Spec, describe
@@ -50,7 +50,7 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
         kind, low = KEYS[entry.key]
         v = el.eval(entry.value, el.globals)
         if isinstance(v, BuiltinFn) and v.name in SPECS:  # `optimizer = sgd` without parentheses
-            v = el.call(v, (), entry.value.span)
+            v = calls.call(el, v, (), entry.value.span)
         if kind in ("data", "optimizer"):
             if not (isinstance(v, Spec) and v.family == kind):
                 choices = [n for n, (fam, _) in SPECS.items() if fam == kind]

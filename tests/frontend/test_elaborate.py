@@ -148,6 +148,8 @@ def test_value_numbering_computes_a_shared_network_once() -> None:
         ("const Q = 10 / 0\nloss = mse(x, x)\n", "division by zero"),
         ("loss = mse(max_pool(x, 9), x)\n", "does not fit an input of size 8"),
         ("layer d = dropout(1.5)\nloss = mse(d(x), x)\n", "argument 'p' of dropout must be less than 1"),
+        ("def f(a, a) = a\nloss = mse(x, x)\n", "'a' names two parameters of 'f'"),
+        ("tensor t(a[B], a[B]) -> [n] = a[n]\nloss = mse(x, x)\n", "'a' names two parameters of 't'"),
     ],
 )
 def test_user_errors(body: str, message: str) -> None:
