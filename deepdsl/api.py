@@ -6,6 +6,7 @@ raised as `DslError`; `sources` collects the text of every file read so they can
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,8 +18,9 @@ from deepdsl.frontend.elaborate import Elaborator
 from deepdsl.frontend.parser import parse_text
 from deepdsl.frontend.program import Program
 from deepdsl.ir import Graph
+from deepdsl.passes import PassStat, run_pipeline
 
-STAGES = ("ast", "graph", "train", "infer")
+STAGES = ("ast", "graph", "train", "infer", "opt")
 
 
 @dataclass
@@ -30,6 +32,22 @@ class Compilation:
     program: Program | None = None
     train: Graph | None = None
     infer: Graph | None = None
+    opt: Graph | None = None  # the optimised training program
+    passes: tuple[PassStat, ...] = ()
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to optimise: the -O level, passes switched off, and a callback after each pass."""
+
+    level: int = 2
+    disabled: tuple[str, ...] = ()
+    check: bool = False  # run the IR verifier after every pass
+    dump_after: Callable[[str, Graph], None] | None = None
+
+
+def optimise(g: Graph, options: Options) -> tuple[Graph, tuple[PassStat, ...]]:
+    return run_pipeline(g, options.level, options.disabled, options.check, options.dump_after)
 
 
 def parse_stage(text: str, file: str, c: Compilation) -> ast.Module:
@@ -70,24 +88,30 @@ def elaborate_stage(module: ast.Module, includes: dict, sets: dict[str, int | fl
 
 def compile_source(
     text: str, file: str = "<input>", sets: dict[str, int | float] | None = None, stop_at: str = "graph",
-    c: Compilation | None = None,
+    c: Compilation | None = None, options: Options | None = None,
 ) -> Compilation:  # fmt: skip
     c = c if c is not None else Compilation()
     c.module = parse_stage(text, file, c)
     if stop_at == "ast":
         return c
     c.program = elaborate_stage(c.module, load_includes(c.module, c), sets or {})
-    if stop_at == "train":
+    if stop_at in ("train", "opt"):
         c.train = train_program(c.program.graph, c.program.train.optimizer, c.program.train.seed)
+    if stop_at == "opt":
+        c.opt, c.passes = optimise(c.train, options or Options())
     elif stop_at == "infer":
         c.infer = infer_program(c.program.graph)
     return c
 
 
 def compile_file(
-    path: str | Path, sets: dict[str, int | float] | None = None, stop_at: str = "graph", c: Compilation | None = None
+    path: str | Path,
+    sets: dict[str, int | float] | None = None,
+    stop_at: str = "graph",
+    c: Compilation | None = None,
+    options: Options | None = None,
 ) -> Compilation:
-    return compile_source(read_source(path), str(path), sets, stop_at, c)
+    return compile_source(read_source(path), str(path), sets, stop_at, c, options)
 
 
 MAX_SOURCE_BYTES = 16 * 2**20

@@ -5,6 +5,7 @@ Exit codes: 0 ok, 1 an error in the user's input, 2 a usage error, 3 an internal
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import traceback
@@ -16,10 +17,11 @@ import click
 
 from deepdsl import __version__, api
 from deepdsl.config import from_env
-from deepdsl.errors import DslError, render
+from deepdsl.errors import DslError, did_you_mean, render
 from deepdsl.frontend.ast import format_node
 from deepdsl.frontend.program import Program
 from deepdsl.ir.printer import format_graph
+from deepdsl.passes import PASS_NAMES, kernels
 
 EXIT_USER, EXIT_USAGE, EXIT_INTERNAL = 1, 2, 3
 
@@ -41,17 +43,34 @@ def _parse_set(ctx: click.Context, param: click.Parameter, values: tuple[str, ..
     return out
 
 
+def _parse_passes(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    for name in values:
+        if name not in PASS_NAMES:
+            hint = did_you_mean(name, PASS_NAMES)
+            known = f" (passes: {', '.join(PASS_NAMES)})"
+            raise click.BadParameter(f"no pass named {name!r}" + (f"; {hint}" if hint else known), ctx, param)
+    return values
+
+
+def _parse_pass(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    return _parse_passes(ctx, param, (value,))[0] if value else None
+
+
 def common(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options every compiling command shares, and the error handling that gives exit codes."""
 
     @click.argument("file", type=click.Path(exists=True, dir_okay=False))
     @click.option("--set", "sets", multiple=True, callback=_parse_set, metavar="NAME=VALUE",
                   help="Override a const of the network (repeatable).")  # fmt: skip
+    @click.option("-O", "level", type=click.IntRange(0, 2), default=2, show_default=True,
+                  help="Optimisation level: -O0 none, -O1 simplify/cse/dce, -O2 everything.")  # fmt: skip
+    @click.option("--no-pass", "no_pass", multiple=True, callback=_parse_passes, metavar="NAME",
+                  help=f"Switch one optimiser pass off (repeatable): {', '.join(PASS_NAMES)}.")  # fmt: skip
     @wraps(fn)
-    def run(file: str, sets: dict[str, int | float], **kw: Any) -> None:
+    def run(file: str, sets: dict[str, int | float], level: int, no_pass: tuple[str, ...], **kw: Any) -> None:
         c = api.Compilation()
         try:
-            fn(c, file, sets, **kw)
+            fn(c, file, sets, api.Options(level, no_pass), **kw)
         except DslError as err:
             click.echo(render(err, c.sources), err=True)
             sys.exit(EXIT_USER)
@@ -89,7 +108,7 @@ def cli() -> None:
 @common
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
 @click.option("--layers", is_flag=True, help="Also print every layer with its output shape and parameters.")
-def check(c: api.Compilation, file: str, sets: dict, as_json: bool, layers: bool) -> None:
+def check(c: api.Compilation, file: str, sets: dict, options: api.Options, as_json: bool, layers: bool) -> None:
     """Parse and shape-check FILE; print its inputs, outputs and parameter count."""
     api.compile_file(file, sets, c=c)
     assert c.program is not None
@@ -102,20 +121,54 @@ def check(c: api.Compilation, file: str, sets: dict, as_json: bool, layers: bool
 
 @cli.command()
 @common
-@click.option("--stage", type=click.Choice(api.STAGES), default="graph", show_default=True,
-              help="Which stage to print.")  # fmt: skip
-def ir(c: api.Compilation, file: str, sets: dict, stage: str) -> None:
+@click.option("--stage", type=click.Choice(api.STAGES), default=None,
+              help="Which stage to print (default: opt; with --stats, every stage).")  # fmt: skip
+@click.option("--dump-after", "dump_after", metavar="PASS", default=None, callback=_parse_pass,
+              help="Also print the training program after this optimiser pass.")  # fmt: skip
+@click.option("--stats", is_flag=True, help="Statements and kernels per stage and per pass instead of the program.")
+@click.option("--json", "as_json", is_flag=True, help="With --stats: one JSON object (DESIGN §9).")
+def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: str | None, dump_after: str | None,
+       stats: bool, as_json: bool) -> None:  # fmt: skip
     """Print FILE at one stage of the compiler, in a stable text form."""
-    api.compile_file(file, sets, stop_at=stage, c=c)
+    if dump_after:
+
+        def dump(name: str, g: Any) -> None:
+            if name == dump_after:
+                click.echo(f"# after {name}\n{format_graph(g)}", nl=False)
+
+        options = dataclasses.replace(options, dump_after=dump)
+    if stats:
+        api.compile_file(file, sets, stop_at="opt", c=c, options=options)
+        _warnings(c)
+        click.echo(json.dumps(stats_json(c, stage)) if as_json else stats_text(stats_json(c, stage)))
+        return
+    stage = stage or "opt"
+    api.compile_file(file, sets, stop_at=stage, c=c, options=options)
     if stage == "ast":
         assert c.module is not None
         click.echo(format_node(c.module))
         return
     assert c.program is not None
     _warnings(c)
-    graph = {"graph": c.program.graph, "train": c.train, "infer": c.infer}[stage]
+    graph = {"graph": c.program.graph, "train": c.train, "infer": c.infer, "opt": c.opt}[stage]
     assert graph is not None
     click.echo(format_graph(graph), nl=False)
+
+
+def stats_json(c: api.Compilation, stage: str | None) -> dict[str, Any]:
+    assert c.program is not None and c.train is not None and c.opt is not None
+    rows = [("graph", c.program.graph), ("train", c.train), ("opt", c.opt)]
+    stages = [{"stage": n, "statements": len(g.stmts), "kernels": kernels(g)} for n, g in rows if stage in (None, n)]
+    passes = [{"pass": p.name, "statements": p.statements, "kernels": p.kernels} for p in c.passes]
+    return {"stages": stages, "passes": passes}
+
+
+def stats_text(obj: dict[str, Any]) -> str:
+    lines = [f"{'stage':<12} {'statements':>10} {'kernels':>8}"]
+    lines += [f"{r['stage']:<12} {r['statements']:>10} {r['kernels']:>8}" for r in obj["stages"]]
+    lines += ["", f"{'after pass':<12} {'statements':>10} {'kernels':>8}"]
+    lines += [f"{r['pass']:<12} {r['statements']:>10} {r['kernels']:>8}" for r in obj["passes"]]
+    return "\n".join(lines)
 
 
 @cli.command()
@@ -130,8 +183,10 @@ def ir(c: api.Compilation, file: str, sets: dict, stage: str) -> None:
 @click.option("--seed", type=int, default=None, help="Override the train block's seed.")
 @click.option("--float64", "double", is_flag=True, help="Run in float64 (the reference precision for checks).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
-def run(c: api.Compilation, file: str, sets: dict, iters: int | None, data_flag: str | None, load_path: str | None,
-        save_path: str | None, device: str, seed: int | None, double: bool, as_json: bool) -> None:  # fmt: skip
+def run(
+    c: api.Compilation, file: str, sets: dict, options: api.Options, iters: int | None, data_flag: str | None,
+    load_path: str | None, save_path: str | None, device: str, seed: int | None, double: bool, as_json: bool,
+) -> None:  # fmt: skip
     """Train FILE for a few iterations with the reference runner and report the losses."""
     from deepdsl import running
 
@@ -141,7 +196,7 @@ def run(c: api.Compilation, file: str, sets: dict, iters: int | None, data_flag:
     report = None if as_json else lambda line: click.echo(line)
     result = running.run_training(
         c.program, iters=iters, data_flag=data_flag, load=load_path, save=save_path, device=device, seed=seed,
-        double=double, report=report,
+        double=double, report=report, options=options,
     )  # fmt: skip
     if as_json:
         click.echo(json.dumps(result))

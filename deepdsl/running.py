@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from deepdsl.api import Options
 from deepdsl.data import load_data, parse_data_flag
 from deepdsl.errors import DslProgramError
 from deepdsl.frontend.program import Program
@@ -33,7 +34,7 @@ def pick_device(device: str) -> str:
 def run_training(
     program: Program, iters: int | None = None, data_flag: str | None = None, load: str | None = None,
     save: str | None = None, device: str = "auto", seed: int | None = None, double: bool = False,
-    report: Callable[[str], None] | None = None,
+    report: Callable[[str], None] | None = None, options: Options | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     cfg = program.train
     used = pick_device(device)
@@ -42,7 +43,7 @@ def run_training(
     y = next(d for d in program.graph.inputs if d.kind == "label")
     assert y.classes is not None
     data = load_data(kind, args, x.value.type.shape[1:], y.classes, cfg.seed if seed is None else seed)
-    trainer = Trainer(program, data, seed, np.float64 if double else np.float32)
+    trainer = Trainer(program, data, seed, np.float64 if double else np.float32, options)
     if load:
         trainer.load(load)
     n = iters if iters is not None else cfg.iterations

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from deepdsl.api import Options, optimise
 from deepdsl.autodiff import STEP, infer_program, train_program
 from deepdsl.backends.numpy_runner import NonFinite, run
 from deepdsl.checkpoint import load_npz, save_npz
@@ -33,15 +34,21 @@ class TrainResult:
 
 
 class Trainer:
-    def __init__(self, program: Program, data: Dataset, seed: int | None = None, dtype: type = np.float32):
+    def __init__(
+        self, program: Program, data: Dataset, seed: int | None = None, dtype: type = np.float32,
+        options: Options | None = None,
+    ):  # fmt: skip
         cfg = program.train
         self.program = program
         self.data = data
         self.seed = cfg.seed if seed is None else seed
         self.dtype = dtype
-        self.train_graph: Graph = train_program(program.graph, cfg.optimizer, self.seed)
+        options = options or Options()
+        self.train_graph: Graph = optimise(train_program(program.graph, cfg.optimizer, self.seed), options)[0]
         self.infer_graph: Graph | None = (
-            infer_program(program.graph) if any(n == "predict" for n, _ in program.graph.outputs) else None
+            optimise(infer_program(program.graph), options)[0]
+            if any(n == "predict" for n, _ in program.graph.outputs)
+            else None
         )
         self.batch = next(d for d in program.graph.inputs if d.kind == "input").value.type.shape[0]
         self.shuffle = self.seed if cfg.shuffle else None

@@ -12,6 +12,7 @@ import numpy as np
 
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import REGISTRY, Graph, Stmt
+from deepdsl.ops.indexed import apply_epilogue
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,13 @@ def run(
 
 
 def _execute(s: Stmt, env: dict[str, np.ndarray], dtype: type) -> np.ndarray:
-    kernel = REGISTRY[s.op].numpy
-    assert kernel is not None, f"op {s.op} has no NumPy kernel"
-    out = np.asarray(kernel(tuple(env[v.name] for v in s.inputs), s.a))
+    op = REGISTRY[s.op]
+    assert op.numpy is not None, f"op {s.op} has no NumPy kernel"
+    xs = tuple(env[v.name] for v in s.inputs)
+    if "epilogue" in s.a:
+        out = apply_epilogue(np.asarray(op.numpy(xs[: op.arity], s.a)), xs[op.arity :], s.a["epilogue"])
+    else:
+        out = np.asarray(op.numpy(xs, s.a))
     if out.dtype.kind == "f" and out.dtype != dtype:
         out = out.astype(dtype)
     assert out.shape == s.out.type.shape, f"{s.op}: kernel gave {out.shape}, the shape rule {s.out.type.shape}"

@@ -6,11 +6,16 @@ from typing import Any
 
 from deepdsl.ir.graph import Graph, Stmt
 from deepdsl.ir.indexexpr import IE, format_ie
+from deepdsl.ir.registry import REGISTRY
 
 
-def format_attr(value: Any, stmt: Stmt) -> str:
+def format_attr(value: Any, stmt: Stmt, key: str = "") -> str:
     if isinstance(value, IE):
-        return format_ie(value, tuple(str(v) for v in stmt.inputs))
+        names = tuple(str(v) for v in stmt.inputs)
+        if key == "epilogue":  # Read(0) is the kernel's own result, then the inputs after its operands
+            arity = REGISTRY[stmt.op].arity or 0
+            names = ("$result", *names[arity:])
+        return format_ie(value, names)
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, tuple):
@@ -19,7 +24,7 @@ def format_attr(value: Any, stmt: Stmt) -> str:
 
 
 def format_stmt(s: Stmt) -> str:
-    attrs = ", ".join(f"{k}={format_attr(v, s)}" for k, v in s.attrs)
+    attrs = ", ".join(f"{k}={format_attr(v, s, k)}" for k, v in s.attrs)
     attrs = f" {{{attrs}}}" if attrs else ""
     where = f"  # {s.span.file.rsplit('/', 1)[-1]}:{s.span.line}:{s.span.col}" if s.span else ""
     layer = f" {s.layer}" if s.layer else ""

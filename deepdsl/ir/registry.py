@@ -22,6 +22,8 @@ NumpyKernel = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 VjpRule = Callable[[Any, Any, Any], tuple[Any, ...]]
 # (input types, output type, attrs) -> floating-point operations
 FlopsRule = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], int]
+# (input types, output type, attrs) -> the op as an index expression over the output's indices i0, i1, ...
+IndexForm = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], Any]
 # (builder, the statement, autodiff.LowerContext) -> the Value that replaces the statement's output
 LowerRule = Callable[[Any, Any, Any], Any]
 
@@ -39,6 +41,7 @@ class OpDef:
     flops: FlopsRule | None = None
     lower: LowerRule | None = None  # ops the train/infer programs rewrite into others (batch_norm, dropout)
     differentiable: bool = True  # False for ops whose output carries no gradient (argmax, accuracy)
+    index_form: IndexForm | None = None  # element-wise ops and simple reductions: what fusion composes
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -85,6 +88,10 @@ def vjp_rule(*names: str) -> Callable[[VjpRule], VjpRule]:
 
 def flops_rule(*names: str) -> Callable[[FlopsRule], FlopsRule]:
     return _attach_all(names, "flops")
+
+
+def index_form(*names: str) -> Callable[[IndexForm], IndexForm]:
+    return _attach_all(names, "index_form")
 
 
 def lowering(*names: str) -> Callable[[LowerRule], LowerRule]:

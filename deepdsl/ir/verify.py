@@ -29,9 +29,10 @@ def check_graph(g: Graph) -> Graph:
             _fail(g, i, f"unknown op {s.op}")
             continue
         try:
-            if opdef.arity is not None and len(s.inputs) != opdef.arity:
+            primary = s.inputs[: opdef.arity] if "epilogue" in s.a else s.inputs  # epilogue inputs follow
+            if opdef.arity is not None and len(primary) != opdef.arity:
                 raise ShapeError(f"{s.op} takes {opdef.arity} inputs, got {len(s.inputs)}")
-            t = opdef.shape(tuple(v.type for v in s.inputs), s.a)
+            t = opdef.shape(tuple(v.type for v in primary), s.a)
         except ShapeError as exc:
             _fail(g, i, f"shape rule fails: {exc}")
         if t != s.out.type:

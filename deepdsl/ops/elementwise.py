@@ -6,10 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, flops_rule, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, flops_rule, index_form, numpy_kernel, vjp_rule
 from deepdsl.ir.types import TensorType
 from deepdsl.ops._helpers import binary_same, unary_same
 from deepdsl.ops._helpers import emit_like as _e
+from deepdsl.ops._index_forms import ap, c, pointwise
 
 _BINARY = {"add": "a + b", "sub": "a - b", "mul": "a * b", "div": "a / b"}
 _SCALAR = {  # the scalar c is attrs["value"]
@@ -170,3 +171,33 @@ def _abs_vjp(b: Any, s: Any, g: Any) -> tuple:
 @vjp_rule("leaky_relu")
 def _leaky_vjp(b: Any, s: Any, g: Any) -> tuple:
     return (_e(b, s, "leaky_relu_grad", g, s.inputs[0], slope=s.a["slope"]),)
+
+
+# ---- index forms (what fusion composes) ----
+
+_FORMS: dict[str, Any] = {
+    "add": lambda a, x, y: ap("+", x, y),
+    "sub": lambda a, x, y: ap("-", x, y),
+    "mul": lambda a, x, y: ap("*", x, y),
+    "div": lambda a, x, y: ap("/", x, y),
+    "add_scalar": lambda a, x: ap("+", x, c(a["value"])),
+    "mul_scalar": lambda a, x: ap("*", x, c(a["value"])),
+    "rsub_scalar": lambda a, x: ap("-", c(a["value"]), x),
+    "rdiv_scalar": lambda a, x: ap("/", c(a["value"]), x),
+    "pow_scalar": lambda a, x: ap("^", x, c(a["value"])),
+    "neg": lambda a, x: ap("neg", x),
+    "relu": lambda a, x: ap("max", x, c(0)),
+    "leaky_relu": lambda a, x: ap("select", ap(">", x, c(0)), x, ap("*", c(a["slope"]), x)),
+    "relu_grad": lambda a, g, y: ap("select", ap(">", y, c(0)), g, c(0)),
+    "sigmoid_grad": lambda a, g, y: ap("*", g, ap("*", y, ap("-", c(1), y))),
+    "tanh_grad": lambda a, g, y: ap("*", g, ap("-", c(1), ap("*", y, y))),
+    "abs_grad": lambda a, g, x: ap(
+        "*", g, ap("select", ap(">", x, c(0)), c(1), ap("select", ap("<", x, c(0)), c(-1), c(0)))
+    ),  # fmt: skip
+    "leaky_relu_grad": lambda a, g, x: ap("select", ap(">", x, c(0)), g, ap("*", c(a["slope"]), g)),
+}
+for _name in ("sigmoid", "tanh", "exp", "log", "sqrt", "abs"):
+    _FORMS[_name] = lambda a, x, fn=_name: ap(fn, x)
+for _name, _fn in _FORMS.items():
+    index_form(_name)(pointwise(_fn))
+index_form("fill")(lambda types, out, a: c(a["value"]))

@@ -80,7 +80,7 @@ def evaluate(e: IE, out: tuple[tuple[str, int], ...], xs: tuple[np.ndarray, ...]
     value = go(e, axes, len(out))
     shape = tuple(size for _, size in out)
     value = value.reshape(value.shape + (1,) * (len(shape) - value.ndim)) if value.ndim < len(shape) else value
-    return np.ascontiguousarray(np.broadcast_to(value, shape), dtype=dtype)
+    return np.array(np.broadcast_to(value, shape), dtype=dtype, order="C")  # ascontiguousarray makes 0-d 1-d
 
 
 def _grid(axis: tuple[int, int], ndim: int) -> np.ndarray:
@@ -125,3 +125,16 @@ def _indexed_vjp(b: Any, s: Any, g: Any) -> tuple:
         body = index_grad.renumber_inputs(body, {old: new for new, old in enumerate(used)})
         grads.append(_e(b, s, "indexed", *(inputs[i] for i in used), out=out, body=body))
     return tuple(grads)
+
+
+# a fused statement is an indexed one that the optimiser composed from element-wise ops and reductions
+defop("fused", None, doc="element-wise ops and reductions composed into one kernel; attrs out, body, ops",
+      differentiable=False)(indexed)  # fmt: skip
+numpy_kernel("fused")(_indexed_np)
+flops_rule("fused")(_flops)
+
+
+def apply_epilogue(primary: np.ndarray, extras: tuple[np.ndarray, ...], epilogue: IE) -> np.ndarray:
+    """An op's result passed through its fused element-wise epilogue (Read(0) is the result itself)."""
+    out = tuple((f"i{k}", n) for k, n in enumerate(primary.shape))
+    return evaluate(epilogue, out, (primary, *extras), primary.dtype)

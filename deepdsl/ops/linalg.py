@@ -6,10 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, flops_rule, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, flops_rule, index_form, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
+from deepdsl.ops._index_forms import ap, pointwise
 
 
 @defop("linear", 2)
@@ -97,3 +98,6 @@ def _matmul_vjp(b: Any, s: Any, g: Any) -> tuple:
 @vjp_rule("bias_add")
 def _bias_vjp(b: Any, s: Any, g: Any) -> tuple:
     return (g, _e(b, s, "channel_sum", g))
+
+
+index_form("bias_add")(pointwise(lambda a, x, b: ap("+", x, b)))

@@ -6,10 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, flops_rule, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, flops_rule, index_form, numpy_kernel, vjp_rule
 from deepdsl.ir.types import DType, ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
+from deepdsl.ops._index_forms import ap, c, read
 
 
 def _softmax(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
@@ -169,3 +170,9 @@ def _mse_vjp(b: Any, s: Any, g: Any) -> tuple:
     x, t = s.inputs
     gx = _e(b, s, "mse_backward", x, t, g)
     return (gx, _e(b, s, "neg", gx))
+
+
+@index_form("mse_backward")
+def _mse_backward_form(types: tuple[TensorType, ...], out: TensorType, a: dict) -> Any:
+    x, t, g = (read(k, ty, out) for k, ty in enumerate(types))
+    return ap("*", ap("-", x, t), ap("/", ap("*", c(2), g), c(out.numel)))

@@ -6,10 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, flops_rule, lowering, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, flops_rule, index_form, lowering, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
+from deepdsl.ops._index_forms import ap, c, pointwise, read
 
 
 @defop("batch_norm", None)  # lowered before anything runs: see _lower_batch_norm
@@ -165,3 +166,15 @@ def _lrn_flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
 @vjp_rule("lrn")
 def _lrn_vjp(b: Any, s: Any, g: Any) -> tuple:
     return (_e(b, s, "lrn_backward", s.inputs[0], s.out, g, **s.a),)
+
+
+@index_form("bn_apply")
+def _bn_apply_form(types: tuple[TensorType, ...], out: TensorType, a: dict) -> Any:
+    x, m, v, *affine = (read(k, t, out) for k, t in enumerate(types))
+    y = ap("*", ap("-", x, m), ap("rsqrt", ap("+", v, c(a["eps"]))))
+    return ap("+", ap("*", y, affine[0]), affine[1]) if affine else y
+
+
+index_form("running_update")(
+    pointwise(lambda a, r, v: ap("+", ap("*", c(1 - a["momentum"]), r), ap("*", c(a["momentum"] * a["correction"]), v)))
+)

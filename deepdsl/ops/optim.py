@@ -6,8 +6,10 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, flops_rule, numpy_kernel
+from deepdsl.ir.indexexpr import IE
+from deepdsl.ir.registry import defop, flops_rule, index_form, numpy_kernel
 from deepdsl.ir.types import ShapeError, TensorType
+from deepdsl.ops._index_forms import ap, c, pointwise
 
 
 def _like_first(types: tuple[TensorType, ...], a: dict[str, Any]) -> TensorType:
@@ -64,3 +66,26 @@ def _adam_step(xs: tuple, a: dict) -> np.ndarray:
 @flops_rule(*_OPS, "clip_scale")
 def _flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
     return 4 * out.numel
+
+
+def _adam_step_form(a: dict, w: IE, m: IE, v: IE, t: IE) -> IE:
+    m_hat = ap("/", m, ap("-", c(1), ap("^", c(a["beta1"]), t)))
+    v_hat = ap("/", v, ap("-", c(1), ap("^", c(a["beta2"]), t)))
+    return ap("-", w, ap("*", c(a["lr"]), ap("/", m_hat, ap("+", ap("sqrt", v_hat), c(a["eps"])))))
+
+
+_INDEX_FORMS: dict[str, Any] = {
+    "sgd_plain": lambda a, w, g: ap("-", w, ap("*", c(a["lr"]), ap("+", g, ap("*", c(a["weight_decay"]), w)))),
+    "sgd_momentum": lambda a, v, g, w: ap(
+        "+", ap("+", ap("*", c(a["momentum"]), v), g), ap("*", c(a["weight_decay"]), w)
+    ),  # fmt: skip
+    "sgd_step": lambda a, w, v: ap("-", w, ap("*", c(a["lr"]), v)),
+    "adam_moment": lambda a, m, g: ap(
+        "+", ap("*", c(a["beta"]), m), ap("*", c(1 - a["beta"]), ap("^", g, c(a["power"])))
+    ),
+    "adam_step": _adam_step_form,
+    "scale_by": lambda a, x, s: ap("*", x, s),
+    "clip_scale": lambda a, t: ap("min", c(1), ap("/", c(a["clip"]), ap("+", ap("sqrt", t), c(1e-6)))),
+}
+for _name, _form in _INDEX_FORMS.items():
+    index_form(_name)(pointwise(_form))

@@ -6,9 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, flops_rule, numpy_kernel, vjp_rule
+from deepdsl.ir.indexexpr import IE, Affine, Read, Reduce
+from deepdsl.ir.registry import defop, flops_rule, index_form, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
+from deepdsl.ops._index_forms import ap, c, pointwise
 
 
 def _channel_axes(x: np.ndarray) -> tuple[int, ...]:
@@ -127,3 +129,32 @@ def _broadcast_scalar_vjp(b: Any, s: Any, g: Any) -> tuple:
 @vjp_rule("broadcast_channel")
 def _broadcast_channel_vjp(b: Any, s: Any, g: Any) -> tuple:
     return (_e(b, s, "channel_sum", g),)
+
+
+# ---- index forms: a reduction over every axis but 1 (channel_*) or over every axis (sum*) ----
+
+
+def _reduce_form(kind: str) -> Any:
+    def form(types: tuple[TensorType, ...], out: TensorType, a: dict) -> IE:
+        x = types[0]
+        per_channel = out.rank == 1
+        vars_ = tuple((f"r{k}", n) for k, n in enumerate(x.shape) if not (per_channel and k == 1))
+        index = tuple(Affine.var("i0") if per_channel and k == 1 else Affine.var(f"r{k}") for k in range(x.rank))
+        value: IE = Read(0, index)
+        if kind == "var":
+            value = ap("-", value, Read(1, (Affine.var("i0"),)))
+        if kind in ("var", "squares"):
+            value = ap("*", value, value)
+        body: IE = Reduce("sum", vars_, value)
+        if kind in ("mean", "var"):
+            body = ap("/", body, c(x.numel // (x.shape[1] if per_channel else 1)))
+        return body
+
+    return form
+
+
+index_form("sum", "channel_sum")(_reduce_form("sum"))
+index_form("sum_squares")(_reduce_form("squares"))
+index_form("channel_mean")(_reduce_form("mean"))
+index_form("channel_var")(_reduce_form("var"))
+index_form("broadcast_channel", "broadcast_scalar")(pointwise(lambda a, x: x))

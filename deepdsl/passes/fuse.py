@@ -1,0 +1,186 @@
+"""Loop fusion: element-wise chains, reduction prologues and epilogues of library kernels.
+
+Every op with an index form (element-wise ops, broadcasts, per-channel and whole reductions, the
+optimizer updates) is an index expression over its output. A value read by exactly one statement, and
+by no output or update, is substituted into its reader's expression, so the chain becomes one `fused`
+statement: one kernel, no intermediate buffer. This is legal because the ops are pure and the reader
+computes every element of the producer it needs. A producer containing a reduction is only merged
+when its reader reads it element for element (otherwise the reduction would be recomputed per element).
+
+Then an element-wise statement that alone reads the result of a conv, full or matmul becomes that
+kernel's epilogue (`epilogue` attr: Read(0) is the kernel's own result), as bias add + ReLU after a conv.
+"""
+
+from __future__ import annotations
+
+import re
+
+from deepdsl.ir import REGISTRY, Graph, Stmt, Value
+from deepdsl.ir.graph import make_attrs
+from deepdsl.ir.index_grad import substitute
+from deepdsl.ir.indexexpr import IE, Affine, Apply, Read, Reduce, reads
+from deepdsl.ops._index_forms import out_vars
+from deepdsl.passes.rewrite import uses
+
+EPILOGUE_HOSTS = ("conv2d", "linear", "matmul")
+
+
+def fuse(g: Graph) -> Graph:
+    g2 = fuse_epilogues(fuse_chains(g))
+    return g if g2.stmts == g.stmts else g2
+
+
+def _form(s: Stmt) -> tuple[tuple, IE, list[Value], tuple[str, ...]] | None:
+    if s.op == "fused":
+        return s.a["out"], s.a["body"], list(s.inputs), tuple(s.a["ops"])
+    op = REGISTRY[s.op]
+    if op.index_form is None or "epilogue" in s.a:
+        return None
+    out = tuple(zip(out_vars(s.out.type), s.out.type.shape))
+    return out, op.index_form(tuple(v.type for v in s.inputs), s.out.type, s.a), list(s.inputs), (s.op,)
+
+
+def fuse_chains(g: Graph) -> Graph:
+    count = uses(g)
+    pinned = {v.name for _, v in (*g.outputs, *g.updates)}
+    forms: dict[str, tuple] = {}
+    merged: set[str] = set()
+    out_stmts: list[Stmt] = []
+    fresh = [0]
+    for s in g.stmts:
+        form = _form(s)
+        if form is None:
+            out_stmts.append(s)
+            continue
+        out, body, inputs, ops = form
+        grew = False
+        k = 0
+        while k < len(inputs):
+            v = inputs[k]
+            producer = forms.get(v.name)
+            if (
+                producer is None
+                or count.get(v.name, 0) != 1
+                or v.name in pinned
+                or not _mergeable(body, k, out, producer)
+            ):
+                k += 1
+                continue
+            body, inputs = _inline(body, inputs, k, producer, fresh)
+            ops = producer[3] + ops
+            merged.add(v.name)
+            grew = True
+            k = 0
+        forms[s.out.name] = (out, body, inputs, ops)
+        if grew:
+            s = s.replace(op="fused", inputs=tuple(inputs), attrs=make_attrs(out=out, body=body, ops=ops))
+        out_stmts.append(s)
+    if not merged:
+        return g
+    return g.replace(stmts=tuple(s for s in out_stmts if s.out.name not in merged))
+
+
+def _mergeable(body: IE, k: int, out: tuple, producer: tuple) -> bool:
+    p_out, p_body = producer[0], producer[1]
+    if not _has_reduce(p_body):
+        return True
+    rs = [r for r in reads(body) if r.input == k]
+    identity = tuple(Affine.var(n) for n, _ in out)
+    return len(rs) == 1 and rs[0].index == identity and tuple(n for _, n in p_out) == tuple(n for _, n in out)
+
+
+def _has_reduce(e: IE) -> bool:
+    if isinstance(e, Reduce):
+        return True
+    return isinstance(e, Apply) and any(_has_reduce(a) for a in e.args)
+
+
+def _inline(body: IE, inputs: list[Value], k: int, producer: tuple, fresh: list[int]) -> tuple[IE, list[Value]]:
+    p_out, p_body, p_inputs, _ = producer
+    new_inputs = [v for j, v in enumerate(inputs) if j != k]
+    position: dict[int, int] = {}
+    for j, v in enumerate(p_inputs):
+        if v in new_inputs:
+            position[j] = new_inputs.index(v)
+        else:
+            position[j] = len(new_inputs)
+            new_inputs.append(v)
+    fresh[0] += 1
+    tag = f"_{fresh[0]}"
+    p_body = _rename_bound(_renumber_plain(p_body, position), tag)
+    temps = [(name, f"{name}{tag}") for name, _ in p_out]
+    for name, temp in temps:
+        p_body = substitute(p_body, name, Affine.var(temp))
+
+    def go(e: IE) -> IE:
+        if isinstance(e, Read):
+            if e.input == k:
+                value = p_body
+                for (_, temp), a in zip(temps, e.index):
+                    value = substitute(value, temp, a)
+                return value
+            return Read(e.input - (1 if e.input > k else 0), e.index)
+        if isinstance(e, Apply):
+            return Apply(e.fn, tuple(go(a) for a in e.args))
+        if isinstance(e, Reduce):
+            return Reduce(e.kind, e.vars, go(e.body))
+        return e
+
+    return go(body), new_inputs
+
+
+def _rename_bound(e: IE, tag: str) -> IE:
+    """Give the producer's reduction variables names no reader uses."""
+    if isinstance(e, Apply):
+        return Apply(e.fn, tuple(_rename_bound(a, tag) for a in e.args))
+    if isinstance(e, Reduce):
+        body = e.body
+        renamed = {name: re.sub(r"(_\d+)+$", "", name) + tag for name, _ in e.vars}
+        for name, new in renamed.items():
+            body = substitute(body, name, Affine.var(new))
+        return Reduce(e.kind, tuple((renamed[n], size) for n, size in e.vars), _rename_bound(body, tag))
+    return e
+
+
+def fuse_epilogues(g: Graph) -> Graph:
+    count = uses(g)
+    pinned = {v.name for _, v in (*g.outputs, *g.updates)}
+    defs = {s.out.name: s for s in g.stmts}
+    replace: dict[str, Stmt] = {}  # reader's result -> the host statement with its epilogue
+    absorbed: set[str] = set()
+    for s in g.stmts:
+        form = _form(s)
+        if form is None:
+            continue
+        out, body, inputs, _ = form
+        identity = tuple(Affine.var(n) for n, _ in out)
+        for k, v in enumerate(inputs):
+            host = defs.get(v.name)
+            if (host is None or host.op not in EPILOGUE_HOSTS or "epilogue" in host.a or count.get(v.name) != 1
+                    or v.name in pinned or host.out.type != s.out.type or host.out.name in absorbed):  # fmt: skip
+                continue
+            rs = [r for r in reads(body) if r.input == k]
+            if any(r.index != identity for r in rs) or _has_reduce(body):
+                continue
+            extras = [x for j, x in enumerate(inputs) if j != k]
+            mapping = {k: 0, **{j: (i + 1) for i, j in enumerate(j for j in range(len(inputs)) if j != k)}}
+            epilogue = _renumber_plain(body, mapping)
+            replace[s.out.name] = host.replace(
+                out=s.out, inputs=(*host.inputs, *extras), attrs=host.attrs + (("epilogue", epilogue),)
+            )
+            absorbed.add(host.out.name)
+            break
+    if not replace:
+        return g
+    stmts = [replace.get(s.out.name, s) for s in g.stmts if s.out.name not in absorbed]
+    return g.replace(stmts=tuple(stmts))
+
+
+def _renumber_plain(e: IE, mapping: dict[int, int]) -> IE:
+    if isinstance(e, Read):
+        return Read(mapping[e.input], e.index)
+    if isinstance(e, Apply):
+        return Apply(e.fn, tuple(_renumber_plain(a, mapping) for a in e.args))
+    if isinstance(e, Reduce):
+        return Reduce(e.kind, e.vars, _renumber_plain(e.body, mapping))
+    return e

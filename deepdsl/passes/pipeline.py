@@ -1,0 +1,58 @@
+"""The optimiser's one list of passes, in order, and the function that runs them.
+
+Expression level first (simplify, fuse, vectorise work inside index expressions), then the SSA level
+(cse, dce, motion, inplace on the statement list), as in DeepDSL. Each entry is (name, pass, the lowest
+-O level that runs it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from deepdsl.ir import REGISTRY, Graph
+from deepdsl.ir.verify import check_graph
+from deepdsl.passes.cse import cse
+from deepdsl.passes.dce import dce
+from deepdsl.passes.fuse import fuse
+from deepdsl.passes.simplify import simplify
+
+Pass = Callable[[Graph], Graph]
+
+PIPELINE: tuple[tuple[str, Pass, int], ...] = (
+    ("simplify", simplify, 1),
+    ("fuse", fuse, 2),
+    ("cse", cse, 1),
+    ("dce", dce, 1),
+)
+
+PASS_NAMES = tuple(name for name, _, _ in PIPELINE)
+
+
+@dataclass(frozen=True)
+class PassStat:
+    name: str
+    statements: int
+    kernels: int
+
+
+def kernels(g: Graph) -> int:
+    """Launches on a device: every statement except views (a fused statement is one kernel)."""
+    return sum(1 for s in g.stmts if not REGISTRY[s.op].view)
+
+
+def run_pipeline(
+    g: Graph, level: int = 2, disabled: tuple[str, ...] = (), check: bool = False,
+    dump_after: Callable[[str, Graph], None] | None = None,
+) -> tuple[Graph, tuple[PassStat, ...]]:  # fmt: skip
+    stats = []
+    for name, fn, min_level in PIPELINE:
+        if level < min_level or name in disabled:
+            continue
+        g = fn(g)
+        if check:
+            check_graph(g)
+        stats.append(PassStat(name, len(g.stmts), kernels(g)))
+        if dump_after:
+            dump_after(name, g)
+    return g, tuple(stats)
