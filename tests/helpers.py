@@ -82,3 +82,42 @@ def check_op_gradient(op: str, inputs: list, attrs: dict, samples: int = 20, see
             got = symbolic.reshape(-1)[idx]
             scale = max(1.0, abs(numeric), abs(got))
             assert abs(got - numeric) <= tol * scale, f"{op} d{name}[{idx}]: symbolic {got}, numeric {numeric}"
+
+
+# ---- networks at a reduced size ----
+
+# a small step: a deep network has many ReLU and max-pool kinks, and a larger step crosses some of them
+STEP = 1e-7
+
+# every network at a reduced size: (sets, parameter tensors sampled for the gradient check)
+REDUCED = {
+    "mlp": ({"N": 4}, 6),
+    "lenet": ({"N": 4}, 8),
+    "alexnet": ({"N": 2, "H": 67, "W": 67}, 4),
+    "overfeat": ({"N": 2, "H": 71, "W": 71}, 3),
+    "vgg16": ({"N": 2, "H": 32, "W": 32}, 4),
+    "googlenet": ({"N": 2, "H": 32, "W": 32}, 4),
+    "resnet50": ({"N": 4, "H": 32, "W": 32}, 4),  # BN over 2 samples at 1x1 is too flat for differences
+}
+
+
+def feeds_and_params(g, rng):  # noqa: ANN001, ANN201
+    """Initial parameters (float64) and random inputs, labels and step for graph `g`."""
+    import numpy as np
+
+    from deepdsl.initializers import init_array
+
+    params = {
+        p.value.name: init_array(
+            p.value.name, p.value.type.shape, p.init.kind, p.init.args, p.init.fan_in, p.init.fan_out, 1, np.float64
+        )
+        for p in g.params
+    }
+    feeds = {}
+    for d in g.inputs:
+        t = d.value.type
+        feeds[d.value.name] = (
+            rng.random(t.shape) if d.kind == "input" else rng.integers(0, d.classes, t.shape) if d.kind == "label"
+            else np.asarray(3)
+        )  # fmt: skip
+    return feeds, params

@@ -8,28 +8,13 @@ import json
 import numpy as np
 import pytest
 from conftest import ROOT
-from helpers import HEADER, compile_text
+from helpers import HEADER, REDUCED, STEP, compile_text, feeds_and_params
 
 from deepdsl import api
 from deepdsl.autodiff import gradient_program
 from deepdsl.backends.numpy_runner import run
 from deepdsl.data import Dataset, load_data
-from deepdsl.initializers import init_array
 from deepdsl.trainer import Trainer
-
-# a small step: a deep network has many ReLU and max-pool kinks, and a larger step crosses some of them
-STEP = 1e-7
-
-# every network at a reduced size: (sets, parameter tensors sampled for the gradient check)
-REDUCED = {
-    "mlp": ({"N": 4}, 6),
-    "lenet": ({"N": 4}, 8),
-    "alexnet": ({"N": 2, "H": 67, "W": 67}, 4),
-    "overfeat": ({"N": 2, "H": 71, "W": 71}, 3),
-    "vgg16": ({"N": 2, "H": 32, "W": 32}, 4),
-    "googlenet": ({"N": 2, "H": 32, "W": 32}, 4),
-    "resnet50": ({"N": 4, "H": 32, "W": 32}, 4),  # BN over 2 samples at 1x1 is too flat for differences
-}
 
 TENSOR_NET = (
     HEADER
@@ -52,29 +37,12 @@ predict = net(x)
 )
 
 
-def _feeds_and_params(g, rng):  # noqa: ANN001, ANN202
-    params = {
-        p.value.name: init_array(
-            p.value.name, p.value.type.shape, p.init.kind, p.init.args, p.init.fan_in, p.init.fan_out, 1, np.float64
-        )
-        for p in g.params
-    }
-    feeds = {}
-    for d in g.inputs:
-        t = d.value.type
-        feeds[d.value.name] = (
-            rng.random(t.shape) if d.kind == "input" else rng.integers(0, d.classes, t.shape) if d.kind == "label"
-            else np.asarray(3)
-        )  # fmt: skip
-    return feeds, params
-
-
 def check_network_gradient(graph, tensors: int, seed: int = 0) -> float:  # noqa: ANN001
     """Symbolic gradients of the whole training loss against central differences (float64)."""
     g = gradient_program(graph)
     loss_only = gradient_program(graph).replace(outputs=(("loss", g.output("loss")),))
     rng = np.random.default_rng(seed)
-    feeds, params = _feeds_and_params(g, rng)
+    feeds, params = feeds_and_params(g, rng)
     out = run(g, feeds, params, np.float64).outputs
     trainable = [p.value.name for p in g.params if p.kind == "param"]
     chosen = [trainable[0], trainable[-1], *rng.choice(trainable, size=max(0, tensors - 2), replace=False)]

@@ -24,9 +24,11 @@ def test_index_form_matches_the_kernel(name: str) -> None:
     rng = np.random.default_rng(7)
     types, attrs = EXAMPLES[name]
     xs = tuple(
-        rng.integers(1, 5, t.shape).astype(np.int64) if t.dtype is DType.I64 else np.abs(rng.standard_normal(t.shape)) + 0.1
+        rng.integers(1, 5, t.shape).astype(np.int64)
+        if t.dtype is DType.I64
+        else np.abs(rng.standard_normal(t.shape)) + 0.1
         for t in types
-    )  # fmt: skip
+    )
     op = REGISTRY[name]
     out = op.shape(types, attrs)
     expect = op.numpy(xs, attrs)

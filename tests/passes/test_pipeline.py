@@ -1,0 +1,79 @@
+"""The optimiser: every pass keeps the numbers, the verifier holds after each, fusion lowers the kernel count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import ROOT
+from helpers import REDUCED, feeds_and_params
+
+from deepdsl import api
+from deepdsl.backends.numpy_runner import run
+from deepdsl.passes import PASS_NAMES, kernels, run_pipeline
+
+
+def _close(a: dict, b: dict, rtol: float) -> None:
+    for k in a:
+        scale = max(float(np.max(np.abs(a[k]))), 1e-12)
+        err = float(np.max(np.abs(np.asarray(a[k]) - np.asarray(b[k])))) / scale
+        assert err <= rtol, f"{k}: relative difference {err}"
+
+
+@pytest.mark.parametrize("name", sorted(REDUCED))
+def test_every_pass_keeps_loss_gradients_and_updates(name: str) -> None:
+    sets, _ = REDUCED[name]
+    train = api.compile_file(ROOT / "networks" / f"{name}.ddsl", sets, stop_at="train").train
+    rng = np.random.default_rng(0)
+    feeds, params = feeds_and_params(train, rng)
+    params = {k: v.astype(np.float32) for k, v in params.items()}
+    for p in train.params:  # non-zero optimizer state, so the updates see every input
+        if p.kind == "opt":
+            params[p.value.name] = (rng.standard_normal(p.value.type.shape) * 0.01).astype(np.float32)
+    before = run(train, feeds, params)
+    seen = []
+
+    def compare(pass_name: str, g) -> None:  # noqa: ANN001
+        after = run(g, feeds, params)
+        _close(before.outputs, after.outputs, 1e-5)
+        _close(before.updates, after.updates, 1e-5)  # momentum buffers hold the gradients
+        seen.append(pass_name)
+
+    run_pipeline(train, level=2, check=True, dump_after=compare)
+    assert seen == list(PASS_NAMES)
+
+
+@pytest.mark.parametrize("name", ["lenet", "resnet50"])
+def test_optimised_training_program_has_fewer_kernels(name: str) -> None:
+    c0 = api.compile_file(ROOT / "networks" / f"{name}.ddsl", stop_at="opt", options=api.Options(level=0))
+    c2 = api.compile_file(ROOT / "networks" / f"{name}.ddsl", stop_at="opt")
+    assert c0.opt == c0.train  # -O0 runs no pass
+    assert kernels(c2.opt) < kernels(c0.opt)
+
+
+def test_disabled_passes_do_not_run() -> None:
+    c = api.compile_file(ROOT / "networks" / "lenet.ddsl", stop_at="opt", options=api.Options(disabled=("fuse",)))
+    assert [p.name for p in c.passes] == [n for n in PASS_NAMES if n != "fuse"]
+    assert not any(s.op == "fused" or "epilogue" in s.a for s in c.opt.stmts)
+
+
+def test_stats_json_lists_stages_and_passes(cli) -> None:  # noqa: ANN001
+    import json
+
+    r = cli("ir", str(ROOT / "networks" / "lenet.ddsl"), "--stats", "--json")
+    obj = json.loads(r.stdout)
+    assert [s["stage"] for s in obj["stages"]] == ["graph", "train", "opt"]
+    assert [p["pass"] for p in obj["passes"]] == list(PASS_NAMES)
+    assert obj["stages"][-1]["kernels"] == obj["passes"][-1]["kernels"] < obj["stages"][1]["kernels"]
+
+
+def test_unknown_pass_is_a_usage_error(cli) -> None:  # noqa: ANN001
+    r = cli("ir", str(ROOT / "networks" / "lenet.ddsl"), "--no-pass", "fusion")
+    assert r.exit_code == 2 and "no pass named 'fusion'" in r.output
+
+
+def test_dump_after_prints_the_program_after_that_pass(cli) -> None:  # noqa: ANN001
+    r = cli("ir", str(ROOT / "networks" / "lenet.ddsl"), "--dump-after", "fuse", "--stage", "graph")
+    assert r.exit_code == 0
+    assert r.stdout.startswith("graph LeNet")  # --stage graph does not optimise: nothing to dump
+    r = cli("ir", str(ROOT / "networks" / "lenet.ddsl"), "--dump-after", "fuse")
+    assert r.stdout.startswith("# after fuse\ngraph LeNet") and "fused(" in r.stdout
