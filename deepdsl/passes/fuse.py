@@ -21,6 +21,7 @@ from deepdsl.ir.index_grad import substitute
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Read, Reduce, reads
 from deepdsl.ops._index_forms import out_vars
 from deepdsl.passes.rewrite import uses
+from deepdsl.passes.simplify import fold
 
 EPILOGUE_HOSTS = ("conv2d", "linear", "matmul")
 
@@ -73,6 +74,7 @@ def fuse_chains(g: Graph) -> Graph:
             k = 0
         forms[s.out.name] = (out, body, inputs, ops)
         if grew:
+            body = fold(body)  # the composed expression's constants (2 * 1 / 288) fold at once
             s = s.replace(op="fused", inputs=tuple(inputs), attrs=make_attrs(out=out, body=body, ops=ops))
         out_stmts.append(s)
     if not merged:

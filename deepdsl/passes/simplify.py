@@ -87,6 +87,7 @@ def fold(e: IE) -> IE:
 
 _FOLD = {
     "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "neg": lambda a: -a,
+    "/": lambda a, b: a / b if b else float("nan"),
     "==": lambda a, b: a == b, "<": lambda a, b: a < b, ">=": lambda a, b: a >= b,
 }  # fmt: skip
 
