@@ -56,14 +56,19 @@ def run(
         if check_finite and out.dtype.kind == "f" and not np.all(np.isfinite(out)):
             where = f" in layer '{s.layer}'" if s.layer else ""
             raise NonFinite(f"statement %{s.out.name} = {s.op}(...){where} produced a NaN or Inf", s.span)
+        reused = s.inputs[s.a["inplace"]].name if "inplace" in s.a else None
+        if reused is not None:  # the result goes into the dying input's buffer
+            target = env[reused]
+            np.copyto(target, out)
+            out = target
         env[s.out.name] = out
-        if not REGISTRY[s.op].view:
+        if not REGISTRY[s.op].view and reused is None:
             live += out.nbytes
             peak = max(peak, live)
         for v in set(s.inputs):
             if last.get(v.name) == i and v.name in env and v.name not in held:
                 dead = env.pop(v.name)
-                if v.name not in views:
+                if v.name not in views and v.name != reused:
                     live -= dead.nbytes
     outputs = {name: env[v.name] for name, v in g.outputs}
     updates = {name: env[v.name] for name, v in g.updates}

@@ -15,15 +15,21 @@ from deepdsl.ir.verify import check_graph
 from deepdsl.passes.cse import cse
 from deepdsl.passes.dce import dce
 from deepdsl.passes.fuse import fuse
+from deepdsl.passes.inline import inline
+from deepdsl.passes.inplace import inplace
+from deepdsl.passes.motion import motion
 from deepdsl.passes.simplify import simplify
 
 Pass = Callable[[Graph], Graph]
 
 PIPELINE: tuple[tuple[str, Pass, int], ...] = (
     ("simplify", simplify, 1),
+    ("inline", inline, 2),
     ("fuse", fuse, 2),
     ("cse", cse, 1),
     ("dce", dce, 1),
+    ("motion", motion, 2),
+    ("inplace", inplace, 2),
 )
 
 PASS_NAMES = tuple(name for name, _, _ in PIPELINE)

@@ -77,3 +77,48 @@ def test_dump_after_prints_the_program_after_that_pass(cli) -> None:  # noqa: AN
     assert r.stdout.startswith("graph LeNet")  # --stage graph does not optimise: nothing to dump
     r = cli("ir", str(ROOT / "networks" / "lenet.ddsl"), "--dump-after", "fuse")
     assert r.stdout.startswith("# after fuse\ngraph LeNet") and "fused(" in r.stdout
+
+
+def test_inplace_reuses_dying_buffers_and_lowers_the_measured_peak() -> None:
+    train = api.compile_file(ROOT / "networks" / "lenet.ddsl", {"N": 8}, stop_at="train").train
+    with_inplace, _ = run_pipeline(train)
+    without, _ = run_pipeline(train, disabled=("inplace",))
+    marked = [s for s in with_inplace.stmts if "inplace" in s.a]
+    assert marked, "LeNet's training program has element-wise statements whose input dies there"
+    for s in marked:
+        v = s.inputs[s.a["inplace"]]
+        assert v.type == s.out.type
+        assert not any(v in t.inputs for t in with_inplace.stmts[with_inplace.stmts.index(s) + 1 :])
+    rng = np.random.default_rng(0)
+    feeds, params = feeds_and_params(train, rng)
+    a, b = run(with_inplace, feeds, params), run(without, feeds, params)
+    assert a.peak_bytes <= b.peak_bytes
+    _close(b.updates, a.updates, 0.0)
+
+
+def test_inplace_halves_the_peak_of_an_elementwise_chain() -> None:
+    from deepdsl.ir import GraphBuilder, Init, ParamDef, TensorType, Value
+
+    b = GraphBuilder("C")
+    x = b.add_param(ParamDef(Value("x", TensorType((1000,))), Init("constant", (0.0,))))
+    b.output("out", b.emit("tanh", b.emit("exp", x)))
+    g = b.build()
+    only = tuple(n for n in PASS_NAMES if n != "inplace")
+    marked, _ = run_pipeline(g, disabled=only)
+    assert [s.a.get("inplace") for s in marked.stmts] == [None, 0]
+    params = {"x": np.linspace(-1, 1, 1000)}
+    assert run(marked, {}, params).peak_bytes == 4000 < run(g, {}, params).peak_bytes == 8000
+
+
+def test_motion_sinks_statements_to_their_first_use() -> None:
+    from deepdsl.ir import GraphBuilder, Init, ParamDef, TensorType, Value
+    from deepdsl.passes.motion import motion
+
+    b = GraphBuilder("M")
+    x = b.add_param(ParamDef(Value("x", TensorType((4,))), Init("constant", (0.0,))))
+    early = b.emit("exp", x)  # only needed at the end
+    t = b.emit("relu", x)
+    t = b.emit("tanh", t)
+    b.output("out", b.emit("add", t, early))
+    g = b.build()
+    assert [s.op for s in motion(g).stmts] == ["relu", "tanh", "exp", "add"]
