@@ -101,3 +101,45 @@ def _bias_vjp(b: Any, s: Any, g: Any) -> tuple:
 
 
 index_form("bias_add")(pointwise(lambda a, x, b: ap("+", x, b)))
+
+
+@defop("batch_matmul", 2, differentiable=False)
+def batch_matmul(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """op(a[b]) @ op(b[b]) for each b of 3-D a, b (the GEMM a tensor function computes, after vectorise)."""
+    a, b = types
+    if a.rank != 3 or b.rank != 3 or a.shape[0] != b.shape[0]:
+        raise ShapeError(f"batch_matmul needs 3-D operands with one batch size, got {a} and {b}")
+    m, k = a.shape[:0:-1] if attrs.get("transpose_a") else a.shape[1:]
+    k2, n = b.shape[:0:-1] if attrs.get("transpose_b") else b.shape[1:]
+    if k != k2:
+        raise ShapeError(f"batch_matmul: inner sizes differ ({a} and {b})")
+    return TensorType((a.shape[0], m, n))
+
+
+def _bt(x: np.ndarray, flag: bool) -> np.ndarray:
+    return np.swapaxes(x, 1, 2) if flag else x
+
+
+numpy_kernel("batch_matmul")(
+    lambda xs, a: _bt(xs[0], a.get("transpose_a", False)) @ _bt(xs[1], a.get("transpose_b", False))
+)
+
+
+@flops_rule("batch_matmul")
+def _batch_matmul_flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
+    k = types[0].shape[1] if a.get("transpose_a") else types[0].shape[2]
+    return 2 * out.numel * k
+
+
+@defop("transpose", 1, differentiable=False)
+def transpose(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """Axes permuted: output axis i is input axis perm[i]."""
+    (x,) = types
+    perm = tuple(attrs["perm"])
+    if sorted(perm) != list(range(x.rank)):
+        raise ShapeError(f"transpose: {perm} is not a permutation of the axes of {x}")
+    return TensorType(tuple(x.shape[p] for p in perm), x.dtype)
+
+
+numpy_kernel("transpose")(lambda xs, a: np.ascontiguousarray(np.transpose(xs[0], a["perm"])))
+flops_rule("transpose")(lambda types, out, a: out.numel)

@@ -158,3 +158,17 @@ index_form("sum_squares")(_reduce_form("squares"))
 index_form("channel_mean")(_reduce_form("mean"))
 index_form("channel_var")(_reduce_form("var"))
 index_form("broadcast_channel", "broadcast_scalar")(pointwise(lambda a, x: x))
+
+
+@defop("sum_axes", 1, differentiable=False)
+def _sum_axes(types: tuple[TensorType, ...], a: dict[str, Any]) -> TensorType:
+    """The sum over attrs axes; the other axes stay, in order."""
+    (x,) = types
+    axes = tuple(a["axes"])
+    if any(not 0 <= k < x.rank for k in axes) or len(set(axes)) != len(axes):
+        raise ShapeError(f"sum_axes: axes {axes} do not fit {x}")
+    return TensorType(tuple(n for k, n in enumerate(x.shape) if k not in axes))
+
+
+numpy_kernel("sum_axes")(lambda xs, a: np.sum(xs[0], axis=tuple(a["axes"])))
+flops_rule("sum_axes")(lambda types, out, a: types[0].numel)

@@ -19,10 +19,12 @@ from deepdsl.passes.inline import inline
 from deepdsl.passes.inplace import inplace
 from deepdsl.passes.motion import motion
 from deepdsl.passes.simplify import simplify
+from deepdsl.passes.vectorise import vectorise
 
 Pass = Callable[[Graph], Graph]
 
 PIPELINE: tuple[tuple[str, Pass, int], ...] = (
+    ("vectorise", vectorise, 2),
     ("simplify", simplify, 1),
     ("inline", inline, 2),
     ("fuse", fuse, 2),

@@ -62,6 +62,10 @@ EXAMPLES = {
                             {"kernel": (2, 2), "stride": (2, 2), "pad": (0, 0), "in_shape": (2, 4, 8, 8)}),
     "global_avg_pool_backward": ((TensorType((2, 4, 1, 1)),), {"in_shape": (2, 4, 8, 8)}),
     "lrn_backward": ((X4, X4, X4), {"size": 5, "alpha": 1e-4, "beta": 0.75, "k": 1.0}),
+    # what vectorise maps tensor functions to
+    "batch_matmul": ((TensorType((2, 3, 4)), TensorType((2, 5, 4))), {"transpose_b": True}),
+    "sum_axes": ((X4,), {"axes": (0, 2)}),
+    "transpose": ((X4,), {"perm": (0, 2, 3, 1)}),
 }  # fmt: skip
 
 EXPECTED = {
@@ -72,7 +76,9 @@ EXPECTED = {
     "broadcast_channel": (2, 4, 8, 8),
     "broadcast_scalar": (2, 4, 8, 8), "slice": (2, 2, 8, 8), "pad_axis": (2, 6, 8, 8), "clip_scale": (),
     "dropout_mask": (2, 4, 8, 8), "conv2d_backward_data": (2, 4, 8, 8), "conv2d_backward_filter": (4, 2, 3, 3),
-    "max_pool2d_backward": (2, 4, 8, 8), "avg_pool2d_backward": (2, 4, 8, 8), "global_avg_pool_backward": (2, 4, 8, 8),
+    "max_pool2d_backward": (2, 4, 8, 8),
+    "batch_matmul": (2, 3, 5), "sum_axes": (4, 8), "transpose": (2, 8, 8, 4), "avg_pool2d_backward": (2, 4, 8, 8),
+    "global_avg_pool_backward": (2, 4, 8, 8),
 }  # fmt: skip
 
 
