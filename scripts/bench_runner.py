@@ -48,22 +48,21 @@ def numpy_step_seconds(program, steps: int) -> float:  # noqa: ANN001
     return statistics.median(times)
 
 
-def torch_step_seconds(program, steps: int) -> float | None:  # noqa: ANN001
+def torch_training_step(program, threads: int = 1):  # noqa: ANN001, ANN201
+    """A PyTorch function running one training step of `program`'s forward graph, or None without PyTorch."""
     try:
         import torch
         import torch.nn.functional as F
     except ImportError:
         return None
-    torch.set_num_threads(int(THREADS))
+    torch.set_num_threads(threads)
     g = program.graph
     torch.manual_seed(0)
-    params = {p.value.name: torch.randn(p.value.type.shape) * 0.05 for p in g.params}
+    params = {}
     for p in g.params:
-        params[p.value.name].requires_grad_(p.kind == "param")
-    if any(p.init.kind == "constant" for p in g.params):
-        for p in g.params:
-            if p.init.kind == "constant":
-                params[p.value.name] = torch.full(p.value.type.shape, p.init.args[0], requires_grad=p.kind == "param")
+        shape = p.value.type.shape
+        value = torch.full(shape, p.init.args[0]) if p.init.kind == "constant" else torch.randn(shape) * 0.05
+        params[p.value.name] = value.requires_grad_(p.kind == "param")
     ops = {
         "conv2d": lambda a, x, w: F.conv2d(x, w, stride=a["stride"], padding=a["pad"], groups=a["groups"]),
         "bias_add": lambda a, x, b: x + b.reshape((1, -1) + (1,) * (x.dim() - 2)),
@@ -91,14 +90,25 @@ def torch_step_seconds(program, steps: int) -> float | None:  # noqa: ANN001
     opt = torch.optim.SGD(trainable, lr=opt_args.get("lr", 0.01), momentum=opt_args.get("momentum", 0.0),
                           weight_decay=opt_args.get("weight_decay", 0.0))  # fmt: skip
 
-    def step() -> None:
+    def forward() -> torch.Tensor:
         env = {**feeds, **params}
         for s in g.stmts:
             env[s.out.name] = ops[s.op](s.a, *(env[v.name] for v in s.inputs))
+        return env[g.output("loss").name]
+
+    def step(fwd=forward) -> None:  # noqa: ANN001
         opt.zero_grad()
-        env[g.output("loss").name].backward()
+        fwd().backward()
         opt.step()
 
+    step.forward = forward  # type: ignore[attr-defined]
+    return step
+
+
+def torch_step_seconds(program, steps: int) -> float | None:  # noqa: ANN001
+    step = torch_training_step(program, int(THREADS))
+    if step is None:
+        return None
     step()
     times = []
     for _ in range(steps):
