@@ -23,7 +23,7 @@ from deepdsl.ops._index_forms import out_vars
 from deepdsl.passes.rewrite import uses
 from deepdsl.passes.simplify import fold
 
-EPILOGUE_HOSTS = ("conv2d", "linear", "matmul")
+EPILOGUE_HOSTS = ("conv2d", "conv2d_backward_data", "conv2d_backward_filter", "linear", "matmul", "batch_matmul")
 
 
 def fuse(g: Graph) -> Graph:
