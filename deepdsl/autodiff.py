@@ -18,6 +18,7 @@ from typing import Any
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import REGISTRY, Graph, GraphBuilder, Init, InputDef, ParamDef, Stmt, Value
 from deepdsl.ir.types import DType, TensorType
+from deepdsl.passes.dce import dce
 
 STEP = "step"  # the train program's iteration counter input (seeds dropout masks)
 
@@ -83,7 +84,7 @@ def infer_program(g: Graph) -> Graph:
     b = _start(low, with_step=False)
     vmap = replay(low, b)
     b.output("predict", vmap[low.output("predict").name])
-    g2 = _prune(b.build())
+    g2 = dce(b.build())
     used = {v.name for s in g2.stmts for v in s.inputs} | {v.name for _, v in g2.outputs}
     return g2.replace(inputs=tuple(d for d in g2.inputs if d.value.name in used))  # no labels in inference
 
@@ -126,7 +127,7 @@ def train_program(g: Graph, optimizer: tuple[str, tuple[tuple[str, Any], ...]], 
     grads = gradients(b, loss, {p.value.name for p in trainable})
     pairs = [(p, grads[p.value.name]) for p in trainable if p.value.name in grads]
     apply_optimizer(b, pairs, optimizer)
-    return _prune(b.build())  # a vjp rule emits every input's gradient; drop those nobody needs (data inputs)
+    return dce(b.build())  # a vjp rule emits every input's gradient; drop those nobody needs (data inputs)
 
 
 def gradient_program(g: Graph, seed: int = 1) -> Graph:
@@ -141,7 +142,7 @@ def gradient_program(g: Graph, seed: int = 1) -> Graph:
     for name in trainable:
         if name in grads:
             b.output(f"grad:{name}", grads[name])
-    return _prune(b.build())
+    return dce(b.build())
 
 
 def apply_optimizer(b: GraphBuilder, pairs: list[tuple[ParamDef, Value]], optimizer: tuple[str, tuple]) -> None:
@@ -183,14 +184,3 @@ def apply_optimizer(b: GraphBuilder, pairs: list[tuple[ParamDef, Value]], optimi
 
 def _opt_state(b: GraphBuilder, name: str, t: TensorType) -> Value:
     return b.add_param(ParamDef(Value(name, t), Init("constant", (0.0,)), "opt"))
-
-
-def _prune(g: Graph) -> Graph:
-    """Drop statements no output or update needs."""
-    needed = {v.name for _, v in g.outputs} | {v.name for _, v in g.updates}
-    keep = []
-    for s in reversed(g.stmts):
-        if s.out.name in needed:
-            keep.append(s)
-            needed.update(v.name for v in s.inputs)
-    return g.replace(stmts=tuple(reversed(keep)))

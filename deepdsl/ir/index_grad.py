@@ -227,13 +227,3 @@ def _names(e: IE) -> set[str]:
 
 def used_inputs(e: IE) -> list[int]:
     return sorted({r.input for r in reads(e)})
-
-
-def renumber_inputs(e: IE, mapping: dict[int, int]) -> IE:
-    if isinstance(e, Read):
-        return Read(mapping[e.input], e.index)
-    if isinstance(e, Apply):
-        return Apply(e.fn, tuple(renumber_inputs(a, mapping) for a in e.args))
-    if isinstance(e, Reduce):
-        return Reduce(e.kind, e.vars, renumber_inputs(e.body, mapping))
-    return e

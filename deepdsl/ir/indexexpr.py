@@ -133,3 +133,14 @@ def reads(e: IE) -> list[Read]:
 
     go(e)
     return out
+
+
+def renumber(e: IE, mapping: dict[int, int]) -> IE:
+    """`e` with every Read(k) reading input mapping[k] instead."""
+    if isinstance(e, Read):
+        return Read(mapping[e.input], e.index)
+    if isinstance(e, Apply):
+        return Apply(e.fn, tuple(renumber(a, mapping) for a in e.args))
+    if isinstance(e, Reduce):
+        return Reduce(e.kind, e.vars, renumber(e.body, mapping))
+    return e

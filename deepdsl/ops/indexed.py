@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from deepdsl.ir import index_grad
-from deepdsl.ir.indexexpr import IE, Apply, Const, Read, Reduce, Var, reads
+from deepdsl.ir.indexexpr import IE, Apply, Const, Read, Reduce, Var, reads, renumber
 from deepdsl.ir.registry import defop, flops_rule, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
@@ -122,7 +122,7 @@ def _indexed_vjp(b: Any, s: Any, g: Any) -> tuple:
             continue
         body, out = found
         used = index_grad.used_inputs(body)
-        body = index_grad.renumber_inputs(body, {old: new for new, old in enumerate(used)})
+        body = renumber(body, {old: new for new, old in enumerate(used)})
         grads.append(_e(b, s, "indexed", *(inputs[i] for i in used), out=out, body=body))
     return tuple(grads)
 

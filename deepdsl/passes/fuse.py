@@ -18,7 +18,7 @@ import re
 from deepdsl.ir import REGISTRY, Graph, Stmt, Value
 from deepdsl.ir.graph import make_attrs
 from deepdsl.ir.index_grad import substitute
-from deepdsl.ir.indexexpr import IE, Affine, Apply, Read, Reduce, reads
+from deepdsl.ir.indexexpr import IE, Affine, Apply, Read, Reduce, reads, renumber
 from deepdsl.ops._index_forms import out_vars
 from deepdsl.passes.rewrite import uses
 from deepdsl.passes.simplify import fold
@@ -109,7 +109,7 @@ def _inline(body: IE, inputs: list[Value], k: int, producer: tuple, fresh: list[
             new_inputs.append(v)
     fresh[0] += 1
     tag = f"_{fresh[0]}"
-    p_body = _rename_bound(_renumber_plain(p_body, position), tag)
+    p_body = _rename_bound(renumber(p_body, position), tag)
     temps = [(name, f"{name}{tag}") for name, _ in p_out]
     for name, temp in temps:
         p_body = substitute(p_body, name, Affine.var(temp))
@@ -166,7 +166,7 @@ def fuse_epilogues(g: Graph) -> Graph:
                 continue
             extras = [x for j, x in enumerate(inputs) if j != k]
             mapping = {k: 0, **{j: (i + 1) for i, j in enumerate(j for j in range(len(inputs)) if j != k)}}
-            epilogue = _renumber_plain(body, mapping)
+            epilogue = renumber(body, mapping)
             replace[s.out.name] = host.replace(
                 out=s.out, inputs=(*host.inputs, *extras), attrs=host.attrs + (("epilogue", epilogue),)
             )
@@ -176,13 +176,3 @@ def fuse_epilogues(g: Graph) -> Graph:
         return g
     stmts = [replace.get(s.out.name, s) for s in g.stmts if s.out.name not in absorbed]
     return g.replace(stmts=tuple(stmts))
-
-
-def _renumber_plain(e: IE, mapping: dict[int, int]) -> IE:
-    if isinstance(e, Read):
-        return Read(mapping[e.input], e.index)
-    if isinstance(e, Apply):
-        return Apply(e.fn, tuple(_renumber_plain(a, mapping) for a in e.args))
-    if isinstance(e, Reduce):
-        return Reduce(e.kind, e.vars, _renumber_plain(e.body, mapping))
-    return e
