@@ -120,6 +120,8 @@ class Elaborator:
             train = train_config(self.train, self)
         except DslError as err:
             self.diags.add(err)
+        except Poisoned:  # the train block uses a name whose definition failed; that error is reported
+            pass
         self.diags.raise_if_errors()
         assert self.loss is not None and train is not None
         self.b.output("loss", self.loss.value)

@@ -154,3 +154,8 @@ def test_value_numbering_computes_a_shared_network_once() -> None:
 )
 def test_user_errors(body: str, message: str) -> None:
     assert message in error_text(HEADER + body)
+
+
+def test_a_train_block_using_a_failed_definition_reports_only_the_first_error() -> None:
+    err = error_text(HEADER + "lr = relux\nloss = mse(x, x)\ntrain { optimizer = sgd(lr=lr) }\n")
+    assert "unknown name 'relux'" in err and err.count("error:") == 1

@@ -204,9 +204,11 @@ def case_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 RUNNER = CliRunner()
 
 
-def assert_clean(path: Path, text: str, sets: dict[str, int] | None = None) -> None:
+def assert_clean(
+    path: Path, text: str, sets: dict[str, int] | None = None, command: tuple[str, ...] = ("check",)
+) -> None:
     path.write_text(text, encoding="utf-8")
-    args = ["check", str(path)]
+    args = [*command, str(path)]
     for k, v in (sets or {}).items():
         args += ["--set", f"{k}={v}"]
     result = RUNNER.invoke(deepdsl_cli, args, catch_exceptions=True)
@@ -227,8 +229,9 @@ def check_tokens(path: Path, text: str) -> None:
 
 
 def check_mutation(path: Path, case: tuple[str, str]) -> None:
+    """Mutated networks go through the whole compiler: elaboration, autodiff and every optimiser pass."""
     name, text = case
-    assert_clean(path, text, SEED_SETS[name])
+    assert_clean(path, text, SEED_SETS[name], command=("ir", "--stats"))
 
 
 def fuzz_settings(n: int) -> settings:
