@@ -18,9 +18,10 @@ from deepdsl.frontend.elaborate import Elaborator
 from deepdsl.frontend.parser import parse_text
 from deepdsl.frontend.program import Program
 from deepdsl.ir import Graph
+from deepdsl.memory import Plan, plan
 from deepdsl.passes import PassStat, run_pipeline
 
-STAGES = ("ast", "graph", "train", "infer", "opt")
+STAGES = ("ast", "graph", "train", "infer", "opt", "plan")
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Compilation:
     train: Graph | None = None
     infer: Graph | None = None
     opt: Graph | None = None  # the optimised training program
+    plan: Plan | None = None  # its memory plan
     passes: tuple[PassStat, ...] = ()
 
 
@@ -95,10 +97,12 @@ def compile_source(
     if stop_at == "ast":
         return c
     c.program = elaborate_stage(c.module, load_includes(c.module, c), sets or {})
-    if stop_at in ("train", "opt"):
+    if stop_at in ("train", "opt", "plan"):
         c.train = train_program(c.program.graph, c.program.train.optimizer, c.program.train.seed)
-    if stop_at == "opt":
+    if stop_at in ("opt", "plan"):
         c.opt, c.passes = optimise(c.train, options or Options())
+    if stop_at == "plan":
+        c.plan = plan(c.opt)
     elif stop_at == "infer":
         c.infer = infer_program(c.program.graph)
     return c

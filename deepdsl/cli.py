@@ -21,6 +21,7 @@ from deepdsl.errors import DslError, did_you_mean, render
 from deepdsl.frontend.ast import format_node
 from deepdsl.frontend.program import Program
 from deepdsl.ir.printer import format_graph
+from deepdsl.memory import format_plan
 from deepdsl.passes import PASS_NAMES, kernels
 
 EXIT_USER, EXIT_USAGE, EXIT_INTERNAL = 1, 2, 3
@@ -150,6 +151,10 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
         return
     assert c.program is not None
     _warnings(c)
+    if stage == "plan":
+        assert c.plan is not None
+        click.echo(format_plan(c.plan), nl=False)
+        return
     graph = {"graph": c.program.graph, "train": c.train, "infer": c.infer, "opt": c.opt}[stage]
     assert graph is not None
     click.echo(format_graph(graph), nl=False)

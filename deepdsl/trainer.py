@@ -16,13 +16,14 @@ import numpy as np
 
 from deepdsl.api import Options, optimise
 from deepdsl.autodiff import STEP, infer_program, train_program
-from deepdsl.backends.numpy_runner import NonFinite, run
+from deepdsl.backends.numpy_runner import NonFinite, run, run_plan
 from deepdsl.checkpoint import load_npz, save_npz
 from deepdsl.data import Dataset
 from deepdsl.errors import DslProgramError
 from deepdsl.frontend.program import Program
 from deepdsl.initializers import init_array
 from deepdsl.ir import Graph, ParamDef
+from deepdsl.memory import plan
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Trainer:
             if any(n == "predict" for n, _ in program.graph.outputs)
             else None
         )
+        self.plan = plan(self.train_graph) if dtype == np.float32 else None  # float64 runs without an arena
         self.batch = next(d for d in program.graph.inputs if d.kind == "input").value.type.shape[0]
         self.shuffle = self.seed if cfg.shuffle else None
         self.arrays: dict[str, np.ndarray] = {p.value.name: self._init(p) for p in self.train_graph.params}
@@ -70,7 +72,10 @@ class Trainer:
         i = self.step_count
         x, y = self.data.batch(i, self.batch, self.shuffle)
         feeds = self._feeds(self.train_graph, x, y, i)
-        result = run(self.train_graph, feeds, self.arrays, self.dtype)
+        if self.plan is not None:
+            result = run_plan(self.plan, feeds, self.arrays)
+        else:
+            result = run(self.train_graph, feeds, self.arrays, self.dtype)
         loss = float(result.outputs["loss"])
         if not math.isfinite(loss):
             self._locate_non_finite(feeds, i)

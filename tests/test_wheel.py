@@ -23,12 +23,18 @@ def test_grammar_loads_from_an_installed_wheel(tmp_path) -> None:  # noqa: ANN00
                    check=True)  # fmt: skip
     assert (target / "deepdsl" / "grammar" / "ddsl.lark").is_file()
     probe = (
-        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "import sys, importlib, pkgutil; sys.path.insert(0, sys.argv[1]);"
+        "import deepdsl;"
+        "[importlib.import_module(m.name) for m in pkgutil.walk_packages(deepdsl.__path__, 'deepdsl.')"
+        " if not m.name.endswith('__main__')];"
         "from deepdsl.frontend.parser import grammar_path, parse_text;"
-        "import deepdsl.cli, deepdsl.trainer, deepdsl.running, deepdsl.data.mnist, deepdsl.backends.numpy_runner;"
         "assert str(grammar_path()).startswith(sys.argv[1]), grammar_path();"
         "print(parse_text('network A\\nconst N = 1\\n').network)"
     )
+    # every module of the source tree is in the wheel (a package missing from pyproject.toml fails here)
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "deepdsl").rglob("*.py")}
+    shipped = {str(p.relative_to(target)) for p in (target / "deepdsl").rglob("*.py")}
+    assert modules <= shipped, sorted(modules - shipped)
     r = subprocess.run([sys.executable, "-c", probe, str(target)], cwd=tmp_path, capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin"}, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr

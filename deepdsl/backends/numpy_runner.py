@@ -12,6 +12,7 @@ import numpy as np
 
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import REGISTRY, Graph, Stmt
+from deepdsl.memory import Plan
 from deepdsl.ops.indexed import apply_epilogue
 
 
@@ -87,3 +88,41 @@ def _execute(s: Stmt, env: dict[str, np.ndarray], dtype: type) -> np.ndarray:
         out = out.astype(dtype)
     assert out.shape == s.out.type.shape, f"{s.op}: kernel gave {out.shape}, the shape rule {s.out.type.shape}"
     return out
+
+
+def run_plan(p: Plan, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray], poison: bool = False) -> RunResult:
+    """Run a planned program in float32 inside one preallocated arena: every value is a view at its offset.
+
+    `peak_bytes` is measured: the end of the highest arena region any statement wrote. With `poison`, a buffer's region
+    is filled with NaN as soon as its last reader ran, so a read after reuse would show in the results.
+    """
+    g = p.graph
+    arena = np.zeros(p.arena_bytes, dtype=np.uint8)
+    env: dict[str, np.ndarray] = {}
+    for d in g.inputs:
+        x = np.asarray(feeds[d.value.name])
+        env[d.value.name] = x.astype(np.float32) if d.kind == "input" else x
+    for q in g.params:
+        env[q.value.name] = np.asarray(params[q.value.name], dtype=np.float32)
+    dies: dict[int, list] = {}
+    for b in p.buffers:
+        dies.setdefault(b.end, []).append(b)
+    used = 0
+    for i, s in enumerate(g.stmts):
+        t = s.out.type
+        dtype = np.float32 if t.dtype.value == "f32" else np.int64
+        if REGISTRY[s.op].view:
+            env[s.out.name] = env[s.inputs[0].name].reshape(t.shape)
+        else:
+            out = _execute(s, env, np.float32)
+            b = p.buffer_of(s.out.name)
+            view = np.ndarray(t.shape, dtype=dtype, buffer=arena, offset=b.offset)
+            np.copyto(view, out)
+            env[s.out.name] = view
+            used = max(used, b.offset + b.nbytes)  # the region the value occupies
+        if poison:
+            for b in dies.get(i, []):
+                arena[b.offset : b.offset + b.nbytes].view(np.float32)[:] = np.nan
+    outputs = {name: np.array(env[v.name]) for name, v in g.outputs}
+    updates = {name: np.array(env[v.name]) for name, v in g.updates}
+    return RunResult(outputs, updates, used)

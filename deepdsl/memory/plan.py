@@ -1,0 +1,125 @@
+"""The Plan: every temporary of a program gets a fixed offset in one arena, allocated once.
+
+Liveness: a value is born at the statement that computes it and dies after its last reader (values that
+are outputs or updates live to the end). A view (reshape) shares its base's buffer and extends its life;
+a statement marked `inplace=k` writes into input k's buffer, so the two share one buffer too. Offsets are
+assigned greedily, largest buffer first, at the lowest offset that overlaps no buffer alive at the same
+time; the arena is the highest end offset, which is the exact peak of the arena (inputs, parameters and
+optimizer state live in their own persistent storage).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deepdsl.ir import REGISTRY, Graph
+
+ALIGN = 256  # bytes: CUDA's allocation alignment, so every buffer suits vector loads
+
+
+@dataclass(frozen=True)
+class Buffer:
+    values: tuple[str, ...]  # the values stored here (a base, its views, in-place results)
+    nbytes: int  # rounded up to ALIGN
+    start: int  # the statement that first writes it
+    end: int  # the last statement that reads it (len(stmts) when it is an output or update)
+    offset: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    graph: Graph
+    buffers: tuple[Buffer, ...]
+    arena_bytes: int
+    live_peak_bytes: int  # the most bytes of buffers alive at one statement (a lower bound of any arena)
+    peak_at: int  # the statement where that happens
+
+    def buffer_of(self, name: str) -> Buffer:
+        return self._index[name]
+
+    @property
+    def _index(self) -> dict[str, Buffer]:
+        index = self.__dict__.get("_index_cache")
+        if index is None:
+            index = {v: b for b in self.buffers for v in b.values}
+            object.__setattr__(self, "_index_cache", index)
+        return index
+
+
+def _aligned(n: int) -> int:
+    return max(ALIGN, (n + ALIGN - 1) // ALIGN * ALIGN)
+
+
+def plan(g: Graph) -> Plan:
+    n = len(g.stmts)
+    owner: dict[str, str] = {}  # value -> the value whose buffer holds it
+    start: dict[str, int] = {}
+    end: dict[str, int] = {}
+    size: dict[str, int] = {}
+
+    def root(v: str) -> str:
+        while owner[v] != v:
+            v = owner[v]
+        return v
+
+    for i, s in enumerate(g.stmts):
+        for v in s.inputs:
+            if v.name in owner:
+                r = root(v.name)
+                end[r] = max(end[r], i)
+        shared = None
+        if REGISTRY[s.op].view:
+            shared = s.inputs[0].name
+        elif "inplace" in s.a:
+            shared = s.inputs[s.a["inplace"]].name
+        if shared is not None and shared in owner:
+            owner[s.out.name] = root(shared)
+        else:
+            owner[s.out.name] = s.out.name
+            start[s.out.name], end[s.out.name], size[s.out.name] = i, i, _aligned(s.out.type.nbytes)
+    for _, v in (*g.outputs, *g.updates):
+        if v.name in owner:
+            end[root(v.name)] = n
+    members: dict[str, list[str]] = {}
+    for v in owner:
+        members.setdefault(root(v), []).append(v)
+    roots = sorted(size, key=lambda r: (-size[r], start[r]))
+    placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end)
+    offsets: dict[str, int] = {}
+    for r in roots:
+        busy = sorted((o, o + sz) for o, sz, a, b in placed if a <= end[r] and start[r] <= b)
+        offset = 0
+        for lo, hi in busy:
+            if offset + size[r] <= lo:
+                break
+            offset = max(offset, hi)
+        offsets[r] = offset
+        placed.append((offset, size[r], start[r], end[r]))
+    buffers = tuple(
+        Buffer(tuple(members[r]), size[r], start[r], end[r], offsets[r]) for r in sorted(size, key=lambda r: start[r])
+    )
+    live = [0] * (n + 1)
+    for b in buffers:
+        for i in range(b.start, b.end + 1):
+            live[i] += b.nbytes
+    peak_at = max(range(n + 1), key=lambda i: live[i]) if n else 0
+    arena = max((b.offset + b.nbytes for b in buffers), default=0)
+    return Plan(g, buffers, arena, live[peak_at] if n else 0, min(peak_at, max(n - 1, 0)))
+
+
+def format_plan(p: Plan) -> str:
+    """One line per statement: what it allocates (offset, bytes) and what dies after it."""
+    g = p.graph
+    born = {b.start: b for b in p.buffers}
+    dies: dict[int, list[Buffer]] = {}
+    for b in p.buffers:
+        dies.setdefault(b.end, []).append(b)
+    lines = [f"plan {g.name}: arena {p.arena_bytes:,} bytes, live peak {p.live_peak_bytes:,} bytes at statement "
+             f"{p.peak_at}, {len(p.buffers)} buffers"]  # fmt: skip
+    for i, s in enumerate(g.stmts):
+        b = born.get(i)
+        own = b is not None and s.out.name == b.values[0]
+        where = f"@{b.offset:<12,} {b.nbytes:>12,} B" if own and b is not None else f"{'(shared)':>29}"
+        freed = ", ".join(f"%{x.values[0]}" for x in dies.get(i, []))
+        lines.append(f"  {i:>4} %{s.out.name:<6} {s.op:<24} {where}" + (f"  free {freed}" if freed else ""))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,65 @@
+"""The memory plan: one arena, fixed offsets, exact peak; planned execution equals unplanned execution."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import ROOT
+from helpers import REDUCED, feeds_and_params
+
+from deepdsl import api
+from deepdsl.backends.numpy_runner import run, run_plan
+from deepdsl.memory import ALIGN, plan
+
+
+@pytest.mark.parametrize("name", sorted(REDUCED))
+def test_planned_run_equals_unplanned_and_measured_peak_equals_the_plan(name: str) -> None:
+    sets, _ = REDUCED[name]
+    g = api.compile_file(ROOT / "networks" / f"{name}.ddsl", sets, stop_at="opt").opt
+    p = plan(g)
+    feeds, params = feeds_and_params(g, np.random.default_rng(0))
+    plain = run(g, feeds, params)
+    planned = run_plan(p, feeds, params, poison=True)  # freed regions turn NaN: a read after reuse would show
+    assert planned.peak_bytes == p.arena_bytes
+    for k, v in plain.outputs.items():
+        np.testing.assert_array_equal(planned.outputs[k], v)
+    for k, v in plain.updates.items():
+        np.testing.assert_array_equal(planned.updates[k], v)
+        assert np.all(np.isfinite(planned.updates[k]))
+
+
+@pytest.mark.parametrize("name", ["lenet", "resnet50"])
+def test_buffers_alive_together_never_overlap(name: str) -> None:
+    p = plan(api.compile_file(ROOT / "networks" / f"{name}.ddsl", {"N": 2}, stop_at="opt").opt)
+    assert p.arena_bytes >= p.live_peak_bytes
+    spans = sorted(p.buffers, key=lambda b: b.offset)
+    for b in p.buffers:
+        assert b.offset % ALIGN == 0 and b.nbytes % ALIGN == 0 and b.offset + b.nbytes <= p.arena_bytes
+    for i, a in enumerate(spans):
+        for b in spans[i + 1 :]:
+            if b.offset >= a.offset + a.nbytes:
+                break
+            assert a.end < b.start or b.end < a.start, f"{a.values[0]} and {b.values[0]} share memory while alive"
+
+
+def test_views_and_inplace_results_share_their_buffer() -> None:
+    g = api.compile_file(
+        ROOT / "networks" / "lenet.ddsl", {"N": 2}, stop_at="opt", options=api.Options(disabled=("fuse",))
+    ).opt
+    p = plan(g)
+    for s in g.stmts:
+        if s.op == "reshape":
+            assert p.buffer_of(s.out.name) is p.buffer_of(s.inputs[0].name)
+        if "inplace" in s.a:
+            assert p.buffer_of(s.out.name) is p.buffer_of(s.inputs[s.a["inplace"]].name)
+
+
+def test_run_reports_the_measured_arena_and_ir_prints_the_plan(cli) -> None:  # noqa: ANN001
+    net = str(ROOT / "networks" / "mlp.ddsl")
+    r = cli("run", net, "--set", "N=16", "--iters", "1", "--data", "synthetic", "--json")
+    c = api.compile_file(net, {"N": 16}, stop_at="plan")
+    assert json.loads(r.stdout)["peak_bytes"] == c.plan.arena_bytes
+    r = cli("ir", net, "--stage", "plan", "--set", "N=16")
+    assert r.stdout.startswith(f"plan MLP: arena {c.plan.arena_bytes:,} bytes")
