@@ -134,3 +134,16 @@ def read_source(path: str | Path) -> str:
         raise DslProgramError(f"'{path}' is not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise DslProgramError(f"cannot read '{path}': {exc.strerror or exc}") from None
+
+
+def has_const(c: Compilation, name: str) -> bool:
+    return c.module is not None and any(isinstance(i, ast.Const) and i.name == name for i in c.module.items)
+
+
+def peak_bytes(path: str | Path, sets: dict[str, int | float], options: Options | None = None) -> int:
+    """The planned peak of one training step (persistent storage + inputs + arena)."""
+    from deepdsl.memory.report import report
+
+    c = compile_file(path, sets, stop_at="plan", options=options)
+    assert c.plan is not None
+    return int(report(c.plan)["peak_bytes"])

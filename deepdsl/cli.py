@@ -160,6 +160,36 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
     click.echo(format_graph(graph), nl=False)
 
 
+@cli.command()
+@common
+@click.option("--gpu-mem", "gpu_mem", metavar="SIZE", default=None, help="A budget such as 16GiB: does it fit, and the "
+              "largest batch that does.")  # fmt: skip
+@click.option("--layers/--totals", "with_rows", default=True, help="A row per layer (default), or totals only.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
+def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gpu_mem: str | None, with_rows: bool,
+             as_json: bool) -> None:  # fmt: skip
+    """The static memory plan of one training step of FILE: what is allocated, freed and live, and the peak."""
+    from deepdsl.memory.report import format_report, largest_batch, over_budget, parse_size, report
+
+    budget = None
+    if gpu_mem is not None:
+        try:
+            budget = parse_size(gpu_mem)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--gpu-mem") from None
+    api.compile_file(file, sets, stop_at="plan", c=c, options=options)
+    assert c.plan is not None
+    _warnings(c)
+    r = report(c.plan)
+    if budget is not None:
+        r["budget_bytes"], r["fits"] = budget, r["peak_bytes"] <= budget
+        r["max_batch"] = largest_batch(lambda n: api.peak_bytes(file, {**sets, "N": n}, options), budget) if (
+            api.has_const(c, "N")) else None  # fmt: skip
+    click.echo(json.dumps(r) if as_json else format_report(r, with_rows))
+    if budget is not None and not r["fits"]:
+        raise over_budget(c.plan, r)
+
+
 def stats_json(c: api.Compilation, stage: str | None) -> dict[str, Any]:
     assert c.program is not None and c.train is not None and c.opt is not None
     rows = [("graph", c.program.graph), ("train", c.train), ("opt", c.opt)]

@@ -1,0 +1,156 @@
+"""`deepdsl memcheck`: what one training step needs, from the plan, per layer and in total.
+
+peak = persistent storage (parameters, model state, optimizer state) + the batch's inputs + the arena.
+The naive peak keeps every statement result to the end of the step instead.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from deepdsl.errors import DslProgramError
+from deepdsl.ir import REGISTRY, Graph
+from deepdsl.memory.plan import Plan
+
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """'16GiB', '12GB', '512MiB', '1048576' -> bytes; ValueError on anything else."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in UNITS:
+        raise ValueError(f"{text!r} is not a size such as 16GiB, 12GB or 512MiB")
+    return int(float(m.group(1)) * UNITS[m.group(2).upper()])
+
+
+def flops(g: Graph) -> int:
+    total = 0
+    for s in g.stmts:
+        op = REGISTRY[s.op]
+        primary = s.inputs[: op.arity] if "epilogue" in s.a else s.inputs
+        if op.flops is not None:
+            total += op.flops(tuple(v.type for v in primary), s.out.type, s.a)
+        if "epilogue" in s.a:
+            total += s.out.type.numel
+    return total
+
+
+def report(p: Plan) -> dict[str, Any]:
+    g = p.graph
+    params = sum(q.value.type.nbytes for q in g.params if q.kind == "param")
+    state = sum(q.value.type.nbytes for q in g.params if q.kind == "state")
+    opt = sum(q.value.type.nbytes for q in g.params if q.kind == "opt")
+    inputs = sum(d.value.type.nbytes for d in g.inputs)
+    persistent = params + state + opt + inputs
+    at = g.stmts[p.peak_at] if g.stmts else None
+    where = {"statement": p.peak_at, "value": f"%{at.out.name}" if at else None, "op": at.op if at else None,
+             "layer": at.layer if at else None,
+             "source": f"{at.span.file}:{at.span.line}:{at.span.col}" if at and at.span else None}  # fmt: skip
+    return {
+        "network": g.name,
+        "peak_bytes": persistent + p.arena_bytes,
+        "peak_at": where,
+        "naive_peak_bytes": persistent + sum(b.nbytes for b in p.buffers),
+        "arena_bytes": p.arena_bytes,
+        "parameter_bytes": params,
+        "state_bytes": state,
+        "gradient_bytes": params,
+        "optimizer_state_bytes": opt,
+        "input_bytes": inputs,
+        "workspace_bytes": 0,
+        "train_flops": flops(g),
+        "extra_flops": 0,
+        "remat": "none",
+        "rows": rows(p),
+    }
+
+
+def rows(p: Plan) -> list[dict[str, Any]]:
+    """Per layer, in schedule order: bytes its statements allocate and free, and the arena live after it."""
+    g = p.graph
+    born = {b.start: b for b in p.buffers}
+    dies: dict[int, int] = {}
+    for b in p.buffers:
+        dies[b.end] = dies.get(b.end, 0) + b.nbytes
+    out: list[dict[str, Any]] = []
+    live = 0
+    for i, s in enumerate(g.stmts):
+        alloc = born[i].nbytes if i in born and born[i].values[0] == s.out.name else 0
+        freed = dies.get(i, 0)
+        live += alloc - freed
+        name = s.layer or "(program)"
+        if out and out[-1]["layer"] == name:
+            row = out[-1]
+        else:
+            row = {"layer": name, "statements": 0, "allocated": 0, "freed": 0, "live": 0}
+            out.append(row)
+        row["statements"] += 1
+        row["allocated"] += alloc
+        row["freed"] += freed
+        row["live"] = live
+    return out
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def format_report(r: dict[str, Any], with_rows: bool) -> str:
+    lines = [f"memcheck {r['network']}: one training step"]
+    if with_rows:
+        width = max([5, *(len(x["layer"]) for x in r["rows"])])
+        lines.append(f"  {'layer':<{width}} {'stmts':>5} {'allocated':>14} {'freed':>14} {'arena live':>14}")
+        for x in r["rows"]:
+            sizes = " ".join(f"{mib(x[k]):>14}" for k in ("allocated", "freed", "live"))
+            lines.append(f"  {x['layer']:<{width}} {x['statements']:>5} {sizes}")
+        lines.append("")
+    at = r["peak_at"]
+    lines += [
+        f"  parameters        {mib(r['parameter_bytes'])}",
+        f"  gradients         {mib(r['gradient_bytes'])}  (inside the arena while alive)",
+        f"  optimizer state   {mib(r['optimizer_state_bytes'])}",
+        f"  model state       {mib(r['state_bytes'])}",
+        f"  inputs            {mib(r['input_bytes'])}",
+        f"  arena             {mib(r['arena_bytes'])}  (activations, gradients, temporaries)",
+        f"  peak              {mib(r['peak_bytes'])}  at statement {at['statement']}: {at['value']} = {at['op']}"
+        + (f" in layer {at['layer']}" if at["layer"] else "")
+        + (f" ({at['source']})" if at["source"] else ""),
+        f"  naive peak        {mib(r['naive_peak_bytes'])}  (every value kept to the end)",
+        f"  train FLOPs       {r['train_flops']:,}",
+    ]
+    if "budget_bytes" in r:
+        verdict = "fits" if r["fits"] else "does NOT fit"
+        lines.append(
+            f"  budget            {mib(r['budget_bytes'])}: {verdict}; largest batch that fits: {r['max_batch']}"
+        )
+    return "\n".join(lines)
+
+
+def largest_batch(peak_for: Any, budget: int, limit: int = 1 << 16) -> int:
+    """The largest N with peak_for(N) <= budget (0 if even N = 1 does not fit); peak grows with N."""
+    if peak_for(1) > budget:
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and peak_for(hi) <= budget:
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if peak_for(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def over_budget(p: Plan, r: dict[str, Any]) -> DslProgramError:
+    """The diagnostic for a plan over its --gpu-mem budget, at the peak statement."""
+    at = p.graph.stmts[p.peak_at]
+    layer = f" in layer '{at.layer}'" if at.layer else ""
+    return DslProgramError(
+        f"the plan needs {r['peak_bytes']:,} bytes, over the --gpu-mem budget of {r['budget_bytes']:,}; its peak is "
+        f"at statement {p.peak_at}, %{at.out.name} = {at.op}(...){layer}",
+        at.span,
+        hint=f"a batch of {r['max_batch']} fits (--set N={r['max_batch']})" if r.get("max_batch") else None,
+    )
