@@ -19,7 +19,6 @@ from deepdsl.errors import (
     DslProgramError,
     DslShapeError,
     DslTypeError,
-    DslWarning,
     Note,
     Span,
     did_you_mean,
@@ -27,6 +26,7 @@ from deepdsl.errors import (
 from deepdsl.frontend import arith, ast, calls
 from deepdsl.frontend.builtins import BUILTINS, QUERIES, SPECS
 from deepdsl.frontend.calls import CallArg
+from deepdsl.frontend.params import ParamStore, join, unused_parameter_warnings
 from deepdsl.frontend.program import LayerRow, Program
 from deepdsl.frontend.train import train_config
 from deepdsl.frontend.values import (
@@ -42,7 +42,7 @@ from deepdsl.frontend.values import (
     TensorVal,
     describe,
 )
-from deepdsl.ir import GraphBuilder, Init, InputDef, ParamDef, ShapeError, TensorType, Value
+from deepdsl.ir import GraphBuilder, InputDef, ShapeError, TensorType, Value
 from deepdsl.ir.types import DType
 
 MAX_STEPS = 2_000_000  # evaluation steps before we call a program too large to unroll
@@ -65,8 +65,7 @@ class Elaborator:
         self.b = GraphBuilder(module.network or "Network")
         self.globals = Env({})
         self.declared: dict[str, Span] = {}  # every top-level name, for "used before its definition"
-        self.store: dict[str, tuple[TensorVal, int, int]] = {}  # param name -> (value, owner id, application)
-        self.param_spans: dict[str, Span] = {}
+        self.params = ParamStore(self.b)
         self.rows: list[LayerRow] = []
         self.def_stack: list[str] = []
         self.scope = Scope("")
@@ -128,7 +127,8 @@ class Elaborator:
         if self.predict is not None:
             self.b.output("predict", self.predict.value)
         graph = self.b.build()
-        self._warn_unused(graph)
+        for warning in unused_parameter_warnings(graph):
+            self.diags.add(warning)
         return Program(graph, tuple(self.rows), train, tuple(self.diags.warnings))
 
     def _const_names(self) -> set[str]:
@@ -230,7 +230,7 @@ class Elaborator:
     def _instance(self, value: Function, name: str, span: Span) -> Function:
         if isinstance(value, (LayerInstance, BuiltinFn)) and not _needs_params(value):
             return value
-        return LayerInstance(value, _join(self.scope.path, name), span)
+        return LayerInstance(value, join(self.scope.path, name), span)
 
     def _output(self, item: ast.Loss | ast.Predict) -> None:
         what = "loss" if isinstance(item, ast.Loss) else "predict"
@@ -343,34 +343,7 @@ class Elaborator:
         self, path: str, local: str, shape: tuple[int, ...], init: Spec, span: Span, kind: str = "param"
     ) -> TensorVal:
         """Make parameter `path.local` (or return it, for a shared layer applied again)."""
-        full = _join(path, local)
-        if any(d <= 0 for d in shape):
-            raise DslShapeError(f"parameter {full} would have the shape {list(shape)}", span)
-        owner = id(self.scope.owner) if self.scope.owner is not None else 0
-        if full in self.store:
-            value, who, app = self.store[full]
-            if owner and who == owner and app != self.scope.application:
-                if value.shape != shape:
-                    raise DslShapeError(
-                        f"the shared layer '{self.scope.path}' is applied to an input of another shape: "
-                        f"{full} was made {value.value.type}, here it would be {TensorType(shape)}", span,
-                        notes=[Note("its first application", self.param_spans[full])],
-                    )  # fmt: skip
-                return value
-            raise DslNameError(
-                f"parameter name '{full}' is already used",
-                span,
-                notes=[Note("first made here", self.param_spans[full])],
-                hint='give one of the calls another name="..."',
-            )
-        t = TensorType(shape)
-        fan_in, fan_out = _fans(shape)
-        init_args = tuple(float(v) for _, v in init.args)
-        pdef = ParamDef(Value(full, t), Init(init.name, init_args, fan_in, fan_out), kind, path, span)
-        value = TensorVal(self.b.add_param(pdef), f"parameter '{full}'", span)
-        self.store[full] = (value, owner, self.scope.application)
-        self.param_spans[full] = span
-        return value
+        return self.params.make(self.scope, path, local, shape, init, span, kind)
 
     def emit(self, op: str, xs: tuple[TensorVal, ...], span: Span, path: str, kind: str, **attrs: Any) -> TensorVal:
         try:
@@ -381,39 +354,8 @@ class Elaborator:
         origin = f"{kind} '{path}'" if path else f"`{kind}`"
         return TensorVal(v, origin, span)
 
-    def _warn_unused(self, graph: Any) -> None:
-        needed = {graph.output("loss").name}
-        for s in reversed(graph.stmts):
-            if s.out.name in needed:
-                needed.update(v.name for v in s.inputs)
-        unused: dict[str, list[ParamDef]] = {}
-        for p in graph.trainable:
-            if p.value.name not in needed:
-                unused.setdefault(p.layer, []).append(p)
-        for layer, params in unused.items():
-            listed = ", ".join(p.value.name for p in params)
-            self.diags.add(
-                DslWarning(
-                    f"the parameters of '{layer}' ({listed}) do not affect the loss and will not be trained",
-                    params[0].span,
-                )  # fmt: skip
-            )
-
 
 # ---- helpers ----
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
-
-
-def _fans(shape: tuple[int, ...]) -> tuple[int, int]:
-    if len(shape) == 1:
-        return shape[0], shape[0]
-    receptive = 1
-    for d in shape[2:]:
-        receptive *= d
-    return shape[1] * receptive, shape[0] * receptive
 
 
 def _needs_params(fn: Function) -> bool:

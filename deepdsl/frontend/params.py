@@ -1,0 +1,80 @@
+"""Parameters made during elaboration: names, sharing by layer instances, fans, and unused ones."""
+
+from __future__ import annotations
+
+from deepdsl.errors import DslNameError, DslShapeError, DslWarning, Note, Span
+from deepdsl.frontend.values import Scope, Spec, TensorVal
+from deepdsl.ir import Graph, GraphBuilder, Init, ParamDef, TensorType, Value
+
+
+def join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def fans(shape: tuple[int, ...]) -> tuple[int, int]:
+    if len(shape) == 1:
+        return shape[0], shape[0]
+    receptive = 1
+    for d in shape[2:]:
+        receptive *= d
+    return shape[1] * receptive, shape[0] * receptive
+
+
+class ParamStore:
+    """Every parameter by full name, with the layer instance and application that made it."""
+
+    def __init__(self, builder: GraphBuilder):
+        self.b = builder
+        self.store: dict[str, tuple[TensorVal, int, int]] = {}  # name -> (value, owner id, application)
+        self.spans: dict[str, Span] = {}
+
+    def make(
+        self, scope: Scope, path: str, local: str, shape: tuple[int, ...], init: Spec, span: Span, kind: str = "param"
+    ) -> TensorVal:
+        """Make parameter `path.local` (or return it, for a shared layer applied again)."""
+        full = join(path, local)
+        if any(d <= 0 for d in shape):
+            raise DslShapeError(f"parameter {full} would have the shape {list(shape)}", span)
+        owner = id(scope.owner) if scope.owner is not None else 0
+        if full in self.store:
+            value, who, app = self.store[full]
+            if owner and who == owner and app != scope.application:
+                if value.shape != shape:
+                    raise DslShapeError(
+                        f"the shared layer '{scope.path}' is applied to an input of another shape: "
+                        f"{full} was made {value.value.type}, here it would be {TensorType(shape)}", span,
+                        notes=[Note("its first application", self.spans[full])],
+                    )  # fmt: skip
+                return value
+            raise DslNameError(
+                f"parameter name '{full}' is already used",
+                span,
+                notes=[Note("first made here", self.spans[full])],
+                hint='give one of the calls another name="..."',
+            )
+        t = TensorType(shape)
+        fan_in, fan_out = fans(shape)
+        init_args = tuple(float(v) for _, v in init.args)
+        pdef = ParamDef(Value(full, t), Init(init.name, init_args, fan_in, fan_out), kind, path, span)
+        value = TensorVal(self.b.add_param(pdef), f"parameter '{full}'", span)
+        self.store[full] = (value, owner, scope.application)
+        self.spans[full] = span
+        return value
+
+
+def unused_parameter_warnings(graph: Graph) -> list[DslWarning]:
+    """One warning per layer whose trainable parameters cannot affect the loss."""
+    needed = {graph.output("loss").name}
+    for s in reversed(graph.stmts):
+        if s.out.name in needed:
+            needed.update(v.name for v in s.inputs)
+    unused: dict[str, list[ParamDef]] = {}
+    for p in graph.trainable:
+        if p.value.name not in needed:
+            unused.setdefault(p.layer, []).append(p)
+    warnings = []
+    for layer, params in unused.items():
+        listed = ", ".join(p.value.name for p in params)
+        message = f"the parameters of '{layer}' ({listed}) do not affect the loss and will not be trained"
+        warnings.append(DslWarning(message, params[0].span))
+    return warnings
