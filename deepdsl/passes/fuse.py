@@ -9,6 +9,10 @@ when its reader reads it element for element (otherwise the reduction would be r
 
 Then an element-wise statement that alone reads the result of a conv, full or matmul becomes that
 kernel's epilogue (`epilogue` attr: Read(0) is the kernel's own result), as bias add + ReLU after a conv.
+
+Fusing computes the producer where its reader stands, so the producer's inputs live until then; a merge
+is only made when the inputs it keeps alive longer weigh no more than the buffer it saves, so fusion never
+raises the memory peak.
 """
 
 from __future__ import annotations
@@ -41,14 +45,33 @@ def _form(s: Stmt) -> tuple[tuple, IE, list[Value], tuple[str, ...]] | None:
     return out, op.index_form(tuple(v.type for v in s.inputs), s.out.type, s.a), list(s.inputs), (s.op,)
 
 
+def lifetimes(g: Graph) -> tuple[dict[str, int], dict[str, int], set[str]]:
+    """Where each value is made, where it is last read, and which values are persistent (never freed)."""
+    made = {s.out.name: i for i, s in enumerate(g.stmts)}
+    last: dict[str, int] = {}
+    for i, s in enumerate(g.stmts):
+        for v in s.inputs:
+            last[v.name] = i
+    persistent = {d.value.name for d in g.inputs} | {p.value.name for p in g.params}
+    return made, last, persistent
+
+
+def costs_no_memory(moved: list[Value], saved: Value, to: int, last: dict[str, int], persistent: set[str]) -> bool:
+    """Computing a value later, at statement `to`, keeps the `moved` inputs alive until then instead of
+    `saved`; that never raises the bytes alive at any point when the inputs it extends weigh no more."""
+    extended = {v.name: v.type.nbytes for v in moved if v.name not in persistent and last.get(v.name, to) < to}
+    return sum(extended.values()) <= saved.type.nbytes
+
+
 def fuse_chains(g: Graph) -> Graph:
     count = uses(g)
     pinned = {v.name for _, v in (*g.outputs, *g.updates)}
+    made, last, persistent = lifetimes(g)
     forms: dict[str, tuple] = {}
     merged: set[str] = set()
     out_stmts: list[Stmt] = []
     fresh = [0]
-    for s in g.stmts:
+    for position, s in enumerate(g.stmts):
         form = _form(s)
         if form is None:
             out_stmts.append(s)
@@ -64,6 +87,7 @@ def fuse_chains(g: Graph) -> Graph:
                 or count.get(v.name, 0) != 1
                 or v.name in pinned
                 or not _mergeable(body, k, out, producer)
+                or not costs_no_memory(producer[2], v, position, last, persistent)
             ):
                 k += 1
                 continue
@@ -147,6 +171,8 @@ def _rename_bound(e: IE, tag: str) -> IE:
 def fuse_epilogues(g: Graph) -> Graph:
     count = uses(g)
     pinned = {v.name for _, v in (*g.outputs, *g.updates)}
+    _, last, persistent = lifetimes(g)
+    position = {s.out.name: i for i, s in enumerate(g.stmts)}
     defs = {s.out.name: s for s in g.stmts}
     replace: dict[str, Stmt] = {}  # reader's result -> the host statement with its epilogue
     absorbed: set[str] = set()
@@ -160,6 +186,8 @@ def fuse_epilogues(g: Graph) -> Graph:
             host = defs.get(v.name)
             if (host is None or host.op not in EPILOGUE_HOSTS or "epilogue" in host.a or count.get(v.name) != 1
                     or v.name in pinned or host.out.type != s.out.type or host.out.name in absorbed):  # fmt: skip
+                continue
+            if not costs_no_memory(list(host.inputs), host.out, position[s.out.name], last, persistent):
                 continue
             rs = [r for r in reads(body) if r.input == k]
             if any(r.index != identity for r in rs) or _has_reduce(body):

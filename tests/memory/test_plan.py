@@ -63,3 +63,12 @@ def test_run_reports_the_measured_arena_and_ir_prints_the_plan(cli) -> None:  # 
     assert json.loads(r.stdout)["peak_bytes"] == c.plan.arena_bytes
     r = cli("ir", net, "--stage", "plan", "--set", "N=16")
     assert r.stdout.startswith(f"plan MLP: arena {c.plan.arena_bytes:,} bytes")
+
+
+@pytest.mark.parametrize("name", sorted(REDUCED))
+def test_the_optimiser_never_raises_the_planned_peak(name: str) -> None:
+    sets, _ = REDUCED[name]
+    path = ROOT / "networks" / f"{name}.ddsl"
+    unoptimised = api.compile_file(path, sets, stop_at="plan", options=api.Options(level=0)).plan
+    optimised = api.compile_file(path, sets, stop_at="plan").plan
+    assert optimised.arena_bytes <= unoptimised.arena_bytes
