@@ -77,6 +77,11 @@ def run(
 
 
 def _execute(s: Stmt, env: dict[str, np.ndarray], dtype: type) -> np.ndarray:
+    with np.errstate(all="ignore"):  # NaN and Inf are found and reported by the caller, not printed by NumPy
+        return _kernel(s, env, dtype)
+
+
+def _kernel(s: Stmt, env: dict[str, np.ndarray], dtype: type) -> np.ndarray:
     op = REGISTRY[s.op]
     assert op.numpy is not None, f"op {s.op} has no NumPy kernel"
     xs = tuple(env[v.name] for v in s.inputs)
