@@ -180,8 +180,6 @@ def bind_args(
     el: Elaborator, fname: str, specs: tuple[ArgSpec, ...], args: tuple[CallArg, ...], span: Span
 ) -> dict[str, Any]:
     """Match arguments to a built-in's signature, convert and range-check them."""
-    out: dict[str, Any] = {}
-    where: dict[str, Span] = {}
     positional = [a for a in args if a.name is None]
     if len(positional) > len(specs):
         extra = positional[len(specs)]
@@ -191,20 +189,9 @@ def bind_args(
         rest = ", ".join(s.name for s in specs)
         takes = " then ".join(t for t in (tensors, rest) if t) or "no arguments"
         raise DslArgumentError(f"too many arguments for {fname}: it takes {takes}", extra.span)
-    for spec, a in zip(specs, positional):
-        out[spec.name], where[spec.name] = a.value, a.span
     names = [s.name for s in specs]
-    for a in args:
-        if a.name is None:
-            continue
-        if a.name not in names:
-            raise DslArgumentError(
-                f"{fname} has no argument '{a.name}'", a.span, hint=did_you_mean(a.name, names)
-                or (f"its arguments are: {', '.join(names)}" if names else f"{fname} takes no arguments"),
-            )  # fmt: skip
-        if a.name in out:
-            raise DslArgumentError(f"argument '{a.name}' of {fname} is given twice", a.span)
-        out[a.name], where[a.name] = a.value, a.span
+    listing = f"its arguments are: {', '.join(names)}" if names else f"{fname} takes no arguments"
+    out, where = match_arguments(fname, "argument", names, args, listing)
     for spec in specs:
         if spec.name not in out:
             if spec.default is REQUIRED:
@@ -253,31 +240,40 @@ def call_def(el: Elaborator, node: ast.Def, args: tuple[CallArg, ...], span: Spa
 
 
 def bind_def(el: Elaborator, node: ast.Def, args: tuple[CallArg, ...], span: Span) -> Env:
-    values: dict[str, Any] = {}
     params = [p.name for p in node.params]
     positional = [a for a in args if a.name is None]
     if len(positional) > len(params):
         raise DslArgumentError(
             f"'{node.name}' takes {len(params)} arguments, got {len(positional)}", positional[len(params)].span
         )
-    for p, a in zip(params, positional):
-        values[p] = a.value
-    for a in args:
-        if a.name is None:
-            continue
-        if a.name not in params:
-            raise DslArgumentError(
-                f"'{node.name}' has no parameter '{a.name}'", a.span, hint=did_you_mean(a.name, params)
-            )
-        if a.name in values:
-            raise DslArgumentError(f"argument '{a.name}' of '{node.name}' is given twice", a.span)
-        values[a.name] = a.value
+    values, _ = match_arguments(f"'{node.name}'", "parameter", params, args)
     for p in node.params:
         if p.name not in values:
             if p.default is None:
                 raise DslArgumentError(f"'{node.name}' needs its argument '{p.name}'", span)
             values[p.name] = el.eval(p.default, el.globals)
     return Env(values, el.globals)
+
+
+def match_arguments(
+    what: str, noun: str, names: list[str], args: tuple[CallArg, ...], listing: str | None = None
+) -> tuple[dict[str, Any], dict[str, Span]]:
+    """Positional arguments in order, then keywords by name (the caller has checked the positional count).
+    An unknown keyword gets the nearest name as a hint, else `listing`; a name given twice is an error."""
+    values: dict[str, Any] = {}
+    where: dict[str, Span] = {}
+    for name, a in zip(names, (a for a in args if a.name is None)):
+        values[name], where[name] = a.value, a.span
+    for a in args:
+        if a.name is None:
+            continue
+        if a.name not in names:
+            hint = did_you_mean(a.name, names) or listing
+            raise DslArgumentError(f"{what} has no {noun} '{a.name}'", a.span, hint=hint)
+        if a.name in values:
+            raise DslArgumentError(f"argument '{a.name}' of {what} is given twice", a.span)
+        values[a.name], where[a.name] = a.value, a.span
+    return values, where
 
 
 def take_name(args: tuple[CallArg, ...]) -> tuple[str | None, tuple[CallArg, ...]]:
