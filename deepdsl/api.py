@@ -34,7 +34,9 @@ class Compilation:
     train: Graph | None = None
     infer: Graph | None = None
     opt: Graph | None = None  # the optimised training program
-    plan: Plan | None = None  # its memory plan
+    plan: Plan | None = None  # its memory plan (of the program rematerialised at level `remat`)
+    remat: str = "none"
+    extra_flops: int = 0  # what rematerialisation recomputes
     passes: tuple[PassStat, ...] = ()
 
 
@@ -46,6 +48,7 @@ class Options:
     disabled: tuple[str, ...] = ()
     check: bool = False  # run the IR verifier after every pass
     dump_after: Callable[[str, Graph], None] | None = None
+    remat: str | None = None  # none, cheap or full; None: none, or with a budget the least that fits
 
 
 def optimise(g: Graph, options: Options) -> tuple[Graph, tuple[PassStat, ...]]:
@@ -102,7 +105,7 @@ def compile_source(
     if stop_at in ("opt", "plan"):
         c.opt, c.passes = optimise(c.train, options or Options())
     if stop_at == "plan":
-        c.plan = plan(c.opt)
+        plan_stage(c, (options or Options()).remat or "none")
     elif stop_at == "infer":
         c.infer = infer_program(c.program.graph)
     return c
@@ -138,6 +141,30 @@ def read_source(path: str | Path) -> str:
 
 def has_const(c: Compilation, name: str) -> bool:
     return c.module is not None and any(isinstance(i, ast.Const) and i.name == name for i in c.module.items)
+
+
+def plan_stage(c: Compilation, remat: str) -> Plan:
+    """Rematerialise the optimised program at level `remat` and plan it."""
+    from deepdsl.memory.remat import rematerialise
+    from deepdsl.memory.report import flops
+
+    assert c.opt is not None
+    g = rematerialise(c.opt, remat)
+    c.plan, c.remat = plan(g), remat
+    c.extra_flops = flops(g) - flops(c.opt) if g is not c.opt else 0
+    return c.plan
+
+
+def plan_within(c: Compilation, budget: int) -> Plan:
+    """The plan with the least rematerialisation whose peak fits `budget` (the `full` one when none does)."""
+    from deepdsl.memory.remat import LEVELS
+    from deepdsl.memory.report import total_peak
+
+    for level in LEVELS:
+        p = plan_stage(c, level)
+        if total_peak(p) <= budget:
+            break
+    return p
 
 
 def peak_bytes(path: str | Path, sets: dict[str, int | float], options: Options | None = None) -> int:

@@ -67,11 +67,17 @@ def common(fn: Callable[..., Any]) -> Callable[..., Any]:
                   help="Optimisation level: -O0 none, -O1 simplify/cse/dce, -O2 everything.")  # fmt: skip
     @click.option("--no-pass", "no_pass", multiple=True, callback=_parse_passes, metavar="NAME",
                   help=f"Switch one optimiser pass off (repeatable): {', '.join(PASS_NAMES)}.")  # fmt: skip
+    @click.option("--remat", type=click.Choice(["none", "cheap", "full"]), default=None,
+                  help="Recompute forward values in the backward pass instead of keeping them: cheap (element-wise, "
+                  "batch-norm apply, ReLU) or full (also checkpointed segments). Default none; with --gpu-mem, the "
+                  "least that fits.")  # fmt: skip
     @wraps(fn)
-    def run(file: str, sets: dict[str, int | float], level: int, no_pass: tuple[str, ...], **kw: Any) -> None:
+    def run(
+        file: str, sets: dict[str, int | float], level: int, no_pass: tuple[str, ...], remat: str | None, **kw: Any
+    ) -> None:
         c = api.Compilation()
         try:
-            fn(c, file, sets, api.Options(level, no_pass), **kw)
+            fn(c, file, sets, api.Options(level, no_pass, remat=remat), **kw)
         except DslError as err:
             click.echo(render(err, c.sources), err=True)
             sys.exit(EXIT_USER)
@@ -178,12 +184,15 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--gpu-mem") from None
     api.compile_file(file, sets, stop_at="plan", c=c, options=options)
-    assert c.plan is not None
+    assert c.plan is not None and c.program is not None
     _warnings(c)
-    r = report(c.plan)
+    if budget is not None and options.remat is None:
+        api.plan_within(c, budget)
+    r = report(c.plan, c.program.graph, c.remat, c.extra_flops, c.opt)
     if budget is not None:
         r["budget_bytes"], r["fits"] = budget, r["peak_bytes"] <= budget
-        r["max_batch"] = largest_batch(lambda n: api.peak_bytes(file, {**sets, "N": n}, options), budget) if (
+        at_level = dataclasses.replace(options, remat=c.remat)
+        r["max_batch"] = largest_batch(lambda n: api.peak_bytes(file, {**sets, "N": n}, at_level), budget) if (
             api.has_const(c, "N")) else None  # fmt: skip
     click.echo(json.dumps(r) if as_json else format_report(r, with_rows))
     if budget is not None and not r["fits"]:

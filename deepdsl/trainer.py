@@ -24,6 +24,7 @@ from deepdsl.frontend.program import Program
 from deepdsl.initializers import init_array
 from deepdsl.ir import Graph, ParamDef
 from deepdsl.memory import plan
+from deepdsl.memory.remat import rematerialise
 
 
 @dataclass
@@ -51,7 +52,8 @@ class Trainer:
             if any(n == "predict" for n, _ in program.graph.outputs)
             else None
         )
-        self.plan = plan(self.train_graph) if dtype == np.float32 else None  # float64 runs without an arena
+        # float64 runs without an arena
+        self.plan = plan(rematerialise(self.train_graph, options.remat or "none")) if dtype == np.float32 else None
         self.batch = next(d for d in program.graph.inputs if d.kind == "input").value.type.shape[0]
         self.shuffle = self.seed if cfg.shuffle else None
         self.arrays: dict[str, np.ndarray] = {p.value.name: self._init(p) for p in self.train_graph.params}

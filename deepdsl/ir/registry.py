@@ -26,6 +26,20 @@ FlopsRule = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], int]
 IndexForm = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], Any]
 # (builder, the statement, autodiff.LowerContext) -> the Value that replaces the statement's output
 LowerRule = Callable[[Any, Any, Any], Any]
+# (input types, output type, attrs) -> bytes of scratch the op's kernel needs while it runs
+WorkspaceRule = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], int]
+
+
+@dataclass(frozen=True)
+class Saves:
+    """What an eager autograd framework (PyTorch) keeps of an op for its backward pass (the eager baseline).
+
+    `which` names kept values: input positions and "out"; `extra` gives the bytes of what it keeps besides
+    (max-pool indices, batch-norm statistics, a dropout mask) from (input types, output type, attrs).
+    """
+
+    which: tuple[int | str, ...] = ()
+    extra: Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], int] | None = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +56,8 @@ class OpDef:
     lower: LowerRule | None = None  # ops the train/infer programs rewrite into others (batch_norm, dropout)
     differentiable: bool = True  # False for ops whose output carries no gradient (argmax, accuracy)
     index_form: IndexForm | None = None  # element-wise ops and simple reductions: what fusion composes
+    workspace: WorkspaceRule | None = None  # scratch beyond the output (an im2col matrix); None: none
+    saves: Saves | None = None  # what eager autograd keeps of the op (memcheck's eager baseline); None: nothing
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -96,6 +112,16 @@ def index_form(*names: str) -> Callable[[IndexForm], IndexForm]:
 
 def lowering(*names: str) -> Callable[[LowerRule], LowerRule]:
     return _attach_all(names, "lower")
+
+
+def workspace_rule(*names: str) -> Callable[[WorkspaceRule], WorkspaceRule]:
+    return _attach_all(names, "workspace")
+
+
+def eager_saves(*names: str, which: tuple[int | str, ...] = (), extra: Callable | None = None) -> None:
+    """Declare what an eager framework keeps of each op in `names` for its backward pass (see `Saves`)."""
+    for name in names:
+        _attach(name, "saves")(Saves(which, extra))
 
 
 def _attach_all(names: tuple[str, ...], field: str) -> Callable[[Callable], Callable]:

@@ -46,7 +46,7 @@ class Plan:
         return index
 
 
-def _aligned(n: int) -> int:
+def aligned(n: int) -> int:
     return max(ALIGN, (n + ALIGN - 1) // ALIGN * ALIGN)
 
 
@@ -76,7 +76,7 @@ def plan(g: Graph) -> Plan:
             owner[s.out.name] = root(shared)
         else:
             owner[s.out.name] = s.out.name
-            start[s.out.name], end[s.out.name], size[s.out.name] = i, i, _aligned(s.out.type.nbytes)
+            start[s.out.name], end[s.out.name], size[s.out.name] = i, i, aligned(s.out.type.nbytes)
     for _, v in (*g.outputs, *g.updates):
         if v.name in owner:
             end[root(v.name)] = n

@@ -11,7 +11,7 @@ from typing import Any
 
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import REGISTRY, Graph
-from deepdsl.memory.plan import Plan
+from deepdsl.memory.plan import Plan, aligned
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -36,13 +36,34 @@ def flops(g: Graph) -> int:
     return total
 
 
-def report(p: Plan) -> dict[str, Any]:
+def persistent_bytes(g: Graph) -> int:
+    """Parameters, model and optimizer state, and the batch's inputs: storage outside the arena."""
+    return sum(q.value.type.nbytes for q in g.params) + sum(d.value.type.nbytes for d in g.inputs)
+
+
+def total_peak(p: Plan) -> int:
+    return persistent_bytes(p.graph) + p.arena_bytes
+
+
+def naive_arena_bytes(g: Graph) -> int:
+    """Every statement result kept to the end of the step, each in its own buffer (views share their base's)."""
+    return sum(aligned(s.out.type.nbytes) for s in g.stmts if not REGISTRY[s.op].view)
+
+
+def report(
+    p: Plan, forward: Graph | None = None, remat: str = "none", extra_flops: int = 0, naive: Graph | None = None
+) -> dict[str, Any]:
+    """The memcheck figures of plan `p`; with the forward graph, the eager baseline too (DESIGN §5). The naive
+    baseline is taken over `naive`, the program before rematerialisation, when given."""
+    from deepdsl.memory.eager import eager_peak_bytes
+
     g = p.graph
     params = sum(q.value.type.nbytes for q in g.params if q.kind == "param")
     state = sum(q.value.type.nbytes for q in g.params if q.kind == "state")
     opt = sum(q.value.type.nbytes for q in g.params if q.kind == "opt")
     inputs = sum(d.value.type.nbytes for d in g.inputs)
     persistent = params + state + opt + inputs
+    train_flops = flops(g) - extra_flops
     at = g.stmts[p.peak_at] if g.stmts else None
     where = {"statement": p.peak_at, "value": f"%{at.out.name}" if at else None, "op": at.op if at else None,
              "layer": at.layer if at else None,
@@ -51,7 +72,8 @@ def report(p: Plan) -> dict[str, Any]:
         "network": g.name,
         "peak_bytes": persistent + p.arena_bytes,
         "peak_at": where,
-        "naive_peak_bytes": persistent + sum(b.nbytes for b in p.buffers),
+        "naive_peak_bytes": persistent + naive_arena_bytes(naive if naive is not None else g),
+        "eager_peak_bytes": eager_peak_bytes(forward, g) if forward is not None else None,
         "arena_bytes": p.arena_bytes,
         "parameter_bytes": params,
         "state_bytes": state,
@@ -59,9 +81,9 @@ def report(p: Plan) -> dict[str, Any]:
         "optimizer_state_bytes": opt,
         "input_bytes": inputs,
         "workspace_bytes": 0,
-        "train_flops": flops(g),
-        "extra_flops": 0,
-        "remat": "none",
+        "train_flops": train_flops,
+        "extra_flops": extra_flops,
+        "remat": remat,
         "rows": rows(p),
     }
 
@@ -116,9 +138,18 @@ def format_report(r: dict[str, Any], with_rows: bool) -> str:
         f"  peak              {mib(r['peak_bytes'])}  at statement {at['statement']}: {at['value']} = {at['op']}"
         + (f" in layer {at['layer']}" if at["layer"] else "")
         + (f" ({at['source']})" if at["source"] else ""),
-        f"  naive peak        {mib(r['naive_peak_bytes'])}  (every value kept to the end)",
-        f"  train FLOPs       {r['train_flops']:,}",
+        f"  naive peak        {mib(r['naive_peak_bytes'])}  (every value kept to the end)"
+        + f", {r['naive_peak_bytes'] / r['peak_bytes']:.2f}x the peak",
     ]
+    if r.get("eager_peak_bytes"):
+        lines.append(
+            f"  eager peak        {mib(r['eager_peak_bytes'])}  (kept for the backward pass by eager autograd, "
+            f"with parameters, gradients, optimizer state); the peak is "
+            f"{r['peak_bytes'] / r['eager_peak_bytes']:.2f}x that"
+        )
+    lines.append(f"  train FLOPs       {r['train_flops']:,}")
+    extra = f" (+{r['extra_flops']:,} FLOPs, {100 * r['extra_flops'] / max(r['train_flops'], 1):.1f}% of a step)"
+    lines.append(f"  rematerialised    {r['remat']}" + (extra if r["remat"] != "none" else ""))
     if "budget_bytes" in r:
         verdict = "fits" if r["fits"] else "does NOT fit"
         lines.append(

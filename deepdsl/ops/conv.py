@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from deepdsl.ir.registry import defop, flops_rule, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank, window_out
@@ -141,3 +141,7 @@ def _conv2d_vjp(b: Any, s: Any, g: Any) -> tuple:
     gx = _e(b, s, "conv2d_backward_data", g, w, in_shape=x.type.shape, **conv)
     gw = _e(b, s, "conv2d_backward_filter", x, g, w_shape=w.type.shape, **conv)
     return (gx, gw)
+
+
+# what eager autograd keeps: the input and the weight (DESIGN §5, the eager baseline)
+eager_saves("conv2d", which=(0, 1))

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, flops_rule, index_form, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, numpy_kernel, vjp_rule
 from deepdsl.ir.types import TensorType
 from deepdsl.ops._helpers import binary_same, unary_same
 from deepdsl.ops._helpers import emit_like as _e
@@ -201,3 +201,9 @@ for _name in ("sigmoid", "tanh", "exp", "log", "sqrt", "abs"):
 for _name, _fn in _FORMS.items():
     index_form(_name)(pointwise(_fn))
 index_form("fill")(lambda types, out, a: c(a["value"]))
+
+
+# what eager autograd keeps for the backward pass (PyTorch's derivative formulas)
+eager_saves("relu", "sigmoid", "tanh", "exp", "sqrt", which=("out",))
+eager_saves("log", "abs", "leaky_relu", "pow_scalar", "rdiv_scalar", which=(0,))
+eager_saves("mul", "div", which=(0, 1))

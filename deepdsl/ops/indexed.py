@@ -12,7 +12,7 @@ import numpy as np
 
 from deepdsl.ir import index_grad
 from deepdsl.ir.indexexpr import IE, Apply, Const, Read, Reduce, Var, reads, renumber
-from deepdsl.ir.registry import defop, flops_rule, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 
@@ -138,3 +138,7 @@ def apply_epilogue(primary: np.ndarray, extras: tuple[np.ndarray, ...], epilogue
     """An op's result passed through its fused element-wise epilogue (Read(0) is the result itself)."""
     out = tuple((f"i{k}", n) for k, n in enumerate(primary.shape))
     return evaluate(epilogue, out, (primary, *extras), primary.dtype)
+
+
+# eager autograd keeps every input of a tensor function (its gradient may read any of them)
+eager_saves("indexed", which=("all",))

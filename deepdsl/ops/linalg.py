@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, flops_rule, index_form, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
@@ -143,3 +143,6 @@ def transpose(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorTyp
 
 numpy_kernel("transpose")(lambda xs, a: np.ascontiguousarray(np.transpose(xs[0], a["perm"])))
 flops_rule("transpose")(lambda types, out, a: out.numel)
+
+
+eager_saves("linear", "matmul", "batch_matmul", which=(0, 1))  # what eager autograd keeps

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, flops_rule, index_form, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, numpy_kernel, vjp_rule
 from deepdsl.ir.types import DType, ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
@@ -176,3 +176,9 @@ def _mse_vjp(b: Any, s: Any, g: Any) -> tuple:
 def _mse_backward_form(types: tuple[TensorType, ...], out: TensorType, a: dict) -> Any:
     x, t, g = (read(k, ty, out) for k, ty in enumerate(types))
     return ap("*", ap("-", x, t), ap("/", ap("*", c(2), g), c(out.numel)))
+
+
+# what eager autograd keeps: the log-probabilities and the labels (cross_entropy = log_softmax + nll_loss)
+eager_saves("softmax_cross_entropy", which=(1,), extra=lambda types, out, a: types[0].nbytes)
+eager_saves("softmax", "log_softmax", which=("out",))
+eager_saves("cross_entropy", "mse", which=(0, 1))

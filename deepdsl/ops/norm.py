@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, flops_rule, index_form, lowering, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, lowering, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
@@ -177,4 +177,14 @@ def _bn_apply_form(types: tuple[TensorType, ...], out: TensorType, a: dict) -> A
 
 index_form("running_update")(
     pointwise(lambda a, r, v: ap("+", ap("*", c(1 - a["momentum"]), r), ap("*", c(a["momentum"] * a["correction"]), v)))
+)
+
+
+# what eager autograd keeps: the input and the batch's mean and inverse deviation per channel; for LRN (composite
+# in PyTorch) the input, the squares padded by size - 1 channels, the scale and its power
+eager_saves("batch_norm", which=(0,), extra=lambda types, out, a: 2 * types[0].shape[1] * 4)
+eager_saves(
+    "lrn",
+    which=(0,),
+    extra=lambda types, out, a: 2 * out.nbytes + out.nbytes // out.shape[1] * (out.shape[1] + a["size"] - 1),
 )

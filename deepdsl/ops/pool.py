@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, flops_rule, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank, window_out
@@ -199,3 +199,8 @@ def _avg_pool_vjp(b: Any, s: Any, g: Any) -> tuple:
 @vjp_rule("global_avg_pool")
 def _global_avg_pool_vjp(b: Any, s: Any, g: Any) -> tuple:
     return (_e(b, s, "global_avg_pool_backward", g, in_shape=s.inputs[0].type.shape),)
+
+
+# what eager autograd keeps: the input, and for max pooling the int64 index of each output's maximum
+eager_saves("max_pool2d", which=(0,), extra=lambda types, out, a: out.numel * 8)
+eager_saves("avg_pool2d", "global_avg_pool", which=(0,))

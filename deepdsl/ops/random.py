@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from deepdsl.initializers import stream_seed, uniform_array
-from deepdsl.ir.registry import defop, flops_rule, lowering, numpy_kernel
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, lowering, numpy_kernel
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import unary_same
@@ -57,3 +57,6 @@ def _dropout_mask(xs: tuple, a: dict) -> np.ndarray:
 @flops_rule("dropout_mask")
 def _flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
     return out.numel
+
+
+eager_saves("dropout", extra=lambda types, out, a: out.numel)  # eager autograd keeps a one-byte mask per element

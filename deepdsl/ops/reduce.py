@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from deepdsl.ir.indexexpr import IE, Affine, Read, Reduce
-from deepdsl.ir.registry import defop, flops_rule, index_form, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._index_forms import ap, c, pointwise
@@ -172,3 +172,6 @@ def _sum_axes(types: tuple[TensorType, ...], a: dict[str, Any]) -> TensorType:
 
 numpy_kernel("sum_axes")(lambda xs, a: np.sum(xs[0], axis=tuple(a["axes"])))
 flops_rule("sum_axes")(lambda types, out, a: types[0].numel)
+
+
+eager_saves("sum_squares", which=(0,))  # what eager autograd keeps
