@@ -107,8 +107,8 @@ def run_plan(p: Plan, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray
     for d in g.inputs:
         x = np.asarray(feeds[d.value.name])
         env[d.value.name] = x.astype(np.float32) if d.kind == "input" else x
-    for q in g.params:
-        env[q.value.name] = np.asarray(params[q.value.name], dtype=np.float32)
+    for q in g.params:  # a copy: updates in the plan's in_state are written into it
+        env[q.value.name] = np.array(params[q.value.name], dtype=np.float32)
     dies: dict[int, list] = {}
     for b in p.buffers:
         dies.setdefault(b.end, []).append(b)
@@ -118,6 +118,10 @@ def run_plan(p: Plan, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray
         dtype = np.float32 if t.dtype.value == "f32" else np.int64
         if REGISTRY[s.op].view:
             env[s.out.name] = env[s.inputs[0].name].reshape(t.shape)
+        elif s.out.name in p.in_state:  # written over the parameter it replaces, outside the arena
+            storage = env[p.in_state[s.out.name]]
+            np.copyto(storage, _execute(s, env, np.float32))
+            env[s.out.name] = storage
         else:
             out = _execute(s, env, np.float32)
             b = p.buffer_of(s.out.name)

@@ -5,14 +5,17 @@ are outputs or updates live to the end). A view (reshape) shares its base's buff
 a statement marked `inplace=k` writes into input k's buffer, so the two share one buffer too. Offsets are
 assigned greedily, largest buffer first, at the lowest offset that overlaps no buffer alive at the same
 time; the arena is the highest end offset, which is the exact peak of the arena (inputs, parameters and
-optimizer state live in their own persistent storage).
+optimizer state live in their own persistent storage). An update whose statement is the last reader of the
+parameter or state it replaces, and reads it only element for element, is written straight into that storage
+(`Plan.in_state`): a gradient then dies at its parameter's update instead of turning into a buffer that lives
+to the end of the step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from deepdsl.ir import REGISTRY, Graph
+from deepdsl.ir import REGISTRY, Graph, Stmt
 
 ALIGN = 256  # bytes: CUDA's allocation alignment, so every buffer suits vector loads
 
@@ -33,6 +36,9 @@ class Plan:
     arena_bytes: int
     live_peak_bytes: int  # the most bytes of buffers alive at one statement (a lower bound of any arena)
     peak_at: int  # the statement where that happens
+    # update values written straight into the storage of the parameter or state they replace (no arena space):
+    # value name -> parameter name; legal because the statement computing it is that storage's last reader
+    in_state: dict[str, str] = field(default_factory=dict)
 
     def buffer_of(self, name: str) -> Buffer:
         return self._index[name]
@@ -51,7 +57,17 @@ def aligned(n: int) -> int:
 
 
 def plan(g: Graph) -> Plan:
+    """The plan of `g` in the memory-aware schedule (memory/schedule.py), or in the program's own order where
+    that happens to place into a smaller arena."""
+    from deepdsl.memory.schedule import schedule
+
+    return min((place(schedule(g)), place(g)), key=lambda p: p.arena_bytes)
+
+
+def place(g: Graph) -> Plan:
+    """Lifetimes and arena offsets of the statements of `g`, in their order."""
     n = len(g.stmts)
+    in_state = updates_in_state(g)
     owner: dict[str, str] = {}  # value -> the value whose buffer holds it
     start: dict[str, int] = {}
     end: dict[str, int] = {}
@@ -67,6 +83,8 @@ def plan(g: Graph) -> Plan:
             if v.name in owner:
                 r = root(v.name)
                 end[r] = max(end[r], i)
+        if s.out.name in in_state:
+            continue
         shared = None
         if REGISTRY[s.op].view:
             shared = s.inputs[0].name
@@ -104,7 +122,48 @@ def plan(g: Graph) -> Plan:
             live[i] += b.nbytes
     peak_at = max(range(n + 1), key=lambda i: live[i]) if n else 0
     arena = max((b.offset + b.nbytes for b in buffers), default=0)
-    return Plan(g, buffers, arena, live[peak_at] if n else 0, min(peak_at, max(n - 1, 0)))
+    return Plan(g, buffers, arena, live[peak_at] if n else 0, min(peak_at, max(n - 1, 0)), in_state)
+
+
+def updates_in_state(g: Graph) -> dict[str, str]:
+    """Update values whose statement is the last reader of the storage they replace (and that no view, in-place
+    partner or other update shares): they can be written there directly."""
+    last: dict[str, int] = {}
+    viewed: set[str] = set()
+    for i, s in enumerate(g.stmts):
+        for v in s.inputs:
+            last[v.name] = i
+        if REGISTRY[s.op].view:
+            viewed.add(s.inputs[0].name)
+    made = {s.out.name: (i, s) for i, s in enumerate(g.stmts)}
+    counts: dict[str, int] = {}
+    for _, v in (*g.outputs, *g.updates):
+        counts[v.name] = counts.get(v.name, 0) + 1
+    out: dict[str, str] = {}
+    for target, v in g.updates:
+        if v.name not in made or counts[v.name] > 1 or v.name in viewed:
+            continue
+        i, s = made[v.name]
+        if not REGISTRY[s.op].view and last.get(target, -1) <= i and _reads_pointwise(s, target):
+            out[v.name] = target
+    return out
+
+
+def _reads_pointwise(s: Stmt, name: str) -> bool:
+    """Whether `s` reads `name` at most element for element (each output element from the same input element),
+    so that writing its result over `name` as it goes is safe."""
+    from deepdsl.ir.indexexpr import Affine, Read, reads
+    from deepdsl.passes.fuse import _form, _has_reduce
+
+    if all(v.name != name for v in s.inputs):
+        return True
+    form = _form(s)
+    if form is None or _has_reduce(form[1]):
+        return False
+    out, body, inputs, _ = form
+    identity = tuple(Affine.var(n) for n, _ in out)
+    ks = {k for k, v in enumerate(inputs) if v.name == name}
+    return all(r.index == identity for r in reads(body) if isinstance(r, Read) and r.input in ks)
 
 
 def format_plan(p: Plan) -> str:

@@ -176,9 +176,12 @@ def fuse_epilogues(g: Graph) -> Graph:
     defs = {s.out.name: s for s in g.stmts}
     replace: dict[str, Stmt] = {}  # reader's result -> the host statement with its epilogue
     absorbed: set[str] = set()
+    updates = {v.name for _, v in g.updates}
     for s in g.stmts:
         form = _form(s)
-        if form is None:
+        # an update stays element-wise: the plan writes it straight over its parameter or optimizer state, which
+        # a product with an epilogue could not do (the epilogue reads the old value after the product is written)
+        if form is None or s.out.name in updates:
             continue
         out, body, inputs, _ = form
         identity = tuple(Affine.var(n) for n, _ in out)

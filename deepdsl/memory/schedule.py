@@ -1,0 +1,71 @@
+"""The statement order the plan follows (DESIGN §5): the program's own order, with every statement that frees at
+least as much as it allocates moved up to the moment it becomes ready (an update that is its parameter's last
+reader allocates nothing: the plan writes it into the parameter's storage).
+
+Such a statement can only lower the live bytes by running earlier: its inputs die (it is their last reader) and
+its result is no bigger than what they free. The typical case is a parameter's optimizer update, which becomes
+ready when the parameter's gradient is complete: run then, the gradient (and, in place, its update) dies at once
+instead of living through the rest of the backward pass. Everything else keeps its relative order, which the
+optimiser's motion pass already chose for short live ranges.
+"""
+
+from __future__ import annotations
+
+from deepdsl.ir import REGISTRY, Graph, Stmt
+from deepdsl.memory.plan import _reads_pointwise, aligned
+
+
+def schedule(g: Graph) -> Graph:
+    stmts = g.stmts
+    made = {s.out.name: i for i, s in enumerate(stmts)}
+    readers: dict[str, list[int]] = {}
+    for i, s in enumerate(stmts):
+        for v in {v.name for v in s.inputs}:
+            readers.setdefault(v, []).append(i)
+    pinned = {v.name for _, v in (*g.outputs, *g.updates)}
+    producer = {s.out.name: s for s in stmts}
+    target = {v.name: name for name, v in g.updates if v.name in producer and _reads_pointwise(producer[v.name], name)}
+    waiting = [sum(1 for v in {v.name for v in s.inputs} if v in made) for s in stmts]  # inputs not yet computed
+    unread = {v: len(r) for v, r in readers.items()}  # readers not yet run
+    done = [False] * len(stmts)
+    order: list[Stmt] = []
+
+    def frees_enough(i: int) -> bool:
+        s = stmts[i]
+        if REGISTRY[s.op].view or ("inplace" in s.a and unread.get(s.inputs[s.a["inplace"]].name) != 1):
+            return False  # an in-place statement must stay its input's last reader
+        freed = sum(
+            aligned(v.type.nbytes) for v in {v.name: v for v in s.inputs}.values()
+            if v.name in made and v.name not in pinned and unread[v.name] == 1 and not _viewed(v.name, stmts, readers)
+        )  # fmt: skip
+        if s.out.name in target and unread.get(target[s.out.name], 0) <= 1:
+            return True  # an update that can go straight into its parameter's storage: it takes no arena space
+        return freed > 0 and aligned(s.out.type.nbytes) <= freed
+
+    def emit(i: int) -> None:
+        done[i] = True
+        s = stmts[i]
+        order.append(s)
+        touched = []
+        for v in {v.name for v in s.inputs}:
+            if v in unread:
+                unread[v] -= 1
+                touched.append(v)
+        for r in readers.get(s.out.name, ()):
+            waiting[r] -= 1
+        # readers that became ready, and readers of inputs that now have one reader left, may free enough now
+        candidates = [r for r in readers.get(s.out.name, ()) if waiting[r] == 0]
+        candidates += [r for v in touched if unread[v] == 1 for r in readers[v]]
+        for r in candidates:
+            if not done[r] and waiting[r] == 0 and frees_enough(r):
+                emit(r)
+
+    for i in range(len(stmts)):
+        if not done[i]:
+            emit(i)
+    return g.replace(stmts=tuple(order))
+
+
+def _viewed(name: str, stmts: tuple[Stmt, ...], readers: dict[str, list[int]]) -> bool:
+    """A view's base lives as long as the view: reading the base last frees nothing."""
+    return any(REGISTRY[stmts[r].op].view for r in readers.get(name, ()))
