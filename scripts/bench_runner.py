@@ -102,6 +102,7 @@ def torch_training_step(program, threads: int = 1):  # noqa: ANN001, ANN201
         opt.step()
 
     step.forward = forward  # type: ignore[attr-defined]
+    step.parameters = list(params.values())  # type: ignore[attr-defined]
     return step
 
 
