@@ -170,12 +170,29 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
 @common
 @click.option("--gpu-mem", "gpu_mem", metavar="SIZE", default=None, help="A budget such as 16GiB: does it fit, and the "
               "largest batch that does.")  # fmt: skip
-@click.option("--layers/--totals", "with_rows", default=True, help="A row per layer (default), or totals only.")
+@click.option("--layers", "table", flag_value="layers", default=True, help="A row per layer (the default).")
+@click.option("--statements", "table", flag_value="statements", help="A row per statement of the schedule.")
+@click.option("--totals", "table", flag_value="totals", help="Totals only.")
+@click.option(
+    "--plot",
+    "plot_path",
+    metavar="FILE",
+    default=None,
+    help="Also draw live memory over the schedule, peak marked, into FILE (.png/.svg/.pdf; needs matplotlib).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
-def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gpu_mem: str | None, with_rows: bool,
-             as_json: bool) -> None:  # fmt: skip
+def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gpu_mem: str | None, table: str,
+             plot_path: str | None, as_json: bool) -> None:  # fmt: skip
     """The static memory plan of one training step of FILE: what is allocated, freed and live, and the peak."""
-    from deepdsl.memory.report import format_report, largest_batch, over_budget, parse_size, report
+    from deepdsl.memory.report import (
+        MissingDependency,
+        format_report,
+        largest_batch,
+        over_budget,
+        parse_size,
+        plot,
+        report,
+    )
 
     budget = None
     if gpu_mem is not None:
@@ -188,13 +205,19 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
     _warnings(c)
     if budget is not None and options.remat is None:
         api.plan_within(c, budget)
-    r = report(c.plan, c.program.graph, c.remat, c.extra_flops, c.opt)
+    r = report(c.plan, c.program.graph, c.remat, c.extra_flops, c.opt, per_statement=table == "statements")
     if budget is not None:
         r["budget_bytes"], r["fits"] = budget, r["peak_bytes"] <= budget
         at_level = dataclasses.replace(options, remat=c.remat)
         r["max_batch"] = largest_batch(lambda n: api.peak_bytes(file, {**sets, "N": n}, at_level), budget) if (
             api.has_const(c, "N")) else None  # fmt: skip
-    click.echo(json.dumps(r) if as_json else format_report(r, with_rows))
+    if plot_path is not None:
+        try:
+            plot(c.plan, r, plot_path)
+        except MissingDependency as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_USER)
+    click.echo(json.dumps(r) if as_json else format_report(r, table != "totals"))
     if budget is not None and not r["fits"]:
         raise over_budget(c.plan, r)
 

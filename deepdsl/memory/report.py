@@ -51,8 +51,9 @@ def naive_arena_bytes(g: Graph) -> int:
 
 
 def report(
-    p: Plan, forward: Graph | None = None, remat: str = "none", extra_flops: int = 0, naive: Graph | None = None
-) -> dict[str, Any]:
+    p: Plan, forward: Graph | None = None, remat: str = "none", extra_flops: int = 0, naive: Graph | None = None,
+    per_statement: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     """The memcheck figures of plan `p`; with the forward graph, the eager baseline too (DESIGN §5). The naive
     baseline is taken over `naive`, the program before rematerialisation, when given."""
     from deepdsl.memory.eager import eager_peak_bytes
@@ -84,12 +85,12 @@ def report(
         "train_flops": train_flops,
         "extra_flops": extra_flops,
         "remat": remat,
-        "rows": rows(p),
+        "rows": rows(p, per_statement),
     }
 
 
-def rows(p: Plan) -> list[dict[str, Any]]:
-    """Per layer, in schedule order: bytes its statements allocate and free, and the arena live after it."""
+def rows(p: Plan, per_statement: bool = False) -> list[dict[str, Any]]:
+    """Per layer (or per statement), in schedule order: bytes allocated and freed, and the arena live after."""
     g = p.graph
     born = {b.start: b for b in p.buffers}
     dies: dict[int, int] = {}
@@ -102,7 +103,11 @@ def rows(p: Plan) -> list[dict[str, Any]]:
         freed = dies.get(i, 0)
         live += alloc - freed
         name = s.layer or "(program)"
-        if out and out[-1]["layer"] == name:
+        if per_statement:
+            row = {"statement": i, "value": f"%{s.out.name}", "op": s.op, "layer": name, "statements": 0,
+                   "allocated": 0, "freed": 0, "live": 0}  # fmt: skip
+            out.append(row)
+        elif out and out[-1]["layer"] == name:
             row = out[-1]
         else:
             row = {"layer": name, "statements": 0, "allocated": 0, "freed": 0, "live": 0}
@@ -114,13 +119,66 @@ def rows(p: Plan) -> list[dict[str, Any]]:
     return out
 
 
+def live_bytes(p: Plan) -> list[int]:
+    """The arena bytes alive while each statement runs (its inputs and its result)."""
+    live = [0] * len(p.graph.stmts)
+    for b in p.buffers:
+        for i in range(b.start, min(b.end, len(live) - 1) + 1):
+            live[i] += b.nbytes
+    return live
+
+
+class MissingDependency(RuntimeError):
+    """An optional package a feature needs is not installed."""
+
+
+def plot(p: Plan, r: dict[str, Any], path: str) -> None:
+    """Draw the live memory over the schedule, with the peak marked, into `path` (PNG, SVG or PDF)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingDependency(
+            "--plot needs matplotlib, which is not installed: pip install 'deepdsl[plot]'"
+        ) from None
+    persistent = r["peak_bytes"] - r["arena_bytes"]
+    live = [(persistent + x) / 2**20 for x in live_bytes(p)]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.fill_between(range(len(live)), live, step="mid", alpha=0.4)
+    ax.axhline(persistent / 2**20, color="grey", linewidth=0.8, linestyle="--", label="parameters, state, inputs")
+    if r.get("eager_peak_bytes"):
+        ax.axhline(r["eager_peak_bytes"] / 2**20, color="tab:red", linewidth=0.8, linestyle=":", label="eager peak")
+    at = r["peak_at"]
+    ax.plot([at["statement"]], [r["peak_bytes"] / 2**20], "v", color="black")
+    where = f"{at['value']} = {at['op']}" + (f" ({at['layer']})" if at["layer"] else "")
+    ax.annotate(f"peak {mib(r['peak_bytes'])}\n{where}", (at["statement"], r["peak_bytes"] / 2**20),
+                textcoords="offset points", xytext=(6, -24), fontsize=8)  # fmt: skip
+    ax.set_xlabel("statement (schedule order)")
+    ax.set_ylabel("MiB live")
+    ax.set_title(f"{r['network']}: one training step, remat {r['remat']}")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
 def format_report(r: dict[str, Any], with_rows: bool) -> str:
     lines = [f"memcheck {r['network']}: one training step"]
-    if with_rows:
+    if with_rows and r["rows"] and "statement" in r["rows"][0]:
+        width = max([5, *(len(x["layer"]) for x in r["rows"])])
+        lines.append(f"  {'#':>5} {'value':<8} {'op':<24} {'layer':<{width}} {'allocated':>14} {'freed':>14} "
+                     f"{'arena live':>14}")  # fmt: skip
+        for x in r["rows"]:
+            sizes = " ".join(f"{mib(x[k]):>14}" for k in ("allocated", "freed", "live"))
+            lines.append(f"  {x['statement']:>5} {x['value']:<8} {x['op']:<24} {x['layer']:<{width}} {sizes}")
+        lines.append("")
+    elif with_rows:
         width = max([5, *(len(x["layer"]) for x in r["rows"])])
         lines.append(f"  {'layer':<{width}} {'stmts':>5} {'allocated':>14} {'freed':>14} {'arena live':>14}")
         for x in r["rows"]:
