@@ -49,6 +49,7 @@ class Options:
     check: bool = False  # run the IR verifier after every pass
     dump_after: Callable[[str, Graph], None] | None = None
     remat: str | None = None  # none, cheap or full; None: none, or with a budget the least that fits
+    workspace_limit: int | None = None  # the most scratch one statement's kernel may take (None: any)
 
 
 def optimise(g: Graph, options: Options) -> tuple[Graph, tuple[PassStat, ...]]:
@@ -105,7 +106,8 @@ def compile_source(
     if stop_at in ("opt", "plan"):
         c.opt, c.passes = optimise(c.train, options or Options())
     if stop_at == "plan":
-        plan_stage(c, (options or Options()).remat or "none")
+        options = options or Options()
+        plan_stage(c, options.remat or "none", options.workspace_limit)
     elif stop_at == "infer":
         c.infer = infer_program(c.program.graph)
     return c
@@ -143,25 +145,25 @@ def has_const(c: Compilation, name: str) -> bool:
     return c.module is not None and any(isinstance(i, ast.Const) and i.name == name for i in c.module.items)
 
 
-def plan_stage(c: Compilation, remat: str) -> Plan:
+def plan_stage(c: Compilation, remat: str, workspace_limit: int | None = None) -> Plan:
     """Rematerialise the optimised program at level `remat` and plan it."""
     from deepdsl.memory.remat import rematerialise
     from deepdsl.memory.report import flops
 
     assert c.opt is not None
     g = rematerialise(c.opt, remat)
-    c.plan, c.remat = plan(g), remat
+    c.plan, c.remat = plan(g, workspace_limit), remat
     c.extra_flops = flops(g) - flops(c.opt) if g is not c.opt else 0
     return c.plan
 
 
-def plan_within(c: Compilation, budget: int) -> Plan:
+def plan_within(c: Compilation, budget: int, workspace_limit: int | None = None) -> Plan:
     """The plan with the least rematerialisation whose peak fits `budget` (the `full` one when none does)."""
     from deepdsl.memory.remat import LEVELS
     from deepdsl.memory.report import total_peak
 
     for level in LEVELS:
-        p = plan_stage(c, level)
+        p = plan_stage(c, level, workspace_limit)
         if total_peak(p) <= budget:
             break
     return p

@@ -53,7 +53,11 @@ class Trainer:
             else None
         )
         # float64 runs without an arena
-        self.plan = plan(rematerialise(self.train_graph, options.remat or "none")) if dtype == np.float32 else None
+        self.plan = (
+            plan(rematerialise(self.train_graph, options.remat or "none"), options.workspace_limit)
+            if dtype == np.float32
+            else None
+        )
         self.batch = next(d for d in program.graph.inputs if d.kind == "input").value.type.shape[0]
         self.shuffle = self.seed if cfg.shuffle else None
         self.arrays: dict[str, np.ndarray] = {p.value.name: self._init(p) for p in self.train_graph.params}

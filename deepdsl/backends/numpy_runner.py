@@ -13,6 +13,7 @@ import numpy as np
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import REGISTRY, Graph, Stmt
 from deepdsl.memory import Plan
+from deepdsl.memory.plan import workspace_need
 from deepdsl.ops.indexed import apply_epilogue
 
 
@@ -53,7 +54,9 @@ def run(
     views = {s.out.name for s in g.stmts if REGISTRY[s.op].view}
     live = peak = 0
     for i, s in enumerate(g.stmts):
-        out = _execute(s, env, dtype)
+        need = workspace_need(s)  # the same algorithm as a plan with workspace, its scratch allocated here
+        scratch = np.empty(need * np.dtype(dtype).itemsize // 4, dtype=np.uint8) if need else None
+        out = _execute(s, env, dtype, scratch)
         if check_finite and out.dtype.kind == "f" and not np.all(np.isfinite(out)):
             where = f" in layer '{s.layer}'" if s.layer else ""
             raise NonFinite(f"statement %{s.out.name} = {s.op}(...){where} produced a NaN or Inf", s.span)
@@ -76,19 +79,23 @@ def run(
     return RunResult(outputs, updates, peak)
 
 
-def _execute(s: Stmt, env: dict[str, np.ndarray], dtype: type) -> np.ndarray:
+def _execute(s: Stmt, env: dict[str, np.ndarray], dtype: type, workspace: np.ndarray | None = None) -> np.ndarray:
     with np.errstate(all="ignore"):  # NaN and Inf are found and reported by the caller, not printed by NumPy
-        return _kernel(s, env, dtype)
+        return _kernel(s, env, dtype, workspace)
 
 
-def _kernel(s: Stmt, env: dict[str, np.ndarray], dtype: type) -> np.ndarray:
+def _kernel(s: Stmt, env: dict[str, np.ndarray], dtype: type, workspace: np.ndarray | None = None) -> np.ndarray:
     op = REGISTRY[s.op]
     assert op.numpy is not None, f"op {s.op} has no NumPy kernel"
     xs = tuple(env[v.name] for v in s.inputs)
+
+    def primary(xs: tuple) -> np.ndarray:  # in the planned workspace where the plan gave the statement one
+        return np.asarray(op.numpy(xs, s.a) if workspace is None else op.numpy_ws(xs, s.a, workspace))
+
     if "epilogue" in s.a:
-        out = apply_epilogue(np.asarray(op.numpy(xs[: op.arity], s.a)), xs[op.arity :], s.a["epilogue"])
+        out = apply_epilogue(primary(xs[: op.arity]), xs[op.arity :], s.a["epilogue"])
     else:
-        out = np.asarray(op.numpy(xs, s.a))
+        out = primary(xs)
     if out.dtype.kind == "f" and out.dtype != dtype:
         out = out.astype(dtype)
     assert out.shape == s.out.type.shape, f"{s.op}: kernel gave {out.shape}, the shape rule {s.out.type.shape}"
@@ -123,14 +130,19 @@ def run_plan(p: Plan, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray
             np.copyto(storage, _execute(s, env, np.float32))
             env[s.out.name] = storage
         else:
-            out = _execute(s, env, np.float32)
+            ws = p.workspace.get(s.out.name)
+            scratch = arena[ws.offset : ws.offset + ws.nbytes] if ws else None
+            out = _execute(s, env, np.float32, scratch)
+            if ws:
+                used = max(used, ws.offset + ws.nbytes)
             b = p.buffer_of(s.out.name)
             view = np.ndarray(t.shape, dtype=dtype, buffer=arena, offset=b.offset)
             np.copyto(view, out)
             env[s.out.name] = view
             used = max(used, b.offset + b.nbytes)  # the region the value occupies
         if poison:
-            for b in dies.get(i, []):
+            ws = p.workspace.get(s.out.name)
+            for b in (*dies.get(i, []), *([ws] if ws else [])):
                 arena[b.offset : b.offset + b.nbytes].view(np.float32)[:] = np.nan
     outputs = {name: np.array(env[v.name]) for name, v in g.outputs}
     updates = {name: np.array(env[v.name]) for name, v in g.updates}

@@ -57,6 +57,7 @@ class OpDef:
     differentiable: bool = True  # False for ops whose output carries no gradient (argmax, accuracy)
     index_form: IndexForm | None = None  # element-wise ops and simple reductions: what fusion composes
     workspace: WorkspaceRule | None = None  # scratch beyond the output (an im2col matrix); None: none
+    numpy_ws: Callable[..., Any] | None = None  # (inputs, attrs, workspace uint8 array) -> output, using it
     saves: Saves | None = None  # what eager autograd keeps of the op (memcheck's eager baseline); None: nothing
 
 
@@ -115,7 +116,13 @@ def lowering(*names: str) -> Callable[[LowerRule], LowerRule]:
 
 
 def workspace_rule(*names: str) -> Callable[[WorkspaceRule], WorkspaceRule]:
+    """Attach the scratch bytes the op's fast kernel needs; the plan gives it that much arena while it runs."""
     return _attach_all(names, "workspace")
+
+
+def numpy_workspace_kernel(*names: str) -> Callable[[Callable], Callable]:
+    """Attach the NumPy kernel that does its work in the planned workspace (so the arena use is real)."""
+    return _attach_all(names, "numpy_ws")
 
 
 def eager_saves(*names: str, which: tuple[int | str, ...] = (), extra: Callable | None = None) -> None:

@@ -39,6 +39,10 @@ class Plan:
     # update values written straight into the storage of the parameter or state they replace (no arena space):
     # value name -> parameter name; legal because the statement computing it is that storage's last reader
     in_state: dict[str, str] = field(default_factory=dict)
+    # scratch a statement's kernel uses while it runs (an im2col matrix), by the statement's result name; these
+    # regions are in the arena too, alive for their one statement
+    workspace: dict[str, Buffer] = field(default_factory=dict)
+    workspace_limit: int | None = None  # the most scratch one statement may take (None: no limit)
 
     def buffer_of(self, name: str) -> Buffer:
         return self._index[name]
@@ -56,15 +60,26 @@ def aligned(n: int) -> int:
     return max(ALIGN, (n + ALIGN - 1) // ALIGN * ALIGN)
 
 
-def plan(g: Graph) -> Plan:
+def plan(g: Graph, workspace_limit: int | None = None) -> Plan:
     """The plan of `g` in the memory-aware schedule (memory/schedule.py), or in the program's own order where
-    that happens to place into a smaller arena."""
+    that happens to place into a smaller arena. A statement whose kernel declares scratch (the registry's
+    `workspace`) gets it in the arena when it needs at most `workspace_limit` bytes (None: any); otherwise its
+    kernel works without (a direct convolution instead of im2col + GEMM)."""
     from deepdsl.memory.schedule import schedule
 
-    return min((place(schedule(g)), place(g)), key=lambda p: p.arena_bytes)
+    return min((place(schedule(g), workspace_limit), place(g, workspace_limit)), key=lambda p: p.arena_bytes)
 
 
-def place(g: Graph) -> Plan:
+def workspace_need(s: Stmt) -> int:
+    """The scratch bytes the statement's fast kernel declares (0: none)."""
+    op = REGISTRY[s.op]
+    if op.workspace is None:
+        return 0
+    primary = s.inputs[: op.arity] if "epilogue" in s.a and op.arity is not None else s.inputs
+    return op.workspace(tuple(v.type for v in primary), s.out.type, s.a)
+
+
+def place(g: Graph, workspace_limit: int | None = None) -> Plan:
     """Lifetimes and arena offsets of the statements of `g`, in their order."""
     n = len(g.stmts)
     in_state = updates_in_state(g)
@@ -83,6 +98,10 @@ def place(g: Graph) -> Plan:
             if v.name in owner:
                 r = root(v.name)
                 end[r] = max(end[r], i)
+        need = workspace_need(s)
+        if need and (workspace_limit is None or need <= workspace_limit):
+            ws = f"workspace:{s.out.name}"
+            owner[ws], start[ws], end[ws], size[ws] = ws, i, i, aligned(need)
         if s.out.name in in_state:
             continue
         shared = None
@@ -113,16 +132,18 @@ def place(g: Graph) -> Plan:
             offset = max(offset, hi)
         offsets[r] = offset
         placed.append((offset, size[r], start[r], end[r]))
-    buffers = tuple(
-        Buffer(tuple(members[r]), size[r], start[r], end[r], offsets[r]) for r in sorted(size, key=lambda r: start[r])
-    )
+    every = [Buffer(tuple(members[r]), size[r], start[r], end[r], offsets[r]) for r in sorted(size, key=start.get)]
+    buffers = tuple(b for b in every if not b.values[0].startswith("workspace:"))
+    workspace = {b.values[0].removeprefix("workspace:"): b for b in every if b.values[0].startswith("workspace:")}
     live = [0] * (n + 1)
-    for b in buffers:
+    for b in every:
         for i in range(b.start, b.end + 1):
             live[i] += b.nbytes
     peak_at = max(range(n + 1), key=lambda i: live[i]) if n else 0
-    arena = max((b.offset + b.nbytes for b in buffers), default=0)
-    return Plan(g, buffers, arena, live[peak_at] if n else 0, min(peak_at, max(n - 1, 0)), in_state)
+    arena = max((b.offset + b.nbytes for b in every), default=0)
+    return Plan(
+        g, buffers, arena, live[peak_at] if n else 0, min(peak_at, max(n - 1, 0)), in_state, workspace, workspace_limit
+    )
 
 
 def updates_in_state(g: Graph) -> dict[str, str]:
@@ -178,7 +199,14 @@ def format_plan(p: Plan) -> str:
     for i, s in enumerate(g.stmts):
         b = born.get(i)
         own = b is not None and s.out.name == b.values[0]
-        where = f"@{b.offset:<12,} {b.nbytes:>12,} B" if own and b is not None else f"{'(shared)':>29}"
+        if own and b is not None:
+            where = f"@{b.offset:<12,} {b.nbytes:>12,} B"
+        elif s.out.name in p.in_state:
+            where = f"{'over %' + p.in_state[s.out.name]:>29}"
+        else:
+            where = f"{'(shared)':>29}"
+        ws = p.workspace.get(s.out.name)
+        scratch = f"  workspace @{ws.offset:,} {ws.nbytes:,} B" if ws else ""
         freed = ", ".join(f"%{x.values[0]}" for x in dies.get(i, []))
-        lines.append(f"  {i:>4} %{s.out.name:<6} {s.op:<24} {where}" + (f"  free {freed}" if freed else ""))
+        lines.append(f"  {i:>4} %{s.out.name:<6} {s.op:<24} {where}{scratch}" + (f"  free {freed}" if freed else ""))
     return "\n".join(lines) + "\n"

@@ -81,7 +81,8 @@ def report(
         "gradient_bytes": params,
         "optimizer_state_bytes": opt,
         "input_bytes": inputs,
-        "workspace_bytes": 0,
+        "workspace_bytes": max((b.nbytes for b in p.workspace.values()), default=0),
+        "workspace_limit": p.workspace_limit,
         "train_flops": train_flops,
         "extra_flops": extra_flops,
         "remat": remat,
@@ -105,16 +106,18 @@ def rows(p: Plan, per_statement: bool = False) -> list[dict[str, Any]]:
         name = s.layer or "(program)"
         if per_statement:
             row = {"statement": i, "value": f"%{s.out.name}", "op": s.op, "layer": name, "statements": 0,
-                   "allocated": 0, "freed": 0, "live": 0}  # fmt: skip
+                   "allocated": 0, "freed": 0, "workspace": 0, "live": 0}  # fmt: skip
             out.append(row)
         elif out and out[-1]["layer"] == name:
             row = out[-1]
         else:
-            row = {"layer": name, "statements": 0, "allocated": 0, "freed": 0, "live": 0}
+            row = {"layer": name, "statements": 0, "allocated": 0, "freed": 0, "workspace": 0, "live": 0}
             out.append(row)
         row["statements"] += 1
         row["allocated"] += alloc
         row["freed"] += freed
+        ws = p.workspace.get(s.out.name)
+        row["workspace"] = max(row["workspace"], ws.nbytes if ws else 0)  # scratch: alive during one statement
         row["live"] = live
     return out
 
@@ -122,7 +125,7 @@ def rows(p: Plan, per_statement: bool = False) -> list[dict[str, Any]]:
 def live_bytes(p: Plan) -> list[int]:
     """The arena bytes alive while each statement runs (its inputs and its result)."""
     live = [0] * len(p.graph.stmts)
-    for b in p.buffers:
+    for b in (*p.buffers, *p.workspace.values()):
         for i in range(b.start, min(b.end, len(live) - 1) + 1):
             live[i] += b.nbytes
     return live
@@ -173,16 +176,17 @@ def format_report(r: dict[str, Any], with_rows: bool) -> str:
     if with_rows and r["rows"] and "statement" in r["rows"][0]:
         width = max([5, *(len(x["layer"]) for x in r["rows"])])
         lines.append(f"  {'#':>5} {'value':<8} {'op':<24} {'layer':<{width}} {'allocated':>14} {'freed':>14} "
-                     f"{'arena live':>14}")  # fmt: skip
+                     f"{'workspace':>14} {'arena live':>14}")  # fmt: skip
         for x in r["rows"]:
-            sizes = " ".join(f"{mib(x[k]):>14}" for k in ("allocated", "freed", "live"))
+            sizes = " ".join(f"{mib(x[k]):>14}" for k in ("allocated", "freed", "workspace", "live"))
             lines.append(f"  {x['statement']:>5} {x['value']:<8} {x['op']:<24} {x['layer']:<{width}} {sizes}")
         lines.append("")
     elif with_rows:
         width = max([5, *(len(x["layer"]) for x in r["rows"])])
-        lines.append(f"  {'layer':<{width}} {'stmts':>5} {'allocated':>14} {'freed':>14} {'arena live':>14}")
+        lines.append(f"  {'layer':<{width}} {'stmts':>5} {'allocated':>14} {'freed':>14} {'workspace':>14} "
+                     f"{'arena live':>14}")  # fmt: skip
         for x in r["rows"]:
-            sizes = " ".join(f"{mib(x[k]):>14}" for k in ("allocated", "freed", "live"))
+            sizes = " ".join(f"{mib(x[k]):>14}" for k in ("allocated", "freed", "workspace", "live"))
             lines.append(f"  {x['layer']:<{width}} {x['statements']:>5} {sizes}")
         lines.append("")
     at = r["peak_at"]
@@ -192,7 +196,10 @@ def format_report(r: dict[str, Any], with_rows: bool) -> str:
         f"  optimizer state   {mib(r['optimizer_state_bytes'])}",
         f"  model state       {mib(r['state_bytes'])}",
         f"  inputs            {mib(r['input_bytes'])}",
-        f"  arena             {mib(r['arena_bytes'])}  (activations, gradients, temporaries)",
+        f"  arena             {mib(r['arena_bytes'])}  (activations, gradients, temporaries, workspace)",
+        f"  workspace         {mib(r['workspace_bytes'])}  (the largest scratch of one statement, limit "
+        + ("none" if r["workspace_limit"] is None else f"{r['workspace_limit']:,} bytes")
+        + ")",
         f"  peak              {mib(r['peak_bytes'])}  at statement {at['statement']}: {at['value']} = {at['op']}"
         + (f" in layer {at['layer']}" if at["layer"] else "")
         + (f" ({at['source']})" if at["source"] else ""),

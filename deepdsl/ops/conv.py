@@ -12,7 +12,15 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from deepdsl.ir.registry import defop, eager_saves, flops_rule, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import (
+    defop,
+    eager_saves,
+    flops_rule,
+    numpy_kernel,
+    numpy_workspace_kernel,
+    vjp_rule,
+    workspace_rule,
+)
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank, window_out
@@ -117,6 +125,82 @@ def _conv2d_backward_data_np(xs: tuple, a: dict) -> np.ndarray:
         for j in range(kw):
             dxp[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw] += dcols[:, i, j]
     return np.ascontiguousarray(dxp[:, ph : ph + h, pw : pw + wd].transpose(3, 0, 1, 2))
+
+
+# ---- workspace: the im2col matrix of one image, [C*kh*kw, OH*OW], for the kernels that go image by image ----
+
+
+def _geometry(types: tuple[TensorType, ...], out: TensorType, a: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(x shape, w shape) of any of the three convolution ops."""
+    if "w_shape" in a:
+        return types[0].shape, tuple(a["w_shape"])
+    if "in_shape" in a:
+        return tuple(a["in_shape"]), types[1].shape
+    return types[0].shape, types[1].shape
+
+
+@workspace_rule("conv2d", "conv2d_backward_data", "conv2d_backward_filter")
+def _conv_workspace(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
+    (_, c, h, w), (_, _, kh, kw) = _geometry(types, out, a)
+    if (kh, kw) == (1, 1) and tuple(a["stride"]) == (1, 1) and tuple(a["pad"]) == (0, 0):
+        return 0  # the input is its own im2col matrix
+    oh = window_out(h, kh, a["stride"][0], a["pad"][0], "conv")
+    ow = window_out(w, kw, a["stride"][1], a["pad"][1], "conv")
+    return c * kh * kw * oh * ow * 4
+
+
+def _image_cols(ws: np.ndarray, x1: np.ndarray, kh: int, kw: int, a: dict) -> np.ndarray:
+    """The im2col matrix of one image [1, C, H, W], written into the workspace: [groups, C/groups*kh*kw, OH*OW]."""
+    cols = _cols(x1, kh, kw, a)
+    view = np.ndarray(cols.shape, dtype=x1.dtype, buffer=ws)
+    np.copyto(view, cols)
+    return view
+
+
+@numpy_workspace_kernel("conv2d")
+def _conv2d_ws(xs: tuple, a: dict, ws: np.ndarray) -> np.ndarray:
+    x, w = xs
+    groups = a["groups"]
+    f, cg, kh, kw = w.shape
+    oh = window_out(x.shape[2], kh, a["stride"][0], a["pad"][0], "conv")
+    ow = window_out(x.shape[3], kw, a["stride"][1], a["pad"][1], "conv")
+    wr = w.reshape(groups, f // groups, cg * kh * kw)
+    y = np.empty((x.shape[0], f, oh, ow), dtype=x.dtype)
+    for n in range(x.shape[0]):
+        y[n] = np.matmul(wr, _image_cols(ws, x[n : n + 1], kh, kw, a)).reshape(f, oh, ow)
+    return y
+
+
+@numpy_workspace_kernel("conv2d_backward_filter")
+def _conv2d_backward_filter_ws(xs: tuple, a: dict, ws: np.ndarray) -> np.ndarray:
+    x, g = xs
+    f, cg, kh, kw = a["w_shape"]
+    dw = np.zeros((a["groups"], f // a["groups"], cg * kh * kw), dtype=x.dtype)
+    for n in range(x.shape[0]):
+        cols = _image_cols(ws, x[n : n + 1], kh, kw, a)
+        dw += np.matmul(_grad_cols(g[n : n + 1], a["groups"]), cols.transpose(0, 2, 1))
+    return dw.reshape(f, cg, kh, kw)
+
+
+@numpy_workspace_kernel("conv2d_backward_data")
+def _conv2d_backward_data_ws(xs: tuple, a: dict, ws: np.ndarray) -> np.ndarray:
+    g, w = xs
+    n, c, h, wd = a["in_shape"]
+    (sh, sw), (ph, pw), groups = a["stride"], a["pad"], a["groups"]
+    f, cg, kh, kw = w.shape
+    oh, ow = g.shape[2:]
+    wt = w.reshape(groups, f // groups, cg * kh * kw).transpose(0, 2, 1)
+    dx = np.empty((n, c, h, wd), dtype=g.dtype)
+    dcols = np.ndarray((groups, cg * kh * kw, oh * ow), dtype=g.dtype, buffer=ws)
+    for i in range(n):
+        np.matmul(wt, g[i].reshape(groups, f // groups, oh * ow), out=dcols)
+        d = dcols.reshape(c, kh, kw, oh, ow)
+        dxp = np.zeros((c, h + 2 * ph, wd + 2 * pw), dtype=g.dtype)
+        for p in range(kh):
+            for q in range(kw):
+                dxp[:, p : p + sh * (oh - 1) + 1 : sh, q : q + sw * (ow - 1) + 1 : sw] += d[:, p, q]
+        dx[i] = dxp[:, ph : ph + h, pw : pw + wd]
+    return dx
 
 
 @flops_rule("conv2d", "conv2d_backward_data", "conv2d_backward_filter")
