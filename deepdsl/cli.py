@@ -57,6 +57,17 @@ def _parse_pass(ctx: click.Context, param: click.Parameter, value: str | None) -
     return _parse_passes(ctx, param, (value,))[0] if value else None
 
 
+def _parse_limit(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from deepdsl.memory.report import parse_size
+
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def common(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options every compiling command shares, and the error handling that gives exit codes."""
 
@@ -180,10 +191,14 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
     default=None,
     help="Also draw live memory over the schedule, peak marked, into FILE (.png/.svg/.pdf; needs matplotlib).",
 )
+@click.option("--workspace-limit", "workspace_limit", metavar="SIZE", default=None, callback=_parse_limit,
+              help="The most scratch one statement's kernel may take (e.g. 64MiB; 0: none): larger needs use a "
+              "kernel without scratch (a direct convolution instead of im2col + GEMM). Default: no limit.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
 def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gpu_mem: str | None, table: str,
-             plot_path: str | None, as_json: bool) -> None:  # fmt: skip
+             plot_path: str | None, workspace_limit: int | None, as_json: bool) -> None:  # fmt: skip
     """The static memory plan of one training step of FILE: what is allocated, freed and live, and the peak."""
+    options = dataclasses.replace(options, workspace_limit=workspace_limit)
     from deepdsl.memory.report import (
         MissingDependency,
         format_report,
@@ -204,7 +219,7 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
     assert c.plan is not None and c.program is not None
     _warnings(c)
     if budget is not None and options.remat is None:
-        api.plan_within(c, budget)
+        api.plan_within(c, budget, options.workspace_limit)
     r = report(c.plan, c.program.graph, c.remat, c.extra_flops, c.opt, per_statement=table == "statements")
     if budget is not None:
         r["budget_bytes"], r["fits"] = budget, r["peak_bytes"] <= budget
@@ -249,12 +264,17 @@ def stats_text(obj: dict[str, Any]) -> str:
               help="Where to run: the NumPy runner (cpu) or the PyCUDA runner (cuda).")  # fmt: skip
 @click.option("--seed", type=int, default=None, help="Override the train block's seed.")
 @click.option("--float64", "double", is_flag=True, help="Run in float64 (the reference precision for checks).")
+@click.option("--workspace-limit", "workspace_limit", metavar="SIZE", default=None, callback=_parse_limit,
+              help="The most scratch one statement's kernel may take (e.g. 64MiB; 0: none): larger needs use a "
+              "kernel without scratch (a direct convolution instead of im2col + GEMM). Default: no limit.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
 def run(
     c: api.Compilation, file: str, sets: dict, options: api.Options, iters: int | None, data_flag: str | None,
-    load_path: str | None, save_path: str | None, device: str, seed: int | None, double: bool, as_json: bool,
+    load_path: str | None, save_path: str | None, device: str, seed: int | None, double: bool,
+    workspace_limit: int | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Train FILE for a few iterations with the reference runner and report the losses."""
+    options = dataclasses.replace(options, workspace_limit=workspace_limit)
     from deepdsl import running
 
     api.compile_file(file, sets, c=c)
@@ -267,6 +287,55 @@ def run(
     )  # fmt: skip
     if as_json:
         click.echo(json.dumps(result))
+
+
+@cli.command("compile")
+@common
+@click.option("-o", "--output", "output", metavar="PATH", default=None,
+              help="Where to write the Java class: DIR, or DIR/Name.java (Name is the network's); the runtime goes "
+                   "under DIR/deepdsl/runtime/.")  # fmt: skip
+@click.option(
+    "--maven",
+    "maven",
+    metavar="DIR",
+    default=None,
+    help="Also (or instead) write a Maven project that `mvn -q package` builds into a runnable jar.",
+)
+@click.option("--workspace-limit", "workspace_limit", type=click.IntRange(min=0), default=None, metavar="BYTES",
+              help="The generated program's default scratch limit, which picks the convolution algorithm.")  # fmt: skip
+def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str | None, maven: str | None,
+             workspace_limit: int | None) -> None:  # fmt: skip
+    """Compile FILE to a Java training program (one readable class plus the runtime it needs)."""
+    from pathlib import Path
+
+    from deepdsl.backends import java
+
+    if output is None and maven is None:
+        raise click.UsageError("say where to write the program: -o DIR, -o DIR/Name.java or --maven DIR")
+    api.compile_file(file, sets, stop_at="plan", c=c, options=options)
+    assert c.program is not None
+    _warnings(c)
+    name = java.class_name(c.program.graph.name)
+    folder = None
+    if output is not None:
+        out = Path(output)
+        if out.suffix == ".java":
+            if out.stem != name:
+                raise click.UsageError(f"-o {output}: the class is {name}, so the file must be named {name}.java")
+            folder = out.parent
+        else:
+            folder = out
+    limit = java.DEFAULT_WORKSPACE_LIMIT if workspace_limit is None else workspace_limit
+    text = java.java_source(c, options, limit)
+    if folder is not None:
+        java.write_sources(folder, name, text)
+        click.echo(f"wrote {folder / (name + '.java')} and the runtime under {folder / 'deepdsl' / 'runtime'}")
+        click.echo(f"  build: javac -cp 'JCUDA_JARS/*' -d build {folder}/{name}.java {folder}/deepdsl/runtime/*.java")
+        click.echo(f"  run:   java -cp build {name} --device cpu   (add :'JCUDA_JARS/*' to the class path for CUDA)")
+    if maven is not None:
+        java.write_maven(Path(maven), name, text)
+        click.echo(f"wrote the Maven project {maven}: cd {maven} && mvn -q package && java -jar target/"
+                   f"{name.lower()}-1.0.jar")  # fmt: skip
 
 
 def check_json(p: Program) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The wheel ships the grammar: build it, install it into a fresh folder, and parse from there."""
+"""The wheel ships the grammar and the Java runtime: build it, install it into a fresh folder, and parse from
+there."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def test_grammar_loads_from_an_installed_wheel(tmp_path) -> None:  # noqa: ANN00
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "deepdsl").rglob("*.py")}
     shipped = {str(p.relative_to(target)) for p in (target / "deepdsl").rglob("*.py")}
     assert modules <= shipped, sorted(modules - shipped)
+    # and the Java runtime that `deepdsl compile` writes beside the class
+    java = {p.name for p in (ROOT / "deepdsl" / "runtime").glob("*.java")}
+    assert java and java <= {p.name for p in (target / "deepdsl" / "runtime").glob("*.java")}
     r = subprocess.run([sys.executable, "-c", probe, str(target)], cwd=tmp_path, capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin"}, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr

@@ -1,0 +1,431 @@
+"""The Java backend: the planned training and inference programs as one readable Java class.
+
+`emit_java(program, train_plan, infer_plan)` gives the text of `public final class NAME extends Network`:
+parameters, model state and optimizer state as named fields, `trainStep` and `inferStep` as the
+straight-line plan (each call under a comment holding the IR statement and its source line), and one
+generated loop kernel per distinct index expression. Ops without an index form are calls into
+`CpuOps` (the runtime's convention: output, inputs, then attributes in alphabetical order; the parameter
+lists are read from CpuOps.java itself when it is there), ops with one are generated kernels, and a fused
+epilogue is a kernel run over the host's output right after its call. The runtime (deepdsl/runtime/*.java)
+holds everything that does not depend on the network: training loop, data, parameter files, devices.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from deepdsl import __version__
+from deepdsl.autodiff import STEP
+from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, java_kernel
+from deepdsl.backends.java.names import Namer, camel, class_name
+from deepdsl.frontend.program import Program
+from deepdsl.ir import REGISTRY, Graph, Stmt, Value
+from deepdsl.ir.indexexpr import format_ie
+from deepdsl.ir.printer import format_stmt
+from deepdsl.memory import Plan
+from deepdsl.ops._index_forms import out_vars
+
+MAX_STATEMENTS_PER_METHOD = 200  # keeps every step method far below Java's 64 KB of bytecode
+DEFAULT_WORKSPACE_LIMIT = 1 << 30
+NETWORK_MEMBERS = (
+    "arena", "at", "view", "copy", "scalar", "input", "label", "param", "state", "optimizerState", "train", "test",
+    "save", "load", "main", "iteration", "trainStep", "inferStep", "SETTINGS", "WORKSPACE_LIMIT", "Buf", "CpuOps",
+    "Network", "Parallel", "Settings", "Workspace", "settings", "workspaceLimit", "run", "useData", "reportTo",
+)  # fmt: skip
+
+
+def runtime_sources() -> dict[str, str]:
+    """The runtime's Java sources shipped in the package: file name -> text."""
+    folder = resources.files("deepdsl") / "runtime"
+    return {f.name: f.read_text() for f in sorted(folder.iterdir(), key=lambda f: f.name) if f.name.endswith(".java")}
+
+
+@cache
+def signatures(java_class: str) -> dict[str, tuple[tuple[str, str], ...]]:
+    """Method -> its (type, name) parameters after the tensors, read from the runtime's `java_class`.java."""
+    text = runtime_sources().get(f"{java_class}.java", "")
+    out = {}
+    for name, params in re.findall(r"public static void (\w+)\(([^)]*)\)", text):
+        pairs = [tuple(p.split()[-2:]) for p in params.split(",") if p.strip()]
+        out[name] = tuple((t, n) for t, n in pairs if t not in ("Buf", "Buf[]"))
+    return out
+
+
+def library_class(op: str) -> str:
+    """Where the CPU code of a library op lives: `Workspace` when the op has a variant by scratch need."""
+    return "Workspace" if op in signatures("Workspace") else "CpuOps"
+
+
+def _java_type(value: Any, attr: str) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "long" if attr == "seed" else "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "String"
+    return "int[]"
+
+
+def _java_value(value: Any, java_type: str) -> str:
+    if java_type == "boolean":
+        return "true" if value else "false"
+    if java_type == "int[]":
+        return "new int[] {" + ", ".join(str(int(v)) for v in value) + "}"
+    if java_type == "float":
+        return float_literal(value)
+    if java_type == "long":
+        return f"{int(value)}L"
+    if java_type == "String":
+        return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return str(int(value))
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
+
+
+def library_arguments(s: Stmt) -> list[str]:
+    """The attribute arguments of the CpuOps call of `s`, by CpuOps.java's parameter list or the convention."""
+    attrs = {k: v for k, v in s.attrs if k not in ("epilogue", "inplace")}
+    signature = signatures(library_class(s.op)).get(s.op)
+    if signature is None and s.op == "dropout_mask":
+        signature = (("long", "step"), ("float", "p"), ("long", "seed"), ("String", "site"))
+    if signature is None:
+        signature = tuple((_java_type(v, k), k) for k, v in sorted(attrs.items()))
+    args = []
+    for java_type, param in signature:
+        key = param if param in attrs else _snake(param)
+        if key == "step" and s.op == "dropout_mask":
+            args.append("iteration")
+        elif key == "limit":
+            args.append("workspaceLimit")
+        elif key in attrs:
+            args.append(_java_value(attrs[key], java_type))
+        elif java_type == "boolean":
+            args.append("false")  # an absent flag (matmul's transpose_a) is off
+        else:
+            raise ValueError(f"CpuOps.{s.op} takes '{param}', which statement %{s.out.name} does not have")
+    return args
+
+
+@dataclass
+class _Emitter:
+    namer: Namer = field(default_factory=lambda: Namer(NETWORK_MEMBERS))
+    globals: dict[str, str] = field(default_factory=dict)  # inputs, parameters, state -> field name
+    temps: Namer = field(default_factory=Namer)  # the results of the step being written
+    in_state: dict[str, str] = field(default_factory=dict)  # results written over the tensor they update
+    kernels: dict[tuple, str] = field(default_factory=dict)  # (body, out, shapes) -> method name
+    kernel_text: list[str] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)  # what the program launches, in first-use order
+
+    def declare(self, v: Value) -> str:
+        self.globals[v.name] = self.namer(v.name)
+        return self.globals[v.name]
+
+    def tensor(self, v: Value) -> str:
+        if v.name in self.in_state:
+            return self.globals[self.in_state[v.name]]
+        return self.globals.get(v.name) or self.temps(v.name)
+
+    def kernel(self, op: str, value: str, body: Any, out: tuple, shapes: tuple, doc: str) -> str:
+        """The name of the kernel computing `body` over `out`; a flat (element-wise) one serves every shape."""
+        flat = is_flat(body, out, shapes)
+        key = (flat_form(body), len(shapes)) if flat else (body, out, shapes)
+        if key not in self.kernels:
+            preferred = camel(op) if flat else camel(op) + re.sub(r"\W", "_", value)
+            name = self.namer(f"kernel:{op}:{value}", preferred)
+            self.kernels[key] = name
+            self.kernel_text.append(java_kernel(name, body, out, shapes, doc))
+        return self.kernels[key]
+
+    def launched(self, op: str) -> None:
+        if op not in self.ops:
+            self.ops.append(op)
+
+    def statement(self, s: Stmt, temp: str) -> list[str]:
+        """The Java lines of one statement (its result Buf is `temp`, already bound)."""
+        op = REGISTRY[s.op]
+        args = [self.tensor(v) for v in s.inputs if v.name != STEP]  # the step counter is passed as a long
+        if op.view:
+            return []
+        if s.op in ("fused", "indexed") or op.index_form is not None:
+            if s.op in ("fused", "indexed"):
+                body, out = s.a["body"], s.a["out"]
+            else:
+                body = op.index_form(tuple(v.type for v in s.inputs), s.out.type, s.a)
+                out = tuple(zip(out_vars(s.out.type), s.out.type.shape))
+            self.launched(s.op)
+            shapes = tuple(v.type.shape for v in s.inputs)
+            what = s.op
+            if s.op == "fused" and s.a.get("ops"):
+                what = "_".join(s.a["ops"])
+            elif s.op == "indexed" and s.layer:  # a tensor function (or its gradient): named after it
+                what = re.sub(r"\d+$", "", s.layer.rsplit(".", 1)[-1])
+            name = self.kernel(what, s.out.name, body, out, shapes, _meaning(body, out, len(shapes)))
+            return [f"{name}({', '.join([temp, *args])});"]
+        self.launched(s.op)
+        arity = op.arity if op.arity is not None else len(s.inputs)
+        own = args[:arity] if "epilogue" in s.a else args
+        tensors = [f"new Buf[] {{{', '.join(own)}}}"] if s.op == "concat" else own
+        call = f"{library_class(s.op)}.{s.op}({', '.join([temp, *tensors, *library_arguments(s)])});"
+        lines = [call]
+        if "epilogue" in s.a:
+            extras = s.inputs[arity:]
+            out = tuple(zip(out_vars(s.out.type), s.out.type.shape))
+            shapes = (s.out.type.shape, *(v.type.shape for v in extras))
+            epilogue = s.a["epilogue"]
+            name = self.kernel(
+                f"{s.op}_epilogue", s.out.name, epilogue, out, shapes, _meaning(epilogue, out, len(shapes))
+            )
+            lines.append(f"{name}({', '.join([temp, temp, *args[arity:]])});")
+        return lines
+
+    def step(self, kind: str, p: Plan, result: str) -> tuple[list[str], list[str]]:
+        """The methods of one program (`trainStep` or `inferStep`) and the fields they share between parts."""
+        g = p.graph
+        self.temps = Namer(tuple(self.namer.taken))
+        self.in_state = dict(getattr(p, "in_state", {}))
+        items: list[tuple[str, Any]] = [("stmt", s) for s in g.stmts]
+        items += [("update", (name, v)) for name, v in g.updates]
+        parts = _split(items)
+        made_in: dict[str, int] = {}
+        used_in: dict[str, set[int]] = {}
+        for k, part in enumerate(parts):
+            for what, item in part:
+                if what == "stmt":
+                    made_in[item.out.name] = k
+                    for v in item.inputs:
+                        used_in.setdefault(v.name, set()).add(k)
+                else:
+                    used_in.setdefault(item[1].name, set()).add(k)
+        result_value = g.output(result)
+        used_in.setdefault(result_value.name, set()).add(-1)  # read by the method that calls the parts
+        shared = [n for n, k in made_in.items() if used_in.get(n, {k}) != {k} and n not in self.in_state]
+        fields = []
+        if len(parts) > 1:
+            for n in shared:  # a field of the class: its name must be unique in the whole class
+                self.temps(n, self.namer(f"{kind}:{n}", self.temps.preferred(n)))
+                fields.append(f"  private Buf {self.temps(n)};")
+        methods = []
+        for k, part in enumerate(parts):
+            body: list[str] = []
+            for what, item in part:
+                if what == "update":
+                    name, v = item
+                    param = self.globals[name]
+                    if self.tensor(v) != param:
+                        body.append(f"copy({self.tensor(v)}, {param});")
+                    continue
+                s = item
+                t = self.tensor(s.out)
+                if s.out.name in self.in_state:  # the plan writes this update straight into its tensor
+                    body.append(f"// {format_stmt(s)}")
+                    body += self.statement(s, t)
+                    continue
+                declare = "" if s.out.name in shared and len(parts) > 1 else "Buf "
+                shape = ", ".join(map(str, s.out.type.shape))
+                body.append(f"// {format_stmt(s)}")
+                if REGISTRY[s.op].view:
+                    body.append(f"{declare}{t} = view({self.tensor(s.inputs[0])}{', ' + shape if shape else ''});")
+                    continue
+                offset = _long(p.buffer_of(s.out.name).offset)
+                body.append(f"{declare}{t} = at({offset}{', ' + shape if shape else ''});")
+                body += self.statement(s, t)
+            methods.append((k, body))
+        out = []
+        returns = "float" if kind == "train" else "Buf"
+        tail = f"scalar({self.tensor(result_value)})" if kind == "train" else self.tensor(result_value)
+        doc = (
+            "One training step on the batch in x and y: forward, backward, update; returns the loss."
+            if kind == "train"
+            else "The network's prediction for the batch in x."
+        )
+        name = f"{kind}Step"
+        if len(parts) == 1:
+            out.append(_method(f"/** {doc} */", f"protected {returns} {name}()", methods[0][1] + [f"return {tail};"]))
+        else:
+            calls = [f"{name}{k + 1}();" for k in range(len(parts))]
+            out.append(_method(f"/** {doc} */", f"protected {returns} {name}()", calls + [f"return {tail};"]))
+            for k, body in methods:
+                layers = _layers(parts[k])
+                out.append(_method(f"/** Part {k + 1} of {name}: {layers}. */", f"private void {name}{k + 1}()", body))
+        return out, fields
+
+
+def _long(n: int) -> str:
+    """An integer literal; a `long` one where it exceeds `int`."""
+    return f"{n}L" if n >= 2**31 else str(n)
+
+
+def _meaning(body: Any, out: tuple, inputs: int) -> str:
+    index = ", ".join(v for v, _ in out)
+    return f"out[{index}] = {format_ie(body, tuple(f'in{k}' for k in range(inputs)))}"
+
+
+def _layers(part: list[tuple[str, Any]]) -> str:
+    names: list[str] = []
+    for what, item in part:
+        top = _block(item.layer) if what == "stmt" and item.layer else ""
+        if top and top not in names:
+            names.append(top)
+    if not names:
+        return "the updates"
+    return ", ".join(names) if len(names) <= 3 else f"{names[0]} ... {names[-1]}"
+
+
+def _split(items: list[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
+    """Consecutive pieces of at most MAX_STATEMENTS_PER_METHOD items, cut where the block (`model.stage2`) changes."""
+    if len(items) <= MAX_STATEMENTS_PER_METHOD:
+        return [items]
+    parts: list[list[tuple[str, Any]]] = [[]]
+    for k, item in enumerate(items):
+        part = parts[-1]
+        if len(part) >= MAX_STATEMENTS_PER_METHOD or (
+            len(part) >= MAX_STATEMENTS_PER_METHOD // 2 and _top(item) != _top(items[k - 1])
+        ):
+            parts.append([])
+        parts[-1].append(item)
+    return parts
+
+
+def _top(item: tuple[str, Any]) -> str:
+    what, x = item
+    return _block(x.layer) if what == "stmt" else "update"
+
+
+def _block(layer: str) -> str:
+    """The block a layer belongs to: its path's first two parts (`model.stage2`)."""
+    return ".".join(layer.split(".")[:2])
+
+
+def _wrapped(head: str, items: list[str], tail: str, width: int = 116) -> list[str]:
+    """`head item, item, ...tail` broken into lines of at most `width` characters, continued under the first item."""
+    lines, line = [], head
+    for k, item in enumerate(items):
+        text = item + ("," if k < len(items) - 1 else tail)
+        if len(line) + len(text) + 1 > width and line.strip() != head.strip():
+            lines.append(line.rstrip())
+            line = " " * len(head)
+        line += text + " "
+    return [*lines, line.rstrip() if items else head + tail]
+
+
+def _method(doc: str, head: str, body: list[str]) -> str:
+    lines = [f"  {doc}", f"  {head} {{"]
+    lines += [f"    {line}" if line else "" for line in body]
+    lines.append("  }")
+    return "\n".join(lines)
+
+
+def _init_text(p: Any) -> str:
+    i = p.init
+    args = [f"{a:g}" for a in i.args]
+    if i.kind in ("he", "xavier"):
+        args += [f"fan_in={i.fan_in}", f"fan_out={i.fan_out}"]
+    return f"{i.kind}({', '.join(args)})"
+
+
+def _data_flag(data: tuple[str, tuple[tuple[Any, Any], ...]]) -> str:
+    kind, args = data
+    values = [v for _, v in args]
+    return f"{kind}:{values[0]}" if values else kind
+
+
+def emit_java(program: Program, train: Plan, infer: Plan | None, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT) -> str:
+    """The Java class of `program` from the plans of its training and (when it has `predict`) inference programs."""
+    e = _Emitter()
+    g: Graph = train.graph
+    cls = class_name(g.name)
+    cfg = program.train
+    declarations = ["  // the batch: inputs and labels (labels as exact float values)"]
+    for d in g.inputs:
+        if d.kind == "step":
+            continue
+        shape = ", ".join(map(str, d.value.type.shape))
+        call = f"label({d.classes}, {shape})" if d.kind == "label" else f"input({shape})"
+        declarations.append(f"  private final Buf {e.declare(d.value)} = {call};")
+    titles = {"param": "parameters", "state": "model state", "opt": "optimizer state"}
+    previous = None
+    for p in g.params:  # in the graph's order, which is the parameter file's
+        if p.kind != previous:
+            declarations.append(f"  // {titles[p.kind]}")
+            previous = p.kind
+        shape = ", ".join(map(str, p.value.type.shape))
+        shape = ", " + shape if shape else ""
+        if p.kind == "opt":
+            call = f'optimizerState("{p.value.name}"{shape})'
+        else:
+            call = f'{"param" if p.kind == "param" else "state"}("{p.value.name}", "{_init_text(p)}"{shape})'
+        declarations.append(f"  private final Buf {e.declare(p.value)} = {call};")
+    train_methods, train_fields = e.step("train", train, "loss")
+    infer_methods, infer_fields = e.step("infer", infer, "predict") if infer is not None else ([], [])
+    if infer is None:
+        infer_methods = [
+            _method("/** The network defines no `predict`. */", "protected Buf inferStep()", ["return null;"])
+        ]
+    arena = max(train.arena_bytes, infer.arena_bytes if infer is not None else 0)
+    source = (program.graph.stmts[0].span.file.rsplit("/", 1)[-1] if program.graph.stmts and
+              program.graph.stmts[0].span else "")  # fmt: skip
+    settings = [
+        "  private static final Settings SETTINGS =",
+        f'      new Settings("{g.name}")',
+        f"          .seed({cfg.seed}L)",
+        f'          .data("{_data_flag(cfg.data)}"{", true" if cfg.shuffle else ""})',
+        f"          .iterations({cfg.iterations})",
+        f"          .testing({cfg.test_every}, {cfg.test_iterations})",
+        f"          .arena({train.arena_bytes}L, {arena}L)",
+        "          .workspaceLimit(WORKSPACE_LIMIT)",
+        *_wrapped("          .launches(", [f'"{op}"' for op in e.ops], ");"),
+    ]
+    header = [
+        f"// Generated by deepdsl {__version__} from {source or 'a .ddsl file'}. Edit the network, not this file.",
+        "",
+        "import deepdsl.runtime.Buf;",
+        "import deepdsl.runtime.CpuOps;",
+        "import deepdsl.runtime.Network;",
+        "import deepdsl.runtime.Parallel;",
+        "import deepdsl.runtime.Workspace;",
+        "",
+        "/**",
+        f" * {g.name}: training and inference of {source or 'the network'}, every temporary at a fixed offset of one",
+        f" * arena of {arena:,} bytes. Run it with {{@code java {cls} --help}}.",
+        " */",
+        f"public final class {cls} extends Network {{",
+        "  /** Scratch bytes a convolution may take beyond the arena (--workspace-limit overrides it). */",
+        f"  public static final long WORKSPACE_LIMIT = {workspace_limit}L;",
+        "",
+        *settings,
+        "",
+        *declarations,
+    ]
+    if train_fields or infer_fields:
+        header += ["", "  // results shared between the parts of a step", *train_fields, *infer_fields]
+    body = [
+        "",
+        f"  public {cls}() {{",
+        "    super(SETTINGS);",
+        "  }",
+        "",
+        "  public static void main(String[] args) {",
+        f"    System.exit(run(args, {cls}::new));",
+        "  }",
+    ]
+    methods = ["", *("\n\n".join(train_methods + infer_methods)).split("\n")]
+    kernels = ["", "  // ---- kernels: the index expressions of the plan as loops ----", ""]
+    kernels += "\n\n".join(e.kernel_text).split("\n")
+    uses_parallel = any("Parallel.range" in k for k in e.kernel_text)
+    steps = "\n".join(train_methods + infer_methods)
+    lines = header + body + methods + kernels + ["}", ""]
+    text = "\n".join(lines)
+    if not uses_parallel:
+        text = text.replace("import deepdsl.runtime.Parallel;\n", "")
+    for java_class in ("CpuOps", "Workspace"):
+        if f"{java_class}." not in steps:
+            text = text.replace(f"import deepdsl.runtime.{java_class};\n", "")
+    return text

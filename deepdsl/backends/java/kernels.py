@@ -1,0 +1,256 @@
+"""An index expression as a Java method of loops (the CPU device's code for every op with an index form).
+
+`java_kernel(name, body, out, shapes)` writes `static void name(Buf out, Buf in0, ...)` computing
+`out[idx] = body` over the output's grid, with the meaning of `ops.indexed.evaluate`: a read outside its
+input is 0 (the bounds test is written only where the affine index can leave the input), `Reduce` is a
+local accumulator over nested loops, comparisons are Java booleans. When every read is the output's own
+element (or a scalar), the kernel is one flat loop; otherwise nested loops, innermost over the last axis.
+Kernels with enough work split their outermost loop over threads through `Parallel.range`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from deepdsl.backends.java.names import JAVA_KEYWORDS
+from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, reads
+
+PARALLEL_WORK = 1 << 15  # below this many inner operations a kernel runs on the calling thread
+
+_INFIX = {"+", "-", "*", "/"}
+_COMPARE = {"==", "!=", "<", "<=", ">", ">="}
+_MATH = {"exp": "Math.exp", "log": "Math.log", "tanh": "Math.tanh"}
+
+
+def float_literal(v: float) -> str:
+    """The Java float literal of `v` rounded to float32 (shortest text that reads back the same)."""
+    f = np.float32(v)
+    if math.isnan(f):
+        return "Float.NaN"
+    if math.isinf(f):
+        return "Float.POSITIVE_INFINITY" if f > 0 else "Float.NEGATIVE_INFINITY"
+    return f"{str(f)}f"  # numpy prints the shortest decimal that reads back as this float32
+
+
+def strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, n = [], 1
+    for d in reversed(shape):
+        out.append(n)
+        n *= d
+    return tuple(reversed(out))
+
+
+@dataclass
+class _Gen:
+    """Code generation state: index variables with their ranges and Java names, statements emitted so far."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    ranges: dict[str, int] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)
+    taken: set[str] = field(default_factory=set)
+    accumulators: int = 0
+    flat: bool = False  # one loop over the flat index `e`: every read is the output's own element or a scalar
+
+    def bind(self, var: str, size: int) -> str:
+        name = var if var.isidentifier() and var.isascii() and var not in JAVA_KEYWORDS else "v"
+        base, k = name, 2
+        while name in self.taken:
+            name, k = f"{base}{k}", k + 1
+        self.taken.add(name)
+        self.names[var], self.ranges[var] = name, size
+        return name
+
+    def affine(self, a: Affine) -> str:
+        parts = []
+        for var, c in a.terms:
+            v = self.names[var]
+            parts.append(v if c == 1 else f"-{v}" if c == -1 else f"{c} * {v}")
+        if a.const or not parts:
+            parts.append(str(a.const))
+        return " + ".join(parts).replace("+ -", "- ")
+
+    def bounds(self, a: Affine) -> tuple[int, int]:
+        lo = hi = a.const
+        for var, c in a.terms:
+            top = c * (self.ranges[var] - 1)
+            lo, hi = lo + min(0, top), hi + max(0, top)
+        return lo, hi
+
+    def read(self, r: Read) -> str:
+        if self.flat:
+            return f"a{r.input}[p{r.input}{' + e' if r.index else ''}]"
+        shape = self.shapes[r.input]
+        terms: dict[str, int] = {}
+        const = 0
+        tests = []
+        for a, dim, stride in zip(r.index, shape, strides(shape)):
+            for var, c in a.terms:
+                terms[var] = terms.get(var, 0) + c * stride
+            const += a.const * stride
+            lo, hi = self.bounds(a)
+            text = self.affine(a)
+            if lo < 0:
+                tests.append(f"{text} >= 0")
+            if hi >= dim:
+                tests.append(f"{text} < {dim}")
+        offset = self.affine(Affine(tuple((v, c) for v, c in terms.items() if c), const))
+        base = f"p{r.input}"
+        element = f"a{r.input}[{base}]" if offset == "0" else f"a{r.input}[{base} + {offset}]".replace("+ -", "- ")
+        return f"({' && '.join(tests)} ? {element} : 0f)" if tests else element
+
+    def expr(self, e: IE, pre: list[str], indent: str) -> tuple[str, str]:
+        """Java text of `e` and its kind ("f" float or "b" boolean); reductions append loops to `pre`."""
+        if isinstance(e, Const):
+            return float_literal(e.value), "f"
+        if isinstance(e, Var):
+            return f"(float) {self.names[e.name]}", "f"
+        if isinstance(e, Read):
+            return self.read(e), "f"
+        if isinstance(e, Reduce):
+            return self.reduce(e, pre, indent), "f"
+        assert isinstance(e, Apply)
+        args = [self.expr(a, pre, indent) for a in e.args]
+        fn = e.fn
+        if fn in _INFIX:
+            return f"({as_float(args[0])} {fn} {as_float(args[1])})", "f"
+        if fn in _COMPARE:
+            return f"{as_float(args[0])} {fn} {as_float(args[1])}", "b"
+        if fn in ("and", "or"):
+            op = "&&" if fn == "and" else "||"
+            return f"({as_bool(args[0])} {op} {as_bool(args[1])})", "b"
+        if fn == "not":
+            return f"!({as_bool(args[0])})", "b"
+        if fn == "select":
+            return f"({as_bool(args[0])} ? {as_float(args[1])} : {as_float(args[2])})", "f"
+        x = [as_float(a) for a in args]
+        if fn == "neg":
+            return f"-{x[0]}", "f"
+        if fn == "^":
+            return f"(float) Math.pow({x[0]}, {x[1]})", "f"
+        if fn in _MATH:
+            return f"(float) {_MATH[fn]}({x[0]})", "f"
+        if fn == "sqrt":
+            return f"(float) Math.sqrt({x[0]})", "f"
+        if fn == "rsqrt":
+            return f"(1f / (float) Math.sqrt({x[0]}))", "f"
+        if fn == "sigmoid":
+            return f"(0.5f * (1f + (float) Math.tanh(0.5f * {x[0]})))", "f"
+        if fn == "abs":
+            return f"Math.abs({x[0]})", "f"
+        if fn in ("max", "min"):
+            return f"Math.{fn}({x[0]}, {x[1]})", "f"
+        raise ValueError(f"no Java form for the scalar function {fn!r}")
+
+    def reduce(self, e: Reduce, pre: list[str], indent: str) -> str:
+        acc = f"s{self.accumulators}"
+        self.accumulators += 1
+        start = "0f" if e.kind == "sum" else "Float.NEGATIVE_INFINITY"
+        pre.append(f"{indent}float {acc} = {start};")
+        inner = indent
+        for var, size in e.vars:
+            v = self.bind(var, size)
+            pre.append(f"{inner}for (int {v} = 0; {v} < {size}; {v}++) {{")
+            inner += "  "
+        body_pre: list[str] = []
+        value = as_float(self.expr(e.body, body_pre, inner))
+        pre.extend(body_pre)
+        pre.append(f"{inner}{acc} += {value};" if e.kind == "sum" else f"{inner}{acc} = Math.max({acc}, {value});")
+        for k in range(len(e.vars)):
+            pre.append(f"{indent}{'  ' * (len(e.vars) - 1 - k)}}}")
+        return acc
+
+
+def as_float(arg: tuple[str, str]) -> str:
+    text, kind = arg
+    return f"({text} ? 1f : 0f)" if kind == "b" else text
+
+
+def as_bool(arg: tuple[str, str]) -> str:
+    text, kind = arg
+    return text if kind == "b" else f"{text} != 0f"
+
+
+def is_flat(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> bool:
+    """Every read is the output's own element, or a scalar, and nothing else needs the indices."""
+    own = tuple(Affine.var(v) for v, _ in out)
+    out_shape = tuple(n for _, n in out)
+
+    def plain(e: IE) -> bool:
+        if isinstance(e, Read):
+            return e.index == () or (e.index == own and shapes[e.input] == out_shape)
+        if isinstance(e, Apply):
+            return all(plain(a) for a in e.args)
+        return isinstance(e, Const)
+
+    return plain(body)
+
+
+def flat_form(e: IE) -> IE:
+    """`e` with every read at the flat index `e`: the same element-wise kernel for any shape."""
+    if isinstance(e, Read):
+        return Read(e.input, (Affine.var("e"),) if e.index else ())
+    if isinstance(e, Apply):
+        return Apply(e.fn, tuple(flat_form(a) for a in e.args))
+    return e
+
+
+def _work(e: IE) -> int:
+    if isinstance(e, Reduce):
+        return math.prod(n for _, n in e.vars) * (1 + _work(e.body))
+    if isinstance(e, Apply):
+        return 1 + sum(_work(a) for a in e.args)
+    return 1
+
+
+def java_kernel(
+    name: str, body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...], doc: str = ""
+) -> str:
+    """The Java method `static void name(Buf out, Buf in0, ...)` that computes `body` over `out`'s grid."""
+    used = sorted({r.input for r in reads(body)})
+    params = ", ".join(["Buf out", *(f"Buf in{k}" for k in range(len(shapes)))])
+    lines = [f"  /** {doc} */"] if doc else []
+    lines.append(f"  private static void {name}({params}) {{")
+    lines.append("    float[] o = out.a;")
+    lines.append("    int po = out.off;")
+    for k in used:
+        lines.append(f"    float[] a{k} = in{k}.a;")
+        lines.append(f"    int p{k} = in{k}.off;")
+    numel = math.prod(n for _, n in out)
+    parallel = numel * _work(body) >= PARALLEL_WORK and out and out[0][1] > 1
+    g = _Gen(shapes, taken={"o", "po", "out", "lo", "hi", "e", *(f"a{k}" for k in used), *(f"p{k}" for k in used),
+                            *(f"in{k}" for k in range(len(shapes)))})  # fmt: skip
+    if is_flat(body, out, shapes):  # the size comes from the output, so one kernel serves every shape
+        g.flat = True
+        pre: list[str] = []
+        value, kind = g.expr(body, pre, "")
+        lines.append("    int n = out.numel();")
+        loop = ["for (int e = lo; e < hi; e++) {", f"  o[po + e] = {as_float((value, kind))};", "}"]
+        lines += [f"    Parallel.range(n, {_work(body)}L * n, (lo, hi) -> {{"]
+        lines += ["      " + line for line in loop] + ["    });"]
+    else:
+        names = [g.bind(var, size) for var, size in out]
+        offset = g.affine(Affine(tuple((v, s) for (v, _), s in zip(out, strides(tuple(n for _, n in out)))), 0))
+        target = "o[po]" if offset == "0" else f"o[po + {offset}]"
+        depth = len(out)
+        indent = "  " * depth
+        pre = []
+        value, kind = g.expr(body, pre, indent)
+        loop = []
+        for k, (v, (_, size)) in enumerate(zip(names, out)):
+            lo, hi = ("lo", "hi") if parallel and k == 0 else ("0", str(size))
+            loop.append(f"{'  ' * k}for (int {v} = {lo}; {v} < {hi}; {v}++) {{")
+        loop += pre + [f"{indent}{target} = {as_float((value, kind))};"]
+        loop += [f"{'  ' * k}}}" for k in reversed(range(depth))]
+        lines += _wrap(loop, out[0][1] if out else 1, numel * _work(body), parallel)
+    lines.append("  }")
+    return "\n".join(lines)
+
+
+def _wrap(loop: list[str], outer: int, work: int, parallel: bool) -> list[str]:
+    if not parallel:
+        return ["    " + line for line in loop]
+    head = [f"    Parallel.range({outer}, {work}L, (lo, hi) -> {{"]
+    return head + ["      " + line for line in loop] + ["    });"]

@@ -1,0 +1,41 @@
+package deepdsl.runtime;
+
+/**
+ * The CPU device: the generated kernels and {@link CpuOps} in plain Java on every core of the host.
+ * It never touches a JCuda class.
+ */
+public final class CpuDevice implements Device {
+  private final long workspaceLimit;
+  private final String note;
+
+  /**
+   * @param workspaceLimit the scratch bytes a convolution may take
+   * @param note why the CPU runs the program when another device was possible (null: it was asked
+   *     for)
+   */
+  public CpuDevice(long workspaceLimit, String note) {
+    this.workspaceLimit = workspaceLimit;
+    this.note = note;
+  }
+
+  @Override
+  public String name() {
+    return "cpu";
+  }
+
+  @Override
+  public String description() {
+    int threads = Runtime.getRuntime().availableProcessors();
+    String text =
+        "cpu (Java, "
+            + threads
+            + (threads == 1 ? " thread" : " threads")
+            + ", workspace limit "
+            + workspaceLimit
+            + " bytes)";
+    return note == null ? text : text + "; " + note;
+  }
+
+  @Override
+  public void close() {}
+}

@@ -1,0 +1,292 @@
+package deepdsl.runtime;
+
+import java.io.IOException;
+import java.math.BigInteger;
+import java.util.Arrays;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import java.util.regex.Pattern;
+
+/**
+ * Training and test samples, exactly as {@code deepdsl/data} gives them to the Python trainer.
+ *
+ * <p>Four sources (DESIGN §9): {@code synthetic[:SEED]} (deterministic, see {@code
+ * data/synthetic.py}), {@code mnist:DIR} (IDX files, plain or gzip), {@code cifar10:DIR} (the
+ * binary batches) and {@code npz:FILE} (arrays {@code x}, {@code y}, optionally {@code x_test},
+ * {@code y_test}). Samples are float32; labels are carried as exact float values. Iteration i with
+ * batch size n takes positions {@code [i·n, (i+1)·n)}, each position p being sample {@code p mod M}
+ * in file order or, with a shuffle seed, sample {@code perm_e[p mod M]} of epoch {@code e = p div
+ * M}'s Fisher–Yates permutation.
+ */
+public final class Data {
+  private static final int BIG_SAMPLE = 65536;
+  private static final int PERMUTATIONS_KEPT = 4;
+  private static final Pattern PYTHON_INT =
+      Pattern.compile(
+          "[+-]?(0[xX](_?[0-9a-fA-F])+|0[oO](_?[0-7])+|0[bB](_?[01])+|[1-9](_?[0-9])*|0(_?0)*)");
+
+  /**
+   * A data source: its kind ({@code synthetic}, {@code mnist}, {@code cifar10} or {@code npz}), the
+   * folder or file it reads ({@code null} for synthetic) and, for synthetic, its own seed ({@code
+   * null}: the program's).
+   */
+  public record Spec(String kind, String path, Long seed) {}
+
+  private final float[] xTrain;
+  private final float[] yTrain;
+  private final float[] xTest;
+  private final float[] yTest;
+  private final int sampleSize;
+  private final Map<Long, int[]> permutations = new LinkedHashMap<>();
+  private long permutationSeed;
+
+  private Data(float[] xTrain, float[] yTrain, float[] xTest, float[] yTest, int sampleSize) {
+    this.xTrain = xTrain;
+    this.yTrain = yTrain;
+    this.xTest = xTest;
+    this.yTest = yTest;
+    this.sampleSize = sampleSize;
+  }
+
+  /**
+   * Parse {@code --data}: {@code synthetic}, {@code synthetic:SEED} (a Python integer literal:
+   * decimal, {@code 0x..}, {@code 0o..}, {@code 0b..}, underscores between digits), {@code
+   * mnist:DIR}, {@code cifar10:DIR} or {@code npz:FILE}.
+   *
+   * @throws IllegalArgumentException for an unknown source, a bad seed or a missing folder or file
+   *     name
+   */
+  public static Spec parseFlag(String text) {
+    int colon = text.indexOf(':');
+    String kind = (colon < 0 ? text : text.substring(0, colon)).strip();
+    String value = colon < 0 ? "" : text.substring(colon + 1);
+    switch (kind) {
+      case "synthetic" -> {
+        if (colon < 0) {
+          return new Spec(kind, null, null);
+        }
+        String digits = value.strip();
+        if (!PYTHON_INT.matcher(digits).matches()) {
+          throw new IllegalArgumentException(
+              "--data synthetic:SEED needs an integer seed, got '" + value + "'");
+        }
+        return new Spec(kind, null, parseSeed(digits));
+      }
+      case "mnist", "cifar10", "npz" -> {
+        String what = kind.equals("npz") ? "file" : "dir";
+        if (value.isEmpty()) {
+          throw new IllegalArgumentException(
+              String.format(
+                  "--data %s needs a %s: write --data %1$s:%s", kind, what, what.toUpperCase()));
+        }
+        return new Spec(kind, value, null);
+      }
+      default ->
+          throw new IllegalArgumentException(
+              String.format(
+                  "unknown data source '%s' in --data '%s' (expected synthetic, mnist:DIR,"
+                      + " cifar10:DIR or npz:FILE)",
+                  kind, text));
+    }
+  }
+
+  /** A Python integer literal (already checked) mod 2^64, as the seed streams take it. */
+  private static long parseSeed(String literal) {
+    String s = literal.replace("_", "");
+    boolean negative = s.startsWith("-");
+    if (negative || s.startsWith("+")) {
+      s = s.substring(1);
+    }
+    int radix = 10;
+    if (s.length() > 1 && s.charAt(0) == '0' && Character.isLetter(s.charAt(1))) {
+      radix = "xX".indexOf(s.charAt(1)) >= 0 ? 16 : "oO".indexOf(s.charAt(1)) >= 0 ? 8 : 2;
+      s = s.substring(2);
+    }
+    BigInteger v = new BigInteger(s, radix);
+    return (negative ? v.negate() : v).longValue();
+  }
+
+  /**
+   * Load (or make) the samples of {@code spec} for a network taking {@code xShape} per sample
+   * (without the batch dimension) and {@code classes} classes. Samples of another shape with the
+   * same number of elements are flattened when the network takes flat vectors {@code [D]}.
+   *
+   * @param seed the program's seed, used by synthetic data without a seed of its own
+   * @throws IOException for a missing, truncated or malformed file, a shape the network cannot take
+   *     or a label outside {@code [0, classes)}; the message names the file and the numbers
+   *     involved
+   */
+  public static Data load(Spec spec, int[] xShape, int classes, long seed) throws IOException {
+    if (classes < 1) {
+      throw new IllegalArgumentException(
+          "the network must have at least one class, got " + classes);
+    }
+    int d = Math.toIntExact(Buf.count(xShape));
+    if (spec.kind().equals("synthetic")) {
+      return synthetic(d, classes, spec.seed() != null ? spec.seed() : seed);
+    }
+    DataFiles.Split split =
+        switch (spec.kind()) {
+          case "mnist" -> DataFiles.mnist(spec.path());
+          case "cifar10" -> DataFiles.cifar10(spec.path());
+          case "npz" -> DataFiles.npz(spec.path());
+          default ->
+              throw new IllegalArgumentException(
+                  String.format(
+                      "unknown data source '%s' (expected synthetic, mnist, cifar10 or npz)",
+                      spec.kind()));
+        };
+    String where = spec.kind() + " data in '" + spec.path() + "'";
+    DataFiles.Samples train = split.train();
+    DataFiles.Samples test = split.test();
+    train.check(xShape, classes, where, "training");
+    if (test != null) {
+      test.check(xShape, classes, where + " (test set)", "test");
+    }
+    if (train.count() == 0) {
+      throw new IOException("the training data holds no samples");
+    }
+    return new Data(
+        train.x,
+        train.labels(),
+        test == null ? null : test.x,
+        test == null ? null : test.labels(),
+        d);
+  }
+
+  /** M, the number of training samples. */
+  public int size() {
+    return yTrain.length;
+  }
+
+  /** Whether the source has test samples. */
+  public boolean hasTest() {
+    return yTest != null;
+  }
+
+  /** The number of test samples (0 without a test set). */
+  public int testSize() {
+    return yTest == null ? 0 : yTest.length;
+  }
+
+  /**
+   * Fill {@code x} ({@code [n, ...]}) and {@code y} ({@code [n]}) with the training samples of
+   * iteration {@code i}, as {@code Dataset.batch(i, n, shuffleSeed)} of the Python side.
+   *
+   * @param shuffleSeed the shuffle seed (the program's seed when the train block shuffles), or null
+   *     for file order
+   */
+  public void batch(long i, int n, Long shuffleSeed, Buf x, Buf y) {
+    if (i < 0) {
+      throw new IllegalArgumentException("the iteration number must not be negative, got " + i);
+    }
+    checkBatch(n, x, y);
+    int m = size();
+    for (int k = 0; k < n; k++) {
+      long p = i * n + k;
+      int index = (int) (p % m);
+      if (shuffleSeed != null) {
+        index = permutation(p / m, shuffleSeed)[index];
+      }
+      copySample(xTrain, yTrain, index, k, x, y);
+    }
+  }
+
+  /**
+   * Fill {@code x} and {@code y} with test samples {@code [b·n, (b+1)·n)}, wrapping around the end
+   * of the test set (as the Python trainer's {@code test()} takes them).
+   *
+   * @throws IllegalStateException when the source has no test set
+   */
+  public void testBatch(long b, int n, Buf x, Buf y) {
+    if (!hasTest()) {
+      throw new IllegalStateException("the data source has no test set");
+    }
+    checkBatch(n, x, y);
+    for (int k = 0; k < n; k++) {
+      copySample(xTest, yTest, (int) Math.floorMod(b * n + k, (long) yTest.length), k, x, y);
+    }
+  }
+
+  /**
+   * The sample order of {@code epoch} under shuffling, a Fisher–Yates permutation of {@code
+   * 0..m-1}: from the identity, for {@code j = m-1} down to 1, swap {@code perm[j]} and {@code
+   * perm[r]}, {@code r} being the next output (unsigned) mod {@code j+1} of the stream {@code
+   * streamSeed("shuffle/" + epoch, shuffleSeed)}.
+   */
+  private static int[] shufflePermutation(int m, long epoch, long shuffleSeed) {
+    int[] perm = new int[m];
+    Arrays.setAll(perm, k -> k);
+    Rng rng = new Rng(Rng.streamSeed("shuffle/" + epoch, shuffleSeed));
+    for (int j = m - 1; j >= 1; j--) {
+      int r = (int) Long.remainderUnsigned(rng.next(), j + 1);
+      int t = perm[j];
+      perm[j] = perm[r];
+      perm[r] = t;
+    }
+    return perm;
+  }
+
+  private int[] permutation(long epoch, long shuffleSeed) {
+    if (shuffleSeed != permutationSeed || permutations.size() >= PERMUTATIONS_KEPT) {
+      permutations.clear();
+      permutationSeed = shuffleSeed;
+    }
+    return permutations.computeIfAbsent(epoch, e -> shufflePermutation(size(), e, shuffleSeed));
+  }
+
+  private void checkBatch(int n, Buf x, Buf y) {
+    if (n <= 0) {
+      throw new IllegalArgumentException("the batch size must be positive, got " + n);
+    }
+    if (x.numel() != (long) n * sampleSize || y.numel() != n) {
+      throw new IllegalArgumentException(
+          String.format(
+              "a batch of %d samples of %d elements does not fit x %s and y %s",
+              n, sampleSize, Arrays.toString(x.shape), Arrays.toString(y.shape)));
+    }
+  }
+
+  private void copySample(float[] xs, float[] ys, int index, int k, Buf x, Buf y) {
+    System.arraycopy(xs, index * sampleSize, x.a, x.off + k * sampleSize, sampleSize);
+    y.a[y.off + k] = ys[index];
+  }
+
+  // ---- synthetic ----
+
+  /**
+   * The synthetic data set of {@code data/synthetic.py}: label j is draw j (unsigned) mod K of
+   * stream {@code synthetic/y}; element t of sample j is {@code ((N >>> 1) + (P >>> 1)) · 2^-24},
+   * with N the top 24 bits of draw {@code j·D + t} of stream {@code synthetic/x} and P those of
+   * draw {@code y_j·D + t} of stream {@code synthetic/prototype}. 1024 training and 256 test
+   * samples (256 and 64 when D > 65536).
+   */
+  private static Data synthetic(int d, int classes, long seed) {
+    int nTrain = d <= BIG_SAMPLE ? 1024 : 256;
+    int nTest = d <= BIG_SAMPLE ? 256 : 64;
+    Rng labels = new Rng(Rng.streamSeed("synthetic/y", seed));
+    Rng noise = new Rng(Rng.streamSeed("synthetic/x", seed));
+    long prototypeSeed = Rng.streamSeed("synthetic/prototype", seed);
+    // The test samples continue the training samples' streams.
+    float[] xTrain = new float[Math.toIntExact((long) nTrain * d)];
+    float[] yTrain = new float[nTrain];
+    float[] xTest = new float[Math.toIntExact((long) nTest * d)];
+    float[] yTest = new float[nTest];
+    syntheticSamples(xTrain, yTrain, d, classes, labels, noise, prototypeSeed);
+    syntheticSamples(xTest, yTest, d, classes, labels, noise, prototypeSeed);
+    return new Data(xTrain, yTrain, xTest, yTest, d);
+  }
+
+  /** The next {@code y.length} synthetic samples, drawing from {@code labels} and {@code noise}. */
+  private static void syntheticSamples(
+      float[] x, float[] y, int d, int classes, Rng labels, Rng noise, long prototypeSeed) {
+    for (int j = 0; j < y.length; j++) {
+      int label = (int) Long.remainderUnsigned(labels.next(), classes);
+      y[j] = label;
+      Rng prototype = Rng.at(prototypeSeed, (long) label * d);
+      for (int t = 0; t < d; t++) {
+        x[j * d + t] = ((noise.bits24() >>> 1) + (prototype.bits24() >>> 1)) * 0x1.0p-24f;
+      }
+    }
+  }
+}

@@ -1,0 +1,363 @@
+package deepdsl.runtime;
+
+import java.io.EOFException;
+import java.io.IOException;
+import java.io.InputStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Map;
+import java.util.zip.GZIPInputStream;
+import java.util.zip.ZipException;
+
+/**
+ * The file sources of {@link Data}, read as {@code deepdsl/data/{mnist,cifar10,npz}.py} read them;
+ * every failure is an {@link IOException} worded as the Python side words it.
+ */
+final class DataFiles {
+  private static final int IMAGE_MAGIC = 2051;
+  private static final int LABEL_MAGIC = 2049;
+  private static final int CIFAR_RECORD = 1 + 3 * 32 * 32;
+  private static final List<String> NPZ_NAMES = List.of("x", "y", "x_test", "y_test");
+
+  private DataFiles() {}
+
+  /** What a file source holds: its training samples and its test samples (null when none). */
+  record Split(Samples train, Samples test) {}
+
+  /** Samples as read: x float32 row-major {@code [M, sample...]}, y the labels. */
+  static final class Samples {
+    final float[] x;
+    final long[] y;
+    final int[] sampleShape;
+
+    Samples(float[] x, long[] y, int[] sampleShape) {
+      this.x = x;
+      this.y = y;
+      this.sampleShape = sampleShape;
+    }
+
+    int count() {
+      return y.length;
+    }
+
+    /** The labels as exact floats ({@link #check} keeps them below the class count). */
+    float[] labels() {
+      float[] out = new float[y.length];
+      for (int k = 0; k < y.length; k++) {
+        out[k] = y[k];
+      }
+      return out;
+    }
+
+    /**
+     * Check that a network taking {@code xShape} per sample can take these samples (the same shape,
+     * or {@code [D]} for samples of D elements) and that every label lies in {@code [0, classes)}.
+     */
+    void check(int[] xShape, int classes, String where, String what) throws IOException {
+      boolean flattens = xShape.length == 1 && Buf.count(sampleShape) == xShape[0];
+      if (!Arrays.equals(sampleShape, xShape) && !flattens) {
+        throw new IOException(
+            String.format(
+                "%s has per-sample shape %s, but the network's input takes %s per sample",
+                where, Arrays.toString(sampleShape), Arrays.toString(xShape)));
+      }
+      for (int k = 0; k < y.length; k++) {
+        if (y[k] < 0 || y[k] >= classes) {
+          throw new IOException(
+              String.format(
+                  "%s: %s label %d of sample %d is outside [0, %d) (the network has %d classes)",
+                  where, what, y[k], k, classes, classes));
+        }
+      }
+    }
+  }
+
+  /** Pixels as float32 {@code byte / 255} (a float division, as NumPy's float32 division). */
+  private static void pixels(byte[] src, int from, float[] dst, int to, int count) {
+    for (int k = 0; k < count; k++) {
+      dst[to + k] = (src[from + k] & 0xFF) / 255.0f;
+    }
+  }
+
+  // ---- mnist ----
+
+  /**
+   * {@code mnist("dir")}: {@code train-images-idx3-ubyte}, {@code train-labels-idx1-ubyte} and,
+   * optionally (both or neither), the {@code t10k-} pair; each plain or with a {@code .gz} suffix
+   * (the plain file wins). Images become {@code [n, 1, rows, cols]}.
+   */
+  static Split mnist(String directory) throws IOException {
+    if (!Files.isDirectory(Path.of(directory))) {
+      throw new IOException("MNIST directory not found: '" + directory + "'");
+    }
+    return new Split(idxPair(directory, "train", true), idxPair(directory, "t10k", false));
+  }
+
+  private static Samples idxPair(String directory, String prefix, boolean required)
+      throws IOException {
+    Path imagesName = Path.of(directory, prefix + "-images-idx3-ubyte");
+    Path labelsName = Path.of(directory, prefix + "-labels-idx1-ubyte");
+    Path images = plainOrGzip(imagesName);
+    Path labels = plainOrGzip(labelsName);
+    if (!required && images == null && labels == null) {
+      return null;
+    }
+    for (Path[] p : new Path[][] {{imagesName, images}, {labelsName, labels}}) {
+      if (p[1] == null) {
+        throw new IOException(
+            String.format("MNIST file not found: looked for '%s' and '%1$s.gz'", p[0]));
+      }
+    }
+    byte[] imageBytes = readIdx(images);
+    int[] h = idxHeader(imageBytes, images, IMAGE_MAGIC, 4, "image");
+    int n = h[1];
+    long size = (long) n * h[2] * h[3];
+    idxBody(imageBytes, images, 16, size, n + " images of " + h[2] + "x" + h[3]);
+    byte[] labelBytes = readIdx(labels);
+    int nLabels = idxHeader(labelBytes, labels, LABEL_MAGIC, 2, "label")[1];
+    idxBody(labelBytes, labels, 8, nLabels, nLabels + " labels");
+    if (n != nLabels) {
+      throw new IOException(
+          String.format(
+              "MNIST files disagree: '%s' holds %d images but '%s' holds %d labels",
+              images, n, labels, nLabels));
+    }
+    float[] x = new float[Math.toIntExact(size)];
+    pixels(imageBytes, 16, x, 0, x.length);
+    long[] y = new long[nLabels];
+    for (int k = 0; k < nLabels; k++) {
+      y[k] = labelBytes[8 + k] & 0xFF;
+    }
+    return new Samples(x, y, new int[] {1, h[2], h[3]});
+  }
+
+  /** The plain file, else the gzip one, else null. */
+  private static Path plainOrGzip(Path plain) {
+    Path gz = Path.of(plain + ".gz");
+    return Files.isRegularFile(plain) ? plain : Files.isRegularFile(gz) ? gz : null;
+  }
+
+  private static byte[] readIdx(Path path) throws IOException {
+    if (!path.toString().endsWith(".gz")) {
+      return Files.readAllBytes(path);
+    }
+    try (InputStream in = new GZIPInputStream(Files.newInputStream(path))) {
+      return in.readAllBytes();
+    } catch (ZipException | EOFException e) {
+      throw new IOException(
+          String.format(
+              "cannot decompress MNIST file '%s' (damaged or truncated gzip: %s)",
+              path, e.getMessage()),
+          e);
+    }
+  }
+
+  /** The header's big-endian int32s: the magic number, then the counts (each below 2^31). */
+  private static int[] idxHeader(byte[] data, Path path, int magic, int words, String what)
+      throws IOException {
+    if (data.length < 4 * words) {
+      throw new IOException(
+          String.format(
+              "MNIST file '%s' is truncated: %d bytes, shorter than its header",
+              path, data.length));
+    }
+    int[] h = new int[words];
+    for (int k = 0; k < words; k++) {
+      for (int b = 0; b < 4; b++) {
+        h[k] = h[k] << 8 | (data[4 * k + b] & 0xFF);
+      }
+    }
+    if (h[0] != magic) {
+      throw new IOException(
+          String.format(
+              "MNIST file '%s' has magic number %s, but an IDX %s file starts with %d",
+              path, Integer.toUnsignedString(h[0]), what, magic));
+    }
+    for (int k = 1; k < words; k++) {
+      if (h[k] < 0) {
+        throw new IOException(
+            String.format(
+                "MNIST file '%s' has an impossible count %s in its header",
+                path, Integer.toUnsignedString(h[k])));
+      }
+    }
+    return h;
+  }
+
+  /** Check that exactly {@code size} bytes follow the header. */
+  private static void idxBody(byte[] data, Path path, int offset, long size, String what)
+      throws IOException {
+    long found = data.length - offset;
+    if (found < size) {
+      throw new IOException(
+          String.format(
+              "MNIST file '%s' is truncated: its header promises %s (%d bytes of data), but only %d"
+                  + " bytes follow the header",
+              path, what, size, found));
+    }
+    if (found > size) {
+      throw new IOException(
+          String.format(
+              "MNIST file '%s' has %d bytes after the %s its header describes",
+              path, found - size, what));
+    }
+  }
+
+  // ---- cifar10 ----
+
+  /**
+   * {@code cifar10("dir")}: DIR (or its {@code cifar-10-batches-bin} folder) holds {@code
+   * data_batch_1.bin} .. {@code data_batch_5.bin}, the training set in that order, and optionally
+   * {@code test_batch.bin}; 3073-byte records of a label byte and the 3x32x32 pixel bytes.
+   */
+  static Split cifar10(String directory) throws IOException {
+    Path base = Path.of(directory);
+    if (!Files.isDirectory(base)) {
+      throw new IOException("CIFAR-10 directory not found: '" + directory + "'");
+    }
+    Path nested = base.resolve("cifar-10-batches-bin");
+    if (!Files.isRegularFile(base.resolve("data_batch_1.bin")) && Files.isDirectory(nested)) {
+      base = nested;
+    }
+    byte[][] batches = new byte[5][];
+    for (int k = 0; k < 5; k++) {
+      Path path = base.resolve("data_batch_" + (k + 1) + ".bin");
+      if (!Files.isRegularFile(path)) {
+        throw new IOException(
+            String.format(
+                "CIFAR-10 file not found: '%s' (the binary version has data_batch_1.bin,"
+                    + " data_batch_2.bin, data_batch_3.bin, data_batch_4.bin, data_batch_5.bin)",
+                path));
+      }
+      batches[k] = readCifar(path);
+    }
+    Path test = base.resolve("test_batch.bin");
+    Samples testSet = Files.isRegularFile(test) ? cifarRecords(readCifar(test)) : null;
+    return new Split(cifarRecords(batches), testSet);
+  }
+
+  private static byte[] readCifar(Path path) throws IOException {
+    byte[] data = Files.readAllBytes(path);
+    if (data.length == 0) {
+      throw new IOException("CIFAR-10 file '" + path + "' is empty");
+    }
+    if (data.length % CIFAR_RECORD != 0) {
+      throw new IOException(
+          String.format(
+              "CIFAR-10 file '%s' is truncated: %d bytes is not a whole number of %d-byte records"
+                  + " (%d whole records and %d bytes over)",
+              path,
+              data.length,
+              CIFAR_RECORD,
+              data.length / CIFAR_RECORD,
+              data.length % CIFAR_RECORD));
+    }
+    return data;
+  }
+
+  /** The records of {@code files}, concatenated, as samples {@code [3, 32, 32]}. */
+  private static Samples cifarRecords(byte[]... files) {
+    int pixelCount = CIFAR_RECORD - 1;
+    long records = 0;
+    for (byte[] data : files) {
+      records += data.length / CIFAR_RECORD;
+    }
+    float[] x = new float[Math.toIntExact(records * pixelCount)];
+    long[] y = new long[(int) records];
+    int j = 0;
+    for (byte[] data : files) {
+      for (int r = 0; r < data.length / CIFAR_RECORD; r++, j++) {
+        y[j] = data[r * CIFAR_RECORD] & 0xFF;
+        pixels(data, r * CIFAR_RECORD + 1, x, j * pixelCount, pixelCount);
+      }
+    }
+    return new Samples(x, y, new int[] {3, 32, 32});
+  }
+
+  // ---- npz ----
+
+  /**
+   * {@code npz("file")}: arrays {@code x} (floats {@code [M, ...]}) and {@code y} (integers {@code
+   * [M]}), optionally both {@code x_test} and {@code y_test}; any other entry is an error.
+   */
+  static Split npz(String file) throws IOException {
+    Path path = Path.of(file);
+    if (!Files.isRegularFile(path)) {
+      throw new IOException("npz data file not found: '" + file + "'");
+    }
+    Map<String, Npz.Array> arrays = Npz.read(path);
+    for (String name : arrays.keySet()) {
+      if (!NPZ_NAMES.contains(name)) {
+        throw new IOException(
+            String.format(
+                "npz file '%s' has an unexpected array '%s' (expected x, y, and optionally x_test,"
+                    + " y_test)",
+                file, name));
+      }
+    }
+    for (String name : new String[] {"x", "y"}) {
+      if (!arrays.containsKey(name)) {
+        throw new IOException(
+            String.format("npz file '%s' has no array '%s' (it needs x and y)", file, name));
+      }
+    }
+    boolean xTest = arrays.containsKey("x_test");
+    if (xTest != arrays.containsKey("y_test")) {
+      throw new IOException(
+          String.format(
+              "npz file '%s' has '%s' but no '%s'",
+              file, xTest ? "x_test" : "y_test", xTest ? "y_test" : "x_test"));
+    }
+    Samples train = npzPair(arrays, "x", "y", file);
+    if (!xTest) {
+      return new Split(train, null);
+    }
+    Samples test = npzPair(arrays, "x_test", "y_test", file);
+    if (!Arrays.equals(test.sampleShape, train.sampleShape)) {
+      throw new IOException(
+          String.format(
+              "npz file '%s': 'x_test' has per-sample shape %s but 'x' has %s",
+              file, Arrays.toString(test.sampleShape), Arrays.toString(train.sampleShape)));
+    }
+    return new Split(train, test);
+  }
+
+  private static Samples npzPair(Map<String, Npz.Array> arrays, String xn, String yn, String file)
+      throws IOException {
+    Npz.Array x = arrays.get(xn);
+    Npz.Array y = arrays.get(yn);
+    String where = "npz file '" + file + "': ";
+    if (!x.isFloat()) {
+      throw new IOException(
+          where
+              + String.format(
+                  "'%s' must hold floats (float32), found integers; scale inputs to [0, 1] and"
+                      + " save as float32",
+                  xn));
+    }
+    if (x.shape.length < 1) {
+      throw new IOException(
+          where + "'" + xn + "' must have a sample dimension [M, ...], found a scalar");
+    }
+    if (y.isFloat()) {
+      throw new IOException(where + "'" + yn + "' must hold integer labels, found floats");
+    }
+    if (y.shape.length != 1) {
+      throw new IOException(
+          where
+              + String.format(
+                  "'%s' must be one-dimensional [M], found shape %s",
+                  yn, Arrays.toString(y.shape)));
+    }
+    if (x.shape[0] != y.shape[0]) {
+      throw new IOException(
+          where
+              + String.format(
+                  "'%s' holds %d samples but '%s' holds %d labels",
+                  xn, x.shape[0], yn, y.shape[0]));
+    }
+    return new Samples(x.floats, y.longs, Arrays.copyOfRange(x.shape, 1, x.shape.length));
+  }
+}

@@ -1,0 +1,589 @@
+package deepdsl.runtime;
+
+import java.io.IOException;
+import java.io.PrintStream;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.function.Supplier;
+
+/**
+ * What every generated network shares: its tensors by name, the arena, the training loop, testing,
+ * parameter files and the command line. A generated class declares its tensors as fields and writes
+ * {@link #trainStep} and {@link #inferStep}; the rest is here.
+ *
+ * <p>The semantics follow the Python trainer (deepdsl/trainer.py): iteration i trains on batch i of
+ * the data, dropout masks are drawn for step i, parameter files hold every parameter and model
+ * state by name, then the optimizer state ({@code opt/...}) and the step counter {@code
+ * opt/iteration} (DESIGN §9).
+ */
+public abstract class Network {
+  /** What the generated class tells the runtime about its network. */
+  public static final class Settings {
+    final String name;
+    long seed = 1;
+    String data = "synthetic";
+    boolean shuffle;
+    int iterations = 100;
+    int testEvery;
+    int testIterations = 10;
+    long trainArenaBytes;
+    long arenaBytes;
+    long workspaceLimit;
+    String[] launches = {};
+
+    public Settings(String name) {
+      this.name = name;
+    }
+
+    public Settings seed(long seed) {
+      this.seed = seed;
+      return this;
+    }
+
+    /** The train block's data source, as a --data flag. */
+    public Settings data(String flag) {
+      return data(flag, false);
+    }
+
+    public Settings data(String flag, boolean shuffle) {
+      this.data = flag;
+      this.shuffle = shuffle;
+      return this;
+    }
+
+    public Settings iterations(int iterations) {
+      this.iterations = iterations;
+      return this;
+    }
+
+    /** Test on {@code batches} test batches every {@code every} iterations (0: only at the end). */
+    public Settings testing(int every, int batches) {
+      this.testEvery = every;
+      this.testIterations = batches;
+      return this;
+    }
+
+    /** The training plan's arena, and the arena both programs fit in. */
+    public Settings arena(long trainBytes, long bytes) {
+      this.trainArenaBytes = trainBytes;
+      this.arenaBytes = bytes;
+      return this;
+    }
+
+    public Settings workspaceLimit(long bytes) {
+      this.workspaceLimit = bytes;
+      return this;
+    }
+
+    /** The ops the steps launch: what a device must cover. */
+    public Settings launches(String... ops) {
+      this.launches = ops;
+      return this;
+    }
+  }
+
+  private enum Kind {
+    PARAM,
+    STATE,
+    OPT
+  }
+
+  private record Tensor(Buf buf, Kind kind) {}
+
+  private static final String ITERATION = "opt/iteration";
+  private static final int BAR = 24;
+
+  protected final Settings settings;
+
+  /** The one block every temporary of a step lives in, at the offset the plan gave it. */
+  protected final float[] arena;
+
+  /** The step counter: the number of training steps taken (it seeds the dropout masks). */
+  protected long iteration;
+
+  /** The scratch bytes a kernel may take beyond the arena (picks the convolution algorithm). */
+  protected long workspaceLimit;
+
+  private final Map<String, Tensor> tensors = new LinkedHashMap<>();
+  private Buf x;
+  private Buf y;
+  private int classes;
+  private Data data;
+  private PrintStream progress;
+
+  protected Network(Settings settings) {
+    this.settings = settings;
+    if (settings.arenaBytes / 4 > Integer.MAX_VALUE - 8) {
+      throw new IllegalStateException(
+          settings.name
+              + " needs an arena of "
+              + settings.arenaBytes
+              + " bytes, more than one Java array holds");
+    }
+    this.arena = new float[(int) (settings.arenaBytes / 4)];
+    this.workspaceLimit = settings.workspaceLimit;
+  }
+
+  /** One training step on the batch in the inputs; returns the loss. */
+  protected abstract float trainStep();
+
+  /**
+   * The prediction for the batch in the inputs, or null when the network defines no {@code
+   * predict}.
+   */
+  protected abstract Buf inferStep();
+
+  // ---- what the generated fields and steps use ----
+
+  protected final Buf input(int... shape) {
+    x = Buf.zeros(shape);
+    return x;
+  }
+
+  protected final Buf label(int classes, int... shape) {
+    this.classes = classes;
+    y = Buf.zeros(shape);
+    return y;
+  }
+
+  /**
+   * A trained parameter, initialised as {@code init} says ({@code he(fan_in=25, fan_out=500)},
+   * ...).
+   */
+  protected final Buf param(String name, String init, int... shape) {
+    return add(name, Kind.PARAM, initial(name, init, shape), shape);
+  }
+
+  /** Model state (batch-norm running statistics), initialised as {@code init} says. */
+  protected final Buf state(String name, String init, int... shape) {
+    return add(name, Kind.STATE, initial(name, init, shape), shape);
+  }
+
+  /** Optimizer state: zero until a parameter file or a step fills it. */
+  protected final Buf optimizerState(String name, int... shape) {
+    return add(name, Kind.OPT, new float[Math.toIntExact(Buf.count(shape))], shape);
+  }
+
+  /** The arena region at {@code byteOffset} seen as a tensor of {@code shape}. */
+  protected final Buf at(long byteOffset, int... shape) {
+    return new Buf(arena, (int) (byteOffset / 4), shape);
+  }
+
+  /** The same elements with another shape (a reshape costs nothing). */
+  protected static Buf view(Buf b, int... shape) {
+    return new Buf(b.a, b.off, shape);
+  }
+
+  /** Copies a step's result into the tensor it updates. */
+  protected static void copy(Buf from, Buf to) {
+    System.arraycopy(from.a, from.off, to.a, to.off, to.numel());
+  }
+
+  protected static float scalar(Buf b) {
+    return b.a[b.off];
+  }
+
+  private Buf add(String name, Kind kind, float[] values, int[] shape) {
+    Buf b = new Buf(values, 0, shape);
+    tensors.put(name, new Tensor(b, kind));
+    return b;
+  }
+
+  private float[] initial(String name, String init, int[] shape) {
+    int open = init.indexOf('(');
+    String kind = init.substring(0, open);
+    List<Double> args = new ArrayList<>();
+    int fanIn = 0;
+    int fanOut = 0;
+    for (String part : init.substring(open + 1, init.length() - 1).split(",")) {
+      String p = part.strip();
+      if (p.startsWith("fan_in=")) {
+        fanIn = Integer.parseInt(p.substring(7));
+      } else if (p.startsWith("fan_out=")) {
+        fanOut = Integer.parseInt(p.substring(8));
+      } else if (!p.isEmpty()) {
+        args.add(Double.parseDouble(p));
+      }
+    }
+    double[] values = args.stream().mapToDouble(Double::doubleValue).toArray();
+    return Init.array(name, shape, kind, values, fanIn, fanOut, settings.seed);
+  }
+
+  // ---- training, testing, parameter files ----
+
+  /** Use {@code flag} (synthetic, mnist:DIR, cifar10:DIR, npz:FILE) as the data source. */
+  public void useData(String flag) throws IOException {
+    data =
+        Data.load(
+            Data.parseFlag(flag),
+            Arrays.copyOfRange(x.shape, 1, x.shape.length),
+            classes,
+            settings.seed);
+  }
+
+  /** Where progress lines go while training (null: nowhere). */
+  public void reportTo(PrintStream out) {
+    progress = out;
+  }
+
+  /**
+   * Trains {@code iterations} steps from the current state and returns their losses.
+   *
+   * @throws ArithmeticException when a loss is not finite (nothing is kept of that step's batch)
+   */
+  public float[] train(int iterations) {
+    float[] losses = new float[iterations];
+    int batch = x.shape[0];
+    Long shuffle = settings.shuffle ? settings.seed : null;
+    for (int k = 0; k < iterations; k++) {
+      data.batch(iteration, batch, shuffle, x, y);
+      long t0 = System.nanoTime();
+      float loss = trainStep();
+      double seconds = (System.nanoTime() - t0) / 1e9;
+      if (!Float.isFinite(loss)) {
+        throw new ArithmeticException(
+            "iteration " + iteration + ": the loss is not finite (" + loss + ")");
+      }
+      losses[k] = loss;
+      iteration++;
+      if (progress != null) {
+        int done = (k + 1) * BAR / Math.max(iterations, 1);
+        int width = Integer.toString(iterations).length();
+        progress.printf(
+            Locale.ROOT,
+            "[%s%s] iter %" + width + "d/%d  loss %.4f  %,.0f images/s%n",
+            "#".repeat(done),
+            ".".repeat(BAR - done),
+            k + 1,
+            iterations,
+            loss,
+            batch / seconds);
+        boolean testNow =
+            settings.testEvery > 0 && (k + 1) % settings.testEvery == 0 && k + 1 < iterations;
+        Double accuracy = testNow ? test(settings.testIterations) : null;
+        if (accuracy != null) {
+          progress.printf(
+              Locale.ROOT,
+              "test accuracy after %d iterations: %.2f%% (%d batches)%n",
+              k + 1,
+              100 * accuracy,
+              settings.testIterations);
+        }
+      }
+    }
+    return losses;
+  }
+
+  /**
+   * Accuracy of {@code predict} on the whole test set, or null without test data or {@code
+   * predict}.
+   */
+  public Double test() {
+    return test(-1);
+  }
+
+  /** Accuracy on the first {@code batches} test batches (all of them when negative). */
+  public Double test(int batches) {
+    if (data == null || !data.hasTest()) {
+      return null;
+    }
+    int n = x.shape[0];
+    int count =
+        batches < 0 ? data.testSize() / n : Math.min(batches, Math.max(1, data.testSize() / n));
+    long correct = 0;
+    Buf labels = Buf.zeros(n);
+    for (int b = 0; b < Math.max(1, count); b++) {
+      data.testBatch(b, n, x, labels);
+      Buf scores = inferStep();
+      if (scores == null) {
+        return null;
+      }
+      int k = scores.shape[1];
+      for (int i = 0; i < n; i++) {
+        int best = 0;
+        for (int j = 1; j < k; j++) {
+          if (scores.a[scores.off + i * k + j] > scores.a[scores.off + i * k + best]) {
+            best = j;
+          }
+        }
+        correct += best == (int) labels.a[i] ? 1 : 0;
+      }
+    }
+    return (double) correct / ((long) Math.max(1, count) * n);
+  }
+
+  /**
+   * Writes every parameter, the model state, the optimizer state and the step counter (atomically).
+   */
+  public void save(String file) throws IOException {
+    LinkedHashMap<String, Npz.Array> out = new LinkedHashMap<>();
+    for (boolean optimizer : new boolean[] {false, true}) {
+      tensors.forEach(
+          (name, t) -> {
+            if ((t.kind == Kind.OPT) == optimizer) {
+              out.put(
+                  name,
+                  Npz.Array.ofFloats(
+                      Arrays.copyOfRange(t.buf.a, t.buf.off, t.buf.off + t.buf.numel()),
+                      t.buf.shape));
+            }
+          });
+    }
+    out.put(ITERATION, Npz.Array.ofLongs(new long[] {iteration}));
+    Npz.write(Path.of(file), out);
+  }
+
+  /**
+   * Reads a parameter file: every parameter and model state must be there with its shape; the
+   * optimizer state may be absent as a whole (the optimizer then starts fresh). The first problem
+   * is named.
+   */
+  public void load(String file) throws IOException {
+    Map<String, Npz.Array> in = Npz.read(Path.of(file));
+    boolean withOptimizer = in.keySet().stream().anyMatch(n -> n.contains("/"));
+    List<String> expected = new ArrayList<>(tensors.keySet());
+    expected.add(ITERATION);
+    for (String name : expected) {
+      boolean optimizer = name.contains("/");
+      if (optimizer && !withOptimizer) {
+        continue;
+      }
+      Npz.Array a = in.get(name);
+      if (a == null) {
+        throw new IOException(
+            "parameter file '"
+                + file
+                + "' has no "
+                + (optimizer ? "optimizer state" : "array")
+                + " '"
+                + name
+                + "'");
+      }
+      int[] shape = name.equals(ITERATION) ? new int[0] : tensors.get(name).buf.shape;
+      if (!Arrays.equals(a.shape, shape)) {
+        throw new IOException(
+            "parameter file '"
+                + file
+                + "': '"
+                + name
+                + "' has shape "
+                + Arrays.toString(a.shape)
+                + ", but the network expects "
+                + Arrays.toString(shape));
+      }
+      if (a.isFloat() == name.equals(ITERATION)) {
+        throw new IOException(
+            "parameter file '"
+                + file
+                + "': '"
+                + name
+                + "' holds "
+                + (a.isFloat() ? "floats" : "integers")
+                + ", but the network expects "
+                + (a.isFloat() ? "an integer" : "floats"));
+      }
+    }
+    for (String name : in.keySet()) {
+      if (!tensors.containsKey(name) && !name.equals(ITERATION)) {
+        throw new IOException(
+            "parameter file '"
+                + file
+                + "' has an entry '"
+                + name
+                + "' that the network does not have"
+                + (name.contains("/") ? " (saved with a different optimizer?)" : ""));
+      }
+    }
+    for (String name : expected) {
+      Npz.Array a = in.get(name);
+      if (a == null || (name.contains("/") && !withOptimizer)) {
+        continue;
+      }
+      if (name.equals(ITERATION)) {
+        iteration = a.longs[0];
+      } else {
+        Buf b = tensors.get(name).buf;
+        System.arraycopy(a.floats, 0, b.a, b.off, b.numel());
+      }
+    }
+  }
+
+  // ---- the command line ----
+
+  private static final String USAGE =
+      "usage: java %s [--iters N] [--data SOURCE] [--load FILE.npz] [--save FILE.npz]\n"
+          + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--json]";
+
+  /** The flags of {@code deepdsl run}, plus the workspace limit. */
+  private static final class Flags {
+    Integer iters;
+    String data;
+    String load;
+    String save;
+    String device = "auto";
+    boolean json;
+    Long workspaceLimit;
+
+    static Flags parse(String[] args) {
+      Flags f = new Flags();
+      for (int i = 0; i < args.length; i++) {
+        String arg = args[i];
+        String value = null;
+        int eq = arg.indexOf('=');
+        if (arg.startsWith("--") && eq > 0) {
+          value = arg.substring(eq + 1);
+          arg = arg.substring(0, eq);
+        }
+        if (arg.equals("--json")) {
+          f.json = true;
+          continue;
+        }
+        if (!List.of("--iters", "--data", "--load", "--save", "--device", "--workspace-limit")
+            .contains(arg)) {
+          throw new IllegalArgumentException("no such option: " + arg);
+        }
+        if (value == null) {
+          if (i + 1 >= args.length) {
+            throw new IllegalArgumentException("option " + arg + " needs a value");
+          }
+          value = args[++i];
+        }
+        switch (arg) {
+          case "--iters" -> f.iters = count(arg, value);
+          case "--data" -> f.data = value;
+          case "--load" -> f.load = value;
+          case "--save" -> f.save = value;
+          case "--workspace-limit" -> f.workspaceLimit = bytes(arg, value);
+          default -> {
+            if (!List.of("cpu", "cuda", "auto").contains(value)) {
+              throw new IllegalArgumentException(
+                  "--device takes cpu, cuda or auto, not '" + value + "'");
+            }
+            f.device = value;
+          }
+        }
+      }
+      return f;
+    }
+
+    private static long bytes(String flag, String value) {
+      try {
+        long n = Long.parseLong(value);
+        if (n >= 0) {
+          return n;
+        }
+      } catch (NumberFormatException e) {
+        // reported below
+      }
+      throw new IllegalArgumentException(
+          flag + " takes a number of bytes >= 0, not '" + value + "'");
+    }
+
+    private static int count(String flag, String value) {
+      try {
+        int n = Integer.parseInt(value);
+        if (n >= 0) {
+          return n;
+        }
+      } catch (NumberFormatException e) {
+        // reported below
+      }
+      throw new IllegalArgumentException(flag + " takes a whole number >= 0, not '" + value + "'");
+    }
+  }
+
+  /**
+   * The generated program's {@code main}: parses the flags, picks the device, trains, tests and
+   * saves, printing progress (or, with --json, one JSON object on stdout). Returns the exit code: 0
+   * ok, 1 an error in the input (a file, the data, the device), 2 a usage error, 3 an internal
+   * error.
+   */
+  public static int run(String[] args, Supplier<? extends Network> make) {
+    Network net = make.get();
+    String name = net.settings.name;
+    if (Arrays.asList(args).contains("--help") || Arrays.asList(args).contains("-h")) {
+      System.out.println(String.format(USAGE, name));
+      return 0;
+    }
+    Flags flags;
+    try {
+      flags = Flags.parse(args);
+    } catch (IllegalArgumentException e) {
+      System.err.println(String.format(USAGE, name) + "\nerror: " + e.getMessage());
+      return 2;
+    }
+    PrintStream info = flags.json ? System.err : System.out;
+    if (flags.workspaceLimit != null) {
+      net.workspaceLimit = flags.workspaceLimit;
+    }
+    try (Device device =
+        Device.open(
+            flags.device, net.settings.launches, net.settings.arenaBytes, net.workspaceLimit)) {
+      String source = flags.data != null ? flags.data : net.settings.data;
+      net.useData(source);
+      if (flags.load != null) {
+        net.load(flags.load);
+      }
+      int iterations = flags.iters != null ? flags.iters : net.settings.iterations;
+      info.printf(
+          "device: %s  network %s  batch %d  data %s%n",
+          device.description(), name, net.x.shape[0], source.split(":", 2)[0]);
+      net.reportTo(flags.json ? null : System.out);
+      long t0 = System.nanoTime();
+      float[] losses = net.train(iterations);
+      double secondsPerIter = iterations == 0 ? 0.0 : (System.nanoTime() - t0) / 1e9 / iterations;
+      Double accuracy = net.test();
+      if (flags.save != null) {
+        net.save(flags.save);
+      }
+      if (flags.json) {
+        System.out.println(
+            json(
+                device.name(),
+                losses,
+                accuracy,
+                iterations == 0 ? 0 : net.settings.trainArenaBytes,
+                secondsPerIter));
+      } else {
+        if (accuracy != null) {
+          System.out.printf(Locale.ROOT, "test accuracy: %.2f%%%n", 100 * accuracy);
+        }
+        if (flags.save != null) {
+          System.out.println("saved: " + flags.save);
+        }
+      }
+      return 0;
+    } catch (IOException | Device.Unavailable | ArithmeticException | IllegalArgumentException e) {
+      System.err.println("error: " + e.getMessage());
+      return 1;
+    } catch (RuntimeException | Error e) {
+      System.err.println("internal error: " + e);
+      e.printStackTrace();
+      return 3;
+    }
+  }
+
+  private static String json(
+      String device, float[] losses, Double accuracy, long peak, double secondsPerIter) {
+    StringBuilder s =
+        new StringBuilder("{\"device\": \"").append(device).append("\", \"losses\": [");
+    for (int i = 0; i < losses.length; i++) {
+      s.append(i > 0 ? ", " : "").append((double) losses[i]);
+    }
+    s.append("]");
+    if (accuracy != null) {
+      s.append(", \"test_accuracy\": ").append(accuracy);
+    }
+    return s.append(", \"peak_bytes\": ")
+        .append(peak)
+        .append(", \"seconds_per_iter\": ")
+        .append(secondsPerIter)
+        .append("}")
+        .toString();
+  }
+}

@@ -1,0 +1,238 @@
+"""The Java CPU kernels (deepdsl/runtime/CpuOps.java) against the ops' NumPy kernels.
+
+Every op without an index form has cases: the registry examples of tests/ops/test_registry_complete.py
+plus odd sizes, strides, padding, groups, transposes, ties and batch sizes that take the other threading
+path. The Java side is compiled once and runs every case in one JVM (tests/backends/java/OpCheck.java).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import ROOT
+from ops.test_registry_complete import EXAMPLES
+
+import deepdsl.ops  # noqa: F401
+from deepdsl.ir import REGISTRY
+from deepdsl.ir.types import DType, TensorType
+
+pytestmark = [
+    pytest.mark.java,
+    pytest.mark.skipif(shutil.which("javac") is None, reason="javac is not on PATH: CpuOps.java cannot be compiled"),
+]
+
+# registry ops that CpuOps does not implement: a view, two ops lowered before any backend, and the
+# statements the emitter writes as generated loops
+NOT_CPUOPS = {"reshape", "batch_norm", "dropout", "fused", "indexed"}
+
+RNG = np.random.default_rng(2024)
+
+
+def _random(t: TensorType, classes: int) -> np.ndarray:
+    if t.dtype is DType.I64:
+        return RNG.integers(0, classes, size=t.shape).astype(np.int64)
+    return RNG.standard_normal(t.shape).astype(np.float32)
+
+
+def _from_example(op: str) -> tuple[list[np.ndarray], dict]:
+    types, attrs = EXAMPLES[op]
+    classes = types[0].shape[1] if types and len(types[0].shape) > 1 else 2
+    xs = [_random(t, classes) for t in types]
+    if op == "dropout_mask":
+        xs = [np.array(3, dtype=np.int64)]  # the step
+    if op.startswith("cross_entropy"):
+        xs[0] = _np("softmax", [xs[0]])  # probabilities
+    return xs, dict(attrs)
+
+
+def _np(op: str, xs: list[np.ndarray], **attrs: Any) -> np.ndarray:
+    return np.asarray(REGISTRY[op].numpy(tuple(xs), attrs))
+
+
+def _f(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _labels(n: int, k: int) -> np.ndarray:
+    return RNG.integers(0, k, size=n).astype(np.int64)
+
+
+def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
+    """(case name, op, inputs, attrs) for every case."""
+    cases: list[tuple[str, str, list[np.ndarray], dict]] = []
+
+    def add(op: str, xs: list[np.ndarray], **attrs: Any) -> None:
+        cases.append((f"{op}-{sum(c[1] == op for c in cases)}", op, xs, attrs))
+
+    covered = sorted(n for n, o in REGISTRY.items() if o.index_form is None and n not in NOT_CPUOPS)
+    for op in covered:
+        xs, attrs = _from_example(op)
+        add(op, xs, **attrs)
+
+    p = _np("softmax", [_f(7, 13)])
+    add("cross_entropy", [p, _labels(7, 13)])
+    add("cross_entropy_backward", [p, _labels(7, 13), _f()])
+
+    # convolutions: odd sizes, asymmetric stride and padding, 3 groups; one image (the parallel-GEMM path);
+    # a 1x1 kernel; one group per channel; small outputs, so that several images share a product; LeNet's
+    # first layer
+    for n, c, h, w, f, cg, kh, kw, stride, pad, groups in [
+        (3, 6, 11, 9, 9, 2, 3, 4, (2, 3), (1, 2), 3),
+        (1, 8, 10, 10, 16, 8, 3, 3, (1, 1), (1, 1), 1),
+        (4, 6, 5, 7, 10, 6, 1, 1, (1, 1), (0, 0), 1),
+        (2, 4, 6, 6, 4, 1, 3, 3, (2, 2), (1, 1), 4),
+        (12, 3, 6, 6, 5, 3, 3, 3, (1, 1), (0, 0), 1),
+        (10, 4, 5, 5, 6, 2, 2, 2, (1, 1), (0, 0), 2),
+        (5, 3, 28, 28, 20, 3, 5, 5, (1, 1), (0, 0), 1),
+    ]:
+        conv = {"stride": stride, "pad": pad, "groups": groups}
+        x, wt = _f(n, c, h, w), _f(f, cg, kh, kw)
+        y = _np("conv2d", [x, wt], **conv)
+        add("conv2d", [x, wt], **conv)
+        add("conv2d_backward_data", [_f(*y.shape), wt], in_shape=x.shape, **conv)
+        add("conv2d_backward_filter", [x, _f(*y.shape)], w_shape=wt.shape, **conv)
+
+    # pooling: padding, odd sizes, overlapping windows
+    for shape, kernel, stride, pad in [
+        ((2, 3, 7, 9), (3, 3), (2, 2), (1, 1)),
+        ((3, 2, 9, 8), (3, 2), (2, 1), (1, 1)),
+        ((1, 2, 5, 5), (3, 3), (1, 1), (1, 0)),
+    ]:
+        pool = {"kernel": kernel, "stride": stride, "pad": pad}
+        x = _f(*shape)
+        y = _np("max_pool2d", [x], **pool)
+        add("max_pool2d", [x], **pool)
+        add("avg_pool2d", [x], **pool)
+        add("max_pool2d_backward", [x, y, _f(*y.shape)], **pool)
+        add("avg_pool2d_backward", [_f(*y.shape)], in_shape=shape, **pool)
+    # ties: small integers, overlapping windows, so many windows hold their maximum twice
+    pool = {"kernel": (3, 3), "stride": (1, 1), "pad": (1, 1)}
+    x = RNG.integers(0, 3, size=(2, 2, 6, 5)).astype(np.float32)
+    y = _np("max_pool2d", [x], **pool)
+    add("max_pool2d_backward", [x, y, _f(*y.shape)], **pool)
+    add("global_avg_pool", [_f(3, 5, 7, 6)])
+    add("global_avg_pool_backward", [_f(3, 5, 1, 1)], in_shape=(3, 5, 7, 6))
+
+    # lrn: an even size and a stronger alpha
+    lrn = {"size": 4, "alpha": 0.05, "beta": 0.75, "k": 2.0}
+    x = _f(2, 7, 3, 5)
+    add("lrn", [x], **lrn)
+    add("lrn_backward", [x, _np("lrn", [x], **lrn), _f(2, 7, 3, 5)], **lrn)
+
+    # matrix products: every transpose, and sizes large enough to split over threads
+    for ta in (False, True):
+        for tb in (False, True):
+            a = _f(*((150, 70) if ta else (70, 150)))
+            b = _f(*((90, 150) if tb else (150, 90)))
+            add("matmul", [a, b], transpose_a=ta, transpose_b=tb)
+            a3 = _f(*((3, 9, 5) if ta else (3, 5, 9)))
+            b3 = _f(*((3, 7, 9) if tb else (3, 9, 7)))
+            add("batch_matmul", [a3, b3], transpose_a=ta, transpose_b=tb)
+    add("matmul", [_f(3, 40), _f(40, 600)])
+    add("batch_matmul", [_f(1, 60, 80), _f(1, 70, 80)], transpose_b=True)
+    add("linear", [_f(64, 200), _f(100, 200)])
+    add("linear", [_f(3, 1), _f(5, 1)])
+
+    # softmax family and losses on more rows
+    x, g = _f(7, 13), _f(7, 13)
+    labels = _labels(7, 13)
+    for op in ("softmax", "log_softmax", "argmax"):
+        add(op, [x])
+    add("softmax_backward", [_np("softmax", [x]), g])
+    add("log_softmax_backward", [_np("log_softmax", [x]), g])
+    add("softmax_cross_entropy", [x * 10, labels])
+    add("softmax_cross_entropy_backward", [x, labels, _f()])
+    labels[:4] = np.argmax(x[:4], axis=1)
+    add("accuracy", [x, labels])
+    add("mse", [_f(3, 5), _f(3, 5)])
+
+    # shape ops along other axes
+    x = _f(2, 3, 4, 5)
+    add("concat", [x, _f(2, 3, 1, 5), _f(2, 3, 2, 5)], axis=2)
+    add("concat", [_f(1, 4), _f(3, 4)], axis=0)
+    add("slice", [x], axis=3, start=2, stop=5)
+    add("slice", [x], axis=0, start=1, stop=2)
+    add("pad_axis", [x], axis=3, start=2, size=9)
+    add("pad_axis", [x], axis=0, start=0, size=3)
+    for axes in ((3,), (1,), (), (0, 1, 2, 3), (1, 3)):
+        add("sum_axes", [x], axes=axes)
+    for perm in ((3, 1, 0, 2), (0, 1, 2, 3), (1, 0, 3, 2)):
+        add("transpose", [x], perm=perm)
+    add("transpose", [_f(33, 47)], perm=(1, 0))
+
+    add("dropout_mask", [np.array(0, dtype=np.int64)], shape=(3, 50), p=0.3, site="fc1.drop", seed=7)
+    return cases
+
+
+CASES = _cases()
+
+
+def _word(v: Any) -> str:
+    if isinstance(v, (tuple, list)):
+        return ",".join(str(int(e)) for e in v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return v if isinstance(v, str) else repr(v)
+
+
+def _shape(a: np.ndarray) -> str:
+    return "x".join(map(str, a.shape))
+
+
+@pytest.fixture(scope="module")
+def java_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """Compiles CpuOps and the driver once, runs every case in one JVM; returns the folder and its stderr."""
+    work = tmp_path_factory.mktemp("java_cpuops")
+    # javac takes from the source path only the runtime classes the driver uses (CpuOps, Buf, Rng), so the
+    # runtime's JCuda-bound classes need no jars here
+    driver = ROOT / "tests" / "backends" / "java" / "OpCheck.java"
+    built = subprocess.run(
+        ["javac", "-sourcepath", str(ROOT), "-d", str(work / "classes"), str(driver)], capture_output=True, text=True
+    )
+    assert built.returncode == 0, built.stderr
+    lines = []
+    for name, op, xs, attrs in CASES:
+        for i, x in enumerate(xs):
+            np.asarray(x, dtype="<f4").tofile(work / f"{name}.{i}.bin")
+        out = _np(op, xs, **attrs)
+        words = [f"out={_shape(out)}", "in=" + ";".join(_shape(np.asarray(x)) for x in xs)]
+        words += [f"{k}={_word(v)}" for k, v in sorted(attrs.items())]
+        lines.append(" ".join([name, op, *words]))
+    (work / "manifest.txt").write_text("\n".join(lines) + "\n")
+    ran = subprocess.run(
+        ["java", "-cp", str(work / "classes"), "OpCheck", str(work)], capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0, ran.stderr
+    return work, ran.stderr
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_cpuops_matches_the_numpy_kernel(case: tuple, java_results: tuple[Path, str]) -> None:
+    name, op, xs, attrs = case
+    work, stderr = java_results
+    expected = _np(op, xs, **attrs).astype(np.float32)
+    result = work / f"{name}.out.bin"
+    assert result.exists(), f"{name} wrote no result:\n{stderr}"
+    actual = np.fromfile(result, dtype="<f4").reshape(expected.shape)
+    # atol scales with the output's magnitude: an element that cancels to near 0 in a long float32 sum
+    # (a filter gradient over 5 x 24 x 24 products) keeps the rounding error of its largest partial sums
+    atol = 1e-5 * max(1.0, float(np.max(np.abs(expected), initial=0.0)))
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=atol, err_msg=f"{name}: {op} {attrs}")
+
+
+def test_every_cpuops_op_has_a_case() -> None:
+    """A new op without an index form must get a CpuOps method and a case here."""
+    wanted = {n for n, o in REGISTRY.items() if o.index_form is None} - NOT_CPUOPS
+    assert {c[1] for c in CASES} == wanted
+
+
+def test_cpuops_has_one_public_method_per_op() -> None:
+    source = (ROOT / "deepdsl" / "runtime" / "CpuOps.java").read_text()
+    methods = set(re.findall(r"public static void (\w+)\(\s*Buf out", source))
+    assert methods == {n for n, o in REGISTRY.items() if o.index_form is None} - NOT_CPUOPS

@@ -1,0 +1,208 @@
+"""The Java emitter: every network compiles to Java that javac accepts, LeNet's class is a golden file, the
+command line's errors, and the loop kernels against `evaluate` (random index expressions and the index form of
+every registry op, all in one JVM)."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import GOLDEN, NETWORKS, ROOT
+from java_env import JAVA_MARKS, java, javac
+from ops.test_registry_complete import EXAMPLES
+
+from deepdsl.backends.java.kernels import java_kernel
+from deepdsl.checkpoint import save_npz
+from deepdsl.ir import REGISTRY
+from deepdsl.ir.indexexpr import FUNCTIONS, IE, Affine, Apply, Const, Read, Reduce, Var
+from deepdsl.ir.types import DType
+from deepdsl.ops._index_forms import out_vars
+from deepdsl.ops.indexed import evaluate
+
+pytestmark = JAVA_MARKS
+
+
+def test_every_network_compiles_with_javac(cli, tmp_path: Path) -> None:
+    out = tmp_path / "java"
+    for net in NETWORKS:
+        r = cli("compile", str(net), "-o", str(out))  # the real sizes: VGG-16's arena needs long offsets
+        assert r.exit_code == 0, r.output
+    classes = sorted(out.glob("*.java"))
+    assert len(classes) == len(NETWORKS)
+    javac(out, [*classes, *sorted((out / "deepdsl" / "runtime").glob("*.java"))], tmp_path / "build")
+    for source in classes:  # straight-line steps split into parts where a method would grow too large
+        text = source.read_text()
+        assert text.count("\n    // %") < 400 or "Step1()" in text
+
+
+def test_lenet_golden(cli, golden, tmp_path: Path) -> None:
+    r = cli("compile", str(ROOT / "networks" / "lenet.ddsl"), "-o", str(tmp_path / "LeNet.java"))
+    assert r.exit_code == 0, r.output
+    golden(GOLDEN / "java" / "LeNet.java", (tmp_path / "LeNet.java").read_text())
+    assert {p.name for p in (tmp_path / "deepdsl" / "runtime").glob("*.java")} >= {
+        "Buf.java",
+        "CpuOps.java",
+        "CudaDevice.java",
+        "Device.java",
+        "Network.java",
+        "Npz.java",
+        "Data.java",
+    }
+
+
+def test_compile_usage_errors(cli, tmp_path: Path) -> None:
+    lenet = str(ROOT / "networks" / "lenet.ddsl")
+    r = cli("compile", lenet, "-o", str(tmp_path / "Net.java"))
+    assert r.exit_code == 2 and "LeNet.java" in r.output
+    assert cli("compile", lenet).exit_code == 2
+    bad = tmp_path / "bad.ddsl"
+    bad.write_text("network B\nconst N = 2\ninput x : [N, 4]\nloss = relux(x)\n")
+    r = cli("compile", str(bad), "-o", str(tmp_path))
+    assert r.exit_code == 1 and "relux" in r.output
+
+
+def test_maven_project_layout(cli, tmp_path: Path) -> None:
+    r = cli("compile", str(ROOT / "networks" / "mlp.ddsl"), "--maven", str(tmp_path / "mlp"))
+    assert r.exit_code == 0, r.output
+    pom = (tmp_path / "mlp" / "pom.xml").read_text()
+    for artifact in ("jcuda", "jcuda-natives", "jcublas", "jcublas-natives"):
+        assert f"<artifactId>{artifact}</artifactId>" in pom
+    assert "<mainClass>MLP</mainClass>" in pom and "linux-x86_64" in pom
+    assert (tmp_path / "mlp" / "src" / "main" / "java" / "MLP.java").is_file()
+    assert (tmp_path / "mlp" / "src" / "main" / "java" / "deepdsl" / "runtime" / "Network.java").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mvn") is None, reason="mvn is not on PATH")
+def test_maven_package_builds_a_runnable_jar(cli, tmp_path: Path) -> None:
+    project = tmp_path / "mlp"
+    assert cli("compile", str(ROOT / "networks" / "mlp.ddsl"), "--set", "N=4", "--maven", str(project)).exit_code == 0
+    subprocess.run(["mvn", "-B", "-q", "package"], cwd=project, check=True)
+    r = subprocess.run(["java", "-jar", "target/mlp-1.0.jar", "--data", "synthetic", "--iters", "2", "--device", "cpu"],
+                       cwd=project, capture_output=True, text=True, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "iter 2/2" in r.stdout
+
+
+# ---- kernels: random index expressions and every op's index form, against `evaluate` ----
+
+_FNS = [*FUNCTIONS, "+", "-", "*", "/", "^", "<", ">=", "==", "and", "or", "not", "neg", "select"]
+
+
+def _random_ie(rng: random.Random, out: tuple[tuple[str, int], ...], shapes: list[tuple[int, ...]]) -> IE:
+    def read(scope: dict[str, int]) -> IE:
+        k = rng.randrange(len(shapes))
+        index = []
+        for dim in shapes[k]:
+            var = rng.choice(sorted(scope))
+            coeff = rng.choice([1, 1, 1, 2, -1])
+            index.append(Affine(((var, coeff),), rng.choice([0, 0, 1, -1, dim - 1])))
+        return Read(k, tuple(index))
+
+    def expr(depth: int, scope: dict[str, int]) -> IE:
+        roll = rng.random()
+        if depth == 0 or roll < 0.25:
+            return read(scope) if rng.random() < 0.8 else Const(rng.choice([0.5, 2.0, -1.0, 3.0]))
+        if roll < 0.35:
+            return Var(rng.choice(sorted(scope)))
+        if roll < 0.5:
+            names = [f"r{depth}{k}" for k in range(rng.choice([1, 2]))]
+            inner = {**scope, **{n: rng.choice([1, 2, 3]) for n in names}}
+            return Reduce(rng.choice(["sum", "max"]), tuple((n, inner[n]) for n in names), expr(depth - 1, inner))
+        fn = rng.choice(_FNS)
+        arity = 3 if fn == "select" else 1 if fn in ("not", "neg") else FUNCTIONS.get(fn, 2)
+        if fn == "^":
+            return Apply(fn, (expr(depth - 1, scope), Const(rng.choice([2.0, 3.0]))))
+        return Apply(fn, tuple(expr(depth - 1, scope) for _ in range(arity)))
+
+    return expr(3, dict(out))
+
+
+def _cases() -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
+    rng = random.Random(6)
+    data = np.random.default_rng(6)
+    cases = []
+    for k in range(40):
+        out = tuple((f"i{j}", rng.choice([1, 2, 3, 5])) for j in range(rng.choice([0, 1, 2, 3])))
+        shapes = [tuple(rng.choice([1, 2, 3, 4]) for _ in range(rng.choice([0, 1, 2, 3])))
+                  for _ in range(rng.choice([1, 2, 3]))]  # fmt: skip
+        if not out:
+            out = (("i0", 4),)
+        xs = [data.uniform(0.1, 2.0, s).astype(np.float32) for s in shapes]
+        cases.append((f"random{k}", _random_ie(rng, out, shapes), out, xs))
+    for name in sorted(REGISTRY):  # every op with an index form runs through the same generated loops
+        form = REGISTRY[name].index_form
+        if form is None or name not in EXAMPLES:
+            continue
+        types, attrs = EXAMPLES[name]
+        out_type = REGISTRY[name].shape(tuple(types), dict(attrs))
+        body = form(tuple(types), out_type, dict(attrs))
+        xs = [data.uniform(0.1, 2.0, t.shape).astype(np.float32) if t.dtype is DType.F32
+              else data.integers(0, 2, t.shape).astype(np.float32) for t in types]  # fmt: skip
+        cases.append((name, body, tuple(zip(out_vars(out_type), out_type.shape)), xs))
+    return cases
+
+
+def test_kernels_equal_evaluate(tmp_path: Path) -> None:
+    cases = _cases()
+    methods, calls, inputs = [], [], {}
+    for k, (_, body, out, xs) in enumerate(cases):
+        methods.append(java_kernel(f"k{k}", body, out, tuple(x.shape for x in xs)))
+        args = ", ".join(f'in.get("c{k}_{j}")' for j in range(len(xs)))
+        shape = ", ".join(str(n) for _, n in out)
+        calls.append(f"    Buf out{k} = Buf.zeros({shape});\n    k{k}(out{k}{', ' if args else ''}{args});\n"
+                     f'    put(result, "c{k}", out{k});')  # fmt: skip
+        inputs.update({f"c{k}_{j}": x for j, x in enumerate(xs)})
+    save_npz(tmp_path / "in.npz", inputs)
+    source = KERNEL_CHECK.replace("CALLS", "\n".join(calls)).replace("METHODS", "\n\n".join(methods))
+    (tmp_path / "KernelCheck.java").write_text(source)
+    runtime = ROOT / "deepdsl" / "runtime"
+    javac(tmp_path, [tmp_path / "KernelCheck.java", *(runtime / f for f in ("Buf.java", "Npz.java", "Parallel.java"))],
+          tmp_path / "build")  # fmt: skip
+    r = java(tmp_path / "build", "KernelCheck", "in.npz", "out.npz", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = np.load(tmp_path / "out.npz")
+    for k, (name, body, out, xs) in enumerate(cases):
+        with np.errstate(all="ignore"):
+            want = evaluate(body, out, tuple(xs), np.float32)
+        np.testing.assert_allclose(got[f"c{k}"], want, rtol=2e-4, atol=1e-5, equal_nan=True, err_msg=f"case {name}")
+
+
+KERNEL_CHECK = """
+import deepdsl.runtime.Buf;
+import deepdsl.runtime.Npz;
+import deepdsl.runtime.Parallel;
+import java.nio.file.Path;
+import java.util.LinkedHashMap;
+import java.util.Map;
+
+public final class KernelCheck {
+  public static void main(String[] args) throws Exception {
+    Map<String, Buf> in = new LinkedHashMap<>();
+    Npz.read(Path.of(args[0])).forEach((name, a) -> in.put(name, new Buf(a.floats, 0, a.shape)));
+    LinkedHashMap<String, Npz.Array> result = new LinkedHashMap<>();
+CALLS
+    Npz.write(Path.of(args[1]), result);
+  }
+
+  private static void put(LinkedHashMap<String, Npz.Array> result, String name, Buf b) {
+    result.put(name, Npz.Array.ofFloats(b.a, b.shape));
+  }
+
+METHODS
+}
+"""
+
+
+def test_kernel_text_reads_like_code() -> None:
+    body = Apply("max", (Apply("+", (Read(0, (Affine.var("i0"), Affine.var("i1"))), Read(1, (Affine.var("i1"),)))),
+                         Const(0.0)))  # fmt: skip
+    text = java_kernel("biasRelu", body, (("i0", 8), ("i1", 500)), ((8, 500), (500,)))
+    assert "o[po + 500 * i0 + i1] = Math.max((a0[p0 + 500 * i0 + i1] + a1[p1 + i1]), 0.0f);" in text
+    padded = Read(0, (Affine((("i0", 1),), -1),))
+    text = java_kernel("shift", padded, (("i0", 4),), ((4,),))
+    assert "(i0 - 1 >= 0 ? a0[p0 + i0 - 1] : 0f)" in text
