@@ -15,7 +15,8 @@ integer steps that any language reproduces bit for bit:
   ``seed XOR fnv1a64("synthetic/prototype")``, for element t (flat C index) of class k.
 - Noise: ``N[j, t] = next() >>> 40`` is draw ``j·D + t`` of the stream seeded with
   ``seed XOR fnv1a64("synthetic/x")``.
-- Input: ``x[j, t] = ((N[j, t] >>> 1) + (P[y_j, t] >>> 1)) · 2^-24``, a float32 in [0, 1) (exact).
+- Input: ``x[j, t] = ((N[j, t] >>> 1) + (P[y_j, t] >>> 1) - 2^23) · 2^-24``, a float32 in [-0.5, 0.5) (exact):
+  centred, as normalised images are, so that the reference networks train with their own learning rates.
 """
 
 from __future__ import annotations
@@ -58,6 +59,6 @@ def make_synthetic(x_shape: tuple[int, ...], classes: int, seed: int):  # noqa: 
         for k in np.unique(y[lo:hi]).tolist():
             rows = np.flatnonzero(y[lo:hi] == k)
             m[rows] += _bits24(proto_seed, d, k * d) >> 1
-        x[lo:hi] = m * 2.0**-24
+        x[lo:hi] = (m - (1 << 23)) * 2.0**-24
     x = x.reshape((total, *x_shape))
     return Dataset(x[:n_train], y[:n_train], x[n_train:], y[n_train:])

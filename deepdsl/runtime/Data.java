@@ -256,7 +256,7 @@ public final class Data {
 
   /**
    * The synthetic data set of {@code data/synthetic.py}: label j is draw j (unsigned) mod K of
-   * stream {@code synthetic/y}; element t of sample j is {@code ((N >>> 1) + (P >>> 1)) · 2^-24},
+   * stream {@code synthetic/y}; element t of sample j is {@code ((N >>> 1) + (P >>> 1) - 2^23) · 2^-24},
    * with N the top 24 bits of draw {@code j·D + t} of stream {@code synthetic/x} and P those of
    * draw {@code y_j·D + t} of stream {@code synthetic/prototype}. 1024 training and 256 test
    * samples (256 and 64 when D > 65536).
@@ -285,7 +285,7 @@ public final class Data {
       y[j] = label;
       Rng prototype = Rng.at(prototypeSeed, (long) label * d);
       for (int t = 0; t < d; t++) {
-        x[j * d + t] = ((noise.bits24() >>> 1) + (prototype.bits24() >>> 1)) * 0x1.0p-24f;
+        x[j * d + t] = ((noise.bits24() >>> 1) + (prototype.bits24() >>> 1) - (1 << 23)) * 0x1.0p-24f;
       }
     }
   }

@@ -327,7 +327,7 @@ def test_synthetic_is_deterministic_and_in_range(monkeypatch):
     assert a.x_train.shape == (1024, 1, 4, 4) and a.x_test.shape == (256, 1, 4, 4)
     assert a.x_train.dtype == np.float32 and a.y_train.dtype == np.int64
     assert np.array_equal(a.x_train, b.x_train) and np.array_equal(a.y_test, b.y_test)
-    assert 0.0 <= float(a.x_train.min()) and float(a.x_train.max()) < 1.0
+    assert -0.5 <= float(a.x_train.min()) and float(a.x_train.max()) < 0.5
     assert set(a.y_train.tolist()) == {0, 1, 2}
     assert np.bincount(a.y_train).min() > 1024 / 3 * 0.7  # close to balanced
     c = load_data("synthetic", {"seed": 2}, (1, 4, 4), 3, 1)
@@ -339,7 +339,7 @@ def test_synthetic_is_deterministic_and_in_range(monkeypatch):
     for _ in range(y0 * 16):
         proto.next()
     assert a.y_train[0] == y0
-    assert a.x_train[0, 0, 0, 0] == np.float32(((noise >> 1) + (proto.next() >> 41)) * 2.0**-24)
+    assert a.x_train[0, 0, 0, 0] == np.float32(((noise >> 1) + (proto.next() >> 41) - 2**23) * 2.0**-24)
     import deepdsl.data.synthetic as synthetic
 
     assert synthetic.synthetic_sizes(70000) == (256, 64)
