@@ -312,6 +312,9 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
 
     if output is None and maven is None:
         raise click.UsageError("say where to write the program: -o DIR, -o DIR/Name.java or --maven DIR")
+    limit = java.DEFAULT_WORKSPACE_LIMIT if workspace_limit is None else workspace_limit
+    # the plan follows the limit: convolutions allowed scratch get it in the arena
+    options = dataclasses.replace(options, workspace_limit=limit)
     api.compile_file(file, sets, stop_at="plan", c=c, options=options)
     assert c.program is not None
     _warnings(c)
@@ -325,13 +328,14 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
             folder = out.parent
         else:
             folder = out
-    limit = java.DEFAULT_WORKSPACE_LIMIT if workspace_limit is None else workspace_limit
     text = java.java_source(c, options, limit)
     if folder is not None:
         java.write_sources(folder, name, text)
         click.echo(f"wrote {folder / (name + '.java')} and the runtime under {folder / 'deepdsl' / 'runtime'}")
-        click.echo(f"  build: javac -cp 'JCUDA_JARS/*' -d build {folder}/{name}.java {folder}/deepdsl/runtime/*.java")
-        click.echo(f"  run:   java -cp build {name} --device cpu   (add :'JCUDA_JARS/*' to the class path for CUDA)")
+        build, source = folder / "build", folder / f"{name}.java"
+        click.echo(f"  CPU:  javac -d {build} -sourcepath {folder} {source} && java -cp {build} {name}")
+        click.echo(f"  CUDA: javac -cp 'JCUDA_JARS/*' -d {build} {source} {folder}/deepdsl/runtime/*.java"
+                   f" && java -cp '{build}:JCUDA_JARS/*' {name} --device cuda")  # fmt: skip
     if maven is not None:
         java.write_maven(Path(maven), name, text)
         click.echo(f"wrote the Maven project {maven}: cd {maven} && mvn -q package && java -jar target/"
