@@ -503,9 +503,8 @@ public abstract class Network {
    * ok, 1 an error in the input (a file, the data, the device), 2 a usage error, 3 an internal
    * error.
    */
-  public static int run(String[] args, Supplier<? extends Network> make) {
-    Network net = make.get();
-    String name = net.settings.name;
+  public static int run(String[] args, Settings settings, Supplier<? extends Network> make) {
+    String name = settings.name;
     if (Arrays.asList(args).contains("--help") || Arrays.asList(args).contains("-h")) {
       System.out.println(String.format(USAGE, name));
       return 0;
@@ -517,6 +516,7 @@ public abstract class Network {
       System.err.println(String.format(USAGE, name) + "\nerror: " + e.getMessage());
       return 2;
     }
+    Network net = make.get(); // after the flags: it allocates the arena, gigabytes for a big network
     PrintStream info = flags.json ? System.err : System.out;
     if (flags.workspaceLimit != null) {
       net.workspaceLimit = flags.workspaceLimit;

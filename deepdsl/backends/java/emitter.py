@@ -413,7 +413,7 @@ def emit_java(program: Program, train: Plan, infer: Plan | None, workspace_limit
         "  }",
         "",
         "  public static void main(String[] args) {",
-        f"    System.exit(run(args, {cls}::new));",
+        f"    System.exit(run(args, SETTINGS, {cls}::new));",
         "  }",
     ]
     methods = ["", *("\n\n".join(train_methods + infer_methods)).split("\n")]

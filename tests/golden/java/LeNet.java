@@ -54,7 +54,7 @@ public final class LeNet extends Network {
   }
 
   public static void main(String[] args) {
-    System.exit(run(args, LeNet::new));
+    System.exit(run(args, SETTINGS, LeNet::new));
   }
 
   /** One training step on the batch in x and y: forward, backward, update; returns the loss. */
