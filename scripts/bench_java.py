@@ -1,12 +1,16 @@
 """Train-step time of the generated Java program (CPU device) against the NumPy runner and PyTorch CPU.
 
-    python scripts/bench_java.py [--steps 10] [--threads N]
+    python scripts/bench_java.py [--steps 10] [--threads N] [--runs 3]
 
 LeNet at batch 64 on synthetic data. The Java class is compiled with `deepdsl compile` and javac, then run for
 warm-up + measured steps; each progress line gives one step's images/s (the step alone, data loading
 excluded), and the median of the measured steps is the Java figure, JIT warm-up excluded. The NumPy runner and
 PyTorch are timed as in scripts/bench_runner.py (median step after one warm-up step), all with the same
 number of threads (-XX:ActiveProcessorCount for Java). PyTorch is skipped where it is not importable.
+
+The three are measured `--runs` times in turn and each figure is the median of its runs, with the range of the
+runs beside it; the load average before and after says how busy the machine was (other jobs skew the figures,
+the more so with more threads).
 """
 
 from __future__ import annotations
@@ -34,44 +38,65 @@ NETWORK, SETS = "lenet", {"N": 64}
 WARMUP = 5
 
 
-def java_step_seconds(steps: int, threads: int) -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        src, build = Path(tmp) / "src", Path(tmp) / "build"
-        sets = [arg for k, v in SETS.items() for arg in ("--set", f"{k}={v}")]
-        net = str(ROOT / "networks" / f"{NETWORK}.ddsl")
-        subprocess.run([sys.executable, "-m", "deepdsl", "compile", net, *sets, "-o", str(src)], check=True,
-                       stdout=subprocess.DEVNULL)  # fmt: skip
-        sources = [str(p) for p in [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")]]
-        cpu_only = [s for s in sources if not s.endswith("CudaDevice.java")]  # runs without the JCuda jars
-        subprocess.run(["javac", "-nowarn", "-d", str(build), *cpu_only], check=True)
+def build_java(tmp: Path) -> Path:
+    """The LeNet class and its runtime (CUDA device left out) compiled into `tmp`/build."""
+    src, build = tmp / "src", tmp / "build"
+    sets = [arg for k, v in SETS.items() for arg in ("--set", f"{k}={v}")]
+    net = str(ROOT / "networks" / f"{NETWORK}.ddsl")
+    subprocess.run([sys.executable, "-m", "deepdsl", "compile", net, *sets, "-o", str(src)], check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    sources = [str(p) for p in [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")]]
+    cpu_only = [s for s in sources if not s.endswith("CudaDevice.java")]  # runs without the JCuda jars
+    subprocess.run(["javac", "-nowarn", "-d", str(build), *cpu_only], check=True)
+    return build
 
-        cmd = ["java", f"-XX:ActiveProcessorCount={threads}", "-cp", str(build), "LeNet", "--data", "synthetic",
-               "--device", "cpu", "--iters", str(WARMUP + steps)]  # fmt: skip
-        lines = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
-        rates = [float(line.split()[-2].replace(",", "")) for line in lines if line.endswith("images/s")]
-        assert len(rates) == WARMUP + steps, lines
-        return statistics.median(SETS["N"] / rate for rate in rates[WARMUP:])
+
+def java_step_seconds(build: Path, steps: int, threads: int) -> float:
+    cmd = ["java", f"-XX:ActiveProcessorCount={threads}", "-cp", str(build), "LeNet", "--data", "synthetic",
+           "--device", "cpu", "--iters", str(WARMUP + steps)]  # fmt: skip
+    lines = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
+    rates = [float(line.split()[-2].replace(",", "")) for line in lines if line.endswith("images/s")]
+    assert len(rates) == WARMUP + steps, lines
+    return statistics.median(SETS["N"] / rate for rate in rates[WARMUP:])
+
+
+def figure(runs: list[float]) -> str:
+    """The median of `runs` in ms, with their range when there are several."""
+    text = f"{1000 * statistics.median(runs):8.1f} ms"
+    return text + f"  ({1000 * min(runs):.1f}-{1000 * max(runs):.1f})" if len(runs) > 1 else text
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=int(THREADS), help="threads of every side")
+    ap.add_argument("--runs", type=int, default=3, help="measurements of each side, taken in turn")
     args = ap.parse_args()
     program = api.compile_file(ROOT / "networks" / f"{NETWORK}.ddsl", SETS).program
-    java_s = java_step_seconds(args.steps, args.threads)
-    numpy_s = bench_runner.numpy_step_seconds(program, args.steps)
-    torch_s = bench_runner.torch_step_seconds(program, args.steps)
+    load_before = os.getloadavg()[0]
+    java_s, numpy_s, torch_s = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        build = build_java(Path(tmp))
+        for _ in range(args.runs):
+            java_s.append(java_step_seconds(build, args.steps, args.threads))
+            numpy_s.append(bench_runner.numpy_step_seconds(program, args.steps))
+            t = bench_runner.torch_step_seconds(program, args.steps)
+            if t is not None:
+                torch_s.append(t)
+    java_m, numpy_m = statistics.median(java_s), statistics.median(numpy_s)
     sizes = " ".join(f"{k}={v}" for k, v in SETS.items())
-    print(f"LeNet {sizes}, one training step, {args.threads} thread(s), {args.steps} measured steps")
-    print(f"  Java CPU device   {1000 * java_s:8.1f} ms")
-    print(f"  NumPy runner      {1000 * numpy_s:8.1f} ms   java/numpy = {java_s / numpy_s:.2f}")
-    if torch_s is None:
+    load = f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
+    print(f"LeNet {sizes}, one training step, {args.threads} thread(s), {args.steps} measured steps, "
+          f"median of {args.runs} run(s); {load}")  # fmt: skip
+    print(f"  Java CPU device   {figure(java_s)}")
+    print(f"  NumPy runner      {figure(numpy_s)}   java/numpy = {java_m / numpy_m:.2f}")
+    if not torch_s:
         print("  PyTorch is not importable here: not timed")
     else:
         import torch
 
-        print(f"  PyTorch {torch.__version__:<9} {1000 * torch_s:8.1f} ms   java/torch = {java_s / torch_s:.2f}")
+        torch_m = statistics.median(torch_s)
+        print(f"  PyTorch {torch.__version__:<9} {figure(torch_s)}   java/torch = {java_m / torch_m:.2f}")
 
 
 if __name__ == "__main__":

@@ -25,11 +25,18 @@ import java.util.concurrent.atomic.AtomicInteger;
  * kernel called from inside such a loop runs on that thread alone. The kernels are meant to be
  * called from one thread at a time.
  *
+ * <p><b>Determinism.</b> Every sum is taken in an order fixed by the shapes and the thread count,
+ * whichever thread takes which piece: the pieces are cut from the sizes alone, a matrix product
+ * adds each element's terms in the same order however it is split, and a kernel that sums over
+ * pieces keeps a partial result per piece and adds them in piece order. Two runs on the same number
+ * of threads give the same bits.
+ *
  * <p><b>Matrix products.</b> linear, matmul, batch_matmul and the three convolutions run on one
  * cache-blocked SGEMM ({@link #gemm}) that accumulates in float; a transposed operand is read
  * through strides, not transposed first. The convolutions use im2col: conv2d and
  * conv2d_backward_data a few images per product (so that each product's rows hold at least 512
- * output pixels where the batch allows), conv2d_backward_filter one image per product, summed.
+ * output pixels where the batch allows), conv2d_backward_filter the same batches with the columns
+ * transposed, summed.
  *
  * <p><b>Scratch memory.</b> Every thread keeps its own scratch arrays that grow on demand and are
  * kept for the thread's life (never shrunk), so once each layer has run a step allocates only small
@@ -39,16 +46,16 @@ import java.util.concurrent.atomic.AtomicInteger;
  * <ul>
  *   <li>SGEMM: 256 x 512 (a panel of B, 512 KiB; each product also allocates two rows of at most
  *       512 floats, see the note in {@link #gemm});
- *   <li>conv2d and conv2d_backward_data: C*kh*kw x B*P (the columns) and, when B > 1, F x B*P (the
- *       products, or the gathered output gradients);
- *   <li>conv2d_backward_filter: C*kh*kw x P (one image's columns) and, on the calling thread only,
- *       (T - 1) x F*(C/groups)*kh*kw for T threads (the other threads' partial filter gradients);
+ *   <li>the three convolutions: C*kh*kw x B*P (the columns) and, when B > 1, F x B*P (the products,
+ *       or the gathered output gradients); conv2d_backward_filter also, on the calling thread only,
+ *       (Q - 1) x F*(C/groups)*kh*kw for the Q = min(N, 4T) pieces of the batch on T threads (the
+ *       partial filter gradients of the pieces other than the first);
  *   <li>lrn_backward: 2 x C*H*W (one image's denominators and scaled gradients).
  * </ul>
  *
  * <p>For example, on two threads LeNet's second convolution (C*kh*kw = 500, P = 64, B = 8, F = 50)
- * holds 2 x (500 + 50) x 512 floats (2.2 MiB) of convolution scratch besides the two 512 KiB
- * panels.
+ * holds 2 x (500 + 50) x 512 floats (2.2 MiB) of convolution scratch and 7 x 50 x 500 floats (0.7
+ * MiB) of partial filter gradients besides the two 512 KiB panels.
  */
 public final class CpuOps {
   private CpuOps() {}
@@ -81,12 +88,12 @@ public final class CpuOps {
   private static final int PIECES_PER_WORKER = 4;
 
   /**
-   * The body of a parallel loop: items {@code lo} (inclusive) to {@code hi} (exclusive), run by
-   * thread number {@code worker}.
+   * The body of a parallel loop: items {@code lo} (inclusive) to {@code hi} (exclusive), which make
+   * up piece number {@code piece}.
    */
   @FunctionalInterface
   private interface Piece {
-    void run(int worker, int lo, int hi);
+    void run(int piece, int lo, int hi);
   }
 
   /** How many threads to run {@code items} items costing {@code workPerItem} operations each on. */
@@ -98,33 +105,42 @@ public final class CpuOps {
   }
 
   /**
-   * Runs {@code body} over {@code [0, items)} on {@code workers} threads (the caller and workers -
-   * 1 of the pool), cut into {@code pieces} contiguous pieces that the threads take in order as
-   * they come free. {@code body} learns the number (0 .. workers - 1) of the thread that runs it.
+   * The number of pieces {@link #parallel} cuts {@code items} items into for {@code workers}
+   * threads.
    */
-  private static void parallel(int items, int workers, int pieces, Piece body) {
-    if (workers <= 1) {
+  private static int pieces(int items, int workers, int piecesPerWorker) {
+    return workers <= 1 ? 1 : Math.min(items, workers * piecesPerWorker);
+  }
+
+  /**
+   * Runs {@code body} over {@code [0, items)} on {@code workers} threads (the caller and workers -
+   * 1 of the pool), cut into {@link #pieces}{@code (items, workers, piecesPerWorker)} contiguous
+   * pieces that the threads take in order as they come free. The pieces depend on the sizes and the
+   * thread count only, not on which thread takes which, so a kernel that keeps a partial result per
+   * piece and adds them in piece order gives the same bits on every run.
+   */
+  private static void parallel(int items, int workers, int piecesPerWorker, Piece body) {
+    int count = pieces(items, workers, piecesPerWorker);
+    if (count <= 1) {
       body.run(0, 0, items);
       return;
     }
-    int count = Math.min(items, Math.max(workers, pieces));
     AtomicInteger next = new AtomicInteger();
     Future<?>[] others = new Future<?>[workers - 1];
     AtomicBoolean[] started = new AtomicBoolean[workers - 1];
     for (int w = 1; w < workers; w++) {
-      int worker = w;
       AtomicBoolean mine = started[w - 1] = new AtomicBoolean();
       others[w - 1] =
           POOL.submit(
               () -> {
                 if (mine.compareAndSet(false, true)) {
-                  work(body, worker, items, count, next);
+                  work(body, items, count, next);
                 }
               });
     }
     Throwable failure = null;
     try {
-      work(body, 0, items, count, next);
+      work(body, items, count, next);
     } catch (RuntimeException | Error e) {
       failure = e;
     }
@@ -152,13 +168,12 @@ public final class CpuOps {
   }
 
   /** One thread's part of {@link #parallel}: the next untaken piece, until none is left. */
-  private static void work(Piece body, int worker, int items, int pieces, AtomicInteger next) {
+  private static void work(Piece body, int items, int pieces, AtomicInteger next) {
     boolean outer = IN_PARALLEL.get();
     IN_PARALLEL.set(true);
     try {
       for (int p = next.getAndIncrement(); p < pieces; p = next.getAndIncrement()) {
-        body.run(
-            worker, (int) ((long) items * p / pieces), (int) ((long) items * (p + 1) / pieces));
+        body.run(p, (int) ((long) items * p / pieces), (int) ((long) items * (p + 1) / pieces));
       }
     } finally {
       IN_PARALLEL.set(outer);
@@ -351,8 +366,8 @@ public final class CpuOps {
       parallel(
           rowPairs,
           workers,
-          workers,
-          (worker, lo, hi) -> {
+          1,
+          (piece, lo, hi) -> {
             int i0 = 2 * lo;
             gemm(Math.min(m, 2 * hi) - i0, n, k, a.from(i0, 0), b, c.from(i0, 0), accumulate);
           });
@@ -362,8 +377,8 @@ public final class CpuOps {
       parallel(
           blocks,
           workers,
-          workers,
-          (worker, lo, hi) -> {
+          1,
+          (piece, lo, hi) -> {
             int j0 = 64 * lo;
             gemm(m, Math.min(n, 64 * hi) - j0, k, a, b.from(0, j0), c.from(0, j0), accumulate);
           });
@@ -448,8 +463,8 @@ public final class CpuOps {
     parallel(
         batches,
         workers,
-        PIECES_PER_WORKER * workers,
-        (worker, lo, hi) -> {
+        PIECES_PER_WORKER,
+        (piece, lo, hi) -> {
           for (int i = lo; i < hi; i++) {
             matmulInto(
                 a.a,
@@ -563,8 +578,8 @@ public final class CpuOps {
     parallel(
         s.n,
         workers,
-        PIECES_PER_WORKER * workers,
-        (worker, lo, hi) -> {
+        PIECES_PER_WORKER,
+        (piece, lo, hi) -> {
           Scratch scratch = SCRATCH.get();
           for (int n0 = lo; n0 < hi; ) {
             int batch = s.batch(hi - n0);
@@ -620,8 +635,8 @@ public final class CpuOps {
     parallel(
         s.n,
         workers,
-        PIECES_PER_WORKER * workers,
-        (worker, lo, hi) -> {
+        PIECES_PER_WORKER,
+        (piece, lo, hi) -> {
           Scratch scratch = SCRATCH.get();
           for (int n0 = lo; n0 < hi; ) {
             int batch = s.batch(hi - n0);
@@ -633,16 +648,7 @@ public final class CpuOps {
               scratch.products = atLeast(scratch.products, s.f * width);
               grad = scratch.products;
               gradOff = 0;
-              for (int b = 0; b < batch; b++) {
-                for (int f = 0; f < s.f; f++) {
-                  System.arraycopy(
-                      g.a,
-                      g.off + ((n0 + b) * s.f + f) * pixels,
-                      grad,
-                      f * width + b * pixels,
-                      pixels);
-                }
-              }
+              gatherPlanes(s, g.a, g.off, n0, batch, grad);
             }
             scratch.cols = atLeast(scratch.cols, s.colRows() * width);
             float[] cols = scratch.cols;
@@ -662,9 +668,11 @@ public final class CpuOps {
 
   /**
    * out[F, C/groups, kh, kw] (w_shape) = d conv2d / d w given x[N, C, H, W] and g = d out [N, F,
-   * OH, OW]: the sum over images of g_g times the transposed im2col columns of x. When images run
-   * in parallel, each thread sums its images into a partial gradient of its own (the calling
-   * thread's is {@code out}) and the partials are added at the end.
+   * OH, OW]: the sum over images of g_g times the im2col columns of x, a few images per product as
+   * in {@link #conv2d}. The columns are built transposed (one row per output pixel, see {@link
+   * #im2colRows}), so that the product's long dimension is C*kh*kw and B is read row by row. When
+   * images run in parallel, piece p of the batch sums its images into partial gradient p (piece 0's
+   * is {@code out}) and the partials are added to {@code out} in piece order.
    */
   public static void conv2d_backward_filter(
       Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] wShape) {
@@ -674,35 +682,103 @@ public final class CpuOps {
     int kg = s.groupRows();
     int size = s.f * kg;
     int workers = s.n >= THREADS ? workers(s.n, s.work()) : 1;
+    int pieces = pieces(s.n, workers, PIECES_PER_WORKER);
     Scratch caller = SCRATCH.get();
-    caller.partials = atLeast(caller.partials, (workers - 1) * size);
+    caller.partials = atLeast(caller.partials, (pieces - 1) * size);
     float[] partials = caller.partials;
     Arrays.fill(out.a, out.off, out.off + size, 0f);
-    Arrays.fill(partials, 0, (workers - 1) * size, 0f);
+    Arrays.fill(partials, 0, (pieces - 1) * size, 0f);
     parallel(
         s.n,
         workers,
-        PIECES_PER_WORKER * workers,
-        (worker, lo, hi) -> {
-          float[] dw = worker == 0 ? out.a : partials;
-          int dwOff = worker == 0 ? out.off : (worker - 1) * size;
+        PIECES_PER_WORKER,
+        (piece, lo, hi) -> {
+          float[] dw = piece == 0 ? out.a : partials;
+          int dwOff = piece == 0 ? out.off : (piece - 1) * size;
           Scratch scratch = SCRATCH.get();
-          scratch.cols = atLeast(scratch.cols, s.colRows() * pixels);
-          float[] cols = scratch.cols;
-          for (int n = lo; n < hi; n++) {
-            im2col(s, x.a, x.off + n * s.image(), cols, pixels, 0);
-            for (int grp = 0; grp < groups; grp++) { // dw_g += g_g cols_g^T
-              Mat grads = Mat.rows(g.a, g.off + (n * s.f + grp * fg) * pixels, pixels);
-              Mat columns = Mat.rows(cols, grp * kg * pixels, pixels);
-              Mat filters = Mat.rows(dw, dwOff + grp * fg * kg, kg);
-              gemmParallel(fg, kg, pixels, grads, columns.t(), filters, true);
+          for (int n0 = lo; n0 < hi; ) {
+            int batch = s.batch(hi - n0);
+            int width = batch * pixels;
+            scratch.cols = atLeast(scratch.cols, width * s.colRows());
+            float[] rows = scratch.cols;
+            for (int b = 0; b < batch; b++) {
+              im2colRows(s, x.a, x.off + (n0 + b) * s.image(), rows, b * pixels);
             }
+            float[] grad = g.a;
+            int gradOff = g.off + n0 * s.f * pixels;
+            if (batch > 1) {
+              scratch.products = atLeast(scratch.products, s.f * width);
+              grad = scratch.products;
+              gradOff = 0;
+              gatherPlanes(s, g.a, g.off, n0, batch, grad);
+            }
+            for (int grp = 0; grp < groups; grp++) { // dw_g += g_g rows_g
+              Mat grads = Mat.rows(grad, gradOff + grp * fg * width, width);
+              Mat columns = Mat.rows(rows, grp * kg, s.colRows());
+              Mat filters = Mat.rows(dw, dwOff + grp * fg * kg, kg);
+              gemm(fg, kg, width, grads, columns, filters, true);
+            }
+            n0 += batch;
           }
         });
-    for (int w = 1; w < workers; w++) {
-      int from = (w - 1) * size;
+    for (int p = 1; p < pieces; p++) {
+      int from = (p - 1) * size;
       for (int i = 0; i < size; i++) {
         out.a[out.off + i] += partials[from + i];
+      }
+    }
+  }
+
+  /**
+   * The output-gradient planes of images n0 .. n0 + batch - 1 side by side: grad[f, b * OH*OW +
+   * pixel] = g[n0 + b, f, pixel].
+   */
+  private static void gatherPlanes(
+      ConvShape s, float[] g, int gOff, int n0, int batch, float[] grad) {
+    int pixels = s.pixels();
+    int width = batch * pixels;
+    for (int b = 0; b < batch; b++) {
+      for (int f = 0; f < s.f; f++) {
+        System.arraycopy(
+            g, gOff + ((n0 + b) * s.f + f) * pixels, grad, f * width + b * pixels, pixels);
+      }
+    }
+  }
+
+  /**
+   * One image's im2col columns transposed, one row of C*kh*kw per output pixel, from row {@code
+   * row}: rows[(row + oy * OW + ox) * C*kh*kw + (ch * kh + i) * kw + j] = x[ch, oy*sh - ph + i,
+   * ox*sw - pw + j], zero outside the image. Each input row is copied, window by window, into the
+   * rows of one output row's pixels.
+   */
+  private static void im2colRows(ConvShape s, float[] x, int xOff, float[] rows, int row) {
+    int length = s.colRows();
+    for (int oy = 0; oy < s.oh; oy++) {
+      int first = (row + oy * s.ow) * length; // the row of pixel (oy, 0)
+      for (int ch = 0; ch < s.c; ch++) {
+        for (int i = 0; i < s.kh; i++) {
+          int at = first + (ch * s.kh + i) * s.kw;
+          int iy = oy * s.sh - s.ph + i;
+          if (iy < 0 || iy >= s.h) {
+            for (int ox = 0; ox < s.ow; ox++, at += length) {
+              Arrays.fill(rows, at, at + s.kw, 0f);
+            }
+            continue;
+          }
+          int line = xOff + (ch * s.h + iy) * s.w;
+          for (int ox = 0; ox < s.ow; ox++, at += length) {
+            int ix = ox * s.sw - s.pw;
+            if (ix >= 0 && ix + s.kw <= s.w) {
+              for (int j = 0; j < s.kw; j++) {
+                rows[at + j] = x[line + ix + j];
+              }
+            } else {
+              for (int j = 0; j < s.kw; j++) {
+                rows[at + j] = ix + j >= 0 && ix + j < s.w ? x[line + ix + j] : 0f;
+              }
+            }
+          }
+        }
       }
     }
   }
@@ -729,7 +805,9 @@ public final class CpuOps {
               continue;
             }
             int from = plane + iy * s.w - s.pw + j;
-            Arrays.fill(cols, to, to + oxLo, 0f);
+            if (oxLo > 0) {
+              Arrays.fill(cols, to, to + oxLo, 0f);
+            }
             if (s.sw == 1) {
               System.arraycopy(x, from + oxLo, cols, to + oxLo, oxHi - oxLo);
             } else {
@@ -737,7 +815,9 @@ public final class CpuOps {
                 cols[to + ox] = x[from + ox * s.sw];
               }
             }
-            Arrays.fill(cols, to + oxHi, to + s.ow, 0f);
+            if (oxHi < s.ow) {
+              Arrays.fill(cols, to + oxHi, to + s.ow, 0f);
+            }
           }
         }
       }
@@ -821,6 +901,14 @@ public final class CpuOps {
       return CpuOps.workers(planes, (long) oh * ow * kh * kw);
     }
 
+    /**
+     * Whether the windows are 2 x 2 at stride 2 without padding: the common case, which has its own
+     * loops.
+     */
+    boolean pairs() {
+      return kh == 2 && kw == 2 && sh == 2 && sw == 2 && ph == 0 && pw == 0;
+    }
+
     /** The input row that window row i of output row oy reads, or -1 where that is padding. */
     int inputRow(int oy, int i) {
       int iy = oy * sh - ph + i;
@@ -844,11 +932,19 @@ public final class CpuOps {
    */
   public static void max_pool2d(Buf out, Buf x, int[] kernel, int[] pad, int[] stride) {
     PoolShape s = new PoolShape(x.shape, kernel, stride, pad);
+    if (s.pairs()) {
+      parallel(
+          s.planes,
+          s.workers(),
+          PIECES_PER_WORKER,
+          (piece, lo, hi) -> maxPoolPairs(s, out, x, lo, hi));
+      return;
+    }
     parallel(
         s.planes,
         s.workers(),
-        PIECES_PER_WORKER * s.workers(),
-        (worker, lo, hi) -> {
+        PIECES_PER_WORKER,
+        (piece, lo, hi) -> {
           for (int pl = lo; pl < hi; pl++) {
             for (int oy = 0; oy < s.oh; oy++) {
               int o = out.off + (pl * s.oh + oy) * s.ow;
@@ -877,11 +973,19 @@ public final class CpuOps {
   public static void max_pool2d_backward(
       Buf out, Buf x, Buf y, Buf g, int[] kernel, int[] pad, int[] stride) {
     PoolShape s = new PoolShape(x.shape, kernel, stride, pad);
+    if (s.pairs()) {
+      parallel(
+          s.planes,
+          s.workers(),
+          PIECES_PER_WORKER,
+          (piece, lo, hi) -> maxPoolPairsBackward(s, out, x, y, g, lo, hi));
+      return;
+    }
     parallel(
         s.planes,
         s.workers(),
-        PIECES_PER_WORKER * s.workers(),
-        (worker, lo, hi) -> {
+        PIECES_PER_WORKER,
+        (piece, lo, hi) -> {
           for (int pl = lo; pl < hi; pl++) {
             int plane = pl * s.h * s.w;
             Arrays.fill(out.a, out.off + plane, out.off + plane + s.h * s.w, 0f);
@@ -912,6 +1016,61 @@ public final class CpuOps {
         });
   }
 
+  /** {@link #max_pool2d} of planes lo .. hi - 1 for 2 x 2 windows at stride 2 without padding. */
+  private static void maxPoolPairs(PoolShape s, Buf out, Buf x, int lo, int hi) {
+    float[] a = x.a;
+    int w = s.w;
+    for (int pl = lo; pl < hi; pl++) {
+      for (int oy = 0; oy < s.oh; oy++) {
+        int in = x.off + (pl * s.h + 2 * oy) * w;
+        int o = out.off + (pl * s.oh + oy) * s.ow;
+        for (int ox = 0; ox < s.ow; ox++) {
+          int at = in + 2 * ox;
+          out.a[o + ox] = Math.max(Math.max(a[at], a[at + 1]), Math.max(a[at + w], a[at + w + 1]));
+        }
+      }
+    }
+  }
+
+  /**
+   * {@link #max_pool2d_backward} of planes lo .. hi - 1 for 2 x 2 windows at stride 2 without
+   * padding: the windows do not overlap, so each input element is written once, g where it is the
+   * window's first maximum, else 0.
+   */
+  private static void maxPoolPairsBackward(
+      PoolShape s, Buf out, Buf x, Buf y, Buf g, int lo, int hi) {
+    float[] a = x.a;
+    float[] d = out.a;
+    int w = s.w;
+    int shift = out.off - x.off;
+    for (int pl = lo; pl < hi; pl++) {
+      if (2 * s.oh != s.h || 2 * s.ow != w) { // the last row or column is in no window
+        Arrays.fill(d, out.off + pl * s.h * w, out.off + (pl + 1) * s.h * w, 0f);
+      }
+      for (int oy = 0; oy < s.oh; oy++) {
+        int in = x.off + (pl * s.h + 2 * oy) * w;
+        int o = (pl * s.oh + oy) * s.ow;
+        for (int ox = 0; ox < s.ow; ox++) {
+          int at = in + 2 * ox;
+          float max = y.a[y.off + o + ox];
+          float grad = g.a[g.off + o + ox];
+          // the offset in the window of its first maximum (row-major), selected without branches
+          int first = a[at + w + 1] == max ? w + 1 : -1;
+          first = a[at + w] == max ? w : first;
+          first = a[at + 1] == max ? 1 : first;
+          first = a[at] == max ? 0 : first;
+          d[shift + at] = 0f;
+          d[shift + at + 1] = 0f;
+          d[shift + at + w] = 0f;
+          d[shift + at + w + 1] = 0f;
+          if (first >= 0) {
+            d[shift + at + first] = grad;
+          }
+        }
+      }
+    }
+  }
+
   /**
    * out[N, C, OH, OW] = the sum of each kh x kw window of x[N, C, H, W] at stride (sh, sw), padded
    * by (ph, pw) with zeros, divided by kh*kw (padding counts in the divisor).
@@ -922,8 +1081,8 @@ public final class CpuOps {
     parallel(
         s.planes,
         s.workers(),
-        PIECES_PER_WORKER * s.workers(),
-        (worker, lo, hi) -> {
+        PIECES_PER_WORKER,
+        (piece, lo, hi) -> {
           for (int pl = lo; pl < hi; pl++) {
             for (int oy = 0; oy < s.oh; oy++) {
               int o = out.off + (pl * s.oh + oy) * s.ow;
@@ -959,8 +1118,8 @@ public final class CpuOps {
     parallel(
         s.planes,
         s.workers(),
-        PIECES_PER_WORKER * s.workers(),
-        (worker, lo, hi) -> {
+        PIECES_PER_WORKER,
+        (piece, lo, hi) -> {
           for (int pl = lo; pl < hi; pl++) {
             Arrays.fill(out.a, out.off + pl * s.h * s.w, out.off + (pl + 1) * s.h * s.w, 0f);
             for (int oy = 0; oy < s.oh; oy++) {
@@ -990,8 +1149,8 @@ public final class CpuOps {
     parallel(
         planes,
         workers,
-        PIECES_PER_WORKER * workers,
-        (worker, lo, hi) -> {
+        PIECES_PER_WORKER,
+        (piece, lo, hi) -> {
           for (int pl = lo; pl < hi; pl++) {
             int in = x.off + pl * size;
             double sum = 0;
@@ -1028,8 +1187,8 @@ public final class CpuOps {
     parallel(
         x.dim(0),
         workers,
-        PIECES_PER_WORKER * workers,
-        (worker, lo, hi) -> {
+        PIECES_PER_WORKER,
+        (piece, lo, hi) -> {
           for (int n = lo; n < hi; n++) {
             int in = x.off + n * image;
             int o = out.off + n * image;
@@ -1057,8 +1216,8 @@ public final class CpuOps {
     parallel(
         x.dim(0),
         workers,
-        PIECES_PER_WORKER * workers,
-        (worker, lo, hi) -> {
+        PIECES_PER_WORKER,
+        (piece, lo, hi) -> {
           Scratch scratch = SCRATCH.get();
           scratch.cols = atLeast(scratch.cols, image);
           scratch.products = atLeast(scratch.products, image);

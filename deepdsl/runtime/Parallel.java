@@ -5,6 +5,10 @@ import java.util.concurrent.RecursiveAction;
 /**
  * Splits a loop's outermost range over the common fork-join pool when it has enough work; the
  * calling thread takes a share too.
+ *
+ * <p>The generated kernels split only loops over output elements, each element computed whole by
+ * one thread (a reduction runs inside it), so their results do not depend on where the range is
+ * split or which thread runs which part.
  */
 public final class Parallel {
   /** Below this many inner operations a loop runs on the calling thread. */

@@ -98,11 +98,14 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
         add("conv2d_backward_data", [_f(*y.shape), wt], in_shape=x.shape, **conv)
         add("conv2d_backward_filter", [x, _f(*y.shape)], w_shape=wt.shape, **conv)
 
-    # pooling: padding, odd sizes, overlapping windows
+    # pooling: padding, odd sizes, overlapping windows; 2x2 windows at stride 2 (their own loops), on even and
+    # odd sizes
     for shape, kernel, stride, pad in [
         ((2, 3, 7, 9), (3, 3), (2, 2), (1, 1)),
         ((3, 2, 9, 8), (3, 2), (2, 1), (1, 1)),
         ((1, 2, 5, 5), (3, 3), (1, 1), (1, 0)),
+        ((2, 3, 8, 6), (2, 2), (2, 2), (0, 0)),
+        ((2, 3, 7, 9), (2, 2), (2, 2), (0, 0)),
     ]:
         pool = {"kernel": kernel, "stride": stride, "pad": pad}
         x = _f(*shape)
@@ -114,6 +117,10 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
     # ties: small integers, overlapping windows, so many windows hold their maximum twice
     pool = {"kernel": (3, 3), "stride": (1, 1), "pad": (1, 1)}
     x = RNG.integers(0, 3, size=(2, 2, 6, 5)).astype(np.float32)
+    y = _np("max_pool2d", [x], **pool)
+    add("max_pool2d_backward", [x, y, _f(*y.shape)], **pool)
+    pool = {"kernel": (2, 2), "stride": (2, 2), "pad": (0, 0)}
+    x = RNG.integers(0, 2, size=(2, 3, 6, 8)).astype(np.float32)
     y = _np("max_pool2d", [x], **pool)
     add("max_pool2d_backward", [x, y, _f(*y.shape)], **pool)
     add("global_avg_pool", [_f(3, 5, 7, 6)])

@@ -5,6 +5,7 @@ save -> load -> continue equal to an uninterrupted run, and the device flags."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -117,8 +118,19 @@ def test_save_load_continue_equals_an_uninterrupted_run(programs: Path) -> None:
     whole = java_run(programs, "Small", "--iters", "5")["losses"]
     first = java_run(programs, "Small", "--iters", "3", "--save", "three.npz")["losses"]
     rest = java_run(programs, "Small", "--load", "three.npz", "--iters", "2")["losses"]
-    # NOTE: not bit for bit: on several cores a CpuOps reduction adds in an order that varies between runs
-    np.testing.assert_allclose(first + rest, whole, rtol=1e-6)
+    assert first + rest == whole  # bit for bit
+
+
+@pytest.mark.parametrize("name", ["LeNet", "Small"])
+def test_two_threads_give_the_same_bits_every_run(programs: Path, name: str) -> None:
+    # the pieces of a parallel loop and the order of every sum depend on the shapes and the thread count only,
+    # never on which thread comes free first
+    cmd = ["java", "-XX:ActiveProcessorCount=2", "-cp", str(programs / "build"), name, "--data", "synthetic",
+           "--device", "cpu", "--iters", "5", "--json"]  # fmt: skip
+    runs = [subprocess.run(cmd, cwd=programs, capture_output=True, text=True, timeout=300, check=False) for _ in "ab"]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
+    first, second = (json.loads(r.stdout)["losses"] for r in runs)
+    assert first == second
 
 
 def test_parameter_files_move_between_python_and_java(cli, programs: Path) -> None:

@@ -3,8 +3,9 @@
 `java_kernel(name, body, out, shapes)` writes `static void name(Buf out, Buf in0, ...)` computing
 `out[idx] = body` over the output's grid, with the meaning of `ops.indexed.evaluate`: a read outside its
 input is 0 (the bounds test is written only where the affine index can leave the input), `Reduce` is a
-local accumulator over nested loops, comparisons are Java booleans. When every read is the output's own
-element (or a scalar), the kernel is one flat loop; otherwise nested loops, innermost over the last axis.
+local accumulator over nested loops (four for a long sum, so that its additions do not wait on each other),
+comparisons are Java booleans. When every read is the output's own element (or a scalar), the kernel is one
+flat loop; otherwise nested loops, innermost over the last axis.
 Kernels with enough work split their outermost loop over threads through `Parallel.range`.
 """
 
@@ -147,6 +148,9 @@ class _Gen:
     def reduce(self, e: Reduce, pre: list[str], indent: str) -> str:
         acc = f"s{self.accumulators}"
         self.accumulators += 1
+        lanes = _sum_lanes(e)
+        if lanes > 1:
+            return self.lane_sum(e, acc, lanes, pre, indent)
         start = "0f" if e.kind == "sum" else "Float.NEGATIVE_INFINITY"
         pre.append(f"{indent}float {acc} = {start};")
         inner = indent
@@ -161,6 +165,44 @@ class _Gen:
         for k in range(len(e.vars)):
             pre.append(f"{indent}{'  ' * (len(e.vars) - 1 - k)}}}")
         return acc
+
+    def lane_sum(self, e: Reduce, acc: str, lanes: int, pre: list[str], indent: str) -> str:
+        """A sum whose innermost loop steps by `lanes`, term j into accumulator j: independent additions
+        instead of one chain, each accumulator's terms in order, the accumulators added pairwise at the end."""
+        parts = [f"{acc}{chr(ord('a') + j)}" for j in range(lanes)]
+        pre.extend(f"{indent}float {part} = 0f;" for part in parts)
+        inner = indent
+        for k, (var, size) in enumerate(e.vars):
+            v = self.bind(var, size)
+            step = f"{v} += {lanes}" if k == len(e.vars) - 1 else f"{v}++"
+            pre.append(f"{inner}for (int {v} = 0; {v} < {size}; {step}) {{")
+            inner += "  "
+        last = e.vars[-1][0]
+        v = self.names[last]
+        for j, part in enumerate(parts):
+            self.names[last] = f"({v} + {j})" if j else v
+            pre.append(f"{inner}{part} += {as_float(self.expr(e.body, [], inner))};")
+        self.names[last] = v
+        for k in range(len(e.vars)):
+            pre.append(f"{indent}{'  ' * (len(e.vars) - 1 - k)}}}")
+        while len(parts) > 1:
+            parts = [f"({parts[j]} + {parts[j + 1]})" for j in range(0, len(parts), 2)]
+        pre.append(f"{indent}float {acc} = {parts[0][1:-1]};")
+        return acc
+
+
+SUM_LANES = 4  # accumulators of a long sum (see _Gen.lane_sum)
+
+
+def _sum_lanes(e: Reduce) -> int:
+    """SUM_LANES for a sum whose innermost loop is long and a multiple of it, with no reduction inside; else 1."""
+    size = e.vars[-1][1] if e.vars else 0
+    plain = not any(isinstance(x, Reduce) for x in _subexprs(e.body))
+    return SUM_LANES if e.kind == "sum" and plain and size >= 2 * SUM_LANES and size % SUM_LANES == 0 else 1
+
+
+def _subexprs(e: IE) -> list[IE]:
+    return [e, *(x for a in e.args for x in _subexprs(a))] if isinstance(e, Apply) else [e]
 
 
 def as_float(arg: tuple[str, str]) -> str:

@@ -297,10 +297,17 @@ public final class LeNet extends Network {
     float[] a0 = in0.a;
     int p0 = in0.off;
     for (int i0 = 0; i0 < 10; i0++) {
-      float s0 = 0f;
-      for (int r0 = 0; r0 < 64; r0++) {
-        s0 += a0[p0 + 10 * r0 + i0];
+      float s0a = 0f;
+      float s0b = 0f;
+      float s0c = 0f;
+      float s0d = 0f;
+      for (int r0 = 0; r0 < 64; r0 += 4) {
+        s0a += a0[p0 + 10 * r0 + i0];
+        s0b += a0[p0 + 10 * (r0 + 1) + i0];
+        s0c += a0[p0 + 10 * (r0 + 2) + i0];
+        s0d += a0[p0 + 10 * (r0 + 3) + i0];
       }
+      float s0 = (s0a + s0b) + (s0c + s0d);
       o[po + i0] = s0;
     }
   }
@@ -329,10 +336,17 @@ public final class LeNet extends Network {
     int p0 = in0.off;
     Parallel.range(500, 64000L, (lo, hi) -> {
       for (int i0 = lo; i0 < hi; i0++) {
-        float s0 = 0f;
-        for (int r0 = 0; r0 < 64; r0++) {
-          s0 += a0[p0 + 500 * r0 + i0];
+        float s0a = 0f;
+        float s0b = 0f;
+        float s0c = 0f;
+        float s0d = 0f;
+        for (int r0 = 0; r0 < 64; r0 += 4) {
+          s0a += a0[p0 + 500 * r0 + i0];
+          s0b += a0[p0 + 500 * (r0 + 1) + i0];
+          s0c += a0[p0 + 500 * (r0 + 2) + i0];
+          s0d += a0[p0 + 500 * (r0 + 3) + i0];
         }
+        float s0 = (s0a + s0b) + (s0c + s0d);
         o[po + i0] = s0;
       }
     });
@@ -346,14 +360,21 @@ public final class LeNet extends Network {
     int p0 = in0.off;
     Parallel.range(50, 409600L, (lo, hi) -> {
       for (int i0 = lo; i0 < hi; i0++) {
-        float s0 = 0f;
+        float s0a = 0f;
+        float s0b = 0f;
+        float s0c = 0f;
+        float s0d = 0f;
         for (int r0 = 0; r0 < 64; r0++) {
           for (int r2 = 0; r2 < 8; r2++) {
-            for (int r3 = 0; r3 < 8; r3++) {
-              s0 += a0[p0 + 3200 * r0 + 64 * i0 + 8 * r2 + r3];
+            for (int r3 = 0; r3 < 8; r3 += 4) {
+              s0a += a0[p0 + 3200 * r0 + 64 * i0 + 8 * r2 + r3];
+              s0b += a0[p0 + 3200 * r0 + 64 * i0 + 8 * r2 + (r3 + 1)];
+              s0c += a0[p0 + 3200 * r0 + 64 * i0 + 8 * r2 + (r3 + 2)];
+              s0d += a0[p0 + 3200 * r0 + 64 * i0 + 8 * r2 + (r3 + 3)];
             }
           }
         }
+        float s0 = (s0a + s0b) + (s0c + s0d);
         o[po + i0] = s0;
       }
     });
@@ -367,14 +388,21 @@ public final class LeNet extends Network {
     int p0 = in0.off;
     Parallel.range(20, 1474560L, (lo, hi) -> {
       for (int i0 = lo; i0 < hi; i0++) {
-        float s0 = 0f;
+        float s0a = 0f;
+        float s0b = 0f;
+        float s0c = 0f;
+        float s0d = 0f;
         for (int r0 = 0; r0 < 64; r0++) {
           for (int r2 = 0; r2 < 24; r2++) {
-            for (int r3 = 0; r3 < 24; r3++) {
-              s0 += a0[p0 + 11520 * r0 + 576 * i0 + 24 * r2 + r3];
+            for (int r3 = 0; r3 < 24; r3 += 4) {
+              s0a += a0[p0 + 11520 * r0 + 576 * i0 + 24 * r2 + r3];
+              s0b += a0[p0 + 11520 * r0 + 576 * i0 + 24 * r2 + (r3 + 1)];
+              s0c += a0[p0 + 11520 * r0 + 576 * i0 + 24 * r2 + (r3 + 2)];
+              s0d += a0[p0 + 11520 * r0 + 576 * i0 + 24 * r2 + (r3 + 3)];
             }
           }
         }
+        float s0 = (s0a + s0b) + (s0c + s0d);
         o[po + i0] = s0;
       }
     });
