@@ -1,0 +1,778 @@
+"""A Plan as one CUDA C translation unit: one `extern "C" __global__` kernel per statement, and its launches.
+
+Statements with an index expression (element-wise, fused and `indexed` ones, every op with a registry
+`index_form`, and the shape ops written here as index expressions) become kernels written from that
+expression, with the meaning of `ops.indexed.evaluate`: a read outside its input is 0, `Reduce` sums or
+maximises over its ranges, comparisons are C booleans. One thread computes one output element in a
+grid-stride loop; a body whose outermost work is a reduction (channel statistics, `sum`, a mean) runs one
+block per output element instead, its threads sharing the reduction through `dd_block_sum` / `dd_block_max`.
+The other ops call a hand-written function of library.cu with the statement's shapes as constants.
+
+Each kernel's launch is data (`Launch`): grid, block, shared memory and where each pointer argument lives
+(an arena offset from the plan, or a program tensor by name).
+
+TODO(registry): `LIBRARY` and `DERIVED_FORMS` below are op tables in a backend; they belong in the registry
+entries (a `cuda` field set from deepdsl/ops/*), as DESIGN §7 asks.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib.resources import files
+from typing import Any
+
+import numpy as np
+
+from deepdsl.initializers import stream_seed
+from deepdsl.ir import REGISTRY, Stmt
+from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, format_ie
+from deepdsl.ir.printer import format_stmt
+from deepdsl.ir.types import DType
+from deepdsl.memory.plan import Plan
+from deepdsl.ops._index_forms import out_vars
+
+BLOCK = 256  # threads per block of the element-wise and row kernels
+TILE = 16  # the GEMM tile (library.cu DD_TILE)
+MAX_GRID = 1 << 16  # blocks of a grid-stride launch at most (its loop covers the rest)
+MAX_THREADS = 1024  # device limits the launches are checked against
+MAX_STATIC_SMEM = 48 * 1024
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+BLOCK_SMEM = 32 * 4  # dd_block_sum / dd_block_max: one float per warp
+GEMM_SMEM = 2 * TILE * (TILE + 1) * 4
+
+
+@dataclass(frozen=True)
+class Arg:
+    """A pointer argument: an arena region (byte offset from the plan) or a program tensor by name."""
+
+    value: str  # the IR value passed
+    storage: str  # "arena" or "tensor" (an input, parameter or state tensor, which lives outside the arena)
+    name: str  # the tensor's name (storage "tensor"), else the value whose buffer holds it (a view's base)
+    offset: int  # byte offset in the arena (0 for a tensor)
+    ctype: str  # "float" or "long long"
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    stmt: str  # the statement's result value
+    op: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int  # dynamic shared memory (0: the kernels use static shared memory only)
+    static_smem: int  # bytes of static shared memory the kernel declares
+    args: tuple[Arg, ...]  # the output first
+    covers: int  # output elements the kernel's loops write, by construction
+    loop: str  # "grid-stride" (threads over elements), "block-stride" (blocks over rows), "one-block", "tiles"
+    tiles: tuple[int, int, int] = (0, 0, 0)  # loop "tiles": (N, M, batch) of the GEMM
+
+
+@dataclass(frozen=True)
+class CudaProgram:
+    source: str  # the translation unit
+    kernels: tuple[str, ...]  # kernel names, in launch order
+    launches: tuple[Launch, ...]  # in program order
+    body: str = ""  # the program's kernels alone (source without the library)
+    # after the launches: (result, tensor, bytes) for each update not computed in place, copied into its tensor
+    copies: tuple[tuple[Arg, str, int], ...] = ()
+
+
+def library_source() -> str:
+    return files("deepdsl.backends.cuda").joinpath("library.cu").read_text()
+
+
+# ---- scalar expressions ----
+
+_INFIX = {"+", "-", "*", "/"}
+_COMPARE = {"==", "!=", "<", "<=", ">", ">="}
+_UNARY = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "tanh": "tanhf", "abs": "fabsf"}
+_KEYWORDS = {"e", "t", "out", "auto", "int", "float", "double", "long", "if", "else", "for", "while", "do", "return",
+             "char", "short", "signed", "unsigned", "const", "void", "case", "switch", "break", "continue", "goto",
+             "static", "struct", "union", "enum", "register", "extern", "volatile", "new", "delete", "this",
+             "class", "template", "typename", "default", "sizeof", "inline", "bool", "true", "false"}  # fmt: skip
+
+
+def float_literal(v: float) -> str:
+    """The C float literal of `v` rounded to float32."""
+    with np.errstate(over="ignore"):
+        f = np.float32(v)
+    if math.isnan(f):
+        return "__int_as_float(0x7fffffff)"
+    if math.isinf(f):
+        return "__int_as_float(0x7f800000)" if f > 0 else "__int_as_float(0xff800000)"
+    text = str(f)  # the shortest decimal that reads back as this float32
+    return f"{text}f" if any(ch in text for ch in ".e") else f"{text}.0f"
+
+
+def strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, n = [], 1
+    for d in reversed(shape):
+        out.append(n)
+        n *= d
+    return tuple(reversed(out))
+
+
+@dataclass
+class _Gen:
+    """Code generation state for one kernel: index variables (ranges, C names) and accumulators."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    ctypes: tuple[str, ...] = ()
+    ranges: dict[str, int] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)
+    taken: set[str] = field(default_factory=lambda: set(_KEYWORDS))
+    accumulators: int = 0
+    flat: bool = False  # every read is the output's own element (in{k}[e]) or a scalar
+    cooperative: bool = False  # top-level reductions are shared by the block's threads
+    own: tuple[tuple[Affine, ...], tuple[int, ...]] | None = None  # the output's index and shape (read as [e])
+
+    def bind(self, var: str, size: int) -> str:
+        name = var if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var) and not var.startswith("dd_") else "v"
+        base, k = name, 2
+        while name in self.taken or re.fullmatch(r"(in|s)\d+", name):
+            name, k = f"{base}_{k}", k + 1
+        self.taken.add(name)
+        self.names[var], self.ranges[var] = name, size
+        return name
+
+    def affine(self, a: Affine) -> str:
+        parts = []
+        for var, c in a.terms:
+            v = self.names[var]
+            parts.append(v if c == 1 else f"-{v}" if c == -1 else f"{c} * {v}")
+        if a.const or not parts:
+            parts.append(str(a.const))
+        return " + ".join(parts).replace("+ -", "- ")
+
+    def bounds(self, a: Affine) -> tuple[int, int]:
+        lo = hi = a.const
+        for var, c in a.terms:
+            top = c * (self.ranges[var] - 1)
+            lo, hi = lo + min(0, top), hi + max(0, top)
+        return lo, hi
+
+    def read(self, r: Read) -> str:
+        cast = "(float) " if self.ctypes and self.ctypes[r.input] != "float" else ""
+        if self.flat:
+            return f"{cast}in{r.input}[{'e' if r.index else '0'}]"
+        if self.own and r.index == self.own[0] and self.shapes[r.input] == self.own[1]:
+            return f"{cast}in{r.input}[e]"  # the output's own element
+        shape = self.shapes[r.input]
+        terms: dict[str, int] = {}
+        const = 0
+        tests = []
+        for a, dim, stride in zip(r.index, shape, strides(shape)):
+            for var, c in a.terms:
+                terms[var] = terms.get(var, 0) + c * stride
+            const += a.const * stride
+            lo, hi = self.bounds(a)
+            text = self.affine(a)
+            if lo < 0:
+                tests.append(f"{text} >= 0")
+            if hi >= dim:
+                tests.append(f"{text} < {dim}")
+        offset = self.affine(Affine(tuple((v, c) for v, c in terms.items() if c), const))
+        element = f"{cast}in{r.input}[{offset}]"
+        return f"({' && '.join(tests)} ? {element} : 0.0f)" if tests else element
+
+    def expr(self, e: IE, pre: list[str], indent: str, top: bool = True) -> tuple[str, str]:
+        """C text of `e` and its kind ("f" float or "b" bool); reductions append their loops to `pre`."""
+        if isinstance(e, Const):
+            return float_literal(e.value), "f"
+        if isinstance(e, Var):
+            return f"(float) {self.names[e.name]}", "f"
+        if isinstance(e, Read):
+            return self.read(e), "f"
+        if isinstance(e, Reduce):
+            return self.reduce(e, pre, indent, top), "f"
+        assert isinstance(e, Apply)
+        args = [self.expr(a, pre, indent, top) for a in e.args]
+        fn = e.fn
+        if fn in _INFIX:
+            return f"({as_float(args[0])} {fn} {as_float(args[1])})", "f"
+        if fn in _COMPARE:
+            return f"({as_float(args[0])} {fn} {as_float(args[1])})", "b"
+        if fn in ("and", "or"):
+            return f"({as_bool(args[0])} {'&&' if fn == 'and' else '||'} {as_bool(args[1])})", "b"
+        if fn == "not":
+            return f"!{as_bool(args[0])}", "b"
+        if fn == "select":
+            return f"({as_bool(args[0])} ? {as_float(args[1])} : {as_float(args[2])})", "f"
+        x = [as_float(a) for a in args]
+        if fn == "neg":
+            return f"(-{x[0]})", "f"
+        if fn == "^":
+            return f"powf({x[0]}, {x[1]})", "f"
+        if fn in _UNARY:
+            return f"{_UNARY[fn]}({x[0]})", "f"
+        if fn == "rsqrt":
+            return f"(1.0f / sqrtf({x[0]}))", "f"
+        if fn == "sigmoid":
+            return f"(0.5f * (1.0f + tanhf(0.5f * {x[0]})))", "f"
+        if fn in ("max", "min"):
+            return f"f{fn}f({x[0]}, {x[1]})", "f"
+        raise ValueError(f"no CUDA form for the scalar function {fn!r}")
+
+    def reduce(self, e: Reduce, pre: list[str], indent: str, top: bool) -> str:
+        acc = f"s{self.accumulators}"
+        self.accumulators += 1
+        start = "0.0f" if e.kind == "sum" else "__int_as_float(0xff800000)"
+        pre.append(f"{indent}float {acc} = {start};")
+        if self.cooperative and top:  # the block's threads share the flattened range, then combine
+            total = math.prod(n for _, n in e.vars)
+            pre.append(f"{indent}for (int t = threadIdx.x; t < {total}; t += blockDim.x) {{")
+            inner = indent + "  "
+            rest = total
+            for var, size in e.vars:
+                rest //= size
+                v = self.bind(var, size)
+                div = f"t / {rest}" if rest > 1 else "t"
+                pre.append(f"{inner}int {v} = {div} % {size};" if size * rest < total else f"{inner}int {v} = {div};")
+            body_pre: list[str] = []
+            value = as_float(self.expr(e.body, body_pre, inner, False))
+            pre.extend(body_pre)
+            pre.append(f"{inner}{acc} += {value};" if e.kind == "sum" else f"{inner}{acc} = fmaxf({acc}, {value});")
+            pre.append(f"{indent}}}")
+            pre.append(f"{indent}{acc} = dd_block_{e.kind}({acc});")
+            return acc
+        inner = indent
+        for var, size in e.vars:
+            v = self.bind(var, size)
+            pre.append(f"{inner}for (int {v} = 0; {v} < {size}; {v}++) {{")
+            inner += "  "
+        body_pre = []
+        value = as_float(self.expr(e.body, body_pre, inner, False))
+        pre.extend(body_pre)
+        pre.append(f"{inner}{acc} += {value};" if e.kind == "sum" else f"{inner}{acc} = fmaxf({acc}, {value});")
+        for k in range(len(e.vars)):
+            pre.append(f"{indent}{'  ' * (len(e.vars) - 1 - k)}}}")
+        return acc
+
+
+def as_float(arg: tuple[str, str]) -> str:
+    text, kind = arg
+    return f"({text} ? 1.0f : 0.0f)" if kind == "b" else text
+
+
+def as_bool(arg: tuple[str, str]) -> str:
+    text, kind = arg
+    return text if kind == "b" else f"({text} != 0.0f)"
+
+
+def cuda_expr(e: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> str:
+    """The C expression of a reduction-free `e` at output indices named as in `out` (for tests and reading)."""
+    g = _Gen(shapes)
+    for var, size in out:
+        g.bind(var, size)
+    pre: list[str] = []
+    text = as_float(g.expr(e, pre, ""))
+    if pre:
+        raise ValueError("cuda_expr takes an expression without reductions")
+    return text
+
+
+def _top_reduces(e: IE) -> list[Reduce]:
+    if isinstance(e, Reduce):
+        return [e]
+    if isinstance(e, Apply):
+        return [r for a in e.args for r in _top_reduces(a)]
+    return []
+
+
+def _is_flat(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> bool:
+    own = tuple(Affine.var(v) for v, _ in out)
+    out_shape = tuple(n for _, n in out)
+
+    def plain(e: IE) -> bool:
+        if isinstance(e, Read):
+            return e.index == () or (e.index == own and shapes[e.input] == out_shape)
+        if isinstance(e, Apply):
+            return all(plain(a) for a in e.args)
+        return isinstance(e, Const)
+
+    return plain(body)
+
+
+@dataclass(frozen=True)
+class _Kernel:
+    """A kernel's text and how to launch it (its arguments are filled in by the caller)."""
+
+    text: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    static_smem: int
+    covers: int
+    loop: str
+    tiles: tuple[int, int, int] = (0, 0, 0)
+
+
+def _params(out_ctype: str, ctypes: tuple[str, ...], restrict: bool) -> str:
+    r = "__restrict__ " if restrict else ""
+    return ", ".join([f"{out_ctype}* {r}out", *(f"const {t}* {r}in{k}" for k, t in enumerate(ctypes))])
+
+
+def _grid_for(n: int, block: int) -> int:
+    return max(1, min(MAX_GRID, -(-n // block)))
+
+
+def ie_kernel(
+    name: str, body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...],
+    ctypes: tuple[str, ...] | None = None, comment: str = "",
+) -> _Kernel:  # fmt: skip
+    """The kernel computing out[idx] = body over `out`'s grid."""
+    ctypes = ctypes or ("float",) * len(shapes)
+    numel = math.prod(n for _, n in out)
+    _check_size(name, numel, *(math.prod(s) for s in shapes))
+    head = [f"// {comment}"] if comment else []
+    head.append(f'extern "C" __global__ void {name}({_params("float", ctypes, False)}) {{')
+    tops = _top_reduces(body)
+    reduced = max((math.prod(n for _, n in r.vars) for r in tops), default=0)
+    cooperative = reduced >= 64 and reduced >= numel // 64
+    g = _Gen(shapes, ctypes, cooperative=cooperative)
+    lines: list[str] = []
+    if not cooperative and _is_flat(body, out, shapes):
+        g.flat = True
+        pre: list[str] = []
+        value = as_float(g.expr(body, pre, "    "))
+        lines += [f"  DD_GRID_STRIDE(e, {numel}) {{", f"    out[e] = {value};", "  }"]
+        return _Kernel("\n".join(head + lines + ["}"]), (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel,
+                       "grid-stride")  # fmt: skip
+    names = [g.bind(var, size) for var, size in out]
+    g.own = tuple(Affine.var(v) for v, _ in out), tuple(n for _, n in out)
+    loop = "DD_BLOCK_STRIDE" if cooperative else "DD_GRID_STRIDE"
+    lines.append(f"  {loop}(e, {numel}) {{")
+    pre = []
+    value = as_float(g.expr(body, pre, "    "))
+    used = "\n".join([*pre, value])
+    rest = numel
+    for v, (_, size) in zip(names, out):  # the output's indices that the body uses, from the flat index e
+        rest //= size
+        if not re.search(rf"\b{v}\b", used):
+            continue
+        if size == 1:
+            lines.append(f"    const int {v} = 0;")
+        else:
+            div = f"e / {rest}" if rest > 1 else "e"
+            lines.append(f"    int {v} = {div} % {size};" if size * rest < numel else f"    int {v} = {div};")
+    lines += pre
+    lines.append(f"    if (threadIdx.x == 0) out[e] = {value};" if cooperative else f"    out[e] = {value};")
+    lines.append("  }")
+    text = "\n".join(head + lines + ["}"])
+    if cooperative:
+        block = min(BLOCK, max(32, 1 << (reduced - 1).bit_length()))
+        return _Kernel(text, (_grid_for(numel, 1), 1, 1), (block, 1, 1), BLOCK_SMEM, numel, "block-stride")
+    return _Kernel(text, (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel, "grid-stride")
+
+
+def _check_size(name: str, *sizes: int) -> None:
+    if max(sizes, default=0) >= 2**31:
+        raise ValueError(
+            f"kernel {name}: a tensor of {max(sizes)} elements is beyond the 32-bit indices of the kernels"
+        )
+
+
+# ---- ops without an index form ----
+
+
+def _call(name: str, s: Stmt, ctypes: tuple[str, ...], out_ctype: str, call: str, **launch: Any) -> _Kernel:
+    text = "\n".join([
+        f"// {format_stmt(s)}",
+        f'extern "C" __global__ void {name}({_params(out_ctype, ctypes, True)}) {{',
+        f"  {call};",
+        "}",
+    ])  # fmt: skip
+    return _Kernel(text, **launch)
+
+
+def _elementwise(n: int) -> dict[str, Any]:
+    return {"grid": (_grid_for(n, BLOCK), 1, 1), "block": (BLOCK, 1, 1), "static_smem": 0, "covers": n,
+            "loop": "grid-stride"}  # fmt: skip
+
+
+def _rows(rows: int, covers: int) -> dict[str, Any]:
+    return {"grid": (_grid_for(rows, 1), 1, 1), "block": (BLOCK, 1, 1), "static_smem": BLOCK_SMEM, "covers": covers,
+            "loop": "block-stride"}  # fmt: skip
+
+
+def _one_block(covers: int) -> dict[str, Any]:
+    return {"grid": (1, 1, 1), "block": (BLOCK, 1, 1), "static_smem": BLOCK_SMEM, "covers": covers, "loop": "one-block"}
+
+
+def _ints(*xs: Any) -> str:
+    return ", ".join(str(int(x)) for x in xs)
+
+
+def _conv_geometry(s: Stmt) -> tuple[int, ...]:
+    a = s.a
+    if s.op == "conv2d":
+        x, w, y = s.inputs[0].type.shape, s.inputs[1].type.shape, s.out.type.shape
+    elif s.op == "conv2d_backward_data":
+        g, w, x = s.inputs[0].type.shape, s.inputs[1].type.shape, tuple(a["in_shape"])
+        y = g
+    else:
+        x, y, w = s.inputs[0].type.shape, s.inputs[1].type.shape, tuple(a["w_shape"])
+    n, c, h, wd = x
+    f, _, kh, kw = w
+    (sh, sw), (ph, pw) = a["stride"], a["pad"]
+    return n, c, h, wd, f, kh, kw, y[2], y[3], sh, sw, ph, pw, a["groups"]
+
+
+def _conv(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+    """Forward and backward-data: implicit GEMMs on 16x16 tiles (per group); backward-filter: one block per
+    weight, its threads sharing the sum over the batch and the output pixels."""
+    geometry = _conv_geometry(s)
+    n, c, h, w, f = geometry[:5]
+    oh, ow, groups = geometry[7], geometry[8], geometry[13]
+    args = f"out, in0, in1, {_ints(*geometry)}"
+    numel = s.out.type.numel
+    if s.op == "conv2d_backward_filter":
+        return _call(name, s, ct[:2], "float", f"dd_conv2d_backward_filter({args})", **_rows(numel, numel))
+    if s.op == "conv2d":
+        fn, rows, cols = "dd_conv2d_igemm", f // groups, n * oh * ow
+    else:
+        fn, rows, cols = "dd_conv2d_backward_data_igemm", c // groups, n * h * w
+    grid = (-(-cols // TILE), -(-rows // TILE), groups)
+    return _call(name, s, ct[:2], "float", f"{fn}({args})", grid=grid, block=(TILE, TILE, 1), static_smem=GEMM_SMEM,
+                 covers=numel, loop="tiles", tiles=(cols, rows, groups))  # fmt: skip
+
+
+def _pool_geometry(s: Stmt) -> str:
+    x = s.inputs[0].type.shape if s.op != "avg_pool2d_backward" else tuple(s.a["in_shape"])
+    y = s.out.type.shape if s.op == "max_pool2d" else s.inputs[-1].type.shape
+    (kh, kw), (sh, sw), (ph, pw) = s.a["kernel"], s.a["stride"], s.a["pad"]
+    return _ints(x[0] * x[1], x[2], x[3], y[2], y[3], kh, kw, sh, sw, ph, pw)
+
+
+def _max_pool(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+    return _call(
+        name, s, ct, "float", f"dd_max_pool2d(out, in0, {_pool_geometry(s)})", **_elementwise(s.out.type.numel)
+    )
+
+
+def _max_pool_backward(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+    call = f"dd_max_pool2d_backward(out, in0, in1, in2, {_pool_geometry(s)})"
+    return _call(name, s, ct, "float", call, **_elementwise(s.out.type.numel))
+
+
+def _avg_pool_backward(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+    call = f"dd_avg_pool2d_backward(out, in0, {_pool_geometry(s)})"
+    return _call(name, s, ct, "float", call, **_elementwise(s.out.type.numel))
+
+
+def _gemm(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+    a = s.inputs[0].type.shape
+    out = s.out.type.shape
+    if s.op == "linear":
+        ta, tb = False, True
+    else:
+        ta, tb = bool(s.a.get("transpose_a", False)), bool(s.a.get("transpose_b", False))
+    batch = out[0] if s.op == "batch_matmul" else 1
+    m, n = out[-2], out[-1]
+    k = a[-2] if ta else a[-1]
+    grid = (-(-n // TILE), -(-m // TILE), batch)
+    call = f"dd_gemm(out, in0, in1, {_ints(m, n, k, ta, tb)})"
+    return _call(name, s, ct[:2], "float", call, grid=grid, block=(TILE, TILE, 1), static_smem=GEMM_SMEM,
+                 covers=s.out.type.numel, loop="tiles", tiles=(n, m, batch))  # fmt: skip
+
+
+def _axis1(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    return shape[0], shape[1], math.prod(shape[2:])
+
+
+def _softmax(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+    a, d, b = _axis1(s.inputs[0].type.shape)
+    log = int(s.op.startswith("log_"))
+    if s.op.endswith("_backward"):
+        call = f"dd_softmax_backward(out, in0, in1, {_ints(a, d, b, log)})"
+    else:
+        call = f"dd_softmax(out, in0, {_ints(a, d, b, log)})"
+    return _call(name, s, ct, "float", call, **_rows(a * b, s.out.type.numel))
+
+
+def _loss(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+    n, k = s.inputs[0].type.shape
+    if s.op == "softmax_cross_entropy_backward":
+        launch = _rows(n, n * k)
+    elif s.op == "cross_entropy_backward":
+        launch = _elementwise(n * k)
+    else:
+        launch = _one_block(1)
+    ins = "in0, in1, in2" if s.op.endswith("_backward") else "in0, in1"
+    return _call(name, s, ct, "float", f"dd_{s.op}(out, {ins}, {_ints(n, k)})", **launch)
+
+
+def _argmax(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+    n, k = s.inputs[0].type.shape
+    return _call(name, s, ct, "long long", f"dd_argmax(out, in0, {_ints(n, k)})", **_elementwise(n))
+
+
+def _accuracy(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+    n, k = s.inputs[0].type.shape
+    return _call(name, s, ct, "float", f"dd_accuracy(out, in0, in1, {_ints(n, k)})", **_one_block(1))
+
+
+def _lrn(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+    n, c, h, w = s.inputs[0].type.shape
+    a = s.a
+    consts = f"{_ints(n, c, h * w, a['size'])}, {float_literal(a['k'])}, {float_literal(a['alpha'])}, " \
+             f"{float_literal(a['beta'])}"  # fmt: skip
+    ins = "in0, in1, in2" if s.op == "lrn_backward" else "in0"
+    return _call(name, s, ct, "float", f"dd_{s.op}(out, {ins}, {consts})", **_elementwise(s.out.type.numel))
+
+
+def _dropout_mask(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+    a = s.a
+    n = s.out.type.numel
+    stream = stream_seed(a["site"] + "#dropout", a["seed"])
+    keep = float_literal(1.0 / (1.0 - a["p"]))
+    call = f"dd_dropout_mask(out, in0, {n}, 0x{stream:016X}ull, {float(a['p'])!r}, {keep})"
+    return _call(name, s, ct, "float", call, **_elementwise(n))
+
+
+LIBRARY: dict[str, Callable[[str, Stmt, tuple[str, ...]], _Kernel]] = {
+    "conv2d": _conv, "conv2d_backward_data": _conv, "conv2d_backward_filter": _conv,
+    "max_pool2d": _max_pool, "max_pool2d_backward": _max_pool_backward, "avg_pool2d_backward": _avg_pool_backward,
+    "linear": _gemm, "matmul": _gemm, "batch_matmul": _gemm,
+    "softmax": _softmax, "log_softmax": _softmax, "softmax_backward": _softmax, "log_softmax_backward": _softmax,
+    "softmax_cross_entropy": _loss, "softmax_cross_entropy_backward": _loss,
+    "cross_entropy": _loss, "cross_entropy_backward": _loss,
+    "argmax": _argmax, "accuracy": _accuracy, "lrn": _lrn, "lrn_backward": _lrn, "dropout_mask": _dropout_mask,
+}  # fmt: skip
+
+
+# ---- ops written here as index expressions (they move to the registry's index_form) ----
+
+Form = tuple[IE, tuple[tuple[str, int], ...]]
+
+
+def _own(s: Stmt) -> tuple[tuple[str, int], ...]:
+    return tuple(zip(out_vars(s.out.type), s.out.type.shape))
+
+
+def _var(name: str) -> Affine:
+    return Affine.var(name)
+
+
+def _transpose_form(s: Stmt) -> Form:
+    perm = tuple(s.a["perm"])
+    index = [Affine((), 0)] * len(perm)
+    for k, p in enumerate(perm):
+        index[p] = _var(f"i{k}")
+    return Read(0, tuple(index)), _own(s)
+
+
+def _shifted(rank: int, axis: int, shift: int) -> tuple[Affine, ...]:
+    return tuple(Affine(((f"i{k}", 1),), shift if k == axis else 0) for k in range(rank))
+
+
+def _slice_form(s: Stmt) -> Form:
+    return Read(0, _shifted(s.out.type.rank, s.a["axis"], s.a["start"])), _own(s)
+
+
+def _pad_axis_form(s: Stmt) -> Form:
+    return Read(0, _shifted(s.out.type.rank, s.a["axis"], -s.a["start"])), _own(s)
+
+
+def _concat_form(s: Stmt) -> Form:
+    axis, rank = s.a["axis"], s.out.type.rank
+    starts, at = [], 0
+    for v in s.inputs:
+        starts.append(at)
+        at += v.type.shape[axis]
+    body: IE = Read(len(s.inputs) - 1, _shifted(rank, axis, -starts[-1]))
+    for k in reversed(range(len(s.inputs) - 1)):
+        test = Apply("<", (Var(f"i{axis}"), Const(float(starts[k + 1]))))
+        body = Apply("select", (test, Read(k, _shifted(rank, axis, -starts[k])), body))
+    return body, _own(s)
+
+
+def _sum_axes_form(s: Stmt) -> Form:
+    shape = s.inputs[0].type.shape
+    axes = set(s.a["axes"])
+    kept = [k for k in range(len(shape)) if k not in axes]
+    out = tuple((f"i{j}", shape[k]) for j, k in enumerate(kept))
+    index = tuple(_var(f"i{kept.index(k)}") if k in kept else _var(f"r{k}") for k in range(len(shape)))
+    body = Reduce("sum", tuple((f"r{k}", shape[k]) for k in sorted(axes)), Read(0, index))
+    return body, out
+
+
+def _global_avg_pool_form(s: Stmt) -> Form:
+    h, w = s.inputs[0].type.shape[2:]
+    body = Reduce("sum", (("h", h), ("w", w)), Read(0, (_var("i0"), _var("i1"), _var("h"), _var("w"))))
+    return Apply("/", (body, Const(float(h * w)))), _own(s)
+
+
+def _global_avg_pool_backward_form(s: Stmt) -> Form:
+    h, w = s.out.type.shape[2:]
+    zero = Affine((), 0)
+    return Apply("/", (Read(0, (_var("i0"), _var("i1"), zero, zero)), Const(float(h * w)))), _own(s)
+
+
+def _avg_pool_form(s: Stmt) -> Form:
+    (kh, kw), (sh, sw), (ph, pw) = s.a["kernel"], s.a["stride"], s.a["pad"]
+    index = (_var("i0"), _var("i1"), Affine((("i2", sh), ("ki", 1)), -ph), Affine((("i3", sw), ("kj", 1)), -pw))
+    body = Reduce("sum", (("ki", kh), ("kj", kw)), Read(0, index))
+    return Apply("/", (body, Const(float(kh * kw)))), _own(s)
+
+
+def _mse_form(s: Stmt) -> Form:
+    shape = s.inputs[0].type.shape
+    rs = tuple((f"r{k}", n) for k, n in enumerate(shape))
+    index = tuple(_var(v) for v, _ in rs)
+    d = Apply("-", (Read(0, index), Read(1, index)))
+    return Apply("/", (Reduce("sum", rs, Apply("*", (d, d))), Const(float(math.prod(shape))))), ()
+
+
+DERIVED_FORMS: dict[str, Callable[[Stmt], Form]] = {
+    "transpose": _transpose_form, "slice": _slice_form, "pad_axis": _pad_axis_form, "concat": _concat_form,
+    "sum_axes": _sum_axes_form, "global_avg_pool": _global_avg_pool_form,
+    "global_avg_pool_backward": _global_avg_pool_backward_form, "avg_pool2d": _avg_pool_form, "mse": _mse_form,
+}  # fmt: skip
+
+
+# ---- the program ----
+
+
+def _ctype(dtype: DType) -> str:
+    return "float" if dtype is DType.F32 else "long long"
+
+
+def _ident(text: str) -> str:
+    return re.sub(r"_+", "_", re.sub(r"\W", "_", text)).strip("_")
+
+
+@dataclass
+class _Program:
+    plan: Plan
+    prefix: str = ""
+    updates: dict[str, str] = field(default_factory=dict)  # update value -> the tensor it replaces
+    tensors: dict[str, str] = field(default_factory=dict)  # value -> program tensor (input, parameter, state)
+    views: dict[str, str] = field(default_factory=dict)  # view value -> its base value
+    taken: set[str] = field(default_factory=set)
+    texts: list[str] = field(default_factory=list)
+    seen: dict[str, str] = field(default_factory=dict)  # kernel code with its name blanked -> its name
+    also: dict[str, list[str]] = field(default_factory=dict)  # kernel -> the later statements it serves
+    launches: list[Launch] = field(default_factory=list)
+
+    def name(self, s: Stmt, suffix: str = "") -> str:
+        what = "_".join(s.a["ops"]) if s.op == "fused" and s.a.get("ops") else s.op
+        where = s.layer or self.updates.get(s.out.name, "")  # an update is named after its parameter
+        parts = [self.prefix + what, _ident(where), "v" + _ident(s.out.name) + suffix]
+        base = "__".join(p for p in parts if p)
+        name, k = base, 2
+        while name in self.taken:
+            name, k = f"{base}_{k}", k + 1
+        self.taken.add(name)
+        return name
+
+    def arg(self, value: str, ctype: str) -> Arg:
+        """Where `value` lives: a view in its base's storage, an update written in place in its tensor's."""
+        base = value
+        while base in self.views:
+            base = self.views[base]
+        base = self.plan.in_state.get(base, base)
+        if base in self.tensors:
+            return Arg(value, "tensor", self.tensors[base], 0, ctype)
+        return Arg(value, "arena", base, self.plan.buffer_of(base).offset, ctype)
+
+    def add(self, s: Stmt, kernel: str, k: _Kernel, values: tuple[str, ...], ctypes: tuple[str, ...]) -> None:
+        """Launch `k`; a kernel identical to an earlier one but for its name is not written again: the launch
+        uses the earlier kernel, whose comment lists the statements it serves."""
+        code = "\n".join(line for line in k.text.split("\n") if not line.startswith("//"))
+        key = code.replace(f" {kernel}(", " KERNEL(", 1)
+        if key in self.seen:
+            kernel = self.seen[key]
+            self.also[kernel].append(f"%{s.out.name}")
+        else:
+            self.seen[key] = kernel
+            self.also[kernel] = []
+            self.texts.append(k.text)
+        args = tuple(self.arg(v, t) for v, t in zip(values, ctypes))
+        self.launches.append(Launch(kernel, s.out.name, s.op, k.grid, k.block, 0, k.static_smem, args, k.covers,
+                                    k.loop, k.tiles))  # fmt: skip
+
+    def statement(self, s: Stmt) -> None:
+        op = REGISTRY[s.op]
+        if op.view:
+            self.views[s.out.name] = s.inputs[0].name
+            return
+        in_types = tuple(_ctype(v.type.dtype) for v in s.inputs)
+        out_type = _ctype(s.out.type.dtype)
+        values = (s.out.name, *(v.name for v in s.inputs))
+        form: Form | None = None
+        if s.op in ("fused", "indexed"):
+            form = s.a["body"], s.a["out"]
+        elif op.index_form is not None:
+            form = op.index_form(tuple(v.type for v in s.inputs), s.out.type, s.a), _own(s)
+        elif s.op in DERIVED_FORMS:
+            form = DERIVED_FORMS[s.op](s)
+        if form is not None:
+            if out_type != "float":
+                raise ValueError(f"%{s.out.name} = {s.op}: index-expression kernels write float32 only")
+            body, out = form
+            name = self.name(s)
+            shapes = tuple(v.type.shape for v in s.inputs)
+            meaning = (
+                f"out[{', '.join(v for v, _ in out)}] = {format_ie(body, tuple(f'in{k}' for k in range(len(shapes))))}"
+            )
+            k = ie_kernel(name, body, out, shapes, in_types, f"{format_stmt(s)}\n// {meaning}")
+            self.add(s, name, k, values, (out_type, *in_types))
+            return
+        if s.op not in LIBRARY:
+            raise ValueError(f"no CUDA kernel for op {s.op!r} (statement %{s.out.name})")
+        arity = op.arity if op.arity is not None else len(s.inputs)
+        name = self.name(s)
+        k = LIBRARY[s.op](name, s, in_types[:arity])
+        self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]))
+        if "epilogue" in s.a:
+            extras = s.inputs[arity:]
+            out = _own(s)
+            shapes = (s.out.type.shape, *(v.type.shape for v in extras))
+            epi = s.a["epilogue"]
+            ename = self.name(s, "_epilogue")
+            names = ("out", *(f"in{k}" for k in range(1, len(shapes))))
+            meaning = f"out[{', '.join(v for v, _ in out)}] = {format_ie(epi, names)}"
+            ek = ie_kernel(
+                ename, epi, out, shapes, ("float", *in_types[arity:]), f"epilogue of %{s.out.name}: {meaning}"
+            )
+            evalues = (s.out.name, s.out.name, *(v.name for v in extras))
+            self.add(s, ename, ek, evalues, ("float", "float", *in_types[arity:]))
+
+
+def program(plan: Plan, prefix: str = "") -> CudaProgram:
+    """The CUDA translation unit of a plan, and its launches in program order; `prefix` starts every kernel's
+    name (two programs in one module)."""
+    g = plan.graph
+    p = _Program(plan, prefix, {v.name: name for name, v in g.updates})
+    for d in g.inputs:
+        p.tensors[d.value.name] = d.value.name
+    for d in g.params:
+        p.tensors[d.value.name] = d.value.name
+    for s in g.stmts:
+        p.statement(s)
+    texts = []
+    for text in p.texts:
+        name = re.search(r"__global__ void (\w+)\(", text)
+        served = p.also.get(name[1], []) if name else []
+        if served:  # a comment line before the signature
+            head, sig = text.rsplit("\nextern", 1) if "\nextern" in text else ("", text[len("extern") :])
+            note = f"// also serves {', '.join(served)}"
+            text = f"{head}\n{note}\nextern{sig}" if head else f"{note}\nextern{sig}"
+        texts.append(text)
+    body = "\n\n".join(texts) + "\n"
+    copies = []
+    for name, v in g.updates:
+        src = p.arg(v.name, _ctype(v.type.dtype))
+        if not (src.storage == "tensor" and src.name == name):  # computed in the arena: copied after the step
+            copies.append((src, name, v.type.nbytes))
+    return CudaProgram(translation_unit(g.name, body), tuple(dict.fromkeys(x.kernel for x in p.launches)),
+                       tuple(p.launches), body, tuple(copies))  # fmt: skip
+
+
+def translation_unit(name: str, *bodies: str) -> str:
+    """The library followed by the kernels of one or more programs."""
+    head = f"// deepdsl: the CUDA kernels of {name}. Generated; the hand-written library (library.cu) comes first.\n\n"
+    return head + library_source() + "\n// ---- the program's kernels ----\n\n" + "\n".join(bodies)

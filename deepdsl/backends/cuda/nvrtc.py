@@ -1,0 +1,140 @@
+"""CUDA C → PTX with NVRTC (the PyPI wheel `nvidia-cuda-nvrtc-cu12`, loaded through ctypes), or nvcc.
+
+No GPU is needed: NVRTC only compiles. The wheel is pinned (pyproject.toml, `test` extra) to a CUDA 12.6
+NVRTC, whose PTX (ISA 8.5) every driver from 560 on accepts, CUDA 13.0's 580 included; a newer NVRTC would
+emit PTX that older drivers refuse (CUDA_ERROR_UNSUPPORTED_PTX_VERSION). A compile error, and any warning,
+is a `CudaCompileError` carrying the compiler's log; no compiler at all is a `NoCudaCompiler` whose message
+says what to install.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+from deepdsl.errors import DslProgramError
+
+DEFAULT_ARCHS = ("sm_90", "sm_80")
+PINNED_NVRTC = "nvidia-cuda-nvrtc-cu12==12.6.85"
+
+
+class CudaCompileError(RuntimeError):
+    """The compiler rejected the source or warned about it (a bug in the emitter); the message holds its log."""
+
+
+class NoCudaCompiler(DslProgramError):
+    """Neither NVRTC nor nvcc could be found (a DslError, so the CLI prints its message without a traceback)."""
+
+
+def _candidates() -> list[str]:
+    found = []
+    try:
+        import nvidia.cuda_nvrtc as wheel  # the PyPI wheel: a namespace package holding lib/libnvrtc.so.12
+
+        for folder in wheel.__path__:
+            found += sorted(glob.glob(os.path.join(folder, "lib", "libnvrtc.so*")))
+            found += sorted(glob.glob(os.path.join(folder, "bin", "nvrtc64_*.dll")))
+    except ImportError:
+        pass
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            found += sorted(glob.glob(os.path.join(home, "lib64", "libnvrtc.so*")))
+    return found + ["libnvrtc.so.12", "libnvrtc.so"]
+
+
+@cache
+def _library() -> ctypes.CDLL | None:
+    for name in _candidates():
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+        return lib
+    return None
+
+
+def nvrtc_version() -> tuple[int, int] | None:
+    """(major, minor) of the NVRTC found, or None."""
+    lib = _library()
+    if lib is None:
+        return None
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    return major.value, minor.value
+
+
+def compiler() -> str:
+    """Which compiler `ptx` uses: 'nvrtc 12.6', 'nvcc', or raises NoCudaCompiler."""
+    v = nvrtc_version()
+    if v is not None:
+        return f"nvrtc {v[0]}.{v[1]}"
+    if shutil.which("nvcc"):
+        return "nvcc"
+    raise NoCudaCompiler(
+        "no CUDA compiler found: install NVRTC with `pip install 'deepdsl[test]'` (or "
+        f"`pip install {PINNED_NVRTC}`), or put nvcc on PATH"
+    )
+
+
+def ptx(source: str, arch: str = "sm_90", name: str = "program.cu") -> str:
+    """The PTX of `source` for `arch` (e.g. sm_90); CudaCompileError on an error or any warning."""
+    if not arch.startswith("sm_") or not arch[3:].isdigit():
+        raise ValueError(f"unknown CUDA architecture {arch!r} (expected e.g. sm_90)")
+    lib = _library()
+    if lib is not None:
+        return _nvrtc(lib, source, arch, name)
+    if shutil.which("nvcc"):
+        return _nvcc(source, arch, name)
+    compiler()  # raises NoCudaCompiler
+    raise AssertionError("unreachable")
+
+
+def _check(lib: ctypes.CDLL, code: int, what: str) -> None:
+    if code != 0:
+        raise CudaCompileError(f"{what}: {lib.nvrtcGetErrorString(code).decode()}")
+
+
+def _nvrtc(lib: ctypes.CDLL, source: str, arch: str, name: str) -> str:
+    prog = ctypes.c_void_p()
+    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None),
+           "nvrtcCreateProgram")  # fmt: skip
+    try:
+        options = [f"--gpu-architecture=compute_{arch[3:]}", "--std=c++17", "--fmad=true"]
+        argv = (ctypes.c_char_p * len(options))(*(o.encode() for o in options))
+        code = lib.nvrtcCompileProgram(prog, len(options), argv)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        text = log.value.decode(errors="replace").strip()
+        if code != 0:
+            raise CudaCompileError(f"NVRTC could not compile {name} for {arch}:\n{text}")
+        if text:
+            raise CudaCompileError(f"NVRTC warned while compiling {name} for {arch}:\n{text}")
+        _check(lib, lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "nvrtcGetPTXSize")
+        out = ctypes.create_string_buffer(size.value)
+        _check(lib, lib.nvrtcGetPTX(prog, out), "nvrtcGetPTX")
+        return out.value.decode()
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def _nvcc(source: str, arch: str, name: str) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / name, Path(tmp) / "out.ptx"
+        src.write_text(source)
+        run = subprocess.run(["nvcc", "-ptx", f"-arch=compute_{arch[3:]}", "-std=c++17", str(src), "-o", str(dst)],
+                             capture_output=True, text=True)  # fmt: skip
+        log = (run.stdout + run.stderr).strip()
+        if run.returncode != 0:
+            raise CudaCompileError(f"nvcc could not compile {name} for {arch}:\n{log}")
+        if log:
+            raise CudaCompileError(f"nvcc warned while compiling {name} for {arch}:\n{log}")
+        return dst.read_text()

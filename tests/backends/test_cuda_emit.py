@@ -1,0 +1,491 @@
+"""CUDA emission without a GPU: every kernel of every network compiles with NVRTC (sm_90 and sm_80, one program
+per network, no warnings), every launch covers its output within the device limits, LeNet's kernels match
+their golden file, the index-expression → CUDA translation reads as expected, and (with g++) the kernels run
+on the CPU agree with the NumPy kernels."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from deepdsl import api
+from deepdsl.autodiff import infer_program
+from deepdsl.backends import cuda
+from deepdsl.backends.cuda import kernels, nvrtc
+from deepdsl.backends.cuda.kernels import GRID_LIMITS, MAX_STATIC_SMEM, MAX_THREADS, TILE, CudaProgram
+from deepdsl.ir import REGISTRY, GraphBuilder, Init, InputDef, ParamDef, TensorType, Value
+from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Reduce, Var
+from deepdsl.ir.types import DType
+from deepdsl.memory import Plan, plan
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from conftest import GOLDEN, ROOT  # noqa: E402
+from helpers import REDUCED  # noqa: E402
+
+SIZES = {**{net: sets for net, (sets, _) in REDUCED.items()}, "resnet50": {"N": 2}, "googlenet": {"N": 2}}
+
+
+def _have_compiler() -> bool:
+    try:
+        nvrtc.compiler()
+    except nvrtc.NoCudaCompiler:
+        return False
+    return True
+
+
+# CI installs NVRTC with the test extra, so there a missing compiler fails instead of skipping
+needs_compiler = pytest.mark.skipif(
+    not _have_compiler() and not os.environ.get("CI"),
+    reason=f"no CUDA compiler: pip install '{nvrtc.PINNED_NVRTC}' (the test extra has it)",
+)
+
+
+# ---- launch configurations ----
+
+
+def check_launches(p: Plan, prog: CudaProgram) -> None:
+    """Every launch: within the device limits, covering its output exactly once by construction, with
+    arguments that match the kernel's signature and lie inside the arena."""
+    values = {s.out.name: s.out for s in p.graph.stmts}
+    signatures = dict(re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', prog.source))
+    for launch in prog.launches:
+        where = f"{launch.kernel} ({launch.op} %{launch.stmt})"
+        assert math.prod(launch.block) <= MAX_THREADS, where
+        assert all(1 <= g <= lim for g, lim in zip(launch.grid, GRID_LIMITS)), where
+        assert all(b >= 1 for b in launch.block) and launch.block[2] == 1, where
+        assert launch.smem == 0 and launch.static_smem <= MAX_STATIC_SMEM, where
+        out = values[launch.stmt].type
+        assert launch.covers == out.numel, where
+        if launch.loop == "tiles":
+            n, m, batch = launch.tiles
+            assert launch.block == (TILE, TILE, 1), where
+            assert launch.grid[0] * TILE >= n and launch.grid[1] * TILE >= m and launch.grid[2] == batch, where
+            assert n * m * batch == out.numel, where
+        else:
+            assert launch.loop in ("grid-stride", "block-stride", "one-block"), where
+            if launch.loop != "grid-stride":  # block reductions need whole warps
+                assert launch.block[0] % 32 == 0 and launch.block[1] == 1, where
+            if launch.loop == "one-block":
+                assert launch.grid == (1, 1, 1), where
+        params = [x.strip() for x in signatures[launch.kernel].split(",")]
+        assert len(params) == len(launch.args), where
+        for param, arg in zip(params, launch.args):
+            assert param.startswith(("float*", "const float*")) == (arg.ctype == "float"), (where, param, arg)
+            if arg.storage == "arena":
+                assert 0 <= arg.offset < p.arena_bytes, where
+            else:
+                assert arg.name in {d.value.name for d in p.graph.inputs} | {d.value.name for d in p.graph.params}
+        assert launch.args[0].value == launch.stmt, where
+
+
+def _compilation(net: str) -> api.Compilation:
+    return api.compile_file(ROOT / "networks" / f"{net}.ddsl", SIZES[net], stop_at="plan")
+
+
+@needs_compiler
+@pytest.mark.parametrize("net", sorted(SIZES))
+def test_every_kernel_of_every_network_compiles(net: str) -> None:
+    c = _compilation(net)
+    options = api.Options()
+    progs = cuda.programs(c, options)
+    check_launches(c.plan, progs["train"])
+    if "infer" in progs:
+        infer = plan(api.optimise(infer_program(c.program.graph), options)[0])
+        check_launches(infer, progs["infer"])
+    found = cuda.ptx_for(c, options, ("sm_90", "sm_80"))  # one NVRTC program per network and arch
+    for arch, text in found.items():
+        assert f".target {arch}" in text
+        version = re.search(r"^\.version (\d+)\.(\d+)", text, re.M)
+        assert version and (int(version[1]), int(version[2])) <= (9, 0), "PTX newer than a CUDA 13.0 driver takes"
+        entries = set(re.findall(r"\.entry (\w+)\(", text))
+        for prog in progs.values():
+            assert set(prog.kernels) <= entries
+
+
+# ---- every op has a CUDA kernel ----
+
+
+def test_every_registry_op_has_a_cuda_form() -> None:
+    for name, op in REGISTRY.items():
+        covered = (
+            op.view or op.lower is not None or op.index_form is not None or name in ("fused", "indexed")
+            or name in kernels.LIBRARY or name in kernels.DERIVED_FORMS
+        )  # fmt: skip
+        assert covered, f"op {name} has no CUDA kernel"
+
+
+def _op_plan() -> Plan:
+    """One graph holding each op without an index form that the networks do not use."""
+    b = GraphBuilder("Ops")
+    f = lambda name, *shape: b.add_param(ParamDef(Value(name, TensorType(shape)), Init("constant", (0.0,))))  # noqa: E731
+    labels = b.add_input(InputDef(Value("y", TensorType((4,), DType.I64)), "label", 10))
+    x, g, s = f("x", 4, 10), f("g", 4, 10), f("s")
+    img, w3 = f("img", 2, 3, 9, 9), f("w", 6, 1, 3, 3)
+    outs = [
+        b.emit("softmax", x), b.emit("log_softmax", x), b.emit("softmax_backward", x, g),
+        b.emit("log_softmax_backward", x, g), b.emit("cross_entropy", x, labels),
+        b.emit("cross_entropy_backward", x, labels, s), b.emit("mse", x, g), b.emit("argmax", x),
+        b.emit("accuracy", x, labels), b.emit("transpose", x, perm=(1, 0)),
+        b.emit("pad_axis", x, axis=1, start=3, size=15), b.emit("sum_axes", img, axes=(0, 2)),
+        b.emit("avg_pool2d", img, kernel=(3, 3), stride=(2, 2), pad=(1, 1)),
+        b.emit("avg_pool2d_backward", f("gp", 2, 3, 5, 5), kernel=(3, 3), stride=(2, 2), pad=(1, 1),
+               in_shape=(2, 3, 9, 9)),
+        b.emit("conv2d", img, w3, stride=(2, 2), pad=(1, 1), groups=3),
+        b.emit("conv2d_backward_data", f("gy", 2, 6, 5, 5), w3, stride=(2, 2), pad=(1, 1), groups=3,
+               in_shape=(2, 3, 9, 9)),
+        b.emit("conv2d_backward_filter", img, f("gy2", 2, 6, 5, 5), stride=(2, 2), pad=(1, 1), groups=3,
+               w_shape=(6, 1, 3, 3)),
+        b.emit("batch_matmul", f("a", 3, 4, 5), f("bb", 3, 6, 5), transpose_b=True),
+        b.emit("matmul", f("m1", 5, 4), f("m2", 6, 5), transpose_a=True, transpose_b=True),
+        b.emit("global_avg_pool", img),
+    ]  # fmt: skip
+    for k, v in enumerate(outs):
+        b.output(f"o{k}", v)
+    return plan(b.build())
+
+
+@needs_compiler
+def test_ops_outside_the_networks_compile() -> None:
+    p = _op_plan()
+    prog = kernels.program(p)
+    check_launches(p, prog)
+    for arch in ("sm_90", "sm_80"):
+        assert ".entry softmax__v" in nvrtc.ptx(prog.source, arch)
+
+
+# ---- golden source ----
+
+
+def test_lenet_golden(golden) -> None:  # noqa: ANN001
+    c = api.compile_file(ROOT / "networks" / "lenet.ddsl", stop_at="plan")
+    prog = kernels.program(c.plan)
+    golden(GOLDEN / "cuda" / "lenet.train.cu", prog.body)
+    rows = []
+    for x in prog.launches:
+        args = ", ".join(f"{a.name}" if a.storage == "tensor" else f"arena+{a.offset}" for a in x.args)
+        rows.append(f"{x.kernel}<<<{x.grid}, {x.block}, smem {x.static_smem}>>>({args})  # {x.loop}, {x.covers}")
+    golden(GOLDEN / "cuda" / "lenet.launches.txt", "\n".join(rows) + "\n")
+
+
+# ---- index expression → CUDA, structurally ----
+
+
+def _v(name: str, c: int = 1, const: int = 0) -> Affine:
+    return Affine(((name, c),), const)
+
+
+OUT = (("i0", 4), ("i1", 8))
+
+
+@pytest.mark.parametrize(
+    ("ie", "shapes", "text"),
+    [
+        (Apply("+", (Read(0, (_v("i0"), _v("i1"))), Read(1, (_v("i1"),)))), ((4, 8), (8,)),
+         "(in0[8 * i0 + i1] + in1[i1])"),
+        (Read(0, (_v("i0"), _v("i1", 1, -1))), ((4, 8),), "(i1 - 1 >= 0 ? in0[8 * i0 + i1 - 1] : 0.0f)"),
+        (Read(0, (_v("i0"), _v("i1", 2, 1))), ((4, 8),), "(2 * i1 + 1 < 8 ? in0[8 * i0 + 2 * i1 + 1] : 0.0f)"),
+        (Apply("select", (Apply(">", (Read(0, ()), Const(0.0))), Var("i1"), Const(-1.5))), ((),),
+         "((in0[0] > 0.0f) ? (float) i1 : -1.5f)"),
+        (Apply("sigmoid", (Read(0, ()),)), ((),), "(0.5f * (1.0f + tanhf(0.5f * in0[0])))"),
+        (Apply("rsqrt", (Apply("+", (Read(0, ()), Const(1e-5))),)), ((),), "(1.0f / sqrtf((in0[0] + 1e-05f)))"),
+        (Apply("max", (Read(0, ()), Const(float("-inf")))), ((),), "fmaxf(in0[0], __int_as_float(0xff800000))"),
+        (Apply("and", (Apply("<", (Var("i0"), Const(2.0))), Apply("not", (Read(0, ()),)))), ((),),
+         "((((float) i0 < 2.0f) && !(in0[0] != 0.0f)) ? 1.0f : 0.0f)"),
+        (Apply("^", (Read(0, ()), Const(0.75))), ((),), "powf(in0[0], 0.75f)"),
+    ],
+)  # fmt: skip
+def test_expression_text(ie, shapes, text) -> None:  # noqa: ANN001
+    assert kernels.cuda_expr(ie, OUT, shapes) == text
+
+
+def test_elementwise_kernel_is_one_flat_loop() -> None:
+    body = Apply("max", (Apply("+", (Read(0, (_v("i0"), _v("i1"))), Read(1, ()))), Const(0.0)))
+    k = kernels.ie_kernel("relu_add", body, OUT, ((4, 8), ()))
+    assert "DD_GRID_STRIDE(e, 32) {\n    out[e] = fmaxf((in0[e] + in1[0]), 0.0f);\n  }" in k.text
+    assert (k.grid, k.block, k.covers, k.loop) == ((1, 1, 1), (256, 1, 1), 32, "grid-stride")
+
+
+def test_small_reduction_is_a_loop_per_thread() -> None:
+    body = Reduce("max", (("j", 3),), Read(0, (_v("i0"), Affine((("i1", 1), ("j", 1)), -1))))
+    k = kernels.ie_kernel("window_max", body, OUT, ((4, 8),))
+    assert "float s0 = __int_as_float(0xff800000);" in k.text
+    assert "for (int j = 0; j < 3; j++) {" in k.text
+    assert "s0 = fmaxf(s0, (i1 + j - 1 >= 0 && i1 + j - 1 < 8 ? in0[8 * i0 + i1 + j - 1] : 0.0f));" in k.text
+    assert k.loop == "grid-stride"
+
+
+def test_large_reduction_is_shared_by_a_block() -> None:
+    out = (("c", 16),)
+    body = Apply("/", (Reduce("sum", (("n", 8), ("p", 100)), Read(0, (_v("n"), _v("c"), _v("p")))), Const(800.0)))
+    k = kernels.ie_kernel("channel_mean", body, out, ((8, 16, 100),))
+    assert "DD_BLOCK_STRIDE(e, 16) {" in k.text
+    assert "for (int t = threadIdx.x; t < 800; t += blockDim.x) {" in k.text
+    assert "int n = t / 100;" in k.text and "int p = t % 100;" in k.text
+    assert "s0 = dd_block_sum(s0);" in k.text and "if (threadIdx.x == 0) out[e] = (s0 / 800.0f);" in k.text
+    assert (k.grid, k.block, k.loop, k.static_smem) == ((16, 1, 1), (256, 1, 1), "block-stride", 128)
+
+
+def test_index_names_that_clash_with_c_are_renamed() -> None:
+    out = (("int", 3), ("e", 2))
+    k = kernels.ie_kernel("k", Apply("+", (Var("int"), Var("e"))), out, ())
+    assert "int int_2 = e / 2;" in k.text and "int e_2 = e % 2;" in k.text
+
+
+def test_float_literals() -> None:
+    assert kernels.float_literal(1.0) == "1.0f"
+    assert kernels.float_literal(0.1) == "0.1f"
+    assert kernels.float_literal(1e-5) == "1e-05f"
+    assert kernels.float_literal(float("nan")) == "__int_as_float(0x7fffffff)"
+    assert kernels.float_literal(1e39) == "__int_as_float(0x7f800000)"  # beyond float32
+
+
+def test_dropout_mask_uses_the_splitmix_stream() -> None:
+    from deepdsl import initializers
+    from deepdsl.ops.random import STEP_MIX
+
+    lib = kernels.library_source()
+    for const in (initializers.GAMMA, initializers._MUL1, initializers._MUL2, STEP_MIX):
+        assert f"0x{const:016X}ull" in lib
+    assert "z >> 40" in lib and "1.0 / 16777216.0" in lib and initializers._U24 == 1.0 / 16777216.0
+    c = _compilation("alexnet")
+    s = next(s for s in c.plan.graph.stmts if s.op == "dropout_mask")
+    seed = initializers.stream_seed(s.a["site"] + "#dropout", s.a["seed"])
+    assert (
+        f"0x{seed:016X}ull, {s.a['p']!r}, {kernels.float_literal(1 / (1 - s.a['p']))})" in kernels.program(c.plan).body
+    )
+
+
+# ---- the compiler ----
+
+
+@needs_compiler
+def test_a_warning_is_an_error() -> None:
+    with pytest.raises(nvrtc.CudaCompileError, match="(?s)warned.*declared but never referenced"):
+        nvrtc.ptx('extern "C" __global__ void f(float* o) { int unused; o[0] = 1.0f; }', "sm_80")
+    with pytest.raises(nvrtc.CudaCompileError, match="could not compile"):
+        nvrtc.ptx('extern "C" __global__ void f(float* o) { o[0] = ; }', "sm_90")
+
+
+def test_no_compiler_is_a_clear_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nvrtc, "_library", lambda: None)
+    monkeypatch.setattr(nvrtc.shutil, "which", lambda name: None)
+    with pytest.raises(nvrtc.NoCudaCompiler, match=r"no CUDA compiler found: install NVRTC"):
+        nvrtc.ptx("", "sm_90")
+
+
+@needs_compiler
+def test_pinned_nvrtc_emits_ptx_old_drivers_take() -> None:
+    version = nvrtc.nvrtc_version()
+    if version is not None:  # 12.x emits PTX ISA 8.x, which every driver from CUDA 12.x's on takes (580 included)
+        assert version[0] == 12, f"NVRTC {version}: pin nvidia-cuda-nvrtc-cu12 (README, CUDA kernels)"
+    text = nvrtc.ptx('extern "C" __global__ void f(float* o) { o[threadIdx.x] = 0.0f; }', "sm_90")
+    assert re.search(r"^\.version 8\.\d+$", text, re.M)
+
+
+# ---- every kernel run on the CPU (g++): a block's threads are fibers, switched at __syncthreads and shuffles ----
+
+EMULATION = r"""
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <ucontext.h>
+#include <vector>
+struct dd_dim3 { int x, y, z; };
+static dd_dim3 threadIdx, blockIdx, blockDim, gridDim;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__
+#define __shared__ static
+static inline float __int_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
+
+struct dd_fiber { ucontext_t ctx; bool done; std::vector<char> stack; };
+static std::vector<dd_fiber> dd_fibers;
+static std::vector<float> dd_lanes;
+static ucontext_t dd_main;
+static int dd_current, dd_threads;
+static void (*dd_body)();
+static void** a;
+
+static void dd_enter(int t) {
+    dd_current = t;
+    threadIdx.x = t % blockDim.x; threadIdx.y = t / blockDim.x; threadIdx.z = 0;
+}
+// run the next live fiber after the current one in [lo, lo + n) (round robin); back to main when none is left
+static void dd_switch(int lo, int n) {
+    int me = dd_current;
+    for (int k = 1; k <= n; k++) {
+        int t = lo + (me - lo + k) % n;
+        if (!dd_fibers[t].done) {
+            if (t == me) return;
+            dd_enter(t);
+            swapcontext(&dd_fibers[me].ctx, &dd_fibers[t].ctx);
+            dd_enter(me);
+            return;
+        }
+    }
+    setcontext(&dd_main);
+}
+static void __syncthreads() { dd_switch(0, dd_threads); }
+static float __shfl_down_sync(unsigned, float v, int o) {
+    int lane = dd_current % 32, base = dd_current - lane;
+    dd_lanes[dd_current] = v;
+    dd_switch(base, 32 < dd_threads - base ? 32 : dd_threads - base);
+    return lane + o < 32 ? dd_lanes[base + lane + o] : v;
+}
+static void dd_fiber_main() {
+    dd_body();
+    dd_fibers[dd_current].done = true;
+    dd_switch(0, dd_threads);
+}
+static void dd_launch(int gx, int gy, int gz, int bx, int by, void (*body)(), void** args) {
+    gridDim.x = gx; gridDim.y = gy; gridDim.z = gz; blockDim.x = bx; blockDim.y = by; blockDim.z = 1;
+    dd_threads = bx * by; dd_body = body; a = args;
+    dd_fibers.resize(dd_threads); dd_lanes.resize(dd_threads);
+    for (int z = 0; z < gz; z++) for (int y = 0; y < gy; y++) for (int x = 0; x < gx; x++) {
+        blockIdx.x = x; blockIdx.y = y; blockIdx.z = z;
+        for (int t = 0; t < dd_threads; t++) {
+            dd_fiber& f = dd_fibers[t];
+            f.done = false;
+            f.stack.resize(1 << 16);
+            getcontext(&f.ctx);
+            f.ctx.uc_stack.ss_sp = f.stack.data(); f.ctx.uc_stack.ss_size = f.stack.size(); f.ctx.uc_link = nullptr;
+            makecontext(&f.ctx, dd_fiber_main, 0);
+        }
+        dd_enter(0);
+        swapcontext(&dd_main, &dd_fibers[0].ctx);
+    }
+}
+"""
+
+
+def _emulate(prog: CudaProgram, tmp: Path):  # noqa: ANN202
+    """A shared library with run_<kernel>(grid x, y, z, block x, y, args) for every kernel of `prog`."""
+    import ctypes
+    import subprocess
+
+    signatures = dict(re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', prog.source))
+    runners = []
+    for name in sorted({x.kernel for x in prog.launches}):
+        params = [p.strip() for p in signatures[name].split(",")]
+        casts = ", ".join(
+            f"({p.rsplit(' ', 1)[0].replace('__restrict__', '').strip()}) a[{k}]" for k, p in enumerate(params)
+        )
+        runners.append(
+            f"static void body_{name}() {{ {name}({casts}); }}\n"
+            f'extern "C" void run_{name}(int gx, int gy, int gz, int bx, int by, void** args) {{\n'
+            f"  dd_launch(gx, gy, gz, bx, by, body_{name}, args);\n}}"
+        )
+    src, lib = tmp / "emulated.cpp", tmp / "emulated.so"
+    src.write_text(EMULATION + prog.source + "\n" + "\n".join(runners) + "\n")
+    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-w", "-o", str(lib), str(src)], check=True)
+    return ctypes.CDLL(str(lib))
+
+
+def _values(p: Plan, seed: int = 0) -> dict:
+    """Every value of the program, computed statement by statement with the NumPy kernels (float32)."""
+    import numpy as np
+
+    from deepdsl.ops.indexed import apply_epilogue
+
+    rng = np.random.default_rng(seed)
+    g = p.graph
+    env: dict = {}
+    for d in g.inputs:
+        t = d.value.type
+        env[d.value.name] = (
+            rng.random(t.shape, dtype=np.float32) if d.kind == "input"
+            else rng.integers(0, d.classes, t.shape) if d.kind == "label" else np.asarray(3, dtype=np.int64)
+        )  # fmt: skip
+    for d in g.params:
+        env[d.value.name] = rng.uniform(-1.0, 1.5, d.value.type.shape).astype(np.float32)  # both signs, mostly +
+    with np.errstate(all="ignore"):
+        for s in g.stmts:
+            op = REGISTRY[s.op]
+            xs = tuple(env[v.name] for v in s.inputs)
+            if "epilogue" in s.a:
+                out = apply_epilogue(op.numpy(xs[: op.arity], s.a), xs[op.arity :], s.a["epilogue"])
+            else:
+                out = op.numpy(xs, s.a)
+            dtype = np.int64 if s.out.type.dtype is DType.I64 else np.float32
+            env[s.out.name] = np.ascontiguousarray(out, dtype=dtype)
+    return env
+
+
+TINY_BN = """network T
+const N = 4
+input x : [N, 3, 8, 8]
+label y : [N] classes 10
+layer cv = conv(6, kernel=3, pad=1)
+layer fc = full(10)
+net = fc o flatten o max_pool(2, stride=2) o relu o batch_norm o cv
+loss = softmax_cross_entropy(net(x), y)
+predict = net(x)
+train { optimizer = sgd(lr=0.1, momentum=0.9) iterations = 1 seed = 1 }
+"""
+
+
+def _emulation_plan(case: str) -> Plan:
+    if case == "ops":
+        return _op_plan()
+    if case == "tiny_bn":
+        return api.compile_source(TINY_BN, "tiny.ddsl", stop_at="plan").plan
+    return api.compile_file(ROOT / "networks" / f"{case}.ddsl", REDUCED[case][0], stop_at="plan").plan
+
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to run the kernels on the CPU")
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", ["ops", "tiny_bn", "lenet", "alexnet", "googlenet"])
+def test_kernels_agree_with_numpy(case: str, tmp_path: Path) -> None:
+    """Every statement's launches, run on the CPU, give the NumPy kernel's result (dropout masks bit for bit).
+    Block-stride launches (and in the networks the grid-stride ones) run with fewer blocks and threads, which
+    their loops allow, so that the test stays quick; the tiled ones as planned."""
+    import ctypes
+
+    import numpy as np
+
+    p = _emulation_plan(case)
+    prog = kernels.program(p)
+    lib = _emulate(prog, tmp_path)
+    env = _values(p)
+    by_stmt: dict[str, list] = {}
+    for x in prog.launches:
+        by_stmt.setdefault(x.stmt, []).append(x)
+    big = case in ("lenet", "alexnet", "googlenet")
+    ops = set()
+    for stmt, launches in by_stmt.items():
+        first = launches[0]
+        slow = any(x.loop != "grid-stride" for x in launches) and (first.op in ops or first.covers > 4096)
+        if big and (slow or any(x.loop == "tiles" and math.prod(x.grid) > 16 for x in launches)):
+            continue  # a few small statements of each op: cooperative kernels are slow as fibers
+        out = np.zeros_like(env[stmt])
+        arrays = {stmt: out}
+        for x in launches:
+            ptrs = []
+            for k, arg in enumerate(x.args):
+                if k == 0 or arg.value == stmt:
+                    ptrs.append(out.ctypes.data)
+                else:
+                    ptrs.append(arrays.setdefault(arg.value, np.array(env[arg.value], order="C")).ctypes.data)
+            argv = (ctypes.c_void_p * len(ptrs))(*ptrs)
+            grid, block = x.grid, x.block
+            if x.loop == "block-stride" or big and x.loop == "grid-stride":  # fewer fibers; the loops cover the rest
+                grid, block = (min(grid[0], 3), 1, 1), (min(block[0], 64), 1, 1)
+            getattr(lib, f"run_{x.kernel}")(*grid, *block[:2], argv)
+        want = env[stmt]
+        if first.op == "dropout_mask":
+            assert np.array_equal(out, want), stmt
+        else:
+            finite = np.abs(want[np.isfinite(want)])
+            scale = float(finite.max(initial=1.0))  # sums of many terms: the error is relative to their size
+            np.testing.assert_allclose(out, want, rtol=2e-4, atol=1e-5 * scale, equal_nan=True, err_msg=first.kernel)
+        ops.add(first.op)
+    assert len(ops) >= 5
