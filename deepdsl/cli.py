@@ -191,9 +191,15 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
     default=None,
     help="Also draw live memory over the schedule, peak marked, into FILE (.png/.svg/.pdf; needs matplotlib).",
 )
-@click.option("--workspace-limit", "workspace_limit", metavar="SIZE", default=None, callback=_parse_limit,
-              help="The most scratch one statement's kernel may take (e.g. 64MiB; 0: none): larger needs use a "
-              "kernel without scratch (a direct convolution instead of im2col + GEMM). Default: no limit.")
+@click.option(
+    "--workspace-limit",
+    "workspace_limit",
+    metavar="SIZE",
+    default=None,
+    callback=_parse_limit,
+    help="The most scratch one statement's kernel may take (e.g. 64MiB; 0: none): larger needs use a "
+    "kernel without scratch (a direct convolution instead of im2col + GEMM). Default: no limit.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
 def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gpu_mem: str | None, table: str,
              plot_path: str | None, workspace_limit: int | None, as_json: bool) -> None:  # fmt: skip
@@ -264,9 +270,15 @@ def stats_text(obj: dict[str, Any]) -> str:
               help="Where to run: the NumPy runner (cpu) or the PyCUDA runner (cuda).")  # fmt: skip
 @click.option("--seed", type=int, default=None, help="Override the train block's seed.")
 @click.option("--float64", "double", is_flag=True, help="Run in float64 (the reference precision for checks).")
-@click.option("--workspace-limit", "workspace_limit", metavar="SIZE", default=None, callback=_parse_limit,
-              help="The most scratch one statement's kernel may take (e.g. 64MiB; 0: none): larger needs use a "
-              "kernel without scratch (a direct convolution instead of im2col + GEMM). Default: no limit.")
+@click.option(
+    "--workspace-limit",
+    "workspace_limit",
+    metavar="SIZE",
+    default=None,
+    callback=_parse_limit,
+    help="The most scratch one statement's kernel may take (e.g. 64MiB; 0: none): larger needs use a "
+    "kernel without scratch (a direct convolution instead of im2col + GEMM). Default: no limit.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
 def run(
     c: api.Compilation, file: str, sets: dict, options: api.Options, iters: int | None, data_flag: str | None,

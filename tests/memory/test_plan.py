@@ -116,9 +116,7 @@ def test_convolutions_get_their_declared_workspace_under_the_limit() -> None:
     feeds, params = feeds_and_params(g, np.random.default_rng(0))
     plain = run(g, feeds, params)
     needs = {s.out.name: workspace_need(s) for s in g.stmts}
-    assert {"conv2d", "conv2d_backward_data", "conv2d_backward_filter"} <= {
-        s.op for s in g.stmts if needs[s.out.name]
-    }
+    assert {"conv2d", "conv2d_backward_data", "conv2d_backward_filter"} <= {s.op for s in g.stmts if needs[s.out.name]}
     limit = sorted(n for n in needs.values() if n)[0]  # only the smallest scratch fits
     for workspace_limit in (None, limit, 0):
         p = plan(g, workspace_limit)
