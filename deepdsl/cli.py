@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -315,8 +316,16 @@ def run(
 )
 @click.option("--workspace-limit", "workspace_limit", type=click.IntRange(min=0), default=None, metavar="BYTES",
               help="The generated program's default scratch limit, which picks the convolution algorithm.")  # fmt: skip
+@click.option(
+    "--ptx",
+    "ptx",
+    is_flag=True,
+    help="Also compile every kernel to PTX with NVRTC or nvcc, beside the class (Name.sm_90.ptx, ...).",
+)
+@click.option("--arch", "archs", metavar="SM,...", default="sm_90,sm_80", show_default=True,
+              help="The GPU architectures --ptx compiles for.")  # fmt: skip
 def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str | None, maven: str | None,
-             workspace_limit: int | None) -> None:  # fmt: skip
+             workspace_limit: int | None, ptx: bool, archs: str) -> None:  # fmt: skip
     """Compile FILE to a Java training program (one readable class plus the runtime it needs)."""
     from pathlib import Path
 
@@ -341,15 +350,28 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
         else:
             folder = out
     text = java.java_source(c, options, limit)
+    modules: dict[str, str] = {}
+    if ptx:
+        from deepdsl.backends import cuda
+
+        wanted = tuple(a.strip() for a in archs.split(",") if a.strip())
+        if not wanted or any(not re.fullmatch(r"sm_[0-9]{2,3}", a) for a in wanted):
+            raise click.BadParameter(f"{archs!r} is not a list such as sm_90,sm_80", param_hint="--arch")
+        modules = cuda.ptx_for(c, options, wanted)  # no compiler: a DslError with what to install (exit 1)
     if folder is not None:
         java.write_sources(folder, name, text)
         click.echo(f"wrote {folder / (name + '.java')} and the runtime under {folder / 'deepdsl' / 'runtime'}")
+        for arch, text_ptx in modules.items():
+            (folder / f"{name}.{arch}.ptx").write_text(text_ptx)
+            click.echo(f"wrote {folder / f'{name}.{arch}.ptx'}")
         build, source = folder / "build", folder / f"{name}.java"
         click.echo(f"  CPU:  javac -d {build} -sourcepath {folder} {source} && java -cp {build} {name}")
         click.echo(f"  CUDA: javac -cp 'JCUDA_JARS/*' -d {build} {source} {folder}/deepdsl/runtime/*.java"
                    f" && java -cp '{build}:JCUDA_JARS/*' {name} --device cuda")  # fmt: skip
     if maven is not None:
         java.write_maven(Path(maven), name, text)
+        for arch, text_ptx in modules.items():
+            (Path(maven) / f"{name}.{arch}.ptx").write_text(text_ptx)
         click.echo(f"wrote the Maven project {maven}: cd {maven} && mvn -q package && java -jar target/"
                    f"{name.lower()}-1.0.jar")  # fmt: skip
 

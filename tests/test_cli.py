@@ -110,3 +110,20 @@ def test_unreadable_sources_are_user_errors(cli, tmp_path) -> None:  # noqa: ANN
     assert r.exit_code == 1
     assert "cannot include '/dev/zero': '/dev/zero' is not a regular file" in r.stderr
     assert "cannot include 'bin.ddsl'" in r.stderr and "is not UTF-8 text (byte 0)" in r.stderr
+
+
+def test_compile_ptx_writes_one_module_per_arch(cli, tmp_path) -> None:  # noqa: ANN001
+    pytest.importorskip("deepdsl.backends.cuda.nvrtc")
+    from deepdsl.backends.cuda.nvrtc import NoCudaCompiler, ptx
+
+    try:
+        ptx('extern "C" __global__ void k() {}', "sm_80")
+    except NoCudaCompiler:
+        pytest.skip("no NVRTC or nvcc here (the test extra installs NVRTC)")
+    net = str(ROOT / "networks" / "mlp.ddsl")
+    r = cli("compile", net, "--set", "N=2", "-o", str(tmp_path), "--ptx", "--arch", "sm_90,sm_80")
+    assert r.exit_code == 0, r.output
+    for arch in ("sm_90", "sm_80"):
+        text = (tmp_path / f"MLP.{arch}.ptx").read_text()
+        assert f".target {arch}" in text and ".version 8." in text and ".entry" in text
+    assert cli("compile", net, "-o", str(tmp_path), "--ptx", "--arch", "sm90").exit_code == 2
