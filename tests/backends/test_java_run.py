@@ -190,3 +190,20 @@ def test_workspace_limit_switches_the_convolution(programs: Path) -> None:
     fast = java_run(programs, "LeNet", "--iters", "2")["losses"]
     lean = java_run(programs, "LeNet", "--iters", "2", "--workspace-limit", "0")["losses"]
     np.testing.assert_allclose(lean, fast, rtol=1e-5)
+
+
+def test_a_rematerialised_program_gives_the_same_losses_in_less_memory(cli, programs: Path) -> None:
+    """ResNet-50 at a small size (its recomputed values are over the planner's 64 KiB threshold there)."""
+    remat = "full"
+    folder = programs / f"remat_{remat}"
+    sets = ["--set", "N=4", "--set", "H=64", "--set", "W=64"]
+    net = str(ROOT / "networks" / "resnet50.ddsl")
+    r = cli("compile", net, *sets, "--remat", remat, "-o", str(folder))
+    assert r.exit_code == 0, r.output
+    javac(folder, [folder / "ResNet50.java", *(folder / "deepdsl" / "runtime").glob("*.java")], folder / "build")
+    got = java_json(folder / "build", "ResNet50", "--data", "synthetic", "--device", "cpu", "--iters", "1")
+    want = cli("run", net, *sets, "--remat", remat, "--data", "synthetic", "--iters", "1", "--json")
+    plain = cli("run", net, *sets, "--data", "synthetic", "--iters", "1", "--json")
+    want, plain = json.loads(want.stdout), json.loads(plain.stdout)
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
+    assert got["peak_bytes"] == want["peak_bytes"] < plain["peak_bytes"]
