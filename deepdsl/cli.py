@@ -69,6 +69,13 @@ def _parse_limit(ctx: click.Context, param: click.Parameter, value: str | None) 
         raise click.BadParameter(str(exc)) from None
 
 
+WORKSPACE_LIMIT = click.option(
+    "--workspace-limit", "workspace_limit", metavar="SIZE", default=None, callback=_parse_limit,
+    help="The most scratch one statement's kernel may take (e.g. 64MiB; 0: none): larger needs use a kernel "
+    "without scratch (a direct convolution instead of im2col + GEMM). Default: no limit (compile: 1GiB).",
+)  # fmt: skip
+
+
 def common(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options every compiling command shares, and the error handling that gives exit codes."""
 
@@ -192,15 +199,7 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
     default=None,
     help="Also draw live memory over the schedule, peak marked, into FILE (.png/.svg/.pdf; needs matplotlib).",
 )
-@click.option(
-    "--workspace-limit",
-    "workspace_limit",
-    metavar="SIZE",
-    default=None,
-    callback=_parse_limit,
-    help="The most scratch one statement's kernel may take (e.g. 64MiB; 0: none): larger needs use a "
-    "kernel without scratch (a direct convolution instead of im2col + GEMM). Default: no limit.",
-)
+@WORKSPACE_LIMIT
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
 def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gpu_mem: str | None, table: str,
              plot_path: str | None, workspace_limit: int | None, as_json: bool) -> None:  # fmt: skip
@@ -271,15 +270,7 @@ def stats_text(obj: dict[str, Any]) -> str:
               help="Where to run: the NumPy runner (cpu) or the PyCUDA runner (cuda).")  # fmt: skip
 @click.option("--seed", type=int, default=None, help="Override the train block's seed.")
 @click.option("--float64", "double", is_flag=True, help="Run in float64 (the reference precision for checks).")
-@click.option(
-    "--workspace-limit",
-    "workspace_limit",
-    metavar="SIZE",
-    default=None,
-    callback=_parse_limit,
-    help="The most scratch one statement's kernel may take (e.g. 64MiB; 0: none): larger needs use a "
-    "kernel without scratch (a direct convolution instead of im2col + GEMM). Default: no limit.",
-)
+@WORKSPACE_LIMIT
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
 def run(
     c: api.Compilation, file: str, sets: dict, options: api.Options, iters: int | None, data_flag: str | None,
@@ -314,8 +305,7 @@ def run(
     default=None,
     help="Also (or instead) write a Maven project that `mvn -q package` builds into a runnable jar.",
 )
-@click.option("--workspace-limit", "workspace_limit", type=click.IntRange(min=0), default=None, metavar="BYTES",
-              help="The generated program's default scratch limit, which picks the convolution algorithm.")  # fmt: skip
+@WORKSPACE_LIMIT
 @click.option(
     "--ptx",
     "ptx",
@@ -361,17 +351,13 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
     if folder is not None:
         java.write_sources(folder, name, text)
         click.echo(f"wrote {folder / (name + '.java')} and the runtime under {folder / 'deepdsl' / 'runtime'}")
-        for arch, text_ptx in modules.items():
-            (folder / f"{name}.{arch}.ptx").write_text(text_ptx)
-            click.echo(f"wrote {folder / f'{name}.{arch}.ptx'}")
-        build, source = folder / "build", folder / f"{name}.java"
-        click.echo(f"  CPU:  javac -d {build} -sourcepath {folder} {source} && java -cp {build} {name}")
-        click.echo(f"  CUDA: javac -cp 'JCUDA_JARS/*' -d {build} {source} {folder}/deepdsl/runtime/*.java"
-                   f" && java -cp '{build}:JCUDA_JARS/*' {name} --device cuda")  # fmt: skip
+        for path in java.write_ptx(folder, name, modules):
+            click.echo(f"wrote {path}")
+        for line in java.build_commands(folder, name):
+            click.echo(f"  {line}")
     if maven is not None:
         java.write_maven(Path(maven), name, text)
-        for arch, text_ptx in modules.items():
-            (Path(maven) / f"{name}.{arch}.ptx").write_text(text_ptx)
+        java.write_ptx(Path(maven), name, modules)
         click.echo(f"wrote the Maven project {maven}: cd {maven} && mvn -q package && java -jar target/"
                    f"{name.lower()}-1.0.jar")  # fmt: skip
 

@@ -7,6 +7,7 @@ over index variables with known ranges.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -29,12 +30,25 @@ class Affine:
         return None
 
     def __str__(self) -> str:
+        return self.render({}, times="*")
+
+    def render(self, names: Mapping[str, str], times: str = " * ") -> str:
+        """The index as source text, each variable under its name in `names` (itself when absent)."""
         parts = []
-        for name, c in self.terms:
-            parts.append(name if c == 1 else f"-{name}" if c == -1 else f"{c}*{name}")
+        for var, c in self.terms:
+            v = names.get(var, var)
+            parts.append(v if c == 1 else f"-{v}" if c == -1 else f"{c}{times}{v}")
         if self.const or not parts:
             parts.append(str(self.const))
         return " + ".join(parts).replace("+ -", "- ")
+
+    def bounds(self, ranges: Mapping[str, int]) -> tuple[int, int]:
+        """The least and greatest value of the index when each variable runs over range(ranges[var])."""
+        lo = hi = self.const
+        for var, c in self.terms:
+            top = c * (ranges[var] - 1)
+            lo, hi = lo + min(0, top), hi + max(0, top)
+        return lo, hi
 
 
 def affine_add(a: Affine, b: Affine, sign: int = 1) -> Affine:

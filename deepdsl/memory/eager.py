@@ -15,7 +15,7 @@ from deepdsl.ir import REGISTRY, Graph
 def saved_bytes(forward: Graph) -> int:
     """Bytes of the tensors eager autograd keeps for the backward pass of the forward graph `forward`."""
     params = {q.value.name for q in forward.params}
-    base: dict[str, str] = {}  # a view keeps its base's storage
+    base: dict[str, str] = {}  # a view keeps its base's storage (of the same size)
     kept: dict[str, int] = {}
     extra = 0
     for s in forward.stmts:
@@ -27,17 +27,10 @@ def saved_bytes(forward: Graph) -> int:
         for w in which:
             v = s.out if w == "out" else s.inputs[w]  # type: ignore[index]
             if v.name not in params:
-                kept[base.get(v.name, v.name)] = v.type.nbytes if v.name not in base else _bytes(forward, base[v.name])
+                kept[base.get(v.name, v.name)] = v.type.nbytes
         if op.saves.extra is not None:
             extra += op.saves.extra(tuple(v.type for v in s.inputs), s.out.type, s.a)
     return sum(kept.values()) + extra
-
-
-def _bytes(g: Graph, name: str) -> int:
-    for s in g.stmts:
-        if s.out.name == name:
-            return s.out.type.nbytes
-    raise KeyError(name)
 
 
 def eager_peak_bytes(forward: Graph, train: Graph) -> int:

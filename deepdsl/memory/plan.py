@@ -165,12 +165,12 @@ def updates_in_state(g: Graph) -> dict[str, str]:
         if v.name not in made or counts[v.name] > 1 or v.name in viewed:
             continue
         i, s = made[v.name]
-        if not REGISTRY[s.op].view and last.get(target, -1) <= i and _reads_pointwise(s, target):
+        if not REGISTRY[s.op].view and last.get(target, -1) <= i and reads_pointwise(s, target):
             out[v.name] = target
     return out
 
 
-def _reads_pointwise(s: Stmt, name: str) -> bool:
+def reads_pointwise(s: Stmt, name: str) -> bool:
     """Whether `s` reads `name` at most element for element (each output element from the same input element),
     so that writing its result over `name` as it goes is safe."""
     from deepdsl.ir.indexexpr import Affine, Read, reads

@@ -171,10 +171,3 @@ def _strip_inplace(g: Graph) -> Graph:
         s.replace(attrs=tuple((a, v) for a, v in s.attrs if a != "inplace")) if "inplace" in s.a else s for s in g.stmts
     )
     return g.replace(stmts=stmts)
-
-
-def extra_flops(before: Graph, after: Graph) -> int:
-    """FLOPs of the recomputed copies."""
-    from deepdsl.memory.report import flops
-
-    return flops(after) - flops(before)

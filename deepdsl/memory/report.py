@@ -173,21 +173,18 @@ def mib(n: int) -> str:
 
 def format_report(r: dict[str, Any], with_rows: bool) -> str:
     lines = [f"memcheck {r['network']}: one training step"]
-    if with_rows and r["rows"] and "statement" in r["rows"][0]:
+    if with_rows:
         width = max([5, *(len(x["layer"]) for x in r["rows"])])
-        lines.append(f"  {'#':>5} {'value':<8} {'op':<24} {'layer':<{width}} {'allocated':>14} {'freed':>14} "
-                     f"{'workspace':>14} {'arena live':>14}")  # fmt: skip
+        per_statement = bool(r["rows"]) and "statement" in r["rows"][0]
+        head = f"{'#':>5} {'value':<8} {'op':<24} {'layer':<{width}}" if per_statement else (
+            f"{'layer':<{width}} {'stmts':>5}")  # fmt: skip
+        lines.append(f"  {head} {'allocated':>14} {'freed':>14} {'workspace':>14} {'arena live':>14}")
         for x in r["rows"]:
-            sizes = " ".join(f"{mib(x[k]):>14}" for k in ("allocated", "freed", "workspace", "live"))
-            lines.append(f"  {x['statement']:>5} {x['value']:<8} {x['op']:<24} {x['layer']:<{width}} {sizes}")
-        lines.append("")
-    elif with_rows:
-        width = max([5, *(len(x["layer"]) for x in r["rows"])])
-        lines.append(f"  {'layer':<{width}} {'stmts':>5} {'allocated':>14} {'freed':>14} {'workspace':>14} "
-                     f"{'arena live':>14}")  # fmt: skip
-        for x in r["rows"]:
-            sizes = " ".join(f"{mib(x[k]):>14}" for k in ("allocated", "freed", "workspace", "live"))
-            lines.append(f"  {x['layer']:<{width}} {x['statements']:>5} {sizes}")
+            key = (f"{x['statement']:>5} {x['value']:<8} {x['op']:<24} {x['layer']:<{width}}" if per_statement
+                   else f"{x['layer']:<{width}} {x['statements']:>5}")  # fmt: skip
+            lines.append(
+                f"  {key} " + " ".join(f"{mib(x[k]):>14}" for k in ("allocated", "freed", "workspace", "live"))
+            )
         lines.append("")
     at = r["peak_at"]
     lines += [

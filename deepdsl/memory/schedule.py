@@ -12,7 +12,7 @@ optimiser's motion pass already chose for short live ranges.
 from __future__ import annotations
 
 from deepdsl.ir import REGISTRY, Graph, Stmt
-from deepdsl.memory.plan import _reads_pointwise, aligned
+from deepdsl.memory.plan import aligned, reads_pointwise
 
 
 def schedule(g: Graph) -> Graph:
@@ -24,7 +24,7 @@ def schedule(g: Graph) -> Graph:
             readers.setdefault(v, []).append(i)
     pinned = {v.name for _, v in (*g.outputs, *g.updates)}
     producer = {s.out.name: s for s in stmts}
-    target = {v.name: name for name, v in g.updates if v.name in producer and _reads_pointwise(producer[v.name], name)}
+    target = {v.name: name for name, v in g.updates if v.name in producer and reads_pointwise(producer[v.name], name)}
     waiting = [sum(1 for v in {v.name for v in s.inputs} if v in made) for s in stmts]  # inputs not yet computed
     unread = {v: len(r) for v, r in readers.items()}  # readers not yet run
     done = [False] * len(stmts)

@@ -34,6 +34,27 @@ def write_sources(folder: Path, name: str, text: str) -> None:
         raise DslProgramError(f"cannot write the Java program into '{folder}': {exc.strerror or exc}") from None
 
 
+def write_ptx(folder: Path, name: str, modules: dict[str, str]) -> list[Path]:
+    """`folder/Name.ARCH.ptx` for each arch's PTX module (DESIGN §9); the paths written."""
+    paths = [folder / f"{name}.{arch}.ptx" for arch in modules]
+    try:
+        for path, text in zip(paths, modules.values()):
+            path.write_text(text)
+    except OSError as exc:
+        raise DslProgramError(f"cannot write the PTX into '{folder}': {exc.strerror or exc}") from None
+    return paths
+
+
+def build_commands(folder: Path, name: str) -> list[str]:
+    """How to build and run the class written into `folder`: on the CPU alone, and with the JCuda jars."""
+    build, source = folder / "build", folder / f"{name}.java"
+    return [
+        f"CPU:  javac -d {build} -sourcepath {folder} {source} && java -cp {build} {name}",
+        f"CUDA: javac -cp 'JCUDA_JARS/*' -d {build} {source} {folder}/deepdsl/runtime/*.java"
+        f" && java -cp '{build}:JCUDA_JARS/*' {name} --device cuda",
+    ]
+
+
 def write_maven(folder: Path, name: str, text: str) -> None:
     """A Maven project: pom.xml (JCuda, JCublas and their linux-x86_64 natives), the network and the runtime."""
     write_sources(folder / "src" / "main" / "java", name, text)

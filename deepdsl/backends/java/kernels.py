@@ -65,20 +65,10 @@ class _Gen:
         return name
 
     def affine(self, a: Affine) -> str:
-        parts = []
-        for var, c in a.terms:
-            v = self.names[var]
-            parts.append(v if c == 1 else f"-{v}" if c == -1 else f"{c} * {v}")
-        if a.const or not parts:
-            parts.append(str(a.const))
-        return " + ".join(parts).replace("+ -", "- ")
+        return a.render(self.names)
 
     def bounds(self, a: Affine) -> tuple[int, int]:
-        lo = hi = a.const
-        for var, c in a.terms:
-            top = c * (self.ranges[var] - 1)
-            lo, hi = lo + min(0, top), hi + max(0, top)
-        return lo, hi
+        return a.bounds(self.ranges)
 
     def read(self, r: Read) -> str:
         if self.flat:
