@@ -104,6 +104,9 @@ def common(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise
         except click.ClickException:
             raise
+        except BrokenPipeError:  # the reader went away (`deepdsl run ... | head`): stop quietly
+            sys.stderr.close()
+            sys.exit(0)
         except Exception as exc:  # noqa: BLE001 — anything else is our bug
             if from_env().debug:
                 traceback.print_exc()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Callable
 from typing import Any
@@ -10,46 +9,78 @@ from typing import Any
 import numpy as np
 
 from deepdsl.api import Options
+from deepdsl.backends.cuda.runner import GPU_EXTRA, Driver, PyCudaDriver, pycuda_available
 from deepdsl.data import load_data, parse_data_flag
 from deepdsl.errors import DslProgramError
 from deepdsl.frontend.program import Program
-from deepdsl.trainer import Trainer
+from deepdsl.trainer import Trainer, TrainResult
 
 BAR = 24
 
 
-def pick_device(device: str) -> str:
-    """`cpu`, or `cuda` when asked for (or `auto`) and PyCUDA with a GPU is there."""
+def open_device(device: str, double: bool = False) -> tuple[Driver | None, str]:
+    """The GPU driver for `device` (None: the NumPy runner) and the line that says what runs the program.
+
+    `auto` takes the GPU when PyCUDA is installed and finds one, and says why not otherwise; `cuda` is a user
+    error (with the reason) when it cannot have one."""
     if device == "cpu":
-        return "cpu"
-    has_pycuda = importlib.util.find_spec("pycuda") is not None
-    if device == "cuda":
-        why = "PyCUDA is not installed (pip install 'deepdsl[gpu]')" if not has_pycuda else (
-            "the PyCUDA runner is not part of this version yet"
-        )  # fmt: skip
-        raise DslProgramError(f"--device cuda is not available: {why}; use --device cpu")
-    return "cpu"
+        return None, "cpu (NumPy reference runner)"
+    if device == "auto" and (double or not pycuda_available()):
+        why = "--float64 runs on the NumPy runner" if double else f"PyCUDA is not installed: {GPU_EXTRA}"
+        return None, f"cpu (NumPy reference runner; CUDA not used: {why})"
+    if double:
+        raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
+    try:
+        driver = PyCudaDriver()
+    except DslProgramError as err:
+        if device == "cuda":
+            raise
+        return None, f"cpu (NumPy reference runner; CUDA not used: {err.message.removeprefix('--device cuda: ')})"
+    return driver, f"cuda ({driver.description}, PyCUDA runner)"
 
 
 def run_training(
     program: Program, iters: int | None = None, data_flag: str | None = None, load: str | None = None,
     save: str | None = None, device: str = "auto", seed: int | None = None, double: bool = False,
-    report: Callable[[str], None] | None = None, options: Options | None = None,
+    report: Callable[[str], None] | None = None, options: Options | None = None, driver: Driver | None = None,
 ) -> dict[str, Any]:  # fmt: skip
+    """Train `program` and report through `report`; `driver` runs it on that GPU instead of picking by `device`."""
+    gpu, description = (driver, f"cuda ({driver.description})") if driver else open_device(device, double)
+    try:
+        result = _train(program, gpu, description, iters, data_flag, load, save, seed, double, report, options)
+    finally:
+        if gpu is not None:
+            gpu.close()
+    out: dict[str, Any] = {"device": "cuda" if gpu is not None else "cpu", "losses": result.losses}
+    if result.test_accuracy is not None:
+        out["test_accuracy"] = result.test_accuracy
+    out["peak_bytes"] = result.peak_bytes
+    out["seconds_per_iter"] = result.seconds_per_iter
+    if result.gpu_memory_bytes is not None:
+        out["gpu_memory_bytes"] = result.gpu_memory_bytes
+    return out
+
+
+def _train(
+    program: Program, gpu: Driver | None, description: str, iters: int | None, data_flag: str | None,
+    load: str | None, save: str | None, seed: int | None, double: bool, report: Callable[[str], None] | None,
+    options: Options | None,
+) -> TrainResult:  # fmt: skip
     cfg = program.train
-    used = pick_device(device)
     kind, args = parse_data_flag(data_flag) if data_flag else (cfg.data[0], dict(cfg.data[1]))
     x = next(d for d in program.graph.inputs if d.kind == "input")
     y = next(d for d in program.graph.inputs if d.kind == "label")
     assert y.classes is not None
     data = load_data(kind, args, x.value.type.shape[1:], y.classes, cfg.seed if seed is None else seed)
     trainer = Trainer(program, data, seed, np.float64 if double else np.float32, options)
+    if gpu is not None:
+        trainer.use_gpu(gpu)
     if load:
         trainer.load(load)
     n = iters if iters is not None else cfg.iterations
     batch = x.value.type.shape[0]
     if report:
-        report(f"device: {used} (NumPy reference runner)  network {program.graph.name}  batch {batch}  data {kind}")
+        report(f"device: {description}  network {program.graph.name}  batch {batch}  data {kind}")
 
     def on_step(k: int, loss: float, seconds: float) -> None:
         if report:
@@ -70,9 +101,4 @@ def run_training(
             report(f"test accuracy: {100 * result.test_accuracy:.2f}%")
         if save:
             report(f"saved: {save}")
-    out: dict[str, Any] = {"device": used, "losses": result.losses}
-    if result.test_accuracy is not None:
-        out["test_accuracy"] = result.test_accuracy
-    out["peak_bytes"] = result.peak_bytes
-    out["seconds_per_iter"] = result.seconds_per_iter
-    return out
+    return result

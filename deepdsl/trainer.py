@@ -16,6 +16,7 @@ import numpy as np
 
 from deepdsl.api import Options, optimise
 from deepdsl.autodiff import STEP, infer_program, train_program
+from deepdsl.backends.cuda.runner import Driver, GpuRunner
 from deepdsl.backends.numpy_runner import NonFinite, run, run_plan
 from deepdsl.checkpoint import load_npz, save_npz
 from deepdsl.data import Dataset
@@ -33,6 +34,7 @@ class TrainResult:
     test_accuracy: float | None = None
     peak_bytes: int = 0
     seconds_per_iter: float = 0.0
+    gpu_memory_bytes: int | None = None  # on a GPU: the memory the runner took, as cuMemGetInfo measured it
 
 
 class Trainer:
@@ -62,6 +64,20 @@ class Trainer:
         self.shuffle = self.seed if cfg.shuffle else None
         self.arrays: dict[str, np.ndarray] = {p.value.name: self._init(p) for p in self.train_graph.params}
         self.step_count = 0
+        self.gpu: GpuRunner | None = None
+        self._gpu_ahead = False  # the GPU holds newer parameters than self.arrays
+
+    def use_gpu(self, driver: Driver) -> None:
+        """Run every later step and test on the GPU behind `driver` (the parameters move there and stay)."""
+        if self.plan is None:
+            raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
+        infer = plan(self.infer_graph, self.plan.workspace_limit) if self.infer_graph is not None else None
+        self.gpu = GpuRunner(driver, self.plan, infer, self.arrays)
+
+    def _sync(self) -> None:
+        if self.gpu is not None and self._gpu_ahead:
+            self.arrays.update(self.gpu.arrays())
+            self._gpu_ahead = False
 
     def _init(self, p: ParamDef) -> np.ndarray:
         i = p.init
@@ -78,6 +94,17 @@ class Trainer:
         i = self.step_count
         x, y = self.data.batch(i, self.batch, self.shuffle)
         feeds = self._feeds(self.train_graph, x, y, i)
+        if self.gpu is not None:
+            outputs, _ = self.gpu.run("train", feeds)
+            loss = float(outputs["loss"])
+            if not math.isfinite(loss):
+                self._gpu_ahead = True
+                self._sync()  # the step's updates are on the GPU only: find the culprit from the old ones
+                self.gpu.set_arrays(self.arrays)
+                self._locate_non_finite(feeds, i)
+            self._gpu_ahead = True
+            self.step_count += 1
+            return loss, self.gpu.arena_bytes
         if self.plan is not None:
             result = run_plan(self.plan, feeds, self.arrays)
         else:
@@ -109,7 +136,10 @@ class Trainer:
             xs = np.take(d.x_test, range(b * n, b * n + n), axis=0, mode="wrap")
             ys = np.take(d.y_test, range(b * n, b * n + n), mode="wrap")
             feeds = {dd.value.name: xs if dd.kind == "input" else ys for dd in graph.inputs}
-            scores = run(graph, feeds, self.arrays, self.dtype).outputs["predict"]
+            if self.gpu is not None:
+                scores = self.gpu.run("infer", feeds)[0]["predict"]
+            else:
+                scores = run(graph, feeds, self.arrays, self.dtype).outputs["predict"]
             correct += int(np.sum(np.argmax(scores, axis=1) == ys))
             total += n
         return correct / total
@@ -138,11 +168,14 @@ class Trainer:
                     on_test(k, accuracy)
         result.seconds_per_iter = (time.perf_counter() - start) / iterations if iterations else 0.0
         result.test_accuracy = self.test()
+        if self.gpu is not None:
+            result.gpu_memory_bytes = self.gpu.measured_bytes
         return result
 
     # ---- parameter files (DESIGN §9) ----
 
     def state(self) -> dict[str, np.ndarray]:
+        self._sync()
         out = {p.value.name: self.arrays[p.value.name] for p in self.train_graph.params if p.kind != "opt"}
         out.update({p.value.name: self.arrays[p.value.name] for p in self.train_graph.params if p.kind == "opt"})
         out["opt/iteration"] = np.asarray(self.step_count, dtype=np.int64)
@@ -161,6 +194,9 @@ class Trainer:
                 self.step_count = int(a)
             else:
                 self.arrays[name] = a.astype(self.arrays[name].dtype)
+        if self.gpu is not None:
+            self.gpu.set_arrays(self.arrays)
+            self._gpu_ahead = False
 
 
 __all__ = ["STEP", "TrainResult", "Trainer"]

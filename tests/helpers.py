@@ -121,3 +121,41 @@ def feeds_and_params(g, rng):  # noqa: ANN001, ANN201
             else np.asarray(3)
         )  # fmt: skip
     return feeds, params
+
+
+# batch norm, a residual add, concat, dropout and a tensor function in one small network
+SMALL = """
+network Small
+
+const N = 8
+const K = 10
+
+input x : [N, 1, 12, 12]
+label y : [N] classes K
+
+tensor swish(x[B, D]) -> [n, d] = x[n, d] * sigmoid(x[n, d])
+
+def unit(x, c) {
+  h = relu(batch_norm(conv(x, c, kernel=3, pad=1)))
+  return relu(h + x)
+}
+
+def body(x) {
+  s = conv(x, 4, kernel=3, pad=1)
+  b = concat(unit(s, 4), s, axis=1)
+  f = dropout(full(flatten(max_pool(b, 2)), 32), p=0.25)
+  return full(swish(f), K)
+}
+
+layer model = body
+
+loss    = softmax_cross_entropy(model(x), y)
+predict = model(x)
+
+train {
+  data       = synthetic(seed=5)
+  optimizer  = sgd(lr=0.01, momentum=0.9)
+  iterations = 5
+  seed       = 3
+}
+"""

@@ -26,6 +26,7 @@ from deepdsl.memory import Plan, plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conftest import GOLDEN, ROOT  # noqa: E402
+from cuda_emulator import emulate, run_launch  # noqa: E402
 from helpers import REDUCED  # noqa: E402
 
 SIZES = {**{net: sets for net, (sets, _) in REDUCED.items()}, "resnet50": {"N": 2}, "googlenet": {"N": 2}}
@@ -288,104 +289,7 @@ def test_pinned_nvrtc_emits_ptx_old_drivers_take() -> None:
     assert re.search(r"^\.version 8\.\d+$", text, re.M)
 
 
-# ---- every kernel run on the CPU (g++): a block's threads are fibers, switched at __syncthreads and shuffles ----
-
-EMULATION = r"""
-#include <cmath>
-#include <cstdlib>
-#include <cstring>
-#include <ucontext.h>
-#include <vector>
-struct dd_dim3 { int x, y, z; };
-static dd_dim3 threadIdx, blockIdx, blockDim, gridDim;
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __restrict__
-#define __shared__ static
-static inline float __int_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
-
-struct dd_fiber { ucontext_t ctx; bool done; std::vector<char> stack; };
-static std::vector<dd_fiber> dd_fibers;
-static std::vector<float> dd_lanes;
-static ucontext_t dd_main;
-static int dd_current, dd_threads;
-static void (*dd_body)();
-static void** a;
-
-static void dd_enter(int t) {
-    dd_current = t;
-    threadIdx.x = t % blockDim.x; threadIdx.y = t / blockDim.x; threadIdx.z = 0;
-}
-// run the next live fiber after the current one in [lo, lo + n) (round robin); back to main when none is left
-static void dd_switch(int lo, int n) {
-    int me = dd_current;
-    for (int k = 1; k <= n; k++) {
-        int t = lo + (me - lo + k) % n;
-        if (!dd_fibers[t].done) {
-            if (t == me) return;
-            dd_enter(t);
-            swapcontext(&dd_fibers[me].ctx, &dd_fibers[t].ctx);
-            dd_enter(me);
-            return;
-        }
-    }
-    setcontext(&dd_main);
-}
-static void __syncthreads() { dd_switch(0, dd_threads); }
-static float __shfl_down_sync(unsigned, float v, int o) {
-    int lane = dd_current % 32, base = dd_current - lane;
-    dd_lanes[dd_current] = v;
-    dd_switch(base, 32 < dd_threads - base ? 32 : dd_threads - base);
-    return lane + o < 32 ? dd_lanes[base + lane + o] : v;
-}
-static void dd_fiber_main() {
-    dd_body();
-    dd_fibers[dd_current].done = true;
-    dd_switch(0, dd_threads);
-}
-static void dd_launch(int gx, int gy, int gz, int bx, int by, void (*body)(), void** args) {
-    gridDim.x = gx; gridDim.y = gy; gridDim.z = gz; blockDim.x = bx; blockDim.y = by; blockDim.z = 1;
-    dd_threads = bx * by; dd_body = body; a = args;
-    dd_fibers.resize(dd_threads); dd_lanes.resize(dd_threads);
-    for (int z = 0; z < gz; z++) for (int y = 0; y < gy; y++) for (int x = 0; x < gx; x++) {
-        blockIdx.x = x; blockIdx.y = y; blockIdx.z = z;
-        for (int t = 0; t < dd_threads; t++) {
-            dd_fiber& f = dd_fibers[t];
-            f.done = false;
-            f.stack.resize(1 << 16);
-            getcontext(&f.ctx);
-            f.ctx.uc_stack.ss_sp = f.stack.data(); f.ctx.uc_stack.ss_size = f.stack.size(); f.ctx.uc_link = nullptr;
-            makecontext(&f.ctx, dd_fiber_main, 0);
-        }
-        dd_enter(0);
-        swapcontext(&dd_main, &dd_fibers[0].ctx);
-    }
-}
-"""
-
-
-def _emulate(prog: CudaProgram, tmp: Path):  # noqa: ANN202
-    """A shared library with run_<kernel>(grid x, y, z, block x, y, args) for every kernel of `prog`."""
-    import ctypes
-    import subprocess
-
-    signatures = dict(re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', prog.source))
-    runners = []
-    for name in sorted({x.kernel for x in prog.launches}):
-        params = [p.strip() for p in signatures[name].split(",")]
-        casts = ", ".join(
-            f"({p.rsplit(' ', 1)[0].replace('__restrict__', '').strip()}) a[{k}]" for k, p in enumerate(params)
-        )
-        runners.append(
-            f"static void body_{name}() {{ {name}({casts}); }}\n"
-            f'extern "C" void run_{name}(int gx, int gy, int gz, int bx, int by, void** args) {{\n'
-            f"  dd_launch(gx, gy, gz, bx, by, body_{name}, args);\n}}"
-        )
-    src, lib = tmp / "emulated.cpp", tmp / "emulated.so"
-    src.write_text(EMULATION + prog.source + "\n" + "\n".join(runners) + "\n")
-    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-w", "-o", str(lib), str(src)], check=True)
-    return ctypes.CDLL(str(lib))
+# ---- every kernel run on the CPU (g++, tests/backends/cuda_emulator.py) ----
 
 
 def _values(p: Plan, seed: int = 0) -> dict:
@@ -448,13 +352,12 @@ def test_kernels_agree_with_numpy(case: str, tmp_path: Path) -> None:
     """Every statement's launches, run on the CPU, give the NumPy kernel's result (dropout masks bit for bit).
     Block-stride launches (and in the networks the grid-stride ones) run with fewer blocks and threads, which
     their loops allow, so that the test stays quick; the tiled ones as planned."""
-    import ctypes
 
     import numpy as np
 
     p = _emulation_plan(case)
     prog = kernels.program(p)
-    lib = _emulate(prog, tmp_path)
+    lib = emulate(prog.source, prog.kernels, tmp_path)
     env = _values(p)
     by_stmt: dict[str, list] = {}
     for x in prog.launches:
@@ -475,11 +378,7 @@ def test_kernels_agree_with_numpy(case: str, tmp_path: Path) -> None:
                     ptrs.append(out.ctypes.data)
                 else:
                     ptrs.append(arrays.setdefault(arg.value, np.array(env[arg.value], order="C")).ctypes.data)
-            argv = (ctypes.c_void_p * len(ptrs))(*ptrs)
-            grid, block = x.grid, x.block
-            if x.loop == "block-stride" or big and x.loop == "grid-stride":  # fewer fibers; the loops cover the rest
-                grid, block = (min(grid[0], 3), 1, 1), (min(block[0], 64), 1, 1)
-            getattr(lib, f"run_{x.kernel}")(*grid, *block[:2], argv)
+            run_launch(lib, x, ptrs, small=big)
         want = env[stmt]
         if first.op == "dropout_mask":
             assert np.array_equal(out, want), stmt

@@ -11,46 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT
+from helpers import SMALL
 from java_env import JAVA_MARKS, java, java_json, javac
 
 pytestmark = JAVA_MARKS
 
-# batch norm, a residual add, concat, dropout and a tensor function in one small network
-SMALL = """
-network Small
-
-const N = 8
-const K = 10
-
-input x : [N, 1, 12, 12]
-label y : [N] classes K
-
-tensor swish(x[B, D]) -> [n, d] = x[n, d] * sigmoid(x[n, d])
-
-def unit(x, c) {
-  h = relu(batch_norm(conv(x, c, kernel=3, pad=1)))
-  return relu(h + x)
-}
-
-def body(x) {
-  s = conv(x, 4, kernel=3, pad=1)
-  b = concat(unit(s, 4), s, axis=1)
-  f = dropout(full(flatten(max_pool(b, 2)), 32), p=0.25)
-  return full(swish(f), K)
-}
-
-layer model = body
-
-loss    = softmax_cross_entropy(model(x), y)
-predict = model(x)
-
-train {
-  data       = synthetic(seed=5)
-  optimizer  = sgd(lr=0.01, momentum=0.9)
-  iterations = 5
-  seed       = 3
-}
-"""
 
 # (class, source, --set): LeNet at a reduced batch; its learning rate lowered to 0.001, since at 0.01 its loss
 # swings (2.5, 8.8, 3.4, 5.5, ...) and float32 rounding differences grow about a hundredfold per step there

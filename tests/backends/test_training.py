@@ -137,12 +137,6 @@ def test_run_reports_progress_and_accuracy(cli, tmp_path) -> None:  # noqa: ANN0
     assert "fc1.W" in saved.files and "opt/fc1.W/momentum" in saved.files
 
 
-def test_cuda_device_without_pycuda_is_a_clear_error(cli) -> None:  # noqa: ANN001
-    r = cli("run", str(ROOT / "networks" / "mlp.ddsl"), "--device", "cuda", "--iters", "1")
-    assert r.exit_code == 1
-    assert "--device cuda is not available" in r.stderr
-
-
 def test_load_checks_names_and_shapes(cli, tmp_path) -> None:  # noqa: ANN001
     bad = tmp_path / "bad.npz"
     np.savez(bad, **{"fc1.W": np.zeros((3, 3), np.float32)})

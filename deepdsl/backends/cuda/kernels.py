@@ -78,6 +78,7 @@ class CudaProgram:
     body: str = ""  # the program's kernels alone (source without the library)
     # after the launches: (result, tensor, bytes) for each update not computed in place, copied into its tensor
     copies: tuple[tuple[Arg, str, int], ...] = ()
+    results: tuple[tuple[str, Arg], ...] = ()  # the program's outputs (loss, predict, ...) and where they are
 
 
 def library_source() -> str:
@@ -758,8 +759,9 @@ def program(plan: Plan, prefix: str = "") -> CudaProgram:
         src = p.arg(v.name, _ctype(v.type.dtype))
         if not (src.storage == "tensor" and src.name == name):  # computed in the arena: copied after the step
             copies.append((src, name, v.type.nbytes))
+    results = tuple((name, p.arg(v.name, _ctype(v.type.dtype))) for name, v in g.outputs)
     return CudaProgram(translation_unit(g.name, body), tuple(dict.fromkeys(x.kernel for x in p.launches)),
-                       tuple(p.launches), body, tuple(copies))  # fmt: skip
+                       tuple(p.launches), body, tuple(copies), results)  # fmt: skip
 
 
 def translation_unit(name: str, *bodies: str) -> str:

@@ -1,0 +1,255 @@
+"""The GPU runner: a Plan's CUDA program (kernels.py) executed on a GPU, for `deepdsl run --device cuda`.
+
+The runner holds one arena of the planned size, one device tensor per input, parameter, model state and
+optimizer state, and the module of the training and inference kernels. A step uploads the batch (and the step
+counter), launches the plan's kernels in program order with the pointers the plan gives them (arena offsets,
+tensors), copies the updates that were not written in place into their tensors, and downloads the outputs.
+Parameters stay on the GPU between steps; `arrays()` brings them back, `set_arrays()` sends them there.
+
+What the runner needs of a GPU is a `Driver`. `PyCudaDriver` is the real one: PyCUDA (the `gpu` extra,
+imported only here), PTX from NVRTC or nvcc for the device's architecture, CUDA events for timing and
+`cuMemGetInfo` for the memory the runner really took. The tests drive the same runner with kernels compiled
+for the CPU, so the launch program itself is checked on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from deepdsl.backends.cuda.kernels import Arg, CudaProgram, Launch, program, translation_unit
+from deepdsl.errors import DslProgramError
+from deepdsl.ir.types import DType
+from deepdsl.memory.plan import Plan
+
+GPU_EXTRA = "pip install 'deepdsl[gpu]'"
+
+
+class Driver(Protocol):
+    """What the runner needs of a GPU: memory, a module of kernels, launches, a clock."""
+
+    description: str  # e.g. "NVIDIA H200 (sm_90, 143,771 MiB)"
+
+    def free_bytes(self) -> int: ...
+    def alloc(self, nbytes: int) -> int: ...  # a device address
+    def upload(self, ptr: int, array: np.ndarray) -> None: ...
+    def download(self, ptr: int, array: np.ndarray) -> None: ...
+    def copy(self, dst: int, src: int, nbytes: int) -> None: ...
+    def load(self, source: str, kernels: Sequence[str]) -> None: ...
+    def launch(self, launch: Launch, pointers: Sequence[int]) -> None: ...
+    def timed(self) -> Any: ...  # a context manager whose `.seconds` is the device time of what ran inside
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Step:
+    program: CudaProgram
+    plan: Plan
+    inputs: dict[str, np.dtype]  # input value -> its dtype on the GPU
+
+
+class GpuRunner:
+    """The training (and inference) program of a network on one GPU: one arena, persistent tensors, kernels."""
+
+    def __init__(self, driver: Driver, train: Plan, infer: Plan | None, arrays: dict[str, np.ndarray]):
+        self.driver = driver
+        self.steps = {"train": _step(program(train), train)}
+        if infer is not None:
+            self.steps["infer"] = _step(program(infer, "infer__"), infer)
+        self.arena_bytes = max(s.plan.arena_bytes for s in self.steps.values())
+        shapes = {p.value.name: (p.value.type.shape, np.float32) for p in train.graph.params}
+        for name, s in self.steps.items():
+            for d in s.plan.graph.inputs:
+                shapes[f"{name}:{d.value.name}"] = (d.value.type.shape, s.inputs[d.value.name])
+        self.tensor_bytes = sum(_nbytes(shape, t) for shape, t in shapes.values())
+        self.free_before = driver.free_bytes()
+        need = self.arena_bytes + self.tensor_bytes
+        if need > self.free_before:
+            raise DslProgramError(
+                f"the plan needs {need:,} bytes on the GPU ({self.arena_bytes:,} arena + {self.tensor_bytes:,} "
+                f"tensors) but {driver.description} has {self.free_before:,} free; try --remat cheap or full, "
+                "or a smaller batch (deepdsl memcheck --gpu-mem shows the largest that fits)"
+            )
+        driver.load(translation_unit(train.graph.name, *(s.program.body for s in self.steps.values())),
+                    [k for s in self.steps.values() for k in s.program.kernels])  # fmt: skip
+        self.arena = driver.alloc(max(self.arena_bytes, 4))
+        self.tensors = {name: driver.alloc(max(_nbytes(shape, t), 4)) for name, (shape, t) in shapes.items()}
+        self.set_arrays(arrays)
+        self.free_low = driver.free_bytes()
+        self.calls = {name: [(x, [self._pointer(name, a) for a in x.args]) for x in s.program.launches]
+                      for name, s in self.steps.items()}  # fmt: skip
+
+    def _pointer(self, step: str, a: Arg) -> int:
+        if a.storage == "arena":
+            return self.arena + a.offset
+        inputs = self.steps[step].inputs
+        return self.tensors[f"{step}:{a.name}" if a.name in inputs else a.name]
+
+    @property
+    def measured_bytes(self) -> int:
+        """The GPU memory the runner took, as cuMemGetInfo saw it (allocation granularity included)."""
+        return self.free_before - self.free_low
+
+    def set_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Upload every parameter, model state and optimizer state tensor."""
+        for p in self.steps["train"].plan.graph.params:
+            self.driver.upload(self.tensors[p.value.name], np.ascontiguousarray(arrays[p.value.name], np.float32))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every parameter, model state and optimizer state tensor, downloaded."""
+        out = {}
+        for p in self.steps["train"].plan.graph.params:
+            a = np.empty(p.value.type.shape, np.float32)
+            self.driver.download(self.tensors[p.value.name], a)
+            out[p.value.name] = a
+        return out
+
+    def run(self, step: str, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+        """One run of `step` ("train" or "infer") on `feeds` (input value -> array): its outputs and device seconds."""
+        s = self.steps[step]
+        for name, dtype in s.inputs.items():
+            self.driver.upload(self.tensors[f"{step}:{name}"], np.ascontiguousarray(feeds[name], dtype))
+        with self.driver.timed() as clock:
+            for launch, pointers in self.calls[step]:
+                self.driver.launch(launch, pointers)
+            for src, tensor, nbytes in s.program.copies:
+                self.driver.copy(self.tensors[tensor], self._pointer(step, src), nbytes)
+        outputs = {}
+        for name, where in s.program.results:
+            v = s.plan.graph.output(name)
+            a = np.empty(v.type.shape, np.float32 if v.type.dtype is DType.F32 else np.int64)
+            self.driver.download(self._pointer(step, where), a)
+            outputs[name] = a
+        self.free_low = min(self.free_low, self.driver.free_bytes())
+        return outputs, clock.seconds
+
+    def close(self) -> None:
+        self.driver.close()
+
+
+def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _step(prog: CudaProgram, p: Plan) -> _Step:
+    inputs = {d.value.name: np.dtype(np.float32 if d.value.type.dtype is DType.F32 else np.int64)
+              for d in p.graph.inputs}  # fmt: skip
+    return _Step(prog, p, inputs)
+
+
+# ---- PyCUDA ----
+
+
+class _Events:
+    def __init__(self, cuda: Any):
+        self.cuda = cuda
+        self.seconds = 0.0
+
+    def __enter__(self) -> _Events:
+        self.start, self.end = self.cuda.Event(), self.cuda.Event()
+        self.start.record()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end.record()
+        self.end.synchronize()
+        self.seconds = self.start.time_till(self.end) / 1e3
+
+
+class PyCudaDriver:
+    """GPU 0 through PyCUDA, in its primary context (shared with PyTorch or CuPy in the same process)."""
+
+    def __init__(self) -> None:
+        cuda = _import_pycuda()
+        try:
+            cuda.init()
+            if cuda.Device.count() == 0:
+                raise DslProgramError("--device cuda: PyCUDA found no CUDA GPU on this machine; use --device cpu")
+        except cuda.Error as err:
+            raise DslProgramError(f"--device cuda: the CUDA driver did not start ({err}); use --device cpu") from None
+        self.cuda = cuda
+        self.device = cuda.Device(0)
+        self.context = self.device.retain_primary_context()
+        self.context.push()
+        major, minor = self.device.compute_capability()
+        self.arch = f"sm_{major}{minor}"
+        self.description = f"{self.device.name()} ({self.arch}, {self.device.total_memory() >> 20:,} MiB)"
+        self.allocations: list[Any] = []
+        self.functions: dict[str, Any] = {}
+
+    def free_bytes(self) -> int:
+        return int(self.cuda.mem_get_info()[0])
+
+    def alloc(self, nbytes: int) -> int:
+        a = self.cuda.mem_alloc(nbytes)
+        self.allocations.append(a)
+        return int(a)
+
+    def upload(self, ptr: int, array: np.ndarray) -> None:
+        self.cuda.memcpy_htod(ptr, array)
+
+    def download(self, ptr: int, array: np.ndarray) -> None:
+        self.cuda.memcpy_dtoh(array, ptr)
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        self.cuda.memcpy_dtod(dst, src, nbytes)
+
+    def load(self, source: str, kernels: Sequence[str]) -> None:
+        from deepdsl.backends.cuda.nvrtc import ptx
+
+        module = self.cuda.module_from_buffer(ptx(source, self.arch, "program.cu").encode() + b"\0")
+        self.module = module  # keeps the functions' module alive
+        for name in dict.fromkeys(kernels):
+            self.functions[name] = module.get_function(name)
+
+    def launch(self, launch: Launch, pointers: Sequence[int]) -> None:
+        f = self.functions[launch.kernel]
+        f(*(np.uintp(p) for p in pointers), grid=launch.grid, block=launch.block, shared=launch.smem)
+
+    def timed(self) -> _Events:
+        return _Events(self.cuda)
+
+    def synchronize(self) -> None:
+        self.context.synchronize()
+
+    def close(self) -> None:
+        for a in self.allocations:
+            a.free()
+        self.allocations.clear()
+        self.context.pop()
+        self.context.detach()
+
+
+class CpuClock:
+    """A wall-clock stand-in for CUDA events (drivers that run the kernels on the host)."""
+
+    seconds = 0.0
+
+    def __enter__(self) -> CpuClock:
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.t0
+
+
+def pycuda_available() -> bool:
+    return importlib.util.find_spec("pycuda") is not None
+
+
+def _import_pycuda() -> Any:
+    if not pycuda_available():
+        raise DslProgramError(f"--device cuda needs PyCUDA, which is not installed ({GPU_EXTRA}); use --device cpu")
+    try:
+        import pycuda.driver as cuda
+    except ImportError as err:  # installed, but libcuda.so.1 (the NVIDIA driver) is missing
+        raise DslProgramError(f"--device cuda: PyCUDA cannot load the CUDA driver ({err}); use --device cpu") from None
+    return cuda
+
+
+__all__ = ["CpuClock", "Driver", "GpuRunner", "PyCudaDriver", "pycuda_available"]

@@ -1,0 +1,166 @@
+"""CUDA kernels run on the CPU: g++ compiles a program's translation unit with a block's threads as fibers
+(ucontext), switched at __syncthreads and warp shuffles. `emulate(source, kernels, folder)` gives a shared library
+with run_<kernel>(grid x, y, z, block x, y, args) for every kernel; `EmulatedDriver` is a GpuRunner driver on top
+of it, so that the runner's launch program (arena offsets, tensors, copies, results) is checked without a GPU."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from deepdsl.backends.cuda.kernels import Launch
+from deepdsl.backends.cuda.runner import CpuClock
+
+EMULATION = r"""
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <ucontext.h>
+#include <vector>
+struct dd_dim3 { int x, y, z; };
+static dd_dim3 threadIdx, blockIdx, blockDim, gridDim;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__
+#define __shared__ static
+static inline float __int_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
+
+struct dd_fiber { ucontext_t ctx; bool done; std::vector<char> stack; };
+static std::vector<dd_fiber> dd_fibers;
+static std::vector<float> dd_lanes;
+static ucontext_t dd_main;
+static int dd_current, dd_threads;
+static void (*dd_body)();
+static void** a;
+
+static void dd_enter(int t) {
+    dd_current = t;
+    threadIdx.x = t % blockDim.x; threadIdx.y = t / blockDim.x; threadIdx.z = 0;
+}
+// run the next live fiber after the current one in [lo, lo + n) (round robin); back to main when none is left
+static void dd_switch(int lo, int n) {
+    int me = dd_current;
+    for (int k = 1; k <= n; k++) {
+        int t = lo + (me - lo + k) % n;
+        if (!dd_fibers[t].done) {
+            if (t == me) return;
+            dd_enter(t);
+            swapcontext(&dd_fibers[me].ctx, &dd_fibers[t].ctx);
+            dd_enter(me);
+            return;
+        }
+    }
+    setcontext(&dd_main);
+}
+static void __syncthreads() { dd_switch(0, dd_threads); }
+static float __shfl_down_sync(unsigned, float v, int o) {
+    int lane = dd_current % 32, base = dd_current - lane;
+    dd_lanes[dd_current] = v;
+    dd_switch(base, 32 < dd_threads - base ? 32 : dd_threads - base);
+    return lane + o < 32 ? dd_lanes[base + lane + o] : v;
+}
+static void dd_fiber_main() {
+    dd_body();
+    dd_fibers[dd_current].done = true;
+    dd_switch(0, dd_threads);
+}
+static void dd_launch(int gx, int gy, int gz, int bx, int by, void (*body)(), void** args) {
+    gridDim.x = gx; gridDim.y = gy; gridDim.z = gz; blockDim.x = bx; blockDim.y = by; blockDim.z = 1;
+    dd_threads = bx * by; dd_body = body; a = args;
+    dd_fibers.resize(dd_threads); dd_lanes.resize(dd_threads);
+    for (int z = 0; z < gz; z++) for (int y = 0; y < gy; y++) for (int x = 0; x < gx; x++) {
+        blockIdx.x = x; blockIdx.y = y; blockIdx.z = z;
+        for (int t = 0; t < dd_threads; t++) {
+            dd_fiber& f = dd_fibers[t];
+            f.done = false;
+            f.stack.resize(1 << 16);
+            getcontext(&f.ctx);
+            f.ctx.uc_stack.ss_sp = f.stack.data(); f.ctx.uc_stack.ss_size = f.stack.size(); f.ctx.uc_link = nullptr;
+            makecontext(&f.ctx, dd_fiber_main, 0);
+        }
+        dd_enter(0);
+        swapcontext(&dd_main, &dd_fibers[0].ctx);
+    }
+}
+"""
+
+
+def emulate(source: str, kernels: Sequence[str], folder: Path) -> ctypes.CDLL:
+    """A shared library with run_<kernel>(grid x, y, z, block x, y, args) for each of `kernels` in `source`."""
+    signatures = dict(re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', source))
+    runners = []
+    for name in sorted(set(kernels)):
+        params = [p.strip() for p in signatures[name].split(",")]
+        casts = ", ".join(
+            f"({p.rsplit(' ', 1)[0].replace('__restrict__', '').strip()}) a[{k}]" for k, p in enumerate(params)
+        )
+        runners.append(
+            f"static void body_{name}() {{ {name}({casts}); }}\n"
+            f'extern "C" void run_{name}(int gx, int gy, int gz, int bx, int by, void** args) {{\n'
+            f"  dd_launch(gx, gy, gz, bx, by, body_{name}, args);\n}}"
+        )
+    src, lib = folder / "emulated.cpp", folder / "emulated.so"
+    src.write_text(EMULATION + source + "\n" + "\n".join(runners) + "\n")
+    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-w", "-o", str(lib), str(src)], check=True)
+    return ctypes.CDLL(str(lib))
+
+
+def run_launch(lib: ctypes.CDLL, x: Launch, pointers: Sequence[int], small: bool) -> None:
+    """Launch `x` with `pointers`. A block-stride launch (and with `small` a grid-stride one too) runs with at most
+    3 blocks of 64 threads, which its loops allow, where the CPU would otherwise switch between millions of fibers."""
+    grid, block = x.grid, x.block
+    if x.loop == "block-stride" or small and x.loop == "grid-stride":
+        grid, block = (min(grid[0], 3), 1, 1), (min(block[0], 64), 1, 1)
+    argv = (ctypes.c_void_p * len(pointers))(*pointers)
+    getattr(lib, f"run_{x.kernel}")(*grid, *block[:2], argv)
+
+
+class EmulatedDriver:
+    """The GpuRunner's driver with host memory for device memory and the kernels run by `emulate`."""
+
+    description = "the CPU emulating a GPU (g++, fibers)"
+
+    def __init__(self, folder: Path, capacity: int = 1 << 34):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.capacity = capacity
+        self.blocks: list[np.ndarray] = []
+        self.lib: ctypes.CDLL | None = None
+        self.launches = 0
+
+    def free_bytes(self) -> int:
+        return self.capacity - sum(b.nbytes for b in self.blocks)
+
+    def alloc(self, nbytes: int) -> int:
+        block = np.full(nbytes, 0xFF, np.uint8)  # NaN-filled floats: a read before any write shows
+        self.blocks.append(block)
+        return block.ctypes.data
+
+    def upload(self, ptr: int, array: np.ndarray) -> None:
+        ctypes.memmove(ptr, array.ctypes.data, array.nbytes)
+
+    def download(self, ptr: int, array: np.ndarray) -> None:
+        ctypes.memmove(array.ctypes.data, ptr, array.nbytes)
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        ctypes.memmove(dst, src, nbytes)
+
+    def load(self, source: str, kernels: Sequence[str]) -> None:
+        self.lib = emulate(source, kernels, self.folder)
+
+    def launch(self, launch: Launch, pointers: Sequence[int]) -> None:
+        assert self.lib is not None
+        run_launch(self.lib, launch, pointers, small=True)
+        self.launches += 1
+
+    def timed(self) -> CpuClock:
+        return CpuClock()
+
+    def close(self) -> None:
+        self.blocks.clear()

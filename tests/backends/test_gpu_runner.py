@@ -1,0 +1,154 @@
+"""The GPU runner (`deepdsl run --device cuda`): its launch program checked on the CPU with the kernels compiled by
+g++ (tests/backends/cuda_emulator.py), its messages where PyCUDA or a GPU is missing, and, marked `gpu`, the
+same checks through PyCUDA on a real GPU (scripts/gpu_check.sh runs those)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT
+from cuda_emulator import EmulatedDriver
+from helpers import SMALL
+
+from deepdsl import api
+from deepdsl.backends.cuda import runner as gpu_runner
+from deepdsl.cli import cli
+from deepdsl.data import load_data
+from deepdsl.errors import DslProgramError
+from deepdsl.running import open_device, run_training
+from deepdsl.trainer import Trainer
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to run the kernels on the CPU")
+
+TINY = """network Tiny
+const N = 4
+input x : [N, 3, 8, 8]
+label y : [N] classes 10
+layer cv = conv(6, kernel=3, pad=1)
+def block(x) {
+  return relu(batch_norm(conv(x, 6, kernel=3, pad=1)) + x)
+}
+layer res = block
+layer fc = full(10)
+net = fc o flatten o max_pool(2, stride=2) o res o relu o cv
+loss = softmax_cross_entropy(net(x), y)
+predict = net(x)
+train { data = synthetic(seed=2) optimizer = sgd(lr=0.05, momentum=0.9) iterations = 3 seed = 1 }
+"""
+
+
+def _program(text: str, name: str, sets: dict | None = None):  # noqa: ANN202
+    return api.compile_source(text, name, sets or {}).program
+
+
+def _losses(program, iters: int, driver=None) -> dict:  # noqa: ANN001
+    return run_training(program, iters=iters, data_flag="synthetic", device="cpu", driver=driver)
+
+
+def _close(a: list[float], b: list[float], rtol: float = 1e-4) -> None:
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=1e-6)
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", ["tiny", "small"])
+def test_runner_agrees_with_numpy_on_the_cpu(case: str, tmp_path: Path) -> None:
+    """The GPU runner's whole training run (arena offsets, tensors, in-place updates, copies, the inference program
+    for the test accuracy) with the kernels on the CPU gives the NumPy runner's losses and accuracy."""
+    program = _program(TINY if case == "tiny" else SMALL, f"{case}.ddsl")
+    iters = 3
+    want = _losses(program, iters)
+    driver = EmulatedDriver(tmp_path)
+    got = _losses(program, iters, driver)
+    assert got["device"] == "cuda"
+    assert driver.launches > 0
+    _close(got["losses"], want["losses"])
+    assert got.get("test_accuracy") == pytest.approx(want.get("test_accuracy"))
+    assert got["gpu_memory_bytes"] >= got["peak_bytes"] > 0
+
+
+@needs_gxx
+def test_parameters_move_between_host_and_gpu(tmp_path: Path) -> None:
+    """Saving after GPU steps writes the GPU's parameters; loading sends them to the GPU: save -> load ->
+    continue on the GPU equals an uninterrupted run on the NumPy runner."""
+    program = _program(TINY, "tiny.ddsl")
+    whole = run_training(program, iters=4, device="cpu")["losses"]
+    first = run_training(program, iters=2, device="cpu", save=str(tmp_path / "a.npz"),
+                         driver=EmulatedDriver(tmp_path / "1"))  # fmt: skip
+    rest = run_training(program, iters=2, device="cpu", load=str(tmp_path / "a.npz"),
+                        driver=EmulatedDriver(tmp_path / "2"))  # fmt: skip
+    _close(first["losses"] + rest["losses"], whole)
+
+
+@needs_gxx
+def test_a_plan_larger_than_the_gpu_is_a_message_with_the_numbers(tmp_path: Path) -> None:
+    program = _program(TINY, "tiny.ddsl")
+    cfg = program.train
+    data = load_data(cfg.data[0], dict(cfg.data[1]), (3, 8, 8), 10, cfg.seed)
+    trainer = Trainer(program, data)
+    with pytest.raises(DslProgramError) as err:
+        trainer.use_gpu(EmulatedDriver(tmp_path, capacity=10_000))
+    text = err.value.message
+    assert "10,000 free" in text and "arena" in text and "--remat" in text
+
+
+def test_cuda_without_pycuda_is_a_clear_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_runner, "pycuda_available", lambda: False)
+    with pytest.raises(DslProgramError, match=r"needs PyCUDA.*pip install 'deepdsl\[gpu\]'"):
+        gpu_runner.PyCudaDriver()
+
+
+def test_auto_says_why_it_runs_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import deepdsl.running as running
+
+    monkeypatch.setattr(running, "pycuda_available", lambda: False)
+    driver, line = open_device("auto")
+    assert driver is None and "CUDA not used: PyCUDA is not installed" in line
+    driver, line = open_device("auto", double=True)
+    assert driver is None and "--float64" in line
+    with pytest.raises(DslProgramError, match="float64"):
+        open_device("cuda", double=True)
+
+
+def test_run_device_cuda_on_a_machine_without_it_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    if gpu_runner.pycuda_available():
+        pytest.skip("PyCUDA is installed here: --device cuda may well work")
+    result = CliRunner().invoke(cli, ["run", str(ROOT / "networks" / "mlp.ddsl"), "--device", "cuda", "--iters", "1"])
+    assert result.exit_code == 1
+    assert "PyCUDA" in result.output and "Traceback" not in result.output
+    mlp = str(ROOT / "networks" / "mlp.ddsl")
+    auto = CliRunner().invoke(cli, ["run", mlp, "--iters", "1", "--data", "synthetic", "--json"])
+    assert auto.exit_code == 0 and json.loads(auto.output.strip().splitlines()[-1])["device"] == "cpu"
+
+
+# ---- on a real GPU (scripts/gpu_check.sh) ----
+
+
+def _real_gpu():  # noqa: ANN202
+    if not gpu_runner.pycuda_available():
+        pytest.skip("PyCUDA is not installed")
+    try:
+        return gpu_runner.PyCudaDriver()
+    except DslProgramError as err:
+        pytest.skip(err.message)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["mlp", "lenet", "tiny", "small"])
+def test_pycuda_runner_agrees_with_numpy(case: str) -> None:
+    """5 iterations on the GPU give the NumPy runner's losses (1e-4 relative), and the GPU memory the runner took
+    is the plan's: arena plus tensors, to within the driver's allocation granularity."""
+    if case in ("mlp", "lenet"):
+        program = api.compile_file(ROOT / "networks" / f"{case}.ddsl", {"N": 16}).program
+    else:
+        program = _program(TINY if case == "tiny" else SMALL, f"{case}.ddsl")
+    want = _losses(program, 5)
+    driver = _real_gpu()
+    got = run_training(program, iters=5, data_flag="synthetic", device="cuda", driver=driver)
+    _close(got["losses"], want["losses"])
+    planned = got["peak_bytes"]
+    assert planned <= got["gpu_memory_bytes"] <= planned + 64 * (2 << 20) + 4 * planned
