@@ -157,6 +157,14 @@ def plan_stage(c: Compilation, remat: str, workspace_limit: int | None = None) -
     return c.plan
 
 
+def infer_plan(c: Compilation, options: Options, workspace_limit: int | None = None) -> Plan | None:
+    """The plan of the inference program (optimised like the training one), or None without `predict`."""
+    assert c.program is not None
+    if not any(name == "predict" for name, _ in c.program.graph.outputs):
+        return None
+    return plan(optimise(infer_program(c.program.graph), options)[0], workspace_limit)
+
+
 def plan_within(c: Compilation, budget: int, workspace_limit: int | None = None) -> Plan:
     """The plan with the least rematerialisation whose peak fits `budget` (the `full` one when none does)."""
     from deepdsl.memory.remat import LEVELS

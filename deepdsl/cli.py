@@ -342,7 +342,7 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
             folder = out.parent
         else:
             folder = out
-    text = java.java_source(c, options, limit)
+    prog = java.java_program(c, options, limit)
     modules: dict[str, str] = {}
     if ptx:
         from deepdsl.backends import cuda
@@ -350,17 +350,19 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
         wanted = tuple(a.strip() for a in archs.split(",") if a.strip())
         if not wanted or any(not re.fullmatch(r"sm_[0-9]{2,3}", a) for a in wanted):
             raise click.BadParameter(f"{archs!r} is not a list such as sm_90,sm_80", param_hint="--arch")
-        modules = cuda.ptx_for(c, options, wanted)  # no compiler: a DslError with what to install (exit 1)
+        cuda.compiler()  # no compiler: a DslError with what to install (exit 1)
+        modules = {arch: cuda.ptx(prog.cuda, arch, f"{name}.cu") for arch in wanted}
     if folder is not None:
-        java.write_sources(folder, name, text)
-        click.echo(f"wrote {folder / (name + '.java')} and the runtime under {folder / 'deepdsl' / 'runtime'}")
+        java.write_sources(folder, prog)
+        click.echo(f"wrote {folder / (name + '.java')}, {folder / (name + '.cu')} and the runtime under "
+                   f"{folder / 'deepdsl' / 'runtime'}")  # fmt: skip
         for path in java.write_ptx(folder, name, modules):
             click.echo(f"wrote {path}")
         for line in java.build_commands(folder, name):
             click.echo(f"  {line}")
     if maven is not None:
-        java.write_maven(Path(maven), name, text)
-        java.write_ptx(Path(maven), name, modules)
+        resources = java.write_maven(Path(maven), prog)
+        java.write_ptx(resources, name, modules)
         click.echo(f"wrote the Maven project {maven}: cd {maven} && mvn -q package && java -jar target/"
                    f"{name.lower()}-1.0.jar")  # fmt: skip
 

@@ -37,5 +37,20 @@ public final class CpuDevice implements Device {
   }
 
   @Override
+  public void attach(Network net) {
+    net.allocateArena();
+  }
+
+  @Override
+  public float trainStep(Network net) {
+    return net.trainStep();
+  }
+
+  @Override
+  public Buf inferStep(Network net) {
+    return net.inferStep();
+  }
+
+  @Override
   public void close() {}
 }

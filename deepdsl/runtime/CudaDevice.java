@@ -12,62 +12,94 @@ import static jcuda.driver.JCudaDriver.cuDevicePrimaryCtxRelease;
 import static jcuda.driver.JCudaDriver.cuDevicePrimaryCtxRetain;
 import static jcuda.driver.JCudaDriver.cuDeviceTotalMem;
 import static jcuda.driver.JCudaDriver.cuInit;
+import static jcuda.driver.JCudaDriver.cuLaunchKernel;
 import static jcuda.driver.JCudaDriver.cuMemAlloc;
 import static jcuda.driver.JCudaDriver.cuMemFree;
+import static jcuda.driver.JCudaDriver.cuMemGetInfo;
+import static jcuda.driver.JCudaDriver.cuMemcpyDtoD;
 import static jcuda.driver.JCudaDriver.cuMemcpyDtoH;
 import static jcuda.driver.JCudaDriver.cuMemcpyHtoD;
+import static jcuda.driver.JCudaDriver.cuModuleGetFunction;
+import static jcuda.driver.JCudaDriver.cuModuleLoadData;
+import static jcuda.driver.JCudaDriver.cuModuleUnload;
 
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
-import java.util.LinkedHashSet;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
 import java.util.List;
-import java.util.Random;
-import java.util.Set;
+import java.util.Map;
 import jcuda.Pointer;
 import jcuda.Sizeof;
 import jcuda.driver.CUcontext;
 import jcuda.driver.CUdevice;
 import jcuda.driver.CUdeviceptr;
+import jcuda.driver.CUfunction;
+import jcuda.driver.CUmodule;
 import jcuda.driver.JCudaDriver;
-import jcuda.jcublas.JCublas2;
-import jcuda.jcublas.cublasHandle;
-import jcuda.jcublas.cublasOperation;
+import jcuda.nvrtc.JNvrtc;
+import jcuda.nvrtc.nvrtcProgram;
 
 /**
- * The CUDA device on JCuda 12.6 (driver API and cuBLAS; no cuDNN, whose JCuda 12 bindings are not
- * on Maven Central). It starts the driver on GPU 0, allocates the plan's one arena with {@code
- * cuMemAlloc}, uploads tensors, and runs the GEMM ops (linear, matmul, batch_matmul) through
- * cuBLAS. The kernels of the other ops arrive with the CUDA-kernel issue: until then a program that
- * launches any of them is refused at start, with the list of what is missing, rather than run
- * wrongly.
+ * The CUDA device on JCuda 12.6's driver API: GPU 0, one arena of the plan's size allocated once,
+ * one device copy of every parameter, state and input tensor, and the network's kernels launched
+ * as its {@link Kernels} tables say. Parameters stay on the GPU between steps; a save brings them
+ * back, a load sends them there.
  *
- * <p>Only {@link Device#open} creates it, by reflection. Running {@code java
- * deepdsl.runtime.CudaDevice} checks the GEMMs on the GPU against plain Java loops.
+ * <p>The kernels come from the class path: {@code NAME.sm_XY.ptx} for the GPU's architecture (or
+ * the newest older one, which the driver compiles forward), written by {@code deepdsl compile
+ * --ptx}; else {@code NAME.cu}, compiled here with NVRTC (which then must be installed: {@code
+ * libnvrtc.so.12}). The device says at start which it used. It needs only {@code libcuda.so.1}
+ * otherwise: no cuBLAS or cuDNN (JCublas 12.6 binds {@code libcublas.so.12}, which CUDA 13 stacks
+ * lack), every op is one of our kernels.
+ *
+ * <p>Only {@link Device#open} creates it, by reflection.
  */
 public final class CudaDevice implements Device {
-  /** The ops this device can launch today. */
-  public static final List<String> LAUNCHES = List.of("linear", "matmul", "batch_matmul");
+  private static final int[] OLDER_ARCHS = {90, 89, 87, 86, 80, 75, 70};
 
-  private static final Pointer ONE = Pointer.to(new float[] {1f});
-  private static final Pointer ZERO = Pointer.to(new float[] {0f});
-
+  private final Network.Settings settings;
   private final CUdevice gpu = new CUdevice();
   private final String gpuName;
+  private final int arch;
   private final long gpuBytes;
   private final long workspaceLimit;
-  private final CUdeviceptr arena = new CUdeviceptr();
-  private final List<CUdeviceptr> uploads = new ArrayList<>();
-  private final cublasHandle blas = new cublasHandle();
+  private final CUmodule module = new CUmodule();
+  private final String kernelSource;
+  private final Map<String, CUfunction> functions = new HashMap<>();
+  private final List<CUdeviceptr> allocations = new ArrayList<>();
+  private final Map<String, CUdeviceptr> tensors = new LinkedHashMap<>();
+  private CUdeviceptr arena;
+  private CUdeviceptr inputs;
+  private CUdeviceptr labels;
+  private CUdeviceptr counter;
+  private Program train;
+  private Program infer;
+  private long freeBefore;
+  private long freeLow = Long.MAX_VALUE;
+  private long[] labelValues;
+
+  /** A step ready to launch: each kernel with its argument pointers resolved once. */
+  private record Program(
+      CUfunction[] kernels,
+      int[][] shapes,
+      Pointer[] params,
+      List<Kernels.Copy> copies,
+      CUdeviceptr result,
+      Buf host) {}
 
   /**
-   * Starts the driver on GPU 0 and allocates the arena.
+   * Starts the driver on GPU 0 and loads the network's kernels.
    *
-   * @throws Device.Unavailable when there is no GPU, or the program launches an op this device
-   *     cannot
+   * @throws Device.Unavailable when there is no GPU, or no kernels for it
    */
-  public CudaDevice(String[] ops, long arenaBytes, long workspaceLimit) {
+  public CudaDevice(Network.Settings settings, long workspaceLimit) {
+    this.settings = settings;
+    this.workspaceLimit = workspaceLimit;
     JCudaDriver.setExceptionsEnabled(true);
-    JCublas2.setExceptionsEnabled(true);
     cuInit(0);
     int[] count = {0};
     cuDeviceGetCount(count);
@@ -85,29 +117,95 @@ public final class CudaDevice implements Device {
     int[] minor = {0};
     cuDeviceGetAttribute(major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, gpu);
     cuDeviceGetAttribute(minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, gpu);
+    arch = major[0] * 10 + minor[0];
     long[] total = {0};
     cuDeviceTotalMem(total, gpu);
-    gpuName =
-        new String(name, 0, end, StandardCharsets.UTF_8) + " (sm_" + major[0] + minor[0] + ")";
+    gpuName = new String(name, 0, end, StandardCharsets.UTF_8) + " (sm_" + arch + ")";
     gpuBytes = total[0];
-    this.workspaceLimit = workspaceLimit;
-    Set<String> missing = new LinkedHashSet<>(List.of(ops));
-    missing.removeAll(LAUNCHES);
-    if (!missing.isEmpty()) {
-      throw new Device.Unavailable(
-          "the CUDA device ("
-              + gpuName
-              + ") cannot launch "
-              + String.join(", ", missing)
-              + " yet; it runs only "
-              + String.join(", ", LAUNCHES)
-              + " until the CUDA kernels arrive");
-    }
     CUcontext context = new CUcontext();
     cuDevicePrimaryCtxRetain(context, gpu);
     cuCtxSetCurrent(context);
-    cuMemAlloc(arena, Math.max(arenaBytes, 4));
-    JCublas2.cublasCreate(blas);
+    kernelSource = loadModule();
+  }
+
+  /** Loads the PTX for this GPU, or compiles NAME.cu; returns what was loaded, for the user. */
+  private String loadModule() {
+    String name = settings.name;
+    for (int a : candidates()) {
+      byte[] ptx = resource(name + ".sm_" + a + ".ptx");
+      if (ptx != null) {
+        cuModuleLoadData(module, terminated(ptx));
+        return name + ".sm_" + a + ".ptx";
+      }
+    }
+    byte[] source = resource(name + ".cu");
+    if (source == null) {
+      throw new Device.Unavailable(
+          "neither "
+              + name
+              + ".sm_"
+              + arch
+              + ".ptx nor "
+              + name
+              + ".cu is on the class path (deepdsl compile writes them beside "
+              + name
+              + ".java: put that folder on the class path)");
+    }
+    cuModuleLoadData(module, terminated(nvrtc(new String(source, StandardCharsets.UTF_8))));
+    return name + ".cu, compiled at start with NVRTC (no " + name + ".sm_" + arch + ".ptx)";
+  }
+
+  private int[] candidates() {
+    List<Integer> out = new ArrayList<>(List.of(arch));
+    for (int a : OLDER_ARCHS) {
+      if (a < arch) {
+        out.add(a);
+      }
+    }
+    return out.stream().mapToInt(Integer::intValue).toArray();
+  }
+
+  private byte[] nvrtc(String source) {
+    try {
+      nvrtcProgram program = new nvrtcProgram();
+      JNvrtc.nvrtcCreateProgram(program, source, settings.name + ".cu", 0, null, null);
+      String[] options = {"--gpu-architecture=compute_" + arch, "--std=c++17", "--fmad=true"};
+      int status = JNvrtc.nvrtcCompileProgram(program, options.length, options);
+      String[] log = {""};
+      JNvrtc.nvrtcGetProgramLog(program, log);
+      if (status != 0) {
+        throw new Device.Unavailable(
+            "NVRTC could not compile " + settings.name + ".cu for sm_" + arch + ":\n" + log[0]);
+      }
+      String[] ptx = {null};
+      JNvrtc.nvrtcGetPTX(program, ptx);
+      JNvrtc.nvrtcDestroyProgram(program);
+      return ptx[0].getBytes(StandardCharsets.UTF_8);
+    } catch (UnsatisfiedLinkError e) {
+      throw new Device.Unavailable(
+          "no PTX for sm_"
+              + arch
+              + " on the class path, and NVRTC (libnvrtc.so.12) cannot be loaded to compile "
+              + settings.name
+              + ".cu: compile with deepdsl compile --ptx --arch sm_"
+              + arch);
+    }
+  }
+
+  private static byte[] resource(String file) {
+    ClassLoader loader = Thread.currentThread().getContextClassLoader();
+    try (InputStream in =
+        loader != null ? loader.getResourceAsStream(file) : ClassLoader.getSystemResourceAsStream(file)) {
+      return in == null ? null : in.readAllBytes();
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+  }
+
+  private static byte[] terminated(byte[] text) {
+    byte[] out = new byte[text.length + 1];
+    System.arraycopy(text, 0, out, 0, text.length);
+    return out;
   }
 
   @Override
@@ -121,138 +219,171 @@ public final class CudaDevice implements Device {
         + gpuName
         + ", "
         + gpuBytes / (1 << 20)
-        + " MiB, workspace limit "
+        + " MiB; kernels from "
+        + kernelSource
+        + "; workspace limit "
         + workspaceLimit
         + " bytes)";
   }
 
-  /** The arena region at {@code byteOffset}. */
-  public CUdeviceptr at(long byteOffset) {
-    return arena.withByteOffset(byteOffset);
-  }
-
-  /** A device copy of {@code b}, freed when the device closes. */
-  public CUdeviceptr upload(Buf b) {
+  private CUdeviceptr alloc(long bytes) {
     CUdeviceptr p = new CUdeviceptr();
-    cuMemAlloc(p, (long) Math.max(b.numel(), 1) * Sizeof.FLOAT);
-    cuMemcpyHtoD(
-        p,
-        Pointer.to(b.a).withByteOffset((long) b.off * Sizeof.FLOAT),
-        (long) b.numel() * Sizeof.FLOAT);
-    uploads.add(p);
+    cuMemAlloc(p, Math.max(bytes, 4));
+    allocations.add(p);
     return p;
   }
 
-  /** Copies {@code b.numel()} floats from the device into {@code b}. */
-  public void download(CUdeviceptr from, Buf b) {
-    cuCtxSynchronize();
+  @Override
+  public void attach(Network net) {
+    long[] free = {0};
+    long[] total = {0};
+    cuMemGetInfo(free, total);
+    freeBefore = free[0];
+    long need = settings.arenaBytes;
+    for (Buf b : net.tensorsByName().values()) {
+      need += (long) b.numel() * Sizeof.FLOAT;
+    }
+    if (need > freeBefore) {
+      throw new Device.Unavailable(
+          settings.name
+              + " needs "
+              + need
+              + " bytes on the GPU (arena "
+              + settings.arenaBytes
+              + " and the tensors), but "
+              + gpuName
+              + " has "
+              + freeBefore
+              + " free; compile it with --remat cheap or full, or a smaller batch");
+    }
+    arena = alloc(settings.arenaBytes);
+    net.tensorsByName().forEach((name, b) -> tensors.put(name, alloc((long) b.numel() * 4)));
+    inputs = alloc((long) net.inputs().numel() * Sizeof.FLOAT);
+    labels = alloc((long) net.labels().numel() * Sizeof.LONG);
+    labelValues = new long[net.labels().numel()];
+    counter = alloc(Sizeof.LONG);
+    toDevice(net);
+    train = resolve(settings.trainKernels.get());
+    infer = settings.inferKernels != null ? resolve(settings.inferKernels.get()) : null;
+    measure();
+  }
+
+  private Program resolve(Kernels k) {
+    List<Kernels.Launch> launches = k.launches();
+    CUfunction[] kernels = new CUfunction[launches.size()];
+    int[][] shapes = new int[launches.size()][];
+    Pointer[] params = new Pointer[launches.size()];
+    for (int i = 0; i < kernels.length; i++) {
+      Kernels.Launch x = launches.get(i);
+      kernels[i] = functions.computeIfAbsent(x.kernel(), this::function);
+      shapes[i] =
+          new int[] {x.grid()[0], x.grid()[1], x.grid()[2], x.block()[0], x.block()[1], x.block()[2]};
+      Pointer[] args = new Pointer[x.args().length];
+      for (int j = 0; j < args.length; j++) {
+        args[j] = Pointer.to(pointer(x.args()[j]));
+      }
+      params[i] = Pointer.to(args);
+    }
+    Buf host = k.resultShape().length > 0 ? Buf.zeros(k.resultShape()) : Buf.zeros(1);
+    return new Program(kernels, shapes, params, k.copies(), pointer(k.result()), host);
+  }
+
+  private CUfunction function(String kernel) {
+    CUfunction f = new CUfunction();
+    cuModuleGetFunction(f, module, kernel);
+    return f;
+  }
+
+  private CUdeviceptr pointer(Kernels.Arg a) {
+    return switch (a.storage()) {
+      case ARENA -> arena.withByteOffset(a.offset());
+      case TENSOR -> tensors.get(a.tensor());
+      case INPUT -> inputs;
+      case LABEL -> labels;
+      case STEP -> counter;
+    };
+  }
+
+  private void run(Program p) {
+    for (int i = 0; i < p.kernels.length; i++) {
+      int[] s = p.shapes[i];
+      cuLaunchKernel(p.kernels[i], s[0], s[1], s[2], s[3], s[4], s[5], 0, null, p.params[i], null);
+    }
+    for (Kernels.Copy c : p.copies) {
+      cuMemcpyDtoD(tensors.get(c.tensor()), pointer(c.from()), c.bytes());
+    }
+  }
+
+  private void upload(CUdeviceptr to, Buf b) {
+    cuMemcpyHtoD(
+        to,
+        Pointer.to(b.a).withByteOffset((long) b.off * Sizeof.FLOAT),
+        (long) b.numel() * Sizeof.FLOAT);
+  }
+
+  private void download(CUdeviceptr from, Buf b) {
     cuMemcpyDtoH(
         Pointer.to(b.a).withByteOffset((long) b.off * Sizeof.FLOAT),
         from,
         (long) b.numel() * Sizeof.FLOAT);
   }
 
-  /**
-   * Row-major {@code c[m, n] = op(a) · op(b)} for {@code batch} matrices {@code strideA}, {@code
-   * strideB}, {@code m·n} floats apart; {@code op} transposes when asked. cuBLAS is column-major,
-   * so it computes {@code cᵀ = op(b)ᵀ · op(a)ᵀ}, which is the same memory.
-   */
-  public void gemm(
-      Pointer c, Pointer a, Pointer b, int batch, int m, int n, int k, boolean ta, boolean tb) {
-    int opA = ta ? cublasOperation.CUBLAS_OP_T : cublasOperation.CUBLAS_OP_N;
-    int opB = tb ? cublasOperation.CUBLAS_OP_T : cublasOperation.CUBLAS_OP_N;
-    int lda = ta ? m : k;
-    int ldb = tb ? k : n;
-    JCublas2.cublasSgemmStridedBatched(
-        blas,
-        opB,
-        opA,
-        n,
-        m,
-        k,
-        ONE,
-        b,
-        ldb,
-        (long) k * n,
-        a,
-        lda,
-        (long) m * k,
-        ZERO,
-        c,
-        n,
-        (long) m * n,
-        batch);
+  private void measure() {
+    long[] free = {0};
+    long[] total = {0};
+    cuMemGetInfo(free, total);
+    freeLow = Math.min(freeLow, free[0]);
   }
 
-  /** {@code out[N, O] = x[N, I] · w[O, I]ᵀ}: the linear op (its bias is an epilogue). */
-  public void linear(Pointer out, Pointer x, Pointer w, int rows, int in, int outFeatures) {
-    gemm(out, x, w, 1, rows, outFeatures, in, false, true);
+  @Override
+  public float trainStep(Network net) {
+    upload(inputs, net.inputs());
+    Buf y = net.labels();
+    for (int i = 0; i < labelValues.length; i++) {
+      labelValues[i] = (long) y.a[y.off + i];
+    }
+    cuMemcpyHtoD(labels, Pointer.to(labelValues), (long) labelValues.length * Sizeof.LONG);
+    cuMemcpyHtoD(counter, Pointer.to(new long[] {net.iteration}), Sizeof.LONG);
+    run(train);
+    download(train.result, train.host);
+    return train.host.a[0];
+  }
+
+  @Override
+  public Buf inferStep(Network net) {
+    if (infer == null) {
+      return null;
+    }
+    upload(inputs, net.inputs());
+    run(infer);
+    download(infer.result, infer.host);
+    return infer.host;
+  }
+
+  @Override
+  public void toHost(Network net) {
+    cuCtxSynchronize();
+    net.tensorsByName().forEach((name, b) -> download(tensors.get(name), b));
+  }
+
+  @Override
+  public void toDevice(Network net) {
+    net.tensorsByName().forEach((name, b) -> upload(tensors.get(name), b));
+  }
+
+  @Override
+  public long measuredBytes() {
+    measure();
+    return freeBefore - freeLow;
   }
 
   @Override
   public void close() {
-    for (CUdeviceptr p : uploads) {
+    for (CUdeviceptr p : allocations) {
       cuMemFree(p);
     }
-    cuMemFree(arena);
-    JCublas2.cublasDestroy(blas);
+    allocations.clear();
+    cuModuleUnload(module);
     cuDevicePrimaryCtxRelease(gpu);
-  }
-
-  /** Checks matmul, its transposed forms and a batched matmul on the GPU against Java loops. */
-  public static void main(String[] args) {
-    int batch = 3;
-    int m = 37;
-    int n = 29;
-    int k = 41;
-    Random random = new Random(1);
-    Buf a = Buf.zeros(batch, m, k);
-    Buf b = Buf.zeros(batch, k, n);
-    for (Buf t : new Buf[] {a, b}) {
-      for (int i = 0; i < t.a.length; i++) {
-        t.a[i] = (float) random.nextGaussian();
-      }
-    }
-    try (CudaDevice cuda =
-        new CudaDevice(new String[] {"matmul", "batch_matmul"}, (long) batch * m * n * 4, 0)) {
-      System.out.println("device: " + cuda.description());
-      double worst = 0;
-      for (boolean ta : new boolean[] {false, true}) {
-        for (boolean tb : new boolean[] {false, true}) {
-          Buf at = ta ? transposed(a, batch, m, k) : a;
-          Buf bt = tb ? transposed(b, batch, k, n) : b;
-          cuda.gemm(cuda.at(0), cuda.upload(at), cuda.upload(bt), batch, m, n, k, ta, tb);
-          Buf c = Buf.zeros(batch, m, n);
-          cuda.download(cuda.at(0), c);
-          for (int q = 0; q < batch; q++) {
-            for (int i = 0; i < m; i++) {
-              for (int j = 0; j < n; j++) {
-                double s = 0;
-                for (int p = 0; p < k; p++) {
-                  s += a.a[(q * m + i) * k + p] * b.a[(q * k + p) * n + j];
-                }
-                worst = Math.max(worst, Math.abs(s - c.a[(q * m + i) * n + j]));
-              }
-            }
-          }
-        }
-      }
-      System.out.println("largest difference from Java loops: " + worst);
-      if (worst > 1e-3) {
-        throw new AssertionError("cuBLAS GEMM disagrees with the Java loops by " + worst);
-      }
-    }
-  }
-
-  private static Buf transposed(Buf t, int batch, int rows, int cols) {
-    Buf out = Buf.zeros(batch, cols, rows);
-    for (int q = 0; q < batch; q++) {
-      for (int i = 0; i < rows; i++) {
-        for (int j = 0; j < cols; j++) {
-          out.a[(q * cols + j) * rows + i] = t.a[(q * rows + i) * cols + j];
-        }
-      }
-    }
-    return out;
   }
 }

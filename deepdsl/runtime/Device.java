@@ -14,6 +14,26 @@ public interface Device extends AutoCloseable {
   /** One line for the user: what runs the program, and why when it is not the device asked for. */
   String description();
 
+  /** Takes the network's tensors before its first step (the CUDA device copies them over). */
+  void attach(Network net);
+
+  /** One training step on the batch in the network's inputs; returns the loss. */
+  float trainStep(Network net);
+
+  /** The prediction for the batch in the network's inputs (null without {@code predict}). */
+  Buf inferStep(Network net);
+
+  /** Brings the network's tensors up to date where the device keeps its own copies (before a save). */
+  default void toHost(Network net) {}
+
+  /** Sends the network's tensors to the device again (after a load). */
+  default void toDevice(Network net) {}
+
+  /** The device memory the program took, as the device measured it; -1 where it does not measure. */
+  default long measuredBytes() {
+    return -1;
+  }
+
   @Override
   void close();
 
@@ -27,21 +47,21 @@ public interface Device extends AutoCloseable {
   }
 
   /**
-   * The device for {@code which} ({@code cpu}, {@code cuda} or {@code auto}) running a program that
-   * launches {@code ops} with an arena of {@code arenaBytes}. {@code auto} takes CUDA only when the
-   * JCuda classes load, a GPU is there and the CUDA device covers every op; else the CPU.
+   * The device for {@code which} ({@code cpu}, {@code cuda} or {@code auto}) running the network
+   * of {@code settings}. {@code auto} takes CUDA only when the JCuda classes load, a GPU is there
+   * and the kernels are found; else the CPU, saying why.
    *
    * @throws Unavailable for {@code cuda} when the CUDA device cannot run the program
    */
-  static Device open(String which, String[] ops, long arenaBytes, long workspaceLimit) {
+  static Device open(String which, Network.Settings settings, long workspaceLimit) {
     switch (which) {
       case "cpu":
         return new CpuDevice(workspaceLimit, null);
       case "cuda":
-        return cuda(ops, arenaBytes, workspaceLimit);
+        return cuda(settings, workspaceLimit);
       case "auto":
         try {
-          return cuda(ops, arenaBytes, workspaceLimit);
+          return cuda(settings, workspaceLimit);
         } catch (Unavailable e) {
           return new CpuDevice(workspaceLimit, "CUDA not used: " + e.getMessage());
         }
@@ -50,12 +70,12 @@ public interface Device extends AutoCloseable {
     }
   }
 
-  private static Device cuda(String[] ops, long arenaBytes, long workspaceLimit) {
+  private static Device cuda(Network.Settings settings, long workspaceLimit) {
     try {
       return (Device)
           Class.forName("deepdsl.runtime.CudaDevice")
-              .getConstructor(String[].class, long.class, long.class)
-              .newInstance(ops, arenaBytes, workspaceLimit);
+              .getConstructor(Network.Settings.class, long.class)
+              .newInstance(settings, workspaceLimit);
     } catch (ClassNotFoundException | LinkageError e) {
       throw new Unavailable("the JCuda classes are not on the class path (" + e + ")");
     } catch (InvocationTargetException e) {

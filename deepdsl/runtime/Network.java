@@ -34,7 +34,8 @@ public abstract class Network {
     long trainArenaBytes;
     long arenaBytes;
     long workspaceLimit;
-    String[] launches = {};
+    Supplier<Kernels> trainKernels;
+    Supplier<Kernels> inferKernels;
 
     public Settings(String name) {
       this.name = name;
@@ -80,9 +81,10 @@ public abstract class Network {
       return this;
     }
 
-    /** The ops the steps launch: what a device must cover. */
-    public Settings launches(String... ops) {
-      this.launches = ops;
+    /** The steps as the CUDA device runs them ({@code infer} null without {@code predict}). */
+    public Settings kernels(Supplier<Kernels> train, Supplier<Kernels> infer) {
+      this.trainKernels = train;
+      this.inferKernels = infer;
       return this;
     }
   }
@@ -100,8 +102,11 @@ public abstract class Network {
 
   protected final Settings settings;
 
-  /** The one block every temporary of a step lives in, at the offset the plan gave it. */
-  protected final float[] arena;
+  /**
+   * The one block every temporary of a step lives in, at the offset the plan gave it; allocated
+   * when the CPU device takes the network (on the CUDA device the arena is on the GPU).
+   */
+  protected float[] arena;
 
   /** The step counter: the number of training steps taken (it seeds the dropout masks). */
   protected long iteration;
@@ -115,18 +120,57 @@ public abstract class Network {
   private int classes;
   private Data data;
   private PrintStream progress;
+  private Device device;
 
   protected Network(Settings settings) {
     this.settings = settings;
+    this.workspaceLimit = settings.workspaceLimit;
+  }
+
+  /** Runs every later step on {@code d}, which takes the network's tensors now. */
+  public void use(Device d) {
+    d.attach(this);
+    device = d;
+  }
+
+  private Device device() {
+    if (device == null) {
+      use(new CpuDevice(workspaceLimit, null));
+    }
+    return device;
+  }
+
+  /** The host arena of the CPU device. */
+  void allocateArena() {
+    if (arena != null) {
+      return;
+    }
     if (settings.arenaBytes / 4 > Integer.MAX_VALUE - 8) {
-      throw new IllegalStateException(
+      throw new Device.Unavailable(
           settings.name
               + " needs an arena of "
               + settings.arenaBytes
-              + " bytes, more than one Java array holds");
+              + " bytes, more than one Java array holds; run it on a GPU (--device cuda), with a"
+              + " smaller batch, or compiled with --remat");
     }
-    this.arena = new float[(int) (settings.arenaBytes / 4)];
-    this.workspaceLimit = settings.workspaceLimit;
+    arena = new float[(int) (settings.arenaBytes / 4)];
+  }
+
+  // ---- what a device reads of the network ----
+
+  /** Every parameter, model state and optimizer state tensor by name, in the parameter file's order. */
+  Map<String, Buf> tensorsByName() {
+    Map<String, Buf> out = new LinkedHashMap<>();
+    tensors.forEach((name, t) -> out.put(name, t.buf));
+    return out;
+  }
+
+  Buf inputs() {
+    return x;
+  }
+
+  Buf labels() {
+    return y;
   }
 
   /** One training step on the batch in the inputs; returns the loss. */
@@ -243,7 +287,7 @@ public abstract class Network {
     for (int k = 0; k < iterations; k++) {
       data.batch(iteration, batch, shuffle, x, y);
       long t0 = System.nanoTime();
-      float loss = trainStep();
+      float loss = device().trainStep(this);
       double seconds = (System.nanoTime() - t0) / 1e9;
       if (!Float.isFinite(loss)) {
         throw new ArithmeticException(
@@ -299,7 +343,7 @@ public abstract class Network {
     Buf labels = Buf.zeros(n);
     for (int b = 0; b < Math.max(1, count); b++) {
       data.testBatch(b, n, x, labels);
-      Buf scores = inferStep();
+      Buf scores = device().inferStep(this);
       if (scores == null) {
         return null;
       }
@@ -321,6 +365,7 @@ public abstract class Network {
    * Writes every parameter, the model state, the optimizer state and the step counter (atomically).
    */
   public void save(String file) throws IOException {
+    device().toHost(this);
     LinkedHashMap<String, Npz.Array> out = new LinkedHashMap<>();
     for (boolean optimizer : new boolean[] {false, true}) {
       tensors.forEach(
@@ -410,6 +455,9 @@ public abstract class Network {
         Buf b = tensors.get(name).buf;
         System.arraycopy(a.floats, 0, b.a, b.off, b.numel());
       }
+    }
+    if (device != null) {
+      device.toDevice(this);
     }
   }
 
@@ -521,9 +569,8 @@ public abstract class Network {
     if (flags.workspaceLimit != null) {
       net.workspaceLimit = flags.workspaceLimit;
     }
-    try (Device device =
-        Device.open(
-            flags.device, net.settings.launches, net.settings.arenaBytes, net.workspaceLimit)) {
+    try (Device device = Device.open(flags.device, net.settings, net.workspaceLimit)) {
+      net.use(device);
       String source = flags.data != null ? flags.data : net.settings.data;
       net.useData(source);
       if (flags.load != null) {
@@ -548,6 +595,7 @@ public abstract class Network {
                 losses,
                 accuracy,
                 iterations == 0 ? 0 : net.settings.trainArenaBytes,
+                device.measuredBytes(),
                 secondsPerIter));
       } else {
         if (accuracy != null) {
@@ -569,7 +617,12 @@ public abstract class Network {
   }
 
   private static String json(
-      String device, float[] losses, Double accuracy, long peak, double secondsPerIter) {
+      String device,
+      float[] losses,
+      Double accuracy,
+      long peak,
+      long measured,
+      double secondsPerIter) {
     StringBuilder s =
         new StringBuilder("{\"device\": \"").append(device).append("\", \"losses\": [");
     for (int i = 0; i < losses.length; i++) {
@@ -579,8 +632,11 @@ public abstract class Network {
     if (accuracy != null) {
       s.append(", \"test_accuracy\": ").append(accuracy);
     }
-    return s.append(", \"peak_bytes\": ")
-        .append(peak)
+    s.append(", \"peak_bytes\": ").append(peak);
+    if (measured >= 0) {
+      s.append(", \"gpu_memory_bytes\": ").append(measured);
+    }
+    return s
         .append(", \"seconds_per_iter\": ")
         .append(secondsPerIter)
         .append("}")

@@ -1,7 +1,8 @@
 """CUDA kernels run on the CPU: g++ compiles a program's translation unit with a block's threads as fibers
 (ucontext), switched at __syncthreads and warp shuffles. `emulate(source, kernels, folder)` gives a shared library
-with run_<kernel>(grid x, y, z, block x, y, args) for every kernel; `EmulatedDriver` is a GpuRunner driver on top
-of it, so that the runner's launch program (arena offsets, tensors, copies, results) is checked without a GPU."""
+with an entry point per kernel; `EmulatedDriver` is a GpuRunner driver on top of it, so that the Python runner's
+launch program (arena offsets, tensors, copies, results) is checked without a GPU, and `fake_driver` builds a
+libcuda.so.1 that runs the same library under JCuda, which does the same for the Java CUDA device."""
 
 from __future__ import annotations
 
@@ -91,8 +92,11 @@ static void dd_launch(int gx, int gy, int gz, int bx, int by, void (*body)(), vo
 """
 
 
-def emulate(source: str, kernels: Sequence[str], folder: Path) -> ctypes.CDLL:
-    """A shared library with run_<kernel>(grid x, y, z, block x, y, args) for each of `kernels` in `source`."""
+def emulate(source: str, kernels: Sequence[str], folder: Path, strided: Sequence[str] = ()) -> ctypes.CDLL:
+    """A shared library with, for each of `kernels` in `source`, run_<kernel>(grid x, y, z, block x, y, args) (args:
+    the pointer values) and cu_<kernel>(grid x, y, z, block x, y, z, params) (params: pointers to them, as
+    cuLaunchKernel takes them; fake_libcuda.c calls it). The cu_ entry of a kernel in `strided` (a grid- or
+    block-stride loop) runs at most 3 blocks of 64 threads, which its loop allows."""
     signatures = dict(re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', source))
     runners = []
     for name in sorted(set(kernels)):
@@ -100,15 +104,30 @@ def emulate(source: str, kernels: Sequence[str], folder: Path) -> ctypes.CDLL:
         casts = ", ".join(
             f"({p.rsplit(' ', 1)[0].replace('__restrict__', '').strip()}) a[{k}]" for k, p in enumerate(params)
         )
+        clamp = "if (gx > 3) gx = 3; if (bx > 64) bx = 64;\n  " if name in strided else ""
         runners.append(
             f"static void body_{name}() {{ {name}({casts}); }}\n"
             f'extern "C" void run_{name}(int gx, int gy, int gz, int bx, int by, void** args) {{\n'
-            f"  dd_launch(gx, gy, gz, bx, by, body_{name}, args);\n}}"
+            f"  dd_launch(gx, gy, gz, bx, by, body_{name}, args);\n}}\n"
+            f'extern "C" void cu_{name}(int gx, int gy, int gz, int bx, int by, int bz, void** params) {{\n'
+            f"  void* args[{len(params)}];\n"
+            f"  for (int k = 0; k < {len(params)}; k++) args[k] = *(void**) params[k];\n"
+            f"  {clamp}dd_launch(gx, gy, gz, bx, by, body_{name}, args);\n}}"
         )
     src, lib = folder / "emulated.cpp", folder / "emulated.so"
     src.write_text(EMULATION + source + "\n" + "\n".join(runners) + "\n")
     subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-w", "-o", str(lib), str(src)], check=True)
     return ctypes.CDLL(str(lib))
+
+
+def fake_driver(folder: Path) -> Path:
+    """fake_libcuda.c built as `folder/libcuda.so.1`; returns the folder (for LD_LIBRARY_PATH)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / "libcuda.so.1"
+    c = Path(__file__).with_name("fake_libcuda.c")
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(out), str(c), "-ldl"],
+                   check=True)  # fmt: skip
+    return folder
 
 
 def run_launch(lib: ctypes.CDLL, x: Launch, pointers: Sequence[int], small: bool) -> None:

@@ -69,10 +69,11 @@ def test_maven_project_layout(cli, tmp_path: Path) -> None:
     r = cli("compile", str(ROOT / "networks" / "mlp.ddsl"), "--maven", str(tmp_path / "mlp"))
     assert r.exit_code == 0, r.output
     pom = (tmp_path / "mlp" / "pom.xml").read_text()
-    for artifact in ("jcuda", "jcuda-natives", "jcublas", "jcublas-natives"):
+    for artifact in ("jcuda", "jcuda-natives"):
         assert f"<artifactId>{artifact}</artifactId>" in pom
     assert "<mainClass>MLP</mainClass>" in pom and "linux-x86_64" in pom
     assert (tmp_path / "mlp" / "src" / "main" / "java" / "MLP.java").is_file()
+    assert (tmp_path / "mlp" / "src" / "main" / "resources" / "MLP.cu").is_file()  # in the jar: on the class path
     assert (tmp_path / "mlp" / "src" / "main" / "java" / "deepdsl" / "runtime" / "Network.java").is_file()
 
 
@@ -82,6 +83,8 @@ def test_maven_package_builds_a_runnable_jar(cli, tmp_path: Path) -> None:
     project = tmp_path / "mlp"
     assert cli("compile", str(ROOT / "networks" / "mlp.ddsl"), "--set", "N=4", "--maven", str(project)).exit_code == 0
     subprocess.run(["mvn", "-B", "-q", "package"], cwd=project, check=True)
+    assert "MLP.cu" in subprocess.run(["jar", "tf", "target/mlp-1.0.jar"], cwd=project, capture_output=True,
+                                      text=True, check=True).stdout  # fmt: skip
     r = subprocess.run(["java", "-jar", "target/mlp-1.0.jar", "--data", "synthetic", "--iters", "2", "--device", "cpu"],
                        cwd=project, capture_output=True, text=True, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr

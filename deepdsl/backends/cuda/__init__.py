@@ -26,14 +26,13 @@ def cuda_source(plan: Any) -> str:
 def programs(compilation: Any, options: Any) -> dict[str, CudaProgram]:
     """{"train": ..., "infer": ...} of a compilation that reached the `plan` stage (infer only with `predict`);
     the inference program's kernels are named `infer__...` so that both fit in one module."""
-    from deepdsl.api import optimise
-    from deepdsl.autodiff import infer_program
-    from deepdsl.memory import plan
+    from deepdsl.api import infer_plan
 
     assert compilation.program is not None and compilation.plan is not None
     out = {"train": program(compilation.plan)}
-    if any(name == "predict" for name, _ in compilation.program.graph.outputs):
-        out["infer"] = program(plan(optimise(infer_program(compilation.program.graph), options)[0]), "infer__")
+    infer = infer_plan(compilation, options)
+    if infer is not None:
+        out["infer"] = program(infer, "infer__")
     return out
 
 

@@ -2,34 +2,56 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from deepdsl.api import Compilation, Options, optimise
-from deepdsl.autodiff import infer_program
+from deepdsl.api import Compilation, Options, infer_plan
+from deepdsl.backends.cuda.kernels import program, translation_unit
 from deepdsl.backends.java.emitter import DEFAULT_WORKSPACE_LIMIT, emit_java, runtime_sources
 from deepdsl.backends.java.names import class_name
 from deepdsl.errors import DslProgramError
-from deepdsl.memory import plan
 
-__all__ = ["DEFAULT_WORKSPACE_LIMIT", "class_name", "java_source", "runtime_sources", "write_maven", "write_sources"]
+__all__ = [
+    "DEFAULT_WORKSPACE_LIMIT", "JavaProgram", "class_name", "java_program", "java_source", "runtime_sources",
+    "write_maven", "write_sources",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class JavaProgram:
+    name: str  # the class
+    java: str  # Name.java
+    cuda: str  # Name.cu: the kernels the class's CUDA device launches (training, then inference as infer__...)
+
+
+def java_program(c: Compilation, options: Options, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT) -> JavaProgram:
+    """The Java class of a compilation that reached the `plan` stage, and the CUDA source of its kernels."""
+    assert c.program is not None and c.plan is not None
+    infer = infer_plan(c, options, workspace_limit)
+    train_cuda = program(c.plan)
+    infer_cuda = program(infer, "infer__") if infer is not None else None
+    text = emit_java(c.program, c.plan, infer, workspace_limit, (train_cuda, infer_cuda))
+    bodies = [p.body for p in (train_cuda, infer_cuda) if p is not None]
+    return JavaProgram(class_name(c.program.graph.name), text, translation_unit(c.program.graph.name, *bodies))
 
 
 def java_source(c: Compilation, options: Options, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT) -> str:
     """The Java class of a compilation that reached the `plan` stage."""
-    assert c.program is not None and c.plan is not None
-    has_predict = any(name == "predict" for name, _ in c.program.graph.outputs)
-    infer = plan(optimise(infer_program(c.program.graph), options)[0]) if has_predict else None
-    return emit_java(c.program, c.plan, infer, workspace_limit)
+    return java_program(c, options, workspace_limit).java
 
 
-def write_sources(folder: Path, name: str, text: str) -> None:
-    """`folder/Name.java` and the runtime under `folder/deepdsl/runtime/`."""
+def write_sources(folder: Path, p: JavaProgram, resources: Path | None = None) -> None:
+    """`folder/Name.java`, the runtime under `folder/deepdsl/runtime/`, and `Name.cu` in `resources` (default:
+    `folder`), where the CUDA device finds it on the class path."""
     runtime = folder / "deepdsl" / "runtime"
+    resources = resources or folder
     try:
         runtime.mkdir(parents=True, exist_ok=True)
+        resources.mkdir(parents=True, exist_ok=True)
         for file, source in runtime_sources().items():
             (runtime / file).write_text(source)
-        (folder / f"{name}.java").write_text(text)
+        (folder / f"{p.name}.java").write_text(p.java)
+        (resources / f"{p.name}.cu").write_text(p.cuda)
     except OSError as exc:
         raise DslProgramError(f"cannot write the Java program into '{folder}': {exc.strerror or exc}") from None
 
@@ -51,17 +73,20 @@ def build_commands(folder: Path, name: str) -> list[str]:
     return [
         f"CPU:  javac -d {build} -sourcepath {folder} {source} && java -cp {build} {name}",
         f"CUDA: javac -cp 'JCUDA_JARS/*' -d {build} {source} {folder}/deepdsl/runtime/*.java"
-        f" && java -cp '{build}:JCUDA_JARS/*' {name} --device cuda",
+        f" && java -cp '{build}:{folder}:JCUDA_JARS/*' {name} --device cuda",
     ]
 
 
-def write_maven(folder: Path, name: str, text: str) -> None:
-    """A Maven project: pom.xml (JCuda, JCublas and their linux-x86_64 natives), the network and the runtime."""
-    write_sources(folder / "src" / "main" / "java", name, text)
+def write_maven(folder: Path, p: JavaProgram) -> Path:
+    """A Maven project: pom.xml (JCuda and its linux-x86_64 natives), the network, the runtime, and the CUDA source
+    as a resource of the jar; returns the resource folder (where PTX goes too)."""
+    resources = folder / "src" / "main" / "resources"
+    write_sources(folder / "src" / "main" / "java", p, resources)
     try:
-        (folder / "pom.xml").write_text(POM.format(artifact=name.lower(), main=name, jcuda=JCUDA_VERSION))
+        (folder / "pom.xml").write_text(POM.format(artifact=p.name.lower(), main=p.name, jcuda=JCUDA_VERSION))
     except OSError as exc:
         raise DslProgramError(f"cannot write '{folder / 'pom.xml'}': {exc.strerror or exc}") from None
+    return resources
 
 
 JCUDA_VERSION = "12.6.0"
@@ -93,17 +118,6 @@ POM = """<?xml version="1.0" encoding="UTF-8"?>
     <dependency>
       <groupId>org.jcuda</groupId>
       <artifactId>jcuda-natives</artifactId>
-      <version>${{jcuda.version}}</version>
-      <classifier>linux-x86_64</classifier>
-    </dependency>
-    <dependency>
-      <groupId>org.jcuda</groupId>
-      <artifactId>jcublas</artifactId>
-      <version>${{jcuda.version}}</version>
-    </dependency>
-    <dependency>
-      <groupId>org.jcuda</groupId>
-      <artifactId>jcublas-natives</artifactId>
       <version>${{jcuda.version}}</version>
       <classifier>linux-x86_64</classifier>
     </dependency>

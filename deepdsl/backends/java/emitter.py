@@ -20,6 +20,8 @@ from typing import Any
 
 from deepdsl import __version__
 from deepdsl.autodiff import STEP
+from deepdsl.backends.cuda.kernels import Arg, CudaProgram
+from deepdsl.backends.cuda.kernels import program as cuda_program
 from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, java_kernel
 from deepdsl.backends.java.names import Namer, camel, class_name
 from deepdsl.frontend.program import Program
@@ -35,6 +37,7 @@ NETWORK_MEMBERS = (
     "arena", "at", "view", "copy", "scalar", "input", "label", "param", "state", "optimizerState", "train", "test",
     "save", "load", "main", "iteration", "trainStep", "inferStep", "SETTINGS", "WORKSPACE_LIMIT", "Buf", "CpuOps",
     "Network", "Parallel", "Settings", "Workspace", "settings", "workspaceLimit", "run", "useData", "reportTo",
+    "Kernels", "dim", "tensor", "inputs", "labels", "counter", "use", "device",
 )  # fmt: skip
 
 
@@ -122,7 +125,6 @@ class _Emitter:
     in_state: dict[str, str] = field(default_factory=dict)  # results written over the tensor they update
     kernels: dict[tuple, str] = field(default_factory=dict)  # (body, out, shapes) -> method name
     kernel_text: list[str] = field(default_factory=list)
-    ops: list[str] = field(default_factory=list)  # what the program launches, in first-use order
 
     def declare(self, v: Value) -> str:
         self.globals[v.name] = self.namer(v.name)
@@ -144,10 +146,6 @@ class _Emitter:
             self.kernel_text.append(java_kernel(name, body, out, shapes, doc))
         return self.kernels[key]
 
-    def launched(self, op: str) -> None:
-        if op not in self.ops:
-            self.ops.append(op)
-
     def statement(self, s: Stmt, temp: str) -> list[str]:
         """The Java lines of one statement (its result Buf is `temp`, already bound)."""
         op = REGISTRY[s.op]
@@ -160,7 +158,6 @@ class _Emitter:
             else:
                 body = op.index_form(tuple(v.type for v in s.inputs), s.out.type, s.a)
                 out = tuple(zip(out_vars(s.out.type), s.out.type.shape))
-            self.launched(s.op)
             shapes = tuple(v.type.shape for v in s.inputs)
             what = s.op
             if s.op == "fused" and s.a.get("ops"):
@@ -169,7 +166,6 @@ class _Emitter:
                 what = re.sub(r"\d+$", "", s.layer.rsplit(".", 1)[-1])
             name = self.kernel(what, s.out.name, body, out, shapes, _meaning(body, out, len(shapes)))
             return [f"{name}({', '.join([temp, *args])});"]
-        self.launched(s.op)
         arity = op.arity if op.arity is not None else len(s.inputs)
         own = args[:arity] if "epilogue" in s.a else args
         tensors = [f"new Buf[] {{{', '.join(own)}}}"] if s.op == "concat" else own
@@ -258,6 +254,57 @@ class _Emitter:
         return out, fields
 
 
+def cuda_tables(kind: str, p: Plan, prog: CudaProgram, source: str, namer: Namer) -> list[str]:
+    """The static method `{kind}Kernels()`: the step as the CUDA device runs it, one `launch` line per kernel of
+    `source` (the .cu file) in plan order under the statement it implements, then the copies and the result; split
+    into parts like the steps for big networks."""
+    g = p.graph
+    kinds = {d.value.name: d.kind for d in g.inputs}
+    stmts = {s.out.name: s for s in g.stmts}
+
+    def arg(a: Arg) -> str:
+        if a.storage == "arena":
+            return f"arena({_long(a.offset)})"
+        kind = kinds.get(a.name)
+        special = {"input": "inputs()", "label": "labels()", "step": "counter()"}
+        return special[kind] if kind in special else f'tensor("{a.name}")'
+
+    def dim(d: tuple[int, int, int]) -> str:
+        return f"dim({d[0]})" if d[1:] == (1, 1) else f"dim({d[0]}, {d[1]}, {d[2]})"
+
+    items: list[list[str]] = []  # the lines of one launch (under its statement's comment), of a copy
+    previous = None
+    for x in prog.launches:
+        lines = []
+        if x.stmt != previous:
+            st = stmts[x.stmt]
+            where = format_stmt(st).rsplit("  # ", 1)
+            comment = f"// %{st.out.name} = {st.op}({', '.join('%' + v.name for v in st.inputs)})"
+            lines.append(comment + (f"  # {where[1]}" if len(where) == 2 else ""))
+            previous = x.stmt
+        head = f'k.launch("{x.kernel}", {dim(x.grid)}, {dim(x.block)}, '
+        items.append(lines + _wrapped(head, [arg(a) for a in x.args], ");"))
+    for src, tensor, nbytes in prog.copies:
+        items.append([f'k.copy({arg(src)}, "{tensor}", {_long(nbytes)});'])
+    result = "loss" if kind == "train" else "predict"
+    where = dict(prog.results)[result]
+    shape = ", ".join(map(str, g.output(result).type.shape))
+    result_line = f"k.result({arg(where)}{', ' + shape if shape else ''});"
+    name = namer(f"kernels:{kind}", f"{kind}Kernels")
+    what = "training step" if kind == "train" else "inference step"
+    doc = f"/** The {what} on the CUDA device: the kernels of {source} in plan order. */"
+    size = 2 * MAX_STATEMENTS_PER_METHOD
+    chunks = [[line for item in items[i : i + size] for line in item] for i in range(0, len(items), size)]
+    if len(chunks) == 1:
+        body = ["Kernels k = new Kernels();", *chunks[0], result_line, "return k;"]
+        return [_method(doc, f"static Kernels {name}()", body)]
+    calls = [f"{name}{i + 1}(k);" for i in range(len(chunks))]
+    out = [_method(doc, f"static Kernels {name}()", ["Kernels k = new Kernels();", *calls, result_line, "return k;"])]
+    for i, chunk in enumerate(chunks):
+        out.append(_method(f"/** Part {i + 1} of {name}. */", f"private static void {name}{i + 1}(Kernels k)", chunk))
+    return out
+
+
 def _long(n: int) -> str:
     """An integer literal; a `long` one where it exceeds `int`."""
     return f"{n}L" if n >= 2**31 else str(n)
@@ -337,8 +384,13 @@ def _data_flag(data: tuple[str, tuple[tuple[Any, Any], ...]]) -> str:
     return f"{kind}:{values[0]}" if values else kind
 
 
-def emit_java(program: Program, train: Plan, infer: Plan | None, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT) -> str:
-    """The Java class of `program` from the plans of its training and (when it has `predict`) inference programs."""
+def emit_java(
+    program: Program, train: Plan, infer: Plan | None, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT,
+    cuda: tuple[CudaProgram, CudaProgram | None] | None = None,
+) -> str:  # fmt: skip
+    """The Java class of `program` from the plans of its training and (when it has `predict`) inference programs,
+    with `cuda` (their CUDA programs, kernels.program(train) and kernels.program(infer, "infer__")) as the tables
+    the CUDA device runs."""
     e = _Emitter()
     g: Graph = train.graph
     cls = class_name(g.name)
@@ -381,13 +433,14 @@ def emit_java(program: Program, train: Plan, infer: Plan | None, workspace_limit
         f"          .testing({cfg.test_every}, {cfg.test_iterations})",
         f"          .arena({train.arena_bytes}L, {arena}L)",
         "          .workspaceLimit(WORKSPACE_LIMIT)",
-        *_wrapped("          .launches(", [f'"{op}"' for op in e.ops], ");"),
+        f"          .kernels({cls}::trainKernels, {f'{cls}::inferKernels' if infer is not None else 'null'});",
     ]
     header = [
         f"// Generated by deepdsl {__version__} from {source or 'a .ddsl file'}. Edit the network, not this file.",
         "",
         "import deepdsl.runtime.Buf;",
         "import deepdsl.runtime.CpuOps;",
+        "import deepdsl.runtime.Kernels;",
         "import deepdsl.runtime.Network;",
         "import deepdsl.runtime.Parallel;",
         "import deepdsl.runtime.Workspace;",
@@ -417,9 +470,17 @@ def emit_java(program: Program, train: Plan, infer: Plan | None, workspace_limit
         "  }",
     ]
     methods = ["", *("\n\n".join(train_methods + infer_methods)).split("\n")]
+    if cuda is None:
+        cuda = (cuda_program(train), cuda_program(infer, "infer__") if infer is not None else None)
+    tables = cuda_tables("train", train, cuda[0], f"{cls}.cu", e.namer)
+    if infer is not None and cuda[1] is not None:
+        tables += cuda_tables("infer", infer, cuda[1], f"{cls}.cu", e.namer)
+    methods += ["", "  // ---- the CUDA device's steps: launches of the kernels in " + f"{cls}.cu ----", ""]
+    methods += "\n\n".join(tables).split("\n")
     kernels = ["", "  // ---- kernels: the index expressions of the plan as loops ----", ""]
     kernels += "\n\n".join(e.kernel_text).split("\n")
     uses_parallel = any("Parallel.range" in k for k in e.kernel_text)
+    table_text = "\n".join(tables)
     steps = "\n".join(train_methods + infer_methods)
     lines = header + body + methods + kernels + ["}", ""]
     text = "\n".join(lines)
@@ -428,4 +489,6 @@ def emit_java(program: Program, train: Plan, infer: Plan | None, workspace_limit
     for java_class in ("CpuOps", "Workspace"):
         if f"{java_class}." not in steps:
             text = text.replace(f"import deepdsl.runtime.{java_class};\n", "")
-    return text
+    helpers = ("arena", "counter", "dim", "inputs", "labels", "tensor")
+    statics = [f"import static deepdsl.runtime.Kernels.{f};" for f in helpers if re.search(rf"\b{f}\(", table_text)]
+    return text.replace("import deepdsl.runtime.Buf;\n", "\n".join(statics) + "\n\nimport deepdsl.runtime.Buf;\n", 1)

@@ -1,0 +1,138 @@
+"""The generated program's CUDA device (JCuda's driver API) run end to end without a GPU: JCuda loads a stand-in
+libcuda.so.1 (fake_libcuda.c) whose kernels are the program's own .cu compiled for the CPU (cuda_emulator.py).
+So the PTX lookup, the NVRTC fallback, the arena and tensor allocation, the launch tables, the copies, the
+transfers for a save and a load are all exercised, and the losses must equal the CPU device's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ROOT
+from cuda_emulator import emulate, fake_driver
+from helpers import SMALL
+from java_env import JAVA_MARKS, java, javac, jcuda_jars
+
+from deepdsl import api
+from deepdsl.backends import cuda
+
+pytestmark = [
+    *JAVA_MARKS,
+    pytest.mark.skipif(shutil.which("g++") is None or shutil.which("gcc") is None, reason="no gcc/g++"),
+]
+
+# (class, source, --set, --data); LeNet as in test_java_run (a learning rate at which float32 differences stay
+# small), on data with a small test set: its 256 synthetic test samples take half a minute through the CPU's fibers
+NETWORKS = {
+    "Small": ("small.ddsl", {}, "synthetic"),
+    "LeNet": ("lenet_slow.ddsl", {"N": 8}, "npz:lenet_data.npz"),
+}
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The programs compiled with --ptx into src/, built into build/; their kernels for the CPU in NAME.so; the
+    stand-in driver in fake/."""
+    from click.testing import CliRunner
+
+    from deepdsl.cli import cli
+
+    folder = tmp_path_factory.mktemp("java_cuda")
+    (folder / "small.ddsl").write_text(SMALL)
+    (folder / "lenet_slow.ddsl").write_text(
+        (ROOT / "networks" / "lenet.ddsl").read_text().replace("lr=0.01,", "lr=0.001,")
+    )
+    src = folder / "src"
+    rng = np.random.default_rng(0)
+    np.savez(folder / "lenet_data.npz", x=rng.random((32, 1, 28, 28), np.float32), y=rng.integers(0, 10, 32),
+             x_test=rng.random((16, 1, 28, 28), np.float32), y_test=rng.integers(0, 10, 16))  # fmt: skip
+    for name, (source, sets, _) in NETWORKS.items():
+        flags = [f"--set={k}={v}" for k, v in sets.items()]
+        r = CliRunner().invoke(
+            cli, ["compile", str(folder / source), *flags, "-o", str(src), "--ptx", "--arch", "sm_90"]
+        )
+        assert r.exit_code == 0, r.output
+        c = api.compile_file(folder / source, sets, stop_at="plan")
+        progs = cuda.programs(c, api.Options()).values()
+        strided = {x.kernel for p in progs for x in p.launches if x.loop in ("grid-stride", "block-stride")}
+        work = folder / name
+        work.mkdir()
+        emulate((src / f"{name}.cu").read_text(), [k for p in progs for k in p.kernels], work, strided)
+    javac(src, [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")], folder / "build")
+    fake_driver(folder / "fake")
+    return folder
+
+
+def run(folder: Path, name: str, *args: str, classpath: str | None = None, nvrtc: bool = False) -> dict:
+    """The program on the stand-in GPU (--device cuda unless args say otherwise), as its --json object."""
+    cp = classpath or f"{folder / 'build'}:{folder / 'src'}:{jcuda_jars()}/*"
+    libs = [str(folder / "fake")]
+    if nvrtc:
+        import nvidia.cuda_nvrtc as wheel  # the test extra's NVRTC, for JCuda's JNvrtc
+
+        libs.append(os.path.join(next(iter(wheel.__path__)), "lib"))
+    env = {
+        **os.environ,
+        "LD_LIBRARY_PATH": ":".join(libs),
+        "DEEPDSL_FAKE_CUDA_KERNELS": str(folder / name / "emulated.so"),
+    }
+    cmd = ["java", "-cp", cp, name, "--data", NETWORKS[name][2], *args]
+    if "--device" not in args:
+        cmd += ["--device", "cuda"]
+    import subprocess
+
+    r = subprocess.run([*cmd, "--json"], cwd=folder, capture_output=True, text=True, timeout=600, env=env, check=False)
+    return {"rc": r.returncode, "stderr": r.stderr, **(json.loads(r.stdout) if r.returncode == 0 else {})}
+
+
+def cpu(folder: Path, name: str, *args: str) -> dict:
+    r = java(folder / "build", name, "--data", NETWORKS[name][2], "--device", "cpu", *args, "--json", cwd=folder)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("name", list(NETWORKS))
+def test_the_cuda_device_gives_the_cpu_devices_losses(programs: Path, name: str) -> None:
+    got = run(programs, name, "--iters", "3")
+    assert got["rc"] == 0, got["stderr"]
+    want = cpu(programs, name, "--iters", "3")
+    assert got["device"] == "cuda"
+    assert f"kernels from {name}.sm_90.ptx" in got["stderr"]
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
+    assert got["test_accuracy"] == pytest.approx(want["test_accuracy"])
+    # the arena and every tensor, taken from the driver's free memory
+    assert got["gpu_memory_bytes"] >= got["peak_bytes"] == want["peak_bytes"]
+
+
+def test_parameters_move_between_the_gpu_and_files(programs: Path) -> None:
+    whole = cpu(programs, "Small", "--iters", "4")["losses"]
+    first = run(programs, "Small", "--iters", "2", "--save", "gpu.npz")
+    assert first["rc"] == 0, first["stderr"]
+    rest = cpu(programs, "Small", "--load", "gpu.npz", "--iters", "2")["losses"]
+    np.testing.assert_allclose(first["losses"] + rest, whole, rtol=1e-4)
+    cpu(programs, "Small", "--iters", "2", "--save", "cpu.npz")
+    again = run(programs, "Small", "--load", "cpu.npz", "--iters", "2")
+    assert again["rc"] == 0, again["stderr"]
+    np.testing.assert_allclose(again["losses"], whole[2:], rtol=1e-4)
+
+
+def test_without_ptx_the_source_is_compiled_at_start_or_the_reason_given(programs: Path) -> None:
+    bare = programs / "no_ptx"
+    bare.mkdir(exist_ok=True)
+    shutil.copy(programs / "src" / "Small.cu", bare)
+    cp = f"{programs / 'build'}:{bare}:{jcuda_jars()}/*"
+    got = run(programs, "Small", "--iters", "2", classpath=cp, nvrtc=True)
+    assert got["rc"] == 0, got["stderr"]
+    assert "Small.cu, compiled at start with NVRTC" in got["stderr"]
+    np.testing.assert_allclose(got["losses"], cpu(programs, "Small", "--iters", "2")["losses"], rtol=1e-4)
+
+    refused = run(programs, "Small", "--iters", "1", classpath=cp)  # no NVRTC to be found
+    assert refused["rc"] == 1 and "deepdsl compile --ptx --arch sm_90" in refused["stderr"]
+    nothing = f"{programs / 'build'}:{jcuda_jars()}/*"
+    auto = run(programs, "Small", "--iters", "1", "--device", "auto", classpath=nothing)
+    assert auto["rc"] == 0 and auto["device"] == "cpu"
+    assert "CUDA not used: neither Small.sm_90.ptx nor Small.cu is on the class path" in auto["stderr"]
