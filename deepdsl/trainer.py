@@ -176,7 +176,7 @@ class Trainer:
 
     def state(self) -> dict[str, np.ndarray]:
         self._sync()
-        out = {p.value.name: self.arrays[p.value.name] for p in self.train_graph.params if p.kind != "opt"}
+        out = {p.value.name: self.arrays[p.value.name] for p in self.train_graph.params if p.kind in ("param", "state")}
         out.update({p.value.name: self.arrays[p.value.name] for p in self.train_graph.params if p.kind == "opt"})
         out["opt/iteration"] = np.asarray(self.step_count, dtype=np.int64)
         return out

@@ -48,8 +48,9 @@ def numpy_step_seconds(program, steps: int) -> float:  # noqa: ANN001
     return statistics.median(times)
 
 
-def torch_training_step(program, threads: int = 1):  # noqa: ANN001, ANN201
-    """A PyTorch function running one training step of `program`'s forward graph, or None without PyTorch."""
+def torch_training_step(program, threads: int = 1, device: str = "cpu"):  # noqa: ANN001, ANN201
+    """A PyTorch function running one training step of `program`'s forward graph on `device`, or None without
+    PyTorch."""
     try:
         import torch
         import torch.nn.functional as F
@@ -61,7 +62,8 @@ def torch_training_step(program, threads: int = 1):  # noqa: ANN001, ANN201
     params = {}
     for p in g.params:
         shape = p.value.type.shape
-        value = torch.full(shape, p.init.args[0]) if p.init.kind == "constant" else torch.randn(shape) * 0.05
+        value = (torch.full(shape, p.init.args[0], device=device) if p.init.kind == "constant"
+                 else torch.randn(shape, device=device) * 0.05)  # fmt: skip
         params[p.value.name] = value.requires_grad_(p.kind == "param")
     ops = {
         "conv2d": lambda a, x, w: F.conv2d(x, w, stride=a["stride"], padding=a["pad"], groups=a["groups"]),
@@ -83,8 +85,8 @@ def torch_training_step(program, threads: int = 1):  # noqa: ANN001, ANN201
     }
     x_def = next(d for d in g.inputs if d.kind == "input")
     y_def = next(d for d in g.inputs if d.kind == "label")
-    feeds = {x_def.value.name: torch.rand(x_def.value.type.shape),
-             y_def.value.name: torch.randint(0, y_def.classes, y_def.value.type.shape)}  # fmt: skip
+    feeds = {x_def.value.name: torch.rand(x_def.value.type.shape, device=device),
+             y_def.value.name: torch.randint(0, y_def.classes, y_def.value.type.shape, device=device)}  # fmt: skip
     opt_args = dict(program.train.optimizer[1])
     trainable = [params[p.value.name] for p in g.params if p.kind == "param"]
     opt = torch.optim.SGD(trainable, lr=opt_args.get("lr", 0.01), momentum=opt_args.get("momentum", 0.0),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from deepdsl.errors import DslProgramError
-from deepdsl.ir import REGISTRY, Graph, Stmt
+from deepdsl.ir import REGISTRY, Graph, ParamDef, Stmt
 from deepdsl.memory import Plan
 from deepdsl.memory.plan import workspace_need
 from deepdsl.ops.indexed import apply_epilogue
@@ -26,6 +26,13 @@ class RunResult:
 
 class NonFinite(DslProgramError):
     """A NaN or Inf appeared; names the first statement that produced one."""
+
+
+def param_value(p: ParamDef, params: dict[str, np.ndarray]) -> np.ndarray:
+    """The array of parameter `p`: from `params`, or for a hoisted constant (kind "const") its one value."""
+    if p.kind == "const" and p.value.name not in params:
+        return np.full(p.value.type.shape, p.init.args[0], np.float32)
+    return params[p.value.name]
 
 
 def last_uses(g: Graph) -> dict[str, int]:
@@ -48,7 +55,7 @@ def run(
         x = np.asarray(feeds[d.value.name])
         env[d.value.name] = x.astype(dtype) if d.kind == "input" else x
     for p in g.params:
-        env[p.value.name] = np.asarray(params[p.value.name], dtype=dtype)
+        env[p.value.name] = np.asarray(param_value(p, params), dtype=dtype)
     last = last_uses(g)
     held = {d.value.name for d in g.inputs} | {p.value.name for p in g.params}
     views = {s.out.name for s in g.stmts if REGISTRY[s.op].view}
@@ -115,7 +122,7 @@ def run_plan(p: Plan, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray
         x = np.asarray(feeds[d.value.name])
         env[d.value.name] = x.astype(np.float32) if d.kind == "input" else x
     for q in g.params:  # a copy: updates in the plan's in_state are written into it
-        env[q.value.name] = np.array(params[q.value.name], dtype=np.float32)
+        env[q.value.name] = np.array(param_value(q, params), dtype=np.float32)
     dies: dict[int, list] = {}
     for b in p.buffers:
         dies.setdefault(b.end, []).append(b)

@@ -50,7 +50,9 @@ class InputDef:
 class ParamDef:
     value: Value
     init: Init
-    kind: str = "param"  # "param" (trained), "state" (running statistics) or "opt" (optimizer state)
+    # "param" (trained), "state" (running statistics), "opt" (optimizer state) or "const" (a loop-invariant
+    # tensor the optimiser hoisted out of the step: set once by its init, never updated, not in parameter files)
+    kind: str = "param"
     layer: str = ""
     span: Span | None = None
 

@@ -63,7 +63,7 @@ def report(
     state = sum(q.value.type.nbytes for q in g.params if q.kind == "state")
     opt = sum(q.value.type.nbytes for q in g.params if q.kind == "opt")
     inputs = sum(d.value.type.nbytes for d in g.inputs)
-    persistent = params + state + opt + inputs
+    persistent = persistent_bytes(g)  # with the constants hoisted out of the step (a few bytes)
     train_flops = flops(g) - extra_flops
     at = g.stmts[p.peak_at] if g.stmts else None
     where = {"statement": p.peak_at, "value": f"%{at.out.name}" if at else None, "op": at.op if at else None,
@@ -81,6 +81,7 @@ def report(
         "gradient_bytes": params,
         "optimizer_state_bytes": opt,
         "input_bytes": inputs,
+        "constant_bytes": sum(q.value.type.nbytes for q in g.params if q.kind == "const"),
         "workspace_bytes": max((b.nbytes for b in p.workspace.values()), default=0),
         "workspace_limit": p.workspace_limit,
         "train_flops": train_flops,

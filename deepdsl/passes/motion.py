@@ -1,5 +1,12 @@
-"""Code motion: sink every statement to just before its first use, so values live for less time.
+"""Code motion: hoist loop-invariant work out of the step, then sink every statement to just before its first
+use, so values live for less time.
 
+Hoisting: a statement that reads nothing (`fill`: the loss gradient's seed, constants) computes the same tensor
+in every step; it becomes a constant of the program (a `ParamDef` of kind "const", initialised once, before the
+first step, and never saved), so the step no longer launches it. A statement reading only such constants would
+be invariant too, but simplify has folded those already.
+
+Sinking:
 A statement only sinks when the inputs it keeps alive longer weigh no more than its own result, so the
 move never raises the bytes alive at any point.
 
@@ -13,13 +20,41 @@ from __future__ import annotations
 
 import math
 
-from deepdsl.ir import Graph
+from deepdsl.ir import Graph, Init, ParamDef, Value
 from deepdsl.passes.fuse import costs_no_memory, lifetimes
+from deepdsl.passes.rewrite import rename
 
 STEP = 1e-6
 
 
 def motion(g: Graph) -> Graph:
+    return sink(hoist(g))
+
+
+def hoist(g: Graph) -> Graph:
+    """Every `fill` becomes a constant tensor of the program, initialised once."""
+    consts = {s.out.name: s for s in g.stmts if s.op == "fill" and not s.inputs}
+    pinned = {v.name for _, v in (*g.outputs, *g.updates)}
+    consts = {name: s for name, s in consts.items() if name not in pinned}
+    if not consts:
+        return g
+    taken = {d.value.name for d in g.inputs} | {p.value.name for p in g.params} | {s.out.name for s in g.stmts}
+    mapping: dict[str, Value] = {}
+    params = list(g.params)
+    for name, s in consts.items():
+        new = f"const{name}"
+        while new in taken:
+            new += "_"
+        taken.add(new)
+        mapping[name] = Value(new, s.out.type)
+        params.append(ParamDef(mapping[name], Init("constant", (float(s.a["value"]),)), "const", s.layer, s.span))
+    stmts = [
+        s.replace(inputs=tuple(mapping.get(v.name, v) for v in s.inputs)) for s in g.stmts if s.out.name not in consts
+    ]
+    return rename(g.replace(params=tuple(params)), stmts, mapping)
+
+
+def sink(g: Graph) -> Graph:
     readers: dict[str, list[int]] = {}
     for i, s in enumerate(g.stmts):
         for v in set(s.inputs):

@@ -92,7 +92,8 @@ public abstract class Network {
   private enum Kind {
     PARAM,
     STATE,
-    OPT
+    OPT,
+    CONST
   }
 
   private record Tensor(Buf buf, Kind kind) {}
@@ -211,6 +212,16 @@ public abstract class Network {
   /** Optimizer state: zero until a parameter file or a step fills it. */
   protected final Buf optimizerState(String name, int... shape) {
     return add(name, Kind.OPT, new float[Math.toIntExact(Buf.count(shape))], shape);
+  }
+
+  /**
+   * A loop-invariant tensor the optimiser hoisted out of the step: every element {@code value},
+   * set once, never saved or loaded.
+   */
+  protected final Buf constant(String name, float value, int... shape) {
+    float[] values = new float[Math.toIntExact(Buf.count(shape))];
+    Arrays.fill(values, value);
+    return add(name, Kind.CONST, values, shape);
   }
 
   /** The arena region at {@code byteOffset} seen as a tensor of {@code shape}. */
@@ -370,7 +381,7 @@ public abstract class Network {
     for (boolean optimizer : new boolean[] {false, true}) {
       tensors.forEach(
           (name, t) -> {
-            if ((t.kind == Kind.OPT) == optimizer) {
+            if (t.kind != Kind.CONST && (t.kind == Kind.OPT) == optimizer) {
               out.put(
                   name,
                   Npz.Array.ofFloats(
@@ -391,7 +402,13 @@ public abstract class Network {
   public void load(String file) throws IOException {
     Map<String, Npz.Array> in = Npz.read(Path.of(file));
     boolean withOptimizer = in.keySet().stream().anyMatch(n -> n.contains("/"));
-    List<String> expected = new ArrayList<>(tensors.keySet());
+    List<String> expected = new ArrayList<>();
+    tensors.forEach(
+        (name, t) -> {
+          if (t.kind != Kind.CONST) {
+            expected.add(name);
+          }
+        });
     expected.add(ITERATION);
     for (String name : expected) {
       boolean optimizer = name.contains("/");
@@ -434,7 +451,7 @@ public abstract class Network {
       }
     }
     for (String name : in.keySet()) {
-      if (!tensors.containsKey(name) && !name.equals(ITERATION)) {
+      if (!expected.contains(name)) {
         throw new IOException(
             "parameter file '"
                 + file

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from deepdsl.backends.cuda.kernels import Arg, CudaProgram, Launch, program, translation_unit
+from deepdsl.backends.numpy_runner import param_value
 from deepdsl.errors import DslProgramError
 from deepdsl.ir.types import DType
 from deepdsl.memory.plan import Plan
@@ -98,7 +99,8 @@ class GpuRunner:
     def set_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         """Upload every parameter, model state and optimizer state tensor."""
         for p in self.steps["train"].plan.graph.params:
-            self.driver.upload(self.tensors[p.value.name], np.ascontiguousarray(arrays[p.value.name], np.float32))
+            a = np.ascontiguousarray(param_value(p, arrays), np.float32)
+            self.driver.upload(self.tensors[p.value.name], a)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Every parameter, model state and optimizer state tensor, downloaded."""
@@ -181,6 +183,7 @@ class PyCudaDriver:
         self.description = f"{self.device.name()} ({self.arch}, {self.device.total_memory() >> 20:,} MiB)"
         self.allocations: list[Any] = []
         self.functions: dict[str, Any] = {}
+        self.prepared: set[str] = set()
 
     def free_bytes(self) -> int:
         return int(self.cuda.mem_get_info()[0])
@@ -202,14 +205,18 @@ class PyCudaDriver:
     def load(self, source: str, kernels: Sequence[str]) -> None:
         from deepdsl.backends.cuda.nvrtc import ptx
 
-        module = self.cuda.module_from_buffer(ptx(source, self.arch, "program.cu").encode() + b"\0")
+        # not strict: a newer NVRTC's warnings about our kernels are for the tests to catch, not the user
+        module = self.cuda.module_from_buffer(ptx(source, self.arch, "program.cu", strict=False).encode() + b"\0")
         self.module = module  # keeps the functions' module alive
         for name in dict.fromkeys(kernels):
             self.functions[name] = module.get_function(name)
 
     def launch(self, launch: Launch, pointers: Sequence[int]) -> None:
         f = self.functions[launch.kernel]
-        f(*(np.uintp(p) for p in pointers), grid=launch.grid, block=launch.block, shared=launch.smem)
+        if launch.kernel not in self.prepared:  # the argument layout, once per kernel: every argument a pointer
+            f.prepare("P" * len(pointers))
+            self.prepared.add(launch.kernel)
+        f.prepared_call(launch.grid, launch.block, *pointers, shared_size=launch.smem)
 
     def timed(self) -> _Events:
         return _Events(self.cuda)

@@ -37,7 +37,7 @@ NETWORK_MEMBERS = (
     "arena", "at", "view", "copy", "scalar", "input", "label", "param", "state", "optimizerState", "train", "test",
     "save", "load", "main", "iteration", "trainStep", "inferStep", "SETTINGS", "WORKSPACE_LIMIT", "Buf", "CpuOps",
     "Network", "Parallel", "Settings", "Workspace", "settings", "workspaceLimit", "run", "useData", "reportTo",
-    "Kernels", "dim", "tensor", "inputs", "labels", "counter", "use", "device",
+    "Kernels", "dim", "tensor", "inputs", "labels", "counter", "use", "device", "constant",
 )  # fmt: skip
 
 
@@ -402,7 +402,8 @@ def emit_java(
         shape = ", ".join(map(str, d.value.type.shape))
         call = f"label({d.classes}, {shape})" if d.kind == "label" else f"input({shape})"
         declarations.append(f"  private final Buf {e.declare(d.value)} = {call};")
-    titles = {"param": "parameters", "state": "model state", "opt": "optimizer state"}
+    titles = {"param": "parameters", "state": "model state", "opt": "optimizer state",
+              "const": "constants (loop-invariant values hoisted out of the step)"}  # fmt: skip
     previous = None
     for p in g.params:  # in the graph's order, which is the parameter file's
         if p.kind != previous:
@@ -412,6 +413,8 @@ def emit_java(
         shape = ", " + shape if shape else ""
         if p.kind == "opt":
             call = f'optimizerState("{p.value.name}"{shape})'
+        elif p.kind == "const":
+            call = f'constant("{p.value.name}", {float_literal(p.init.args[0])}{shape})'
         else:
             call = f'{"param" if p.kind == "param" else "state"}("{p.value.name}", "{_init_text(p)}"{shape})'
         declarations.append(f"  private final Buf {e.declare(p.value)} = {call};")

@@ -65,15 +65,7 @@ extern "C" __global__ void softmax_cross_entropy__v13(float* __restrict__ out, c
   dd_softmax_cross_entropy(out, in0, in1, 64, 10);
 }
 
-// %14 = fill() {shape=(), value=1} : f32[]
-// out[] = 1
-extern "C" __global__ void fill__v14(float* out) {
-  DD_GRID_STRIDE(e, 1) {
-    out[e] = 1.0f;
-  }
-}
-
-// %15 = softmax_cross_entropy_backward(%12, %y, %14) : f32[64,10]  # lenet.ddsl:21:11
+// %15 = softmax_cross_entropy_backward(%12, %y, %const14) : f32[64,10]  # lenet.ddsl:21:11
 extern "C" __global__ void softmax_cross_entropy_backward__v15(float* __restrict__ out, const float* __restrict__ in0, const long long* __restrict__ in1, const float* __restrict__ in2) {
   dd_softmax_cross_entropy_backward(out, in0, in1, in2, 64, 10);
 }

@@ -52,6 +52,8 @@ public final class LeNet extends Network {
   private final Buf opt_fc1_b_momentum = optimizerState("opt/fc1.b/momentum", 500);
   private final Buf opt_fc2_W_momentum = optimizerState("opt/fc2.W/momentum", 10, 500);
   private final Buf opt_fc2_b_momentum = optimizerState("opt/fc2.b/momentum", 10);
+  // constants (loop-invariant values hoisted out of the step)
+  private final Buf const14 = constant("const14", 1.0f);
 
   public LeNet() {
     super(SETTINGS);
@@ -90,12 +92,9 @@ public final class LeNet extends Network {
     // %13 = softmax_cross_entropy(%12, %y) : f32[]  # lenet.ddsl:21:11
     Buf t13 = at(7827968);
     CpuOps.softmax_cross_entropy(t13, t12, y);
-    // %14 = fill() {shape=(), value=1} : f32[]
-    Buf t14 = at(3901440);
-    fill(t14);
-    // %15 = softmax_cross_entropy_backward(%12, %y, %14) : f32[64,10]  # lenet.ddsl:21:11
+    // %15 = softmax_cross_entropy_backward(%12, %y, %const14) : f32[64,10]  # lenet.ddsl:21:11
     Buf t15 = at(3898880, 64, 10);
-    CpuOps.softmax_cross_entropy_backward(t15, t12, y, t14);
+    CpuOps.softmax_cross_entropy_backward(t15, t12, y, const14);
     // %16 = channel_sum(%15) : f32[10]  # lenet.ddsl:17:13 fc2
     Buf t16 = at(7828224, 10);
     channelSum16(t16, t15);
@@ -229,11 +228,9 @@ public final class LeNet extends Network {
     k.launch("linear__fc2__v12_epilogue", dim(3), dim(256), arena(3896320), arena(3896320), tensor("fc2.b"));
     // %13 = softmax_cross_entropy(%12, %y)  # lenet.ddsl:21:11
     k.launch("softmax_cross_entropy__v13", dim(1), dim(256), arena(7827968), arena(3896320), labels());
-    // %14 = fill()
-    k.launch("fill__v14", dim(1), dim(256), arena(3901440));
-    // %15 = softmax_cross_entropy_backward(%12, %y, %14)  # lenet.ddsl:21:11
+    // %15 = softmax_cross_entropy_backward(%12, %y, %const14)  # lenet.ddsl:21:11
     k.launch("softmax_cross_entropy_backward__v15", dim(64), dim(256), arena(3898880), arena(3896320), labels(),
-                                                                       arena(3901440));
+                                                                       tensor("const14"));
     // %16 = channel_sum(%15)  # lenet.ddsl:17:13 fc2
     k.launch("channel_sum__fc2__v16", dim(10), dim(64), arena(7828224), arena(3898880));
     // %18 = matmul(%15, %10)  # lenet.ddsl:17:13 fc2
@@ -418,18 +415,6 @@ public final class LeNet extends Network {
         o[po + 10 * i0 + i1] = (a0[p0 + 10 * i0 + i1] + a1[p1 + i1]);
       }
     }
-  }
-
-  /** out[] = 1 */
-  private static void fill(Buf out) {
-    float[] o = out.a;
-    int po = out.off;
-    int n = out.numel();
-    Parallel.range(n, 1L * n, (lo, hi) -> {
-      for (int e = lo; e < hi; e++) {
-        o[po + e] = 1.0f;
-      }
-    });
   }
 
   /** out[i0] = (sum[r0:64] in0[r0, i0]) */
