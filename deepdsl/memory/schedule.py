@@ -5,14 +5,17 @@ reader allocates nothing: the plan writes it into the parameter's storage).
 Such a statement can only lower the live bytes by running earlier: its inputs die (it is their last reader) and
 its result is no bigger than what they free. The typical case is a parameter's optimizer update, which becomes
 ready when the parameter's gradient is complete: run then, the gradient (and, in place, its update) dies at once
-instead of living through the rest of the backward pass. Everything else keeps its relative order, which the
-optimiser's motion pass already chose for short live ranges.
+instead of living through the rest of the backward pass. A statement marked to share the loop of the one before
+it (`same_loop`) follows that one. Everything else keeps its relative order, which the optimiser's motion pass
+already chose for short live ranges.
 """
 
 from __future__ import annotations
 
 from deepdsl.ir import REGISTRY, Graph, Stmt
 from deepdsl.memory.plan import aligned, reads_pointwise
+
+SMALL = 256  # bytes: a result this small may be computed early to let a statement share its predecessor's loop
 
 
 def schedule(g: Graph) -> Graph:
@@ -43,6 +46,15 @@ def schedule(g: Graph) -> Graph:
         return freed > 0 and aligned(s.out.type.nbytes) <= freed
 
     def emit(i: int) -> None:
+        # small results that the statements sharing this one's loop still wait for (Adam's bias correction, from
+        # the step counter) come first, so that nothing separates those statements
+        j = i + 1
+        while j < len(stmts) and stmts[j].a.get("same_loop") and not done[j]:
+            for v in stmts[j].inputs:
+                m = made.get(v.name, i)
+                if not (i <= m <= j or done[m] or waiting[m]) and stmts[m].out.type.nbytes <= SMALL:
+                    emit(m)
+            j += 1
         done[i] = True
         s = stmts[i]
         order.append(s)
@@ -53,7 +65,12 @@ def schedule(g: Graph) -> Graph:
                 touched.append(v)
         for r in readers.get(s.out.name, ()):
             waiting[r] -= 1
-        # readers that became ready, and readers of inputs that now have one reader left, may free enough now
+        # the statement marked to share this one's loop (ir/groups.py) stays right after it; then readers that
+        # became ready, and readers of inputs that now have one reader left, may free enough now
+        nxt = i + 1
+        if nxt < len(stmts) and stmts[nxt].a.get("same_loop") and not done[nxt] and not waiting[nxt]:
+            if frees_enough(nxt):  # only when that costs no memory
+                emit(nxt)
         candidates = [r for r in readers.get(s.out.name, ()) if waiting[r] == 0]
         candidates += [r for v in touched if unread[v] == 1 for r in readers[v]]
         for r in candidates:

@@ -9,6 +9,8 @@ when its reader reads it element for element (otherwise the reduction would be r
 
 Then an element-wise statement that alone reads the result of a conv, full or matmul becomes that
 kernel's epilogue (`epilogue` attr: Read(0) is the kernel's own result), as bias add + ReLU after a conv.
+Last, an element-wise statement reading the kept result of the one before it is marked to share its loop
+(`same_loop`, ir/groups.py): a parameter's momentum and step become one kernel.
 
 Fusing computes the producer where its reader stands, so the producer's inputs live until then; a merge
 is only made when the inputs it keeps alive longer weigh no more than the buffer it saves, so fusion never
@@ -21,6 +23,7 @@ import re
 
 from deepdsl.ir import REGISTRY, Graph, Stmt, Value
 from deepdsl.ir.graph import make_attrs
+from deepdsl.ir.groups import can_join
 from deepdsl.ir.index_grad import substitute
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Read, Reduce, reads, renumber
 from deepdsl.ops._index_forms import out_vars
@@ -31,8 +34,24 @@ EPILOGUE_HOSTS = ("conv2d", "conv2d_backward_data", "conv2d_backward_filter", "l
 
 
 def fuse(g: Graph) -> Graph:
-    g2 = fuse_epilogues(fuse_chains(g))
+    g2 = share_loops(fuse_epilogues(fuse_chains(g)))
     return g if g2.stmts == g.stmts else g2
+
+
+def share_loops(g: Graph) -> Graph:
+    """Mark `same_loop` every element-wise statement that can run in the loop of the ones before it (ir/groups.py):
+    a result that is kept (an update, or read again later) cannot be fused into its reader, but both can still be
+    one kernel, as a parameter's momentum and step are."""
+    out: list[Stmt] = []
+    group: list[Stmt] = []
+    for s in g.stmts:
+        if group and can_join(group, s):
+            s = s.replace(attrs=make_attrs(**{**s.a, "same_loop": True}))
+            group.append(s)
+        else:
+            group = [s]
+        out.append(s)
+    return g.replace(stmts=tuple(out))
 
 
 def _form(s: Stmt) -> tuple[tuple, IE, list[Value], tuple[str, ...]] | None:

@@ -364,27 +364,33 @@ def test_kernels_agree_with_numpy(case: str, tmp_path: Path) -> None:
         by_stmt.setdefault(x.stmt, []).append(x)
     big = case in ("lenet", "alexnet", "googlenet")
     ops = set()
+    grouped = 0
     for stmt, launches in by_stmt.items():
         first = launches[0]
         slow = any(x.loop != "grid-stride" for x in launches) and (first.op in ops or first.covers > 4096)
         if big and (slow or any(x.loop == "tiles" and math.prod(x.grid) > 16 for x in launches)):
             continue  # a few small statements of each op: cooperative kernels are slow as fibers
-        out = np.zeros_like(env[stmt])
-        arrays = {stmt: out}
+        results = (stmt, *first.also)  # a group's kernel computes several statements (ir/groups.py)
+        arrays = {r: np.zeros_like(env[r]) for r in results}
         for x in launches:
             ptrs = []
             for k, arg in enumerate(x.args):
-                if k == 0 or arg.value == stmt:
-                    ptrs.append(out.ctypes.data)
+                if k < len(results) or arg.value in results:
+                    ptrs.append(arrays[results[k] if k < len(results) else arg.value].ctypes.data)
                 else:
                     ptrs.append(arrays.setdefault(arg.value, np.array(env[arg.value], order="C")).ctypes.data)
             run_launch(lib, x, ptrs, small=big)
-        want = env[stmt]
-        if first.op == "dropout_mask":
-            assert np.array_equal(out, want), stmt
-        else:
-            finite = np.abs(want[np.isfinite(want)])
-            scale = float(finite.max(initial=1.0))  # sums of many terms: the error is relative to their size
-            np.testing.assert_allclose(out, want, rtol=2e-4, atol=1e-5 * scale, equal_nan=True, err_msg=first.kernel)
+        for r in results:
+            out, want = arrays[r], env[r]
+            if first.op == "dropout_mask":
+                assert np.array_equal(out, want), stmt
+            else:
+                finite = np.abs(want[np.isfinite(want)])
+                scale = float(finite.max(initial=1.0))  # sums of many terms: the error is relative to their size
+                np.testing.assert_allclose(
+                    out, want, rtol=2e-4, atol=1e-5 * scale, equal_nan=True, err_msg=first.kernel
+                )
         ops.add(first.op)
+        grouped += len(first.also)
     assert len(ops) >= 5
+    assert grouped > 0 or case == "ops"  # the networks' momentum and step run as one kernel

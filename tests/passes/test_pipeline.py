@@ -147,3 +147,44 @@ def test_motion_hoists_the_loop_invariant_loss_seed_out_of_the_step() -> None:
     assert const.value.name not in trainer.state()
     plain = Trainer(program, data, options=api.Options(disabled=("motion",)))
     np.testing.assert_allclose(losses, [plain.step()[0] for _ in range(3)], rtol=1e-6)
+
+
+ADAM = """network A
+const N = 4
+input x : [N, 8]
+label y : [N] classes 3
+layer fc = full(3)
+loss = softmax_cross_entropy(fc(x), y)
+train { optimizer = adam(lr=0.01) iterations = 2 seed = 1 data = synthetic }
+"""
+
+
+def _update_kernels(c: api.Compilation) -> list[tuple[str, ...]]:
+    from deepdsl.ir.groups import kernel_groups
+
+    updates = {"sgd_momentum", "sgd_step", "adam_moment", "adam_step"}
+    groups = kernel_groups(c.plan.graph.stmts, c.plan)  # in the order the backends emit, with its memory
+    return [tuple(s.op for s in g) for g in groups if any(s.op in updates for s in g)]
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet", "alexnet"])
+def test_each_parameters_sgd_update_is_one_kernel(name: str) -> None:
+    c = api.compile_file(ROOT / "networks" / f"{name}.ddsl", {"N": 2}, stop_at="plan")
+    kernels_ = _update_kernels(c)
+    assert kernels_ and all(k == ("sgd_momentum", "sgd_step") for k in kernels_)
+    assert len(kernels_) == len(c.plan.graph.trainable)
+
+
+def test_adam_moments_and_step_are_one_kernel() -> None:
+    c = api.compile_source(ADAM, "adam.ddsl", stop_at="plan")
+    assert _update_kernels(c) == [("adam_moment", "adam_moment", "adam_step")] * 2
+
+
+def test_resnet50_updates_share_a_loop_unless_the_weight_is_still_read() -> None:
+    """A convolution's weight is still read by its backward-data after its gradient is complete: its step waits
+    for that reader while the momentum runs at once to free the gradient, so those two stay apart."""
+    c = api.compile_file(ROOT / "networks" / "resnet50.ddsl", {"N": 2}, stop_at="plan")
+    kernels_ = _update_kernels(c)
+    together = sum(1 for k in kernels_ if k == ("sgd_momentum", "sgd_step"))
+    assert together >= 0.9 * len(c.plan.graph.trainable)
+    assert all(k in (("sgd_momentum", "sgd_step"), ("sgd_momentum",), ("sgd_step",)) for k in kernels_)

@@ -28,6 +28,7 @@ import numpy as np
 
 from deepdsl.initializers import stream_seed
 from deepdsl.ir import REGISTRY, Stmt
+from deepdsl.ir.groups import group_form, is_flat, kernel_groups
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, format_ie
 from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.types import DType
@@ -68,6 +69,8 @@ class Launch:
     covers: int  # output elements the kernel's loops write, by construction
     loop: str  # "grid-stride" (threads over elements), "block-stride" (blocks over rows), "one-block", "tiles"
     tiles: tuple[int, int, int] = (0, 0, 0)  # loop "tiles": (N, M, batch) of the GEMM
+    also: tuple[str, ...] = ()  # the other statements the kernel computes (ir/groups.py); their results follow the
+    # first output among the arguments
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,7 @@ class _Gen:
     flat: bool = False  # every read is the output's own element (in{k}[e]) or a scalar
     cooperative: bool = False  # top-level reductions are shared by the block's threads
     own: tuple[tuple[Affine, ...], tuple[int, ...]] | None = None  # the output's index and shape (read as [e])
+    registers: dict[int, str] = field(default_factory=dict)  # inputs held in a local (a group's earlier results)
 
     def bind(self, var: str, size: int) -> str:
         name = var if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var) and not var.startswith("dd_") else "v"
@@ -146,6 +150,8 @@ class _Gen:
         return a.bounds(self.ranges)
 
     def read(self, r: Read) -> str:
+        if r.input in self.registers:
+            return self.registers[r.input]
         cast = "(float) " if self.ctypes and self.ctypes[r.input] != "float" else ""
         if self.flat:
             return f"{cast}in{r.input}[{'e' if r.index else '0'}]"
@@ -273,20 +279,6 @@ def _top_reduces(e: IE) -> list[Reduce]:
     return []
 
 
-def _is_flat(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> bool:
-    own = tuple(Affine.var(v) for v, _ in out)
-    out_shape = tuple(n for _, n in out)
-
-    def plain(e: IE) -> bool:
-        if isinstance(e, Read):
-            return e.index == () or (e.index == own and shapes[e.input] == out_shape)
-        if isinstance(e, Apply):
-            return all(plain(a) for a in e.args)
-        return isinstance(e, Const)
-
-    return plain(body)
-
-
 @dataclass(frozen=True)
 class _Kernel:
     """A kernel's text and how to launch it (its arguments are filled in by the caller)."""
@@ -324,7 +316,7 @@ def ie_kernel(
     cooperative = reduced >= 64 and reduced >= numel // 64
     g = _Gen(shapes, ctypes, cooperative=cooperative)
     lines: list[str] = []
-    if not cooperative and _is_flat(body, out, shapes):
+    if not cooperative and is_flat(body, out, shapes):
         g.flat = True
         pre: list[str] = []
         value = as_float(g.expr(body, pre, "    "))
@@ -356,6 +348,27 @@ def ie_kernel(
         block = min(BLOCK, max(32, 1 << (reduced - 1).bit_length()))
         return _Kernel(text, (_grid_for(numel, 1), 1, 1), (block, 1, 1), BLOCK_SMEM, numel, "block-stride")
     return _Kernel(text, (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel, "grid-stride")
+
+
+def group_kernel(
+    name: str, bodies: tuple[IE, ...], numel: int, shapes: tuple[tuple[int, ...], ...], ctypes: tuple[str, ...],
+    readers: tuple[dict[int, int], ...], comment: str,
+) -> _Kernel:  # fmt: skip
+    """One grid-stride kernel computing out0[e] = bodies[0], out1[e] = bodies[1], ... element by element: the
+    statements of one group (ir/groups.py). Body j reads the shared inputs in0, in1, ... (`shapes`, `ctypes`), and
+    `readers[j]` maps an input index of its own to the earlier result m it reads instead (held in the local r{m})."""
+    _check_size(name, numel, *(math.prod(x) for x in shapes))
+    outs = [f"float* out{m}" for m in range(len(bodies))]
+    ins = [f"const {t}* in{k}" for k, t in enumerate(ctypes)]
+    lines = [f"// {line}" for line in comment.split("\n")]
+    lines += [f'extern "C" __global__ void {name}({", ".join(outs + ins)}) {{', f"  DD_GRID_STRIDE(e, {numel}) {{"]
+    for j, body in enumerate(bodies):
+        g = _Gen(shapes, ctypes, flat=True, registers={k: f"r{m}" for k, m in readers[j].items()})
+        pre: list[str] = []
+        value = as_float(g.expr(body, pre, "    "))
+        lines += pre + [f"    const float r{j} = {value};", f"    out{j}[e] = r{j};"]
+    lines += ["  }", "}"]
+    return _Kernel("\n".join(lines), (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel, "grid-stride")
 
 
 def _check_size(name: str, *sizes: int) -> None:
@@ -648,8 +661,8 @@ class _Program:
     also: dict[str, list[str]] = field(default_factory=dict)  # kernel -> the later statements it serves
     launches: list[Launch] = field(default_factory=list)
 
-    def name(self, s: Stmt, suffix: str = "") -> str:
-        what = "_".join(s.a["ops"]) if s.op == "fused" and s.a.get("ops") else s.op
+    def name(self, s: Stmt, suffix: str = "", what: str = "") -> str:
+        what = what or ("_".join(s.a["ops"]) if s.op == "fused" and s.a.get("ops") else s.op)
         where = s.layer or self.updates.get(s.out.name, "")  # an update is named after its parameter
         parts = [self.prefix + what, _ident(where), "v" + _ident(s.out.name) + suffix]
         base = "__".join(p for p in parts if p)
@@ -669,7 +682,8 @@ class _Program:
             return Arg(value, "tensor", self.tensors[base], 0, ctype)
         return Arg(value, "arena", base, self.plan.buffer_of(base).offset, ctype)
 
-    def add(self, s: Stmt, kernel: str, k: _Kernel, values: tuple[str, ...], ctypes: tuple[str, ...]) -> None:
+    def add(self, s: Stmt, kernel: str, k: _Kernel, values: tuple[str, ...], ctypes: tuple[str, ...],
+            also: tuple[str, ...] = ()) -> None:  # fmt: skip
         """Launch `k`; a kernel identical to an earlier one but for its name is not written again: the launch
         uses the earlier kernel, whose comment lists the statements it serves."""
         code = "\n".join(line for line in k.text.split("\n") if not line.startswith("//"))
@@ -683,7 +697,20 @@ class _Program:
             self.texts.append(k.text)
         args = tuple(self.arg(v, t) for v, t in zip(values, ctypes))
         self.launches.append(Launch(kernel, s.out.name, s.op, k.grid, k.block, 0, k.static_smem, args, k.covers,
-                                    k.loop, k.tiles))  # fmt: skip
+                                    k.loop, k.tiles, also))  # fmt: skip
+
+    def group(self, stmts: tuple[Stmt, ...]) -> None:
+        """One kernel for the statements of a group (ir/groups.py): every result written in the same loop."""
+        form = group_form(stmts)
+        shared = form.inputs
+        what = "_".join(s.a["ops"][0] if s.op == "fused" and s.a.get("ops") else s.op for s in stmts)
+        name = self.name(stmts[-1], what=what)  # after the last result: an update's parameter
+        comment = "\n".join(format_stmt(s) for s in stmts)
+        ctypes = tuple(_ctype(v.type.dtype) for v in shared)
+        shapes = tuple(v.type.shape for v in shared)
+        k = group_kernel(name, form.bodies, stmts[0].out.type.numel, shapes, ctypes, form.held, comment)
+        values = (*(s.out.name for s in stmts), *(v.name for v in shared))
+        self.add(stmts[0], name, k, values, ("float",) * len(stmts) + ctypes, tuple(s.out.name for s in stmts[1:]))
 
     def statement(self, s: Stmt) -> None:
         op = REGISTRY[s.op]
@@ -742,8 +769,11 @@ def program(plan: Plan, prefix: str = "") -> CudaProgram:
         p.tensors[d.value.name] = d.value.name
     for d in g.params:
         p.tensors[d.value.name] = d.value.name
-    for s in g.stmts:
-        p.statement(s)
+    for group in kernel_groups(g.stmts, plan):
+        if len(group) == 1:
+            p.statement(group[0])
+        else:
+            p.group(group)
     texts = []
     for text in p.texts:
         name = re.search(r"__global__ void (\w+)\(", text)

@@ -22,11 +22,12 @@ from deepdsl import __version__
 from deepdsl.autodiff import STEP
 from deepdsl.backends.cuda.kernels import Arg, CudaProgram
 from deepdsl.backends.cuda.kernels import program as cuda_program
-from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, java_kernel
+from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, java_group_kernel, java_kernel
 from deepdsl.backends.java.names import Namer, camel, class_name
 from deepdsl.frontend.program import Program
 from deepdsl.ir import REGISTRY, Graph, Stmt, Value
-from deepdsl.ir.indexexpr import format_ie
+from deepdsl.ir.groups import group_form, kernel_groups
+from deepdsl.ir.indexexpr import format_ie, renumber
 from deepdsl.ir.printer import format_stmt
 from deepdsl.memory import Plan
 from deepdsl.ops._index_forms import out_vars
@@ -146,6 +147,26 @@ class _Emitter:
             self.kernel_text.append(java_kernel(name, body, out, shapes, doc))
         return self.kernels[key]
 
+    def group(self, stmts: tuple[Stmt, ...], temps: list[str]) -> str:
+        """The call of the one loop computing the statements of a group into `temps`."""
+        form = group_form(stmts)
+        shared, bodies, readers = form.inputs, form.bodies, form.held
+        key = ("group", tuple(flat_form(b) for b in bodies), tuple(tuple(sorted(h.items())) for h in readers),
+               len(shared))  # fmt: skip
+        if key not in self.kernels:
+            ops = [st.a["ops"][0] if st.op == "fused" and st.a.get("ops") else st.op for st in stmts]
+            name = self.namer(f"kernel:group:{stmts[0].out.name}", camel("_".join(ops)))
+            self.kernels[key] = name
+            n = len(shared)
+            names = (*(f"in{k}" for k in range(n)), *(f"out{m}" for m in range(len(bodies))))
+            texts = []
+            for j, (b, h) in enumerate(zip(bodies, readers)):  # a held result reads as the output it was written to
+                readable = renumber(b, {k: k for k in range(n)} | {k: n + m for k, m in h.items()})
+                texts.append(f"out{j}[e] = {format_ie(flat_form(readable), names)}")
+            doc = "; ".join(texts)
+            self.kernel_text.append(java_group_kernel(name, tuple(bodies), tuple(readers), len(shared), doc))
+        return f"{self.kernels[key]}({', '.join([*temps, *(self.tensor(v) for v in shared)])});"
+
     def statement(self, s: Stmt, temp: str) -> list[str]:
         """The Java lines of one statement (its result Buf is `temp`, already bound)."""
         op = REGISTRY[s.op]
@@ -187,19 +208,23 @@ class _Emitter:
         g = p.graph
         self.temps = Namer(tuple(self.namer.taken))
         self.in_state = dict(getattr(p, "in_state", {}))
-        items: list[tuple[str, Any]] = [("stmt", s) for s in g.stmts]
+        # a group of element-wise statements (ir/groups.py) is one item: one loop computes all its results
+        items: list[tuple[str, Any]] = [
+            ("stmt", group[0]) if len(group) == 1 else ("group", group) for group in kernel_groups(g.stmts, p)
+        ]
         items += [("update", (name, v)) for name, v in g.updates]
         parts = _split(items)
         made_in: dict[str, int] = {}
         used_in: dict[str, set[int]] = {}
         for k, part in enumerate(parts):
             for what, item in part:
-                if what == "stmt":
-                    made_in[item.out.name] = k
-                    for v in item.inputs:
-                        used_in.setdefault(v.name, set()).add(k)
-                else:
+                if what == "update":
                     used_in.setdefault(item[1].name, set()).add(k)
+                    continue
+                for st in item if what == "group" else (item,):
+                    made_in[st.out.name] = k
+                    for v in st.inputs:
+                        used_in.setdefault(v.name, set()).add(k)
         result_value = g.output(result)
         used_in.setdefault(result_value.name, set()).add(-1)  # read by the method that calls the parts
         shared = [n for n, k in made_in.items() if used_in.get(n, {k}) != {k} and n not in self.in_state]
@@ -217,6 +242,18 @@ class _Emitter:
                     param = self.globals[name]
                     if self.tensor(v) != param:
                         body.append(f"copy({self.tensor(v)}, {param});")
+                    continue
+                if what == "group":
+                    temps = []
+                    for st in item:
+                        temps.append(self.tensor(st.out))
+                        body.append(f"// {format_stmt(st)}")
+                        if st.out.name not in self.in_state:
+                            declare = "" if st.out.name in shared and len(parts) > 1 else "Buf "
+                            shape = ", ".join(map(str, st.out.type.shape))
+                            offset = _long(p.buffer_of(st.out.name).offset)
+                            body.append(f"{declare}{temps[-1]} = at({offset}{', ' + shape if shape else ''});")
+                    body.append(self.group(item, temps))
                     continue
                 s = item
                 t = self.tensor(s.out)
@@ -277,10 +314,11 @@ def cuda_tables(kind: str, p: Plan, prog: CudaProgram, source: str, namer: Namer
     for x in prog.launches:
         lines = []
         if x.stmt != previous:
-            st = stmts[x.stmt]
-            where = format_stmt(st).rsplit("  # ", 1)
-            comment = f"// %{st.out.name} = {st.op}({', '.join('%' + v.name for v in st.inputs)})"
-            lines.append(comment + (f"  # {where[1]}" if len(where) == 2 else ""))
+            for name in (x.stmt, *x.also):  # the statements the kernel computes
+                st = stmts[name]
+                where = format_stmt(st).rsplit("  # ", 1)
+                comment = f"// %{st.out.name} = {st.op}({', '.join('%' + v.name for v in st.inputs)})"
+                lines.append(comment + (f"  # {where[1]}" if len(where) == 2 else ""))
             previous = x.stmt
         head = f'k.launch("{x.kernel}", {dim(x.grid)}, {dim(x.block)}, '
         items.append(lines + _wrapped(head, [arg(a) for a in x.args], ");"))
@@ -318,7 +356,8 @@ def _meaning(body: Any, out: tuple, inputs: int) -> str:
 def _layers(part: list[tuple[str, Any]]) -> str:
     names: list[str] = []
     for what, item in part:
-        top = _block(item.layer) if what == "stmt" and item.layer else ""
+        first = item[0] if what == "group" else item
+        top = _block(first.layer) if what != "update" and first.layer else ""
         if top and top not in names:
             names.append(top)
     if not names:
@@ -343,7 +382,9 @@ def _split(items: list[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
 
 def _top(item: tuple[str, Any]) -> str:
     what, x = item
-    return _block(x.layer) if what == "stmt" else "update"
+    if what == "update":
+        return "update"
+    return _block((x[0] if what == "group" else x).layer)
 
 
 def _block(layer: str) -> str:

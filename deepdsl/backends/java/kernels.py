@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from deepdsl.backends.java.names import JAVA_KEYWORDS
+from deepdsl.ir.groups import is_flat
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, reads
 
 PARALLEL_WORK = 1 << 15  # below this many inner operations a kernel runs on the calling thread
@@ -54,6 +55,7 @@ class _Gen:
     taken: set[str] = field(default_factory=set)
     accumulators: int = 0
     flat: bool = False  # one loop over the flat index `e`: every read is the output's own element or a scalar
+    registers: dict[int, str] = field(default_factory=dict)  # inputs held in a local (a group's earlier results)
 
     def bind(self, var: str, size: int) -> str:
         name = var if var.isidentifier() and var.isascii() and var not in JAVA_KEYWORDS else "v"
@@ -71,6 +73,8 @@ class _Gen:
         return a.bounds(self.ranges)
 
     def read(self, r: Read) -> str:
+        if r.input in self.registers:
+            return self.registers[r.input]
         if self.flat:
             return f"a{r.input}[p{r.input}{' + e' if r.index else ''}]"
         shape = self.shapes[r.input]
@@ -205,21 +209,6 @@ def as_bool(arg: tuple[str, str]) -> str:
     return text if kind == "b" else f"{text} != 0f"
 
 
-def is_flat(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> bool:
-    """Every read is the output's own element, or a scalar, and nothing else needs the indices."""
-    own = tuple(Affine.var(v) for v, _ in out)
-    out_shape = tuple(n for _, n in out)
-
-    def plain(e: IE) -> bool:
-        if isinstance(e, Read):
-            return e.index == () or (e.index == own and shapes[e.input] == out_shape)
-        if isinstance(e, Apply):
-            return all(plain(a) for a in e.args)
-        return isinstance(e, Const)
-
-    return plain(body)
-
-
 def flat_form(e: IE) -> IE:
     """`e` with every read at the flat index `e`: the same element-wise kernel for any shape."""
     if isinstance(e, Read):
@@ -277,6 +266,34 @@ def java_kernel(
         loop += pre + [f"{indent}{target} = {as_float((value, kind))};"]
         loop += [f"{'  ' * k}}}" for k in reversed(range(depth))]
         lines += _wrap(loop, out[0][1] if out else 1, numel * _work(body), parallel)
+    lines.append("  }")
+    return "\n".join(lines)
+
+
+def java_group_kernel(
+    name: str, bodies: tuple[IE, ...], readers: tuple[dict[int, int], ...], inputs: int, doc: str = ""
+) -> str:
+    """`static void name(Buf out0, Buf out1, ..., Buf in0, ...)`: the element-wise statements of one group
+    (ir/groups.py) in one loop, out_j[e] = bodies[j]; body j reads inputs in0, in1, ... and, for the input indices
+    `readers[j]` maps, the earlier result m it needs from the local r{m}. Every shape shares it."""
+    used = sorted({r.input for b, held in zip(bodies, readers) for r in reads(b) if r.input not in held})
+    params = ", ".join([*(f"Buf out{m}" for m in range(len(bodies))), *(f"Buf in{k}" for k in range(inputs))])
+    lines = [f"  /** {doc} */"] if doc else []
+    lines.append(f"  private static void {name}({params}) {{")
+    for m in range(len(bodies)):
+        lines += [f"    float[] o{m} = out{m}.a;", f"    int po{m} = out{m}.off;"]
+    for k in used:
+        lines += [f"    float[] a{k} = in{k}.a;", f"    int p{k} = in{k}.off;"]
+    lines.append("    int n = out0.numel();")
+    loop = ["for (int e = lo; e < hi; e++) {"]
+    work = 0
+    for j, (body, held) in enumerate(zip(bodies, readers)):
+        g = _Gen((), flat=True, registers={k: f"r{m}" for k, m in held.items()})
+        value, kind = g.expr(flat_form(body), [], "")
+        loop += [f"  float r{j} = {as_float((value, kind))};", f"  o{j}[po{j} + e] = r{j};"]
+        work += _work(body)
+    loop.append("}")
+    lines += [f"    Parallel.range(n, {work}L * n, (lo, hi) -> {{"] + ["      " + line for line in loop] + ["    });"]
     lines.append("  }")
     return "\n".join(lines)
 

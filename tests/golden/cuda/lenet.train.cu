@@ -182,68 +182,47 @@ extern "C" __global__ void conv2d_backward_filter__cv1__v31(float* __restrict__ 
 }
 
 // %32 = sgd_momentum(%opt/cv1.W/momentum, %31, %cv1.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[20,1,5,5]
-// out[i0, i1, i2, i3] = (((0.9 * in0[i0, i1, i2, i3]) + in1[i0, i1, i2, i3]) + (0.0005 * in2[i0, i1, i2, i3]))
+// %33 = sgd_step(%cv1.W, %32) {lr=0.01, same_loop=True} : f32[20,1,5,5]
 // also serves %42
-extern "C" __global__ void sgd_momentum__opt_cv1_W_momentum__v32(float* out, const float* in0, const float* in1, const float* in2) {
+extern "C" __global__ void sgd_momentum_sgd_step__cv1_W__v33(float* out0, float* out1, const float* in0, const float* in1, const float* in2) {
   DD_GRID_STRIDE(e, 500) {
-    out[e] = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
-  }
-}
-
-// %33 = sgd_step(%cv1.W, %32) {lr=0.01} : f32[20,1,5,5]
-// out[i0, i1, i2, i3] = (in0[i0, i1, i2, i3] - (0.01 * in1[i0, i1, i2, i3]))
-// also serves %43
-extern "C" __global__ void sgd_step__cv1_W__v33(float* out, const float* in0, const float* in1) {
-  DD_GRID_STRIDE(e, 500) {
-    out[e] = (in0[e] - (0.01f * in1[e]));
+    const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
+    out0[e] = r0;
+    const float r1 = (in2[e] - (0.01f * r0));
+    out1[e] = r1;
   }
 }
 
 // %34 = sgd_momentum(%opt/cv1.b/momentum, %29, %cv1.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[20]
-// out[i0] = (((0.9 * in0[i0]) + in1[i0]) + (0.0005 * in2[i0]))
-extern "C" __global__ void sgd_momentum__opt_cv1_b_momentum__v34(float* out, const float* in0, const float* in1, const float* in2) {
+// %35 = sgd_step(%cv1.b, %34) {lr=0.01, same_loop=True} : f32[20]
+extern "C" __global__ void sgd_momentum_sgd_step__cv1_b__v35(float* out0, float* out1, const float* in0, const float* in1, const float* in2) {
   DD_GRID_STRIDE(e, 20) {
-    out[e] = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
-  }
-}
-
-// %35 = sgd_step(%cv1.b, %34) {lr=0.01} : f32[20]
-// out[i0] = (in0[i0] - (0.01 * in1[i0]))
-extern "C" __global__ void sgd_step__cv1_b__v35(float* out, const float* in0, const float* in1) {
-  DD_GRID_STRIDE(e, 20) {
-    out[e] = (in0[e] - (0.01f * in1[e]));
+    const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
+    out0[e] = r0;
+    const float r1 = (in2[e] - (0.01f * r0));
+    out1[e] = r1;
   }
 }
 
 // %36 = sgd_momentum(%opt/cv2.W/momentum, %27, %cv2.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[50,20,5,5]
-// out[i0, i1, i2, i3] = (((0.9 * in0[i0, i1, i2, i3]) + in1[i0, i1, i2, i3]) + (0.0005 * in2[i0, i1, i2, i3]))
-extern "C" __global__ void sgd_momentum__opt_cv2_W_momentum__v36(float* out, const float* in0, const float* in1, const float* in2) {
+// %37 = sgd_step(%cv2.W, %36) {lr=0.01, same_loop=True} : f32[50,20,5,5]
+extern "C" __global__ void sgd_momentum_sgd_step__cv2_W__v37(float* out0, float* out1, const float* in0, const float* in1, const float* in2) {
   DD_GRID_STRIDE(e, 25000) {
-    out[e] = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
-  }
-}
-
-// %37 = sgd_step(%cv2.W, %36) {lr=0.01} : f32[50,20,5,5]
-// out[i0, i1, i2, i3] = (in0[i0, i1, i2, i3] - (0.01 * in1[i0, i1, i2, i3]))
-extern "C" __global__ void sgd_step__cv2_W__v37(float* out, const float* in0, const float* in1) {
-  DD_GRID_STRIDE(e, 25000) {
-    out[e] = (in0[e] - (0.01f * in1[e]));
+    const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
+    out0[e] = r0;
+    const float r1 = (in2[e] - (0.01f * r0));
+    out1[e] = r1;
   }
 }
 
 // %38 = sgd_momentum(%opt/cv2.b/momentum, %25, %cv2.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[50]
-// out[i0] = (((0.9 * in0[i0]) + in1[i0]) + (0.0005 * in2[i0]))
-extern "C" __global__ void sgd_momentum__opt_cv2_b_momentum__v38(float* out, const float* in0, const float* in1, const float* in2) {
+// %39 = sgd_step(%cv2.b, %38) {lr=0.01, same_loop=True} : f32[50]
+extern "C" __global__ void sgd_momentum_sgd_step__cv2_b__v39(float* out0, float* out1, const float* in0, const float* in1, const float* in2) {
   DD_GRID_STRIDE(e, 50) {
-    out[e] = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
-  }
-}
-
-// %39 = sgd_step(%cv2.b, %38) {lr=0.01} : f32[50]
-// out[i0] = (in0[i0] - (0.01 * in1[i0]))
-extern "C" __global__ void sgd_step__cv2_b__v39(float* out, const float* in0, const float* in1) {
-  DD_GRID_STRIDE(e, 50) {
-    out[e] = (in0[e] - (0.01f * in1[e]));
+    const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
+    out0[e] = r0;
+    const float r1 = (in2[e] - (0.01f * r0));
+    out1[e] = r1;
   }
 }
 
@@ -253,49 +232,34 @@ extern "C" __global__ void matmul__fc1__v22(float* __restrict__ out, const float
 }
 
 // %40 = sgd_momentum(%opt/fc1.W/momentum, %22, %fc1.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[500,800]
-// out[i0, i1] = (((0.9 * in0[i0, i1]) + in1[i0, i1]) + (0.0005 * in2[i0, i1]))
-extern "C" __global__ void sgd_momentum__opt_fc1_W_momentum__v40(float* out, const float* in0, const float* in1, const float* in2) {
+// %41 = sgd_step(%fc1.W, %40) {lr=0.01, same_loop=True} : f32[500,800]
+extern "C" __global__ void sgd_momentum_sgd_step__fc1_W__v41(float* out0, float* out1, const float* in0, const float* in1, const float* in2) {
   DD_GRID_STRIDE(e, 400000) {
-    out[e] = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
-  }
-}
-
-// %41 = sgd_step(%fc1.W, %40) {lr=0.01} : f32[500,800]
-// out[i0, i1] = (in0[i0, i1] - (0.01 * in1[i0, i1]))
-extern "C" __global__ void sgd_step__fc1_W__v41(float* out, const float* in0, const float* in1) {
-  DD_GRID_STRIDE(e, 400000) {
-    out[e] = (in0[e] - (0.01f * in1[e]));
+    const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
+    out0[e] = r0;
+    const float r1 = (in2[e] - (0.01f * r0));
+    out1[e] = r1;
   }
 }
 
 // %44 = sgd_momentum(%opt/fc2.W/momentum, %18, %fc2.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[10,500]
-// out[i0, i1] = (((0.9 * in0[i0, i1]) + in1[i0, i1]) + (0.0005 * in2[i0, i1]))
-extern "C" __global__ void sgd_momentum__opt_fc2_W_momentum__v44(float* out, const float* in0, const float* in1, const float* in2) {
+// %45 = sgd_step(%fc2.W, %44) {lr=0.01, same_loop=True} : f32[10,500]
+extern "C" __global__ void sgd_momentum_sgd_step__fc2_W__v45(float* out0, float* out1, const float* in0, const float* in1, const float* in2) {
   DD_GRID_STRIDE(e, 5000) {
-    out[e] = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
-  }
-}
-
-// %45 = sgd_step(%fc2.W, %44) {lr=0.01} : f32[10,500]
-// out[i0, i1] = (in0[i0, i1] - (0.01 * in1[i0, i1]))
-extern "C" __global__ void sgd_step__fc2_W__v45(float* out, const float* in0, const float* in1) {
-  DD_GRID_STRIDE(e, 5000) {
-    out[e] = (in0[e] - (0.01f * in1[e]));
+    const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
+    out0[e] = r0;
+    const float r1 = (in2[e] - (0.01f * r0));
+    out1[e] = r1;
   }
 }
 
 // %46 = sgd_momentum(%opt/fc2.b/momentum, %16, %fc2.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[10]
-// out[i0] = (((0.9 * in0[i0]) + in1[i0]) + (0.0005 * in2[i0]))
-extern "C" __global__ void sgd_momentum__opt_fc2_b_momentum__v46(float* out, const float* in0, const float* in1, const float* in2) {
+// %47 = sgd_step(%fc2.b, %46) {lr=0.01, same_loop=True} : f32[10]
+extern "C" __global__ void sgd_momentum_sgd_step__fc2_b__v47(float* out0, float* out1, const float* in0, const float* in1, const float* in2) {
   DD_GRID_STRIDE(e, 10) {
-    out[e] = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
-  }
-}
-
-// %47 = sgd_step(%fc2.b, %46) {lr=0.01} : f32[10]
-// out[i0] = (in0[i0] - (0.01 * in1[i0]))
-extern "C" __global__ void sgd_step__fc2_b__v47(float* out, const float* in0, const float* in1) {
-  DD_GRID_STRIDE(e, 10) {
-    out[e] = (in0[e] - (0.01f * in1[e]));
+    const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
+    out0[e] = r0;
+    const float r1 = (in2[e] - (0.01f * r0));
+    out1[e] = r1;
   }
 }

@@ -135,40 +135,32 @@ public final class LeNet extends Network {
     Buf t31 = at(57600, 20, 1, 5, 5);
     CpuOps.conv2d_backward_filter(t31, x, t28, 1, new int[] {0, 0}, new int[] {1, 1}, new int[] {20, 1, 5, 5});
     // %32 = sgd_momentum(%opt/cv1.W/momentum, %31, %cv1.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[20,1,5,5]
-    sgdMomentum(opt_cv1_W_momentum, opt_cv1_W_momentum, t31, cv1_W);
-    // %33 = sgd_step(%cv1.W, %32) {lr=0.01} : f32[20,1,5,5]
-    sgdStep(cv1_W, cv1_W, opt_cv1_W_momentum);
+    // %33 = sgd_step(%cv1.W, %32) {lr=0.01, same_loop=True} : f32[20,1,5,5]
+    sgdMomentumSgdStep(opt_cv1_W_momentum, cv1_W, opt_cv1_W_momentum, t31, cv1_W);
     // %34 = sgd_momentum(%opt/cv1.b/momentum, %29, %cv1.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[20]
-    sgdMomentum(opt_cv1_b_momentum, opt_cv1_b_momentum, t29, cv1_b);
-    // %35 = sgd_step(%cv1.b, %34) {lr=0.01} : f32[20]
-    sgdStep(cv1_b, cv1_b, opt_cv1_b_momentum);
+    // %35 = sgd_step(%cv1.b, %34) {lr=0.01, same_loop=True} : f32[20]
+    sgdMomentumSgdStep(opt_cv1_b_momentum, cv1_b, opt_cv1_b_momentum, t29, cv1_b);
     // %36 = sgd_momentum(%opt/cv2.W/momentum, %27, %cv2.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[50,20,5,5]
-    sgdMomentum(opt_cv2_W_momentum, opt_cv2_W_momentum, t27, cv2_W);
-    // %37 = sgd_step(%cv2.W, %36) {lr=0.01} : f32[50,20,5,5]
-    sgdStep(cv2_W, cv2_W, opt_cv2_W_momentum);
+    // %37 = sgd_step(%cv2.W, %36) {lr=0.01, same_loop=True} : f32[50,20,5,5]
+    sgdMomentumSgdStep(opt_cv2_W_momentum, cv2_W, opt_cv2_W_momentum, t27, cv2_W);
     // %38 = sgd_momentum(%opt/cv2.b/momentum, %25, %cv2.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[50]
-    sgdMomentum(opt_cv2_b_momentum, opt_cv2_b_momentum, t25, cv2_b);
-    // %39 = sgd_step(%cv2.b, %38) {lr=0.01} : f32[50]
-    sgdStep(cv2_b, cv2_b, opt_cv2_b_momentum);
+    // %39 = sgd_step(%cv2.b, %38) {lr=0.01, same_loop=True} : f32[50]
+    sgdMomentumSgdStep(opt_cv2_b_momentum, cv2_b, opt_cv2_b_momentum, t25, cv2_b);
     // %22 = matmul(%19, %7) {transpose_a=True} : f32[500,800]  # lenet.ddsl:16:13 fc1
     Buf t22 = at(0, 500, 800);
     CpuOps.matmul(t22, t19, t7, true, false);
     // %40 = sgd_momentum(%opt/fc1.W/momentum, %22, %fc1.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[500,800]
-    sgdMomentum(opt_fc1_W_momentum, opt_fc1_W_momentum, t22, fc1_W);
-    // %41 = sgd_step(%fc1.W, %40) {lr=0.01} : f32[500,800]
-    sgdStep(fc1_W, fc1_W, opt_fc1_W_momentum);
+    // %41 = sgd_step(%fc1.W, %40) {lr=0.01, same_loop=True} : f32[500,800]
+    sgdMomentumSgdStep(opt_fc1_W_momentum, fc1_W, opt_fc1_W_momentum, t22, fc1_W);
     // %42 = sgd_momentum(%opt/fc1.b/momentum, %20, %fc1.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[500]
-    sgdMomentum(opt_fc1_b_momentum, opt_fc1_b_momentum, t20, fc1_b);
-    // %43 = sgd_step(%fc1.b, %42) {lr=0.01} : f32[500]
-    sgdStep(fc1_b, fc1_b, opt_fc1_b_momentum);
+    // %43 = sgd_step(%fc1.b, %42) {lr=0.01, same_loop=True} : f32[500]
+    sgdMomentumSgdStep(opt_fc1_b_momentum, fc1_b, opt_fc1_b_momentum, t20, fc1_b);
     // %44 = sgd_momentum(%opt/fc2.W/momentum, %18, %fc2.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[10,500]
-    sgdMomentum(opt_fc2_W_momentum, opt_fc2_W_momentum, t18, fc2_W);
-    // %45 = sgd_step(%fc2.W, %44) {lr=0.01} : f32[10,500]
-    sgdStep(fc2_W, fc2_W, opt_fc2_W_momentum);
+    // %45 = sgd_step(%fc2.W, %44) {lr=0.01, same_loop=True} : f32[10,500]
+    sgdMomentumSgdStep(opt_fc2_W_momentum, fc2_W, opt_fc2_W_momentum, t18, fc2_W);
     // %46 = sgd_momentum(%opt/fc2.b/momentum, %16, %fc2.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[10]
-    sgdMomentum(opt_fc2_b_momentum, opt_fc2_b_momentum, t16, fc2_b);
-    // %47 = sgd_step(%fc2.b, %46) {lr=0.01} : f32[10]
-    sgdStep(fc2_b, fc2_b, opt_fc2_b_momentum);
+    // %47 = sgd_step(%fc2.b, %46) {lr=0.01, same_loop=True} : f32[10]
+    sgdMomentumSgdStep(opt_fc2_b_momentum, fc2_b, opt_fc2_b_momentum, t16, fc2_b);
     return scalar(t13);
   }
 
@@ -260,58 +252,47 @@ public final class LeNet extends Network {
     // %31 = conv2d_backward_filter(%x, %28)  # lenet.ddsl:13:13 cv1
     k.launch("conv2d_backward_filter__cv1__v31", dim(500), dim(256), arena(57600), inputs(), arena(2949120));
     // %32 = sgd_momentum(%opt/cv1.W/momentum, %31, %cv1.W)
-    k.launch("sgd_momentum__opt_cv1_W_momentum__v32", dim(2), dim(256), tensor("opt/cv1.W/momentum"),
-                                                                        tensor("opt/cv1.W/momentum"), arena(57600),
-                                                                        tensor("cv1.W"));
     // %33 = sgd_step(%cv1.W, %32)
-    k.launch("sgd_step__cv1_W__v33", dim(2), dim(256), tensor("cv1.W"), tensor("cv1.W"), tensor("opt/cv1.W/momentum"));
+    k.launch("sgd_momentum_sgd_step__cv1_W__v33", dim(2), dim(256), tensor("opt/cv1.W/momentum"), tensor("cv1.W"),
+                                                                    tensor("opt/cv1.W/momentum"), arena(57600),
+                                                                    tensor("cv1.W"));
     // %34 = sgd_momentum(%opt/cv1.b/momentum, %29, %cv1.b)
-    k.launch("sgd_momentum__opt_cv1_b_momentum__v34", dim(1), dim(256), tensor("opt/cv1.b/momentum"),
-                                                                        tensor("opt/cv1.b/momentum"), arena(59648),
-                                                                        tensor("cv1.b"));
     // %35 = sgd_step(%cv1.b, %34)
-    k.launch("sgd_step__cv1_b__v35", dim(1), dim(256), tensor("cv1.b"), tensor("cv1.b"), tensor("opt/cv1.b/momentum"));
+    k.launch("sgd_momentum_sgd_step__cv1_b__v35", dim(1), dim(256), tensor("opt/cv1.b/momentum"), tensor("cv1.b"),
+                                                                    tensor("opt/cv1.b/momentum"), arena(59648),
+                                                                    tensor("cv1.b"));
     // %36 = sgd_momentum(%opt/cv2.W/momentum, %27, %cv2.W)
-    k.launch("sgd_momentum__opt_cv2_W_momentum__v36", dim(98), dim(256), tensor("opt/cv2.W/momentum"),
-                                                                         tensor("opt/cv2.W/momentum"), arena(7705600),
-                                                                         tensor("cv2.W"));
     // %37 = sgd_step(%cv2.W, %36)
-    k.launch("sgd_step__cv2_W__v37", dim(98), dim(256), tensor("cv2.W"), tensor("cv2.W"),
-                                                        tensor("opt/cv2.W/momentum"));
+    k.launch("sgd_momentum_sgd_step__cv2_W__v37", dim(98), dim(256), tensor("opt/cv2.W/momentum"), tensor("cv2.W"),
+                                                                     tensor("opt/cv2.W/momentum"), arena(7705600),
+                                                                     tensor("cv2.W"));
     // %38 = sgd_momentum(%opt/cv2.b/momentum, %25, %cv2.b)
-    k.launch("sgd_momentum__opt_cv2_b_momentum__v38", dim(1), dim(256), tensor("opt/cv2.b/momentum"),
-                                                                        tensor("opt/cv2.b/momentum"), arena(7828480),
-                                                                        tensor("cv2.b"));
     // %39 = sgd_step(%cv2.b, %38)
-    k.launch("sgd_step__cv2_b__v39", dim(1), dim(256), tensor("cv2.b"), tensor("cv2.b"), tensor("opt/cv2.b/momentum"));
+    k.launch("sgd_momentum_sgd_step__cv2_b__v39", dim(1), dim(256), tensor("opt/cv2.b/momentum"), tensor("cv2.b"),
+                                                                    tensor("opt/cv2.b/momentum"), arena(7828480),
+                                                                    tensor("cv2.b"));
     // %22 = matmul(%19, %7)  # lenet.ddsl:16:13 fc1
     k.launch("matmul__fc1__v22", dim(50, 32, 1), dim(16, 16, 1), arena(0), arena(7577600), arena(7372800));
     // %40 = sgd_momentum(%opt/fc1.W/momentum, %22, %fc1.W)
-    k.launch("sgd_momentum__opt_fc1_W_momentum__v40", dim(1563), dim(256), tensor("opt/fc1.W/momentum"),
-                                                                           tensor("opt/fc1.W/momentum"), arena(0),
-                                                                           tensor("fc1.W"));
     // %41 = sgd_step(%fc1.W, %40)
-    k.launch("sgd_step__fc1_W__v41", dim(1563), dim(256), tensor("fc1.W"), tensor("fc1.W"),
-                                                          tensor("opt/fc1.W/momentum"));
+    k.launch("sgd_momentum_sgd_step__fc1_W__v41", dim(1563), dim(256), tensor("opt/fc1.W/momentum"), tensor("fc1.W"),
+                                                                       tensor("opt/fc1.W/momentum"), arena(0),
+                                                                       tensor("fc1.W"));
     // %42 = sgd_momentum(%opt/fc1.b/momentum, %20, %fc1.b)
-    k.launch("sgd_momentum__opt_cv1_W_momentum__v32", dim(2), dim(256), tensor("opt/fc1.b/momentum"),
-                                                                        tensor("opt/fc1.b/momentum"), arena(7825920),
-                                                                        tensor("fc1.b"));
     // %43 = sgd_step(%fc1.b, %42)
-    k.launch("sgd_step__cv1_W__v33", dim(2), dim(256), tensor("fc1.b"), tensor("fc1.b"), tensor("opt/fc1.b/momentum"));
+    k.launch("sgd_momentum_sgd_step__cv1_W__v33", dim(2), dim(256), tensor("opt/fc1.b/momentum"), tensor("fc1.b"),
+                                                                    tensor("opt/fc1.b/momentum"), arena(7825920),
+                                                                    tensor("fc1.b"));
     // %44 = sgd_momentum(%opt/fc2.W/momentum, %18, %fc2.W)
-    k.launch("sgd_momentum__opt_fc2_W_momentum__v44", dim(20), dim(256), tensor("opt/fc2.W/momentum"),
-                                                                         tensor("opt/fc2.W/momentum"), arena(7805696),
-                                                                         tensor("fc2.W"));
     // %45 = sgd_step(%fc2.W, %44)
-    k.launch("sgd_step__fc2_W__v45", dim(20), dim(256), tensor("fc2.W"), tensor("fc2.W"),
-                                                        tensor("opt/fc2.W/momentum"));
+    k.launch("sgd_momentum_sgd_step__fc2_W__v45", dim(20), dim(256), tensor("opt/fc2.W/momentum"), tensor("fc2.W"),
+                                                                     tensor("opt/fc2.W/momentum"), arena(7805696),
+                                                                     tensor("fc2.W"));
     // %46 = sgd_momentum(%opt/fc2.b/momentum, %16, %fc2.b)
-    k.launch("sgd_momentum__opt_fc2_b_momentum__v46", dim(1), dim(256), tensor("opt/fc2.b/momentum"),
-                                                                        tensor("opt/fc2.b/momentum"), arena(7828224),
-                                                                        tensor("fc2.b"));
     // %47 = sgd_step(%fc2.b, %46)
-    k.launch("sgd_step__fc2_b__v47", dim(1), dim(256), tensor("fc2.b"), tensor("fc2.b"), tensor("opt/fc2.b/momentum"));
+    k.launch("sgd_momentum_sgd_step__fc2_b__v47", dim(1), dim(256), tensor("opt/fc2.b/momentum"), tensor("fc2.b"),
+                                                                    tensor("opt/fc2.b/momentum"), arena(7828224),
+                                                                    tensor("fc2.b"));
     k.result(arena(7827968));
     return k;
   }
@@ -535,36 +516,25 @@ public final class LeNet extends Network {
     });
   }
 
-  /** out[i0, i1, i2, i3] = (((0.9 * in0[i0, i1, i2, i3]) + in1[i0, i1, i2, i3]) + (0.0005 * in2[i0, i1, i2, i3])) */
-  private static void sgdMomentum(Buf out, Buf in0, Buf in1, Buf in2) {
-    float[] o = out.a;
-    int po = out.off;
+  /** out0[e] = (((0.9 * in0[e]) + in1[e]) + (0.0005 * in2[e])); out1[e] = (in2[e] - (0.01 * out0[e])) */
+  private static void sgdMomentumSgdStep(Buf out0, Buf out1, Buf in0, Buf in1, Buf in2) {
+    float[] o0 = out0.a;
+    int po0 = out0.off;
+    float[] o1 = out1.a;
+    int po1 = out1.off;
     float[] a0 = in0.a;
     int p0 = in0.off;
     float[] a1 = in1.a;
     int p1 = in1.off;
     float[] a2 = in2.a;
     int p2 = in2.off;
-    int n = out.numel();
-    Parallel.range(n, 9L * n, (lo, hi) -> {
+    int n = out0.numel();
+    Parallel.range(n, 14L * n, (lo, hi) -> {
       for (int e = lo; e < hi; e++) {
-        o[po + e] = (((0.9f * a0[p0 + e]) + a1[p1 + e]) + (0.0005f * a2[p2 + e]));
-      }
-    });
-  }
-
-  /** out[i0, i1, i2, i3] = (in0[i0, i1, i2, i3] - (0.01 * in1[i0, i1, i2, i3])) */
-  private static void sgdStep(Buf out, Buf in0, Buf in1) {
-    float[] o = out.a;
-    int po = out.off;
-    float[] a0 = in0.a;
-    int p0 = in0.off;
-    float[] a1 = in1.a;
-    int p1 = in1.off;
-    int n = out.numel();
-    Parallel.range(n, 5L * n, (lo, hi) -> {
-      for (int e = lo; e < hi; e++) {
-        o[po + e] = (a0[p0 + e] - (0.01f * a1[p1 + e]));
+        float r0 = (((0.9f * a0[p0 + e]) + a1[p1 + e]) + (0.0005f * a2[p2 + e]));
+        o0[po0 + e] = r0;
+        float r1 = (a2[p2 + e] - (0.01f * r0));
+        o1[po1 + e] = r1;
       }
     });
   }
