@@ -358,6 +358,8 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
                    f"{folder / 'deepdsl' / 'runtime'}")  # fmt: skip
         for path in java.write_ptx(folder, name, modules):
             click.echo(f"wrote {path}")
+        if not modules:
+            click.echo(f"no PTX (--ptx writes it): the CUDA device compiles {name}.cu with NVRTC when it starts")
         for line in java.build_commands(folder, name):
             click.echo(f"  {line}")
     if maven is not None:

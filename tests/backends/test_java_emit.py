@@ -43,6 +43,9 @@ def test_lenet_golden(cli, golden, tmp_path: Path) -> None:
     r = cli("compile", str(ROOT / "networks" / "lenet.ddsl"), "-o", str(tmp_path / "LeNet.java"))
     assert r.exit_code == 0, r.output
     golden(GOLDEN / "java" / "LeNet.java", (tmp_path / "LeNet.java").read_text())
+    # the kernels' source beside the class; without --ptx the CUDA device compiles it at start, and says so
+    assert (tmp_path / "LeNet.cu").read_text().count('extern "C" __global__') > 20
+    assert "compiles LeNet.cu with NVRTC when it starts" in r.stdout
     assert {p.name for p in (tmp_path / "deepdsl" / "runtime").glob("*.java")} >= {
         "Buf.java",
         "CpuOps.java",
