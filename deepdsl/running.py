@@ -58,6 +58,7 @@ def run_training(
     out["seconds_per_iter"] = result.seconds_per_iter
     if result.gpu_memory_bytes is not None:
         out["gpu_memory_bytes"] = result.gpu_memory_bytes
+        out["gpu_planned_bytes"] = result.gpu_planned_bytes
     return out
 
 

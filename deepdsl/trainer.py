@@ -35,6 +35,7 @@ class TrainResult:
     peak_bytes: int = 0
     seconds_per_iter: float = 0.0
     gpu_memory_bytes: int | None = None  # on a GPU: the memory the runner took, as cuMemGetInfo measured it
+    gpu_planned_bytes: int | None = None  # and what it allocated: the arena and every tensor
 
 
 class Trainer:
@@ -170,6 +171,7 @@ class Trainer:
         result.test_accuracy = self.test()
         if self.gpu is not None:
             result.gpu_memory_bytes = self.gpu.measured_bytes
+            result.gpu_planned_bytes = self.gpu.planned_bytes
         return result
 
     # ---- parameter files (DESIGN §9) ----

@@ -68,7 +68,7 @@ def test_runner_agrees_with_numpy_on_the_cpu(case: str, tmp_path: Path) -> None:
     assert driver.launches > 0
     _close(got["losses"], want["losses"])
     assert got.get("test_accuracy") == pytest.approx(want.get("test_accuracy"))
-    assert got["gpu_memory_bytes"] >= got["peak_bytes"] > 0
+    assert got["gpu_memory_bytes"] == got["gpu_planned_bytes"] > got["peak_bytes"] > 0  # the stand-in counts bytes
 
 
 @needs_gxx
@@ -150,5 +150,7 @@ def test_pycuda_runner_agrees_with_numpy(case: str) -> None:
     driver = _real_gpu()
     got = run_training(program, iters=5, data_flag="synthetic", device="cuda", driver=driver)
     _close(got["losses"], want["losses"])
-    planned = got["peak_bytes"]
-    assert planned <= got["gpu_memory_bytes"] <= planned + 64 * (2 << 20) + 4 * planned
+    # the driver hands out memory in 2 MiB pages, and the module's code takes some: the measured bytes are the
+    # planned ones to within a page per allocation and a few MiB
+    allocations = 1 + len(program.graph.params) + 64
+    assert got["gpu_planned_bytes"] <= got["gpu_memory_bytes"] <= got["gpu_planned_bytes"] + (2 << 20) * allocations

@@ -92,6 +92,15 @@ class GpuRunner:
         return self.tensors[f"{step}:{a.name}" if a.name in inputs else a.name]
 
     @property
+    def planned_bytes(self) -> int:
+        """What the runner allocates: the arena and every tensor (inputs, parameters, state, constants)."""
+        return self.arena_bytes + self.tensor_bytes
+
+    @property
+    def allocations(self) -> int:
+        return 1 + len(self.tensors)
+
+    @property
     def measured_bytes(self) -> int:
         """The GPU memory the runner took, as cuMemGetInfo saw it (allocation granularity included)."""
         return self.free_before - self.free_low
