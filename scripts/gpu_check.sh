@@ -50,9 +50,15 @@ timeout 170 "$PY" -m deepdsl run networks/resnet50.ddsl --set N=64 --data synthe
   >"$OUT/numpy_resnet50.json" 2>"$OUT/numpy_resnet50.err" &
 NUMPY_PID=$!
 
+step "PyCUDA sees the GPU"
+"$PY" -c "import pycuda.driver as d; d.init(); print('PyCUDA', d.get_version(), d.Device(0).name())"
+result "import pycuda.driver" $?
+
 step "the PyCUDA runner: tests marked gpu"
-timeout 90 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/backends/test_gpu_runner.py 2>&1 | tee "$OUT/pytest_gpu.txt"
+timeout 90 "$PY" -m pytest -q -rs -p no:cacheprovider -m gpu tests/backends/test_gpu_runner.py 2>&1 | tee "$OUT/pytest_gpu.txt"
 result "pytest -m gpu" "${PIPESTATUS[0]}"
+! grep -q "skipped" "$OUT/pytest_gpu.txt"  # a skip here means PyCUDA or the GPU was not usable: not a pass
+result "pytest -m gpu ran every test" $?
 
 step "the Java CUDA device: LeNet (5 iterations) and its NumPy reference"
 timeout 60 "$JAVA" -cp "$CP" LeNet --device cuda --data synthetic --iters 5 --json >"$OUT/java_lenet.json"

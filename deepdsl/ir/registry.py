@@ -26,6 +26,10 @@ FlopsRule = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], int]
 IndexForm = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], Any]
 # (builder, the statement, autodiff.LowerContext) -> the Value that replaces the statement's output
 LowerRule = Callable[[Any, Any, Any], Any]
+# (kernel name, the statement, its inputs' C types) -> the CUDA kernel calling library.cu (backends/cuda/ops.py)
+CudaRule = Callable[[str, Any, tuple[str, ...]], Any]
+# (the statement) -> (index expression, output indices): a shape op as the CUDA backend writes it
+CudaForm = Callable[[Any], Any]
 # (input types, output type, attrs) -> bytes of scratch the op's kernel needs while it runs
 WorkspaceRule = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], int]
 
@@ -59,6 +63,8 @@ class OpDef:
     workspace: WorkspaceRule | None = None  # scratch beyond the output (an im2col matrix); None: none
     numpy_ws: Callable[..., Any] | None = None  # (inputs, attrs, workspace uint8 array) -> output, using it
     saves: Saves | None = None  # what eager autograd keeps of the op (memcheck's eager baseline); None: nothing
+    cuda: CudaRule | None = None  # the CUDA kernel of an op without an index form (set by deepdsl.backends.cuda)
+    cuda_form: CudaForm | None = None  # or its index expression, written by the CUDA backend only
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -123,6 +129,16 @@ def workspace_rule(*names: str) -> Callable[[WorkspaceRule], WorkspaceRule]:
 def numpy_workspace_kernel(*names: str) -> Callable[[Callable], Callable]:
     """Attach the NumPy kernel that does its work in the planned workspace (so the arena use is real)."""
     return _attach_all(names, "numpy_ws")
+
+
+def cuda_kernel(*names: str) -> Callable[[CudaRule], CudaRule]:
+    """Attach the CUDA kernel (a call of library.cu, and its launch) of each op in `names`."""
+    return _attach_all(names, "cuda")
+
+
+def cuda_form(*names: str) -> Callable[[CudaForm], CudaForm]:
+    """Attach the index expression the CUDA backend writes for each op in `names` (shape ops)."""
+    return _attach_all(names, "cuda_form")
 
 
 def eager_saves(*names: str, which: tuple[int | str, ...] = (), extra: Callable | None = None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from deepdsl.backends.cuda import ops  # noqa: F401 — attaches the CUDA kernels to the registry entries
 from deepdsl.backends.cuda.kernels import Arg, CudaProgram, Launch, program, translation_unit
 from deepdsl.backends.cuda.nvrtc import DEFAULT_ARCHS, CudaCompileError, NoCudaCompiler, compiler, ptx
 

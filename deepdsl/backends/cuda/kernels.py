@@ -6,27 +6,23 @@ expression, with the meaning of `ops.indexed.evaluate`: a read outside its input
 maximises over its ranges, comparisons are C booleans. One thread computes one output element in a
 grid-stride loop; a body whose outermost work is a reduction (channel statistics, `sum`, a mean) runs one
 block per output element instead, its threads sharing the reduction through `dd_block_sum` / `dd_block_max`.
-The other ops call a hand-written function of library.cu with the statement's shapes as constants.
+The other ops call a hand-written function of library.cu with the statement's shapes as constants: their
+registry entries' `cuda` field (ops.py), as the shape ops' `cuda_form` is their index expression here.
 
 Each kernel's launch is data (`Launch`): grid, block, shared memory and where each pointer argument lives
 (an arena offset from the plan, or a program tensor by name).
-
-TODO(registry): `LIBRARY` and `DERIVED_FORMS` below are op tables in a backend; they belong in the registry
-entries (a `cuda` field set from deepdsl/ops/*), as DESIGN §7 asks.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
 
 import numpy as np
 
-from deepdsl.initializers import stream_seed
 from deepdsl.ir import REGISTRY, Stmt
 from deepdsl.ir.groups import group_form, is_flat, kernel_groups
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, format_ie
@@ -409,235 +405,13 @@ def _ints(*xs: Any) -> str:
     return ", ".join(str(int(x)) for x in xs)
 
 
-def _conv_geometry(s: Stmt) -> tuple[int, ...]:
-    a = s.a
-    if s.op == "conv2d":
-        x, w, y = s.inputs[0].type.shape, s.inputs[1].type.shape, s.out.type.shape
-    elif s.op == "conv2d_backward_data":
-        g, w, x = s.inputs[0].type.shape, s.inputs[1].type.shape, tuple(a["in_shape"])
-        y = g
-    else:
-        x, y, w = s.inputs[0].type.shape, s.inputs[1].type.shape, tuple(a["w_shape"])
-    n, c, h, wd = x
-    f, _, kh, kw = w
-    (sh, sw), (ph, pw) = a["stride"], a["pad"]
-    return n, c, h, wd, f, kh, kw, y[2], y[3], sh, sw, ph, pw, a["groups"]
+# ---- the program ----
 
-
-def _conv(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
-    """Forward and backward-data: implicit GEMMs on 16x16 tiles (per group); backward-filter: one block per
-    weight, its threads sharing the sum over the batch and the output pixels."""
-    geometry = _conv_geometry(s)
-    n, c, h, w, f = geometry[:5]
-    oh, ow, groups = geometry[7], geometry[8], geometry[13]
-    args = f"out, in0, in1, {_ints(*geometry)}"
-    numel = s.out.type.numel
-    if s.op == "conv2d_backward_filter":
-        return _call(name, s, ct[:2], "float", f"dd_conv2d_backward_filter({args})", **_rows(numel, numel))
-    if s.op == "conv2d":
-        fn, rows, cols = "dd_conv2d_igemm", f // groups, n * oh * ow
-    else:
-        fn, rows, cols = "dd_conv2d_backward_data_igemm", c // groups, n * h * w
-    grid = (-(-cols // TILE), -(-rows // TILE), groups)
-    return _call(name, s, ct[:2], "float", f"{fn}({args})", grid=grid, block=(TILE, TILE, 1), static_smem=GEMM_SMEM,
-                 covers=numel, loop="tiles", tiles=(cols, rows, groups))  # fmt: skip
-
-
-def _pool_geometry(s: Stmt) -> str:
-    x = s.inputs[0].type.shape if s.op != "avg_pool2d_backward" else tuple(s.a["in_shape"])
-    y = s.out.type.shape if s.op == "max_pool2d" else s.inputs[-1].type.shape
-    (kh, kw), (sh, sw), (ph, pw) = s.a["kernel"], s.a["stride"], s.a["pad"]
-    return _ints(x[0] * x[1], x[2], x[3], y[2], y[3], kh, kw, sh, sw, ph, pw)
-
-
-def _max_pool(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
-    return _call(
-        name, s, ct, "float", f"dd_max_pool2d(out, in0, {_pool_geometry(s)})", **_elementwise(s.out.type.numel)
-    )
-
-
-def _max_pool_backward(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
-    call = f"dd_max_pool2d_backward(out, in0, in1, in2, {_pool_geometry(s)})"
-    return _call(name, s, ct, "float", call, **_elementwise(s.out.type.numel))
-
-
-def _avg_pool_backward(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
-    call = f"dd_avg_pool2d_backward(out, in0, {_pool_geometry(s)})"
-    return _call(name, s, ct, "float", call, **_elementwise(s.out.type.numel))
-
-
-def _gemm(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
-    a = s.inputs[0].type.shape
-    out = s.out.type.shape
-    if s.op == "linear":
-        ta, tb = False, True
-    else:
-        ta, tb = bool(s.a.get("transpose_a", False)), bool(s.a.get("transpose_b", False))
-    batch = out[0] if s.op == "batch_matmul" else 1
-    m, n = out[-2], out[-1]
-    k = a[-2] if ta else a[-1]
-    grid = (-(-n // TILE), -(-m // TILE), batch)
-    call = f"dd_gemm(out, in0, in1, {_ints(m, n, k, ta, tb)})"
-    return _call(name, s, ct[:2], "float", call, grid=grid, block=(TILE, TILE, 1), static_smem=GEMM_SMEM,
-                 covers=s.out.type.numel, loop="tiles", tiles=(n, m, batch))  # fmt: skip
-
-
-def _axis1(shape: tuple[int, ...]) -> tuple[int, int, int]:
-    return shape[0], shape[1], math.prod(shape[2:])
-
-
-def _softmax(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
-    a, d, b = _axis1(s.inputs[0].type.shape)
-    log = int(s.op.startswith("log_"))
-    if s.op.endswith("_backward"):
-        call = f"dd_softmax_backward(out, in0, in1, {_ints(a, d, b, log)})"
-    else:
-        call = f"dd_softmax(out, in0, {_ints(a, d, b, log)})"
-    return _call(name, s, ct, "float", call, **_rows(a * b, s.out.type.numel))
-
-
-def _loss(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
-    n, k = s.inputs[0].type.shape
-    if s.op == "softmax_cross_entropy_backward":
-        launch = _rows(n, n * k)
-    elif s.op == "cross_entropy_backward":
-        launch = _elementwise(n * k)
-    else:
-        launch = _one_block(1)
-    ins = "in0, in1, in2" if s.op.endswith("_backward") else "in0, in1"
-    return _call(name, s, ct, "float", f"dd_{s.op}(out, {ins}, {_ints(n, k)})", **launch)
-
-
-def _argmax(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
-    n, k = s.inputs[0].type.shape
-    return _call(name, s, ct, "long long", f"dd_argmax(out, in0, {_ints(n, k)})", **_elementwise(n))
-
-
-def _accuracy(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
-    n, k = s.inputs[0].type.shape
-    return _call(name, s, ct, "float", f"dd_accuracy(out, in0, in1, {_ints(n, k)})", **_one_block(1))
-
-
-def _lrn(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
-    n, c, h, w = s.inputs[0].type.shape
-    a = s.a
-    consts = f"{_ints(n, c, h * w, a['size'])}, {float_literal(a['k'])}, {float_literal(a['alpha'])}, " \
-             f"{float_literal(a['beta'])}"  # fmt: skip
-    ins = "in0, in1, in2" if s.op == "lrn_backward" else "in0"
-    return _call(name, s, ct, "float", f"dd_{s.op}(out, {ins}, {consts})", **_elementwise(s.out.type.numel))
-
-
-def _dropout_mask(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
-    a = s.a
-    n = s.out.type.numel
-    stream = stream_seed(a["site"] + "#dropout", a["seed"])
-    keep = float_literal(1.0 / (1.0 - a["p"]))
-    call = f"dd_dropout_mask(out, in0, {n}, 0x{stream:016X}ull, {float(a['p'])!r}, {keep})"
-    return _call(name, s, ct, "float", call, **_elementwise(n))
-
-
-LIBRARY: dict[str, Callable[[str, Stmt, tuple[str, ...]], _Kernel]] = {
-    "conv2d": _conv, "conv2d_backward_data": _conv, "conv2d_backward_filter": _conv,
-    "max_pool2d": _max_pool, "max_pool2d_backward": _max_pool_backward, "avg_pool2d_backward": _avg_pool_backward,
-    "linear": _gemm, "matmul": _gemm, "batch_matmul": _gemm,
-    "softmax": _softmax, "log_softmax": _softmax, "softmax_backward": _softmax, "log_softmax_backward": _softmax,
-    "softmax_cross_entropy": _loss, "softmax_cross_entropy_backward": _loss,
-    "cross_entropy": _loss, "cross_entropy_backward": _loss,
-    "argmax": _argmax, "accuracy": _accuracy, "lrn": _lrn, "lrn_backward": _lrn, "dropout_mask": _dropout_mask,
-}  # fmt: skip
-
-
-# ---- ops written here as index expressions (they move to the registry's index_form) ----
-
-Form = tuple[IE, tuple[tuple[str, int], ...]]
+Form = tuple[IE, tuple[tuple[str, int], ...]]  # an index expression over the output's indices (name, size)
 
 
 def _own(s: Stmt) -> tuple[tuple[str, int], ...]:
     return tuple(zip(out_vars(s.out.type), s.out.type.shape))
-
-
-def _var(name: str) -> Affine:
-    return Affine.var(name)
-
-
-def _transpose_form(s: Stmt) -> Form:
-    perm = tuple(s.a["perm"])
-    index = [Affine((), 0)] * len(perm)
-    for k, p in enumerate(perm):
-        index[p] = _var(f"i{k}")
-    return Read(0, tuple(index)), _own(s)
-
-
-def _shifted(rank: int, axis: int, shift: int) -> tuple[Affine, ...]:
-    return tuple(Affine(((f"i{k}", 1),), shift if k == axis else 0) for k in range(rank))
-
-
-def _slice_form(s: Stmt) -> Form:
-    return Read(0, _shifted(s.out.type.rank, s.a["axis"], s.a["start"])), _own(s)
-
-
-def _pad_axis_form(s: Stmt) -> Form:
-    return Read(0, _shifted(s.out.type.rank, s.a["axis"], -s.a["start"])), _own(s)
-
-
-def _concat_form(s: Stmt) -> Form:
-    axis, rank = s.a["axis"], s.out.type.rank
-    starts, at = [], 0
-    for v in s.inputs:
-        starts.append(at)
-        at += v.type.shape[axis]
-    body: IE = Read(len(s.inputs) - 1, _shifted(rank, axis, -starts[-1]))
-    for k in reversed(range(len(s.inputs) - 1)):
-        test = Apply("<", (Var(f"i{axis}"), Const(float(starts[k + 1]))))
-        body = Apply("select", (test, Read(k, _shifted(rank, axis, -starts[k])), body))
-    return body, _own(s)
-
-
-def _sum_axes_form(s: Stmt) -> Form:
-    shape = s.inputs[0].type.shape
-    axes = set(s.a["axes"])
-    kept = [k for k in range(len(shape)) if k not in axes]
-    out = tuple((f"i{j}", shape[k]) for j, k in enumerate(kept))
-    index = tuple(_var(f"i{kept.index(k)}") if k in kept else _var(f"r{k}") for k in range(len(shape)))
-    body = Reduce("sum", tuple((f"r{k}", shape[k]) for k in sorted(axes)), Read(0, index))
-    return body, out
-
-
-def _global_avg_pool_form(s: Stmt) -> Form:
-    h, w = s.inputs[0].type.shape[2:]
-    body = Reduce("sum", (("h", h), ("w", w)), Read(0, (_var("i0"), _var("i1"), _var("h"), _var("w"))))
-    return Apply("/", (body, Const(float(h * w)))), _own(s)
-
-
-def _global_avg_pool_backward_form(s: Stmt) -> Form:
-    h, w = s.out.type.shape[2:]
-    zero = Affine((), 0)
-    return Apply("/", (Read(0, (_var("i0"), _var("i1"), zero, zero)), Const(float(h * w)))), _own(s)
-
-
-def _avg_pool_form(s: Stmt) -> Form:
-    (kh, kw), (sh, sw), (ph, pw) = s.a["kernel"], s.a["stride"], s.a["pad"]
-    index = (_var("i0"), _var("i1"), Affine((("i2", sh), ("ki", 1)), -ph), Affine((("i3", sw), ("kj", 1)), -pw))
-    body = Reduce("sum", (("ki", kh), ("kj", kw)), Read(0, index))
-    return Apply("/", (body, Const(float(kh * kw)))), _own(s)
-
-
-def _mse_form(s: Stmt) -> Form:
-    shape = s.inputs[0].type.shape
-    rs = tuple((f"r{k}", n) for k, n in enumerate(shape))
-    index = tuple(_var(v) for v, _ in rs)
-    d = Apply("-", (Read(0, index), Read(1, index)))
-    return Apply("/", (Reduce("sum", rs, Apply("*", (d, d))), Const(float(math.prod(shape))))), ()
-
-
-DERIVED_FORMS: dict[str, Callable[[Stmt], Form]] = {
-    "transpose": _transpose_form, "slice": _slice_form, "pad_axis": _pad_axis_form, "concat": _concat_form,
-    "sum_axes": _sum_axes_form, "global_avg_pool": _global_avg_pool_form,
-    "global_avg_pool_backward": _global_avg_pool_backward_form, "avg_pool2d": _avg_pool_form, "mse": _mse_form,
-}  # fmt: skip
-
-
-# ---- the program ----
 
 
 def _ctype(dtype: DType) -> str:
@@ -725,8 +499,8 @@ class _Program:
             form = s.a["body"], s.a["out"]
         elif op.index_form is not None:
             form = op.index_form(tuple(v.type for v in s.inputs), s.out.type, s.a), _own(s)
-        elif s.op in DERIVED_FORMS:
-            form = DERIVED_FORMS[s.op](s)
+        elif op.cuda_form is not None:
+            form = op.cuda_form(s)
         if form is not None:
             if out_type != "float":
                 raise ValueError(f"%{s.out.name} = {s.op}: index-expression kernels write float32 only")
@@ -739,11 +513,11 @@ class _Program:
             k = ie_kernel(name, body, out, shapes, in_types, f"{format_stmt(s)}\n// {meaning}")
             self.add(s, name, k, values, (out_type, *in_types))
             return
-        if s.op not in LIBRARY:
+        if op.cuda is None:
             raise ValueError(f"no CUDA kernel for op {s.op!r} (statement %{s.out.name})")
         arity = op.arity if op.arity is not None else len(s.inputs)
         name = self.name(s)
-        k = LIBRARY[s.op](name, s, in_types[:arity])
+        k = op.cuda(name, s, in_types[:arity])
         self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]))
         if "epilogue" in s.a:
             extras = s.inputs[arity:]
