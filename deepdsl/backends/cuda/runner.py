@@ -97,10 +97,6 @@ class GpuRunner:
         return self.arena_bytes + self.tensor_bytes
 
     @property
-    def allocations(self) -> int:
-        return 1 + len(self.tensors)
-
-    @property
     def measured_bytes(self) -> int:
         """The GPU memory the runner took, as cuMemGetInfo saw it (allocation granularity included)."""
         return self.free_before - self.free_low
@@ -229,9 +225,6 @@ class PyCudaDriver:
 
     def timed(self) -> _Events:
         return _Events(self.cuda)
-
-    def synchronize(self) -> None:
-        self.context.synchronize()
 
     def close(self) -> None:
         for a in self.allocations:
