@@ -145,6 +145,15 @@ def has_const(c: Compilation, name: str) -> bool:
     return c.module is not None and any(isinstance(i, ast.Const) and i.name == name for i in c.module.items)
 
 
+def literal_const(c: Compilation, name: str) -> int | float | None:
+    """The value of const `name` when the file gives it as a plain number, else None."""
+    assert c.module is not None
+    for i in c.module.items:
+        if isinstance(i, ast.Const) and i.name == name and isinstance(i.value, (ast.IntLit, ast.FloatLit)):
+            return i.value.value
+    return None
+
+
 def plan_stage(c: Compilation, remat: str, workspace_limit: int | None = None) -> Plan:
     """Rematerialise the optimised program at level `remat` and plan it."""
     from deepdsl.memory.remat import rematerialise

@@ -233,8 +233,12 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
     if budget is not None:
         r["budget_bytes"], r["fits"] = budget, r["peak_bytes"] <= budget
         at_level = dataclasses.replace(options, remat=c.remat)
-        r["max_batch"] = largest_batch(lambda n: api.peak_bytes(file, {**sets, "N": n}, at_level), budget) if (
-            api.has_const(c, "N")) else None  # fmt: skip
+        r["max_batch"] = None
+        if api.has_const(c, "N"):
+            n0 = sets.get("N", api.literal_const(c, "N"))
+            known = (int(n0), r["peak_bytes"]) if isinstance(n0, int) else None
+            r["max_batch"] = largest_batch(lambda n: api.peak_bytes(file, {**sets, "N": n}, at_level), budget,
+                                           known=known)  # fmt: skip
     if plot_path is not None:
         try:
             plot(c.plan, r, plot_path)

@@ -221,17 +221,45 @@ def format_report(r: dict[str, Any], with_rows: bool) -> str:
     return "\n".join(lines)
 
 
-def largest_batch(peak_for: Any, budget: int, limit: int = 1 << 16) -> int:
-    """The largest N with peak_for(N) <= budget (0 if even N = 1 does not fit); peak grows with N."""
-    if peak_for(1) > budget:
+def largest_batch(peak_for: Any, budget: int, limit: int = 1 << 16, known: tuple[int, int] | None = None) -> int:
+    """The largest N with peak_for(N) <= budget (0 if even N = 1 does not fit); peak grows with N.
+
+    Each peak_for is a whole plan (a second for ResNet-50), so the search starts where the line through
+    (1, peak_for(1)) and `known` (a batch already planned, and its peak) meets the budget: the peak is nearly
+    linear in N. From there it brackets the answer in steps doubling away from the guess, then bisects; with
+    a good guess that is three or four plans instead of twice log2 N."""
+    seen: dict[int, bool] = {}
+
+    def fits(n: int) -> bool:
+        if n not in seen:
+            seen[n] = peak_for(n) <= budget
+        return seen[n]
+
+    first = peak_for(1)
+    seen[1] = first <= budget
+    if not seen[1]:
         return 0
-    lo, hi = 1, 2
-    while hi <= limit and peak_for(hi) <= budget:
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)
+    guess = 2
+    if known is not None and known[0] > 1 and known[1] > first:
+        n0, p0 = known
+        seen[n0] = p0 <= budget
+        guess = int(1 + (budget - first) * (n0 - 1) / (p0 - first))
+    guess = max(1, min(guess, limit))
+    if fits(guess):  # walk up from the guess: lo fits, hi does not (limit + 1: nothing failed up to the limit)
+        lo, hi, step = guess, limit + 1, 1
+        while lo + step <= limit and fits(lo + step):
+            lo, step = lo + step, 2 * step
+        if lo + step <= limit:
+            hi = lo + step
+    else:  # walk down
+        lo, hi, step = 1, guess, 1
+        while hi - step > 1 and not fits(hi - step):
+            hi, step = hi - step, 2 * step
+        if hi - step > 1:
+            lo = hi - step
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if peak_for(mid) <= budget:
+        if fits(mid):
             lo = mid
         else:
             hi = mid

@@ -109,3 +109,18 @@ def test_statements_table_and_plot(cli, tmp_path, monkeypatch) -> None:  # noqa:
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # as if it were not installed
     r = cli("memcheck", LENET, "--totals", "--plot", str(tmp_path / "x.png"))
     assert r.exit_code == 1 and "pip install 'deepdsl[plot]'" in r.stderr
+
+
+def test_largest_batch_search_is_right_from_any_hint_and_quick_from_a_good_one() -> None:
+    def peak(n: int) -> int:  # nearly linear, as a plan's peak in the batch is
+        calls.append(n)
+        return 1000 + 37 * n + n * n // 50
+
+    calls: list[int] = []
+    for budget in (500, 1037, 5000, 20000, 123456):
+        want = max((n for n in range(1, 3000) if peak(n) <= budget), default=0)
+        for known in (None, (64, peak(64)), (3, peak(3)), (1000, peak(1000))):
+            assert largest_batch(peak, budget, known=known) == want, (budget, known)
+    calls.clear()
+    assert largest_batch(lambda n: peak(n) - n * n // 50, 100_000, known=(64, 1000 + 37 * 64)) == 2675
+    assert len(calls) <= 4  # peak(1), the guess, and the step on each side of it
