@@ -46,12 +46,15 @@ def run_training(
 ) -> dict[str, Any]:  # fmt: skip
     """Train `program` and report through `report`; `driver` runs it on that GPU instead of picking by `device`."""
     gpu, description = (driver, f"cuda ({driver.description})") if driver else open_device(device, double)
+    fallback = device == "auto" and driver is None  # a GPU that cannot take the program leaves it to the CPU
     try:
-        result = _train(program, gpu, description, iters, data_flag, load, save, seed, double, report, options)
+        result = _train(program, gpu, description, iters, data_flag, load, save, seed, double, report, options,
+                        fallback)  # fmt: skip
     finally:
         if gpu is not None:
             gpu.close()
-    out: dict[str, Any] = {"device": "cuda" if gpu is not None else "cpu", "losses": result.losses}
+    out: dict[str, Any] = {"device": "cuda" if result.gpu_memory_bytes is not None else "cpu",
+                           "losses": result.losses}  # fmt: skip
     if result.test_accuracy is not None:
         out["test_accuracy"] = result.test_accuracy
     out["peak_bytes"] = result.peak_bytes
@@ -65,7 +68,7 @@ def run_training(
 def _train(
     program: Program, gpu: Driver | None, description: str, iters: int | None, data_flag: str | None,
     load: str | None, save: str | None, seed: int | None, double: bool, report: Callable[[str], None] | None,
-    options: Options | None,
+    options: Options | None, fallback: bool = False,
 ) -> TrainResult:  # fmt: skip
     cfg = program.train
     kind, args = parse_data_flag(data_flag) if data_flag else (cfg.data[0], dict(cfg.data[1]))
@@ -75,7 +78,12 @@ def _train(
     data = load_data(kind, args, x.value.type.shape[1:], y.classes, cfg.seed if seed is None else seed)
     trainer = Trainer(program, data, seed, np.float64 if double else np.float32, options)
     if gpu is not None:
-        trainer.use_gpu(gpu)
+        try:
+            trainer.use_gpu(gpu)
+        except DslProgramError as err:
+            if not fallback:
+                raise
+            description = f"cpu (NumPy reference runner; CUDA not used: {err.message})"
     if load:
         trainer.load(load)
     n = iters if iters is not None else cfg.iterations

@@ -98,11 +98,9 @@ class Trainer:
         if self.gpu is not None:
             outputs, _ = self.gpu.run("train", feeds)
             loss = float(outputs["loss"])
-            if not math.isfinite(loss):
-                self._gpu_ahead = True
-                self._sync()  # the step's updates are on the GPU only: find the culprit from the old ones
-                self.gpu.set_arrays(self.arrays)
-                self._locate_non_finite(feeds, i)
+            if not math.isfinite(loss):  # the GPU has already updated the parameters: no replay from here
+                raise NonFinite(f"iteration {i}: the loss is not finite (on the GPU; the same run with --device cpu "
+                                "names the first statement that produced it)")  # fmt: skip
             self._gpu_ahead = True
             self.step_count += 1
             return loss, self.gpu.arena_bytes

@@ -82,7 +82,8 @@ def can_join(group: list[Stmt], s: Stmt, plan: Any = None) -> bool:
     if plan is None:
         return True
     where = _region(plan, s.out.name)
-    return all(_apart_or_same(where, _region(plan, v.name)) for m in group for v in m.inputs)
+    shape = s.out.type.shape
+    return all(_apart_or_same(where, _region(plan, v.name), v.type.shape == shape) for m in group for v in m.inputs)
 
 
 def _region(plan: Any, name: str) -> tuple[str, int, int]:
@@ -95,12 +96,15 @@ def _region(plan: Any, name: str) -> tuple[str, int, int]:
     return ("arena", b.offset, b.nbytes)
 
 
-def _apart_or_same(a: tuple[str, int, int], b: tuple[str, int, int]) -> bool:
+def _apart_or_same(a: tuple[str, int, int], b: tuple[str, int, int], elementwise: bool) -> bool:
+    """Whether writing region `a` element by element is safe while region `b` is read: they are apart, or the
+    same memory read element for element (`elementwise`: at the writer's own index). A scalar or broadcast read
+    of the same memory is not safe: one thread would overwrite what the others still read."""
     if a[0] != b[0]:
         return True
     if a[0] != "arena":
-        return True  # a tensor's own storage: the same tensor element for element, or another tensor
-    return a == b or a[1] + a[2] <= b[1] or b[1] + b[2] <= a[1]
+        return a != b or elementwise  # a tensor's own storage: another tensor, or the same one element for element
+    return (a == b and elementwise) or a[1] + a[2] <= b[1] or b[1] + b[2] <= a[1]
 
 
 HELD = 1000  # input numbers from here on stand for an earlier result of the group, held in a local

@@ -33,10 +33,15 @@ def schedule(g: Graph) -> Graph:
     done = [False] * len(stmts)
     order: list[Stmt] = []
 
+    def stays_last_reader(i: int) -> bool:
+        """An in-place statement must stay its input's last reader: it may not run before the others."""
+        s = stmts[i]
+        return "inplace" in s.a and unread.get(s.inputs[s.a["inplace"]].name) != 1
+
     def frees_enough(i: int) -> bool:
         s = stmts[i]
-        if REGISTRY[s.op].view or ("inplace" in s.a and unread.get(s.inputs[s.a["inplace"]].name) != 1):
-            return False  # an in-place statement must stay its input's last reader
+        if REGISTRY[s.op].view or stays_last_reader(i):
+            return False
         freed = sum(
             aligned(v.type.nbytes) for v in {v.name: v for v in s.inputs}.values()
             if v.name in made and v.name not in pinned and unread[v.name] == 1 and not _viewed(v.name, stmts, readers)
@@ -46,16 +51,19 @@ def schedule(g: Graph) -> Graph:
         return freed > 0 and aligned(s.out.type.nbytes) <= freed
 
     def emit(i: int) -> None:
+        done[i] = True  # claimed first: nothing that runs before it below may emit it again
         # small results that the statements sharing this one's loop still wait for (Adam's bias correction, from
         # the step counter) come first, so that nothing separates those statements
         j = i + 1
         while j < len(stmts) and stmts[j].a.get("same_loop") and not done[j]:
             for v in stmts[j].inputs:
                 m = made.get(v.name, i)
-                if not (i <= m <= j or done[m] or waiting[m]) and stmts[m].out.type.nbytes <= SMALL:
+                if (
+                    not (i <= m <= j or done[m] or waiting[m] or stays_last_reader(m))
+                    and stmts[m].out.type.nbytes <= SMALL
+                ):
                     emit(m)
             j += 1
-        done[i] = True
         s = stmts[i]
         order.append(s)
         touched = []

@@ -125,7 +125,12 @@ public final class CudaDevice implements Device {
     CUcontext context = new CUcontext();
     cuDevicePrimaryCtxRetain(context, gpu);
     cuCtxSetCurrent(context);
-    kernelSource = loadModule();
+    try {
+      kernelSource = loadModule();
+    } catch (RuntimeException e) {
+      cuDevicePrimaryCtxRelease(gpu); // no kernels: the program runs elsewhere or not at all
+      throw e;
+    }
   }
 
   /** Loads the PTX for this GPU, or compiles NAME.cu; returns what was loaded, for the user. */
@@ -194,8 +199,10 @@ public final class CudaDevice implements Device {
 
   private static byte[] resource(String file) {
     ClassLoader loader = Thread.currentThread().getContextClassLoader();
-    try (InputStream in =
-        loader != null ? loader.getResourceAsStream(file) : ClassLoader.getSystemResourceAsStream(file)) {
+    if (loader == null) {
+      loader = ClassLoader.getSystemClassLoader();
+    }
+    try (InputStream in = loader.getResourceAsStream(file)) {
       return in == null ? null : in.readAllBytes();
     } catch (IOException e) {
       throw new UncheckedIOException(e);
@@ -239,7 +246,11 @@ public final class CudaDevice implements Device {
     long[] total = {0};
     cuMemGetInfo(free, total);
     freeBefore = free[0];
-    long need = settings.arenaBytes;
+    long need =
+        settings.arenaBytes
+            + (long) net.inputs().numel() * Sizeof.FLOAT
+            + (long) net.labels().numel() * Sizeof.LONG
+            + Sizeof.LONG;
     for (Buf b : net.tensorsByName().values()) {
       need += (long) b.numel() * Sizeof.FLOAT;
     }
@@ -276,8 +287,9 @@ public final class CudaDevice implements Device {
     for (int i = 0; i < kernels.length; i++) {
       Kernels.Launch x = launches.get(i);
       kernels[i] = functions.computeIfAbsent(x.kernel(), this::function);
-      shapes[i] =
-          new int[] {x.grid()[0], x.grid()[1], x.grid()[2], x.block()[0], x.block()[1], x.block()[2]};
+      int[] grid = x.grid();
+      int[] block = x.block();
+      shapes[i] = new int[] {grid[0], grid[1], grid[2], block[0], block[1], block[2]};
       Pointer[] args = new Pointer[x.args().length];
       for (int j = 0; j < args.length; j++) {
         args[j] = Pointer.to(pointer(x.args()[j]));
@@ -297,11 +309,20 @@ public final class CudaDevice implements Device {
   private CUdeviceptr pointer(Kernels.Arg a) {
     return switch (a.storage()) {
       case ARENA -> arena.withByteOffset(a.offset());
-      case TENSOR -> tensors.get(a.tensor());
+      case TENSOR -> tensor(a.tensor());
       case INPUT -> inputs;
       case LABEL -> labels;
       case STEP -> counter;
     };
+  }
+
+  private CUdeviceptr tensor(String name) {
+    CUdeviceptr p = tensors.get(name);
+    if (p == null) {
+      throw new IllegalStateException(
+          "the kernels use a tensor '" + name + "' that the network does not have");
+    }
+    return p;
   }
 
   private void run(Program p) {
@@ -310,7 +331,7 @@ public final class CudaDevice implements Device {
       cuLaunchKernel(p.kernels[i], s[0], s[1], s[2], s[3], s[4], s[5], 0, null, p.params[i], null);
     }
     for (Kernels.Copy c : p.copies) {
-      cuMemcpyDtoD(tensors.get(c.tensor()), pointer(c.from()), c.bytes());
+      cuMemcpyDtoD(tensor(c.tensor()), pointer(c.from()), c.bytes());
     }
   }
 

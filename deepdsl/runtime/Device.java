@@ -23,13 +23,13 @@ public interface Device extends AutoCloseable {
   /** The prediction for the batch in the network's inputs (null without {@code predict}). */
   Buf inferStep(Network net);
 
-  /** Brings the network's tensors up to date where the device keeps its own copies (before a save). */
+  /** Brings the network's tensors up to date where the device keeps copies (before a save). */
   default void toHost(Network net) {}
 
   /** Sends the network's tensors to the device again (after a load). */
   default void toDevice(Network net) {}
 
-  /** The device memory the program took, as the device measured it; -1 where it does not measure. */
+  /** The device memory the program took, as measured; -1 where the device does not measure it. */
   default long measuredBytes() {
     return -1;
   }

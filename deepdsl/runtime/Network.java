@@ -159,7 +159,7 @@ public abstract class Network {
 
   // ---- what a device reads of the network ----
 
-  /** Every parameter, model state and optimizer state tensor by name, in the parameter file's order. */
+  /** Every parameter, state, optimizer state and constant tensor by name, in declaration order. */
   Map<String, Buf> tensorsByName() {
     Map<String, Buf> out = new LinkedHashMap<>();
     tensors.forEach((name, t) -> out.put(name, t.buf));
@@ -581,7 +581,7 @@ public abstract class Network {
       System.err.println(String.format(USAGE, name) + "\nerror: " + e.getMessage());
       return 2;
     }
-    Network net = make.get(); // after the flags: it allocates the arena, gigabytes for a big network
+    Network net = make.get(); // after the flags: it allocates every tensor
     PrintStream info = flags.json ? System.err : System.out;
     if (flags.workspaceLimit != null) {
       net.workspaceLimit = flags.workspaceLimit;

@@ -154,3 +154,38 @@ def test_pycuda_runner_agrees_with_numpy(case: str) -> None:
     # planned ones to within a page per allocation and a few MiB
     allocations = 1 + len(program.graph.params) + 64
     assert got["gpu_planned_bytes"] <= got["gpu_memory_bytes"] <= got["gpu_planned_bytes"] + (2 << 20) * allocations
+
+
+@needs_gxx
+def test_a_kernel_never_overwrites_a_scalar_its_other_threads_still_read(tmp_path: Path) -> None:
+    """a = x * sum(x) and c = -a share a loop; the plan may put c where sum(x) was (it dies at a), so the loop
+    may not be one kernel: thread 0 would write c[0] over the sum the others still read."""
+    from deepdsl.ir import GraphBuilder, InputDef, TensorType, Value
+    from deepdsl.memory import plan
+    from deepdsl.passes.fuse import share_loops
+
+    b = GraphBuilder("T")
+    x = b.add_input(InputDef(Value("x", TensorType((8,))), "input"))
+    a = b.emit("scale_by", x, b.emit("sum", x))
+    b.output("a", a)
+    b.output("loss", b.emit("neg", a))
+    runner = gpu_runner.GpuRunner(EmulatedDriver(tmp_path), plan(share_loops(b.build())), None, {})
+    xs = np.arange(1, 9, dtype=np.float32)
+    out, _ = runner.run("train", {"x": xs})
+    np.testing.assert_array_equal(out["a"], xs * xs.sum())
+    np.testing.assert_array_equal(out["loss"], -xs * xs.sum())
+
+
+@needs_gxx
+def test_auto_falls_back_to_the_cpu_when_the_gpu_cannot_take_the_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import deepdsl.running as running
+
+    small = EmulatedDriver(tmp_path, capacity=10_000)
+    monkeypatch.setattr(running, "open_device", lambda device, double=False: (small, "cuda (a small GPU)"))
+    lines: list[str] = []
+    got = run_training(_program(TINY, "tiny.ddsl"), iters=1, device="auto", report=lines.append)
+    assert got["device"] == "cpu" and "CUDA not used: the plan needs" in lines[0]
+    with pytest.raises(DslProgramError, match="10,000 free"):
+        run_training(_program(TINY, "tiny.ddsl"), iters=1, device="cuda")

@@ -7,8 +7,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deepdsl.backends.numpy_runner import run
+from deepdsl.backends.numpy_runner import run, run_plan
 from deepdsl.ir import GraphBuilder, Init, ParamDef, TensorType, Value
+from deepdsl.memory import plan
 from deepdsl.passes import run_pipeline
 
 X = TensorType((2, 3, 2, 2))
@@ -65,3 +66,8 @@ def test_pipeline_preserves_outputs(g) -> None:  # noqa: ANN001
     after = run(opt, {}, params, np.float64).outputs
     for name, value in before.items():
         np.testing.assert_allclose(after[name], value, rtol=1e-9, atol=1e-9)
+    # and as planned (the memory schedule's order, shared buffers, freed regions poisoned), in float32
+    planned = run_plan(plan(opt), {}, params, poison=True).outputs
+    for name, value in before.items():
+        scale = max(float(np.max(np.abs(value))), 1.0)
+        np.testing.assert_allclose(planned[name], value, rtol=1e-4, atol=1e-4 * scale)

@@ -181,14 +181,18 @@ class PyCudaDriver:
             raise DslProgramError(f"--device cuda: the CUDA driver did not start ({err}); use --device cpu") from None
         self.cuda = cuda
         self.device = cuda.Device(0)
-        self.context = self.device.retain_primary_context()
-        self.context.push()
+        try:
+            self.context = self.device.retain_primary_context()
+            self.context.push()
+        except cuda.Error as err:
+            raise DslProgramError(f"--device cuda: no CUDA context on {self.device.name()} ({err})") from None
         major, minor = self.device.compute_capability()
         self.arch = f"sm_{major}{minor}"
         self.description = f"{self.device.name()} ({self.arch}, {self.device.total_memory() >> 20:,} MiB)"
         self.allocations: list[Any] = []
         self.functions: dict[str, Any] = {}
         self.prepared: set[str] = set()
+        self.module: Any = None
 
     def free_bytes(self) -> int:
         return int(self.cuda.mem_get_info()[0])
@@ -208,13 +212,26 @@ class PyCudaDriver:
         self.cuda.memcpy_dtod(dst, src, nbytes)
 
     def load(self, source: str, kernels: Sequence[str]) -> None:
-        from deepdsl.backends.cuda.nvrtc import ptx
+        """Compile for the GPU's architecture or, where the compiler does not know it, for the newest older one
+        it does (the driver compiles PTX forward)."""
+        from deepdsl.backends.cuda.nvrtc import CudaCompileError, ptx
 
-        # not strict: a newer NVRTC's warnings about our kernels are for the tests to catch, not the user
-        module = self.cuda.module_from_buffer(ptx(source, self.arch, "program.cu", strict=False).encode() + b"\0")
-        self.module = module  # keeps the functions' module alive
+        failures = []
+        number = int(self.arch[3:])
+        for arch in dict.fromkeys([self.arch, *(f"sm_{a}" for a in (90, 80) if a < number)]):
+            try:
+                # not strict: a newer NVRTC's warnings about our kernels are for the tests to catch, not the user
+                text = ptx(source, arch, "program.cu", strict=False)
+                self.module = self.cuda.module_from_buffer(text.encode() + b"\0")  # keeps the functions alive
+                break
+            except (CudaCompileError, self.cuda.Error) as err:
+                failures.append(f"{arch}: {str(err).splitlines()[0] if str(err) else err}")
+        else:
+            raise DslProgramError(
+                f"--device cuda: the kernels do not load on {self.description} ({'; '.join(failures)})"
+            )
         for name in dict.fromkeys(kernels):
-            self.functions[name] = module.get_function(name)
+            self.functions[name] = self.module.get_function(name)
 
     def launch(self, launch: Launch, pointers: Sequence[int]) -> None:
         f = self.functions[launch.kernel]
@@ -227,11 +244,17 @@ class PyCudaDriver:
         return _Events(self.cuda)
 
     def close(self) -> None:
+        """Free everything and leave the primary context (as pycuda.autoprimaryctx does); a second close does
+        nothing."""
+        if self.context is None:
+            return
         for a in self.allocations:
             a.free()
         self.allocations.clear()
+        self.functions.clear()
+        self.module = None
         self.context.pop()
-        self.context.detach()
+        self.context = None
 
 
 class CpuClock:
