@@ -27,7 +27,7 @@ def open_device(device: str, double: bool = False) -> tuple[Driver | None, str]:
         return None, "cpu (NumPy reference runner)"
     if device == "auto" and (double or not pycuda_available()):
         why = "--float64 runs on the NumPy runner" if double else f"PyCUDA is not installed: {GPU_EXTRA}"
-        return None, f"cpu (NumPy reference runner; CUDA not used: {why})"
+        return None, _on_cpu(why)
     if double:
         raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
     try:
@@ -35,8 +35,13 @@ def open_device(device: str, double: bool = False) -> tuple[Driver | None, str]:
     except DslProgramError as err:
         if device == "cuda":
             raise
-        return None, f"cpu (NumPy reference runner; CUDA not used: {err.message.removeprefix('--device cuda: ')})"
+        return None, _on_cpu(err.message)
     return driver, f"cuda ({driver.description}, PyCUDA runner)"
+
+
+def _on_cpu(why: str) -> str:
+    """The device line of a run that could have used the GPU and did not, and why."""
+    return f"cpu (NumPy reference runner; CUDA not used: {why.removeprefix('--device cuda: ')})"
 
 
 def run_training(
@@ -83,7 +88,7 @@ def _train(
         except DslProgramError as err:
             if not fallback:
                 raise
-            description = f"cpu (NumPy reference runner; CUDA not used: {err.message})"
+            description = _on_cpu(err.message)
     if load:
         trainer.load(load)
     n = iters if iters is not None else cfg.iterations

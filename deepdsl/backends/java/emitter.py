@@ -20,10 +20,12 @@ from typing import Any
 
 from deepdsl import __version__
 from deepdsl.autodiff import STEP
-from deepdsl.backends.cuda.kernels import Arg, CudaProgram
+from deepdsl.backends.cuda.kernels import CudaProgram
 from deepdsl.backends.cuda.kernels import program as cuda_program
 from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, java_group_kernel, java_kernel
 from deepdsl.backends.java.names import Namer, camel, class_name
+from deepdsl.backends.java.tables import cuda_tables
+from deepdsl.backends.java.text import long_literal, method
 from deepdsl.frontend.program import Program
 from deepdsl.ir import REGISTRY, Graph, Stmt, Value
 from deepdsl.ir.groups import group_form, kernel_groups
@@ -251,7 +253,7 @@ class _Emitter:
                         if st.out.name not in self.in_state:
                             declare = "" if st.out.name in shared and len(parts) > 1 else "Buf "
                             shape = ", ".join(map(str, st.out.type.shape))
-                            offset = _long(p.buffer_of(st.out.name).offset)
+                            offset = long_literal(p.buffer_of(st.out.name).offset)
                             body.append(f"{declare}{temps[-1]} = at({offset}{', ' + shape if shape else ''});")
                     body.append(self.group(item, temps))
                     continue
@@ -267,7 +269,7 @@ class _Emitter:
                 if REGISTRY[s.op].view:
                     body.append(f"{declare}{t} = view({self.tensor(s.inputs[0])}{', ' + shape if shape else ''});")
                     continue
-                offset = _long(p.buffer_of(s.out.name).offset)
+                offset = long_literal(p.buffer_of(s.out.name).offset)
                 body.append(f"{declare}{t} = at({offset}{', ' + shape if shape else ''});")
                 body += self.statement(s, t)
             methods.append((k, body))
@@ -281,71 +283,14 @@ class _Emitter:
         )
         name = f"{kind}Step"
         if len(parts) == 1:
-            out.append(_method(f"/** {doc} */", f"protected {returns} {name}()", methods[0][1] + [f"return {tail};"]))
+            out.append(method(f"/** {doc} */", f"protected {returns} {name}()", methods[0][1] + [f"return {tail};"]))
         else:
             calls = [f"{name}{k + 1}();" for k in range(len(parts))]
-            out.append(_method(f"/** {doc} */", f"protected {returns} {name}()", calls + [f"return {tail};"]))
+            out.append(method(f"/** {doc} */", f"protected {returns} {name}()", calls + [f"return {tail};"]))
             for k, body in methods:
                 layers = _layers(parts[k])
-                out.append(_method(f"/** Part {k + 1} of {name}: {layers}. */", f"private void {name}{k + 1}()", body))
+                out.append(method(f"/** Part {k + 1} of {name}: {layers}. */", f"private void {name}{k + 1}()", body))
         return out, fields
-
-
-def cuda_tables(kind: str, p: Plan, prog: CudaProgram, source: str, namer: Namer) -> list[str]:
-    """The static method `{kind}Kernels()`: the step as the CUDA device runs it, one `launch` line per kernel of
-    `source` (the .cu file) in plan order under the statement it implements, then the copies and the result; split
-    into parts like the steps for big networks."""
-    g = p.graph
-    kinds = {d.value.name: d.kind for d in g.inputs}
-    stmts = {s.out.name: s for s in g.stmts}
-
-    def arg(a: Arg) -> str:
-        if a.storage == "arena":
-            return f"arena({_long(a.offset)})"
-        kind = kinds.get(a.name)
-        special = {"input": "inputs()", "label": "labels()", "step": "counter()"}
-        return special[kind] if kind in special else f'tensor("{a.name}")'
-
-    def dim(d: tuple[int, int, int]) -> str:
-        return f"dim({d[0]})" if d[1:] == (1, 1) else f"dim({d[0]}, {d[1]}, {d[2]})"
-
-    items: list[list[str]] = []  # the lines of one launch (under its statement's comment), of a copy
-    previous = None
-    for x in prog.launches:
-        lines = []
-        if x.stmt != previous:
-            for name in (x.stmt, *x.also):  # the statements the kernel computes
-                st = stmts[name]
-                where = format_stmt(st).rsplit("  # ", 1)
-                comment = f"// %{st.out.name} = {st.op}({', '.join('%' + v.name for v in st.inputs)})"
-                lines.append(comment + (f"  # {where[1]}" if len(where) == 2 else ""))
-            previous = x.stmt
-        head = f'k.launch("{x.kernel}", {dim(x.grid)}, {dim(x.block)}, '
-        items.append(lines + _wrapped(head, [arg(a) for a in x.args], ");"))
-    for src, tensor, nbytes in prog.copies:
-        items.append([f'k.copy({arg(src)}, "{tensor}", {_long(nbytes)});'])
-    result = "loss" if kind == "train" else "predict"
-    where = dict(prog.results)[result]
-    shape = ", ".join(map(str, g.output(result).type.shape))
-    result_line = f"k.result({arg(where)}{', ' + shape if shape else ''});"
-    name = namer(f"kernels:{kind}", f"{kind}Kernels")
-    what = "training step" if kind == "train" else "inference step"
-    doc = f"/** The {what} on the CUDA device: the kernels of {source} in plan order. */"
-    size = 2 * MAX_STATEMENTS_PER_METHOD
-    chunks = [[line for item in items[i : i + size] for line in item] for i in range(0, len(items), size)]
-    if len(chunks) == 1:
-        body = ["Kernels k = new Kernels();", *chunks[0], result_line, "return k;"]
-        return [_method(doc, f"static Kernels {name}()", body)]
-    calls = [f"{name}{i + 1}(k);" for i in range(len(chunks))]
-    out = [_method(doc, f"static Kernels {name}()", ["Kernels k = new Kernels();", *calls, result_line, "return k;"])]
-    for i, chunk in enumerate(chunks):
-        out.append(_method(f"/** Part {i + 1} of {name}. */", f"private static void {name}{i + 1}(Kernels k)", chunk))
-    return out
-
-
-def _long(n: int) -> str:
-    """An integer literal; a `long` one where it exceeds `int`."""
-    return f"{n}L" if n >= 2**31 else str(n)
 
 
 def _meaning(body: Any, out: tuple, inputs: int) -> str:
@@ -390,25 +335,6 @@ def _top(item: tuple[str, Any]) -> str:
 def _block(layer: str) -> str:
     """The block a layer belongs to: its path's first two parts (`model.stage2`)."""
     return ".".join(layer.split(".")[:2])
-
-
-def _wrapped(head: str, items: list[str], tail: str, width: int = 116) -> list[str]:
-    """`head item, item, ...tail` broken into lines of at most `width` characters, continued under the first item."""
-    lines, line = [], head
-    for k, item in enumerate(items):
-        text = item + ("," if k < len(items) - 1 else tail)
-        if len(line) + len(text) + 1 > width and line.strip() != head.strip():
-            lines.append(line.rstrip())
-            line = " " * len(head)
-        line += text + " "
-    return [*lines, line.rstrip() if items else head + tail]
-
-
-def _method(doc: str, head: str, body: list[str]) -> str:
-    lines = [f"  {doc}", f"  {head} {{"]
-    lines += [f"    {line}" if line else "" for line in body]
-    lines.append("  }")
-    return "\n".join(lines)
 
 
 def _init_text(p: Any) -> str:
@@ -463,7 +389,7 @@ def emit_java(
     infer_methods, infer_fields = e.step("infer", infer, "predict") if infer is not None else ([], [])
     if infer is None:
         infer_methods = [
-            _method("/** The network defines no `predict`. */", "protected Buf inferStep()", ["return null;"])
+            method("/** The network defines no `predict`. */", "protected Buf inferStep()", ["return null;"])
         ]
     arena = max(train.arena_bytes, infer.arena_bytes if infer is not None else 0)
     source = (program.graph.stmts[0].span.file.rsplit("/", 1)[-1] if program.graph.stmts and
