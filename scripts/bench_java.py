@@ -1,10 +1,12 @@
 """Train-step time of the generated Java program (CPU device) against the NumPy runner and PyTorch CPU.
 
-    python scripts/bench_java.py [--steps 10] [--threads N] [--runs 3]
+    python scripts/bench_java.py [--warmup 40] [--steps 20] [--threads N] [--runs 3]
 
 LeNet at batch 64 on synthetic data. The Java class is compiled with `deepdsl compile` and javac, then run for
 warm-up + measured steps; each progress line gives one step's images/s (the step alone, data loading
-excluded), and the median of the measured steps is the Java figure, JIT warm-up excluded. The NumPy runner and
+excluded), and the median of the measured steps is the Java figure. The warm-up steps are left out because
+the JIT is still compiling then: the steps reach their steady speed only after some 30 steps (a training run
+takes thousands), so `--warmup` defaults to 40. The NumPy runner and
 PyTorch are timed as in scripts/bench_runner.py (median step after one warm-up step), all with the same
 number of threads (-XX:ActiveProcessorCount for Java). PyTorch is skipped where it is not importable.
 
@@ -35,7 +37,6 @@ import bench_runner  # noqa: E402 — after the thread settings
 from deepdsl import api  # noqa: E402
 
 NETWORK, SETS = "lenet", {"N": 64}
-WARMUP = 5
 
 
 def build_java(tmp: Path) -> Path:
@@ -51,13 +52,13 @@ def build_java(tmp: Path) -> Path:
     return build
 
 
-def java_step_seconds(build: Path, steps: int, threads: int) -> float:
+def java_step_seconds(build: Path, warmup: int, steps: int, threads: int) -> float:
     cmd = ["java", f"-XX:ActiveProcessorCount={threads}", "-cp", str(build), "LeNet", "--data", "synthetic",
-           "--device", "cpu", "--iters", str(WARMUP + steps)]  # fmt: skip
+           "--device", "cpu", "--iters", str(warmup + steps)]  # fmt: skip
     lines = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
     rates = [float(line.split()[-2].replace(",", "")) for line in lines if line.endswith("images/s")]
-    assert len(rates) == WARMUP + steps, lines
-    return statistics.median(SETS["N"] / rate for rate in rates[WARMUP:])
+    assert len(rates) == warmup + steps, lines
+    return statistics.median(SETS["N"] / rate for rate in rates[warmup:])
 
 
 def figure(runs: list[float]) -> str:
@@ -68,7 +69,8 @@ def figure(runs: list[float]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=40, help="Java steps left out while the JIT compiles")
+    ap.add_argument("--steps", type=int, default=20, help="measured steps of every side")
     ap.add_argument("--threads", type=int, default=int(THREADS), help="threads of every side")
     ap.add_argument("--runs", type=int, default=3, help="measurements of each side, taken in turn")
     args = ap.parse_args()
@@ -78,7 +80,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         build = build_java(Path(tmp))
         for _ in range(args.runs):
-            java_s.append(java_step_seconds(build, args.steps, args.threads))
+            java_s.append(java_step_seconds(build, args.warmup, args.steps, args.threads))
             numpy_s.append(bench_runner.numpy_step_seconds(program, args.steps))
             t = bench_runner.torch_step_seconds(program, args.steps)
             if t is not None:
@@ -86,7 +88,8 @@ def main() -> None:
     java_m, numpy_m = statistics.median(java_s), statistics.median(numpy_s)
     sizes = " ".join(f"{k}={v}" for k, v in SETS.items())
     load = f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
-    print(f"LeNet {sizes}, one training step, {args.threads} thread(s), {args.steps} measured steps, "
+    print(f"LeNet {sizes}, one training step, {args.threads} thread(s), {args.steps} measured steps "
+          f"(Java after {args.warmup} warm-up steps), "
           f"median of {args.runs} run(s); {load}")  # fmt: skip
     print(f"  Java CPU device   {figure(java_s)}")
     print(f"  NumPy runner      {figure(numpy_s)}   java/numpy = {java_m / numpy_m:.2f}")

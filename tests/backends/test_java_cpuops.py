@@ -81,7 +81,8 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
 
     # convolutions: odd sizes, asymmetric stride and padding, 3 groups; one image (the parallel-GEMM path);
     # a 1x1 kernel; one group per channel; small outputs, so that several images share a product; LeNet's
-    # first layer
+    # first layer; more output pixels, and a longer window (C*kh*kw), than a product sweeps in place
+    # (GEMM_DIRECT), so that the im2col rows are copied into panels in blocks
     for n, c, h, w, f, cg, kh, kw, stride, pad, groups in [
         (3, 6, 11, 9, 9, 2, 3, 4, (2, 3), (1, 2), 3),
         (1, 8, 10, 10, 16, 8, 3, 3, (1, 1), (1, 1), 1),
@@ -90,6 +91,8 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
         (12, 3, 6, 6, 5, 3, 3, 3, (1, 1), (0, 0), 1),
         (10, 4, 5, 5, 6, 2, 2, 2, (1, 1), (0, 0), 2),
         (5, 3, 28, 28, 20, 3, 5, 5, (1, 1), (0, 0), 1),
+        (2, 2, 38, 38, 4, 2, 3, 3, (1, 1), (0, 0), 1),
+        (2, 48, 7, 7, 6, 48, 5, 5, (1, 1), (1, 1), 1),
     ]:
         conv = {"stride": stride, "pad": pad, "groups": groups}
         x, wt = _f(n, c, h, w), _f(f, cg, kh, kw)
