@@ -1,12 +1,6 @@
 package deepdsl.runtime;
 
 import java.util.Arrays;
-import java.util.concurrent.ExecutionException;
-import java.util.concurrent.ExecutorService;
-import java.util.concurrent.Executors;
-import java.util.concurrent.Future;
-import java.util.concurrent.atomic.AtomicBoolean;
-import java.util.concurrent.atomic.AtomicInteger;
 
 /**
  * The CPU kernels of the registry ops that have no index form: one {@code public static void}
@@ -19,11 +13,10 @@ import java.util.concurrent.atomic.AtomicInteger;
  * like are exact float values; a scalar is a {@code Buf} of shape {@code {}}. No kernel supports an
  * output that shares memory with one of its inputs.
  *
- * <p><b>Threads.</b> Large kernels run on the calling thread and a fixed pool of {@code
- * availableProcessors() - 1} daemon threads: a matrix product split evenly between them, a loop
- * over images or planes cut into a few pieces per thread that the threads take as they come free. A
- * kernel called from inside such a loop runs on that thread alone. The kernels are meant to be
- * called from one thread at a time.
+ * <p><b>Threads.</b> Large kernels run on the calling thread and the {@link Parallel} team of
+ * {@code availableProcessors() - 1} daemon threads: a matrix product split evenly between them, a
+ * loop over images or planes cut into a few pieces per thread that the threads take as they come
+ * free. A kernel called from inside such a loop runs on that thread alone.
  *
  * <p><b>Determinism.</b> Every sum is taken in an order fixed by the shapes and the thread count,
  * whichever thread takes which piece: the pieces are cut from the sizes alone, a matrix product
@@ -62,21 +55,7 @@ public final class CpuOps {
 
   // ---- threads ----
 
-  private static final int THREADS = Math.max(1, Runtime.getRuntime().availableProcessors());
-
-  private static final ExecutorService POOL =
-      THREADS == 1
-          ? null
-          : Executors.newFixedThreadPool(
-              THREADS - 1,
-              task -> {
-                Thread t = new Thread(task, "deepdsl-cpu");
-                t.setDaemon(true);
-                return t;
-              });
-
-  /** True on a thread that is running part of a parallel loop: nested kernels then stay on it. */
-  private static final ThreadLocal<Boolean> IN_PARALLEL = ThreadLocal.withInitial(() -> false);
+  private static final int THREADS = Parallel.THREADS;
 
   /** Below this many element operations a kernel does not hand work to other threads. */
   private static final long PARALLEL_WORK = 1 << 15;
@@ -87,18 +66,9 @@ public final class CpuOps {
    */
   private static final int PIECES_PER_WORKER = 4;
 
-  /**
-   * The body of a parallel loop: items {@code lo} (inclusive) to {@code hi} (exclusive), which make
-   * up piece number {@code piece}.
-   */
-  @FunctionalInterface
-  private interface Piece {
-    void run(int piece, int lo, int hi);
-  }
-
   /** How many threads to run {@code items} items costing {@code workPerItem} operations each on. */
   private static int workers(int items, long workPerItem) {
-    if (THREADS == 1 || IN_PARALLEL.get() || items < 2 || items * workPerItem < PARALLEL_WORK) {
+    if (THREADS == 1 || Parallel.inLoop() || items < 2 || items * workPerItem < PARALLEL_WORK) {
       return 1;
     }
     return Math.min(THREADS, items);
@@ -113,71 +83,14 @@ public final class CpuOps {
   }
 
   /**
-   * Runs {@code body} over {@code [0, items)} on {@code workers} threads (the caller and workers -
-   * 1 of the pool), cut into {@link #pieces}{@code (items, workers, piecesPerWorker)} contiguous
-   * pieces that the threads take in order as they come free. The pieces depend on the sizes and the
-   * thread count only, not on which thread takes which, so a kernel that keeps a partial result per
-   * piece and adds them in piece order gives the same bits on every run.
+   * Runs {@code body} over {@code [0, items)} on {@code workers} threads (see {@link
+   * Parallel#run}), cut into {@link #pieces}{@code (items, workers, piecesPerWorker)} contiguous
+   * pieces. The pieces depend on the sizes and the thread count only, not on which thread takes
+   * which, so a kernel that keeps a partial result per piece and adds them in piece order gives the
+   * same bits on every run.
    */
-  private static void parallel(int items, int workers, int piecesPerWorker, Piece body) {
-    int count = pieces(items, workers, piecesPerWorker);
-    if (count <= 1) {
-      body.run(0, 0, items);
-      return;
-    }
-    AtomicInteger next = new AtomicInteger();
-    Future<?>[] others = new Future<?>[workers - 1];
-    AtomicBoolean[] started = new AtomicBoolean[workers - 1];
-    for (int w = 1; w < workers; w++) {
-      AtomicBoolean mine = started[w - 1] = new AtomicBoolean();
-      others[w - 1] =
-          POOL.submit(
-              () -> {
-                if (mine.compareAndSet(false, true)) {
-                  work(body, items, count, next);
-                }
-              });
-    }
-    Throwable failure = null;
-    try {
-      work(body, items, count, next);
-    } catch (RuntimeException | Error e) {
-      failure = e;
-    }
-    // every piece is taken by now: a pool thread that has not started need not be waited for
-    for (int w = 1; w < workers; w++) {
-      if (started[w - 1].compareAndSet(false, true)) {
-        continue;
-      }
-      try {
-        others[w - 1].get();
-      } catch (ExecutionException e) {
-        failure = failure == null ? e.getCause() : failure;
-      } catch (InterruptedException e) {
-        Thread.currentThread().interrupt();
-        failure = failure == null ? e : failure;
-      }
-    }
-    if (failure instanceof RuntimeException r) {
-      throw r;
-    } else if (failure instanceof Error e) {
-      throw e;
-    } else if (failure != null) {
-      throw new IllegalStateException(failure);
-    }
-  }
-
-  /** One thread's part of {@link #parallel}: the next untaken piece, until none is left. */
-  private static void work(Piece body, int items, int pieces, AtomicInteger next) {
-    boolean outer = IN_PARALLEL.get();
-    IN_PARALLEL.set(true);
-    try {
-      for (int p = next.getAndIncrement(); p < pieces; p = next.getAndIncrement()) {
-        body.run(p, (int) ((long) items * p / pieces), (int) ((long) items * (p + 1) / pieces));
-      }
-    } finally {
-      IN_PARALLEL.set(outer);
-    }
+  private static void parallel(int items, int workers, int piecesPerWorker, Parallel.Piece body) {
+    Parallel.run(items, workers, pieces(items, workers, piecesPerWorker), body);
   }
 
   // ---- scratch ----

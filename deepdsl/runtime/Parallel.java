@@ -1,18 +1,35 @@
 package deepdsl.runtime;
 
-import java.util.concurrent.RecursiveAction;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.locks.LockSupport;
+import java.util.concurrent.locks.ReentrantLock;
 
 /**
- * Splits a loop's outermost range over the common fork-join pool when it has enough work; the
- * calling thread takes a share too.
+ * The runtime's threads: the calling thread and a team of {@code THREADS - 1} daemon workers that
+ * run the pieces of one parallel loop at a time, for the kernels of {@link CpuOps} and the
+ * generated loops alike.
  *
- * <p>The generated kernels split only loops over output elements, each element computed whole by
- * one thread (a reduction runs inside it), so their results do not depend on where the range is
- * split or which thread runs which part.
+ * <p>Between loops a worker spins for {@link #SPIN_NANOS} before it sleeps, as OpenMP runtimes do:
+ * a training step is a few dozen parallel loops in a row, and a worker that is still awake takes
+ * its first piece within a microsecond, where waking a sleeping thread costs tens of microseconds
+ * and leaves the loop's last pieces unevenly shared.
+ *
+ * <p>The pieces of a loop are cut from its sizes alone and taken in order by whichever thread comes
+ * free, so a kernel that keeps a partial result per piece and adds them in piece order gives the
+ * same bits on every run. The generated kernels split only loops over output elements, each
+ * element computed whole by one thread, so their results do not depend on the split at all. A loop
+ * started inside another one, or while another thread's loop holds the team, runs on its calling
+ * thread alone.
  */
 public final class Parallel {
-  /** Below this many inner operations a loop runs on the calling thread. */
+  /** Threads a loop may run on: the caller and the team. */
+  public static final int THREADS = Math.max(1, Runtime.getRuntime().availableProcessors());
+
+  /** Below this many inner operations a generated loop runs on the calling thread. */
   public static final long MIN_WORK = 1 << 15;
+
+  /** How long a worker waits for the next loop, spinning, before it sleeps. */
+  static final long SPIN_NANOS = 1_000_000;
 
   private Parallel() {}
 
@@ -23,42 +40,191 @@ public final class Parallel {
   }
 
   /**
+   * The body of a loop cut into pieces: items {@code lo} (inclusive) to {@code hi} (exclusive),
+   * which make up piece number {@code piece}.
+   */
+  @FunctionalInterface
+  interface Piece {
+    void run(int piece, int lo, int hi);
+  }
+
+  /**
    * Runs {@code body} over {@code [0, n)}: in one piece when {@code work} (the loop's total inner
    * operations) is small or there is one thread, else in about four pieces per thread.
    */
   public static void range(int n, long work, Range body) {
-    int threads = Runtime.getRuntime().availableProcessors();
-    if (n <= 1 || work < MIN_WORK || threads <= 1) {
+    if (n <= 1 || work < MIN_WORK || THREADS == 1 || inLoop()) {
       body.run(0, n);
       return;
     }
-    int pieces = (int) Math.min(n, Math.min(4L * threads, work / (MIN_WORK / 4)));
-    new Split(body, 0, n, Math.max(1, (n + pieces - 1) / pieces)).invoke();
+    int pieces = (int) Math.min(n, Math.min(4L * THREADS, work / (MIN_WORK / 4)));
+    run(n, THREADS, pieces, (piece, lo, hi) -> body.run(lo, hi));
   }
 
-  private static final class Split extends RecursiveAction {
-    private static final long serialVersionUID = 1L;
+  /** True on a thread that is running a piece of a loop: a loop it starts stays on it. */
+  static boolean inLoop() {
+    return IN_LOOP.get();
+  }
 
-    private final Range body;
-    private final int lo;
-    private final int hi;
-    private final int grain;
+  /**
+   * Runs {@code body} over {@code [0, items)} cut into {@code pieces} contiguous pieces (piece p
+   * covers {@code [items * p / pieces, items * (p + 1) / pieces)}), on the calling thread and up to
+   * {@code threads - 1} workers, each taking the next untaken piece until none is left. Returns
+   * when every piece has run; the first exception a piece throws is rethrown here.
+   */
+  static void run(int items, int threads, int pieces, Piece body) {
+    int helpers = Math.min(threads, THREADS) - 1;
+    if (pieces <= 1 || helpers <= 0 || inLoop() || !LOCK.tryLock()) {
+      runAll(body, items, pieces);
+      return;
+    }
+    Job job = new Job(body, items, pieces, Math.min(helpers, pieces - 1));
+    try {
+      current = job;
+      for (Worker w : TEAM) {
+        if (w.sleeping) {
+          LockSupport.unpark(w);
+        }
+      }
+      job.work();
+      job.await();
+    } finally {
+      current = null;
+      LOCK.unlock();
+    }
+    job.rethrow();
+  }
 
-    Split(Range body, int lo, int hi, int grain) {
+  /** Every piece in order on the calling thread. */
+  private static void runAll(Piece body, int items, int pieces) {
+    if (pieces <= 1) {
+      body.run(0, 0, items);
+      return;
+    }
+    for (int p = 0; p < pieces; p++) {
+      body.run(p, (int) ((long) items * p / pieces), (int) ((long) items * (p + 1) / pieces));
+    }
+  }
+
+  private static final ThreadLocal<Boolean> IN_LOOP = ThreadLocal.withInitial(() -> false);
+
+  /** Held by the thread whose loop the team is running. */
+  private static final ReentrantLock LOCK = new ReentrantLock();
+
+  /** The loop the team is running, or null. */
+  private static volatile Job current;
+
+  private static final Worker[] TEAM = new Worker[THREADS - 1];
+
+  static {
+    for (int i = 0; i < TEAM.length; i++) {
+      TEAM[i] = new Worker(i + 1);
+      TEAM[i].start();
+    }
+  }
+
+  /** One parallel loop: its pieces, the next untaken one, and the workers still inside it. */
+  private static final class Job {
+    final Piece body;
+    final int items;
+    final int pieces;
+    final int helpers;
+    final AtomicInteger next = new AtomicInteger();
+    final AtomicInteger joined = new AtomicInteger();
+    final AtomicInteger busy = new AtomicInteger();
+    volatile Throwable failure;
+
+    Job(Piece body, int items, int pieces, int helpers) {
       this.body = body;
-      this.lo = lo;
-      this.hi = hi;
-      this.grain = grain;
+      this.items = items;
+      this.pieces = pieces;
+      this.helpers = helpers;
+    }
+
+    /** A worker's part: pieces, when the loop still wants helpers. */
+    void help() {
+      busy.incrementAndGet(); // before any piece is taken, so that the caller waits for it
+      try {
+        if (joined.incrementAndGet() <= helpers) {
+          work();
+        }
+      } finally {
+        busy.decrementAndGet();
+      }
+    }
+
+    /** The next untaken piece, until none is left; the first failure is kept for the caller. */
+    void work() {
+      IN_LOOP.set(true);
+      try {
+        for (int p = next.getAndIncrement(); p < pieces; p = next.getAndIncrement()) {
+          body.run(p, (int) ((long) items * p / pieces), (int) ((long) items * (p + 1) / pieces));
+        }
+      } catch (RuntimeException | Error e) {
+        if (failure == null) {
+          failure = e;
+        }
+        next.set(pieces); // the remaining pieces are not started
+      } finally {
+        IN_LOOP.set(false);
+      }
+    }
+
+    /** Returns once the workers that took pieces have finished them. */
+    void await() {
+      while (busy.get() > 0) {
+        Thread.onSpinWait();
+      }
+    }
+
+    void rethrow() {
+      if (failure instanceof RuntimeException r) {
+        throw r;
+      } else if (failure instanceof Error e) {
+        throw e;
+      }
+    }
+  }
+
+  /** A team thread: it helps with each new loop, spinning between loops, then sleeping. */
+  private static final class Worker extends Thread {
+    volatile boolean sleeping;
+
+    Worker(int number) {
+      super("deepdsl-cpu-" + number);
+      setDaemon(true);
     }
 
     @Override
-    protected void compute() {
-      if (hi - lo <= grain) {
-        body.run(lo, hi);
-        return;
+    public void run() {
+      Job seen = null;
+      for (; ; ) {
+        Job job = next(seen);
+        seen = job;
+        job.help();
       }
-      int mid = (lo + hi) >>> 1;
-      invokeAll(new Split(body, lo, mid, grain), new Split(body, mid, hi, grain));
+    }
+
+    /** The first loop other than {@code seen}: spins for SPIN_NANOS, then sleeps until woken. */
+    private Job next(Job seen) {
+      long until = System.nanoTime() + SPIN_NANOS;
+      for (int spins = 1; ; spins++) {
+        Job job = current;
+        if (job != null && job != seen) {
+          return job;
+        }
+        if ((spins & 255) != 0 || System.nanoTime() < until) {
+          Thread.onSpinWait();
+          continue;
+        }
+        sleeping = true;
+        job = current; // a loop posted before `sleeping` was seen would not wake this thread
+        if (job == null || job == seen) {
+          LockSupport.park(this);
+        }
+        sleeping = false;
+        until = System.nanoTime() + SPIN_NANOS;
+      }
     }
   }
 }
