@@ -37,18 +37,23 @@ import java.util.Arrays;
  * of the batch) images per product:
  *
  * <ul>
- *   <li>SGEMM: 256 x 512 (a panel of B, 512 KiB; each product also allocates two rows of at most
- *       512 floats, see the note in {@link #gemm});
- *   <li>the three convolutions: C*kh*kw x B*P (the columns) and, when B > 1, F x B*P (the products,
- *       or the gathered output gradients); conv2d_backward_filter also, on the calling thread only,
- *       (Q - 1) x F*(C/groups)*kh*kw for the Q = min(N, 4T) pieces of the batch on T threads (the
- *       partial filter gradients of the pieces other than the first);
+ *   <li>SGEMM: 256 x 512 (a panel of B, 512 KiB; each sweep of a block also allocates two rows of
+ *       at most 1024 floats, see the note in {@link #sweep});
+ *   <li>the three convolutions: one set of row arrays, grown to the most rows and the longest row
+ *       any of them asked for: C*kh*kw rows of B*P (conv2d's columns), F rows of B*P
+ *       (conv2d_backward_data's gathered output gradients), B*P rows of C*kh*kw
+ *       (conv2d_backward_filter's transposed columns); and flat arrays of C*kh*kw x B*P
+ *       (conv2d_backward_data's columns) and, when B > 1, F x B*P (conv2d's products,
+ *       conv2d_backward_filter's gathered output gradients); conv2d_backward_filter also, on the
+ *       calling thread only, (Q - 1) x F*(C/groups)*kh*kw for the Q = min(N, 4T) pieces of the
+ *       batch on T threads (the partial filter gradients of the pieces other than the first);
  *   <li>lrn_backward: 2 x C*H*W (one image's denominators and scaled gradients).
  * </ul>
  *
  * <p>For example, on two threads LeNet's second convolution (C*kh*kw = 500, P = 64, B = 8, F = 50)
- * holds 2 x (500 + 50) x 512 floats (2.2 MiB) of convolution scratch and 7 x 50 x 500 floats (0.7
- * MiB) of partial filter gradients besides the two 512 KiB panels.
+ * holds per thread 512 x 512 floats of rows (1 MiB) and (500 + 50) x 512 floats (1.1 MiB) of flat
+ * convolution scratch, and 7 x 50 x 500 floats (0.7 MiB) of partial filter gradients, besides the
+ * 512 KiB panels.
  */
 public final class CpuOps {
   private CpuOps() {}
@@ -209,9 +214,9 @@ public final class CpuOps {
    * <p>Each GEMM_KC x GEMM_NC block of B is copied into the thread's panel, one array per row, and
    * swept by two rows of C at a time ({@link #sweep}), four terms of the inner product per pass.
    * Every array in that inner loop is indexed from 0 by the loop variable alone, which is what the
-   * JIT needs to vectorise it: it does not vectorise a store and a load whose offsets differ. B held
-   * as {@link Rows} from column 0 is already in that form and, up to GEMM_DIRECT columns, is swept
-   * in place.
+   * JIT needs to vectorise it: it does not vectorise a store and a load whose offsets differ. B
+   * held as {@link Rows} from column 0 is already in that form and, up to GEMM_DIRECT columns, is
+   * swept in place.
    */
   private static void gemm(int m, int n, int k, Mat x, Right y, Mat z, boolean accumulate) {
     float[] c = z.a();
@@ -266,8 +271,8 @@ public final class CpuOps {
       int w,
       boolean fresh) {
     // NOTE: the row buffers must be allocated here, not kept in the scratch or passed in: the JIT
-    // vectorises the inner loop only when it can tell the arrays it stores to from the panel rows it
-    // loads, which it can for arrays allocated in this method (about 5x faster on JDK 17)
+    // vectorises the inner loop only when it can tell the arrays it stores to from the panel rows
+    // it loads, which it can for arrays allocated in this method (about 5x faster on JDK 17)
     float[] t0 = new float[w];
     float[] t1 = new float[w];
     float[] a = x.a();
@@ -338,11 +343,11 @@ public final class CpuOps {
   }
 
   /**
-   * {@link #sweep} for blocks narrower than {@link #NARROW} columns, the same code in a method of its
-   * own. The JIT shapes a loop by the trip counts it has seen, and one method serving both a
+   * {@link #sweep} for blocks narrower than {@link #NARROW} columns, the same code in a method of
+   * its own. The JIT shapes a loop by the trip counts it has seen, and one method serving both a
    * convolution's 25-column filter gradient and 512-column products was tuned for neither: this
-   * copy takes LeNet's first filter gradient from 1.9 to 1.3 ms a step on two threads and leaves the
-   * wide products at their own speed.
+   * copy takes LeNet's first filter gradient from 1.9 to 1.3 ms a step on two threads and leaves
+   * the wide products at their own speed.
    */
   private static void sweepNarrow(
       int m,
@@ -357,8 +362,8 @@ public final class CpuOps {
       int w,
       boolean fresh) {
     // NOTE: the row buffers must be allocated here, not kept in the scratch or passed in: the JIT
-    // vectorises the inner loop only when it can tell the arrays it stores to from the panel rows it
-    // loads, which it can for arrays allocated in this method (about 5x faster on JDK 17)
+    // vectorises the inner loop only when it can tell the arrays it stores to from the panel rows
+    // it loads, which it can for arrays allocated in this method (about 5x faster on JDK 17)
     float[] t0 = new float[w];
     float[] t1 = new float[w];
     float[] a = x.a();

@@ -55,7 +55,7 @@ public final class ParallelCheck {
                 }
               });
           for (int p = 0; p < runs.length(); p++) {
-            check(runs.get(p) == 1, "piece " + p + " of " + pieces + " ran " + runs.get(p) + " times");
+            check(runs.get(p) == 1, "piece " + p + " of " + pieces + " ran " + runs.get(p) + "x");
           }
           for (int i = 0; i < items; i++) {
             check(covered.get(i) == 1, "item " + i + " covered " + covered.get(i) + " times");
@@ -185,6 +185,7 @@ public final class ParallelCheck {
       t.join();
     }
     long expected = 300L * 1199 * 1200 / 2;
-    check(sums[0] == expected && sums[1] == expected, "concurrent sums " + sums[0] + ", " + sums[1]);
+    check(
+        sums[0] == expected && sums[1] == expected, "concurrent sums " + sums[0] + ", " + sums[1]);
   }
 }
