@@ -1,6 +1,8 @@
 package deepdsl.runtime;
 
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.atomic.AtomicReference;
 import java.util.concurrent.locks.LockSupport;
 import java.util.concurrent.locks.ReentrantLock;
 
@@ -18,8 +20,8 @@ import java.util.concurrent.locks.ReentrantLock;
  * free, so a kernel that keeps a partial result per piece and adds them in piece order gives the
  * same bits on every run. The generated kernels split only loops over output elements, each
  * element computed whole by one thread, so their results do not depend on the split at all. A loop
- * started inside another one, or while another thread's loop holds the team, runs on its calling
- * thread alone.
+ * started while another thread's loop holds the team runs its pieces on its calling thread, in
+ * order; a loop started inside a piece runs on that piece's thread alone.
  */
 public final class Parallel {
   /** Threads a loop may run on: the caller and the team. */
@@ -81,13 +83,18 @@ public final class Parallel {
     Job job = new Job(body, items, pieces, Math.min(helpers, pieces - 1));
     try {
       current = job;
-      for (Worker w : TEAM) {
-        if (w.sleeping) {
-          LockSupport.unpark(w);
+      int asleep = job.helpers;
+      for (int i = 0; i < TEAM.length && asleep > 0; i++) {
+        if (TEAM[i].sleeping) {
+          LockSupport.unpark(TEAM[i]);
+          asleep--;
         }
       }
-      job.work();
-      job.await();
+      try {
+        job.work();
+      } finally {
+        job.await();
+      }
     } finally {
       current = null;
       LOCK.unlock();
@@ -95,14 +102,23 @@ public final class Parallel {
     job.rethrow();
   }
 
-  /** Every piece in order on the calling thread. */
+  /**
+   * Every piece in order on the calling thread; a loop inside one of several pieces stays on it, as
+   * it would in the team (a single piece is the caller's own code, free to use the team).
+   */
   private static void runAll(Piece body, int items, int pieces) {
     if (pieces <= 1) {
       body.run(0, 0, items);
       return;
     }
-    for (int p = 0; p < pieces; p++) {
-      body.run(p, (int) ((long) items * p / pieces), (int) ((long) items * (p + 1) / pieces));
+    boolean outer = IN_LOOP.get();
+    IN_LOOP.set(true);
+    try {
+      for (int p = 0; p < pieces; p++) {
+        body.run(p, (int) ((long) items * p / pieces), (int) ((long) items * (p + 1) / pieces));
+      }
+    } finally {
+      IN_LOOP.set(outer);
     }
   }
 
@@ -113,6 +129,9 @@ public final class Parallel {
 
   /** The loop the team is running, or null. */
   private static volatile Job current;
+
+  /** Numbers the loops, so that a worker remembers the last one it saw without holding on to it. */
+  private static final AtomicLong LOOPS = new AtomicLong();
 
   private static final Worker[] TEAM = new Worker[THREADS - 1];
 
@@ -125,6 +144,7 @@ public final class Parallel {
 
   /** One parallel loop: its pieces, the next untaken one, and the workers still inside it. */
   private static final class Job {
+    final long number = LOOPS.incrementAndGet();
     final Piece body;
     final int items;
     final int pieces;
@@ -132,7 +152,7 @@ public final class Parallel {
     final AtomicInteger next = new AtomicInteger();
     final AtomicInteger joined = new AtomicInteger();
     final AtomicInteger busy = new AtomicInteger();
-    volatile Throwable failure;
+    final AtomicReference<Throwable> failure = new AtomicReference<>();
 
     Job(Piece body, int items, int pieces, int helpers) {
       this.body = body;
@@ -155,33 +175,43 @@ public final class Parallel {
 
     /** The next untaken piece, until none is left; the first failure is kept for the caller. */
     void work() {
-      IN_LOOP.set(true);
       try {
+        IN_LOOP.set(true);
         for (int p = next.getAndIncrement(); p < pieces; p = next.getAndIncrement()) {
           body.run(p, (int) ((long) items * p / pieces), (int) ((long) items * (p + 1) / pieces));
         }
-      } catch (RuntimeException | Error e) {
-        if (failure == null) {
-          failure = e;
-        }
+      } catch (Throwable e) {
         next.set(pieces); // the remaining pieces are not started
+        if (!failure.compareAndSet(null, e)) {
+          failure.get().addSuppressed(e);
+        }
       } finally {
-        IN_LOOP.set(false);
+        IN_LOOP.set(false); // the caller and the workers enter here only from outside any loop
       }
     }
 
-    /** Returns once the workers that took pieces have finished them. */
+    /**
+     * Returns once the workers that took pieces have finished them: spinning at first, then giving
+     * the processor to others (a worker that was descheduled mid-piece needs it back).
+     */
     void await() {
-      while (busy.get() > 0) {
-        Thread.onSpinWait();
+      for (int spins = 0; busy.get() > 0; spins++) {
+        if (spins < 4096) {
+          Thread.onSpinWait();
+        } else {
+          Thread.yield();
+        }
       }
     }
 
     void rethrow() {
-      if (failure instanceof RuntimeException r) {
+      Throwable e = failure.get();
+      if (e instanceof RuntimeException r) {
         throw r;
-      } else if (failure instanceof Error e) {
-        throw e;
+      } else if (e instanceof Error err) {
+        throw err;
+      } else if (e != null) {
+        throw new IllegalStateException(e);
       }
     }
   }
@@ -197,20 +227,22 @@ public final class Parallel {
 
     @Override
     public void run() {
-      Job seen = null;
+      long seen = 0;
       for (; ; ) {
         Job job = next(seen);
-        seen = job;
+        seen = job.number;
         job.help();
+        // a piece's interrupt must neither reach later pieces nor keep park from sleeping
+        Thread.interrupted();
       }
     }
 
-    /** The first loop other than {@code seen}: spins for SPIN_NANOS, then sleeps until woken. */
-    private Job next(Job seen) {
+    /** The first loop after number {@code seen}: spins for SPIN_NANOS, then sleeps until woken. */
+    private Job next(long seen) {
       long until = System.nanoTime() + SPIN_NANOS;
       for (int spins = 1; ; spins++) {
         Job job = current;
-        if (job != null && job != seen) {
+        if (job != null && job.number != seen) {
           return job;
         }
         if ((spins & 255) != 0 || System.nanoTime() < until) {
@@ -219,7 +251,8 @@ public final class Parallel {
         }
         sleeping = true;
         job = current; // a loop posted before `sleeping` was seen would not wake this thread
-        if (job == null || job == seen) {
+        if (job == null || job.number == seen) {
+          Thread.interrupted();
           LockSupport.park(this);
         }
         sleeping = false;

@@ -2,14 +2,17 @@ package deepdsl.runtime;
 
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicIntegerArray;
 
 /**
  * Checks {@link Parallel}'s team (run by tests/backends/test_java_parallel.py, with more processors
  * than the machine may have): every piece runs once with the bounds its number gives, several
- * threads take part, a failing piece's exception reaches the caller and leaves the team usable, a
- * loop inside a loop stays on its thread, and two threads running loops at once both get right
- * answers. Prints "ok", or the first failure and exits 1.
+ * threads take part, a failing piece's exception (checked ones too) reaches the caller and leaves
+ * the team usable, a piece's interrupt does not reach later pieces, a loop inside a loop stays on
+ * its thread (also when the loop ran inline because another thread held the team), and two threads
+ * running loops at once both get right answers. Prints "ok", or the first failure and exits 1.
  */
 public final class ParallelCheck {
   private ParallelCheck() {}
@@ -18,7 +21,11 @@ public final class ParallelCheck {
     pieces();
     threads();
     failure();
+    checkedFailure();
+    threads();
+    interrupts();
     nested();
+    nestedInline();
     concurrent();
     System.out.println("ok");
   }
@@ -123,6 +130,63 @@ public final class ParallelCheck {
     }
   }
 
+  /** A checked exception thrown undeclared by a piece reaches the caller, wrapped. */
+  private static void checkedFailure() {
+    for (int round = 0; round < 20; round++) {
+      try {
+        Parallel.run(
+            32,
+            Parallel.THREADS,
+            8,
+            (p, lo, hi) -> {
+              if (p == 3) {
+                ParallelCheck.<RuntimeException>sneaky(new java.io.IOException("piece 3"));
+              }
+            });
+        check(false, "a piece's checked exception did not fail the loop");
+      } catch (IllegalStateException e) {
+        check(e.getCause() instanceof java.io.IOException, "the loop threw " + e);
+      }
+    }
+  }
+
+  @SuppressWarnings("unchecked")
+  private static <T extends Throwable> void sneaky(Throwable e) throws T {
+    throw (T) e;
+  }
+
+  /** A piece that interrupts its thread does not make a later piece's sleep fail. */
+  private static void interrupts() {
+    Set<String> names = ConcurrentHashMap.newKeySet();
+    Parallel.run(
+        64,
+        Parallel.THREADS,
+        64,
+        (p, lo, hi) -> {
+          long until = System.nanoTime() + 1_000_000; // slow enough that the workers take pieces too
+          while (System.nanoTime() < until) {
+            Thread.onSpinWait();
+          }
+          names.add(Thread.currentThread().getName());
+          Thread.currentThread().interrupt();
+        });
+    check(names.size() >= 2, "interrupting pieces ran on " + names);
+    Thread.interrupted(); // the caller's own pieces interrupted the caller
+    AtomicBoolean interrupted = new AtomicBoolean();
+    Parallel.run(
+        64,
+        Parallel.THREADS,
+        64,
+        (p, lo, hi) -> {
+          try {
+            Thread.sleep(1);
+          } catch (InterruptedException e) {
+            interrupted.set(true);
+          }
+        });
+    check(!interrupted.get(), "an earlier piece's interrupt reached a later piece");
+  }
+
   /** A loop started inside a piece runs all its pieces on that piece's thread. */
   private static void nested() {
     AtomicIntegerArray wrong = new AtomicIntegerArray(1);
@@ -150,6 +214,54 @@ public final class ParallelCheck {
       check(inner.get(i) == 1, "nested piece " + i + " ran " + inner.get(i) + " times");
     }
     check(!Parallel.inLoop(), "the caller is outside any loop afterwards");
+  }
+
+  /**
+   * While another thread's loop holds the team, a loop runs inline, and a loop inside one of its
+   * pieces stays on the caller too.
+   */
+  private static void nestedInline() throws InterruptedException {
+    CountDownLatch holding = new CountDownLatch(1);
+    CountDownLatch done = new CountDownLatch(1);
+    Thread other =
+        new Thread(
+            () ->
+                Parallel.run(
+                    2,
+                    2,
+                    2,
+                    (p, lo, hi) -> {
+                      holding.countDown();
+                      try {
+                        done.await();
+                      } catch (InterruptedException e) {
+                        throw new IllegalStateException(e);
+                      }
+                    }));
+    other.start();
+    holding.await();
+    Thread me = Thread.currentThread();
+    AtomicBoolean away = new AtomicBoolean();
+    Parallel.run(
+        8,
+        Parallel.THREADS,
+        8,
+        (p, lo, hi) -> {
+          check(Parallel.inLoop(), "a piece of an inline loop runs inside a loop");
+          Parallel.run(
+              4,
+              Parallel.THREADS,
+              4,
+              (q, a, b) -> {
+                if (Thread.currentThread() != me) {
+                  away.set(true);
+                }
+              });
+        });
+    done.countDown();
+    other.join();
+    check(!away.get(), "a loop nested in an inline loop left its thread");
+    check(!Parallel.inLoop(), "the caller is outside any loop after an inline loop");
   }
 
   /** Two threads running loops at the same time each get every piece of their own loops. */
