@@ -39,8 +39,8 @@ import java.util.Arrays;
  * <ul>
  *   <li>SGEMM: 256 x 512 (a panel of B, 512 KiB; each sweep of a block also allocates two rows of
  *       at most 1024 floats, see the note in {@link #sweep});
- *   <li>the three convolutions: one set of row arrays, grown to the most rows and the longest row
- *       any of them asked for: C*kh*kw rows of B*P (conv2d's columns), F rows of B*P
+ *   <li>the three convolutions: one set of row arrays, each row grown to the longest any of them
+ *       asked of it: C*kh*kw rows of B*P (conv2d's columns), F rows of B*P
  *       (conv2d_backward_data's gathered output gradients), B*P rows of C*kh*kw
  *       (conv2d_backward_filter's transposed columns); and flat arrays of C*kh*kw x B*P
  *       (conv2d_backward_data's columns) and, when B > 1, F x B*P (conv2d's products,
@@ -51,9 +51,9 @@ import java.util.Arrays;
  * </ul>
  *
  * <p>For example, on two threads LeNet's second convolution (C*kh*kw = 500, P = 64, B = 8, F = 50)
- * holds per thread 512 x 512 floats of rows (1 MiB) and (500 + 50) x 512 floats (1.1 MiB) of flat
- * convolution scratch, and 7 x 50 x 500 floats (0.7 MiB) of partial filter gradients, besides the
- * 512 KiB panels.
+ * holds per thread 512 rows of 500 or 512 floats (1 MiB) and (500 + 50) x 512 floats (1.1 MiB)
+ * of flat convolution scratch, and 7 x 50 x 500 floats (0.7 MiB) of partial filter gradients,
+ * besides the 512 KiB panels.
  */
 public final class CpuOps {
   private CpuOps() {}
@@ -115,12 +115,20 @@ public final class CpuOps {
     return have.length >= size ? have : new float[size];
   }
 
-  /** The thread's row arrays, grown to at least {@code count} rows of {@code length}. */
+  /**
+   * The thread's row arrays, grown to at least {@code count} rows of at least {@code length}. Each
+   * row grows on its own, so that many short rows (a large image's pixels) and a few long ones (a
+   * deep layer's windows) do not make a rectangle of the most rows by the longest.
+   */
   private static float[][] rows(Scratch scratch, int count, int length) {
     float[][] have = scratch.rows;
-    if (have.length < count || have.length == 0 || have[0].length < length) {
-      int width = Math.max(length, have.length == 0 ? 0 : have[0].length);
-      have = scratch.rows = new float[Math.max(count, have.length)][width];
+    if (have.length < count) {
+      have = scratch.rows = Arrays.copyOf(have, count);
+    }
+    for (int i = 0; i < count; i++) {
+      if (have[i] == null || have[i].length < length) {
+        have[i] = new float[length];
+      }
     }
     return have;
   }
