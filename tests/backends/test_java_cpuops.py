@@ -82,7 +82,8 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
     # convolutions: odd sizes, asymmetric stride and padding, 3 groups; one image (the parallel-GEMM path);
     # a 1x1 kernel; one group per channel; small outputs, so that several images share a product; LeNet's
     # first layer; more output pixels, and a longer window (C*kh*kw), than a product sweeps in place
-    # (GEMM_DIRECT), so that the im2col rows are copied into panels in blocks
+    # (GEMM_DIRECT), so that the im2col rows are copied into panels in blocks; a window row longer than
+    # the straight-line copies take, padded at the sides only
     for n, c, h, w, f, cg, kh, kw, stride, pad, groups in [
         (3, 6, 11, 9, 9, 2, 3, 4, (2, 3), (1, 2), 3),
         (1, 8, 10, 10, 16, 8, 3, 3, (1, 1), (1, 1), 1),
@@ -93,6 +94,7 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
         (5, 3, 28, 28, 20, 3, 5, 5, (1, 1), (0, 0), 1),
         (2, 2, 38, 38, 4, 2, 3, 3, (1, 1), (0, 0), 1),
         (2, 48, 7, 7, 6, 48, 5, 5, (1, 1), (1, 1), 1),
+        (3, 2, 5, 12, 3, 2, 2, 9, (1, 1), (0, 1), 1),
     ]:
         conv = {"stride": stride, "pad": pad, "groups": groups}
         x, wt = _f(n, c, h, w), _f(f, cg, kh, kw)
@@ -147,6 +149,7 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
     add("matmul", [_f(3, 40), _f(40, 600)])
     add("batch_matmul", [_f(1, 60, 80), _f(1, 70, 80)], transpose_b=True)
     add("linear", [_f(64, 200), _f(100, 200)])
+    add("linear", [_f(20, 37), _f(300, 37)])  # wide enough to split the transposed weights by columns
     add("linear", [_f(3, 1), _f(5, 1)])
 
     # softmax family and losses on more rows
