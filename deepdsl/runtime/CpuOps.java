@@ -903,10 +903,14 @@ public final class CpuOps {
 
   /**
    * to[at .. at + length) = from[src .. src + length): straight-line code for the short runs of a
-   * convolution window's row (twice as fast as a loop or System.arraycopy for five elements).
+   * convolution window's row or of a small image's row (twice as fast as a loop or
+   * System.arraycopy for five elements, a fifth faster than System.arraycopy for eight).
    */
   private static void copyShort(float[] from, int src, float[] to, int at, int length) {
     switch (length) {
+      case 8:
+        to[at + 7] = from[src + 7];
+      // fall through
       case 7:
         to[at + 6] = from[src + 6];
       // fall through
@@ -959,7 +963,7 @@ public final class CpuOps {
               Arrays.fill(line, to, to + oxLo, 0f);
             }
             if (s.sw == 1) {
-              System.arraycopy(x, from + oxLo, line, to + oxLo, oxHi - oxLo);
+              copyShort(x, from + oxLo, line, to + oxLo, oxHi - oxLo);
             } else {
               for (int ox = oxLo; ox < oxHi; ox++) {
                 line[to + ox] = x[from + ox * s.sw];
@@ -1010,6 +1014,9 @@ public final class CpuOps {
   /** to[at .. at + length) += from[src .. src + length), straight-line as in {@link #copyShort}. */
   private static void addShort(float[] from, int src, float[] to, int at, int length) {
     switch (length) {
+      case 8:
+        to[at + 7] += from[src + 7];
+      // fall through
       case 7:
         to[at + 6] += from[src + 6];
       // fall through
