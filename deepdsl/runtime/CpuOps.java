@@ -250,16 +250,16 @@ public final class CpuOps {
       }
       return;
     }
-    boolean direct = y instanceof Rows r && r.col0() == 0 && n <= GEMM_DIRECT;
-    float[][] panel = direct ? ((Rows) y).rows() : SCRATCH.get().panel;
-    int columns = direct ? n : evenBlock(n, GEMM_NC);
+    Rows direct = y instanceof Rows r && r.col0() == 0 && n <= GEMM_DIRECT ? r : null;
+    float[][] panel = direct != null ? direct.rows() : SCRATCH.get().panel;
+    int columns = direct != null ? n : evenBlock(n, GEMM_NC);
     int rows = evenBlock(k, GEMM_KC);
     for (int j0 = 0; j0 < n; j0 += columns) {
       int w = Math.min(columns, n - j0);
       for (int p0 = 0; p0 < k; p0 += rows) {
         int depth = Math.min(rows, k - p0);
-        int first = direct ? ((Rows) y).row0() + p0 : 0; // the panel row of B's row p0
-        if (!direct) {
+        int first = direct != null ? direct.row0() + p0 : 0; // the panel row of B's row p0
+        if (direct == null) {
           y.from(p0, j0).copy(panel, depth, w);
         }
         boolean fresh = p0 == 0 && !accumulate;

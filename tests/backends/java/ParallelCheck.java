@@ -87,21 +87,31 @@ public final class ParallelCheck {
   /** A loop of slow pieces is shared: more than one thread runs its pieces. */
   private static void threads() throws InterruptedException {
     Thread.sleep(20); // the workers have gone to sleep: the loop must wake them
+    Set<String> names =
+        threadsRunning(
+            () -> {
+              try {
+                Thread.sleep(1);
+              } catch (InterruptedException e) {
+                throw new IllegalStateException(e);
+              }
+            });
+    check(Parallel.THREADS >= 2, "the check runs with at least two processors");
+    check(names.size() >= 2, "pieces ran on " + names);
+  }
+
+  /** The names of the threads that ran a loop of 64 pieces, each of which runs {@code piece}. */
+  private static Set<String> threadsRunning(Runnable piece) {
     Set<String> names = ConcurrentHashMap.newKeySet();
     Parallel.run(
         64,
         Parallel.THREADS,
         64,
         (p, lo, hi) -> {
+          piece.run();
           names.add(Thread.currentThread().getName());
-          try {
-            Thread.sleep(1);
-          } catch (InterruptedException e) {
-            throw new IllegalStateException(e);
-          }
         });
-    check(Parallel.THREADS >= 2, "the check runs with at least two processors");
-    check(names.size() >= 2, "pieces ran on " + names);
+    return names;
   }
 
   /** A piece's exception reaches the caller; the next loop runs in full. */
@@ -157,19 +167,15 @@ public final class ParallelCheck {
 
   /** A piece that interrupts its thread does not make a later piece's sleep fail. */
   private static void interrupts() {
-    Set<String> names = ConcurrentHashMap.newKeySet();
-    Parallel.run(
-        64,
-        Parallel.THREADS,
-        64,
-        (p, lo, hi) -> {
-          long until = System.nanoTime() + 1_000_000; // slow enough that the workers take pieces too
-          while (System.nanoTime() < until) {
-            Thread.onSpinWait();
-          }
-          names.add(Thread.currentThread().getName());
-          Thread.currentThread().interrupt();
-        });
+    Set<String> names =
+        threadsRunning(
+            () -> {
+              long until = System.nanoTime() + 1_000_000; // slow enough that the workers take some
+              while (System.nanoTime() < until) {
+                Thread.onSpinWait();
+              }
+              Thread.currentThread().interrupt();
+            });
     check(names.size() >= 2, "interrupting pieces ran on " + names);
     Thread.interrupted(); // the caller's own pieces interrupted the caller
     AtomicBoolean interrupted = new AtomicBoolean();
