@@ -62,9 +62,7 @@ def share_loops(g: Graph) -> Graph:
     return g.replace(stmts=tuple(out))
 
 
-def costs_no_memory(
-    moved: tuple[Value, ...], saved: Value, to: int, last: dict[str, int], held: set[str]
-) -> bool:  # fmt: skip
+def costs_no_memory(moved: tuple[Value, ...], saved: Value, to: int, last: dict[str, int], held: set[str]) -> bool:
     """Computing a value later, at statement `to`, keeps the `moved` inputs alive until then instead of
     `saved`; that never raises the bytes alive at any point when the inputs it extends weigh no more (`last`: each
     value's last reader, `held`: the values that are never freed)."""
