@@ -12,6 +12,7 @@ import numpy as np
 
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import REGISTRY, Graph, ParamDef, Stmt
+from deepdsl.ir.analysis import last_uses
 from deepdsl.memory import Plan
 from deepdsl.memory.plan import workspace_need
 from deepdsl.ops.indexed import apply_epilogue
@@ -33,17 +34,6 @@ def param_value(p: ParamDef, params: dict[str, np.ndarray]) -> np.ndarray:
     if p.kind == "const" and p.value.name not in params:
         return np.full(p.value.type.shape, p.init.args[0], np.float32)
     return params[p.value.name]
-
-
-def last_uses(g: Graph) -> dict[str, int]:
-    last: dict[str, int] = {}
-    for i, s in enumerate(g.stmts):
-        for v in s.inputs:
-            last[v.name] = i
-    end = len(g.stmts)
-    for _, v in (*g.outputs, *g.updates):
-        last[v.name] = end
-    return last
 
 
 def run(

@@ -23,7 +23,7 @@ VjpRule = Callable[[Any, Any, Any], tuple[Any, ...]]
 # (input types, output type, attrs) -> floating-point operations
 FlopsRule = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], int]
 # (input types, output type, attrs) -> the op as an index expression over the output's indices i0, i1, ...
-IndexForm = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], Any]
+IndexFormRule = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], Any]
 # (builder, the statement, autodiff.LowerContext) -> the Value that replaces the statement's output
 LowerRule = Callable[[Any, Any, Any], Any]
 # (kernel name, the statement, its inputs' C types) -> the CUDA kernel calling library.cu (backends/cuda/ops.py)
@@ -59,7 +59,7 @@ class OpDef:
     flops: FlopsRule | None = None
     lower: LowerRule | None = None  # ops the train/infer programs rewrite into others (batch_norm, dropout)
     differentiable: bool = True  # False for ops whose output carries no gradient (argmax, accuracy)
-    index_form: IndexForm | None = None  # element-wise ops and simple reductions: what fusion composes
+    index_form: IndexFormRule | None = None  # element-wise ops and simple reductions: what fusion composes
     workspace: WorkspaceRule | None = None  # scratch beyond the output (an im2col matrix); None: none
     numpy_ws: Callable[..., Any] | None = None  # (inputs, attrs, workspace uint8 array) -> output, using it
     saves: Saves | None = None  # what eager autograd keeps of the op (memcheck's eager baseline); None: nothing
@@ -113,7 +113,7 @@ def flops_rule(*names: str) -> Callable[[FlopsRule], FlopsRule]:
     return _attach_all(names, "flops")
 
 
-def index_form(*names: str) -> Callable[[IndexForm], IndexForm]:
+def index_form(*names: str) -> Callable[[IndexFormRule], IndexFormRule]:
     return _attach_all(names, "index_form")
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from deepdsl.ir import REGISTRY, Graph, Stmt
+from deepdsl.ir.analysis import last_reads, last_uses, reads_pointwise
 
 ALIGN = 256  # bytes: CUDA's allocation alignment, so every buffer suits vector loads
 
@@ -83,6 +84,7 @@ def place(g: Graph, workspace_limit: int | None = None) -> Plan:
     """Lifetimes and arena offsets of the statements of `g`, in their order."""
     n = len(g.stmts)
     in_state = updates_in_state(g)
+    last = last_uses(g)
     owner: dict[str, str] = {}  # value -> the value whose buffer holds it
     start: dict[str, int] = {}
     end: dict[str, int] = {}
@@ -94,10 +96,6 @@ def place(g: Graph, workspace_limit: int | None = None) -> Plan:
         return v
 
     for i, s in enumerate(g.stmts):
-        for v in s.inputs:
-            if v.name in owner:
-                r = root(v.name)
-                end[r] = max(end[r], i)
         need = workspace_need(s)
         if need and (workspace_limit is None or need <= workspace_limit):
             ws = f"workspace:{s.out.name}"
@@ -114,9 +112,9 @@ def place(g: Graph, workspace_limit: int | None = None) -> Plan:
         else:
             owner[s.out.name] = s.out.name
             start[s.out.name], end[s.out.name], size[s.out.name] = i, i, aligned(s.out.type.nbytes)
-    for _, v in (*g.outputs, *g.updates):
-        if v.name in owner:
-            end[root(v.name)] = n
+    for v in owner:  # a buffer lives until the last use of any value it holds
+        r = root(v)
+        end[r] = max(end[r], last.get(v, -1))
     members: dict[str, list[str]] = {}
     for v in owner:
         members.setdefault(root(v), []).append(v)
@@ -149,13 +147,8 @@ def place(g: Graph, workspace_limit: int | None = None) -> Plan:
 def updates_in_state(g: Graph) -> dict[str, str]:
     """Update values whose statement is the last reader of the storage they replace (and that no view, in-place
     partner or other update shares): they can be written there directly."""
-    last: dict[str, int] = {}
-    viewed: set[str] = set()
-    for i, s in enumerate(g.stmts):
-        for v in s.inputs:
-            last[v.name] = i
-        if REGISTRY[s.op].view:
-            viewed.add(s.inputs[0].name)
+    last = last_reads(g.stmts)
+    viewed = {s.inputs[0].name for s in g.stmts if REGISTRY[s.op].view}
     made = {s.out.name: (i, s) for i, s in enumerate(g.stmts)}
     counts: dict[str, int] = {}
     for _, v in (*g.outputs, *g.updates):
@@ -168,23 +161,6 @@ def updates_in_state(g: Graph) -> dict[str, str]:
         if not REGISTRY[s.op].view and last.get(target, -1) <= i and reads_pointwise(s, target):
             out[v.name] = target
     return out
-
-
-def reads_pointwise(s: Stmt, name: str) -> bool:
-    """Whether `s` reads `name` at most element for element (each output element from the same input element),
-    so that writing its result over `name` as it goes is safe."""
-    from deepdsl.ir.indexexpr import Affine, Read, reads
-    from deepdsl.passes.fuse import _form, _has_reduce
-
-    if all(v.name != name for v in s.inputs):
-        return True
-    form = _form(s)
-    if form is None or _has_reduce(form[1]):
-        return False
-    out, body, inputs, _ = form
-    identity = tuple(Affine.var(n) for n, _ in out)
-    ks = {k for k, v in enumerate(inputs) if v.name == name}
-    return all(r.index == identity for r in reads(body) if isinstance(r, Read) and r.input in ks)
 
 
 def format_plan(p: Plan) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from deepdsl.ir import REGISTRY, Graph, Stmt, Value
-from deepdsl.passes.fuse import _has_reduce
+from deepdsl.ir.analysis import has_reduce, last_reads, persistent, returned
 from deepdsl.passes.inplace import inplace
 
 LEVELS = ("none", "cheap", "full")
@@ -34,7 +34,7 @@ def is_cheap(s: Stmt) -> bool:
     if s.op == "dropout_mask":
         return True
     if s.op == "fused":
-        return not _has_reduce(s.a["body"])
+        return not has_reduce(s.a["body"])
     op = REGISTRY[s.op]
     return op.view or (op.index_form is not None and "epilogue" not in s.a and (op.elementwise or s.op == "bn_apply"))
 
@@ -65,9 +65,9 @@ class _Training:
         self.g, self.small = g, small
         self.producer = {s.out.name: s for s in g.stmts}
         self.forward = _cone(g, g.output("loss").name, self.producer)
-        self.persistent = {d.value.name for d in g.inputs} | {p.value.name for p in g.params}
+        self.persistent = persistent(g)
         self.kept = {v.name for s in g.stmts if s.out.name not in self.forward for v in s.inputs}
-        self.kept |= {v.name for _, v in (*g.outputs, *g.updates)}
+        self.kept |= returned(g)
         self.kept &= self.forward
 
     def free(self, name: str) -> bool:
@@ -95,10 +95,7 @@ class _Training:
         """About scale·√n of the n articulation values of the forward pass (the only big forward value alive
         there), spaced evenly by the kept bytes between them."""
         order = [s for s in self.g.stmts if s.out.name in self.forward]
-        last: dict[str, int] = {}
-        for i, s in enumerate(order):
-            for v in s.inputs:
-                last[v.name] = i
+        last = last_reads(order)
         cuts: list[int] = []
         alive: set[str] = set()
         for i, s in enumerate(order):

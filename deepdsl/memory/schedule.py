@@ -13,7 +13,8 @@ already chose for short live ranges.
 from __future__ import annotations
 
 from deepdsl.ir import REGISTRY, Graph, Stmt
-from deepdsl.memory.plan import aligned, reads_pointwise
+from deepdsl.ir.analysis import readers, reads_pointwise, returned
+from deepdsl.memory.plan import aligned
 
 SMALL = 256  # bytes: a result this small may be computed early to let a statement share its predecessor's loop
 
@@ -21,15 +22,12 @@ SMALL = 256  # bytes: a result this small may be computed early to let a stateme
 def schedule(g: Graph) -> Graph:
     stmts = g.stmts
     made = {s.out.name: i for i, s in enumerate(stmts)}
-    readers: dict[str, list[int]] = {}
-    for i, s in enumerate(stmts):
-        for v in {v.name for v in s.inputs}:
-            readers.setdefault(v, []).append(i)
-    pinned = {v.name for _, v in (*g.outputs, *g.updates)}
+    read_by = readers(stmts)
+    pinned = returned(g)
     producer = {s.out.name: s for s in stmts}
     target = {v.name: name for name, v in g.updates if v.name in producer and reads_pointwise(producer[v.name], name)}
     waiting = [sum(1 for v in {v.name for v in s.inputs} if v in made) for s in stmts]  # inputs not yet computed
-    unread = {v: len(r) for v, r in readers.items()}  # readers not yet run
+    unread = {v: len(r) for v, r in read_by.items()}  # readers not yet run
     done = [False] * len(stmts)
     order: list[Stmt] = []
 
@@ -44,7 +42,7 @@ def schedule(g: Graph) -> Graph:
             return False
         freed = sum(
             aligned(v.type.nbytes) for v in {v.name: v for v in s.inputs}.values()
-            if v.name in made and v.name not in pinned and unread[v.name] == 1 and not _viewed(v.name, stmts, readers)
+            if v.name in made and v.name not in pinned and unread[v.name] == 1 and not _viewed(v.name, stmts, read_by)
         )  # fmt: skip
         if s.out.name in target and unread.get(target[s.out.name], 0) <= 1:
             return True  # an update that can go straight into its parameter's storage: it takes no arena space
@@ -71,7 +69,7 @@ def schedule(g: Graph) -> Graph:
             if v in unread:
                 unread[v] -= 1
                 touched.append(v)
-        for r in readers.get(s.out.name, ()):
+        for r in read_by.get(s.out.name, ()):
             waiting[r] -= 1
         # the statement marked to share this one's loop (ir/groups.py) stays right after it; then readers that
         # became ready, and readers of inputs that now have one reader left, may free enough now
@@ -79,8 +77,8 @@ def schedule(g: Graph) -> Graph:
         if nxt < len(stmts) and stmts[nxt].a.get("same_loop") and not done[nxt] and not waiting[nxt]:
             if frees_enough(nxt):  # only when that costs no memory
                 emit(nxt)
-        candidates = [r for r in readers.get(s.out.name, ()) if waiting[r] == 0]
-        candidates += [r for v in touched if unread[v] == 1 for r in readers[v]]
+        candidates = [r for r in read_by.get(s.out.name, ()) if waiting[r] == 0]
+        candidates += [r for v in touched if unread[v] == 1 for r in read_by[v]]
         for r in candidates:
             if not done[r] and waiting[r] == 0 and frees_enough(r):
                 emit(r)
@@ -91,6 +89,6 @@ def schedule(g: Graph) -> Graph:
     return g.replace(stmts=tuple(order))
 
 
-def _viewed(name: str, stmts: tuple[Stmt, ...], readers: dict[str, list[int]]) -> bool:
+def _viewed(name: str, stmts: tuple[Stmt, ...], read_by: dict[str, list[int]]) -> bool:
     """A view's base lives as long as the view: reading the base last frees nothing."""
-    return any(REGISTRY[stmts[r].op].view for r in readers.get(name, ()))
+    return any(REGISTRY[stmts[r].op].view for r in read_by.get(name, ()))

@@ -1,7 +1,9 @@
-"""Helpers that write an op as an index expression over its output's indices i0, i1, ... (for fusion).
+"""Helpers the op families use to write an op's registry `index_form`: an expression over its output's indices
+i0, i1, ... (`ir.analysis.out_vars`), which fusion composes and the backends write as loops.
 
 An input whose shape equals the output's is read at the same index; a per-channel input ([C] against
-an output [N, C, ...]) at i1; a scalar input ([]) at no index.
+an output [N, C, ...]) at i1; a scalar input ([]) at no index. Private to `deepdsl.ops`: everything else reads
+index forms through `deepdsl.ir.analysis`.
 """
 
 from __future__ import annotations
@@ -9,15 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from deepdsl.ir.analysis import out_vars
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read
 from deepdsl.ir.types import TensorType
 
 
-def out_vars(out: TensorType) -> tuple[str, ...]:
-    return tuple(f"i{k}" for k in range(out.rank))
-
-
 def read(k: int, t: TensorType, out: TensorType) -> IE:
+    """Input k, of type `t`, read where the element of `out` being computed needs it."""
     if t.shape == out.shape:
         return Read(k, tuple(Affine.var(v) for v in out_vars(out)))
     if t.shape == ():

@@ -21,13 +21,21 @@ from __future__ import annotations
 
 import re
 
-from deepdsl.ir import REGISTRY, Graph, Stmt, Value
+from deepdsl.ir import Graph, Stmt, Value
+from deepdsl.ir.analysis import (
+    IndexForm,
+    composable_form,
+    has_reduce,
+    last_reads,
+    own_index,
+    persistent,
+    returned,
+    uses,
+)
 from deepdsl.ir.graph import make_attrs
 from deepdsl.ir.groups import can_join
 from deepdsl.ir.index_grad import substitute
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Read, Reduce, reads, renumber
-from deepdsl.ops._index_forms import out_vars
-from deepdsl.passes.rewrite import uses
 from deepdsl.passes.simplify import fold
 
 EPILOGUE_HOSTS = ("conv2d", "conv2d_backward_data", "conv2d_backward_filter", "linear", "matmul", "batch_matmul")
@@ -54,94 +62,70 @@ def share_loops(g: Graph) -> Graph:
     return g.replace(stmts=tuple(out))
 
 
-def _form(s: Stmt) -> tuple[tuple, IE, list[Value], tuple[str, ...]] | None:
-    if s.op == "fused":
-        return s.a["out"], s.a["body"], list(s.inputs), tuple(s.a["ops"])
-    op = REGISTRY[s.op]
-    if op.index_form is None or "epilogue" in s.a:
-        return None
-    out = tuple(zip(out_vars(s.out.type), s.out.type.shape))
-    return out, op.index_form(tuple(v.type for v in s.inputs), s.out.type, s.a), list(s.inputs), (s.op,)
-
-
-def lifetimes(g: Graph) -> tuple[dict[str, int], dict[str, int], set[str]]:
-    """Where each value is made, where it is last read, and which values are persistent (never freed)."""
-    made = {s.out.name: i for i, s in enumerate(g.stmts)}
-    last: dict[str, int] = {}
-    for i, s in enumerate(g.stmts):
-        for v in s.inputs:
-            last[v.name] = i
-    persistent = {d.value.name for d in g.inputs} | {p.value.name for p in g.params}
-    return made, last, persistent
-
-
-def costs_no_memory(moved: list[Value], saved: Value, to: int, last: dict[str, int], persistent: set[str]) -> bool:
+def costs_no_memory(moved: tuple[Value, ...], saved: Value, to: int, last: dict[str, int], held: set[str]) -> bool:
     """Computing a value later, at statement `to`, keeps the `moved` inputs alive until then instead of
-    `saved`; that never raises the bytes alive at any point when the inputs it extends weigh no more."""
-    extended = {v.name: v.type.nbytes for v in moved if v.name not in persistent and last.get(v.name, to) < to}
+    `saved`; that never raises the bytes alive at any point when the inputs it extends weigh no more (`last`: each
+    value's last reader, `held`: the values that are never freed)."""
+    extended = {v.name: v.type.nbytes for v in moved if v.name not in held and last.get(v.name, to) < to}
     return sum(extended.values()) <= saved.type.nbytes
 
 
 def fuse_chains(g: Graph) -> Graph:
     count = uses(g)
-    pinned = {v.name for _, v in (*g.outputs, *g.updates)}
-    made, last, persistent = lifetimes(g)
-    forms: dict[str, tuple] = {}
+    pinned = returned(g)
+    last, held = last_reads(g.stmts), persistent(g)
+    forms: dict[str, IndexForm] = {}
     merged: set[str] = set()
     out_stmts: list[Stmt] = []
     fresh = [0]
     for position, s in enumerate(g.stmts):
-        form = _form(s)
+        form = composable_form(s)
         if form is None:
             out_stmts.append(s)
             continue
-        out, body, inputs, ops = form
         grew = False
         k = 0
-        while k < len(inputs):
-            v = inputs[k]
+        while k < len(form.inputs):
+            v = form.inputs[k]
             producer = forms.get(v.name)
             if (
                 producer is None
                 or count.get(v.name, 0) != 1
                 or v.name in pinned
-                or not _mergeable(body, k, out, producer)
-                or not costs_no_memory(producer[2], v, position, last, persistent)
+                or not _mergeable(form, k, producer)
+                or not costs_no_memory(producer.inputs, v, position, last, held)
             ):
                 k += 1
                 continue
-            body, inputs = _inline(body, inputs, k, producer, fresh)
-            ops = producer[3] + ops
+            form = inline_input(form, k, producer, fresh)
             merged.add(v.name)
             grew = True
             k = 0
-        forms[s.out.name] = (out, body, inputs, ops)
+        forms[s.out.name] = form
         if grew:
-            body = fold(body)  # the composed expression's constants (2 * 1 / 288) fold at once
-            s = s.replace(op="fused", inputs=tuple(inputs), attrs=make_attrs(out=out, body=body, ops=ops))
+            body = fold(form.body)  # the composed expression's constants (2 * 1 / 288) fold at once
+            s = s.replace(op="fused", inputs=form.inputs, attrs=make_attrs(out=form.out, body=body, ops=form.ops))
         out_stmts.append(s)
     if not merged:
         return g
     return g.replace(stmts=tuple(s for s in out_stmts if s.out.name not in merged))
 
 
-def _mergeable(body: IE, k: int, out: tuple, producer: tuple) -> bool:
-    p_out, p_body = producer[0], producer[1]
-    if not _has_reduce(p_body):
+def _mergeable(form: IndexForm, k: int, producer: IndexForm) -> bool:
+    """A producer with a reduction merges only into a reader that reads it once, at its own element (the reduction
+    is computed once per element either way)."""
+    if not has_reduce(producer.body):
         return True
-    rs = [r for r in reads(body) if r.input == k]
-    identity = tuple(Affine.var(n) for n, _ in out)
-    return len(rs) == 1 and rs[0].index == identity and tuple(n for _, n in p_out) == tuple(n for _, n in out)
+    rs = [r for r in reads(form.body) if r.input == k]
+    same_size = tuple(n for _, n in producer.out) == tuple(n for _, n in form.out)
+    return len(rs) == 1 and rs[0].index == own_index(form.out) and same_size
 
 
-def _has_reduce(e: IE) -> bool:
-    if isinstance(e, Reduce):
-        return True
-    return isinstance(e, Apply) and any(_has_reduce(a) for a in e.args)
-
-
-def _inline(body: IE, inputs: list[Value], k: int, producer: tuple, fresh: list[int]) -> tuple[IE, list[Value]]:
-    p_out, p_body, p_inputs, _ = producer
+def inline_input(form: IndexForm, k: int, producer: IndexForm, fresh: list[int]) -> IndexForm:
+    """`form` with its input k replaced by the expression `producer` computes it; the producer's own inputs join
+    the form's (`fresh` numbers the renamed index variables, one more per call)."""
+    p_out, p_body, p_inputs = producer.out, producer.body, producer.inputs
+    body, inputs = form.body, form.inputs
     new_inputs = [v for j, v in enumerate(inputs) if j != k]
     position: dict[int, int] = {}
     for j, v in enumerate(p_inputs):
@@ -171,7 +155,7 @@ def _inline(body: IE, inputs: list[Value], k: int, producer: tuple, fresh: list[
             return Reduce(e.kind, e.vars, go(e.body))
         return e
 
-    return go(body), new_inputs
+    return IndexForm(form.out, go(body), tuple(new_inputs), producer.ops + form.ops)
 
 
 def _rename_bound(e: IE, tag: str) -> IE:
@@ -189,30 +173,28 @@ def _rename_bound(e: IE, tag: str) -> IE:
 
 def fuse_epilogues(g: Graph) -> Graph:
     count = uses(g)
-    pinned = {v.name for _, v in (*g.outputs, *g.updates)}
-    _, last, persistent = lifetimes(g)
+    pinned = returned(g)
+    last, held = last_reads(g.stmts), persistent(g)
     position = {s.out.name: i for i, s in enumerate(g.stmts)}
     defs = {s.out.name: s for s in g.stmts}
     replace: dict[str, Stmt] = {}  # reader's result -> the host statement with its epilogue
     absorbed: set[str] = set()
     updates = {v.name for _, v in g.updates}
     for s in g.stmts:
-        form = _form(s)
+        form = composable_form(s)
         # an update stays element-wise: the plan writes it straight over its parameter or optimizer state, which
         # a product with an epilogue could not do (the epilogue reads the old value after the product is written)
         if form is None or s.out.name in updates:
             continue
-        out, body, inputs, _ = form
-        identity = tuple(Affine.var(n) for n, _ in out)
+        body, inputs = form.body, form.inputs
         for k, v in enumerate(inputs):
             host = defs.get(v.name)
             if (host is None or host.op not in EPILOGUE_HOSTS or "epilogue" in host.a or count.get(v.name) != 1
                     or v.name in pinned or host.out.type != s.out.type or host.out.name in absorbed):  # fmt: skip
                 continue
-            if not costs_no_memory(list(host.inputs), host.out, position[s.out.name], last, persistent):
+            if not costs_no_memory(host.inputs, host.out, position[s.out.name], last, held):
                 continue
-            rs = [r for r in reads(body) if r.input == k]
-            if any(r.index != identity for r in rs) or _has_reduce(body):
+            if not form.reads_pointwise({k}):
                 continue
             extras = [x for j, x in enumerate(inputs) if j != k]
             mapping = {k: 0, **{j: (i + 1) for i, j in enumerate(j for j in range(len(inputs)) if j != k)}}

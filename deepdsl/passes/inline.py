@@ -7,25 +7,23 @@ Legal because the inlined expression is pure and cheap: no reduction, at most a 
 
 from __future__ import annotations
 
-from deepdsl.ir import Graph, Stmt
+from deepdsl.ir import Graph
+from deepdsl.ir.analysis import composable_form, has_reduce, readers, returned
 from deepdsl.ir.graph import make_attrs
-from deepdsl.passes.fuse import _form, _has_reduce, _inline
+from deepdsl.passes.fuse import inline_input
 from deepdsl.passes.simplify import fold
 
 SMALL = ("broadcast_channel", "broadcast_scalar", "fill")
 
 
 def inline(g: Graph) -> Graph:
-    pinned = {v.name for _, v in (*g.outputs, *g.updates)}
-    readers: dict[str, list[Stmt]] = {}
-    for s in g.stmts:
-        for v in set(s.inputs):
-            readers.setdefault(v.name, []).append(s)
+    pinned = returned(g)
+    read_by = readers(g.stmts)
     small = {
-        s.out.name: _form(s)
+        s.out.name: composable_form(s)
         for s in g.stmts
-        if s.op in SMALL and s.out.name not in pinned and readers.get(s.out.name)
-        and all(_form(r) is not None for r in readers[s.out.name])
+        if s.op in SMALL and s.out.name not in pinned and read_by.get(s.out.name)
+        and all(composable_form(g.stmts[r]) is not None for r in read_by[s.out.name])
     }  # fmt: skip
     if not small:
         return g
@@ -34,18 +32,17 @@ def inline(g: Graph) -> Graph:
     for s in g.stmts:
         if s.out.name in small:
             continue
-        form = _form(s) if any(v.name in small for v in s.inputs) else None
+        form = composable_form(s) if any(v.name in small for v in s.inputs) else None
         if form is not None:
-            shape, body, inputs, ops = form
             k = 0
-            while k < len(inputs):
-                producer = small.get(inputs[k].name)
-                if producer is None or _has_reduce(producer[1]):
+            while k < len(form.inputs):
+                producer = small.get(form.inputs[k].name)
+                if producer is None or has_reduce(producer.body):
                     k += 1
                     continue
-                body, inputs = _inline(body, inputs, k, producer, fresh)
-                ops = producer[3] + ops
+                form = inline_input(form, k, producer, fresh)
                 k = 0
-            s = s.replace(op="fused", inputs=tuple(inputs), attrs=make_attrs(out=shape, body=fold(body), ops=ops))
+            attrs = make_attrs(out=form.out, body=fold(form.body), ops=form.ops)
+            s = s.replace(op="fused", inputs=form.inputs, attrs=attrs)
         out.append(s)
     return g.replace(stmts=tuple(out))

@@ -10,16 +10,12 @@ see the overwrite).
 from __future__ import annotations
 
 from deepdsl.ir import REGISTRY, Graph, Stmt
-from deepdsl.ir.indexexpr import Affine, Read, reads
-from deepdsl.passes.fuse import _form, _has_reduce
+from deepdsl.ir.analysis import composable_form, last_reads, returned
 
 
 def inplace(g: Graph) -> Graph:
-    last: dict[str, int] = {}
-    for i, s in enumerate(g.stmts):
-        for v in s.inputs:
-            last[v.name] = i
-    pinned = {v.name for _, v in (*g.outputs, *g.updates)}
+    last = last_reads(g.stmts)
+    pinned = returned(g)
     produced = {s.out.name: s for s in g.stmts}
     viewed = {v.name for s in g.stmts if REGISTRY[s.op].view for v in s.inputs}
     out: list[Stmt] = []
@@ -34,18 +30,14 @@ def inplace(g: Graph) -> Graph:
 
 
 def _candidate(s: Stmt, i: int, last: dict, pinned: set, produced: dict, viewed: set) -> int | None:
-    form = _form(s)
+    form = composable_form(s)
     if form is None:
         return None
-    out, body, inputs, _ = form
-    if _has_reduce(body):
-        return None
-    identity = tuple(Affine.var(n) for n, _ in out)
-    for k, v in enumerate(inputs):
+    for k, v in enumerate(form.inputs):
         p = produced.get(v.name)
         if (p is None or REGISTRY[p.op].view or v.type != s.out.type or last.get(v.name) != i or v.name in pinned
                 or v.name in viewed or sum(1 for x in s.inputs if x == v) != 1):  # fmt: skip
             continue
-        if all(r.index == identity for r in reads(body) if isinstance(r, Read) and r.input == k):
+        if form.reads_pointwise({k}):
             return k
     return None

@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 
 from deepdsl.ir import Graph, Init, ParamDef, Value
-from deepdsl.passes.fuse import costs_no_memory, lifetimes
+from deepdsl.ir.analysis import last_reads, persistent, readers, returned
+from deepdsl.passes.fuse import costs_no_memory
 from deepdsl.passes.rewrite import rename
 
 STEP = 1e-6
@@ -34,7 +35,7 @@ def motion(g: Graph) -> Graph:
 def hoist(g: Graph) -> Graph:
     """Every `fill` becomes a constant tensor of the program, initialised once."""
     consts = {s.out.name: s for s in g.stmts if s.op == "fill" and not s.inputs}
-    pinned = {v.name for _, v in (*g.outputs, *g.updates)}
+    pinned = returned(g)
     consts = {name: s for name, s in consts.items() if name not in pinned}
     if not consts:
         return g
@@ -55,21 +56,18 @@ def hoist(g: Graph) -> Graph:
 
 
 def sink(g: Graph) -> Graph:
-    readers: dict[str, list[int]] = {}
-    for i, s in enumerate(g.stmts):
-        for v in set(s.inputs):
-            readers.setdefault(v.name, []).append(i)
-    pinned = {v.name for _, v in (*g.outputs, *g.updates)}
-    _, last, persistent = lifetimes(g)
+    read_by = readers(g.stmts)
+    pinned = returned(g)
+    last, held = last_reads(g.stmts), persistent(g)
     key = [0.0] * len(g.stmts)
     for i in range(len(g.stmts) - 1, -1, -1):
         s = g.stmts[i]
-        users = readers.get(s.out.name, [])
+        users = read_by.get(s.out.name, [])
         if s.out.name in pinned or not users:
             key[i] = float(i)
             continue
         target = min(key[u] for u in users) - STEP
-        sinking_is_free = costs_no_memory(list(s.inputs), s.out, math.ceil(target), last, persistent)
+        sinking_is_free = costs_no_memory(s.inputs, s.out, math.ceil(target), last, held)
         key[i] = target if sinking_is_free else float(i)
     order = sorted(range(len(g.stmts)), key=lambda i: (key[i], -i))  # of two feeding one reader, the later last
     if order == list(range(len(g.stmts))):

@@ -56,14 +56,3 @@ def apply_rules(g: Graph, rules: list[Rule], max_rounds: int = 20) -> Graph:
             return current
         current = rename(current, out, mapping)
     return current
-
-
-def uses(g: Graph) -> dict[str, int]:
-    """How many times each value is read (by statements, outputs and updates)."""
-    count: dict[str, int] = {}
-    for s in g.stmts:
-        for v in s.inputs:
-            count[v.name] = count.get(v.name, 0) + 1
-    for _, v in (*g.outputs, *g.updates):
-        count[v.name] = count.get(v.name, 0) + 1
-    return count

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from deepdsl.ir import Graph, Stmt
+from deepdsl.ir.analysis import output_indices, own_index
 from deepdsl.ir.graph import make_attrs
 from deepdsl.ir.indexexpr import IE, Apply, Const, Read, Reduce
 from deepdsl.passes.rewrite import apply_rules
@@ -100,16 +101,9 @@ def _vectorise(s: Stmt, defs: dict[str, Any]) -> Stmt | None:
         if reduced is not None:
             found, scale = reduced
             if scale != 1.0:  # the scale rides along as the reduction's epilogue: still one kernel
-                found = found.replace(
-                    attrs=found.attrs + (("epilogue", Apply("*", (Read(0, _ids(out)), Const(scale)))),)
-                )
+                own = Read(0, own_index(output_indices(found.out.type)))
+                found = found.replace(attrs=found.attrs + (("epilogue", Apply("*", (own, Const(scale)))),))
     return found
-
-
-def _ids(out: tuple) -> tuple:
-    from deepdsl.ir.indexexpr import Affine
-
-    return tuple(Affine.var(f"i{k}") for k in range(len(out)))
 
 
 def vectorise(g: Graph) -> Graph:

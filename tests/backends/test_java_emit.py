@@ -18,9 +18,9 @@ from ops.test_registry_complete import EXAMPLES
 from deepdsl.backends.java.kernels import java_kernel
 from deepdsl.checkpoint import save_npz
 from deepdsl.ir import REGISTRY
+from deepdsl.ir.analysis import out_vars
 from deepdsl.ir.indexexpr import FUNCTIONS, IE, Affine, Apply, Const, Read, Reduce, Var
 from deepdsl.ir.types import DType
-from deepdsl.ops._index_forms import out_vars
 from deepdsl.ops.indexed import evaluate
 
 pytestmark = JAVA_MARKS

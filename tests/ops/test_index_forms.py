@@ -7,8 +7,8 @@ import pytest
 from test_registry_complete import EXAMPLES
 
 from deepdsl.ir import REGISTRY
+from deepdsl.ir.analysis import out_vars
 from deepdsl.ir.types import DType
-from deepdsl.ops._index_forms import out_vars
 from deepdsl.ops.indexed import evaluate
 
 FORMS = sorted(name for name, op in REGISTRY.items() if op.index_form is not None)

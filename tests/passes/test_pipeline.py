@@ -160,10 +160,10 @@ train { optimizer = adam(lr=0.01) iterations = 2 seed = 1 data = synthetic }
 
 
 def _update_kernels(c: api.Compilation) -> list[tuple[str, ...]]:
-    from deepdsl.ir.groups import kernel_groups
+    from deepdsl.memory.groups import planned_groups
 
     updates = {"sgd_momentum", "sgd_step", "adam_moment", "adam_step"}
-    groups = kernel_groups(c.plan.graph.stmts, c.plan)  # in the order the backends emit, with its memory
+    groups = planned_groups(c.plan)  # in the order the backends emit, with its memory
     return [tuple(s.op for s in g) for g in groups if any(s.op in updates for s in g)]
 
 

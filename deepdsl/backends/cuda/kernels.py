@@ -24,12 +24,13 @@ from typing import Any
 import numpy as np
 
 from deepdsl.ir import REGISTRY, Stmt
-from deepdsl.ir.groups import group_form, is_flat, kernel_groups
+from deepdsl.ir.analysis import index_form, output_indices, top_reductions
+from deepdsl.ir.groups import group_form, is_flat
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, format_ie
 from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.types import DType
+from deepdsl.memory.groups import planned_groups
 from deepdsl.memory.plan import Plan
-from deepdsl.ops._index_forms import out_vars
 
 BLOCK = 256  # threads per block of the element-wise and row kernels
 TILE = 16  # the GEMM tile (library.cu DD_TILE)
@@ -267,16 +268,8 @@ def cuda_expr(e: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, 
     return text
 
 
-def _top_reduces(e: IE) -> list[Reduce]:
-    if isinstance(e, Reduce):
-        return [e]
-    if isinstance(e, Apply):
-        return [r for a in e.args for r in _top_reduces(a)]
-    return []
-
-
 @dataclass(frozen=True)
-class _Kernel:
+class Kernel:
     """A kernel's text and how to launch it (its arguments are filled in by the caller)."""
 
     text: str
@@ -300,14 +293,14 @@ def _grid_for(n: int, block: int) -> int:
 def ie_kernel(
     name: str, body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...],
     ctypes: tuple[str, ...] | None = None, comment: str = "",
-) -> _Kernel:  # fmt: skip
+) -> Kernel:  # fmt: skip
     """The kernel computing out[idx] = body over `out`'s grid."""
     ctypes = ctypes or ("float",) * len(shapes)
     numel = math.prod(n for _, n in out)
     _check_size(name, numel, *(math.prod(s) for s in shapes))
     head = [f"// {comment}"] if comment else []
     head.append(f'extern "C" __global__ void {name}({_params("float", ctypes, False)}) {{')
-    tops = _top_reduces(body)
+    tops = top_reductions(body)
     reduced = max((math.prod(n for _, n in r.vars) for r in tops), default=0)
     cooperative = reduced >= 64 and reduced >= numel // 64
     g = _Gen(shapes, ctypes, cooperative=cooperative)
@@ -317,7 +310,7 @@ def ie_kernel(
         pre: list[str] = []
         value = as_float(g.expr(body, pre, "    "))
         lines += [f"  DD_GRID_STRIDE(e, {numel}) {{", f"    out[e] = {value};", "  }"]
-        return _Kernel("\n".join(head + lines + ["}"]), (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel,
+        return Kernel("\n".join(head + lines + ["}"]), (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel,
                        "grid-stride")  # fmt: skip
     names = [g.bind(var, size) for var, size in out]
     g.own = tuple(Affine.var(v) for v, _ in out), tuple(n for _, n in out)
@@ -342,14 +335,14 @@ def ie_kernel(
     text = "\n".join(head + lines + ["}"])
     if cooperative:
         block = min(BLOCK, max(32, 1 << (reduced - 1).bit_length()))
-        return _Kernel(text, (_grid_for(numel, 1), 1, 1), (block, 1, 1), BLOCK_SMEM, numel, "block-stride")
-    return _Kernel(text, (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel, "grid-stride")
+        return Kernel(text, (_grid_for(numel, 1), 1, 1), (block, 1, 1), BLOCK_SMEM, numel, "block-stride")
+    return Kernel(text, (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel, "grid-stride")
 
 
 def group_kernel(
     name: str, bodies: tuple[IE, ...], numel: int, shapes: tuple[tuple[int, ...], ...], ctypes: tuple[str, ...],
     readers: tuple[dict[int, int], ...], comment: str,
-) -> _Kernel:  # fmt: skip
+) -> Kernel:  # fmt: skip
     """One grid-stride kernel computing out0[e] = bodies[0], out1[e] = bodies[1], ... element by element: the
     statements of one group (ir/groups.py). Body j reads the shared inputs in0, in1, ... (`shapes`, `ctypes`), and
     `readers[j]` maps an input index of its own to the earlier result m it reads instead (held in the local r{m})."""
@@ -364,7 +357,7 @@ def group_kernel(
         value = as_float(g.expr(body, pre, "    "))
         lines += pre + [f"    const float r{j} = {value};", f"    out{j}[e] = r{j};"]
     lines += ["  }", "}"]
-    return _Kernel("\n".join(lines), (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel, "grid-stride")
+    return Kernel("\n".join(lines), (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel, "grid-stride")
 
 
 def _check_size(name: str, *sizes: int) -> None:
@@ -377,41 +370,43 @@ def _check_size(name: str, *sizes: int) -> None:
 # ---- ops without an index form ----
 
 
-def _call(name: str, s: Stmt, ctypes: tuple[str, ...], out_ctype: str, call: str, **launch: Any) -> _Kernel:
+def library_call(name: str, s: Stmt, ctypes: tuple[str, ...], out_ctype: str, call: str, **launch: Any) -> Kernel:
+    """The kernel `name` whose one line is `call`, a function of library.cu, launched as `launch` says (the
+    keywords of `Kernel`: grid, block, static_smem, covers, loop)."""
     text = "\n".join([
         f"// {format_stmt(s)}",
         f'extern "C" __global__ void {name}({_params(out_ctype, ctypes, True)}) {{',
         f"  {call};",
         "}",
     ])  # fmt: skip
-    return _Kernel(text, **launch)
+    return Kernel(text, **launch)
 
 
-def _elementwise(n: int) -> dict[str, Any]:
+def elementwise_launch(n: int) -> dict[str, Any]:
+    """The launch of a grid-stride loop over `n` elements, one thread an element."""
     return {"grid": (_grid_for(n, BLOCK), 1, 1), "block": (BLOCK, 1, 1), "static_smem": 0, "covers": n,
             "loop": "grid-stride"}  # fmt: skip
 
 
-def _rows(rows: int, covers: int) -> dict[str, Any]:
+def row_launch(rows: int, covers: int) -> dict[str, Any]:
+    """The launch of a block-stride loop: one block a row, its threads sharing the row (`covers` elements in all)."""
     return {"grid": (_grid_for(rows, 1), 1, 1), "block": (BLOCK, 1, 1), "static_smem": BLOCK_SMEM, "covers": covers,
             "loop": "block-stride"}  # fmt: skip
 
 
-def _one_block(covers: int) -> dict[str, Any]:
+def one_block_launch(covers: int) -> dict[str, Any]:
+    """The launch of one block that covers all `covers` elements."""
     return {"grid": (1, 1, 1), "block": (BLOCK, 1, 1), "static_smem": BLOCK_SMEM, "covers": covers, "loop": "one-block"}
 
 
-def _ints(*xs: Any) -> str:
+def c_ints(*xs: Any) -> str:
+    """Integers as a C argument list: `2, 3, 4`."""
     return ", ".join(str(int(x)) for x in xs)
 
 
 # ---- the program ----
 
 Form = tuple[IE, tuple[tuple[str, int], ...]]  # an index expression over the output's indices (name, size)
-
-
-def _own(s: Stmt) -> tuple[tuple[str, int], ...]:
-    return tuple(zip(out_vars(s.out.type), s.out.type.shape))
 
 
 def _ctype(dtype: DType) -> str:
@@ -456,7 +451,7 @@ class _Program:
             return Arg(value, "tensor", self.tensors[base], 0, ctype)
         return Arg(value, "arena", base, self.plan.buffer_of(base).offset, ctype)
 
-    def add(self, s: Stmt, kernel: str, k: _Kernel, values: tuple[str, ...], ctypes: tuple[str, ...],
+    def add(self, s: Stmt, kernel: str, k: Kernel, values: tuple[str, ...], ctypes: tuple[str, ...],
             also: tuple[str, ...] = ()) -> None:  # fmt: skip
         """Launch `k`; a kernel identical to an earlier one but for its name is not written again: the launch
         uses the earlier kernel, whose comment lists the statements it serves."""
@@ -494,12 +489,9 @@ class _Program:
         in_types = tuple(_ctype(v.type.dtype) for v in s.inputs)
         out_type = _ctype(s.out.type.dtype)
         values = (s.out.name, *(v.name for v in s.inputs))
-        form: Form | None = None
-        if s.op in ("fused", "indexed"):
-            form = s.a["body"], s.a["out"]
-        elif op.index_form is not None:
-            form = op.index_form(tuple(v.type for v in s.inputs), s.out.type, s.a), _own(s)
-        elif op.cuda_form is not None:
+        own = index_form(s)
+        form: Form | None = (own.body, own.out) if own is not None else None
+        if form is None and op.cuda_form is not None:
             form = op.cuda_form(s)
         if form is not None:
             if out_type != "float":
@@ -521,7 +513,7 @@ class _Program:
         self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]))
         if "epilogue" in s.a:
             extras = s.inputs[arity:]
-            out = _own(s)
+            out = output_indices(s.out.type)
             shapes = (s.out.type.shape, *(v.type.shape for v in extras))
             epi = s.a["epilogue"]
             ename = self.name(s, "_epilogue")
@@ -543,7 +535,7 @@ def program(plan: Plan, prefix: str = "") -> CudaProgram:
         p.tensors[d.value.name] = d.value.name
     for d in g.params:
         p.tensors[d.value.name] = d.value.name
-    for group in kernel_groups(g.stmts, plan):
+    for group in planned_groups(plan):
         if len(group) == 1:
             p.statement(group[0])
         else:

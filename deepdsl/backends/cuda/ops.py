@@ -14,17 +14,17 @@ from deepdsl.backends.cuda.kernels import (
     GEMM_SMEM,
     TILE,
     Form,
-    _call,
-    _elementwise,
-    _ints,
-    _Kernel,
-    _one_block,
-    _own,
-    _rows,
+    Kernel,
+    c_ints,
+    elementwise_launch,
     float_literal,
+    library_call,
+    one_block_launch,
+    row_launch,
 )
 from deepdsl.initializers import stream_seed
 from deepdsl.ir import Stmt
+from deepdsl.ir.analysis import output_indices
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var
 from deepdsl.ir.registry import cuda_form, cuda_kernel
 
@@ -46,49 +46,49 @@ def _conv_geometry(s: Stmt) -> tuple[int, ...]:
     return n, c, h, wd, f, kh, kw, y[2], y[3], sh, sw, ph, pw, a["groups"]
 
 
-def _conv(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+def _conv(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     """Forward and backward-data: implicit GEMMs on 16x16 tiles (per group); backward-filter: one block per
     weight, its threads sharing the sum over the batch and the output pixels."""
     geometry = _conv_geometry(s)
     n, c, h, w, f = geometry[:5]
     oh, ow, groups = geometry[7], geometry[8], geometry[13]
-    args = f"out, in0, in1, {_ints(*geometry)}"
+    args = f"out, in0, in1, {c_ints(*geometry)}"
     numel = s.out.type.numel
     if s.op == "conv2d_backward_filter":
-        return _call(name, s, ct[:2], "float", f"dd_conv2d_backward_filter({args})", **_rows(numel, numel))
+        return library_call(name, s, ct[:2], "float", f"dd_conv2d_backward_filter({args})", **row_launch(numel, numel))
     if s.op == "conv2d":
         fn, rows, cols = "dd_conv2d_igemm", f // groups, n * oh * ow
     else:
         fn, rows, cols = "dd_conv2d_backward_data_igemm", c // groups, n * h * w
     grid = (-(-cols // TILE), -(-rows // TILE), groups)
-    return _call(name, s, ct[:2], "float", f"{fn}({args})", grid=grid, block=(TILE, TILE, 1), static_smem=GEMM_SMEM,
-                 covers=numel, loop="tiles", tiles=(cols, rows, groups))  # fmt: skip
+    return library_call(name, s, ct[:2], "float", f"{fn}({args})", grid=grid, block=(TILE, TILE, 1),
+                        static_smem=GEMM_SMEM, covers=numel, loop="tiles", tiles=(cols, rows, groups))  # fmt: skip
 
 
 def _pool_geometry(s: Stmt) -> str:
     x = s.inputs[0].type.shape if s.op != "avg_pool2d_backward" else tuple(s.a["in_shape"])
     y = s.out.type.shape if s.op == "max_pool2d" else s.inputs[-1].type.shape
     (kh, kw), (sh, sw), (ph, pw) = s.a["kernel"], s.a["stride"], s.a["pad"]
-    return _ints(x[0] * x[1], x[2], x[3], y[2], y[3], kh, kw, sh, sw, ph, pw)
+    return c_ints(x[0] * x[1], x[2], x[3], y[2], y[3], kh, kw, sh, sw, ph, pw)
 
 
-def _max_pool(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
-    return _call(
-        name, s, ct, "float", f"dd_max_pool2d(out, in0, {_pool_geometry(s)})", **_elementwise(s.out.type.numel)
+def _max_pool(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
+    return library_call(
+        name, s, ct, "float", f"dd_max_pool2d(out, in0, {_pool_geometry(s)})", **elementwise_launch(s.out.type.numel)
     )
 
 
-def _max_pool_backward(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+def _max_pool_backward(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     call = f"dd_max_pool2d_backward(out, in0, in1, in2, {_pool_geometry(s)})"
-    return _call(name, s, ct, "float", call, **_elementwise(s.out.type.numel))
+    return library_call(name, s, ct, "float", call, **elementwise_launch(s.out.type.numel))
 
 
-def _avg_pool_backward(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+def _avg_pool_backward(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     call = f"dd_avg_pool2d_backward(out, in0, {_pool_geometry(s)})"
-    return _call(name, s, ct, "float", call, **_elementwise(s.out.type.numel))
+    return library_call(name, s, ct, "float", call, **elementwise_launch(s.out.type.numel))
 
 
-def _gemm(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+def _gemm(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     a = s.inputs[0].type.shape
     out = s.out.type.shape
     if s.op == "linear":
@@ -99,63 +99,65 @@ def _gemm(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
     m, n = out[-2], out[-1]
     k = a[-2] if ta else a[-1]
     grid = (-(-n // TILE), -(-m // TILE), batch)
-    call = f"dd_gemm(out, in0, in1, {_ints(m, n, k, ta, tb)})"
-    return _call(name, s, ct[:2], "float", call, grid=grid, block=(TILE, TILE, 1), static_smem=GEMM_SMEM,
-                 covers=s.out.type.numel, loop="tiles", tiles=(n, m, batch))  # fmt: skip
+    call = f"dd_gemm(out, in0, in1, {c_ints(m, n, k, ta, tb)})"
+    return library_call(name, s, ct[:2], "float", call, grid=grid, block=(TILE, TILE, 1), static_smem=GEMM_SMEM,
+                        covers=s.out.type.numel, loop="tiles", tiles=(n, m, batch))  # fmt: skip
 
 
 def _axis1(shape: tuple[int, ...]) -> tuple[int, int, int]:
     return shape[0], shape[1], math.prod(shape[2:])
 
 
-def _softmax(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+def _softmax(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     a, d, b = _axis1(s.inputs[0].type.shape)
     log = int(s.op.startswith("log_"))
     if s.op.endswith("_backward"):
-        call = f"dd_softmax_backward(out, in0, in1, {_ints(a, d, b, log)})"
+        call = f"dd_softmax_backward(out, in0, in1, {c_ints(a, d, b, log)})"
     else:
-        call = f"dd_softmax(out, in0, {_ints(a, d, b, log)})"
-    return _call(name, s, ct, "float", call, **_rows(a * b, s.out.type.numel))
+        call = f"dd_softmax(out, in0, {c_ints(a, d, b, log)})"
+    return library_call(name, s, ct, "float", call, **row_launch(a * b, s.out.type.numel))
 
 
-def _loss(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+def _loss(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     n, k = s.inputs[0].type.shape
     if s.op == "softmax_cross_entropy_backward":
-        launch = _rows(n, n * k)
+        launch = row_launch(n, n * k)
     elif s.op == "cross_entropy_backward":
-        launch = _elementwise(n * k)
+        launch = elementwise_launch(n * k)
     else:
-        launch = _one_block(1)
+        launch = one_block_launch(1)
     ins = "in0, in1, in2" if s.op.endswith("_backward") else "in0, in1"
-    return _call(name, s, ct, "float", f"dd_{s.op}(out, {ins}, {_ints(n, k)})", **launch)
+    return library_call(name, s, ct, "float", f"dd_{s.op}(out, {ins}, {c_ints(n, k)})", **launch)
 
 
-def _argmax(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+def _argmax(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     n, k = s.inputs[0].type.shape
-    return _call(name, s, ct, "long long", f"dd_argmax(out, in0, {_ints(n, k)})", **_elementwise(n))
+    return library_call(name, s, ct, "long long", f"dd_argmax(out, in0, {c_ints(n, k)})", **elementwise_launch(n))
 
 
-def _accuracy(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+def _accuracy(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     n, k = s.inputs[0].type.shape
-    return _call(name, s, ct, "float", f"dd_accuracy(out, in0, in1, {_ints(n, k)})", **_one_block(1))
+    return library_call(name, s, ct, "float", f"dd_accuracy(out, in0, in1, {c_ints(n, k)})", **one_block_launch(1))
 
 
-def _lrn(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+def _lrn(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     n, c, h, w = s.inputs[0].type.shape
     a = s.a
-    consts = f"{_ints(n, c, h * w, a['size'])}, {float_literal(a['k'])}, {float_literal(a['alpha'])}, " \
+    consts = f"{c_ints(n, c, h * w, a['size'])}, {float_literal(a['k'])}, {float_literal(a['alpha'])}, " \
              f"{float_literal(a['beta'])}"  # fmt: skip
     ins = "in0, in1, in2" if s.op == "lrn_backward" else "in0"
-    return _call(name, s, ct, "float", f"dd_{s.op}(out, {ins}, {consts})", **_elementwise(s.out.type.numel))
+    return library_call(
+        name, s, ct, "float", f"dd_{s.op}(out, {ins}, {consts})", **elementwise_launch(s.out.type.numel)
+    )
 
 
-def _dropout_mask(name: str, s: Stmt, ct: tuple[str, ...]) -> _Kernel:
+def _dropout_mask(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     a = s.a
     n = s.out.type.numel
     stream = stream_seed(a["site"] + "#dropout", a["seed"])
     keep = float_literal(1.0 / (1.0 - a["p"]))
     call = f"dd_dropout_mask(out, in0, {n}, 0x{stream:016X}ull, {float(a['p'])!r}, {keep})"
-    return _call(name, s, ct, "float", call, **_elementwise(n))
+    return library_call(name, s, ct, "float", call, **elementwise_launch(n))
 
 
 cuda_kernel("conv2d", "conv2d_backward_data", "conv2d_backward_filter")(_conv)
@@ -183,7 +185,7 @@ def _transpose_form(s: Stmt) -> Form:
     index = [Affine((), 0)] * len(perm)
     for k, p in enumerate(perm):
         index[p] = _var(f"i{k}")
-    return Read(0, tuple(index)), _own(s)
+    return Read(0, tuple(index)), output_indices(s.out.type)
 
 
 def _shifted(rank: int, axis: int, shift: int) -> tuple[Affine, ...]:
@@ -191,11 +193,11 @@ def _shifted(rank: int, axis: int, shift: int) -> tuple[Affine, ...]:
 
 
 def _slice_form(s: Stmt) -> Form:
-    return Read(0, _shifted(s.out.type.rank, s.a["axis"], s.a["start"])), _own(s)
+    return Read(0, _shifted(s.out.type.rank, s.a["axis"], s.a["start"])), output_indices(s.out.type)
 
 
 def _pad_axis_form(s: Stmt) -> Form:
-    return Read(0, _shifted(s.out.type.rank, s.a["axis"], -s.a["start"])), _own(s)
+    return Read(0, _shifted(s.out.type.rank, s.a["axis"], -s.a["start"])), output_indices(s.out.type)
 
 
 def _concat_form(s: Stmt) -> Form:
@@ -208,7 +210,7 @@ def _concat_form(s: Stmt) -> Form:
     for k in reversed(range(len(s.inputs) - 1)):
         test = Apply("<", (Var(f"i{axis}"), Const(float(starts[k + 1]))))
         body = Apply("select", (test, Read(k, _shifted(rank, axis, -starts[k])), body))
-    return body, _own(s)
+    return body, output_indices(s.out.type)
 
 
 def _sum_axes_form(s: Stmt) -> Form:
@@ -224,20 +226,20 @@ def _sum_axes_form(s: Stmt) -> Form:
 def _global_avg_pool_form(s: Stmt) -> Form:
     h, w = s.inputs[0].type.shape[2:]
     body = Reduce("sum", (("h", h), ("w", w)), Read(0, (_var("i0"), _var("i1"), _var("h"), _var("w"))))
-    return Apply("/", (body, Const(float(h * w)))), _own(s)
+    return Apply("/", (body, Const(float(h * w)))), output_indices(s.out.type)
 
 
 def _global_avg_pool_backward_form(s: Stmt) -> Form:
     h, w = s.out.type.shape[2:]
     zero = Affine((), 0)
-    return Apply("/", (Read(0, (_var("i0"), _var("i1"), zero, zero)), Const(float(h * w)))), _own(s)
+    return Apply("/", (Read(0, (_var("i0"), _var("i1"), zero, zero)), Const(float(h * w)))), output_indices(s.out.type)
 
 
 def _avg_pool_form(s: Stmt) -> Form:
     (kh, kw), (sh, sw), (ph, pw) = s.a["kernel"], s.a["stride"], s.a["pad"]
     index = (_var("i0"), _var("i1"), Affine((("i2", sh), ("ki", 1)), -ph), Affine((("i3", sw), ("kj", 1)), -pw))
     body = Reduce("sum", (("ki", kh), ("kj", kw)), Read(0, index))
-    return Apply("/", (body, Const(float(kh * kw)))), _own(s)
+    return Apply("/", (body, Const(float(kh * kw)))), output_indices(s.out.type)
 
 
 def _mse_form(s: Stmt) -> Form:

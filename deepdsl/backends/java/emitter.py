@@ -28,11 +28,12 @@ from deepdsl.backends.java.tables import cuda_tables
 from deepdsl.backends.java.text import long_literal, method
 from deepdsl.frontend.program import Program
 from deepdsl.ir import REGISTRY, Graph, Stmt, Value
-from deepdsl.ir.groups import group_form, kernel_groups
+from deepdsl.ir.analysis import index_form, output_indices
+from deepdsl.ir.groups import group_form
 from deepdsl.ir.indexexpr import format_ie, renumber
 from deepdsl.ir.printer import format_stmt
 from deepdsl.memory import Plan
-from deepdsl.ops._index_forms import out_vars
+from deepdsl.memory.groups import planned_groups
 
 MAX_STATEMENTS_PER_METHOD = 200  # keeps every step method far below Java's 64 KB of bytecode
 DEFAULT_WORKSPACE_LIMIT = 1 << 30
@@ -175,12 +176,9 @@ class _Emitter:
         args = [self.tensor(v) for v in s.inputs if v.name != STEP]  # the step counter is passed as a long
         if op.view:
             return []
-        if s.op in ("fused", "indexed") or op.index_form is not None:
-            if s.op in ("fused", "indexed"):
-                body, out = s.a["body"], s.a["out"]
-            else:
-                body = op.index_form(tuple(v.type for v in s.inputs), s.out.type, s.a)
-                out = tuple(zip(out_vars(s.out.type), s.out.type.shape))
+        form = index_form(s)
+        if form is not None:
+            body, out = form.body, form.out
             shapes = tuple(v.type.shape for v in s.inputs)
             what = s.op
             if s.op == "fused" and s.a.get("ops"):
@@ -196,7 +194,7 @@ class _Emitter:
         lines = [call]
         if "epilogue" in s.a:
             extras = s.inputs[arity:]
-            out = tuple(zip(out_vars(s.out.type), s.out.type.shape))
+            out = output_indices(s.out.type)
             shapes = (s.out.type.shape, *(v.type.shape for v in extras))
             epilogue = s.a["epilogue"]
             name = self.kernel(
@@ -212,7 +210,7 @@ class _Emitter:
         self.in_state = dict(getattr(p, "in_state", {}))
         # a group of element-wise statements (ir/groups.py) is one item: one loop computes all its results
         items: list[tuple[str, Any]] = [
-            ("stmt", group[0]) if len(group) == 1 else ("group", group) for group in kernel_groups(g.stmts, p)
+            ("stmt", group[0]) if len(group) == 1 else ("group", group) for group in planned_groups(p)
         ]
         items += [("update", (name, v)) for name, v in g.updates]
         parts = _split(items)
