@@ -1,18 +1,17 @@
-"""Inlining of small index expressions: a broadcast or a constant read by several element-wise statements
-is recomputed inside each of them instead of being stored (a [C] -> [N, C, H, W] broadcast costs a read,
-its buffer costs N·H·W times more). Single-use expressions are inlined by `fuse`.
+"""Inlining of small index expressions: a broadcast or a constant (an op whose entry is `inline_into_readers`)
+read by several element-wise statements is recomputed inside each of them instead of being stored (a [C] ->
+[N, C, H, W] broadcast costs a read, its buffer costs N·H·W times more). Single-use expressions are inlined by
+`fuse`.
 
 Legal because the inlined expression is pure and cheap: no reduction, at most a few operations.
 """
 
 from __future__ import annotations
 
-from deepdsl.ir import Graph, Stmt
+from deepdsl.ir import REGISTRY, Graph, Stmt
 from deepdsl.ir.graph import make_attrs
 from deepdsl.passes.fuse import _form, _has_reduce, _inline
 from deepdsl.passes.simplify import fold
-
-SMALL = ("broadcast_channel", "broadcast_scalar", "fill")
 
 
 def inline(g: Graph) -> Graph:
@@ -24,7 +23,7 @@ def inline(g: Graph) -> Graph:
     small = {
         s.out.name: _form(s)
         for s in g.stmts
-        if s.op in SMALL and s.out.name not in pinned and readers.get(s.out.name)
+        if REGISTRY[s.op].inline_into_readers and s.out.name not in pinned and readers.get(s.out.name)
         and all(_form(r) is not None for r in readers[s.out.name])
     }  # fmt: skip
     if not small:
