@@ -1,8 +1,10 @@
 """The op registry: one `OpDef` per op holds everything the op means.
 
-An op's module registers its shape rule with `defop`, then attaches the other aspects to the same
-entry with `numpy_kernel`, `vjp_rule`, `flops_rule` and `lowering`. Backends and passes read entries;
-they never keep per-op tables of their own.
+An op's module registers its shape rule with `defop` (with the op's yes/no facts: element-wise, a view,
+differentiable, cheap to recompute, accepts an epilogue, inlined into its readers), then attaches the other
+aspects to the same entry with `numpy_kernel`, `vjp_rule`, `flops_rule`, `lowering`, `java_call`, ... Backends
+and passes read entries; they never keep per-op tables of their own. The CUDA fields are the one aspect filled
+from outside `deepdsl/ops/`: they are C-writing code that lives with the CUDA backend (backends/cuda/ops.py).
 """
 
 from __future__ import annotations
@@ -47,6 +49,28 @@ class Saves:
 
 
 @dataclass(frozen=True)
+class JavaCall:
+    """How the Java program calls the op's kernel in the runtime: `cls.<op name>(out, params...)`.
+
+    `params` are the Java method's parameters after the output, as (type, name): `Buf` (one per input, in
+    order), or one `Buf[]` holding every input (concat), then the attributes, each named as its attribute in
+    camelCase (`in_shape` is `inShape`); `long step` is the iteration counter and `long limit` the program's
+    workspace limit. tests/ops/test_registry_complete.py checks them against the runtime's Java sources.
+    """
+
+    cls: str
+    params: tuple[tuple[str, str], ...]
+
+    @property
+    def inputs_as_array(self) -> bool:
+        return any(t == "Buf[]" for t, _ in self.params)
+
+    @property
+    def attributes(self) -> tuple[tuple[str, str], ...]:
+        return tuple((t, n) for t, n in self.params if t not in ("Buf", "Buf[]"))
+
+
+@dataclass(frozen=True)
 class OpDef:
     name: str
     shape: ShapeRule
@@ -54,6 +78,13 @@ class OpDef:
     doc: str = ""
     elementwise: bool = False
     view: bool = False  # the output aliases its input (flatten/reshape): no kernel, no copy
+    # recomputing it costs about one pass over its output (element-wise work, a view, a dropout mask): memory/remat.py
+    # recomputes it in the backward pass rather than keep it alive across the forward pass
+    cheap_to_recompute: bool = False
+    # a library kernel whose result an element-wise statement may follow inside the same call (passes/fuse.py)
+    accepts_epilogue: bool = False
+    # so cheap (a broadcast, a constant) that each element-wise reader recomputes it instead of reading a buffer
+    inline_into_readers: bool = False
     numpy: NumpyKernel | None = None
     vjp: VjpRule | None = None
     flops: FlopsRule | None = None
@@ -65,6 +96,7 @@ class OpDef:
     saves: Saves | None = None  # what eager autograd keeps of the op (memcheck's eager baseline); None: nothing
     cuda: CudaRule | None = None  # the CUDA kernel of an op without an index form (set by deepdsl.backends.cuda)
     cuda_form: CudaForm | None = None  # or its index expression, written by the CUDA backend only
+    java: JavaCall | None = None  # the runtime call of an op without an index form (deepdsl/runtime/*.java)
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -78,13 +110,20 @@ def defop(
     elementwise: bool = False,
     view: bool = False,
     differentiable: bool = True,
+    cheap_to_recompute: bool = False,
+    accepts_epilogue: bool = False,
+    inline_into_readers: bool = False,
 ) -> Callable[[ShapeRule], ShapeRule]:
     """Register `fn` as the shape rule of op `name`; `doc` (else the rule's docstring) describes the op."""
 
     def register(fn: ShapeRule) -> ShapeRule:
         assert name not in REGISTRY, f"op {name} registered twice"
         description = doc or (fn.__doc__ or "").strip()
-        REGISTRY[name] = OpDef(name, fn, arity, description, elementwise, view, differentiable=differentiable)
+        REGISTRY[name] = OpDef(
+            name, fn, arity, description, elementwise, view,
+            cheap_to_recompute=cheap_to_recompute, accepts_epilogue=accepts_epilogue,
+            inline_into_readers=inline_into_readers, differentiable=differentiable,
+        )  # fmt: skip
         return fn
 
     return register
@@ -145,6 +184,15 @@ def eager_saves(*names: str, which: tuple[int | str, ...] = (), extra: Callable 
     """Declare what an eager framework keeps of each op in `names` for its backward pass (see `Saves`)."""
     for name in names:
         _attach(name, "saves")(Saves(which, extra))
+
+
+def java_call(name: str, params: str = "", cls: str = "CpuOps") -> None:
+    """Declare the runtime method the Java program calls for op `name`: `params` as the Java source writes them
+    after the output (`"Buf x, Buf w, int groups, int[] pad"`), in class `cls` (see `JavaCall`)."""
+    words = [p.split() for p in params.split(",") if p.strip()]
+    assert all(len(w) == 2 for w in words), f"op {name}: Java parameters {params!r} are not 'type name, ...'"
+    pairs = tuple((w[0], w[1]) for w in words)
+    _attach(name, "java")(JavaCall(cls, pairs))
 
 
 def _attach_all(names: tuple[str, ...], field: str) -> Callable[[Callable], Callable]:

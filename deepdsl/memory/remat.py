@@ -31,12 +31,9 @@ SMALL = 64 * 1024  # bytes: a value this small stays alive rather than pull a re
 
 def is_cheap(s: Stmt) -> bool:
     """Element-wise work without a reduction: recomputing it costs about one pass over its output."""
-    if s.op == "dropout_mask":
-        return True
-    if s.op == "fused":
+    if s.op == "fused":  # what a fused statement costs depends on its body
         return not has_reduce(s.a["body"])
-    op = REGISTRY[s.op]
-    return op.view or (op.index_form is not None and "epilogue" not in s.a and (op.elementwise or s.op == "bn_apply"))
+    return REGISTRY[s.op].cheap_to_recompute and "epilogue" not in s.a
 
 
 def rematerialise(g: Graph, level: str, small: int = SMALL) -> Graph:

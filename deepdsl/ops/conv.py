@@ -16,6 +16,7 @@ from deepdsl.ir.registry import (
     defop,
     eager_saves,
     flops_rule,
+    java_call,
     numpy_kernel,
     numpy_workspace_kernel,
     vjp_rule,
@@ -26,7 +27,7 @@ from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank, window_out
 
 
-@defop("conv2d", 2)
+@defop("conv2d", 2, accepts_epilogue=True)
 def conv2d(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     """attrs: stride (sh, sw), pad (ph, pw), groups."""
     x, w = types
@@ -42,7 +43,7 @@ def conv2d(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     return TensorType((n, f, window_out(h, kh, sh, ph, "conv"), window_out(wd, kw, sw, pw, "conv")))
 
 
-@defop("conv2d_backward_data", 2, differentiable=False)
+@defop("conv2d_backward_data", 2, differentiable=False, accepts_epilogue=True)
 def conv2d_backward_data(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     """d conv2d / d x: inputs g (d out), w; attrs stride, pad, groups and in_shape (the shape of x)."""
     g, w = types
@@ -52,7 +53,7 @@ def conv2d_backward_data(types: tuple[TensorType, ...], attrs: dict[str, Any]) -
     return x
 
 
-@defop("conv2d_backward_filter", 2, differentiable=False)
+@defop("conv2d_backward_filter", 2, differentiable=False, accepts_epilogue=True)
 def conv2d_backward_filter(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     """d conv2d / d w: inputs x, g (d out); attrs stride, pad, groups and w_shape (the shape of w)."""
     x, g = types
@@ -229,3 +230,9 @@ def _conv2d_vjp(b: Any, s: Any, g: Any) -> tuple:
 
 # what eager autograd keeps: the input and the weight (DESIGN §5, the eager baseline)
 eager_saves("conv2d", which=(0, 1))
+
+
+# the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
+java_call("conv2d", "Buf x, Buf w, int groups, int[] pad, int[] stride, long limit", cls="Workspace")
+java_call("conv2d_backward_data", "Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride")
+java_call("conv2d_backward_filter", "Buf x, Buf g, int groups, int[] pad, int[] stride, int[] wShape")

@@ -30,14 +30,16 @@ _GRADS = {
 }
 
 for _name, _doc in _BINARY.items():
-    defop(_name, 2, doc=f"element-wise {_doc}", elementwise=True)(binary_same)
+    defop(_name, 2, doc=f"element-wise {_doc}", elementwise=True, cheap_to_recompute=True)(binary_same)
 for _name, _doc in _GRADS.items():  # only in backward programs: never differentiated themselves
-    defop(_name, 2, doc=f"element-wise {_doc}", elementwise=True, differentiable=False)(binary_same)
+    defop(_name, 2, doc=f"element-wise {_doc}", elementwise=True, differentiable=False, cheap_to_recompute=True)(
+        binary_same
+    )
 for _name, _doc in (_SCALAR | _UNARY).items():
-    defop(_name, 1, doc=f"element-wise {_doc}", elementwise=True)(unary_same)
+    defop(_name, 1, doc=f"element-wise {_doc}", elementwise=True, cheap_to_recompute=True)(unary_same)
 
 
-@defop("fill", 0, doc="a tensor of attrs shape with every element attrs value")
+@defop("fill", 0, doc="a tensor of attrs shape with every element attrs value", inline_into_readers=True)
 def fill(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     return TensorType(tuple(attrs["shape"]))
 

@@ -6,14 +6,14 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, java_call, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
 from deepdsl.ops._index_forms import ap, pointwise
 
 
-@defop("linear", 2)
+@defop("linear", 2, accepts_epilogue=True)
 def linear(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     """x [N, D] times W [O, D] transposed -> [N, O]."""
     x, w = types
@@ -24,7 +24,7 @@ def linear(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     return TensorType((x.shape[0], w.shape[0]))
 
 
-@defop("bias_add", 2, elementwise=True)
+@defop("bias_add", 2, elementwise=True, cheap_to_recompute=True)
 def bias_add(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     """x + b broadcast along axis 1 (channels or features)."""
     x, b = types
@@ -33,7 +33,7 @@ def bias_add(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType
     return x
 
 
-@defop("matmul", 2)
+@defop("matmul", 2, accepts_epilogue=True)
 def matmul(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     """op(a) @ op(b) for 2-D a, b, where op transposes when attrs transpose_a / transpose_b."""
     a, b = types
@@ -103,7 +103,7 @@ def _bias_vjp(b: Any, s: Any, g: Any) -> tuple:
 index_form("bias_add")(pointwise(lambda a, x, b: ap("+", x, b)))
 
 
-@defop("batch_matmul", 2, differentiable=False)
+@defop("batch_matmul", 2, differentiable=False, accepts_epilogue=True)
 def batch_matmul(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     """op(a[b]) @ op(b[b]) for each b of 3-D a, b (the GEMM a tensor function computes, after vectorise)."""
     a, b = types
@@ -146,3 +146,10 @@ flops_rule("transpose")(lambda types, out, a: out.numel)
 
 
 eager_saves("linear", "matmul", "batch_matmul", which=(0, 1))  # what eager autograd keeps
+
+
+# the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
+java_call("linear", "Buf x, Buf w")
+java_call("matmul", "Buf a, Buf b, boolean transposeA, boolean transposeB")
+java_call("batch_matmul", "Buf a, Buf b, boolean transposeA, boolean transposeB")
+java_call("transpose", "Buf x, int[] perm")

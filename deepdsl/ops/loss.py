@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, java_call, numpy_kernel, vjp_rule
 from deepdsl.ir.types import DType, ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
@@ -182,3 +182,17 @@ def _mse_backward_form(types: tuple[TensorType, ...], out: TensorType, a: dict) 
 eager_saves("softmax_cross_entropy", which=(1,), extra=lambda types, out, a: types[0].nbytes)
 eager_saves("softmax", "log_softmax", which=("out",))
 eager_saves("cross_entropy", "mse", which=(0, 1))
+
+
+# the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
+java_call("softmax", "Buf x")
+java_call("log_softmax", "Buf x")
+java_call("softmax_backward", "Buf y, Buf g")
+java_call("log_softmax_backward", "Buf y, Buf g")
+java_call("softmax_cross_entropy", "Buf x, Buf labels")
+java_call("softmax_cross_entropy_backward", "Buf x, Buf labels, Buf g")
+java_call("cross_entropy", "Buf p, Buf labels")
+java_call("cross_entropy_backward", "Buf p, Buf labels, Buf g")
+java_call("mse", "Buf a, Buf b")
+java_call("argmax", "Buf x")
+java_call("accuracy", "Buf x, Buf labels")

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, lowering, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, java_call, lowering, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
@@ -41,7 +41,7 @@ def lrn(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
 # ---- batch norm in the train and infer programs ----
 
 
-@defop("bn_apply", None)
+@defop("bn_apply", None, cheap_to_recompute=True)  # element-wise after a per-channel broadcast
 def bn_apply(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     """(x - mean) / sqrt(var + eps) * gamma + beta per channel; inputs x, mean, var[, gamma, beta]."""
     x, *rest = types
@@ -188,3 +188,8 @@ eager_saves(
     which=(0,),
     extra=lambda types, out, a: 2 * out.nbytes + out.nbytes // out.shape[1] * (out.shape[1] + a["size"] - 1),
 )
+
+
+# the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
+java_call("lrn", "Buf x, float alpha, float beta, float k, int size")
+java_call("lrn_backward", "Buf x, Buf y, Buf g, float alpha, float beta, float k, int size")

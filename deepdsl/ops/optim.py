@@ -28,7 +28,7 @@ _OPS = {
     "scale_by": (2, "x * s for a scalar tensor s  (x, s)"),
 }
 for _name, (_arity, _doc) in _OPS.items():
-    defop(_name, _arity, doc=_doc, elementwise=True, differentiable=False)(_like_first)
+    defop(_name, _arity, doc=_doc, elementwise=True, differentiable=False, cheap_to_recompute=True)(_like_first)
 
 
 @defop(

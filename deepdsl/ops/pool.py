@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, eager_saves, flops_rule, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, java_call, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank, window_out
@@ -204,3 +204,12 @@ def _global_avg_pool_vjp(b: Any, s: Any, g: Any) -> tuple:
 # what eager autograd keeps: the input, and for max pooling the int64 index of each output's maximum
 eager_saves("max_pool2d", which=(0,), extra=lambda types, out, a: out.numel * 8)
 eager_saves("avg_pool2d", "global_avg_pool", which=(0,))
+
+
+# the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
+java_call("max_pool2d", "Buf x, int[] kernel, int[] pad, int[] stride")
+java_call("max_pool2d_backward", "Buf x, Buf y, Buf g, int[] kernel, int[] pad, int[] stride")
+java_call("avg_pool2d", "Buf x, int[] kernel, int[] pad, int[] stride")
+java_call("avg_pool2d_backward", "Buf g, int[] inShape, int[] kernel, int[] pad, int[] stride")
+java_call("global_avg_pool", "Buf x")
+java_call("global_avg_pool_backward", "Buf g, int[] inShape")

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from deepdsl.initializers import stream_seed, uniform_array
-from deepdsl.ir.registry import defop, eager_saves, flops_rule, lowering, numpy_kernel
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, java_call, lowering, numpy_kernel
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import unary_same
@@ -25,7 +25,7 @@ defop(
 )(unary_same)  # fmt: skip
 
 
-@defop("dropout_mask", 1, differentiable=False)
+@defop("dropout_mask", 1, differentiable=False, cheap_to_recompute=True)  # one draw per element
 def dropout_mask(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     """0 or 1 / (1 - p) per element of attrs shape, from the step (input) and attrs site, p, seed."""
     if types[0].shape != ():
@@ -60,3 +60,7 @@ def _flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
 
 
 eager_saves("dropout", extra=lambda types, out, a: out.numel)  # eager autograd keeps a one-byte mask per element
+
+
+# the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
+java_call("dropout_mask", "long step, float p, long seed, String site")

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from deepdsl.ir.indexexpr import IE, Affine, Read, Reduce
-from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, java_call, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._index_forms import ap, c, pointwise
@@ -46,7 +46,10 @@ def _channel_var(types: tuple[TensorType, ...], a: dict[str, Any]) -> TensorType
     return m
 
 
-@defop("broadcast_channel", 1, doc="[C] -> attrs shape, repeating each channel value over every other axis")
+@defop(
+    "broadcast_channel", 1, doc="[C] -> attrs shape, repeating each channel value over every other axis",
+    inline_into_readers=True,
+)  # fmt: skip
 def _broadcast_channel(types: tuple[TensorType, ...], a: dict[str, Any]) -> TensorType:
     return TensorType(tuple(a["shape"]))
 
@@ -110,7 +113,7 @@ def _channel_var_vjp(b: Any, s: Any, g: Any) -> tuple:
     return (gx, gm)
 
 
-@defop("broadcast_scalar", 1, doc="a scalar repeated to attrs shape")
+@defop("broadcast_scalar", 1, doc="a scalar repeated to attrs shape", inline_into_readers=True)
 def _broadcast_scalar(types: tuple[TensorType, ...], a: dict[str, Any]) -> TensorType:
     if types[0].shape != ():
         raise ShapeError(f"broadcast_scalar takes a scalar, got {types[0]}")
@@ -175,3 +178,7 @@ flops_rule("sum_axes")(lambda types, out, a: types[0].numel)
 
 
 eager_saves("sum_squares", which=(0,))  # what eager autograd keeps
+
+
+# the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
+java_call("sum_axes", "Buf x, int[] axes")

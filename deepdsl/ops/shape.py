@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, flops_rule, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, flops_rule, java_call, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 
 
-@defop("reshape", 1, view=True)
+@defop("reshape", 1, view=True, cheap_to_recompute=True)
 def reshape(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     """A view with the same elements in another shape. attrs: shape."""
     (x,) = types
@@ -116,3 +116,9 @@ def _pad_axis(xs: tuple, a: dict) -> np.ndarray:
 
 
 flops_rule("pad_axis")(_copy_flops)
+
+
+# the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
+java_call("concat", "Buf[] ins, int axis")
+java_call("slice", "Buf x, int axis, int start, int stop")
+java_call("pad_axis", "Buf x, int axis, int size, int start")

@@ -7,8 +7,9 @@ statement: one kernel, no intermediate buffer. This is legal because the ops are
 computes every element of the producer it needs. A producer containing a reduction is only merged
 when its reader reads it element for element (otherwise the reduction would be recomputed per element).
 
-Then an element-wise statement that alone reads the result of a conv, full or matmul becomes that
-kernel's epilogue (`epilogue` attr: Read(0) is the kernel's own result), as bias add + ReLU after a conv.
+Then an element-wise statement that alone reads the result of a conv, full or matmul (an op whose entry
+`accepts_epilogue`) becomes that kernel's epilogue (`epilogue` attr: Read(0) is the kernel's own result), as
+bias add + ReLU after a conv.
 Last, an element-wise statement reading the kept result of the one before it is marked to share its loop
 (`same_loop`, ir/groups.py): a parameter's momentum and step become one kernel.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from deepdsl.ir import Graph, Stmt, Value
+from deepdsl.ir import REGISTRY, Graph, Stmt, Value
 from deepdsl.ir.analysis import (
     IndexForm,
     composable_form,
@@ -37,8 +38,6 @@ from deepdsl.ir.groups import can_join
 from deepdsl.ir.index_grad import substitute
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Read, Reduce, reads, renumber
 from deepdsl.passes.simplify import fold
-
-EPILOGUE_HOSTS = ("conv2d", "conv2d_backward_data", "conv2d_backward_filter", "linear", "matmul", "batch_matmul")
 
 
 def fuse(g: Graph) -> Graph:
@@ -189,7 +188,7 @@ def fuse_epilogues(g: Graph) -> Graph:
         body, inputs = form.body, form.inputs
         for k, v in enumerate(inputs):
             host = defs.get(v.name)
-            if (host is None or host.op not in EPILOGUE_HOSTS or "epilogue" in host.a or count.get(v.name) != 1
+            if (host is None or not REGISTRY[host.op].accepts_epilogue or "epilogue" in host.a or count.get(v.name) != 1
                     or v.name in pinned or host.out.type != s.out.type or host.out.name in absorbed):  # fmt: skip
                 continue
             if not costs_no_memory(host.inputs, host.out, position[s.out.name], last, held):

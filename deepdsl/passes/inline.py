@@ -1,19 +1,18 @@
-"""Inlining of small index expressions: a broadcast or a constant read by several element-wise statements
-is recomputed inside each of them instead of being stored (a [C] -> [N, C, H, W] broadcast costs a read,
-its buffer costs N·H·W times more). Single-use expressions are inlined by `fuse`.
+"""Inlining of small index expressions: a broadcast or a constant (an op whose entry is `inline_into_readers`)
+read by several element-wise statements is recomputed inside each of them instead of being stored (a [C] ->
+[N, C, H, W] broadcast costs a read, its buffer costs N·H·W times more). Single-use expressions are inlined by
+`fuse`.
 
 Legal because the inlined expression is pure and cheap: no reduction, at most a few operations.
 """
 
 from __future__ import annotations
 
-from deepdsl.ir import Graph
+from deepdsl.ir import REGISTRY, Graph
 from deepdsl.ir.analysis import composable_form, has_reduce, readers, returned
 from deepdsl.ir.graph import make_attrs
 from deepdsl.passes.fuse import inline_input
 from deepdsl.passes.simplify import fold
-
-SMALL = ("broadcast_channel", "broadcast_scalar", "fill")
 
 
 def inline(g: Graph) -> Graph:
@@ -22,7 +21,7 @@ def inline(g: Graph) -> Graph:
     small = {
         s.out.name: composable_form(s)
         for s in g.stmts
-        if s.op in SMALL and s.out.name not in pinned and read_by.get(s.out.name)
+        if REGISTRY[s.op].inline_into_readers and s.out.name not in pinned and read_by.get(s.out.name)
         and all(composable_form(g.stmts[r]) is not None for r in read_by[s.out.name])
     }  # fmt: skip
     if not small:

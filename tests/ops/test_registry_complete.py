@@ -1,12 +1,25 @@
-"""Every registry entry has what issue 2 requires of it: a shape rule that works and a description."""
+"""Every registry entry holds every fact its op needs, or the op is listed here as not needing it, with why.
+
+`problems(registry)` is the checker: for each field of `OpDef` it knows which ops need it (the rest are exempt
+by a named rule or an explicit entry below, each with its reason), reports a needed field that is missing and an
+exemption that has gone stale (the field is there after all), and checks the yes/no facts against what the op
+is. The tests below run it on the registry and on copies with one field broken, to show each check can fail.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from collections.abc import Callable
+
 import pytest
 
+import deepdsl.backends.cuda  # noqa: F401 — attaches the CUDA fields to the entries
 import deepdsl.ops  # noqa: F401
+from deepdsl.backends.java import runtime_sources
 from deepdsl.ir import REGISTRY, TensorType
-from deepdsl.ir.registry import lookup
+from deepdsl.ir.indexexpr import IE, Apply, Reduce
+from deepdsl.ir.registry import JavaCall, OpDef, lookup
 from deepdsl.ir.types import DType, ShapeError
 
 X4 = TensorType((2, 4, 8, 8))
@@ -80,6 +93,292 @@ EXPECTED = {
     "batch_matmul": (2, 3, 5), "sum_axes": (4, 8), "transpose": (2, 8, 8, 4), "avg_pool2d_backward": (2, 4, 8, 8),
     "global_avg_pool_backward": (2, 4, 8, 8),
 }  # fmt: skip
+
+
+# ---- who needs which field ----
+
+# ops the train and infer programs rewrite into others (their `lower`): nothing runs them
+LOWERED = {
+    "batch_norm": "lowered to channel_mean, channel_var, running_update and bn_apply",
+    "dropout": "lowered to dropout_mask * x in training, to x in inference",
+}
+# ops whose statement carries its own index expression (attrs body, out): the backends compile that
+FROM_BODY = {
+    "fused": "its kernel is compiled from its body attribute",
+    "indexed": "its kernel is compiled from its body attribute",
+}
+# differentiable ops of which eager autograd keeps no tensor for the backward pass (`saves` None)
+KEEPS_NOTHING = {
+    "add": "the gradients are g and g",
+    "sub": "the gradients are g and -g",
+    "neg": "the gradient is -g",
+    "add_scalar": "the gradient is g",
+    "mul_scalar": "the gradient is c * g, c an attribute",
+    "rsub_scalar": "the gradient is -g",
+    "bias_add": "the gradients are g and its channel sums",
+    "reshape": "a view: the gradient is g reshaped",
+    "concat": "the gradients are slices of g",
+    "slice": "the gradient is g padded",
+    "fill": "reads no input",
+    "sum": "the gradient is g broadcast",
+    "broadcast_channel": "the gradient is the channel sums of g",
+    "broadcast_scalar": "the gradient is the sum of g",
+    "channel_sum": "the gradient is g broadcast",
+    "channel_mean": "the gradient is g broadcast and scaled",
+    "bn_apply": "made only by batch_norm's lowering; the eager baseline counts batch_norm's own saves",
+    "channel_var": "made only by batch_norm's lowering; the eager baseline counts batch_norm's own saves",
+}
+NO_VJP = {"fill": "reads no input: there is nothing to differentiate"}
+CHEAP_WITHOUT_INDEX_FORM = {"dropout_mask": "one random draw per element"}
+CHEAP_FLOPS = 4  # per output element: about one pass over the output
+
+# Why an op needs no value in a field: (reason, whether the field must then be absent, because nothing would
+# read it); None when the op needs the field.
+Exemption = tuple[str, bool] | None
+
+
+def _reduces(e: IE) -> bool:
+    return isinstance(e, Reduce) or (isinstance(e, Apply) and any(_reduces(a) for a in e.args))
+
+
+def _lowered(op: OpDef) -> Exemption:
+    return (LOWERED[op.name], True) if op.name in LOWERED else None
+
+
+def _exempt_vjp(op: OpDef) -> Exemption:
+    if not op.differentiable:
+        return "differentiable=False: never differentiated", True
+    return _lowered(op) or ((NO_VJP[op.name], True) if op.name in NO_VJP else None)
+
+
+def _exempt_saves(op: OpDef) -> Exemption:
+    # lowered ops need theirs: the eager baseline is taken over the forward graph, before lowering
+    if op.name in KEEPS_NOTHING:
+        return KEEPS_NOTHING[op.name], True
+    # an op made by a pass (batch_matmul) may say what eager autograd would keep of it: harmless
+    return None if op.differentiable else ("differentiable=False: eager autograd keeps nothing of it", False)
+
+
+def _exempt_index_form(op: OpDef) -> Exemption:
+    return _lowered(op) or (None if op.elementwise else ("not element-wise: an index form is optional", False))
+
+
+def _exempt_kernel(op: OpDef) -> Exemption:
+    """Why the op needs no backend kernel of its own (CUDA rule, Java call): nothing would call one."""
+    if op.view:
+        return "a view: no kernel, its output aliases its input", True
+    if op.index_form is not None:
+        return "the backends write its kernel from its index form", True
+    return _lowered(op) or ((FROM_BODY[op.name], True) if op.name in FROM_BODY else None)
+
+
+# field -> (does the op have it, why it needs none)
+NEEDS: dict[str, tuple[Callable[[OpDef], bool], Callable[[OpDef], Exemption]]] = {
+    "doc": (lambda op: bool(op.doc), lambda op: None),
+    "numpy": (lambda op: op.numpy is not None, _lowered),
+    "flops": (lambda op: op.flops is not None, _lowered),
+    "vjp": (lambda op: op.vjp is not None, _exempt_vjp),
+    "saves": (lambda op: op.saves is not None, _exempt_saves),
+    "index_form": (lambda op: op.index_form is not None, _exempt_index_form),
+    "cuda": (lambda op: op.cuda is not None or op.cuda_form is not None, _exempt_kernel),
+    "java": (lambda op: op.java is not None, _exempt_kernel),
+    "numpy_ws": (
+        lambda op: op.numpy_ws is not None,
+        lambda op: None if op.workspace is not None else ("no workspace rule: no kernel runs in scratch", True),
+    ),
+}
+FACTS = ("cheap_to_recompute", "accepts_epilogue", "inline_into_readers")  # checked by _fact_problems
+# the other fields: what checks them
+COVERED = {
+    "cuda_form": "checked with cuda (a CUDA kernel or a CUDA index form)",
+    "workspace": "optional (None: no scratch); checked with numpy_ws",
+    "lower": "classifies the lowered ops: LOWERED must list exactly them",
+    "name": "checked: the registry key",
+    "shape": "run on EXAMPLES by test_every_op_has_a_working_shape_rule",
+    "arity": "checked against EXAMPLES",
+    "elementwise": "checked: an element-wise op's result has its first input's shape",
+    "view": "checked: a view has no index form and no kernel fields",
+    "differentiable": "decides who needs vjp and saves",
+}
+
+
+def _fact_problems(op: OpDef) -> list[str]:
+    """The yes/no facts against what the op is, on its example call."""
+    if op.name in FROM_BODY:
+        return []
+    if op.name not in EXAMPLES:
+        return ["no example call in EXAMPLES"]
+    inputs, attrs = EXAMPLES[op.name]
+    ex = (inputs, op.shape(inputs, attrs), attrs)
+    form = op.index_form(*ex) if op.index_form else None
+    per_element = op.flops(*ex) / max(ex[1].numel, 1) if op.flops else 0.0
+    out = []
+    if op.elementwise and op.index_form is not None and not op.cheap_to_recompute:
+        out.append("element-wise with an index form but not cheap_to_recompute")
+    if op.cheap_to_recompute:
+        if form is None and not op.view and op.name not in CHEAP_WITHOUT_INDEX_FORM:
+            out.append("cheap_to_recompute without an index form, not a view and not listed")
+        if form is not None and _reduces(form):
+            out.append("cheap_to_recompute but its index form reduces")
+        if per_element > CHEAP_FLOPS:
+            out.append(f"cheap_to_recompute but {per_element:g} FLOPs per output element")
+    if op.accepts_epilogue and (op.index_form is not None or op.cuda is None or op.java is None):
+        out.append("accepts_epilogue needs a library kernel: no index form, a CUDA kernel and a Java call")
+    if op.inline_into_readers and (form is None or _reduces(form) or per_element > 1):
+        out.append("inline_into_readers needs an index form without a reduction, at most one FLOP per element")
+    if op.view and (op.index_form or op.cuda or op.cuda_form or op.java):
+        out.append("a view with an index form or kernel fields")
+    if op.elementwise and inputs and ex[1].shape != inputs[0].shape:
+        out.append("element-wise but its result does not have its first input's shape")
+    if op.arity is not None and len(inputs) != op.arity:
+        out.append(f"arity {op.arity} but its example has {len(inputs)} inputs")
+    return out
+
+
+def problems(registry: dict[str, OpDef]) -> list[str]:
+    """Every missing field, stale exemption and wrong fact of `registry`, as "op: what"."""
+    out = [f"{name}: registered as {op.name!r}" for name, op in registry.items() if op.name != name]
+    lowered = {name for name, op in registry.items() if op.lower is not None}
+    out += [f"{name}: has a lowering but is not in LOWERED" for name in sorted(lowered - set(LOWERED))]
+    out += [f"{name}: in LOWERED but has no lowering" for name in sorted(set(LOWERED) & set(registry) - lowered)]
+    for name, op in sorted(registry.items()):
+        out += [f"{name}: {p}" for p in op_problems(op)]
+    return out
+
+
+def op_problems(op: OpDef) -> list[str]:
+    """What one entry lacks, has although nothing reads it, or claims wrongly."""
+    out = []
+    for field, (has, exempt) in NEEDS.items():
+        why = exempt(op)
+        if why is None and not has(op):
+            out.append(f"no {field}")
+        elif why is not None and why[1] and has(op):
+            out.append(f"has {field} although {why[0]}")
+    return out + ([] if op.name in LOWERED else _fact_problems(op))
+
+
+def test_every_op_has_every_fact() -> None:
+    assert problems(REGISTRY) == []
+
+
+def test_the_checker_covers_every_field_of_an_entry() -> None:
+    fields = {f.name for f in dataclasses.fields(OpDef)}
+    checked = set(NEEDS) | set(COVERED) | set(FACTS)
+    assert fields == checked, f"fields no check covers: {fields - checked}; checks of no field: {checked - fields}"
+
+
+def _without(name: str, **change: object) -> dict[str, OpDef]:
+    copy = dict(REGISTRY)
+    copy[name] = dataclasses.replace(REGISTRY[name], **change)
+    return copy
+
+
+@pytest.mark.parametrize(
+    "name, change, reported",
+    [
+        ("relu", {"numpy": None}, "relu: no numpy"),
+        ("conv2d", {"flops": None}, "conv2d: no flops"),
+        ("tanh", {"vjp": None}, "tanh: no vjp"),
+        ("max_pool2d", {"saves": None}, "max_pool2d: no saves"),
+        ("softmax", {"cuda": None}, "softmax: no cuda"),
+        ("slice", {"cuda_form": None}, "slice: no cuda"),
+        ("lrn", {"java": None}, "lrn: no java"),
+        ("mul", {"index_form": None}, "mul: no index_form"),
+        ("conv2d", {"numpy_ws": None}, "conv2d: no numpy_ws"),
+        ("argmax", {"doc": ""}, "argmax: no doc"),
+        ("add", {"saves": REGISTRY["relu"].saves}, "add: has saves although the gradients are g and g"),
+        ("relu", {"java": JavaCall("CpuOps", ())}, "relu: has java although the backends write its kernel"),
+        ("bn_apply", {"cheap_to_recompute": False}, None),  # not element-wise: may be either
+        ("sigmoid", {"cheap_to_recompute": False}, "sigmoid: element-wise with an index form but not cheap"),
+        ("channel_sum", {"cheap_to_recompute": True}, "channel_sum: cheap_to_recompute but its index form reduces"),
+        ("softmax", {"cheap_to_recompute": True}, "softmax: cheap_to_recompute without an index form"),
+        ("relu", {"accepts_epilogue": True}, "relu: accepts_epilogue needs a library kernel"),
+        ("slice", {"accepts_epilogue": True}, "slice: accepts_epilogue needs a library kernel"),
+        ("sum", {"inline_into_readers": True}, "sum: inline_into_readers needs an index form without a reduction"),
+        ("dropout", {"lower": None}, "dropout: in LOWERED but has no lowering"),
+        ("add", {"arity": 3}, "add: arity 3 but its example has 2 inputs"),
+    ],
+)
+def test_the_checker_reports_a_broken_entry(name: str, change: dict, reported: str | None) -> None:
+    found = problems(_without(name, **change))
+    if reported is None:
+        assert found == []
+    else:
+        assert any(p.startswith(reported) for p in found), found
+
+
+# the OpDef fields behind each field of NEEDS, and the empty value that removes them
+REMOVE = {"doc": {"doc": ""}, "cuda": {"cuda": None, "cuda_form": None}}
+
+
+@pytest.mark.parametrize("field", sorted(NEEDS))
+def test_removing_a_needed_field_from_any_entry_is_reported(field: str) -> None:
+    has, exempt = NEEDS[field]
+    needing = [op for op in REGISTRY.values() if exempt(op) is None]
+    assert needing, f"no op needs {field}"
+    for op in needing:
+        broken = dataclasses.replace(op, **REMOVE.get(field, {field: None}))
+        assert f"no {field}" in op_problems(broken), op.name
+
+
+def test_the_checker_reports_an_op_missing_from_the_lists() -> None:
+    copy = dict(REGISTRY)
+    copy["softplus"] = dataclasses.replace(REGISTRY["softmax"], name="softplus", numpy=None, java=None)
+    found = problems(copy)
+    assert "softplus: no numpy" in found and "softplus: no java" in found
+
+
+# ---- each Java call against the runtime's sources ----
+
+
+def java_methods(text: str) -> dict[str, tuple[tuple[str, str], ...]]:
+    """Method -> its (type, name) parameters, of every `public static void` method of one Java source."""
+    out = {}
+    for method, params in re.findall(r"public static void (\w+)\(([^)]*)\)", text):
+        out[method] = tuple(tuple(p.split()[-2:]) for p in params.split(",") if p.strip())
+    return out
+
+
+def java_mismatches(registry: dict[str, OpDef], sources: dict[str, str]) -> list[str]:
+    """Every Java call of `registry` that is not a method of the runtime `sources` (file name -> text)."""
+    classes = {op.java.cls for op in registry.values() if op.java is not None}
+    methods = {(cls, m): ps for cls in classes for m, ps in java_methods(sources.get(f"{cls}.java", "")).items()}
+    out = []
+    for name, op in sorted(registry.items()):
+        if op.java is None:
+            continue
+        params = methods.get((op.java.cls, name))
+        if params is None:
+            out.append(f"{name}: no method {op.java.cls}.{name} in the runtime")
+            continue
+        if params[:1] != (("Buf", "out"),) or params[1:] != op.java.params:
+            out.append(f"{name}: declared {op.java.params}, {op.java.cls}.java has {params[1:]}")
+        tensors = sum(t == "Buf" for t, _ in op.java.params) + sum(n == "step" for _, n in op.java.params)
+        if op.java.inputs_as_array != (op.arity is None) or (op.arity is not None and tensors != op.arity):
+            out.append(f"{name}: {tensors} tensors in its Java call for arity {op.arity}")
+    return out
+
+
+def test_every_java_call_is_a_runtime_method() -> None:
+    assert java_mismatches(REGISTRY, runtime_sources()) == []
+
+
+def test_a_java_call_that_differs_from_the_runtime_is_reported() -> None:
+    wrong = JavaCall("CpuOps", (("Buf", "x"), ("int", "size"), ("float", "alpha")))
+    moved = JavaCall("Workspace", REGISTRY["lrn"].java.params)
+    assert java_mismatches(_without("lrn", java=wrong), runtime_sources())[0].startswith("lrn: declared")
+    assert java_mismatches(_without("lrn", java=moved), runtime_sources()) == [
+        "lrn: no method Workspace.lrn in the runtime"
+    ]
+    sources = dict(runtime_sources())
+    sources["CpuOps.java"] = sources["CpuOps.java"].replace(
+        "lrn(Buf out, Buf x, float alpha", "lrn(Buf out, Buf x, double alpha"
+    )
+    assert [p.split(":")[0] for p in java_mismatches(REGISTRY, sources)] == ["lrn"]
+
+
+# ---- shape rules ----
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))

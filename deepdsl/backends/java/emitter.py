@@ -3,18 +3,18 @@
 `emit_java(program, train_plan, infer_plan)` gives the text of `public final class NAME extends Network`:
 parameters, model state and optimizer state as named fields, `trainStep` and `inferStep` as the
 straight-line plan (each call under a comment holding the IR statement and its source line), and one
-generated loop kernel per distinct index expression. Ops without an index form are calls into
-`CpuOps` (the runtime's convention: output, inputs, then attributes in alphabetical order; the parameter
-lists are read from CpuOps.java itself when it is there), ops with one are generated kernels, and a fused
-epilogue is a kernel run over the host's output right after its call. The runtime (deepdsl/runtime/*.java)
-holds everything that does not depend on the network: training loop, data, parameter files, devices.
+generated loop kernel per distinct index expression. Ops without an index form are calls into the
+runtime (`CpuOps`, or `Workspace` where the kernel picks a variant by its scratch need) that their registry
+entry's `java` field declares: output, inputs, then attributes in alphabetical order; ops with one are
+generated kernels, and a fused epilogue is a kernel run over the host's output right after its call. The
+runtime (deepdsl/runtime/*.java) holds everything that does not depend on the network: training loop, data,
+parameter files, devices.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -32,6 +32,7 @@ from deepdsl.ir.analysis import index_form, output_indices
 from deepdsl.ir.groups import group_form
 from deepdsl.ir.indexexpr import format_ie, renumber
 from deepdsl.ir.printer import format_stmt
+from deepdsl.ir.registry import JavaCall
 from deepdsl.memory import Plan
 from deepdsl.memory.groups import planned_groups
 
@@ -51,32 +52,12 @@ def runtime_sources() -> dict[str, str]:
     return {f.name: f.read_text() for f in sorted(folder.iterdir(), key=lambda f: f.name) if f.name.endswith(".java")}
 
 
-@cache
-def signatures(java_class: str) -> dict[str, tuple[tuple[str, str], ...]]:
-    """Method -> its (type, name) parameters after the tensors, read from the runtime's `java_class`.java."""
-    text = runtime_sources().get(f"{java_class}.java", "")
-    out = {}
-    for name, params in re.findall(r"public static void (\w+)\(([^)]*)\)", text):
-        pairs = [tuple(p.split()[-2:]) for p in params.split(",") if p.strip()]
-        out[name] = tuple((t, n) for t, n in pairs if t not in ("Buf", "Buf[]"))
-    return out
-
-
-def library_class(op: str) -> str:
-    """Where the CPU code of a library op lives: `Workspace` when the op has a variant by scratch need."""
-    return "Workspace" if op in signatures("Workspace") else "CpuOps"
-
-
-def _java_type(value: Any, attr: str) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "long" if attr == "seed" else "int"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "String"
-    return "int[]"
+def java_call(op: str) -> JavaCall:
+    """The runtime method of a library op (one without an index form), from its registry entry."""
+    call = REGISTRY[op].java
+    if call is None:
+        raise ValueError(f"op {op} has neither an index form nor a Java call in its registry entry")
+    return call
 
 
 def _java_value(value: Any, java_type: str) -> str:
@@ -98,17 +79,13 @@ def _snake(name: str) -> str:
 
 
 def library_arguments(s: Stmt) -> list[str]:
-    """The attribute arguments of the CpuOps call of `s`, by CpuOps.java's parameter list or the convention."""
+    """The attribute arguments of the runtime call of `s`, by the parameters its registry entry declares."""
     attrs = {k: v for k, v in s.attrs if k not in ("epilogue", "inplace")}
-    signature = signatures(library_class(s.op)).get(s.op)
-    if signature is None and s.op == "dropout_mask":
-        signature = (("long", "step"), ("float", "p"), ("long", "seed"), ("String", "site"))
-    if signature is None:
-        signature = tuple((_java_type(v, k), k) for k, v in sorted(attrs.items()))
+    call = java_call(s.op)
     args = []
-    for java_type, param in signature:
+    for java_type, param in call.attributes:
         key = param if param in attrs else _snake(param)
-        if key == "step" and s.op == "dropout_mask":
+        if key == "step":  # the step counter, an input of the statement, is passed as a long
             args.append("iteration")
         elif key == "limit":
             args.append("workspaceLimit")
@@ -117,7 +94,7 @@ def library_arguments(s: Stmt) -> list[str]:
         elif java_type == "boolean":
             args.append("false")  # an absent flag (matmul's transpose_a) is off
         else:
-            raise ValueError(f"CpuOps.{s.op} takes '{param}', which statement %{s.out.name} does not have")
+            raise ValueError(f"{call.cls}.{s.op} takes '{param}', which statement %{s.out.name} does not have")
     return args
 
 
@@ -189,8 +166,9 @@ class _Emitter:
             return [f"{name}({', '.join([temp, *args])});"]
         arity = op.arity if op.arity is not None else len(s.inputs)
         own = args[:arity] if "epilogue" in s.a else args
-        tensors = [f"new Buf[] {{{', '.join(own)}}}"] if s.op == "concat" else own
-        call = f"{library_class(s.op)}.{s.op}({', '.join([temp, *tensors, *library_arguments(s)])});"
+        library = java_call(s.op)
+        tensors = [f"new Buf[] {{{', '.join(own)}}}"] if library.inputs_as_array else own
+        call = f"{library.cls}.{s.op}({', '.join([temp, *tensors, *library_arguments(s)])});"
         lines = [call]
         if "epilogue" in s.a:
             extras = s.inputs[arity:]
