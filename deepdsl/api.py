@@ -29,11 +29,6 @@ from deepdsl.passes import PassStat, run_pipeline
 
 STAGES = ("ast", "graph", "train", "infer", "opt", "plan")
 
-__all__ = [
-    "STAGES", "Build", "Compilation", "Options", "build", "compile_file", "compile_source", "has_const",
-    "literal_const", "optimise", "peak_bytes", "plan_within", "read_source", "with_remat",
-]  # fmt: skip
-
 
 @dataclass
 class Compilation:

@@ -44,7 +44,3 @@ class Build:
     infer_plan: Plan | None
     remat: str = "none"
     extra_flops: int = 0  # what rematerialisation recomputes in one step
-
-    @property
-    def name(self) -> str:
-        return self.program.graph.name
