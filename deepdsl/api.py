@@ -1,17 +1,21 @@
-"""The staged driver shared by the CLI and the tests: text -> AST -> forward graph -> train/infer programs.
+"""The staged driver shared by the CLI and the tests: text -> AST -> forward graph -> train/infer programs -> Build.
 
-Each stage is one function; `compile_source` / `compile_file` run them up to `stop_at`. Errors are
-raised as `DslError`; `sources` collects the text of every file read so they can be rendered.
+Each stage is one function; `compile_source` / `compile_file` run them up to `stop_at`, recording what they made
+in a `Compilation` (and the text of every file read, so that errors can be rendered). `build` is the rest of the
+pipeline, written once: the training program optimised, rematerialised and planned, and the inference program
+optimised and planned, as one frozen `Build` that the trainer, `memcheck` and the backends consume.
+Errors are raised as `DslError`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import deepdsl.ops  # noqa: F401 — fills the op registry
 from deepdsl.autodiff import infer_program, train_program
+from deepdsl.build import Build, Options
 from deepdsl.errors import DslError, DslProgramError
 from deepdsl.frontend import ast
 from deepdsl.frontend.elaborate import Elaborator
@@ -19,6 +23,8 @@ from deepdsl.frontend.parser import parse_text
 from deepdsl.frontend.program import Program
 from deepdsl.ir import Graph
 from deepdsl.memory import Plan, plan
+from deepdsl.memory.remat import LEVELS, rematerialise
+from deepdsl.memory.report import flops, report, total_peak
 from deepdsl.passes import PassStat, run_pipeline
 
 STAGES = ("ast", "graph", "train", "infer", "opt", "plan")
@@ -34,22 +40,13 @@ class Compilation:
     train: Graph | None = None
     infer: Graph | None = None
     opt: Graph | None = None  # the optimised training program
-    plan: Plan | None = None  # its memory plan (of the program rematerialised at level `remat`)
-    remat: str = "none"
-    extra_flops: int = 0  # what rematerialisation recomputes
     passes: tuple[PassStat, ...] = ()
+    build: Build | None = None  # the `plan` stage: both programs planned
 
-
-@dataclass(frozen=True)
-class Options:
-    """How to optimise: the -O level, passes switched off, and a callback after each pass."""
-
-    level: int = 2
-    disabled: tuple[str, ...] = ()
-    check: bool = False  # run the IR verifier after every pass
-    dump_after: Callable[[str, Graph], None] | None = None
-    remat: str | None = None  # none, cheap or full; None: none, or with a budget the least that fits
-    workspace_limit: int | None = None  # the most scratch one statement's kernel may take (None: any)
+    @property
+    def plan(self) -> Plan | None:
+        """The training program's plan, once the `plan` stage ran."""
+        return self.build.train_plan if self.build is not None else None
 
 
 def optimise(g: Graph, options: Options) -> tuple[Graph, tuple[PassStat, ...]]:
@@ -94,20 +91,22 @@ def elaborate_stage(module: ast.Module, includes: dict, sets: dict[str, int | fl
 
 def compile_source(
     text: str, file: str = "<input>", sets: dict[str, int | float] | None = None, stop_at: str = "graph",
-    c: Compilation | None = None, options: Options | None = None,
+    c: Compilation | None = None, options: Options | None = None, seed: int | None = None,
 ) -> Compilation:  # fmt: skip
+    """Run the stages up to `stop_at`; `seed` overrides the train block's (from the `train` stage on)."""
     c = c if c is not None else Compilation()
     c.module = parse_stage(text, file, c)
     if stop_at == "ast":
         return c
     c.program = elaborate_stage(c.module, load_includes(c.module, c), sets or {})
+    options = options or Options()
     if stop_at in ("train", "opt", "plan"):
-        c.train = train_program(c.program.graph, c.program.train.optimizer, c.program.train.seed)
+        c.train = train_stage(c.program, seed)
     if stop_at in ("opt", "plan"):
-        c.opt, c.passes = optimise(c.train, options or Options())
+        c.opt, c.passes = optimise(c.train, options)
     if stop_at == "plan":
-        options = options or Options()
-        plan_stage(c, options.remat or "none", options.workspace_limit)
+        assert c.opt is not None
+        c.build = build_stage(c.program, c.opt, c.passes, options, seed)
     elif stop_at == "infer":
         c.infer = infer_program(c.program.graph)
     return c
@@ -119,8 +118,9 @@ def compile_file(
     stop_at: str = "graph",
     c: Compilation | None = None,
     options: Options | None = None,
+    seed: int | None = None,
 ) -> Compilation:
-    return compile_source(read_source(path), str(path), sets, stop_at, c, options)
+    return compile_source(read_source(path), str(path), sets, stop_at, c, options, seed)
 
 
 MAX_SOURCE_BYTES = 16 * 2**20
@@ -154,42 +154,59 @@ def literal_const(c: Compilation, name: str) -> int | float | None:
     return None
 
 
-def plan_stage(c: Compilation, remat: str, workspace_limit: int | None = None) -> Plan:
-    """Rematerialise the optimised program at level `remat` and plan it."""
-    from deepdsl.memory.remat import rematerialise
-    from deepdsl.memory.report import flops
-
-    assert c.opt is not None
-    g = rematerialise(c.opt, remat)
-    c.plan, c.remat = plan(g, workspace_limit), remat
-    c.extra_flops = flops(g) - flops(c.opt) if g is not c.opt else 0
-    return c.plan
+def train_stage(program: Program, seed: int | None = None) -> Graph:
+    """The training program (forward + backward + update) with the train block's seed, or `seed`."""
+    cfg = program.train
+    return train_program(program.graph, cfg.optimizer, cfg.seed if seed is None else seed)
 
 
-def infer_plan(c: Compilation, options: Options, workspace_limit: int | None = None) -> Plan | None:
-    """The plan of the inference program (optimised like the training one), or None without `predict`."""
-    assert c.program is not None
-    if not any(name == "predict" for name, _ in c.program.graph.outputs):
-        return None
-    return plan(optimise(infer_program(c.program.graph), options)[0], workspace_limit)
+def build(program: Program, options: Options | None = None, seed: int | None = None) -> Build:
+    """`program` compiled for training and inference (see `Build`); `seed` overrides the train block's."""
+    options = options or Options()
+    opt, passes = optimise(train_stage(program, seed), options)
+    return build_stage(program, opt, passes, options, seed)
 
 
-def plan_within(c: Compilation, budget: int, workspace_limit: int | None = None) -> Plan:
-    """The plan with the least rematerialisation whose peak fits `budget` (the `full` one when none does)."""
-    from deepdsl.memory.remat import LEVELS
-    from deepdsl.memory.report import total_peak
+def build_stage(
+    program: Program, opt: Graph, passes: tuple[PassStat, ...], options: Options, seed: int | None = None
+) -> Build:
+    """The Build of an optimised training program `opt`: it rematerialised at `options.remat` and planned, and the
+    inference program (where the network has `predict`) optimised like it and planned."""
+    infer = infer_plan = None
+    if any(name == "predict" for name, _ in program.graph.outputs):  # --dump-after shows the training program only
+        infer = optimise(infer_program(program.graph), dataclasses.replace(options, dump_after=None))[0]
+        infer_plan = plan(infer, options.workspace_limit)
+    level = options.remat or "none"
+    train_plan, extra = remat_plan(opt, level, options.workspace_limit)
+    seed = program.train.seed if seed is None else seed
+    return Build(program, options, seed, opt, passes, train_plan, infer, infer_plan, level, extra)
 
+
+def remat_plan(opt: Graph, level: str, workspace_limit: int | None) -> tuple[Plan, int]:
+    """The plan of `opt` rematerialised at `level`, and the FLOPs the rematerialisation adds to a step."""
+    g = rematerialise(opt, level)
+    return plan(g, workspace_limit), (flops(g) - flops(opt) if g is not opt else 0)
+
+
+def with_remat(b: Build, level: str) -> Build:
+    """`b` with its training program rematerialised at `level` (none, cheap or full) and planned again."""
+    if level == b.remat:
+        return b
+    train_plan, extra = remat_plan(b.train, level, b.options.workspace_limit)
+    return dataclasses.replace(b, train_plan=train_plan, remat=level, extra_flops=extra)
+
+
+def plan_within(b: Build, budget: int) -> Build:
+    """`b` with the least rematerialisation whose peak fits `budget` (the `full` one when none does)."""
     for level in LEVELS:
-        p = plan_stage(c, level, workspace_limit)
-        if total_peak(p) <= budget:
+        b = with_remat(b, level)
+        if total_peak(b.train_plan) <= budget:
             break
-    return p
+    return b
 
 
 def peak_bytes(path: str | Path, sets: dict[str, int | float], options: Options | None = None) -> int:
     """The planned peak of one training step (persistent storage + inputs + arena)."""
-    from deepdsl.memory.report import report
-
     c = compile_file(path, sets, stop_at="plan", options=options)
-    assert c.plan is not None
-    return int(report(c.plan)["peak_bytes"])
+    assert c.build is not None
+    return int(report(c.build.train_plan)["peak_bytes"])

@@ -1,4 +1,5 @@
-"""The command line: parses options, calls the staged driver (`api`), renders. No compiler logic here.
+"""The command line: parses options, calls the driver (`api`), hands its Build to the trainer and the backends,
+renders. No compiler logic here.
 
 Exit codes: 0 ok, 1 an error in the user's input, 2 a usage error, 3 an internal error.
 """
@@ -180,8 +181,8 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
     assert c.program is not None
     _warnings(c)
     if stage == "plan":
-        assert c.plan is not None
-        click.echo(format_plan(c.plan), nl=False)
+        assert c.build is not None
+        click.echo(format_plan(c.build.train_plan), nl=False)
         return
     graph = {"graph": c.program.graph, "train": c.train, "infer": c.infer, "opt": c.opt}[stage]
     assert graph is not None
@@ -225,14 +226,15 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--gpu-mem") from None
     api.compile_file(file, sets, stop_at="plan", c=c, options=options)
-    assert c.plan is not None and c.program is not None
+    assert c.build is not None
     _warnings(c)
+    b = c.build
     if budget is not None and options.remat is None:
-        api.plan_within(c, budget, options.workspace_limit)
-    r = report(c.plan, c.program.graph, c.remat, c.extra_flops, c.opt, per_statement=table == "statements")
+        b = api.plan_within(b, budget)
+    r = report(b.train_plan, b.program.graph, b.remat, b.extra_flops, b.train, per_statement=table == "statements")
     if budget is not None:
         r["budget_bytes"], r["fits"] = budget, r["peak_bytes"] <= budget
-        at_level = dataclasses.replace(options, remat=c.remat)
+        at_level = dataclasses.replace(options, remat=b.remat)
         r["max_batch"] = None
         if api.has_const(c, "N"):
             n0 = sets.get("N", api.literal_const(c, "N"))
@@ -241,13 +243,13 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
                                            known=known)  # fmt: skip
     if plot_path is not None:
         try:
-            plot(c.plan, r, plot_path)
+            plot(b.train_plan, r, plot_path)
         except MissingDependency as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_USER)
     click.echo(json.dumps(r) if as_json else format_report(r, table != "totals"))
     if budget is not None and not r["fits"]:
-        raise over_budget(c.plan, r)
+        raise over_budget(b.train_plan, r)
 
 
 def stats_json(c: api.Compilation, stage: str | None) -> dict[str, Any]:
@@ -293,8 +295,8 @@ def run(
     _warnings(c)
     report = None if as_json else lambda line: click.echo(line)
     result = running.run_training(
-        c.program, iters=iters, data_flag=data_flag, load=load_path, save=save_path, device=device, seed=seed,
-        double=double, report=report, options=options,
+        api.build(c.program, options, seed), iters=iters, data_flag=data_flag, load=load_path, save=save_path,
+        device=device, double=double, report=report,
     )  # fmt: skip
     if as_json:
         click.echo(json.dumps(result))
@@ -334,9 +336,10 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
     # the plan follows the limit: convolutions allowed scratch get it in the arena
     options = dataclasses.replace(options, workspace_limit=limit)
     api.compile_file(file, sets, stop_at="plan", c=c, options=options)
-    assert c.program is not None
+    assert c.build is not None
     _warnings(c)
-    name = java.class_name(c.program.graph.name)
+    b = c.build
+    name = java.class_name(b.program.graph.name)
     folder = None
     if output is not None:
         out = Path(output)
@@ -346,7 +349,7 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
             folder = out.parent
         else:
             folder = out
-    prog = java.java_program(c, options, limit)
+    prog = java.java_program(b.program, b.train_plan, b.infer_plan, limit)
     modules: dict[str, str] = {}
     if ptx:
         from deepdsl.backends import cuda

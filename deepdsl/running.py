@@ -1,4 +1,5 @@
-"""`deepdsl run`: pick a device, load data, train, test, save; report progress through a callback."""
+"""`deepdsl run`: pick a device, load data, train a Build (api.build), test, save; report progress through a
+callback."""
 
 from __future__ import annotations
 
@@ -8,11 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.api import Options
 from deepdsl.backends.cuda.runner import GPU_EXTRA, Driver, PyCudaDriver, pycuda_available
+from deepdsl.build import Build
 from deepdsl.data import load_data, parse_data_flag
 from deepdsl.errors import DslProgramError
-from deepdsl.frontend.program import Program
 from deepdsl.trainer import Trainer, TrainResult
 
 BAR = 24
@@ -45,16 +45,15 @@ def _on_cpu(why: str) -> str:
 
 
 def run_training(
-    program: Program, iters: int | None = None, data_flag: str | None = None, load: str | None = None,
-    save: str | None = None, device: str = "auto", seed: int | None = None, double: bool = False,
-    report: Callable[[str], None] | None = None, options: Options | None = None, driver: Driver | None = None,
+    build: Build, iters: int | None = None, data_flag: str | None = None, load: str | None = None,
+    save: str | None = None, device: str = "auto", double: bool = False, report: Callable[[str], None] | None = None,
+    driver: Driver | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Train `program` and report through `report`; `driver` runs it on that GPU instead of picking by `device`."""
+    """Train `build` and report through `report`; `driver` runs it on that GPU instead of picking by `device`."""
     gpu, description = (driver, f"cuda ({driver.description})") if driver else open_device(device, double)
     fallback = device == "auto" and driver is None  # a GPU that cannot take the program leaves it to the CPU
     try:
-        result = _train(program, gpu, description, iters, data_flag, load, save, seed, double, report, options,
-                        fallback)  # fmt: skip
+        result = _train(build, gpu, description, iters, data_flag, load, save, double, report, fallback)
     finally:
         if gpu is not None:
             gpu.close()
@@ -71,17 +70,17 @@ def run_training(
 
 
 def _train(
-    program: Program, gpu: Driver | None, description: str, iters: int | None, data_flag: str | None,
-    load: str | None, save: str | None, seed: int | None, double: bool, report: Callable[[str], None] | None,
-    options: Options | None, fallback: bool = False,
+    build: Build, gpu: Driver | None, description: str, iters: int | None, data_flag: str | None, load: str | None,
+    save: str | None, double: bool, report: Callable[[str], None] | None, fallback: bool = False,
 ) -> TrainResult:  # fmt: skip
+    program = build.program
     cfg = program.train
     kind, args = parse_data_flag(data_flag) if data_flag else (cfg.data[0], dict(cfg.data[1]))
     x = next(d for d in program.graph.inputs if d.kind == "input")
     y = next(d for d in program.graph.inputs if d.kind == "label")
     assert y.classes is not None
-    data = load_data(kind, args, x.value.type.shape[1:], y.classes, cfg.seed if seed is None else seed)
-    trainer = Trainer(program, data, seed, np.float64 if double else np.float32, options)
+    data = load_data(kind, args, x.value.type.shape[1:], y.classes, build.seed)
+    trainer = Trainer(build, data, np.float64 if double else np.float32)
     if gpu is not None:
         try:
             trainer.use_gpu(gpu)

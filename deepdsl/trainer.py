@@ -1,6 +1,7 @@
 """Training with the NumPy reference runner: parameters, steps, tests, saving and loading.
 
-The trainer owns the arrays of every parameter, model state (`NAME.running_mean`, ...) and optimizer
+A trainer runs the programs of one `Build` (api.build): the optimised training and inference programs and their
+plans. It owns the arrays of every parameter, model state (`NAME.running_mean`, ...) and optimizer
 state (`opt/<parameter>/momentum`, `opt/step`, ...); one `step(i)` runs the training program on batch i
 and writes the updates back. Parameter files follow DESIGN §9.
 """
@@ -14,18 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from deepdsl.api import Options, optimise
-from deepdsl.autodiff import STEP, infer_program, train_program
 from deepdsl.backends.cuda.runner import Driver, GpuRunner
 from deepdsl.backends.numpy_runner import NonFinite, run, run_plan
+from deepdsl.build import Build
 from deepdsl.checkpoint import load_npz, save_npz
 from deepdsl.data import Dataset
 from deepdsl.errors import DslProgramError
-from deepdsl.frontend.program import Program
 from deepdsl.initializers import init_array
 from deepdsl.ir import Graph, ParamDef
-from deepdsl.memory import plan
-from deepdsl.memory.remat import rematerialise
 
 
 @dataclass
@@ -39,30 +36,18 @@ class TrainResult:
 
 
 class Trainer:
-    def __init__(
-        self, program: Program, data: Dataset, seed: int | None = None, dtype: type = np.float32,
-        options: Options | None = None,
-    ):  # fmt: skip
-        cfg = program.train
+    def __init__(self, build: Build, data: Dataset, dtype: type = np.float32):
+        program = build.program
+        self.build = build
         self.program = program
         self.data = data
-        self.seed = cfg.seed if seed is None else seed
+        self.seed = build.seed
         self.dtype = dtype
-        options = options or Options()
-        self.train_graph: Graph = optimise(train_program(program.graph, cfg.optimizer, self.seed), options)[0]
-        self.infer_graph: Graph | None = (
-            optimise(infer_program(program.graph), options)[0]
-            if any(n == "predict" for n, _ in program.graph.outputs)
-            else None
-        )
-        # float64 runs without an arena
-        self.plan = (
-            plan(rematerialise(self.train_graph, options.remat or "none"), options.workspace_limit)
-            if dtype == np.float32
-            else None
-        )
+        self.train_graph: Graph = build.train
+        self.infer_graph: Graph | None = build.infer
+        self.plan = build.train_plan if dtype == np.float32 else None  # float64 runs without an arena
         self.batch = next(d for d in program.graph.inputs if d.kind == "input").value.type.shape[0]
-        self.shuffle = self.seed if cfg.shuffle else None
+        self.shuffle = self.seed if program.train.shuffle else None
         self.arrays: dict[str, np.ndarray] = {p.value.name: self._init(p) for p in self.train_graph.params}
         self.step_count = 0
         self.gpu: GpuRunner | None = None
@@ -72,8 +57,7 @@ class Trainer:
         """Run every later step and test on the GPU behind `driver` (the parameters move there and stay)."""
         if self.plan is None:
             raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
-        infer = plan(self.infer_graph, self.plan.workspace_limit) if self.infer_graph is not None else None
-        self.gpu = GpuRunner(driver, self.plan, infer, self.arrays)
+        self.gpu = GpuRunner(driver, self.plan, self.build.infer_plan, self.arrays)
 
     def _sync(self) -> None:
         if self.gpu is not None and self._gpu_ahead:
@@ -199,4 +183,4 @@ class Trainer:
             self._gpu_ahead = False
 
 
-__all__ = ["STEP", "TrainResult", "Trainer"]
+__all__ = ["TrainResult", "Trainer"]

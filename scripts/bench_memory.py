@@ -79,9 +79,11 @@ def main() -> None:
         print(f"  eager (modelled)   {eager / GIB:8.3f} GiB")
         print(f"  naive              {naive / GIB:8.3f} GiB")
         for level in ("none", "cheap", "full"):
-            p = api.plan_stage(c, level)
+            assert c.build is not None
+            b = api.with_remat(c.build, level)
+            p = b.train_plan
             peak = persistent_bytes(p.graph) + p.arena_bytes
-            extra = c.extra_flops / base
+            extra = b.extra_flops / base
             vs_torch = f"  {peak / torch_total:.3f}x PyTorch" if torch_total else ""
             print(f"  remat {level:<6}       {peak / GIB:8.3f} GiB  {peak / eager:.3f}x eager{vs_torch}  "
                   f"{naive / peak:5.2f}x under naive  +{100 * extra:.1f}% FLOPs")  # fmt: skip

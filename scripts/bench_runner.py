@@ -38,7 +38,7 @@ CASES = [
 def numpy_step_seconds(program, steps: int) -> float:  # noqa: ANN001
     x = next(d for d in program.graph.inputs if d.kind == "input").value.type.shape
     y = next(d for d in program.graph.inputs if d.kind == "label")
-    t = Trainer(program, load_data("synthetic", {}, x[1:], y.classes, 1))
+    t = Trainer(api.build(program), load_data("synthetic", {}, x[1:], y.classes, 1))
     t.step()  # warm up
     times = []
     for _ in range(steps):

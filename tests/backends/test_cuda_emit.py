@@ -92,14 +92,14 @@ def _compilation(net: str) -> api.Compilation:
 @needs_compiler
 @pytest.mark.parametrize("net", sorted(SIZES))
 def test_every_kernel_of_every_network_compiles(net: str) -> None:
-    c = _compilation(net)
-    options = api.Options()
-    progs = cuda.programs(c, options)
-    check_launches(c.plan, progs["train"])
+    b = _compilation(net).build
+    assert b is not None
+    progs = cuda.programs(b.train_plan, b.infer_plan)
+    check_launches(b.train_plan, progs["train"])
     if "infer" in progs:
-        infer = plan(api.optimise(infer_program(c.program.graph), options)[0])
+        infer = plan(api.optimise(infer_program(b.program.graph), api.Options())[0])
         check_launches(infer, progs["infer"])
-    found = cuda.ptx_for(c, options, ("sm_90", "sm_80"))  # one NVRTC program per network and arch
+    found = cuda.ptx_for(b.train_plan, b.infer_plan, ("sm_90", "sm_80"))  # one NVRTC program per network and arch
     for arch, text in found.items():
         assert f".target {arch}" in text
         version = re.search(r"^\.version (\d+)\.(\d+)", text, re.M)

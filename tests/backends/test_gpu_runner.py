@@ -42,12 +42,12 @@ train { data = synthetic(seed=2) optimizer = sgd(lr=0.05, momentum=0.9) iteratio
 """
 
 
-def _program(text: str, name: str, sets: dict | None = None):  # noqa: ANN202
-    return api.compile_source(text, name, sets or {}).program
+def _build(text: str, name: str, sets: dict | None = None) -> api.Build:
+    return api.build(api.compile_source(text, name, sets or {}).program)
 
 
-def _losses(program, iters: int, driver=None) -> dict:  # noqa: ANN001
-    return run_training(program, iters=iters, data_flag="synthetic", device="cpu", driver=driver)
+def _losses(build: api.Build, iters: int, driver=None) -> dict:  # noqa: ANN001
+    return run_training(build, iters=iters, data_flag="synthetic", device="cpu", driver=driver)
 
 
 def _close(a: list[float], b: list[float], rtol: float = 1e-4) -> None:
@@ -59,11 +59,11 @@ def _close(a: list[float], b: list[float], rtol: float = 1e-4) -> None:
 def test_runner_agrees_with_numpy_on_the_cpu(case: str, tmp_path: Path) -> None:
     """The GPU runner's whole training run (arena offsets, tensors, in-place updates, copies, the inference program
     for the test accuracy) with the kernels on the CPU gives the NumPy runner's losses and accuracy."""
-    program = _program(TINY if case == "tiny" else SMALL, f"{case}.ddsl")
+    build = _build(TINY if case == "tiny" else SMALL, f"{case}.ddsl")
     iters = 3
-    want = _losses(program, iters)
+    want = _losses(build, iters)
     driver = EmulatedDriver(tmp_path)
-    got = _losses(program, iters, driver)
+    got = _losses(build, iters, driver)
     assert got["device"] == "cuda"
     assert driver.launches > 0
     _close(got["losses"], want["losses"])
@@ -75,21 +75,21 @@ def test_runner_agrees_with_numpy_on_the_cpu(case: str, tmp_path: Path) -> None:
 def test_parameters_move_between_host_and_gpu(tmp_path: Path) -> None:
     """Saving after GPU steps writes the GPU's parameters; loading sends them to the GPU: save -> load ->
     continue on the GPU equals an uninterrupted run on the NumPy runner."""
-    program = _program(TINY, "tiny.ddsl")
-    whole = run_training(program, iters=4, device="cpu")["losses"]
-    first = run_training(program, iters=2, device="cpu", save=str(tmp_path / "a.npz"),
+    build = _build(TINY, "tiny.ddsl")
+    whole = run_training(build, iters=4, device="cpu")["losses"]
+    first = run_training(build, iters=2, device="cpu", save=str(tmp_path / "a.npz"),
                          driver=EmulatedDriver(tmp_path / "1"))  # fmt: skip
-    rest = run_training(program, iters=2, device="cpu", load=str(tmp_path / "a.npz"),
+    rest = run_training(build, iters=2, device="cpu", load=str(tmp_path / "a.npz"),
                         driver=EmulatedDriver(tmp_path / "2"))  # fmt: skip
     _close(first["losses"] + rest["losses"], whole)
 
 
 @needs_gxx
 def test_a_plan_larger_than_the_gpu_is_a_message_with_the_numbers(tmp_path: Path) -> None:
-    program = _program(TINY, "tiny.ddsl")
-    cfg = program.train
+    build = _build(TINY, "tiny.ddsl")
+    cfg = build.program.train
     data = load_data(cfg.data[0], dict(cfg.data[1]), (3, 8, 8), 10, cfg.seed)
-    trainer = Trainer(program, data)
+    trainer = Trainer(build, data)
     with pytest.raises(DslProgramError) as err:
         trainer.use_gpu(EmulatedDriver(tmp_path, capacity=10_000))
     text = err.value.message
@@ -143,16 +143,16 @@ def test_pycuda_runner_agrees_with_numpy(case: str) -> None:
     """5 iterations on the GPU give the NumPy runner's losses (1e-4 relative), and the GPU memory the runner took
     is the plan's: arena plus tensors, to within the driver's allocation granularity."""
     if case in ("mlp", "lenet"):
-        program = api.compile_file(ROOT / "networks" / f"{case}.ddsl", {"N": 16}).program
+        build = api.build(api.compile_file(ROOT / "networks" / f"{case}.ddsl", {"N": 16}).program)
     else:
-        program = _program(TINY if case == "tiny" else SMALL, f"{case}.ddsl")
-    want = _losses(program, 5)
+        build = _build(TINY if case == "tiny" else SMALL, f"{case}.ddsl")
+    want = _losses(build, 5)
     driver = _real_gpu()
-    got = run_training(program, iters=5, data_flag="synthetic", device="cuda", driver=driver)
+    got = run_training(build, iters=5, data_flag="synthetic", device="cuda", driver=driver)
     _close(got["losses"], want["losses"])
     # the driver hands out memory in 2 MiB pages, and the module's code takes some: the measured bytes are the
     # planned ones to within a page per allocation and a few MiB
-    allocations = 1 + len(program.graph.params) + 64
+    allocations = 1 + len(build.program.graph.params) + 64
     assert got["gpu_planned_bytes"] <= got["gpu_memory_bytes"] <= got["gpu_planned_bytes"] + (2 << 20) * allocations
 
 
@@ -185,7 +185,7 @@ def test_auto_falls_back_to_the_cpu_when_the_gpu_cannot_take_the_plan(
     small = EmulatedDriver(tmp_path, capacity=10_000)
     monkeypatch.setattr(running, "open_device", lambda device, double=False: (small, "cuda (a small GPU)"))
     lines: list[str] = []
-    got = run_training(_program(TINY, "tiny.ddsl"), iters=1, device="auto", report=lines.append)
+    got = run_training(_build(TINY, "tiny.ddsl"), iters=1, device="auto", report=lines.append)
     assert got["device"] == "cpu" and "CUDA not used: the plan needs" in lines[0]
     with pytest.raises(DslProgramError, match="10,000 free"):
-        run_training(_program(TINY, "tiny.ddsl"), iters=1, device="cuda")
+        run_training(_build(TINY, "tiny.ddsl"), iters=1, device="cuda")

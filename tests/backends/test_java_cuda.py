@@ -56,8 +56,9 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
             cli, ["compile", str(folder / source), *flags, "-o", str(src), "--ptx", "--arch", "sm_90"]
         )
         assert r.exit_code == 0, r.output
-        c = api.compile_file(folder / source, sets, stop_at="plan")
-        progs = cuda.programs(c, api.Options()).values()
+        b = api.compile_file(folder / source, sets, stop_at="plan").build
+        assert b is not None
+        progs = cuda.programs(b.train_plan, b.infer_plan).values()
         strided = {x.kernel for p in progs for x in p.launches if x.loop in ("grid-stride", "block-stride")}
         work = folder / name
         work.mkdir()

@@ -80,7 +80,7 @@ def _trainer(name: str, sets: dict, **train) -> Trainer:  # noqa: ANN003
         p = dataclasses.replace(p, train=dataclasses.replace(p.train, **train))
     x = next(d for d in p.graph.inputs if d.kind == "input").value.type.shape
     y = next(d for d in p.graph.inputs if d.kind == "label")
-    return Trainer(p, load_data("synthetic", {}, x[1:], y.classes, 1))
+    return Trainer(api.build(p), load_data("synthetic", {}, x[1:], y.classes, 1))
 
 
 @pytest.mark.parametrize("name", sorted(REDUCED))

@@ -142,10 +142,10 @@ def test_motion_hoists_the_loop_invariant_loss_seed_out_of_the_step() -> None:
     # a constant is part of the program, not of its state: parameter files do not hold it
     program = c.program
     data = load_data("synthetic", {}, (1, 28, 28), 10, 1)
-    trainer = Trainer(program, data)
+    trainer = Trainer(api.build(program), data)
     losses = [trainer.step()[0] for _ in range(3)]
     assert const.value.name not in trainer.state()
-    plain = Trainer(program, data, options=api.Options(disabled=("motion",)))
+    plain = Trainer(api.build(program, api.Options(disabled=("motion",))), data)
     np.testing.assert_allclose(losses, [plain.step()[0] for _ in range(3)], rtol=1e-6)
 
 

@@ -1,19 +1,25 @@
-"""The Java backend: a network's planned programs as one Java class, plus the runtime it needs."""
+"""The Java backend: a network's planned programs as one Java class, plus the runtime it needs.
+
+It takes plans (a Build's `train_plan` and `infer_plan`, api.build) and the front end's `Program` for what the
+class says around them (its name, the source file, the train block's defaults); it never calls the driver.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepdsl.api import Compilation, Options, infer_plan
-from deepdsl.backends.cuda.kernels import program, translation_unit
+from deepdsl.backends.cuda.kernels import program as cuda_program
+from deepdsl.backends.cuda.kernels import translation_unit
 from deepdsl.backends.java.emitter import DEFAULT_WORKSPACE_LIMIT, emit_java, runtime_sources
 from deepdsl.backends.java.names import class_name
 from deepdsl.errors import DslProgramError
+from deepdsl.frontend.program import Program
+from deepdsl.memory import Plan
 
 __all__ = [
-    "DEFAULT_WORKSPACE_LIMIT", "JavaProgram", "class_name", "java_program", "java_source", "runtime_sources",
-    "write_maven", "write_sources",
+    "DEFAULT_WORKSPACE_LIMIT", "JavaProgram", "build_commands", "class_name", "java_program", "runtime_sources",
+    "write_maven", "write_ptx", "write_sources",
 ]  # fmt: skip
 
 
@@ -24,20 +30,16 @@ class JavaProgram:
     cuda: str  # Name.cu: the kernels the class's CUDA device launches (training, then inference as infer__...)
 
 
-def java_program(c: Compilation, options: Options, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT) -> JavaProgram:
-    """The Java class of a compilation that reached the `plan` stage, and the CUDA source of its kernels."""
-    assert c.program is not None and c.plan is not None
-    infer = infer_plan(c, options, workspace_limit)
-    train_cuda = program(c.plan)
-    infer_cuda = program(infer, "infer__") if infer is not None else None
-    text = emit_java(c.program, c.plan, infer, workspace_limit, (train_cuda, infer_cuda))
+def java_program(
+    program: Program, train: Plan, infer: Plan | None, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT
+) -> JavaProgram:
+    """The Java class of a network from the plans of its training and (with `predict`) inference programs, and the
+    CUDA source of their kernels."""
+    train_cuda = cuda_program(train)
+    infer_cuda = cuda_program(infer, "infer__") if infer is not None else None
+    text = emit_java(program, train, infer, workspace_limit, (train_cuda, infer_cuda))
     bodies = [p.body for p in (train_cuda, infer_cuda) if p is not None]
-    return JavaProgram(class_name(c.program.graph.name), text, translation_unit(c.program.graph.name, *bodies))
-
-
-def java_source(c: Compilation, options: Options, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT) -> str:
-    """The Java class of a compilation that reached the `plan` stage."""
-    return java_program(c, options, workspace_limit).java
+    return JavaProgram(class_name(program.graph.name), text, translation_unit(program.graph.name, *bodies))
 
 
 def write_sources(folder: Path, p: JavaProgram, resources: Path | None = None) -> None:

@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from deepdsl import __version__
-from deepdsl.autodiff import STEP
 from deepdsl.backends.cuda.kernels import CudaProgram
 from deepdsl.backends.cuda.kernels import program as cuda_program
 from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, java_group_kernel, java_kernel
@@ -35,6 +33,7 @@ from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.registry import JavaCall
 from deepdsl.memory import Plan
 from deepdsl.memory.groups import planned_groups
+from deepdsl.version import __version__
 
 MAX_STATEMENTS_PER_METHOD = 200  # keeps every step method far below Java's 64 KB of bytecode
 DEFAULT_WORKSPACE_LIMIT = 1 << 30
@@ -104,6 +103,7 @@ class _Emitter:
     globals: dict[str, str] = field(default_factory=dict)  # inputs, parameters, state -> field name
     temps: Namer = field(default_factory=Namer)  # the results of the step being written
     in_state: dict[str, str] = field(default_factory=dict)  # results written over the tensor they update
+    counters: frozenset[str] = frozenset()  # the step's iteration-counter input (a long, not a Buf)
     kernels: dict[tuple, str] = field(default_factory=dict)  # (body, out, shapes) -> method name
     kernel_text: list[str] = field(default_factory=list)
 
@@ -150,7 +150,7 @@ class _Emitter:
     def statement(self, s: Stmt, temp: str) -> list[str]:
         """The Java lines of one statement (its result Buf is `temp`, already bound)."""
         op = REGISTRY[s.op]
-        args = [self.tensor(v) for v in s.inputs if v.name != STEP]  # the step counter is passed as a long
+        args = [self.tensor(v) for v in s.inputs if v.name not in self.counters]  # the step counter: a long
         if op.view:
             return []
         form = index_form(s)
@@ -186,6 +186,7 @@ class _Emitter:
         g = p.graph
         self.temps = Namer(tuple(self.namer.taken))
         self.in_state = dict(getattr(p, "in_state", {}))
+        self.counters = frozenset(d.value.name for d in g.inputs if d.kind == "step")
         # a group of element-wise statements (ir/groups.py) is one item: one loop computes all its results
         items: list[tuple[str, Any]] = [
             ("stmt", group[0]) if len(group) == 1 else ("group", group) for group in planned_groups(p)

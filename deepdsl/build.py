@@ -1,0 +1,46 @@
+"""What the driver (`api.build`) hands on: one network compiled for training and inference, and the options it was
+compiled with.
+
+A `Build` is made once and read by every consumer: the trainer runs its programs, the CLI reports its plan
+(`memcheck`) and gives its plans to the backends (`backends.java`, `backends.cuda`), which take plans and never
+call back into the driver. The module holds data only, so that the trainer can name the type without importing
+the driver that sits above it (the layers are in `.importlinter`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from deepdsl.frontend.program import Program
+from deepdsl.ir import Graph
+from deepdsl.memory import Plan
+from deepdsl.passes import PassStat
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to optimise: the -O level, passes switched off, and a callback after each pass."""
+
+    level: int = 2
+    disabled: tuple[str, ...] = ()
+    check: bool = False  # run the IR verifier after every pass
+    dump_after: Callable[[str, Graph], None] | None = None
+    remat: str | None = None  # none, cheap or full; None: none, or with a budget the least that fits
+    workspace_limit: int | None = None  # the most scratch one statement's kernel may take (None: any)
+
+
+@dataclass(frozen=True)
+class Build:
+    """A network's training program (forward + backward + update) and inference program, optimised and planned."""
+
+    program: Program  # what the front end made: the forward graph, its layers, the train block
+    options: Options
+    seed: int  # the training program's seed (dropout masks) and the parameters' (the train block's unless overridden)
+    train: Graph  # the optimised training program, before rematerialisation
+    passes: tuple[PassStat, ...]  # statements and kernels after each optimiser pass over it
+    train_plan: Plan  # the plan of `train` rematerialised at level `remat`
+    infer: Graph | None  # the optimised inference program; None where the network has no `predict`
+    infer_plan: Plan | None
+    remat: str = "none"
+    extra_flops: int = 0  # what rematerialisation recomputes in one step
