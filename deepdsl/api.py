@@ -12,13 +12,16 @@ from pathlib import Path
 
 import deepdsl.ops  # noqa: F401 — fills the op registry
 from deepdsl.autodiff import infer_program, train_program
+from deepdsl.config import from_env
 from deepdsl.errors import DslError, DslProgramError
 from deepdsl.frontend import ast
 from deepdsl.frontend.elaborate import Elaborator
 from deepdsl.frontend.parser import parse_text
 from deepdsl.frontend.program import Program
 from deepdsl.ir import Graph
+from deepdsl.ir.verify import check_graph
 from deepdsl.memory import Plan, plan
+from deepdsl.memory.check import check_plan
 from deepdsl.passes import PassStat, run_pipeline
 
 STAGES = ("ast", "graph", "train", "infer", "opt", "plan")
@@ -46,14 +49,16 @@ class Options:
 
     level: int = 2
     disabled: tuple[str, ...] = ()
-    check: bool = False  # run the IR verifier after every pass
+    # check the graph after every pass and rematerialisation (ir/verify.py) and every plan (memory/check.py);
+    # default: DEEPDSL_VERIFY (the test suite sets it)
+    verify: bool = field(default_factory=lambda: from_env().verify)
     dump_after: Callable[[str, Graph], None] | None = None
     remat: str | None = None  # none, cheap or full; None: none, or with a budget the least that fits
     workspace_limit: int | None = None  # the most scratch one statement's kernel may take (None: any)
 
 
 def optimise(g: Graph, options: Options) -> tuple[Graph, tuple[PassStat, ...]]:
-    return run_pipeline(g, options.level, options.disabled, options.check, options.dump_after)
+    return run_pipeline(g, options.level, options.disabled, options.verify, options.dump_after)
 
 
 def parse_stage(text: str, file: str, c: Compilation) -> ast.Module:
@@ -107,7 +112,7 @@ def compile_source(
         c.opt, c.passes = optimise(c.train, options or Options())
     if stop_at == "plan":
         options = options or Options()
-        plan_stage(c, options.remat or "none", options.workspace_limit)
+        plan_stage(c, options.remat or "none", options.workspace_limit, options.verify)
     elif stop_at == "infer":
         c.infer = infer_program(c.program.graph)
     return c
@@ -154,14 +159,27 @@ def literal_const(c: Compilation, name: str) -> int | float | None:
     return None
 
 
-def plan_stage(c: Compilation, remat: str, workspace_limit: int | None = None) -> Plan:
-    """Rematerialise the optimised program at level `remat` and plan it."""
+def planned(g: Graph, workspace_limit: int | None = None, verify: bool = False) -> Plan:
+    """The memory plan of `g`, checked (memory/check.py) when `verify`."""
+    p = plan(g, workspace_limit)
+    return check_plan(p) if verify else p
+
+
+def rematerialised(g: Graph, level: str, verify: bool = False) -> Graph:
+    """`g` rematerialised at `level`, checked (ir/verify.py) when `verify`."""
     from deepdsl.memory.remat import rematerialise
+
+    r = rematerialise(g, level)
+    return check_graph(r) if verify and r is not g else r
+
+
+def plan_stage(c: Compilation, remat: str, workspace_limit: int | None = None, verify: bool = False) -> Plan:
+    """Rematerialise the optimised program at level `remat` and plan it."""
     from deepdsl.memory.report import flops
 
     assert c.opt is not None
-    g = rematerialise(c.opt, remat)
-    c.plan, c.remat = plan(g, workspace_limit), remat
+    g = rematerialised(c.opt, remat, verify)
+    c.plan, c.remat = planned(g, workspace_limit, verify), remat
     c.extra_flops = flops(g) - flops(c.opt) if g is not c.opt else 0
     return c.plan
 
@@ -171,16 +189,16 @@ def infer_plan(c: Compilation, options: Options, workspace_limit: int | None = N
     assert c.program is not None
     if not any(name == "predict" for name, _ in c.program.graph.outputs):
         return None
-    return plan(optimise(infer_program(c.program.graph), options)[0], workspace_limit)
+    return planned(optimise(infer_program(c.program.graph), options)[0], workspace_limit, options.verify)
 
 
-def plan_within(c: Compilation, budget: int, workspace_limit: int | None = None) -> Plan:
+def plan_within(c: Compilation, budget: int, workspace_limit: int | None = None, verify: bool = False) -> Plan:
     """The plan with the least rematerialisation whose peak fits `budget` (the `full` one when none does)."""
     from deepdsl.memory.remat import LEVELS
     from deepdsl.memory.report import total_peak
 
     for level in LEVELS:
-        p = plan_stage(c, level, workspace_limit)
+        p = plan_stage(c, level, workspace_limit, verify)
         if total_peak(p) <= budget:
             break
     return p
