@@ -167,3 +167,20 @@ def test_the_plan_cannot_be_changed_after_it_is_made(lenet: Plan) -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         lenet.arena_bytes = 0  # type: ignore[misc]
     assert lenet.buffer_of(lenet.buffers[3].values[0]) is lenet.buffers[3]
+
+
+def test_an_update_written_over_its_parameter_before_the_last_read_is_caught_and_computes_wrong_numbers() -> None:
+    b = GraphBuilder("U")
+    x = b.add_input(InputDef(Value("x", TensorType((64,))), "input"))
+    w = b.add_param(ParamDef(Value("w", TensorType((64,))), Init("constant", (0.5,))))
+    h = b.emit("mul", x, w)
+    new = b.emit("sub", w, h)
+    b.update("w", new)
+    b.output("loss", b.emit("sum", b.emit("mul", h, w)))  # w read again after its update
+    p = check_plan(plan(b.build()))
+    assert dict(p.in_state) == {}  # the planner keeps the update apart
+    broken = dataclasses.replace(p, in_state={new.name: "w"})
+    with pytest.raises(PlanInvariantError, match=r"%2 = sub\(...\) \(statement 1\) overwrites %w, which is still "
+                       "read by statement 2"):  # fmt: skip
+        check_plan(broken)
+    assert differs(p, broken)
