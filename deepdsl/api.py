@@ -22,7 +22,9 @@ from deepdsl.frontend.elaborate import Elaborator
 from deepdsl.frontend.parser import parse_text
 from deepdsl.frontend.program import Program
 from deepdsl.ir import Graph
+from deepdsl.ir.verify import check_graph
 from deepdsl.memory import Plan, plan
+from deepdsl.memory.check import check_plan
 from deepdsl.memory.remat import LEVELS, rematerialise
 from deepdsl.memory.report import flops, report, total_peak
 from deepdsl.passes import PassStat, run_pipeline
@@ -50,7 +52,7 @@ class Compilation:
 
 
 def optimise(g: Graph, options: Options) -> tuple[Graph, tuple[PassStat, ...]]:
-    return run_pipeline(g, options.level, options.disabled, options.check, options.dump_after)
+    return run_pipeline(g, options.level, options.disabled, options.verify, options.dump_after)
 
 
 def parse_stage(text: str, file: str, c: Compilation) -> ast.Module:
@@ -175,24 +177,33 @@ def build_stage(
     infer = infer_plan = None
     if any(name == "predict" for name, _ in program.graph.outputs):  # --dump-after shows the training program only
         infer = optimise(infer_program(program.graph), dataclasses.replace(options, dump_after=None))[0]
-        infer_plan = plan(infer, options.workspace_limit)
+        infer_plan = planned(infer, options.workspace_limit, options.verify)
     level = options.remat or "none"
-    train_plan, extra = remat_plan(opt, level, options.workspace_limit)
+    train_plan, extra = remat_plan(opt, level, options.workspace_limit, options.verify)
     seed = program.train.seed if seed is None else seed
     return Build(program, options, seed, opt, passes, train_plan, infer, infer_plan, level, extra)
 
 
-def remat_plan(opt: Graph, level: str, workspace_limit: int | None) -> tuple[Plan, int]:
-    """The plan of `opt` rematerialised at `level`, and the FLOPs the rematerialisation adds to a step."""
+def planned(g: Graph, workspace_limit: int | None = None, verify: bool = False) -> Plan:
+    """The memory plan of `g`, checked (memory/check.py) when `verify`."""
+    p = plan(g, workspace_limit)
+    return check_plan(p) if verify else p
+
+
+def remat_plan(opt: Graph, level: str, workspace_limit: int | None, verify: bool = False) -> tuple[Plan, int]:
+    """The plan of `opt` rematerialised at `level` (both checked when `verify`), and the FLOPs the
+    rematerialisation adds to a step."""
     g = rematerialise(opt, level)
-    return plan(g, workspace_limit), (flops(g) - flops(opt) if g is not opt else 0)
+    if verify and g is not opt:
+        check_graph(g)
+    return planned(g, workspace_limit, verify), (flops(g) - flops(opt) if g is not opt else 0)
 
 
 def with_remat(b: Build, level: str) -> Build:
     """`b` with its training program rematerialised at `level` (none, cheap or full) and planned again."""
     if level == b.remat:
         return b
-    train_plan, extra = remat_plan(b.train, level, b.options.workspace_limit)
+    train_plan, extra = remat_plan(b.train, level, b.options.workspace_limit, b.options.verify)
     return dataclasses.replace(b, train_plan=train_plan, remat=level, extra_flops=extra)
 
 

@@ -10,8 +10,9 @@ the driver that sits above it (the layers are in `.importlinter`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from deepdsl.config import from_env
 from deepdsl.frontend.program import Program
 from deepdsl.ir import Graph
 from deepdsl.memory import Plan
@@ -24,7 +25,9 @@ class Options:
 
     level: int = 2
     disabled: tuple[str, ...] = ()
-    check: bool = False  # run the IR verifier after every pass
+    # check the graph after every pass and rematerialisation (ir/verify.py) and every plan (memory/check.py);
+    # default: DEEPDSL_VERIFY (the test suite sets it)
+    verify: bool = field(default_factory=lambda: from_env().verify)
     dump_after: Callable[[str, Graph], None] | None = None
     remat: str | None = None  # none, cheap or full; None: none, or with a budget the least that fits
     workspace_limit: int | None = None  # the most scratch one statement's kernel may take (None: any)

@@ -91,13 +91,17 @@ def common(fn: Callable[..., Any]) -> Callable[..., Any]:
                   help="Recompute forward values in the backward pass instead of keeping them: cheap (element-wise, "
                   "batch-norm apply, ReLU) or full (also checkpointed segments). Default none; with --gpu-mem, the "
                   "least that fits.")  # fmt: skip
+    @click.option("--verify", is_flag=True, help="Check the program after every pass and every memory plan (a "
+                  "failure is an internal error, exit 3). Also on with DEEPDSL_VERIFY=1.")  # fmt: skip
     @wraps(fn)
     def run(
-        file: str, sets: dict[str, int | float], level: int, no_pass: tuple[str, ...], remat: str | None, **kw: Any
-    ) -> None:
+        file: str, sets: dict[str, int | float], level: int, no_pass: tuple[str, ...], remat: str | None,
+        verify: bool, **kw: Any,
+    ) -> None:  # fmt: skip
         c = api.Compilation()
         try:
-            fn(c, file, sets, api.Options(level, no_pass, remat=remat), **kw)
+            options = api.Options(level, no_pass, remat=remat, **({"verify": True} if verify else {}))
+            fn(c, file, sets, options, **kw)
         except DslError as err:
             click.echo(render(err, c.sources), err=True)
             sys.exit(EXIT_USER)

@@ -9,7 +9,11 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Config:
     debug: bool = False  # DEEPDSL_DEBUG=1: show the Python traceback of an internal error
+    verify: bool = False  # DEEPDSL_VERIFY=1: check every graph and plan the driver makes (as --verify does)
 
 
 def from_env() -> Config:
-    return Config(debug=os.environ.get("DEEPDSL_DEBUG", "") not in ("", "0"))
+    def on(name: str) -> bool:
+        return os.environ.get(name, "") not in ("", "0")
+
+    return Config(debug=on("DEEPDSL_DEBUG"), verify=on("DEEPDSL_VERIFY"))

@@ -62,6 +62,7 @@ def run_training(
     if result.test_accuracy is not None:
         out["test_accuracy"] = result.test_accuracy
     out["peak_bytes"] = result.peak_bytes
+    out["arena_bytes"] = result.arena_bytes
     out["seconds_per_iter"] = result.seconds_per_iter
     if result.gpu_memory_bytes is not None:
         out["gpu_memory_bytes"] = result.gpu_memory_bytes

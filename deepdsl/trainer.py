@@ -23,13 +23,15 @@ from deepdsl.data import Dataset
 from deepdsl.errors import DslProgramError
 from deepdsl.initializers import init_array
 from deepdsl.ir import Graph, ParamDef
+from deepdsl.memory.report import total_peak
 
 
 @dataclass
 class TrainResult:
     losses: list[float] = field(default_factory=list)
     test_accuracy: float | None = None
-    peak_bytes: int = 0
+    peak_bytes: int = 0  # what one step holds: parameters, state, optimizer state, inputs, constants and the arena
+    arena_bytes: int = 0  # the arena (gradients, activations, workspace): the step's temporaries
     seconds_per_iter: float = 0.0
     gpu_memory_bytes: int | None = None  # on a GPU: the memory the runner took, as cuMemGetInfo measured it
     gpu_planned_bytes: int | None = None  # and what it allocated: the arena and every tensor
@@ -74,8 +76,9 @@ class Trainer:
             feeds[d.value.name] = {"input": x, "label": y, "step": np.asarray(step, dtype=np.int64)}[d.kind]
         return feeds
 
-    def step(self) -> tuple[float, int]:
-        """Run one training step on the next batch; returns (loss, peak bytes held by the runner)."""
+    def step(self) -> tuple[float, int, int]:
+        """Run one training step on the next batch; returns (loss, the bytes the step held, those of its arena): on
+        the NumPy runner as measured, on the GPU as planned."""
         i = self.step_count
         x, y = self.data.batch(i, self.batch, self.shuffle)
         feeds = self._feeds(self.train_graph, x, y, i)
@@ -87,7 +90,8 @@ class Trainer:
                                 "names the first statement that produced it)")  # fmt: skip
             self._gpu_ahead = True
             self.step_count += 1
-            return loss, self.gpu.arena_bytes
+            assert self.plan is not None
+            return loss, total_peak(self.plan), self.plan.arena_bytes
         if self.plan is not None:
             result = run_plan(self.plan, feeds, self.arrays)
         else:
@@ -97,7 +101,7 @@ class Trainer:
             self._locate_non_finite(feeds, i)
         self.arrays.update(result.updates)
         self.step_count += 1
-        return loss, result.peak_bytes
+        return loss, result.peak_bytes, result.arena_bytes
 
     def _locate_non_finite(self, feeds: dict[str, np.ndarray], i: int) -> None:
         try:
@@ -140,9 +144,10 @@ class Trainer:
         start = time.perf_counter()
         for k in range(iterations):
             t0 = time.perf_counter()
-            loss, peak = self.step()
+            loss, peak, arena = self.step()
             result.losses.append(loss)
             result.peak_bytes = max(result.peak_bytes, peak)
+            result.arena_bytes = max(result.arena_bytes, arena)
             if on_step:
                 on_step(k, loss, time.perf_counter() - t0)
             if on_test and cfg.test_every and (k + 1) % cfg.test_every == 0 and k + 1 < iterations:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,9 @@ from click.testing import CliRunner
 ROOT = Path(__file__).resolve().parent.parent
 NETWORKS = sorted((ROOT / "networks").glob("*.ddsl"))
 GOLDEN = ROOT / "tests" / "golden"
+
+# every test verifies what the driver builds: the graph after every pass and rematerialisation, and every plan
+os.environ["DEEPDSL_VERIFY"] = "1"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -22,7 +22,8 @@ from deepdsl.ops.indexed import apply_epilogue
 class RunResult:
     outputs: dict[str, np.ndarray]
     updates: dict[str, np.ndarray]
-    peak_bytes: int  # the most bytes of statement results alive at once (inputs and parameters not counted)
+    peak_bytes: int  # the most bytes held at once: every input, parameter and state array, and `arena_bytes`
+    arena_bytes: int  # the temporaries: the arena (run_plan), or the most bytes of results alive at once (run)
 
 
 class NonFinite(DslProgramError):
@@ -73,7 +74,7 @@ def run(
                     live -= dead.nbytes
     outputs = {name: env[v.name] for name, v in g.outputs}
     updates = {name: env[v.name] for name, v in g.updates}
-    return RunResult(outputs, updates, peak)
+    return RunResult(outputs, updates, peak + sum(env[name].nbytes for name in held), peak)
 
 
 def _execute(s: Stmt, env: dict[str, np.ndarray], dtype: type, workspace: np.ndarray | None = None) -> np.ndarray:
@@ -99,48 +100,99 @@ def _kernel(s: Stmt, env: dict[str, np.ndarray], dtype: type, workspace: np.ndar
     return out
 
 
-def run_plan(p: Plan, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray], poison: bool = False) -> RunResult:
-    """Run a planned program in float32 inside one preallocated arena: every value is a view at its offset.
+@dataclass(frozen=True)
+class ArenaLayout:
+    """A plan laid out in one arena: the byte array and, per statement, the views its kernel writes and reads."""
 
-    `peak_bytes` is measured: the end of the highest arena region any statement wrote. With `poison`, a buffer's region
-    is filled with NaN as soon as its last reader ran, so a read after reuse would show in the results.
+    plan: Plan
+    arena: np.ndarray  # uint8, exactly the plan's arena_bytes
+    results: tuple[np.ndarray | None, ...]  # statement i's result at its planned offset (None: a view or an update
+    # written over its parameter)
+    scratch: tuple[np.ndarray | None, ...]  # statement i's workspace region
+    hazards: tuple[tuple[tuple[str, int, int], ...], ...]  # (storage, lo, hi) to poison before statement i
+    dies: tuple[tuple[tuple[int, int], ...], ...]  # arena byte ranges whose last reader is statement i
+
+
+_LAYOUTS: dict[int, ArenaLayout] = {}  # by id(plan), the plan kept alive in the layout; a few at most
+
+
+def layout(p: Plan) -> ArenaLayout:
+    """The arena of `p` and its views, made once per plan (a training run reuses them every step)."""
+    from deepdsl.memory.check import hazards
+
+    found = _LAYOUTS.get(id(p))
+    if found is not None and found.plan is p:
+        return found
+    g = p.graph
+    arena = np.empty(p.arena_bytes, dtype=np.uint8)
+    results: list[np.ndarray | None] = []
+    scratch: list[np.ndarray | None] = []
+    for s in g.stmts:
+        t = s.out.type
+        if REGISTRY[s.op].view or s.out.name in p.in_state:
+            results.append(None)
+        else:
+            dtype = np.float32 if t.dtype.value == "f32" else np.int64
+            results.append(np.ndarray(t.shape, dtype=dtype, buffer=arena, offset=p.buffer_of(s.out.name).offset))
+        ws = p.workspace.get(s.out.name)
+        scratch.append(arena[ws.offset : ws.offset + ws.nbytes] if ws else None)
+    bad: list[list[tuple[str, int, int]]] = [[] for _ in g.stmts]
+    for h in hazards(p):
+        bad[h.at].append((h.storage, h.lo, h.hi))
+    dies: list[list[tuple[int, int]]] = [[] for _ in g.stmts]
+    for b in (*p.buffers, *p.workspace.values()):
+        if b.end < len(g.stmts):
+            dies[b.end].append((b.offset, b.offset + b.nbytes))
+    found = ArenaLayout(p, arena, tuple(results), tuple(scratch), tuple(map(tuple, bad)), tuple(map(tuple, dies)))
+    while len(_LAYOUTS) >= 4:
+        _LAYOUTS.pop(next(iter(_LAYOUTS)))
+    _LAYOUTS[id(p)] = found
+    return found
+
+
+def run_plan(p: Plan, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray], poison: bool = False) -> RunResult:
+    """Run a planned program in float32 inside the one arena it was planned for: every statement's kernel result
+    goes to its planned offset, an in-place result over its input, an update over (a copy of) its parameter, and
+    every later statement reads it there, so a plan that puts two live values in the same bytes gives wrong
+    numbers. Where a kernel (a statement, or a `same_loop` group that the backends run as one loop) would write
+    memory it reads at other elements (memory/check.py `hazards`; never in a legal plan), that memory is poisoned
+    first: on a device any element's write may land before another's read. `params` is not changed.
+
+    With `poison`, the whole arena is NaN before the step and a region turns NaN again as soon as its last reader
+    ran, so a read of memory the plan gave to something else shows in the results. `peak_bytes` is measured: the
+    bytes of the arena and of every input, parameter and state array the run held.
     """
     g = p.graph
-    arena = np.zeros(p.arena_bytes, dtype=np.uint8)
+    lay = layout(p)
+    arena = lay.arena
+    if poison:
+        arena.view(np.float32)[:] = np.nan
     env: dict[str, np.ndarray] = {}
     for d in g.inputs:
-        x = np.asarray(feeds[d.value.name])
-        env[d.value.name] = x.astype(np.float32) if d.kind == "input" else x
-    for q in g.params:  # a copy: updates in the plan's in_state are written into it
-        env[q.value.name] = np.array(param_value(q, params), dtype=np.float32)
-    dies: dict[int, list] = {}
-    for b in p.buffers:
-        dies.setdefault(b.end, []).append(b)
-    used = 0
+        env[d.value.name] = np.asarray(feeds[d.value.name], dtype=np.float32 if d.kind == "input" else np.int64)
+    written = set(p.in_state.values())
+    for q in g.params:  # a copy only where an update is written over it
+        value = param_value(q, params)
+        env[q.value.name] = np.array(value, np.float32) if q.value.name in written else np.asarray(value, np.float32)
+    held = arena.nbytes + sum(a.nbytes for a in env.values())
     for i, s in enumerate(g.stmts):
-        t = s.out.type
-        dtype = np.float32 if t.dtype.value == "f32" else np.int64
-        if REGISTRY[s.op].view:
-            env[s.out.name] = env[s.inputs[0].name].reshape(t.shape)
-        elif s.out.name in p.in_state:  # written over the parameter it replaces, outside the arena
+        for storage, lo, hi in lay.hazards[i]:
+            memory = arena if storage == "arena" else env[storage.split(" ", 1)[1]].reshape(-1).view(np.uint8)
+            memory[lo:hi] = 0xFF  # a NaN in every float32
+        target = lay.results[i]
+        if target is not None:
+            np.copyto(target, _execute(s, env, np.float32, lay.scratch[i]))
+            env[s.out.name] = target
+        elif REGISTRY[s.op].view:
+            env[s.out.name] = env[s.inputs[0].name].reshape(s.out.type.shape)
+        else:  # written over the parameter it replaces, outside the arena
             storage = env[p.in_state[s.out.name]]
             np.copyto(storage, _execute(s, env, np.float32))
             env[s.out.name] = storage
-        else:
-            ws = p.workspace.get(s.out.name)
-            scratch = arena[ws.offset : ws.offset + ws.nbytes] if ws else None
-            out = _execute(s, env, np.float32, scratch)
-            if ws:
-                used = max(used, ws.offset + ws.nbytes)
-            b = p.buffer_of(s.out.name)
-            view = np.ndarray(t.shape, dtype=dtype, buffer=arena, offset=b.offset)
-            np.copyto(view, out)
-            env[s.out.name] = view
-            used = max(used, b.offset + b.nbytes)  # the region the value occupies
         if poison:
-            ws = p.workspace.get(s.out.name)
-            for b in (*dies.get(i, []), *([ws] if ws else [])):
-                arena[b.offset : b.offset + b.nbytes].view(np.float32)[:] = np.nan
+            for lo, hi in lay.dies[i]:
+                arena[lo:hi].view(np.float32)[:] = np.nan
     outputs = {name: np.array(env[v.name]) for name, v in g.outputs}
-    updates = {name: np.array(env[v.name]) for name, v in g.updates}
-    return RunResult(outputs, updates, used)
+    # an update over its parameter is in this run's own copy; one in the arena is copied out of it
+    updates = {name: env[v.name] if v.name in p.in_state else np.array(env[v.name]) for name, v in g.updates}
+    return RunResult(outputs, updates, held, arena.nbytes)

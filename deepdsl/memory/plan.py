@@ -13,7 +13,9 @@ to the end of the step.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from deepdsl.ir import REGISTRY, Graph, Stmt
 from deepdsl.ir.analysis import last_reads, last_uses, reads_pointwise
@@ -39,22 +41,22 @@ class Plan:
     peak_at: int  # the statement where that happens
     # update values written straight into the storage of the parameter or state they replace (no arena space):
     # value name -> parameter name; legal because the statement computing it is that storage's last reader
-    in_state: dict[str, str] = field(default_factory=dict)
+    in_state: Mapping[str, str] = field(default_factory=dict)
     # scratch a statement's kernel uses while it runs (an im2col matrix), by the statement's result name; these
     # regions are in the arena too, alive for their one statement
-    workspace: dict[str, Buffer] = field(default_factory=dict)
+    workspace: Mapping[str, Buffer] = field(default_factory=dict)
     workspace_limit: int | None = None  # the most scratch one statement may take (None: no limit)
+    # value -> the buffer holding it, derived from `buffers`
+    index: Mapping[str, Buffer] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # read-only views of private copies: a Plan cannot change after it is made
+        object.__setattr__(self, "in_state", MappingProxyType(dict(self.in_state)))
+        object.__setattr__(self, "workspace", MappingProxyType(dict(self.workspace)))
+        object.__setattr__(self, "index", MappingProxyType({v: b for b in self.buffers for v in b.values}))
 
     def buffer_of(self, name: str) -> Buffer:
-        return self._index[name]
-
-    @property
-    def _index(self) -> dict[str, Buffer]:
-        index = self.__dict__.get("_index_cache")
-        if index is None:
-            index = {v: b for b in self.buffers for v in b.values}
-            object.__setattr__(self, "_index_cache", index)
-        return index
+        return self.index[name]
 
 
 def aligned(n: int) -> int:

@@ -33,6 +33,7 @@ public abstract class Network {
     int testIterations = 10;
     long trainArenaBytes;
     long arenaBytes;
+    long peakBytes;
     long workspaceLimit;
     Supplier<Kernels> trainKernels;
     Supplier<Kernels> inferKernels;
@@ -73,6 +74,15 @@ public abstract class Network {
     public Settings arena(long trainBytes, long bytes) {
       this.trainArenaBytes = trainBytes;
       this.arenaBytes = bytes;
+      return this;
+    }
+
+    /**
+     * What one training step holds, as {@code deepdsl memcheck} counts it: the parameters, model
+     * state, optimizer state, inputs and constants, and the training plan's arena.
+     */
+    public Settings peak(long bytes) {
+      this.peakBytes = bytes;
       return this;
     }
 
@@ -611,6 +621,7 @@ public abstract class Network {
                 device.name(),
                 losses,
                 accuracy,
+                iterations == 0 ? 0 : net.settings.peakBytes,
                 iterations == 0 ? 0 : net.settings.trainArenaBytes,
                 device.measuredBytes(),
                 secondsPerIter));
@@ -638,6 +649,7 @@ public abstract class Network {
       float[] losses,
       Double accuracy,
       long peak,
+      long arena,
       long measured,
       double secondsPerIter) {
     StringBuilder s =
@@ -649,7 +661,7 @@ public abstract class Network {
     if (accuracy != null) {
       s.append(", \"test_accuracy\": ").append(accuracy);
     }
-    s.append(", \"peak_bytes\": ").append(peak);
+    s.append(", \"peak_bytes\": ").append(peak).append(", \"arena_bytes\": ").append(arena);
     if (measured >= 0) {
       s.append(", \"gpu_memory_bytes\": ").append(measured);
     }

@@ -33,6 +33,7 @@ from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.registry import JavaCall
 from deepdsl.memory import Plan
 from deepdsl.memory.groups import planned_groups
+from deepdsl.memory.report import total_peak
 from deepdsl.version import __version__
 
 MAX_STATEMENTS_PER_METHOD = 200  # keeps every step method far below Java's 64 KB of bytecode
@@ -379,6 +380,7 @@ def emit_java(
         f"          .iterations({cfg.iterations})",
         f"          .testing({cfg.test_every}, {cfg.test_iterations})",
         f"          .arena({train.arena_bytes}L, {arena}L)",
+        f"          .peak({total_peak(train)}L)",
         "          .workspaceLimit(WORKSPACE_LIMIT)",
         f"          .kernels({cls}::trainKernels, {f'{cls}::inferKernels' if infer is not None else 'null'});",
     ]

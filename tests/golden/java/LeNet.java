@@ -28,6 +28,7 @@ public final class LeNet extends Network {
           .iterations(1000)
           .testing(100, 10)
           .arena(7828736L, 7828736L)
+          .peak(11478596L)
           .workspaceLimit(WORKSPACE_LIMIT)
           .kernels(LeNet::trainKernels, LeNet::inferKernels);
 
