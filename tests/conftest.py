@@ -16,6 +16,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite the golden files from the current output")
 
 
+# what a failing javac (javac.DATE.args) or a crashing JVM (hs_err_pid*.log) leaves in its working directory
+STRAY = ("javac.*.args", "hs_err_pid*.log", "replay_pid*.log")
+
+
+def stray_files() -> set[Path]:
+    return {p for pattern in STRAY for p in ROOT.glob(pattern)}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_stray_files_in_the_repository():  # noqa: ANN201
+    """Every javac and java a test runs works in a temporary folder; this fails the session where one did not."""
+    before = stray_files()
+    yield
+    new = sorted(p.name for p in stray_files() - before)
+    assert not new, f"a test ran javac or java in the repository, which left {new} there: give it cwd=tmp_path"
+
+
 @pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
