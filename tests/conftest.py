@@ -1,4 +1,5 @@
-"""Shared fixtures: the --update-golden switch, the networks, and an in-process CLI runner."""
+"""Shared fixtures: the --update-golden switch, the networks, the session's compile cache, an in-process CLI
+runner, and a check that no test leaves javac or JVM droppings in the repository."""
 
 from __future__ import annotations
 
@@ -51,6 +52,14 @@ def golden(update_golden: bool):  # noqa: ANN201
         assert text == path.read_text(), f"output differs from {path.relative_to(ROOT)} (run pytest --update-golden)"
 
     return check
+
+
+@pytest.fixture(scope="session")
+def compiled():  # noqa: ANN201
+    """compiled(net, sets, stop_at, options): the session's one compilation of a network (see helpers.CompileCache)."""
+    from helpers import CompileCache
+
+    return CompileCache()
 
 
 @pytest.fixture
