@@ -2,6 +2,8 @@
 
 Every failure a user can cause is a `DslError` (or a subclass) carrying a `Span`; the CLI renders it
 as `file:line:col: error: message`, the source line, a caret under the span and an optional hint.
+A `DslWarning` is a `Diagnostic` too, rendered the same way, but it is not an exception: nothing
+that catches `DslError` can take a warning for an error.
 """
 
 from __future__ import annotations
@@ -35,13 +37,12 @@ class Note:
     span: Span | None = None
 
 
-class DslError(Exception):
-    """A problem in the user's input (exit code 1)."""
+class Diagnostic:
+    """A message about the user's input, with where it is (`span`), an optional hint and notes."""
 
-    kind = "error"
+    kind = "diagnostic"
 
     def __init__(self, message: str, span: Span | None = None, hint: str | None = None, notes: Iterable[Note] = ()):
-        super().__init__(message)
         self.message = message
         self.span = span
         self.hint = hint
@@ -50,6 +51,16 @@ class DslError(Exception):
     def __str__(self) -> str:
         where = f"{self.span}: " if self.span else ""
         return f"{where}{self.message}"
+
+
+class DslError(Diagnostic, Exception):
+    """A problem in the user's input (exit code 1)."""
+
+    kind = "error"
+
+    def __init__(self, message: str, span: Span | None = None, hint: str | None = None, notes: Iterable[Note] = ()):
+        Exception.__init__(self, message)
+        Diagnostic.__init__(self, message, span, hint, notes)
 
 
 class DslSyntaxError(DslError):
@@ -80,8 +91,8 @@ class DslProgramError(DslError):
     """Whole-program problems: a missing or non-scalar loss, an invalid train block, a budget missed."""
 
 
-class DslWarning(DslError):
-    """Reported, but does not stop compilation."""
+class DslWarning(Diagnostic):
+    """Reported, but does not stop compilation; never raised."""
 
     kind = "warning"
 
@@ -100,10 +111,15 @@ class Diagnostics:
     """Collects errors and warnings while a stage keeps going after the first problem."""
 
     errors: list[DslError] = field(default_factory=list)
-    warnings: list[DslError] = field(default_factory=list)
+    warnings: list[DslWarning] = field(default_factory=list)
 
-    def add(self, err: DslError) -> None:
-        (self.warnings if isinstance(err, DslWarning) else self.errors).append(err)
+    def add(self, diagnostic: Diagnostic) -> None:
+        if isinstance(diagnostic, DslWarning):
+            self.warnings.append(diagnostic)
+        elif isinstance(diagnostic, DslError):
+            self.errors.append(diagnostic)
+        else:
+            raise TypeError(f"not a DslError or a DslWarning: {diagnostic!r}")
 
     def raise_if_errors(self) -> None:
         if len(self.errors) == 1:
@@ -112,12 +128,12 @@ class Diagnostics:
             raise DiagnosticsError(self.errors)
 
 
-def _order(err: DslError) -> tuple[str, int, int]:
+def _order(err: Diagnostic) -> tuple[str, int, int]:
     s = err.span
     return (s.file, s.line, s.col) if s else ("", 0, 0)
 
 
-def flatten(err: DslError) -> tuple[DslError, ...]:
+def flatten(err: Diagnostic) -> tuple[Diagnostic, ...]:
     return err.errors if isinstance(err, DiagnosticsError) else (err,)
 
 
@@ -136,12 +152,12 @@ def did_you_mean(name: str, known: Iterable[str]) -> str | None:
     return f"did you mean '{best}'?" if best else None
 
 
-def render(err: DslError, sources: dict[str, str]) -> str:
+def render(err: Diagnostic, sources: dict[str, str]) -> str:
     """Format one diagnostic (or each of several) the way a compiler does, with the line and a caret."""
     return "\n".join(_render_one(e, sources) for e in flatten(err))
 
 
-def _render_one(err: DslError, sources: dict[str, str]) -> str:
+def _render_one(err: Diagnostic, sources: dict[str, str]) -> str:
     out = []
     if err.span is None:
         out.append(f"{err.kind}: {err.message}")

@@ -1,4 +1,5 @@
-"""Shared fixtures: the --update-golden switch, the networks, and an in-process CLI runner."""
+"""Shared fixtures: the --update-golden switch, the networks, the session's compile cache, an in-process CLI
+runner, and a check that no test leaves javac or JVM droppings in the repository."""
 
 from __future__ import annotations
 
@@ -20,6 +21,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite the golden files from the current output")
 
 
+# what a failing javac (javac.DATE.args) or a crashing JVM (hs_err_pid*.log) leaves in its working directory
+STRAY = ("javac.*.args", "hs_err_pid*.log", "replay_pid*.log")
+
+
+def stray_files() -> set[Path]:
+    return {p for pattern in STRAY for p in ROOT.glob(pattern)}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_stray_files_in_the_repository():  # noqa: ANN201
+    """Every javac and java a test runs works in a temporary folder; this fails the session where one did not."""
+    before = stray_files()
+    yield
+    new = sorted(p.name for p in stray_files() - before)
+    assert not new, f"a test ran javac or java in the repository, which left {new} there: give it cwd=tmp_path"
+
+
 @pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
@@ -38,6 +56,14 @@ def golden(update_golden: bool):  # noqa: ANN201
         assert text == path.read_text(), f"output differs from {path.relative_to(ROOT)} (run pytest --update-golden)"
 
     return check
+
+
+@pytest.fixture(scope="session")
+def compiled():  # noqa: ANN201
+    """compiled(net, sets, stop_at, options): the session's one compilation of a network (see helpers.CompileCache)."""
+    from helpers import CompileCache
+
+    return CompileCache()
 
 
 @pytest.fixture

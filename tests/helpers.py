@@ -1,9 +1,17 @@
-"""Small helpers for tests: compile a snippet, render its diagnostics."""
+"""Small helpers for tests: compile a snippet, render its diagnostics, the session's compile cache, the
+networks at a reduced size (and which of them only `pytest -m slow` runs)."""
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
+
+import pytest
+
 from deepdsl import api
 from deepdsl.errors import DslError, render
+
+ROOT = Path(__file__).resolve().parent.parent
 
 HEADER = "network T\nconst N = 4\ninput x : [N, 3, 8, 8]\nlabel y : [N] classes 10\n"
 
@@ -98,7 +106,58 @@ REDUCED = {
     "vgg16": ({"N": 2, "H": 32, "W": 32}, 4),
     "googlenet": ({"N": 2, "H": 32, "W": 32}, 4),
     "resnet50": ({"N": 4, "H": 32, "W": 32}, 4),  # BN over 2 samples at 1x1 is too flat for differences
+    "small": ({}, 6),  # SMALL below
 }
+
+
+# the ImageNet-sized architectures: their numerics and plans cost seconds each even at a reduced size, so the
+# default suite runs MLP, LeNet and SMALL (batch norm, a residual add, concat, dropout and a tensor function:
+# the features of ResNet-50 and GoogLeNet in one small network), and `pytest -m slow` runs these too
+BIG = ("alexnet", "overfeat", "vgg16", "googlenet", "resnet50")
+
+
+def with_slow(names, slow=BIG) -> list:  # noqa: ANN001
+    """`names` as pytest parameters, those in `slow` marked `slow`."""
+    return [pytest.param(n, marks=pytest.mark.slow) if n in slow else n for n in names]
+
+
+class CompileCache:
+    """One compilation per (network, sets, stop_at, options) per test session, shared by every test.
+
+    `net` is a network's name (`"lenet"`: networks/lenet.ddsl, its spans naming the absolute path), `"small"`
+    (SMALL below, as small.ddsl), or a path, used as given (so the spans, and golden text, name it as given).
+    Every call returns a shallow copy of the cached Compilation: its graphs and plans are shared (frozen values,
+    which no test may change), its own fields are the caller's. A stage is taken from a later one already
+    compiled (`opt` from `plan`), with the later stages' fields cleared. A compile that fails is not cached; it
+    raises again on the next call.
+    """
+
+    # the stages whose Compilation holds everything of the key's, and the fields the key's stage leaves empty
+    LATER = {"graph": ("plan", "opt", "train", "infer"), "train": ("plan", "opt"), "opt": ("plan",)}
+    UNSET = {"graph": ("train", "infer", "opt", "plan"), "train": ("infer", "opt", "plan"), "opt": ("infer", "plan")}
+
+    def __init__(self) -> None:
+        self.cache: dict[tuple, api.Compilation] = {}
+        self.compiles = 0
+
+    def __call__(
+        self, net: str | Path, sets: dict | None = None, stop_at: str = "graph", options: api.Options | None = None
+    ) -> api.Compilation:  # fmt: skip
+        key = (str(net), tuple(sorted((sets or {}).items())), options)
+        stages = (stop_at, *self.LATER.get(stop_at, ()))
+        found = next((self.cache[(*key, s)] for s in stages if (*key, s) in self.cache), None)
+        if found is None:
+            self.compiles += 1
+            if net == "small":
+                found = api.compile_source(SMALL, "small.ddsl", sets, stop_at, options=options)
+            else:
+                path = ROOT / "networks" / f"{net}.ddsl" if isinstance(net, str) and "/" not in net else net
+                found = api.compile_file(path, sets, stop_at, options=options)
+            self.cache[(*key, stop_at)] = found
+        c = copy.copy(found)
+        for name in self.UNSET.get(stop_at, ()):
+            setattr(c, name, None)
+        return c
 
 
 def feeds_and_params(g, rng):  # noqa: ANN001, ANN201

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from deepdsl.errors import DslError, Span
+from deepdsl.errors import DslWarning, Span
 from deepdsl.ir.graph import Graph
 from deepdsl.ir.types import TensorType
 
@@ -38,4 +38,4 @@ class Program:
     graph: Graph
     layers: tuple[LayerRow, ...]
     train: TrainConfig
-    warnings: tuple[DslError, ...] = ()
+    warnings: tuple[DslWarning, ...] = ()

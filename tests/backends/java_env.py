@@ -32,7 +32,8 @@ def jcuda_jars() -> Path:
 
 
 def javac(folder: Path, sources: list[Path], build: Path) -> None:
-    """Compile `sources` into `build` against the JCuda jars; a compile error fails the test with javac's text."""
+    """Compile `sources` into `build` against the JCuda jars; a compile error fails the test with javac's text.
+    javac runs in `folder` (a temporary one), since a javac that fails writes javac.DATE.args into its cwd."""
     cp = f"{jcuda_jars()}/*"
     r = subprocess.run(["javac", "-encoding", "UTF-8", "-nowarn", "-cp", cp, "-d", str(build), *map(str, sources)],
                        cwd=folder, capture_output=True, text=True, check=False)  # fmt: skip
@@ -41,10 +42,11 @@ def javac(folder: Path, sources: list[Path], build: Path) -> None:
 
 def java(build: Path, main: str, *args: str, cwd: Path | None = None, jcuda: bool = False,
          timeout: int = 300) -> subprocess.CompletedProcess:  # fmt: skip
-    """Run `main` from `build` (with the JCuda jars on the class path only when asked)."""
+    """Run `main` from `build` (with the JCuda jars on the class path only when asked), in `cwd` (default: `build`,
+    never the repository: a crashing JVM writes hs_err_pid*.log into its working directory)."""
     cp = f"{build}:{jcuda_jars()}/*" if jcuda else str(build)
-    return subprocess.run(["java", "-cp", cp, main, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          check=False)  # fmt: skip
+    return subprocess.run(["java", "-cp", cp, main, *args], cwd=cwd or build, capture_output=True, text=True,
+                          timeout=timeout, check=False)  # fmt: skip
 
 
 def java_json(build: Path, main: str, *args: str, cwd: Path | None = None) -> dict:

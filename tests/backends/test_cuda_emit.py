@@ -25,10 +25,12 @@ from deepdsl.ir.types import DType
 from deepdsl.memory import Plan, plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import GOLDEN, ROOT  # noqa: E402
+from conftest import GOLDEN  # noqa: E402
 from cuda_emulator import emulate, run_launch  # noqa: E402
-from helpers import REDUCED  # noqa: E402
+from helpers import REDUCED, with_slow  # noqa: E402
 
+# every network at a reduced size (ResNet-50 and GoogLeNet at N=2), and SMALL: batch norm, a residual add, concat,
+# dropout and a tensor function in one small network, the default suite's stand-in for the big ones (slow)
 SIZES = {**{net: sets for net, (sets, _) in REDUCED.items()}, "resnet50": {"N": 2}, "googlenet": {"N": 2}}
 
 
@@ -85,14 +87,10 @@ def check_launches(p: Plan, prog: CudaProgram) -> None:
         assert launch.args[0].value == launch.stmt, where
 
 
-def _compilation(net: str) -> api.Compilation:
-    return api.compile_file(ROOT / "networks" / f"{net}.ddsl", SIZES[net], stop_at="plan")
-
-
 @needs_compiler
-@pytest.mark.parametrize("net", sorted(SIZES))
-def test_every_kernel_of_every_network_compiles(net: str) -> None:
-    b = _compilation(net).build
+@pytest.mark.parametrize("net", with_slow(sorted(SIZES)))
+def test_every_kernel_of_every_network_compiles(net: str, compiled) -> None:  # noqa: ANN001
+    b = compiled(net, SIZES[net], stop_at="plan").build
     assert b is not None
     progs = cuda.programs(b.train_plan, b.infer_plan)
     check_launches(b.train_plan, progs["train"])
@@ -163,8 +161,8 @@ def test_ops_outside_the_networks_compile() -> None:
 # ---- golden source ----
 
 
-def test_lenet_golden(golden) -> None:  # noqa: ANN001
-    c = api.compile_file(ROOT / "networks" / "lenet.ddsl", stop_at="plan")
+def test_lenet_golden(golden, compiled) -> None:  # noqa: ANN001
+    c = compiled("lenet", stop_at="plan")
     prog = kernels.program(c.plan)
     golden(GOLDEN / "cuda" / "lenet.train.cu", prog.body)
     rows = []
@@ -246,7 +244,7 @@ def test_float_literals() -> None:
     assert kernels.float_literal(1e39) == "__int_as_float(0x7f800000)"  # beyond float32
 
 
-def test_dropout_mask_uses_the_splitmix_stream() -> None:
+def test_dropout_mask_uses_the_splitmix_stream(compiled) -> None:  # noqa: ANN001
     from deepdsl import initializers
     from deepdsl.ops.random import STEP_MIX
 
@@ -254,7 +252,7 @@ def test_dropout_mask_uses_the_splitmix_stream() -> None:
     for const in (initializers.GAMMA, initializers._MUL1, initializers._MUL2, STEP_MIX):
         assert f"0x{const:016X}ull" in lib
     assert "z >> 40" in lib and "1.0 / 16777216.0" in lib and initializers._U24 == 1.0 / 16777216.0
-    c = _compilation("alexnet")
+    c = compiled("alexnet", SIZES["alexnet"], stop_at="plan")
     s = next(s for s in c.plan.graph.stmts if s.op == "dropout_mask")
     seed = initializers.stream_seed(s.a["site"] + "#dropout", s.a["seed"])
     assert (
@@ -335,34 +333,34 @@ train { optimizer = sgd(lr=0.1, momentum=0.9) iterations = 1 seed = 1 }
 """
 
 
-def _emulation_plan(case: str) -> Plan:
+def _emulation_plan(case: str, compiled) -> Plan:  # noqa: ANN001
     if case == "ops":
         return _op_plan()
     if case == "tiny_bn":
         return api.compile_source(TINY_BN, "tiny.ddsl", stop_at="plan").plan
-    return api.compile_file(ROOT / "networks" / f"{case}.ddsl", REDUCED[case][0], stop_at="plan").plan
+    return compiled(case, REDUCED[case][0], stop_at="plan").plan
 
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to run the kernels on the CPU")
 
 
 @needs_gxx
-@pytest.mark.parametrize("case", ["ops", "tiny_bn", "lenet", "alexnet", "googlenet"])
-def test_kernels_agree_with_numpy(case: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("case", with_slow(["ops", "tiny_bn", "lenet", "small", "alexnet", "googlenet"]))
+def test_kernels_agree_with_numpy(case: str, tmp_path: Path, compiled) -> None:  # noqa: ANN001
     """Every statement's launches, run on the CPU, give the NumPy kernel's result (dropout masks bit for bit).
     Block-stride launches (and in the networks the grid-stride ones) run with fewer blocks and threads, which
     their loops allow, so that the test stays quick; the tiled ones as planned."""
 
     import numpy as np
 
-    p = _emulation_plan(case)
+    p = _emulation_plan(case, compiled)
     prog = kernels.program(p)
     lib = emulate(prog.source, prog.kernels, tmp_path)
     env = _values(p)
     by_stmt: dict[str, list] = {}
     for x in prog.launches:
         by_stmt.setdefault(x.stmt, []).append(x)
-    big = case in ("lenet", "alexnet", "googlenet")
+    big = case in ("lenet", "small", "alexnet", "googlenet")
     ops = set()
     grouped = 0
     for stmt, launches in by_stmt.items():

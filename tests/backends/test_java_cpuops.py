@@ -206,7 +206,10 @@ def java_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     # runtime's JCuda-bound classes need no jars here
     driver = ROOT / "tests" / "backends" / "java" / "OpCheck.java"
     built = subprocess.run(
-        ["javac", "-sourcepath", str(ROOT), "-d", str(work / "classes"), str(driver)], capture_output=True, text=True
+        ["javac", "-sourcepath", str(ROOT), "-d", str(work / "classes"), str(driver)],
+        cwd=work,  # not the repository: a failing javac writes javac.DATE.args into its cwd
+        capture_output=True,
+        text=True,
     )
     assert built.returncode == 0, built.stderr
     lines = []
@@ -219,7 +222,11 @@ def java_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         lines.append(" ".join([name, op, *words]))
     (work / "manifest.txt").write_text("\n".join(lines) + "\n")
     ran = subprocess.run(
-        ["java", "-cp", str(work / "classes"), "OpCheck", str(work)], capture_output=True, text=True, timeout=120
+        ["java", "-cp", str(work / "classes"), "OpCheck", str(work)],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert ran.returncode == 0, ran.stderr
     return work, ran.stderr

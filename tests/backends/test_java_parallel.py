@@ -27,11 +27,15 @@ pytestmark = [
 def test_the_team_runs_every_piece_once_and_reports_failures(tmp_path: Path) -> None:
     check = ROOT / "tests" / "backends" / "java" / "ParallelCheck.java"
     built = subprocess.run(
-        ["javac", "-sourcepath", str(ROOT), "-d", str(tmp_path), str(check)], capture_output=True, text=True
+        ["javac", "-sourcepath", str(ROOT), "-d", str(tmp_path), str(check)],
+        cwd=tmp_path,  # not the repository: a failing javac writes javac.DATE.args into its cwd
+        capture_output=True,
+        text=True,
     )
     assert built.returncode == 0, built.stderr
     ran = subprocess.run(
         ["java", "-XX:ActiveProcessorCount=4", "-cp", str(tmp_path), "deepdsl.runtime.ParallelCheck"],
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,

@@ -162,16 +162,26 @@ def test_workspace_limit_switches_the_convolution(programs: Path) -> None:
     np.testing.assert_allclose(lean, fast, rtol=1e-5)
 
 
-def test_a_rematerialised_program_gives_the_same_losses_in_less_memory(cli, programs: Path) -> None:
-    """ResNet-50 at a small size (its recomputed values are over the planner's 64 KiB threshold there)."""
+# (class, source, --set) of a rematerialised program: the values recomputed must be over the planner's 64 KiB
+# threshold, which SMALL's are from batch 32 on; ResNet-50 at a small size is the real thing (slow)
+REMAT = [
+    ("Small", "small.ddsl", ["--set", "N=32"]),
+    pytest.param("ResNet50", str(ROOT / "networks" / "resnet50.ddsl"),
+                 ["--set", "N=4", "--set", "H=64", "--set", "W=64"], marks=pytest.mark.slow),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, source, sets", REMAT, ids=["Small", "ResNet50"])
+def test_a_rematerialised_program_gives_the_same_losses_in_less_memory(
+    cli, programs: Path, name: str, source: str, sets: list[str]
+) -> None:  # fmt: skip
     remat = "full"
-    folder = programs / f"remat_{remat}"
-    sets = ["--set", "N=4", "--set", "H=64", "--set", "W=64"]
-    net = str(ROOT / "networks" / "resnet50.ddsl")
+    folder = programs / f"remat_{remat}_{name}"
+    net = str(programs / source)  # an absolute path stays as it is
     r = cli("compile", net, *sets, "--remat", remat, "-o", str(folder))
     assert r.exit_code == 0, r.output
-    javac(folder, [folder / "ResNet50.java", *(folder / "deepdsl" / "runtime").glob("*.java")], folder / "build")
-    got = java_json(folder / "build", "ResNet50", "--data", "synthetic", "--device", "cpu", "--iters", "1")
+    javac(folder, [folder / f"{name}.java", *(folder / "deepdsl" / "runtime").glob("*.java")], folder / "build")
+    got = java_json(folder / "build", name, "--data", "synthetic", "--device", "cpu", "--iters", "1")
     want = cli("run", net, *sets, "--remat", remat, "--data", "synthetic", "--iters", "1", "--json")
     plain = cli("run", net, *sets, "--data", "synthetic", "--iters", "1", "--json")
     want, plain = json.loads(want.stdout), json.loads(plain.stdout)

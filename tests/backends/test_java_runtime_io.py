@@ -105,12 +105,13 @@ def case(build: Callable[[Batch], Callable[[], None]]) -> Callable[[Batch], Call
 
 def compile_runtime(classes: Path) -> None:
     """All of deepdsl/runtime; where that fails (a source mid-edit, or the CUDA sources without the JCuda
-    jars), only the sources tested here, which must compile warning-free."""
+    jars), only the sources tested here, which must compile warning-free. javac runs in the temporary folder,
+    not the repository: a javac that fails writes javac.DATE.args into its working directory."""
     every = [*map(str, sorted(RUNTIME.glob("*.java"))), str(DRIVER)]
-    done = subprocess.run(["javac", "-d", str(classes), *every], capture_output=True, text=True)
+    done = subprocess.run(["javac", "-d", str(classes), *every], cwd=classes.parent, capture_output=True, text=True)
     if done.returncode != 0:
         own = [str(RUNTIME / f"{name}.java") for name in OWN_SOURCES] + [str(DRIVER)]
-        subprocess.run(["javac", "-Xlint:all", "-Werror", "-d", str(classes), *own], check=True)
+        subprocess.run(["javac", "-Xlint:all", "-Werror", "-d", str(classes), *own], cwd=classes.parent, check=True)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +123,7 @@ def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Callable[[], N
     prepared = {name: build(batch) for name, build in CASES.items()}
     commands = work / "commands.tsv"
     commands.write_text("\n".join(batch.lines) + "\n", encoding="utf-8")
-    subprocess.run(["java", "-cp", str(classes), "IoCheck", str(commands)], check=True, timeout=120)
+    subprocess.run(["java", "-cp", str(classes), "IoCheck", str(commands)], cwd=work, check=True, timeout=120)
     return prepared
 
 

@@ -77,3 +77,22 @@ def test_errors_in_source_order(monkeypatch: pytest.MonkeyPatch, cli) -> None:  
     assert len(heads) == 2
     positions = [tuple(int(n) for n in h.split(":")[1:3]) for h in heads]
     assert positions == sorted(positions)
+
+
+def test_a_warning_is_not_an_error() -> None:
+    """Warnings are collected on the program, never raised, and no `except DslError` can catch one."""
+    from deepdsl import api
+    from deepdsl.errors import Diagnostic, Diagnostics, DslError, DslShapeError, DslWarning
+
+    assert not issubclass(DslWarning, DslError) and not issubclass(DslWarning, BaseException)
+    assert issubclass(DslWarning, Diagnostic) and issubclass(DslError, Diagnostic)
+    case = CASES_DIR / "warn_unused_param.ddsl"
+    warnings = api.compile_file(case).program.warnings
+    assert warnings and all(type(w) is DslWarning for w in warnings)
+    diags = Diagnostics()
+    diags.add(warnings[0])
+    diags.raise_if_errors()  # a warning alone stops nothing
+    diags.add(DslShapeError("bad", warnings[0].span))
+    with pytest.raises(DslShapeError):
+        diags.raise_if_errors()
+    assert diags.warnings == [warnings[0]]

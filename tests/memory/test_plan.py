@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 from conftest import ROOT
-from helpers import REDUCED, feeds_and_params
+from helpers import REDUCED, feeds_and_params, with_slow
 
 from deepdsl import api
 from deepdsl.backends.numpy_runner import run, run_plan
@@ -20,12 +20,12 @@ from deepdsl.memory.schedule import schedule
 
 
 @pytest.mark.parametrize("remat", LEVELS)
-@pytest.mark.parametrize("name", sorted(REDUCED))
-def test_a_run_inside_the_poisoned_arena_equals_the_unplanned_run(name: str, remat: str) -> None:
+@pytest.mark.parametrize("name", with_slow(sorted(REDUCED)))
+def test_a_run_inside_the_poisoned_arena_equals_the_unplanned_run(name: str, remat: str, compiled) -> None:  # noqa: ANN001
     sets, _ = REDUCED[name]
-    g = api.compile_file(ROOT / "networks" / f"{name}.ddsl", sets, stop_at="opt").opt
+    g = compiled(name, sets, stop_at="opt").opt
     p = check_plan(plan(rematerialise(g, remat, small=0)))  # small=0: at reduced size, recompute the smallest too
-    if remat == "full" or (remat == "cheap" and name == "resnet50"):
+    if remat == "full" or (remat == "cheap" and name in ("resnet50", "small")):
         assert any("~" in s.out.name for s in p.graph.stmts), "nothing was recomputed"
     feeds, params = feeds_and_params(g, np.random.default_rng(0))
     plain = run(g, feeds, params)
@@ -42,8 +42,8 @@ def test_a_run_inside_the_poisoned_arena_equals_the_unplanned_run(name: str, rem
 
 
 @pytest.mark.parametrize("name", ["lenet", "resnet50"])
-def test_buffers_alive_together_never_overlap(name: str) -> None:
-    p = plan(api.compile_file(ROOT / "networks" / f"{name}.ddsl", {"N": 2}, stop_at="opt").opt)
+def test_buffers_alive_together_never_overlap(name: str, compiled) -> None:  # noqa: ANN001
+    p = compiled(name, {"N": 2}, stop_at="plan").plan
     assert p.arena_bytes >= p.live_peak_bytes
     spans = sorted(p.buffers, key=lambda b: b.offset)
     for b in p.buffers:
@@ -55,10 +55,8 @@ def test_buffers_alive_together_never_overlap(name: str) -> None:
             assert a.end < b.start or b.end < a.start, f"{a.values[0]} and {b.values[0]} share memory while alive"
 
 
-def test_views_and_inplace_results_share_their_buffer() -> None:
-    g = api.compile_file(
-        ROOT / "networks" / "lenet.ddsl", {"N": 2}, stop_at="opt", options=api.Options(disabled=("fuse",))
-    ).opt
+def test_views_and_inplace_results_share_their_buffer(compiled) -> None:  # noqa: ANN001
+    g = compiled("lenet", {"N": 2}, stop_at="opt", options=api.Options(disabled=("fuse",))).opt
     p = plan(g)
     for s in g.stmts:
         if s.op == "reshape":
@@ -68,9 +66,9 @@ def test_views_and_inplace_results_share_their_buffer() -> None:
 
 
 @pytest.mark.parametrize("name", ["lenet", "resnet50"])
-def test_updates_go_into_their_parameters_right_after_the_last_read(name: str) -> None:
+def test_updates_go_into_their_parameters_right_after_the_last_read(name: str, compiled) -> None:  # noqa: ANN001
     """The schedule runs each update when its gradient is complete; written in place, it takes no arena space."""
-    p = plan(api.compile_file(ROOT / "networks" / f"{name}.ddsl", {"N": 2}, stop_at="opt").opt)
+    p = compiled(name, {"N": 2}, stop_at="plan").plan
     g = p.graph
     producer = {s.out.name: s for s in g.stmts}
     # every update computed element for element goes in place (a GEMM with a momentum epilogue cannot: its
@@ -105,25 +103,24 @@ def test_run_json_reports_the_peak_memcheck_reports_and_ir_prints_the_plan(cli) 
     assert r.stdout.startswith(f"plan LeNet: arena {c.plan.arena_bytes:,} bytes")
 
 
-@pytest.mark.parametrize("name", sorted(REDUCED))
-def test_the_optimiser_does_not_raise_the_planned_peak(name: str) -> None:
+@pytest.mark.parametrize("name", with_slow(sorted(REDUCED)))
+def test_the_optimiser_does_not_raise_the_planned_peak(name: str, compiled) -> None:  # noqa: ANN001
     sets, _ = REDUCED[name]
-    path = ROOT / "networks" / f"{name}.ddsl"
-    unoptimised = api.compile_file(path, sets, stop_at="plan", options=api.Options(level=0)).plan
-    optimised = api.compile_file(path, sets, stop_at="plan").plan
+    unoptimised = compiled(name, sets, stop_at="plan", options=api.Options(level=0)).plan
+    optimised = compiled(name, sets, stop_at="plan").plan
     # within 2%: the motion pass orders the weight gradients without knowing that the plan writes updates in
     # place (the MLP at batch 4 plans 1.1% larger at -O2); every other network plans smaller
     assert optimised.arena_bytes <= unoptimised.arena_bytes * (1.02 if name == "mlp" else 1.0)
 
 
-def test_convolutions_get_their_declared_workspace_under_the_limit() -> None:
+def test_convolutions_get_their_declared_workspace_under_the_limit(compiled) -> None:  # noqa: ANN001
     """The registry declares each convolution's im2col scratch; the plan places it in the arena for its one
     statement where it fits the limit, and the runner does its work there."""
     from deepdsl.ir import REGISTRY
     from deepdsl.memory.plan import workspace_need
 
     assert all(op.numpy_ws is not None for op in REGISTRY.values() if op.workspace is not None)
-    g = api.compile_file(ROOT / "networks" / "lenet.ddsl", {"N": 4}, stop_at="opt").opt
+    g = compiled("lenet", {"N": 4}, stop_at="opt").opt
     feeds, params = feeds_and_params(g, np.random.default_rng(0))
     plain = run(g, feeds, params)
     needs = {s.out.name: workspace_need(s) for s in g.stmts}

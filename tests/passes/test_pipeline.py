@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import ROOT
-from helpers import REDUCED, feeds_and_params
+from helpers import REDUCED, feeds_and_params, with_slow
 
 from deepdsl import api
 from deepdsl.backends.numpy_runner import run
@@ -19,10 +19,10 @@ def _close(a: dict, b: dict, rtol: float) -> None:
         assert err <= rtol, f"{k}: relative difference {err}"
 
 
-@pytest.mark.parametrize("name", sorted(REDUCED))
-def test_every_pass_keeps_loss_gradients_and_updates(name: str) -> None:
+@pytest.mark.parametrize("name", with_slow(sorted(REDUCED)))
+def test_every_pass_keeps_loss_gradients_and_updates(name: str, compiled) -> None:  # noqa: ANN001
     sets, _ = REDUCED[name]
-    train = api.compile_file(ROOT / "networks" / f"{name}.ddsl", sets, stop_at="train").train
+    train = compiled(name, sets, stop_at="train").train
     rng = np.random.default_rng(0)
     feeds, params = feeds_and_params(train, rng)
     params = {k: v.astype(np.float32) for k, v in params.items()}
@@ -43,15 +43,15 @@ def test_every_pass_keeps_loss_gradients_and_updates(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["lenet", "resnet50"])
-def test_optimised_training_program_has_fewer_kernels(name: str) -> None:
-    c0 = api.compile_file(ROOT / "networks" / f"{name}.ddsl", stop_at="opt", options=api.Options(level=0))
-    c2 = api.compile_file(ROOT / "networks" / f"{name}.ddsl", stop_at="opt")
+def test_optimised_training_program_has_fewer_kernels(name: str, compiled) -> None:  # noqa: ANN001
+    c0 = compiled(name, {"N": 2}, stop_at="opt", options=api.Options(level=0))  # kernels do not depend on N
+    c2 = compiled(name, {"N": 2}, stop_at="opt")
     assert c0.opt == c0.train  # -O0 runs no pass
     assert kernels(c2.opt) < kernels(c0.opt)
 
 
-def test_disabled_passes_do_not_run() -> None:
-    c = api.compile_file(ROOT / "networks" / "lenet.ddsl", stop_at="opt", options=api.Options(disabled=("fuse",)))
+def test_disabled_passes_do_not_run(compiled) -> None:  # noqa: ANN001
+    c = compiled("lenet", stop_at="opt", options=api.Options(disabled=("fuse",)))
     assert [p.name for p in c.passes] == [n for n in PASS_NAMES if n != "fuse"]
     assert not any(s.op == "fused" or "epilogue" in s.a for s in c.opt.stmts)
 
@@ -168,8 +168,8 @@ def _update_kernels(c: api.Compilation) -> list[tuple[str, ...]]:
 
 
 @pytest.mark.parametrize("name", ["mlp", "lenet", "alexnet"])
-def test_each_parameters_sgd_update_is_one_kernel(name: str) -> None:
-    c = api.compile_file(ROOT / "networks" / f"{name}.ddsl", {"N": 2}, stop_at="plan")
+def test_each_parameters_sgd_update_is_one_kernel(name: str, compiled) -> None:  # noqa: ANN001
+    c = compiled(name, {"N": 2}, stop_at="plan")
     kernels_ = _update_kernels(c)
     assert kernels_ and all(k == ("sgd_momentum", "sgd_step") for k in kernels_)
     assert len(kernels_) == len(c.plan.graph.trainable)
@@ -180,10 +180,10 @@ def test_adam_moments_and_step_are_one_kernel() -> None:
     assert _update_kernels(c) == [("adam_moment", "adam_moment", "adam_step")] * 2
 
 
-def test_resnet50_updates_share_a_loop_unless_the_weight_is_still_read() -> None:
+def test_resnet50_updates_share_a_loop_unless_the_weight_is_still_read(compiled) -> None:  # noqa: ANN001
     """A convolution's weight is still read by its backward-data after its gradient is complete: its step waits
     for that reader while the momentum runs at once to free the gradient, so those two stay apart."""
-    c = api.compile_file(ROOT / "networks" / "resnet50.ddsl", {"N": 2}, stop_at="plan")
+    c = compiled("resnet50", {"N": 2}, stop_at="plan")
     kernels_ = _update_kernels(c)
     together = sum(1 for k in kernels_ if k == ("sgd_momentum", "sgd_step"))
     assert together >= 0.9 * len(c.plan.graph.trainable)

@@ -1,0 +1,108 @@
+"""The documentation a fresh clone carries: every relative link of README.md and docs/*.md points at a file of
+the repository (and its #anchor at a heading of that file), and every `ddsl` example of the docs compiles."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from deepdsl import api
+from deepdsl.errors import DslError, render
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|^\[[^\]]+\]:\s*(\S+)", re.M)  # [text](target), [ref]: target
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+CODE = re.compile(r"`[^`\n]*`")
+
+
+def prose(text: str) -> str:
+    """The text without code blocks and code spans, where brackets are not links."""
+    return CODE.sub("", FENCE.sub("", text))
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"`|\*\*?|_(?=\w)|(?<=\w)_", "", heading.strip().lower())
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    found: set[str] = set()
+    for line in FENCE.sub("", path.read_text(encoding="utf-8")).splitlines():
+        m = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m:
+            base, k = anchor(m[1]), 1
+            name = base
+            while name in found:  # GitHub numbers repeated headings: name, name-1, name-2, ...
+                name, k = f"{base}-{k}", k + 1
+            found.add(name)
+    return found
+
+
+def broken_links(doc: Path) -> list[str]:
+    """Each relative link of `doc` whose file (inside the repository) or heading does not exist."""
+    problems = []
+    for m in LINK.finditer(prose(doc.read_text(encoding="utf-8"))):
+        target = m[1] or m[2]
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:, ...: not a file of the clone
+            continue
+        file, _, fragment = target.partition("#")
+        path = (doc.parent / file).resolve() if file else doc
+        if ROOT not in path.parents and path != ROOT:
+            problems.append(f"{target}: outside the repository")
+        elif not path.exists():
+            problems.append(f"{target}: no such file")
+        elif fragment and path.suffix == ".md" and fragment not in anchors(path):
+            problems.append(f"{target}: no heading #{fragment} in {path.relative_to(ROOT)}")
+    return problems
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(doc: Path) -> None:
+    assert not broken_links(doc), f"{doc.relative_to(ROOT)}: " + "; ".join(broken_links(doc))
+
+
+def test_the_link_check_catches_broken_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above can fail: a missing file, a missing heading and a path out of the clone are caught,
+    good links, external links and brackets in code are not."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (tmp_path / "README.md").write_text("# Top\n## The `ir` command\n")
+    doc = docs / "x.md"
+    doc.write_text(
+        "# A heading\n[ok](../README.md) [ok](#a-heading) [ok](../README.md#the-ir-command) [ok](https://x.org)\n"
+        "`[not](a-link.md)`\n```\n[not](a-link.md)\n```\n"
+        "[bad](missing.md) [bad](#no-such) [bad](../README.md#nope) [bad](../../shared/DESIGN.md)\n"
+    )
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    assert broken_links(doc) == [
+        "missing.md: no such file",
+        "#no-such: no heading #no-such in docs/x.md",
+        "../README.md#nope: no heading #nope in README.md",
+        "../../shared/DESIGN.md: outside the repository",
+    ]
+
+
+EXAMPLES = [
+    (doc, n, block)
+    for doc in DOCS
+    for n, block in enumerate(re.findall(r"^```ddsl\n(.*?)^```", doc.read_text(encoding="utf-8"), re.M | re.S))
+]
+
+
+def test_the_docs_have_examples() -> None:
+    assert len([e for e in EXAMPLES if e[0].name == "language.md"]) >= 4
+
+
+@pytest.mark.parametrize("doc, n, block", EXAMPLES, ids=[f"{d.stem}-{n}" for d, n, _ in EXAMPLES])
+def test_every_example_compiles(doc: Path, n: int, block: str) -> None:
+    c = api.Compilation()
+    try:
+        api.compile_source(block, f"{doc.stem}-example{n}.ddsl", {"N": 2} if "const N" in block else None, c=c)
+    except DslError as err:
+        pytest.fail(f"example {n} of {doc.relative_to(ROOT)} does not compile:\n{render(err, c.sources)}")
