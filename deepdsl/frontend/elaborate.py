@@ -100,6 +100,8 @@ class Elaborator:
                     self.globals.values[name] = _POISON
             except RecursionError:
                 self.diags.add(DslProgramError("the expression is nested too deeply", item.span))
+                for name in _bound_names(item):  # reported once: its users see a poisoned name, not "used before"
+                    self.globals.values[name] = _POISON
         unknown = sorted(set(self.sets) - self._const_names())
         for name in unknown:
             consts = self._const_names()
