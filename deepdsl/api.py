@@ -10,6 +10,7 @@ Errors are raised as `DslError`.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,7 +70,7 @@ def load_includes(module: ast.Module, c: Compilation) -> dict[str, ast.Module | 
         for item in m.items:
             if not isinstance(item, ast.Include):
                 continue
-            path = str((Path(m.file).parent / item.path).resolve())
+            path = include_path(m.file, item.path)
             if path in found:
                 continue
             try:
@@ -80,11 +81,20 @@ def load_includes(module: ast.Module, c: Compilation) -> dict[str, ast.Module | 
             try:
                 sub = parse_stage(text, path, c)
             except DslError as err:
+                if not path.endswith(".ddsl"):  # never echo a line of what may be any file (/etc/shadow)
+                    c.sources.pop(path, None)
+                    line = f" (a syntax error on line {err.span.line})" if err.span else ""
+                    err = DslProgramError(f"cannot include '{item.path}': it is not .ddsl text{line}", item.span)
                 found[path] = err
                 continue
             found[path] = sub
             todo.append(sub)
     return found
+
+
+def include_path(base: str, rel: str) -> str:
+    """The absolute path of an include, symlinks followed (a symlink loop is left for reading to report)."""
+    return os.path.realpath(Path(base).parent / rel)
 
 
 def elaborate_stage(module: ast.Module, includes: dict, sets: dict[str, int | float]) -> Program:
@@ -132,6 +142,8 @@ def read_source(path: str | Path) -> str:
     """The text of a .ddsl file; a missing, special, huge or non-UTF-8 file is a user error."""
     p = Path(path)
     try:
+        if p.is_symlink():
+            p.stat()  # a symlink loop: OSError (ELOOP), reported below
         if not p.is_file():
             raise DslProgramError(f"'{path}' is not a regular file" if p.exists() else f"file not found: '{path}'")
         if p.stat().st_size > MAX_SOURCE_BYTES:

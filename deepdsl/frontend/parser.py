@@ -74,7 +74,7 @@ def _check_nesting(tree: Tree, file: str) -> None:
             raise DslSyntaxError(
                 f"this expression nests more than {MAX_NESTING} levels deep",
                 Span.point(file, 1, 1) if meta.empty else Span.point(file, meta.line, meta.column),
-                hint="split it into named parts (`a = f1 o f2 o ...`, then `net = a o b`), or use a def with a for loop",
+                hint="split it into named parts (`a = f1 o f2 o ...`, then `net = a o b`) or use a def with a loop",
             )
         todo.extend((c, depth + 1, c if depth == 0 else item) for c in t.children if isinstance(c, Tree))
 
