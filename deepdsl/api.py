@@ -10,7 +10,6 @@ Errors are raised as `DslError`.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from deepdsl.autodiff import infer_program, train_program
 from deepdsl.build import Build, Options
 from deepdsl.errors import DslError, DslProgramError
 from deepdsl.frontend import ast
-from deepdsl.frontend.elaborate import Elaborator
+from deepdsl.frontend.elaborate import Elaborator, include_path
 from deepdsl.frontend.parser import parse_text
 from deepdsl.frontend.program import Program
 from deepdsl.ir import Graph
@@ -90,11 +89,6 @@ def load_includes(module: ast.Module, c: Compilation) -> dict[str, ast.Module | 
             found[path] = sub
             todo.append(sub)
     return found
-
-
-def include_path(base: str, rel: str) -> str:
-    """The absolute path of an include, symlinks followed (a symlink loop is left for reading to report)."""
-    return os.path.realpath(Path(base).parent / rel)
 
 
 def elaborate_stage(module: ast.Module, includes: dict, sets: dict[str, int | float]) -> Program:

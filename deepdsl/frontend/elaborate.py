@@ -168,7 +168,7 @@ class Elaborator:
             seen[name] = span
 
     def _include(self, item: ast.Include, m: ast.Module, stack: list[str]) -> None:
-        key = _resolve(m.file, item.path)
+        key = include_path(m.file, item.path)
         if key in stack or key == self.module.file:
             self.diags.add(DslProgramError(f"include cycle: {' -> '.join([*stack, key])}", item.span))
             return
@@ -406,7 +406,9 @@ def _bound_names(item: ast.Item) -> tuple[str, ...]:
     return ()
 
 
-def _resolve(base: str, rel: str) -> str:
-    from deepdsl.api import include_path
+def include_path(base: str, rel: str) -> str:
+    """The absolute path of an include, symlinks followed (a symlink loop is left for reading to report)."""
+    import os
+    from pathlib import Path
 
-    return include_path(base, rel)
+    return os.path.realpath(Path(base).parent / rel)
