@@ -18,7 +18,7 @@ from deepdsl.autodiff import infer_program, train_program
 from deepdsl.build import Build, Options
 from deepdsl.errors import DslError, DslProgramError
 from deepdsl.frontend import ast
-from deepdsl.frontend.elaborate import Elaborator
+from deepdsl.frontend.elaborate import Elaborator, include_path
 from deepdsl.frontend.parser import parse_text
 from deepdsl.frontend.program import Program
 from deepdsl.ir import Graph
@@ -69,7 +69,7 @@ def load_includes(module: ast.Module, c: Compilation) -> dict[str, ast.Module | 
         for item in m.items:
             if not isinstance(item, ast.Include):
                 continue
-            path = str((Path(m.file).parent / item.path).resolve())
+            path = include_path(m.file, item.path)
             if path in found:
                 continue
             try:
@@ -80,6 +80,10 @@ def load_includes(module: ast.Module, c: Compilation) -> dict[str, ast.Module | 
             try:
                 sub = parse_stage(text, path, c)
             except DslError as err:
+                if not path.endswith(".ddsl"):  # never echo a line of what may be any file (/etc/shadow)
+                    c.sources.pop(path, None)
+                    line = f" (a syntax error on line {err.span.line})" if err.span else ""
+                    err = DslProgramError(f"cannot include '{item.path}': it is not .ddsl text{line}", item.span)
                 found[path] = err
                 continue
             found[path] = sub
@@ -132,6 +136,8 @@ def read_source(path: str | Path) -> str:
     """The text of a .ddsl file; a missing, special, huge or non-UTF-8 file is a user error."""
     p = Path(path)
     try:
+        if p.is_symlink():
+            p.stat()  # a symlink loop: OSError (ELOOP), reported below
         if not p.is_file():
             raise DslProgramError(f"'{path}' is not a regular file" if p.exists() else f"file not found: '{path}'")
         if p.stat().st_size > MAX_SOURCE_BYTES:

@@ -70,6 +70,24 @@ def _parse_limit(ctx: click.Context, param: click.Parameter, value: str | None) 
         raise click.BadParameter(str(exc)) from None
 
 
+def _parse_data(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A malformed --data source is a usage error (exit 2), found before anything is compiled or allocated."""
+    from deepdsl.data import parse_data_flag
+
+    if value is not None:
+        try:
+            parse_data_flag(value)
+        except DslError as exc:
+            raise click.BadParameter(exc.message, ctx, param) from None
+    return value
+
+
+def _file_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not value.strip():
+        raise click.BadParameter("needs a file name", ctx, param)
+    return value
+
+
 WORKSPACE_LIMIT = click.option(
     "--workspace-limit", "workspace_limit", metavar="SIZE", default=None, callback=_parse_limit,
     help="The most scratch one statement's kernel may take (e.g. 64MiB; 0: none): larger needs use a kernel "
@@ -275,10 +293,12 @@ def stats_text(obj: dict[str, Any]) -> str:
 @cli.command()
 @common
 @click.option("--iters", type=click.IntRange(min=0), default=None, help="Training steps (default: the train block's).")
-@click.option("--data", "data_flag", metavar="SOURCE", default=None,
+@click.option("--data", "data_flag", metavar="SOURCE", default=None, callback=_parse_data,
               help="synthetic | mnist:DIR | cifar10:DIR | npz:FILE (default: the train block's).")  # fmt: skip
-@click.option("--load", "load_path", type=click.Path(dir_okay=False), default=None, help="Start from this .npz file.")
-@click.option("--save", "save_path", type=click.Path(dir_okay=False), default=None, help="Write the final state here.")
+@click.option("--load", "load_path", type=click.Path(dir_okay=False), default=None, callback=_file_name,
+              help="Start from this .npz file.")  # fmt: skip
+@click.option("--save", "save_path", type=click.Path(dir_okay=False), default=None, callback=_file_name,
+              help="Write the final state here.")  # fmt: skip
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Where to run: the NumPy runner (cpu) or the PyCUDA runner (cuda).")  # fmt: skip
 @click.option("--seed", type=int, default=None, help="Override the train block's seed.")

@@ -23,6 +23,7 @@ from deepdsl.data import Dataset
 from deepdsl.errors import DslProgramError
 from deepdsl.initializers import init_array
 from deepdsl.ir import Graph, ParamDef
+from deepdsl.memory.footprint import available_memory, check_fits, footprint
 from deepdsl.memory.report import total_peak
 
 
@@ -48,6 +49,8 @@ class Trainer:
         self.train_graph: Graph = build.train
         self.infer_graph: Graph | None = build.infer
         self.plan = build.train_plan if dtype == np.float32 else None  # float64 runs without an arena
+        # the whole footprint against the memory available, before the arrays below are allocated
+        check_fits(footprint(build.train_plan, np.dtype(dtype).itemsize), available_memory())
         self.batch = next(d for d in program.graph.inputs if d.kind == "input").value.type.shape[0]
         self.shuffle = self.seed if program.train.shuffle else None
         self.arrays: dict[str, np.ndarray] = {p.value.name: self._init(p) for p in self.train_graph.params}
@@ -76,18 +79,20 @@ class Trainer:
             feeds[d.value.name] = {"input": x, "label": y, "step": np.asarray(step, dtype=np.int64)}[d.kind]
         return feeds
 
-    def step(self) -> tuple[float, int, int]:
+    def step(self, number: int | None = None) -> tuple[float, int, int]:
         """Run one training step on the next batch; returns (loss, the bytes the step held, those of its arena): on
-        the NumPy runner as measured, on the GPU as planned."""
+        the NumPy runner as measured, on the GPU as planned. A NaN or Inf is reported as in iteration `number`
+        (default: the steps taken so far plus one, counting from 1 as the progress lines do)."""
         i = self.step_count
+        label = i + 1 if number is None else number
         x, y = self.data.batch(i, self.batch, self.shuffle)
         feeds = self._feeds(self.train_graph, x, y, i)
         if self.gpu is not None:
             outputs, _ = self.gpu.run("train", feeds)
             loss = float(outputs["loss"])
             if not math.isfinite(loss):  # the GPU has already updated the parameters: no replay from here
-                raise NonFinite(f"iteration {i}: the loss is not finite (on the GPU; the same run with --device cpu "
-                                "names the first statement that produced it)")  # fmt: skip
+                raise NonFinite(f"iteration {label}: the loss is not finite (on the GPU; the same run with "
+                                "--device cpu names the first statement that produced it)")  # fmt: skip
             self._gpu_ahead = True
             self.step_count += 1
             assert self.plan is not None
@@ -97,8 +102,9 @@ class Trainer:
         else:
             result = run(self.train_graph, feeds, self.arrays, self.dtype)
         loss = float(result.outputs["loss"])
-        if not math.isfinite(loss):
-            self._locate_non_finite(feeds, i)
+        if not math.isfinite(loss) or not all(np.isfinite(a).all() for a in result.updates.values()):
+            # a finite loss with a non-finite update: blame the update now, not the next step's forward pass
+            self._locate_non_finite(feeds, label)
         self.arrays.update(result.updates)
         self.step_count += 1
         return loss, result.peak_bytes, result.arena_bytes
@@ -108,7 +114,7 @@ class Trainer:
             run(self.train_graph, feeds, self.arrays, self.dtype, check_finite=True)
         except NonFinite as err:
             raise NonFinite(f"iteration {i}: {err.message}", err.span) from None
-        raise NonFinite(f"iteration {i}: the loss is not finite")
+        raise NonFinite(f"iteration {i}: the loss or an update is not finite")
 
     def test(self, batches: int | None = None) -> float | None:
         """Accuracy of `predict` on the test set (the whole set, or the first `batches` batches)."""
@@ -127,7 +133,8 @@ class Trainer:
                 scores = self.gpu.run("infer", feeds)[0]["predict"]
             else:
                 scores = run(graph, feeds, self.arrays, self.dtype).outputs["predict"]
-            correct += int(np.sum(np.argmax(scores, axis=1) == ys))
+            finite = np.isfinite(scores).all(axis=1)  # a NaN or Inf score is a wrong answer, whatever argmax says
+            correct += int(np.sum(finite & (np.argmax(scores, axis=1) == ys)))
             total += n
         return correct / total
 
@@ -144,7 +151,7 @@ class Trainer:
         start = time.perf_counter()
         for k in range(iterations):
             t0 = time.perf_counter()
-            loss, peak, arena = self.step()
+            loss, peak, arena = self.step(k + 1)
             result.losses.append(loss)
             result.peak_bytes = max(result.peak_bytes, peak)
             result.arena_bytes = max(result.arena_bytes, arena)

@@ -79,6 +79,8 @@ class Dataset:
                 )
         if len(self.x_train) == 0:
             raise DslProgramError("the training data holds no samples")
+        if self.x_test is not None and len(self.x_test) == 0:
+            raise DslProgramError("the test data holds no samples (leave x_test and y_test out for none)")
 
     @property
     def size(self) -> int:
@@ -131,9 +133,12 @@ def parse_data_flag(text: str) -> tuple[str, dict[str, Any]]:
         if not sep:
             return kind, {}
         try:
-            return kind, {"seed": int(value, 0)}
+            seed = int(value, 0)
         except ValueError:
             raise DslProgramError(f"--data synthetic:SEED needs an integer seed, got {value!r}") from None
+        if seed < 0:
+            raise DslProgramError(f"--data synthetic:SEED needs a seed of at least 0, got {value!r}")
+        return kind, {"seed": seed}
     if not value:
         what = KINDS[kind].upper()
         raise DslProgramError(f"--data {kind} needs a {KINDS[kind]}: write --data {kind}:{what}")

@@ -7,7 +7,8 @@ accuracy after a few hundred steps. With D elements per sample and K classes, al
 integer steps that any language reproduces bit for bit:
 
 - Sizes: 1024 training and 256 test samples, or 256 and 64 when D > 65536 (ImageNet-sized
-  inputs), to keep the data set a few hundred MB at most. Samples are numbered 0, 1, ... over
+  inputs); when those would take more than 512 MiB (2^29 bytes) of float32, M = max(2, 2^29 // (4·D))
+  samples, ``M // 5`` (at least 1) of them test samples, the rest training samples. Samples are numbered 0, 1, ... over
   the training samples and then the test samples.
 - Labels: ``y_j = next() mod K`` (unsigned) for sample j, from the SplitMix64 stream seeded with
   ``seed XOR fnv1a64("synthetic/y")`` (see `deepdsl.initializers`).
@@ -30,11 +31,17 @@ from ..initializers import splitmix64_array, stream_seed
 __all__ = ["make_synthetic", "synthetic_sizes"]
 
 _BIG = 65536
+MAX_BYTES = 2**29  # the data set's float32 samples, training and test together (at least one of each)
 
 
 def synthetic_sizes(d: int) -> tuple[int, int]:
-    """(training, test) sample counts for D elements per sample."""
-    return (1024, 256) if d <= _BIG else (256, 64)
+    """(training, test) sample counts for D elements per sample, at most MAX_BYTES of them together."""
+    n_train, n_test = (1024, 256) if d <= _BIG else (256, 64)
+    most = max(2, MAX_BYTES // (4 * max(d, 1)))
+    if n_train + n_test > most:
+        n_test = max(1, most // 5)
+        n_train = most - n_test
+    return n_train, n_test
 
 
 def _bits24(seed: int, count: int, start: int) -> np.ndarray:

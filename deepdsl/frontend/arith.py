@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +70,8 @@ def number_op(el: Elaborator, e: ast.Binary, a: float, b: float) -> Any:
         result = ops[op](a, b)
     except (OverflowError, ZeroDivisionError, ValueError) as exc:
         raise DslProgramError(f"cannot compute `{op}`: {exc}", e.span) from None
+    if isinstance(result, float) and not math.isfinite(result):
+        raise DslProgramError(f"`{op}` gives {result:g}, not a finite number", e.span)
     return el._int(result, e.span) if isinstance(result, int) and not isinstance(result, bool) else result
 
 

@@ -3,6 +3,7 @@ functions and shared layer instances, with their naming scopes and argument chec
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -296,6 +297,8 @@ def convert(fname: str, spec: ArgSpec, v: Any, span: Span) -> Any:
         return DslArgumentError(f"argument '{spec.name}' of {fname} must be {want}, got {describe(v)}", span)
 
     def check_range(x: float) -> None:
+        if not math.isfinite(x):  # nan passes every comparison below
+            raise DslArgumentError(f"argument '{spec.name}' of {fname} must be a finite number, got {x:g}", span)
         if spec.low is not None and x < spec.low:
             raise DslArgumentError(f"argument '{spec.name}' of {fname} must be at least {spec.low:g}, got {x:g}", span)
         if spec.below is not None and x >= spec.below:

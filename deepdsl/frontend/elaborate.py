@@ -9,6 +9,7 @@ collected and elaboration goes on with the next, so several are reported at once
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from deepdsl.errors import (
@@ -42,7 +43,7 @@ from deepdsl.frontend.values import (
     TensorVal,
     describe,
 )
-from deepdsl.ir import GraphBuilder, InputDef, ShapeError, TensorType, Value
+from deepdsl.ir import Graph, GraphBuilder, InputDef, ShapeError, TensorType, Value
 from deepdsl.ir.types import DType
 
 MAX_STEPS = 2_000_000  # evaluation steps before we call a program too large to unroll
@@ -100,6 +101,8 @@ class Elaborator:
                     self.globals.values[name] = _POISON
             except RecursionError:
                 self.diags.add(DslProgramError("the expression is nested too deeply", item.span))
+                for name in _bound_names(item):  # reported once: its users see a poisoned name, not "used before"
+                    self.globals.values[name] = _POISON
         unknown = sorted(set(self.sets) - self._const_names())
         for name in unknown:
             consts = self._const_names()
@@ -127,6 +130,9 @@ class Elaborator:
         if self.predict is not None:
             self.b.output("predict", self.predict.value)
         graph = self.b.build()
+        for err in _too_many_elements(graph):
+            self.diags.add(err)
+        self.diags.raise_if_errors()
         for warning in unused_parameter_warnings(graph):
             self.diags.add(warning)
         return Program(graph, tuple(self.rows), train, tuple(self.diags.warnings))
@@ -162,7 +168,7 @@ class Elaborator:
             seen[name] = span
 
     def _include(self, item: ast.Include, m: ast.Module, stack: list[str]) -> None:
-        key = _resolve(m.file, item.path)
+        key = include_path(m.file, item.path)
         if key in stack or key == self.module.file:
             self.diags.add(DslProgramError(f"include cycle: {' -> '.join([*stack, key])}", item.span))
             return
@@ -196,7 +202,7 @@ class Elaborator:
     def _item(self, item: ast.Item) -> None:
         g = self.globals
         if isinstance(item, ast.Const):
-            value = self.sets[item.name] if item.name in self.sets else self.eval(item.value, g)
+            value = self._set_value(item.name) if item.name in self.sets else self.eval(item.value, g)
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise DslTypeError(f"a const must be a number, got {describe(value)}", item.value.span)
             g.values[item.name] = value
@@ -257,6 +263,8 @@ class Elaborator:
             raise DslProgramError("the program is too large to unroll (over 2,000,000 evaluation steps)", e.span)
         if isinstance(e, ast.IntLit):
             return self._int(e.value, e.span)
+        if isinstance(e, ast.FloatLit) and not math.isfinite(e.value):
+            raise DslProgramError("this number is too large for a float", e.span)
         if isinstance(e, (ast.FloatLit, ast.StrLit, ast.BoolLit)):
             return e.value
         if isinstance(e, ast.Name):
@@ -308,6 +316,15 @@ class Elaborator:
             raise DslShapeError(f"{what} must be at least {low}, got {v}", e.span)
         return v
 
+    def _set_value(self, name: str) -> int | float:
+        """A --set value, within the limits of a literal."""
+        v = self.sets[name]
+        if isinstance(v, int) and abs(v) >= INT_LIMIT:
+            raise DslArgumentError(f"--set {name}={v}: the integer is too large (at most 2^62 - 1)", None)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise DslArgumentError(f"--set {name}={v}: a const must be a finite number", None)
+        return v
+
     def _int(self, v: int, span: Span) -> int:
         if abs(v) >= INT_LIMIT:
             raise DslProgramError(f"integer {v} is too large", span)
@@ -357,6 +374,27 @@ class Elaborator:
 
 # ---- helpers ----
 
+# the most elements of one tensor: the generated CUDA kernels index with 32-bit integers in grid-stride loops that
+# step by up to 2^24 (65536 blocks of 256 threads), and Java arrays hold at most 2^31 - 1 elements
+MAX_ELEMENTS = 2**31 - 2**24
+
+
+def _too_many_elements(g: Graph) -> list[DslError]:
+    """A diagnostic for every input, parameter and value with more than MAX_ELEMENTS elements."""
+    found: list[tuple[str, TensorType, Span | None]] = [(d.value.name, d.value.type, d.span) for d in g.inputs]
+    found += [(p.value.name, p.value.type, p.span) for p in g.params]
+    found += [(f"the result of {s.op}", s.out.type, s.span) for s in g.stmts]
+    return [
+        DslShapeError(
+            f"{what} {t} has {t.numel:,} elements; at most {MAX_ELEMENTS:,} (2^31 - 2^24) fit the backends' "
+            "32-bit indices",
+            span,
+            hint="a smaller batch (--set N=...) or smaller layers",
+        )
+        for what, t, span in found
+        if t.numel > MAX_ELEMENTS
+    ][:1]  # the first is enough: the rest follow from it
+
 
 def _needs_params(fn: Function) -> bool:
     return isinstance(fn, BuiltinFn) and fn.name in ("conv", "full", "batch_norm")
@@ -368,7 +406,9 @@ def _bound_names(item: ast.Item) -> tuple[str, ...]:
     return ()
 
 
-def _resolve(base: str, rel: str) -> str:
+def include_path(base: str, rel: str) -> str:
+    """The absolute path of an include, symlinks followed (a symlink loop is left for reading to report)."""
+    import os
     from pathlib import Path
 
-    return str((Path(base).parent / rel).resolve())
+    return os.path.realpath(Path(base).parent / rel)

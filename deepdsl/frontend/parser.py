@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from lark import Lark, Token, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark import Lark, Token, Tree, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 from lark.exceptions import VisitError
 
 from deepdsl.errors import DslError, DslSyntaxError, Span
@@ -51,12 +51,32 @@ def parse_text(text: str, file: str = "<input>") -> ast.Module:
         tree = parser.parse(text)
     except UnexpectedInput as exc:
         raise _syntax_error(exc, text, file) from None
+    _check_nesting(tree, file)
     try:
         return ToAst(file).transform(tree)
     except VisitError as exc:
         if isinstance(exc.orig_exc, DslError):
             raise exc.orig_exc from None
         raise
+
+
+MAX_NESTING = 500  # levels of one expression: what every later stage (they recurse over the tree) handles
+
+
+def _check_nesting(tree: Tree, file: str) -> None:
+    """A syntax error where an expression nests deeper than MAX_NESTING (a chain of 600 `+` or `o` terms), found
+    without recursion, so that no later stage runs out of Python stack on it."""
+    todo: list[tuple[Tree, int, Tree]] = [(tree, 0, tree)]  # a node, its depth, and the item it is in
+    while todo:
+        t, depth, item = todo.pop()
+        if depth > MAX_NESTING:
+            meta = item.meta
+            raise DslSyntaxError(
+                f"this expression nests more than {MAX_NESTING} levels deep",
+                Span.point(file, 1, 1) if meta.empty else Span.point(file, meta.line, meta.column),
+                hint="split it into named parts (`a = f1 o f2 o ...`, then `net = a o b`) or use a def with a loop",
+            )
+        todo.extend((c, depth + 1, c if depth == 0 else item) for c in t.children if isinstance(c, Tree))
 
 
 def parse_file(path: str | Path) -> ast.Module:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lark import Token, Transformer, v_args
+from lark import Token, v_args
+from lark.visitors import Transformer_NonRecursive
 
 from deepdsl.errors import Span
 from deepdsl.frontend import ast
@@ -21,7 +22,7 @@ def _is_item(x: object) -> bool:
 
 
 @v_args(meta=True)
-class ToAst(Transformer):
+class ToAst(Transformer_NonRecursive):
     def __init__(self, file: str):
         super().__init__(visit_tokens=False)
         self.file = file

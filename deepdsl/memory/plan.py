@@ -13,9 +13,12 @@ to the end of the step.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+import numpy as np
 
 from deepdsl.ir import REGISTRY, Graph, Stmt
 from deepdsl.ir.analysis import last_reads, last_uses, reads_pointwise
@@ -120,30 +123,44 @@ def place(g: Graph, workspace_limit: int | None = None) -> Plan:
     members: dict[str, list[str]] = {}
     for v in owner:
         members.setdefault(root(v), []).append(v)
-    roots = sorted(size, key=lambda r: (-size[r], start[r]))
-    placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end)
-    offsets: dict[str, int] = {}
-    for r in roots:
-        busy = sorted((o, o + sz) for o, sz, a, b in placed if a <= end[r] and start[r] <= b)
-        offset = 0
-        for lo, hi in busy:
-            if offset + size[r] <= lo:
-                break
-            offset = max(offset, hi)
-        offsets[r] = offset
-        placed.append((offset, size[r], start[r], end[r]))
+    offsets = first_fit(sorted(size, key=lambda r: (-size[r], start[r])), size, start, end)
     every = [Buffer(tuple(members[r]), size[r], start[r], end[r], offsets[r]) for r in sorted(size, key=start.get)]
     buffers = tuple(b for b in every if not b.values[0].startswith("workspace:"))
     workspace = {b.values[0].removeprefix("workspace:"): b for b in every if b.values[0].startswith("workspace:")}
-    live = [0] * (n + 1)
+    delta = [0] * (n + 2)  # live bytes as a difference array: + at a buffer's start, - after its end
     for b in every:
-        for i in range(b.start, b.end + 1):
-            live[i] += b.nbytes
+        delta[b.start] += b.nbytes
+        delta[b.end + 1] -= b.nbytes
+    live = list(itertools.accumulate(delta[: n + 1]))
     peak_at = max(range(n + 1), key=lambda i: live[i]) if n else 0
     arena = max((b.offset + b.nbytes for b in every), default=0)
     return Plan(
         g, buffers, arena, live[peak_at] if n else 0, min(peak_at, max(n - 1, 0)), in_state, workspace, workspace_limit
     )
+
+
+def first_fit(roots: list[str], size: dict[str, int], start: dict[str, int], end: dict[str, int]) -> dict[str, int]:
+    """Each buffer in turn at the lowest offset where it overlaps no buffer placed before it that is alive at the
+    same time. Vectorised over the buffers placed so far (NumPy), so that a 1000-layer network's thousands of
+    buffers place in a fraction of a second."""
+    count = len(roots)
+    lo, hi = np.zeros(count, np.int64), np.zeros(count, np.int64)
+    first, last = np.zeros(count, np.int64), np.zeros(count, np.int64)
+    offsets: dict[str, int] = {}
+    for k, r in enumerate(roots):
+        alive = (first[:k] <= end[r]) & (start[r] <= last[:k])
+        busy_lo, busy_hi = lo[:k][alive], hi[:k][alive]
+        offset = 0
+        if busy_lo.size:
+            by = np.argsort(busy_lo, kind="stable")
+            busy_lo, busy_hi = busy_lo[by], busy_hi[by]
+            # the candidate offset before each busy block: the highest end among the blocks below it in order
+            before = np.concatenate(([0], np.maximum.accumulate(np.maximum(busy_hi, 0))[:-1]))
+            fits = np.flatnonzero(before + size[r] <= busy_lo)
+            offset = int(before[fits[0]]) if fits.size else max(0, int(busy_hi.max()))
+        offsets[r] = offset
+        lo[k], hi[k], first[k], last[k] = offset, offset + size[r], start[r], end[r]
+    return offsets
 
 
 def updates_in_state(g: Graph) -> dict[str, str]:

@@ -12,6 +12,8 @@ already chose for short live ranges.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from deepdsl.ir import REGISTRY, Graph, Stmt
 from deepdsl.ir.analysis import readers, reads_pointwise, returned
 from deepdsl.memory.plan import aligned
@@ -48,7 +50,20 @@ def schedule(g: Graph) -> Graph:
             return True  # an update that can go straight into its parameter's storage: it takes no arena space
         return freed > 0 and aligned(s.out.type.nbytes) <= freed
 
-    def emit(i: int) -> None:
+    def emit(first: int) -> None:
+        """Emit `first` and what it lets run early, depth first; an explicit stack of steps, not recursion, so
+        that a long chain of statements that each free enough (a deep residual network's backward pass) needs
+        no Python stack."""
+        stack = [steps(first)]
+        while stack:
+            nested = next(stack[-1], None)
+            if nested is None:
+                stack.pop()
+            else:
+                stack.append(steps(nested))
+
+    def steps(i: int) -> Iterator[int]:
+        """The work of emitting statement `i`; yields each statement to emit before it continues."""
         done[i] = True  # claimed first: nothing that runs before it below may emit it again
         # small results that the statements sharing this one's loop still wait for (Adam's bias correction, from
         # the step counter) come first, so that nothing separates those statements
@@ -60,12 +75,12 @@ def schedule(g: Graph) -> Graph:
                     not (i <= m <= j or done[m] or waiting[m] or stays_last_reader(m))
                     and stmts[m].out.type.nbytes <= SMALL
                 ):
-                    emit(m)
+                    yield m
             j += 1
         s = stmts[i]
         order.append(s)
         touched = []
-        for v in {v.name for v in s.inputs}:
+        for v in dict.fromkeys(v.name for v in s.inputs):
             if v in unread:
                 unread[v] -= 1
                 touched.append(v)
@@ -76,12 +91,12 @@ def schedule(g: Graph) -> Graph:
         nxt = i + 1
         if nxt < len(stmts) and stmts[nxt].a.get("same_loop") and not done[nxt] and not waiting[nxt]:
             if frees_enough(nxt):  # only when that costs no memory
-                emit(nxt)
+                yield nxt
         candidates = [r for r in read_by.get(s.out.name, ()) if waiting[r] == 0]
         candidates += [r for v in touched if unread[v] == 1 for r in read_by[v]]
         for r in candidates:
             if not done[r] and waiting[r] == 0 and frees_enough(r):
-                emit(r)
+                yield r
 
     for i in range(len(stmts)):
         if not done[i]:

@@ -39,6 +39,8 @@ from deepdsl.ir.index_grad import substitute
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Read, Reduce, reads, renumber
 from deepdsl.passes.simplify import fold
 
+MAX_FUSED_OPS = 64  # ops in one fused statement: its expression (and the generated loop) stays shallow
+
 
 def fuse(g: Graph) -> Graph:
     g2 = share_loops(fuse_epilogues(fuse_chains(g)))
@@ -91,6 +93,7 @@ def fuse_chains(g: Graph) -> Graph:
                 producer is None
                 or count.get(v.name, 0) != 1
                 or v.name in pinned
+                or len(producer.ops) + len(form.ops) > MAX_FUSED_OPS  # 400 chained ReLUs: several kernels
                 or not _mergeable(form, k, producer)
                 or not costs_no_memory(producer.inputs, v, position, last, held)
             ):

@@ -20,6 +20,8 @@ import java.util.regex.Pattern;
  */
 public final class Data {
   private static final int BIG_SAMPLE = 65536;
+  // the synthetic data set's samples take at most this many bytes, training and test together
+  private static final long SYNTHETIC_BYTES = 1L << 29;
   private static final int PERMUTATIONS_KEPT = 4;
   private static final Pattern PYTHON_INT =
       Pattern.compile(
@@ -69,6 +71,10 @@ public final class Data {
         if (!PYTHON_INT.matcher(digits).matches()) {
           throw new IllegalArgumentException(
               "--data synthetic:SEED needs an integer seed, got '" + value + "'");
+        }
+        if (digits.startsWith("-") && parseSeed(digits) != 0) {
+          throw new IllegalArgumentException(
+              "--data synthetic:SEED needs a seed of at least 0, got '" + value + "'");
         }
         return new Spec(kind, null, parseSeed(digits));
       }
@@ -145,6 +151,9 @@ public final class Data {
     }
     if (train.count() == 0) {
       throw new IOException("the training data holds no samples");
+    }
+    if (test != null && test.labels().length == 0) {
+      throw new IOException("the test data holds no samples (leave x_test and y_test out for none)");
     }
     return new Data(
         train.x,
@@ -259,11 +268,17 @@ public final class Data {
    * stream {@code synthetic/y}; element t of sample j is {@code ((N >>> 1) + (P >>> 1) - 2^23) · 2^-24},
    * with N the top 24 bits of draw {@code j·D + t} of stream {@code synthetic/x} and P those of
    * draw {@code y_j·D + t} of stream {@code synthetic/prototype}. 1024 training and 256 test
-   * samples (256 and 64 when D > 65536).
+   * samples (256 and 64 when D > 65536); when those take more than 2^29 bytes, M = max(2, 2^29 /
+   * (4·D)) samples, M / 5 (at least 1) of them for the test set.
    */
   private static Data synthetic(int d, int classes, long seed) {
     int nTrain = d <= BIG_SAMPLE ? 1024 : 256;
     int nTest = d <= BIG_SAMPLE ? 256 : 64;
+    long most = Math.max(2, SYNTHETIC_BYTES / (4L * Math.max(d, 1)));
+    if (nTrain + nTest > most) {
+      nTest = (int) Math.max(1, most / 5);
+      nTrain = (int) (most - nTest);
+    }
     Rng labels = new Rng(Rng.streamSeed("synthetic/y", seed));
     Rng noise = new Rng(Rng.streamSeed("synthetic/x", seed));
     long prototypeSeed = Rng.streamSeed("synthetic/prototype", seed);

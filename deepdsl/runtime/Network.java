@@ -312,7 +312,7 @@ public abstract class Network {
       double seconds = (System.nanoTime() - t0) / 1e9;
       if (!Float.isFinite(loss)) {
         throw new ArithmeticException(
-            "iteration " + iteration + ": the loss is not finite (" + loss + ")");
+            "iteration " + (k + 1) + ": the loss is not finite (" + loss + ")");
       }
       losses[k] = loss;
       iteration++;
@@ -371,12 +371,15 @@ public abstract class Network {
       int k = scores.shape[1];
       for (int i = 0; i < n; i++) {
         int best = 0;
-        for (int j = 1; j < k; j++) {
-          if (scores.a[scores.off + i * k + j] > scores.a[scores.off + i * k + best]) {
+        boolean finite = true; // a NaN or infinite score makes the answer wrong, whatever argmax says
+        for (int j = 0; j < k; j++) {
+          float score = scores.a[scores.off + i * k + j];
+          finite &= Float.isFinite(score);
+          if (score > scores.a[scores.off + i * k + best]) {
             best = j;
           }
         }
-        correct += best == (int) labels.a[i] ? 1 : 0;
+        correct += finite && best == (int) labels.a[i] ? 1 : 0;
       }
     }
     return (double) correct / ((long) Math.max(1, count) * n);
@@ -530,9 +533,12 @@ public abstract class Network {
         }
         switch (arg) {
           case "--iters" -> f.iters = count(arg, value);
-          case "--data" -> f.data = value;
-          case "--load" -> f.load = value;
-          case "--save" -> f.save = value;
+          case "--data" -> {
+            Data.parseFlag(value); // a malformed source is a usage error, before anything is allocated
+            f.data = value;
+          }
+          case "--load" -> f.load = file(arg, value);
+          case "--save" -> f.save = file(arg, value);
           case "--workspace-limit" -> f.workspaceLimit = bytes(arg, value);
           default -> {
             if (!List.of("cpu", "cuda", "auto").contains(value)) {
@@ -544,6 +550,13 @@ public abstract class Network {
         }
       }
       return f;
+    }
+
+    private static String file(String flag, String value) {
+      if (value.isBlank()) {
+        throw new IllegalArgumentException(flag + " needs a file name");
+      }
+      return value;
     }
 
     private static long bytes(String flag, String value) {

@@ -110,7 +110,7 @@ def test_a_non_finite_loss_names_the_first_statement(cli, tmp_path) -> None:  # 
     f.write_text(HEADER + "layer fc = full(10)\nh = log(fc(flatten(x)) - 1000)\nloss = mse(h, h)\n")
     r = cli("run", str(f), "--iters", "2", "--save", str(tmp_path / "out.npz"))
     assert r.exit_code == 1
-    assert "iteration 0: statement" in r.stderr and "log(...)" in r.stderr and "produced a NaN or Inf" in r.stderr
+    assert "iteration 1: statement" in r.stderr and "log(...)" in r.stderr and "produced a NaN or Inf" in r.stderr
     assert "h = log(fc(flatten(x)) - 1000)" in r.stderr  # the source line, with a caret
     assert not (tmp_path / "out.npz").exists()
 
