@@ -23,7 +23,8 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from source_tokens import LexError, c_tokens, java_tokens
+from security_env import PROGRAMS, needs_javac, run_java
+from source_tokens import LexError, c_tokens, java_text, java_tokens
 
 from deepdsl.api import Options, compile_source
 from deepdsl.backends.escape import c_comment, java_comment, java_string
@@ -65,7 +66,7 @@ def test_a_java_literal_and_comment_of_any_text_lex_as_one_token(text: str) -> N
     assert literal.isascii() and comment.isascii()
     source = f"String s = {literal}; // {comment}\nint t; /* {comment} */ int u;\n"
     assert java_tokens(source) == [
-        ("NAME", "String"), ("NAME", "s"), ("OP", "="), ("STRING", text), ("OP", ";"), ("COMMENT", f" {comment}"),
+        ("NAME", "String"), ("NAME", "s"), ("OP", "="), ("STRING", java_text(text)), ("OP", ";"), ("COMMENT", f" {comment}"),
         ("NAME", "int"), ("NAME", "t"), ("OP", ";"), ("COMMENT", f" {comment} "), ("NAME", "int"), ("NAME", "u"),
         ("OP", ";"),
     ]  # fmt: skip
@@ -93,7 +94,6 @@ def test_the_lexer_model_sees_the_attacks() -> None:
     assert ("NAME", "x") in c_tokens("/* a */ int x; */\n")
 
 
-needs_javac = pytest.mark.skipif(shutil.which("javac") is None or shutil.which("java") is None, reason="no JDK")
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
 BATCH = 600
 
@@ -126,7 +126,9 @@ def test_javac_reads_back_every_literal_and_comment(tmp_path: Path) -> None:
     source = "\n".join(lines) + "\n"
     assert source.isascii()
     (tmp_path / "Fuzz.java").write_text(source, encoding="ascii")
-    assert [v for k, v in java_tokens(source) if k == "STRING"][: len(texts)] == texts  # the model agrees
+    assert [v for k, v in java_tokens(source) if k == "STRING"][: len(texts)] == list(
+        map(java_text, texts)
+    )  # the model agrees
     subprocess.run(["javac", "-d", str(tmp_path), str(tmp_path / "Fuzz.java")], check=True, timeout=300)
     out = subprocess.run(["java", "-cp", str(tmp_path), "Fuzz"], capture_output=True, text=True, check=True).stdout
     rows = out.splitlines()
@@ -237,8 +239,8 @@ def check_compilation(baseline: tuple[list, list], file: str, include: str, data
     tokens = java_tokens(java)
     assert shape(tokens, JAVA_KEYWORDS) == baseline[0]
     strings = {v for k, v in tokens if k == "STRING"}
-    assert f"npz:{data}" in strings  # Java reads the very path Python reads
-    assert set(params) <= strings
+    assert java_text(f"npz:{data}") in strings  # Java reads the very path Python reads
+    assert {java_text(p) for p in params} <= strings
     assert shape(c_tokens(cuda), C_KEYWORDS) == baseline[1]
 
 
@@ -273,58 +275,7 @@ def test_hostile_names_and_paths_change_no_token_of_the_output_long(
     check_compilation(baseline, file, include, data, name)
 
 
-# ---- the proofs of concept, compiled and run ----
-
-PAYLOAD = "System.out.println(\\u0022INJECTED\\u0022);"
-POC_DATA = (
-    f"d.npz\\u0022); static {{ {PAYLOAD} }} static final Settings S2 = new Settings(\\u0022x\\u0022).data(\\u0022"
-)
-POC_INCLUDE = f"lib\\u000a{PAYLOAD}\\u000a\\u002f\\u002f.ddsl"  # one file name: the `//` is \\u002f\\u002f
-TINY = """network {cls}
-input x : [4, 3]
-label y : [4] classes 2
-{include}
-layer fc = full(2)
-loss = softmax_cross_entropy({apply}, y)
-predict = fc(x)
-train {{
-  data = npz("{data}")
-  iterations = 2
-}}
-"""
-PROGRAMS = {  # class: (source file name, include or None, data path)
-    "DataPoc": ("data.ddsl", None, POC_DATA),
-    "IncludePoc": ("include.ddsl", POC_INCLUDE, "d.npz"),
-    "NewlinePoc": ("new\nline.ddsl", None, "tab\there\\t and \\\\ back"),
-}
-
-
-@pytest.fixture(scope="module")
-def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from click.testing import CliRunner
-
-    from deepdsl.cli import cli
-
-    folder = tmp_path_factory.mktemp("poc")
-    for cls, (file, include, data) in PROGRAMS.items():
-        if include is not None:
-            (folder / include).write_text("def twice(t) = relu(relu(t))\n")
-        text = TINY.format(cls=cls, include=f'include "{include}"' if include else "",
-                           apply="twice(fc(x))" if include else "fc(x)", data=data)  # fmt: skip
-        (folder / file).write_text(text)
-        r = CliRunner().invoke(cli, ["compile", str(folder / file), "-o", str(folder / "src")])
-        assert r.exit_code == 0, r.output
-    src = folder / "src"
-    classes = [str(src / f"{cls}.java") for cls in PROGRAMS]  # the runtime classes they use come by -sourcepath
-    r = subprocess.run(["javac", "-nowarn", "-d", str(folder / "build"), "-sourcepath", str(src), *classes],
-                       capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-4000:]
-    return folder
-
-
-def run_java(folder: Path, cls: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["java", "-cp", str(folder / "build"), cls, "--device", "cpu", *args], cwd=folder,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+# ---- the proofs of concept (conftest.py), compiled and run ----
 
 
 @pytest.mark.java
