@@ -67,8 +67,8 @@ def test_a_java_literal_and_comment_of_any_text_lex_as_one_token(text: str) -> N
     source = f"String s = {literal}; // {comment}\nint t; /* {comment} */ int u;\n"
     assert java_tokens(source) == [
         ("NAME", "String"), ("NAME", "s"), ("OP", "="), ("STRING", java_text(text)), ("OP", ";"),
-        ("COMMENT", f" {comment}"), ("NAME", "int"), ("NAME", "t"), ("OP", ";"), ("COMMENT", f" {comment} "), ("NAME", "int"), ("NAME", "u"),
-        ("OP", ";"),
+        ("COMMENT", f" {comment}"), ("NAME", "int"), ("NAME", "t"), ("OP", ";"), ("COMMENT", f" {comment} "),
+        ("NAME", "int"), ("NAME", "u"), ("OP", ";"),
     ]  # fmt: skip
 
 
