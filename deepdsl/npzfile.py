@@ -58,15 +58,17 @@ def _check_end(f: IO[bytes], size: int) -> None:
     tail_size = min(size, 22 + 65535)
     f.seek(size - tail_size)
     tail = f.read(tail_size)
-    at = tail.rfind(_END)
-    while at >= 0 and at + 22 <= len(tail):
-        comment = int.from_bytes(tail[at + 20 : at + 22], "little")
-        end = at + 22 + comment
-        if end <= len(tail):
-            if end < len(tail):
-                raise _Bad(f"{len(tail) - end} bytes of other data after the archive's end")
-            return
+    short = None  # the bytes after the last record that ends before the file does
+    at = tail.rfind(_END, 0, len(tail) - 21)
+    while at >= 0:
+        end = at + 22 + int.from_bytes(tail[at + 20 : at + 22], "little")
+        if end == len(tail):
+            return  # (a record-like pattern inside the comment cannot hide this one)
+        if end < len(tail) and short is None:
+            short = len(tail) - end
         at = tail.rfind(_END, 0, at)
+    if short is not None:
+        raise _Bad(f"{short} bytes of other data after the archive's end")
     # no end record: zipfile says what it finds
 
 

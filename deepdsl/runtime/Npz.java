@@ -301,21 +301,21 @@ public final class Npz {
       file.seek(size - tail.length);
       file.readFully(tail);
     }
+    int shortBy = -1; // the bytes after the last record that ends before the file does
     for (int at = tail.length - 22; at >= 0; at--) {
       if (tail[at] == 'P' && tail[at + 1] == 'K' && tail[at + 2] == 5 && tail[at + 3] == 6) {
         int end = at + 22 + ((tail[at + 20] & 0xFF) | (tail[at + 21] & 0xFF) << 8);
-        if (end <= tail.length) {
-          if (end < tail.length) {
-            throw new IOException(
-                "npz file '"
-                    + path
-                    + "': "
-                    + (tail.length - end)
-                    + " bytes of other data after the archive's end");
-          }
-          return;
+        if (end == tail.length) {
+          return; // (a record-like pattern inside the comment cannot hide this one)
+        }
+        if (end < tail.length && shortBy < 0) {
+          shortBy = tail.length - end;
         }
       }
+    }
+    if (shortBy >= 0) {
+      throw new IOException(
+          "npz file '" + path + "': " + shortBy + " bytes of other data after the archive's end");
     }
     // no end record: ZipFile says what it finds
   }

@@ -1,5 +1,6 @@
 """What the security tests share: three small networks whose source text attacks the Java emitter (the issue's
-two proofs of concept and a newline in a file name), and how to run them."""
+two proofs of concept and a newline in a file name), compiled by one javac run, and how to run them. (Not a
+conftest.py: the other test folders import theirs as `conftest`.)"""
 
 from __future__ import annotations
 
@@ -34,6 +35,35 @@ PROGRAMS = {  # class: (source file name, include or None, data path)
     "IncludePoc": ("include.ddsl", POC_INCLUDE, "d.npz"),
     "NewlinePoc": ("new\nline.ddsl", None, "tab\there\\t and \\\\ back"),
 }
+
+
+_BUILT: dict[str, Path] = {}
+
+
+def build_programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The programs of PROGRAMS compiled to Java and by one javac run (once a session: both test modules use it)."""
+    if "folder" in _BUILT:
+        return _BUILT["folder"]
+    from click.testing import CliRunner
+
+    from deepdsl.cli import cli
+
+    folder = tmp_path_factory.mktemp("poc")
+    for cls, (file, include, data) in PROGRAMS.items():
+        if include is not None:
+            (folder / include).write_text("def twice(t) = relu(relu(t))\n")
+        text = TINY.format(cls=cls, include=f'include "{include}"' if include else "",
+                           apply="twice(fc(x))" if include else "fc(x)", data=data)  # fmt: skip
+        (folder / file).write_text(text)
+        r = CliRunner().invoke(cli, ["compile", str(folder / file), "-o", str(folder / "src")])
+        assert r.exit_code == 0, r.output
+    src = folder / "src"
+    classes = [str(src / f"{cls}.java") for cls in PROGRAMS]  # the runtime classes they use come by -sourcepath
+    r = subprocess.run(["javac", "-nowarn", "-d", str(folder / "build"), "-sourcepath", str(src), *classes],
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    _BUILT["folder"] = folder
+    return folder
 
 
 def run_java(folder: Path, cls: str, *args: str) -> subprocess.CompletedProcess:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from security_env import PROGRAMS, ROOT, needs_javac, run_java
+from security_env import PROGRAMS, ROOT, build_programs, needs_javac, run_java
 
 from deepdsl.checkpoint import load_npz, save_npz
 from deepdsl.data import load_data
@@ -223,6 +223,11 @@ def test_java_refuses_what_python_refuses(java_io: dict[str, tuple[Path, Path]],
 
 
 # ---- a step counter of 2^62 ----
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_programs(tmp_path_factory)
 
 
 @pytest.mark.java

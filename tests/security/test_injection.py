@@ -23,7 +23,7 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from security_env import PROGRAMS, needs_javac, run_java
+from security_env import PROGRAMS, build_programs, needs_javac, run_java
 from source_tokens import LexError, c_tokens, java_text, java_tokens
 
 from deepdsl.api import Options, compile_source
@@ -274,7 +274,12 @@ def test_hostile_names_and_paths_change_no_token_of_the_output_long(
     check_compilation(baseline, file, include, data, name)
 
 
-# ---- the proofs of concept (conftest.py), compiled and run ----
+# ---- the proofs of concept (security_env.py), compiled and run ----
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_programs(tmp_path_factory)
 
 
 @pytest.mark.java
