@@ -17,13 +17,14 @@ them must have all.
 from __future__ import annotations
 
 import os
-import tempfile
 import zipfile
 from collections.abc import Mapping
 
 import numpy as np
 
 from .errors import DslProgramError
+from .files import atomic_output
+from .npzfile import read_npz
 
 __all__ = ["is_optimizer_state", "load_npz", "save_npz"]
 
@@ -34,7 +35,8 @@ def is_optimizer_state(name: str) -> bool:
 
 
 def save_npz(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray]) -> None:
-    """Write `arrays` to `path` (used as given, no suffix added): a temp file in the same folder, then a rename."""
+    """Write `arrays` to `path` (used as given, no suffix added) atomically: only a regular file is replaced, a
+    symbolic link is written through, the old file's mode is kept (files.py)."""
     path = os.fspath(path)
     for name in arrays:
         if not name or name.startswith("/") or "\\" in name or name.endswith("/"):
@@ -43,26 +45,13 @@ def save_npz(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray]) -> 
     if not os.path.isdir(folder):
         raise DslProgramError(f"cannot write parameter file '{path}': folder '{folder}' does not exist")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise DslProgramError(f"cannot write parameter file '{path}': {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_output(path, follow_symlinks=True) as f:
             with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
                 for name, value in arrays.items():
                     with zf.open(name + ".npy", "w", force_zip64=True) as entry:
                         np.lib.format.write_array(entry, np.asanyarray(value), allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise DslProgramError(f"cannot write parameter file '{path}': {e.strerror or e}") from None
-        raise
+    except OSError as e:
+        raise DslProgramError(f"cannot write parameter file '{path}': {e.strerror or e}") from None
 
 
 def load_npz(
@@ -83,34 +72,24 @@ def load_npz(
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise DslProgramError(f"parameter file not found: '{path}'")
-    try:
-        z = np.load(path, allow_pickle=False)
-        if not isinstance(z, np.lib.npyio.NpzFile):
-            raise DslProgramError(f"parameter file '{path}' is a single .npy array, not an .npz archive")
-        with z:
-            names = list(z.files)
-            have = set(names)
-            with_opt = any(is_optimizer_state(n) and n in have for n in expected)
-            extra = [n for n in names if n not in expected and not (ignore_optimizer_state and is_optimizer_state(n))]
-            out: dict[str, np.ndarray] = {}
-            for name, (shape, dtype) in expected.items():
-                if is_optimizer_state(name) and not with_opt:
-                    continue
-                if name not in have:
-                    what = "optimizer state" if is_optimizer_state(name) else "array"
-                    raise DslProgramError(f"parameter file '{path}' has no {what} '{name}'")
-                value = z[name]
-                shape = tuple(int(d) for d in shape)
-                if value.shape != shape:
-                    raise DslProgramError(
-                        f"parameter file '{path}': '{name}' has shape {list(value.shape)}, "
-                        f"but the network expects {list(shape)}"
-                    )
-                out[name] = _convert(value, np.dtype(dtype), name, path)
-    except DslProgramError:
-        raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise DslProgramError(f"cannot read parameter file '{path}': {e}") from None
+    arrays = read_npz(path, "parameter file")
+    with_opt = any(is_optimizer_state(n) and n in arrays for n in expected)
+    extra = [n for n in arrays if n not in expected and not (ignore_optimizer_state and is_optimizer_state(n))]
+    out: dict[str, np.ndarray] = {}
+    for name, (shape, dtype) in expected.items():
+        if is_optimizer_state(name) and not with_opt:
+            continue
+        if name not in arrays:
+            what = "optimizer state" if is_optimizer_state(name) else "array"
+            raise DslProgramError(f"parameter file '{path}' has no {what} '{name}'")
+        value = arrays[name]
+        shape = tuple(int(d) for d in shape)
+        if value.shape != shape:
+            raise DslProgramError(
+                f"parameter file '{path}': '{name}' has shape {list(value.shape)}, "
+                f"but the network expects {list(shape)}"
+            )
+        out[name] = _convert(value, np.dtype(dtype), name, path)
     if extra:
         name = extra[0]
         hint = " (saved with a different optimizer?)" if is_optimizer_state(name) else ""

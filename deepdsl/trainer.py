@@ -26,6 +26,10 @@ from deepdsl.ir import Graph, ParamDef
 from deepdsl.memory.footprint import available_memory, check_fits, footprint
 from deepdsl.memory.report import total_peak
 
+# The largest step counter a parameter file may hold: far beyond any run, and small enough that iteration x batch
+# (the sample position the data source computes, in int64 in the Java runtime) cannot overflow.
+MAX_ITERATION = 2**32 - 1
+
 
 @dataclass
 class TrainResult:
@@ -187,6 +191,11 @@ class Trainer:
             raise DslProgramError(f"parameter file '{path}' holds nothing to load")
         for name, a in loaded.items():
             if name == "opt/iteration":
+                if not 0 <= int(a) <= MAX_ITERATION:
+                    raise DslProgramError(
+                        f"parameter file '{path}': 'opt/iteration' is {int(a)}, but a step counter lies in "
+                        f"[0, {MAX_ITERATION}]"
+                    )
                 self.step_count = int(a)
             else:
                 self.arrays[name] = a.astype(self.arrays[name].dtype)

@@ -10,8 +10,10 @@ label. Pixels become float32 ``byte / 255`` (a float32 division) in ``[n, 1, row
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 
@@ -31,55 +33,66 @@ def _find(directory: str, name: str) -> str | None:
     return None
 
 
-def _read_bytes(path: str) -> bytes:
+MAX_BYTES = 2**31 - 9  # the most pixels one Java array (the runtime's) holds; a header promising more is refused
+_CHUNK = 1 << 20
+
+
+def _read_idx(
+    path: str, magic: int, words: int, what: str, describe: Callable[[list[int]], str]
+) -> tuple[list[int], bytes]:
+    """The header's int32s and the data bytes of an IDX file; reading (and decompressing) stops at the size its
+    header promises, so a small gzip file that inflates to gigabytes is refused after one byte too many."""
     try:
-        if path.endswith(".gz"):
-            with gzip.open(path, "rb") as f:
-                return f.read()
-        with open(path, "rb") as f:
-            return f.read()
+        with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f:
+            head = f.read(4 * words)
+            if len(head) < 4 * words:
+                raise DslProgramError(f"MNIST file '{path}' is truncated: {len(head)} bytes, shorter than its header")
+            header = [int.from_bytes(head[4 * k : 4 * k + 4], "big") for k in range(words)]
+            if header[0] != magic:
+                raise DslProgramError(
+                    f"MNIST file '{path}' has magic number {header[0]}, but an IDX {what} file starts with {magic}"
+                )
+            for count in header[1:]:
+                if count >= 2**31:
+                    raise DslProgramError(f"MNIST file '{path}' has an impossible count {count} in its header")
+            size, described = math.prod(header[1:]), describe(header)
+            if size > MAX_BYTES:
+                raise DslProgramError(
+                    f"MNIST file '{path}' promises {described} ({size} bytes), more than deepdsl reads ({MAX_BYTES})"
+                )
+            data = bytearray()
+            while len(data) < size:
+                chunk = f.read(min(_CHUNK, size - len(data)))
+                if not chunk:
+                    break
+                data += chunk
+            if len(data) < size:
+                raise DslProgramError(
+                    f"MNIST file '{path}' is truncated: its header promises {described} ({size} bytes of data), "
+                    f"but only {len(data)} bytes follow the header"
+                )
+            if f.read(1):
+                extra = os.path.getsize(path) - 4 * words - size if not path.endswith(".gz") else None
+                amount = f"{extra} bytes" if extra is not None else "more data"
+                raise DslProgramError(f"MNIST file '{path}' has {amount} after the {described} its header describes")
+            return header, bytes(data)
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise DslProgramError(f"cannot decompress MNIST file '{path}' (damaged or truncated gzip: {e})") from None
     except OSError as e:
         raise DslProgramError(f"cannot read MNIST file '{path}': {e.strerror or e}") from None
 
 
-def _header(data: bytes, path: str, magic: int, words: int, what: str) -> list[int]:
-    if len(data) < 4 * words:
-        raise DslProgramError(f"MNIST file '{path}' is truncated: {len(data)} bytes, shorter than its header")
-    header = [int.from_bytes(data[4 * k : 4 * k + 4], "big") for k in range(words)]
-    if header[0] != magic:
-        raise DslProgramError(
-            f"MNIST file '{path}' has magic number {header[0]}, but an IDX {what} file starts with {magic}"
-        )
-    return header
-
-
-def _body(data: bytes, path: str, offset: int, size: int, what: str) -> np.ndarray:
-    found = len(data) - offset
-    if found < size:
-        raise DslProgramError(
-            f"MNIST file '{path}' is truncated: its header promises {what} ({size} bytes of data), "
-            f"but only {found} bytes follow the header"
-        )
-    if found > size:
-        raise DslProgramError(f"MNIST file '{path}' has {found - size} bytes after the {what} its header describes")
-    return np.frombuffer(data, dtype=np.uint8, count=size, offset=offset)
-
-
 def read_idx_images(path: str) -> np.ndarray:
     """An IDX image file as float32 ``[n, 1, rows, cols]`` in [0, 1]."""
-    data = _read_bytes(path)
-    _, n, rows, cols = _header(data, path, IMAGE_MAGIC, 4, "image")
-    pixels = _body(data, path, 16, n * rows * cols, f"{n} images of {rows}x{cols}")
+    (_, n, rows, cols), data = _read_idx(path, IMAGE_MAGIC, 4, "image", lambda h: f"{h[1]} images of {h[2]}x{h[3]}")
+    pixels = np.frombuffer(data, dtype=np.uint8)
     return (pixels.astype(np.float32) / np.float32(255)).reshape(n, 1, rows, cols)
 
 
 def read_idx_labels(path: str) -> np.ndarray:
     """An IDX label file as int64 ``[n]``."""
-    data = _read_bytes(path)
-    _, n = _header(data, path, LABEL_MAGIC, 2, "label")
-    return _body(data, path, 8, n, f"{n} labels").astype(np.int64)
+    _, data = _read_idx(path, LABEL_MAGIC, 2, "label", lambda h: f"{h[1]} labels")
+    return np.frombuffer(data, dtype=np.uint8).astype(np.int64)
 
 
 def _pair(directory: str, prefix: str, required: bool):  # noqa: ANN202

@@ -9,11 +9,11 @@ stored: scale them to [0, 1] before saving.
 from __future__ import annotations
 
 import os
-import zipfile
 
 import numpy as np
 
 from ..errors import DslProgramError
+from ..npzfile import read_npz
 
 __all__ = ["NAMES", "load_npz_data"]
 
@@ -44,16 +44,7 @@ def load_npz_data(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None,
     """``(x_train, y_train, x_test, y_test)`` from FILE; the test pair is None when absent."""
     if not os.path.isfile(path):
         raise DslProgramError(f"npz data file not found: '{path}'")
-    try:
-        z = np.load(path, allow_pickle=False)
-        if not isinstance(z, np.lib.npyio.NpzFile):
-            raise DslProgramError(f"'{path}' is not an .npz archive (it holds a single array)")
-        with z:
-            arrays = {name: z[name] for name in z.files}
-    except DslProgramError:
-        raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise DslProgramError(f"cannot read npz data file '{path}': {e}") from None
+    arrays = read_npz(path, "npz data file")
     extra = [n for n in arrays if n not in NAMES]
     if extra:
         raise DslProgramError(

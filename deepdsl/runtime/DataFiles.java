@@ -8,6 +8,7 @@ import java.nio.file.Path;
 import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
+import java.util.function.Function;
 import java.util.zip.GZIPInputStream;
 import java.util.zip.ZipException;
 
@@ -19,6 +20,8 @@ final class DataFiles {
   private static final int IMAGE_MAGIC = 2051;
   private static final int LABEL_MAGIC = 2049;
   private static final int CIFAR_RECORD = 1 + 3 * 32 * 32;
+  // the most pixels one Java array holds; an IDX header promising more is refused (as mnist.py does)
+  private static final long MAX_IDX_BYTES = Integer.MAX_VALUE - 8;
   private static final List<String> NPZ_NAMES = List.of("x", "y", "x_test", "y_test");
 
   private DataFiles() {}
@@ -110,14 +113,14 @@ final class DataFiles {
             String.format("MNIST file not found: looked for '%s' and '%1$s.gz'", p[0]));
       }
     }
-    byte[] imageBytes = readIdx(images);
-    int[] h = idxHeader(imageBytes, images, IMAGE_MAGIC, 4, "image");
+    int[] h = new int[4];
+    byte[] imageBytes =
+        readIdx(images, IMAGE_MAGIC, h, "image", c -> c[1] + " images of " + c[2] + "x" + c[3]);
     int n = h[1];
     long size = (long) n * h[2] * h[3];
-    idxBody(imageBytes, images, 16, size, n + " images of " + h[2] + "x" + h[3]);
-    byte[] labelBytes = readIdx(labels);
-    int nLabels = idxHeader(labelBytes, labels, LABEL_MAGIC, 2, "label")[1];
-    idxBody(labelBytes, labels, 8, nLabels, nLabels + " labels");
+    int[] hl = new int[2];
+    byte[] labelBytes = readIdx(labels, LABEL_MAGIC, hl, "label", c -> c[1] + " labels");
+    int nLabels = hl[1];
     if (n != nLabels) {
       throw new IOException(
           String.format(
@@ -125,10 +128,10 @@ final class DataFiles {
               images, n, labels, nLabels));
     }
     float[] x = new float[Math.toIntExact(size)];
-    pixels(imageBytes, 16, x, 0, x.length);
+    pixels(imageBytes, 0, x, 0, x.length);
     long[] y = new long[nLabels];
     for (int k = 0; k < nLabels; k++) {
-      y[k] = labelBytes[8 + k] & 0xFF;
+      y[k] = labelBytes[k] & 0xFF;
     }
     return new Samples(x, y, new int[] {1, h[2], h[3]});
   }
@@ -139,69 +142,75 @@ final class DataFiles {
     return Files.isRegularFile(plain) ? plain : Files.isRegularFile(gz) ? gz : null;
   }
 
-  private static byte[] readIdx(Path path) throws IOException {
-    if (!path.toString().endsWith(".gz")) {
-      return Files.readAllBytes(path);
-    }
-    try (InputStream in = new GZIPInputStream(Files.newInputStream(path))) {
-      return in.readAllBytes();
+  /**
+   * The data bytes of an IDX file, its header's int32s (the magic number, then the counts) put in
+   * {@code header}. Reading (and decompressing) stops at the size the header promises, so a small
+   * gzip file that inflates to gigabytes is refused one byte after that size.
+   */
+  private static byte[] readIdx(
+      Path path, int magic, int[] header, String what, Function<int[], String> describe)
+      throws IOException {
+    boolean gzip = path.toString().endsWith(".gz");
+    try (InputStream in =
+        gzip ? new GZIPInputStream(Files.newInputStream(path)) : Files.newInputStream(path)) {
+      int words = header.length;
+      byte[] head = in.readNBytes(4 * words);
+      if (head.length < 4 * words) {
+        throw new IOException(
+            String.format(
+                "MNIST file '%s' is truncated: %d bytes, shorter than its header",
+                path, head.length));
+      }
+      for (int k = 0; k < words; k++) {
+        for (int b = 0; b < 4; b++) {
+          header[k] = header[k] << 8 | (head[4 * k + b] & 0xFF);
+        }
+      }
+      if (header[0] != magic) {
+        throw new IOException(
+            String.format(
+                "MNIST file '%s' has magic number %s, but an IDX %s file starts with %d",
+                path, Integer.toUnsignedString(header[0]), what, magic));
+      }
+      long size = 1;
+      for (int k = 1; k < words; k++) {
+        if (header[k] < 0) {
+          throw new IOException(
+              String.format(
+                  "MNIST file '%s' has an impossible count %s in its header",
+                  path, Integer.toUnsignedString(header[k])));
+        }
+        size *= header[k]; // at most three factors below 2^31: no overflow
+      }
+      String described = describe.apply(header);
+      if (size > MAX_IDX_BYTES) {
+        throw new IOException(
+            String.format(
+                "MNIST file '%s' promises %s (%d bytes), more than deepdsl reads (%d)",
+                path, described, size, MAX_IDX_BYTES));
+      }
+      byte[] data = in.readNBytes((int) size); // grows with what the file really holds
+      if (data.length < size) {
+        throw new IOException(
+            String.format(
+                "MNIST file '%s' is truncated: its header promises %s (%d bytes of data), but only %d"
+                    + " bytes follow the header",
+                path, described, size, data.length));
+      }
+      if (in.read() != -1) {
+        String amount =
+            gzip ? "more data" : (Files.size(path) - 4L * words - size) + " bytes";
+        throw new IOException(
+            String.format(
+                "MNIST file '%s' has %s after the %s its header describes", path, amount, described));
+      }
+      return data;
     } catch (ZipException | EOFException e) {
       throw new IOException(
           String.format(
               "cannot decompress MNIST file '%s' (damaged or truncated gzip: %s)",
               path, e.getMessage()),
           e);
-    }
-  }
-
-  /** The header's big-endian int32s: the magic number, then the counts (each below 2^31). */
-  private static int[] idxHeader(byte[] data, Path path, int magic, int words, String what)
-      throws IOException {
-    if (data.length < 4 * words) {
-      throw new IOException(
-          String.format(
-              "MNIST file '%s' is truncated: %d bytes, shorter than its header",
-              path, data.length));
-    }
-    int[] h = new int[words];
-    for (int k = 0; k < words; k++) {
-      for (int b = 0; b < 4; b++) {
-        h[k] = h[k] << 8 | (data[4 * k + b] & 0xFF);
-      }
-    }
-    if (h[0] != magic) {
-      throw new IOException(
-          String.format(
-              "MNIST file '%s' has magic number %s, but an IDX %s file starts with %d",
-              path, Integer.toUnsignedString(h[0]), what, magic));
-    }
-    for (int k = 1; k < words; k++) {
-      if (h[k] < 0) {
-        throw new IOException(
-            String.format(
-                "MNIST file '%s' has an impossible count %s in its header",
-                path, Integer.toUnsignedString(h[k])));
-      }
-    }
-    return h;
-  }
-
-  /** Check that exactly {@code size} bytes follow the header. */
-  private static void idxBody(byte[] data, Path path, int offset, long size, String what)
-      throws IOException {
-    long found = data.length - offset;
-    if (found < size) {
-      throw new IOException(
-          String.format(
-              "MNIST file '%s' is truncated: its header promises %s (%d bytes of data), but only %d"
-                  + " bytes follow the header",
-              path, what, size, found));
-    }
-    if (found > size) {
-      throw new IOException(
-          String.format(
-              "MNIST file '%s' has %d bytes after the %s its header describes",
-              path, found - size, what));
     }
   }
 

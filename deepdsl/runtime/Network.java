@@ -109,6 +109,8 @@ public abstract class Network {
   private record Tensor(Buf buf, Kind kind) {}
 
   private static final String ITERATION = "opt/iteration";
+  // far beyond any run, and small enough that iteration x batch (a sample position) fits a long
+  private static final long MAX_ITERATION = (1L << 32) - 1;
   private static final int BAR = 24;
 
   protected final Settings settings;
@@ -480,6 +482,12 @@ public abstract class Network {
         continue;
       }
       if (name.equals(ITERATION)) {
+        if (a.longs[0] < 0 || a.longs[0] > MAX_ITERATION) {
+          throw new IOException(
+              String.format(
+                  "parameter file '%s': '%s' is %d, but a step counter lies in [0, %d]",
+                  file, ITERATION, a.longs[0], MAX_ITERATION));
+        }
         iteration = a.longs[0];
       } else {
         Buf b = tensors.get(name).buf;

@@ -1,22 +1,32 @@
 package deepdsl.runtime;
 
 import java.io.BufferedOutputStream;
-import java.io.FileOutputStream;
+import java.io.EOFException;
 import java.io.IOException;
 import java.io.InputStream;
+import java.io.RandomAccessFile;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import java.nio.channels.Channels;
+import java.nio.channels.FileChannel;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.DirectoryStream;
 import java.nio.file.Files;
+import java.nio.file.LinkOption;
 import java.nio.file.Path;
 import java.nio.file.StandardCopyOption;
+import java.nio.file.StandardOpenOption;
+import java.nio.file.attribute.PosixFilePermission;
+import java.security.SecureRandom;
 import java.util.Arrays;
 import java.util.Enumeration;
 import java.util.LinkedHashMap;
 import java.util.Map;
+import java.util.Set;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 import java.util.zip.CRC32;
+import java.util.zip.CheckedInputStream;
 import java.util.zip.ZipEntry;
 import java.util.zip.ZipException;
 import java.util.zip.ZipFile;
@@ -36,6 +46,9 @@ import java.util.zip.ZipOutputStream;
 public final class Npz {
   private static final byte[] MAGIC = {(byte) 0x93, 'N', 'U', 'M', 'P', 'Y'};
   private static final int CHUNK = 1 << 16;
+  private static final long MAX_ENTRY_BYTES = 1L << 32; // an entry this large or larger is refused
+  private static final int MAX_ELEMENTS = Integer.MAX_VALUE - 8; // the most of one Java array
+  private static final String TEMP_SUFFIX = ".deepdsl-tmp";
   private static final Pattern DESCR = Pattern.compile("'descr'\\s*:\\s*'([^']*)'");
   private static final Pattern FORTRAN = Pattern.compile("'fortran_order'\\s*:\\s*(True|False)");
   private static final Pattern SHAPE = Pattern.compile("'shape'\\s*:\\s*\\(([^)]*)\\)");
@@ -103,6 +116,7 @@ public final class Npz {
     if (!Files.isRegularFile(path)) {
       throw new IOException("npz file not found: '" + path + "'");
     }
+    checkEnd(path);
     LinkedHashMap<String, Array> out = new LinkedHashMap<>();
     ZipFile zip;
     try {
@@ -124,10 +138,33 @@ public final class Npz {
         if (out.containsKey(name)) {
           throw new IOException(where + ": the array '" + name + "' appears twice");
         }
-        try (InputStream in = zip.getInputStream(entry)) {
-          out.put(name, readNpy(in, where));
-        } catch (ZipException e) {
+        long size = entry.getSize();
+        if (size >= MAX_ENTRY_BYTES) {
+          throw new IOException(
+              where + " is " + size + " bytes; entries of 4 GiB or more are not read");
+        }
+        if (size < 0) {
+          throw new IOException(where + ": its size is not recorded");
+        }
+        if (entry.getMethod() == ZipEntry.STORED && entry.getCompressedSize() != size) {
+          throw new IOException(
+              where
+                  + ": a stored entry of "
+                  + size
+                  + " bytes that takes "
+                  + entry.getCompressedSize());
+        }
+        CRC32 crc = new CRC32();
+        try (InputStream in = new CheckedInputStream(zip.getInputStream(entry), crc)) {
+          out.put(name, readNpy(in, size, where));
+        } catch (ZipException | EOFException e) {
           throw new IOException(where + ": damaged ZIP data (" + e.getMessage() + ")", e);
+        }
+        if (crc.getValue() != entry.getCrc()) {
+          throw new IOException(
+              String.format(
+                  "%s: damaged ZIP data (its CRC-32 is %08x, the archive records %08x)",
+                  where, crc.getValue(), entry.getCrc()));
         }
       }
     }
@@ -137,6 +174,11 @@ public final class Npz {
   /**
    * Write {@code arrays} to {@code path} (used as given, no suffix added), entries in the map's
    * order: a temporary file in the same folder, synced, then moved over {@code path} atomically.
+   * What is replaced is only ever a regular file: a directory, FIFO or device at {@code path} is
+   * refused; a symbolic link is followed, so the file it names is replaced and the link stays. The
+   * new file keeps the old one's permissions, or gets the umask's for a new file. The temporary
+   * file is {@code .NAME.PID.RANDOM.deepdsl-tmp}; one left by a killed process (its PID no longer
+   * running) is removed by the next write of the same file, as deepdsl/files.py does.
    *
    * @throws IllegalArgumentException for a name NumPy could not give back (empty, starting or
    *     ending with a slash, holding a backslash)
@@ -149,40 +191,154 @@ public final class Npz {
             "cannot save an array under the name '" + name + "' in '" + path + "'");
       }
     }
-    Path folder = path.toAbsolutePath().getParent();
+    String what = "cannot write parameter file '" + path + "'";
+    Path target = followLinks(path, what);
+    Path folder = target.toAbsolutePath().getParent();
     if (folder == null || !Files.isDirectory(folder)) {
-      throw new IOException(
-          "cannot write parameter file '" + path + "': folder '" + folder + "' does not exist");
+      throw new IOException(what + ": folder '" + folder + "' does not exist");
     }
-    Path tmp = Files.createTempFile(folder, "." + path.getFileName() + ".", ".tmp");
+    Set<PosixFilePermission> mode = null;
+    if (Files.exists(target, LinkOption.NOFOLLOW_LINKS)) {
+      if (!Files.isRegularFile(target, LinkOption.NOFOLLOW_LINKS)) {
+        String kind =
+            Files.isDirectory(target, LinkOption.NOFOLLOW_LINKS)
+                ? "a directory"
+                : "a special file (a device, FIFO or socket)";
+        throw new IOException(
+            what + ": '" + target + "' is " + kind + "; only a regular file is replaced");
+      }
+      try {
+        mode = Files.getPosixFilePermissions(target, LinkOption.NOFOLLOW_LINKS);
+      } catch (UnsupportedOperationException e) {
+        mode = null; // not a POSIX file system: the new file gets the default permissions
+      }
+    }
+    String base = target.getFileName().toString();
+    removeStaleTemps(folder, base);
+    Path tmp =
+        folder.resolve(
+            String.format(
+                ".%s.%d.%08x%s",
+                base, ProcessHandle.current().pid(), new SecureRandom().nextInt(), TEMP_SUFFIX));
     try {
-      try (FileOutputStream file = new FileOutputStream(tmp.toFile());
-          ZipOutputStream zip = new ZipOutputStream(new BufferedOutputStream(file, CHUNK))) {
+      // CREATE_NEW: never through a link planted under the temporary name; mode 0666 & ~umask
+      try (FileChannel channel =
+              FileChannel.open(tmp, StandardOpenOption.CREATE_NEW, StandardOpenOption.WRITE);
+          ZipOutputStream zip =
+              new ZipOutputStream(
+                  new BufferedOutputStream(Channels.newOutputStream(channel), CHUNK))) {
+        if (mode != null) {
+          Files.setPosixFilePermissions(tmp, mode);
+        }
         for (Map.Entry<String, Array> e : arrays.entrySet()) {
           writeEntry(zip, e.getKey() + ".npy", e.getValue());
         }
         zip.finish();
         zip.flush();
-        file.getFD().sync();
+        channel.force(true);
       }
-      Files.move(tmp, path, StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
+      Files.move(tmp, target, StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
     } catch (IOException | RuntimeException e) {
       Files.deleteIfExists(tmp);
       throw e;
     }
   }
 
+  /** The path a chain of symbolic links at {@code path} ends in (the path itself when none). */
+  private static Path followLinks(Path path, String what) throws IOException {
+    Path p = path;
+    for (int hops = 0; Files.isSymbolicLink(p); hops++) {
+      if (hops == 40) {
+        throw new IOException(what + ": too many levels of symbolic links");
+      }
+      Path link = Files.readSymbolicLink(p);
+      Path parent = p.toAbsolutePath().getParent();
+      p = parent == null ? link : parent.resolve(link);
+    }
+    return p;
+  }
+
+  /** Remove {@code .BASE.PID.RANDOM.deepdsl-tmp} files in {@code folder} whose process is gone. */
+  private static void removeStaleTemps(Path folder, String base) {
+    Pattern temp =
+        Pattern.compile(
+            "\\." + Pattern.quote(base) + "\\.(\\d+)\\.[0-9a-f]+" + Pattern.quote(TEMP_SUFFIX));
+    try (DirectoryStream<Path> files = Files.newDirectoryStream(folder)) {
+      for (Path f : files) {
+        Matcher m = temp.matcher(f.getFileName().toString());
+        if (!m.matches() || !Files.isRegularFile(f, LinkOption.NOFOLLOW_LINKS)) {
+          continue;
+        }
+        long pid;
+        try {
+          pid = Long.parseLong(m.group(1));
+        } catch (NumberFormatException e) {
+          continue;
+        }
+        boolean running =
+            pid == ProcessHandle.current().pid()
+                || ProcessHandle.of(pid).map(ProcessHandle::isAlive).orElse(false);
+        if (!running) {
+          Files.deleteIfExists(f);
+        }
+      }
+    } catch (IOException e) {
+      // cleaning up is a courtesy: a folder that cannot be listed still gets the new file
+    }
+  }
+
   // ---- reading ----
 
-  private static Array readNpy(InputStream in, String where) throws IOException {
-    String header = readHeader(in, where);
+  /**
+   * Refuse bytes after the archive's end record (which ZipFile would skip): the record is 22 bytes
+   * and a comment of at most 65535.
+   */
+  private static void checkEnd(Path path) throws IOException {
+    byte[] tail;
+    try (RandomAccessFile file = new RandomAccessFile(path.toFile(), "r")) {
+      long size = file.length();
+      tail = new byte[(int) Math.min(size, 22 + 65535)];
+      file.seek(size - tail.length);
+      file.readFully(tail);
+    }
+    int shortBy = -1; // the bytes after the last record that ends before the file does
+    for (int at = tail.length - 22; at >= 0; at--) {
+      if (tail[at] == 'P' && tail[at + 1] == 'K' && tail[at + 2] == 5 && tail[at + 3] == 6) {
+        int end = at + 22 + ((tail[at + 20] & 0xFF) | (tail[at + 21] & 0xFF) << 8);
+        if (end == tail.length) {
+          return; // (a record-like pattern inside the comment cannot hide this one)
+        }
+        if (end < tail.length && shortBy < 0) {
+          shortBy = tail.length - end;
+        }
+      }
+    }
+    if (shortBy >= 0) {
+      throw new IOException(
+          "npz file '" + path + "': " + shortBy + " bytes of other data after the archive's end");
+    }
+    // no end record: ZipFile says what it finds
+  }
+
+  private static Array readNpy(InputStream in, long size, String where) throws IOException {
+    Header h = readHeader(in, where);
+    String header = h.text();
     Dtype dtype = Dtype.parse(field(DESCR, header, where), where);
     boolean columnMajor = field(FORTRAN, header, where).equals("True");
     int[] shape = parseShape(field(SHAPE, header, where), where);
     int count = (int) count(shape);
+    String what = count + " elements of " + dtype.descr() + " " + Arrays.toString(shape);
+    // before allocating: the entry holds exactly what its header promises (a header claiming 1e9
+    // elements in a small entry costs nothing)
+    long dataBytes = size - h.bytes();
+    if (dataBytes < (long) count * dtype.size()) {
+      throw new IOException(where + ": truncated (it ends inside " + what + ")");
+    }
+    if (dataBytes > (long) count * dtype.size()) {
+      throw new IOException(where + ": more data than its header's " + what);
+    }
     float[] floats = dtype.isFloat() ? new float[count] : null;
     long[] longs = dtype.isFloat() ? null : new long[count];
-    String what = count + " elements of " + dtype.descr() + " " + Arrays.toString(shape);
     int perChunk = CHUNK / dtype.size();
     for (int lo = 0; lo < count; lo += perChunk) {
       int n = Math.min(perChunk, count - lo);
@@ -216,8 +372,11 @@ public final class Npz {
     return new Array(shape, floats, longs);
   }
 
-  /** The header text of a {@code .npy} stream, which is left at the first data byte. */
-  private static String readHeader(InputStream in, String where) throws IOException {
+  /** The header of a {@code .npy} stream: its text, and its size with the magic bytes. */
+  private record Header(String text, long bytes) {}
+
+  /** The header of a {@code .npy} stream, which is left at the first data byte. */
+  private static Header readHeader(InputStream in, String where) throws IOException {
     byte[] prefix = in.readNBytes(8);
     if (prefix.length < 8 || !Arrays.equals(Arrays.copyOf(prefix, 6), MAGIC)) {
       throw new IOException(where + ": not a .npy array (bad magic bytes)");
@@ -227,15 +386,18 @@ public final class Npz {
       throw new IOException(where + ": unsupported .npy format version " + major + "." + prefix[7]);
     }
     // Version 1.0 has a 2-byte header length, versions 2.0 and 3.0 a 4-byte one; 3.0 is UTF-8.
+    int width = major == 1 ? 2 : 4;
     ByteBuffer length =
-        ByteBuffer.wrap(readBytes(in, major == 1 ? 2 : 4, where, "its .npy header"))
+        ByteBuffer.wrap(readBytes(in, width, where, "its .npy header"))
             .order(ByteOrder.LITTLE_ENDIAN);
     long headerLength = major == 1 ? length.getShort() & 0xFFFF : length.getInt() & 0xFFFFFFFFL;
     if (headerLength > 1 << 20) {
       throw new IOException(where + ": implausible .npy header length " + headerLength);
     }
     byte[] header = readBytes(in, (int) headerLength, where, "its .npy header");
-    return new String(header, major == 3 ? StandardCharsets.UTF_8 : StandardCharsets.ISO_8859_1);
+    String text =
+        new String(header, major == 3 ? StandardCharsets.UTF_8 : StandardCharsets.ISO_8859_1);
+    return new Header(text, 8 + width + headerLength);
   }
 
   /** The text of one field of a header, matched by {@code pattern}'s group 1. */
@@ -280,9 +442,11 @@ public final class Npz {
     for (int d : shape) {
       elements *= d;
     }
-    if (elements > Integer.MAX_VALUE - 8) {
+    if (elements > MAX_ELEMENTS) {
       throw new IOException(
-          where + ": shape " + Arrays.toString(shape) + " is too large for one Java array");
+          String.format(
+              "%s: shape %s holds %.0f elements, more than one array may (%d)",
+              where, Arrays.toString(shape), elements, MAX_ELEMENTS));
     }
     return shape;
   }

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from deepdsl.backends.escape import c_comment
 from deepdsl.ir import REGISTRY, Stmt
 from deepdsl.ir.analysis import index_form, output_indices, top_reductions
 from deepdsl.ir.groups import group_form, is_flat
@@ -292,13 +293,13 @@ def _grid_for(n: int, block: int) -> int:
 
 def ie_kernel(
     name: str, body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...],
-    ctypes: tuple[str, ...] | None = None, comment: str = "",
+    ctypes: tuple[str, ...] | None = None, comments: tuple[str, ...] = (),
 ) -> Kernel:  # fmt: skip
-    """The kernel computing out[idx] = body over `out`'s grid."""
+    """The kernel computing out[idx] = body over `out`'s grid, under one comment line for each of `comments`."""
     ctypes = ctypes or ("float",) * len(shapes)
     numel = math.prod(n for _, n in out)
     _check_size(name, numel, *(math.prod(s) for s in shapes))
-    head = [f"// {comment}"] if comment else []
+    head = [f"// {c_comment(line)}" for line in comments]
     head.append(f'extern "C" __global__ void {name}({_params("float", ctypes, False)}) {{')
     tops = top_reductions(body)
     reduced = max((math.prod(n for _, n in r.vars) for r in tops), default=0)
@@ -341,7 +342,7 @@ def ie_kernel(
 
 def group_kernel(
     name: str, bodies: tuple[IE, ...], numel: int, shapes: tuple[tuple[int, ...], ...], ctypes: tuple[str, ...],
-    readers: tuple[dict[int, int], ...], comment: str,
+    readers: tuple[dict[int, int], ...], comments: tuple[str, ...],
 ) -> Kernel:  # fmt: skip
     """One grid-stride kernel computing out0[e] = bodies[0], out1[e] = bodies[1], ... element by element: the
     statements of one group (ir/groups.py). Body j reads the shared inputs in0, in1, ... (`shapes`, `ctypes`), and
@@ -349,7 +350,7 @@ def group_kernel(
     _check_size(name, numel, *(math.prod(x) for x in shapes))
     outs = [f"float* out{m}" for m in range(len(bodies))]
     ins = [f"const {t}* in{k}" for k, t in enumerate(ctypes)]
-    lines = [f"// {line}" for line in comment.split("\n")]
+    lines = [f"// {c_comment(line)}" for line in comments]
     lines += [f'extern "C" __global__ void {name}({", ".join(outs + ins)}) {{', f"  DD_GRID_STRIDE(e, {numel}) {{"]
     for j, body in enumerate(bodies):
         g = _Gen(shapes, ctypes, flat=True, registers={k: f"r{m}" for k, m in readers[j].items()})
@@ -374,7 +375,7 @@ def library_call(name: str, s: Stmt, ctypes: tuple[str, ...], out_ctype: str, ca
     """The kernel `name` whose one line is `call`, a function of library.cu, launched as `launch` says (the
     keywords of `Kernel`: grid, block, static_smem, covers, loop)."""
     text = "\n".join([
-        f"// {format_stmt(s)}",
+        f"// {c_comment(format_stmt(s))}",
         f'extern "C" __global__ void {name}({_params(out_ctype, ctypes, True)}) {{',
         f"  {call};",
         "}",
@@ -414,7 +415,7 @@ def _ctype(dtype: DType) -> str:
 
 
 def _ident(text: str) -> str:
-    return re.sub(r"_+", "_", re.sub(r"\W", "_", text)).strip("_")
+    return re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9_]", "_", text)).strip("_")
 
 
 @dataclass
@@ -474,10 +475,10 @@ class _Program:
         shared = form.inputs
         what = "_".join(s.a["ops"][0] if s.op == "fused" and s.a.get("ops") else s.op for s in stmts)
         name = self.name(stmts[-1], what=what)  # after the last result: an update's parameter
-        comment = "\n".join(format_stmt(s) for s in stmts)
+        comments = tuple(format_stmt(s) for s in stmts)
         ctypes = tuple(_ctype(v.type.dtype) for v in shared)
         shapes = tuple(v.type.shape for v in shared)
-        k = group_kernel(name, form.bodies, stmts[0].out.type.numel, shapes, ctypes, form.held, comment)
+        k = group_kernel(name, form.bodies, stmts[0].out.type.numel, shapes, ctypes, form.held, comments)
         values = (*(s.out.name for s in stmts), *(v.name for v in shared))
         self.add(stmts[0], name, k, values, ("float",) * len(stmts) + ctypes, tuple(s.out.name for s in stmts[1:]))
 
@@ -502,7 +503,7 @@ class _Program:
             meaning = (
                 f"out[{', '.join(v for v, _ in out)}] = {format_ie(body, tuple(f'in{k}' for k in range(len(shapes))))}"
             )
-            k = ie_kernel(name, body, out, shapes, in_types, f"{format_stmt(s)}\n// {meaning}")
+            k = ie_kernel(name, body, out, shapes, in_types, (format_stmt(s), meaning))
             self.add(s, name, k, values, (out_type, *in_types))
             return
         if op.cuda is None:
@@ -520,7 +521,7 @@ class _Program:
             names = ("out", *(f"in{k}" for k in range(1, len(shapes))))
             meaning = f"out[{', '.join(v for v, _ in out)}] = {format_ie(epi, names)}"
             ek = ie_kernel(
-                ename, epi, out, shapes, ("float", *in_types[arity:]), f"epilogue of %{s.out.name}: {meaning}"
+                ename, epi, out, shapes, ("float", *in_types[arity:]), (f"epilogue of %{s.out.name}: {meaning}",)
             )
             evalues = (s.out.name, s.out.name, *(v.name for v in extras))
             self.add(s, ename, ek, evalues, ("float", "float", *in_types[arity:]))
@@ -546,7 +547,7 @@ def program(plan: Plan, prefix: str = "") -> CudaProgram:
         served = p.also.get(name[1], []) if name else []
         if served:  # a comment line before the signature
             head, sig = text.rsplit("\nextern", 1) if "\nextern" in text else ("", text[len("extern") :])
-            note = f"// also serves {', '.join(served)}"
+            note = f"// also serves {c_comment(', '.join(served))}"
             text = f"{head}\n{note}\nextern{sig}" if head else f"{note}\nextern{sig}"
         texts.append(text)
     body = "\n\n".join(texts) + "\n"
@@ -562,5 +563,8 @@ def program(plan: Plan, prefix: str = "") -> CudaProgram:
 
 def translation_unit(name: str, *bodies: str) -> str:
     """The library followed by the kernels of one or more programs."""
-    head = f"// deepdsl: the CUDA kernels of {name}. Generated; the hand-written library (library.cu) comes first.\n\n"
+    head = (
+        f"// deepdsl: the CUDA kernels of {c_comment(name)}. Generated; the hand-written library (library.cu) comes"
+        " first.\n\n"
+    )
     return head + library_source() + "\n// ---- the program's kernels ----\n\n" + "\n".join(bodies)

@@ -6,6 +6,7 @@ class says around them (its name, the source file, the train block's defaults); 
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from deepdsl.backends.cuda.kernels import translation_unit
 from deepdsl.backends.java.emitter import DEFAULT_WORKSPACE_LIMIT, emit_java, runtime_sources
 from deepdsl.backends.java.names import class_name
 from deepdsl.errors import DslProgramError
+from deepdsl.files import write_atomically
 from deepdsl.frontend.program import Program
 from deepdsl.memory import Plan
 
@@ -42,18 +44,30 @@ def java_program(
     return JavaProgram(class_name(program.graph.name), text, translation_unit(program.graph.name, *bodies))
 
 
+def _subfolder(root: Path, *parts: str) -> Path:
+    """`root/parts...`, made where missing; a part that is a symbolic link is refused (never written through)."""
+    path = root
+    path.mkdir(parents=True, exist_ok=True)
+    for part in parts:
+        path = path / part
+        if path.is_symlink():
+            raise OSError(errno.ELOOP, f"'{path}' is a symbolic link; deepdsl writes only into real folders", path)
+        path.mkdir(exist_ok=True)
+    return path
+
+
 def write_sources(folder: Path, p: JavaProgram, resources: Path | None = None) -> None:
     """`folder/Name.java`, the runtime under `folder/deepdsl/runtime/`, and `Name.cu` in `resources` (default:
-    `folder`), where the CUDA device finds it on the class path."""
-    runtime = folder / "deepdsl" / "runtime"
+    `folder`), where the CUDA device finds it on the class path. Each file is written atomically and replaces a
+    symbolic link in its place rather than writing through it (files.py)."""
     resources = resources or folder
     try:
-        runtime.mkdir(parents=True, exist_ok=True)
+        runtime = _subfolder(folder, "deepdsl", "runtime")
         resources.mkdir(parents=True, exist_ok=True)
         for file, source in runtime_sources().items():
-            (runtime / file).write_text(source)
-        (folder / f"{p.name}.java").write_text(p.java)
-        (resources / f"{p.name}.cu").write_text(p.cuda)
+            write_atomically(runtime / file, source)
+        write_atomically(folder / f"{p.name}.java", p.java)
+        write_atomically(resources / f"{p.name}.cu", p.cuda)
     except OSError as exc:
         raise DslProgramError(f"cannot write the Java program into '{folder}': {exc.strerror or exc}") from None
 
@@ -63,7 +77,7 @@ def write_ptx(folder: Path, name: str, modules: dict[str, str]) -> list[Path]:
     paths = [folder / f"{name}.{arch}.ptx" for arch in modules]
     try:
         for path, text in zip(paths, modules.values()):
-            path.write_text(text)
+            write_atomically(path, text)
     except OSError as exc:
         raise DslProgramError(f"cannot write the PTX into '{folder}': {exc.strerror or exc}") from None
     return paths
@@ -82,10 +96,13 @@ def build_commands(folder: Path, name: str) -> list[str]:
 def write_maven(folder: Path, p: JavaProgram) -> Path:
     """A Maven project: pom.xml (JCuda and its linux-x86_64 natives), the network, the runtime, and the CUDA source
     as a resource of the jar; returns the resource folder (where PTX goes too)."""
-    resources = folder / "src" / "main" / "resources"
-    write_sources(folder / "src" / "main" / "java", p, resources)
     try:
-        (folder / "pom.xml").write_text(POM.format(artifact=p.name.lower(), main=p.name, jcuda=JCUDA_VERSION))
+        java, resources = _subfolder(folder, "src", "main", "java"), _subfolder(folder, "src", "main", "resources")
+    except OSError as exc:
+        raise DslProgramError(f"cannot write the Maven project into '{folder}': {exc.strerror or exc}") from None
+    write_sources(java, p, resources)
+    try:
+        write_atomically(folder / "pom.xml", POM.format(artifact=p.name.lower(), main=p.name, jcuda=JCUDA_VERSION))
     except OSError as exc:
         raise DslProgramError(f"cannot write '{folder / 'pom.xml'}': {exc.strerror or exc}") from None
     return resources

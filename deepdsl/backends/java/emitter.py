@@ -20,6 +20,7 @@ from typing import Any
 
 from deepdsl.backends.cuda.kernels import CudaProgram
 from deepdsl.backends.cuda.kernels import program as cuda_program
+from deepdsl.backends.escape import java_comment, java_string
 from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, java_group_kernel, java_kernel
 from deepdsl.backends.java.names import Namer, camel, class_name
 from deepdsl.backends.java.tables import cuda_tables
@@ -70,7 +71,7 @@ def _java_value(value: Any, java_type: str) -> str:
     if java_type == "long":
         return f"{int(value)}L"
     if java_type == "String":
-        return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return java_string(str(value))
     return str(int(value))
 
 
@@ -122,7 +123,7 @@ class _Emitter:
         flat = is_flat(body, out, shapes)
         key = (flat_form(body), len(shapes)) if flat else (body, out, shapes)
         if key not in self.kernels:
-            preferred = camel(op) if flat else camel(op) + re.sub(r"\W", "_", value)
+            preferred = camel(op) if flat else camel(op) + re.sub(r"[^A-Za-z0-9_]", "_", value)
             name = self.namer(f"kernel:{op}:{value}", preferred)
             self.kernels[key] = name
             self.kernel_text.append(java_kernel(name, body, out, shapes, doc))
@@ -227,7 +228,7 @@ class _Emitter:
                     temps = []
                     for st in item:
                         temps.append(self.tensor(st.out))
-                        body.append(f"// {format_stmt(st)}")
+                        body.append(f"// {java_comment(format_stmt(st))}")
                         if st.out.name not in self.in_state:
                             declare = "" if st.out.name in shared and len(parts) > 1 else "Buf "
                             shape = ", ".join(map(str, st.out.type.shape))
@@ -238,12 +239,12 @@ class _Emitter:
                 s = item
                 t = self.tensor(s.out)
                 if s.out.name in self.in_state:  # the plan writes this update straight into its tensor
-                    body.append(f"// {format_stmt(s)}")
+                    body.append(f"// {java_comment(format_stmt(s))}")
                     body += self.statement(s, t)
                     continue
                 declare = "" if s.out.name in shared and len(parts) > 1 else "Buf "
                 shape = ", ".join(map(str, s.out.type.shape))
-                body.append(f"// {format_stmt(s)}")
+                body.append(f"// {java_comment(format_stmt(s))}")
                 if REGISTRY[s.op].view:
                     body.append(f"{declare}{t} = view({self.tensor(s.inputs[0])}{', ' + shape if shape else ''});")
                     continue
@@ -267,7 +268,8 @@ class _Emitter:
             out.append(method(f"/** {doc} */", f"protected {returns} {name}()", calls + [f"return {tail};"]))
             for k, body in methods:
                 layers = _layers(parts[k])
-                out.append(method(f"/** Part {k + 1} of {name}: {layers}. */", f"private void {name}{k + 1}()", body))
+                doc = f"/** Part {k + 1} of {name}: {java_comment(layers)}. */"
+                out.append(method(doc, f"private void {name}{k + 1}()", body))
         return out, fields
 
 
@@ -357,11 +359,12 @@ def emit_java(
         shape = ", ".join(map(str, p.value.type.shape))
         shape = ", " + shape if shape else ""
         if p.kind == "opt":
-            call = f'optimizerState("{p.value.name}"{shape})'
+            call = f"optimizerState({java_string(p.value.name)}{shape})"
         elif p.kind == "const":
-            call = f'constant("{p.value.name}", {float_literal(p.init.args[0])}{shape})'
+            call = f"constant({java_string(p.value.name)}, {float_literal(p.init.args[0])}{shape})"
         else:
-            call = f'{"param" if p.kind == "param" else "state"}("{p.value.name}", "{_init_text(p)}"{shape})'
+            kind = "param" if p.kind == "param" else "state"
+            call = f"{kind}({java_string(p.value.name)}, {java_string(_init_text(p))}{shape})"
         declarations.append(f"  private final Buf {e.declare(p.value)} = {call};")
     train_methods, train_fields = e.step("train", train, "loss")
     infer_methods, infer_fields = e.step("infer", infer, "predict") if infer is not None else ([], [])
@@ -370,13 +373,14 @@ def emit_java(
             method("/** The network defines no `predict`. */", "protected Buf inferStep()", ["return null;"])
         ]
     arena = max(train.arena_bytes, infer.arena_bytes if infer is not None else 0)
-    source = (program.graph.stmts[0].span.file.rsplit("/", 1)[-1] if program.graph.stmts and
-              program.graph.stmts[0].span else "")  # fmt: skip
+    source = java_comment(program.graph.stmts[0].span.file.rsplit("/", 1)[-1] if program.graph.stmts and
+                          program.graph.stmts[0].span else "")  # fmt: skip
+    name = java_comment(g.name)
     settings = [
         "  private static final Settings SETTINGS =",
-        f'      new Settings("{g.name}")',
+        f"      new Settings({java_string(g.name)})",
         f"          .seed({cfg.seed}L)",
-        f'          .data("{_data_flag(cfg.data)}"{", true" if cfg.shuffle else ""})',
+        f"          .data({java_string(_data_flag(cfg.data))}{', true' if cfg.shuffle else ''})",
         f"          .iterations({cfg.iterations})",
         f"          .testing({cfg.test_every}, {cfg.test_iterations})",
         f"          .arena({train.arena_bytes}L, {arena}L)",
@@ -395,7 +399,7 @@ def emit_java(
         "import deepdsl.runtime.Workspace;",
         "",
         "/**",
-        f" * {g.name}: training and inference of {source or 'the network'}, every temporary at a fixed offset of one",
+        f" * {name}: training and inference of {source or 'the network'}, every temporary at a fixed offset of one",
         f" * arena of {arena:,} bytes. Run it with {{@code java {cls} --help}}.",
         " */",
         f"public final class {cls} extends Network {{",

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from deepdsl.backends.escape import java_comment
 from deepdsl.backends.java.names import JAVA_KEYWORDS
 from deepdsl.ir.groups import is_flat
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, reads
@@ -232,7 +233,7 @@ def java_kernel(
     """The Java method `static void name(Buf out, Buf in0, ...)` that computes `body` over `out`'s grid."""
     used = sorted({r.input for r in reads(body)})
     params = ", ".join(["Buf out", *(f"Buf in{k}" for k in range(len(shapes)))])
-    lines = [f"  /** {doc} */"] if doc else []
+    lines = [f"  /** {java_comment(doc)} */"] if doc else []
     lines.append(f"  private static void {name}({params}) {{")
     lines.append("    float[] o = out.a;")
     lines.append("    int po = out.off;")
@@ -278,7 +279,7 @@ def java_group_kernel(
     `readers[j]` maps, the earlier result m it needs from the local r{m}. Every shape shares it."""
     used = sorted({r.input for b, held in zip(bodies, readers) for r in reads(b) if r.input not in held})
     params = ", ".join([*(f"Buf out{m}" for m in range(len(bodies))), *(f"Buf in{k}" for k in range(inputs))])
-    lines = [f"  /** {doc} */"] if doc else []
+    lines = [f"  /** {java_comment(doc)} */"] if doc else []
     lines.append(f"  private static void {name}({params}) {{")
     for m in range(len(bodies)):
         lines += [f"    float[] o{m} = out{m}.a;", f"    int po{m} = out{m}.off;"]

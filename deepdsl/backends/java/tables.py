@@ -5,6 +5,7 @@ CudaDevice."""
 from __future__ import annotations
 
 from deepdsl.backends.cuda.kernels import Arg, CudaProgram
+from deepdsl.backends.escape import java_comment, java_string
 from deepdsl.backends.java.names import Namer
 from deepdsl.backends.java.text import long_literal, method, wrapped
 from deepdsl.ir.printer import format_stmt
@@ -26,7 +27,7 @@ def cuda_tables(kind: str, p: Plan, prog: CudaProgram, source: str, namer: Namer
             return f"arena({long_literal(a.offset)})"
         kind = kinds.get(a.name)
         special = {"input": "inputs()", "label": "labels()", "step": "counter()"}
-        return special[kind] if kind in special else f'tensor("{a.name}")'
+        return special[kind] if kind in special else f"tensor({java_string(a.name)})"
 
     def dim(d: tuple[int, int, int]) -> str:
         return f"dim({d[0]})" if d[1:] == (1, 1) else f"dim({d[0]}, {d[1]}, {d[2]})"
@@ -39,20 +40,20 @@ def cuda_tables(kind: str, p: Plan, prog: CudaProgram, source: str, namer: Namer
             for name in (x.stmt, *x.also):  # the statements the kernel computes
                 st = stmts[name]
                 where = format_stmt(st).rsplit("  # ", 1)
-                comment = f"// %{st.out.name} = {st.op}({', '.join('%' + v.name for v in st.inputs)})"
-                lines.append(comment + (f"  # {where[1]}" if len(where) == 2 else ""))
+                comment = f"%{st.out.name} = {st.op}({', '.join('%' + v.name for v in st.inputs)})"
+                lines.append("// " + java_comment(comment + (f"  # {where[1]}" if len(where) == 2 else "")))
             previous = x.stmt
-        head = f'k.launch("{x.kernel}", {dim(x.grid)}, {dim(x.block)}, '
+        head = f"k.launch({java_string(x.kernel)}, {dim(x.grid)}, {dim(x.block)}, "
         items.append(lines + wrapped(head, [arg(a) for a in x.args], ");"))
     for src, tensor, nbytes in prog.copies:
-        items.append([f'k.copy({arg(src)}, "{tensor}", {long_literal(nbytes)});'])
+        items.append([f"k.copy({arg(src)}, {java_string(tensor)}, {long_literal(nbytes)});"])
     result = "loss" if kind == "train" else "predict"
     where = dict(prog.results)[result]
     shape = ", ".join(map(str, g.output(result).type.shape))
     result_line = f"k.result({arg(where)}{', ' + shape if shape else ''});"
     name = namer(f"kernels:{kind}", f"{kind}Kernels")
     what = "training step" if kind == "train" else "inference step"
-    doc = f"/** The {what} on the CUDA device: the kernels of {source} in plan order. */"
+    doc = f"/** The {what} on the CUDA device: the kernels of {java_comment(source)} in plan order. */"
     size = LAUNCHES_PER_METHOD
     chunks = [[line for item in items[i : i + size] for line in item] for i in range(0, len(items), size)]
     if len(chunks) == 1:

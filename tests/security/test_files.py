@@ -1,0 +1,385 @@
+"""No corrupt or hostile file is loaded, and no save or compile destroys what is not its own (issue 15).
+
+Both runtimes get the same crafted files: the Python side directly (deepdsl.npzfile, deepdsl.data.mnist,
+deepdsl.checkpoint), the Java side through the I/O driver tests/backends/java/IoCheck.java, all its cases in one
+JVM run with a small heap (so reading what a header merely claims would fail there). Reading: a flipped byte
+(CRC-32), an entry name given twice, bytes after the archive's end and inside an entry, an entry of 4 GiB or more,
+headers claiming 1e9 and 1e11 elements, a gzip MNIST file that inflates far beyond its header's size, and a step
+counter of 2^62. Writing: a FIFO, directory or device at the target, a symbolic link, the old file's mode and the
+umask, a temporary file left by a killed process; `compile` with links planted in its output folder.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import stat
+import subprocess
+import tracemalloc
+import warnings
+import zipfile
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from security_env import PROGRAMS, ROOT, build_programs, needs_javac, run_java
+
+from deepdsl.checkpoint import load_npz, save_npz
+from deepdsl.data import load_data
+from deepdsl.errors import DslProgramError
+from deepdsl.files import TEMP_SUFFIX
+from deepdsl.npzfile import read_npz
+
+RUNTIME = ROOT / "deepdsl" / "runtime"
+DRIVER = ROOT / "tests" / "backends" / "java" / "IoCheck.java"
+W = np.arange(100, dtype=np.float32)
+
+
+def npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def claiming(shape: tuple[int, ...], data: bytes = b"\0" * 16) -> bytes:
+    """A .npy entry whose header claims `shape` of float32 but which holds only `data`."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return buf.getvalue() + data
+
+
+def archive(path: Path, entries: list[tuple[str, bytes]]) -> Path:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns about a duplicate name, which is the point
+        with zipfile.ZipFile(path, "w") as zf:
+            for name, data in entries:
+                zf.writestr(name, data)
+    return path
+
+
+def flipped(path: Path) -> Path:
+    """A checkpoint holding fc1.W, one byte of its data flipped (the loss was 7.1e35 when Java loaded it)."""
+    save_npz(path, {"fc1.W": W, "fc1.b": np.zeros(3, np.float32)})
+    raw = bytearray(path.read_bytes())
+    at = raw.index(W.tobytes()) + 201
+    raw[at] ^= 0x40
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def trailing(path: Path) -> Path:
+    save_npz(path, {"fc1.W": W})
+    with open(path, "ab") as f:
+        f.write(b"more bytes after the end record")
+    return path
+
+
+def huge_entry(path: Path) -> Path:
+    """An archive whose central directory says its one entry holds 4 GiB + 64 bytes (it holds 464)."""
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("fc1.W.npy", npy(W))
+        zf.filelist[0].file_size = zf.filelist[0].compress_size = 2**32 + 64
+    return path
+
+
+# name: (make the file in a folder, the phrase both runtimes' errors must hold)
+NPZ_CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
+    "crc": (lambda d: flipped(d / "crc.npz"), "CRC-32"),
+    "twice": (lambda d: archive(d / "twice.npz", [("w.npy", npy(W)), ("w.npy", npy(W[:3]))]), "appears twice"),
+    "after_end": (lambda d: trailing(d / "after.npz"), "bytes of other data after the archive's end"),
+    "inside_entry": (lambda d: archive(d / "in.npz", [("w.npy", npy(W) + b"\0" * 8)]), "more data than its header"),
+    "4GiB": (lambda d: huge_entry(d / "big.npz"), "entries of 4 GiB or more are not read"),
+    "claims_1e11": (lambda d: archive(d / "e11.npz", [("w.npy", claiming((100000, 1000000)))]), "more than one array"),
+    "claims_1e9": (lambda d: archive(d / "e9.npz", [("w.npy", claiming((1000, 1000000)))]), "truncated"),
+}
+
+
+def mnist_bomb(folder: Path, inflated: int = 256 * 2**20) -> Path:
+    """An MNIST folder whose image file's header promises 2 images of 28x28 (1568 bytes) but whose gzip stream,
+    about 256 KB, inflates to 256 MiB."""
+    folder.mkdir()
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip container
+    head = (2051).to_bytes(4, "big") + (2).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2 + b"\1" * 1568
+    parts = [z.compress(head)]
+    zeros = b"\0" * 2**20
+    parts += [z.compress(zeros) for _ in range(inflated // 2**20)]
+    (folder / "train-images-idx3-ubyte.gz").write_bytes(b"".join(parts) + z.flush())
+    (folder / "train-labels-idx1-ubyte").write_bytes((2049).to_bytes(4, "big") + (2).to_bytes(4, "big") + b"\1\2")
+    return folder
+
+
+def mnist_promising_too_much(folder: Path) -> Path:
+    folder.mkdir()
+    head = (2051).to_bytes(4, "big") + (2**30).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2
+    (folder / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(head + b"\0" * 100))
+    (folder / "train-labels-idx1-ubyte").write_bytes((2049).to_bytes(4, "big") + (2).to_bytes(4, "big") + b"\1\2")
+    return folder
+
+
+MNIST_CASES = {
+    "bomb": (mnist_bomb, "has more data after the 2 images of 28x28 its header describes"),
+    "promise": (mnist_promising_too_much, "more than deepdsl reads"),
+}
+
+
+# ---- reading, Python ----
+
+
+@pytest.mark.parametrize("case", list(NPZ_CASES))
+def test_python_refuses_a_damaged_or_lying_archive(tmp_path: Path, case: str) -> None:
+    make, phrase = NPZ_CASES[case]
+    path = make(tmp_path)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DslProgramError, match="cannot read parameter file") as e:
+            load_npz(path, {"fc1.W": ((100,), np.float32), "fc1.b": ((3,), np.float32), "w": ((100,), np.float32)})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert phrase in str(e.value)
+    assert peak < 8 * 2**20  # nothing the header merely claims was allocated
+
+
+def test_python_reads_what_it_refuses_no_more(tmp_path: Path) -> None:
+    """The checks refuse only what they should: an intact archive of every accepted kind reads back."""
+    arrays = {"a": W, "b": np.arange(6, dtype=">i2").reshape(2, 3), "c": np.asfortranarray(np.ones((2, 3))), "d": W[0]}
+    np.savez(tmp_path / "ok.npz", **arrays)
+    got = read_npz(str(tmp_path / "ok.npz"), "npz file")
+    assert list(got) == list(arrays) and all(np.array_equal(got[k], v) for k, v in arrays.items())
+    assert got["a"].flags.writeable and got["c"].flags.c_contiguous
+    np.savez_compressed(tmp_path / "z.npz", x=W)
+    assert np.array_equal(read_npz(str(tmp_path / "z.npz"), "npz file")["x"], W)
+
+
+@pytest.mark.parametrize("case", list(MNIST_CASES))
+def test_python_stops_decompressing_at_the_size_the_header_promises(tmp_path: Path, case: str) -> None:
+    make, phrase = MNIST_CASES[case]
+    folder = make(tmp_path / "mnist")
+    tracemalloc.start()
+    try:
+        with pytest.raises(DslProgramError, match=phrase):
+            load_data("mnist", {"dir": str(folder)}, (1, 28, 28), 10, 1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20  # not the 256 MiB the file inflates to
+
+
+# ---- reading, Java (one JVM) ----
+
+
+@pytest.fixture(scope="module")
+def java_io(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """Every case run by IoCheck in one JVM of 96 MB heap: case -> (its output, the folder it wrote into)."""
+    work = tmp_path_factory.mktemp("java_files")
+    classes = work / "classes"
+    own = [RUNTIME / f"{n}.java" for n in ("Buf", "Rng", "Init", "Npz", "Data", "DataFiles")]
+    subprocess.run(["javac", "-nowarn", "-d", str(classes), *map(str, own), str(DRIVER)], check=True, timeout=600)
+    lines, cases = [], {}
+
+    def add(case: str, *fields: object) -> None:
+        folder = work / case
+        folder.mkdir(exist_ok=True)
+        out = folder / "case.out"
+        lines.append("\t".join([str(fields[0]), str(out), *map(str, fields[1:])]))
+        cases[case] = (out, folder)
+
+    for case, (make, _) in NPZ_CASES.items():
+        (work / case).mkdir()
+        add(case, "npzcopy", make(work / case), work / case / "copy.npz")
+    for case, (make, _) in MNIST_CASES.items():
+        (work / case).mkdir()
+        add(case, "data", f"mnist:{make(work / case / 'mnist')}", "1,28,28", 10, 1, 2, "", 0, 0)
+    for case, prepare in SAVE_CASES.items():
+        (work / case).mkdir()
+        prepare(work / case)
+        add(case, "npzmake", work / case / "p.npz")
+    (work / "commands.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    old = os.umask(0o027)
+    try:
+        subprocess.run(["java", "-Xmx96m", "-cp", str(classes), "IoCheck", str(work / "commands.tsv")], check=True,
+                       timeout=120)  # fmt: skip
+    finally:
+        os.umask(old)
+    return cases
+
+
+def java_error(out: Path) -> str:
+    err = Path(f"{out}.err")
+    assert err.exists(), "the Java side succeeded where it must fail"
+    return err.read_text()
+
+
+@pytest.mark.java
+@needs_javac
+@pytest.mark.parametrize("case", [*NPZ_CASES, *MNIST_CASES])
+def test_java_refuses_what_python_refuses(java_io: dict[str, tuple[Path, Path]], case: str) -> None:
+    phrase = {**NPZ_CASES, **MNIST_CASES}[case][1]
+    message = java_error(java_io[case][0])
+    assert message.startswith("IOException: ") and phrase in message, message
+
+
+# ---- a step counter of 2^62 ----
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_programs(tmp_path_factory)
+
+
+@pytest.mark.java
+@needs_javac
+def test_both_runtimes_refuse_a_step_counter_of_2_to_the_62(programs: Path, cli, tmp_path: Path) -> None:
+    file = programs / PROGRAMS["NewlinePoc"][0]
+    saved = tmp_path / "p.npz"
+    r = cli("run", str(file), "--iters", "0", "--data", "synthetic", "--save", str(saved))
+    assert r.exit_code == 0, r.output
+    arrays = read_npz(str(saved), "parameter file")
+    assert int(arrays["opt/iteration"]) == 0
+    save_npz(saved, {**arrays, "opt/iteration": np.array(2**62, np.int64)})
+    phrase = f"'opt/iteration' is {2**62}, but a step counter lies in [0, 4294967295]"
+    r = cli("run", str(file), "--iters", "1", "--data", "synthetic", "--load", str(saved))
+    assert r.exit_code == 1 and phrase in r.output, r.output
+    j = run_java(programs, "NewlinePoc", "--iters", "1", "--data", "synthetic", "--load", str(saved))
+    assert j.returncode == 1 and phrase in j.stderr, j.stderr
+
+
+# ---- --save ----
+
+
+def fifo(folder: Path) -> None:
+    os.mkfifo(folder / "p.npz")
+
+
+def directory(folder: Path) -> None:
+    (folder / "p.npz").mkdir()
+
+
+def link(folder: Path) -> None:
+    save_npz(folder / "target.npz", {"old": W})
+    os.chmod(folder / "target.npz", 0o640)
+    (folder / "p.npz").symlink_to("target.npz")
+
+
+def mode_0604(folder: Path) -> None:
+    save_npz(folder / "p.npz", {"old": W})
+    os.chmod(folder / "p.npz", 0o604)
+
+
+def stale(folder: Path) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for pid, token in ((dead.pid, "0badf00d"), (1, "00c0ffee")):  # a process that is gone, and init
+        (folder / f".p.npz.{pid}.{token}{TEMP_SUFFIX}").write_bytes(b"half a file")
+    (folder / f".other.npz.{dead.pid}.0badf00d{TEMP_SUFFIX}").write_bytes(b"not ours to remove")
+
+
+SAVE_CASES: dict[str, Callable[[Path], None]] = {
+    "fifo": fifo,
+    "directory": directory,
+    "link": link,
+    "mode": mode_0604,
+    "new": lambda folder: None,
+    "stale": stale,
+}
+
+
+def check_save(folder: Path, case: str, error: str | None, umask: int) -> None:
+    """What a save into `folder` prepared by SAVE_CASES[case] must leave (`error`: its message, if it failed)."""
+    target = folder / "p.npz"
+    if case in ("fifo", "directory"):
+        said = ("is a FIFO", "is a special file (a device, FIFO or socket)") if case == "fifo" else ("is a directory",)
+        assert error is not None and any(s in error for s in said), error
+        assert "only a regular file is replaced" in error
+        assert (stat.S_ISFIFO if case == "fifo" else stat.S_ISDIR)(os.lstat(target).st_mode)
+        return
+    assert error is None, error
+    assert "old" not in read_npz(str(target), "parameter file")
+    if case == "link":  # written through: the link stays, the file it names is the new one
+        assert target.is_symlink() and "old" not in read_npz(str(folder / "target.npz"), "parameter file")
+    mode = stat.S_IMODE(os.lstat(folder / ("target.npz" if case == "link" else "p.npz")).st_mode)
+    assert mode == {"mode": 0o604, "link": 0o640}.get(case, 0o666 & ~umask)
+    left = sorted(p.name for p in folder.iterdir() if p.name.endswith(TEMP_SUFFIX))
+    if case == "stale":  # the dead process's temporary file is gone; the live one's and another file's stay
+        assert left == sorted([f".p.npz.1.00c0ffee{TEMP_SUFFIX}", next(n for n in left if n.startswith(".other"))])
+    else:
+        assert left == []
+
+
+@pytest.mark.parametrize("case", list(SAVE_CASES))
+def test_python_save_replaces_only_a_regular_file_and_keeps_its_mode(tmp_path: Path, case: str) -> None:
+    SAVE_CASES[case](tmp_path)
+    old = os.umask(0o027)
+    try:
+        save_npz(tmp_path / "p.npz", {"new": W})
+        error = None
+    except DslProgramError as e:
+        error = str(e)
+    finally:
+        os.umask(old)
+    check_save(tmp_path, case, error, 0o027)
+
+
+@pytest.mark.java
+@needs_javac
+@pytest.mark.parametrize("case", list(SAVE_CASES))
+def test_java_save_replaces_only_a_regular_file_and_keeps_its_mode(java_io: dict, case: str) -> None:
+    out, folder = java_io[case]
+    err = Path(f"{out}.err")
+    check_save(folder, case, err.read_text() if err.exists() else None, 0o027)
+
+
+def test_a_device_node_is_never_replaced(tmp_path: Path) -> None:
+    device = tmp_path / "p.npz"
+    try:
+        os.mknod(device, stat.S_IFCHR | 0o600, os.makedev(1, 3))  # what /dev/null is
+    except PermissionError:
+        pytest.skip("making a device node needs CAP_MKNOD")
+    with pytest.raises(DslProgramError, match="is a character device; only a regular file is replaced"):
+        save_npz(device, {"new": W})
+    assert stat.S_ISCHR(os.lstat(device).st_mode)
+
+
+# ---- compile ----
+
+NET = """network Tiny
+input x : [4, 3]
+label y : [4] classes 2
+layer fc = full(2)
+loss = softmax_cross_entropy(fc(x), y)
+"""
+
+
+def test_compile_never_writes_through_a_planted_link_and_replaces_each_file_whole(tmp_path: Path, cli) -> None:
+    (tmp_path / "tiny.ddsl").write_text(NET)
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (out / "Tiny.java").symlink_to(victim)  # a planted link
+    kept = tmp_path / "kept.cu"
+    kept.write_text("an older copy")
+    os.link(kept, out / "Tiny.cu")  # a hard link: an in-place write would change both names
+    r = cli("compile", str(tmp_path / "tiny.ddsl"), "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert victim.read_text() == "precious" and kept.read_text() == "an older copy"
+    assert not (out / "Tiny.java").is_symlink() and "class Tiny" in (out / "Tiny.java").read_text()
+    assert not [p for p in out.rglob("*") if p.name.endswith(TEMP_SUFFIX)]
+
+
+@pytest.mark.parametrize("where", [["-o", "out"], ["--maven", "out"]])
+def test_compile_refuses_a_planted_link_to_a_folder(tmp_path: Path, cli, where: list[str]) -> None:
+    (tmp_path / "tiny.ddsl").write_text(NET)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    planted = out / ("deepdsl" if where[0] == "-o" else "src")
+    planted.symlink_to(elsewhere)
+    r = cli("compile", str(tmp_path / "tiny.ddsl"), where[0], str(tmp_path / where[1]))
+    assert r.exit_code == 1
+    assert "is a symbolic link; deepdsl writes only into real folders" in r.output
+    assert list(elsewhere.iterdir()) == []
