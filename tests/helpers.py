@@ -134,7 +134,7 @@ class CompileCache:
 
     # the stages whose Compilation holds everything of the key's, and the fields the key's stage leaves empty
     LATER = {"graph": ("plan", "opt", "train", "infer"), "train": ("plan", "opt"), "opt": ("plan",)}
-    UNSET = {"graph": ("train", "infer", "opt", "plan"), "train": ("infer", "opt", "plan"), "opt": ("infer", "plan")}
+    UNSET = {"graph": ("train", "infer", "opt", "build"), "train": ("infer", "opt", "build"), "opt": ("infer", "build")}
 
     def __init__(self) -> None:
         self.cache: dict[tuple, api.Compilation] = {}
