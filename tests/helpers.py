@@ -4,6 +4,7 @@ networks at a reduced size (and which of them only `pytest -m slow` runs)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -133,8 +134,13 @@ class CompileCache:
     """
 
     # the stages whose Compilation holds everything of the key's, and the fields the key's stage leaves empty
+    # (only the names that are fields of api.Compilation count: `plan` is a property of `build` today)
     LATER = {"graph": ("plan", "opt", "train", "infer"), "train": ("plan", "opt"), "opt": ("plan",)}
-    UNSET = {"graph": ("train", "infer", "opt", "build"), "train": ("infer", "opt", "build"), "opt": ("infer", "build")}
+    UNSET = {
+        "graph": ("train", "infer", "opt", "passes", "build", "plan"),
+        "train": ("infer", "opt", "passes", "build", "plan"),
+        "opt": ("infer", "build", "plan"),
+    }
 
     def __init__(self) -> None:
         self.cache: dict[tuple, api.Compilation] = {}
@@ -155,8 +161,11 @@ class CompileCache:
                 found = api.compile_file(path, sets, stop_at, options=options)
             self.cache[(*key, stop_at)] = found
         c = copy.copy(found)
+        defaults = {f.name: f for f in dataclasses.fields(c)}
         for name in self.UNSET.get(stop_at, ()):
-            setattr(c, name, None)
+            if name in defaults:
+                f = defaults[name]
+                setattr(c, name, f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
         return c
 
 

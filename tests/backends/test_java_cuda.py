@@ -35,8 +35,18 @@ NETWORKS = {
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The programs compiled with --ptx into src/, built into build/; their kernels for the CPU in NAME.so; the
-    stand-in driver in fake/."""
+    """Small, built as `build_programs` does: what every test but LeNet's runs (LeNet's fibers are slow)."""
+    return build_programs(tmp_path_factory, ("Small",))
+
+
+@pytest.fixture(scope="module")
+def lenet_programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_programs(tmp_path_factory, ("LeNet",))
+
+
+def build_programs(tmp_path_factory: pytest.TempPathFactory, names: tuple[str, ...]) -> Path:
+    """The programs `names` of NETWORKS compiled with --ptx into src/, built into build/; their kernels for the
+    CPU in NAME.so; the stand-in driver in fake/."""
     from click.testing import CliRunner
 
     from deepdsl.cli import cli
@@ -50,7 +60,8 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = np.random.default_rng(0)
     np.savez(folder / "lenet_data.npz", x=rng.random((32, 1, 28, 28), np.float32), y=rng.integers(0, 10, 32),
              x_test=rng.random((16, 1, 28, 28), np.float32), y_test=rng.integers(0, 10, 16))  # fmt: skip
-    for name, (source, sets, _) in NETWORKS.items():
+    for name in names:
+        source, sets, _ = NETWORKS[name]
         flags = [f"--set={k}={v}" for k, v in sets.items()]
         r = CliRunner().invoke(
             cli, ["compile", str(folder / source), *flags, "-o", str(src), "--ptx", "--arch", "sm_90"]
@@ -96,8 +107,9 @@ def cpu(folder: Path, name: str, *args: str) -> dict:
     return json.loads(r.stdout)
 
 
-@pytest.mark.parametrize("name", list(NETWORKS))
-def test_the_cuda_device_gives_the_cpu_devices_losses(programs: Path, name: str) -> None:
+@pytest.mark.parametrize("name", ["Small", pytest.param("LeNet", marks=pytest.mark.slow)])
+def test_the_cuda_device_gives_the_cpu_devices_losses(request: pytest.FixtureRequest, name: str) -> None:
+    programs = request.getfixturevalue("programs" if name == "Small" else "lenet_programs")
     got = run(programs, name, "--iters", "3")
     assert got["rc"] == 0, got["stderr"]
     want = cpu(programs, name, "--iters", "3")
