@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from security_env import PROGRAMS, build_programs, needs_javac, run_java
 from source_tokens import LexError, c_tokens, java_text, java_tokens
 
-from deepdsl.api import Options, compile_source
+from deepdsl.api import build, compile_source
 from deepdsl.backends.escape import c_comment, java_comment, java_string
 from deepdsl.backends.java import emitter, java_program, tables
 from deepdsl.backends.java.names import JAVA_KEYWORDS
@@ -183,14 +183,16 @@ def compiled(folder: Path, file: str, include: str, data: str, name: str) -> tup
     """The Java class and CUDA source of NETWORK compiled from `folder/file`, and its parameter names."""
     (folder / include).write_text(LIBRARY)
     text = NETWORK.format(include=include, data=data, name=name)
-    c = compile_source(text, str(folder / file), stop_at="plan")
+    c = compile_source(text, str(folder / file))
+    assert c.program is not None
+    b = build(c.program)
     # steps and launch tables split into parts, so that the parts' comments and shared fields are fuzzed too
     with (
         mock.patch.object(emitter, "MAX_STATEMENTS_PER_METHOD", 6),
         mock.patch.object(tables, "LAUNCHES_PER_METHOD", 5),
     ):
-        p = java_program(c, Options())
-    return p.java, p.cuda, [q.value.name for q in c.plan.graph.params]
+        p = java_program(b.program, b.train_plan, b.infer_plan)
+    return p.java, p.cuda, [q.value.name for q in b.train_plan.graph.params]
 
 
 def shape(tokens: list[tuple[str, str]], keywords: frozenset[str]) -> list[tuple[str, str]]:
