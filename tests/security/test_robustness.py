@@ -7,7 +7,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -70,12 +69,11 @@ def test_a_300_layer_residual_network_plans(cli, tmp_path) -> None:  # noqa: ANN
 
 
 @pytest.mark.slow
-def test_a_1000_layer_residual_network_plans_in_seconds(tmp_path) -> None:  # noqa: ANN001
+def test_a_1000_layer_residual_network_plans(tmp_path) -> None:  # noqa: ANN001
+    """A RecursionError in the schedule before; how the time grows with depth is scripts/bench_deep.py's."""
     f = _write(tmp_path, residual_mlp(1000))
-    t0 = time.process_time()
     c = api.compile_file(f, stop_at="plan")
     assert c.plan is not None and c.plan.arena_bytes > 0
-    assert time.process_time() - t0 < 30  # 126 s, and a RecursionError, before; about 6 s of CPU now
 
 
 def _first_fit_reference(roots, size, start, end):  # noqa: ANN001, ANN202
