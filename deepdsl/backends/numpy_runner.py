@@ -12,7 +12,7 @@ import numpy as np
 
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import REGISTRY, Graph, ParamDef, Stmt
-from deepdsl.ir.analysis import last_uses
+from deepdsl.ir.analysis import last_uses, persistent
 from deepdsl.memory import Plan
 from deepdsl.memory.plan import workspace_need
 from deepdsl.ops.indexed import apply_epilogue
@@ -48,7 +48,7 @@ def run(
     for p in g.params:
         env[p.value.name] = np.asarray(param_value(p, params), dtype=dtype)
     last = last_uses(g)
-    held = {d.value.name for d in g.inputs} | {p.value.name for p in g.params}
+    held = persistent(g)
     views = {s.out.name for s in g.stmts if REGISTRY[s.op].view}
     live = peak = 0
     for i, s in enumerate(g.stmts):
