@@ -6,7 +6,8 @@
 - `train_program(g, optimizer)` is forward + backward + update: reverse accumulation over the
   statement list, each statement's gradient emitted by its op's `vjp` rule, the gradients of a value
   used several times summed; then one update per parameter (DESIGN §2.4 optimizers).
-- `infer_program(g)` is the forward program with the `predict` output only.
+- `infer_program(g)` is the forward program with the `predict` output only; `eval_program(g)` the one of the test
+  phase, with `loss` (and `predict`).
 """
 
 from __future__ import annotations
@@ -78,15 +79,27 @@ def _uses(g: Graph, op: str) -> bool:
 
 
 def infer_program(g: Graph) -> Graph:
-    low = lower(g, "infer")
-    if not any(name == "predict" for name, _ in low.outputs):
+    """`predict` under inference semantics, taking only the inputs it reads (no labels)."""
+    if not any(name == "predict" for name, _ in g.outputs):
         raise DslProgramError("the network defines no `predict`, so it has no inference program")
+    return _forward(g, ("predict",))
+
+
+def eval_program(g: Graph) -> Graph:
+    """The test program: `loss` (and `predict`, where the network has one) under inference semantics, as the test
+    phase reports them; it takes every input and label the loss reads."""
+    return _forward(g, tuple(name for name in ("loss", "predict") if any(n == name for n, _ in g.outputs)))
+
+
+def _forward(g: Graph, outputs: tuple[str, ...]) -> Graph:
+    low = lower(g, "infer")
     b = _start(low, with_step=False)
     vmap = replay(low, b)
-    b.output("predict", vmap[low.output("predict").name])
+    for name in outputs:
+        b.output(name, vmap[low.output(name).name])
     g2 = dce(b.build())
     used = {v.name for s in g2.stmts for v in s.inputs} | {v.name for _, v in g2.outputs}
-    return g2.replace(inputs=tuple(d for d in g2.inputs if d.value.name in used))  # no labels in inference
+    return g2.replace(inputs=tuple(d for d in g2.inputs if d.value.name in used))
 
 
 def gradients(b: GraphBuilder, loss: Value, wrt: set[str]) -> dict[str, Value]:

@@ -373,7 +373,7 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
             folder = out.parent
         else:
             folder = out
-    prog = java.java_program(b.program, b.train_plan, b.infer_plan, limit)
+    prog = java.java_program(b.program, b.train_plan, b.infer_plan, b.eval_plan, limit)
     modules: dict[str, str] = {}
     if ptx:
         from deepdsl.backends import cuda

@@ -11,9 +11,10 @@ import numpy as np
 
 from deepdsl.backends.cuda.runner import GPU_EXTRA, Driver, PyCudaDriver, pycuda_available
 from deepdsl.build import Build
-from deepdsl.data import load_data, parse_data_flag
+from deepdsl.data import parse_data_flag
+from deepdsl.data.named import fields_of, load_samples
 from deepdsl.errors import DslProgramError
-from deepdsl.trainer import Trainer, TrainResult
+from deepdsl.trainer import Trainer, TrainResult, batch_size
 
 BAR = 24
 
@@ -39,6 +40,11 @@ def open_device(device: str, double: bool = False) -> tuple[Driver | None, str]:
     return driver, f"cuda ({driver.description}, PyCUDA runner)"
 
 
+def _tested(loss: float, accuracy: float | None) -> str:
+    """What a test reports: the loss always, the accuracy where the loss classifies a label."""
+    return f"loss {loss:.4f}" + (f", accuracy {100 * accuracy:.2f}%" if accuracy is not None else "")
+
+
 def _on_cpu(why: str) -> str:
     """The device line of a run that could have used the GPU and did not, and why."""
     return f"cpu (NumPy reference runner; CUDA not used: {why.removeprefix('--device cuda: ')})"
@@ -59,6 +65,8 @@ def run_training(
             gpu.close()
     out: dict[str, Any] = {"device": "cuda" if result.gpu_memory_bytes is not None else "cpu",
                            "losses": result.losses}  # fmt: skip
+    if result.test_loss is not None:
+        out["test_loss"] = result.test_loss
     if result.test_accuracy is not None:
         out["test_accuracy"] = result.test_accuracy
     out["peak_bytes"] = result.peak_bytes
@@ -77,10 +85,8 @@ def _train(
     program = build.program
     cfg = program.train
     kind, args = parse_data_flag(data_flag) if data_flag else (cfg.data[0], dict(cfg.data[1]))
-    x = next(d for d in program.graph.inputs if d.kind == "input")
-    y = next(d for d in program.graph.inputs if d.kind == "label")
-    assert y.classes is not None
-    data = load_data(kind, args, x.value.type.shape[1:], y.classes, build.seed)
+    batch = batch_size(program.graph)
+    data = load_samples(kind, args, fields_of(program.graph.inputs), build.seed)
     trainer = Trainer(build, data, np.float64 if double else np.float32)
     if gpu is not None:
         try:
@@ -92,7 +98,6 @@ def _train(
     if load:
         trainer.load(load)
     n = iters if iters is not None else cfg.iterations
-    batch = x.value.type.shape[0]
     if report:
         report(f"device: {description}  network {program.graph.name}  batch {batch}  data {kind}")
 
@@ -103,14 +108,16 @@ def _train(
             report(f"[{'#' * done}{'.' * (BAR - done)}] iter {k + 1:>{len(str(n))}}/{n}  loss {loss:.4f}  "
                    f"{rate:,.0f} images/s")  # fmt: skip
 
-    def on_test(k: int, accuracy: float) -> None:
+    def on_test(k: int, loss: float, accuracy: float | None) -> None:
         if report:
-            report(f"test accuracy after {k + 1} iterations: {100 * accuracy:.2f}% ({cfg.test_iterations} batches)")
+            report(f"test after {k + 1} iterations: {_tested(loss, accuracy)} ({cfg.test_iterations} batches)")
 
     result = trainer.train(n, on_step, on_test)
     if save:
         trainer.save(save)
     if report:
+        if result.test_loss is not None:
+            report(f"test loss: {result.test_loss:.4f}")
         if result.test_accuracy is not None:
             report(f"test accuracy: {100 * result.test_accuracy:.2f}%")
         if save:

@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import DslProgramError, did_you_mean
 from ..initializers import MASK64, splitmix64_array, stream_seed
 
-__all__ = ["KINDS", "Dataset", "load_data", "parse_data_flag", "shuffle_permutation"]
+__all__ = ["KINDS", "Dataset", "load_data", "parse_data_flag", "sample_indices", "shuffle_permutation"]
 
 #: data source -> the name of its one argument
 KINDS = {"synthetic": "seed", "mnist": "dir", "cifar10": "dir", "npz": "file"}
@@ -95,28 +95,33 @@ class Dataset:
         ``shuffle_permutation(M, e, shuffle_seed)[p mod M]``: every epoch visits each sample once,
         in its own order. Returns copies ``(x [n, ...], y [n])``.
         """
-        if n <= 0:
-            raise DslProgramError(f"the batch size must be positive, got {n}")
-        if i < 0:
-            raise DslProgramError(f"the iteration number must not be negative, got {i}")
-        m = self.size
-        pos = np.arange(i * n, (i + 1) * n, dtype=np.int64)
-        idx = pos % m
-        if shuffle_seed is not None:
-            epochs = pos // m
-            for e in range(int(epochs[0]), int(epochs[-1]) + 1):
-                sel = epochs == e
-                idx[sel] = self._permutation(e, shuffle_seed)[idx[sel]]
+        idx = sample_indices(i, n, self.size, shuffle_seed, self._perms)
         return self.x_train[idx], self.y_train[idx]
 
-    def _permutation(self, epoch: int, shuffle_seed: int) -> np.ndarray:
-        key = (epoch, shuffle_seed & MASK64)
-        perm = self._perms.get(key)
-        if perm is None:
-            if len(self._perms) >= 4:
-                self._perms.clear()
-            perm = self._perms[key] = shuffle_permutation(self.size, epoch, shuffle_seed)
-        return perm
+
+def sample_indices(
+    i: int, n: int, m: int, shuffle_seed: int | None, perms: dict[tuple[int, int], np.ndarray]
+) -> np.ndarray:
+    """The sample numbers of positions ``[i·n, (i+1)·n)`` over `m` samples (see `Dataset.batch`); `perms` caches
+    the permutations of recent epochs."""
+    if n <= 0:
+        raise DslProgramError(f"the batch size must be positive, got {n}")
+    if i < 0:
+        raise DslProgramError(f"the iteration number must not be negative, got {i}")
+    pos = np.arange(i * n, (i + 1) * n, dtype=np.int64)
+    idx = pos % m
+    if shuffle_seed is not None:
+        epochs = pos // m
+        for e in range(int(epochs[0]), int(epochs[-1]) + 1):
+            sel = epochs == e
+            key = (e, shuffle_seed & MASK64)
+            perm = perms.get(key)
+            if perm is None:
+                if len(perms) >= 4:
+                    perms.clear()
+                perm = perms[key] = shuffle_permutation(m, e, shuffle_seed)
+            idx[sel] = perm[idx[sel]]
+    return idx
 
 
 def parse_data_flag(text: str) -> tuple[str, dict[str, Any]]:

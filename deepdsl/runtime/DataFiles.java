@@ -333,6 +333,141 @@ final class DataFiles {
     return new Split(train, test);
   }
 
+  /**
+   * {@code npz("file")} for a network's fields (as {@code deepdsl/data/named.py}): an array named
+   * after each input (floats {@code [M, ...]}) and label (integers in {@code [0, classes)}), each of
+   * the field's per-sample shape (an input taking {@code [D]} also takes samples of D elements);
+   * for a test set {@code NAME_test} for every one. Any other array is an error.
+   */
+  static Data npz(String file, List<Data.Field> fields) throws IOException {
+    Path path = Path.of(file);
+    if (!Files.isRegularFile(path)) {
+      throw new IOException("npz data file not found: '" + file + "'");
+    }
+    Map<String, Npz.Array> arrays = Npz.read(path);
+    List<String> names = fields.stream().map(Data.Field::name).toList();
+    String expected = String.join(", ", names);
+    String tests = String.join(", ", names.stream().map(n -> n + "_test").toList());
+    for (String name : arrays.keySet()) {
+      boolean known = names.contains(name) || (name.endsWith("_test")
+          && names.contains(name.substring(0, name.length() - 5)));
+      if (!known) {
+        throw new IOException(
+            String.format(
+                "npz file '%s' has an array '%s' that names no input or label of the network"
+                    + " (it takes %s, and optionally %s)",
+                file, name, expected, tests));
+      }
+    }
+    for (Data.Field f : fields) {
+      if (!arrays.containsKey(f.name())) {
+        throw new IOException(
+            String.format(
+                "npz file '%s' has no array '%s' for the network's %s", file, f.name(), f.describe()));
+      }
+    }
+    String firstTest = null;
+    String missing = null;
+    for (String n : names) {
+      if (arrays.containsKey(n + "_test")) {
+        firstTest = firstTest == null ? n + "_test" : firstTest;
+      } else {
+        missing = missing == null ? n + "_test" : missing;
+      }
+    }
+    if (firstTest != null && missing != null) {
+      throw new IOException(
+          String.format(
+              "npz file '%s' has '%s' but no '%s' (a test set needs every array)",
+              file, firstTest, missing));
+    }
+    int n = fields.size();
+    float[][] train = new float[n][];
+    float[][] test = firstTest == null ? null : new float[n][];
+    int[] sizes = new int[n];
+    long[] counts = new long[2];
+    for (int f = 0; f < n; f++) {
+      Data.Field field = fields.get(f);
+      sizes[f] = field.size();
+      train[f] = npzField(arrays.get(field.name()), field, field.name(), file);
+      if (test != null) {
+        test[f] = npzField(arrays.get(field.name() + "_test"), field, field.name() + "_test", file);
+      }
+    }
+    for (int split = 0; split < (test == null ? 1 : 2); split++) {
+      float[][] part = split == 0 ? train : test;
+      for (int f = 0; f < n; f++) {
+        long count = sizes[f] == 0 ? 0 : part[f].length / sizes[f];
+        if (f > 0 && count != counts[split]) {
+          StringBuilder listed = new StringBuilder();
+          for (int g = 0; g < n; g++) {
+            listed
+                .append(g > 0 ? ", " : "")
+                .append("'")
+                .append(fields.get(g).name())
+                .append("' ")
+                .append(sizes[g] == 0 ? 0 : part[g].length / sizes[g]);
+          }
+          throw new IOException(
+              String.format(
+                  "the %s arrays hold different numbers of samples (%s)",
+                  split == 0 ? "training" : "test", listed));
+        }
+        counts[split] = count;
+      }
+    }
+    return Data.named(train, test, sizes);
+  }
+
+  private static float[] npzField(Npz.Array a, Data.Field f, String name, String file)
+      throws IOException {
+    String where = "npz file '" + file + "': '" + name + "'";
+    if (a.shape.length < 1) {
+      throw new IOException(where + " must have a sample dimension [M, ...], found a scalar");
+    }
+    int[] sample = Arrays.copyOfRange(a.shape, 1, a.shape.length);
+    if (!f.label()) {
+      if (!a.isFloat()) {
+        throw new IOException(
+            where
+                + " must hold floats (float32) for the network's "
+                + f.describe()
+                + ", found integers");
+      }
+      boolean flattens = f.shape().length == 1 && Buf.count(sample) == f.shape()[0];
+      if (!Arrays.equals(sample, f.shape()) && !flattens) {
+        throw new IOException(
+            String.format(
+                "%s has per-sample shape %s, but the network's input takes %s per sample",
+                where, Arrays.toString(sample), Arrays.toString(f.shape())));
+      }
+      return a.floats;
+    }
+    if (a.isFloat()) {
+      throw new IOException(
+          where + " must hold integer labels for the network's " + f.describe() + ", found floats");
+    }
+    if (!Arrays.equals(sample, f.shape())) {
+      throw new IOException(
+          String.format(
+              "%s has per-sample shape %s, but the network's %s takes %s per sample",
+              where, Arrays.toString(sample), f.describe(), Arrays.toString(f.shape())));
+    }
+    float[] out = new float[a.longs.length];
+    int size = Math.max(1, f.size());
+    for (int k = 0; k < out.length; k++) {
+      long v = a.longs[k];
+      if (v < 0 || v >= f.classes()) {
+        throw new IOException(
+            String.format(
+                "%s: label %d of sample %d is outside [0, %d) (the network's %s)",
+                where, v, k / size, f.classes(), f.describe()));
+      }
+      out[k] = v;
+    }
+    return out;
+  }
+
   private static Samples npzPair(Map<String, Npz.Array> arrays, String xn, String yn, String file)
       throws IOException {
     Npz.Array x = arrays.get(xn);

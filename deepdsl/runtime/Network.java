@@ -37,6 +37,8 @@ public abstract class Network {
     long workspaceLimit;
     Supplier<Kernels> trainKernels;
     Supplier<Kernels> inferKernels;
+    Supplier<Kernels> evalKernels;
+    String accuracyLabel;
 
     public Settings(String name) {
       this.name = name;
@@ -97,6 +99,21 @@ public abstract class Network {
       this.inferKernels = infer;
       return this;
     }
+
+    /** The test phase's step (the loss in inference semantics) as the CUDA device runs it. */
+    public Settings evalKernels(Supplier<Kernels> eval) {
+      this.evalKernels = eval;
+      return this;
+    }
+
+    /**
+     * The label whose accuracy the test phase reports (the one the loss classifies, with {@code
+     * predict} its scores); without one, the test phase reports the test loss only.
+     */
+    public Settings accuracy(String label) {
+      this.accuracyLabel = label;
+      return this;
+    }
   }
 
   private enum Kind {
@@ -128,9 +145,9 @@ public abstract class Network {
   protected long workspaceLimit;
 
   private final Map<String, Tensor> tensors = new LinkedHashMap<>();
-  private Buf x;
-  private Buf y;
-  private int classes;
+  // the network's inputs and labels in declaration order, each filled from the data by name
+  private final List<Data.Field> fields = new ArrayList<>();
+  private final List<Buf> batch = new ArrayList<>();
   private Data data;
   private PrintStream progress;
   private Device device;
@@ -178,16 +195,25 @@ public abstract class Network {
     return out;
   }
 
-  Buf inputs() {
-    return x;
+  /** Every input and label buffer by name, in declaration order. */
+  Map<String, Buf> batchByName() {
+    Map<String, Buf> out = new LinkedHashMap<>();
+    for (int f = 0; f < fields.size(); f++) {
+      out.put(fields.get(f).name(), batch.get(f));
+    }
+    return out;
   }
 
-  Buf labels() {
-    return y;
+  /** Whether {@code name} is a label (its buffer holds class ids as exact floats). */
+  boolean isLabel(String name) {
+    return fields.stream().anyMatch(f -> f.label() && f.name().equals(name));
   }
 
   /** One training step on the batch in the inputs; returns the loss. */
   protected abstract float trainStep();
+
+  /** The loss on the batch in the inputs in inference semantics (the test phase); no update. */
+  protected abstract float evalStep();
 
   /**
    * The prediction for the batch in the inputs, or null when the network defines no {@code
@@ -197,15 +223,26 @@ public abstract class Network {
 
   // ---- what the generated fields and steps use ----
 
-  protected final Buf input(int... shape) {
-    x = Buf.zeros(shape);
-    return x;
+  /** The input {@code name} of {@code shape} ({@code [N, ...]}), filled from the data by name. */
+  protected final Buf input(String name, int... shape) {
+    return field(new Data.Field(name, false, 0, Arrays.copyOfRange(shape, 1, shape.length)), shape);
   }
 
-  protected final Buf label(int classes, int... shape) {
-    this.classes = classes;
-    y = Buf.zeros(shape);
-    return y;
+  /** The label {@code name}: class ids in {@code [0, classes)}, filled from the data by name. */
+  protected final Buf label(String name, int classes, int... shape) {
+    return field(new Data.Field(name, true, classes, Arrays.copyOfRange(shape, 1, shape.length)), shape);
+  }
+
+  private Buf field(Data.Field f, int[] shape) {
+    Buf b = Buf.zeros(shape);
+    fields.add(f);
+    batch.add(b);
+    return b;
+  }
+
+  /** N, the samples of one step. */
+  private int batchSize() {
+    return batch.get(0).shape[0];
   }
 
   /**
@@ -285,12 +322,13 @@ public abstract class Network {
 
   /** Use {@code flag} (synthetic, mnist:DIR, cifar10:DIR, npz:FILE) as the data source. */
   public void useData(String flag) throws IOException {
-    data =
-        Data.load(
-            Data.parseFlag(flag),
-            Arrays.copyOfRange(x.shape, 1, x.shape.length),
-            classes,
-            settings.seed);
+    for (Buf b : batch) {
+      if (b.shape[0] != batchSize()) {
+        throw new IOException(
+            "every input and label holds one row per sample, but their batch sizes differ");
+      }
+    }
+    data = Data.load(Data.parseFlag(flag), fields, settings.seed);
   }
 
   /** Where progress lines go while training (null: nowhere). */
@@ -305,10 +343,11 @@ public abstract class Network {
    */
   public float[] train(int iterations) {
     float[] losses = new float[iterations];
-    int batch = x.shape[0];
+    int n = batchSize();
+    Buf[] to = batch.toArray(new Buf[0]);
     Long shuffle = settings.shuffle ? settings.seed : null;
     for (int k = 0; k < iterations; k++) {
-      data.batch(iteration, batch, shuffle, x, y);
+      data.batch(iteration, n, shuffle, to);
       long t0 = System.nanoTime();
       float loss = device().trainStep(this);
       double seconds = (System.nanoTime() - t0) / 1e9;
@@ -329,16 +368,16 @@ public abstract class Network {
             k + 1,
             iterations,
             loss,
-            batch / seconds);
+            n / seconds);
         boolean testNow =
             settings.testEvery > 0 && (k + 1) % settings.testEvery == 0 && k + 1 < iterations;
-        Double accuracy = testNow ? test(settings.testIterations) : null;
-        if (accuracy != null) {
+        double[] tested = testNow ? test(settings.testIterations) : null;
+        if (tested != null) {
           progress.printf(
               Locale.ROOT,
-              "test accuracy after %d iterations: %.2f%% (%d batches)%n",
+              "test after %d iterations: %s (%d batches)%n",
               k + 1,
-              100 * accuracy,
+              tested(tested),
               settings.testIterations);
         }
       }
@@ -347,29 +386,37 @@ public abstract class Network {
   }
 
   /**
-   * Accuracy of {@code predict} on the whole test set, or null without test data or {@code
-   * predict}.
+   * The mean test loss and, where the loss classifies a label ({@code Settings.accuracy}), the
+   * accuracy of {@code predict} on the whole test set: {@code {loss, accuracy or NaN}}, or null
+   * without test data.
    */
-  public Double test() {
+  public double[] test() {
     return test(-1);
   }
 
-  /** Accuracy on the first {@code batches} test batches (all of them when negative). */
-  public Double test(int batches) {
+  /** The same on the first {@code batches} test batches (all of them when negative). */
+  public double[] test(int batches) {
     if (data == null || !data.hasTest()) {
       return null;
     }
-    int n = x.shape[0];
+    int n = batchSize();
     int count =
         batches < 0 ? data.testSize() / n : Math.min(batches, Math.max(1, data.testSize() / n));
     long correct = 0;
-    Buf labels = Buf.zeros(n);
+    double lossSum = 0;
+    Buf[] to = batch.toArray(new Buf[0]);
+    int labelAt = -1;
+    for (int f = 0; f < fields.size(); f++) {
+      labelAt = fields.get(f).name().equals(settings.accuracyLabel) ? f : labelAt;
+    }
     for (int b = 0; b < Math.max(1, count); b++) {
-      data.testBatch(b, n, x, labels);
-      Buf scores = device().inferStep(this);
-      if (scores == null) {
-        return null;
+      data.testBatch(b, n, to);
+      lossSum += device().evalStep(this);
+      if (labelAt < 0) {
+        continue;
       }
+      Buf scores = device().inferStep(this);
+      Buf labels = to[labelAt];
       int k = scores.shape[1];
       for (int i = 0; i < n; i++) {
         int best = 0;
@@ -381,10 +428,20 @@ public abstract class Network {
             best = j;
           }
         }
-        correct += finite && best == (int) labels.a[i] ? 1 : 0;
+        correct += finite && best == (int) labels.a[labels.off + i] ? 1 : 0;
       }
     }
-    return (double) correct / ((long) Math.max(1, count) * n);
+    int tested = Math.max(1, count);
+    double accuracy = labelAt < 0 ? Double.NaN : (double) correct / ((long) tested * n);
+    return new double[] {lossSum / tested, accuracy};
+  }
+
+  /** What a test reports: the loss always, the accuracy where the loss classifies a label. */
+  private static String tested(double[] t) {
+    String loss = String.format(Locale.ROOT, "loss %.4f", t[0]);
+    return Double.isNaN(t[1])
+        ? loss
+        : loss + String.format(Locale.ROOT, ", accuracy %.2f%%", 100 * t[1]);
   }
 
   /**
@@ -627,12 +684,12 @@ public abstract class Network {
       int iterations = flags.iters != null ? flags.iters : net.settings.iterations;
       info.printf(
           "device: %s  network %s  batch %d  data %s%n",
-          device.description(), name, net.x.shape[0], source.split(":", 2)[0]);
+          device.description(), name, net.batchSize(), source.split(":", 2)[0]);
       net.reportTo(flags.json ? null : System.out);
       long t0 = System.nanoTime();
       float[] losses = net.train(iterations);
       double secondsPerIter = iterations == 0 ? 0.0 : (System.nanoTime() - t0) / 1e9 / iterations;
-      Double accuracy = net.test();
+      double[] tested = net.test();
       if (flags.save != null) {
         net.save(flags.save);
       }
@@ -641,14 +698,17 @@ public abstract class Network {
             json(
                 device.name(),
                 losses,
-                accuracy,
+                tested,
                 iterations == 0 ? 0 : net.settings.peakBytes,
                 iterations == 0 ? 0 : net.settings.trainArenaBytes,
                 device.measuredBytes(),
                 secondsPerIter));
       } else {
-        if (accuracy != null) {
-          System.out.printf(Locale.ROOT, "test accuracy: %.2f%%%n", 100 * accuracy);
+        if (tested != null) {
+          System.out.printf(Locale.ROOT, "test loss: %.4f%n", tested[0]);
+          if (!Double.isNaN(tested[1])) {
+            System.out.printf(Locale.ROOT, "test accuracy: %.2f%%%n", 100 * tested[1]);
+          }
         }
         if (flags.save != null) {
           System.out.println("saved: " + flags.save);
@@ -668,7 +728,7 @@ public abstract class Network {
   private static String json(
       String device,
       float[] losses,
-      Double accuracy,
+      double[] tested,
       long peak,
       long arena,
       long measured,
@@ -679,8 +739,11 @@ public abstract class Network {
       s.append(i > 0 ? ", " : "").append((double) losses[i]);
     }
     s.append("]");
-    if (accuracy != null) {
-      s.append(", \"test_accuracy\": ").append(accuracy);
+    if (tested != null) {
+      s.append(", \"test_loss\": ").append(tested[0]);
+      if (!Double.isNaN(tested[1])) {
+        s.append(", \"test_accuracy\": ").append(tested[1]);
+      }
     }
     s.append(", \"peak_bytes\": ").append(peak).append(", \"arena_bytes\": ").append(arena);
     if (measured >= 0) {

@@ -18,7 +18,7 @@ from helpers import SMALL
 from deepdsl import api
 from deepdsl.backends.cuda import runner as gpu_runner
 from deepdsl.cli import cli
-from deepdsl.data import load_data
+from deepdsl.data.named import fields_of, load_samples
 from deepdsl.errors import DslProgramError
 from deepdsl.running import open_device, run_training
 from deepdsl.trainer import Trainer
@@ -88,7 +88,7 @@ def test_parameters_move_between_host_and_gpu(tmp_path: Path) -> None:
 def test_a_plan_larger_than_the_gpu_is_a_message_with_the_numbers(tmp_path: Path) -> None:
     build = _build(TINY, "tiny.ddsl")
     cfg = build.program.train
-    data = load_data(cfg.data[0], dict(cfg.data[1]), (3, 8, 8), 10, cfg.seed)
+    data = load_samples(cfg.data[0], dict(cfg.data[1]), fields_of(build.program.graph.inputs), cfg.seed)
     trainer = Trainer(build, data)
     with pytest.raises(DslProgramError) as err:
         trainer.use_gpu(EmulatedDriver(tmp_path, capacity=10_000))

@@ -13,7 +13,7 @@ from helpers import HEADER, REDUCED, STEP, compile_text, feeds_and_params, with_
 from deepdsl import api
 from deepdsl.autodiff import gradient_program
 from deepdsl.backends.numpy_runner import run
-from deepdsl.data import Dataset, load_data
+from deepdsl.data.named import Samples, fields_of, load_samples
 from deepdsl.trainer import Trainer
 
 TENSOR_NET = (
@@ -78,9 +78,7 @@ def _trainer(compiled, name: str, sets: dict, **train) -> Trainer:  # noqa: ANN0
     p = compiled(name, sets).program
     if train:
         p = dataclasses.replace(p, train=dataclasses.replace(p.train, **train))
-    x = next(d for d in p.graph.inputs if d.kind == "input").value.type.shape
-    y = next(d for d in p.graph.inputs if d.kind == "label")
-    return Trainer(api.build(p), load_data("synthetic", {}, x[1:], y.classes, 1))
+    return Trainer(api.build(p), load_samples("synthetic", {}, fields_of(p.graph.inputs), 1))
 
 
 @pytest.mark.parametrize("name", with_slow(sorted(set(REDUCED) - {"small"})))  # small: dropout makes 5 steps noisy
@@ -89,7 +87,7 @@ def test_loss_decreases_on_synthetic_data(name: str, compiled) -> None:  # noqa:
     sets, _ = REDUCED[name]
     sgd = ("sgd", (("lr", 0.01), ("momentum", 0.0), ("weight_decay", 0.0), ("clip", 1.0)))
     t = _trainer(compiled, name, {**sets, "N": 8, "K": 10}, optimizer=sgd)
-    t.data = Dataset(t.data.x_train[:8], t.data.y_train[:8], None, None)
+    t.data = Samples({name: a[:8] for name, a in t.data.train.items()})
     losses = t.train(5).losses
     assert losses[-1] < losses[0], losses
 

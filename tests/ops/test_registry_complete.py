@@ -199,6 +199,7 @@ COVERED = {
     "elementwise": "checked: an element-wise op's result has its first input's shape",
     "view": "checked: a view has no index form and no kernel fields",
     "differentiable": "decides who needs vjp and saves",
+    "classifies": "checked: a classifying op is a differentiable scalar of (scores [N, K], labels [N])",
 }
 
 
@@ -230,6 +231,9 @@ def _fact_problems(op: OpDef) -> list[str]:
         out.append("a view with an index form or kernel fields")
     if op.elementwise and inputs and ex[1].shape != inputs[0].shape:
         out.append("element-wise but its result does not have its first input's shape")
+    if op.classifies and not (op.differentiable and ex[1].shape == () and len(inputs) == 2
+                              and inputs[0].rank == 2 and inputs[1].shape == inputs[0].shape[:1]):  # fmt: skip
+        out.append("classifies, but it is not a differentiable scalar of (scores [N, K], labels [N])")
     if op.arity is not None and len(inputs) != op.arity:
         out.append(f"arity {op.arity} but its example has {len(inputs)} inputs")
     return out
