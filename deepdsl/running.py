@@ -11,8 +11,9 @@ import numpy as np
 
 from deepdsl.backends.cuda.runner import GPU_EXTRA, Driver, PyCudaDriver, pycuda_available
 from deepdsl.build import Build
+from deepdsl.checkpoint import save_npz
 from deepdsl.data import parse_data_flag
-from deepdsl.data.named import fields_of, load_samples
+from deepdsl.data.named import Samples, fields_of, load_samples
 from deepdsl.errors import DslProgramError
 from deepdsl.trainer import Trainer, TrainResult, batch_size
 
@@ -76,6 +77,86 @@ def run_training(
         out["gpu_memory_bytes"] = result.gpu_memory_bytes
         out["gpu_planned_bytes"] = result.gpu_planned_bytes
     return out
+
+
+def evaluate(
+    build: Build, load: str, data_flag: str | None = None, device: str = "auto",
+    report: Callable[[str], None] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """`deepdsl eval`: the test loss (and accuracy, for a classifier) of the parameters in `load`, no training."""
+    kind, args = _source(build, data_flag)
+    data = load_samples(kind, args, fields_of(build.program.graph.inputs), build.seed)
+    if data.test is None:
+        raise DslProgramError(f"the {kind} data has no test set to evaluate on (an npz file: the NAME_test arrays)")
+    gpu, description = open_device(device)
+    try:
+        trainer, description = _loaded(build, data, gpu, description, device, load)
+        if report:
+            report(f"device: {description}  network {build.program.graph.name}  data {kind}")
+        tested = trainer.test()
+        assert tested is not None
+        on_gpu = trainer.gpu is not None
+    finally:
+        if gpu is not None:
+            gpu.close()
+    out: dict[str, Any] = {"device": "cuda" if on_gpu else "cpu", "test_loss": tested[0]}
+    if tested[1] is not None:
+        out["test_accuracy"] = tested[1]
+    if report:
+        report(f"test loss: {tested[0]:.4f}")
+        if tested[1] is not None:
+            report(f"test accuracy: {100 * tested[1]:.2f}%")
+    return out
+
+
+def predict(
+    build: Build, load: str, output: str, data_flag: str | None = None, device: str = "auto",
+    report: Callable[[str], None] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """`deepdsl predict`: `predict` of the parameters in `load` for every sample of the data's training split (the
+    arrays named after the inputs `predict` reads; other arrays are ignored), written to `output` as the npz array
+    `predict` (docs/formats.md), atomically."""
+    if build.infer is None:
+        raise DslProgramError("the network defines no `predict`, so there is nothing to predict")
+    kind, args = _source(build, data_flag)
+    data = load_samples(kind, args, fields_of(build.infer.inputs), build.seed, other_arrays=True)
+    gpu, description = open_device(device)
+    try:
+        trainer, description = _loaded(build, data, gpu, description, device, load)
+        if report:
+            report(f"device: {description}  network {build.program.graph.name}  data {kind}")
+        values = trainer.predict(data)
+        on_gpu = trainer.gpu is not None
+    finally:
+        if gpu is not None:
+            gpu.close()
+    save_npz(output, {"predict": values})
+    if report:
+        report(f"wrote {output}: predict {list(values.shape)} for {len(values)} samples")
+    return {"device": "cuda" if on_gpu else "cpu", "output": output, "samples": len(values),
+            "shape": list(values.shape)}  # fmt: skip
+
+
+def _source(build: Build, data_flag: str | None) -> tuple[str, dict[str, Any]]:
+    cfg = build.program.train
+    return parse_data_flag(data_flag) if data_flag else (cfg.data[0], dict(cfg.data[1]))
+
+
+def _loaded(
+    build: Build, data: Samples, gpu: Driver | None, description: str, device: str, load: str
+) -> tuple[Trainer, str]:
+    """A trainer of `build` on `data` holding the parameters of `load`, on `gpu` where it takes the program (under
+    `auto`, else the CPU; the description says which)."""
+    trainer = Trainer(build, data)
+    if gpu is not None:
+        try:
+            trainer.use_gpu(gpu)
+        except DslProgramError as err:
+            if device != "auto":
+                raise
+            description = _on_cpu(err.message)
+    trainer.load(load)
+    return trainer, description
 
 
 def _train(

@@ -148,6 +148,23 @@ class Trainer:
                 total += n
         return loss_sum / max(1, count), (correct / total if self.classified is not None else None)
 
+    def predict(self, data: Samples) -> np.ndarray:
+        """`predict` for every training-split sample of `data`, in order, in inference semantics: batches of N, the
+        last one filled by wrapping around and cut back."""
+        graph = self.infer_graph
+        if graph is None:
+            raise DslProgramError("the network defines no `predict`, so there is nothing to predict")
+        n, m = self.batch, data.size
+        parts = []
+        for b in range((m + n - 1) // n):
+            rows = {name: np.take(a, range(b * n, b * n + n), axis=0, mode="wrap") for name, a in data.train.items()}
+            feeds = self._feeds(graph, rows, 0)
+            if self.gpu is not None:
+                parts.append(self.gpu.run("infer", feeds)[0]["predict"])
+            else:
+                parts.append(run(graph, feeds, self.arrays, self.dtype).outputs["predict"])
+        return np.concatenate(parts)[:m]
+
     def train(
         self,
         iterations: int,

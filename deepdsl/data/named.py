@@ -19,6 +19,7 @@ Position p of an epoch is the same sample of every array, so a batch is row-alig
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,14 +88,17 @@ class Samples:
         return {name: np.take(a, range(b * n, b * n + n), axis=0, mode="wrap") for name, a in self.test.items()}
 
 
-def load_samples(kind: str, args: Mapping[Any, Any], fields: tuple[Field, ...], seed: int) -> Samples:
-    """Every field of the network from the data source `kind` (module docstring)."""
+def load_samples(
+    kind: str, args: Mapping[Any, Any], fields: tuple[Field, ...], seed: int, other_arrays: bool = False
+) -> Samples:
+    """Every field of the network from the data source `kind` (module docstring); with `other_arrays`, an npz file
+    may hold arrays beyond them (`deepdsl predict` reads the inputs of a file that also holds labels)."""
     inputs = [f for f in fields if f.kind == "input"]
     labels = [f for f in fields if f.kind == "label"]
     if not inputs:
         raise DslProgramError("the network declares no `input`, so there is no data to train on")
     if kind == "npz":
-        return _from_npz(_argument(kind, args), fields)
+        return _from_npz(_argument(kind, args), fields, other_arrays)
     if kind == "synthetic":
         from .synthetic import make_target
 
@@ -146,7 +150,7 @@ def _synthetic_fields(
     return out
 
 
-def _from_npz(path: Any, fields: tuple[Field, ...]) -> Samples:
+def _from_npz(path: Any, fields: tuple[Field, ...], other_arrays: bool = False) -> Samples:
     import os
 
     from ..npzfile import read_npz
@@ -158,7 +162,7 @@ def _from_npz(path: Any, fields: tuple[Field, ...]) -> Samples:
     arrays = read_npz(path, "npz data file")
     names = [f.name for f in fields]
     known = set(names) | {n + "_test" for n in names}
-    extra = [n for n in arrays if n not in known]
+    extra = [n for n in arrays if n not in known and not other_arrays]
     expected = ", ".join(names)
     if extra:
         raise DslProgramError(
@@ -197,7 +201,7 @@ def _checked(a: np.ndarray, f: Field, name: str, path: str) -> np.ndarray:
         raise DslProgramError(f"{where} holds a label too large for int64")
     y = a.astype(np.int64)
     assert f.classes is not None
-    bad = np.flatnonzero(((y < 0) | (y >= f.classes)).reshape(len(y), -1).any(axis=1))
+    bad = np.flatnonzero(((y < 0) | (y >= f.classes)).reshape(len(y), math.prod(f.shape)).any(axis=1))
     if bad.size:
         k = int(bad[0])
         value = int(y[k].reshape(-1)[((y[k] < 0) | (y[k] >= f.classes)).reshape(-1)][0])

@@ -143,3 +143,27 @@ def test_load_checks_names_and_shapes(cli, tmp_path) -> None:  # noqa: ANN001
     r = cli("run", str(ROOT / "networks" / "mlp.ddsl"), "--iters", "1", "--data", "synthetic", "--load", str(bad))
     assert r.exit_code == 1
     assert "fc1.W" in r.stderr
+
+
+def test_eval_and_predict_use_a_trained_network(cli, tmp_path) -> None:  # noqa: ANN001
+    """`eval` reports the test loss of saved parameters without training (what `run` reported after training);
+    `predict` writes `predict` for every sample of the data, a batch's worth at a time, the last one partial."""
+    net = str(ROOT / "networks" / "regression.ddsl")
+    saved = tmp_path / "reg.npz"
+    r = cli("run", net, "--set", "N=8", "--iters", "4", "--device", "cpu", "--save", str(saved), "--json")
+    assert r.exit_code == 0, r.output
+    trained = json.loads(r.stdout)
+    r = cli("eval", net, "--set", "N=8", "--load", str(saved), "--device", "cpu", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {"device": "cpu", "test_loss": pytest.approx(trained["test_loss"], rel=1e-6)}
+    x = np.random.default_rng(1).random((11, 64), np.float32)
+    np.savez(tmp_path / "x.npz", x=x, y=np.zeros(11, np.int64))  # arrays predict does not read are ignored
+    out = tmp_path / "out.npz"
+    r = cli("predict", net, "--set", "N=8", "--load", str(saved), "--data", f"npz:{tmp_path / 'x.npz'}", "-o",
+            str(out), "--device", "cpu")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    p = np.load(saved)
+    hidden = np.maximum(x @ p["fc1.W"].T + p["fc1.b"], 0)
+    np.testing.assert_allclose(np.load(out)["predict"], hidden @ p["fc2.W"].T + p["fc2.b"], rtol=1e-5, atol=1e-6)
+    r = cli("eval", net, "--load", str(saved), "--data", f"npz:{tmp_path / 'x.npz'}")
+    assert r.exit_code == 1 and "an array 'y' that names no input or label" in r.stderr  # eval reads every input
