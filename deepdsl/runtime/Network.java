@@ -560,7 +560,8 @@ public abstract class Network {
 
   private static final String USAGE =
       "usage: java %s [--iters N] [--data SOURCE] [--load FILE.npz] [--save FILE.npz]\n"
-          + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--json]";
+          + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--json]\n"
+          + "       java %1$s --eval --load FILE.npz [--data SOURCE] [--device ...] [--json]";
 
   /** The flags of {@code deepdsl run}, plus the workspace limit. */
   private static final class Flags {
@@ -570,6 +571,7 @@ public abstract class Network {
     String save;
     String device = "auto";
     boolean json;
+    boolean eval;
     Long workspaceLimit;
 
     static Flags parse(String[] args) {
@@ -584,6 +586,10 @@ public abstract class Network {
         }
         if (arg.equals("--json")) {
           f.json = true;
+          continue;
+        }
+        if (arg.equals("--eval")) {
+          f.eval = true;
           continue;
         }
         if (!List.of("--iters", "--data", "--load", "--save", "--device", "--workspace-limit")
@@ -613,6 +619,9 @@ public abstract class Network {
             f.device = value;
           }
         }
+      }
+      if (f.eval && (f.load == null || f.iters != null || f.save != null)) {
+        throw new IllegalArgumentException("--eval takes --load FILE.npz, and neither --iters nor --save");
       }
       return f;
     }
@@ -681,7 +690,7 @@ public abstract class Network {
       if (flags.load != null) {
         net.load(flags.load);
       }
-      int iterations = flags.iters != null ? flags.iters : net.settings.iterations;
+      int iterations = flags.eval ? 0 : flags.iters != null ? flags.iters : net.settings.iterations;
       info.printf(
           "device: %s  network %s  batch %d  data %s%n",
           device.description(), name, net.batchSize(), source.split(":", 2)[0]);
@@ -690,10 +699,18 @@ public abstract class Network {
       float[] losses = net.train(iterations);
       double secondsPerIter = iterations == 0 ? 0.0 : (System.nanoTime() - t0) / 1e9 / iterations;
       double[] tested = net.test();
+      if (flags.eval && tested == null) {
+        throw new IOException("the data has no test set to evaluate on (an npz file: the NAME_test arrays)");
+      }
       if (flags.save != null) {
         net.save(flags.save);
       }
-      if (flags.json) {
+      if (flags.json && flags.eval) { // as deepdsl eval --json
+        System.out.println(
+            String.format(Locale.ROOT, "{\"device\": \"%s\", \"test_loss\": %s", device.name(), tested[0])
+                + (Double.isNaN(tested[1]) ? "" : ", \"test_accuracy\": " + tested[1])
+                + "}");
+      } else if (flags.json) {
         System.out.println(
             json(
                 device.name(),

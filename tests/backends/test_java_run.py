@@ -214,3 +214,19 @@ def test_a_rematerialised_program_gives_the_same_losses_in_less_memory(
     want, plain = json.loads(want.stdout), json.loads(plain.stdout)
     np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
     assert got["peak_bytes"] == want["peak_bytes"] < plain["peak_bytes"]
+
+
+def test_eval_reports_the_test_loss_of_saved_parameters_as_deepdsl_eval_does(cli, programs: Path) -> None:
+    source, sets = NETWORKS["MLP"]
+    saved = programs / "mlp_eval.npz"
+    python_run(cli, programs, "MLP", "--iters", "2", "--save", str(saved))
+    r = cli("eval", str(programs / source), *sets, "--load", str(saved), "--data", "synthetic", "--device", "cpu",
+            "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    want = json.loads(r.stdout)
+    got = java_run(programs, "MLP", "--eval", "--load", str(saved))
+    assert set(got) == set(want) == {"device", "test_loss", "test_accuracy"}
+    assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
+    assert got["test_accuracy"] == pytest.approx(want["test_accuracy"], abs=0.02)
+    bad = java(programs / "build", "MLP", "--eval", "--iters", "3", cwd=programs)
+    assert bad.returncode == 2 and "--eval takes --load" in bad.stderr
