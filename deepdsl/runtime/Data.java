@@ -198,6 +198,12 @@ public final class Data {
    * it.
    */
   public static Data load(Spec spec, List<Field> fields, long seed) throws IOException {
+    return load(spec, fields, seed, false);
+  }
+
+  /** The same; with {@code otherArrays}, an npz file may hold arrays beyond the fields. */
+  public static Data load(Spec spec, List<Field> fields, long seed, boolean otherArrays)
+      throws IOException {
     List<Field> inputs = fields.stream().filter(f -> !f.label()).toList();
     List<Field> labels = fields.stream().filter(Field::label).toList();
     if (inputs.isEmpty()) {
@@ -205,7 +211,7 @@ public final class Data {
     }
     int classes = labels.isEmpty() ? 10 : labels.get(0).classes();
     if (spec.kind().equals("npz")) {
-      return DataFiles.npz(spec.path(), fields);
+      return DataFiles.npz(spec.path(), fields, otherArrays);
     }
     if (spec.kind().equals("synthetic")) {
       return synthetic(inputs.get(0).size(), classes, spec.seed() != null ? spec.seed() : seed, fields);

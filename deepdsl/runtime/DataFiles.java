@@ -337,9 +337,10 @@ final class DataFiles {
    * {@code npz("file")} for a network's fields (as {@code deepdsl/data/named.py}): an array named
    * after each input (floats {@code [M, ...]}) and label (integers in {@code [0, classes)}), each of
    * the field's per-sample shape (an input taking {@code [D]} also takes samples of D elements);
-   * for a test set {@code NAME_test} for every one. Any other array is an error.
+   * for a test set {@code NAME_test} for every one. Any other array is an error, unless {@code
+   * otherArrays}.
    */
-  static Data npz(String file, List<Data.Field> fields) throws IOException {
+  static Data npz(String file, List<Data.Field> fields, boolean otherArrays) throws IOException {
     Path path = Path.of(file);
     if (!Files.isRegularFile(path)) {
       throw new IOException("npz data file not found: '" + file + "'");
@@ -351,7 +352,7 @@ final class DataFiles {
     for (String name : arrays.keySet()) {
       boolean known = names.contains(name) || (name.endsWith("_test")
           && names.contains(name.substring(0, name.length() - 5)));
-      if (!known) {
+      if (!known && !otherArrays) {
         throw new IOException(
             String.format(
                 "npz file '%s' has an array '%s' that names no input or label of the network"

@@ -39,6 +39,8 @@ public abstract class Network {
     Supplier<Kernels> inferKernels;
     Supplier<Kernels> evalKernels;
     String accuracyLabel;
+    List<String> predictInputs; // null: the network defines no predict
+    boolean predictIntegers;
 
     public Settings(String name) {
       this.name = name;
@@ -103,6 +105,16 @@ public abstract class Network {
     /** The test phase's step (the loss in inference semantics) as the CUDA device runs it. */
     public Settings evalKernels(Supplier<Kernels> eval) {
       this.evalKernels = eval;
+      return this;
+    }
+
+    /**
+     * The inputs {@code predict} reads (what --predict takes from the data), and whether it gives
+     * integers (an {@code argmax}: written as int64).
+     */
+    public Settings predicts(boolean integers, String... inputs) {
+      this.predictIntegers = integers;
+      this.predictInputs = List.of(inputs);
       return this;
     }
 
@@ -436,6 +448,53 @@ public abstract class Network {
     return new double[] {lossSum / tested, accuracy};
   }
 
+  /**
+   * Writes {@code predict} for every training-split sample of {@code flag}'s data to {@code out}
+   * as the npz array {@code predict} (as {@code deepdsl predict}: batches of N, the last one filled
+   * by wrapping around and cut back; arrays other than the inputs predict reads are ignored);
+   * returns the number of samples.
+   */
+  public int predict(String flag, String out) throws IOException {
+    List<Data.Field> wanted = new ArrayList<>();
+    List<Buf> to = new ArrayList<>();
+    for (int f = 0; f < fields.size(); f++) {
+      if (settings.predictInputs.contains(fields.get(f).name())) {
+        wanted.add(fields.get(f));
+        to.add(batch.get(f));
+      }
+    }
+    Data samples = Data.load(Data.parseFlag(flag), wanted, settings.seed, true);
+    int n = batchSize();
+    int m = samples.size();
+    Buf[] bufs = to.toArray(new Buf[0]);
+    float[] values = null;
+    int[] shape = null;
+    for (int b = 0; (long) b * n < m; b++) {
+      samples.batch(b, n, null, bufs);
+      Buf scores = device().inferStep(this);
+      int row = scores.numel() / n;
+      if (values == null) {
+        values = new float[Math.toIntExact((long) m * row)];
+        shape = scores.shape.clone();
+        shape[0] = m;
+      }
+      int rows = Math.min(n, m - b * n);
+      System.arraycopy(scores.a, scores.off, values, b * n * row, rows * row);
+    }
+    LinkedHashMap<String, Npz.Array> file = new LinkedHashMap<>();
+    if (settings.predictIntegers) {
+      long[] ints = new long[values.length];
+      for (int k = 0; k < ints.length; k++) {
+        ints[k] = (long) values[k];
+      }
+      file.put("predict", Npz.Array.ofLongs(ints, shape));
+    } else {
+      file.put("predict", Npz.Array.ofFloats(values, shape));
+    }
+    Npz.write(Path.of(out), file);
+    return m;
+  }
+
   /** What a test reports: the loss always, the accuracy where the loss classifies a label. */
   private static String tested(double[] t) {
     String loss = String.format(Locale.ROOT, "loss %.4f", t[0]);
@@ -561,7 +620,8 @@ public abstract class Network {
   private static final String USAGE =
       "usage: java %s [--iters N] [--data SOURCE] [--load FILE.npz] [--save FILE.npz]\n"
           + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--json]\n"
-          + "       java %1$s --eval --load FILE.npz [--data SOURCE] [--device ...] [--json]";
+          + "       java %1$s --eval --load FILE.npz [--data SOURCE] [--device ...] [--json]\n"
+          + "       java %1$s --predict OUT.npz --load FILE.npz --data SOURCE [--device ...]";
 
   /** The flags of {@code deepdsl run}, plus the workspace limit. */
   private static final class Flags {
@@ -572,6 +632,7 @@ public abstract class Network {
     String device = "auto";
     boolean json;
     boolean eval;
+    String predict;
     Long workspaceLimit;
 
     static Flags parse(String[] args) {
@@ -592,7 +653,8 @@ public abstract class Network {
           f.eval = true;
           continue;
         }
-        if (!List.of("--iters", "--data", "--load", "--save", "--device", "--workspace-limit")
+        if (!List.of(
+                "--iters", "--data", "--load", "--save", "--device", "--workspace-limit", "--predict")
             .contains(arg)) {
           throw new IllegalArgumentException("no such option: " + arg);
         }
@@ -610,6 +672,7 @@ public abstract class Network {
           }
           case "--load" -> f.load = file(arg, value);
           case "--save" -> f.save = file(arg, value);
+          case "--predict" -> f.predict = file(arg, value);
           case "--workspace-limit" -> f.workspaceLimit = bytes(arg, value);
           default -> {
             if (!List.of("cpu", "cuda", "auto").contains(value)) {
@@ -620,8 +683,13 @@ public abstract class Network {
           }
         }
       }
-      if (f.eval && (f.load == null || f.iters != null || f.save != null)) {
-        throw new IllegalArgumentException("--eval takes --load FILE.npz, and neither --iters nor --save");
+      if (f.eval && (f.load == null || f.iters != null || f.save != null || f.predict != null)) {
+        throw new IllegalArgumentException(
+            "--eval takes --load FILE.npz, and neither --iters, --save nor --predict");
+      }
+      if (f.predict != null && (f.load == null || f.data == null || f.iters != null || f.save != null)) {
+        throw new IllegalArgumentException(
+            "--predict OUT.npz takes --load FILE.npz and --data SOURCE, and neither --iters nor --save");
       }
       return f;
     }
@@ -686,6 +754,15 @@ public abstract class Network {
     try (Device device = Device.open(flags.device, net.settings, net.workspaceLimit)) {
       net.use(device);
       String source = flags.data != null ? flags.data : net.settings.data;
+      if (flags.predict != null) { // the data holds the inputs predict reads, perhaps nothing else
+        if (net.settings.predictInputs == null) {
+          throw new IOException("the network defines no `predict`, so there is nothing to predict");
+        }
+        net.load(flags.load);
+        int m = net.predict(flags.data, flags.predict);
+        info.printf("wrote %s: predict for %d samples%n", flags.predict, m);
+        return 0;
+      }
       net.useData(source);
       if (flags.load != null) {
         net.load(flags.load);

@@ -230,3 +230,23 @@ def test_eval_reports_the_test_loss_of_saved_parameters_as_deepdsl_eval_does(cli
     assert got["test_accuracy"] == pytest.approx(want["test_accuracy"], abs=0.02)
     bad = java(programs / "build", "MLP", "--eval", "--iters", "3", cwd=programs)
     assert bad.returncode == 2 and "--eval takes --load" in bad.stderr
+
+
+def test_predict_writes_what_deepdsl_predict_writes(cli, programs: Path) -> None:
+    source, sets = NETWORKS["Regression"]
+    saved = programs / "reg_predict.npz"
+    python_run(cli, programs, "Regression", "--iters", "2", "--save", str(saved))
+    x = np.random.default_rng(4).random((11, 64), np.float32)  # 11 samples: the last batch of 8 is partial
+    np.savez(programs / "x11.npz", x=x, y=np.zeros(11, np.int64))  # an array predict does not read: ignored
+    want = programs / "python_predict.npz"
+    r = cli("predict", str(programs / source), *sets, "--load", str(saved), "--data", f"npz:{programs / 'x11.npz'}",
+            "-o", str(want), "--device", "cpu")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    j = java(programs / "build", "Regression", "--predict", "java_predict.npz", "--load", str(saved), "--data",
+             "npz:x11.npz", "--device", "cpu", cwd=programs)  # fmt: skip
+    assert j.returncode == 0, j.stderr
+    got = np.load(programs / "java_predict.npz")
+    assert list(got) == ["predict"] and got["predict"].shape == (11, 4)
+    np.testing.assert_allclose(got["predict"], np.load(want)["predict"], rtol=1e-5, atol=1e-6)
+    bad = java(programs / "build", "Regression", "--predict", "o.npz", "--load", str(saved), cwd=programs)
+    assert bad.returncode == 2 and "--predict OUT.npz takes --load FILE.npz and --data SOURCE" in bad.stderr

@@ -394,6 +394,10 @@ def emit_java(
         f"          .kernels({cls}::trainKernels, {f'{cls}::inferKernels' if infer is not None else 'null'})",
         f"          .evalKernels({cls}::evalKernels)",
     ]
+    if infer is not None:
+        reads = ", ".join(java_string(d.value.name) for d in infer.graph.inputs if d.kind == "input")
+        integers = "true" if infer.graph.output("predict").type.dtype.value == "i64" else "false"
+        settings.append(f"          .predicts({integers}{', ' + reads if reads else ''})")
     label = classified_label(program.graph)
     if label is not None:
         settings.append(f"          .accuracy({java_string(label)})")

@@ -31,6 +31,7 @@ public final class LeNet extends Network {
           .workspaceLimit(WORKSPACE_LIMIT)
           .kernels(LeNet::trainKernels, LeNet::inferKernels)
           .evalKernels(LeNet::evalKernels)
+          .predicts(false, "x")
           .accuracy("y");
 
   // the batch: inputs and labels (labels as exact float values)
