@@ -55,11 +55,15 @@ def _close(a: list[float], b: list[float], rtol: float = 1e-4) -> None:
 
 
 @needs_gxx
-@pytest.mark.parametrize("case", ["tiny", "small"])
+@pytest.mark.parametrize("case", ["tiny", "small", "regression"])
 def test_runner_agrees_with_numpy_on_the_cpu(case: str, tmp_path: Path) -> None:
-    """The GPU runner's whole training run (arena offsets, tensors, in-place updates, copies, the inference program
-    for the test accuracy) with the kernels on the CPU gives the NumPy runner's losses and accuracy."""
-    build = _build(TINY if case == "tiny" else SMALL, f"{case}.ddsl")
+    """The GPU runner's whole training run (arena offsets, tensors, in-place updates, copies, the test program for
+    the test loss and accuracy) with the kernels on the CPU gives the NumPy runner's losses and accuracy; the
+    regression network's second input `t` is read from the data by name there too."""
+    if case == "regression":
+        build = api.build(api.compile_file(ROOT / "networks" / "regression.ddsl", {"N": 4}).program)
+    else:
+        build = _build(TINY if case == "tiny" else SMALL, f"{case}.ddsl")
     iters = 3
     want = _losses(build, iters)
     driver = EmulatedDriver(tmp_path)
@@ -67,6 +71,7 @@ def test_runner_agrees_with_numpy_on_the_cpu(case: str, tmp_path: Path) -> None:
     assert got["device"] == "cuda"
     assert driver.launches > 0
     _close(got["losses"], want["losses"])
+    assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
     assert got.get("test_accuracy") == pytest.approx(want.get("test_accuracy"))
     assert got["gpu_memory_bytes"] == got["gpu_planned_bytes"] > got["peak_bytes"] > 0  # the stand-in counts bytes
 
