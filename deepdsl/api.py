@@ -165,7 +165,7 @@ def literal_const(c: Compilation, name: str) -> int | float | None:
 def train_stage(program: Program, seed: int | None = None) -> Graph:
     """The training program (forward + backward + update) with the train block's seed, or `seed`."""
     cfg = program.train
-    return train_program(program.graph, cfg.optimizer, cfg.seed if seed is None else seed)
+    return train_program(program.graph, cfg.optimizer, cfg.seed if seed is None else seed, cfg.lr is not None)
 
 
 def build(program: Program, options: Options | None = None, seed: int | None = None) -> Build:

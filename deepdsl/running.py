@@ -66,6 +66,8 @@ def run_training(
             gpu.close()
     out: dict[str, Any] = {"device": "cuda" if result.gpu_memory_bytes is not None else "cpu",
                            "losses": result.losses}  # fmt: skip
+    if result.learning_rates is not None:
+        out["learning_rates"] = result.learning_rates
     if result.test_loss is not None:
         out["test_loss"] = result.test_loss
     if result.test_accuracy is not None:
@@ -193,7 +195,8 @@ def _train(
         if report:
             report(f"test after {k + 1} iterations: {_tested(loss, accuracy)} ({cfg.test_iterations} batches)")
 
-    result = trainer.train(n, on_step, on_test)
+    save = save or cfg.save  # --save, else the train block's
+    result = trainer.train(n, on_step, on_test, save)
     if save:
         trainer.save(save)
     if report:

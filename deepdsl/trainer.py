@@ -35,6 +35,7 @@ MAX_ITERATION = 2**32 - 1
 @dataclass
 class TrainResult:
     losses: list[float] = field(default_factory=list)
+    learning_rates: list[float] | None = None  # each step's, where the train block gives a schedule
     test_loss: float | None = None
     test_accuracy: float | None = None
     peak_bytes: int = 0  # what one step holds: parameters, state, optimizer state, inputs, constants and the arena
@@ -82,9 +83,23 @@ class Trainer:
         return init_array(p.value.name, p.value.type.shape, i.kind, i.args, i.fan_in, i.fan_out, self.seed, self.dtype)
 
     def _feeds(self, graph: Graph, batch: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
-        """Every input of `graph` from the batch's arrays by name, and the step counter."""
-        return {d.value.name: np.asarray(step, dtype=np.int64) if d.kind == "step" else batch[d.value.name]
-                for d in graph.inputs}  # fmt: skip
+        """Every input of `graph` from the batch's arrays by name, the step counter and the learning rate."""
+        feeds = {}
+        for d in graph.inputs:
+            if d.kind == "step":
+                feeds[d.value.name] = np.asarray(step, dtype=np.int64)
+            elif d.kind == "lr":
+                feeds[d.value.name] = np.asarray(self.learning_rate(step), dtype=self.dtype)
+            else:
+                feeds[d.value.name] = batch[d.value.name]
+        return feeds
+
+    def learning_rate(self, iteration: int) -> float:
+        """The learning rate of step `iteration` (0, 1, ...: the step counter) as the step takes it: the train block's
+        schedule, rounded to float32 (the optimizer's constant where there is no schedule)."""
+        schedule = self.program.train.lr
+        rate = schedule.at(iteration) if schedule is not None else dict(self.program.train.optimizer[1])["lr"]
+        return float(np.float32(rate))
 
     def step(self, number: int | None = None) -> tuple[float, int, int]:
         """Run one training step on the next batch; returns (loss, the bytes the step held, those of its arena): on
@@ -170,17 +185,23 @@ class Trainer:
         iterations: int,
         on_step: Callable[[int, float, float], None] | None = None,
         on_test: Callable[[int, float, float | None], None] | None = None,
+        save_to: str | None = None,
     ) -> TrainResult:
         """Run `iterations` steps; every `test_every` steps test on `test_iterations` batches (reported
         through `on_test` as the iteration, the test loss and the accuracy or None); test on the whole test set at the
-        end."""
+        end. With `save_to`, the parameter file is written there every `save_every` steps of the train block.
+        """
         cfg = self.program.train
-        result = TrainResult()
+        result = TrainResult(learning_rates=[] if cfg.lr is not None else None)
         start = time.perf_counter()
         for k in range(iterations):
             t0 = time.perf_counter()
+            if result.learning_rates is not None:
+                result.learning_rates.append(self.learning_rate(self.step_count))
             loss, peak, arena = self.step(k + 1)
             result.losses.append(loss)
+            if save_to is not None and cfg.save_every and (k + 1) % cfg.save_every == 0:
+                self.save(save_to)
             result.peak_bytes = max(result.peak_bytes, peak)
             result.arena_bytes = max(result.arena_bytes, arena)
             if on_step:

@@ -76,6 +76,7 @@ public final class CudaDevice implements Device {
   private final Map<String, CUdeviceptr> batch = new LinkedHashMap<>(); // every input and label
   private final Map<String, long[]> labelValues = new HashMap<>();
   private CUdeviceptr counter;
+  private CUdeviceptr rate; // the learning rate of a schedule
   private Program train;
   private Program infer;
   private Program eval;
@@ -278,6 +279,7 @@ public final class CudaDevice implements Device {
               }
             });
     counter = alloc(Sizeof.LONG);
+    rate = alloc(Sizeof.FLOAT);
     toDevice(net);
     train = resolve(settings.trainKernels.get());
     infer = settings.inferKernels != null ? resolve(settings.inferKernels.get()) : null;
@@ -318,6 +320,7 @@ public final class CudaDevice implements Device {
       case TENSOR -> tensor(a.tensor());
       case INPUT -> batch(a.tensor());
       case STEP -> counter;
+      case RATE -> rate;
     };
   }
 
@@ -390,6 +393,9 @@ public final class CudaDevice implements Device {
   @Override
   public float trainStep(Network net) {
     uploadBatch(net);
+    if (net.rateBuffer() != null) {
+      upload(rate, net.rateBuffer());
+    }
     cuMemcpyHtoD(counter, Pointer.to(new long[] {net.iteration}), Sizeof.LONG);
     run(train);
     download(train.result, train.host);

@@ -20,7 +20,9 @@ public final class Kernels {
     /** An input or label of the batch, by name (inputs float, labels 64-bit integers on the GPU). */
     INPUT,
     /** The step counter (one 64-bit integer). */
-    STEP
+    STEP,
+    /** The learning rate of a schedule (one float), set every step. */
+    RATE
   }
 
   /** A pointer argument: {@code offset} for the arena, {@code tensor} the tensor's or input's name. */
@@ -51,6 +53,10 @@ public final class Kernels {
    */
   public static Arg fed(String name) {
     return new Arg(Storage.INPUT, 0, name);
+  }
+
+  public static Arg rate() {
+    return new Arg(Storage.RATE, 0, null);
   }
 
   public static Arg counter() {

@@ -2,6 +2,7 @@ package deepdsl.runtime;
 
 import java.io.IOException;
 import java.io.PrintStream;
+import java.io.UncheckedIOException;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -40,6 +41,9 @@ public abstract class Network {
     Supplier<Kernels> evalKernels;
     String accuracyLabel;
     List<String> predictInputs; // null: the network defines no predict
+    Schedule schedule; // null: the optimizer's constant learning rate, in the step
+    String saveFile; // the train block's save: written at the end (and every saveEvery iterations)
+    int saveEvery;
     boolean predictIntegers;
 
     public Settings(String name) {
@@ -108,6 +112,19 @@ public abstract class Network {
       return this;
     }
 
+    /** The train block's learning-rate schedule: the step reads its rate from {@link #rate}. */
+    public Settings learningRate(Schedule schedule) {
+      this.schedule = schedule;
+      return this;
+    }
+
+    /** The train block's {@code save} (and {@code save_every}, 0 for only at the end). */
+    public Settings save(String file, int every) {
+      this.saveFile = file;
+      this.saveEvery = every;
+      return this;
+    }
+
     /**
      * The inputs {@code predict} reads (what --predict takes from the data), and whether it gives
      * integers (an {@code argmax}: written as int64).
@@ -160,6 +177,9 @@ public abstract class Network {
   // the network's inputs and labels in declaration order, each filled from the data by name
   private final List<Data.Field> fields = new ArrayList<>();
   private final List<Buf> batch = new ArrayList<>();
+  private Buf rate; // the learning rate of the current step, where the train block gives a schedule
+  private final List<Float> rates = new ArrayList<>(); // those of this run's steps, for --json
+  private String saveTo; // where the run saves (--save, else the train block's save), every saveEvery steps
   private Data data;
   private PrintStream progress;
   private Device device;
@@ -250,6 +270,22 @@ public abstract class Network {
     fields.add(f);
     batch.add(b);
     return b;
+  }
+
+  /** The learning rate the step reads (one float), set from the schedule before every step. */
+  protected final Buf learningRateInput() {
+    rate = Buf.zeros();
+    return rate;
+  }
+
+  /** The learning-rate buffer, or null without a schedule. */
+  Buf rateBuffer() {
+    return rate;
+  }
+
+  /** The learning rate of step {@code iteration} (0, 1, ...) as the step takes it: the schedule's, as a float. */
+  public float learningRate(long iteration) {
+    return (float) settings.schedule.at(iteration);
   }
 
   /** N, the samples of one step. */
@@ -360,6 +396,10 @@ public abstract class Network {
     Long shuffle = settings.shuffle ? settings.seed : null;
     for (int k = 0; k < iterations; k++) {
       data.batch(iteration, n, shuffle, to);
+      if (rate != null) {
+        rate.a[rate.off] = learningRate(iteration);
+        rates.add(rate.a[rate.off]);
+      }
       long t0 = System.nanoTime();
       float loss = device().trainStep(this);
       double seconds = (System.nanoTime() - t0) / 1e9;
@@ -369,6 +409,13 @@ public abstract class Network {
       }
       losses[k] = loss;
       iteration++;
+      if (saveTo != null && settings.saveEvery > 0 && (k + 1) % settings.saveEvery == 0) {
+        try {
+          save(saveTo);
+        } catch (IOException e) {
+          throw new UncheckedIOException(e);
+        }
+      }
       if (progress != null) {
         int done = (k + 1) * BAR / Math.max(iterations, 1);
         int width = Integer.toString(iterations).length();
@@ -772,6 +819,7 @@ public abstract class Network {
           "device: %s  network %s  batch %d  data %s%n",
           device.description(), name, net.batchSize(), source.split(":", 2)[0]);
       net.reportTo(flags.json ? null : System.out);
+      net.saveTo = flags.eval ? null : flags.save != null ? flags.save : net.settings.saveFile;
       long t0 = System.nanoTime();
       float[] losses = net.train(iterations);
       double secondsPerIter = iterations == 0 ? 0.0 : (System.nanoTime() - t0) / 1e9 / iterations;
@@ -779,8 +827,8 @@ public abstract class Network {
       if (flags.eval && tested == null) {
         throw new IOException("the data has no test set to evaluate on (an npz file: the NAME_test arrays)");
       }
-      if (flags.save != null) {
-        net.save(flags.save);
+      if (net.saveTo != null) {
+        net.save(net.saveTo);
       }
       if (flags.json && flags.eval) { // as deepdsl eval --json
         System.out.println(
@@ -796,7 +844,8 @@ public abstract class Network {
                 iterations == 0 ? 0 : net.settings.peakBytes,
                 iterations == 0 ? 0 : net.settings.trainArenaBytes,
                 device.measuredBytes(),
-                secondsPerIter));
+                secondsPerIter,
+                net.rate == null ? null : net.rates));
       } else {
         if (tested != null) {
           System.out.printf(Locale.ROOT, "test loss: %.4f%n", tested[0]);
@@ -804,13 +853,16 @@ public abstract class Network {
             System.out.printf(Locale.ROOT, "test accuracy: %.2f%%%n", 100 * tested[1]);
           }
         }
-        if (flags.save != null) {
-          System.out.println("saved: " + flags.save);
+        if (net.saveTo != null) {
+          System.out.println("saved: " + net.saveTo);
         }
       }
       return 0;
     } catch (IOException | Device.Unavailable | ArithmeticException | IllegalArgumentException e) {
       System.err.println("error: " + e.getMessage());
+      return 1;
+    } catch (UncheckedIOException e) {
+      System.err.println("error: " + e.getCause().getMessage());
       return 1;
     } catch (RuntimeException | Error e) {
       System.err.println("internal error: " + e);
@@ -826,13 +878,21 @@ public abstract class Network {
       long peak,
       long arena,
       long measured,
-      double secondsPerIter) {
+      double secondsPerIter,
+      List<Float> rates) {
     StringBuilder s =
         new StringBuilder("{\"device\": \"").append(device).append("\", \"losses\": [");
     for (int i = 0; i < losses.length; i++) {
       s.append(i > 0 ? ", " : "").append((double) losses[i]);
     }
     s.append("]");
+    if (rates != null) {
+      s.append(", \"learning_rates\": [");
+      for (int i = 0; i < rates.size(); i++) {
+        s.append(i > 0 ? ", " : "").append((double) rates.get(i));
+      }
+      s.append("]");
+    }
     if (tested != null) {
       s.append(", \"test_loss\": ").append(tested[0]);
       if (!Double.isNaN(tested[1])) {

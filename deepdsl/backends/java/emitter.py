@@ -25,7 +25,7 @@ from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, jav
 from deepdsl.backends.java.names import Namer, camel, class_name
 from deepdsl.backends.java.tables import cuda_tables
 from deepdsl.backends.java.text import long_literal, method
-from deepdsl.frontend.program import Program
+from deepdsl.frontend.program import Program, Schedule
 from deepdsl.ir import REGISTRY, Graph, Stmt, Value
 from deepdsl.ir.analysis import classified_label, index_form, output_indices
 from deepdsl.ir.groups import group_form
@@ -44,7 +44,8 @@ NETWORK_MEMBERS = (
     "save", "load", "main", "iteration", "trainStep", "inferStep", "SETTINGS", "WORKSPACE_LIMIT", "Buf", "CpuOps",
     "Network", "Parallel", "Settings", "Workspace", "settings", "workspaceLimit", "run", "useData", "reportTo",
     "Kernels", "dim", "tensor", "inputs", "labels", "counter", "use", "device", "constant", "evalStep",
-    "batchByName", "isLabel", "field", "batchSize", "tested",
+    "batchByName", "isLabel", "field", "batchSize", "tested", "rate", "rateBuffer", "learningRate",
+    "learningRateInput", "Schedule", "predict",
 )  # fmt: skip
 
 
@@ -332,6 +333,23 @@ def _data_flag(data: tuple[str, tuple[tuple[Any, Any], ...]]) -> str:
     return f"{kind}:{values[0]}" if values else kind
 
 
+def _schedule(s: Schedule) -> str:
+    """The runtime's Schedule of a train block's schedule (frontend/program.py), as a Java expression."""
+    if s.kind == "constant":
+        return f"Schedule.constant({_double(s.value)})"
+    assert s.base is not None
+    base = _schedule(s.base)
+    if s.kind == "step":
+        return f"Schedule.step({base}, {s.every}L, {_double(s.gamma)})"
+    if s.kind == "cosine":
+        return f"Schedule.cosine({base}, {s.total}L, {_double(s.min)})"
+    return f"Schedule.warmup({base}, {s.steps}L)"
+
+
+def _double(x: float) -> str:
+    return repr(float(x))  # a Java double literal that reads back to the same double
+
+
 def emit_java(
     program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT,
     cuda: tuple[CudaProgram, CudaProgram | None, CudaProgram] | None = None,
@@ -349,7 +367,8 @@ def emit_java(
             continue
         shape = ", ".join(map(str, d.value.type.shape))
         named = java_string(d.value.name)
-        call = f"label({named}, {d.classes}, {shape})" if d.kind == "label" else f"input({named}, {shape})"
+        call = {"label": f"label({named}, {d.classes}, {shape})", "input": f"input({named}, {shape})",
+                "lr": "learningRateInput()"}[d.kind]  # fmt: skip
         declarations.append(f"  private final Buf {e.declare(d.value)} = {call};")
     titles = {"param": "parameters", "state": "model state", "opt": "optimizer state",
               "const": "constants (loop-invariant values hoisted out of the step)"}  # fmt: skip
@@ -394,6 +413,10 @@ def emit_java(
         f"          .kernels({cls}::trainKernels, {f'{cls}::inferKernels' if infer is not None else 'null'})",
         f"          .evalKernels({cls}::evalKernels)",
     ]
+    if cfg.lr is not None:
+        settings.append(f"          .learningRate({_schedule(cfg.lr)})")
+    if cfg.save is not None:
+        settings.append(f"          .save({java_string(cfg.save)}, {cfg.save_every})")
     if infer is not None:
         reads = ", ".join(java_string(d.value.name) for d in infer.graph.inputs if d.kind == "input")
         integers = "true" if infer.graph.output("predict").type.dtype.value == "i64" else "false"
@@ -410,6 +433,7 @@ def emit_java(
         "import deepdsl.runtime.Kernels;",
         "import deepdsl.runtime.Network;",
         "import deepdsl.runtime.Parallel;",
+        "import deepdsl.runtime.Schedule;",
         "import deepdsl.runtime.Workspace;",
         "",
         "/**",
@@ -455,9 +479,11 @@ def emit_java(
     text = "\n".join(lines)
     if not uses_parallel:
         text = text.replace("import deepdsl.runtime.Parallel;\n", "")
+    if cfg.lr is None:
+        text = text.replace("import deepdsl.runtime.Schedule;\n", "")
     for java_class in ("CpuOps", "Workspace"):
         if f"{java_class}." not in steps:
             text = text.replace(f"import deepdsl.runtime.{java_class};\n", "")
-    helpers = ("arena", "counter", "dim", "fed", "tensor")
+    helpers = ("arena", "counter", "dim", "fed", "rate", "tensor")
     statics = [f"import static deepdsl.runtime.Kernels.{f};" for f in helpers if re.search(rf"\b{f}\(", table_text)]
     return text.replace("import deepdsl.runtime.Buf;\n", "\n".join(statics) + "\n\nimport deepdsl.runtime.Buf;\n", 1)

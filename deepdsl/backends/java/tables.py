@@ -28,6 +28,8 @@ def cuda_tables(kind: str, p: Plan, prog: CudaProgram, source: str, namer: Namer
         kind = kinds.get(a.name)
         if kind == "step":
             return "counter()"
+        if kind == "lr":
+            return "rate()"
         return f"{'fed' if kind in ('input', 'label') else 'tensor'}({java_string(a.name)})"
 
     def dim(d: tuple[int, int, int]) -> str:
