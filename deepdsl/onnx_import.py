@@ -28,6 +28,9 @@ ONNX_EXTRA = "pip install 'deepdsl[onnx]'"
 MIN_OPSET = 11
 MAX_ONNX_BYTES = 2**31 - 1  # protobuf's limit for one message: a larger model keeps its weights in external files
 
+# what exporters call every graph: the network is named after the file instead
+GENERIC_GRAPH_NAMES = frozenset({"main_graph", "torch_jit", "torch-jit-export", "torch_jit_export"})
+
 SUPPORTED = (
     "Add", "AveragePool", "BatchNormalization", "Concat", "Constant", "Conv", "Div", "Dropout", "Flatten", "Gemm",
     "GlobalAveragePool", "Identity", "LRN", "LeakyRelu", "LogSoftmax", "MatMul", "MaxPool", "Mul", "Relu", "Reshape",
@@ -161,7 +164,8 @@ class _Importer:
         if len(g.output) != 1:
             raise DslProgramError(f"'{self.file}': deepdsl imports a model with one output, this one has "
                                   f"{len(g.output)} ({', '.join(o.name for o in g.output)})")  # fmt: skip
-        network = self.names.make(g.name or Path(self.file).stem, "Net")
+        generic = not g.name or g.name in GENERIC_GRAPH_NAMES
+        network = self.names.make(Path(self.file).stem if generic else g.name, "Net")
         self.names.used.add("N")
         x_dims, model_batch = self._input_dims(data[0])
         n = self.batch if self.batch is not None else (model_batch if model_batch is not None else 1)
@@ -225,10 +229,9 @@ class _Importer:
         return out, (out[0] or None)
 
     def _infer_shapes(self, x: str, n: int) -> dict[str, tuple[int, ...]]:
-        """Every value's shape with the batch fixed at `n` (ONNX shape inference over a copy of the graph)."""
+        """Every value's shape with the batch fixed at `n` (ONNX shape inference over the model's skeleton)."""
         onnx = self.onnx
-        m = onnx.ModelProto()
-        m.CopyFrom(self.model)
+        m = skeleton(self.model)
         del m.graph.value_info[:]
         for vi in (*m.graph.input, *m.graph.output):
             if vi.name == x:
@@ -678,6 +681,28 @@ _RULES: dict[str, Callable[..., None]] = {
 assert set(_RULES) == set(SUPPORTED)
 
 
+SMALL_CONSTANT = 64  # elements: an initialiser this small (a shape, a ratio) stays a constant in the skeleton
+
+
+def skeleton(model: Any) -> Any:
+    """`model` without its weights' data: every initialiser larger than SMALL_CONSTANT becomes a graph input of its
+    type, so that the checker and shape inference need not copy or read a 100 MB model."""
+    onnx = require_onnx()
+    from onnx import helper
+
+    graph = model.graph
+    m = onnx.ModelProto(**{f.name: v for f, v in model.ListFields() if f.name != "graph"})
+    g = m.graph
+    g.CopyFrom(onnx.GraphProto(**{f.name: v for f, v in graph.ListFields() if f.name != "initializer"}))
+    listed = {i.name for i in g.input}
+    for t in graph.initializer:
+        if int(np.prod(t.dims, dtype=np.int64)) <= SMALL_CONSTANT or t.data_location == onnx.TensorProto.EXTERNAL:
+            g.initializer.append(t)
+        elif t.name not in listed:
+            g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return m
+
+
 def load_model(path: str | Path) -> Any:
     """The ModelProto in `path`; a missing, huge or malformed file is a user error."""
     onnx = require_onnx()
@@ -693,7 +718,7 @@ def load_model(path: str | Path) -> Any:
     if not model.HasField("graph"):
         raise DslProgramError(f"'{path}' is not an ONNX model (it holds no graph)")
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(skeleton(model))
     except Exception as exc:  # noqa: BLE001 — onnx.checker.ValidationError
         raise DslProgramError(f"'{path}' is not a valid ONNX model: {str(exc).strip().splitlines()[0]}") from None
     return model
