@@ -31,6 +31,9 @@ MAX_ONNX_BYTES = 2**31 - 1  # protobuf's limit for one message: a larger model k
 # what exporters call every graph: the network is named after the file instead
 GENERIC_GRAPH_NAMES = frozenset({"main_graph", "torch_jit", "torch-jit-export", "torch_jit_export"})
 
+# the shape computations exporters write (`x.view(x.size(0), -1)`): folded, on constants and known shapes only
+FOLDED = ("Cast", "Gather", "Shape", "Squeeze", "Unsqueeze")
+
 SUPPORTED = (
     "Add", "AveragePool", "BatchNormalization", "Concat", "Constant", "Conv", "Div", "Dropout", "Flatten", "Gemm",
     "GlobalAveragePool", "Identity", "LRN", "LeakyRelu", "LogSoftmax", "MatMul", "MaxPool", "Mul", "Relu", "Reshape",
@@ -229,27 +232,55 @@ class _Importer:
         return out, (out[0] or None)
 
     def _infer_shapes(self, x: str, n: int) -> dict[str, tuple[int, ...]]:
-        """Every value's shape with the batch fixed at `n` (ONNX shape inference over the model's skeleton)."""
+        """Every value's shape with the batch fixed at `n`: ONNX shape inference over the model's skeleton, again
+        with the shape computations (Shape, Gather, Concat, ...) folded into constants until none is left, so
+        that a Reshape to a computed shape has one."""
         onnx = self.onnx
-        m = skeleton(self.model)
-        del m.graph.value_info[:]
-        for vi in (*m.graph.input, *m.graph.output):
-            if vi.name == x:
-                vi.type.tensor_type.shape.dim[0].dim_value = n
-            elif vi.name not in self.consts and vi.type.tensor_type.shape.dim:
-                vi.type.tensor_type.shape.dim[0].Clear()  # the output's batch follows from the input's
-        try:
-            m = onnx.shape_inference.infer_shapes(m, strict_mode=True)
-        except Exception as exc:  # noqa: BLE001 — onnx raises its own error kinds
-            raise DslProgramError(f"'{self.file}': ONNX shape inference fails at batch {n}: {exc}") from None
-        shapes: dict[str, tuple[int, ...]] = {}
-        for vi in (*m.graph.value_info, *m.graph.input, *m.graph.output):
-            dims = vi.type.tensor_type.shape.dim
-            if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
-                shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
-        for name, a in self.consts.items():
-            shapes[name] = a.shape
-        return shapes
+        from onnx import numpy_helper
+
+        folded: dict[str, np.ndarray] = {}
+        for _ in range(len(self.graph.node) + 1):
+            m = skeleton(self.model)
+            del m.graph.value_info[:]
+            for vi in (*m.graph.input, *m.graph.output):
+                if vi.name == x:
+                    vi.type.tensor_type.shape.dim[0].dim_value = n
+                elif vi.name not in self.consts and vi.type.tensor_type.shape.dim:
+                    vi.type.tensor_type.shape.dim[0].Clear()  # the output's batch follows from the input's
+            m.graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in folded.items())
+            try:
+                m = onnx.shape_inference.infer_shapes(m, strict_mode=True)
+            except Exception as exc:  # noqa: BLE001 — onnx raises its own error kinds
+                raise DslProgramError(f"'{self.file}': ONNX shape inference fails at batch {n}: {exc}") from None
+            shapes: dict[str, tuple[int, ...]] = {}
+            for vi in (*m.graph.value_info, *m.graph.input, *m.graph.output):
+                dims = vi.type.tensor_type.shape.dim
+                if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+                    shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
+            for name, a in self.consts.items():
+                shapes[name] = a.shape
+            more = self._fold_shapes(shapes, folded)
+            if not more:
+                return shapes
+            folded.update(more)
+        raise AssertionError("shape folding did not converge")
+
+    def _fold_shapes(self, shapes: dict[str, tuple[int, ...]], folded: dict[str, np.ndarray]) -> dict:
+        """The shape computations that can be folded now and were not yet, by output name."""
+        known = {**self.consts, **folded}
+        more: dict[str, np.ndarray] = {}
+        for node in self.graph.node:
+            if node.op_type not in (*FOLDED, "Concat", "Constant") or not node.output or node.output[0] in known:
+                continue
+            attrs = {a.name: self.onnx.helper.get_attribute_value(a) for a in node.attribute}
+            if node.op_type == "Constant":
+                value = numpy_helper_value(attrs)
+            else:
+                shape = shapes.get(node.input[0]) if node.input else None
+                value = fold(node.op_type, attrs, [known.get(i) for i in node.input], shape)
+            if value is not None:
+                known[node.output[0]] = more[node.output[0]] = np.asarray(value)
+        return more
 
     # ---- nodes ----
 
@@ -262,7 +293,8 @@ class _Importer:
             raise where.refuse(f"operators of domain '{node.domain}' are not supported")
         rule = _RULES.get(node.op_type)
         if rule is None:
-            raise where.refuse("this operator is not supported", hint=f"deepdsl imports {', '.join(SUPPORTED)}")
+            raise where.refuse("this operator is not supported", hint=f"deepdsl imports {', '.join(SUPPORTED)}; "
+                               f"and of constants and shapes only {', '.join(FOLDED)}")  # fmt: skip
         attrs = {a.name: self.onnx.helper.get_attribute_value(a) for a in node.attribute}
         rule(self, k, node, where, attrs)
         for o in node.output:
@@ -591,6 +623,10 @@ def _reshape(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> No
 
 
 def _concat(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
+    value = fold("Concat", attrs, [imp.const(i) for i in node.input], None)
+    if value is not None:  # a shape being put together
+        imp.consts[node.output[0]] = value
+        return
     rank = len(imp.shape(node.input[0], where))
     axis = int(attrs.get("axis", 1))
     axis = axis + rank if axis < 0 else axis
@@ -657,17 +693,61 @@ def _identity(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> N
         imp.env[node.output[0]] = imp.tensor(node.input[0], where)
 
 
-def _constant(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
+def numpy_helper_value(attrs: dict) -> np.ndarray | None:
+    """The value of a Constant node with attributes `attrs`; None for a kind not supported (a sparse tensor)."""
     from onnx import numpy_helper
 
     if "value" in attrs:
-        value = numpy_helper.to_array(attrs["value"])
-    elif len(attrs) == 1 and next(iter(attrs)) in ("value_float", "value_floats", "value_int", "value_ints"):
+        return numpy_helper.to_array(attrs["value"])
+    if len(attrs) == 1 and next(iter(attrs)) in ("value_float", "value_floats", "value_int", "value_ints"):
         key, v = next(iter(attrs.items()))
-        value = np.asarray(v, dtype=np.float32 if "float" in key else np.int64)
-    else:
+        return np.asarray(v, dtype=np.float32 if "float" in key else np.int64)
+    return None
+
+
+def _constant(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
+    value = numpy_helper_value(attrs)
+    if value is None:
         raise where.refuse(f"a constant given as {', '.join(attrs) or 'nothing'} is not supported")
     imp.consts[node.output[0]] = value
+
+
+def fold(op: str, attrs: dict, xs: list[np.ndarray | None], shape: tuple[int, ...] | None) -> np.ndarray | None:
+    """The value of a shape computation: Shape of a tensor of `shape` (at the imported batch), Gather, Unsqueeze,
+    Squeeze, Cast and Concat of constants `xs`; None where an input is not known."""
+    if op == "Shape":
+        return None if shape is None else np.asarray(shape, np.int64)[int(attrs.get("start", 0)) : attrs.get("end")]
+    if not xs or xs[0] is None:
+        return None
+    x = xs[0]
+    if op == "Concat":
+        return None if any(v is None for v in xs) else np.concatenate(xs, axis=int(attrs.get("axis", 0)))  # type: ignore
+    if op == "Gather":
+        return None if len(xs) < 2 or xs[1] is None else np.take(x, xs[1], axis=int(attrs.get("axis", 0)))
+    if op in ("Unsqueeze", "Squeeze"):
+        axes = attrs["axes"] if "axes" in attrs else xs[1] if len(xs) > 1 else None
+        if op == "Squeeze":
+            return np.squeeze(x, axis=None if axes is None else tuple(int(v) for v in np.ravel(axes)))
+        if axes is None:
+            return None
+        rank = x.ndim + len(np.ravel(axes))
+        for a in sorted(int(v) + (rank if int(v) < 0 else 0) for v in np.ravel(axes)):
+            x = np.expand_dims(x, a)
+        return x
+    if op == "Cast":
+        from onnx import helper
+
+        return x.astype(helper.tensor_dtype_to_np_dtype(int(attrs["to"])))
+    return None
+
+
+def _folded(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
+    shape = imp.shape(node.input[0], where) if node.op_type == "Shape" else None
+    value = fold(node.op_type, attrs, [imp.const(i) for i in node.input], shape)
+    if value is None:
+        raise where.refuse(f"deepdsl imports {node.op_type} of constants and shapes only (as exporters compute "
+                           "shapes)")  # fmt: skip
+    imp.consts[node.output[0]] = np.asarray(value)
 
 
 _RULES: dict[str, Callable[..., None]] = {
@@ -676,9 +756,9 @@ _RULES: dict[str, Callable[..., None]] = {
     "MaxPool": _pool("max_pool"), "AveragePool": _pool("avg_pool"), "GlobalAveragePool": _global_avg,
     "BatchNormalization": _batch_norm, "Flatten": _flatten, "Reshape": _reshape, "Concat": _concat,
     "Softmax": _softmax("softmax"), "LogSoftmax": _softmax("log_softmax"), "LRN": _lrn, "Dropout": _dropout,
-    "Identity": _identity, "Constant": _constant,
+    "Identity": _identity, "Constant": _constant, **{op: _folded for op in FOLDED},
 }  # fmt: skip
-assert set(_RULES) == set(SUPPORTED)
+assert set(_RULES) == set(SUPPORTED) | set(FOLDED)
 
 
 SMALL_CONSTANT = 64  # elements: an initialiser this small (a shape, a ratio) stays a constant in the skeleton

@@ -217,6 +217,26 @@ def test_exporter_style_models_import_and_equal_ort(tmp_path: Path, make, opset:
         assert "cross_entropy(" in text and "softmax_cross_entropy(" not in text  # it ends in Softmax
 
 
+@pytest.mark.parametrize("opset", [11, 13])
+def test_a_flatten_computed_from_the_shape_is_folded(tmp_path: Path, opset: int) -> None:
+    """`x.view(x.size(0), -1)` as the TorchScript exporter writes it: Shape, Gather, Unsqueeze, Concat, Reshape."""
+    n = Net([1, 2, 4, 4])
+    h = n.node("Relu", [n.conv("input", "c", 2, 3, 3)], "relu")
+    size = n.node("Gather", [n.node("Shape", [h], "shape"), n.init("zero", np.asarray(0, np.int64))], "gather", axis=0)
+    if opset < 13:
+        size = n.node("Unsqueeze", [size], "unsqueeze", axes=[0])
+    else:
+        size = n.node("Unsqueeze", [size, n.init("axes", np.asarray([0], np.int64))], "unsqueeze")
+    shape = n.node("Concat", [size, n.init("minus_one", np.asarray([-1], np.int64))], "concat", axis=0)
+    h = n.node("Reshape", [h, shape], "view")
+    w, b = n.init("fc.weight", RNG.standard_normal((5, 12)).astype(np.float32)), n.init("fc.bias", np.ones(5))
+    model = n.model(n.node("Gemm", [h, w, b], "fc", transB=1), opset, [5])
+    program, arrays, text = imported(tmp_path, model, batch=2)
+    assert "flatten(" in text and "Shape" not in text
+    x = RNG.standard_normal((2, 2, 4, 4)).astype(np.float32)
+    close(deepdsl_output(program, arrays, x), ort_output(model, x))
+
+
 def test_the_imported_parameters_are_the_initialisers(tmp_path: Path) -> None:
     model = resnet_like(13)
     _, arrays, _ = imported(tmp_path, model)
@@ -258,6 +278,20 @@ def test_cli_import_run_and_export(cli, tmp_path: Path) -> None:
     onnx.checker.check_model(back, full_check=True)
     assert back.opset_import[0].version == 13
     x = RNG.standard_normal((4, 3, 16, 16)).astype(np.float32)
+    close(ort_output(back, x), ort_output(model, x))
+
+
+def test_a_broadcast_constant_exports_back(cli, tmp_path: Path) -> None:
+    """The importer's tensor function for a per-channel constant is one ONNX Mul again."""
+    model = inception_like(13)
+    onnx.save(model, tmp_path / "m.onnx")
+    r = cli("import", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "i.ddsl"), "--batch", "2")
+    assert r.exit_code == 0, r.output
+    r = cli("export", str(tmp_path / "i.ddsl"), "--load", str(tmp_path / "i.npz"), "-o", str(tmp_path / "back.onnx"))
+    assert r.exit_code == 0, r.output
+    back = onnx.load(tmp_path / "back.onnx")
+    assert [nd.op_type for nd in back.graph.node].count("Mul") == 1
+    x = RNG.standard_normal((2, 4, 12, 12)).astype(np.float32)
     close(ort_output(back, x), ort_output(model, x))
 
 
@@ -308,6 +342,7 @@ REFUSED = {
     "lrn_even": (_one_node("LRN", [], {"size": 4}), "even window"),
     "old_opset": (_one_node("Relu", [], {}, opset=10), "opset 10; deepdsl imports opsets 11 to"),
     "softmax_4d": (_one_node("Softmax", [], {"axis": 1}), "over axis 1 of"),
+    "shape_of_data": (_one_node("Gather", [np.asarray([0], np.int64)], {}), "Gather of constants and shapes only"),
     "broadcast": (_one_node("Add", [np.ones((2, 1, 2, 6, 6), np.float32)], {}, rank=5), "would broadcast the input"),
 }
 

@@ -212,6 +212,31 @@ def _emit(w: _Writer, s: Stmt, bias: Stmt | None, batch: int | None) -> None:
             hint = s.layer or "bn"
             affine = [w.const(hint, np.ones(c, np.float32)), w.const(hint, np.zeros(c, np.float32))]
         w.node("BatchNormalization", [x, affine[0], affine[1], mean, var], out, s, epsilon=float(a["eps"]))
+    elif s.op == "indexed" and _broadcast(s) is not None:
+        w.node(_broadcast(s), [xs[r.input] for r in s.a["body"].args], out, s)  # type: ignore[arg-type]
     else:
         why = "a tensor function has no ONNX operator" if s.op == "indexed" else "no ONNX operator is written for it"
         raise _refuse(s, why)
+
+
+_INFIX = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div"}
+
+
+def _broadcast(s: Stmt) -> str | None:
+    """The ONNX operator of a tensor function that is `a[...] OP b[...]` with ONNX's broadcasting (each read's
+    indices are the output's last ones, an index 0 where that input's size is 1), as `x[n, c, h, w] * k[c, 0, 0]`
+    and the importer's broadcast constants are; else None."""
+    from deepdsl.ir.indexexpr import Apply, Read
+
+    body = s.a["body"]
+    if not (isinstance(body, Apply) and body.fn in _INFIX and all(isinstance(r, Read) for r in body.args)):
+        return None
+    out = s.a["out"]
+    for r in body.args:
+        shape = s.inputs[r.input].type.shape
+        if len(r.index) > len(out):
+            return None
+        for ix, (var, extent), size in zip(r.index, out[len(out) - len(r.index) :], shape):
+            if not (ix.plain_var == var and size == extent or not ix.terms and ix.const == 0 and size == 1):
+                return None
+    return _INFIX[body.fn]
