@@ -11,7 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from deepdsl.errors import DslArgumentError, DslNameError, DslShapeError, DslTypeError, Note, Span, did_you_mean
+from deepdsl.errors import (
+    DslArgumentError,
+    DslNameError,
+    DslProgramError,
+    DslShapeError,
+    DslTypeError,
+    Note,
+    Span,
+    did_you_mean,
+)
 from deepdsl.frontend import ast
 from deepdsl.frontend.values import Env, Spec, TensorVal, describe
 from deepdsl.ir import indexexpr as ie
@@ -226,7 +235,10 @@ def _convert(
         if isinstance(e, ast.IBinary):
             if e.op == "%":
                 raise DslTypeError("'%' is not a scalar operator in tensor bodies", e.span)
-            return ie.Apply(e.op, (go(e.left, scope), go(e.right, scope)))
+            right = go(e.right, scope)
+            if e.op == "/" and isinstance(right, ie.Const) and right.value == 0:
+                raise DslProgramError("division by zero in a tensor body", e.right.span)
+            return ie.Apply(e.op, (go(e.left, scope), right))
         if isinstance(e, ast.ICond):
             return ie.Apply("select", (go(e.cond, scope), go(e.then, scope), go(e.other, scope)))
         if isinstance(e, ast.IReduce):

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from deepdsl.errors import DslProgramError
+from deepdsl.files import atomic_output
 from deepdsl.ir import REGISTRY, Graph
 from deepdsl.memory.plan import Plan, aligned
 
@@ -132,12 +133,17 @@ def live_bytes(p: Plan) -> list[int]:
     return live
 
 
+# what --plot writes, by the file name's suffix
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
 class MissingDependency(RuntimeError):
     """An optional package a feature needs is not installed."""
 
 
 def plot(p: Plan, r: dict[str, Any], path: str) -> None:
-    """Draw the live memory over the schedule, with the peak marked, into `path` (PNG, SVG or PDF)."""
+    """Draw the live memory over the schedule, with the peak marked, into `path` (PNG, SVG or PDF, by its suffix),
+    atomically."""
     try:
         import matplotlib
 
@@ -164,8 +170,11 @@ def plot(p: Plan, r: dict[str, Any], path: str) -> None:
     ax.set_title(f"{r['network']}: one training step, remat {r['remat']}")
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with atomic_output(path, follow_symlinks=True) as f:
+            fig.savefig(f, dpi=120, format=path.rsplit(".", 1)[-1].lower())
+    finally:
+        plt.close(fig)
 
 
 def mib(n: int) -> str:

@@ -116,11 +116,26 @@ def test_statements_table_and_plot(cli, tmp_path, monkeypatch) -> None:  # noqa:
     assert [row["statement"] for row in obj["rows"]] == list(range(len(obj["rows"])))
     pytest.importorskip("matplotlib")
     png = tmp_path / "mem.png"
-    assert cli("memcheck", LENET, "--totals", "--plot", str(png)).exit_code == 0
+    r = cli("memcheck", LENET, "--totals", "--plot", str(png))
+    assert r.exit_code == 0 and f"plot: wrote {png}" in r.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = tmp_path / "mem.SVG"
+    r = cli("memcheck", LENET, "--json", "--plot", str(svg))
+    assert json.loads(r.stdout)["network"] == "LeNet" and f"plot: wrote {svg}" in r.stderr  # stdout: JSON only
+    assert b"<svg" in svg.read_bytes()[:400]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # written atomically, no temp left
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # as if it were not installed
     r = cli("memcheck", LENET, "--totals", "--plot", str(tmp_path / "x.png"))
     assert r.exit_code == 1 and "pip install 'deepdsl[plot]'" in r.stderr
+
+
+@pytest.mark.parametrize("name", ["missing/mem.png", "mem.txt", "mem"])
+def test_plot_path_is_checked_before_compiling(cli, tmp_path, name) -> None:  # noqa: ANN001
+    """A folder that is not there, or a format matplotlib does not write, is a usage error, not exit 3."""
+    r = cli("memcheck", LENET, "--totals", "--plot", str(tmp_path / name))
+    assert r.exit_code == 2, r.output
+    assert "--plot" in r.stderr and ("does not exist" in r.stderr or "must end in .png, .svg, .pdf" in r.stderr)
+    assert "internal error" not in r.stderr and not list(tmp_path.iterdir())
 
 
 def test_largest_batch_search_is_right_from_any_hint_and_quick_from_a_good_one() -> None:
