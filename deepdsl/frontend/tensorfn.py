@@ -235,10 +235,10 @@ def _convert(
         if isinstance(e, ast.IBinary):
             if e.op == "%":
                 raise DslTypeError("'%' is not a scalar operator in tensor bodies", e.span)
-            right = go(e.right, scope)
+            left, right = go(e.left, scope), go(e.right, scope)
             if e.op == "/" and isinstance(right, ie.Const) and right.value == 0:
                 raise DslProgramError("division by zero in a tensor body", e.right.span)
-            return ie.Apply(e.op, (go(e.left, scope), right))
+            return ie.Apply(e.op, (left, right))
         if isinstance(e, ast.ICond):
             return ie.Apply("select", (go(e.cond, scope), go(e.then, scope), go(e.other, scope)))
         if isinstance(e, ast.IReduce):
