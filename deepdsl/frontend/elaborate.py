@@ -27,6 +27,7 @@ from deepdsl.errors import (
 from deepdsl.frontend import arith, ast, calls
 from deepdsl.frontend.builtins import BUILTINS, QUERIES, SPECS
 from deepdsl.frontend.calls import CallArg
+from deepdsl.frontend.javanames import java_class, reserved_class_names
 from deepdsl.frontend.params import ParamStore, join, unused_parameter_warnings
 from deepdsl.frontend.program import LayerRow, Program
 from deepdsl.frontend.train import train_config
@@ -90,6 +91,16 @@ class Elaborator:
             )
         elif not m.network.isidentifier():
             self.diags.add(DslNameError(f"'{m.network}' is not a valid class name", m.network_span))
+        elif java_class(m.network) in reserved_class_names():
+            cls = java_class(m.network)
+            self.diags.add(
+                DslNameError(
+                    f"'{m.network}' cannot name a network: its Java class {cls} would hide "
+                    f"{reserved_class_names()[cls]}, which the generated program uses",
+                    m.network_span,
+                    hint=f"choose another name, such as '{cls}Net'",
+                )  # fmt: skip
+            )
         self._hoist(m, [])
         for item in m.items:
             try:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from helpers import HEADER, compile_text, error_text
 
@@ -159,3 +162,18 @@ def test_user_errors(body: str, message: str) -> None:
 def test_a_train_block_using_a_failed_definition_reports_only_the_first_error() -> None:
     err = error_text(HEADER + "lr = relux\nloss = mse(x, x)\ntrain { optimizer = sgd(lr=lr) }\n")
     assert "unknown name 'relux'" in err and err.count("error:") == 1
+
+
+@pytest.mark.parametrize("name", ["Network", "Buf", "String", "Settings", "Math", "System", "Kernels", "buf"])
+def test_a_network_may_not_take_a_name_the_generated_java_needs(name: str) -> None:
+    err = error_text(HEADER.replace("network T", f"network {name}") + "loss = mse(x, x)\n")
+    assert f"'{name}' cannot name a network: its Java class {name[:1].upper() + name[1:]} would hide" in err
+    assert "t.ddsl:1:9: error:" in err
+
+
+def test_every_runtime_class_the_generated_program_imports_is_reserved() -> None:
+    from deepdsl.frontend.javanames import reserved_class_names
+
+    text = (Path(__file__).resolve().parents[1] / "golden" / "java" / "LeNet.java").read_text()
+    imported = set(re.findall(r"^import (?:static )?deepdsl\.runtime\.(\w+)", text, re.M))
+    assert {"Buf", "Network", "Kernels"} <= imported <= set(reserved_class_names())
