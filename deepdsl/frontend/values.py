@@ -137,6 +137,7 @@ class Scope:
     owner: LayerInstance | None = None
     application: int = 0
     counters: dict[str, int] = field(default_factory=dict)
+    applied_at: Span | None = None  # where the layer instance that owns this scope is applied
 
     def child_path(self, base: str, explicit: str | None = None) -> str:
         if explicit is None:
