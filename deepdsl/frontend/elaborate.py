@@ -30,6 +30,7 @@ from deepdsl.frontend.calls import CallArg
 from deepdsl.frontend.javanames import java_class, reserved_class_names
 from deepdsl.frontend.params import ParamStore, join, unused_parameter_warnings
 from deepdsl.frontend.program import LayerRow, Program
+from deepdsl.frontend.tensorfn import check_uncalled
 from deepdsl.frontend.train import train_config
 from deepdsl.frontend.values import (
     BuiltinFn,
@@ -73,6 +74,7 @@ class Elaborator:
         self.scope = Scope("")
         self.steps = 0
         self.applications = 0
+        self.tensor_fns_called: set[str] = set()
         self.loss: TensorVal | None = None
         self.predict: TensorVal | None = None
         self.train: ast.Train | None = None
@@ -114,6 +116,9 @@ class Elaborator:
                 self.diags.add(DslProgramError("the expression is nested too deeply", item.span))
                 for name in _bound_names(item):  # reported once: its users see a poisoned name, not "used before"
                     self.globals.values[name] = _POISON
+        for item in m.items:  # what no one calls is checked all the same
+            if isinstance(item, ast.TensorDef) and item.name not in self.tensor_fns_called:
+                check_uncalled(self, item)
         unknown = sorted(set(self.sets) - self._const_names())
         for name in unknown:
             consts = self._const_names()

@@ -177,3 +177,16 @@ def test_every_runtime_class_the_generated_program_imports_is_reserved() -> None
     text = (Path(__file__).resolve().parents[1] / "golden" / "java" / "LeNet.java").read_text()
     imported = set(re.findall(r"^import (?:static )?deepdsl\.runtime\.(\w+)", text, re.M))
     assert {"Buf", "Network", "Kernels"} <= imported <= set(reserved_class_names())
+
+
+def test_a_tensor_function_no_one_calls_is_checked_and_leaves_no_trace() -> None:
+    uncalled = "tensor f(a[B, D]) -> [b, d] = a[b, d] * gain\nloss = mse(x, x)\n"
+    assert "unknown name 'gain' in a tensor body" in error_text(HEADER + uncalled)
+    assert "'%' is not a scalar operator" in error_text(HEADER + uncalled.replace("* gain", "% 2"))
+    assert "'a' has rank 2" in error_text(HEADER + uncalled.replace("a[b, d] * gain", "a[b]"))
+    # what holds only for some sizes is not judged on stand-in sizes; nothing of the check reaches the program
+    fine = "tensor f(a[B, D]) -> [b, d: D - 20] = a[b, d + 20] * p\nloss = mse(x, x)\n"
+    head = HEADER + "const p = 2\n"
+    plain = compile_text(head + "\nloss = mse(x, x)\n").program.graph
+    checked = compile_text(head + fine).program.graph
+    assert format_graph(checked) == format_graph(plain)
