@@ -11,6 +11,7 @@ import numpy as np
 
 from deepdsl.backends.cuda.runner import GPU_EXTRA, Driver, PyCudaDriver, pycuda_available
 from deepdsl.build import Build
+from deepdsl.checkpoint import check_writable
 from deepdsl.data import load_data, parse_data_flag
 from deepdsl.errors import DslProgramError
 from deepdsl.trainer import Trainer, TrainResult
@@ -54,6 +55,8 @@ def run_training(
     driver: Driver | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Train `build` and report through `report`; `driver` runs it on that GPU instead of picking by `device`."""
+    if save:
+        check_writable(save)  # now, not after the training
     if driver:
         gpu, description, note = driver, f"cuda ({driver.description})", None
     else:

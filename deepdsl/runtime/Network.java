@@ -629,6 +629,9 @@ public abstract class Network {
       net.workspaceLimit = flags.workspaceLimit;
     }
     try (Device device = Device.open(flags.device, net.settings, net.workspaceLimit)) {
+      if (flags.save != null) {
+        Npz.checkWritable(Path.of(flags.save)); // before training, not after it
+      }
       net.use(device);
       String source = flags.data != null ? flags.data : net.settings.data;
       net.useData(source);
@@ -646,7 +649,7 @@ public abstract class Network {
       long t0 = System.nanoTime();
       float[] losses = net.train(iterations);
       double secondsPerIter = iterations == 0 ? 0.0 : (System.nanoTime() - t0) / 1e9 / iterations;
-      Double accuracy = net.test();
+      Double accuracy = iterations == 0 ? null : net.test(); // nothing trained: nothing to test
       if (flags.save != null) {
         net.save(flags.save);
       }

@@ -161,6 +161,16 @@ def test_devices(programs: Path) -> None:
     assert r.returncode == 1 and r.stderr.startswith("error: ") and "Exception" not in r.stderr.splitlines()[0][:20]
 
 
+def test_save_is_checked_before_training_and_iters_0_tests_nothing(programs: Path) -> None:
+    r = java(programs / "build", "MLP", "--data", "synthetic", "--iters", "2", "--save", "no/p.npz", cwd=programs)
+    assert r.returncode == 1 and "cannot write parameter file 'no/p.npz': folder" in r.stderr
+    assert "iter" not in r.stdout
+    r = java(programs / "build", "MLP", "--data", "synthetic", "--iters", "0", "--save", "p0.npz", "--device", "cpu",
+             cwd=programs)  # fmt: skip
+    assert r.returncode == 0 and "test accuracy" not in r.stdout and "saved: p0.npz" in r.stdout
+    assert "test_accuracy" not in java_run(programs, "MLP", "--iters", "0")
+
+
 def test_threads_flag(programs: Path) -> None:
     """--threads N sizes the runtime's thread team (the device line says it); the losses do not depend on it."""
     one = java(programs / "build", "MLP", "--data", "synthetic", "--iters", "2", "--device", "cpu", "--threads", "1",
