@@ -190,3 +190,14 @@ def test_a_tensor_function_no_one_calls_is_checked_and_leaves_no_trace() -> None
     plain = compile_text(head + "\nloss = mse(x, x)\n").program.graph
     checked = compile_text(head + fine).program.graph
     assert format_graph(checked) == format_graph(plain)
+
+
+def test_an_ordinal_after_a_digit_is_set_off_by_an_underscore() -> None:
+    text = HEADER + (
+        "def dwconv3(x) = conv(x, 3, kernel=3, pad=1, groups=3)\n"
+        "def block(x) = dwconv3(dwconv3(x))\n"
+        "loss = mse(block(x), x)\n"
+    )
+    names = [p.value.name for p in compile_text(text).program.graph.params]
+    assert names == ["block1.dwconv3_1.conv1.W", "block1.dwconv3_1.conv1.b",
+                     "block1.dwconv3_2.conv1.W", "block1.dwconv3_2.conv1.b"]  # fmt: skip
