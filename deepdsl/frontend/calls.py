@@ -305,6 +305,8 @@ def convert(fname: str, spec: ArgSpec, v: Any, span: Span) -> Any:
             raise DslArgumentError(
                 f"argument '{spec.name}' of {fname} must be less than {spec.below:g}, got {x:g}", span
             )
+        if spec.high is not None and x > spec.high:
+            raise DslArgumentError(f"argument '{spec.name}' of {fname} must be at most {spec.high:g}, got {x:g}", span)
 
     is_int = isinstance(v, int) and not isinstance(v, bool)
     if spec.kind == "int":
