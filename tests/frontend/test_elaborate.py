@@ -209,3 +209,13 @@ def test_an_ordinal_after_a_digit_is_set_off_by_an_underscore() -> None:
     names = [p.value.name for p in compile_text(text).program.graph.params]
     assert names == ["block1.dwconv3_1.conv1.W", "block1.dwconv3_1.conv1.b",
                      "block1.dwconv3_2.conv1.W", "block1.dwconv3_2.conv1.b"]  # fmt: skip
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path, cli) -> None:  # noqa: ANN001
+    (tmp_path / "lib.ddsl").write_bytes(b"\xef\xbb\xbfdef twice(x) = x + x\n")
+    text = HEADER + 'include "lib.ddsl"\nloss = mse(twice(x), x)\n'
+    (tmp_path / "bom.ddsl").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    r = cli("check", str(tmp_path / "bom.ddsl"))
+    assert r.exit_code == 0, r.output
+    (tmp_path / "bad.ddsl").write_bytes(b"\xef\xbb\xbfnetwork 1T\n")  # columns count from after the mark
+    assert f"{tmp_path / 'bad.ddsl'}:1:9: error:" in cli("check", str(tmp_path / "bad.ddsl")).stderr
