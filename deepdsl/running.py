@@ -11,7 +11,7 @@ import numpy as np
 
 from deepdsl.backends.cuda.runner import GPU_EXTRA, Driver, PyCudaDriver, pycuda_available
 from deepdsl.build import Build
-from deepdsl.checkpoint import save_npz
+from deepdsl.checkpoint import check_writable, save_npz
 from deepdsl.data import parse_data_flag
 from deepdsl.data.named import Samples, fields_of, load_samples
 from deepdsl.errors import DslProgramError
@@ -20,16 +20,20 @@ from deepdsl.trainer import Trainer, TrainResult, batch_size
 BAR = 24
 
 
-def open_device(device: str, double: bool = False) -> tuple[Driver | None, str]:
-    """The GPU driver for `device` (None: the NumPy runner) and the line that says what runs the program.
+CPU = "cpu (NumPy reference runner)"
 
-    `auto` takes the GPU when PyCUDA is installed and finds one, and says why not otherwise; `cuda` is a user
-    error (with the reason) when it cannot have one."""
+
+def open_device(device: str, double: bool = False) -> tuple[Driver | None, str, str | None]:
+    """The GPU driver for `device` (None: the NumPy runner), what runs the program (the device line) and, under
+    `auto` on the CPU, why CUDA is not used (a line of its own).
+
+    `auto` takes the GPU when PyCUDA is installed and finds one, and says why not otherwise; `cpu` says nothing
+    of CUDA; `cuda` is a user error (with the reason) when it cannot have one."""
     if device == "cpu":
-        return None, "cpu (NumPy reference runner)"
+        return None, CPU, None
     if device == "auto" and (double or not pycuda_available()):
-        why = "--float64 runs on the NumPy runner" if double else f"PyCUDA is not installed: {GPU_EXTRA}"
-        return None, _on_cpu(why)
+        why = "--float64 runs on the NumPy runner" if double else f"PyCUDA is not installed ({GPU_EXTRA})"
+        return None, CPU, _not_used(why)
     if double:
         raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
     try:
@@ -37,8 +41,8 @@ def open_device(device: str, double: bool = False) -> tuple[Driver | None, str]:
     except DslProgramError as err:
         if device == "cuda":
             raise
-        return None, _on_cpu(err.message)
-    return driver, f"cuda ({driver.description}, PyCUDA runner)"
+        return None, CPU, _not_used(err.message)
+    return driver, f"cuda ({driver.description}, PyCUDA runner)", None
 
 
 def _tested(loss: float, accuracy: float | None) -> str:
@@ -46,9 +50,9 @@ def _tested(loss: float, accuracy: float | None) -> str:
     return f"loss {loss:.4f}" + (f", accuracy {100 * accuracy:.2f}%" if accuracy is not None else "")
 
 
-def _on_cpu(why: str) -> str:
-    """The device line of a run that could have used the GPU and did not, and why."""
-    return f"cpu (NumPy reference runner; CUDA not used: {why.removeprefix('--device cuda: ')})"
+def _not_used(why: str) -> str:
+    """The line of a run under `auto` that could have used the GPU and did not: why."""
+    return f"CUDA not used: {why.removeprefix('--device cuda: ')}"
 
 
 def run_training(
@@ -57,10 +61,16 @@ def run_training(
     driver: Driver | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Train `build` and report through `report`; `driver` runs it on that GPU instead of picking by `device`."""
-    gpu, description = (driver, f"cuda ({driver.description})") if driver else open_device(device, double)
+    save = save or build.program.train.save  # --save, else the train block's
+    if save:
+        check_writable(save)  # now, not after the training
+    if driver:
+        gpu, description, note = driver, f"cuda ({driver.description})", None
+    else:
+        gpu, description, note = open_device(device, double)
     fallback = device == "auto" and driver is None  # a GPU that cannot take the program leaves it to the CPU
     try:
-        result = _train(build, gpu, description, iters, data_flag, load, save, double, report, fallback)
+        result = _train(build, gpu, description, iters, data_flag, load, save, double, report, fallback, note)
     finally:
         if gpu is not None:
             gpu.close()
@@ -90,10 +100,12 @@ def evaluate(
     data = load_samples(kind, args, fields_of(build.program.graph.inputs), build.seed)
     if data.test is None:
         raise DslProgramError(f"the {kind} data has no test set to evaluate on (an npz file: the NAME_test arrays)")
-    gpu, description = open_device(device)
+    gpu, description, note = open_device(device)
     try:
-        trainer, description = _loaded(build, data, gpu, description, device, load)
+        trainer, description, note = _loaded(build, data, gpu, description, note, device, load)
         if report:
+            if note:
+                report(note)
             report(f"device: {description}  network {build.program.graph.name}  data {kind}")
         tested = trainer.test()
         assert tested is not None
@@ -120,12 +132,15 @@ def predict(
     `predict` (docs/formats.md), atomically."""
     if build.infer is None:
         raise DslProgramError("the network defines no `predict`, so there is nothing to predict")
+    check_writable(output)  # now, not after the work
     kind, args = _source(build, data_flag)
     data = load_samples(kind, args, fields_of(build.infer.inputs), build.seed, other_arrays=True)
-    gpu, description = open_device(device)
+    gpu, description, note = open_device(device)
     try:
-        trainer, description = _loaded(build, data, gpu, description, device, load)
+        trainer, description, note = _loaded(build, data, gpu, description, note, device, load)
         if report:
+            if note:
+                report(note)
             report(f"device: {description}  network {build.program.graph.name}  data {kind}")
         values = trainer.predict(data)
         on_gpu = trainer.gpu is not None
@@ -145,10 +160,10 @@ def _source(build: Build, data_flag: str | None) -> tuple[str, dict[str, Any]]:
 
 
 def _loaded(
-    build: Build, data: Samples, gpu: Driver | None, description: str, device: str, load: str
-) -> tuple[Trainer, str]:
+    build: Build, data: Samples, gpu: Driver | None, description: str, note: str | None, device: str, load: str
+) -> tuple[Trainer, str, str | None]:
     """A trainer of `build` on `data` holding the parameters of `load`, on `gpu` where it takes the program (under
-    `auto`, else the CPU; the description says which)."""
+    `auto`, else the CPU: the device line and the note say which, and why)."""
     trainer = Trainer(build, data)
     if gpu is not None:
         try:
@@ -156,14 +171,15 @@ def _loaded(
         except DslProgramError as err:
             if device != "auto":
                 raise
-            description = _on_cpu(err.message)
+            description, note = CPU, _not_used(err.message)
     trainer.load(load)
-    return trainer, description
+    return trainer, description, note
 
 
 def _train(
     build: Build, gpu: Driver | None, description: str, iters: int | None, data_flag: str | None, load: str | None,
     save: str | None, double: bool, report: Callable[[str], None] | None, fallback: bool = False,
+    note: str | None = None,
 ) -> TrainResult:  # fmt: skip
     program = build.program
     cfg = program.train
@@ -177,11 +193,13 @@ def _train(
         except DslProgramError as err:
             if not fallback:
                 raise
-            description = _on_cpu(err.message)
+            description, note = CPU, _not_used(err.message)
     if load:
         trainer.load(load)
     n = iters if iters is not None else cfg.iterations
     if report:
+        if note:
+            report(note)
         report(f"device: {description}  network {program.graph.name}  batch {batch}  data {kind}")
 
     def on_step(k: int, loss: float, seconds: float) -> None:
@@ -195,7 +213,6 @@ def _train(
         if report:
             report(f"test after {k + 1} iterations: {_tested(loss, accuracy)} ({cfg.test_iterations} batches)")
 
-    save = save or cfg.save  # --save, else the train block's
     result = trainer.train(n, on_step, on_test, save)
     if save:
         trainer.save(save)

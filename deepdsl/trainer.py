@@ -211,7 +211,7 @@ class Trainer:
                 if tested is not None:
                     on_test(k, *tested)
         result.seconds_per_iter = (time.perf_counter() - start) / iterations if iterations else 0.0
-        tested = self.test()
+        tested = self.test() if iterations else None  # nothing trained (--iters 0): nothing to test
         if tested is not None:
             result.test_loss, result.test_accuracy = tested
         if self.gpu is not None:

@@ -666,7 +666,7 @@ public abstract class Network {
 
   private static final String USAGE =
       "usage: java %s [--iters N] [--data SOURCE] [--load FILE.npz] [--save FILE.npz]\n"
-          + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--json]\n"
+          + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--threads N] [--json]\n"
           + "       java %1$s --eval --load FILE.npz [--data SOURCE] [--device ...] [--json]\n"
           + "       java %1$s --predict OUT.npz --load FILE.npz --data SOURCE [--device ...]";
 
@@ -681,6 +681,7 @@ public abstract class Network {
     boolean eval;
     String predict;
     Long workspaceLimit;
+    Integer threads;
 
     static Flags parse(String[] args) {
       Flags f = new Flags();
@@ -701,7 +702,14 @@ public abstract class Network {
           continue;
         }
         if (!List.of(
-                "--iters", "--data", "--load", "--save", "--device", "--workspace-limit", "--predict")
+                "--iters",
+                "--data",
+                "--load",
+                "--save",
+                "--device",
+                "--workspace-limit",
+                "--threads",
+                "--predict")
             .contains(arg)) {
           throw new IllegalArgumentException("no such option: " + arg);
         }
@@ -721,6 +729,7 @@ public abstract class Network {
           case "--save" -> f.save = file(arg, value);
           case "--predict" -> f.predict = file(arg, value);
           case "--workspace-limit" -> f.workspaceLimit = bytes(arg, value);
+          case "--threads" -> f.threads = count(arg, value, 1);
           default -> {
             if (!List.of("cpu", "cuda", "auto").contains(value)) {
               throw new IllegalArgumentException(
@@ -762,15 +771,20 @@ public abstract class Network {
     }
 
     private static int count(String flag, String value) {
+      return count(flag, value, 0);
+    }
+
+    private static int count(String flag, String value, int least) {
       try {
         int n = Integer.parseInt(value);
-        if (n >= 0) {
+        if (n >= least) {
           return n;
         }
       } catch (NumberFormatException e) {
         // reported below
       }
-      throw new IllegalArgumentException(flag + " takes a whole number >= 0, not '" + value + "'");
+      throw new IllegalArgumentException(
+          flag + " takes a whole number >= " + least + ", not '" + value + "'");
     }
   }
 
@@ -793,12 +807,25 @@ public abstract class Network {
       System.err.println(String.format(USAGE, name) + "\nerror: " + e.getMessage());
       return 2;
     }
+    if (flags.threads != null) { // before the first parallel loop, which reads it
+      System.setProperty(Parallel.THREADS_PROPERTY, Integer.toString(flags.threads));
+    }
     Network net = make.get(); // after the flags: it allocates every tensor
     PrintStream info = flags.json ? System.err : System.out;
     if (flags.workspaceLimit != null) {
       net.workspaceLimit = flags.workspaceLimit;
     }
     try (Device device = Device.open(flags.device, net.settings, net.workspaceLimit)) {
+      // where the run saves: --save, else the train block's save (never under --eval or --predict)
+      net.saveTo =
+          flags.eval || flags.predict != null
+              ? null
+              : flags.save != null ? flags.save : net.settings.saveFile;
+      for (String out : new String[] {net.saveTo, flags.predict}) {
+        if (out != null) {
+          Npz.checkWritable(Path.of(out)); // before training, not after it
+        }
+      }
       net.use(device);
       String source = flags.data != null ? flags.data : net.settings.data;
       if (flags.predict != null) { // the data holds the inputs predict reads, perhaps nothing else
@@ -815,15 +842,18 @@ public abstract class Network {
         net.load(flags.load);
       }
       int iterations = flags.eval ? 0 : flags.iters != null ? flags.iters : net.settings.iterations;
+      if (device.note() != null) {
+        info.println(device.note());
+      }
       info.printf(
           "device: %s  network %s  batch %d  data %s%n",
           device.description(), name, net.batchSize(), source.split(":", 2)[0]);
       net.reportTo(flags.json ? null : System.out);
-      net.saveTo = flags.eval ? null : flags.save != null ? flags.save : net.settings.saveFile;
       long t0 = System.nanoTime();
       float[] losses = net.train(iterations);
       double secondsPerIter = iterations == 0 ? 0.0 : (System.nanoTime() - t0) / 1e9 / iterations;
-      double[] tested = net.test();
+      // nothing trained (--iters 0): nothing to test, unless that is what was asked (--eval)
+      double[] tested = iterations == 0 && !flags.eval ? null : net.test();
       if (flags.eval && tested == null) {
         throw new IOException("the data has no test set to evaluate on (an npz file: the NAME_test arrays)");
       }
