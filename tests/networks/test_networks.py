@@ -92,3 +92,30 @@ def test_resnet50_parameter_names_follow_the_call_path() -> None:
     state = {p.value.name for p in g.state}
     assert "model.stem.bn.running_mean" in state and "model.stem.bn.running_var" in state
     assert len([p for p in g.params if p.value.name.endswith(".conv.W")]) == 53
+
+
+@pytest.mark.parametrize(
+    ("loss", "predict", "label"),
+    [
+        ("softmax_cross_entropy(fc(flatten(x)), y)", "fc(flatten(x))", "y"),
+        (
+            "cross_entropy(softmax(fc(flatten(x))), y) + 0.1 * mse(fc(flatten(x)), fc(flatten(x)))",
+            "fc(flatten(x))",
+            "y",
+        ),  # fmt: skip
+        ("mse(dec(flatten(x)), flatten(x))", "dec(flatten(x))", None),  # an autoencoder with a dummy label
+        ("softmax_cross_entropy(fc(flatten(x)), y)", "argmax(fc(flatten(x)))", None),  # predict is not the scores
+    ],
+)
+def test_accuracy_is_reported_only_for_a_classification_loss(loss: str, predict: str, label: str | None) -> None:
+    from deepdsl.ir.analysis import classified_label
+
+    text = f"""network T
+input x : [4, 1, 2, 2]
+label y : [4] classes 3
+layer fc = full(3)
+layer dec = full(4)
+loss = {loss}
+predict = {predict}
+"""
+    assert classified_label(api.compile_source(text, "t.ddsl").program.graph) == label
