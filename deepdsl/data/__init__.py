@@ -5,7 +5,9 @@
 
 `args` holds the source's arguments as the train block gives them: ``synthetic(seed=1)`` ->
 ``{"seed": 1}``, ``mnist("dir")`` -> ``{"dir": "dir"}``, ``cifar10("dir")`` -> ``{"dir": ...}``,
-``npz("file")`` -> ``{"file": ...}`` (a positional argument may also come under the key ``0``).
+``npz("file")`` -> ``{"file": ...}`` (a positional argument may also come under the key ``0``). Here an npz
+file holds the arrays ``x`` and ``y`` (``x_test``, ``y_test``); `named.load_samples` binds a network's inputs and
+labels by their own names.
 Relative paths are used as given (relative to the working directory).
 
 `x_shape` is the network input's *per-sample* shape (its shape without the leading batch
@@ -180,12 +182,17 @@ def load_data(kind: str, args: Mapping[Any, Any], x_shape: tuple[int, ...], y_cl
         return make_synthetic(x_shape, y_classes, int(s))
     if arg is None or not isinstance(arg, str) or not arg:
         raise DslProgramError(f'{kind}() needs a {KINDS[kind]} name as a string, e.g. {kind}("data/{kind}")')
+    if kind == "npz":  # the network's input and label under the names x and y
+        from .named import Field, load_samples
+
+        fields = (Field("x", "input", x_shape), Field("y", "label", (), y_classes))
+        samples = load_samples(kind, {"file": arg}, fields, seed)
+        test = samples.test
+        return Dataset(samples.train["x"], samples.train["y"], *((test["x"], test["y"]) if test else (None, None)))
     if kind == "mnist":
         from .mnist import load_mnist as loader
-    elif kind == "cifar10":
-        from .cifar10 import load_cifar10 as loader
     else:
-        from .npz import load_npz_data as loader
+        from .cifar10 import load_cifar10 as loader
     x, y, xt, yt = loader(arg)
     where = f"{kind} data in '{arg}'"
     x = _fit_shape(x, x_shape, where)

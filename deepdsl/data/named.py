@@ -187,11 +187,13 @@ def _checked(a: np.ndarray, f: Field, name: str, path: str) -> np.ndarray:
         raise DslProgramError(f"{where} must have a sample dimension [M, ...], found a scalar")
     if f.kind == "input":
         if a.dtype.kind != "f":
+            found = "integers" if a.dtype.kind in "iu" else str(a.dtype)  # worded as the Java runtime words it
             raise DslProgramError(f"{where} must hold floats (float32) for the network's {f.describe()}, "
-                                  f"found {a.dtype}")  # fmt: skip
+                                  f"found {found}")  # fmt: skip
         return _fit_shape(np.ascontiguousarray(a, dtype=np.float32), f.shape, where)
     if a.dtype.kind not in "iu":
-        raise DslProgramError(f"{where} must hold integer labels for the network's {f.describe()}, found {a.dtype}")
+        found = "floats" if a.dtype.kind == "f" else str(a.dtype)
+        raise DslProgramError(f"{where} must hold integer labels for the network's {f.describe()}, found {found}")
     if tuple(a.shape[1:]) != f.shape:
         raise DslProgramError(
             f"{where} has per-sample shape {list(a.shape[1:])}, but the network's {f.describe()} takes "

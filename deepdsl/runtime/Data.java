@@ -13,8 +13,9 @@ import java.util.regex.Pattern;
  *
  * <p>Four sources (DESIGN §9): {@code synthetic[:SEED]} (deterministic, see {@code
  * data/synthetic.py}), {@code mnist:DIR} (IDX files, plain or gzip), {@code cifar10:DIR} (the
- * binary batches) and {@code npz:FILE} (arrays {@code x}, {@code y}, optionally {@code x_test},
- * {@code y_test}). Samples are float32; labels are carried as exact float values. Iteration i with
+ * binary batches) and {@code npz:FILE} (an array named after each input and label, {@code NAME_test}
+ * for a test set; {@code x}, {@code y} for the one input and label of {@link #load(Spec, int[], int,
+ * long)}). Samples are float32; labels are carried as exact float values. Iteration i with
  * batch size n takes positions {@code [i·n, (i+1)·n)}, each position p being sample {@code p mod M}
  * in file order or, with a shuffle seed, sample {@code perm_e[p mod M]} of epoch {@code e = p div
  * M}'s Fisher–Yates permutation.
@@ -158,11 +159,15 @@ public final class Data {
     if (spec.kind().equals("synthetic")) {
       return synthetic(d, classes, spec.seed() != null ? spec.seed() : seed, null);
     }
+    if (spec.kind().equals("npz")) { // the input and the label under the names x and y
+      List<Field> pair =
+          List.of(new Field("x", false, 0, xShape), new Field("y", true, classes, new int[0]));
+      return DataFiles.npz(spec.path(), pair, false);
+    }
     DataFiles.Split split =
         switch (spec.kind()) {
           case "mnist" -> DataFiles.mnist(spec.path());
           case "cifar10" -> DataFiles.cifar10(spec.path());
-          case "npz" -> DataFiles.npz(spec.path());
           default ->
               throw new IllegalArgumentException(
                   String.format(

@@ -22,7 +22,6 @@ final class DataFiles {
   private static final int CIFAR_RECORD = 1 + 3 * 32 * 32;
   // the most pixels one Java array holds; an IDX header promising more is refused (as mnist.py does)
   private static final long MAX_IDX_BYTES = Integer.MAX_VALUE - 8;
-  private static final List<String> NPZ_NAMES = List.of("x", "y", "x_test", "y_test");
 
   private DataFiles() {}
 
@@ -288,52 +287,6 @@ final class DataFiles {
   // ---- npz ----
 
   /**
-   * {@code npz("file")}: arrays {@code x} (floats {@code [M, ...]}) and {@code y} (integers {@code
-   * [M]}), optionally both {@code x_test} and {@code y_test}; any other entry is an error.
-   */
-  static Split npz(String file) throws IOException {
-    Path path = Path.of(file);
-    if (!Files.isRegularFile(path)) {
-      throw new IOException("npz data file not found: '" + file + "'");
-    }
-    Map<String, Npz.Array> arrays = Npz.read(path);
-    for (String name : arrays.keySet()) {
-      if (!NPZ_NAMES.contains(name)) {
-        throw new IOException(
-            String.format(
-                "npz file '%s' has an unexpected array '%s' (expected x, y, and optionally x_test,"
-                    + " y_test)",
-                file, name));
-      }
-    }
-    for (String name : new String[] {"x", "y"}) {
-      if (!arrays.containsKey(name)) {
-        throw new IOException(
-            String.format("npz file '%s' has no array '%s' (it needs x and y)", file, name));
-      }
-    }
-    boolean xTest = arrays.containsKey("x_test");
-    if (xTest != arrays.containsKey("y_test")) {
-      throw new IOException(
-          String.format(
-              "npz file '%s' has '%s' but no '%s'",
-              file, xTest ? "x_test" : "y_test", xTest ? "y_test" : "x_test"));
-    }
-    Samples train = npzPair(arrays, "x", "y", file);
-    if (!xTest) {
-      return new Split(train, null);
-    }
-    Samples test = npzPair(arrays, "x_test", "y_test", file);
-    if (!Arrays.equals(test.sampleShape, train.sampleShape)) {
-      throw new IOException(
-          String.format(
-              "npz file '%s': 'x_test' has per-sample shape %s but 'x' has %s",
-              file, Arrays.toString(test.sampleShape), Arrays.toString(train.sampleShape)));
-    }
-    return new Split(train, test);
-  }
-
-  /**
    * {@code npz("file")} for a network's fields (as {@code deepdsl/data/named.py}): an array named
    * after each input (floats {@code [M, ...]}) and label (integers in {@code [0, classes)}), each of
    * the field's per-sample shape (an input taking {@code [D]} also takes samples of D elements);
@@ -467,42 +420,5 @@ final class DataFiles {
       out[k] = v;
     }
     return out;
-  }
-
-  private static Samples npzPair(Map<String, Npz.Array> arrays, String xn, String yn, String file)
-      throws IOException {
-    Npz.Array x = arrays.get(xn);
-    Npz.Array y = arrays.get(yn);
-    String where = "npz file '" + file + "': ";
-    if (!x.isFloat()) {
-      throw new IOException(
-          where
-              + String.format(
-                  "'%s' must hold floats (float32), found integers; scale inputs to [0, 1] and"
-                      + " save as float32",
-                  xn));
-    }
-    if (x.shape.length < 1) {
-      throw new IOException(
-          where + "'" + xn + "' must have a sample dimension [M, ...], found a scalar");
-    }
-    if (y.isFloat()) {
-      throw new IOException(where + "'" + yn + "' must hold integer labels, found floats");
-    }
-    if (y.shape.length != 1) {
-      throw new IOException(
-          where
-              + String.format(
-                  "'%s' must be one-dimensional [M], found shape %s",
-                  yn, Arrays.toString(y.shape)));
-    }
-    if (x.shape[0] != y.shape[0]) {
-      throw new IOException(
-          where
-              + String.format(
-                  "'%s' holds %d samples but '%s' holds %d labels",
-                  xn, x.shape[0], yn, y.shape[0]));
-    }
-    return new Samples(x.floats, y.longs, Arrays.copyOfRange(x.shape, 1, x.shape.length));
   }
 }

@@ -222,22 +222,28 @@ def test_npz(tmp_path):
 @pytest.mark.parametrize(
     ("arrays", "message"),
     [
-        ({"x": np.zeros((2, 3), np.float32)}, "has no array 'y'"),
-        ({"x": np.zeros((2, 3), np.uint8), "y": np.zeros(2, int)}, "'x' must hold floats .* found uint8"),
-        ({"x": np.zeros((2, 3)), "y": np.zeros(2)}, "'y' must hold integer labels, found float64"),
-        ({"x": np.zeros((2, 3)), "y": np.zeros(3, int)}, "'x' holds 2 samples but 'y' holds 3 labels"),
-        ({"x": np.zeros((2, 3)), "y": np.zeros((2, 1), int)}, r"'y' must be one-dimensional \[M\]"),
-        ({"x": np.zeros((2, 3)), "y": np.zeros(2, int), "x_tst": np.zeros(1)}, "unexpected array 'x_tst'"),
+        ({"x": np.zeros((2, 3), np.float32)}, r"has no array 'y' for the network's label y : \[N\] classes 3"),
+        ({"x": np.zeros((2, 3), np.uint8), "y": np.zeros(2, int)}, "'x' must hold floats .* found integers"),
+        (
+            {"x": np.zeros((2, 3)), "y": np.zeros(2)},
+            "'y' must hold integer labels for the network's label y .* found floats",
+        ),
+        ({"x": np.zeros((2, 3)), "y": np.zeros(3, int)}, r"different numbers of samples \('x' 2, 'y' 3\)"),
+        (
+            {"x": np.zeros((2, 3)), "y": np.zeros((2, 1), int)},
+            r"'y' has per-sample shape \[1\], but the network's label y",
+        ),
+        ({"x": np.zeros((2, 3)), "y": np.zeros(2, int), "x_tst": np.zeros(1)}, "an array 'x_tst' that names no input"),
         ({"x": np.zeros((2, 3)), "y": np.zeros(2, int), "x_test": np.zeros((1, 3))}, "has 'x_test' but no 'y_test'"),
         (
             {"x": np.zeros((2, 4)), "y": np.zeros(2, int)},
             r"per-sample shape \[4\], but the network's input takes \[3\]",
         ),
-        ({"x": np.zeros((2, 3)), "y": np.array([0, 3])}, r"training label 3 of sample 1 is outside \[0, 3\)"),
+        ({"x": np.zeros((2, 3)), "y": np.array([0, 3])}, r"'y': label 3 of sample 1 is outside \[0, 3\)"),
         ({"x": np.zeros((2, 3)), "y": np.array([0, -1])}, r"label -1 of sample 1 is outside"),
         (
             {"x": np.zeros((2, 3)), "y": np.zeros(2, int), "x_test": np.zeros((1, 3)), "y_test": np.array([7])},
-            r"test label 7 of sample 0 is outside \[0, 3\)",
+            r"'y_test': label 7 of sample 0 is outside \[0, 3\)",
         ),
     ],
 )
