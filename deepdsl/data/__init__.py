@@ -32,7 +32,10 @@ import numpy as np
 from ..errors import DslProgramError, did_you_mean
 from ..initializers import MASK64, splitmix64_array, stream_seed
 
-__all__ = ["KINDS", "Dataset", "load_data", "parse_data_flag", "sample_indices", "shuffle_permutation"]
+__all__ = [
+    "KINDS", "Dataset", "fit_shape", "load_data", "parse_data_flag", "sample_indices", "shuffle_permutation",
+    "source_argument",
+]  # fmt: skip
 
 #: data source -> the name of its one argument
 KINDS = {"synthetic": "seed", "mnist": "dir", "cifar10": "dir", "npz": "file"}
@@ -152,7 +155,7 @@ def parse_data_flag(text: str) -> tuple[str, dict[str, Any]]:
     return kind, {KINDS[kind]: value}
 
 
-def _argument(kind: str, args: Mapping[Any, Any]) -> Any:
+def source_argument(kind: str, args: Mapping[Any, Any]) -> Any:
     name = KINDS[kind]
     unknown = [k for k in args if k not in (name, 0)]
     if unknown:
@@ -172,7 +175,7 @@ def load_data(kind: str, args: Mapping[Any, Any], x_shape: tuple[int, ...], y_cl
     x_shape = tuple(int(d) for d in x_shape)
     if y_classes < 1:
         raise DslProgramError(f"the network must have at least one class, got {y_classes}")
-    arg = _argument(kind, args)
+    arg = source_argument(kind, args)
     if kind == "synthetic":
         from .synthetic import make_synthetic
 
@@ -195,15 +198,15 @@ def load_data(kind: str, args: Mapping[Any, Any], x_shape: tuple[int, ...], y_cl
         from .cifar10 import load_cifar10 as loader
     x, y, xt, yt = loader(arg)
     where = f"{kind} data in '{arg}'"
-    x = _fit_shape(x, x_shape, where)
+    x = fit_shape(x, x_shape, where)
     _check_labels(y, y_classes, where, "training")
     if xt is not None:
-        xt = _fit_shape(xt, x_shape, where + " (test set)")
+        xt = fit_shape(xt, x_shape, where + " (test set)")
         _check_labels(yt, y_classes, where, "test")
     return Dataset(x, y, xt, yt)
 
 
-def _fit_shape(x: np.ndarray, x_shape: tuple[int, ...], where: str) -> np.ndarray:
+def fit_shape(x: np.ndarray, x_shape: tuple[int, ...], where: str) -> np.ndarray:
     sample = tuple(x.shape[1:])
     if sample == x_shape:
         return x

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DslProgramError
-from . import _argument, _fit_shape, load_data, sample_indices
+from . import fit_shape, load_data, sample_indices, source_argument
 
 __all__ = ["Field", "Samples", "fields_of", "load_samples"]
 
@@ -98,14 +98,14 @@ def load_samples(
     if not inputs:
         raise DslProgramError("the network declares no `input`, so there is no data to train on")
     if kind == "npz":
-        return _from_npz(_argument(kind, args), fields, other_arrays)
+        return _from_npz(source_argument(kind, args), fields, other_arrays)
     if kind == "synthetic":
         from .synthetic import make_target
 
         classes = labels[0].classes if labels else 10
         assert classes is not None
         ds = load_data(kind, args, inputs[0].shape, classes, seed)
-        s = _argument(kind, args)
+        s = source_argument(kind, args)
         data_seed = seed if s is None else int(s)
         train = _synthetic_fields(ds.x_train, ds.y_train, fields, data_seed, make_target)
         if ds.x_test is None:
@@ -190,7 +190,7 @@ def _checked(a: np.ndarray, f: Field, name: str, path: str) -> np.ndarray:
             found = "integers" if a.dtype.kind in "iu" else str(a.dtype)  # worded as the Java runtime words it
             raise DslProgramError(f"{where} must hold floats (float32) for the network's {f.describe()}, "
                                   f"found {found}")  # fmt: skip
-        return _fit_shape(np.ascontiguousarray(a, dtype=np.float32), f.shape, where)
+        return fit_shape(np.ascontiguousarray(a, dtype=np.float32), f.shape, where)
     if a.dtype.kind not in "iu":
         found = "floats" if a.dtype.kind == "f" else str(a.dtype)
         raise DslProgramError(f"{where} must hold integer labels for the network's {f.describe()}, found {found}")
