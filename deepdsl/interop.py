@@ -40,8 +40,9 @@ def import_onnx(model: str, output: str, params: str | None, batch: int | None, 
         raise DslProgramError(f"cannot write '{output}': {e.strerror or e}") from None
     save_npz(params, imported.arrays)
     count = sum(a.size for name, a in imported.arrays.items() if not name.endswith(("running_mean", "running_var")))
+    then = f"deepdsl run {output} --load {params}" if loss else f"deepdsl export {output} --load {params} -o F.onnx"
     return [f"wrote {output} (network {imported.network}, {count:,} parameters) and {params}",
-            f"  deepdsl run {output} --load {params}   |   deepdsl compile {output} -o out/"]  # fmt: skip
+            f"  {then}   |   deepdsl compile {output} -o out/"]  # fmt: skip
 
 
 def initial_arrays(program: Program, seed: int | None = None) -> dict[str, np.ndarray]:

@@ -173,7 +173,11 @@ class _Importer:
         x_dims, model_batch = self._input_dims(data[0])
         n = self.batch if self.batch is not None else (model_batch if model_batch is not None else 1)
         self.model_batch = model_batch
-        self.n = n
+        self.readers: dict[str, list[tuple[int, Any]]] = {}  # ONNX value -> the nodes that read it
+        for j, node in enumerate(g.node):
+            for i in set(node.input):
+                self.readers.setdefault(i, []).append((j, node))
+        self.used = set(self.readers) | {o.name for o in g.output}
         self.shapes = self._infer_shapes(data[0].name, n)
         x = self.names.make(data[0].name, "x")
         self.env[data[0].name] = x
@@ -332,10 +336,8 @@ class _Importer:
 
     def only_output(self, node: Any, where: _Node, keep: int = 1) -> None:
         """The node's outputs past the first `keep` must go unused (a pool's indices, a dropout mask)."""
-        extra = [o for o in node.output[keep:] if o]
-        used = {i for n in self.graph.node for i in n.input} | {o.name for o in self.graph.output}
-        for o in extra:
-            if o in used:
+        for o in node.output[keep:]:
+            if o and o in self.used:
                 raise where.refuse(f"its output '{o}' is used; deepdsl computes only the first output")
 
 
@@ -446,7 +448,7 @@ def _matmul(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> Non
     if len(imp.shape(node.input[0], where)) != 2 or w.ndim != 2:
         raise where.refuse("deepdsl imports MatMul of a [batch, features] input by a matrix")
     bias = None
-    users = [(j, n) for j, n in enumerate(imp.graph.node) if node.output[0] in n.input]
+    users = imp.readers.get(node.output[0], [])
     graph_out = {o.name for o in imp.graph.output}
     if len(users) == 1 and users[0][1].op_type == "Add" and node.output[0] not in graph_out:
         j, add = users[0]  # MatMul + Add of a constant vector, as exporters write a linear layer: one `full`

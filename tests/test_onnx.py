@@ -375,3 +375,16 @@ def test_without_onnx_the_error_names_the_extra(cli, tmp_path: Path, monkeypatch
     assert r.exit_code == 1 and "pip install 'deepdsl[onnx]'" in r.output, r.output
     r = cli("export", str(ROOT / "networks" / "mlp.ddsl"), "-o", str(tmp_path / "m.onnx"))
     assert r.exit_code == 1 and "pip install 'deepdsl[onnx]'" in r.output, r.output
+
+
+def test_usage_errors_exit_2(cli, tmp_path: Path) -> None:
+    onnx.save(resnet_like(13), tmp_path / "m.onnx")
+    for args in (["import", str(tmp_path / "m.onnx")], ["import", str(tmp_path / "m.onnx"), "-o", "n.ddsl",
+                 "--batch", "0"], ["export", str(ROOT / "networks" / "mlp.ddsl")]):  # fmt: skip
+        r = cli(*args)
+        assert r.exit_code == 2, r.output
+    for command in ("import", "export"):
+        r = cli(command, "--help")
+        assert r.exit_code == 0 and "Usage:" in r.stdout
+    r = cli("export", str(ROOT / "networks" / "mlp.ddsl"), "-o", str(tmp_path / "m.onnx"), "--opset", "10")
+    assert r.exit_code == 1 and "deepdsl exports opsets 11 to" in r.output, r.output
