@@ -616,6 +616,8 @@ def _reshape(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> No
     if target is None:
         raise where.refuse("the shape must be a constant (an initialiser or a Constant node)")
     t = [int(v) for v in target.reshape(-1)]
+    if int(attrs.get("allowzero", 0)) and 0 in t:
+        raise where.refuse(f"shape {t} with allowzero=1 makes an axis of size 0")
     rest = int(np.prod(shape[1:]))
     first_ok = t[0] in (0, shape[0]) or (imp.model_batch is not None and t[0] == imp.model_batch)
     if len(t) == 2 and (first_ok and t[1] in (-1, rest) or t[0] == -1 and t[1] == rest):

@@ -388,3 +388,19 @@ def test_usage_errors_exit_2(cli, tmp_path: Path) -> None:
         assert r.exit_code == 0 and "Usage:" in r.stdout
     r = cli("export", str(ROOT / "networks" / "mlp.ddsl"), "-o", str(tmp_path / "m.onnx"), "--opset", "10")
     assert r.exit_code == 1 and "deepdsl exports opsets 11 to" in r.output, r.output
+
+
+def test_export_of_trained_parameters(cli, tmp_path: Path) -> None:
+    """`run --save` then `export --load`: the optimizer state in the file is ignored, the trained weights go out."""
+    mlp = str(ROOT / "networks" / "mlp.ddsl")
+    r = cli("run", mlp, "--set", "N=4", "--iters", "2", "--data", "synthetic", "--device", "cpu", "--save",
+            str(tmp_path / "s.npz"))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = cli("export", mlp, "--set", "N=4", "--load", str(tmp_path / "s.npz"), "-o", str(tmp_path / "m.onnx"))
+    assert r.exit_code == 0, r.output
+    program = api.compile_file(mlp, {"N": 4}).program
+    saved = dict(np.load(tmp_path / "s.npz"))
+    arrays = {name: saved[name] for name in initial_arrays(program)}
+    assert any(not np.array_equal(a, initial_arrays(program)[n]) for n, a in arrays.items())  # it trained
+    x = RNG.standard_normal(program.graph.inputs[0].value.type.shape).astype(np.float32)
+    close(ort_output(onnx.load(tmp_path / "m.onnx"), x), deepdsl_output(program, arrays, x))
