@@ -297,8 +297,8 @@ class _Importer:
             raise where.refuse(f"operators of domain '{node.domain}' are not supported")
         rule = _RULES.get(node.op_type)
         if rule is None:
-            raise where.refuse("this operator is not supported", hint=f"deepdsl imports {', '.join(SUPPORTED)}; "
-                               f"and of constants and shapes only {', '.join(FOLDED)}")  # fmt: skip
+            raise where.refuse("this operator is not supported", hint=f"deepdsl imports {', '.join(SUPPORTED)}, "
+                               f"and folds {', '.join(FOLDED)} of constants and shapes")  # fmt: skip
         attrs = {a.name: self.onnx.helper.get_attribute_value(a) for a in node.attribute}
         rule(self, k, node, where, attrs)
         for o in node.output:
