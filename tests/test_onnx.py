@@ -74,6 +74,11 @@ def test_network_round_trip(compiled, tmp_path: Path, net: str) -> None:
     x = np.random.default_rng(0).standard_normal(program.graph.inputs[0].value.type.shape).astype(np.float32)
     want = deepdsl_output(program, arrays, x)
     close(ort_output(model, x), want)
+    if net == "lenet":  # nodes named after their layers, each with its source position
+        names = [nd.name for nd in model.graph.node]
+        assert names == ["cv1", "mp", "cv2", "mp/MaxPool", "net.flatten1", "fc1", "net.relu1", "fc2"]
+        assert model.graph.node[0].doc_string == "lenet.ddsl:13:13 conv2d"
+        assert [o.name for o in model.graph.output] == ["predict"] and model.graph.node[-1].output == ["predict"]
     # import of the export: the same parameters (count and values) and the same outputs
     again, again_arrays, _ = imported(tmp_path, model, batch=x.shape[0])
     assert again.graph.parameter_count == program.graph.parameter_count
