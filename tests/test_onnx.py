@@ -300,7 +300,7 @@ def test_a_broadcast_constant_exports_back(cli, tmp_path: Path) -> None:
     close(ort_output(back, x), ort_output(model, x))
 
 
-def test_no_loss_imports_any_output(tmp_path: Path) -> None:
+def test_no_loss_imports_any_output(cli, tmp_path: Path) -> None:
     n = Net([1, 3, 8, 8])
     out = n.node("Relu", [n.conv("input", "c", 3, 4, 3)], "r")
     model = n.model(out, 13, [4, 6, 6])
@@ -310,6 +310,9 @@ def test_no_loss_imports_any_output(tmp_path: Path) -> None:
     assert "label" not in text and "mse(" in text
     x = RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)
     close(deepdsl_output(program, arrays, x), ort_output(model, x))
+    (tmp_path / "n.ddsl").write_text(text)
+    r = cli("run", str(tmp_path / "n.ddsl"), "--iters", "1", "--device", "cpu")  # no label: a user error, not a crash
+    assert r.exit_code == 1 and "has no `label`" in r.output, r.output
 
 
 def test_export_refuses_what_onnx_cannot_say(compiled) -> None:
