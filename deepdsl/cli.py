@@ -82,6 +82,25 @@ def _parse_data(ctx: click.Context, param: click.Parameter, value: str | None) -
     return value
 
 
+def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--plot FILE: a format matplotlib writes, in a folder that exists (checked before anything is compiled)."""
+    import os
+
+    from deepdsl.memory.report import PLOT_FORMATS
+
+    if value is None:
+        return None
+    suffix = os.path.splitext(value)[1].lower().lstrip(".")
+    if suffix not in PLOT_FORMATS:
+        raise click.BadParameter(
+            f"{value!r}: the file name must end in " + ", ".join(f".{f}" for f in PLOT_FORMATS), ctx, param
+        )
+    folder = os.path.dirname(os.path.abspath(value))
+    if not os.path.isdir(folder):
+        raise click.BadParameter(f"{value!r}: folder {folder!r} does not exist", ctx, param)
+    return value
+
+
 def _file_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None and not value.strip():
         raise click.BadParameter("needs a file name", ctx, param)
@@ -223,6 +242,7 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
     "plot_path",
     metavar="FILE",
     default=None,
+    callback=_plot_path,
     help="Also draw live memory over the schedule, peak marked, into FILE (.png/.svg/.pdf; needs matplotlib).",
 )
 @WORKSPACE_LIMIT
@@ -269,7 +289,12 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
         except MissingDependency as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_USER)
+        except OSError as exc:
+            click.echo(f"error: cannot write the plot {plot_path!r}: {exc.strerror or exc}", err=True)
+            sys.exit(EXIT_USER)
     click.echo(json.dumps(r) if as_json else format_report(r, table != "totals"))
+    if plot_path is not None:
+        click.echo(f"plot: wrote {plot_path}", err=as_json)
     if budget is not None and not r["fits"]:
         raise over_budget(b.train_plan, r)
 
@@ -381,7 +406,12 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
         wanted = tuple(a.strip() for a in archs.split(",") if a.strip())
         if not wanted or any(not re.fullmatch(r"sm_[0-9]{2,3}", a) for a in wanted):
             raise click.BadParameter(f"{archs!r} is not a list such as sm_90,sm_80", param_hint="--arch")
-        cuda.compiler()  # no compiler: a DslError with what to install (exit 1)
+        which = cuda.compiler()  # no compiler: a DslError with what to install (exit 1)
+        known = cuda.supported_archs()
+        unknown = [a for a in wanted if known is not None and a not in known]
+        if unknown:
+            raise click.BadParameter(f"{which} does not compile for {', '.join(unknown)}; it knows "
+                                     f"{', '.join(known or ())}", param_hint="--arch")  # fmt: skip
         modules = {arch: cuda.ptx(prog.cuda, arch, f"{name}.cu") for arch in wanted}
     if folder is not None:
         java.write_sources(folder, prog)

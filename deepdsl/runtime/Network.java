@@ -503,7 +503,7 @@ public abstract class Network {
 
   private static final String USAGE =
       "usage: java %s [--iters N] [--data SOURCE] [--load FILE.npz] [--save FILE.npz]\n"
-          + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--json]";
+          + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--threads N] [--json]";
 
   /** The flags of {@code deepdsl run}, plus the workspace limit. */
   private static final class Flags {
@@ -514,6 +514,7 @@ public abstract class Network {
     String device = "auto";
     boolean json;
     Long workspaceLimit;
+    Integer threads;
 
     static Flags parse(String[] args) {
       Flags f = new Flags();
@@ -529,7 +530,8 @@ public abstract class Network {
           f.json = true;
           continue;
         }
-        if (!List.of("--iters", "--data", "--load", "--save", "--device", "--workspace-limit")
+        if (!List.of(
+                "--iters", "--data", "--load", "--save", "--device", "--workspace-limit", "--threads")
             .contains(arg)) {
           throw new IllegalArgumentException("no such option: " + arg);
         }
@@ -548,6 +550,7 @@ public abstract class Network {
           case "--load" -> f.load = file(arg, value);
           case "--save" -> f.save = file(arg, value);
           case "--workspace-limit" -> f.workspaceLimit = bytes(arg, value);
+          case "--threads" -> f.threads = count(arg, value, 1);
           default -> {
             if (!List.of("cpu", "cuda", "auto").contains(value)) {
               throw new IllegalArgumentException(
@@ -581,15 +584,20 @@ public abstract class Network {
     }
 
     private static int count(String flag, String value) {
+      return count(flag, value, 0);
+    }
+
+    private static int count(String flag, String value, int least) {
       try {
         int n = Integer.parseInt(value);
-        if (n >= 0) {
+        if (n >= least) {
           return n;
         }
       } catch (NumberFormatException e) {
         // reported below
       }
-      throw new IllegalArgumentException(flag + " takes a whole number >= 0, not '" + value + "'");
+      throw new IllegalArgumentException(
+          flag + " takes a whole number >= " + least + ", not '" + value + "'");
     }
   }
 
@@ -612,12 +620,18 @@ public abstract class Network {
       System.err.println(String.format(USAGE, name) + "\nerror: " + e.getMessage());
       return 2;
     }
+    if (flags.threads != null) { // before the first parallel loop, which reads it
+      System.setProperty(Parallel.THREADS_PROPERTY, Integer.toString(flags.threads));
+    }
     Network net = make.get(); // after the flags: it allocates every tensor
     PrintStream info = flags.json ? System.err : System.out;
     if (flags.workspaceLimit != null) {
       net.workspaceLimit = flags.workspaceLimit;
     }
     try (Device device = Device.open(flags.device, net.settings, net.workspaceLimit)) {
+      if (flags.save != null) {
+        Npz.checkWritable(Path.of(flags.save)); // before training, not after it
+      }
       net.use(device);
       String source = flags.data != null ? flags.data : net.settings.data;
       net.useData(source);
@@ -625,6 +639,9 @@ public abstract class Network {
         net.load(flags.load);
       }
       int iterations = flags.iters != null ? flags.iters : net.settings.iterations;
+      if (device.note() != null) {
+        info.println(device.note());
+      }
       info.printf(
           "device: %s  network %s  batch %d  data %s%n",
           device.description(), name, net.x.shape[0], source.split(":", 2)[0]);
@@ -632,7 +649,7 @@ public abstract class Network {
       long t0 = System.nanoTime();
       float[] losses = net.train(iterations);
       double secondsPerIter = iterations == 0 ? 0.0 : (System.nanoTime() - t0) / 1e9 / iterations;
-      Double accuracy = net.test();
+      Double accuracy = iterations == 0 ? null : net.test(); // nothing trained: nothing to test
       if (flags.save != null) {
         net.save(flags.save);
       }

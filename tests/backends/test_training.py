@@ -139,6 +139,23 @@ def test_run_reports_progress_and_accuracy(cli, tmp_path) -> None:  # noqa: ANN0
     assert "fc1.W" in saved.files and "opt/fc1.W/momentum" in saved.files
 
 
+def test_save_is_checked_before_training_and_iters_0_tests_nothing(cli, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    mlp = str(ROOT / "networks" / "mlp.ddsl")
+    r = cli("run", mlp, "--set", "N=2", "--iters", "2", "--data", "synthetic", "--save", str(tmp_path / "no" / "p.npz"))
+    assert r.exit_code == 1 and f"folder '{tmp_path / 'no'}' does not exist" in r.stderr
+    assert "iter" not in r.stdout  # refused before the first step, not after the last
+
+    def no_test(self, batches=None):  # noqa: ANN001, ANN202
+        raise AssertionError("--iters 0 ran the test set")
+
+    monkeypatch.setattr(Trainer, "test", no_test)
+    r = cli(
+        "run", mlp, "--set", "N=2", "--iters", "0", "--data", "synthetic", "--save", str(tmp_path / "p.npz"), "--json"
+    )
+    assert r.exit_code == 0, r.output
+    assert "test_accuracy" not in json.loads(r.stdout) and "fc1.W" in np.load(tmp_path / "p.npz").files
+
+
 def test_load_checks_names_and_shapes(cli, tmp_path) -> None:  # noqa: ANN001
     bad = tmp_path / "bad.npz"
     np.savez(bad, **{"fc1.W": np.zeros((3, 3), np.float32)})
