@@ -22,6 +22,7 @@ import numpy as np
 
 from deepdsl.errors import DslProgramError
 from deepdsl.frontend.builtins import BUILTINS, QUERIES
+from deepdsl.frontend.javanames import java_class, reserved_class_names
 from deepdsl.frontend.transformer import RESERVED
 
 ONNX_EXTRA = "pip install 'deepdsl[onnx]'"
@@ -169,6 +170,8 @@ class _Importer:
                                   f"{len(g.output)} ({', '.join(o.name for o in g.output)})")  # fmt: skip
         generic = not g.name or g.name in GENERIC_GRAPH_NAMES
         network = self.names.make(Path(self.file).stem if generic else g.name, "Net")
+        if java_class(network) in reserved_class_names():  # the Java class would hide one the program uses
+            network = self.names.make(f"{network}Net", "Net")
         self.names.used.add("N")
         x_dims, model_batch = self._input_dims(data[0])
         n = self.batch if self.batch is not None else (model_batch if model_batch is not None else 1)

@@ -258,6 +258,9 @@ def test_symbolic_batch_is_const_n(tmp_path: Path) -> None:
     assert "input input_2 : [N, 3, 16, 16]" in text
     program, _, _ = imported(tmp_path, resnet_like(13), batch=5)
     assert program.graph.inputs[0].value.type.shape == (5, 3, 16, 16)
+    model = resnet_like(13)
+    model.graph.name = "Network"  # the Java runtime's base class: the network takes another name
+    assert imported(tmp_path, model)[2].splitlines()[1] == "network NetworkNet"
 
 
 # ---- the command line ----
