@@ -102,7 +102,20 @@ def _pair(values: tuple[int, ...]) -> str:
     return str(values[0]) if values[0] == values[1] else f"({values[0]}, {values[1]})"
 
 
-def _call(fn: str, args: list[str], kw: dict[str, str]) -> str:
+def _call(where: _Node, fn: str, args: list[str], kw: dict[str, str]) -> str:
+    """The call `fn(args, key=value, ...)`, each keyword's value (as written) checked against the range the built-in
+    takes, so that an attribute the language refuses is refused here, at its node."""
+    specs = {a.name: a for a in BUILTINS[fn].args}
+    for key, text in kw.items():
+        spec = specs[key]
+        if text in ("true", "false"):
+            continue
+        for v in (float(t) for t in text.strip("()").split(",")):
+            if (spec.low is not None and v < spec.low or spec.below is not None and v >= spec.below
+                    or spec.high is not None and v > spec.high):  # fmt: skip
+                bounds = [f">= {spec.low:g}" if spec.low is not None else "", f"< {spec.below:g}" if spec.below
+                          is not None else "", f"<= {spec.high:g}" if spec.high is not None else ""]  # fmt: skip
+                raise where.refuse(f"{key}={text}: the language's {fn} takes {' and '.join(b for b in bounds if b)}")
     return f"{fn}({', '.join([*args, *(f'{k}={v}' for k, v in kw.items())])})"
 
 
@@ -398,7 +411,7 @@ def _conv(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
     if b is None:
         kw["bias"] = "false"
     params = {"W": w} if b is None else {"W": w, "b": b.reshape(-1)}
-    name = imp.layer(node, where, _call("conv", [str(w.shape[0])], kw), params)
+    name = imp.layer(node, where, _call(where, "conv", [str(w.shape[0])], kw), params)
     imp.bind(node, f"{name}({x})", name)
 
 
@@ -406,7 +419,7 @@ def _full(imp: _Importer, node: Any, where: _Node, x: str, w: np.ndarray, b: np.
     """`full` with weight `w` [out, in] and optional bias [out]."""
     kw = {} if b is not None else {"bias": "false"}
     params = {"W": w} if b is None else {"W": w, "b": b}
-    name = imp.layer(node, where, _call("full", [str(w.shape[0])], kw), params)
+    name = imp.layer(node, where, _call(where, "full", [str(w.shape[0])], kw), params)
     imp.bind(node, f"{name}({x})", name)
 
 
@@ -545,7 +558,7 @@ def _unary(fn: str) -> Callable[..., None]:
 def _leaky(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
     alpha = float(attrs.get("alpha", 0.01))
     kw = {} if np.float32(alpha) == np.float32(0.01) else {"slope": _num(alpha)}
-    imp.bind(node, _call("leaky_relu", [imp.tensor(node.input[0], where)], kw))
+    imp.bind(node, _call(where, "leaky_relu", [imp.tensor(node.input[0], where)], kw))
 
 
 def _pool(fn: str) -> Callable[..., None]:
@@ -572,7 +585,7 @@ def _pool(fn: str) -> Callable[..., None]:
             kw["stride"] = _pair(stride)
         if pad != (0, 0):
             kw["pad"] = _pair(pad)
-        imp.bind(node, _call(fn, [x, _pair(kernel)], kw))  # type: ignore[arg-type]
+        imp.bind(node, _call(where, fn, [x, _pair(kernel)], kw))  # type: ignore[arg-type]
 
     return rule
 
@@ -601,7 +614,7 @@ def _batch_norm(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) ->
     if np.float32(1 - momentum) != np.float32(0.1):
         kw["momentum"] = _num(1 - momentum)  # ONNX keeps `momentum` of the old statistics, deepdsl (PyTorch) the new
     params = {"gamma": scale, "beta": bias, "running_mean": mean, "running_var": var}
-    name = imp.layer(node, where, _call("batch_norm", [], kw), params)
+    name = imp.layer(node, where, _call(where, "batch_norm", [], kw), params)
     imp.bind(node, f"{name}({x})", name)
 
 
@@ -643,7 +656,7 @@ def _concat(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> Non
     if len(xs) == 1:
         imp.env[node.output[0]] = xs[0]
         return
-    imp.bind(node, _call("concat", xs, {} if axis == 1 else {"axis": str(axis)}))
+    imp.bind(node, _call(where, "concat", xs, {} if axis == 1 else {"axis": str(axis)}))
 
 
 def _softmax(fn: str) -> Callable[..., None]:
@@ -668,7 +681,7 @@ def _lrn(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
         v = float(attrs.get(key, default))
         if np.float32(v) != np.float32(default):
             kw[ours] = _num(v)
-    imp.bind(node, _call("lrn", [imp.tensor(node.input[0], where)], kw))
+    imp.bind(node, _call(where, "lrn", [imp.tensor(node.input[0], where)], kw))
 
 
 def _dropout(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
@@ -689,7 +702,7 @@ def _dropout(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> No
     if ratio == 0:
         imp.env[node.output[0]] = x
         return
-    imp.bind(node, _call("dropout", [x], {} if ratio == 0.5 else {"p": _num(ratio)}))
+    imp.bind(node, _call(where, "dropout", [x], {} if ratio == 0.5 else {"p": _num(ratio)}))
 
 
 def _identity(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:

@@ -351,6 +351,7 @@ REFUSED = {
     ),  # fmt: skip
     "exclude_pad": (_one_node("AveragePool", [], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}), "count_include_pad"),
     "lrn_even": (_one_node("LRN", [], {"size": 4}), "even window"),
+    "lrn_bias": (_one_node("LRN", [], {"size": 3, "bias": 0.0}), "k=0.0: the language's lrn takes >= 1e-30"),
     "old_opset": (_one_node("Relu", [], {}, opset=10), "opset 10; deepdsl imports opsets 11 to"),
     "softmax_4d": (_one_node("Softmax", [], {"axis": 1}), "over axis 1 of"),
     "shape_of_data": (_one_node("Gather", [np.asarray([0], np.int64)], {}), "Gather of constants and shapes only"),
