@@ -32,6 +32,8 @@ def import_onnx(model: str, output: str, params: str | None, batch: int | None, 
     """Write the `.ddsl` of `model` to `output` and its parameters to `params` (default: beside it, NAME.npz)."""
     imported: Imported = import_model(model, batch, loss)
     params = params if params is not None else str(Path(output).with_suffix(".npz"))
+    if os.path.abspath(params) == os.path.abspath(output):
+        raise DslProgramError(f"the network and its parameters would both be written to '{output}'; give --params")
     for path, what in ((output, "the network"), (params, "the parameter file")):
         _check_folder(path, what)
     try:

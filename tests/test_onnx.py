@@ -398,6 +398,8 @@ def test_usage_errors_exit_2(cli, tmp_path: Path) -> None:
     for command in ("import", "export"):
         r = cli(command, "--help")
         assert r.exit_code == 0 and "Usage:" in r.stdout
+    r = cli("import", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "n.npz"))
+    assert r.exit_code == 1 and "both be written to" in r.output, r.output
     r = cli("export", str(ROOT / "networks" / "mlp.ddsl"), "-o", str(tmp_path / "m.onnx"), "--opset", "10")
     assert r.exit_code == 1 and "deepdsl exports opsets 11 to" in r.output, r.output
 
