@@ -37,8 +37,8 @@ FOLDED = ("Cast", "Gather", "Shape", "Squeeze", "Unsqueeze")
 
 SUPPORTED = (
     "Add", "AveragePool", "BatchNormalization", "Concat", "Constant", "Conv", "Div", "Dropout", "Flatten", "Gemm",
-    "GlobalAveragePool", "Identity", "LRN", "LeakyRelu", "LogSoftmax", "MatMul", "MaxPool", "Mul", "Relu", "Reshape",
-    "Sigmoid", "Softmax", "Sub", "Tanh",
+    "GlobalAveragePool", "Identity", "LRN", "LeakyRelu", "LogSoftmax", "MatMul", "MaxPool", "Mul", "ReduceMean",
+    "Relu", "Reshape", "Sigmoid", "Softmax", "Sub", "Tanh",
 )  # fmt: skip
 
 # names a binding may not take: the language's reserved words and built-ins, and the train block's functions
@@ -596,6 +596,22 @@ def _global_avg(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) ->
     imp.bind(node, f"global_avg_pool({imp.tensor(node.input[0], where)})")
 
 
+def _reduce_mean(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
+    """The mean over H and W of an NCHW tensor (as exporters write adaptive average pooling to 1x1)."""
+    rank = len(imp.shape(node.input[0], where))
+    axes = attrs.get("axes")
+    if len(node.input) > 1 and node.input[1]:  # opset 18: the axes are an input
+        axes = imp.const(node.input[1])
+        if axes is None:
+            raise where.refuse("the axes must be a constant")
+    got = sorted(int(a) + (rank if int(a) < 0 else 0) for a in np.ravel(axes)) if axes is not None else None
+    if rank != 4 or got != [2, 3]:
+        raise where.refuse(f"axes {got if got is not None else 'all'} of a rank-{rank} input: deepdsl imports the mean "
+                           "over H and W of [N, C, H, W] (global_avg_pool)")  # fmt: skip
+    pooled = f"global_avg_pool({imp.tensor(node.input[0], where)})"
+    imp.bind(node, pooled if int(attrs.get("keepdims", 1)) else f"flatten({pooled})")
+
+
 def _batch_norm(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
     x = imp.tensor(node.input[0], where)
     stats = [imp.const(i) for i in node.input[1:5]]
@@ -774,7 +790,8 @@ _RULES: dict[str, Callable[..., None]] = {
     "Conv": _conv, "Gemm": _gemm, "MatMul": _matmul, "Add": _arith, "Sub": _arith, "Mul": _arith, "Div": _arith,
     "Relu": _unary("relu"), "Sigmoid": _unary("sigmoid"), "Tanh": _unary("tanh"), "LeakyRelu": _leaky,
     "MaxPool": _pool("max_pool"), "AveragePool": _pool("avg_pool"), "GlobalAveragePool": _global_avg,
-    "BatchNormalization": _batch_norm, "Flatten": _flatten, "Reshape": _reshape, "Concat": _concat,
+    "ReduceMean": _reduce_mean, "BatchNormalization": _batch_norm, "Flatten": _flatten, "Reshape": _reshape,
+    "Concat": _concat,
     "Softmax": _softmax("softmax"), "LogSoftmax": _softmax("log_softmax"), "LRN": _lrn, "Dropout": _dropout,
     "Identity": _identity, "Constant": _constant, **{op: _folded for op in FOLDED},
 }  # fmt: skip

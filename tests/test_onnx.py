@@ -242,6 +242,23 @@ def test_a_flatten_computed_from_the_shape_is_folded(tmp_path: Path, opset: int)
     close(deepdsl_output(program, arrays, x), ort_output(model, x))
 
 
+@pytest.mark.parametrize(("opset", "keepdims"), [(13, 1), (13, 0), (18, 1)])
+def test_reduce_mean_over_h_and_w_is_global_avg_pool(tmp_path: Path, opset: int, keepdims: int) -> None:
+    n = Net([1, 2, 5, 5])
+    h = n.conv("input", "c", 2, 3, 3)
+    if opset < 18:
+        h = n.node("ReduceMean", [h], "pool", axes=[-2, -1], keepdims=keepdims)
+    else:
+        h = n.node("ReduceMean", [h, n.init("axes", np.asarray([2, 3], np.int64))], "pool", keepdims=keepdims)
+    h = h if not keepdims else n.node("Flatten", [h], "flatten")
+    w, b = n.init("fc.weight", RNG.standard_normal((4, 3)).astype(np.float32)), n.init("fc.bias", np.zeros(4))
+    model = n.model(n.node("Gemm", [h, w, b], "fc", transB=1), opset, [4])
+    program, arrays, text = imported(tmp_path, model, batch=2)
+    assert "global_avg_pool(" in text
+    x = RNG.standard_normal((2, 2, 5, 5)).astype(np.float32)
+    close(deepdsl_output(program, arrays, x), ort_output(model, x))
+
+
 def test_the_imported_parameters_are_the_initialisers(tmp_path: Path) -> None:
     model = resnet_like(13)
     _, arrays, _ = imported(tmp_path, model)
@@ -351,6 +368,7 @@ REFUSED = {
     ),  # fmt: skip
     "exclude_pad": (_one_node("AveragePool", [], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}), "count_include_pad"),
     "lrn_even": (_one_node("LRN", [], {"size": 4}), "even window"),
+    "mean_over_c": (_one_node("ReduceMean", [], {"axes": [1]}), r"axes \[1\] of a rank-4 input"),
     "lrn_bias": (_one_node("LRN", [], {"size": 3, "bias": 0.0}), "k=0.0: the language's lrn takes >= 1e-30"),
     "old_opset": (_one_node("Relu", [], {}, opset=10), "opset 10; deepdsl imports opsets 11 to"),
     "softmax_4d": (_one_node("Softmax", [], {"axis": 1}), "over axis 1 of"),
