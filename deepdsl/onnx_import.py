@@ -73,10 +73,14 @@ class Names:
     def __init__(self) -> None:
         self.used: set[str] = set(_TAKEN)
 
-    def make(self, raw: str, fallback: str) -> str:
+    @staticmethod
+    def clean(raw: str, fallback: str) -> str:
+        """`raw` as a name of the language (`/layer1/conv.0` -> `layer1_conv_0`, `123` -> `h_123`)."""
         base = re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9_]", "_", raw)).strip("_") or fallback
-        if base[0].isdigit():
-            base = f"{fallback}_{base}"
+        return f"{fallback}_{base}" if base[0].isdigit() else base
+
+    def make(self, raw: str, fallback: str) -> str:
+        base = self.clean(raw, fallback)
         name, k = base, 2
         while name in self.used:
             name, k = f"{base}_{k}", k + 1
@@ -195,7 +199,7 @@ class _Importer:
                 self.readers.setdefault(i, []).append((j, node))
         self.used = set(self.readers) | {o.name for o in g.output}
         self.shapes = self._infer_shapes(data[0].name, n)
-        x = self.names.make(data[0].name, "x")
+        x = self.names.make(data[0].name if Names.clean(data[0].name, "x") not in _TAKEN else "x", "x")  # not input_2
         self.env[data[0].name] = x
         for k, node in enumerate(g.node):
             if k in self.absorbed:
@@ -534,10 +538,10 @@ def _arith(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None
     sizes = ", ".join(f"S{d}" for d in range(len(shape)))
     name = imp.names.make(where.base, node.op_type.lower())
     fn = imp.names.make(f"{name}_fn", "fn")
-    xk, kk = f"x[{', '.join(idx)}]", f"k[{k_idx}]"
+    xk, kk = f"t[{', '.join(idx)}]", f"k[{k_idx}]"
     expr = f"{kk} {sym} {xk}" if left else f"{xk} {sym} {kk}"
     imp.tensor_fns += [
-        f"tensor {fn}(x[{sizes}]) -> [{', '.join(idx)}] {{   # {node.op_type} of a constant, broadcast",
+        f"tensor {fn}(t[{sizes}]) -> [{', '.join(idx)}] {{   # {node.op_type} of a constant, broadcast",
         f"  param k[{', '.join(map(str, kc.shape))}] = constant(0)",
         f"  return {expr}",
         "}",

@@ -272,7 +272,7 @@ def test_symbolic_batch_is_const_n(tmp_path: Path) -> None:
     _, _, text = imported(tmp_path, resnet_like(13))
     assert "const N = 1   # the model's batch was symbolic" in text
     assert text.splitlines()[1] == "network m"  # PyTorch's generic graph name torch_jit: named after m.onnx
-    assert "input input_2 : [N, 3, 16, 16]" in text
+    assert "input x : [N, 3, 16, 16]" in text  # the model names it `input`, a reserved word
     program, _, _ = imported(tmp_path, resnet_like(13), batch=5)
     assert program.graph.inputs[0].value.type.shape == (5, 3, 16, 16)
     model = resnet_like(13)
@@ -436,3 +436,9 @@ def test_export_of_trained_parameters(cli, tmp_path: Path) -> None:
     assert any(not np.array_equal(a, initial_arrays(program)[n]) for n, a in arrays.items())  # it trained
     x = RNG.standard_normal(program.graph.inputs[0].value.type.shape).astype(np.float32)
     close(ort_output(onnx.load(tmp_path / "m.onnx"), x), deepdsl_output(program, arrays, x))
+
+
+def test_the_imported_text_is_stable(golden, tmp_path: Path) -> None:
+    """What `deepdsl import` writes for the inception-like model, line for line (tests/golden/onnx/)."""
+    _, _, text = imported(tmp_path, inception_like(13), batch=2)
+    golden(ROOT / "tests" / "golden" / "onnx" / "inception_like.ddsl", text)
