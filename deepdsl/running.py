@@ -89,7 +89,9 @@ def _train(
     cfg = program.train
     kind, args = parse_data_flag(data_flag) if data_flag else (cfg.data[0], dict(cfg.data[1]))
     x = next(d for d in program.graph.inputs if d.kind == "input")
-    y = next(d for d in program.graph.inputs if d.kind == "label")
+    y = next((d for d in program.graph.inputs if d.kind == "label"), None)
+    if y is None:  # e.g. `deepdsl import --no-loss`: its loss compares with an input, which no data source holds
+        raise DslProgramError(f"network {program.graph.name} has no `label`: deepdsl run trains on class ids")
     assert y.classes is not None
     data = load_data(kind, args, x.value.type.shape[1:], y.classes, build.seed)
     trainer = Trainer(build, data, np.float64 if double else np.float32)
