@@ -319,7 +319,8 @@ def stats_text(obj: dict[str, Any]) -> str:
 @common
 @click.option("--iters", type=click.IntRange(min=0), default=None, help="Training steps (default: the train block's).")
 @click.option("--data", "data_flag", metavar="SOURCE", default=None, callback=_parse_data,
-              help="synthetic | mnist:DIR | cifar10:DIR | npz:FILE (default: the train block's).")  # fmt: skip
+              help="synthetic[:SEED] | mnist:DIR | cifar10:DIR | npz:FILE (default: the train block's; SEED: the "
+              "synthetic data's own seed, else the program's).")  # fmt: skip
 @click.option("--load", "load_path", type=click.Path(dir_okay=False), default=None, callback=_file_name,
               help="Start from this .npz file.")  # fmt: skip
 @click.option("--save", "save_path", type=click.Path(dir_okay=False), default=None, callback=_file_name,

@@ -171,6 +171,11 @@ def test_save_is_checked_before_training_and_iters_0_tests_nothing(programs: Pat
     assert "test_accuracy" not in java_run(programs, "MLP", "--iters", "0")
 
 
+def test_synthetic_says_its_seed(programs: Path) -> None:
+    r = java(programs / "build", "MLP", "--data", "synthetic:5", "--iters", "1", "--device", "cpu", cwd=programs)
+    assert r.returncode == 0 and "data synthetic (seed 5)" in r.stdout.splitlines()[0]
+
+
 def test_threads_flag(programs: Path) -> None:
     """--threads N sizes the runtime's thread team (the device line says it); the losses do not depend on it."""
     one = java(programs / "build", "MLP", "--data", "synthetic", "--iters", "2", "--device", "cpu", "--threads", "1",

@@ -156,6 +156,18 @@ def test_save_is_checked_before_training_and_iters_0_tests_nothing(cli, tmp_path
     assert "test_accuracy" not in json.loads(r.stdout) and "fc1.W" in np.load(tmp_path / "p.npz").files
 
 
+def test_synthetic_says_its_seed(cli) -> None:  # noqa: ANN001
+    """--data synthetic:SEED is the synthetic data's own seed, and the header line says so."""
+    mlp, sets = str(ROOT / "networks" / "mlp.ddsl"), ("--set", "N=2", "--iters", "1", "--device", "cpu")
+    five = cli("run", mlp, *sets, "--data", "synthetic:5")
+    assert five.exit_code == 0 and "data synthetic (seed 5)" in five.stdout.splitlines()[0]
+    default = cli("run", mlp, *sets, "--data", "synthetic")
+    assert "data synthetic (seed 1)" in default.stdout.splitlines()[0]  # the program's seed
+    assert five.stdout.splitlines()[1] != default.stdout.splitlines()[1]  # other data, another loss
+    r = cli("run", mlp, *sets, "--data", "synthetic:five")
+    assert r.exit_code == 2 and "needs an integer seed" in r.stderr
+
+
 def test_load_checks_names_and_shapes(cli, tmp_path) -> None:  # noqa: ANN001
     bad = tmp_path / "bad.npz"
     np.savez(bad, **{"fc1.W": np.zeros((3, 3), np.float32)})
