@@ -431,6 +431,41 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
                    f"{name.lower()}-1.0.jar")  # fmt: skip
 
 
+@cli.command("data")
+@click.argument("name", type=click.Choice(["mnist", "cifar10"]))
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--url", "base_url", metavar="URL", default=None,
+              help="Download from this base URL instead of the canonical one (a mirror); the checksums stay the "
+              "canonical files'. Also DEEPDSL_DATA_URL.")  # fmt: skip
+def data_(name: str, directory: str, base_url: str | None) -> None:
+    """Download data set NAME (mnist or cifar10) into DIRECTORY, each file checked against its published SHA-256
+    and written atomically; files already there and correct are kept. Progress goes to stderr."""
+    from deepdsl.data.download import download
+    from deepdsl.memory.report import size
+
+    shown = {"name": "", "percent": -1}
+
+    def progress(file: str, done: int, total: int) -> None:
+        percent = 100 * done // max(total, 1)
+        if file == shown["name"] and percent == shown["percent"]:
+            return
+        shown.update(name=file, percent=percent)
+        bar = "#" * (percent * 24 // 100)
+        click.echo(f"\r{file:<28} [{bar:.<24}] {percent:>3}%  {size(done)} of {size(total)}", err=True, nl=False)
+        if done >= total:
+            click.echo("", err=True)
+            shown["name"] = ""
+
+    try:
+        paths = download(name, directory, base_url or from_env().data_url, progress)
+    except DslError as err:
+        if shown["name"]:  # end the bar's line before the error
+            click.echo("", err=True)
+        click.echo(render(err, {}), err=True)
+        sys.exit(EXIT_USER)
+    click.echo(f"{name}: {len(paths)} files in {directory}; train on them with --data {name}:{directory}")
+
+
 def check_json(p: Program) -> dict[str, Any]:
     g = p.graph
     return {

@@ -176,6 +176,13 @@ def test_synthetic_says_its_seed(programs: Path) -> None:
     assert r.returncode == 0 and "data synthetic (seed 5)" in r.stdout.splitlines()[0]
 
 
+def test_missing_data_says_how_to_get_it(programs: Path) -> None:
+    r = java(programs / "build", "MLP", "--data", "mnist:no where", "--iters", "1", "--device", "cpu", cwd=programs)
+    assert r.returncode == 1
+    assert "MNIST directory not found: 'no where'; get them with `deepdsl data mnist 'no where'`, or train on " \
+        "`--data synthetic`" in r.stderr  # fmt: skip
+
+
 def test_threads_flag(programs: Path) -> None:
     """--threads N sizes the runtime's thread team (the device line says it); the losses do not depend on it."""
     one = java(programs / "build", "MLP", "--data", "synthetic", "--iters", "2", "--device", "cpu", "--threads", "1",
