@@ -174,3 +174,21 @@ def test_load_checks_names_and_shapes(cli, tmp_path) -> None:  # noqa: ANN001
     r = cli("run", str(ROOT / "networks" / "mlp.ddsl"), "--iters", "1", "--data", "synthetic", "--load", str(bad))
     assert r.exit_code == 1
     assert "fc1.W" in r.stderr
+
+
+def test_a_train_block_path_is_relative_to_its_ddsl_file(cli, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """As include is; --data stays relative to the current directory."""
+    sub = tmp_path / "nets"
+    sub.mkdir()
+    rng = np.random.default_rng(0)
+    np.savez(sub / "d.npz", x=rng.random((8, 1, 28, 28), dtype=np.float32), y=np.arange(8) % 10)
+    mlp = (ROOT / "networks" / "mlp.ddsl").read_text().replace('mnist("../data/mnist")', 'npz("d.npz")')
+    assert 'npz("d.npz")' in mlp
+    (sub / "net.ddsl").write_text(mlp)
+    monkeypatch.chdir(tmp_path)
+    r = cli("run", "nets/net.ddsl", "--set", "N=2", "--iters", "1", "--device", "cpu")
+    assert r.exit_code == 0, r.output
+    r = cli("run", "nets/net.ddsl", "--set", "N=2", "--iters", "1", "--device", "cpu", "--data", "npz:d.npz")
+    assert r.exit_code == 1 and "npz data file not found: 'd.npz'" in r.stderr
+    monkeypatch.chdir(sub)
+    assert cli("run", "net.ddsl", "--set", "N=2", "--iters", "1", "--data", "npz:d.npz").exit_code == 0
