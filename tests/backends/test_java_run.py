@@ -153,7 +153,9 @@ def test_devices(programs: Path) -> None:
     # once, briefly, on a line of its own before the device line; `cpu` says nothing of CUDA
     lines = r.stderr.splitlines()
     assert lines[0] == "CUDA not used: the JCuda classes are not on the class path", r.stderr
-    assert lines[1].startswith("device: cpu (Java, ") and lines[1].endswith("network MLP  batch 16  data synthetic")
+    assert lines[1].startswith("device: cpu (Java, ") and lines[1].endswith(
+        "network MLP  batch 16  data synthetic (seed 1)"
+    )
     r = java(build, "MLP", "--data", "synthetic", "--iters", "1", "--device", "cpu", cwd=programs)
     assert r.returncode == 0 and "CUDA" not in r.stdout + r.stderr
     # with them and no GPU (or no driver) cuda is refused cleanly too
