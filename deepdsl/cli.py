@@ -466,6 +466,59 @@ def data_(name: str, directory: str, base_url: str | None) -> None:
     click.echo(f"{name}: {len(paths)} files in {directory}; train on them with --data {name}:{directory}")
 
 
+def _import(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str, params: str | None,
+            batch: int | None, no_loss: bool) -> None:  # fmt: skip
+    from deepdsl import interop
+
+    for line in interop.import_onnx(file, output, params, batch, not no_loss):
+        click.echo(line)
+
+
+@cli.command("import")
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", "output", metavar="NET.ddsl", required=True, callback=_file_name,
+              help="Where to write the network.")  # fmt: skip
+@click.option(
+    "--params",
+    "params",
+    metavar="F.npz",
+    default=None,
+    callback=_file_name,
+    help="Where to write the initialisers as a parameter file (default: NET.npz beside the network).",
+)
+@click.option("--batch", type=click.IntRange(min=1), default=None,
+              help="The batch N (default: the model's, or 1 where it is symbolic).")  # fmt: skip
+@click.option("--no-loss", "no_loss", is_flag=True,
+              help="No label and classification loss: the output may have any shape (a regression loss against "
+                   "an input `target` stands in, as the language needs a loss).")  # fmt: skip
+def import_(model: str, output: str, params: str | None, batch: int | None, no_loss: bool) -> None:
+    """Import the ONNX model MODEL as a readable .ddsl network and its weights as a parameter file."""
+    # common's error handling and exit codes, without its compiler options
+    common(_import)(model, {}, 2, (), None, False, output=output, params=params, batch=batch, no_loss=no_loss)
+
+
+@cli.command()
+@common
+@click.option("-o", "--output", "output", metavar="NET.onnx", required=True, callback=_file_name,
+              help="Where to write the ONNX model.")  # fmt: skip
+@click.option(
+    "--load",
+    "load_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    callback=_file_name,
+    help="Export these parameters (a .npz of deepdsl run --save) instead of the initial ones.",
+)
+@click.option("--opset", type=int, default=None, help="The ONNX opset (default 17; 11 to the newest onnx knows).")
+def export(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str, load_path: str | None,
+           opset: int | None) -> None:  # fmt: skip
+    """Export the inference program (predict) of FILE as an ONNX model, parameters and state as initialisers."""
+    from deepdsl import interop
+
+    for line in interop.export_onnx(c, file, sets, load_path, output, opset or interop.DEFAULT_OPSET):
+        click.echo(line)
+
+
 def check_json(p: Program) -> dict[str, Any]:
     g = p.graph
     return {
