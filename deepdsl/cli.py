@@ -319,7 +319,8 @@ def stats_text(obj: dict[str, Any]) -> str:
 @common
 @click.option("--iters", type=click.IntRange(min=0), default=None, help="Training steps (default: the train block's).")
 @click.option("--data", "data_flag", metavar="SOURCE", default=None, callback=_parse_data,
-              help="synthetic | mnist:DIR | cifar10:DIR | npz:FILE (default: the train block's).")  # fmt: skip
+              help="synthetic[:SEED] | mnist:DIR | cifar10:DIR | npz:FILE (default: the train block's; SEED: the "
+              "synthetic data's own seed, else the program's).")  # fmt: skip
 @click.option("--load", "load_path", type=click.Path(dir_okay=False), default=None, callback=_file_name,
               help="Start from this .npz file.")  # fmt: skip
 @click.option("--save", "save_path", type=click.Path(dir_okay=False), default=None, callback=_file_name,
@@ -482,6 +483,41 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
         java.write_ptx(resources, name, modules)
         click.echo(f"wrote the Maven project {maven}: cd {maven} && mvn -q package && java -jar target/"
                    f"{name.lower()}-1.0.jar")  # fmt: skip
+
+
+@cli.command("data")
+@click.argument("name", type=click.Choice(["mnist", "cifar10"]))
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--url", "base_url", metavar="URL", default=None,
+              help="Download from this base URL instead of the canonical one (a mirror); the checksums stay the "
+              "canonical files'. Also DEEPDSL_DATA_URL.")  # fmt: skip
+def data_(name: str, directory: str, base_url: str | None) -> None:
+    """Download data set NAME (mnist or cifar10) into DIRECTORY, each file checked against its published SHA-256
+    and written atomically; files already there and correct are kept. Progress goes to stderr."""
+    from deepdsl.data.download import download
+    from deepdsl.memory.report import size
+
+    shown = {"name": "", "percent": -1}
+
+    def progress(file: str, done: int, total: int) -> None:
+        percent = 100 * done // max(total, 1)
+        if file == shown["name"] and percent == shown["percent"]:
+            return
+        shown.update(name=file, percent=percent)
+        bar = "#" * (percent * 24 // 100)
+        click.echo(f"\r{file:<28} [{bar:.<24}] {percent:>3}%  {size(done)} of {size(total)}", err=True, nl=False)
+        if done >= total:
+            click.echo("", err=True)
+            shown["name"] = ""
+
+    try:
+        paths = download(name, directory, base_url or from_env().data_url, progress)
+    except DslError as err:
+        if shown["name"]:  # end the bar's line before the error
+            click.echo("", err=True)
+        click.echo(render(err, {}), err=True)
+        sys.exit(EXIT_USER)
+    click.echo(f"{name}: {len(paths)} files in {directory}; train on them with --data {name}:{directory}")
 
 
 def _import(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str, params: str | None,

@@ -32,6 +32,8 @@ def import_onnx(model: str, output: str, params: str | None, batch: int | None, 
     """Write the `.ddsl` of `model` to `output` and its parameters to `params` (default: beside it, NAME.npz)."""
     imported: Imported = import_model(model, batch, loss)
     params = params if params is not None else str(Path(output).with_suffix(".npz"))
+    if os.path.abspath(params) == os.path.abspath(output):
+        raise DslProgramError(f"the network and its parameters would both be written to '{output}'; give --params")
     for path, what in ((output, "the network"), (params, "the parameter file")):
         _check_folder(path, what)
     try:
@@ -40,8 +42,9 @@ def import_onnx(model: str, output: str, params: str | None, batch: int | None, 
         raise DslProgramError(f"cannot write '{output}': {e.strerror or e}") from None
     save_npz(params, imported.arrays)
     count = sum(a.size for name, a in imported.arrays.items() if not name.endswith(("running_mean", "running_var")))
+    then = f"deepdsl run {output} --load {params}" if loss else f"deepdsl export {output} --load {params} -o F.onnx"
     return [f"wrote {output} (network {imported.network}, {count:,} parameters) and {params}",
-            f"  deepdsl run {output} --load {params}   |   deepdsl compile {output} -o out/"]  # fmt: skip
+            f"  {then}   |   deepdsl compile {output} -o out/"]  # fmt: skip
 
 
 def initial_arrays(program: Program, seed: int | None = None) -> dict[str, np.ndarray]:

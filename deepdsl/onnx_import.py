@@ -22,6 +22,7 @@ import numpy as np
 
 from deepdsl.errors import DslProgramError
 from deepdsl.frontend.builtins import BUILTINS, QUERIES
+from deepdsl.frontend.javanames import java_class, reserved_class_names
 from deepdsl.frontend.transformer import RESERVED
 
 ONNX_EXTRA = "pip install 'deepdsl[onnx]'"
@@ -36,8 +37,8 @@ FOLDED = ("Cast", "Gather", "Shape", "Squeeze", "Unsqueeze")
 
 SUPPORTED = (
     "Add", "AveragePool", "BatchNormalization", "Concat", "Constant", "Conv", "Div", "Dropout", "Flatten", "Gemm",
-    "GlobalAveragePool", "Identity", "LRN", "LeakyRelu", "LogSoftmax", "MatMul", "MaxPool", "Mul", "Relu", "Reshape",
-    "Sigmoid", "Softmax", "Sub", "Tanh",
+    "GlobalAveragePool", "Identity", "LRN", "LeakyRelu", "LogSoftmax", "MatMul", "MaxPool", "Mul", "ReduceMean",
+    "Relu", "Reshape", "Sigmoid", "Softmax", "Sub", "Tanh",
 )  # fmt: skip
 
 # names a binding may not take: the language's reserved words and built-ins, and the train block's functions
@@ -72,10 +73,14 @@ class Names:
     def __init__(self) -> None:
         self.used: set[str] = set(_TAKEN)
 
-    def make(self, raw: str, fallback: str) -> str:
+    @staticmethod
+    def clean(raw: str, fallback: str) -> str:
+        """`raw` as a name of the language (`/layer1/conv.0` -> `layer1_conv_0`, `123` -> `h_123`)."""
         base = re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9_]", "_", raw)).strip("_") or fallback
-        if base[0].isdigit():
-            base = f"{fallback}_{base}"
+        return f"{fallback}_{base}" if base[0].isdigit() else base
+
+    def make(self, raw: str, fallback: str) -> str:
+        base = self.clean(raw, fallback)
         name, k = base, 2
         while name in self.used:
             name, k = f"{base}_{k}", k + 1
@@ -101,7 +106,20 @@ def _pair(values: tuple[int, ...]) -> str:
     return str(values[0]) if values[0] == values[1] else f"({values[0]}, {values[1]})"
 
 
-def _call(fn: str, args: list[str], kw: dict[str, str]) -> str:
+def _call(where: _Node, fn: str, args: list[str], kw: dict[str, str]) -> str:
+    """The call `fn(args, key=value, ...)`, each keyword's value (as written) checked against the range the built-in
+    takes, so that an attribute the language refuses is refused here, at its node."""
+    specs = {a.name: a for a in BUILTINS[fn].args}
+    for key, text in kw.items():
+        spec = specs[key]
+        if text in ("true", "false"):
+            continue
+        for v in (float(t) for t in text.strip("()").split(",")):
+            if (spec.low is not None and v < spec.low or spec.below is not None and v >= spec.below
+                    or spec.high is not None and v > spec.high):  # fmt: skip
+                bounds = [f">= {spec.low:g}" if spec.low is not None else "", f"< {spec.below:g}" if spec.below
+                          is not None else "", f"<= {spec.high:g}" if spec.high is not None else ""]  # fmt: skip
+                raise where.refuse(f"{key}={text}: the language's {fn} takes {' and '.join(b for b in bounds if b)}")
     return f"{fn}({', '.join([*args, *(f'{k}={v}' for k, v in kw.items())])})"
 
 
@@ -169,13 +187,19 @@ class _Importer:
                                   f"{len(g.output)} ({', '.join(o.name for o in g.output)})")  # fmt: skip
         generic = not g.name or g.name in GENERIC_GRAPH_NAMES
         network = self.names.make(Path(self.file).stem if generic else g.name, "Net")
+        if java_class(network) in reserved_class_names():  # the Java class would hide one the program uses
+            network = self.names.make(f"{network}Net", "Net")
         self.names.used.add("N")
         x_dims, model_batch = self._input_dims(data[0])
         n = self.batch if self.batch is not None else (model_batch if model_batch is not None else 1)
         self.model_batch = model_batch
-        self.n = n
+        self.readers: dict[str, list[tuple[int, Any]]] = {}  # ONNX value -> the nodes that read it
+        for j, node in enumerate(g.node):
+            for i in set(node.input):
+                self.readers.setdefault(i, []).append((j, node))
+        self.used = set(self.readers) | {o.name for o in g.output}
         self.shapes = self._infer_shapes(data[0].name, n)
-        x = self.names.make(data[0].name, "x")
+        x = self.names.make(data[0].name if Names.clean(data[0].name, "x") not in _TAKEN else "x", "x")  # not input_2
         self.env[data[0].name] = x
         for k, node in enumerate(g.node):
             if k in self.absorbed:
@@ -293,8 +317,8 @@ class _Importer:
             raise where.refuse(f"operators of domain '{node.domain}' are not supported")
         rule = _RULES.get(node.op_type)
         if rule is None:
-            raise where.refuse("this operator is not supported", hint=f"deepdsl imports {', '.join(SUPPORTED)}; "
-                               f"and of constants and shapes only {', '.join(FOLDED)}")  # fmt: skip
+            raise where.refuse("this operator is not supported", hint=f"deepdsl imports {', '.join(SUPPORTED)}, "
+                               f"and folds {', '.join(FOLDED)} of constants and shapes")  # fmt: skip
         attrs = {a.name: self.onnx.helper.get_attribute_value(a) for a in node.attribute}
         rule(self, k, node, where, attrs)
         for o in node.output:
@@ -332,10 +356,8 @@ class _Importer:
 
     def only_output(self, node: Any, where: _Node, keep: int = 1) -> None:
         """The node's outputs past the first `keep` must go unused (a pool's indices, a dropout mask)."""
-        extra = [o for o in node.output[keep:] if o]
-        used = {i for n in self.graph.node for i in n.input} | {o.name for o in self.graph.output}
-        for o in extra:
-            if o in used:
+        for o in node.output[keep:]:
+            if o and o in self.used:
                 raise where.refuse(f"its output '{o}' is used; deepdsl computes only the first output")
 
 
@@ -393,7 +415,7 @@ def _conv(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
     if b is None:
         kw["bias"] = "false"
     params = {"W": w} if b is None else {"W": w, "b": b.reshape(-1)}
-    name = imp.layer(node, where, _call("conv", [str(w.shape[0])], kw), params)
+    name = imp.layer(node, where, _call(where, "conv", [str(w.shape[0])], kw), params)
     imp.bind(node, f"{name}({x})", name)
 
 
@@ -401,7 +423,7 @@ def _full(imp: _Importer, node: Any, where: _Node, x: str, w: np.ndarray, b: np.
     """`full` with weight `w` [out, in] and optional bias [out]."""
     kw = {} if b is not None else {"bias": "false"}
     params = {"W": w} if b is None else {"W": w, "b": b}
-    name = imp.layer(node, where, _call("full", [str(w.shape[0])], kw), params)
+    name = imp.layer(node, where, _call(where, "full", [str(w.shape[0])], kw), params)
     imp.bind(node, f"{name}({x})", name)
 
 
@@ -446,7 +468,7 @@ def _matmul(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> Non
     if len(imp.shape(node.input[0], where)) != 2 or w.ndim != 2:
         raise where.refuse("deepdsl imports MatMul of a [batch, features] input by a matrix")
     bias = None
-    users = [(j, n) for j, n in enumerate(imp.graph.node) if node.output[0] in n.input]
+    users = imp.readers.get(node.output[0], [])
     graph_out = {o.name for o in imp.graph.output}
     if len(users) == 1 and users[0][1].op_type == "Add" and node.output[0] not in graph_out:
         j, add = users[0]  # MatMul + Add of a constant vector, as exporters write a linear layer: one `full`
@@ -516,10 +538,10 @@ def _arith(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None
     sizes = ", ".join(f"S{d}" for d in range(len(shape)))
     name = imp.names.make(where.base, node.op_type.lower())
     fn = imp.names.make(f"{name}_fn", "fn")
-    xk, kk = f"x[{', '.join(idx)}]", f"k[{k_idx}]"
+    xk, kk = f"t[{', '.join(idx)}]", f"k[{k_idx}]"
     expr = f"{kk} {sym} {xk}" if left else f"{xk} {sym} {kk}"
     imp.tensor_fns += [
-        f"tensor {fn}(x[{sizes}]) -> [{', '.join(idx)}] {{   # {node.op_type} of a constant, broadcast",
+        f"tensor {fn}(t[{sizes}]) -> [{', '.join(idx)}] {{   # {node.op_type} of a constant, broadcast",
         f"  param k[{', '.join(map(str, kc.shape))}] = constant(0)",
         f"  return {expr}",
         "}",
@@ -540,7 +562,7 @@ def _unary(fn: str) -> Callable[..., None]:
 def _leaky(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
     alpha = float(attrs.get("alpha", 0.01))
     kw = {} if np.float32(alpha) == np.float32(0.01) else {"slope": _num(alpha)}
-    imp.bind(node, _call("leaky_relu", [imp.tensor(node.input[0], where)], kw))
+    imp.bind(node, _call(where, "leaky_relu", [imp.tensor(node.input[0], where)], kw))
 
 
 def _pool(fn: str) -> Callable[..., None]:
@@ -567,7 +589,7 @@ def _pool(fn: str) -> Callable[..., None]:
             kw["stride"] = _pair(stride)
         if pad != (0, 0):
             kw["pad"] = _pair(pad)
-        imp.bind(node, _call(fn, [x, _pair(kernel)], kw))  # type: ignore[arg-type]
+        imp.bind(node, _call(where, fn, [x, _pair(kernel)], kw))  # type: ignore[arg-type]
 
     return rule
 
@@ -576,6 +598,22 @@ def _global_avg(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) ->
     if len(imp.shape(node.input[0], where)) != 4:
         raise where.refuse("only an NCHW input is supported")
     imp.bind(node, f"global_avg_pool({imp.tensor(node.input[0], where)})")
+
+
+def _reduce_mean(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
+    """The mean over H and W of an NCHW tensor (as exporters write adaptive average pooling to 1x1)."""
+    rank = len(imp.shape(node.input[0], where))
+    axes = attrs.get("axes")
+    if len(node.input) > 1 and node.input[1]:  # opset 18: the axes are an input
+        axes = imp.const(node.input[1])
+        if axes is None:
+            raise where.refuse("the axes must be a constant")
+    got = sorted(int(a) + (rank if int(a) < 0 else 0) for a in np.ravel(axes)) if axes is not None else None
+    if rank != 4 or got != [2, 3]:
+        raise where.refuse(f"axes {got if got is not None else 'all'} of a rank-{rank} input: deepdsl imports the mean "
+                           "over H and W of [N, C, H, W] (global_avg_pool)")  # fmt: skip
+    pooled = f"global_avg_pool({imp.tensor(node.input[0], where)})"
+    imp.bind(node, pooled if int(attrs.get("keepdims", 1)) else f"flatten({pooled})")
 
 
 def _batch_norm(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
@@ -596,7 +634,7 @@ def _batch_norm(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) ->
     if np.float32(1 - momentum) != np.float32(0.1):
         kw["momentum"] = _num(1 - momentum)  # ONNX keeps `momentum` of the old statistics, deepdsl (PyTorch) the new
     params = {"gamma": scale, "beta": bias, "running_mean": mean, "running_var": var}
-    name = imp.layer(node, where, _call("batch_norm", [], kw), params)
+    name = imp.layer(node, where, _call(where, "batch_norm", [], kw), params)
     imp.bind(node, f"{name}({x})", name)
 
 
@@ -614,6 +652,8 @@ def _reshape(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> No
     if target is None:
         raise where.refuse("the shape must be a constant (an initialiser or a Constant node)")
     t = [int(v) for v in target.reshape(-1)]
+    if int(attrs.get("allowzero", 0)) and 0 in t:
+        raise where.refuse(f"shape {t} with allowzero=1 makes an axis of size 0")
     rest = int(np.prod(shape[1:]))
     first_ok = t[0] in (0, shape[0]) or (imp.model_batch is not None and t[0] == imp.model_batch)
     if len(t) == 2 and (first_ok and t[1] in (-1, rest) or t[0] == -1 and t[1] == rest):
@@ -636,7 +676,7 @@ def _concat(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> Non
     if len(xs) == 1:
         imp.env[node.output[0]] = xs[0]
         return
-    imp.bind(node, _call("concat", xs, {} if axis == 1 else {"axis": str(axis)}))
+    imp.bind(node, _call(where, "concat", xs, {} if axis == 1 else {"axis": str(axis)}))
 
 
 def _softmax(fn: str) -> Callable[..., None]:
@@ -661,7 +701,7 @@ def _lrn(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
         v = float(attrs.get(key, default))
         if np.float32(v) != np.float32(default):
             kw[ours] = _num(v)
-    imp.bind(node, _call("lrn", [imp.tensor(node.input[0], where)], kw))
+    imp.bind(node, _call(where, "lrn", [imp.tensor(node.input[0], where)], kw))
 
 
 def _dropout(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
@@ -682,7 +722,7 @@ def _dropout(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> No
     if ratio == 0:
         imp.env[node.output[0]] = x
         return
-    imp.bind(node, _call("dropout", [x], {} if ratio == 0.5 else {"p": _num(ratio)}))
+    imp.bind(node, _call(where, "dropout", [x], {} if ratio == 0.5 else {"p": _num(ratio)}))
 
 
 def _identity(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
@@ -754,7 +794,8 @@ _RULES: dict[str, Callable[..., None]] = {
     "Conv": _conv, "Gemm": _gemm, "MatMul": _matmul, "Add": _arith, "Sub": _arith, "Mul": _arith, "Div": _arith,
     "Relu": _unary("relu"), "Sigmoid": _unary("sigmoid"), "Tanh": _unary("tanh"), "LeakyRelu": _leaky,
     "MaxPool": _pool("max_pool"), "AveragePool": _pool("avg_pool"), "GlobalAveragePool": _global_avg,
-    "BatchNormalization": _batch_norm, "Flatten": _flatten, "Reshape": _reshape, "Concat": _concat,
+    "ReduceMean": _reduce_mean, "BatchNormalization": _batch_norm, "Flatten": _flatten, "Reshape": _reshape,
+    "Concat": _concat,
     "Softmax": _softmax("softmax"), "LogSoftmax": _softmax("log_softmax"), "LRN": _lrn, "Dropout": _dropout,
     "Identity": _identity, "Constant": _constant, **{op: _folded for op in FOLDED},
 }  # fmt: skip

@@ -50,6 +50,15 @@ def _tested(loss: float, accuracy: float | None) -> str:
     return f"loss {loss:.4f}" + (f", accuracy {100 * accuracy:.2f}%" if accuracy is not None else "")
 
 
+def _data_label(kind: str, args: dict[Any, Any], seed: int) -> str:
+    """The data source as the progress header names it: synthetic data with the seed it is made from (its own,
+    `--data synthetic:SEED`, or the program's), so that `synthetic:5` says what the 5 is."""
+    if kind != "synthetic":
+        return kind
+    own = args.get("seed", args.get(0))
+    return f"synthetic (seed {seed if own is None else own})"
+
+
 def _not_used(why: str) -> str:
     """The line of a run under `auto` that could have used the GPU and did not: why."""
     return f"CUDA not used: {why.removeprefix('--device cuda: ')}"
@@ -200,7 +209,8 @@ def _train(
     if report:
         if note:
             report(note)
-        report(f"device: {description}  network {program.graph.name}  batch {batch}  data {kind}")
+        source = _data_label(kind, args, build.seed)
+        report(f"device: {description}  network {program.graph.name}  batch {batch}  data {source}")
 
     def on_step(k: int, loss: float, seconds: float) -> None:
         if report:

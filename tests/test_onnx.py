@@ -74,6 +74,11 @@ def test_network_round_trip(compiled, tmp_path: Path, net: str) -> None:
     x = np.random.default_rng(0).standard_normal(program.graph.inputs[0].value.type.shape).astype(np.float32)
     want = deepdsl_output(program, arrays, x)
     close(ort_output(model, x), want)
+    if net == "lenet":  # nodes named after their layers, each with its source position
+        names = [nd.name for nd in model.graph.node]
+        assert names == ["cv1", "mp", "cv2", "mp/MaxPool", "net.flatten1", "fc1", "net.relu1", "fc2"]
+        assert model.graph.node[0].doc_string == "lenet.ddsl:13:13 conv2d"
+        assert [o.name for o in model.graph.output] == ["predict"] and model.graph.node[-1].output == ["predict"]
     # import of the export: the same parameters (count and values) and the same outputs
     again, again_arrays, _ = imported(tmp_path, model, batch=x.shape[0])
     assert again.graph.parameter_count == program.graph.parameter_count
@@ -237,6 +242,23 @@ def test_a_flatten_computed_from_the_shape_is_folded(tmp_path: Path, opset: int)
     close(deepdsl_output(program, arrays, x), ort_output(model, x))
 
 
+@pytest.mark.parametrize(("opset", "keepdims"), [(13, 1), (13, 0), (18, 1)])
+def test_reduce_mean_over_h_and_w_is_global_avg_pool(tmp_path: Path, opset: int, keepdims: int) -> None:
+    n = Net([1, 2, 5, 5])
+    h = n.conv("input", "c", 2, 3, 3)
+    if opset < 18:
+        h = n.node("ReduceMean", [h], "pool", axes=[-2, -1], keepdims=keepdims)
+    else:
+        h = n.node("ReduceMean", [h, n.init("axes", np.asarray([2, 3], np.int64))], "pool", keepdims=keepdims)
+    h = h if not keepdims else n.node("Flatten", [h], "flatten")
+    w, b = n.init("fc.weight", RNG.standard_normal((4, 3)).astype(np.float32)), n.init("fc.bias", np.zeros(4))
+    model = n.model(n.node("Gemm", [h, w, b], "fc", transB=1), opset, [4])
+    program, arrays, text = imported(tmp_path, model, batch=2)
+    assert "global_avg_pool(" in text
+    x = RNG.standard_normal((2, 2, 5, 5)).astype(np.float32)
+    close(deepdsl_output(program, arrays, x), ort_output(model, x))
+
+
 def test_the_imported_parameters_are_the_initialisers(tmp_path: Path) -> None:
     model = resnet_like(13)
     _, arrays, _ = imported(tmp_path, model)
@@ -250,9 +272,12 @@ def test_symbolic_batch_is_const_n(tmp_path: Path) -> None:
     _, _, text = imported(tmp_path, resnet_like(13))
     assert "const N = 1   # the model's batch was symbolic" in text
     assert text.splitlines()[1] == "network m"  # PyTorch's generic graph name torch_jit: named after m.onnx
-    assert "input input_2 : [N, 3, 16, 16]" in text
+    assert "input x : [N, 3, 16, 16]" in text  # the model names it `input`, a reserved word
     program, _, _ = imported(tmp_path, resnet_like(13), batch=5)
     assert program.graph.inputs[0].value.type.shape == (5, 3, 16, 16)
+    model = resnet_like(13)
+    model.graph.name = "Network"  # the Java runtime's base class: the network takes another name
+    assert imported(tmp_path, model)[2].splitlines()[1] == "network NetworkNet"
 
 
 # ---- the command line ----
@@ -295,7 +320,7 @@ def test_a_broadcast_constant_exports_back(cli, tmp_path: Path) -> None:
     close(ort_output(back, x), ort_output(model, x))
 
 
-def test_no_loss_imports_any_output(tmp_path: Path) -> None:
+def test_no_loss_imports_any_output(cli, tmp_path: Path) -> None:
     n = Net([1, 3, 8, 8])
     out = n.node("Relu", [n.conv("input", "c", 3, 4, 3)], "r")
     model = n.model(out, 13, [4, 6, 6])
@@ -305,6 +330,9 @@ def test_no_loss_imports_any_output(tmp_path: Path) -> None:
     assert "label" not in text and "mse(" in text
     x = RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)
     close(deepdsl_output(program, arrays, x), ort_output(model, x))
+    (tmp_path / "n.ddsl").write_text(text)
+    r = cli("run", str(tmp_path / "n.ddsl"), "--iters", "1", "--device", "cpu")  # no label: the target is an input
+    assert r.exit_code == 0 and "test loss:" in r.output, r.output  # synthetic data makes it (data/named.py)
 
 
 def test_export_refuses_what_onnx_cannot_say(compiled) -> None:
@@ -340,6 +368,8 @@ REFUSED = {
     ),  # fmt: skip
     "exclude_pad": (_one_node("AveragePool", [], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}), "count_include_pad"),
     "lrn_even": (_one_node("LRN", [], {"size": 4}), "even window"),
+    "mean_over_c": (_one_node("ReduceMean", [], {"axes": [1]}), r"axes \[1\] of a rank-4 input"),
+    "lrn_bias": (_one_node("LRN", [], {"size": 3, "bias": 0.0}), "k=0.0: the language's lrn takes >= 1e-30"),
     "old_opset": (_one_node("Relu", [], {}, opset=10), "opset 10; deepdsl imports opsets 11 to"),
     "softmax_4d": (_one_node("Softmax", [], {"axis": 1}), "over axis 1 of"),
     "shape_of_data": (_one_node("Gather", [np.asarray([0], np.int64)], {}), "Gather of constants and shapes only"),
@@ -375,3 +405,40 @@ def test_without_onnx_the_error_names_the_extra(cli, tmp_path: Path, monkeypatch
     assert r.exit_code == 1 and "pip install 'deepdsl[onnx]'" in r.output, r.output
     r = cli("export", str(ROOT / "networks" / "mlp.ddsl"), "-o", str(tmp_path / "m.onnx"))
     assert r.exit_code == 1 and "pip install 'deepdsl[onnx]'" in r.output, r.output
+
+
+def test_usage_errors_exit_2(cli, tmp_path: Path) -> None:
+    onnx.save(resnet_like(13), tmp_path / "m.onnx")
+    for args in (["import", str(tmp_path / "m.onnx")], ["import", str(tmp_path / "m.onnx"), "-o", "n.ddsl",
+                 "--batch", "0"], ["export", str(ROOT / "networks" / "mlp.ddsl")]):  # fmt: skip
+        r = cli(*args)
+        assert r.exit_code == 2, r.output
+    for command in ("import", "export"):
+        r = cli(command, "--help")
+        assert r.exit_code == 0 and "Usage:" in r.stdout
+    r = cli("import", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "n.npz"))
+    assert r.exit_code == 1 and "both be written to" in r.output, r.output
+    r = cli("export", str(ROOT / "networks" / "mlp.ddsl"), "-o", str(tmp_path / "m.onnx"), "--opset", "10")
+    assert r.exit_code == 1 and "deepdsl exports opsets 11 to" in r.output, r.output
+
+
+def test_export_of_trained_parameters(cli, tmp_path: Path) -> None:
+    """`run --save` then `export --load`: the optimizer state in the file is ignored, the trained weights go out."""
+    mlp = str(ROOT / "networks" / "mlp.ddsl")
+    r = cli("run", mlp, "--set", "N=4", "--iters", "2", "--data", "synthetic", "--device", "cpu", "--save",
+            str(tmp_path / "s.npz"))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = cli("export", mlp, "--set", "N=4", "--load", str(tmp_path / "s.npz"), "-o", str(tmp_path / "m.onnx"))
+    assert r.exit_code == 0, r.output
+    program = api.compile_file(mlp, {"N": 4}).program
+    saved = dict(np.load(tmp_path / "s.npz"))
+    arrays = {name: saved[name] for name in initial_arrays(program)}
+    assert any(not np.array_equal(a, initial_arrays(program)[n]) for n, a in arrays.items())  # it trained
+    x = RNG.standard_normal(program.graph.inputs[0].value.type.shape).astype(np.float32)
+    close(ort_output(onnx.load(tmp_path / "m.onnx"), x), deepdsl_output(program, arrays, x))
+
+
+def test_the_imported_text_is_stable(golden, tmp_path: Path) -> None:
+    """What `deepdsl import` writes for the inception-like model, line for line (tests/golden/onnx/)."""
+    _, _, text = imported(tmp_path, inception_like(13), batch=2)
+    golden(ROOT / "tests" / "golden" / "onnx" / "inception_like.ddsl", text)

@@ -13,6 +13,7 @@ model's input and output, as exporters write it. `onnx` is imported only when a 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,7 +67,10 @@ class _Writer:
             k += 1
             name = f"{base}/{op}" if k == 2 else f"{base}/{op}_{k - 1}"
         self.names.add(name)
-        self.nodes.append(self.onnx.helper.make_node(op, inputs, [output], name=name, **attrs))
+        # where it comes from, the file without its folder (a model is shared; the folder is the user's business)
+        where = f"{os.path.basename(s.span.file)}:{s.span.line}:{s.span.col} " if s.span else ""
+        self.nodes.append(self.onnx.helper.make_node(op, inputs, [output], name=name,
+                                                     doc_string=f"{where}{s.op}", **attrs))  # fmt: skip
 
 
 def _users(g: Graph) -> dict[str, list[Stmt]]:
@@ -123,8 +127,13 @@ def export_graph(g: Graph, arrays: Mapping[str, np.ndarray], opset: int = DEFAUL
     if len(inputs) != len(g.inputs):
         raise DslProgramError("the inference program reads a label or step; only float inputs can be exported")
     outs = []
+    made = {o for n in w.nodes for o in n.output}
     for name, v in g.outputs:
-        if v.name != name:
+        if v.name in made:  # the node that computes it writes the output's name
+            for n in w.nodes:
+                n.input[:] = [name if i == v.name else i for i in n.input]
+                n.output[:] = [name if o == v.name else o for o in n.output]
+        elif v.name != name:  # an input or a parameter returned as it is
             w.nodes.append(helper.make_node("Identity", [v.name], [name], name=f"{name}/Identity"))
         outs.append(info(name, v.type.shape))
     inits = [numpy_helper.from_array(np.ascontiguousarray(a), name) for name, a in w.inits.items()]

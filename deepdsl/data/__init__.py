@@ -7,8 +7,8 @@
 ``{"seed": 1}``, ``mnist("dir")`` -> ``{"dir": "dir"}``, ``cifar10("dir")`` -> ``{"dir": ...}``,
 ``npz("file")`` -> ``{"file": ...}`` (a positional argument may also come under the key ``0``). Here an npz
 file holds the arrays ``x`` and ``y`` (``x_test``, ``y_test``); `named.load_samples` binds a network's inputs and
-labels by their own names.
-Relative paths are used as given (relative to the working directory).
+labels by their own names. Relative paths are used as given (relative to the working directory; the front end has
+already made a train block's relative to its .ddsl file).
 
 `x_shape` is the network input's *per-sample* shape (its shape without the leading batch
 dimension), `y_classes` the number of classes K. Every sample must have exactly that shape, with

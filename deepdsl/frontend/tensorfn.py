@@ -126,6 +126,8 @@ def check_uncalled(el: Elaborator, fn: ast.TensorDef) -> None:
     from deepdsl.frontend.values import Scope
     from deepdsl.ir import GraphBuilder, TensorType, Value
 
+    if any(_inside(e.span, fn.span) for e in el.diags.errors):  # its signature is wrong already: said once
+        return
     args = []
     for tp in fn.inputs:
         shape = tuple(s if isinstance(s, int) else STAND_IN_SIZE for _, s in tp.sizes)

@@ -847,7 +847,7 @@ public abstract class Network {
       }
       info.printf(
           "device: %s  network %s  batch %d  data %s%n",
-          device.description(), name, net.batchSize(), source.split(":", 2)[0]);
+          device.description(), name, net.batchSize(), dataLabel(source, net.settings.seed));
       net.reportTo(flags.json ? null : System.out);
       long t0 = System.nanoTime();
       float[] losses = net.train(iterations);
@@ -899,6 +899,19 @@ public abstract class Network {
       e.printStackTrace();
       return 3;
     }
+  }
+
+  /**
+   * The data source as the progress header names it: synthetic data with the seed it is made from
+   * (its own, {@code --data synthetic:SEED}, or the program's), so that {@code synthetic:5} says
+   * what the 5 is.
+   */
+  private static String dataLabel(String source, long seed) {
+    Data.Spec spec = Data.parseFlag(source);
+    if (!spec.kind().equals("synthetic")) {
+      return spec.kind();
+    }
+    return "synthetic (seed " + (spec.seed() != null ? spec.seed() : seed) + ")";
   }
 
   private static String json(

@@ -180,7 +180,9 @@ def test_devices(programs: Path) -> None:
     # once, briefly, on a line of its own before the device line; `cpu` says nothing of CUDA
     lines = r.stderr.splitlines()
     assert lines[0] == "CUDA not used: the JCuda classes are not on the class path", r.stderr
-    assert lines[1].startswith("device: cpu (Java, ") and lines[1].endswith("network MLP  batch 16  data synthetic")
+    assert lines[1].startswith("device: cpu (Java, ") and lines[1].endswith(
+        "network MLP  batch 16  data synthetic (seed 1)"
+    )
     r = java(build, "MLP", "--data", "synthetic", "--iters", "1", "--device", "cpu", cwd=programs)
     assert r.returncode == 0 and "CUDA" not in r.stdout + r.stderr
     # with them and no GPU (or no driver) cuda is refused cleanly too
@@ -196,6 +198,18 @@ def test_save_is_checked_before_training_and_iters_0_tests_nothing(programs: Pat
              cwd=programs)  # fmt: skip
     assert r.returncode == 0 and "test accuracy" not in r.stdout and "saved: p0.npz" in r.stdout
     assert "test_accuracy" not in java_run(programs, "MLP", "--iters", "0")
+
+
+def test_synthetic_says_its_seed(programs: Path) -> None:
+    r = java(programs / "build", "MLP", "--data", "synthetic:5", "--iters", "1", "--device", "cpu", cwd=programs)
+    assert r.returncode == 0 and "data synthetic (seed 5)" in r.stdout.splitlines()[0]
+
+
+def test_missing_data_says_how_to_get_it(programs: Path) -> None:
+    r = java(programs / "build", "MLP", "--data", "mnist:no where", "--iters", "1", "--device", "cpu", cwd=programs)
+    assert r.returncode == 1
+    assert "MNIST directory not found: 'no where'; get them with `deepdsl data mnist 'no where'`, or train on " \
+        "`--data synthetic`" in r.stderr  # fmt: skip
 
 
 def test_threads_flag(programs: Path) -> None:

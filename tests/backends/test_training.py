@@ -154,6 +154,18 @@ def test_save_is_checked_before_training_and_iters_0_tests_nothing(cli, tmp_path
     assert "test_accuracy" not in json.loads(r.stdout) and "fc1.W" in np.load(tmp_path / "p.npz").files
 
 
+def test_synthetic_says_its_seed(cli) -> None:  # noqa: ANN001
+    """--data synthetic:SEED is the synthetic data's own seed, and the header line says so."""
+    mlp, sets = str(ROOT / "networks" / "mlp.ddsl"), ("--set", "N=2", "--iters", "1", "--device", "cpu")
+    five = cli("run", mlp, *sets, "--data", "synthetic:5")
+    assert five.exit_code == 0 and "data synthetic (seed 5)" in five.stdout.splitlines()[0]
+    default = cli("run", mlp, *sets, "--data", "synthetic")
+    assert "data synthetic (seed 1)" in default.stdout.splitlines()[0]  # the program's seed
+    assert five.stdout.splitlines()[1] != default.stdout.splitlines()[1]  # other data, another loss
+    r = cli("run", mlp, *sets, "--data", "synthetic:five")
+    assert r.exit_code == 2 and "needs an integer seed" in r.stderr
+
+
 def test_load_checks_names_and_shapes(cli, tmp_path) -> None:  # noqa: ANN001
     bad = tmp_path / "bad.npz"
     np.savez(bad, **{"fc1.W": np.zeros((3, 3), np.float32)})
@@ -184,3 +196,21 @@ def test_eval_and_predict_use_a_trained_network(cli, tmp_path) -> None:  # noqa:
     np.testing.assert_allclose(np.load(out)["predict"], hidden @ p["fc2.W"].T + p["fc2.b"], rtol=1e-5, atol=1e-6)
     r = cli("eval", net, "--load", str(saved), "--data", f"npz:{tmp_path / 'x.npz'}")
     assert r.exit_code == 1 and "an array 'y' that names no input or label" in r.stderr  # eval reads every input
+
+
+def test_a_train_block_path_is_relative_to_its_ddsl_file(cli, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """As include is; --data stays relative to the current directory."""
+    sub = tmp_path / "nets"
+    sub.mkdir()
+    rng = np.random.default_rng(0)
+    np.savez(sub / "d.npz", x=rng.random((8, 1, 28, 28), dtype=np.float32), y=np.arange(8) % 10)
+    mlp = (ROOT / "networks" / "mlp.ddsl").read_text().replace('mnist("../data/mnist")', 'npz("d.npz")')
+    assert 'npz("d.npz")' in mlp
+    (sub / "net.ddsl").write_text(mlp)
+    monkeypatch.chdir(tmp_path)
+    r = cli("run", "nets/net.ddsl", "--set", "N=2", "--iters", "1", "--device", "cpu")
+    assert r.exit_code == 0, r.output
+    r = cli("run", "nets/net.ddsl", "--set", "N=2", "--iters", "1", "--device", "cpu", "--data", "npz:d.npz")
+    assert r.exit_code == 1 and "npz data file not found: 'd.npz'" in r.stderr
+    monkeypatch.chdir(sub)
+    assert cli("run", "net.ddsl", "--set", "N=2", "--iters", "1", "--data", "npz:d.npz").exit_code == 0
