@@ -102,14 +102,15 @@ def run_training(
 
 def evaluate(
     build: Build, load: str, data_flag: str | None = None, device: str = "auto",
-    report: Callable[[str], None] | None = None,
+    report: Callable[[str], None] | None = None, driver: Driver | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """`deepdsl eval`: the test loss (and accuracy, for a classifier) of the parameters in `load`, no training."""
+    """`deepdsl eval`: the test loss (and accuracy, for a classifier) of the parameters in `load`, no training;
+    `driver` runs it on that GPU instead of picking by `device`."""
     kind, args = _source(build, data_flag)
     data = load_samples(kind, args, fields_of(build.program.graph.inputs), build.seed)
     if data.test is None:
         raise DslProgramError(f"the {kind} data has no test set to evaluate on (an npz file: the NAME_test arrays)")
-    gpu, description, note = open_device(device)
+    gpu, description, note = (driver, f"cuda ({driver.description})", None) if driver else open_device(device)
     try:
         trainer, description, note = _loaded(build, data, gpu, description, note, device, load)
         if report:
@@ -134,7 +135,7 @@ def evaluate(
 
 def predict(
     build: Build, load: str, output: str, data_flag: str | None = None, device: str = "auto",
-    report: Callable[[str], None] | None = None,
+    report: Callable[[str], None] | None = None, driver: Driver | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """`deepdsl predict`: `predict` of the parameters in `load` for every sample of the data's training split (the
     arrays named after the inputs `predict` reads; other arrays are ignored), written to `output` as the npz array
@@ -144,7 +145,7 @@ def predict(
     check_writable(output)  # now, not after the work
     kind, args = _source(build, data_flag)
     data = load_samples(kind, args, fields_of(build.infer.inputs), build.seed, other_arrays=True)
-    gpu, description, note = open_device(device)
+    gpu, description, note = (driver, f"cuda ({driver.description})", None) if driver else open_device(device)
     try:
         trainer, description, note = _loaded(build, data, gpu, description, note, device, load)
         if report:

@@ -20,7 +20,7 @@ from deepdsl.backends.cuda import runner as gpu_runner
 from deepdsl.cli import cli
 from deepdsl.data.named import fields_of, load_samples
 from deepdsl.errors import DslProgramError
-from deepdsl.running import open_device, run_training
+from deepdsl.running import evaluate, open_device, predict, run_training
 from deepdsl.trainer import Trainer
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to run the kernels on the CPU")
@@ -204,3 +204,24 @@ def test_auto_falls_back_to_the_cpu_when_the_gpu_cannot_take_the_plan(
     assert lines[1].startswith("device: cpu (NumPy reference runner)  network")
     with pytest.raises(DslProgramError, match="10,000 free"):
         run_training(_build(TINY, "tiny.ddsl"), iters=1, device="cuda")
+
+
+@needs_gxx
+def test_eval_and_predict_run_on_the_gpu_runner(tmp_path: Path) -> None:
+    """deepdsl eval's test program and deepdsl predict's inference program on the stand-in GPU give the NumPy
+    runner's test loss, accuracy and predictions."""
+    build = _build(TINY, "tiny.ddsl")
+    run_training(build, iters=2, device="cpu", save=str(tmp_path / "p.npz"))
+    want = evaluate(build, str(tmp_path / "p.npz"), "synthetic", device="cpu")
+    got = evaluate(build, str(tmp_path / "p.npz"), "synthetic", driver=EmulatedDriver(tmp_path / "1"))
+    assert got["device"] == "cuda" and set(got) == set(want) == {"device", "test_loss", "test_accuracy"}
+    assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
+    assert got["test_accuracy"] == pytest.approx(want["test_accuracy"])
+    x = np.random.default_rng(3).random((6, 3, 8, 8), np.float32)  # 6 samples: a batch of 4 and a partial one
+    np.savez(tmp_path / "x.npz", x=x)
+    predict(build, str(tmp_path / "p.npz"), str(tmp_path / "cpu.npz"), f"npz:{tmp_path / 'x.npz'}", device="cpu")
+    out = predict(build, str(tmp_path / "p.npz"), str(tmp_path / "gpu.npz"), f"npz:{tmp_path / 'x.npz'}",
+                  driver=EmulatedDriver(tmp_path / "2"))  # fmt: skip
+    assert out["device"] == "cuda" and out["samples"] == 6
+    np.testing.assert_allclose(np.load(tmp_path / "gpu.npz")["predict"], np.load(tmp_path / "cpu.npz")["predict"],
+                               rtol=1e-4, atol=1e-5)  # fmt: skip
