@@ -73,14 +73,15 @@ public final class CudaDevice implements Device {
   private final List<CUdeviceptr> allocations = new ArrayList<>();
   private final Map<String, CUdeviceptr> tensors = new LinkedHashMap<>();
   private CUdeviceptr arena;
-  private CUdeviceptr inputs;
-  private CUdeviceptr labels;
+  private final Map<String, CUdeviceptr> batch = new LinkedHashMap<>(); // every input and label
+  private final Map<String, long[]> labelValues = new HashMap<>();
   private CUdeviceptr counter;
+  private CUdeviceptr rate; // the learning rate of a schedule
   private Program train;
   private Program infer;
+  private Program eval;
   private long freeBefore;
   private long freeLow = Long.MAX_VALUE;
-  private long[] labelValues;
 
   /** A step ready to launch: each kernel with its argument pointers resolved once. */
   private record Program(
@@ -246,11 +247,10 @@ public final class CudaDevice implements Device {
     long[] total = {0};
     cuMemGetInfo(free, total);
     freeBefore = free[0];
-    long need =
-        settings.arenaBytes
-            + (long) net.inputs().numel() * Sizeof.FLOAT
-            + (long) net.labels().numel() * Sizeof.LONG
-            + Sizeof.LONG;
+    long need = settings.arenaBytes + Sizeof.LONG;
+    for (Map.Entry<String, Buf> e : net.batchByName().entrySet()) {
+      need += (long) e.getValue().numel() * (net.isLabel(e.getKey()) ? Sizeof.LONG : Sizeof.FLOAT);
+    }
     for (Buf b : net.tensorsByName().values()) {
       need += (long) b.numel() * Sizeof.FLOAT;
     }
@@ -269,13 +269,21 @@ public final class CudaDevice implements Device {
     }
     arena = alloc(settings.arenaBytes);
     net.tensorsByName().forEach((name, b) -> tensors.put(name, alloc((long) b.numel() * 4)));
-    inputs = alloc((long) net.inputs().numel() * Sizeof.FLOAT);
-    labels = alloc((long) net.labels().numel() * Sizeof.LONG);
-    labelValues = new long[net.labels().numel()];
+    net.batchByName()
+        .forEach(
+            (name, b) -> {
+              boolean label = net.isLabel(name);
+              batch.put(name, alloc((long) b.numel() * (label ? Sizeof.LONG : Sizeof.FLOAT)));
+              if (label) {
+                labelValues.put(name, new long[b.numel()]);
+              }
+            });
     counter = alloc(Sizeof.LONG);
+    rate = alloc(Sizeof.FLOAT);
     toDevice(net);
     train = resolve(settings.trainKernels.get());
     infer = settings.inferKernels != null ? resolve(settings.inferKernels.get()) : null;
+    eval = settings.evalKernels != null ? resolve(settings.evalKernels.get()) : null;
     measure();
   }
 
@@ -310,10 +318,36 @@ public final class CudaDevice implements Device {
     return switch (a.storage()) {
       case ARENA -> arena.withByteOffset(a.offset());
       case TENSOR -> tensor(a.tensor());
-      case INPUT -> inputs;
-      case LABEL -> labels;
+      case INPUT -> batch(a.tensor());
       case STEP -> counter;
+      case RATE -> rate;
     };
+  }
+
+  private CUdeviceptr batch(String name) {
+    CUdeviceptr p = batch.get(name);
+    if (p == null) {
+      throw new IllegalStateException(
+          "the kernels use an input '" + name + "' that the network does not have");
+    }
+    return p;
+  }
+
+  /** Uploads every input (floats) and label (as int64 class ids). */
+  private void uploadBatch(Network net) {
+    net.batchByName()
+        .forEach(
+            (name, b) -> {
+              long[] values = labelValues.get(name);
+              if (values == null) {
+                upload(batch.get(name), b);
+                return;
+              }
+              for (int i = 0; i < values.length; i++) {
+                values[i] = (long) b.a[b.off + i];
+              }
+              cuMemcpyHtoD(batch.get(name), Pointer.to(values), (long) values.length * Sizeof.LONG);
+            });
   }
 
   private CUdeviceptr tensor(String name) {
@@ -358,12 +392,10 @@ public final class CudaDevice implements Device {
 
   @Override
   public float trainStep(Network net) {
-    upload(inputs, net.inputs());
-    Buf y = net.labels();
-    for (int i = 0; i < labelValues.length; i++) {
-      labelValues[i] = (long) y.a[y.off + i];
+    uploadBatch(net);
+    if (net.rateBuffer() != null) {
+      upload(rate, net.rateBuffer());
     }
-    cuMemcpyHtoD(labels, Pointer.to(labelValues), (long) labelValues.length * Sizeof.LONG);
     cuMemcpyHtoD(counter, Pointer.to(new long[] {net.iteration}), Sizeof.LONG);
     run(train);
     download(train.result, train.host);
@@ -371,11 +403,19 @@ public final class CudaDevice implements Device {
   }
 
   @Override
+  public float evalStep(Network net) {
+    uploadBatch(net);
+    run(eval);
+    download(eval.result, eval.host);
+    return eval.host.a[0];
+  }
+
+  @Override
   public Buf inferStep(Network net) {
     if (infer == null) {
       return null;
     }
-    upload(inputs, net.inputs());
+    uploadBatch(net);
     run(infer);
     download(infer.result, infer.host);
     return infer.host;

@@ -17,15 +17,15 @@ public final class Kernels {
     ARENA,
     /** A parameter, model state or optimizer state tensor, by name. */
     TENSOR,
-    /** The batch's inputs (float). */
+    /** An input or label of the batch, by name (inputs float, labels 64-bit integers on the GPU). */
     INPUT,
-    /** The batch's labels (64-bit integers on the GPU). */
-    LABEL,
     /** The step counter (one 64-bit integer). */
-    STEP
+    STEP,
+    /** The learning rate of a schedule (one float), set every step. */
+    RATE
   }
 
-  /** A pointer argument: {@code offset} for the arena, {@code tensor} for a tensor. */
+  /** A pointer argument: {@code offset} for the arena, {@code tensor} the tensor's or input's name. */
   public record Arg(Storage storage, long offset, String tensor) {}
 
   /** One kernel launch: {@code grid} blocks of {@code block} threads. */
@@ -47,12 +47,16 @@ public final class Kernels {
     return new Arg(Storage.TENSOR, 0, name);
   }
 
-  public static Arg inputs() {
-    return new Arg(Storage.INPUT, 0, null);
+  /**
+   * The network's input or label {@code name}, as the runtime feeds it every step (an input as
+   * float32, a label as int64 class ids).
+   */
+  public static Arg fed(String name) {
+    return new Arg(Storage.INPUT, 0, name);
   }
 
-  public static Arg labels() {
-    return new Arg(Storage.LABEL, 0, null);
+  public static Arg rate() {
+    return new Arg(Storage.RATE, 0, null);
   }
 
   public static Arg counter() {

@@ -69,7 +69,7 @@ def build_programs(tmp_path_factory: pytest.TempPathFactory, names: tuple[str, .
         assert r.exit_code == 0, r.output
         b = api.compile_file(folder / source, sets, stop_at="plan").build
         assert b is not None
-        progs = cuda.programs(b.train_plan, b.infer_plan).values()
+        progs = cuda.programs(b.train_plan, b.infer_plan, b.eval_plan).values()
         strided = {x.kernel for p in progs for x in p.launches if x.loop in ("grid-stride", "block-stride")}
         work = folder / name
         work.mkdir()

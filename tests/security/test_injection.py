@@ -192,7 +192,7 @@ def compiled(folder: Path, file: str, include: str, data: str, name: str) -> tup
         mock.patch.object(emitter, "MAX_STATEMENTS_PER_METHOD", 6),
         mock.patch.object(tables, "LAUNCHES_PER_METHOD", 5),
     ):
-        p = java_program(b.program, b.train_plan, b.infer_plan)
+        p = java_program(b.program, b.train_plan, b.infer_plan, b.eval_plan)
     return p.java, p.cuda, [q.value.name for q in b.train_plan.graph.params]
 
 

@@ -33,14 +33,15 @@ class JavaProgram:
 
 
 def java_program(
-    program: Program, train: Plan, infer: Plan | None, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT
+    program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT
 ) -> JavaProgram:
-    """The Java class of a network from the plans of its training and (with `predict`) inference programs, and the
-    CUDA source of their kernels."""
+    """The Java class of a network from the plans of its training, (with `predict`) inference and test programs (a
+    Build's `train_plan`, `infer_plan` and `eval_plan`), and the CUDA source of their kernels."""
     train_cuda = cuda_program(train)
     infer_cuda = cuda_program(infer, "infer__") if infer is not None else None
-    text = emit_java(program, train, infer, workspace_limit, (train_cuda, infer_cuda))
-    bodies = [p.body for p in (train_cuda, infer_cuda) if p is not None]
+    test_cuda = cuda_program(test, "eval__")
+    text = emit_java(program, train, infer, test, workspace_limit, (train_cuda, infer_cuda, test_cuda))
+    bodies = [p.body for p in (train_cuda, infer_cuda, test_cuda) if p is not None]
     return JavaProgram(class_name(program.graph.name), text, translation_unit(program.graph.name, *bodies))
 
 

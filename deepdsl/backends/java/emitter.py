@@ -25,9 +25,9 @@ from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, jav
 from deepdsl.backends.java.names import Namer, camel, class_name
 from deepdsl.backends.java.tables import cuda_tables
 from deepdsl.backends.java.text import long_literal, method
-from deepdsl.frontend.program import Program
+from deepdsl.frontend.program import Program, Schedule
 from deepdsl.ir import REGISTRY, Graph, Stmt, Value
-from deepdsl.ir.analysis import index_form, output_indices
+from deepdsl.ir.analysis import classified_label, index_form, output_indices
 from deepdsl.ir.groups import group_form
 from deepdsl.ir.indexexpr import format_ie, renumber
 from deepdsl.ir.printer import format_stmt
@@ -43,7 +43,9 @@ NETWORK_MEMBERS = (
     "arena", "at", "view", "copy", "scalar", "input", "label", "param", "state", "optimizerState", "train", "test",
     "save", "load", "main", "iteration", "trainStep", "inferStep", "SETTINGS", "WORKSPACE_LIMIT", "Buf", "CpuOps",
     "Network", "Parallel", "Settings", "Workspace", "settings", "workspaceLimit", "run", "useData", "reportTo",
-    "Kernels", "dim", "tensor", "inputs", "labels", "counter", "use", "device", "constant",
+    "Kernels", "dim", "tensor", "inputs", "labels", "counter", "use", "device", "constant", "evalStep",
+    "batchByName", "isLabel", "field", "batchSize", "tested", "rate", "rateBuffer", "learningRate",
+    "learningRateInput", "Schedule", "predict",
 )  # fmt: skip
 
 
@@ -253,13 +255,13 @@ class _Emitter:
                 body += self.statement(s, t)
             methods.append((k, body))
         out = []
-        returns = "float" if kind == "train" else "Buf"
-        tail = f"scalar({self.tensor(result_value)})" if kind == "train" else self.tensor(result_value)
-        doc = (
-            "One training step on the batch in x and y: forward, backward, update; returns the loss."
-            if kind == "train"
-            else "The network's prediction for the batch in x."
-        )
+        returns = "float" if result == "loss" else "Buf"
+        tail = f"scalar({self.tensor(result_value)})" if result == "loss" else self.tensor(result_value)
+        doc = {
+            "train": "One training step on the batch in the inputs: forward, backward, update; returns the loss.",
+            "infer": "The network's prediction for the batch in the inputs.",
+            "eval": "The loss on the batch in the inputs in inference semantics (the test phase); no update.",
+        }[kind]
         name = f"{kind}Step"
         if len(parts) == 1:
             out.append(method(f"/** {doc} */", f"protected {returns} {name}()", methods[0][1] + [f"return {tail};"]))
@@ -331,13 +333,30 @@ def _data_flag(data: tuple[str, tuple[tuple[Any, Any], ...]]) -> str:
     return f"{kind}:{values[0]}" if values else kind
 
 
+def _schedule(s: Schedule) -> str:
+    """The runtime's Schedule of a train block's schedule (frontend/program.py), as a Java expression."""
+    if s.kind == "constant":
+        return f"Schedule.constant({_double(s.value)})"
+    assert s.base is not None
+    base = _schedule(s.base)
+    if s.kind == "step":
+        return f"Schedule.step({base}, {s.every}L, {_double(s.gamma)})"
+    if s.kind == "cosine":
+        return f"Schedule.cosine({base}, {s.total}L, {_double(s.min)})"
+    return f"Schedule.warmup({base}, {s.steps}L)"
+
+
+def _double(x: float) -> str:
+    return repr(float(x))  # a Java double literal that reads back to the same double
+
+
 def emit_java(
-    program: Program, train: Plan, infer: Plan | None, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT,
-    cuda: tuple[CudaProgram, CudaProgram | None] | None = None,
+    program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT,
+    cuda: tuple[CudaProgram, CudaProgram | None, CudaProgram] | None = None,
 ) -> str:  # fmt: skip
-    """The Java class of `program` from the plans of its training and (when it has `predict`) inference programs,
-    with `cuda` (their CUDA programs, kernels.program(train) and kernels.program(infer, "infer__")) as the tables
-    the CUDA device runs."""
+    """The Java class of `program` from the plans of its training, (when it has `predict`) inference and test
+    programs, with `cuda` (their CUDA programs, kernels.program(train), kernels.program(infer, "infer__") and
+    kernels.program(test, "eval__")) as the tables the CUDA device runs."""
     e = _Emitter()
     g: Graph = train.graph
     cls = class_name(g.name)
@@ -347,7 +366,9 @@ def emit_java(
         if d.kind == "step":
             continue
         shape = ", ".join(map(str, d.value.type.shape))
-        call = f"label({d.classes}, {shape})" if d.kind == "label" else f"input({shape})"
+        named = java_string(d.value.name)
+        call = {"label": f"label({named}, {d.classes}, {shape})", "input": f"input({named}, {shape})",
+                "lr": "learningRateInput()"}[d.kind]  # fmt: skip
         declarations.append(f"  private final Buf {e.declare(d.value)} = {call};")
     titles = {"param": "parameters", "state": "model state", "opt": "optimizer state",
               "const": "constants (loop-invariant values hoisted out of the step)"}  # fmt: skip
@@ -368,11 +389,14 @@ def emit_java(
         declarations.append(f"  private final Buf {e.declare(p.value)} = {call};")
     train_methods, train_fields = e.step("train", train, "loss")
     infer_methods, infer_fields = e.step("infer", infer, "predict") if infer is not None else ([], [])
+    eval_methods, eval_fields = e.step("eval", test, "loss")
+    infer_methods += eval_methods
+    infer_fields += eval_fields
     if infer is None:
         infer_methods = [
             method("/** The network defines no `predict`. */", "protected Buf inferStep()", ["return null;"])
         ]
-    arena = max(train.arena_bytes, infer.arena_bytes if infer is not None else 0)
+    arena = max(train.arena_bytes, infer.arena_bytes if infer is not None else 0, test.arena_bytes)
     source = java_comment(program.graph.stmts[0].span.file.rsplit("/", 1)[-1] if program.graph.stmts and
                           program.graph.stmts[0].span else "")  # fmt: skip
     name = java_comment(g.name)
@@ -386,8 +410,21 @@ def emit_java(
         f"          .arena({train.arena_bytes}L, {arena}L)",
         f"          .peak({total_peak(train)}L)",
         "          .workspaceLimit(WORKSPACE_LIMIT)",
-        f"          .kernels({cls}::trainKernels, {f'{cls}::inferKernels' if infer is not None else 'null'});",
+        f"          .kernels({cls}::trainKernels, {f'{cls}::inferKernels' if infer is not None else 'null'})",
+        f"          .evalKernels({cls}::evalKernels)",
     ]
+    if cfg.lr is not None:
+        settings.append(f"          .learningRate({_schedule(cfg.lr)})")
+    if cfg.save is not None:
+        settings.append(f"          .save({java_string(cfg.save)}, {cfg.save_every})")
+    if infer is not None:
+        reads = ", ".join(java_string(d.value.name) for d in infer.graph.inputs if d.kind == "input")
+        integers = "true" if infer.graph.output("predict").type.dtype.value == "i64" else "false"
+        settings.append(f"          .predicts({integers}{', ' + reads if reads else ''})")
+    label = classified_label(program.graph)
+    if label is not None:
+        settings.append(f"          .accuracy({java_string(label)})")
+    settings[-1] += ";"
     header = [
         f"// Generated by deepdsl {__version__} from {source or 'a .ddsl file'}. Edit the network, not this file.",
         "",
@@ -396,6 +433,7 @@ def emit_java(
         "import deepdsl.runtime.Kernels;",
         "import deepdsl.runtime.Network;",
         "import deepdsl.runtime.Parallel;",
+        "import deepdsl.runtime.Schedule;",
         "import deepdsl.runtime.Workspace;",
         "",
         "/**",
@@ -424,10 +462,12 @@ def emit_java(
     ]
     methods = ["", *("\n\n".join(train_methods + infer_methods)).split("\n")]
     if cuda is None:
-        cuda = (cuda_program(train), cuda_program(infer, "infer__") if infer is not None else None)
+        cuda = (cuda_program(train), cuda_program(infer, "infer__") if infer is not None else None,
+                cuda_program(test, "eval__"))  # fmt: skip
     tables = cuda_tables("train", train, cuda[0], f"{cls}.cu", e.namer)
     if infer is not None and cuda[1] is not None:
         tables += cuda_tables("infer", infer, cuda[1], f"{cls}.cu", e.namer)
+    tables += cuda_tables("eval", test, cuda[2], f"{cls}.cu", e.namer)
     methods += ["", "  // ---- the CUDA device's steps: launches of the kernels in " + f"{cls}.cu ----", ""]
     methods += "\n\n".join(tables).split("\n")
     kernels = ["", "  // ---- kernels: the index expressions of the plan as loops ----", ""]
@@ -439,9 +479,11 @@ def emit_java(
     text = "\n".join(lines)
     if not uses_parallel:
         text = text.replace("import deepdsl.runtime.Parallel;\n", "")
+    if cfg.lr is None:
+        text = text.replace("import deepdsl.runtime.Schedule;\n", "")
     for java_class in ("CpuOps", "Workspace"):
         if f"{java_class}." not in steps:
             text = text.replace(f"import deepdsl.runtime.{java_class};\n", "")
-    helpers = ("arena", "counter", "dim", "inputs", "labels", "tensor")
+    helpers = ("arena", "counter", "dim", "fed", "rate", "tensor")
     statics = [f"import static deepdsl.runtime.Kernels.{f};" for f in helpers if re.search(rf"\b{f}\(", table_text)]
     return text.replace("import deepdsl.runtime.Buf;\n", "\n".join(statics) + "\n\nimport deepdsl.runtime.Buf;\n", 1)

@@ -26,8 +26,11 @@ def cuda_tables(kind: str, p: Plan, prog: CudaProgram, source: str, namer: Namer
         if a.storage == "arena":
             return f"arena({long_literal(a.offset)})"
         kind = kinds.get(a.name)
-        special = {"input": "inputs()", "label": "labels()", "step": "counter()"}
-        return special[kind] if kind in special else f"tensor({java_string(a.name)})"
+        if kind == "step":
+            return "counter()"
+        if kind == "lr":
+            return "rate()"
+        return f"{'fed' if kind in ('input', 'label') else 'tensor'}({java_string(a.name)})"
 
     def dim(d: tuple[int, int, int]) -> str:
         return f"dim({d[0]})" if d[1:] == (1, 1) else f"dim({d[0]}, {d[1]}, {d[2]})"
@@ -47,12 +50,12 @@ def cuda_tables(kind: str, p: Plan, prog: CudaProgram, source: str, namer: Namer
         items.append(lines + wrapped(head, [arg(a) for a in x.args], ");"))
     for src, tensor, nbytes in prog.copies:
         items.append([f"k.copy({arg(src)}, {java_string(tensor)}, {long_literal(nbytes)});"])
-    result = "loss" if kind == "train" else "predict"
+    result = "predict" if kind == "infer" else "loss"
     where = dict(prog.results)[result]
     shape = ", ".join(map(str, g.output(result).type.shape))
     result_line = f"k.result({arg(where)}{', ' + shape if shape else ''});"
     name = namer(f"kernels:{kind}", f"{kind}Kernels")
-    what = "training step" if kind == "train" else "inference step"
+    what = {"train": "training step", "infer": "inference step", "eval": "test step"}[kind]
     doc = f"/** The {what} on the CUDA device: the kernels of {java_comment(source)} in plan order. */"
     size = LAUNCHES_PER_METHOD
     chunks = [[line for item in items[i : i + size] for line in item] for i in range(0, len(items), size)]

@@ -2,8 +2,7 @@
 
 import static deepdsl.runtime.Kernels.arena;
 import static deepdsl.runtime.Kernels.dim;
-import static deepdsl.runtime.Kernels.inputs;
-import static deepdsl.runtime.Kernels.labels;
+import static deepdsl.runtime.Kernels.fed;
 import static deepdsl.runtime.Kernels.tensor;
 
 import deepdsl.runtime.Buf;
@@ -30,11 +29,14 @@ public final class LeNet extends Network {
           .arena(7828736L, 7828736L)
           .peak(11478596L)
           .workspaceLimit(WORKSPACE_LIMIT)
-          .kernels(LeNet::trainKernels, LeNet::inferKernels);
+          .kernels(LeNet::trainKernels, LeNet::inferKernels)
+          .evalKernels(LeNet::evalKernels)
+          .predicts(false, "x")
+          .accuracy("y");
 
   // the batch: inputs and labels (labels as exact float values)
-  private final Buf x = input(64, 1, 28, 28);
-  private final Buf y = label(10, 64);
+  private final Buf x = input("x", 64, 1, 28, 28);
+  private final Buf y = label("y", 10, 64);
   // parameters
   private final Buf cv1_W = param("cv1.W", "he(fan_in=25, fan_out=500)", 20, 1, 5, 5);
   private final Buf cv1_b = param("cv1.b", "constant(0)", 20);
@@ -64,7 +66,7 @@ public final class LeNet extends Network {
     System.exit(run(args, SETTINGS, LeNet::new));
   }
 
-  /** One training step on the batch in x and y: forward, backward, update; returns the loss. */
+  /** One training step on the batch in the inputs: forward, backward, update; returns the loss. */
   protected float trainStep() {
     // %2 = conv2d(%x, %cv1.W, %cv1.b) {groups=1, pad=(0, 0), stride=(1, 1), epilogue=($result[i0, i1, i2, i3] + %cv1.b[i1])} : f32[64,20,24,24]  # lenet.ddsl:13:13 cv1
     Buf t2 = at(0, 64, 20, 24, 24);
@@ -165,7 +167,7 @@ public final class LeNet extends Network {
     return scalar(t13);
   }
 
-  /** The network's prediction for the batch in x. */
+  /** The network's prediction for the batch in the inputs. */
   protected Buf inferStep() {
     // %2 = conv2d(%x, %cv1.W, %cv1.b) {groups=1, pad=(0, 0), stride=(1, 1), epilogue=($result[i0, i1, i2, i3] + %cv1.b[i1])} : f32[64,20,24,24]  # lenet.ddsl:13:13 cv1
     Buf t2 = at(0, 64, 20, 24, 24);
@@ -198,13 +200,49 @@ public final class LeNet extends Network {
     return t12;
   }
 
+  /** The loss on the batch in the inputs in inference semantics (the test phase); no update. */
+  protected float evalStep() {
+    // %2 = conv2d(%x, %cv1.W, %cv1.b) {groups=1, pad=(0, 0), stride=(1, 1), epilogue=($result[i0, i1, i2, i3] + %cv1.b[i1])} : f32[64,20,24,24]  # lenet.ddsl:13:13 cv1
+    Buf t2 = at(0, 64, 20, 24, 24);
+    Workspace.conv2d(t2, x, cv1_W, 1, new int[] {0, 0}, new int[] {1, 1}, workspaceLimit);
+    conv2dEpilogue2(t2, t2, cv1_b);
+    // %3 = max_pool2d(%2) {kernel=(2, 2), pad=(0, 0), stride=(2, 2)} : f32[64,20,12,12]  # lenet.ddsl:15:13 mp
+    Buf t3 = at(2949120, 64, 20, 12, 12);
+    CpuOps.max_pool2d(t3, t2, new int[] {2, 2}, new int[] {0, 0}, new int[] {2, 2});
+    // %5 = conv2d(%3, %cv2.W, %cv2.b) {groups=1, pad=(0, 0), stride=(1, 1), epilogue=($result[i0, i1, i2, i3] + %cv2.b[i1])} : f32[64,50,8,8]  # lenet.ddsl:14:13 cv2
+    Buf t5 = at(0, 64, 50, 8, 8);
+    Workspace.conv2d(t5, t3, cv2_W, 1, new int[] {0, 0}, new int[] {1, 1}, workspaceLimit);
+    conv2dEpilogue5(t5, t5, cv2_b);
+    // %6 = max_pool2d(%5) {kernel=(2, 2), pad=(0, 0), stride=(2, 2)} : f32[64,50,4,4]  # lenet.ddsl:15:13 mp
+    Buf t6 = at(819200, 64, 50, 4, 4);
+    CpuOps.max_pool2d(t6, t5, new int[] {2, 2}, new int[] {0, 0}, new int[] {2, 2});
+    // %7 = reshape(%6) {shape=(64, 800)} : f32[64,800]  # lenet.ddsl:21:33 net.flatten1
+    Buf t7 = view(t6, 64, 800);
+    // %8 = linear(%7, %fc1.W) : f32[64,500]  # lenet.ddsl:16:13 fc1
+    Buf t8 = at(0, 64, 500);
+    CpuOps.linear(t8, t7, fc1_W);
+    // %10 = fused(%8, %fc1.b) {body=max((%8[i0, i1] + %fc1.b[i1]), 0), inplace=0, ops=(bias_add, relu), out=((i0, 64), (i1, 500))} : f32[64,500]  # lenet.ddsl:21:33 net.relu1
+    Buf t10 = at(0, 64, 500);
+    linearEpilogue10(t10, t8, fc1_b);
+    // %11 = linear(%10, %fc2.W) : f32[64,10]  # lenet.ddsl:17:13 fc2
+    Buf t11 = at(128000, 64, 10);
+    CpuOps.linear(t11, t10, fc2_W);
+    // %12 = bias_add(%11, %fc2.b) {inplace=0} : f32[64,10]  # lenet.ddsl:17:13 fc2
+    Buf t12 = at(128000, 64, 10);
+    linearEpilogue12(t12, t11, fc2_b);
+    // %13 = softmax_cross_entropy(%12, %y) : f32[]  # lenet.ddsl:21:11
+    Buf t13 = at(0);
+    CpuOps.softmax_cross_entropy(t13, t12, y);
+    return scalar(t13);
+  }
+
   // ---- the CUDA device's steps: launches of the kernels in LeNet.cu ----
 
   /** The training step on the CUDA device: the kernels of LeNet.cu in plan order. */
   static Kernels trainKernels() {
     Kernels k = new Kernels();
     // %2 = conv2d(%x, %cv1.W, %cv1.b)  # lenet.ddsl:13:13 cv1
-    k.launch("conv2d__cv1__v2", dim(2304, 2, 1), dim(16, 16, 1), arena(0), inputs(), tensor("cv1.W"));
+    k.launch("conv2d__cv1__v2", dim(2304, 2, 1), dim(16, 16, 1), arena(0), fed("x"), tensor("cv1.W"));
     k.launch("conv2d__cv1__v2_epilogue", dim(2880), dim(256), arena(0), arena(0), tensor("cv1.b"));
     // %3 = max_pool2d(%2)  # lenet.ddsl:15:13 mp
     k.launch("max_pool2d__mp__v3", dim(720), dim(256), arena(5898240), arena(0));
@@ -220,9 +258,9 @@ public final class LeNet extends Network {
     k.launch("linear__fc2__v12", dim(1, 4, 1), dim(16, 16, 1), arena(3896320), arena(3768320), tensor("fc2.W"));
     k.launch("linear__fc2__v12_epilogue", dim(3), dim(256), arena(3896320), arena(3896320), tensor("fc2.b"));
     // %13 = softmax_cross_entropy(%12, %y)  # lenet.ddsl:21:11
-    k.launch("softmax_cross_entropy__v13", dim(1), dim(256), arena(7827968), arena(3896320), labels());
+    k.launch("softmax_cross_entropy__v13", dim(1), dim(256), arena(7827968), arena(3896320), fed("y"));
     // %15 = softmax_cross_entropy_backward(%12, %y, %const14)  # lenet.ddsl:21:11
-    k.launch("softmax_cross_entropy_backward__v15", dim(64), dim(256), arena(3898880), arena(3896320), labels(),
+    k.launch("softmax_cross_entropy_backward__v15", dim(64), dim(256), arena(3898880), arena(3896320), fed("y"),
                                                                        tensor("const14"));
     // %16 = channel_sum(%15)  # lenet.ddsl:17:13 fc2
     k.launch("channel_sum__fc2__v16", dim(10), dim(64), arena(7828224), arena(3898880));
@@ -251,7 +289,7 @@ public final class LeNet extends Network {
     // %29 = channel_sum(%28)  # lenet.ddsl:13:13 cv1
     k.launch("channel_sum__cv1__v29", dim(20), dim(256), arena(59648), arena(2949120));
     // %31 = conv2d_backward_filter(%x, %28)  # lenet.ddsl:13:13 cv1
-    k.launch("conv2d_backward_filter__cv1__v31", dim(500), dim(256), arena(57600), inputs(), arena(2949120));
+    k.launch("conv2d_backward_filter__cv1__v31", dim(500), dim(256), arena(57600), fed("x"), arena(2949120));
     // %32 = sgd_momentum(%opt/cv1.W/momentum, %31, %cv1.W)
     // %33 = sgd_step(%cv1.W, %32)
     k.launch("sgd_momentum_sgd_step__cv1_W__v33", dim(2), dim(256), tensor("opt/cv1.W/momentum"), tensor("cv1.W"),
@@ -302,7 +340,7 @@ public final class LeNet extends Network {
   static Kernels inferKernels() {
     Kernels k = new Kernels();
     // %2 = conv2d(%x, %cv1.W, %cv1.b)  # lenet.ddsl:13:13 cv1
-    k.launch("infer__conv2d__cv1__v2", dim(2304, 2, 1), dim(16, 16, 1), arena(0), inputs(), tensor("cv1.W"));
+    k.launch("infer__conv2d__cv1__v2", dim(2304, 2, 1), dim(16, 16, 1), arena(0), fed("x"), tensor("cv1.W"));
     k.launch("infer__conv2d__cv1__v2_epilogue", dim(2880), dim(256), arena(0), arena(0), tensor("cv1.b"));
     // %3 = max_pool2d(%2)  # lenet.ddsl:15:13 mp
     k.launch("infer__max_pool2d__mp__v3", dim(720), dim(256), arena(2949120), arena(0));
@@ -320,6 +358,33 @@ public final class LeNet extends Network {
     // %12 = bias_add(%11, %fc2.b)  # lenet.ddsl:17:13 fc2
     k.launch("infer__bias_add__fc2__v12", dim(3), dim(256), arena(128000), arena(128000), tensor("fc2.b"));
     k.result(arena(128000), 64, 10);
+    return k;
+  }
+
+  /** The test step on the CUDA device: the kernels of LeNet.cu in plan order. */
+  static Kernels evalKernels() {
+    Kernels k = new Kernels();
+    // %2 = conv2d(%x, %cv1.W, %cv1.b)  # lenet.ddsl:13:13 cv1
+    k.launch("eval__conv2d__cv1__v2", dim(2304, 2, 1), dim(16, 16, 1), arena(0), fed("x"), tensor("cv1.W"));
+    k.launch("eval__conv2d__cv1__v2_epilogue", dim(2880), dim(256), arena(0), arena(0), tensor("cv1.b"));
+    // %3 = max_pool2d(%2)  # lenet.ddsl:15:13 mp
+    k.launch("eval__max_pool2d__mp__v3", dim(720), dim(256), arena(2949120), arena(0));
+    // %5 = conv2d(%3, %cv2.W, %cv2.b)  # lenet.ddsl:14:13 cv2
+    k.launch("eval__conv2d__cv2__v5", dim(256, 4, 1), dim(16, 16, 1), arena(0), arena(2949120), tensor("cv2.W"));
+    k.launch("eval__conv2d__cv2__v5_epilogue", dim(800), dim(256), arena(0), arena(0), tensor("cv2.b"));
+    // %6 = max_pool2d(%5)  # lenet.ddsl:15:13 mp
+    k.launch("eval__max_pool2d__mp__v6", dim(200), dim(256), arena(819200), arena(0));
+    // %8 = linear(%7, %fc1.W)  # lenet.ddsl:16:13 fc1
+    k.launch("eval__linear__fc1__v8", dim(32, 4, 1), dim(16, 16, 1), arena(0), arena(819200), tensor("fc1.W"));
+    // %10 = fused(%8, %fc1.b)  # lenet.ddsl:21:33 net.relu1
+    k.launch("eval__bias_add_relu__net_relu1__v10", dim(125), dim(256), arena(0), arena(0), tensor("fc1.b"));
+    // %11 = linear(%10, %fc2.W)  # lenet.ddsl:17:13 fc2
+    k.launch("eval__linear__fc2__v11", dim(1, 4, 1), dim(16, 16, 1), arena(128000), arena(0), tensor("fc2.W"));
+    // %12 = bias_add(%11, %fc2.b)  # lenet.ddsl:17:13 fc2
+    k.launch("eval__bias_add__fc2__v12", dim(3), dim(256), arena(128000), arena(128000), tensor("fc2.b"));
+    // %13 = softmax_cross_entropy(%12, %y)  # lenet.ddsl:21:11
+    k.launch("eval__softmax_cross_entropy__v13", dim(1), dim(256), arena(0), arena(128000), fed("y"));
+    k.result(arena(0));
     return k;
   }
 
