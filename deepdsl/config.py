@@ -11,12 +11,25 @@ class Config:
     debug: bool = False  # DEEPDSL_DEBUG=1: show the Python traceback of an internal error
     verify: bool = False  # DEEPDSL_VERIFY=1: check every graph and plan the driver makes (as --verify does)
     data_url: str | None = None  # DEEPDSL_DATA_URL: where `deepdsl data` downloads from instead (a mirror)
+    # DEEPDSL_CACHE: the folder of the parser tables made from the grammar (default $XDG_CACHE_HOME/deepdsl or
+    # ~/.cache/deepdsl); DEEPDSL_CACHE=0 builds them anew in every process
+    cache_dir: str | None = None
 
 
 def from_env() -> Config:
     def on(name: str) -> bool:
         return os.environ.get(name, "") not in ("", "0")
 
+    def cache_dir() -> str | None:
+        chosen = os.environ.get("DEEPDSL_CACHE")
+        if chosen is not None:
+            return None if chosen in ("", "0") else chosen
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(base, "deepdsl")
+
     return Config(
-        debug=on("DEEPDSL_DEBUG"), verify=on("DEEPDSL_VERIFY"), data_url=os.environ.get("DEEPDSL_DATA_URL") or None
+        debug=on("DEEPDSL_DEBUG"),
+        verify=on("DEEPDSL_VERIFY"),
+        data_url=os.environ.get("DEEPDSL_DATA_URL") or None,
+        cache_dir=cache_dir(),
     )

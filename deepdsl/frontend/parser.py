@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
+import sys
 from pathlib import Path
 
+import lark
 from lark import Lark, Token, Tree, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 from lark.exceptions import VisitError
 
+from deepdsl import config, files
 from deepdsl.errors import DslError, DslSyntaxError, Span
 from deepdsl.frontend import ast
 from deepdsl.frontend.syntax_hints import EXAMPLES
@@ -39,9 +44,61 @@ def grammar_path() -> Path:
     raise FileNotFoundError("grammar/ddsl.lark is missing from the deepdsl installation")
 
 
+_LARK_OPTIONS = {"parser": "lalr", "propagate_positions": True, "maybe_placeholders": True}
+
+
+def _tables_file(grammar: str) -> Path | None:
+    """Where the parser tables of this grammar, Lark and Python are kept between runs (None: not kept). The key
+    names all three, so a changed grammar or an upgrade never reads another's tables."""
+    folder = config.from_env().cache_dir
+    if folder is None:
+        return None
+    key = "\0".join((grammar, repr(sorted(_LARK_OPTIONS.items())), lark.__version__, sys.version))
+    return Path(folder) / f"grammar-{hashlib.sha256(key.encode()).hexdigest()[:20]}.lark"
+
+
+def _private_folder(folder: Path) -> bool:
+    """Whether `folder` is ours alone: the tables are a pickle, and loading one another user could write would run
+    their code."""
+    try:
+        st = folder.stat()
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def load_or_build(grammar: str, tables: Path | None) -> Lark:
+    """The LALR parser of `grammar`, its tables loaded from `tables` when they are there, else built and saved
+    there. A missing, damaged, unwritable or shared cache only means building them again."""
+    if tables is not None:
+        os.makedirs(tables.parent, mode=0o700, exist_ok=True)
+        if not _private_folder(tables.parent):
+            tables = None
+    if tables is not None:
+        try:
+            with tables.open("rb") as f:
+                return Lark.load(f)
+        except Exception:  # noqa: BLE001 - absent or damaged (another Lark's, a cut-off copy): build anew
+            pass
+    parser = Lark(grammar, **_LARK_OPTIONS)
+    if tables is not None:
+        try:
+            with files.atomic_output(tables, follow_symlinks=False) as f:
+                parser.save(f)
+        except OSError:
+            pass  # a full disk, a read-only home: every run builds the tables
+    return parser
+
+
 @functools.cache
 def _lark() -> Lark:
-    return Lark(grammar_path().read_text(), parser="lalr", propagate_positions=True, maybe_placeholders=True)
+    """The parser. Building its tables takes about half a second, more than parsing ResNet-50, so they are kept in
+    the user's cache folder (DEEPDSL_CACHE) for every later run."""
+    grammar = grammar_path().read_text()
+    try:
+        return load_or_build(grammar, _tables_file(grammar))
+    except OSError:  # the cache folder cannot be made
+        return load_or_build(grammar, None)
 
 
 def parse_text(text: str, file: str = "<input>") -> ast.Module:
