@@ -35,8 +35,6 @@ public abstract class Network {
     long arenaBytes;
     long peakBytes;
     long workspaceLimit;
-    Supplier<Kernels> trainKernels;
-    Supplier<Kernels> inferKernels;
 
     public Settings(String name) {
       this.name = name;
@@ -90,13 +88,6 @@ public abstract class Network {
       this.workspaceLimit = bytes;
       return this;
     }
-
-    /** The steps as the CUDA device runs them ({@code infer} null without {@code predict}). */
-    public Settings kernels(Supplier<Kernels> train, Supplier<Kernels> infer) {
-      this.trainKernels = train;
-      this.inferKernels = infer;
-      return this;
-    }
   }
 
   private enum Kind {
@@ -135,6 +126,9 @@ public abstract class Network {
   private PrintStream progress;
   private Device device;
 
+  /** The device the steps run on: every operation of a step is a call of it. */
+  protected Device dev;
+
   protected Network(Settings settings) {
     this.settings = settings;
     this.workspaceLimit = settings.workspaceLimit;
@@ -144,6 +138,7 @@ public abstract class Network {
   public void use(Device d) {
     d.attach(this);
     device = d;
+    dev = d;
   }
 
   private Device device() {
@@ -167,6 +162,15 @@ public abstract class Network {
               + " smaller batch, or compiled with --remat");
     }
     arena = new float[(int) (settings.arenaBytes / 4)];
+  }
+
+  /**
+   * The arena of a device that keeps it (the CUDA device): the host holds no elements of it, only
+   * the array the step's tensors name it by.
+   */
+  float[] useDeviceArena() {
+    arena = new float[0];
+    return arena;
   }
 
   // ---- what a device reads of the network ----
@@ -244,15 +248,6 @@ public abstract class Network {
   /** The same elements with another shape (a reshape costs nothing). */
   protected static Buf view(Buf b, int... shape) {
     return new Buf(b.a, b.off, shape);
-  }
-
-  /** Copies a step's result into the tensor it updates. */
-  protected static void copy(Buf from, Buf to) {
-    System.arraycopy(from.a, from.off, to.a, to.off, to.numel());
-  }
-
-  protected static float scalar(Buf b) {
-    return b.a[b.off];
   }
 
   private Buf add(String name, Kind kind, float[] values, int[] shape) {

@@ -86,6 +86,11 @@ def library_source() -> str:
     return files("deepdsl.backends.cuda").joinpath("library.cu").read_text()
 
 
+def entries_source() -> str:
+    """entries.cu: the library's ops as kernels taking their sizes as arguments (the Java CUDA device's)."""
+    return files("deepdsl.backends.cuda").joinpath("entries.cu").read_text()
+
+
 # ---- scalar expressions ----
 
 _INFIX = {"+", "-", "*", "/"}
@@ -293,24 +298,29 @@ def _grid_for(n: int, block: int) -> int:
 
 def ie_kernel(
     name: str, body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...],
-    ctypes: tuple[str, ...] | None = None, comments: tuple[str, ...] = (),
+    ctypes: tuple[str, ...] | None = None, comments: tuple[str, ...] = (), sized: bool = False,
 ) -> Kernel:  # fmt: skip
-    """The kernel computing out[idx] = body over `out`'s grid, under one comment line for each of `comments`."""
+    """The kernel computing out[idx] = body over `out`'s grid, under one comment line for each of `comments`.
+    With `sized` (an element-wise body only) the element count is the kernel's last argument `n`: one kernel serves
+    every shape."""
     ctypes = ctypes or ("float",) * len(shapes)
     numel = math.prod(n for _, n in out)
     _check_size(name, numel, *(math.prod(s) for s in shapes))
     head = [f"// {c_comment(line)}" for line in comments]
-    head.append(f'extern "C" __global__ void {name}({_params("float", ctypes, False)}) {{')
+    head.append(f'extern "C" __global__ void {name}({_params("float", ctypes, False)}{", int n" if sized else ""}) {{')
     tops = top_reductions(body)
     reduced = max((math.prod(n for _, n in r.vars) for r in tops), default=0)
     cooperative = reduced >= 64 and reduced >= numel // 64
     g = _Gen(shapes, ctypes, cooperative=cooperative)
     lines: list[str] = []
-    if not cooperative and is_flat(body, out, shapes):
+    flat = not cooperative and is_flat(body, out, shapes)
+    if sized and not flat:
+        raise ValueError(f"kernel {name}: only an element-wise kernel takes its size as an argument")
+    if flat:
         g.flat = True
         pre: list[str] = []
         value = as_float(g.expr(body, pre, "    "))
-        lines += [f"  DD_GRID_STRIDE(e, {numel}) {{", f"    out[e] = {value};", "  }"]
+        lines += [f"  DD_GRID_STRIDE(e, {'n' if sized else numel}) {{", f"    out[e] = {value};", "  }"]
         return Kernel("\n".join(head + lines + ["}"]), (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel,
                        "grid-stride")  # fmt: skip
     names = [g.bind(var, size) for var, size in out]
@@ -342,7 +352,7 @@ def ie_kernel(
 
 def group_kernel(
     name: str, bodies: tuple[IE, ...], numel: int, shapes: tuple[tuple[int, ...], ...], ctypes: tuple[str, ...],
-    readers: tuple[dict[int, int], ...], comments: tuple[str, ...],
+    readers: tuple[dict[int, int], ...], comments: tuple[str, ...], sized: bool = False,
 ) -> Kernel:  # fmt: skip
     """One grid-stride kernel computing out0[e] = bodies[0], out1[e] = bodies[1], ... element by element: the
     statements of one group (ir/groups.py). Body j reads the shared inputs in0, in1, ... (`shapes`, `ctypes`), and
@@ -351,7 +361,9 @@ def group_kernel(
     outs = [f"float* out{m}" for m in range(len(bodies))]
     ins = [f"const {t}* in{k}" for k, t in enumerate(ctypes)]
     lines = [f"// {c_comment(line)}" for line in comments]
-    lines += [f'extern "C" __global__ void {name}({", ".join(outs + ins)}) {{', f"  DD_GRID_STRIDE(e, {numel}) {{"]
+    size = ["int n"] if sized else []  # the element count as an argument: one kernel for every shape
+    lines += [f'extern "C" __global__ void {name}({", ".join(outs + ins + size)}) {{',
+              f"  DD_GRID_STRIDE(e, {'n' if sized else numel}) {{"]  # fmt: skip
     for j, body in enumerate(bodies):
         g = _Gen(shapes, ctypes, flat=True, registers={k: f"r{m}" for k, m in readers[j].items()})
         pre: list[str] = []

@@ -3,12 +3,14 @@
 `emit_java(program, train_plan, infer_plan)` gives the text of `public final class NAME extends Network`:
 parameters, model state and optimizer state as named fields, `trainStep` and `inferStep` as the
 straight-line plan (each call under a comment holding the IR statement and its source line), and one
-generated loop kernel per distinct index expression. Ops without an index form are calls into the
-runtime (`CpuOps`, or `Workspace` where the kernel picks a variant by its scratch need) that their registry
-entry's `java` field declares: output, inputs, then attributes in alphabetical order; ops with one are
-generated kernels, and a fused epilogue is a kernel run over the host's output right after its call. The
-runtime (deepdsl/runtime/*.java) holds everything that does not depend on the network: training loop, data,
-parameter files, devices.
+generated kernel per distinct index expression. Every operation of a step is a call of the device `dev`
+(runtime Device.java), so the CPU and the CUDA device run the same list of calls: an op without an index form
+is a library call (`dev.conv2d(...)`, `dev.matmul(...)`) with the parameters its registry entry's `java` field
+declares (output, inputs, then attributes); an op with one (or with a CUDA index form, the shape ops) is a
+generated kernel, `dev.run(K, out, in...)`, where `K` is a constant holding the kernel's name in Name.cu (its
+CUDA source, which this module writes too) and its Java body; a fused epilogue is a kernel run over the op's
+output right after its call. The runtime (deepdsl/runtime/*.java) holds everything that does not depend on the
+network: training loop, data, parameter files, devices.
 """
 
 from __future__ import annotations
@@ -18,12 +20,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from deepdsl.backends.cuda.kernels import CudaProgram
-from deepdsl.backends.cuda.kernels import program as cuda_program
+from deepdsl.backends.cuda.kernels import group_kernel, ie_kernel
 from deepdsl.backends.escape import java_comment, java_string
 from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, java_group_kernel, java_kernel
 from deepdsl.backends.java.names import Namer, camel, class_name
-from deepdsl.backends.java.tables import cuda_tables
 from deepdsl.backends.java.text import long_literal, method
 from deepdsl.frontend.program import Program
 from deepdsl.ir import REGISTRY, Graph, Stmt, Value
@@ -32,6 +32,7 @@ from deepdsl.ir.groups import group_form
 from deepdsl.ir.indexexpr import format_ie, renumber
 from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.registry import JavaCall
+from deepdsl.ir.types import DType
 from deepdsl.memory import Plan
 from deepdsl.memory.groups import planned_groups
 from deepdsl.memory.report import total_peak
@@ -41,9 +42,9 @@ MAX_STATEMENTS_PER_METHOD = 200  # keeps every step method far below Java's 64 K
 DEFAULT_WORKSPACE_LIMIT = 1 << 30
 NETWORK_MEMBERS = (
     "arena", "at", "view", "copy", "scalar", "input", "label", "param", "state", "optimizerState", "train", "test",
-    "save", "load", "main", "iteration", "trainStep", "inferStep", "SETTINGS", "WORKSPACE_LIMIT", "Buf", "CpuOps",
-    "Network", "Parallel", "Settings", "Workspace", "settings", "workspaceLimit", "run", "useData", "reportTo",
-    "Kernels", "dim", "tensor", "inputs", "labels", "counter", "use", "device", "constant",
+    "save", "load", "main", "iteration", "trainStep", "inferStep", "SETTINGS", "WORKSPACE_LIMIT", "Buf", "Kernel",
+    "Network", "Parallel", "Settings", "settings", "workspaceLimit", "run", "useData", "reportTo", "dev",
+    "inputs", "labels", "use", "device", "constant",
 )  # fmt: skip
 
 
@@ -88,8 +89,8 @@ def library_arguments(s: Stmt) -> list[str]:
         key = param if param in attrs else _snake(param)
         if key == "step":  # the step counter, an input of the statement, is passed as a long
             args.append("iteration")
-        elif key == "limit":
-            args.append("workspaceLimit")
+        elif key == "limit":  # the device's workspace limit
+            continue
         elif key in attrs:
             args.append(_java_value(attrs[key], java_type))
         elif java_type == "boolean":
@@ -99,6 +100,19 @@ def library_arguments(s: Stmt) -> list[str]:
     return args
 
 
+def _ctype(v: Value) -> str:
+    return "float" if v.type.dtype is DType.F32 else "long long"
+
+
+def _constant(method_name: str) -> str:
+    """`linearEpilogue10` -> `LINEAR_EPILOGUE10`: the name of a kernel's constant."""
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", method_name).upper()
+
+
+def _body_lambda(name: str, arity: int) -> str:
+    return f"b -> {name}({', '.join(f'b[{k}]' for k in range(arity))})"
+
+
 @dataclass
 class _Emitter:
     namer: Namer = field(default_factory=lambda: Namer(NETWORK_MEMBERS))
@@ -106,8 +120,10 @@ class _Emitter:
     temps: Namer = field(default_factory=Namer)  # the results of the step being written
     in_state: dict[str, str] = field(default_factory=dict)  # results written over the tensor they update
     counters: frozenset[str] = frozenset()  # the step's iteration-counter input (a long, not a Buf)
-    kernels: dict[tuple, str] = field(default_factory=dict)  # (body, out, shapes) -> method name
-    kernel_text: list[str] = field(default_factory=list)
+    kernels: dict[tuple, str] = field(default_factory=dict)  # (body, out, shapes, ctypes) -> constant name
+    kernel_text: list[str] = field(default_factory=list)  # the Java methods
+    constants: list[str] = field(default_factory=list)  # the Kernel constants
+    cuda_text: list[str] = field(default_factory=list)  # the CUDA kernels, under the same names
 
     def declare(self, v: Value) -> str:
         self.globals[v.name] = self.namer(v.name)
@@ -118,27 +134,44 @@ class _Emitter:
             return self.globals[self.in_state[v.name]]
         return self.globals.get(v.name) or self.temps(v.name)
 
-    def kernel(self, op: str, value: str, body: Any, out: tuple, shapes: tuple, doc: str) -> str:
-        """The name of the kernel computing `body` over `out`; a flat (element-wise) one serves every shape."""
+    def _add(self, name: str, java: str, cuda: Any, arity: int, sized: bool, doc: str) -> str:
+        """Records kernel `name` (its Java method, its CUDA kernel) and returns the name of its constant."""
+        const = self.namer(f"constant:{name}", _constant(name))
+        self.kernel_text.append(java)
+        self.cuda_text.append(cuda.text)
+        if sized:
+            make = f"Kernel.elementwise({java_string(name)}, "
+        else:
+            make = f"Kernel.fixed({java_string(name)}, {cuda.grid[0]}, {cuda.block[0]}, "
+        self.constants.append(f"  /** {java_comment(doc)} */")
+        self.constants += [f"  static final Kernel {const} =", f"      {make}{_body_lambda(name, arity)});"]
+        return const
+
+    def kernel(self, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...], doc: str,
+               shapes: tuple | None = None, ctypes: tuple[str, ...] | None = None) -> str:  # fmt: skip
+        """The constant of the kernel computing `body` over `out`; a flat (element-wise) one serves every shape."""
+        shapes = shapes if shapes is not None else tuple(v.type.shape for v in inputs)
+        ctypes = ctypes if ctypes is not None else tuple(_ctype(v) for v in inputs)
         flat = is_flat(body, out, shapes)
-        key = (flat_form(body), len(shapes)) if flat else (body, out, shapes)
+        key = (flat_form(body), len(shapes), ctypes) if flat else (body, out, shapes, ctypes)
         if key not in self.kernels:
             preferred = camel(op) if flat else camel(op) + re.sub(r"[^A-Za-z0-9_]", "_", value)
             name = self.namer(f"kernel:{op}:{value}", preferred)
-            self.kernels[key] = name
-            self.kernel_text.append(java_kernel(name, body, out, shapes, doc))
+            java = java_kernel(name, body, out, shapes, doc)
+            cuda = ie_kernel(name, body, out, shapes, ctypes, (doc,), sized=flat)
+            self.kernels[key] = self._add(name, java, cuda, 1 + len(shapes), flat, doc)
         return self.kernels[key]
 
     def group(self, stmts: tuple[Stmt, ...], temps: list[str]) -> str:
         """The call of the one loop computing the statements of a group into `temps`."""
         form = group_form(stmts)
         shared, bodies, readers = form.inputs, form.bodies, form.held
+        ctypes = tuple(_ctype(v) for v in shared)
         key = ("group", tuple(flat_form(b) for b in bodies), tuple(tuple(sorted(h.items())) for h in readers),
-               len(shared))  # fmt: skip
+               len(shared), ctypes)  # fmt: skip
         if key not in self.kernels:
             ops = [st.a["ops"][0] if st.op == "fused" and st.a.get("ops") else st.op for st in stmts]
             name = self.namer(f"kernel:group:{stmts[0].out.name}", camel("_".join(ops)))
-            self.kernels[key] = name
             n = len(shared)
             names = (*(f"in{k}" for k in range(n)), *(f"out{m}" for m in range(len(bodies))))
             texts = []
@@ -146,8 +179,12 @@ class _Emitter:
                 readable = renumber(b, {k: k for k in range(n)} | {k: n + m for k, m in h.items()})
                 texts.append(f"out{j}[e] = {format_ie(flat_form(readable), names)}")
             doc = "; ".join(texts)
-            self.kernel_text.append(java_group_kernel(name, tuple(bodies), tuple(readers), len(shared), doc))
-        return f"{self.kernels[key]}({', '.join([*temps, *(self.tensor(v) for v in shared)])});"
+            java = java_group_kernel(name, tuple(bodies), tuple(readers), len(shared), doc)
+            shapes = tuple(v.type.shape for v in shared)
+            numel = stmts[0].out.type.numel
+            cuda = group_kernel(name, tuple(bodies), numel, shapes, ctypes, tuple(readers), (doc,), sized=True)
+            self.kernels[key] = self._add(name, java, cuda, len(bodies) + len(shared), True, doc)
+        return f"dev.run({', '.join([self.kernels[key], *temps, *(self.tensor(v) for v in shared)])});"
 
     def statement(self, s: Stmt, temp: str) -> list[str]:
         """The Java lines of one statement (its result Buf is `temp`, already bound)."""
@@ -155,32 +192,34 @@ class _Emitter:
         args = [self.tensor(v) for v in s.inputs if v.name not in self.counters]  # the step counter: a long
         if op.view:
             return []
-        form = index_form(s)
-        if form is not None:
-            body, out = form.body, form.out
-            shapes = tuple(v.type.shape for v in s.inputs)
+        own = index_form(s)
+        form = (own.body, own.out) if own is not None else op.cuda_form(s) if op.cuda_form is not None else None
+        arity = op.arity if op.arity is not None else len(s.inputs)
+        if form is not None and "epilogue" not in s.a or own is not None:
+            body, out = form
             what = s.op
             if s.op == "fused" and s.a.get("ops"):
                 what = "_".join(s.a["ops"])
             elif s.op == "indexed" and s.layer:  # a tensor function (or its gradient): named after it
                 what = re.sub(r"\d+$", "", s.layer.rsplit(".", 1)[-1])
-            name = self.kernel(what, s.out.name, body, out, shapes, _meaning(body, out, len(shapes)))
-            return [f"{name}({', '.join([temp, *args])});"]
-        arity = op.arity if op.arity is not None else len(s.inputs)
-        own = args[:arity] if "epilogue" in s.a else args
-        library = java_call(s.op)
-        tensors = [f"new Buf[] {{{', '.join(own)}}}"] if library.inputs_as_array else own
-        call = f"{library.cls}.{s.op}({', '.join([temp, *tensors, *library_arguments(s)])});"
-        lines = [call]
+            k = self.kernel(what, s.out.name, body, out, s.inputs, _meaning(body, out, len(s.inputs)))
+            return [f"dev.run({', '.join([k, temp, *args])});"]
+        own_args = args[:arity] if "epilogue" in s.a else args
+        if form is not None:  # a shape op with an epilogue: its kernel, then the epilogue's
+            body, out = form
+            k = self.kernel(s.op, s.out.name, body, out, s.inputs[:arity], _meaning(body, out, arity))
+            lines = [f"dev.run({', '.join([k, temp, *own_args])});"]
+        else:
+            lines = [f"dev.{camel(s.op)}({', '.join([temp, *own_args, *library_arguments(s)])});"]
         if "epilogue" in s.a:
             extras = s.inputs[arity:]
             out = output_indices(s.out.type)
             shapes = (s.out.type.shape, *(v.type.shape for v in extras))
+            ctypes = ("float", *(_ctype(v) for v in extras))
             epilogue = s.a["epilogue"]
-            name = self.kernel(
-                f"{s.op}_epilogue", s.out.name, epilogue, out, shapes, _meaning(epilogue, out, len(shapes))
-            )
-            lines.append(f"{name}({', '.join([temp, temp, *args[arity:]])});")
+            k = self.kernel(f"{s.op}_epilogue", s.out.name, epilogue, out, (), _meaning(epilogue, out, len(shapes)),
+                            shapes, ctypes)  # fmt: skip
+            lines.append(f"dev.run({', '.join([k, temp, temp, *args[arity:]])});")
         return lines
 
     def step(self, kind: str, p: Plan, result: str) -> tuple[list[str], list[str]]:
@@ -222,7 +261,7 @@ class _Emitter:
                     name, v = item
                     param = self.globals[name]
                     if self.tensor(v) != param:
-                        body.append(f"copy({self.tensor(v)}, {param});")
+                        body.append(f"dev.copy({self.tensor(v)}, {param});")
                     continue
                 if what == "group":
                     temps = []
@@ -254,7 +293,7 @@ class _Emitter:
             methods.append((k, body))
         out = []
         returns = "float" if kind == "train" else "Buf"
-        tail = f"scalar({self.tensor(result_value)})" if kind == "train" else self.tensor(result_value)
+        tail = f"dev.{'scalar' if kind == 'train' else 'read'}({self.tensor(result_value)})"
         doc = (
             "One training step on the batch in x and y: forward, backward, update; returns the loss."
             if kind == "train"
@@ -331,13 +370,17 @@ def _data_flag(data: tuple[str, tuple[tuple[Any, Any], ...]]) -> str:
     return f"{kind}:{values[0]}" if values else kind
 
 
+@dataclass(frozen=True)
+class Emitted:
+    java: str  # Name.java
+    kernels: str  # the CUDA kernels of its Kernel constants, for Name.cu (after the library)
+
+
 def emit_java(
-    program: Program, train: Plan, infer: Plan | None, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT,
-    cuda: tuple[CudaProgram, CudaProgram | None] | None = None,
-) -> str:  # fmt: skip
+    program: Program, train: Plan, infer: Plan | None, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT
+) -> Emitted:
     """The Java class of `program` from the plans of its training and (when it has `predict`) inference programs,
-    with `cuda` (their CUDA programs, kernels.program(train) and kernels.program(infer, "infer__")) as the tables
-    the CUDA device runs."""
+    and the CUDA source of its kernels."""
     e = _Emitter()
     g: Graph = train.graph
     cls = class_name(g.name)
@@ -385,22 +428,21 @@ def emit_java(
         f"          .testing({cfg.test_every}, {cfg.test_iterations})",
         f"          .arena({train.arena_bytes}L, {arena}L)",
         f"          .peak({total_peak(train)}L)",
-        "          .workspaceLimit(WORKSPACE_LIMIT)",
-        f"          .kernels({cls}::trainKernels, {f'{cls}::inferKernels' if infer is not None else 'null'});",
+        "          .workspaceLimit(WORKSPACE_LIMIT);",
     ]
     header = [
         f"// Generated by deepdsl {__version__} from {source or 'a .ddsl file'}. Edit the network, not this file.",
         "",
         "import deepdsl.runtime.Buf;",
-        "import deepdsl.runtime.CpuOps;",
-        "import deepdsl.runtime.Kernels;",
+        "import deepdsl.runtime.Kernel;",
         "import deepdsl.runtime.Network;",
         "import deepdsl.runtime.Parallel;",
-        "import deepdsl.runtime.Workspace;",
         "",
         "/**",
         f" * {name}: training and inference of {source or 'the network'}, every temporary at a fixed offset of one",
-        f" * arena of {arena:,} bytes. Run it with {{@code java {cls} --help}}.",
+        f" * arena of {arena:,} bytes. Run it with {{@code java {cls} --help}}. Each step is one list of calls of",
+        " * the device {@code dev}: the CPU device runs each kernel's Java method below, the CUDA device its",
+        f" * kernel of {cls}.cu.",
         " */",
         f"public final class {cls} extends Network {{",
         "  /** Scratch bytes a convolution may take beyond the arena (--workspace-limit overrides it). */",
@@ -423,25 +465,13 @@ def emit_java(
         "  }",
     ]
     methods = ["", *("\n\n".join(train_methods + infer_methods)).split("\n")]
-    if cuda is None:
-        cuda = (cuda_program(train), cuda_program(infer, "infer__") if infer is not None else None)
-    tables = cuda_tables("train", train, cuda[0], f"{cls}.cu", e.namer)
-    if infer is not None and cuda[1] is not None:
-        tables += cuda_tables("infer", infer, cuda[1], f"{cls}.cu", e.namer)
-    methods += ["", "  // ---- the CUDA device's steps: launches of the kernels in " + f"{cls}.cu ----", ""]
-    methods += "\n\n".join(tables).split("\n")
-    kernels = ["", "  // ---- kernels: the index expressions of the plan as loops ----", ""]
-    kernels += "\n\n".join(e.kernel_text).split("\n")
-    uses_parallel = any("Parallel.range" in k for k in e.kernel_text)
-    table_text = "\n".join(tables)
-    steps = "\n".join(train_methods + infer_methods)
-    lines = header + body + methods + kernels + ["}", ""]
+    constants = ["", f"  // ---- kernels: each a Java method below and a kernel of {cls}.cu of the same name ----", ""]
+    constants += e.constants
+    kernels = ["", *"\n\n".join(e.kernel_text).split("\n")]
+    lines = header + body + methods + constants + kernels + ["}", ""]
     text = "\n".join(lines)
-    if not uses_parallel:
+    if not any("Parallel.range" in k for k in e.kernel_text):
         text = text.replace("import deepdsl.runtime.Parallel;\n", "")
-    for java_class in ("CpuOps", "Workspace"):
-        if f"{java_class}." not in steps:
-            text = text.replace(f"import deepdsl.runtime.{java_class};\n", "")
-    helpers = ("arena", "counter", "dim", "inputs", "labels", "tensor")
-    statics = [f"import static deepdsl.runtime.Kernels.{f};" for f in helpers if re.search(rf"\b{f}\(", table_text)]
-    return text.replace("import deepdsl.runtime.Buf;\n", "\n".join(statics) + "\n\nimport deepdsl.runtime.Buf;\n", 1)
+    if not e.constants:
+        text = text.replace("import deepdsl.runtime.Kernel;\n", "")
+    return Emitted(text, "\n\n".join(e.cuda_text) + "\n")
