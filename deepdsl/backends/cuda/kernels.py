@@ -506,24 +506,26 @@ class _Program:
         form: Form | None = (own.body, own.out) if own is not None else None
         if form is None and op.cuda_form is not None:
             form = op.cuda_form(s)
+        arity = op.arity if op.arity is not None else len(s.inputs)
         if form is not None:
             if out_type != "float":
                 raise ValueError(f"%{s.out.name} = {s.op}: index-expression kernels write float32 only")
+            if own is not None:  # an op's own index form takes no epilogue: every input is the body's
+                arity = len(s.inputs)
             body, out = form
             name = self.name(s)
-            shapes = tuple(v.type.shape for v in s.inputs)
+            shapes = tuple(v.type.shape for v in s.inputs[:arity])
             meaning = (
                 f"out[{', '.join(v for v, _ in out)}] = {format_ie(body, tuple(f'in{k}' for k in range(len(shapes))))}"
             )
-            k = ie_kernel(name, body, out, shapes, in_types, (format_stmt(s), meaning))
-            self.add(s, name, k, values, (out_type, *in_types))
-            return
-        if op.cuda is None:
+            k = ie_kernel(name, body, out, shapes, in_types[:arity], (format_stmt(s), meaning))
+            self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]))
+        elif op.cuda is None:
             raise ValueError(f"no CUDA kernel for op {s.op!r} (statement %{s.out.name})")
-        arity = op.arity if op.arity is not None else len(s.inputs)
-        name = self.name(s)
-        k = op.cuda(name, s, in_types[:arity])
-        self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]))
+        else:
+            name = self.name(s)
+            k = op.cuda(name, s, in_types[:arity])
+            self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]))
         if "epilogue" in s.a:
             extras = s.inputs[arity:]
             out = output_indices(s.out.type)
