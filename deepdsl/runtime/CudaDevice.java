@@ -358,12 +358,20 @@ public final class CudaDevice implements Device {
 
   @Override
   public void run(Kernel k, Buf... args) {
-    if (k.sized) {
-      int n = args[0].numel();
-      launch(k.name, elements(n), new int[] {k.block, 1, 1}, args, i(n));
-    } else {
-      launch(k.name, new int[] {k.grid, 1, 1}, new int[] {k.block, 1, 1}, args);
+    int n = args[0].numel();
+    int[] block = {k.block, 1, 1};
+    if (k.launch == Kernel.Launch.ELEMENTS) {
+      launch(k.name, elements(n), block, args, i(n));
+      return;
     }
+    List<Pointer> dims = new ArrayList<>();
+    for (Buf b : args) {
+      for (int d : b.shape) {
+        dims.add(i(d));
+      }
+    }
+    int[] grid = k.launch == Kernel.Launch.ROWS ? rows(n) : elements(n);
+    launch(k.name, grid, block, args, dims.toArray(new Pointer[0]));
   }
 
   @Override

@@ -19,34 +19,42 @@ public final class Kernel {
   /** The kernel's Java code. */
   public final Body body;
 
-  /** Blocks of the launch; 0: enough blocks of {@link #block} threads for one thread an element. */
-  public final int grid;
+  /** How the CUDA device sizes a launch: the kernel's arguments after its tensors, its grid. */
+  public enum Launch {
+    /** One thread an element of the first output; the element count is the last argument. */
+    ELEMENTS,
+    /** One thread an element of the output; every dim of the output, then of each input, follow. */
+    SHAPED,
+    /** One block an element of the output, its threads sharing a reduction; the dims follow. */
+    ROWS
+  }
+
+  /** How the kernel is launched. */
+  public final Launch launch;
 
   /** Threads per block. */
   public final int block;
 
-  /**
-   * Whether the CUDA kernel takes the number of elements of its first output as a last argument
-   * (an element-wise kernel, which serves every shape).
-   */
-  public final boolean sized;
-
-  private Kernel(String name, Body body, int grid, int block, boolean sized) {
+  private Kernel(String name, Body body, Launch launch, int block) {
     this.name = name;
     this.body = body;
-    this.grid = grid;
+    this.launch = launch;
     this.block = block;
-    this.sized = sized;
   }
 
-  /** An element-wise kernel: one thread an element of its first output, of any shape. */
+  /** An element-wise kernel: it serves every shape. */
   public static Kernel elementwise(String name, Body body) {
-    return new Kernel(name, body, 0, 256, true);
+    return new Kernel(name, body, Launch.ELEMENTS, 256);
   }
 
-  /** A kernel of one shape, launched as {@code grid} blocks of {@code block} threads. */
-  public static Kernel fixed(String name, int grid, int block, Body body) {
-    return new Kernel(name, body, grid, block, false);
+  /** A kernel over its output's elements that takes its tensors' dims as arguments. */
+  public static Kernel shaped(String name, Body body) {
+    return new Kernel(name, body, Launch.SHAPED, 256);
+  }
+
+  /** A kernel of one block of {@code block} threads per output element, its dims as arguments. */
+  public static Kernel rows(String name, int block, Body body) {
+    return new Kernel(name, body, Launch.ROWS, block);
   }
 
   @Override

@@ -217,7 +217,9 @@ def test_kernel_text_reads_like_code() -> None:
     body = Apply("max", (Apply("+", (Read(0, (Affine.var("i0"), Affine.var("i1"))), Read(1, (Affine.var("i1"),)))),
                          Const(0.0)))  # fmt: skip
     text = java_kernel("biasRelu", body, (("i0", 8), ("i1", 500)), ((8, 500), (500,)))
-    assert "o[po + 500 * i0 + i1] = Math.max((a0[p0 + 500 * i0 + i1] + a1[p1 + i1]), 0.0f);" in text
+    # the sizes are the buffers' dims, named: one kernel serves every shape it reads the same way for
+    assert "o[po + i0 * sto0 + i1] = Math.max((a0[p0 + i0 * st0_0 + i1] + a1[p1 + i1]), 0.0f);" in text
+    assert "int no1 = out.shape[1];" in text and "int st0_0 = n0_1;" in text
     padded = Read(0, (Affine((("i0", 1),), -1),))
     text = java_kernel("shift", padded, (("i0", 4),), ((4,),))
     assert "(i0 - 1 >= 0 ? a0[p0 + i0 - 1] : 0f)" in text

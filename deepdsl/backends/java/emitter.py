@@ -100,6 +100,9 @@ def library_arguments(s: Stmt) -> list[str]:
     return args
 
 
+_PLACEHOLDER = "dd_kernel_"  # the name a kernel is written under to compare it with the kernels written before
+
+
 def _ctype(v: Value) -> str:
     return "float" if v.type.dtype is DType.F32 else "long long"
 
@@ -141,24 +144,28 @@ class _Emitter:
         self.cuda_text.append(cuda.text)
         if sized:
             make = f"Kernel.elementwise({java_string(name)}, "
+        elif cuda.loop == "block-stride":
+            make = f"Kernel.rows({java_string(name)}, {cuda.block[0]}, "
         else:
-            make = f"Kernel.fixed({java_string(name)}, {cuda.grid[0]}, {cuda.block[0]}, "
+            make = f"Kernel.shaped({java_string(name)}, "
         self.constants.append(f"  /** {java_comment(doc)} */")
         self.constants += [f"  static final Kernel {const} =", f"      {make}{_body_lambda(name, arity)});"]
         return const
 
     def kernel(self, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...], doc: str,
                shapes: tuple | None = None, ctypes: tuple[str, ...] | None = None) -> str:  # fmt: skip
-        """The constant of the kernel computing `body` over `out`; a flat (element-wise) one serves every shape."""
+        """The constant of the kernel computing `body` over `out`. Its sizes are arguments (the buffers' dims), so
+        statements whose kernels read the same but for their sizes share one."""
         shapes = shapes if shapes is not None else tuple(v.type.shape for v in inputs)
         ctypes = ctypes if ctypes is not None else tuple(_ctype(v) for v in inputs)
         flat = is_flat(body, out, shapes)
-        key = (flat_form(body), len(shapes), ctypes) if flat else (body, out, shapes, ctypes)
+        java = java_kernel(_PLACEHOLDER, body, out, shapes)
+        cuda = ie_kernel(_PLACEHOLDER, body, out, shapes, ctypes, generic=True)
+        key = (java, cuda.text, cuda.loop)
         if key not in self.kernels:
-            preferred = camel(op) if flat else camel(op) + re.sub(r"[^A-Za-z0-9_]", "_", value)
-            name = self.namer(f"kernel:{op}:{value}", preferred)
+            name = self.namer(f"kernel:{op}:{value}", camel(op))
+            cuda = ie_kernel(name, body, out, shapes, ctypes, (doc,), generic=True)
             java = java_kernel(name, body, out, shapes, doc)
-            cuda = ie_kernel(name, body, out, shapes, ctypes, (doc,), sized=flat)
             self.kernels[key] = self._add(name, java, cuda, 1 + len(shapes), flat, doc)
         return self.kernels[key]
 
@@ -182,7 +189,7 @@ class _Emitter:
             java = java_group_kernel(name, tuple(bodies), tuple(readers), len(shared), doc)
             shapes = tuple(v.type.shape for v in shared)
             numel = stmts[0].out.type.numel
-            cuda = group_kernel(name, tuple(bodies), numel, shapes, ctypes, tuple(readers), (doc,), sized=True)
+            cuda = group_kernel(name, tuple(bodies), numel, shapes, ctypes, tuple(readers), (doc,), generic=True)
             self.kernels[key] = self._add(name, java, cuda, len(bodies) + len(shared), True, doc)
         return f"dev.run({', '.join([self.kernels[key], *temps, *(self.tensor(v) for v in shared)])});"
 

@@ -62,14 +62,14 @@ public final class LeNet extends Network {
     // %2 = conv2d(%x, %cv1.W, %cv1.b) {groups=1, pad=(0, 0), stride=(1, 1), epilogue=($result[i0, i1, i2, i3] + %cv1.b[i1])} : f32[64,20,24,24]  # lenet.ddsl:13:13 cv1
     Buf t2 = at(0, 64, 20, 24, 24);
     dev.conv2d(t2, x, cv1_W, 1, new int[] {0, 0}, new int[] {1, 1});
-    dev.run(CONV2D_EPILOGUE2, t2, t2, cv1_b);
+    dev.run(CONV2D_EPILOGUE, t2, t2, cv1_b);
     // %3 = max_pool2d(%2) {kernel=(2, 2), pad=(0, 0), stride=(2, 2)} : f32[64,20,12,12]  # lenet.ddsl:15:13 mp
     Buf t3 = at(5898240, 64, 20, 12, 12);
     dev.maxPool2d(t3, t2, new int[] {2, 2}, new int[] {0, 0}, new int[] {2, 2});
     // %5 = conv2d(%3, %cv2.W, %cv2.b) {groups=1, pad=(0, 0), stride=(1, 1), epilogue=($result[i0, i1, i2, i3] + %cv2.b[i1])} : f32[64,50,8,8]  # lenet.ddsl:14:13 cv2
     Buf t5 = at(2949120, 64, 50, 8, 8);
     dev.conv2d(t5, t3, cv2_W, 1, new int[] {0, 0}, new int[] {1, 1});
-    dev.run(CONV2D_EPILOGUE5, t5, t5, cv2_b);
+    dev.run(CONV2D_EPILOGUE, t5, t5, cv2_b);
     // %6 = max_pool2d(%5) {kernel=(2, 2), pad=(0, 0), stride=(2, 2)} : f32[64,50,4,4]  # lenet.ddsl:15:13 mp
     Buf t6 = at(7372800, 64, 50, 4, 4);
     dev.maxPool2d(t6, t5, new int[] {2, 2}, new int[] {0, 0}, new int[] {2, 2});
@@ -78,11 +78,11 @@ public final class LeNet extends Network {
     // %10 = linear(%7, %fc1.W, %fc1.b) {epilogue=max(($result[i0, i1] + %fc1.b[i1]), 0)} : f32[64,500]  # lenet.ddsl:16:13 fc1
     Buf t10 = at(3768320, 64, 500);
     dev.linear(t10, t7, fc1_W);
-    dev.run(LINEAR_EPILOGUE10, t10, t10, fc1_b);
+    dev.run(LINEAR_EPILOGUE, t10, t10, fc1_b);
     // %12 = linear(%10, %fc2.W, %fc2.b) {epilogue=($result[i0, i1] + %fc2.b[i1])} : f32[64,10]  # lenet.ddsl:17:13 fc2
     Buf t12 = at(3896320, 64, 10);
     dev.linear(t12, t10, fc2_W);
-    dev.run(LINEAR_EPILOGUE12, t12, t12, fc2_b);
+    dev.run(LINEAR_EPILOGUE_2, t12, t12, fc2_b);
     // %13 = softmax_cross_entropy(%12, %y) : f32[]  # lenet.ddsl:21:11
     Buf t13 = at(7827968);
     dev.softmaxCrossEntropy(t13, t12, y);
@@ -91,7 +91,7 @@ public final class LeNet extends Network {
     dev.softmaxCrossEntropyBackward(t15, t12, y, const14);
     // %16 = channel_sum(%15) : f32[10]  # lenet.ddsl:17:13 fc2
     Buf t16 = at(7828224, 10);
-    dev.run(CHANNEL_SUM16, t16, t15);
+    dev.run(CHANNEL_SUM, t16, t15);
     // %18 = matmul(%15, %10) {transpose_a=True} : f32[10,500]  # lenet.ddsl:17:13 fc2
     Buf t18 = at(7805696, 10, 500);
     dev.matmul(t18, t15, t10, true, false);
@@ -101,7 +101,7 @@ public final class LeNet extends Network {
     dev.run(MATMUL_EPILOGUE, t19, t19, t10);
     // %20 = channel_sum(%19) : f32[500]  # lenet.ddsl:16:13 fc1
     Buf t20 = at(7825920, 500);
-    dev.run(CHANNEL_SUM20, t20, t19);
+    dev.run(CHANNEL_SUM, t20, t19);
     // %21 = matmul(%19, %fc1.W) : f32[64,800]  # lenet.ddsl:16:13 fc1
     Buf t21 = at(4587520, 64, 800);
     dev.matmul(t21, t19, fc1_W, false, false);
@@ -112,7 +112,7 @@ public final class LeNet extends Network {
     dev.maxPool2dBackward(t24, t5, t6, t23, new int[] {2, 2}, new int[] {0, 0}, new int[] {2, 2});
     // %25 = channel_sum(%24) : f32[50]  # lenet.ddsl:14:13 cv2
     Buf t25 = at(7828480, 50);
-    dev.run(CHANNEL_SUM25, t25, t24);
+    dev.run(CHANNEL_SUM_2, t25, t24);
     // %26 = conv2d_backward_data(%24, %cv2.W) {groups=1, in_shape=(64, 20, 12, 12), pad=(0, 0), stride=(1, 1)} : f32[64,20,12,12]  # lenet.ddsl:14:13 cv2
     Buf t26 = at(6635520, 64, 20, 12, 12);
     dev.conv2dBackwardData(t26, t24, cv2_W, 1, new int[] {64, 20, 12, 12}, new int[] {0, 0}, new int[] {1, 1});
@@ -124,7 +124,7 @@ public final class LeNet extends Network {
     dev.maxPool2dBackward(t28, t2, t3, t26, new int[] {2, 2}, new int[] {0, 0}, new int[] {2, 2});
     // %29 = channel_sum(%28) : f32[20]  # lenet.ddsl:13:13 cv1
     Buf t29 = at(59648, 20);
-    dev.run(CHANNEL_SUM29, t29, t28);
+    dev.run(CHANNEL_SUM_2, t29, t28);
     // %31 = conv2d_backward_filter(%x, %28) {groups=1, pad=(0, 0), stride=(1, 1), w_shape=(20, 1, 5, 5)} : f32[20,1,5,5]  # lenet.ddsl:13:13 cv1
     Buf t31 = at(57600, 20, 1, 5, 5);
     dev.conv2dBackwardFilter(t31, x, t28, 1, new int[] {0, 0}, new int[] {1, 1}, new int[] {20, 1, 5, 5});
@@ -163,14 +163,14 @@ public final class LeNet extends Network {
     // %2 = conv2d(%x, %cv1.W, %cv1.b) {groups=1, pad=(0, 0), stride=(1, 1), epilogue=($result[i0, i1, i2, i3] + %cv1.b[i1])} : f32[64,20,24,24]  # lenet.ddsl:13:13 cv1
     Buf t2 = at(0, 64, 20, 24, 24);
     dev.conv2d(t2, x, cv1_W, 1, new int[] {0, 0}, new int[] {1, 1});
-    dev.run(CONV2D_EPILOGUE2, t2, t2, cv1_b);
+    dev.run(CONV2D_EPILOGUE, t2, t2, cv1_b);
     // %3 = max_pool2d(%2) {kernel=(2, 2), pad=(0, 0), stride=(2, 2)} : f32[64,20,12,12]  # lenet.ddsl:15:13 mp
     Buf t3 = at(2949120, 64, 20, 12, 12);
     dev.maxPool2d(t3, t2, new int[] {2, 2}, new int[] {0, 0}, new int[] {2, 2});
     // %5 = conv2d(%3, %cv2.W, %cv2.b) {groups=1, pad=(0, 0), stride=(1, 1), epilogue=($result[i0, i1, i2, i3] + %cv2.b[i1])} : f32[64,50,8,8]  # lenet.ddsl:14:13 cv2
     Buf t5 = at(0, 64, 50, 8, 8);
     dev.conv2d(t5, t3, cv2_W, 1, new int[] {0, 0}, new int[] {1, 1});
-    dev.run(CONV2D_EPILOGUE5, t5, t5, cv2_b);
+    dev.run(CONV2D_EPILOGUE, t5, t5, cv2_b);
     // %6 = max_pool2d(%5) {kernel=(2, 2), pad=(0, 0), stride=(2, 2)} : f32[64,50,4,4]  # lenet.ddsl:15:13 mp
     Buf t6 = at(819200, 64, 50, 4, 4);
     dev.maxPool2d(t6, t5, new int[] {2, 2}, new int[] {0, 0}, new int[] {2, 2});
@@ -181,84 +181,67 @@ public final class LeNet extends Network {
     dev.linear(t8, t7, fc1_W);
     // %10 = fused(%8, %fc1.b) {body=max((%8[i0, i1] + %fc1.b[i1]), 0), inplace=0, ops=(bias_add, relu), out=((i0, 64), (i1, 500))} : f32[64,500]  # lenet.ddsl:21:33 net.relu1
     Buf t10 = at(0, 64, 500);
-    dev.run(LINEAR_EPILOGUE10, t10, t8, fc1_b);
+    dev.run(LINEAR_EPILOGUE, t10, t8, fc1_b);
     // %11 = linear(%10, %fc2.W) : f32[64,10]  # lenet.ddsl:17:13 fc2
     Buf t11 = at(128000, 64, 10);
     dev.linear(t11, t10, fc2_W);
     // %12 = bias_add(%11, %fc2.b) {inplace=0} : f32[64,10]  # lenet.ddsl:17:13 fc2
     Buf t12 = at(128000, 64, 10);
-    dev.run(LINEAR_EPILOGUE12, t12, t11, fc2_b);
+    dev.run(LINEAR_EPILOGUE_2, t12, t11, fc2_b);
     return dev.read(t12);
   }
 
   // ---- kernels: each a Java method below and a kernel of LeNet.cu of the same name ----
 
   /** out[i0, i1, i2, i3] = (in0[i0, i1, i2, i3] + in1[i1]) */
-  static final Kernel CONV2D_EPILOGUE2 =
-      Kernel.fixed("conv2dEpilogue2", 2880, 256, b -> conv2dEpilogue2(b[0], b[1], b[2]));
-  /** out[i0, i1, i2, i3] = (in0[i0, i1, i2, i3] + in1[i1]) */
-  static final Kernel CONV2D_EPILOGUE5 =
-      Kernel.fixed("conv2dEpilogue5", 800, 256, b -> conv2dEpilogue5(b[0], b[1], b[2]));
+  static final Kernel CONV2D_EPILOGUE =
+      Kernel.shaped("conv2dEpilogue", b -> conv2dEpilogue(b[0], b[1], b[2]));
   /** out[i0, i1] = max((in0[i0, i1] + in1[i1]), 0) */
-  static final Kernel LINEAR_EPILOGUE10 =
-      Kernel.fixed("linearEpilogue10", 125, 256, b -> linearEpilogue10(b[0], b[1], b[2]));
+  static final Kernel LINEAR_EPILOGUE =
+      Kernel.shaped("linearEpilogue", b -> linearEpilogue(b[0], b[1], b[2]));
   /** out[i0, i1] = (in0[i0, i1] + in1[i1]) */
-  static final Kernel LINEAR_EPILOGUE12 =
-      Kernel.fixed("linearEpilogue12", 3, 256, b -> linearEpilogue12(b[0], b[1], b[2]));
+  static final Kernel LINEAR_EPILOGUE_2 =
+      Kernel.shaped("linearEpilogue_2", b -> linearEpilogue_2(b[0], b[1], b[2]));
   /** out[i0] = (sum[r0:64] in0[r0, i0]) */
-  static final Kernel CHANNEL_SUM16 =
-      Kernel.fixed("channelSum16", 10, 64, b -> channelSum16(b[0], b[1]));
+  static final Kernel CHANNEL_SUM =
+      Kernel.rows("channelSum", 64, b -> channelSum(b[0], b[1]));
   /** out[i0, i1] = ((in1[i0, i1] > 0) ? in0[i0, i1] : 0) */
   static final Kernel MATMUL_EPILOGUE =
       Kernel.elementwise("matmulEpilogue", b -> matmulEpilogue(b[0], b[1], b[2]));
-  /** out[i0] = (sum[r0:64] in0[r0, i0]) */
-  static final Kernel CHANNEL_SUM20 =
-      Kernel.fixed("channelSum20", 500, 64, b -> channelSum20(b[0], b[1]));
   /** out[i0] = (sum[r0:64, r2:8, r3:8] in0[r0, i0, r2, r3]) */
-  static final Kernel CHANNEL_SUM25 =
-      Kernel.fixed("channelSum25", 50, 256, b -> channelSum25(b[0], b[1]));
-  /** out[i0] = (sum[r0:64, r2:24, r3:24] in0[r0, i0, r2, r3]) */
-  static final Kernel CHANNEL_SUM29 =
-      Kernel.fixed("channelSum29", 20, 256, b -> channelSum29(b[0], b[1]));
+  static final Kernel CHANNEL_SUM_2 =
+      Kernel.rows("channelSum_2", 256, b -> channelSum_2(b[0], b[1]));
   /** out0[e] = (((0.9 * in0[e]) + in1[e]) + (0.0005 * in2[e])); out1[e] = (in2[e] - (0.01 * out0[e])) */
   static final Kernel SGD_MOMENTUM_SGD_STEP =
       Kernel.elementwise("sgdMomentumSgdStep", b -> sgdMomentumSgdStep(b[0], b[1], b[2], b[3], b[4]));
 
   /** out[i0, i1, i2, i3] = (in0[i0, i1, i2, i3] + in1[i1]) */
-  private static void conv2dEpilogue2(Buf out, Buf in0, Buf in1) {
+  private static void conv2dEpilogue(Buf out, Buf in0, Buf in1) {
     float[] o = out.a;
     int po = out.off;
     float[] a0 = in0.a;
     int p0 = in0.off;
     float[] a1 = in1.a;
     int p1 = in1.off;
-    Parallel.range(64, 2211840L, (lo, hi) -> {
+    int no0 = out.shape[0];
+    int no1 = out.shape[1];
+    int no2 = out.shape[2];
+    int no3 = out.shape[3];
+    int n0_1 = in0.shape[1];
+    int n0_2 = in0.shape[2];
+    int n0_3 = in0.shape[3];
+    int sto0 = no1 * no2 * no3;
+    int sto1 = no2 * no3;
+    int sto2 = no3;
+    int st0_0 = n0_1 * n0_2 * n0_3;
+    int st0_1 = n0_2 * n0_3;
+    int st0_2 = n0_3;
+    Parallel.range(no0, (long) out.numel(), (lo, hi) -> {
       for (int i0 = lo; i0 < hi; i0++) {
-        for (int i1 = 0; i1 < 20; i1++) {
-          for (int i2 = 0; i2 < 24; i2++) {
-            for (int i3 = 0; i3 < 24; i3++) {
-              o[po + 11520 * i0 + 576 * i1 + 24 * i2 + i3] = (a0[p0 + 11520 * i0 + 576 * i1 + 24 * i2 + i3] + a1[p1 + i1]);
-            }
-          }
-        }
-      }
-    });
-  }
-
-  /** out[i0, i1, i2, i3] = (in0[i0, i1, i2, i3] + in1[i1]) */
-  private static void conv2dEpilogue5(Buf out, Buf in0, Buf in1) {
-    float[] o = out.a;
-    int po = out.off;
-    float[] a0 = in0.a;
-    int p0 = in0.off;
-    float[] a1 = in1.a;
-    int p1 = in1.off;
-    Parallel.range(64, 614400L, (lo, hi) -> {
-      for (int i0 = lo; i0 < hi; i0++) {
-        for (int i1 = 0; i1 < 50; i1++) {
-          for (int i2 = 0; i2 < 8; i2++) {
-            for (int i3 = 0; i3 < 8; i3++) {
-              o[po + 3200 * i0 + 64 * i1 + 8 * i2 + i3] = (a0[p0 + 3200 * i0 + 64 * i1 + 8 * i2 + i3] + a1[p1 + i1]);
+        for (int i1 = 0; i1 < no1; i1++) {
+          for (int i2 = 0; i2 < no2; i2++) {
+            for (int i3 = 0; i3 < no3; i3++) {
+              o[po + i0 * sto0 + i1 * sto1 + i2 * sto2 + i3] = (a0[p0 + i0 * st0_0 + i1 * st0_1 + i2 * st0_2 + i3] + a1[p1 + i1]);
             }
           }
         }
@@ -267,57 +250,75 @@ public final class LeNet extends Network {
   }
 
   /** out[i0, i1] = max((in0[i0, i1] + in1[i1]), 0) */
-  private static void linearEpilogue10(Buf out, Buf in0, Buf in1) {
+  private static void linearEpilogue(Buf out, Buf in0, Buf in1) {
     float[] o = out.a;
     int po = out.off;
     float[] a0 = in0.a;
     int p0 = in0.off;
     float[] a1 = in1.a;
     int p1 = in1.off;
-    Parallel.range(64, 160000L, (lo, hi) -> {
+    int no0 = out.shape[0];
+    int no1 = out.shape[1];
+    int n0_1 = in0.shape[1];
+    int sto0 = no1;
+    int st0_0 = n0_1;
+    Parallel.range(no0, (long) out.numel(), (lo, hi) -> {
       for (int i0 = lo; i0 < hi; i0++) {
-        for (int i1 = 0; i1 < 500; i1++) {
-          o[po + 500 * i0 + i1] = Math.max((a0[p0 + 500 * i0 + i1] + a1[p1 + i1]), 0.0f);
+        for (int i1 = 0; i1 < no1; i1++) {
+          o[po + i0 * sto0 + i1] = Math.max((a0[p0 + i0 * st0_0 + i1] + a1[p1 + i1]), 0.0f);
         }
       }
     });
   }
 
   /** out[i0, i1] = (in0[i0, i1] + in1[i1]) */
-  private static void linearEpilogue12(Buf out, Buf in0, Buf in1) {
+  private static void linearEpilogue_2(Buf out, Buf in0, Buf in1) {
     float[] o = out.a;
     int po = out.off;
     float[] a0 = in0.a;
     int p0 = in0.off;
     float[] a1 = in1.a;
     int p1 = in1.off;
-    for (int i0 = 0; i0 < 64; i0++) {
-      for (int i1 = 0; i1 < 10; i1++) {
-        o[po + 10 * i0 + i1] = (a0[p0 + 10 * i0 + i1] + a1[p1 + i1]);
+    int no0 = out.shape[0];
+    int no1 = out.shape[1];
+    int n0_1 = in0.shape[1];
+    int sto0 = no1;
+    int st0_0 = n0_1;
+    Parallel.range(no0, (long) out.numel(), (lo, hi) -> {
+      for (int i0 = lo; i0 < hi; i0++) {
+        for (int i1 = 0; i1 < no1; i1++) {
+          o[po + i0 * sto0 + i1] = (a0[p0 + i0 * st0_0 + i1] + a1[p1 + i1]);
+        }
       }
-    }
+    });
   }
 
   /** out[i0] = (sum[r0:64] in0[r0, i0]) */
-  private static void channelSum16(Buf out, Buf in0) {
+  private static void channelSum(Buf out, Buf in0) {
     float[] o = out.a;
     int po = out.off;
     float[] a0 = in0.a;
     int p0 = in0.off;
-    for (int i0 = 0; i0 < 10; i0++) {
-      float s0a = 0f;
-      float s0b = 0f;
-      float s0c = 0f;
-      float s0d = 0f;
-      for (int r0 = 0; r0 < 64; r0 += 4) {
-        s0a += a0[p0 + 10 * r0 + i0];
-        s0b += a0[p0 + 10 * (r0 + 1) + i0];
-        s0c += a0[p0 + 10 * (r0 + 2) + i0];
-        s0d += a0[p0 + 10 * (r0 + 3) + i0];
+    int no0 = out.shape[0];
+    int n0_0 = in0.shape[0];
+    int n0_1 = in0.shape[1];
+    int st0_0 = n0_1;
+    Parallel.range(no0, (long) out.numel() * n0_0, (lo, hi) -> {
+      for (int i0 = lo; i0 < hi; i0++) {
+        float s0a = 0f;
+        float s0b = 0f;
+        float s0c = 0f;
+        float s0d = 0f;
+        for (int r0 = 0; r0 < n0_0; r0 += 4) {
+          s0a += a0[p0 + r0 * st0_0 + i0];
+          s0b += a0[p0 + ((r0 + 1)) * st0_0 + i0];
+          s0c += a0[p0 + ((r0 + 2)) * st0_0 + i0];
+          s0d += a0[p0 + ((r0 + 3)) * st0_0 + i0];
+        }
+        float s0 = (s0a + s0b) + (s0c + s0d);
+        o[po + i0] = s0;
       }
-      float s0 = (s0a + s0b) + (s0c + s0d);
-      o[po + i0] = s0;
-    }
+    });
   }
 
   /** out[i0, i1] = ((in1[i0, i1] > 0) ? in0[i0, i1] : 0) */
@@ -336,77 +337,33 @@ public final class LeNet extends Network {
     });
   }
 
-  /** out[i0] = (sum[r0:64] in0[r0, i0]) */
-  private static void channelSum20(Buf out, Buf in0) {
-    float[] o = out.a;
-    int po = out.off;
-    float[] a0 = in0.a;
-    int p0 = in0.off;
-    Parallel.range(500, 64000L, (lo, hi) -> {
-      for (int i0 = lo; i0 < hi; i0++) {
-        float s0a = 0f;
-        float s0b = 0f;
-        float s0c = 0f;
-        float s0d = 0f;
-        for (int r0 = 0; r0 < 64; r0 += 4) {
-          s0a += a0[p0 + 500 * r0 + i0];
-          s0b += a0[p0 + 500 * (r0 + 1) + i0];
-          s0c += a0[p0 + 500 * (r0 + 2) + i0];
-          s0d += a0[p0 + 500 * (r0 + 3) + i0];
-        }
-        float s0 = (s0a + s0b) + (s0c + s0d);
-        o[po + i0] = s0;
-      }
-    });
-  }
-
   /** out[i0] = (sum[r0:64, r2:8, r3:8] in0[r0, i0, r2, r3]) */
-  private static void channelSum25(Buf out, Buf in0) {
+  private static void channelSum_2(Buf out, Buf in0) {
     float[] o = out.a;
     int po = out.off;
     float[] a0 = in0.a;
     int p0 = in0.off;
-    Parallel.range(50, 409600L, (lo, hi) -> {
+    int no0 = out.shape[0];
+    int n0_0 = in0.shape[0];
+    int n0_1 = in0.shape[1];
+    int n0_2 = in0.shape[2];
+    int n0_3 = in0.shape[3];
+    int st0_0 = n0_1 * n0_2 * n0_3;
+    int st0_1 = n0_2 * n0_3;
+    int st0_2 = n0_3;
+    Parallel.range(no0, (long) out.numel() * n0_0 * n0_2 * n0_3, (lo, hi) -> {
       for (int i0 = lo; i0 < hi; i0++) {
         float s0a = 0f;
         float s0b = 0f;
         float s0c = 0f;
         float s0d = 0f;
-        for (int r0 = 0; r0 < 64; r0++) {
-          for (int r2 = 0; r2 < 8; r2++) {
-            for (int r3 = 0; r3 < 8; r3 += 4) {
-              s0a += a0[p0 + 3200 * r0 + 64 * i0 + 8 * r2 + r3];
-              s0b += a0[p0 + 3200 * r0 + 64 * i0 + 8 * r2 + (r3 + 1)];
-              s0c += a0[p0 + 3200 * r0 + 64 * i0 + 8 * r2 + (r3 + 2)];
-              s0d += a0[p0 + 3200 * r0 + 64 * i0 + 8 * r2 + (r3 + 3)];
-            }
-          }
-        }
-        float s0 = (s0a + s0b) + (s0c + s0d);
-        o[po + i0] = s0;
-      }
-    });
-  }
-
-  /** out[i0] = (sum[r0:64, r2:24, r3:24] in0[r0, i0, r2, r3]) */
-  private static void channelSum29(Buf out, Buf in0) {
-    float[] o = out.a;
-    int po = out.off;
-    float[] a0 = in0.a;
-    int p0 = in0.off;
-    Parallel.range(20, 1474560L, (lo, hi) -> {
-      for (int i0 = lo; i0 < hi; i0++) {
-        float s0a = 0f;
-        float s0b = 0f;
-        float s0c = 0f;
-        float s0d = 0f;
-        for (int r0 = 0; r0 < 64; r0++) {
-          for (int r2 = 0; r2 < 24; r2++) {
-            for (int r3 = 0; r3 < 24; r3 += 4) {
-              s0a += a0[p0 + 11520 * r0 + 576 * i0 + 24 * r2 + r3];
-              s0b += a0[p0 + 11520 * r0 + 576 * i0 + 24 * r2 + (r3 + 1)];
-              s0c += a0[p0 + 11520 * r0 + 576 * i0 + 24 * r2 + (r3 + 2)];
-              s0d += a0[p0 + 11520 * r0 + 576 * i0 + 24 * r2 + (r3 + 3)];
+        for (int r0 = 0; r0 < n0_0; r0++) {
+          for (int r2 = 0; r2 < n0_2; r2++) {
+            for (int r3 = 0; r3 < n0_3; r3 += 4) {
+              s0a += a0[p0 + r0 * st0_0 + i0 * st0_1 + r2 * st0_2 + r3];
+              s0b += a0[p0 + r0 * st0_0 + i0 * st0_1 + r2 * st0_2 + (r3 + 1)];
+              s0c += a0[p0 + r0 * st0_0 + i0 * st0_1 + r2 * st0_2 + (r3 + 2)];
+              s0d += a0[p0 + r0 * st0_0 + i0 * st0_1 + r2 * st0_2 + (r3 + 3)];
             }
           }
         }
