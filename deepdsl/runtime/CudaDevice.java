@@ -83,6 +83,8 @@ public final class CudaDevice implements Device {
   private CUdeviceptr labels;
   private CUdeviceptr counter; // the step counter a dropout mask is drawn for
   private float[] labelArray;
+  private float[] settingValues; // the settings the kernels read (lr, ...), sent before each step
+  private CUdeviceptr settingsOnGpu;
   private long freeBefore;
   private long freeLow = Long.MAX_VALUE;
   private long[] labelValues;
@@ -278,6 +280,9 @@ public final class CudaDevice implements Device {
     labelArray = net.labels().a;
     labelValues = new long[net.labels().numel()];
     counter = alloc(Sizeof.LONG);
+    settingValues = net.settingValues();
+    settingsOnGpu = alloc((long) settingValues.length * Sizeof.FLOAT);
+    places.put(settingValues, settingsOnGpu);
     toDevice(net);
     measure();
   }
@@ -631,8 +636,9 @@ public final class CudaDevice implements Device {
     freeLow = Math.min(freeLow, free[0]);
   }
 
-  /** Sends the batch: its inputs, and its labels as int64. */
+  /** Sends the batch (its inputs, and its labels as int64) and the settings. */
   private void sendBatch(Network net) {
+    cuMemcpyHtoD(settingsOnGpu, Pointer.to(settingValues), (long) settingValues.length * Sizeof.FLOAT);
     upload(inputs, net.inputs());
     Buf y = net.labels();
     for (int k = 0; k < labelValues.length; k++) {

@@ -240,6 +240,49 @@ public abstract class Network {
     return add(name, Kind.CONST, values, shape);
   }
 
+  // ---- settings: the hyperparameters the update kernels read at run time ----
+
+  private static final int MAX_SETTINGS = 16;
+  private final float[] settingValues = new float[MAX_SETTINGS];
+  private final Map<String, Buf> settingBufs = new LinkedHashMap<>();
+
+  /**
+   * A setting ({@code lr}, {@code momentum}, ...) that the kernels read at each step: {@code value}
+   * unless the flag {@code --name} or {@link #set} gives another.
+   */
+  protected final Buf setting(String name, float value) {
+    Buf b = new Buf(settingValues, settingBufs.size(), new int[0]);
+    settingValues[b.off] = value;
+    settingBufs.put(name, b);
+    return b;
+  }
+
+  /** Sets a setting for the next steps (a learning-rate schedule calls it before each step). */
+  public void set(String name, float value) {
+    Buf b = settingBuf(name);
+    b.a[b.off] = value;
+  }
+
+  /** The value of a setting. */
+  public float get(String name) {
+    Buf b = settingBuf(name);
+    return b.a[b.off];
+  }
+
+  private Buf settingBuf(String name) {
+    Buf b = settingBufs.get(name);
+    if (b == null) {
+      throw new IllegalArgumentException(
+          settings.name + " has no setting '" + name + "' (it has " + settingBufs.keySet() + ")");
+    }
+    return b;
+  }
+
+  /** Every setting's value, for a device that keeps a copy (index: the order of declaration). */
+  float[] settingValues() {
+    return settingValues;
+  }
+
   /** The arena region at {@code byteOffset} seen as a tensor of {@code shape}. */
   protected final Buf at(long byteOffset, int... shape) {
     return new Buf(arena, (int) (byteOffset / 4), shape);
@@ -498,7 +541,14 @@ public abstract class Network {
 
   private static final String USAGE =
       "usage: java %s [--iters N] [--data SOURCE] [--load FILE.npz] [--save FILE.npz]\n"
-          + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--json]";
+          + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--json]\n"
+          + "           [--lr X] [--momentum X] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]"
+          + " [--clip X]";
+
+  /** The flags that set a setting of the class (those its optimizer has). */
+  private static final List<String> SETTING_FLAGS =
+      List.of(
+          "--lr", "--momentum", "--weight-decay", "--beta1", "--beta2", "--eps", "--clip");
 
   /** The flags of {@code deepdsl run}, plus the workspace limit. */
   private static final class Flags {
@@ -509,6 +559,7 @@ public abstract class Network {
     String device = "auto";
     boolean json;
     Long workspaceLimit;
+    final Map<String, Float> settings = new LinkedHashMap<>();
 
     static Flags parse(String[] args) {
       Flags f = new Flags();
@@ -522,6 +573,16 @@ public abstract class Network {
         }
         if (arg.equals("--json")) {
           f.json = true;
+          continue;
+        }
+        if (SETTING_FLAGS.contains(arg)) { // a setting of the class: checked when the class is made
+          if (value == null) {
+            if (i + 1 >= args.length) {
+              throw new IllegalArgumentException("option " + arg + " needs a value");
+            }
+            value = args[++i];
+          }
+          f.settings.put(arg.substring(2).replace('-', '_'), number(arg, value));
           continue;
         }
         if (!List.of("--iters", "--data", "--load", "--save", "--device", "--workspace-limit")
@@ -553,6 +614,18 @@ public abstract class Network {
         }
       }
       return f;
+    }
+
+    private static float number(String flag, String value) {
+      try {
+        float x = Float.parseFloat(value);
+        if (Float.isFinite(x)) {
+          return x;
+        }
+      } catch (NumberFormatException e) {
+        // reported below
+      }
+      throw new IllegalArgumentException(flag + " takes a number, not '" + value + "'");
     }
 
     private static String file(String flag, String value) {
@@ -608,6 +681,12 @@ public abstract class Network {
       return 2;
     }
     Network net = make.get(); // after the flags: it allocates every tensor
+    try {
+      flags.settings.forEach(net::set);
+    } catch (IllegalArgumentException e) {
+      System.err.println(String.format(USAGE, name) + "\nerror: " + e.getMessage());
+      return 2;
+    }
     PrintStream info = flags.json ? System.err : System.out;
     if (flags.workspaceLimit != null) {
       net.workspaceLimit = flags.workspaceLimit;

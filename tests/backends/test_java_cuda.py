@@ -178,3 +178,12 @@ def test_without_ptx_the_source_is_compiled_at_start_or_the_reason_given(program
     auto = run(programs, "Small", "--iters", "1", "--device", "auto", classpath=nothing)
     assert auto["rc"] == 0 and auto["device"] == "cpu"
     assert "CUDA not used: neither Small.sm_90.ptx nor Small.cu is on the class path" in auto["stderr"]
+
+
+def test_a_setting_reaches_the_gpu_kernels(programs: Path) -> None:
+    got = run(programs, "Small", "--iters", "2", "--lr", "0.05")
+    assert got["rc"] == 0, got["stderr"]
+    np.testing.assert_allclose(
+        got["losses"], cpu(programs, "Small", "--iters", "2", "--lr", "0.05")["losses"], rtol=1e-4
+    )
+    assert not np.allclose(got["losses"], cpu(programs, "Small", "--iters", "2")["losses"], rtol=1e-4)

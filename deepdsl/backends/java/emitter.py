@@ -29,7 +29,7 @@ from deepdsl.frontend.program import Program
 from deepdsl.ir import REGISTRY, Graph, Stmt, Value
 from deepdsl.ir.analysis import index_form, output_indices
 from deepdsl.ir.groups import group_form
-from deepdsl.ir.indexexpr import format_ie, renumber
+from deepdsl.ir.indexexpr import Apply, Const, Read, Reduce, format_ie, renumber
 from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.registry import JavaCall
 from deepdsl.ir.types import DType
@@ -100,6 +100,19 @@ def library_arguments(s: Stmt) -> list[str]:
     return args
 
 
+# the hyperparameters the update kernels read at run time, as settings of the class: op -> attribute -> setting
+# (adam_moment's beta is beta1 for the first moment, beta2 for the second)
+SETTINGS: dict[str, dict[str, str]] = {
+    "sgd_plain": {"lr": "lr", "weight_decay": "weight_decay"},
+    "sgd_momentum": {"momentum": "momentum", "weight_decay": "weight_decay"},
+    "sgd_step": {"lr": "lr"},
+    "adam_moment": {"beta": "beta"},
+    "adam_step": {"lr": "lr", "beta1": "beta1", "beta2": "beta2", "eps": "eps"},
+    "clip_scale": {"clip": "clip"},
+}
+MAX_SETTINGS = 16  # Network.java's room for settings
+_SENTINEL = float(1 << 20)  # an attribute stands as _SENTINEL + k in a body until the Read of setting k replaces it
+
 _PLACEHOLDER = "dd_kernel_"  # the name a kernel is written under to compare it with the kernels written before
 
 
@@ -127,6 +140,7 @@ class _Emitter:
     kernel_text: list[str] = field(default_factory=list)  # the Java methods
     constants: list[str] = field(default_factory=list)  # the Kernel constants
     cuda_text: list[str] = field(default_factory=list)  # the CUDA kernels, under the same names
+    settings: dict[tuple[str, float], str] = field(default_factory=dict)  # (setting, default) -> field name
 
     def declare(self, v: Value) -> str:
         self.globals[v.name] = self.namer(v.name)
@@ -136,6 +150,33 @@ class _Emitter:
         if v.name in self.in_state:
             return self.globals[self.in_state[v.name]]
         return self.globals.get(v.name) or self.temps(v.name)
+
+    def with_settings(self, stmts: tuple[Stmt, ...]) -> tuple[tuple[Stmt, ...], list[str]]:
+        """`stmts` with each hyperparameter attribute replaced by a sentinel value, and the fields of the settings
+        they read, in the order of their sentinels (see `read_settings`)."""
+        used: list[str] = []
+        out = []
+        for st in stmts:
+            table = SETTINGS.get(st.op)
+            if not table:
+                out.append(st)
+                continue
+            attrs = []
+            for k, v in st.attrs:
+                if k not in table:
+                    attrs.append((k, v))
+                    continue
+                name = table[k] if table[k] != "beta" else ("beta1" if st.a.get("power", 1) == 1 else "beta2")
+                key = (name, float(v))
+                if key not in self.settings:
+                    if len(self.settings) >= MAX_SETTINGS:
+                        raise ValueError(f"more than {MAX_SETTINGS} optimizer settings in one network")
+                    self.settings[key] = self.namer(f"setting:{name}:{v}", name)
+                if self.settings[key] not in used:
+                    used.append(self.settings[key])
+                attrs.append((k, _SENTINEL + used.index(self.settings[key])))
+            out.append(st.replace(attrs=tuple(attrs)))
+        return tuple(out), used
 
     def _add(self, name: str, java: str, cuda: Any, arity: int, sized: bool, doc: str) -> str:
         """Records kernel `name` (its Java method, its CUDA kernel) and returns the name of its constant."""
@@ -171,27 +212,29 @@ class _Emitter:
 
     def group(self, stmts: tuple[Stmt, ...], temps: list[str]) -> str:
         """The call of the one loop computing the statements of a group into `temps`."""
-        form = group_form(stmts)
-        shared, bodies, readers = form.inputs, form.bodies, form.held
-        ctypes = tuple(_ctype(v) for v in shared)
+        read_as, used = self.with_settings(stmts)
+        form = group_form(read_as)
+        shared, readers = form.inputs, form.held
+        bodies = tuple(read_settings(b, len(shared)) for b in form.bodies)
+        ctypes = (*(_ctype(v) for v in shared), *("float",) * len(used))
         key = ("group", tuple(flat_form(b) for b in bodies), tuple(tuple(sorted(h.items())) for h in readers),
                len(shared), ctypes)  # fmt: skip
         if key not in self.kernels:
             ops = [st.a["ops"][0] if st.op == "fused" and st.a.get("ops") else st.op for st in stmts]
             name = self.namer(f"kernel:group:{stmts[0].out.name}", camel("_".join(ops)))
-            n = len(shared)
+            n = len(shared) + len(used)
             names = (*(f"in{k}" for k in range(n)), *(f"out{m}" for m in range(len(bodies))))
             texts = []
             for j, (b, h) in enumerate(zip(bodies, readers)):  # a held result reads as the output it was written to
                 readable = renumber(b, {k: k for k in range(n)} | {k: n + m for k, m in h.items()})
                 texts.append(f"out{j}[e] = {format_ie(flat_form(readable), names)}")
             doc = "; ".join(texts)
-            java = java_group_kernel(name, tuple(bodies), tuple(readers), len(shared), doc)
-            shapes = tuple(v.type.shape for v in shared)
+            java = java_group_kernel(name, tuple(bodies), tuple(readers), n, doc)
+            shapes = (*(v.type.shape for v in shared), *((),) * len(used))
             numel = stmts[0].out.type.numel
             cuda = group_kernel(name, tuple(bodies), numel, shapes, ctypes, tuple(readers), (doc,), generic=True)
-            self.kernels[key] = self._add(name, java, cuda, len(bodies) + len(shared), True, doc)
-        return f"dev.run({', '.join([self.kernels[key], *temps, *(self.tensor(v) for v in shared)])});"
+            self.kernels[key] = self._add(name, java, cuda, len(bodies) + n, True, doc)
+        return f"dev.run({', '.join([self.kernels[key], *temps, *(self.tensor(v) for v in shared), *used])});"
 
     def statement(self, s: Stmt, temp: str) -> list[str]:
         """The Java lines of one statement (its result Buf is `temp`, already bound)."""
@@ -199,18 +242,23 @@ class _Emitter:
         args = [self.tensor(v) for v in s.inputs if v.name not in self.counters]  # the step counter: a long
         if op.view:
             return []
-        own = index_form(s)
+        (read_as,), used = self.with_settings((s,))
+        own = index_form(read_as)
         form = (own.body, own.out) if own is not None else op.cuda_form(s) if op.cuda_form is not None else None
         arity = op.arity if op.arity is not None else len(s.inputs)
         if form is not None and "epilogue" not in s.a or own is not None:
             body, out = form
+            body = read_settings(body, len(s.inputs))
             what = s.op
             if s.op == "fused" and s.a.get("ops"):
                 what = "_".join(s.a["ops"])
             elif s.op == "indexed" and s.layer:  # a tensor function (or its gradient): named after it
                 what = re.sub(r"\d+$", "", s.layer.rsplit(".", 1)[-1])
-            k = self.kernel(what, s.out.name, body, out, s.inputs, _meaning(body, out, len(s.inputs)))
-            return [f"dev.run({', '.join([k, temp, *args])});"]
+            shapes = (*(v.type.shape for v in s.inputs), *((),) * len(used))
+            ctypes = (*(_ctype(v) for v in s.inputs), *("float",) * len(used))
+            doc = _meaning(body, out, len(shapes))
+            k = self.kernel(what, s.out.name, body, out, (), doc, shapes, ctypes)
+            return [f"dev.run({', '.join([k, temp, *args, *used])});"]
         own_args = args[:arity] if "epilogue" in s.a else args
         if form is not None:  # a shape op with an epilogue: its kernel, then the epilogue's
             body, out = form
@@ -319,6 +367,24 @@ class _Emitter:
         return out, fields
 
 
+def read_settings(e: Any, first: int) -> Any:
+    """`e` with each setting's sentinel (Emitter.with_settings) read from input `first + k`, a scalar; `1 - beta`
+    (Adam's moments) too."""
+    if isinstance(e, Const):
+        k = e.value - _SENTINEL
+        if k == int(k) and 0 <= k < MAX_SETTINGS:
+            return Read(first + int(k), ())
+        k = 1 - e.value - _SENTINEL
+        if k == int(k) and 0 <= k < MAX_SETTINGS:
+            return Apply("-", (Const(1.0), Read(first + int(k), ())))
+        return e
+    if isinstance(e, Apply):
+        return Apply(e.fn, tuple(read_settings(a, first) for a in e.args))
+    if isinstance(e, Reduce):
+        return Reduce(e.kind, e.vars, read_settings(e.body, first))
+    return e
+
+
 def _meaning(body: Any, out: tuple, inputs: int) -> str:
     index = ", ".join(v for v, _ in out)
     return f"out[{index}] = {format_ie(body, tuple(f'in{k}' for k in range(inputs)))}"
@@ -418,6 +484,16 @@ def emit_java(
         declarations.append(f"  private final Buf {e.declare(p.value)} = {call};")
     train_methods, train_fields = e.step("train", train, "loss")
     infer_methods, infer_fields = e.step("infer", infer, "predict") if infer is not None else ([], [])
+    if e.settings:
+        flags = ", ".join(f"--{n.replace('_', '-')}" for n, _ in e.settings)
+        declarations = [
+            f"  // settings: what the update kernels read each step (a flag overrides one: {flags})",
+            *(
+                f"  private final Buf {f} = setting({java_string(n)}, {float_literal(v)});"
+                for (n, v), f in e.settings.items()
+            ),  # fmt: skip
+            *declarations,
+        ]
     if infer is None:
         infer_methods = [
             method("/** The network defines no `predict`. */", "protected Buf inferStep()", ["return null;"])

@@ -25,6 +25,10 @@ public final class LeNet extends Network {
           .peak(11478596L)
           .workspaceLimit(WORKSPACE_LIMIT);
 
+  // settings: what the update kernels read each step (a flag overrides one: --momentum, --weight-decay, --lr)
+  private final Buf momentum = setting("momentum", 0.9f);
+  private final Buf weight_decay = setting("weight_decay", 0.0005f);
+  private final Buf lr = setting("lr", 0.01f);
   // the batch: inputs and labels (labels as exact float values)
   private final Buf x = input(64, 1, 28, 28);
   private final Buf y = label(10, 64);
@@ -130,31 +134,31 @@ public final class LeNet extends Network {
     dev.conv2dBackwardFilter(t31, x, t28, 1, new int[] {0, 0}, new int[] {1, 1}, new int[] {20, 1, 5, 5});
     // %32 = sgd_momentum(%opt/cv1.W/momentum, %31, %cv1.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[20,1,5,5]
     // %33 = sgd_step(%cv1.W, %32) {lr=0.01, same_loop=True} : f32[20,1,5,5]
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt_cv1_W_momentum, cv1_W, opt_cv1_W_momentum, t31, cv1_W);
+    dev.run(SGD_MOMENTUM_SGD_STEP, opt_cv1_W_momentum, cv1_W, opt_cv1_W_momentum, t31, cv1_W, momentum, weight_decay, lr);
     // %34 = sgd_momentum(%opt/cv1.b/momentum, %29, %cv1.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[20]
     // %35 = sgd_step(%cv1.b, %34) {lr=0.01, same_loop=True} : f32[20]
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt_cv1_b_momentum, cv1_b, opt_cv1_b_momentum, t29, cv1_b);
+    dev.run(SGD_MOMENTUM_SGD_STEP, opt_cv1_b_momentum, cv1_b, opt_cv1_b_momentum, t29, cv1_b, momentum, weight_decay, lr);
     // %36 = sgd_momentum(%opt/cv2.W/momentum, %27, %cv2.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[50,20,5,5]
     // %37 = sgd_step(%cv2.W, %36) {lr=0.01, same_loop=True} : f32[50,20,5,5]
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt_cv2_W_momentum, cv2_W, opt_cv2_W_momentum, t27, cv2_W);
+    dev.run(SGD_MOMENTUM_SGD_STEP, opt_cv2_W_momentum, cv2_W, opt_cv2_W_momentum, t27, cv2_W, momentum, weight_decay, lr);
     // %38 = sgd_momentum(%opt/cv2.b/momentum, %25, %cv2.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[50]
     // %39 = sgd_step(%cv2.b, %38) {lr=0.01, same_loop=True} : f32[50]
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt_cv2_b_momentum, cv2_b, opt_cv2_b_momentum, t25, cv2_b);
+    dev.run(SGD_MOMENTUM_SGD_STEP, opt_cv2_b_momentum, cv2_b, opt_cv2_b_momentum, t25, cv2_b, momentum, weight_decay, lr);
     // %22 = matmul(%19, %7) {transpose_a=True} : f32[500,800]  # lenet.ddsl:16:13 fc1
     Buf t22 = at(0, 500, 800);
     dev.matmul(t22, t19, t7, true, false);
     // %40 = sgd_momentum(%opt/fc1.W/momentum, %22, %fc1.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[500,800]
     // %41 = sgd_step(%fc1.W, %40) {lr=0.01, same_loop=True} : f32[500,800]
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt_fc1_W_momentum, fc1_W, opt_fc1_W_momentum, t22, fc1_W);
+    dev.run(SGD_MOMENTUM_SGD_STEP, opt_fc1_W_momentum, fc1_W, opt_fc1_W_momentum, t22, fc1_W, momentum, weight_decay, lr);
     // %42 = sgd_momentum(%opt/fc1.b/momentum, %20, %fc1.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[500]
     // %43 = sgd_step(%fc1.b, %42) {lr=0.01, same_loop=True} : f32[500]
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt_fc1_b_momentum, fc1_b, opt_fc1_b_momentum, t20, fc1_b);
+    dev.run(SGD_MOMENTUM_SGD_STEP, opt_fc1_b_momentum, fc1_b, opt_fc1_b_momentum, t20, fc1_b, momentum, weight_decay, lr);
     // %44 = sgd_momentum(%opt/fc2.W/momentum, %18, %fc2.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[10,500]
     // %45 = sgd_step(%fc2.W, %44) {lr=0.01, same_loop=True} : f32[10,500]
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt_fc2_W_momentum, fc2_W, opt_fc2_W_momentum, t18, fc2_W);
+    dev.run(SGD_MOMENTUM_SGD_STEP, opt_fc2_W_momentum, fc2_W, opt_fc2_W_momentum, t18, fc2_W, momentum, weight_decay, lr);
     // %46 = sgd_momentum(%opt/fc2.b/momentum, %16, %fc2.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[10]
     // %47 = sgd_step(%fc2.b, %46) {lr=0.01, same_loop=True} : f32[10]
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt_fc2_b_momentum, fc2_b, opt_fc2_b_momentum, t16, fc2_b);
+    dev.run(SGD_MOMENTUM_SGD_STEP, opt_fc2_b_momentum, fc2_b, opt_fc2_b_momentum, t16, fc2_b, momentum, weight_decay, lr);
     return dev.scalar(t13);
   }
 
@@ -211,9 +215,9 @@ public final class LeNet extends Network {
   /** out[i0] = (sum[r0:64, r2:8, r3:8] in0[r0, i0, r2, r3]) */
   static final Kernel CHANNEL_SUM_2 =
       Kernel.rows("channelSum_2", 256, b -> channelSum_2(b[0], b[1]));
-  /** out0[e] = (((0.9 * in0[e]) + in1[e]) + (0.0005 * in2[e])); out1[e] = (in2[e] - (0.01 * out0[e])) */
+  /** out0[e] = (((in3[] * in0[e]) + in1[e]) + (in4[] * in2[e])); out1[e] = (in2[e] - (in5[] * out0[e])) */
   static final Kernel SGD_MOMENTUM_SGD_STEP =
-      Kernel.elementwise("sgdMomentumSgdStep", b -> sgdMomentumSgdStep(b[0], b[1], b[2], b[3], b[4]));
+      Kernel.elementwise("sgdMomentumSgdStep", b -> sgdMomentumSgdStep(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]));
 
   /** out[i0, i1, i2, i3] = (in0[i0, i1, i2, i3] + in1[i1]) */
   private static void conv2dEpilogue(Buf out, Buf in0, Buf in1) {
@@ -373,8 +377,8 @@ public final class LeNet extends Network {
     });
   }
 
-  /** out0[e] = (((0.9 * in0[e]) + in1[e]) + (0.0005 * in2[e])); out1[e] = (in2[e] - (0.01 * out0[e])) */
-  private static void sgdMomentumSgdStep(Buf out0, Buf out1, Buf in0, Buf in1, Buf in2) {
+  /** out0[e] = (((in3[] * in0[e]) + in1[e]) + (in4[] * in2[e])); out1[e] = (in2[e] - (in5[] * out0[e])) */
+  private static void sgdMomentumSgdStep(Buf out0, Buf out1, Buf in0, Buf in1, Buf in2, Buf in3, Buf in4, Buf in5) {
     float[] o0 = out0.a;
     int po0 = out0.off;
     float[] o1 = out1.a;
@@ -385,12 +389,18 @@ public final class LeNet extends Network {
     int p1 = in1.off;
     float[] a2 = in2.a;
     int p2 = in2.off;
+    float[] a3 = in3.a;
+    int p3 = in3.off;
+    float[] a4 = in4.a;
+    int p4 = in4.off;
+    float[] a5 = in5.a;
+    int p5 = in5.off;
     int n = out0.numel();
     Parallel.range(n, 14L * n, (lo, hi) -> {
       for (int e = lo; e < hi; e++) {
-        float r0 = (((0.9f * a0[p0 + e]) + a1[p1 + e]) + (0.0005f * a2[p2 + e]));
+        float r0 = (((a3[p3] * a0[p0 + e]) + a1[p1 + e]) + (a4[p4] * a2[p2 + e]));
         o0[po0 + e] = r0;
-        float r1 = (a2[p2 + e] - (0.01f * r0));
+        float r1 = (a2[p2 + e] - (a5[p5] * r0));
         o1[po1 + e] = r1;
       }
     });
