@@ -23,13 +23,13 @@ from typing import Any
 from deepdsl.backends.cuda.kernels import group_kernel, ie_kernel
 from deepdsl.backends.escape import java_comment, java_string
 from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, java_group_kernel, java_kernel
-from deepdsl.backends.java.names import Namer, camel, class_name
+from deepdsl.backends.java.names import Namer, camel, class_name, identifier
 from deepdsl.backends.java.text import long_literal, method
 from deepdsl.frontend.program import Program
 from deepdsl.ir import REGISTRY, Graph, Stmt, Value
 from deepdsl.ir.analysis import index_form, output_indices
 from deepdsl.ir.groups import group_form
-from deepdsl.ir.indexexpr import Apply, Const, Read, Reduce, format_ie, renumber
+from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Reduce, Var, format_ie, renumber
 from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.registry import JavaCall
 from deepdsl.ir.types import DType
@@ -141,6 +141,7 @@ class _Emitter:
     constants: list[str] = field(default_factory=list)  # the Kernel constants
     cuda_text: list[str] = field(default_factory=list)  # the CUDA kernels, under the same names
     settings: dict[tuple[str, float], str] = field(default_factory=dict)  # (setting, default) -> field name
+    temp_names: dict[str, str] = field(default_factory=dict)  # a step's value -> the name it would like
 
     def declare(self, v: Value) -> str:
         self.globals[v.name] = self.namer(v.name)
@@ -149,7 +150,7 @@ class _Emitter:
     def tensor(self, v: Value) -> str:
         if v.name in self.in_state:
             return self.globals[self.in_state[v.name]]
-        return self.globals.get(v.name) or self.temps(v.name)
+        return self.globals.get(v.name) or self.temps(v.name, self.temp_names.get(v.name))
 
     def with_settings(self, stmts: tuple[Stmt, ...]) -> tuple[tuple[Stmt, ...], list[str]]:
         """`stmts` with each hyperparameter attribute replaced by a sentinel value, and the fields of the settings
@@ -199,6 +200,7 @@ class _Emitter:
         statements whose kernels read the same but for their sizes share one."""
         shapes = shapes if shapes is not None else tuple(v.type.shape for v in inputs)
         ctypes = ctypes if ctypes is not None else tuple(_ctype(v) for v in inputs)
+        body = canonical_names(body)
         flat = is_flat(body, out, shapes)
         java = java_kernel(_PLACEHOLDER, body, out, shapes)
         cuda = ie_kernel(_PLACEHOLDER, body, out, shapes, ctypes, generic=True)
@@ -281,13 +283,14 @@ class _Emitter:
         """The methods of one program (`trainStep` or `inferStep`) and the fields they share between parts."""
         g = p.graph
         self.temps = Namer(tuple(self.namer.taken))
+        self.temp_names = temp_names(g, result if kind == "train" else None)
         self.in_state = dict(getattr(p, "in_state", {}))
         self.counters = frozenset(d.value.name for d in g.inputs if d.kind == "step")
         # a group of element-wise statements (ir/groups.py) is one item: one loop computes all its results
         items: list[tuple[str, Any]] = [
             ("stmt", group[0]) if len(group) == 1 else ("group", group) for group in planned_groups(p)
         ]
-        items += [("update", (name, v)) for name, v in g.updates]
+        items += [("update", (name, v)) for name, v in g.updates if self.in_state.get(v.name) != name]  # a copy
         parts = _split(items)
         made_in: dict[str, int] = {}
         used_in: dict[str, set[int]] = {}
@@ -306,7 +309,7 @@ class _Emitter:
         fields = []
         if len(parts) > 1:
             for n in shared:  # a field of the class: its name must be unique in the whole class
-                self.temps(n, self.namer(f"{kind}:{n}", self.temps.preferred(n)))
+                self.temps(n, self.namer(f"{kind}:{n}", self.temp_names.get(n, self.temps.preferred(n))))
                 fields.append(f"  private Buf {self.temps(n)};")
         methods = []
         for k, part in enumerate(parts):
@@ -358,13 +361,103 @@ class _Emitter:
         if len(parts) == 1:
             out.append(method(f"/** {doc} */", f"protected {returns} {name}()", methods[0][1] + [f"return {tail};"]))
         else:
-            calls = [f"{name}{k + 1}();" for k in range(len(parts))]
+            gradient = gradient_values(g, result if kind == "train" else None)
+            names = [self.namer(f"{kind}:part{k}", _part_name(kind, parts[k], gradient)) for k in range(len(parts))]
+            calls = [f"{n}();" for n in names]
             out.append(method(f"/** {doc} */", f"protected {returns} {name}()", calls + [f"return {tail};"]))
             for k, body in methods:
                 layers = _layers(parts[k])
                 doc = f"/** Part {k + 1} of {name}: {java_comment(layers)}. */"
-                out.append(method(doc, f"private void {name}{k + 1}()", body))
+                out.append(method(doc, f"private void {names[k]}()", body))
         return out, fields
+
+
+# what a statement's result is, by its op: in the forward pass, and as part of the gradient
+_FORWARD_ROLES = {"conv2d": "out", "linear": "out", "matmul": "out", "batch_matmul": "out", "max_pool2d": "out",
+                  "avg_pool2d": "out", "global_avg_pool": "out", "lrn": "out", "softmax": "out", "log_softmax": "out",
+                  "concat": "out", "softmax_cross_entropy": "loss", "cross_entropy": "loss", "mse": "loss",
+                  "reshape": "out"}  # fmt: skip
+_BACKWARD_ROLES = {"conv2d_backward_filter": "dW", "conv2d_backward_data": "dx", "channel_sum": "db",
+                   "max_pool2d_backward": "dx", "avg_pool2d_backward": "dx", "global_avg_pool_backward": "dx",
+                   "lrn_backward": "dx", "softmax_backward": "dx", "log_softmax_backward": "dx",
+                   "softmax_cross_entropy_backward": "dscores", "cross_entropy_backward": "dp", "reshape": "dx",
+                   "sum_axes": "db"}  # fmt: skip
+
+
+def _layer_part(layer: str) -> str:
+    """The part of a layer path that names a temporary: `model.stage2.block1.conv1` -> `stage2_block1_conv1`."""
+    parts = [p for p in layer.split(".") if p]
+    return "_".join(parts[1:] if len(parts) >= 3 else parts)
+
+
+def _ancestors(g: Graph, values: list[str]) -> set[str]:
+    producer = {s.out.name: s for s in g.stmts}
+    found: set[str] = set()
+    todo = list(values)
+    while todo:
+        name = todo.pop()
+        if name in found or name not in producer:
+            continue
+        found.add(name)
+        todo += [v.name for v in producer[name].inputs]
+    return found
+
+
+def forward_values(g: Graph, result: str | None) -> set[str]:
+    """The results `result` depends on (the forward pass of a training step); every result without one."""
+    return _ancestors(g, [g.output(result).name]) if result is not None else {s.out.name for s in g.stmts}
+
+
+def gradient_values(g: Graph, result: str | None) -> set[str]:
+    """The results of a training step's backward pass: what the parameters' updates need beyond the forward pass."""
+    if result is None:
+        return set()
+    params = {p.value.name for p in g.params if p.kind == "param"}
+    return _ancestors(g, [v.name for name, v in g.updates if name in params]) - forward_values(g, result)
+
+
+def temp_names(g: Graph, result: str | None) -> dict[str, str]:
+    """The name each result of a step would like, by its layer and its role there: `cv1_out` (the forward
+    result), `cv1_dW`, `cv1_db`, `fc1_dx` (gradients), `bn1_channel_mean` (another op of the layer). With `result`
+    (the training step's loss), the statements the loss does not depend on are the gradient's."""
+    gradient = gradient_values(g, result)
+    names = {}
+    for s in g.stmts:
+        backward = s.out.name in gradient
+        what = "_".join(s.a["ops"]) if s.op == "fused" and s.a.get("ops") else s.op
+        if backward:  # noqa: SIM108
+            role = _BACKWARD_ROLES.get(s.op, "d_" + what)
+            if s.op == "matmul":
+                role = "dW" if s.a.get("transpose_a") else "dx"
+        else:
+            role = _FORWARD_ROLES.get(s.op, what)
+        where = _layer_part(s.layer)
+        names[s.out.name] = identifier(f"{where}_{role}" if where else role)
+    return names
+
+
+def canonical_names(e: Any) -> Any:
+    """`e` with its reductions' variables renamed r0, r1, ... in the order they appear (the IR numbers them
+    per statement), so that two statements' kernels read the same when they compute the same."""
+    names: dict[str, str] = {}
+
+    def affine(a: Affine) -> Affine:
+        return Affine(tuple((names.get(v, v), c) for v, c in a.terms), a.const)
+
+    def go(x: Any) -> Any:
+        if isinstance(x, Reduce):
+            for v, _ in x.vars:
+                names.setdefault(v, f"r{len(names)}")
+            return Reduce(x.kind, tuple((names[v], n) for v, n in x.vars), go(x.body))
+        if isinstance(x, Apply):
+            return Apply(x.fn, tuple(go(a) for a in x.args))
+        if isinstance(x, Read):
+            return Read(x.input, tuple(affine(a) for a in x.index))
+        if isinstance(x, Var):
+            return Var(names.get(x.name, x.name))
+        return x
+
+    return go(e)
 
 
 def read_settings(e: Any, first: int) -> Any:
@@ -388,6 +481,24 @@ def read_settings(e: Any, first: int) -> Any:
 def _meaning(body: Any, out: tuple, inputs: int) -> str:
     index = ", ".join(v for v, _ in out)
     return f"out[{index}] = {format_ie(body, tuple(f'in{k}' for k in range(inputs)))}"
+
+
+def _part_name(kind: str, part: list[tuple[str, Any]], gradient: set[str]) -> str:
+    """A part's method, after the blocks it covers and its pass: `trainForwardStemToStage2`, `trainBackwardStage3`,
+    `trainUpdates`."""
+    blocks: list[str] = []
+    stmts = [st for what, item in part if what != "update" for st in (item if what == "group" else (item,))]
+    for st in stmts:
+        top = _block(st.layer).split(".")[-1] if st.layer else ""
+        if top and top not in blocks:
+            blocks.append(top)
+    if not blocks:
+        return camel(f"{kind}_updates")
+    backward = any(st.out.name in gradient for st in stmts)
+    forward = any(st.out.name not in gradient for st in stmts)
+    where = blocks[0] if len(blocks) == 1 else f"{blocks[0]}_to_{blocks[-1]}"
+    passes = "" if kind != "train" or backward == forward else "backward" if backward else "forward"
+    return camel(f"{kind}_{passes}_{where}")
 
 
 def _layers(part: list[tuple[str, Any]]) -> str:
