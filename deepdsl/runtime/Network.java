@@ -331,6 +331,15 @@ public abstract class Network {
             settings.seed);
   }
 
+  /**
+   * Fills the inputs {@code x} and labels {@code y} with training batch {@code iteration} of the
+   * data source (shuffled with {@code shuffleSeed}, or in order when null). A class that brings
+   * its own data overrides it.
+   */
+  protected void batch(long iteration, Long shuffleSeed, Buf x, Buf y) {
+    data.batch(iteration, x.shape[0], shuffleSeed, x, y);
+  }
+
   /** Where progress lines go while training (null: nowhere). */
   public void reportTo(PrintStream out) {
     progress = out;
@@ -346,7 +355,7 @@ public abstract class Network {
     int batch = x.shape[0];
     Long shuffle = settings.shuffle ? settings.seed : null;
     for (int k = 0; k < iterations; k++) {
-      data.batch(iteration, batch, shuffle, x, y);
+      batch(iteration, shuffle, x, y);
       long t0 = System.nanoTime();
       float loss = device().trainStep(this);
       double seconds = (System.nanoTime() - t0) / 1e9;
