@@ -133,7 +133,8 @@ MAX_SOURCE_BYTES = 16 * 2**20
 
 
 def read_source(path: str | Path) -> str:
-    """The text of a .ddsl file; a missing, special, huge or non-UTF-8 file is a user error."""
+    """The text of a .ddsl file (without a UTF-8 byte order mark); a missing, special, huge or non-UTF-8 file is
+    a user error."""
     p = Path(path)
     try:
         if p.is_symlink():
@@ -142,7 +143,7 @@ def read_source(path: str | Path) -> str:
             raise DslProgramError(f"'{path}' is not a regular file" if p.exists() else f"file not found: '{path}'")
         if p.stat().st_size > MAX_SOURCE_BYTES:
             raise DslProgramError(f"'{path}' is larger than {MAX_SOURCE_BYTES // 2**20} MiB; is it a .ddsl file?")
-        return p.read_bytes().decode("utf-8")
+        return p.read_bytes().decode("utf-8-sig")  # a byte order mark is not text
     except UnicodeDecodeError as exc:
         raise DslProgramError(f"'{path}' is not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:

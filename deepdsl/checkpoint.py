@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .errors import DslProgramError
-from .files import atomic_output
+from .files import atomic_output, check_replaceable
 from .npzfile import read_npz
 
 __all__ = ["is_optimizer_state", "load_npz", "save_npz"]
@@ -34,6 +34,15 @@ def is_optimizer_state(name: str) -> bool:
     return "/" in name
 
 
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Whether `save_npz` could write `path` (files.check_replaceable): `run` checks its --save before it
+    trains."""
+    try:
+        check_replaceable(path, follow_symlinks=True)
+    except OSError as e:
+        raise DslProgramError(f"cannot write parameter file '{os.fspath(path)}': {e.strerror or e}") from None
+
+
 def save_npz(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray]) -> None:
     """Write `arrays` to `path` (used as given, no suffix added) atomically: only a regular file is replaced, a
     symbolic link is written through, the old file's mode is kept (files.py)."""
@@ -41,9 +50,7 @@ def save_npz(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray]) -> 
     for name in arrays:
         if not name or name.startswith("/") or "\\" in name or name.endswith("/"):
             raise DslProgramError(f"cannot save an array under the name {name!r} in '{path}'")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise DslProgramError(f"cannot write parameter file '{path}': folder '{folder}' does not exist")
+    check_writable(path)
     try:
         with atomic_output(path, follow_symlinks=True) as f:
             with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:

@@ -82,6 +82,25 @@ def _parse_data(ctx: click.Context, param: click.Parameter, value: str | None) -
     return value
 
 
+def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--plot FILE: a format matplotlib writes, in a folder that exists (checked before anything is compiled)."""
+    import os
+
+    from deepdsl.memory.report import PLOT_FORMATS
+
+    if value is None:
+        return None
+    suffix = os.path.splitext(value)[1].lower().lstrip(".")
+    if suffix not in PLOT_FORMATS:
+        raise click.BadParameter(
+            f"{value!r}: the file name must end in " + ", ".join(f".{f}" for f in PLOT_FORMATS), ctx, param
+        )
+    folder = os.path.dirname(os.path.abspath(value))
+    if not os.path.isdir(folder):
+        raise click.BadParameter(f"{value!r}: folder {folder!r} does not exist", ctx, param)
+    return value
+
+
 def _file_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None and not value.strip():
         raise click.BadParameter("needs a file name", ctx, param)
@@ -223,6 +242,7 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
     "plot_path",
     metavar="FILE",
     default=None,
+    callback=_plot_path,
     help="Also draw live memory over the schedule, peak marked, into FILE (.png/.svg/.pdf; needs matplotlib).",
 )
 @WORKSPACE_LIMIT
@@ -269,7 +289,12 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
         except MissingDependency as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_USER)
+        except OSError as exc:
+            click.echo(f"error: cannot write the plot {plot_path!r}: {exc.strerror or exc}", err=True)
+            sys.exit(EXIT_USER)
     click.echo(json.dumps(r) if as_json else format_report(r, table != "totals"))
+    if plot_path is not None:
+        click.echo(f"plot: wrote {plot_path}", err=as_json)
     if budget is not None and not r["fits"]:
         raise over_budget(b.train_plan, r)
 
@@ -294,7 +319,8 @@ def stats_text(obj: dict[str, Any]) -> str:
 @common
 @click.option("--iters", type=click.IntRange(min=0), default=None, help="Training steps (default: the train block's).")
 @click.option("--data", "data_flag", metavar="SOURCE", default=None, callback=_parse_data,
-              help="synthetic | mnist:DIR | cifar10:DIR | npz:FILE (default: the train block's).")  # fmt: skip
+              help="synthetic[:SEED] | mnist:DIR | cifar10:DIR | npz:FILE (default: the train block's; SEED: the "
+              "synthetic data's own seed, else the program's).")  # fmt: skip
 @click.option("--load", "load_path", type=click.Path(dir_okay=False), default=None, callback=_file_name,
               help="Start from this .npz file.")  # fmt: skip
 @click.option("--save", "save_path", type=click.Path(dir_okay=False), default=None, callback=_file_name,
@@ -381,7 +407,12 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
         wanted = tuple(a.strip() for a in archs.split(",") if a.strip())
         if not wanted or any(not re.fullmatch(r"sm_[0-9]{2,3}", a) for a in wanted):
             raise click.BadParameter(f"{archs!r} is not a list such as sm_90,sm_80", param_hint="--arch")
-        cuda.compiler()  # no compiler: a DslError with what to install (exit 1)
+        which = cuda.compiler()  # no compiler: a DslError with what to install (exit 1)
+        known = cuda.supported_archs()
+        unknown = [a for a in wanted if known is not None and a not in known]
+        if unknown:
+            raise click.BadParameter(f"{which} does not compile for {', '.join(unknown)}; it knows "
+                                     f"{', '.join(known or ())}", param_hint="--arch")  # fmt: skip
         modules = {arch: cuda.ptx(prog.cuda, arch, f"{name}.cu") for arch in wanted}
     if folder is not None:
         java.write_sources(folder, prog)
@@ -398,6 +429,94 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
         java.write_ptx(resources, name, modules)
         click.echo(f"wrote the Maven project {maven}: cd {maven} && mvn -q package && java -jar target/"
                    f"{name.lower()}-1.0.jar")  # fmt: skip
+
+
+@cli.command("data")
+@click.argument("name", type=click.Choice(["mnist", "cifar10"]))
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--url", "base_url", metavar="URL", default=None,
+              help="Download from this base URL instead of the canonical one (a mirror); the checksums stay the "
+              "canonical files'. Also DEEPDSL_DATA_URL.")  # fmt: skip
+def data_(name: str, directory: str, base_url: str | None) -> None:
+    """Download data set NAME (mnist or cifar10) into DIRECTORY, each file checked against its published SHA-256
+    and written atomically; files already there and correct are kept. Progress goes to stderr."""
+    from deepdsl.data.download import download
+    from deepdsl.memory.report import size
+
+    shown = {"name": "", "percent": -1}
+
+    def progress(file: str, done: int, total: int) -> None:
+        percent = 100 * done // max(total, 1)
+        if file == shown["name"] and percent == shown["percent"]:
+            return
+        shown.update(name=file, percent=percent)
+        bar = "#" * (percent * 24 // 100)
+        click.echo(f"\r{file:<28} [{bar:.<24}] {percent:>3}%  {size(done)} of {size(total)}", err=True, nl=False)
+        if done >= total:
+            click.echo("", err=True)
+            shown["name"] = ""
+
+    try:
+        paths = download(name, directory, base_url or from_env().data_url, progress)
+    except DslError as err:
+        if shown["name"]:  # end the bar's line before the error
+            click.echo("", err=True)
+        click.echo(render(err, {}), err=True)
+        sys.exit(EXIT_USER)
+    click.echo(f"{name}: {len(paths)} files in {directory}; train on them with --data {name}:{directory}")
+
+
+def _import(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str, params: str | None,
+            batch: int | None, no_loss: bool) -> None:  # fmt: skip
+    from deepdsl import interop
+
+    for line in interop.import_onnx(file, output, params, batch, not no_loss):
+        click.echo(line)
+
+
+@cli.command("import")
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", "output", metavar="NET.ddsl", required=True, callback=_file_name,
+              help="Where to write the network.")  # fmt: skip
+@click.option(
+    "--params",
+    "params",
+    metavar="F.npz",
+    default=None,
+    callback=_file_name,
+    help="Where to write the initialisers as a parameter file (default: NET.npz beside the network).",
+)
+@click.option("--batch", type=click.IntRange(min=1), default=None,
+              help="The batch N (default: the model's, or 1 where it is symbolic).")  # fmt: skip
+@click.option("--no-loss", "no_loss", is_flag=True,
+              help="No label and classification loss: the output may have any shape (a regression loss against "
+                   "an input `target` stands in, as the language needs a loss).")  # fmt: skip
+def import_(model: str, output: str, params: str | None, batch: int | None, no_loss: bool) -> None:
+    """Import the ONNX model MODEL as a readable .ddsl network and its weights as a parameter file."""
+    # common's error handling and exit codes, without its compiler options
+    common(_import)(model, {}, 2, (), None, False, output=output, params=params, batch=batch, no_loss=no_loss)
+
+
+@cli.command()
+@common
+@click.option("-o", "--output", "output", metavar="NET.onnx", required=True, callback=_file_name,
+              help="Where to write the ONNX model.")  # fmt: skip
+@click.option(
+    "--load",
+    "load_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    callback=_file_name,
+    help="Export these parameters (a .npz of deepdsl run --save) instead of the initial ones.",
+)
+@click.option("--opset", type=int, default=None, help="The ONNX opset (default 17; 11 to the newest onnx knows).")
+def export(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str, load_path: str | None,
+           opset: int | None) -> None:  # fmt: skip
+    """Export the inference program (predict) of FILE as an ONNX model, parameters and state as initialisers."""
+    from deepdsl import interop
+
+    for line in interop.export_onnx(c, file, sets, load_path, output, opset or interop.DEFAULT_OPSET):
+        click.echo(line)
 
 
 def check_json(p: Program) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
 
-__all__ = ["TEMP_SUFFIX", "atomic_output", "write_atomically"]
+__all__ = ["TEMP_SUFFIX", "atomic_output", "check_replaceable", "write_atomically"]
 
 TEMP_SUFFIX = ".deepdsl-tmp"
 _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
@@ -65,6 +65,28 @@ def _remove_stale_temps(folder: str, base: str) -> None:
                 os.unlink(path)
         except OSError:
             pass
+
+
+def check_replaceable(path: str | os.PathLike[str], *, follow_symlinks: bool) -> str:
+    """What `atomic_output(path)` would replace (the end of a chain of links, with `follow_symlinks`), checked
+    before anything is written: OSError, with a `strerror` that says why, for a folder that is missing or not
+    writable, or for something at the path that is not a regular file."""
+    target = os.fspath(path)
+    if follow_symlinks:
+        target = _follow(target)
+    folder = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(folder):
+        raise OSError(errno.ENOENT, f"folder '{folder}' does not exist", target)
+    if not os.access(folder, os.W_OK):
+        raise OSError(errno.EACCES, f"folder '{folder}' is not writable", target)
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return target
+    if not stat.S_ISLNK(st.st_mode) and not stat.S_ISREG(st.st_mode):
+        kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+        raise OSError(errno.EEXIST, f"'{target}' is {kind}; only a regular file is replaced", target)
+    return target
 
 
 @contextmanager

@@ -166,7 +166,7 @@ class Trainer:
                 if accuracy is not None:
                     on_test(k, accuracy)
         result.seconds_per_iter = (time.perf_counter() - start) / iterations if iterations else 0.0
-        result.test_accuracy = self.test()
+        result.test_accuracy = self.test() if iterations else None  # nothing trained (--iters 0): nothing to test
         if self.gpu is not None:
             result.gpu_memory_bytes = self.gpu.measured_bytes
             result.gpu_planned_bytes = self.gpu.planned_bytes

@@ -127,3 +127,6 @@ def test_compile_ptx_writes_one_module_per_arch(cli, tmp_path) -> None:  # noqa:
         text = (tmp_path / f"MLP.{arch}.ptx").read_text()
         assert f".target {arch}" in text and ".version 8." in text and ".entry" in text
     assert cli("compile", net, "-o", str(tmp_path), "--ptx", "--arch", "sm90").exit_code == 2
+    r = cli("compile", net, "--set", "N=2", "-o", str(tmp_path / "new"), "--ptx", "--arch", "sm_90,sm_999")
+    assert r.exit_code == 2 and "does not compile for sm_999; it knows " in r.stderr and "sm_90" in r.stderr
+    assert "internal error" not in r.stderr and not (tmp_path / "new").exists()

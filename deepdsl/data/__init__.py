@@ -6,7 +6,8 @@
 `args` holds the source's arguments as the train block gives them: ``synthetic(seed=1)`` ->
 ``{"seed": 1}``, ``mnist("dir")`` -> ``{"dir": "dir"}``, ``cifar10("dir")`` -> ``{"dir": ...}``,
 ``npz("file")`` -> ``{"file": ...}`` (a positional argument may also come under the key ``0``).
-Relative paths are used as given (relative to the working directory).
+Relative paths are used as given (relative to the working directory; the front end has already made a train
+block's relative to its .ddsl file).
 
 `x_shape` is the network input's *per-sample* shape (its shape without the leading batch
 dimension), `y_classes` the number of classes K. Every sample must have exactly that shape, with

@@ -14,6 +14,7 @@ import os
 import numpy as np
 
 from ..errors import DslProgramError
+from .download import get_it
 
 __all__ = ["RECORD", "TEST_FILE", "TRAIN_FILES", "load_cifar10", "read_cifar_batch"]
 
@@ -44,7 +45,7 @@ def read_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _locate(directory: str) -> str:
     if not os.path.isdir(directory):
-        raise DslProgramError(f"CIFAR-10 directory not found: '{directory}'")
+        raise DslProgramError(f"CIFAR-10 directory not found: '{directory}'; {get_it('cifar10', directory)}")
     nested = os.path.join(directory, "cifar-10-batches-bin")
     if not os.path.isfile(os.path.join(directory, TRAIN_FILES[0])) and os.path.isdir(nested):
         return nested
@@ -59,7 +60,8 @@ def load_cifar10(directory: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | N
         path = os.path.join(base, name)
         if not os.path.isfile(path):
             raise DslProgramError(
-                f"CIFAR-10 file not found: '{path}' (the binary version has {', '.join(TRAIN_FILES)})"
+                f"CIFAR-10 file not found: '{path}' (the binary version has {', '.join(TRAIN_FILES)}); "
+                f"{get_it('cifar10', directory)}"
             )
         x, y = read_cifar_batch(path)
         xs.append(x)

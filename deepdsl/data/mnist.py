@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import DslProgramError
+from .download import get_it
 
 __all__ = ["IMAGE_MAGIC", "LABEL_MAGIC", "load_mnist", "read_idx_images", "read_idx_labels"]
 
@@ -103,7 +104,9 @@ def _pair(directory: str, prefix: str, required: bool):  # noqa: ANN202
     for name, path in zip(names, paths):
         if path is None:
             looked = os.path.join(directory, name)
-            raise DslProgramError(f"MNIST file not found: looked for '{looked}' and '{looked}.gz'")
+            raise DslProgramError(
+                f"MNIST file not found: looked for '{looked}' and '{looked}.gz'; {get_it('mnist', directory)}"
+            )
     x = read_idx_images(paths[0])
     y = read_idx_labels(paths[1])
     if len(x) != len(y):
@@ -116,7 +119,7 @@ def _pair(directory: str, prefix: str, required: bool):  # noqa: ANN202
 def load_mnist(directory: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """``(x_train, y_train, x_test, y_test)`` from DIR; the test pair is None when DIR has no t10k files."""
     if not os.path.isdir(directory):
-        raise DslProgramError(f"MNIST directory not found: '{directory}'")
+        raise DslProgramError(f"MNIST directory not found: '{directory}'; {get_it('mnist', directory)}")
     x, y = _pair(directory, "train", required=True)
     xt, yt = _pair(directory, "t10k", required=False)
     return x, y, xt, yt

@@ -28,6 +28,7 @@ class ArgSpec:
     default: Any = REQUIRED
     low: float | None = None  # smallest allowed value (ints, pairs, floats)
     below: float | None = None  # values must be strictly less than this
+    high: float | None = None  # largest allowed value
 
 
 Args = dict[str, Any]
@@ -114,7 +115,7 @@ def full(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Sp
 @builtin(
     "batch_norm",
     ArgSpec("eps", "float", 1e-5, low=1e-30),
-    ArgSpec("momentum", "float", 0.1, low=0.0),
+    ArgSpec("momentum", "float", 0.1, low=0.0, high=1.0),  # PyTorch's: the weight of the batch's statistics
     ArgSpec("affine", "bool", True),
 )
 def batch_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
@@ -179,8 +180,8 @@ def _simple(op: str, *args: ArgSpec) -> None:
 for _name in ("relu", "sigmoid", "tanh", "softmax", "log_softmax", "exp", "log", "sqrt", "abs"):
     _simple(_name)
 _simple("leaky_relu", ArgSpec("slope", "float", 0.01))
-_simple("lrn", ArgSpec("size", "int", 5, low=1), ArgSpec("alpha", "float", 1e-4), ArgSpec("beta", "float", 0.75),
-        ArgSpec("k", "float", 1.0))  # fmt: skip
+_simple("lrn", ArgSpec("size", "int", 5, low=1), ArgSpec("alpha", "float", 1e-4, low=0.0),
+        ArgSpec("beta", "float", 0.75, low=0.0), ArgSpec("k", "float", 1.0, low=1e-30))  # fmt: skip
 
 
 @builtin("dropout", ArgSpec("p", "float", 0.5, low=0.0, below=1.0))
@@ -242,7 +243,7 @@ SPECS: dict[str, tuple[str, tuple[ArgSpec, ...]]] = {
         "optimizer",
         (
             ArgSpec("lr", "float", low=0.0),
-            ArgSpec("momentum", "float", 0.0, low=0.0),
+            ArgSpec("momentum", "float", 0.0, low=0.0, below=1.0),
             ArgSpec("weight_decay", "float", 0.0, low=0.0),
             ArgSpec("clip", "float", 0.0, low=0.0),
         ),

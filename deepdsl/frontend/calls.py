@@ -62,7 +62,7 @@ def call(
     if isinstance(fn, LayerInstance):
         el.applications += 1
         saved = el.scope
-        el.scope = Scope(fn.path, fn, el.applications)
+        el.scope = Scope(fn.path, fn, el.applications, applied_at=span)
         try:
             return call(el, fn.fn, args, span, own=True)
         finally:
@@ -230,7 +230,7 @@ def call_def(el: Elaborator, node: ast.Def, args: tuple[CallArg, ...], span: Spa
         raise DslRecursionError(f"recursive call of '{node.name}' ({chain}); defs cannot recurse", span)
     path = call_path(el, node.name, explicit, name, own)
     saved = el.scope
-    el.scope = saved if own else Scope(path, saved.owner, saved.application)
+    el.scope = saved if own else Scope(path, saved.owner, saved.application, applied_at=saved.applied_at)
     el.def_stack.append(node.name)
     try:
         el.block(node.body.stmts, env)
@@ -305,6 +305,8 @@ def convert(fname: str, spec: ArgSpec, v: Any, span: Span) -> Any:
             raise DslArgumentError(
                 f"argument '{spec.name}' of {fname} must be less than {spec.below:g}, got {x:g}", span
             )
+        if spec.high is not None and x > spec.high:
+            raise DslArgumentError(f"argument '{spec.name}' of {fname} must be at most {spec.high:g}, got {x:g}", span)
 
     is_int = isinstance(v, int) and not isinstance(v, bool)
     if spec.kind == "int":

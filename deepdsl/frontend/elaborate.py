@@ -27,8 +27,10 @@ from deepdsl.errors import (
 from deepdsl.frontend import arith, ast, calls
 from deepdsl.frontend.builtins import BUILTINS, QUERIES, SPECS
 from deepdsl.frontend.calls import CallArg
+from deepdsl.frontend.javanames import java_class, reserved_class_names
 from deepdsl.frontend.params import ParamStore, join, unused_parameter_warnings
 from deepdsl.frontend.program import LayerRow, Program
+from deepdsl.frontend.tensorfn import check_uncalled
 from deepdsl.frontend.train import train_config
 from deepdsl.frontend.values import (
     BuiltinFn,
@@ -72,6 +74,7 @@ class Elaborator:
         self.scope = Scope("")
         self.steps = 0
         self.applications = 0
+        self.tensor_fns_called: set[str] = set()
         self.loss: TensorVal | None = None
         self.predict: TensorVal | None = None
         self.train: ast.Train | None = None
@@ -90,6 +93,16 @@ class Elaborator:
             )
         elif not m.network.isidentifier():
             self.diags.add(DslNameError(f"'{m.network}' is not a valid class name", m.network_span))
+        elif java_class(m.network) in reserved_class_names():
+            cls = java_class(m.network)
+            self.diags.add(
+                DslNameError(
+                    f"'{m.network}' cannot name a network: its Java class {cls} would hide "
+                    f"{reserved_class_names()[cls]}, which the generated program uses",
+                    m.network_span,
+                    hint=f"choose another name, such as '{cls}Net'",
+                )  # fmt: skip
+            )
         self._hoist(m, [])
         for item in m.items:
             try:
@@ -103,6 +116,9 @@ class Elaborator:
                 self.diags.add(DslProgramError("the expression is nested too deeply", item.span))
                 for name in _bound_names(item):  # reported once: its users see a poisoned name, not "used before"
                     self.globals.values[name] = _POISON
+        for item in m.items:  # what no one calls is checked all the same
+            if isinstance(item, ast.TensorDef) and item.name not in self.tensor_fns_called:
+                check_uncalled(self, item)
         unknown = sorted(set(self.sets) - self._const_names())
         for name in unknown:
             consts = self._const_names()

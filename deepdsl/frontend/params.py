@@ -27,6 +27,7 @@ class ParamStore:
         self.b = builder
         self.store: dict[str, tuple[TensorVal, int, int]] = {}  # name -> (value, owner id, application)
         self.spans: dict[str, Span] = {}
+        self.first_use: dict[str, Span] = {}  # a shared layer's parameter -> the application that made it
 
     def make(
         self, scope: Scope, path: str, local: str, shape: tuple[int, ...], init: Spec, span: Span, kind: str = "param"
@@ -43,7 +44,7 @@ class ParamStore:
                     raise DslShapeError(
                         f"the shared layer '{scope.path}' is applied to an input of another shape: "
                         f"{full} was made {value.value.type}, here it would be {TensorType(shape)}", span,
-                        notes=[Note("its first application", self.spans[full])],
+                        notes=[Note("its first application", self.first_use[full])],
                     )  # fmt: skip
                 return value
             raise DslNameError(
@@ -59,6 +60,7 @@ class ParamStore:
         value = TensorVal(self.b.add_param(pdef), f"parameter '{full}'", span)
         self.store[full] = (value, owner, scope.application)
         self.spans[full] = span
+        self.first_use[full] = scope.applied_at or span
         return value
 
 

@@ -45,7 +45,9 @@ def _lark() -> Lark:
 
 
 def parse_text(text: str, file: str = "<input>") -> ast.Module:
-    """Parse one .ddsl text into an `ast.Module`; raises DslSyntaxError (or DslNameError) on bad input."""
+    """Parse one .ddsl text into an `ast.Module`; raises DslSyntaxError (or DslNameError) on bad input. A byte
+    order mark at the start (editors on Windows write one) is no part of the text."""
+    text = text.removeprefix("\ufeff")
     parser = _lark()
     try:
         tree = parser.parse(text)

@@ -11,7 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from deepdsl.errors import DslArgumentError, DslNameError, DslShapeError, DslTypeError, Note, Span, did_you_mean
+from deepdsl.errors import (
+    DslArgumentError,
+    DslError,
+    DslNameError,
+    DslProgramError,
+    DslShapeError,
+    DslTypeError,
+    Note,
+    Span,
+    did_you_mean,
+)
 from deepdsl.frontend import ast
 from deepdsl.frontend.values import Env, Spec, TensorVal, describe
 from deepdsl.ir import indexexpr as ie
@@ -51,6 +61,7 @@ class _Stmt:
 
 
 def call_tensor_fn(el: Elaborator, fn: ast.TensorDef, args: tuple[TensorVal, ...], path: str, span: Span) -> TensorVal:
+    el.tensor_fns_called.add(fn.name)
     if len(args) != len(fn.inputs):
         raise DslArgumentError(f"tensor function '{fn.name}' takes {len(fn.inputs)} tensors, got {len(args)}", span)
     sizes: dict[str, int] = {}
@@ -98,6 +109,66 @@ def call_tensor_fn(el: Elaborator, fn: ast.TensorDef, args: tuple[TensorVal, ...
         if not _mentions(fn, decl.name):
             el.diags.add(_unused(decl))
     return result
+
+
+# the size a stand-in argument gives each size name of a tensor function that no one calls
+STAND_IN_SIZE = 16
+
+
+def check_uncalled(el: Elaborator, fn: ast.TensorDef) -> None:
+    """Check a tensor function that no one calls, so that a mistake in it does not wait for its first use: it is
+    lowered once on stand-in arguments of its declared ranks (STAND_IN_SIZE for every size name, the literal
+    sizes as written) into a builder of its own, which is thrown away. An error inside a size expression (an
+    index range, a param's dimension) is not reported, since it may come from the stand-in sizes; every other
+    one (unknown names, types, ranks, arities, ranges that cannot be told) holds for any arguments."""
+    from deepdsl.frontend.elaborate import Poisoned
+    from deepdsl.frontend.params import ParamStore
+    from deepdsl.frontend.values import Scope
+    from deepdsl.ir import GraphBuilder, TensorType, Value
+
+    if any(_inside(e.span, fn.span) for e in el.diags.errors):  # its signature is wrong already: said once
+        return
+    args = []
+    for tp in fn.inputs:
+        shape = tuple(s if isinstance(s, int) else STAND_IN_SIZE for _, s in tp.sizes)
+        args.append(TensorVal(Value(f"{fn.name}.{tp.name}", TensorType(shape)), f"'{tp.name}'", tp.span))
+    saved = el.b, el.params, el.scope
+    el.b = GraphBuilder(fn.name)
+    el.params = ParamStore(el.b)
+    el.scope = Scope(fn.name)
+    try:
+        call_tensor_fn(el, fn, tuple(args), fn.name, fn.span)
+    except DslError as err:
+        if not any(_inside(err.span, s) for s in _size_spans(fn)):
+            el.diags.add(err)
+    except Poisoned:  # it reads a definition whose error is reported already
+        pass
+    finally:
+        el.b, el.params, el.scope = saved
+
+
+def _inside(span: Span | None, outer: Span) -> bool:
+    return span is not None and span.file == outer.file and (outer.line, outer.col) <= (span.line, span.col) and (
+        span.end_line, span.end_col) <= (outer.end_line, outer.end_col)  # fmt: skip
+
+
+def _size_spans(fn: ast.TensorDef) -> list[Span]:
+    """The spans of every size expression of `fn`: explicit index ranges and param dimensions."""
+    found = [d.span for decl in fn.params for d in decl.dims]
+    found += [r.size.span for r in fn.outputs if r.size is not None]
+
+    def go(e: ast.IExpr) -> None:
+        if isinstance(e, ast.IReduce):
+            found.extend(r.size.span for r in e.indices if r.size is not None)
+        for child in vars(e).values():
+            for c in child if isinstance(child, tuple) else (child,):
+                if isinstance(c, ast.IExpr):
+                    go(c)
+
+    for local in fn.locals:
+        go(local.value)
+    go(fn.result)
+    return found
 
 
 def _unused(decl: ast.ParamDecl) -> Any:
@@ -226,7 +297,10 @@ def _convert(
         if isinstance(e, ast.IBinary):
             if e.op == "%":
                 raise DslTypeError("'%' is not a scalar operator in tensor bodies", e.span)
-            return ie.Apply(e.op, (go(e.left, scope), go(e.right, scope)))
+            left, right = go(e.left, scope), go(e.right, scope)
+            if e.op == "/" and isinstance(right, ie.Const) and right.value == 0:
+                raise DslProgramError("division by zero in a tensor body", e.right.span)
+            return ie.Apply(e.op, (left, right))
         if isinstance(e, ast.ICond):
             return ie.Apply("select", (go(e.cond, scope), go(e.then, scope), go(e.other, scope)))
         if isinstance(e, ast.IReduce):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from deepdsl.errors import DslArgumentError, DslProgramError, Note, did_you_mean
@@ -27,6 +28,22 @@ KEYS: dict[str, tuple[str, int]] = {
     "shuffle": ("bool", 0),
     "save": ("str", 0),
 }
+
+
+# the data sources that read a path, and the name of that argument
+PATH_SOURCES = {"mnist": "dir", "cifar10": "dir", "npz": "file"}
+
+
+def relative_to_source(path: Any, source: str) -> Any:
+    """A relative path of the train block, which is relative to the folder of the .ddsl file `source`, as the
+    current directory sees it: relative below it, else absolute (so that `deepdsl run` and the program `compile`
+    writes read the same place when run from where they were started). An absolute path, or a source that is
+    no file, stays as it is."""
+    if not isinstance(path, str) or not path or os.path.isabs(path) or not source or source.startswith("<"):
+        return path
+    full = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(source)), path))
+    below = os.path.relpath(full)
+    return full if below == os.pardir or below.startswith(os.pardir + os.sep) else below
 
 
 def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
@@ -58,7 +75,11 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
                     f"'{entry.key}' must be one of {', '.join(c + '(...)' for c in choices)}, got {describe(v)}",
                     entry.value.span,
                 )
-            values[entry.key] = (v.name, v.args)
+            args = v.args
+            if kind == "data" and v.name in PATH_SOURCES:  # read from the .ddsl file's folder, as include is
+                args = tuple((k, relative_to_source(a, el.module.file) if k == PATH_SOURCES[v.name] else a)
+                             for k, a in args)  # fmt: skip
+            values[entry.key] = (v.name, args)
         elif kind == "int":
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise DslArgumentError(

@@ -137,9 +137,11 @@ class Scope:
     owner: LayerInstance | None = None
     application: int = 0
     counters: dict[str, int] = field(default_factory=dict)
+    applied_at: Span | None = None  # where the layer instance that owns this scope is applied
 
     def child_path(self, base: str, explicit: str | None = None) -> str:
         if explicit is None:
             self.counters[base] = self.counters.get(base, 0) + 1
-            explicit = f"{base}{self.counters[base]}"
+            # a name ending in a digit takes its ordinal after `_`: dwconv3_1, not dwconv31
+            explicit = f"{base}{'_' if base[-1:].isdigit() else ''}{self.counters[base]}"
         return f"{self.path}.{explicit}" if self.path else explicit

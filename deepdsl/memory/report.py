@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from deepdsl.errors import DslProgramError
+from deepdsl.files import atomic_output
 from deepdsl.ir import REGISTRY, Graph
 from deepdsl.memory.plan import Plan, aligned
 
@@ -92,8 +93,12 @@ def report(
 
 
 def rows(p: Plan, per_statement: bool = False) -> list[dict[str, Any]]:
-    """Per layer (or per statement), in schedule order: bytes allocated and freed, and the arena live after."""
+    """Per layer (or per statement), in schedule order: the arena bytes allocated and freed, the arena live after
+    the row (`live`: the row before's plus allocated less freed), and the most live while one of its statements
+    runs (`peak`: its inputs, its result and its workspace at once; the largest is the arena, less any gaps
+    the placement leaves between lifetimes)."""
     g = p.graph
+    during = live_bytes(p)
     born = {b.start: b for b in p.buffers}
     dies: dict[int, int] = {}
     for b in p.buffers:
@@ -107,12 +112,12 @@ def rows(p: Plan, per_statement: bool = False) -> list[dict[str, Any]]:
         name = s.layer or "(program)"
         if per_statement:
             row = {"statement": i, "value": f"%{s.out.name}", "op": s.op, "layer": name, "statements": 0,
-                   "allocated": 0, "freed": 0, "workspace": 0, "live": 0}  # fmt: skip
+                   "allocated": 0, "freed": 0, "workspace": 0, "live": 0, "peak": 0}  # fmt: skip
             out.append(row)
         elif out and out[-1]["layer"] == name:
             row = out[-1]
         else:
-            row = {"layer": name, "statements": 0, "allocated": 0, "freed": 0, "workspace": 0, "live": 0}
+            row = {"layer": name, "statements": 0, "allocated": 0, "freed": 0, "workspace": 0, "live": 0, "peak": 0}
             out.append(row)
         row["statements"] += 1
         row["allocated"] += alloc
@@ -120,6 +125,7 @@ def rows(p: Plan, per_statement: bool = False) -> list[dict[str, Any]]:
         ws = p.workspace.get(s.out.name)
         row["workspace"] = max(row["workspace"], ws.nbytes if ws else 0)  # scratch: alive during one statement
         row["live"] = live
+        row["peak"] = max(row["peak"], during[i])
     return out
 
 
@@ -132,12 +138,17 @@ def live_bytes(p: Plan) -> list[int]:
     return live
 
 
+# what --plot writes, by the file name's suffix
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
 class MissingDependency(RuntimeError):
     """An optional package a feature needs is not installed."""
 
 
 def plot(p: Plan, r: dict[str, Any], path: str) -> None:
-    """Draw the live memory over the schedule, with the peak marked, into `path` (PNG, SVG or PDF)."""
+    """Draw the live memory over the schedule, with the peak marked, into `path` (PNG, SVG or PDF, by its suffix),
+    atomically."""
     try:
         import matplotlib
 
@@ -157,19 +168,34 @@ def plot(p: Plan, r: dict[str, Any], path: str) -> None:
     at = r["peak_at"]
     ax.plot([at["statement"]], [r["peak_bytes"] / 2**20], "v", color="black")
     where = f"{at['value']} = {at['op']}" + (f" ({at['layer']})" if at["layer"] else "")
-    ax.annotate(f"peak {mib(r['peak_bytes'])}\n{where}", (at["statement"], r["peak_bytes"] / 2**20),
+    ax.annotate(f"peak {size(r['peak_bytes'])}\n{where}", (at["statement"], r["peak_bytes"] / 2**20),
                 textcoords="offset points", xytext=(6, -24), fontsize=8)  # fmt: skip
     ax.set_xlabel("statement (schedule order)")
     ax.set_ylabel("MiB live")
     ax.set_title(f"{r['network']}: one training step, remat {r['remat']}")
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with atomic_output(path, follow_symlinks=True) as f:
+            fig.savefig(f, dpi=120, format=path.rsplit(".", 1)[-1].lower())
+    finally:
+        plt.close(fig)
 
 
-def mib(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
+def size(n: int) -> str:
+    """Bytes in the unit that shows them best: `256 B`, `6.3 KiB`, `1.5 MiB`, `5.26 GiB`."""
+    if n < 2**10:
+        return f"{n} B"
+    if n < 2**20:
+        return f"{n / 2**10:.1f} KiB"
+    if n < 2**30:
+        return f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**30:,.2f} GiB"
+
+
+# the columns of the rows table: key -> title
+COLUMNS = {"allocated": "allocated", "freed": "freed", "workspace": "workspace", "live": "live after",
+           "peak": "peak live"}  # fmt: skip
 
 
 def format_report(r: dict[str, Any], with_rows: bool) -> str:
@@ -179,34 +205,44 @@ def format_report(r: dict[str, Any], with_rows: bool) -> str:
         per_statement = bool(r["rows"]) and "statement" in r["rows"][0]
         head = f"{'#':>5} {'value':<8} {'op':<24} {'layer':<{width}}" if per_statement else (
             f"{'layer':<{width}} {'stmts':>5}")  # fmt: skip
-        lines.append(f"  {head} {'allocated':>14} {'freed':>14} {'workspace':>14} {'arena live':>14}")
+        lines.append(f"  {head} " + " ".join(f"{title:>11}" for title in COLUMNS.values()))
         for x in r["rows"]:
             key = (f"{x['statement']:>5} {x['value']:<8} {x['op']:<24} {x['layer']:<{width}}" if per_statement
                    else f"{x['layer']:<{width}} {x['statements']:>5}")  # fmt: skip
-            lines.append(
-                f"  {key} " + " ".join(f"{mib(x[k]):>14}" for k in ("allocated", "freed", "workspace", "live"))
-            )
-        lines.append("")
+            lines.append(f"  {key} " + " ".join(f"{size(x[k]):>11}" for k in COLUMNS))
+        lines += [
+            "",
+            "  (arena bytes: a row's values are allocated where they are written and freed after their last read;",
+            "   live after = the row before's + allocated - freed; peak live = the most held while one of the row's",
+            "   statements runs, its inputs, result and workspace at once: the largest is the arena below)",
+            "",
+        ]
     at = r["peak_at"]
+    most = max((x["peak"] for x in r["rows"]), default=r["arena_bytes"])
     lines += [
-        f"  parameters        {mib(r['parameter_bytes'])}",
-        f"  gradients         {mib(r['gradient_bytes'])}  (inside the arena while alive)",
-        f"  optimizer state   {mib(r['optimizer_state_bytes'])}",
-        f"  model state       {mib(r['state_bytes'])}",
-        f"  inputs            {mib(r['input_bytes'])}",
-        f"  arena             {mib(r['arena_bytes'])}  (activations, gradients, temporaries, workspace)",
-        f"  workspace         {mib(r['workspace_bytes'])}  (the largest scratch of one statement, limit "
+        f"  parameters        {size(r['parameter_bytes'])}",
+        f"  gradients         {size(r['gradient_bytes'])}  (inside the arena while alive)",
+        f"  optimizer state   {size(r['optimizer_state_bytes'])}",
+        f"  model state       {size(r['state_bytes'])}",
+        f"  inputs            {size(r['input_bytes'])}",
+        f"  arena             {size(r['arena_bytes'])}  (activations, gradients, temporaries, workspace)"
+        + (
+            f"; at most {size(most)} of it live at once, {size(r['arena_bytes'] - most)} lost to gaps between lifetimes"
+            if most < r["arena_bytes"]
+            else ""
+        ),
+        f"  workspace         {size(r['workspace_bytes'])}  (the largest scratch of one statement, limit "
         + ("none" if r["workspace_limit"] is None else f"{r['workspace_limit']:,} bytes")
         + ")",
-        f"  peak              {mib(r['peak_bytes'])}  at statement {at['statement']}: {at['value']} = {at['op']}"
+        f"  peak              {size(r['peak_bytes'])}  at statement {at['statement']}: {at['value']} = {at['op']}"
         + (f" in layer {at['layer']}" if at["layer"] else "")
         + (f" ({at['source']})" if at["source"] else ""),
-        f"  naive peak        {mib(r['naive_peak_bytes'])}  (every value kept to the end)"
+        f"  naive peak        {size(r['naive_peak_bytes'])}  (every value kept to the end)"
         + f", {r['naive_peak_bytes'] / r['peak_bytes']:.2f}x the peak",
     ]
     if r.get("eager_peak_bytes"):
         lines.append(
-            f"  eager peak        {mib(r['eager_peak_bytes'])}  (kept for the backward pass by eager autograd, "
+            f"  eager peak        {size(r['eager_peak_bytes'])}  (kept for the backward pass by eager autograd, "
             f"with parameters, gradients, optimizer state); the peak is "
             f"{r['peak_bytes'] / r['eager_peak_bytes']:.2f}x that"
         )
@@ -216,7 +252,7 @@ def format_report(r: dict[str, Any], with_rows: bool) -> str:
     if "budget_bytes" in r:
         verdict = "fits" if r["fits"] else "does NOT fit"
         lines.append(
-            f"  budget            {mib(r['budget_bytes'])}: {verdict}; largest batch that fits: {r['max_batch']}"
+            f"  budget            {size(r['budget_bytes'])}: {verdict}; largest batch that fits: {r['max_batch']}"
         )
     return "\n".join(lines)
 

@@ -13,7 +13,7 @@ falls outside, where the indexed form would give zero):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from deepdsl.ir import Graph, Stmt
 from deepdsl.ir.analysis import output_indices, own_index
@@ -56,15 +56,23 @@ def _gemm(s: Stmt, body: IE, out: tuple, ranges: dict) -> Stmt | None:
     return None
 
 
+def _scales(e: IE) -> TypeGuard[Apply]:
+    """`e` is `a * c` or `a / c` with a constant c that can ride along as a scale (not a division by zero, which
+    stays the element-wise statement it is, infinities and all)."""
+    if not (isinstance(e, Apply) and e.fn in ("*", "/") and isinstance(e.args[1], Const)):
+        return False
+    return e.fn == "*" or e.args[1].value != 0
+
+
 def _reduction(s: Stmt, body: IE, out: tuple) -> tuple[Stmt, float] | None:
     scale = 1.0
-    if isinstance(body, Apply) and body.fn in ("*", "/") and isinstance(body.args[1], Const):
+    if _scales(body):
         scale = body.args[1].value if body.fn == "*" else 1.0 / body.args[1].value
         body = body.args[0]
     if not (isinstance(body, Reduce) and body.kind == "sum"):
         return None
     read = body.body
-    if isinstance(read, Apply) and read.fn in ("*", "/") and isinstance(read.args[1], Const):  # sum[d] x / D
+    if _scales(read):  # sum[d] x / D
         scale *= read.args[1].value if read.fn == "*" else 1.0 / read.args[1].value
         read = read.args[0]
     if not isinstance(read, Read):

@@ -1,8 +1,9 @@
 package deepdsl.runtime;
 
 /**
- * The CPU device: the generated kernels' Java bodies and {@link CpuOps} in plain Java on every core
- * of the host. It never touches a JCuda class.
+ * The CPU device: the generated kernels' Java bodies and {@link CpuOps} in plain Java on {@link
+ * Parallel#THREADS} threads (every core of the host unless {@code --threads} says otherwise). It
+ * never touches a JCuda class.
  */
 public final class CpuDevice implements Device {
   private final long workspaceLimit;
@@ -25,15 +26,18 @@ public final class CpuDevice implements Device {
 
   @Override
   public String description() {
-    int threads = Runtime.getRuntime().availableProcessors();
-    String text =
-        "cpu (Java, "
-            + threads
-            + (threads == 1 ? " thread" : " threads")
-            + ", workspace limit "
-            + workspaceLimit
-            + " bytes)";
-    return note == null ? text : text + "; " + note;
+    int threads = Parallel.THREADS;
+    return "cpu (Java, "
+        + threads
+        + (threads == 1 ? " thread" : " threads")
+        + ", workspace limit "
+        + workspaceLimit
+        + " bytes)";
+  }
+
+  @Override
+  public String note() {
+    return note;
   }
 
   @Override

@@ -91,9 +91,26 @@ final class DataFiles {
    * optionally (both or neither), the {@code t10k-} pair; each plain or with a {@code .gz} suffix
    * (the plain file wins). Images become {@code [n, 1, rows, cols]}.
    */
+  /**
+   * What a data error says when the files are not there: the command that gets them (the folder
+   * quoted for a POSIX shell where it needs it, as Python's shlex.quote does), or synthetic data.
+   */
+  static String getIt(String name, String directory) {
+    String quoted =
+        directory.matches("[A-Za-z0-9@%+=:,./_-]+")
+            ? directory
+            : "'" + directory.replace("'", "'\"'\"'") + "'";
+    return "get them with `deepdsl data "
+        + name
+        + " "
+        + quoted
+        + "`, or train on `--data synthetic`";
+  }
+
   static Split mnist(String directory) throws IOException {
     if (!Files.isDirectory(Path.of(directory))) {
-      throw new IOException("MNIST directory not found: '" + directory + "'");
+      throw new IOException(
+          "MNIST directory not found: '" + directory + "'; " + getIt("mnist", directory));
     }
     return new Split(idxPair(directory, "train", true), idxPair(directory, "t10k", false));
   }
@@ -110,7 +127,9 @@ final class DataFiles {
     for (Path[] p : new Path[][] {{imagesName, images}, {labelsName, labels}}) {
       if (p[1] == null) {
         throw new IOException(
-            String.format("MNIST file not found: looked for '%s' and '%1$s.gz'", p[0]));
+            String.format(
+                "MNIST file not found: looked for '%s' and '%1$s.gz'; %s",
+                p[0], getIt("mnist", directory)));
       }
     }
     int[] h = new int[4];
@@ -224,7 +243,8 @@ final class DataFiles {
   static Split cifar10(String directory) throws IOException {
     Path base = Path.of(directory);
     if (!Files.isDirectory(base)) {
-      throw new IOException("CIFAR-10 directory not found: '" + directory + "'");
+      throw new IOException(
+          "CIFAR-10 directory not found: '" + directory + "'; " + getIt("cifar10", directory));
     }
     Path nested = base.resolve("cifar-10-batches-bin");
     if (!Files.isRegularFile(base.resolve("data_batch_1.bin")) && Files.isDirectory(nested)) {
@@ -237,8 +257,9 @@ final class DataFiles {
         throw new IOException(
             String.format(
                 "CIFAR-10 file not found: '%s' (the binary version has data_batch_1.bin,"
-                    + " data_batch_2.bin, data_batch_3.bin, data_batch_4.bin, data_batch_5.bin)",
-                path));
+                    + " data_batch_2.bin, data_batch_3.bin, data_batch_4.bin, data_batch_5.bin); %s",
+                path,
+                getIt("cifar10", directory)));
       }
       batches[k] = readCifar(path);
     }

@@ -11,8 +11,16 @@ public interface Device extends AutoCloseable {
   /** The device's short name, as --json reports it: {@code cpu} or {@code cuda}. */
   String name();
 
-  /** One line for the user: what runs the program, and why when it is not the device asked for. */
+  /** One line for the user: what runs the program. */
   String description();
+
+  /**
+   * Why the program runs here and not on CUDA, for a line of its own: only under {@code --device
+   * auto} when CUDA could not be used; null otherwise.
+   */
+  default String note() {
+    return null;
+  }
 
   /** Takes the network's tensors before its first step (the CUDA device copies them over). */
   void attach(Network net);
@@ -136,7 +144,9 @@ public interface Device extends AutoCloseable {
           Class.forName("deepdsl.runtime.CudaDevice")
               .getConstructor(Network.Settings.class, long.class)
               .newInstance(settings, workspaceLimit);
-    } catch (ClassNotFoundException | LinkageError e) {
+    } catch (ClassNotFoundException | NoClassDefFoundError e) { // said briefly: the class is no news
+      throw new Unavailable("the JCuda classes are not on the class path");
+    } catch (LinkageError e) {
       throw new Unavailable("the JCuda classes are not on the class path (" + e + ")");
     } catch (InvocationTargetException e) {
       Throwable cause = e.getCause();

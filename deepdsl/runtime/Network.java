@@ -550,7 +550,7 @@ public abstract class Network {
 
   private static final String USAGE =
       "usage: java %s [--iters N] [--data SOURCE] [--load FILE.npz] [--save FILE.npz]\n"
-          + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--json]\n"
+          + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--threads N] [--json]\n"
           + "           [--lr X] [--momentum X] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]"
           + " [--clip X]";
 
@@ -568,6 +568,7 @@ public abstract class Network {
     String device = "auto";
     boolean json;
     Long workspaceLimit;
+    Integer threads;
     final Map<String, Float> settings = new LinkedHashMap<>();
 
     static Flags parse(String[] args) {
@@ -594,7 +595,8 @@ public abstract class Network {
           f.settings.put(arg.substring(2).replace('-', '_'), number(arg, value));
           continue;
         }
-        if (!List.of("--iters", "--data", "--load", "--save", "--device", "--workspace-limit")
+        if (!List.of(
+                "--iters", "--data", "--load", "--save", "--device", "--workspace-limit", "--threads")
             .contains(arg)) {
           throw new IllegalArgumentException("no such option: " + arg);
         }
@@ -613,6 +615,7 @@ public abstract class Network {
           case "--load" -> f.load = file(arg, value);
           case "--save" -> f.save = file(arg, value);
           case "--workspace-limit" -> f.workspaceLimit = bytes(arg, value);
+          case "--threads" -> f.threads = count(arg, value, 1);
           default -> {
             if (!List.of("cpu", "cuda", "auto").contains(value)) {
               throw new IllegalArgumentException(
@@ -658,15 +661,20 @@ public abstract class Network {
     }
 
     private static int count(String flag, String value) {
+      return count(flag, value, 0);
+    }
+
+    private static int count(String flag, String value, int least) {
       try {
         int n = Integer.parseInt(value);
-        if (n >= 0) {
+        if (n >= least) {
           return n;
         }
       } catch (NumberFormatException e) {
         // reported below
       }
-      throw new IllegalArgumentException(flag + " takes a whole number >= 0, not '" + value + "'");
+      throw new IllegalArgumentException(
+          flag + " takes a whole number >= " + least + ", not '" + value + "'");
     }
   }
 
@@ -689,6 +697,9 @@ public abstract class Network {
       System.err.println(String.format(USAGE, name) + "\nerror: " + e.getMessage());
       return 2;
     }
+    if (flags.threads != null) { // before the first parallel loop, which reads it
+      System.setProperty(Parallel.THREADS_PROPERTY, Integer.toString(flags.threads));
+    }
     Network net = make.get(); // after the flags: it allocates every tensor
     try {
       flags.settings.forEach(net::set);
@@ -701,6 +712,9 @@ public abstract class Network {
       net.workspaceLimit = flags.workspaceLimit;
     }
     try (Device device = Device.open(flags.device, net.settings, net.workspaceLimit)) {
+      if (flags.save != null) {
+        Npz.checkWritable(Path.of(flags.save)); // before training, not after it
+      }
       net.use(device);
       String source = flags.data != null ? flags.data : net.settings.data;
       net.useData(source);
@@ -708,14 +722,17 @@ public abstract class Network {
         net.load(flags.load);
       }
       int iterations = flags.iters != null ? flags.iters : net.settings.iterations;
+      if (device.note() != null) {
+        info.println(device.note());
+      }
       info.printf(
           "device: %s  network %s  batch %d  data %s%n",
-          device.description(), name, net.x.shape[0], source.split(":", 2)[0]);
+          device.description(), name, net.x.shape[0], dataLabel(source, net.settings.seed));
       net.reportTo(flags.json ? null : System.out);
       long t0 = System.nanoTime();
       float[] losses = net.train(iterations);
       double secondsPerIter = iterations == 0 ? 0.0 : (System.nanoTime() - t0) / 1e9 / iterations;
-      Double accuracy = net.test();
+      Double accuracy = iterations == 0 ? null : net.test(); // nothing trained: nothing to test
       if (flags.save != null) {
         net.save(flags.save);
       }
@@ -746,6 +763,19 @@ public abstract class Network {
       e.printStackTrace();
       return 3;
     }
+  }
+
+  /**
+   * The data source as the progress header names it: synthetic data with the seed it is made from
+   * (its own, {@code --data synthetic:SEED}, or the program's), so that {@code synthetic:5} says
+   * what the 5 is.
+   */
+  private static String dataLabel(String source, long seed) {
+    Data.Spec spec = Data.parseFlag(source);
+    if (!spec.kind().equals("synthetic")) {
+      return spec.kind();
+    }
+    return "synthetic (seed " + (spec.seed() != null ? spec.seed() : seed) + ")";
   }
 
   private static String json(

@@ -172,6 +172,35 @@ public final class Npz {
   }
 
   /**
+   * Whether {@link #write} could write {@code path}: its folder exists and is writable, and what is
+   * there is a regular file or nothing (a program checks its --save before it trains). Returns the
+   * file a write replaces (the end of a chain of symbolic links).
+   *
+   * @throws IOException saying why it could not
+   */
+  public static Path checkWritable(Path path) throws IOException {
+    String what = "cannot write parameter file '" + path + "'";
+    Path target = followLinks(path, what);
+    Path folder = target.toAbsolutePath().getParent();
+    if (folder == null || !Files.isDirectory(folder)) {
+      throw new IOException(what + ": folder '" + folder + "' does not exist");
+    }
+    if (!Files.isWritable(folder)) {
+      throw new IOException(what + ": folder '" + folder + "' is not writable");
+    }
+    if (Files.exists(target, LinkOption.NOFOLLOW_LINKS)
+        && !Files.isRegularFile(target, LinkOption.NOFOLLOW_LINKS)) {
+      String kind =
+          Files.isDirectory(target, LinkOption.NOFOLLOW_LINKS)
+              ? "a directory"
+              : "a special file (a device, FIFO or socket)";
+      throw new IOException(
+          what + ": '" + target + "' is " + kind + "; only a regular file is replaced");
+    }
+    return target;
+  }
+
+  /**
    * Write {@code arrays} to {@code path} (used as given, no suffix added), entries in the map's
    * order: a temporary file in the same folder, synced, then moved over {@code path} atomically.
    * What is replaced is only ever a regular file: a directory, FIFO or device at {@code path} is
@@ -191,22 +220,10 @@ public final class Npz {
             "cannot save an array under the name '" + name + "' in '" + path + "'");
       }
     }
-    String what = "cannot write parameter file '" + path + "'";
-    Path target = followLinks(path, what);
+    Path target = checkWritable(path);
     Path folder = target.toAbsolutePath().getParent();
-    if (folder == null || !Files.isDirectory(folder)) {
-      throw new IOException(what + ": folder '" + folder + "' does not exist");
-    }
     Set<PosixFilePermission> mode = null;
     if (Files.exists(target, LinkOption.NOFOLLOW_LINKS)) {
-      if (!Files.isRegularFile(target, LinkOption.NOFOLLOW_LINKS)) {
-        String kind =
-            Files.isDirectory(target, LinkOption.NOFOLLOW_LINKS)
-                ? "a directory"
-                : "a special file (a device, FIFO or socket)";
-        throw new IOException(
-            what + ": '" + target + "' is " + kind + "; only a regular file is replaced");
-      }
       try {
         mode = Files.getPosixFilePermissions(target, LinkOption.NOFOLLOW_LINKS);
       } catch (UnsupportedOperationException e) {

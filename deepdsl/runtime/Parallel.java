@@ -24,8 +24,15 @@ import java.util.concurrent.locks.ReentrantLock;
  * order; a loop started inside a piece runs on that piece's thread alone.
  */
 public final class Parallel {
-  /** Threads a loop may run on: the caller and the team. */
-  public static final int THREADS = Math.max(1, Runtime.getRuntime().availableProcessors());
+  /** The system property that sets {@link #THREADS}; the program's {@code --threads N} sets it. */
+  public static final String THREADS_PROPERTY = "deepdsl.threads";
+
+  /**
+   * Threads a loop may run on: the caller and the team. It is {@code deepdsl.threads} when that is
+   * set (read once, when the runtime first runs a loop), else every core.
+   */
+  public static final int THREADS =
+      Math.max(1, Integer.getInteger(THREADS_PROPERTY, Runtime.getRuntime().availableProcessors()));
 
   /** Below this many inner operations a generated loop runs on the calling thread. */
   public static final long MIN_WORK = 1 << 15;

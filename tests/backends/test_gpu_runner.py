@@ -106,10 +106,19 @@ def test_auto_says_why_it_runs_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> No
     import deepdsl.running as running
 
     monkeypatch.setattr(running, "pycuda_available", lambda: False)
-    driver, line = open_device("auto")
-    assert driver is None and "CUDA not used: PyCUDA is not installed" in line
-    driver, line = open_device("auto", double=True)
-    assert driver is None and "--float64" in line
+    driver, line, why = open_device("auto")
+    assert driver is None and line == "cpu (NumPy reference runner)"
+    assert why == "CUDA not used: PyCUDA is not installed (pip install 'deepdsl[gpu]')"
+    driver, line, why = open_device("auto", double=True)
+    assert driver is None and why is not None and "--float64" in why
+    assert open_device("cpu") == (None, "cpu (NumPy reference runner)", None)  # asked for: nothing about CUDA
+    lines: list[str] = []
+    run_training(_build(TINY, "tiny.ddsl"), iters=1, device="auto", report=lines.append)
+    assert lines[0] == "CUDA not used: PyCUDA is not installed (pip install 'deepdsl[gpu]')"
+    assert lines[1].startswith("device: cpu (NumPy reference runner)  network Tiny")
+    lines.clear()
+    run_training(_build(TINY, "tiny.ddsl"), iters=1, device="cpu", report=lines.append)
+    assert lines[0].startswith("device: cpu (NumPy reference runner)  network") and "CUDA" not in "".join(lines)
     with pytest.raises(DslProgramError, match="float64"):
         open_device("cuda", double=True)
 
@@ -183,10 +192,11 @@ def test_auto_falls_back_to_the_cpu_when_the_gpu_cannot_take_the_plan(
     import deepdsl.running as running
 
     small = EmulatedDriver(tmp_path, capacity=10_000)
-    monkeypatch.setattr(running, "open_device", lambda device, double=False: (small, "cuda (a small GPU)"))
+    monkeypatch.setattr(running, "open_device", lambda device, double=False: (small, "cuda (a small GPU)", None))
     lines: list[str] = []
     got = run_training(_build(TINY, "tiny.ddsl"), iters=1, device="auto", report=lines.append)
-    assert got["device"] == "cpu" and "CUDA not used: the plan needs" in lines[0]
+    assert got["device"] == "cpu" and lines[0].startswith("CUDA not used: the plan needs")
+    assert lines[1].startswith("device: cpu (NumPy reference runner)  network")
     with pytest.raises(DslProgramError, match="10,000 free"):
         run_training(_build(TINY, "tiny.ddsl"), iters=1, device="cuda")
 

@@ -50,7 +50,8 @@ def test_every_network_compiles_with_javac(cli, tmp_path: Path, nets: tuple[str,
         assert text.count("\n    // %") < 400 or split.search(text)
 
 
-def test_lenet_golden(cli, golden, tmp_path: Path) -> None:
+def test_lenet_golden(cli, golden, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # the train block's data path is compiled in as seen from here
     r = cli("compile", str(ROOT / "networks" / "lenet.ddsl"), "-o", str(tmp_path / "LeNet.java"))
     assert r.exit_code == 0, r.output
     golden(GOLDEN / "java" / "LeNet.java", (tmp_path / "LeNet.java").read_text())

@@ -150,10 +150,53 @@ def test_devices(programs: Path) -> None:
     assert r.returncode == 1 and "JCuda" in r.stderr
     r = java(build, "MLP", "--data", "synthetic", "--iters", "1", "--device", "auto", "--json", cwd=programs)
     assert r.returncode == 0 and json.loads(r.stdout)["device"] == "cpu"
-    assert "CUDA not used" in r.stderr
+    # once, briefly, on a line of its own before the device line; `cpu` says nothing of CUDA
+    lines = r.stderr.splitlines()
+    assert lines[0] == "CUDA not used: the JCuda classes are not on the class path", r.stderr
+    assert lines[1].startswith("device: cpu (Java, ") and lines[1].endswith(
+        "network MLP  batch 16  data synthetic (seed 1)"
+    )
+    r = java(build, "MLP", "--data", "synthetic", "--iters", "1", "--device", "cpu", cwd=programs)
+    assert r.returncode == 0 and "CUDA" not in r.stdout + r.stderr
     # with them and no GPU (or no driver) cuda is refused cleanly too
     r = java(build, "MLP", "--data", "synthetic", "--iters", "1", "--device", "cuda", cwd=programs, jcuda=True)
     assert r.returncode == 1 and r.stderr.startswith("error: ") and "Exception" not in r.stderr.splitlines()[0][:20]
+
+
+def test_save_is_checked_before_training_and_iters_0_tests_nothing(programs: Path) -> None:
+    r = java(programs / "build", "MLP", "--data", "synthetic", "--iters", "2", "--save", "no/p.npz", cwd=programs)
+    assert r.returncode == 1 and "cannot write parameter file 'no/p.npz': folder" in r.stderr
+    assert "iter" not in r.stdout
+    r = java(programs / "build", "MLP", "--data", "synthetic", "--iters", "0", "--save", "p0.npz", "--device", "cpu",
+             cwd=programs)  # fmt: skip
+    assert r.returncode == 0 and "test accuracy" not in r.stdout and "saved: p0.npz" in r.stdout
+    assert "test_accuracy" not in java_run(programs, "MLP", "--iters", "0")
+
+
+def test_synthetic_says_its_seed(programs: Path) -> None:
+    r = java(programs / "build", "MLP", "--data", "synthetic:5", "--iters", "1", "--device", "cpu", cwd=programs)
+    assert r.returncode == 0 and "data synthetic (seed 5)" in r.stdout.splitlines()[0]
+
+
+def test_missing_data_says_how_to_get_it(programs: Path) -> None:
+    r = java(programs / "build", "MLP", "--data", "mnist:no where", "--iters", "1", "--device", "cpu", cwd=programs)
+    assert r.returncode == 1
+    assert "MNIST directory not found: 'no where'; get them with `deepdsl data mnist 'no where'`, or train on " \
+        "`--data synthetic`" in r.stderr  # fmt: skip
+
+
+def test_threads_flag(programs: Path) -> None:
+    """--threads N sizes the runtime's thread team (the device line says it); the losses do not depend on it."""
+    one = java(programs / "build", "MLP", "--data", "synthetic", "--iters", "2", "--device", "cpu", "--threads", "1",
+               "--json", cwd=programs)  # fmt: skip
+    assert one.returncode == 0, one.stderr
+    assert "device: cpu (Java, 1 thread, " in one.stderr
+    three = java_run(programs, "MLP", "--iters", "2", "--threads=3")
+    np.testing.assert_allclose(three["losses"], json.loads(one.stdout)["losses"], rtol=1e-5)
+    for bad in ("0", "-1", "two"):
+        r = java(programs / "build", "MLP", "--threads", bad, cwd=programs)
+        assert r.returncode == 2 and "--threads takes a whole number >= 1" in r.stderr
+    assert "[--threads N]" in java(programs / "build", "MLP", "--help", cwd=programs).stdout
 
 
 def test_workspace_limit_switches_the_convolution(programs: Path) -> None:

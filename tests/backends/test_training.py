@@ -139,9 +139,56 @@ def test_run_reports_progress_and_accuracy(cli, tmp_path) -> None:  # noqa: ANN0
     assert "fc1.W" in saved.files and "opt/fc1.W/momentum" in saved.files
 
 
+def test_save_is_checked_before_training_and_iters_0_tests_nothing(cli, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    mlp = str(ROOT / "networks" / "mlp.ddsl")
+    r = cli("run", mlp, "--set", "N=2", "--iters", "2", "--data", "synthetic", "--save", str(tmp_path / "no" / "p.npz"))
+    assert r.exit_code == 1 and f"folder '{tmp_path / 'no'}' does not exist" in r.stderr
+    assert "iter" not in r.stdout  # refused before the first step, not after the last
+
+    def no_test(self, batches=None):  # noqa: ANN001, ANN202
+        raise AssertionError("--iters 0 ran the test set")
+
+    monkeypatch.setattr(Trainer, "test", no_test)
+    r = cli(
+        "run", mlp, "--set", "N=2", "--iters", "0", "--data", "synthetic", "--save", str(tmp_path / "p.npz"), "--json"
+    )
+    assert r.exit_code == 0, r.output
+    assert "test_accuracy" not in json.loads(r.stdout) and "fc1.W" in np.load(tmp_path / "p.npz").files
+
+
+def test_synthetic_says_its_seed(cli) -> None:  # noqa: ANN001
+    """--data synthetic:SEED is the synthetic data's own seed, and the header line says so."""
+    mlp, sets = str(ROOT / "networks" / "mlp.ddsl"), ("--set", "N=2", "--iters", "1", "--device", "cpu")
+    five = cli("run", mlp, *sets, "--data", "synthetic:5")
+    assert five.exit_code == 0 and "data synthetic (seed 5)" in five.stdout.splitlines()[0]
+    default = cli("run", mlp, *sets, "--data", "synthetic")
+    assert "data synthetic (seed 1)" in default.stdout.splitlines()[0]  # the program's seed
+    assert five.stdout.splitlines()[1] != default.stdout.splitlines()[1]  # other data, another loss
+    r = cli("run", mlp, *sets, "--data", "synthetic:five")
+    assert r.exit_code == 2 and "needs an integer seed" in r.stderr
+
+
 def test_load_checks_names_and_shapes(cli, tmp_path) -> None:  # noqa: ANN001
     bad = tmp_path / "bad.npz"
     np.savez(bad, **{"fc1.W": np.zeros((3, 3), np.float32)})
     r = cli("run", str(ROOT / "networks" / "mlp.ddsl"), "--iters", "1", "--data", "synthetic", "--load", str(bad))
     assert r.exit_code == 1
     assert "fc1.W" in r.stderr
+
+
+def test_a_train_block_path_is_relative_to_its_ddsl_file(cli, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """As include is; --data stays relative to the current directory."""
+    sub = tmp_path / "nets"
+    sub.mkdir()
+    rng = np.random.default_rng(0)
+    np.savez(sub / "d.npz", x=rng.random((8, 1, 28, 28), dtype=np.float32), y=np.arange(8) % 10)
+    mlp = (ROOT / "networks" / "mlp.ddsl").read_text().replace('mnist("../data/mnist")', 'npz("d.npz")')
+    assert 'npz("d.npz")' in mlp
+    (sub / "net.ddsl").write_text(mlp)
+    monkeypatch.chdir(tmp_path)
+    r = cli("run", "nets/net.ddsl", "--set", "N=2", "--iters", "1", "--device", "cpu")
+    assert r.exit_code == 0, r.output
+    r = cli("run", "nets/net.ddsl", "--set", "N=2", "--iters", "1", "--device", "cpu", "--data", "npz:d.npz")
+    assert r.exit_code == 1 and "npz data file not found: 'd.npz'" in r.stderr
+    monkeypatch.chdir(sub)
+    assert cli("run", "net.ddsl", "--set", "N=2", "--iters", "1", "--data", "npz:d.npz").exit_code == 0

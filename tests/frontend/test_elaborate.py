@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from helpers import HEADER, compile_text, error_text
 
@@ -148,6 +151,14 @@ def test_value_numbering_computes_a_shared_network_once() -> None:
         ("const Q = 10 / 0\nloss = mse(x, x)\n", "division by zero"),
         ("loss = mse(max_pool(x, 9), x)\n", "does not fit an input of size 8"),
         ("layer d = dropout(1.5)\nloss = mse(d(x), x)\n", "argument 'p' of dropout must be less than 1"),
+        (
+            "layer b = batch_norm(momentum=2)\nloss = mse(b(x), x)\n",
+            "'momentum' of batch_norm must be at most 1, got 2",
+        ),
+        ("layer b = batch_norm(momentum=-0.1)\nloss = mse(b(x), x)\n", "'momentum' of batch_norm must be at least 0"),
+        ("layer n = lrn(k=0)\nloss = mse(n(x), x)\n", "argument 'k' of lrn must be at least"),
+        ("layer n = lrn(beta=-1)\nloss = mse(n(x), x)\n", "argument 'beta' of lrn must be at least 0"),
+        ("loss = mse(x, x)\ntrain { optimizer = sgd(lr=0.1, momentum=1) }\n", "'momentum' of sgd must be less than 1"),
         ("def f(a, a) = a\nloss = mse(x, x)\n", "'a' names two parameters of 'f'"),
         ("tensor t(a[B], a[B]) -> [n] = a[n]\nloss = mse(x, x)\n", "'a' names two parameters of 't'"),
     ],
@@ -159,3 +170,52 @@ def test_user_errors(body: str, message: str) -> None:
 def test_a_train_block_using_a_failed_definition_reports_only_the_first_error() -> None:
     err = error_text(HEADER + "lr = relux\nloss = mse(x, x)\ntrain { optimizer = sgd(lr=lr) }\n")
     assert "unknown name 'relux'" in err and err.count("error:") == 1
+
+
+@pytest.mark.parametrize("name", ["Network", "Buf", "String", "Settings", "Math", "System", "Kernels", "buf"])
+def test_a_network_may_not_take_a_name_the_generated_java_needs(name: str) -> None:
+    err = error_text(HEADER.replace("network T", f"network {name}") + "loss = mse(x, x)\n")
+    assert f"'{name}' cannot name a network: its Java class {name[:1].upper() + name[1:]} would hide" in err
+    assert "t.ddsl:1:9: error:" in err
+
+
+def test_every_runtime_class_the_generated_program_imports_is_reserved() -> None:
+    from deepdsl.frontend.javanames import reserved_class_names
+
+    text = (Path(__file__).resolve().parents[1] / "golden" / "java" / "LeNet.java").read_text()
+    imported = set(re.findall(r"^import (?:static )?deepdsl\.runtime\.(\w+)", text, re.M))
+    assert {"Buf", "Network", "Kernels"} <= imported <= set(reserved_class_names())
+
+
+def test_a_tensor_function_no_one_calls_is_checked_and_leaves_no_trace() -> None:
+    uncalled = "tensor f(a[B, D]) -> [b, d] = a[b, d] * gain\nloss = mse(x, x)\n"
+    assert "unknown name 'gain' in a tensor body" in error_text(HEADER + uncalled)
+    assert "'%' is not a scalar operator" in error_text(HEADER + uncalled.replace("* gain", "% 2"))
+    assert "'a' has rank 2" in error_text(HEADER + uncalled.replace("a[b, d] * gain", "a[b]"))
+    # what holds only for some sizes is not judged on stand-in sizes; nothing of the check reaches the program
+    fine = "tensor f(a[B, D]) -> [b, d: D - 20] = a[b, d + 20] * p\nloss = mse(x, x)\n"
+    head = HEADER + "const p = 2\n"
+    plain = compile_text(head + "\nloss = mse(x, x)\n").program.graph
+    checked = compile_text(head + fine).program.graph
+    assert format_graph(checked) == format_graph(plain)
+
+
+def test_an_ordinal_after_a_digit_is_set_off_by_an_underscore() -> None:
+    text = HEADER + (
+        "def dwconv3(x) = conv(x, 3, kernel=3, pad=1, groups=3)\n"
+        "def block(x) = dwconv3(dwconv3(x))\n"
+        "loss = mse(block(x), x)\n"
+    )
+    names = [p.value.name for p in compile_text(text).program.graph.params]
+    assert names == ["block1.dwconv3_1.conv1.W", "block1.dwconv3_1.conv1.b",
+                     "block1.dwconv3_2.conv1.W", "block1.dwconv3_2.conv1.b"]  # fmt: skip
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path, cli) -> None:  # noqa: ANN001
+    (tmp_path / "lib.ddsl").write_bytes(b"\xef\xbb\xbfdef twice(x) = x + x\n")
+    text = HEADER + 'include "lib.ddsl"\nloss = mse(twice(x), x)\n'
+    (tmp_path / "bom.ddsl").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    r = cli("check", str(tmp_path / "bom.ddsl"))
+    assert r.exit_code == 0, r.output
+    (tmp_path / "bad.ddsl").write_bytes(b"\xef\xbb\xbfnetwork 1T\n")  # columns count from after the mark
+    assert f"{tmp_path / 'bad.ddsl'}:1:9: error:" in cli("check", str(tmp_path / "bad.ddsl")).stderr

@@ -116,11 +116,26 @@ def test_statements_table_and_plot(cli, tmp_path, monkeypatch) -> None:  # noqa:
     assert [row["statement"] for row in obj["rows"]] == list(range(len(obj["rows"])))
     pytest.importorskip("matplotlib")
     png = tmp_path / "mem.png"
-    assert cli("memcheck", LENET, "--totals", "--plot", str(png)).exit_code == 0
+    r = cli("memcheck", LENET, "--totals", "--plot", str(png))
+    assert r.exit_code == 0 and f"plot: wrote {png}" in r.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = tmp_path / "mem.SVG"
+    r = cli("memcheck", LENET, "--json", "--plot", str(svg))
+    assert json.loads(r.stdout)["network"] == "LeNet" and f"plot: wrote {svg}" in r.stderr  # stdout: JSON only
+    assert b"<svg" in svg.read_bytes()[:400]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # written atomically, no temp left
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # as if it were not installed
     r = cli("memcheck", LENET, "--totals", "--plot", str(tmp_path / "x.png"))
     assert r.exit_code == 1 and "pip install 'deepdsl[plot]'" in r.stderr
+
+
+@pytest.mark.parametrize("name", ["missing/mem.png", "mem.txt", "mem"])
+def test_plot_path_is_checked_before_compiling(cli, tmp_path, name) -> None:  # noqa: ANN001
+    """A folder that is not there, or a format matplotlib does not write, is a usage error, not exit 3."""
+    r = cli("memcheck", LENET, "--totals", "--plot", str(tmp_path / name))
+    assert r.exit_code == 2, r.output
+    assert "--plot" in r.stderr and ("does not exist" in r.stderr or "must end in .png, .svg, .pdf" in r.stderr)
+    assert "internal error" not in r.stderr and not list(tmp_path.iterdir())
 
 
 def test_largest_batch_search_is_right_from_any_hint_and_quick_from_a_good_one() -> None:
@@ -136,3 +151,29 @@ def test_largest_batch_search_is_right_from_any_hint_and_quick_from_a_good_one()
     calls.clear()
     assert largest_batch(lambda n: peak(n) - n * n // 50, 100_000, known=(64, 1000 + 37 * 64)) == 2675
     assert len(calls) <= 4  # peak(1), the guess, and the step on each side of it
+
+
+def test_sizes_are_shown_in_a_unit_that_fits_them(cli) -> None:  # noqa: ANN001
+    from deepdsl.memory.report import size
+
+    assert [size(n) for n in (0, 256, 6400, 1_577_728, 5_647_000_000)] == [
+        "0 B", "256 B", "6.2 KiB", "1.5 MiB", "5.26 GiB"
+    ]  # fmt: skip
+    r = cli("memcheck", str(ROOT / "networks" / "mlp.ddsl"), "--set", "N=2")
+    assert r.exit_code == 0 and "0.0 MiB" not in r.stdout and " KiB " in r.stdout
+
+
+def test_the_rows_add_up_to_the_arena(cli) -> None:  # noqa: ANN001
+    """live after = the row before's + allocated - freed; the largest `peak live` (what a statement holds while
+    it runs) is the arena, but for the gaps the placement leaves, which the totals name."""
+    for sets in (["--set", "N=2"], []):
+        obj = json.loads(cli("memcheck", LENET, *sets, "--statements", "--json").stdout)
+        live = 0
+        for row in obj["rows"]:
+            live += row["allocated"] - row["freed"]
+            assert row["live"] == live and row["peak"] >= max(live, row["workspace"])
+        most = max(row["peak"] for row in obj["rows"])
+        assert most <= obj["arena_bytes"] and most >= 0.95 * obj["arena_bytes"]
+        text = cli("memcheck", LENET, *sets).stdout
+        assert "live after" in text and "peak live" in text and "the largest is the arena below" in text
+        assert ("lost to gaps between lifetimes" in text) == (most < obj["arena_bytes"])

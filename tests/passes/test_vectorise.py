@@ -39,3 +39,19 @@ def test_custom_function_becomes_the_library_op(case: str) -> None:
     before = run(g, feeds, {}, np.float64).outputs["loss"]
     after = run(v, feeds, {}, np.float64).outputs["loss"]
     np.testing.assert_allclose(after, before, rtol=1e-12)
+
+
+def test_a_division_by_zero_stays_element_wise() -> None:
+    """A body scaled by `/ 0` (the front end rejects the literal; a rewrite could still make one) is not taken
+    for a scaled reduction: vectorise leaves it as it is instead of failing on 1 / 0."""
+    import dataclasses
+
+    from deepdsl.ir.indexexpr import Apply, Const
+
+    g = compile_text(HEADER + CASES["mean"][0] + "loss = mse(h, h * 0.5)\n").program.graph
+    (s,) = [s for s in g.stmts if s.op == "indexed"]
+    body = s.a["body"]
+    zero = dataclasses.replace(body, body=Apply("/", (body.body.args[0], Const(0.0))))
+    broken = g.replace(stmts=tuple(t.replace(attrs=tuple((k, zero if k == "body" else v) for k, v in t.attrs))
+                                   if t is s else t for t in g.stmts))  # fmt: skip
+    assert vectorise(broken) is broken

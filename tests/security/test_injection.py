@@ -30,6 +30,7 @@ from deepdsl.api import build, compile_source
 from deepdsl.backends.escape import c_comment, java_comment, java_string
 from deepdsl.backends.java import emitter, java_program
 from deepdsl.backends.java.names import JAVA_KEYWORDS
+from deepdsl.frontend.train import relative_to_source
 
 # pieces an attacker would combine: unicode escapes, quotes, comment ends, splices, trigraphs, line terminators
 PIECES = [
@@ -233,11 +234,12 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> tuple[list, list]:
 def check_compilation(baseline: tuple[list, list], file: str, include: str, data: str, name: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         java, cuda, params = compiled(Path(tmp), file, include, data, name)
+        read = relative_to_source(data, str(Path(tmp) / file))  # the train block's path is the .ddsl file's
     assert java.isascii() and cuda.isascii()
     tokens = java_tokens(java)
     assert shape(tokens, JAVA_KEYWORDS) == baseline[0]
     strings = {v for k, v in tokens if k == "STRING"}
-    assert java_text(f"npz:{data}") in strings  # Java reads the very path Python reads
+    assert java_text(f"npz:{read}") in strings  # Java reads the very path Python reads
     assert {java_text(p) for p in params} <= strings
     assert shape(c_tokens(cuda), C_KEYWORDS) == baseline[1]
 
@@ -296,9 +298,11 @@ def test_the_proofs_of_concept_run_no_injected_code(programs: Path, cls: str) ->
 @pytest.mark.parametrize("cls", ["DataPoc", "NewlinePoc"])
 def test_java_and_python_read_the_same_data_path(programs: Path, cli, cls: str) -> None:
     file, _, data = PROGRAMS[cls]
+    read = relative_to_source(data, str(programs / file))  # beside the .ddsl file, as an include is
+    assert read == str(programs / data)
     r = run_java(programs, cls, "--iters", "1")
     assert r.returncode == 1
-    assert f"npz data file not found: '{data}'" in r.stderr
+    assert f"npz data file not found: '{read}'" in r.stderr
     py = cli("run", str(programs / file), "--iters", "1")
     assert py.exit_code == 1
-    assert f"npz data file not found: '{data}'" in py.output
+    assert f"npz data file not found: '{read}'" in py.output

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 from deepdsl.backends.cuda import ops  # noqa: F401 — attaches the CUDA kernels to the registry entries
 from deepdsl.backends.cuda.kernels import Arg, CudaProgram, Launch, program, translation_unit
-from deepdsl.backends.cuda.nvrtc import DEFAULT_ARCHS, CudaCompileError, NoCudaCompiler, compiler, ptx
+from deepdsl.backends.cuda.nvrtc import (
+    DEFAULT_ARCHS,
+    CudaCompileError,
+    NoCudaCompiler,
+    compiler,
+    ptx,
+    supported_archs,
+)
 from deepdsl.memory import Plan
 
 __all__ = [
     "DEFAULT_ARCHS", "Arg", "CudaCompileError", "CudaProgram", "Launch", "NoCudaCompiler", "compiler",
-    "combined_source", "cuda_source", "program", "programs", "ptx", "ptx_for", "translation_unit",
+    "combined_source", "cuda_source", "program", "programs", "ptx", "ptx_for", "supported_archs", "translation_unit",
 ]  # fmt: skip
 
 

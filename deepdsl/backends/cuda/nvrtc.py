@@ -83,6 +83,25 @@ def compiler() -> str:
     )
 
 
+def supported_archs() -> tuple[str, ...] | None:
+    """The architectures the compiler `ptx` uses writes PTX for (`sm_50`, ..., `sm_90` for NVRTC 12.6), or None
+    where it cannot say (no compiler; an nvcc too old for --list-gpu-arch)."""
+    lib = _library()
+    if lib is not None:
+        n = ctypes.c_int()
+        if lib.nvrtcGetNumSupportedArchs(ctypes.byref(n)) != 0 or n.value <= 0:
+            return None
+        found = (ctypes.c_int * n.value)()
+        if lib.nvrtcGetSupportedArchs(found) != 0:
+            return None
+        return tuple(f"sm_{a}" for a in found)
+    if shutil.which("nvcc"):
+        run = subprocess.run(["nvcc", "--list-gpu-arch"], capture_output=True, text=True)
+        archs = tuple(f"sm_{line.strip()[8:]}" for line in run.stdout.splitlines() if line.startswith("compute_"))
+        return archs if run.returncode == 0 and archs else None
+    return None
+
+
 def ptx(source: str, arch: str = "sm_90", name: str = "program.cu", strict: bool = True) -> str:
     """The PTX of `source` for `arch` (e.g. sm_90); CudaCompileError on an error, and with `strict` (the tests, and
     what deepdsl compile writes) on any warning too."""

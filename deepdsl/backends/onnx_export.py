@@ -1,0 +1,251 @@
+"""`deepdsl export`: an inference program as an ONNX model, its parameters and model state as initialisers.
+
+    export_graph(g, arrays, opset) -> onnx.ModelProto
+
+`g` is the elaborated inference program (`autodiff.infer_program` of the forward graph), not the optimised one:
+its statements are the language's layers (conv2d, bias_add, linear, bn_apply, pooling, element-wise ops), each of
+which is one ONNX operator, so the exported graph reads like the network and every later ONNX tool (an
+optimiser, a runtime's own fusions) sees plain operators. The optimised program holds `fused` statements whose
+body is an arbitrary index expression; lowering those back would only undo the fusion. A convolution or `linear`
+followed by its `bias_add` becomes one Conv or Gemm with a bias. The batch dimension is symbolic (`N`) in the
+model's input and output, as exporters write it. `onnx` is imported only when a model is written.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from deepdsl.errors import DslProgramError
+from deepdsl.ir import Graph, Stmt
+from deepdsl.version import __version__
+
+MIN_OPSET = 11
+DEFAULT_OPSET = 17
+ONNX_EXTRA = "pip install 'deepdsl[onnx]'"
+
+_UNARY = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "exp": "Exp", "log": "Log", "sqrt": "Sqrt",
+          "abs": "Abs", "neg": "Neg"}  # fmt: skip
+_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div"}
+# x OP c, and (the r- forms) c OP x
+_SCALAR = {"add_scalar": ("Add", False), "mul_scalar": ("Mul", False), "rsub_scalar": ("Sub", True),
+           "rdiv_scalar": ("Div", True), "pow_scalar": ("Pow", False)}  # fmt: skip
+
+
+def _onnx() -> Any:
+    try:
+        import onnx
+    except ImportError:
+        raise DslProgramError(f"reading and writing ONNX needs the onnx package: {ONNX_EXTRA}") from None
+    return onnx
+
+
+class _Writer:
+    def __init__(self, g: Graph, arrays: Mapping[str, np.ndarray]):
+        self.onnx = _onnx()
+        self.g = g
+        self.arrays = arrays
+        self.nodes: list[Any] = []
+        self.inits: dict[str, np.ndarray] = {}
+        self.count = 0
+        self.names: set[str] = set()
+
+    def const(self, hint: str, value: np.ndarray) -> str:
+        self.count += 1
+        name = f"{hint}/const{self.count}"
+        self.inits[name] = value
+        return name
+
+    def node(self, op: str, inputs: list[str], output: str, s: Stmt, **attrs: Any) -> None:
+        """A node named after its layer (`cv1`), or `layer/Op`, `layer/Op_2`, ... where that is taken."""
+        base = s.layer or op
+        name, k = base, 1
+        while name in self.names:
+            k += 1
+            name = f"{base}/{op}" if k == 2 else f"{base}/{op}_{k - 1}"
+        self.names.add(name)
+        # where it comes from, the file without its folder (a model is shared; the folder is the user's business)
+        where = f"{os.path.basename(s.span.file)}:{s.span.line}:{s.span.col} " if s.span else ""
+        self.nodes.append(self.onnx.helper.make_node(op, inputs, [output], name=name,
+                                                     doc_string=f"{where}{s.op}", **attrs))  # fmt: skip
+
+
+def _users(g: Graph) -> dict[str, list[Stmt]]:
+    users: dict[str, list[Stmt]] = {}
+    for s in g.stmts:
+        for v in s.inputs:
+            users.setdefault(v.name, []).append(s)
+    return users
+
+
+def _refuse(s: Stmt, why: str) -> DslProgramError:
+    where = f" (layer '{s.layer}')" if s.layer else ""
+    return DslProgramError(f"cannot export %{s.out.name} = {s.op}(...){where} to ONNX: {why}", s.span)
+
+
+def export_graph(g: Graph, arrays: Mapping[str, np.ndarray], opset: int = DEFAULT_OPSET) -> Any:
+    """The ONNX model of inference program `g` with parameter and state values `arrays` (by name)."""
+    onnx = _onnx()
+    from onnx import TensorProto, helper, numpy_helper
+
+    newest = int(onnx.defs.onnx_opset_version())
+    if not MIN_OPSET <= opset <= newest:
+        raise DslProgramError(f"--opset {opset}: deepdsl exports opsets {MIN_OPSET} to {newest}")
+    w = _Writer(g, arrays)
+    users = _users(g)
+    outputs = {v.name for _, v in g.outputs}
+    with_bias: dict[str, Stmt] = {}  # a conv2d / linear result -> the bias_add that alone reads it
+    made = {s.out.name: s for s in g.stmts}
+    for s in g.stmts:
+        src = made.get(s.inputs[0].name) if s.op == "bias_add" else None
+        if src is not None and src.op in ("conv2d", "linear") and len(users[src.out.name]) == 1:
+            if src.out.name not in outputs:
+                with_bias[src.out.name] = s
+    folded = {b.out.name for b in with_bias.values()}
+    batch = g.inputs[0].value.type.shape[0] if g.inputs else None
+    for s in g.stmts:
+        if s.out.name in folded:
+            continue
+        _emit(w, s, with_bias.get(s.out.name), batch)
+    for p in g.params:
+        if p.kind not in ("param", "state"):
+            raise DslProgramError(f"cannot export the {p.kind} tensor '{p.value.name}' to ONNX")
+        if p.value.name not in arrays:
+            raise DslProgramError(f"no value for the parameter '{p.value.name}'")
+        w.inits[p.value.name] = np.asarray(arrays[p.value.name], np.float32)
+
+    def info(name: str, shape: tuple[int, ...]) -> Any:
+        dims: list[Any] = list(shape)
+        if dims and dims[0] == batch:
+            dims[0] = "N"
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+
+    inputs = [info(d.value.name, d.value.type.shape) for d in g.inputs if d.kind == "input"]
+    if len(inputs) != len(g.inputs):
+        raise DslProgramError("the inference program reads a label or step; only float inputs can be exported")
+    outs = []
+    made = {o for n in w.nodes for o in n.output}
+    for name, v in g.outputs:
+        if v.name in made:  # the node that computes it writes the output's name
+            for n in w.nodes:
+                n.input[:] = [name if i == v.name else i for i in n.input]
+                n.output[:] = [name if o == v.name else o for o in n.output]
+        elif v.name != name:  # an input or a parameter returned as it is
+            w.nodes.append(helper.make_node("Identity", [v.name], [name], name=f"{name}/Identity"))
+        outs.append(info(name, v.type.shape))
+    inits = [numpy_helper.from_array(np.ascontiguousarray(a), name) for name, a in w.inits.items()]
+    graph = helper.make_graph(w.nodes, g.name, inputs, outs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="deepdsl",
+                              producer_version=__version__)  # fmt: skip
+    model.ir_version = min(model.ir_version, _ir_version(opset))
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _ir_version(opset: int) -> int:
+    """The IR version of the ONNX release that introduced `opset` (runtimes refuse a newer IR than they know)."""
+    from onnx import helper
+
+    for _release, ir, op, *_ in helper.VERSION_TABLE:
+        if op == opset:
+            return int(ir)
+    return int(helper.VERSION_TABLE[-1][1])
+
+
+def _pads(a: dict) -> list[int]:
+    ph, pw = a["pad"]
+    return [ph, pw, ph, pw]
+
+
+def _emit(w: _Writer, s: Stmt, bias: Stmt | None, batch: int | None) -> None:
+    a = s.a
+    xs = [v.name for v in s.inputs]
+    out = bias.out.name if bias is not None else s.out.name
+    extra = [bias.inputs[1].name] if bias is not None else []
+    if s.op == "conv2d":
+        kh, kw = s.inputs[1].type.shape[2:]
+        w.node("Conv", [*xs, *extra], out, s, kernel_shape=[kh, kw], strides=list(a["stride"]), pads=_pads(a),
+               group=a["groups"])  # fmt: skip
+    elif s.op == "linear":
+        w.node("Gemm", [*xs, *extra], out, s, transB=1)
+    elif s.op == "matmul":
+        w.node("MatMul", xs, out, s)
+    elif s.op == "bias_add":
+        rank = len(s.inputs[0].type.shape)
+        b = w.arrays.get(xs[1])
+        if b is None or rank not in (2, 4):
+            raise _refuse(s, "a bias of a computed value")
+        shaped = w.const(xs[1], np.asarray(b, np.float32).reshape(-1, *([1] * (rank - 2))))
+        w.node("Add", [xs[0], shaped], out, s)
+    elif s.op in _UNARY:
+        w.node(_UNARY[s.op], xs, out, s)
+    elif s.op in _BINARY:
+        w.node(_BINARY[s.op], xs, out, s)
+    elif s.op in _SCALAR:
+        op, left = _SCALAR[s.op]
+        c = w.const(s.layer or s.op, np.asarray(a["value"], np.float32))
+        w.node(op, [c, xs[0]] if left else [xs[0], c], out, s)
+    elif s.op == "leaky_relu":
+        w.node("LeakyRelu", xs, out, s, alpha=float(a["slope"]))
+    elif s.op in ("max_pool2d", "avg_pool2d"):
+        kw = {"count_include_pad": 1} if s.op == "avg_pool2d" else {}
+        w.node("MaxPool" if s.op == "max_pool2d" else "AveragePool", xs, out, s, kernel_shape=list(a["kernel"]),
+               strides=list(a["stride"]), pads=_pads(a), **kw)  # fmt: skip
+    elif s.op == "global_avg_pool":
+        w.node("GlobalAveragePool", xs, out, s)
+    elif s.op == "reshape":
+        src, dst = s.inputs[0].type.shape, s.out.type.shape
+        if len(dst) == 2 and dst[0] == src[0]:
+            w.node("Flatten", xs, out, s, axis=1)
+        else:
+            keep = [0, *dst[1:]] if dst and src and dst[0] == src[0] == batch else list(dst)
+            w.node("Reshape", [xs[0], w.const(s.layer or "reshape", np.asarray(keep, np.int64))], out, s)
+    elif s.op == "concat":
+        w.node("Concat", xs, out, s, axis=int(a["axis"]))
+    elif s.op in ("softmax", "log_softmax"):
+        if len(s.inputs[0].type.shape) != 2:
+            raise _refuse(s, "ONNX's softmax before opset 13 is over the last axes; deepdsl's over axis 1")
+        w.node("Softmax" if s.op == "softmax" else "LogSoftmax", xs, out, s, axis=1)
+    elif s.op == "lrn":
+        if a["size"] % 2 == 0:
+            raise _refuse(s, f"size {a['size']} is even: ONNX centres an even window differently (PyTorch)")
+        w.node("LRN", xs, out, s, size=int(a["size"]), alpha=float(a["alpha"]), beta=float(a["beta"]),
+               bias=float(a["k"]))  # fmt: skip
+    elif s.op == "bn_apply":
+        x, mean, var, *affine = xs
+        if not affine:
+            c = s.inputs[1].type.shape[0]
+            hint = s.layer or "bn"
+            affine = [w.const(hint, np.ones(c, np.float32)), w.const(hint, np.zeros(c, np.float32))]
+        w.node("BatchNormalization", [x, affine[0], affine[1], mean, var], out, s, epsilon=float(a["eps"]))
+    elif s.op == "indexed" and _broadcast(s) is not None:
+        w.node(_broadcast(s), [xs[r.input] for r in s.a["body"].args], out, s)  # type: ignore[arg-type]
+    else:
+        why = "a tensor function has no ONNX operator" if s.op == "indexed" else "no ONNX operator is written for it"
+        raise _refuse(s, why)
+
+
+_INFIX = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div"}
+
+
+def _broadcast(s: Stmt) -> str | None:
+    """The ONNX operator of a tensor function that is `a[...] OP b[...]` with ONNX's broadcasting (each read's
+    indices are the output's last ones, an index 0 where that input's size is 1), as `x[n, c, h, w] * k[c, 0, 0]`
+    and the importer's broadcast constants are; else None."""
+    from deepdsl.ir.indexexpr import Apply, Read
+
+    body = s.a["body"]
+    if not (isinstance(body, Apply) and body.fn in _INFIX and all(isinstance(r, Read) for r in body.args)):
+        return None
+    out = s.a["out"]
+    for r in body.args:
+        shape = s.inputs[r.input].type.shape
+        if len(r.index) > len(out):
+            return None
+        for ix, (var, extent), size in zip(r.index, out[len(out) - len(r.index) :], shape):
+            if not (ix.plain_var == var and size == extent or not ix.terms and ix.const == 0 and size == 1):
+                return None
+    return _INFIX[body.fn]

@@ -1,0 +1,83 @@
+"""ONNX in and out for the command line: `deepdsl import` (onnx_import, then the files written) and `deepdsl export`
+(the driver's forward program made an inference program, its parameters initialised or loaded, then
+backends.onnx_export). Both return the lines the CLI prints."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from deepdsl import api
+from deepdsl.autodiff import infer_program
+from deepdsl.backends.onnx_export import DEFAULT_OPSET, export_graph
+from deepdsl.checkpoint import load_npz, save_npz
+from deepdsl.errors import DslProgramError
+from deepdsl.files import write_atomically
+from deepdsl.frontend.program import Program
+from deepdsl.initializers import init_array
+from deepdsl.onnx_import import Imported, import_model
+
+__all__ = ["DEFAULT_OPSET", "export_onnx", "import_onnx", "initial_arrays"]
+
+
+def _check_folder(path: str, what: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise DslProgramError(f"cannot write {what} '{path}': folder '{folder}' does not exist")
+
+
+def import_onnx(model: str, output: str, params: str | None, batch: int | None, loss: bool) -> list[str]:
+    """Write the `.ddsl` of `model` to `output` and its parameters to `params` (default: beside it, NAME.npz)."""
+    imported: Imported = import_model(model, batch, loss)
+    params = params if params is not None else str(Path(output).with_suffix(".npz"))
+    if os.path.abspath(params) == os.path.abspath(output):
+        raise DslProgramError(f"the network and its parameters would both be written to '{output}'; give --params")
+    for path, what in ((output, "the network"), (params, "the parameter file")):
+        _check_folder(path, what)
+    try:
+        write_atomically(output, imported.text)
+    except OSError as e:
+        raise DslProgramError(f"cannot write '{output}': {e.strerror or e}") from None
+    save_npz(params, imported.arrays)
+    count = sum(a.size for name, a in imported.arrays.items() if not name.endswith(("running_mean", "running_var")))
+    then = f"deepdsl run {output} --load {params}" if loss else f"deepdsl export {output} --load {params} -o F.onnx"
+    return [f"wrote {output} (network {imported.network}, {count:,} parameters) and {params}",
+            f"  {then}   |   deepdsl compile {output} -o out/"]  # fmt: skip
+
+
+def initial_arrays(program: Program, seed: int | None = None) -> dict[str, np.ndarray]:
+    """Every parameter and state array of `program` as the trainer starts them (float32)."""
+    seed = program.train.seed if seed is None else seed
+    out = {}
+    for p in program.graph.params:
+        if p.kind in ("param", "state"):
+            i = p.init
+            out[p.value.name] = init_array(p.value.name, p.value.type.shape, i.kind, i.args, i.fan_in, i.fan_out, seed)
+    return out
+
+
+def export_onnx(
+    c: api.Compilation, file: str, sets: dict[str, int | float], load: str | None, output: str, opset: int
+) -> list[str]:
+    """Write the inference program of `file` as ONNX to `output`, with the parameters of `load` or the initial
+    ones."""
+    api.compile_file(file, sets, c=c)
+    assert c.program is not None
+    program = c.program
+    arrays = initial_arrays(program)
+    if load is not None:
+        expected = {name: (a.shape, np.dtype(np.float32)) for name, a in arrays.items()}
+        expected["opt/iteration"] = ((), np.dtype(np.int64))
+        loaded = load_npz(load, expected, ignore_optimizer_state=True)
+        arrays.update({k: v for k, v in loaded.items() if k in arrays})
+    model = export_graph(infer_program(program.graph), arrays, opset)
+    _check_folder(output, "the ONNX model")
+    try:
+        write_atomically(output, model.SerializeToString())
+    except OSError as e:
+        raise DslProgramError(f"cannot write '{output}': {e.strerror or e}") from None
+    return [f"wrote {output} (ONNX opset {opset}, {len(model.graph.node)} nodes, "
+            f"{len(model.graph.initializer)} initialisers; input {program.graph.inputs[0].value.name}, "
+            "output predict)"]  # fmt: skip
