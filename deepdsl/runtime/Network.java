@@ -283,6 +283,40 @@ public abstract class Network {
     return settingValues;
   }
 
+  // the library calls' arguments by name: dev.conv2d(out, x, w, groups(1), pad(0, 0), stride(1, 1))
+
+  protected static int groups(int n) {
+    return n;
+  }
+
+  protected static int[] pad(int... rowsCols) {
+    return rowsCols;
+  }
+
+  protected static int[] stride(int... rowsCols) {
+    return rowsCols;
+  }
+
+  protected static int[] kernel(int... rowsCols) {
+    return rowsCols;
+  }
+
+  protected static int[] inShape(int... shape) {
+    return shape;
+  }
+
+  protected static int[] wShape(int... shape) {
+    return shape;
+  }
+
+  protected static boolean transposeA(boolean t) {
+    return t;
+  }
+
+  protected static boolean transposeB(boolean t) {
+    return t;
+  }
+
   /** The arena region at {@code byteOffset} seen as a tensor of {@code shape}. */
   protected final Buf at(long byteOffset, int... shape) {
     return new Buf(arena, (int) (byteOffset / 4), shape);

@@ -30,7 +30,6 @@ from deepdsl.ir import REGISTRY, Graph, Stmt, Value
 from deepdsl.ir.analysis import index_form, output_indices
 from deepdsl.ir.groups import group_form
 from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Reduce, Var, format_ie, renumber
-from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.registry import JavaCall
 from deepdsl.ir.types import DType
 from deepdsl.memory import Plan
@@ -38,6 +37,8 @@ from deepdsl.memory.groups import planned_groups
 from deepdsl.memory.report import total_peak
 from deepdsl.version import __version__
 
+# the library calls' attributes written through Network's helpers of the same name: pad(0, 0), stride(1, 1)
+NAMED_ARGUMENTS = frozenset({"groups", "pad", "stride", "kernel", "inShape", "wShape", "transposeA", "transposeB"})
 MAX_STATEMENTS_PER_METHOD = 200  # keeps every step method far below Java's 64 KB of bytecode
 DEFAULT_WORKSPACE_LIMIT = 1 << 30
 NETWORK_MEMBERS = (
@@ -91,10 +92,12 @@ def library_arguments(s: Stmt) -> list[str]:
             args.append("iteration")
         elif key == "limit":  # the device's workspace limit
             continue
+        elif key in attrs and param in NAMED_ARGUMENTS:  # pad(0, 0): Network's helpers name what a number is
+            args.append(f"{param}({_java_value(attrs[key], java_type).removeprefix('new int[] {').rstrip('}')})")
         elif key in attrs:
             args.append(_java_value(attrs[key], java_type))
         elif java_type == "boolean":
-            args.append("false")  # an absent flag (matmul's transpose_a) is off
+            args.append(f"{param}(false)" if param in NAMED_ARGUMENTS else "false")  # an absent flag is off
         else:
             raise ValueError(f"{call.cls}.{s.op} takes '{param}', which statement %{s.out.name} does not have")
     return args
@@ -314,6 +317,14 @@ class _Emitter:
         methods = []
         for k, part in enumerate(parts):
             body: list[str] = []
+            last = [""]  # a comment says where the calls under it come from, when that changes
+
+            def comment(st: Stmt, body: list[str] = body, last: list[str] = last) -> None:
+                here = _where(st, self.in_state)
+                if here != last[0]:
+                    body.append(f"// {java_comment(here)}")
+                    last[0] = here
+
             for what, item in part:
                 if what == "update":
                     name, v = item
@@ -325,7 +336,7 @@ class _Emitter:
                     temps = []
                     for st in item:
                         temps.append(self.tensor(st.out))
-                        body.append(f"// {java_comment(format_stmt(st))}")
+                        comment(st)
                         if st.out.name not in self.in_state:
                             declare = "" if st.out.name in shared and len(parts) > 1 else "Buf "
                             shape = ", ".join(map(str, st.out.type.shape))
@@ -336,12 +347,12 @@ class _Emitter:
                 s = item
                 t = self.tensor(s.out)
                 if s.out.name in self.in_state:  # the plan writes this update straight into its tensor
-                    body.append(f"// {java_comment(format_stmt(s))}")
+                    comment(s)
                     body += self.statement(s, t)
                     continue
                 declare = "" if s.out.name in shared and len(parts) > 1 else "Buf "
                 shape = ", ".join(map(str, s.out.type.shape))
-                body.append(f"// {java_comment(format_stmt(s))}")
+                comment(s)
                 if REGISTRY[s.op].view:
                     body.append(f"{declare}{t} = view({self.tensor(s.inputs[0])}{', ' + shape if shape else ''});")
                     continue
@@ -476,6 +487,17 @@ def read_settings(e: Any, first: int) -> Any:
     if isinstance(e, Reduce):
         return Reduce(e.kind, e.vars, read_settings(e.body, first))
     return e
+
+
+def _where(s: Stmt, in_state: dict[str, str]) -> str:
+    """Where a statement comes from: its layer and source position (`cv1, lenet.ddsl:13:13`), an update's
+    parameter, else its op."""
+    if s.layer or s.span:
+        at = f"{s.span.file.rsplit('/', 1)[-1]}:{s.span.line}:{s.span.col}" if s.span else ""
+        return ", ".join(x for x in (s.layer, at) if x)
+    if s.out.name in in_state:
+        return f"the update of {in_state[s.out.name]}"
+    return s.op
 
 
 def _meaning(body: Any, out: tuple, inputs: int) -> str:

@@ -63,133 +63,125 @@ public final class LeNet extends Network {
 
   /** One training step on the batch in x and y: forward, backward, update; returns the loss. */
   protected float trainStep() {
-    // %2 = conv2d(%x, %cv1.W, %cv1.b) {groups=1, pad=(0, 0), stride=(1, 1), epilogue=($result[i0, i1, i2, i3] + %cv1.b[i1])} : f32[64,20,24,24]  # lenet.ddsl:13:13 cv1
+    // cv1, lenet.ddsl:13:13
     Buf cv1_out = at(0, 64, 20, 24, 24);
-    dev.conv2d(cv1_out, x, cv1_W, 1, new int[] {0, 0}, new int[] {1, 1});
+    dev.conv2d(cv1_out, x, cv1_W, groups(1), pad(0, 0), stride(1, 1));
     dev.run(CONV2D_EPILOGUE, cv1_out, cv1_out, cv1_b);
-    // %3 = max_pool2d(%2) {kernel=(2, 2), pad=(0, 0), stride=(2, 2)} : f32[64,20,12,12]  # lenet.ddsl:15:13 mp
+    // mp, lenet.ddsl:15:13
     Buf mp_out = at(5898240, 64, 20, 12, 12);
-    dev.maxPool2d(mp_out, cv1_out, new int[] {2, 2}, new int[] {0, 0}, new int[] {2, 2});
-    // %5 = conv2d(%3, %cv2.W, %cv2.b) {groups=1, pad=(0, 0), stride=(1, 1), epilogue=($result[i0, i1, i2, i3] + %cv2.b[i1])} : f32[64,50,8,8]  # lenet.ddsl:14:13 cv2
+    dev.maxPool2d(mp_out, cv1_out, kernel(2, 2), pad(0, 0), stride(2, 2));
+    // cv2, lenet.ddsl:14:13
     Buf cv2_out = at(2949120, 64, 50, 8, 8);
-    dev.conv2d(cv2_out, mp_out, cv2_W, 1, new int[] {0, 0}, new int[] {1, 1});
+    dev.conv2d(cv2_out, mp_out, cv2_W, groups(1), pad(0, 0), stride(1, 1));
     dev.run(CONV2D_EPILOGUE, cv2_out, cv2_out, cv2_b);
-    // %6 = max_pool2d(%5) {kernel=(2, 2), pad=(0, 0), stride=(2, 2)} : f32[64,50,4,4]  # lenet.ddsl:15:13 mp
+    // mp, lenet.ddsl:15:13
     Buf mp_out_2 = at(7372800, 64, 50, 4, 4);
-    dev.maxPool2d(mp_out_2, cv2_out, new int[] {2, 2}, new int[] {0, 0}, new int[] {2, 2});
-    // %7 = reshape(%6) {shape=(64, 800)} : f32[64,800]  # lenet.ddsl:21:33 net.flatten1
+    dev.maxPool2d(mp_out_2, cv2_out, kernel(2, 2), pad(0, 0), stride(2, 2));
+    // net.flatten1, lenet.ddsl:21:33
     Buf net_flatten1_out = view(mp_out_2, 64, 800);
-    // %10 = linear(%7, %fc1.W, %fc1.b) {epilogue=max(($result[i0, i1] + %fc1.b[i1]), 0)} : f32[64,500]  # lenet.ddsl:16:13 fc1
+    // fc1, lenet.ddsl:16:13
     Buf fc1_out = at(3768320, 64, 500);
     dev.linear(fc1_out, net_flatten1_out, fc1_W);
     dev.run(LINEAR_EPILOGUE, fc1_out, fc1_out, fc1_b);
-    // %12 = linear(%10, %fc2.W, %fc2.b) {epilogue=($result[i0, i1] + %fc2.b[i1])} : f32[64,10]  # lenet.ddsl:17:13 fc2
+    // fc2, lenet.ddsl:17:13
     Buf fc2_out = at(3896320, 64, 10);
     dev.linear(fc2_out, fc1_out, fc2_W);
     dev.run(LINEAR_EPILOGUE_2, fc2_out, fc2_out, fc2_b);
-    // %13 = softmax_cross_entropy(%12, %y) : f32[]  # lenet.ddsl:21:11
+    // lenet.ddsl:21:11
     Buf loss = at(7827968);
     dev.softmaxCrossEntropy(loss, fc2_out, y);
-    // %15 = softmax_cross_entropy_backward(%12, %y, %const14) : f32[64,10]  # lenet.ddsl:21:11
     Buf dscores = at(3898880, 64, 10);
     dev.softmaxCrossEntropyBackward(dscores, fc2_out, y, const14);
-    // %16 = channel_sum(%15) : f32[10]  # lenet.ddsl:17:13 fc2
+    // fc2, lenet.ddsl:17:13
     Buf fc2_db = at(7828224, 10);
     dev.run(CHANNEL_SUM, fc2_db, dscores);
-    // %18 = matmul(%15, %10) {transpose_a=True} : f32[10,500]  # lenet.ddsl:17:13 fc2
     Buf fc2_dW = at(7805696, 10, 500);
-    dev.matmul(fc2_dW, dscores, fc1_out, true, false);
-    // %19 = matmul(%15, %fc2.W, %10) {epilogue=((%10[i0, i1] > 0) ? $result[i0, i1] : 0)} : f32[64,500]  # lenet.ddsl:17:13 fc2
+    dev.matmul(fc2_dW, dscores, fc1_out, transposeA(true), transposeB(false));
     Buf fc2_dx = at(7577600, 64, 500);
-    dev.matmul(fc2_dx, dscores, fc2_W, false, false);
+    dev.matmul(fc2_dx, dscores, fc2_W, transposeA(false), transposeB(false));
     dev.run(MATMUL_EPILOGUE, fc2_dx, fc2_dx, fc1_out);
-    // %20 = channel_sum(%19) : f32[500]  # lenet.ddsl:16:13 fc1
+    // fc1, lenet.ddsl:16:13
     Buf fc1_db = at(7825920, 500);
     dev.run(CHANNEL_SUM, fc1_db, fc2_dx);
-    // %21 = matmul(%19, %fc1.W) : f32[64,800]  # lenet.ddsl:16:13 fc1
     Buf fc1_dx = at(4587520, 64, 800);
-    dev.matmul(fc1_dx, fc2_dx, fc1_W, false, false);
-    // %23 = reshape(%21) {shape=(64, 50, 4, 4)} : f32[64,50,4,4]  # lenet.ddsl:21:33 net.flatten1
+    dev.matmul(fc1_dx, fc2_dx, fc1_W, transposeA(false), transposeB(false));
+    // net.flatten1, lenet.ddsl:21:33
     Buf net_flatten1_dx = view(fc1_dx, 64, 50, 4, 4);
-    // %24 = max_pool2d_backward(%5, %6, %23) {kernel=(2, 2), pad=(0, 0), stride=(2, 2)} : f32[64,50,8,8]  # lenet.ddsl:15:13 mp
+    // mp, lenet.ddsl:15:13
     Buf mp_dx = at(3768320, 64, 50, 8, 8);
-    dev.maxPool2dBackward(mp_dx, cv2_out, mp_out_2, net_flatten1_dx, new int[] {2, 2}, new int[] {0, 0}, new int[] {2, 2});
-    // %25 = channel_sum(%24) : f32[50]  # lenet.ddsl:14:13 cv2
+    dev.maxPool2dBackward(mp_dx, cv2_out, mp_out_2, net_flatten1_dx, kernel(2, 2), pad(0, 0), stride(2, 2));
+    // cv2, lenet.ddsl:14:13
     Buf cv2_db = at(7828480, 50);
     dev.run(CHANNEL_SUM_2, cv2_db, mp_dx);
-    // %26 = conv2d_backward_data(%24, %cv2.W) {groups=1, in_shape=(64, 20, 12, 12), pad=(0, 0), stride=(1, 1)} : f32[64,20,12,12]  # lenet.ddsl:14:13 cv2
     Buf cv2_dx = at(6635520, 64, 20, 12, 12);
-    dev.conv2dBackwardData(cv2_dx, mp_dx, cv2_W, 1, new int[] {64, 20, 12, 12}, new int[] {0, 0}, new int[] {1, 1});
-    // %27 = conv2d_backward_filter(%3, %24) {groups=1, pad=(0, 0), stride=(1, 1), w_shape=(50, 20, 5, 5)} : f32[50,20,5,5]  # lenet.ddsl:14:13 cv2
+    dev.conv2dBackwardData(cv2_dx, mp_dx, cv2_W, groups(1), inShape(64, 20, 12, 12), pad(0, 0), stride(1, 1));
     Buf cv2_dW = at(7705600, 50, 20, 5, 5);
-    dev.conv2dBackwardFilter(cv2_dW, mp_out, mp_dx, 1, new int[] {0, 0}, new int[] {1, 1}, new int[] {50, 20, 5, 5});
-    // %28 = max_pool2d_backward(%2, %3, %26) {kernel=(2, 2), pad=(0, 0), stride=(2, 2)} : f32[64,20,24,24]  # lenet.ddsl:15:13 mp
+    dev.conv2dBackwardFilter(cv2_dW, mp_out, mp_dx, groups(1), pad(0, 0), stride(1, 1), wShape(50, 20, 5, 5));
+    // mp, lenet.ddsl:15:13
     Buf mp_dx_2 = at(2949120, 64, 20, 24, 24);
-    dev.maxPool2dBackward(mp_dx_2, cv1_out, mp_out, cv2_dx, new int[] {2, 2}, new int[] {0, 0}, new int[] {2, 2});
-    // %29 = channel_sum(%28) : f32[20]  # lenet.ddsl:13:13 cv1
+    dev.maxPool2dBackward(mp_dx_2, cv1_out, mp_out, cv2_dx, kernel(2, 2), pad(0, 0), stride(2, 2));
+    // cv1, lenet.ddsl:13:13
     Buf cv1_db = at(59648, 20);
     dev.run(CHANNEL_SUM_2, cv1_db, mp_dx_2);
-    // %31 = conv2d_backward_filter(%x, %28) {groups=1, pad=(0, 0), stride=(1, 1), w_shape=(20, 1, 5, 5)} : f32[20,1,5,5]  # lenet.ddsl:13:13 cv1
     Buf cv1_dW = at(57600, 20, 1, 5, 5);
-    dev.conv2dBackwardFilter(cv1_dW, x, mp_dx_2, 1, new int[] {0, 0}, new int[] {1, 1}, new int[] {20, 1, 5, 5});
-    // %32 = sgd_momentum(%opt/cv1.W/momentum, %31, %cv1.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[20,1,5,5]
-    // %33 = sgd_step(%cv1.W, %32) {lr=0.01, same_loop=True} : f32[20,1,5,5]
+    dev.conv2dBackwardFilter(cv1_dW, x, mp_dx_2, groups(1), pad(0, 0), stride(1, 1), wShape(20, 1, 5, 5));
+    // the update of opt/cv1.W/momentum
+    // the update of cv1.W
     dev.run(SGD_MOMENTUM_SGD_STEP, opt_cv1_W_momentum, cv1_W, opt_cv1_W_momentum, cv1_dW, cv1_W, momentum, weight_decay, lr);
-    // %34 = sgd_momentum(%opt/cv1.b/momentum, %29, %cv1.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[20]
-    // %35 = sgd_step(%cv1.b, %34) {lr=0.01, same_loop=True} : f32[20]
+    // the update of opt/cv1.b/momentum
+    // the update of cv1.b
     dev.run(SGD_MOMENTUM_SGD_STEP, opt_cv1_b_momentum, cv1_b, opt_cv1_b_momentum, cv1_db, cv1_b, momentum, weight_decay, lr);
-    // %36 = sgd_momentum(%opt/cv2.W/momentum, %27, %cv2.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[50,20,5,5]
-    // %37 = sgd_step(%cv2.W, %36) {lr=0.01, same_loop=True} : f32[50,20,5,5]
+    // the update of opt/cv2.W/momentum
+    // the update of cv2.W
     dev.run(SGD_MOMENTUM_SGD_STEP, opt_cv2_W_momentum, cv2_W, opt_cv2_W_momentum, cv2_dW, cv2_W, momentum, weight_decay, lr);
-    // %38 = sgd_momentum(%opt/cv2.b/momentum, %25, %cv2.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[50]
-    // %39 = sgd_step(%cv2.b, %38) {lr=0.01, same_loop=True} : f32[50]
+    // the update of opt/cv2.b/momentum
+    // the update of cv2.b
     dev.run(SGD_MOMENTUM_SGD_STEP, opt_cv2_b_momentum, cv2_b, opt_cv2_b_momentum, cv2_db, cv2_b, momentum, weight_decay, lr);
-    // %22 = matmul(%19, %7) {transpose_a=True} : f32[500,800]  # lenet.ddsl:16:13 fc1
+    // fc1, lenet.ddsl:16:13
     Buf fc1_dW = at(0, 500, 800);
-    dev.matmul(fc1_dW, fc2_dx, net_flatten1_out, true, false);
-    // %40 = sgd_momentum(%opt/fc1.W/momentum, %22, %fc1.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[500,800]
-    // %41 = sgd_step(%fc1.W, %40) {lr=0.01, same_loop=True} : f32[500,800]
+    dev.matmul(fc1_dW, fc2_dx, net_flatten1_out, transposeA(true), transposeB(false));
+    // the update of opt/fc1.W/momentum
+    // the update of fc1.W
     dev.run(SGD_MOMENTUM_SGD_STEP, opt_fc1_W_momentum, fc1_W, opt_fc1_W_momentum, fc1_dW, fc1_W, momentum, weight_decay, lr);
-    // %42 = sgd_momentum(%opt/fc1.b/momentum, %20, %fc1.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[500]
-    // %43 = sgd_step(%fc1.b, %42) {lr=0.01, same_loop=True} : f32[500]
+    // the update of opt/fc1.b/momentum
+    // the update of fc1.b
     dev.run(SGD_MOMENTUM_SGD_STEP, opt_fc1_b_momentum, fc1_b, opt_fc1_b_momentum, fc1_db, fc1_b, momentum, weight_decay, lr);
-    // %44 = sgd_momentum(%opt/fc2.W/momentum, %18, %fc2.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[10,500]
-    // %45 = sgd_step(%fc2.W, %44) {lr=0.01, same_loop=True} : f32[10,500]
+    // the update of opt/fc2.W/momentum
+    // the update of fc2.W
     dev.run(SGD_MOMENTUM_SGD_STEP, opt_fc2_W_momentum, fc2_W, opt_fc2_W_momentum, fc2_dW, fc2_W, momentum, weight_decay, lr);
-    // %46 = sgd_momentum(%opt/fc2.b/momentum, %16, %fc2.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[10]
-    // %47 = sgd_step(%fc2.b, %46) {lr=0.01, same_loop=True} : f32[10]
+    // the update of opt/fc2.b/momentum
+    // the update of fc2.b
     dev.run(SGD_MOMENTUM_SGD_STEP, opt_fc2_b_momentum, fc2_b, opt_fc2_b_momentum, fc2_db, fc2_b, momentum, weight_decay, lr);
     return dev.scalar(loss);
   }
 
   /** The network's prediction for the batch in x. */
   protected Buf inferStep() {
-    // %2 = conv2d(%x, %cv1.W, %cv1.b) {groups=1, pad=(0, 0), stride=(1, 1), epilogue=($result[i0, i1, i2, i3] + %cv1.b[i1])} : f32[64,20,24,24]  # lenet.ddsl:13:13 cv1
+    // cv1, lenet.ddsl:13:13
     Buf cv1_out = at(0, 64, 20, 24, 24);
-    dev.conv2d(cv1_out, x, cv1_W, 1, new int[] {0, 0}, new int[] {1, 1});
+    dev.conv2d(cv1_out, x, cv1_W, groups(1), pad(0, 0), stride(1, 1));
     dev.run(CONV2D_EPILOGUE, cv1_out, cv1_out, cv1_b);
-    // %3 = max_pool2d(%2) {kernel=(2, 2), pad=(0, 0), stride=(2, 2)} : f32[64,20,12,12]  # lenet.ddsl:15:13 mp
+    // mp, lenet.ddsl:15:13
     Buf mp_out = at(2949120, 64, 20, 12, 12);
-    dev.maxPool2d(mp_out, cv1_out, new int[] {2, 2}, new int[] {0, 0}, new int[] {2, 2});
-    // %5 = conv2d(%3, %cv2.W, %cv2.b) {groups=1, pad=(0, 0), stride=(1, 1), epilogue=($result[i0, i1, i2, i3] + %cv2.b[i1])} : f32[64,50,8,8]  # lenet.ddsl:14:13 cv2
+    dev.maxPool2d(mp_out, cv1_out, kernel(2, 2), pad(0, 0), stride(2, 2));
+    // cv2, lenet.ddsl:14:13
     Buf cv2_out = at(0, 64, 50, 8, 8);
-    dev.conv2d(cv2_out, mp_out, cv2_W, 1, new int[] {0, 0}, new int[] {1, 1});
+    dev.conv2d(cv2_out, mp_out, cv2_W, groups(1), pad(0, 0), stride(1, 1));
     dev.run(CONV2D_EPILOGUE, cv2_out, cv2_out, cv2_b);
-    // %6 = max_pool2d(%5) {kernel=(2, 2), pad=(0, 0), stride=(2, 2)} : f32[64,50,4,4]  # lenet.ddsl:15:13 mp
+    // mp, lenet.ddsl:15:13
     Buf mp_out_2 = at(819200, 64, 50, 4, 4);
-    dev.maxPool2d(mp_out_2, cv2_out, new int[] {2, 2}, new int[] {0, 0}, new int[] {2, 2});
-    // %7 = reshape(%6) {shape=(64, 800)} : f32[64,800]  # lenet.ddsl:21:33 net.flatten1
+    dev.maxPool2d(mp_out_2, cv2_out, kernel(2, 2), pad(0, 0), stride(2, 2));
+    // net.flatten1, lenet.ddsl:21:33
     Buf net_flatten1_out = view(mp_out_2, 64, 800);
-    // %8 = linear(%7, %fc1.W) : f32[64,500]  # lenet.ddsl:16:13 fc1
+    // fc1, lenet.ddsl:16:13
     Buf fc1_out = at(0, 64, 500);
     dev.linear(fc1_out, net_flatten1_out, fc1_W);
-    // %10 = fused(%8, %fc1.b) {body=max((%8[i0, i1] + %fc1.b[i1]), 0), inplace=0, ops=(bias_add, relu), out=((i0, 64), (i1, 500))} : f32[64,500]  # lenet.ddsl:21:33 net.relu1
+    // net.relu1, lenet.ddsl:21:33
     Buf net_relu1_bias_add_relu = at(0, 64, 500);
     dev.run(LINEAR_EPILOGUE, net_relu1_bias_add_relu, fc1_out, fc1_b);
-    // %11 = linear(%10, %fc2.W) : f32[64,10]  # lenet.ddsl:17:13 fc2
+    // fc2, lenet.ddsl:17:13
     Buf fc2_out = at(128000, 64, 10);
     dev.linear(fc2_out, net_relu1_bias_add_relu, fc2_W);
-    // %12 = bias_add(%11, %fc2.b) {inplace=0} : f32[64,10]  # lenet.ddsl:17:13 fc2
     Buf fc2_bias_add = at(128000, 64, 10);
     dev.run(LINEAR_EPILOGUE_2, fc2_bias_add, fc2_out, fc2_b);
     return dev.read(fc2_bias_add);
