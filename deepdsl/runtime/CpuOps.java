@@ -5,9 +5,9 @@ package deepdsl.runtime;
  * The CPU kernels of the registry ops that have no index form: one {@code public static void}
  * method per op, named exactly as the op, taking the output first, then the statement's inputs in
  * order, then the op's attributes in alphabetical order of their names (tuples as {@code int[]}).
- * Each hands its work to its family's class: {@link Gemm} (the SGEMM, dense layers, matrix
- * products), {@link Convolution}, {@link Pooling}, {@link Normalisation} (LRN), {@link Losses}
- * (softmax, the losses, argmax, accuracy) and {@link Shapes} (the shape ops, the dropout mask);
+ * Each hands its work to its family's class: {@link CpuGemm} (the SGEMM, dense layers, matrix
+ * products), {@link CpuConvolution}, {@link CpuPooling}, {@link CpuNormalisation} (LRN), {@link CpuLosses}
+ * (softmax, the losses, argmax, accuracy) and {@link CpuShapes} (the shape ops, the dropout mask);
  * {@link CpuSupport} holds their threads and scratch arrays.
  * Each computes what the op's NumPy kernel in {@code deepdsl/ops/*.py} computes, in float32, to
  * about 1e-5 relative.
@@ -61,126 +61,126 @@ public final class CpuOps {
   private CpuOps() {}
 
   public static void linear(Buf out, Buf x, Buf w) {
-    Gemm.linear(out, x, w);
+    CpuGemm.linear(out, x, w);
   }
 
   public static void matmul(Buf out, Buf a, Buf b, boolean transposeA, boolean transposeB) {
-    Gemm.matmul(out, a, b, transposeA, transposeB);
+    CpuGemm.matmul(out, a, b, transposeA, transposeB);
   }
 
   public static void batch_matmul(Buf out, Buf a, Buf b, boolean transposeA, boolean transposeB) {
-    Gemm.batch_matmul(out, a, b, transposeA, transposeB);
+    CpuGemm.batch_matmul(out, a, b, transposeA, transposeB);
   }
 
   public static void conv2d(Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride) {
-    Convolution.conv2d(out, x, w, groups, pad, stride);
+    CpuConvolution.conv2d(out, x, w, groups, pad, stride);
   }
 
   public static void conv2d_backward_data(Buf out, Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride) {
-    Convolution.conv2d_backward_data(out, g, w, groups, inShape, pad, stride);
+    CpuConvolution.conv2d_backward_data(out, g, w, groups, inShape, pad, stride);
   }
 
   public static void conv2d_backward_filter(Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] wShape) {
-    Convolution.conv2d_backward_filter(out, x, g, groups, pad, stride, wShape);
+    CpuConvolution.conv2d_backward_filter(out, x, g, groups, pad, stride, wShape);
   }
 
   public static void max_pool2d(Buf out, Buf x, int[] kernel, int[] pad, int[] stride) {
-    Pooling.max_pool2d(out, x, kernel, pad, stride);
+    CpuPooling.max_pool2d(out, x, kernel, pad, stride);
   }
 
   public static void max_pool2d_backward(Buf out, Buf x, Buf y, Buf g, int[] kernel, int[] pad, int[] stride) {
-    Pooling.max_pool2d_backward(out, x, y, g, kernel, pad, stride);
+    CpuPooling.max_pool2d_backward(out, x, y, g, kernel, pad, stride);
   }
 
   public static void avg_pool2d(Buf out, Buf x, int[] kernel, int[] pad, int[] stride) {
-    Pooling.avg_pool2d(out, x, kernel, pad, stride);
+    CpuPooling.avg_pool2d(out, x, kernel, pad, stride);
   }
 
   public static void avg_pool2d_backward(Buf out, Buf g, int[] inShape, int[] kernel, int[] pad, int[] stride) {
-    Pooling.avg_pool2d_backward(out, g, inShape, kernel, pad, stride);
+    CpuPooling.avg_pool2d_backward(out, g, inShape, kernel, pad, stride);
   }
 
   public static void global_avg_pool(Buf out, Buf x) {
-    Pooling.global_avg_pool(out, x);
+    CpuPooling.global_avg_pool(out, x);
   }
 
   public static void global_avg_pool_backward(Buf out, Buf g, int[] inShape) {
-    Pooling.global_avg_pool_backward(out, g, inShape);
+    CpuPooling.global_avg_pool_backward(out, g, inShape);
   }
 
   public static void lrn(Buf out, Buf x, float alpha, float beta, float k, int size) {
-    Normalisation.lrn(out, x, alpha, beta, k, size);
+    CpuNormalisation.lrn(out, x, alpha, beta, k, size);
   }
 
   public static void lrn_backward(Buf out, Buf x, Buf y, Buf g, float alpha, float beta, float k, int size) {
-    Normalisation.lrn_backward(out, x, y, g, alpha, beta, k, size);
+    CpuNormalisation.lrn_backward(out, x, y, g, alpha, beta, k, size);
   }
 
   public static void softmax(Buf out, Buf x) {
-    Losses.softmax(out, x);
+    CpuLosses.softmax(out, x);
   }
 
   public static void log_softmax(Buf out, Buf x) {
-    Losses.log_softmax(out, x);
+    CpuLosses.log_softmax(out, x);
   }
 
   public static void softmax_backward(Buf out, Buf y, Buf g) {
-    Losses.softmax_backward(out, y, g);
+    CpuLosses.softmax_backward(out, y, g);
   }
 
   public static void log_softmax_backward(Buf out, Buf y, Buf g) {
-    Losses.log_softmax_backward(out, y, g);
+    CpuLosses.log_softmax_backward(out, y, g);
   }
 
   public static void softmax_cross_entropy(Buf out, Buf x, Buf labels) {
-    Losses.softmax_cross_entropy(out, x, labels);
+    CpuLosses.softmax_cross_entropy(out, x, labels);
   }
 
   public static void softmax_cross_entropy_backward(Buf out, Buf x, Buf labels, Buf g) {
-    Losses.softmax_cross_entropy_backward(out, x, labels, g);
+    CpuLosses.softmax_cross_entropy_backward(out, x, labels, g);
   }
 
   public static void cross_entropy(Buf out, Buf p, Buf labels) {
-    Losses.cross_entropy(out, p, labels);
+    CpuLosses.cross_entropy(out, p, labels);
   }
 
   public static void cross_entropy_backward(Buf out, Buf p, Buf labels, Buf g) {
-    Losses.cross_entropy_backward(out, p, labels, g);
+    CpuLosses.cross_entropy_backward(out, p, labels, g);
   }
 
   public static void mse(Buf out, Buf a, Buf b) {
-    Losses.mse(out, a, b);
+    CpuLosses.mse(out, a, b);
   }
 
   public static void argmax(Buf out, Buf x) {
-    Losses.argmax(out, x);
+    CpuLosses.argmax(out, x);
   }
 
   public static void accuracy(Buf out, Buf x, Buf labels) {
-    Losses.accuracy(out, x, labels);
+    CpuLosses.accuracy(out, x, labels);
   }
 
   public static void concat(Buf out, Buf[] ins, int axis) {
-    Shapes.concat(out, ins, axis);
+    CpuShapes.concat(out, ins, axis);
   }
 
   public static void slice(Buf out, Buf x, int axis, int start, int stop) {
-    Shapes.slice(out, x, axis, start, stop);
+    CpuShapes.slice(out, x, axis, start, stop);
   }
 
   public static void pad_axis(Buf out, Buf x, int axis, int size, int start) {
-    Shapes.pad_axis(out, x, axis, size, start);
+    CpuShapes.pad_axis(out, x, axis, size, start);
   }
 
   public static void sum_axes(Buf out, Buf x, int[] axes) {
-    Shapes.sum_axes(out, x, axes);
+    CpuShapes.sum_axes(out, x, axes);
   }
 
   public static void transpose(Buf out, Buf x, int[] perm) {
-    Shapes.transpose(out, x, perm);
+    CpuShapes.transpose(out, x, perm);
   }
 
   public static void dropout_mask(Buf out, long step, float p, long seed, String site) {
-    Shapes.dropout_mask(out, step, p, seed, site);
+    CpuShapes.dropout_mask(out, step, p, seed, site);
   }
 }

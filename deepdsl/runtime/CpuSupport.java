@@ -1,7 +1,7 @@
 package deepdsl.runtime;
 
-import static deepdsl.runtime.Gemm.*;
-import static deepdsl.runtime.Convolution.*;
+import static deepdsl.runtime.CpuGemm.*;
+import static deepdsl.runtime.CpuConvolution.*;
 
 import java.util.Arrays;
 

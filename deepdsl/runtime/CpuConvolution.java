@@ -1,13 +1,13 @@
 package deepdsl.runtime;
 
 import static deepdsl.runtime.CpuSupport.*;
-import static deepdsl.runtime.Gemm.*;
+import static deepdsl.runtime.CpuGemm.*;
 
 import java.util.Arrays;
 
 /** The convolutions of {@link CpuOps}: im2col + SGEMM, and their gradients. */
-final class Convolution {
-  private Convolution() {}
+final class CpuConvolution {
+  private CpuConvolution() {}
 
   // ---- convolution ----
 

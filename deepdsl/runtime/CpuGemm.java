@@ -1,13 +1,13 @@
 package deepdsl.runtime;
 
 import static deepdsl.runtime.CpuSupport.*;
-import static deepdsl.runtime.Convolution.*;
+import static deepdsl.runtime.CpuConvolution.*;
 
 import java.util.Arrays;
 
 /** The SGEMM and the dense layers and matrix products of {@link CpuOps}. */
-final class Gemm {
-  private Gemm() {}
+final class CpuGemm {
+  private CpuGemm() {}
 
   // ---- SGEMM ----
 

@@ -1,14 +1,14 @@
 package deepdsl.runtime;
 
 import static deepdsl.runtime.CpuSupport.*;
-import static deepdsl.runtime.Gemm.*;
-import static deepdsl.runtime.Convolution.*;
+import static deepdsl.runtime.CpuGemm.*;
+import static deepdsl.runtime.CpuConvolution.*;
 
 import java.util.Arrays;
 
 /** The shape ops and the dropout mask of {@link CpuOps}. */
-final class Shapes {
-  private Shapes() {}
+final class CpuShapes {
+  private CpuShapes() {}
 
   // ---- shape ops ----
 

@@ -1,14 +1,14 @@
 package deepdsl.runtime;
 
 import static deepdsl.runtime.CpuSupport.*;
-import static deepdsl.runtime.Gemm.*;
-import static deepdsl.runtime.Convolution.*;
+import static deepdsl.runtime.CpuGemm.*;
+import static deepdsl.runtime.CpuConvolution.*;
 
 import java.util.Arrays;
 
 /** Softmax and the losses of {@link CpuOps}. */
-final class Losses {
-  private Losses() {}
+final class CpuLosses {
+  private CpuLosses() {}
 
   // ---- softmax and the losses (rows are axis 1 of [N, K]) ----
 

@@ -1,14 +1,14 @@
 package deepdsl.runtime;
 
 import static deepdsl.runtime.CpuSupport.*;
-import static deepdsl.runtime.Gemm.*;
-import static deepdsl.runtime.Convolution.*;
+import static deepdsl.runtime.CpuGemm.*;
+import static deepdsl.runtime.CpuConvolution.*;
 
 import java.util.Arrays;
 
 /** Local response normalisation, for {@link CpuOps}. */
-final class Normalisation {
-  private Normalisation() {}
+final class CpuNormalisation {
+  private CpuNormalisation() {}
 
   // ---- local response normalisation ----
 
