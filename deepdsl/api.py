@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import deepdsl.ops  # noqa: F401 — fills the op registry
-from deepdsl.autodiff import infer_program, train_program
+from deepdsl.autodiff import eval_program, infer_program, train_program
 from deepdsl.build import Build, Options
 from deepdsl.errors import DslError, DslProgramError
 from deepdsl.frontend import ast
@@ -166,7 +166,7 @@ def literal_const(c: Compilation, name: str) -> int | float | None:
 def train_stage(program: Program, seed: int | None = None) -> Graph:
     """The training program (forward + backward + update) with the train block's seed, or `seed`."""
     cfg = program.train
-    return train_program(program.graph, cfg.optimizer, cfg.seed if seed is None else seed)
+    return train_program(program.graph, cfg.optimizer, cfg.seed if seed is None else seed, cfg.lr is not None)
 
 
 def build(program: Program, options: Options | None = None, seed: int | None = None) -> Build:
@@ -180,15 +180,19 @@ def build_stage(
     program: Program, opt: Graph, passes: tuple[PassStat, ...], options: Options, seed: int | None = None
 ) -> Build:
     """The Build of an optimised training program `opt`: it rematerialised at `options.remat` and planned, and the
-    inference program (where the network has `predict`) optimised like it and planned."""
+    inference program (where the network has `predict`) and the test program (`loss` and `predict` in inference
+    semantics) optimised like it and planned."""
     infer = infer_plan = None
     if any(name == "predict" for name, _ in program.graph.outputs):  # --dump-after shows the training program only
         infer = optimise(infer_program(program.graph), dataclasses.replace(options, dump_after=None))[0]
         infer_plan = planned(infer, options.workspace_limit, options.verify)
+    quiet = dataclasses.replace(options, dump_after=None)
+    test = optimise(eval_program(program.graph), quiet)[0]
+    test_plan = planned(test, options.workspace_limit, options.verify)
     level = options.remat or "none"
     train_plan, extra = remat_plan(opt, level, options.workspace_limit, options.verify)
     seed = program.train.seed if seed is None else seed
-    return Build(program, options, seed, opt, passes, train_plan, infer, infer_plan, level, extra)
+    return Build(program, options, seed, opt, passes, train_plan, infer, infer_plan, level, extra, test, test_plan)
 
 
 def planned(g: Graph, workspace_limit: int | None = None, verify: bool = False) -> Plan:

@@ -6,7 +6,8 @@
 - `train_program(g, optimizer)` is forward + backward + update: reverse accumulation over the
   statement list, each statement's gradient emitted by its op's `vjp` rule, the gradients of a value
   used several times summed; then one update per parameter (DESIGN §2.4 optimizers).
-- `infer_program(g)` is the forward program with the `predict` output only.
+- `infer_program(g)` is the forward program with the `predict` output only; `eval_program(g)` the one of the test
+  phase, with `loss` (and `predict`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from deepdsl.ir.types import DType, TensorType
 from deepdsl.passes.dce import dce
 
 STEP = "step"  # the train program's iteration counter input (seeds dropout masks)
+LR = "opt/lr"  # the train program's learning-rate input, where a schedule gives it (kind "lr", f32[])
 
 
 def replay(g: Graph, b: GraphBuilder, hook: Callable[[GraphBuilder, Stmt], Value | None] | None = None) -> dict:
@@ -78,15 +80,27 @@ def _uses(g: Graph, op: str) -> bool:
 
 
 def infer_program(g: Graph) -> Graph:
-    low = lower(g, "infer")
-    if not any(name == "predict" for name, _ in low.outputs):
+    """`predict` under inference semantics, taking only the inputs it reads (no labels)."""
+    if not any(name == "predict" for name, _ in g.outputs):
         raise DslProgramError("the network defines no `predict`, so it has no inference program")
+    return _forward(g, ("predict",))
+
+
+def eval_program(g: Graph) -> Graph:
+    """The test program: `loss` (and `predict`, where the network has one) under inference semantics, as the test
+    phase reports them; it takes every input and label the loss reads."""
+    return _forward(g, tuple(name for name in ("loss", "predict") if any(n == name for n, _ in g.outputs)))
+
+
+def _forward(g: Graph, outputs: tuple[str, ...]) -> Graph:
+    low = lower(g, "infer")
     b = _start(low, with_step=False)
     vmap = replay(low, b)
-    b.output("predict", vmap[low.output("predict").name])
+    for name in outputs:
+        b.output(name, vmap[low.output(name).name])
     g2 = dce(b.build())
     used = {v.name for s in g2.stmts for v in s.inputs} | {v.name for _, v in g2.outputs}
-    return g2.replace(inputs=tuple(d for d in g2.inputs if d.value.name in used))  # no labels in inference
+    return g2.replace(inputs=tuple(d for d in g2.inputs if d.value.name in used))
 
 
 def gradients(b: GraphBuilder, loss: Value, wrt: set[str]) -> dict[str, Value]:
@@ -115,9 +129,14 @@ def gradients(b: GraphBuilder, loss: Value, wrt: set[str]) -> dict[str, Value]:
     return grads
 
 
-def train_program(g: Graph, optimizer: tuple[str, tuple[tuple[str, Any], ...]], seed: int = 1) -> Graph:
+def train_program(
+    g: Graph, optimizer: tuple[str, tuple[tuple[str, Any], ...]], seed: int = 1, scheduled: bool = False
+) -> Graph:
+    """Forward, backward and update; with `scheduled`, the learning rate is the program's input `opt/lr` (kind
+    "lr", fed every step from the train block's schedule) instead of the optimizer's constant."""
     low = lower(g, "train", seed)
     b = _start(low, with_step=False)
+    rate = b.add_input(InputDef(Value(LR, TensorType(())), "lr")) if scheduled else None
     vmap = replay(low, b)
     for name, v in low.updates:
         b.update(name, vmap[v.name])
@@ -126,7 +145,7 @@ def train_program(g: Graph, optimizer: tuple[str, tuple[tuple[str, Any], ...]], 
     trainable = [p for p in low.params if p.kind == "param"]
     grads = gradients(b, loss, {p.value.name for p in trainable})
     pairs = [(p, grads[p.value.name]) for p in trainable if p.value.name in grads]
-    apply_optimizer(b, pairs, optimizer)
+    apply_optimizer(b, pairs, optimizer, rate)
     return dce(b.build())  # a vjp rule emits every input's gradient; drop those nobody needs (data inputs)
 
 
@@ -145,8 +164,11 @@ def gradient_program(g: Graph, seed: int = 1) -> Graph:
     return dce(b.build())
 
 
-def apply_optimizer(b: GraphBuilder, pairs: list[tuple[ParamDef, Value]], optimizer: tuple[str, tuple]) -> None:
-    """One update per parameter, in the PyTorch convention (DESIGN §2.4); optimizer state as `opt/...`."""
+def apply_optimizer(
+    b: GraphBuilder, pairs: list[tuple[ParamDef, Value]], optimizer: tuple[str, tuple], rate: Value | None = None
+) -> None:
+    """One update per parameter, in the PyTorch convention (DESIGN §2.4); optimizer state as `opt/...`; the
+    learning rate the optimizer's constant, or the scalar input `rate` (a schedule)."""
     name, args = optimizer
     a = dict(args)
     if a.get("clip", 0.0) > 0.0:
@@ -168,9 +190,12 @@ def apply_optimizer(b: GraphBuilder, pairs: list[tuple[ParamDef, Value]], optimi
                 v = _opt_state(b, f"opt/{w.name}/momentum", w.type)
                 v1 = b.emit("sgd_momentum", v, g, w, momentum=a["momentum"], weight_decay=a["weight_decay"])
                 b.update(v.name, v1)
-                w1 = b.emit("sgd_step", w, v1, lr=a["lr"])
-            else:
+                w1 = (b.emit("sgd_step", w, v1, lr=a["lr"]) if rate is None
+                      else b.emit("sgd_step_scheduled", w, v1, rate))  # fmt: skip
+            elif rate is None:
                 w1 = b.emit("sgd_plain", w, g, lr=a["lr"], weight_decay=a["weight_decay"])
+            else:
+                w1 = b.emit("sgd_plain_scheduled", w, g, rate, weight_decay=a["weight_decay"])
         else:
             m = _opt_state(b, f"opt/{w.name}/m", w.type)
             v = _opt_state(b, f"opt/{w.name}/v", w.type)
@@ -178,7 +203,11 @@ def apply_optimizer(b: GraphBuilder, pairs: list[tuple[ParamDef, Value]], optimi
             v1 = b.emit("adam_moment", v, g, beta=a["beta2"], power=2)
             b.update(m.name, m1)
             b.update(v.name, v1)
-            w1 = b.emit("adam_step", w, m1, v1, step1, lr=a["lr"], beta1=a["beta1"], beta2=a["beta2"], eps=a["eps"])
+            betas = {"beta1": a["beta1"], "beta2": a["beta2"], "eps": a["eps"]}
+            if rate is None:
+                w1 = b.emit("adam_step", w, m1, v1, step1, lr=a["lr"], **betas)
+            else:
+                w1 = b.emit("adam_step_scheduled", w, m1, v1, step1, rate, **betas)
         b.update(w.name, w1)
 
 

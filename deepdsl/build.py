@@ -47,3 +47,5 @@ class Build:
     infer_plan: Plan | None
     remat: str = "none"
     extra_flops: int = 0  # what rematerialisation recomputes in one step
+    eval: Graph | None = None  # the optimised test program: `loss` (and `predict`) in inference semantics
+    eval_plan: Plan | None = None

@@ -352,6 +352,60 @@ def run(
         click.echo(json.dumps(result))
 
 
+@cli.command("eval")
+@common
+@click.option("--load", "load_path", type=click.Path(dir_okay=False), required=True, callback=_file_name,
+              help="The trained parameters (a .npz file of run --save or the Java program's --save).")  # fmt: skip
+@click.option("--data", "data_flag", metavar="SOURCE", default=None, callback=_parse_data,
+              help="synthetic | mnist:DIR | cifar10:DIR | npz:FILE (default: the train block's).")  # fmt: skip
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where to run: the NumPy runner (cpu) or the PyCUDA runner (cuda).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
+def eval_(c: api.Compilation, file: str, sets: dict, options: api.Options, load_path: str, data_flag: str | None,
+          device: str, as_json: bool) -> None:  # fmt: skip
+    """The test loss (and accuracy, for a classifier) of FILE with the parameters of --load; no training."""
+    from deepdsl import running
+
+    api.compile_file(file, sets, c=c)
+    assert c.program is not None
+    _warnings(c)
+    report = None if as_json else lambda line: click.echo(line)
+    result = running.evaluate(api.build(c.program, options), load_path, data_flag, device, report)
+    if as_json:
+        click.echo(json.dumps(result))
+
+
+@cli.command()
+@common
+@click.option("--load", "load_path", type=click.Path(dir_okay=False), required=True, callback=_file_name,
+              help="The trained parameters (a .npz file of run --save or the Java program's --save).")  # fmt: skip
+@click.option(
+    "--data",
+    "data_flag",
+    metavar="SOURCE",
+    default=None,
+    callback=_parse_data,
+    help="The samples: npz:FILE (arrays named after the inputs), or synthetic, mnist:DIR, cifar10:DIR.",
+)
+@click.option("-o", "output", type=click.Path(dir_okay=False), required=True, callback=_file_name,
+              help="Where to write the predictions (.npz, the array `predict`).")  # fmt: skip
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where to run: the NumPy runner (cpu) or the PyCUDA runner (cuda).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
+def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, load_path: str, data_flag: str | None,
+            output: str, device: str, as_json: bool) -> None:  # fmt: skip
+    """`predict` of FILE with the parameters of --load for every sample of --data, written to -o."""
+    from deepdsl import running
+
+    api.compile_file(file, sets, c=c)
+    assert c.program is not None
+    _warnings(c)
+    report = None if as_json else lambda line: click.echo(line)
+    result = running.predict(api.build(c.program, options), load_path, output, data_flag, device, report)
+    if as_json:
+        click.echo(json.dumps(result))
+
+
 @cli.command("compile")
 @common
 @click.option("-o", "--output", "output", metavar="PATH", default=None,
@@ -399,7 +453,7 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
             folder = out.parent
         else:
             folder = out
-    prog = java.java_program(b.program, b.train_plan, b.infer_plan, limit)
+    prog = java.java_program(b.program, b.train_plan, b.infer_plan, b.eval_plan, limit)
     modules: dict[str, str] = {}
     if ptx:
         from deepdsl.backends import cuda

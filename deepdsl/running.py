@@ -11,10 +11,11 @@ import numpy as np
 
 from deepdsl.backends.cuda.runner import GPU_EXTRA, Driver, PyCudaDriver, pycuda_available
 from deepdsl.build import Build
-from deepdsl.checkpoint import check_writable
-from deepdsl.data import load_data, parse_data_flag
+from deepdsl.checkpoint import check_writable, save_npz
+from deepdsl.data import parse_data_flag
+from deepdsl.data.named import Samples, fields_of, load_samples
 from deepdsl.errors import DslProgramError
-from deepdsl.trainer import Trainer, TrainResult
+from deepdsl.trainer import Trainer, TrainResult, batch_size
 
 BAR = 24
 
@@ -44,6 +45,11 @@ def open_device(device: str, double: bool = False) -> tuple[Driver | None, str, 
     return driver, f"cuda ({driver.description}, PyCUDA runner)", None
 
 
+def _tested(loss: float, accuracy: float | None) -> str:
+    """What a test reports: the loss always, the accuracy where the loss classifies a label."""
+    return f"loss {loss:.4f}" + (f", accuracy {100 * accuracy:.2f}%" if accuracy is not None else "")
+
+
 def _data_label(kind: str, args: dict[Any, Any], seed: int) -> str:
     """The data source as the progress header names it: synthetic data with the seed it is made from (its own,
     `--data synthetic:SEED`, or the program's), so that `synthetic:5` says what the 5 is."""
@@ -64,6 +70,7 @@ def run_training(
     driver: Driver | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Train `build` and report through `report`; `driver` runs it on that GPU instead of picking by `device`."""
+    save = save or build.program.train.save  # --save, else the train block's
     if save:
         check_writable(save)  # now, not after the training
     if driver:
@@ -78,6 +85,10 @@ def run_training(
             gpu.close()
     out: dict[str, Any] = {"device": "cuda" if result.gpu_memory_bytes is not None else "cpu",
                            "losses": result.losses}  # fmt: skip
+    if result.learning_rates is not None:
+        out["learning_rates"] = result.learning_rates
+    if result.test_loss is not None:
+        out["test_loss"] = result.test_loss
     if result.test_accuracy is not None:
         out["test_accuracy"] = result.test_accuracy
     out["peak_bytes"] = result.peak_bytes
@@ -89,6 +100,92 @@ def run_training(
     return out
 
 
+def evaluate(
+    build: Build, load: str, data_flag: str | None = None, device: str = "auto",
+    report: Callable[[str], None] | None = None, driver: Driver | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """`deepdsl eval`: the test loss (and accuracy, for a classifier) of the parameters in `load`, no training;
+    `driver` runs it on that GPU instead of picking by `device`."""
+    kind, args = _source(build, data_flag)
+    data = load_samples(kind, args, fields_of(build.program.graph.inputs), build.seed)
+    if data.test is None:
+        raise DslProgramError(f"the {kind} data has no test set to evaluate on (an npz file: the NAME_test arrays)")
+    gpu, description, note = (driver, f"cuda ({driver.description})", None) if driver else open_device(device)
+    try:
+        trainer, description, note = _loaded(build, data, gpu, description, note, device, load)
+        if report:
+            if note:
+                report(note)
+            report(f"device: {description}  network {build.program.graph.name}  data {kind}")
+        tested = trainer.test()
+        assert tested is not None
+        on_gpu = trainer.gpu is not None
+    finally:
+        if gpu is not None:
+            gpu.close()
+    out: dict[str, Any] = {"device": "cuda" if on_gpu else "cpu", "test_loss": tested[0]}
+    if tested[1] is not None:
+        out["test_accuracy"] = tested[1]
+    if report:
+        report(f"test loss: {tested[0]:.4f}")
+        if tested[1] is not None:
+            report(f"test accuracy: {100 * tested[1]:.2f}%")
+    return out
+
+
+def predict(
+    build: Build, load: str, output: str, data_flag: str | None = None, device: str = "auto",
+    report: Callable[[str], None] | None = None, driver: Driver | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """`deepdsl predict`: `predict` of the parameters in `load` for every sample of the data's training split (the
+    arrays named after the inputs `predict` reads; other arrays are ignored), written to `output` as the npz array
+    `predict` (docs/formats.md), atomically."""
+    if build.infer is None:
+        raise DslProgramError("the network defines no `predict`, so there is nothing to predict")
+    check_writable(output)  # now, not after the work
+    kind, args = _source(build, data_flag)
+    data = load_samples(kind, args, fields_of(build.infer.inputs), build.seed, other_arrays=True)
+    gpu, description, note = (driver, f"cuda ({driver.description})", None) if driver else open_device(device)
+    try:
+        trainer, description, note = _loaded(build, data, gpu, description, note, device, load)
+        if report:
+            if note:
+                report(note)
+            report(f"device: {description}  network {build.program.graph.name}  data {kind}")
+        values = trainer.predict(data)
+        on_gpu = trainer.gpu is not None
+    finally:
+        if gpu is not None:
+            gpu.close()
+    save_npz(output, {"predict": values})
+    if report:
+        report(f"wrote {output}: predict {list(values.shape)} for {len(values)} samples")
+    return {"device": "cuda" if on_gpu else "cpu", "output": output, "samples": len(values),
+            "shape": list(values.shape)}  # fmt: skip
+
+
+def _source(build: Build, data_flag: str | None) -> tuple[str, dict[str, Any]]:
+    cfg = build.program.train
+    return parse_data_flag(data_flag) if data_flag else (cfg.data[0], dict(cfg.data[1]))
+
+
+def _loaded(
+    build: Build, data: Samples, gpu: Driver | None, description: str, note: str | None, device: str, load: str
+) -> tuple[Trainer, str, str | None]:
+    """A trainer of `build` on `data` holding the parameters of `load`, on `gpu` where it takes the program (under
+    `auto`, else the CPU: the device line and the note say which, and why)."""
+    trainer = Trainer(build, data)
+    if gpu is not None:
+        try:
+            trainer.use_gpu(gpu)
+        except DslProgramError as err:
+            if device != "auto":
+                raise
+            description, note = CPU, _not_used(err.message)
+    trainer.load(load)
+    return trainer, description, note
+
+
 def _train(
     build: Build, gpu: Driver | None, description: str, iters: int | None, data_flag: str | None, load: str | None,
     save: str | None, double: bool, report: Callable[[str], None] | None, fallback: bool = False,
@@ -97,12 +194,8 @@ def _train(
     program = build.program
     cfg = program.train
     kind, args = parse_data_flag(data_flag) if data_flag else (cfg.data[0], dict(cfg.data[1]))
-    x = next(d for d in program.graph.inputs if d.kind == "input")
-    y = next((d for d in program.graph.inputs if d.kind == "label"), None)
-    if y is None:  # e.g. `deepdsl import --no-loss`: its loss compares with an input, which no data source holds
-        raise DslProgramError(f"network {program.graph.name} has no `label`: deepdsl run trains on class ids")
-    assert y.classes is not None
-    data = load_data(kind, args, x.value.type.shape[1:], y.classes, build.seed)
+    batch = batch_size(program.graph)
+    data = load_samples(kind, args, fields_of(program.graph.inputs), build.seed)
     trainer = Trainer(build, data, np.float64 if double else np.float32)
     if gpu is not None:
         try:
@@ -114,7 +207,6 @@ def _train(
     if load:
         trainer.load(load)
     n = iters if iters is not None else cfg.iterations
-    batch = x.value.type.shape[0]
     if report:
         if note:
             report(note)
@@ -128,14 +220,16 @@ def _train(
             report(f"[{'#' * done}{'.' * (BAR - done)}] iter {k + 1:>{len(str(n))}}/{n}  loss {loss:.4f}  "
                    f"{rate:,.0f} images/s")  # fmt: skip
 
-    def on_test(k: int, accuracy: float) -> None:
+    def on_test(k: int, loss: float, accuracy: float | None) -> None:
         if report:
-            report(f"test accuracy after {k + 1} iterations: {100 * accuracy:.2f}% ({cfg.test_iterations} batches)")
+            report(f"test after {k + 1} iterations: {_tested(loss, accuracy)} ({cfg.test_iterations} batches)")
 
-    result = trainer.train(n, on_step, on_test)
+    result = trainer.train(n, on_step, on_test, save)
     if save:
         trainer.save(save)
     if report:
+        if result.test_loss is not None:
+            report(f"test loss: {result.test_loss:.4f}")
         if result.test_accuracy is not None:
             report(f"test accuracy: {100 * result.test_accuracy:.2f}%")
         if save:

@@ -19,10 +19,11 @@ from deepdsl.backends.cuda.runner import Driver, GpuRunner
 from deepdsl.backends.numpy_runner import NonFinite, run, run_plan
 from deepdsl.build import Build
 from deepdsl.checkpoint import load_npz, save_npz
-from deepdsl.data import Dataset
+from deepdsl.data.named import Samples
 from deepdsl.errors import DslProgramError
 from deepdsl.initializers import init_array
 from deepdsl.ir import Graph, ParamDef
+from deepdsl.ir.analysis import classified_label
 from deepdsl.memory.footprint import available_memory, check_fits, footprint
 from deepdsl.memory.report import total_peak
 
@@ -34,6 +35,8 @@ MAX_ITERATION = 2**32 - 1
 @dataclass
 class TrainResult:
     losses: list[float] = field(default_factory=list)
+    learning_rates: list[float] | None = None  # each step's, where the train block gives a schedule
+    test_loss: float | None = None
     test_accuracy: float | None = None
     peak_bytes: int = 0  # what one step holds: parameters, state, optimizer state, inputs, constants and the arena
     arena_bytes: int = 0  # the arena (gradients, activations, workspace): the step's temporaries
@@ -43,7 +46,7 @@ class TrainResult:
 
 
 class Trainer:
-    def __init__(self, build: Build, data: Dataset, dtype: type = np.float32):
+    def __init__(self, build: Build, data: Samples, dtype: type = np.float32):
         program = build.program
         self.build = build
         self.program = program
@@ -52,10 +55,12 @@ class Trainer:
         self.dtype = dtype
         self.train_graph: Graph = build.train
         self.infer_graph: Graph | None = build.infer
+        self.eval_graph: Graph | None = build.eval
+        self.classified = classified_label(program.graph)
         self.plan = build.train_plan if dtype == np.float32 else None  # float64 runs without an arena
         # the whole footprint against the memory available, before the arrays below are allocated
         check_fits(footprint(build.train_plan, np.dtype(dtype).itemsize), available_memory())
-        self.batch = next(d for d in program.graph.inputs if d.kind == "input").value.type.shape[0]
+        self.batch = batch_size(program.graph)
         self.shuffle = self.seed if program.train.shuffle else None
         self.arrays: dict[str, np.ndarray] = {p.value.name: self._init(p) for p in self.train_graph.params}
         self.step_count = 0
@@ -66,7 +71,7 @@ class Trainer:
         """Run every later step and test on the GPU behind `driver` (the parameters move there and stay)."""
         if self.plan is None:
             raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
-        self.gpu = GpuRunner(driver, self.plan, self.build.infer_plan, self.arrays)
+        self.gpu = GpuRunner(driver, self.plan, self.build.infer_plan, self.arrays, self.build.eval_plan)
 
     def _sync(self) -> None:
         if self.gpu is not None and self._gpu_ahead:
@@ -77,11 +82,24 @@ class Trainer:
         i = p.init
         return init_array(p.value.name, p.value.type.shape, i.kind, i.args, i.fan_in, i.fan_out, self.seed, self.dtype)
 
-    def _feeds(self, graph: Graph, x: np.ndarray, y: np.ndarray, step: int) -> dict[str, np.ndarray]:
-        feeds: dict[str, np.ndarray] = {}
+    def _feeds(self, graph: Graph, batch: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
+        """Every input of `graph` from the batch's arrays by name, the step counter and the learning rate."""
+        feeds = {}
         for d in graph.inputs:
-            feeds[d.value.name] = {"input": x, "label": y, "step": np.asarray(step, dtype=np.int64)}[d.kind]
+            if d.kind == "step":
+                feeds[d.value.name] = np.asarray(step, dtype=np.int64)
+            elif d.kind == "lr":
+                feeds[d.value.name] = np.asarray(self.learning_rate(step), dtype=self.dtype)
+            else:
+                feeds[d.value.name] = batch[d.value.name]
         return feeds
+
+    def learning_rate(self, iteration: int) -> float:
+        """The learning rate of step `iteration` (0, 1, ...: the step counter) as the step takes it: the train block's
+        schedule, rounded to float32 (the optimizer's constant where there is no schedule)."""
+        schedule = self.program.train.lr
+        rate = schedule.at(iteration) if schedule is not None else dict(self.program.train.optimizer[1])["lr"]
+        return float(np.float32(rate))
 
     def step(self, number: int | None = None) -> tuple[float, int, int]:
         """Run one training step on the next batch; returns (loss, the bytes the step held, those of its arena): on
@@ -89,8 +107,7 @@ class Trainer:
         (default: the steps taken so far plus one, counting from 1 as the progress lines do)."""
         i = self.step_count
         label = i + 1 if number is None else number
-        x, y = self.data.batch(i, self.batch, self.shuffle)
-        feeds = self._feeds(self.train_graph, x, y, i)
+        feeds = self._feeds(self.train_graph, self.data.batch(i, self.batch, self.shuffle), i)
         if self.gpu is not None:
             outputs, _ = self.gpu.run("train", feeds)
             loss = float(outputs["loss"])
@@ -120,53 +137,83 @@ class Trainer:
             raise NonFinite(f"iteration {i}: {err.message}", err.span) from None
         raise NonFinite(f"iteration {i}: the loss or an update is not finite")
 
-    def test(self, batches: int | None = None) -> float | None:
-        """Accuracy of `predict` on the test set (the whole set, or the first `batches` batches)."""
+    def test(self, batches: int | None = None) -> tuple[float, float | None] | None:
+        """The mean test loss (in inference semantics) and, where the loss classifies a label (`classified_label`),
+        the accuracy of `predict` on the test set (the whole set, or the first `batches` batches); None without a
+        test set."""
         d = self.data
-        if self.infer_graph is None or d.x_test is None or d.y_test is None:
+        graph = self.eval_graph
+        if graph is None or d.test is None:
             return None
-        graph = self.infer_graph
-        n = graph.inputs[0].value.type.shape[0] if graph.inputs else self.batch
-        count = len(d.x_test) // n if batches is None else min(batches, max(1, len(d.x_test) // n))
+        n = self.batch
+        count = d.test_size // n if batches is None else min(batches, max(1, d.test_size // n))
         correct = total = 0
+        loss_sum = 0.0
         for b in range(max(1, count)):
-            xs = np.take(d.x_test, range(b * n, b * n + n), axis=0, mode="wrap")
-            ys = np.take(d.y_test, range(b * n, b * n + n), mode="wrap")
-            feeds = {dd.value.name: xs if dd.kind == "input" else ys for dd in graph.inputs}
+            feeds = self._feeds(graph, d.test_batch(b, n), 0)
             if self.gpu is not None:
-                scores = self.gpu.run("infer", feeds)[0]["predict"]
+                outputs = self.gpu.run("eval", feeds)[0]
             else:
-                scores = run(graph, feeds, self.arrays, self.dtype).outputs["predict"]
-            finite = np.isfinite(scores).all(axis=1)  # a NaN or Inf score is a wrong answer, whatever argmax says
-            correct += int(np.sum(finite & (np.argmax(scores, axis=1) == ys)))
-            total += n
-        return correct / total
+                outputs = run(graph, feeds, self.arrays, self.dtype).outputs
+            loss_sum += float(outputs["loss"])
+            if self.classified is not None:
+                scores, ys = outputs["predict"], feeds[self.classified]
+                finite = np.isfinite(scores).all(axis=1)  # a NaN or Inf score is a wrong answer, whatever argmax says
+                correct += int(np.sum(finite & (np.argmax(scores, axis=1) == ys)))
+                total += n
+        return loss_sum / max(1, count), (correct / total if self.classified is not None else None)
+
+    def predict(self, data: Samples) -> np.ndarray:
+        """`predict` for every training-split sample of `data`, in order, in inference semantics: batches of N, the
+        last one filled by wrapping around and cut back."""
+        graph = self.infer_graph
+        if graph is None:
+            raise DslProgramError("the network defines no `predict`, so there is nothing to predict")
+        n, m = self.batch, data.size
+        parts = []
+        for b in range((m + n - 1) // n):
+            rows = {name: np.take(a, range(b * n, b * n + n), axis=0, mode="wrap") for name, a in data.train.items()}
+            feeds = self._feeds(graph, rows, 0)
+            if self.gpu is not None:
+                parts.append(self.gpu.run("infer", feeds)[0]["predict"])
+            else:
+                parts.append(run(graph, feeds, self.arrays, self.dtype).outputs["predict"])
+        return np.concatenate(parts)[:m]
 
     def train(
         self,
         iterations: int,
         on_step: Callable[[int, float, float], None] | None = None,
-        on_test: Callable[[int, float], None] | None = None,
+        on_test: Callable[[int, float, float | None], None] | None = None,
+        save_to: str | None = None,
     ) -> TrainResult:
         """Run `iterations` steps; every `test_every` steps test on `test_iterations` batches (reported
-        through `on_test`); test on the whole test set at the end."""
+        through `on_test` as the iteration, the test loss and the accuracy or None); test on the whole test set at the
+        end. With `save_to`, the parameter file is written there every `save_every` steps of the train block.
+        """
         cfg = self.program.train
-        result = TrainResult()
+        result = TrainResult(learning_rates=[] if cfg.lr is not None else None)
         start = time.perf_counter()
         for k in range(iterations):
             t0 = time.perf_counter()
+            if result.learning_rates is not None:
+                result.learning_rates.append(self.learning_rate(self.step_count))
             loss, peak, arena = self.step(k + 1)
             result.losses.append(loss)
+            if save_to is not None and cfg.save_every and (k + 1) % cfg.save_every == 0:
+                self.save(save_to)
             result.peak_bytes = max(result.peak_bytes, peak)
             result.arena_bytes = max(result.arena_bytes, arena)
             if on_step:
                 on_step(k, loss, time.perf_counter() - t0)
             if on_test and cfg.test_every and (k + 1) % cfg.test_every == 0 and k + 1 < iterations:
-                accuracy = self.test(cfg.test_iterations)
-                if accuracy is not None:
-                    on_test(k, accuracy)
+                tested = self.test(cfg.test_iterations)
+                if tested is not None:
+                    on_test(k, *tested)
         result.seconds_per_iter = (time.perf_counter() - start) / iterations if iterations else 0.0
-        result.test_accuracy = self.test() if iterations else None  # nothing trained (--iters 0): nothing to test
+        tested = self.test() if iterations else None  # nothing trained (--iters 0): nothing to test
+        if tested is not None:
+            result.test_loss, result.test_accuracy = tested
         if self.gpu is not None:
             result.gpu_memory_bytes = self.gpu.measured_bytes
             result.gpu_planned_bytes = self.gpu.planned_bytes
@@ -204,4 +251,21 @@ class Trainer:
             self._gpu_ahead = False
 
 
-__all__ = ["TrainResult", "Trainer"]
+def batch_size(g: Graph) -> int:
+    """N, the samples of one step: the leading dimension every input and label shares (a user error otherwise)."""
+    data = [d for d in g.inputs if d.kind in ("input", "label")]
+    if not data or not data[0].value.type.shape:
+        raise DslProgramError("the network needs an `input` whose first dimension is the batch, e.g. [N, 784]")
+    n = data[0].value.type.shape[0]
+    for d in data[1:]:
+        if not d.value.type.shape or d.value.type.shape[0] != n:
+            first = data[0].value.name
+            raise DslProgramError(
+                f"{d.kind} '{d.value.name}' is {d.value.type}, but every input and label holds one row per sample "
+                f"and '{first}' has a batch of {n}",
+                d.span,
+            )
+    return n
+
+
+__all__ = ["TrainResult", "Trainer", "batch_size"]

@@ -25,7 +25,7 @@ os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = THREADS
 import numpy as np  # noqa: E402 — after the thread settings
 
 from deepdsl import api  # noqa: E402 — after the thread settings
-from deepdsl.data import load_data  # noqa: E402 — after the thread settings
+from deepdsl.data.named import fields_of, load_samples  # noqa: E402 — after the thread settings
 from deepdsl.trainer import Trainer  # noqa: E402 — after the thread settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,9 +36,7 @@ CASES = [
 
 
 def numpy_step_seconds(program, steps: int) -> float:  # noqa: ANN001
-    x = next(d for d in program.graph.inputs if d.kind == "input").value.type.shape
-    y = next(d for d in program.graph.inputs if d.kind == "label")
-    t = Trainer(api.build(program), load_data("synthetic", {}, x[1:], y.classes, 1))
+    t = Trainer(api.build(program), load_samples("synthetic", {}, fields_of(program.graph.inputs), 1))
     t.step()  # warm up
     times = []
     for _ in range(steps):

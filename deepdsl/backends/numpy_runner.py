@@ -44,7 +44,7 @@ def run(
     env: dict[str, np.ndarray] = {}
     for d in g.inputs:
         x = np.asarray(feeds[d.value.name])
-        env[d.value.name] = x.astype(dtype) if d.kind == "input" else x
+        env[d.value.name] = x.astype(dtype) if d.value.type.dtype.value == "f32" else x
     for p in g.params:
         env[p.value.name] = np.asarray(param_value(p, params), dtype=dtype)
     last = last_uses(g)
@@ -169,7 +169,8 @@ def run_plan(p: Plan, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray
         arena.view(np.float32)[:] = np.nan
     env: dict[str, np.ndarray] = {}
     for d in g.inputs:
-        env[d.value.name] = np.asarray(feeds[d.value.name], dtype=np.float32 if d.kind == "input" else np.int64)
+        floats = d.value.type.dtype.value == "f32"  # an input or the learning rate; labels and the step are int64
+        env[d.value.name] = np.asarray(feeds[d.value.name], dtype=np.float32 if floats else np.int64)
     written = set(p.in_state.values())
     for q in g.params:  # a copy only where an update is written over it
         value = param_value(q, params)

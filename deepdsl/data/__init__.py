@@ -5,9 +5,10 @@
 
 `args` holds the source's arguments as the train block gives them: ``synthetic(seed=1)`` ->
 ``{"seed": 1}``, ``mnist("dir")`` -> ``{"dir": "dir"}``, ``cifar10("dir")`` -> ``{"dir": ...}``,
-``npz("file")`` -> ``{"file": ...}`` (a positional argument may also come under the key ``0``).
-Relative paths are used as given (relative to the working directory; the front end has already made a train
-block's relative to its .ddsl file).
+``npz("file")`` -> ``{"file": ...}`` (a positional argument may also come under the key ``0``). Here an npz
+file holds the arrays ``x`` and ``y`` (``x_test``, ``y_test``); `named.load_samples` binds a network's inputs and
+labels by their own names. Relative paths are used as given (relative to the working directory; the front end has
+already made a train block's relative to its .ddsl file).
 
 `x_shape` is the network input's *per-sample* shape (its shape without the leading batch
 dimension), `y_classes` the number of classes K. Every sample must have exactly that shape, with
@@ -31,7 +32,10 @@ import numpy as np
 from ..errors import DslProgramError, did_you_mean
 from ..initializers import MASK64, splitmix64_array, stream_seed
 
-__all__ = ["KINDS", "Dataset", "load_data", "parse_data_flag", "shuffle_permutation"]
+__all__ = [
+    "KINDS", "Dataset", "fit_shape", "load_data", "parse_data_flag", "sample_indices", "shuffle_permutation",
+    "source_argument",
+]  # fmt: skip
 
 #: data source -> the name of its one argument
 KINDS = {"synthetic": "seed", "mnist": "dir", "cifar10": "dir", "npz": "file"}
@@ -96,28 +100,33 @@ class Dataset:
         ``shuffle_permutation(M, e, shuffle_seed)[p mod M]``: every epoch visits each sample once,
         in its own order. Returns copies ``(x [n, ...], y [n])``.
         """
-        if n <= 0:
-            raise DslProgramError(f"the batch size must be positive, got {n}")
-        if i < 0:
-            raise DslProgramError(f"the iteration number must not be negative, got {i}")
-        m = self.size
-        pos = np.arange(i * n, (i + 1) * n, dtype=np.int64)
-        idx = pos % m
-        if shuffle_seed is not None:
-            epochs = pos // m
-            for e in range(int(epochs[0]), int(epochs[-1]) + 1):
-                sel = epochs == e
-                idx[sel] = self._permutation(e, shuffle_seed)[idx[sel]]
+        idx = sample_indices(i, n, self.size, shuffle_seed, self._perms)
         return self.x_train[idx], self.y_train[idx]
 
-    def _permutation(self, epoch: int, shuffle_seed: int) -> np.ndarray:
-        key = (epoch, shuffle_seed & MASK64)
-        perm = self._perms.get(key)
-        if perm is None:
-            if len(self._perms) >= 4:
-                self._perms.clear()
-            perm = self._perms[key] = shuffle_permutation(self.size, epoch, shuffle_seed)
-        return perm
+
+def sample_indices(
+    i: int, n: int, m: int, shuffle_seed: int | None, perms: dict[tuple[int, int], np.ndarray]
+) -> np.ndarray:
+    """The sample numbers of positions ``[i·n, (i+1)·n)`` over `m` samples (see `Dataset.batch`); `perms` caches
+    the permutations of recent epochs."""
+    if n <= 0:
+        raise DslProgramError(f"the batch size must be positive, got {n}")
+    if i < 0:
+        raise DslProgramError(f"the iteration number must not be negative, got {i}")
+    pos = np.arange(i * n, (i + 1) * n, dtype=np.int64)
+    idx = pos % m
+    if shuffle_seed is not None:
+        epochs = pos // m
+        for e in range(int(epochs[0]), int(epochs[-1]) + 1):
+            sel = epochs == e
+            key = (e, shuffle_seed & MASK64)
+            perm = perms.get(key)
+            if perm is None:
+                if len(perms) >= 4:
+                    perms.clear()
+                perm = perms[key] = shuffle_permutation(m, e, shuffle_seed)
+            idx[sel] = perm[idx[sel]]
+    return idx
 
 
 def parse_data_flag(text: str) -> tuple[str, dict[str, Any]]:
@@ -146,7 +155,7 @@ def parse_data_flag(text: str) -> tuple[str, dict[str, Any]]:
     return kind, {KINDS[kind]: value}
 
 
-def _argument(kind: str, args: Mapping[Any, Any]) -> Any:
+def source_argument(kind: str, args: Mapping[Any, Any]) -> Any:
     name = KINDS[kind]
     unknown = [k for k in args if k not in (name, 0)]
     if unknown:
@@ -166,7 +175,7 @@ def load_data(kind: str, args: Mapping[Any, Any], x_shape: tuple[int, ...], y_cl
     x_shape = tuple(int(d) for d in x_shape)
     if y_classes < 1:
         raise DslProgramError(f"the network must have at least one class, got {y_classes}")
-    arg = _argument(kind, args)
+    arg = source_argument(kind, args)
     if kind == "synthetic":
         from .synthetic import make_synthetic
 
@@ -176,23 +185,28 @@ def load_data(kind: str, args: Mapping[Any, Any], x_shape: tuple[int, ...], y_cl
         return make_synthetic(x_shape, y_classes, int(s))
     if arg is None or not isinstance(arg, str) or not arg:
         raise DslProgramError(f'{kind}() needs a {KINDS[kind]} name as a string, e.g. {kind}("data/{kind}")')
+    if kind == "npz":  # the network's input and label under the names x and y
+        from .named import Field, load_samples
+
+        fields = (Field("x", "input", x_shape), Field("y", "label", (), y_classes))
+        samples = load_samples(kind, {"file": arg}, fields, seed)
+        test = samples.test
+        return Dataset(samples.train["x"], samples.train["y"], *((test["x"], test["y"]) if test else (None, None)))
     if kind == "mnist":
         from .mnist import load_mnist as loader
-    elif kind == "cifar10":
-        from .cifar10 import load_cifar10 as loader
     else:
-        from .npz import load_npz_data as loader
+        from .cifar10 import load_cifar10 as loader
     x, y, xt, yt = loader(arg)
     where = f"{kind} data in '{arg}'"
-    x = _fit_shape(x, x_shape, where)
+    x = fit_shape(x, x_shape, where)
     _check_labels(y, y_classes, where, "training")
     if xt is not None:
-        xt = _fit_shape(xt, x_shape, where + " (test set)")
+        xt = fit_shape(xt, x_shape, where + " (test set)")
         _check_labels(yt, y_classes, where, "test")
     return Dataset(x, y, xt, yt)
 
 
-def _fit_shape(x: np.ndarray, x_shape: tuple[int, ...], where: str) -> np.ndarray:
+def fit_shape(x: np.ndarray, x_shape: tuple[int, ...], where: str) -> np.ndarray:
     sample = tuple(x.shape[1:])
     if sample == x_shape:
         return x

@@ -18,6 +18,8 @@ integer steps that any language reproduces bit for bit:
   ``seed XOR fnv1a64("synthetic/x")``.
 - Input: ``x[j, t] = ((N[j, t] >>> 1) + (P[y_j, t] >>> 1) - 2^23) · 2^-24``, a float32 in [-0.5, 0.5) (exact):
   centred, as normalised images are, so that the reference networks train with their own learning rates.
+
+A network's further inputs are regression targets, each a fixed linear function of the first (`make_target`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 
 from ..initializers import splitmix64_array, stream_seed
 
-__all__ = ["make_synthetic", "synthetic_sizes"]
+__all__ = ["make_synthetic", "make_target", "synthetic_sizes"]
 
 _BIG = 65536
 MAX_BYTES = 2**29  # the data set's float32 samples, training and test together (at least one of each)
@@ -69,3 +71,28 @@ def make_synthetic(x_shape: tuple[int, ...], classes: int, seed: int):  # noqa: 
         x[lo:hi] = (m - (1 << 23)) * 2.0**-24
     x = x.reshape((total, *x_shape))
     return Dataset(x[:n_train], y[:n_train], x[n_train:], y[n_train:])
+
+
+def make_target(x: np.ndarray, name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """A regression target `name` of per-sample `shape` for synthetic inputs `x` ``[M, ...]``: a fixed linear
+    function of each sample, so a network with a linear layer can learn it exactly, reproducible bit for bit.
+
+    With the input's D elements as the exact integers ``X[j, t] = x[j, t] · 2^24`` and U elements per target,
+    ``S[u, t] = 1 - 2·(next() >>> 63)`` (a sign) is draw ``u·D + t`` of the stream seeded with
+    ``seed XOR fnv1a64("synthetic/target/" + name)``, and ``target[j, u] = float32((Σ_t X[j, t]·S[u, t]) ·
+    2^-(24 + k))`` with ``k = bit_length(D) // 2`` (about 1/√D, so targets are of the inputs' size); the sum is an
+    exact integer (below 2^53), rounded to float32 once.
+    """
+    m = len(x)
+    d = math.prod(x.shape[1:])
+    u = math.prod(shape)
+    xs = x.reshape(m, d).astype(np.float64) * 2.0**24
+    stream = stream_seed(f"synthetic/target/{name}", seed)
+    scale = 2.0 ** -(24 + d.bit_length() // 2)
+    out = np.empty((m, u), dtype=np.float32)
+    chunk = max(1, (1 << 21) // max(d, 1))
+    for lo in range(0, u, chunk):
+        hi = min(u, lo + chunk)
+        signs = 1.0 - 2.0 * (splitmix64_array(stream, (hi - lo) * d, lo * d) >> np.uint64(63)).astype(np.float64)
+        out[:, lo:hi] = (xs @ signs.reshape(hi - lo, d).T) * scale  # every partial sum an integer below 2^53: exact
+    return out.reshape((m, *shape))

@@ -24,7 +24,7 @@ REQUIRED = object()
 @dataclass(frozen=True)
 class ArgSpec:
     name: str
-    kind: str  # int, pair, float, bool, init, str
+    kind: str  # int, pair, float, bool, init, str, schedule
     default: Any = REQUIRED
     low: float | None = None  # smallest allowed value (ints, pairs, floats)
     below: float | None = None  # values must be strictly less than this
@@ -242,12 +242,22 @@ SPECS: dict[str, tuple[str, tuple[ArgSpec, ...]]] = {
     "sgd": (
         "optimizer",
         (
-            ArgSpec("lr", "float", low=0.0),
+            ArgSpec("lr", "float", 0.01, low=0.0),
             ArgSpec("momentum", "float", 0.0, low=0.0, below=1.0),
             ArgSpec("weight_decay", "float", 0.0, low=0.0),
             ArgSpec("clip", "float", 0.0, low=0.0),
         ),
     ),  # fmt: skip
+    # learning-rate schedules (frontend/program.py Schedule); `lr` is a number or another schedule
+    "step": (
+        "schedule",
+        (ArgSpec("lr", "schedule"), ArgSpec("every", "int", low=1), ArgSpec("gamma", "float", 0.1, low=0.0)),
+    ),  # fmt: skip
+    "cosine": (
+        "schedule",
+        (ArgSpec("lr", "schedule"), ArgSpec("total", "int", 0, low=0), ArgSpec("min", "float", 0.0, low=0.0)),
+    ),  # fmt: skip
+    "warmup": ("schedule", (ArgSpec("lr", "schedule"), ArgSpec("steps", "int", low=1))),
     "adam": (
         "optimizer",
         (

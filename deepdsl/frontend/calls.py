@@ -338,6 +338,15 @@ def convert(fname: str, spec: ArgSpec, v: Any, span: Span) -> Any:
         if not isinstance(v, str):
             raise bad("a string")
         return v
+    if spec.kind == "schedule":
+        if isinstance(v, Spec) and v.family == "schedule":
+            return v
+        if not (is_int or isinstance(v, float)):
+            raise bad("a learning rate (a number) or a schedule such as step(0.1, every=30), cosine(0.1)")
+        check_range(float(v))
+        if float(v) < 0:
+            raise DslArgumentError(f"argument '{spec.name}' of {fname} must be at least 0, got {v:g}", span)
+        return float(v)
     if spec.kind == "init":
         if isinstance(v, BuiltinFn) and v.name in SPECS and SPECS[v.name][0] == "init" and not SPECS[v.name][1]:
             return Spec("init", v.name, ())

@@ -28,7 +28,7 @@ from deepdsl.frontend import arith, ast, calls
 from deepdsl.frontend.builtins import BUILTINS, QUERIES, SPECS
 from deepdsl.frontend.calls import CallArg
 from deepdsl.frontend.javanames import java_class, reserved_class_names
-from deepdsl.frontend.params import ParamStore, join, unused_parameter_warnings
+from deepdsl.frontend.params import ParamStore, join, no_gradient_check
 from deepdsl.frontend.program import LayerRow, Program
 from deepdsl.frontend.tensorfn import check_uncalled
 from deepdsl.frontend.train import train_config
@@ -76,6 +76,7 @@ class Elaborator:
         self.applications = 0
         self.tensor_fns_called: set[str] = set()
         self.loss: TensorVal | None = None
+        self.loss_span: Span | None = None
         self.predict: TensorVal | None = None
         self.train: ast.Train | None = None
 
@@ -149,7 +150,11 @@ class Elaborator:
         for err in _too_many_elements(graph):
             self.diags.add(err)
         self.diags.raise_if_errors()
-        for warning in unused_parameter_warnings(graph):
+        error, warnings = no_gradient_check(graph, self.loss_span)
+        if error is not None:
+            self.diags.add(error)
+            self.diags.raise_if_errors()
+        for warning in warnings:
             self.diags.add(warning)
         return Program(graph, tuple(self.rows), train, tuple(self.diags.warnings))
 
@@ -268,6 +273,7 @@ class Elaborator:
                     item.value.span, hint="wrap the scores in a loss, e.g. softmax_cross_entropy(net(x), y)",
                 )  # fmt: skip
             self.loss = value
+            self.loss_span = item.span
         else:
             self.predict = value
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from deepdsl.errors import DslNameError, DslShapeError, DslWarning, Note, Span
+from deepdsl.errors import DslNameError, DslProgramError, DslShapeError, DslWarning, Note, Span
 from deepdsl.frontend.values import Scope, Spec, TensorVal
-from deepdsl.ir import Graph, GraphBuilder, Init, ParamDef, TensorType, Value
+from deepdsl.ir import REGISTRY, Graph, GraphBuilder, Init, ParamDef, TensorType, Value
 
 
 def join(path: str, name: str) -> str:
@@ -64,19 +64,35 @@ class ParamStore:
         return value
 
 
-def unused_parameter_warnings(graph: Graph) -> list[DslWarning]:
-    """One warning per layer whose trainable parameters cannot affect the loss."""
+def gradient_path(graph: Graph) -> set[str]:
+    """The values the loss has a gradient with respect to: those it reaches through differentiable statements
+    (`accuracy` or `argmax` pass no gradient)."""
     needed = {graph.output("loss").name}
     for s in reversed(graph.stmts):
-        if s.out.name in needed:
+        if s.out.name in needed and REGISTRY[s.op].differentiable:
             needed.update(v.name for v in s.inputs)
+    return needed
+
+
+def no_gradient_check(graph: Graph, loss_span: Span | None) -> tuple[DslProgramError | None, list[DslWarning]]:
+    """An error (at the `loss` line) when no trainable parameter gets a gradient from the loss, and one warning per
+    layer whose trainable parameters get none."""
+    needed = gradient_path(graph)
     unused: dict[str, list[ParamDef]] = {}
     for p in graph.trainable:
         if p.value.name not in needed:
             unused.setdefault(p.layer, []).append(p)
+    if graph.trainable and len(unused) == len({p.layer for p in graph.trainable}):
+        error = DslProgramError(
+            "the loss has no gradient with respect to any parameter, so training would change nothing",
+            loss_span,
+            hint="the loss must be computed from the parameters by differentiable operations (`accuracy` and "
+            "`argmax` carry no gradient); e.g. loss = softmax_cross_entropy(net(x), y)",
+        )
+        return error, []
     warnings = []
     for layer, params in unused.items():
         listed = ", ".join(p.value.name for p in params)
-        message = f"the parameters of '{layer}' ({listed}) do not affect the loss and will not be trained"
+        message = f"the parameters of '{layer}' ({listed}) get no gradient from the loss and will not be trained"
         warnings.append(DslWarning(message, params[0].span))
-    return warnings
+    return None, warnings

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,50 @@ class LayerRow:
 
 
 @dataclass(frozen=True)
+class Schedule:
+    """The learning rate of iteration k = 0, 1, ... (the step counter, `opt/iteration`: a resumed run continues its
+    schedule), per iteration. `constant(value)`; `step`: base(k) · gamma^(k div every); `cosine`: min + (base(k) -
+    min) · (1 + cos(π·k/total)) / 2 for k < total, then min; `warmup`: base(0) · (k+1)/steps for k < steps, then
+    base(k - steps) (PyTorch's LinearLR then the base schedule from its own start, as SequentialLR runs them).
+    Every step in float64, the same in the Java runtime's Schedule.java; the step takes it rounded to float32."""
+
+    kind: str  # constant, step, cosine, warmup
+    base: Schedule | None = None  # the schedule this one modifies (None: constant)
+    value: float = 0.0  # constant
+    every: int = 1  # step
+    gamma: float = 0.1  # step
+    total: int = 1  # cosine
+    min: float = 0.0  # cosine
+    steps: int = 1  # warmup
+
+    def at(self, k: int) -> float:
+        if self.kind == "constant":
+            return self.value
+        assert self.base is not None
+        if self.kind == "step":
+            return self.base.at(k) * power(self.gamma, k // self.every)
+        if self.kind == "cosine":
+            if k >= self.total:
+                return self.min
+            return self.min + (self.base.at(k) - self.min) * (1.0 + math.cos(math.pi * k / self.total)) / 2.0
+        assert self.kind == "warmup", self.kind
+        if k < self.steps:
+            return self.base.at(0) * (k + 1) / self.steps
+        return self.base.at(k - self.steps)
+
+
+def power(x: float, n: int) -> float:
+    """x^n by squaring, in float64: the same multiplications, in the same order, as the Java runtime's."""
+    result = 1.0
+    while n > 0:
+        if n & 1:
+            result *= x
+        x *= x
+        n >>= 1
+    return result
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     data: tuple[str, tuple[tuple[str, Any], ...]]  # ("mnist", (("dir", "data/mnist"),))
     optimizer: tuple[str, tuple[tuple[str, Any], ...]]
@@ -30,7 +75,9 @@ class TrainConfig:
     test_iterations: int = 10
     seed: int = 1
     shuffle: bool = False
-    save: str | None = None
+    save: str | None = None  # the parameter file written at the end (and every `save_every` iterations)
+    save_every: int = 0  # 0: only at the end
+    lr: Schedule | None = None  # a learning-rate schedule, replacing the optimizer's constant lr
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import TYPE_CHECKING, Any
 
 from deepdsl.errors import DslArgumentError, DslProgramError, Note, did_you_mean
 from deepdsl.frontend import ast, calls
 from deepdsl.frontend.builtins import SPECS
-from deepdsl.frontend.program import TrainConfig
+from deepdsl.frontend.program import Schedule, TrainConfig
 from deepdsl.frontend.values import BuiltinFn, Spec, describe
 
 if TYPE_CHECKING:
@@ -27,6 +28,8 @@ KEYS: dict[str, tuple[str, int]] = {
     "seed": ("int", 0),
     "shuffle": ("bool", 0),
     "save": ("str", 0),
+    "save_every": ("int", 1),
+    "lr": ("schedule", 0),
 }
 
 
@@ -68,7 +71,20 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
         v = el.eval(entry.value, el.globals)
         if isinstance(v, BuiltinFn) and v.name in SPECS:  # `optimizer = sgd` without parentheses
             v = calls.call(el, v, (), entry.value.span)
-        if kind in ("data", "optimizer"):
+        if kind == "schedule":
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float, Spec))
+                or (isinstance(v, Spec) and v.family != "schedule")
+            ):
+                raise DslArgumentError(
+                    f"'lr' must be a learning rate or a schedule (step(...), cosine(...), warmup(...)), got "
+                    f"{describe(v)}", entry.value.span,
+                )  # fmt: skip
+            if not isinstance(v, Spec) and (not math.isfinite(v) or v < 0):
+                raise DslArgumentError(f"'lr' must be a finite number of at least 0, got {v!r}", entry.value.span)
+            values[entry.key] = v
+        elif kind in ("data", "optimizer"):
             if not (isinstance(v, Spec) and v.family == kind):
                 choices = [n for n, (fam, _) in SPECS.items() if fam == kind]
                 raise DslArgumentError(
@@ -96,4 +112,34 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
             values[entry.key] = v
     values.setdefault("data", DEFAULT_DATA)
     values.setdefault("optimizer", DEFAULT_OPTIMIZER)
+    if "lr" in values:
+        optimizer = seen.get("optimizer")
+        if optimizer is not None and _gives_lr(optimizer.value):
+            raise DslProgramError(
+                "the learning rate is given twice: by the optimizer and by `lr`", seen["lr"].span,
+                notes=[Note("the optimizer's", optimizer.value.span)],
+                hint="leave lr out of the optimizer; `lr` gives it for every iteration",
+            )  # fmt: skip
+        values["lr"] = schedule(values["lr"], values.get("iterations", TrainConfig.iterations))
+    if "save_every" in values and "save" not in values:
+        raise DslProgramError("`save_every` needs `save`, the file to write", seen["save_every"].span)
     return TrainConfig(**values)
+
+
+def _gives_lr(e: ast.Expr) -> bool:
+    """Whether an optimizer expression names its learning rate (`sgd(0.1)`, `adam(lr=...)`)."""
+    return isinstance(e, ast.Call) and any(a.name in (None, "lr") for a in e.args)
+
+
+def schedule(v: Any, iterations: int) -> Schedule:
+    """The Schedule of an `lr` value: a number (constant) or a schedule spec, whose `cosine(total=0)` runs over the
+    train block's `iterations`."""
+    if not isinstance(v, Spec):
+        return Schedule("constant", value=float(v))
+    a = dict(v.args)
+    base = schedule(a["lr"], iterations)
+    if v.name == "step":
+        return Schedule("step", base, every=a["every"], gamma=a["gamma"])
+    if v.name == "cosine":
+        return Schedule("cosine", base, total=a["total"] or max(1, iterations), min=a["min"])
+    return Schedule("warmup", base, steps=a["steps"])

@@ -1,6 +1,6 @@
 """The analyses of statements and programs that the passes, the memory planner and the backends share, each written
 once: a statement as an index form, whether an expression reduces, whether a statement reads an input point-wise,
-and who reads a value how often and last.
+who reads a value how often and last, and which label a network's loss classifies.
 
 An index form writes a statement as one scalar expression over its output's indices i0, i1, ... (`out_vars`):
 `out[i0, i1, ...] = body`, where `Read(k, index)` reads input k. Fused and `indexed` statements carry theirs as
@@ -143,3 +143,24 @@ def last_uses(g: Graph) -> dict[str, int]:
     for name in returned(g):
         last[name] = len(g.stmts)
     return last
+
+
+def classified_label(g: Graph) -> str | None:
+    """The label whose accuracy the test phase reports: the one a classifying loss op (`classifies`) that the loss
+    depends on reads, where `predict` is the [N, K] scores of its K classes; None otherwise (an autoencoder or a
+    regression reports the test loss only)."""
+    outputs = dict(g.outputs)
+    if "predict" not in outputs:
+        return None
+    labels = {d.value.name: d for d in g.inputs if d.kind == "label"}
+    needed = {outputs["loss"].name}
+    for st in reversed(g.stmts):
+        if st.out.name in needed:
+            needed.update(v.name for v in st.inputs)
+    predict = outputs["predict"].type
+    for st in g.stmts:
+        if REGISTRY[st.op].classifies and st.out.name in needed and st.inputs[1].name in labels:
+            label = labels[st.inputs[1].name]
+            if predict.rank == 2 and predict.shape[1] == label.classes and label.value.type.rank == 1:
+                return label.value.name
+    return None

@@ -41,7 +41,9 @@ class Init:
 @dataclass(frozen=True)
 class InputDef:
     value: Value
-    kind: str  # "input" (float data), "label" (int class ids) or "step" (the iteration, for dropout masks)
+    # "input" (float data), "label" (int class ids), "step" (the iteration, for dropout masks) or "lr" (the learning
+    # rate of a schedule, f32[])
+    kind: str
     classes: int | None = None
     span: Span | None = None
 

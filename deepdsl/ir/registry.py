@@ -90,6 +90,8 @@ class OpDef:
     flops: FlopsRule | None = None
     lower: LowerRule | None = None  # ops the train/infer programs rewrite into others (batch_norm, dropout)
     differentiable: bool = True  # False for ops whose output carries no gradient (argmax, accuracy)
+    # a loss over (scores [N, K], class ids [N]): a network whose loss is one reports test accuracy (trainer.py)
+    classifies: bool = False
     index_form: IndexFormRule | None = None  # element-wise ops and simple reductions: what fusion composes
     workspace: WorkspaceRule | None = None  # scratch beyond the output (an im2col matrix); None: none
     numpy_ws: Callable[..., Any] | None = None  # (inputs, attrs, workspace uint8 array) -> output, using it
@@ -113,6 +115,7 @@ def defop(
     cheap_to_recompute: bool = False,
     accepts_epilogue: bool = False,
     inline_into_readers: bool = False,
+    classifies: bool = False,
 ) -> Callable[[ShapeRule], ShapeRule]:
     """Register `fn` as the shape rule of op `name`; `doc` (else the rule's docstring) describes the op."""
 
@@ -122,7 +125,7 @@ def defop(
         REGISTRY[name] = OpDef(
             name, fn, arity, description, elementwise, view,
             cheap_to_recompute=cheap_to_recompute, accepts_epilogue=accepts_epilogue,
-            inline_into_readers=inline_into_readers, differentiable=differentiable,
+            inline_into_readers=inline_into_readers, differentiable=differentiable, classifies=classifies,
         )  # fmt: skip
         return fn
 

@@ -36,10 +36,12 @@ def _class_loss(what: str):  # noqa: ANN202
     return rule
 
 
-defop("softmax_cross_entropy", 2, doc="mean over the batch of -log softmax(x)[label]")(
+defop("softmax_cross_entropy", 2, doc="mean over the batch of -log softmax(x)[label]", classifies=True)(
     _class_loss("softmax_cross_entropy")
 )
-defop("cross_entropy", 2, doc="mean over the batch of -log p[label] for probabilities p")(_class_loss("cross_entropy"))
+defop("cross_entropy", 2, doc="mean over the batch of -log p[label] for probabilities p", classifies=True)(
+    _class_loss("cross_entropy")
+)
 defop("accuracy", 2, doc="fraction of rows whose largest score is at the label", differentiable=False)(
     _class_loss("accuracy")
 )

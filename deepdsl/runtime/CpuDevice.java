@@ -51,6 +51,11 @@ public final class CpuDevice implements Device {
   }
 
   @Override
+  public float evalStep(Network net) {
+    return net.evalStep();
+  }
+
+  @Override
   public Buf inferStep(Network net) {
     return net.inferStep();
   }

@@ -30,6 +30,7 @@ import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.IdentityHashMap;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import jcuda.Pointer;
@@ -79,15 +80,16 @@ public final class CudaDevice implements Device {
   private final Map<float[], CUdeviceptr> places = new IdentityHashMap<>();
   private final Map<int[], Buf> hostCopies = new IdentityHashMap<>();
   private CUdeviceptr arena;
-  private CUdeviceptr inputs;
-  private CUdeviceptr labels;
+  // every input and label by name; a label's host array -> its int64 values and where they are on the GPU
+  private final Map<String, CUdeviceptr> batch = new LinkedHashMap<>();
+  private final Map<float[], CUdeviceptr> labels = new IdentityHashMap<>();
+  private final Map<String, long[]> labelValues = new HashMap<>();
+  private CUdeviceptr rate; // the learning rate of a schedule (the step's opt/lr input)
   private CUdeviceptr counter; // the step counter a dropout mask is drawn for
-  private float[] labelArray;
   private float[] settingValues; // the settings the kernels read (lr, ...), sent before each step
   private CUdeviceptr settingsOnGpu;
   private long freeBefore;
   private long freeLow = Long.MAX_VALUE;
-  private long[] labelValues;
 
   /**
    * Starts the driver on GPU 0 and loads the network's kernels.
@@ -244,11 +246,10 @@ public final class CudaDevice implements Device {
     long[] total = {0};
     cuMemGetInfo(free, total);
     freeBefore = free[0];
-    long need =
-        settings.arenaBytes
-            + (long) net.inputs().numel() * Sizeof.FLOAT
-            + (long) net.labels().numel() * Sizeof.LONG
-            + Sizeof.LONG;
+    long need = settings.arenaBytes + Sizeof.LONG;
+    for (Map.Entry<String, Buf> e : net.batchByName().entrySet()) {
+      need += (long) e.getValue().numel() * (net.isLabel(e.getKey()) ? Sizeof.LONG : Sizeof.FLOAT);
+    }
     for (Buf b : net.tensorsByName().values()) {
       need += (long) b.numel() * Sizeof.FLOAT;
     }
@@ -274,11 +275,23 @@ public final class CudaDevice implements Device {
               tensors.put(name, p);
               places.put(b.a, p); // a tensor's array holds it alone, from 0
             });
-    inputs = alloc((long) net.inputs().numel() * Sizeof.FLOAT);
-    places.put(net.inputs().a, inputs);
-    labels = alloc((long) net.labels().numel() * Sizeof.LONG);
-    labelArray = net.labels().a;
-    labelValues = new long[net.labels().numel()];
+    net.batchByName()
+        .forEach(
+            (name, b) -> {
+              boolean label = net.isLabel(name);
+              CUdeviceptr p = alloc((long) b.numel() * (label ? Sizeof.LONG : Sizeof.FLOAT));
+              batch.put(name, p);
+              if (label) {
+                labelValues.put(name, new long[b.numel()]);
+                labels.put(b.a, p);
+              } else {
+                places.put(b.a, p);
+              }
+            });
+    if (net.rateBuffer() != null) {
+      rate = alloc(Sizeof.FLOAT);
+      places.put(net.rateBuffer().a, rate);
+    }
     counter = alloc(Sizeof.LONG);
     settingValues = net.settingValues();
     settingsOnGpu = alloc((long) settingValues.length * Sizeof.FLOAT);
@@ -299,8 +312,9 @@ public final class CudaDevice implements Device {
 
   /** Where the elements of {@code b} are on the GPU. */
   private CUdeviceptr pointer(Buf b) {
-    if (b.a == labelArray) {
-      return labels.withByteOffset((long) b.off * Sizeof.LONG); // the labels are int64 there
+    CUdeviceptr label = labels.get(b.a);
+    if (label != null) {
+      return label.withByteOffset((long) b.off * Sizeof.LONG); // the labels are int64 there
     }
     CUdeviceptr base = places.get(b.a);
     if (base == null) {
@@ -636,21 +650,37 @@ public final class CudaDevice implements Device {
     freeLow = Math.min(freeLow, free[0]);
   }
 
-  /** Sends the batch (its inputs, and its labels as int64) and the settings. */
+  /** Sends the batch (every input, every label as int64 class ids), the settings and the rate. */
   private void sendBatch(Network net) {
     cuMemcpyHtoD(settingsOnGpu, Pointer.to(settingValues), (long) settingValues.length * Sizeof.FLOAT);
-    upload(inputs, net.inputs());
-    Buf y = net.labels();
-    for (int k = 0; k < labelValues.length; k++) {
-      labelValues[k] = (long) y.a[y.off + k];
+    if (rate != null) {
+      upload(rate, net.rateBuffer());
     }
-    cuMemcpyHtoD(labels, Pointer.to(labelValues), (long) labelValues.length * Sizeof.LONG);
+    net.batchByName()
+        .forEach(
+            (name, b) -> {
+              long[] values = labelValues.get(name);
+              if (values == null) {
+                upload(batch.get(name), b);
+                return;
+              }
+              for (int i = 0; i < values.length; i++) {
+                values[i] = (long) b.a[b.off + i];
+              }
+              cuMemcpyHtoD(batch.get(name), Pointer.to(values), (long) values.length * Sizeof.LONG);
+            });
   }
 
   @Override
   public float trainStep(Network net) {
     sendBatch(net);
     return net.trainStep();
+  }
+
+  @Override
+  public float evalStep(Network net) {
+    sendBatch(net);
+    return net.evalStep();
   }
 
   @Override

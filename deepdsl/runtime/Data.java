@@ -4,6 +4,7 @@ import java.io.IOException;
 import java.math.BigInteger;
 import java.util.Arrays;
 import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.regex.Pattern;
 
@@ -12,8 +13,9 @@ import java.util.regex.Pattern;
  *
  * <p>Four sources (DESIGN §9): {@code synthetic[:SEED]} (deterministic, see {@code
  * data/synthetic.py}), {@code mnist:DIR} (IDX files, plain or gzip), {@code cifar10:DIR} (the
- * binary batches) and {@code npz:FILE} (arrays {@code x}, {@code y}, optionally {@code x_test},
- * {@code y_test}). Samples are float32; labels are carried as exact float values. Iteration i with
+ * binary batches) and {@code npz:FILE} (an array named after each input and label, {@code NAME_test}
+ * for a test set; {@code x}, {@code y} for the one input and label of {@link #load(Spec, int[], int,
+ * long)}). Samples are float32; labels are carried as exact float values. Iteration i with
  * batch size n takes positions {@code [i·n, (i+1)·n)}, each position p being sample {@code p mod M}
  * in file order or, with a shuffle seed, sample {@code perm_e[p mod M]} of epoch {@code e = p div
  * M}'s Fisher–Yates permutation.
@@ -34,20 +36,46 @@ public final class Data {
    */
   public record Spec(String kind, String path, Long seed) {}
 
-  private final float[] xTrain;
-  private final float[] yTrain;
-  private final float[] xTest;
-  private final float[] yTest;
-  private final int sampleSize;
+  /**
+   * One {@code input} (float32) or {@code label} (class ids in {@code [0, classes)}, carried as
+   * exact floats) of a network, by name, with its shape per sample (without the batch dimension).
+   */
+  public record Field(String name, boolean label, int classes, int[] shape) {
+    /** As the Python side's {@code Field.describe}: {@code input t : [N, 4]}. */
+    String describe() {
+      StringBuilder s = new StringBuilder(label ? "label " : "input ").append(name).append(" : [N");
+      for (int d : shape) {
+        s.append(", ").append(d);
+      }
+      return s.append("]").append(label ? " classes " + classes : "").toString();
+    }
+
+    int size() {
+      return Math.toIntExact(Buf.count(shape));
+    }
+  }
+
+  private final float[][] train; // per field, row-major [M, sample...]
+  private final float[][] test; // null without a test set
+  private final int[] sampleSizes;
+  private final int trainCount;
+  private final int testCount;
   private final Map<Long, int[]> permutations = new LinkedHashMap<>();
   private long permutationSeed;
 
-  private Data(float[] xTrain, float[] yTrain, float[] xTest, float[] yTest, int sampleSize) {
-    this.xTrain = xTrain;
-    this.yTrain = yTrain;
-    this.xTest = xTest;
-    this.yTest = yTest;
-    this.sampleSize = sampleSize;
+  private Data(float[][] train, float[][] test, int[] sampleSizes) {
+    this.train = train;
+    this.test = test;
+    this.sampleSizes = sampleSizes;
+    this.trainCount = sampleSizes[0] == 0 ? 0 : train[0].length / sampleSizes[0];
+    this.testCount = test == null || sampleSizes[0] == 0 ? 0 : test[0].length / sampleSizes[0];
+  }
+
+  private static Data pair(float[] xTrain, float[] yTrain, float[] xTest, float[] yTest, int d) {
+    return new Data(
+        new float[][] {xTrain, yTrain},
+        xTest == null ? null : new float[][] {xTest, yTest},
+        new int[] {d, 1});
   }
 
   /**
@@ -129,13 +157,17 @@ public final class Data {
     }
     int d = Math.toIntExact(Buf.count(xShape));
     if (spec.kind().equals("synthetic")) {
-      return synthetic(d, classes, spec.seed() != null ? spec.seed() : seed);
+      return synthetic(d, classes, spec.seed() != null ? spec.seed() : seed, null);
+    }
+    if (spec.kind().equals("npz")) { // the input and the label under the names x and y
+      List<Field> pair =
+          List.of(new Field("x", false, 0, xShape), new Field("y", true, classes, new int[0]));
+      return DataFiles.npz(spec.path(), pair, false);
     }
     DataFiles.Split split =
         switch (spec.kind()) {
           case "mnist" -> DataFiles.mnist(spec.path());
           case "cifar10" -> DataFiles.cifar10(spec.path());
-          case "npz" -> DataFiles.npz(spec.path());
           default ->
               throw new IllegalArgumentException(
                   String.format(
@@ -155,7 +187,7 @@ public final class Data {
     if (test != null && test.labels().length == 0) {
       throw new IOException("the test data holds no samples (leave x_test and y_test out for none)");
     }
-    return new Data(
+    return pair(
         train.x,
         train.labels(),
         test == null ? null : test.x,
@@ -163,33 +195,92 @@ public final class Data {
         d);
   }
 
+  /**
+   * Every input and label of a network, by name, from {@code spec} (as {@code
+   * deepdsl/data/named.py}'s {@code load_samples}): an npz file holds an array named after each
+   * (and {@code NAME_test} for each, for a test set); MNIST and CIFAR-10 fill one input and at most
+   * one label; synthetic data makes every field. A field the source cannot fill is an error naming
+   * it.
+   */
+  public static Data load(Spec spec, List<Field> fields, long seed) throws IOException {
+    return load(spec, fields, seed, false);
+  }
+
+  /** The same; with {@code otherArrays}, an npz file may hold arrays beyond the fields. */
+  public static Data load(Spec spec, List<Field> fields, long seed, boolean otherArrays)
+      throws IOException {
+    List<Field> inputs = fields.stream().filter(f -> !f.label()).toList();
+    List<Field> labels = fields.stream().filter(Field::label).toList();
+    if (inputs.isEmpty()) {
+      throw new IOException("the network declares no `input`, so there is no data to train on");
+    }
+    int classes = labels.isEmpty() ? 10 : labels.get(0).classes();
+    if (spec.kind().equals("npz")) {
+      return DataFiles.npz(spec.path(), fields, otherArrays);
+    }
+    if (spec.kind().equals("synthetic")) {
+      return synthetic(inputs.get(0).size(), classes, spec.seed() != null ? spec.seed() : seed, fields);
+    }
+    if (inputs.size() > 1 || labels.size() > 1) {
+      Field extra = inputs.size() > 1 ? inputs.get(1) : labels.get(1);
+      throw new IOException(
+          spec.kind()
+              + " data holds one input (the images) and one label (the classes), so it has nothing"
+              + " for the network's "
+              + extra.describe()
+              + "; give every input and label as an array of --data npz:FILE");
+    }
+    Data d = load(spec, inputs.get(0).shape(), classes, seed);
+    if (!labels.isEmpty()) {
+      return d;
+    }
+    return new Data(
+        new float[][] {d.train[0]},
+        d.test == null ? null : new float[][] {d.test[0]},
+        new int[] {d.sampleSizes[0]});
+  }
+
+  /** Named arrays, one per field in order, row-aligned (npz data, already checked). */
+  static Data named(float[][] train, float[][] test, int[] sampleSizes) throws IOException {
+    Data d = new Data(train, test, sampleSizes);
+    if (d.trainCount == 0) {
+      throw new IOException("the training data holds no samples");
+    }
+    if (test != null && d.testCount == 0) {
+      throw new IOException(
+          "the test data holds no samples (leave the _test arrays out for none)");
+    }
+    return d;
+  }
+
   /** M, the number of training samples. */
   public int size() {
-    return yTrain.length;
+    return trainCount;
   }
 
   /** Whether the source has test samples. */
   public boolean hasTest() {
-    return yTest != null;
+    return test != null;
   }
 
   /** The number of test samples (0 without a test set). */
   public int testSize() {
-    return yTest == null ? 0 : yTest.length;
+    return test == null ? 0 : testCount;
   }
 
   /**
-   * Fill {@code x} ({@code [n, ...]}) and {@code y} ({@code [n]}) with the training samples of
-   * iteration {@code i}, as {@code Dataset.batch(i, n, shuffleSeed)} of the Python side.
+   * Fill {@code to} (one buffer per field, {@code [n, ...]}, in the fields' order: {@code x} and
+   * {@code y} for {@link #load(Spec, int[], int, long)}) with the training samples of iteration
+   * {@code i}, as {@code Dataset.batch(i, n, shuffleSeed)} of the Python side.
    *
    * @param shuffleSeed the shuffle seed (the program's seed when the train block shuffles), or null
    *     for file order
    */
-  public void batch(long i, int n, Long shuffleSeed, Buf x, Buf y) {
+  public void batch(long i, int n, Long shuffleSeed, Buf... to) {
     if (i < 0) {
       throw new IllegalArgumentException("the iteration number must not be negative, got " + i);
     }
-    checkBatch(n, x, y);
+    checkBatch(n, to);
     int m = size();
     for (int k = 0; k < n; k++) {
       long p = i * n + k;
@@ -197,7 +288,7 @@ public final class Data {
       if (shuffleSeed != null) {
         index = permutation(p / m, shuffleSeed)[index];
       }
-      copySample(xTrain, yTrain, index, k, x, y);
+      copySample(train, index, k, to);
     }
   }
 
@@ -207,13 +298,13 @@ public final class Data {
    *
    * @throws IllegalStateException when the source has no test set
    */
-  public void testBatch(long b, int n, Buf x, Buf y) {
+  public void testBatch(long b, int n, Buf... to) {
     if (!hasTest()) {
       throw new IllegalStateException("the data source has no test set");
     }
-    checkBatch(n, x, y);
+    checkBatch(n, to);
     for (int k = 0; k < n; k++) {
-      copySample(xTest, yTest, (int) Math.floorMod(b * n + k, (long) yTest.length), k, x, y);
+      copySample(test, (int) Math.floorMod(b * n + k, (long) testCount), k, to);
     }
   }
 
@@ -244,21 +335,29 @@ public final class Data {
     return permutations.computeIfAbsent(epoch, e -> shufflePermutation(size(), e, shuffleSeed));
   }
 
-  private void checkBatch(int n, Buf x, Buf y) {
+  private void checkBatch(int n, Buf[] to) {
     if (n <= 0) {
       throw new IllegalArgumentException("the batch size must be positive, got " + n);
     }
-    if (x.numel() != (long) n * sampleSize || y.numel() != n) {
+    if (to.length != sampleSizes.length) {
       throw new IllegalArgumentException(
-          String.format(
-              "a batch of %d samples of %d elements does not fit x %s and y %s",
-              n, sampleSize, Arrays.toString(x.shape), Arrays.toString(y.shape)));
+          "the data holds " + sampleSizes.length + " arrays, not " + to.length);
+    }
+    for (int f = 0; f < to.length; f++) {
+      if (to[f].numel() != (long) n * sampleSizes[f]) {
+        throw new IllegalArgumentException(
+            String.format(
+                "a batch of %d samples of %d elements does not fit %s",
+                n, sampleSizes[f], Arrays.toString(to[f].shape)));
+      }
     }
   }
 
-  private void copySample(float[] xs, float[] ys, int index, int k, Buf x, Buf y) {
-    System.arraycopy(xs, index * sampleSize, x.a, x.off + k * sampleSize, sampleSize);
-    y.a[y.off + k] = ys[index];
+  private void copySample(float[][] from, int index, int k, Buf[] to) {
+    for (int f = 0; f < to.length; f++) {
+      int size = sampleSizes[f];
+      System.arraycopy(from[f], (int) ((long) index * size), to[f].a, to[f].off + k * size, size);
+    }
   }
 
   // ---- synthetic ----
@@ -271,7 +370,7 @@ public final class Data {
    * samples (256 and 64 when D > 65536); when those take more than 2^29 bytes, M = max(2, 2^29 /
    * (4·D)) samples, M / 5 (at least 1) of them for the test set.
    */
-  private static Data synthetic(int d, int classes, long seed) {
+  private static Data synthetic(int d, int classes, long seed, List<Field> fields) {
     int nTrain = d <= BIG_SAMPLE ? 1024 : 256;
     int nTest = d <= BIG_SAMPLE ? 256 : 64;
     long most = Math.max(2, SYNTHETIC_BYTES / (4L * Math.max(d, 1)));
@@ -289,7 +388,71 @@ public final class Data {
     float[] yTest = new float[nTest];
     syntheticSamples(xTrain, yTrain, d, classes, labels, noise, prototypeSeed);
     syntheticSamples(xTest, yTest, d, classes, labels, noise, prototypeSeed);
-    return new Data(xTrain, yTrain, xTest, yTest, d);
+    if (fields == null) {
+      return pair(xTrain, yTrain, xTest, yTest, d);
+    }
+    int n = fields.size();
+    int first = 0;
+    while (fields.get(first).label()) {
+      first++;
+    }
+    float[][] train = new float[n][];
+    float[][] test = new float[n][];
+    int[] sizes = new int[n];
+    for (int f = 0; f < n; f++) {
+      Field field = fields.get(f);
+      sizes[f] = field.size();
+      if (f == first) {
+        train[f] = xTrain;
+        test[f] = xTest;
+      } else if (field.label()) {
+        train[f] = classIds(yTrain, field);
+        test[f] = classIds(yTest, field);
+      } else {
+        train[f] = target(xTrain, d, field, seed);
+        test[f] = target(xTest, d, field, seed);
+      }
+    }
+    return new Data(train, test, sizes);
+  }
+
+  /** A further label of synthetic data: the sample's class id mod its classes, in every element. */
+  private static float[] classIds(float[] y, Field field) {
+    int size = field.size();
+    float[] out = new float[y.length * size];
+    for (int j = 0; j < y.length; j++) {
+      Arrays.fill(out, j * size, (j + 1) * size, (float) ((long) y[j] % field.classes()));
+    }
+    return out;
+  }
+
+  /**
+   * A regression target of synthetic data, as {@code data/synthetic.py}'s {@code make_target}:
+   * target[j, u] = float32((Σ_t X[j, t]·S[u, t]) · 2^-(24 + k)), with X the input's exact integers
+   * x·2^24, S[u, t] = 1 - 2·(draw u·D + t of stream synthetic/target/NAME >>> 63) and k =
+   * bit_length(D) / 2.
+   */
+  private static float[] target(float[] x, int d, Field field, long seed) {
+    int m = x.length / d;
+    int u = field.size();
+    long stream = Rng.streamSeed("synthetic/target/" + field.name(), seed);
+    double scale = Math.scalb(1.0, -(24 + (64 - Long.numberOfLeadingZeros(d)) / 2));
+    float[] out = new float[m * u];
+    int[] signs = new int[d];
+    for (int v = 0; v < u; v++) {
+      Rng r = Rng.at(stream, (long) v * d);
+      for (int t = 0; t < d; t++) {
+        signs[t] = 1 - 2 * (int) (r.next() >>> 63);
+      }
+      for (int j = 0; j < m; j++) {
+        long sum = 0;
+        for (int t = 0; t < d; t++) {
+          sum += (long) (x[j * d + t] * 0x1.0p24f) * signs[t];
+        }
+        out[j * u + v] = (float) (sum * scale);
+      }
+    }
+    return out;
   }
 
   /** The next {@code y.length} synthetic samples, drawing from {@code labels} and {@code noise}. */

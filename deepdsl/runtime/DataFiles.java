@@ -22,7 +22,6 @@ final class DataFiles {
   private static final int CIFAR_RECORD = 1 + 3 * 32 * 32;
   // the most pixels one Java array holds; an IDX header promising more is refused (as mnist.py does)
   private static final long MAX_IDX_BYTES = Integer.MAX_VALUE - 8;
-  private static final List<String> NPZ_NAMES = List.of("x", "y", "x_test", "y_test");
 
   private DataFiles() {}
 
@@ -309,85 +308,138 @@ final class DataFiles {
   // ---- npz ----
 
   /**
-   * {@code npz("file")}: arrays {@code x} (floats {@code [M, ...]}) and {@code y} (integers {@code
-   * [M]}), optionally both {@code x_test} and {@code y_test}; any other entry is an error.
+   * {@code npz("file")} for a network's fields (as {@code deepdsl/data/named.py}): an array named
+   * after each input (floats {@code [M, ...]}) and label (integers in {@code [0, classes)}), each of
+   * the field's per-sample shape (an input taking {@code [D]} also takes samples of D elements);
+   * for a test set {@code NAME_test} for every one. Any other array is an error, unless {@code
+   * otherArrays}.
    */
-  static Split npz(String file) throws IOException {
+  static Data npz(String file, List<Data.Field> fields, boolean otherArrays) throws IOException {
     Path path = Path.of(file);
     if (!Files.isRegularFile(path)) {
       throw new IOException("npz data file not found: '" + file + "'");
     }
     Map<String, Npz.Array> arrays = Npz.read(path);
+    List<String> names = fields.stream().map(Data.Field::name).toList();
+    String expected = String.join(", ", names);
+    String tests = String.join(", ", names.stream().map(n -> n + "_test").toList());
     for (String name : arrays.keySet()) {
-      if (!NPZ_NAMES.contains(name)) {
+      boolean known = names.contains(name) || (name.endsWith("_test")
+          && names.contains(name.substring(0, name.length() - 5)));
+      if (!known && !otherArrays) {
         throw new IOException(
             String.format(
-                "npz file '%s' has an unexpected array '%s' (expected x, y, and optionally x_test,"
-                    + " y_test)",
-                file, name));
+                "npz file '%s' has an array '%s' that names no input or label of the network"
+                    + " (it takes %s, and optionally %s)",
+                file, name, expected, tests));
       }
     }
-    for (String name : new String[] {"x", "y"}) {
-      if (!arrays.containsKey(name)) {
+    for (Data.Field f : fields) {
+      if (!arrays.containsKey(f.name())) {
         throw new IOException(
-            String.format("npz file '%s' has no array '%s' (it needs x and y)", file, name));
+            String.format(
+                "npz file '%s' has no array '%s' for the network's %s", file, f.name(), f.describe()));
       }
     }
-    boolean xTest = arrays.containsKey("x_test");
-    if (xTest != arrays.containsKey("y_test")) {
+    String firstTest = null;
+    String missing = null;
+    for (String n : names) {
+      if (arrays.containsKey(n + "_test")) {
+        firstTest = firstTest == null ? n + "_test" : firstTest;
+      } else {
+        missing = missing == null ? n + "_test" : missing;
+      }
+    }
+    if (firstTest != null && missing != null) {
       throw new IOException(
           String.format(
-              "npz file '%s' has '%s' but no '%s'",
-              file, xTest ? "x_test" : "y_test", xTest ? "y_test" : "x_test"));
+              "npz file '%s' has '%s' but no '%s' (a test set needs every array)",
+              file, firstTest, missing));
     }
-    Samples train = npzPair(arrays, "x", "y", file);
-    if (!xTest) {
-      return new Split(train, null);
+    int n = fields.size();
+    float[][] train = new float[n][];
+    float[][] test = firstTest == null ? null : new float[n][];
+    int[] sizes = new int[n];
+    long[] counts = new long[2];
+    for (int f = 0; f < n; f++) {
+      Data.Field field = fields.get(f);
+      sizes[f] = field.size();
+      train[f] = npzField(arrays.get(field.name()), field, field.name(), file);
+      if (test != null) {
+        test[f] = npzField(arrays.get(field.name() + "_test"), field, field.name() + "_test", file);
+      }
     }
-    Samples test = npzPair(arrays, "x_test", "y_test", file);
-    if (!Arrays.equals(test.sampleShape, train.sampleShape)) {
-      throw new IOException(
-          String.format(
-              "npz file '%s': 'x_test' has per-sample shape %s but 'x' has %s",
-              file, Arrays.toString(test.sampleShape), Arrays.toString(train.sampleShape)));
+    for (int split = 0; split < (test == null ? 1 : 2); split++) {
+      float[][] part = split == 0 ? train : test;
+      for (int f = 0; f < n; f++) {
+        long count = sizes[f] == 0 ? 0 : part[f].length / sizes[f];
+        if (f > 0 && count != counts[split]) {
+          StringBuilder listed = new StringBuilder();
+          for (int g = 0; g < n; g++) {
+            listed
+                .append(g > 0 ? ", " : "")
+                .append("'")
+                .append(fields.get(g).name())
+                .append("' ")
+                .append(sizes[g] == 0 ? 0 : part[g].length / sizes[g]);
+          }
+          throw new IOException(
+              String.format(
+                  "the %s arrays hold different numbers of samples (%s)",
+                  split == 0 ? "training" : "test", listed));
+        }
+        counts[split] = count;
+      }
     }
-    return new Split(train, test);
+    return Data.named(train, test, sizes);
   }
 
-  private static Samples npzPair(Map<String, Npz.Array> arrays, String xn, String yn, String file)
+  private static float[] npzField(Npz.Array a, Data.Field f, String name, String file)
       throws IOException {
-    Npz.Array x = arrays.get(xn);
-    Npz.Array y = arrays.get(yn);
-    String where = "npz file '" + file + "': ";
-    if (!x.isFloat()) {
+    String where = "npz file '" + file + "': '" + name + "'";
+    if (a.shape.length < 1) {
+      throw new IOException(where + " must have a sample dimension [M, ...], found a scalar");
+    }
+    int[] sample = Arrays.copyOfRange(a.shape, 1, a.shape.length);
+    if (!f.label()) {
+      if (!a.isFloat()) {
+        throw new IOException(
+            where
+                + " must hold floats (float32) for the network's "
+                + f.describe()
+                + ", found integers");
+      }
+      boolean flattens = f.shape().length == 1 && Buf.count(sample) == f.shape()[0];
+      if (!Arrays.equals(sample, f.shape()) && !flattens) {
+        throw new IOException(
+            String.format(
+                "%s has per-sample shape %s, but the network's input takes %s per sample",
+                where, Arrays.toString(sample), Arrays.toString(f.shape())));
+      }
+      return a.floats;
+    }
+    if (a.isFloat()) {
       throw new IOException(
-          where
-              + String.format(
-                  "'%s' must hold floats (float32), found integers; scale inputs to [0, 1] and"
-                      + " save as float32",
-                  xn));
+          where + " must hold integer labels for the network's " + f.describe() + ", found floats");
     }
-    if (x.shape.length < 1) {
+    if (!Arrays.equals(sample, f.shape())) {
       throw new IOException(
-          where + "'" + xn + "' must have a sample dimension [M, ...], found a scalar");
+          String.format(
+              "%s has per-sample shape %s, but the network's %s takes %s per sample",
+              where, Arrays.toString(sample), f.describe(), Arrays.toString(f.shape())));
     }
-    if (y.isFloat()) {
-      throw new IOException(where + "'" + yn + "' must hold integer labels, found floats");
+    float[] out = new float[a.longs.length];
+    int size = Math.max(1, f.size());
+    for (int k = 0; k < out.length; k++) {
+      long v = a.longs[k];
+      if (v < 0 || v >= f.classes()) {
+        throw new IOException(
+            String.format(
+                "%s: label %d of sample %d is outside [0, %d) (the network's %s)",
+                where, v, k / size, f.classes(), f.describe()));
+      }
+      out[k] = v;
     }
-    if (y.shape.length != 1) {
-      throw new IOException(
-          where
-              + String.format(
-                  "'%s' must be one-dimensional [M], found shape %s",
-                  yn, Arrays.toString(y.shape)));
-    }
-    if (x.shape[0] != y.shape[0]) {
-      throw new IOException(
-          where
-              + String.format(
-                  "'%s' holds %d samples but '%s' holds %d labels",
-                  xn, x.shape[0], yn, y.shape[0]));
-    }
-    return new Samples(x.floats, y.longs, Arrays.copyOfRange(x.shape, 1, x.shape.length));
+    return out;
   }
 }

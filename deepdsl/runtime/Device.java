@@ -28,6 +28,9 @@ public interface Device extends AutoCloseable {
   /** One training step on the batch in the network's inputs; returns the loss. */
   float trainStep(Network net);
 
+  /** The loss on the batch in the network's inputs in inference semantics (the test phase). */
+  float evalStep(Network net);
+
   /** The prediction for the batch in the network's inputs (null without {@code predict}). */
   Buf inferStep(Network net);
 

@@ -2,6 +2,7 @@ package deepdsl.runtime;
 
 import java.io.IOException;
 import java.io.PrintStream;
+import java.io.UncheckedIOException;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -35,6 +36,12 @@ public abstract class Network {
     long arenaBytes;
     long peakBytes;
     long workspaceLimit;
+    String accuracyLabel;
+    List<String> predictInputs; // null: the network defines no predict
+    Schedule schedule; // null: the optimizer's constant learning rate, in the step
+    String saveFile; // the train block's save: written at the end (and every saveEvery iterations)
+    int saveEvery;
+    boolean predictIntegers;
 
     public Settings(String name) {
       this.name = name;
@@ -88,6 +95,38 @@ public abstract class Network {
       this.workspaceLimit = bytes;
       return this;
     }
+
+    /** The train block's learning-rate schedule: the step reads its rate from {@link #rate}. */
+    public Settings learningRate(Schedule schedule) {
+      this.schedule = schedule;
+      return this;
+    }
+
+    /** The train block's {@code save} (and {@code save_every}, 0 for only at the end). */
+    public Settings save(String file, int every) {
+      this.saveFile = file;
+      this.saveEvery = every;
+      return this;
+    }
+
+    /**
+     * The inputs {@code predict} reads (what --predict takes from the data), and whether it gives
+     * integers (an {@code argmax}: written as int64).
+     */
+    public Settings predicts(boolean integers, String... inputs) {
+      this.predictIntegers = integers;
+      this.predictInputs = List.of(inputs);
+      return this;
+    }
+
+    /**
+     * The label whose accuracy the test phase reports (the one the loss classifies, with {@code
+     * predict} its scores); without one, the test phase reports the test loss only.
+     */
+    public Settings accuracy(String label) {
+      this.accuracyLabel = label;
+      return this;
+    }
   }
 
   private enum Kind {
@@ -119,9 +158,12 @@ public abstract class Network {
   protected long workspaceLimit;
 
   private final Map<String, Tensor> tensors = new LinkedHashMap<>();
-  private Buf x;
-  private Buf y;
-  private int classes;
+  // the network's inputs and labels in declaration order, each filled from the data by name
+  private final List<Data.Field> fields = new ArrayList<>();
+  private final List<Buf> batch = new ArrayList<>();
+  private Buf rate; // the learning rate of the current step, where the train block gives a schedule
+  private final List<Float> rates = new ArrayList<>(); // those of this run's steps, for --json
+  private String saveTo; // where the run saves (--save, else the train block's save), every saveEvery steps
   private Data data;
   private PrintStream progress;
   private Device device;
@@ -131,6 +173,7 @@ public abstract class Network {
 
   protected Network(Settings settings) {
     this.settings = settings;
+    this.schedule = settings.schedule;
     this.workspaceLimit = settings.workspaceLimit;
   }
 
@@ -182,16 +225,25 @@ public abstract class Network {
     return out;
   }
 
-  Buf inputs() {
-    return x;
+  /** Every input and label buffer by name, in declaration order. */
+  Map<String, Buf> batchByName() {
+    Map<String, Buf> out = new LinkedHashMap<>();
+    for (int f = 0; f < fields.size(); f++) {
+      out.put(fields.get(f).name(), batch.get(f));
+    }
+    return out;
   }
 
-  Buf labels() {
-    return y;
+  /** Whether {@code name} is a label (its buffer holds class ids as exact floats). */
+  boolean isLabel(String name) {
+    return fields.stream().anyMatch(f -> f.label() && f.name().equals(name));
   }
 
   /** One training step on the batch in the inputs; returns the loss. */
   protected abstract float trainStep();
+
+  /** The loss on the batch in the inputs in inference semantics (the test phase); no update. */
+  protected abstract float evalStep();
 
   /**
    * The prediction for the batch in the inputs, or null when the network defines no {@code
@@ -201,15 +253,42 @@ public abstract class Network {
 
   // ---- what the generated fields and steps use ----
 
-  protected final Buf input(int... shape) {
-    x = Buf.zeros(shape);
-    return x;
+  /** The input {@code name} of {@code shape} ({@code [N, ...]}), filled from the data by name. */
+  protected final Buf input(String name, int... shape) {
+    return field(new Data.Field(name, false, 0, Arrays.copyOfRange(shape, 1, shape.length)), shape);
   }
 
-  protected final Buf label(int classes, int... shape) {
-    this.classes = classes;
-    y = Buf.zeros(shape);
-    return y;
+  /** The label {@code name}: class ids in {@code [0, classes)}, filled from the data by name. */
+  protected final Buf label(String name, int classes, int... shape) {
+    return field(new Data.Field(name, true, classes, Arrays.copyOfRange(shape, 1, shape.length)), shape);
+  }
+
+  private Buf field(Data.Field f, int[] shape) {
+    Buf b = Buf.zeros(shape);
+    fields.add(f);
+    batch.add(b);
+    return b;
+  }
+
+  /** The learning rate the step reads (one float), set from the schedule before every step. */
+  protected final Buf learningRateInput() {
+    rate = Buf.zeros();
+    return rate;
+  }
+
+  /** The learning-rate buffer, or null without a schedule. */
+  Buf rateBuffer() {
+    return rate;
+  }
+
+  /** The learning rate of step {@code iteration} (0, 1, ...) as the step takes it: the schedule's, as a float. */
+  public float learningRate(long iteration) {
+    return (float) schedule.at(iteration);
+  }
+
+  /** N, the samples of one step. */
+  private int batchSize() {
+    return batch.get(0).shape[0];
   }
 
   /**
@@ -243,6 +322,7 @@ public abstract class Network {
   // ---- settings: the hyperparameters the update kernels read at run time ----
 
   private static final int MAX_SETTINGS = 16;
+  private Schedule schedule; // the train block's (null: none), from the base rate --lr may set
   private final float[] settingValues = new float[MAX_SETTINGS];
   private final Map<String, Buf> settingBufs = new LinkedHashMap<>();
 
@@ -257,10 +337,17 @@ public abstract class Network {
     return b;
   }
 
-  /** Sets a setting for the next steps (a learning-rate schedule calls it before each step). */
-  public void set(String name, float value) {
+  /**
+   * Sets a setting for the next steps. With a learning-rate schedule, {@code lr} is the schedule's
+   * base rate: the schedule computes each step's rate from it.
+   */
+  public void set(String name, double value) {
+    if (name.equals("lr") && !settingBufs.containsKey(name) && schedule != null) {
+      schedule = schedule.withBase(value);
+      return;
+    }
     Buf b = settingBuf(name);
-    b.a[b.off] = value;
+    b.a[b.off] = (float) value;
   }
 
   /** The value of a setting. */
@@ -357,21 +444,22 @@ public abstract class Network {
 
   /** Use {@code flag} (synthetic, mnist:DIR, cifar10:DIR, npz:FILE) as the data source. */
   public void useData(String flag) throws IOException {
-    data =
-        Data.load(
-            Data.parseFlag(flag),
-            Arrays.copyOfRange(x.shape, 1, x.shape.length),
-            classes,
-            settings.seed);
+    for (Buf b : batch) {
+      if (b.shape[0] != batchSize()) {
+        throw new IOException(
+            "every input and label holds one row per sample, but their batch sizes differ");
+      }
+    }
+    data = Data.load(Data.parseFlag(flag), fields, settings.seed);
   }
 
   /**
-   * Fills the inputs {@code x} and labels {@code y} with training batch {@code iteration} of the
-   * data source (shuffled with {@code shuffleSeed}, or in order when null). A class that brings
-   * its own data overrides it.
+   * Fills every input and label of the class with training batch {@code iteration} of the data
+   * source (shuffled with {@code shuffleSeed}, or in order when null). A class that brings its own
+   * data overrides it and fills its input and label fields itself.
    */
-  protected void batch(long iteration, Long shuffleSeed, Buf x, Buf y) {
-    data.batch(iteration, x.shape[0], shuffleSeed, x, y);
+  protected void batch(long iteration, Long shuffleSeed) {
+    data.batch(iteration, batchSize(), shuffleSeed, batch.toArray(new Buf[0]));
   }
 
   /** Where progress lines go while training (null: nowhere). */
@@ -386,10 +474,15 @@ public abstract class Network {
    */
   public float[] train(int iterations) {
     float[] losses = new float[iterations];
-    int batch = x.shape[0];
+    int n = batchSize();
+    Buf[] to = batch.toArray(new Buf[0]);
     Long shuffle = settings.shuffle ? settings.seed : null;
     for (int k = 0; k < iterations; k++) {
-      batch(iteration, shuffle, x, y);
+      batch(iteration, shuffle);
+      if (rate != null) {
+        rate.a[rate.off] = learningRate(iteration);
+        rates.add(rate.a[rate.off]);
+      }
       long t0 = System.nanoTime();
       float loss = device().trainStep(this);
       double seconds = (System.nanoTime() - t0) / 1e9;
@@ -399,6 +492,13 @@ public abstract class Network {
       }
       losses[k] = loss;
       iteration++;
+      if (saveTo != null && settings.saveEvery > 0 && (k + 1) % settings.saveEvery == 0) {
+        try {
+          save(saveTo);
+        } catch (IOException e) {
+          throw new UncheckedIOException(e);
+        }
+      }
       if (progress != null) {
         int done = (k + 1) * BAR / Math.max(iterations, 1);
         int width = Integer.toString(iterations).length();
@@ -410,16 +510,16 @@ public abstract class Network {
             k + 1,
             iterations,
             loss,
-            batch / seconds);
+            n / seconds);
         boolean testNow =
             settings.testEvery > 0 && (k + 1) % settings.testEvery == 0 && k + 1 < iterations;
-        Double accuracy = testNow ? test(settings.testIterations) : null;
-        if (accuracy != null) {
+        double[] tested = testNow ? test(settings.testIterations) : null;
+        if (tested != null) {
           progress.printf(
               Locale.ROOT,
-              "test accuracy after %d iterations: %.2f%% (%d batches)%n",
+              "test after %d iterations: %s (%d batches)%n",
               k + 1,
-              100 * accuracy,
+              tested(tested),
               settings.testIterations);
         }
       }
@@ -428,29 +528,37 @@ public abstract class Network {
   }
 
   /**
-   * Accuracy of {@code predict} on the whole test set, or null without test data or {@code
-   * predict}.
+   * The mean test loss and, where the loss classifies a label ({@code Settings.accuracy}), the
+   * accuracy of {@code predict} on the whole test set: {@code {loss, accuracy or NaN}}, or null
+   * without test data.
    */
-  public Double test() {
+  public double[] test() {
     return test(-1);
   }
 
-  /** Accuracy on the first {@code batches} test batches (all of them when negative). */
-  public Double test(int batches) {
+  /** The same on the first {@code batches} test batches (all of them when negative). */
+  public double[] test(int batches) {
     if (data == null || !data.hasTest()) {
       return null;
     }
-    int n = x.shape[0];
+    int n = batchSize();
     int count =
         batches < 0 ? data.testSize() / n : Math.min(batches, Math.max(1, data.testSize() / n));
     long correct = 0;
-    Buf labels = Buf.zeros(n);
+    double lossSum = 0;
+    Buf[] to = batch.toArray(new Buf[0]);
+    int labelAt = -1;
+    for (int f = 0; f < fields.size(); f++) {
+      labelAt = fields.get(f).name().equals(settings.accuracyLabel) ? f : labelAt;
+    }
     for (int b = 0; b < Math.max(1, count); b++) {
-      data.testBatch(b, n, x, labels);
-      Buf scores = device().inferStep(this);
-      if (scores == null) {
-        return null;
+      data.testBatch(b, n, to);
+      lossSum += device().evalStep(this);
+      if (labelAt < 0) {
+        continue;
       }
+      Buf scores = device().inferStep(this);
+      Buf labels = to[labelAt];
       int k = scores.shape[1];
       for (int i = 0; i < n; i++) {
         int best = 0;
@@ -462,10 +570,67 @@ public abstract class Network {
             best = j;
           }
         }
-        correct += finite && best == (int) labels.a[i] ? 1 : 0;
+        correct += finite && best == (int) labels.a[labels.off + i] ? 1 : 0;
       }
     }
-    return (double) correct / ((long) Math.max(1, count) * n);
+    int tested = Math.max(1, count);
+    double accuracy = labelAt < 0 ? Double.NaN : (double) correct / ((long) tested * n);
+    return new double[] {lossSum / tested, accuracy};
+  }
+
+  /**
+   * Writes {@code predict} for every training-split sample of {@code flag}'s data to {@code out}
+   * as the npz array {@code predict} (as {@code deepdsl predict}: batches of N, the last one filled
+   * by wrapping around and cut back; arrays other than the inputs predict reads are ignored);
+   * returns the number of samples.
+   */
+  public int predict(String flag, String out) throws IOException {
+    List<Data.Field> wanted = new ArrayList<>();
+    List<Buf> to = new ArrayList<>();
+    for (int f = 0; f < fields.size(); f++) {
+      if (settings.predictInputs.contains(fields.get(f).name())) {
+        wanted.add(fields.get(f));
+        to.add(batch.get(f));
+      }
+    }
+    Data samples = Data.load(Data.parseFlag(flag), wanted, settings.seed, true);
+    int n = batchSize();
+    int m = samples.size();
+    Buf[] bufs = to.toArray(new Buf[0]);
+    float[] values = null;
+    int[] shape = null;
+    for (int b = 0; (long) b * n < m; b++) {
+      samples.batch(b, n, null, bufs);
+      Buf scores = device().inferStep(this);
+      int row = scores.numel() / n;
+      if (values == null) {
+        values = new float[Math.toIntExact((long) m * row)];
+        shape = scores.shape.clone();
+        shape[0] = m;
+      }
+      int rows = Math.min(n, m - b * n);
+      System.arraycopy(scores.a, scores.off, values, b * n * row, rows * row);
+    }
+    LinkedHashMap<String, Npz.Array> file = new LinkedHashMap<>();
+    if (settings.predictIntegers) {
+      long[] ints = new long[values.length];
+      for (int k = 0; k < ints.length; k++) {
+        ints[k] = (long) values[k];
+      }
+      file.put("predict", Npz.Array.ofLongs(ints, shape));
+    } else {
+      file.put("predict", Npz.Array.ofFloats(values, shape));
+    }
+    Npz.write(Path.of(out), file);
+    return m;
+  }
+
+  /** What a test reports: the loss always, the accuracy where the loss classifies a label. */
+  private static String tested(double[] t) {
+    String loss = String.format(Locale.ROOT, "loss %.4f", t[0]);
+    return Double.isNaN(t[1])
+        ? loss
+        : loss + String.format(Locale.ROOT, ", accuracy %.2f%%", 100 * t[1]);
   }
 
   /**
@@ -586,7 +751,9 @@ public abstract class Network {
       "usage: java %s [--iters N] [--data SOURCE] [--load FILE.npz] [--save FILE.npz]\n"
           + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--threads N] [--json]\n"
           + "           [--lr X] [--momentum X] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]"
-          + " [--clip X]";
+          + " [--clip X]\n"
+          + "       java %1$s --eval --load FILE.npz [--data SOURCE] [--device ...] [--json]\n"
+          + "       java %1$s --predict OUT.npz --load FILE.npz --data SOURCE [--device ...]";
 
   /** The flags that set a setting of the class (those its optimizer has). */
   private static final List<String> SETTING_FLAGS =
@@ -601,9 +768,11 @@ public abstract class Network {
     String save;
     String device = "auto";
     boolean json;
+    boolean eval;
+    String predict;
     Long workspaceLimit;
     Integer threads;
-    final Map<String, Float> settings = new LinkedHashMap<>();
+    final Map<String, Double> settings = new LinkedHashMap<>();
 
     static Flags parse(String[] args) {
       Flags f = new Flags();
@@ -629,8 +798,19 @@ public abstract class Network {
           f.settings.put(arg.substring(2).replace('-', '_'), number(arg, value));
           continue;
         }
+        if (arg.equals("--eval")) {
+          f.eval = true;
+          continue;
+        }
         if (!List.of(
-                "--iters", "--data", "--load", "--save", "--device", "--workspace-limit", "--threads")
+                "--iters",
+                "--data",
+                "--load",
+                "--save",
+                "--device",
+                "--workspace-limit",
+                "--threads",
+                "--predict")
             .contains(arg)) {
           throw new IllegalArgumentException("no such option: " + arg);
         }
@@ -648,6 +828,7 @@ public abstract class Network {
           }
           case "--load" -> f.load = file(arg, value);
           case "--save" -> f.save = file(arg, value);
+          case "--predict" -> f.predict = file(arg, value);
           case "--workspace-limit" -> f.workspaceLimit = bytes(arg, value);
           case "--threads" -> f.threads = count(arg, value, 1);
           default -> {
@@ -659,13 +840,21 @@ public abstract class Network {
           }
         }
       }
+      if (f.eval && (f.load == null || f.iters != null || f.save != null || f.predict != null)) {
+        throw new IllegalArgumentException(
+            "--eval takes --load FILE.npz, and neither --iters, --save nor --predict");
+      }
+      if (f.predict != null && (f.load == null || f.data == null || f.iters != null || f.save != null)) {
+        throw new IllegalArgumentException(
+            "--predict OUT.npz takes --load FILE.npz and --data SOURCE, and neither --iters nor --save");
+      }
       return f;
     }
 
-    private static float number(String flag, String value) {
+    private static double number(String flag, String value) {
       try {
-        float x = Float.parseFloat(value);
-        if (Float.isFinite(x)) {
+        double x = Double.parseDouble(value);
+        if (Double.isFinite(x)) {
           return x;
         }
       } catch (NumberFormatException e) {
@@ -746,51 +935,83 @@ public abstract class Network {
       net.workspaceLimit = flags.workspaceLimit;
     }
     try (Device device = Device.open(flags.device, net.settings, net.workspaceLimit)) {
-      if (flags.save != null) {
-        Npz.checkWritable(Path.of(flags.save)); // before training, not after it
+      // where the run saves: --save, else the train block's save (never under --eval or --predict)
+      net.saveTo =
+          flags.eval || flags.predict != null
+              ? null
+              : flags.save != null ? flags.save : net.settings.saveFile;
+      for (String out : new String[] {net.saveTo, flags.predict}) {
+        if (out != null) {
+          Npz.checkWritable(Path.of(out)); // before training, not after it
+        }
       }
       net.use(device);
       String source = flags.data != null ? flags.data : net.settings.data;
+      if (flags.predict != null) { // the data holds the inputs predict reads, perhaps nothing else
+        if (net.settings.predictInputs == null) {
+          throw new IOException("the network defines no `predict`, so there is nothing to predict");
+        }
+        net.load(flags.load);
+        int m = net.predict(flags.data, flags.predict);
+        info.printf("wrote %s: predict for %d samples%n", flags.predict, m);
+        return 0;
+      }
       net.useData(source);
       if (flags.load != null) {
         net.load(flags.load);
       }
-      int iterations = flags.iters != null ? flags.iters : net.settings.iterations;
+      int iterations = flags.eval ? 0 : flags.iters != null ? flags.iters : net.settings.iterations;
       if (device.note() != null) {
         info.println(device.note());
       }
       info.printf(
           "device: %s  network %s  batch %d  data %s%n",
-          device.description(), name, net.x.shape[0], dataLabel(source, net.settings.seed));
+          device.description(), name, net.batchSize(), dataLabel(source, net.settings.seed));
       net.reportTo(flags.json ? null : System.out);
       long t0 = System.nanoTime();
       float[] losses = net.train(iterations);
       double secondsPerIter = iterations == 0 ? 0.0 : (System.nanoTime() - t0) / 1e9 / iterations;
-      Double accuracy = iterations == 0 ? null : net.test(); // nothing trained: nothing to test
-      if (flags.save != null) {
-        net.save(flags.save);
+      // nothing trained (--iters 0): nothing to test, unless that is what was asked (--eval)
+      double[] tested = iterations == 0 && !flags.eval ? null : net.test();
+      if (flags.eval && tested == null) {
+        throw new IOException("the data has no test set to evaluate on (an npz file: the NAME_test arrays)");
       }
-      if (flags.json) {
+      if (net.saveTo != null) {
+        net.save(net.saveTo);
+      }
+      if (flags.json && flags.eval) { // as deepdsl eval --json
+        System.out.println(
+            String.format(Locale.ROOT, "{\"device\": \"%s\", \"test_loss\": %s", device.name(), tested[0])
+                + (Double.isNaN(tested[1]) ? "" : ", \"test_accuracy\": " + tested[1])
+                + "}");
+      } else if (flags.json) {
         System.out.println(
             json(
                 device.name(),
                 losses,
-                accuracy,
+                tested,
                 iterations == 0 ? 0 : net.settings.peakBytes,
                 iterations == 0 ? 0 : net.settings.trainArenaBytes,
                 device.measuredBytes(),
-                secondsPerIter));
+                secondsPerIter,
+                net.rate == null ? null : net.rates));
       } else {
-        if (accuracy != null) {
-          System.out.printf(Locale.ROOT, "test accuracy: %.2f%%%n", 100 * accuracy);
+        if (tested != null) {
+          System.out.printf(Locale.ROOT, "test loss: %.4f%n", tested[0]);
+          if (!Double.isNaN(tested[1])) {
+            System.out.printf(Locale.ROOT, "test accuracy: %.2f%%%n", 100 * tested[1]);
+          }
         }
-        if (flags.save != null) {
-          System.out.println("saved: " + flags.save);
+        if (net.saveTo != null) {
+          System.out.println("saved: " + net.saveTo);
         }
       }
       return 0;
     } catch (IOException | Device.Unavailable | ArithmeticException | IllegalArgumentException e) {
       System.err.println("error: " + e.getMessage());
+      return 1;
+    } catch (UncheckedIOException e) {
+      System.err.println("error: " + e.getCause().getMessage());
       return 1;
     } catch (RuntimeException | Error e) {
       System.err.println("internal error: " + e);
@@ -815,19 +1036,30 @@ public abstract class Network {
   private static String json(
       String device,
       float[] losses,
-      Double accuracy,
+      double[] tested,
       long peak,
       long arena,
       long measured,
-      double secondsPerIter) {
+      double secondsPerIter,
+      List<Float> rates) {
     StringBuilder s =
         new StringBuilder("{\"device\": \"").append(device).append("\", \"losses\": [");
     for (int i = 0; i < losses.length; i++) {
       s.append(i > 0 ? ", " : "").append((double) losses[i]);
     }
     s.append("]");
-    if (accuracy != null) {
-      s.append(", \"test_accuracy\": ").append(accuracy);
+    if (rates != null) {
+      s.append(", \"learning_rates\": [");
+      for (int i = 0; i < rates.size(); i++) {
+        s.append(i > 0 ? ", " : "").append((double) rates.get(i));
+      }
+      s.append("]");
+    }
+    if (tested != null) {
+      s.append(", \"test_loss\": ").append(tested[0]);
+      if (!Double.isNaN(tested[1])) {
+        s.append(", \"test_accuracy\": ").append(tested[1]);
+      }
     }
     s.append(", \"peak_bytes\": ").append(peak).append(", \"arena_bytes\": ").append(arena);
     if (measured >= 0) {

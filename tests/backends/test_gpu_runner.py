@@ -18,9 +18,9 @@ from helpers import SMALL
 from deepdsl import api
 from deepdsl.backends.cuda import runner as gpu_runner
 from deepdsl.cli import cli
-from deepdsl.data import load_data
+from deepdsl.data.named import fields_of, load_samples
 from deepdsl.errors import DslProgramError
-from deepdsl.running import open_device, run_training
+from deepdsl.running import evaluate, open_device, predict, run_training
 from deepdsl.trainer import Trainer
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to run the kernels on the CPU")
@@ -55,11 +55,15 @@ def _close(a: list[float], b: list[float], rtol: float = 1e-4) -> None:
 
 
 @needs_gxx
-@pytest.mark.parametrize("case", ["tiny", "small"])
+@pytest.mark.parametrize("case", ["tiny", "small", "regression"])
 def test_runner_agrees_with_numpy_on_the_cpu(case: str, tmp_path: Path) -> None:
-    """The GPU runner's whole training run (arena offsets, tensors, in-place updates, copies, the inference program
-    for the test accuracy) with the kernels on the CPU gives the NumPy runner's losses and accuracy."""
-    build = _build(TINY if case == "tiny" else SMALL, f"{case}.ddsl")
+    """The GPU runner's whole training run (arena offsets, tensors, in-place updates, copies, the test program for
+    the test loss and accuracy) with the kernels on the CPU gives the NumPy runner's losses and accuracy; the
+    regression network's second input `t` is read from the data by name there too."""
+    if case == "regression":
+        build = api.build(api.compile_file(ROOT / "networks" / "regression.ddsl", {"N": 4}).program)
+    else:
+        build = _build(TINY if case == "tiny" else SMALL, f"{case}.ddsl")
     iters = 3
     want = _losses(build, iters)
     driver = EmulatedDriver(tmp_path)
@@ -67,6 +71,7 @@ def test_runner_agrees_with_numpy_on_the_cpu(case: str, tmp_path: Path) -> None:
     assert got["device"] == "cuda"
     assert driver.launches > 0
     _close(got["losses"], want["losses"])
+    assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
     assert got.get("test_accuracy") == pytest.approx(want.get("test_accuracy"))
     assert got["gpu_memory_bytes"] == got["gpu_planned_bytes"] > got["peak_bytes"] > 0  # the stand-in counts bytes
 
@@ -88,7 +93,7 @@ def test_parameters_move_between_host_and_gpu(tmp_path: Path) -> None:
 def test_a_plan_larger_than_the_gpu_is_a_message_with_the_numbers(tmp_path: Path) -> None:
     build = _build(TINY, "tiny.ddsl")
     cfg = build.program.train
-    data = load_data(cfg.data[0], dict(cfg.data[1]), (3, 8, 8), 10, cfg.seed)
+    data = load_samples(cfg.data[0], dict(cfg.data[1]), fields_of(build.program.graph.inputs), cfg.seed)
     trainer = Trainer(build, data)
     with pytest.raises(DslProgramError) as err:
         trainer.use_gpu(EmulatedDriver(tmp_path, capacity=10_000))
@@ -226,3 +231,24 @@ def test_a_reduction_keeps_its_epilogue_on_the_gpu(tmp_path: Path) -> None:
     want = _losses(build, 3)
     got = _losses(build, 3, EmulatedDriver(tmp_path))
     _close(got["losses"], want["losses"])
+
+
+@needs_gxx
+def test_eval_and_predict_run_on_the_gpu_runner(tmp_path: Path) -> None:
+    """deepdsl eval's test program and deepdsl predict's inference program on the stand-in GPU give the NumPy
+    runner's test loss, accuracy and predictions."""
+    build = _build(TINY, "tiny.ddsl")
+    run_training(build, iters=2, device="cpu", save=str(tmp_path / "p.npz"))
+    want = evaluate(build, str(tmp_path / "p.npz"), "synthetic", device="cpu")
+    got = evaluate(build, str(tmp_path / "p.npz"), "synthetic", driver=EmulatedDriver(tmp_path / "1"))
+    assert got["device"] == "cuda" and set(got) == set(want) == {"device", "test_loss", "test_accuracy"}
+    assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
+    assert got["test_accuracy"] == pytest.approx(want["test_accuracy"])
+    x = np.random.default_rng(3).random((6, 3, 8, 8), np.float32)  # 6 samples: a batch of 4 and a partial one
+    np.savez(tmp_path / "x.npz", x=x)
+    predict(build, str(tmp_path / "p.npz"), str(tmp_path / "cpu.npz"), f"npz:{tmp_path / 'x.npz'}", device="cpu")
+    out = predict(build, str(tmp_path / "p.npz"), str(tmp_path / "gpu.npz"), f"npz:{tmp_path / 'x.npz'}",
+                  driver=EmulatedDriver(tmp_path / "2"))  # fmt: skip
+    assert out["device"] == "cuda" and out["samples"] == 6
+    np.testing.assert_allclose(np.load(tmp_path / "gpu.npz")["predict"], np.load(tmp_path / "cpu.npz")["predict"],
+                               rtol=1e-4, atol=1e-5)  # fmt: skip

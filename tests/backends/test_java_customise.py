@@ -56,7 +56,7 @@ LEAKY_CUDA = [("fmaxf((in0[e] + in1[i1]), 0.0f)",
 NORM = '    if (iteration % 1 == 0) System.out.println("fc1 output norm " + dev.read(fc1_out).norm());\n'
 DATA = """
   @Override
-  protected void batch(long iteration, Long shuffleSeed, Buf x, Buf y) {
+  protected void batch(long iteration, Long shuffleSeed) {  // fills the fields x and y
     java.util.Arrays.fill(x.a, x.off, x.off + x.numel(), 0.5f);  // your samples
     for (int i = 0; i < y.numel(); i++) y.a[y.off + i] = i % 4;  // and their classes
   }

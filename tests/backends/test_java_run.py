@@ -23,6 +23,8 @@ NETWORKS = {
     "MLP": ("mlp.ddsl", ["--set", "N=16"]),
     "LeNet": ("lenet_slow.ddsl", ["--set", "N=8"]),
     "Small": ("small.ddsl", []),
+    "Autoencoder": ("autoencoder.ddsl", ["--set", "N=8"]),  # no label: the loss compares the input with itself
+    "Regression": ("regression.ddsl", ["--set", "N=8"]),  # a second input, t, the regression target
 }
 
 
@@ -39,6 +41,8 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     lenet = (ROOT / "networks" / "lenet.ddsl").read_text()
     assert "lr=0.01," in lenet
     (folder / "lenet_slow.ddsl").write_text(lenet.replace("lr=0.01,", "lr=0.001,"))
+    for name in ("autoencoder", "regression"):
+        (folder / f"{name}.ddsl").write_text((ROOT / "networks" / f"{name}.ddsl").read_text())
     for source, sets in NETWORKS.values():
         r = CliRunner().invoke(cli, ["compile", str(folder / source), *sets, "-o", str(folder / "src")])
         assert r.exit_code == 0, r.output
@@ -71,7 +75,30 @@ def test_losses_equal_the_numpy_runner(cli, programs: Path, name: str) -> None:
     assert (got["peak_bytes"], got["arena_bytes"]) == (want["peak_bytes"], want["arena_bytes"])
     assert (want["peak_bytes"], want["arena_bytes"]) == (plan["peak_bytes"], plan["arena_bytes"])
     assert got.get("test_accuracy") == pytest.approx(want.get("test_accuracy"), abs=0.02)
+    assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
     assert set(got) == set(want)
+
+
+def test_every_input_is_read_from_the_data_by_name(cli, programs: Path) -> None:
+    """Regression's target `t` comes from the npz file's array `t` (the Java program used to train on zeros
+    there); a file without it is an error naming it, at start, in both runtimes."""
+    rng = np.random.default_rng(2)
+    x, t = rng.random((24, 64), np.float32), rng.random((24, 4), np.float32)
+    np.savez(programs / "reg.npz", x=x, t=t, x_test=x[:8], t_test=t[:8])
+    np.savez(programs / "no_t.npz", x=x)
+    want = python_run(cli, programs, "Regression", "--iters", "3", "--data", f"npz:{programs / 'reg.npz'}")
+    got = java_json(programs / "build", "Regression", "--data", "npz:reg.npz", "--device", "cpu", "--iters", "3",
+                    cwd=programs)  # fmt: skip
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
+    zeros = python_run(cli, programs, "Regression", "--iters", "1", "--data", "synthetic")
+    assert got["losses"][0] != pytest.approx(zeros["losses"][0])  # the file's data, not the synthetic one
+    source, sets = NETWORKS["Regression"]
+    r = cli("run", str(programs / source), *sets, "--data", f"npz:{programs / 'no_t.npz'}", "--iters", "1")
+    assert r.exit_code == 1 and "has no array 't' for the network's input t : [N, 4]" in r.stderr, r.stderr
+    j = java(
+        programs / "build", "Regression", "--data", "npz:no_t.npz", "--device", "cpu", "--iters", "1", cwd=programs
+    )
+    assert j.returncode == 1 and "has no array 't' for the network's input t : [N, 4]" in j.stderr, j.stderr
 
 
 def test_initial_parameters_are_bit_identical(cli, programs: Path) -> None:
@@ -250,3 +277,39 @@ def test_a_setting_the_network_does_not_have_is_a_usage_error(programs: Path) ->
     assert "LeNet has no setting 'beta1' (it has [momentum, weight_decay, lr])" in r.stderr
     r = java(programs / "build", "LeNet", "--iters", "1", "--lr", "fast", cwd=programs)
     assert r.returncode == 2 and "--lr takes a number, not 'fast'" in r.stderr
+
+
+def test_eval_reports_the_test_loss_of_saved_parameters_as_deepdsl_eval_does(cli, programs: Path) -> None:
+    source, sets = NETWORKS["MLP"]
+    saved = programs / "mlp_eval.npz"
+    python_run(cli, programs, "MLP", "--iters", "2", "--save", str(saved))
+    r = cli("eval", str(programs / source), *sets, "--load", str(saved), "--data", "synthetic", "--device", "cpu",
+            "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    want = json.loads(r.stdout)
+    got = java_run(programs, "MLP", "--eval", "--load", str(saved))
+    assert set(got) == set(want) == {"device", "test_loss", "test_accuracy"}
+    assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
+    assert got["test_accuracy"] == pytest.approx(want["test_accuracy"], abs=0.02)
+    bad = java(programs / "build", "MLP", "--eval", "--iters", "3", cwd=programs)
+    assert bad.returncode == 2 and "--eval takes --load" in bad.stderr
+
+
+def test_predict_writes_what_deepdsl_predict_writes(cli, programs: Path) -> None:
+    source, sets = NETWORKS["Regression"]
+    saved = programs / "reg_predict.npz"
+    python_run(cli, programs, "Regression", "--iters", "2", "--save", str(saved))
+    x = np.random.default_rng(4).random((11, 64), np.float32)  # 11 samples: the last batch of 8 is partial
+    np.savez(programs / "x11.npz", x=x, y=np.zeros(11, np.int64))  # an array predict does not read: ignored
+    want = programs / "python_predict.npz"
+    r = cli("predict", str(programs / source), *sets, "--load", str(saved), "--data", f"npz:{programs / 'x11.npz'}",
+            "-o", str(want), "--device", "cpu")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    j = java(programs / "build", "Regression", "--predict", "java_predict.npz", "--load", str(saved), "--data",
+             "npz:x11.npz", "--device", "cpu", cwd=programs)  # fmt: skip
+    assert j.returncode == 0, j.stderr
+    got = np.load(programs / "java_predict.npz")
+    assert list(got) == ["predict"] and got["predict"].shape == (11, 4)
+    np.testing.assert_allclose(got["predict"], np.load(want)["predict"], rtol=1e-5, atol=1e-6)
+    bad = java(programs / "build", "Regression", "--predict", "o.npz", "--load", str(saved), cwd=programs)
+    assert bad.returncode == 2 and "--predict OUT.npz takes --load FILE.npz and --data SOURCE" in bad.stderr

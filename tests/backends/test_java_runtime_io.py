@@ -538,7 +538,7 @@ def data_errors(b: Batch) -> Callable[[], None]:
         ("cifar10:" + str(b.path("cifar_short")), (3, 32, 32), 10),
         ("npz:" + str(b.path("missing.npz")), (3,), 2),
         ("npz:" + str(b.path("extra.npz")), (3,), 2),
-        ("npz:" + str(b.path("intx.npz")), (3,), 2, "'x' must hold floats (float32), found integers"),
+        ("npz:" + str(b.path("intx.npz")), (3,), 2),  # worded alike now
         ("npz:" + str(b.path("noy.npz")), (3,), 2),
         ("npz:" + str(b.path("half.npz")), (3,), 2),
         ("npz:" + str(b.path("testshape.npz")), (3,), 2),

@@ -13,7 +13,7 @@ from helpers import HEADER, REDUCED, STEP, compile_text, feeds_and_params, with_
 from deepdsl import api
 from deepdsl.autodiff import gradient_program
 from deepdsl.backends.numpy_runner import run
-from deepdsl.data import Dataset, load_data
+from deepdsl.data.named import Samples, fields_of, load_samples
 from deepdsl.trainer import Trainer
 
 TENSOR_NET = (
@@ -78,9 +78,7 @@ def _trainer(compiled, name: str, sets: dict, **train) -> Trainer:  # noqa: ANN0
     p = compiled(name, sets).program
     if train:
         p = dataclasses.replace(p, train=dataclasses.replace(p.train, **train))
-    x = next(d for d in p.graph.inputs if d.kind == "input").value.type.shape
-    y = next(d for d in p.graph.inputs if d.kind == "label")
-    return Trainer(api.build(p), load_data("synthetic", {}, x[1:], y.classes, 1))
+    return Trainer(api.build(p), load_samples("synthetic", {}, fields_of(p.graph.inputs), 1))
 
 
 @pytest.mark.parametrize("name", with_slow(sorted(set(REDUCED) - {"small"})))  # small: dropout makes 5 steps noisy
@@ -89,7 +87,7 @@ def test_loss_decreases_on_synthetic_data(name: str, compiled) -> None:  # noqa:
     sets, _ = REDUCED[name]
     sgd = ("sgd", (("lr", 0.01), ("momentum", 0.0), ("weight_decay", 0.0), ("clip", 1.0)))
     t = _trainer(compiled, name, {**sets, "N": 8, "K": 10}, optimizer=sgd)
-    t.data = Dataset(t.data.x_train[:8], t.data.y_train[:8], None, None)
+    t.data = Samples({name: a[:8] for name, a in t.data.train.items()})
     losses = t.train(5).losses
     assert losses[-1] < losses[0], losses
 
@@ -174,6 +172,30 @@ def test_load_checks_names_and_shapes(cli, tmp_path) -> None:  # noqa: ANN001
     r = cli("run", str(ROOT / "networks" / "mlp.ddsl"), "--iters", "1", "--data", "synthetic", "--load", str(bad))
     assert r.exit_code == 1
     assert "fc1.W" in r.stderr
+
+
+def test_eval_and_predict_use_a_trained_network(cli, tmp_path) -> None:  # noqa: ANN001
+    """`eval` reports the test loss of saved parameters without training (what `run` reported after training);
+    `predict` writes `predict` for every sample of the data, a batch's worth at a time, the last one partial."""
+    net = str(ROOT / "networks" / "regression.ddsl")
+    saved = tmp_path / "reg.npz"
+    r = cli("run", net, "--set", "N=8", "--iters", "4", "--device", "cpu", "--save", str(saved), "--json")
+    assert r.exit_code == 0, r.output
+    trained = json.loads(r.stdout)
+    r = cli("eval", net, "--set", "N=8", "--load", str(saved), "--device", "cpu", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {"device": "cpu", "test_loss": pytest.approx(trained["test_loss"], rel=1e-6)}
+    x = np.random.default_rng(1).random((11, 64), np.float32)
+    np.savez(tmp_path / "x.npz", x=x, y=np.zeros(11, np.int64))  # arrays predict does not read are ignored
+    out = tmp_path / "out.npz"
+    r = cli("predict", net, "--set", "N=8", "--load", str(saved), "--data", f"npz:{tmp_path / 'x.npz'}", "-o",
+            str(out), "--device", "cpu")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    p = np.load(saved)
+    hidden = np.maximum(x @ p["fc1.W"].T + p["fc1.b"], 0)
+    np.testing.assert_allclose(np.load(out)["predict"], hidden @ p["fc2.W"].T + p["fc2.b"], rtol=1e-5, atol=1e-6)
+    r = cli("eval", net, "--load", str(saved), "--data", f"npz:{tmp_path / 'x.npz'}")
+    assert r.exit_code == 1 and "an array 'y' that names no input or label" in r.stderr  # eval reads every input
 
 
 def test_a_train_block_path_is_relative_to_its_ddsl_file(cli, tmp_path, monkeypatch) -> None:  # noqa: ANN001

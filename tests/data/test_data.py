@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from deepdsl.data import Dataset, load_data, parse_data_flag, shuffle_permutation
+from deepdsl.data.named import Field, load_samples
 from deepdsl.data.synthetic import make_synthetic
 from deepdsl.errors import DslProgramError
 from deepdsl.initializers import SplitMix64, stream_seed
@@ -221,22 +222,28 @@ def test_npz(tmp_path):
 @pytest.mark.parametrize(
     ("arrays", "message"),
     [
-        ({"x": np.zeros((2, 3), np.float32)}, "has no array 'y'"),
-        ({"x": np.zeros((2, 3), np.uint8), "y": np.zeros(2, int)}, "'x' must hold floats .* found uint8"),
-        ({"x": np.zeros((2, 3)), "y": np.zeros(2)}, "'y' must hold integer labels, found float64"),
-        ({"x": np.zeros((2, 3)), "y": np.zeros(3, int)}, "'x' holds 2 samples but 'y' holds 3 labels"),
-        ({"x": np.zeros((2, 3)), "y": np.zeros((2, 1), int)}, r"'y' must be one-dimensional \[M\]"),
-        ({"x": np.zeros((2, 3)), "y": np.zeros(2, int), "x_tst": np.zeros(1)}, "unexpected array 'x_tst'"),
+        ({"x": np.zeros((2, 3), np.float32)}, r"has no array 'y' for the network's label y : \[N\] classes 3"),
+        ({"x": np.zeros((2, 3), np.uint8), "y": np.zeros(2, int)}, "'x' must hold floats .* found integers"),
+        (
+            {"x": np.zeros((2, 3)), "y": np.zeros(2)},
+            "'y' must hold integer labels for the network's label y .* found floats",
+        ),
+        ({"x": np.zeros((2, 3)), "y": np.zeros(3, int)}, r"different numbers of samples \('x' 2, 'y' 3\)"),
+        (
+            {"x": np.zeros((2, 3)), "y": np.zeros((2, 1), int)},
+            r"'y' has per-sample shape \[1\], but the network's label y",
+        ),
+        ({"x": np.zeros((2, 3)), "y": np.zeros(2, int), "x_tst": np.zeros(1)}, "an array 'x_tst' that names no input"),
         ({"x": np.zeros((2, 3)), "y": np.zeros(2, int), "x_test": np.zeros((1, 3))}, "has 'x_test' but no 'y_test'"),
         (
             {"x": np.zeros((2, 4)), "y": np.zeros(2, int)},
             r"per-sample shape \[4\], but the network's input takes \[3\]",
         ),
-        ({"x": np.zeros((2, 3)), "y": np.array([0, 3])}, r"training label 3 of sample 1 is outside \[0, 3\)"),
+        ({"x": np.zeros((2, 3)), "y": np.array([0, 3])}, r"'y': label 3 of sample 1 is outside \[0, 3\)"),
         ({"x": np.zeros((2, 3)), "y": np.array([0, -1])}, r"label -1 of sample 1 is outside"),
         (
             {"x": np.zeros((2, 3)), "y": np.zeros(2, int), "x_test": np.zeros((1, 3)), "y_test": np.array([7])},
-            r"test label 7 of sample 0 is outside \[0, 3\)",
+            r"'y_test': label 7 of sample 0 is outside \[0, 3\)",
         ),
     ],
 )
@@ -367,3 +374,75 @@ def test_synthetic_labels_are_learnable():
     xt = ds.x_test.reshape(256, -1).astype(np.float64) - 0.5
     assert ((x @ w + b).argmax(1) == y).mean() > 0.9
     assert ((xt @ w + b).argmax(1) == ds.y_test).mean() > 0.9  # it generalises; chance is 0.1
+
+
+# ---- every input and label by name (data/named.py) ----
+
+X = Field("x", "input", (3,))
+T = Field("t", "input", (2,))
+Y = Field("y", "label", (), 4)
+
+
+def test_npz_binds_every_input_and_label_by_name(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.random((5, 3), np.float32), "t": rng.random((5, 2)), "y": rng.integers(0, 4, 5)}
+    np.savez(tmp_path / "d.npz", **arrays, **{f"{k}_test": v[:2] for k, v in arrays.items()})
+    s = load_samples("npz", {"file": str(tmp_path / "d.npz")}, (X, T, Y), 1)
+    assert s.size == 5 and s.test_size == 2 and s.train["t"].dtype == np.float32
+    b = s.batch(1, 4)  # positions 4..7: samples 4, 0, 1, 2 of every array alike
+    np.testing.assert_array_equal(b["t"], arrays["t"][[4, 0, 1, 2]].astype(np.float32))
+    np.testing.assert_array_equal(b["y"], arrays["y"][[4, 0, 1, 2]])
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"x": np.zeros((2, 3), np.float32), "y": np.zeros(2, int)}, "has no array 't' for the network's input t"),
+        ({"x": np.zeros((2, 3), np.float32), "t": np.zeros((2, 2), np.float32)}, "has no array 'y'"),
+        (
+            {
+                "x": np.zeros((2, 3), np.float32),
+                "t": np.zeros((2, 2), np.float32),
+                "y": np.zeros(2, int),
+                "z": np.zeros(2),
+            },
+            "an array 'z' that names no input or label",
+        ),  # fmt: skip
+        (
+            {"x": np.zeros((2, 3), np.float32), "t": np.zeros((3, 2), np.float32), "y": np.zeros(2, int)},
+            "different numbers of samples",
+        ),  # fmt: skip
+        (
+            {
+                "x": np.zeros((2, 3), np.float32),
+                "t": np.zeros((2, 2), np.float32),
+                "y": np.zeros(2, int),
+                "x_test": np.zeros((1, 3), np.float32),
+            },
+            "has 'x_test' but no 't_test'",
+        ),  # fmt: skip
+    ],
+)
+def test_npz_data_that_lacks_a_field_is_an_error_naming_it(tmp_path: Path, arrays: dict, message: str) -> None:
+    np.savez(tmp_path / "d.npz", **arrays)
+    with pytest.raises(DslProgramError, match=message):
+        load_samples("npz", {"file": str(tmp_path / "d.npz")}, (X, T, Y), 1)
+
+
+def test_image_sources_have_nothing_for_a_second_input(tmp_path: Path) -> None:
+    with pytest.raises(DslProgramError, match="nothing for the network's input t : \\[N, 2\\]"):
+        load_samples("mnist", {"dir": str(tmp_path)}, (Field("x", "input", (784,)), T), 1)
+
+
+def test_synthetic_data_covers_every_input_with_a_learnable_target() -> None:
+    s = load_samples("synthetic", {}, (X, T, Y, Field("z", "label", (2,), 3)), 1)
+    assert set(s.train) == {"x", "t", "y", "z"} and s.test is not None
+    x, t = s.train["x"], s.train["t"]
+    assert t.shape == (len(x), 2) and t.dtype == np.float32 and np.std(t) > 0.01
+    # a fixed linear function of x: least squares recovers it exactly, on the test samples too
+    w, *_ = np.linalg.lstsq(x.astype(np.float64), t.astype(np.float64), rcond=None)
+    np.testing.assert_allclose(s.test["x"] @ w, s.test["t"], atol=1e-5)
+    np.testing.assert_array_equal(s.train["z"], np.stack([s.train["y"] % 3] * 2, axis=1))
+    plain = load_data("synthetic", {}, (3,), 4, 1)  # the first input and label are today's prototypes
+    np.testing.assert_array_equal(x, plain.x_train)
+    np.testing.assert_array_equal(s.train["y"], plain.y_train)

@@ -1,12 +1,15 @@
-"""Every network of networks/ parses, shape-checks and has the reference parameter count."""
+"""Every network of networks/ parses and shape-checks; the reference networks have the reference parameter count,
+and the networks that are not classifiers (an autoencoder, a regression) train on synthetic data."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from conftest import NETWORKS
+from conftest import NETWORKS as ALL_NETWORKS
 
 from deepdsl import api
 from deepdsl.ir.verify import check_graph
+from deepdsl.running import run_training
 
 # shared/reference/networks.md
 REFERENCE = {
@@ -19,12 +22,33 @@ REFERENCE = {
     "resnet50": ("ResNet50", 25_557_032, (3, 224, 224), 1000),
 }
 
+# the networks of networks/ that are not reference classifiers: no labels, or real-valued targets
+UNLABELLED = ("autoencoder", "regression")
+NETWORKS = [p for p in ALL_NETWORKS if p.stem in REFERENCE]
+
 # the smallest spatial size each architecture still fits (see each file's header)
 SMALL = {"mlp": 28, "lenet": 28, "alexnet": 67, "overfeat": 71, "vgg16": 32, "googlenet": 32, "resnet50": 32}
 
 
 def test_every_reference_network_is_there() -> None:
-    assert sorted(p.stem for p in NETWORKS) == sorted(REFERENCE)
+    assert sorted(p.stem for p in ALL_NETWORKS) == sorted([*REFERENCE, *UNLABELLED])
+
+
+@pytest.fixture(scope="module")
+def unlabelled_runs() -> dict[str, dict]:
+    """Each of UNLABELLED trained 12 steps at batch 8 on the NumPy runner, from its train block's synthetic data."""
+    path = {p.stem: p for p in ALL_NETWORKS}
+    return {name: run_training(api.build(api.compile_file(path[name], {"N": 8}).program), iters=12, device="cpu")
+            for name in UNLABELLED}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", UNLABELLED)
+def test_a_network_without_class_labels_trains_and_reports_its_test_loss(unlabelled_runs, name: str) -> None:  # noqa: ANN001
+    result = unlabelled_runs[name]
+    losses = result["losses"]
+    assert np.all(np.isfinite(losses)) and np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3]), losses
+    assert np.isfinite(result["test_loss"]) and result["test_loss"] < losses[0]
+    assert "test_accuracy" not in result  # its loss classifies nothing: no accuracy (never "3300.00%")
 
 
 @pytest.mark.parametrize("path", NETWORKS, ids=lambda p: p.stem)
@@ -68,3 +92,30 @@ def test_resnet50_parameter_names_follow_the_call_path() -> None:
     state = {p.value.name for p in g.state}
     assert "model.stem.bn.running_mean" in state and "model.stem.bn.running_var" in state
     assert len([p for p in g.params if p.value.name.endswith(".conv.W")]) == 53
+
+
+@pytest.mark.parametrize(
+    ("loss", "predict", "label"),
+    [
+        ("softmax_cross_entropy(fc(flatten(x)), y)", "fc(flatten(x))", "y"),
+        (
+            "cross_entropy(softmax(fc(flatten(x))), y) + 0.1 * mse(fc(flatten(x)), fc(flatten(x)))",
+            "fc(flatten(x))",
+            "y",
+        ),  # fmt: skip
+        ("mse(dec(flatten(x)), flatten(x))", "dec(flatten(x))", None),  # an autoencoder with a dummy label
+        ("softmax_cross_entropy(fc(flatten(x)), y)", "argmax(fc(flatten(x)))", None),  # predict is not the scores
+    ],
+)
+def test_accuracy_is_reported_only_for_a_classification_loss(loss: str, predict: str, label: str | None) -> None:
+    from deepdsl.ir.analysis import classified_label
+
+    text = f"""network T
+input x : [4, 1, 2, 2]
+label y : [4] classes 3
+layer fc = full(3)
+layer dec = full(4)
+loss = {loss}
+predict = {predict}
+"""
+    assert classified_label(api.compile_source(text, "t.ddsl").program.graph) == label

@@ -64,6 +64,9 @@ EXAMPLES = {
     "sgd_momentum": ((X4, X4, X4), {"momentum": 0.9, "weight_decay": 0.0}), "sgd_step": ((X4, X4), {"lr": 0.1}),
     "adam_moment": ((X4, X4), {"beta": 0.9, "power": 1}),
     "adam_step": ((X4, X4, X4, TensorType(())), {"lr": 0.1, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8}),
+    "adam_step_scheduled": ((X4, X4, X4, TensorType(()), TensorType(())), {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}),
+    "sgd_plain_scheduled": ((X4, X4, TensorType(())), {"weight_decay": 0.0}),
+    "sgd_step_scheduled": ((X4, X4, TensorType(())), {}),
     "scale_by": ((X4, TensorType(())), {}), "clip_scale": ((TensorType(()),), {"clip": 1.0}),
     "dropout_mask": ((TensorType((), DType.I64),), {"shape": (2, 4, 8, 8), "p": 0.5, "site": "d", "seed": 1}),
     "conv2d_backward_data": ((X4, TensorType((4, 2, 3, 3))),
@@ -199,6 +202,7 @@ COVERED = {
     "elementwise": "checked: an element-wise op's result has its first input's shape",
     "view": "checked: a view has no index form and no kernel fields",
     "differentiable": "decides who needs vjp and saves",
+    "classifies": "checked: a classifying op is a differentiable scalar of (scores [N, K], labels [N])",
 }
 
 
@@ -230,6 +234,9 @@ def _fact_problems(op: OpDef) -> list[str]:
         out.append("a view with an index form or kernel fields")
     if op.elementwise and inputs and ex[1].shape != inputs[0].shape:
         out.append("element-wise but its result does not have its first input's shape")
+    if op.classifies and not (op.differentiable and ex[1].shape == () and len(inputs) == 2
+                              and inputs[0].rank == 2 and inputs[1].shape == inputs[0].shape[:1]):  # fmt: skip
+        out.append("classifies, but it is not a differentiable scalar of (scores [N, K], labels [N])")
     if op.arity is not None and len(inputs) != op.arity:
         out.append(f"arity {op.arity} but its example has {len(inputs)} inputs")
     return out

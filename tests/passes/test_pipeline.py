@@ -127,7 +127,7 @@ def test_motion_sinks_statements_to_their_first_use() -> None:
 def test_motion_hoists_the_loop_invariant_loss_seed_out_of_the_step() -> None:
     """The `fill` that seeds the backward pass is the same in every step: the optimised program reads it as a
     constant set once (kind "const"), launches one kernel fewer, and trains to the same numbers."""
-    from deepdsl.data import load_data
+    from deepdsl.data.named import fields_of, load_samples
     from deepdsl.trainer import Trainer
 
     c = api.compile_file(ROOT / "networks" / "lenet.ddsl", {"N": 4}, stop_at="opt")
@@ -141,7 +141,7 @@ def test_motion_hoists_the_loop_invariant_loss_seed_out_of_the_step() -> None:
     assert kernels(c.opt) == kernels(unhoisted.opt) - 1
     # a constant is part of the program, not of its state: parameter files do not hold it
     program = c.program
-    data = load_data("synthetic", {}, (1, 28, 28), 10, 1)
+    data = load_samples("synthetic", {}, fields_of(program.graph.inputs), 1)
     trainer = Trainer(api.build(program), data)
     losses = [trainer.step()[0] for _ in range(3)]
     assert const.value.name not in trainer.state()

@@ -189,7 +189,7 @@ def compiled(folder: Path, file: str, include: str, data: str, name: str) -> tup
     b = build(c.program)
     # steps split into parts, so that the parts' comments and shared fields are fuzzed too
     with mock.patch.object(emitter, "MAX_STATEMENTS_PER_METHOD", 6):
-        p = java_program(b.program, b.train_plan, b.infer_plan)
+        p = java_program(b.program, b.train_plan, b.infer_plan, b.eval_plan)
     return p.java, p.cuda, [q.value.name for q in b.train_plan.graph.params]
 
 

@@ -30,12 +30,15 @@ def cuda_source(plan: Plan) -> str:
     return program(plan).source
 
 
-def programs(train: Plan, infer: Plan | None) -> dict[str, CudaProgram]:
-    """{"train": ..., "infer": ...} of a network's plans (infer only where it has one); the inference program's
-    kernels are named `infer__...` so that both fit in one module."""
+def programs(train: Plan, infer: Plan | None, test: Plan | None = None) -> dict[str, CudaProgram]:
+    """{"train": ..., "infer": ..., "eval": ...} of a network's plans (infer only where it has one, eval where
+    `test`, the test program's plan, is given); the inference and test programs' kernels are named `infer__...` and
+    `eval__...` so that all fit in one module."""
     out = {"train": program(train)}
     if infer is not None:
         out["infer"] = program(infer, "infer__")
+    if test is not None:
+        out["eval"] = program(test, "eval__")
     return out
 
 

@@ -1,7 +1,7 @@
 """The GPU runner: a Plan's CUDA program (kernels.py) executed on a GPU, for `deepdsl run --device cuda`.
 
 The runner holds one arena of the planned size, one device tensor per input, parameter, model state and
-optimizer state, and the module of the training and inference kernels. A step uploads the batch (and the step
+optimizer state, and the module of the training, inference and test kernels. A step uploads the batch (and the step
 counter), launches the plan's kernels in program order with the pointers the plan gives them (arena offsets,
 tensors), copies the updates that were not written in place into their tensors, and downloads the outputs.
 Parameters stay on the GPU between steps; `arrays()` brings them back, `set_arrays()` sends them there.
@@ -57,11 +57,15 @@ class _Step:
 class GpuRunner:
     """The training (and inference) program of a network on one GPU: one arena, persistent tensors, kernels."""
 
-    def __init__(self, driver: Driver, train: Plan, infer: Plan | None, arrays: dict[str, np.ndarray]):
+    def __init__(
+        self, driver: Driver, train: Plan, infer: Plan | None, arrays: dict[str, np.ndarray], test: Plan | None = None
+    ):
         self.driver = driver
         self.steps = {"train": _step(program(train), train)}
         if infer is not None:
             self.steps["infer"] = _step(program(infer, "infer__"), infer)
+        if test is not None:
+            self.steps["eval"] = _step(program(test, "eval__"), test)
         self.arena_bytes = max(s.plan.arena_bytes for s in self.steps.values())
         shapes = {p.value.name: (p.value.type.shape, np.float32) for p in train.graph.params}
         for name, s in self.steps.items():
@@ -117,7 +121,8 @@ class GpuRunner:
         return out
 
     def run(self, step: str, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
-        """One run of `step` ("train" or "infer") on `feeds` (input value -> array): its outputs and device seconds."""
+        """One run of `step` ("train", "infer" or "eval") on `feeds` (input value -> array): its outputs and device
+        seconds."""
         s = self.steps[step]
         for name, dtype in s.inputs.items():
             self.driver.upload(self.tensors[f"{step}:{name}"], np.ascontiguousarray(feeds[name], dtype))

@@ -32,12 +32,13 @@ class JavaProgram:
 
 
 def java_program(
-    program: Program, train: Plan, infer: Plan | None, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT
+    program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT
 ) -> JavaProgram:
-    """The Java class of a network from the plans of its training and (with `predict`) inference programs, and the
-    CUDA source its CUDA device launches: the library's entry points for the library calls (dev.conv2d(...)) and
-    one kernel per Kernel constant of the class (dev.run(K, ...))."""
-    e = emit_java(program, train, infer, workspace_limit)
+    """The Java class of a network from the plans of its training, (with `predict`) inference and test programs (a
+    Build's `train_plan`, `infer_plan` and `eval_plan`), and the CUDA source its CUDA device launches: the
+    library's entry points for the library calls (dev.conv2d(...)) and one kernel per Kernel constant of the class
+    (dev.run(K, ...))."""
+    e = emit_java(program, train, infer, test, workspace_limit)
     cuda = translation_unit(program.graph.name, entries_source(), e.kernels)
     return JavaProgram(class_name(program.graph.name), e.java, cuda)
 

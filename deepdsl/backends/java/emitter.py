@@ -25,9 +25,9 @@ from deepdsl.backends.escape import java_comment, java_string
 from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, java_group_kernel, java_kernel
 from deepdsl.backends.java.names import Namer, camel, class_name, identifier
 from deepdsl.backends.java.text import long_literal, method
-from deepdsl.frontend.program import Program
+from deepdsl.frontend.program import Program, Schedule
 from deepdsl.ir import REGISTRY, Graph, Stmt, Value
-from deepdsl.ir.analysis import index_form, output_indices
+from deepdsl.ir.analysis import classified_label, index_form, output_indices
 from deepdsl.ir.groups import group_form
 from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Reduce, Var, format_ie, renumber
 from deepdsl.ir.registry import JavaCall
@@ -45,7 +45,9 @@ NETWORK_MEMBERS = (
     "arena", "at", "view", "copy", "scalar", "input", "label", "param", "state", "optimizerState", "train", "test",
     "save", "load", "main", "iteration", "trainStep", "inferStep", "SETTINGS", "WORKSPACE_LIMIT", "Buf", "Kernel",
     "Network", "Parallel", "Settings", "settings", "workspaceLimit", "run", "useData", "reportTo", "dev",
-    "inputs", "labels", "use", "device", "constant",
+    "inputs", "labels", "use", "device", "constant", "evalStep", "batchByName", "isLabel", "field", "batchSize",
+    "tested", "rate", "rateBuffer", "learningRate", "learningRateInput", "Schedule", "predict", "setting", "set",
+    "get", "batch",
 )  # fmt: skip
 
 
@@ -112,6 +114,9 @@ SETTINGS: dict[str, dict[str, str]] = {
     "adam_moment": {"beta": "beta"},
     "adam_step": {"lr": "lr", "beta1": "beta1", "beta2": "beta2", "eps": "eps"},
     "clip_scale": {"clip": "clip"},
+    # with a schedule the rate is the step's input opt/lr (Network sets it from the schedule before each step)
+    "sgd_plain_scheduled": {"weight_decay": "weight_decay"},
+    "adam_step_scheduled": {"beta1": "beta1", "beta2": "beta2", "eps": "eps"},
 }
 MAX_SETTINGS = 16  # Network.java's room for settings
 _SENTINEL = float(1 << 20)  # an attribute stands as _SENTINEL + k in a body until the Read of setting k replaces it
@@ -361,13 +366,13 @@ class _Emitter:
                 body += self.statement(s, t)
             methods.append((k, body))
         out = []
-        returns = "float" if kind == "train" else "Buf"
-        tail = f"dev.{'scalar' if kind == 'train' else 'read'}({self.tensor(result_value)})"
-        doc = (
-            "One training step on the batch in x and y: forward, backward, update; returns the loss."
-            if kind == "train"
-            else "The network's prediction for the batch in x."
-        )
+        returns = "float" if result == "loss" else "Buf"
+        tail = f"dev.{'scalar' if result == 'loss' else 'read'}({self.tensor(result_value)})"
+        doc = {
+            "train": "One training step on the batch in the inputs: forward, backward, update; returns the loss.",
+            "infer": "The network's prediction for the batch in the inputs.",
+            "eval": "The loss on the batch in the inputs in inference semantics (the test phase); no update.",
+        }[kind]
         name = f"{kind}Step"
         if len(parts) == 1:
             out.append(method(f"/** {doc} */", f"protected {returns} {name}()", methods[0][1] + [f"return {tail};"]))
@@ -570,6 +575,23 @@ def _init_text(p: Any) -> str:
     return f"{i.kind}({', '.join(args)})"
 
 
+def _schedule(s: Schedule) -> str:
+    """The runtime's Schedule of a train block's schedule (frontend/program.py), as a Java expression."""
+    if s.kind == "constant":
+        return f"Schedule.constant({_double(s.value)})"
+    assert s.base is not None
+    base = _schedule(s.base)
+    if s.kind == "step":
+        return f"Schedule.step({base}, {s.every}L, {_double(s.gamma)})"
+    if s.kind == "cosine":
+        return f"Schedule.cosine({base}, {s.total}L, {_double(s.min)})"
+    return f"Schedule.warmup({base}, {s.steps}L)"
+
+
+def _double(x: float) -> str:
+    return repr(float(x))  # a Java double literal that reads back to the same double
+
+
 def _data_flag(data: tuple[str, tuple[tuple[Any, Any], ...]]) -> str:
     kind, args = data
     values = [v for _, v in args]
@@ -583,10 +605,10 @@ class Emitted:
 
 
 def emit_java(
-    program: Program, train: Plan, infer: Plan | None, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT
+    program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT
 ) -> Emitted:
-    """The Java class of `program` from the plans of its training and (when it has `predict`) inference programs,
-    and the CUDA source of its kernels."""
+    """The Java class of `program` from the plans of its training, (when it has `predict`) inference and test
+    programs, and the CUDA source of its kernels."""
     e = _Emitter()
     g: Graph = train.graph
     cls = class_name(g.name)
@@ -596,7 +618,9 @@ def emit_java(
         if d.kind == "step":
             continue
         shape = ", ".join(map(str, d.value.type.shape))
-        call = f"label({d.classes}, {shape})" if d.kind == "label" else f"input({shape})"
+        named = java_string(d.value.name)
+        call = {"label": f"label({named}, {d.classes}, {shape})", "input": f"input({named}, {shape})",
+                "lr": "learningRateInput()"}[d.kind]  # fmt: skip
         declarations.append(f"  private final Buf {e.declare(d.value)} = {call};")
     titles = {"param": "parameters", "state": "model state", "opt": "optimizer state",
               "const": "constants (loop-invariant values hoisted out of the step)"}  # fmt: skip
@@ -617,6 +641,9 @@ def emit_java(
         declarations.append(f"  private final Buf {e.declare(p.value)} = {call};")
     train_methods, train_fields = e.step("train", train, "loss")
     infer_methods, infer_fields = e.step("infer", infer, "predict") if infer is not None else ([], [])
+    eval_methods, eval_fields = e.step("eval", test, "loss")
+    infer_methods += eval_methods
+    infer_fields += eval_fields
     if e.settings:
         flags = ", ".join(f"--{n.replace('_', '-')}" for n, _ in e.settings)
         declarations = [
@@ -631,7 +658,7 @@ def emit_java(
         infer_methods = [
             method("/** The network defines no `predict`. */", "protected Buf inferStep()", ["return null;"])
         ]
-    arena = max(train.arena_bytes, infer.arena_bytes if infer is not None else 0)
+    arena = max(train.arena_bytes, infer.arena_bytes if infer is not None else 0, test.arena_bytes)
     source = java_comment(program.graph.stmts[0].span.file.rsplit("/", 1)[-1] if program.graph.stmts and
                           program.graph.stmts[0].span else "")  # fmt: skip
     name = java_comment(g.name)
@@ -644,8 +671,20 @@ def emit_java(
         f"          .testing({cfg.test_every}, {cfg.test_iterations})",
         f"          .arena({train.arena_bytes}L, {arena}L)",
         f"          .peak({total_peak(train)}L)",
-        "          .workspaceLimit(WORKSPACE_LIMIT);",
+        "          .workspaceLimit(WORKSPACE_LIMIT)",
     ]
+    if cfg.lr is not None:
+        settings.append(f"          .learningRate({_schedule(cfg.lr)})")
+    if cfg.save is not None:
+        settings.append(f"          .save({java_string(cfg.save)}, {cfg.save_every})")
+    if infer is not None:
+        reads = ", ".join(java_string(d.value.name) for d in infer.graph.inputs if d.kind == "input")
+        integers = "true" if infer.graph.output("predict").type.dtype.value == "i64" else "false"
+        settings.append(f"          .predicts({integers}{', ' + reads if reads else ''})")
+    label = classified_label(program.graph)
+    if label is not None:
+        settings.append(f"          .accuracy({java_string(label)})")
+    settings[-1] += ";"
     header = [
         f"// Generated by deepdsl {__version__} from {source or 'a .ddsl file'}. Edit the network, not this file.",
         "",
@@ -653,6 +692,7 @@ def emit_java(
         "import deepdsl.runtime.Kernel;",
         "import deepdsl.runtime.Network;",
         "import deepdsl.runtime.Parallel;",
+        "import deepdsl.runtime.Schedule;",
         "",
         "/**",
         f" * {name}: training and inference of {source or 'the network'}, every temporary at a fixed offset of one",
@@ -690,4 +730,6 @@ def emit_java(
         text = text.replace("import deepdsl.runtime.Parallel;\n", "")
     if not e.constants:
         text = text.replace("import deepdsl.runtime.Kernel;\n", "")
+    if cfg.lr is None:
+        text = text.replace("import deepdsl.runtime.Schedule;\n", "")
     return Emitted(text, "\n\n".join(e.cuda_text) + "\n")

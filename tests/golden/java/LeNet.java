@@ -23,15 +23,17 @@ public final class LeNet extends Network {
           .testing(100, 10)
           .arena(7828736L, 7828736L)
           .peak(11478596L)
-          .workspaceLimit(WORKSPACE_LIMIT);
+          .workspaceLimit(WORKSPACE_LIMIT)
+          .predicts(false, "x")
+          .accuracy("y");
 
   // settings: what the update kernels read each step (a flag overrides one: --momentum, --weight-decay, --lr)
   private final Buf momentum = setting("momentum", 0.9f);
   private final Buf weight_decay = setting("weight_decay", 0.0005f);
   private final Buf lr = setting("lr", 0.01f);
   // the batch: inputs and labels (labels as exact float values)
-  private final Buf x = input(64, 1, 28, 28);
-  private final Buf y = label(10, 64);
+  private final Buf x = input("x", 64, 1, 28, 28);
+  private final Buf y = label("y", 10, 64);
   // parameters
   private final Buf cv1_W = param("cv1.W", "he(fan_in=25, fan_out=500)", 20, 1, 5, 5);
   private final Buf cv1_b = param("cv1.b", "constant(0)", 20);
@@ -61,7 +63,7 @@ public final class LeNet extends Network {
     System.exit(run(args, SETTINGS, LeNet::new));
   }
 
-  /** One training step on the batch in x and y: forward, backward, update; returns the loss. */
+  /** One training step on the batch in the inputs: forward, backward, update; returns the loss. */
   protected float trainStep() {
     // cv1, lenet.ddsl:13:13
     Buf cv1_out = at(0, 64, 20, 24, 24);
@@ -155,7 +157,7 @@ public final class LeNet extends Network {
     return dev.scalar(loss);
   }
 
-  /** The network's prediction for the batch in x. */
+  /** The network's prediction for the batch in the inputs. */
   protected Buf inferStep() {
     // cv1, lenet.ddsl:13:13
     Buf cv1_out = at(0, 64, 20, 24, 24);
@@ -185,6 +187,41 @@ public final class LeNet extends Network {
     Buf fc2_bias_add = at(128000, 64, 10);
     dev.run(LINEAR_EPILOGUE_2, fc2_bias_add, fc2_out, fc2_b);
     return dev.read(fc2_bias_add);
+  }
+
+  /** The loss on the batch in the inputs in inference semantics (the test phase); no update. */
+  protected float evalStep() {
+    // cv1, lenet.ddsl:13:13
+    Buf cv1_out = at(0, 64, 20, 24, 24);
+    dev.conv2d(cv1_out, x, cv1_W, groups(1), pad(0, 0), stride(1, 1));
+    dev.run(CONV2D_EPILOGUE, cv1_out, cv1_out, cv1_b);
+    // mp, lenet.ddsl:15:13
+    Buf mp_out = at(2949120, 64, 20, 12, 12);
+    dev.maxPool2d(mp_out, cv1_out, kernel(2, 2), pad(0, 0), stride(2, 2));
+    // cv2, lenet.ddsl:14:13
+    Buf cv2_out = at(0, 64, 50, 8, 8);
+    dev.conv2d(cv2_out, mp_out, cv2_W, groups(1), pad(0, 0), stride(1, 1));
+    dev.run(CONV2D_EPILOGUE, cv2_out, cv2_out, cv2_b);
+    // mp, lenet.ddsl:15:13
+    Buf mp_out_2 = at(819200, 64, 50, 4, 4);
+    dev.maxPool2d(mp_out_2, cv2_out, kernel(2, 2), pad(0, 0), stride(2, 2));
+    // net.flatten1, lenet.ddsl:21:33
+    Buf net_flatten1_out = view(mp_out_2, 64, 800);
+    // fc1, lenet.ddsl:16:13
+    Buf fc1_out = at(0, 64, 500);
+    dev.linear(fc1_out, net_flatten1_out, fc1_W);
+    // net.relu1, lenet.ddsl:21:33
+    Buf net_relu1_bias_add_relu = at(0, 64, 500);
+    dev.run(LINEAR_EPILOGUE, net_relu1_bias_add_relu, fc1_out, fc1_b);
+    // fc2, lenet.ddsl:17:13
+    Buf fc2_out = at(128000, 64, 10);
+    dev.linear(fc2_out, net_relu1_bias_add_relu, fc2_W);
+    Buf fc2_bias_add = at(128000, 64, 10);
+    dev.run(LINEAR_EPILOGUE_2, fc2_bias_add, fc2_out, fc2_b);
+    // lenet.ddsl:21:11
+    Buf loss = at(0);
+    dev.softmaxCrossEntropy(loss, fc2_bias_add, y);
+    return dev.scalar(loss);
   }
 
   // ---- kernels: each a Java method below and a kernel of LeNet.cu of the same name ----
