@@ -27,6 +27,15 @@ public final class Buf {
     return Math.toIntExact(count(shape));
   }
 
+  /** The Euclidean norm of the elements (on the host: read a step's tensor with {@code dev.read}). */
+  public double norm() {
+    double s = 0;
+    for (int i = 0; i < numel(); i++) {
+      s += (double) a[off + i] * a[off + i];
+    }
+    return Math.sqrt(s);
+  }
+
   public int dim(int axis) {
     return shape[axis];
   }

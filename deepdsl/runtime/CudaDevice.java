@@ -29,6 +29,7 @@ import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.IdentityHashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -45,9 +46,12 @@ import jcuda.nvrtc.nvrtcProgram;
 
 /**
  * The CUDA device on JCuda 12.6's driver API: GPU 0, one arena of the plan's size allocated once,
- * one device copy of every parameter, state and input tensor, and the network's kernels launched
- * as its {@link Kernels} tables say. Parameters stay on the GPU between steps; a save brings them
- * back, a load sends them there.
+ * one device copy of every parameter, state and input tensor. The network's steps run here call for
+ * call: a generated kernel ({@link #run}) is launched by its name in {@code NAME.cu}, a library op
+ * ({@link #conv2d}, ...) as the library kernel of {@code NAME.cu} that takes its sizes as arguments.
+ * A tensor of the step is found on the GPU by its host array (the arena, a parameter, the batch)
+ * and its offset. Parameters stay on the GPU between steps; a save brings them back, a load sends
+ * them there.
  *
  * <p>The kernels come from the class path: {@code NAME.sm_XY.ptx} for the GPU's architecture (or
  * the newest older one, which the driver compiles forward), written by {@code deepdsl compile
@@ -71,26 +75,21 @@ public final class CudaDevice implements Device {
   private final String kernelSource;
   private final Map<String, CUfunction> functions = new HashMap<>();
   private final List<CUdeviceptr> allocations = new ArrayList<>();
-  private final Map<String, CUdeviceptr> tensors = new LinkedHashMap<>();
+  private final Map<String, CUdeviceptr> tensors = new HashMap<>();
+  // the host array of a step's tensor -> where its elements are on the GPU
+  private final Map<float[], CUdeviceptr> places = new IdentityHashMap<>();
+  private final Map<int[], Buf> hostCopies = new IdentityHashMap<>();
   private CUdeviceptr arena;
-  private final Map<String, CUdeviceptr> batch = new LinkedHashMap<>(); // every input and label
+  // every input and label by name; a label's host array -> its int64 values and where they are on the GPU
+  private final Map<String, CUdeviceptr> batch = new LinkedHashMap<>();
+  private final Map<float[], CUdeviceptr> labels = new IdentityHashMap<>();
   private final Map<String, long[]> labelValues = new HashMap<>();
-  private CUdeviceptr counter;
-  private CUdeviceptr rate; // the learning rate of a schedule
-  private Program train;
-  private Program infer;
-  private Program eval;
+  private CUdeviceptr rate; // the learning rate of a schedule (the step's opt/lr input)
+  private CUdeviceptr counter; // the step counter a dropout mask is drawn for
+  private float[] settingValues; // the settings the kernels read (lr, ...), sent before each step
+  private CUdeviceptr settingsOnGpu;
   private long freeBefore;
   private long freeLow = Long.MAX_VALUE;
-
-  /** A step ready to launch: each kernel with its argument pointers resolved once. */
-  private record Program(
-      CUfunction[] kernels,
-      int[][] shapes,
-      Pointer[] params,
-      List<Kernels.Copy> copies,
-      CUdeviceptr result,
-      Buf host) {}
 
   /**
    * Starts the driver on GPU 0 and loads the network's kernels.
@@ -268,105 +267,366 @@ public final class CudaDevice implements Device {
               + " free; compile it with --remat cheap or full, or a smaller batch");
     }
     arena = alloc(settings.arenaBytes);
-    net.tensorsByName().forEach((name, b) -> tensors.put(name, alloc((long) b.numel() * 4)));
+    places.put(net.useDeviceArena(), arena);
+    net.tensorsByName()
+        .forEach(
+            (name, b) -> {
+              CUdeviceptr p = alloc((long) b.numel() * 4);
+              tensors.put(name, p);
+              places.put(b.a, p); // a tensor's array holds it alone, from 0
+            });
     net.batchByName()
         .forEach(
             (name, b) -> {
               boolean label = net.isLabel(name);
-              batch.put(name, alloc((long) b.numel() * (label ? Sizeof.LONG : Sizeof.FLOAT)));
+              CUdeviceptr p = alloc((long) b.numel() * (label ? Sizeof.LONG : Sizeof.FLOAT));
+              batch.put(name, p);
               if (label) {
                 labelValues.put(name, new long[b.numel()]);
+                labels.put(b.a, p);
+              } else {
+                places.put(b.a, p);
               }
             });
+    if (net.rateBuffer() != null) {
+      rate = alloc(Sizeof.FLOAT);
+      places.put(net.rateBuffer().a, rate);
+    }
     counter = alloc(Sizeof.LONG);
-    rate = alloc(Sizeof.FLOAT);
+    settingValues = net.settingValues();
+    settingsOnGpu = alloc((long) settingValues.length * Sizeof.FLOAT);
+    places.put(settingValues, settingsOnGpu);
     toDevice(net);
-    train = resolve(settings.trainKernels.get());
-    infer = settings.inferKernels != null ? resolve(settings.inferKernels.get()) : null;
-    eval = settings.evalKernels != null ? resolve(settings.evalKernels.get()) : null;
     measure();
   }
 
-  private Program resolve(Kernels k) {
-    List<Kernels.Launch> launches = k.launches();
-    CUfunction[] kernels = new CUfunction[launches.size()];
-    int[][] shapes = new int[launches.size()][];
-    Pointer[] params = new Pointer[launches.size()];
-    for (int i = 0; i < kernels.length; i++) {
-      Kernels.Launch x = launches.get(i);
-      kernels[i] = functions.computeIfAbsent(x.kernel(), this::function);
-      int[] grid = x.grid();
-      int[] block = x.block();
-      shapes[i] = new int[] {grid[0], grid[1], grid[2], block[0], block[1], block[2]};
-      Pointer[] args = new Pointer[x.args().length];
-      for (int j = 0; j < args.length; j++) {
-        args[j] = Pointer.to(pointer(x.args()[j]));
-      }
-      params[i] = Pointer.to(args);
-    }
-    Buf host = k.resultShape().length > 0 ? Buf.zeros(k.resultShape()) : Buf.zeros(1);
-    return new Program(kernels, shapes, params, k.copies(), pointer(k.result()), host);
-  }
-
   private CUfunction function(String kernel) {
-    CUfunction f = new CUfunction();
-    cuModuleGetFunction(f, module, kernel);
-    return f;
+    return functions.computeIfAbsent(
+        kernel,
+        k -> {
+          CUfunction f = new CUfunction();
+          cuModuleGetFunction(f, module, k);
+          return f;
+        });
   }
 
-  private CUdeviceptr pointer(Kernels.Arg a) {
-    return switch (a.storage()) {
-      case ARENA -> arena.withByteOffset(a.offset());
-      case TENSOR -> tensor(a.tensor());
-      case INPUT -> batch(a.tensor());
-      case STEP -> counter;
-      case RATE -> rate;
+  /** Where the elements of {@code b} are on the GPU. */
+  private CUdeviceptr pointer(Buf b) {
+    CUdeviceptr label = labels.get(b.a);
+    if (label != null) {
+      return label.withByteOffset((long) b.off * Sizeof.LONG); // the labels are int64 there
+    }
+    CUdeviceptr base = places.get(b.a);
+    if (base == null) {
+      throw new IllegalStateException(
+          "a step passed the CUDA device a tensor that lives on the host only (shape "
+              + java.util.Arrays.toString(b.shape)
+              + ")");
+    }
+    return base.withByteOffset((long) b.off * Sizeof.FLOAT);
+  }
+
+  private static Pointer i(int v) {
+    return Pointer.to(new int[] {v});
+  }
+
+  /** Launches {@code kernel} as grid x block, its arguments the tensors then the sizes. */
+  private void launch(String kernel, int[] grid, int[] block, Buf[] bufs, Pointer... sizes) {
+    Pointer[] args = new Pointer[bufs.length + sizes.length];
+    for (int k = 0; k < bufs.length; k++) {
+      args[k] = Pointer.to(pointer(bufs[k]));
+    }
+    System.arraycopy(sizes, 0, args, bufs.length, sizes.length);
+    cuLaunchKernel(
+        function(kernel),
+        grid[0],
+        grid[1],
+        grid[2],
+        block[0],
+        block[1],
+        block[2],
+        0,
+        null,
+        Pointer.to(args),
+        null);
+  }
+
+  private static final int BLOCK = 256;
+  private static final int TILE = 16;
+  private static final int MAX_GRID = 1 << 16;
+
+  /** One thread an element of {@code n}, in a grid-stride loop. */
+  private static int[] elements(long n) {
+    return new int[] {(int) Math.max(1, Math.min(MAX_GRID, (n + BLOCK - 1) / BLOCK)), 1, 1};
+  }
+
+  /** One block a row of {@code rows}, in a block-stride loop. */
+  private static int[] rows(long rows) {
+    return new int[] {(int) Math.max(1, Math.min(MAX_GRID, rows)), 1, 1};
+  }
+
+  private static final int[] THREADS = {BLOCK, 1, 1};
+  private static final int[] TILE_BLOCK = {TILE, TILE, 1};
+  private static final int[] ONE = {1, 1, 1};
+
+  private static int tiles(long n) {
+    return (int) ((n + TILE - 1) / TILE);
+  }
+
+  // ---- the step's operations ----
+
+  @Override
+  public void run(Kernel k, Buf... args) {
+    int n = args[0].numel();
+    int[] block = {k.block, 1, 1};
+    if (k.launch == Kernel.Launch.ELEMENTS) {
+      launch(k.name, elements(n), block, args, i(n));
+      return;
+    }
+    List<Pointer> dims = new ArrayList<>();
+    for (Buf b : args) {
+      for (int d : b.shape) {
+        dims.add(i(d));
+      }
+    }
+    int[] grid = k.launch == Kernel.Launch.ROWS ? rows(n) : elements(n);
+    launch(k.name, grid, block, args, dims.toArray(new Pointer[0]));
+  }
+
+  @Override
+  public void copy(Buf from, Buf to) {
+    cuMemcpyDtoD(pointer(to), pointer(from), (long) to.numel() * Sizeof.FLOAT);
+  }
+
+  @Override
+  public float scalar(Buf b) {
+    float[] v = {0f};
+    cuMemcpyDtoH(Pointer.to(v), pointer(b), Sizeof.FLOAT);
+    return v[0];
+  }
+
+  @Override
+  public Buf read(Buf b) {
+    Buf host = hostCopies.computeIfAbsent(b.shape, s -> Buf.zeros(s));
+    download(pointer(b), host);
+    return host;
+  }
+
+  private void gemm(Buf out, Buf a, Buf b, int batch, int m, int n, int k, boolean ta, boolean tb) {
+    launch(
+        "dd_k_gemm",
+        new int[] {tiles(n), tiles(m), batch},
+        TILE_BLOCK,
+        new Buf[] {out, a, b},
+        i(m),
+        i(n),
+        i(k),
+        i(ta ? 1 : 0),
+        i(tb ? 1 : 0));
+  }
+
+  @Override
+  public void linear(Buf out, Buf x, Buf w) {
+    int k = x.shape[x.shape.length - 1];
+    gemm(out, x, w, 1, out.numel() / w.shape[0], w.shape[0], k, false, true);
+  }
+
+  @Override
+  public void matmul(Buf out, Buf a, Buf b, boolean transposeA, boolean transposeB) {
+    int r = out.shape.length;
+    int k = transposeA ? a.shape[a.shape.length - 2] : a.shape[a.shape.length - 1];
+    gemm(out, a, b, 1, out.shape[r - 2], out.shape[r - 1], k, transposeA, transposeB);
+  }
+
+  @Override
+  public void batchMatmul(Buf out, Buf a, Buf b, boolean transposeA, boolean transposeB) {
+    int r = out.shape.length;
+    int k = transposeA ? a.shape[a.shape.length - 2] : a.shape[a.shape.length - 1];
+    gemm(out, a, b, out.shape[0], out.shape[r - 2], out.shape[r - 1], k, transposeA, transposeB);
+  }
+
+  /** The convolution's sizes as library.cu takes them: N C H W F KH KW OH OW SH SW PH PW G. */
+  private static Pointer[] conv(int[] x, int[] w, int[] y, int[] pad, int[] stride, int groups) {
+    int[] v = {
+      x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], stride[0], stride[1], pad[0], pad[1], groups
+    };
+    Pointer[] out = new Pointer[v.length];
+    for (int k = 0; k < v.length; k++) {
+      out[k] = i(v[k]);
+    }
+    return out;
+  }
+
+  @Override
+  public void conv2d(Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride) {
+    int[] y = out.shape;
+    int[] grid = {tiles((long) y[0] * y[2] * y[3]), tiles(w.shape[0] / groups), groups};
+    launch(
+        "dd_k_conv2d", grid, TILE_BLOCK, new Buf[] {out, x, w},
+        conv(x.shape, w.shape, y, pad, stride, groups));
+  }
+
+  @Override
+  public void conv2dBackwardData(
+      Buf out, Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride) {
+    int[] grid = {
+      tiles((long) inShape[0] * inShape[2] * inShape[3]), tiles(inShape[1] / groups), groups
+    };
+    launch(
+        "dd_k_conv2d_backward_data", grid, TILE_BLOCK, new Buf[] {out, g, w},
+        conv(inShape, w.shape, g.shape, pad, stride, groups));
+  }
+
+  @Override
+  public void conv2dBackwardFilter(
+      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] wShape) {
+    launch(
+        "dd_k_conv2d_backward_filter", rows(out.numel()), THREADS, new Buf[] {out, x, g},
+        conv(x.shape, wShape, g.shape, pad, stride, groups));
+  }
+
+  /** The pooling's sizes as library.cu takes them: NC H W OH OW KH KW SH SW PH PW. */
+  private static Pointer[] pool(int[] x, int[] y, int[] kernel, int[] pad, int[] stride) {
+    int[] v = {
+      x[0] * x[1], x[2], x[3], y[2], y[3], kernel[0], kernel[1], stride[0], stride[1], pad[0], pad[1]
+    };
+    Pointer[] out = new Pointer[v.length];
+    for (int k = 0; k < v.length; k++) {
+      out[k] = i(v[k]);
+    }
+    return out;
+  }
+
+  @Override
+  public void maxPool2d(Buf out, Buf x, int[] kernel, int[] pad, int[] stride) {
+    launch(
+        "dd_k_max_pool2d", elements(out.numel()), THREADS, new Buf[] {out, x},
+        pool(x.shape, out.shape, kernel, pad, stride));
+  }
+
+  @Override
+  public void maxPool2dBackward(
+      Buf out, Buf x, Buf y, Buf g, int[] kernel, int[] pad, int[] stride) {
+    launch(
+        "dd_k_max_pool2d_backward", elements(out.numel()), THREADS, new Buf[] {out, x, y, g},
+        pool(x.shape, g.shape, kernel, pad, stride));
+  }
+
+  @Override
+  public void avgPool2dBackward(
+      Buf out, Buf g, int[] inShape, int[] kernel, int[] pad, int[] stride) {
+    launch(
+        "dd_k_avg_pool2d_backward", elements(out.numel()), THREADS, new Buf[] {out, g},
+        pool(inShape, g.shape, kernel, pad, stride));
+  }
+
+  /** Softmax over axis 1 of [A, D, B]. */
+  private void softmaxFamily(String kernel, Buf[] bufs, int[] shape, boolean logarithm) {
+    int a = shape[0];
+    int d = shape[1];
+    int b = 1;
+    for (int k = 2; k < shape.length; k++) {
+      b *= shape[k];
+    }
+    launch(kernel, rows((long) a * b), THREADS, bufs, i(a), i(d), i(b), i(logarithm ? 1 : 0));
+  }
+
+  @Override
+  public void softmax(Buf out, Buf x) {
+    softmaxFamily("dd_k_softmax", new Buf[] {out, x}, x.shape, false);
+  }
+
+  @Override
+  public void logSoftmax(Buf out, Buf x) {
+    softmaxFamily("dd_k_softmax", new Buf[] {out, x}, x.shape, true);
+  }
+
+  @Override
+  public void softmaxBackward(Buf out, Buf y, Buf g) {
+    softmaxFamily("dd_k_softmax_backward", new Buf[] {out, y, g}, y.shape, false);
+  }
+
+  @Override
+  public void logSoftmaxBackward(Buf out, Buf y, Buf g) {
+    softmaxFamily("dd_k_softmax_backward", new Buf[] {out, y, g}, y.shape, true);
+  }
+
+  @Override
+  public void softmaxCrossEntropy(Buf out, Buf x, Buf labels) {
+    launch(
+        "dd_k_softmax_cross_entropy", ONE, THREADS, new Buf[] {out, x, labels},
+        i(x.shape[0]), i(x.shape[1]));
+  }
+
+  @Override
+  public void softmaxCrossEntropyBackward(Buf out, Buf x, Buf labels, Buf g) {
+    launch(
+        "dd_k_softmax_cross_entropy_backward", rows(x.shape[0]), THREADS,
+        new Buf[] {out, x, labels, g}, i(x.shape[0]), i(x.shape[1]));
+  }
+
+  @Override
+  public void crossEntropy(Buf out, Buf p, Buf labels) {
+    launch(
+        "dd_k_cross_entropy", ONE, THREADS, new Buf[] {out, p, labels},
+        i(p.shape[0]), i(p.shape[1]));
+  }
+
+  @Override
+  public void crossEntropyBackward(Buf out, Buf p, Buf labels, Buf g) {
+    launch(
+        "dd_k_cross_entropy_backward", elements(p.numel()), THREADS,
+        new Buf[] {out, p, labels, g}, i(p.shape[0]), i(p.shape[1]));
+  }
+
+  @Override
+  public void argmax(Buf out, Buf x) {
+    launch(
+        "dd_k_argmax", elements(x.shape[0]), THREADS, new Buf[] {out, x},
+        i(x.shape[0]), i(x.shape[1]));
+  }
+
+  @Override
+  public void accuracy(Buf out, Buf x, Buf labels) {
+    launch(
+        "dd_k_accuracy", ONE, THREADS, new Buf[] {out, x, labels},
+        i(x.shape[0]), i(x.shape[1]));
+  }
+
+  private static Pointer[] lrnSizes(int[] x, float alpha, float beta, float k, int size) {
+    int hw = x[2] * x[3];
+    return new Pointer[] {
+      i(x[0]), i(x[1]), i(hw), i(size), Pointer.to(new float[] {k}),
+      Pointer.to(new float[] {alpha}), Pointer.to(new float[] {beta})
     };
   }
 
-  private CUdeviceptr batch(String name) {
-    CUdeviceptr p = batch.get(name);
-    if (p == null) {
-      throw new IllegalStateException(
-          "the kernels use an input '" + name + "' that the network does not have");
-    }
-    return p;
+  @Override
+  public void lrn(Buf out, Buf x, float alpha, float beta, float k, int size) {
+    launch(
+        "dd_k_lrn", elements(out.numel()), THREADS, new Buf[] {out, x},
+        lrnSizes(x.shape, alpha, beta, k, size));
   }
 
-  /** Uploads every input (floats) and label (as int64 class ids). */
-  private void uploadBatch(Network net) {
-    net.batchByName()
-        .forEach(
-            (name, b) -> {
-              long[] values = labelValues.get(name);
-              if (values == null) {
-                upload(batch.get(name), b);
-                return;
-              }
-              for (int i = 0; i < values.length; i++) {
-                values[i] = (long) b.a[b.off + i];
-              }
-              cuMemcpyHtoD(batch.get(name), Pointer.to(values), (long) values.length * Sizeof.LONG);
-            });
+  @Override
+  public void lrnBackward(
+      Buf out, Buf x, Buf y, Buf g, float alpha, float beta, float k, int size) {
+    launch(
+        "dd_k_lrn_backward", elements(out.numel()), THREADS, new Buf[] {out, x, y, g},
+        lrnSizes(x.shape, alpha, beta, k, size));
   }
 
-  private CUdeviceptr tensor(String name) {
-    CUdeviceptr p = tensors.get(name);
-    if (p == null) {
-      throw new IllegalStateException(
-          "the kernels use a tensor '" + name + "' that the network does not have");
-    }
-    return p;
-  }
-
-  private void run(Program p) {
-    for (int i = 0; i < p.kernels.length; i++) {
-      int[] s = p.shapes[i];
-      cuLaunchKernel(p.kernels[i], s[0], s[1], s[2], s[3], s[4], s[5], 0, null, p.params[i], null);
-    }
-    for (Kernels.Copy c : p.copies) {
-      cuMemcpyDtoD(tensor(c.tensor()), pointer(c.from()), c.bytes());
-    }
+  @Override
+  public void dropoutMask(Buf out, long step, float p, long seed, String site) {
+    double threshold = Rng.shortestDecimal(p);
+    float keep = (float) (1.0 / (1.0 - threshold));
+    int n = out.numel();
+    cuMemcpyHtoD(counter, Pointer.to(new long[] {step}), Sizeof.LONG);
+    launch(
+        "dd_k_dropout_mask", elements(n), THREADS, new Buf[] {out},
+        Pointer.to(counter), i(n),
+        Pointer.to(new long[] {Rng.streamSeed(site + "#dropout", seed)}),
+        Pointer.to(new double[] {threshold}), Pointer.to(new float[] {keep}));
   }
 
   private void upload(CUdeviceptr to, Buf b) {
@@ -390,35 +650,43 @@ public final class CudaDevice implements Device {
     freeLow = Math.min(freeLow, free[0]);
   }
 
-  @Override
-  public float trainStep(Network net) {
-    uploadBatch(net);
-    if (net.rateBuffer() != null) {
+  /** Sends the batch (every input, every label as int64 class ids), the settings and the rate. */
+  private void sendBatch(Network net) {
+    cuMemcpyHtoD(settingsOnGpu, Pointer.to(settingValues), (long) settingValues.length * Sizeof.FLOAT);
+    if (rate != null) {
       upload(rate, net.rateBuffer());
     }
-    cuMemcpyHtoD(counter, Pointer.to(new long[] {net.iteration}), Sizeof.LONG);
-    run(train);
-    download(train.result, train.host);
-    return train.host.a[0];
+    net.batchByName()
+        .forEach(
+            (name, b) -> {
+              long[] values = labelValues.get(name);
+              if (values == null) {
+                upload(batch.get(name), b);
+                return;
+              }
+              for (int i = 0; i < values.length; i++) {
+                values[i] = (long) b.a[b.off + i];
+              }
+              cuMemcpyHtoD(batch.get(name), Pointer.to(values), (long) values.length * Sizeof.LONG);
+            });
+  }
+
+  @Override
+  public float trainStep(Network net) {
+    sendBatch(net);
+    return net.trainStep();
   }
 
   @Override
   public float evalStep(Network net) {
-    uploadBatch(net);
-    run(eval);
-    download(eval.result, eval.host);
-    return eval.host.a[0];
+    sendBatch(net);
+    return net.evalStep();
   }
 
   @Override
   public Buf inferStep(Network net) {
-    if (infer == null) {
-      return null;
-    }
-    uploadBatch(net);
-    run(infer);
-    download(infer.result, infer.host);
-    return infer.host;
+    sendBatch(net);
+    return net.inferStep();
   }
 
   @Override

@@ -34,6 +34,66 @@ public interface Device extends AutoCloseable {
   /** The prediction for the batch in the network's inputs (null without {@code predict}). */
   Buf inferStep(Network net);
 
+  // ---- the operations a step is made of: every device runs the same calls ----
+
+  /** Runs the generated kernel {@code k} over {@code args} (its outputs, then its inputs). */
+  void run(Kernel k, Buf... args);
+
+  /** Copies a step's result into the tensor it updates. */
+  void copy(Buf from, Buf to);
+
+  /** The value of a one-element tensor, on the host. */
+  float scalar(Buf b);
+
+  /** The tensor's values on the host (the tensor itself where it lives there). */
+  Buf read(Buf b);
+
+  void conv2d(Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride);
+
+  void conv2dBackwardData(
+      Buf out, Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride);
+
+  void conv2dBackwardFilter(
+      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] wShape);
+
+  void linear(Buf out, Buf x, Buf w);
+
+  void matmul(Buf out, Buf a, Buf b, boolean transposeA, boolean transposeB);
+
+  void batchMatmul(Buf out, Buf a, Buf b, boolean transposeA, boolean transposeB);
+
+  void maxPool2d(Buf out, Buf x, int[] kernel, int[] pad, int[] stride);
+
+  void maxPool2dBackward(Buf out, Buf x, Buf y, Buf g, int[] kernel, int[] pad, int[] stride);
+
+  void avgPool2dBackward(Buf out, Buf g, int[] inShape, int[] kernel, int[] pad, int[] stride);
+
+  void softmax(Buf out, Buf x);
+
+  void logSoftmax(Buf out, Buf x);
+
+  void softmaxBackward(Buf out, Buf y, Buf g);
+
+  void logSoftmaxBackward(Buf out, Buf y, Buf g);
+
+  void softmaxCrossEntropy(Buf out, Buf x, Buf labels);
+
+  void softmaxCrossEntropyBackward(Buf out, Buf x, Buf labels, Buf g);
+
+  void crossEntropy(Buf out, Buf p, Buf labels);
+
+  void crossEntropyBackward(Buf out, Buf p, Buf labels, Buf g);
+
+  void argmax(Buf out, Buf x);
+
+  void accuracy(Buf out, Buf x, Buf labels);
+
+  void lrn(Buf out, Buf x, float alpha, float beta, float k, int size);
+
+  void lrnBackward(Buf out, Buf x, Buf y, Buf g, float alpha, float beta, float k, int size);
+
+  void dropoutMask(Buf out, long step, float p, long seed, String site);
+
   /** Brings the network's tensors up to date where the device keeps copies (before a save). */
   default void toHost(Network net) {}
 

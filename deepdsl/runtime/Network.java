@@ -36,9 +36,6 @@ public abstract class Network {
     long arenaBytes;
     long peakBytes;
     long workspaceLimit;
-    Supplier<Kernels> trainKernels;
-    Supplier<Kernels> inferKernels;
-    Supplier<Kernels> evalKernels;
     String accuracyLabel;
     List<String> predictInputs; // null: the network defines no predict
     Schedule schedule; // null: the optimizer's constant learning rate, in the step
@@ -96,19 +93,6 @@ public abstract class Network {
 
     public Settings workspaceLimit(long bytes) {
       this.workspaceLimit = bytes;
-      return this;
-    }
-
-    /** The steps as the CUDA device runs them ({@code infer} null without {@code predict}). */
-    public Settings kernels(Supplier<Kernels> train, Supplier<Kernels> infer) {
-      this.trainKernels = train;
-      this.inferKernels = infer;
-      return this;
-    }
-
-    /** The test phase's step (the loss in inference semantics) as the CUDA device runs it. */
-    public Settings evalKernels(Supplier<Kernels> eval) {
-      this.evalKernels = eval;
       return this;
     }
 
@@ -184,8 +168,12 @@ public abstract class Network {
   private PrintStream progress;
   private Device device;
 
+  /** The device the steps run on: every operation of a step is a call of it. */
+  protected Device dev;
+
   protected Network(Settings settings) {
     this.settings = settings;
+    this.schedule = settings.schedule;
     this.workspaceLimit = settings.workspaceLimit;
   }
 
@@ -193,6 +181,7 @@ public abstract class Network {
   public void use(Device d) {
     d.attach(this);
     device = d;
+    dev = d;
   }
 
   private Device device() {
@@ -216,6 +205,15 @@ public abstract class Network {
               + " smaller batch, or compiled with --remat");
     }
     arena = new float[(int) (settings.arenaBytes / 4)];
+  }
+
+  /**
+   * The arena of a device that keeps it (the CUDA device): the host holds no elements of it, only
+   * the array the step's tensors name it by.
+   */
+  float[] useDeviceArena() {
+    arena = new float[0];
+    return arena;
   }
 
   // ---- what a device reads of the network ----
@@ -285,7 +283,7 @@ public abstract class Network {
 
   /** The learning rate of step {@code iteration} (0, 1, ...) as the step takes it: the schedule's, as a float. */
   public float learningRate(long iteration) {
-    return (float) settings.schedule.at(iteration);
+    return (float) schedule.at(iteration);
   }
 
   /** N, the samples of one step. */
@@ -321,6 +319,91 @@ public abstract class Network {
     return add(name, Kind.CONST, values, shape);
   }
 
+  // ---- settings: the hyperparameters the update kernels read at run time ----
+
+  private static final int MAX_SETTINGS = 16;
+  private Schedule schedule; // the train block's (null: none), from the base rate --lr may set
+  private final float[] settingValues = new float[MAX_SETTINGS];
+  private final Map<String, Buf> settingBufs = new LinkedHashMap<>();
+
+  /**
+   * A setting ({@code lr}, {@code momentum}, ...) that the kernels read at each step: {@code value}
+   * unless the flag {@code --name} or {@link #set} gives another.
+   */
+  protected final Buf setting(String name, float value) {
+    Buf b = new Buf(settingValues, settingBufs.size(), new int[0]);
+    settingValues[b.off] = value;
+    settingBufs.put(name, b);
+    return b;
+  }
+
+  /**
+   * Sets a setting for the next steps. With a learning-rate schedule, {@code lr} is the schedule's
+   * base rate: the schedule computes each step's rate from it.
+   */
+  public void set(String name, double value) {
+    if (name.equals("lr") && !settingBufs.containsKey(name) && schedule != null) {
+      schedule = schedule.withBase(value);
+      return;
+    }
+    Buf b = settingBuf(name);
+    b.a[b.off] = (float) value;
+  }
+
+  /** The value of a setting. */
+  public float get(String name) {
+    Buf b = settingBuf(name);
+    return b.a[b.off];
+  }
+
+  private Buf settingBuf(String name) {
+    Buf b = settingBufs.get(name);
+    if (b == null) {
+      throw new IllegalArgumentException(
+          settings.name + " has no setting '" + name + "' (it has " + settingBufs.keySet() + ")");
+    }
+    return b;
+  }
+
+  /** Every setting's value, for a device that keeps a copy (index: the order of declaration). */
+  float[] settingValues() {
+    return settingValues;
+  }
+
+  // the library calls' arguments by name: dev.conv2d(out, x, w, groups(1), pad(0, 0), stride(1, 1))
+
+  protected static int groups(int n) {
+    return n;
+  }
+
+  protected static int[] pad(int... rowsCols) {
+    return rowsCols;
+  }
+
+  protected static int[] stride(int... rowsCols) {
+    return rowsCols;
+  }
+
+  protected static int[] kernel(int... rowsCols) {
+    return rowsCols;
+  }
+
+  protected static int[] inShape(int... shape) {
+    return shape;
+  }
+
+  protected static int[] wShape(int... shape) {
+    return shape;
+  }
+
+  protected static boolean transposeA(boolean t) {
+    return t;
+  }
+
+  protected static boolean transposeB(boolean t) {
+    return t;
+  }
+
   /** The arena region at {@code byteOffset} seen as a tensor of {@code shape}. */
   protected final Buf at(long byteOffset, int... shape) {
     return new Buf(arena, (int) (byteOffset / 4), shape);
@@ -329,15 +412,6 @@ public abstract class Network {
   /** The same elements with another shape (a reshape costs nothing). */
   protected static Buf view(Buf b, int... shape) {
     return new Buf(b.a, b.off, shape);
-  }
-
-  /** Copies a step's result into the tensor it updates. */
-  protected static void copy(Buf from, Buf to) {
-    System.arraycopy(from.a, from.off, to.a, to.off, to.numel());
-  }
-
-  protected static float scalar(Buf b) {
-    return b.a[b.off];
   }
 
   private Buf add(String name, Kind kind, float[] values, int[] shape) {
@@ -379,6 +453,15 @@ public abstract class Network {
     data = Data.load(Data.parseFlag(flag), fields, settings.seed);
   }
 
+  /**
+   * Fills every input and label of the class with training batch {@code iteration} of the data
+   * source (shuffled with {@code shuffleSeed}, or in order when null). A class that brings its own
+   * data overrides it and fills its input and label fields itself.
+   */
+  protected void batch(long iteration, Long shuffleSeed) {
+    data.batch(iteration, batchSize(), shuffleSeed, batch.toArray(new Buf[0]));
+  }
+
   /** Where progress lines go while training (null: nowhere). */
   public void reportTo(PrintStream out) {
     progress = out;
@@ -395,7 +478,7 @@ public abstract class Network {
     Buf[] to = batch.toArray(new Buf[0]);
     Long shuffle = settings.shuffle ? settings.seed : null;
     for (int k = 0; k < iterations; k++) {
-      data.batch(iteration, n, shuffle, to);
+      batch(iteration, shuffle);
       if (rate != null) {
         rate.a[rate.off] = learningRate(iteration);
         rates.add(rate.a[rate.off]);
@@ -667,8 +750,15 @@ public abstract class Network {
   private static final String USAGE =
       "usage: java %s [--iters N] [--data SOURCE] [--load FILE.npz] [--save FILE.npz]\n"
           + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--threads N] [--json]\n"
+          + "           [--lr X] [--momentum X] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]"
+          + " [--clip X]\n"
           + "       java %1$s --eval --load FILE.npz [--data SOURCE] [--device ...] [--json]\n"
           + "       java %1$s --predict OUT.npz --load FILE.npz --data SOURCE [--device ...]";
+
+  /** The flags that set a setting of the class (those its optimizer has). */
+  private static final List<String> SETTING_FLAGS =
+      List.of(
+          "--lr", "--momentum", "--weight-decay", "--beta1", "--beta2", "--eps", "--clip");
 
   /** The flags of {@code deepdsl run}, plus the workspace limit. */
   private static final class Flags {
@@ -682,6 +772,7 @@ public abstract class Network {
     String predict;
     Long workspaceLimit;
     Integer threads;
+    final Map<String, Double> settings = new LinkedHashMap<>();
 
     static Flags parse(String[] args) {
       Flags f = new Flags();
@@ -695,6 +786,16 @@ public abstract class Network {
         }
         if (arg.equals("--json")) {
           f.json = true;
+          continue;
+        }
+        if (SETTING_FLAGS.contains(arg)) { // a setting of the class: checked when the class is made
+          if (value == null) {
+            if (i + 1 >= args.length) {
+              throw new IllegalArgumentException("option " + arg + " needs a value");
+            }
+            value = args[++i];
+          }
+          f.settings.put(arg.substring(2).replace('-', '_'), number(arg, value));
           continue;
         }
         if (arg.equals("--eval")) {
@@ -748,6 +849,18 @@ public abstract class Network {
             "--predict OUT.npz takes --load FILE.npz and --data SOURCE, and neither --iters nor --save");
       }
       return f;
+    }
+
+    private static double number(String flag, String value) {
+      try {
+        double x = Double.parseDouble(value);
+        if (Double.isFinite(x)) {
+          return x;
+        }
+      } catch (NumberFormatException e) {
+        // reported below
+      }
+      throw new IllegalArgumentException(flag + " takes a number, not '" + value + "'");
     }
 
     private static String file(String flag, String value) {
@@ -811,6 +924,12 @@ public abstract class Network {
       System.setProperty(Parallel.THREADS_PROPERTY, Integer.toString(flags.threads));
     }
     Network net = make.get(); // after the flags: it allocates every tensor
+    try {
+      flags.settings.forEach(net::set);
+    } catch (IllegalArgumentException e) {
+      System.err.println(String.format(USAGE, name) + "\nerror: " + e.getMessage());
+      return 2;
+    }
     PrintStream info = flags.json ? System.err : System.out;
     if (flags.workspaceLimit != null) {
       net.workspaceLimit = flags.workspaceLimit;

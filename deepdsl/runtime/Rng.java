@@ -113,7 +113,7 @@ public final class Rng {
   }
 
   /** The double nearest the shortest decimal that rounds to {@code f}. */
-  private static double shortestDecimal(float f) {
+  static double shortestDecimal(float f) {
     if (!Float.isFinite(f) || f == 0.0f) {
       return f;
     }

@@ -9,12 +9,20 @@ public abstract class Schedule {
   /** The rate of iteration {@code k}. */
   public abstract double at(long k);
 
+  /** The same schedule from another base rate (the innermost constant): what {@code --lr} sets. */
+  public abstract Schedule withBase(double base);
+
   /** {@code value} at every iteration. */
   public static Schedule constant(double value) {
     return new Schedule() {
       @Override
       public double at(long k) {
         return value;
+      }
+
+      @Override
+      public Schedule withBase(double other) {
+        return constant(other);
       }
     };
   }
@@ -25,6 +33,11 @@ public abstract class Schedule {
       @Override
       public double at(long k) {
         return base.at(k) * power(gamma, k / every);
+      }
+
+      @Override
+      public Schedule withBase(double other) {
+        return step(base.withBase(other), every, gamma);
       }
     };
   }
@@ -42,6 +55,11 @@ public abstract class Schedule {
         }
         return min + (base.at(k) - min) * (1.0 + StrictMath.cos(Math.PI * k / total)) / 2.0;
       }
+
+      @Override
+      public Schedule withBase(double other) {
+        return cosine(base.withBase(other), total, min);
+      }
     };
   }
 
@@ -54,6 +72,11 @@ public abstract class Schedule {
       @Override
       public double at(long k) {
         return k < steps ? base.at(0) * (k + 1) / steps : base.at(k - steps);
+      }
+
+      @Override
+      public Schedule withBase(double other) {
+        return warmup(base.withBase(other), steps);
       }
     };
   }

@@ -92,6 +92,14 @@ static void dd_launch(int gx, int gy, int gz, int bx, int by, void (*body)(), vo
 """
 
 
+def kernel_names(source: str) -> list[str]:
+    """Every `extern "C"` kernel of a translation unit."""
+    return re.findall(r'extern "C" __global__ void (\w+)\(', source)
+
+
+TILED = ("dd_k_gemm", "dd_k_conv2d", "dd_k_conv2d_backward_data")  # entries.cu's kernels whose grid covers tiles
+
+
 def emulate(source: str, kernels: Sequence[str], folder: Path, strided: Sequence[str] = ()) -> ctypes.CDLL:
     """A shared library with, for each of `kernels` in `source`, run_<kernel>(grid x, y, z, block x, y, args) (args:
     the pointer values) and cu_<kernel>(grid x, y, z, block x, y, z, params) (params: pointers to them, as
@@ -100,18 +108,22 @@ def emulate(source: str, kernels: Sequence[str], folder: Path, strided: Sequence
     signatures = dict(re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', source))
     runners = []
     for name in sorted(set(kernels)):
-        params = [p.strip() for p in signatures[name].split(",")]
-        casts = ", ".join(
-            f"({p.rsplit(' ', 1)[0].replace('__restrict__', '').strip()}) a[{k}]" for k, p in enumerate(params)
-        )
+        params = [" ".join(p.split()) for p in signatures[name].split(",")]
+        types = [p.rsplit(" ", 1)[0].replace("__restrict__", "").strip() for p in params]
+        # a pointer is the slot's value; a scalar (a size the Java device passes) lies in the slot's bytes
+        casts = ", ".join(f"({t}) a[{k}]" if "*" in t else f"*({t}*) &a[{k}]" for k, t in enumerate(types))
+        loads = "".join(
+            f"  args[{k}] = *(void**) params[{k}];\n" if "*" in t else
+            f"  args[{k}] = nullptr; std::memcpy(&args[{k}], params[{k}], sizeof({t}));\n"
+            for k, t in enumerate(types)
+        )  # fmt: skip
         clamp = "if (gx > 3) gx = 3; if (bx > 64) bx = 64;\n  " if name in strided else ""
         runners.append(
             f"static void body_{name}() {{ {name}({casts}); }}\n"
             f'extern "C" void run_{name}(int gx, int gy, int gz, int bx, int by, void** args) {{\n'
             f"  dd_launch(gx, gy, gz, bx, by, body_{name}, args);\n}}\n"
             f'extern "C" void cu_{name}(int gx, int gy, int gz, int bx, int by, int bz, void** params) {{\n'
-            f"  void* args[{len(params)}];\n"
-            f"  for (int k = 0; k < {len(params)}; k++) args[k] = *(void**) params[k];\n"
+            f"  void* args[{len(params)}];\n{loads}"
             f"  {clamp}dd_launch(gx, gy, gz, bx, by, body_{name}, args);\n}}"
         )
     src, lib = folder / "emulated.cpp", folder / "emulated.so"

@@ -206,6 +206,33 @@ def test_auto_falls_back_to_the_cpu_when_the_gpu_cannot_take_the_plan(
         run_training(_build(TINY, "tiny.ddsl"), iters=1, device="cuda")
 
 
+# a tensor-function mean: the vectoriser makes it sum_axes with the 1 / D scale as its epilogue
+MEAN = """network Mean
+const N = 4
+input x : [N, 3, 4, 4]
+label y : [N] classes 10
+tensor centre(x[B, D]) -> [n, d] {
+  param g[D] = constant(1)
+  mu[n] = sum[d] x[n, d] / D
+  return g[d] * (x[n, d] - mu[n])
+}
+layer fc = full(10)
+net = fc o centre o flatten
+loss = softmax_cross_entropy(net(x), y)
+train { data = synthetic(seed=2) optimizer = sgd(lr=0.05) iterations = 3 seed = 1 }
+"""
+
+
+@needs_gxx
+def test_a_reduction_keeps_its_epilogue_on_the_gpu(tmp_path: Path) -> None:
+    """sum_axes with an epilogue (the mean's scale) is one kernel on the CUDA device too, the epilogue applied."""
+    build = _build(MEAN, "mean.ddsl")
+    assert any(s.op == "sum_axes" and "epilogue" in s.a for s in build.train_plan.graph.stmts)
+    want = _losses(build, 3)
+    got = _losses(build, 3, EmulatedDriver(tmp_path))
+    _close(got["losses"], want["losses"])
+
+
 @needs_gxx
 def test_eval_and_predict_run_on_the_gpu_runner(tmp_path: Path) -> None:
     """deepdsl eval's test program and deepdsl predict's inference program on the stand-in GPU give the NumPy

@@ -259,6 +259,26 @@ def test_a_rematerialised_program_gives_the_same_losses_in_less_memory(
     assert got["peak_bytes"] == want["peak_bytes"] < plain["peak_bytes"]
 
 
+def test_the_learning_rate_is_a_setting_the_kernels_read(cli, programs: Path) -> None:
+    """--lr changes what the update kernels read: the losses are those of the network written with that rate."""
+    faster = programs / "lenet_faster.ddsl"
+    faster.write_text((programs / "lenet_slow.ddsl").read_text().replace("lr=0.001,", "lr=0.003,"))
+    r = cli("run", str(faster), "--set", "N=8", "--data", "synthetic", "--iters", "4", "--json")
+    assert r.exit_code == 0, r.output
+    want = json.loads(r.stdout)["losses"]
+    got = java_run(programs, "LeNet", "--iters", "4", "--lr", "0.003")["losses"]
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    assert not np.allclose(got, java_run(programs, "LeNet", "--iters", "4")["losses"], rtol=1e-4)
+
+
+def test_a_setting_the_network_does_not_have_is_a_usage_error(programs: Path) -> None:
+    r = java(programs / "build", "LeNet", "--data", "synthetic", "--iters", "1", "--beta1", "0.5", cwd=programs)
+    assert r.returncode == 2
+    assert "LeNet has no setting 'beta1' (it has [momentum, weight_decay, lr])" in r.stderr
+    r = java(programs / "build", "LeNet", "--iters", "1", "--lr", "fast", cwd=programs)
+    assert r.returncode == 2 and "--lr takes a number, not 'fast'" in r.stderr
+
+
 def test_eval_reports_the_test_loss_of_saved_parameters_as_deepdsl_eval_does(cli, programs: Path) -> None:
     source, sets = NETWORKS["MLP"]
     saved = programs / "mlp_eval.npz"

@@ -158,3 +158,20 @@ def test_the_java_program_takes_the_same_rates_and_checkpoints(cli, tmp_path: Pa
     assert r.exit_code == 1
     for name, a in _checkpoint_at_5(tmp_path / "ck.npz").items():
         np.testing.assert_allclose(java_file[name], a, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+@_java
+def test_the_java_programs_lr_flag_is_the_schedules_base_rate(cli, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sched.ddsl").write_text(_net())
+    (tmp_path / "half.ddsl").write_text(_net(schedule=SCHEDULE.replace("cosine(0.2,", "cosine(0.1,")))
+    r = cli("compile", str(tmp_path / "sched.ddsl"), "-o", str(tmp_path / "src"))
+    assert r.exit_code == 0, r.output
+    src = tmp_path / "src"
+    javac(src, [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")], tmp_path / "build")
+    got = java_json(tmp_path / "build", "Sched", "--data", "synthetic", "--device", "cpu", "--iters", "6", "--lr",
+                    "0.1", cwd=tmp_path)  # fmt: skip
+    r = cli("run", str(tmp_path / "half.ddsl"), "--data", "synthetic", "--device", "cpu", "--iters", "6", "--json")
+    want = json.loads(r.stdout)
+    assert got["learning_rates"] == want["learning_rates"]
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)

@@ -28,7 +28,7 @@ from source_tokens import LexError, c_tokens, java_text, java_tokens
 
 from deepdsl.api import build, compile_source
 from deepdsl.backends.escape import c_comment, java_comment, java_string
-from deepdsl.backends.java import emitter, java_program, tables
+from deepdsl.backends.java import emitter, java_program
 from deepdsl.backends.java.names import JAVA_KEYWORDS
 from deepdsl.frontend.train import relative_to_source
 
@@ -187,11 +187,8 @@ def compiled(folder: Path, file: str, include: str, data: str, name: str) -> tup
     c = compile_source(text, str(folder / file))
     assert c.program is not None
     b = build(c.program)
-    # steps and launch tables split into parts, so that the parts' comments and shared fields are fuzzed too
-    with (
-        mock.patch.object(emitter, "MAX_STATEMENTS_PER_METHOD", 6),
-        mock.patch.object(tables, "LAUNCHES_PER_METHOD", 5),
-    ):
+    # steps split into parts, so that the parts' comments and shared fields are fuzzed too
+    with mock.patch.object(emitter, "MAX_STATEMENTS_PER_METHOD", 6):
         p = java_program(b.program, b.train_plan, b.infer_plan, b.eval_plan)
     return p.java, p.cuda, [q.value.name for q in b.train_plan.graph.params]
 

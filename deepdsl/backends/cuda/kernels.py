@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from deepdsl.backends.escape import c_comment
+from deepdsl.backends.sizes import Sizes
 from deepdsl.ir import REGISTRY, Stmt
 from deepdsl.ir.analysis import index_form, output_indices, top_reductions
 from deepdsl.ir.groups import group_form, is_flat
@@ -86,6 +87,11 @@ def library_source() -> str:
     return files("deepdsl.backends.cuda").joinpath("library.cu").read_text()
 
 
+def entries_source() -> str:
+    """entries.cu: the library's ops as kernels taking their sizes as arguments (the Java CUDA device's)."""
+    return files("deepdsl.backends.cuda").joinpath("entries.cu").read_text()
+
+
 # ---- scalar expressions ----
 
 _INFIX = {"+", "-", "*", "/"}
@@ -131,15 +137,19 @@ class _Gen:
     cooperative: bool = False  # top-level reductions are shared by the block's threads
     own: tuple[tuple[Affine, ...], tuple[int, ...]] | None = None  # the output's index and shape (read as [e])
     registers: dict[int, str] = field(default_factory=dict)  # inputs held in a local (a group's earlier results)
+    sizes: Sizes | None = None  # shape-generic: sizes read as names (backends/sizes.py), not numbers
 
     def bind(self, var: str, size: int) -> str:
         name = var if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var) and not var.startswith("dd_") else "v"
         base, k = name, 2
-        while name in self.taken or re.fullmatch(r"(in|s)\d+", name):
+        while name in self.taken or re.fullmatch(r"(in|s|no|sto)\d+|(n|st)\d+_\d+", name):
             name, k = f"{base}_{k}", k + 1
         self.taken.add(name)
         self.names[var], self.ranges[var] = name, size
         return name
+
+    def range_of(self, var: str, size: int, body: IE) -> str:
+        return self.sizes.range_of(var, size, body) if self.sizes is not None else str(size)
 
     def affine(self, a: Affine) -> str:
         return a.render(self.names)
@@ -156,6 +166,16 @@ class _Gen:
         if self.own and r.index == self.own[0] and self.shapes[r.input] == self.own[1]:
             return f"{cast}in{r.input}[e]"  # the output's own element
         shape = self.shapes[r.input]
+        if self.sizes is not None:  # each axis's index times its stride, tested against its dim
+            tests = []
+            for j, (a, dim) in enumerate(zip(r.index, shape)):
+                lo, hi = self.bounds(a)
+                if lo < 0:
+                    tests.append(f"{self.affine(a)} >= 0")
+                if hi >= dim:
+                    tests.append(f"{self.affine(a)} < {self.sizes.dim(r.input, j)}")
+            element = f"{cast}in{r.input}[{self.sizes.offset(r.input, r.index, self.names)}]"
+            return f"({' && '.join(tests)} ? {element} : 0.0f)" if tests else element
         terms: dict[str, int] = {}
         const = 0
         tests = []
@@ -218,14 +238,19 @@ class _Gen:
         pre.append(f"{indent}float {acc} = {start};")
         if self.cooperative and top:  # the block's threads share the flattened range, then combine
             total = math.prod(n for _, n in e.vars)
-            pre.append(f"{indent}for (int t = threadIdx.x; t < {total}; t += blockDim.x) {{")
+            bounds = [self.range_of(var, size, e.body) for var, size in e.vars]
+            pre.append(f"{indent}for (int t = threadIdx.x; t < {_product(bounds)}; t += blockDim.x) {{")
             inner = indent + "  "
             rest = total
-            for var, size in e.vars:
+            for k, (var, size) in enumerate(e.vars):
                 rest //= size
                 v = self.bind(var, size)
-                div = f"t / {rest}" if rest > 1 else "t"
-                pre.append(f"{inner}int {v} = {div} % {size};" if size * rest < total else f"{inner}int {v} = {div};")
+                after = _product(bounds[k + 1 :])
+                div = (f"t / ({after})" if " " in after else f"t / {after}") if rest > 1 else "t"
+                if size * rest < total:
+                    pre.append(f"{inner}int {v} = {div} % {bounds[k]};")
+                else:
+                    pre.append(f"{inner}int {v} = {div};")
             body_pre: list[str] = []
             value = as_float(self.expr(e.body, body_pre, inner, False))
             pre.extend(body_pre)
@@ -235,8 +260,9 @@ class _Gen:
             return acc
         inner = indent
         for var, size in e.vars:
+            bound = self.range_of(var, size, e.body)
             v = self.bind(var, size)
-            pre.append(f"{inner}for (int {v} = 0; {v} < {size}; {v}++) {{")
+            pre.append(f"{inner}for (int {v} = 0; {v} < {bound}; {v}++) {{")
             inner += "  "
         body_pre = []
         value = as_float(self.expr(e.body, body_pre, inner, False))
@@ -245,6 +271,13 @@ class _Gen:
         for k in range(len(e.vars)):
             pre.append(f"{indent}{'  ' * (len(e.vars) - 1 - k)}}}")
         return acc
+
+
+def _product(factors: list[str]) -> str:
+    """`a * b * 4` with the numbers multiplied out; "1" for none."""
+    number = math.prod(int(f) for f in factors if f.isdigit())
+    names = [f for f in factors if not f.isdigit()]
+    return " * ".join(names + ([str(number)] if number != 1 or not names else []))
 
 
 def as_float(arg: tuple[str, str]) -> str:
@@ -293,47 +326,63 @@ def _grid_for(n: int, block: int) -> int:
 
 def ie_kernel(
     name: str, body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...],
-    ctypes: tuple[str, ...] | None = None, comments: tuple[str, ...] = (),
+    ctypes: tuple[str, ...] | None = None, comments: tuple[str, ...] = (), generic: bool = False,
 ) -> Kernel:  # fmt: skip
-    """The kernel computing out[idx] = body over `out`'s grid, under one comment line for each of `comments`."""
+    """The kernel computing out[idx] = body over `out`'s grid, under one comment line for each of `comments`.
+    `generic` takes the sizes as arguments, so that one kernel serves every statement of the same text: an
+    element-wise kernel its element count `n`, another every dim of its output and of its inputs in order
+    (backends/sizes.py names them)."""
     ctypes = ctypes or ("float",) * len(shapes)
     numel = math.prod(n for _, n in out)
     _check_size(name, numel, *(math.prod(s) for s in shapes))
     head = [f"// {c_comment(line)}" for line in comments]
-    head.append(f'extern "C" __global__ void {name}({_params("float", ctypes, False)}) {{')
     tops = top_reductions(body)
     reduced = max((math.prod(n for _, n in r.vars) for r in tops), default=0)
     cooperative = reduced >= 64 and reduced >= numel // 64
     g = _Gen(shapes, ctypes, cooperative=cooperative)
     lines: list[str] = []
+    params = _params("float", ctypes, False)
     if not cooperative and is_flat(body, out, shapes):
         g.flat = True
         pre: list[str] = []
         value = as_float(g.expr(body, pre, "    "))
-        lines += [f"  DD_GRID_STRIDE(e, {numel}) {{", f"    out[e] = {value};", "  }"]
+        head.append(f'extern "C" __global__ void {name}({params}{", int n" if generic else ""}) {{')
+        lines += [f"  DD_GRID_STRIDE(e, {'n' if generic else numel}) {{", f"    out[e] = {value};", "  }"]
         return Kernel("\n".join(head + lines + ["}"]), (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel,
                        "grid-stride")  # fmt: skip
+    sizes = Sizes(tuple(n for _, n in out), shapes) if generic else None
+    g.sizes = sizes
     names = [g.bind(var, size) for var, size in out]
     g.own = tuple(Affine.var(v) for v, _ in out), tuple(n for _, n in out)
     loop = "DD_BLOCK_STRIDE" if cooperative else "DD_GRID_STRIDE"
-    lines.append(f"  {loop}(e, {numel}) {{")
+    total = _product([Sizes.out_dim(j) for j in range(len(out))]) if sizes is not None else str(numel)
     pre = []
     value = as_float(g.expr(body, pre, "    "))
     used = "\n".join([*pre, value])
     rest = numel
-    for v, (_, size) in zip(names, out):  # the output's indices that the body uses, from the flat index e
+    index = []
+    for j, (v, (_, size)) in enumerate(zip(names, out)):  # the output's indices that the body uses, from e
         rest //= size
         if not re.search(rf"\b{v}\b", used):
             continue
-        if size == 1:
-            lines.append(f"    const int {v} = 0;")
+        if sizes is not None:
+            div = f"e / {sizes.out_stride(j)}" if j < len(out) - 1 else "e"
+            index.append(f"    int {v} = {div} % {sizes.out_dim(j)};" if j else f"    int {v} = {div};")
+        elif size == 1:
+            index.append(f"    const int {v} = 0;")
         else:
             div = f"e / {rest}" if rest > 1 else "e"
-            lines.append(f"    int {v} = {div} % {size};" if size * rest < numel else f"    int {v} = {div};")
-    lines += pre
-    lines.append(f"    if (threadIdx.x == 0) out[e] = {value};" if cooperative else f"    out[e] = {value};")
-    lines.append("  }")
-    text = "\n".join(head + lines + ["}"])
+            index.append(f"    int {v} = {div} % {size};" if size * rest < numel else f"    int {v} = {div};")
+    body_lines = [f"  {loop}(e, {total}) {{", *index, *pre]
+    body_lines.append(f"    if (threadIdx.x == 0) out[e] = {value};" if cooperative else f"    out[e] = {value};")
+    body_lines.append("  }")
+    if sizes is not None:
+        dims = ", ".join(f"int {d}" for d in sizes.all_dims())
+        head.append(f'extern "C" __global__ void {name}({params}{", " + dims if dims else ""}) {{')
+        lines += [f"  const int {n} = {v};" for n, v in sizes.locals("\n".join(body_lines))]
+    else:
+        head.append(f'extern "C" __global__ void {name}({params}) {{')
+    text = "\n".join(head + lines + body_lines + ["}"])
     if cooperative:
         block = min(BLOCK, max(32, 1 << (reduced - 1).bit_length()))
         return Kernel(text, (_grid_for(numel, 1), 1, 1), (block, 1, 1), BLOCK_SMEM, numel, "block-stride")
@@ -342,7 +391,7 @@ def ie_kernel(
 
 def group_kernel(
     name: str, bodies: tuple[IE, ...], numel: int, shapes: tuple[tuple[int, ...], ...], ctypes: tuple[str, ...],
-    readers: tuple[dict[int, int], ...], comments: tuple[str, ...],
+    readers: tuple[dict[int, int], ...], comments: tuple[str, ...], generic: bool = False,
 ) -> Kernel:  # fmt: skip
     """One grid-stride kernel computing out0[e] = bodies[0], out1[e] = bodies[1], ... element by element: the
     statements of one group (ir/groups.py). Body j reads the shared inputs in0, in1, ... (`shapes`, `ctypes`), and
@@ -351,7 +400,9 @@ def group_kernel(
     outs = [f"float* out{m}" for m in range(len(bodies))]
     ins = [f"const {t}* in{k}" for k, t in enumerate(ctypes)]
     lines = [f"// {c_comment(line)}" for line in comments]
-    lines += [f'extern "C" __global__ void {name}({", ".join(outs + ins)}) {{', f"  DD_GRID_STRIDE(e, {numel}) {{"]
+    size = ["int n"] if generic else []  # the element count as an argument: one kernel for every shape
+    lines += [f'extern "C" __global__ void {name}({", ".join(outs + ins + size)}) {{',
+              f"  DD_GRID_STRIDE(e, {'n' if generic else numel}) {{"]  # fmt: skip
     for j, body in enumerate(bodies):
         g = _Gen(shapes, ctypes, flat=True, registers={k: f"r{m}" for k, m in readers[j].items()})
         pre: list[str] = []
@@ -494,24 +545,26 @@ class _Program:
         form: Form | None = (own.body, own.out) if own is not None else None
         if form is None and op.cuda_form is not None:
             form = op.cuda_form(s)
+        arity = op.arity if op.arity is not None else len(s.inputs)
         if form is not None:
             if out_type != "float":
                 raise ValueError(f"%{s.out.name} = {s.op}: index-expression kernels write float32 only")
+            if own is not None:  # an op's own index form takes no epilogue: every input is the body's
+                arity = len(s.inputs)
             body, out = form
             name = self.name(s)
-            shapes = tuple(v.type.shape for v in s.inputs)
+            shapes = tuple(v.type.shape for v in s.inputs[:arity])
             meaning = (
                 f"out[{', '.join(v for v, _ in out)}] = {format_ie(body, tuple(f'in{k}' for k in range(len(shapes))))}"
             )
-            k = ie_kernel(name, body, out, shapes, in_types, (format_stmt(s), meaning))
-            self.add(s, name, k, values, (out_type, *in_types))
-            return
-        if op.cuda is None:
+            k = ie_kernel(name, body, out, shapes, in_types[:arity], (format_stmt(s), meaning))
+            self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]))
+        elif op.cuda is None:
             raise ValueError(f"no CUDA kernel for op {s.op!r} (statement %{s.out.name})")
-        arity = op.arity if op.arity is not None else len(s.inputs)
-        name = self.name(s)
-        k = op.cuda(name, s, in_types[:arity])
-        self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]))
+        else:
+            name = self.name(s)
+            k = op.cuda(name, s, in_types[:arity])
+            self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]))
         if "epilogue" in s.a:
             extras = s.inputs[arity:]
             out = output_indices(s.out.type)

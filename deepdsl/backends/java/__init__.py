@@ -10,8 +10,7 @@ import errno
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepdsl.backends.cuda.kernels import program as cuda_program
-from deepdsl.backends.cuda.kernels import translation_unit
+from deepdsl.backends.cuda.kernels import entries_source, translation_unit
 from deepdsl.backends.java.emitter import DEFAULT_WORKSPACE_LIMIT, emit_java, runtime_sources
 from deepdsl.backends.java.names import class_name
 from deepdsl.errors import DslProgramError
@@ -29,20 +28,19 @@ __all__ = [
 class JavaProgram:
     name: str  # the class
     java: str  # Name.java
-    cuda: str  # Name.cu: the kernels the class's CUDA device launches (training, then inference as infer__...)
+    cuda: str  # Name.cu: the library, its entry points for the library calls, and the class's kernels
 
 
 def java_program(
     program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT
 ) -> JavaProgram:
     """The Java class of a network from the plans of its training, (with `predict`) inference and test programs (a
-    Build's `train_plan`, `infer_plan` and `eval_plan`), and the CUDA source of their kernels."""
-    train_cuda = cuda_program(train)
-    infer_cuda = cuda_program(infer, "infer__") if infer is not None else None
-    test_cuda = cuda_program(test, "eval__")
-    text = emit_java(program, train, infer, test, workspace_limit, (train_cuda, infer_cuda, test_cuda))
-    bodies = [p.body for p in (train_cuda, infer_cuda, test_cuda) if p is not None]
-    return JavaProgram(class_name(program.graph.name), text, translation_unit(program.graph.name, *bodies))
+    Build's `train_plan`, `infer_plan` and `eval_plan`), and the CUDA source its CUDA device launches: the
+    library's entry points for the library calls (dev.conv2d(...)) and one kernel per Kernel constant of the class
+    (dev.run(K, ...))."""
+    e = emit_java(program, train, infer, test, workspace_limit)
+    cuda = translation_unit(program.graph.name, entries_source(), e.kernels)
+    return JavaProgram(class_name(program.graph.name), e.java, cuda)
 
 
 def _subfolder(root: Path, *parts: str) -> Path:

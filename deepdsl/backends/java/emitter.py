@@ -3,12 +3,14 @@
 `emit_java(program, train_plan, infer_plan)` gives the text of `public final class NAME extends Network`:
 parameters, model state and optimizer state as named fields, `trainStep` and `inferStep` as the
 straight-line plan (each call under a comment holding the IR statement and its source line), and one
-generated loop kernel per distinct index expression. Ops without an index form are calls into the
-runtime (`CpuOps`, or `Workspace` where the kernel picks a variant by its scratch need) that their registry
-entry's `java` field declares: output, inputs, then attributes in alphabetical order; ops with one are
-generated kernels, and a fused epilogue is a kernel run over the host's output right after its call. The
-runtime (deepdsl/runtime/*.java) holds everything that does not depend on the network: training loop, data,
-parameter files, devices.
+generated kernel per distinct index expression. Every operation of a step is a call of the device `dev`
+(runtime Device.java), so the CPU and the CUDA device run the same list of calls: an op without an index form
+is a library call (`dev.conv2d(...)`, `dev.matmul(...)`) with the parameters its registry entry's `java` field
+declares (output, inputs, then attributes); an op with one (or with a CUDA index form, the shape ops) is a
+generated kernel, `dev.run(K, out, in...)`, where `K` is a constant holding the kernel's name in Name.cu (its
+CUDA source, which this module writes too) and its Java body; a fused epilogue is a kernel run over the op's
+output right after its call. The runtime (deepdsl/runtime/*.java) holds everything that does not depend on the
+network: training loop, data, parameter files, devices.
 """
 
 from __future__ import annotations
@@ -18,34 +20,34 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from deepdsl.backends.cuda.kernels import CudaProgram
-from deepdsl.backends.cuda.kernels import program as cuda_program
+from deepdsl.backends.cuda.kernels import group_kernel, ie_kernel
 from deepdsl.backends.escape import java_comment, java_string
 from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, java_group_kernel, java_kernel
-from deepdsl.backends.java.names import Namer, camel, class_name
-from deepdsl.backends.java.tables import cuda_tables
+from deepdsl.backends.java.names import Namer, camel, class_name, identifier
 from deepdsl.backends.java.text import long_literal, method
 from deepdsl.frontend.program import Program, Schedule
 from deepdsl.ir import REGISTRY, Graph, Stmt, Value
 from deepdsl.ir.analysis import classified_label, index_form, output_indices
 from deepdsl.ir.groups import group_form
-from deepdsl.ir.indexexpr import format_ie, renumber
-from deepdsl.ir.printer import format_stmt
+from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Reduce, Var, format_ie, renumber
 from deepdsl.ir.registry import JavaCall
+from deepdsl.ir.types import DType
 from deepdsl.memory import Plan
 from deepdsl.memory.groups import planned_groups
 from deepdsl.memory.report import total_peak
 from deepdsl.version import __version__
 
+# the library calls' attributes written through Network's helpers of the same name: pad(0, 0), stride(1, 1)
+NAMED_ARGUMENTS = frozenset({"groups", "pad", "stride", "kernel", "inShape", "wShape", "transposeA", "transposeB"})
 MAX_STATEMENTS_PER_METHOD = 200  # keeps every step method far below Java's 64 KB of bytecode
 DEFAULT_WORKSPACE_LIMIT = 1 << 30
 NETWORK_MEMBERS = (
     "arena", "at", "view", "copy", "scalar", "input", "label", "param", "state", "optimizerState", "train", "test",
-    "save", "load", "main", "iteration", "trainStep", "inferStep", "SETTINGS", "WORKSPACE_LIMIT", "Buf", "CpuOps",
-    "Network", "Parallel", "Settings", "Workspace", "settings", "workspaceLimit", "run", "useData", "reportTo",
-    "Kernels", "dim", "tensor", "inputs", "labels", "counter", "use", "device", "constant", "evalStep",
-    "batchByName", "isLabel", "field", "batchSize", "tested", "rate", "rateBuffer", "learningRate",
-    "learningRateInput", "Schedule", "predict",
+    "save", "load", "main", "iteration", "trainStep", "inferStep", "SETTINGS", "WORKSPACE_LIMIT", "Buf", "Kernel",
+    "Network", "Parallel", "Settings", "settings", "workspaceLimit", "run", "useData", "reportTo", "dev",
+    "inputs", "labels", "use", "device", "constant", "evalStep", "batchByName", "isLabel", "field", "batchSize",
+    "tested", "rate", "rateBuffer", "learningRate", "learningRateInput", "Schedule", "predict", "setting", "set",
+    "get", "batch",
 )  # fmt: skip
 
 
@@ -90,15 +92,49 @@ def library_arguments(s: Stmt) -> list[str]:
         key = param if param in attrs else _snake(param)
         if key == "step":  # the step counter, an input of the statement, is passed as a long
             args.append("iteration")
-        elif key == "limit":
-            args.append("workspaceLimit")
+        elif key == "limit":  # the device's workspace limit
+            continue
+        elif key in attrs and param in NAMED_ARGUMENTS:  # pad(0, 0): Network's helpers name what a number is
+            args.append(f"{param}({_java_value(attrs[key], java_type).removeprefix('new int[] {').rstrip('}')})")
         elif key in attrs:
             args.append(_java_value(attrs[key], java_type))
         elif java_type == "boolean":
-            args.append("false")  # an absent flag (matmul's transpose_a) is off
+            args.append(f"{param}(false)" if param in NAMED_ARGUMENTS else "false")  # an absent flag is off
         else:
             raise ValueError(f"{call.cls}.{s.op} takes '{param}', which statement %{s.out.name} does not have")
     return args
+
+
+# the hyperparameters the update kernels read at run time, as settings of the class: op -> attribute -> setting
+# (adam_moment's beta is beta1 for the first moment, beta2 for the second)
+SETTINGS: dict[str, dict[str, str]] = {
+    "sgd_plain": {"lr": "lr", "weight_decay": "weight_decay"},
+    "sgd_momentum": {"momentum": "momentum", "weight_decay": "weight_decay"},
+    "sgd_step": {"lr": "lr"},
+    "adam_moment": {"beta": "beta"},
+    "adam_step": {"lr": "lr", "beta1": "beta1", "beta2": "beta2", "eps": "eps"},
+    "clip_scale": {"clip": "clip"},
+    # with a schedule the rate is the step's input opt/lr (Network sets it from the schedule before each step)
+    "sgd_plain_scheduled": {"weight_decay": "weight_decay"},
+    "adam_step_scheduled": {"beta1": "beta1", "beta2": "beta2", "eps": "eps"},
+}
+MAX_SETTINGS = 16  # Network.java's room for settings
+_SENTINEL = float(1 << 20)  # an attribute stands as _SENTINEL + k in a body until the Read of setting k replaces it
+
+_PLACEHOLDER = "dd_kernel_"  # the name a kernel is written under to compare it with the kernels written before
+
+
+def _ctype(v: Value) -> str:
+    return "float" if v.type.dtype is DType.F32 else "long long"
+
+
+def _constant(method_name: str) -> str:
+    """`linearEpilogue10` -> `LINEAR_EPILOGUE10`: the name of a kernel's constant."""
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", method_name).upper()
+
+
+def _body_lambda(name: str, arity: int) -> str:
+    return f"b -> {name}({', '.join(f'b[{k}]' for k in range(arity))})"
 
 
 @dataclass
@@ -108,8 +144,12 @@ class _Emitter:
     temps: Namer = field(default_factory=Namer)  # the results of the step being written
     in_state: dict[str, str] = field(default_factory=dict)  # results written over the tensor they update
     counters: frozenset[str] = frozenset()  # the step's iteration-counter input (a long, not a Buf)
-    kernels: dict[tuple, str] = field(default_factory=dict)  # (body, out, shapes) -> method name
-    kernel_text: list[str] = field(default_factory=list)
+    kernels: dict[tuple, str] = field(default_factory=dict)  # (body, out, shapes, ctypes) -> constant name
+    kernel_text: list[str] = field(default_factory=list)  # the Java methods
+    constants: list[str] = field(default_factory=list)  # the Kernel constants
+    cuda_text: list[str] = field(default_factory=list)  # the CUDA kernels, under the same names
+    settings: dict[tuple[str, float], str] = field(default_factory=dict)  # (setting, default) -> field name
+    temp_names: dict[str, str] = field(default_factory=dict)  # a step's value -> the name it would like
 
     def declare(self, v: Value) -> str:
         self.globals[v.name] = self.namer(v.name)
@@ -118,38 +158,93 @@ class _Emitter:
     def tensor(self, v: Value) -> str:
         if v.name in self.in_state:
             return self.globals[self.in_state[v.name]]
-        return self.globals.get(v.name) or self.temps(v.name)
+        return self.globals.get(v.name) or self.temps(v.name, self.temp_names.get(v.name))
 
-    def kernel(self, op: str, value: str, body: Any, out: tuple, shapes: tuple, doc: str) -> str:
-        """The name of the kernel computing `body` over `out`; a flat (element-wise) one serves every shape."""
+    def with_settings(self, stmts: tuple[Stmt, ...]) -> tuple[tuple[Stmt, ...], list[str]]:
+        """`stmts` with each hyperparameter attribute replaced by a sentinel value, and the fields of the settings
+        they read, in the order of their sentinels (see `read_settings`)."""
+        used: list[str] = []
+        out = []
+        for st in stmts:
+            table = SETTINGS.get(st.op)
+            if not table:
+                out.append(st)
+                continue
+            attrs = []
+            for k, v in st.attrs:
+                if k not in table:
+                    attrs.append((k, v))
+                    continue
+                name = table[k] if table[k] != "beta" else ("beta1" if st.a.get("power", 1) == 1 else "beta2")
+                key = (name, float(v))
+                if key not in self.settings:
+                    if len(self.settings) >= MAX_SETTINGS:
+                        raise ValueError(f"more than {MAX_SETTINGS} optimizer settings in one network")
+                    self.settings[key] = self.namer(f"setting:{name}:{v}", name)
+                if self.settings[key] not in used:
+                    used.append(self.settings[key])
+                attrs.append((k, _SENTINEL + used.index(self.settings[key])))
+            out.append(st.replace(attrs=tuple(attrs)))
+        return tuple(out), used
+
+    def _add(self, name: str, java: str, cuda: Any, arity: int, sized: bool, doc: str) -> str:
+        """Records kernel `name` (its Java method, its CUDA kernel) and returns the name of its constant."""
+        const = self.namer(f"constant:{name}", _constant(name))
+        self.kernel_text.append(java)
+        self.cuda_text.append(cuda.text)
+        if sized:
+            make = f"Kernel.elementwise({java_string(name)}, "
+        elif cuda.loop == "block-stride":
+            make = f"Kernel.rows({java_string(name)}, {cuda.block[0]}, "
+        else:
+            make = f"Kernel.shaped({java_string(name)}, "
+        self.constants.append(f"  /** {java_comment(doc)} */")
+        self.constants += [f"  static final Kernel {const} =", f"      {make}{_body_lambda(name, arity)});"]
+        return const
+
+    def kernel(self, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...], doc: str,
+               shapes: tuple | None = None, ctypes: tuple[str, ...] | None = None) -> str:  # fmt: skip
+        """The constant of the kernel computing `body` over `out`. Its sizes are arguments (the buffers' dims), so
+        statements whose kernels read the same but for their sizes share one."""
+        shapes = shapes if shapes is not None else tuple(v.type.shape for v in inputs)
+        ctypes = ctypes if ctypes is not None else tuple(_ctype(v) for v in inputs)
+        body = canonical_names(body)
         flat = is_flat(body, out, shapes)
-        key = (flat_form(body), len(shapes)) if flat else (body, out, shapes)
+        java = java_kernel(_PLACEHOLDER, body, out, shapes)
+        cuda = ie_kernel(_PLACEHOLDER, body, out, shapes, ctypes, generic=True)
+        key = (java, cuda.text, cuda.loop)
         if key not in self.kernels:
-            preferred = camel(op) if flat else camel(op) + re.sub(r"[^A-Za-z0-9_]", "_", value)
-            name = self.namer(f"kernel:{op}:{value}", preferred)
-            self.kernels[key] = name
-            self.kernel_text.append(java_kernel(name, body, out, shapes, doc))
+            name = self.namer(f"kernel:{op}:{value}", camel(op))
+            cuda = ie_kernel(name, body, out, shapes, ctypes, (doc,), generic=True)
+            java = java_kernel(name, body, out, shapes, doc)
+            self.kernels[key] = self._add(name, java, cuda, 1 + len(shapes), flat, doc)
         return self.kernels[key]
 
     def group(self, stmts: tuple[Stmt, ...], temps: list[str]) -> str:
         """The call of the one loop computing the statements of a group into `temps`."""
-        form = group_form(stmts)
-        shared, bodies, readers = form.inputs, form.bodies, form.held
+        read_as, used = self.with_settings(stmts)
+        form = group_form(read_as)
+        shared, readers = form.inputs, form.held
+        bodies = tuple(read_settings(b, len(shared)) for b in form.bodies)
+        ctypes = (*(_ctype(v) for v in shared), *("float",) * len(used))
         key = ("group", tuple(flat_form(b) for b in bodies), tuple(tuple(sorted(h.items())) for h in readers),
-               len(shared))  # fmt: skip
+               len(shared), ctypes)  # fmt: skip
         if key not in self.kernels:
             ops = [st.a["ops"][0] if st.op == "fused" and st.a.get("ops") else st.op for st in stmts]
             name = self.namer(f"kernel:group:{stmts[0].out.name}", camel("_".join(ops)))
-            self.kernels[key] = name
-            n = len(shared)
+            n = len(shared) + len(used)
             names = (*(f"in{k}" for k in range(n)), *(f"out{m}" for m in range(len(bodies))))
             texts = []
             for j, (b, h) in enumerate(zip(bodies, readers)):  # a held result reads as the output it was written to
                 readable = renumber(b, {k: k for k in range(n)} | {k: n + m for k, m in h.items()})
                 texts.append(f"out{j}[e] = {format_ie(flat_form(readable), names)}")
             doc = "; ".join(texts)
-            self.kernel_text.append(java_group_kernel(name, tuple(bodies), tuple(readers), len(shared), doc))
-        return f"{self.kernels[key]}({', '.join([*temps, *(self.tensor(v) for v in shared)])});"
+            java = java_group_kernel(name, tuple(bodies), tuple(readers), n, doc)
+            shapes = (*(v.type.shape for v in shared), *((),) * len(used))
+            numel = stmts[0].out.type.numel
+            cuda = group_kernel(name, tuple(bodies), numel, shapes, ctypes, tuple(readers), (doc,), generic=True)
+            self.kernels[key] = self._add(name, java, cuda, len(bodies) + n, True, doc)
+        return f"dev.run({', '.join([self.kernels[key], *temps, *(self.tensor(v) for v in shared), *used])});"
 
     def statement(self, s: Stmt, temp: str) -> list[str]:
         """The Java lines of one statement (its result Buf is `temp`, already bound)."""
@@ -157,45 +252,53 @@ class _Emitter:
         args = [self.tensor(v) for v in s.inputs if v.name not in self.counters]  # the step counter: a long
         if op.view:
             return []
-        form = index_form(s)
-        if form is not None:
-            body, out = form.body, form.out
-            shapes = tuple(v.type.shape for v in s.inputs)
+        (read_as,), used = self.with_settings((s,))
+        own = index_form(read_as)
+        form = (own.body, own.out) if own is not None else op.cuda_form(s) if op.cuda_form is not None else None
+        arity = op.arity if op.arity is not None else len(s.inputs)
+        if form is not None and "epilogue" not in s.a or own is not None:
+            body, out = form
+            body = read_settings(body, len(s.inputs))
             what = s.op
             if s.op == "fused" and s.a.get("ops"):
                 what = "_".join(s.a["ops"])
             elif s.op == "indexed" and s.layer:  # a tensor function (or its gradient): named after it
                 what = re.sub(r"\d+$", "", s.layer.rsplit(".", 1)[-1])
-            name = self.kernel(what, s.out.name, body, out, shapes, _meaning(body, out, len(shapes)))
-            return [f"{name}({', '.join([temp, *args])});"]
-        arity = op.arity if op.arity is not None else len(s.inputs)
-        own = args[:arity] if "epilogue" in s.a else args
-        library = java_call(s.op)
-        tensors = [f"new Buf[] {{{', '.join(own)}}}"] if library.inputs_as_array else own
-        call = f"{library.cls}.{s.op}({', '.join([temp, *tensors, *library_arguments(s)])});"
-        lines = [call]
+            shapes = (*(v.type.shape for v in s.inputs), *((),) * len(used))
+            ctypes = (*(_ctype(v) for v in s.inputs), *("float",) * len(used))
+            doc = _meaning(body, out, len(shapes))
+            k = self.kernel(what, s.out.name, body, out, (), doc, shapes, ctypes)
+            return [f"dev.run({', '.join([k, temp, *args, *used])});"]
+        own_args = args[:arity] if "epilogue" in s.a else args
+        if form is not None:  # a shape op with an epilogue: its kernel, then the epilogue's
+            body, out = form
+            k = self.kernel(s.op, s.out.name, body, out, s.inputs[:arity], _meaning(body, out, arity))
+            lines = [f"dev.run({', '.join([k, temp, *own_args])});"]
+        else:
+            lines = [f"dev.{camel(s.op)}({', '.join([temp, *own_args, *library_arguments(s)])});"]
         if "epilogue" in s.a:
             extras = s.inputs[arity:]
             out = output_indices(s.out.type)
             shapes = (s.out.type.shape, *(v.type.shape for v in extras))
+            ctypes = ("float", *(_ctype(v) for v in extras))
             epilogue = s.a["epilogue"]
-            name = self.kernel(
-                f"{s.op}_epilogue", s.out.name, epilogue, out, shapes, _meaning(epilogue, out, len(shapes))
-            )
-            lines.append(f"{name}({', '.join([temp, temp, *args[arity:]])});")
+            k = self.kernel(f"{s.op}_epilogue", s.out.name, epilogue, out, (), _meaning(epilogue, out, len(shapes)),
+                            shapes, ctypes)  # fmt: skip
+            lines.append(f"dev.run({', '.join([k, temp, temp, *args[arity:]])});")
         return lines
 
     def step(self, kind: str, p: Plan, result: str) -> tuple[list[str], list[str]]:
         """The methods of one program (`trainStep` or `inferStep`) and the fields they share between parts."""
         g = p.graph
         self.temps = Namer(tuple(self.namer.taken))
+        self.temp_names = temp_names(g, result if kind == "train" else None)
         self.in_state = dict(getattr(p, "in_state", {}))
         self.counters = frozenset(d.value.name for d in g.inputs if d.kind == "step")
         # a group of element-wise statements (ir/groups.py) is one item: one loop computes all its results
         items: list[tuple[str, Any]] = [
             ("stmt", group[0]) if len(group) == 1 else ("group", group) for group in planned_groups(p)
         ]
-        items += [("update", (name, v)) for name, v in g.updates]
+        items += [("update", (name, v)) for name, v in g.updates if self.in_state.get(v.name) != name]  # a copy
         parts = _split(items)
         made_in: dict[str, int] = {}
         used_in: dict[str, set[int]] = {}
@@ -214,23 +317,31 @@ class _Emitter:
         fields = []
         if len(parts) > 1:
             for n in shared:  # a field of the class: its name must be unique in the whole class
-                self.temps(n, self.namer(f"{kind}:{n}", self.temps.preferred(n)))
+                self.temps(n, self.namer(f"{kind}:{n}", self.temp_names.get(n, self.temps.preferred(n))))
                 fields.append(f"  private Buf {self.temps(n)};")
         methods = []
         for k, part in enumerate(parts):
             body: list[str] = []
+            last = [""]  # a comment says where the calls under it come from, when that changes
+
+            def comment(st: Stmt, body: list[str] = body, last: list[str] = last) -> None:
+                here = _where(st, self.in_state)
+                if here != last[0]:
+                    body.append(f"// {java_comment(here)}")
+                    last[0] = here
+
             for what, item in part:
                 if what == "update":
                     name, v = item
                     param = self.globals[name]
                     if self.tensor(v) != param:
-                        body.append(f"copy({self.tensor(v)}, {param});")
+                        body.append(f"dev.copy({self.tensor(v)}, {param});")
                     continue
                 if what == "group":
                     temps = []
                     for st in item:
                         temps.append(self.tensor(st.out))
-                        body.append(f"// {java_comment(format_stmt(st))}")
+                        comment(st)
                         if st.out.name not in self.in_state:
                             declare = "" if st.out.name in shared and len(parts) > 1 else "Buf "
                             shape = ", ".join(map(str, st.out.type.shape))
@@ -241,12 +352,12 @@ class _Emitter:
                 s = item
                 t = self.tensor(s.out)
                 if s.out.name in self.in_state:  # the plan writes this update straight into its tensor
-                    body.append(f"// {java_comment(format_stmt(s))}")
+                    comment(s)
                     body += self.statement(s, t)
                     continue
                 declare = "" if s.out.name in shared and len(parts) > 1 else "Buf "
                 shape = ", ".join(map(str, s.out.type.shape))
-                body.append(f"// {java_comment(format_stmt(s))}")
+                comment(s)
                 if REGISTRY[s.op].view:
                     body.append(f"{declare}{t} = view({self.tensor(s.inputs[0])}{', ' + shape if shape else ''});")
                     continue
@@ -256,7 +367,7 @@ class _Emitter:
             methods.append((k, body))
         out = []
         returns = "float" if result == "loss" else "Buf"
-        tail = f"scalar({self.tensor(result_value)})" if result == "loss" else self.tensor(result_value)
+        tail = f"dev.{'scalar' if result == 'loss' else 'read'}({self.tensor(result_value)})"
         doc = {
             "train": "One training step on the batch in the inputs: forward, backward, update; returns the loss.",
             "infer": "The network's prediction for the batch in the inputs.",
@@ -266,18 +377,155 @@ class _Emitter:
         if len(parts) == 1:
             out.append(method(f"/** {doc} */", f"protected {returns} {name}()", methods[0][1] + [f"return {tail};"]))
         else:
-            calls = [f"{name}{k + 1}();" for k in range(len(parts))]
+            gradient = gradient_values(g, result if kind == "train" else None)
+            names = [self.namer(f"{kind}:part{k}", _part_name(kind, parts[k], gradient)) for k in range(len(parts))]
+            calls = [f"{n}();" for n in names]
             out.append(method(f"/** {doc} */", f"protected {returns} {name}()", calls + [f"return {tail};"]))
             for k, body in methods:
                 layers = _layers(parts[k])
                 doc = f"/** Part {k + 1} of {name}: {java_comment(layers)}. */"
-                out.append(method(doc, f"private void {name}{k + 1}()", body))
+                out.append(method(doc, f"private void {names[k]}()", body))
         return out, fields
+
+
+# what a statement's result is, by its op: in the forward pass, and as part of the gradient
+_FORWARD_ROLES = {"conv2d": "out", "linear": "out", "matmul": "out", "batch_matmul": "out", "max_pool2d": "out",
+                  "avg_pool2d": "out", "global_avg_pool": "out", "lrn": "out", "softmax": "out", "log_softmax": "out",
+                  "concat": "out", "softmax_cross_entropy": "loss", "cross_entropy": "loss", "mse": "loss",
+                  "reshape": "out"}  # fmt: skip
+_BACKWARD_ROLES = {"conv2d_backward_filter": "dW", "conv2d_backward_data": "dx", "channel_sum": "db",
+                   "max_pool2d_backward": "dx", "avg_pool2d_backward": "dx", "global_avg_pool_backward": "dx",
+                   "lrn_backward": "dx", "softmax_backward": "dx", "log_softmax_backward": "dx",
+                   "softmax_cross_entropy_backward": "dscores", "cross_entropy_backward": "dp", "reshape": "dx",
+                   "sum_axes": "db"}  # fmt: skip
+
+
+def _layer_part(layer: str) -> str:
+    """The part of a layer path that names a temporary: `model.stage2.block1.conv1` -> `stage2_block1_conv1`."""
+    parts = [p for p in layer.split(".") if p]
+    return "_".join(parts[1:] if len(parts) >= 3 else parts)
+
+
+def _ancestors(g: Graph, values: list[str]) -> set[str]:
+    producer = {s.out.name: s for s in g.stmts}
+    found: set[str] = set()
+    todo = list(values)
+    while todo:
+        name = todo.pop()
+        if name in found or name not in producer:
+            continue
+        found.add(name)
+        todo += [v.name for v in producer[name].inputs]
+    return found
+
+
+def forward_values(g: Graph, result: str | None) -> set[str]:
+    """The results `result` depends on (the forward pass of a training step); every result without one."""
+    return _ancestors(g, [g.output(result).name]) if result is not None else {s.out.name for s in g.stmts}
+
+
+def gradient_values(g: Graph, result: str | None) -> set[str]:
+    """The results of a training step's backward pass: what the parameters' updates need beyond the forward pass."""
+    if result is None:
+        return set()
+    params = {p.value.name for p in g.params if p.kind == "param"}
+    return _ancestors(g, [v.name for name, v in g.updates if name in params]) - forward_values(g, result)
+
+
+def temp_names(g: Graph, result: str | None) -> dict[str, str]:
+    """The name each result of a step would like, by its layer and its role there: `cv1_out` (the forward
+    result), `cv1_dW`, `cv1_db`, `fc1_dx` (gradients), `bn1_channel_mean` (another op of the layer). With `result`
+    (the training step's loss), the statements the loss does not depend on are the gradient's."""
+    gradient = gradient_values(g, result)
+    names = {}
+    for s in g.stmts:
+        backward = s.out.name in gradient
+        what = "_".join(s.a["ops"]) if s.op == "fused" and s.a.get("ops") else s.op
+        if backward:  # noqa: SIM108
+            role = _BACKWARD_ROLES.get(s.op, "d_" + what)
+            if s.op == "matmul":
+                role = "dW" if s.a.get("transpose_a") else "dx"
+        else:
+            role = _FORWARD_ROLES.get(s.op, what)
+        where = _layer_part(s.layer)
+        names[s.out.name] = identifier(f"{where}_{role}" if where else role)
+    return names
+
+
+def canonical_names(e: Any) -> Any:
+    """`e` with its reductions' variables renamed r0, r1, ... in the order they appear (the IR numbers them
+    per statement), so that two statements' kernels read the same when they compute the same."""
+    names: dict[str, str] = {}
+
+    def affine(a: Affine) -> Affine:
+        return Affine(tuple((names.get(v, v), c) for v, c in a.terms), a.const)
+
+    def go(x: Any) -> Any:
+        if isinstance(x, Reduce):
+            for v, _ in x.vars:
+                names.setdefault(v, f"r{len(names)}")
+            return Reduce(x.kind, tuple((names[v], n) for v, n in x.vars), go(x.body))
+        if isinstance(x, Apply):
+            return Apply(x.fn, tuple(go(a) for a in x.args))
+        if isinstance(x, Read):
+            return Read(x.input, tuple(affine(a) for a in x.index))
+        if isinstance(x, Var):
+            return Var(names.get(x.name, x.name))
+        return x
+
+    return go(e)
+
+
+def read_settings(e: Any, first: int) -> Any:
+    """`e` with each setting's sentinel (Emitter.with_settings) read from input `first + k`, a scalar; `1 - beta`
+    (Adam's moments) too."""
+    if isinstance(e, Const):
+        k = e.value - _SENTINEL
+        if k == int(k) and 0 <= k < MAX_SETTINGS:
+            return Read(first + int(k), ())
+        k = 1 - e.value - _SENTINEL
+        if k == int(k) and 0 <= k < MAX_SETTINGS:
+            return Apply("-", (Const(1.0), Read(first + int(k), ())))
+        return e
+    if isinstance(e, Apply):
+        return Apply(e.fn, tuple(read_settings(a, first) for a in e.args))
+    if isinstance(e, Reduce):
+        return Reduce(e.kind, e.vars, read_settings(e.body, first))
+    return e
+
+
+def _where(s: Stmt, in_state: dict[str, str]) -> str:
+    """Where a statement comes from: its layer and source position (`cv1, lenet.ddsl:13:13`), an update's
+    parameter, else its op."""
+    if s.layer or s.span:
+        at = f"{s.span.file.rsplit('/', 1)[-1]}:{s.span.line}:{s.span.col}" if s.span else ""
+        return ", ".join(x for x in (s.layer, at) if x)
+    if s.out.name in in_state:
+        return f"the update of {in_state[s.out.name]}"
+    return s.op
 
 
 def _meaning(body: Any, out: tuple, inputs: int) -> str:
     index = ", ".join(v for v, _ in out)
     return f"out[{index}] = {format_ie(body, tuple(f'in{k}' for k in range(inputs)))}"
+
+
+def _part_name(kind: str, part: list[tuple[str, Any]], gradient: set[str]) -> str:
+    """A part's method, after the blocks it covers and its pass: `trainForwardStemToStage2`, `trainBackwardStage3`,
+    `trainUpdates`."""
+    blocks: list[str] = []
+    stmts = [st for what, item in part if what != "update" for st in (item if what == "group" else (item,))]
+    for st in stmts:
+        top = _block(st.layer).split(".")[-1] if st.layer else ""
+        if top and top not in blocks:
+            blocks.append(top)
+    if not blocks:
+        return camel(f"{kind}_updates")
+    backward = any(st.out.name in gradient for st in stmts)
+    forward = any(st.out.name not in gradient for st in stmts)
+    where = blocks[0] if len(blocks) == 1 else f"{blocks[0]}_to_{blocks[-1]}"
+    passes = "" if kind != "train" or backward == forward else "backward" if backward else "forward"
+    return camel(f"{kind}_{passes}_{where}")
 
 
 def _layers(part: list[tuple[str, Any]]) -> str:
@@ -327,12 +575,6 @@ def _init_text(p: Any) -> str:
     return f"{i.kind}({', '.join(args)})"
 
 
-def _data_flag(data: tuple[str, tuple[tuple[Any, Any], ...]]) -> str:
-    kind, args = data
-    values = [v for _, v in args]
-    return f"{kind}:{values[0]}" if values else kind
-
-
 def _schedule(s: Schedule) -> str:
     """The runtime's Schedule of a train block's schedule (frontend/program.py), as a Java expression."""
     if s.kind == "constant":
@@ -350,13 +592,23 @@ def _double(x: float) -> str:
     return repr(float(x))  # a Java double literal that reads back to the same double
 
 
+def _data_flag(data: tuple[str, tuple[tuple[Any, Any], ...]]) -> str:
+    kind, args = data
+    values = [v for _, v in args]
+    return f"{kind}:{values[0]}" if values else kind
+
+
+@dataclass(frozen=True)
+class Emitted:
+    java: str  # Name.java
+    kernels: str  # the CUDA kernels of its Kernel constants, for Name.cu (after the library)
+
+
 def emit_java(
-    program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT,
-    cuda: tuple[CudaProgram, CudaProgram | None, CudaProgram] | None = None,
-) -> str:  # fmt: skip
+    program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT
+) -> Emitted:
     """The Java class of `program` from the plans of its training, (when it has `predict`) inference and test
-    programs, with `cuda` (their CUDA programs, kernels.program(train), kernels.program(infer, "infer__") and
-    kernels.program(test, "eval__")) as the tables the CUDA device runs."""
+    programs, and the CUDA source of its kernels."""
     e = _Emitter()
     g: Graph = train.graph
     cls = class_name(g.name)
@@ -392,6 +644,16 @@ def emit_java(
     eval_methods, eval_fields = e.step("eval", test, "loss")
     infer_methods += eval_methods
     infer_fields += eval_fields
+    if e.settings:
+        flags = ", ".join(f"--{n.replace('_', '-')}" for n, _ in e.settings)
+        declarations = [
+            f"  // settings: what the update kernels read each step (a flag overrides one: {flags})",
+            *(
+                f"  private final Buf {f} = setting({java_string(n)}, {float_literal(v)});"
+                for (n, v), f in e.settings.items()
+            ),  # fmt: skip
+            *declarations,
+        ]
     if infer is None:
         infer_methods = [
             method("/** The network defines no `predict`. */", "protected Buf inferStep()", ["return null;"])
@@ -410,8 +672,6 @@ def emit_java(
         f"          .arena({train.arena_bytes}L, {arena}L)",
         f"          .peak({total_peak(train)}L)",
         "          .workspaceLimit(WORKSPACE_LIMIT)",
-        f"          .kernels({cls}::trainKernels, {f'{cls}::inferKernels' if infer is not None else 'null'})",
-        f"          .evalKernels({cls}::evalKernels)",
     ]
     if cfg.lr is not None:
         settings.append(f"          .learningRate({_schedule(cfg.lr)})")
@@ -429,16 +689,16 @@ def emit_java(
         f"// Generated by deepdsl {__version__} from {source or 'a .ddsl file'}. Edit the network, not this file.",
         "",
         "import deepdsl.runtime.Buf;",
-        "import deepdsl.runtime.CpuOps;",
-        "import deepdsl.runtime.Kernels;",
+        "import deepdsl.runtime.Kernel;",
         "import deepdsl.runtime.Network;",
         "import deepdsl.runtime.Parallel;",
         "import deepdsl.runtime.Schedule;",
-        "import deepdsl.runtime.Workspace;",
         "",
         "/**",
         f" * {name}: training and inference of {source or 'the network'}, every temporary at a fixed offset of one",
-        f" * arena of {arena:,} bytes. Run it with {{@code java {cls} --help}}.",
+        f" * arena of {arena:,} bytes. Run it with {{@code java {cls} --help}}. Each step is one list of calls of",
+        " * the device {@code dev}: the CPU device runs each kernel's Java method below, the CUDA device its",
+        f" * kernel of {cls}.cu.",
         " */",
         f"public final class {cls} extends Network {{",
         "  /** Scratch bytes a convolution may take beyond the arena (--workspace-limit overrides it). */",
@@ -461,29 +721,15 @@ def emit_java(
         "  }",
     ]
     methods = ["", *("\n\n".join(train_methods + infer_methods)).split("\n")]
-    if cuda is None:
-        cuda = (cuda_program(train), cuda_program(infer, "infer__") if infer is not None else None,
-                cuda_program(test, "eval__"))  # fmt: skip
-    tables = cuda_tables("train", train, cuda[0], f"{cls}.cu", e.namer)
-    if infer is not None and cuda[1] is not None:
-        tables += cuda_tables("infer", infer, cuda[1], f"{cls}.cu", e.namer)
-    tables += cuda_tables("eval", test, cuda[2], f"{cls}.cu", e.namer)
-    methods += ["", "  // ---- the CUDA device's steps: launches of the kernels in " + f"{cls}.cu ----", ""]
-    methods += "\n\n".join(tables).split("\n")
-    kernels = ["", "  // ---- kernels: the index expressions of the plan as loops ----", ""]
-    kernels += "\n\n".join(e.kernel_text).split("\n")
-    uses_parallel = any("Parallel.range" in k for k in e.kernel_text)
-    table_text = "\n".join(tables)
-    steps = "\n".join(train_methods + infer_methods)
-    lines = header + body + methods + kernels + ["}", ""]
+    constants = ["", f"  // ---- kernels: each a Java method below and a kernel of {cls}.cu of the same name ----", ""]
+    constants += e.constants
+    kernels = ["", *"\n\n".join(e.kernel_text).split("\n")]
+    lines = header + body + methods + constants + kernels + ["}", ""]
     text = "\n".join(lines)
-    if not uses_parallel:
+    if not any("Parallel.range" in k for k in e.kernel_text):
         text = text.replace("import deepdsl.runtime.Parallel;\n", "")
+    if not e.constants:
+        text = text.replace("import deepdsl.runtime.Kernel;\n", "")
     if cfg.lr is None:
         text = text.replace("import deepdsl.runtime.Schedule;\n", "")
-    for java_class in ("CpuOps", "Workspace"):
-        if f"{java_class}." not in steps:
-            text = text.replace(f"import deepdsl.runtime.{java_class};\n", "")
-    helpers = ("arena", "counter", "dim", "fed", "rate", "tensor")
-    statics = [f"import static deepdsl.runtime.Kernels.{f};" for f in helpers if re.search(rf"\b{f}\(", table_text)]
-    return text.replace("import deepdsl.runtime.Buf;\n", "\n".join(statics) + "\n\nimport deepdsl.runtime.Buf;\n", 1)
+    return Emitted(text, "\n\n".join(e.cuda_text) + "\n")

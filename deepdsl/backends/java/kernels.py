@@ -12,16 +12,16 @@ Kernels with enough work split their outermost loop over threads through `Parall
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from deepdsl.backends.escape import java_comment
 from deepdsl.backends.java.names import JAVA_KEYWORDS
+from deepdsl.backends.sizes import Sizes
 from deepdsl.ir.groups import is_flat
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, reads
-
-PARALLEL_WORK = 1 << 15  # below this many inner operations a kernel runs on the calling thread
 
 _INFIX = {"+", "-", "*", "/"}
 _COMPARE = {"==", "!=", "<", "<=", ">", ">="}
@@ -57,14 +57,17 @@ class _Gen:
     accumulators: int = 0
     flat: bool = False  # one loop over the flat index `e`: every read is the output's own element or a scalar
     registers: dict[int, str] = field(default_factory=dict)  # inputs held in a local (a group's earlier results)
+    sizes: Sizes | None = None  # shape-generic: sizes read as names (backends/sizes.py), not numbers
+    bounds_of: dict[str, str] = field(default_factory=dict)  # index variable -> its range as text
 
-    def bind(self, var: str, size: int) -> str:
+    def bind(self, var: str, size: int, bound: str | None = None) -> str:
         name = var if var.isidentifier() and var.isascii() and var not in JAVA_KEYWORDS else "v"
         base, k = name, 2
-        while name in self.taken:
+        while name in self.taken or re.fullmatch(r"(no|sto|n\d+_|st\d+_)\d+", name):
             name, k = f"{base}{k}", k + 1
         self.taken.add(name)
         self.names[var], self.ranges[var] = name, size
+        self.bounds_of[var] = bound if bound is not None else str(size)
         return name
 
     def affine(self, a: Affine) -> str:
@@ -78,6 +81,8 @@ class _Gen:
             return self.registers[r.input]
         if self.flat:
             return f"a{r.input}[p{r.input}{' + e' if r.index else ''}]"
+        if self.sizes is not None:
+            return self.generic_read(r)
         shape = self.shapes[r.input]
         terms: dict[str, int] = {}
         const = 0
@@ -96,6 +101,25 @@ class _Gen:
         base = f"p{r.input}"
         element = f"a{r.input}[{base}]" if offset == "0" else f"a{r.input}[{base} + {offset}]".replace("+ -", "- ")
         return f"({' && '.join(tests)} ? {element} : 0f)" if tests else element
+
+    def generic_read(self, r: Read) -> str:
+        """A read with the sizes as names: each axis's index times its stride, tested against its dim."""
+        assert self.sizes is not None
+        shape = self.shapes[r.input]
+        tests = []
+        for j, (a, dim) in enumerate(zip(r.index, shape)):
+            lo, hi = self.bounds(a)
+            text = self.affine(a)
+            if lo < 0:
+                tests.append(f"{text} >= 0")
+            if hi >= dim:
+                tests.append(f"{text} < {self.sizes.dim(r.input, j)}")
+        offset = self.sizes.offset(r.input, r.index, self.names)
+        element = f"a{r.input}[p{r.input}]" if offset == "0" else f"a{r.input}[p{r.input} + {offset}]"
+        return f"({' && '.join(tests)} ? {element} : 0f)" if tests else element
+
+    def range_of(self, var: str, size: int, body: IE) -> str:
+        return self.sizes.range_of(var, size, body) if self.sizes is not None else str(size)
 
     def expr(self, e: IE, pre: list[str], indent: str) -> tuple[str, str]:
         """Java text of `e` and its kind ("f" float or "b" boolean); reductions append loops to `pre`."""
@@ -150,8 +174,9 @@ class _Gen:
         pre.append(f"{indent}float {acc} = {start};")
         inner = indent
         for var, size in e.vars:
-            v = self.bind(var, size)
-            pre.append(f"{inner}for (int {v} = 0; {v} < {size}; {v}++) {{")
+            bound = self.range_of(var, size, e.body)
+            v = self.bind(var, size, bound)
+            pre.append(f"{inner}for (int {v} = 0; {v} < {bound}; {v}++) {{")
             inner += "  "
         body_pre: list[str] = []
         value = as_float(self.expr(e.body, body_pre, inner))
@@ -168,9 +193,10 @@ class _Gen:
         pre.extend(f"{indent}float {part} = 0f;" for part in parts)
         inner = indent
         for k, (var, size) in enumerate(e.vars):
-            v = self.bind(var, size)
+            bound = self.range_of(var, size, e.body)
+            v = self.bind(var, size, bound)
             step = f"{v} += {lanes}" if k == len(e.vars) - 1 else f"{v}++"
-            pre.append(f"{inner}for (int {v} = 0; {v} < {size}; {step}) {{")
+            pre.append(f"{inner}for (int {v} = 0; {v} < {bound}; {step}) {{")
             inner += "  "
         last = e.vars[-1][0]
         v = self.names[last]
@@ -240,8 +266,6 @@ def java_kernel(
     for k in used:
         lines.append(f"    float[] a{k} = in{k}.a;")
         lines.append(f"    int p{k} = in{k}.off;")
-    numel = math.prod(n for _, n in out)
-    parallel = numel * _work(body) >= PARALLEL_WORK and out and out[0][1] > 1
     g = _Gen(shapes, taken={"o", "po", "out", "lo", "hi", "e", *(f"a{k}" for k in used), *(f"p{k}" for k in used),
                             *(f"in{k}" for k in range(len(shapes)))})  # fmt: skip
     if is_flat(body, out, shapes):  # the size comes from the output, so one kernel serves every shape
@@ -252,21 +276,33 @@ def java_kernel(
         loop = ["for (int e = lo; e < hi; e++) {", f"  o[po + e] = {as_float((value, kind))};", "}"]
         lines += [f"    Parallel.range(n, {_work(body)}L * n, (lo, hi) -> {{"]
         lines += ["      " + line for line in loop] + ["    });"]
-    else:
-        names = [g.bind(var, size) for var, size in out]
-        offset = g.affine(Affine(tuple((v, s) for (v, _), s in zip(out, strides(tuple(n for _, n in out)))), 0))
-        target = "o[po]" if offset == "0" else f"o[po + {offset}]"
+    else:  # shape-generic: the sizes are the buffers' dims (backends/sizes.py)
+        sizes = Sizes(tuple(n for _, n in out), shapes)
+        g.sizes = sizes
+        names = [g.bind(var, size, sizes.out_dim(j)) for j, (var, size) in enumerate(out)]
+        terms = [v if sizes.out_stride(j) == "1" else f"{v} * {sizes.out_stride(j)}" for j, v in enumerate(names)]
+        target = f"o[po + {' + '.join(terms)}]" if terms else "o[po]"
         depth = len(out)
         indent = "  " * depth
         pre = []
         value, kind = g.expr(body, pre, indent)
-        loop = []
-        for k, (v, (_, size)) in enumerate(zip(names, out)):
-            lo, hi = ("lo", "hi") if parallel and k == 0 else ("0", str(size))
-            loop.append(f"{'  ' * k}for (int {v} = {lo}; {v} < {hi}; {v}++) {{")
-        loop += pre + [f"{indent}{target} = {as_float((value, kind))};"]
-        loop += [f"{'  ' * k}}}" for k in reversed(range(depth))]
-        lines += _wrap(loop, out[0][1] if out else 1, numel * _work(body), parallel)
+        loop_body = []
+        for k, v in enumerate(names):
+            lo, hi = ("lo", "hi") if k == 0 else ("0", sizes.out_dim(k))
+            loop_body.append(f"{'  ' * k}for (int {v} = {lo}; {v} < {hi}; {v}++) {{")
+        loop_body += pre + [f"{indent}{target} = {as_float((value, kind))};"]
+        loop_body += [f"{'  ' * k}}}" for k in reversed(range(depth))]
+        work = " * ".join(["(long) out.numel()", *_reduced(body, g)])
+        if depth:  # Parallel.range runs a loop with little work on the calling thread
+            loop = [f"    Parallel.range({sizes.out_dim(0)}, {work}, (lo, hi) -> {{"]
+            loop += ["      " + line for line in loop_body] + ["    });"]
+        else:
+            loop = ["    " + line for line in loop_body]
+        strides = sizes.locals("\n".join(loop))
+        text = "\n".join([*loop, *(v for _, v in strides)])
+        lines += [f"    int {n} = {'out' if b < 0 else f'in{b}'}.shape[{j}];" for n, b, j in sizes.dims_used(text)]
+        lines += [f"    int {n} = {v};" for n, v in strides]
+        lines += loop
     lines.append("  }")
     return "\n".join(lines)
 
@@ -299,8 +335,10 @@ def java_group_kernel(
     return "\n".join(lines)
 
 
-def _wrap(loop: list[str], outer: int, work: int, parallel: bool) -> list[str]:
-    if not parallel:
-        return ["    " + line for line in loop]
-    head = [f"    Parallel.range({outer}, {work}L, (lo, hi) -> {{"]
-    return head + ["      " + line for line in loop] + ["    });"]
+def _reduced(body: IE, g: _Gen) -> list[str]:
+    """The ranges of the top-level reductions' variables, as text (the work per output element)."""
+    out = []
+    for e in _subexprs(body):
+        if isinstance(e, Reduce):
+            out += [g.bounds_of.get(var, str(size)) for var, size in e.vars]
+    return out

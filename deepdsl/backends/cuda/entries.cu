@@ -1,0 +1,89 @@
+// deepdsl CUDA entry points: the library's ops as kernels with their sizes as arguments, which the Java
+// program's CUDA device (deepdsl/runtime/CudaDevice.java) launches for its library calls (dev.conv2d(...), ...).
+// CudaDevice sizes each launch as backends/cuda/ops.py does; the functions they call are in library.cu.
+
+extern "C" __global__ void dd_k_gemm(float* c, const float* a, const float* b, int M, int N, int K, int ta, int tb) {
+    dd_gemm(c, a, b, M, N, K, ta, tb);
+}
+
+extern "C" __global__ void dd_k_conv2d(float* y, const float* x, const float* w, int N, int C, int H, int W, int F,
+                                       int KH, int KW, int OH, int OW, int SH, int SW, int PH, int PW, int G) {
+    dd_conv2d_igemm(y, x, w, N, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, G);
+}
+
+extern "C" __global__ void dd_k_conv2d_backward_data(float* dx, const float* g, const float* w, int N, int C, int H,
+                                                     int W, int F, int KH, int KW, int OH, int OW, int SH, int SW,
+                                                     int PH, int PW, int G) {
+    dd_conv2d_backward_data_igemm(dx, g, w, N, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, G);
+}
+
+extern "C" __global__ void dd_k_conv2d_backward_filter(float* dw, const float* x, const float* g, int N, int C, int H,
+                                                       int W, int F, int KH, int KW, int OH, int OW, int SH, int SW,
+                                                       int PH, int PW, int G) {
+    dd_conv2d_backward_filter(dw, x, g, N, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, G);
+}
+
+extern "C" __global__ void dd_k_max_pool2d(float* y, const float* x, int NC, int H, int W, int OH, int OW, int KH,
+                                           int KW, int SH, int SW, int PH, int PW) {
+    dd_max_pool2d(y, x, NC, H, W, OH, OW, KH, KW, SH, SW, PH, PW);
+}
+
+extern "C" __global__ void dd_k_max_pool2d_backward(float* dx, const float* x, const float* y, const float* g, int NC,
+                                                    int H, int W, int OH, int OW, int KH, int KW, int SH, int SW,
+                                                    int PH, int PW) {
+    dd_max_pool2d_backward(dx, x, y, g, NC, H, W, OH, OW, KH, KW, SH, SW, PH, PW);
+}
+
+extern "C" __global__ void dd_k_avg_pool2d_backward(float* dx, const float* g, int NC, int H, int W, int OH, int OW,
+                                                    int KH, int KW, int SH, int SW, int PH, int PW) {
+    dd_avg_pool2d_backward(dx, g, NC, H, W, OH, OW, KH, KW, SH, SW, PH, PW);
+}
+
+extern "C" __global__ void dd_k_softmax(float* y, const float* x, int A, int D, int B, int logarithm) {
+    dd_softmax(y, x, A, D, B, logarithm);
+}
+
+extern "C" __global__ void dd_k_softmax_backward(float* dx, const float* y, const float* g, int A, int D, int B,
+                                                 int logarithm) {
+    dd_softmax_backward(dx, y, g, A, D, B, logarithm);
+}
+
+extern "C" __global__ void dd_k_softmax_cross_entropy(float* loss, const float* x, const long long* labels, int N,
+                                                      int K) {
+    dd_softmax_cross_entropy(loss, x, labels, N, K);
+}
+
+extern "C" __global__ void dd_k_softmax_cross_entropy_backward(float* dx, const float* x, const long long* labels,
+                                                               const float* g, int N, int K) {
+    dd_softmax_cross_entropy_backward(dx, x, labels, g, N, K);
+}
+
+extern "C" __global__ void dd_k_cross_entropy(float* loss, const float* p, const long long* labels, int N, int K) {
+    dd_cross_entropy(loss, p, labels, N, K);
+}
+
+extern "C" __global__ void dd_k_cross_entropy_backward(float* dp, const float* p, const long long* labels,
+                                                       const float* g, int N, int K) {
+    dd_cross_entropy_backward(dp, p, labels, g, N, K);
+}
+
+extern "C" __global__ void dd_k_argmax(long long* out, const float* x, int N, int K) { dd_argmax(out, x, N, K); }
+
+extern "C" __global__ void dd_k_accuracy(float* out, const float* x, const long long* labels, int N, int K) {
+    dd_accuracy(out, x, labels, N, K);
+}
+
+extern "C" __global__ void dd_k_lrn(float* y, const float* x, int N, int C, int HW, int size, float k, float alpha,
+                                    float beta) {
+    dd_lrn(y, x, N, C, HW, size, k, alpha, beta);
+}
+
+extern "C" __global__ void dd_k_lrn_backward(float* dx, const float* x, const float* y, const float* g, int N, int C,
+                                             int HW, int size, float k, float alpha, float beta) {
+    dd_lrn_backward(dx, x, y, g, N, C, HW, size, k, alpha, beta);
+}
+
+extern "C" __global__ void dd_k_dropout_mask(float* mask, const long long* step, int n, unsigned long long stream,
+                                             double p, float keep) {
+    dd_dropout_mask(mask, step, n, stream, p, keep);
+}

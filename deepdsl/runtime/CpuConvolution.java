@@ -1,0 +1,460 @@
+package deepdsl.runtime;
+
+import static deepdsl.runtime.CpuSupport.*;
+import static deepdsl.runtime.CpuGemm.*;
+
+import java.util.Arrays;
+
+/** The convolutions of {@link CpuOps}: im2col + SGEMM, and their gradients. */
+final class CpuConvolution {
+  private CpuConvolution() {}
+
+  // ---- convolution ----
+
+  /**
+   * The geometry of one convolution: input [N, C, H, W], weight [F, C/G, KH, KW], output [N, F, OH,
+   * OW].
+   */
+  static final class ConvShape {
+    final int n;
+    final int c;
+    final int h;
+    final int w;
+    final int f;
+    final int kh;
+    final int kw;
+    final int sh;
+    final int sw;
+    final int ph;
+    final int pw;
+    final int groups;
+    final int oh;
+    final int ow;
+
+    ConvShape(int[] in, int[] weight, int[] stride, int[] pad, int groups) {
+      n = in[0];
+      c = in[1];
+      h = in[2];
+      w = in[3];
+      f = weight[0];
+      kh = weight[2];
+      kw = weight[3];
+      sh = stride[0];
+      sw = stride[1];
+      ph = pad[0];
+      pw = pad[1];
+      this.groups = groups;
+      oh = (h + 2 * ph - kh) / sh + 1;
+      ow = (w + 2 * pw - kw) / sw + 1;
+    }
+
+    /** Output pixels per image. */
+    int pixels() {
+      return oh * ow;
+    }
+
+    /** Input elements per image. */
+    int image() {
+      return c * h * w;
+    }
+
+    /** Rows of the im2col matrix: C*kh*kw, in (c, i, j) order. */
+    int colRows() {
+      return c * kh * kw;
+    }
+
+    /** Rows of one group's block of the im2col matrix: (C/G)*kh*kw. */
+    int groupRows() {
+      return colRows() / groups;
+    }
+
+    /** Output channels per group. */
+    int groupFilters() {
+      return f / groups;
+    }
+
+    /** Multiply-adds per image. */
+    long work() {
+      return (long) f * groupRows() * pixels();
+    }
+
+    /**
+     * Images per matrix product, so that its rows (batch x OH*OW) are long enough to vectorise
+     * well: at least one, at most {@code available}.
+     */
+    int batch(int available) {
+      return Math.max(1, Math.min(available, (GEMM_NC + pixels() - 1) / pixels()));
+    }
+  }
+
+  /**
+   * out[N, F, OH, OW] = the cross-correlation of x[N, C, H, W] with w[F, C/groups, kh, kw],
+   * zero-padded by pad (ph, pw), with stride (sh, sw); output channel block g sees input channel
+   * block g only.
+   *
+   * <p>A few images at a time (see {@link ConvShape#batch}): their im2col columns side by side, one
+   * matrix product per group, and the product's rows copied to the images' output planes.
+   */
+  public static void conv2d(Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride) {
+    ConvShape s = new ConvShape(x.shape, w.shape, stride, pad, groups);
+    int pixels = s.pixels();
+    int fg = s.groupFilters();
+    int kg = s.groupRows();
+    int workers = s.n >= THREADS ? workers(s.n, s.work()) : 1;
+    parallel(
+        s.n,
+        workers,
+        PIECES_PER_WORKER,
+        (piece, lo, hi) -> {
+          Scratch scratch = SCRATCH.get();
+          for (int n0 = lo; n0 < hi; ) {
+            int batch = s.batch(hi - n0);
+            int width = batch * pixels;
+            float[][] cols = rows(scratch, s.colRows(), width);
+            for (int b = 0; b < batch; b++) {
+              im2col(s, x.a, x.off + (n0 + b) * s.image(), cols, b * pixels);
+            }
+            // one image writes its output plane directly; a batch goes through the products array
+            float[] prod = out.a;
+            int prodOff = out.off + n0 * s.f * pixels;
+            if (batch > 1) {
+              scratch.products = atLeast(scratch.products, s.f * width);
+              prod = scratch.products;
+              prodOff = 0;
+            }
+            for (int g = 0; g < groups; g++) { // out_g = W_g cols_g
+              Mat weights = Mat.rows(w.a, w.off + g * fg * kg, kg);
+              Rows columns = new Rows(cols, g * kg, 0);
+              Mat products = Mat.rows(prod, prodOff + g * fg * width, width);
+              gemmParallel(fg, width, kg, weights, columns, products, false);
+            }
+            if (batch > 1) {
+              for (int b = 0; b < batch; b++) {
+                for (int f = 0; f < s.f; f++) {
+                  System.arraycopy(
+                      prod,
+                      f * width + b * pixels,
+                      out.a,
+                      out.off + ((n0 + b) * s.f + f) * pixels,
+                      pixels);
+                }
+              }
+            }
+            n0 += batch;
+          }
+        });
+  }
+
+  /**
+   * out[N, C, H, W] (in_shape) = d conv2d / d x given g = d out [N, F, OH, OW] and w[F, C/groups,
+   * kh, kw]: the transposed columns g_g^T W_g (one row of C*kh*kw per output pixel), a few images
+   * at a time as in {@link #conv2d}, added back onto the window positions they came from ({@link
+   * #rowsToImage}).
+   */
+  public static void conv2d_backward_data(
+      Buf out, Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride) {
+    ConvShape s = new ConvShape(inShape, w.shape, stride, pad, groups);
+    int pixels = s.pixels();
+    int fg = s.groupFilters();
+    int kg = s.groupRows();
+    int workers = s.n >= THREADS ? workers(s.n, s.work()) : 1;
+    parallel(
+        s.n,
+        workers,
+        PIECES_PER_WORKER,
+        (piece, lo, hi) -> {
+          Scratch scratch = SCRATCH.get();
+          for (int n0 = lo; n0 < hi; ) {
+            int batch = s.batch(hi - n0);
+            int width = batch * pixels;
+            // the gradient planes of the batch side by side, [F, batch * OH*OW]: one image's are g's
+            float[] grad = g.a;
+            int gradOff = g.off + n0 * s.f * pixels;
+            if (batch > 1) {
+              scratch.products = atLeast(scratch.products, s.f * width);
+              grad = scratch.products;
+              gradOff = 0;
+              gatherPlanes(s, g.a, g.off, n0, batch, grad);
+            }
+            scratch.cols = atLeast(scratch.cols, width * s.colRows());
+            float[] rows = scratch.cols;
+            for (int grp = 0; grp < groups; grp++) { // rows_g = g_g^T W_g
+              Mat grads = Mat.rows(grad, gradOff + grp * fg * width, width).t();
+              Mat weights = Mat.rows(w.a, w.off + grp * fg * kg, kg);
+              Mat columns = Mat.rows(rows, grp * kg, s.colRows());
+              gemmParallel(width, kg, fg, grads, weights, columns, false);
+            }
+            for (int b = 0; b < batch; b++) {
+              rowsToImage(s, rows, b * pixels, out.a, out.off + (n0 + b) * s.image());
+            }
+            n0 += batch;
+          }
+        });
+  }
+
+  /**
+   * out[F, C/groups, kh, kw] (w_shape) = d conv2d / d w given x[N, C, H, W] and g = d out [N, F,
+   * OH, OW]: the sum over images of g_g times the im2col columns of x, a few images per product as
+   * in {@link #conv2d}. The columns are built transposed (one row per output pixel, see {@link
+   * #im2colRows}), so that the product's long dimension is C*kh*kw and B is read row by row. When
+   * images run in parallel, piece p of the batch sums its images into partial gradient p (piece 0's
+   * is {@code out}) and the partials are added to {@code out} in piece order.
+   */
+  public static void conv2d_backward_filter(
+      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] wShape) {
+    ConvShape s = new ConvShape(x.shape, wShape, stride, pad, groups);
+    int pixels = s.pixels();
+    int fg = s.groupFilters();
+    int kg = s.groupRows();
+    int size = s.f * kg;
+    int workers = s.n >= THREADS ? workers(s.n, s.work()) : 1;
+    int pieces = pieces(s.n, workers, PIECES_PER_WORKER);
+    Scratch caller = SCRATCH.get();
+    caller.partials = atLeast(caller.partials, (pieces - 1) * size);
+    float[] partials = caller.partials;
+    Arrays.fill(out.a, out.off, out.off + size, 0f);
+    Arrays.fill(partials, 0, (pieces - 1) * size, 0f);
+    parallel(
+        s.n,
+        workers,
+        PIECES_PER_WORKER,
+        (piece, lo, hi) -> {
+          float[] dw = piece == 0 ? out.a : partials;
+          int dwOff = piece == 0 ? out.off : (piece - 1) * size;
+          Scratch scratch = SCRATCH.get();
+          for (int n0 = lo; n0 < hi; ) {
+            int batch = s.batch(hi - n0);
+            int width = batch * pixels;
+            float[][] rows = rows(scratch, width, s.colRows());
+            for (int b = 0; b < batch; b++) {
+              im2colRows(s, x.a, x.off + (n0 + b) * s.image(), rows, b * pixels);
+            }
+            float[] grad = g.a;
+            int gradOff = g.off + n0 * s.f * pixels;
+            if (batch > 1) {
+              scratch.products = atLeast(scratch.products, s.f * width);
+              grad = scratch.products;
+              gradOff = 0;
+              gatherPlanes(s, g.a, g.off, n0, batch, grad);
+            }
+            for (int grp = 0; grp < groups; grp++) { // dw_g += g_g rows_g
+              Mat grads = Mat.rows(grad, gradOff + grp * fg * width, width);
+              Rows columns = new Rows(rows, 0, grp * kg);
+              Mat filters = Mat.rows(dw, dwOff + grp * fg * kg, kg);
+              gemm(fg, kg, width, grads, columns, filters, true);
+            }
+            n0 += batch;
+          }
+        });
+    for (int p = 1; p < pieces; p++) {
+      int from = (p - 1) * size;
+      for (int i = 0; i < size; i++) {
+        out.a[out.off + i] += partials[from + i];
+      }
+    }
+  }
+
+  /**
+   * The output-gradient planes of images n0 .. n0 + batch - 1 side by side: grad[f, b * OH*OW +
+   * pixel] = g[n0 + b, f, pixel].
+   */
+  static void gatherPlanes(
+      ConvShape s, float[] g, int gOff, int n0, int batch, float[] grad) {
+    int pixels = s.pixels();
+    int width = batch * pixels;
+    for (int b = 0; b < batch; b++) {
+      for (int f = 0; f < s.f; f++) {
+        System.arraycopy(
+            g, gOff + ((n0 + b) * s.f + f) * pixels, grad, f * width + b * pixels, pixels);
+      }
+    }
+  }
+
+  /**
+   * One image's im2col columns transposed, one row of C*kh*kw per output pixel, from row {@code
+   * row}: rows[row + oy * OW + ox][(ch * kh + i) * kw + j] = x[ch, oy*sh - ph + i, ox*sw - pw +
+   * j], zero outside the image. Each pixel's row is written front to back, a window row at a time.
+   */
+  static void im2colRows(ConvShape s, float[] x, int xOff, float[][] rows, int row) {
+    for (int oy = 0; oy < s.oh; oy++) {
+      for (int ox = 0; ox < s.ow; ox++) {
+        float[] to = rows[row + oy * s.ow + ox];
+        int ix = ox * s.sw - s.pw;
+        boolean inside = ix >= 0 && ix + s.kw <= s.w;
+        int at = 0;
+        for (int ch = 0; ch < s.c; ch++) {
+          for (int i = 0; i < s.kh; i++, at += s.kw) {
+            int iy = oy * s.sh - s.ph + i;
+            if (iy < 0 || iy >= s.h) {
+              Arrays.fill(to, at, at + s.kw, 0f);
+              continue;
+            }
+            int line = xOff + (ch * s.h + iy) * s.w;
+            if (inside) {
+              copyShort(x, line + ix, to, at, s.kw);
+            } else {
+              for (int j = 0; j < s.kw; j++) {
+                to[at + j] = ix + j >= 0 && ix + j < s.w ? x[line + ix + j] : 0f;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  /**
+   * to[at .. at + length) = from[src .. src + length): straight-line code for the short runs of a
+   * convolution window's row or of a small image's row (twice as fast as a loop or
+   * System.arraycopy for five elements, a fifth faster than System.arraycopy for eight).
+   */
+  static void copyShort(float[] from, int src, float[] to, int at, int length) {
+    switch (length) {
+      case 8:
+        to[at + 7] = from[src + 7];
+      // fall through
+      case 7:
+        to[at + 6] = from[src + 6];
+      // fall through
+      case 6:
+        to[at + 5] = from[src + 5];
+      // fall through
+      case 5:
+        to[at + 4] = from[src + 4];
+      // fall through
+      case 4:
+        to[at + 3] = from[src + 3];
+      // fall through
+      case 3:
+        to[at + 2] = from[src + 2];
+      // fall through
+      case 2:
+        to[at + 1] = from[src + 1];
+      // fall through
+      case 1:
+        to[at] = from[src];
+        break;
+      default:
+        System.arraycopy(from, src, to, at, length);
+    }
+  }
+
+  /**
+   * One image's im2col columns, written from column {@code col} of the rows: cols[(ch * kh + i) *
+   * kw + j][col + oy * OW + ox] = x[ch, oy*sh - ph + i, ox*sw - pw + j], zero outside the image.
+   */
+  static void im2col(ConvShape s, float[] x, int xOff, float[][] cols, int col) {
+    int row = 0;
+    for (int ch = 0; ch < s.c; ch++) {
+      int plane = xOff + ch * s.h * s.w;
+      for (int i = 0; i < s.kh; i++) {
+        for (int j = 0; j < s.kw; j++, row++) {
+          float[] line = cols[row];
+          int to = col;
+          // the columns ox whose input column ox*sw - pw + j lies inside [0, W)
+          int oxLo = Math.min(s.ow, firstInside(j - s.pw, s.sw));
+          int oxHi = Math.max(oxLo, Math.min(s.ow, lastInside(j - s.pw, s.sw, s.w) + 1));
+          for (int oy = 0; oy < s.oh; oy++, to += s.ow) {
+            int iy = oy * s.sh - s.ph + i;
+            if (iy < 0 || iy >= s.h) {
+              Arrays.fill(line, to, to + s.ow, 0f);
+              continue;
+            }
+            int from = plane + iy * s.w - s.pw + j;
+            if (oxLo > 0) {
+              Arrays.fill(line, to, to + oxLo, 0f);
+            }
+            if (s.sw == 1) {
+              copyShort(x, from + oxLo, line, to + oxLo, oxHi - oxLo);
+            } else {
+              for (int ox = oxLo; ox < oxHi; ox++) {
+                line[to + ox] = x[from + ox * s.sw];
+              }
+            }
+            if (oxHi < s.ow) {
+              Arrays.fill(line, to + oxHi, to + s.ow, 0f);
+            }
+          }
+        }
+      }
+    }
+  }
+
+  /**
+   * The adjoint of {@link #im2colRows} for one image: dx[ch, iy, ix] = the sum of the elements of
+   * the pixel rows (from row {@code row} of rows of C*kh*kw in {@code rows}) that read x[ch, iy,
+   * ix]. Each pixel's row is added a window row at a time.
+   */
+  static void rowsToImage(ConvShape s, float[] rows, int row, float[] dx, int dxOff) {
+    Arrays.fill(dx, dxOff, dxOff + s.image(), 0f);
+    int length = s.colRows();
+    for (int oy = 0; oy < s.oh; oy++) {
+      for (int ox = 0; ox < s.ow; ox++) {
+        int from = (row + oy * s.ow + ox) * length;
+        int ix = ox * s.sw - s.pw;
+        boolean inside = ix >= 0 && ix + s.kw <= s.w;
+        for (int ch = 0; ch < s.c; ch++) {
+          for (int i = 0; i < s.kh; i++, from += s.kw) {
+            int iy = oy * s.sh - s.ph + i;
+            if (iy < 0 || iy >= s.h) {
+              continue;
+            }
+            int line = dxOff + (ch * s.h + iy) * s.w;
+            if (inside) {
+              addShort(rows, from, dx, line + ix, s.kw);
+            } else {
+              for (int j = Math.max(0, -ix); j < Math.min(s.kw, s.w - ix); j++) {
+                dx[line + ix + j] += rows[from + j];
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  /** to[at .. at + length) += from[src .. src + length), straight-line as in {@link #copyShort}. */
+  static void addShort(float[] from, int src, float[] to, int at, int length) {
+    switch (length) {
+      case 8:
+        to[at + 7] += from[src + 7];
+      // fall through
+      case 7:
+        to[at + 6] += from[src + 6];
+      // fall through
+      case 6:
+        to[at + 5] += from[src + 5];
+      // fall through
+      case 5:
+        to[at + 4] += from[src + 4];
+      // fall through
+      case 4:
+        to[at + 3] += from[src + 3];
+      // fall through
+      case 3:
+        to[at + 2] += from[src + 2];
+      // fall through
+      case 2:
+        to[at + 1] += from[src + 1];
+      // fall through
+      case 1:
+        to[at] += from[src];
+        break;
+      default:
+        for (int j = 0; j < length; j++) {
+          to[at + j] += from[src + j];
+        }
+    }
+  }
+
+  /** The smallest o >= 0 with o * stride + shift >= 0. */
+  static int firstInside(int shift, int stride) {
+    return shift >= 0 ? 0 : (-shift + stride - 1) / stride;
+  }
+
+  /** The largest o with o * stride + shift < size (may be negative). */
+  static int lastInside(int shift, int stride, int size) {
+    return Math.floorDiv(size - 1 - shift, stride);
+  }
+
+}
