@@ -1,7 +1,7 @@
 """The class names a network may not take, because the generated Java program needs them for something else.
 
 The program `network Name` compiles to is `class Name extends Network` beside the runtime package
-`deepdsl.runtime`, whose classes it imports (`Buf`, `CpuOps`, `Kernels`, ...) and whose nested types it inherits
+`deepdsl.runtime`, whose classes it imports (`Buf`, `Device`, `Kernel`, ...) and whose nested types it inherits
 (`Settings`): a class of the same name hides them and javac rejects the program. The same holds for the
 `java.lang` classes the program and the runtime use unqualified (`String`, `Math`, `System`, ...). Rejecting the
 name in the front end, with a diagnostic at it, is clearer than renaming the class, since the class name is the

@@ -172,7 +172,7 @@ def test_a_train_block_using_a_failed_definition_reports_only_the_first_error() 
     assert "unknown name 'relux'" in err and err.count("error:") == 1
 
 
-@pytest.mark.parametrize("name", ["Network", "Buf", "String", "Settings", "Math", "System", "Kernels", "buf"])
+@pytest.mark.parametrize("name", ["Network", "Buf", "String", "Settings", "Math", "System", "Kernel", "Device", "buf"])
 def test_a_network_may_not_take_a_name_the_generated_java_needs(name: str) -> None:
     err = error_text(HEADER.replace("network T", f"network {name}") + "loss = mse(x, x)\n")
     assert f"'{name}' cannot name a network: its Java class {name[:1].upper() + name[1:]} would hide" in err
@@ -184,7 +184,7 @@ def test_every_runtime_class_the_generated_program_imports_is_reserved() -> None
 
     text = (Path(__file__).resolve().parents[1] / "golden" / "java" / "LeNet.java").read_text()
     imported = set(re.findall(r"^import (?:static )?deepdsl\.runtime\.(\w+)", text, re.M))
-    assert {"Buf", "Network", "Kernels"} <= imported <= set(reserved_class_names())
+    assert {"Buf", "Network", "Kernel"} <= imported <= set(reserved_class_names())
 
 
 def test_a_tensor_function_no_one_calls_is_checked_and_leaves_no_trace() -> None:
