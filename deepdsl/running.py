@@ -4,7 +4,8 @@ callback."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -110,19 +111,10 @@ def evaluate(
     data = load_samples(kind, args, fields_of(build.program.graph.inputs), build.seed)
     if data.test is None:
         raise DslProgramError(f"the {kind} data has no test set to evaluate on (an npz file: the NAME_test arrays)")
-    gpu, description, note = (driver, f"cuda ({driver.description})", None) if driver else open_device(device)
-    try:
-        trainer, description, note = _loaded(build, data, gpu, description, note, device, load)
-        if report:
-            if note:
-                report(note)
-            report(f"device: {description}  network {build.program.graph.name}  data {kind}")
+    with _loaded(build, data, kind, driver, device, load, report) as trainer:
         tested = trainer.test()
         assert tested is not None
         on_gpu = trainer.gpu is not None
-    finally:
-        if gpu is not None:
-            gpu.close()
     out: dict[str, Any] = {"device": "cuda" if on_gpu else "cpu", "test_loss": tested[0]}
     if tested[1] is not None:
         out["test_accuracy"] = tested[1]
@@ -145,18 +137,9 @@ def predict(
     check_writable(output)  # now, not after the work
     kind, args = _source(build, data_flag)
     data = load_samples(kind, args, fields_of(build.infer.inputs), build.seed, other_arrays=True)
-    gpu, description, note = (driver, f"cuda ({driver.description})", None) if driver else open_device(device)
-    try:
-        trainer, description, note = _loaded(build, data, gpu, description, note, device, load)
-        if report:
-            if note:
-                report(note)
-            report(f"device: {description}  network {build.program.graph.name}  data {kind}")
+    with _loaded(build, data, kind, driver, device, load, report) as trainer:
         values = trainer.predict(data)
         on_gpu = trainer.gpu is not None
-    finally:
-        if gpu is not None:
-            gpu.close()
     save_npz(output, {"predict": values})
     if report:
         report(f"wrote {output}: predict {list(values.shape)} for {len(values)} samples")
@@ -169,21 +152,32 @@ def _source(build: Build, data_flag: str | None) -> tuple[str, dict[str, Any]]:
     return parse_data_flag(data_flag) if data_flag else (cfg.data[0], dict(cfg.data[1]))
 
 
+@contextmanager
 def _loaded(
-    build: Build, data: Samples, gpu: Driver | None, description: str, note: str | None, device: str, load: str
-) -> tuple[Trainer, str, str | None]:
-    """A trainer of `build` on `data` holding the parameters of `load`, on `gpu` where it takes the program (under
-    `auto`, else the CPU: the device line and the note say which, and why)."""
-    trainer = Trainer(build, data)
-    if gpu is not None:
-        try:
-            trainer.use_gpu(gpu)
-        except DslProgramError as err:
-            if device != "auto":
-                raise
-            description, note = CPU, _not_used(err.message)
-    trainer.load(load)
-    return trainer, description, note
+    build: Build, data: Samples, kind: str, driver: Driver | None, device: str, load: str,
+    report: Callable[[str], None] | None,
+) -> Iterator[Trainer]:  # fmt: skip
+    """A trainer of `build` on `data` holding the parameters of `load`, on `driver` (else the GPU `device` picks)
+    where it takes the program (under `auto`, else the CPU), the device line reported; the GPU is closed after."""
+    gpu, description, note = (driver, f"cuda ({driver.description})", None) if driver else open_device(device)
+    try:
+        trainer = Trainer(build, data)
+        if gpu is not None:
+            try:
+                trainer.use_gpu(gpu)
+            except DslProgramError as err:
+                if device != "auto":
+                    raise
+                description, note = CPU, _not_used(err.message)
+        trainer.load(load)
+        if report:
+            if note:
+                report(note)
+            report(f"device: {description}  network {build.program.graph.name}  data {kind}")
+        yield trainer
+    finally:
+        if gpu is not None:
+            gpu.close()
 
 
 def _train(
@@ -193,7 +187,7 @@ def _train(
 ) -> TrainResult:  # fmt: skip
     program = build.program
     cfg = program.train
-    kind, args = parse_data_flag(data_flag) if data_flag else (cfg.data[0], dict(cfg.data[1]))
+    kind, args = _source(build, data_flag)
     batch = batch_size(program.graph)
     data = load_samples(kind, args, fields_of(program.graph.inputs), build.seed)
     trainer = Trainer(build, data, np.float64 if double else np.float32)
