@@ -315,6 +315,16 @@ def stats_text(obj: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+DEVICE = click.option(
+    "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+    help="Where to run: the NumPy runner (cpu) or the PyCUDA runner (cuda).",
+)  # fmt: skip
+TRAINED = click.option(
+    "--load", "load_path", type=click.Path(dir_okay=False), required=True, callback=_file_name,
+    help="The trained parameters (a .npz file of run --save or the Java program's --save).",
+)  # fmt: skip
+
+
 @cli.command()
 @common
 @click.option("--iters", type=click.IntRange(min=0), default=None, help="Training steps (default: the train block's).")
@@ -325,8 +335,7 @@ def stats_text(obj: dict[str, Any]) -> str:
               help="Start from this .npz file.")  # fmt: skip
 @click.option("--save", "save_path", type=click.Path(dir_okay=False), default=None, callback=_file_name,
               help="Write the final state here.")  # fmt: skip
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="Where to run: the NumPy runner (cpu) or the PyCUDA runner (cuda).")  # fmt: skip
+@DEVICE
 @click.option("--seed", type=int, default=None, help="Override the train block's seed.")
 @click.option("--float64", "double", is_flag=True, help="Run in float64 (the reference precision for checks).")
 @WORKSPACE_LIMIT
@@ -354,12 +363,10 @@ def run(
 
 @cli.command("eval")
 @common
-@click.option("--load", "load_path", type=click.Path(dir_okay=False), required=True, callback=_file_name,
-              help="The trained parameters (a .npz file of run --save or the Java program's --save).")  # fmt: skip
+@TRAINED
 @click.option("--data", "data_flag", metavar="SOURCE", default=None, callback=_parse_data,
               help="synthetic | mnist:DIR | cifar10:DIR | npz:FILE (default: the train block's).")  # fmt: skip
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="Where to run: the NumPy runner (cpu) or the PyCUDA runner (cuda).")  # fmt: skip
+@DEVICE
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
 def eval_(c: api.Compilation, file: str, sets: dict, options: api.Options, load_path: str, data_flag: str | None,
           device: str, as_json: bool) -> None:  # fmt: skip
@@ -377,8 +384,7 @@ def eval_(c: api.Compilation, file: str, sets: dict, options: api.Options, load_
 
 @cli.command()
 @common
-@click.option("--load", "load_path", type=click.Path(dir_okay=False), required=True, callback=_file_name,
-              help="The trained parameters (a .npz file of run --save or the Java program's --save).")  # fmt: skip
+@TRAINED
 @click.option(
     "--data",
     "data_flag",
@@ -389,8 +395,7 @@ def eval_(c: api.Compilation, file: str, sets: dict, options: api.Options, load_
 )
 @click.option("-o", "output", type=click.Path(dir_okay=False), required=True, callback=_file_name,
               help="Where to write the predictions (.npz, the array `predict`).")  # fmt: skip
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="Where to run: the NumPy runner (cpu) or the PyCUDA runner (cuda).")  # fmt: skip
+@DEVICE
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
 def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, load_path: str, data_flag: str | None,
             output: str, device: str, as_json: bool) -> None:  # fmt: skip
