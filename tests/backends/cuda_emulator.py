@@ -1,5 +1,6 @@
 """CUDA kernels run on the CPU: g++ compiles a program's translation unit with a block's threads as fibers
-(ucontext), switched at __syncthreads and warp shuffles. `emulate(source, kernels, folder)` gives a shared library
+(their own stacks, switched with _setjmp/_longjmp) at __syncthreads and warp shuffles; a kernel that reaches
+neither runs its threads one after another. `emulate(source, kernels, folder)` gives a shared library
 with an entry point per kernel; `EmulatedDriver` is a GpuRunner driver on top of it, so that the Python runner's
 launch program (arena offsets, tensors, copies, results) is checked without a GPU, and `fake_driver` builds a
 libcuda.so.1 that runs the same library under JCuda, which does the same for the Java CUDA device."""
@@ -18,10 +19,11 @@ from deepdsl.backends.cuda.kernels import Launch
 from deepdsl.backends.cuda.runner import CpuClock
 
 EMULATION = r"""
+#undef _FORTIFY_SOURCE  // its longjmp check refuses a jump to another fiber's stack
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <ucontext.h>
+#include <csetjmp>
 #include <vector>
 struct dd_dim3 { int x, y, z; };
 static dd_dim3 threadIdx, blockIdx, blockDim, gridDim;
@@ -32,10 +34,12 @@ static dd_dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __shared__ static
 static inline float __int_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
 
-struct dd_fiber { ucontext_t ctx; bool done; std::vector<char> stack; };
+// A block's threads are fibers, each on its own stack, switched with _setjmp/_longjmp: unlike swapcontext these
+// save no signal mask, so a switch is no system call (a GEMM's tiles switch millions of times per step).
+struct dd_fiber { jmp_buf at; bool done, started; std::vector<char> stack; };
 static std::vector<dd_fiber> dd_fibers;
 static std::vector<float> dd_lanes;
-static ucontext_t dd_main;
+static jmp_buf dd_main;
 static int dd_current, dd_threads;
 static void (*dd_body)();
 static void** a;
@@ -44,6 +48,18 @@ static void dd_enter(int t) {
     dd_current = t;
     threadIdx.x = t % blockDim.x; threadIdx.y = t / blockDim.x; threadIdx.z = 0;
 }
+static void dd_fiber_main();
+// continue fiber t where it stopped, or start it at the top of its stack (x86-64: rsp 16-byte aligned at the call)
+[[noreturn]] static void dd_resume(int t) {
+    dd_enter(t);
+    dd_fiber& f = dd_fibers[t];
+    if (f.started) _longjmp(f.at, 1);
+    f.started = true;
+    char* top = f.stack.data() + f.stack.size();
+    top = (char*) ((unsigned long) top & ~15UL);
+    asm volatile("mov %0, %%rsp\n\tcall *%1\n\tud2" : : "r"(top), "r"(dd_fiber_main) : "memory");
+    __builtin_unreachable();
+}
 // run the next live fiber after the current one in [lo, lo + n) (round robin); back to main when none is left
 static void dd_switch(int lo, int n) {
     int me = dd_current;
@@ -51,13 +67,12 @@ static void dd_switch(int lo, int n) {
         int t = lo + (me - lo + k) % n;
         if (!dd_fibers[t].done) {
             if (t == me) return;
-            dd_enter(t);
-            swapcontext(&dd_fibers[me].ctx, &dd_fibers[t].ctx);
+            if (!_setjmp(dd_fibers[me].at)) dd_resume(t);
             dd_enter(me);
             return;
         }
     }
-    setcontext(&dd_main);
+    _longjmp(dd_main, 1);
 }
 static void __syncthreads() { dd_switch(0, dd_threads); }
 static float __shfl_down_sync(unsigned, float v, int o) {
@@ -70,26 +85,49 @@ static void dd_fiber_main() {
     dd_body();
     dd_fibers[dd_current].done = true;
     dd_switch(0, dd_threads);
+    __builtin_unreachable();  // the last fiber to finish jumps back to main
+}
+// a kernel that never synchronises runs its threads one after another, without fibers (most kernels: far faster)
+static void dd_launch_plain(int gx, int gy, int gz, int bx, int by, void (*body)(), void** args) {
+    gridDim.x = gx; gridDim.y = gy; gridDim.z = gz; blockDim.x = bx; blockDim.y = by; blockDim.z = 1;
+    dd_threads = bx * by; a = args;
+    for (int z = 0; z < gz; z++) for (int y = 0; y < gy; y++) for (int x = 0; x < gx; x++) {
+        blockIdx.x = x; blockIdx.y = y; blockIdx.z = z;
+        for (int t = 0; t < dd_threads; t++) { dd_enter(t); body(); }
+    }
 }
 static void dd_launch(int gx, int gy, int gz, int bx, int by, void (*body)(), void** args) {
     gridDim.x = gx; gridDim.y = gy; gridDim.z = gz; blockDim.x = bx; blockDim.y = by; blockDim.z = 1;
     dd_threads = bx * by; dd_body = body; a = args;
     dd_fibers.resize(dd_threads); dd_lanes.resize(dd_threads);
+    for (dd_fiber& f : dd_fibers) f.stack.resize(1 << 16);
     for (int z = 0; z < gz; z++) for (int y = 0; y < gy; y++) for (int x = 0; x < gx; x++) {
         blockIdx.x = x; blockIdx.y = y; blockIdx.z = z;
-        for (int t = 0; t < dd_threads; t++) {
-            dd_fiber& f = dd_fibers[t];
-            f.done = false;
-            f.stack.resize(1 << 16);
-            getcontext(&f.ctx);
-            f.ctx.uc_stack.ss_sp = f.stack.data(); f.ctx.uc_stack.ss_size = f.stack.size(); f.ctx.uc_link = nullptr;
-            makecontext(&f.ctx, dd_fiber_main, 0);
-        }
-        dd_enter(0);
-        swapcontext(&dd_main, &dd_fibers[0].ctx);
+        for (dd_fiber& f : dd_fibers) f.done = f.started = false;
+        if (!_setjmp(dd_main)) dd_resume(0);
     }
 }
 """
+
+
+_FUNCTION = re.compile(r"(?:__global__|__device__)[^;{(]*?\b(\w+)\s*\([^)]*\)\s*\{")
+
+
+def synchronising(source: str) -> set[str]:
+    """The functions of `source` that reach __syncthreads or a warp shuffle, directly or through a call."""
+    bodies = {}
+    for m in _FUNCTION.finditer(source):
+        depth, k = 1, m.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(source[k], 0)
+            k += 1
+        bodies[m.group(1)] = source[m.end() : k]
+    syncs = {f for f, body in bodies.items() if "__syncthreads" in body or "__shfl" in body}
+    while True:
+        more = {f for f, body in bodies.items() if f not in syncs and any(re.search(rf"\b{g}\(", body) for g in syncs)}
+        if not more:
+            return syncs
+        syncs |= more
 
 
 def kernel_names(source: str) -> list[str]:
@@ -106,8 +144,9 @@ def emulate(source: str, kernels: Sequence[str], folder: Path, strided: Sequence
     cuLaunchKernel takes them; fake_libcuda.c calls it). The cu_ entry of a kernel in `strided` (a grid- or
     block-stride loop) runs at most 3 blocks of 64 threads, which its loop allows."""
     signatures = dict(re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', source))
-    runners = []
+    runners, syncs = [], synchronising(source)
     for name in sorted(set(kernels)):
+        launch = "dd_launch" if name in syncs else "dd_launch_plain"
         params = [" ".join(p.split()) for p in signatures[name].split(",")]
         types = [p.rsplit(" ", 1)[0].replace("__restrict__", "").strip() for p in params]
         # a pointer is the slot's value; a scalar (a size the Java device passes) lies in the slot's bytes
@@ -121,14 +160,14 @@ def emulate(source: str, kernels: Sequence[str], folder: Path, strided: Sequence
         runners.append(
             f"static void body_{name}() {{ {name}({casts}); }}\n"
             f'extern "C" void run_{name}(int gx, int gy, int gz, int bx, int by, void** args) {{\n'
-            f"  dd_launch(gx, gy, gz, bx, by, body_{name}, args);\n}}\n"
+            f"  {launch}(gx, gy, gz, bx, by, body_{name}, args);\n}}\n"
             f'extern "C" void cu_{name}(int gx, int gy, int gz, int bx, int by, int bz, void** params) {{\n'
             f"  void* args[{len(params)}];\n{loads}"
-            f"  {clamp}dd_launch(gx, gy, gz, bx, by, body_{name}, args);\n}}"
+            f"  {clamp}{launch}(gx, gy, gz, bx, by, body_{name}, args);\n}}"
         )
     src, lib = folder / "emulated.cpp", folder / "emulated.so"
     src.write_text(EMULATION + source + "\n" + "\n".join(runners) + "\n")
-    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-w", "-o", str(lib), str(src)], check=True)
+    subprocess.run(["g++", "-O1", "-U_FORTIFY_SOURCE", "-shared", "-fPIC", "-w", "-o", str(lib), str(src)], check=True)
     return ctypes.CDLL(str(lib))
 
 
