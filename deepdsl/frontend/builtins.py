@@ -364,8 +364,9 @@ def reshape(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span:
         shape[shape.index(-1)] = total // known
     if math.prod(shape) != total:
         want = ", ".join(map(str, a["shape"]))
-        raise DslShapeError(f"reshape: {x.value.type} from {x.origin} has {total:,} elements, which [{want}] "
-                            f"cannot hold ({'a multiple of ' if -1 in shape else ''}{known:,})", span)  # fmt: skip
+        holds = f"no size for -1 fits (not a multiple of {known:,})" if -1 in a["shape"] else f"holds {known:,}"
+        raise DslShapeError(f"reshape: {x.value.type} from {x.origin} has {total:,} elements; [{want}] {holds}",
+                            span, hint="the sizes of a reshape must multiply to the input's element count")  # fmt: skip
     return _view(el, x, tuple(shape), span, path, "reshape")
 
 
