@@ -85,6 +85,7 @@ EXAMPLES = {
     # the Transformer built-ins (issue 20)
     "gelu": ((X4,), {}), "gelu_grad": ((X4, X4), {}),
     "layer_norm": ((X2, TensorType((6,)), TensorType((6,))), {"eps": 1e-5}),
+    "masked_softmax": ((X2,), {"scale": 0.5, "causal": True, "period": 2}),
 }  # fmt: skip
 
 EXPECTED = {
