@@ -31,6 +31,7 @@ NETWORKS = sorted((ROOT / "networks").glob("*.ddsl"))
 # The smallest input size each network shape-checks with (see the comments at the top of the files);
 # N = 2 everywhere. A mutation may make these invalid, which must then be a diagnostic.
 SMALL_HW = {"alexnet": 67, "googlenet": 67, "lenet": 28, "mlp": 28, "overfeat": 71, "resnet50": 67, "vgg16": 32}
+SMALL_HW["vit_tiny"] = 8  # two 4x4 patches a side
 
 HEADER = "network T\nconst N = 2\ninput x : [N, 3, 8, 8]\nlabel y : [N] classes 10\n"
 
