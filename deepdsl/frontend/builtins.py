@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from deepdsl.errors import DslArgumentError, DslShapeError, Span
+from deepdsl.errors import DslArgumentError, DslShapeError, Note, Span
 from deepdsl.frontend.values import Spec, TensorVal
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ REQUIRED = object()
 @dataclass(frozen=True)
 class ArgSpec:
     name: str
-    kind: str  # int, pair, float, bool, init, str, schedule
+    kind: str  # int, pair, ints, float, bool, init, str, schedule
     default: Any = REQUIRED
     low: float | None = None  # smallest allowed value (ints, pairs, floats)
     below: float | None = None  # values must be strictly less than this
@@ -177,7 +177,7 @@ def _simple(op: str, *args: ArgSpec) -> None:
     builtin(op, *args)(apply)
 
 
-for _name in ("relu", "sigmoid", "tanh", "softmax", "log_softmax", "exp", "log", "sqrt", "abs"):
+for _name in ("relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "gelu"):
     _simple(_name)
 _simple("leaky_relu", ArgSpec("slope", "float", 0.01))
 _simple("lrn", ArgSpec("size", "int", 5, low=1), ArgSpec("alpha", "float", 1e-4, low=0.0),
@@ -271,3 +271,134 @@ SPECS: dict[str, tuple[str, tuple[ArgSpec, ...]]] = {
 
 # compile-time shape queries: name -> number of arguments after the tensor
 QUERIES = {"dim": 1, "channels": 0, "rank": 0}
+
+
+# ---- Transformer vocabulary: products, axes, shapes, row normalisation (shapes as in PyTorch) ----------
+
+
+def _notes(*xs: TensorVal) -> list[Note]:
+    return [Note(f"{x.value.type} comes from {x.origin}", x.span) for x in xs if "parameter" not in x.origin]
+
+
+def _axis(x: TensorVal, axis: int, what: str, span: Span) -> int:
+    """`axis` of x, counted from the end when negative (-1 is the last)."""
+    rank = len(x.shape)
+    if not -rank <= axis < rank:
+        raise DslShapeError(f"{what}: axis {axis} is out of range for {x.value.type} from {x.origin}", span)
+    return axis % rank
+
+
+def _view(el: Elaborator, x: TensorVal, shape: tuple[int, ...], span: Span, path: str, kind: str) -> TensorVal:
+    return x if tuple(x.shape) == shape else el.emit("reshape", (x,), span, path, kind, shape=shape)
+
+
+@builtin("matmul", ArgSpec("transpose_a", "bool", False), ArgSpec("transpose_b", "bool", False), inputs=2,
+         layer=False)  # fmt: skip
+def matmul(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """op(a) @ op(b) over the last two axes; leading axes are batches (equal in both, or b 2-D: a weight)."""
+    x, y = xs
+    ta, tb = a["transpose_a"], a["transpose_b"]
+    if len(x.shape) < 2 or len(y.shape) < 2:
+        raise DslShapeError("matmul needs operands of at least 2 axes", span, notes=_notes(x, y))
+    m, k = (x.shape[-1], x.shape[-2]) if ta else x.shape[-2:]
+    k2, n = (y.shape[-1], y.shape[-2]) if tb else y.shape[-2:]
+    if k != k2:
+        sides = f"{'op(a)' if ta else 'a'} is [{m}, {k}], {'op(b)' if tb else 'b'} is [{k2}, {n}]"
+        raise DslShapeError(f"matmul: inner sizes differ ({k} vs {k2}): {sides}", span, notes=_notes(x, y),
+                            hint="transpose_a=true / transpose_b=true multiply by a transposed operand")  # fmt: skip
+    attrs = {"transpose_a": ta, "transpose_b": tb}
+    if len(x.shape) == 2 and len(y.shape) == 2:
+        return el.emit("matmul", xs, span, path, "matmul", **attrs)
+    lead = tuple(x.shape[:-2])
+    if len(y.shape) == 2 and not ta:  # a batch of rows times one matrix: one GEMM over every row
+        rows = _view(el, x, (math.prod(x.shape[:-1]), k), span, path, "matmul")
+        out = el.emit("matmul", (rows, y), span, path, "matmul", **attrs)
+        return _view(el, out, (*x.shape[:-1], n), span, path, "matmul")
+    if tuple(y.shape[:-2]) != lead:
+        raise DslShapeError(f"matmul: the batch axes differ ({x.value.type} and {y.value.type})", span,
+                            notes=_notes(x, y))  # fmt: skip
+    batch = math.prod(lead)
+    x3 = _view(el, x, (batch, *x.shape[-2:]), span, path, "matmul")
+    y3 = _view(el, y, (batch, *y.shape[-2:]), span, path, "matmul")
+    out = el.emit("batch_matmul", (x3, y3), span, path, "matmul", **attrs)
+    return _view(el, out, (*lead, m, n), span, path, "matmul")
+
+
+def _permute(el: Elaborator, x: TensorVal, perm: tuple[int, ...], span: Span, path: str, kind: str) -> TensorVal:
+    if perm == tuple(range(len(perm))):
+        return x
+    return el.emit("transpose", (x,), span, path, kind, perm=perm)
+
+
+@builtin("transpose", ArgSpec("a", "int", -2), ArgSpec("b", "int", -1))
+def transpose(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """Axes a and b swapped (torch.transpose); by default the last two."""
+    (x,) = xs
+    need_rank(x, (2, 3, 4, 5, 6), "transpose", span)
+    i, j = _axis(x, a["a"], "transpose", span), _axis(x, a["b"], "transpose", span)
+    perm = list(range(len(x.shape)))
+    perm[i], perm[j] = j, i
+    return _permute(el, x, tuple(perm), span, path, "transpose")
+
+
+@builtin("permute", ArgSpec("axes", "ints"))
+def permute(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """Output axis i is input axis axes[i] (torch.permute)."""
+    (x,) = xs
+    axes = tuple(_axis(x, k, "permute", span) for k in a["axes"])
+    if len(axes) != len(x.shape) or sorted(axes) != list(range(len(x.shape))):
+        raise DslShapeError(f"permute: {a['axes']} is not a permutation of the {len(x.shape)} axes of "
+                            f"{x.value.type} from {x.origin}", span)  # fmt: skip
+    return _permute(el, x, axes, span, path, "permute")
+
+
+@builtin("reshape", ArgSpec("shape", "ints", low=-1))
+def reshape(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """The same elements in another shape, a view; one size may be -1, inferred from the others."""
+    (x,) = xs
+    shape, total = list(a["shape"]), math.prod(x.shape)
+    if 0 in shape or shape.count(-1) > 1:
+        raise DslArgumentError("reshape: every size must be at least 1, and at most one may be -1", span)
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape and total % known == 0:
+        shape[shape.index(-1)] = total // known
+    if math.prod(shape) != total:
+        want = ", ".join(map(str, a["shape"]))
+        holds = f"no size for -1 fits (not a multiple of {known:,})" if -1 in a["shape"] else f"holds {known:,}"
+        raise DslShapeError(f"reshape: {x.value.type} from {x.origin} has {total:,} elements; [{want}] {holds}",
+                            span, hint="the sizes of a reshape must multiply to the input's element count")  # fmt: skip
+    return _view(el, x, tuple(shape), span, path, "reshape")
+
+
+def _softmax(op: str) -> Apply:
+    def apply(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+        # the registry op works on the rows of [R, K]: move the axis last (a transpose unless it is), view the
+        # rest as rows (free), and undo both
+        (x,) = xs
+        need_rank(x, (2, 3, 4, 5, 6), op, span)
+        axis, rank = _axis(x, a["axis"], op, span), len(x.shape)
+        perm = tuple(k for k in range(rank) if k != axis) + (axis,)
+        moved = _permute(el, x, perm, span, path, op)
+        rows = _view(el, moved, (math.prod(moved.shape[:-1]), moved.shape[-1]), span, path, op)
+        out = _view(el, el.emit(op, (rows,), span, path, op), tuple(moved.shape), span, path, op)
+        return _permute(el, out, tuple(perm.index(k) for k in range(rank)), span, path, op)
+
+    return apply
+
+
+for _name in ("softmax", "log_softmax"):
+    builtin(_name, ArgSpec("axis", "int", 1))(_softmax(_name))
+
+
+@builtin("layer_norm", ArgSpec("eps", "float", 1e-5, low=1e-30))
+def layer_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """nn.LayerNorm(last axis): each vector along the last axis normalised, then scaled by NAME.gamma and shifted
+    by NAME.beta (both of the last axis' size)."""
+    (x,) = xs
+    need_rank(x, (2, 3, 4, 5, 6), "layer_norm", span)
+    d = x.shape[-1]
+    gamma = el.param(path, "gamma", (d,), ONE, span)
+    beta = el.param(path, "beta", (d,), ZERO, span)
+    rows = _view(el, x, (math.prod(x.shape[:-1]), d), span, path, "layer_norm")
+    out = el.emit("layer_norm", (rows, gamma, beta), span, path, "layer_norm", eps=a["eps"])
+    return _view(el, out, tuple(x.shape), span, path, "layer_norm")

@@ -325,6 +325,13 @@ def convert(fname: str, spec: ArgSpec, v: Any, span: Span) -> Any:
         for p in pair:
             check_range(p)
         return tuple(pair)
+    if spec.kind == "ints":  # an int or a tuple of ints (a shape, a permutation)
+        ints = (v,) if is_int else v
+        if not (isinstance(ints, tuple) and all(isinstance(p, int) and not isinstance(p, bool) for p in ints)):
+            raise bad("an integer or a tuple of integers (a, b, ...)")
+        for p in ints:
+            check_range(p)
+        return tuple(ints)
     if spec.kind == "float":
         if not (is_int or isinstance(v, float)):
             raise bad("a number")

@@ -8,6 +8,7 @@ the plain accesses that use it (`x[n, d]` gives d the size of x's second dimensi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -329,6 +330,8 @@ def _scalar(el: Elaborator, env: Env, st: _Stmt, name: str, span: Span, scope: d
     try:
         v = env.lookup(name)
     except KeyError:
+        if name == "inf":  # a masked score: `j <= i ? s[b, i, j] : -inf`
+            return math.inf
         known = list(scope) + list(st.tensors) + [k for k, v in env.values.items() if isinstance(v, int)]
         raise DslNameError(f"unknown name '{name}' in a tensor body", span, hint=did_you_mean(name, known)) from None
     if isinstance(v, bool) or not isinstance(v, (int, float)):

@@ -209,3 +209,75 @@ index_form("fill")(lambda types, out, a: c(a["value"]))
 eager_saves("relu", "sigmoid", "tanh", "exp", "sqrt", which=("out",))
 eager_saves("log", "abs", "leaky_relu", "pow_scalar", "rdiv_scalar", which=(0,))
 eager_saves("mul", "div", which=(0, 1))
+
+
+# ---- GELU, the exact (erf) form, PyTorch's default: x * Phi(x) = x / 2 * (1 + erf(x / sqrt 2)) ----
+# erf is Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7, below float32's resolution of the result), written with
+# the scalar functions every backend already has, so that NumPy, Java and CUDA compute the same polynomial; the
+# gradient is the exact derivative of that polynomial, so finite differences agree with it to rounding.
+
+_ERF_P = 0.3275911
+_ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+_SQRT_HALF = 0.7071067811865476
+
+
+def _erf_parts(u: Any, num: Any) -> tuple[Any, Any]:
+    """(erf(u), erf'(u)) for u >= 0, given the operations `num` (add, mul, div, exp) on u's kind of value."""
+    add, mul, div, exp = num
+    t = div(1.0, add(1.0, mul(_ERF_P, u)))
+    poly, dpoly = mul(t, _ERF_A[4]), mul(t, 5 * _ERF_A[4])  # Horner: poly = sum a_k t^(k+1), dpoly its d/dt
+    for k in (3, 2, 1):
+        poly, dpoly = mul(t, add(_ERF_A[k], poly)), mul(t, add((k + 1) * _ERF_A[k], dpoly))
+    poly, dpoly = mul(t, add(_ERF_A[0], poly)), add(_ERF_A[0], dpoly)
+    e = exp(mul(-1.0, mul(u, u)))
+    # d/du [1 - poly(t) e^-u^2] with dt/du = -p t^2
+    return add(1.0, mul(-1.0, mul(poly, e))), mul(e, add(mul(_ERF_P, mul(dpoly, mul(t, t))), mul(2.0, mul(u, poly))))
+
+
+def _ie(v: Any) -> Any:
+    return v if not isinstance(v, float | int) else c(v)
+
+
+_IE_NUM = (
+    lambda a, b: ap("+", _ie(a), _ie(b)),
+    lambda a, b: ap("*", _ie(a), _ie(b)),
+    lambda a, b: ap("/", _ie(a), _ie(b)),
+    lambda a: ap("exp", _ie(a)),
+)
+_NP_NUM = (lambda a, b: a + b, lambda a, b: a * b, lambda a, b: a / b, np.exp)
+
+
+def _gelu_terms(x: Any, num: Any, sign: Any, absolute: Any) -> tuple[Any, Any]:
+    """(gelu(x), gelu'(x)): Phi(x) = (1 + sign(x) erf(|x| / sqrt 2)) / 2, gelu = x Phi, gelu' = Phi + x phi."""
+    add, mul, _, _ = num
+    erf, derf = _erf_parts(mul(_SQRT_HALF, absolute(x)), num)
+    phi_cdf = mul(0.5, add(1.0, mul(sign(x), erf)))
+    return mul(x, phi_cdf), add(phi_cdf, mul(mul(0.5 * _SQRT_HALF, x), derf))
+
+
+def _ie_sign(x: Any) -> Any:
+    return ap("select", ap("<", x, c(0)), c(-1), c(1))
+
+
+defop("gelu", 1, doc="element-wise x * Phi(x), the exact (erf) form", elementwise=True, cheap_to_recompute=True)(
+    unary_same
+)
+defop("gelu_grad", 2, doc="element-wise g * gelu'(x)  (g, x)", elementwise=True, differentiable=False,
+      cheap_to_recompute=True)(binary_same)  # fmt: skip
+
+
+def _np_gelu(x: np.ndarray, which: int) -> np.ndarray:
+    # Python floats keep the array's precision (float32 or float64)
+    return _gelu_terms(x, _NP_NUM, lambda v: np.where(v < 0, x.dtype.type(-1), x.dtype.type(1)), np.abs)[which]
+
+
+numpy_kernel("gelu")(lambda xs, a: _np_gelu(xs[0], 0))
+numpy_kernel("gelu_grad")(lambda xs, a: xs[0] * _np_gelu(xs[1], 1))
+index_form("gelu")(pointwise(lambda a, x: _gelu_terms(x, _IE_NUM, _ie_sign, lambda v: ap("abs", v))[0]))
+index_form("gelu_grad")(
+    pointwise(lambda a, g, x: ap("*", g, _gelu_terms(x, _IE_NUM, _ie_sign, lambda v: ap("abs", v))[1]))
+)
+# about twenty operations per element, but one pass over memory: cheap to recompute (memory/remat.py)
+flops_rule("gelu", "gelu_grad")(lambda types, out, a: 4 * out.numel)
+vjp_rule("gelu")(lambda b, s, g: (_e(b, s, "gelu_grad", g, s.inputs[0]),))
+eager_saves("gelu", which=(0,))

@@ -81,17 +81,9 @@ def _linear_vjp(b: Any, s: Any, g: Any) -> tuple:
 def _matmul_vjp(b: Any, s: Any, g: Any) -> tuple:
     x, w = s.inputs
     ta, tb = s.a.get("transpose_a", False), s.a.get("transpose_b", False)
-    # C = op(A) op(B): dop(A) = G op(B)^T, dop(B) = op(A)^T G, then undo the op
-    ga = (
-        _e(b, s, "matmul", w, g, transpose_a=tb, transpose_b=True)
-        if ta
-        else _e(b, s, "matmul", g, w, transpose_b=not tb)
-    )
-    gb = (
-        _e(b, s, "matmul", g, x, transpose_a=True, transpose_b=ta)
-        if tb
-        else _e(b, s, "matmul", x, g, transpose_a=not ta)
-    )
+    # C = op(A) op(B): dop(A) = G op(B)^T, dop(B) = op(A)^T G, then undo the op (per batch for batch_matmul)
+    ga = _e(b, s, s.op, w, g, transpose_a=tb, transpose_b=True) if ta else _e(b, s, s.op, g, w, transpose_b=not tb)
+    gb = _e(b, s, s.op, g, x, transpose_a=True, transpose_b=ta) if tb else _e(b, s, s.op, x, g, transpose_a=not ta)
     return (ga, gb)
 
 
@@ -103,9 +95,10 @@ def _bias_vjp(b: Any, s: Any, g: Any) -> tuple:
 index_form("bias_add")(pointwise(lambda a, x, b: ap("+", x, b)))
 
 
-@defop("batch_matmul", 2, differentiable=False, accepts_epilogue=True)
+@defop("batch_matmul", 2, accepts_epilogue=True)
 def batch_matmul(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
-    """op(a[b]) @ op(b[b]) for each b of 3-D a, b (the GEMM a tensor function computes, after vectorise)."""
+    """op(a[b]) @ op(b[b]) for each b of 3-D a, b (the built-in `matmul` of batches, and the GEMM a tensor
+    function computes after vectorise)."""
     a, b = types
     if a.rank != 3 or b.rank != 3 or a.shape[0] != b.shape[0]:
         raise ShapeError(f"batch_matmul needs 3-D operands with one batch size, got {a} and {b}")
@@ -131,9 +124,9 @@ def _batch_matmul_flops(types: tuple[TensorType, ...], out: TensorType, a: dict)
     return 2 * out.numel * k
 
 
-@defop("transpose", 1, differentiable=False)
+@defop("transpose", 1)
 def transpose(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
-    """Axes permuted: output axis i is input axis perm[i]."""
+    """Axes permuted: output axis i is input axis perm[i] (the built-ins `transpose` and `permute`)."""
     (x,) = types
     perm = tuple(attrs["perm"])
     if sorted(perm) != list(range(x.rank)):
@@ -145,6 +138,13 @@ numpy_kernel("transpose")(lambda xs, a: np.ascontiguousarray(np.transpose(xs[0],
 flops_rule("transpose")(lambda types, out, a: out.numel)
 
 
+@vjp_rule("transpose")
+def _transpose_vjp(b: Any, s: Any, g: Any) -> tuple:
+    perm = tuple(s.a["perm"])
+    return (_e(b, s, "transpose", g, perm=tuple(perm.index(k) for k in range(len(perm)))),)
+
+
+vjp_rule("batch_matmul")(_matmul_vjp)
 eager_saves("linear", "matmul", "batch_matmul", which=(0, 1))  # what eager autograd keeps
 
 

@@ -198,3 +198,33 @@ java_call("cross_entropy_backward", "Buf p, Buf labels, Buf g")
 java_call("mse", "Buf a, Buf b")
 java_call("argmax", "Buf x")
 java_call("accuracy", "Buf x, Buf labels")
+
+
+# ---- attention's softmax: the scale and a causal mask folded in (made by passes/fuse_softmax.py) ----
+
+
+@defop("masked_softmax", 1, differentiable=False)
+def masked_softmax(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """softmax over each row of x [R, T] of scale * x, where with causal the elements j > r mod period are -inf
+    (row r is query r mod period of its head: the mask j <= i of attention, never stored). attrs: scale, causal,
+    period. Made after autodiff by passes/fuse_softmax.py from softmax(mask(scale * x)), so it needs no gradient."""
+    (x,) = types
+    need_float(x, "masked_softmax")
+    need_rank(x, (2,), "masked_softmax", " ([rows, keys])")
+    if attrs["period"] < 1 or x.shape[0] % attrs["period"]:
+        raise ShapeError(f"masked_softmax: period {attrs['period']} does not divide the rows of {x}")
+    return x
+
+
+@numpy_kernel("masked_softmax")
+def _masked_softmax_np(xs: tuple, a: dict) -> np.ndarray:
+    (x,) = xs
+    z = x * x.dtype.type(a["scale"])
+    if a["causal"]:
+        query = np.arange(x.shape[0])[:, None] % a["period"]
+        z = np.where(np.arange(x.shape[1])[None, :] > query, x.dtype.type(-np.inf), z)
+    return _softmax_np(z)
+
+
+flops_rule("masked_softmax")(lambda types, out, a: 6 * types[0].numel)
+java_call("masked_softmax", "Buf x, float scale, boolean causal, int period", cls="CpuAttention")

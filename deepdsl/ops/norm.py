@@ -1,4 +1,4 @@
-"""Normalisation: batch norm (per channel / feature) and local response normalisation."""
+"""Normalisation: batch norm (per channel / feature), layer norm (per row) and local response normalisation."""
 
 from __future__ import annotations
 
@@ -68,6 +68,35 @@ def _lower_batch_norm(b: Any, s: Any, ctx: Any) -> Any:
     b.update(rm.name, _e(b, s, "running_update", rm, mean, momentum=momentum, correction=1.0))
     b.update(rv.name, _e(b, s, "running_update", rv, var, momentum=momentum, correction=per / max(per - 1, 1)))
     return _e(b, s, "bn_apply", x, mean, var, *affine, eps=eps)
+
+
+# ---- layer norm: PyTorch's nn.LayerNorm over the last axis, lowered to batch norm's own statements ----
+
+
+@defop("layer_norm", 3)  # lowered before anything runs: see _lower_layer_norm
+def layer_norm(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """Per row of x [R, D]: (x - mean) / sqrt(biased var + eps) * gamma + beta; inputs x, gamma [D], beta [D]."""
+    x, gamma, beta = types
+    need_float(x, "layer_norm")
+    need_rank(x, (2,), "layer_norm", " ([rows, features]; the built-in reshapes to it)")
+    if gamma.shape != (x.shape[1],) or beta.shape != (x.shape[1],):
+        raise ShapeError(f"layer_norm: scale {gamma} and shift {beta} do not fit rows of {x}")
+    return x
+
+
+@lowering("layer_norm")
+def _lower_layer_norm(b: Any, s: Any, ctx: Any) -> Any:
+    # NOTE: x [R, D] viewed as [1, R, D] has the rows as its channels, so batch norm's per-channel statistics
+    # (biased variance, as LayerNorm's) are the rows' statistics, and bn_apply normalises each row; every piece
+    # has its gradient, index form and kernels already. The same in training and inference (no running state).
+    x, gamma, beta = s.inputs
+    rows, d = x.type.shape
+    x3 = _e(b, s, "reshape", x, shape=(1, rows, d))
+    mean = _e(b, s, "channel_mean", x3)
+    var = _e(b, s, "channel_var", x3, mean)
+    h = _e(b, s, "reshape", _e(b, s, "bn_apply", x3, mean, var, eps=s.a["eps"]), shape=(rows, d))
+    scaled = _e(b, s, "mul", h, _e(b, s, "broadcast_channel", gamma, shape=(rows, d)))
+    return _e(b, s, "bias_add", scaled, beta)
 
 
 def _bc(v: np.ndarray, ndim: int) -> np.ndarray:
@@ -183,6 +212,8 @@ index_form("running_update")(
 # what eager autograd keeps: the input and the batch's mean and inverse deviation per channel; for LRN (composite
 # in PyTorch) the input, the squares padded by size - 1 channels, the scale and its power
 eager_saves("batch_norm", which=(0,), extra=lambda types, out, a: 2 * types[0].shape[1] * 4)
+# layer norm keeps its input and each row's mean and inverse deviation (native_layer_norm)
+eager_saves("layer_norm", which=(0,), extra=lambda types, out, a: 2 * types[0].shape[0] * 4)
 eager_saves(
     "lrn",
     which=(0,),

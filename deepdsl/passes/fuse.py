@@ -1,5 +1,7 @@
 """Loop fusion: element-wise chains, reduction prologues and epilogues of library kernels.
 
+First, attention's softmax takes in its scaling and causal mask (fuse_softmax.py).
+
 Every op with an index form (element-wise ops, broadcasts, per-channel and whole reductions, the
 optimizer updates) is an index expression over its output. A value read by exactly one statement, and
 by no output or update, is substituted into its reader's expression, so the chain becomes one `fused`
@@ -37,13 +39,14 @@ from deepdsl.ir.graph import make_attrs
 from deepdsl.ir.groups import can_join
 from deepdsl.ir.index_grad import substitute
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Read, Reduce, reads, renumber
+from deepdsl.passes.fuse_softmax import fuse_softmax
 from deepdsl.passes.simplify import fold
 
 MAX_FUSED_OPS = 64  # ops in one fused statement: its expression (and the generated loop) stays shallow
 
 
 def fuse(g: Graph) -> Graph:
-    g2 = share_loops(fuse_epilogues(fuse_chains(g)))
+    g2 = share_loops(fuse_epilogues(fuse_chains(fuse_softmax(g))))
     return g if g2.stmts == g.stmts else g2
 
 

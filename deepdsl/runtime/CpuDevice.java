@@ -132,6 +132,11 @@ public final class CpuDevice implements Device {
   }
 
   @Override
+  public void maskedSoftmax(Buf out, Buf x, float scale, boolean causal, int period) {
+    CpuAttention.masked_softmax(out, x, scale, causal, period);
+  }
+
+  @Override
   public void softmax(Buf out, Buf x) {
     CpuOps.softmax(out, x);
   }

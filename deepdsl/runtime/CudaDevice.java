@@ -532,6 +532,13 @@ public final class CudaDevice implements Device {
   }
 
   @Override
+  public void maskedSoftmax(Buf out, Buf x, float scale, boolean causal, int period) {
+    launch(
+        "dd_k_masked_softmax", rows(x.shape[0]), THREADS, new Buf[] {out, x}, i(x.shape[0]),
+        i(x.shape[1]), i(period), i(causal ? 1 : 0), Pointer.to(new float[] {scale}));
+  }
+
+  @Override
   public void softmax(Buf out, Buf x) {
     softmaxFamily("dd_k_softmax", new Buf[] {out, x}, x.shape, false);
   }

@@ -94,6 +94,9 @@ public interface Device extends AutoCloseable {
 
   void dropoutMask(Buf out, long step, float p, long seed, String site);
 
+  /** Attention's softmax with its scale and causal mask (registry op masked_softmax). */
+  void maskedSoftmax(Buf out, Buf x, float scale, boolean causal, int period);
+
   /** Brings the network's tensors up to date where the device keeps copies (before a save). */
   default void toHost(Network net) {}
 

@@ -143,6 +143,10 @@ def _op_plan() -> Plan:
         b.emit("batch_matmul", f("a", 3, 4, 5), f("bb", 3, 6, 5), transpose_b=True),
         b.emit("matmul", f("m1", 5, 4), f("m2", 6, 5), transpose_a=True, transpose_b=True),
         b.emit("global_avg_pool", img),
+        # the Transformer ops (issue 20): attention's softmax, causal (2 heads of 2 queries) and not; GELU
+        b.emit("masked_softmax", x, scale=0.5, causal=True, period=2),
+        b.emit("masked_softmax", x, scale=2.0, causal=False, period=1),
+        b.emit("gelu", x), b.emit("gelu_grad", g, x),
     ]  # fmt: skip
     for k, v in enumerate(outs):
         b.output(f"o{k}", v)

@@ -19,7 +19,7 @@ from deepdsl.trainer import Trainer
 TENSOR_NET = (
     HEADER
     + """
-tensor layer_norm(x[B, D]) -> [n, d] {
+tensor row_norm(x[B, D]) -> [n, d] {
   param g[D] = constant(1)
   param h[D] = constant(0)
   mu[n]  = sum[d] x[n, d] / D
@@ -30,7 +30,7 @@ tensor swish(x[B, D]) -> [n, d] = x[n, d] * sigmoid(x[n, d])
 layer c = conv(4, kernel=3, pad=1)
 layer f1 = full(16)
 layer f2 = full(10)
-net = f2 o swish o layer_norm o f1 o flatten o relu o c
+net = f2 o swish o row_norm o f1 o flatten o relu o c
 loss = softmax_cross_entropy(net(x), y)
 predict = net(x)
 """

@@ -31,6 +31,7 @@ NETWORKS = sorted((ROOT / "networks").glob("*.ddsl"))
 # The smallest input size each network shape-checks with (see the comments at the top of the files);
 # N = 2 everywhere. A mutation may make these invalid, which must then be a diagnostic.
 SMALL_HW = {"alexnet": 67, "googlenet": 67, "lenet": 28, "mlp": 28, "overfeat": 71, "resnet50": 67, "vgg16": 32}
+SMALL_HW["vit_tiny"] = 8  # two 4x4 patches a side
 
 HEADER = "network T\nconst N = 2\ninput x : [N, 3, 8, 8]\nlabel y : [N] classes 10\n"
 
@@ -97,7 +98,7 @@ tensor swish(x[N, D]) -> [n, d] = x[n, d] * sigmoid(x[n, d])
 tensor gram(x[B, C, P]) -> [b, i, j] = sum[p] x[b, i, p] * x[b, j, p]
 tensor my_conv(x[N, C, H, W], w[F, C, K, K]) -> [n, f, i: H - K + 1, j: W - K + 1] =
   sum[c, kh, kw] x[n, c, i + kh, j + kw] * w[f, c, kh, kw]
-tensor layer_norm(x[N, D]) -> [n, d] {
+tensor row_norm(x[N, D]) -> [n, d] {
   param g[D] = constant(1)
   param h[D] = constant(0)
   mu[n]  = sum[d] x[n, d] / D
@@ -108,7 +109,7 @@ tensor clip(x[N, D]) -> [n, d] = x[n, d] > 1 ? 1 : max(x[n, d], 0 - 1)
 tensor rowmax(x[N, D]) -> [n, d] = x[n, d] - (max[e] x[n, e])
 tensor row(x[N, C, H, W]) -> [n, c, w] = x[n, c, 0, w]
 g = gram(row(relu(my_conv(x, x))))
-h = layer_norm(swish(full(flatten(g), 16)))
+h = row_norm(swish(full(flatten(g), 16)))
 loss = softmax_cross_entropy(full(clip(rowmax(h)), 10), y)
 predict = h
 """

@@ -24,6 +24,8 @@ REFERENCE = {
 
 # the networks of networks/ that are not reference classifiers: no labels, or real-valued targets
 UNLABELLED = ("autoencoder", "regression")
+# the Transformers, each tested in a file of its own (test_vit_tiny.py)
+TRANSFORMERS = ("vit_tiny",)
 NETWORKS = [p for p in ALL_NETWORKS if p.stem in REFERENCE]
 
 # the smallest spatial size each architecture still fits (see each file's header)
@@ -31,7 +33,7 @@ SMALL = {"mlp": 28, "lenet": 28, "alexnet": 67, "overfeat": 71, "vgg16": 32, "go
 
 
 def test_every_reference_network_is_there() -> None:
-    assert sorted(p.stem for p in ALL_NETWORKS) == sorted([*REFERENCE, *UNLABELLED])
+    assert sorted(p.stem for p in ALL_NETWORKS) == sorted([*REFERENCE, *UNLABELLED, *TRANSFORMERS])
 
 
 @pytest.fixture(scope="module")

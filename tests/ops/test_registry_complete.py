@@ -82,6 +82,10 @@ EXAMPLES = {
     "batch_matmul": ((TensorType((2, 3, 4)), TensorType((2, 5, 4))), {"transpose_b": True}),
     "sum_axes": ((X4,), {"axes": (0, 2)}),
     "transpose": ((X4,), {"perm": (0, 2, 3, 1)}),
+    # the Transformer built-ins (issue 20)
+    "gelu": ((X4,), {}), "gelu_grad": ((X4, X4), {}),
+    "layer_norm": ((X2, TensorType((6,)), TensorType((6,))), {"eps": 1e-5}),
+    "masked_softmax": ((X2,), {"scale": 0.5, "causal": True, "period": 2}),
 }  # fmt: skip
 
 EXPECTED = {
@@ -104,6 +108,7 @@ EXPECTED = {
 LOWERED = {
     "batch_norm": "lowered to channel_mean, channel_var, running_update and bn_apply",
     "dropout": "lowered to dropout_mask * x in training, to x in inference",
+    "layer_norm": "lowered to channel_mean, channel_var and bn_apply over its rows, then the scale and shift",
 }
 # ops whose statement carries its own index expression (attrs body, out): the backends compile that
 FROM_BODY = {
@@ -129,7 +134,8 @@ KEEPS_NOTHING = {
     "channel_sum": "the gradient is g broadcast",
     "channel_mean": "the gradient is g broadcast and scaled",
     "bn_apply": "made only by batch_norm's lowering; the eager baseline counts batch_norm's own saves",
-    "channel_var": "made only by batch_norm's lowering; the eager baseline counts batch_norm's own saves",
+    "channel_var": "made only by batch_norm's and layer_norm's lowerings; the eager baseline counts their own saves",
+    "transpose": "the gradient is g transposed back",
 }
 NO_VJP = {"fill": "reads no input: there is nothing to differentiate"}
 CHEAP_WITHOUT_INDEX_FORM = {"dropout_mask": "one random draw per element"}

@@ -43,6 +43,11 @@ extern "C" __global__ void dd_k_softmax(float* y, const float* x, int A, int D, 
     dd_softmax(y, x, A, D, B, logarithm);
 }
 
+extern "C" __global__ void dd_k_masked_softmax(float* y, const float* x, int R, int T, int period, int causal,
+                                               float scale) {
+    dd_masked_softmax(y, x, R, T, period, causal, scale);
+}
+
 extern "C" __global__ void dd_k_softmax_backward(float* dx, const float* y, const float* g, int A, int D, int B,
                                                  int logarithm) {
     dd_softmax_backward(dx, y, g, A, D, B, logarithm);

@@ -258,6 +258,26 @@ __device__ void dd_softmax(float* __restrict__ y, const float* __restrict__ x, i
     }
 }
 
+// attention's softmax over each row of x [R, T] of scale * x; with causal, row r sees only the keys
+// j <= r % period (the rest get weight 0): registry op masked_softmax, one block per row
+__device__ void dd_masked_softmax(float* __restrict__ y, const float* __restrict__ x, int R, int T, int period,
+                                  int causal, float scale) {
+    DD_BLOCK_STRIDE(r, R) {
+        long long base = (long long)r * T;
+        int keys = r % period + 1;  // the keys query r % period sees
+        int seen = causal && keys < T ? keys : T;
+        float m = DD_NEG_INF;
+        for (int d = threadIdx.x; d < seen; d += blockDim.x) m = fmaxf(m, x[base + d] * scale);
+        m = dd_block_max(m);
+        float s = 0.0f;
+        for (int d = threadIdx.x; d < seen; d += blockDim.x) s += expf(x[base + d] * scale - m);
+        s = dd_block_sum(s);
+        for (int d = threadIdx.x; d < T; d += blockDim.x) {
+            y[base + d] = d < seen ? expf(x[base + d] * scale - m) / s : 0.0f;
+        }
+    }
+}
+
 // softmax: dx = y * (g - sum(g * y)); log_softmax: dx = g - exp(y) * sum(g)
 __device__ void dd_softmax_backward(float* __restrict__ dx, const float* __restrict__ y, const float* __restrict__ g,
                                     int A, int D, int B, int logarithm) {

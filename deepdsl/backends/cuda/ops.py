@@ -118,6 +118,13 @@ def _softmax(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     return library_call(name, s, ct, "float", call, **row_launch(a * b, s.out.type.numel))
 
 
+def _masked_softmax(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
+    rows, cols = s.inputs[0].type.shape
+    flags = c_ints(rows, cols, s.a["period"], int(bool(s.a["causal"])))
+    call = f"dd_masked_softmax(out, in0, {flags}, {float_literal(s.a['scale'])})"
+    return library_call(name, s, ct, "float", call, **row_launch(rows, s.out.type.numel))
+
+
 def _loss(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     n, k = s.inputs[0].type.shape
     if s.op == "softmax_cross_entropy_backward":
@@ -166,6 +173,7 @@ cuda_kernel("max_pool2d_backward")(_max_pool_backward)
 cuda_kernel("avg_pool2d_backward")(_avg_pool_backward)
 cuda_kernel("linear", "matmul", "batch_matmul")(_gemm)
 cuda_kernel("softmax", "log_softmax", "softmax_backward", "log_softmax_backward")(_softmax)
+cuda_kernel("masked_softmax")(_masked_softmax)
 cuda_kernel("softmax_cross_entropy", "softmax_cross_entropy_backward", "cross_entropy", "cross_entropy_backward")(_loss)
 cuda_kernel("argmax")(_argmax)
 cuda_kernel("accuracy")(_accuracy)
