@@ -134,6 +134,28 @@ def batch_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, sp
     )
 
 
+@builtin(
+    "embedding",
+    ArgSpec("vocab", "int", low=1),
+    ArgSpec("dim", "int", low=1),
+    ArgSpec("init", "init", Spec("init", "gaussian", (("std", 1.0),))),  # PyTorch's nn.Embedding: N(0, 1)
+)
+def embedding(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    (tokens,) = xs
+    if tokens.value.type.dtype.value != "i64":
+        raise DslShapeError(
+            f"embedding expects integer token ids, got float data {tokens.value.type} from {tokens.origin}", span,
+            hint="declare the tokens as `input NAME : [N, T] int vocab V`",
+        )  # fmt: skip
+    if tokens.classes is not None and tokens.classes > a["vocab"]:
+        raise DslShapeError(
+            f"embedding: {tokens.origin} holds ids in [0, {tokens.classes}), more than the table's vocab={a['vocab']}",
+            span,
+        )
+    w = el.param(path, "W", (a["vocab"], a["dim"]), a["init"], span)
+    return el.emit("embedding", (tokens, w), span, path, "embedding")
+
+
 # ---- layers without parameters ------------------------------------------------------------------
 
 
@@ -202,9 +224,15 @@ def concat(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: 
 def _class_loss(op: str) -> None:
     def apply(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
         scores, labels = xs
-        if labels.classes is not None and len(scores.shape) == 2 and scores.shape[1] != labels.classes:
+        per_position = op == "softmax_cross_entropy" and len(scores.shape) > 2
+        if (
+            labels.classes is not None
+            and (len(scores.shape) == 2 or per_position)
+            and scores.shape[-1] != labels.classes
+        ):
             raise DslShapeError(
-                f"{op}: {scores.origin} gives {scores.shape[1]} scores per sample, "
+                f"{op}: {scores.origin} gives {scores.shape[-1]} scores per "
+                f"{'position' if per_position else 'sample'}, "
                 f"but the labels '{labels.origin.split(chr(39))[1]}' have {labels.classes} classes",
                 span,
             )
@@ -239,6 +267,7 @@ SPECS: dict[str, tuple[str, tuple[ArgSpec, ...]]] = {
     "mnist": ("data", (ArgSpec("dir", "str"),)),
     "cifar10": ("data", (ArgSpec("dir", "str"),)),
     "npz": ("data", (ArgSpec("file", "str"),)),
+    "text": ("data", (ArgSpec("file", "str"),)),
     "sgd": (
         "optimizer",
         (

@@ -3,6 +3,7 @@
 from deepdsl.ops import (  # noqa: F401
     conv,
     elementwise,
+    embedding,
     indexed,
     linalg,
     loss,

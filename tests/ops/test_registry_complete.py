@@ -82,6 +82,9 @@ EXAMPLES = {
     "batch_matmul": ((TensorType((2, 3, 4)), TensorType((2, 5, 4))), {"transpose_b": True}),
     "sum_axes": ((X4,), {"axes": (0, 2)}),
     "transpose": ((X4,), {"perm": (0, 2, 3, 1)}),
+    # token inputs
+    "embedding": ((TensorType((2, 5), DType.I64), TensorType((7, 3))), {}),
+    "embedding_backward": ((TensorType((2, 5), DType.I64), TensorType((2, 5, 3))), {"vocab": 7}),
 }  # fmt: skip
 
 EXPECTED = {
@@ -94,7 +97,7 @@ EXPECTED = {
     "dropout_mask": (2, 4, 8, 8), "conv2d_backward_data": (2, 4, 8, 8), "conv2d_backward_filter": (4, 2, 3, 3),
     "max_pool2d_backward": (2, 4, 8, 8),
     "batch_matmul": (2, 3, 5), "sum_axes": (4, 8), "transpose": (2, 8, 8, 4), "avg_pool2d_backward": (2, 4, 8, 8),
-    "global_avg_pool_backward": (2, 4, 8, 8),
+    "global_avg_pool_backward": (2, 4, 8, 8), "embedding": (2, 5, 3), "embedding_backward": (7, 3),
 }  # fmt: skip
 
 
