@@ -94,6 +94,42 @@ def conv(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Sp
 
 
 @builtin(
+    "conv_transpose",
+    ArgSpec("out", "int", low=1),
+    ArgSpec("kernel", "pair", low=1),
+    ArgSpec("stride", "pair", 1, low=1),
+    ArgSpec("pad", "pair", 0, low=0),
+    ArgSpec("groups", "int", 1, low=1),
+    ArgSpec("bias", "bool", True),
+    ArgSpec("init", "init", HE),
+    ArgSpec("bias_init", "init", ZERO),
+)
+def conv_transpose(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    # the adjoint of conv: its data gradient (conv2d_backward_data) with x in the place of the output gradient;
+    # weight [C, out/groups, kh, kw] as PyTorch's ConvTranspose2d, output (H - 1)·stride - 2·pad + kernel
+    (x,) = xs
+    need_rank(x, (4,), "conv_transpose", span, "conv_transpose works on [N, C, H, W] images")
+    n, c, h, w = x.shape
+    g = a["groups"]
+    if c % g or a["out"] % g:
+        raise DslShapeError(
+            f"conv_transpose: groups={g} must divide the {c} input channels of {x.origin} and out={a['out']}", span
+        )
+    size = tuple((d - 1) * s - 2 * p + k for d, s, p, k in zip((h, w), a["stride"], a["pad"], a["kernel"]))
+    if min(size) < 1:
+        raise DslShapeError(
+            f"conv_transpose: padding {a['pad']} leaves no output for {x.origin} (size {list(size)})", span
+        )
+    wt = el.param(path, "W", (c, a["out"] // g, *a["kernel"]), a["init"], span)
+    y = el.emit("conv2d_backward_data", (x, wt), span, path, "conv_transpose", stride=a["stride"], pad=a["pad"],
+                groups=g, in_shape=(n, a["out"], *size))  # fmt: skip
+    if a["bias"]:
+        b = el.param(path, "b", (a["out"],), a["bias_init"], span)
+        y = el.emit("bias_add", (y, b), span, path, "conv_transpose")
+    return y
+
+
+@builtin(
     "full",
     ArgSpec("out", "int", low=1),
     ArgSpec("bias", "bool", True),
@@ -182,6 +218,19 @@ for _op, _what in (("max_pool2d", "max_pool"), ("avg_pool2d", "avg_pool")):
 def global_avg_pool(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     need_rank(xs[0], (4,), "global_avg_pool", span)
     return el.emit("global_avg_pool", xs, span, path, "global_avg_pool")
+
+
+@builtin("upsample", ArgSpec("factor", "int", low=1), ArgSpec("mode", "str", "nearest"))
+def upsample(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    # [N, C, H, W] -> [N, C, f·H, f·W] (PyTorch's F.interpolate(scale_factor=f), align_corners=False): along H,
+    # then along W (ops/resize.py)
+    (x,) = xs
+    need_rank(x, (4,), "upsample", span, "upsample works on [N, C, H, W] images")
+    if a["mode"] not in ("nearest", "bilinear"):
+        raise DslArgumentError(f'upsample: mode must be "nearest" or "bilinear", got {a["mode"]!r}', span)
+    for axis in (2, 3):
+        x = el.emit("resize_axis", (x,), span, path, "upsample", axis=axis, factor=a["factor"], mode=a["mode"])
+    return x
 
 
 @builtin("flatten")

@@ -423,7 +423,7 @@ def _too_many_elements(g: Graph) -> list[DslError]:
 
 
 def _needs_params(fn: Function) -> bool:
-    return isinstance(fn, BuiltinFn) and fn.name in ("conv", "full", "batch_norm", "embedding")
+    return isinstance(fn, BuiltinFn) and fn.name in ("conv", "conv_transpose", "full", "batch_norm", "embedding")
 
 
 def _bound_names(item: ast.Item) -> tuple[str, ...]:

@@ -12,5 +12,6 @@ from deepdsl.ops import (  # noqa: F401
     pool,
     random,
     reduce,
+    resize,
     shape,
 )

@@ -85,6 +85,9 @@ EXAMPLES = {
     # token inputs
     "embedding": ((TensorType((2, 5), DType.I64), TensorType((7, 3))), {}),
     "embedding_backward": ((TensorType((2, 5), DType.I64), TensorType((2, 5, 3))), {"vocab": 7}),
+    # image ops
+    "resize_axis": ((X4,), {"axis": 2, "factor": 2, "mode": "bilinear"}),
+    "resize_axis_backward": ((X4,), {"axis": 3, "factor": 2, "mode": "nearest", "size": 4}),
 }  # fmt: skip
 
 EXPECTED = {
@@ -98,6 +101,7 @@ EXPECTED = {
     "max_pool2d_backward": (2, 4, 8, 8),
     "batch_matmul": (2, 3, 5), "sum_axes": (4, 8), "transpose": (2, 8, 8, 4), "avg_pool2d_backward": (2, 4, 8, 8),
     "global_avg_pool_backward": (2, 4, 8, 8), "embedding": (2, 5, 3), "embedding_backward": (7, 3),
+    "resize_axis": (2, 4, 16, 8), "resize_axis_backward": (2, 4, 8, 4),
 }  # fmt: skip
 
 

@@ -1,5 +1,6 @@
-"""Token inputs in the generated Java program: the text source read as `data/text.py` reads it, synthetic token
-ids, the embedding's kernels and the per-position loss give the NumPy runner's losses."""
+"""Token inputs and the image ops in the generated Java program: the text source read as `data/text.py` reads it,
+synthetic token ids, the embedding's kernels, the per-position loss, conv_transpose and upsample give the NumPy
+runner's losses."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 from java_env import JAVA_MARKS, java_json, javac
 
-pytestmark = [*JAVA_MARKS, pytest.mark.slow]  # one javac run of two programs (about 15 s)
+pytestmark = [*JAVA_MARKS, pytest.mark.slow]  # one javac run of three programs (about 20 s)
 
 BIGRAM = """network Bigram
 const N = 4
@@ -40,6 +41,17 @@ loss = softmax_cross_entropy(full(concat(h, x), 3), y)
 predict = h
 """
 
+IMAGES = """network Images
+const N = 2
+input x : [N, 3, 4, 4]
+label y : [N] classes 5
+h = conv_transpose(x, 6, kernel=3, stride=2, pad=1, groups=3)
+u = upsample(relu(h), 2, mode="bilinear")
+v = upsample(conv(u, 2, kernel=3), 3)
+loss = softmax_cross_entropy(full(flatten(v), 5), y)
+predict = v
+"""
+
 
 def story() -> str:
     rng = random.Random(3)
@@ -55,7 +67,7 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("tokens")
     (folder / "story.txt").write_text(story(), encoding="utf-8")
-    for name, text in (("bigram", BIGRAM), ("classifier", CLASSIFIER)):
+    for name, text in (("bigram", BIGRAM), ("classifier", CLASSIFIER), ("images", IMAGES)):
         (folder / f"{name}.ddsl").write_text(text)
         r = CliRunner().invoke(cli, ["compile", str(folder / f"{name}.ddsl"), "-o", str(folder / "src")])
         assert r.exit_code == 0, r.output
@@ -65,7 +77,8 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(
-    "name, cls, data", [("bigram", "Bigram", None), ("classifier", "TokenClassifier", "synthetic")]
+    "name, cls, data",
+    [("bigram", "Bigram", None), ("classifier", "TokenClassifier", "synthetic"), ("images", "Images", "synthetic")],
 )
 def test_losses_equal_the_numpy_runner(cli, programs: Path, name: str, cls: str, data: str | None) -> None:
     flags = ["--data", data] if data else []
