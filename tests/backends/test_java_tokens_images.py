@@ -1,6 +1,6 @@
 """Token inputs and the image ops in the generated Java program: the text source read as `data/text.py` reads it,
-synthetic token ids, the embedding's kernels, the per-position loss, conv_transpose and upsample give the NumPy
-runner's losses."""
+synthetic token ids, the embedding's kernels, the per-position loss, conv_transpose, upsample and divided indices
+give the NumPy runner's losses."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from java_env import JAVA_MARKS, java_json, javac
 
-pytestmark = [*JAVA_MARKS, pytest.mark.slow]  # one javac run of three programs (about 20 s)
+pytestmark = [*JAVA_MARKS, pytest.mark.slow]  # one javac run of four programs (about 20 s)
 
 BIGRAM = """network Bigram
 const N = 4
@@ -52,6 +52,19 @@ loss = softmax_cross_entropy(full(flatten(v), 5), y)
 predict = v
 """
 
+# integer division and remainder in the indices of tensor functions
+DIVIDED = """network Divided
+const N = 2
+input x : [N, 3, 4, 4]
+label y : [N] classes 5
+tensor up2(x[B, C, H, W]) -> [n, c, h: 2 * H, w: 2 * W] = x[n, c, h / 2, w / 2]
+tensor shuffle(x[B, D]) -> [n, d: D] = x[n, (d % 2) * (D / 2) + d / 2]
+tensor pool(x[B, C, H, W]) -> [n, c, i: H / 2, j: W / 2] = max[r: 4] x[n, c, 2 * i + r / 2, 2 * j + r % 2]
+z = pool(conv(up2(x), 4, kernel=3, pad=1))
+loss = softmax_cross_entropy(full(shuffle(flatten(z)), 5), y)
+predict = z
+"""
+
 
 def story() -> str:
     rng = random.Random(3)
@@ -67,7 +80,7 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("tokens")
     (folder / "story.txt").write_text(story(), encoding="utf-8")
-    for name, text in (("bigram", BIGRAM), ("classifier", CLASSIFIER), ("images", IMAGES)):
+    for name, text in (("bigram", BIGRAM), ("classifier", CLASSIFIER), ("images", IMAGES), ("divided", DIVIDED)):
         (folder / f"{name}.ddsl").write_text(text)
         r = CliRunner().invoke(cli, ["compile", str(folder / f"{name}.ddsl"), "-o", str(folder / "src")])
         assert r.exit_code == 0, r.output
@@ -78,7 +91,12 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize(
     "name, cls, data",
-    [("bigram", "Bigram", None), ("classifier", "TokenClassifier", "synthetic"), ("images", "Images", "synthetic")],
+    [
+        ("bigram", "Bigram", None),
+        ("classifier", "TokenClassifier", "synthetic"),
+        ("images", "Images", "synthetic"),
+        ("divided", "Divided", "synthetic"),
+    ],
 )
 def test_losses_equal_the_numpy_runner(cli, programs: Path, name: str, cls: str, data: str | None) -> None:
     flags = ["--data", data] if data else []
