@@ -329,8 +329,8 @@ TRAINED = click.option(
 @common
 @click.option("--iters", type=click.IntRange(min=0), default=None, help="Training steps (default: the train block's).")
 @click.option("--data", "data_flag", metavar="SOURCE", default=None, callback=_parse_data,
-              help="synthetic[:SEED] | mnist:DIR | cifar10:DIR | npz:FILE (default: the train block's; SEED: the "
-              "synthetic data's own seed, else the program's).")  # fmt: skip
+              help="synthetic[:SEED] | mnist:DIR | cifar10:DIR | npz:FILE | text:FILE (default: the train block's; "
+              "SEED: the synthetic data's own seed, else the program's).")  # fmt: skip
 @click.option("--load", "load_path", type=click.Path(dir_okay=False), default=None, callback=_file_name,
               help="Start from this .npz file.")  # fmt: skip
 @click.option("--save", "save_path", type=click.Path(dir_okay=False), default=None, callback=_file_name,
@@ -365,7 +365,8 @@ def run(
 @common
 @TRAINED
 @click.option("--data", "data_flag", metavar="SOURCE", default=None, callback=_parse_data,
-              help="synthetic | mnist:DIR | cifar10:DIR | npz:FILE (default: the train block's).")  # fmt: skip
+              help="synthetic | mnist:DIR | cifar10:DIR | npz:FILE | text:FILE "
+              "(default: the train block's).")  # fmt: skip
 @DEVICE
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
 def eval_(c: api.Compilation, file: str, sets: dict, options: api.Options, load_path: str, data_flag: str | None,
@@ -600,7 +601,8 @@ def check_text(p: Program, file: str, layers: bool) -> str:
     g = p.graph
     lines = [f"network {g.name}  ({file})"]
     for i, d in enumerate(g.inputs):
-        extra = f"  ({d.classes} classes)" if d.classes is not None else ""
+        extra = "" if d.classes is None else f"  ({d.classes} classes)"
+        extra = f"  (vocab {d.classes})" if d.kind == "input" and d.classes is not None else extra
         lines.append(f"  {'inputs' if i == 0 else '':<11} {d.value.name} {d.value.type}{extra}")
     for name, v in g.outputs:
         lines.append(f"  {name:<11} {v.type}")

@@ -185,8 +185,8 @@ def feeds_and_params(g, rng):  # noqa: ANN001, ANN201
     for d in g.inputs:
         t = d.value.type
         feeds[d.value.name] = (
-            rng.random(t.shape) if d.kind == "input" else rng.integers(0, d.classes, t.shape) if d.kind == "label"
-            else np.asarray(3)
+            rng.integers(0, d.classes, t.shape) if d.classes is not None  # labels and token ids
+            else rng.random(t.shape) if d.kind == "input" else np.asarray(3)
         )  # fmt: skip
     return feeds, params
 

@@ -1,7 +1,7 @@
 """Training data: the four sources of DESIGN.md 2.4 and the `--data` flag of DESIGN.md 9.
 
     load_data(kind, args, x_shape, y_classes, seed) -> Dataset
-    parse_data_flag("mnist:DIR" | "cifar10:DIR" | "npz:FILE" | "synthetic[:SEED]") -> (kind, args)
+    parse_data_flag("mnist:DIR" | "cifar10:DIR" | "npz:FILE" | "text:FILE" | "synthetic[:SEED]") -> (kind, args)
 
 `args` holds the source's arguments as the train block gives them: ``synthetic(seed=1)`` ->
 ``{"seed": 1}``, ``mnist("dir")`` -> ``{"dir": "dir"}``, ``cifar10("dir")`` -> ``{"dir": ...}``,
@@ -38,7 +38,7 @@ __all__ = [
 ]  # fmt: skip
 
 #: data source -> the name of its one argument
-KINDS = {"synthetic": "seed", "mnist": "dir", "cifar10": "dir", "npz": "file"}
+KINDS = {"synthetic": "seed", "mnist": "dir", "cifar10": "dir", "npz": "file", "text": "file"}
 
 
 def shuffle_permutation(m: int, epoch: int, shuffle_seed: int) -> np.ndarray:
@@ -130,14 +130,15 @@ def sample_indices(
 
 
 def parse_data_flag(text: str) -> tuple[str, dict[str, Any]]:
-    """Parse ``--data``: ``synthetic``, ``synthetic:SEED``, ``mnist:DIR``, ``cifar10:DIR``, ``npz:FILE``."""
+    """Parse ``--data``: ``synthetic``, ``synthetic:SEED``, ``mnist:DIR``, ``cifar10:DIR``, ``npz:FILE``,
+    ``text:FILE``."""
     kind, sep, value = text.partition(":")
     kind = kind.strip()
     if kind not in KINDS:
         hint = did_you_mean(kind, KINDS)
         raise DslProgramError(
-            f"unknown data source '{kind}' in --data {text!r} (expected synthetic, mnist:DIR, cifar10:DIR or npz:FILE)"
-            + (f"; {hint}" if hint else "")
+            f"unknown data source '{kind}' in --data {text!r} "
+            "(expected synthetic, mnist:DIR, cifar10:DIR, npz:FILE or text:FILE)" + (f"; {hint}" if hint else "")
         )
     if kind == "synthetic":
         if not sep:
@@ -170,7 +171,8 @@ def load_data(kind: str, args: Mapping[Any, Any], x_shape: tuple[int, ...], y_cl
     if kind not in KINDS:
         hint = did_you_mean(kind, KINDS)
         raise DslProgramError(
-            f"unknown data source '{kind}' (expected synthetic, mnist, cifar10 or npz)" + (f"; {hint}" if hint else "")
+            f"unknown data source '{kind}' (expected synthetic, mnist, cifar10, npz or text)"
+            + (f"; {hint}" if hint else "")
         )
     x_shape = tuple(int(d) for d in x_shape)
     if y_classes < 1:
@@ -183,6 +185,8 @@ def load_data(kind: str, args: Mapping[Any, Any], x_shape: tuple[int, ...], y_cl
         if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
             raise DslProgramError(f"synthetic(seed=...) needs an integer seed, got {s!r}")
         return make_synthetic(x_shape, y_classes, int(s))
+    if kind == "text":
+        raise DslProgramError("text data holds token ids and next-token targets, not images and classes")
     if arg is None or not isinstance(arg, str) or not arg:
         raise DslProgramError(f'{kind}() needs a {KINDS[kind]} name as a string, e.g. {kind}("data/{kind}")')
     if kind == "npz":  # the network's input and label under the names x and y

@@ -39,11 +39,19 @@ class Field:
     name: str
     kind: str  # "input" or "label"
     shape: tuple[int, ...]
-    classes: int | None = None
+    classes: int | None = None  # a label's classes, or an integer input's vocabulary (`input t : [N, T] int vocab V`)
+
+    @property
+    def tokens(self) -> bool:
+        """An integer input: token ids in [0, classes)."""
+        return self.kind == "input" and self.classes is not None
 
     def describe(self) -> str:
         dims = ", ".join(["N", *map(str, self.shape)])
-        return f"{self.kind} {self.name} : [{dims}]" + (f" classes {self.classes}" if self.kind == "label" else "")
+        kind = (
+            f" int vocab {self.classes}" if self.tokens else f" classes {self.classes}" if self.kind == "label" else ""
+        )
+        return f"{self.kind} {self.name} : [{dims}]" + kind
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,18 +107,27 @@ def load_samples(
         raise DslProgramError("the network declares no `input`, so there is no data to train on")
     if kind == "npz":
         return _from_npz(source_argument(kind, args), fields, other_arrays)
+    if kind == "text":
+        return _from_text(source_argument(kind, args), fields)
     if kind == "synthetic":
         from .synthetic import make_target
 
         classes = labels[0].classes if labels else 10
         assert classes is not None
-        ds = load_data(kind, args, inputs[0].shape, classes, seed)
+        floats = [f for f in inputs if not f.tokens]
+        ds = load_data(kind, args, floats[0].shape if floats else (1,), classes, seed)
         s = source_argument(kind, args)
         data_seed = seed if s is None else int(s)
         train = _synthetic_fields(ds.x_train, ds.y_train, fields, data_seed, make_target)
         if ds.x_test is None:
             return Samples(train)
         return Samples(train, _synthetic_fields(ds.x_test, ds.y_test, fields, data_seed, make_target))
+    tokens = [f for f in inputs if f.tokens]
+    if tokens:
+        raise DslProgramError(
+            f"{kind} data holds images, so it has nothing for the network's {tokens[0].describe()}; "
+            "give token ids as --data text:FILE or as an array of --data npz:FILE"
+        )
     if len(inputs) > 1 or len(labels) > 1:
         extra = (inputs[1:] + labels[1:])[0]
         raise DslProgramError(
@@ -136,11 +153,16 @@ def _synthetic_fields(
     x: np.ndarray, y: np.ndarray | None, fields: tuple[Field, ...], seed: int, make_target: Any
 ) -> dict[str, np.ndarray]:
     assert y is not None
-    first = next(f for f in fields if f.kind == "input")
+    first = next((f for f in fields if f.kind == "input" and not f.tokens), None)
     out: dict[str, np.ndarray] = {}
     for f in fields:
-        if f.name == first.name:
+        if first is not None and f.name == first.name:
             out[f.name] = x
+        elif f.tokens:  # token ids (y_j + t) mod V at flat position t of sample j: learnable from the class
+            assert f.classes is not None
+            size = math.prod(f.shape)
+            ids = (y.reshape(-1, 1) + np.arange(size, dtype=np.int64)) % np.int64(f.classes)
+            out[f.name] = ids.reshape((len(y), *f.shape))
         elif f.kind == "input":
             out[f.name] = make_target(x, f.name, f.shape, seed)
         else:
@@ -185,7 +207,7 @@ def _checked(a: np.ndarray, f: Field, name: str, path: str) -> np.ndarray:
     where = f"npz file '{path}': '{name}'"
     if a.ndim < 1:
         raise DslProgramError(f"{where} must have a sample dimension [M, ...], found a scalar")
-    if f.kind == "input":
+    if f.kind == "input" and not f.tokens:
         if a.dtype.kind != "f":
             found = "integers" if a.dtype.kind in "iu" else str(a.dtype)  # worded as the Java runtime words it
             raise DslProgramError(f"{where} must hold floats (float32) for the network's {f.describe()}, "
@@ -193,7 +215,8 @@ def _checked(a: np.ndarray, f: Field, name: str, path: str) -> np.ndarray:
         return fit_shape(np.ascontiguousarray(a, dtype=np.float32), f.shape, where)
     if a.dtype.kind not in "iu":
         found = "floats" if a.dtype.kind == "f" else str(a.dtype)
-        raise DslProgramError(f"{where} must hold integer labels for the network's {f.describe()}, found {found}")
+        what = "token ids" if f.tokens else "labels"
+        raise DslProgramError(f"{where} must hold integer {what} for the network's {f.describe()}, found {found}")
     if tuple(a.shape[1:]) != f.shape:
         raise DslProgramError(
             f"{where} has per-sample shape {list(a.shape[1:])}, but the network's {f.describe()} takes "
@@ -210,6 +233,32 @@ def _checked(a: np.ndarray, f: Field, name: str, path: str) -> np.ndarray:
         raise DslProgramError(f"{where}: label {value} of sample {k} is outside [0, {f.classes}) (the network's "
                               f"{f.describe()})")  # fmt: skip
     return y
+
+
+def _from_text(path: Any, fields: tuple[Field, ...]) -> Samples:
+    """One token input and one label, both ``[T]`` per sample: the characters and their next ones (`data/text.py`)."""
+    from .text import text_samples
+
+    tokens = [f for f in fields if f.tokens]
+    labels = [f for f in fields if f.kind == "label"]
+    others = [f for f in fields if f not in tokens and f not in labels]
+    if len(tokens) != 1 or len(labels) != 1 or others:
+        extra = (others + tokens[1:] + labels[1:])[:1]
+        what = f"; it has nothing for the network's {extra[0].describe()}" if extra else ""
+        raise DslProgramError(
+            "text data fills one token input (`input NAME : [N, T] int vocab V`) and one label of the same shape "
+            f"(its next-token targets){what}"
+        )
+    inp, out = tokens[0], labels[0]
+    if len(inp.shape) != 1 or out.shape != inp.shape:
+        raise DslProgramError(
+            f"text data takes [T] tokens per sample for both the {inp.describe()} and the {out.describe()}"
+        )
+    assert inp.classes is not None and out.classes is not None
+    train, test = text_samples(path, inp.shape[0], min(inp.classes, out.classes),
+                               inp.describe() if inp.classes <= out.classes else out.describe())  # fmt: skip
+    return Samples({inp.name: train[0], out.name: train[1]},
+                   {inp.name: test[0], out.name: test[1]} if test is not None else None)  # fmt: skip
 
 
 def fields_of(inputs: Any) -> tuple[Field, ...]:

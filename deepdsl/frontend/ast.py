@@ -232,6 +232,15 @@ class Input(Item):
 
 
 @dataclass(frozen=True)
+class TokenInput(Item):
+    """`input NAME : [dims] int vocab V`: an int64 tensor of token ids in [0, V)."""
+
+    name: str
+    shape: tuple[Expr, ...]
+    vocab: Expr
+
+
+@dataclass(frozen=True)
 class Label(Item):
     name: str
     shape: tuple[Expr, ...]

@@ -94,6 +94,42 @@ def conv(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Sp
 
 
 @builtin(
+    "conv_transpose",
+    ArgSpec("out", "int", low=1),
+    ArgSpec("kernel", "pair", low=1),
+    ArgSpec("stride", "pair", 1, low=1),
+    ArgSpec("pad", "pair", 0, low=0),
+    ArgSpec("groups", "int", 1, low=1),
+    ArgSpec("bias", "bool", True),
+    ArgSpec("init", "init", HE),
+    ArgSpec("bias_init", "init", ZERO),
+)
+def conv_transpose(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    # the adjoint of conv: its data gradient (conv2d_backward_data) with x in the place of the output gradient;
+    # weight [C, out/groups, kh, kw] as PyTorch's ConvTranspose2d, output (H - 1)·stride - 2·pad + kernel
+    (x,) = xs
+    need_rank(x, (4,), "conv_transpose", span, "conv_transpose works on [N, C, H, W] images")
+    n, c, h, w = x.shape
+    g = a["groups"]
+    if c % g or a["out"] % g:
+        raise DslShapeError(
+            f"conv_transpose: groups={g} must divide the {c} input channels of {x.origin} and out={a['out']}", span
+        )
+    size = tuple((d - 1) * s - 2 * p + k for d, s, p, k in zip((h, w), a["stride"], a["pad"], a["kernel"]))
+    if min(size) < 1:
+        raise DslShapeError(
+            f"conv_transpose: padding {a['pad']} leaves no output for {x.origin} (size {list(size)})", span
+        )
+    wt = el.param(path, "W", (c, a["out"] // g, *a["kernel"]), a["init"], span)
+    y = el.emit("conv2d_backward_data", (x, wt), span, path, "conv_transpose", stride=a["stride"], pad=a["pad"],
+                groups=g, in_shape=(n, a["out"], *size))  # fmt: skip
+    if a["bias"]:
+        b = el.param(path, "b", (a["out"],), a["bias_init"], span)
+        y = el.emit("bias_add", (y, b), span, path, "conv_transpose")
+    return y
+
+
+@builtin(
     "full",
     ArgSpec("out", "int", low=1),
     ArgSpec("bias", "bool", True),
@@ -134,6 +170,28 @@ def batch_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, sp
     )
 
 
+@builtin(
+    "embedding",
+    ArgSpec("vocab", "int", low=1),
+    ArgSpec("dim", "int", low=1),
+    ArgSpec("init", "init", Spec("init", "gaussian", (("std", 1.0),))),  # PyTorch's nn.Embedding: N(0, 1)
+)
+def embedding(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    (tokens,) = xs
+    if tokens.value.type.dtype.value != "i64":
+        raise DslShapeError(
+            f"embedding expects integer token ids, got float data {tokens.value.type} from {tokens.origin}", span,
+            hint="declare the tokens as `input NAME : [N, T] int vocab V`",
+        )  # fmt: skip
+    if tokens.classes is not None and tokens.classes > a["vocab"]:
+        raise DslShapeError(
+            f"embedding: {tokens.origin} holds ids in [0, {tokens.classes}), more than the table's vocab={a['vocab']}",
+            span,
+        )
+    w = el.param(path, "W", (a["vocab"], a["dim"]), a["init"], span)
+    return el.emit("embedding", (tokens, w), span, path, "embedding")
+
+
 # ---- layers without parameters ------------------------------------------------------------------
 
 
@@ -160,6 +218,19 @@ for _op, _what in (("max_pool2d", "max_pool"), ("avg_pool2d", "avg_pool")):
 def global_avg_pool(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     need_rank(xs[0], (4,), "global_avg_pool", span)
     return el.emit("global_avg_pool", xs, span, path, "global_avg_pool")
+
+
+@builtin("upsample", ArgSpec("factor", "int", low=1), ArgSpec("mode", "str", "nearest"))
+def upsample(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    # [N, C, H, W] -> [N, C, f·H, f·W] (PyTorch's F.interpolate(scale_factor=f), align_corners=False): along H,
+    # then along W (ops/resize.py)
+    (x,) = xs
+    need_rank(x, (4,), "upsample", span, "upsample works on [N, C, H, W] images")
+    if a["mode"] not in ("nearest", "bilinear"):
+        raise DslArgumentError(f'upsample: mode must be "nearest" or "bilinear", got {a["mode"]!r}', span)
+    for axis in (2, 3):
+        x = el.emit("resize_axis", (x,), span, path, "upsample", axis=axis, factor=a["factor"], mode=a["mode"])
+    return x
 
 
 @builtin("flatten")
@@ -202,9 +273,15 @@ def concat(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: 
 def _class_loss(op: str) -> None:
     def apply(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
         scores, labels = xs
-        if labels.classes is not None and len(scores.shape) == 2 and scores.shape[1] != labels.classes:
+        per_position = op == "softmax_cross_entropy" and len(scores.shape) > 2
+        if (
+            labels.classes is not None
+            and (len(scores.shape) == 2 or per_position)
+            and scores.shape[-1] != labels.classes
+        ):
             raise DslShapeError(
-                f"{op}: {scores.origin} gives {scores.shape[1]} scores per sample, "
+                f"{op}: {scores.origin} gives {scores.shape[-1]} scores per "
+                f"{'position' if per_position else 'sample'}, "
                 f"but the labels '{labels.origin.split(chr(39))[1]}' have {labels.classes} classes",
                 span,
             )
@@ -239,6 +316,7 @@ SPECS: dict[str, tuple[str, tuple[ArgSpec, ...]]] = {
     "mnist": ("data", (ArgSpec("dir", "str"),)),
     "cifar10": ("data", (ArgSpec("dir", "str"),)),
     "npz": ("data", (ArgSpec("file", "str"),)),
+    "text": ("data", (ArgSpec("file", "str"),)),
     "sgd": (
         "optimizer",
         (

@@ -227,9 +227,13 @@ class Elaborator:
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise DslTypeError(f"a const must be a number, got {describe(value)}", item.value.span)
             g.values[item.name] = value
-        elif isinstance(item, (ast.Input, ast.Label)):
+        elif isinstance(item, (ast.Input, ast.TokenInput, ast.Label)):
             dims = tuple(self.eval_int(d, g, "a dimension", low=1) for d in item.shape)
-            if isinstance(item, ast.Input):
+            if isinstance(item, ast.TokenInput):
+                k = self.eval_int(item.vocab, g, "the vocabulary size", low=1)
+                v = self.b.add_input(InputDef(Value(item.name, TensorType(dims, DType.I64)), "input", k, item.span))
+                g.values[item.name] = TensorVal(v, f"token input '{item.name}'", item.span, classes=k)
+            elif isinstance(item, ast.Input):
                 v = self.b.add_input(InputDef(Value(item.name, TensorType(dims)), "input", None, item.span))
                 g.values[item.name] = TensorVal(v, f"input '{item.name}'", item.span)
             else:
@@ -419,11 +423,11 @@ def _too_many_elements(g: Graph) -> list[DslError]:
 
 
 def _needs_params(fn: Function) -> bool:
-    return isinstance(fn, BuiltinFn) and fn.name in ("conv", "full", "batch_norm")
+    return isinstance(fn, BuiltinFn) and fn.name in ("conv", "conv_transpose", "full", "batch_norm", "embedding")
 
 
 def _bound_names(item: ast.Item) -> tuple[str, ...]:
-    if isinstance(item, (ast.Const, ast.Input, ast.Label, ast.Layer, ast.Bind)):
+    if isinstance(item, (ast.Const, ast.Input, ast.TokenInput, ast.Label, ast.Layer, ast.Bind)):
         return (item.name,)
     return ()
 

@@ -42,6 +42,20 @@ class _Stmt:
     binders: dict[str, str] = field(default_factory=dict)  # source name -> unique name
     used: set[str] = field(default_factory=set)
     sizes: dict[str, int] = field(default_factory=dict)  # reduction variable -> its range
+    # q = ⌊numerator / k⌋ of an index `a / k` or `a % k`: (q, numerator, k, the divisor's position); see _quotients
+    quotients: list[tuple[str, ie.Affine, int, Span]] = field(default_factory=list)
+    access_start: int = 0  # the first quotient of the access being converted (one access shares equal ones)
+
+    def quotient(self, numerator: ie.Affine, k: int, span: Span) -> str:
+        for name, num, kk, _ in self.quotients[self.access_start :]:
+            if (num, kk) == (numerator, k):
+                return name
+        name = f"q{len(self.quotients)}"
+        while name in self.used:
+            name += "_"
+        self.used.add(name)
+        self.quotients.append((name, numerator, k, span))
+        return name
 
     def input_index(self, name: str) -> int:
         t = self.tensors[name]
@@ -227,6 +241,8 @@ def _lower(
     expr = _convert(el, env, st, body, explicit, dict(st.binders))
     out = tuple((unique, _range(st, unique, r.name, explicit, r.span)) for unique, r in names)
     expr = _fill_ranges(expr, st, explicit)
+    if st.quotients:
+        expr = _quotients(expr, st, dict(out))
     return el.emit("indexed", tuple(st.inputs), span, path, what, out=out, body=expr)
 
 
@@ -257,6 +273,67 @@ def _fill_ranges(e: ie.IE, st: _Stmt, explicit: dict[str, tuple[int, Span]]) -> 
     return e
 
 
+def _quotients(e: ie.IE, st: _Stmt, out: dict[str, int]) -> ie.IE:
+    """Every read at an index holding a quotient q = ⌊a / k⌋ (of `a / k` or `a % k` = a − k·q) as a sum over q:
+    `x[..., a / k, ...]` is `sum[q] (k·q <= a and a < k·q + k) ? x[..., q, ...] : 0`. Exactly one q meets the
+    condition (or none in range: the read is 0, as a read outside x is), so this is exact, and every index stays
+    affine (what the gradients, fusion and kernels rely on); the price is a sum over q's range per read. q runs
+    over the values ⌊a / k⌋ takes, shifted to start at 0, and clipped to the axis where q is the whole index."""
+    from deepdsl.ir.index_grad import affine_value, substitute
+
+    info = {q: (num, k) for q, num, k, _ in st.quotients}
+
+    def wrap(r: ie.Read, ranges: dict[str, int]) -> ie.IE:
+        used = [q for q in info if any(q in dict(a.terms) for a in r.index)]
+        if not used:
+            return r
+        pending = {q: info[q][0] for q in used}
+        body: ie.IE = r
+        conds: list[ie.IE] = []
+        vars_ = []
+        ranges = dict(ranges)
+        for q in used:
+            num, k = pending[q], info[q][1]
+            lo, hi = num.bounds(ranges)
+            first, last = lo // k, hi // k
+            assert isinstance(body, ie.Read)
+            position = next((j for j, a in enumerate(body.index) if a == ie.Affine.var(q)), None)
+            if position is not None:  # q is the index itself: only q inside the axis reads anything
+                first, last = max(first, 0), min(last, st.inputs[r.input].shape[position] - 1)
+            if last < first:
+                return ie.Const(0.0)
+            shifted = ie.Affine(((q, 1),), first)
+            body = substitute(body, q, shifted)
+            pending = {p: _shift(a, q, first) for p, a in pending.items()}
+            kq = affine_value(ie.affine_scale(shifted, k))
+            value = affine_value(num)
+            above = ie.Apply("<", (value, ie.Apply("+", (kq, ie.Const(float(k))))))
+            conds.append(ie.Apply("and", (ie.Apply("<=", (kq, value)), above)))
+            vars_.append((q, last - first + 1))
+            ranges[q] = last - first + 1
+        cond = conds[0]
+        for c in conds[1:]:
+            cond = ie.Apply("and", (cond, c))
+        return ie.Reduce("sum", tuple(vars_), ie.Apply("select", (cond, body, ie.Const(0.0))))
+
+    def go(e: ie.IE, ranges: dict[str, int]) -> ie.IE:
+        if isinstance(e, ie.Read):
+            return wrap(e, ranges)
+        if isinstance(e, ie.Apply):
+            return ie.Apply(e.fn, tuple(go(a, ranges) for a in e.args))
+        if isinstance(e, ie.Reduce):
+            return ie.Reduce(e.kind, e.vars, go(e.body, ranges | dict(e.vars)))
+        return e
+
+    return go(e, dict(out))
+
+
+def _shift(a: ie.Affine, var: str, by: int) -> ie.Affine:
+    """`a` with `var` replaced by `var + by`."""
+    c = dict(a.terms).get(var, 0)
+    return ie.Affine(a.terms, a.const + c * by)
+
+
 def _convert(
     el: Elaborator, env: Env, st: _Stmt, e: ast.IExpr, explicit: dict[str, tuple[int, Span]], scope: dict[str, str]
 ) -> ie.IE:
@@ -278,6 +355,7 @@ def _convert(
                     f"'{e.tensor}' has rank {len(t.shape)} ({t.value.type}) but is read with {len(e.indices)} indices",
                     e.span,
                 )
+            st.access_start = len(st.quotients)
             index = tuple(_affine(el, env, st, i, scope) for i in e.indices)
             for axis, a in enumerate(index):
                 if a.plain_var is not None:
@@ -342,7 +420,9 @@ def _scalar(el: Elaborator, env: Env, st: _Stmt, name: str, span: Span, scope: d
 def _affine(el: Elaborator, env: Env, st: _Stmt, e: ast.IExpr, scope: dict[str, str]) -> ie.Affine:
     def bad() -> DslTypeError:
         return DslTypeError(
-            "an index must be affine in the index variables (like i + kh, 2 * i - 1 or a constant)", e.span
+            "an index must be affine in the index variables (like i + kh, 2 * i - 1 or a constant), or one divided "
+            "by an integer constant (h / 2, h % 2)",
+            e.span,
         )
 
     if isinstance(e, ast.INum):
@@ -367,4 +447,12 @@ def _affine(el: Elaborator, env: Env, st: _Stmt, e: ast.IExpr, scope: dict[str, 
             return ie.affine_scale(b, a.const)
         if not b.terms:
             return ie.affine_scale(a, b.const)
+    if isinstance(e, ast.IBinary) and e.op in ("/", "%"):  # integer division (floor) and its remainder
+        a, b = _affine(el, env, st, e.left, scope), _affine(el, env, st, e.right, scope)
+        if b.terms or b.const < 1:
+            raise DslTypeError(f"an index can be divided only by a positive integer constant, not {b}", e.right.span)
+        if not a.terms:
+            return ie.Affine((), a.const // b.const if e.op == "/" else a.const % b.const)
+        q = ie.Affine.var(st.quotient(a, b.const, e.span))
+        return q if e.op == "/" else ie.affine_add(a, ie.affine_scale(q, b.const), -1)
     raise bad()

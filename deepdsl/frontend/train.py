@@ -34,7 +34,7 @@ KEYS: dict[str, tuple[str, int]] = {
 
 
 # the data sources that read a path, and the name of that argument
-PATH_SOURCES = {"mnist": "dir", "cifar10": "dir", "npz": "file"}
+PATH_SOURCES = {"mnist": "dir", "cifar10": "dir", "npz": "file", "text": "file"}
 
 
 def relative_to_source(path: Any, source: str) -> Any:

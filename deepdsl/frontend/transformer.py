@@ -62,6 +62,9 @@ class ToAst(Transformer_NonRecursive):
     def input_item(self, meta: Any, ch: list) -> ast.Input:
         return ast.Input(self.span(meta), self.binder(ch[0]), ch[1])
 
+    def token_input_item(self, meta: Any, ch: list) -> ast.TokenInput:
+        return ast.TokenInput(self.span(meta), self.binder(ch[0]), ch[1], ch[2])
+
     def label_item(self, meta: Any, ch: list) -> ast.Label:
         return ast.Label(self.span(meta), self.binder(ch[0]), ch[1], ch[2])
 

@@ -3,6 +3,7 @@
 from deepdsl.ops import (  # noqa: F401
     conv,
     elementwise,
+    embedding,
     indexed,
     linalg,
     loss,
@@ -11,5 +12,6 @@ from deepdsl.ops import (  # noqa: F401
     pool,
     random,
     reduce,
+    resize,
     shape,
 )

@@ -43,9 +43,10 @@ def conv2d(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     return TensorType((n, f, window_out(h, kh, sh, ph, "conv"), window_out(wd, kw, sw, pw, "conv")))
 
 
-@defop("conv2d_backward_data", 2, differentiable=False, accepts_epilogue=True)
+@defop("conv2d_backward_data", 2, accepts_epilogue=True)
 def conv2d_backward_data(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
-    """d conv2d / d x: inputs g (d out), w; attrs stride, pad, groups and in_shape (the shape of x)."""
+    """d conv2d / d x: inputs g (d out), w; attrs stride, pad, groups and in_shape (the shape of x). It is also the
+    transposed convolution of g by w (`conv_transpose`, PyTorch's conv_transpose2d), so it is differentiable."""
     g, w = types
     x = TensorType(tuple(attrs["in_shape"]))
     if conv2d((x, w), attrs).shape != g.shape:
@@ -228,8 +229,19 @@ def _conv2d_vjp(b: Any, s: Any, g: Any) -> tuple:
     return (gx, gw)
 
 
+@vjp_rule("conv2d_backward_data")
+def _conv2d_backward_data_vjp(b: Any, s: Any, g: Any) -> tuple:
+    # y = A(w)^T x, with A(w) z = conv2d(z, w): so d x = A(w) g = conv2d(g, w), and since <g, A(w)^T x> =
+    # <A(w) g, x>, d w is the filter gradient of a convolution of g whose output gradient is x
+    x, w = s.inputs
+    conv = {"stride": s.a["stride"], "pad": s.a["pad"], "groups": s.a["groups"]}
+    gx = _e(b, s, "conv2d", g, w, **conv)
+    gw = _e(b, s, "conv2d_backward_filter", g, x, w_shape=w.type.shape, **conv)
+    return (gx, gw)
+
+
 # what eager autograd keeps: the input and the weight (DESIGN §5, the eager baseline)
-eager_saves("conv2d", which=(0, 1))
+eager_saves("conv2d", "conv2d_backward_data", which=(0, 1))
 
 
 # the Java runtime's method for each op (deepdsl/runtime): its parameters after the output

@@ -36,9 +36,23 @@ def _class_loss(what: str):  # noqa: ANN202
     return rule
 
 
-defop("softmax_cross_entropy", 2, doc="mean over the batch of -log softmax(x)[label]", classifies=True)(
-    _class_loss("softmax_cross_entropy")
-)
+@defop(
+    "softmax_cross_entropy", 2, classifies=True,
+    doc="mean over the batch of -log softmax(x)[label]; for scores [..., K], labels [...]: the mean over positions",
+)  # fmt: skip
+def _sce(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    # scores [N, K] and labels [N], or per position (a language model): scores [N, T, K] and labels [N, T], the
+    # mean over all N·T rows (PyTorch's F.cross_entropy of the scores reshaped to [N·T, K])
+    x, y = types
+    need_float(x, "softmax_cross_entropy")
+    if x.rank < 2:
+        raise ShapeError(f"softmax_cross_entropy expects [N, K] scores (or [N, T, K] per position), got {x}")
+    if y.dtype is not DType.I64 or y.shape != x.shape[:-1]:
+        want = ", ".join(map(str, x.shape[:-1]))
+        raise ShapeError(f"softmax_cross_entropy: labels must be int [{want}] for scores {x}, got {y}")
+    return TensorType(())
+
+
 defop("cross_entropy", 2, doc="mean over the batch of -log p[label] for probabilities p", classifies=True)(
     _class_loss("cross_entropy")
 )
@@ -115,9 +129,19 @@ def _rows(n: int) -> np.ndarray:
 
 numpy_kernel("softmax")(lambda xs, a: _softmax_np(xs[0]))
 numpy_kernel("log_softmax")(lambda xs, a: _log_softmax_np(xs[0]))
-numpy_kernel("softmax_cross_entropy")(
-    lambda xs, a: -np.mean(_log_softmax_np(xs[0])[_rows(len(xs[1])), xs[1]]).astype(xs[0].dtype)
-)
+
+
+def _as_rows(x: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Scores [..., K] and labels [...] as [rows, K] and [rows]."""
+    return x.reshape(-1, x.shape[-1]), labels.reshape(-1)
+
+
+@numpy_kernel("softmax_cross_entropy")
+def _sce_np(xs: tuple, a: dict) -> np.ndarray:
+    x, labels = _as_rows(*xs)
+    return -np.mean(_log_softmax_np(x)[_rows(len(labels)), labels]).astype(x.dtype)
+
+
 numpy_kernel("cross_entropy")(lambda xs, a: -np.mean(np.log(xs[0][_rows(len(xs[1])), xs[1]])).astype(xs[0].dtype))
 numpy_kernel("mse")(lambda xs, a: np.mean(np.square(xs[0] - xs[1])).astype(xs[0].dtype))
 numpy_kernel("argmax")(lambda xs, a: np.argmax(xs[0], axis=1).astype(np.int64))
@@ -128,10 +152,11 @@ numpy_kernel("log_softmax_backward")(lambda xs, a: xs[1] - np.exp(xs[0]) * np.su
 
 @numpy_kernel("softmax_cross_entropy_backward")
 def _sce_backward_np(xs: tuple, a: dict) -> np.ndarray:
-    x, labels, g = xs
+    x, labels = _as_rows(xs[0], xs[1])
+    g = xs[2]
     d = _softmax_np(x)
     d[_rows(len(labels)), labels] -= 1
-    return d * (g / len(labels))
+    return (d * (g / len(labels))).reshape(xs[0].shape)
 
 
 @numpy_kernel("cross_entropy_backward")

@@ -85,11 +85,12 @@ final class CpuLosses {
   }
 
   /**
-   * out (scalar) = the mean over rows of -log softmax(x)[label], for scores x[N, K] and labels[N].
+   * out (scalar) = the mean over rows of -log softmax(x)[label], for scores x[N, K] and labels[N]
+   * (or x[N, T, K] and labels[N, T]: every position a row).
    */
   public static void softmax_cross_entropy(Buf out, Buf x, Buf labels) {
-    int rows = x.dim(0);
-    int cols = x.dim(1);
+    int cols = x.dim(x.shape.length - 1);
+    int rows = x.numel() / cols;
     double total = 0;
     for (int r = 0; r < rows; r++) {
       int in = x.off + r * cols;
@@ -104,9 +105,9 @@ final class CpuLosses {
    * out[N, K] = (softmax(x) - onehot(labels)) * g / N, for scores x[N, K], labels[N] and scalar g.
    */
   public static void softmax_cross_entropy_backward(Buf out, Buf x, Buf labels, Buf g) {
-    softmax(out, x);
-    int rows = x.dim(0);
-    int cols = x.dim(1);
+    int cols = x.dim(x.shape.length - 1);
+    int rows = x.numel() / cols;
+    softmax(new Buf(out.a, out.off, rows, cols), new Buf(x.a, x.off, rows, cols));
     float scale = g.a[g.off] / rows;
     for (int r = 0; r < rows; r++) {
       int o = out.off + r * cols;

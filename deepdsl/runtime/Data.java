@@ -37,8 +37,10 @@ public final class Data {
   public record Spec(String kind, String path, Long seed) {}
 
   /**
-   * One {@code input} (float32) or {@code label} (class ids in {@code [0, classes)}, carried as
-   * exact floats) of a network, by name, with its shape per sample (without the batch dimension).
+   * One {@code input} (float32, or with {@code classes > 0} token ids in {@code [0, classes)}: an
+   * {@code input NAME : [N, T] int vocab V}) or {@code label} (class ids in {@code [0, classes)})
+   * of a network, by name, with its shape per sample (without the batch dimension). Integers are
+   * carried as exact floats.
    */
   public record Field(String name, boolean label, int classes, int[] shape) {
     /** As the Python side's {@code Field.describe}: {@code input t : [N, 4]}. */
@@ -47,7 +49,18 @@ public final class Data {
       for (int d : shape) {
         s.append(", ").append(d);
       }
-      return s.append("]").append(label ? " classes " + classes : "").toString();
+      String kind = label ? " classes " + classes : tokens() ? " int vocab " + classes : "";
+      return s.append("]").append(kind).toString();
+    }
+
+    /** An integer input: token ids in {@code [0, classes)}. */
+    boolean tokens() {
+      return !label && classes > 0;
+    }
+
+    /** Whether the field holds integers (a label or token ids). */
+    boolean integer() {
+      return label || classes > 0;
     }
 
     int size() {
@@ -106,8 +119,8 @@ public final class Data {
         }
         return new Spec(kind, null, parseSeed(digits));
       }
-      case "mnist", "cifar10", "npz" -> {
-        String what = kind.equals("npz") ? "file" : "dir";
+      case "mnist", "cifar10", "npz", "text" -> {
+        String what = kind.equals("npz") || kind.equals("text") ? "file" : "dir";
         if (value.isEmpty()) {
           throw new IllegalArgumentException(
               String.format(
@@ -119,7 +132,7 @@ public final class Data {
           throw new IllegalArgumentException(
               String.format(
                   "unknown data source '%s' in --data '%s' (expected synthetic, mnist:DIR,"
-                      + " cifar10:DIR or npz:FILE)",
+                      + " cifar10:DIR, npz:FILE or text:FILE)",
                   kind, text));
     }
   }
@@ -159,6 +172,10 @@ public final class Data {
     if (spec.kind().equals("synthetic")) {
       return synthetic(d, classes, spec.seed() != null ? spec.seed() : seed, null);
     }
+    if (spec.kind().equals("text")) {
+      throw new IOException(
+          "text data holds token ids and next-token targets, not images and classes");
+    }
     if (spec.kind().equals("npz")) { // the input and the label under the names x and y
       List<Field> pair =
           List.of(new Field("x", false, 0, xShape), new Field("y", true, classes, new int[0]));
@@ -171,7 +188,7 @@ public final class Data {
           default ->
               throw new IllegalArgumentException(
                   String.format(
-                      "unknown data source '%s' (expected synthetic, mnist, cifar10 or npz)",
+                      "unknown data source '%s' (expected synthetic, mnist, cifar10, npz or text)",
                       spec.kind()));
         };
     String where = spec.kind() + " data in '" + spec.path() + "'";
@@ -218,8 +235,21 @@ public final class Data {
     if (spec.kind().equals("npz")) {
       return DataFiles.npz(spec.path(), fields, otherArrays);
     }
+    if (spec.kind().equals("text")) {
+      return TextData.load(spec.path(), fields);
+    }
     if (spec.kind().equals("synthetic")) {
-      return synthetic(inputs.get(0).size(), classes, spec.seed() != null ? spec.seed() : seed, fields);
+      int d = inputs.stream().filter(f -> !f.tokens()).findFirst().map(Field::size).orElse(1);
+      return synthetic(d, classes, spec.seed() != null ? spec.seed() : seed, fields);
+    }
+    for (Field f : inputs) {
+      if (f.tokens()) {
+        throw new IOException(
+            spec.kind()
+                + " data holds images, so it has nothing for the network's "
+                + f.describe()
+                + "; give token ids as --data text:FILE or as an array of --data npz:FILE");
+      }
     }
     if (inputs.size() > 1 || labels.size() > 1) {
       Field extra = inputs.size() > 1 ? inputs.get(1) : labels.get(1);
@@ -393,7 +423,7 @@ public final class Data {
     }
     int n = fields.size();
     int first = 0;
-    while (fields.get(first).label()) {
+    while (first < n && fields.get(first).integer()) {
       first++;
     }
     float[][] train = new float[n][];
@@ -405,6 +435,9 @@ public final class Data {
       if (f == first) {
         train[f] = xTrain;
         test[f] = xTest;
+      } else if (field.tokens()) {
+        train[f] = tokenIds(yTrain, field);
+        test[f] = tokenIds(yTest, field);
       } else if (field.label()) {
         train[f] = classIds(yTrain, field);
         test[f] = classIds(yTest, field);
@@ -414,6 +447,18 @@ public final class Data {
       }
     }
     return new Data(train, test, sizes);
+  }
+
+  /** Synthetic token ids: (y_j + t) mod V at flat position t of sample j (as named.py makes them). */
+  private static float[] tokenIds(float[] y, Field field) {
+    int size = field.size();
+    float[] out = new float[y.length * size];
+    for (int j = 0; j < y.length; j++) {
+      for (int t = 0; t < size; t++) {
+        out[j * size + t] = (float) (((long) y[j] + t) % field.classes());
+      }
+    }
+    return out;
   }
 
   /** A further label of synthetic data: the sample's class id mod its classes, in every element. */

@@ -401,7 +401,7 @@ final class DataFiles {
       throw new IOException(where + " must have a sample dimension [M, ...], found a scalar");
     }
     int[] sample = Arrays.copyOfRange(a.shape, 1, a.shape.length);
-    if (!f.label()) {
+    if (!f.integer()) {
       if (!a.isFloat()) {
         throw new IOException(
             where
@@ -420,7 +420,12 @@ final class DataFiles {
     }
     if (a.isFloat()) {
       throw new IOException(
-          where + " must hold integer labels for the network's " + f.describe() + ", found floats");
+          where
+              + " must hold integer "
+              + (f.tokens() ? "token ids" : "labels")
+              + " for the network's "
+              + f.describe()
+              + ", found floats");
     }
     if (!Arrays.equals(sample, f.shape())) {
       throw new IOException(

@@ -258,6 +258,14 @@ public abstract class Network {
     return field(new Data.Field(name, false, 0, Arrays.copyOfRange(shape, 1, shape.length)), shape);
   }
 
+  /**
+   * The integer input {@code name}: token ids in {@code [0, vocab)} (as exact floats), filled from
+   * the data by name.
+   */
+  protected final Buf tokens(String name, int vocab, int... shape) {
+    return field(new Data.Field(name, false, vocab, Arrays.copyOfRange(shape, 1, shape.length)), shape);
+  }
+
   /** The label {@code name}: class ids in {@code [0, classes)}, filled from the data by name. */
   protected final Buf label(String name, int classes, int... shape) {
     return field(new Data.Field(name, true, classes, Arrays.copyOfRange(shape, 1, shape.length)), shape);

@@ -385,7 +385,9 @@ def test_every_op_has_a_kernel_a_cost_and_a_gradient() -> None:
 
 
 def test_backward_ops_are_marked_not_differentiable() -> None:
-    for name in ("conv2d_backward_data", "conv2d_backward_filter", "max_pool2d_backward", "avg_pool2d_backward",
+    for name in ("conv2d_backward_filter", "max_pool2d_backward", "avg_pool2d_backward",
                  "global_avg_pool_backward", "lrn_backward"):  # fmt: skip
         assert not lookup(name).differentiable
         assert lookup(name).doc
+    # conv2d_backward_data is also the transposed convolution (conv_transpose), a layer of its own: it has a vjp
+    assert lookup("conv2d_backward_data").differentiable and lookup("conv2d_backward_data").vjp is not None

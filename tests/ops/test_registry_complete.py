@@ -86,6 +86,12 @@ EXAMPLES = {
     "gelu": ((X4,), {}), "gelu_grad": ((X4, X4), {}),
     "layer_norm": ((X2, TensorType((6,)), TensorType((6,))), {"eps": 1e-5}),
     "masked_softmax": ((X2,), {"scale": 0.5, "causal": True, "period": 2}),
+    # token inputs
+    "embedding": ((TensorType((2, 5), DType.I64), TensorType((7, 3))), {}),
+    "embedding_backward": ((TensorType((2, 5), DType.I64), TensorType((2, 5, 3))), {"vocab": 7}),
+    # image ops
+    "resize_axis": ((X4,), {"axis": 2, "factor": 2, "mode": "bilinear"}),
+    "resize_axis_backward": ((X4,), {"axis": 3, "factor": 2, "mode": "nearest", "size": 4}),
 }  # fmt: skip
 
 EXPECTED = {
@@ -98,7 +104,8 @@ EXPECTED = {
     "dropout_mask": (2, 4, 8, 8), "conv2d_backward_data": (2, 4, 8, 8), "conv2d_backward_filter": (4, 2, 3, 3),
     "max_pool2d_backward": (2, 4, 8, 8),
     "batch_matmul": (2, 3, 5), "sum_axes": (4, 8), "transpose": (2, 8, 8, 4), "avg_pool2d_backward": (2, 4, 8, 8),
-    "global_avg_pool_backward": (2, 4, 8, 8),
+    "global_avg_pool_backward": (2, 4, 8, 8), "embedding": (2, 5, 3), "embedding_backward": (7, 3),
+    "resize_axis": (2, 4, 16, 8), "resize_axis_backward": (2, 4, 8, 4),
 }  # fmt: skip
 
 

@@ -126,7 +126,8 @@ def _masked_softmax(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
 
 
 def _loss(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
-    n, k = s.inputs[0].type.shape
+    k = s.inputs[0].type.shape[-1]
+    n = s.inputs[0].type.numel // k  # every position a row: scores [N, K] or [N, T, K]
     if s.op == "softmax_cross_entropy_backward":
         launch = row_launch(n, n * k)
     elif s.op == "cross_entropy_backward":

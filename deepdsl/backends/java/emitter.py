@@ -43,6 +43,7 @@ MAX_STATEMENTS_PER_METHOD = 200  # keeps every step method far below Java's 64 K
 DEFAULT_WORKSPACE_LIMIT = 1 << 30
 NETWORK_MEMBERS = (
     "arena", "at", "view", "copy", "scalar", "input", "label", "param", "state", "optimizerState", "train", "test",
+    "tokens",
     "save", "load", "main", "iteration", "trainStep", "inferStep", "SETTINGS", "WORKSPACE_LIMIT", "Buf", "Kernel",
     "Network", "Parallel", "Settings", "settings", "workspaceLimit", "run", "useData", "reportTo", "dev",
     "inputs", "labels", "use", "device", "constant", "evalStep", "batchByName", "isLabel", "field", "batchSize",
@@ -621,6 +622,8 @@ def emit_java(
         named = java_string(d.value.name)
         call = {"label": f"label({named}, {d.classes}, {shape})", "input": f"input({named}, {shape})",
                 "lr": "learningRateInput()"}[d.kind]  # fmt: skip
+        if d.kind == "input" and d.classes is not None:  # token ids (`input t : [N, T] int vocab V`)
+            call = f"tokens({named}, {d.classes}, {shape})"
         declarations.append(f"  private final Buf {e.declare(d.value)} = {call};")
     titles = {"param": "parameters", "state": "model state", "opt": "optimizer state",
               "const": "constants (loop-invariant values hoisted out of the step)"}  # fmt: skip
