@@ -151,6 +151,17 @@ class _Gen:
     def range_of(self, var: str, size: int, body: IE) -> str:
         return self.sizes.range_of(var, size, body) if self.sizes is not None else str(size)
 
+    def count_of(self, e: Apply) -> str | None:
+        """For `sum / n` where n is the number of the sum's terms and a shape-generic kernel names every range: the
+        product of those names (so one kernel serves every size)."""
+        if self.sizes is None or e.fn != "/" or not isinstance(e.args[0], Reduce) or not isinstance(e.args[1], Const):
+            return None
+        r = e.args[0]
+        bounds = [self.range_of(var, size, r.body) for var, size in r.vars]
+        if r.kind != "sum" or e.args[1].value != math.prod(n for _, n in r.vars) or any(b.isdigit() for b in bounds):
+            return None
+        return " * ".join(bounds)
+
     def affine(self, a: Affine) -> str:
         return a.render(self.names)
 
@@ -206,6 +217,9 @@ class _Gen:
         assert isinstance(e, Apply)
         args = [self.expr(a, pre, indent, top) for a in e.args]
         fn = e.fn
+        count = self.count_of(e)
+        if count is not None:  # a mean: the sum over the count of its terms, a size of the kernel
+            return f"({args[0][0]} / (float) ({count}))", "f"
         if fn in _INFIX:
             return f"({as_float(args[0])} {fn} {as_float(args[1])})", "f"
         if fn in _COMPARE:
