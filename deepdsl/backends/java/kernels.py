@@ -17,15 +17,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from deepdsl.backends import cexpr
+from deepdsl.backends.cexpr import apply, java_dialect
 from deepdsl.backends.escape import java_comment
 from deepdsl.backends.java.names import JAVA_KEYWORDS
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir.groups import is_flat
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, reads
-
-_INFIX = {"+", "-", "*", "/"}
-_COMPARE = {"==", "!=", "<", "<=", ">", ">="}
-_MATH = {"exp": "Math.exp", "log": "Math.log", "tanh": "Math.tanh"}
 
 
 def float_literal(v: float) -> str:
@@ -36,6 +34,9 @@ def float_literal(v: float) -> str:
     if math.isinf(f):
         return "Float.POSITIVE_INFINITY" if f > 0 else "Float.NEGATIVE_INFINITY"
     return f"{str(f)}f"  # numpy prints the shortest decimal that reads back as this float32
+
+
+JAVA = java_dialect(float_literal)
 
 
 def strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -135,7 +136,7 @@ class _Gen:
     def expr(self, e: IE, pre: list[str], indent: str) -> tuple[str, str]:
         """Java text of `e` and its kind ("f" float or "b" boolean); reductions append loops to `pre`."""
         if isinstance(e, Const):
-            return float_literal(e.value), "f"
+            return JAVA.literal(e.value), "f"
         if isinstance(e, Var):
             return f"(float) {self.names[e.name]}", "f"
         if isinstance(e, Read):
@@ -148,35 +149,7 @@ class _Gen:
         count = self.count_of(e)
         if count is not None:  # a mean: the sum over the count of its terms, a size of the kernel
             return f"({args[0][0]} / (float) ({count}))", "f"
-        if fn in _INFIX:
-            return f"({as_float(args[0])} {fn} {as_float(args[1])})", "f"
-        if fn in _COMPARE:
-            return f"{as_float(args[0])} {fn} {as_float(args[1])}", "b"
-        if fn in ("and", "or"):
-            op = "&&" if fn == "and" else "||"
-            return f"({as_bool(args[0])} {op} {as_bool(args[1])})", "b"
-        if fn == "not":
-            return f"!({as_bool(args[0])})", "b"
-        if fn == "select":
-            return f"({as_bool(args[0])} ? {as_float(args[1])} : {as_float(args[2])})", "f"
-        x = [as_float(a) for a in args]
-        if fn == "neg":
-            return f"-{x[0]}", "f"
-        if fn == "^":
-            return f"(float) Math.pow({x[0]}, {x[1]})", "f"
-        if fn in _MATH:
-            return f"(float) {_MATH[fn]}({x[0]})", "f"
-        if fn == "sqrt":
-            return f"(float) Math.sqrt({x[0]})", "f"
-        if fn == "rsqrt":
-            return f"(1f / (float) Math.sqrt({x[0]}))", "f"
-        if fn == "sigmoid":
-            return f"(0.5f * (1f + (float) Math.tanh(0.5f * {x[0]})))", "f"
-        if fn == "abs":
-            return f"Math.abs({x[0]})", "f"
-        if fn in ("max", "min"):
-            return f"Math.{fn}({x[0]}, {x[1]})", "f"
-        raise ValueError(f"no Java form for the scalar function {fn!r}")
+        return apply(fn, args, JAVA)
 
     def reduce(self, e: Reduce, pre: list[str], indent: str) -> str:
         acc = f"s{self.accumulators}"
@@ -241,13 +214,7 @@ def _subexprs(e: IE) -> list[IE]:
 
 
 def as_float(arg: tuple[str, str]) -> str:
-    text, kind = arg
-    return f"({text} ? 1f : 0f)" if kind == "b" else text
-
-
-def as_bool(arg: tuple[str, str]) -> str:
-    text, kind = arg
-    return text if kind == "b" else f"{text} != 0f"
+    return cexpr.as_float(arg, JAVA)
 
 
 def flat_form(e: IE) -> IE:
