@@ -126,8 +126,7 @@ def library_arguments(s: Stmt) -> list[str]:
     attrs = {k: v for k, v in s.attrs if k not in ("epilogue", "inplace")}
     call = java_call(s.op)
     args = []
-    for java_type, param in call.attributes:
-        key = param if param in attrs else _snake(param)
+    for (java_type, param), key in zip(call.attributes, call.keys):
         if key == "step":  # the step counter, an input of the statement, is passed as a long
             args.append("iteration")
         elif key == "limit":  # the device's workspace limit
@@ -184,7 +183,6 @@ class _Emitter:
     counters: frozenset[str] = frozenset()  # the step's iteration-counter input (a long, not a Buf)
     kernels: dict[tuple, str] = field(default_factory=dict)  # (body, out, shapes, ctypes) -> constant name
     kernel_text: list[str] = field(default_factory=list)  # the Java methods
-    constants: list[str] = field(default_factory=list)  # the Kernel constants
     cuda_text: list[str] = field(default_factory=list)  # the CUDA kernels, under the same names
     settings: dict[tuple[str, float], str] = field(default_factory=dict)  # (setting, default) -> field name
     temp_names: dict[str, str] = field(default_factory=dict)  # a step's value -> the name it would like
@@ -235,7 +233,6 @@ class _Emitter:
     def _add(self, name: str, java: str, cuda: Any, arity: int, sized: bool, doc: str) -> str:
         """Records kernel `name` (its Java method, its CUDA kernel) and returns the name of its constant."""
         const = self.namer(f"constant:{name}", _constant(name))
-        self.kernel_text.append(java)
         self.cuda_text.append(cuda.text)
         if sized:
             make = f"Kernel.elementwise({java_string(name)}, "
@@ -243,8 +240,11 @@ class _Emitter:
             make = f"Kernel.rows({java_string(name)}, {cuda.block[0]}, "
         else:
             make = f"Kernel.shaped({java_string(name)}, "
-        self.constants.append(f"  /** {java_comment(doc)} */")
-        self.constants += [f"  static final Kernel {const} =", f"      {make}{_body_lambda(name, arity)});"]
+        line = f"  static final Kernel {const} = {make}{_body_lambda(name, arity)});"
+        if len(line) > 120:
+            line = f"  static final Kernel {const} =\n      {make}{_body_lambda(name, arity)});"
+        doc_line, rest = java.split("\n", 1)  # the constant under the method's comment, above the method
+        self.kernel_text.append(f"{doc_line}\n{line}\n{rest}")
         return const
 
     def kernel(self, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...], doc: str,
@@ -344,7 +344,7 @@ class _Emitter:
             k = self.kernel(s.op, s.out.name, body, out, s.inputs[:arity], _meaning(body, out, arity))
             lines = [f"dev.run({', '.join([k, temp, *own_args])});"]
         else:
-            lines = [f"dev.{camel(s.op)}({', '.join([temp, *own_args, *library_arguments(s)])});"]
+            lines = [f"dev.{java_call(s.op).device}({', '.join([temp, *own_args, *library_arguments(s)])});"]
         if "epilogue" in s.a:
             extras = s.inputs[arity:]
             out = output_indices(s.out.type)
@@ -846,14 +846,16 @@ def emit_java(
     ]
     methods = ["", *("\n\n".join(steps + e.helper_text)).split("\n")]
     methods += [line for c in classes for line in ("", *c)]
-    constants = ["", f"  // ---- kernels: each a Java method below and a kernel of {cls}.cu of the same name ----", ""]
-    constants += e.constants
+    constants = [
+        "",
+        f"  // ---- kernels: each a constant, its Java method and a kernel of {cls}.cu of the same name ----",
+    ]
     kernels = ["", *"\n\n".join(e.kernel_text).split("\n")]
     lines = header + body + methods + constants + kernels + ["}", ""]
     text = "\n".join(lines)
     if not any("Parallel.range" in k for k in e.kernel_text):
         text = text.replace("import deepdsl.runtime.Parallel;\n", "")
-    if not e.constants:
+    if not e.kernel_text:
         text = text.replace("import deepdsl.runtime.Kernel;\n", "")
     if cfg.lr is None:
         text = text.replace("import deepdsl.runtime.Schedule;\n", "")

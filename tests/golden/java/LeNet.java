@@ -221,31 +221,10 @@ public final class LeNet extends Network {
     }
   }
 
-  // ---- kernels: each a Java method below and a kernel of LeNet.cu of the same name ----
+  // ---- kernels: each a constant, its Java method and a kernel of LeNet.cu of the same name ----
 
   /** out[i0, i1, i2, i3] = (in0[i0, i1, i2, i3] + in1[i1]) */
-  static final Kernel CHANNEL_BIAS_ADD =
-      Kernel.shaped("channelBiasAdd", b -> channelBiasAdd(b[0], b[1], b[2]));
-  /** out[i0, i1] = max((in0[i0, i1] + in1[i1]), 0) */
-  static final Kernel BIAS_ADD_RELU =
-      Kernel.shaped("biasAddRelu", b -> biasAddRelu(b[0], b[1], b[2]));
-  /** out[i0, i1] = (in0[i0, i1] + in1[i1]) */
-  static final Kernel BIAS_ADD =
-      Kernel.shaped("biasAdd", b -> biasAdd(b[0], b[1], b[2]));
-  /** out[i0] = (sum[r0:64] in0[r0, i0]) */
-  static final Kernel CHANNEL_SUM =
-      Kernel.rows("channelSum", 64, b -> channelSum(b[0], b[1]));
-  /** out[i0, i1] = ((in1[i0, i1] > 0) ? in0[i0, i1] : 0) */
-  static final Kernel RELU_GRAD =
-      Kernel.elementwise("reluGrad", b -> reluGrad(b[0], b[1], b[2]));
-  /** out[i0] = (sum[r0:64, r2:8, r3:8] in0[r0, i0, r2, r3]) */
-  static final Kernel CHANNEL_SUM_2 =
-      Kernel.rows("channelSum_2", 256, b -> channelSum_2(b[0], b[1]));
-  /** out0[e] = (((in3[] * in0[e]) + in1[e]) + (in4[] * in2[e])); out1[e] = (in2[e] - (in5[] * out0[e])) */
-  static final Kernel SGD_MOMENTUM_SGD_STEP =
-      Kernel.elementwise("sgdMomentumSgdStep", b -> sgdMomentumSgdStep(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]));
-
-  /** out[i0, i1, i2, i3] = (in0[i0, i1, i2, i3] + in1[i1]) */
+  static final Kernel CHANNEL_BIAS_ADD = Kernel.shaped("channelBiasAdd", b -> channelBiasAdd(b[0], b[1], b[2]));
   private static void channelBiasAdd(Buf out, Buf in0, Buf in1) {
     float[] o = out.a, a0 = in0.a, a1 = in1.a;
     int po = out.off, p0 = in0.off, p1 = in1.off;
@@ -265,6 +244,7 @@ public final class LeNet extends Network {
   }
 
   /** out[i0, i1] = max((in0[i0, i1] + in1[i1]), 0) */
+  static final Kernel BIAS_ADD_RELU = Kernel.shaped("biasAddRelu", b -> biasAddRelu(b[0], b[1], b[2]));
   private static void biasAddRelu(Buf out, Buf in0, Buf in1) {
     float[] o = out.a, a0 = in0.a, a1 = in1.a;
     int po = out.off, p0 = in0.off, p1 = in1.off;
@@ -280,6 +260,7 @@ public final class LeNet extends Network {
   }
 
   /** out[i0, i1] = (in0[i0, i1] + in1[i1]) */
+  static final Kernel BIAS_ADD = Kernel.shaped("biasAdd", b -> biasAdd(b[0], b[1], b[2]));
   private static void biasAdd(Buf out, Buf in0, Buf in1) {
     float[] o = out.a, a0 = in0.a, a1 = in1.a;
     int po = out.off, p0 = in0.off, p1 = in1.off;
@@ -295,6 +276,7 @@ public final class LeNet extends Network {
   }
 
   /** out[i0] = (sum[r0:64] in0[r0, i0]) */
+  static final Kernel CHANNEL_SUM = Kernel.rows("channelSum", 64, b -> channelSum(b[0], b[1]));
   private static void channelSum(Buf out, Buf in0) {
     float[] o = out.a, a0 = in0.a;
     int po = out.off, p0 = in0.off;
@@ -316,6 +298,7 @@ public final class LeNet extends Network {
   }
 
   /** out[i0, i1] = ((in1[i0, i1] > 0) ? in0[i0, i1] : 0) */
+  static final Kernel RELU_GRAD = Kernel.elementwise("reluGrad", b -> reluGrad(b[0], b[1], b[2]));
   private static void reluGrad(Buf out, Buf in0, Buf in1) {
     float[] o = out.a, a0 = in0.a, a1 = in1.a;
     int po = out.off, p0 = in0.off, p1 = in1.off;
@@ -328,6 +311,7 @@ public final class LeNet extends Network {
   }
 
   /** out[i0] = (sum[r0:64, r2:8, r3:8] in0[r0, i0, r2, r3]) */
+  static final Kernel CHANNEL_SUM_2 = Kernel.rows("channelSum_2", 256, b -> channelSum_2(b[0], b[1]));
   private static void channelSum_2(Buf out, Buf in0) {
     float[] o = out.a, a0 = in0.a;
     int po = out.off, p0 = in0.off;
@@ -353,6 +337,8 @@ public final class LeNet extends Network {
   }
 
   /** out0[e] = (((in3[] * in0[e]) + in1[e]) + (in4[] * in2[e])); out1[e] = (in2[e] - (in5[] * out0[e])) */
+  static final Kernel SGD_MOMENTUM_SGD_STEP =
+      Kernel.elementwise("sgdMomentumSgdStep", b -> sgdMomentumSgdStep(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]));
   private static void sgdMomentumSgdStep(Buf out0, Buf out1, Buf in0, Buf in1, Buf in2, Buf in3, Buf in4, Buf in5) {
     float[] o0 = out0.a, o1 = out1.a, a0 = in0.a, a1 = in1.a, a2 = in2.a, a3 = in3.a, a4 = in4.a, a5 = in5.a;
     int po0 = out0.off, po1 = out1.off, p0 = in0.off, p1 = in1.off, p2 = in2.off, p3 = in3.off, p4 = in4.off, p5 = in5.off;
