@@ -414,6 +414,8 @@ class _Emitter:
 
         def comment(st: Stmt) -> None:
             here = _where(st, self.in_state)
+            if here == _UPDATES:  # an optimizer's update names itself (updateSgdMomentumSgdStep(fc1_W, ...))
+                return
             if here != last[0]:
                 body.append(f"// {java_comment(here)}")
                 last[0] = here
@@ -552,8 +554,11 @@ def _where(s: Stmt, in_state: dict[str, str]) -> str:
         at = f"{s.span.file.rsplit('/', 1)[-1]}:{s.span.line}:{s.span.col}" if s.span else ""
         return ", ".join(x for x in (s.layer, at) if x)
     if s.out.name in in_state:
-        return "the optimizer's updates"
+        return _UPDATES
     return s.op
+
+
+_UPDATES = "the optimizer's updates"
 
 
 def _meaning(body: Any, out: tuple, inputs: int) -> str:

@@ -164,14 +164,12 @@ public final class LeNet extends Network {
       // cv1, lenet.ddsl:13:13
       dev.run(CHANNEL_SUM_2, cv1_db, mp_dx_2);
       dev.conv2dBackwardFilter(cv1_dW, x, mp_dx_2, groups(1), pad(0, 0), stride(1, 1), wShape(20, 1, 5, 5));
-      // the optimizer's updates
       updateSgdMomentumSgdStep(cv1_W_momentum, cv1_W, cv1_dW);
       updateSgdMomentumSgdStep(cv1_b_momentum, cv1_b, cv1_db);
       updateSgdMomentumSgdStep(cv2_W_momentum, cv2_W, cv2_dW);
       updateSgdMomentumSgdStep(cv2_b_momentum, cv2_b, cv2_db);
       // fc1, lenet.ddsl:16:13
       dev.matmul(fc1_dW, fc2_dx, net_flatten1_out, transposeA(true), transposeB(false));
-      // the optimizer's updates
       updateSgdMomentumSgdStep(fc1_W_momentum, fc1_W, fc1_dW);
       updateSgdMomentumSgdStep(fc1_b_momentum, fc1_b, fc1_db);
       updateSgdMomentumSgdStep(fc2_W_momentum, fc2_W, fc2_dW);
