@@ -285,9 +285,9 @@ public final class LeNet extends Network {
         float s0a = 0f, s0b = 0f, s0c = 0f, s0d = 0f;
         for (int r0 = 0; r0 < n0_0; r0 += 4) {
           s0a += a0[p0 + r0 * st0_0 + i0];
-          s0b += a0[p0 + ((r0 + 1)) * st0_0 + i0];
-          s0c += a0[p0 + ((r0 + 2)) * st0_0 + i0];
-          s0d += a0[p0 + ((r0 + 3)) * st0_0 + i0];
+          s0b += a0[p0 + (r0 + 1) * st0_0 + i0];
+          s0c += a0[p0 + (r0 + 2) * st0_0 + i0];
+          s0d += a0[p0 + (r0 + 3) * st0_0 + i0];
         }
         float s0 = (s0a + s0b) + (s0c + s0d);
         o[po + i0] = s0;
