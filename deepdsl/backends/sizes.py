@@ -50,7 +50,7 @@ class Sizes:
             if text == "0":
                 continue
             stride = self.stride(k, j)
-            simple = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|\d+", text) is not None
+            simple = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|\d+", text) is not None or _grouped(text)
             parts.append(text if stride == "1" else f"{text if simple else '(' + text + ')'} * {stride}")
         return " + ".join(parts) or "0"
 
@@ -79,3 +79,15 @@ class Sizes:
         return [self.out_dim(j) for j in range(len(self.out))] + [
             self.dim(k, j) for k, shape in enumerate(self.shapes) for j in range(len(shape))
         ]
+
+
+def _grouped(text: str) -> bool:
+    """Whether `text` is one parenthesised group, `(r2 + 1)` (not `(a) + (b)`)."""
+    if not text.startswith("("):
+        return False
+    depth = 0
+    for k, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            return k == len(text) - 1
+    return False

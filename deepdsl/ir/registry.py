@@ -10,6 +10,7 @@ from outside `deepdsl/ops/`: they are C-writing code that lives with the CUDA ba
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,16 +51,20 @@ class Saves:
 
 @dataclass(frozen=True)
 class JavaCall:
-    """How the Java program calls the op's kernel in the runtime: `cls.<op name>(out, params...)`.
+    """How the Java program calls the op: the step calls `dev.<device>(out, ...)` (a method of the runtime's
+    Device), which the CPU device runs as `cls.<op name>(out, params...)`.
 
     `params` are the Java method's parameters after the output, as (type, name): `Buf` (one per input, in
     order), or one `Buf[]` holding every input (concat), then the attributes, each named as its attribute in
     camelCase (`in_shape` is `inShape`); `long step` is the iteration counter and `long limit` the program's
-    workspace limit. tests/ops/test_registry_complete.py checks them against the runtime's Java sources.
+    workspace limit. `keys` gives, for each attribute parameter in order, the statement attribute it passes.
+    tests/ops/test_registry_complete.py checks them against the runtime's Java sources.
     """
 
     cls: str
     params: tuple[tuple[str, str], ...]
+    device: str = ""  # the Device method the generated step calls (java_call sets it)
+    keys: tuple[str, ...] = ()  # the statement attribute of each attribute parameter (java_call sets them)
 
     @property
     def inputs_as_array(self) -> bool:
@@ -189,13 +194,18 @@ def eager_saves(*names: str, which: tuple[int | str, ...] = (), extra: Callable 
         _attach(name, "saves")(Saves(which, extra))
 
 
-def java_call(name: str, params: str = "", cls: str = "CpuOps") -> None:
+def java_call(name: str, params: str = "", cls: str = "CpuOps", device: str | None = None) -> None:
     """Declare the runtime method the Java program calls for op `name`: `params` as the Java source writes them
-    after the output (`"Buf x, Buf w, int groups, int[] pad"`), in class `cls` (see `JavaCall`)."""
+    after the output (`"Buf x, Buf w, int groups, int[] pad"`), in class `cls`, and the Device method a step
+    calls, `device` (by default the op's name in camelCase: `conv2d_backward_data` -> `conv2dBackwardData`); each
+    attribute parameter passes the statement attribute of its name in snake_case (`inShape` -> `in_shape`)."""
     words = [p.split() for p in params.split(",") if p.strip()]
     assert all(len(w) == 2 for w in words), f"op {name}: Java parameters {params!r} are not 'type name, ...'"
     pairs = tuple((w[0], w[1]) for w in words)
-    _attach(name, "java")(JavaCall(cls, pairs))
+    head, *rest = name.split("_")
+    method = device or head + "".join(p[:1].upper() + p[1:] for p in rest)
+    keys = tuple(re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", n).lower() for t, n in pairs if t not in ("Buf", "Buf[]"))
+    _attach(name, "java")(JavaCall(cls, pairs, method, keys))
 
 
 def _attach_all(names: tuple[str, ...], field: str) -> Callable[[Callable], Callable]:

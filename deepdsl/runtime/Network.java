@@ -182,7 +182,14 @@ public abstract class Network {
     d.attach(this);
     device = d;
     dev = d;
+    placeTemporaries();
   }
+
+  /**
+   * Places the steps' temporaries in the arena of the device that has just taken the network: the
+   * generated class makes each step's layout table (its temporaries at their planned offsets) here.
+   */
+  protected void placeTemporaries() {}
 
   private Device device() {
     if (device == null) {

@@ -53,7 +53,7 @@ LEAKY_JAVA = [
 LEAKY_CUDA = [("fmaxf((in0[e] + in1[i1]), 0.0f)",
                "((in0[e] + in1[i1]) > 0 ? (in0[e] + in1[i1]) : 0.01f * (in0[e] + in1[i1]))"),
               ("((in1[e] > 0.0f) ? in0[e] : 0.0f)", "((in1[e] > 0.0f) ? in0[e] : 0.01f * in0[e])")]  # fmt: skip
-NORM = '    if (iteration % 1 == 0) System.out.println("fc1 output norm " + dev.read(fc1_out).norm());\n'
+NORM = '      if (iteration % 1 == 0) System.out.println("fc1 output norm " + dev.read(fc1_out).norm());\n'
 DATA = """
   @Override
   protected void batch(long iteration, Long shuffleSeed) {  // fills the fields x and y
@@ -92,7 +92,7 @@ def edited(tmp_path_factory: pytest.TempPathFactory) -> Path:
     leaky = java
     for old, new in LEAKY_JAVA:
         leaky = _edit(leaky, old, new)
-    call = "    dev.run(LINEAR_EPILOGUE, fc1_out, fc1_out, fc1_b);\n"
+    call = "      dev.run(BIAS_ADD_RELU, fc1_out, fc1_out, fc1_b);\n"
     norm = java.replace(call, call + NORM, 1)  # in trainStep, the first of the two steps
     assert norm.count(NORM) == 1
     main = re.search(r"\n  public static void main\(String\[\] args\) \{\n.*?\n  \}\n", java, re.S)

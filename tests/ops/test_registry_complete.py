@@ -426,3 +426,32 @@ def test_shape_rules_reject_what_does_not_fit() -> None:
 def test_lookup_suggests_the_nearest_op() -> None:
     with pytest.raises(KeyError, match="did you mean 'conv2d'"):
         lookup("conv2")
+
+
+def device_mismatches(registry: dict[str, OpDef], device_source: str) -> list[str]:
+    """Every op a generated step calls as a library op (a Java call, no index form of its own or for CUDA) whose
+    Device method is not in Device.java with the call's parameters (the workspace limit is the device's own)."""
+    methods = {
+        m: tuple(tuple(p.split()[-2:]) for p in ps.split(",") if p.strip())
+        for m, ps in re.findall(r"\bvoid (\w+)\(([^)]*)\);", device_source)
+    }
+    out = []
+    for name, op in sorted(registry.items()):
+        if op.java is None or op.index_form is not None or op.cuda_form is not None:
+            continue
+        params = methods.get(op.java.device)
+        want = (("Buf", "out"), *(p for p in op.java.params if p != ("long", "limit")))
+        if params != want:
+            out.append(f"{name}: Device.{op.java.device} is {params}, its Java call {want}")
+    return out
+
+
+def test_every_library_call_names_its_device_method() -> None:
+    device = runtime_sources()["Device.java"]
+    assert device_mismatches(REGISTRY, device) == []
+    assert all(len(op.java.keys) == len(op.java.attributes) for op in REGISTRY.values() if op.java is not None)
+    renamed = dataclasses.replace(REGISTRY["lrn"].java, device="localResponseNorm")
+    want = (("Buf", "out"), *REGISTRY["lrn"].java.params)
+    assert device_mismatches(_without("lrn", java=renamed), device) == [
+        f"lrn: Device.localResponseNorm is None, its Java call {want}"
+    ]

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from deepdsl.backends import cexpr
+from deepdsl.backends.cexpr import apply, cuda_dialect
 from deepdsl.backends.escape import c_comment
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir import REGISTRY, Stmt
@@ -94,9 +96,6 @@ def entries_source() -> str:
 
 # ---- scalar expressions ----
 
-_INFIX = {"+", "-", "*", "/"}
-_COMPARE = {"==", "!=", "<", "<=", ">", ">="}
-_UNARY = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "tanh": "tanhf", "abs": "fabsf"}
 _KEYWORDS = {"e", "t", "out", "auto", "int", "float", "double", "long", "if", "else", "for", "while", "do", "return",
              "char", "short", "signed", "unsigned", "const", "void", "case", "switch", "break", "continue", "goto",
              "static", "struct", "union", "enum", "register", "extern", "volatile", "new", "delete", "this",
@@ -113,6 +112,9 @@ def float_literal(v: float) -> str:
         return "__int_as_float(0x7f800000)" if f > 0 else "__int_as_float(0xff800000)"
     text = str(f)  # the shortest decimal that reads back as this float32
     return f"{text}f" if any(ch in text for ch in ".e") else f"{text}.0f"
+
+
+CUDA = cuda_dialect(float_literal)
 
 
 def strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -150,6 +152,17 @@ class _Gen:
 
     def range_of(self, var: str, size: int, body: IE) -> str:
         return self.sizes.range_of(var, size, body) if self.sizes is not None else str(size)
+
+    def count_of(self, e: Apply) -> str | None:
+        """For `sum / n` where n is the number of the sum's terms and a shape-generic kernel names every range: the
+        product of those names (so one kernel serves every size)."""
+        if self.sizes is None or e.fn != "/" or not isinstance(e.args[0], Reduce) or not isinstance(e.args[1], Const):
+            return None
+        r = e.args[0]
+        bounds = [self.range_of(var, size, r.body) for var, size in r.vars]
+        if r.kind != "sum" or e.args[1].value != math.prod(n for _, n in r.vars) or any(b.isdigit() for b in bounds):
+            return None
+        return " * ".join(bounds)
 
     def affine(self, a: Affine) -> str:
         return a.render(self.names)
@@ -196,7 +209,7 @@ class _Gen:
     def expr(self, e: IE, pre: list[str], indent: str, top: bool = True) -> tuple[str, str]:
         """C text of `e` and its kind ("f" float or "b" bool); reductions append their loops to `pre`."""
         if isinstance(e, Const):
-            return float_literal(e.value), "f"
+            return CUDA.literal(e.value), "f"
         if isinstance(e, Var):
             return f"(float) {self.names[e.name]}", "f"
         if isinstance(e, Read):
@@ -206,30 +219,10 @@ class _Gen:
         assert isinstance(e, Apply)
         args = [self.expr(a, pre, indent, top) for a in e.args]
         fn = e.fn
-        if fn in _INFIX:
-            return f"({as_float(args[0])} {fn} {as_float(args[1])})", "f"
-        if fn in _COMPARE:
-            return f"({as_float(args[0])} {fn} {as_float(args[1])})", "b"
-        if fn in ("and", "or"):
-            return f"({as_bool(args[0])} {'&&' if fn == 'and' else '||'} {as_bool(args[1])})", "b"
-        if fn == "not":
-            return f"!{as_bool(args[0])}", "b"
-        if fn == "select":
-            return f"({as_bool(args[0])} ? {as_float(args[1])} : {as_float(args[2])})", "f"
-        x = [as_float(a) for a in args]
-        if fn == "neg":
-            return f"(-{x[0]})", "f"
-        if fn == "^":
-            return f"powf({x[0]}, {x[1]})", "f"
-        if fn in _UNARY:
-            return f"{_UNARY[fn]}({x[0]})", "f"
-        if fn == "rsqrt":
-            return f"(1.0f / sqrtf({x[0]}))", "f"
-        if fn == "sigmoid":
-            return f"(0.5f * (1.0f + tanhf(0.5f * {x[0]})))", "f"
-        if fn in ("max", "min"):
-            return f"f{fn}f({x[0]}, {x[1]})", "f"
-        raise ValueError(f"no CUDA form for the scalar function {fn!r}")
+        count = self.count_of(e)
+        if count is not None:  # a mean: the sum over the count of its terms, a size of the kernel
+            return f"({args[0][0]} / (float) ({count}))", "f"
+        return apply(fn, args, CUDA)
 
     def reduce(self, e: Reduce, pre: list[str], indent: str, top: bool) -> str:
         acc = f"s{self.accumulators}"
@@ -281,13 +274,7 @@ def _product(factors: list[str]) -> str:
 
 
 def as_float(arg: tuple[str, str]) -> str:
-    text, kind = arg
-    return f"({text} ? 1.0f : 0.0f)" if kind == "b" else text
-
-
-def as_bool(arg: tuple[str, str]) -> str:
-    text, kind = arg
-    return text if kind == "b" else f"({text} != 0.0f)"
+    return cexpr.as_float(arg, CUDA)
 
 
 def cuda_expr(e: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> str:

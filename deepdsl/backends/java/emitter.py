@@ -1,9 +1,11 @@
 """The Java backend: the planned training and inference programs as one readable Java class.
 
 `emit_java(program, train_plan, infer_plan)` gives the text of `public final class NAME extends Network`:
-parameters, model state and optimizer state as named fields, `trainStep` and `inferStep` as the
-straight-line plan (each call under a comment holding the IR statement and its source line), and one
-generated kernel per distinct index expression. Every operation of a step is a call of the device `dev`
+parameters, model state and optimizer state as named fields; one inner class per plan (`Training`, and
+`Inference` for the test program, whose first part `predict()` is what inferStep runs) holding the plan's layout
+table (every temporary at its arena offset, by name) and its statements as straight-line calls (each run of
+calls under a comment naming its layer and source line); and one generated kernel per distinct index expression.
+Every operation of a step is a call of the device `dev`
 (runtime Device.java), so the CPU and the CUDA device run the same list of calls: an op without an index form
 is a library call (`dev.conv2d(...)`, `dev.matmul(...)`) with the parameters its registry entry's `java` field
 declares (output, inputs, then attributes); an op with one (or with a CUDA index form, the shape ops) is a
@@ -80,6 +82,42 @@ def _java_value(value: Any, java_type: str) -> str:
     return str(int(value))
 
 
+def _epilogue_name(e: Any, rank: int) -> str | None:
+    """What an epilogue computes, where it is one of the common ones: `bias_add_relu`, `channel_bias_add` (over
+    NCHW), `relu_grad`; else None."""
+    zero = Const(0.0)
+    if isinstance(e, Apply) and e.fn == "max" and len(e.args) == 2 and e.args[1] == zero:
+        inner = _epilogue_name(e.args[0], rank)
+        return f"{inner}_relu" if inner else None
+    if isinstance(e, Apply) and e.fn == "+" and all(isinstance(a, Read) for a in e.args):
+        own, bias = e.args
+        if own.input == 0 and len(own.index) == rank and len(bias.index) == 1 and bias.index == own.index[1:2]:
+            return "channel_bias_add" if rank == 4 else "bias_add"
+    if isinstance(e, Apply) and e.fn == "select" and e.args[2] == zero:
+        test = e.args[0]
+        if isinstance(test, Apply) and test.fn == ">" and test.args[1] == zero and isinstance(e.args[1], Read):
+            return "relu_grad"
+    return None
+
+
+def _common_prefix(names: list[str]) -> str:
+    """`model.` where every name is `model.SOMETHING`, else ""."""
+    firsts = {n.split(".", 1)[0] for n in names}
+    return f"{firsts.pop()}." if len(firsts) == 1 and all("." in n for n in names) else ""
+
+
+def _role(ops: list[str]) -> str:
+    """What a fused statement's result is called: its last op without the words of how it broadcasts
+    (`broadcast_channel_add` -> `add`, `pow_scalar` -> `pow`)."""
+    last = ops[-1].removeprefix("broadcast_channel_").removesuffix("_scalar")
+    return last or ops[-1]
+
+
+def _without_update(kernel: str) -> str:
+    """`RUNNING_UPDATE` -> `RUNNING`: the words of a kernel's name an update method adds `update` to."""
+    return "_".join(w for w in kernel.split("_") if w != "UPDATE") or kernel
+
+
 def _snake(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
 
@@ -89,8 +127,7 @@ def library_arguments(s: Stmt) -> list[str]:
     attrs = {k: v for k, v in s.attrs if k not in ("epilogue", "inplace")}
     call = java_call(s.op)
     args = []
-    for java_type, param in call.attributes:
-        key = param if param in attrs else _snake(param)
+    for (java_type, param), key in zip(call.attributes, call.keys):
         if key == "step":  # the step counter, an input of the statement, is passed as a long
             args.append("iteration")
         elif key == "limit":  # the device's workspace limit
@@ -147,13 +184,19 @@ class _Emitter:
     counters: frozenset[str] = frozenset()  # the step's iteration-counter input (a long, not a Buf)
     kernels: dict[tuple, str] = field(default_factory=dict)  # (body, out, shapes, ctypes) -> constant name
     kernel_text: list[str] = field(default_factory=list)  # the Java methods
-    constants: list[str] = field(default_factory=list)  # the Kernel constants
     cuda_text: list[str] = field(default_factory=list)  # the CUDA kernels, under the same names
     settings: dict[tuple[str, float], str] = field(default_factory=dict)  # (setting, default) -> field name
     temp_names: dict[str, str] = field(default_factory=dict)  # a step's value -> the name it would like
+    gradient: set[str] = field(default_factory=set)  # the backward pass's results in the step being written
+    roles: dict[str, str] = field(default_factory=dict)  # a field -> what it is to an update (w, opt, state)
+    helpers: dict[tuple, str] = field(default_factory=dict)  # (kernel, argument pattern, settings) -> its method
+    helper_text: list[str] = field(default_factory=list)
 
-    def declare(self, v: Value) -> str:
-        self.globals[v.name] = self.namer(v.name)
+    def declare(self, v: Value, prefix: str = "") -> str:
+        """The field of a tensor of the program, named after it without the `prefix` every parameter's name
+        shares (ResNet-50's `model.`); an optimizer state without its `opt/`: `cv1_W_momentum`."""
+        name = v.name.removeprefix("opt/")
+        self.globals[v.name] = self.namer(v.name, identifier(name.removeprefix(prefix)))
         return self.globals[v.name]
 
     def tensor(self, v: Value) -> str:
@@ -191,7 +234,6 @@ class _Emitter:
     def _add(self, name: str, java: str, cuda: Any, arity: int, sized: bool, doc: str) -> str:
         """Records kernel `name` (its Java method, its CUDA kernel) and returns the name of its constant."""
         const = self.namer(f"constant:{name}", _constant(name))
-        self.kernel_text.append(java)
         self.cuda_text.append(cuda.text)
         if sized:
             make = f"Kernel.elementwise({java_string(name)}, "
@@ -199,8 +241,11 @@ class _Emitter:
             make = f"Kernel.rows({java_string(name)}, {cuda.block[0]}, "
         else:
             make = f"Kernel.shaped({java_string(name)}, "
-        self.constants.append(f"  /** {java_comment(doc)} */")
-        self.constants += [f"  static final Kernel {const} =", f"      {make}{_body_lambda(name, arity)});"]
+        line = f"  static final Kernel {const} = {make}{_body_lambda(name, arity)});"
+        if len(line) > 120:
+            line = f"  static final Kernel {const} =\n      {make}{_body_lambda(name, arity)});"
+        doc_line, rest = java.split("\n", 1)  # the constant under the method's comment, above the method
+        self.kernel_text.append(f"{doc_line}\n{line}\n{rest}")
         return const
 
     def kernel(self, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...], doc: str,
@@ -245,7 +290,31 @@ class _Emitter:
             numel = stmts[0].out.type.numel
             cuda = group_kernel(name, tuple(bodies), numel, shapes, ctypes, tuple(readers), (doc,), generic=True)
             self.kernels[key] = self._add(name, java, cuda, len(bodies) + n, True, doc)
-        return f"dev.run({', '.join([self.kernels[key], *temps, *(self.tensor(v) for v in shared), *used])});"
+        ins = [self.tensor(v) for v in shared]
+        return self.run(self.kernels[key], temps, ins, used, all(st.out.name in self.in_state for st in stmts))
+
+    def run(self, kernel: str, outs: list[str], ins: list[str], settings: list[str], update: bool) -> str:
+        """`dev.run(kernel, outs..., ins..., settings...)`; for an update written over its tensors, the call of the
+        class's method for that kernel, which takes each tensor once and reads the settings itself:
+        `sgdMomentumStep(cv1_W_momentum, cv1_W, cv1_dW)`."""
+        if not update:
+            return f"dev.run({', '.join([kernel, *outs, *ins, *settings])});"
+        tensors = list(dict.fromkeys([*outs, *ins]))
+        key = (kernel, tuple(tensors.index(t) for t in [*outs, *ins]), tuple(settings))
+        if key not in self.helpers:
+            names: list[str] = []
+            for t in tensors:
+                role = self.roles.get(t, "x")
+                names.append(role if role not in names else f"{role}{sum(n.startswith(role) for n in names) + 1}")
+            helper = self.namer(f"helper:{key}", camel(f"update_{_snake(_without_update(kernel))}"))
+            args = [names[i] for i in key[1]]
+            doc = f"/** {kernel} over the tensors it updates ({', '.join(names)}), with the settings it reads. */"
+            params = ", ".join(f"Buf {n}" for n in names)
+            self.helpers[key] = helper
+            self.helper_text.append(
+                method(doc, f"private void {helper}({params})", [f"dev.run({', '.join([kernel, *args, *settings])});"])
+            )
+        return f"{self.helpers[key]}({', '.join(tensors)});"
 
     def statement(self, s: Stmt, temp: str) -> list[str]:
         """The Java lines of one statement (its result Buf is `temp`, already bound)."""
@@ -269,124 +338,107 @@ class _Emitter:
             ctypes = (*(_ctype(v) for v in s.inputs), *("float",) * len(used))
             doc = _meaning(body, out, len(shapes))
             k = self.kernel(what, s.out.name, body, out, (), doc, shapes, ctypes)
-            return [f"dev.run({', '.join([k, temp, *args, *used])});"]
+            return [self.run(k, [temp], args, used, s.out.name in self.in_state)]
         own_args = args[:arity] if "epilogue" in s.a else args
         if form is not None:  # a shape op with an epilogue: its kernel, then the epilogue's
             body, out = form
             k = self.kernel(s.op, s.out.name, body, out, s.inputs[:arity], _meaning(body, out, arity))
             lines = [f"dev.run({', '.join([k, temp, *own_args])});"]
         else:
-            lines = [f"dev.{camel(s.op)}({', '.join([temp, *own_args, *library_arguments(s)])});"]
+            lines = [f"dev.{java_call(s.op).device}({', '.join([temp, *own_args, *library_arguments(s)])});"]
         if "epilogue" in s.a:
             extras = s.inputs[arity:]
             out = output_indices(s.out.type)
             shapes = (s.out.type.shape, *(v.type.shape for v in extras))
             ctypes = ("float", *(_ctype(v) for v in extras))
             epilogue = s.a["epilogue"]
-            k = self.kernel(f"{s.op}_epilogue", s.out.name, epilogue, out, (), _meaning(epilogue, out, len(shapes)),
-                            shapes, ctypes)  # fmt: skip
+            what = _epilogue_name(epilogue, len(out)) or f"{s.op}_epilogue"
+            k = self.kernel(what, s.out.name, epilogue, out, (), _meaning(epilogue, out, len(shapes)), shapes, ctypes)
             lines.append(f"dev.run({', '.join([k, temp, temp, *args[arity:]])});")
         return lines
 
-    def step(self, kind: str, p: Plan, result: str) -> tuple[list[str], list[str]]:
-        """The methods of one program (`trainStep` or `inferStep`) and the fields they share between parts."""
+    def items(self, p: Plan) -> list[tuple[str, Any]]:
+        """The plan's work in order: statements, groups of statements one loop computes (ir/groups.py), then the
+        copies of the updates not computed in place."""
         g = p.graph
-        self.temps = Namer(tuple(self.namer.taken))
-        self.temp_names = temp_names(g, result if kind == "train" else None)
-        self.in_state = dict(getattr(p, "in_state", {}))
-        self.counters = frozenset(d.value.name for d in g.inputs if d.kind == "step")
-        # a group of element-wise statements (ir/groups.py) is one item: one loop computes all its results
         items: list[tuple[str, Any]] = [
             ("stmt", group[0]) if len(group) == 1 else ("group", group) for group in planned_groups(p)
         ]
-        items += [("update", (name, v)) for name, v in g.updates if self.in_state.get(v.name) != name]  # a copy
-        parts = _split(items)
-        made_in: dict[str, int] = {}
-        used_in: dict[str, set[int]] = {}
-        for k, part in enumerate(parts):
-            for what, item in part:
-                if what == "update":
-                    used_in.setdefault(item[1].name, set()).add(k)
-                    continue
-                for st in item if what == "group" else (item,):
-                    made_in[st.out.name] = k
-                    for v in st.inputs:
-                        used_in.setdefault(v.name, set()).add(k)
-        result_value = g.output(result)
-        used_in.setdefault(result_value.name, set()).add(-1)  # read by the method that calls the parts
-        shared = [n for n, k in made_in.items() if used_in.get(n, {k}) != {k} and n not in self.in_state]
-        fields = []
-        if len(parts) > 1:
-            for n in shared:  # a field of the class: its name must be unique in the whole class
-                self.temps(n, self.namer(f"{kind}:{n}", self.temp_names.get(n, self.temps.preferred(n))))
-                fields.append(f"  private Buf {self.temps(n)};")
-        methods = []
-        for k, part in enumerate(parts):
-            body: list[str] = []
-            last = [""]  # a comment says where the calls under it come from, when that changes
+        return items + [("update", (name, v)) for name, v in g.updates if self.in_state.get(v.name) != name]
 
-            def comment(st: Stmt, body: list[str] = body, last: list[str] = last) -> None:
-                here = _where(st, self.in_state)
-                if here != last[0]:
-                    body.append(f"// {java_comment(here)}")
-                    last[0] = here
-
-            for what, item in part:
-                if what == "update":
-                    name, v = item
-                    param = self.globals[name]
-                    if self.tensor(v) != param:
-                        body.append(f"dev.copy({self.tensor(v)}, {param});")
+    def program(self, title: str, doc: str, p: Plan, kind: str, result: str | None,
+                segments: list[tuple[str, str, list[tuple[str, Any]]]]) -> list[str]:  # fmt: skip
+        """The inner class `title` that runs plan `p`: its temporaries first, each at its offset of the arena (the
+        plan's layout table), then one method per segment (name, doc, items), a long one split into parts named
+        after the blocks they cover."""
+        g = p.graph
+        self.temps = Namer(tuple(self.namer.taken))
+        self.temp_names = temp_names(g, result)
+        self.gradient = gradient_values(g, result)
+        layout = []
+        self.in_state = dict(p.in_state)
+        for group in planned_groups(p):
+            for s in group:
+                if s.out.name in self.in_state:
                     continue
-                if what == "group":
-                    temps = []
-                    for st in item:
-                        temps.append(self.tensor(st.out))
-                        comment(st)
-                        if st.out.name not in self.in_state:
-                            declare = "" if st.out.name in shared and len(parts) > 1 else "Buf "
-                            shape = ", ".join(map(str, st.out.type.shape))
-                            offset = long_literal(p.buffer_of(st.out.name).offset)
-                            body.append(f"{declare}{temps[-1]} = at({offset}{', ' + shape if shape else ''});")
-                    body.append(self.group(item, temps))
-                    continue
-                s = item
                 t = self.tensor(s.out)
-                if s.out.name in self.in_state:  # the plan writes this update straight into its tensor
-                    comment(s)
-                    body += self.statement(s, t)
-                    continue
-                declare = "" if s.out.name in shared and len(parts) > 1 else "Buf "
+                if s.out.name in self.gradient:
+                    self.roles[t] = "grad"
                 shape = ", ".join(map(str, s.out.type.shape))
-                comment(s)
                 if REGISTRY[s.op].view:
-                    body.append(f"{declare}{t} = view({self.tensor(s.inputs[0])}{', ' + shape if shape else ''});")
-                    continue
-                offset = long_literal(p.buffer_of(s.out.name).offset)
-                body.append(f"{declare}{t} = at({offset}{', ' + shape if shape else ''});")
-                body += self.statement(s, t)
-            methods.append((k, body))
-        out = []
-        returns = "float" if result == "loss" else "Buf"
-        tail = f"dev.{'scalar' if result == 'loss' else 'read'}({self.tensor(result_value)})"
-        doc = {
-            "train": "One training step on the batch in the inputs: forward, backward, update; returns the loss.",
-            "infer": "The network's prediction for the batch in the inputs.",
-            "eval": "The loss on the batch in the inputs in inference semantics (the test phase); no update.",
-        }[kind]
-        name = f"{kind}Step"
-        if len(parts) == 1:
-            out.append(method(f"/** {doc} */", f"protected {returns} {name}()", methods[0][1] + [f"return {tail};"]))
-        else:
-            gradient = gradient_values(g, result if kind == "train" else None)
-            names = [self.namer(f"{kind}:part{k}", _part_name(kind, parts[k], gradient)) for k in range(len(parts))]
-            calls = [f"{n}();" for n in names]
-            out.append(method(f"/** {doc} */", f"protected {returns} {name}()", calls + [f"return {tail};"]))
-            for k, body in methods:
-                layers = _layers(parts[k])
-                doc = f"/** Part {k + 1} of {name}: {java_comment(layers)}. */"
-                out.append(method(doc, f"private void {names[k]}()", body))
-        return out, fields
+                    layout.append(f"final Buf {t} = view({self.tensor(s.inputs[0])}{', ' + shape if shape else ''});")
+                else:
+                    offset = long_literal(p.buffer_of(s.out.name).offset)
+                    layout.append(f"final Buf {t} = at({offset}{', ' + shape if shape else ''});")
+        methods = []
+        for name, mdoc, items in segments:
+            parts = _split(items)
+            if len(parts) == 1:
+                methods.append(method(f"/** {mdoc} */", f"void {name}()", self.calls(parts[0])))
+                continue
+            names = [self.temps(f"{name}:part{k}", _part_name(name, part, self.gradient))
+                     for k, part in enumerate(parts)]  # fmt: skip
+            methods.append(method(f"/** {mdoc} */", f"void {name}()", [f"{n}();" for n in names]))
+            for k, part in enumerate(parts):
+                pdoc = f"/** Part {k + 1} of {name}: {java_comment(_layers(part))}. */"
+                methods.append(method(pdoc, f"private void {names[k]}()", self.calls(part)))
+        head = f"    // the layout: each temporary of {java_comment(g.name)}'s {kind} at its byte offset of the arena"
+        lines = [f"  /** {doc} */", f"  private final class {title} {{", head, *(f"    {line}" for line in layout)]
+        for m in methods:
+            lines += ["", *(f"  {line}" if line else "" for line in m.split("\n"))]
+        return [*lines, "  }"]
+
+    def calls(self, part: list[tuple[str, Any]]) -> list[str]:
+        """The device calls of a part of a step, each run of calls under a comment saying where they come from."""
+        body: list[str] = []
+        last = [""]
+
+        def comment(st: Stmt) -> None:
+            here = _where(st, self.in_state)
+            if here == _UPDATES:  # an optimizer's update names itself (updateSgdMomentumSgdStep(fc1_W, ...))
+                return
+            if here != last[0]:
+                body.append(f"// {java_comment(here)}")
+                last[0] = here
+
+        for what, item in part:
+            if what == "update":
+                name, v = item
+                param = self.globals[name]
+                if self.tensor(v) != param:
+                    body.append(f"dev.copy({self.tensor(v)}, {param});")
+                continue
+            if what == "group":
+                temps = []
+                for st in item:
+                    temps.append(self.tensor(st.out))
+                    comment(st)
+                body.append(self.group(item, temps))
+                continue
+            if not REGISTRY[item.op].view:  # a view is a row of the layout table, not a call
+                comment(item)
+                body += self.statement(item, self.tensor(item.out))
+        return body
 
 
 # what a statement's result is, by its op: in the forward pass, and as part of the gradient
@@ -441,13 +493,14 @@ def temp_names(g: Graph, result: str | None) -> dict[str, str]:
     names = {}
     for s in g.stmts:
         backward = s.out.name in gradient
-        what = "_".join(s.a["ops"]) if s.op == "fused" and s.a.get("ops") else s.op
+        fused = s.op == "fused" and bool(s.a.get("ops"))
+        what = _role(list(s.a["ops"])) if fused else s.op
         if backward:  # noqa: SIM108
             role = _BACKWARD_ROLES.get(s.op, "d_" + what)
             if s.op == "matmul":
                 role = "dW" if s.a.get("transpose_a") else "dx"
-        else:
-            role = _FORWARD_ROLES.get(s.op, what)
+        else:  # a fused forward result is its layer's output (`relu1_out`)
+            role = "out" if fused else _FORWARD_ROLES.get(s.op, what)
         where = _layer_part(s.layer)
         names[s.out.name] = identifier(f"{where}_{role}" if where else role)
     return names
@@ -502,8 +555,11 @@ def _where(s: Stmt, in_state: dict[str, str]) -> str:
         at = f"{s.span.file.rsplit('/', 1)[-1]}:{s.span.line}:{s.span.col}" if s.span else ""
         return ", ".join(x for x in (s.layer, at) if x)
     if s.out.name in in_state:
-        return f"the update of {in_state[s.out.name]}"
+        return _UPDATES
     return s.op
+
+
+_UPDATES = "the optimizer's updates"
 
 
 def _meaning(body: Any, out: tuple, inputs: int) -> str:
@@ -512,8 +568,8 @@ def _meaning(body: Any, out: tuple, inputs: int) -> str:
 
 
 def _part_name(kind: str, part: list[tuple[str, Any]], gradient: set[str]) -> str:
-    """A part's method, after the blocks it covers and its pass: `trainForwardStemToStage2`, `trainBackwardStage3`,
-    `trainUpdates`."""
+    """A part's method, after the blocks it covers and, in a training step, its pass: `forwardStemToStage2`,
+    `backwardStage3`, `updates`; `predictStage3` in a segment `predict`."""
     blocks: list[str] = []
     stmts = [st for what, item in part if what != "update" for st in (item if what == "group" else (item,))]
     for st in stmts:
@@ -521,12 +577,14 @@ def _part_name(kind: str, part: list[tuple[str, Any]], gradient: set[str]) -> st
         if top and top not in blocks:
             blocks.append(top)
     if not blocks:
-        return camel(f"{kind}_updates")
+        return "updates"
     backward = any(st.out.name in gradient for st in stmts)
     forward = any(st.out.name not in gradient for st in stmts)
     where = blocks[0] if len(blocks) == 1 else f"{blocks[0]}_to_{blocks[-1]}"
-    passes = "" if kind != "train" or backward == forward else "backward" if backward else "forward"
-    return camel(f"{kind}_{passes}_{where}")
+    if kind != "step":
+        return camel(f"{kind}_{where}")
+    passes = "" if backward == forward else "backward_" if backward else "forward_"
+    return camel(f"{passes}{where}")
 
 
 def _layers(part: list[tuple[str, Any]]) -> str:
@@ -599,6 +657,85 @@ def _data_flag(data: tuple[str, tuple[tuple[Any, Any], ...]]) -> str:
     return f"{kind}:{values[0]}" if values else kind
 
 
+def _steps(e: _Emitter, cls: str, train: Plan, infer: Plan | None, test: Plan) -> tuple[list[list[str]], list[str]]:
+    """The inner classes that run the plans, and the step methods of the class that call them. The test program
+    (evalStep) computes `predict` too: where its statements that `predict` needs come first, inferStep runs them
+    alone (its plan is then the test plan's beginning), else inferStep runs the inference plan of its own."""
+    names = Namer((cls,))
+    training, inference, testing = (names(n) for n in ("Training", "Inference", "Testing"))
+
+    def instance(title: str) -> str:  # the field holding the inner class's instance
+        return title[:1].lower() + title[1:]
+
+    e.in_state = dict(train.in_state)
+    e.counters = frozenset(d.value.name for d in train.graph.inputs if d.kind == "step")
+    doc = "The training step: its temporaries and its calls."
+    step_doc = "Forward, backward, update."
+    classes = [e.program(training, doc, train, "training step", "loss", [("step", step_doc, e.items(train))])]
+    field_lines = [f"private {training} {instance(training)};"]
+    placed = [f"{instance(training)} = new {training}();"]
+    train_loss = f"{instance(training)}.{e.tensor(train.graph.output('loss'))}"
+    steps = [
+        method("/** One training step on the batch in the inputs; returns the loss. */", "protected float trainStep()",
+               [f"{instance(training)}.step();", f"return dev.scalar({train_loss});"])
+    ]  # fmt: skip
+    e.in_state = dict(test.in_state)
+    e.counters = frozenset(d.value.name for d in test.graph.inputs if d.kind == "step")
+    items = e.items(test)
+    cut = _predict_first(test, items) if infer is not None else None
+    if cut is not None:
+        doc = "The test program (inference semantics): the prediction, then the loss."
+        segments = [("predict", "The prediction (inferStep runs this alone).", items[:cut]),
+                    ("loss", "The loss of the prediction.", items[cut:])]  # fmt: skip
+        classes.append(e.program(inference, doc, test, "test program", None, segments))
+        run = instance(inference)
+        predict_calls = [f"{run}.predict();"]
+        eval_calls = [f"{run}.predict();", f"{run}.loss();"]
+        loss = f"{run}.{e.tensor(test.graph.output('loss'))}"
+        predict = f"{run}.{e.tensor(test.graph.output('predict'))}"
+    else:
+        doc = "The test program (inference semantics): the loss."
+        classes.append(e.program(testing, doc, test, "test program", None, [("loss", doc, items)]))
+        run = instance(testing)
+        eval_calls = [f"{run}.loss();"]
+        loss = f"{run}.{e.tensor(test.graph.output('loss'))}"
+        if infer is not None:
+            e.in_state = dict(infer.in_state)
+            doc = "The inference program: the prediction."
+            classes.append(e.program(inference, doc, infer, "inference program", None,
+                                     [("predict", doc, e.items(infer))]))  # fmt: skip
+            predict_calls = [f"{instance(inference)}.predict();"]
+            predict = f"{instance(inference)}.{e.tensor(infer.graph.output('predict'))}"
+    for c in (inference, testing):
+        if any(f"private final class {c} " in line for k in classes for line in k):
+            field_lines.append(f"private {c} {instance(c)};")
+            placed.append(f"{instance(c)} = new {c}();")
+    steps.append(method("/** The loss on the batch in the inputs in inference semantics (the test phase). */",
+                        "protected float evalStep()", [*eval_calls, f"return dev.scalar({loss});"]))  # fmt: skip
+    if infer is None:
+        steps.append(method("/** The network defines no `predict`. */", "protected Buf inferStep()", ["return null;"]))
+    else:
+        steps.append(method("/** The network's prediction for the batch in the inputs. */",
+                            "protected Buf inferStep()", [*predict_calls, f"return dev.read({predict});"]))  # fmt: skip
+    hook = method("/** The steps' temporaries, placed in the arena of the device that took the network. */",
+                  "@Override\n  protected void placeTemporaries()", placed)  # fmt: skip
+    return classes, ["\n".join(f"  {line}" for line in field_lines), hook, *steps]
+
+
+def _predict_first(p: Plan, items: list[tuple[str, Any]]) -> int | None:
+    """Where the statements `predict` needs end in `items` when none of the others comes before; else None."""
+    needed = _ancestors(p.graph, [p.graph.output("predict").name])
+    marks = []
+    for what, item in items:
+        stmts = item if what == "group" else (item,) if what == "stmt" else ()
+        marks.append(any(st.out.name in needed for st in stmts) if stmts else False)
+    if True not in marks:
+        return None
+    cut = len(marks) - marks[::-1].index(True)
+    return cut if all(marks[:cut]) or all(m or items[k][0] == "stmt" and REGISTRY[items[k][1].op].view
+                                          for k, m in enumerate(marks[:cut])) else None  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Emitted:
     java: str  # Name.java
@@ -625,6 +762,7 @@ def emit_java(
         if d.kind == "input" and d.classes is not None:  # token ids (`input t : [N, T] int vocab V`)
             call = f"tokens({named}, {d.classes}, {shape})"
         declarations.append(f"  private final Buf {e.declare(d.value)} = {call};")
+    prefix = _common_prefix([p.value.name for p in g.params if p.kind in ("param", "state")])
     titles = {"param": "parameters", "state": "model state", "opt": "optimizer state",
               "const": "constants (loop-invariant values hoisted out of the step)"}  # fmt: skip
     previous = None
@@ -641,12 +779,9 @@ def emit_java(
         else:
             kind = "param" if p.kind == "param" else "state"
             call = f"{kind}({java_string(p.value.name)}, {java_string(_init_text(p))}{shape})"
-        declarations.append(f"  private final Buf {e.declare(p.value)} = {call};")
-    train_methods, train_fields = e.step("train", train, "loss")
-    infer_methods, infer_fields = e.step("infer", infer, "predict") if infer is not None else ([], [])
-    eval_methods, eval_fields = e.step("eval", test, "loss")
-    infer_methods += eval_methods
-    infer_fields += eval_fields
+        declarations.append(f"  private final Buf {e.declare(p.value, prefix)} = {call};")
+        e.roles[e.globals[p.value.name]] = {"param": "w", "state": "state", "opt": "opt"}.get(p.kind, "x")
+    classes, steps = _steps(e, cls, train, infer, test)
     if e.settings:
         flags = ", ".join(f"--{n.replace('_', '-')}" for n, _ in e.settings)
         declarations = [
@@ -656,10 +791,6 @@ def emit_java(
                 for (n, v), f in e.settings.items()
             ),  # fmt: skip
             *declarations,
-        ]
-    if infer is None:
-        infer_methods = [
-            method("/** The network defines no `predict`. */", "protected Buf inferStep()", ["return null;"])
         ]
     arena = max(train.arena_bytes, infer.arena_bytes if infer is not None else 0, test.arena_bytes)
     source = java_comment(program.graph.stmts[0].span.file.rsplit("/", 1)[-1] if program.graph.stmts and
@@ -711,8 +842,6 @@ def emit_java(
         "",
         *declarations,
     ]
-    if train_fields or infer_fields:
-        header += ["", "  // results shared between the parts of a step", *train_fields, *infer_fields]
     body = [
         "",
         f"  public {cls}() {{",
@@ -723,15 +852,18 @@ def emit_java(
         f"    System.exit(run(args, SETTINGS, {cls}::new));",
         "  }",
     ]
-    methods = ["", *("\n\n".join(train_methods + infer_methods)).split("\n")]
-    constants = ["", f"  // ---- kernels: each a Java method below and a kernel of {cls}.cu of the same name ----", ""]
-    constants += e.constants
+    methods = ["", *("\n\n".join(steps + e.helper_text)).split("\n")]
+    methods += [line for c in classes for line in ("", *c)]
+    constants = [
+        "",
+        f"  // ---- kernels: each a constant, its Java method and a kernel of {cls}.cu of the same name ----",
+    ]
     kernels = ["", *"\n\n".join(e.kernel_text).split("\n")]
     lines = header + body + methods + constants + kernels + ["}", ""]
     text = "\n".join(lines)
     if not any("Parallel.range" in k for k in e.kernel_text):
         text = text.replace("import deepdsl.runtime.Parallel;\n", "")
-    if not e.constants:
+    if not e.kernel_text:
         text = text.replace("import deepdsl.runtime.Kernel;\n", "")
     if cfg.lr is None:
         text = text.replace("import deepdsl.runtime.Schedule;\n", "")

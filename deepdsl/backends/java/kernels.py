@@ -17,15 +17,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from deepdsl.backends import cexpr
+from deepdsl.backends.cexpr import apply, java_dialect
 from deepdsl.backends.escape import java_comment
 from deepdsl.backends.java.names import JAVA_KEYWORDS
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir.groups import is_flat
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, reads
-
-_INFIX = {"+", "-", "*", "/"}
-_COMPARE = {"==", "!=", "<", "<=", ">", ">="}
-_MATH = {"exp": "Math.exp", "log": "Math.log", "tanh": "Math.tanh"}
 
 
 def float_literal(v: float) -> str:
@@ -36,6 +34,9 @@ def float_literal(v: float) -> str:
     if math.isinf(f):
         return "Float.POSITIVE_INFINITY" if f > 0 else "Float.NEGATIVE_INFINITY"
     return f"{str(f)}f"  # numpy prints the shortest decimal that reads back as this float32
+
+
+JAVA = java_dialect(float_literal)
 
 
 def strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -121,10 +122,21 @@ class _Gen:
     def range_of(self, var: str, size: int, body: IE) -> str:
         return self.sizes.range_of(var, size, body) if self.sizes is not None else str(size)
 
+    def count_of(self, e: Apply) -> str | None:
+        """For `sum / n` where n is the number of the sum's terms and a shape-generic kernel names every range: the
+        product of those names (so one kernel serves every size)."""
+        if self.sizes is None or e.fn != "/" or not isinstance(e.args[0], Reduce) or not isinstance(e.args[1], Const):
+            return None
+        r = e.args[0]
+        bounds = [self.bounds_of.get(var, str(size)) for var, size in r.vars]
+        if r.kind != "sum" or e.args[1].value != math.prod(n for _, n in r.vars) or any(b.isdigit() for b in bounds):
+            return None
+        return " * ".join(bounds)
+
     def expr(self, e: IE, pre: list[str], indent: str) -> tuple[str, str]:
         """Java text of `e` and its kind ("f" float or "b" boolean); reductions append loops to `pre`."""
         if isinstance(e, Const):
-            return float_literal(e.value), "f"
+            return JAVA.literal(e.value), "f"
         if isinstance(e, Var):
             return f"(float) {self.names[e.name]}", "f"
         if isinstance(e, Read):
@@ -134,35 +146,10 @@ class _Gen:
         assert isinstance(e, Apply)
         args = [self.expr(a, pre, indent) for a in e.args]
         fn = e.fn
-        if fn in _INFIX:
-            return f"({as_float(args[0])} {fn} {as_float(args[1])})", "f"
-        if fn in _COMPARE:
-            return f"{as_float(args[0])} {fn} {as_float(args[1])}", "b"
-        if fn in ("and", "or"):
-            op = "&&" if fn == "and" else "||"
-            return f"({as_bool(args[0])} {op} {as_bool(args[1])})", "b"
-        if fn == "not":
-            return f"!({as_bool(args[0])})", "b"
-        if fn == "select":
-            return f"({as_bool(args[0])} ? {as_float(args[1])} : {as_float(args[2])})", "f"
-        x = [as_float(a) for a in args]
-        if fn == "neg":
-            return f"-{x[0]}", "f"
-        if fn == "^":
-            return f"(float) Math.pow({x[0]}, {x[1]})", "f"
-        if fn in _MATH:
-            return f"(float) {_MATH[fn]}({x[0]})", "f"
-        if fn == "sqrt":
-            return f"(float) Math.sqrt({x[0]})", "f"
-        if fn == "rsqrt":
-            return f"(1f / (float) Math.sqrt({x[0]}))", "f"
-        if fn == "sigmoid":
-            return f"(0.5f * (1f + (float) Math.tanh(0.5f * {x[0]})))", "f"
-        if fn == "abs":
-            return f"Math.abs({x[0]})", "f"
-        if fn in ("max", "min"):
-            return f"Math.{fn}({x[0]}, {x[1]})", "f"
-        raise ValueError(f"no Java form for the scalar function {fn!r}")
+        count = self.count_of(e)
+        if count is not None:  # a mean: the sum over the count of its terms, a size of the kernel
+            return f"({args[0][0]} / (float) ({count}))", "f"
+        return apply(fn, args, JAVA)
 
     def reduce(self, e: Reduce, pre: list[str], indent: str) -> str:
         acc = f"s{self.accumulators}"
@@ -190,7 +177,7 @@ class _Gen:
         """A sum whose innermost loop steps by `lanes`, term j into accumulator j: independent additions
         instead of one chain, each accumulator's terms in order, the accumulators added pairwise at the end."""
         parts = [f"{acc}{chr(ord('a') + j)}" for j in range(lanes)]
-        pre.extend(f"{indent}float {part} = 0f;" for part in parts)
+        pre.append(f"{indent}float {', '.join(f'{part} = 0f' for part in parts)};")
         inner = indent
         for k, (var, size) in enumerate(e.vars):
             bound = self.range_of(var, size, e.body)
@@ -227,13 +214,7 @@ def _subexprs(e: IE) -> list[IE]:
 
 
 def as_float(arg: tuple[str, str]) -> str:
-    text, kind = arg
-    return f"({text} ? 1f : 0f)" if kind == "b" else text
-
-
-def as_bool(arg: tuple[str, str]) -> str:
-    text, kind = arg
-    return text if kind == "b" else f"{text} != 0f"
+    return cexpr.as_float(arg, JAVA)
 
 
 def flat_form(e: IE) -> IE:
@@ -261,11 +242,8 @@ def java_kernel(
     params = ", ".join(["Buf out", *(f"Buf in{k}" for k in range(len(shapes)))])
     lines = [f"  /** {java_comment(doc)} */"] if doc else []
     lines.append(f"  private static void {name}({params}) {{")
-    lines.append("    float[] o = out.a;")
-    lines.append("    int po = out.off;")
-    for k in used:
-        lines.append(f"    float[] a{k} = in{k}.a;")
-        lines.append(f"    int p{k} = in{k}.off;")
+    lines.append("    float[] " + ", ".join(["o = out.a", *(f"a{k} = in{k}.a" for k in used)]) + ";")
+    lines.append("    int " + ", ".join(["po = out.off", *(f"p{k} = in{k}.off" for k in used)]) + ";")
     g = _Gen(shapes, taken={"o", "po", "out", "lo", "hi", "e", *(f"a{k}" for k in used), *(f"p{k}" for k in used),
                             *(f"in{k}" for k in range(len(shapes)))})  # fmt: skip
     if is_flat(body, out, shapes):  # the size comes from the output, so one kernel serves every shape
@@ -300,8 +278,9 @@ def java_kernel(
             loop = ["    " + line for line in loop_body]
         strides = sizes.locals("\n".join(loop))
         text = "\n".join([*loop, *(v for _, v in strides)])
-        lines += [f"    int {n} = {'out' if b < 0 else f'in{b}'}.shape[{j}];" for n, b, j in sizes.dims_used(text)]
-        lines += [f"    int {n} = {v};" for n, v in strides]
+        dims = [f"{n} = {'out' if b < 0 else f'in{b}'}.shape[{j}]" for n, b, j in sizes.dims_used(text)]
+        lines += [f"    int {', '.join(dims)};"] if dims else []
+        lines += [f"    int {', '.join(f'{n} = {v}' for n, v in strides)};"] if strides else []
         lines += loop
     lines.append("  }")
     return "\n".join(lines)
@@ -317,10 +296,9 @@ def java_group_kernel(
     params = ", ".join([*(f"Buf out{m}" for m in range(len(bodies))), *(f"Buf in{k}" for k in range(inputs))])
     lines = [f"  /** {java_comment(doc)} */"] if doc else []
     lines.append(f"  private static void {name}({params}) {{")
-    for m in range(len(bodies)):
-        lines += [f"    float[] o{m} = out{m}.a;", f"    int po{m} = out{m}.off;"]
-    for k in used:
-        lines += [f"    float[] a{k} = in{k}.a;", f"    int p{k} = in{k}.off;"]
+    arrays = [*(f"o{m} = out{m}.a" for m in range(len(bodies))), *(f"a{k} = in{k}.a" for k in used)]
+    offsets = [*(f"po{m} = out{m}.off" for m in range(len(bodies))), *(f"p{k} = in{k}.off" for k in used)]
+    lines += [f"    float[] {', '.join(arrays)};", f"    int {', '.join(offsets)};"]
     lines.append("    int n = out0.numel();")
     loop = ["for (int e = lo; e < hi; e++) {"]
     work = 0

@@ -44,14 +44,14 @@ public final class LeNet extends Network {
   private final Buf fc2_W = param("fc2.W", "he(fan_in=500, fan_out=10)", 10, 500);
   private final Buf fc2_b = param("fc2.b", "constant(0)", 10);
   // optimizer state
-  private final Buf opt_cv1_W_momentum = optimizerState("opt/cv1.W/momentum", 20, 1, 5, 5);
-  private final Buf opt_cv1_b_momentum = optimizerState("opt/cv1.b/momentum", 20);
-  private final Buf opt_cv2_W_momentum = optimizerState("opt/cv2.W/momentum", 50, 20, 5, 5);
-  private final Buf opt_cv2_b_momentum = optimizerState("opt/cv2.b/momentum", 50);
-  private final Buf opt_fc1_W_momentum = optimizerState("opt/fc1.W/momentum", 500, 800);
-  private final Buf opt_fc1_b_momentum = optimizerState("opt/fc1.b/momentum", 500);
-  private final Buf opt_fc2_W_momentum = optimizerState("opt/fc2.W/momentum", 10, 500);
-  private final Buf opt_fc2_b_momentum = optimizerState("opt/fc2.b/momentum", 10);
+  private final Buf cv1_W_momentum = optimizerState("opt/cv1.W/momentum", 20, 1, 5, 5);
+  private final Buf cv1_b_momentum = optimizerState("opt/cv1.b/momentum", 20);
+  private final Buf cv2_W_momentum = optimizerState("opt/cv2.W/momentum", 50, 20, 5, 5);
+  private final Buf cv2_b_momentum = optimizerState("opt/cv2.b/momentum", 50);
+  private final Buf fc1_W_momentum = optimizerState("opt/fc1.W/momentum", 500, 800);
+  private final Buf fc1_b_momentum = optimizerState("opt/fc1.b/momentum", 500);
+  private final Buf fc2_W_momentum = optimizerState("opt/fc2.W/momentum", 10, 500);
+  private final Buf fc2_b_momentum = optimizerState("opt/fc2.b/momentum", 10);
   // constants (loop-invariant values hoisted out of the step)
   private final Buf const14 = constant("const14", 1.0f);
 
@@ -63,212 +63,171 @@ public final class LeNet extends Network {
     System.exit(run(args, SETTINGS, LeNet::new));
   }
 
-  /** One training step on the batch in the inputs: forward, backward, update; returns the loss. */
+  private Training training;
+  private Inference inference;
+
+  /** The steps' temporaries, placed in the arena of the device that took the network. */
+  @Override
+  protected void placeTemporaries() {
+    training = new Training();
+    inference = new Inference();
+  }
+
+  /** One training step on the batch in the inputs; returns the loss. */
   protected float trainStep() {
-    // cv1, lenet.ddsl:13:13
-    Buf cv1_out = at(0, 64, 20, 24, 24);
-    dev.conv2d(cv1_out, x, cv1_W, groups(1), pad(0, 0), stride(1, 1));
-    dev.run(CONV2D_EPILOGUE, cv1_out, cv1_out, cv1_b);
-    // mp, lenet.ddsl:15:13
-    Buf mp_out = at(5898240, 64, 20, 12, 12);
-    dev.maxPool2d(mp_out, cv1_out, kernel(2, 2), pad(0, 0), stride(2, 2));
-    // cv2, lenet.ddsl:14:13
-    Buf cv2_out = at(2949120, 64, 50, 8, 8);
-    dev.conv2d(cv2_out, mp_out, cv2_W, groups(1), pad(0, 0), stride(1, 1));
-    dev.run(CONV2D_EPILOGUE, cv2_out, cv2_out, cv2_b);
-    // mp, lenet.ddsl:15:13
-    Buf mp_out_2 = at(7372800, 64, 50, 4, 4);
-    dev.maxPool2d(mp_out_2, cv2_out, kernel(2, 2), pad(0, 0), stride(2, 2));
-    // net.flatten1, lenet.ddsl:21:33
-    Buf net_flatten1_out = view(mp_out_2, 64, 800);
-    // fc1, lenet.ddsl:16:13
-    Buf fc1_out = at(3768320, 64, 500);
-    dev.linear(fc1_out, net_flatten1_out, fc1_W);
-    dev.run(LINEAR_EPILOGUE, fc1_out, fc1_out, fc1_b);
-    // fc2, lenet.ddsl:17:13
-    Buf fc2_out = at(3896320, 64, 10);
-    dev.linear(fc2_out, fc1_out, fc2_W);
-    dev.run(LINEAR_EPILOGUE_2, fc2_out, fc2_out, fc2_b);
-    // lenet.ddsl:21:11
-    Buf loss = at(7827968);
-    dev.softmaxCrossEntropy(loss, fc2_out, y);
-    Buf dscores = at(3898880, 64, 10);
-    dev.softmaxCrossEntropyBackward(dscores, fc2_out, y, const14);
-    // fc2, lenet.ddsl:17:13
-    Buf fc2_db = at(7828224, 10);
-    dev.run(CHANNEL_SUM, fc2_db, dscores);
-    Buf fc2_dW = at(7805696, 10, 500);
-    dev.matmul(fc2_dW, dscores, fc1_out, transposeA(true), transposeB(false));
-    Buf fc2_dx = at(7577600, 64, 500);
-    dev.matmul(fc2_dx, dscores, fc2_W, transposeA(false), transposeB(false));
-    dev.run(MATMUL_EPILOGUE, fc2_dx, fc2_dx, fc1_out);
-    // fc1, lenet.ddsl:16:13
-    Buf fc1_db = at(7825920, 500);
-    dev.run(CHANNEL_SUM, fc1_db, fc2_dx);
-    Buf fc1_dx = at(4587520, 64, 800);
-    dev.matmul(fc1_dx, fc2_dx, fc1_W, transposeA(false), transposeB(false));
-    // net.flatten1, lenet.ddsl:21:33
-    Buf net_flatten1_dx = view(fc1_dx, 64, 50, 4, 4);
-    // mp, lenet.ddsl:15:13
-    Buf mp_dx = at(3768320, 64, 50, 8, 8);
-    dev.maxPool2dBackward(mp_dx, cv2_out, mp_out_2, net_flatten1_dx, kernel(2, 2), pad(0, 0), stride(2, 2));
-    // cv2, lenet.ddsl:14:13
-    Buf cv2_db = at(7828480, 50);
-    dev.run(CHANNEL_SUM_2, cv2_db, mp_dx);
-    Buf cv2_dx = at(6635520, 64, 20, 12, 12);
-    dev.conv2dBackwardData(cv2_dx, mp_dx, cv2_W, groups(1), inShape(64, 20, 12, 12), pad(0, 0), stride(1, 1));
-    Buf cv2_dW = at(7705600, 50, 20, 5, 5);
-    dev.conv2dBackwardFilter(cv2_dW, mp_out, mp_dx, groups(1), pad(0, 0), stride(1, 1), wShape(50, 20, 5, 5));
-    // mp, lenet.ddsl:15:13
-    Buf mp_dx_2 = at(2949120, 64, 20, 24, 24);
-    dev.maxPool2dBackward(mp_dx_2, cv1_out, mp_out, cv2_dx, kernel(2, 2), pad(0, 0), stride(2, 2));
-    // cv1, lenet.ddsl:13:13
-    Buf cv1_db = at(59648, 20);
-    dev.run(CHANNEL_SUM_2, cv1_db, mp_dx_2);
-    Buf cv1_dW = at(57600, 20, 1, 5, 5);
-    dev.conv2dBackwardFilter(cv1_dW, x, mp_dx_2, groups(1), pad(0, 0), stride(1, 1), wShape(20, 1, 5, 5));
-    // the update of opt/cv1.W/momentum
-    // the update of cv1.W
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt_cv1_W_momentum, cv1_W, opt_cv1_W_momentum, cv1_dW, cv1_W, momentum, weight_decay, lr);
-    // the update of opt/cv1.b/momentum
-    // the update of cv1.b
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt_cv1_b_momentum, cv1_b, opt_cv1_b_momentum, cv1_db, cv1_b, momentum, weight_decay, lr);
-    // the update of opt/cv2.W/momentum
-    // the update of cv2.W
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt_cv2_W_momentum, cv2_W, opt_cv2_W_momentum, cv2_dW, cv2_W, momentum, weight_decay, lr);
-    // the update of opt/cv2.b/momentum
-    // the update of cv2.b
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt_cv2_b_momentum, cv2_b, opt_cv2_b_momentum, cv2_db, cv2_b, momentum, weight_decay, lr);
-    // fc1, lenet.ddsl:16:13
-    Buf fc1_dW = at(0, 500, 800);
-    dev.matmul(fc1_dW, fc2_dx, net_flatten1_out, transposeA(true), transposeB(false));
-    // the update of opt/fc1.W/momentum
-    // the update of fc1.W
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt_fc1_W_momentum, fc1_W, opt_fc1_W_momentum, fc1_dW, fc1_W, momentum, weight_decay, lr);
-    // the update of opt/fc1.b/momentum
-    // the update of fc1.b
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt_fc1_b_momentum, fc1_b, opt_fc1_b_momentum, fc1_db, fc1_b, momentum, weight_decay, lr);
-    // the update of opt/fc2.W/momentum
-    // the update of fc2.W
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt_fc2_W_momentum, fc2_W, opt_fc2_W_momentum, fc2_dW, fc2_W, momentum, weight_decay, lr);
-    // the update of opt/fc2.b/momentum
-    // the update of fc2.b
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt_fc2_b_momentum, fc2_b, opt_fc2_b_momentum, fc2_db, fc2_b, momentum, weight_decay, lr);
-    return dev.scalar(loss);
+    training.step();
+    return dev.scalar(training.loss);
+  }
+
+  /** The loss on the batch in the inputs in inference semantics (the test phase). */
+  protected float evalStep() {
+    inference.predict();
+    inference.loss();
+    return dev.scalar(inference.loss);
   }
 
   /** The network's prediction for the batch in the inputs. */
   protected Buf inferStep() {
-    // cv1, lenet.ddsl:13:13
-    Buf cv1_out = at(0, 64, 20, 24, 24);
-    dev.conv2d(cv1_out, x, cv1_W, groups(1), pad(0, 0), stride(1, 1));
-    dev.run(CONV2D_EPILOGUE, cv1_out, cv1_out, cv1_b);
-    // mp, lenet.ddsl:15:13
-    Buf mp_out = at(2949120, 64, 20, 12, 12);
-    dev.maxPool2d(mp_out, cv1_out, kernel(2, 2), pad(0, 0), stride(2, 2));
-    // cv2, lenet.ddsl:14:13
-    Buf cv2_out = at(0, 64, 50, 8, 8);
-    dev.conv2d(cv2_out, mp_out, cv2_W, groups(1), pad(0, 0), stride(1, 1));
-    dev.run(CONV2D_EPILOGUE, cv2_out, cv2_out, cv2_b);
-    // mp, lenet.ddsl:15:13
-    Buf mp_out_2 = at(819200, 64, 50, 4, 4);
-    dev.maxPool2d(mp_out_2, cv2_out, kernel(2, 2), pad(0, 0), stride(2, 2));
-    // net.flatten1, lenet.ddsl:21:33
-    Buf net_flatten1_out = view(mp_out_2, 64, 800);
-    // fc1, lenet.ddsl:16:13
-    Buf fc1_out = at(0, 64, 500);
-    dev.linear(fc1_out, net_flatten1_out, fc1_W);
-    // net.relu1, lenet.ddsl:21:33
-    Buf net_relu1_bias_add_relu = at(0, 64, 500);
-    dev.run(LINEAR_EPILOGUE, net_relu1_bias_add_relu, fc1_out, fc1_b);
-    // fc2, lenet.ddsl:17:13
-    Buf fc2_out = at(128000, 64, 10);
-    dev.linear(fc2_out, net_relu1_bias_add_relu, fc2_W);
-    Buf fc2_bias_add = at(128000, 64, 10);
-    dev.run(LINEAR_EPILOGUE_2, fc2_bias_add, fc2_out, fc2_b);
-    return dev.read(fc2_bias_add);
+    inference.predict();
+    return dev.read(inference.fc2_bias_add);
   }
 
-  /** The loss on the batch in the inputs in inference semantics (the test phase); no update. */
-  protected float evalStep() {
-    // cv1, lenet.ddsl:13:13
-    Buf cv1_out = at(0, 64, 20, 24, 24);
-    dev.conv2d(cv1_out, x, cv1_W, groups(1), pad(0, 0), stride(1, 1));
-    dev.run(CONV2D_EPILOGUE, cv1_out, cv1_out, cv1_b);
-    // mp, lenet.ddsl:15:13
-    Buf mp_out = at(2949120, 64, 20, 12, 12);
-    dev.maxPool2d(mp_out, cv1_out, kernel(2, 2), pad(0, 0), stride(2, 2));
-    // cv2, lenet.ddsl:14:13
-    Buf cv2_out = at(0, 64, 50, 8, 8);
-    dev.conv2d(cv2_out, mp_out, cv2_W, groups(1), pad(0, 0), stride(1, 1));
-    dev.run(CONV2D_EPILOGUE, cv2_out, cv2_out, cv2_b);
-    // mp, lenet.ddsl:15:13
-    Buf mp_out_2 = at(819200, 64, 50, 4, 4);
-    dev.maxPool2d(mp_out_2, cv2_out, kernel(2, 2), pad(0, 0), stride(2, 2));
-    // net.flatten1, lenet.ddsl:21:33
-    Buf net_flatten1_out = view(mp_out_2, 64, 800);
-    // fc1, lenet.ddsl:16:13
-    Buf fc1_out = at(0, 64, 500);
-    dev.linear(fc1_out, net_flatten1_out, fc1_W);
-    // net.relu1, lenet.ddsl:21:33
-    Buf net_relu1_bias_add_relu = at(0, 64, 500);
-    dev.run(LINEAR_EPILOGUE, net_relu1_bias_add_relu, fc1_out, fc1_b);
-    // fc2, lenet.ddsl:17:13
-    Buf fc2_out = at(128000, 64, 10);
-    dev.linear(fc2_out, net_relu1_bias_add_relu, fc2_W);
-    Buf fc2_bias_add = at(128000, 64, 10);
-    dev.run(LINEAR_EPILOGUE_2, fc2_bias_add, fc2_out, fc2_b);
-    // lenet.ddsl:21:11
-    Buf loss = at(0);
-    dev.softmaxCrossEntropy(loss, fc2_bias_add, y);
-    return dev.scalar(loss);
+  /** SGD_MOMENTUM_SGD_STEP over the tensors it updates (opt, w, grad), with the settings it reads. */
+  private void updateSgdMomentumSgdStep(Buf opt, Buf w, Buf grad) {
+    dev.run(SGD_MOMENTUM_SGD_STEP, opt, w, opt, grad, w, momentum, weight_decay, lr);
   }
 
-  // ---- kernels: each a Java method below and a kernel of LeNet.cu of the same name ----
+  /** The training step: its temporaries and its calls. */
+  private final class Training {
+    // the layout: each temporary of LeNet's training step at its byte offset of the arena
+    final Buf cv1_out = at(0, 64, 20, 24, 24);
+    final Buf mp_out = at(5898240, 64, 20, 12, 12);
+    final Buf cv2_out = at(2949120, 64, 50, 8, 8);
+    final Buf mp_out_2 = at(7372800, 64, 50, 4, 4);
+    final Buf net_flatten1_out = view(mp_out_2, 64, 800);
+    final Buf fc1_out = at(3768320, 64, 500);
+    final Buf fc2_out = at(3896320, 64, 10);
+    final Buf loss = at(7827968);
+    final Buf dscores = at(3898880, 64, 10);
+    final Buf fc2_db = at(7828224, 10);
+    final Buf fc2_dW = at(7805696, 10, 500);
+    final Buf fc2_dx = at(7577600, 64, 500);
+    final Buf fc1_db = at(7825920, 500);
+    final Buf fc1_dx = at(4587520, 64, 800);
+    final Buf net_flatten1_dx = view(fc1_dx, 64, 50, 4, 4);
+    final Buf mp_dx = at(3768320, 64, 50, 8, 8);
+    final Buf cv2_db = at(7828480, 50);
+    final Buf cv2_dx = at(6635520, 64, 20, 12, 12);
+    final Buf cv2_dW = at(7705600, 50, 20, 5, 5);
+    final Buf mp_dx_2 = at(2949120, 64, 20, 24, 24);
+    final Buf cv1_db = at(59648, 20);
+    final Buf cv1_dW = at(57600, 20, 1, 5, 5);
+    final Buf fc1_dW = at(0, 500, 800);
+
+    /** Forward, backward, update. */
+    void step() {
+      // cv1, lenet.ddsl:13:13
+      dev.conv2d(cv1_out, x, cv1_W, groups(1), pad(0, 0), stride(1, 1));
+      dev.run(CHANNEL_BIAS_ADD, cv1_out, cv1_out, cv1_b);
+      // mp, lenet.ddsl:15:13
+      dev.maxPool2d(mp_out, cv1_out, kernel(2, 2), pad(0, 0), stride(2, 2));
+      // cv2, lenet.ddsl:14:13
+      dev.conv2d(cv2_out, mp_out, cv2_W, groups(1), pad(0, 0), stride(1, 1));
+      dev.run(CHANNEL_BIAS_ADD, cv2_out, cv2_out, cv2_b);
+      // mp, lenet.ddsl:15:13
+      dev.maxPool2d(mp_out_2, cv2_out, kernel(2, 2), pad(0, 0), stride(2, 2));
+      // fc1, lenet.ddsl:16:13
+      dev.linear(fc1_out, net_flatten1_out, fc1_W);
+      dev.run(BIAS_ADD_RELU, fc1_out, fc1_out, fc1_b);
+      // fc2, lenet.ddsl:17:13
+      dev.linear(fc2_out, fc1_out, fc2_W);
+      dev.run(BIAS_ADD, fc2_out, fc2_out, fc2_b);
+      // lenet.ddsl:21:11
+      dev.softmaxCrossEntropy(loss, fc2_out, y);
+      dev.softmaxCrossEntropyBackward(dscores, fc2_out, y, const14);
+      // fc2, lenet.ddsl:17:13
+      dev.run(CHANNEL_SUM, fc2_db, dscores);
+      dev.matmul(fc2_dW, dscores, fc1_out, transposeA(true), transposeB(false));
+      dev.matmul(fc2_dx, dscores, fc2_W, transposeA(false), transposeB(false));
+      dev.run(RELU_GRAD, fc2_dx, fc2_dx, fc1_out);
+      // fc1, lenet.ddsl:16:13
+      dev.run(CHANNEL_SUM, fc1_db, fc2_dx);
+      dev.matmul(fc1_dx, fc2_dx, fc1_W, transposeA(false), transposeB(false));
+      // mp, lenet.ddsl:15:13
+      dev.maxPool2dBackward(mp_dx, cv2_out, mp_out_2, net_flatten1_dx, kernel(2, 2), pad(0, 0), stride(2, 2));
+      // cv2, lenet.ddsl:14:13
+      dev.run(CHANNEL_SUM_2, cv2_db, mp_dx);
+      dev.conv2dBackwardData(cv2_dx, mp_dx, cv2_W, groups(1), inShape(64, 20, 12, 12), pad(0, 0), stride(1, 1));
+      dev.conv2dBackwardFilter(cv2_dW, mp_out, mp_dx, groups(1), pad(0, 0), stride(1, 1), wShape(50, 20, 5, 5));
+      // mp, lenet.ddsl:15:13
+      dev.maxPool2dBackward(mp_dx_2, cv1_out, mp_out, cv2_dx, kernel(2, 2), pad(0, 0), stride(2, 2));
+      // cv1, lenet.ddsl:13:13
+      dev.run(CHANNEL_SUM_2, cv1_db, mp_dx_2);
+      dev.conv2dBackwardFilter(cv1_dW, x, mp_dx_2, groups(1), pad(0, 0), stride(1, 1), wShape(20, 1, 5, 5));
+      updateSgdMomentumSgdStep(cv1_W_momentum, cv1_W, cv1_dW);
+      updateSgdMomentumSgdStep(cv1_b_momentum, cv1_b, cv1_db);
+      updateSgdMomentumSgdStep(cv2_W_momentum, cv2_W, cv2_dW);
+      updateSgdMomentumSgdStep(cv2_b_momentum, cv2_b, cv2_db);
+      // fc1, lenet.ddsl:16:13
+      dev.matmul(fc1_dW, fc2_dx, net_flatten1_out, transposeA(true), transposeB(false));
+      updateSgdMomentumSgdStep(fc1_W_momentum, fc1_W, fc1_dW);
+      updateSgdMomentumSgdStep(fc1_b_momentum, fc1_b, fc1_db);
+      updateSgdMomentumSgdStep(fc2_W_momentum, fc2_W, fc2_dW);
+      updateSgdMomentumSgdStep(fc2_b_momentum, fc2_b, fc2_db);
+    }
+  }
+
+  /** The test program (inference semantics): the prediction, then the loss. */
+  private final class Inference {
+    // the layout: each temporary of LeNet's test program at its byte offset of the arena
+    final Buf cv1_out = at(0, 64, 20, 24, 24);
+    final Buf mp_out = at(2949120, 64, 20, 12, 12);
+    final Buf cv2_out = at(0, 64, 50, 8, 8);
+    final Buf mp_out_2 = at(819200, 64, 50, 4, 4);
+    final Buf net_flatten1_out = view(mp_out_2, 64, 800);
+    final Buf fc1_out = at(0, 64, 500);
+    final Buf net_relu1_out = at(0, 64, 500);
+    final Buf fc2_out = at(128000, 64, 10);
+    final Buf fc2_bias_add = at(128000, 64, 10);
+    final Buf loss = at(0);
+
+    /** The prediction (inferStep runs this alone). */
+    void predict() {
+      // cv1, lenet.ddsl:13:13
+      dev.conv2d(cv1_out, x, cv1_W, groups(1), pad(0, 0), stride(1, 1));
+      dev.run(CHANNEL_BIAS_ADD, cv1_out, cv1_out, cv1_b);
+      // mp, lenet.ddsl:15:13
+      dev.maxPool2d(mp_out, cv1_out, kernel(2, 2), pad(0, 0), stride(2, 2));
+      // cv2, lenet.ddsl:14:13
+      dev.conv2d(cv2_out, mp_out, cv2_W, groups(1), pad(0, 0), stride(1, 1));
+      dev.run(CHANNEL_BIAS_ADD, cv2_out, cv2_out, cv2_b);
+      // mp, lenet.ddsl:15:13
+      dev.maxPool2d(mp_out_2, cv2_out, kernel(2, 2), pad(0, 0), stride(2, 2));
+      // fc1, lenet.ddsl:16:13
+      dev.linear(fc1_out, net_flatten1_out, fc1_W);
+      // net.relu1, lenet.ddsl:21:33
+      dev.run(BIAS_ADD_RELU, net_relu1_out, fc1_out, fc1_b);
+      // fc2, lenet.ddsl:17:13
+      dev.linear(fc2_out, net_relu1_out, fc2_W);
+      dev.run(BIAS_ADD, fc2_bias_add, fc2_out, fc2_b);
+    }
+
+    /** The loss of the prediction. */
+    void loss() {
+      // lenet.ddsl:21:11
+      dev.softmaxCrossEntropy(loss, fc2_bias_add, y);
+    }
+  }
+
+  // ---- kernels: each a constant, its Java method and a kernel of LeNet.cu of the same name ----
 
   /** out[i0, i1, i2, i3] = (in0[i0, i1, i2, i3] + in1[i1]) */
-  static final Kernel CONV2D_EPILOGUE =
-      Kernel.shaped("conv2dEpilogue", b -> conv2dEpilogue(b[0], b[1], b[2]));
-  /** out[i0, i1] = max((in0[i0, i1] + in1[i1]), 0) */
-  static final Kernel LINEAR_EPILOGUE =
-      Kernel.shaped("linearEpilogue", b -> linearEpilogue(b[0], b[1], b[2]));
-  /** out[i0, i1] = (in0[i0, i1] + in1[i1]) */
-  static final Kernel LINEAR_EPILOGUE_2 =
-      Kernel.shaped("linearEpilogue_2", b -> linearEpilogue_2(b[0], b[1], b[2]));
-  /** out[i0] = (sum[r0:64] in0[r0, i0]) */
-  static final Kernel CHANNEL_SUM =
-      Kernel.rows("channelSum", 64, b -> channelSum(b[0], b[1]));
-  /** out[i0, i1] = ((in1[i0, i1] > 0) ? in0[i0, i1] : 0) */
-  static final Kernel MATMUL_EPILOGUE =
-      Kernel.elementwise("matmulEpilogue", b -> matmulEpilogue(b[0], b[1], b[2]));
-  /** out[i0] = (sum[r0:64, r2:8, r3:8] in0[r0, i0, r2, r3]) */
-  static final Kernel CHANNEL_SUM_2 =
-      Kernel.rows("channelSum_2", 256, b -> channelSum_2(b[0], b[1]));
-  /** out0[e] = (((in3[] * in0[e]) + in1[e]) + (in4[] * in2[e])); out1[e] = (in2[e] - (in5[] * out0[e])) */
-  static final Kernel SGD_MOMENTUM_SGD_STEP =
-      Kernel.elementwise("sgdMomentumSgdStep", b -> sgdMomentumSgdStep(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]));
-
-  /** out[i0, i1, i2, i3] = (in0[i0, i1, i2, i3] + in1[i1]) */
-  private static void conv2dEpilogue(Buf out, Buf in0, Buf in1) {
-    float[] o = out.a;
-    int po = out.off;
-    float[] a0 = in0.a;
-    int p0 = in0.off;
-    float[] a1 = in1.a;
-    int p1 = in1.off;
-    int no0 = out.shape[0];
-    int no1 = out.shape[1];
-    int no2 = out.shape[2];
-    int no3 = out.shape[3];
-    int n0_1 = in0.shape[1];
-    int n0_2 = in0.shape[2];
-    int n0_3 = in0.shape[3];
-    int sto0 = no1 * no2 * no3;
-    int sto1 = no2 * no3;
-    int sto2 = no3;
-    int st0_0 = n0_1 * n0_2 * n0_3;
-    int st0_1 = n0_2 * n0_3;
-    int st0_2 = n0_3;
+  static final Kernel CHANNEL_BIAS_ADD = Kernel.shaped("channelBiasAdd", b -> channelBiasAdd(b[0], b[1], b[2]));
+  private static void channelBiasAdd(Buf out, Buf in0, Buf in1) {
+    float[] o = out.a, a0 = in0.a, a1 = in1.a;
+    int po = out.off, p0 = in0.off, p1 = in1.off;
+    int no0 = out.shape[0], no1 = out.shape[1], no2 = out.shape[2], no3 = out.shape[3], n0_1 = in0.shape[1], n0_2 = in0.shape[2], n0_3 = in0.shape[3];
+    int sto0 = no1 * no2 * no3, sto1 = no2 * no3, sto2 = no3, st0_0 = n0_1 * n0_2 * n0_3, st0_1 = n0_2 * n0_3, st0_2 = n0_3;
     Parallel.range(no0, (long) out.numel(), (lo, hi) -> {
       for (int i0 = lo; i0 < hi; i0++) {
         for (int i1 = 0; i1 < no1; i1++) {
@@ -283,18 +242,12 @@ public final class LeNet extends Network {
   }
 
   /** out[i0, i1] = max((in0[i0, i1] + in1[i1]), 0) */
-  private static void linearEpilogue(Buf out, Buf in0, Buf in1) {
-    float[] o = out.a;
-    int po = out.off;
-    float[] a0 = in0.a;
-    int p0 = in0.off;
-    float[] a1 = in1.a;
-    int p1 = in1.off;
-    int no0 = out.shape[0];
-    int no1 = out.shape[1];
-    int n0_1 = in0.shape[1];
-    int sto0 = no1;
-    int st0_0 = n0_1;
+  static final Kernel BIAS_ADD_RELU = Kernel.shaped("biasAddRelu", b -> biasAddRelu(b[0], b[1], b[2]));
+  private static void biasAddRelu(Buf out, Buf in0, Buf in1) {
+    float[] o = out.a, a0 = in0.a, a1 = in1.a;
+    int po = out.off, p0 = in0.off, p1 = in1.off;
+    int no0 = out.shape[0], no1 = out.shape[1], n0_1 = in0.shape[1];
+    int sto0 = no1, st0_0 = n0_1;
     Parallel.range(no0, (long) out.numel(), (lo, hi) -> {
       for (int i0 = lo; i0 < hi; i0++) {
         for (int i1 = 0; i1 < no1; i1++) {
@@ -305,18 +258,12 @@ public final class LeNet extends Network {
   }
 
   /** out[i0, i1] = (in0[i0, i1] + in1[i1]) */
-  private static void linearEpilogue_2(Buf out, Buf in0, Buf in1) {
-    float[] o = out.a;
-    int po = out.off;
-    float[] a0 = in0.a;
-    int p0 = in0.off;
-    float[] a1 = in1.a;
-    int p1 = in1.off;
-    int no0 = out.shape[0];
-    int no1 = out.shape[1];
-    int n0_1 = in0.shape[1];
-    int sto0 = no1;
-    int st0_0 = n0_1;
+  static final Kernel BIAS_ADD = Kernel.shaped("biasAdd", b -> biasAdd(b[0], b[1], b[2]));
+  private static void biasAdd(Buf out, Buf in0, Buf in1) {
+    float[] o = out.a, a0 = in0.a, a1 = in1.a;
+    int po = out.off, p0 = in0.off, p1 = in1.off;
+    int no0 = out.shape[0], no1 = out.shape[1], n0_1 = in0.shape[1];
+    int sto0 = no1, st0_0 = n0_1;
     Parallel.range(no0, (long) out.numel(), (lo, hi) -> {
       for (int i0 = lo; i0 < hi; i0++) {
         for (int i1 = 0; i1 < no1; i1++) {
@@ -327,26 +274,20 @@ public final class LeNet extends Network {
   }
 
   /** out[i0] = (sum[r0:64] in0[r0, i0]) */
+  static final Kernel CHANNEL_SUM = Kernel.rows("channelSum", 64, b -> channelSum(b[0], b[1]));
   private static void channelSum(Buf out, Buf in0) {
-    float[] o = out.a;
-    int po = out.off;
-    float[] a0 = in0.a;
-    int p0 = in0.off;
-    int no0 = out.shape[0];
-    int n0_0 = in0.shape[0];
-    int n0_1 = in0.shape[1];
+    float[] o = out.a, a0 = in0.a;
+    int po = out.off, p0 = in0.off;
+    int no0 = out.shape[0], n0_0 = in0.shape[0], n0_1 = in0.shape[1];
     int st0_0 = n0_1;
     Parallel.range(no0, (long) out.numel() * n0_0, (lo, hi) -> {
       for (int i0 = lo; i0 < hi; i0++) {
-        float s0a = 0f;
-        float s0b = 0f;
-        float s0c = 0f;
-        float s0d = 0f;
+        float s0a = 0f, s0b = 0f, s0c = 0f, s0d = 0f;
         for (int r0 = 0; r0 < n0_0; r0 += 4) {
           s0a += a0[p0 + r0 * st0_0 + i0];
-          s0b += a0[p0 + ((r0 + 1)) * st0_0 + i0];
-          s0c += a0[p0 + ((r0 + 2)) * st0_0 + i0];
-          s0d += a0[p0 + ((r0 + 3)) * st0_0 + i0];
+          s0b += a0[p0 + (r0 + 1) * st0_0 + i0];
+          s0c += a0[p0 + (r0 + 2) * st0_0 + i0];
+          s0d += a0[p0 + (r0 + 3) * st0_0 + i0];
         }
         float s0 = (s0a + s0b) + (s0c + s0d);
         o[po + i0] = s0;
@@ -355,13 +296,10 @@ public final class LeNet extends Network {
   }
 
   /** out[i0, i1] = ((in1[i0, i1] > 0) ? in0[i0, i1] : 0) */
-  private static void matmulEpilogue(Buf out, Buf in0, Buf in1) {
-    float[] o = out.a;
-    int po = out.off;
-    float[] a0 = in0.a;
-    int p0 = in0.off;
-    float[] a1 = in1.a;
-    int p1 = in1.off;
+  static final Kernel RELU_GRAD = Kernel.elementwise("reluGrad", b -> reluGrad(b[0], b[1], b[2]));
+  private static void reluGrad(Buf out, Buf in0, Buf in1) {
+    float[] o = out.a, a0 = in0.a, a1 = in1.a;
+    int po = out.off, p0 = in0.off, p1 = in1.off;
     int n = out.numel();
     Parallel.range(n, 6L * n, (lo, hi) -> {
       for (int e = lo; e < hi; e++) {
@@ -371,25 +309,15 @@ public final class LeNet extends Network {
   }
 
   /** out[i0] = (sum[r0:64, r2:8, r3:8] in0[r0, i0, r2, r3]) */
+  static final Kernel CHANNEL_SUM_2 = Kernel.rows("channelSum_2", 256, b -> channelSum_2(b[0], b[1]));
   private static void channelSum_2(Buf out, Buf in0) {
-    float[] o = out.a;
-    int po = out.off;
-    float[] a0 = in0.a;
-    int p0 = in0.off;
-    int no0 = out.shape[0];
-    int n0_0 = in0.shape[0];
-    int n0_1 = in0.shape[1];
-    int n0_2 = in0.shape[2];
-    int n0_3 = in0.shape[3];
-    int st0_0 = n0_1 * n0_2 * n0_3;
-    int st0_1 = n0_2 * n0_3;
-    int st0_2 = n0_3;
+    float[] o = out.a, a0 = in0.a;
+    int po = out.off, p0 = in0.off;
+    int no0 = out.shape[0], n0_0 = in0.shape[0], n0_1 = in0.shape[1], n0_2 = in0.shape[2], n0_3 = in0.shape[3];
+    int st0_0 = n0_1 * n0_2 * n0_3, st0_1 = n0_2 * n0_3, st0_2 = n0_3;
     Parallel.range(no0, (long) out.numel() * n0_0 * n0_2 * n0_3, (lo, hi) -> {
       for (int i0 = lo; i0 < hi; i0++) {
-        float s0a = 0f;
-        float s0b = 0f;
-        float s0c = 0f;
-        float s0d = 0f;
+        float s0a = 0f, s0b = 0f, s0c = 0f, s0d = 0f;
         for (int r0 = 0; r0 < n0_0; r0++) {
           for (int r1 = 0; r1 < n0_2; r1++) {
             for (int r2 = 0; r2 < n0_3; r2 += 4) {
@@ -407,23 +335,11 @@ public final class LeNet extends Network {
   }
 
   /** out0[e] = (((in3[] * in0[e]) + in1[e]) + (in4[] * in2[e])); out1[e] = (in2[e] - (in5[] * out0[e])) */
+  static final Kernel SGD_MOMENTUM_SGD_STEP =
+      Kernel.elementwise("sgdMomentumSgdStep", b -> sgdMomentumSgdStep(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]));
   private static void sgdMomentumSgdStep(Buf out0, Buf out1, Buf in0, Buf in1, Buf in2, Buf in3, Buf in4, Buf in5) {
-    float[] o0 = out0.a;
-    int po0 = out0.off;
-    float[] o1 = out1.a;
-    int po1 = out1.off;
-    float[] a0 = in0.a;
-    int p0 = in0.off;
-    float[] a1 = in1.a;
-    int p1 = in1.off;
-    float[] a2 = in2.a;
-    int p2 = in2.off;
-    float[] a3 = in3.a;
-    int p3 = in3.off;
-    float[] a4 = in4.a;
-    int p4 = in4.off;
-    float[] a5 = in5.a;
-    int p5 = in5.off;
+    float[] o0 = out0.a, o1 = out1.a, a0 = in0.a, a1 = in1.a, a2 = in2.a, a3 = in3.a, a4 = in4.a, a5 = in5.a;
+    int po0 = out0.off, po1 = out1.off, p0 = in0.off, p1 = in1.off, p2 = in2.off, p3 = in3.off, p4 = in4.off, p5 = in5.off;
     int n = out0.numel();
     Parallel.range(n, 14L * n, (lo, hi) -> {
       for (int e = lo; e < hi; e++) {
