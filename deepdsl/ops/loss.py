@@ -252,4 +252,4 @@ def _masked_softmax_np(xs: tuple, a: dict) -> np.ndarray:
 
 
 flops_rule("masked_softmax")(lambda types, out, a: 6 * types[0].numel)
-java_call("masked_softmax", "Buf x, float scale, boolean causal, int period", cls="CpuAttention")
+java_call("masked_softmax", "Buf x, float scale, boolean causal, int period")

@@ -133,7 +133,7 @@ public final class CpuDevice implements Device {
 
   @Override
   public void maskedSoftmax(Buf out, Buf x, float scale, boolean causal, int period) {
-    CpuAttention.masked_softmax(out, x, scale, causal, period);
+    CpuOps.masked_softmax(out, x, scale, causal, period);
   }
 
   @Override

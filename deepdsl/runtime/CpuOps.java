@@ -120,6 +120,10 @@ public final class CpuOps {
     CpuLosses.softmax(out, x);
   }
 
+  public static void masked_softmax(Buf out, Buf x, float scale, boolean causal, int period) {
+    CpuAttention.masked_softmax(out, x, scale, causal, period);
+  }
+
   public static void log_softmax(Buf out, Buf x) {
     CpuLosses.log_softmax(out, x);
   }

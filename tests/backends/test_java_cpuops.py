@@ -27,9 +27,9 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("javac") is None, reason="javac is not on PATH: CpuOps.java cannot be compiled"),
 ]
 
-# registry ops that CpuOps does not implement: a view, two ops lowered before any backend, and the
+# registry ops that CpuOps does not implement: a view, three ops lowered before any backend, and the
 # statements the emitter writes as generated loops
-NOT_CPUOPS = {"reshape", "batch_norm", "dropout", "fused", "indexed"}
+NOT_CPUOPS = {"reshape", "batch_norm", "dropout", "layer_norm", "fused", "indexed"}
 
 RNG = np.random.default_rng(2024)
 
@@ -74,6 +74,10 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
     for op in covered:
         xs, attrs = _from_example(op)
         add(op, xs, **attrs)
+
+    # attention's softmax: 3 heads of 4 causal queries over 5 keys (more keys than queries), and unmasked
+    add("masked_softmax", [_f(12, 5) * 3], scale=0.7, causal=True, period=4)
+    add("masked_softmax", [_f(6, 33)], scale=1.5, causal=False, period=1)
 
     p = _np("softmax", [_f(7, 13)])
     add("cross_entropy", [p, _labels(7, 13)])

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import check_op_gradient, compile_text, op_graph
+from helpers import check_op_gradient, compile_text, error_text, op_graph
 
 import deepdsl.ops  # noqa: F401
 from deepdsl.autodiff import gradient_program, lower
@@ -115,3 +115,24 @@ def test_matmul_batches_and_weights() -> None:
     a = x.reshape(2, 3, 20)
     got = _run(g, x)
     np.testing.assert_allclose(got, a @ a.transpose(0, 2, 1) @ a, rtol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("out = permute(x, (0, 2, 2, 1))", "permute: (0, 2, 2, 1) is not a permutation of the 4 axes"),
+        ("out = transpose(x, 1, 4)", "transpose: axis 4 is out of range for f32[2,3,4,5]"),
+        ("out = reshape(x, (N, -1, -1))", "reshape: every size must be at least 1, and at most one may be -1"),
+        ("out = reshape(x, (N, -1, 7))", "[2, -1, 7] no size for -1 fits (not a multiple of 14)"),
+        ("out = softmax(x, axis=-5)", "softmax: axis -5 is out of range"),
+        ("out = matmul(x, x)", "matmul: inner sizes differ (5 vs 4): a is [4, 5], b is [4, 5]"),
+        ("out = matmul(x, x, transpose_b=true)", None),  # the same operands, transposed: fine
+        ("out = matmul(x, reshape(x, (6, 5, 4)))", "matmul: the batch axes differ (f32[2,3,4,5] and f32[6,5,4])"),
+        ("out = layer_norm(x, eps=0)", "argument 'eps' of layer_norm must be at least"),
+    ],
+)
+def test_mistakes_with_the_transformer_built_ins_are_diagnostics(body: str, message: str | None) -> None:
+    if message is None:
+        assert compile_text(NET.format(body=body)).program is not None
+    else:
+        assert message in error_text(NET.format(body=body))

@@ -126,6 +126,8 @@ public final class OpCheck {
       case "lrn" -> CpuOps.lrn(out, x, a.f("alpha"), a.f("beta"), a.f("k"), a.i("size"));
       case "lrn_backward" ->
           CpuOps.lrn_backward(out, x, y, z, a.f("alpha"), a.f("beta"), a.f("k"), a.i("size"));
+      case "masked_softmax" ->
+          CpuOps.masked_softmax(out, x, a.f("scale"), a.b("causal"), a.i("period"));
       case "matmul" -> CpuOps.matmul(out, x, y, a.b("transpose_a"), a.b("transpose_b"));
       case "max_pool2d" ->
           CpuOps.max_pool2d(out, x, a.ints("kernel"), a.ints("pad"), a.ints("stride"));
