@@ -190,6 +190,7 @@ class _Emitter:
     roles: dict[str, str] = field(default_factory=dict)  # a field -> what it is to an update (w, opt, state)
     helpers: dict[tuple, str] = field(default_factory=dict)  # (kernel, argument pattern, settings) -> its method
     helper_text: list[str] = field(default_factory=list)
+    prefix: str = ""  # what every parameter's name starts with (ResNet-50's `model.`), left out of names
 
     def declare(self, v: Value, prefix: str = "") -> str:
         """The field of a tensor of the program, named after it without the `prefix` every parameter's name
@@ -372,7 +373,7 @@ class _Emitter:
         after the blocks they cover."""
         g = p.graph
         self.temps = Namer(tuple(self.namer.taken))
-        self.temp_names = temp_names(g, result)
+        self.temp_names = temp_names(g, result, self.prefix)
         self.gradient = gradient_values(g, result)
         layout = []
         self.in_state = dict(p.in_state)
@@ -413,7 +414,7 @@ class _Emitter:
         last = [""]
 
         def comment(st: Stmt) -> None:
-            here = _where(st, self.in_state)
+            here = _where(st, self.in_state, self.prefix)
             if here == _UPDATES:  # an optimizer's update names itself (updateSgdMomentumSgdStep(fc1_W, ...))
                 return
             if here != last[0]:
@@ -452,10 +453,11 @@ _BACKWARD_ROLES = {"conv2d_backward_filter": "dW", "conv2d_backward_data": "dx",
                    "sum_axes": "db"}  # fmt: skip
 
 
-def _layer_part(layer: str) -> str:
-    """The part of a layer path that names a temporary: `model.stage2.block1.conv1` -> `stage2_block1_conv1`."""
-    parts = [p for p in layer.split(".") if p]
-    return "_".join(parts[1:] if len(parts) >= 3 else parts)
+def _layer_part(layer: str, prefix: str = "") -> str:
+    """The part of a layer path that names a temporary: `model.stage2.block1.conv1` -> `stage2_block1_conv1`, and
+    without the prefix the parameters' names share (`model.max_pool1` -> `max_pool1`)."""
+    parts = [p for p in layer.removeprefix(prefix).split(".") if p]
+    return "_".join(parts[1:] if len(parts) >= 3 and not prefix else parts)
 
 
 def _ancestors(g: Graph, values: list[str]) -> set[str]:
@@ -484,7 +486,7 @@ def gradient_values(g: Graph, result: str | None) -> set[str]:
     return _ancestors(g, [v.name for name, v in g.updates if name in params]) - forward_values(g, result)
 
 
-def temp_names(g: Graph, result: str | None) -> dict[str, str]:
+def temp_names(g: Graph, result: str | None, prefix: str = "") -> dict[str, str]:
     """The name each result of a step would like, by its layer and its role there: `cv1_out` (the forward
     result), `cv1_dW`, `cv1_db`, `fc1_dx` (gradients), `bn1_channel_mean` (another op of the layer). With `result`
     (the training step's loss), the statements the loss does not depend on are the gradient's."""
@@ -500,7 +502,7 @@ def temp_names(g: Graph, result: str | None) -> dict[str, str]:
                 role = "dW" if s.a.get("transpose_a") else "dx"
         else:  # a fused forward result is its layer's output (`relu1_out`)
             role = "out" if fused else _FORWARD_ROLES.get(s.op, what)
-        where = _layer_part(s.layer)
+        where = _layer_part(s.layer, prefix)
         names[s.out.name] = identifier(f"{where}_{role}" if where else role)
     return names
 
@@ -547,12 +549,12 @@ def read_settings(e: Any, first: int) -> Any:
     return e
 
 
-def _where(s: Stmt, in_state: dict[str, str]) -> str:
-    """Where a statement comes from: its layer and source position (`cv1, lenet.ddsl:13:13`), an update's
-    parameter, else its op."""
+def _where(s: Stmt, in_state: dict[str, str], prefix: str = "") -> str:
+    """Where a statement comes from: its layer (without the parameters' common prefix) and source position (`cv1,
+    lenet.ddsl:13:13`), an optimizer's update, else its op."""
     if s.layer or s.span:
         at = f"{s.span.file.rsplit('/', 1)[-1]}:{s.span.line}:{s.span.col}" if s.span else ""
-        return ", ".join(x for x in (s.layer, at) if x)
+        return ", ".join(x for x in (s.layer.removeprefix(prefix), at) if x)
     if s.out.name in in_state:
         return _UPDATES
     return s.op
@@ -759,7 +761,7 @@ def emit_java(
         call = {"label": f"label({named}, {d.classes}, {shape})", "input": f"input({named}, {shape})",
                 "lr": "learningRateInput()"}[d.kind]  # fmt: skip
         declarations.append(f"  private final Buf {e.declare(d.value)} = {call};")
-    prefix = _common_prefix([p.value.name for p in g.params if p.kind in ("param", "state")])
+    prefix = e.prefix = _common_prefix([p.value.name for p in g.params if p.kind in ("param", "state")])
     titles = {"param": "parameters", "state": "model state", "opt": "optimizer state",
               "const": "constants (loop-invariant values hoisted out of the step)"}  # fmt: skip
     previous = None
