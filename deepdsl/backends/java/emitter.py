@@ -81,6 +81,16 @@ def _java_value(value: Any, java_type: str) -> str:
     return str(int(value))
 
 
+def _state_of(p: Any, g: Graph) -> tuple[str, str] | None:
+    """(parameter, what) of an optimizer state named `opt/<parameter>/<what>` and shaped as that parameter."""
+    head, _, rest = p.value.name.partition("/")
+    param, _, what = rest.rpartition("/")
+    shapes = {q.value.name: q.value.type.shape for q in g.params if q.kind == "param"}
+    if head != "opt" or param not in shapes or shapes[param] != p.value.type.shape or not what:
+        return None
+    return param, what
+
+
 def _epilogue_name(e: Any, rank: int) -> str | None:
     """What an epilogue computes, where it is one of the common ones: `bias_add_relu`, `channel_bias_add` (over
     NCHW), `relu_grad`; else None."""
@@ -771,7 +781,10 @@ def emit_java(
             previous = p.kind
         shape = ", ".join(map(str, p.value.type.shape))
         shape = ", " + shape if shape else ""
-        if p.kind == "opt":
+        of = _state_of(p, g)
+        if p.kind == "opt" and of is not None and of[0] in e.globals:  # opt/<param>/<what>, shaped as its param
+            call = f"optimizerState({e.globals[of[0]]}, {java_string(of[1])})"
+        elif p.kind == "opt":
             call = f"optimizerState({java_string(p.value.name)}{shape})"
         elif p.kind == "const":
             call = f"constant({java_string(p.value.name)}, {float_literal(p.init.args[0])}{shape})"
