@@ -42,6 +42,7 @@ from deepdsl.version import __version__
 # the library calls' attributes written through Network's helpers of the same name: pad(0, 0), stride(1, 1)
 NAMED_ARGUMENTS = frozenset({"groups", "pad", "stride", "kernel", "inShape", "wShape", "transposeA", "transposeB"})
 MAX_STATEMENTS_PER_METHOD = 200  # keeps every step method far below Java's 64 KB of bytecode
+LAYOUT_ROWS = 1000  # temporaries a layout class initialises (about 30 bytes of its constructor each)
 DEFAULT_WORKSPACE_LIMIT = 1 << 30
 NETWORK_MEMBERS = (
     "arena", "at", "view", "copy", "scalar", "input", "label", "param", "state", "optimizerState", "train", "test",
@@ -413,7 +414,18 @@ class _Emitter:
                 pdoc = f"/** Part {k + 1} of {name}: {java_comment(_layers(part))}. */"
                 methods.append(method(pdoc, f"private void {names[k]}()", self.calls(part)))
         head = f"    // the layout: each temporary of {java_comment(g.name)}'s {kind} at its byte offset of the arena"
-        lines = [f"  /** {doc} */", f"  private final class {title} {{", head, *(f"    {line}" for line in layout)]
+        # a class's field initialisers are one constructor, which Java limits to 64 KB of bytecode: a long table is
+        # continued in classes the step's class extends, each under LAYOUT_ROWS rows
+        chunks = [layout[k : k + LAYOUT_ROWS] for k in range(0, len(layout), LAYOUT_ROWS)] or [[]]
+        lines = []
+        for k, rows in enumerate(chunks[:-1]):
+            parent = f" extends {title}Layout{k}" if k else ""
+            lines += [f"  /** The layout of {title}, rows {k * LAYOUT_ROWS + 1} to {k * LAYOUT_ROWS + len(rows)}. */",
+                      f"  private class {title}Layout{k + 1}{parent} {{", *([head] if not k else []),
+                      *(f"    {line}" for line in rows), "  }", ""]  # fmt: skip
+        parent = f" extends {title}Layout{len(chunks) - 1}" if len(chunks) > 1 else ""
+        lines += [f"  /** {doc} */", f"  private final class {title}{parent} {{", *([head] if len(chunks) == 1 else []),
+                  *(f"    {line}" for line in chunks[-1])]  # fmt: skip
         for m in methods:
             lines += ["", *(f"  {line}" if line else "" for line in m.split("\n"))]
         return [*lines, "  }"]
