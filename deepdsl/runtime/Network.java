@@ -325,6 +325,19 @@ public abstract class Network {
   }
 
   /**
+   * The optimizer state {@code what} of parameter {@code of} ({@code momentum}; Adam's {@code m},
+   * {@code v}): named {@code opt/<parameter>/<what>} in parameter files, shaped as the parameter.
+   */
+  protected final Buf optimizerState(Buf of, String what) {
+    for (Map.Entry<String, Tensor> t : tensors.entrySet()) {
+      if (t.getValue().buf == of) {
+        return optimizerState("opt/" + t.getKey() + "/" + what, of.shape);
+      }
+    }
+    throw new IllegalArgumentException("optimizer state " + what + " of a tensor that is no parameter");
+  }
+
+  /**
    * A loop-invariant tensor the optimiser hoisted out of the step: every element {@code value},
    * set once, never saved or loaded.
    */

@@ -226,3 +226,31 @@ def test_kernel_text_reads_like_code() -> None:
     padded = Read(0, (Affine((("i0", 1),), -1),))
     text = java_kernel("shift", padded, (("i0", 4),), ((4,),))
     assert "(i0 - 1 >= 0 ? a0[p0 + i0 - 1] : 0f)" in text
+
+
+def test_a_long_layout_table_is_continued_in_classes_the_step_extends(
+    cli,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    """Field initialisers are one constructor, limited to 64 KB of bytecode: past LAYOUT_ROWS temporaries the table
+    goes on in a class the step's class extends (ResNet-50 has 1,150; ResNet-152 three times as many). With a
+    table of 8 rows, LeNet's program compiles and trains as it does with one table."""
+    from deepdsl.backends.java import emitter
+
+    lenet = str(ROOT / "networks" / "lenet.ddsl")
+    assert cli("compile", lenet, "--set", "N=4", "-o", str(tmp_path / "one")).exit_code == 0
+    monkeypatch.setattr(emitter, "LAYOUT_ROWS", 8)
+    assert cli("compile", lenet, "--set", "N=4", "-o", str(tmp_path / "split")).exit_code == 0
+    text = (tmp_path / "split" / "LeNet.java").read_text()
+    assert "private class TrainingLayout2 extends TrainingLayout1 {" in text
+    assert "private final class Training extends TrainingLayout2 {" in text
+    losses = {}
+    for name in ("one", "split"):
+        folder = tmp_path / name
+        javac(folder, [folder / "LeNet.java", *sorted((folder / "deepdsl" / "runtime").glob("*.java"))], folder / "b")
+        r = java(folder / "b", "LeNet", "--data", "synthetic", "--iters", "2", "--json")
+        assert r.returncode == 0, r.stderr
+        losses[name] = r.stdout.strip().splitlines()[-1]
+    assert '"losses"' in losses["one"]
+    assert losses["split"].split('"seconds_per_iter"')[0] == losses["one"].split('"seconds_per_iter"')[0]

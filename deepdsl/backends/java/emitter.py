@@ -42,6 +42,7 @@ from deepdsl.version import __version__
 # the library calls' attributes written through Network's helpers of the same name: pad(0, 0), stride(1, 1)
 NAMED_ARGUMENTS = frozenset({"groups", "pad", "stride", "kernel", "inShape", "wShape", "transposeA", "transposeB"})
 MAX_STATEMENTS_PER_METHOD = 200  # keeps every step method far below Java's 64 KB of bytecode
+LAYOUT_ROWS = 1000  # temporaries a layout class initialises (about 30 bytes of its constructor each)
 DEFAULT_WORKSPACE_LIMIT = 1 << 30
 NETWORK_MEMBERS = (
     "arena", "at", "view", "copy", "scalar", "input", "label", "param", "state", "optimizerState", "train", "test",
@@ -80,6 +81,16 @@ def _java_value(value: Any, java_type: str) -> str:
     if java_type == "String":
         return java_string(str(value))
     return str(int(value))
+
+
+def _state_of(p: Any, g: Graph) -> tuple[str, str] | None:
+    """(parameter, what) of an optimizer state named `opt/<parameter>/<what>` and shaped as that parameter."""
+    head, _, rest = p.value.name.partition("/")
+    param, _, what = rest.rpartition("/")
+    shapes = {q.value.name: q.value.type.shape for q in g.params if q.kind == "param"}
+    if head != "opt" or param not in shapes or shapes[param] != p.value.type.shape or not what:
+        return None
+    return param, what
 
 
 def _epilogue_name(e: Any, rank: int) -> str | None:
@@ -191,6 +202,7 @@ class _Emitter:
     roles: dict[str, str] = field(default_factory=dict)  # a field -> what it is to an update (w, opt, state)
     helpers: dict[tuple, str] = field(default_factory=dict)  # (kernel, argument pattern, settings) -> its method
     helper_text: list[str] = field(default_factory=list)
+    prefix: str = ""  # what every parameter's name starts with (ResNet-50's `model.`), left out of names
 
     def declare(self, v: Value, prefix: str = "") -> str:
         """The field of a tensor of the program, named after it without the `prefix` every parameter's name
@@ -373,7 +385,7 @@ class _Emitter:
         after the blocks they cover."""
         g = p.graph
         self.temps = Namer(tuple(self.namer.taken))
-        self.temp_names = temp_names(g, result)
+        self.temp_names = temp_names(g, result, self.prefix)
         self.gradient = gradient_values(g, result)
         layout = []
         self.in_state = dict(p.in_state)
@@ -403,7 +415,18 @@ class _Emitter:
                 pdoc = f"/** Part {k + 1} of {name}: {java_comment(_layers(part))}. */"
                 methods.append(method(pdoc, f"private void {names[k]}()", self.calls(part)))
         head = f"    // the layout: each temporary of {java_comment(g.name)}'s {kind} at its byte offset of the arena"
-        lines = [f"  /** {doc} */", f"  private final class {title} {{", head, *(f"    {line}" for line in layout)]
+        # a class's field initialisers are one constructor, which Java limits to 64 KB of bytecode: a long table is
+        # continued in classes the step's class extends, each under LAYOUT_ROWS rows
+        chunks = [layout[k : k + LAYOUT_ROWS] for k in range(0, len(layout), LAYOUT_ROWS)] or [[]]
+        lines = []
+        for k, rows in enumerate(chunks[:-1]):
+            parent = f" extends {title}Layout{k}" if k else ""
+            lines += [f"  /** The layout of {title}, rows {k * LAYOUT_ROWS + 1} to {k * LAYOUT_ROWS + len(rows)}. */",
+                      f"  private class {title}Layout{k + 1}{parent} {{", *([head] if not k else []),
+                      *(f"    {line}" for line in rows), "  }", ""]  # fmt: skip
+        parent = f" extends {title}Layout{len(chunks) - 1}" if len(chunks) > 1 else ""
+        lines += [f"  /** {doc} */", f"  private final class {title}{parent} {{", *([head] if len(chunks) == 1 else []),
+                  *(f"    {line}" for line in chunks[-1])]  # fmt: skip
         for m in methods:
             lines += ["", *(f"  {line}" if line else "" for line in m.split("\n"))]
         return [*lines, "  }"]
@@ -414,7 +437,7 @@ class _Emitter:
         last = [""]
 
         def comment(st: Stmt) -> None:
-            here = _where(st, self.in_state)
+            here = _where(st, self.in_state, self.prefix)
             if here == _UPDATES:  # an optimizer's update names itself (updateSgdMomentumSgdStep(fc1_W, ...))
                 return
             if here != last[0]:
@@ -453,10 +476,11 @@ _BACKWARD_ROLES = {"conv2d_backward_filter": "dW", "conv2d_backward_data": "dx",
                    "sum_axes": "db"}  # fmt: skip
 
 
-def _layer_part(layer: str) -> str:
-    """The part of a layer path that names a temporary: `model.stage2.block1.conv1` -> `stage2_block1_conv1`."""
-    parts = [p for p in layer.split(".") if p]
-    return "_".join(parts[1:] if len(parts) >= 3 else parts)
+def _layer_part(layer: str, prefix: str = "") -> str:
+    """The part of a layer path that names a temporary: `model.stage2.block1.conv1` -> `stage2_block1_conv1`, and
+    without the prefix the parameters' names share (`model.max_pool1` -> `max_pool1`)."""
+    parts = [p for p in layer.removeprefix(prefix).split(".") if p]
+    return "_".join(parts[1:] if len(parts) >= 3 and not prefix else parts)
 
 
 def _ancestors(g: Graph, values: list[str]) -> set[str]:
@@ -485,7 +509,7 @@ def gradient_values(g: Graph, result: str | None) -> set[str]:
     return _ancestors(g, [v.name for name, v in g.updates if name in params]) - forward_values(g, result)
 
 
-def temp_names(g: Graph, result: str | None) -> dict[str, str]:
+def temp_names(g: Graph, result: str | None, prefix: str = "") -> dict[str, str]:
     """The name each result of a step would like, by its layer and its role there: `cv1_out` (the forward
     result), `cv1_dW`, `cv1_db`, `fc1_dx` (gradients), `bn1_channel_mean` (another op of the layer). With `result`
     (the training step's loss), the statements the loss does not depend on are the gradient's."""
@@ -501,7 +525,7 @@ def temp_names(g: Graph, result: str | None) -> dict[str, str]:
                 role = "dW" if s.a.get("transpose_a") else "dx"
         else:  # a fused forward result is its layer's output (`relu1_out`)
             role = "out" if fused else _FORWARD_ROLES.get(s.op, what)
-        where = _layer_part(s.layer)
+        where = _layer_part(s.layer, prefix)
         names[s.out.name] = identifier(f"{where}_{role}" if where else role)
     return names
 
@@ -548,12 +572,12 @@ def read_settings(e: Any, first: int) -> Any:
     return e
 
 
-def _where(s: Stmt, in_state: dict[str, str]) -> str:
-    """Where a statement comes from: its layer and source position (`cv1, lenet.ddsl:13:13`), an update's
-    parameter, else its op."""
+def _where(s: Stmt, in_state: dict[str, str], prefix: str = "") -> str:
+    """Where a statement comes from: its layer (without the parameters' common prefix) and source position (`cv1,
+    lenet.ddsl:13:13`), an optimizer's update, else its op."""
     if s.layer or s.span:
         at = f"{s.span.file.rsplit('/', 1)[-1]}:{s.span.line}:{s.span.col}" if s.span else ""
-        return ", ".join(x for x in (s.layer, at) if x)
+        return ", ".join(x for x in (s.layer.removeprefix(prefix), at) if x)
     if s.out.name in in_state:
         return _UPDATES
     return s.op
@@ -762,7 +786,7 @@ def emit_java(
         if d.kind == "input" and d.classes is not None:  # token ids (`input t : [N, T] int vocab V`)
             call = f"tokens({named}, {d.classes}, {shape})"
         declarations.append(f"  private final Buf {e.declare(d.value)} = {call};")
-    prefix = _common_prefix([p.value.name for p in g.params if p.kind in ("param", "state")])
+    prefix = e.prefix = _common_prefix([p.value.name for p in g.params if p.kind in ("param", "state")])
     titles = {"param": "parameters", "state": "model state", "opt": "optimizer state",
               "const": "constants (loop-invariant values hoisted out of the step)"}  # fmt: skip
     previous = None
@@ -772,7 +796,10 @@ def emit_java(
             previous = p.kind
         shape = ", ".join(map(str, p.value.type.shape))
         shape = ", " + shape if shape else ""
-        if p.kind == "opt":
+        of = _state_of(p, g)
+        if p.kind == "opt" and of is not None and of[0] in e.globals:  # opt/<param>/<what>, shaped as its param
+            call = f"optimizerState({e.globals[of[0]]}, {java_string(of[1])})"
+        elif p.kind == "opt":
             call = f"optimizerState({java_string(p.value.name)}{shape})"
         elif p.kind == "const":
             call = f"constant({java_string(p.value.name)}, {float_literal(p.init.args[0])}{shape})"

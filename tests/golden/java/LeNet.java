@@ -44,14 +44,14 @@ public final class LeNet extends Network {
   private final Buf fc2_W = param("fc2.W", "he(fan_in=500, fan_out=10)", 10, 500);
   private final Buf fc2_b = param("fc2.b", "constant(0)", 10);
   // optimizer state
-  private final Buf cv1_W_momentum = optimizerState("opt/cv1.W/momentum", 20, 1, 5, 5);
-  private final Buf cv1_b_momentum = optimizerState("opt/cv1.b/momentum", 20);
-  private final Buf cv2_W_momentum = optimizerState("opt/cv2.W/momentum", 50, 20, 5, 5);
-  private final Buf cv2_b_momentum = optimizerState("opt/cv2.b/momentum", 50);
-  private final Buf fc1_W_momentum = optimizerState("opt/fc1.W/momentum", 500, 800);
-  private final Buf fc1_b_momentum = optimizerState("opt/fc1.b/momentum", 500);
-  private final Buf fc2_W_momentum = optimizerState("opt/fc2.W/momentum", 10, 500);
-  private final Buf fc2_b_momentum = optimizerState("opt/fc2.b/momentum", 10);
+  private final Buf cv1_W_momentum = optimizerState(cv1_W, "momentum");
+  private final Buf cv1_b_momentum = optimizerState(cv1_b, "momentum");
+  private final Buf cv2_W_momentum = optimizerState(cv2_W, "momentum");
+  private final Buf cv2_b_momentum = optimizerState(cv2_b, "momentum");
+  private final Buf fc1_W_momentum = optimizerState(fc1_W, "momentum");
+  private final Buf fc1_b_momentum = optimizerState(fc1_b, "momentum");
+  private final Buf fc2_W_momentum = optimizerState(fc2_W, "momentum");
+  private final Buf fc2_b_momentum = optimizerState(fc2_b, "momentum");
   // constants (loop-invariant values hoisted out of the step)
   private final Buf const14 = constant("const14", 1.0f);
 
