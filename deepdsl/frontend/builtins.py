@@ -67,9 +67,8 @@ def need_rank(x: TensorVal, ranks: tuple[int, ...], what: str, span: Span, hint:
 
 # ---- layers with parameters ---------------------------------------------------------------------
 
-
-@builtin(
-    "conv",
+# conv and its adjoint conv_transpose take the same arguments
+CONV_ARGS = (
     ArgSpec("out", "int", low=1),
     ArgSpec("kernel", "pair", low=1),
     ArgSpec("stride", "pair", 1, low=1),
@@ -79,6 +78,9 @@ def need_rank(x: TensorVal, ranks: tuple[int, ...], what: str, span: Span, hint:
     ArgSpec("init", "init", HE),
     ArgSpec("bias_init", "init", ZERO),
 )
+
+
+@builtin("conv", *CONV_ARGS)
 def conv(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     (x,) = xs
     need_rank(x, (4,), "conv", span, "conv works on [N, C, H, W] images")
@@ -93,17 +95,7 @@ def conv(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Sp
     return y
 
 
-@builtin(
-    "conv_transpose",
-    ArgSpec("out", "int", low=1),
-    ArgSpec("kernel", "pair", low=1),
-    ArgSpec("stride", "pair", 1, low=1),
-    ArgSpec("pad", "pair", 0, low=0),
-    ArgSpec("groups", "int", 1, low=1),
-    ArgSpec("bias", "bool", True),
-    ArgSpec("init", "init", HE),
-    ArgSpec("bias_init", "init", ZERO),
-)
+@builtin("conv_transpose", *CONV_ARGS)
 def conv_transpose(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     # the adjoint of conv: its data gradient (conv2d_backward_data) with x in the place of the output gradient;
     # weight [C, out/groups, kh, kw] as PyTorch's ConvTranspose2d, output (H - 1)·stride - 2·pad + kernel
