@@ -16,11 +16,12 @@ from transformer_nets import causal_attention
 
 pytestmark = JAVA_MARKS
 
+GPT_TINY = (ROOT / "networks" / "gpt_tiny.ddsl").read_text()
 # class -> (source text, --set, iterations, --data: synthetic, or text:story.txt that the test writes beside it)
 PROGRAMS = {
     "Causal": (causal_attention(), [], 6, "synthetic"),
     "ViTTiny": ((ROOT / "networks" / "vit_tiny.ddsl").read_text(), ["--set", "N=2"], 4, "synthetic"),
-    "GPTTiny": ((ROOT / "networks" / "gpt_tiny.ddsl").read_text(), ["--set", "N=2", "--set", "T=32"], 4, "text:story.txt"),
+    "GPTTiny": (GPT_TINY, ["--set", "N=2", "--set", "T=32"], 4, "text:story.txt"),
 }
 
 
