@@ -39,11 +39,12 @@ from deepdsl import api  # noqa: E402
 NETWORK, SETS = "lenet", {"N": 64}
 
 
-def build_java(tmp: Path) -> Path:
-    """The LeNet class and its runtime (CUDA device left out) compiled into `tmp`/build."""
+def build_java(tmp: Path, network: str = NETWORK, sizes: dict[str, int] = SETS) -> Path:
+    """The class of networks/`network`.ddsl at `sizes` (LeNet at batch 64 by default) and its runtime (CUDA device
+    left out) compiled into `tmp`/build."""
     src, build = tmp / "src", tmp / "build"
-    sets = [arg for k, v in SETS.items() for arg in ("--set", f"{k}={v}")]
-    net = str(ROOT / "networks" / f"{NETWORK}.ddsl")
+    sets = [arg for k, v in sizes.items() for arg in ("--set", f"{k}={v}")]
+    net = str(ROOT / "networks" / f"{network}.ddsl")
     subprocess.run([sys.executable, "-m", "deepdsl", "compile", net, *sets, "-o", str(src)], check=True,
                    stdout=subprocess.DEVNULL)  # fmt: skip
     sources = [str(p) for p in [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")]]
@@ -52,13 +53,15 @@ def build_java(tmp: Path) -> Path:
     return build
 
 
-def java_step_seconds(build: Path, warmup: int, steps: int, threads: int) -> float:
-    cmd = ["java", f"-XX:ActiveProcessorCount={threads}", "-cp", str(build), "LeNet", "--data", "synthetic",
+def java_step_seconds(build: Path, warmup: int, steps: int, threads: int, cls: str = "LeNet",
+                      batch: int = SETS["N"]) -> float:  # fmt: skip
+    """The median time of one of `steps` training steps of class `cls` (batch `batch`) after `warmup` steps."""
+    cmd = ["java", f"-XX:ActiveProcessorCount={threads}", "-cp", str(build), cls, "--data", "synthetic",
            "--device", "cpu", "--iters", str(warmup + steps)]  # fmt: skip
     lines = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
     rates = [float(line.split()[-2].replace(",", "")) for line in lines if line.endswith("images/s")]
     assert len(rates) == warmup + steps, lines
-    return statistics.median(SETS["N"] / rate for rate in rates[warmup:])
+    return statistics.median(batch / rate for rate in rates[warmup:])
 
 
 def figure(runs: list[float]) -> str:

@@ -33,6 +33,8 @@ LowerRule = Callable[[Any, Any, Any], Any]
 CudaRule = Callable[[str, Any, tuple[str, ...]], Any]
 # (the statement) -> (index expression, output indices): a shape op as the CUDA backend writes it
 CudaForm = Callable[[Any], Any]
+# (input types, attrs) -> whether recomputing this statement is worth it (a fact that depends on the shapes)
+CheapRule = Callable[[tuple[TensorType, ...], dict[str, Any]], bool]
 # (input types, output type, attrs) -> bytes of scratch the op's kernel needs while it runs
 WorkspaceRule = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], int]
 
@@ -83,9 +85,11 @@ class OpDef:
     doc: str = ""
     elementwise: bool = False
     view: bool = False  # the output aliases its input (flatten/reshape): no kernel, no copy
-    # recomputing it costs about one pass over its output (element-wise work, a view, a dropout mask): memory/remat.py
-    # recomputes it in the backward pass rather than keep it alive across the forward pass
-    cheap_to_recompute: bool = False
+    # True: recomputing it costs about one pass over its output (element-wise work, a view, a dropout mask, a row
+    # softmax), so memory/remat.py recomputes it for each backward reader rather than keep it alive across the
+    # forward pass. A CheapRule: worth recomputing (once, shared by its readers) where the rule says so for the
+    # statement's shapes (a batched GEMM whose output outweighs its operands: attention's scores)
+    cheap_to_recompute: bool | CheapRule = False
     # a library kernel whose result an element-wise statement may follow inside the same call (passes/fuse.py)
     accepts_epilogue: bool = False
     # so cheap (a broadcast, a constant) that each element-wise reader recomputes it instead of reading a buffer
@@ -117,7 +121,7 @@ def defop(
     elementwise: bool = False,
     view: bool = False,
     differentiable: bool = True,
-    cheap_to_recompute: bool = False,
+    cheap_to_recompute: bool | CheapRule = False,
     accepts_epilogue: bool = False,
     inline_into_readers: bool = False,
     classifies: bool = False,

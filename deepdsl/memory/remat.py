@@ -5,9 +5,12 @@ A forward value is *kept* when a statement outside the loss's forward cone (the 
 it. Levels:
 
 - `cheap`: a kept value made by a cheap statement — element-wise, batch-norm apply, ReLU, a fused kernel without
-  a reduction, a dropout mask — is recomputed right before its first backward reader, when what the recomputation
-  needs is kept anyway (or is itself recomputed cheaply, or is small). ResNet's `relu(bn_apply(conv))` then costs
-  only the convolution output, which batch norm's gradient keeps anyway.
+  a reduction, a dropout mask, attention's masked softmax — is recomputed right before its first backward reader,
+  when what the recomputation needs is kept anyway (or is itself recomputed cheaply, or is small). ResNet's
+  `relu(bn_apply(conv))` then costs only the convolution output, which batch norm's gradient keeps anyway. An op
+  whose fact depends on the shapes is cheap where its entry's rule says so: a batched GEMM whose output outweighs
+  its operands (attention's scores q·kᵀ, from q and k that their own gradients keep), so attention keeps neither
+  its scores nor its probabilities across the forward pass, and recomputes them once per block.
 - `full`: also checkpoints segments (Chen et al. 2016, √n style). The forward pass is cut at its articulation
   values (the only forward value alive at that point: a residual block's output, an inception module's concat);
   about √(number of cuts) of them, spaced evenly by bytes, are kept as checkpoints, and every other kept value is
@@ -30,10 +33,20 @@ SMALL = 64 * 1024  # bytes: a value this small stays alive rather than pull a re
 
 
 def is_cheap(s: Stmt) -> bool:
-    """Element-wise work without a reduction: recomputing it costs about one pass over its output."""
+    """Worth recomputing: its op's `cheap_to_recompute` fact (for this statement's shapes, where the fact depends
+    on them); a fused statement when its body does not reduce."""
     if s.op == "fused":  # what a fused statement costs depends on its body
         return not has_reduce(s.a["body"])
-    return REGISTRY[s.op].cheap_to_recompute and "epilogue" not in s.a
+    fact = REGISTRY[s.op].cheap_to_recompute
+    if "epilogue" in s.a:
+        return False
+    return fact(tuple(v.type for v in s.inputs), s.a) if callable(fact) else fact
+
+
+def per_reader(s: Stmt) -> bool:
+    """Cheap enough to recompute afresh for each backward reader (about one pass over its output); a value
+    whose op is cheap only for some shapes (a GEMM) is recomputed once and shared by its readers."""
+    return is_cheap(s) and (s.op == "fused" or not callable(REGISTRY[s.op].cheap_to_recompute))
 
 
 def rematerialise(g: Graph, level: str, small: int = SMALL) -> Graph:
@@ -140,7 +153,7 @@ def _rewrite(g: Graph, forward: set[str], recompute: set[str], producer: dict[st
 
     def copy(name: str, local: dict[str, Value]) -> Value:
         s = producer[name]
-        memo = local if is_cheap(s) else shared
+        memo = local if per_reader(s) else shared
         if name not in memo:
             inputs = tuple(copy(v.name, local) if v.name in recompute else v for v in s.inputs)
             count[name] = count.get(name, 0) + 1

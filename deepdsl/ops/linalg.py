@@ -95,7 +95,17 @@ def _bias_vjp(b: Any, s: Any, g: Any) -> tuple:
 index_form("bias_add")(pointwise(lambda a, x, b: ap("+", x, b)))
 
 
-@defop("batch_matmul", 2, accepts_epilogue=True)
+def _expanding(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> bool:
+    """A batched product whose output [B, m, n] holds at least as many elements as its operands [B, m, k] and
+    [B, k, n] (k·(m + n) <= m·n: attention's scores q·kᵀ, k the width of a head): recomputing it from operands
+    that its gradient keeps anyway costs 2k FLOPs per element and saves the whole output."""
+    a, b = types
+    m, k = a.shape[:0:-1] if attrs.get("transpose_a") else a.shape[1:]
+    n = b.shape[1] if attrs.get("transpose_b") else b.shape[2]
+    return k * (m + n) <= m * n
+
+
+@defop("batch_matmul", 2, accepts_epilogue=True, cheap_to_recompute=_expanding)
 def batch_matmul(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     """op(a[b]) @ op(b[b]) for each b of 3-D a, b (the built-in `matmul` of batches, and the GEMM a tensor
     function computes after vectorise)."""

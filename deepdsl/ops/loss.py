@@ -228,7 +228,7 @@ java_call("accuracy", "Buf x, Buf labels")
 # ---- attention's softmax: the scale and a causal mask folded in (made by passes/fuse_softmax.py) ----
 
 
-@defop("masked_softmax", 1, differentiable=False)
+@defop("masked_softmax", 1, differentiable=False, cheap_to_recompute=True)  # a few passes over each row
 def masked_softmax(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     """softmax over each row of x [R, T] of scale * x, where with causal the elements j > r mod period are -inf
     (row r is query r mod period of its head: the mask j <= i of attention, never stored). attrs: scale, causal,

@@ -25,7 +25,15 @@ NETWORKS = {
     "Small": ("small.ddsl", []),
     "Autoencoder": ("autoencoder.ddsl", ["--set", "N=8"]),  # no label: the loss compares the input with itself
     "Regression": ("regression.ddsl", ["--set", "N=8"]),  # a second input, t, the regression target
+    "NoPredict": ("no_predict.ddsl", []),  # a loss and no predict: evalStep without an inference program
 }
+NO_PREDICT = """network NoPredict
+const N = 4
+input x : [N, 3]
+label y : [N] classes 2
+layer fc = full(2)
+loss = softmax_cross_entropy(fc(relu(x)), y)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +45,7 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("java")
     (folder / "small.ddsl").write_text(SMALL)
+    (folder / "no_predict.ddsl").write_text(NO_PREDICT)
     (folder / "mlp.ddsl").write_text((ROOT / "networks" / "mlp.ddsl").read_text())
     lenet = (ROOT / "networks" / "lenet.ddsl").read_text()
     assert "lr=0.01," in lenet
@@ -313,3 +322,11 @@ def test_predict_writes_what_deepdsl_predict_writes(cli, programs: Path) -> None
     np.testing.assert_allclose(got["predict"], np.load(want)["predict"], rtol=1e-5, atol=1e-6)
     bad = java(programs / "build", "Regression", "--predict", "o.npz", "--load", str(saved), cwd=programs)
     assert bad.returncode == 2 and "--predict OUT.npz takes --load FILE.npz and --data SOURCE" in bad.stderr
+
+
+def test_a_network_without_predict_says_so_when_asked_to_predict(programs: Path) -> None:
+    saved = programs / "no_predict.npz"
+    assert java(programs / "build", "NoPredict", "--iters", "0", "--save", str(saved), cwd=programs).returncode == 0
+    r = java(programs / "build", "NoPredict", "--predict", "o.npz", "--load", str(saved), "--data", "synthetic",
+             cwd=programs)  # fmt: skip
+    assert r.returncode == 1 and "the network defines no `predict`, so there is nothing to predict" in r.stderr

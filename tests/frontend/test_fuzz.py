@@ -138,6 +138,7 @@ SEED_SETS = {name: {"N": 2} for name in SEEDS}
 for _name, _hw in SMALL_HW.items():
     SEED_SETS[_name] = {"N": 2, "H": _hw, "W": _hw}
 SEED_SETS.update({"autoencoder": {"N": 2}, "regression": {"N": 2}})  # networks of flat vectors: no H, W
+SEED_SETS["gpt_tiny"] = {"N": 2, "T": 8}  # sequences of 8 characters: no H, W
 
 SEED_TOKENS = {p.stem: _split(p.read_text(encoding="utf-8")) for p in NETWORKS}
 SEED_TOKENS.update({name: _split(text) for name, text in SEEDS.items()})

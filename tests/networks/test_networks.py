@@ -24,8 +24,8 @@ REFERENCE = {
 
 # the networks of networks/ that are not reference classifiers: no labels, or real-valued targets
 UNLABELLED = ("autoencoder", "regression")
-# the Transformers, each tested in a file of its own (test_vit_tiny.py)
-TRANSFORMERS = ("vit_tiny",)
+# the Transformers, each tested in a file of its own (test_vit_tiny.py, test_gpt_tiny.py)
+TRANSFORMERS = ("vit_tiny", "gpt_tiny")
 NETWORKS = [p for p in ALL_NETWORKS if p.stem in REFERENCE]
 
 # the smallest spatial size each architecture still fits (see each file's header)

@@ -145,8 +145,19 @@ KEEPS_NOTHING = {
     "transpose": "the gradient is g transposed back",
 }
 NO_VJP = {"fill": "reads no input: there is nothing to differentiate"}
-CHEAP_WITHOUT_INDEX_FORM = {"dropout_mask": "one random draw per element"}
+# cheap_to_recompute=True without an index form: why, and the FLOPs per output element it may cost
+CHEAP_WITHOUT_INDEX_FORM = {
+    "dropout_mask": ("one random draw per element", 4),
+    "masked_softmax": ("a softmax of each row: a max, an exp and a sum per element, no more", 6),
+}
 CHEAP_FLOPS = 4  # per output element: about one pass over the output
+# a cheap_to_recompute rule (shapes decide): example calls where it must say yes and where it must say no
+CHEAP_RULES = {
+    "batch_matmul": (
+        ((TensorType((8, 64, 16)), TensorType((8, 64, 16))), {"transpose_b": True}),  # attention's scores
+        ((TensorType((8, 64, 64)), TensorType((8, 64, 16))), {}),  # probabilities times values
+    ),
+}
 
 # Why an op needs no value in a field: (reason, whether the field must then be absent, because nothing would
 # read it); None when the op needs the field.
@@ -232,12 +243,18 @@ def _fact_problems(op: OpDef) -> list[str]:
     out = []
     if op.elementwise and op.index_form is not None and not op.cheap_to_recompute:
         out.append("element-wise with an index form but not cheap_to_recompute")
-    if op.cheap_to_recompute:
-        if form is None and not op.view and op.name not in CHEAP_WITHOUT_INDEX_FORM:
+    if callable(op.cheap_to_recompute):
+        if op.name not in CHEAP_RULES:
+            out.append("a cheap_to_recompute rule without examples in CHEAP_RULES")
+        elif [op.cheap_to_recompute(*call) for call in CHEAP_RULES[op.name]] != [True, False]:
+            out.append("its cheap_to_recompute rule does not tell its CHEAP_RULES examples apart")
+    elif op.cheap_to_recompute:
+        listed = CHEAP_WITHOUT_INDEX_FORM.get(op.name)
+        if form is None and not op.view and listed is None:
             out.append("cheap_to_recompute without an index form, not a view and not listed")
         if form is not None and _reduces(form):
             out.append("cheap_to_recompute but its index form reduces")
-        if per_element > CHEAP_FLOPS:
+        if per_element > (listed[1] if listed else CHEAP_FLOPS):
             out.append(f"cheap_to_recompute but {per_element:g} FLOPs per output element")
     if op.accepts_epilogue and (op.index_form is not None or op.cuda is None or op.java is None):
         out.append("accepts_epilogue needs a library kernel: no index form, a CUDA kernel and a Java call")
@@ -313,6 +330,9 @@ def _without(name: str, **change: object) -> dict[str, OpDef]:
         ("sigmoid", {"cheap_to_recompute": False}, "sigmoid: element-wise with an index form but not cheap"),
         ("channel_sum", {"cheap_to_recompute": True}, "channel_sum: cheap_to_recompute but its index form reduces"),
         ("softmax", {"cheap_to_recompute": True}, "softmax: cheap_to_recompute without an index form"),
+        ("batch_matmul", {"cheap_to_recompute": True}, "batch_matmul: cheap_to_recompute without an index form"),
+        ("matmul", {"cheap_to_recompute": lambda types, a: True}, "matmul: a cheap_to_recompute rule without"),
+        ("batch_matmul", {"cheap_to_recompute": lambda types, a: True}, "batch_matmul: its cheap_to_recompute rule"),
         ("relu", {"accepts_epilogue": True}, "relu: accepts_epilogue needs a library kernel"),
         ("slice", {"accepts_epilogue": True}, "slice: accepts_epilogue needs a library kernel"),
         ("sum", {"inline_into_readers": True}, "sum: inline_into_readers needs an index form without a reduction"),
