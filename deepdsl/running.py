@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from deepdsl.backends.cuda.runner import GPU_EXTRA, Driver, PyCudaDriver, pycuda_available
+from deepdsl.backends.cuda.vendor import MissingLibrary
 from deepdsl.build import Build
 from deepdsl.checkpoint import check_writable, save_npz
 from deepdsl.data import parse_data_flag
@@ -41,7 +42,7 @@ def open_device(device: str, double: bool = False, kernels: str = "auto") -> tup
     try:
         driver = PyCudaDriver(kernels)
     except DslProgramError as err:
-        if device == "cuda" or err.message.startswith("--kernels vendor"):
+        if device == "cuda" or isinstance(err, MissingLibrary):
             raise
         return None, CPU, _not_used(err.message)
     return driver, f"cuda ({driver.description}, PyCUDA runner; {driver.vendor.description})", None

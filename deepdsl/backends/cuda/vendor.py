@@ -17,7 +17,6 @@ import ctypes
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from deepdsl.errors import DslProgramError
@@ -51,10 +50,18 @@ def candidates(sonames: Sequence[str], folders: Sequence[Path] | None = None) ->
     return found + (list(sonames) if folders is None else [])
 
 
-@dataclass
-class _Loaded:
-    lib: ctypes.CDLL
-    path: str
+class MissingLibrary(DslProgramError):
+    """`--kernels vendor` where a vendor library does not load: an error under every --device."""
+
+
+def _load(path: str) -> ctypes.CDLL:
+    """The library at `path`; a file in a folder with its cuBLASLt beside it (pip's wheels, the toolkit) gets that
+    one first, so that it need not be on the loader's path."""
+    folder, name = os.path.split(path)
+    lt = os.path.join(folder, name.replace("libcublas.", "libcublasLt.")) if folder else ""
+    if lt and os.path.exists(lt):
+        ctypes.CDLL(lt, mode=ctypes.RTLD_GLOBAL)
+    return ctypes.CDLL(path)
 
 
 def _check(status: int, call: str) -> None:
@@ -141,7 +148,7 @@ def load_cublas(folders: Sequence[Path] | None = None, stream: int = 0) -> tuple
     tried = []
     for path in candidates(CUBLAS_SONAMES, folders):
         try:
-            lib = ctypes.CDLL(path)
+            lib = _load(path)
         except OSError as err:
             if "/" in path:  # a file that is there but does not load; a bare soname the loader did not find is not
                 tried.append(str(err))  # the loader's message names the file
@@ -165,9 +172,19 @@ def open_vendor(kernels: str, folders: Sequence[Path] | None = None, stream: int
     if cublas is not None:
         return Vendor(cublas)
     if kernels == "vendor":
-        raise DslProgramError(f"--kernels vendor needs cuBLAS: {why}; install it ({CUBLAS_INSTALL}), "
+        raise MissingLibrary(f"--kernels vendor needs cuBLAS: {why}; install it ({CUBLAS_INSTALL}), "
                               "or use --kernels own")  # fmt: skip
     return Vendor(None, f"no cuBLAS: {why}")
 
 
-__all__ = ["CUBLAS_SONAMES", "KERNELS", "OWN", "Cublas", "Vendor", "candidates", "library_folders", "open_vendor"]
+__all__ = [
+    "CUBLAS_SONAMES",
+    "KERNELS",
+    "OWN",
+    "Cublas",
+    "MissingLibrary",
+    "Vendor",
+    "candidates",
+    "library_folders",
+    "open_vendor",
+]
