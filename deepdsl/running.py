@@ -106,6 +106,7 @@ def run_training(
     if result.gpu_memory_bytes is not None:
         out["gpu_memory_bytes"] = result.gpu_memory_bytes
         out["gpu_planned_bytes"] = result.gpu_planned_bytes
+        out["gpu_vendor_workspace_bytes"] = result.gpu_vendor_workspace_bytes
     return out
 
 

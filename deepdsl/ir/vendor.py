@@ -28,7 +28,27 @@ class Gemm:
     transpose_b: bool
 
 
-VendorCall = Gemm  # the union of the descriptions, as more routines come
+@dataclass(frozen=True)
+class ConvForward:
+    """Y = conv(X, W), float32, NCHW, a cross-correlation without dilation: X [n, c, h, w], W [f, c / groups, kh,
+    kw], Y [n, f, oh, ow] with the given stride and zero padding. cuDNN's convolution forward; the statement's
+    inputs are X and W, its output Y, and its planned workspace (memory/plan.py) is the routine's scratch."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    f: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    stride: tuple[int, int]
+    pad: tuple[int, int]
+    groups: int
+
+
+VendorCall = Gemm | ConvForward  # the descriptions a backend may be asked to interpret
 
 
 def vendor_call(s: Stmt) -> VendorCall | None:

@@ -182,13 +182,14 @@ def fake_driver(folder: Path) -> Path:
     return folder
 
 
-def fake_cublas(folder: Path) -> Path:
-    """fake_libcublas.c built as `folder/libcublas.so.12`; returns the folder (for vendor.open_vendor)."""
+def fake_vendor(folder: Path, libraries: Sequence[str] = ("libcublas.so.12", "libcudnn.so.9")) -> Path:
+    """The stand-ins fake_libcublas.c and fake_libcudnn.c built as `folder/libcublas.so.12` and
+    `folder/libcudnn.so.9` (those of them in `libraries`); returns the folder (for vendor.open_vendor)."""
     folder.mkdir(parents=True, exist_ok=True)
-    out = folder / "libcublas.so.12"
-    c = Path(__file__).with_name("fake_libcublas.c")
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wl,-soname,libcublas.so.12", "-o", str(out), str(c)],
-                   check=True)  # fmt: skip
+    for soname in libraries:
+        c = Path(__file__).with_name(f"fake_{soname.split('.so')[0]}.c")
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(folder / soname), str(c)],
+                       check=True)  # fmt: skip
     return folder
 
 

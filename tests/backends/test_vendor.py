@@ -1,10 +1,11 @@
 """The GPU runner's vendor path (`--kernels vendor|own|auto`, backends/cuda/vendor.py) without a GPU: the stand-in
-cuBLAS (fake_libcublas.c, host memory) checked against NumPy first, then the runner with it against the NumPy
-runner, the library search, and the messages where the library is missing."""
+cuBLAS and cuDNN (fake_libcublas.c, fake_libcudnn.c, host memory) checked against NumPy first, then the runner with
+them against the NumPy runner, the library search, and the messages where a library is missing."""
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import shutil
 import sys
 from pathlib import Path
@@ -13,16 +14,24 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import ROOT
-from cuda_emulator import EmulatedDriver, fake_cublas
+from cuda_emulator import EmulatedDriver, fake_vendor
 from helpers import SMALL
 
 import deepdsl.running as running
 from deepdsl import api
 from deepdsl.backends.cuda import runner as gpu_runner
-from deepdsl.backends.cuda.vendor import CUBLAS_SONAMES, OWN, candidates, library_folders, open_vendor
+from deepdsl.backends.cuda.vendor import (
+    CUBLAS_SONAMES,
+    OWN,
+    MissingLibrary,
+    candidates,
+    library_folders,
+    open_vendor,
+)
 from deepdsl.cli import cli
 from deepdsl.errors import DslProgramError
-from deepdsl.ir.vendor import Gemm
+from deepdsl.ir import REGISTRY, TensorType
+from deepdsl.ir.vendor import ConvForward, Gemm
 from deepdsl.running import run_training
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("g++") is None, reason="no gcc/g++")
@@ -33,7 +42,8 @@ OP_N, OP_T = 0, 1
 
 @pytest.fixture(scope="module")
 def cublas_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return fake_cublas(tmp_path_factory.mktemp("cublas"))
+    """Both stand-ins (the name: most tests here are about cuBLAS)."""
+    return fake_vendor(tmp_path_factory.mktemp("vendor"))
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +115,9 @@ def test_a_row_major_gemm_through_cublas_is_numpys(cublas_folder: Path, ta: bool
     a = rng.random((batch, *((k, m) if ta else (m, k))), np.float32)
     b = rng.random((batch, *((n, k) if tb else (k, n))), np.float32)
     c = np.full((batch, m, n), np.nan, np.float32)
-    vendor.run(Gemm(batch, m, n, k, ta, tb), [c.ctypes.data, a.ctypes.data, b.ctypes.data])
+    bound = vendor.bind(Gemm(batch, m, n, k, ta, tb), [c.ctypes.data, a.ctypes.data, b.ctypes.data])
+    assert bound is not None
+    bound.run()
     want = (np.swapaxes(a, 1, 2) if ta else a) @ (np.swapaxes(b, 1, 2) if tb else b)
     np.testing.assert_allclose(c, want, rtol=1e-5)
     vendor.close()
@@ -116,7 +128,7 @@ def test_a_cublas_failure_is_a_message(cublas_folder: Path) -> None:
     assert vendor.cublas is not None
     x = np.zeros(4, np.float32)
     with pytest.raises(DslProgramError, match="cublasSgemm_v2 failed .CUBLAS_STATUS_INVALID_VALUE"):
-        vendor.run(Gemm(1, 2, 2, -1, False, False), [x.ctypes.data] * 3)  # a negative size
+        vendor.bind(Gemm(1, 2, 2, -1, False, False), [x.ctypes.data] * 3).run()  # type: ignore[union-attr]
     vendor.close()
 
 
@@ -143,20 +155,85 @@ def test_the_library_is_found_where_users_have_it(tmp_path: Path, monkeypatch: p
     ]  # fmt: skip
 
 
-def test_vendor_without_cublas_names_it_and_how_to_install_it(tmp_path: Path, cublas_folder: Path) -> None:
-    with pytest.raises(DslProgramError) as err:
+def test_vendor_without_the_libraries_names_them_and_how_to_install_them(tmp_path: Path, cublas_folder: Path) -> None:
+    with pytest.raises(MissingLibrary) as err:
         open_vendor("vendor", [tmp_path])
     text = err.value.message
-    assert "libcublas.so.13 or libcublas.so.12 not found" in text
+    assert "no cuBLAS: libcublas.so.13 or libcublas.so.12 not found; no cuDNN: libcudnn.so.9 not found" in text
     assert "pip install nvidia-cublas-cu12" in text and "CUDA toolkit" in text and "--kernels own" in text
-    auto = open_vendor("auto", [tmp_path])
-    assert auto.cublas is None and auto.description.startswith("our kernels (no cuBLAS: libcublas.so.13 or")
+    assert "pip install nvidia-cudnn-cu12" in text
+    only_cublas = fake_vendor(tmp_path / "cublas", ["libcublas.so.12"])
+    with pytest.raises(MissingLibrary, match=r"^--kernels vendor: no cuDNN: libcudnn.so.9 not found; install cuDNN 9"):
+        open_vendor("vendor", [only_cublas])
+    auto = open_vendor("auto", [only_cublas])  # auto: what loads, and what did not
+    assert auto.cublas is not None and auto.cudnn is None
+    assert auto.description == ("GEMMs by cuBLAS 12.0.0 (libcublas.so.12), the rest our kernels "
+                                "(no cuDNN: libcudnn.so.9 not found)")  # fmt: skip
+    auto.close()
+    assert open_vendor("auto", [tmp_path]).description.startswith("our kernels (no cuBLAS: libcublas.so.13 or")
     assert open_vendor("own", [cublas_folder]) is OWN and OWN.description == "our kernels"
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "libcublas.so.12").write_text("not a library")  # there, but does not load: said so
-    with pytest.raises(DslProgramError, match=r"needs cuBLAS: \S*broken/libcublas.so.12: file too short; install"):
+    with pytest.raises(DslProgramError, match=r"no cuBLAS: \S*broken/libcublas.so.12: file too short; no cuDNN"):
         open_vendor("vendor", [broken])
+
+
+# ---- the stand-in cuDNN: convolution forward ----
+
+CONVS = [  # (x shape, w shape, stride, pad, groups)
+    ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), (1, 1), 1),
+    ((2, 4, 9, 8), (6, 2, 3, 2), (2, 1), (0, 1), 2),
+    ((1, 2, 5, 5), (3, 2, 1, 1), (1, 1), (0, 0), 1),
+]
+
+
+def _conv_case(k: int) -> tuple[ConvForward, np.ndarray, np.ndarray, np.ndarray, dict]:
+    xs, ws, stride, pad, groups = CONVS[k]
+    attrs = {"stride": stride, "pad": pad, "groups": groups}
+    out = REGISTRY["conv2d"].shape((TensorType(xs), TensorType(ws)), attrs)
+    fact = REGISTRY["conv2d"].vendor((TensorType(xs), TensorType(ws)), out, attrs)
+    rng = np.random.default_rng(k)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    return fact, x, w, np.full(out.shape, np.nan, np.float32), attrs
+
+
+@pytest.mark.parametrize("k", range(len(CONVS)))
+@pytest.mark.parametrize("room", [0, 1 << 20])
+def test_a_convolution_through_cudnn_is_numpys(cublas_folder: Path, k: int, room: int) -> None:
+    """The fact of conv2d as cuDNN descriptors (stride, padding, groups) gives the NumPy kernel's output, with the
+    algorithm the workspace allows: none, direct loops (IMPLICIT_GEMM); enough, im2col in the workspace."""
+    vendor = open_vendor("vendor", [cublas_folder])
+    assert vendor.cudnn is not None
+    fact, x, w, y, attrs = _conv_case(k)
+    conv = vendor.cudnn.prepare(fact, room)
+    assert conv.algorithm == ("IMPLICIT_PRECOMP_GEMM" if room else "IMPLICIT_GEMM")
+    assert (conv.workspace > 0) == bool(room)
+    ws = np.zeros(max(conv.workspace, 4), np.uint8)
+    vendor.cudnn.forward(conv, y.ctypes.data, x.ctypes.data, w.ctypes.data, ws.ctypes.data)
+    np.testing.assert_allclose(y, REGISTRY["conv2d"].numpy((x, w), attrs), rtol=1e-4, atol=1e-5)
+    vendor.close()
+
+
+def test_the_stand_in_cudnn_refuses_what_does_not_fit(cublas_folder: Path) -> None:
+    """A workspace smaller than the algorithm needs, and a fact whose output size is not cuDNN's, are errors; a
+    workspace that is the input itself gives another result (so the stand-in really uses its scratch, and the runner's
+    agreement shows the planned workspace overlaps nothing alive)."""
+    vendor = open_vendor("vendor", [cublas_folder])
+    assert vendor.cudnn is not None
+    fact, x, w, y, attrs = _conv_case(0)
+    conv = vendor.cudnn.prepare(fact, 1 << 20)
+    small = dataclasses.replace(conv, workspace=conv.workspace - 4)
+    ws = np.zeros(conv.workspace, np.uint8)
+    with pytest.raises(DslProgramError, match=r"cudnnConvolutionForward failed \(CUDNN_STATUS_BAD_PARAM\)"):
+        vendor.cudnn.forward(small, y.ctypes.data, x.ctypes.data, w.ctypes.data, ws.ctypes.data)
+    with pytest.raises(DslProgramError, match=r"cuDNN makes ConvForward.* an output of \[2, 4, 7, 6\]"):
+        vendor.cudnn.prepare(dataclasses.replace(fact, oh=6), 0)
+    big = np.zeros(conv.workspace // 4 + x.size, np.float32)  # x at the start of a buffer long enough to be scratch
+    big[: x.size] = x.ravel()
+    vendor.cudnn.forward(conv, y.ctypes.data, big.ctypes.data, w.ctypes.data, big.ctypes.data)
+    assert not np.allclose(y, REGISTRY["conv2d"].numpy((x, w), attrs), rtol=1e-4, atol=1e-5)
+    vendor.close()
 
 
 # ---- the runner ----
@@ -181,8 +258,10 @@ def _build(case: str) -> api.Build:
     return api.build(api.compile_source(TINY if case == "tiny" else SMALL, f"{case}.ddsl", {}).program)
 
 
-def _fake_calls(folder: Path) -> int:
-    return int(ctypes.CDLL(str(folder / "libcublas.so.12")).fake_cublas_calls())
+def _fake_calls(folder: Path) -> tuple[int, int]:
+    """(GEMMs, convolutions) the stand-ins have computed in this process."""
+    cublas, cudnn = (ctypes.CDLL(str(folder / name)) for name in ("libcublas.so.12", "libcudnn.so.9"))
+    return int(cublas.fake_cublas_calls()), int(cudnn.fake_cudnn_calls())
 
 
 def _agrees(case: str, kernels: str, folder: Path, cublas_folder: Path) -> None:
@@ -192,15 +271,17 @@ def _agrees(case: str, kernels: str, folder: Path, cublas_folder: Path) -> None:
     driver = EmulatedDriver(folder, vendor=open_vendor(kernels, [cublas_folder]))
     lines: list[str] = []
     got = run_training(build, iters=3, data_flag="synthetic", driver=driver, report=lines.append)
-    gemms = _fake_calls(cublas_folder) - before
+    gemms, convs = (b - a for a, b in zip(before, _fake_calls(cublas_folder)))
     assert got["device"] == "cuda"
     np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4, atol=1e-6)
     assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
     assert got.get("test_accuracy") == pytest.approx(want.get("test_accuracy"))
-    if kernels == "vendor":  # every GEMM of the 3 steps and the test batches through the stand-in cuBLAS
-        assert gemms > 0 and "GEMMs by cuBLAS 12.0.0 (libcublas.so.12)" in lines[0]
+    if kernels == "vendor":  # every GEMM and forward convolution of the 3 steps and the tests through the stand-ins
+        assert gemms > 0 and "GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions by cuDNN 9.0.0" in lines[0]
+        assert (convs > 0) == any(s.op == "conv2d" for s in build.train_plan.graph.stmts)
+        assert 0 <= got["gpu_vendor_workspace_bytes"] <= got["arena_bytes"]
     else:
-        assert gemms == 0 and "; our kernels)  network" in lines[0]
+        assert gemms == convs == 0 and "; our kernels)  network" in lines[0]
 
 
 @pytest.mark.parametrize("kernels", ["vendor", "own"])
@@ -215,19 +296,32 @@ def test_the_runner_with_cublas_agrees_with_numpy_on_more_networks(case: str, tm
     _agrees(case, "vendor", tmp_path, cublas_folder)
 
 
-def test_every_gemm_launch_and_only_those_go_to_cublas(tmp_path: Path, cublas_folder: Path) -> None:
+@pytest.mark.parametrize("limit", [None, 0])
+def test_which_launches_go_to_the_vendor_libraries(tmp_path: Path, cublas_folder: Path, limit: int | None) -> None:
     """The runner asks each launch's registry fact, not its op name: the GEMM launches (linear and the matmuls of its
-    gradient) run as cuBLAS calls, the rest (conv, pooling, the epilogues) as our kernels."""
-    build = _build("tiny")
+    gradient) run as cuBLAS calls, the forward convolution as cuDNN's, in the workspace the plan gave it (none under
+    --workspace-limit 0: then an algorithm without scratch), the rest (the convolution's gradients, pooling, the
+    epilogues) as our kernels."""
+    build = api.build(api.compile_source(TINY, "tiny.ddsl", {}).program, api.Options(workspace_limit=limit))
     arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
     runner = gpu_runner.GpuRunner(EmulatedDriver(tmp_path, vendor=open_vendor("vendor", [cublas_folder])),
                                   build.train_plan, build.infer_plan, arrays)  # fmt: skip
-    served = [x.op for x, _, call in runner.calls["train"] if call is not None]
-    kernels = [x for x, _, call in runner.calls["train"] if call is None]
-    assert sorted(served) == ["linear"] * 2 + ["matmul"] * 4  # forward; dx and dW of fc1 and fc2
-    epilogues = [x.kernel for x in kernels if x.op in ("linear", "matmul")]  # bias (and relu) after the GEMM
-    assert epilogues and all(k.endswith("_epilogue") for k in epilogues) and "conv2d" in {x.op for x in kernels}
-    assert [x.op for x, _, call in runner.calls["infer"] if call is not None] == ["linear", "linear"]
+    served = {x.op: b.what for x, _, b in runner.calls["train"] if b is not None}
+    ops = sorted(x.op for x, _, b in runner.calls["train"] if b is not None)
+    assert ops == ["conv2d"] + ["linear"] * 2 + ["matmul"] * 4  # forward; dx and dW of fc1 and fc2
+    planned = build.train_plan.workspace
+    conv = next(s.out.name for s in build.train_plan.graph.stmts if s.op == "conv2d")
+    assert (conv in planned) == (limit is None)
+    if limit is None:
+        assert served["conv2d"] == "cuDNN IMPLICIT_PRECOMP_GEMM"
+        assert 0 < runner.vendor_workspace_bytes <= planned[conv].nbytes
+    else:
+        assert served["conv2d"] == "cuDNN IMPLICIT_GEMM" and runner.vendor_workspace_bytes == 0
+    kernels = [x for x, _, b in runner.calls["train"] if b is None]
+    epilogues = [x.kernel for x in kernels if x.op in ("linear", "matmul", "conv2d")]  # bias (and relu) after it
+    assert epilogues and all(k.endswith("_epilogue") for k in epilogues)
+    assert {"conv2d_backward_filter", "max_pool2d"} <= {x.op for x in kernels}
+    assert sorted(x.op for x, _, b in runner.calls["infer"] if b is not None) == ["conv2d", "linear", "linear"]
     runner.close()
 
 
@@ -254,14 +348,15 @@ def test_kernels_vendor_on_the_command_line(tmp_path: Path, cublas_folder: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     _emulated(monkeypatch, tmp_path, [tmp_path / "nothing"])
     code, out = _run("--device", "cuda", "--kernels", "vendor")
-    assert code == 1 and "--kernels vendor needs cuBLAS: libcublas.so.13 or libcublas.so.12 not found" in out
+    assert code == 1 and "--kernels vendor: no cuBLAS: libcublas.so.13 or libcublas.so.12 not found" in out
     assert "pip install nvidia-cublas-cu12" in out and "Traceback" not in out
     code, out = _run("--kernels", "vendor")  # device auto: the vendor libraries were asked for, so still an error
-    assert code == 1 and "needs cuBLAS" in out
+    assert code == 1 and "no cuBLAS" in out
     assert _run("--kernels", "blas")[0] == 2  # a usage error
     _emulated(monkeypatch, tmp_path, [cublas_folder])
     code, out = _run("--device", "cuda")  # auto: cuBLAS where it loads, said on the device line
-    assert code == 0 and "PyCUDA runner; GEMMs by cuBLAS 12.0.0 (libcublas.so.12), the rest our kernels)" in out
+    assert code == 0 and ("PyCUDA runner; GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions by cuDNN 9.0.0 "
+                          "(libcudnn.so.9), the rest our kernels)") in out  # fmt: skip
 
 
 @pytest.mark.slow
@@ -269,7 +364,7 @@ def test_kernels_auto_and_own_on_the_command_line(tmp_path: Path, cublas_folder:
                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     _emulated(monkeypatch, tmp_path, [tmp_path / "nothing"])
     code, out = _run("--device", "cuda")  # auto without the library: our kernels, and why
-    assert code == 0 and "; our kernels (no cuBLAS: libcublas.so.13 or libcublas.so.12 not found))" in out
+    assert code == 0 and "; our kernels (no cuBLAS: libcublas.so.13 or libcublas.so.12 not found; no cuDNN" in out
     _emulated(monkeypatch, tmp_path, [cublas_folder])
     code, out = _run("--device", "cuda", "--kernels", "own")
     assert code == 0 and "PyCUDA runner; our kernels)" in out

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from deepdsl.backends.cuda.kernels import Arg, CudaProgram, Launch, program, translation_unit
-from deepdsl.backends.cuda.vendor import Vendor, open_vendor
+from deepdsl.backends.cuda.vendor import Bound, Vendor, open_vendor
 from deepdsl.backends.numpy_runner import param_value
 from deepdsl.errors import DslProgramError
 from deepdsl.ir.types import DType
@@ -89,10 +89,17 @@ class GpuRunner:
         self.set_arrays(arrays)
         self.free_low = driver.free_bytes()
         # each launch with its pointers, and the vendor routine that runs instead of the kernel (None: the kernel)
-        self.calls = {name: [(x, [self._pointer(name, a) for a in x.args],
-                              x.vendor if driver.vendor.serves(x.vendor) else None) for x in s.program.launches]
-                      for name, s in self.steps.items()}  # fmt: skip
-        self.vendor_launches = sum(call is not None for c in self.calls.values() for _, _, call in c)
+        self.calls = {name: [self._call(name, x) for x in s.program.launches] for name, s in self.steps.items()}
+        bound = [b for c in self.calls.values() for _, _, b in c if b is not None]
+        self.vendor_launches = len(bound)
+        # the most scratch one vendor call takes: a part of its statement's planned workspace, in the arena
+        self.vendor_workspace_bytes = max((b.workspace for b in bound), default=0)
+
+    def _call(self, step: str, x: Launch) -> tuple[Launch, list[int], Bound | None]:
+        pointers = [self._pointer(step, a) for a in x.args]
+        ws = self.steps[step].plan.workspace.get(x.stmt)
+        workspace = (self.arena + ws.offset, ws.nbytes) if ws is not None else (0, 0)
+        return x, pointers, self.driver.vendor.bind(x.vendor, pointers, workspace)
 
     def _pointer(self, step: str, a: Arg) -> int:
         if a.storage == "arena":
@@ -132,11 +139,11 @@ class GpuRunner:
         for name, dtype in s.inputs.items():
             self.driver.upload(self.tensors[f"{step}:{name}"], np.ascontiguousarray(feeds[name], dtype))
         with self.driver.timed() as clock:
-            for launch, pointers, call in self.calls[step]:
-                if call is None:
+            for launch, pointers, bound in self.calls[step]:
+                if bound is None:
                     self.driver.launch(launch, pointers)
                 else:
-                    self.driver.vendor.run(call, pointers)
+                    bound.run()
             for src, tensor, nbytes in s.program.copies:
                 self.driver.copy(self.tensors[tensor], self._pointer(step, src), nbytes)
         outputs = {}
