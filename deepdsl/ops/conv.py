@@ -148,7 +148,8 @@ def _conv_forward(types: tuple[TensorType, ...], out: TensorType, a: dict) -> Co
     """cuDNN's convolution forward, in the plan's workspace for the statement."""
     (n, c, h, w), (f, _, kh, kw) = types[0].shape, types[1].shape
     oh, ow = out.shape[2:]
-    return ConvForward(n, c, h, w, f, kh, kw, oh, ow, tuple(a["stride"]), tuple(a["pad"]), a["groups"])
+    (sh, sw), (ph, pw) = a["stride"], a["pad"]
+    return ConvForward(n, c, h, w, f, kh, kw, oh, ow, (sh, sw), (ph, pw), a["groups"])
 
 
 @workspace_rule("conv2d", "conv2d_backward_data", "conv2d_backward_filter")

@@ -101,8 +101,8 @@ class Vendor:
         """The vendor routine for a launch of `call` on `pointers` (its output, then its inputs), with the statement's
         planned workspace (address, bytes); None where no loaded library serves it (our kernel runs)."""
         if isinstance(call, Gemm) and self.cublas is not None:
-            cublas, (c, a, b) = self.cublas, pointers[:3]
-            return Bound(lambda: cublas.gemm(call, c, a, b), 0, "cuBLAS SGEMM")
+            gemm, cublas, (c, a, b) = call, self.cublas, pointers[:3]
+            return Bound(lambda: cublas.gemm(gemm, c, a, b), 0, "cuBLAS SGEMM")
         if isinstance(call, ConvForward) and self.cudnn is not None:
             cudnn, (y, x, w), (at, nbytes) = self.cudnn, pointers[:3], workspace
             conv = cudnn.prepare(call, nbytes)
