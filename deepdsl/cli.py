@@ -319,6 +319,11 @@ DEVICE = click.option(
     "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
     help="Where to run: the NumPy runner (cpu) or the PyCUDA runner (cuda).",
 )  # fmt: skip
+KERNELS = click.option(
+    "--kernels", type=click.Choice(["auto", "vendor", "own"]), default="auto", show_default=True,
+    help="On the GPU: vendor libraries (cuBLAS) where an op has one, or our kernels only (own); auto: vendor "
+         "where the libraries load.",
+)  # fmt: skip
 TRAINED = click.option(
     "--load", "load_path", type=click.Path(dir_okay=False), required=True, callback=_file_name,
     help="The trained parameters (a .npz file of run --save or the Java program's --save).",
@@ -336,13 +341,14 @@ TRAINED = click.option(
 @click.option("--save", "save_path", type=click.Path(dir_okay=False), default=None, callback=_file_name,
               help="Write the final state here.")  # fmt: skip
 @DEVICE
+@KERNELS
 @click.option("--seed", type=int, default=None, help="Override the train block's seed.")
 @click.option("--float64", "double", is_flag=True, help="Run in float64 (the reference precision for checks).")
 @WORKSPACE_LIMIT
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
 def run(
     c: api.Compilation, file: str, sets: dict, options: api.Options, iters: int | None, data_flag: str | None,
-    load_path: str | None, save_path: str | None, device: str, seed: int | None, double: bool,
+    load_path: str | None, save_path: str | None, device: str, kernels: str, seed: int | None, double: bool,
     workspace_limit: int | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Train FILE for a few iterations with the reference runner and report the losses."""
@@ -355,7 +361,7 @@ def run(
     report = None if as_json else lambda line: click.echo(line)
     result = running.run_training(
         api.build(c.program, options, seed), iters=iters, data_flag=data_flag, load=load_path, save=save_path,
-        device=device, double=double, report=report,
+        device=device, double=double, report=report, kernels=kernels,
     )  # fmt: skip
     if as_json:
         click.echo(json.dumps(result))
@@ -368,9 +374,10 @@ def run(
               help="synthetic | mnist:DIR | cifar10:DIR | npz:FILE | text:FILE "
               "(default: the train block's).")  # fmt: skip
 @DEVICE
+@KERNELS
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
 def eval_(c: api.Compilation, file: str, sets: dict, options: api.Options, load_path: str, data_flag: str | None,
-          device: str, as_json: bool) -> None:  # fmt: skip
+          device: str, kernels: str, as_json: bool) -> None:  # fmt: skip
     """The test loss (and accuracy, for a classifier) of FILE with the parameters of --load; no training."""
     from deepdsl import running
 
@@ -378,7 +385,7 @@ def eval_(c: api.Compilation, file: str, sets: dict, options: api.Options, load_
     assert c.program is not None
     _warnings(c)
     report = None if as_json else lambda line: click.echo(line)
-    result = running.evaluate(api.build(c.program, options), load_path, data_flag, device, report)
+    result = running.evaluate(api.build(c.program, options), load_path, data_flag, device, report, kernels=kernels)
     if as_json:
         click.echo(json.dumps(result))
 
@@ -397,9 +404,10 @@ def eval_(c: api.Compilation, file: str, sets: dict, options: api.Options, load_
 @click.option("-o", "output", type=click.Path(dir_okay=False), required=True, callback=_file_name,
               help="Where to write the predictions (.npz, the array `predict`).")  # fmt: skip
 @DEVICE
+@KERNELS
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
 def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, load_path: str, data_flag: str | None,
-            output: str, device: str, as_json: bool) -> None:  # fmt: skip
+            output: str, device: str, kernels: str, as_json: bool) -> None:  # fmt: skip
     """`predict` of FILE with the parameters of --load for every sample of --data, written to -o."""
     from deepdsl import running
 
@@ -407,7 +415,9 @@ def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, loa
     assert c.program is not None
     _warnings(c)
     report = None if as_json else lambda line: click.echo(line)
-    result = running.predict(api.build(c.program, options), load_path, output, data_flag, device, report)
+    result = running.predict(
+        api.build(c.program, options), load_path, output, data_flag, device, report, kernels=kernels
+    )
     if as_json:
         click.echo(json.dumps(result))
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from deepdsl.backends.cuda.runner import GPU_EXTRA, Driver, PyCudaDriver, pycuda_available
+from deepdsl.backends.cuda.vendor import MissingLibrary
 from deepdsl.build import Build
 from deepdsl.checkpoint import check_writable, save_npz
 from deepdsl.data import parse_data_flag
@@ -24,12 +25,13 @@ BAR = 24
 CPU = "cpu (NumPy reference runner)"
 
 
-def open_device(device: str, double: bool = False) -> tuple[Driver | None, str, str | None]:
+def open_device(device: str, double: bool = False, kernels: str = "auto") -> tuple[Driver | None, str, str | None]:
     """The GPU driver for `device` (None: the NumPy runner), what runs the program (the device line) and, under
     `auto` on the CPU, why CUDA is not used (a line of its own).
 
     `auto` takes the GPU when PyCUDA is installed and finds one, and says why not otherwise; `cpu` says nothing
-    of CUDA; `cuda` is a user error (with the reason) when it cannot have one."""
+    of CUDA; `cuda` is a user error (with the reason) when it cannot have one. On the GPU, `kernels` picks the
+    vendor libraries (backends/cuda/vendor.py): `vendor` without them is an error under every device."""
     if device == "cpu":
         return None, CPU, None
     if device == "auto" and (double or not pycuda_available()):
@@ -38,12 +40,17 @@ def open_device(device: str, double: bool = False) -> tuple[Driver | None, str, 
     if double:
         raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
     try:
-        driver = PyCudaDriver()
+        driver = PyCudaDriver(kernels)
     except DslProgramError as err:
-        if device == "cuda":
+        if device == "cuda" or isinstance(err, MissingLibrary):
             raise
         return None, CPU, _not_used(err.message)
-    return driver, f"cuda ({driver.description}, PyCUDA runner)", None
+    return driver, f"cuda ({driver.description}, PyCUDA runner; {driver.vendor.description})", None
+
+
+def _given(driver: Driver) -> str:
+    """The device line of a driver the caller gave (tests)."""
+    return f"cuda ({driver.description}; {driver.vendor.description})"
 
 
 def _tested(loss: float, accuracy: float | None) -> str:
@@ -68,16 +75,17 @@ def _not_used(why: str) -> str:
 def run_training(
     build: Build, iters: int | None = None, data_flag: str | None = None, load: str | None = None,
     save: str | None = None, device: str = "auto", double: bool = False, report: Callable[[str], None] | None = None,
-    driver: Driver | None = None,
+    driver: Driver | None = None, kernels: str = "auto",
 ) -> dict[str, Any]:  # fmt: skip
-    """Train `build` and report through `report`; `driver` runs it on that GPU instead of picking by `device`."""
+    """Train `build` and report through `report`; `driver` runs it on that GPU instead of picking by `device` and
+    `kernels` (open_device)."""
     save = save or build.program.train.save  # --save, else the train block's
     if save:
         check_writable(save)  # now, not after the training
     if driver:
-        gpu, description, note = driver, f"cuda ({driver.description})", None
+        gpu, description, note = driver, _given(driver), None
     else:
-        gpu, description, note = open_device(device, double)
+        gpu, description, note = open_device(device, double, kernels)
     fallback = device == "auto" and driver is None  # a GPU that cannot take the program leaves it to the CPU
     try:
         result = _train(build, gpu, description, iters, data_flag, load, save, double, report, fallback, note)
@@ -98,12 +106,13 @@ def run_training(
     if result.gpu_memory_bytes is not None:
         out["gpu_memory_bytes"] = result.gpu_memory_bytes
         out["gpu_planned_bytes"] = result.gpu_planned_bytes
+        out["gpu_vendor_workspace_bytes"] = result.gpu_vendor_workspace_bytes
     return out
 
 
 def evaluate(
     build: Build, load: str, data_flag: str | None = None, device: str = "auto",
-    report: Callable[[str], None] | None = None, driver: Driver | None = None,
+    report: Callable[[str], None] | None = None, driver: Driver | None = None, kernels: str = "auto",
 ) -> dict[str, Any]:  # fmt: skip
     """`deepdsl eval`: the test loss (and accuracy, for a classifier) of the parameters in `load`, no training;
     `driver` runs it on that GPU instead of picking by `device`."""
@@ -111,7 +120,7 @@ def evaluate(
     data = load_samples(kind, args, fields_of(build.program.graph.inputs), build.seed)
     if data.test is None:
         raise DslProgramError(f"the {kind} data has no test set to evaluate on (an npz file: the NAME_test arrays)")
-    with _loaded(build, data, kind, driver, device, load, report) as trainer:
+    with _loaded(build, data, kind, driver, device, load, report, kernels) as trainer:
         tested = trainer.test()
         assert tested is not None
         on_gpu = trainer.gpu is not None
@@ -127,7 +136,7 @@ def evaluate(
 
 def predict(
     build: Build, load: str, output: str, data_flag: str | None = None, device: str = "auto",
-    report: Callable[[str], None] | None = None, driver: Driver | None = None,
+    report: Callable[[str], None] | None = None, driver: Driver | None = None, kernels: str = "auto",
 ) -> dict[str, Any]:  # fmt: skip
     """`deepdsl predict`: `predict` of the parameters in `load` for every sample of the data's training split (the
     arrays named after the inputs `predict` reads; other arrays are ignored), written to `output` as the npz array
@@ -137,7 +146,7 @@ def predict(
     check_writable(output)  # now, not after the work
     kind, args = _source(build, data_flag)
     data = load_samples(kind, args, fields_of(build.infer.inputs), build.seed, other_arrays=True)
-    with _loaded(build, data, kind, driver, device, load, report) as trainer:
+    with _loaded(build, data, kind, driver, device, load, report, kernels) as trainer:
         values = trainer.predict(data)
         on_gpu = trainer.gpu is not None
     save_npz(output, {"predict": values})
@@ -155,11 +164,11 @@ def _source(build: Build, data_flag: str | None) -> tuple[str, dict[str, Any]]:
 @contextmanager
 def _loaded(
     build: Build, data: Samples, kind: str, driver: Driver | None, device: str, load: str,
-    report: Callable[[str], None] | None,
+    report: Callable[[str], None] | None, kernels: str = "auto",
 ) -> Iterator[Trainer]:  # fmt: skip
     """A trainer of `build` on `data` holding the parameters of `load`, on `driver` (else the GPU `device` picks)
     where it takes the program (under `auto`, else the CPU), the device line reported; the GPU is closed after."""
-    gpu, description, note = (driver, f"cuda ({driver.description})", None) if driver else open_device(device)
+    gpu, description, note = (driver, _given(driver), None) if driver else open_device(device, kernels=kernels)
     try:
         trainer = Trainer(build, data)
         if gpu is not None:

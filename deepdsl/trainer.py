@@ -43,6 +43,8 @@ class TrainResult:
     seconds_per_iter: float = 0.0
     gpu_memory_bytes: int | None = None  # on a GPU: the memory the runner took, as cuMemGetInfo measured it
     gpu_planned_bytes: int | None = None  # and what it allocated: the arena and every tensor
+    # of the arena, the most scratch one vendor library call took (cuDNN's algorithm within the planned workspace)
+    gpu_vendor_workspace_bytes: int | None = None
 
 
 class Trainer:
@@ -217,6 +219,7 @@ class Trainer:
         if self.gpu is not None:
             result.gpu_memory_bytes = self.gpu.measured_bytes
             result.gpu_planned_bytes = self.gpu.planned_bytes
+            result.gpu_vendor_workspace_bytes = self.gpu.vendor_workspace_bytes
         return result
 
     # ---- parameter files (DESIGN §9) ----

@@ -37,6 +37,8 @@ CudaForm = Callable[[Any], Any]
 CheapRule = Callable[[tuple[TensorType, ...], dict[str, Any]], bool]
 # (input types, output type, attrs) -> bytes of scratch the op's kernel needs while it runs
 WorkspaceRule = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], int]
+# (input types, output type, attrs) -> the vendor routine that computes the statement (ir/vendor.py), or None
+VendorRule = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], Any]
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ class OpDef:
     cuda: CudaRule | None = None  # the CUDA kernel of an op without an index form (set by deepdsl.backends.cuda)
     cuda_form: CudaForm | None = None  # or its index expression, written by the CUDA backend only
     java: JavaCall | None = None  # the runtime call of an op without an index form (deepdsl/runtime/*.java)
+    vendor: VendorRule | None = None  # the vendor library routine that may replace the op's own kernel (ir/vendor.py)
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -190,6 +193,12 @@ def cuda_kernel(*names: str) -> Callable[[CudaRule], CudaRule]:
 def cuda_form(*names: str) -> Callable[[CudaForm], CudaForm]:
     """Attach the index expression the CUDA backend writes for each op in `names` (shape ops)."""
     return _attach_all(names, "cuda_form")
+
+
+def vendor_rule(*names: str) -> Callable[[VendorRule], VendorRule]:
+    """Attach the vendor routine (an ir/vendor.py description) that serves each op in `names` where the library
+    loads; a backend interprets the description and keeps the op's own kernel as the fallback."""
+    return _attach_all(names, "vendor")
 
 
 def eager_saves(*names: str, which: tuple[int | str, ...] = (), extra: Callable | None = None) -> None:

@@ -19,10 +19,12 @@ from deepdsl.ir.registry import (
     java_call,
     numpy_kernel,
     numpy_workspace_kernel,
+    vendor_rule,
     vjp_rule,
     workspace_rule,
 )
 from deepdsl.ir.types import ShapeError, TensorType
+from deepdsl.ir.vendor import ConvForward
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank, window_out
 
@@ -139,6 +141,15 @@ def _geometry(types: tuple[TensorType, ...], out: TensorType, a: dict) -> tuple[
     if "in_shape" in a:
         return tuple(a["in_shape"]), types[1].shape
     return types[0].shape, types[1].shape
+
+
+@vendor_rule("conv2d")
+def _conv_forward(types: tuple[TensorType, ...], out: TensorType, a: dict) -> ConvForward:
+    """cuDNN's convolution forward, in the plan's workspace for the statement."""
+    (n, c, h, w), (f, _, kh, kw) = types[0].shape, types[1].shape
+    oh, ow = out.shape[2:]
+    (sh, sw), (ph, pw) = a["stride"], a["pad"]
+    return ConvForward(n, c, h, w, f, kh, kw, oh, ow, (sh, sw), (ph, pw), a["groups"])
 
 
 @workspace_rule("conv2d", "conv2d_backward_data", "conv2d_backward_filter")

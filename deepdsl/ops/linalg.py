@@ -6,8 +6,18 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, java_call, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import (
+    defop,
+    eager_saves,
+    flops_rule,
+    index_form,
+    java_call,
+    numpy_kernel,
+    vendor_rule,
+    vjp_rule,
+)
 from deepdsl.ir.types import ShapeError, TensorType
+from deepdsl.ir.vendor import Gemm
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
 from deepdsl.ops._index_forms import ap, pointwise
@@ -155,6 +165,17 @@ def _transpose_vjp(b: Any, s: Any, g: Any) -> tuple:
 
 
 vjp_rule("batch_matmul")(_matmul_vjp)
+
+
+@vendor_rule("matmul", "batch_matmul")
+def _matmul_gemm(types: tuple[TensorType, ...], out: TensorType, a: dict) -> Gemm:
+    """One SGEMM (strided-batched for batch_matmul) with the statement's transposes."""
+    ta, tb = bool(a.get("transpose_a", False)), bool(a.get("transpose_b", False))
+    k = types[0].shape[-2] if ta else types[0].shape[-1]
+    return Gemm(out.shape[0] if out.rank == 3 else 1, out.shape[-2], out.shape[-1], k, ta, tb)
+
+
+vendor_rule("linear")(lambda types, out, a: Gemm(1, out.shape[0], out.shape[1], types[0].shape[1], False, True))
 eager_saves("linear", "matmul", "batch_matmul", which=(0, 1))  # what eager autograd keeps
 
 

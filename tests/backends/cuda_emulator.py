@@ -17,6 +17,7 @@ import numpy as np
 
 from deepdsl.backends.cuda.kernels import Launch
 from deepdsl.backends.cuda.runner import CpuClock
+from deepdsl.backends.cuda.vendor import OWN, Vendor
 
 EMULATION = r"""
 #undef _FORTIFY_SOURCE  // its longjmp check refuses a jump to another fiber's stack
@@ -181,6 +182,17 @@ def fake_driver(folder: Path) -> Path:
     return folder
 
 
+def fake_vendor(folder: Path, libraries: Sequence[str] = ("libcublas.so.12", "libcudnn.so.9")) -> Path:
+    """The stand-ins fake_libcublas.c and fake_libcudnn.c built as `folder/libcublas.so.12` and
+    `folder/libcudnn.so.9` (those of them in `libraries`); returns the folder (for vendor.open_vendor)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for soname in libraries:
+        c = Path(__file__).with_name(f"fake_{soname.split('.so')[0]}.c")
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(folder / soname), str(c)],
+                       check=True)  # fmt: skip
+    return folder
+
+
 def run_launch(lib: ctypes.CDLL, x: Launch, pointers: Sequence[int], small: bool) -> None:
     """Launch `x` with `pointers`. A block-stride launch (and with `small` a grid-stride one too) runs with at most
     3 blocks of 64 threads, which its loops allow, where the CPU would otherwise switch between millions of fibers."""
@@ -196,8 +208,9 @@ class EmulatedDriver:
 
     description = "the CPU emulating a GPU (g++, fibers)"
 
-    def __init__(self, folder: Path, capacity: int = 1 << 34):
+    def __init__(self, folder: Path, capacity: int = 1 << 34, vendor: Vendor = OWN):
         self.folder = folder
+        self.vendor = vendor  # the vendor libraries' stand-ins (fake_cublas), which take host pointers too
         folder.mkdir(parents=True, exist_ok=True)
         self.capacity = capacity
         self.blocks: list[np.ndarray] = []
@@ -233,4 +246,5 @@ class EmulatedDriver:
         return CpuClock()
 
     def close(self) -> None:
+        self.vendor.close()
         self.blocks.clear()

@@ -142,26 +142,29 @@ def test_run_device_cuda_on_a_machine_without_it_exits_1(monkeypatch: pytest.Mon
 # ---- on a real GPU (scripts/gpu_check.sh) ----
 
 
-def _real_gpu():  # noqa: ANN202
+def _real_gpu(kernels: str = "own"):  # noqa: ANN202
     if not gpu_runner.pycuda_available():
         pytest.skip("PyCUDA is not installed")
     try:
-        return gpu_runner.PyCudaDriver()
+        return gpu_runner.PyCudaDriver(kernels)
     except DslProgramError as err:
         pytest.skip(err.message)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernels", ["own", "vendor"])
 @pytest.mark.parametrize("case", ["mlp", "lenet", "tiny", "small"])
-def test_pycuda_runner_agrees_with_numpy(case: str) -> None:
-    """5 iterations on the GPU give the NumPy runner's losses (1e-4 relative), and the GPU memory the runner took
-    is the plan's: arena plus tensors, to within the driver's allocation granularity."""
+def test_pycuda_runner_agrees_with_numpy(case: str, kernels: str) -> None:
+    """5 iterations on the GPU, with our kernels and with cuBLAS for the GEMMs, give the NumPy runner's losses (1e-4
+    relative), and the GPU memory the runner took is the plan's: arena plus tensors, to within the driver's
+    allocation granularity (and cuBLAS's own workspace)."""
     if case in ("mlp", "lenet"):
         build = api.build(api.compile_file(ROOT / "networks" / f"{case}.ddsl", {"N": 16}).program)
     else:
         build = _build(TINY if case == "tiny" else SMALL, f"{case}.ddsl")
     want = _losses(build, 5)
-    driver = _real_gpu()
+    driver = _real_gpu(kernels)
+    assert (driver.vendor.cublas is not None) == (kernels == "vendor")
     got = run_training(build, iters=5, data_flag="synthetic", device="cuda", driver=driver)
     _close(got["losses"], want["losses"])
     # the driver hands out memory in 2 MiB pages, and the module's code takes some: the measured bytes are the
@@ -197,7 +200,9 @@ def test_auto_falls_back_to_the_cpu_when_the_gpu_cannot_take_the_plan(
     import deepdsl.running as running
 
     small = EmulatedDriver(tmp_path, capacity=10_000)
-    monkeypatch.setattr(running, "open_device", lambda device, double=False: (small, "cuda (a small GPU)", None))
+    monkeypatch.setattr(
+        running, "open_device", lambda device, double=False, kernels="auto": (small, "cuda (a small GPU)", None)
+    )
     lines: list[str] = []
     got = run_training(_build(TINY, "tiny.ddsl"), iters=1, device="auto", report=lines.append)
     assert got["device"] == "cpu" and lines[0].startswith("CUDA not used: the plan needs")

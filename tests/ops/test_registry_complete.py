@@ -12,6 +12,7 @@ import dataclasses
 import re
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 import deepdsl.backends.cuda  # noqa: F401 — attaches the CUDA fields to the entries
@@ -21,6 +22,7 @@ from deepdsl.ir import REGISTRY, TensorType
 from deepdsl.ir.indexexpr import IE, Apply, Reduce
 from deepdsl.ir.registry import JavaCall, OpDef, lookup
 from deepdsl.ir.types import DType, ShapeError
+from deepdsl.ir.vendor import ConvForward, Gemm
 
 X4 = TensorType((2, 4, 8, 8))
 X2 = TensorType((2, 6))
@@ -227,6 +229,7 @@ COVERED = {
     "view": "checked: a view has no index form and no kernel fields",
     "differentiable": "decides who needs vjp and saves",
     "classifies": "checked: a classifying op is a differentiable scalar of (scores [N, K], labels [N])",
+    "vendor": "optional (None: our kernels only); test_every_vendor_fact_computes_the_op runs it on EXAMPLES",
 }
 
 
@@ -475,3 +478,81 @@ def test_every_library_call_names_its_device_method() -> None:
     assert device_mismatches(_without("lrn", java=renamed), device) == [
         f"lrn: Device.localResponseNorm is None, its Java call {want}"
     ]
+
+
+# ---- vendor facts (ir/vendor.py) ----
+
+
+def gemm_reference(g: Gemm, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """What a Gemm fact says, on the flat row-major buffers of its operands (as cuBLAS gets them)."""
+    a3 = a.reshape(g.batch, *((g.k, g.m) if g.transpose_a else (g.m, g.k)))
+    b3 = b.reshape(g.batch, *((g.n, g.k) if g.transpose_b else (g.k, g.n)))
+    return (np.swapaxes(a3, 1, 2) if g.transpose_a else a3) @ (np.swapaxes(b3, 1, 2) if g.transpose_b else b3)
+
+
+def conv_reference(c: ConvForward, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """What a ConvForward fact says, on flat NCHW buffers: one output element at a time, from the definition."""
+    x4, w4 = x.reshape(c.n, c.c, c.h, c.w), w.reshape(c.f, c.c // c.groups, c.kh, c.kw)
+    (sh, sw), (ph, pw) = c.stride, c.pad
+    xp = np.pad(x4, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    y = np.zeros((c.n, c.f, c.oh, c.ow), np.float32)
+    per = c.f // c.groups
+    for f in range(c.f):
+        g = f // per
+        channels = xp[:, g * (c.c // c.groups) : (g + 1) * (c.c // c.groups)]
+        for i in range(c.oh):
+            for j in range(c.ow):
+                window = channels[:, :, i * sh : i * sh + c.kh, j * sw : j * sw + c.kw]
+                y[:, f, i, j] = (window * w4[f]).sum(axis=(1, 2, 3))
+    return y
+
+
+def vendor_problems(op: OpDef, inputs: tuple[TensorType, ...], attrs: dict) -> list[str]:
+    """The op's vendor fact, interpreted on random inputs of the example call, against its NumPy kernel."""
+    out_type = op.shape(inputs, attrs)
+    fact = op.vendor(inputs, out_type, attrs) if op.vendor else None
+    if fact is None:
+        return []
+    rng = np.random.default_rng(0)
+    xs = tuple(rng.random(t.shape, np.float32) for t in inputs)
+    if isinstance(fact, Gemm):
+        sizes = (fact.batch * fact.m * fact.k, fact.batch * fact.k * fact.n, fact.batch * fact.m * fact.n)
+        reference = gemm_reference
+    elif isinstance(fact, ConvForward):
+        c = fact
+        sizes = (c.n * c.c * c.h * c.w, c.f * c.c // c.groups * c.kh * c.kw, c.n * c.f * c.oh * c.ow)
+        reference = conv_reference
+    else:
+        return [f"{op.name}: a vendor fact no check knows ({type(fact).__name__})"]
+    if sizes != (xs[0].size, xs[1].size, out_type.numel):
+        return [f"{op.name}: {fact} does not fit its inputs {inputs}"]
+    got = reference(fact, xs[0].ravel(), xs[1].ravel()).reshape(out_type.shape)
+    if np.allclose(got, op.numpy(xs, attrs), rtol=1e-5):
+        return []
+    return [f"{op.name}: {fact} is not what the op computes"]
+
+
+VENDOR_CALLS = [(name, *EXAMPLES[name]) for name, op in sorted(REGISTRY.items()) if op.vendor is not None]
+VENDOR_CALLS += [("matmul", (TensorType((6, 2)), TensorType((3, 6))), {"transpose_a": True, "transpose_b": True}),
+                 ("batch_matmul", (TensorType((2, 4, 3)), TensorType((2, 4, 5))), {"transpose_a": True}),
+                 ("conv2d", (TensorType((2, 4, 9, 8)), TensorType((6, 2, 3, 2))),
+                  {"stride": (2, 1), "pad": (0, 1), "groups": 2})]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "inputs", "attrs"), VENDOR_CALLS, ids=[c[0] for c in VENDOR_CALLS])
+def test_every_vendor_fact_computes_the_op(name: str, inputs: tuple, attrs: dict) -> None:
+    assert vendor_problems(REGISTRY[name], inputs, attrs) == []
+
+
+def test_a_wrong_vendor_fact_is_reported() -> None:
+    """linear is x @ W^T: a fact without the transpose (or with the sizes swapped) computes something else."""
+    inputs, attrs = (TensorType((2, 6)), TensorType((6, 6))), {}  # square W: the wrong fact fits the shapes
+    wrong = dataclasses.replace(REGISTRY["linear"], vendor=lambda types, out, a: Gemm(1, 2, 6, 6, False, False))
+    assert vendor_problems(wrong, inputs, attrs) == ["linear: Gemm(batch=1, m=2, n=6, k=6, transpose_a=False, "
+                                                     "transpose_b=False) is not what the op computes"]  # fmt: skip
+    misfit = dataclasses.replace(REGISTRY["linear"], vendor=lambda types, out, a: Gemm(1, 6, 2, 6, False, True))
+    assert vendor_problems(misfit, *EXAMPLES["linear"])[0].startswith("linear: Gemm(batch=1, m=6, n=2")
+    conv = REGISTRY["conv2d"]
+    no_pad = dataclasses.replace(conv, vendor=lambda t, o, a: dataclasses.replace(conv.vendor(t, o, a), pad=(0, 0)))
+    inputs, attrs = (TensorType((1, 2, 5, 5)), TensorType((3, 2, 1, 1))), {"stride": (1, 1), "pad": (1, 1), "groups": 1}
+    assert vendor_problems(no_pad, inputs, attrs)[0].endswith("is not what the op computes")  # 1x1: sizes still fit

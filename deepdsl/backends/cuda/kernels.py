@@ -33,6 +33,7 @@ from deepdsl.ir.groups import group_form, is_flat
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, format_ie
 from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.types import DType
+from deepdsl.ir.vendor import VendorCall, vendor_call
 from deepdsl.memory.groups import planned_groups
 from deepdsl.memory.plan import Plan
 
@@ -72,6 +73,7 @@ class Launch:
     tiles: tuple[int, int, int] = (0, 0, 0)  # loop "tiles": (N, M, batch) of the GEMM
     also: tuple[str, ...] = ()  # the other statements the kernel computes (ir/groups.py); their results follow the
     # first output among the arguments
+    vendor: VendorCall | None = None  # the vendor routine that may run instead, on the same arguments (ir/vendor.py)
 
 
 @dataclass(frozen=True)
@@ -491,7 +493,7 @@ class _Program:
         return Arg(value, "arena", base, self.plan.buffer_of(base).offset, ctype)
 
     def add(self, s: Stmt, kernel: str, k: Kernel, values: tuple[str, ...], ctypes: tuple[str, ...],
-            also: tuple[str, ...] = ()) -> None:  # fmt: skip
+            also: tuple[str, ...] = (), vendor: VendorCall | None = None) -> None:  # fmt: skip
         """Launch `k`; a kernel identical to an earlier one but for its name is not written again: the launch
         uses the earlier kernel, whose comment lists the statements it serves."""
         code = "\n".join(line for line in k.text.split("\n") if not line.startswith("//"))
@@ -505,7 +507,7 @@ class _Program:
             self.texts.append(k.text)
         args = tuple(self.arg(v, t) for v, t in zip(values, ctypes))
         self.launches.append(Launch(kernel, s.out.name, s.op, k.grid, k.block, 0, k.static_smem, args, k.covers,
-                                    k.loop, k.tiles, also))  # fmt: skip
+                                    k.loop, k.tiles, also, vendor))  # fmt: skip
 
     def group(self, stmts: tuple[Stmt, ...]) -> None:
         """One kernel for the statements of a group (ir/groups.py): every result written in the same loop."""
@@ -551,7 +553,7 @@ class _Program:
         else:
             name = self.name(s)
             k = op.cuda(name, s, in_types[:arity])
-            self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]))
+            self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]), vendor=vendor_call(s))
         if "epilogue" in s.a:
             extras = s.inputs[arity:]
             out = output_indices(s.out.type)

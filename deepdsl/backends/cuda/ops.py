@@ -27,6 +27,7 @@ from deepdsl.ir import Stmt
 from deepdsl.ir.analysis import output_indices
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var
 from deepdsl.ir.registry import cuda_form, cuda_kernel
+from deepdsl.ir.vendor import Gemm, vendor_call
 
 # ---- library calls ----
 
@@ -89,19 +90,13 @@ def _avg_pool_backward(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
 
 
 def _gemm(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
-    a = s.inputs[0].type.shape
-    out = s.out.type.shape
-    if s.op == "linear":
-        ta, tb = False, True
-    else:
-        ta, tb = bool(s.a.get("transpose_a", False)), bool(s.a.get("transpose_b", False))
-    batch = out[0] if s.op == "batch_matmul" else 1
-    m, n = out[-2], out[-1]
-    k = a[-2] if ta else a[-1]
-    grid = (-(-n // TILE), -(-m // TILE), batch)
-    call = f"dd_gemm(out, in0, in1, {c_ints(m, n, k, ta, tb)})"
+    """Our 16x16-tile SGEMM, for the GEMM the entry's vendor fact describes (the same one cuBLAS would run)."""
+    g = vendor_call(s)
+    assert isinstance(g, Gemm), f"%{s.out.name} = {s.op}: its vendor fact is not a GEMM"
+    grid = (-(-g.n // TILE), -(-g.m // TILE), g.batch)
+    call = f"dd_gemm(out, in0, in1, {c_ints(g.m, g.n, g.k, g.transpose_a, g.transpose_b)})"
     return library_call(name, s, ct[:2], "float", call, grid=grid, block=(TILE, TILE, 1), static_smem=GEMM_SMEM,
-                        covers=s.out.type.numel, loop="tiles", tiles=(n, m, batch))  # fmt: skip
+                        covers=s.out.type.numel, loop="tiles", tiles=(g.n, g.m, g.batch))  # fmt: skip
 
 
 def _axis1(shape: tuple[int, ...]) -> tuple[int, int, int]:

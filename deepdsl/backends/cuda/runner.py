@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from deepdsl.backends.cuda.kernels import Arg, CudaProgram, Launch, program, translation_unit
+from deepdsl.backends.cuda.vendor import Bound, Vendor, open_vendor
 from deepdsl.backends.numpy_runner import param_value
 from deepdsl.errors import DslProgramError
 from deepdsl.ir.types import DType
@@ -35,6 +36,7 @@ class Driver(Protocol):
     """What the runner needs of a GPU: memory, a module of kernels, launches, a clock."""
 
     description: str  # e.g. "NVIDIA H200 (sm_90, 143,771 MiB)"
+    vendor: Vendor  # the vendor libraries on this GPU (vendor.py); OWN: our kernels only
 
     def free_bytes(self) -> int: ...
     def alloc(self, nbytes: int) -> int: ...  # a device address
@@ -86,8 +88,18 @@ class GpuRunner:
         self.tensors = {name: driver.alloc(max(_nbytes(shape, t), 4)) for name, (shape, t) in shapes.items()}
         self.set_arrays(arrays)
         self.free_low = driver.free_bytes()
-        self.calls = {name: [(x, [self._pointer(name, a) for a in x.args]) for x in s.program.launches]
-                      for name, s in self.steps.items()}  # fmt: skip
+        # each launch with its pointers, and the vendor routine that runs instead of the kernel (None: the kernel)
+        self.calls = {name: [self._call(name, x) for x in s.program.launches] for name, s in self.steps.items()}
+        bound = [b for c in self.calls.values() for _, _, b in c if b is not None]
+        self.vendor_launches = len(bound)
+        # the most scratch one vendor call takes: a part of its statement's planned workspace, in the arena
+        self.vendor_workspace_bytes = max((b.workspace for b in bound), default=0)
+
+    def _call(self, step: str, x: Launch) -> tuple[Launch, list[int], Bound | None]:
+        pointers = [self._pointer(step, a) for a in x.args]
+        ws = self.steps[step].plan.workspace.get(x.stmt)
+        workspace = (self.arena + ws.offset, ws.nbytes) if ws is not None else (0, 0)
+        return x, pointers, self.driver.vendor.bind(x.vendor, pointers, workspace)
 
     def _pointer(self, step: str, a: Arg) -> int:
         if a.storage == "arena":
@@ -127,8 +139,11 @@ class GpuRunner:
         for name, dtype in s.inputs.items():
             self.driver.upload(self.tensors[f"{step}:{name}"], np.ascontiguousarray(feeds[name], dtype))
         with self.driver.timed() as clock:
-            for launch, pointers in self.calls[step]:
-                self.driver.launch(launch, pointers)
+            for launch, pointers, bound in self.calls[step]:
+                if bound is None:
+                    self.driver.launch(launch, pointers)
+                else:
+                    bound.run()
             for src, tensor, nbytes in s.program.copies:
                 self.driver.copy(self.tensors[tensor], self._pointer(step, src), nbytes)
         outputs = {}
@@ -174,9 +189,10 @@ class _Events:
 
 
 class PyCudaDriver:
-    """GPU 0 through PyCUDA, in its primary context (shared with PyTorch or CuPy in the same process)."""
+    """GPU 0 through PyCUDA, in its primary context (shared with PyTorch or CuPy in the same process), with the
+    vendor libraries `kernels` asks for (vendor.open_vendor: "auto", "vendor" or "own")."""
 
-    def __init__(self) -> None:
+    def __init__(self, kernels: str = "own") -> None:
         cuda = _import_pycuda()
         try:
             cuda.init()
@@ -198,6 +214,11 @@ class PyCudaDriver:
         self.functions: dict[str, Any] = {}
         self.prepared: set[str] = set()
         self.module: Any = None
+        try:
+            self.vendor = open_vendor(kernels)  # on this context, on the default stream our launches use
+        except DslProgramError:
+            self.context.pop()
+            raise
 
     def free_bytes(self) -> int:
         return int(self.cuda.mem_get_info()[0])
@@ -253,6 +274,7 @@ class PyCudaDriver:
         nothing."""
         if self.context is None:
             return
+        self.vendor.close()
         for a in self.allocations:
             a.free()
         self.allocations.clear()

@@ -1,0 +1,61 @@
+"""cuBLAS through ctypes: one handle, and a row-major `Gemm` (ir/vendor.py) as column-major SGEMM calls."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+from deepdsl.errors import DslProgramError
+from deepdsl.ir.vendor import Gemm
+
+_OP_N, _OP_T = 0, 1
+_STATUS = {1: "NOT_INITIALIZED", 3: "ALLOC_FAILED", 7: "INVALID_VALUE", 8: "ARCH_MISMATCH", 11: "MAPPING_ERROR",
+           13: "EXECUTION_FAILED", 14: "INTERNAL_ERROR", 15: "NOT_SUPPORTED", 16: "LICENSE_ERROR"}  # fmt: skip
+
+
+def _check(status: int, call: str) -> None:
+    if status != 0:
+        raise DslProgramError(f"--kernels vendor: {call} failed (CUBLAS_STATUS_{_STATUS.get(status, status)})")
+
+
+class Cublas:
+    """One cuBLAS handle on the current CUDA context (the runner's), on `stream` (0: the default stream, where
+    the runner launches its kernels, so the two keep program order)."""
+
+    def __init__(self, lib: ctypes.CDLL, path: str, stream: int = 0):
+        self.lib, self.path = lib, path
+        self.handle = ctypes.c_void_p()
+        _check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate_v2")
+        _check(lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream)), "cublasSetStream_v2")
+        version = ctypes.c_int()
+        _check(lib.cublasGetVersion_v2(self.handle, ctypes.byref(version)), "cublasGetVersion_v2")
+        v = version.value
+        self.version = f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v % 1000 // 10}"
+        self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        i, p, ll = ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong
+        lib.cublasSgemm_v2.argtypes = [p, i, i, i, i, i, p, p, i, p, i, p, p, i]
+        lib.cublasSgemmStridedBatched.argtypes = [p, i, i, i, i, i, p, p, i, ll, p, i, ll, p, p, i, ll, i]
+
+    @property
+    def description(self) -> str:
+        return f"cuBLAS {self.version} ({Path(self.path).name})"
+
+    def gemm(self, g: Gemm, c: int, a: int, b: int) -> None:
+        """C = op(A) @ op(B) of row-major matrices at device addresses c, a, b: cuBLAS is column-major, and a
+        row-major matrix read column-major is its transpose, so it computes C^T = op(B)^T op(A)^T, B first."""
+        m, n, k = g.m, g.n, g.k
+        op_a, lda = (_OP_T, m) if g.transpose_a else (_OP_N, k)
+        op_b, ldb = (_OP_T, k) if g.transpose_b else (_OP_N, n)
+        one, zero = ctypes.byref(self.one), ctypes.byref(self.zero)
+        if g.batch == 1:
+            status = self.lib.cublasSgemm_v2(self.handle, op_b, op_a, n, m, k, one, b, ldb, a, lda, zero, c, n)
+            _check(status, "cublasSgemm_v2")
+        else:
+            status = self.lib.cublasSgemmStridedBatched(self.handle, op_b, op_a, n, m, k, one, b, ldb, k * n, a, lda,
+                                                        m * k, zero, c, n, m * n, g.batch)  # fmt: skip
+            _check(status, "cublasSgemmStridedBatched")
+
+    def close(self) -> None:
+        if self.handle:
+            self.lib.cublasDestroy_v2(self.handle)
+            self.handle = ctypes.c_void_p()

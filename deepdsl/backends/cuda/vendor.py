@@ -1,0 +1,159 @@
+"""The vendor libraries of the GPU runner, cuBLAS (cublas.py) and cuDNN (cudnn.py), through ctypes, called with the
+runner's raw device pointers.
+
+A launch whose registry entry names a vendor routine (`Launch.vendor`, ir/vendor.py) runs as that routine's call
+when its library loads (`Vendor.bind`); every other launch, and every launch under `--kernels own`, runs our kernel.
+ctypes on the libraries needs no dependency beyond them (PyCUDA stays the one optional import of the runner) and
+takes the pointers the runner already has; the tests load stand-ins with the same entry points.
+
+A library is found as users have it: the folders of LD_LIBRARY_PATH, the `nvidia/*/lib` folders of pip's CUDA
+wheels in this Python (nvidia-cublas-cu12: nvidia/cublas/lib, nvidia-cublas: nvidia/cu13/lib, nvidia-cudnn-cu12 or
+-cu13: nvidia/cudnn/lib), the CUDA toolkit ($CUDA_HOME, $CUDA_PATH, /usr/local/cuda), then the dynamic loader's
+own search by soname. CUDA 13's soname is tried before CUDA 12's in each place; the first library whose handle
+opens is used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deepdsl.backends.cuda.cublas import Cublas
+from deepdsl.backends.cuda.cudnn import Cudnn
+from deepdsl.errors import DslProgramError
+from deepdsl.ir.vendor import ConvForward, Gemm, VendorCall
+
+KERNELS = ("auto", "vendor", "own")
+CUBLAS_SONAMES = ("libcublas.so.13", "libcublas.so.12")
+CUBLAS_INSTALL = "cuBLAS (pip install nvidia-cublas-cu12 for CUDA 12, nvidia-cublas for CUDA 13, or the CUDA toolkit)"
+CUDNN_SONAMES = ("libcudnn.so.9",)
+CUDNN_INSTALL = "cuDNN 9 (pip install nvidia-cudnn-cu12 for CUDA 12, nvidia-cudnn-cu13 for CUDA 13)"
+
+
+def library_folders() -> list[Path]:
+    """Where a CUDA library may lie, in the order searched (before the loader's own search by soname)."""
+    folders = [Path(p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+    for entry in sys.path:  # pip's CUDA wheels: site-packages/nvidia/<package>/lib
+        folders += sorted(Path(entry or ".").glob("nvidia/*/lib"))
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            folders += [Path(os.environ[var]) / "lib64", Path(os.environ[var]) / "lib"]
+    folders += [Path("/usr/local/cuda/lib64"), Path("/usr/local/cuda/targets/x86_64-linux/lib")]
+    return list(dict.fromkeys(folders))
+
+
+def candidates(sonames: Sequence[str], folders: Sequence[Path] | None = None) -> list[str]:
+    """The files to try for a library: each folder's copy of each soname, then (searching the default folders) the
+    bare sonames, which the dynamic loader resolves itself (its cache, the system folders)."""
+    found = [str(f / name) for f in (library_folders() if folders is None else folders) for name in sonames
+             if (f / name).exists()]  # fmt: skip
+    return found + (list(sonames) if folders is None else [])
+
+
+class MissingLibrary(DslProgramError):
+    """`--kernels vendor` where a vendor library does not load: an error under every --device."""
+
+
+def _load(path: str) -> ctypes.CDLL:
+    """The library at `path`; a file in a folder with its cuBLASLt beside it (pip's wheels, the toolkit) gets that
+    one first, so that it need not be on the loader's path."""
+    folder, name = os.path.split(path)
+    lt = os.path.join(folder, name.replace("libcublas.", "libcublasLt.")) if folder and "libcublas." in name else ""
+    if lt and os.path.exists(lt):
+        ctypes.CDLL(lt, mode=ctypes.RTLD_GLOBAL)
+    return ctypes.CDLL(path)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A launch served by a vendor routine: `run()` computes it; `workspace` bytes of the statement's planned
+    workspace are the routine's scratch; `what` names the routine (and its algorithm)."""
+
+    run: Callable[[], None]
+    workspace: int
+    what: str
+
+
+class Vendor:
+    """The vendor libraries a runner uses (cuBLAS for every GEMM, cuDNN for the convolution forward) and what it
+    says about them."""
+
+    def __init__(self, cublas: Cublas | None = None, cudnn: Cudnn | None = None, missing: Sequence[str] = ()):
+        self.cublas, self.cudnn = cublas, cudnn
+        self.missing = tuple(missing)  # under auto: the libraries that did not load, and why
+
+    @property
+    def description(self) -> str:
+        """The device line's part: which kernels run."""
+        used = [f"GEMMs by {self.cublas.description}"] if self.cublas else []
+        used += [f"convolutions by {self.cudnn.description}"] if self.cudnn else []
+        text = ", ".join([*used, "the rest our kernels"]) if used else "our kernels"
+        return text + (f" ({'; '.join(self.missing)})" if self.missing else "")
+
+    def bind(
+        self, call: VendorCall | None, pointers: Sequence[int], workspace: tuple[int, int] = (0, 0)
+    ) -> Bound | None:
+        """The vendor routine for a launch of `call` on `pointers` (its output, then its inputs), with the statement's
+        planned workspace (address, bytes); None where no loaded library serves it (our kernel runs)."""
+        if isinstance(call, Gemm) and self.cublas is not None:
+            gemm, cublas, (c, a, b) = call, self.cublas, pointers[:3]
+            return Bound(lambda: cublas.gemm(gemm, c, a, b), 0, "cuBLAS SGEMM")
+        if isinstance(call, ConvForward) and self.cudnn is not None:
+            cudnn, (y, x, w), (at, nbytes) = self.cudnn, pointers[:3], workspace
+            conv = cudnn.prepare(call, nbytes)
+            return Bound(lambda: cudnn.forward(conv, y, x, w, at), conv.workspace, f"cuDNN {conv.algorithm}")
+        return None
+
+    def close(self) -> None:
+        for lib in (self.cublas, self.cudnn):
+            if lib is not None:
+                lib.close()
+
+
+OWN = Vendor()
+
+
+def _open(kind: type, sonames: Sequence[str], folders: Sequence[Path] | None, stream: int) -> tuple[Any, str]:
+    """The first candidate of `sonames` that loads and opens a handle (on the current context), as `kind`; else
+    None and what went wrong with each."""
+    tried = []
+    for path in candidates(sonames, folders):
+        try:
+            lib = _load(path)
+        except OSError as err:
+            if "/" in path:  # a file that is there but does not load; a bare soname the loader did not find is not
+                tried.append(str(err))  # the loader's message names the file
+            continue
+        try:
+            return kind(lib, path, stream), ""
+        except (DslProgramError, AttributeError) as err:
+            tried.append(f"{path}: {getattr(err, 'message', err)}")
+    return None, "; ".join(tried) or f"{' or '.join(sonames)} not found"
+
+
+def open_vendor(kernels: str, folders: Sequence[Path] | None = None, stream: int = 0) -> Vendor:
+    """The vendor libraries for `--kernels` (call it with the GPU's context current): `own` none; `vendor` cuBLAS
+    and cuDNN, or a MissingLibrary error naming what is missing and how to install it; `auto` those that load."""
+    assert kernels in KERNELS, kernels
+    if kernels == "own":
+        return OWN
+    cublas, why_cublas = _open(Cublas, CUBLAS_SONAMES, folders, stream)
+    cudnn, why_cudnn = _open(Cudnn, CUDNN_SONAMES, folders, stream)
+    missing = [f"no cuBLAS: {why_cublas}"] * (cublas is None) + [f"no cuDNN: {why_cudnn}"] * (cudnn is None)
+    if kernels == "vendor" and missing:
+        for lib in (cublas, cudnn):
+            if lib is not None:
+                lib.close()
+        installs = [CUBLAS_INSTALL] * (cublas is None) + [CUDNN_INSTALL] * (cudnn is None)
+        raise MissingLibrary(f"--kernels vendor: {'; '.join(missing)}; install {' and '.join(installs)}, "
+                             "or use --kernels own")  # fmt: skip
+    return Vendor(cublas, cudnn, missing)
+
+
+__all__ = ["CUBLAS_SONAMES", "CUDNN_SONAMES", "KERNELS", "OWN", "Bound", "MissingLibrary", "Vendor", "candidates",
+           "library_folders", "open_vendor"]  # fmt: skip

@@ -1,0 +1,60 @@
+"""Vendor routines: what one call of a vendor library (cuBLAS, later cuDNN) computes, as data.
+
+An op's registry entry may say which routine serves one of its statements (`vendor_rule`): a function of the
+statement's input types, output type and attributes that returns one of these descriptions. A backend that has the
+library interprets the description (backends/cuda/vendor.py calls cuBLAS for a `Gemm`); one that has not runs the
+op's own kernel. The description is all a backend needs, so no backend keeps a table of op names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deepdsl.ir.graph import Stmt
+from deepdsl.ir.registry import REGISTRY
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """C[b] = op(A[b]) @ op(B[b]) for b < batch, in float32, every matrix row-major and contiguous: A is [M, K]
+    ([K, M] when transpose_a), B is [K, N] ([N, K] when transpose_b), C is [M, N], the batches one after another.
+    A BLAS SGEMM (strided-batched when batch > 1); the statement's inputs are A and B, its output C."""
+
+    batch: int
+    m: int
+    n: int
+    k: int
+    transpose_a: bool
+    transpose_b: bool
+
+
+@dataclass(frozen=True)
+class ConvForward:
+    """Y = conv(X, W), float32, NCHW, a cross-correlation without dilation: X [n, c, h, w], W [f, c / groups, kh,
+    kw], Y [n, f, oh, ow] with the given stride and zero padding. cuDNN's convolution forward; the statement's
+    inputs are X and W, its output Y, and its planned workspace (memory/plan.py) is the routine's scratch."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    f: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    stride: tuple[int, int]
+    pad: tuple[int, int]
+    groups: int
+
+
+VendorCall = Gemm | ConvForward  # the descriptions a backend may be asked to interpret
+
+
+def vendor_call(s: Stmt) -> VendorCall | None:
+    """The vendor routine that serves statement `s` (its op's `vendor` rule), or None where none does."""
+    op = REGISTRY[s.op]
+    if op.vendor is None:
+        return None
+    arity = op.arity if op.arity is not None else len(s.inputs)  # the rest are an epilogue's inputs
+    return op.vendor(tuple(v.type for v in s.inputs[:arity]), s.out.type, s.a)

@@ -1,0 +1,75 @@
+/* A stand-in for cuBLAS (libcublas.so.12) whose device memory is host memory, so that the GPU runner's vendor path
+ * (deepdsl/backends/cuda/vendor.py) is tested on machines without a GPU: the handle calls, and SGEMM as the BLAS
+ * reference defines it — column-major, C = alpha op(A) op(B) + beta C, op N or T, leading dimensions checked as
+ * cuBLAS checks them (CUBLAS_STATUS_INVALID_VALUE), C not read when beta is 0 — in plain loops, accumulated in
+ * double. Only the calls the runner makes are here. `fake_cublas_calls` counts the GEMMs, for the tests. */
+
+#include <stdlib.h>
+
+typedef int cublasStatus_t;
+typedef struct {
+  void *stream;
+} *cublasHandle_t;
+
+enum { OK = 0, NOT_INITIALIZED = 1, INVALID_VALUE = 7 };
+static long long calls;
+
+long long fake_cublas_calls(void) { return calls; }
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t *h) {
+  *h = calloc(1, sizeof **h);
+  return *h ? OK : NOT_INITIALIZED;
+}
+cublasStatus_t cublasDestroy_v2(cublasHandle_t h) {
+  if (!h) return NOT_INITIALIZED;
+  free(h);
+  return OK;
+}
+cublasStatus_t cublasSetStream_v2(cublasHandle_t h, void *stream) {
+  if (!h) return NOT_INITIALIZED;
+  h->stream = stream;
+  return OK;
+}
+cublasStatus_t cublasGetVersion_v2(cublasHandle_t h, int *version) {
+  if (!h) return NOT_INITIALIZED;
+  *version = 120000; /* says 12.0.0 */
+  return OK;
+}
+
+static int max1(int x) { return x > 1 ? x : 1; }
+
+/* element (i, j) of op(X), X column-major with leading dimension ld */
+static float at(const float *x, int ld, int op, int i, int j) { return op ? x[j + (long long)i * ld] : x[i + (long long)j * ld]; }
+
+static cublasStatus_t gemm(cublasHandle_t h, int ta, int tb, int m, int n, int k, const float *alpha, const float *a,
+                           int lda, long long sa, const float *b, int ldb, long long sb, const float *beta, float *c,
+                           int ldc, long long sc, int batch) {
+  if (!h) return NOT_INITIALIZED;
+  if ((ta != 0 && ta != 1) || (tb != 0 && tb != 1) || m < 0 || n < 0 || k < 0 || batch < 0) return INVALID_VALUE;
+  if (lda < max1(ta ? k : m) || ldb < max1(tb ? n : k) || ldc < max1(m)) return INVALID_VALUE;
+  for (int p = 0; p < batch; p++) {
+    const float *ap = a + p * sa, *bp = b + p * sb;
+    float *cp = c + p * sc;
+    for (int j = 0; j < n; j++) {
+      for (int i = 0; i < m; i++) {
+        double s = 0.0;
+        for (int q = 0; q < k; q++) s += (double)at(ap, lda, ta, i, q) * at(bp, ldb, tb, q, j);
+        float *out = &cp[i + (long long)j * ldc];
+        *out = (float)(*alpha * s + (*beta == 0.0f ? 0.0 : (double)*beta * *out));
+      }
+    }
+  }
+  calls++;
+  return OK;
+}
+
+cublasStatus_t cublasSgemm_v2(cublasHandle_t h, int ta, int tb, int m, int n, int k, const float *alpha,
+                              const float *a, int lda, const float *b, int ldb, const float *beta, float *c, int ldc) {
+  return gemm(h, ta, tb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
+}
+
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, int ta, int tb, int m, int n, int k, const float *alpha,
+                                         const float *a, int lda, long long sa, const float *b, int ldb, long long sb,
+                                         const float *beta, float *c, int ldc, long long sc, int batch) {
+  return gemm(h, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch);
+}

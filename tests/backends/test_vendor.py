@@ -1,0 +1,370 @@
+"""The GPU runner's vendor path (`--kernels vendor|own|auto`, backends/cuda/vendor.py) without a GPU: the stand-in
+cuBLAS and cuDNN (fake_libcublas.c, fake_libcudnn.c, host memory) checked against NumPy first, then the runner with
+them against the NumPy runner, the library search, and the messages where a library is missing."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT
+from cuda_emulator import EmulatedDriver, fake_vendor
+from helpers import SMALL
+
+import deepdsl.running as running
+from deepdsl import api
+from deepdsl.backends.cuda import runner as gpu_runner
+from deepdsl.backends.cuda.vendor import (
+    CUBLAS_SONAMES,
+    OWN,
+    MissingLibrary,
+    candidates,
+    library_folders,
+    open_vendor,
+)
+from deepdsl.cli import cli
+from deepdsl.errors import DslProgramError
+from deepdsl.ir import REGISTRY, TensorType
+from deepdsl.ir.vendor import ConvForward, Gemm
+from deepdsl.running import run_training
+
+needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("g++") is None, reason="no gcc/g++")
+pytestmark = needs_gcc
+
+OP_N, OP_T = 0, 1
+
+
+@pytest.fixture(scope="module")
+def cublas_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both stand-ins (the name: most tests here are about cuBLAS)."""
+    return fake_vendor(tmp_path_factory.mktemp("vendor"))
+
+
+@pytest.fixture(scope="module")
+def lib(cublas_folder: Path) -> ctypes.CDLL:
+    return ctypes.CDLL(str(cublas_folder / "libcublas.so.12"))
+
+
+def _fp(a: np.ndarray) -> ctypes.c_void_p:
+    return ctypes.c_void_p(a.ctypes.data)
+
+
+def _sgemm(lib: ctypes.CDLL, ta: int, tb: int, m: int, n: int, k: int, a: np.ndarray, lda: int, b: np.ndarray,
+           ldb: int, c: np.ndarray, ldc: int, alpha: float = 1.0, beta: float = 0.0) -> int:  # fmt: skip
+    handle = ctypes.c_void_p()
+    assert lib.cublasCreate_v2(ctypes.byref(handle)) == 0
+    i = ctypes.c_int
+    status = lib.cublasSgemm_v2(handle, i(ta), i(tb), i(m), i(n), i(k), ctypes.byref(ctypes.c_float(alpha)), _fp(a),
+                                i(lda), _fp(b), i(ldb), ctypes.byref(ctypes.c_float(beta)), _fp(c), i(ldc))  # fmt: skip
+    assert lib.cublasDestroy_v2(handle) == 0
+    return int(status)
+
+
+def _column_major(x: np.ndarray, ld: int) -> np.ndarray:
+    """x (rows x cols) stored column-major with leading dimension ld >= rows; the padding rows are 1e6."""
+    rows, cols = x.shape
+    store = np.full((cols, ld), 1e6, np.float32)
+    store[:, :rows] = x.T
+    return store
+
+
+@pytest.mark.parametrize("ta", [OP_N, OP_T])
+@pytest.mark.parametrize("tb", [OP_N, OP_T])
+def test_the_stand_in_sgemm_is_blas_sgemm(lib: ctypes.CDLL, ta: int, tb: int) -> None:
+    """Column-major C = alpha op(A) op(B) + beta C with padded leading dimensions (padding 1e6, so a stand-in that
+    ignored them would show), against NumPy."""
+    rng = np.random.default_rng(ta * 2 + tb)
+    m, n, k = 5, 4, 3
+    a = rng.random((k, m) if ta else (m, k), np.float32)
+    b = rng.random((n, k) if tb else (k, n), np.float32)
+    c0 = rng.random((m, n), np.float32)
+    lda, ldb, ldc = a.shape[0] + 2, b.shape[0] + 1, m + 3
+    sa, sb, sc = _column_major(a, lda), _column_major(b, ldb), _column_major(c0, ldc)
+    assert _sgemm(lib, ta, tb, m, n, k, sa, lda, sb, ldb, sc, ldc, alpha=2.0, beta=0.5) == 0
+    want = 2.0 * ((a.T if ta else a) @ (b.T if tb else b)) + 0.5 * c0
+    np.testing.assert_allclose(sc[:, :m].T, want, rtol=1e-5)
+    assert (sc[:, m:] == 1e6).all()  # the padding of C untouched
+
+
+def test_the_stand_in_checks_leading_dimensions_and_ignores_c_when_beta_is_zero(lib: ctypes.CDLL) -> None:
+    m, n, k = 4, 3, 2
+    a, b = np.ones((k, m), np.float32), np.ones((n, k), np.float32)  # column-major A [m, k] (ld m), B [k, n] (ld k)
+    c = np.full((n, m), np.nan, np.float32)  # a NaN in C is not read when beta is 0 (as cuBLAS)
+    assert _sgemm(lib, OP_N, OP_N, m, n, k, a, m, b, k, c, m) == 0
+    np.testing.assert_array_equal(c, np.full((n, m), k, np.float32))
+    assert _sgemm(lib, OP_N, OP_N, m, n, k, a, m - 1, b, k, c, m) == 7  # lda < m: CUBLAS_STATUS_INVALID_VALUE
+    assert _sgemm(lib, OP_T, OP_N, m, n, k, a, k - 1, b, k, c, m) == 7  # op(A) = T needs lda >= k
+    assert _sgemm(lib, OP_N, OP_N, m, n, k, a, m, b, k, c, m - 1) == 7
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_row_major_gemm_through_cublas_is_numpys(cublas_folder: Path, ta: bool, tb: bool, batch: int) -> None:
+    """The runner's mapping of a row-major Gemm fact onto column-major cuBLAS (operands swapped, strided batches),
+    on shapes where no two of M, N, K are equal (a swapped size or stride would read the wrong elements)."""
+    vendor = open_vendor("vendor", [cublas_folder])
+    m, n, k = 5, 7, 3
+    rng = np.random.default_rng(batch)
+    a = rng.random((batch, *((k, m) if ta else (m, k))), np.float32)
+    b = rng.random((batch, *((n, k) if tb else (k, n))), np.float32)
+    c = np.full((batch, m, n), np.nan, np.float32)
+    bound = vendor.bind(Gemm(batch, m, n, k, ta, tb), [c.ctypes.data, a.ctypes.data, b.ctypes.data])
+    assert bound is not None
+    bound.run()
+    want = (np.swapaxes(a, 1, 2) if ta else a) @ (np.swapaxes(b, 1, 2) if tb else b)
+    np.testing.assert_allclose(c, want, rtol=1e-5)
+    vendor.close()
+
+
+def test_a_cublas_failure_is_a_message(cublas_folder: Path) -> None:
+    vendor = open_vendor("vendor", [cublas_folder])
+    assert vendor.cublas is not None
+    x = np.zeros(4, np.float32)
+    with pytest.raises(DslProgramError, match="cublasSgemm_v2 failed .CUBLAS_STATUS_INVALID_VALUE"):
+        vendor.bind(Gemm(1, 2, 2, -1, False, False), [x.ctypes.data] * 3).run()  # type: ignore[union-attr]
+    vendor.close()
+
+
+# ---- finding the library ----
+
+
+def test_the_library_is_found_where_users_have_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LD_LIBRARY_PATH first, then pip's nvidia/*/lib wheels in this Python, then the CUDA toolkit, then the bare
+    sonames for the loader; CUDA 13 before CUDA 12 in each folder."""
+    ld, site, toolkit = tmp_path / "ld", tmp_path / "site", tmp_path / "cuda"
+    wheel = site / "nvidia" / "cublas" / "lib"
+    for folder, name in ((ld, "libcublas.so.12"), (wheel, "libcublas.so.13"), (wheel, "libcublas.so.12"),
+                         (toolkit / "lib64", "libcublas.so.12")):  # fmt: skip
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(b"")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(ld))
+    monkeypatch.setenv("CUDA_HOME", str(toolkit))
+    monkeypatch.setattr(sys, "path", [str(site), *sys.path])
+    folders = library_folders()
+    assert folders.index(ld) < folders.index(wheel) < folders.index(toolkit / "lib64")
+    assert candidates(CUBLAS_SONAMES) == [
+        str(ld / "libcublas.so.12"), str(wheel / "libcublas.so.13"), str(wheel / "libcublas.so.12"),
+        str(toolkit / "lib64" / "libcublas.so.12"), *CUBLAS_SONAMES,
+    ]  # fmt: skip
+
+
+def test_vendor_without_the_libraries_names_them_and_how_to_install_them(tmp_path: Path, cublas_folder: Path) -> None:
+    with pytest.raises(MissingLibrary) as err:
+        open_vendor("vendor", [tmp_path])
+    text = err.value.message
+    assert "no cuBLAS: libcublas.so.13 or libcublas.so.12 not found; no cuDNN: libcudnn.so.9 not found" in text
+    assert "pip install nvidia-cublas-cu12" in text and "CUDA toolkit" in text and "--kernels own" in text
+    assert "pip install nvidia-cudnn-cu12" in text
+    only_cublas = fake_vendor(tmp_path / "cublas", ["libcublas.so.12"])
+    with pytest.raises(MissingLibrary, match=r"^--kernels vendor: no cuDNN: libcudnn.so.9 not found; install cuDNN 9"):
+        open_vendor("vendor", [only_cublas])
+    auto = open_vendor("auto", [only_cublas])  # auto: what loads, and what did not
+    assert auto.cublas is not None and auto.cudnn is None
+    assert auto.description == ("GEMMs by cuBLAS 12.0.0 (libcublas.so.12), the rest our kernels "
+                                "(no cuDNN: libcudnn.so.9 not found)")  # fmt: skip
+    auto.close()
+    assert open_vendor("auto", [tmp_path]).description.startswith("our kernels (no cuBLAS: libcublas.so.13 or")
+    assert open_vendor("own", [cublas_folder]) is OWN and OWN.description == "our kernels"
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "libcublas.so.12").write_text("not a library")  # there, but does not load: said so
+    with pytest.raises(DslProgramError, match=r"no cuBLAS: \S*broken/libcublas.so.12: file too short; no cuDNN"):
+        open_vendor("vendor", [broken])
+
+
+# ---- the stand-in cuDNN: convolution forward ----
+
+CONVS = [  # (x shape, w shape, stride, pad, groups)
+    ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), (1, 1), 1),
+    ((2, 4, 9, 8), (6, 2, 3, 2), (2, 1), (0, 1), 2),
+    ((1, 2, 5, 5), (3, 2, 1, 1), (1, 1), (0, 0), 1),
+]
+
+
+def _conv_case(k: int) -> tuple[ConvForward, np.ndarray, np.ndarray, np.ndarray, dict]:
+    xs, ws, stride, pad, groups = CONVS[k]
+    attrs = {"stride": stride, "pad": pad, "groups": groups}
+    out = REGISTRY["conv2d"].shape((TensorType(xs), TensorType(ws)), attrs)
+    fact = REGISTRY["conv2d"].vendor((TensorType(xs), TensorType(ws)), out, attrs)
+    rng = np.random.default_rng(k)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    return fact, x, w, np.full(out.shape, np.nan, np.float32), attrs
+
+
+@pytest.mark.parametrize("k", range(len(CONVS)))
+@pytest.mark.parametrize("room", [0, 1 << 20])
+def test_a_convolution_through_cudnn_is_numpys(cublas_folder: Path, k: int, room: int) -> None:
+    """The fact of conv2d as cuDNN descriptors (stride, padding, groups) gives the NumPy kernel's output, with the
+    algorithm the workspace allows: none, direct loops (IMPLICIT_GEMM); enough, im2col in the workspace."""
+    vendor = open_vendor("vendor", [cublas_folder])
+    assert vendor.cudnn is not None
+    fact, x, w, y, attrs = _conv_case(k)
+    conv = vendor.cudnn.prepare(fact, room)
+    assert conv.algorithm == ("IMPLICIT_PRECOMP_GEMM" if room else "IMPLICIT_GEMM")
+    assert (conv.workspace > 0) == bool(room)
+    ws = np.zeros(max(conv.workspace, 4), np.uint8)
+    vendor.cudnn.forward(conv, y.ctypes.data, x.ctypes.data, w.ctypes.data, ws.ctypes.data)
+    np.testing.assert_allclose(y, REGISTRY["conv2d"].numpy((x, w), attrs), rtol=1e-4, atol=1e-5)
+    vendor.close()
+
+
+def test_the_stand_in_cudnn_refuses_what_does_not_fit(cublas_folder: Path) -> None:
+    """A workspace smaller than the algorithm needs, and a fact whose output size is not cuDNN's, are errors; a
+    workspace that is the input itself gives another result (so the stand-in really uses its scratch, and the runner's
+    agreement shows the planned workspace overlaps nothing alive)."""
+    vendor = open_vendor("vendor", [cublas_folder])
+    assert vendor.cudnn is not None
+    fact, x, w, y, attrs = _conv_case(0)
+    conv = vendor.cudnn.prepare(fact, 1 << 20)
+    small = dataclasses.replace(conv, workspace=conv.workspace - 4)
+    ws = np.zeros(conv.workspace, np.uint8)
+    with pytest.raises(DslProgramError, match=r"cudnnConvolutionForward failed \(CUDNN_STATUS_BAD_PARAM\)"):
+        vendor.cudnn.forward(small, y.ctypes.data, x.ctypes.data, w.ctypes.data, ws.ctypes.data)
+    with pytest.raises(DslProgramError, match=r"cuDNN makes ConvForward.* an output of \[2, 4, 7, 6\]"):
+        vendor.cudnn.prepare(dataclasses.replace(fact, oh=6), 0)
+    big = np.zeros(conv.workspace // 4 + x.size, np.float32)  # x at the start of a buffer long enough to be scratch
+    big[: x.size] = x.ravel()
+    vendor.cudnn.forward(conv, y.ctypes.data, big.ctypes.data, w.ctypes.data, big.ctypes.data)
+    assert not np.allclose(y, REGISTRY["conv2d"].numpy((x, w), attrs), rtol=1e-4, atol=1e-5)
+    vendor.close()
+
+
+# ---- the runner ----
+
+TINY = """network Tiny
+const N = 4
+input x : [N, 3, 8, 8]
+label y : [N] classes 10
+layer cv = conv(6, kernel=3, pad=1)
+layer fc1 = full(16)
+layer fc2 = full(10)
+net = fc2 o relu o fc1 o flatten o max_pool(2, stride=2) o relu o cv
+loss = softmax_cross_entropy(net(x), y)
+predict = net(x)
+train { data = synthetic(seed=2) optimizer = sgd(lr=0.05, momentum=0.9) iterations = 3 seed = 1 }
+"""
+
+
+def _build(case: str) -> api.Build:
+    if case in ("mlp", "lenet"):
+        return api.build(api.compile_file(ROOT / "networks" / f"{case}.ddsl", {"N": 4}).program)
+    return api.build(api.compile_source(TINY if case == "tiny" else SMALL, f"{case}.ddsl", {}).program)
+
+
+def _fake_calls(folder: Path) -> tuple[int, int]:
+    """(GEMMs, convolutions) the stand-ins have computed in this process."""
+    cublas, cudnn = (ctypes.CDLL(str(folder / name)) for name in ("libcublas.so.12", "libcudnn.so.9"))
+    return int(cublas.fake_cublas_calls()), int(cudnn.fake_cudnn_calls())
+
+
+def _agrees(case: str, kernels: str, folder: Path, cublas_folder: Path) -> None:
+    build = _build(case)
+    want = run_training(build, iters=3, data_flag="synthetic", device="cpu")
+    before = _fake_calls(cublas_folder)
+    driver = EmulatedDriver(folder, vendor=open_vendor(kernels, [cublas_folder]))
+    lines: list[str] = []
+    got = run_training(build, iters=3, data_flag="synthetic", driver=driver, report=lines.append)
+    gemms, convs = (b - a for a, b in zip(before, _fake_calls(cublas_folder)))
+    assert got["device"] == "cuda"
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4, atol=1e-6)
+    assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
+    assert got.get("test_accuracy") == pytest.approx(want.get("test_accuracy"))
+    if kernels == "vendor":  # every GEMM and forward convolution of the 3 steps and the tests through the stand-ins
+        assert gemms > 0 and "GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions by cuDNN 9.0.0" in lines[0]
+        assert (convs > 0) == any(s.op == "conv2d" for s in build.train_plan.graph.stmts)
+        assert 0 <= got["gpu_vendor_workspace_bytes"] <= got["arena_bytes"]
+    else:
+        assert gemms == convs == 0 and "; our kernels)  network" in lines[0]
+
+
+@pytest.mark.parametrize("kernels", ["vendor", "own"])
+def test_the_runner_with_cublas_agrees_with_numpy(kernels: str, tmp_path: Path, cublas_folder: Path) -> None:
+    _agrees("tiny", kernels, tmp_path, cublas_folder)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["mlp", "lenet", "small"])
+def test_the_runner_with_cublas_agrees_with_numpy_on_more_networks(case: str, tmp_path: Path,
+                                                                   cublas_folder: Path) -> None:  # fmt: skip
+    _agrees(case, "vendor", tmp_path, cublas_folder)
+
+
+@pytest.mark.parametrize("limit", [None, 0])
+def test_which_launches_go_to_the_vendor_libraries(tmp_path: Path, cublas_folder: Path, limit: int | None) -> None:
+    """The runner asks each launch's registry fact, not its op name: the GEMM launches (linear and the matmuls of its
+    gradient) run as cuBLAS calls, the forward convolution as cuDNN's, in the workspace the plan gave it (none under
+    --workspace-limit 0: then an algorithm without scratch), the rest (the convolution's gradients, pooling, the
+    epilogues) as our kernels."""
+    build = api.build(api.compile_source(TINY, "tiny.ddsl", {}).program, api.Options(workspace_limit=limit))
+    arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
+    runner = gpu_runner.GpuRunner(EmulatedDriver(tmp_path, vendor=open_vendor("vendor", [cublas_folder])),
+                                  build.train_plan, build.infer_plan, arrays)  # fmt: skip
+    served = {x.op: b.what for x, _, b in runner.calls["train"] if b is not None}
+    ops = sorted(x.op for x, _, b in runner.calls["train"] if b is not None)
+    assert ops == ["conv2d"] + ["linear"] * 2 + ["matmul"] * 4  # forward; dx and dW of fc1 and fc2
+    planned = build.train_plan.workspace
+    conv = next(s.out.name for s in build.train_plan.graph.stmts if s.op == "conv2d")
+    assert (conv in planned) == (limit is None)
+    if limit is None:
+        assert served["conv2d"] == "cuDNN IMPLICIT_PRECOMP_GEMM"
+        assert 0 < runner.vendor_workspace_bytes <= planned[conv].nbytes
+    else:
+        assert served["conv2d"] == "cuDNN IMPLICIT_GEMM" and runner.vendor_workspace_bytes == 0
+    kernels = [x for x, _, b in runner.calls["train"] if b is None]
+    epilogues = [x.kernel for x in kernels if x.op in ("linear", "matmul", "conv2d")]  # bias (and relu) after it
+    assert epilogues and all(k.endswith("_epilogue") for k in epilogues)
+    assert {"conv2d_backward_filter", "max_pool2d"} <= {x.op for x in kernels}
+    assert sorted(x.op for x, _, b in runner.calls["infer"] if b is not None) == ["conv2d", "linear", "linear"]
+    runner.close()
+
+
+# ---- --kernels on the command line ----
+
+
+def _emulated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, folders: list[Path]) -> None:
+    """`--device cuda` opens the emulated GPU, whose vendor libraries are searched in `folders` only."""
+    monkeypatch.setattr(running, "pycuda_available", lambda: True)
+
+    def driver(kernels: str) -> EmulatedDriver:
+        return EmulatedDriver(tmp_path / "gpu", vendor=open_vendor(kernels, folders))
+
+    monkeypatch.setattr(running, "PyCudaDriver", driver)
+
+
+def _run(*flags: str) -> tuple[int, str]:
+    mlp = str(ROOT / "networks" / "mlp.ddsl")
+    result = CliRunner().invoke(cli, ["run", mlp, "--set", "N=4", "--iters", "1", "--data", "synthetic", *flags])
+    return result.exit_code, result.output
+
+
+def test_kernels_vendor_on_the_command_line(tmp_path: Path, cublas_folder: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    _emulated(monkeypatch, tmp_path, [tmp_path / "nothing"])
+    code, out = _run("--device", "cuda", "--kernels", "vendor")
+    assert code == 1 and "--kernels vendor: no cuBLAS: libcublas.so.13 or libcublas.so.12 not found" in out
+    assert "pip install nvidia-cublas-cu12" in out and "Traceback" not in out
+    code, out = _run("--kernels", "vendor")  # device auto: the vendor libraries were asked for, so still an error
+    assert code == 1 and "no cuBLAS" in out
+    assert _run("--kernels", "blas")[0] == 2  # a usage error
+    _emulated(monkeypatch, tmp_path, [cublas_folder])
+    code, out = _run("--device", "cuda")  # auto: cuBLAS where it loads, said on the device line
+    assert code == 0 and ("PyCUDA runner; GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions by cuDNN 9.0.0 "
+                          "(libcudnn.so.9), the rest our kernels)") in out  # fmt: skip
+
+
+@pytest.mark.slow
+def test_kernels_auto_and_own_on_the_command_line(tmp_path: Path, cublas_folder: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    _emulated(monkeypatch, tmp_path, [tmp_path / "nothing"])
+    code, out = _run("--device", "cuda")  # auto without the library: our kernels, and why
+    assert code == 0 and "; our kernels (no cuBLAS: libcublas.so.13 or libcublas.so.12 not found; no cuDNN" in out
+    _emulated(monkeypatch, tmp_path, [cublas_folder])
+    code, out = _run("--device", "cuda", "--kernels", "own")
+    assert code == 0 and "PyCUDA runner; our kernels)" in out
