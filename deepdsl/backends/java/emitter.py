@@ -25,7 +25,7 @@ from typing import Any
 from deepdsl.backends.cuda.kernels import group_kernel, ie_kernel
 from deepdsl.backends.escape import java_comment, java_string
 from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, java_group_kernel, java_kernel
-from deepdsl.backends.java.names import Namer, camel, class_name, identifier
+from deepdsl.backends.java.names import Namer, abbreviated, block_abbreviations, camel, class_name, identifier
 from deepdsl.backends.java.text import long_literal, method
 from deepdsl.frontend.program import Program, Schedule
 from deepdsl.ir import REGISTRY, Graph, Stmt, Value
@@ -203,12 +203,13 @@ class _Emitter:
     helpers: dict[tuple, str] = field(default_factory=dict)  # (kernel, argument pattern, settings) -> its method
     helper_text: list[str] = field(default_factory=list)
     prefix: str = ""  # what every parameter's name starts with (ResNet-50's `model.`), left out of names
+    short: dict[str, str] = field(default_factory=dict)  # repeated blocks' short names (`bottleneck` -> `b`)
 
     def declare(self, v: Value, prefix: str = "") -> str:
         """The field of a tensor of the program, named after it without the `prefix` every parameter's name
         shares (ResNet-50's `model.`); an optimizer state without its `opt/`: `cv1_W_momentum`."""
-        name = v.name.removeprefix("opt/")
-        self.globals[v.name] = self.namer(v.name, identifier(name.removeprefix(prefix)))
+        name = abbreviated(v.name.removeprefix("opt/").removeprefix(prefix), self.short)
+        self.globals[v.name] = self.namer(v.name, identifier(name))
         return self.globals[v.name]
 
     def tensor(self, v: Value) -> str:
@@ -385,7 +386,7 @@ class _Emitter:
         after the blocks they cover."""
         g = p.graph
         self.temps = Namer(tuple(self.namer.taken))
-        self.temp_names = temp_names(g, result, self.prefix)
+        self.temp_names = temp_names(g, result, self.prefix, self.short)
         self.gradient = gradient_values(g, result)
         layout = []
         self.in_state = dict(p.in_state)
@@ -476,10 +477,11 @@ _BACKWARD_ROLES = {"conv2d_backward_filter": "dW", "conv2d_backward_data": "dx",
                    "sum_axes": "db"}  # fmt: skip
 
 
-def _layer_part(layer: str, prefix: str = "") -> str:
-    """The part of a layer path that names a temporary: `model.stage2.block1.conv1` -> `stage2_block1_conv1`, and
-    without the prefix the parameters' names share (`model.max_pool1` -> `max_pool1`)."""
-    parts = [p for p in layer.removeprefix(prefix).split(".") if p]
+def _layer_part(layer: str, prefix: str = "", short: dict[str, str] | None = None) -> str:
+    """The part of a layer path that names a temporary: `model.stage2.block1.conv1` -> `stage2_block1_conv1`,
+    without the prefix the parameters' names share (`model.max_pool1` -> `max_pool1`) and with repeated blocks
+    written short (`stage2.bottleneck1.conv_bn1.bn` -> `s2_b1_cb1_bn`, names.block_abbreviations)."""
+    parts = [p for p in abbreviated(layer.removeprefix(prefix), short or {}).split(".") if p]
     return "_".join(parts[1:] if len(parts) >= 3 and not prefix else parts)
 
 
@@ -509,7 +511,7 @@ def gradient_values(g: Graph, result: str | None) -> set[str]:
     return _ancestors(g, [v.name for name, v in g.updates if name in params]) - forward_values(g, result)
 
 
-def temp_names(g: Graph, result: str | None, prefix: str = "") -> dict[str, str]:
+def temp_names(g: Graph, result: str | None, prefix: str = "", short: dict[str, str] | None = None) -> dict[str, str]:
     """The name each result of a step would like, by its layer and its role there: `cv1_out` (the forward
     result), `cv1_dW`, `cv1_db`, `fc1_dx` (gradients), `bn1_channel_mean` (another op of the layer). With `result`
     (the training step's loss), the statements the loss does not depend on are the gradient's."""
@@ -525,7 +527,7 @@ def temp_names(g: Graph, result: str | None, prefix: str = "") -> dict[str, str]
                 role = "dW" if s.a.get("transpose_a") else "dx"
         else:  # a fused forward result is its layer's output (`relu1_out`)
             role = "out" if fused else _FORWARD_ROLES.get(s.op, what)
-        where = _layer_part(s.layer, prefix)
+        where = _layer_part(s.layer, prefix, short)
         names[s.out.name] = identifier(f"{where}_{role}" if where else role)
     return names
 
@@ -787,13 +789,18 @@ def emit_java(
             call = f"tokens({named}, {d.classes}, {shape})"
         declarations.append(f"  private final Buf {e.declare(d.value)} = {call};")
     prefix = e.prefix = _common_prefix([p.value.name for p in g.params if p.kind in ("param", "state")])
+    e.short = block_abbreviations([s.layer for s in g.stmts if s.layer] + [p.value.name for p in g.params])
     titles = {"param": "parameters", "state": "model state", "opt": "optimizer state",
               "const": "constants (loop-invariant values hoisted out of the step)"}  # fmt: skip
+    kinds = [p.kind for p in g.params]
+    switches = sum(a != b for a, b in zip(kinds, kinds[1:]) if {a, b} == {"param", "state"})
+    if switches > 1:  # interleaved (batch norm's statistics beside its weights): one heading, each call says which
+        titles["param"] = titles["state"] = "parameters and model state (state(...): not trained), in file order"
     previous = None
     for p in g.params:  # in the graph's order, which is the parameter file's
-        if p.kind != previous:
+        if titles[p.kind] != previous:
             declarations.append(f"  // {titles[p.kind]}")
-            previous = p.kind
+            previous = titles[p.kind]
         shape = ", ".join(map(str, p.value.type.shape))
         shape = ", " + shape if shape else ""
         of = _state_of(p, g)
@@ -846,6 +853,10 @@ def emit_java(
     if label is not None:
         settings.append(f"          .accuracy({java_string(label)})")
     settings[-1] += ";"
+    legend = ""
+    if e.short:  # the short names of repeated blocks, as the layer comments above the calls spell them out
+        pairs = ", ".join(f"{v} = {k}" for k, v in sorted(e.short.items(), key=lambda kv: kv[1]))
+        legend = f"\n * Repeated blocks are named short in fields: {java_comment(pairs)}."
     header = [
         f"// Generated by deepdsl {__version__} from {source or 'a .ddsl file'}. Edit the network, not this file.",
         "",
@@ -859,7 +870,7 @@ def emit_java(
         f" * {name}: training and inference of {source or 'the network'}, every temporary at a fixed offset of one",
         f" * arena of {arena:,} bytes. Run it with {{@code java {cls} --help}}. Each step is one list of calls of",
         " * the device {@code dev}: the CPU device runs each kernel's Java method below, the CUDA device its",
-        f" * kernel of {cls}.cu.",
+        f" * kernel of {cls}.cu.{legend}",
         " */",
         f"public final class {cls} extends Network {{",
         "  /** Scratch bytes a convolution may take beyond the arena (--workspace-limit overrides it). */",
