@@ -72,9 +72,7 @@ def block_abbreviations(paths: list[str], min_length: int = 5) -> dict[str, str]
             ordinals.setdefault(m.group(1), set()).add(int(m.group(2)))
     short = {b: "".join(w[0] for w in b.split("_") if w) for b, ks in ordinals.items() if max(ks) >= 2}
     clash = {s for s in short.values() if list(short.values()).count(s) > 1}
-    return {
-        b: s for b, s in short.items() if s not in clash and not any(re.fullmatch(rf"{s}\d+", q) for q in parts)
-    }
+    return {b: s for b, s in short.items() if s not in clash and not any(re.fullmatch(rf"{s}\d+", q) for q in parts)}
 
 
 def abbreviated(path: str, short: dict[str, str]) -> str:
