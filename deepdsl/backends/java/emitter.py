@@ -24,6 +24,7 @@ from typing import Any
 
 from deepdsl.backends.cuda.kernels import group_kernel, ie_kernel
 from deepdsl.backends.escape import java_comment, java_string
+from deepdsl.backends.java.constants import lift, numbers, varying
 from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, java_group_kernel, java_kernel
 from deepdsl.backends.java.names import Namer, abbreviated, block_abbreviations, camel, class_name, identifier
 from deepdsl.backends.java.text import long_literal, method
@@ -202,6 +203,10 @@ class _Emitter:
     roles: dict[str, str] = field(default_factory=dict)  # a field -> what it is to an update (w, opt, state)
     helpers: dict[tuple, str] = field(default_factory=dict)  # (kernel, argument pattern, settings) -> its method
     helper_text: list[str] = field(default_factory=list)
+    seen: dict[tuple, set[tuple[float, ...]]] = field(default_factory=dict)  # kernel template -> numbers met
+    lifted: dict[tuple, tuple[int, ...]] = field(default_factory=dict)  # template -> its numbers taken as arguments
+    extra: list[str] = field(default_factory=list)  # the number arguments of the kernel kernel() gave last
+    number_fields: dict[str, str] = field(default_factory=dict)  # their fields -> the constant they hold
     prefix: str = ""  # what every parameter's name starts with (ResNet-50's `model.`), left out of names
     short: dict[str, str] = field(default_factory=dict)  # repeated blocks' short names (`bottleneck` -> `b`)
 
@@ -264,10 +269,30 @@ class _Emitter:
     def kernel(self, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...], doc: str,
                shapes: tuple | None = None, ctypes: tuple[str, ...] | None = None) -> str:  # fmt: skip
         """The constant of the kernel computing `body` over `out`. Its sizes are arguments (the buffers' dims), so
-        statements whose kernels read the same but for their sizes share one."""
+        statements whose kernels read the same but for their sizes share one; so are the numbers in which they
+        differ (java/constants.py), the buffers `self.extra` names, which the call passes after the inputs."""
+        self.extra = []
         shapes = shapes if shapes is not None else tuple(v.type.shape for v in inputs)
         ctypes = ctypes if ctypes is not None else tuple(_ctype(v) for v in inputs)
         body = canonical_names(body)
+        doc = _meaning(body, out, len(shapes))  # with the names the kernel reads (r0, r1, ...)
+        values = numbers(body)
+        if values:  # the kernel with every number an argument: statements that differ only in numbers share it
+            n = len(values)
+            template = lift(body, len(shapes), tuple(range(n)))
+            every = (*shapes, *((),) * n)
+            key = (
+                java_kernel(_PLACEHOLDER, template, out, every),
+                ie_kernel(_PLACEHOLDER, template, out, every, (*ctypes, *("float",) * n), generic=True).text,
+            )
+            self.seen.setdefault(key, set()).add(tuple(values))
+            which = self.lifted.get(key, ())
+            if which:
+                body = lift(body, len(shapes), which)
+                shapes = (*shapes, *((),) * len(which))
+                ctypes = (*ctypes, *("float",) * len(which))
+                doc = _meaning(body, out, len(shapes))
+                self.extra = [self.number(values[k]) for k in which]
         flat = is_flat(body, out, shapes)
         java = java_kernel(_PLACEHOLDER, body, out, shapes)
         cuda = ie_kernel(_PLACEHOLDER, body, out, shapes, ctypes, generic=True)
@@ -278,6 +303,15 @@ class _Emitter:
             java = java_kernel(name, body, out, shapes, doc)
             self.kernels[key] = self._add(name, java, cuda, 1 + len(shapes), flat, doc)
         return self.kernels[key]
+
+    def number(self, value: float) -> str:
+        """The field of a constant buffer holding `value`, a number a kernel takes as an argument: `k0_1`."""
+        text = float_literal(value).removesuffix("f")
+        spelt = text.replace(".", "_").replace("e-", "e_minus_").replace("-", "minus_")  # 1e-05 -> 1e_minus_05
+        field_name = self.namer(f"number:{text}", identifier(f"k{spelt}"))
+        self.number_fields.setdefault(field_name, f"constant({java_string(field_name)}, {float_literal(value)})")
+        self.roles[field_name] = "k"
+        return field_name
 
     def group(self, stmts: tuple[Stmt, ...], temps: list[str]) -> str:
         """The call of the one loop computing the statements of a group into `temps`."""
@@ -351,12 +385,12 @@ class _Emitter:
             ctypes = (*(_ctype(v) for v in s.inputs), *("float",) * len(used))
             doc = _meaning(body, out, len(shapes))
             k = self.kernel(what, s.out.name, body, out, (), doc, shapes, ctypes)
-            return [self.run(k, [temp], args, used, s.out.name in self.in_state)]
+            return [self.run(k, [temp], [*args, *self.extra], used, s.out.name in self.in_state)]
         own_args = args[:arity] if "epilogue" in s.a else args
         if form is not None:  # a shape op with an epilogue: its kernel, then the epilogue's
             body, out = form
             k = self.kernel(s.op, s.out.name, body, out, s.inputs[:arity], _meaning(body, out, arity))
-            lines = [f"dev.run({', '.join([k, temp, *own_args])});"]
+            lines = [f"dev.run({', '.join([k, temp, *own_args, *self.extra])});"]
         else:
             lines = [f"dev.{java_call(s.op).device}({', '.join([temp, *own_args, *library_arguments(s)])});"]
         if "epilogue" in s.a:
@@ -367,7 +401,7 @@ class _Emitter:
             epilogue = s.a["epilogue"]
             what = _epilogue_name(epilogue, len(out)) or f"{s.op}_epilogue"
             k = self.kernel(what, s.out.name, epilogue, out, (), _meaning(epilogue, out, len(shapes)), shapes, ctypes)
-            lines.append(f"dev.run({', '.join([k, temp, temp, *args[arity:]])});")
+            lines.append(f"dev.run({', '.join([k, temp, temp, *args[arity:], *self.extra])});")
         return lines
 
     def items(self, p: Plan) -> list[tuple[str, Any]]:
@@ -772,8 +806,15 @@ def emit_java(
     program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT
 ) -> Emitted:
     """The Java class of `program` from the plans of its training, (when it has `predict`) inference and test
-    programs, and the CUDA source of its kernels."""
-    e = _Emitter()
+    programs, and the CUDA source of its kernels. Written twice where kernels differ only in numbers: the first
+    time finds them, the second takes those numbers as arguments (java/constants.py)."""
+    first = _Emitter()
+    emitted = _emit(first, program, train, infer, test, workspace_limit)
+    lifted = varying(first.seen)
+    return _emit(_Emitter(lifted=lifted), program, train, infer, test, workspace_limit) if lifted else emitted
+
+
+def _emit(e: _Emitter, program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int) -> Emitted:
     g: Graph = train.graph
     cls = class_name(g.name)
     cfg = program.train
@@ -816,6 +857,9 @@ def emit_java(
         declarations.append(f"  private final Buf {e.declare(p.value, prefix)} = {call};")
         e.roles[e.globals[p.value.name]] = {"param": "w", "state": "state", "opt": "opt"}.get(p.kind, "x")
     classes, steps = _steps(e, cls, train, infer, test)
+    if e.number_fields:
+        declarations.append("  // numbers kernels take as arguments (one kernel serves every value)")
+        declarations += [f"  private final Buf {f} = {call};" for f, call in e.number_fields.items()]
     if e.settings:
         flags = ", ".join(f"--{n.replace('_', '-')}" for n, _ in e.settings)
         declarations = [
