@@ -24,8 +24,9 @@ from typing import Any
 
 from deepdsl.backends.cuda.kernels import group_kernel, ie_kernel
 from deepdsl.backends.escape import java_comment, java_string
+from deepdsl.backends.java.constants import lift, numbers, varying
 from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, java_group_kernel, java_kernel
-from deepdsl.backends.java.names import Namer, camel, class_name, identifier
+from deepdsl.backends.java.names import Namer, abbreviated, block_abbreviations, camel, class_name, identifier
 from deepdsl.backends.java.text import long_literal, method
 from deepdsl.frontend.program import Program, Schedule
 from deepdsl.ir import REGISTRY, Graph, Stmt, Value
@@ -202,13 +203,18 @@ class _Emitter:
     roles: dict[str, str] = field(default_factory=dict)  # a field -> what it is to an update (w, opt, state)
     helpers: dict[tuple, str] = field(default_factory=dict)  # (kernel, argument pattern, settings) -> its method
     helper_text: list[str] = field(default_factory=list)
+    seen: dict[tuple, set[tuple[float, ...]]] = field(default_factory=dict)  # kernel template -> numbers met
+    lifted: dict[tuple, tuple[int, ...]] = field(default_factory=dict)  # template -> its numbers taken as arguments
+    extra: list[str] = field(default_factory=list)  # the number arguments of the kernel kernel() gave last
+    number_fields: dict[str, str] = field(default_factory=dict)  # their fields -> the constant they hold
     prefix: str = ""  # what every parameter's name starts with (ResNet-50's `model.`), left out of names
+    short: dict[str, str] = field(default_factory=dict)  # repeated blocks' short names (`bottleneck` -> `b`)
 
     def declare(self, v: Value, prefix: str = "") -> str:
         """The field of a tensor of the program, named after it without the `prefix` every parameter's name
         shares (ResNet-50's `model.`); an optimizer state without its `opt/`: `cv1_W_momentum`."""
-        name = v.name.removeprefix("opt/")
-        self.globals[v.name] = self.namer(v.name, identifier(name.removeprefix(prefix)))
+        name = abbreviated(v.name.removeprefix("opt/").removeprefix(prefix), self.short)
+        self.globals[v.name] = self.namer(v.name, identifier(name))
         return self.globals[v.name]
 
     def tensor(self, v: Value) -> str:
@@ -263,10 +269,30 @@ class _Emitter:
     def kernel(self, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...], doc: str,
                shapes: tuple | None = None, ctypes: tuple[str, ...] | None = None) -> str:  # fmt: skip
         """The constant of the kernel computing `body` over `out`. Its sizes are arguments (the buffers' dims), so
-        statements whose kernels read the same but for their sizes share one."""
+        statements whose kernels read the same but for their sizes share one; so are the numbers in which they
+        differ (java/constants.py), the buffers `self.extra` names, which the call passes after the inputs."""
+        self.extra = []
         shapes = shapes if shapes is not None else tuple(v.type.shape for v in inputs)
         ctypes = ctypes if ctypes is not None else tuple(_ctype(v) for v in inputs)
         body = canonical_names(body)
+        doc = _meaning(body, out, len(shapes))  # with the names the kernel reads (r0, r1, ...)
+        values = numbers(body)
+        if values:  # the kernel with every number an argument: statements that differ only in numbers share it
+            n = len(values)
+            template = lift(body, len(shapes), tuple(range(n)))
+            every = (*shapes, *((),) * n)
+            key = (
+                java_kernel(_PLACEHOLDER, template, out, every),
+                ie_kernel(_PLACEHOLDER, template, out, every, (*ctypes, *("float",) * n), generic=True).text,
+            )
+            self.seen.setdefault(key, set()).add(tuple(values))
+            which = self.lifted.get(key, ())
+            if which:
+                body = lift(body, len(shapes), which)
+                shapes = (*shapes, *((),) * len(which))
+                ctypes = (*ctypes, *("float",) * len(which))
+                doc = _meaning(body, out, len(shapes))
+                self.extra = [self.number(values[k]) for k in which]
         flat = is_flat(body, out, shapes)
         java = java_kernel(_PLACEHOLDER, body, out, shapes)
         cuda = ie_kernel(_PLACEHOLDER, body, out, shapes, ctypes, generic=True)
@@ -277,6 +303,15 @@ class _Emitter:
             java = java_kernel(name, body, out, shapes, doc)
             self.kernels[key] = self._add(name, java, cuda, 1 + len(shapes), flat, doc)
         return self.kernels[key]
+
+    def number(self, value: float) -> str:
+        """The field of a constant buffer holding `value`, a number a kernel takes as an argument: `k0_1`."""
+        text = float_literal(value).removesuffix("f")
+        spelt = text.replace(".", "_").replace("e-", "e_minus_").replace("-", "minus_")  # 1e-05 -> 1e_minus_05
+        field_name = self.namer(f"number:{text}", identifier(f"k{spelt}"))
+        self.number_fields.setdefault(field_name, f"constant({java_string(field_name)}, {float_literal(value)})")
+        self.roles[field_name] = "k"
+        return field_name
 
     def group(self, stmts: tuple[Stmt, ...], temps: list[str]) -> str:
         """The call of the one loop computing the statements of a group into `temps`."""
@@ -350,12 +385,12 @@ class _Emitter:
             ctypes = (*(_ctype(v) for v in s.inputs), *("float",) * len(used))
             doc = _meaning(body, out, len(shapes))
             k = self.kernel(what, s.out.name, body, out, (), doc, shapes, ctypes)
-            return [self.run(k, [temp], args, used, s.out.name in self.in_state)]
+            return [self.run(k, [temp], [*args, *self.extra], used, s.out.name in self.in_state)]
         own_args = args[:arity] if "epilogue" in s.a else args
         if form is not None:  # a shape op with an epilogue: its kernel, then the epilogue's
             body, out = form
             k = self.kernel(s.op, s.out.name, body, out, s.inputs[:arity], _meaning(body, out, arity))
-            lines = [f"dev.run({', '.join([k, temp, *own_args])});"]
+            lines = [f"dev.run({', '.join([k, temp, *own_args, *self.extra])});"]
         else:
             lines = [f"dev.{java_call(s.op).device}({', '.join([temp, *own_args, *library_arguments(s)])});"]
         if "epilogue" in s.a:
@@ -366,7 +401,7 @@ class _Emitter:
             epilogue = s.a["epilogue"]
             what = _epilogue_name(epilogue, len(out)) or f"{s.op}_epilogue"
             k = self.kernel(what, s.out.name, epilogue, out, (), _meaning(epilogue, out, len(shapes)), shapes, ctypes)
-            lines.append(f"dev.run({', '.join([k, temp, temp, *args[arity:]])});")
+            lines.append(f"dev.run({', '.join([k, temp, temp, *args[arity:], *self.extra])});")
         return lines
 
     def items(self, p: Plan) -> list[tuple[str, Any]]:
@@ -385,7 +420,7 @@ class _Emitter:
         after the blocks they cover."""
         g = p.graph
         self.temps = Namer(tuple(self.namer.taken))
-        self.temp_names = temp_names(g, result, self.prefix)
+        self.temp_names = temp_names(g, result, self.prefix, self.short)
         self.gradient = gradient_values(g, result)
         layout = []
         self.in_state = dict(p.in_state)
@@ -476,10 +511,11 @@ _BACKWARD_ROLES = {"conv2d_backward_filter": "dW", "conv2d_backward_data": "dx",
                    "sum_axes": "db"}  # fmt: skip
 
 
-def _layer_part(layer: str, prefix: str = "") -> str:
-    """The part of a layer path that names a temporary: `model.stage2.block1.conv1` -> `stage2_block1_conv1`, and
-    without the prefix the parameters' names share (`model.max_pool1` -> `max_pool1`)."""
-    parts = [p for p in layer.removeprefix(prefix).split(".") if p]
+def _layer_part(layer: str, prefix: str = "", short: dict[str, str] | None = None) -> str:
+    """The part of a layer path that names a temporary: `model.stage2.block1.conv1` -> `stage2_block1_conv1`,
+    without the prefix the parameters' names share (`model.max_pool1` -> `max_pool1`) and with repeated blocks
+    written short (`stage2.bottleneck1.conv_bn1.bn` -> `s2_b1_cb1_bn`, names.block_abbreviations)."""
+    parts = [p for p in abbreviated(layer.removeprefix(prefix), short or {}).split(".") if p]
     return "_".join(parts[1:] if len(parts) >= 3 and not prefix else parts)
 
 
@@ -509,7 +545,7 @@ def gradient_values(g: Graph, result: str | None) -> set[str]:
     return _ancestors(g, [v.name for name, v in g.updates if name in params]) - forward_values(g, result)
 
 
-def temp_names(g: Graph, result: str | None, prefix: str = "") -> dict[str, str]:
+def temp_names(g: Graph, result: str | None, prefix: str = "", short: dict[str, str] | None = None) -> dict[str, str]:
     """The name each result of a step would like, by its layer and its role there: `cv1_out` (the forward
     result), `cv1_dW`, `cv1_db`, `fc1_dx` (gradients), `bn1_channel_mean` (another op of the layer). With `result`
     (the training step's loss), the statements the loss does not depend on are the gradient's."""
@@ -525,7 +561,7 @@ def temp_names(g: Graph, result: str | None, prefix: str = "") -> dict[str, str]
                 role = "dW" if s.a.get("transpose_a") else "dx"
         else:  # a fused forward result is its layer's output (`relu1_out`)
             role = "out" if fused else _FORWARD_ROLES.get(s.op, what)
-        where = _layer_part(s.layer, prefix)
+        where = _layer_part(s.layer, prefix, short)
         names[s.out.name] = identifier(f"{where}_{role}" if where else role)
     return names
 
@@ -770,8 +806,15 @@ def emit_java(
     program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT
 ) -> Emitted:
     """The Java class of `program` from the plans of its training, (when it has `predict`) inference and test
-    programs, and the CUDA source of its kernels."""
-    e = _Emitter()
+    programs, and the CUDA source of its kernels. Written twice where kernels differ only in numbers: the first
+    time finds them, the second takes those numbers as arguments (java/constants.py)."""
+    first = _Emitter()
+    emitted = _emit(first, program, train, infer, test, workspace_limit)
+    lifted = varying(first.seen)
+    return _emit(_Emitter(lifted=lifted), program, train, infer, test, workspace_limit) if lifted else emitted
+
+
+def _emit(e: _Emitter, program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int) -> Emitted:
     g: Graph = train.graph
     cls = class_name(g.name)
     cfg = program.train
@@ -787,13 +830,18 @@ def emit_java(
             call = f"tokens({named}, {d.classes}, {shape})"
         declarations.append(f"  private final Buf {e.declare(d.value)} = {call};")
     prefix = e.prefix = _common_prefix([p.value.name for p in g.params if p.kind in ("param", "state")])
+    e.short = block_abbreviations([s.layer for s in g.stmts if s.layer] + [p.value.name for p in g.params])
     titles = {"param": "parameters", "state": "model state", "opt": "optimizer state",
               "const": "constants (loop-invariant values hoisted out of the step)"}  # fmt: skip
+    kinds = [p.kind for p in g.params]
+    switches = sum(a != b for a, b in zip(kinds, kinds[1:]) if {a, b} == {"param", "state"})
+    if switches > 1:  # interleaved (batch norm's statistics beside its weights): one heading, each call says which
+        titles["param"] = titles["state"] = "parameters and model state (state(...): not trained), in file order"
     previous = None
     for p in g.params:  # in the graph's order, which is the parameter file's
-        if p.kind != previous:
+        if titles[p.kind] != previous:
             declarations.append(f"  // {titles[p.kind]}")
-            previous = p.kind
+            previous = titles[p.kind]
         shape = ", ".join(map(str, p.value.type.shape))
         shape = ", " + shape if shape else ""
         of = _state_of(p, g)
@@ -809,6 +857,9 @@ def emit_java(
         declarations.append(f"  private final Buf {e.declare(p.value, prefix)} = {call};")
         e.roles[e.globals[p.value.name]] = {"param": "w", "state": "state", "opt": "opt"}.get(p.kind, "x")
     classes, steps = _steps(e, cls, train, infer, test)
+    if e.number_fields:
+        declarations.append("  // numbers kernels take as arguments (one kernel serves every value)")
+        declarations += [f"  private final Buf {f} = {call};" for f, call in e.number_fields.items()]
     if e.settings:
         flags = ", ".join(f"--{n.replace('_', '-')}" for n, _ in e.settings)
         declarations = [
@@ -846,6 +897,10 @@ def emit_java(
     if label is not None:
         settings.append(f"          .accuracy({java_string(label)})")
     settings[-1] += ";"
+    legend = ""
+    if e.short:  # the short names of repeated blocks, as the layer comments above the calls spell them out
+        pairs = ", ".join(f"{v} = {k}" for k, v in sorted(e.short.items(), key=lambda kv: kv[1]))
+        legend = f"\n * Repeated blocks are named short in fields: {java_comment(pairs)}."
     header = [
         f"// Generated by deepdsl {__version__} from {source or 'a .ddsl file'}. Edit the network, not this file.",
         "",
@@ -859,7 +914,7 @@ def emit_java(
         f" * {name}: training and inference of {source or 'the network'}, every temporary at a fixed offset of one",
         f" * arena of {arena:,} bytes. Run it with {{@code java {cls} --help}}. Each step is one list of calls of",
         " * the device {@code dev}: the CPU device runs each kernel's Java method below, the CUDA device its",
-        f" * kernel of {cls}.cu.",
+        f" * kernel of {cls}.cu.{legend}",
         " */",
         f"public final class {cls} extends Network {{",
         "  /** Scratch bytes a convolution may take beyond the arena (--workspace-limit overrides it). */",

@@ -195,8 +195,7 @@ class _Gen:
             pre.append(f"{indent}{'  ' * (len(e.vars) - 1 - k)}}}")
         while len(parts) > 1:
             parts = [f"({parts[j]} + {parts[j + 1]})" for j in range(0, len(parts), 2)]
-        pre.append(f"{indent}float {acc} = {parts[0][1:-1]};")
-        return acc
+        return parts[0]  # the accumulators added pairwise where the sum is used
 
 
 SUM_LANES = 4  # accumulators of a long sum (see _Gen.lane_sum)
@@ -250,9 +249,8 @@ def java_kernel(
         g.flat = True
         pre: list[str] = []
         value, kind = g.expr(body, pre, "")
-        lines.append("    int n = out.numel();")
         loop = ["for (int e = lo; e < hi; e++) {", f"  o[po + e] = {as_float((value, kind))};", "}"]
-        lines += [f"    Parallel.range(n, {_work(body)}L * n, (lo, hi) -> {{"]
+        lines += [f"    Parallel.range(out.numel(), {_work(body)}L * out.numel(), (lo, hi) -> {{"]
         lines += ["      " + line for line in loop] + ["    });"]
     else:  # shape-generic: the sizes are the buffers' dims (backends/sizes.py)
         sizes = Sizes(tuple(n for _, n in out), shapes)
@@ -299,7 +297,6 @@ def java_group_kernel(
     arrays = [*(f"o{m} = out{m}.a" for m in range(len(bodies))), *(f"a{k} = in{k}.a" for k in used)]
     offsets = [*(f"po{m} = out{m}.off" for m in range(len(bodies))), *(f"p{k} = in{k}.off" for k in used)]
     lines += [f"    float[] {', '.join(arrays)};", f"    int {', '.join(offsets)};"]
-    lines.append("    int n = out0.numel();")
     loop = ["for (int e = lo; e < hi; e++) {"]
     work = 0
     for j, (body, held) in enumerate(zip(bodies, readers)):
@@ -308,7 +305,8 @@ def java_group_kernel(
         loop += [f"  float r{j} = {as_float((value, kind))};", f"  o{j}[po{j} + e] = r{j};"]
         work += _work(body)
     loop.append("}")
-    lines += [f"    Parallel.range(n, {work}L * n, (lo, hi) -> {{"] + ["      " + line for line in loop] + ["    });"]
+    lines += [f"    Parallel.range(out0.numel(), {work}L * out0.numel(), (lo, hi) -> {{"]
+    lines += ["      " + line for line in loop] + ["    });"]
     lines.append("  }")
     return "\n".join(lines)
 

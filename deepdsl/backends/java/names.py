@@ -56,3 +56,32 @@ class Namer:
             self._taken.add(name)
             self._names[key] = name
         return self._names[key]
+
+
+def block_abbreviations(paths: list[str], min_length: int = 5) -> dict[str, str]:
+    """The short form of each repeated block in the layer paths `paths`: a scope that occurs with ordinals 1, 2, ...
+    (a def called more than once in one scope: `bottleneck1` ... `bottleneck6`) is written with the initials of its
+    words (`b1` ... `b6`, `conv_bn2` -> `cb2`), so that ResNet-50's `stage1.bottleneck2.conv_bn1.bn` names its
+    temporaries `s1_b2_cb1_bn_...`. A name shorter than `min_length` stays; so do names whose initials two names
+    share or that another part of a path already spells (`b1` as a layer's own name)."""
+    parts = {q for p in paths for q in p.split(".") if q}
+    ordinals: dict[str, set[int]] = {}
+    for q in {q for p in paths for q in p.split(".")[:-1]}:  # the scopes: every part but a path's last
+        m = re.fullmatch(r"([A-Za-z][A-Za-z_]*[A-Za-z])(\d+)", q)
+        if m and len(m.group(1)) >= min_length:
+            ordinals.setdefault(m.group(1), set()).add(int(m.group(2)))
+    short = {b: "".join(w[0] for w in b.split("_") if w) for b, ks in ordinals.items() if max(ks) >= 2}
+    clash = {s for s in short.values() if list(short.values()).count(s) > 1}
+    return {b: s for b, s in short.items() if s not in clash and not any(re.fullmatch(rf"{s}\d+", q) for q in parts)}
+
+
+def abbreviated(path: str, short: dict[str, str]) -> str:
+    """`path` with each part `NAME<k>` of a repeated block written `SHORT<k>` (see block_abbreviations)."""
+    if not short:
+        return path
+
+    def part(q: str) -> str:
+        m = re.fullmatch(r"([A-Za-z][A-Za-z_]*[A-Za-z])(\d+)", q)
+        return short[m.group(1)] + m.group(2) if m and m.group(1) in short else q
+
+    return ".".join(part(q) for q in path.split("."))

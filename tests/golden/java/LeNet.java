@@ -289,8 +289,7 @@ public final class LeNet extends Network {
           s0c += a0[p0 + (r0 + 2) * st0_0 + i0];
           s0d += a0[p0 + (r0 + 3) * st0_0 + i0];
         }
-        float s0 = (s0a + s0b) + (s0c + s0d);
-        o[po + i0] = s0;
+        o[po + i0] = ((s0a + s0b) + (s0c + s0d));
       }
     });
   }
@@ -300,15 +299,14 @@ public final class LeNet extends Network {
   private static void reluGrad(Buf out, Buf in0, Buf in1) {
     float[] o = out.a, a0 = in0.a, a1 = in1.a;
     int po = out.off, p0 = in0.off, p1 = in1.off;
-    int n = out.numel();
-    Parallel.range(n, 6L * n, (lo, hi) -> {
+    Parallel.range(out.numel(), 6L * out.numel(), (lo, hi) -> {
       for (int e = lo; e < hi; e++) {
         o[po + e] = (a1[p1 + e] > 0.0f ? a0[p0 + e] : 0.0f);
       }
     });
   }
 
-  /** out[i0] = (sum[r0:64, r2:8, r3:8] in0[r0, i0, r2, r3]) */
+  /** out[i0] = (sum[r0:64, r1:8, r2:8] in0[r0, i0, r1, r2]) */
   static final Kernel CHANNEL_SUM_2 = Kernel.rows("channelSum_2", 256, b -> channelSum_2(b[0], b[1]));
   private static void channelSum_2(Buf out, Buf in0) {
     float[] o = out.a, a0 = in0.a;
@@ -328,8 +326,7 @@ public final class LeNet extends Network {
             }
           }
         }
-        float s0 = (s0a + s0b) + (s0c + s0d);
-        o[po + i0] = s0;
+        o[po + i0] = ((s0a + s0b) + (s0c + s0d));
       }
     });
   }
@@ -340,8 +337,7 @@ public final class LeNet extends Network {
   private static void sgdMomentumSgdStep(Buf out0, Buf out1, Buf in0, Buf in1, Buf in2, Buf in3, Buf in4, Buf in5) {
     float[] o0 = out0.a, o1 = out1.a, a0 = in0.a, a1 = in1.a, a2 = in2.a, a3 = in3.a, a4 = in4.a, a5 = in5.a;
     int po0 = out0.off, po1 = out1.off, p0 = in0.off, p1 = in1.off, p2 = in2.off, p3 = in3.off, p4 = in4.off, p5 = in5.off;
-    int n = out0.numel();
-    Parallel.range(n, 14L * n, (lo, hi) -> {
+    Parallel.range(out0.numel(), 14L * out0.numel(), (lo, hi) -> {
       for (int e = lo; e < hi; e++) {
         float r0 = (((a3[p3] * a0[p0 + e]) + a1[p1 + e]) + (a4[p4] * a2[p2 + e]));
         o0[po0 + e] = r0;
