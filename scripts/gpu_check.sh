@@ -12,12 +12,30 @@
 #   bench.json        train-step times: ours (PyCUDA runner, CUDA events) and PyTorch eager, fp32 with TF32 off and
 #                     PyTorch's default TF32, achieved FLOP/s against the fp32 peak (scripts/bench_gpu.py)
 #   summary.txt       one line per check, PASS or FAIL
-# Usage: bash scripts/gpu_check.sh OUTDIR      (about 3 minutes; the exit status is 0 when every check passed)
+# Usage: bash scripts/gpu_check.sh [--dry-run] OUTDIR   (about 3 minutes; the exit status is 0 when every check passed)
+#   --dry-run   on a machine without a GPU, after `scripts/gpu_prepare.sh --dry-run`: every step that does not need
+#               PyCUDA on a real GPU runs as it would there (the carried wheels, JRE and jars, the Java programs on
+#               their CUDA device, the NumPy references, the agreement check), the GPU being the stand-in driver of
+#               the tests (tests/backends/fake_libcuda.c, kernels run on the CPU); the PyCUDA steps and the
+#               timings are left out and say so (SKIP lines in summary.txt). CI runs it, so that what reaches a GPU
+#               has run once.
 set -uo pipefail
-OUT=${1:?usage: scripts/gpu_check.sh OUTDIR}
+DRY=0
+if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
+OUT=${1:?usage: scripts/gpu_check.sh [--dry-run] OUTDIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 G=${DEEPDSL_GPU_FILES:-$ROOT/.gpu}
 PY=${PYTHON:-python3}
+if [ ! -f "$G/sizes.env" ]; then
+  echo "error: $G/sizes.env is missing: run scripts/gpu_prepare.sh (with --dry-run for a dry run) first" >&2
+  exit 2
+fi
+# shellcheck source=/dev/null
+. "$G/sizes.env"  # DRY_RUN, LENET_SETS, RESNET_SETS: what gpu_prepare.sh compiled
+if [ "$DRY" != "$DRY_RUN" ]; then
+  echo "error: $G was prepared with DRY_RUN=$DRY_RUN; run scripts/gpu_prepare.sh$([ "$DRY" = 1 ] && echo ' --dry-run') again" >&2
+  exit 2
+fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 exec > >(tee -a "$OUT/gpu_check.log") 2>&1
@@ -28,28 +46,58 @@ step() { echo "== [$((SECONDS - START)) s] $*"; }
 result() { # NAME STATUS: one summary line; a nonzero status fails the run
   if [ "$2" -eq 0 ]; then echo "PASS $1" >>"$OUT/summary.txt"; else echo "FAIL $1 (status $2)" >>"$OUT/summary.txt"; FAILED=1; fi
 }
+skipped() { echo "SKIP $1 (dry run: $2)" >>"$OUT/summary.txt"; echo "skipped in a dry run: $2"; }
 : >"$OUT/summary.txt"
 
 step "machine"
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv; "$PY" --version
-  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" 2>&1; } | tee "$OUT/env.txt"
+if [ "$DRY" = 1 ]; then
+  echo "dry run: no GPU; the stand-in driver $G/fake/libcuda.so.1 runs the kernels on the CPU" | tee "$OUT/env.txt"
+else
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$OUT/env.txt"
+fi
+{ "$PY" --version
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" 2>&1; } | tee -a "$OUT/env.txt"
 
 step "install: PyCUDA and friends from .gpu/wheels, a Java runtime from .gpu/jre.txz"
 SITE=/tmp/deepdsl_site
 rm -rf "$SITE" /tmp/deepdsl_jre && mkdir -p /tmp/deepdsl_jre
-"$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$G"/wheels/*.whl
+# the wheels are built for the GPU machine's CPython 3.12: a dry run installs them with a 3.12 of its own
+WHEEL_PY=$PY
+[ "$DRY" = 1 ] && WHEEL_PY=${PYTHON312:-/root/.pyenv/versions/3.12.1/bin/python3.12}  # as build_pycuda_wheels.sh
+"$WHEEL_PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$G"/wheels/*.whl
 result "install wheels" $?
-export PYTHONPATH=$SITE:$ROOT PYTHONUNBUFFERED=1
+if [ "$DRY" = 1 ]; then
+  export PYTHONPATH=$ROOT PYTHONUNBUFFERED=1  # this machine's Python runs deepdsl; the 3.12 wheels stay aside
+  export LD_LIBRARY_PATH=$G/fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+else
+  export PYTHONPATH=$SITE:$ROOT PYTHONUNBUFFERED=1
+fi
 tar -C /tmp/deepdsl_jre --strip-components=1 -xJf "$G/jre.txz"
 JAVA=/tmp/deepdsl_jre/bin/java
 CP="$G/java/build:$G/java/res:$G/jars/*"
 "$JAVA" -version 2>&1 | head -1
+# iterations of the Java programs. A dry run's emulated GPU takes a few seconds for a LeNet step at batch 8 but more
+# than 10 minutes for one of ResNet-50 at batch 2 on 32x32 images (2 cores), so there ResNet-50 runs no step: its
+# start (classes, kernels, the arena and every tensor on the device, the memory against the plan) is what is checked
+LENET_ITERS=5 RESNET_ITERS=3
+[ "$DRY" = 1 ] && LENET_ITERS=3 RESNET_ITERS=0
+kernels() { # NAME: in a dry run, the stand-in driver runs this network's kernels
+  [ "$DRY" = 1 ] && export DEEPDSL_FAKE_CUDA_KERNELS=$G/fake/$1/emulated.so
+  return 0
+}
 
-step "ResNet-50 on the NumPy runner, one iteration (in the background: the CPU reference)"
-timeout 170 "$PY" -m deepdsl run networks/resnet50.ddsl --set N=64 --data synthetic --iters 1 --device cpu --json \
+NUMPY_PID=
+if [ "$RESNET_ITERS" -gt 0 ]; then
+step "ResNet-50 on the NumPy runner ($RESNET_SETS), one iteration (in the background: the CPU reference)"
+# shellcheck disable=SC2086  # the sets are words
+timeout 170 "$PY" -m deepdsl run networks/resnet50.ddsl $RESNET_SETS --data synthetic --iters 1 --device cpu --json \
   >"$OUT/numpy_resnet50.json" 2>"$OUT/numpy_resnet50.err" &
 NUMPY_PID=$!
+fi
 
+if [ "$DRY" = 1 ]; then
+  skipped "PyCUDA on the GPU and pytest -m gpu" "PyCUDA needs the real driver"
+else
 step "PyCUDA sees the GPU"
 "$PY" -c "import pycuda.driver as d; d.init(); print('PyCUDA', d.get_version(), d.Device(0).name())"
 result "import pycuda.driver" $?
@@ -59,32 +107,47 @@ timeout 90 "$PY" -m pytest -q -rs -p no:cacheprovider -m gpu tests/backends/test
 result "pytest -m gpu" "${PIPESTATUS[0]}"
 ! grep -qi "skipped" "$OUT/pytest_gpu.txt"  # a skip here means PyCUDA or the GPU was not usable: not a pass
 result "pytest -m gpu ran every test" $?
+fi
 
-step "the Java CUDA device: LeNet (5 iterations) and its NumPy reference"
-timeout 60 "$JAVA" -cp "$CP" LeNet --device cuda --data synthetic --iters 5 --json >"$OUT/java_lenet.json"
+step "the Java CUDA device: LeNet ($LENET_SETS, $LENET_ITERS iterations) and its NumPy reference"
+kernels LeNet
+timeout 120 "$JAVA" -cp "$CP" LeNet --device cuda --data synthetic --iters $LENET_ITERS --json >"$OUT/java_lenet.json"
 result "java LeNet --device cuda" $?
-timeout 60 "$PY" -m deepdsl run networks/lenet.ddsl --data synthetic --iters 5 --device cpu --json >"$OUT/numpy_lenet.json"
+# shellcheck disable=SC2086
+timeout 60 "$PY" -m deepdsl run networks/lenet.ddsl $LENET_SETS --data synthetic --iters $LENET_ITERS --device cpu \
+  --json >"$OUT/numpy_lenet.json"
 
-step "the Java CUDA device: ResNet-50 at batch 64 (3 iterations), and the PyCUDA runner on it"
-timeout 90 "$JAVA" -cp "$CP" ResNet50 --device cuda --data synthetic --iters 3 --json >"$OUT/java_resnet50.json"
+step "the Java CUDA device: ResNet-50 ($RESNET_SETS, $RESNET_ITERS iterations), and the PyCUDA runner on it"
+kernels ResNet50
+timeout 90 "$JAVA" -cp "$CP" ResNet50 --device cuda --data synthetic --iters $RESNET_ITERS --json \
+  >"$OUT/java_resnet50.json"
 result "java ResNet50 --device cuda" $?
-timeout 90 "$PY" -m deepdsl run networks/resnet50.ddsl --set N=64 --data synthetic --iters 3 --device cuda --json \
+if [ "$DRY" = 1 ]; then
+  skipped "deepdsl run resnet50 --device cuda" "PyCUDA needs the real driver"
+  skipped "bench_gpu" "no timings"
+else
+timeout 90 "$PY" -m deepdsl run networks/resnet50.ddsl $RESNET_SETS --data synthetic --iters 3 --device cuda --json \
   >"$OUT/pycuda_resnet50.json"
 result "deepdsl run resnet50 --device cuda" $?
 
 step "benchmarks: LeNet and ResNet-50 at batch 64 against PyTorch eager"
 timeout 120 "$PY" scripts/bench_gpu.py --steps 20 --java "$JAVA" --cp "$CP" --json "$OUT/bench.json"
 result "bench_gpu" $?
+fi
 
 step "agreement (waiting for the NumPy ResNet-50 run)"
-wait "$NUMPY_PID"
-"$PY" - "$OUT" <<'PYEOF'
+[ -n "$NUMPY_PID" ] && wait "$NUMPY_PID"
+"$PY" - "$OUT" "$LENET_SETS" "$RESNET_SETS" "$DRY" <<'PYEOF'
 import json, sys
 from pathlib import Path
 
 from deepdsl import api
 
 out = Path(sys.argv[1])
+sets = {net: dict(w.split("=") for w in words.split() if w != "--set") for net, words in
+        zip(("lenet", "resnet50"), sys.argv[2:4])}
+sets = {net: {k: int(v) for k, v in s.items()} for net, s in sets.items()}
+pycuda = [] if sys.argv[4] == "1" else ["pycuda_resnet50.json"]
 
 def load(name):
     try:
@@ -98,9 +161,9 @@ def rel(a, b):
 
 report = {}
 for net, java, refs in [("lenet", "java_lenet.json", ["numpy_lenet.json"]),
-                        ("resnet50", "java_resnet50.json", ["numpy_resnet50.json", "pycuda_resnet50.json"])]:
+                        ("resnet50", "java_resnet50.json", ["numpy_resnet50.json", *pycuda])]:
     j = load(java)
-    c = api.compile_file(f"networks/{net}.ddsl", {"N": 64}, stop_at="plan")
+    c = api.compile_file(f"networks/{net}.ddsl", sets[net], stop_at="plan")
     params = sum(p.value.type.nbytes for p in c.plan.graph.params)
     row = {"java": j, "planned_arena_bytes": c.plan.arena_bytes, "planned_tensor_bytes": params}
     for ref in refs:

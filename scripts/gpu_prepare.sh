@@ -6,16 +6,34 @@
 #   .gpu/java/build/       LeNet and ResNet50 (batch 64) compiled to Java and built with javac
 #   .gpu/java/res/         their kernels: NAME.cu and NAME.sm_90.ptx (the CUDA device finds them on the class path)
 #   .gpu/wheels/           PyCUDA built for CPython 3.12 and the pure-Python packages it and deepdsl need there
-# Usage: bash scripts/gpu_prepare.sh   (PYTHON picks the interpreter that runs deepdsl here)
+#   .gpu/sizes.env         the --set flags the two networks were compiled with (gpu_check.sh reads them)
+# Usage: bash scripts/gpu_prepare.sh [--dry-run]   (PYTHON picks the interpreter that runs deepdsl here)
+#   --dry-run   for `gpu_check.sh --dry-run` on this machine: the networks at sizes the CPU emulates in seconds
+#               (LeNet at batch 8, ResNet-50 at batch 2 on 32x32 images), and .gpu/fake/: the stand-in driver
+#               (tests/backends/fake_libcuda.c) with each network's kernels compiled for the CPU by g++
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 G=$ROOT/.gpu
 PY=${PYTHON:-python3}
+DRY=0
+case "${1:-}" in
+  --dry-run) DRY=1 ;;
+  "") ;;
+  *) echo "usage: bash scripts/gpu_prepare.sh [--dry-run]" >&2; exit 2 ;;
+esac
+if [ "$DRY" = 1 ]; then
+  LENET_SETS="--set N=8"
+  RESNET_SETS="--set N=2 --set H=32 --set W=32"
+else
+  LENET_SETS="--set N=64"
+  RESNET_SETS="--set N=64"
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-rm -rf "$G/java" "$G/jars"
+rm -rf "$G/java" "$G/jars" "$G/fake"
 mkdir -p "$G/java/res" "$G/jars"
+printf 'DRY_RUN=%s\nLENET_SETS="%s"\nRESNET_SETS="%s"\n' "$DRY" "$LENET_SETS" "$RESNET_SETS" >"$G/sizes.env"
 
 echo "== JCuda jars"
 JARS=${DEEPDSL_JCUDA_JARS:-$ROOT/.ci/jcuda/lib}
@@ -34,10 +52,28 @@ if [ ! -f "$G/jre.txz" ]; then
   tar -C "$tmp" -cJf "$G/jre.txz" jre
 fi
 
-echo "== LeNet and ResNet-50 in Java, with PTX for sm_90"
-for net in lenet resnet50; do
-  "$PY" -m deepdsl compile "networks/$net.ddsl" --set N=64 -o "$tmp/src" --ptx --arch sm_90 >/dev/null
-done
+echo "== LeNet ($LENET_SETS) and ResNet-50 ($RESNET_SETS) in Java, with PTX for sm_90"
+# shellcheck disable=SC2086  # the sets are words
+"$PY" -m deepdsl compile networks/lenet.ddsl $LENET_SETS -o "$tmp/src" --ptx --arch sm_90 >/dev/null
+# shellcheck disable=SC2086
+"$PY" -m deepdsl compile networks/resnet50.ddsl $RESNET_SETS -o "$tmp/src" --ptx --arch sm_90 >/dev/null
+if [ "$DRY" = 1 ]; then
+  echo "== dry run: the stand-in driver and the kernels for the CPU"
+  PYTHONPATH="$ROOT/tests/backends${PYTHONPATH:+:$PYTHONPATH}" "$PY" - "$tmp/src" "$G/fake" <<'PYEOF'
+import sys
+from pathlib import Path
+
+from cuda_emulator import TILED, emulate, fake_driver, kernel_names
+
+src, fake = Path(sys.argv[1]), Path(sys.argv[2])
+fake_driver(fake)
+for name in ("LeNet", "ResNet50"):
+    unit = (src / f"{name}.cu").read_text()
+    kernels = kernel_names(unit)
+    (fake / name).mkdir()
+    emulate(unit, kernels, fake / name, [k for k in kernels if k not in TILED])
+PYEOF
+fi
 mv "$tmp"/src/*.cu "$tmp"/src/*.ptx "$G/java/res/"
 javac -nowarn -encoding UTF-8 -cp "$G/jars/*" -d "$G/java/build" "$tmp"/src/*.java "$tmp"/src/deepdsl/runtime/*.java
 
@@ -45,7 +81,7 @@ echo "== PyCUDA and the packages the GPU machine lacks"
 bash scripts/build_pycuda_wheels.sh "$G/wheels"
 
 du -sh "$G"/*
-total=$(du -sm "$G" | cut -f1)
+total=$(du -sm --exclude=fake "$G" | cut -f1)  # the dry run's stand-ins are not carried
 if [ "$total" -gt 56 ]; then
   echo "error: .gpu is ${total} MiB; with the repository it must stay under the 64 MiB a device run carries" >&2
   exit 1
