@@ -532,13 +532,14 @@ public abstract class Network {
         int width = Integer.toString(iterations).length();
         progress.printf(
             Locale.ROOT,
-            "[%s%s] iter %" + width + "d/%d  loss %.4f  %,.0f images/s%n",
+            "[%s%s] iter %" + width + "d/%d  loss %.4f  %s images/s%n",
             "#".repeat(done),
             ".".repeat(BAR - done),
             k + 1,
             iterations,
             loss,
-            n / seconds);
+            // a decimal below 100 images/s, where a whole number would be a coarse step time
+            String.format(Locale.ROOT, n / seconds < 100 ? "%.1f" : "%,.0f", n / seconds));
         boolean testNow =
             settings.testEvery > 0 && (k + 1) % settings.testEvery == 0 && k + 1 < iterations;
         double[] tested = testNow ? test(settings.testIterations) : null;
