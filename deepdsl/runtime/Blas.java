@@ -15,8 +15,8 @@ public final class Blas {
 
   /** What to put on the class path for OpenBLAS, for the error that says it is missing. */
   static final String JARS =
-      "org.bytedeco:openblas:0.3.31-1.5.13 and org.bytedeco:javacpp:1.5.13, each with its"
-          + " linux-x86_64 natives jar (`deepdsl compile --maven` writes a pom that brings them)";
+      "the jars of org.bytedeco:openblas:0.3.31-1.5.13 and org.bytedeco:javacpp:1.5.13, each with"
+          + " its linux-x86_64 natives jar (`deepdsl compile --maven` writes a pom that brings them)";
 
   /** A native SGEMM: C = A B (or C += A B) as {@link CpuGemm#gemm} computes it. */
   interface Gemm {
@@ -88,8 +88,10 @@ public final class Blas {
       return new OpenBlasGemm();
     } catch (ClassNotFoundException | NoClassDefFoundError e) {
       throw new Device.Unavailable(
-          "--blas openblas: the OpenBLAS classes are not on the class path (" + e.getMessage()
-              + "); put " + JARS + " on it");
+          "--blas openblas: the OpenBLAS classes are not on the class path (no "
+              + e.getMessage()
+              + "): add "
+              + JARS);
     } catch (ReflectiveOperationException | LinkageError | RuntimeException e) {
       Throwable cause = e.getCause() != null ? e.getCause() : e;
       throw new Device.Unavailable(
