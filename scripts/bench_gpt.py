@@ -75,6 +75,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10, help="measured steps of every side")
     ap.add_argument("--threads", type=int, default=int(THREADS), help="threads of every side")
     ap.add_argument("--runs", type=int, default=2, help="measurements of each side, taken in turn")
+    ap.add_argument("--blas", choices=["java", "openblas"], default="openblas", help="the Java side's SGEMM")
     args = ap.parse_args()
     sizes = {**SIZES, **{k: int(v) for k, v in (s.split("=", 1) for s in args.set)}}
     program = api.compile_file(ROOT / "networks" / f"{NETWORK}.ddsl", sizes).program
@@ -86,8 +87,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         build = bench_java.build_java(Path(tmp), NETWORK, sizes)
         for _ in range(args.runs):
-            java_s.append(bench_java.java_step_seconds(build, args.warmup, args.steps, args.threads, "GPTTiny",
-                                                       sizes["N"]))  # fmt: skip
+            java_s.append(bench_java.java_step_seconds(build, NETWORK, args.blas, args.warmup, args.steps,
+                                                       args.threads, "GPTTiny", sizes["N"]))  # fmt: skip
             numpy_s.append(bench_runner.numpy_step_seconds(program, args.steps))
             t = torch_step_seconds(sizes, lr, args.steps, args.threads)
             if t is not None:
@@ -97,7 +98,7 @@ def main() -> None:
     load = f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
     print(f"GPTTiny {text}, one training step (Adam), {args.threads} thread(s), {args.steps} measured steps "
           f"(Java after {args.warmup} warm-up steps), median of {args.runs} run(s); {load}")  # fmt: skip
-    print(f"  Java CPU device   {bench_java.figure(java_s)}")
+    print(f"  Java CPU device   {bench_java.figure(java_s)}   (GEMM: {args.blas})")
     print(f"  NumPy runner      {bench_java.figure(numpy_s)}   java/numpy = {java_m / numpy_m:.2f}")
     if not torch_s:
         print("  PyTorch is not importable here: not timed")

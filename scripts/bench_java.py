@@ -1,12 +1,15 @@
 """Train-step time of the generated Java program (CPU device) against the NumPy runner and PyTorch CPU.
 
-    python scripts/bench_java.py [--warmup 40] [--steps 20] [--threads N] [--runs 3]
+    python scripts/bench_java.py [--network lenet|resnet50|all] [--blas java|openblas|both]
+                                 [--warmup N] [--steps N] [--threads N] [--runs 3] [--no-numpy]
 
-LeNet at batch 64 on synthetic data. The Java class is compiled with `deepdsl compile` and javac, then run for
-warm-up + measured steps; each progress line gives one step's images/s (the step alone, data loading
-excluded), and the median of the measured steps is the Java figure. The warm-up steps are left out because
-the JIT is still compiling then: the steps reach their steady speed only after some 30 steps (a training run
-takes thousands), so `--warmup` defaults to 40. The NumPy runner and
+LeNet at batch 64 and ResNet-50 at batch 8, 64x64, on synthetic data. The Java class is compiled with
+`deepdsl compile` and javac, then run for warm-up + measured steps, once per SGEMM (`--blas`: the Java SGEMM
+and OpenBLAS, whose jars it takes from $DEEPDSL_JCUDA_JARS or .ci/jcuda/lib, as the tests do); each progress
+line gives one step's images/s (the step alone, data loading excluded), and the median of the measured steps
+is the Java figure. The warm-up steps are left out because the JIT is still compiling then: LeNet's steps
+reach their steady speed only after some 30 steps (a training run takes thousands), so its warm-up defaults
+to 40 (ResNet-50's, whose steps are long, to 8). The NumPy runner and
 PyTorch are timed as in scripts/bench_runner.py (median step after one warm-up step), all with the same
 number of threads (-XX:ActiveProcessorCount for Java). PyTorch is skipped where it is not importable.
 
@@ -36,13 +39,27 @@ import bench_runner  # noqa: E402 — after the thread settings
 
 from deepdsl import api  # noqa: E402
 
-NETWORK, SETS = "lenet", {"N": 64}
+# network: (class, sizes, warm-up steps, measured steps)
+NETWORKS = {
+    "lenet": ("LeNet", {"N": 64}, 40, 20),
+    "resnet50": ("ResNet50", {"N": 8, "H": 64, "W": 64}, 8, 8),
+}
 
 
-def build_java(tmp: Path, network: str = NETWORK, sizes: dict[str, int] = SETS) -> Path:
-    """The class of networks/`network`.ddsl at `sizes` (LeNet at batch 64 by default) and its runtime (CUDA device
+def openblas_jars() -> str:
+    """The class path of the OpenBLAS jars (JavaCPP's presets), as tests/backends/java_env.py finds them."""
+    folder = Path(os.environ.get("DEEPDSL_JCUDA_JARS", ROOT / ".ci" / "jcuda" / "lib"))
+    if not list(folder.glob("openblas-*.jar")):
+        sys.exit(f"no OpenBLAS jars in {folder}: `mvn -f .ci/jcuda/pom.xml dependency:copy-dependencies "
+                 "-DoutputDirectory=lib` fetches them (or run with --blas java)")  # fmt: skip
+    return f"{folder}/*"
+
+
+def build_java(tmp: Path, network: str, sizes: dict[str, int] | None = None) -> Path:
+    """The class of networks/`network`.ddsl (at `sizes`, default those of NETWORKS) and its runtime (CUDA device
     left out) compiled into `tmp`/build."""
     src, build = tmp / "src", tmp / "build"
+    sizes = NETWORKS[network][1] if sizes is None else sizes
     sets = [arg for k, v in sizes.items() for arg in ("--set", f"{k}={v}")]
     net = str(ROOT / "networks" / f"{network}.ddsl")
     subprocess.run([sys.executable, "-m", "deepdsl", "compile", net, *sets, "-o", str(src)], check=True,
@@ -53,12 +70,18 @@ def build_java(tmp: Path, network: str = NETWORK, sizes: dict[str, int] = SETS) 
     return build
 
 
-def java_step_seconds(build: Path, warmup: int, steps: int, threads: int, cls: str = "LeNet",
-                      batch: int = SETS["N"]) -> float:  # fmt: skip
-    """The median time of one of `steps` training steps of class `cls` (batch `batch`) after `warmup` steps."""
-    cmd = ["java", f"-XX:ActiveProcessorCount={threads}", "-cp", str(build), cls, "--data", "synthetic",
-           "--device", "cpu", "--iters", str(warmup + steps)]  # fmt: skip
+def java_step_seconds(build: Path, network: str, blas: str, warmup: int, steps: int, threads: int,
+                      main: str | None = None, batch: int | None = None) -> float:  # fmt: skip
+    """The median time of one of `steps` training steps after `warmup` steps of the class `main` (batch `batch`;
+    default: those of NETWORKS[network]) on the SGEMM `blas`."""
+    if main is None:
+        main, sets = NETWORKS[network][:2]
+        batch = sets["N"]
+    cp = f"{build}:{openblas_jars()}" if blas == "openblas" else str(build)
+    cmd = ["java", f"-XX:ActiveProcessorCount={threads}", "-cp", cp, main, "--data", "synthetic", "--device", "cpu",
+           "--threads", str(threads), "--blas", blas, "--iters", str(warmup + steps)]  # fmt: skip
     lines = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
+    assert f"GEMM {'OpenBLAS' if blas == 'openblas' else 'Java SGEMM'}" in lines[0], lines[0]
     rates = [float(line.split()[-2].replace(",", "")) for line in lines if line.endswith("images/s")]
     assert len(rates) == warmup + steps, lines
     return statistics.median(batch / rate for rate in rates[warmup:])
@@ -70,39 +93,59 @@ def figure(runs: list[float]) -> str:
     return text + f"  ({1000 * min(runs):.1f}-{1000 * max(runs):.1f})" if len(runs) > 1 else text
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--warmup", type=int, default=40, help="Java steps left out while the JIT compiles")
-    ap.add_argument("--steps", type=int, default=20, help="measured steps of every side")
-    ap.add_argument("--threads", type=int, default=int(THREADS), help="threads of every side")
-    ap.add_argument("--runs", type=int, default=3, help="measurements of each side, taken in turn")
-    args = ap.parse_args()
-    program = api.compile_file(ROOT / "networks" / f"{NETWORK}.ddsl", SETS).program
+def bench(network: str, blases: list[str], args: argparse.Namespace) -> None:
+    main, sets, warmup, steps = NETWORKS[network]
+    warmup = warmup if args.warmup is None else args.warmup
+    steps = steps if args.steps is None else args.steps
+    program = api.compile_file(ROOT / "networks" / f"{network}.ddsl", sets).program
     load_before = os.getloadavg()[0]
-    java_s, numpy_s, torch_s = [], [], []
+    java_s: dict[str, list[float]] = {b: [] for b in blases}
+    numpy_s, torch_s = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        build = build_java(Path(tmp))
+        build = build_java(Path(tmp), network)
         for _ in range(args.runs):
-            java_s.append(java_step_seconds(build, args.warmup, args.steps, args.threads))
-            numpy_s.append(bench_runner.numpy_step_seconds(program, args.steps))
-            t = bench_runner.torch_step_seconds(program, args.steps)
+            for blas in blases:
+                java_s[blas].append(java_step_seconds(build, network, blas, warmup, steps, args.threads))
+            if args.numpy:
+                numpy_s.append(bench_runner.numpy_step_seconds(program, steps))
+            t = bench_runner.torch_step_seconds(program, steps)
             if t is not None:
                 torch_s.append(t)
-    java_m, numpy_m = statistics.median(java_s), statistics.median(numpy_s)
-    sizes = " ".join(f"{k}={v}" for k, v in SETS.items())
+    sizes = " ".join(f"{k}={v}" for k, v in sets.items())
     load = f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
-    print(f"LeNet {sizes}, one training step, {args.threads} thread(s), {args.steps} measured steps "
-          f"(Java after {args.warmup} warm-up steps), "
-          f"median of {args.runs} run(s); {load}")  # fmt: skip
-    print(f"  Java CPU device   {figure(java_s)}")
-    print(f"  NumPy runner      {figure(numpy_s)}   java/numpy = {java_m / numpy_m:.2f}")
-    if not torch_s:
+    print(f"{main} {sizes}, one training step, {args.threads} thread(s), {steps} measured steps "
+          f"(Java after {warmup} warm-up steps), median of {args.runs} run(s); {load}")  # fmt: skip
+    medians = {b: statistics.median(java_s[b]) for b in blases}
+    torch_m = statistics.median(torch_s) if torch_s else None
+    for blas in blases:
+        ratio = f"   java/torch = {medians[blas] / torch_m:.2f}" if torch_m else ""
+        print(f"  Java, {'OpenBLAS' if blas == 'openblas' else 'Java SGEMM':<10} {figure(java_s[blas])}{ratio}")
+    if len(blases) == 2:
+        print(f"  OpenBLAS / Java SGEMM = {medians['openblas'] / medians['java']:.2f}")
+    if numpy_s:
+        best = min(medians.values())
+        print(f"  NumPy runner      {figure(numpy_s)}   java/numpy = {best / statistics.median(numpy_s):.2f}")
+    if torch_m is None:
         print("  PyTorch is not importable here: not timed")
     else:
         import torch
 
-        torch_m = statistics.median(torch_s)
-        print(f"  PyTorch {torch.__version__:<9} {figure(torch_s)}   java/torch = {java_m / torch_m:.2f}")
+        print(f"  PyTorch {torch.__version__:<9} {figure(torch_s)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--network", choices=[*NETWORKS, "all"], default="lenet")
+    ap.add_argument("--blas", choices=["java", "openblas", "both"], default="both", help="the Java side's SGEMM")
+    ap.add_argument("--warmup", type=int, help="Java steps left out while the JIT compiles (default per network)")
+    ap.add_argument("--steps", type=int, help="measured steps of every side (default per network)")
+    ap.add_argument("--threads", type=int, default=int(THREADS), help="threads of every side")
+    ap.add_argument("--runs", type=int, default=3, help="measurements of each side, taken in turn")
+    ap.add_argument("--no-numpy", dest="numpy", action="store_false", help="leave out the NumPy runner")
+    args = ap.parse_args()
+    blases = ["java", "openblas"] if args.blas == "both" else [args.blas]
+    for network in NETWORKS if args.network == "all" else [args.network]:
+        bench(network, blases, args)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ public final class CpuDevice implements Device {
     return "cpu (Java, "
         + threads
         + (threads == 1 ? " thread" : " threads")
+        + ", GEMM "
+        + Blas.description()
         + ", workspace limit "
         + workspaceLimit
         + " bytes)";

@@ -27,7 +27,7 @@ final class CpuGemm {
   static final int GEMM_DIRECT = 1024;
 
   /** The right operand B of a product: a {@link Mat} view or {@link Rows}. */
-  private sealed interface Right permits Mat, Rows {
+  sealed interface Right permits Mat, Rows {
     /** The operand whose element (0, 0) is this one's (i, j). */
     Right from(int i, int j);
 
@@ -113,9 +113,13 @@ final class CpuGemm {
    * Every array in that inner loop is indexed from 0 by the loop variable alone, which is what the
    * JIT needs to vectorise it: it does not vectorise a store and a load whose offsets differ. B
    * held as {@link Rows} from column 0 is already in that form and, up to GEMM_DIRECT columns, is
-   * swept in place.
+   * swept in place. Where {@link Blas} has OpenBLAS, the product is OpenBLAS's instead.
    */
   static void gemm(int m, int n, int k, Mat x, Right y, Mat z, boolean accumulate) {
+    Blas.Gemm blas = Blas.gemm();
+    if (blas != null && blas.gemm(m, n, k, x, y, z, accumulate)) {
+      return;
+    }
     float[] c = z.a();
     int cOff = z.off();
     int ldc = z.rowStride();

@@ -532,13 +532,14 @@ public abstract class Network {
         int width = Integer.toString(iterations).length();
         progress.printf(
             Locale.ROOT,
-            "[%s%s] iter %" + width + "d/%d  loss %.4f  %,.0f images/s%n",
+            "[%s%s] iter %" + width + "d/%d  loss %.4f  %s images/s%n",
             "#".repeat(done),
             ".".repeat(BAR - done),
             k + 1,
             iterations,
             loss,
-            n / seconds);
+            // a decimal below 100 images/s, where a whole number would be a coarse step time
+            String.format(Locale.ROOT, n / seconds < 100 ? "%.1f" : "%,.0f", n / seconds));
         boolean testNow =
             settings.testEvery > 0 && (k + 1) % settings.testEvery == 0 && k + 1 < iterations;
         double[] tested = testNow ? test(settings.testIterations) : null;
@@ -777,7 +778,8 @@ public abstract class Network {
 
   private static final String USAGE =
       "usage: java %s [--iters N] [--data SOURCE] [--load FILE.npz] [--save FILE.npz]\n"
-          + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--threads N] [--json]\n"
+          + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--threads N]\n"
+          + "           [--blas openblas|java|auto] [--json]\n"
           + "           [--lr X] [--momentum X] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]"
           + " [--clip X]\n"
           + "       java %1$s --eval --load FILE.npz [--data SOURCE] [--device ...] [--json]\n"
@@ -800,6 +802,7 @@ public abstract class Network {
     String predict;
     Long workspaceLimit;
     Integer threads;
+    String blas = Blas.defaultChoice();
     final Map<String, Double> settings = new LinkedHashMap<>();
 
     static Flags parse(String[] args) {
@@ -838,6 +841,7 @@ public abstract class Network {
                 "--device",
                 "--workspace-limit",
                 "--threads",
+                "--blas",
                 "--predict")
             .contains(arg)) {
           throw new IllegalArgumentException("no such option: " + arg);
@@ -859,6 +863,7 @@ public abstract class Network {
           case "--predict" -> f.predict = file(arg, value);
           case "--workspace-limit" -> f.workspaceLimit = bytes(arg, value);
           case "--threads" -> f.threads = count(arg, value, 1);
+          case "--blas" -> f.blas = value;
           default -> {
             if (!List.of("cpu", "cuda", "auto").contains(value)) {
               throw new IllegalArgumentException(
@@ -875,6 +880,9 @@ public abstract class Network {
       if (f.predict != null && (f.load == null || f.data == null || f.iters != null || f.save != null)) {
         throw new IllegalArgumentException(
             "--predict OUT.npz takes --load FILE.npz and --data SOURCE, and neither --iters nor --save");
+      }
+      if (!List.of("openblas", "java", "auto").contains(f.blas)) {
+        throw new IllegalArgumentException("--blas takes openblas, java or auto, not '" + f.blas + "'");
       }
       return f;
     }
@@ -972,6 +980,9 @@ public abstract class Network {
         if (out != null) {
           Npz.checkWritable(Path.of(out)); // before training, not after it
         }
+      }
+      if (device instanceof CpuDevice) { // the products' SGEMM: OpenBLAS or Java (--blas)
+        Blas.use(flags.blas);
       }
       net.use(device);
       String source = flags.data != null ? flags.data : net.settings.data;

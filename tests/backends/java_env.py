@@ -21,14 +21,24 @@ JAVA_MARKS = [
 
 
 def jcuda_jars() -> Path:
-    """The folder of the JCuda jars: $DEEPDSL_JCUDA_JARS, else .ci/jcuda/lib (fetched with Maven when missing)."""
+    """The folder of the jars of .ci/jcuda/pom.xml (JCuda, and OpenBLAS through JavaCPP): $DEEPDSL_JCUDA_JARS, else
+    .ci/jcuda/lib (fetched with Maven when either is missing)."""
     folder = Path(os.environ.get("DEEPDSL_JCUDA_JARS", JCUDA / "lib"))
-    if not list(folder.glob("jcuda-*.jar")):
-        if shutil.which("mvn") is None:
+    if not list(folder.glob("jcuda-*.jar")) or not list(folder.glob("openblas-*.jar")):
+        if shutil.which("mvn") is not None:
+            subprocess.run(["mvn", "-B", "-q", "-f", str(JCUDA / "pom.xml"), "dependency:copy-dependencies",
+                            f"-DoutputDirectory={folder.resolve()}"], check=True)  # fmt: skip
+        elif not list(folder.glob("jcuda-*.jar")):
             pytest.skip(f"no JCuda jars in {folder} and no mvn to fetch them (bash .ci/run fetches them)")
-        subprocess.run(["mvn", "-B", "-q", "-f", str(JCUDA / "pom.xml"), "dependency:copy-dependencies",
-                        f"-DoutputDirectory={folder.resolve()}"], check=True)  # fmt: skip
     return folder
+
+
+def openblas_classpath() -> str:
+    """The class path entry of the OpenBLAS jars (JavaCPP's presets and their natives), for `java -cp`."""
+    folder = jcuda_jars()
+    if not list(folder.glob("openblas-*.jar")):
+        pytest.skip(f"no OpenBLAS jars in {folder} and no mvn to fetch them (bash .ci/run fetches them)")
+    return f"{folder}/*"
 
 
 def javac(folder: Path, sources: list[Path], build: Path) -> None:
@@ -42,7 +52,8 @@ def javac(folder: Path, sources: list[Path], build: Path) -> None:
 
 def java(build: Path, main: str, *args: str, cwd: Path | None = None, jcuda: bool = False,
          timeout: int = 300) -> subprocess.CompletedProcess:  # fmt: skip
-    """Run `main` from `build` (with the JCuda jars on the class path only when asked), in `cwd` (default: `build`,
+    """Run `main` from `build` (with the jars of .ci/jcuda, JCuda's and OpenBLAS's, on the class path only when
+    asked), in `cwd` (default: `build`,
     never the repository: a crashing JVM writes hs_err_pid*.log into its working directory)."""
     cp = f"{build}:{jcuda_jars()}/*" if jcuda else str(build)
     return subprocess.run(["java", "-cp", cp, main, *args], cwd=cwd or build, capture_output=True, text=True,

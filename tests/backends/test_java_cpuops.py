@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import ROOT
+from java_env import openblas_classpath
 from ops.test_registry_complete import EXAMPLES
 
 import deepdsl.ops  # noqa: F401
@@ -30,6 +31,9 @@ pytestmark = [
 # registry ops that CpuOps does not implement: a view, three ops lowered before any backend, and the
 # statements the emitter writes as generated loops
 NOT_CPUOPS = {"reshape", "batch_norm", "dropout", "layer_norm", "fused", "indexed"}
+
+# the ops whose work is matrix products (CpuGemm.gemm), run once more with OpenBLAS as the SGEMM
+GEMM_OPS = {"conv2d", "conv2d_backward_data", "conv2d_backward_filter", "linear", "matmul", "batch_matmul"}
 
 RNG = np.random.default_rng(2024)
 
@@ -87,7 +91,8 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
     # a 1x1 kernel; one group per channel; small outputs, so that several images share a product; LeNet's
     # first layer; more output pixels, and a longer window (C*kh*kw), than a product sweeps in place
     # (GEMM_DIRECT), so that the im2col rows are copied into panels in blocks; a window row longer than
-    # the straight-line copies take, padded at the sides only
+    # the straight-line copies take, padded at the sides only; more images than pieces of two threads, two
+    # per product, so that a piece's filter gradient adds a second product onto its first
     for n, c, h, w, f, cg, kh, kw, stride, pad, groups in [
         (3, 6, 11, 9, 9, 2, 3, 4, (2, 3), (1, 2), 3),
         (1, 8, 10, 10, 16, 8, 3, 3, (1, 1), (1, 1), 1),
@@ -99,6 +104,7 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
         (2, 2, 38, 38, 4, 2, 3, 3, (1, 1), (0, 0), 1),
         (2, 48, 7, 7, 6, 48, 5, 5, (1, 1), (1, 1), 1),
         (3, 2, 5, 12, 3, 2, 2, 9, (1, 1), (0, 1), 1),
+        (20, 1, 24, 24, 2, 1, 3, 3, (1, 1), (0, 0), 1),
     ]:
         conv = {"stride": stride, "pad": pad, "groups": groups}
         x, wt = _f(n, c, h, w), _f(f, cg, kh, kw)
@@ -225,23 +231,46 @@ def java_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         words += [f"{k}={_word(v)}" for k, v in sorted(attrs.items())]
         lines.append(" ".join([name, op, *words]))
     (work / "manifest.txt").write_text("\n".join(lines) + "\n")
+    return work, _op_check(work, str(work / "classes"))
+
+
+def _op_check(work: Path, classpath: str, *properties: str) -> str:
+    """Runs every case of work/manifest.txt in one JVM; returns its stderr."""
     ran = subprocess.run(
-        ["java", "-cp", str(work / "classes"), "OpCheck", str(work)],
+        ["java", *properties, "-cp", classpath, "OpCheck", str(work)],
         cwd=work,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert ran.returncode == 0, ran.stderr
-    return work, ran.stderr
+    return ran.stderr
+
+
+@pytest.fixture(scope="module")
+def openblas_results(java_results: tuple[Path, str]) -> tuple[Path, str]:
+    """The same cases with OpenBLAS as the SGEMM (-Ddeepdsl.blas=openblas), into work/NAME.openblas.out.bin."""
+    work = java_results[0]
+    stderr = _op_check(work, f"{work / 'classes'}:{openblas_classpath()}", "-Ddeepdsl.blas=openblas")
+    assert stderr.startswith("gemm: OpenBLAS 0.3.31"), stderr
+    return work, stderr
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_cpuops_matches_the_numpy_kernel(case: tuple, java_results: tuple[Path, str]) -> None:
+    _check(case, java_results, ".out.bin")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[1] in GEMM_OPS], ids=[c[0] for c in CASES if c[1] in GEMM_OPS])
+def test_cpuops_on_openblas_matches_the_numpy_kernel(case: tuple, openblas_results: tuple[Path, str]) -> None:
+    _check(case, openblas_results, ".openblas.out.bin")
+
+
+def _check(case: tuple, results: tuple[Path, str], suffix: str) -> None:
     name, op, xs, attrs = case
-    work, stderr = java_results
+    work, stderr = results
     expected = _np(op, xs, **attrs).astype(np.float32)
-    result = work / f"{name}.out.bin"
+    result = work / f"{name}{suffix}"
     assert result.exists(), f"{name} wrote no result:\n{stderr}"
     actual = np.fromfile(result, dtype="<f4").reshape(expected.shape)
     # atol scales with the output's magnitude: an element that cancels to near 0 in a long float32 sum

@@ -84,8 +84,9 @@ def test_maven_project_layout(cli, tmp_path: Path) -> None:
     r = cli("compile", str(ROOT / "networks" / "mlp.ddsl"), "--maven", str(tmp_path / "mlp"))
     assert r.exit_code == 0, r.output
     pom = (tmp_path / "mlp" / "pom.xml").read_text()
-    for artifact in ("jcuda", "jcuda-natives"):
+    for artifact in ("jcuda", "jcuda-natives", "openblas", "javacpp"):
         assert f"<artifactId>{artifact}</artifactId>" in pom
+    assert "<openblas.version>0.3.31-1.5.13</openblas.version>" in pom and "<id>cuda13</id>" in pom
     assert "<mainClass>MLP</mainClass>" in pom and "linux-x86_64" in pom
     assert (tmp_path / "mlp" / "src" / "main" / "java" / "MLP.java").is_file()
     assert (tmp_path / "mlp" / "src" / "main" / "resources" / "MLP.cu").is_file()  # in the jar: on the class path
@@ -104,6 +105,15 @@ def test_maven_package_builds_a_runnable_jar(cli, tmp_path: Path) -> None:
                        cwd=project, capture_output=True, text=True, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "iter 2/2" in r.stdout
+    assert "GEMM OpenBLAS 0.3.31, " in r.stdout.splitlines()[0]  # the pom brings OpenBLAS and its natives
+    # the CUDA 12 presets' profile: JavaCPP and OpenBLAS of their release (one JavaCPP version per build)
+    subprocess.run(["mvn", "-B", "-q", "-P", "cuda12", "clean", "package"], cwd=project, check=True)
+    jars = {p.name for p in (project / "target" / "lib").iterdir()}
+    assert {"cuda-12.9-9.10-1.5.12.jar", "javacpp-1.5.12.jar", "openblas-0.3.30-1.5.12.jar"} <= jars, jars
+    assert not any("1.5.13" in jar for jar in jars), jars
+    r = subprocess.run(["java", "-jar", "target/mlp-1.0.jar", "--data", "synthetic", "--iters", "1", "--device", "cpu"],
+                       cwd=project, capture_output=True, text=True, check=False)  # fmt: skip
+    assert r.returncode == 0 and "GEMM OpenBLAS 0.3.30, " in r.stdout.splitlines()[0], r.stdout + r.stderr
 
 
 # ---- kernels: random index expressions and every op's index form, against `evaluate` ----

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 from helpers import SMALL
-from java_env import JAVA_MARKS, java, java_json, javac
+from java_env import JAVA_MARKS, java, java_json, javac, openblas_classpath
 
 pytestmark = JAVA_MARKS
 
@@ -88,6 +88,32 @@ def test_losses_equal_the_numpy_runner(cli, programs: Path, name: str) -> None:
     assert set(got) == set(want)
 
 
+@pytest.mark.parametrize("blas", ["openblas", "java"])
+def test_lenet_on_either_sgemm_equals_the_numpy_runner(cli, programs: Path, blas: str) -> None:
+    """--blas: the convolutions' and linear layers' products through OpenBLAS or the Java SGEMM, the device line
+    says which; both give the NumPy runner's losses."""
+    want = python_run(cli, programs, "LeNet", "--iters", "5")
+    cp = f"{programs / 'build'}:{openblas_classpath()}"
+    cmd = ["java", "-cp", cp, "LeNet", "--data", "synthetic", "--device", "cpu", "--iters", "5", "--blas", blas]
+    r = subprocess.run([*cmd, "--json"], cwd=programs, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    assert ("GEMM OpenBLAS 0.3.31, " if blas == "openblas" else "GEMM Java SGEMM, ") in r.stderr.splitlines()[0]
+    np.testing.assert_allclose(json.loads(r.stdout)["losses"], want["losses"], rtol=1e-4)
+
+
+def test_blas_flag_without_the_jars(programs: Path) -> None:
+    """Without the OpenBLAS jars: auto takes the Java SGEMM, openblas is an error naming what to install."""
+    args = ("--data", "synthetic", "--iters", "1", "--device", "cpu")
+    r = java(programs / "build", "MLP", *args, cwd=programs)
+    assert r.returncode == 0 and "GEMM Java SGEMM, " in r.stdout.splitlines()[0], r.stdout + r.stderr
+    r = java(programs / "build", "MLP", *args, "--blas", "openblas", cwd=programs)
+    assert r.returncode == 1 and "iter" not in r.stdout
+    assert r.stderr.startswith("error: --blas openblas: the OpenBLAS classes are not on the class path")
+    assert "org.bytedeco:openblas:0.3.31-1.5.13" in r.stderr and "org.bytedeco:javacpp:1.5.13" in r.stderr
+    r = java(programs / "build", "MLP", *args, "--blas", "mkl", cwd=programs)
+    assert r.returncode == 2 and "--blas takes openblas, java or auto, not 'mkl'" in r.stderr
+
+
 def test_every_input_is_read_from_the_data_by_name(cli, programs: Path) -> None:
     """Regression's target `t` comes from the npz file's array `t` (the Java program used to train on zeros
     there); a file without it is an error naming it, at start, in both runtimes."""
@@ -127,12 +153,15 @@ def test_save_load_continue_equals_an_uninterrupted_run(programs: Path) -> None:
     assert first + rest == whole  # bit for bit
 
 
-@pytest.mark.parametrize("name", ["LeNet", "Small"])
-def test_two_threads_give_the_same_bits_every_run(programs: Path, name: str) -> None:
+@pytest.mark.parametrize(
+    "name, blas", [("LeNet", "java"), ("Small", "java"), pytest.param("LeNet", "openblas", marks=pytest.mark.slow)]
+)
+def test_two_threads_give_the_same_bits_every_run(programs: Path, name: str, blas: str) -> None:
     # the pieces of a parallel loop and the order of every sum depend on the shapes and the thread count only,
-    # never on which thread comes free first
-    cmd = ["java", "-XX:ActiveProcessorCount=2", "-cp", str(programs / "build"), name, "--data", "synthetic",
-           "--device", "cpu", "--iters", "5", "--json"]  # fmt: skip
+    # never on which thread comes free first; OpenBLAS runs each piece's product on one thread
+    cp = f"{programs / 'build'}:{openblas_classpath()}" if blas == "openblas" else str(programs / "build")
+    cmd = ["java", "-XX:ActiveProcessorCount=2", "-cp", cp, name, "--data", "synthetic",
+           "--device", "cpu", "--iters", "5", "--blas", blas, "--json"]  # fmt: skip
     runs = [subprocess.run(cmd, cwd=programs, capture_output=True, text=True, timeout=300, check=False) for _ in "ab"]
     assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
     first, second = (json.loads(r.stdout)["losses"] for r in runs)

@@ -93,7 +93,8 @@ def build_commands(folder: Path, name: str) -> list[str]:
 
 
 def write_maven(folder: Path, p: JavaProgram) -> Path:
-    """A Maven project: pom.xml (JCuda and its linux-x86_64 natives), the network, the runtime, and the CUDA source
+    """A Maven project: pom.xml (JCuda, and OpenBLAS through JavaCPP, with their linux-x86_64 natives; profiles
+    cuda13 and cuda12 for JavaCPP's CUDA presets), the network, the runtime, and the CUDA source
     as a resource of the jar; returns the resource folder (where PTX goes too)."""
     try:
         java, resources = _subfolder(folder, "src", "main", "java"), _subfolder(folder, "src", "main", "resources")
@@ -101,13 +102,30 @@ def write_maven(folder: Path, p: JavaProgram) -> Path:
         raise DslProgramError(f"cannot write the Maven project into '{folder}': {exc.strerror or exc}") from None
     write_sources(java, p, resources)
     try:
-        write_atomically(folder / "pom.xml", POM.format(artifact=p.name.lower(), main=p.name, jcuda=JCUDA_VERSION))
+        pom = POM.format(artifact=p.name.lower(), main=p.name, jcuda=JCUDA_VERSION, cuda_deps=CUDA_PRESETS,
+                         **JAVACPP_VERSIONS)  # fmt: skip
+        write_atomically(folder / "pom.xml", pom)
     except OSError as exc:
         raise DslProgramError(f"cannot write '{folder / 'pom.xml'}': {exc.strerror or exc}") from None
     return resources
 
 
 JCUDA_VERSION = "12.6.0"
+# JavaCPP's presets: one JavaCPP version per build (the OpenBLAS presets exist for 1.5.13 and 1.5.12, not 1.5.14)
+JAVACPP_VERSIONS = {"javacpp": "1.5.13", "openblas": "0.3.31-1.5.13", "cuda13": "13.1-9.19-1.5.13",
+                    "javacpp12": "1.5.12", "openblas12": "0.3.30-1.5.12", "cuda12": "12.9-9.10-1.5.12"}  # fmt: skip
+CUDA_PRESETS = """
+        <dependency>
+          <groupId>org.bytedeco</groupId>
+          <artifactId>cuda</artifactId>
+          <version>${cuda.version}</version>
+        </dependency>
+        <dependency>
+          <groupId>org.bytedeco</groupId>
+          <artifactId>cuda</artifactId>
+          <version>${cuda.version}</version>
+          <classifier>linux-x86_64</classifier>
+        </dependency>"""
 
 # The jar's manifest names the main class and the dependency jars, which `package` copies to target/lib/;
 # plugin versions are pinned to those Maven 3.8 uses by default.
@@ -125,6 +143,9 @@ POM = """<?xml version="1.0" encoding="UTF-8"?>
     <maven.compiler.source>17</maven.compiler.source>
     <maven.compiler.target>17</maven.compiler.target>
     <jcuda.version>{jcuda}</jcuda.version>
+    <!-- one JavaCPP version per build: the one the OpenBLAS (and CUDA) presets were built with -->
+    <javacpp.version>{javacpp}</javacpp.version>
+    <openblas.version>{openblas}</openblas.version>
   </properties>
 
   <dependencies>
@@ -139,7 +160,48 @@ POM = """<?xml version="1.0" encoding="UTF-8"?>
       <version>${{jcuda.version}}</version>
       <classifier>linux-x86_64</classifier>
     </dependency>
+    <!-- the CPU device's GEMMs through OpenBLAS (JavaCPP's presets; the natives jar bundles the library) -->
+    <dependency>
+      <groupId>org.bytedeco</groupId>
+      <artifactId>openblas</artifactId>
+      <version>${{openblas.version}}</version>
+    </dependency>
+    <dependency>
+      <groupId>org.bytedeco</groupId>
+      <artifactId>openblas</artifactId>
+      <version>${{openblas.version}}</version>
+      <classifier>linux-x86_64</classifier>
+    </dependency>
+    <dependency>
+      <groupId>org.bytedeco</groupId>
+      <artifactId>javacpp</artifactId>
+      <version>${{javacpp.version}}</version>
+      <classifier>linux-x86_64</classifier>
+    </dependency>
   </dependencies>
+
+  <!-- JavaCPP's CUDA presets (cuBLAS, cuDNN) for the CUDA 13 or CUDA 12 libraries a user has: `mvn -P cuda13
+       package` or `-P cuda12` (which moves JavaCPP and OpenBLAS back to the presets' 1.5.12) -->
+  <profiles>
+    <profile>
+      <id>cuda13</id>
+      <properties>
+        <cuda.version>{cuda13}</cuda.version>
+      </properties>
+      <dependencies>{cuda_deps}
+      </dependencies>
+    </profile>
+    <profile>
+      <id>cuda12</id>
+      <properties>
+        <cuda.version>{cuda12}</cuda.version>
+        <javacpp.version>{javacpp12}</javacpp.version>
+        <openblas.version>{openblas12}</openblas.version>
+      </properties>
+      <dependencies>{cuda_deps}
+      </dependencies>
+    </profile>
+  </profiles>
 
   <build>
     <plugins>

@@ -1,3 +1,4 @@
+import deepdsl.runtime.Blas;
 import deepdsl.runtime.Buf;
 import deepdsl.runtime.CpuOps;
 import java.io.IOException;
@@ -22,12 +23,21 @@ import java.util.Map;
  * an offset inside a larger array filled with NaN, so a kernel that ignores {@code Buf.off}, leaves
  * an output element unwritten or writes past its output is caught. A case that fails is reported on
  * stderr and writes nothing.
+ *
+ * <p>With {@code -Ddeepdsl.blas=CHOICE} the products run on that SGEMM ({@link Blas#use}, which
+ * fails when it does not load), stderr's first line says which, and the outputs are {@code
+ * DIR/name.CHOICE.out.bin}.
  */
 public final class OpCheck {
   private OpCheck() {}
 
   public static void main(String[] args) throws IOException {
     Path dir = Path.of(args[0]);
+    String blas = System.getProperty(Blas.PROPERTY);
+    if (blas != null) {
+      System.err.println("gemm: " + Blas.use(blas));
+    }
+    String suffix = blas == null ? ".out.bin" : "." + blas + ".out.bin";
     for (String line : Files.readAllLines(dir.resolve("manifest.txt"))) {
       if (line.isBlank()) {
         continue;
@@ -53,7 +63,7 @@ public final class OpCheck {
             throw new IllegalStateException("wrote outside its output, at " + (i - out.off));
           }
         }
-        write(dir.resolve(name + ".out.bin"), out);
+        write(dir.resolve(name + suffix), out);
       } catch (RuntimeException e) {
         System.err.println(name + " (" + words[1] + "): " + e);
         e.printStackTrace();

@@ -1,0 +1,165 @@
+package deepdsl.runtime;
+
+import deepdsl.runtime.CpuGemm.Mat;
+import deepdsl.runtime.CpuGemm.Right;
+import deepdsl.runtime.CpuGemm.Rows;
+import java.lang.invoke.MethodHandle;
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.MethodType;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.FloatBuffer;
+
+/**
+ * {@link CpuGemm#gemm}'s products through OpenBLAS's {@code cblas_sgemm}, reached through JavaCPP's
+ * presets ({@code org.bytedeco:openblas}, {@code org.bytedeco:javacpp}, each with its natives jar).
+ *
+ * <p>This is the only class that names a JavaCPP or OpenBLAS class, and it names them as strings:
+ * it compiles without their jars, and a program run without them loses only this class's
+ * constructor, which says what is missing ({@link Blas} then takes the Java SGEMM or reports it).
+ *
+ * <p>The tensors are Java arrays, which JavaCPP passes to C by copying the whole array (the arena:
+ * hundreds of MB for one product), so each operand's elements are copied into a direct buffer of the
+ * calling thread instead, compactly (leading dimension = its width), and C's back. A transposed
+ * view ({@code rowStride == 1}) is copied as the row-major matrix it views and passed as {@code
+ * CblasTrans}; an im2col matrix ({@link Rows}) a row at a time. OpenBLAS runs on one thread per
+ * call: the runtime's parallel loops call it from each of their {@link Parallel#THREADS} threads,
+ * on pieces fixed by the sizes and the thread count, as they do the Java SGEMM.
+ */
+final class OpenBlasGemm implements Blas.Gemm {
+  private static final int ROW_MAJOR = 101;
+  private static final int NO_TRANS = 111;
+  private static final int TRANS = 112;
+
+  /** cblas_sgemm(order, transA, transB, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc). */
+  private final MethodHandle sgemm;
+
+  private final String version;
+
+  /** One thread's operand buffers, grown as needed. */
+  private static final class Buffers {
+    FloatBuffer a = direct(0);
+    FloatBuffer b = direct(0);
+    FloatBuffer c = direct(0);
+  }
+
+  private static final ThreadLocal<Buffers> BUFFERS = ThreadLocal.withInitial(Buffers::new);
+
+  /**
+   * Loads OpenBLAS (JavaCPP extracts its natives on first use) and sets it to one thread per call.
+   *
+   * @throws ReflectiveOperationException or {@link LinkageError} when the classes or natives are
+   *     missing
+   */
+  OpenBlasGemm() throws ReflectiveOperationException {
+    ClassLoader loader = OpenBlasGemm.class.getClassLoader();
+    // initialising the class loads its natives (Loader.load in its static block)
+    Class<?> blas = Class.forName("org.bytedeco.openblas.global.openblas_nolapack", true, loader);
+    Class<?> fb = FloatBuffer.class;
+    MethodType type =
+        MethodType.methodType(
+            void.class,
+            new Class<?>[] {
+              int.class, int.class, int.class, int.class, int.class, int.class, float.class, fb,
+              int.class, fb, int.class, float.class, fb, int.class
+            });
+    sgemm = MethodHandles.publicLookup().findStatic(blas, "cblas_sgemm", type);
+    Class.forName("org.bytedeco.openblas.presets.openblas_nolapack", true, loader)
+        .getMethod("blas_set_num_threads", int.class)
+        .invoke(null, 1);
+    Object v =
+        Class.forName("org.bytedeco.javacpp.Loader", true, loader)
+            .getMethod("getVersion", String.class, String.class)
+            .invoke(null, "org.bytedeco", "openblas");
+    version = v == null ? "" : " " + String.valueOf(v).replaceFirst("-.*", "");
+  }
+
+  @Override
+  public String description() {
+    return "OpenBLAS" + version;
+  }
+
+  @Override
+  public boolean gemm(int m, int n, int k, Mat x, Right y, Mat z, boolean accumulate) {
+    boolean aTrans = x.colStride() != 1;
+    if (m == 0 || n == 0 || k == 0 || z.colStride() != 1 || (aTrans && x.rowStride() != 1)) {
+      return false;
+    }
+    boolean bTrans = y instanceof Mat my && my.colStride() != 1;
+    if (bTrans && ((Mat) y).rowStride() != 1) {
+      return false;
+    }
+    Buffers buf = BUFFERS.get();
+    FloatBuffer a = buf.a = atLeast(buf.a, m * k);
+    FloatBuffer b = buf.b = atLeast(buf.b, k * n);
+    FloatBuffer c = buf.c = atLeast(buf.c, m * n);
+    // A as stored: m x k, or for a transposed view the k x m matrix it views
+    if (aTrans) {
+      copyIn(a, x.a(), x.off(), x.colStride(), k, m);
+    } else {
+      copyIn(a, x.a(), x.off(), x.rowStride(), m, k);
+    }
+    if (y instanceof Rows r) {
+      for (int p = 0; p < k; p++) {
+        b.put(p * n, r.rows()[r.row0() + p], r.col0(), n);
+      }
+    } else if (bTrans) {
+      Mat my = (Mat) y;
+      copyIn(b, my.a(), my.off(), my.colStride(), n, k);
+    } else {
+      Mat my = (Mat) y;
+      copyIn(b, my.a(), my.off(), my.rowStride(), k, n);
+    }
+    if (accumulate) {
+      copyIn(c, z.a(), z.off(), z.rowStride(), m, n);
+    }
+    try {
+      sgemm.invokeExact(
+          ROW_MAJOR,
+          aTrans ? TRANS : NO_TRANS,
+          bTrans ? TRANS : NO_TRANS,
+          m,
+          n,
+          k,
+          1f,
+          a,
+          aTrans ? m : k,
+          b,
+          bTrans ? k : n,
+          accumulate ? 1f : 0f,
+          c,
+          n);
+    } catch (Throwable e) {
+      throw new IllegalStateException("cblas_sgemm failed", e);
+    }
+    float[] out = z.a();
+    int ldc = z.rowStride();
+    if (ldc == n) {
+      c.get(0, out, z.off(), m * n);
+    } else {
+      for (int i = 0; i < m; i++) {
+        c.get(i * n, out, z.off() + i * ldc, n);
+      }
+    }
+    return true;
+  }
+
+  /** to[0 .. rows*cols) = the rows x cols matrix at {@code from[off]} with rows {@code ld} apart. */
+  private static void copyIn(FloatBuffer to, float[] from, int off, int ld, int rows, int cols) {
+    if (ld == cols) {
+      to.put(0, from, off, rows * cols);
+      return;
+    }
+    for (int i = 0; i < rows; i++) {
+      to.put(i * cols, from, off + i * ld, cols);
+    }
+  }
+
+  private static FloatBuffer atLeast(FloatBuffer have, int size) {
+    return have.capacity() >= size ? have : direct(Math.max(size, have.capacity() + have.capacity() / 2));
+  }
+
+  private static FloatBuffer direct(int floats) {
+    return ByteBuffer.allocateDirect(4 * floats).order(ByteOrder.nativeOrder()).asFloatBuffer();
+  }
+}
