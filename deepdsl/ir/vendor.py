@@ -1,4 +1,4 @@
-"""Vendor routines: what one call of a vendor library (cuBLAS, later cuDNN) computes, as data.
+"""Vendor routines: what one call of a vendor library (cuBLAS, cuDNN) computes, as data.
 
 An op's registry entry may say which routine serves one of its statements (`vendor_rule`): a function of the
 statement's input types, output type and attributes that returns one of these descriptions. A backend that has the
@@ -48,7 +48,51 @@ class ConvForward:
     groups: int
 
 
-VendorCall = Gemm | ConvForward  # the descriptions a backend may be asked to interpret
+@dataclass(frozen=True)
+class ConvBackwardData:
+    """dX of the convolution `conv` (the transposed convolution of dY by W): the statement's inputs are dY [n, f, oh,
+    ow] and W, its output dX [n, c, h, w]. cuDNN's convolution backward-data, in the statement's planned workspace."""
+
+    conv: ConvForward
+
+
+@dataclass(frozen=True)
+class ConvBackwardFilter:
+    """dW of the convolution `conv`: the statement's inputs are X and dY, its output dW [f, c / groups, kh, kw].
+    cuDNN's convolution backward-filter, in the statement's planned workspace."""
+
+    conv: ConvForward
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Y = pool(X), float32, NCHW, over kernel-sized windows with the given stride and padding, floor mode: X [n, c,
+    h, w], Y [n, c, oh, ow]. `mode` "max": padding never the maximum, NaN propagates; "avg": the padding counts as
+    zeros and every window divides by kh * kw. cuDNN's pooling forward; the statement's input is X, its output Y."""
+
+    mode: str
+    n: int
+    c: int
+    h: int
+    w: int
+    oh: int
+    ow: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    pad: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class PoolBackward:
+    """dX of the pooling `pool`: "max" takes inputs X, Y, dY and sends each dY to the first maximum of its window in
+    row-major order (overlapping windows add up); "avg" takes dY alone and spreads it evenly. cuDNN's pooling
+    backward; the statement's output is dX."""
+
+    pool: Pool
+
+
+# the descriptions a backend may be asked to interpret
+VendorCall = Gemm | ConvForward | ConvBackwardData | ConvBackwardFilter | Pool | PoolBackward
 
 
 def vendor_call(s: Stmt) -> VendorCall | None:
