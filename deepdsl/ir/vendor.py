@@ -65,6 +65,17 @@ class ConvBackwardFilter:
 
 
 @dataclass(frozen=True)
+class ConvBackwardBias:
+    """db[c] = the sum of dY[:, c] over every other axis: dY [n, c, h, w] float32 NCHW (a [N, C, ...] tensor with its
+    trailing axes as h and w), db [c]. cuDNN's convolution backward-bias; the statement's input is dY, its output db."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+
+
+@dataclass(frozen=True)
 class Pool:
     """Y = pool(X), float32, NCHW, over kernel-sized windows with the given stride and padding, floor mode: X [n, c,
     h, w], Y [n, c, oh, ow]. `mode` "max": padding never the maximum, NaN propagates; "avg": the padding counts as
@@ -92,7 +103,7 @@ class PoolBackward:
 
 
 # the descriptions a backend may be asked to interpret
-VendorCall = Gemm | ConvForward | ConvBackwardData | ConvBackwardFilter | Pool | PoolBackward
+VendorCall = Gemm | ConvForward | ConvBackwardData | ConvBackwardFilter | ConvBackwardBias | Pool | PoolBackward
 
 
 def vendor_call(s: Stmt) -> VendorCall | None:

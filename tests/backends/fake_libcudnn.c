@@ -388,3 +388,21 @@ cudnnStatus_t cudnnPoolingBackward(cudnnHandle_t h, cudnnPoolingDescriptor_t d, 
   calls++;
   return OK;
 }
+
+/* db = alpha * the sum of dy over every axis but the channel + beta * db; db is [1, c, 1, 1] */
+cudnnStatus_t cudnnConvolutionBackwardBias(cudnnHandle_t h, const void *alpha, cudnnTensorDescriptor_t dyd,
+                                           const void *dy, const void *beta, cudnnTensorDescriptor_t dbd, void *db) {
+  if (!h || !dyd->set || !dbd->set || dbd->n != 1 || dbd->c != dyd->c || dbd->h != 1 || dbd->w != 1) return BAD_PARAM;
+  float a = *(const float *)alpha, b = *(const float *)beta;
+  const float *g = dy;
+  float *out = db;
+  long long plane = (long long)dyd->h * dyd->w;
+  for (int c = 0; c < dyd->c; c++) {
+    double s = 0.0;
+    for (int n = 0; n < dyd->n; n++)
+      for (long long q = 0; q < plane; q++) s += g[((long long)n * dyd->c + c) * plane + q];
+    out[c] = (float)(a * s + (b == 0.0f ? 0.0 : (double)b * out[c]));
+  }
+  calls++;
+  return OK;
+}

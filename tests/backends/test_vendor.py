@@ -258,6 +258,23 @@ def test_the_stand_in_cudnn_refuses_what_does_not_fit(cublas_folder: Path) -> No
     vendor.close()
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 4), (2, 3, 4)])
+def test_a_bias_gradient_through_cudnn_is_numpys(cublas_folder: Path, shape: tuple[int, ...]) -> None:
+    """channel_sum (the bias gradient of a convolution or a linear layer) as cudnnConvolutionBackwardBias; a db
+    descriptor that is not [1, C, 1, 1] is refused."""
+    vendor = open_vendor("vendor", [cublas_folder])
+    assert vendor.cudnn is not None
+    g = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    fact = REGISTRY["channel_sum"].vendor((TensorType(shape),), TensorType((shape[1],)), {})
+    db = np.full(shape[1], np.nan, np.float32)
+    vendor.bind(fact, [db.ctypes.data, g.ctypes.data]).run()  # type: ignore[union-attr]
+    np.testing.assert_allclose(db, REGISTRY["channel_sum"].numpy((g,), {}), rtol=1e-5, atol=1e-6)
+    dy, wrong = vendor.cudnn.prepare_bias(dataclasses.replace(fact, n=1, c=shape[0]))  # the batch as channels
+    with pytest.raises(DslProgramError, match=r"cudnnConvolutionBackwardBias failed \(CUDNN_STATUS_BAD_PARAM\)"):
+        vendor.cudnn.bias((vendor.cudnn.prepare_bias(fact)[0], wrong), db.ctypes.data, g.ctypes.data)
+    vendor.close()
+
+
 # ---- the stand-in cuDNN: pooling ----
 
 POOLS = [  # (x shape, kernel, stride, pad)
@@ -398,8 +415,8 @@ def test_the_runner_with_cudnn_gradients_and_pooling_agrees_with_numpy(tmp_path:
     runner = gpu_runner.GpuRunner(EmulatedDriver(tmp_path / "calls", vendor=open_vendor("vendor", [cublas_folder])),
                                   build.train_plan, None, arrays)  # fmt: skip
     served = {x.op for x, _, b in runner.calls["train"] if b is not None}
-    assert {"conv2d", "conv2d_backward_data", "conv2d_backward_filter", "max_pool2d", "max_pool2d_backward",
-            "avg_pool2d", "avg_pool2d_backward"} <= served  # fmt: skip
+    assert {"conv2d", "conv2d_backward_data", "conv2d_backward_filter", "channel_sum", "max_pool2d",
+            "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward"} <= served  # fmt: skip
     runner.close()
 
 
@@ -414,16 +431,16 @@ def test_the_runner_with_cublas_agrees_with_numpy_on_more_networks(case: str, tm
 def test_which_launches_go_to_the_vendor_libraries(tmp_path: Path, cublas_folder: Path, limit: int | None) -> None:
     """The runner asks each launch's registry fact, not its op name: the GEMM launches (linear and the matmuls of its
     gradient) run as cuBLAS calls, the convolution and its filter gradient as cuDNN's, in the workspace the plan gave
-    each (none under --workspace-limit 0: then an algorithm without scratch), pooling and its gradient as cuDNN's, the
-    rest (the epilogues, the loss, relu's gradient, the updates) as our kernels."""
+    each (none under --workspace-limit 0: then an algorithm without scratch), pooling and its gradient and the bias
+    gradients as cuDNN's, the rest (the epilogues, the loss, relu's gradient, the updates) as our kernels."""
     build = api.build(api.compile_source(TINY, "tiny.ddsl", {}).program, api.Options(workspace_limit=limit))
     arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
     runner = gpu_runner.GpuRunner(EmulatedDriver(tmp_path, vendor=open_vendor("vendor", [cublas_folder])),
                                   build.train_plan, build.infer_plan, arrays)  # fmt: skip
     served = {x.op: b.what for x, _, b in runner.calls["train"] if b is not None}
     ops = sorted(x.op for x, _, b in runner.calls["train"] if b is not None)
-    # forward; dW of cv, dx and dW of fc1 and fc2; the pooling and its gradient
-    assert ops == ["conv2d", "conv2d_backward_filter"] + ["linear"] * 2 + ["matmul"] * 4 + [
+    # forward; dW of cv, dx and dW of fc1 and fc2; the pooling and its gradient; the bias gradients of cv, fc1, fc2
+    assert ops == ["channel_sum"] * 3 + ["conv2d", "conv2d_backward_filter"] + ["linear"] * 2 + ["matmul"] * 4 + [
         "max_pool2d",
         "max_pool2d_backward",
     ]
@@ -438,6 +455,7 @@ def test_which_launches_go_to_the_vendor_libraries(tmp_path: Path, cublas_folder
         assert served["conv2d"] == "cudnnConvolutionForward IMPLICIT_GEMM" and runner.vendor_workspace_bytes == 0
         assert served["conv2d_backward_filter"] == "cudnnConvolutionBackwardFilter ALGO_0"
     assert served["max_pool2d"] == "cudnnPoolingForward max"
+    assert served["channel_sum"] == "cudnnConvolutionBackwardBias"
     kernels = [x for x, _, b in runner.calls["train"] if b is None]
     epilogues = [x.kernel for x in kernels if x.op in ("linear", "matmul", "conv2d")]  # bias (and relu) after it
     assert epilogues and all(k.endswith("_epilogue") for k in epilogues)

@@ -23,7 +23,15 @@ from deepdsl.ir import REGISTRY, TensorType
 from deepdsl.ir.indexexpr import IE, Apply, Reduce
 from deepdsl.ir.registry import JavaCall, OpDef, lookup
 from deepdsl.ir.types import DType, ShapeError
-from deepdsl.ir.vendor import ConvBackwardData, ConvBackwardFilter, ConvForward, Gemm, Pool, PoolBackward
+from deepdsl.ir.vendor import (
+    ConvBackwardBias,
+    ConvBackwardData,
+    ConvBackwardFilter,
+    ConvForward,
+    Gemm,
+    Pool,
+    PoolBackward,
+)
 
 X4 = TensorType((2, 4, 8, 8))
 X2 = TensorType((2, 6))
@@ -581,6 +589,9 @@ def _fact_check(fact: object) -> tuple[tuple[int, ...], Callable[..., np.ndarray
         if isinstance(fact, ConvBackwardData):
             return (y, w, x), partial(conv_data_reference, c)
         return (x, y, w), partial(conv_filter_reference, c)
+    if isinstance(fact, ConvBackwardBias):
+        b = fact
+        return (b.n * b.c * b.h * b.w, b.c), lambda g: g.reshape(b.n, b.c, b.h * b.w).sum(axis=(0, 2), dtype=np.float64)
     if isinstance(fact, Pool | PoolBackward):
         p = fact if isinstance(fact, Pool) else fact.pool
         x, y = p.n * p.c * p.h * p.w, p.n * p.c * p.oh * p.ow
@@ -623,6 +634,9 @@ VENDOR_CALLS += [("matmul", (TensorType((6, 2)), TensorType((3, 6))), {"transpos
                   {"stride": (2, 1), "pad": (0, 1), "groups": 2, "w_shape": (6, 2, 3, 2)}),
                  ("max_pool2d_backward", (TensorType((2, 2, 9, 8)), TensorType((2, 2, 5, 8)), TensorType((2, 2, 5, 8))),
                   {"kernel": (3, 3), "stride": (2, 1), "pad": (1, 1)}),
+                 ("channel_sum", (TensorType((2, 3)),), {}),
+                 ("channel_sum", (TensorType((2, 3, 4)),), {}),
+                 ("channel_sum", (TensorType((2, 3, 4, 2, 2)),), {}),
                  ("avg_pool2d_backward", (TensorType((1, 2, 5, 2)),),
                   {"kernel": (3, 2), "stride": (1, 2), "pad": (1, 0), "in_shape": (1, 2, 5, 5)})]  # fmt: skip
 
@@ -647,9 +661,13 @@ def test_a_wrong_vendor_fact_is_reported() -> None:
     data = REGISTRY["conv2d_backward_data"]
     shifted = dataclasses.replace(data, vendor=lambda t, o, a: ConvBackwardData(dataclasses.replace(
         data.vendor(t, o, a).conv, stride=(1, 1), pad=(1, 1))))  # fmt: skip
-    inputs, attrs = VENDOR_CALLS[-4][1:]
+    inputs, attrs = next(c[1:] for c in VENDOR_CALLS if c[0] == "conv2d_backward_data" and c[2]["stride"] == (2, 1))
     assert vendor_problems(shifted, inputs, attrs)[0].endswith("is not what the op computes")
     pool = REGISTRY["avg_pool2d_backward"]
     as_max = dataclasses.replace(pool, vendor=lambda t, o, a: PoolBackward(dataclasses.replace(
         pool.vendor(t, o, a).pool, pad=(0, 1))))  # fmt: skip
-    assert vendor_problems(as_max, *VENDOR_CALLS[-1][1:])[0].endswith("is not what the op computes")
+    padded = next(c[1:] for c in VENDOR_CALLS if c[0] == "avg_pool2d_backward" and c[2]["pad"] == (1, 0))
+    assert vendor_problems(as_max, *padded)[0].endswith("is not what the op computes")
+    channels = REGISTRY["channel_sum"]  # the last axis read as the channels: sizes fit, sums do not
+    last = dataclasses.replace(channels, vendor=lambda t, o, a: ConvBackwardBias(6, 3, 1, 1))
+    assert vendor_problems(last, (TensorType((2, 3, 3)),), {})[0].endswith("is not what the op computes")

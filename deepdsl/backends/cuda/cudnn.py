@@ -1,6 +1,7 @@
 """cuDNN 9 through ctypes: the convolutions (`ConvForward`, `ConvBackwardData`, `ConvBackwardFilter`, ir/vendor.py)
-as the legacy `cudnnConvolutionForward`, `...BackwardData` and `...BackwardFilter`, pooling (`Pool`, `PoolBackward`)
-as `cudnnPoolingForward` and `...Backward`.
+as the legacy `cudnnConvolutionForward`, `...BackwardData` and `...BackwardFilter`, the bias gradient
+(`ConvBackwardBias`) as `cudnnConvolutionBackwardBias`, pooling (`Pool`, `PoolBackward`) as `cudnnPoolingForward`
+and `...Backward`.
 
 Each call gets its descriptors once, when the runner starts, and a convolution its algorithm: the first that the
 call's `_v7` query proposes (cuDNN's heuristic order) whose scratch fits the workspace the plan gave the statement
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepdsl.errors import DslProgramError
-from deepdsl.ir.vendor import ConvBackwardData, ConvBackwardFilter, ConvForward, Pool, PoolBackward
+from deepdsl.ir.vendor import ConvBackwardBias, ConvBackwardData, ConvBackwardFilter, ConvForward, Pool, PoolBackward
 
 _NCHW, _FLOAT, _CROSS_CORRELATION, _FMA_MATH = 0, 0, 1, 3
 _MAX_DETERMINISTIC, _AVG_INCLUDE_PADDING, _PROPAGATE_NAN = 3, 1, 1
@@ -94,6 +95,7 @@ class Cudnn:
         for call in ALGORITHMS:
             getattr(lib, call).argtypes = [p, p, p, p, p, p, p, i, p, z, p, p, p]
         lib.cudnnPoolingForward.argtypes = [p] * 8
+        lib.cudnnConvolutionBackwardBias.argtypes = [p] * 7
         lib.cudnnPoolingBackward.argtypes = [p] * 12
 
     @property
@@ -155,6 +157,21 @@ class Cudnn:
                                               conv.algo, workspace or None, conv.workspace, ctypes.byref(self.zero),
                                               result, out)  # fmt: skip
         self._check(status, conv.call)
+
+    def prepare_bias(self, call: ConvBackwardBias) -> tuple[ctypes.c_void_p, ctypes.c_void_p]:
+        """The descriptors of dY [n, c, h, w] and db [1, c, 1, 1] for `cudnnConvolutionBackwardBias`."""
+        dy, db = self._descriptor("Tensor"), self._descriptor("Tensor")
+        b = call
+        self._check(self.lib.cudnnSetTensor4dDescriptor(dy, _NCHW, _FLOAT, b.n, b.c, b.h, b.w),
+                    "cudnnSetTensor4dDescriptor")  # fmt: skip
+        self._check(self.lib.cudnnSetTensor4dDescriptor(db, _NCHW, _FLOAT, 1, b.c, 1, 1), "cudnnSetTensor4dDescriptor")
+        return dy, db
+
+    def bias(self, descriptors: tuple[ctypes.c_void_p, ctypes.c_void_p], db: int, dy: int) -> None:
+        """db = the per-channel sum of dy, at device addresses."""
+        one, zero = ctypes.byref(self.one), ctypes.byref(self.zero)
+        status = self.lib.cudnnConvolutionBackwardBias(self.handle, one, descriptors[0], dy, zero, descriptors[1], db)
+        self._check(status, "cudnnConvolutionBackwardBias")
 
     def prepare_pool(self, call: Pool | PoolBackward) -> Pooling:
         """The descriptors of the pooling `call`, checked against cuDNN's own output size."""

@@ -26,7 +26,16 @@ from typing import Any
 from deepdsl.backends.cuda.cublas import Cublas
 from deepdsl.backends.cuda.cudnn import Cudnn
 from deepdsl.errors import DslProgramError
-from deepdsl.ir.vendor import ConvBackwardData, ConvBackwardFilter, ConvForward, Gemm, Pool, PoolBackward, VendorCall
+from deepdsl.ir.vendor import (
+    ConvBackwardBias,
+    ConvBackwardData,
+    ConvBackwardFilter,
+    ConvForward,
+    Gemm,
+    Pool,
+    PoolBackward,
+    VendorCall,
+)
 
 KERNELS = ("auto", "vendor", "own")
 CUBLAS_SONAMES = ("libcublas.so.13", "libcublas.so.12")
@@ -108,6 +117,9 @@ class Vendor:
             conv = cudnn.prepare(call, nbytes)
             return Bound(lambda: cudnn.convolve(conv, out, a, b, at), conv.workspace,
                          f"{conv.call} {conv.algorithm}")  # fmt: skip
+        if isinstance(call, ConvBackwardBias) and self.cudnn is not None:
+            cudnn, (db, dy), descriptors = self.cudnn, pointers[:2], self.cudnn.prepare_bias(call)
+            return Bound(lambda: cudnn.bias(descriptors, db, dy), 0, "cudnnConvolutionBackwardBias")
         if isinstance(call, Pool | PoolBackward) and self.cudnn is not None:
             cudnn, out, inputs = self.cudnn, pointers[0], tuple(pointers[1:])
             pool = cudnn.prepare_pool(call)
