@@ -102,8 +102,61 @@ class PoolBackward:
     pool: Pool
 
 
+@dataclass(frozen=True)
+class Softmax:
+    """Y = softmax (or, with `log`, log_softmax) of each row of X [rows, k], float32, accurately (the row's maximum
+    subtracted first). cuDNN's softmax forward over the channels of [rows, k, 1, 1]; the statement's input is X."""
+
+    rows: int
+    k: int
+    log: bool
+
+
+@dataclass(frozen=True)
+class SoftmaxBackward:
+    """dX of the `softmax` whose output is Y: the statement's inputs are Y and dY; dX = Y (dY - sum(dY Y)) per row, or
+    for log_softmax dY - exp(Y) sum(dY). cuDNN's softmax backward."""
+
+    softmax: Softmax
+
+
+@dataclass(frozen=True)
+class Lrn:
+    """Y = X / (k + alpha / size * the sum of X^2 over channels c - (size - 1) / 2 .. c + (size - 1) / 2)^beta, NCHW
+    float32 [n, c, h, w], `size` odd (where cuDNN's window and PyTorch's agree). cuDNN's cross-channel LRN forward
+    (whose alpha is divided by the window inside the library, as ours); the statement's input is X."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    size: int
+    alpha: float
+    beta: float
+    k: float
+
+
+@dataclass(frozen=True)
+class LrnBackward:
+    """dX of the `lrn`: the statement's inputs are X, Y and dY. cuDNN's cross-channel LRN backward."""
+
+    lrn: Lrn
+
+
 # the descriptions a backend may be asked to interpret
-VendorCall = Gemm | ConvForward | ConvBackwardData | ConvBackwardFilter | ConvBackwardBias | Pool | PoolBackward
+VendorCall = (
+    Gemm
+    | ConvForward
+    | ConvBackwardData
+    | ConvBackwardFilter
+    | ConvBackwardBias
+    | Pool
+    | PoolBackward
+    | Softmax
+    | SoftmaxBackward
+    | Lrn
+    | LrnBackward
+)
 
 
 def vendor_call(s: Stmt) -> VendorCall | None:

@@ -10,6 +10,7 @@
  * not fit each other, or a workspace smaller than the algorithm needs, are CUDNN_STATUS_BAD_PARAM.
  * `fake_cudnn_calls` counts the convolutions and poolings. Sums are accumulated in double. */
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -403,6 +404,144 @@ cudnnStatus_t cudnnConvolutionBackwardBias(cudnnHandle_t h, const void *alpha, c
       for (long long q = 0; q < plane; q++) s += g[((long long)n * dyd->c + c) * plane + q];
     out[c] = (float)(a * s + (b == 0.0f ? 0.0 : (double)b * out[c]));
   }
+  calls++;
+  return OK;
+}
+
+/* ---- softmax over the channels (mode CHANNEL, 1) of [n, c, h, w]: ACCURATE (1) or LOG (2) ---- */
+
+static cudnnStatus_t softmax_fits(int algo, int mode, cudnnTensorDescriptor_t a, cudnnTensorDescriptor_t b) {
+  if (algo != 1 && algo != 2) return algo == 0 ? NOT_SUPPORTED : BAD_PARAM; /* this stand-in has no FAST */
+  if (mode != 1) return NOT_SUPPORTED;
+  return a->set && b->set && a->n == b->n && a->c == b->c && a->h == b->h && a->w == b->w ? OK : BAD_PARAM;
+}
+
+cudnnStatus_t cudnnSoftmaxForward(cudnnHandle_t h, int algo, int mode, const void *alpha, cudnnTensorDescriptor_t xd,
+                                  const void *x, const void *beta, cudnnTensorDescriptor_t yd, void *y) {
+  cudnnStatus_t s = softmax_fits(algo, mode, xd, yd);
+  if (!h || s != OK) return s == OK ? BAD_PARAM : s;
+  float a = *(const float *)alpha, b = *(const float *)beta;
+  const float *xs = x;
+  float *ys = y;
+  long long plane = (long long)xd->h * xd->w;
+  for (int n = 0; n < xd->n; n++)
+    for (long long q = 0; q < plane; q++) {
+      const float *row = xs + (long long)n * xd->c * plane + q; /* channel k at row[k * plane] */
+      double m = row[0], sum = 0.0;
+      for (int k = 1; k < xd->c; k++) m = row[k * plane] > m ? row[k * plane] : m;
+      for (int k = 0; k < xd->c; k++) sum += exp(row[k * plane] - m);
+      for (int k = 0; k < xd->c; k++) {
+        double v = algo == 2 ? row[k * plane] - m - log(sum) : exp(row[k * plane] - m) / sum;
+        float *out = &ys[(long long)n * xd->c * plane + k * plane + q];
+        *out = (float)(a * v + (b == 0.0f ? 0.0 : (double)b * *out));
+      }
+    }
+  calls++;
+  return OK;
+}
+
+/* dx = y (dy - sum(dy y)) per position; LOG: dx = dy - exp(y) sum(dy) */
+cudnnStatus_t cudnnSoftmaxBackward(cudnnHandle_t h, int algo, int mode, const void *alpha, cudnnTensorDescriptor_t yd,
+                                   const void *y, cudnnTensorDescriptor_t dyd, const void *dy, const void *beta,
+                                   cudnnTensorDescriptor_t dxd, void *dx) {
+  cudnnStatus_t s = softmax_fits(algo, mode, yd, dxd);
+  if (s == OK) s = softmax_fits(algo, mode, dyd, dxd);
+  if (!h || s != OK) return s == OK ? BAD_PARAM : s;
+  float a = *(const float *)alpha, b = *(const float *)beta;
+  const float *ys = y, *g = dy;
+  float *out = dx;
+  long long plane = (long long)yd->h * yd->w;
+  for (int n = 0; n < yd->n; n++)
+    for (long long q = 0; q < plane; q++) {
+      long long at = (long long)n * yd->c * plane + q;
+      double dot = 0.0;
+      for (int k = 0; k < yd->c; k++) dot += algo == 2 ? g[at + k * plane] : (double)g[at + k * plane] * ys[at + k * plane];
+      for (int k = 0; k < yd->c; k++) {
+        long long e = at + k * plane;
+        double v = algo == 2 ? g[e] - exp(ys[e]) * dot : ys[e] * (g[e] - dot);
+        out[e] = (float)(a * v + (b == 0.0f ? 0.0 : (double)b * out[e]));
+      }
+    }
+  calls++;
+  return OK;
+}
+
+/* ---- cross-channel LRN (mode 0): y = x / (k + alpha / n * sum of x^2 over the window)^beta, the window looking
+ * (n - 1) / 2 channels behind and n - 1 - (n - 1) / 2 ahead, as cuDNN documents; n in 1..16, k >= 1e-5,
+ * beta >= 0.01 ---- */
+
+typedef struct { unsigned n; double alpha, beta, k; int set; } *cudnnLRNDescriptor_t;
+
+cudnnStatus_t cudnnCreateLRNDescriptor(cudnnLRNDescriptor_t *d) { *d = calloc(1, sizeof **d); return OK; }
+cudnnStatus_t cudnnDestroyLRNDescriptor(cudnnLRNDescriptor_t d) { free(d); return OK; }
+cudnnStatus_t cudnnSetLRNDescriptor(cudnnLRNDescriptor_t d, unsigned n, double alpha, double beta, double k) {
+  if (n < 1 || n > 16 || k < 1e-5 || beta < 0.01) return BAD_PARAM;
+  d->n = n, d->alpha = alpha, d->beta = beta, d->k = k, d->set = 1;
+  return OK;
+}
+
+static int same(cudnnTensorDescriptor_t a, cudnnTensorDescriptor_t b) {
+  return a->set && b->set && a->n == b->n && a->c == b->c && a->h == b->h && a->w == b->w;
+}
+
+/* k + alpha / n * the window's sum of squares, at channel c of position (image, q) */
+static double lrn_scale(cudnnLRNDescriptor_t d, cudnnTensorDescriptor_t xd, const float *x, int image, int c,
+                        long long q) {
+  long long plane = (long long)xd->h * xd->w;
+  int behind = (d->n - 1) / 2, ahead = d->n - 1 - behind;
+  double sum = 0.0;
+  for (int j = c - behind; j <= c + ahead; j++)
+    if (j >= 0 && j < xd->c) {
+      double v = x[((long long)image * xd->c + j) * plane + q];
+      sum += v * v;
+    }
+  return d->k + d->alpha / d->n * sum;
+}
+
+cudnnStatus_t cudnnLRNCrossChannelForward(cudnnHandle_t h, cudnnLRNDescriptor_t d, int mode, const void *alpha,
+                                          cudnnTensorDescriptor_t xd, const void *x, const void *beta,
+                                          cudnnTensorDescriptor_t yd, void *y) {
+  if (!h || !d->set || mode != 0 || !same(xd, yd)) return BAD_PARAM;
+  float a = *(const float *)alpha, b = *(const float *)beta;
+  const float *xs = x;
+  float *ys = y;
+  long long plane = (long long)xd->h * xd->w;
+  for (int n = 0; n < xd->n; n++)
+    for (int c = 0; c < xd->c; c++)
+      for (long long q = 0; q < plane; q++) {
+        long long e = ((long long)n * xd->c + c) * plane + q;
+        double v = xs[e] * pow(lrn_scale(d, xd, xs, n, c, q), -d->beta);
+        ys[e] = (float)(a * v + (b == 0.0f ? 0.0 : (double)b * ys[e]));
+      }
+  calls++;
+  return OK;
+}
+
+/* dx_j = dy_j s_j^-beta - 2 alpha beta / n * x_j * the sum, over the channels c whose window holds j, of
+ * dy_c y_c / s_c */
+cudnnStatus_t cudnnLRNCrossChannelBackward(cudnnHandle_t h, cudnnLRNDescriptor_t d, int mode, const void *alpha,
+                                           cudnnTensorDescriptor_t yd, const void *y, cudnnTensorDescriptor_t dyd,
+                                           const void *dy, cudnnTensorDescriptor_t xd, const void *x,
+                                           const void *beta, cudnnTensorDescriptor_t dxd, void *dx) {
+  if (!h || !d->set || mode != 0 || !same(xd, yd) || !same(xd, dyd) || !same(xd, dxd)) return BAD_PARAM;
+  float a = *(const float *)alpha, b = *(const float *)beta;
+  const float *xs = x, *ys = y, *g = dy;
+  float *out = dx;
+  long long plane = (long long)xd->h * xd->w;
+  int behind = (d->n - 1) / 2, ahead = d->n - 1 - behind;
+  for (int n = 0; n < xd->n; n++)
+    for (int j = 0; j < xd->c; j++)
+      for (long long q = 0; q < plane; q++) {
+        long long e = ((long long)n * xd->c + j) * plane + q;
+        double back = 0.0;
+        for (int c = j - ahead; c <= j + behind; c++) /* c's window [c - behind, c + ahead] holds j */
+          if (c >= 0 && c < xd->c) {
+            long long f = ((long long)n * xd->c + c) * plane + q;
+            back += (double)g[f] * ys[f] / lrn_scale(d, xd, xs, n, c, q);
+          }
+        double v = g[e] * pow(lrn_scale(d, xd, xs, n, j, q), -d->beta) - 2.0 * d->alpha * d->beta / d->n * xs[e] * back;
+        out[e] = (float)(a * v + (b == 0.0f ? 0.0 : (double)b * out[e]));
+      }
   calls++;
   return OK;
 }

@@ -25,6 +25,7 @@ from deepdsl.backends.cuda.vendor import (
     CUBLAS_SONAMES,
     OWN,
     MissingLibrary,
+    Vendor,
     candidates,
     library_folders,
     open_vendor,
@@ -32,7 +33,7 @@ from deepdsl.backends.cuda.vendor import (
 from deepdsl.cli import cli
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import REGISTRY, TensorType
-from deepdsl.ir.vendor import Gemm
+from deepdsl.ir.vendor import Gemm, Lrn, vendor_call
 from deepdsl.running import run_training
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("g++") is None, reason="no gcc/g++")
@@ -335,6 +336,76 @@ def test_the_stand_in_pooling_refuses_what_does_not_fit(cublas_folder: Path) -> 
     vendor.close()
 
 
+# ---- the stand-in cuDNN: softmax and LRN ----
+
+SOFTMAX_OPS = ("softmax", "log_softmax", "softmax_backward", "log_softmax_backward")
+LRN = {"size": 5, "alpha": 0.3, "beta": 0.75, "k": 2.0}
+
+
+def _run_vendor(vendor: Vendor, op: str, inputs: tuple[np.ndarray, ...], attrs: dict) -> np.ndarray:
+    """Statement `op` on `inputs` through its vendor fact, as the runner binds it."""
+    types = tuple(TensorType(a.shape) for a in inputs)
+    out_type = REGISTRY[op].shape(types, attrs)
+    out = np.full(out_type.shape, np.nan, np.float32)
+    bound = vendor.bind(
+        REGISTRY[op].vendor(types, out_type, attrs), [out.ctypes.data, *(a.ctypes.data for a in inputs)]
+    )
+    assert bound is not None
+    bound.run()
+    return out
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS)
+def test_softmax_through_cudnn_is_numpys(cublas_folder: Path, op: str) -> None:
+    """softmax and log_softmax (accurate, over the channels of [rows, k, 1, 1]) and their gradients, on rows with
+    large entries (where an inaccurate softmax overflows)."""
+    vendor = open_vendor("vendor", [cublas_folder])
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((5, 7)) * 40).astype(np.float32)
+    forward = op.removesuffix("_backward")
+    inputs = (
+        (x,) if op == forward else (REGISTRY[forward].numpy((x,), {}), rng.standard_normal((5, 7)).astype(np.float32))
+    )
+    np.testing.assert_allclose(_run_vendor(vendor, op, inputs, {}), REGISTRY[op].numpy(inputs, {}), rtol=1e-4,
+                               atol=1e-5)  # fmt: skip
+    vendor.close()
+
+
+@pytest.mark.parametrize("op", ["lrn", "lrn_backward"])
+@pytest.mark.parametrize("size", [1, 3, 5])
+def test_lrn_through_cudnn_is_numpys(cublas_folder: Path, op: str, size: int) -> None:
+    """Cross-channel LRN and its gradient: cuDNN's alpha is divided by the window inside the library, as ours."""
+    vendor = open_vendor("vendor", [cublas_folder])
+    rng = np.random.default_rng(size)
+    attrs = {**LRN, "size": size}
+    x = rng.standard_normal((2, 6, 3, 4)).astype(np.float32)
+    inputs = (
+        (x,)
+        if op == "lrn"
+        else (x, REGISTRY["lrn"].numpy((x,), attrs), rng.standard_normal(x.shape).astype(np.float32))
+    )
+    np.testing.assert_allclose(_run_vendor(vendor, op, inputs, attrs), REGISTRY[op].numpy(inputs, attrs), rtol=1e-4,
+                               atol=1e-5)  # fmt: skip
+    vendor.close()
+
+
+def test_the_stand_in_lrn_refuses_what_is_not_ours(cublas_folder: Path) -> None:
+    """An even window looks one channel further ahead in cuDNN than in PyTorch (and ours): run as a fact anyway, the
+    comparison with NumPy rejects it, which is why the registry gives none; a window beyond cuDNN's 16 is refused."""
+    vendor = open_vendor("vendor", [cublas_folder])
+    assert vendor.cudnn is not None
+    x = np.random.default_rng(0).standard_normal((2, 6, 3, 4)).astype(np.float32)
+    even = {**LRN, "size": 4}
+    assert REGISTRY["lrn"].vendor((TensorType(x.shape),), TensorType(x.shape), even) is None
+    fact = Lrn(*x.shape, 4, LRN["alpha"], LRN["beta"], LRN["k"])
+    y = np.full(x.shape, np.nan, np.float32)
+    vendor.cudnn.lrn(vendor.cudnn.prepare_lrn(fact), y.ctypes.data, (x.ctypes.data,))
+    assert not np.allclose(y, REGISTRY["lrn"].numpy((x,), even), rtol=1e-4, atol=1e-5)
+    with pytest.raises(DslProgramError, match=r"cudnnSetLRNDescriptor failed \(CUDNN_STATUS_BAD_PARAM\)"):
+        vendor.cudnn.prepare_lrn(dataclasses.replace(fact, size=17))
+    vendor.close()
+
+
 # ---- the runner ----
 
 TINY = """network Tiny
@@ -364,16 +435,29 @@ predict = net(x)
 train { data = synthetic(seed=4) optimizer = sgd(lr=0.05, momentum=0.9) iterations = 3 seed = 2 }
 """
 
+# LRN after a convolution, a softmax in the loss (its gradient too), a log softmax in the prediction
+NORMED = """network Normed
+const N = 2
+input x : [N, 3, 6, 6]
+label y : [N] classes 10
+layer cv = conv(6, kernel=3, pad=1)
+layer fc = full(10)
+net = fc o flatten o lrn(size=3, alpha=0.5, beta=0.75, k=1.5) o relu o cv
+loss = cross_entropy(softmax(net(x)), y)
+predict = log_softmax(net(x))
+train { data = synthetic(seed=6) optimizer = sgd(lr=0.05, momentum=0.9) iterations = 3 seed = 4 }
+"""
+
 
 def _build(case: str) -> api.Build:
     if case in ("mlp", "lenet"):
         return api.build(api.compile_file(ROOT / "networks" / f"{case}.ddsl", {"N": 4}).program)
-    source = {"tiny": TINY, "pooled": POOLED}.get(case, SMALL)
+    source = {"tiny": TINY, "pooled": POOLED, "normed": NORMED}.get(case, SMALL)
     return api.build(api.compile_source(source, f"{case}.ddsl", {}).program)
 
 
 def _fake_calls(folder: Path) -> tuple[int, int]:
-    """(GEMMs, convolutions) the stand-ins have computed in this process."""
+    """(GEMMs, cuDNN calls) the stand-ins have computed in this process."""
     cublas, cudnn = (ctypes.CDLL(str(folder / name)) for name in ("libcublas.so.12", "libcudnn.so.9"))
     return int(cublas.fake_cublas_calls()), int(cudnn.fake_cudnn_calls())
 
@@ -385,20 +469,22 @@ def _agrees(case: str, kernels: str, folder: Path, cublas_folder: Path) -> None:
     driver = EmulatedDriver(folder, vendor=open_vendor(kernels, [cublas_folder]))
     lines: list[str] = []
     got = run_training(build, iters=3, data_flag="synthetic", driver=driver, report=lines.append)
-    gemms, convs = (b - a for a, b in zip(before, _fake_calls(cublas_folder)))
+    gemms, cudnn = (b - a for a, b in zip(before, _fake_calls(cublas_folder)))
     assert got["device"] == "cuda"
     np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4, atol=1e-6)
     assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
     assert got.get("test_accuracy") == pytest.approx(want.get("test_accuracy"))
-    if kernels == "vendor":  # every GEMM and forward convolution of the 3 steps and the tests through the stand-ins
+    if kernels == "vendor":  # the GEMMs and cuDNN's calls of the 3 steps and the tests through the stand-ins
         assert (
             gemms > 0
-            and "GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions and pooling by cuDNN 9.0.0" in lines[0]
+            and "GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions, pooling, softmax and LRN by cuDNN 9.0.0"
+            in lines[0]
         )
-        assert (convs > 0) == any(s.op == "conv2d" for s in build.train_plan.graph.stmts)
+        cudnn_facts = [c for s in build.train_plan.graph.stmts if (c := vendor_call(s)) and not isinstance(c, Gemm)]
+        assert (cudnn > 0) == bool(cudnn_facts)  # a statement fused into another's loop may have a fact unused
         assert 0 <= got["gpu_vendor_workspace_bytes"] <= got["arena_bytes"]
     else:
-        assert gemms == convs == 0 and "; our kernels)  network" in lines[0]
+        assert gemms == cudnn == 0 and "; our kernels)  network" in lines[0]
 
 
 @pytest.mark.parametrize("kernels", ["vendor", "own"])
@@ -417,6 +503,20 @@ def test_the_runner_with_cudnn_gradients_and_pooling_agrees_with_numpy(tmp_path:
     served = {x.op for x, _, b in runner.calls["train"] if b is not None}
     assert {"conv2d", "conv2d_backward_data", "conv2d_backward_filter", "channel_sum", "max_pool2d",
             "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward"} <= served  # fmt: skip
+    runner.close()
+
+
+def test_the_runner_with_cudnn_softmax_and_lrn_agrees_with_numpy(tmp_path: Path, cublas_folder: Path) -> None:
+    """LRN, softmax and their gradients, and log softmax in the prediction, through the stand-in cuDNN: the NumPy
+    runner's losses and test figures."""
+    _agrees("normed", "vendor", tmp_path, cublas_folder)
+    build = _build("normed")
+    arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
+    runner = gpu_runner.GpuRunner(EmulatedDriver(tmp_path / "calls", vendor=open_vendor("vendor", [cublas_folder])),
+                                  build.train_plan, build.infer_plan, arrays)  # fmt: skip
+    served = {x.op for x, _, b in runner.calls["train"] if b is not None}
+    assert {"lrn", "lrn_backward", "softmax", "softmax_backward"} <= served
+    assert "log_softmax" in {x.op for x, _, b in runner.calls["infer"] if b is not None}
     runner.close()
 
 
@@ -495,8 +595,8 @@ def test_kernels_vendor_on_the_command_line(tmp_path: Path, cublas_folder: Path,
     assert _run("--kernels", "blas")[0] == 2  # a usage error
     _emulated(monkeypatch, tmp_path, [cublas_folder])
     code, out = _run("--device", "cuda")  # auto: cuBLAS where it loads, said on the device line
-    assert code == 0 and ("PyCUDA runner; GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions and pooling by "
-                          "cuDNN 9.0.0 (libcudnn.so.9), the rest our kernels)") in out  # fmt: skip
+    assert code == 0 and ("PyCUDA runner; GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions, pooling, softmax "
+                          "and LRN by cuDNN 9.0.0 (libcudnn.so.9), the rest our kernels)") in out  # fmt: skip
 
 
 @pytest.mark.slow

@@ -29,8 +29,12 @@ from deepdsl.ir.vendor import (
     ConvBackwardFilter,
     ConvForward,
     Gemm,
+    Lrn,
+    LrnBackward,
     Pool,
     PoolBackward,
+    Softmax,
+    SoftmaxBackward,
 )
 
 X4 = TensorType((2, 4, 8, 8))
@@ -576,6 +580,41 @@ def pool_backward_reference(p: Pool, *inputs: np.ndarray) -> np.ndarray:
     return dxp[:, :, ph : ph + p.h, pw : pw + p.w]
 
 
+def softmax_reference(s: Softmax, x: np.ndarray) -> np.ndarray:
+    """What a Softmax fact says: each row's exp over the sum of its exps (or its log), in float64."""
+    rows = x.reshape(s.rows, s.k).astype(np.float64)
+    z = rows - rows.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True)) if s.log else np.exp(z) / np.exp(z).sum(1, keepdims=True)
+
+
+def softmax_backward_reference(s: Softmax, y: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """What a SoftmaxBackward fact says: the Jacobian of each row's softmax (or log softmax) at y, applied to g."""
+    y2, g2 = y.reshape(s.rows, s.k).astype(np.float64), g.reshape(s.rows, s.k).astype(np.float64)
+    out = np.empty_like(y2)
+    for r in range(s.rows):
+        p = np.exp(y2[r]) if s.log else y2[r]
+        jacobian = np.eye(s.k) - p[None, :] if s.log else np.diag(p) - np.outer(p, p)  # d out_i / d x_j
+        out[r] = jacobian.T @ g2[r]
+    return out
+
+
+def lrn_reference(r: Lrn, x: np.ndarray, *rest: np.ndarray) -> np.ndarray:
+    """What an Lrn fact says (the window (size - 1) / 2 channels either side), and for LrnBackward (inputs x, y,
+    dY) the exact gradient of that in float64, by the chain rule one channel pair at a time."""
+    x4 = x.reshape(r.n, r.c, r.h, r.w).astype(np.float64)
+    half = (r.size - 1) // 2
+    window = [range(max(0, c - half), min(r.c, c + half + 1)) for c in range(r.c)]
+    s = np.stack([r.k + r.alpha / r.size * sum(x4[:, j] ** 2 for j in window[c]) for c in range(r.c)], axis=1)
+    if not rest:
+        return x4 * s**-r.beta
+    g4 = rest[-1].reshape(x4.shape).astype(np.float64)
+    dx = g4 * s**-r.beta
+    for c in range(r.c):  # y_c = x_c s_c^-beta: through s_c, every x_j of c's window
+        for j in window[c]:
+            dx[:, j] -= g4[:, c] * x4[:, c] * r.beta * s[:, c] ** (-r.beta - 1) * 2 * r.alpha / r.size * x4[:, j]
+    return dx
+
+
 def _fact_check(fact: object) -> tuple[tuple[int, ...], Callable[..., np.ndarray]] | None:
     """The element counts a vendor fact expects of its inputs and output, and its reference; None: unknown."""
     if isinstance(fact, Gemm):
@@ -592,6 +631,16 @@ def _fact_check(fact: object) -> tuple[tuple[int, ...], Callable[..., np.ndarray
     if isinstance(fact, ConvBackwardBias):
         b = fact
         return (b.n * b.c * b.h * b.w, b.c), lambda g: g.reshape(b.n, b.c, b.h * b.w).sum(axis=(0, 2), dtype=np.float64)
+    if isinstance(fact, Softmax | SoftmaxBackward):
+        s = fact if isinstance(fact, Softmax) else fact.softmax
+        size = s.rows * s.k
+        if isinstance(fact, Softmax):
+            return (size, size), partial(softmax_reference, s)
+        return (size, size, size), partial(softmax_backward_reference, s)
+    if isinstance(fact, Lrn | LrnBackward):
+        r = fact if isinstance(fact, Lrn) else fact.lrn
+        size = r.n * r.c * r.h * r.w
+        return ((size,) * 2 if isinstance(fact, Lrn) else (size,) * 4), partial(lrn_reference, r)
     if isinstance(fact, Pool | PoolBackward):
         p = fact if isinstance(fact, Pool) else fact.pool
         x, y = p.n * p.c * p.h * p.w, p.n * p.c * p.oh * p.ow
@@ -611,6 +660,10 @@ def vendor_problems(op: OpDef, inputs: tuple[TensorType, ...], attrs: dict) -> l
     xs = tuple(rng.random(t.shape, np.float32) for t in inputs)
     if isinstance(fact, PoolBackward) and len(xs) == 3:  # max: y must be the pooling of x, or nothing is routed
         xs = (xs[0], REGISTRY["max_pool2d"].numpy(xs[:1], attrs), xs[2])
+    if isinstance(fact, SoftmaxBackward):  # y must be a softmax (log softmax) output
+        xs = (REGISTRY["log_softmax" if fact.softmax.log else "softmax"].numpy(xs[:1], {}), xs[1])
+    if isinstance(fact, LrnBackward):  # y must be the lrn of x
+        xs = (xs[0], REGISTRY["lrn"].numpy(xs[:1], attrs), xs[2])
     check = _fact_check(fact)
     if check is None:
         return [f"{op.name}: a vendor fact no check knows ({type(fact).__name__})"]
@@ -634,6 +687,8 @@ VENDOR_CALLS += [("matmul", (TensorType((6, 2)), TensorType((3, 6))), {"transpos
                   {"stride": (2, 1), "pad": (0, 1), "groups": 2, "w_shape": (6, 2, 3, 2)}),
                  ("max_pool2d_backward", (TensorType((2, 2, 9, 8)), TensorType((2, 2, 5, 8)), TensorType((2, 2, 5, 8))),
                   {"kernel": (3, 3), "stride": (2, 1), "pad": (1, 1)}),
+                 ("lrn", (X4,), {"size": 3, "alpha": 0.3, "beta": 0.75, "k": 2.0}),
+                 ("lrn_backward", (X4, X4, X4), {"size": 3, "alpha": 0.3, "beta": 0.75, "k": 2.0}),
                  ("channel_sum", (TensorType((2, 3)),), {}),
                  ("channel_sum", (TensorType((2, 3, 4)),), {}),
                  ("channel_sum", (TensorType((2, 3, 4, 2, 2)),), {}),
@@ -668,6 +723,15 @@ def test_a_wrong_vendor_fact_is_reported() -> None:
         pool.vendor(t, o, a).pool, pad=(0, 1))))  # fmt: skip
     padded = next(c[1:] for c in VENDOR_CALLS if c[0] == "avg_pool2d_backward" and c[2]["pad"] == (1, 0))
     assert vendor_problems(as_max, *padded)[0].endswith("is not what the op computes")
+    lrn = REGISTRY["lrn_backward"]  # an even window is not cuDNN's: no fact; a fact that claims one is wrong
+    even = {"size": 4, "alpha": 0.3, "beta": 0.75, "k": 2.0}
+    assert lrn.vendor((X4,) * 3, X4, even) is None and REGISTRY["lrn"].vendor((X4,), X4, even) is None
+    claims = dataclasses.replace(lrn, vendor=lambda t, o, a: LrnBackward(Lrn(*o.shape, a["size"], a["alpha"],
+                                                                             a["beta"], a["k"])))  # fmt: skip
+    assert vendor_problems(claims, (X4,) * 3, even)[0].endswith("is not what the op computes")
+    soft = REGISTRY["softmax_backward"]
+    as_log = dataclasses.replace(soft, vendor=lambda t, o, a: SoftmaxBackward(Softmax(*o.shape, log=True)))
+    assert vendor_problems(as_log, *EXAMPLES["softmax_backward"])[0].endswith("is not what the op computes")
     channels = REGISTRY["channel_sum"]  # the last axis read as the channels: sizes fit, sums do not
     last = dataclasses.replace(channels, vendor=lambda t, o, a: ConvBackwardBias(6, 3, 1, 1))
     assert vendor_problems(last, (TensorType((2, 3, 3)),), {})[0].endswith("is not what the op computes")

@@ -1,7 +1,8 @@
 """cuDNN 9 through ctypes: the convolutions (`ConvForward`, `ConvBackwardData`, `ConvBackwardFilter`, ir/vendor.py)
 as the legacy `cudnnConvolutionForward`, `...BackwardData` and `...BackwardFilter`, the bias gradient
 (`ConvBackwardBias`) as `cudnnConvolutionBackwardBias`, pooling (`Pool`, `PoolBackward`) as `cudnnPoolingForward`
-and `...Backward`.
+and `...Backward`, softmax (`Softmax`, `SoftmaxBackward`: accurate or log, over the channels of [rows, k, 1, 1]) as
+`cudnnSoftmaxForward` / `...Backward`, and LRN (`Lrn`, `LrnBackward`) as `cudnnLRNCrossChannelForward` / `...Backward`.
 
 Each call gets its descriptors once, when the runner starts, and a convolution its algorithm: the first that the
 call's `_v7` query proposes (cuDNN's heuristic order) whose scratch fits the workspace the plan gave the statement
@@ -23,10 +24,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepdsl.errors import DslProgramError
-from deepdsl.ir.vendor import ConvBackwardBias, ConvBackwardData, ConvBackwardFilter, ConvForward, Pool, PoolBackward
+from deepdsl.ir.vendor import (
+    ConvBackwardBias,
+    ConvBackwardData,
+    ConvBackwardFilter,
+    ConvForward,
+    Lrn,
+    LrnBackward,
+    Pool,
+    PoolBackward,
+    Softmax,
+    SoftmaxBackward,
+)
 
 _NCHW, _FLOAT, _CROSS_CORRELATION, _FMA_MATH = 0, 0, 1, 3
 _MAX_DETERMINISTIC, _AVG_INCLUDE_PADDING, _PROPAGATE_NAN = 3, 1, 1
+_SOFTMAX_ACCURATE, _SOFTMAX_LOG, _SOFTMAX_CHANNEL, _LRN_CROSS_CHANNEL = 1, 2, 1, 0
 # per call: its algorithms (cudnn_cnn.h's order), the _v7 query that proposes them
 ALGORITHMS = {
     "cudnnConvolutionForward": ("IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING",
@@ -96,6 +109,10 @@ class Cudnn:
             getattr(lib, call).argtypes = [p, p, p, p, p, p, p, i, p, z, p, p, p]
         lib.cudnnPoolingForward.argtypes = [p] * 8
         lib.cudnnConvolutionBackwardBias.argtypes = [p] * 7
+        lib.cudnnSoftmaxForward.argtypes = [p, i, i, p, p, p, p, p, p]
+        lib.cudnnSoftmaxBackward.argtypes = [p, i, i, p, p, p, p, p, p, p, p]
+        lib.cudnnLRNCrossChannelForward.argtypes = [p, p, i, p, p, p, p, p, p]
+        lib.cudnnLRNCrossChannelBackward.argtypes = [p, p, i, p, p, p, p, p, p, p, p, p, p]
         lib.cudnnPoolingBackward.argtypes = [p] * 12
 
     @property
@@ -200,6 +217,48 @@ class Cudnn:
         x, y, dy = inputs if p.mode == "max" else (out, inputs[0], inputs[0])  # avg: x and y are not read
         status = self.lib.cudnnPoolingBackward(self.handle, p.pool, one, p.y, y, p.y, dy, p.x, x, zero, p.x, out)
         self._check(status, "cudnnPoolingBackward")
+
+    def prepare_softmax(self, call: Softmax | SoftmaxBackward) -> ctypes.c_void_p:
+        """The descriptor of [rows, k, 1, 1] for the softmax `call`."""
+        s = call if isinstance(call, Softmax) else call.softmax
+        d = self._descriptor("Tensor")
+        self._check(self.lib.cudnnSetTensor4dDescriptor(d, _NCHW, _FLOAT, s.rows, s.k, 1, 1),
+                    "cudnnSetTensor4dDescriptor")  # fmt: skip
+        return d
+
+    def softmax(self, call: Softmax | SoftmaxBackward, d: ctypes.c_void_p, out: int, inputs: tuple[int, ...]) -> None:
+        """out = the softmax `call` on `inputs` (forward x; backward y, dy) over the channels of descriptor `d`."""
+        one, zero = ctypes.byref(self.one), ctypes.byref(self.zero)
+        s = call if isinstance(call, Softmax) else call.softmax
+        algo = _SOFTMAX_LOG if s.log else _SOFTMAX_ACCURATE
+        if isinstance(call, Softmax):
+            status = self.lib.cudnnSoftmaxForward(self.handle, algo, _SOFTMAX_CHANNEL, one, d, inputs[0], zero, d, out)
+            return self._check(status, "cudnnSoftmaxForward")
+        y, dy = inputs
+        status = self.lib.cudnnSoftmaxBackward(self.handle, algo, _SOFTMAX_CHANNEL, one, d, y, d, dy, zero, d, out)
+        self._check(status, "cudnnSoftmaxBackward")
+
+    def prepare_lrn(self, call: Lrn | LrnBackward) -> tuple[ctypes.c_void_p, ctypes.c_void_p]:
+        """The LRN descriptor of `call` and its tensors' descriptor."""
+        r = call if isinstance(call, Lrn) else call.lrn
+        norm, d = self._descriptor("LRN"), self._descriptor("Tensor")
+        self._check(self.lib.cudnnSetLRNDescriptor(norm, r.size, ctypes.c_double(r.alpha), ctypes.c_double(r.beta),
+                                                   ctypes.c_double(r.k)), "cudnnSetLRNDescriptor")  # fmt: skip
+        self._check(self.lib.cudnnSetTensor4dDescriptor(d, _NCHW, _FLOAT, r.n, r.c, r.h, r.w),
+                    "cudnnSetTensor4dDescriptor")  # fmt: skip
+        return norm, d
+
+    def lrn(self, descriptors: tuple[ctypes.c_void_p, ctypes.c_void_p], out: int, inputs: tuple[int, ...]) -> None:
+        """out = the LRN on `inputs` (forward x; backward x, y, dy)."""
+        (norm, d), one, zero = descriptors, ctypes.byref(self.one), ctypes.byref(self.zero)
+        if len(inputs) == 1:
+            status = self.lib.cudnnLRNCrossChannelForward(self.handle, norm, _LRN_CROSS_CHANNEL, one, d, inputs[0],
+                                                          zero, d, out)  # fmt: skip
+            return self._check(status, "cudnnLRNCrossChannelForward")
+        x, y, dy = inputs
+        status = self.lib.cudnnLRNCrossChannelBackward(self.handle, norm, _LRN_CROSS_CHANNEL, one, d, y, d, dy, d, x,
+                                                       zero, d, out)  # fmt: skip
+        self._check(status, "cudnnLRNCrossChannelBackward")
 
     def close(self) -> None:
         for destroy, d in reversed(self.descriptors):

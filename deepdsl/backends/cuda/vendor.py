@@ -32,8 +32,12 @@ from deepdsl.ir.vendor import (
     ConvBackwardFilter,
     ConvForward,
     Gemm,
+    Lrn,
+    LrnBackward,
     Pool,
     PoolBackward,
+    Softmax,
+    SoftmaxBackward,
     VendorCall,
 )
 
@@ -89,8 +93,8 @@ class Bound:
 
 
 class Vendor:
-    """The vendor libraries a runner uses (cuBLAS for every GEMM, cuDNN for the convolutions and pooling) and what
-    it says about them."""
+    """The vendor libraries a runner uses (cuBLAS for every GEMM, cuDNN for the convolutions, pooling, softmax and
+    LRN) and what it says about them."""
 
     def __init__(self, cublas: Cublas | None = None, cudnn: Cudnn | None = None, missing: Sequence[str] = ()):
         self.cublas, self.cudnn = cublas, cudnn
@@ -100,7 +104,7 @@ class Vendor:
     def description(self) -> str:
         """The device line's part: which kernels run."""
         used = [f"GEMMs by {self.cublas.description}"] if self.cublas else []
-        used += [f"convolutions and pooling by {self.cudnn.description}"] if self.cudnn else []
+        used += [f"convolutions, pooling, softmax and LRN by {self.cudnn.description}"] if self.cudnn else []
         text = ", ".join([*used, "the rest our kernels"]) if used else "our kernels"
         return text + (f" ({'; '.join(self.missing)})" if self.missing else "")
 
@@ -120,6 +124,14 @@ class Vendor:
         if isinstance(call, ConvBackwardBias) and self.cudnn is not None:
             cudnn, (db, dy), descriptors = self.cudnn, pointers[:2], self.cudnn.prepare_bias(call)
             return Bound(lambda: cudnn.bias(descriptors, db, dy), 0, "cudnnConvolutionBackwardBias")
+        if isinstance(call, Softmax | SoftmaxBackward) and self.cudnn is not None:
+            cudnn, out, inputs, d = self.cudnn, pointers[0], tuple(pointers[1:3]), self.cudnn.prepare_softmax(call)
+            what = "cudnnSoftmax" + ("Forward" if isinstance(call, Softmax) else "Backward")
+            return Bound(lambda: cudnn.softmax(call, d, out, inputs), 0, what)
+        if isinstance(call, Lrn | LrnBackward) and self.cudnn is not None:
+            cudnn, out, inputs, ds = self.cudnn, pointers[0], tuple(pointers[1:4]), self.cudnn.prepare_lrn(call)
+            what = "cudnnLRNCrossChannel" + ("Forward" if isinstance(call, Lrn) else "Backward")
+            return Bound(lambda: cudnn.lrn(ds, out, inputs[: 1 if isinstance(call, Lrn) else 3]), 0, what)
         if isinstance(call, Pool | PoolBackward) and self.cudnn is not None:
             cudnn, out, inputs = self.cudnn, pointers[0], tuple(pointers[1:])
             pool = cudnn.prepare_pool(call)
