@@ -479,6 +479,7 @@ def test_the_runner_with_cudnn_gradients_and_pooling_agrees_with_numpy(tmp_path:
     runner.close()
 
 
+@pytest.mark.slow  # the stand-ins' softmax and LRN are checked through Vendor.bind in the default suite
 def test_the_runner_with_cudnn_softmax_and_lrn_agrees_with_numpy(tmp_path: Path, cublas_folder: Path) -> None:
     """LRN, softmax and their gradients, and log softmax in the prediction, through the stand-in cuDNN: the NumPy
     runner's losses and test figures."""
