@@ -14,11 +14,10 @@ so without this the text, and the work, would grow with every use.
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from deepdsl.ir.indexexpr import IE, Apply, Reduce
+from deepdsl.ir.indexexpr import IE
 
 INFIX = frozenset({"+", "-", "*", "/"})
 COMPARE = frozenset({"==", "!=", "<", "<=", ">", ">="})
@@ -90,27 +89,9 @@ def cuda_dialect(literal: Callable[[float], str]) -> Dialect:
 # ---- subexpressions used more than once: one local each ----
 
 
-def shared_subexpressions(e: IE) -> frozenset[IE]:
-    """The compound subexpressions (an Apply or a Reduce) that occur more than once in `e` outside every
-    reduction's body. Inside a body they are left alone: a local there would be declared in the loop, and a
-    reduction's variables may change them from one term to the next. Equal nodes are one (IE is a frozen value)."""
-    counts: Counter[IE] = Counter()
-
-    def walk(x: IE) -> None:
-        if not isinstance(x, Apply | Reduce):
-            return
-        counts[x] += 1
-        if counts[x] == 1 and isinstance(x, Apply):  # a repeated node's parts are counted once, through it
-            for a in x.args:
-                walk(a)
-
-    walk(e)
-    return frozenset(x for x, n in counts.items() if n > 1)
-
-
 @dataclass
 class Locals:
-    """The locals of one kernel body: which subexpressions are shared (`shared_subexpressions`), and the local
+    """The locals of one kernel body: which subexpressions are shared (`indexexpr.shared_subexpressions`), and the local
     that already holds each one printed so far. `taken` are the names the kernel uses otherwise; it grows with
     every local made here. A printer asks `held` before printing a node and calls `hold` after."""
 

@@ -13,6 +13,8 @@ import deepdsl.ops  # noqa: F401
 from deepdsl.autodiff import gradient_program, lower
 from deepdsl.backends.numpy_runner import run
 from deepdsl.ir import REGISTRY
+from deepdsl.ir.types import TensorType
+from deepdsl.ops.indexed import evaluate
 from deepdsl.passes.dce import dce
 
 RNG = np.random.default_rng(7)
@@ -81,6 +83,10 @@ def test_gelu_gradient_is_phi_plus_x_times_the_density() -> None:
     h = 1e-5
     slope = (REGISTRY["gelu"].numpy((x + h,), {}) - REGISTRY["gelu"].numpy((x - h,), {})) / (2 * h)
     assert np.abs(got / g - slope).max() < 6e-7
+    # the index form (what fusion composes; `evaluate` computes its shared t and exponential once) is the same
+    t = TensorType(x.shape)
+    form = REGISTRY["gelu_grad"].index_form((t, t), t, {})
+    np.testing.assert_allclose(evaluate(form, (("i0", x.size),), (g, x), np.float64), got, rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize("ta, tb", [(False, False), (True, False), (False, True), (True, True)])

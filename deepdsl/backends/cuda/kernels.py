@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 
 from deepdsl.backends import cexpr
-from deepdsl.backends.cexpr import Locals, apply, cuda_dialect, shared_subexpressions
+from deepdsl.backends.cexpr import Locals, apply, cuda_dialect
 from deepdsl.backends.escape import c_comment
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir import REGISTRY, Stmt
 from deepdsl.ir.analysis import index_form, output_indices, top_reductions
 from deepdsl.ir.groups import group_form, is_flat
-from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, format_ie
+from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, format_ie, shared_subexpressions
 from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.types import DType
 from deepdsl.ir.vendor import VendorCall, vendor_call

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from deepdsl.backends import cexpr
-from deepdsl.backends.cexpr import Locals, apply, java_dialect, shared_subexpressions
+from deepdsl.backends.cexpr import Locals, apply, java_dialect
 from deepdsl.backends.escape import java_comment
 from deepdsl.backends.java.names import JAVA_KEYWORDS
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir.groups import is_flat
-from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, reads
+from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, reads, shared_subexpressions
 
 
 def float_literal(v: float) -> str:
