@@ -250,12 +250,13 @@ _IE_NUM = (
 _NP_NUM = (lambda a, b: a + b, lambda a, b: a * b, lambda a, b: a / b, np.exp)
 
 
-def _gelu_terms(x: Any, num: Any, sign: Any, absolute: Any) -> tuple[Any, Any]:
-    """(gelu(x), gelu'(x)): Phi(x) = (1 + sign(x) erf(|x| / sqrt 2)) / 2, gelu = x Phi, gelu' = Phi + x phi."""
+def _gelu_terms(x: Any, num: Any, sign: Any, absolute: Any, which: int) -> Any:
+    """gelu(x) (which 0) or gelu'(x) (which 1): Phi(x) = (1 + sign(x) erf(|x| / sqrt 2)) / 2, gelu = x Phi,
+    gelu' = Phi + x phi."""
     add, mul, _, _ = num
     erf, gauss = _erf_parts(mul(_SQRT_HALF, absolute(x)), num)  # gauss = exp(-x^2 / 2)
     cdf = mul(0.5, add(1.0, mul(sign(x), erf)))
-    return mul(x, cdf), add(cdf, mul(x, mul(_INV_SQRT_2PI, gauss)))
+    return mul(x, cdf) if which == 0 else add(cdf, mul(x, mul(_INV_SQRT_2PI, gauss)))
 
 
 def _ie_sign(x: Any) -> Any:
@@ -271,17 +272,17 @@ defop("gelu_grad", 2, doc="element-wise g * gelu'(x)  (g, x)", elementwise=True,
 
 def _np_gelu(x: np.ndarray, which: int) -> np.ndarray:
     # Python floats keep the array's precision (float32 or float64)
-    return _gelu_terms(x, _NP_NUM, lambda v: np.where(v < 0, x.dtype.type(-1), x.dtype.type(1)), np.abs)[which]
+    return _gelu_terms(x, _NP_NUM, lambda v: np.where(v < 0, x.dtype.type(-1), x.dtype.type(1)), np.abs, which)
 
 
 numpy_kernel("gelu")(lambda xs, a: _np_gelu(xs[0], 0))
 numpy_kernel("gelu_grad")(lambda xs, a: xs[0] * _np_gelu(xs[1], 1))
-index_form("gelu")(pointwise(lambda a, x: _gelu_terms(x, _IE_NUM, _ie_sign, lambda v: ap("abs", v))[0]))
+index_form("gelu")(pointwise(lambda a, x: _gelu_terms(x, _IE_NUM, _ie_sign, lambda v: ap("abs", v), 0)))
 index_form("gelu_grad")(
-    pointwise(lambda a, g, x: ap("*", g, _gelu_terms(x, _IE_NUM, _ie_sign, lambda v: ap("abs", v))[1]))
+    pointwise(lambda a, g, x: ap("*", g, _gelu_terms(x, _IE_NUM, _ie_sign, lambda v: ap("abs", v), 1)))
 )
-# about twenty-five operations per element (the kernel printers bind the shared t, |x| and exp once: cexpr.py),
-# but one pass over memory: cheap to recompute (memory/remat.py)
+# about twenty-five operations per element (the kernel printers and `evaluate` compute t, |x| / sqrt 2 and the
+# exponential once: backends/cexpr.py), but one pass over memory: cheap to recompute (memory/remat.py)
 flops_rule("gelu", "gelu_grad")(lambda types, out, a: 4 * out.numel)
 vjp_rule("gelu")(lambda b, s, g: (_e(b, s, "gelu_grad", g, s.inputs[0]),))
 eager_saves("gelu", which=(0,))
