@@ -219,12 +219,19 @@ def with_remat(b: Build, level: str) -> Build:
 
 
 def plan_within(b: Build, budget: int) -> Build:
-    """`b` with the least rematerialisation whose peak fits `budget` (the `full` one when none does)."""
+    """`b` with the least rematerialisation whose peak fits `budget`; when none fits, the level with the least peak
+    (the less rematerialisation of two equal ones). More rematerialisation is not always less memory: `full` keeps
+    checkpoints and recomputes segments whose values may then outweigh what `cheap` saved (gpt_tiny at T=256)."""
+    best: tuple[int, Build] | None = None
     for level in LEVELS:
         b = with_remat(b, level)
-        if total_peak(b.train_plan) <= budget:
-            break
-    return b
+        peak = total_peak(b.train_plan)
+        if peak <= budget:
+            return b
+        if best is None or peak < best[0]:
+            best = (peak, b)
+    assert best is not None
+    return best[1]
 
 
 def peak_bytes(path: str | Path, sets: dict[str, int | float], options: Options | None = None) -> int:

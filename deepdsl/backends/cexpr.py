@@ -5,12 +5,19 @@ expression the same way (reads, reductions and loops are theirs); what a scalar 
 in each language is here, as a table per dialect, so that the two kernels of one statement compute the same
 thing by construction. An expression's text comes with its kind: "f" (a float) or "b" (a boolean), since both
 languages keep comparisons boolean.
+
+A subexpression that occurs more than once in a kernel's body (GELU's `1 / (1 + p |x| / sqrt 2)` six times, its
+exponential twice) is computed once into a local before the statement (`Locals`); the index expression is a tree,
+so without this the text, and the work, would grow with every use.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from deepdsl.ir.indexexpr import IE
 
 INFIX = frozenset({"+", "-", "*", "/"})
 COMPARE = frozenset({"==", "!=", "<", "<=", ">", ">="})
@@ -27,6 +34,7 @@ class Dialect:
     negate: str  # logical not
     one: str  # 1 and 0 as floats (a boolean used as a number)
     zero: str
+    declare: dict[str, str] = field(default_factory=lambda: {"f": "float", "b": "boolean"})  # a local of each kind
 
 
 def as_float(arg: tuple[str, str], d: Dialect) -> str:
@@ -74,4 +82,51 @@ def java_dialect(literal: Callable[[float], str]) -> Dialect:
 
 
 def cuda_dialect(literal: Callable[[float], str]) -> Dialect:
-    return Dialect("cuda", literal, CUDA_FUNCTIONS, "({0} {op} {1})", "!{0}", "1.0f", "0.0f")
+    locals_ = {"f": "const float", "b": "const bool"}
+    return Dialect("cuda", literal, CUDA_FUNCTIONS, "({0} {op} {1})", "!{0}", "1.0f", "0.0f", locals_)
+
+
+# ---- subexpressions used more than once: one local each ----
+
+
+@dataclass
+class Locals:
+    """The locals of one kernel body: which subexpressions are shared (`indexexpr.shared_subexpressions`), and the local
+    that already holds each one printed so far. `taken` are the names the kernel uses otherwise; it grows with
+    every local made here. A printer asks `held` before printing a node and calls `hold` after."""
+
+    shared: frozenset[IE]
+    taken: set[str]
+    held: dict[IE, tuple[str, str]] = field(default_factory=dict)
+    prefix: str = "c"
+
+    def get(self, e: IE) -> tuple[str, str] | None:
+        return self.held.get(e)
+
+    def hold(self, e: IE, value: tuple[str, str], pre: list[str], indent: str, d: Dialect) -> tuple[str, str]:
+        """`value`, the printed `e`; when `e` is shared, a local holding it (declared into `pre`) instead."""
+        if e not in self.shared:
+            return value
+        text, kind = value
+        if not re.fullmatch(r"[A-Za-z_]\w*", text):  # an accumulator is a local already
+            k = len(self.held)
+            while f"{self.prefix}{k}" in self.taken:
+                k += 1
+            name = f"{self.prefix}{k}"
+            self.taken.add(name)
+            pre.append(f"{indent}{d.declare[kind]} {name} = {_unwrap(text)};")
+            text = name
+        self.held[e] = (text, kind)
+        return text, kind
+
+
+def _unwrap(text: str) -> str:
+    """`text` without one pair of parentheses around all of it."""
+    if not (text.startswith("(") and text.endswith(")")):
+        return text
+    depth = 0
+    for k, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and k < len(text) - 1:
+            return text
+    return text[1:-1]

@@ -7,6 +7,7 @@ over index variables with known ranges.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -158,3 +159,22 @@ def renumber(e: IE, mapping: dict[int, int]) -> IE:
     if isinstance(e, Reduce):
         return Reduce(e.kind, e.vars, renumber(e.body, mapping))
     return e
+
+
+def shared_subexpressions(e: IE) -> frozenset[IE]:
+    """The compound subexpressions (an Apply or a Reduce) that occur more than once in `e` outside every
+    reduction's body, which the kernel printers (backends/cexpr.py `Locals`) and `ops.indexed.evaluate` compute
+    once. Inside a body they are left alone: a reduction's variables may change them from one term to the next,
+    and a printer's local there would be declared inside the loop. Equal nodes are one (IE is a frozen value)."""
+    counts: Counter[IE] = Counter()
+
+    def walk(x: IE) -> None:
+        if not isinstance(x, Apply | Reduce):
+            return
+        counts[x] += 1
+        if counts[x] == 1 and isinstance(x, Apply):  # a repeated node's parts are counted once, through it
+            for a in x.args:
+                walk(a)
+
+    walk(e)
+    return frozenset(x for x, n in counts.items() if n > 1)

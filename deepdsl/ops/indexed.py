@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from deepdsl.ir import index_grad
-from deepdsl.ir.indexexpr import IE, Apply, Const, Read, Reduce, Var, reads, renumber
+from deepdsl.ir.indexexpr import IE, Apply, Const, Read, Reduce, Var, reads, renumber, shared_subexpressions
 from deepdsl.ir.registry import defop, eager_saves, flops_rule, numpy_kernel, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
@@ -37,10 +37,20 @@ _UFUNC = {
 
 
 def evaluate(e: IE, out: tuple[tuple[str, int], ...], xs: tuple[np.ndarray, ...], dtype: Any) -> np.ndarray:
-    """The value of `e` at every point of the grid of `out` (one axis per output index)."""
-    axes = {name: (i, size) for i, (name, size) in enumerate(out)}
+    """The value of `e` at every point of the grid of `out` (one axis per output index); a subexpression used more
+    than once outside the reductions is computed once."""
+    top = {name: (i, size) for i, (name, size) in enumerate(out)}
+    shared = shared_subexpressions(e)
+    done: dict[IE, np.ndarray] = {}
 
     def go(e: IE, axes: dict[str, tuple[int, int]], ndim: int) -> np.ndarray:
+        if axes is not top or e not in shared:
+            return compute(e, axes, ndim)
+        if e not in done:
+            done[e] = compute(e, axes, ndim)
+        return done[e]
+
+    def compute(e: IE, axes: dict[str, tuple[int, int]], ndim: int) -> np.ndarray:
         if isinstance(e, Const):
             return np.asarray(e.value, dtype=dtype)
         if isinstance(e, Var):
@@ -77,7 +87,7 @@ def evaluate(e: IE, out: tuple[tuple[str, int], ...], xs: tuple[np.ndarray, ...]
             return 0.5 * (1 + np.tanh(0.5 * args[0]))
         return _UFUNC[e.fn](*args)
 
-    value = go(e, axes, len(out))
+    value = go(e, top, len(out))
     shape = tuple(size for _, size in out)
     value = value.reshape(value.shape + (1,) * (len(shape) - value.ndim)) if value.ndim < len(shape) else value
     return np.array(np.broadcast_to(value, shape), dtype=dtype, order="C")  # ascontiguousarray makes 0-d 1-d

@@ -14,14 +14,24 @@ exactly; one of -1e9 or below (scaled afterwards by at least 1e-3) gives a weigh
 and float64 alike, so the fused kernel's exact 0 is the same number. The softmax's own gradient reads only its
 output, and the mask's and the scale's gradients read only the incoming gradient, so the backward pass still
 finds every value it reads.
+
+Then the mask's gradient goes (`drop_mask_gradients`). Autodiff of `j <= i ? s : -inf` gives
+`ds = dm · (j <= i ? 1 : 0)`, a kernel and a tensor as large as the attention matrix; when dm is
+`softmax_backward(y, g) = y · (g − Σ g·y)` of the causal masked_softmax y, read through views that keep the row
+length T, with the mask's rows Tq equal to the softmax's period, the masked elements of dm are exactly those where
+y is 0, and there y · (g − Σ) is already ±0 (NaN where g or the row's sum is not finite, which the mask's
+multiply by 0 keeps NaN). At the kept elements the mask multiplies by 1. So ds equals dm bit for bit, and every
+reader of ds reads dm instead. The NumPy, Java and CUDA kernels of softmax_backward all compute y · (g − Σ), and
+masked_softmax writes an exact 0 at every masked element.
 """
 
 from __future__ import annotations
 
-from deepdsl.ir import Graph, Stmt
+from deepdsl.ir import Graph, Stmt, Value
 from deepdsl.ir.analysis import returned, uses
 from deepdsl.ir.graph import make_attrs
 from deepdsl.ir.indexexpr import IE, Apply, Const, Read, Var
+from deepdsl.passes.rewrite import apply_rules
 
 # a mask constant this negative, scaled by at least MIN_SCALE, leaves exp() nothing but 0 (see the docstring)
 MASK_LIMIT = -1e9
@@ -29,6 +39,11 @@ MIN_SCALE = 1e-3
 
 
 def fuse_softmax(g: Graph) -> Graph:
+    return drop_mask_gradients(fold_into_softmax(g))
+
+
+def fold_into_softmax(g: Graph) -> Graph:
+    """softmax(mask(c * s)) -> masked_softmax(s), the scale and the mask as its attributes."""
     defs = {s.out.name: s for s in g.stmts}
     count, pinned = uses(g), returned(g)
     changed: dict[str, Stmt] = {}  # result name -> its rewritten statement
@@ -75,6 +90,68 @@ def _fused(s: Stmt, defs: dict[str, Stmt], count: dict[str, int], pinned: set[st
     return [view.replace(inputs=(v,)), s.replace(op="masked_softmax", inputs=(view.out,), attrs=attrs)]
 
 
+def drop_mask_gradients(g: Graph) -> Graph:
+    """Every reader of the causal mask's gradient reads the masked softmax's gradient instead (see the docstring)."""
+    return apply_rules(g, [_masked_already], max_rounds=1)
+
+
+def _masked_already(s: Stmt, defs: dict[str, Stmt]) -> Value | None:
+    """`s`'s input when `s` is `x · (j <= i ? 1 : 0)` over x's shape [..., Tq, T] and x is, through views that keep
+    the row length T, softmax_backward of a causal masked_softmax whose period is Tq; else None."""
+    if s.op not in ("indexed", "fused") or len(s.inputs) != 1 or s.inputs[0].type != s.out.type or s.out.type.rank < 2:
+        return None
+    names = tuple(name for name, _ in s.a["out"])
+    if not _keeps_where_causal(s.a["body"], names):
+        return None
+    tq, cols = s.out.type.shape[-2:]
+    grad = _through_views(s.inputs[0], defs, cols)
+    if grad is None or grad.op != "softmax_backward":
+        return None
+    y = _through_views(grad.inputs[0], defs, cols)
+    if y is None or y.op != "masked_softmax" or not y.a["causal"] or y.a["period"] != tq:
+        return None
+    return s.inputs[0]
+
+
+def _through_views(v: Value, defs: dict[str, Stmt], cols: int) -> Stmt | None:
+    """The statement that computes `v`, past reshapes whose input keeps the last axis `cols`."""
+    p = defs.get(v.name)
+    while p is not None and p.op == "reshape" and p.inputs[0].type.shape[-1:] == (cols,):
+        p = defs.get(p.inputs[0].name)
+    return p if p is not None and p.out.type.shape[-1:] == (cols,) else None
+
+
+def _keeps_where_causal(body: IE, names: tuple[str, ...]) -> bool:
+    """Whether `body` is x[...] · (j <= i ? 1 : 0) (either order, or j <= i ? x[...] : 0, or the conditions
+    `_causal_condition` takes), x read in place, i and j the last two indices."""
+    zero, one = Const(0.0), Const(1.0)
+    if isinstance(body, Apply) and body.fn == "*":
+        for x, m in (body.args, body.args[::-1]):
+            if _reads_in_place(x, names) and isinstance(m, Apply) and m.fn == "select":
+                cond, then, other = m.args
+                if (keep := _causal_condition(cond, names)) is not None:
+                    return (then, other) == ((one, zero) if keep else (zero, one))
+        return False
+    if isinstance(body, Apply) and body.fn == "select":
+        cond, then, other = body.args
+        keep = _causal_condition(cond, names)
+        if keep is not None and not keep:
+            then, other = other, then
+        return keep is not None and _reads_in_place(then, names) and other == zero
+    return False
+
+
+def _causal_condition(cond: IE, names: tuple[str, ...]) -> bool | None:
+    """True for j <= i (or i >= j), False for its negation j > i (or i < j), None otherwise; i, j the last two
+    of `names`."""
+    i, j = Var(names[-2]), Var(names[-1])
+    if cond in (Apply("<=", (j, i)), Apply(">=", (i, j))):
+        return True
+    if cond in (Apply(">", (j, i)), Apply("<", (i, j))):
+        return False
+    return None
+
+
 def _causal_mask(p: Stmt) -> float | None:
     """The constant of the masked elements when `p` is `j <= i ? x[.., i, j] : c` over its own shape, with i and j
     its last two indices (also written `i >= j`, or `j > i ? c : x[...]`, `i < j ? c : x[...]`); else None."""
@@ -85,12 +162,10 @@ def _causal_mask(p: Stmt) -> float | None:
     if not (isinstance(body, Apply) and body.fn == "select"):
         return None
     cond, then, other = body.args
-    i, j = Var(names[-2]), Var(names[-1])
-    keeps = cond in (Apply("<=", (j, i)), Apply(">=", (i, j)))
-    drops = cond in (Apply(">", (j, i)), Apply("<", (i, j)))
-    if drops:
+    keep = _causal_condition(cond, names)
+    if keep is False:
         then, other = other, then
-    if not (keeps or drops) or not _reads_in_place(then, names):
+    if keep is None or not _reads_in_place(then, names):
         return None
     value = _constant(other)
     return value if value is not None and value <= MASK_LIMIT else None

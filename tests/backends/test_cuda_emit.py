@@ -214,6 +214,20 @@ def test_elementwise_kernel_is_one_flat_loop() -> None:
     assert (k.grid, k.block, k.covers, k.loop) == ((1, 1, 1), (256, 1, 1), 32, "grid-stride")
 
 
+def test_a_subexpression_used_again_is_computed_once() -> None:
+    t = TensorType((4, 8))
+    body = REGISTRY["gelu_grad"].index_form((t, t), t, {})  # t six times, the exponential twice (cexpr.Locals)
+    k = kernels.ie_kernel("gelu_grad", body, OUT, ((4, 8), (4, 8)))
+    assert k.text.count("expf(") == 1 and k.text.count("fabsf(") == 1 and k.text.count("(c1 * ") == 5
+    assert (
+        "    const float c0 = 0.70710677f * fabsf(in1[e]);\n    const float c1 = 1.0f / (1.0f + (0.3275911f * c0));"
+        in k.text
+    )
+    twice = Reduce("sum", (("j", 3),), Read(0, (_v("i0"), _v("j"))))
+    k = kernels.ie_kernel("sum_twice", Apply("*", (twice, twice)), OUT, ((4, 3),))
+    assert k.text.count("for (int j") == 1 and "out[e] = (s0 * s0);" in k.text
+
+
 def test_small_reduction_is_a_loop_per_thread() -> None:
     body = Reduce("max", (("j", 3),), Read(0, (_v("i0"), Affine((("i1", 1), ("j", 1)), -1))))
     k = kernels.ie_kernel("window_max", body, OUT, ((4, 8),))

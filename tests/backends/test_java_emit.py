@@ -162,6 +162,11 @@ def _cases() -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
             out = (("i0", 4),)
         xs = [data.uniform(0.1, 2.0, s).astype(np.float32) for s in shapes]
         cases.append((f"random{k}", _random_ie(rng, out, shapes), out, xs))
+        if k < 12:  # a subexpression used several times (a reduction, a boolean): computed once, in a local
+            sub = _random_ie(rng, out, shapes)
+            test = Apply("<", (sub, Const(1.0)))
+            shared = Apply("select", (test, Apply("*", (sub, sub)), Apply("+", (test, Apply("-", (Const(0.5), sub))))))
+            cases.append((f"shared{k}", shared, out, xs))
     for name in sorted(REGISTRY):  # every op with an index form runs through the same generated loops
         form = REGISTRY[name].index_form
         if form is None or name not in EXAMPLES:
@@ -236,6 +241,24 @@ def test_kernel_text_reads_like_code() -> None:
     padded = Read(0, (Affine((("i0", 1),), -1),))
     text = java_kernel("shift", padded, (("i0", 4),), ((4,),))
     assert "(i0 - 1 >= 0 ? a0[p0 + i0 - 1] : 0f)" in text
+
+
+def test_a_subexpression_used_again_is_computed_once() -> None:
+    """GELU's gradient uses its `t = 1 / (1 + p |x| / sqrt 2)` six times and its exponential twice: each is one local
+    (the tree would print them every time: 260 operations an element before, under 60 now)."""
+    types, attrs = EXAMPLES["gelu_grad"]
+    out_type = REGISTRY["gelu_grad"].shape(tuple(types), dict(attrs))
+    body = REGISTRY["gelu_grad"].index_form(tuple(types), out_type, dict(attrs))
+    text = java_kernel("geluGrad", body, tuple(zip(out_vars(out_type), out_type.shape)), tuple(t.shape for t in types))
+    assert text.count("Math.exp") == 1 and text.count("Math.abs") == 1
+    assert "float c0 = 0.70710677f * Math.abs(a1[p1 + e]);" in text
+    assert "float c1 = 1.0f / (1.0f + (0.3275911f * c0));" in text and text.count("(c1 * ") == 5
+    work = int(re.search(r"(\d+)L \* out\.numel\(\)", text).group(1))  # counts each local's expression once
+    assert work < 60
+    twice = Reduce("sum", (("j", 8),), Read(0, (Affine.var("i0"), Affine.var("j"))))
+    text = java_kernel("sumTwice", Apply("*", (twice, twice)), (("i0", 4),), ((4, 8),))
+    assert text.count("for (int j") == 1
+    assert "float c0 = (s0a + s0b) + (s0c + s0d);" in text and "o[po + i0] = (c0 * c0);" in text
 
 
 def test_a_long_layout_table_is_continued_in_classes_the_step_extends(

@@ -10,9 +10,10 @@ from conftest import ROOT
 from helpers import SMALL
 
 from deepdsl import api
-from deepdsl.memory.report import largest_batch, parse_size
+from deepdsl.memory.report import largest_batch, parse_size, total_peak
 
 LENET = str(ROOT / "networks" / "lenet.ddsl")
+GPT = str(ROOT / "networks" / "gpt_tiny.ddsl")
 
 
 def test_json_has_the_plan_figures(cli) -> None:  # noqa: ANN001
@@ -107,6 +108,22 @@ def test_gpu_mem_takes_the_least_rematerialisation_that_fits(cli, tmp_path, net,
     assert obj["fits"] and obj["remat"] == "none"
     r = cli("memcheck", path, *flags, "--totals", "--gpu-mem", too_small)
     assert r.exit_code == 1 and "rematerialised    full" in r.stdout and "its peak is at statement" in r.stderr
+
+
+def test_gpu_mem_over_budget_takes_the_least_peak_tried(cli) -> None:  # noqa: ANN001
+    """gpt_tiny at D=32 peaks lower with `cheap` than with `full`: a budget no level fits gets the `cheap` plan."""
+    sets = {"N": 2, "D": 32, "M": 64}
+    c = api.compile_file(GPT, sets, stop_at="plan")
+    assert c.build is not None
+    peaks = {level: total_peak(api.with_remat(c.build, level).train_plan) for level in ("none", "cheap", "full")}
+    assert peaks["cheap"] < peaks["full"] < peaks["none"]
+    b = api.plan_within(c.build, peaks["cheap"] - 1)
+    assert (b.remat, total_peak(b.train_plan)) == ("cheap", peaks["cheap"])
+    assert api.plan_within(c.build, peaks["full"]).remat == "cheap"  # both fit: the least rematerialisation
+    assert api.plan_within(c.build, peaks["none"]).remat == "none"
+    flags = [f"--set={k}={v}" for k, v in sets.items()]
+    r = cli("memcheck", GPT, *flags, "--totals", "--gpu-mem", "1MiB")
+    assert r.exit_code == 1 and "rematerialised    cheap" in r.stdout and "does NOT fit" in r.stdout
 
 
 def test_statements_table_and_plot(cli, tmp_path, monkeypatch) -> None:  # noqa: ANN001

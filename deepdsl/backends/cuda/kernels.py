@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 
 from deepdsl.backends import cexpr
-from deepdsl.backends.cexpr import apply, cuda_dialect
+from deepdsl.backends.cexpr import Locals, apply, cuda_dialect
 from deepdsl.backends.escape import c_comment
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir import REGISTRY, Stmt
 from deepdsl.ir.analysis import index_form, output_indices, top_reductions
 from deepdsl.ir.groups import group_form, is_flat
-from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, format_ie
+from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, format_ie, shared_subexpressions
 from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.types import DType
 from deepdsl.ir.vendor import VendorCall, vendor_call
@@ -142,6 +142,7 @@ class _Gen:
     own: tuple[tuple[Affine, ...], tuple[int, ...]] | None = None  # the output's index and shape (read as [e])
     registers: dict[int, str] = field(default_factory=dict)  # inputs held in a local (a group's earlier results)
     sizes: Sizes | None = None  # shape-generic: sizes read as names (backends/sizes.py), not numbers
+    locals: Locals | None = None  # the body's shared subexpressions (None inside a reduction's body)
 
     def bind(self, var: str, size: int) -> str:
         name = var if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var) and not var.startswith("dd_") else "v"
@@ -216,8 +217,19 @@ class _Gen:
             return f"(float) {self.names[e.name]}", "f"
         if isinstance(e, Read):
             return self.read(e), "f"
+        held = self.locals.get(e) if self.locals is not None else None
+        if held is not None:
+            return held
+        value = self.compound(e, pre, indent, top)
+        return self.locals.hold(e, value, pre, indent, CUDA) if self.locals is not None else value
+
+    def compound(self, e: IE, pre: list[str], indent: str, top: bool) -> tuple[str, str]:
         if isinstance(e, Reduce):
-            return self.reduce(e, pre, indent, top), "f"
+            outer, self.locals = self.locals, None  # a body's subexpressions may change with its variables
+            try:
+                return self.reduce(e, pre, indent, top), "f"
+            finally:
+                self.locals = outer
         assert isinstance(e, Apply)
         args = [self.expr(a, pre, indent, top) for a in e.args]
         fn = e.fn
@@ -329,6 +341,7 @@ def ie_kernel(
     reduced = max((math.prod(n for _, n in r.vars) for r in tops), default=0)
     cooperative = reduced >= 64 and reduced >= numel // 64
     g = _Gen(shapes, ctypes, cooperative=cooperative)
+    g.locals = Locals(shared_subexpressions(body), g.taken)
     lines: list[str] = []
     params = _params("float", ctypes, False)
     if not cooperative and is_flat(body, out, shapes):
@@ -336,7 +349,7 @@ def ie_kernel(
         pre: list[str] = []
         value = as_float(g.expr(body, pre, "    "))
         head.append(f'extern "C" __global__ void {name}({params}{", int n" if generic else ""}) {{')
-        lines += [f"  DD_GRID_STRIDE(e, {'n' if generic else numel}) {{", f"    out[e] = {value};", "  }"]
+        lines += [f"  DD_GRID_STRIDE(e, {'n' if generic else numel}) {{", *pre, f"    out[e] = {value};", "  }"]
         return Kernel("\n".join(head + lines + ["}"]), (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel,
                        "grid-stride")  # fmt: skip
     sizes = Sizes(tuple(n for _, n in out), shapes) if generic else None
@@ -392,8 +405,10 @@ def group_kernel(
     size = ["int n"] if generic else []  # the element count as an argument: one kernel for every shape
     lines += [f'extern "C" __global__ void {name}({", ".join(outs + ins + size)}) {{',
               f"  DD_GRID_STRIDE(e, {'n' if generic else numel}) {{"]  # fmt: skip
+    taken = {f"r{j}" for j in range(len(bodies))}  # the locals of every body in the one loop
     for j, body in enumerate(bodies):
         g = _Gen(shapes, ctypes, flat=True, registers={k: f"r{m}" for k, m in readers[j].items()})
+        g.locals = Locals(shared_subexpressions(body), taken)
         pre: list[str] = []
         value = as_float(g.expr(body, pre, "    "))
         lines += pre + [f"    const float r{j} = {value};", f"    out{j}[e] = r{j};"]

@@ -4,7 +4,8 @@
 `out[idx] = body` over the output's grid, with the meaning of `ops.indexed.evaluate`: a read outside its
 input is 0 (the bounds test is written only where the affine index can leave the input), `Reduce` is a
 local accumulator over nested loops (four for a long sum, so that its additions do not wait on each other),
-comparisons are Java booleans. When every read is the output's own element (or a scalar), the kernel is one
+comparisons are Java booleans; a subexpression used more than once outside the reductions is computed once into
+a local (cexpr.Locals). When every read is the output's own element (or a scalar), the kernel is one
 flat loop; otherwise nested loops, innermost over the last axis.
 Kernels with enough work split their outermost loop over threads through `Parallel.range`.
 """
@@ -18,12 +19,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from deepdsl.backends import cexpr
-from deepdsl.backends.cexpr import apply, java_dialect
+from deepdsl.backends.cexpr import Locals, apply, java_dialect
 from deepdsl.backends.escape import java_comment
 from deepdsl.backends.java.names import JAVA_KEYWORDS
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir.groups import is_flat
-from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, reads
+from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, reads, shared_subexpressions
 
 
 def float_literal(v: float) -> str:
@@ -60,6 +61,7 @@ class _Gen:
     registers: dict[int, str] = field(default_factory=dict)  # inputs held in a local (a group's earlier results)
     sizes: Sizes | None = None  # shape-generic: sizes read as names (backends/sizes.py), not numbers
     bounds_of: dict[str, str] = field(default_factory=dict)  # index variable -> its range as text
+    locals: Locals | None = None  # the body's shared subexpressions (None inside a reduction's body)
 
     def bind(self, var: str, size: int, bound: str | None = None) -> str:
         name = var if var.isidentifier() and var.isascii() and var not in JAVA_KEYWORDS else "v"
@@ -141,8 +143,19 @@ class _Gen:
             return f"(float) {self.names[e.name]}", "f"
         if isinstance(e, Read):
             return self.read(e), "f"
+        held = self.locals.get(e) if self.locals is not None else None
+        if held is not None:
+            return held
+        value = self.compound(e, pre, indent)
+        return self.locals.hold(e, value, pre, indent, JAVA) if self.locals is not None else value
+
+    def compound(self, e: IE, pre: list[str], indent: str) -> tuple[str, str]:
         if isinstance(e, Reduce):
-            return self.reduce(e, pre, indent), "f"
+            outer, self.locals = self.locals, None  # a body's subexpressions may change with its variables
+            try:
+                return self.reduce(e, pre, indent), "f"
+            finally:
+                self.locals = outer
         assert isinstance(e, Apply)
         args = [self.expr(a, pre, indent) for a in e.args]
         fn = e.fn
@@ -225,11 +238,18 @@ def flat_form(e: IE) -> IE:
     return e
 
 
-def _work(e: IE) -> int:
+def _work(e: IE, seen: set[IE] | None = None) -> int:
+    """Operations per output element; a subexpression used again outside a reduction's body (held in a local)
+    counts once."""
+    seen = set() if seen is None else seen
+    if isinstance(e, Apply | Reduce):
+        if e in seen:
+            return 0
+        seen.add(e)
     if isinstance(e, Reduce):
-        return math.prod(n for _, n in e.vars) * (1 + _work(e.body))
+        return math.prod(n for _, n in e.vars) * (1 + _work(e.body, set()))
     if isinstance(e, Apply):
-        return 1 + sum(_work(a) for a in e.args)
+        return 1 + sum(_work(a, seen) for a in e.args)
     return 1
 
 
@@ -245,11 +265,12 @@ def java_kernel(
     lines.append("    int " + ", ".join(["po = out.off", *(f"p{k} = in{k}.off" for k in used)]) + ";")
     g = _Gen(shapes, taken={"o", "po", "out", "lo", "hi", "e", *(f"a{k}" for k in used), *(f"p{k}" for k in used),
                             *(f"in{k}" for k in range(len(shapes)))})  # fmt: skip
+    g.locals = Locals(shared_subexpressions(body), g.taken)
     if is_flat(body, out, shapes):  # the size comes from the output, so one kernel serves every shape
         g.flat = True
         pre: list[str] = []
-        value, kind = g.expr(body, pre, "")
-        loop = ["for (int e = lo; e < hi; e++) {", f"  o[po + e] = {as_float((value, kind))};", "}"]
+        value, kind = g.expr(body, pre, "  ")
+        loop = ["for (int e = lo; e < hi; e++) {", *pre, f"  o[po + e] = {as_float((value, kind))};", "}"]
         lines += [f"    Parallel.range(out.numel(), {_work(body)}L * out.numel(), (lo, hi) -> {{"]
         lines += ["      " + line for line in loop] + ["    });"]
     else:  # shape-generic: the sizes are the buffers' dims (backends/sizes.py)
@@ -299,10 +320,13 @@ def java_group_kernel(
     lines += [f"    float[] {', '.join(arrays)};", f"    int {', '.join(offsets)};"]
     loop = ["for (int e = lo; e < hi; e++) {"]
     work = 0
+    taken = {f"r{j}" for j in range(len(bodies))}  # the locals of every body in the one loop
     for j, (body, held) in enumerate(zip(bodies, readers)):
         g = _Gen((), flat=True, registers={k: f"r{m}" for k, m in held.items()})
-        value, kind = g.expr(flat_form(body), [], "")
-        loop += [f"  float r{j} = {as_float((value, kind))};", f"  o{j}[po{j} + e] = r{j};"]
+        g.locals = Locals(shared_subexpressions(flat_form(body)), taken)
+        pre: list[str] = []
+        value, kind = g.expr(flat_form(body), pre, "  ")
+        loop += [*pre, f"  float r{j} = {as_float((value, kind))};", f"  o{j}[po{j} + e] = r{j};"]
         work += _work(body)
     loop.append("}")
     lines += [f"    Parallel.range(out0.numel(), {work}L * out0.numel(), (lo, hi) -> {{"]
