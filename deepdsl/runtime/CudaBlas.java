@@ -76,6 +76,8 @@ final class CudaBlas implements AutoCloseable {
       }
       throw new Device.Unavailable(
           "the JavaCPP CUDA classes are not on the class path (no " + text + "): add " + JARS);
+    } catch (IllegalStateException e) { // loaded, but the handle could not be made: no GPU for the runtime API
+      throw new Device.Unavailable("cuBLAS loaded but did not start (" + e.getMessage() + ")");
     } catch (ReflectiveOperationException | LinkageError | RuntimeException e) {
       throw new Device.Unavailable("cuBLAS does not load (" + reason(e) + "): it needs " + LIBRARIES);
     }
