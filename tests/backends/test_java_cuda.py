@@ -230,12 +230,15 @@ def fake_cuda13(folder: Path, libraries: Sequence[str] = CUDA13) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cuda13(programs: Path) -> Path:
-    return fake_cuda13(programs / "cuda13")
+def cuda13(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fake_cuda13(tmp_path_factory.mktemp("cuda13"))
 
 
-@pytest.mark.parametrize("name", ["Small", "Wide", "Causal"])
-def test_gemms_through_cublas_give_the_cpu_devices_losses(programs: Path, cuda13: Path, name: str) -> None:
+@pytest.mark.parametrize("name", ["Small", "Wide", "Causal", pytest.param("LeNet", marks=pytest.mark.slow)])
+def test_gemms_through_cublas_give_the_cpu_devices_losses(
+    request: pytest.FixtureRequest, cuda13: Path, name: str
+) -> None:
+    programs = request.getfixturevalue("programs" if name != "LeNet" else "lenet_programs")
     calls = programs / f"{name}.cublas_calls"
     got = run(programs, name, "--iters", "3", "--kernels", "vendor", vendor=[cuda13], calls=calls)
     assert got["rc"] == 0, got["stderr"]
