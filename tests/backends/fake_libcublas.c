@@ -4,9 +4,9 @@
  * cuBLAS checks them (CUBLAS_STATUS_INVALID_VALUE), C not read when beta is 0 — in plain loops, accumulated in
  * double. Only the calls the runner makes are here. `fake_cublas_calls` counts the GEMMs, for the tests.
  *
- * The Java CUDA device's tests build it as libcublas.so.13 too, with -DFAKE_CUBLAS_VERSION=130000 and a linker
- * version script giving every symbol the version node `libcublas.so.13`, which JavaCPP's bindings
- * (libjnicublas.so) require; there the count is written at exit to the file $FAKE_CUBLAS_CALLS names, if set. */
+ * For the Java CUDA device it is built as libcublas.so.13 too (cuda13_stand_ins.py), with -DFAKE_CUBLAS_VERSION=130000
+ * and a linker version script giving every symbol the version node `libcublas.so.13`, which JavaCPP's bindings
+ * (libjnicublas.so) require; the count is also written at exit to the file $FAKE_CUBLAS_CALLS names, if set. */
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT
+from cuda13_stand_ins import CUDA13, fake_cuda13
 from cuda_emulator import TILED, emulate, fake_driver, kernel_names
 from helpers import SMALL
 from java_env import JAVA_MARKS, java, javac, jcuda_jars
@@ -199,34 +200,6 @@ def test_a_setting_reaches_the_gpu_kernels(programs: Path) -> None:
         got["losses"], cpu(programs, "Small", "--iters", "2", "--lr", "0.05")["losses"], rtol=1e-4
     )
     assert not np.allclose(got["losses"], cpu(programs, "Small", "--iters", "2")["losses"], rtol=1e-4)
-
-
-CUDA13 = ("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13")  # in the order the loader misses them
-# the stand-ins beside fake_libcublas.c: what JavaCPP's loading needs of them is their soname and version node
-STAND_INS = {
-    "libcudart.so.13": "int cudaRuntimeGetVersion(int *v) { *v = 13010; return 0; }\n",
-    "libcublasLt.so.13": "#include <stddef.h>\nsize_t cublasLtGetVersion(void) { return 130000; }\n",
-}
-
-
-def fake_cuda13(folder: Path, libraries: Sequence[str] = CUDA13) -> Path:
-    """The CUDA 13 libraries JavaCPP's presets link (`readelf -d -V` on libjnicudart.so and libjnicublas.so: each
-    NEEDED soname, and its symbols in a version node named after it) as stand-ins in `folder`: fake_libcublas.c as
-    libcublas.so.13, the two others (libcudart.so.13, libcublasLt.so.13) loaded, never called; returns `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for soname in libraries:
-        script = folder / f"{soname}.map"
-        script.write_text(f"{soname} {{ global: *; }};\n")
-        if soname in STAND_INS:
-            source = folder / f"{soname}.c"
-            source.write_text(STAND_INS[soname])
-            flags = []
-        else:
-            source, flags = Path(__file__).with_name("fake_libcublas.c"), ["-DFAKE_CUBLAS_VERSION=130000"]
-        link = [f"-Wl,-soname,{soname}", f"-Wl,--version-script={script}"]
-        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", *flags, *link, "-o", str(folder / soname), str(source)],
-                       check=True)  # fmt: skip
-    return folder
 
 
 @pytest.fixture(scope="module")
