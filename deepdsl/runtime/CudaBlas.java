@@ -39,12 +39,13 @@ final class CudaBlas implements AutoCloseable {
 
   private static final int OP_N = 0;
   private static final int OP_T = 1;
-  private static final Pattern MISSING = Pattern.compile("(lib[\\w.+-]+\\.so[\\w.]*): cannot open shared");
+  private static final Pattern MISSING =
+      Pattern.compile("(lib[\\w.+-]+\\.so[\\w.]*): cannot open shared");
 
   /** cublasSgemm_v2(handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc). */
   private final MethodHandle sgemm;
 
-  /** cublasSgemmStridedBatched(handle, ..., A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batch). */
+  /** cublasSgemmStridedBatched(handle, ..., A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, n). */
   private final MethodHandle batched;
 
   /** FloatPointer.position(long). */
@@ -76,14 +77,14 @@ final class CudaBlas implements AutoCloseable {
       }
       throw new Device.Unavailable(
           "the JavaCPP CUDA classes are not on the class path (no " + text + "): add " + JARS);
-    } catch (IllegalStateException e) { // loaded, but the handle could not be made: no GPU for the runtime API
+    } catch (IllegalStateException e) { // loaded, but no handle: the runtime API found no GPU
       throw new Device.Unavailable("cuBLAS loaded but did not start (" + e.getMessage() + ")");
     } catch (ReflectiveOperationException | LinkageError | RuntimeException e) {
       throw new Device.Unavailable("cuBLAS does not load (" + reason(e) + "): it needs " + LIBRARIES);
     }
   }
 
-  /** The library a link error misses (libcublas.so.13: not found), else the first line of the innermost error. */
+  /** The library a link error misses, else the first line of the innermost error. */
   private static String reason(Throwable e) {
     Throwable inner = e;
     for (Throwable t = e; t != null; t = t.getCause()) {
@@ -99,7 +100,7 @@ final class CudaBlas implements AutoCloseable {
 
   private CudaBlas() throws ReflectiveOperationException {
     ClassLoader loader = CudaBlas.class.getClassLoader();
-    // initialising the class loads its natives and the libraries they link (Loader.load in its static block)
+    // initialising the class loads its natives and the libraries they link (Loader.load)
     Class<?> cublas = Class.forName("org.bytedeco.cuda.global.cublas", true, loader);
     Class<?> context = Class.forName("org.bytedeco.cuda.cublas.cublasContext", true, loader);
     Class<?> stream = Class.forName("org.bytedeco.cuda.cudart.CUstream_st", true, loader);
@@ -126,9 +127,13 @@ final class CudaBlas implements AutoCloseable {
     check("cublasCreate_v2", cublas.getMethod("cublasCreate_v2", context).invoke(null, h));
     handle = h;
     // NULL: the legacy default stream, which CudaDevice launches on
-    check("cublasSetStream_v2", cublas.getMethod("cublasSetStream_v2", context, stream).invoke(null, h, null));
+    check(
+        "cublasSetStream_v2",
+        cublas.getMethod("cublasSetStream_v2", context, stream).invoke(null, h, null));
     int[] v = {0};
-    check("cublasGetVersion_v2", cublas.getMethod("cublasGetVersion_v2", context, int[].class).invoke(null, h, v));
+    check(
+        "cublasGetVersion_v2",
+        cublas.getMethod("cublasGetVersion_v2", context, int[].class).invoke(null, h, v));
     version = v[0] / 10000 + "." + v[0] / 100 % 100 + "." + v[0] % 100;
     one = fp.getConstructor(float[].class).newInstance((Object) new float[] {1f});
     zero = fp.getConstructor(float[].class).newInstance((Object) new float[] {0f});
@@ -173,18 +178,20 @@ final class CudaBlas implements AutoCloseable {
       at(left, b); // column-major: C^T = op(B)^T op(A)^T
       at(right, a);
       at(out, c);
+      int opLeft = tb ? OP_T : OP_N;
+      int opRight = ta ? OP_T : OP_N;
       int lda = tb ? k : n;
       int ldb = ta ? m : k;
       if (batch == 1) {
         status =
             (int)
                 sgemm.invokeExact(
-                    handle, tb ? OP_T : OP_N, ta ? OP_T : OP_N, n, m, k, one, left, lda, right, ldb, zero, out, n);
+                    handle, opLeft, opRight, n, m, k, one, left, lda, right, ldb, zero, out, n);
       } else {
         status =
             (int)
                 batched.invokeExact(
-                    handle, tb ? OP_T : OP_N, ta ? OP_T : OP_N, n, m, k, one, left, lda, (long) k * n, right, ldb,
+                    handle, opLeft, opRight, n, m, k, one, left, lda, (long) k * n, right, ldb,
                     (long) m * k, zero, out, n, (long) m * n, batch);
       }
     } catch (Throwable e) {
