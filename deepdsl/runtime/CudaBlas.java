@@ -3,6 +3,9 @@ package deepdsl.runtime;
 import java.lang.invoke.MethodHandle;
 import java.lang.invoke.MethodHandles;
 import java.lang.invoke.MethodType;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.FloatBuffer;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
@@ -53,6 +56,10 @@ final class CudaBlas implements AutoCloseable {
 
   private final MethodHandle destroy;
   private final Object handle;
+  // alpha 1 and beta 0 in direct buffers, which JavaCPP wraps without allocating (its own allocations count
+  // against its limit on the process's memory); the buffers are kept here, as the pointers do not hold them
+  private final FloatBuffer ones = scalar(1f);
+  private final FloatBuffer zeros = scalar(0f);
   private final Object one;
   private final Object zero;
   // the operands of one call: FloatPointers at address 0, positioned at the device addresses
@@ -135,11 +142,15 @@ final class CudaBlas implements AutoCloseable {
         "cublasGetVersion_v2",
         cublas.getMethod("cublasGetVersion_v2", context, int[].class).invoke(null, h, v));
     version = v[0] / 10000 + "." + v[0] / 100 % 100 + "." + v[0] % 100;
-    one = fp.getConstructor(float[].class).newInstance((Object) new float[] {1f});
-    zero = fp.getConstructor(float[].class).newInstance((Object) new float[] {0f});
+    one = fp.getConstructor(FloatBuffer.class).newInstance(ones);
+    zero = fp.getConstructor(FloatBuffer.class).newInstance(zeros);
     left = fp.getConstructor().newInstance();
     right = fp.getConstructor().newInstance();
     out = fp.getConstructor().newInstance();
+  }
+
+  private static FloatBuffer scalar(float v) {
+    return ByteBuffer.allocateDirect(4).order(ByteOrder.nativeOrder()).asFloatBuffer().put(0, v);
   }
 
   /** {@code h} with every reference type as Object, so that it is called with invokeExact. */
@@ -214,9 +225,6 @@ final class CudaBlas implements AutoCloseable {
   public void close() {
     try {
       int unused = (int) destroy.invoke(handle);
-      for (Object p : new Object[] {one, zero}) {
-        p.getClass().getMethod("close").invoke(p);
-      }
     } catch (Throwable e) {
       throw new IllegalStateException("cublasDestroy_v2 failed", e);
     }
