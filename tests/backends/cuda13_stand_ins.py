@@ -1,8 +1,12 @@
 """Stand-ins for the CUDA 13 libraries that JavaCPP's CUDA presets link (org.bytedeco:cuda:13.1-9.19-1.5.13), for
 the Java CUDA device's vendor path on machines without a GPU (tests/backends/test_java_cuda.py, and the dry run of
 scripts/gpu_check.sh). `readelf -d -V` on the presets' libjnicudart.so and libjnicublas.so shows what they need:
-the sonames libcudart.so.13, libcublas.so.13 and libcublasLt.so.13, each with its symbols in a version node of that
-name (a linker version script gives them one); their functions are bound lazily, so only those called must exist."""
+the sonames libcudart.so.13, libcublas.so.13 and libcublasLt.so.13, and each symbol in a version node of that name.
+The stand-ins carry that node (a linker version script), as the real libraries do. glibc would take a library with
+no version nodes at all too (it checks versions only against a library that defines some; tried), but one whose
+symbols are in another node loads and then kills the JVM at the first call (`symbol lookup error: ... undefined
+symbol: cublasCreate_v2, version libcublas.so.13`; tried). The functions are bound lazily, so only those called
+must exist."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 CUDA13 = ("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13")  # in the order the loader misses them
-# the stand-ins beside fake_libcublas.c: what JavaCPP's loading needs of them is their soname and version node
+# the stand-ins beside fake_libcublas.c: JavaCPP's loading needs their sonames; nothing of them is called
 STAND_INS = {
     "libcudart.so.13": "int cudaRuntimeGetVersion(int *v) { *v = 13010; return 0; }\n",
     "libcublasLt.so.13": "#include <stddef.h>\nsize_t cublasLtGetVersion(void) { return 130000; }\n",
