@@ -227,3 +227,30 @@ train {
   seed       = 3
 }
 """
+
+# two convolutions (the second strided, grouped: its data gradient too), padded max and average pooling
+POOLED = """network Pooled
+const N = 2
+input x : [N, 3, 8, 8]
+label y : [N] classes 10
+layer cv1 = conv(4, kernel=3, pad=1)
+layer cv2 = conv(6, kernel=3, stride=2, pad=1, groups=2)
+layer fc = full(10)
+net = fc o flatten o avg_pool(3, stride=2, pad=1) o relu o cv2 o max_pool(3, stride=1, pad=1) o relu o cv1
+loss = softmax_cross_entropy(net(x), y)
+predict = net(x)
+train { data = synthetic(seed=4) optimizer = sgd(lr=0.05, momentum=0.9) iterations = 3 seed = 2 }
+"""
+
+# LRN after a convolution, a softmax in the loss (its gradient too), a log softmax in the prediction
+NORMED = """network Normed
+const N = 2
+input x : [N, 3, 6, 6]
+label y : [N] classes 10
+layer cv = conv(6, kernel=3, pad=1)
+layer fc = full(10)
+net = fc o flatten o lrn(size=3, alpha=0.5, beta=0.75, k=1.5) o relu o cv
+loss = cross_entropy(softmax(net(x)), y)
+predict = log_softmax(net(x))
+train { data = synthetic(seed=6) optimizer = sgd(lr=0.05, momentum=0.9) iterations = 3 seed = 4 }
+"""

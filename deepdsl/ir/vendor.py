@@ -1,4 +1,4 @@
-"""Vendor routines: what one call of a vendor library (cuBLAS, later cuDNN) computes, as data.
+"""Vendor routines: what one call of a vendor library (cuBLAS, cuDNN) computes, as data.
 
 An op's registry entry may say which routine serves one of its statements (`vendor_rule`): a function of the
 statement's input types, output type and attributes that returns one of these descriptions. A backend that has the
@@ -48,7 +48,115 @@ class ConvForward:
     groups: int
 
 
-VendorCall = Gemm | ConvForward  # the descriptions a backend may be asked to interpret
+@dataclass(frozen=True)
+class ConvBackwardData:
+    """dX of the convolution `conv` (the transposed convolution of dY by W): the statement's inputs are dY [n, f, oh,
+    ow] and W, its output dX [n, c, h, w]. cuDNN's convolution backward-data, in the statement's planned workspace."""
+
+    conv: ConvForward
+
+
+@dataclass(frozen=True)
+class ConvBackwardFilter:
+    """dW of the convolution `conv`: the statement's inputs are X and dY, its output dW [f, c / groups, kh, kw].
+    cuDNN's convolution backward-filter, in the statement's planned workspace."""
+
+    conv: ConvForward
+
+
+@dataclass(frozen=True)
+class ConvBackwardBias:
+    """db[c] = the sum of dY[:, c] over every other axis: dY [n, c, h, w] float32 NCHW (a [N, C, ...] tensor with its
+    trailing axes as h and w), db [c]. cuDNN's convolution backward-bias; the statement's input is dY, its output db."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Y = pool(X), float32, NCHW, over kernel-sized windows with the given stride and padding, floor mode: X [n, c,
+    h, w], Y [n, c, oh, ow]. `mode` "max": padding never the maximum, NaN propagates; "avg": the padding counts as
+    zeros and every window divides by kh * kw. cuDNN's pooling forward; the statement's input is X, its output Y."""
+
+    mode: str
+    n: int
+    c: int
+    h: int
+    w: int
+    oh: int
+    ow: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    pad: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class PoolBackward:
+    """dX of the pooling `pool`: "max" takes inputs X, Y, dY and sends each dY to the first maximum of its window in
+    row-major order (overlapping windows add up); "avg" takes dY alone and spreads it evenly. cuDNN's pooling
+    backward; the statement's output is dX."""
+
+    pool: Pool
+
+
+@dataclass(frozen=True)
+class Softmax:
+    """Y = softmax (or, with `log`, log_softmax) of each row of X [rows, k], float32, accurately (the row's maximum
+    subtracted first). cuDNN's softmax forward over the channels of [rows, k, 1, 1]; the statement's input is X."""
+
+    rows: int
+    k: int
+    log: bool
+
+
+@dataclass(frozen=True)
+class SoftmaxBackward:
+    """dX of the `softmax` whose output is Y: the statement's inputs are Y and dY; dX = Y (dY - sum(dY Y)) per row, or
+    for log_softmax dY - exp(Y) sum(dY). cuDNN's softmax backward."""
+
+    softmax: Softmax
+
+
+@dataclass(frozen=True)
+class Lrn:
+    """Y = X / (k + alpha / size * the sum of X^2 over channels c - (size - 1) / 2 .. c + (size - 1) / 2)^beta, NCHW
+    float32 [n, c, h, w], `size` odd (where cuDNN's window and PyTorch's agree). cuDNN's cross-channel LRN forward
+    (whose alpha is divided by the window inside the library, as ours); the statement's input is X."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    size: int
+    alpha: float
+    beta: float
+    k: float
+
+
+@dataclass(frozen=True)
+class LrnBackward:
+    """dX of the `lrn`: the statement's inputs are X, Y and dY. cuDNN's cross-channel LRN backward."""
+
+    lrn: Lrn
+
+
+# the descriptions a backend may be asked to interpret
+VendorCall = (
+    Gemm
+    | ConvForward
+    | ConvBackwardData
+    | ConvBackwardFilter
+    | ConvBackwardBias
+    | Pool
+    | PoolBackward
+    | Softmax
+    | SoftmaxBackward
+    | Lrn
+    | LrnBackward
+)
 
 
 def vendor_call(s: Stmt) -> VendorCall | None:

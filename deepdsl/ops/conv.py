@@ -24,7 +24,7 @@ from deepdsl.ir.registry import (
     workspace_rule,
 )
 from deepdsl.ir.types import ShapeError, TensorType
-from deepdsl.ir.vendor import ConvForward
+from deepdsl.ir.vendor import ConvBackwardData, ConvBackwardFilter, ConvForward
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank, window_out
 
@@ -143,13 +143,21 @@ def _geometry(types: tuple[TensorType, ...], out: TensorType, a: dict) -> tuple[
     return types[0].shape, types[1].shape
 
 
-@vendor_rule("conv2d")
-def _conv_forward(types: tuple[TensorType, ...], out: TensorType, a: dict) -> ConvForward:
-    """cuDNN's convolution forward, in the plan's workspace for the statement."""
-    (n, c, h, w), (f, _, kh, kw) = types[0].shape, types[1].shape
-    oh, ow = out.shape[2:]
+def _conv_fact(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], a: dict) -> ConvForward:
+    """The convolution of input shape `x` by weight shape `w` into output shape `y`, as cuDNN describes it."""
+    (n, c, h, wd), (f, _, kh, kw) = x, w
     (sh, sw), (ph, pw) = a["stride"], a["pad"]
-    return ConvForward(n, c, h, w, f, kh, kw, oh, ow, (sh, sw), (ph, pw), a["groups"])
+    return ConvForward(n, c, h, wd, f, kh, kw, y[2], y[3], (sh, sw), (ph, pw), a["groups"])
+
+
+# cuDNN's three convolution calls, each in the plan's workspace for its statement
+vendor_rule("conv2d")(lambda types, out, a: _conv_fact(types[0].shape, types[1].shape, out.shape, a))
+vendor_rule("conv2d_backward_data")(
+    lambda types, out, a: ConvBackwardData(_conv_fact(out.shape, types[1].shape, types[0].shape, a))
+)
+vendor_rule("conv2d_backward_filter")(
+    lambda types, out, a: ConvBackwardFilter(_conv_fact(types[0].shape, out.shape, types[1].shape, a))
+)
 
 
 @workspace_rule("conv2d", "conv2d_backward_data", "conv2d_backward_filter")

@@ -6,8 +6,18 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, java_call, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import (
+    defop,
+    eager_saves,
+    flops_rule,
+    index_form,
+    java_call,
+    numpy_kernel,
+    vendor_rule,
+    vjp_rule,
+)
 from deepdsl.ir.types import DType, ShapeError, TensorType
+from deepdsl.ir.vendor import Softmax, SoftmaxBackward
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
 from deepdsl.ops._index_forms import ap, c, read
@@ -148,6 +158,13 @@ numpy_kernel("argmax")(lambda xs, a: np.argmax(xs[0], axis=1).astype(np.int64))
 numpy_kernel("accuracy")(lambda xs, a: np.mean(np.argmax(xs[0], axis=1) == xs[1]).astype(xs[0].dtype))
 numpy_kernel("softmax_backward")(lambda xs, a: xs[0] * (xs[1] - np.sum(xs[1] * xs[0], axis=1, keepdims=True)))
 numpy_kernel("log_softmax_backward")(lambda xs, a: xs[1] - np.exp(xs[0]) * np.sum(xs[1], axis=1, keepdims=True))
+
+
+# cuDNN's softmax (accurate, over the channels of [rows, k, 1, 1]) and its backward (ir/vendor.py)
+vendor_rule("softmax")(lambda types, out, a: Softmax(*out.shape, log=False))
+vendor_rule("log_softmax")(lambda types, out, a: Softmax(*out.shape, log=True))
+vendor_rule("softmax_backward")(lambda types, out, a: SoftmaxBackward(Softmax(*out.shape, log=False)))
+vendor_rule("log_softmax_backward")(lambda types, out, a: SoftmaxBackward(Softmax(*out.shape, log=True)))
 
 
 @numpy_kernel("softmax_cross_entropy_backward")

@@ -6,8 +6,19 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, java_call, lowering, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import (
+    defop,
+    eager_saves,
+    flops_rule,
+    index_form,
+    java_call,
+    lowering,
+    numpy_kernel,
+    vendor_rule,
+    vjp_rule,
+)
 from deepdsl.ir.types import ShapeError, TensorType
+from deepdsl.ir.vendor import Lrn, LrnBackward
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
 from deepdsl.ops._index_forms import ap, c, pointwise, read
@@ -190,6 +201,20 @@ def _lrn_backward_np(xs: tuple, a: dict) -> np.ndarray:
 def _lrn_flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
     per = a["size"] + 4  # square, window sum, scale and shift, power, product
     return out.numel * (per if len(types) == 1 else 2 * per + 4)
+
+
+def _lrn_fact(x: TensorType, a: dict) -> Lrn | None:
+    """cuDNN's cross-channel LRN where it computes ours: an odd window (cuDNN looks (size - 1) // 2 channels behind,
+    size // 2 ahead; ours size // 2 behind, (size - 1) // 2 ahead) within cuDNN's limits (window 1..16, k >= 1e-5,
+    beta >= 0.01); None (our kernel) elsewhere. cuDNN divides alpha by the window inside the library, as we do."""
+    size, alpha, beta, k = a["size"], a["alpha"], a["beta"], a["k"]
+    if size % 2 == 0 or not 1 <= size <= 16 or k < 1e-5 or beta < 0.01:
+        return None
+    return Lrn(*x.shape, size, alpha, beta, k)
+
+
+vendor_rule("lrn")(lambda types, out, a: _lrn_fact(out, a))
+vendor_rule("lrn_backward")(lambda types, out, a: None if (f := _lrn_fact(out, a)) is None else LrnBackward(f))
 
 
 @vjp_rule("lrn")

@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, eager_saves, flops_rule, java_call, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, java_call, numpy_kernel, vendor_rule, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
+from deepdsl.ir.vendor import Pool, PoolBackward
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank, window_out
 
@@ -181,6 +182,20 @@ def _pool_backward_flops(types: tuple[TensorType, ...], out: TensorType, a: dict
 @flops_rule("global_avg_pool", "global_avg_pool_backward")
 def _global_flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
     return max(types[0].numel, out.numel)
+
+
+# ---- cuDNN's pooling calls (ir/vendor.py): the same windows, floor mode, padding as above ----
+
+
+def _pool_fact(mode: str, x: tuple[int, ...], y: tuple[int, ...], a: dict) -> Pool:
+    n, c, h, w = x
+    return Pool(mode, n, c, h, w, y[2], y[3], tuple(a["kernel"]), tuple(a["stride"]), tuple(a["pad"]))
+
+
+vendor_rule("max_pool2d")(lambda types, out, a: _pool_fact("max", types[0].shape, out.shape, a))
+vendor_rule("avg_pool2d")(lambda types, out, a: _pool_fact("avg", types[0].shape, out.shape, a))
+vendor_rule("max_pool2d_backward")(lambda types, out, a: PoolBackward(_pool_fact("max", out.shape, types[2].shape, a)))
+vendor_rule("avg_pool2d_backward")(lambda types, out, a: PoolBackward(_pool_fact("avg", out.shape, types[0].shape, a)))
 
 
 # ---- gradients ----

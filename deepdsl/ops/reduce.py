@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from deepdsl.ir.indexexpr import IE, Affine, Read, Reduce
-from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, java_call, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import (
+    defop,
+    eager_saves,
+    flops_rule,
+    index_form,
+    java_call,
+    numpy_kernel,
+    vendor_rule,
+    vjp_rule,
+)
 from deepdsl.ir.types import ShapeError, TensorType
+from deepdsl.ir.vendor import ConvBackwardBias
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._index_forms import ap, c, pointwise
 
@@ -157,6 +168,15 @@ def _reduce_form(kind: str) -> Any:
 
 
 index_form("sum", "channel_sum")(_reduce_form("sum"))
+
+
+@vendor_rule("channel_sum")
+def _channel_sum_vendor(types: tuple[TensorType, ...], out: TensorType, a: dict) -> ConvBackwardBias:
+    """cuDNN's bias gradient (a conv's or a linear layer's): [N, C, ...] with the trailing axes as H and W."""
+    n, ch, *rest = types[0].shape
+    return ConvBackwardBias(n, ch, rest[0] if rest else 1, math.prod(rest[1:]))
+
+
 index_form("sum_squares")(_reduce_form("squares"))
 index_form("channel_mean")(_reduce_form("mean"))
 index_form("channel_var")(_reduce_form("var"))

@@ -188,8 +188,8 @@ def fake_vendor(folder: Path, libraries: Sequence[str] = ("libcublas.so.12", "li
     folder.mkdir(parents=True, exist_ok=True)
     for soname in libraries:
         c = Path(__file__).with_name(f"fake_{soname.split('.so')[0]}.c")
-        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(folder / soname), str(c)],
-                       check=True)  # fmt: skip
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(folder / soname), str(c),
+                        "-lm"], check=True)  # fmt: skip
     return folder
 
 

@@ -1,12 +1,16 @@
-/* A stand-in for cuDNN 9 (libcudnn.so.9) whose device memory is host memory, so that the GPU runner's convolution
- * through cuDNN (deepdsl/backends/cuda/vendor.py) is tested on machines without a GPU. Only the calls the runner
- * makes: the handle, NCHW float tensor / filter / convolution descriptors, the forward algorithm query (_v7) and the
- * forward convolution, as cuDNN defines it (cross-correlation, zero padding, groups, y = alpha conv + beta y, y not
- * read when beta is 0). Two algorithms, in the order the query gives them: IMPLICIT_PRECOMP_GEMM (1), which needs
- * one image's im2col matrix of scratch and really writes it there (so a workspace that overlaps live data shows),
- * then IMPLICIT_GEMM (0), direct loops without scratch. Descriptors that do not fit each other, or a workspace
- * smaller than the algorithm needs, are CUDNN_STATUS_BAD_PARAM. `fake_cudnn_calls` counts the convolutions. */
+/* A stand-in for cuDNN 9 (libcudnn.so.9) whose device memory is host memory, so that the GPU runner's convolutions
+ * and pooling through cuDNN (deepdsl/backends/cuda/vendor.py) are tested on machines without a GPU. Only the calls the
+ * runner makes: the handle; NCHW float tensor, filter, convolution and pooling descriptors; the three convolution
+ * algorithm queries (_v7) and the three convolutions as cuDNN defines them (cross-correlation, zero padding, groups,
+ * out = alpha op + beta out, out not read when beta is 0); pooling forward and backward (max: padding never the
+ * maximum, NaN propagates, the gradient to the first maximum of a window in row-major order; average counting the
+ * padding). Each convolution has two algorithms, in the order the queries give them: one (PRECOMP_GEMM forward,
+ * ALGO_1 backward) needs one image's im2col matrix of scratch and really writes it there (so a workspace that
+ * overlaps live data shows), the other (IMPLICIT_GEMM, ALGO_0) is direct loops without scratch. Descriptors that do
+ * not fit each other, or a workspace smaller than the algorithm needs, are CUDNN_STATUS_BAD_PARAM.
+ * `fake_cudnn_calls` counts the convolutions and poolings. Sums are accumulated in double. */
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,10 +99,10 @@ static size_t precomp_bytes(cudnnFilterDescriptor_t w, cudnnTensorDescriptor_t y
   return (size_t)w->c * w->h * w->w * y->h * y->w * sizeof(float); /* one image, one group at a time */
 }
 
-cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t h, cudnnTensorDescriptor_t x,
-                                                     cudnnFilterDescriptor_t w, cudnnConvolutionDescriptor_t d,
-                                                     cudnnTensorDescriptor_t y, int requested, int *returned,
-                                                     cudnnConvolutionFwdAlgoPerf_t *perf) {
+/* the two algorithms of every convolution: 1 with an im2col matrix of scratch, then 0 without */
+static cudnnStatus_t propose(cudnnHandle_t h, cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w,
+                             cudnnConvolutionDescriptor_t d, cudnnTensorDescriptor_t y, int requested, int *returned,
+                             cudnnConvolutionFwdAlgoPerf_t *perf) {
   cudnnStatus_t s = fits(x, w, d, y);
   if (!h || s != OK) return s == OK ? BAD_PARAM : s;
   if (requested < 1) return BAD_PARAM;
@@ -107,6 +111,24 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t h, cudnnTenso
   *returned = requested < 2 ? requested : 2;
   memcpy(perf, all, *returned * sizeof *perf);
   return OK;
+}
+cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t h, cudnnTensorDescriptor_t x,
+                                                     cudnnFilterDescriptor_t w, cudnnConvolutionDescriptor_t d,
+                                                     cudnnTensorDescriptor_t y, int requested, int *returned,
+                                                     cudnnConvolutionFwdAlgoPerf_t *perf) {
+  return propose(h, x, w, d, y, requested, returned, perf);
+}
+cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t h, cudnnFilterDescriptor_t w,
+                                                          cudnnTensorDescriptor_t dy, cudnnConvolutionDescriptor_t d,
+                                                          cudnnTensorDescriptor_t dx, int requested, int *returned,
+                                                          cudnnConvolutionFwdAlgoPerf_t *perf) {
+  return propose(h, dx, w, d, dy, requested, returned, perf);
+}
+cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t h, cudnnTensorDescriptor_t x,
+                                                            cudnnTensorDescriptor_t dy, cudnnConvolutionDescriptor_t d,
+                                                            cudnnFilterDescriptor_t dw, int requested, int *returned,
+                                                            cudnnConvolutionFwdAlgoPerf_t *perf) {
+  return propose(h, x, dw, d, dy, requested, returned, perf);
 }
 
 /* (x, w) at output (ni, f, oi, oj), channels of f's group */
@@ -165,6 +187,361 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, cudnnT
           }
     }
   }
+  calls++;
+  return OK;
+}
+
+/* where the convolution's tap (i, j) of output (oi, oj) reads the input: its row and column, or -1 in the padding */
+static long long tap(cudnnTensorDescriptor_t xd, cudnnConvolutionDescriptor_t d, int oi, int oj, int i, int j) {
+  int hi = oi * d->sh - d->ph + i, wj = oj * d->sw - d->pw + j;
+  return hi < 0 || hi >= xd->h || wj < 0 || wj >= xd->w ? -1 : (long long)hi * xd->w + wj;
+}
+
+static cudnnStatus_t check_call(cudnnHandle_t h, cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd,
+                                cudnnConvolutionDescriptor_t d, cudnnTensorDescriptor_t yd, int algo, void *ws,
+                                size_t ws_bytes) {
+  cudnnStatus_t s = fits(xd, wd, d, yd);
+  if (!h || s != OK) return s == OK ? BAD_PARAM : s;
+  if (algo != 0 && algo != 1) return NOT_SUPPORTED;
+  if (algo == 1 && (ws_bytes < precomp_bytes(wd, yd) || !ws)) return BAD_PARAM;
+  return OK;
+}
+
+/* dx = alpha * (the transposed convolution of dy by w) + beta * dx. ALGO_1 computes one image's and group's column
+ * gradient [c/g * kh * kw, oh * ow] = w_g^T dy_g in the workspace, then adds each column onto the input it came from;
+ * ALGO_0 adds every product straight onto its input. */
+cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha, cudnnFilterDescriptor_t wd,
+                                           const void *w, cudnnTensorDescriptor_t dyd, const void *dy,
+                                           cudnnConvolutionDescriptor_t d, int algo, void *ws, size_t ws_bytes,
+                                           const void *beta, cudnnTensorDescriptor_t dxd, void *dx) {
+  cudnnStatus_t s = check_call(h, dxd, wd, d, dyd, algo, ws, ws_bytes);
+  if (s != OK) return s;
+  float a = *(const float *)alpha, b = *(const float *)beta;
+  const float *wt = w, *g = dy;
+  float *out = dx, *cols = ws;
+  long long plane = (long long)dxd->h * dxd->w, pix = (long long)dyd->h * dyd->w, size = dxd->n * dxd->c * plane;
+  double *acc = calloc(size, sizeof *acc);
+  int fg = wd->k / d->groups;
+  for (int ni = 0; ni < dxd->n; ni++)
+    for (int gr = 0; gr < d->groups; gr++) {
+      for (int c = 0; c < wd->c; c++)
+        for (int i = 0; i < wd->h; i++)
+          for (int j = 0; j < wd->w; j++)
+            for (int oi = 0; oi < dyd->h; oi++)
+              for (int oj = 0; oj < dyd->w; oj++) {
+                double v = 0.0;
+                for (int f = gr * fg; f < (gr + 1) * fg; f++)
+                  v += (double)wt[(((long long)f * wd->c + c) * wd->h + i) * wd->w + j] *
+                       g[(((long long)ni * dyd->c + f) * dyd->h + oi) * dyd->w + oj];
+                long long col = ((long long)(c * wd->h + i) * wd->w + j) * pix + oi * dyd->w + oj;
+                if (algo == 1) cols[col] = (float)v; /* then read back below */
+                long long at = tap(dxd, d, oi, oj, i, j);
+                if (at >= 0)
+                  acc[((long long)ni * dxd->c + gr * wd->c + c) * plane + at] += algo == 1 ? (double)cols[col] : v;
+              }
+    }
+  for (long long q = 0; q < size; q++) out[q] = (float)(a * acc[q] + (b == 0.0f ? 0.0 : (double)b * out[q]));
+  free(acc);
+  calls++;
+  return OK;
+}
+
+/* dw = alpha * sum over images and output pixels of dy * the input under the tap + beta * dw. ALGO_1 writes each
+ * image's and group's im2col matrix into the workspace and reads the input from there; ALGO_0 reads it directly. */
+cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha, cudnnTensorDescriptor_t xd,
+                                             const void *x, cudnnTensorDescriptor_t dyd, const void *dy,
+                                             cudnnConvolutionDescriptor_t d, int algo, void *ws, size_t ws_bytes,
+                                             const void *beta, cudnnFilterDescriptor_t dwd, void *dw) {
+  cudnnStatus_t s = check_call(h, xd, dwd, d, dyd, algo, ws, ws_bytes);
+  if (s != OK) return s;
+  float a = *(const float *)alpha, b = *(const float *)beta;
+  const float *xs = x, *g = dy;
+  float *out = dw, *cols = ws;
+  long long plane = (long long)xd->h * xd->w, pix = (long long)dyd->h * dyd->w;
+  long long size = (long long)dwd->k * dwd->c * dwd->h * dwd->w;
+  double *acc = calloc(size, sizeof *acc);
+  int fg = dwd->k / d->groups;
+  for (int ni = 0; ni < xd->n; ni++)
+    for (int gr = 0; gr < d->groups; gr++)
+      for (int c = 0; c < dwd->c; c++)
+        for (int i = 0; i < dwd->h; i++)
+          for (int j = 0; j < dwd->w; j++)
+            for (int oi = 0; oi < dyd->h; oi++)
+              for (int oj = 0; oj < dyd->w; oj++) {
+                long long at = tap(xd, d, oi, oj, i, j);
+                float v = at < 0 ? 0.0f : xs[((long long)ni * xd->c + gr * dwd->c + c) * plane + at];
+                long long col = ((long long)(c * dwd->h + i) * dwd->w + j) * pix + oi * dyd->w + oj;
+                if (algo == 1) cols[col] = v, v = cols[col];
+                for (int f = gr * fg; f < (gr + 1) * fg; f++)
+                  acc[(((long long)f * dwd->c + c) * dwd->h + i) * dwd->w + j] +=
+                      (double)v * g[(((long long)ni * dyd->c + f) * dyd->h + oi) * dyd->w + oj];
+              }
+  for (long long q = 0; q < size; q++) out[q] = (float)(a * acc[q] + (b == 0.0f ? 0.0 : (double)b * out[q]));
+  free(acc);
+  calls++;
+  return OK;
+}
+
+/* ---- pooling: modes MAX (0), AVERAGE_COUNT_INCLUDE_PADDING (1), MAX_DETERMINISTIC (3) ---- */
+
+typedef struct { int mode, nan, kh, kw, ph, pw, sh, sw, set; } *cudnnPoolingDescriptor_t;
+
+cudnnStatus_t cudnnCreatePoolingDescriptor(cudnnPoolingDescriptor_t *d) { *d = calloc(1, sizeof **d); return OK; }
+cudnnStatus_t cudnnDestroyPoolingDescriptor(cudnnPoolingDescriptor_t d) { free(d); return OK; }
+cudnnStatus_t cudnnSetPooling2dDescriptor(cudnnPoolingDescriptor_t d, int mode, int nan, int kh, int kw, int ph, int pw,
+                                          int sh, int sw) {
+  if ((mode != 0 && mode != 1 && mode != 3) || (nan != 0 && nan != 1) || kh <= 0 || kw <= 0 || ph < 0 || pw < 0 ||
+      sh <= 0 || sw <= 0)
+    return mode == 2 ? NOT_SUPPORTED : BAD_PARAM; /* this stand-in has no AVERAGE_COUNT_EXCLUDE_PADDING */
+  d->mode = mode, d->nan = nan, d->kh = kh, d->kw = kw, d->ph = ph, d->pw = pw, d->sh = sh, d->sw = sw, d->set = 1;
+  return OK;
+}
+cudnnStatus_t cudnnGetPooling2dForwardOutputDim(cudnnPoolingDescriptor_t d, cudnnTensorDescriptor_t x, int *n, int *c,
+                                                int *h, int *w) {
+  if (!d->set || !x->set) return BAD_PARAM;
+  *n = x->n, *c = x->c;
+  *h = (x->h + 2 * d->ph - d->kh) / d->sh + 1; /* floor */
+  *w = (x->w + 2 * d->pw - d->kw) / d->sw + 1;
+  return *h > 0 && *w > 0 ? OK : BAD_PARAM;
+}
+static cudnnStatus_t pool_fits(cudnnPoolingDescriptor_t d, cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t y) {
+  int n, c, h, w;
+  if (cudnnGetPooling2dForwardOutputDim(d, x, &n, &c, &h, &w) != OK) return BAD_PARAM;
+  return y->set && y->n == n && y->c == c && y->h == h && y->w == w ? OK : BAD_PARAM;
+}
+
+/* the window of output (oi, oj) in plane p of x: its maximum's index (the first, row-major; -1 if all padding) and
+ * value, or its sum */
+static long long window_max(cudnnPoolingDescriptor_t d, cudnnTensorDescriptor_t xd, const float *p, int oi, int oj,
+                            float *value) {
+  long long best = -1;
+  for (int i = 0; i < d->kh; i++)
+    for (int j = 0; j < d->kw; j++) {
+      int hi = oi * d->sh - d->ph + i, wj = oj * d->sw - d->pw + j;
+      if (hi < 0 || hi >= xd->h || wj < 0 || wj >= xd->w) continue;
+      long long at = (long long)hi * xd->w + wj;
+      if (best < 0 || p[at] > *value || (d->nan && p[at] != p[at] && *value == *value)) best = at, *value = p[at];
+    }
+  return best;
+}
+
+cudnnStatus_t cudnnPoolingForward(cudnnHandle_t h, cudnnPoolingDescriptor_t d, const void *alpha,
+                                  cudnnTensorDescriptor_t xd, const void *x, const void *beta,
+                                  cudnnTensorDescriptor_t yd, void *y) {
+  if (!h || pool_fits(d, xd, yd) != OK) return BAD_PARAM;
+  float a = *(const float *)alpha, b = *(const float *)beta;
+  const float *xs = x;
+  float *ys = y;
+  for (long long p = 0; p < (long long)xd->n * xd->c; p++)
+    for (int oi = 0; oi < yd->h; oi++)
+      for (int oj = 0; oj < yd->w; oj++) {
+        const float *plane = xs + p * xd->h * xd->w;
+        double v = 0.0;
+        if (d->mode == 1) {
+          for (int i = 0; i < d->kh; i++)
+            for (int j = 0; j < d->kw; j++) {
+              int hi = oi * d->sh - d->ph + i, wj = oj * d->sw - d->pw + j;
+              if (hi >= 0 && hi < xd->h && wj >= 0 && wj < xd->w) v += plane[(long long)hi * xd->w + wj];
+            }
+          v /= d->kh * d->kw;
+        } else {
+          float m = 0.0f;
+          window_max(d, xd, plane, oi, oj, &m);
+          v = m;
+        }
+        float *out = &ys[(p * yd->h + oi) * yd->w + oj];
+        *out = (float)(a * v + (b == 0.0f ? 0.0 : (double)b * *out));
+      }
+  calls++;
+  return OK;
+}
+
+cudnnStatus_t cudnnPoolingBackward(cudnnHandle_t h, cudnnPoolingDescriptor_t d, const void *alpha,
+                                   cudnnTensorDescriptor_t yd, const void *y, cudnnTensorDescriptor_t dyd,
+                                   const void *dy, cudnnTensorDescriptor_t xd, const void *x, const void *beta,
+                                   cudnnTensorDescriptor_t dxd, void *dx) {
+  if (!h || pool_fits(d, xd, yd) != OK || pool_fits(d, dxd, dyd) != OK) return BAD_PARAM;
+  float a = *(const float *)alpha, b = *(const float *)beta;
+  const float *xs = x, *g = dy;
+  float *out = dx;
+  long long plane = (long long)xd->h * xd->w, size = (long long)xd->n * xd->c * plane;
+  double *acc = calloc(size, sizeof *acc);
+  (void)y; /* the maximum is found again in x */
+  for (long long p = 0; p < (long long)xd->n * xd->c; p++)
+    for (int oi = 0; oi < dyd->h; oi++)
+      for (int oj = 0; oj < dyd->w; oj++) {
+        double gv = g[(p * dyd->h + oi) * dyd->w + oj];
+        if (d->mode == 1) {
+          for (int i = 0; i < d->kh; i++)
+            for (int j = 0; j < d->kw; j++) {
+              int hi = oi * d->sh - d->ph + i, wj = oj * d->sw - d->pw + j;
+              if (hi >= 0 && hi < xd->h && wj >= 0 && wj < xd->w)
+                acc[p * plane + (long long)hi * xd->w + wj] += gv / (d->kh * d->kw);
+            }
+        } else {
+          float m = 0.0f;
+          long long at = window_max(d, xd, xs + p * plane, oi, oj, &m);
+          if (at >= 0) acc[p * plane + at] += gv;
+        }
+      }
+  for (long long q = 0; q < size; q++) out[q] = (float)(a * acc[q] + (b == 0.0f ? 0.0 : (double)b * out[q]));
+  free(acc);
+  calls++;
+  return OK;
+}
+
+/* db = alpha * the sum of dy over every axis but the channel + beta * db; db is [1, c, 1, 1] */
+cudnnStatus_t cudnnConvolutionBackwardBias(cudnnHandle_t h, const void *alpha, cudnnTensorDescriptor_t dyd,
+                                           const void *dy, const void *beta, cudnnTensorDescriptor_t dbd, void *db) {
+  if (!h || !dyd->set || !dbd->set || dbd->n != 1 || dbd->c != dyd->c || dbd->h != 1 || dbd->w != 1) return BAD_PARAM;
+  float a = *(const float *)alpha, b = *(const float *)beta;
+  const float *g = dy;
+  float *out = db;
+  long long plane = (long long)dyd->h * dyd->w;
+  for (int c = 0; c < dyd->c; c++) {
+    double s = 0.0;
+    for (int n = 0; n < dyd->n; n++)
+      for (long long q = 0; q < plane; q++) s += g[((long long)n * dyd->c + c) * plane + q];
+    out[c] = (float)(a * s + (b == 0.0f ? 0.0 : (double)b * out[c]));
+  }
+  calls++;
+  return OK;
+}
+
+/* ---- softmax over the channels (mode CHANNEL, 1) of [n, c, h, w]: ACCURATE (1) or LOG (2) ---- */
+
+static cudnnStatus_t softmax_fits(int algo, int mode, cudnnTensorDescriptor_t a, cudnnTensorDescriptor_t b) {
+  if (algo != 1 && algo != 2) return algo == 0 ? NOT_SUPPORTED : BAD_PARAM; /* this stand-in has no FAST */
+  if (mode != 1) return NOT_SUPPORTED;
+  return a->set && b->set && a->n == b->n && a->c == b->c && a->h == b->h && a->w == b->w ? OK : BAD_PARAM;
+}
+
+cudnnStatus_t cudnnSoftmaxForward(cudnnHandle_t h, int algo, int mode, const void *alpha, cudnnTensorDescriptor_t xd,
+                                  const void *x, const void *beta, cudnnTensorDescriptor_t yd, void *y) {
+  cudnnStatus_t s = softmax_fits(algo, mode, xd, yd);
+  if (!h || s != OK) return s == OK ? BAD_PARAM : s;
+  float a = *(const float *)alpha, b = *(const float *)beta;
+  const float *xs = x;
+  float *ys = y;
+  long long plane = (long long)xd->h * xd->w;
+  for (int n = 0; n < xd->n; n++)
+    for (long long q = 0; q < plane; q++) {
+      const float *row = xs + (long long)n * xd->c * plane + q; /* channel k at row[k * plane] */
+      double m = row[0], sum = 0.0;
+      for (int k = 1; k < xd->c; k++) m = row[k * plane] > m ? row[k * plane] : m;
+      for (int k = 0; k < xd->c; k++) sum += exp(row[k * plane] - m);
+      for (int k = 0; k < xd->c; k++) {
+        double v = algo == 2 ? row[k * plane] - m - log(sum) : exp(row[k * plane] - m) / sum;
+        float *out = &ys[(long long)n * xd->c * plane + k * plane + q];
+        *out = (float)(a * v + (b == 0.0f ? 0.0 : (double)b * *out));
+      }
+    }
+  calls++;
+  return OK;
+}
+
+/* dx = y (dy - sum(dy y)) per position; LOG: dx = dy - exp(y) sum(dy) */
+cudnnStatus_t cudnnSoftmaxBackward(cudnnHandle_t h, int algo, int mode, const void *alpha, cudnnTensorDescriptor_t yd,
+                                   const void *y, cudnnTensorDescriptor_t dyd, const void *dy, const void *beta,
+                                   cudnnTensorDescriptor_t dxd, void *dx) {
+  cudnnStatus_t s = softmax_fits(algo, mode, yd, dxd);
+  if (s == OK) s = softmax_fits(algo, mode, dyd, dxd);
+  if (!h || s != OK) return s == OK ? BAD_PARAM : s;
+  float a = *(const float *)alpha, b = *(const float *)beta;
+  const float *ys = y, *g = dy;
+  float *out = dx;
+  long long plane = (long long)yd->h * yd->w;
+  for (int n = 0; n < yd->n; n++)
+    for (long long q = 0; q < plane; q++) {
+      long long at = (long long)n * yd->c * plane + q;
+      double dot = 0.0;
+      for (int k = 0; k < yd->c; k++) dot += algo == 2 ? g[at + k * plane] : (double)g[at + k * plane] * ys[at + k * plane];
+      for (int k = 0; k < yd->c; k++) {
+        long long e = at + k * plane;
+        double v = algo == 2 ? g[e] - exp(ys[e]) * dot : ys[e] * (g[e] - dot);
+        out[e] = (float)(a * v + (b == 0.0f ? 0.0 : (double)b * out[e]));
+      }
+    }
+  calls++;
+  return OK;
+}
+
+/* ---- cross-channel LRN (mode 0): y = x / (k + alpha / n * sum of x^2 over the window)^beta, the window looking
+ * (n - 1) / 2 channels behind and n - 1 - (n - 1) / 2 ahead, as cuDNN documents; n in 1..16, k >= 1e-5,
+ * beta >= 0.01 ---- */
+
+typedef struct { unsigned n; double alpha, beta, k; int set; } *cudnnLRNDescriptor_t;
+
+cudnnStatus_t cudnnCreateLRNDescriptor(cudnnLRNDescriptor_t *d) { *d = calloc(1, sizeof **d); return OK; }
+cudnnStatus_t cudnnDestroyLRNDescriptor(cudnnLRNDescriptor_t d) { free(d); return OK; }
+cudnnStatus_t cudnnSetLRNDescriptor(cudnnLRNDescriptor_t d, unsigned n, double alpha, double beta, double k) {
+  if (n < 1 || n > 16 || k < 1e-5 || beta < 0.01) return BAD_PARAM;
+  d->n = n, d->alpha = alpha, d->beta = beta, d->k = k, d->set = 1;
+  return OK;
+}
+
+static int same(cudnnTensorDescriptor_t a, cudnnTensorDescriptor_t b) {
+  return a->set && b->set && a->n == b->n && a->c == b->c && a->h == b->h && a->w == b->w;
+}
+
+/* k + alpha / n * the window's sum of squares, at channel c of position (image, q) */
+static double lrn_scale(cudnnLRNDescriptor_t d, cudnnTensorDescriptor_t xd, const float *x, int image, int c,
+                        long long q) {
+  long long plane = (long long)xd->h * xd->w;
+  int behind = (d->n - 1) / 2, ahead = d->n - 1 - behind;
+  double sum = 0.0;
+  for (int j = c - behind; j <= c + ahead; j++)
+    if (j >= 0 && j < xd->c) {
+      double v = x[((long long)image * xd->c + j) * plane + q];
+      sum += v * v;
+    }
+  return d->k + d->alpha / d->n * sum;
+}
+
+cudnnStatus_t cudnnLRNCrossChannelForward(cudnnHandle_t h, cudnnLRNDescriptor_t d, int mode, const void *alpha,
+                                          cudnnTensorDescriptor_t xd, const void *x, const void *beta,
+                                          cudnnTensorDescriptor_t yd, void *y) {
+  if (!h || !d->set || mode != 0 || !same(xd, yd)) return BAD_PARAM;
+  float a = *(const float *)alpha, b = *(const float *)beta;
+  const float *xs = x;
+  float *ys = y;
+  long long plane = (long long)xd->h * xd->w;
+  for (int n = 0; n < xd->n; n++)
+    for (int c = 0; c < xd->c; c++)
+      for (long long q = 0; q < plane; q++) {
+        long long e = ((long long)n * xd->c + c) * plane + q;
+        double v = xs[e] * pow(lrn_scale(d, xd, xs, n, c, q), -d->beta);
+        ys[e] = (float)(a * v + (b == 0.0f ? 0.0 : (double)b * ys[e]));
+      }
+  calls++;
+  return OK;
+}
+
+/* dx_j = dy_j s_j^-beta - 2 alpha beta / n * x_j * the sum, over the channels c whose window holds j, of
+ * dy_c y_c / s_c */
+cudnnStatus_t cudnnLRNCrossChannelBackward(cudnnHandle_t h, cudnnLRNDescriptor_t d, int mode, const void *alpha,
+                                           cudnnTensorDescriptor_t yd, const void *y, cudnnTensorDescriptor_t dyd,
+                                           const void *dy, cudnnTensorDescriptor_t xd, const void *x,
+                                           const void *beta, cudnnTensorDescriptor_t dxd, void *dx) {
+  if (!h || !d->set || mode != 0 || !same(xd, yd) || !same(xd, dyd) || !same(xd, dxd)) return BAD_PARAM;
+  float a = *(const float *)alpha, b = *(const float *)beta;
+  const float *xs = x, *ys = y, *g = dy;
+  float *out = dx;
+  long long plane = (long long)xd->h * xd->w;
+  int behind = (d->n - 1) / 2, ahead = d->n - 1 - behind;
+  for (int n = 0; n < xd->n; n++)
+    for (int j = 0; j < xd->c; j++)
+      for (long long q = 0; q < plane; q++) {
+        long long e = ((long long)n * xd->c + j) * plane + q;
+        double back = 0.0;
+        for (int c = j - ahead; c <= j + behind; c++) /* c's window [c - behind, c + ahead] holds j */
+          if (c >= 0 && c < xd->c) {
+            long long f = ((long long)n * xd->c + c) * plane + q;
+            back += (double)g[f] * ys[f] / lrn_scale(d, xd, xs, n, c, q);
+          }
+        double v = g[e] * pow(lrn_scale(d, xd, xs, n, j, q), -d->beta) - 2.0 * d->alpha * d->beta / d->n * xs[e] * back;
+        out[e] = (float)(a * v + (b == 0.0f ? 0.0 : (double)b * out[e]));
+      }
   calls++;
   return OK;
 }

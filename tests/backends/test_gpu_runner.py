@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import ROOT
 from cuda_emulator import EmulatedDriver
-from helpers import SMALL
+from helpers import NORMED, POOLED, SMALL
 
 from deepdsl import api
 from deepdsl.backends.cuda import runner as gpu_runner
@@ -153,15 +153,15 @@ def _real_gpu(kernels: str = "own"):  # noqa: ANN202
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernels", ["own", "vendor"])
-@pytest.mark.parametrize("case", ["mlp", "lenet", "tiny", "small"])
+@pytest.mark.parametrize("case", ["mlp", "lenet", "tiny", "small", "pooled", "normed"])
 def test_pycuda_runner_agrees_with_numpy(case: str, kernels: str) -> None:
-    """5 iterations on the GPU, with our kernels and with cuBLAS for the GEMMs, give the NumPy runner's losses (1e-4
-    relative), and the GPU memory the runner took is the plan's: arena plus tensors, to within the driver's
-    allocation granularity (and cuBLAS's own workspace)."""
+    """5 iterations on the GPU, with our kernels and with cuBLAS and cuDNN (GEMMs; convolutions and their gradients,
+    pooling, softmax, LRN), give the NumPy runner's losses (1e-4 relative), and the GPU memory the runner took is the
+    plan's: arena plus tensors, to within the driver's allocation granularity (and the libraries' own workspace)."""
     if case in ("mlp", "lenet"):
         build = api.build(api.compile_file(ROOT / "networks" / f"{case}.ddsl", {"N": 16}).program)
     else:
-        build = _build(TINY if case == "tiny" else SMALL, f"{case}.ddsl")
+        build = _build({"tiny": TINY, "small": SMALL, "pooled": POOLED, "normed": NORMED}[case], f"{case}.ddsl")
     want = _losses(build, 5)
     driver = _real_gpu(kernels)
     assert (driver.vendor.cublas is not None) == (kernels == "vendor")

@@ -9,13 +9,14 @@ import dataclasses
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import ROOT
 from cuda_emulator import EmulatedDriver, fake_vendor
-from helpers import SMALL
+from helpers import NORMED, POOLED, SMALL
 
 import deepdsl.running as running
 from deepdsl import api
@@ -24,6 +25,7 @@ from deepdsl.backends.cuda.vendor import (
     CUBLAS_SONAMES,
     OWN,
     MissingLibrary,
+    Vendor,
     candidates,
     library_folders,
     open_vendor,
@@ -31,7 +33,7 @@ from deepdsl.backends.cuda.vendor import (
 from deepdsl.cli import cli
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import REGISTRY, TensorType
-from deepdsl.ir.vendor import ConvForward, Gemm
+from deepdsl.ir.vendor import Gemm, Lrn, vendor_call
 from deepdsl.running import run_training
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("g++") is None, reason="no gcc/g++")
@@ -179,39 +181,48 @@ def test_vendor_without_the_libraries_names_them_and_how_to_install_them(tmp_pat
         open_vendor("vendor", [broken])
 
 
-# ---- the stand-in cuDNN: convolution forward ----
+# ---- the stand-in cuDNN: the convolutions ----
 
 CONVS = [  # (x shape, w shape, stride, pad, groups)
     ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), (1, 1), 1),
     ((2, 4, 9, 8), (6, 2, 3, 2), (2, 1), (0, 1), 2),
     ((1, 2, 5, 5), (3, 2, 1, 1), (1, 1), (0, 0), 1),
 ]
+CONV_OPS = ("conv2d", "conv2d_backward_data", "conv2d_backward_filter")
 
 
-def _conv_case(k: int) -> tuple[ConvForward, np.ndarray, np.ndarray, np.ndarray, dict]:
+def _conv_case(k: int, op: str = "conv2d") -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+    """Convolution `k` of CONVS as statement `op`: its vendor fact, its two inputs, a NaN output, its attributes."""
     xs, ws, stride, pad, groups = CONVS[k]
-    attrs = {"stride": stride, "pad": pad, "groups": groups}
-    out = REGISTRY["conv2d"].shape((TensorType(xs), TensorType(ws)), attrs)
-    fact = REGISTRY["conv2d"].vendor((TensorType(xs), TensorType(ws)), out, attrs)
+    conv = {"stride": stride, "pad": pad, "groups": groups}
+    ys = REGISTRY["conv2d"].shape((TensorType(xs), TensorType(ws)), conv).shape
+    types, attrs = {"conv2d": ((xs, ws), conv), "conv2d_backward_data": ((ys, ws), {**conv, "in_shape": xs}),
+                    "conv2d_backward_filter": ((xs, ys), {**conv, "w_shape": ws})}[op]  # fmt: skip
+    tensors = tuple(TensorType(s) for s in types)
+    out = REGISTRY[op].shape(tensors, attrs)
+    fact = REGISTRY[op].vendor(tensors, out, attrs)
     rng = np.random.default_rng(k)
-    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
-    return fact, x, w, np.full(out.shape, np.nan, np.float32), attrs
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in types)
+    return fact, a, b, np.full(out.shape, np.nan, np.float32), attrs
 
 
+@pytest.mark.parametrize("op", CONV_OPS)
 @pytest.mark.parametrize("k", range(len(CONVS)))
 @pytest.mark.parametrize("room", [0, 1 << 20])
-def test_a_convolution_through_cudnn_is_numpys(cublas_folder: Path, k: int, room: int) -> None:
-    """The fact of conv2d as cuDNN descriptors (stride, padding, groups) gives the NumPy kernel's output, with the
-    algorithm the workspace allows: none, direct loops (IMPLICIT_GEMM); enough, im2col in the workspace."""
+def test_a_convolution_through_cudnn_is_numpys(cublas_folder: Path, op: str, k: int, room: int) -> None:
+    """The facts of conv2d and its two gradients as cuDNN descriptors (stride, padding, groups) give the NumPy
+    kernel's output, with the algorithm the workspace allows: none, direct loops (IMPLICIT_GEMM, ALGO_0); enough,
+    im2col in the workspace (IMPLICIT_PRECOMP_GEMM, ALGO_1)."""
     vendor = open_vendor("vendor", [cublas_folder])
     assert vendor.cudnn is not None
-    fact, x, w, y, attrs = _conv_case(k)
+    fact, a, b, out, attrs = _conv_case(k, op)
     conv = vendor.cudnn.prepare(fact, room)
-    assert conv.algorithm == ("IMPLICIT_PRECOMP_GEMM" if room else "IMPLICIT_GEMM")
+    with_room = "IMPLICIT_PRECOMP_GEMM" if op == "conv2d" else "ALGO_1"
+    assert conv.algorithm == (with_room if room else ("IMPLICIT_GEMM" if op == "conv2d" else "ALGO_0"))
     assert (conv.workspace > 0) == bool(room)
     ws = np.zeros(max(conv.workspace, 4), np.uint8)
-    vendor.cudnn.forward(conv, y.ctypes.data, x.ctypes.data, w.ctypes.data, ws.ctypes.data)
-    np.testing.assert_allclose(y, REGISTRY["conv2d"].numpy((x, w), attrs), rtol=1e-4, atol=1e-5)
+    vendor.cudnn.convolve(conv, out.ctypes.data, a.ctypes.data, b.ctypes.data, ws.ctypes.data)
+    np.testing.assert_allclose(out, REGISTRY[op].numpy((a, b), attrs), rtol=1e-4, atol=1e-5)
     vendor.close()
 
 
@@ -226,13 +237,172 @@ def test_the_stand_in_cudnn_refuses_what_does_not_fit(cublas_folder: Path) -> No
     small = dataclasses.replace(conv, workspace=conv.workspace - 4)
     ws = np.zeros(conv.workspace, np.uint8)
     with pytest.raises(DslProgramError, match=r"cudnnConvolutionForward failed \(CUDNN_STATUS_BAD_PARAM\)"):
-        vendor.cudnn.forward(small, y.ctypes.data, x.ctypes.data, w.ctypes.data, ws.ctypes.data)
+        vendor.cudnn.convolve(small, y.ctypes.data, x.ctypes.data, w.ctypes.data, ws.ctypes.data)
     with pytest.raises(DslProgramError, match=r"cuDNN makes ConvForward.* an output of \[2, 4, 7, 6\]"):
         vendor.cudnn.prepare(dataclasses.replace(fact, oh=6), 0)
     big = np.zeros(conv.workspace // 4 + x.size, np.float32)  # x at the start of a buffer long enough to be scratch
     big[: x.size] = x.ravel()
-    vendor.cudnn.forward(conv, y.ctypes.data, big.ctypes.data, w.ctypes.data, big.ctypes.data)
+    vendor.cudnn.convolve(conv, y.ctypes.data, big.ctypes.data, w.ctypes.data, big.ctypes.data)
     assert not np.allclose(y, REGISTRY["conv2d"].numpy((x, w), attrs), rtol=1e-4, atol=1e-5)
+    for op in ("conv2d_backward_data", "conv2d_backward_filter"):  # the gradients likewise
+        fact, a, b, out, attrs = _conv_case(0, op)
+        conv = vendor.cudnn.prepare(fact, 1 << 20)
+        call = "cudnnConvolutionBackward" + ("Data" if op.endswith("data") else "Filter")
+        assert conv.call == call and conv.workspace > 0
+        with pytest.raises(DslProgramError, match=rf"{call} failed \(CUDNN_STATUS_BAD_PARAM\)"):
+            vendor.cudnn.convolve(dataclasses.replace(conv, workspace=conv.workspace - 4), out.ctypes.data,
+                                  a.ctypes.data, b.ctypes.data, ws.ctypes.data)  # fmt: skip
+        big = np.zeros(conv.workspace // 4 + a.size, np.float32)  # the first input as the scratch
+        big[: a.size] = a.ravel()
+        vendor.cudnn.convolve(conv, out.ctypes.data, big.ctypes.data, b.ctypes.data, big.ctypes.data)
+        assert not np.allclose(out, REGISTRY[op].numpy((a, b), attrs), rtol=1e-4, atol=1e-5)
+    vendor.close()
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 4), (2, 3, 4)])
+def test_a_bias_gradient_through_cudnn_is_numpys(cublas_folder: Path, shape: tuple[int, ...]) -> None:
+    """channel_sum (the bias gradient of a convolution or a linear layer) as cudnnConvolutionBackwardBias; a db
+    descriptor that is not [1, C, 1, 1] is refused."""
+    vendor = open_vendor("vendor", [cublas_folder])
+    assert vendor.cudnn is not None
+    g = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    fact = REGISTRY["channel_sum"].vendor((TensorType(shape),), TensorType((shape[1],)), {})
+    db = np.full(shape[1], np.nan, np.float32)
+    vendor.bind(fact, [db.ctypes.data, g.ctypes.data]).run()  # type: ignore[union-attr]
+    np.testing.assert_allclose(db, REGISTRY["channel_sum"].numpy((g,), {}), rtol=1e-5, atol=1e-6)
+    dy, wrong = vendor.cudnn.prepare_bias(dataclasses.replace(fact, n=1, c=shape[0]))  # the batch as channels
+    with pytest.raises(DslProgramError, match=r"cudnnConvolutionBackwardBias failed \(CUDNN_STATUS_BAD_PARAM\)"):
+        vendor.cudnn.bias((vendor.cudnn.prepare_bias(fact)[0], wrong), db.ctypes.data, g.ctypes.data)
+    vendor.close()
+
+
+# ---- the stand-in cuDNN: pooling ----
+
+POOLS = [  # (x shape, kernel, stride, pad)
+    ((2, 3, 7, 6), (2, 2), (2, 2), (0, 0)),
+    ((2, 2, 9, 8), (3, 3), (2, 1), (1, 1)),
+    ((1, 2, 5, 5), (3, 2), (1, 2), (1, 0)),
+]
+
+
+def _pool_case(k: int, op: str, ties: bool = False) -> tuple[Any, tuple[np.ndarray, ...], np.ndarray, dict]:
+    """Pooling `k` of POOLS as statement `op`: its vendor fact, its inputs, a NaN output, its attributes; `ties`:
+    small integers in x, so that windows hold tied maxima."""
+    xs, kernel, stride, pad = POOLS[k]
+    attrs = {"kernel": kernel, "stride": stride, "pad": pad}
+    rng = np.random.default_rng(k)
+    x = (rng.integers(0, 3, xs) if ties else rng.standard_normal(xs)).astype(np.float32)
+    forward = "max_pool2d" if op.startswith("max") else "avg_pool2d"
+    y = REGISTRY[forward].numpy((x,), attrs)
+    g = rng.standard_normal(y.shape).astype(np.float32)
+    inputs = {"max_pool2d": (x,), "avg_pool2d": (x,), "max_pool2d_backward": (x, y, g),
+              "avg_pool2d_backward": (g,)}[op]  # fmt: skip
+    if op == "avg_pool2d_backward":
+        attrs["in_shape"] = xs
+    types = tuple(TensorType(a.shape) for a in inputs)
+    out = REGISTRY[op].shape(types, attrs)
+    return REGISTRY[op].vendor(types, out, attrs), inputs, np.full(out.shape, np.nan, np.float32), attrs
+
+
+POOL_OPS = ("max_pool2d", "avg_pool2d", "max_pool2d_backward", "avg_pool2d_backward")
+
+
+@pytest.mark.parametrize("op", POOL_OPS)
+@pytest.mark.parametrize("k", range(len(POOLS)))
+def test_pooling_through_cudnn_is_numpys(cublas_folder: Path, op: str, k: int) -> None:
+    """Max and average pooling and their gradients as cuDNN pooling descriptors (floor mode, padding never a
+    maximum, the average counting the padding) give the NumPy kernels' outputs; max pooling's gradient goes to the
+    first maximum of a window in row-major order, as ours, where windows hold ties."""
+    vendor = open_vendor("vendor", [cublas_folder])
+    assert vendor.cudnn is not None
+    for ties in (False, True) if op == "max_pool2d_backward" else (False,):
+        fact, inputs, out, attrs = _pool_case(k, op, ties)
+        pool = vendor.cudnn.prepare_pool(fact)
+        vendor.cudnn.pool(pool, out.ctypes.data, tuple(a.ctypes.data for a in inputs))
+        np.testing.assert_allclose(out, REGISTRY[op].numpy(inputs, attrs), rtol=1e-5, atol=1e-6)
+    vendor.close()
+
+
+def test_the_stand_in_pooling_refuses_what_does_not_fit(cublas_folder: Path) -> None:
+    """A fact whose output size is not cuDNN's is an error; the average's fact with the maximum's mode runs, and
+    the comparison with NumPy rejects it."""
+    vendor = open_vendor("vendor", [cublas_folder])
+    assert vendor.cudnn is not None
+    fact, (x,), y, attrs = _pool_case(1, "avg_pool2d")
+    with pytest.raises(DslProgramError, match=r"cuDNN makes Pool.* an output of \[2, 2, 5, 8\]"):
+        vendor.cudnn.prepare_pool(dataclasses.replace(fact, oh=4))
+    vendor.cudnn.pool(vendor.cudnn.prepare_pool(dataclasses.replace(fact, mode="max")), y.ctypes.data, (x.ctypes.data,))
+    assert not np.allclose(y, REGISTRY["avg_pool2d"].numpy((x,), attrs), rtol=1e-4, atol=1e-5)
+    vendor.close()
+
+
+# ---- the stand-in cuDNN: softmax and LRN ----
+
+SOFTMAX_OPS = ("softmax", "log_softmax", "softmax_backward", "log_softmax_backward")
+LRN = {"size": 5, "alpha": 0.3, "beta": 0.75, "k": 2.0}
+
+
+def _run_vendor(vendor: Vendor, op: str, inputs: tuple[np.ndarray, ...], attrs: dict) -> np.ndarray:
+    """Statement `op` on `inputs` through its vendor fact, as the runner binds it."""
+    types = tuple(TensorType(a.shape) for a in inputs)
+    out_type = REGISTRY[op].shape(types, attrs)
+    out = np.full(out_type.shape, np.nan, np.float32)
+    bound = vendor.bind(
+        REGISTRY[op].vendor(types, out_type, attrs), [out.ctypes.data, *(a.ctypes.data for a in inputs)]
+    )
+    assert bound is not None
+    bound.run()
+    return out
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS)
+def test_softmax_through_cudnn_is_numpys(cublas_folder: Path, op: str) -> None:
+    """softmax and log_softmax (accurate, over the channels of [rows, k, 1, 1]) and their gradients, on rows with
+    large entries (where an inaccurate softmax overflows)."""
+    vendor = open_vendor("vendor", [cublas_folder])
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((5, 7)) * 40).astype(np.float32)
+    forward = op.removesuffix("_backward")
+    inputs = (
+        (x,) if op == forward else (REGISTRY[forward].numpy((x,), {}), rng.standard_normal((5, 7)).astype(np.float32))
+    )
+    np.testing.assert_allclose(_run_vendor(vendor, op, inputs, {}), REGISTRY[op].numpy(inputs, {}), rtol=1e-4,
+                               atol=1e-5)  # fmt: skip
+    vendor.close()
+
+
+@pytest.mark.parametrize("op", ["lrn", "lrn_backward"])
+@pytest.mark.parametrize("size", [1, 3, 5])
+def test_lrn_through_cudnn_is_numpys(cublas_folder: Path, op: str, size: int) -> None:
+    """Cross-channel LRN and its gradient: cuDNN's alpha is divided by the window inside the library, as ours."""
+    vendor = open_vendor("vendor", [cublas_folder])
+    rng = np.random.default_rng(size)
+    attrs = {**LRN, "size": size}
+    x = rng.standard_normal((2, 6, 3, 4)).astype(np.float32)
+    inputs = (
+        (x,)
+        if op == "lrn"
+        else (x, REGISTRY["lrn"].numpy((x,), attrs), rng.standard_normal(x.shape).astype(np.float32))
+    )
+    np.testing.assert_allclose(_run_vendor(vendor, op, inputs, attrs), REGISTRY[op].numpy(inputs, attrs), rtol=1e-4,
+                               atol=1e-5)  # fmt: skip
+    vendor.close()
+
+
+def test_the_stand_in_lrn_refuses_what_is_not_ours(cublas_folder: Path) -> None:
+    """An even window looks one channel further ahead in cuDNN than in PyTorch (and ours): run as a fact anyway, the
+    comparison with NumPy rejects it, which is why the registry gives none; a window beyond cuDNN's 16 is refused."""
+    vendor = open_vendor("vendor", [cublas_folder])
+    assert vendor.cudnn is not None
+    x = np.random.default_rng(0).standard_normal((2, 6, 3, 4)).astype(np.float32)
+    even = {**LRN, "size": 4}
+    assert REGISTRY["lrn"].vendor((TensorType(x.shape),), TensorType(x.shape), even) is None
+    fact = Lrn(*x.shape, 4, LRN["alpha"], LRN["beta"], LRN["k"])
+    y = np.full(x.shape, np.nan, np.float32)
+    vendor.cudnn.lrn(vendor.cudnn.prepare_lrn(fact), y.ctypes.data, (x.ctypes.data,))
+    assert not np.allclose(y, REGISTRY["lrn"].numpy((x,), even), rtol=1e-4, atol=1e-5)
+    with pytest.raises(DslProgramError, match=r"cudnnSetLRNDescriptor failed \(CUDNN_STATUS_BAD_PARAM\)"):
+        vendor.cudnn.prepare_lrn(dataclasses.replace(fact, size=17))
     vendor.close()
 
 
@@ -255,11 +425,12 @@ train { data = synthetic(seed=2) optimizer = sgd(lr=0.05, momentum=0.9) iteratio
 def _build(case: str) -> api.Build:
     if case in ("mlp", "lenet"):
         return api.build(api.compile_file(ROOT / "networks" / f"{case}.ddsl", {"N": 4}).program)
-    return api.build(api.compile_source(TINY if case == "tiny" else SMALL, f"{case}.ddsl", {}).program)
+    source = {"tiny": TINY, "pooled": POOLED, "normed": NORMED}.get(case, SMALL)
+    return api.build(api.compile_source(source, f"{case}.ddsl", {}).program)
 
 
 def _fake_calls(folder: Path) -> tuple[int, int]:
-    """(GEMMs, convolutions) the stand-ins have computed in this process."""
+    """(GEMMs, cuDNN calls) the stand-ins have computed in this process."""
     cublas, cudnn = (ctypes.CDLL(str(folder / name)) for name in ("libcublas.so.12", "libcudnn.so.9"))
     return int(cublas.fake_cublas_calls()), int(cudnn.fake_cudnn_calls())
 
@@ -271,22 +442,56 @@ def _agrees(case: str, kernels: str, folder: Path, cublas_folder: Path) -> None:
     driver = EmulatedDriver(folder, vendor=open_vendor(kernels, [cublas_folder]))
     lines: list[str] = []
     got = run_training(build, iters=3, data_flag="synthetic", driver=driver, report=lines.append)
-    gemms, convs = (b - a for a, b in zip(before, _fake_calls(cublas_folder)))
+    gemms, cudnn = (b - a for a, b in zip(before, _fake_calls(cublas_folder)))
     assert got["device"] == "cuda"
     np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4, atol=1e-6)
     assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
     assert got.get("test_accuracy") == pytest.approx(want.get("test_accuracy"))
-    if kernels == "vendor":  # every GEMM and forward convolution of the 3 steps and the tests through the stand-ins
-        assert gemms > 0 and "GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions by cuDNN 9.0.0" in lines[0]
-        assert (convs > 0) == any(s.op == "conv2d" for s in build.train_plan.graph.stmts)
+    if kernels == "vendor":  # the GEMMs and cuDNN's calls of the 3 steps and the tests through the stand-ins
+        assert (
+            gemms > 0
+            and "GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions, pooling, softmax and LRN by cuDNN 9.0.0"
+            in lines[0]
+        )
+        cudnn_facts = [c for s in build.train_plan.graph.stmts if (c := vendor_call(s)) and not isinstance(c, Gemm)]
+        assert (cudnn > 0) == bool(cudnn_facts)  # a statement fused into another's loop may have a fact unused
         assert 0 <= got["gpu_vendor_workspace_bytes"] <= got["arena_bytes"]
     else:
-        assert gemms == convs == 0 and "; our kernels)  network" in lines[0]
+        assert gemms == cudnn == 0 and "; our kernels)  network" in lines[0]
 
 
 @pytest.mark.parametrize("kernels", ["vendor", "own"])
 def test_the_runner_with_cublas_agrees_with_numpy(kernels: str, tmp_path: Path, cublas_folder: Path) -> None:
     _agrees("tiny", kernels, tmp_path, cublas_folder)
+
+
+def test_the_runner_with_cudnn_gradients_and_pooling_agrees_with_numpy(tmp_path: Path, cublas_folder: Path) -> None:
+    """Every convolution (forward, data and filter gradients), max pooling with padding and average pooling, and
+    their gradients through the stand-in cuDNN: the NumPy runner's losses and test figures."""
+    _agrees("pooled", "vendor", tmp_path, cublas_folder)
+    build = _build("pooled")
+    arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
+    runner = gpu_runner.GpuRunner(EmulatedDriver(tmp_path / "calls", vendor=open_vendor("vendor", [cublas_folder])),
+                                  build.train_plan, None, arrays)  # fmt: skip
+    served = {x.op for x, _, b in runner.calls["train"] if b is not None}
+    assert {"conv2d", "conv2d_backward_data", "conv2d_backward_filter", "channel_sum", "max_pool2d",
+            "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward"} <= served  # fmt: skip
+    runner.close()
+
+
+@pytest.mark.slow  # the stand-ins' softmax and LRN are checked through Vendor.bind in the default suite
+def test_the_runner_with_cudnn_softmax_and_lrn_agrees_with_numpy(tmp_path: Path, cublas_folder: Path) -> None:
+    """LRN, softmax and their gradients, and log softmax in the prediction, through the stand-in cuDNN: the NumPy
+    runner's losses and test figures."""
+    _agrees("normed", "vendor", tmp_path, cublas_folder)
+    build = _build("normed")
+    arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
+    runner = gpu_runner.GpuRunner(EmulatedDriver(tmp_path / "calls", vendor=open_vendor("vendor", [cublas_folder])),
+                                  build.train_plan, build.infer_plan, arrays)  # fmt: skip
+    served = {x.op for x, _, b in runner.calls["train"] if b is not None}
+    assert {"lrn", "lrn_backward", "softmax", "softmax_backward"} <= served
+    assert "log_softmax" in {x.op for x, _, b in runner.calls["infer"] if b is not None}
+    runner.close()
 
 
 @pytest.mark.slow
@@ -299,29 +504,38 @@ def test_the_runner_with_cublas_agrees_with_numpy_on_more_networks(case: str, tm
 @pytest.mark.parametrize("limit", [None, 0])
 def test_which_launches_go_to_the_vendor_libraries(tmp_path: Path, cublas_folder: Path, limit: int | None) -> None:
     """The runner asks each launch's registry fact, not its op name: the GEMM launches (linear and the matmuls of its
-    gradient) run as cuBLAS calls, the forward convolution as cuDNN's, in the workspace the plan gave it (none under
-    --workspace-limit 0: then an algorithm without scratch), the rest (the convolution's gradients, pooling, the
-    epilogues) as our kernels."""
+    gradient) run as cuBLAS calls, the convolution and its filter gradient as cuDNN's, in the workspace the plan gave
+    each (none under --workspace-limit 0: then an algorithm without scratch), pooling and its gradient and the bias
+    gradients as cuDNN's, the rest (the epilogues, the loss, relu's gradient, the updates) as our kernels."""
     build = api.build(api.compile_source(TINY, "tiny.ddsl", {}).program, api.Options(workspace_limit=limit))
     arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
     runner = gpu_runner.GpuRunner(EmulatedDriver(tmp_path, vendor=open_vendor("vendor", [cublas_folder])),
                                   build.train_plan, build.infer_plan, arrays)  # fmt: skip
     served = {x.op: b.what for x, _, b in runner.calls["train"] if b is not None}
     ops = sorted(x.op for x, _, b in runner.calls["train"] if b is not None)
-    assert ops == ["conv2d"] + ["linear"] * 2 + ["matmul"] * 4  # forward; dx and dW of fc1 and fc2
+    # forward; dW of cv, dx and dW of fc1 and fc2; the pooling and its gradient; the bias gradients of cv, fc1, fc2
+    assert ops == ["channel_sum"] * 3 + ["conv2d", "conv2d_backward_filter"] + ["linear"] * 2 + ["matmul"] * 4 + [
+        "max_pool2d",
+        "max_pool2d_backward",
+    ]
     planned = build.train_plan.workspace
     conv = next(s.out.name for s in build.train_plan.graph.stmts if s.op == "conv2d")
     assert (conv in planned) == (limit is None)
     if limit is None:
-        assert served["conv2d"] == "cuDNN IMPLICIT_PRECOMP_GEMM"
-        assert 0 < runner.vendor_workspace_bytes <= planned[conv].nbytes
+        assert served["conv2d"] == "cudnnConvolutionForward IMPLICIT_PRECOMP_GEMM"
+        assert served["conv2d_backward_filter"] == "cudnnConvolutionBackwardFilter ALGO_1"
+        assert 0 < runner.vendor_workspace_bytes <= max(w.nbytes for w in planned.values())
     else:
-        assert served["conv2d"] == "cuDNN IMPLICIT_GEMM" and runner.vendor_workspace_bytes == 0
+        assert served["conv2d"] == "cudnnConvolutionForward IMPLICIT_GEMM" and runner.vendor_workspace_bytes == 0
+        assert served["conv2d_backward_filter"] == "cudnnConvolutionBackwardFilter ALGO_0"
+    assert served["max_pool2d"] == "cudnnPoolingForward max"
+    assert served["channel_sum"] == "cudnnConvolutionBackwardBias"
     kernels = [x for x, _, b in runner.calls["train"] if b is None]
     epilogues = [x.kernel for x in kernels if x.op in ("linear", "matmul", "conv2d")]  # bias (and relu) after it
     assert epilogues and all(k.endswith("_epilogue") for k in epilogues)
-    assert {"conv2d_backward_filter", "max_pool2d"} <= {x.op for x in kernels}
-    assert sorted(x.op for x, _, b in runner.calls["infer"] if b is not None) == ["conv2d", "linear", "linear"]
+    assert {"relu_grad", "softmax_cross_entropy"} <= {x.op for x in kernels}
+    assert sorted(x.op for x, _, b in runner.calls["infer"] if b is not None) == ["conv2d", "linear", "linear",
+                                                                                   "max_pool2d"]  # fmt: skip
     runner.close()
 
 
@@ -355,8 +569,8 @@ def test_kernels_vendor_on_the_command_line(tmp_path: Path, cublas_folder: Path,
     assert _run("--kernels", "blas")[0] == 2  # a usage error
     _emulated(monkeypatch, tmp_path, [cublas_folder])
     code, out = _run("--device", "cuda")  # auto: cuBLAS where it loads, said on the device line
-    assert code == 0 and ("PyCUDA runner; GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions by cuDNN 9.0.0 "
-                          "(libcudnn.so.9), the rest our kernels)") in out  # fmt: skip
+    assert code == 0 and ("PyCUDA runner; GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions, pooling, softmax "
+                          "and LRN by cuDNN 9.0.0 (libcudnn.so.9), the rest our kernels)") in out  # fmt: skip
 
 
 @pytest.mark.slow

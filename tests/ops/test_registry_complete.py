@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import pytest
@@ -22,7 +23,19 @@ from deepdsl.ir import REGISTRY, TensorType
 from deepdsl.ir.indexexpr import IE, Apply, Reduce
 from deepdsl.ir.registry import JavaCall, OpDef, lookup
 from deepdsl.ir.types import DType, ShapeError
-from deepdsl.ir.vendor import ConvForward, Gemm
+from deepdsl.ir.vendor import (
+    ConvBackwardBias,
+    ConvBackwardData,
+    ConvBackwardFilter,
+    ConvForward,
+    Gemm,
+    Lrn,
+    LrnBackward,
+    Pool,
+    PoolBackward,
+    Softmax,
+    SoftmaxBackward,
+)
 
 X4 = TensorType((2, 4, 8, 8))
 X2 = TensorType((2, 6))
@@ -507,6 +520,136 @@ def conv_reference(c: ConvForward, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return y
 
 
+def _windows(c: ConvForward | Pool, x4: np.ndarray, fill: float) -> np.ndarray:
+    """x4 [n, c, h, w] padded with `fill`, as windows [n, c, oh, ow, kh, kw] (a copy)."""
+    (kh, kw), (sh, sw), (ph, pw) = ((c.kh, c.kw) if isinstance(c, ConvForward) else c.kernel), c.stride, c.pad
+    xp = np.pad(x4, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill)
+    out = np.empty((*x4.shape[:2], c.oh, c.ow, kh, kw), x4.dtype)
+    for i in range(c.oh):
+        for j in range(c.ow):
+            out[:, :, i, j] = xp[:, :, i * sh : i * sh + kh, j * sw : j * sw + kw]
+    return out
+
+
+def conv_data_reference(c: ConvForward, g: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """What a ConvBackwardData fact says: every product of dY and W added onto the input element it multiplied."""
+    g4, w4 = g.reshape(c.n, c.f, c.oh, c.ow), w.reshape(c.f, c.c // c.groups, c.kh, c.kw)
+    (sh, sw), (ph, pw), cg, per = c.stride, c.pad, c.c // c.groups, c.f // c.groups
+    dxp = np.zeros((c.n, c.c, c.h + 2 * ph, c.w + 2 * pw), np.float64)
+    for f in range(c.f):
+        channels = slice(f // per * cg, (f // per + 1) * cg)
+        for i in range(c.oh):
+            for j in range(c.ow):
+                dxp[:, channels, i * sh : i * sh + c.kh, j * sw : j * sw + c.kw] += (
+                    g4[:, f, i, j, None, None, None] * w4[f]
+                )
+    return dxp[:, :, ph : ph + c.h, pw : pw + c.w]
+
+
+def conv_filter_reference(c: ConvForward, x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """What a ConvBackwardFilter fact says: dW[f] = the sum over images and output pixels of dY times the window."""
+    win = _windows(c, x.reshape(c.n, c.c, c.h, c.w), 0.0)  # n, c, oh, ow, kh, kw
+    g4, cg, per = g.reshape(c.n, c.f, c.oh, c.ow), c.c // c.groups, c.f // c.groups
+    dw = np.zeros((c.f, cg, c.kh, c.kw), np.float64)
+    for f in range(c.f):
+        dw[f] = np.einsum("nhw,nchwij->cij", g4[:, f], win[:, f // per * cg : (f // per + 1) * cg])
+    return dw
+
+
+def pool_reference(p: Pool, x: np.ndarray) -> np.ndarray:
+    """What a Pool fact says: each window's maximum (padding never one) or its sum over kh * kw."""
+    win = _windows(p, x.reshape(p.n, p.c, p.h, p.w), -np.inf if p.mode == "max" else 0.0)
+    return win.max(axis=(4, 5)) if p.mode == "max" else win.sum(axis=(4, 5)) / (p.kernel[0] * p.kernel[1])
+
+
+def pool_backward_reference(p: Pool, *inputs: np.ndarray) -> np.ndarray:
+    """What a PoolBackward fact says: each dY to its window's first maximum in x (row-major), or spread evenly."""
+    (kh, kw), (sh, sw), (ph, pw) = p.kernel, p.stride, p.pad
+    g4 = inputs[-1].reshape(p.n, p.c, p.oh, p.ow)
+    win = _windows(p, inputs[0].reshape(p.n, p.c, p.h, p.w), -np.inf) if p.mode == "max" else None
+    dxp = np.zeros((p.n, p.c, p.h + 2 * ph, p.w + 2 * pw), np.float64)
+    for n in range(p.n):
+        for ch in range(p.c):
+            for i in range(p.oh):
+                for j in range(p.ow):
+                    if win is None:
+                        dxp[n, ch, i * sh : i * sh + kh, j * sw : j * sw + kw] += g4[n, ch, i, j] / (kh * kw)
+                    else:
+                        a, b = divmod(int(np.argmax(win[n, ch, i, j])), kw)  # argmax: the first maximum
+                        dxp[n, ch, i * sh + a, j * sw + b] += g4[n, ch, i, j]
+    return dxp[:, :, ph : ph + p.h, pw : pw + p.w]
+
+
+def softmax_reference(s: Softmax, x: np.ndarray) -> np.ndarray:
+    """What a Softmax fact says: each row's exp over the sum of its exps (or its log), in float64."""
+    rows = x.reshape(s.rows, s.k).astype(np.float64)
+    z = rows - rows.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True)) if s.log else np.exp(z) / np.exp(z).sum(1, keepdims=True)
+
+
+def softmax_backward_reference(s: Softmax, y: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """What a SoftmaxBackward fact says: the Jacobian of each row's softmax (or log softmax) at y, applied to g."""
+    y2, g2 = y.reshape(s.rows, s.k).astype(np.float64), g.reshape(s.rows, s.k).astype(np.float64)
+    out = np.empty_like(y2)
+    for r in range(s.rows):
+        p = np.exp(y2[r]) if s.log else y2[r]
+        jacobian = np.eye(s.k) - p[None, :] if s.log else np.diag(p) - np.outer(p, p)  # d out_i / d x_j
+        out[r] = jacobian.T @ g2[r]
+    return out
+
+
+def lrn_reference(r: Lrn, x: np.ndarray, *rest: np.ndarray) -> np.ndarray:
+    """What an Lrn fact says (the window (size - 1) / 2 channels either side), and for LrnBackward (inputs x, y,
+    dY) the exact gradient of that in float64, by the chain rule one channel pair at a time."""
+    x4 = x.reshape(r.n, r.c, r.h, r.w).astype(np.float64)
+    half = (r.size - 1) // 2
+    window = [range(max(0, c - half), min(r.c, c + half + 1)) for c in range(r.c)]
+    s = np.stack([r.k + r.alpha / r.size * sum(x4[:, j] ** 2 for j in window[c]) for c in range(r.c)], axis=1)
+    if not rest:
+        return x4 * s**-r.beta
+    g4 = rest[-1].reshape(x4.shape).astype(np.float64)
+    dx = g4 * s**-r.beta
+    for c in range(r.c):  # y_c = x_c s_c^-beta: through s_c, every x_j of c's window
+        for j in window[c]:
+            dx[:, j] -= g4[:, c] * x4[:, c] * r.beta * s[:, c] ** (-r.beta - 1) * 2 * r.alpha / r.size * x4[:, j]
+    return dx
+
+
+def _fact_check(fact: object) -> tuple[tuple[int, ...], Callable[..., np.ndarray]] | None:
+    """The element counts a vendor fact expects of its inputs and output, and its reference; None: unknown."""
+    if isinstance(fact, Gemm):
+        f = fact
+        return (f.batch * f.m * f.k, f.batch * f.k * f.n, f.batch * f.m * f.n), partial(gemm_reference, f)
+    if isinstance(fact, ConvForward | ConvBackwardData | ConvBackwardFilter):
+        c = fact if isinstance(fact, ConvForward) else fact.conv
+        x, w, y = c.n * c.c * c.h * c.w, c.f * c.c // c.groups * c.kh * c.kw, c.n * c.f * c.oh * c.ow
+        if isinstance(fact, ConvForward):
+            return (x, w, y), partial(conv_reference, c)
+        if isinstance(fact, ConvBackwardData):
+            return (y, w, x), partial(conv_data_reference, c)
+        return (x, y, w), partial(conv_filter_reference, c)
+    if isinstance(fact, ConvBackwardBias):
+        b = fact
+        return (b.n * b.c * b.h * b.w, b.c), lambda g: g.reshape(b.n, b.c, b.h * b.w).sum(axis=(0, 2), dtype=np.float64)
+    if isinstance(fact, Softmax | SoftmaxBackward):
+        s = fact if isinstance(fact, Softmax) else fact.softmax
+        size = s.rows * s.k
+        if isinstance(fact, Softmax):
+            return (size, size), partial(softmax_reference, s)
+        return (size, size, size), partial(softmax_backward_reference, s)
+    if isinstance(fact, Lrn | LrnBackward):
+        r = fact if isinstance(fact, Lrn) else fact.lrn
+        size = r.n * r.c * r.h * r.w
+        return ((size,) * 2 if isinstance(fact, Lrn) else (size,) * 4), partial(lrn_reference, r)
+    if isinstance(fact, Pool | PoolBackward):
+        p = fact if isinstance(fact, Pool) else fact.pool
+        x, y = p.n * p.c * p.h * p.w, p.n * p.c * p.oh * p.ow
+        if isinstance(fact, Pool):
+            return (x, y), partial(pool_reference, p)
+        return ((x, y, y, x) if p.mode == "max" else (y, x)), partial(pool_backward_reference, p)
+    return None
+
+
 def vendor_problems(op: OpDef, inputs: tuple[TensorType, ...], attrs: dict) -> list[str]:
     """The op's vendor fact, interpreted on random inputs of the example call, against its NumPy kernel."""
     out_type = op.shape(inputs, attrs)
@@ -515,19 +658,20 @@ def vendor_problems(op: OpDef, inputs: tuple[TensorType, ...], attrs: dict) -> l
         return []
     rng = np.random.default_rng(0)
     xs = tuple(rng.random(t.shape, np.float32) for t in inputs)
-    if isinstance(fact, Gemm):
-        sizes = (fact.batch * fact.m * fact.k, fact.batch * fact.k * fact.n, fact.batch * fact.m * fact.n)
-        reference = gemm_reference
-    elif isinstance(fact, ConvForward):
-        c = fact
-        sizes = (c.n * c.c * c.h * c.w, c.f * c.c // c.groups * c.kh * c.kw, c.n * c.f * c.oh * c.ow)
-        reference = conv_reference
-    else:
+    if isinstance(fact, PoolBackward) and len(xs) == 3:  # max: y must be the pooling of x, or nothing is routed
+        xs = (xs[0], REGISTRY["max_pool2d"].numpy(xs[:1], attrs), xs[2])
+    if isinstance(fact, SoftmaxBackward):  # y must be a softmax (log softmax) output
+        xs = (REGISTRY["log_softmax" if fact.softmax.log else "softmax"].numpy(xs[:1], {}), xs[1])
+    if isinstance(fact, LrnBackward):  # y must be the lrn of x
+        xs = (xs[0], REGISTRY["lrn"].numpy(xs[:1], attrs), xs[2])
+    check = _fact_check(fact)
+    if check is None:
         return [f"{op.name}: a vendor fact no check knows ({type(fact).__name__})"]
-    if sizes != (xs[0].size, xs[1].size, out_type.numel):
+    sizes, reference = check
+    if sizes != (*(x.size for x in xs), out_type.numel):
         return [f"{op.name}: {fact} does not fit its inputs {inputs}"]
-    got = reference(fact, xs[0].ravel(), xs[1].ravel()).reshape(out_type.shape)
-    if np.allclose(got, op.numpy(xs, attrs), rtol=1e-5):
+    got = reference(*(x.ravel() for x in xs)).reshape(out_type.shape)
+    if np.allclose(got, op.numpy(xs, attrs), rtol=1e-5, atol=1e-6):
         return []
     return [f"{op.name}: {fact} is not what the op computes"]
 
@@ -536,7 +680,20 @@ VENDOR_CALLS = [(name, *EXAMPLES[name]) for name, op in sorted(REGISTRY.items())
 VENDOR_CALLS += [("matmul", (TensorType((6, 2)), TensorType((3, 6))), {"transpose_a": True, "transpose_b": True}),
                  ("batch_matmul", (TensorType((2, 4, 3)), TensorType((2, 4, 5))), {"transpose_a": True}),
                  ("conv2d", (TensorType((2, 4, 9, 8)), TensorType((6, 2, 3, 2))),
-                  {"stride": (2, 1), "pad": (0, 1), "groups": 2})]  # fmt: skip
+                  {"stride": (2, 1), "pad": (0, 1), "groups": 2}),
+                 ("conv2d_backward_data", (TensorType((2, 6, 4, 9)), TensorType((6, 2, 3, 2))),
+                  {"stride": (2, 1), "pad": (0, 1), "groups": 2, "in_shape": (2, 4, 9, 8)}),
+                 ("conv2d_backward_filter", (TensorType((2, 4, 9, 8)), TensorType((2, 6, 4, 9))),
+                  {"stride": (2, 1), "pad": (0, 1), "groups": 2, "w_shape": (6, 2, 3, 2)}),
+                 ("max_pool2d_backward", (TensorType((2, 2, 9, 8)), TensorType((2, 2, 5, 8)), TensorType((2, 2, 5, 8))),
+                  {"kernel": (3, 3), "stride": (2, 1), "pad": (1, 1)}),
+                 ("lrn", (X4,), {"size": 3, "alpha": 0.3, "beta": 0.75, "k": 2.0}),
+                 ("lrn_backward", (X4, X4, X4), {"size": 3, "alpha": 0.3, "beta": 0.75, "k": 2.0}),
+                 ("channel_sum", (TensorType((2, 3)),), {}),
+                 ("channel_sum", (TensorType((2, 3, 4)),), {}),
+                 ("channel_sum", (TensorType((2, 3, 4, 2, 2)),), {}),
+                 ("avg_pool2d_backward", (TensorType((1, 2, 5, 2)),),
+                  {"kernel": (3, 2), "stride": (1, 2), "pad": (1, 0), "in_shape": (1, 2, 5, 5)})]  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "inputs", "attrs"), VENDOR_CALLS, ids=[c[0] for c in VENDOR_CALLS])
@@ -556,3 +713,25 @@ def test_a_wrong_vendor_fact_is_reported() -> None:
     no_pad = dataclasses.replace(conv, vendor=lambda t, o, a: dataclasses.replace(conv.vendor(t, o, a), pad=(0, 0)))
     inputs, attrs = (TensorType((1, 2, 5, 5)), TensorType((3, 2, 1, 1))), {"stride": (1, 1), "pad": (1, 1), "groups": 1}
     assert vendor_problems(no_pad, inputs, attrs)[0].endswith("is not what the op computes")  # 1x1: sizes still fit
+    data = REGISTRY["conv2d_backward_data"]
+    shifted = dataclasses.replace(data, vendor=lambda t, o, a: ConvBackwardData(dataclasses.replace(
+        data.vendor(t, o, a).conv, stride=(1, 1), pad=(1, 1))))  # fmt: skip
+    inputs, attrs = next(c[1:] for c in VENDOR_CALLS if c[0] == "conv2d_backward_data" and c[2]["stride"] == (2, 1))
+    assert vendor_problems(shifted, inputs, attrs)[0].endswith("is not what the op computes")
+    pool = REGISTRY["avg_pool2d_backward"]
+    as_max = dataclasses.replace(pool, vendor=lambda t, o, a: PoolBackward(dataclasses.replace(
+        pool.vendor(t, o, a).pool, pad=(0, 1))))  # fmt: skip
+    padded = next(c[1:] for c in VENDOR_CALLS if c[0] == "avg_pool2d_backward" and c[2]["pad"] == (1, 0))
+    assert vendor_problems(as_max, *padded)[0].endswith("is not what the op computes")
+    lrn = REGISTRY["lrn_backward"]  # an even window is not cuDNN's: no fact; a fact that claims one is wrong
+    even = {"size": 4, "alpha": 0.3, "beta": 0.75, "k": 2.0}
+    assert lrn.vendor((X4,) * 3, X4, even) is None and REGISTRY["lrn"].vendor((X4,), X4, even) is None
+    claims = dataclasses.replace(lrn, vendor=lambda t, o, a: LrnBackward(Lrn(*o.shape, a["size"], a["alpha"],
+                                                                             a["beta"], a["k"])))  # fmt: skip
+    assert vendor_problems(claims, (X4,) * 3, even)[0].endswith("is not what the op computes")
+    soft = REGISTRY["softmax_backward"]
+    as_log = dataclasses.replace(soft, vendor=lambda t, o, a: SoftmaxBackward(Softmax(*o.shape, log=True)))
+    assert vendor_problems(as_log, *EXAMPLES["softmax_backward"])[0].endswith("is not what the op computes")
+    channels = REGISTRY["channel_sum"]  # the last axis read as the channels: sizes fit, sums do not
+    last = dataclasses.replace(channels, vendor=lambda t, o, a: ConvBackwardBias(6, 3, 1, 1))
+    assert vendor_problems(last, (TensorType((2, 3, 3)),), {})[0].endswith("is not what the op computes")

@@ -1,11 +1,20 @@
-"""cuDNN 9 through ctypes: a `ConvForward` (ir/vendor.py) as the legacy `cudnnConvolutionForward`.
+"""cuDNN 9 through ctypes: the convolutions (`ConvForward`, `ConvBackwardData`, `ConvBackwardFilter`, ir/vendor.py)
+as the legacy `cudnnConvolutionForward`, `...BackwardData` and `...BackwardFilter`, the bias gradient
+(`ConvBackwardBias`) as `cudnnConvolutionBackwardBias`, pooling (`Pool`, `PoolBackward`) as `cudnnPoolingForward`
+and `...Backward`, softmax (`Softmax`, `SoftmaxBackward`: accurate or log, over the channels of [rows, k, 1, 1]) as
+`cudnnSoftmaxForward` / `...Backward`, and LRN (`Lrn`, `LrnBackward`) as `cudnnLRNCrossChannelForward` / `...Backward`.
 
-Each convolution gets its descriptors once, when the runner starts, and its algorithm: the first that
-`cudnnGetConvolutionForwardAlgorithm_v7` proposes (cuDNN's heuristic order) whose scratch fits the workspace the plan
-gave the statement (memory/plan.py, bounded by --workspace-limit; zero where the plan gave none), so cuDNN's
-scratch is arena the plan already counts. Math is `CUDNN_FMA_MATH`: float32 without TF32, as the other runners
-compute. The legacy calls are deprecated in cuDNN 9 but exported; they live in this one module, so a move to the
-graph API stays local.
+Each call gets its descriptors once, when the runner starts, and a convolution its algorithm: the first that the
+call's `_v7` query proposes (cuDNN's heuristic order) whose scratch fits the workspace the plan gave the statement
+(memory/plan.py, bounded by --workspace-limit; zero where the plan gave none), so cuDNN's scratch is arena the plan
+already counts. Math is `CUDNN_FMA_MATH`: float32 without TF32, as the other runners compute. The legacy calls are
+deprecated in cuDNN 9 but exported; they live in this one module, so a move to the graph API stays local.
+
+Max pooling is `CUDNN_POOLING_MAX_DETERMINISTIC` with NaN propagated (as np.maximum does). Where a window holds
+tied maxima our kernels send its gradient to the first in row-major order; cuDNN does not document which one it
+picks, so on ties the two may differ in where (not how much) gradient goes. Average pooling is
+`CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING`: every window divides by kh * kw, as ours. Its backward reads neither X
+nor Y, but the call takes them; it is given dY for Y and dX for X (the right sizes, never read).
 """
 
 from __future__ import annotations
@@ -15,11 +24,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepdsl.errors import DslProgramError
-from deepdsl.ir.vendor import ConvForward
+from deepdsl.ir.vendor import (
+    ConvBackwardBias,
+    ConvBackwardData,
+    ConvBackwardFilter,
+    ConvForward,
+    Lrn,
+    LrnBackward,
+    Pool,
+    PoolBackward,
+    Softmax,
+    SoftmaxBackward,
+)
 
 _NCHW, _FLOAT, _CROSS_CORRELATION, _FMA_MATH = 0, 0, 1, 3
-ALGORITHMS = ("IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING", "WINOGRAD",
-              "WINOGRAD_NONFUSED")  # fmt: skip
+_MAX_DETERMINISTIC, _AVG_INCLUDE_PADDING, _PROPAGATE_NAN = 3, 1, 1
+_SOFTMAX_ACCURATE, _SOFTMAX_LOG, _SOFTMAX_CHANNEL, _LRN_CROSS_CHANNEL = 1, 2, 1, 0
+# per call: its algorithms (cudnn_cnn.h's order), the _v7 query that proposes them
+ALGORITHMS = {
+    "cudnnConvolutionForward": ("IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING",
+                                "WINOGRAD", "WINOGRAD_NONFUSED"),
+    "cudnnConvolutionBackwardData": ("ALGO_0", "ALGO_1", "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"),
+    "cudnnConvolutionBackwardFilter": ("ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED",
+                                       "FFT_TILING"),
+}  # fmt: skip
+QUERY = {
+    "cudnnConvolutionForward": "cudnnGetConvolutionForwardAlgorithm_v7",
+    "cudnnConvolutionBackwardData": "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+    "cudnnConvolutionBackwardFilter": "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+}
 
 
 class _AlgoPerf(ctypes.Structure):
@@ -30,8 +63,9 @@ class _AlgoPerf(ctypes.Structure):
 
 @dataclass(frozen=True)
 class Conv:
-    """A convolution ready to run: its descriptors, its algorithm and the scratch that algorithm needs."""
+    """A convolution call ready to run: its descriptors, its algorithm and the scratch that algorithm needs."""
 
+    call: str  # cudnnConvolutionForward, ...BackwardData or ...BackwardFilter
     x: ctypes.c_void_p
     w: ctypes.c_void_p
     conv: ctypes.c_void_p
@@ -41,7 +75,19 @@ class Conv:
 
     @property
     def algorithm(self) -> str:
-        return ALGORITHMS[self.algo] if self.algo < len(ALGORITHMS) else str(self.algo)
+        names = ALGORITHMS[self.call]
+        return names[self.algo] if self.algo < len(names) else str(self.algo)
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """A pooling call ready to run: its descriptors and whether it is the backward."""
+
+    pool: ctypes.c_void_p
+    x: ctypes.c_void_p
+    y: ctypes.c_void_p
+    mode: str
+    backward: bool
 
 
 class Cudnn:
@@ -59,7 +105,15 @@ class Cudnn:
         self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self.descriptors: list[tuple[str, ctypes.c_void_p]] = []  # (destroy call, descriptor), freed at close
         p, i, z = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
-        lib.cudnnConvolutionForward.argtypes = [p, p, p, p, p, p, p, i, p, z, p, p, p]
+        for call in ALGORITHMS:
+            getattr(lib, call).argtypes = [p, p, p, p, p, p, p, i, p, z, p, p, p]
+        lib.cudnnPoolingForward.argtypes = [p] * 8
+        lib.cudnnConvolutionBackwardBias.argtypes = [p] * 7
+        lib.cudnnSoftmaxForward.argtypes = [p, i, i, p, p, p, p, p, p]
+        lib.cudnnSoftmaxBackward.argtypes = [p, i, i, p, p, p, p, p, p, p, p]
+        lib.cudnnLRNCrossChannelForward.argtypes = [p, p, i, p, p, p, p, p, p]
+        lib.cudnnLRNCrossChannelBackward.argtypes = [p, p, i, p, p, p, p, p, p, p, p, p, p]
+        lib.cudnnPoolingBackward.argtypes = [p] * 12
 
     @property
     def description(self) -> str:
@@ -76,9 +130,12 @@ class Cudnn:
         self.descriptors.append((f"cudnnDestroy{kind}Descriptor", d))
         return d
 
-    def prepare(self, c: ConvForward, workspace: int) -> Conv:
-        """The descriptors of `c`, checked against cuDNN's own output size, and the first proposed algorithm whose
-        scratch is at most `workspace` bytes."""
+    def prepare(self, call: ConvForward | ConvBackwardData | ConvBackwardFilter, workspace: int) -> Conv:
+        """The descriptors of the convolution `call`, checked against cuDNN's own output size, and the first
+        algorithm its query proposes whose scratch is at most `workspace` bytes."""
+        name = {ConvForward: "cudnnConvolutionForward", ConvBackwardData: "cudnnConvolutionBackwardData",
+                ConvBackwardFilter: "cudnnConvolutionBackwardFilter"}[type(call)]  # fmt: skip
+        c = call if isinstance(call, ConvForward) else call.conv
         x, w, conv, y = (self._descriptor(k) for k in ("Tensor", "Filter", "Convolution", "Tensor"))
         lib, check = self.lib, self._check
         check(lib.cudnnSetTensor4dDescriptor(x, _NCHW, _FLOAT, c.n, c.c, c.h, c.w), "cudnnSetTensor4dDescriptor")
@@ -95,21 +152,113 @@ class Cudnn:
         if tuple(d.value for d in dims) != (c.n, c.f, c.oh, c.ow):
             raise DslProgramError(f"--kernels vendor: cuDNN makes {c} an output of {[d.value for d in dims]}")
         check(lib.cudnnSetTensor4dDescriptor(y, _NCHW, _FLOAT, c.n, c.f, c.oh, c.ow), "cudnnSetTensor4dDescriptor")
-        perf, count = (_AlgoPerf * len(ALGORITHMS))(), ctypes.c_int()
-        check(lib.cudnnGetConvolutionForwardAlgorithm_v7(self.handle, x, w, conv, y, len(ALGORITHMS),
-                                                         ctypes.byref(count), perf),
-              "cudnnGetConvolutionForwardAlgorithm_v7")  # fmt: skip
+        algorithms = len(ALGORITHMS[name])
+        perf, count = (_AlgoPerf * algorithms)(), ctypes.c_int()
+        # the query's descriptors: forward (x, w, conv, y), data (w, dy, conv, dx), filter (x, dy, conv, dw)
+        operands = {"cudnnConvolutionForward": (x, w, conv, y), "cudnnConvolutionBackwardData": (w, y, conv, x),
+                    "cudnnConvolutionBackwardFilter": (x, y, conv, w)}[name]  # fmt: skip
+        check(getattr(lib, QUERY[name])(self.handle, *operands, algorithms, ctypes.byref(count), perf), QUERY[name])
         for p in perf[: count.value]:
             if p.status == 0 and p.memory <= workspace:
-                return Conv(x, w, conv, y, p.algo, int(p.memory))
-        raise DslProgramError(f"--kernels vendor: cuDNN proposes no algorithm for {c} within {workspace:,} bytes")
+                return Conv(name, x, w, conv, y, p.algo, int(p.memory))
+        raise DslProgramError(f"--kernels vendor: cuDNN proposes no algorithm for {call} within {workspace:,} bytes")
 
-    def forward(self, conv: Conv, y: int, x: int, w: int, workspace: int) -> None:
-        """y = conv(x, w) at device addresses, with `conv.workspace` bytes of scratch at `workspace`."""
-        status = self.lib.cudnnConvolutionForward(self.handle, ctypes.byref(self.one), conv.x, x, conv.w, w, conv.conv,
-                                                  conv.algo, workspace or None, conv.workspace, ctypes.byref(self.zero),
-                                                  conv.y, y)  # fmt: skip
-        self._check(status, "cudnnConvolutionForward")
+    def convolve(self, conv: Conv, out: int, a: int, b: int, workspace: int) -> None:
+        """out = the convolution call on inputs a, b (the statement's order: forward x, w; data dy, w; filter x,
+        dy) at device addresses, with `conv.workspace` bytes of scratch at `workspace`."""
+        operands = {"cudnnConvolutionForward": ((conv.x, a), (conv.w, b), conv.y),
+                    "cudnnConvolutionBackwardData": ((conv.w, b), (conv.y, a), conv.x),
+                    "cudnnConvolutionBackwardFilter": ((conv.x, a), (conv.y, b), conv.w)}  # fmt: skip
+        first, second, result = operands[conv.call]
+        status = getattr(self.lib, conv.call)(self.handle, ctypes.byref(self.one), *first, *second, conv.conv,
+                                              conv.algo, workspace or None, conv.workspace, ctypes.byref(self.zero),
+                                              result, out)  # fmt: skip
+        self._check(status, conv.call)
+
+    def prepare_bias(self, call: ConvBackwardBias) -> tuple[ctypes.c_void_p, ctypes.c_void_p]:
+        """The descriptors of dY [n, c, h, w] and db [1, c, 1, 1] for `cudnnConvolutionBackwardBias`."""
+        dy, db = self._descriptor("Tensor"), self._descriptor("Tensor")
+        b = call
+        self._check(self.lib.cudnnSetTensor4dDescriptor(dy, _NCHW, _FLOAT, b.n, b.c, b.h, b.w),
+                    "cudnnSetTensor4dDescriptor")  # fmt: skip
+        self._check(self.lib.cudnnSetTensor4dDescriptor(db, _NCHW, _FLOAT, 1, b.c, 1, 1), "cudnnSetTensor4dDescriptor")
+        return dy, db
+
+    def bias(self, descriptors: tuple[ctypes.c_void_p, ctypes.c_void_p], db: int, dy: int) -> None:
+        """db = the per-channel sum of dy, at device addresses."""
+        one, zero = ctypes.byref(self.one), ctypes.byref(self.zero)
+        status = self.lib.cudnnConvolutionBackwardBias(self.handle, one, descriptors[0], dy, zero, descriptors[1], db)
+        self._check(status, "cudnnConvolutionBackwardBias")
+
+    def prepare_pool(self, call: Pool | PoolBackward) -> Pooling:
+        """The descriptors of the pooling `call`, checked against cuDNN's own output size."""
+        p = call if isinstance(call, Pool) else call.pool
+        pool, x, y = self._descriptor("Pooling"), self._descriptor("Tensor"), self._descriptor("Tensor")
+        lib, check = self.lib, self._check
+        mode = _MAX_DETERMINISTIC if p.mode == "max" else _AVG_INCLUDE_PADDING
+        (kh, kw), (ph, pw), (sh, sw) = p.kernel, p.pad, p.stride
+        check(lib.cudnnSetPooling2dDescriptor(pool, mode, _PROPAGATE_NAN, kh, kw, ph, pw, sh, sw),
+              "cudnnSetPooling2dDescriptor")  # fmt: skip
+        check(lib.cudnnSetTensor4dDescriptor(x, _NCHW, _FLOAT, p.n, p.c, p.h, p.w), "cudnnSetTensor4dDescriptor")
+        dims = [ctypes.c_int() for _ in range(4)]
+        check(lib.cudnnGetPooling2dForwardOutputDim(pool, x, *map(ctypes.byref, dims)),
+              "cudnnGetPooling2dForwardOutputDim")  # fmt: skip
+        if tuple(d.value for d in dims) != (p.n, p.c, p.oh, p.ow):
+            raise DslProgramError(f"--kernels vendor: cuDNN makes {p} an output of {[d.value for d in dims]}")
+        check(lib.cudnnSetTensor4dDescriptor(y, _NCHW, _FLOAT, p.n, p.c, p.oh, p.ow), "cudnnSetTensor4dDescriptor")
+        return Pooling(pool, x, y, p.mode, isinstance(call, PoolBackward))
+
+    def pool(self, p: Pooling, out: int, inputs: tuple[int, ...]) -> None:
+        """out = the pooling call on `inputs` (the statement's: forward x; max backward x, y, dy; avg backward dy)."""
+        one, zero = ctypes.byref(self.one), ctypes.byref(self.zero)
+        if not p.backward:
+            status = self.lib.cudnnPoolingForward(self.handle, p.pool, one, p.x, inputs[0], zero, p.y, out)
+            return self._check(status, "cudnnPoolingForward")
+        x, y, dy = inputs if p.mode == "max" else (out, inputs[0], inputs[0])  # avg: x and y are not read
+        status = self.lib.cudnnPoolingBackward(self.handle, p.pool, one, p.y, y, p.y, dy, p.x, x, zero, p.x, out)
+        self._check(status, "cudnnPoolingBackward")
+
+    def prepare_softmax(self, call: Softmax | SoftmaxBackward) -> ctypes.c_void_p:
+        """The descriptor of [rows, k, 1, 1] for the softmax `call`."""
+        s = call if isinstance(call, Softmax) else call.softmax
+        d = self._descriptor("Tensor")
+        self._check(self.lib.cudnnSetTensor4dDescriptor(d, _NCHW, _FLOAT, s.rows, s.k, 1, 1),
+                    "cudnnSetTensor4dDescriptor")  # fmt: skip
+        return d
+
+    def softmax(self, call: Softmax | SoftmaxBackward, d: ctypes.c_void_p, out: int, inputs: tuple[int, ...]) -> None:
+        """out = the softmax `call` on `inputs` (forward x; backward y, dy) over the channels of descriptor `d`."""
+        one, zero = ctypes.byref(self.one), ctypes.byref(self.zero)
+        s = call if isinstance(call, Softmax) else call.softmax
+        algo = _SOFTMAX_LOG if s.log else _SOFTMAX_ACCURATE
+        if isinstance(call, Softmax):
+            status = self.lib.cudnnSoftmaxForward(self.handle, algo, _SOFTMAX_CHANNEL, one, d, inputs[0], zero, d, out)
+            return self._check(status, "cudnnSoftmaxForward")
+        y, dy = inputs
+        status = self.lib.cudnnSoftmaxBackward(self.handle, algo, _SOFTMAX_CHANNEL, one, d, y, d, dy, zero, d, out)
+        self._check(status, "cudnnSoftmaxBackward")
+
+    def prepare_lrn(self, call: Lrn | LrnBackward) -> tuple[ctypes.c_void_p, ctypes.c_void_p]:
+        """The LRN descriptor of `call` and its tensors' descriptor."""
+        r = call if isinstance(call, Lrn) else call.lrn
+        norm, d = self._descriptor("LRN"), self._descriptor("Tensor")
+        self._check(self.lib.cudnnSetLRNDescriptor(norm, r.size, ctypes.c_double(r.alpha), ctypes.c_double(r.beta),
+                                                   ctypes.c_double(r.k)), "cudnnSetLRNDescriptor")  # fmt: skip
+        self._check(self.lib.cudnnSetTensor4dDescriptor(d, _NCHW, _FLOAT, r.n, r.c, r.h, r.w),
+                    "cudnnSetTensor4dDescriptor")  # fmt: skip
+        return norm, d
+
+    def lrn(self, descriptors: tuple[ctypes.c_void_p, ctypes.c_void_p], out: int, inputs: tuple[int, ...]) -> None:
+        """out = the LRN on `inputs` (forward x; backward x, y, dy)."""
+        (norm, d), one, zero = descriptors, ctypes.byref(self.one), ctypes.byref(self.zero)
+        if len(inputs) == 1:
+            status = self.lib.cudnnLRNCrossChannelForward(self.handle, norm, _LRN_CROSS_CHANNEL, one, d, inputs[0],
+                                                          zero, d, out)  # fmt: skip
+            return self._check(status, "cudnnLRNCrossChannelForward")
+        x, y, dy = inputs
+        status = self.lib.cudnnLRNCrossChannelBackward(self.handle, norm, _LRN_CROSS_CHANNEL, one, d, y, d, dy, d, x,
+                                                       zero, d, out)  # fmt: skip
+        self._check(status, "cudnnLRNCrossChannelBackward")
 
     def close(self) -> None:
         for destroy, d in reversed(self.descriptors):

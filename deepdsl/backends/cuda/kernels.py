@@ -547,7 +547,8 @@ class _Program:
                 f"out[{', '.join(v for v, _ in out)}] = {format_ie(body, tuple(f'in{k}' for k in range(len(shapes))))}"
             )
             k = ie_kernel(name, body, out, shapes, in_types[:arity], (format_stmt(s), meaning))
-            self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]))
+            # an op written from its index form (channel_sum) or CUDA form (avg_pool2d) may have a vendor routine too
+            self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]), vendor=vendor_call(s))
         elif op.cuda is None:
             raise ValueError(f"no CUDA kernel for op {s.op!r} (statement %{s.out.name})")
         else:

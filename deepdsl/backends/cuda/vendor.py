@@ -26,7 +26,20 @@ from typing import Any
 from deepdsl.backends.cuda.cublas import Cublas
 from deepdsl.backends.cuda.cudnn import Cudnn
 from deepdsl.errors import DslProgramError
-from deepdsl.ir.vendor import ConvForward, Gemm, VendorCall
+from deepdsl.ir.vendor import (
+    ConvBackwardBias,
+    ConvBackwardData,
+    ConvBackwardFilter,
+    ConvForward,
+    Gemm,
+    Lrn,
+    LrnBackward,
+    Pool,
+    PoolBackward,
+    Softmax,
+    SoftmaxBackward,
+    VendorCall,
+)
 
 KERNELS = ("auto", "vendor", "own")
 CUBLAS_SONAMES = ("libcublas.so.13", "libcublas.so.12")
@@ -80,8 +93,8 @@ class Bound:
 
 
 class Vendor:
-    """The vendor libraries a runner uses (cuBLAS for every GEMM, cuDNN for the convolution forward) and what it
-    says about them."""
+    """The vendor libraries a runner uses (cuBLAS for every GEMM, cuDNN for the convolutions, pooling, softmax and
+    LRN) and what it says about them."""
 
     def __init__(self, cublas: Cublas | None = None, cudnn: Cudnn | None = None, missing: Sequence[str] = ()):
         self.cublas, self.cudnn = cublas, cudnn
@@ -91,7 +104,7 @@ class Vendor:
     def description(self) -> str:
         """The device line's part: which kernels run."""
         used = [f"GEMMs by {self.cublas.description}"] if self.cublas else []
-        used += [f"convolutions by {self.cudnn.description}"] if self.cudnn else []
+        used += [f"convolutions, pooling, softmax and LRN by {self.cudnn.description}"] if self.cudnn else []
         text = ", ".join([*used, "the rest our kernels"]) if used else "our kernels"
         return text + (f" ({'; '.join(self.missing)})" if self.missing else "")
 
@@ -103,10 +116,27 @@ class Vendor:
         if isinstance(call, Gemm) and self.cublas is not None:
             gemm, cublas, (c, a, b) = call, self.cublas, pointers[:3]
             return Bound(lambda: cublas.gemm(gemm, c, a, b), 0, "cuBLAS SGEMM")
-        if isinstance(call, ConvForward) and self.cudnn is not None:
-            cudnn, (y, x, w), (at, nbytes) = self.cudnn, pointers[:3], workspace
+        if isinstance(call, ConvForward | ConvBackwardData | ConvBackwardFilter) and self.cudnn is not None:
+            cudnn, (out, a, b), (at, nbytes) = self.cudnn, pointers[:3], workspace
             conv = cudnn.prepare(call, nbytes)
-            return Bound(lambda: cudnn.forward(conv, y, x, w, at), conv.workspace, f"cuDNN {conv.algorithm}")
+            return Bound(lambda: cudnn.convolve(conv, out, a, b, at), conv.workspace,
+                         f"{conv.call} {conv.algorithm}")  # fmt: skip
+        if isinstance(call, ConvBackwardBias) and self.cudnn is not None:
+            cudnn, (db, dy), descriptors = self.cudnn, pointers[:2], self.cudnn.prepare_bias(call)
+            return Bound(lambda: cudnn.bias(descriptors, db, dy), 0, "cudnnConvolutionBackwardBias")
+        if isinstance(call, Softmax | SoftmaxBackward) and self.cudnn is not None:
+            cudnn, out, inputs, d = self.cudnn, pointers[0], tuple(pointers[1:3]), self.cudnn.prepare_softmax(call)
+            what = "cudnnSoftmax" + ("Forward" if isinstance(call, Softmax) else "Backward")
+            return Bound(lambda: cudnn.softmax(call, d, out, inputs), 0, what)
+        if isinstance(call, Lrn | LrnBackward) and self.cudnn is not None:
+            cudnn, out, inputs, ds = self.cudnn, pointers[0], tuple(pointers[1:4]), self.cudnn.prepare_lrn(call)
+            what = "cudnnLRNCrossChannel" + ("Forward" if isinstance(call, Lrn) else "Backward")
+            return Bound(lambda: cudnn.lrn(ds, out, inputs[: 1 if isinstance(call, Lrn) else 3]), 0, what)
+        if isinstance(call, Pool | PoolBackward) and self.cudnn is not None:
+            cudnn, out, inputs = self.cudnn, pointers[0], tuple(pointers[1:])
+            pool = cudnn.prepare_pool(call)
+            what = f"cudnnPooling{'Backward' if pool.backward else 'Forward'} {pool.mode}"
+            return Bound(lambda: cudnn.pool(pool, out, inputs), 0, what)
         return None
 
     def close(self) -> None:
