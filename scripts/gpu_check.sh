@@ -124,7 +124,7 @@ if [ "$DRY" = 0 ]; then
     for p in glob.glob(d + '/*/lib/libcu*.so.13')})))")
 fi
 echo "cuBLAS and cudart from: $CUBLAS_LIBS"
-# JavaCPP's cache links to the libraries it found: one of this run's own, not ~/.javacpp
+# JavaCPP's cache may link to libraries found in an earlier run: one of this run's own, not ~/.javacpp
 LD_LIBRARY_PATH=$CUBLAS_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 120 "$JAVA" \
   -Dorg.bytedeco.javacpp.cachedir=/tmp/deepdsl_javacpp -cp "$CP" LeNet --device cuda --kernels vendor \
   --data synthetic --iters $LENET_ITERS --json >"$OUT/java_lenet_cublas.json"

@@ -121,8 +121,8 @@ def run(folder: Path, name: str, *args: str, classpath: str | None = None, nvrtc
         vendor: Sequence[Path] = (), calls: Path | None = None) -> dict:  # fmt: skip
     """The program on the stand-in GPU (--device cuda unless args say otherwise), as its --json object; the folders
     `vendor` (stand-ins for the CUDA libraries) on LD_LIBRARY_PATH too, the stand-in cuBLAS's count of GEMMs
-    written to `calls`. JavaCPP unpacks its natives into a cache of the test's own: it links there to the
-    libraries it found, so a cache shared between runs would lead one run to another's stand-ins."""
+    written to `calls`. JavaCPP unpacks its natives into a cache of the test's own: it links there to a
+    library it found itself (with pathsFirst), so a shared cache could lead one run to another's stand-ins."""
     cp = classpath or f"{folder / 'build'}:{folder / 'src'}:{jcuda_jars()}/*"
     libs = [str(folder / "fake"), *map(str, vendor)]
     if nvrtc:
