@@ -6,8 +6,9 @@
 #   pytest_gpu.txt    the tests marked gpu: the PyCUDA runner against the NumPy runner over 5 iterations (MLP,
 #                     LeNet, a batch-norm/residual network, a network with concat, dropout and a tensor function)
 #                     and the GPU memory it took against the plan
-#   java_*.json       the generated Java programs on their CUDA device (LeNet and ResNet-50 at batch 64)
-#   agreement.json    their losses against the NumPy runner (LeNet, ResNet-50) and the PyCUDA runner (ResNet-50),
+#   java_*.json       the generated Java programs on their CUDA device (LeNet and ResNet-50 at batch 64; LeNet
+#                     also with its GEMMs through cuBLAS, java_lenet_cublas.json)
+#   agreement.json    their losses against the NumPy runner (LeNet, both ways, ResNet-50) and the PyCUDA runner (ResNet-50),
 #                     their measured GPU memory against the plan
 #   bench.json        train-step times: ours (PyCUDA runner, CUDA events) and PyTorch eager, fp32 with TF32 off and
 #                     PyTorch's default TF32, achieved FLOP/s against the fp32 peak (scripts/bench_gpu.py)
@@ -111,17 +112,32 @@ fi
 
 step "the Java CUDA device: LeNet ($LENET_SETS, $LENET_ITERS iterations) and its NumPy reference"
 kernels LeNet
-timeout 120 "$JAVA" -cp "$CP" LeNet --device cuda --data synthetic --iters $LENET_ITERS --json >"$OUT/java_lenet.json"
-result "java LeNet --device cuda" $?
+timeout 120 "$JAVA" -cp "$CP" LeNet --device cuda --kernels own --data synthetic --iters $LENET_ITERS --json \
+  >"$OUT/java_lenet.json"
+result "java LeNet --device cuda --kernels own" $?
+
+step "the Java CUDA device with its GEMMs through cuBLAS: LeNet --kernels vendor"
+# the CUDA 13 libraries: in a dry run the stand-ins in $G/fake, on the GPU machine those of PyTorch's nvidia wheels
+CUBLAS_LIBS=$G/fake
+if [ "$DRY" = 0 ]; then
+  CUBLAS_LIBS=$("$PY" -c "import glob, nvidia; print(':'.join(sorted({p.rsplit('/', 1)[0] for d in nvidia.__path__
+    for p in glob.glob(d + '/*/lib/libcu*.so.13')})))")
+fi
+echo "cuBLAS and cudart from: $CUBLAS_LIBS"
+# JavaCPP's cache may link to libraries found in an earlier run: one of this run's own, not ~/.javacpp
+LD_LIBRARY_PATH=$CUBLAS_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 120 "$JAVA" \
+  -Dorg.bytedeco.javacpp.cachedir=/tmp/deepdsl_javacpp -cp "$CP" LeNet --device cuda --kernels vendor \
+  --data synthetic --iters $LENET_ITERS --json >"$OUT/java_lenet_cublas.json"
+result "java LeNet --device cuda --kernels vendor" $?
 # shellcheck disable=SC2086
 timeout 60 "$PY" -m deepdsl run networks/lenet.ddsl $LENET_SETS --data synthetic --iters $LENET_ITERS --device cpu \
   --json >"$OUT/numpy_lenet.json"
 
 step "the Java CUDA device: ResNet-50 ($RESNET_SETS, $RESNET_ITERS iterations), and the PyCUDA runner on it"
 kernels ResNet50
-timeout 90 "$JAVA" -cp "$CP" ResNet50 --device cuda --data synthetic --iters $RESNET_ITERS --json \
+timeout 90 "$JAVA" -cp "$CP" ResNet50 --device cuda --kernels own --data synthetic --iters $RESNET_ITERS --json \
   >"$OUT/java_resnet50.json"
-result "java ResNet50 --device cuda" $?
+result "java ResNet50 --device cuda --kernels own" $?
 if [ "$DRY" = 1 ]; then
   skipped "deepdsl run resnet50 --device cuda" "PyCUDA needs the real driver"
   skipped "bench_gpu" "no timings"
@@ -160,8 +176,9 @@ def rel(a, b):
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a[:n], b[:n])) if n else None
 
 report = {}
-for net, java, refs in [("lenet", "java_lenet.json", ["numpy_lenet.json"]),
-                        ("resnet50", "java_resnet50.json", ["numpy_resnet50.json", *pycuda])]:
+for key, net, java, refs in [("lenet", "lenet", "java_lenet.json", ["numpy_lenet.json"]),
+                             ("lenet_cublas", "lenet", "java_lenet_cublas.json", ["numpy_lenet.json"]),
+                             ("resnet50", "resnet50", "java_resnet50.json", ["numpy_resnet50.json", *pycuda])]:
     j = load(java)
     c = api.compile_file(f"networks/{net}.ddsl", sets[net], stop_at="plan")
     params = sum(p.value.type.nbytes for p in c.plan.graph.params)
@@ -173,7 +190,7 @@ for net, java, refs in [("lenet", "java_lenet.json", ["numpy_lenet.json"]),
             row[f"max_rel_diff_vs_{ref.split('_')[0]}"] = rel(j["losses"], r["losses"])
     if "gpu_memory_bytes" in j:
         row["measured_minus_planned_bytes"] = j["gpu_memory_bytes"] - c.plan.arena_bytes - params
-    report[net] = row
+    report[key] = row
 (out / "agreement.json").write_text(json.dumps(report, indent=2))
 bad = [f"{net} {k}={v:.2e}" for net, row in report.items() for k, v in row.items()
        if k.startswith("max_rel_diff") and v is not None and v > 1e-4]

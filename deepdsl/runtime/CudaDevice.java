@@ -57,8 +57,9 @@ import jcuda.nvrtc.nvrtcProgram;
  * the newest older one, which the driver compiles forward), written by {@code deepdsl compile
  * --ptx}; else {@code NAME.cu}, compiled here with NVRTC (which then must be installed: {@code
  * libnvrtc.so.12}). The device says at start which it used. It needs only {@code libcuda.so.1}
- * otherwise: no cuBLAS or cuDNN (JCublas 12.6 binds {@code libcublas.so.12}, which CUDA 13 stacks
- * lack), every op is one of our kernels.
+ * otherwise. The matrix products go to cuBLAS through JavaCPP's CUDA presets ({@link CudaBlas}) as
+ * {@code --kernels} says: {@code vendor} (an error where cuBLAS does not load), {@code own} (our
+ * kernel), {@code auto} (cuBLAS where it loads); every other op is one of our kernels.
  *
  * <p>Only {@link Device#open} creates it, by reflection.
  */
@@ -74,6 +75,8 @@ public final class CudaDevice implements Device {
   private final CUmodule module = new CUmodule();
   private final String kernelSource;
   private final Map<String, CUfunction> functions = new HashMap<>();
+  private final CudaBlas blas; // null: the GEMMs are our kernel
+  private final String gemms; // who computes the GEMMs, for the device line
   private final List<CUdeviceptr> allocations = new ArrayList<>();
   private final Map<String, CUdeviceptr> tensors = new HashMap<>();
   // the host array of a step's tensor -> where its elements are on the GPU
@@ -92,11 +95,13 @@ public final class CudaDevice implements Device {
   private long freeLow = Long.MAX_VALUE;
 
   /**
-   * Starts the driver on GPU 0 and loads the network's kernels.
+   * Starts the driver on GPU 0, loads the network's kernels and, as {@code kernels} ({@code vendor},
+   * {@code own} or {@code auto}) says, cuBLAS.
    *
-   * @throws Device.Unavailable when there is no GPU, or no kernels for it
+   * @throws Device.Unavailable when there is no GPU, no kernels for it, or under {@code vendor} no
+   *     cuBLAS
    */
-  public CudaDevice(Network.Settings settings, long workspaceLimit) {
+  public CudaDevice(Network.Settings settings, long workspaceLimit, String kernels) {
     this.settings = settings;
     this.workspaceLimit = workspaceLimit;
     JCudaDriver.setExceptionsEnabled(true);
@@ -124,11 +129,26 @@ public final class CudaDevice implements Device {
     gpuBytes = total[0];
     CUcontext context = new CUcontext();
     cuDevicePrimaryCtxRetain(context, gpu);
-    cuCtxSetCurrent(context);
+    cuCtxSetCurrent(context); // the primary context: the one cuBLAS (the runtime API) works in
     try {
       kernelSource = loadModule();
+      CudaBlas vendor = null;
+      String why = "own kernel (--kernels own)";
+      if (!kernels.equals("own")) {
+        try {
+          vendor = CudaBlas.open();
+          why = vendor.description();
+        } catch (Device.Unavailable e) {
+          if (kernels.equals("vendor")) {
+            throw new Device.Unavailable("--kernels vendor: " + e.getMessage());
+          }
+          why = "own kernel (" + e.getMessage().replaceFirst(": it needs .*|: add .*", "") + ")";
+        }
+      }
+      blas = vendor;
+      gemms = why;
     } catch (RuntimeException e) {
-      cuDevicePrimaryCtxRelease(gpu); // no kernels: the program runs elsewhere or not at all
+      cuDevicePrimaryCtxRelease(gpu); // the program runs elsewhere or not at all
       throw e;
     }
   }
@@ -228,13 +248,22 @@ public final class CudaDevice implements Device {
         + gpuBytes / (1 << 20)
         + " MiB; kernels from "
         + kernelSource
+        + "; GEMMs: "
+        + gemms
         + "; workspace limit "
         + workspaceLimit
         + " bytes)";
   }
 
+  /** A device allocation whose address cuBLAS can be given (JCuda keeps it protected). */
+  static final class DevicePointer extends CUdeviceptr {
+    long address() {
+      return getNativePointer() + getByteOffset();
+    }
+  }
+
   private CUdeviceptr alloc(long bytes) {
-    CUdeviceptr p = new CUdeviceptr();
+    CUdeviceptr p = new DevicePointer();
     cuMemAlloc(p, Math.max(bytes, 4));
     allocations.add(p);
     return p;
@@ -412,7 +441,17 @@ public final class CudaDevice implements Device {
     return host;
   }
 
+  /** The device address of a float tensor of the step, for cuBLAS. */
+  private long address(Buf b) {
+    pointer(b); // a tensor on the host only is reported as for a kernel
+    return ((DevicePointer) places.get(b.a)).address() + (long) b.off * Sizeof.FLOAT;
+  }
+
   private void gemm(Buf out, Buf a, Buf b, int batch, int m, int n, int k, boolean ta, boolean tb) {
+    if (blas != null) {
+      blas.gemm(address(out), address(a), address(b), batch, m, n, k, ta, tb);
+      return;
+    }
     launch(
         "dd_k_gemm",
         new int[] {tiles(n), tiles(m), batch},
@@ -719,6 +758,9 @@ public final class CudaDevice implements Device {
       cuMemFree(p);
     }
     allocations.clear();
+    if (blas != null) {
+      blas.close();
+    }
     cuModuleUnload(module);
     cuDevicePrimaryCtxRelease(gpu);
   }

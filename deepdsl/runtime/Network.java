@@ -779,7 +779,7 @@ public abstract class Network {
   private static final String USAGE =
       "usage: java %s [--iters N] [--data SOURCE] [--load FILE.npz] [--save FILE.npz]\n"
           + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--threads N]\n"
-          + "           [--blas openblas|java|auto] [--json]\n"
+          + "           [--blas openblas|java|auto] [--kernels vendor|own|auto] [--json]\n"
           + "           [--lr X] [--momentum X] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]"
           + " [--clip X]\n"
           + "       java %1$s --eval --load FILE.npz [--data SOURCE] [--device ...] [--json]\n"
@@ -803,6 +803,7 @@ public abstract class Network {
     Long workspaceLimit;
     Integer threads;
     String blas = Blas.defaultChoice();
+    String kernels = "auto";
     final Map<String, Double> settings = new LinkedHashMap<>();
 
     static Flags parse(String[] args) {
@@ -842,6 +843,7 @@ public abstract class Network {
                 "--workspace-limit",
                 "--threads",
                 "--blas",
+                "--kernels",
                 "--predict")
             .contains(arg)) {
           throw new IllegalArgumentException("no such option: " + arg);
@@ -864,6 +866,13 @@ public abstract class Network {
           case "--workspace-limit" -> f.workspaceLimit = bytes(arg, value);
           case "--threads" -> f.threads = count(arg, value, 1);
           case "--blas" -> f.blas = value;
+          case "--kernels" -> {
+            if (!List.of("vendor", "own", "auto").contains(value)) {
+              throw new IllegalArgumentException(
+                  "--kernels takes vendor, own or auto, not '" + value + "'");
+            }
+            f.kernels = value;
+          }
           default -> {
             if (!List.of("cpu", "cuda", "auto").contains(value)) {
               throw new IllegalArgumentException(
@@ -970,7 +979,7 @@ public abstract class Network {
     if (flags.workspaceLimit != null) {
       net.workspaceLimit = flags.workspaceLimit;
     }
-    try (Device device = Device.open(flags.device, net.settings, net.workspaceLimit)) {
+    try (Device device = Device.open(flags.device, net.settings, net.workspaceLimit, flags.kernels)) {
       // where the run saves: --save, else the train block's save (never under --eval or --predict)
       net.saveTo =
           flags.eval || flags.predict != null

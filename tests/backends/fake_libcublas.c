@@ -2,9 +2,18 @@
  * (deepdsl/backends/cuda/vendor.py) is tested on machines without a GPU: the handle calls, and SGEMM as the BLAS
  * reference defines it — column-major, C = alpha op(A) op(B) + beta C, op N or T, leading dimensions checked as
  * cuBLAS checks them (CUBLAS_STATUS_INVALID_VALUE), C not read when beta is 0 — in plain loops, accumulated in
- * double. Only the calls the runner makes are here. `fake_cublas_calls` counts the GEMMs, for the tests. */
+ * double. Only the calls the runner makes are here. `fake_cublas_calls` counts the GEMMs, for the tests.
+ *
+ * For the Java CUDA device it is built as libcublas.so.13 too (cuda13_stand_ins.py), with -DFAKE_CUBLAS_VERSION=130000
+ * and a linker version script giving every symbol the version node `libcublas.so.13`, which JavaCPP's bindings
+ * (libjnicublas.so) require; the count is also written at exit to the file $FAKE_CUBLAS_CALLS names, if set. */
 
+#include <stdio.h>
 #include <stdlib.h>
+
+#ifndef FAKE_CUBLAS_VERSION
+#define FAKE_CUBLAS_VERSION 120000 /* says 12.0.0 */
+#endif
 
 typedef int cublasStatus_t;
 typedef struct {
@@ -15,6 +24,15 @@ enum { OK = 0, NOT_INITIALIZED = 1, INVALID_VALUE = 7 };
 static long long calls;
 
 long long fake_cublas_calls(void) { return calls; }
+
+__attribute__((destructor)) static void write_calls(void) {
+  const char *path = getenv("FAKE_CUBLAS_CALLS");
+  FILE *f = path ? fopen(path, "w") : NULL;
+  if (f) {
+    fprintf(f, "%lld\n", calls);
+    fclose(f);
+  }
+}
 
 cublasStatus_t cublasCreate_v2(cublasHandle_t *h) {
   *h = calloc(1, sizeof **h);
@@ -32,7 +50,7 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t h, void *stream) {
 }
 cublasStatus_t cublasGetVersion_v2(cublasHandle_t h, int *version) {
   if (!h) return NOT_INITIALIZED;
-  *version = 120000; /* says 12.0.0 */
+  *version = FAKE_CUBLAS_VERSION;
   return OK;
 }
 

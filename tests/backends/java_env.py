@@ -21,10 +21,10 @@ JAVA_MARKS = [
 
 
 def jcuda_jars() -> Path:
-    """The folder of the jars of .ci/jcuda/pom.xml (JCuda, and OpenBLAS through JavaCPP): $DEEPDSL_JCUDA_JARS, else
-    .ci/jcuda/lib (fetched with Maven when either is missing)."""
+    """The folder of the jars of .ci/jcuda/pom.xml (JCuda, and OpenBLAS and CUDA through JavaCPP):
+    $DEEPDSL_JCUDA_JARS, else .ci/jcuda/lib (fetched with Maven when any is missing)."""
     folder = Path(os.environ.get("DEEPDSL_JCUDA_JARS", JCUDA / "lib"))
-    if not list(folder.glob("jcuda-*.jar")) or not list(folder.glob("openblas-*.jar")):
+    if not all(list(folder.glob(f"{jar}-*.jar")) for jar in ("jcuda", "openblas", "cuda")):
         if shutil.which("mvn") is not None:
             subprocess.run(["mvn", "-B", "-q", "-f", str(JCUDA / "pom.xml"), "dependency:copy-dependencies",
                             f"-DoutputDirectory={folder.resolve()}"], check=True)  # fmt: skip

@@ -2,21 +2,27 @@
 libcuda.so.1 (fake_libcuda.c) whose kernels are the program's own .cu compiled for the CPU (cuda_emulator.py).
 So the PTX lookup, the NVRTC fallback, the arena and tensor allocation, the step's calls (the library entry
 points sized at run time, the generated kernels), the copies, the transfers for a save and a load are all
-exercised, and the losses must equal the CPU device's."""
+exercised, and the losses must equal the CPU device's. With `--kernels vendor` the GEMMs go to cuBLAS through
+JavaCPP's CUDA presets, here stand-ins built with the sonames and symbol versions the presets' bindings need
+(`fake_cuda13`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import ROOT
+from cuda13_stand_ins import CUDA13, fake_cuda13
 from cuda_emulator import TILED, emulate, fake_driver, kernel_names
 from helpers import SMALL
 from java_env import JAVA_MARKS, java, javac, jcuda_jars
+from transformer_nets import causal_attention
 
 pytestmark = [
     *JAVA_MARKS,
@@ -28,6 +34,7 @@ pytestmark = [
 NETWORKS = {
     "Small": ("small.ddsl", {}, "synthetic"),
     "Wide": ("wide.ddsl", {}, "synthetic"),
+    "Causal": ("causal.ddsl", {}, "synthetic"),
     "LeNet": ("lenet_slow.ddsl", {"N": 8}, "npz:lenet_data.npz"),
 }
 
@@ -64,9 +71,9 @@ train {
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Small and Wide, built as `build_programs` does: what every test but LeNet's runs (LeNet's fibers are
-    slow)."""
-    return build_programs(tmp_path_factory, ("Small", "Wide"))
+    """Small, Wide and Causal, built as `build_programs` does: what every test but LeNet's runs (LeNet's fibers
+    are slow)."""
+    return build_programs(tmp_path_factory, ("Small", "Wide", "Causal"))
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +91,8 @@ def build_programs(tmp_path_factory: pytest.TempPathFactory, names: tuple[str, .
     folder = tmp_path_factory.mktemp("java_cuda")
     (folder / "small.ddsl").write_text(SMALL)
     (folder / "wide.ddsl").write_text(WIDE)
+    # attention: batched matmuls, each operand transposed or not, and plain ones for the weight gradients
+    (folder / "causal.ddsl").write_text(causal_attention() + "train {\n  data = synthetic(seed=3)\n}\n")
     (folder / "lenet_slow.ddsl").write_text(
         (ROOT / "networks" / "lenet.ddsl").read_text().replace("lr=0.01,", "lr=0.001,")
     )
@@ -108,10 +117,14 @@ def build_programs(tmp_path_factory: pytest.TempPathFactory, names: tuple[str, .
     return folder
 
 
-def run(folder: Path, name: str, *args: str, classpath: str | None = None, nvrtc: bool = False) -> dict:
-    """The program on the stand-in GPU (--device cuda unless args say otherwise), as its --json object."""
+def run(folder: Path, name: str, *args: str, classpath: str | None = None, nvrtc: bool = False,
+        vendor: Sequence[Path] = (), calls: Path | None = None) -> dict:  # fmt: skip
+    """The program on the stand-in GPU (--device cuda unless args say otherwise), as its --json object; the folders
+    `vendor` (stand-ins for the CUDA libraries) on LD_LIBRARY_PATH too, the stand-in cuBLAS's count of GEMMs
+    written to `calls`. JavaCPP unpacks its natives into a cache of the test's own: it links there to a
+    library it found itself (with pathsFirst), so a shared cache could lead one run to another's stand-ins."""
     cp = classpath or f"{folder / 'build'}:{folder / 'src'}:{jcuda_jars()}/*"
-    libs = [str(folder / "fake")]
+    libs = [str(folder / "fake"), *map(str, vendor)]
     if nvrtc:
         import nvidia.cuda_nvrtc as wheel  # the test extra's NVRTC, for JCuda's JNvrtc
 
@@ -120,12 +133,12 @@ def run(folder: Path, name: str, *args: str, classpath: str | None = None, nvrtc
         **os.environ,
         "LD_LIBRARY_PATH": ":".join(libs),
         "DEEPDSL_FAKE_CUDA_KERNELS": str(folder / name / "emulated.so"),
+        **({"FAKE_CUBLAS_CALLS": str(calls)} if calls else {}),
     }
-    cmd = ["java", "-cp", cp, name, "--data", NETWORKS[name][2], *args]
+    cache = f"-Dorg.bytedeco.javacpp.cachedir={folder / 'javacpp'}"
+    cmd = ["java", cache, "-cp", cp, name, "--data", NETWORKS[name][2], *args]
     if "--device" not in args:
         cmd += ["--device", "cuda"]
-    import subprocess
-
     r = subprocess.run([*cmd, "--json"], cwd=folder, capture_output=True, text=True, timeout=600, env=env, check=False)
     return {"rc": r.returncode, "stderr": r.stderr, **(json.loads(r.stdout) if r.returncode == 0 else {})}
 
@@ -136,7 +149,10 @@ def cpu(folder: Path, name: str, *args: str) -> dict:
     return json.loads(r.stdout)
 
 
-@pytest.mark.parametrize("name", ["Small", "Wide", pytest.param("LeNet", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name",
+    ["Small", "Wide", pytest.param("Causal", marks=pytest.mark.slow), pytest.param("LeNet", marks=pytest.mark.slow)],
+)
 def test_the_cuda_device_gives_the_cpu_devices_losses(request: pytest.FixtureRequest, name: str) -> None:
     programs = request.getfixturevalue("programs" if name != "LeNet" else "lenet_programs")
     got = run(programs, name, "--iters", "3")
@@ -187,3 +203,54 @@ def test_a_setting_reaches_the_gpu_kernels(programs: Path) -> None:
         got["losses"], cpu(programs, "Small", "--iters", "2", "--lr", "0.05")["losses"], rtol=1e-4
     )
     assert not np.allclose(got["losses"], cpu(programs, "Small", "--iters", "2")["losses"], rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def cuda13(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fake_cuda13(tmp_path_factory.mktemp("cuda13"))
+
+
+@pytest.mark.parametrize(
+    "name", ["Small", "Causal", *(pytest.param(n, marks=pytest.mark.slow) for n in ("Wide", "LeNet"))]
+)
+def test_gemms_through_cublas_give_the_cpu_devices_losses(
+    request: pytest.FixtureRequest, cuda13: Path, name: str
+) -> None:
+    programs = request.getfixturevalue("programs" if name != "LeNet" else "lenet_programs")
+    calls = programs / f"{name}.cublas_calls"
+    got = run(programs, name, "--iters", "3", "--kernels", "vendor", vendor=[cuda13], calls=calls)
+    assert got["rc"] == 0, got["stderr"]
+    assert "GEMMs: cuBLAS 13.0.0" in got["stderr"]
+    # each has a linear layer: forward, backward-data and backward-filter in each of 3 steps, and the test pass
+    assert int(calls.read_text()) >= 10
+    want = cpu(programs, name, "--iters", "3")
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
+    assert got["test_accuracy"] == pytest.approx(want["test_accuracy"])
+
+
+def test_kernels_own_and_auto_choose_as_they_say(programs: Path, cuda13: Path) -> None:
+    calls = programs / "own.cublas_calls"
+    own = run(programs, "Small", "--iters", "1", "--kernels", "own", vendor=[cuda13], calls=calls)
+    assert own["rc"] == 0, own["stderr"]
+    assert "GEMMs: own kernel (--kernels own)" in own["stderr"] and not calls.exists()  # cuBLAS not even loaded
+    auto = run(programs, "Small", "--iters", "1", vendor=[cuda13])
+    assert auto["rc"] == 0 and "GEMMs: cuBLAS 13.0.0" in auto["stderr"]
+    without = run(programs, "Small", "--iters", "1")
+    assert without["rc"] == 0
+    assert "GEMMs: own kernel (cuBLAS does not load (libcudart.so.13 not found))" in without["stderr"]
+
+
+def test_kernels_vendor_without_cublas_names_what_is_missing(programs: Path, tmp_path: Path) -> None:
+    jars = jcuda_jars()
+    for k, missing in enumerate(CUDA13):
+        folder = fake_cuda13(tmp_path / missing, CUDA13[:k])
+        got = run(programs, "Small", "--iters", "1", "--kernels", "vendor", vendor=[folder])
+        assert got["rc"] == 1
+        assert f"--kernels vendor: cuBLAS does not load ({missing} not found): it needs cuBLAS 13" in got["stderr"]
+        assert "pip install nvidia-cublas" in got["stderr"]
+    no_jars = f"{programs / 'build'}:{programs / 'src'}:" + ":".join(map(str, jars.glob("jcuda*.jar")))
+    got = run(programs, "Small", "--iters", "1", "--kernels", "vendor", classpath=no_jars)
+    assert got["rc"] == 1 and "the JavaCPP CUDA classes are not on the class path" in got["stderr"]
+    assert "org.bytedeco:cuda:13.1-9.19-1.5.13" in got["stderr"]
+    bad = run(programs, "Small", "--kernels", "cublas")
+    assert bad["rc"] == 2 and "--kernels takes vendor, own or auto, not 'cublas'" in bad["stderr"]

@@ -1,0 +1,232 @@
+package deepdsl.runtime;
+
+import java.lang.invoke.MethodHandle;
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.MethodType;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.FloatBuffer;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+
+/**
+ * The CUDA device's matrix products (linear layers, matmuls, batched matmuls) through cuBLAS, reached
+ * through JavaCPP's CUDA presets ({@code org.bytedeco:cuda}, {@code org.bytedeco:javacpp}, each with
+ * its natives jar). JCuda keeps the driver API, NVRTC and our kernels; cuBLAS works on the same
+ * memory through raw device addresses ({@link CudaDevice.DevicePointer}).
+ *
+ * <p>This is the only class that names a JavaCPP class, and it names them as strings: it compiles
+ * without their jars, and a program run without them loses only this class's constructor, which
+ * says what is missing. {@code --device cpu} never loads it.
+ *
+ * <p>cuBLAS runs on the runtime API's primary context of GPU 0, which {@link CudaDevice} has
+ * retained and made current, and on the legacy default stream, the one our kernels are launched on,
+ * so its products are ordered with them. The tensors are row-major and cuBLAS is column-major: a
+ * row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so each call passes the
+ * operands swapped, with no copy. A device address is handed to JavaCPP as a {@code FloatPointer}
+ * at address 0 whose position is the address in floats (JavaCPP passes {@code address + 4 *
+ * position} to C): public API, no allocation per call.
+ */
+final class CudaBlas implements AutoCloseable {
+  /** What to put on the class path for cuBLAS, for the error that says it is missing. */
+  static final String JARS =
+      "the jars of org.bytedeco:cuda:13.1-9.19-1.5.13 and org.bytedeco:javacpp:1.5.13, each with its"
+          + " linux-x86_64 natives jar (`deepdsl compile --maven` writes a pom whose profile cuda13, or"
+          + " cuda12 for CUDA 12, brings them)";
+
+  /** Where the libraries come from, for the error that says one is missing. */
+  static final String LIBRARIES =
+      "cuBLAS 13 (libcublas.so.13, libcublasLt.so.13, libcudart.so.13: `pip install nvidia-cublas"
+          + " nvidia-cuda-runtime` or the CUDA 13 toolkit) on LD_LIBRARY_PATH, or"
+          + " -Dorg.bytedeco.javacpp.pathsFirst=true -Djava.library.path=THEIR_FOLDER";
+
+  private static final int OP_N = 0;
+  private static final int OP_T = 1;
+  private static final Pattern MISSING =
+      Pattern.compile("(lib[\\w.+-]+\\.so[\\w.]*): cannot open shared");
+
+  /** cublasSgemm_v2(handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc). */
+  private final MethodHandle sgemm;
+
+  /** cublasSgemmStridedBatched(handle, ..., A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, n). */
+  private final MethodHandle batched;
+
+  /** FloatPointer.position(long). */
+  private final MethodHandle position;
+
+  private final MethodHandle destroy;
+  private final Object handle;
+  // alpha 1 and beta 0 in direct buffers, which JavaCPP wraps without allocating (its own allocations count
+  // against its limit on the process's memory); the buffers are kept here, as the pointers do not hold them
+  private final FloatBuffer ones = scalar(1f);
+  private final FloatBuffer zeros = scalar(0f);
+  private final Object one;
+  private final Object zero;
+  // the operands of one call: FloatPointers at address 0, positioned at the device addresses
+  private final Object left;
+  private final Object right;
+  private final Object out;
+  private final String version;
+
+  /**
+   * Loads cuBLAS through the presets (JavaCPP extracts its bindings on first use) and creates the
+   * handle, on the context current on this thread.
+   *
+   * @throws Device.Unavailable when the jars or the libraries are missing: which, and how to get them
+   */
+  static CudaBlas open() {
+    try {
+      return new CudaBlas();
+    } catch (ClassNotFoundException | NoClassDefFoundError e) {
+      String text = String.valueOf(e.getMessage());
+      if (e instanceof NoClassDefFoundError && text.startsWith("Could not initialize")) {
+        throw new Device.Unavailable("cuBLAS did not load the first time it was tried (" + text + ")");
+      }
+      throw new Device.Unavailable(
+          "the JavaCPP CUDA classes are not on the class path (no " + text + "): add " + JARS);
+    } catch (IllegalStateException e) { // loaded, but no handle: the runtime API found no GPU
+      throw new Device.Unavailable("cuBLAS loaded but did not start (" + e.getMessage() + ")");
+    } catch (ReflectiveOperationException | LinkageError | RuntimeException e) {
+      throw new Device.Unavailable("cuBLAS does not load (" + reason(e) + "): it needs " + LIBRARIES);
+    }
+  }
+
+  /** The library a link error misses, else the first line of the innermost error. */
+  private static String reason(Throwable e) {
+    Throwable inner = e;
+    for (Throwable t = e; t != null; t = t.getCause()) {
+      Matcher m = MISSING.matcher(String.valueOf(t.getMessage()));
+      if (m.find()) {
+        return m.group(1) + " not found";
+      }
+      inner = t;
+    }
+    String text = String.valueOf(inner.getMessage());
+    return inner.getClass().getSimpleName() + ": " + text.lines().findFirst().orElse(text);
+  }
+
+  private CudaBlas() throws ReflectiveOperationException {
+    ClassLoader loader = CudaBlas.class.getClassLoader();
+    // initialising the class loads its natives and the libraries they link (Loader.load)
+    Class<?> cublas = Class.forName("org.bytedeco.cuda.global.cublas", true, loader);
+    Class<?> context = Class.forName("org.bytedeco.cuda.cublas.cublasContext", true, loader);
+    Class<?> stream = Class.forName("org.bytedeco.cuda.cudart.CUstream_st", true, loader);
+    Class<?> fp = Class.forName("org.bytedeco.javacpp.FloatPointer", true, loader);
+    MethodHandles.Lookup lookup = MethodHandles.publicLookup();
+    Class<?> i = int.class;
+    Class<?> l = long.class;
+    sgemm =
+        erased(
+            lookup.findStatic(
+                cublas,
+                "cublasSgemm_v2",
+                MethodType.methodType(i, context, i, i, i, i, i, fp, fp, i, fp, i, fp, fp, i)));
+    batched =
+        erased(
+            lookup.findStatic(
+                cublas,
+                "cublasSgemmStridedBatched",
+                MethodType.methodType(
+                    i, context, i, i, i, i, i, fp, fp, i, l, fp, i, l, fp, fp, i, l, i)));
+    position = erased(lookup.findVirtual(fp, "position", MethodType.methodType(fp, l)));
+    destroy = lookup.findStatic(cublas, "cublasDestroy_v2", MethodType.methodType(i, context));
+    Object h = context.getConstructor().newInstance();
+    check("cublasCreate_v2", cublas.getMethod("cublasCreate_v2", context).invoke(null, h));
+    handle = h;
+    // NULL: the legacy default stream, which CudaDevice launches on
+    check(
+        "cublasSetStream_v2",
+        cublas.getMethod("cublasSetStream_v2", context, stream).invoke(null, h, null));
+    int[] v = {0};
+    check(
+        "cublasGetVersion_v2",
+        cublas.getMethod("cublasGetVersion_v2", context, int[].class).invoke(null, h, v));
+    version = v[0] / 10000 + "." + v[0] / 100 % 100 + "." + v[0] % 100;
+    one = fp.getConstructor(FloatBuffer.class).newInstance(ones);
+    zero = fp.getConstructor(FloatBuffer.class).newInstance(zeros);
+    left = fp.getConstructor().newInstance();
+    right = fp.getConstructor().newInstance();
+    out = fp.getConstructor().newInstance();
+  }
+
+  private static FloatBuffer scalar(float v) {
+    return ByteBuffer.allocateDirect(4).order(ByteOrder.nativeOrder()).asFloatBuffer().put(0, v);
+  }
+
+  /** {@code h} with every reference type as Object, so that it is called with invokeExact. */
+  private static MethodHandle erased(MethodHandle h) {
+    MethodType t = h.type();
+    for (int k = 0; k < t.parameterCount(); k++) {
+      if (!t.parameterType(k).isPrimitive()) {
+        t = t.changeParameterType(k, Object.class);
+      }
+    }
+    if (!t.returnType().isPrimitive()) {
+      t = t.changeReturnType(Object.class);
+    }
+    return h.asType(t);
+  }
+
+  private static void check(String call, Object status) {
+    if ((Integer) status != 0) {
+      throw new IllegalStateException(call + " returned cuBLAS status " + status);
+    }
+  }
+
+  /** The library and its version, for the device line. */
+  String description() {
+    return "cuBLAS " + version;
+  }
+
+  /**
+   * At device address {@code c}: {@code batch} row-major products C = op(A) op(B) of the m x k (or,
+   * with {@code ta}, k x m) matrices at {@code a} and the k x n (n x k) ones at {@code b}, the
+   * matrices of a batch one after the other, as our kernel dd_k_gemm computes them.
+   */
+  void gemm(long c, long a, long b, int batch, int m, int n, int k, boolean ta, boolean tb) {
+    int status;
+    try {
+      at(left, b); // column-major: C^T = op(B)^T op(A)^T
+      at(right, a);
+      at(out, c);
+      int opLeft = tb ? OP_T : OP_N;
+      int opRight = ta ? OP_T : OP_N;
+      int lda = tb ? k : n;
+      int ldb = ta ? m : k;
+      if (batch == 1) {
+        status =
+            (int)
+                sgemm.invokeExact(
+                    handle, opLeft, opRight, n, m, k, one, left, lda, right, ldb, zero, out, n);
+      } else {
+        status =
+            (int)
+                batched.invokeExact(
+                    handle, opLeft, opRight, n, m, k, one, left, lda, (long) k * n, right, ldb,
+                    (long) m * k, zero, out, n, (long) m * n, batch);
+      }
+    } catch (Throwable e) {
+      throw new IllegalStateException("cuBLAS SGEMM failed", e);
+    }
+    if (status != 0) {
+      throw new IllegalStateException(
+          "cuBLAS SGEMM (" + batch + " x " + m + "x" + n + "x" + k + ") returned status " + status);
+    }
+  }
+
+  private void at(Object pointer, long address) throws Throwable {
+    if (address % 4 != 0) {
+      throw new IllegalStateException("a float tensor at an unaligned device address " + address);
+    }
+    Object unused = (Object) position.invokeExact(pointer, address / 4);
+  }
+
+  @Override
+  public void close() {
+    try {
+      int unused = (int) destroy.invoke(handle);
+    } catch (Throwable e) {
+      throw new IllegalStateException("cublasDestroy_v2 failed", e);
+    }
+  }
+}
