@@ -236,11 +236,11 @@ def test_a_long_layout_table_is_continued_in_classes_the_step_extends(
     """Field initialisers are one constructor, limited to 64 KB of bytecode: past LAYOUT_ROWS temporaries the table
     goes on in a class the step's class extends (ResNet-50 has 1,150; ResNet-152 three times as many). With a
     table of 8 rows, LeNet's program compiles and trains as it does with one table."""
-    from deepdsl.backends.java import emitter
+    from deepdsl.backends.java import steps
 
     lenet = str(ROOT / "networks" / "lenet.ddsl")
     assert cli("compile", lenet, "--set", "N=4", "-o", str(tmp_path / "one")).exit_code == 0
-    monkeypatch.setattr(emitter, "LAYOUT_ROWS", 8)
+    monkeypatch.setattr(steps, "LAYOUT_ROWS", 8)
     assert cli("compile", lenet, "--set", "N=4", "-o", str(tmp_path / "split")).exit_code == 0
     text = (tmp_path / "split" / "LeNet.java").read_text()
     assert "private class TrainingLayout2 extends TrainingLayout1 {" in text
