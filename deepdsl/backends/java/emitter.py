@@ -206,13 +206,12 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
         "import deepdsl.runtime.Buf;",
         "import deepdsl.runtime.Kernel;",
         "import deepdsl.runtime.Network;",
-        "import deepdsl.runtime.Parallel;",
         "import deepdsl.runtime.Schedule;",
         "",
         "/**",
         f" * {name}: training and inference of {source or 'the network'}, every temporary at a fixed offset of one",
         f" * arena of {arena:,} bytes. Run it with {{@code java {cls} --help}}. Each step is one list of calls of",
-        " * the device {@code dev}: the CPU device runs each kernel's Java method below, the CUDA device its",
+        " * the device {@code dev}: the CPU device runs each kernel's Java body below, the CUDA device its",
         f" * kernel of {cls}.cu.{legend}",
         " */",
         f"public final class {cls} extends Network {{",
@@ -237,13 +236,11 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
     methods += [line for c in classes for line in ("", *c)]
     constants = [
         "",
-        f"  // ---- kernels: each a constant, its Java method and a kernel of {cls}.cu of the same name ----",
+        f"  // ---- kernels: each a constant holding its Java body, and a kernel of {cls}.cu of the same name ----",
     ]
     kernels = ["", *"\n\n".join(e.kernel_text).split("\n")]
     lines = header + body + methods + constants + kernels + ["}", ""]
     text = "\n".join(lines)
-    if not any("Parallel.range" in k for k in e.kernel_text):
-        text = text.replace("import deepdsl.runtime.Parallel;\n", "")
     if not e.kernel_text:
         text = text.replace("import deepdsl.runtime.Kernel;\n", "")
     if cfg.lr is None:

@@ -1,4 +1,4 @@
-"""The kernels' section of the class: each generated kernel as a named constant with its Java method, and its CUDA
+"""The kernels' section of the class: each generated kernel as a named constant holding its Java body, and its CUDA
 kernel for Name.cu under the same name; kernels that read the same but for their sizes (or the numbers
 java/constants.py lifts) are written once."""
 
@@ -8,9 +8,16 @@ import re
 from typing import Any
 
 from deepdsl.backends.cuda.kernels import group_kernel, ie_kernel
-from deepdsl.backends.escape import java_string
+from deepdsl.backends.escape import java_comment, java_string
 from deepdsl.backends.java.constants import lift, numbers
-from deepdsl.backends.java.kernels import flat_form, float_literal, is_flat, java_group_kernel, java_kernel
+from deepdsl.backends.java.kernels import (
+    flat_form,
+    float_literal,
+    is_flat,
+    java_cost,
+    java_group_kernel,
+    java_kernel,
+)
 from deepdsl.backends.java.names import camel, identifier
 from deepdsl.backends.java.settings import read_settings, with_settings
 from deepdsl.backends.java.state import Emitter
@@ -29,10 +36,6 @@ def ctype(v: Value) -> str:
 def _constant(method_name: str) -> str:
     """`linearEpilogue10` -> `LINEAR_EPILOGUE10`: the name of a kernel's constant."""
     return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", method_name).upper()
-
-
-def _body_lambda(name: str, arity: int) -> str:
-    return f"b -> {name}({', '.join(f'b[{k}]' for k in range(arity))})"
 
 
 def meaning(body: Any, out: tuple, inputs: int) -> str:
@@ -64,21 +67,25 @@ def canonical_names(e: Any) -> Any:
     return go(e)
 
 
-def _add(e: Emitter, name: str, java: str, cuda: Any, arity: int, sized: bool, doc: str) -> str:
-    """Records kernel `name` (its Java method, its CUDA kernel) and returns the name of its constant."""
+def _add(e: Emitter, name: str, java: str, cuda: Any, outputs: int, flat: bool, cost: str | None, doc: str) -> str:
+    """Records kernel `name` (its Java body, its CUDA kernel) and returns the name of its constant, which holds its
+    launch shape, its cost per output element (kernels.java_cost) and its Java body as a lambda."""
     const = e.namer(f"constant:{name}", _constant(name))
     e.cuda_text.append(cuda.text)
-    if sized:
-        make = f"Kernel.elementwise({java_string(name)}, "
+    args = [java_string(name), *([cost] if cost is not None else [])]
+    if outputs > 1:
+        make = f"Kernel.group({java_string(name)}, {outputs}, {cost}"
+    elif flat:
+        make = f"Kernel.elementwise({', '.join(args)}"
     elif cuda.loop == "block-stride":
-        make = f"Kernel.rows({java_string(name)}, {cuda.block[0]}, "
+        make = f"Kernel.rows({', '.join([args[0], str(cuda.block[0]), *args[1:]])}"
     else:
-        make = f"Kernel.shaped({java_string(name)}, "
-    line = f"  static final Kernel {const} = {make}{_body_lambda(name, arity)});"
-    if len(line) > 120:
-        line = f"  static final Kernel {const} =\n      {make}{_body_lambda(name, arity)});"
-    doc_line, rest = java.split("\n", 1)  # the constant under the method's comment, above the method
-    e.kernel_text.append(f"{doc_line}\n{line}\n{rest}")
+        make = f"Kernel.shaped({', '.join(args)}"
+    head = f"  static final Kernel {const} = {make}, (out, in, lo, hi) -> {{"
+    if len(head) > 120 and cost is not None:  # the cost and the body on a continuation line
+        at = make.rindex(", ")
+        head = f"  static final Kernel {const} = {make[:at]},\n      {make[at + 2 :]}, (out, in, lo, hi) -> {{"
+    e.kernel_text.append(f"  /** {java_comment(doc)} */\n{head}\n{java}\n  }});")
     return const
 
 
@@ -98,7 +105,7 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
         template = lift(body, len(shapes), tuple(range(n)))
         every = (*shapes, *((),) * n)
         key = (
-            java_kernel(_PLACEHOLDER, template, out, every),
+            java_kernel(template, out, every),
             ie_kernel(_PLACEHOLDER, template, out, every, (*ctypes, *("float",) * n), generic=True).text,
         )
         e.seen.setdefault(key, set()).add(tuple(values))
@@ -110,14 +117,13 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
             doc = meaning(body, out, len(shapes))
             e.extra = [number(e, values[k]) for k in which]
     flat = is_flat(body, out, shapes)
-    java = java_kernel(_PLACEHOLDER, body, out, shapes)
+    java = java_kernel(body, out, shapes)
     cuda = ie_kernel(_PLACEHOLDER, body, out, shapes, ctypes, generic=True)
     key = (java, cuda.text, cuda.loop)
     if key not in e.kernels:
         name = e.namer(f"kernel:{op}:{value}", camel(op))
         cuda = ie_kernel(name, body, out, shapes, ctypes, (doc,), generic=True)
-        java = java_kernel(name, body, out, shapes, doc)
-        e.kernels[key] = _add(e, name, java, cuda, 1 + len(shapes), flat, doc)
+        e.kernels[key] = _add(e, name, java, cuda, 1, flat, java_cost(body, out, shapes), doc)
     return e.kernels[key]
 
 
@@ -150,9 +156,9 @@ def group_constant(e: Emitter, stmts: tuple[Stmt, ...]) -> tuple[str, tuple[Valu
             readable = renumber(b, {k: k for k in range(n)} | {k: n + m for k, m in h.items()})
             texts.append(f"out{j}[e] = {format_ie(flat_form(readable), names)}")
         doc = "; ".join(texts)
-        java = java_group_kernel(name, tuple(bodies), tuple(readers), n, doc)
+        java, work = java_group_kernel(tuple(bodies), tuple(readers))
         shapes = (*(v.type.shape for v in shared), *((),) * len(used))
         numel = stmts[0].out.type.numel
         cuda = group_kernel(name, tuple(bodies), numel, shapes, ctypes, tuple(readers), (doc,), generic=True)
-        e.kernels[key] = _add(e, name, java, cuda, len(bodies) + n, True, doc)
+        e.kernels[key] = _add(e, name, java, cuda, len(bodies), True, str(work), doc)
     return e.kernels[key], shared, used

@@ -28,7 +28,7 @@ class Emitter:
     in_state: dict[str, str] = field(default_factory=dict)  # results written over the tensor they update
     counters: frozenset[str] = frozenset()  # the step's iteration-counter input (a long, not a Buf)
     kernels: dict[tuple, str] = field(default_factory=dict)  # (body, out, shapes, ctypes) -> constant name
-    kernel_text: list[str] = field(default_factory=list)  # the Java methods
+    kernel_text: list[str] = field(default_factory=list)  # the constants with their Java bodies
     cuda_text: list[str] = field(default_factory=list)  # the CUDA kernels, under the same names
     settings: dict[tuple[str, float], str] = field(default_factory=dict)  # (setting, default) -> field name
     temp_names: dict[str, str] = field(default_factory=dict)  # a step's value -> the name it would like

@@ -30,11 +30,11 @@ def plan_items(e: Emitter, p: Plan) -> list[tuple[str, Any]]:
     return items + [("update", (name, v)) for name, v in g.updates if e.in_state.get(v.name) != name]
 
 
-def plan_class(e: Emitter, title: str, doc: str, p: Plan, kind: str, result: str | None,
-            segments: list[tuple[str, str, list[tuple[str, Any]]]]) -> list[str]:  # fmt: skip
+def plan_class(e: Emitter, title: str, doc: str, p: Plan, result: str | None,
+               segments: list[tuple[str, str, list[tuple[str, Any]]]]) -> list[str]:  # fmt: skip
     """The inner class `title` that runs plan `p`: its temporaries first, each at its offset of the arena (the
-    plan's layout table), then one method per segment (name, doc, items), a long one split into parts named
-    after the blocks they cover."""
+    plan's layout table), then one method per segment (name, doc, items; the doc left to the class's where there
+    is one segment), a long one split into parts named after the blocks they cover."""
     g = p.graph
     e.temps = Namer(tuple(e.namer.taken))
     e.temp_names = temp_names(g, result, e.prefix, e.short)
@@ -58,15 +58,16 @@ def plan_class(e: Emitter, title: str, doc: str, p: Plan, kind: str, result: str
     for name, mdoc, items in segments:
         parts = _split(items)
         if len(parts) == 1:
-            methods.append(method(f"/** {mdoc} */", f"void {name}()", calls(e, parts[0])))
+            methods.append(method(f"/** {mdoc} */" if len(segments) > 1 else "", f"void {name}()", calls(e, parts[0])))
             continue
         names = [e.temps(f"{name}:part{k}", _part_name(name, part, e.gradient))
                  for k, part in enumerate(parts)]  # fmt: skip
-        methods.append(method(f"/** {mdoc} */", f"void {name}()", [f"{n}();" for n in names]))
+        methods.append(
+            method(f"/** {mdoc} */" if len(segments) > 1 else "", f"void {name}()", [f"{n}();" for n in names])
+        )
         for k, part in enumerate(parts):
             pdoc = f"/** Part {k + 1} of {name}: {java_comment(_layers(part))}. */"
             methods.append(method(pdoc, f"private void {names[k]}()", calls(e, part)))
-    head = f"    // the layout: each temporary of {java_comment(g.name)}'s {kind} at its byte offset of the arena"
     # a class's field initialisers are one constructor, which Java limits to 64 KB of bytecode: a long table is
     # continued in classes the step's class extends, each under LAYOUT_ROWS rows
     chunks = [layout[k : k + LAYOUT_ROWS] for k in range(0, len(layout), LAYOUT_ROWS)] or [[]]
@@ -74,11 +75,10 @@ def plan_class(e: Emitter, title: str, doc: str, p: Plan, kind: str, result: str
     for k, rows in enumerate(chunks[:-1]):
         parent = f" extends {title}Layout{k}" if k else ""
         lines += [f"  /** The layout of {title}, rows {k * LAYOUT_ROWS + 1} to {k * LAYOUT_ROWS + len(rows)}. */",
-                  f"  private class {title}Layout{k + 1}{parent} {{", *([head] if not k else []),
+                  f"  private class {title}Layout{k + 1}{parent} {{",
                   *(f"    {line}" for line in rows), "  }", ""]  # fmt: skip
     parent = f" extends {title}Layout{len(chunks) - 1}" if len(chunks) > 1 else ""
-    lines += [f"  /** {doc} */", f"  private final class {title}{parent} {{", *([head] if len(chunks) == 1 else []),
-              *(f"    {line}" for line in chunks[-1])]  # fmt: skip
+    lines += [f"  /** {doc} */", f"  private final class {title}{parent} {{", *(f"    {line}" for line in chunks[-1])]
     for m in methods:
         lines += ["", *(f"  {line}" if line else "" for line in m.split("\n"))]
     return [*lines, "  }"]
@@ -98,9 +98,8 @@ def plan_classes(
 
     e.in_state = dict(train.in_state)
     e.counters = frozenset(d.value.name for d in train.graph.inputs if d.kind == "step")
-    doc = "The training step: its temporaries and its calls."
-    step_doc = "Forward, backward, update."
-    classes = [plan_class(e, training, doc, train, "training step", "loss", [("step", step_doc, plan_items(e, train))])]
+    doc = "The training step (forward, backward, update): its temporaries at their offsets of the arena, its calls."
+    classes = [plan_class(e, training, doc, train, "loss", [("step", doc, plan_items(e, train))])]
     field_lines = [f"private {training} {instance(training)};"]
     placed = [f"{instance(training)} = new {training}();"]
     train_loss = f"{instance(training)}.{e.tensor(train.graph.output('loss'))}"
@@ -113,26 +112,25 @@ def plan_classes(
     items = plan_items(e, test)
     cut = _predict_first(test, items) if infer is not None else None
     if cut is not None:
-        doc = "The test program (inference semantics): the prediction, then the loss."
+        doc = "The test program (inference semantics): its temporaries at their offsets, the prediction, the loss."
         segments = [("predict", "The prediction (inferStep runs this alone).", items[:cut]),
                     ("loss", "The loss of the prediction.", items[cut:])]  # fmt: skip
-        classes.append(plan_class(e, inference, doc, test, "test program", None, segments))
+        classes.append(plan_class(e, inference, doc, test, None, segments))
         run = instance(inference)
         predict_calls = [f"{run}.predict();"]
         eval_calls = [f"{run}.predict();", f"{run}.loss();"]
         loss = f"{run}.{e.tensor(test.graph.output('loss'))}"
         predict = f"{run}.{e.tensor(test.graph.output('predict'))}"
     else:
-        doc = "The test program (inference semantics): the loss."
-        classes.append(plan_class(e, testing, doc, test, "test program", None, [("loss", doc, items)]))
+        doc = "The test program (inference semantics): its temporaries at their offsets of the arena, the loss."
+        classes.append(plan_class(e, testing, doc, test, None, [("loss", doc, items)]))
         run = instance(testing)
         eval_calls = [f"{run}.loss();"]
         loss = f"{run}.{e.tensor(test.graph.output('loss'))}"
         if infer is not None:
             e.in_state = dict(infer.in_state)
-            doc = "The inference program: the prediction."
-            classes.append(plan_class(e, inference, doc, infer, "inference program", None,
-                                     [("predict", doc, plan_items(e, infer))]))  # fmt: skip
+            doc = "The inference program: its temporaries at their offsets of the arena, the prediction."
+            classes.append(plan_class(e, inference, doc, infer, None, [("predict", doc, plan_items(e, infer))]))
             predict_calls = [f"{instance(inference)}.predict();"]
             predict = f"{instance(inference)}.{e.tensor(infer.graph.output('predict'))}"
     for c in (inference, testing):
