@@ -66,7 +66,7 @@ public final class CpuDevice implements Device {
 
   @Override
   public void run(Kernel k, Buf... args) {
-    k.body.run(args);
+    k.run(args);
   }
 
   @Override

@@ -1,23 +1,39 @@
 package deepdsl.runtime;
 
+import java.util.Arrays;
+
 /**
  * A generated kernel as a value: its name (the {@code extern "C"} kernel of {@code NAME.cu} the
  * CUDA device launches), its Java body (what the CPU device runs) and its launch shape. The
  * generated class holds one constant per kernel and its steps run them with {@code dev.run(K,
  * out, in...)}, so both devices execute the same list of calls.
+ *
+ * <p>The Java body computes a range {@code [lo, hi)} of its output: elements of an element-wise
+ * kernel, rows (indices of the first axis) of the others. {@link #run} splits the output over the
+ * threads of {@link Parallel} by the kernel's work (the output's elements times the kernel's cost
+ * per element) and runs the body once a piece; the loops over the elements are the body's own.
  */
 public final class Kernel {
-  /** The CPU device's code of a kernel: the outputs, then the inputs. */
+  /** The CPU device's code of a kernel over {@code [lo, hi)} of its output, from its inputs. */
   @FunctionalInterface
   public interface Body {
-    void run(Buf[] args);
+    void run(Buf out, Buf[] in, int lo, int hi);
+  }
+
+  /** The CPU device's code of a kernel of several outputs (a group), over their elements. */
+  @FunctionalInterface
+  public interface GroupBody {
+    void run(Buf[] out, Buf[] in, int lo, int hi);
+  }
+
+  /** The operations per output element of a kernel that reduces, from its inputs' dims. */
+  @FunctionalInterface
+  public interface Cost {
+    long of(Buf[] in);
   }
 
   /** The kernel's name in {@code NAME.cu}. */
   public final String name;
-
-  /** The kernel's Java code. */
-  public final Body body;
 
   /** How the CUDA device sizes a launch: the kernel's arguments after its tensors, its grid. */
   public enum Launch {
@@ -35,26 +51,63 @@ public final class Kernel {
   /** Threads per block. */
   public final int block;
 
-  private Kernel(String name, Body body, Launch launch, int block) {
+  private final int outputs;
+  private final Cost cost;
+  private final GroupBody body;
+
+  private Kernel(String name, Launch launch, int block, int outputs, Cost cost, GroupBody body) {
     this.name = name;
-    this.body = body;
     this.launch = launch;
     this.block = block;
+    this.outputs = outputs;
+    this.cost = cost;
+    this.body = body;
   }
 
-  /** An element-wise kernel: it serves every shape. */
-  public static Kernel elementwise(String name, Body body) {
-    return new Kernel(name, body, Launch.ELEMENTS, 256);
+  private static GroupBody one(Body body) {
+    return (out, in, lo, hi) -> body.run(out[0], in, lo, hi);
+  }
+
+  /** An element-wise kernel of {@code cost} operations an element: it serves every shape. */
+  public static Kernel elementwise(String name, long cost, Body body) {
+    return new Kernel(name, Launch.ELEMENTS, 256, 1, in -> cost, one(body));
+  }
+
+  /** The element-wise statements of a group in one loop: {@code outputs} outputs, then the inputs. */
+  public static Kernel group(String name, int outputs, long cost, GroupBody body) {
+    return new Kernel(name, Launch.ELEMENTS, 256, outputs, in -> cost, body);
   }
 
   /** A kernel over its output's elements that takes its tensors' dims as arguments. */
   public static Kernel shaped(String name, Body body) {
-    return new Kernel(name, body, Launch.SHAPED, 256);
+    return new Kernel(name, Launch.SHAPED, 256, 1, in -> 1, one(body));
+  }
+
+  /** A shaped kernel whose elements each take {@code cost} operations (a reduction). */
+  public static Kernel shaped(String name, Cost cost, Body body) {
+    return new Kernel(name, Launch.SHAPED, 256, 1, cost, one(body));
   }
 
   /** A kernel of one block of {@code block} threads per output element, its dims as arguments. */
   public static Kernel rows(String name, int block, Body body) {
-    return new Kernel(name, body, Launch.ROWS, block);
+    return new Kernel(name, Launch.ROWS, block, 1, in -> 1, one(body));
+  }
+
+  /** A rows kernel whose elements each take {@code cost} operations (its reduction). */
+  public static Kernel rows(String name, int block, Cost cost, Body body) {
+    return new Kernel(name, Launch.ROWS, block, 1, cost, one(body));
+  }
+
+  /**
+   * Runs the Java body over the whole output (the first of {@code args}, the outputs before the
+   * inputs): its elements or rows split over the threads, a kernel of little work on the caller.
+   */
+  public void run(Buf... args) {
+    Buf[] out = Arrays.copyOfRange(args, 0, outputs);
+    Buf[] in = Arrays.copyOfRange(args, outputs, args.length);
+    Buf first = out[0];
+    int n = launch == Launch.ELEMENTS ? first.numel() : first.shape.length == 0 ? 1 : first.shape[0];
+    Parallel.range(n, cost.of(in) * first.numel(), (lo, hi) -> body.run(out, in, lo, hi));
   }
 
   @Override

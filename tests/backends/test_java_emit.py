@@ -16,10 +16,11 @@ from conftest import GOLDEN, NETWORKS, ROOT
 from java_env import JAVA_MARKS, java, javac
 from ops.test_registry_complete import EXAMPLES
 
-from deepdsl.backends.java.kernels import java_kernel
+from deepdsl.backends.java.kernels import java_cost, java_kernel
 from deepdsl.checkpoint import save_npz
 from deepdsl.ir import REGISTRY
 from deepdsl.ir.analysis import out_vars
+from deepdsl.ir.groups import is_flat
 from deepdsl.ir.indexexpr import FUNCTIONS, IE, Affine, Apply, Const, Read, Reduce, Var
 from deepdsl.ir.types import DType
 from deepdsl.ops.indexed import evaluate
@@ -184,18 +185,22 @@ def test_kernels_equal_evaluate(tmp_path: Path) -> None:
     cases = _cases()
     methods, calls, inputs = [], [], {}
     for k, (_, body, out, xs) in enumerate(cases):
-        methods.append(java_kernel(f"k{k}", body, out, tuple(x.shape for x in xs)))
+        shapes = tuple(x.shape for x in xs)
+        cost = java_cost(body, out, shapes)  # the kernel's constant as the emitter writes it (kernel_section)
+        make = "elementwise" if is_flat(body, out, shapes) else "shaped"
+        head = ", ".join([f'"k{k}"', *([cost] if cost is not None else []), "(out, in, lo, hi) -> {"])
+        methods.append(f"  static final Kernel K{k} = Kernel.{make}({head}\n{java_kernel(body, out, shapes)}\n  }});")
         args = ", ".join(f'in.get("c{k}_{j}")' for j in range(len(xs)))
         shape = ", ".join(str(n) for _, n in out)
-        calls.append(f"    Buf out{k} = Buf.zeros({shape});\n    k{k}(out{k}{', ' if args else ''}{args});\n"
+        calls.append(f"    Buf out{k} = Buf.zeros({shape});\n    K{k}.run(out{k}{', ' if args else ''}{args});\n"
                      f'    put(result, "c{k}", out{k});')  # fmt: skip
         inputs.update({f"c{k}_{j}": x for j, x in enumerate(xs)})
     save_npz(tmp_path / "in.npz", inputs)
     source = KERNEL_CHECK.replace("CALLS", "\n".join(calls)).replace("METHODS", "\n\n".join(methods))
     (tmp_path / "KernelCheck.java").write_text(source)
     runtime = ROOT / "deepdsl" / "runtime"
-    javac(tmp_path, [tmp_path / "KernelCheck.java", *(runtime / f for f in ("Buf.java", "Npz.java", "Parallel.java"))],
-          tmp_path / "build")  # fmt: skip
+    runtime_files = ("Buf.java", "Kernel.java", "Npz.java", "Parallel.java")
+    javac(tmp_path, [tmp_path / "KernelCheck.java", *(runtime / f for f in runtime_files)], tmp_path / "build")
     r = java(tmp_path / "build", "KernelCheck", "in.npz", "out.npz", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     got = np.load(tmp_path / "out.npz")
@@ -207,8 +212,8 @@ def test_kernels_equal_evaluate(tmp_path: Path) -> None:
 
 KERNEL_CHECK = """
 import deepdsl.runtime.Buf;
+import deepdsl.runtime.Kernel;
 import deepdsl.runtime.Npz;
-import deepdsl.runtime.Parallel;
 import java.nio.file.Path;
 import java.util.LinkedHashMap;
 import java.util.Map;
@@ -234,12 +239,14 @@ METHODS
 def test_kernel_text_reads_like_code() -> None:
     body = Apply("max", (Apply("+", (Read(0, (Affine.var("i0"), Affine.var("i1"))), Read(1, (Affine.var("i1"),)))),
                          Const(0.0)))  # fmt: skip
-    text = java_kernel("biasRelu", body, (("i0", 8), ("i1", 500)), ((8, 500), (500,)))
-    # the sizes are the buffers' dims, named: one kernel serves every shape it reads the same way for
-    assert "o[po + i0 * sto0 + i1] = Math.max((a0[p0 + i0 * st0_0 + i1] + a1[p1 + i1]), 0.0f);" in text
-    assert "no1 = out.shape[1]" in text and "st0_0 = n0_1" in text
+    text = java_kernel(body, (("i0", 8), ("i1", 500)), ((8, 500), (500,)))
+    # the sizes are the buffers' dims, named: one kernel serves every shape it reads the same way for; a stride
+    # that is one dim is written as that dim, and the body runs over the rows [lo, hi) the runtime gives it
+    assert "o[po + i0 * no1 + i1] = Math.max((a0[p0 + i0 * n0_1 + i1] + a1[p1 + i1]), 0.0f);" in text
+    assert "int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1], n0_1 = in[0].shape[1];" in text
+    assert "for (int i0 = lo; i0 < hi; i0++) {" in text and "sto0" not in text
     padded = Read(0, (Affine((("i0", 1),), -1),))
-    text = java_kernel("shift", padded, (("i0", 4),), ((4,),))
+    text = java_kernel(padded, (("i0", 4),), ((4,),))
     assert "(i0 - 1 >= 0 ? a0[p0 + i0 - 1] : 0f)" in text
 
 
@@ -249,16 +256,32 @@ def test_a_subexpression_used_again_is_computed_once() -> None:
     types, attrs = EXAMPLES["gelu_grad"]
     out_type = REGISTRY["gelu_grad"].shape(tuple(types), dict(attrs))
     body = REGISTRY["gelu_grad"].index_form(tuple(types), out_type, dict(attrs))
-    text = java_kernel("geluGrad", body, tuple(zip(out_vars(out_type), out_type.shape)), tuple(t.shape for t in types))
+    out, shapes = tuple(zip(out_vars(out_type), out_type.shape)), tuple(t.shape for t in types)
+    text = java_kernel(body, out, shapes)
     assert text.count("Math.exp") == 1 and text.count("Math.abs") == 1
     assert "float c0 = 0.70710677f * Math.abs(a1[p1 + e]);" in text
     assert "float c1 = 1.0f / (1.0f + (0.3275911f * c0));" in text and text.count("(c1 * ") == 5
-    work = int(re.search(r"(\d+)L \* out\.numel\(\)", text).group(1))  # counts each local's expression once
-    assert work < 60
+    assert int(java_cost(body, out, shapes)) < 60  # counts each local's expression once
     twice = Reduce("sum", (("j", 8),), Read(0, (Affine.var("i0"), Affine.var("j"))))
-    text = java_kernel("sumTwice", Apply("*", (twice, twice)), (("i0", 4),), ((4, 8),))
+    text = java_kernel(Apply("*", (twice, twice)), (("i0", 4),), ((4, 8),))
     assert text.count("for (int j") == 1
     assert "float c0 = (s0a + s0b) + (s0c + s0d);" in text and "o[po + i0] = (c0 * c0);" in text
+
+
+def test_a_kernels_cost_is_its_work_per_output_element() -> None:
+    """Kernel.run splits the output over threads by work = elements x cost: a flat kernel's cost is its operations
+    (a number), a reduction's the product of its ranges read from the inputs' dims, one that does not reduce has
+    none (cost one)."""
+    rows = Reduce("sum", (("r0", 64),), Read(0, (Affine.var("r0"), Affine.var("i0"))))
+    assert java_cost(rows, (("i0", 500),), ((64, 500),)) == "in -> in[0].dim(0)"
+    planes = Reduce("sum", (("r0", 8), ("r1", 4)), Read(0, (Affine.var("r0"), Affine.var("i0"), Affine.var("r1"))))
+    assert java_cost(planes, (("i0", 3),), ((8, 3, 4),)) == "in -> in[0].dim(0) * in[0].dim(2)"
+    window = Reduce("sum", (("r0", 3),), Read(0, (Affine((("i0", 1), ("r0", 1)), 0),)))
+    assert java_cost(window, (("i0", 6),), ((8,),)) == "in -> 3"  # a window's range is a number
+    broadcast = Apply("+", (Read(0, (Affine.var("i0"), Affine.var("i1"))), Read(1, (Affine.var("i1"),))))
+    assert java_cost(broadcast, (("i0", 2), ("i1", 5)), ((2, 5), (5,))) is None
+    flat = Apply("max", (Read(0, (Affine.var("i0"),)), Const(0.0)))
+    assert java_cost(flat, (("i0", 5),), ((5,),)) == "3"
 
 
 def test_a_long_layout_table_is_continued_in_classes_the_step_extends(
@@ -269,11 +292,11 @@ def test_a_long_layout_table_is_continued_in_classes_the_step_extends(
     """Field initialisers are one constructor, limited to 64 KB of bytecode: past LAYOUT_ROWS temporaries the table
     goes on in a class the step's class extends (ResNet-50 has 1,150; ResNet-152 three times as many). With a
     table of 8 rows, LeNet's program compiles and trains as it does with one table."""
-    from deepdsl.backends.java import emitter
+    from deepdsl.backends.java import steps
 
     lenet = str(ROOT / "networks" / "lenet.ddsl")
     assert cli("compile", lenet, "--set", "N=4", "-o", str(tmp_path / "one")).exit_code == 0
-    monkeypatch.setattr(emitter, "LAYOUT_ROWS", 8)
+    monkeypatch.setattr(steps, "LAYOUT_ROWS", 8)
     assert cli("compile", lenet, "--set", "N=4", "-o", str(tmp_path / "split")).exit_code == 0
     text = (tmp_path / "split" / "LeNet.java").read_text()
     assert "private class TrainingLayout2 extends TrainingLayout1 {" in text

@@ -28,7 +28,7 @@ from source_tokens import LexError, c_tokens, java_text, java_tokens
 
 from deepdsl.api import build, compile_source
 from deepdsl.backends.escape import c_comment, java_comment, java_string
-from deepdsl.backends.java import emitter, java_program
+from deepdsl.backends.java import java_program, steps
 from deepdsl.backends.java.names import JAVA_KEYWORDS
 from deepdsl.frontend.train import relative_to_source
 
@@ -188,7 +188,7 @@ def compiled(folder: Path, file: str, include: str, data: str, name: str) -> tup
     assert c.program is not None
     b = build(c.program)
     # steps split into parts, so that the parts' comments and shared fields are fuzzed too
-    with mock.patch.object(emitter, "MAX_STATEMENTS_PER_METHOD", 6):
+    with mock.patch.object(steps, "MAX_STATEMENTS_PER_METHOD", 6):
         p = java_program(b.program, b.train_plan, b.infer_plan, b.eval_plan)
     return p.java, p.cuda, [q.value.name for q in b.train_plan.graph.params]
 

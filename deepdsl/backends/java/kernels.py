@@ -1,14 +1,14 @@
-"""An index expression as a Java method of loops (the CPU device's code for every op with an index form).
+"""An index expression as Java loops (the CPU device's code for every op with an index form).
 
-`java_kernel(name, body, out, shapes)` writes `static void name(Buf out, Buf in0, ...)` computing
-`out[idx] = body` over the output's grid, with the meaning of `ops.indexed.evaluate`: a read outside its
-input is 0 (the bounds test is written only where the affine index can leave the input), `Reduce` is a
+`java_kernel(body, out, shapes)` writes the Java body of a kernel (the lambda `(out, in, lo, hi) -> {...}` of its
+constant) computing `out[idx] = body` over the output's grid, with the meaning of `ops.indexed.evaluate`: a read
+outside its input is 0 (the bounds test is written only where the affine index can leave the input), `Reduce` is a
 local accumulator over nested loops (four for a long sum, so that its additions do not wait on each other),
-comparisons are Java booleans; a subexpression used more than once outside the reductions is computed once into
-a local (cexpr.Locals). When every read is the output's own element (or a scalar), the kernel is one
-flat loop; otherwise nested loops, innermost over the last axis.
-Kernels with enough work split their outermost loop over threads through `Parallel.range`.
-"""
+comparisons are Java booleans; a subexpression used more than once outside the reductions is computed once into a
+local (cexpr.Locals). When every read is the output's own element (or a scalar), the kernel is one flat loop;
+otherwise nested loops, innermost over the last axis. A kernel computes a range of its output (elements, or rows of
+its first axis): the runtime's Kernel.run splits the output over threads by the kernel's work, which `java_cost`
+states for the kernel's constant."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import numpy as np
 
 from deepdsl.backends import cexpr
 from deepdsl.backends.cexpr import Locals, apply, java_dialect
-from deepdsl.backends.escape import java_comment
 from deepdsl.backends.java.names import JAVA_KEYWORDS
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir.groups import is_flat
@@ -253,92 +252,104 @@ def _work(e: IE, seen: set[IE] | None = None) -> int:
     return 1
 
 
-def java_kernel(
-    name: str, body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...], doc: str = ""
-) -> str:
-    """The Java method `static void name(Buf out, Buf in0, ...)` that computes `body` over `out`'s grid."""
+def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> str:
+    """The statements of the Java body of a kernel computing `body` over `out`, the lambda `(out, in, lo, hi) ->
+    {...}` of its constant: the elements `[lo, hi)` of `out` (a flat kernel) or its rows `[lo, hi)` (the indices
+    of its first axis); the runtime's Kernel.run splits the output over threads by `java_cost`."""
     used = sorted({r.input for r in reads(body)})
-    params = ", ".join(["Buf out", *(f"Buf in{k}" for k in range(len(shapes)))])
-    lines = [f"  /** {java_comment(doc)} */"] if doc else []
-    lines.append(f"  private static void {name}({params}) {{")
-    lines.append("    float[] " + ", ".join(["o = out.a", *(f"a{k} = in{k}.a" for k in used)]) + ";")
-    lines.append("    int " + ", ".join(["po = out.off", *(f"p{k} = in{k}.off" for k in used)]) + ";")
-    g = _Gen(shapes, taken={"o", "po", "out", "lo", "hi", "e", *(f"a{k}" for k in used), *(f"p{k}" for k in used),
-                            *(f"in{k}" for k in range(len(shapes)))})  # fmt: skip
+    lines = ["    float[] " + ", ".join(["o = out.a", *(f"a{k} = in[{k}].a" for k in used)]) + ";"]
+    offsets = ["po = out.off", *(f"p{k} = in[{k}].off" for k in used)]
+    g = _Gen(shapes, taken={"o", "po", "out", "in", "lo", "hi", "e", *(f"a{k}" for k in used),
+                            *(f"p{k}" for k in used)})  # fmt: skip
     g.locals = Locals(shared_subexpressions(body), g.taken)
     if is_flat(body, out, shapes):  # the size comes from the output, so one kernel serves every shape
         g.flat = True
         pre: list[str] = []
-        value, kind = g.expr(body, pre, "  ")
-        loop = ["for (int e = lo; e < hi; e++) {", *pre, f"  o[po + e] = {as_float((value, kind))};", "}"]
-        lines += [f"    Parallel.range(out.numel(), {_work(body)}L * out.numel(), (lo, hi) -> {{"]
-        lines += ["      " + line for line in loop] + ["    });"]
-    else:  # shape-generic: the sizes are the buffers' dims (backends/sizes.py)
-        sizes = Sizes(tuple(n for _, n in out), shapes)
-        g.sizes = sizes
-        names = [g.bind(var, size, sizes.out_dim(j)) for j, (var, size) in enumerate(out)]
-        terms = [v if sizes.out_stride(j) == "1" else f"{v} * {sizes.out_stride(j)}" for j, v in enumerate(names)]
-        target = f"o[po + {' + '.join(terms)}]" if terms else "o[po]"
-        depth = len(out)
-        indent = "  " * depth
-        pre = []
-        value, kind = g.expr(body, pre, indent)
-        loop_body = []
-        for k, v in enumerate(names):
-            lo, hi = ("lo", "hi") if k == 0 else ("0", sizes.out_dim(k))
-            loop_body.append(f"{'  ' * k}for (int {v} = {lo}; {v} < {hi}; {v}++) {{")
-        loop_body += pre + [f"{indent}{target} = {as_float((value, kind))};"]
-        loop_body += [f"{'  ' * k}}}" for k in reversed(range(depth))]
-        work = " * ".join(["(long) out.numel()", *_reduced(body, g)])
-        if depth:  # Parallel.range runs a loop with little work on the calling thread
-            loop = [f"    Parallel.range({sizes.out_dim(0)}, {work}, (lo, hi) -> {{"]
-            loop += ["      " + line for line in loop_body] + ["    });"]
+        value, kind = g.expr(body, pre, "      ")
+        lines.append(f"    int {', '.join(offsets)};")
+        lines += ["    for (int e = lo; e < hi; e++) {", *pre, f"      o[po + e] = {as_float((value, kind))};", "    }"]
+        return "\n".join(lines)
+    sizes = Sizes(tuple(n for _, n in out), shapes)  # shape-generic: the sizes are the buffers' dims
+    g.sizes = sizes
+    names = [g.bind(var, size, sizes.out_dim(j)) for j, (var, size) in enumerate(out)]
+    terms = [v if sizes.out_stride(j) == "1" else f"{v} * {sizes.out_stride(j)}" for j, v in enumerate(names)]
+    target = f"o[po + {' + '.join(terms)}]" if terms else "o[po]"
+    depth = len(out)
+    indent = "  " * (depth + 2)
+    pre = []
+    value, kind = g.expr(body, pre, indent)
+    loop = []
+    for k, v in enumerate(names):
+        lo, hi = ("lo", "hi") if k == 0 else ("0", sizes.out_dim(k))
+        loop.append(f"{'  ' * (k + 2)}for (int {v} = {lo}; {v} < {hi}; {v}++) {{")
+    loop += pre + [f"{indent}{target} = {as_float((value, kind))};"]
+    loop += [f"{'  ' * (k + 2)}}}" for k in reversed(range(depth))]
+    text = "\n".join(loop)
+    strides = []
+    for n, v in sizes.locals(text):  # a stride that is one dim is that dim's name
+        if re.fullmatch(r"\w+", v):
+            text = re.sub(rf"\b{n}\b", v, text)
         else:
-            loop = ["    " + line for line in loop_body]
-        strides = sizes.locals("\n".join(loop))
-        text = "\n".join([*loop, *(v for _, v in strides)])
-        dims = [f"{n} = {'out' if b < 0 else f'in{b}'}.shape[{j}]" for n, b, j in sizes.dims_used(text)]
-        lines += [f"    int {', '.join(dims)};"] if dims else []
-        lines += [f"    int {', '.join(f'{n} = {v}' for n, v in strides)};"] if strides else []
-        lines += loop
-    lines.append("  }")
-    return "\n".join(lines)
+            strides.append(f"{n} = {v}")
+    needed = "\n".join([text, *strides])
+    dims = [f"{n} = {'out' if b < 0 else f'in[{b}]'}.shape[{j}]" for n, b, j in sizes.dims_used(needed)]
+    return "\n".join([*lines, *_declarations([offsets, dims, strides]), text])
 
 
-def java_group_kernel(
-    name: str, bodies: tuple[IE, ...], readers: tuple[dict[int, int], ...], inputs: int, doc: str = ""
-) -> str:
-    """`static void name(Buf out0, Buf out1, ..., Buf in0, ...)`: the element-wise statements of one group
-    (ir/groups.py) in one loop, out_j[e] = bodies[j]; body j reads inputs in0, in1, ... and, for the input indices
-    `readers[j]` maps, the earlier result m it needs from the local r{m}. Every shape shares it."""
+def _declarations(groups: list[list[str]], width: int = 120) -> list[str]:
+    """`int` declarations of the locals in `groups` (offsets, dims, strides), a group joined to the line before
+    it where the line stays within `width` columns."""
+    lines: list[str] = []
+    for group in (g for g in groups if g):
+        line = f"    int {', '.join(group)};"
+        if lines and len(lines[-1]) + len(line) - len("    int ") + 1 <= width:
+            lines[-1] = f"{lines[-1][:-1]}, {', '.join(group)};"
+        else:
+            lines.append(line)
+    return lines
+
+
+def java_cost(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> str | None:
+    """The operations per output element, for the kernel's constant (the runtime splits the output over threads
+    by its work): a number for a flat kernel; for a shaped one that reduces, the product of its reduction's
+    ranges as a Java expression of the inputs (`in -> in[0].dim(0)`); None for one that does not (one each)."""
+    if is_flat(body, out, shapes):
+        return str(_work(body))
+    g = _Gen(shapes, sizes=Sizes(tuple(n for _, n in out), shapes))
+    ranges = []
+    for e in _subexprs(body):
+        if isinstance(e, Reduce):
+            ranges += [g.range_of(var, size, e.body) for var, size in e.vars]
+    if not ranges:
+        return None
+    dims = [re.sub(r"^n(\d+)_(\d+)$", r"in[\1].dim(\2)", r) for r in ranges]
+    one_input = len({d.split("]")[0] for d in dims}) == 1 and all(d.startswith("in[") for d in dims)
+    one_input = one_input and len(set(dims)) == len(dims)
+    long = "" if len(dims) == 1 or one_input else "(long) "  # distinct axes of one input: at most its size
+    return f"in -> {long}{' * '.join(dims)}"
+
+
+def java_group_kernel(bodies: tuple[IE, ...], readers: tuple[dict[int, int], ...]) -> tuple[str, int]:
+    """The Java body of the element-wise statements of one group (ir/groups.py) in one loop over the elements
+    `[lo, hi)`, the lambda `(out, in, lo, hi) -> {...}` of its constant, out[j][e] = bodies[j]: body j reads
+    inputs in[0], in[1], ... and, for the input indices `readers[j]` maps, the earlier result m it needs from the
+    local r{m}. Every shape shares it. With the body, its operations per element (for its constant)."""
     used = sorted({r.input for b, held in zip(bodies, readers) for r in reads(b) if r.input not in held})
-    params = ", ".join([*(f"Buf out{m}" for m in range(len(bodies))), *(f"Buf in{k}" for k in range(inputs))])
-    lines = [f"  /** {java_comment(doc)} */"] if doc else []
-    lines.append(f"  private static void {name}({params}) {{")
-    arrays = [*(f"o{m} = out{m}.a" for m in range(len(bodies))), *(f"a{k} = in{k}.a" for k in used)]
-    offsets = [*(f"po{m} = out{m}.off" for m in range(len(bodies))), *(f"p{k} = in{k}.off" for k in used)]
-    lines += [f"    float[] {', '.join(arrays)};", f"    int {', '.join(offsets)};"]
-    loop = ["for (int e = lo; e < hi; e++) {"]
+    arrays = [*(f"o{m} = out[{m}].a" for m in range(len(bodies))), *(f"a{k} = in[{k}].a" for k in used)]
+    offsets = [*(f"po{m} = out[{m}].off" for m in range(len(bodies))), *(f"p{k} = in[{k}].off" for k in used)]
+    lines = [
+        f"    float[] {', '.join(arrays)};",
+        f"    int {', '.join(offsets)};",
+        "    for (int e = lo; e < hi; e++) {",
+    ]
     work = 0
     taken = {f"r{j}" for j in range(len(bodies))}  # the locals of every body in the one loop
     for j, (body, held) in enumerate(zip(bodies, readers)):
         g = _Gen((), flat=True, registers={k: f"r{m}" for k, m in held.items()})
         g.locals = Locals(shared_subexpressions(flat_form(body)), taken)
         pre: list[str] = []
-        value, kind = g.expr(flat_form(body), pre, "  ")
-        loop += [*pre, f"  float r{j} = {as_float((value, kind))};", f"  o{j}[po{j} + e] = r{j};"]
+        value, kind = g.expr(flat_form(body), pre, "      ")
+        lines += [*pre, f"      float r{j} = {as_float((value, kind))};", f"      o{j}[po{j} + e] = r{j};"]
         work += _work(body)
-    loop.append("}")
-    lines += [f"    Parallel.range(out0.numel(), {work}L * out0.numel(), (lo, hi) -> {{"]
-    lines += ["      " + line for line in loop] + ["    });"]
-    lines.append("  }")
-    return "\n".join(lines)
-
-
-def _reduced(body: IE, g: _Gen) -> list[str]:
-    """The ranges of the top-level reductions' variables, as text (the work per output element)."""
-    out = []
-    for e in _subexprs(body):
-        if isinstance(e, Reduce):
-            out += [g.bounds_of.get(var, str(size)) for var, size in e.vars]
-    return out
+    lines.append("    }")
+    return "\n".join(lines), work

@@ -21,7 +21,8 @@ def wrapped(head: str, items: list[str], tail: str, width: int = 116) -> list[st
 
 
 def method(doc: str, head: str, body: list[str]) -> str:
-    lines = [f"  {doc}", f"  {head} {{"]
+    """A method's text, under its javadoc `doc` (none where empty)."""
+    lines = [*([f"  {doc}"] if doc else []), f"  {head} {{"]
     lines += [f"    {line}" if line else "" for line in body]
     lines.append("  }")
     return "\n".join(lines)

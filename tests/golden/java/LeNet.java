@@ -3,12 +3,11 @@
 import deepdsl.runtime.Buf;
 import deepdsl.runtime.Kernel;
 import deepdsl.runtime.Network;
-import deepdsl.runtime.Parallel;
 
 /**
  * LeNet: training and inference of lenet.ddsl, every temporary at a fixed offset of one
  * arena of 7,828,736 bytes. Run it with {@code java LeNet --help}. Each step is one list of calls of
- * the device {@code dev}: the CPU device runs each kernel's Java method below, the CUDA device its
+ * the device {@code dev}: the CPU device runs each kernel's Java body below, the CUDA device its
  * kernel of LeNet.cu.
  */
 public final class LeNet extends Network {
@@ -97,9 +96,8 @@ public final class LeNet extends Network {
     dev.run(SGD_MOMENTUM_SGD_STEP, opt, w, opt, grad, w, momentum, weight_decay, lr);
   }
 
-  /** The training step: its temporaries and its calls. */
+  /** The training step (forward, backward, update): its temporaries at their offsets of the arena, its calls. */
   private final class Training {
-    // the layout: each temporary of LeNet's training step at its byte offset of the arena
     final Buf cv1_out = at(0, 64, 20, 24, 24);
     final Buf mp_out = at(5898240, 64, 20, 12, 12);
     final Buf cv2_out = at(2949120, 64, 50, 8, 8);
@@ -124,7 +122,6 @@ public final class LeNet extends Network {
     final Buf cv1_dW = at(57600, 20, 1, 5, 5);
     final Buf fc1_dW = at(0, 500, 800);
 
-    /** Forward, backward, update. */
     void step() {
       // cv1, lenet.ddsl:13:13
       dev.conv2d(cv1_out, x, cv1_W, groups(1), pad(0, 0), stride(1, 1));
@@ -177,9 +174,8 @@ public final class LeNet extends Network {
     }
   }
 
-  /** The test program (inference semantics): the prediction, then the loss. */
+  /** The test program (inference semantics): its temporaries at their offsets, the prediction, the loss. */
   private final class Inference {
-    // the layout: each temporary of LeNet's test program at its byte offset of the arena
     final Buf cv1_out = at(0, 64, 20, 24, 24);
     final Buf mp_out = at(2949120, 64, 20, 12, 12);
     final Buf cv2_out = at(0, 64, 50, 8, 8);
@@ -219,131 +215,104 @@ public final class LeNet extends Network {
     }
   }
 
-  // ---- kernels: each a constant, its Java method and a kernel of LeNet.cu of the same name ----
+  // ---- kernels: each a constant holding its Java body, and a kernel of LeNet.cu of the same name ----
 
   /** out[i0, i1, i2, i3] = (in0[i0, i1, i2, i3] + in1[i1]) */
-  static final Kernel CHANNEL_BIAS_ADD = Kernel.shaped("channelBiasAdd", b -> channelBiasAdd(b[0], b[1], b[2]));
-  private static void channelBiasAdd(Buf out, Buf in0, Buf in1) {
-    float[] o = out.a, a0 = in0.a, a1 = in1.a;
-    int po = out.off, p0 = in0.off, p1 = in1.off;
-    int no0 = out.shape[0], no1 = out.shape[1], no2 = out.shape[2], no3 = out.shape[3], n0_1 = in0.shape[1], n0_2 = in0.shape[2], n0_3 = in0.shape[3];
-    int sto0 = no1 * no2 * no3, sto1 = no2 * no3, sto2 = no3, st0_0 = n0_1 * n0_2 * n0_3, st0_1 = n0_2 * n0_3, st0_2 = n0_3;
-    Parallel.range(no0, (long) out.numel(), (lo, hi) -> {
-      for (int i0 = lo; i0 < hi; i0++) {
-        for (int i1 = 0; i1 < no1; i1++) {
-          for (int i2 = 0; i2 < no2; i2++) {
-            for (int i3 = 0; i3 < no3; i3++) {
-              o[po + i0 * sto0 + i1 * sto1 + i2 * sto2 + i3] = (a0[p0 + i0 * st0_0 + i1 * st0_1 + i2 * st0_2 + i3] + a1[p1 + i1]);
-            }
+  static final Kernel CHANNEL_BIAS_ADD = Kernel.shaped("channelBiasAdd", (out, in, lo, hi) -> {
+    float[] o = out.a, a0 = in[0].a, a1 = in[1].a;
+    int po = out.off, p0 = in[0].off, p1 = in[1].off;
+    int no1 = out.shape[1], no2 = out.shape[2], no3 = out.shape[3], n0_1 = in[0].shape[1], n0_2 = in[0].shape[2], n0_3 = in[0].shape[3];
+    int sto0 = no1 * no2 * no3, sto1 = no2 * no3, st0_0 = n0_1 * n0_2 * n0_3, st0_1 = n0_2 * n0_3;
+    for (int i0 = lo; i0 < hi; i0++) {
+      for (int i1 = 0; i1 < no1; i1++) {
+        for (int i2 = 0; i2 < no2; i2++) {
+          for (int i3 = 0; i3 < no3; i3++) {
+            o[po + i0 * sto0 + i1 * sto1 + i2 * no3 + i3] = (a0[p0 + i0 * st0_0 + i1 * st0_1 + i2 * n0_3 + i3] + a1[p1 + i1]);
           }
         }
       }
-    });
-  }
+    }
+  });
 
   /** out[i0, i1] = max((in0[i0, i1] + in1[i1]), 0) */
-  static final Kernel BIAS_ADD_RELU = Kernel.shaped("biasAddRelu", b -> biasAddRelu(b[0], b[1], b[2]));
-  private static void biasAddRelu(Buf out, Buf in0, Buf in1) {
-    float[] o = out.a, a0 = in0.a, a1 = in1.a;
-    int po = out.off, p0 = in0.off, p1 = in1.off;
-    int no0 = out.shape[0], no1 = out.shape[1], n0_1 = in0.shape[1];
-    int sto0 = no1, st0_0 = n0_1;
-    Parallel.range(no0, (long) out.numel(), (lo, hi) -> {
-      for (int i0 = lo; i0 < hi; i0++) {
-        for (int i1 = 0; i1 < no1; i1++) {
-          o[po + i0 * sto0 + i1] = Math.max((a0[p0 + i0 * st0_0 + i1] + a1[p1 + i1]), 0.0f);
-        }
+  static final Kernel BIAS_ADD_RELU = Kernel.shaped("biasAddRelu", (out, in, lo, hi) -> {
+    float[] o = out.a, a0 = in[0].a, a1 = in[1].a;
+    int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1], n0_1 = in[0].shape[1];
+    for (int i0 = lo; i0 < hi; i0++) {
+      for (int i1 = 0; i1 < no1; i1++) {
+        o[po + i0 * no1 + i1] = Math.max((a0[p0 + i0 * n0_1 + i1] + a1[p1 + i1]), 0.0f);
       }
-    });
-  }
+    }
+  });
 
   /** out[i0, i1] = (in0[i0, i1] + in1[i1]) */
-  static final Kernel BIAS_ADD = Kernel.shaped("biasAdd", b -> biasAdd(b[0], b[1], b[2]));
-  private static void biasAdd(Buf out, Buf in0, Buf in1) {
-    float[] o = out.a, a0 = in0.a, a1 = in1.a;
-    int po = out.off, p0 = in0.off, p1 = in1.off;
-    int no0 = out.shape[0], no1 = out.shape[1], n0_1 = in0.shape[1];
-    int sto0 = no1, st0_0 = n0_1;
-    Parallel.range(no0, (long) out.numel(), (lo, hi) -> {
-      for (int i0 = lo; i0 < hi; i0++) {
-        for (int i1 = 0; i1 < no1; i1++) {
-          o[po + i0 * sto0 + i1] = (a0[p0 + i0 * st0_0 + i1] + a1[p1 + i1]);
-        }
+  static final Kernel BIAS_ADD = Kernel.shaped("biasAdd", (out, in, lo, hi) -> {
+    float[] o = out.a, a0 = in[0].a, a1 = in[1].a;
+    int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1], n0_1 = in[0].shape[1];
+    for (int i0 = lo; i0 < hi; i0++) {
+      for (int i1 = 0; i1 < no1; i1++) {
+        o[po + i0 * no1 + i1] = (a0[p0 + i0 * n0_1 + i1] + a1[p1 + i1]);
       }
-    });
-  }
+    }
+  });
 
   /** out[i0] = (sum[r0:64] in0[r0, i0]) */
-  static final Kernel CHANNEL_SUM = Kernel.rows("channelSum", 64, b -> channelSum(b[0], b[1]));
-  private static void channelSum(Buf out, Buf in0) {
-    float[] o = out.a, a0 = in0.a;
-    int po = out.off, p0 = in0.off;
-    int no0 = out.shape[0], n0_0 = in0.shape[0], n0_1 = in0.shape[1];
-    int st0_0 = n0_1;
-    Parallel.range(no0, (long) out.numel() * n0_0, (lo, hi) -> {
-      for (int i0 = lo; i0 < hi; i0++) {
-        float s0a = 0f, s0b = 0f, s0c = 0f, s0d = 0f;
-        for (int r0 = 0; r0 < n0_0; r0 += 4) {
-          s0a += a0[p0 + r0 * st0_0 + i0];
-          s0b += a0[p0 + (r0 + 1) * st0_0 + i0];
-          s0c += a0[p0 + (r0 + 2) * st0_0 + i0];
-          s0d += a0[p0 + (r0 + 3) * st0_0 + i0];
-        }
-        o[po + i0] = ((s0a + s0b) + (s0c + s0d));
+  static final Kernel CHANNEL_SUM = Kernel.rows("channelSum", 64, in -> in[0].dim(0), (out, in, lo, hi) -> {
+    float[] o = out.a, a0 = in[0].a;
+    int po = out.off, p0 = in[0].off, n0_0 = in[0].shape[0], n0_1 = in[0].shape[1];
+    for (int i0 = lo; i0 < hi; i0++) {
+      float s0a = 0f, s0b = 0f, s0c = 0f, s0d = 0f;
+      for (int r0 = 0; r0 < n0_0; r0 += 4) {
+        s0a += a0[p0 + r0 * n0_1 + i0];
+        s0b += a0[p0 + (r0 + 1) * n0_1 + i0];
+        s0c += a0[p0 + (r0 + 2) * n0_1 + i0];
+        s0d += a0[p0 + (r0 + 3) * n0_1 + i0];
       }
-    });
-  }
+      o[po + i0] = ((s0a + s0b) + (s0c + s0d));
+    }
+  });
 
   /** out[i0, i1] = ((in1[i0, i1] > 0) ? in0[i0, i1] : 0) */
-  static final Kernel RELU_GRAD = Kernel.elementwise("reluGrad", b -> reluGrad(b[0], b[1], b[2]));
-  private static void reluGrad(Buf out, Buf in0, Buf in1) {
-    float[] o = out.a, a0 = in0.a, a1 = in1.a;
-    int po = out.off, p0 = in0.off, p1 = in1.off;
-    Parallel.range(out.numel(), 6L * out.numel(), (lo, hi) -> {
-      for (int e = lo; e < hi; e++) {
-        o[po + e] = (a1[p1 + e] > 0.0f ? a0[p0 + e] : 0.0f);
-      }
-    });
-  }
+  static final Kernel RELU_GRAD = Kernel.elementwise("reluGrad", 6, (out, in, lo, hi) -> {
+    float[] o = out.a, a0 = in[0].a, a1 = in[1].a;
+    int po = out.off, p0 = in[0].off, p1 = in[1].off;
+    for (int e = lo; e < hi; e++) {
+      o[po + e] = (a1[p1 + e] > 0.0f ? a0[p0 + e] : 0.0f);
+    }
+  });
 
   /** out[i0] = (sum[r0:64, r1:8, r2:8] in0[r0, i0, r1, r2]) */
-  static final Kernel CHANNEL_SUM_2 = Kernel.rows("channelSum_2", 256, b -> channelSum_2(b[0], b[1]));
-  private static void channelSum_2(Buf out, Buf in0) {
-    float[] o = out.a, a0 = in0.a;
-    int po = out.off, p0 = in0.off;
-    int no0 = out.shape[0], n0_0 = in0.shape[0], n0_1 = in0.shape[1], n0_2 = in0.shape[2], n0_3 = in0.shape[3];
-    int st0_0 = n0_1 * n0_2 * n0_3, st0_1 = n0_2 * n0_3, st0_2 = n0_3;
-    Parallel.range(no0, (long) out.numel() * n0_0 * n0_2 * n0_3, (lo, hi) -> {
-      for (int i0 = lo; i0 < hi; i0++) {
-        float s0a = 0f, s0b = 0f, s0c = 0f, s0d = 0f;
-        for (int r0 = 0; r0 < n0_0; r0++) {
-          for (int r1 = 0; r1 < n0_2; r1++) {
-            for (int r2 = 0; r2 < n0_3; r2 += 4) {
-              s0a += a0[p0 + r0 * st0_0 + i0 * st0_1 + r1 * st0_2 + r2];
-              s0b += a0[p0 + r0 * st0_0 + i0 * st0_1 + r1 * st0_2 + (r2 + 1)];
-              s0c += a0[p0 + r0 * st0_0 + i0 * st0_1 + r1 * st0_2 + (r2 + 2)];
-              s0d += a0[p0 + r0 * st0_0 + i0 * st0_1 + r1 * st0_2 + (r2 + 3)];
-            }
+  static final Kernel CHANNEL_SUM_2 = Kernel.rows("channelSum_2", 256,
+      in -> in[0].dim(0) * in[0].dim(2) * in[0].dim(3), (out, in, lo, hi) -> {
+    float[] o = out.a, a0 = in[0].a;
+    int po = out.off, p0 = in[0].off;
+    int n0_0 = in[0].shape[0], n0_1 = in[0].shape[1], n0_2 = in[0].shape[2], n0_3 = in[0].shape[3];
+    int st0_0 = n0_1 * n0_2 * n0_3, st0_1 = n0_2 * n0_3;
+    for (int i0 = lo; i0 < hi; i0++) {
+      float s0a = 0f, s0b = 0f, s0c = 0f, s0d = 0f;
+      for (int r0 = 0; r0 < n0_0; r0++) {
+        for (int r1 = 0; r1 < n0_2; r1++) {
+          for (int r2 = 0; r2 < n0_3; r2 += 4) {
+            s0a += a0[p0 + r0 * st0_0 + i0 * st0_1 + r1 * n0_3 + r2];
+            s0b += a0[p0 + r0 * st0_0 + i0 * st0_1 + r1 * n0_3 + (r2 + 1)];
+            s0c += a0[p0 + r0 * st0_0 + i0 * st0_1 + r1 * n0_3 + (r2 + 2)];
+            s0d += a0[p0 + r0 * st0_0 + i0 * st0_1 + r1 * n0_3 + (r2 + 3)];
           }
         }
-        o[po + i0] = ((s0a + s0b) + (s0c + s0d));
       }
-    });
-  }
+      o[po + i0] = ((s0a + s0b) + (s0c + s0d));
+    }
+  });
 
   /** out0[e] = (((in3[] * in0[e]) + in1[e]) + (in4[] * in2[e])); out1[e] = (in2[e] - (in5[] * out0[e])) */
-  static final Kernel SGD_MOMENTUM_SGD_STEP =
-      Kernel.elementwise("sgdMomentumSgdStep", b -> sgdMomentumSgdStep(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]));
-  private static void sgdMomentumSgdStep(Buf out0, Buf out1, Buf in0, Buf in1, Buf in2, Buf in3, Buf in4, Buf in5) {
-    float[] o0 = out0.a, o1 = out1.a, a0 = in0.a, a1 = in1.a, a2 = in2.a, a3 = in3.a, a4 = in4.a, a5 = in5.a;
-    int po0 = out0.off, po1 = out1.off, p0 = in0.off, p1 = in1.off, p2 = in2.off, p3 = in3.off, p4 = in4.off, p5 = in5.off;
-    Parallel.range(out0.numel(), 14L * out0.numel(), (lo, hi) -> {
-      for (int e = lo; e < hi; e++) {
-        float r0 = (((a3[p3] * a0[p0 + e]) + a1[p1 + e]) + (a4[p4] * a2[p2 + e]));
-        o0[po0 + e] = r0;
-        float r1 = (a2[p2 + e] - (a5[p5] * r0));
-        o1[po1 + e] = r1;
-      }
-    });
-  }
+  static final Kernel SGD_MOMENTUM_SGD_STEP = Kernel.group("sgdMomentumSgdStep", 2, 14, (out, in, lo, hi) -> {
+    float[] o0 = out[0].a, o1 = out[1].a, a0 = in[0].a, a1 = in[1].a, a2 = in[2].a, a3 = in[3].a, a4 = in[4].a, a5 = in[5].a;
+    int po0 = out[0].off, po1 = out[1].off, p0 = in[0].off, p1 = in[1].off, p2 = in[2].off, p3 = in[3].off, p4 = in[4].off, p5 = in[5].off;
+    for (int e = lo; e < hi; e++) {
+      float r0 = (((a3[p3] * a0[p0 + e]) + a1[p1 + e]) + (a4[p4] * a2[p2 + e]));
+      o0[po0 + e] = r0;
+      float r1 = (a2[p2 + e] - (a5[p5] * r0));
+      o1[po1 + e] = r1;
+    }
+  });
 }

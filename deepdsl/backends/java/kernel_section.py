@@ -1,0 +1,164 @@
+"""The kernels' section of the class: each generated kernel as a named constant holding its Java body, and its CUDA
+kernel for Name.cu under the same name; kernels that read the same but for their sizes (or the numbers
+java/constants.py lifts) are written once."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from deepdsl.backends.cuda.kernels import group_kernel, ie_kernel
+from deepdsl.backends.escape import java_comment, java_string
+from deepdsl.backends.java.constants import lift, numbers
+from deepdsl.backends.java.kernels import (
+    flat_form,
+    float_literal,
+    is_flat,
+    java_cost,
+    java_group_kernel,
+    java_kernel,
+)
+from deepdsl.backends.java.names import camel, identifier
+from deepdsl.backends.java.settings import read_settings, with_settings
+from deepdsl.backends.java.state import Emitter
+from deepdsl.ir import Stmt, Value
+from deepdsl.ir.groups import group_form
+from deepdsl.ir.indexexpr import Affine, Apply, Read, Reduce, Var, format_ie, renumber
+from deepdsl.ir.types import DType
+
+_PLACEHOLDER = "dd_kernel_"  # the name a kernel is written under to compare it with the kernels written before
+
+
+def ctype(v: Value) -> str:
+    return "float" if v.type.dtype is DType.F32 else "long long"
+
+
+def _constant(method_name: str) -> str:
+    """`linearEpilogue10` -> `LINEAR_EPILOGUE10`: the name of a kernel's constant."""
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", method_name).upper()
+
+
+def meaning(body: Any, out: tuple, inputs: int) -> str:
+    index = ", ".join(v for v, _ in out)
+    return f"out[{index}] = {format_ie(body, tuple(f'in{k}' for k in range(inputs)))}"
+
+
+def canonical_names(e: Any) -> Any:
+    """`e` with its reductions' variables renamed r0, r1, ... in the order they appear (the IR numbers them
+    per statement), so that two statements' kernels read the same when they compute the same."""
+    names: dict[str, str] = {}
+
+    def affine(a: Affine) -> Affine:
+        return Affine(tuple((names.get(v, v), c) for v, c in a.terms), a.const)
+
+    def go(x: Any) -> Any:
+        if isinstance(x, Reduce):
+            for v, _ in x.vars:
+                names.setdefault(v, f"r{len(names)}")
+            return Reduce(x.kind, tuple((names[v], n) for v, n in x.vars), go(x.body))
+        if isinstance(x, Apply):
+            return Apply(x.fn, tuple(go(a) for a in x.args))
+        if isinstance(x, Read):
+            return Read(x.input, tuple(affine(a) for a in x.index))
+        if isinstance(x, Var):
+            return Var(names.get(x.name, x.name))
+        return x
+
+    return go(e)
+
+
+def _add(e: Emitter, name: str, java: str, cuda: Any, outputs: int, flat: bool, cost: str | None, doc: str) -> str:
+    """Records kernel `name` (its Java body, its CUDA kernel) and returns the name of its constant, which holds its
+    launch shape, its cost per output element (kernels.java_cost) and its Java body as a lambda."""
+    const = e.namer(f"constant:{name}", _constant(name))
+    e.cuda_text.append(cuda.text)
+    args = [java_string(name), *([cost] if cost is not None else [])]
+    if outputs > 1:
+        make = f"Kernel.group({java_string(name)}, {outputs}, {cost}"
+    elif flat:
+        make = f"Kernel.elementwise({', '.join(args)}"
+    elif cuda.loop == "block-stride":
+        make = f"Kernel.rows({', '.join([args[0], str(cuda.block[0]), *args[1:]])}"
+    else:
+        make = f"Kernel.shaped({', '.join(args)}"
+    head = f"  static final Kernel {const} = {make}, (out, in, lo, hi) -> {{"
+    if len(head) > 120 and cost is not None:  # the cost and the body on a continuation line
+        at = make.rindex(", ")
+        head = f"  static final Kernel {const} = {make[:at]},\n      {make[at + 2 :]}, (out, in, lo, hi) -> {{"
+    e.kernel_text.append(f"  /** {java_comment(doc)} */\n{head}\n{java}\n  }});")
+    return const
+
+
+def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...], doc: str,
+           shapes: tuple | None = None, ctypes: tuple[str, ...] | None = None) -> str:  # fmt: skip
+    """The constant of the kernel computing `body` over `out`. Its sizes are arguments (the buffers' dims), so
+    statements whose kernels read the same but for their sizes share one; so are the numbers in which they
+    differ (java/constants.py), the buffers `e.extra` names, which the call passes after the inputs."""
+    e.extra = []
+    shapes = shapes if shapes is not None else tuple(v.type.shape for v in inputs)
+    ctypes = ctypes if ctypes is not None else tuple(ctype(v) for v in inputs)
+    body = canonical_names(body)
+    doc = meaning(body, out, len(shapes))  # with the names the kernel reads (r0, r1, ...)
+    values = numbers(body)
+    if values:  # the kernel with every number an argument: statements that differ only in numbers share it
+        n = len(values)
+        template = lift(body, len(shapes), tuple(range(n)))
+        every = (*shapes, *((),) * n)
+        key = (
+            java_kernel(template, out, every),
+            ie_kernel(_PLACEHOLDER, template, out, every, (*ctypes, *("float",) * n), generic=True).text,
+        )
+        e.seen.setdefault(key, set()).add(tuple(values))
+        which = e.lifted.get(key, ())
+        if which:
+            body = lift(body, len(shapes), which)
+            shapes = (*shapes, *((),) * len(which))
+            ctypes = (*ctypes, *("float",) * len(which))
+            doc = meaning(body, out, len(shapes))
+            e.extra = [number(e, values[k]) for k in which]
+    flat = is_flat(body, out, shapes)
+    java = java_kernel(body, out, shapes)
+    cuda = ie_kernel(_PLACEHOLDER, body, out, shapes, ctypes, generic=True)
+    key = (java, cuda.text, cuda.loop)
+    if key not in e.kernels:
+        name = e.namer(f"kernel:{op}:{value}", camel(op))
+        cuda = ie_kernel(name, body, out, shapes, ctypes, (doc,), generic=True)
+        e.kernels[key] = _add(e, name, java, cuda, 1, flat, java_cost(body, out, shapes), doc)
+    return e.kernels[key]
+
+
+def number(e: Emitter, value: float) -> str:
+    """The field of a constant buffer holding `value`, a number a kernel takes as an argument: `k0_1`."""
+    text = float_literal(value).removesuffix("f")
+    spelt = text.replace(".", "_").replace("e-", "e_minus_").replace("-", "minus_")  # 1e-05 -> 1e_minus_05
+    field_name = e.namer(f"number:{text}", identifier(f"k{spelt}"))
+    e.number_fields.setdefault(field_name, f"constant({java_string(field_name)}, {float_literal(value)})")
+    e.roles[field_name] = "k"
+    return field_name
+
+
+def group_constant(e: Emitter, stmts: tuple[Stmt, ...]) -> tuple[str, tuple[Value, ...], list[str]]:
+    """The constant of the one loop computing the statements of a group, the tensors it reads and the settings."""
+    read_as, used = with_settings(e, stmts)
+    form = group_form(read_as)
+    shared, readers = form.inputs, form.held
+    bodies = tuple(read_settings(b, len(shared)) for b in form.bodies)
+    ctypes = (*(ctype(v) for v in shared), *("float",) * len(used))
+    key = ("group", tuple(flat_form(b) for b in bodies), tuple(tuple(sorted(h.items())) for h in readers),
+           len(shared), ctypes)  # fmt: skip
+    if key not in e.kernels:
+        ops = [st.a["ops"][0] if st.op == "fused" and st.a.get("ops") else st.op for st in stmts]
+        name = e.namer(f"kernel:group:{stmts[0].out.name}", camel("_".join(ops)))
+        n = len(shared) + len(used)
+        names = (*(f"in{k}" for k in range(n)), *(f"out{m}" for m in range(len(bodies))))
+        texts = []
+        for j, (b, h) in enumerate(zip(bodies, readers)):  # a held result reads as the output it was written to
+            readable = renumber(b, {k: k for k in range(n)} | {k: n + m for k, m in h.items()})
+            texts.append(f"out{j}[e] = {format_ie(flat_form(readable), names)}")
+        doc = "; ".join(texts)
+        java, work = java_group_kernel(tuple(bodies), tuple(readers))
+        shapes = (*(v.type.shape for v in shared), *((),) * len(used))
+        numel = stmts[0].out.type.numel
+        cuda = group_kernel(name, tuple(bodies), numel, shapes, ctypes, tuple(readers), (doc,), generic=True)
+        e.kernels[key] = _add(e, name, java, cuda, len(bodies), True, str(work), doc)
+    return e.kernels[key], shared, used

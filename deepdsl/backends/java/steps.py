@@ -1,0 +1,222 @@
+"""The step methods of the class and the inner classes that run the plans: one per plan (`Training`; `Inference`,
+the test program, whose `predict()` is inferStep), each holding the plan's layout table (every temporary at its
+arena offset, by name) and its calls, a long step split into parts named after the blocks they cover."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deepdsl.backends.escape import java_comment
+from deepdsl.backends.java.calls import calls
+from deepdsl.backends.java.names import Namer, camel
+from deepdsl.backends.java.roles import ancestors, gradient_values, temp_names
+from deepdsl.backends.java.state import Emitter
+from deepdsl.backends.java.text import long_literal, method
+from deepdsl.ir import REGISTRY
+from deepdsl.memory import Plan
+from deepdsl.memory.groups import planned_groups
+
+MAX_STATEMENTS_PER_METHOD = 200  # keeps every step method far below Java's 64 KB of bytecode
+LAYOUT_ROWS = 1000  # temporaries a layout class initialises (about 30 bytes of its constructor each)
+
+
+def plan_items(e: Emitter, p: Plan) -> list[tuple[str, Any]]:
+    """The plan's work in order: statements, groups of statements one loop computes (ir/groups.py), then the
+    copies of the updates not computed in place."""
+    g = p.graph
+    items: list[tuple[str, Any]] = [
+        ("stmt", group[0]) if len(group) == 1 else ("group", group) for group in planned_groups(p)
+    ]
+    return items + [("update", (name, v)) for name, v in g.updates if e.in_state.get(v.name) != name]
+
+
+def plan_class(e: Emitter, title: str, doc: str, p: Plan, result: str | None,
+               segments: list[tuple[str, str, list[tuple[str, Any]]]]) -> list[str]:  # fmt: skip
+    """The inner class `title` that runs plan `p`: its temporaries first, each at its offset of the arena (the
+    plan's layout table), then one method per segment (name, doc, items; the doc left to the class's where there
+    is one segment), a long one split into parts named after the blocks they cover."""
+    g = p.graph
+    e.temps = Namer(tuple(e.namer.taken))
+    e.temp_names = temp_names(g, result, e.prefix, e.short)
+    e.gradient = gradient_values(g, result)
+    layout = []
+    e.in_state = dict(p.in_state)
+    for group in planned_groups(p):
+        for s in group:
+            if s.out.name in e.in_state:
+                continue
+            t = e.tensor(s.out)
+            if s.out.name in e.gradient:
+                e.roles[t] = "grad"
+            shape = ", ".join(map(str, s.out.type.shape))
+            if REGISTRY[s.op].view:
+                layout.append(f"final Buf {t} = view({e.tensor(s.inputs[0])}{', ' + shape if shape else ''});")
+            else:
+                offset = long_literal(p.buffer_of(s.out.name).offset)
+                layout.append(f"final Buf {t} = at({offset}{', ' + shape if shape else ''});")
+    methods = []
+    for name, mdoc, items in segments:
+        parts = _split(items)
+        if len(parts) == 1:
+            methods.append(method(f"/** {mdoc} */" if len(segments) > 1 else "", f"void {name}()", calls(e, parts[0])))
+            continue
+        names = [e.temps(f"{name}:part{k}", _part_name(name, part, e.gradient))
+                 for k, part in enumerate(parts)]  # fmt: skip
+        methods.append(
+            method(f"/** {mdoc} */" if len(segments) > 1 else "", f"void {name}()", [f"{n}();" for n in names])
+        )
+        for k, part in enumerate(parts):
+            pdoc = f"/** Part {k + 1} of {name}: {java_comment(_layers(part))}. */"
+            methods.append(method(pdoc, f"private void {names[k]}()", calls(e, part)))
+    # a class's field initialisers are one constructor, which Java limits to 64 KB of bytecode: a long table is
+    # continued in classes the step's class extends, each under LAYOUT_ROWS rows
+    chunks = [layout[k : k + LAYOUT_ROWS] for k in range(0, len(layout), LAYOUT_ROWS)] or [[]]
+    lines = []
+    for k, rows in enumerate(chunks[:-1]):
+        parent = f" extends {title}Layout{k}" if k else ""
+        lines += [f"  /** The layout of {title}, rows {k * LAYOUT_ROWS + 1} to {k * LAYOUT_ROWS + len(rows)}. */",
+                  f"  private class {title}Layout{k + 1}{parent} {{",
+                  *(f"    {line}" for line in rows), "  }", ""]  # fmt: skip
+    parent = f" extends {title}Layout{len(chunks) - 1}" if len(chunks) > 1 else ""
+    lines += [f"  /** {doc} */", f"  private final class {title}{parent} {{", *(f"    {line}" for line in chunks[-1])]
+    for m in methods:
+        lines += ["", *(f"  {line}" if line else "" for line in m.split("\n"))]
+    return [*lines, "  }"]
+
+
+def plan_classes(
+    e: Emitter, cls: str, train: Plan, infer: Plan | None, test: Plan
+) -> tuple[list[list[str]], list[str]]:
+    """The inner classes that run the plans, and the step methods of the class that call them. The test program
+    (evalStep) computes `predict` too: where its statements that `predict` needs come first, inferStep runs them
+    alone (its plan is then the test plan's beginning), else inferStep runs the inference plan of its own."""
+    names = Namer((cls,))
+    training, inference, testing = (names(n) for n in ("Training", "Inference", "Testing"))
+
+    def instance(title: str) -> str:  # the field holding the inner class's instance
+        return title[:1].lower() + title[1:]
+
+    e.in_state = dict(train.in_state)
+    e.counters = frozenset(d.value.name for d in train.graph.inputs if d.kind == "step")
+    doc = "The training step (forward, backward, update): its temporaries at their offsets of the arena, its calls."
+    classes = [plan_class(e, training, doc, train, "loss", [("step", doc, plan_items(e, train))])]
+    field_lines = [f"private {training} {instance(training)};"]
+    placed = [f"{instance(training)} = new {training}();"]
+    train_loss = f"{instance(training)}.{e.tensor(train.graph.output('loss'))}"
+    steps = [
+        method("/** One training step on the batch in the inputs; returns the loss. */", "protected float trainStep()",
+               [f"{instance(training)}.step();", f"return dev.scalar({train_loss});"])
+    ]  # fmt: skip
+    e.in_state = dict(test.in_state)
+    e.counters = frozenset(d.value.name for d in test.graph.inputs if d.kind == "step")
+    items = plan_items(e, test)
+    cut = _predict_first(test, items) if infer is not None else None
+    if cut is not None:
+        doc = "The test program (inference semantics): its temporaries at their offsets, the prediction, the loss."
+        segments = [("predict", "The prediction (inferStep runs this alone).", items[:cut]),
+                    ("loss", "The loss of the prediction.", items[cut:])]  # fmt: skip
+        classes.append(plan_class(e, inference, doc, test, None, segments))
+        run = instance(inference)
+        predict_calls = [f"{run}.predict();"]
+        eval_calls = [f"{run}.predict();", f"{run}.loss();"]
+        loss = f"{run}.{e.tensor(test.graph.output('loss'))}"
+        predict = f"{run}.{e.tensor(test.graph.output('predict'))}"
+    else:
+        doc = "The test program (inference semantics): its temporaries at their offsets of the arena, the loss."
+        classes.append(plan_class(e, testing, doc, test, None, [("loss", doc, items)]))
+        run = instance(testing)
+        eval_calls = [f"{run}.loss();"]
+        loss = f"{run}.{e.tensor(test.graph.output('loss'))}"
+        if infer is not None:
+            e.in_state = dict(infer.in_state)
+            doc = "The inference program: its temporaries at their offsets of the arena, the prediction."
+            classes.append(plan_class(e, inference, doc, infer, None, [("predict", doc, plan_items(e, infer))]))
+            predict_calls = [f"{instance(inference)}.predict();"]
+            predict = f"{instance(inference)}.{e.tensor(infer.graph.output('predict'))}"
+    for c in (inference, testing):
+        if any(f"private final class {c} " in line for k in classes for line in k):
+            field_lines.append(f"private {c} {instance(c)};")
+            placed.append(f"{instance(c)} = new {c}();")
+    steps.append(method("/** The loss on the batch in the inputs in inference semantics (the test phase). */",
+                        "protected float evalStep()", [*eval_calls, f"return dev.scalar({loss});"]))  # fmt: skip
+    if infer is None:
+        steps.append(method("/** The network defines no `predict`. */", "protected Buf inferStep()", ["return null;"]))
+    else:
+        steps.append(method("/** The network's prediction for the batch in the inputs. */",
+                            "protected Buf inferStep()", [*predict_calls, f"return dev.read({predict});"]))  # fmt: skip
+    hook = method("/** The steps' temporaries, placed in the arena of the device that took the network. */",
+                  "@Override\n  protected void placeTemporaries()", placed)  # fmt: skip
+    return classes, ["\n".join(f"  {line}" for line in field_lines), hook, *steps]
+
+
+def _predict_first(p: Plan, items: list[tuple[str, Any]]) -> int | None:
+    """Where the statements `predict` needs end in `items` when none of the others comes before; else None."""
+    needed = ancestors(p.graph, [p.graph.output("predict").name])
+    marks = []
+    for what, item in items:
+        stmts = item if what == "group" else (item,) if what == "stmt" else ()
+        marks.append(any(st.out.name in needed for st in stmts) if stmts else False)
+    if True not in marks:
+        return None
+    cut = len(marks) - marks[::-1].index(True)
+    return cut if all(marks[:cut]) or all(m or items[k][0] == "stmt" and REGISTRY[items[k][1].op].view
+                                          for k, m in enumerate(marks[:cut])) else None  # fmt: skip
+
+
+def _part_name(kind: str, part: list[tuple[str, Any]], gradient: set[str]) -> str:
+    """A part's method, after the blocks it covers and, in a training step, its pass: `forwardStemToStage2`,
+    `backwardStage3`, `updates`; `predictStage3` in a segment `predict`."""
+    blocks: list[str] = []
+    stmts = [st for what, item in part if what != "update" for st in (item if what == "group" else (item,))]
+    for st in stmts:
+        top = _block(st.layer).split(".")[-1] if st.layer else ""
+        if top and top not in blocks:
+            blocks.append(top)
+    if not blocks:
+        return "updates"
+    backward = any(st.out.name in gradient for st in stmts)
+    forward = any(st.out.name not in gradient for st in stmts)
+    where = blocks[0] if len(blocks) == 1 else f"{blocks[0]}_to_{blocks[-1]}"
+    if kind != "step":
+        return camel(f"{kind}_{where}")
+    passes = "" if backward == forward else "backward_" if backward else "forward_"
+    return camel(f"{passes}{where}")
+
+
+def _layers(part: list[tuple[str, Any]]) -> str:
+    names: list[str] = []
+    for what, item in part:
+        first = item[0] if what == "group" else item
+        top = _block(first.layer) if what != "update" and first.layer else ""
+        if top and top not in names:
+            names.append(top)
+    if not names:
+        return "the updates"
+    return ", ".join(names) if len(names) <= 3 else f"{names[0]} ... {names[-1]}"
+
+
+def _split(items: list[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
+    """Consecutive pieces of at most MAX_STATEMENTS_PER_METHOD items, cut where the block (`model.stage2`) changes."""
+    if len(items) <= MAX_STATEMENTS_PER_METHOD:
+        return [items]
+    parts: list[list[tuple[str, Any]]] = [[]]
+    for k, item in enumerate(items):
+        part = parts[-1]
+        if len(part) >= MAX_STATEMENTS_PER_METHOD or (
+            len(part) >= MAX_STATEMENTS_PER_METHOD // 2 and _top(item) != _top(items[k - 1])
+        ):
+            parts.append([])
+        parts[-1].append(item)
+    return parts
+
+
+def _top(item: tuple[str, Any]) -> str:
+    what, x = item
+    if what == "update":
+        return "update"
+    return _block((x[0] if what == "group" else x).layer)
+
+
+def _block(layer: str) -> str:
+    """The block a layer belongs to: its path's first two parts (`model.stage2`)."""
+    return ".".join(layer.split(".")[:2])
