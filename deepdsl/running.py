@@ -31,7 +31,8 @@ def open_device(device: str, double: bool = False, kernels: str = "auto") -> tup
 
     `auto` takes the GPU when PyCUDA is installed and finds one, and says why not otherwise; `cpu` says nothing
     of CUDA; `cuda` is a user error (with the reason) when it cannot have one. On the GPU, `kernels` picks the
-    vendor libraries (backends/cuda/vendor.py): `vendor` without them is an error under every device."""
+    vendor libraries (backends/cuda/vendor.py): `vendor` without them is an error wherever the GPU is opened (under
+    `cuda`, and under `auto` once PyCUDA is there); the NumPy runner has no vendor libraries and ignores it."""
     if device == "cpu":
         return None, CPU, None
     if device == "auto" and (double or not pycuda_available()):

@@ -104,7 +104,7 @@ step "PyCUDA sees the GPU"
 result "import pycuda.driver" $?
 
 step "the PyCUDA runner: tests marked gpu"
-timeout 90 "$PY" -m pytest -q -rs -p no:cacheprovider -m gpu tests/backends/test_gpu_runner.py 2>&1 | tee "$OUT/pytest_gpu.txt"
+timeout 300 "$PY" -m pytest -q -rs -p no:cacheprovider -m gpu tests/backends/test_gpu_runner.py 2>&1 | tee "$OUT/pytest_gpu.txt"
 result "pytest -m gpu" "${PIPESTATUS[0]}"
 ! grep -qi "skipped" "$OUT/pytest_gpu.txt"  # a skip here means PyCUDA or the GPU was not usable: not a pass
 result "pytest -m gpu ran every test" $?

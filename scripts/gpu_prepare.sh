@@ -17,7 +17,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-G=$ROOT/.gpu
+G=${DEEPDSL_GPU_FILES:-$ROOT/.gpu}  # gpu_check.sh reads the same variable
 PY=${PYTHON:-python3}
 DRY=0
 case "${1:-}" in

@@ -20,8 +20,11 @@ Then the mask's gradient goes (`drop_mask_gradients`). Autodiff of `j <= i ? s :
 `softmax_backward(y, g) = y · (g − Σ g·y)` of the causal masked_softmax y, read through views that keep the row
 length T, with the mask's rows Tq equal to the softmax's period, the masked elements of dm are exactly those where
 y is 0, and there y · (g − Σ) is already ±0 (NaN where g or the row's sum is not finite, which the mask's
-multiply by 0 keeps NaN). At the kept elements the mask multiplies by 1. So ds equals dm bit for bit, and every
-reader of ds reads dm instead. The NumPy, Java and CUDA kernels of softmax_backward all compute y · (g − Σ), and
+multiply by 0 keeps NaN). At the kept elements the mask multiplies by 1. So ds equals dm bit for bit in the
+multiply form autodiff writes; in the select form (`j <= i ? dm : 0`, also accepted) a masked element may be −0
+or NaN where the select gave +0, which no reader tells apart (a sum adds ±0 alike, and a NaN there means the
+row's kept elements are NaN already). Every reader of ds reads dm instead. The NumPy, Java and CUDA kernels of
+softmax_backward all compute y · (g − Σ), and
 masked_softmax writes an exact 0 at every masked element.
 """
 

@@ -90,9 +90,16 @@ final class OpenBlasGemm implements Blas.Gemm {
       return false;
     }
     Buffers buf = BUFFERS.get();
-    FloatBuffer a = buf.a = atLeast(buf.a, m * k);
-    FloatBuffer b = buf.b = atLeast(buf.b, k * n);
-    FloatBuffer c = buf.c = atLeast(buf.c, m * n);
+    FloatBuffer a;
+    FloatBuffer b;
+    FloatBuffer c;
+    try {
+      a = buf.a = atLeast(buf.a, m * k);
+      b = buf.b = atLeast(buf.b, k * n);
+      c = buf.c = atLeast(buf.c, m * n);
+    } catch (OutOfMemoryError full) { // direct memory is capped (-XX:MaxDirectMemorySize): the Java SGEMM does it
+      return false;
+    }
     // A as stored: m x k, or for a transposed view the k x m matrix it views
     if (aTrans) {
       copyIn(a, x.a(), x.off(), x.colStride(), k, m);

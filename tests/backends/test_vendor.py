@@ -259,6 +259,20 @@ def test_the_stand_in_cudnn_refuses_what_does_not_fit(cublas_folder: Path) -> No
     vendor.close()
 
 
+def test_a_call_cudnn_refuses_runs_our_kernel_under_auto_and_is_an_error_under_vendor(cublas_folder: Path) -> None:
+    """`auto` takes the vendor routine where the library takes the call, our kernel where it refuses it (here: a fact
+    whose output size is not cuDNN's); `vendor` says why instead."""
+    fact, x, w, y, _ = _conv_case(0)
+    wrong = dataclasses.replace(fact, oh=6)
+    pointers = (y.ctypes.data, x.ctypes.data, w.ctypes.data)
+    auto, strict = open_vendor("auto", [cublas_folder]), open_vendor("vendor", [cublas_folder])
+    assert auto.bind(fact, pointers) is not None and auto.bind(wrong, pointers) is None
+    with pytest.raises(DslProgramError, match=r"cuDNN makes ConvForward.* an output of \[2, 4, 7, 6\]"):
+        strict.bind(wrong, pointers)
+    auto.close()
+    strict.close()
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 4), (2, 3, 4)])
 def test_a_bias_gradient_through_cudnn_is_numpys(cublas_folder: Path, shape: tuple[int, ...]) -> None:
     """channel_sum (the bias gradient of a convolution or a linear layer) as cudnnConvolutionBackwardBias; a db

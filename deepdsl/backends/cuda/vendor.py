@@ -69,7 +69,8 @@ def candidates(sonames: Sequence[str], folders: Sequence[Path] | None = None) ->
 
 
 class MissingLibrary(DslProgramError):
-    """`--kernels vendor` where a vendor library does not load: an error under every --device."""
+    """`--kernels vendor` where a vendor library does not load: an error wherever the GPU is opened (`--device cuda`, or
+    `auto` with PyCUDA there), never a fallback to the NumPy runner."""
 
 
 def _load(path: str) -> ctypes.CDLL:
@@ -96,8 +97,10 @@ class Vendor:
     """The vendor libraries a runner uses (cuBLAS for every GEMM, cuDNN for the convolutions, pooling, softmax and
     LRN) and what it says about them."""
 
-    def __init__(self, cublas: Cublas | None = None, cudnn: Cudnn | None = None, missing: Sequence[str] = ()):
+    def __init__(self, cublas: Cublas | None = None, cudnn: Cudnn | None = None, missing: Sequence[str] = (),
+                 strict: bool = False):  # fmt: skip
         self.cublas, self.cudnn = cublas, cudnn
+        self.strict = strict  # `--kernels vendor`: a call the library refuses is an error, not our kernel
         self.missing = tuple(missing)  # under auto: the libraries that did not load, and why
 
     @property
@@ -112,7 +115,17 @@ class Vendor:
         self, call: VendorCall | None, pointers: Sequence[int], workspace: tuple[int, int] = (0, 0)
     ) -> Bound | None:
         """The vendor routine for a launch of `call` on `pointers` (its output, then its inputs), with the statement's
-        planned workspace (address, bytes); None where no loaded library serves it (our kernel runs)."""
+        planned workspace (address, bytes); None where no loaded library serves it (our kernel runs), and under
+        `auto` also where the library refuses the call (no algorithm within the workspace, a descriptor it does not
+        take); under `vendor` that refusal is the error."""
+        try:
+            return self._bind(call, pointers, workspace)
+        except DslProgramError:
+            if self.strict:
+                raise
+            return None
+
+    def _bind(self, call: VendorCall | None, pointers: Sequence[int], workspace: tuple[int, int]) -> Bound | None:
         if isinstance(call, Gemm) and self.cublas is not None:
             gemm, cublas, (c, a, b) = call, self.cublas, pointers[:3]
             return Bound(lambda: cublas.gemm(gemm, c, a, b), 0, "cuBLAS SGEMM")
@@ -182,7 +195,7 @@ def open_vendor(kernels: str, folders: Sequence[Path] | None = None, stream: int
         installs = [CUBLAS_INSTALL] * (cublas is None) + [CUDNN_INSTALL] * (cudnn is None)
         raise MissingLibrary(f"--kernels vendor: {'; '.join(missing)}; install {' and '.join(installs)}, "
                              "or use --kernels own")  # fmt: skip
-    return Vendor(cublas, cudnn, missing)
+    return Vendor(cublas, cudnn, missing, strict=kernels == "vendor")
 
 
 __all__ = ["CUBLAS_SONAMES", "CUDNN_SONAMES", "KERNELS", "OWN", "Bound", "MissingLibrary", "Vendor", "candidates",
