@@ -168,6 +168,7 @@ def _cases() -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
             test = Apply("<", (sub, Const(1.0)))
             shared = Apply("select", (test, Apply("*", (sub, sub)), Apply("+", (test, Apply("-", (Const(0.5), sub))))))
             cases.append((f"shared{k}", shared, out, xs))
+    cases += _collapse_cases(data)
     for name in sorted(REGISTRY):  # every op with an index form runs through the same generated loops
         form = REGISTRY[name].index_form
         if form is None or name not in EXAMPLES:
@@ -179,6 +180,28 @@ def _cases() -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
               else data.integers(0, 2, t.shape).astype(np.float32) for t in types]  # fmt: skip
         cases.append((name, body, tuple(zip(out_vars(out_type), out_type.shape)), xs))
     return cases
+
+
+def _collapse_cases(data: np.random.Generator) -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
+    """Kernels whose adjacent axes backends/collapse.py merges (or, for the last two, must not)."""
+    v = Affine.var
+    out = (("i0", 2), ("i1", 3), ("i2", 4), ("i3", 8))
+    plain = Read(0, (v("i0"), v("i1"), v("i2"), v("i3")))
+    sums = Reduce("sum", (("r0", 2), ("r1", 4), ("r2", 8)), Read(0, (v("r0"), v("i0"), v("r1"), v("r2"))))
+    maxes = Reduce("max", (("r0", 3), ("r1", 4)), Read(0, (v("i0"), v("i1"), v("r0"), v("r1"))))
+    shifted = Read(0, (v("i0"), v("i1"), v("i2"), Affine((("i3", 1),), -1)))
+    transposed = Read(1, (v("i0"), v("i1"), v("i3"), v("i2")))
+    specs = [
+        ("bias_add", Apply("+", (plain, Read(1, (v("i1"),)))), out, [(2, 3, 4, 8), (3,)]),
+        ("row_scale", Apply("*", (plain, Read(1, (v("i0"),)))), out, [(2, 3, 4, 8), (2,)]),
+        ("channel_sum", sums, (("i0", 3),), [(2, 3, 4, 8)]),
+        ("window_max", maxes, (("i0", 2), ("i1", 5)), [(2, 5, 3, 4)]),
+        ("shifted", Apply("+", (shifted, Read(1, (v("i1"),)))), out, [(2, 3, 4, 8), (3,)]),
+        ("transposed", Apply("-", (plain, transposed)), out, [(2, 3, 4, 8), (2, 3, 8, 4)]),
+        ("sliced", Apply("+", (plain, Read(1, (v("i1"),)))), out[:3] + (("i3", 5),), [(2, 3, 4, 8), (3,)]),
+    ]
+    return [(f"collapse_{name}", body, o, [data.uniform(0.1, 2.0, s).astype(np.float32) for s in shapes])
+            for name, body, o, shapes in specs]  # fmt: skip
 
 
 def test_kernels_equal_evaluate(tmp_path: Path) -> None:
