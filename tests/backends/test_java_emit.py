@@ -264,9 +264,12 @@ def test_kernel_text_reads_like_code() -> None:
                          Const(0.0)))  # fmt: skip
     text = java_kernel(body, (("i0", 8), ("i1", 500)), ((8, 500), (500,)))
     # the sizes are the buffers' dims, named: one kernel serves every shape it reads the same way for; a stride
-    # that is one dim is written as that dim, and the body runs over the rows [lo, hi) the runtime gives it
-    assert "o[po + i0 * no1 + i1] = Math.max((a0[p0 + i0 * n0_1 + i1] + a1[p1 + i1]), 0.0f);" in text
-    assert "int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1], n0_1 = in[0].shape[1];" in text
+    # that is one dim is written as that dim, and the body runs over the rows [lo, hi) the runtime gives it; in0,
+    # read at the output's own element, at the output's offset
+    assert "o[po + i0 * no1 + i1] = Math.max((a0[p0 + i0 * no1 + i1] + a1[p1 + i1]), 0.0f);" in text
+    assert "int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1];" in text
+    other = java_kernel(body, (("i0", 8), ("i1", 500)), ((9, 500), (500,)))  # in0 has more rows: its own sizes
+    assert "(a0[p0 + i0 * n0_1 + i1] + a1[p1 + i1])" in other and "n0_1 = in[0].shape[1]" in other
     assert "for (int i0 = lo; i0 < hi; i0++) {" in text and "sto0" not in text
     padded = Read(0, (Affine((("i0", 1),), -1),))
     text = java_kernel(padded, (("i0", 4),), ((4,),))

@@ -63,6 +63,7 @@ class _Gen:
     sizes: Sizes | None = None  # shape-generic: sizes read as names (backends/sizes.py), not numbers
     bounds_of: dict[str, str] = field(default_factory=dict)  # index variable -> its range as text
     locals: Locals | None = None  # the body's shared subexpressions (None inside a reduction's body)
+    own: tuple[tuple[Affine, ...], tuple[int, ...], str] | None = None  # the output's index, shape and offset
 
     def bind(self, var: str, size: int, bound: str | None = None) -> str:
         name = var if var.isidentifier() and var.isascii() and var not in JAVA_KEYWORDS else "v"
@@ -107,9 +108,13 @@ class _Gen:
         return f"({' && '.join(tests)} ? {element} : 0f)" if tests else element
 
     def generic_read(self, r: Read) -> str:
-        """A read with the sizes as names: each axis's index times its stride, tested against its dim."""
+        """A read with the sizes as names: each axis's index times its stride, tested against its dim; the output's
+        own element (an input of the output's shape read at the output's index) at the output's offset, so that
+        its sizes are the output's (as the CUDA printer reads it at `e`)."""
         assert self.sizes is not None
         shape = self.shapes[r.input]
+        if self.own is not None and r.index == self.own[0] and shape == self.own[1]:
+            return f"a{r.input}[p{r.input} + {self.own[2]}]"  # the output's own element: at the output's offset
         tests = []
         for j, (a, dim) in enumerate(zip(r.index, shape)):
             lo, hi = self.bounds(a)
@@ -280,6 +285,8 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
     names = [g.bind(var, size, sizes.out_dim(j)) for j, (var, size) in enumerate(out)]
     terms = [v if sizes.out_stride(j) == "1" else f"{v} * {sizes.out_stride(j)}" for j, v in enumerate(names)]
     target = f"o[po + {' + '.join(terms)}]" if terms else "o[po]"
+    if terms:
+        g.own = tuple(Affine.var(v) for v, _ in out), tuple(n for _, n in out), " + ".join(terms)
     depth = len(out)
     indent = "  " * (depth + 2)
     pre = []

@@ -220,13 +220,12 @@ public final class LeNet extends Network {
   /** out[i0, i1, i2, i3] = (in0[i0, i1, i2, i3] + in1[i1]) */
   static final Kernel CHANNEL_BIAS_ADD = Kernel.shaped("channelBiasAdd", (out, in, lo, hi) -> {
     float[] o = out.a, a0 = in[0].a, a1 = in[1].a;
-    int po = out.off, p0 = in[0].off, p1 = in[1].off;
-    int no1 = out.shape[1], no2 = out.shape[2] * out.shape[3], n0_1 = in[0].shape[1], n0_2 = in[0].shape[2] * in[0].shape[3];
-    int sto0 = no1 * no2, st0_0 = n0_1 * n0_2;
+    int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1], no2 = out.shape[2] * out.shape[3];
+    int sto0 = no1 * no2;
     for (int i0 = lo; i0 < hi; i0++) {
       for (int i1 = 0; i1 < no1; i1++) {
         for (int i2 = 0; i2 < no2; i2++) {
-          o[po + i0 * sto0 + i1 * no2 + i2] = (a0[p0 + i0 * st0_0 + i1 * n0_2 + i2] + a1[p1 + i1]);
+          o[po + i0 * sto0 + i1 * no2 + i2] = (a0[p0 + i0 * sto0 + i1 * no2 + i2] + a1[p1 + i1]);
         }
       }
     }
@@ -235,10 +234,10 @@ public final class LeNet extends Network {
   /** out[i0, i1] = max((in0[i0, i1] + in1[i1]), 0) */
   static final Kernel BIAS_ADD_RELU = Kernel.shaped("biasAddRelu", (out, in, lo, hi) -> {
     float[] o = out.a, a0 = in[0].a, a1 = in[1].a;
-    int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1], n0_1 = in[0].shape[1];
+    int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1];
     for (int i0 = lo; i0 < hi; i0++) {
       for (int i1 = 0; i1 < no1; i1++) {
-        o[po + i0 * no1 + i1] = Math.max((a0[p0 + i0 * n0_1 + i1] + a1[p1 + i1]), 0.0f);
+        o[po + i0 * no1 + i1] = Math.max((a0[p0 + i0 * no1 + i1] + a1[p1 + i1]), 0.0f);
       }
     }
   });
@@ -246,10 +245,10 @@ public final class LeNet extends Network {
   /** out[i0, i1] = (in0[i0, i1] + in1[i1]) */
   static final Kernel BIAS_ADD = Kernel.shaped("biasAdd", (out, in, lo, hi) -> {
     float[] o = out.a, a0 = in[0].a, a1 = in[1].a;
-    int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1], n0_1 = in[0].shape[1];
+    int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1];
     for (int i0 = lo; i0 < hi; i0++) {
       for (int i1 = 0; i1 < no1; i1++) {
-        o[po + i0 * no1 + i1] = (a0[p0 + i0 * n0_1 + i1] + a1[p1 + i1]);
+        o[po + i0 * no1 + i1] = (a0[p0 + i0 * no1 + i1] + a1[p1 + i1]);
       }
     }
   });
