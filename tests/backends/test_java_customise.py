@@ -44,9 +44,9 @@ train {{
 # the edits as README.md writes them (the norm printed every step here, not every 100, for a short run)
 LEAKY_JAVA = [
     (
-        "Math.max((a0[p0 + i0 * n0_1 + i1] + a1[p1 + i1]), 0.0f)",
-        "((a0[p0 + i0 * n0_1 + i1] + a1[p1 + i1]) > 0 ? (a0[p0 + i0 * n0_1 + i1] + a1[p1 + i1])"
-        " : 0.01f * (a0[p0 + i0 * n0_1 + i1] + a1[p1 + i1]))",
+        "Math.max((a0[p0 + i0 * no1 + i1] + a1[p1 + i1]), 0.0f)",
+        "((a0[p0 + i0 * no1 + i1] + a1[p1 + i1]) > 0 ? (a0[p0 + i0 * no1 + i1] + a1[p1 + i1])"
+        " : 0.01f * (a0[p0 + i0 * no1 + i1] + a1[p1 + i1]))",
     ),
     ("(a1[p1 + e] > 0.0f ? a0[p0 + e] : 0.0f)", "(a1[p1 + e] > 0.0f ? a0[p0 + e] : 0.01f * a0[p0 + e])"),
 ]

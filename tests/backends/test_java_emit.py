@@ -168,6 +168,7 @@ def _cases() -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
             test = Apply("<", (sub, Const(1.0)))
             shared = Apply("select", (test, Apply("*", (sub, sub)), Apply("+", (test, Apply("-", (Const(0.5), sub))))))
             cases.append((f"shared{k}", shared, out, xs))
+    cases += _collapse_cases(data)
     for name in sorted(REGISTRY):  # every op with an index form runs through the same generated loops
         form = REGISTRY[name].index_form
         if form is None or name not in EXAMPLES:
@@ -179,6 +180,28 @@ def _cases() -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
               else data.integers(0, 2, t.shape).astype(np.float32) for t in types]  # fmt: skip
         cases.append((name, body, tuple(zip(out_vars(out_type), out_type.shape)), xs))
     return cases
+
+
+def _collapse_cases(data: np.random.Generator) -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
+    """Kernels whose adjacent axes backends/collapse.py merges (or, for the last two, must not)."""
+    v = Affine.var
+    out = (("i0", 2), ("i1", 3), ("i2", 4), ("i3", 8))
+    plain = Read(0, (v("i0"), v("i1"), v("i2"), v("i3")))
+    sums = Reduce("sum", (("r0", 2), ("r1", 4), ("r2", 8)), Read(0, (v("r0"), v("i0"), v("r1"), v("r2"))))
+    maxes = Reduce("max", (("r0", 3), ("r1", 4)), Read(0, (v("i0"), v("i1"), v("r0"), v("r1"))))
+    shifted = Read(0, (v("i0"), v("i1"), v("i2"), Affine((("i3", 1),), -1)))
+    transposed = Read(1, (v("i0"), v("i1"), v("i3"), v("i2")))
+    specs = [
+        ("bias_add", Apply("+", (plain, Read(1, (v("i1"),)))), out, [(2, 3, 4, 8), (3,)]),
+        ("row_scale", Apply("*", (plain, Read(1, (v("i0"),)))), out, [(2, 3, 4, 8), (2,)]),
+        ("channel_sum", sums, (("i0", 3),), [(2, 3, 4, 8)]),
+        ("window_max", maxes, (("i0", 2), ("i1", 5)), [(2, 5, 3, 4)]),
+        ("shifted", Apply("+", (shifted, Read(1, (v("i1"),)))), out, [(2, 3, 4, 8), (3,)]),
+        ("transposed", Apply("-", (plain, transposed)), out, [(2, 3, 4, 8), (2, 3, 8, 4)]),
+        ("sliced", Apply("+", (plain, Read(1, (v("i1"),)))), out[:3] + (("i3", 5),), [(2, 3, 4, 8), (3,)]),
+    ]
+    return [(f"collapse_{name}", body, o, [data.uniform(0.1, 2.0, s).astype(np.float32) for s in shapes])
+            for name, body, o, shapes in specs]  # fmt: skip
 
 
 def test_kernels_equal_evaluate(tmp_path: Path) -> None:
@@ -241,9 +264,12 @@ def test_kernel_text_reads_like_code() -> None:
                          Const(0.0)))  # fmt: skip
     text = java_kernel(body, (("i0", 8), ("i1", 500)), ((8, 500), (500,)))
     # the sizes are the buffers' dims, named: one kernel serves every shape it reads the same way for; a stride
-    # that is one dim is written as that dim, and the body runs over the rows [lo, hi) the runtime gives it
-    assert "o[po + i0 * no1 + i1] = Math.max((a0[p0 + i0 * n0_1 + i1] + a1[p1 + i1]), 0.0f);" in text
-    assert "int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1], n0_1 = in[0].shape[1];" in text
+    # that is one dim is written as that dim, and the body runs over the rows [lo, hi) the runtime gives it; in0,
+    # read at the output's own element, at the output's offset
+    assert "o[po + i0 * no1 + i1] = Math.max((a0[p0 + i0 * no1 + i1] + a1[p1 + i1]), 0.0f);" in text
+    assert "int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1];" in text
+    other = java_kernel(body, (("i0", 8), ("i1", 500)), ((9, 500), (500,)))  # in0 has more rows: its own sizes
+    assert "(a0[p0 + i0 * n0_1 + i1] + a1[p1 + i1])" in other and "n0_1 = in[0].shape[1]" in other
     assert "for (int i0 = lo; i0 < hi; i0++) {" in text and "sto0" not in text
     padded = Read(0, (Affine((("i0", 1),), -1),))
     text = java_kernel(padded, (("i0", 4),), ((4,),))

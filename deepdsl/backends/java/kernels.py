@@ -6,9 +6,10 @@ outside its input is 0 (the bounds test is written only where the affine index c
 local accumulator over nested loops (four for a long sum, so that its additions do not wait on each other),
 comparisons are Java booleans; a subexpression used more than once outside the reductions is computed once into a
 local (cexpr.Locals). When every read is the output's own element (or a scalar), the kernel is one flat loop;
-otherwise nested loops, innermost over the last axis. A kernel computes a range of its output (elements, or rows of
-its first axis): the runtime's Kernel.run splits the output over threads by the kernel's work, which `java_cost`
-states for the kernel's constant."""
+otherwise nested loops, innermost over the last axis, with adjacent axes that every read indexes as one contiguous
+run merged into one loop (backends/collapse.py: a 4-d bias add loops over rows, channels and H*W). A kernel
+computes a range of its output (elements, or rows of its first axis): the runtime's Kernel.run splits the output
+over threads by the kernel's work, which `java_cost` states for the kernel's constant."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from deepdsl.backends import cexpr
 from deepdsl.backends.cexpr import Locals, apply, java_dialect
+from deepdsl.backends.collapse import collapse
 from deepdsl.backends.java.names import JAVA_KEYWORDS
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir.groups import is_flat
@@ -61,6 +63,7 @@ class _Gen:
     sizes: Sizes | None = None  # shape-generic: sizes read as names (backends/sizes.py), not numbers
     bounds_of: dict[str, str] = field(default_factory=dict)  # index variable -> its range as text
     locals: Locals | None = None  # the body's shared subexpressions (None inside a reduction's body)
+    own: tuple[tuple[Affine, ...], tuple[int, ...], str] | None = None  # the output's index, shape and offset
 
     def bind(self, var: str, size: int, bound: str | None = None) -> str:
         name = var if var.isidentifier() and var.isascii() and var not in JAVA_KEYWORDS else "v"
@@ -105,9 +108,13 @@ class _Gen:
         return f"({' && '.join(tests)} ? {element} : 0f)" if tests else element
 
     def generic_read(self, r: Read) -> str:
-        """A read with the sizes as names: each axis's index times its stride, tested against its dim."""
+        """A read with the sizes as names: each axis's index times its stride, tested against its dim; the output's
+        own element (an input of the output's shape read at the output's index) at the output's offset, so that
+        its sizes are the output's (as the CUDA printer reads it at `e`)."""
         assert self.sizes is not None
         shape = self.shapes[r.input]
+        if self.own is not None and r.index == self.own[0] and shape == self.own[1]:
+            return f"a{r.input}[p{r.input} + {self.own[2]}]"  # the output's own element: at the output's offset
         tests = []
         for j, (a, dim) in enumerate(zip(r.index, shape)):
             lo, hi = self.bounds(a)
@@ -257,12 +264,16 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
     {...}` of its constant: the elements `[lo, hi)` of `out` (a flat kernel) or its rows `[lo, hi)` (the indices
     of its first axis); the runtime's Kernel.run splits the output over threads by `java_cost`."""
     used = sorted({r.input for r in reads(body)})
+    flat = is_flat(body, out, shapes)
+    if not flat:  # contiguous axes as one (backends/collapse.py): sizes the products of the buffers' dims
+        c = collapse(body, out, shapes)
+        body, out, shapes = c.body, c.out, c.shapes
     lines = ["    float[] " + ", ".join(["o = out.a", *(f"a{k} = in[{k}].a" for k in used)]) + ";"]
     offsets = ["po = out.off", *(f"p{k} = in[{k}].off" for k in used)]
     g = _Gen(shapes, taken={"o", "po", "out", "in", "lo", "hi", "e", *(f"a{k}" for k in used),
                             *(f"p{k}" for k in used)})  # fmt: skip
     g.locals = Locals(shared_subexpressions(body), g.taken)
-    if is_flat(body, out, shapes):  # the size comes from the output, so one kernel serves every shape
+    if flat:  # the size comes from the output, so one kernel serves every shape
         g.flat = True
         pre: list[str] = []
         value, kind = g.expr(body, pre, "      ")
@@ -274,6 +285,8 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
     names = [g.bind(var, size, sizes.out_dim(j)) for j, (var, size) in enumerate(out)]
     terms = [v if sizes.out_stride(j) == "1" else f"{v} * {sizes.out_stride(j)}" for j, v in enumerate(names)]
     target = f"o[po + {' + '.join(terms)}]" if terms else "o[po]"
+    if terms:
+        g.own = tuple(Affine.var(v) for v, _ in out), tuple(n for _, n in out), " + ".join(terms)
     depth = len(out)
     indent = "  " * (depth + 2)
     pre = []
@@ -292,8 +305,14 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
         else:
             strides.append(f"{n} = {v}")
     needed = "\n".join([text, *strides])
-    dims = [f"{n} = {'out' if b < 0 else f'in[{b}]'}.shape[{j}]" for n, b, j in sizes.dims_used(needed)]
+    axes = (c.out_axes, *c.in_axes)  # a collapsed axis: the product of the buffer's dims it covers
+    dims = [f"{n} = {_dim(b, axes[b + 1][j])}" for n, b, j in sizes.dims_used(needed)]
     return "\n".join([*lines, *_declarations([offsets, dims, strides]), text])
+
+
+def _dim(buffer: int, axes: tuple[int, ...]) -> str:
+    """The run-time size of axes `axes` of `buffer` (-1: the output), one axis or a product of adjacent ones."""
+    return " * ".join(f"{'out' if buffer < 0 else f'in[{buffer}]'}.shape[{a}]" for a in axes)
 
 
 def _declarations(groups: list[list[str]], width: int = 120) -> list[str]:

@@ -220,15 +220,12 @@ public final class LeNet extends Network {
   /** out[i0, i1, i2, i3] = (in0[i0, i1, i2, i3] + in1[i1]) */
   static final Kernel CHANNEL_BIAS_ADD = Kernel.shaped("channelBiasAdd", (out, in, lo, hi) -> {
     float[] o = out.a, a0 = in[0].a, a1 = in[1].a;
-    int po = out.off, p0 = in[0].off, p1 = in[1].off;
-    int no1 = out.shape[1], no2 = out.shape[2], no3 = out.shape[3], n0_1 = in[0].shape[1], n0_2 = in[0].shape[2], n0_3 = in[0].shape[3];
-    int sto0 = no1 * no2 * no3, sto1 = no2 * no3, st0_0 = n0_1 * n0_2 * n0_3, st0_1 = n0_2 * n0_3;
+    int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1], no2 = out.shape[2] * out.shape[3];
+    int sto0 = no1 * no2;
     for (int i0 = lo; i0 < hi; i0++) {
       for (int i1 = 0; i1 < no1; i1++) {
         for (int i2 = 0; i2 < no2; i2++) {
-          for (int i3 = 0; i3 < no3; i3++) {
-            o[po + i0 * sto0 + i1 * sto1 + i2 * no3 + i3] = (a0[p0 + i0 * st0_0 + i1 * st0_1 + i2 * n0_3 + i3] + a1[p1 + i1]);
-          }
+          o[po + i0 * sto0 + i1 * no2 + i2] = (a0[p0 + i0 * sto0 + i1 * no2 + i2] + a1[p1 + i1]);
         }
       }
     }
@@ -237,10 +234,10 @@ public final class LeNet extends Network {
   /** out[i0, i1] = max((in0[i0, i1] + in1[i1]), 0) */
   static final Kernel BIAS_ADD_RELU = Kernel.shaped("biasAddRelu", (out, in, lo, hi) -> {
     float[] o = out.a, a0 = in[0].a, a1 = in[1].a;
-    int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1], n0_1 = in[0].shape[1];
+    int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1];
     for (int i0 = lo; i0 < hi; i0++) {
       for (int i1 = 0; i1 < no1; i1++) {
-        o[po + i0 * no1 + i1] = Math.max((a0[p0 + i0 * n0_1 + i1] + a1[p1 + i1]), 0.0f);
+        o[po + i0 * no1 + i1] = Math.max((a0[p0 + i0 * no1 + i1] + a1[p1 + i1]), 0.0f);
       }
     }
   });
@@ -248,10 +245,10 @@ public final class LeNet extends Network {
   /** out[i0, i1] = (in0[i0, i1] + in1[i1]) */
   static final Kernel BIAS_ADD = Kernel.shaped("biasAdd", (out, in, lo, hi) -> {
     float[] o = out.a, a0 = in[0].a, a1 = in[1].a;
-    int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1], n0_1 = in[0].shape[1];
+    int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1];
     for (int i0 = lo; i0 < hi; i0++) {
       for (int i1 = 0; i1 < no1; i1++) {
-        o[po + i0 * no1 + i1] = (a0[p0 + i0 * n0_1 + i1] + a1[p1 + i1]);
+        o[po + i0 * no1 + i1] = (a0[p0 + i0 * no1 + i1] + a1[p1 + i1]);
       }
     }
   });
@@ -286,18 +283,15 @@ public final class LeNet extends Network {
       in -> in[0].dim(0) * in[0].dim(2) * in[0].dim(3), (out, in, lo, hi) -> {
     float[] o = out.a, a0 = in[0].a;
     int po = out.off, p0 = in[0].off;
-    int n0_0 = in[0].shape[0], n0_1 = in[0].shape[1], n0_2 = in[0].shape[2], n0_3 = in[0].shape[3];
-    int st0_0 = n0_1 * n0_2 * n0_3, st0_1 = n0_2 * n0_3;
+    int n0_0 = in[0].shape[0], n0_1 = in[0].shape[1], n0_2 = in[0].shape[2] * in[0].shape[3], st0_0 = n0_1 * n0_2;
     for (int i0 = lo; i0 < hi; i0++) {
       float s0a = 0f, s0b = 0f, s0c = 0f, s0d = 0f;
       for (int r0 = 0; r0 < n0_0; r0++) {
-        for (int r1 = 0; r1 < n0_2; r1++) {
-          for (int r2 = 0; r2 < n0_3; r2 += 4) {
-            s0a += a0[p0 + r0 * st0_0 + i0 * st0_1 + r1 * n0_3 + r2];
-            s0b += a0[p0 + r0 * st0_0 + i0 * st0_1 + r1 * n0_3 + (r2 + 1)];
-            s0c += a0[p0 + r0 * st0_0 + i0 * st0_1 + r1 * n0_3 + (r2 + 2)];
-            s0d += a0[p0 + r0 * st0_0 + i0 * st0_1 + r1 * n0_3 + (r2 + 3)];
-          }
+        for (int r1 = 0; r1 < n0_2; r1 += 4) {
+          s0a += a0[p0 + r0 * st0_0 + i0 * n0_2 + r1];
+          s0b += a0[p0 + r0 * st0_0 + i0 * n0_2 + (r1 + 1)];
+          s0c += a0[p0 + r0 * st0_0 + i0 * n0_2 + (r1 + 2)];
+          s0d += a0[p0 + r0 * st0_0 + i0 * n0_2 + (r1 + 3)];
         }
       }
       o[po + i0] = ((s0a + s0b) + (s0c + s0d));
