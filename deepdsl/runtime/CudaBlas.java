@@ -133,7 +133,7 @@ final class CudaBlas implements AutoCloseable {
     Object h = context.getConstructor().newInstance();
     check("cublasCreate_v2", cublas.getMethod("cublasCreate_v2", context).invoke(null, h));
     handle = h;
-    // NULL: the legacy default stream, which CudaDevice launches on
+    // NULL: the legacy default stream, ordered with CudaDevice's (blocking) stream both ways
     check(
         "cublasSetStream_v2",
         cublas.getMethod("cublasSetStream_v2", context, stream).invoke(null, h, null));
