@@ -79,8 +79,8 @@ import jcuda.nvrtc.nvrtcProgram;
  * replayed with one {@code cuGraphLaunch} a step. What is not capturable stays outside: the batch,
  * the settings, the learning rate and the step counter of the dropout masks are copied into the
  * same device buffers before the launch (the kernels read them there), the loss is read after it.
- * It is not used under {@code --no-graph} or with cuBLAS's GEMMs (their calls are not captured
- * yet), nor for a step that reads a tensor on the host (a print added to the program) or works on
+ * cuBLAS works on the same stream, so its GEMMs are captured too. It is not used under {@code
+ * --no-graph}, nor for a step that reads a tensor on the host (a print added to the program) or works on
  * after reading its loss: the capture is dropped before anything of it ran, and the steps run call
  * for call.
  *
@@ -116,7 +116,7 @@ public final class CudaDevice implements Device {
   private CUdeviceptr settingsOnGpu;
   private long freeBefore;
   private long freeLow = Long.MAX_VALUE;
-  private final CUstream stream = new CUstream();
+  private final Stream stream = new Stream();
   private String graphChoice; // "on", or "off (why)", for the device line
   private int trainSteps; // the steps trained so far: the first is the warm-up, never captured
   private long counterValue = -1; // the step counter's value on the GPU
@@ -164,11 +164,12 @@ public final class CudaDevice implements Device {
     cuCtxSetCurrent(context); // the primary context: the one cuBLAS (the runtime API) works in
     try {
       kernelSource = loadModule();
+      cuStreamCreate(stream, 0); // blocking: the default stream's synchronous copies wait for it
       CudaBlas vendor = null;
       String why = "own kernel (--kernels own)";
       if (!kernels.equals("own")) {
         try {
-          vendor = CudaBlas.open();
+          vendor = CudaBlas.open(stream.address());
           why = vendor.description();
         } catch (Device.Unavailable e) {
           if (kernels.equals("vendor")) {
@@ -179,11 +180,7 @@ public final class CudaDevice implements Device {
       }
       blas = vendor;
       gemms = why;
-      cuStreamCreate(stream, 0); // blocking: the default stream's synchronous copies wait for it
-      graphChoice =
-          !graphs
-              ? "off (--no-graph)"
-              : blas != null ? "off (cuBLAS's GEMMs are not captured; --kernels own captures)" : "on";
+      graphChoice = graphs ? "on" : "off (--no-graph)";
     } catch (RuntimeException e) {
       cuDevicePrimaryCtxRelease(gpu); // the program runs elsewhere or not at all
       throw e;
@@ -292,6 +289,13 @@ public final class CudaDevice implements Device {
         + " bytes; graph: "
         + graphChoice
         + ")";
+  }
+
+  /** The device's stream, whose address cuBLAS can be given (JCuda keeps it protected). */
+  static final class Stream extends CUstream {
+    long address() {
+      return getNativePointer();
+    }
   }
 
   /** A device allocation whose address cuBLAS can be given (JCuda keeps it protected). */
@@ -880,7 +884,6 @@ public final class CudaDevice implements Device {
       cuGraphExecDestroy(replay);
       cuGraphDestroy(graph);
     }
-    cuStreamDestroy(stream);
     for (CUdeviceptr p : allocations) {
       cuMemFree(p);
     }
@@ -888,6 +891,7 @@ public final class CudaDevice implements Device {
     if (blas != null) {
       blas.close();
     }
+    cuStreamDestroy(stream);
     cuModuleUnload(module);
     cuDevicePrimaryCtxRelease(gpu);
   }

@@ -13,7 +13,8 @@
  * synchronous call (a copy to or from the host, an allocation, a synchronisation) during a capture is refused as
  * the driver refuses it. The graph launches and the nodes they ran are written at exit, as "LAUNCHES NODES", to the
  * file $FAKE_CUDA_GRAPH_LAUNCHES names, if set; $FAKE_CUDA_GRAPH_SKIP=K makes each launch skip node K (from the
- * end where negative): a broken replay, for the tests to catch. Work runs at once, so a stream never waits. */
+ * end where negative): a broken replay, for the tests to catch. A stand-in library's call on a capturing stream is
+ * recorded too (fake_cuda_capture). Work runs at once, so a stream never waits. */
 
 #include <dlfcn.h>
 #include <stdio.h>
@@ -130,7 +131,8 @@ static const int *sizes_of(void *f) {
 }
 
 typedef struct {
-  entry f; /* NULL: a device copy */
+  entry f;                /* a kernel launch; else */
+  void (*host)(void *); /* a stand-in library's call (fake_cuda_capture), on `values`; else a device copy */
   unsigned grid[3], block[3];
   void *params[64];
   char *values;
@@ -210,6 +212,8 @@ CUresult cuGraphLaunch(void *exec, CUstream s) {
     if (i == omit) continue;
     if (k->f)
       k->f(k->grid[0], k->grid[1], k->grid[2], k->block[0], k->block[1], k->block[2], k->params);
+    else if (k->host)
+      k->host(k->values);
     else
       memmove((void *)k->to, (void *)k->from, k->bytes);
     replayed++;
@@ -228,10 +232,11 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
     memcpy(k->grid, grid, sizeof grid);
     memcpy(k->block, block, sizeof block);
-    size_t total = 0;
-    for (int p = 0; sizes[p]; p++) total += 8;
-    k->values = calloc(1, total + 8);
-    for (int p = 0; sizes[p] && p < 64; p++) { /* each value in an 8-byte slot of its own, copied now */
+    int count = 0;
+    while (sizes[count]) count++;
+    k->values = calloc(count + 1, 8);
+    if (count > 64) return 1; /* CUDA_ERROR_INVALID_VALUE */
+    for (int p = 0; p < count; p++) { /* each value in an 8-byte slot of its own, copied now */
       k->params[p] = k->values + 8 * p;
       memcpy(k->params[p], params[p], sizes[p]);
     }
@@ -239,6 +244,16 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
   }
   ((entry)f)(gx, gy, gz, bx, by, bz, params);
   return 0;
+}
+/* For the stand-in libraries (fake_libcublas.c): when `s` captures, records `run` on a copy of the `n` bytes at
+ * `arg` and returns 1 (the call is then made at each replay); else returns 0 (the caller runs it now). */
+int fake_cuda_capture(CUstream s, void (*run)(void *), const void *arg, size_t n) {
+  if (!s || !((stream *)s)->capture) return 0;
+  node *k = add(((stream *)s)->capture);
+  k->host = run;
+  k->values = malloc(n);
+  memcpy(k->values, arg, n);
+  return 1;
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr from, size_t n, CUstream s) {
   if (s && ((stream *)s)->capture) {

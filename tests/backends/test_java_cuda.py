@@ -287,11 +287,17 @@ def test_the_train_step_is_replayed_as_a_cuda_graph(programs: Path) -> None:
     assert not np.allclose(broken["losses"][2:], on["losses"][2:], rtol=1e-4)
 
 
-def test_with_cublas_gemms_the_step_runs_uncaptured(programs: Path, cuda13: Path) -> None:
-    counts = programs / "cublas.launches"
-    got = run(programs, "Small", "--iters", "3", "--kernels", "vendor", vendor=[cuda13],
-              extra={"FAKE_CUDA_GRAPH_LAUNCHES": str(counts)})  # fmt: skip
-    assert got["rc"] == 0, got["stderr"]
-    assert "graph: off (cuBLAS's GEMMs are not captured; --kernels own captures)" in got["stderr"]
-    assert graph_launches(counts) == (0, 0)
-    np.testing.assert_allclose(got["losses"], cpu(programs, "Small", "--iters", "3")["losses"], rtol=1e-4)
+def test_cublas_gemms_are_captured_in_the_graph(programs: Path, cuda13: Path) -> None:
+    counts, calls = programs / "cublas.launches", programs / "graph.cublas_calls"
+    losses, gemms = {}, {}
+    for flag in ("--graph", "--no-graph"):
+        args = ("--iters", "4", "--kernels", "vendor", *([flag] if flag == "--no-graph" else []))
+        got = run(programs, "Small", *args, vendor=[cuda13], calls=calls,
+                  extra={"FAKE_CUDA_GRAPH_LAUNCHES": str(counts)})  # fmt: skip
+        assert got["rc"] == 0, got["stderr"]
+        assert "GEMMs: cuBLAS 13.0.0" in got["stderr"]
+        losses[flag], gemms[flag] = got["losses"], int(calls.read_text())
+        assert graph_launches(counts)[0] == (3 if flag == "--graph" else 0)
+    # the stand-in cuBLAS computes a captured GEMM at each replay, on the stream it was given: as many as without
+    assert gemms["--graph"] == gemms["--no-graph"] >= 4 * 3
+    assert losses["--graph"] == losses["--no-graph"]
