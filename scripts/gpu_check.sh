@@ -7,8 +7,10 @@
 #                     LeNet, a batch-norm/residual network, a network with concat, dropout and a tensor function)
 #                     and the GPU memory it took against the plan
 #   java_*.json       the generated Java programs on their CUDA device (LeNet and ResNet-50 at batch 64; LeNet
-#                     also with its GEMMs through cuBLAS, java_lenet_cublas.json)
-#   agreement.json    their losses against the NumPy runner (LeNet, both ways, ResNet-50) and the PyCUDA runner (ResNet-50),
+#                     also with its GEMMs through cuBLAS, java_lenet_cublas.json, and without the CUDA graph of
+#                     its train step, java_lenet_nograph.json)
+#   agreement.json    their losses against the NumPy runner (LeNet, each way, ResNet-50) and the PyCUDA runner (ResNet-50),
+#                     LeNet's with the graph against those without,
 #                     their measured GPU memory against the plan
 #   bench.json        train-step times: ours (PyCUDA runner, CUDA events) and PyTorch eager, fp32 with TF32 off and
 #                     PyTorch's default TF32, achieved FLOP/s against the fp32 peak (scripts/bench_gpu.py)
@@ -115,6 +117,9 @@ kernels LeNet
 timeout 120 "$JAVA" -cp "$CP" LeNet --device cuda --kernels own --data synthetic --iters $LENET_ITERS --json \
   >"$OUT/java_lenet.json"
 result "java LeNet --device cuda --kernels own" $?
+timeout 120 "$JAVA" -cp "$CP" LeNet --device cuda --kernels own --no-graph --data synthetic --iters $LENET_ITERS \
+  --json >"$OUT/java_lenet_nograph.json"
+result "java LeNet --device cuda --kernels own --no-graph" $?
 
 step "the Java CUDA device with its GEMMs through cuBLAS: LeNet --kernels vendor"
 # the CUDA 13 libraries: in a dry run the stand-ins in $G/fake, on the GPU machine those of PyTorch's nvidia wheels
@@ -178,6 +183,9 @@ def rel(a, b):
 report = {}
 for key, net, java, refs in [("lenet", "lenet", "java_lenet.json", ["numpy_lenet.json"]),
                              ("lenet_cublas", "lenet", "java_lenet_cublas.json", ["numpy_lenet.json"]),
+                             # the step call for call against its CUDA graph (java_lenet.json)
+                             ("lenet_nograph", "lenet", "java_lenet_nograph.json",
+                              ["numpy_lenet.json", "java_lenet.json"]),
                              ("resnet50", "resnet50", "java_resnet50.json", ["numpy_resnet50.json", *pycuda])]:
     j = load(java)
     c = api.compile_file(f"networks/{net}.ddsl", sets[net], stop_at="plan")

@@ -1,6 +1,7 @@
 package deepdsl.runtime;
 
 import java.lang.invoke.MethodHandle;
+import java.lang.reflect.Field;
 import java.lang.invoke.MethodHandles;
 import java.lang.invoke.MethodType;
 import java.nio.ByteBuffer;
@@ -70,13 +71,14 @@ final class CudaBlas implements AutoCloseable {
 
   /**
    * Loads cuBLAS through the presets (JavaCPP extracts its bindings on first use) and creates the
-   * handle, on the context current on this thread.
+   * handle, on the context current on this thread, its calls on the stream at {@code stream} (a
+   * driver API {@code CUstream}).
    *
    * @throws Device.Unavailable when the jars or the libraries are missing: which, and how to get them
    */
-  static CudaBlas open() {
+  static CudaBlas open(long stream) {
     try {
-      return new CudaBlas();
+      return new CudaBlas(stream);
     } catch (ClassNotFoundException | NoClassDefFoundError e) {
       String text = String.valueOf(e.getMessage());
       if (e instanceof NoClassDefFoundError && text.startsWith("Could not initialize")) {
@@ -105,7 +107,7 @@ final class CudaBlas implements AutoCloseable {
     return inner.getClass().getSimpleName() + ": " + text.lines().findFirst().orElse(text);
   }
 
-  private CudaBlas() throws ReflectiveOperationException {
+  private CudaBlas(long streamAddress) throws ReflectiveOperationException {
     ClassLoader loader = CudaBlas.class.getClassLoader();
     // initialising the class loads its natives and the libraries they link (Loader.load)
     Class<?> cublas = Class.forName("org.bytedeco.cuda.global.cublas", true, loader);
@@ -133,10 +135,14 @@ final class CudaBlas implements AutoCloseable {
     Object h = context.getConstructor().newInstance();
     check("cublasCreate_v2", cublas.getMethod("cublasCreate_v2", context).invoke(null, h));
     handle = h;
-    // NULL: the legacy default stream, which CudaDevice launches on
+    // CudaDevice's stream, as a CUstream_st at its address (JavaCPP keeps the address protected)
+    Object on = stream.getConstructor().newInstance();
+    Field address = Class.forName("org.bytedeco.javacpp.Pointer", true, loader).getDeclaredField("address");
+    address.setAccessible(true);
+    address.setLong(on, streamAddress);
     check(
         "cublasSetStream_v2",
-        cublas.getMethod("cublasSetStream_v2", context, stream).invoke(null, h, null));
+        cublas.getMethod("cublasSetStream_v2", context, stream).invoke(null, h, on));
     int[] v = {0};
     check(
         "cublasGetVersion_v2",

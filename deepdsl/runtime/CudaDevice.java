@@ -11,17 +11,25 @@ import static jcuda.driver.JCudaDriver.cuDeviceGetName;
 import static jcuda.driver.JCudaDriver.cuDevicePrimaryCtxRelease;
 import static jcuda.driver.JCudaDriver.cuDevicePrimaryCtxRetain;
 import static jcuda.driver.JCudaDriver.cuDeviceTotalMem;
+import static jcuda.driver.JCudaDriver.cuGraphDestroy;
+import static jcuda.driver.JCudaDriver.cuGraphExecDestroy;
+import static jcuda.driver.JCudaDriver.cuGraphInstantiate;
+import static jcuda.driver.JCudaDriver.cuGraphLaunch;
 import static jcuda.driver.JCudaDriver.cuInit;
 import static jcuda.driver.JCudaDriver.cuLaunchKernel;
 import static jcuda.driver.JCudaDriver.cuMemAlloc;
 import static jcuda.driver.JCudaDriver.cuMemFree;
 import static jcuda.driver.JCudaDriver.cuMemGetInfo;
-import static jcuda.driver.JCudaDriver.cuMemcpyDtoD;
+import static jcuda.driver.JCudaDriver.cuMemcpyDtoDAsync;
 import static jcuda.driver.JCudaDriver.cuMemcpyDtoH;
 import static jcuda.driver.JCudaDriver.cuMemcpyHtoD;
 import static jcuda.driver.JCudaDriver.cuModuleGetFunction;
 import static jcuda.driver.JCudaDriver.cuModuleLoadData;
 import static jcuda.driver.JCudaDriver.cuModuleUnload;
+import static jcuda.driver.JCudaDriver.cuStreamBeginCapture;
+import static jcuda.driver.JCudaDriver.cuStreamCreate;
+import static jcuda.driver.JCudaDriver.cuStreamDestroy;
+import static jcuda.driver.JCudaDriver.cuStreamEndCapture;
 
 import java.io.IOException;
 import java.io.InputStream;
@@ -39,7 +47,11 @@ import jcuda.driver.CUcontext;
 import jcuda.driver.CUdevice;
 import jcuda.driver.CUdeviceptr;
 import jcuda.driver.CUfunction;
+import jcuda.driver.CUgraph;
+import jcuda.driver.CUgraphExec;
 import jcuda.driver.CUmodule;
+import jcuda.driver.CUstream;
+import jcuda.driver.CUstreamCaptureMode;
 import jcuda.driver.JCudaDriver;
 import jcuda.nvrtc.JNvrtc;
 import jcuda.nvrtc.nvrtcProgram;
@@ -60,6 +72,17 @@ import jcuda.nvrtc.nvrtcProgram;
  * otherwise. The matrix products go to cuBLAS through JavaCPP's CUDA presets ({@link CudaBlas}) as
  * {@code --kernels} says: {@code vendor} (an error where cuBLAS does not load), {@code own} (our
  * kernel), {@code auto} (cuBLAS where it loads); every other op is one of our kernels.
+ *
+ * <p>Everything runs on one stream of the device's own (a blocking one, so the host transfers on
+ * the default stream wait for it). From the second training step on, the step is a CUDA graph:
+ * captured once from that stream (every launch and device copy of {@code trainStep}), then
+ * replayed with one {@code cuGraphLaunch} a step. What is not capturable stays outside: the batch,
+ * the settings, the learning rate and the step counter of the dropout masks are copied into the
+ * same device buffers before the launch (the kernels read them there), the loss is read after it.
+ * cuBLAS works on the same stream, so its GEMMs are captured too. It is not used under {@code
+ * --no-graph}, nor for a step that reads a tensor on the host (a print added to the program) or works on
+ * after reading its loss: the capture is dropped before anything of it ran, and the steps run call
+ * for call.
  *
  * <p>Only {@link Device#open} creates it, by reflection.
  */
@@ -93,15 +116,24 @@ public final class CudaDevice implements Device {
   private CUdeviceptr settingsOnGpu;
   private long freeBefore;
   private long freeLow = Long.MAX_VALUE;
+  private final Stream stream = new Stream();
+  private String graphChoice; // "on", or "off (why)", for the device line
+  private int trainSteps; // the steps trained so far: the first is the warm-up, never captured
+  private long counterValue = -1; // the step counter's value on the GPU
+  private boolean capturing;
+  private CUdeviceptr capturedLoss; // where the captured step leaves its loss
+  private CUgraph graph;
+  private CUgraphExec replay;
 
   /**
    * Starts the driver on GPU 0, loads the network's kernels and, as {@code kernels} ({@code vendor},
-   * {@code own} or {@code auto}) says, cuBLAS.
+   * {@code own} or {@code auto}) says, cuBLAS; {@code graphs}: replay the train step as a CUDA graph.
    *
    * @throws Device.Unavailable when there is no GPU, no kernels for it, or under {@code vendor} no
    *     cuBLAS
    */
-  public CudaDevice(Network.Settings settings, long workspaceLimit, String kernels) {
+  public CudaDevice(
+      Network.Settings settings, long workspaceLimit, String kernels, boolean graphs) {
     this.settings = settings;
     this.workspaceLimit = workspaceLimit;
     JCudaDriver.setExceptionsEnabled(true);
@@ -132,11 +164,12 @@ public final class CudaDevice implements Device {
     cuCtxSetCurrent(context); // the primary context: the one cuBLAS (the runtime API) works in
     try {
       kernelSource = loadModule();
+      cuStreamCreate(stream, 0); // blocking: the default stream's synchronous copies wait for it
       CudaBlas vendor = null;
       String why = "own kernel (--kernels own)";
       if (!kernels.equals("own")) {
         try {
-          vendor = CudaBlas.open();
+          vendor = CudaBlas.open(stream.address());
           why = vendor.description();
         } catch (Device.Unavailable e) {
           if (kernels.equals("vendor")) {
@@ -147,6 +180,7 @@ public final class CudaDevice implements Device {
       }
       blas = vendor;
       gemms = why;
+      graphChoice = graphs ? "on" : "off (--no-graph)";
     } catch (RuntimeException e) {
       cuDevicePrimaryCtxRelease(gpu); // the program runs elsewhere or not at all
       throw e;
@@ -252,7 +286,16 @@ public final class CudaDevice implements Device {
         + gemms
         + "; workspace limit "
         + workspaceLimit
-        + " bytes)";
+        + " bytes; graph: "
+        + graphChoice
+        + ")";
+  }
+
+  /** The device's stream, whose address cuBLAS can be given (JCuda keeps it protected). */
+  static final class Stream extends CUstream {
+    long address() {
+      return getNativePointer();
+    }
   }
 
   /** A device allocation whose address cuBLAS can be given (JCuda keeps it protected). */
@@ -355,12 +398,26 @@ public final class CudaDevice implements Device {
     return base.withByteOffset((long) b.off * Sizeof.FLOAT);
   }
 
+  /** A step that cannot be a graph: it reads a tensor on the host, or works on after its loss. */
+  private static final class NotCapturable extends RuntimeException {
+    NotCapturable(String why) {
+      super(why, null, false, false);
+    }
+  }
+
+  private void notAfterTheLoss() {
+    if (capturing && capturedLoss != null) {
+      throw new NotCapturable("it launches work after reading its loss");
+    }
+  }
+
   private static Pointer i(int v) {
     return Pointer.to(new int[] {v});
   }
 
   /** Launches {@code kernel} as grid x block, its arguments the tensors then the sizes. */
   private void launch(String kernel, int[] grid, int[] block, Buf[] bufs, Pointer... sizes) {
+    notAfterTheLoss();
     Pointer[] args = new Pointer[bufs.length + sizes.length];
     for (int k = 0; k < bufs.length; k++) {
       args[k] = Pointer.to(pointer(bufs[k]));
@@ -375,7 +432,7 @@ public final class CudaDevice implements Device {
         block[1],
         block[2],
         0,
-        null,
+        stream,
         Pointer.to(args),
         null);
   }
@@ -424,18 +481,33 @@ public final class CudaDevice implements Device {
 
   @Override
   public void copy(Buf from, Buf to) {
-    cuMemcpyDtoD(pointer(to), pointer(from), (long) to.numel() * Sizeof.FLOAT);
+    notAfterTheLoss();
+    cuMemcpyDtoDAsync(pointer(to), pointer(from), (long) to.numel() * Sizeof.FLOAT, stream);
   }
 
   @Override
   public float scalar(Buf b) {
+    if (capturing) { // the captured step's loss: read after each replay
+      if (capturedLoss != null) {
+        throw new NotCapturable("it reads more than its loss on the host");
+      }
+      capturedLoss = pointer(b);
+      return Float.NaN;
+    }
+    return scalar(pointer(b));
+  }
+
+  private static float scalar(CUdeviceptr p) {
     float[] v = {0f};
-    cuMemcpyDtoH(Pointer.to(v), pointer(b), Sizeof.FLOAT);
+    cuMemcpyDtoH(Pointer.to(v), p, Sizeof.FLOAT);
     return v[0];
   }
 
   @Override
   public Buf read(Buf b) {
+    if (capturing) {
+      throw new NotCapturable("it reads a tensor on the host");
+    }
     Buf host = hostCopies.computeIfAbsent(b.shape, s -> Buf.zeros(s));
     download(pointer(b), host);
     return host;
@@ -667,12 +739,22 @@ public final class CudaDevice implements Device {
     double threshold = Rng.shortestDecimal(p);
     float keep = (float) (1.0 / (1.0 - threshold));
     int n = out.numel();
-    cuMemcpyHtoD(counter, Pointer.to(new long[] {step}), Sizeof.LONG);
+    if (step != counterValue) { // a train step's counter is sent before it (a graph's too)
+      if (capturing) {
+        throw new NotCapturable("it draws dropout masks for another step than its own");
+      }
+      sendCounter(step);
+    }
     launch(
         "dd_k_dropout_mask", elements(n), THREADS, new Buf[] {out},
         Pointer.to(counter), i(n),
         Pointer.to(new long[] {Rng.streamSeed(site + "#dropout", seed)}),
         Pointer.to(new double[] {threshold}), Pointer.to(new float[] {keep}));
+  }
+
+  private void sendCounter(long step) {
+    cuMemcpyHtoD(counter, Pointer.to(new long[] {step}), Sizeof.LONG);
+    counterValue = step;
   }
 
   private void upload(CUdeviceptr to, Buf b) {
@@ -720,7 +802,51 @@ public final class CudaDevice implements Device {
   @Override
   public float trainStep(Network net) {
     sendBatch(net);
-    return net.trainStep();
+    sendCounter(net.iteration); // the step the dropout masks are drawn for
+    boolean warmUp = trainSteps++ == 0;
+    if (warmUp || !graphChoice.equals("on")) {
+      return net.trainStep();
+    }
+    if (replay == null) {
+      String why = capture(net);
+      if (why != null) { // nothing of the step ran: it runs now, and from now on, call for call
+        graphChoice = "off (" + why + ")";
+        return net.trainStep();
+      }
+    }
+    cuGraphLaunch(replay, stream);
+    return scalar(capturedLoss); // on the default stream: after the replay
+  }
+
+  /**
+   * Captures one train step from the device's stream as a graph, instantiated for replay; returns
+   * null, or why the step cannot be a graph (then nothing of it has run).
+   */
+  private String capture(Network net) {
+    graph = new CUgraph();
+    cuStreamBeginCapture(stream, CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    capturing = true;
+    String why = null;
+    try {
+      net.trainStep();
+      if (capturedLoss == null) {
+        why = "the step reads no loss";
+      }
+    } catch (NotCapturable e) {
+      why = "the step " + e.getMessage();
+    } finally {
+      capturing = false;
+      cuStreamEndCapture(stream, graph);
+    }
+    if (why != null) {
+      cuGraphDestroy(graph);
+      graph = null;
+      capturedLoss = null;
+      return why;
+    }
+    replay = new CUgraphExec();
+    cuGraphInstantiate(replay, graph, 0);
+    return null;
   }
 
   @Override
@@ -754,6 +880,10 @@ public final class CudaDevice implements Device {
 
   @Override
   public void close() {
+    if (replay != null) {
+      cuGraphExecDestroy(replay);
+      cuGraphDestroy(graph);
+    }
     for (CUdeviceptr p : allocations) {
       cuMemFree(p);
     }
@@ -761,6 +891,7 @@ public final class CudaDevice implements Device {
     if (blas != null) {
       blas.close();
     }
+    cuStreamDestroy(stream);
     cuModuleUnload(module);
     cuDevicePrimaryCtxRelease(gpu);
   }

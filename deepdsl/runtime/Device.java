@@ -124,19 +124,21 @@ public interface Device extends AutoCloseable {
    * The device for {@code which} ({@code cpu}, {@code cuda} or {@code auto}) running the network
    * of {@code settings}. {@code auto} takes CUDA only when the JCuda classes load, a GPU is there
    * and the kernels are found; else the CPU, saying why. {@code kernels} ({@code vendor}, {@code
-   * own} or {@code auto}) says where the CUDA device's GEMMs run: see {@link CudaDevice}.
+   * own} or {@code auto}) says where the CUDA device's GEMMs run, {@code graph} whether it replays
+   * the train step as a CUDA graph: see {@link CudaDevice}.
    *
    * @throws Unavailable for {@code cuda} when the CUDA device cannot run the program
    */
-  static Device open(String which, Network.Settings settings, long workspaceLimit, String kernels) {
+  static Device open(
+      String which, Network.Settings settings, long workspaceLimit, String kernels, boolean graph) {
     switch (which) {
       case "cpu":
         return new CpuDevice(workspaceLimit, null);
       case "cuda":
-        return cuda(settings, workspaceLimit, kernels);
+        return cuda(settings, workspaceLimit, kernels, graph);
       case "auto":
         try {
-          return cuda(settings, workspaceLimit, kernels);
+          return cuda(settings, workspaceLimit, kernels, graph);
         } catch (Unavailable e) {
           return new CpuDevice(workspaceLimit, "CUDA not used: " + e.getMessage());
         }
@@ -145,12 +147,13 @@ public interface Device extends AutoCloseable {
     }
   }
 
-  private static Device cuda(Network.Settings settings, long workspaceLimit, String kernels) {
+  private static Device cuda(
+      Network.Settings settings, long workspaceLimit, String kernels, boolean graph) {
     try {
       return (Device)
           Class.forName("deepdsl.runtime.CudaDevice")
-              .getConstructor(Network.Settings.class, long.class, String.class)
-              .newInstance(settings, workspaceLimit, kernels);
+              .getConstructor(Network.Settings.class, long.class, String.class, boolean.class)
+              .newInstance(settings, workspaceLimit, kernels, graph);
     } catch (ClassNotFoundException | NoClassDefFoundError e) { // said briefly: the class is no news
       throw new Unavailable("the JCuda classes are not on the class path");
     } catch (LinkageError e) {

@@ -779,7 +779,7 @@ public abstract class Network {
   private static final String USAGE =
       "usage: java %s [--iters N] [--data SOURCE] [--load FILE.npz] [--save FILE.npz]\n"
           + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--threads N]\n"
-          + "           [--blas openblas|java|auto] [--kernels vendor|own|auto] [--json]\n"
+          + "           [--blas openblas|java|auto] [--kernels vendor|own|auto] [--no-graph] [--json]\n"
           + "           [--lr X] [--momentum X] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]"
           + " [--clip X]\n"
           + "       java %1$s --eval --load FILE.npz [--data SOURCE] [--device ...] [--json]\n"
@@ -804,6 +804,7 @@ public abstract class Network {
     Integer threads;
     String blas = Blas.defaultChoice();
     String kernels = "auto";
+    boolean graph = true; // the CUDA device replays the train step as a CUDA graph (--no-graph: not)
     final Map<String, Double> settings = new LinkedHashMap<>();
 
     static Flags parse(String[] args) {
@@ -818,6 +819,10 @@ public abstract class Network {
         }
         if (arg.equals("--json")) {
           f.json = true;
+          continue;
+        }
+        if (arg.equals("--no-graph")) {
+          f.graph = false;
           continue;
         }
         if (SETTING_FLAGS.contains(arg)) { // a setting of the class: checked when the class is made
@@ -979,7 +984,8 @@ public abstract class Network {
     if (flags.workspaceLimit != null) {
       net.workspaceLimit = flags.workspaceLimit;
     }
-    try (Device device = Device.open(flags.device, net.settings, net.workspaceLimit, flags.kernels)) {
+    try (Device device =
+        Device.open(flags.device, net.settings, net.workspaceLimit, flags.kernels, flags.graph)) {
       // where the run saves: --save, else the train block's save (never under --eval or --predict)
       net.saveTo =
           flags.eval || flags.predict != null

@@ -142,7 +142,8 @@ TILED = ("dd_k_gemm", "dd_k_conv2d", "dd_k_conv2d_backward_data")  # entries.cu'
 def emulate(source: str, kernels: Sequence[str], folder: Path, strided: Sequence[str] = ()) -> ctypes.CDLL:
     """A shared library with, for each of `kernels` in `source`, run_<kernel>(grid x, y, z, block x, y, args) (args:
     the pointer values) and cu_<kernel>(grid x, y, z, block x, y, z, params) (params: pointers to them, as
-    cuLaunchKernel takes them; fake_libcuda.c calls it). The cu_ entry of a kernel in `strided` (a grid- or
+    cuLaunchKernel takes them; fake_libcuda.c calls it), and cu_<kernel>_sizes, its parameters' byte sizes (for
+    the stand-in to copy a captured launch's values). The cu_ entry of a kernel in `strided` (a grid- or
     block-stride loop) runs at most 3 blocks of 64 threads, which its loop allows."""
     signatures = dict(re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', source))
     runners, syncs = [], synchronising(source)
@@ -164,7 +165,9 @@ def emulate(source: str, kernels: Sequence[str], folder: Path, strided: Sequence
             f"  {launch}(gx, gy, gz, bx, by, body_{name}, args);\n}}\n"
             f'extern "C" void cu_{name}(int gx, int gy, int gz, int bx, int by, int bz, void** params) {{\n'
             f"  void* args[{len(params)}];\n{loads}"
-            f"  {clamp}{launch}(gx, gy, gz, bx, by, body_{name}, args);\n}}"
+            f"  {clamp}{launch}(gx, gy, gz, bx, by, body_{name}, args);\n}}\n"
+            # the parameters' byte sizes, for fake_libcuda.c to copy a captured launch's values
+            f'extern "C" const int cu_{name}_sizes[] = {{{"".join(f"sizeof({t}), " for t in types)}0}};'
         )
     src, lib = folder / "emulated.cpp", folder / "emulated.so"
     src.write_text(EMULATION + source + "\n" + "\n".join(runners) + "\n")

@@ -6,8 +6,13 @@
  *
  * For the Java CUDA device it is built as libcublas.so.13 too (cuda13_stand_ins.py), with -DFAKE_CUBLAS_VERSION=130000
  * and a linker version script giving every symbol the version node `libcublas.so.13`, which JavaCPP's bindings
- * (libjnicublas.so) require; the count is also written at exit to the file $FAKE_CUBLAS_CALLS names, if set. */
+ * (libjnicublas.so) require; the count is also written at exit to the file $FAKE_CUBLAS_CALLS names, if set.
+ *
+ * A GEMM on a stream that the stand-in driver (fake_libcuda.c, when loaded) is capturing into a CUDA graph is
+ * recorded there (its arguments, alpha and beta by value, as cuBLAS reads host scalars at the call) and computed
+ * at each replay; it is counted when computed. */
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -59,13 +64,21 @@ static int max1(int x) { return x > 1 ? x : 1; }
 /* element (i, j) of op(X), X column-major with leading dimension ld */
 static float at(const float *x, int ld, int op, int i, int j) { return op ? x[j + (long long)i * ld] : x[i + (long long)j * ld]; }
 
-static cublasStatus_t gemm(cublasHandle_t h, int ta, int tb, int m, int n, int k, const float *alpha, const float *a,
-                           int lda, long long sa, const float *b, int ldb, long long sb, const float *beta, float *c,
-                           int ldc, long long sc, int batch) {
-  if (!h) return NOT_INITIALIZED;
-  if ((ta != 0 && ta != 1) || (tb != 0 && tb != 1) || m < 0 || n < 0 || k < 0 || batch < 0) return INVALID_VALUE;
-  if (lda < max1(ta ? k : m) || ldb < max1(tb ? n : k) || ldc < max1(m)) return INVALID_VALUE;
-  for (int p = 0; p < batch; p++) {
+typedef struct {
+  int ta, tb, m, n, k, lda, ldb, ldc, batch;
+  float alpha, beta;
+  const float *a, *b;
+  float *c;
+  long long sa, sb, sc;
+} call;
+
+static void run(void *arg) {
+  const call *g = arg;
+  int ta = g->ta, tb = g->tb, m = g->m, n = g->n, k = g->k, lda = g->lda, ldb = g->ldb, ldc = g->ldc;
+  const float *alpha = &g->alpha, *beta = &g->beta, *a = g->a, *b = g->b;
+  float *c = g->c;
+  long long sa = g->sa, sb = g->sb, sc = g->sc;
+  for (int p = 0; p < g->batch; p++) {
     const float *ap = a + p * sa, *bp = b + p * sb;
     float *cp = c + p * sc;
     for (int j = 0; j < n; j++) {
@@ -78,6 +91,31 @@ static cublasStatus_t gemm(cublasHandle_t h, int ta, int tb, int m, int n, int k
     }
   }
   calls++;
+}
+
+typedef int (*capture_fn)(void *stream, void (*run)(void *), const void *arg, size_t n);
+
+/* the stand-in driver's recorder, where it is loaded (the Java CUDA device); NULL elsewhere */
+static capture_fn recorder(void) {
+  static int looked;
+  static capture_fn f;
+  if (!looked) {
+    looked = 1;
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    f = cuda ? (capture_fn)dlsym(cuda, "fake_cuda_capture") : NULL;
+  }
+  return f;
+}
+
+static cublasStatus_t gemm(cublasHandle_t h, int ta, int tb, int m, int n, int k, const float *alpha, const float *a,
+                           int lda, long long sa, const float *b, int ldb, long long sb, const float *beta, float *c,
+                           int ldc, long long sc, int batch) {
+  if (!h) return NOT_INITIALIZED;
+  if ((ta != 0 && ta != 1) || (tb != 0 && tb != 1) || m < 0 || n < 0 || k < 0 || batch < 0) return INVALID_VALUE;
+  if (lda < max1(ta ? k : m) || ldb < max1(tb ? n : k) || ldc < max1(m)) return INVALID_VALUE;
+  call g = {ta, tb, m, n, k, lda, ldb, ldc, batch, *alpha, *beta, a, b, c, sa, sb, sc};
+  capture_fn capture = recorder();
+  if (!capture || !capture(h->stream, run, &g, sizeof g)) run(&g);
   return OK;
 }
 

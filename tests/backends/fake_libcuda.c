@@ -5,7 +5,16 @@
  * copies are memcpy. A module is the shared library named by $DEEPDSL_FAKE_CUDA_KERNELS, built by
  * tests/backends/cuda_emulator.py from the same .cu file: cuModuleGetFunction finds its `cu_<kernel>` entry point
  * and cuLaunchKernel calls it with the launch shape and the kernel's parameters. Only the calls the CUDA device
- * makes are here; JCuda's other entry points stay unresolved, and the JVM binds lazily. */
+ * makes are here; JCuda's other entry points stay unresolved, and the JVM binds lazily.
+ *
+ * Streams and graphs: while a stream captures (cuStreamBeginCapture), a launch or device copy on it is recorded
+ * (the function, the launch shape, a copy of its parameter values, sized by the `cu_<kernel>_sizes` table the
+ * emulated library exports) instead of run; cuGraphInstantiate keeps the list, cuGraphLaunch runs it in order. A
+ * synchronous call (a copy to or from the host, an allocation, a synchronisation) during a capture is refused as
+ * the driver refuses it. The graph launches and the nodes they ran are written at exit, as "LAUNCHES NODES", to the
+ * file $FAKE_CUDA_GRAPH_LAUNCHES names, if set; $FAKE_CUDA_GRAPH_SKIP=K makes each launch skip node K (from the
+ * end where negative): a broken replay, for the tests to catch. A stand-in library's call on a capturing stream is
+ * recorded too (fake_cuda_capture). Work runs at once, so a stream never waits. */
 
 #include <dlfcn.h>
 #include <stdio.h>
@@ -25,6 +34,11 @@ static struct {
   size_t n;
 } blocks[1 << 16];
 static int nblocks;
+static struct function {
+  void *f;
+  const int *sizes;
+} functions[4096];
+static int nfunctions;
 
 CUresult cuInit(unsigned flags) { return 0; }
 CUresult cuDriverGetVersion(int *v) { *v = 12060; return 0; }
@@ -42,7 +56,9 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) { *bytes = CAPACITY; ret
 CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) { *c = (CUcontext)1; return 0; }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { return 0; }
 CUresult cuCtxSetCurrent(CUcontext c) { return 0; }
-CUresult cuCtxSynchronize(void) { return 0; }
+#define CAPTURE_UNSUPPORTED 900 /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED */
+static int capturing; /* streams capturing now */
+CUresult cuCtxSynchronize(void) { return capturing ? CAPTURE_UNSUPPORTED : 0; }
 CUresult cuGetErrorName(CUresult e, const char **s) { *s = "CUDA_ERROR_FAKE"; return 0; }
 CUresult cuGetErrorString(CUresult e, const char **s) { *s = "an error in the fake driver"; return 0; }
 
@@ -52,6 +68,7 @@ CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
   return 0;
 }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+  if (capturing) return CAPTURE_UNSUPPORTED;
   void *m = malloc(n);
   if (!m || nblocks == (1 << 16)) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
   memset(m, 0xFF, n);
@@ -72,9 +89,21 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
   }
   return 1; /* CUDA_ERROR_INVALID_VALUE */
 }
-CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *h, size_t n) { memcpy((void *)d, h, n); return 0; }
-CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr d, size_t n) { memcpy(h, (void *)d, n); return 0; }
-CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { memmove((void *)d, (void *)s, n); return 0; }
+CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *h, size_t n) {
+  if (capturing) return CAPTURE_UNSUPPORTED;
+  memcpy((void *)d, h, n);
+  return 0;
+}
+CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr d, size_t n) {
+  if (capturing) return CAPTURE_UNSUPPORTED;
+  memcpy(h, (void *)d, n);
+  return 0;
+}
+CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) {
+  if (capturing) return CAPTURE_UNSUPPORTED;
+  memmove((void *)d, (void *)s, n);
+  return 0;
+}
 
 CUresult cuModuleLoadData(CUmodule *m, const void *image) {
   const char *path = getenv("DEEPDSL_FAKE_CUDA_KERNELS");
@@ -87,10 +116,153 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
   char symbol[512];
   snprintf(symbol, sizeof symbol, "cu_%s", name);
   *f = dlsym(m, symbol);
-  return *f ? 0 : 500; /* CUDA_ERROR_NOT_FOUND */
+  if (!*f) return 500; /* CUDA_ERROR_NOT_FOUND */
+  strncat(symbol, "_sizes", sizeof symbol - strlen(symbol) - 1);
+  const int *sizes = dlsym(m, symbol);
+  if (sizes && nfunctions < 4096) functions[nfunctions++] = (struct function){*f, sizes};
+  return 0;
 }
+
+/* the byte sizes of f's parameters, 0-terminated (NULL: unknown, so it cannot be captured) */
+static const int *sizes_of(void *f) {
+  for (int i = 0; i < nfunctions; i++)
+    if (functions[i].f == f) return functions[i].sizes;
+  return NULL;
+}
+
+typedef struct {
+  entry f;                /* a kernel launch; else */
+  void (*host)(void *); /* a stand-in library's call (fake_cuda_capture), on `values`; else a device copy */
+  unsigned grid[3], block[3];
+  void *params[64];
+  char *values;
+  CUdeviceptr to, from;
+  size_t bytes;
+} node;
+typedef struct {
+  int n, cap;
+  node *nodes;
+} graph;
+typedef struct {
+  graph *capture; /* the graph it records into, while it captures */
+} stream;
+static long long launches, replayed;
+
+__attribute__((destructor)) static void write_launches(void) {
+  const char *path = getenv("FAKE_CUDA_GRAPH_LAUNCHES");
+  FILE *f = path ? fopen(path, "w") : NULL;
+  if (f) {
+    fprintf(f, "%lld %lld\n", launches, replayed);
+    fclose(f);
+  }
+}
+
+static node *add(graph *g) {
+  if (g->n == g->cap) {
+    g->cap = g->cap ? 2 * g->cap : 256;
+    g->nodes = realloc(g->nodes, g->cap * sizeof *g->nodes);
+  }
+  node *k = &g->nodes[g->n++];
+  memset(k, 0, sizeof *k);
+  return k;
+}
+
+CUresult cuStreamCreate(CUstream *s, unsigned flags) {
+  *s = calloc(1, sizeof(stream));
+  return 0;
+}
+CUresult cuStreamDestroy_v2(CUstream s) {
+  if (s && ((stream *)s)->capture) return 1;
+  free(s);
+  return 0;
+}
+CUresult cuStreamSynchronize(CUstream s) { return s && ((stream *)s)->capture ? CAPTURE_UNSUPPORTED : 0; }
+CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+  if (!s || ((stream *)s)->capture) return 1; /* the legacy stream cannot capture */
+  ((stream *)s)->capture = calloc(1, sizeof(graph));
+  capturing++;
+  return 0;
+}
+CUresult cuStreamEndCapture(CUstream s, void **g) {
+  if (!s || !((stream *)s)->capture) return 1;
+  *g = ((stream *)s)->capture;
+  ((stream *)s)->capture = NULL;
+  capturing--;
+  return 0;
+}
+CUresult cuGraphInstantiateWithFlags(void **exec, void *g, unsigned long long flags) {
+  *exec = g; /* the list is the executable graph; the graph outlives it (cuGraphDestroy frees it) */
+  return 0;
+}
+CUresult cuGraphExecDestroy(void *exec) { return 0; }
+CUresult cuGraphDestroy(void *g) {
+  graph *p = g;
+  for (int i = 0; i < p->n; i++) free(p->nodes[i].values);
+  free(p->nodes);
+  free(p);
+  return 0;
+}
+CUresult cuGraphLaunch(void *exec, CUstream s) {
+  graph *g = exec;
+  const char *skip = getenv("FAKE_CUDA_GRAPH_SKIP");
+  int omit = skip ? atoi(skip) : g->n;
+  if (omit < 0) omit += g->n;
+  for (int i = 0; i < g->n; i++) {
+    node *k = &g->nodes[i];
+    if (i == omit) continue;
+    if (k->f)
+      k->f(k->grid[0], k->grid[1], k->grid[2], k->block[0], k->block[1], k->block[2], k->params);
+    else if (k->host)
+      k->host(k->values);
+    else
+      memmove((void *)k->to, (void *)k->from, k->bytes);
+    replayed++;
+  }
+  launches++;
+  return 0;
+}
+
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                        unsigned smem, CUstream stream, void **params, void **extra) {
+                        unsigned smem, CUstream s, void **params, void **extra) {
+  if (s && ((stream *)s)->capture) {
+    const int *sizes = sizes_of(f);
+    if (!sizes) return 801; /* CUDA_ERROR_NOT_SUPPORTED */
+    node *k = add(((stream *)s)->capture);
+    k->f = (entry)f;
+    unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    memcpy(k->grid, grid, sizeof grid);
+    memcpy(k->block, block, sizeof block);
+    int count = 0;
+    while (sizes[count]) count++;
+    k->values = calloc(count + 1, 8);
+    if (count > 64) return 1; /* CUDA_ERROR_INVALID_VALUE */
+    for (int p = 0; p < count; p++) { /* each value in an 8-byte slot of its own, copied now */
+      k->params[p] = k->values + 8 * p;
+      memcpy(k->params[p], params[p], sizes[p]);
+    }
+    return 0;
+  }
   ((entry)f)(gx, gy, gz, bx, by, bz, params);
+  return 0;
+}
+/* For the stand-in libraries (fake_libcublas.c): when `s` captures, records `run` on a copy of the `n` bytes at
+ * `arg` and returns 1 (the call is then made at each replay); else returns 0 (the caller runs it now). */
+int fake_cuda_capture(CUstream s, void (*run)(void *), const void *arg, size_t n) {
+  if (!s || !((stream *)s)->capture) return 0;
+  node *k = add(((stream *)s)->capture);
+  k->host = run;
+  k->values = malloc(n);
+  memcpy(k->values, arg, n);
+  return 1;
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr from, size_t n, CUstream s) {
+  if (s && ((stream *)s)->capture) {
+    node *k = add(((stream *)s)->capture);
+    k->to = d;
+    k->from = from;
+    k->bytes = n;
+    return 0;
+  }
+  memmove((void *)d, (void *)from, n);
   return 0;
 }

@@ -118,11 +118,13 @@ def build_programs(tmp_path_factory: pytest.TempPathFactory, names: tuple[str, .
 
 
 def run(folder: Path, name: str, *args: str, classpath: str | None = None, nvrtc: bool = False,
-        vendor: Sequence[Path] = (), calls: Path | None = None) -> dict:  # fmt: skip
+        vendor: Sequence[Path] = (), calls: Path | None = None,
+        extra: dict[str, str] | None = None) -> dict:  # fmt: skip
     """The program on the stand-in GPU (--device cuda unless args say otherwise), as its --json object; the folders
     `vendor` (stand-ins for the CUDA libraries) on LD_LIBRARY_PATH too, the stand-in cuBLAS's count of GEMMs
-    written to `calls`. JavaCPP unpacks its natives into a cache of the test's own: it links there to a
-    library it found itself (with pathsFirst), so a shared cache could lead one run to another's stand-ins."""
+    written to `calls`, `extra` added to the environment. JavaCPP unpacks its natives into a cache of the test's
+    own: it links there to a library it found itself (with pathsFirst), so a shared cache could lead one run to
+    another's stand-ins."""
     cp = classpath or f"{folder / 'build'}:{folder / 'src'}:{jcuda_jars()}/*"
     libs = [str(folder / "fake"), *map(str, vendor)]
     if nvrtc:
@@ -134,6 +136,7 @@ def run(folder: Path, name: str, *args: str, classpath: str | None = None, nvrtc
         "LD_LIBRARY_PATH": ":".join(libs),
         "DEEPDSL_FAKE_CUDA_KERNELS": str(folder / name / "emulated.so"),
         **({"FAKE_CUBLAS_CALLS": str(calls)} if calls else {}),
+        **(extra or {}),
     }
     cache = f"-Dorg.bytedeco.javacpp.cachedir={folder / 'javacpp'}"
     cmd = ["java", cache, "-cp", cp, name, "--data", NETWORKS[name][2], *args]
@@ -197,12 +200,13 @@ def test_without_ptx_the_source_is_compiled_at_start_or_the_reason_given(program
 
 
 def test_a_setting_reaches_the_gpu_kernels(programs: Path) -> None:
-    got = run(programs, "Small", "--iters", "2", "--lr", "0.05")
-    assert got["rc"] == 0, got["stderr"]
+    # 3 steps: step 3's loss shows the update of step 2, the first replay of the graph, which reads the setting
+    got = run(programs, "Small", "--iters", "3", "--lr", "0.05")
+    assert got["rc"] == 0 and "graph: on)" in got["stderr"], got["stderr"]
     np.testing.assert_allclose(
-        got["losses"], cpu(programs, "Small", "--iters", "2", "--lr", "0.05")["losses"], rtol=1e-4
+        got["losses"], cpu(programs, "Small", "--iters", "3", "--lr", "0.05")["losses"], rtol=1e-4
     )
-    assert not np.allclose(got["losses"], cpu(programs, "Small", "--iters", "2")["losses"], rtol=1e-4)
+    assert not np.allclose(got["losses"], cpu(programs, "Small", "--iters", "3")["losses"], rtol=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -254,3 +258,46 @@ def test_kernels_vendor_without_cublas_names_what_is_missing(programs: Path, tmp
     assert "org.bytedeco:cuda:13.1-9.19-1.5.13" in got["stderr"]
     bad = run(programs, "Small", "--kernels", "cublas")
     assert bad["rc"] == 2 and "--kernels takes vendor, own or auto, not 'cublas'" in bad["stderr"]
+
+
+def graph_launches(path: Path) -> tuple[int, int]:
+    """The stand-in driver's count of graph launches and of the nodes they ran."""
+    launches, nodes = path.read_text().split()
+    return int(launches), int(nodes)
+
+
+def test_the_train_step_is_replayed_as_a_cuda_graph(programs: Path) -> None:
+    counts = programs / "graph.launches"
+    watch = {"FAKE_CUDA_GRAPH_LAUNCHES": str(counts)}
+    on = run(programs, "Small", "--iters", "4", extra=watch)
+    assert on["rc"] == 0, on["stderr"]
+    assert "graph: on)" in on["stderr"]
+    launches, nodes = graph_launches(counts)
+    assert launches == 3 and nodes >= 3 * 10  # steps 2-4, each the step's every launch and copy
+    off = run(programs, "Small", "--iters", "4", "--no-graph", extra=watch)
+    assert off["rc"] == 0, off["stderr"]
+    assert "graph: off (--no-graph)" in off["stderr"] and graph_launches(counts) == (0, 0)
+    # each step's batch and dropout counter are sent into the buffers the graph reads: the same losses
+    assert on["losses"] == off["losses"]  # the same kernels on the same values: bit for bit
+    # a replay that leaves out one launch (the step's last: an update) is caught by the losses after the first
+    broken = run(programs, "Small", "--iters", "4", extra={**watch, "FAKE_CUDA_GRAPH_SKIP": "-1"})
+    assert broken["rc"] == 0, broken["stderr"]
+    assert graph_launches(counts) == (3, nodes - 3)
+    assert broken["losses"][:2] == on["losses"][:2]
+    assert not np.allclose(broken["losses"][2:], on["losses"][2:], rtol=1e-4)
+
+
+def test_cublas_gemms_are_captured_in_the_graph(programs: Path, cuda13: Path) -> None:
+    counts, calls = programs / "cublas.launches", programs / "graph.cublas_calls"
+    losses, gemms = {}, {}
+    for flag in ("--graph", "--no-graph"):
+        args = ("--iters", "4", "--kernels", "vendor", *([flag] if flag == "--no-graph" else []))
+        got = run(programs, "Small", *args, vendor=[cuda13], calls=calls,
+                  extra={"FAKE_CUDA_GRAPH_LAUNCHES": str(counts)})  # fmt: skip
+        assert got["rc"] == 0, got["stderr"]
+        assert "GEMMs: cuBLAS 13.0.0" in got["stderr"]
+        losses[flag], gemms[flag] = got["losses"], int(calls.read_text())
+        assert graph_launches(counts)[0] == (3 if flag == "--graph" else 0)
+    # the stand-in cuBLAS computes a captured GEMM at each replay, on the stream it was given: as many as without
+    assert gemms["--graph"] == gemms["--no-graph"] >= 4 * 3
+    assert losses["--graph"] == losses["--no-graph"]
