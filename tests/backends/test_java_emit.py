@@ -17,6 +17,7 @@ from java_env import JAVA_MARKS, java, javac
 from ops.test_registry_complete import EXAMPLES
 
 from deepdsl.backends.java.kernels import java_cost, java_kernel
+from deepdsl.backends.java.unit_axes import padded
 from deepdsl.checkpoint import save_npz
 from deepdsl.ir import REGISTRY
 from deepdsl.ir.analysis import out_vars
@@ -204,15 +205,55 @@ def _collapse_cases(data: np.random.Generator) -> list[tuple[str, IE, tuple, lis
             for name, body, o, shapes in specs]  # fmt: skip
 
 
+def _shared_cases(data: np.random.Generator) -> list[tuple]:
+    """Kernels shared across sizes (java/unit_axes.py): the text written for one size (lane sums with their
+    tails), run on tensors of another, against `evaluate` of the statement they serve: a rank-2 bias add and
+    column sum run as their rank-4 forms on [N, C, 1, 1] views, and a channel sum whose H * W (9) its lanes do
+    not divide. Each: name, the statement's body, output and inputs, then the body, output and shapes written."""
+    v = Affine.var
+    bias = Apply("+", (Read(0, (v("i0"), v("i1"))), Read(1, (v("i1"),))))
+    column = Reduce("sum", (("r0", 6),), Read(0, (v("r0"), v("i0"))))
+    cases = []
+    for name, body, out, shapes in [("bias_add", bias, (("i0", 4), ("i1", 3)), [(4, 3), (3,)]),
+                                    ("column_sum", column, (("i0", 3),), [(6, 3)])]:  # fmt: skip
+        wide = padded(body, out, tuple(shapes), unit=2)
+        assert wide is not None
+        xs = [data.uniform(0.1, 2.0, s).astype(np.float32) for s in shapes]
+        cases.append((f"padded_{name}", body, out, xs, *wide[:3]))
+    sums = Reduce("sum", (("r0", 2), ("r1", 4), ("r2", 8)), Read(0, (v("r0"), v("i0"), v("r1"), v("r2"))))
+    nine = Reduce("sum", (("r0", 2), ("r1", 3), ("r2", 3)), Read(0, (v("r0"), v("i0"), v("r1"), v("r2"))))
+    xs = [data.uniform(0.1, 2.0, (2, 3, 3, 3)).astype(np.float32)]
+    cases.append(("tail_channel_sum", nine, (("i0", 3),), xs, sums, (("i0", 3),), ((2, 3, 4, 8),)))
+    return cases
+
+
+def test_a_rank_2_kernel_has_a_rank_4_form_only_where_it_reads_the_same() -> None:
+    v = Affine.var
+    out = (("i0", 4), ("i1", 3))
+    transposed = Apply("+", (Read(0, (v("i0"), v("i1"))), Read(1, (v("i1"), v("i0")))))
+    assert padded(transposed, out, ((4, 3), (3, 4))) is not None  # the [C, N] input is not padded
+    assert padded(transposed, (("i0", 3), ("i1", 3)), ((3, 3), (3, 3))) is None  # a [N, C] input read transposed
+    column = Reduce("sum", (("r0", 6),), Read(0, (v("r0"), v("i0"))))
+    both = Apply("+", (column, Read(0, (Affine((), 0), v("i0")))))
+    assert padded(both, (("i0", 3),), ((6, 3),)) is None  # the input read outside the sum too
+    wide = padded(column, (("i0", 3),), ((6, 3),))
+    assert wide is not None and wide[2] == ((6, 3, 1, 1),) and wide[3] == {0: (6, 3, 1, 1)}
+
+
 def test_kernels_equal_evaluate(tmp_path: Path) -> None:
-    cases = _cases()
+    cases = [(*c, c[1], c[2], tuple(x.shape for x in c[3])) for c in _cases()]
+    cases += _shared_cases(np.random.default_rng(7))
     methods, calls, inputs = [], [], {}
-    for k, (_, body, out, xs) in enumerate(cases):
-        shapes = tuple(x.shape for x in xs)
-        cost = java_cost(body, out, shapes)  # the kernel's constant as the emitter writes it (kernel_section)
-        make = "elementwise" if is_flat(body, out, shapes) else "shaped"
+    for k, (name, _, out, xs, body, written, shapes) in enumerate(cases):
+        tail = name.startswith(("padded_", "tail_"))
+        cost = java_cost(body, written, shapes)  # the kernel's constant as the emitter writes it (kernel_section)
+        make = "elementwise" if is_flat(body, written, shapes) else "shaped"
         head = ", ".join([f'"k{k}"', *([cost] if cost is not None else []), "(out, in, lo, hi) -> {"])
-        methods.append(f"  static final Kernel K{k} = Kernel.{make}({head}\n{java_kernel(body, out, shapes)}\n  }});")
+        text = java_kernel(body, written, shapes, tail)
+        methods.append(f"  static final Kernel K{k} = Kernel.{make}({head}\n{text}\n  }});")
+        if name.startswith("padded_"):  # the statement's tensors seen as [N, C, 1, 1] where the form pads them
+            xs = [x.reshape(*x.shape, 1, 1) if len(s) == 4 else x for x, s in zip(xs, shapes)]
+            out = (*out, ("u0", 1), ("u1", 1)) if len(written) == 4 else out
         args = ", ".join(f'in.get("c{k}_{j}")' for j in range(len(xs)))
         shape = ", ".join(str(n) for _, n in out)
         calls.append(f"    Buf out{k} = Buf.zeros({shape});\n    K{k}.run(out{k}{', ' if args else ''}{args});\n"
@@ -227,10 +268,12 @@ def test_kernels_equal_evaluate(tmp_path: Path) -> None:
     r = java(tmp_path / "build", "KernelCheck", "in.npz", "out.npz", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     got = np.load(tmp_path / "out.npz")
-    for k, (name, body, out, xs) in enumerate(cases):
+    for k, (name, body, out, xs, *_) in enumerate(cases):
         with np.errstate(all="ignore"):
             want = evaluate(body, out, tuple(xs), np.float32)
-        np.testing.assert_allclose(got[f"c{k}"], want, rtol=2e-4, atol=1e-5, equal_nan=True, err_msg=f"case {name}")
+        np.testing.assert_allclose(
+            got[f"c{k}"].reshape(want.shape), want, rtol=2e-4, atol=1e-5, equal_nan=True, err_msg=f"case {name}"
+        )
 
 
 KERNEL_CHECK = """

@@ -125,6 +125,11 @@ def run(e: Emitter, kernel: str, outs: list[str], ins: list[str], settings: list
     return f"{e.helpers[key]}({', '.join(tensors)});"
 
 
+def _view(tensor: str, shape: tuple[int, ...] | None) -> str:
+    """`tensor`, or where the kernel reads it with another shape, its view of that shape (java/unit_axes.py)."""
+    return tensor if shape is None else f"view({tensor}, {', '.join(map(str, shape))})"
+
+
 def statement(e: Emitter, s: Stmt, temp: str) -> list[str]:
     """The Java lines of one statement (its result Buf is `temp`, already bound)."""
     op = REGISTRY[s.op]
@@ -146,8 +151,10 @@ def statement(e: Emitter, s: Stmt, temp: str) -> list[str]:
         shapes = (*(v.type.shape for v in s.inputs), *((),) * len(used))
         ctypes = (*(ctype(v) for v in s.inputs), *("float",) * len(used))
         doc = meaning(body, out, len(shapes))
-        k = kernel(e, what, s.out.name, body, out, (), doc, shapes, ctypes)
-        return [run(e, k, [temp], [*args, *e.extra], used, s.out.name in e.in_state)]
+        update = s.out.name in e.in_state
+        k = kernel(e, what, s.out.name, body, out, (), doc, shapes, ctypes, pad=not update and not e.counters)
+        temp, args = _view(temp, e.views.get(-1)), [_view(a, e.views.get(j)) for j, a in enumerate(args)]
+        return [run(e, k, [temp], [*args, *e.extra], used, update)]
     own_args = args[:arity] if "epilogue" in s.a else args
     if form is not None:  # a shape op with an epilogue: its kernel, then the epilogue's
         body, out = form
@@ -162,8 +169,10 @@ def statement(e: Emitter, s: Stmt, temp: str) -> list[str]:
         ctypes = ("float", *(ctype(v) for v in extras))
         epilogue = s.a["epilogue"]
         what = _epilogue_name(epilogue, len(out)) or f"{s.op}_epilogue"
-        k = kernel(e, what, s.out.name, epilogue, out, (), meaning(epilogue, out, len(shapes)), shapes, ctypes)
-        lines.append(f"dev.run({', '.join([k, temp, temp, *args[arity:], *e.extra])});")
+        pad = s.out.name not in e.in_state and not e.counters
+        k = kernel(e, what, s.out.name, epilogue, out, (), meaning(epilogue, out, len(shapes)), shapes, ctypes, pad)
+        ins = [_view(a, e.views.get(j)) for j, a in enumerate([temp, *args[arity:]])]
+        lines.append(f"dev.run({', '.join([k, _view(temp, e.views.get(-1)), *ins, *e.extra])});")
     return lines
 
 

@@ -110,7 +110,10 @@ def emit_java(
     first = Emitter()
     emitted = _emit(first, program, train, infer, test, workspace_limit)
     lifted = varying(first.seen)
-    return _emit(Emitter(lifted=lifted), program, train, infer, test, workspace_limit) if lifted else emitted
+    shared = frozenset(form for form, ranks in first.forms.items() if len(ranks) > 1)  # java/unit_axes.py
+    if not lifted and not shared:
+        return emitted
+    return _emit(Emitter(lifted=lifted, shared=shared), program, train, infer, test, workspace_limit)
 
 
 def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int) -> Emitted:

@@ -21,6 +21,7 @@ from deepdsl.backends.java.kernels import (
 from deepdsl.backends.java.names import camel, identifier
 from deepdsl.backends.java.settings import read_settings, with_settings
 from deepdsl.backends.java.state import Emitter
+from deepdsl.backends.java.unit_axes import padded
 from deepdsl.ir import Stmt, Value
 from deepdsl.ir.groups import group_form
 from deepdsl.ir.indexexpr import Affine, Apply, Read, Reduce, Var, format_ie, renumber
@@ -89,16 +90,41 @@ def _add(e: Emitter, name: str, java: str, cuda: Any, outputs: int, flat: bool, 
     return const
 
 
+def _form(body: Any, out: tuple, shapes: tuple) -> tuple:
+    """The text of a rank-4 kernel for every size (lane sums with their tails), by which a rank-2 statement's
+    padded form meets a rank-4 statement's own (unit_axes.py)."""
+    return java_kernel(body, out, shapes, tail=True), ie_kernel(_PLACEHOLDER, body, out, shapes, generic=True).text
+
+
 def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...], doc: str,
-           shapes: tuple | None = None, ctypes: tuple[str, ...] | None = None) -> str:  # fmt: skip
+           shapes: tuple | None = None, ctypes: tuple[str, ...] | None = None, pad: bool = False) -> str:  # fmt: skip
     """The constant of the kernel computing `body` over `out`. Its sizes are arguments (the buffers' dims), so
     statements whose kernels read the same but for their sizes share one; so are the numbers in which they
-    differ (java/constants.py), the buffers `e.extra` names, which the call passes after the inputs."""
-    e.extra = []
+    differ (java/constants.py), the buffers `e.extra` names, which the call passes after the inputs. With `pad`,
+    a rank-2 kernel whose rank-4 form (unit_axes.py) a rank-4 statement has too is that form, and `e.views` the
+    shapes the call passes its tensors as."""
+    e.extra, e.views = [], {}
     shapes = shapes if shapes is not None else tuple(v.type.shape for v in inputs)
     ctypes = ctypes if ctypes is not None else tuple(ctype(v) for v in inputs)
+    original, original_out, original_shapes = body, out, shapes
     body = canonical_names(body)
-    doc = meaning(body, out, len(shapes))  # with the names the kernel reads (r0, r1, ...)
+    tail = False
+    if pad and not numbers(body) and not is_flat(body, out, shapes):
+        wide = padded(body, out, shapes, unit=2)
+        if wide is not None:
+            wide = (canonical_names(wide[0]), *wide[1:])
+        rank4 = len(out) == 4 or any(len(s) == 4 for s in shapes) and len(out) == 1
+        form = _form(*wide[:3]) if wide is not None else _form(body, out, shapes) if rank4 else None
+        if form is not None:
+            e.forms.setdefault(form, set()).add(2 if wide is not None else 4)
+        if form in e.shared:
+            tail = True
+            if wide is not None:
+                body, out, shapes, e.views = wide
+                unit = padded(original, original_out, original_shapes)  # the sizes its statement has
+                doc = meaning(canonical_names(unit[0]), unit[1], len(shapes)) if unit is not None else doc
+    if not e.views:
+        doc = meaning(body, out, len(shapes))  # with the names the kernel reads (r0, r1, ...)
     values = numbers(body)
     if values:  # the kernel with every number an argument: statements that differ only in numbers share it
         n = len(values)
@@ -117,7 +143,7 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
             doc = meaning(body, out, len(shapes))
             e.extra = [number(e, values[k]) for k in which]
     flat = is_flat(body, out, shapes)
-    java = java_kernel(body, out, shapes)
+    java = java_kernel(body, out, shapes, tail)
     cuda = ie_kernel(_PLACEHOLDER, body, out, shapes, ctypes, generic=True)
     key = (java, cuda.text, cuda.loop)
     if key not in e.kernels:

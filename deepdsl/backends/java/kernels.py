@@ -64,6 +64,7 @@ class _Gen:
     bounds_of: dict[str, str] = field(default_factory=dict)  # index variable -> its range as text
     locals: Locals | None = None  # the body's shared subexpressions (None inside a reduction's body)
     own: tuple[tuple[Affine, ...], tuple[int, ...], str] | None = None  # the output's index, shape and offset
+    tail: bool = False  # lane sums for every size: a range not a multiple of the lanes finished one term a step
 
     def bind(self, var: str, size: int, bound: str | None = None) -> str:
         name = var if var.isidentifier() and var.isascii() and var not in JAVA_KEYWORDS else "v"
@@ -173,7 +174,7 @@ class _Gen:
     def reduce(self, e: Reduce, pre: list[str], indent: str) -> str:
         acc = f"s{self.accumulators}"
         self.accumulators += 1
-        lanes = _sum_lanes(e)
+        lanes = _sum_lanes(e, self.tail)
         if lanes > 1:
             return self.lane_sum(e, acc, lanes, pre, indent)
         start = "0f" if e.kind == "sum" else "Float.NEGATIVE_INFINITY"
@@ -198,11 +199,14 @@ class _Gen:
         parts = [f"{acc}{chr(ord('a') + j)}" for j in range(lanes)]
         pre.append(f"{indent}float {', '.join(f'{part} = 0f' for part in parts)};")
         inner = indent
+        bound = ""
         for k, (var, size) in enumerate(e.vars):
             bound = self.range_of(var, size, e.body)
             v = self.bind(var, size, bound)
-            step = f"{v} += {lanes}" if k == len(e.vars) - 1 else f"{v}++"
-            pre.append(f"{inner}for (int {v} = 0; {v} < {bound}; {step}) {{")
+            last_loop = k == len(e.vars) - 1
+            step = f"{v} += {lanes}" if last_loop else f"{v}++"
+            limit = f"{bound} - {lanes - 1}" if last_loop and self.tail else bound
+            pre.append(f"{inner}for (int {v} = 0; {v} < {limit}; {step}) {{")
             inner += "  "
         last = e.vars[-1][0]
         v = self.names[last]
@@ -210,7 +214,12 @@ class _Gen:
             self.names[last] = f"({v} + {j})" if j else v
             pre.append(f"{inner}{part} += {as_float(self.expr(e.body, [], inner))};")
         self.names[last] = v
-        for k in range(len(e.vars)):
+        pre.append(f"{inner[:-2]}}}")
+        if self.tail:  # the terms after the last multiple of the lanes, in order, into the first accumulator
+            pre.append(f"{inner[:-2]}for (int {v} = {bound} - {bound} % {lanes}; {v} < {bound}; {v}++) {{")
+            pre.append(f"{inner}{parts[0]} += {as_float(self.expr(e.body, [], inner))};")
+            pre.append(f"{inner[:-2]}}}")
+        for k in range(1, len(e.vars)):
             pre.append(f"{indent}{'  ' * (len(e.vars) - 1 - k)}}}")
         while len(parts) > 1:
             parts = [f"({parts[j]} + {parts[j + 1]})" for j in range(0, len(parts), 2)]
@@ -220,11 +229,13 @@ class _Gen:
 SUM_LANES = 4  # accumulators of a long sum (see _Gen.lane_sum)
 
 
-def _sum_lanes(e: Reduce) -> int:
-    """SUM_LANES for a sum whose innermost loop is long and a multiple of it, with no reduction inside; else 1."""
+def _sum_lanes(e: Reduce, tail: bool = False) -> int:
+    """SUM_LANES for a sum whose innermost loop is long and a multiple of it (with `tail`, of any length), with no
+    reduction inside; else 1."""
     size = e.vars[-1][1] if e.vars else 0
     plain = not any(isinstance(x, Reduce) for x in _subexprs(e.body))
-    return SUM_LANES if e.kind == "sum" and plain and size >= 2 * SUM_LANES and size % SUM_LANES == 0 else 1
+    long = tail or (size >= 2 * SUM_LANES and size % SUM_LANES == 0)
+    return SUM_LANES if e.kind == "sum" and plain and e.vars and long else 1
 
 
 def _subexprs(e: IE) -> list[IE]:
@@ -259,10 +270,12 @@ def _work(e: IE, seen: set[IE] | None = None) -> int:
     return 1
 
 
-def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> str:
+def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...],
+                tail: bool = False) -> str:  # fmt: skip
     """The statements of the Java body of a kernel computing `body` over `out`, the lambda `(out, in, lo, hi) ->
     {...}` of its constant: the elements `[lo, hi)` of `out` (a flat kernel) or its rows `[lo, hi)` (the indices
-    of its first axis); the runtime's Kernel.run splits the output over threads by `java_cost`."""
+    of its first axis); the runtime's Kernel.run splits the output over threads by `java_cost`. With `tail`, its
+    sums are correct for every size (unit_axes.py: a kernel shared by sizes its lanes may not divide)."""
     used = sorted({r.input for r in reads(body)})
     flat = is_flat(body, out, shapes)
     if not flat:  # contiguous axes as one (backends/collapse.py): sizes the products of the buffers' dims
@@ -273,6 +286,7 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
     g = _Gen(shapes, taken={"o", "po", "out", "in", "lo", "hi", "e", *(f"a{k}" for k in used),
                             *(f"p{k}" for k in used)})  # fmt: skip
     g.locals = Locals(shared_subexpressions(body), g.taken)
+    g.tail = tail
     if flat:  # the size comes from the output, so one kernel serves every shape
         g.flat = True
         pre: list[str] = []

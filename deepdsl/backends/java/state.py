@@ -39,6 +39,9 @@ class Emitter:
     seen: dict[tuple, set[tuple[float, ...]]] = field(default_factory=dict)  # kernel template -> numbers met
     lifted: dict[tuple, tuple[int, ...]] = field(default_factory=dict)  # template -> its numbers taken as arguments
     extra: list[str] = field(default_factory=list)  # the number arguments of the kernel kernel() gave last
+    views: dict[int, tuple[int, ...]] = field(default_factory=dict)  # its tensors passed as views (-1: the output)
+    forms: dict[tuple, set[int]] = field(default_factory=dict)  # rank-4 kernel text -> ranks met (unit_axes.py)
+    shared: frozenset[tuple] = frozenset()  # the texts met at both ranks: rank-2 statements use them padded
     number_fields: dict[str, str] = field(default_factory=dict)  # their fields -> the constant they hold
     prefix: str = ""  # what every parameter's name starts with (ResNet-50's `model.`), left out of names
     short: dict[str, str] = field(default_factory=dict)  # repeated blocks' short names (`bottleneck` -> `b`)

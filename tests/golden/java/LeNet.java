@@ -138,28 +138,28 @@ public final class LeNet extends Network {
       dev.run(BIAS_ADD_RELU, fc1_out, fc1_out, fc1_b);
       // fc2, lenet.ddsl:17:13
       dev.linear(fc2_out, fc1_out, fc2_W);
-      dev.run(BIAS_ADD, fc2_out, fc2_out, fc2_b);
+      dev.run(CHANNEL_BIAS_ADD, view(fc2_out, 64, 10, 1, 1), view(fc2_out, 64, 10, 1, 1), fc2_b);
       // lenet.ddsl:21:11
       dev.softmaxCrossEntropy(loss, fc2_out, y);
       dev.softmaxCrossEntropyBackward(dscores, fc2_out, y, const14);
       // fc2, lenet.ddsl:17:13
-      dev.run(CHANNEL_SUM, fc2_db, dscores);
+      dev.run(CHANNEL_SUM, fc2_db, view(dscores, 64, 10, 1, 1));
       dev.matmul(fc2_dW, dscores, fc1_out, transposeA(true), transposeB(false));
       dev.matmul(fc2_dx, dscores, fc2_W, transposeA(false), transposeB(false));
       dev.run(RELU_GRAD, fc2_dx, fc2_dx, fc1_out);
       // fc1, lenet.ddsl:16:13
-      dev.run(CHANNEL_SUM, fc1_db, fc2_dx);
+      dev.run(CHANNEL_SUM, fc1_db, view(fc2_dx, 64, 500, 1, 1));
       dev.matmul(fc1_dx, fc2_dx, fc1_W, transposeA(false), transposeB(false));
       // mp, lenet.ddsl:15:13
       dev.maxPool2dBackward(mp_dx, cv2_out, mp_out_2, net_flatten1_dx, kernel(2, 2), pad(0, 0), stride(2, 2));
       // cv2, lenet.ddsl:14:13
-      dev.run(CHANNEL_SUM_2, cv2_db, mp_dx);
+      dev.run(CHANNEL_SUM, cv2_db, mp_dx);
       dev.conv2dBackwardData(cv2_dx, mp_dx, cv2_W, groups(1), inShape(64, 20, 12, 12), pad(0, 0), stride(1, 1));
       dev.conv2dBackwardFilter(cv2_dW, mp_out, mp_dx, groups(1), pad(0, 0), stride(1, 1), wShape(50, 20, 5, 5));
       // mp, lenet.ddsl:15:13
       dev.maxPool2dBackward(mp_dx_2, cv1_out, mp_out, cv2_dx, kernel(2, 2), pad(0, 0), stride(2, 2));
       // cv1, lenet.ddsl:13:13
-      dev.run(CHANNEL_SUM_2, cv1_db, mp_dx_2);
+      dev.run(CHANNEL_SUM, cv1_db, mp_dx_2);
       dev.conv2dBackwardFilter(cv1_dW, x, mp_dx_2, groups(1), pad(0, 0), stride(1, 1), wShape(20, 1, 5, 5));
       updateSgdMomentumSgdStep(cv1_W_momentum, cv1_W, cv1_dW);
       updateSgdMomentumSgdStep(cv1_b_momentum, cv1_b, cv1_db);
@@ -205,7 +205,7 @@ public final class LeNet extends Network {
       dev.run(BIAS_ADD_RELU, net_relu1_out, fc1_out, fc1_b);
       // fc2, lenet.ddsl:17:13
       dev.linear(fc2_out, net_relu1_out, fc2_W);
-      dev.run(BIAS_ADD, fc2_bias_add, fc2_out, fc2_b);
+      dev.run(CHANNEL_BIAS_ADD, view(fc2_bias_add, 64, 10, 1, 1), view(fc2_out, 64, 10, 1, 1), fc2_b);
     }
 
     /** The loss of the prediction. */
@@ -242,28 +242,24 @@ public final class LeNet extends Network {
     }
   });
 
-  /** out[i0, i1] = (in0[i0, i1] + in1[i1]) */
-  static final Kernel BIAS_ADD = Kernel.shaped("biasAdd", (out, in, lo, hi) -> {
-    float[] o = out.a, a0 = in[0].a, a1 = in[1].a;
-    int po = out.off, p0 = in[0].off, p1 = in[1].off, no1 = out.shape[1];
-    for (int i0 = lo; i0 < hi; i0++) {
-      for (int i1 = 0; i1 < no1; i1++) {
-        o[po + i0 * no1 + i1] = (a0[p0 + i0 * no1 + i1] + a1[p1 + i1]);
-      }
-    }
-  });
-
-  /** out[i0] = (sum[r0:64] in0[r0, i0]) */
-  static final Kernel CHANNEL_SUM = Kernel.rows("channelSum", 64, in -> in[0].dim(0), (out, in, lo, hi) -> {
+  /** out[i0] = (sum[r0:64, r1:1, r2:1] in0[r0, i0, r1, r2]) */
+  static final Kernel CHANNEL_SUM = Kernel.rows("channelSum", 256,
+      in -> in[0].dim(0) * in[0].dim(2) * in[0].dim(3), (out, in, lo, hi) -> {
     float[] o = out.a, a0 = in[0].a;
-    int po = out.off, p0 = in[0].off, n0_0 = in[0].shape[0], n0_1 = in[0].shape[1];
+    int po = out.off, p0 = in[0].off;
+    int n0_0 = in[0].shape[0], n0_1 = in[0].shape[1], n0_2 = in[0].shape[2] * in[0].shape[3], st0_0 = n0_1 * n0_2;
     for (int i0 = lo; i0 < hi; i0++) {
       float s0a = 0f, s0b = 0f, s0c = 0f, s0d = 0f;
-      for (int r0 = 0; r0 < n0_0; r0 += 4) {
-        s0a += a0[p0 + r0 * n0_1 + i0];
-        s0b += a0[p0 + (r0 + 1) * n0_1 + i0];
-        s0c += a0[p0 + (r0 + 2) * n0_1 + i0];
-        s0d += a0[p0 + (r0 + 3) * n0_1 + i0];
+      for (int r0 = 0; r0 < n0_0; r0++) {
+        for (int r1 = 0; r1 < n0_2 - 3; r1 += 4) {
+          s0a += a0[p0 + r0 * st0_0 + i0 * n0_2 + r1];
+          s0b += a0[p0 + r0 * st0_0 + i0 * n0_2 + (r1 + 1)];
+          s0c += a0[p0 + r0 * st0_0 + i0 * n0_2 + (r1 + 2)];
+          s0d += a0[p0 + r0 * st0_0 + i0 * n0_2 + (r1 + 3)];
+        }
+        for (int r1 = n0_2 - n0_2 % 4; r1 < n0_2; r1++) {
+          s0a += a0[p0 + r0 * st0_0 + i0 * n0_2 + r1];
+        }
       }
       o[po + i0] = ((s0a + s0b) + (s0c + s0d));
     }
@@ -275,26 +271,6 @@ public final class LeNet extends Network {
     int po = out.off, p0 = in[0].off, p1 = in[1].off;
     for (int e = lo; e < hi; e++) {
       o[po + e] = (a1[p1 + e] > 0.0f ? a0[p0 + e] : 0.0f);
-    }
-  });
-
-  /** out[i0] = (sum[r0:64, r1:8, r2:8] in0[r0, i0, r1, r2]) */
-  static final Kernel CHANNEL_SUM_2 = Kernel.rows("channelSum_2", 256,
-      in -> in[0].dim(0) * in[0].dim(2) * in[0].dim(3), (out, in, lo, hi) -> {
-    float[] o = out.a, a0 = in[0].a;
-    int po = out.off, p0 = in[0].off;
-    int n0_0 = in[0].shape[0], n0_1 = in[0].shape[1], n0_2 = in[0].shape[2] * in[0].shape[3], st0_0 = n0_1 * n0_2;
-    for (int i0 = lo; i0 < hi; i0++) {
-      float s0a = 0f, s0b = 0f, s0c = 0f, s0d = 0f;
-      for (int r0 = 0; r0 < n0_0; r0++) {
-        for (int r1 = 0; r1 < n0_2; r1 += 4) {
-          s0a += a0[p0 + r0 * st0_0 + i0 * n0_2 + r1];
-          s0b += a0[p0 + r0 * st0_0 + i0 * n0_2 + (r1 + 1)];
-          s0c += a0[p0 + r0 * st0_0 + i0 * n0_2 + (r1 + 2)];
-          s0d += a0[p0 + r0 * st0_0 + i0 * n0_2 + (r1 + 3)];
-        }
-      }
-      o[po + i0] = ((s0a + s0b) + (s0c + s0d));
     }
   });
 
