@@ -18,8 +18,11 @@ import java.nio.FloatBuffer;
  * (the first step, never captured): the first algorithm that the call's {@code _v7} query proposes
  * (cuDNN's heuristic order), preferring a deterministic one outside the FFT and non-fused Winograd
  * families (the Python runner's rule, deepdsl/backends/cuda/cudnn.py), whose scratch fits the
- * workspace limit; {@link CudaDevice} gives it that scratch. Math is {@code CUDNN_FMA_MATH}: float32
- * without TF32. The handle works on the device's stream, so a captured step records its calls.
+ * workspace limit; {@link CudaDevice} gives it that scratch. Math is {@code CUDNN_FMA_MATH}:
+ * float32 without TF32. The handle works on the device's stream, so a captured step records its
+ * calls. The workspace limit is per convolution and beyond the arena, as on the CPU device (the Java
+ * program does not take the plan's per-statement workspace); the device allocates the largest
+ * scratch a chosen algorithm needs, once, and its measured GPU memory counts it.
  *
  * <p>A device address goes to cuDNN as a plain JavaCPP {@code Pointer} whose address field is set
  * (a {@code void*} parameter: no position arithmetic, no allocation per call).
@@ -46,8 +49,8 @@ final class CudaDnn implements AutoCloseable {
     "cudnnConvolutionFwdAlgoPerf_t", "cudnnConvolutionBwdDataAlgoPerf_t",
     "cudnnConvolutionBwdFilterAlgoPerf_t"
   };
-  // the algorithms each call has (cudnn_cnn.h), and those that lose float32 precision (FFT, FFT_TILING,
-  // WINOGRAD_NONFUSED)
+  // the algorithms each call has (cudnn_cnn.h), and those that lose float32 precision (FFT,
+  // FFT_TILING, WINOGRAD_NONFUSED)
   private static final int[] ALGORITHMS = {8, 6, 7};
   private static final int[][] IMPRECISE = {{4, 5, 7}, {2, 3, 5}, {2, 5, 6}};
   private static final int NCHW = 0;
@@ -101,7 +104,8 @@ final class CudaDnn implements AutoCloseable {
    * Loads cuDNN through the presets and creates the handle on the context current on this thread,
    * its calls on the stream at {@code stream} (a driver API {@code CUstream}).
    *
-   * @throws Device.Unavailable when the jars or the libraries are missing: which, and how to get them
+   * @throws Device.Unavailable when the jars or the libraries are missing: which, and how to get
+   *     them
    */
   static CudaDnn open(long stream) {
     try {
@@ -109,10 +113,14 @@ final class CudaDnn implements AutoCloseable {
     } catch (ClassNotFoundException | NoClassDefFoundError e) {
       String text = String.valueOf(e.getMessage());
       if (e instanceof NoClassDefFoundError && text.startsWith("Could not initialize")) {
-        throw new Device.Unavailable("cuDNN did not load the first time it was tried (" + text + ")");
+        throw new Device.Unavailable(
+            "cuDNN did not load the first time it was tried (" + text + ")");
       }
       throw new Device.Unavailable(
-          "the JavaCPP CUDA classes are not on the class path (no " + text + "): add " + CudaBlas.JARS);
+          "the JavaCPP CUDA classes are not on the class path (no "
+              + text
+              + "): add "
+              + CudaBlas.JARS);
     } catch (IllegalStateException e) {
       throw new Device.Unavailable("cuDNN loaded but did not start (" + e.getMessage() + ")");
     } catch (ReflectiveOperationException | LinkageError | RuntimeException e) {
@@ -228,7 +236,8 @@ final class CudaDnn implements AutoCloseable {
    * {@code w} into y: its descriptors and the first algorithm of cuDNN's order (a deterministic,
    * precise one first) whose scratch is at most {@code limit} bytes.
    */
-  Conv prepare(int kind, int[] x, int[] w, int[] y, int[] pad, int[] stride, int groups, long limit) {
+  Conv prepare(
+      int kind, int[] x, int[] w, int[] y, int[] pad, int[] stride, int groups, long limit) {
     Class<?> i = int.class;
     try {
       Object xd = descriptor(tensorClass, "Tensor");
@@ -251,7 +260,8 @@ final class CudaDnn implements AutoCloseable {
       Class<?> perfClass = type("cudnn." + PERFS[kind]);
       Object perf = perfClass.getConstructor(long.class).newInstance((long) n);
       int[] count = {0};
-      // the query's descriptors: forward (x, w, conv, y), data (w, dy, conv, dx), filter (x, dy, conv, dw)
+      // the query's descriptors: forward (x, w, conv, y), data (w, dy, conv, dx), filter (x, dy,
+      // conv, dw)
       Object[] operands =
           kind == FORWARD
               ? new Object[] {xd, wd, cd, yd}

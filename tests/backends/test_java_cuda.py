@@ -331,11 +331,18 @@ def test_convolutions_through_cudnn_give_the_cpu_devices_losses(
         assert "convolutions: cuDNN 9.0.0;" in got["stderr"]
         np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
         assert got["test_accuracy"] == pytest.approx(want["test_accuracy"])
-        done[flag] = int(convolutions.read_text())
+        done[flag], memory = int(convolutions.read_text()), got["gpu_memory_bytes"]
         assert graph_launches(counts)[0] == (2 if flag == "--graph" else 0)
     # forward and backward-filter of each convolution in each of 3 steps, and the forward of the test pass; the
     # stand-in computes a captured convolution at each replay: as many with the graph as without
     assert done["--graph"] == done["--no-graph"] >= 3 * 2 + 1
+    # the stand-in's first algorithm needs an im2col matrix of scratch (which the device allocates) and refuses a
+    # smaller workspace: without one the other algorithm is chosen, and the GPU holds no scratch
+    lean = run(programs, name, "--iters", "3", "--kernels", "vendor", "--workspace-limit", "0",
+               vendor=[cuda13, cudnn9])  # fmt: skip
+    assert lean["rc"] == 0, lean["stderr"]
+    np.testing.assert_allclose(lean["losses"], want["losses"], rtol=1e-4)
+    assert lean["gpu_memory_bytes"] < memory
 
 
 def test_kernels_vendor_without_cudnn_names_what_is_missing(programs: Path, cuda13: Path, cudnn9: Path,
