@@ -121,14 +121,15 @@ timeout 120 "$JAVA" -cp "$CP" LeNet --device cuda --kernels own --no-graph --dat
   --json >"$OUT/java_lenet_nograph.json"
 result "java LeNet --device cuda --kernels own --no-graph" $?
 
-step "the Java CUDA device with its GEMMs through cuBLAS: LeNet --kernels vendor"
-# the CUDA 13 libraries: in a dry run the stand-ins in $G/fake, on the GPU machine those of PyTorch's nvidia wheels
+step "the Java CUDA device with its GEMMs through cuBLAS and its convolutions through cuDNN: LeNet --kernels vendor"
+# the CUDA 13 and cuDNN 9 libraries: in a dry run the stand-ins in $G/fake, on the GPU machine those of PyTorch's
+# nvidia wheels
 CUBLAS_LIBS=$G/fake
 if [ "$DRY" = 0 ]; then
   CUBLAS_LIBS=$("$PY" -c "import glob, nvidia; print(':'.join(sorted({p.rsplit('/', 1)[0] for d in nvidia.__path__
-    for p in glob.glob(d + '/*/lib/libcu*.so.13')})))")
+    for p in glob.glob(d + '/*/lib/libcu*.so.13') + glob.glob(d + '/*/lib/libcudnn.so.9')})))")
 fi
-echo "cuBLAS and cudart from: $CUBLAS_LIBS"
+echo "cuBLAS, cudart and cuDNN from: $CUBLAS_LIBS"
 # JavaCPP's cache may link to libraries found in an earlier run: one of this run's own, not ~/.javacpp
 LD_LIBRARY_PATH=$CUBLAS_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 120 "$JAVA" \
   -Dorg.bytedeco.javacpp.cachedir=/tmp/deepdsl_javacpp -cp "$CP" LeNet --device cuda --kernels vendor \

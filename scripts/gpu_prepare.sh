@@ -3,7 +3,8 @@
 # and without Java or PyCUDA. Run it here (with Maven Central and PyPI reachable), then carry .gpu along:
 #   .gpu/jre.txz           a Java runtime made with jlink (java.base and java.logging: what the runtime and JCuda use)
 #   .gpu/jars/             JCuda 12.6.0 and its natives, cut down to the driver API and NVRTC bindings; JavaCPP
-#                          1.5.13 and its CUDA 13 presets, the natives cut down to the cudart and cuBLAS bindings
+#                          1.5.13 and its CUDA 13 presets, the natives cut down to the cudart, cuBLAS and cuDNN
+#                          bindings
 #                          (the CUDA device's --kernels vendor; the GPU machine's PyTorch wheels bring the libraries)
 #   .gpu/java/build/       LeNet and ResNet50 (batch 64) compiled to Java and built with javac
 #   .gpu/java/res/         their kernels: NAME.cu and NAME.sm_90.ptx (the CUDA device finds them on the class path)
@@ -13,7 +14,8 @@
 #   --dry-run   for `gpu_check.sh --dry-run` on this machine: the networks at sizes the CPU emulates in seconds
 #               (LeNet at batch 8, ResNet-50 at batch 2 on 32x32 images), and .gpu/fake/: the stand-in driver
 #               (tests/backends/fake_libcuda.c) with each network's kernels compiled for the CPU by g++, and the
-#               stand-ins of libcudart, libcublas and libcublasLt.so.13 (tests/backends/cuda13_stand_ins.py)
+#               stand-ins of libcudart, libcublas and libcublasLt.so.13 and of cuDNN 9's libraries
+#               (tests/backends/cuda13_stand_ins.py)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -54,7 +56,8 @@ fi
 cp "$JARS/javacpp-1.5.13.jar" "$JARS/javacpp-1.5.13-linux-x86_64.jar" "$JARS/$CUDA_PRESETS.jar" "$G/jars/"
 mkdir "$tmp/presets"
 (cd "$tmp/presets" && unzip -q "$JARS/$CUDA_PRESETS-linux-x86_64.jar" \
-  'org/bytedeco/cuda/linux-x86_64/libjnicudart.so' 'org/bytedeco/cuda/linux-x86_64/libjnicublas.so')
+  'org/bytedeco/cuda/linux-x86_64/libjnicudart.so' 'org/bytedeco/cuda/linux-x86_64/libjnicublas.so' \
+  'org/bytedeco/cuda/linux-x86_64/libjnicudnn.so')
 jar cf "$G/jars/$CUDA_PRESETS-linux-x86_64.jar" -C "$tmp/presets" org
 
 echo "== Java runtime (jlink)"
@@ -75,12 +78,13 @@ if [ "$DRY" = 1 ]; then
 import sys
 from pathlib import Path
 
-from cuda13_stand_ins import fake_cuda13
+from cuda13_stand_ins import fake_cuda13, fake_cudnn9
 from cuda_emulator import TILED, emulate, fake_driver, kernel_names
 
 src, fake = Path(sys.argv[1]), Path(sys.argv[2])
 fake_driver(fake)
 fake_cuda13(fake)
+fake_cudnn9(fake)
 for name in ("LeNet", "ResNet50"):
     unit = (src / f"{name}.cu").read_text()
     kernels = kernel_names(unit)

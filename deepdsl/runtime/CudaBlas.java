@@ -94,7 +94,7 @@ final class CudaBlas implements AutoCloseable {
   }
 
   /** The library a link error misses, else the first line of the innermost error. */
-  private static String reason(Throwable e) {
+  static String reason(Throwable e) {
     Throwable inner = e;
     for (Throwable t = e; t != null; t = t.getCause()) {
       Matcher m = MISSING.matcher(String.valueOf(t.getMessage()));

@@ -36,6 +36,7 @@ import java.io.InputStream;
 import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
 import java.util.IdentityHashMap;
 import java.util.LinkedHashMap;
@@ -100,6 +101,11 @@ public final class CudaDevice implements Device {
   private final Map<String, CUfunction> functions = new HashMap<>();
   private final CudaBlas blas; // null: the GEMMs are our kernel
   private final String gemms; // who computes the GEMMs, for the device line
+  private final CudaDnn dnn; // null: the convolutions are our kernels
+  private final String convolutions; // who computes them, for the device line
+  private final Map<String, CudaDnn.Conv> convs = new HashMap<>(); // each convolution's, by its sizes
+  private CUdeviceptr scratch; // cuDNN's workspace: the most any chosen algorithm needs
+  private long scratchBytes;
   private final List<CUdeviceptr> allocations = new ArrayList<>();
   private final Map<String, CUdeviceptr> tensors = new HashMap<>();
   // the host array of a step's tensor -> where its elements are on the GPU
@@ -180,6 +186,24 @@ public final class CudaDevice implements Device {
       }
       blas = vendor;
       gemms = why;
+      CudaDnn library = null;
+      why = "own kernels (--kernels own)";
+      if (!kernels.equals("own")) {
+        try {
+          library = CudaDnn.open(stream.address());
+          why = library.description();
+        } catch (Device.Unavailable e) {
+          if (kernels.equals("vendor")) {
+            if (blas != null) {
+              blas.close();
+            }
+            throw new Device.Unavailable("--kernels vendor: " + e.getMessage());
+          }
+          why = "own kernels (" + e.getMessage().replaceFirst(": it needs .*|: add .*", "") + ")";
+        }
+      }
+      dnn = library;
+      convolutions = why;
       graphChoice = graphs ? "on" : "off (--no-graph)";
     } catch (RuntimeException e) {
       cuDevicePrimaryCtxRelease(gpu); // the program runs elsewhere or not at all
@@ -284,6 +308,8 @@ public final class CudaDevice implements Device {
         + kernelSource
         + "; GEMMs: "
         + gemms
+        + "; convolutions: "
+        + convolutions
         + "; workspace limit "
         + workspaceLimit
         + " bytes; graph: "
@@ -568,8 +594,38 @@ public final class CudaDevice implements Device {
     return out;
   }
 
+  /**
+   * The convolution {@code kind} through cuDNN: its descriptors and algorithm made at its first call
+   * (the first step, never captured), the workspace grown to what the algorithm needs.
+   */
+  private void cudnn(
+      int kind, Buf result, Buf a, Buf b, int[] x, int[] w, int[] y, int[] pad, int[] stride,
+      int groups) {
+    String key =
+        kind + Arrays.toString(x) + Arrays.toString(w) + Arrays.toString(y) + Arrays.toString(pad)
+            + Arrays.toString(stride) + groups;
+    CudaDnn.Conv c = convs.get(key);
+    if (c == null) {
+      if (capturing) {
+        throw new NotCapturable("a convolution is met for the first time");
+      }
+      c = dnn.prepare(kind, x, w, y, pad, stride, groups, workspaceLimit);
+      convs.put(key, c);
+      if (c.workspace > scratchBytes) {
+        scratch = alloc(c.workspace); // the smaller one stays allocated until close
+        scratchBytes = c.workspace;
+      }
+    }
+    long at = scratch == null ? 0 : ((DevicePointer) scratch).address();
+    dnn.run(c, address(result), address(a), address(b), at);
+  }
+
   @Override
   public void conv2d(Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride) {
+    if (dnn != null) {
+      cudnn(CudaDnn.FORWARD, out, x, w, x.shape, w.shape, out.shape, pad, stride, groups);
+      return;
+    }
     int[] y = out.shape;
     int[] grid = {tiles((long) y[0] * y[2] * y[3]), tiles(w.shape[0] / groups), groups};
     launch(
@@ -580,6 +636,10 @@ public final class CudaDevice implements Device {
   @Override
   public void conv2dBackwardData(
       Buf out, Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride) {
+    if (dnn != null) {
+      cudnn(CudaDnn.DATA, out, g, w, inShape, w.shape, g.shape, pad, stride, groups);
+      return;
+    }
     int[] grid = {
       tiles((long) inShape[0] * inShape[2] * inShape[3]), tiles(inShape[1] / groups), groups
     };
@@ -591,6 +651,10 @@ public final class CudaDevice implements Device {
   @Override
   public void conv2dBackwardFilter(
       Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] wShape) {
+    if (dnn != null) {
+      cudnn(CudaDnn.FILTER, out, x, g, x.shape, wShape, g.shape, pad, stride, groups);
+      return;
+    }
     launch(
         "dd_k_conv2d_backward_filter", rows(out.numel()), THREADS, new Buf[] {out, x, g},
         conv(x.shape, wShape, g.shape, pad, stride, groups));
@@ -890,6 +954,9 @@ public final class CudaDevice implements Device {
     allocations.clear();
     if (blas != null) {
       blas.close();
+    }
+    if (dnn != null) {
+      dnn.close();
     }
     cuStreamDestroy(stream);
     cuModuleUnload(module);

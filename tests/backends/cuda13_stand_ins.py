@@ -6,10 +6,22 @@ The stand-ins carry that node (a linker version script), as the real libraries d
 no version nodes at all too (it checks versions only against a library that defines some; tried), but one whose
 symbols are in another node loads and then kills the JVM at the first call (`symbol lookup error: ... undefined
 symbol: cublasCreate_v2, version libcublas.so.13`; tried). The functions are bound lazily, so only those called
-must exist."""
+must exist.
+
+cuDNN 9 (`fake_cudnn9`): the presets' libjnicudnn.so NEEDs libcudnn_graph.so.9, libcudnn_ops.so.9, libcudnn_cnn.so.9
+and libcudnn_adv.so.9 and takes each symbol from the version node of one of them (`readelf -V`, `nm -D`: the handle
+calls from libcudnn_graph, the convolution calls from libcudnn_cnn, tensor, filter, pooling, softmax and LRN calls
+from libcudnn_ops). glibc looks a versioned symbol up in the library whose soname the version need names, not in
+any library that defines a node of that name (one library defining all four nodes loads, then kills the JVM at
+the first call: `undefined symbol: cudnnCreate, version libcudnn_graph.so.9`; tried). So fake_libcudnn.c is built
+three times, as libcudnn_graph.so.9, libcudnn_ops.so.9 and libcudnn_cnn.so.9, each exporting its calls alone in its
+node; libcudnn_adv.so.9 (nothing of it called) and libcudnn.so.9 (which the preset loads too) are empty stand-ins.
+The copies share no state but the structures the calls pass between them (handle, descriptors, same layout); the
+convolutions, and so their count ($FAKE_CUDNN_CALLS, written by the libcudnn_cnn copy alone), are libcudnn_cnn's."""
 
 from __future__ import annotations
 
+import fnmatch
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,4 +51,39 @@ def fake_cuda13(folder: Path, libraries: Sequence[str] = CUDA13) -> Path:
         link = [f"-Wl,-soname,{soname}", f"-Wl,--version-script={script}"]
         subprocess.run(["gcc", "-O2", "-shared", "-fPIC", *flags, *link, "-o", str(folder / soname), str(source)],
                        check=True)  # fmt: skip
+    return folder
+
+
+# the calls of fake_libcudnn.c that libjnicudnn.so takes from libcudnn_graph.so.9 and libcudnn_cnn.so.9; the others
+# (tensor, filter, pooling, softmax, LRN) from libcudnn_ops.so.9
+GRAPH = ("cudnnCreate", "cudnnDestroy", "cudnnSetStream", "cudnnGetVersion", "cudnnGetErrorString")
+CNN = ("cudnnConvolution*", "cudnnCreateConvolutionDescriptor", "cudnnDestroyConvolutionDescriptor",
+       "cudnnSetConvolution*", "cudnnGetConvolution*")  # fmt: skip
+
+
+def fake_cudnn9(folder: Path) -> Path:
+    """cuDNN 9 as JavaCPP's libjnicudnn.so links it (see the module's note) in `folder`; returns `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    main = Path(__file__).with_name("fake_libcudnn.c")
+    plain = folder / "plain.so"  # its symbols, to name each in its library's node
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(plain), str(main), "-lm"], check=True)
+    listed = subprocess.run(["nm", "-D", "--defined-only", str(plain)], capture_output=True, text=True, check=True)
+    plain.unlink()
+    nodes: dict[str, list[str]] = {"libcudnn_graph.so.9": [], "libcudnn_cnn.so.9": [], "libcudnn_ops.so.9": []}
+    for symbol in sorted(line.split()[-1] for line in listed.stdout.splitlines() if " T " in line):
+        graph, cnn = symbol in GRAPH, any(fnmatch.fnmatchcase(symbol, p) for p in CNN)
+        nodes["libcudnn_graph.so.9" if graph else "libcudnn_cnn.so.9" if cnn else "libcudnn_ops.so.9"].append(symbol)
+    for soname, symbols in nodes.items():
+        script = folder / f"{soname}.map"
+        script.write_text(f"{soname} {{ global: {''.join(f'{x}; ' for x in symbols)}local: *; }};\n")
+        flags = ["-DFAKE_CUDNN_WRITES_CALLS"] if soname == "libcudnn_cnn.so.9" else []
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", *flags, f"-Wl,-soname,{soname}",
+                        f"-Wl,--version-script={script}", "-o", str(folder / soname), str(main), "-lm"],
+                       check=True)  # fmt: skip
+    for soname in ("libcudnn_adv.so.9", "libcudnn.so.9"):
+        stub, script = folder / f"{soname}.c", folder / f"{soname}.map"
+        stub.write_text(f"int fake_{soname.split('.so')[0].removeprefix('lib')}_present(void) {{ return 1; }}\n")
+        script.write_text(f"{soname} {{ global: *; }};\n")
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", f"-Wl,-soname,{soname}", f"-Wl,--version-script={script}",
+                        "-o", str(folder / soname), str(stub)], check=True)  # fmt: skip
     return folder

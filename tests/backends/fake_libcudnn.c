@@ -8,15 +8,24 @@
  * ALGO_1 backward) needs one image's im2col matrix of scratch and really writes it there (so a workspace that
  * overlaps live data shows), the other (IMPLICIT_GEMM, ALGO_0) is direct loops without scratch. Descriptors that do
  * not fit each other, or a workspace smaller than the algorithm needs, are CUDNN_STATUS_BAD_PARAM.
- * `fake_cudnn_calls` counts the convolutions and poolings. Sums are accumulated in double. */
+ * `fake_cudnn_calls` counts the convolutions and poolings. Sums are accumulated in double.
+ *
+ * For the Java CUDA device it is built as libcudnn_graph.so.9, libcudnn_ops.so.9 and libcudnn_cnn.so.9, each with
+ * its calls in the version node JavaCPP's libjnicudnn.so needs (cuda13_stand_ins.py); the copy built with
+ * -DFAKE_CUDNN_WRITES_CALLS also writes its count at exit to the file $FAKE_CUDNN_CALLS names, if set. A convolution
+ * on a stream that the stand-in driver (fake_libcuda.c, when loaded) is capturing into a CUDA graph is checked at the
+ * call, recorded there (its arguments, alpha and beta by value) and computed at each replay, as fake_libcublas.c does
+ * with its GEMMs; it is counted when computed. */
 
+#include <dlfcn.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef int cudnnStatus_t;
 enum { OK = 0, NOT_INITIALIZED = 1001, BAD_PARAM = 2000, NOT_SUPPORTED = 3000 };
-typedef struct { int stream; } *cudnnHandle_t;
+typedef struct { void *stream; } *cudnnHandle_t;
 typedef struct { int n, c, h, w, set; } *cudnnTensorDescriptor_t;
 typedef struct { int k, c, h, w, set; } *cudnnFilterDescriptor_t;
 typedef struct { int ph, pw, sh, sw, dh, dw, mode, groups, math, set; } *cudnnConvolutionDescriptor_t;
@@ -31,13 +40,28 @@ typedef struct {
 static long long calls;
 long long fake_cudnn_calls(void) { return calls; }
 
+#ifdef FAKE_CUDNN_WRITES_CALLS /* the one copy of the stand-ins for the Java device that counts (cuda13_stand_ins.py) */
+__attribute__((destructor)) static void write_calls(void) {
+  const char *path = getenv("FAKE_CUDNN_CALLS");
+  FILE *f = path ? fopen(path, "w") : NULL;
+  if (f) {
+    fprintf(f, "%lld\n", calls);
+    fclose(f);
+  }
+}
+#endif
+
 size_t cudnnGetVersion(void) { return 90000; }
 const char *cudnnGetErrorString(cudnnStatus_t s) {
   return s == OK ? "CUDNN_STATUS_SUCCESS" : s == BAD_PARAM ? "CUDNN_STATUS_BAD_PARAM" : "CUDNN_STATUS_NOT_SUPPORTED";
 }
 cudnnStatus_t cudnnCreate(cudnnHandle_t *h) { *h = calloc(1, sizeof **h); return *h ? OK : NOT_INITIALIZED; }
 cudnnStatus_t cudnnDestroy(cudnnHandle_t h) { free(h); return OK; }
-cudnnStatus_t cudnnSetStream(cudnnHandle_t h, void *stream) { return h ? OK : BAD_PARAM; }
+cudnnStatus_t cudnnSetStream(cudnnHandle_t h, void *stream) {
+  if (!h) return BAD_PARAM;
+  h->stream = stream;
+  return OK;
+}
 
 cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t *d) { *d = calloc(1, sizeof **d); return OK; }
 cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) { free(d); return OK; }
@@ -131,6 +155,47 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t h, cud
   return propose(h, x, dw, d, dy, requested, returned, perf);
 }
 
+
+/* ---- graph capture: a convolution on a capturing stream of the stand-in driver is recorded, run at each replay ---- */
+
+typedef int (*capture_fn)(void *stream, void (*run)(void *), const void *arg, size_t n);
+
+/* the stand-in driver's recorder, where it is loaded (the Java CUDA device); NULL elsewhere */
+static capture_fn recorder(void) {
+  static int looked;
+  static capture_fn f;
+  if (!looked) {
+    looked = 1;
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    f = cuda ? (capture_fn)dlsym(cuda, "fake_cuda_capture") : NULL;
+  }
+  return f;
+}
+
+enum { FORWARD, DATA, FILTER };
+typedef struct { /* one convolution's arguments, in the call's order */
+  int kind, algo;
+  cudnnHandle_t h;
+  float alpha, beta;
+  void *d1, *d2, *d3;
+  const void *p1, *p2;
+  cudnnConvolutionDescriptor_t d;
+  void *ws, *out;
+  size_t ws_bytes;
+} conv_call;
+static int replaying; /* a recorded call running: compute it, do not record it again */
+static void replay(void *arg);
+
+/* 1 when the call was recorded into the graph its handle's stream is capturing (and so is not to be run now) */
+static int recorded(int kind, cudnnHandle_t h, const void *alpha, void *d1, const void *p1, void *d2, const void *p2,
+                    cudnnConvolutionDescriptor_t d, int algo, void *ws, size_t ws_bytes, const void *beta, void *d3,
+                    void *out) {
+  capture_fn capture = replaying ? NULL : recorder();
+  if (!capture) return 0;
+  conv_call c = {kind, algo, h, *(const float *)alpha, *(const float *)beta, d1, d2, d3, p1, p2, d, ws, out, ws_bytes};
+  return capture(h->stream, replay, &c, sizeof c);
+}
+
 /* (x, w) at output (ni, f, oi, oj), channels of f's group */
 static double dot(const float *x, const float *w, cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd,
                   cudnnConvolutionDescriptor_t d, int ni, int f, int oi, int oj) {
@@ -155,6 +220,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, cudnnT
   if (!h || s != OK) return s == OK ? BAD_PARAM : s;
   if (algo != 0 && algo != 1) return NOT_SUPPORTED;
   if (algo == 1 && (ws_bytes < precomp_bytes(wd, yd) || !ws)) return BAD_PARAM;
+  if (recorded(FORWARD, h, alpha, xd, x, wd, w, d, algo, ws, ws_bytes, beta, yd, y)) return OK;
   float a = *(const float *)alpha, b = *(const float *)beta;
   const float *xs = x, *wt = w;
   float *ys = y, *cols = ws;
@@ -216,6 +282,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha, c
                                            const void *beta, cudnnTensorDescriptor_t dxd, void *dx) {
   cudnnStatus_t s = check_call(h, dxd, wd, d, dyd, algo, ws, ws_bytes);
   if (s != OK) return s;
+  if (recorded(DATA, h, alpha, wd, w, dyd, dy, d, algo, ws, ws_bytes, beta, dxd, dx)) return OK;
   float a = *(const float *)alpha, b = *(const float *)beta;
   const float *wt = w, *g = dy;
   float *out = dx, *cols = ws;
@@ -254,6 +321,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
                                              const void *beta, cudnnFilterDescriptor_t dwd, void *dw) {
   cudnnStatus_t s = check_call(h, xd, dwd, d, dyd, algo, ws, ws_bytes);
   if (s != OK) return s;
+  if (recorded(FILTER, h, alpha, xd, x, dyd, dy, d, algo, ws, ws_bytes, beta, dwd, dw)) return OK;
   float a = *(const float *)alpha, b = *(const float *)beta;
   const float *xs = x, *g = dy;
   float *out = dw, *cols = ws;
@@ -280,6 +348,21 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
   free(acc);
   calls++;
   return OK;
+}
+
+static void replay(void *arg) {
+  const conv_call *c = arg;
+  replaying = 1;
+  if (c->kind == FORWARD)
+    cudnnConvolutionForward(c->h, &c->alpha, c->d1, c->p1, c->d2, c->p2, c->d, c->algo, c->ws, c->ws_bytes, &c->beta,
+                            c->d3, c->out);
+  else if (c->kind == DATA)
+    cudnnConvolutionBackwardData(c->h, &c->alpha, c->d1, c->p1, c->d2, c->p2, c->d, c->algo, c->ws, c->ws_bytes,
+                                 &c->beta, c->d3, c->out);
+  else
+    cudnnConvolutionBackwardFilter(c->h, &c->alpha, c->d1, c->p1, c->d2, c->p2, c->d, c->algo, c->ws, c->ws_bytes,
+                                   &c->beta, c->d3, c->out);
+  replaying = 0;
 }
 
 /* ---- pooling: modes MAX (0), AVERAGE_COUNT_INCLUDE_PADDING (1), MAX_DETERMINISTIC (3) ---- */

@@ -4,7 +4,8 @@ So the PTX lookup, the NVRTC fallback, the arena and tensor allocation, the step
 points sized at run time, the generated kernels), the copies, the transfers for a save and a load are all
 exercised, and the losses must equal the CPU device's. With `--kernels vendor` the GEMMs go to cuBLAS through
 JavaCPP's CUDA presets, here stand-ins built with the sonames and symbol versions the presets' bindings need
-(`fake_cuda13`)."""
+(`fake_cuda13`), and the convolutions to cuDNN, a stand-in built as the presets' cuDNN bindings need it
+(`fake_cudnn9`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT
-from cuda13_stand_ins import CUDA13, fake_cuda13
+from cuda13_stand_ins import CUDA13, fake_cuda13, fake_cudnn9
 from cuda_emulator import TILED, emulate, fake_driver, kernel_names
 from helpers import SMALL
 from java_env import JAVA_MARKS, java, javac, jcuda_jars
@@ -118,13 +119,13 @@ def build_programs(tmp_path_factory: pytest.TempPathFactory, names: tuple[str, .
 
 
 def run(folder: Path, name: str, *args: str, classpath: str | None = None, nvrtc: bool = False,
-        vendor: Sequence[Path] = (), calls: Path | None = None,
+        vendor: Sequence[Path] = (), calls: Path | None = None, convolutions: Path | None = None,
         extra: dict[str, str] | None = None) -> dict:  # fmt: skip
     """The program on the stand-in GPU (--device cuda unless args say otherwise), as its --json object; the folders
     `vendor` (stand-ins for the CUDA libraries) on LD_LIBRARY_PATH too, the stand-in cuBLAS's count of GEMMs
-    written to `calls`, `extra` added to the environment. JavaCPP unpacks its natives into a cache of the test's
-    own: it links there to a library it found itself (with pathsFirst), so a shared cache could lead one run to
-    another's stand-ins."""
+    written to `calls`, the stand-in cuDNN's count of convolutions to `convolutions`, `extra` added to the
+    environment. JavaCPP unpacks its natives into a cache of the test's own: it links there to a library it found
+    itself (with pathsFirst), so a shared cache could lead one run to another's stand-ins."""
     cp = classpath or f"{folder / 'build'}:{folder / 'src'}:{jcuda_jars()}/*"
     libs = [str(folder / "fake"), *map(str, vendor)]
     if nvrtc:
@@ -136,6 +137,7 @@ def run(folder: Path, name: str, *args: str, classpath: str | None = None, nvrtc
         "LD_LIBRARY_PATH": ":".join(libs),
         "DEEPDSL_FAKE_CUDA_KERNELS": str(folder / name / "emulated.so"),
         **({"FAKE_CUBLAS_CALLS": str(calls)} if calls else {}),
+        **({"FAKE_CUDNN_CALLS": str(convolutions)} if convolutions else {}),
         **(extra or {}),
     }
     cache = f"-Dorg.bytedeco.javacpp.cachedir={folder / 'javacpp'}"
@@ -214,15 +216,20 @@ def cuda13(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return fake_cuda13(tmp_path_factory.mktemp("cuda13"))
 
 
+@pytest.fixture(scope="module")
+def cudnn9(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fake_cudnn9(tmp_path_factory.mktemp("cudnn9"))
+
+
 @pytest.mark.parametrize(
     "name", ["Small", "Causal", *(pytest.param(n, marks=pytest.mark.slow) for n in ("Wide", "LeNet"))]
 )
 def test_gemms_through_cublas_give_the_cpu_devices_losses(
-    request: pytest.FixtureRequest, cuda13: Path, name: str
+    request: pytest.FixtureRequest, cuda13: Path, cudnn9: Path, name: str
 ) -> None:
     programs = request.getfixturevalue("programs" if name != "LeNet" else "lenet_programs")
     calls = programs / f"{name}.cublas_calls"
-    got = run(programs, name, "--iters", "3", "--kernels", "vendor", vendor=[cuda13], calls=calls)
+    got = run(programs, name, "--iters", "3", "--kernels", "vendor", vendor=[cuda13, cudnn9], calls=calls)
     assert got["rc"] == 0, got["stderr"]
     assert "GEMMs: cuBLAS 13.0.0" in got["stderr"]
     # each has a linear layer: forward, backward-data and backward-filter in each of 3 steps, and the test pass
@@ -232,13 +239,17 @@ def test_gemms_through_cublas_give_the_cpu_devices_losses(
     assert got["test_accuracy"] == pytest.approx(want["test_accuracy"])
 
 
-def test_kernels_own_and_auto_choose_as_they_say(programs: Path, cuda13: Path) -> None:
-    calls = programs / "own.cublas_calls"
-    own = run(programs, "Small", "--iters", "1", "--kernels", "own", vendor=[cuda13], calls=calls)
+def test_kernels_own_and_auto_choose_as_they_say(programs: Path, cuda13: Path, cudnn9: Path) -> None:
+    calls, convolutions = programs / "own.cublas_calls", programs / "own.cudnn_calls"
+    own = run(programs, "Small", "--iters", "1", "--kernels", "own", vendor=[cuda13, cudnn9], calls=calls,
+              convolutions=convolutions)  # fmt: skip
     assert own["rc"] == 0, own["stderr"]
     assert "GEMMs: own kernel (--kernels own)" in own["stderr"] and not calls.exists()  # cuBLAS not even loaded
-    auto = run(programs, "Small", "--iters", "1", vendor=[cuda13])
-    assert auto["rc"] == 0 and "GEMMs: cuBLAS 13.0.0" in auto["stderr"]
+    assert "convolutions: own kernels (--kernels own)" in own["stderr"] and not convolutions.exists()
+    auto = run(programs, "Small", "--iters", "1", vendor=[cuda13, cudnn9])
+    assert auto["rc"] == 0 and "GEMMs: cuBLAS 13.0.0; convolutions: cuDNN 9.0.0;" in auto["stderr"]
+    no_cudnn = run(programs, "Small", "--iters", "1", vendor=[cuda13])
+    assert no_cudnn["rc"] == 0 and "GEMMs: cuBLAS 13.0.0; convolutions: own kernels (cuDNN does" in no_cudnn["stderr"]
     without = run(programs, "Small", "--iters", "1")
     assert without["rc"] == 0
     assert "GEMMs: own kernel (cuBLAS does not load (libcudart.so.13 not found))" in without["stderr"]
@@ -287,12 +298,12 @@ def test_the_train_step_is_replayed_as_a_cuda_graph(programs: Path) -> None:
     assert not np.allclose(broken["losses"][2:], on["losses"][2:], rtol=1e-4)
 
 
-def test_cublas_gemms_are_captured_in_the_graph(programs: Path, cuda13: Path) -> None:
+def test_cublas_gemms_are_captured_in_the_graph(programs: Path, cuda13: Path, cudnn9: Path) -> None:
     counts, calls = programs / "cublas.launches", programs / "graph.cublas_calls"
     losses, gemms = {}, {}
     for flag in ("--graph", "--no-graph"):
         args = ("--iters", "4", "--kernels", "vendor", *([flag] if flag == "--no-graph" else []))
-        got = run(programs, "Small", *args, vendor=[cuda13], calls=calls,
+        got = run(programs, "Small", *args, vendor=[cuda13, cudnn9], calls=calls,
                   extra={"FAKE_CUDA_GRAPH_LAUNCHES": str(counts)})  # fmt: skip
         assert got["rc"] == 0, got["stderr"]
         assert "GEMMs: cuBLAS 13.0.0" in got["stderr"]
@@ -301,3 +312,47 @@ def test_cublas_gemms_are_captured_in_the_graph(programs: Path, cuda13: Path) ->
     # the stand-in cuBLAS computes a captured GEMM at each replay, on the stream it was given: as many as without
     assert gemms["--graph"] == gemms["--no-graph"] >= 4 * 3
     assert losses["--graph"] == losses["--no-graph"]
+
+
+@pytest.mark.parametrize("name", ["Small", pytest.param("Wide", marks=pytest.mark.slow),
+                                  pytest.param("LeNet", marks=pytest.mark.slow)])  # fmt: skip
+def test_convolutions_through_cudnn_give_the_cpu_devices_losses(
+    request: pytest.FixtureRequest, cuda13: Path, cudnn9: Path, name: str
+) -> None:
+    programs = request.getfixturevalue("programs" if name != "LeNet" else "lenet_programs")
+    counts, convolutions = programs / f"{name}.launches", programs / f"{name}.cudnn_calls"
+    want = cpu(programs, name, "--iters", "3")
+    done = {}
+    for flag in ("--graph", "--no-graph"):
+        args = ("--iters", "3", "--kernels", "vendor", *([flag] if flag == "--no-graph" else []))
+        got = run(programs, name, *args, vendor=[cuda13, cudnn9], convolutions=convolutions,
+                  extra={"FAKE_CUDA_GRAPH_LAUNCHES": str(counts)})  # fmt: skip
+        assert got["rc"] == 0, got["stderr"]
+        assert "convolutions: cuDNN 9.0.0;" in got["stderr"]
+        np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
+        assert got["test_accuracy"] == pytest.approx(want["test_accuracy"])
+        done[flag], memory = int(convolutions.read_text()), got["gpu_memory_bytes"]
+        assert graph_launches(counts)[0] == (2 if flag == "--graph" else 0)
+    # forward and backward-filter of each convolution in each of 3 steps, and the forward of the test pass; the
+    # stand-in computes a captured convolution at each replay: as many with the graph as without
+    assert done["--graph"] == done["--no-graph"] >= 3 * 2 + 1
+    # the stand-in's first algorithm needs an im2col matrix of scratch (which the device allocates) and refuses a
+    # smaller workspace: without one the other algorithm is chosen, and the GPU holds no scratch
+    lean = run(programs, name, "--iters", "3", "--kernels", "vendor", "--workspace-limit", "0",
+               vendor=[cuda13, cudnn9])  # fmt: skip
+    assert lean["rc"] == 0, lean["stderr"]
+    np.testing.assert_allclose(lean["losses"], want["losses"], rtol=1e-4)
+    assert lean["gpu_memory_bytes"] < memory
+
+
+def test_kernels_vendor_without_cudnn_names_what_is_missing(programs: Path, cuda13: Path, cudnn9: Path,
+                                                            tmp_path: Path) -> None:  # fmt: skip
+    got = run(programs, "Small", "--iters", "1", "--kernels", "vendor", vendor=[cuda13])
+    assert got["rc"] == 1
+    assert "--kernels vendor: cuDNN does not load (libcudnn" in got["stderr"]
+    assert "not found): it needs cuDNN 9" in got["stderr"] and "pip install nvidia-cudnn-cu13" in got["stderr"]
+    partial = tmp_path / "partial"  # a sub-library missing: the one it is is named
+    shutil.copytree(cudnn9, partial)
+    (partial / "libcudnn_cnn.so.9").unlink()
+    got = run(programs, "Small", "--iters", "1", "--kernels", "vendor", vendor=[cuda13, partial])
+    assert got["rc"] == 1 and "cuDNN does not load (libcudnn_cnn.so.9 not found)" in got["stderr"], got["stderr"]
