@@ -18,7 +18,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -58,14 +57,7 @@ def torch_step_seconds(sizes: dict[str, int], lr: float, steps: int, threads: in
         F.cross_entropy(model(tokens).reshape(-1, config["vocab"]), targets.reshape(-1)).backward()
         opt.step()
 
-    for _ in range(2):
-        step()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return bench_runner.median_seconds(step, steps, warmup=2)
 
 
 def main() -> None:

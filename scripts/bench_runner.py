@@ -35,15 +35,21 @@ CASES = [
 ]
 
 
-def numpy_step_seconds(program, steps: int) -> float:  # noqa: ANN001
-    t = Trainer(api.build(program), load_samples("synthetic", {}, fields_of(program.graph.inputs), 1))
-    t.step()  # warm up
+def median_seconds(step, steps: int, warmup: int = 1) -> float:  # noqa: ANN001
+    """The median time of one of `steps` calls of `step()`, after `warmup` calls not timed."""
+    for _ in range(warmup):
+        step()
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        t.step()
+        step()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def numpy_step_seconds(program, steps: int) -> float:  # noqa: ANN001
+    t = Trainer(api.build(program), load_samples("synthetic", {}, fields_of(program.graph.inputs), 1))
+    return median_seconds(t.step, steps)
 
 
 def torch_training_step(program, threads: int = 1, device: str = "cpu"):  # noqa: ANN001, ANN201
@@ -108,15 +114,7 @@ def torch_training_step(program, threads: int = 1, device: str = "cpu"):  # noqa
 
 def torch_step_seconds(program, steps: int) -> float | None:  # noqa: ANN001
     step = torch_training_step(program, int(THREADS))
-    if step is None:
-        return None
-    step()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return None if step is None else median_seconds(step, steps)
 
 
 def main() -> None:
