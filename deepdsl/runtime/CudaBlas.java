@@ -1,5 +1,6 @@
 package deepdsl.runtime;
 
+import java.io.IOException;
 import java.lang.invoke.MethodHandle;
 import java.lang.reflect.Field;
 import java.lang.invoke.MethodHandles;
@@ -7,8 +8,11 @@ import java.lang.invoke.MethodType;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.FloatBuffer;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
+import java.util.stream.Stream;
 
 /**
  * The CUDA device's matrix products (linear layers, matmuls, batched matmuls) through cuBLAS, reached
@@ -179,9 +183,26 @@ final class CudaBlas implements AutoCloseable {
     }
   }
 
-  /** The library and its version, for the device line. */
+  /** The library, its version and the file it was loaded from, for the device line. */
   String description() {
-    return "cuBLAS " + version;
+    return "cuBLAS " + version + loadedFrom("libcublas.so");
+  }
+
+  /**
+   * " (PATH)": the file of a shared library this process has mapped whose name starts with {@code
+   * stem} (read from /proc/self/maps), so that the device line says which of several installed
+   * copies was loaded; "" where that cannot be read.
+   */
+  static String loadedFrom(String stem) {
+    try (Stream<String> maps = Files.lines(Path.of("/proc/self/maps"))) {
+      return maps.map(line -> line.substring(line.lastIndexOf(' ') + 1))
+          .filter(f -> f.startsWith("/") && f.substring(f.lastIndexOf('/') + 1).startsWith(stem))
+          .findFirst()
+          .map(f -> " (" + f + ")")
+          .orElse("");
+    } catch (IOException | RuntimeException e) {
+      return "";
+    }
   }
 
   /**

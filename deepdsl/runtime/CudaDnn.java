@@ -202,9 +202,9 @@ final class CudaDnn implements AutoCloseable {
     }
   }
 
-  /** The library and its version, for the device line. */
+  /** The library, its version and the file it was loaded from, for the device line. */
   String description() {
-    return "cuDNN " + version;
+    return "cuDNN " + version + CudaBlas.loadedFrom("libcudnn_graph.so");
   }
 
   private Object call(String name, Class<?>[] types, Object... args) {

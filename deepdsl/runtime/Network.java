@@ -163,6 +163,7 @@ public abstract class Network {
   private final List<Buf> batch = new ArrayList<>();
   private Buf rate; // the learning rate of the current step, where the train block gives a schedule
   private final List<Float> rates = new ArrayList<>(); // those of this run's steps, for --json
+  private final List<Double> stepSeconds = new ArrayList<>(); // each step's wall clock, for --json
   private String saveTo; // where the run saves (--save, else the train block's save), every saveEvery steps
   private Data data;
   private PrintStream progress;
@@ -514,6 +515,7 @@ public abstract class Network {
       long t0 = System.nanoTime();
       float loss = device().trainStep(this);
       double seconds = (System.nanoTime() - t0) / 1e9;
+      stepSeconds.add(seconds);
       if (!Float.isFinite(loss)) {
         throw new ArithmeticException(
             "iteration " + (k + 1) + ": the loss is not finite (" + loss + ")");
@@ -1048,6 +1050,7 @@ public abstract class Network {
                 iterations == 0 ? 0 : net.settings.trainArenaBytes,
                 device.measuredBytes(),
                 secondsPerIter,
+                net.stepSeconds,
                 net.rate == null ? null : net.rates));
       } else {
         if (tested != null) {
@@ -1095,6 +1098,7 @@ public abstract class Network {
       long arena,
       long measured,
       double secondsPerIter,
+      List<Double> stepSeconds,
       List<Float> rates) {
     StringBuilder s =
         new StringBuilder("{\"device\": \"").append(device).append("\", \"losses\": [");
@@ -1119,10 +1123,10 @@ public abstract class Network {
     if (measured >= 0) {
       s.append(", \"gpu_memory_bytes\": ").append(measured);
     }
-    return s
-        .append(", \"seconds_per_iter\": ")
-        .append(secondsPerIter)
-        .append("}")
-        .toString();
+    s.append(", \"step_seconds\": [");
+    for (int i = 0; i < stepSeconds.size(); i++) {
+      s.append(i > 0 ? ", " : "").append(stepSeconds.get(i));
+    }
+    return s.append("], \"seconds_per_iter\": ").append(secondsPerIter).append("}").toString();
   }
 }

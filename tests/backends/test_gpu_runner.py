@@ -168,9 +168,12 @@ def test_pycuda_runner_agrees_with_numpy(case: str, kernels: str) -> None:
     got = run_training(build, iters=5, data_flag="synthetic", device="cuda", driver=driver)
     _close(got["losses"], want["losses"])
     # the driver hands out memory in 2 MiB pages, and the module's code takes some: the measured bytes are the
-    # planned ones to within a page per allocation and a few MiB
+    # planned ones to within a page per allocation and a few MiB. Below by up to a page: the driver keeps pages an
+    # earlier test of this process freed and puts small allocations there (seen on the H200 with cuBLAS and cuDNN
+    # loaded: a 60 KB plan measured 0 bytes)
     allocations = 1 + len(build.program.graph.params) + 64
-    assert got["gpu_planned_bytes"] <= got["gpu_memory_bytes"] <= got["gpu_planned_bytes"] + (2 << 20) * allocations
+    page = 2 << 20
+    assert got["gpu_planned_bytes"] - page <= got["gpu_memory_bytes"] <= got["gpu_planned_bytes"] + page * allocations
 
 
 @needs_gxx
@@ -257,3 +260,29 @@ def test_eval_and_predict_run_on_the_gpu_runner(tmp_path: Path) -> None:
     assert out["device"] == "cuda" and out["samples"] == 6
     np.testing.assert_allclose(np.load(tmp_path / "gpu.npz")["predict"], np.load(tmp_path / "cpu.npz")["predict"],
                                rtol=1e-4, atol=1e-5)  # fmt: skip
+
+
+@needs_gxx
+def test_profile_times_every_launch_and_computes_the_step(tmp_path: Path) -> None:
+    """`GpuRunner.profile` (scripts/profile_gpu.py) runs each launch of the step once, timing it alone: one entry per
+    launch, in program order, naming its kernel, and the parameters it leaves are those of a plain run."""
+    from deepdsl.initializers import init_array
+
+    c = api.compile_source(TINY, "tiny.ddsl", {}, stop_at="plan")
+    g = c.plan.graph
+    arrays = {p.value.name: init_array(p.value.name, p.value.type.shape, p.init.kind, p.init.args, p.init.fan_in,
+                                       p.init.fan_out, 1, np.float32) for p in g.params}  # fmt: skip
+    rng = np.random.default_rng(0)
+    feeds = {d.value.name: rng.random(d.value.type.shape, np.float32) if d.kind == "input"
+             else rng.integers(0, d.classes, d.value.type.shape) if d.kind == "label" else np.int64(0)
+             for d in g.inputs}  # fmt: skip
+    plain = gpu_runner.GpuRunner(EmulatedDriver(tmp_path / "plain"), c.plan, None, arrays)
+    timed = gpu_runner.GpuRunner(EmulatedDriver(tmp_path / "timed"), c.plan, None, arrays)
+    plain.run("train", feeds)
+    timings = timed.profile("train", feeds)
+    assert [launch for launch, _, _ in timings] == [launch for launch, _, _ in timed.calls["train"]]
+    assert all(what == launch.kernel and seconds >= 0 for launch, what, seconds in timings)
+    want, got = plain.arrays(), timed.arrays()
+    assert want.keys() == got.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)

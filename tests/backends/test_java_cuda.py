@@ -247,9 +247,11 @@ def test_kernels_own_and_auto_choose_as_they_say(programs: Path, cuda13: Path, c
     assert "GEMMs: own kernel (--kernels own)" in own["stderr"] and not calls.exists()  # cuBLAS not even loaded
     assert "convolutions: own kernels (--kernels own)" in own["stderr"] and not convolutions.exists()
     auto = run(programs, "Small", "--iters", "1", vendor=[cuda13, cudnn9])
-    assert auto["rc"] == 0 and "GEMMs: cuBLAS 13.0.0; convolutions: cuDNN 9.0.0;" in auto["stderr"]
+    # the device line names each library's file: which of several installed copies the loader took
+    assert auto["rc"] == 0 and (f"GEMMs: cuBLAS 13.0.0 ({cuda13}/libcublas.so.13); convolutions: cuDNN 9.0.0 "
+                                f"({cudnn9}/libcudnn_graph.so.9);") in auto["stderr"]  # fmt: skip
     no_cudnn = run(programs, "Small", "--iters", "1", vendor=[cuda13])
-    assert no_cudnn["rc"] == 0 and "GEMMs: cuBLAS 13.0.0; convolutions: own kernels (cuDNN does" in no_cudnn["stderr"]
+    assert no_cudnn["rc"] == 0 and "libcublas.so.13); convolutions: own kernels (cuDNN does" in no_cudnn["stderr"]
     without = run(programs, "Small", "--iters", "1")
     assert without["rc"] == 0
     assert "GEMMs: own kernel (cuBLAS does not load (libcudart.so.13 not found))" in without["stderr"]

@@ -136,8 +136,7 @@ class GpuRunner:
         """One run of `step` ("train", "infer" or "eval") on `feeds` (input value -> array): its outputs and device
         seconds."""
         s = self.steps[step]
-        for name, dtype in s.inputs.items():
-            self.driver.upload(self.tensors[f"{step}:{name}"], np.ascontiguousarray(feeds[name], dtype))
+        self._upload(step, feeds)
         with self.driver.timed() as clock:
             for launch, pointers, bound in self.calls[step]:
                 if bound is None:
@@ -154,6 +153,25 @@ class GpuRunner:
             outputs[name] = a
         self.free_low = min(self.free_low, self.driver.free_bytes())
         return outputs, clock.seconds
+
+    def profile(self, step: str, feeds: dict[str, np.ndarray]) -> list[tuple[Launch, str, float]]:
+        """One run of `step` with each launch timed on its own (device events around it, so the launches do not
+        overlap): (launch, what ran: its kernel or the vendor routine, device seconds), in program order. The
+        device-to-device copies after the launches are left out."""
+        self._upload(step, feeds)
+        timings = []
+        for launch, pointers, bound in self.calls[step]:
+            with self.driver.timed() as clock:
+                if bound is None:
+                    self.driver.launch(launch, pointers)
+                else:
+                    bound.run()
+            timings.append((launch, launch.kernel if bound is None else bound.what, clock.seconds))
+        return timings
+
+    def _upload(self, step: str, feeds: dict[str, np.ndarray]) -> None:
+        for name, dtype in self.steps[step].inputs.items():
+            self.driver.upload(self.tensors[f"{step}:{name}"], np.ascontiguousarray(feeds[name], dtype))
 
     def close(self) -> None:
         self.driver.close()
