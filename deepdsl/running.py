@@ -104,6 +104,7 @@ def run_training(
     out["peak_bytes"] = result.peak_bytes
     out["arena_bytes"] = result.arena_bytes
     out["seconds_per_iter"] = result.seconds_per_iter
+    out["step_seconds"] = result.step_seconds
     if result.gpu_memory_bytes is not None:
         out["gpu_memory_bytes"] = result.gpu_memory_bytes
         out["gpu_planned_bytes"] = result.gpu_planned_bytes

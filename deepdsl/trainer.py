@@ -41,6 +41,7 @@ class TrainResult:
     peak_bytes: int = 0  # what one step holds: parameters, state, optimizer state, inputs, constants and the arena
     arena_bytes: int = 0  # the arena (gradients, activations, workspace): the step's temporaries
     seconds_per_iter: float = 0.0
+    step_seconds: list[float] = field(default_factory=list)  # each step's wall clock, its batch's feeding included
     gpu_memory_bytes: int | None = None  # on a GPU: the memory the runner took, as cuMemGetInfo measured it
     gpu_planned_bytes: int | None = None  # and what it allocated: the arena and every tensor
     # of the arena, the most scratch one vendor library call took (cuDNN's algorithm within the planned workspace)
@@ -201,6 +202,7 @@ class Trainer:
             if result.learning_rates is not None:
                 result.learning_rates.append(self.learning_rate(self.step_count))
             loss, peak, arena = self.step(k + 1)
+            result.step_seconds.append(time.perf_counter() - t0)
             result.losses.append(loss)
             if save_to is not None and cfg.save_every and (k + 1) % cfg.save_every == 0:
                 self.save(save_to)

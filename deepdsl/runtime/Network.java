@@ -1123,10 +1123,10 @@ public abstract class Network {
     if (measured >= 0) {
       s.append(", \"gpu_memory_bytes\": ").append(measured);
     }
-    s.append(", \"step_seconds\": [");
+    s.append(", \"seconds_per_iter\": ").append(secondsPerIter).append(", \"step_seconds\": [");
     for (int i = 0; i < stepSeconds.size(); i++) {
       s.append(i > 0 ? ", " : "").append(stepSeconds.get(i));
     }
-    return s.append("], \"seconds_per_iter\": ").append(secondsPerIter).append("}").toString();
+    return s.append("]}").toString();
   }
 }
