@@ -218,12 +218,16 @@ def _train(
         source = _data_label(kind, args, build.seed)
         report(f"device: {description}  network {program.graph.name}  batch {batch}  data {source}")
 
+    # what a batch holds, for the progress line: images where the first input is [N, C, H, W]
+    first = next((d.value.type for d in program.graph.inputs if d.kind == "input"), None)
+    unit = "images" if first is not None and len(first.shape) == 4 else "samples"
+
     def on_step(k: int, loss: float, seconds: float) -> None:
         if report:
             done = (k + 1) * BAR // max(n, 1)
             rate = batch / seconds if seconds > 0 else math.inf
             report(f"[{'#' * done}{'.' * (BAR - done)}] iter {k + 1:>{len(str(n))}}/{n}  loss {loss:.4f}  "
-                   f"{rate:,.0f} images/s")  # fmt: skip
+                   f"{rate:,.0f} {unit}/s")  # fmt: skip
 
     def on_test(k: int, loss: float, accuracy: float | None) -> None:
         if report:

@@ -505,6 +505,8 @@ public abstract class Network {
     float[] losses = new float[iterations];
     int n = batchSize();
     Buf[] to = batch.toArray(new Buf[0]);
+    // what a batch holds, for the progress line: images where the first input is [N, C, H, W]
+    String unit = to.length > 0 && to[0].shape.length == 4 ? "images" : "samples";
     Long shuffle = settings.shuffle ? settings.seed : null;
     for (int k = 0; k < iterations; k++) {
       batch(iteration, shuffle);
@@ -534,14 +536,15 @@ public abstract class Network {
         int width = Integer.toString(iterations).length();
         progress.printf(
             Locale.ROOT,
-            "[%s%s] iter %" + width + "d/%d  loss %.4f  %s images/s%n",
+            "[%s%s] iter %" + width + "d/%d  loss %.4f  %s %s/s%n",
             "#".repeat(done),
             ".".repeat(BAR - done),
             k + 1,
             iterations,
             loss,
-            // a decimal below 100 images/s, where a whole number would be a coarse step time
-            String.format(Locale.ROOT, n / seconds < 100 ? "%.1f" : "%,.0f", n / seconds));
+            // a decimal below 100 a second, where a whole number would be a coarse step time
+            String.format(Locale.ROOT, n / seconds < 100 ? "%.1f" : "%,.0f", n / seconds),
+            unit);
         boolean testNow =
             settings.testEvery > 0 && (k + 1) % settings.testEvery == 0 && k + 1 < iterations;
         double[] tested = testNow ? test(settings.testIterations) : null;

@@ -203,6 +203,8 @@ def test_progress_lines_and_usage_errors(programs: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("device: cpu (Java")
     assert "iter 2/2  loss " in r.stdout and "images/s" in r.stdout and "test accuracy:" in r.stdout
+    r = java(programs / "build", "Regression", "--data", "synthetic", "--iters", "1", cwd=programs)
+    assert r.returncode == 0 and "samples/s" in r.stdout and "images/s" not in r.stdout, r.stderr  # x : [N, D]
     r = java(programs / "build", "MLP", "--iters", "many", cwd=programs)
     assert r.returncode == 2 and "--iters" in r.stderr
     assert java(programs / "build", "MLP", "--frobnicate", cwd=programs).returncode == 2

@@ -132,6 +132,9 @@ def test_run_reports_progress_and_accuracy(cli, tmp_path) -> None:  # noqa: ANN0
             "--save", str(out))  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "device: cpu" in r.stdout and "iter 2/2  loss" in r.stdout and "images/s" in r.stdout
+    # a network whose first input is not [N, C, H, W] counts samples
+    rows = cli("run", str(ROOT / "networks" / "regression.ddsl"), "--iters", "1", "--data", "synthetic")
+    assert rows.exit_code == 0 and "samples/s" in rows.stdout and "images/s" not in rows.stdout, rows.output
     assert "test accuracy:" in r.stdout
     saved = np.load(out)
     assert "fc1.W" in saved.files and "opt/fc1.W/momentum" in saved.files
