@@ -109,6 +109,7 @@ def run_training(
         out["gpu_memory_bytes"] = result.gpu_memory_bytes
         out["gpu_planned_bytes"] = result.gpu_planned_bytes
         out["gpu_vendor_workspace_bytes"] = result.gpu_vendor_workspace_bytes
+        out["gpu_vendor_scratch_bytes"] = result.gpu_vendor_scratch_bytes
     return out
 
 

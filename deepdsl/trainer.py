@@ -43,9 +43,11 @@ class TrainResult:
     seconds_per_iter: float = 0.0
     step_seconds: list[float] = field(default_factory=list)  # each step's wall clock, its batch's feeding included
     gpu_memory_bytes: int | None = None  # on a GPU: the memory the runner took, as cuMemGetInfo measured it
-    gpu_planned_bytes: int | None = None  # and what it allocated: the arena and every tensor
-    # of the arena, the most scratch one vendor library call took (cuDNN's algorithm within the planned workspace)
+    gpu_planned_bytes: int | None = None  # and what it allocated: the arena, every tensor and cuDNN's shared scratch
+    # the most scratch one vendor library call took (cuDNN's algorithm within the workspace limit)
     gpu_vendor_workspace_bytes: int | None = None
+    # the scratch allocated beside the arena for algorithms that want more than their statement's planned workspace
+    gpu_vendor_scratch_bytes: int | None = None
 
 
 class Trainer:
@@ -222,6 +224,7 @@ class Trainer:
             result.gpu_memory_bytes = self.gpu.measured_bytes
             result.gpu_planned_bytes = self.gpu.planned_bytes
             result.gpu_vendor_workspace_bytes = self.gpu.vendor_workspace_bytes
+            result.gpu_vendor_scratch_bytes = self.gpu.vendor_scratch_bytes
         return result
 
     # ---- parameter files (DESIGN §9) ----

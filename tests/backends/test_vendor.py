@@ -553,6 +553,48 @@ def test_which_launches_go_to_the_vendor_libraries(tmp_path: Path, cublas_folder
     runner.close()
 
 
+ONE_BY_ONE = """network OneByOne
+input x : [2, 3, 6, 6]
+label y : [2] classes 4
+layer cv = conv(5, kernel=1)
+layer fc = full(4)
+net = fc o flatten o relu o cv
+loss = softmax_cross_entropy(net(x), y)
+train { data = synthetic(seed=2) optimizer = sgd(lr=0.05, momentum=0.9) iterations = 2 seed = 1 }
+"""
+
+
+@pytest.mark.parametrize("limit", [None, 0])
+def test_an_algorithm_wanting_more_than_the_plan_gave_takes_the_shared_scratch(
+    tmp_path: Path, cublas_folder: Path, limit: int | None
+) -> None:
+    """A 1x1 convolution needs no workspace on the CPU, so the plan gives it none; cuDNN's first algorithm (the
+    stand-in's IMPLICIT_PRECOMP_GEMM: one image's columns) wants some. Within the workspace limit (none set: 1 GiB)
+    it runs in one scratch the runner allocates beside the arena, counted in the planned GPU bytes, and the losses
+    are NumPy's; under --workspace-limit 0 cuDNN gets an algorithm without scratch and there is no scratch."""
+    build = api.build(api.compile_source(ONE_BY_ONE, "one.ddsl", {}).program, api.Options(workspace_limit=limit))
+    conv = next(s.out.name for s in build.train_plan.graph.stmts if s.op == "conv2d")
+    assert conv not in build.train_plan.workspace
+    arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
+    runner = gpu_runner.GpuRunner(EmulatedDriver(tmp_path / "r", vendor=open_vendor("vendor", [cublas_folder])),
+                                  build.train_plan, build.infer_plan, arrays)  # fmt: skip
+    served = {x.op: b for x, _, b in runner.calls["train"] if b is not None}
+    if limit is None:
+        assert served["conv2d"].what == "cudnnConvolutionForward IMPLICIT_PRECOMP_GEMM" and served["conv2d"].scratch
+        assert runner.vendor_scratch_bytes == max(b.workspace for b in served.values() if b.scratch) > 0
+    else:
+        assert served["conv2d"].what == "cudnnConvolutionForward IMPLICIT_GEMM"
+        assert runner.vendor_scratch_bytes == 0
+    assert runner.planned_bytes == runner.arena_bytes + runner.tensor_bytes + runner.vendor_scratch_bytes
+    runner.close()
+    want = run_training(build, iters=3, data_flag="synthetic", device="cpu")
+    driver = EmulatedDriver(tmp_path / "t", vendor=open_vendor("vendor", [cublas_folder]))
+    got = run_training(build, iters=3, data_flag="synthetic", driver=driver)
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4, atol=1e-6)
+    assert (got["gpu_vendor_scratch_bytes"] > 0) == (limit is None)
+    assert got["gpu_memory_bytes"] == got["gpu_planned_bytes"]  # the stand-in counts bytes
+
+
 # ---- --kernels on the command line ----
 
 

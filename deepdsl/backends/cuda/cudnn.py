@@ -5,9 +5,9 @@ and `...Backward`, softmax (`Softmax`, `SoftmaxBackward`: accurate or log, over 
 `cudnnSoftmaxForward` / `...Backward`, and LRN (`Lrn`, `LrnBackward`) as `cudnnLRNCrossChannelForward` / `...Backward`.
 
 Each call gets its descriptors once, when the runner starts, and a convolution its algorithm: the first that the
-call's `_v7` query proposes (cuDNN's heuristic order) whose scratch fits the workspace the plan gave the statement
-(memory/plan.py, bounded by --workspace-limit; zero where the plan gave none), so cuDNN's scratch is arena the plan
-already counts. Math is `CUDNN_FMA_MATH`: float32 without TF32, as the other runners compute. The legacy calls are
+call's `_v7` query proposes (cuDNN's heuristic order) whose scratch is at most what the caller allows
+(vendor.py: the workspace limit, or the statement's planned workspace where that is larger). Math is
+`CUDNN_FMA_MATH`: float32 without TF32, as the other runners compute. The legacy calls are
 deprecated in cuDNN 9 but exported; they live in this one module, so a move to the graph API stays local.
 
 Max pooling is `CUDNN_POOLING_MAX_DETERMINISTIC` with NaN propagated (as np.maximum does). Where a window holds

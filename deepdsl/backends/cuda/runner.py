@@ -56,6 +56,11 @@ class _Step:
     inputs: dict[str, np.dtype]  # input value -> its dtype on the GPU
 
 
+# the most scratch one cuDNN convolution may take where the plan sets no workspace limit (as the Java CUDA device's
+# default WORKSPACE_LIMIT): cuDNN's fast algorithms want more than the CPU's im2col the plan gives a convolution
+VENDOR_WORKSPACE_LIMIT = 1 << 30
+
+
 class GpuRunner:
     """The training (and inference) program of a network on one GPU: one arena, persistent tensors, kernels."""
 
@@ -92,14 +97,21 @@ class GpuRunner:
         self.calls = {name: [self._call(name, x) for x in s.program.launches] for name, s in self.steps.items()}
         bound = [b for c in self.calls.values() for _, _, b in c if b is not None]
         self.vendor_launches = len(bound)
-        # the most scratch one vendor call takes: a part of its statement's planned workspace, in the arena
+        # the most scratch one vendor call takes: a part of its statement's planned workspace, in the arena, or where
+        # cuDNN's algorithm wants more than the plan gave (within the workspace limit), the one shared scratch
         self.vendor_workspace_bytes = max((b.workspace for b in bound), default=0)
+        self.vendor_scratch_bytes = driver.vendor.scratch_bytes
+        if self.vendor_scratch_bytes:
+            driver.vendor.scratch = driver.alloc(self.vendor_scratch_bytes)
+            self.free_low = driver.free_bytes()
 
     def _call(self, step: str, x: Launch) -> tuple[Launch, list[int], Bound | None]:
         pointers = [self._pointer(step, a) for a in x.args]
-        ws = self.steps[step].plan.workspace.get(x.stmt)
+        plan = self.steps[step].plan
+        ws = plan.workspace.get(x.stmt)
         workspace = (self.arena + ws.offset, ws.nbytes) if ws is not None else (0, 0)
-        return x, pointers, self.driver.vendor.bind(x.vendor, pointers, workspace)
+        limit = VENDOR_WORKSPACE_LIMIT if plan.workspace_limit is None else plan.workspace_limit
+        return x, pointers, self.driver.vendor.bind(x.vendor, pointers, workspace, limit)
 
     def _pointer(self, step: str, a: Arg) -> int:
         if a.storage == "arena":
@@ -109,8 +121,9 @@ class GpuRunner:
 
     @property
     def planned_bytes(self) -> int:
-        """What the runner allocates: the arena and every tensor (inputs, parameters, state, constants)."""
-        return self.arena_bytes + self.tensor_bytes
+        """What the runner allocates: the arena, every tensor (inputs, parameters, state, constants) and cuDNN's
+        shared scratch, where an algorithm wants more than its statement's planned workspace."""
+        return self.arena_bytes + self.tensor_bytes + self.vendor_scratch_bytes
 
     @property
     def measured_bytes(self) -> int:

@@ -91,6 +91,7 @@ class Bound:
     run: Callable[[], None]
     workspace: int
     what: str
+    scratch: bool = False  # the routine's scratch is the runner's shared scratch (Vendor.scratch), not the arena's
 
 
 class Vendor:
@@ -102,6 +103,10 @@ class Vendor:
         self.cublas, self.cudnn = cublas, cudnn
         self.strict = strict  # `--kernels vendor`: a call the library refuses is an error, not our kernel
         self.missing = tuple(missing)  # under auto: the libraries that did not load, and why
+        # a convolution whose algorithm needs more scratch than the plan gave its statement takes this one, which the
+        # runner allocates once (`scratch_bytes`, the most any such call needs) and whose address it sets here
+        self.scratch_bytes = 0
+        self.scratch = 0
 
     @property
     def description(self) -> str:
@@ -112,28 +117,33 @@ class Vendor:
         return text + (f" ({'; '.join(self.missing)})" if self.missing else "")
 
     def bind(
-        self, call: VendorCall | None, pointers: Sequence[int], workspace: tuple[int, int] = (0, 0)
+        self, call: VendorCall | None, pointers: Sequence[int], workspace: tuple[int, int] = (0, 0), limit: int = 0
     ) -> Bound | None:
         """The vendor routine for a launch of `call` on `pointers` (its output, then its inputs), with the statement's
-        planned workspace (address, bytes); None where no loaded library serves it (our kernel runs), and under
-        `auto` also where the library refuses the call (no algorithm within the workspace, a descriptor it does not
-        take); under `vendor` that refusal is the error."""
+        planned workspace (address, bytes) and the most scratch a convolution's algorithm may take (`limit`, the
+        plan's --workspace-limit; the planned workspace where it is larger); None where no loaded library serves it
+        (our kernel runs), and under `auto` also where the library refuses the call (no algorithm within the limit, a
+        descriptor it does not take); under `vendor` that refusal is the error."""
         try:
-            return self._bind(call, pointers, workspace)
+            return self._bind(call, pointers, workspace, limit)
         except DslProgramError:
             if self.strict:
                 raise
             return None
 
-    def _bind(self, call: VendorCall | None, pointers: Sequence[int], workspace: tuple[int, int]) -> Bound | None:
+    def _bind(self, call: VendorCall | None, pointers: Sequence[int], workspace: tuple[int, int],
+              limit: int) -> Bound | None:  # fmt: skip
         if isinstance(call, Gemm) and self.cublas is not None:
             gemm, cublas, (c, a, b) = call, self.cublas, pointers[:3]
             return Bound(lambda: cublas.gemm(gemm, c, a, b), 0, "cuBLAS SGEMM")
         if isinstance(call, ConvForward | ConvBackwardData | ConvBackwardFilter) and self.cudnn is not None:
             cudnn, (out, a, b), (at, nbytes) = self.cudnn, pointers[:3], workspace
-            conv = cudnn.prepare(call, nbytes)
-            return Bound(lambda: cudnn.convolve(conv, out, a, b, at), conv.workspace,
-                         f"{conv.call} {conv.algorithm}")  # fmt: skip
+            conv = cudnn.prepare(call, max(nbytes, limit))
+            what = f"{conv.call} {conv.algorithm}"
+            if conv.workspace <= nbytes:  # in the statement's planned workspace
+                return Bound(lambda: cudnn.convolve(conv, out, a, b, at), conv.workspace, what)
+            self.scratch_bytes = max(self.scratch_bytes, conv.workspace)
+            return Bound(lambda: cudnn.convolve(conv, out, a, b, self.scratch), conv.workspace, what, scratch=True)
         if isinstance(call, ConvBackwardBias) and self.cudnn is not None:
             cudnn, (db, dy), descriptors = self.cudnn, pointers[:2], self.cudnn.prepare_bias(call)
             return Bound(lambda: cudnn.bias(descriptors, db, dy), 0, "cudnnConvolutionBackwardBias")
