@@ -330,7 +330,7 @@ def test_convolutions_through_cudnn_give_the_cpu_devices_losses(
         got = run(programs, name, *args, vendor=[cuda13, cudnn9], convolutions=convolutions,
                   extra={"FAKE_CUDA_GRAPH_LAUNCHES": str(counts)})  # fmt: skip
         assert got["rc"] == 0, got["stderr"]
-        assert "convolutions: cuDNN 9.0.0;" in got["stderr"]
+        assert "convolutions: cuDNN 9.0.0 (" in got["stderr"]
         np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
         assert got["test_accuracy"] == pytest.approx(want["test_accuracy"])
         done[flag], memory = int(convolutions.read_text()), got["gpu_memory_bytes"]
