@@ -767,6 +767,21 @@ public final class CudaDevice implements Device {
   }
 
   @Override
+  public void avgPool2d(Buf out, Buf x, int[] kernel, int[] pad, int[] stride) {
+    int[] y = out.shape;
+    if (dnn(
+        key("avgPool", x.shape, y, kernel, pad, stride),
+        false,
+        () -> dnn.pooling(CudaDnn.AVG_POOL, x.shape, y, kernel, pad, stride),
+        o -> dnn.forward(o, address(out), address(x)))) {
+      return;
+    }
+    launch(
+        "dd_k_avg_pool2d", elements(out.numel()), THREADS, new Buf[] {out, x},
+        pool(x.shape, out.shape, kernel, pad, stride));
+  }
+
+  @Override
   public void avgPool2dBackward(
       Buf out, Buf g, int[] inShape, int[] kernel, int[] pad, int[] stride) {
     // cuDNN reads neither x nor y here: dx and dy stand for them (their sizes)
