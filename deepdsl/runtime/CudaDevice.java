@@ -85,8 +85,9 @@ import jcuda.nvrtc.nvrtcProgram;
  * replayed with one {@code cuGraphLaunch} a step. What is not capturable stays outside: the batch,
  * the settings, the learning rate and the step counter of the dropout masks are copied into the
  * same device buffers before the launch (the kernels read them there), the loss is read after it.
- * cuBLAS works on the same stream, so its GEMMs are captured too. It is not used under {@code
- * --no-graph}, nor for a step that reads a tensor on the host (a print added to the program) or works on
+ * cuBLAS and cuDNN work on the same stream, so their calls are captured too (a cuDNN call's
+ * descriptors are made at its first use, in the warm-up step, never while capturing). It is not
+ * used under {@code --no-graph}, nor for a step that reads a tensor on the host (a print added to the program) or works on
  * after reading its loss: the capture is dropped before anything of it ran, and the steps run call
  * for call.
  *
