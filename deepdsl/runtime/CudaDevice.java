@@ -114,7 +114,7 @@ public final class CudaDevice implements Device {
   // the descriptors of each pooling, softmax and LRN, by the op and its sizes (forward and backward
   // share them); and of each call (an op's forward or backward), whether cuDNN took it at its first
   // use (false: refused under --kernels auto, our kernel runs it)
-  private final Map<String, CudaDnn.Op> ops = new HashMap<>();
+  private final Map<String, CudaDnnOps.Op> ops = new HashMap<>();
   private final Map<String, Boolean> taken = new HashMap<>();
   private CUdeviceptr scratch; // cuDNN's workspace: the most any chosen algorithm needs
   private long scratchBytes;
@@ -692,7 +692,7 @@ public final class CudaDevice implements Device {
    * at its first use; under {@code vendor} that refusal is an error.
    */
   private boolean dnn(
-      String key, boolean backward, Supplier<CudaDnn.Op> prepare, Consumer<CudaDnn.Op> call) {
+      String key, boolean backward, Supplier<CudaDnnOps.Op> prepare, Consumer<CudaDnnOps.Op> call) {
     if (dnn == null) {
       return false;
     }
@@ -709,7 +709,7 @@ public final class CudaDevice implements Device {
       throw new NotCapturable("a cuDNN call is met for the first time");
     }
     try {
-      CudaDnn.Op o = ops.get(key);
+      CudaDnnOps.Op o = ops.get(key);
       if (o == null) {
         o = prepare.get();
         ops.put(key, o);
@@ -743,8 +743,8 @@ public final class CudaDevice implements Device {
     if (dnn(
         key("maxPool", x.shape, y, kernel, pad, stride),
         false,
-        () -> dnn.pooling(CudaDnn.MAX_POOL, x.shape, y, kernel, pad, stride),
-        o -> dnn.forward(o, address(out), address(x)))) {
+        () -> dnn.ops.pooling(CudaDnnOps.MAX_POOL, x.shape, y, kernel, pad, stride),
+        o -> dnn.ops.forward(o, address(out), address(x)))) {
       return;
     }
     launch(
@@ -758,8 +758,8 @@ public final class CudaDevice implements Device {
     if (dnn(
         key("maxPool", x.shape, g.shape, kernel, pad, stride),
         true,
-        () -> dnn.pooling(CudaDnn.MAX_POOL, x.shape, g.shape, kernel, pad, stride),
-        o -> dnn.backward(o, address(out), address(x), address(y), address(g)))) {
+        () -> dnn.ops.pooling(CudaDnnOps.MAX_POOL, x.shape, g.shape, kernel, pad, stride),
+        o -> dnn.ops.backward(o, address(out), address(x), address(y), address(g)))) {
       return;
     }
     launch(
@@ -773,8 +773,8 @@ public final class CudaDevice implements Device {
     if (dnn(
         key("avgPool", x.shape, y, kernel, pad, stride),
         false,
-        () -> dnn.pooling(CudaDnn.AVG_POOL, x.shape, y, kernel, pad, stride),
-        o -> dnn.forward(o, address(out), address(x)))) {
+        () -> dnn.ops.pooling(CudaDnnOps.AVG_POOL, x.shape, y, kernel, pad, stride),
+        o -> dnn.ops.forward(o, address(out), address(x)))) {
       return;
     }
     launch(
@@ -789,8 +789,8 @@ public final class CudaDevice implements Device {
     if (dnn(
         key("avgPool", inShape, g.shape, kernel, pad, stride),
         true,
-        () -> dnn.pooling(CudaDnn.AVG_POOL, inShape, g.shape, kernel, pad, stride),
-        o -> dnn.backward(o, address(out), address(out), address(g), address(g)))) {
+        () -> dnn.ops.pooling(CudaDnnOps.AVG_POOL, inShape, g.shape, kernel, pad, stride),
+        o -> dnn.ops.backward(o, address(out), address(out), address(g), address(g)))) {
       return;
     }
     launch(
@@ -822,13 +822,13 @@ public final class CudaDevice implements Device {
     String key = key(log ? "logSoftmax" : "softmax", shape);
     if (g == null) {
       return dnn(
-          key, false, () -> dnn.softmax(log, shape), o -> dnn.forward(o, address(out), address(x)));
+          key, false, () -> dnn.ops.softmax(log, shape), o -> dnn.ops.forward(o, address(out), address(x)));
     }
     return dnn(
         key,
         true,
-        () -> dnn.softmax(log, shape),
-        o -> dnn.backward(o, address(out), address(out), address(x), address(g)));
+        () -> dnn.ops.softmax(log, shape),
+        o -> dnn.ops.backward(o, address(out), address(out), address(x), address(g)));
   }
 
   @Override
@@ -926,14 +926,14 @@ public final class CudaDevice implements Device {
       return dnn(
           key,
           false,
-          () -> dnn.lrn(x.shape, size, alpha, beta, k),
-          o -> dnn.forward(o, address(out), address(x)));
+          () -> dnn.ops.lrn(x.shape, size, alpha, beta, k),
+          o -> dnn.ops.forward(o, address(out), address(x)));
     }
     return dnn(
         key,
         true,
-        () -> dnn.lrn(x.shape, size, alpha, beta, k),
-        o -> dnn.backward(o, address(out), address(x), address(y), address(g)));
+        () -> dnn.ops.lrn(x.shape, size, alpha, beta, k),
+        o -> dnn.ops.backward(o, address(out), address(x), address(y), address(g)));
   }
 
   @Override

@@ -9,14 +9,13 @@ import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.FloatBuffer;
 import java.util.ArrayList;
-import java.util.Arrays;
 import java.util.List;
 
 /**
- * The CUDA device's convolutions (forward, backward-data, backward-filter), pooling, softmax and LRN
- * (forward and backward) through cuDNN 9's legacy calls, reached through JavaCPP's CUDA presets
- * ({@code org.bytedeco.cuda.global.cudnn}) as {@link CudaBlas} reaches cuBLAS: by name, so that it
- * compiles without their jars.
+ * The CUDA device's convolutions (forward, backward-data, backward-filter) through cuDNN 9's legacy
+ * calls, reached through JavaCPP's CUDA presets ({@code org.bytedeco.cuda.global.cudnn}) as {@link
+ * CudaBlas} reaches cuBLAS: by name, so that it compiles without their jars; its pooling, softmax
+ * and LRN through {@link CudaDnnOps} ({@link #ops}), on the same handle.
  *
  * <p>Each convolution of the step gets its descriptors and its algorithm once, at its first call
  * (the first step, never captured): the first algorithm that the call's {@code _v7} query proposes
@@ -28,17 +27,7 @@ import java.util.List;
  * program does not take the plan's per-statement workspace); the device allocates the largest
  * scratch a chosen algorithm needs, once, and its measured GPU memory counts it.
  *
- * <p>Pooling, softmax and LRN ({@link Op}) take the Python runner's modes
- * (deepdsl/backends/cuda/cudnn.py): max pooling is {@code CUDNN_POOLING_MAX_DETERMINISTIC} with NaN
- * propagated; where a window holds tied maxima our kernels send its gradient to the first in
- * row-major order, and cuDNN does not document which it picks, so on ties the two may differ in
- * where (not how much) gradient goes. Average pooling counts the padding ({@code
- * CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING}); its backward reads neither X nor Y, which it is
- * given as dX and dY. Softmax is {@code CUDNN_SOFTMAX_ACCURATE} or {@code _LOG} over the channels
- * ({@code CUDNN_SOFTMAX_MODE_CHANNEL}) of {@code [A, D, B, 1]}: axis 1 of {@code [A, D, ...]}, as
- * our kernel. LRN is the cross-channel one, whose window is ours for odd sizes only.
- *
- * <p>Every descriptor is made once, by the call's first use, and destroyed at {@link #close}. A
+ * <p>Every descriptor is made once, by its call's first use, and destroyed at {@link #close}. A
  * device address goes to cuDNN as a plain JavaCPP {@code Pointer} whose address field is set (a
  * {@code void*} parameter: no position arithmetic, no allocation per call).
  */
@@ -73,46 +62,6 @@ final class CudaDnn implements AutoCloseable {
   private static final int CROSS_CORRELATION = 1;
   private static final int FMA_MATH = 3;
   private static final int DETERMINISTIC = 1;
-  private static final int MAX_DETERMINISTIC = 3;
-  private static final int AVERAGE_INCLUDE_PADDING = 1;
-  private static final int PROPAGATE_NAN = 1;
-  private static final int SOFTMAX_ACCURATE = 1;
-  private static final int SOFTMAX_LOG = 2;
-  private static final int SOFTMAX_CHANNEL = 1;
-  private static final int LRN_CROSS_CHANNEL = 0;
-
-  static final int MAX_POOL = 0;
-  static final int AVG_POOL = 1;
-  static final int SOFTMAX = 2;
-  static final int LOG_SOFTMAX = 3;
-  static final int LRN = 4;
-  private static final String[] FORWARDS = {
-    "cudnnPoolingForward", "cudnnPoolingForward", "cudnnSoftmaxForward", "cudnnSoftmaxForward",
-    "cudnnLRNCrossChannelForward"
-  };
-  private static final String[] BACKWARDS = {
-    "cudnnPoolingBackward", "cudnnPoolingBackward", "cudnnSoftmaxBackward", "cudnnSoftmaxBackward",
-    "cudnnLRNCrossChannelBackward"
-  };
-
-  /**
-   * A pooling ({@code MAX_POOL}, {@code AVG_POOL}), softmax ({@code SOFTMAX}, {@code LOG_SOFTMAX})
-   * or LRN call ready to run, forward or backward: its descriptors.
-   */
-  static final class Op {
-    final int kind;
-    final Object op; // the pooling or LRN descriptor; softmax: null
-    final Object x; // x and dx
-    final Object y; // y and dy
-
-    Op(int kind, Object op, Object x, Object y) {
-      this.kind = kind;
-      this.op = op;
-      this.x = x;
-      this.y = y;
-    }
-  }
-
   /** A convolution ready to run: its descriptors, its algorithm and the scratch that needs. */
   static final class Conv {
     final int kind;
@@ -135,35 +84,28 @@ final class CudaDnn implements AutoCloseable {
   }
 
   private final Class<?> cudnn;
-  private final Class<?> contextClass;
-  private final Class<?> tensorClass;
+  final Class<?> contextClass;
+  final Class<?> tensorClass;
   private final Class<?> filterClass;
   private final Class<?> convClass;
   private final ClassLoader loader;
   private final MethodHandle[] calls = new MethodHandle[3];
-  private final MethodHandle poolForward;
-  private final MethodHandle poolBackward;
-  private final MethodHandle softmaxForward;
-  private final MethodHandle softmaxBackward;
-  private final MethodHandle lrnForward;
-  private final MethodHandle lrnBackward;
-  private final Class<?> poolClass;
-  private final Class<?> lrnClass;
   // every descriptor made, with its destroy call, destroyed at close in reverse
   private final List<Object[]> descriptors = new ArrayList<>();
-  private final MethodHandle setAddress; // Pointer.address = long
+  final MethodHandle setAddress; // Pointer.address = long, as (Object, long)void
   private final MethodHandle destroy;
-  private final Object handle;
+  final Object handle;
   private final FloatBuffer ones = scalar(1f); // kept here: the pointers do not hold them
   private final FloatBuffer zeros = scalar(0f);
-  private final Object one;
-  private final Object zero;
+  final Object one;
+  final Object zero;
   private final Object first; // the operands of one call: Pointers whose address is set
   private final Object second;
-  private final Object third;
   private final Object out;
   private final Object scratch;
   private final String version;
+  /** The pooling, softmax and LRN calls. */
+  final CudaDnnOps ops;
 
   /**
    * Loads cuDNN through the presets and creates the handle on the context current on this thread,
@@ -201,8 +143,6 @@ final class CudaDnn implements AutoCloseable {
     tensorClass = type("cudnn.cudnnTensorStruct");
     filterClass = type("cudnn.cudnnFilterStruct");
     convClass = type("cudnn.cudnnConvolutionStruct");
-    poolClass = type("cudnn.cudnnPoolingStruct");
-    lrnClass = type("cudnn.cudnnLRNStruct");
     Class<?> stream = type("cudart.CUstream_st");
     Class<?> pointer = Class.forName("org.bytedeco.javacpp.Pointer", true, loader);
     Class<?> fp = Class.forName("org.bytedeco.javacpp.FloatPointer", true, loader);
@@ -222,18 +162,6 @@ final class CudaDnn implements AutoCloseable {
               pointer, o[2], pointer);
       calls[k] = erased(lookup.findStatic(cudnn, CALLS[k], t));
     }
-    Class<?> t = tensorClass;
-    Class<?> p = pointer;
-    Class<?> c = contextClass;
-    poolForward = handle(lookup, "cudnnPoolingForward", c, poolClass, p, t, p, p, t, p);
-    poolBackward =
-        handle(lookup, "cudnnPoolingBackward", c, poolClass, p, t, p, t, p, t, p, p, t, p);
-    softmaxForward = handle(lookup, "cudnnSoftmaxForward", c, i, i, p, t, p, p, t, p);
-    softmaxBackward = handle(lookup, "cudnnSoftmaxBackward", c, i, i, p, t, p, t, p, p, t, p);
-    lrnForward = handle(lookup, "cudnnLRNCrossChannelForward", c, lrnClass, i, p, t, p, p, t, p);
-    lrnBackward =
-        handle(
-            lookup, "cudnnLRNCrossChannelBackward", c, lrnClass, i, p, t, p, t, p, t, p, p, t, p);
     Field address = pointer.getDeclaredField("address");
     address.setAccessible(true);
     setAddress = MethodHandles.lookup().unreflectSetter(address).asType(
@@ -253,12 +181,12 @@ final class CudaDnn implements AutoCloseable {
     zero = fp.getConstructor(FloatBuffer.class).newInstance(zeros);
     first = pointer.getConstructor().newInstance();
     second = pointer.getConstructor().newInstance();
-    third = pointer.getConstructor().newInstance();
     out = pointer.getConstructor().newInstance();
     scratch = pointer.getConstructor().newInstance();
+    ops = new CudaDnnOps(this);
   }
 
-  private Class<?> type(String name) throws ClassNotFoundException {
+  Class<?> type(String name) throws ClassNotFoundException {
     return Class.forName("org.bytedeco.cuda." + name, true, loader);
   }
 
@@ -266,9 +194,16 @@ final class CudaDnn implements AutoCloseable {
     return ByteBuffer.allocateDirect(4).order(ByteOrder.nativeOrder()).asFloatBuffer().put(0, v);
   }
 
-  private MethodHandle handle(MethodHandles.Lookup lookup, String name, Class<?>... params)
-      throws ReflectiveOperationException {
-    return erased(lookup.findStatic(cudnn, name, MethodType.methodType(int.class, params)));
+  /** The cuDNN call {@code name} of {@code params}, returning its status, its objects erased. */
+  MethodHandle handle(String name, Class<?>... params) throws ReflectiveOperationException {
+    MethodType t = MethodType.methodType(int.class, params);
+    return erased(MethodHandles.publicLookup().findStatic(cudnn, name, t));
+  }
+
+  /** A JavaCPP {@code Pointer} whose address {@link #setAddress} sets. */
+  Object pointer() throws ReflectiveOperationException {
+    Class<?> pointer = Class.forName("org.bytedeco.javacpp.Pointer", true, loader);
+    return pointer.getConstructor().newInstance();
   }
 
   private static MethodHandle erased(MethodHandle h) {
@@ -281,7 +216,7 @@ final class CudaDnn implements AutoCloseable {
     return h.asType(t);
   }
 
-  private static void check(String call, Object status) {
+  static void check(String call, Object status) {
     if ((Integer) status != 0) {
       throw new IllegalStateException(call + " returned cuDNN status " + status);
     }
@@ -292,7 +227,7 @@ final class CudaDnn implements AutoCloseable {
     return "cuDNN " + version + CudaBlas.loadedFrom("libcudnn_graph.so");
   }
 
-  private Object call(String name, Class<?>[] types, Object... args) {
+  Object call(String name, Class<?>[] types, Object... args) {
     try {
       Object status = cudnn.getMethod(name, types).invoke(null, args);
       check(name, status);
@@ -302,14 +237,16 @@ final class CudaDnn implements AutoCloseable {
     }
   }
 
-  private Object descriptor(Class<?> type, String kind) throws ReflectiveOperationException {
+  /** A new descriptor of {@code kind} ({@code Tensor}, {@code LRN}, ...), destroyed at close. */
+  Object descriptor(Class<?> type, String kind) throws ReflectiveOperationException {
     Object d = type.getConstructor().newInstance();
     call("cudnnCreate" + kind + "Descriptor", new Class<?>[] {type}, d);
     descriptors.add(new Object[] {"cudnnDestroy" + kind + "Descriptor", type, d});
     return d;
   }
 
-  private void tensor(Object d, int n, int c, int h, int w) {
+  /** Sets {@code d} to a float32 NCHW tensor of {@code [n, c, h, w]}. */
+  void tensor(Object d, int n, int c, int h, int w) {
     Class<?> i = int.class;
     call(
         "cudnnSetTensor4dDescriptor",
@@ -440,141 +377,6 @@ final class CudaDnn implements AutoCloseable {
     if (status != 0) {
       throw new IllegalStateException(CALLS[c.kind] + " returned cuDNN status " + status);
     }
-  }
-
-  /**
-   * The pooling {@code kind} ({@code MAX_POOL} or {@code AVG_POOL}) of x {@code [N, C, H, W]} into
-   * y: its descriptors, y checked against cuDNN's own output size.
-   */
-  Op pooling(int kind, int[] x, int[] y, int[] kernel, int[] pad, int[] stride) {
-    Class<?> i = int.class;
-    try {
-      Object pd = descriptor(poolClass, "Pooling");
-      Object xd = descriptor(tensorClass, "Tensor");
-      Object yd = descriptor(tensorClass, "Tensor");
-      int mode = kind == MAX_POOL ? MAX_DETERMINISTIC : AVERAGE_INCLUDE_PADDING;
-      call(
-          "cudnnSetPooling2dDescriptor",
-          new Class<?>[] {poolClass, i, i, i, i, i, i, i, i},
-          pd, mode, PROPAGATE_NAN, kernel[0], kernel[1], pad[0], pad[1], stride[0], stride[1]);
-      tensor(xd, x[0], x[1], x[2], x[3]);
-      int[][] dims = {{0}, {0}, {0}, {0}};
-      Class<?> a = int[].class;
-      call(
-          "cudnnGetPooling2dForwardOutputDim",
-          new Class<?>[] {poolClass, tensorClass, a, a, a, a},
-          pd, xd, dims[0], dims[1], dims[2], dims[3]);
-      int[] got = {dims[0][0], dims[1][0], dims[2][0], dims[3][0]};
-      if (!Arrays.equals(got, y)) {
-        throw new IllegalStateException(
-            "cuDNN makes the pooling of "
-                + Arrays.toString(x)
-                + " an output of "
-                + Arrays.toString(got)
-                + ", not "
-                + Arrays.toString(y));
-      }
-      tensor(yd, y[0], y[1], y[2], y[3]);
-      return new Op(kind, pd, xd, yd);
-    } catch (ReflectiveOperationException e) {
-      throw new IllegalStateException("cuDNN's pooling descriptors failed", e);
-    }
-  }
-
-  /**
-   * The softmax ({@code log}: log-softmax) over axis 1 of {@code shape} {@code [A, D, ...]}, as
-   * cuDNN's over the channels of {@code [A, D, B, 1]}, B the product of the axes after D.
-   */
-  Op softmax(boolean log, int[] shape) {
-    int b = 1;
-    for (int k = 2; k < shape.length; k++) {
-      b *= shape[k];
-    }
-    try {
-      Object d = descriptor(tensorClass, "Tensor");
-      tensor(d, shape[0], shape[1], b, 1);
-      return new Op(log ? LOG_SOFTMAX : SOFTMAX, null, d, d);
-    } catch (ReflectiveOperationException e) {
-      throw new IllegalStateException("cuDNN's softmax descriptor failed", e);
-    }
-  }
-
-  /** The cross-channel LRN of x {@code [N, C, H, W]} (an odd {@code size}). */
-  Op lrn(int[] x, int size, double alpha, double beta, double k) {
-    Class<?> d = double.class;
-    try {
-      Object ld = descriptor(lrnClass, "LRN");
-      Object xd = descriptor(tensorClass, "Tensor");
-      call(
-          "cudnnSetLRNDescriptor",
-          new Class<?>[] {lrnClass, int.class, d, d, d},
-          ld, size, alpha, beta, k);
-      tensor(xd, x[0], x[1], x[2], x[3]);
-      return new Op(LRN, ld, xd, xd);
-    } catch (ReflectiveOperationException e) {
-      throw new IllegalStateException("cuDNN's LRN descriptors failed", e);
-    }
-  }
-
-  /** {@code y = o(x)} at device addresses. */
-  void forward(Op o, long y, long x) {
-    int status;
-    try {
-      setAddress.invokeExact(first, x);
-      setAddress.invokeExact(out, y);
-      if (o.kind == MAX_POOL || o.kind == AVG_POOL) {
-        status = (int) poolForward.invokeExact(handle, o.op, one, o.x, first, zero, o.y, out);
-      } else if (o.kind == LRN) {
-        status =
-            (int)
-                lrnForward.invokeExact(
-                    handle, o.op, LRN_CROSS_CHANNEL, one, o.x, first, zero, o.y, out);
-      } else {
-        int algo = o.kind == LOG_SOFTMAX ? SOFTMAX_LOG : SOFTMAX_ACCURATE;
-        status =
-            (int)
-                softmaxForward.invokeExact(
-                    handle, algo, SOFTMAX_CHANNEL, one, o.x, first, zero, o.y, out);
-      }
-    } catch (Throwable e) {
-      throw new IllegalStateException(FORWARDS[o.kind] + " failed", e);
-    }
-    check(FORWARDS[o.kind], status);
-  }
-
-  /**
-   * {@code dx} of {@code o} at device addresses, from x, y and dy (softmax reads y and dy; average
-   * pooling dy alone: x and y may be anything of their size).
-   */
-  void backward(Op o, long dx, long x, long y, long dy) {
-    int status;
-    try {
-      setAddress.invokeExact(first, y);
-      setAddress.invokeExact(second, dy);
-      setAddress.invokeExact(third, x);
-      setAddress.invokeExact(out, dx);
-      if (o.kind == MAX_POOL || o.kind == AVG_POOL) {
-        status =
-            (int)
-                poolBackward.invokeExact(
-                    handle, o.op, one, o.y, first, o.y, second, o.x, third, zero, o.x, out);
-      } else if (o.kind == LRN) {
-        status =
-            (int)
-                lrnBackward.invokeExact(
-                    handle, o.op, LRN_CROSS_CHANNEL, one, o.y, first, o.y, second, o.x, third,
-                    zero, o.x, out);
-      } else {
-        int algo = o.kind == LOG_SOFTMAX ? SOFTMAX_LOG : SOFTMAX_ACCURATE;
-        status =
-            (int)
-                softmaxBackward.invokeExact(
-                    handle, algo, SOFTMAX_CHANNEL, one, o.y, first, o.y, second, zero, o.x, out);
-      }
-    } catch (Throwable e) {
-      throw new IllegalStateException(BACKWARDS[o.kind] + " failed", e);
-    }
-    check(BACKWARDS[o.kind], status);
   }
 
   /** Destroys every descriptor made, then the handle. */
