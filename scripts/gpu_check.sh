@@ -7,7 +7,7 @@
 #                     LeNet, a batch-norm/residual network, a network with concat, dropout and a tensor function)
 #                     and the GPU memory it took against the plan
 #   java_*.json       the generated Java programs on their CUDA device (LeNet and ResNet-50 at batch 64; each also
-#                     with its GEMMs through cuBLAS and convolutions through cuDNN, java_lenet_cublas.json and
+#                     with its GEMMs through cuBLAS, convolutions and pooling through cuDNN, java_lenet_cublas.json and
 #                     java_resnet50_vendor.json, and LeNet without the CUDA graph of its train step,
 #                     java_lenet_nograph.json)
 #   agreement.json    their losses against the NumPy runner (LeNet, each way) and the PyCUDA runner (ResNet-50, own and
@@ -117,7 +117,7 @@ timeout 120 "$JAVA" -cp "$CP" LeNet --device cuda --kernels own --no-graph --dat
   --json >"$OUT/java_lenet_nograph.json"
 result "java LeNet --device cuda --kernels own --no-graph" $?
 
-step "the Java CUDA device with its GEMMs through cuBLAS and its convolutions through cuDNN: LeNet --kernels vendor"
+step "the Java CUDA device with its GEMMs through cuBLAS and its convolutions and pooling through cuDNN: LeNet --kernels vendor"
 # the CUDA 13 and cuDNN 9 libraries: in a dry run the stand-ins in $G/fake, on the GPU machine those of PyTorch's
 # nvidia wheels
 CUBLAS_LIBS=$G/fake

@@ -69,6 +69,9 @@ class JavaCall:
     params: tuple[tuple[str, str], ...]
     device: str = ""  # the Device method the generated step calls (java_call sets it)
     keys: tuple[str, ...] = ()  # the statement attribute of each attribute parameter (java_call sets them)
+    # the step calls the Device method even where the op has a CUDA form the backends would write as a kernel
+    # (avg_pool2d: the CUDA device sends it to cuDNN, our kernel where it cannot)
+    called: bool = False
 
     @property
     def inputs_as_array(self) -> bool:
@@ -207,18 +210,22 @@ def eager_saves(*names: str, which: tuple[int | str, ...] = (), extra: Callable 
         _attach(name, "saves")(Saves(which, extra))
 
 
-def java_call(name: str, params: str = "", cls: str = "CpuOps", device: str | None = None) -> None:
+def java_call(
+    name: str, params: str = "", cls: str = "CpuOps", device: str | None = None, called: bool = False
+) -> None:
     """Declare the runtime method the Java program calls for op `name`: `params` as the Java source writes them
     after the output (`"Buf x, Buf w, int groups, int[] pad"`), in class `cls`, and the Device method a step
     calls, `device` (by default the op's name in camelCase: `conv2d_backward_data` -> `conv2dBackwardData`); each
-    attribute parameter passes the statement attribute of its name in snake_case (`inShape` -> `in_shape`)."""
+    attribute parameter passes the statement attribute of its name in snake_case (`inShape` -> `in_shape`). With
+    `called`, a step calls it even where the op has a CUDA form (which the Java program otherwise runs as a
+    generated kernel)."""
     words = [p.split() for p in params.split(",") if p.strip()]
     assert all(len(w) == 2 for w in words), f"op {name}: Java parameters {params!r} are not 'type name, ...'"
     pairs = tuple((w[0], w[1]) for w in words)
     head, *rest = name.split("_")
     method = device or head + "".join(p[:1].upper() + p[1:] for p in rest)
     keys = tuple(re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", n).lower() for t, n in pairs if t not in ("Buf", "Buf[]"))
-    _attach(name, "java")(JavaCall(cls, pairs, method, keys))
+    _attach(name, "java")(JavaCall(cls, pairs, method, keys, called))
 
 
 def _attach_all(names: tuple[str, ...], field: str) -> Callable[[Callable], Callable]:

@@ -224,7 +224,7 @@ eager_saves("avg_pool2d", "global_avg_pool", which=(0,))
 # the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
 java_call("max_pool2d", "Buf x, int[] kernel, int[] pad, int[] stride")
 java_call("max_pool2d_backward", "Buf x, Buf y, Buf g, int[] kernel, int[] pad, int[] stride")
-java_call("avg_pool2d", "Buf x, int[] kernel, int[] pad, int[] stride")
+java_call("avg_pool2d", "Buf x, int[] kernel, int[] pad, int[] stride", called=True)  # cuDNN's on the CUDA device
 java_call("avg_pool2d_backward", "Buf g, int[] inShape, int[] kernel, int[] pad, int[] stride")
 java_call("global_avg_pool", "Buf x")
 java_call("global_avg_pool_backward", "Buf g, int[] inShape")

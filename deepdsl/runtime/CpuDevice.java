@@ -128,6 +128,11 @@ public final class CpuDevice implements Device {
   }
 
   @Override
+  public void avgPool2d(Buf out, Buf x, int[] kernel, int[] pad, int[] stride) {
+    CpuOps.avg_pool2d(out, x, kernel, pad, stride);
+  }
+
+  @Override
   public void avgPool2dBackward(
       Buf out, Buf g, int[] inShape, int[] kernel, int[] pad, int[] stride) {
     CpuOps.avg_pool2d_backward(out, g, inShape, kernel, pad, stride);

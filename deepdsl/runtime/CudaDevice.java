@@ -42,6 +42,8 @@ import java.util.IdentityHashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.function.Consumer;
+import java.util.function.Supplier;
 import jcuda.Pointer;
 import jcuda.Sizeof;
 import jcuda.driver.CUcontext;
@@ -72,7 +74,10 @@ import jcuda.nvrtc.nvrtcProgram;
  * libnvrtc.so.12}). The device says at start which it used. It needs only {@code libcuda.so.1}
  * otherwise. The matrix products go to cuBLAS through JavaCPP's CUDA presets ({@link CudaBlas}) as
  * {@code --kernels} says: {@code vendor} (an error where cuBLAS does not load), {@code own} (our
- * kernel), {@code auto} (cuBLAS where it loads); every other op is one of our kernels.
+ * kernel), {@code auto} (cuBLAS where it loads); so do the convolutions, pooling, softmax and LRN
+ * to cuDNN ({@link CudaDnn}). Under {@code auto} a pooling, softmax or LRN call that cuDNN refuses
+ * at its first use runs our kernel from then on; under {@code vendor} that is an error. Every other
+ * op is one of our kernels.
  *
  * <p>Everything runs on one stream of the device's own (a blocking one, so the host transfers on
  * the default stream wait for it). From the second training step on, the step is a CUDA graph:
@@ -80,8 +85,9 @@ import jcuda.nvrtc.nvrtcProgram;
  * replayed with one {@code cuGraphLaunch} a step. What is not capturable stays outside: the batch,
  * the settings, the learning rate and the step counter of the dropout masks are copied into the
  * same device buffers before the launch (the kernels read them there), the loss is read after it.
- * cuBLAS works on the same stream, so its GEMMs are captured too. It is not used under {@code
- * --no-graph}, nor for a step that reads a tensor on the host (a print added to the program) or works on
+ * cuBLAS and cuDNN work on the same stream, so their calls are captured too (a cuDNN call's
+ * descriptors are made at its first use, in the warm-up step, never while capturing). It is not
+ * used under {@code --no-graph}, nor for a step that reads a tensor on the host (a print added to the program) or works on
  * after reading its loss: the capture is dropped before anything of it ran, and the steps run call
  * for call.
  *
@@ -101,9 +107,15 @@ public final class CudaDevice implements Device {
   private final Map<String, CUfunction> functions = new HashMap<>();
   private final CudaBlas blas; // null: the GEMMs are our kernel
   private final String gemms; // who computes the GEMMs, for the device line
-  private final CudaDnn dnn; // null: the convolutions are our kernels
+  private final CudaDnn dnn; // null: the convolutions, pooling, softmax and LRN are our kernels
   private final String convolutions; // who computes them, for the device line
+  private final boolean strict; // --kernels vendor: a call cuDNN refuses is an error, not our kernel
   private final Map<String, CudaDnn.Conv> convs = new HashMap<>(); // each convolution's, by its sizes
+  // the descriptors of each pooling, softmax and LRN, by the op and its sizes (forward and backward
+  // share them); and of each call (an op's forward or backward), whether cuDNN took it at its first
+  // use (false: refused under --kernels auto, our kernel runs it)
+  private final Map<String, CudaDnnOps.Op> ops = new HashMap<>();
+  private final Map<String, Boolean> taken = new HashMap<>();
   private CUdeviceptr scratch; // cuDNN's workspace: the most any chosen algorithm needs
   private long scratchBytes;
   private final List<CUdeviceptr> allocations = new ArrayList<>();
@@ -142,6 +154,7 @@ public final class CudaDevice implements Device {
       Network.Settings settings, long workspaceLimit, String kernels, boolean graphs) {
     this.settings = settings;
     this.workspaceLimit = workspaceLimit;
+    this.strict = kernels.equals("vendor");
     JCudaDriver.setExceptionsEnabled(true);
     cuInit(0);
     int[] count = {0};
@@ -308,7 +321,7 @@ public final class CudaDevice implements Device {
         + kernelSource
         + "; GEMMs: "
         + gemms
-        + "; convolutions: "
+        + "; convolutions, pooling, softmax and LRN: "
         + convolutions
         + "; workspace limit "
         + workspaceLimit
@@ -672,8 +685,68 @@ public final class CudaDevice implements Device {
     return out;
   }
 
+  /**
+   * Runs a pooling, softmax or LRN call through cuDNN: the op's descriptors ({@code prepare}) made at
+   * its first use (never captured), keyed by {@code key}, which forward and backward share. Returns
+   * false where our kernel is to run instead: no cuDNN, or (under {@code auto}) a call cuDNN refused
+   * at its first use; under {@code vendor} that refusal is an error.
+   */
+  private boolean dnn(
+      String key, boolean backward, Supplier<CudaDnnOps.Op> prepare, Consumer<CudaDnnOps.Op> call) {
+    if (dnn == null) {
+      return false;
+    }
+    notAfterTheLoss();
+    String which = key + (backward ? " backward" : " forward");
+    Boolean took = taken.get(which);
+    if (took != null) {
+      if (took) {
+        call.accept(ops.get(key));
+      }
+      return took;
+    }
+    if (capturing) {
+      throw new NotCapturable("a cuDNN call is met for the first time");
+    }
+    try {
+      CudaDnnOps.Op o = ops.get(key);
+      if (o == null) {
+        o = prepare.get();
+        ops.put(key, o);
+      }
+      call.accept(o);
+      taken.put(which, true);
+      return true;
+    } catch (IllegalStateException e) {
+      if (strict) {
+        throw new Device.Unavailable(
+            "--kernels vendor: cuDNN refuses a call ("
+                + e.getMessage()
+                + "); --kernels auto runs our kernel there");
+      }
+      taken.put(which, false);
+      return false;
+    }
+  }
+
+  private static String key(String call, int[]... sizes) {
+    StringBuilder b = new StringBuilder(call);
+    for (int[] s : sizes) {
+      b.append(Arrays.toString(s));
+    }
+    return b.toString();
+  }
+
   @Override
   public void maxPool2d(Buf out, Buf x, int[] kernel, int[] pad, int[] stride) {
+    int[] y = out.shape;
+    if (dnn(
+        key("maxPool", x.shape, y, kernel, pad, stride),
+        false,
+        () -> dnn.ops.pooling(CudaDnnOps.MAX_POOL, x.shape, y, kernel, pad, stride),
+        o -> dnn.ops.forward(o, address(out), address(x)))) {
+      return;
+    }
     launch(
         "dd_k_max_pool2d", elements(out.numel()), THREADS, new Buf[] {out, x},
         pool(x.shape, out.shape, kernel, pad, stride));
@@ -682,14 +755,44 @@ public final class CudaDevice implements Device {
   @Override
   public void maxPool2dBackward(
       Buf out, Buf x, Buf y, Buf g, int[] kernel, int[] pad, int[] stride) {
+    if (dnn(
+        key("maxPool", x.shape, g.shape, kernel, pad, stride),
+        true,
+        () -> dnn.ops.pooling(CudaDnnOps.MAX_POOL, x.shape, g.shape, kernel, pad, stride),
+        o -> dnn.ops.backward(o, address(out), address(x), address(y), address(g)))) {
+      return;
+    }
     launch(
         "dd_k_max_pool2d_backward", elements(out.numel()), THREADS, new Buf[] {out, x, y, g},
         pool(x.shape, g.shape, kernel, pad, stride));
   }
 
   @Override
+  public void avgPool2d(Buf out, Buf x, int[] kernel, int[] pad, int[] stride) {
+    int[] y = out.shape;
+    if (dnn(
+        key("avgPool", x.shape, y, kernel, pad, stride),
+        false,
+        () -> dnn.ops.pooling(CudaDnnOps.AVG_POOL, x.shape, y, kernel, pad, stride),
+        o -> dnn.ops.forward(o, address(out), address(x)))) {
+      return;
+    }
+    launch(
+        "dd_k_avg_pool2d", elements(out.numel()), THREADS, new Buf[] {out, x},
+        pool(x.shape, out.shape, kernel, pad, stride));
+  }
+
+  @Override
   public void avgPool2dBackward(
       Buf out, Buf g, int[] inShape, int[] kernel, int[] pad, int[] stride) {
+    // cuDNN reads neither x nor y here: dx and dy stand for them (their sizes)
+    if (dnn(
+        key("avgPool", inShape, g.shape, kernel, pad, stride),
+        true,
+        () -> dnn.ops.pooling(CudaDnnOps.AVG_POOL, inShape, g.shape, kernel, pad, stride),
+        o -> dnn.ops.backward(o, address(out), address(out), address(g), address(g)))) {
+      return;
+    }
     launch(
         "dd_k_avg_pool2d_backward", elements(out.numel()), THREADS, new Buf[] {out, g},
         pool(inShape, g.shape, kernel, pad, stride));
@@ -713,24 +816,47 @@ public final class CudaDevice implements Device {
         i(x.shape[1]), i(period), i(causal ? 1 : 0), Pointer.to(new float[] {scale}));
   }
 
+  /** Softmax or log-softmax over axis 1 (forward: {@code g} null) through cuDNN, if it takes it. */
+  private boolean dnnSoftmax(boolean log, Buf out, Buf x, Buf g) {
+    int[] shape = x.shape;
+    String key = key(log ? "logSoftmax" : "softmax", shape);
+    if (g == null) {
+      return dnn(
+          key, false, () -> dnn.ops.softmax(log, shape), o -> dnn.ops.forward(o, address(out), address(x)));
+    }
+    return dnn(
+        key,
+        true,
+        () -> dnn.ops.softmax(log, shape),
+        o -> dnn.ops.backward(o, address(out), address(out), address(x), address(g)));
+  }
+
   @Override
   public void softmax(Buf out, Buf x) {
-    softmaxFamily("dd_k_softmax", new Buf[] {out, x}, x.shape, false);
+    if (!dnnSoftmax(false, out, x, null)) {
+      softmaxFamily("dd_k_softmax", new Buf[] {out, x}, x.shape, false);
+    }
   }
 
   @Override
   public void logSoftmax(Buf out, Buf x) {
-    softmaxFamily("dd_k_softmax", new Buf[] {out, x}, x.shape, true);
+    if (!dnnSoftmax(true, out, x, null)) {
+      softmaxFamily("dd_k_softmax", new Buf[] {out, x}, x.shape, true);
+    }
   }
 
   @Override
   public void softmaxBackward(Buf out, Buf y, Buf g) {
-    softmaxFamily("dd_k_softmax_backward", new Buf[] {out, y, g}, y.shape, false);
+    if (!dnnSoftmax(false, out, y, g)) {
+      softmaxFamily("dd_k_softmax_backward", new Buf[] {out, y, g}, y.shape, false);
+    }
   }
 
   @Override
   public void logSoftmaxBackward(Buf out, Buf y, Buf g) {
-    softmaxFamily("dd_k_softmax_backward", new Buf[] {out, y, g}, y.shape, true);
+    if (!dnnSoftmax(true, out, y, g)) {
+      softmaxFamily("dd_k_softmax_backward", new Buf[] {out, y, g}, y.shape, true);
+    }
   }
 
   @Override
@@ -783,8 +909,38 @@ public final class CudaDevice implements Device {
     };
   }
 
+  /**
+   * The LRN (forward: {@code g} null) through cuDNN, if it takes it: an odd window alone, where
+   * cuDNN's (which looks (size - 1) / 2 channels behind, size / 2 ahead) is ours; within cuDNN's
+   * limits (window 1..16, k at least 1e-5, beta at least 0.01), as the registry's vendor rule
+   * (deepdsl/ops/norm.py), so that {@code vendor} runs our kernel outside them too.
+   */
+  private boolean dnnLrn(Buf out, Buf x, Buf y, Buf g, float alpha, float beta, float k, int size) {
+    if (size % 2 == 0 || size < 1 || size > 16 || k < 1e-5f || beta < 0.01f) {
+      return false;
+    }
+    String key =
+        key("lrn", x.shape, new int[] {size, Float.floatToIntBits(alpha), Float.floatToIntBits(beta),
+            Float.floatToIntBits(k)});
+    if (g == null) {
+      return dnn(
+          key,
+          false,
+          () -> dnn.ops.lrn(x.shape, size, alpha, beta, k),
+          o -> dnn.ops.forward(o, address(out), address(x)));
+    }
+    return dnn(
+        key,
+        true,
+        () -> dnn.ops.lrn(x.shape, size, alpha, beta, k),
+        o -> dnn.ops.backward(o, address(out), address(x), address(y), address(g)));
+  }
+
   @Override
   public void lrn(Buf out, Buf x, float alpha, float beta, float k, int size) {
+    if (dnnLrn(out, x, null, null, alpha, beta, k, size)) {
+      return;
+    }
     launch(
         "dd_k_lrn", elements(out.numel()), THREADS, new Buf[] {out, x},
         lrnSizes(x.shape, alpha, beta, k, size));
@@ -793,6 +949,9 @@ public final class CudaDevice implements Device {
   @Override
   public void lrnBackward(
       Buf out, Buf x, Buf y, Buf g, float alpha, float beta, float k, int size) {
+    if (dnnLrn(out, x, y, g, alpha, beta, k, size)) {
+      return;
+    }
     launch(
         "dd_k_lrn_backward", elements(out.numel()), THREADS, new Buf[] {out, x, y, g},
         lrnSizes(x.shape, alpha, beta, k, size));

@@ -8,11 +8,14 @@ import java.lang.reflect.Method;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.FloatBuffer;
+import java.util.ArrayList;
+import java.util.List;
 
 /**
  * The CUDA device's convolutions (forward, backward-data, backward-filter) through cuDNN 9's legacy
  * calls, reached through JavaCPP's CUDA presets ({@code org.bytedeco.cuda.global.cudnn}) as {@link
- * CudaBlas} reaches cuBLAS: by name, so that it compiles without their jars.
+ * CudaBlas} reaches cuBLAS: by name, so that it compiles without their jars; its pooling, softmax
+ * and LRN through {@link CudaDnnOps} ({@link #ops}), on the same handle.
  *
  * <p>Each convolution of the step gets its descriptors and its algorithm once, at its first call
  * (the first step, never captured): the first algorithm that the call's {@code _v7} query proposes
@@ -24,8 +27,9 @@ import java.nio.FloatBuffer;
  * program does not take the plan's per-statement workspace); the device allocates the largest
  * scratch a chosen algorithm needs, once, and its measured GPU memory counts it.
  *
- * <p>A device address goes to cuDNN as a plain JavaCPP {@code Pointer} whose address field is set
- * (a {@code void*} parameter: no position arithmetic, no allocation per call).
+ * <p>Every descriptor is made once, by its call's first use, and destroyed at {@link #close}. A
+ * device address goes to cuDNN as a plain JavaCPP {@code Pointer} whose address field is set (a
+ * {@code void*} parameter: no position arithmetic, no allocation per call).
  */
 final class CudaDnn implements AutoCloseable {
   /** Where the libraries come from, for the error that says one is missing. */
@@ -58,7 +62,6 @@ final class CudaDnn implements AutoCloseable {
   private static final int CROSS_CORRELATION = 1;
   private static final int FMA_MATH = 3;
   private static final int DETERMINISTIC = 1;
-
   /** A convolution ready to run: its descriptors, its algorithm and the scratch that needs. */
   static final class Conv {
     final int kind;
@@ -81,24 +84,28 @@ final class CudaDnn implements AutoCloseable {
   }
 
   private final Class<?> cudnn;
-  private final Class<?> contextClass;
-  private final Class<?> tensorClass;
+  final Class<?> contextClass;
+  final Class<?> tensorClass;
   private final Class<?> filterClass;
   private final Class<?> convClass;
   private final ClassLoader loader;
   private final MethodHandle[] calls = new MethodHandle[3];
-  private final MethodHandle setAddress; // Pointer.address = long
+  // every descriptor made, with its destroy call, destroyed at close in reverse
+  private final List<Object[]> descriptors = new ArrayList<>();
+  final MethodHandle setAddress; // Pointer.address = long, as (Object, long)void
   private final MethodHandle destroy;
-  private final Object handle;
+  final Object handle;
   private final FloatBuffer ones = scalar(1f); // kept here: the pointers do not hold them
   private final FloatBuffer zeros = scalar(0f);
-  private final Object one;
-  private final Object zero;
+  final Object one;
+  final Object zero;
   private final Object first; // the operands of one call: Pointers whose address is set
   private final Object second;
   private final Object out;
   private final Object scratch;
   private final String version;
+  /** The pooling, softmax and LRN calls. */
+  final CudaDnnOps ops;
 
   /**
    * Loads cuDNN through the presets and creates the handle on the context current on this thread,
@@ -176,14 +183,27 @@ final class CudaDnn implements AutoCloseable {
     second = pointer.getConstructor().newInstance();
     out = pointer.getConstructor().newInstance();
     scratch = pointer.getConstructor().newInstance();
+    ops = new CudaDnnOps(this);
   }
 
-  private Class<?> type(String name) throws ClassNotFoundException {
+  Class<?> type(String name) throws ClassNotFoundException {
     return Class.forName("org.bytedeco.cuda." + name, true, loader);
   }
 
   private static FloatBuffer scalar(float v) {
     return ByteBuffer.allocateDirect(4).order(ByteOrder.nativeOrder()).asFloatBuffer().put(0, v);
+  }
+
+  /** The cuDNN call {@code name} of {@code params}, returning its status, its objects erased. */
+  MethodHandle handle(String name, Class<?>... params) throws ReflectiveOperationException {
+    MethodType t = MethodType.methodType(int.class, params);
+    return erased(MethodHandles.publicLookup().findStatic(cudnn, name, t));
+  }
+
+  /** A JavaCPP {@code Pointer} whose address {@link #setAddress} sets. */
+  Object pointer() throws ReflectiveOperationException {
+    Class<?> pointer = Class.forName("org.bytedeco.javacpp.Pointer", true, loader);
+    return pointer.getConstructor().newInstance();
   }
 
   private static MethodHandle erased(MethodHandle h) {
@@ -196,7 +216,7 @@ final class CudaDnn implements AutoCloseable {
     return h.asType(t);
   }
 
-  private static void check(String call, Object status) {
+  static void check(String call, Object status) {
     if ((Integer) status != 0) {
       throw new IllegalStateException(call + " returned cuDNN status " + status);
     }
@@ -207,7 +227,7 @@ final class CudaDnn implements AutoCloseable {
     return "cuDNN " + version + CudaBlas.loadedFrom("libcudnn_graph.so");
   }
 
-  private Object call(String name, Class<?>[] types, Object... args) {
+  Object call(String name, Class<?>[] types, Object... args) {
     try {
       Object status = cudnn.getMethod(name, types).invoke(null, args);
       check(name, status);
@@ -217,13 +237,16 @@ final class CudaDnn implements AutoCloseable {
     }
   }
 
-  private Object descriptor(Class<?> type, String kind) throws ReflectiveOperationException {
+  /** A new descriptor of {@code kind} ({@code Tensor}, {@code LRN}, ...), destroyed at close. */
+  Object descriptor(Class<?> type, String kind) throws ReflectiveOperationException {
     Object d = type.getConstructor().newInstance();
     call("cudnnCreate" + kind + "Descriptor", new Class<?>[] {type}, d);
+    descriptors.add(new Object[] {"cudnnDestroy" + kind + "Descriptor", type, d});
     return d;
   }
 
-  private void tensor(Object d, int n, int c, int h, int w) {
+  /** Sets {@code d} to a float32 NCHW tensor of {@code [n, c, h, w]}. */
+  void tensor(Object d, int n, int c, int h, int w) {
     Class<?> i = int.class;
     call(
         "cudnnSetTensor4dDescriptor",
@@ -356,8 +379,18 @@ final class CudaDnn implements AutoCloseable {
     }
   }
 
+  /** Destroys every descriptor made, then the handle. */
   @Override
   public void close() {
+    for (int k = descriptors.size() - 1; k >= 0; k--) {
+      Object[] d = descriptors.get(k);
+      try {
+        cudnn.getMethod((String) d[0], (Class<?>) d[1]).invoke(null, d[2]);
+      } catch (ReflectiveOperationException e) {
+        throw new IllegalStateException(d[0] + " failed", e);
+      }
+    }
+    descriptors.clear();
     try {
       int unused = (int) destroy.invoke(handle);
     } catch (Throwable e) {

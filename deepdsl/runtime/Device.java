@@ -66,6 +66,8 @@ public interface Device extends AutoCloseable {
 
   void maxPool2dBackward(Buf out, Buf x, Buf y, Buf g, int[] kernel, int[] pad, int[] stride);
 
+  void avgPool2d(Buf out, Buf x, int[] kernel, int[] pad, int[] stride);
+
   void avgPool2dBackward(Buf out, Buf g, int[] inShape, int[] kernel, int[] pad, int[] stride);
 
   void softmax(Buf out, Buf x);

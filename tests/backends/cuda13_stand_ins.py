@@ -17,7 +17,8 @@ the first call: `undefined symbol: cudnnCreate, version libcudnn_graph.so.9`; tr
 three times, as libcudnn_graph.so.9, libcudnn_ops.so.9 and libcudnn_cnn.so.9, each exporting its calls alone in its
 node; libcudnn_adv.so.9 (nothing of it called) and libcudnn.so.9 (which the preset loads too) are empty stand-ins.
 The copies share no state but the structures the calls pass between them (handle, descriptors, same layout); the
-convolutions, and so their count ($FAKE_CUDNN_CALLS, written by the libcudnn_cnn copy alone), are libcudnn_cnn's."""
+convolutions, and so their count ($FAKE_CUDNN_CALLS, written by the libcudnn_cnn copy alone), are libcudnn_cnn's;
+the pooling, softmax and LRN calls, and their count by call ($FAKE_CUDNN_OPS_CALLS), libcudnn_ops's."""
 
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ def fake_cudnn9(folder: Path) -> Path:
     for soname, symbols in nodes.items():
         script = folder / f"{soname}.map"
         script.write_text(f"{soname} {{ global: {''.join(f'{x}; ' for x in symbols)}local: *; }};\n")
-        flags = ["-DFAKE_CUDNN_WRITES_CALLS"] if soname == "libcudnn_cnn.so.9" else []
+        flags = {"libcudnn_cnn.so.9": ["-DFAKE_CUDNN_WRITES_CALLS"], "libcudnn_ops.so.9": ["-DFAKE_CUDNN_WRITES_OPS"]}
+        flags = flags.get(soname, [])
         subprocess.run(["gcc", "-O2", "-shared", "-fPIC", *flags, f"-Wl,-soname,{soname}",
                         f"-Wl,--version-script={script}", "-o", str(folder / soname), str(main), "-lm"],
                        check=True)  # fmt: skip

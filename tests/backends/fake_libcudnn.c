@@ -15,7 +15,11 @@
  * -DFAKE_CUDNN_WRITES_CALLS also writes its count at exit to the file $FAKE_CUDNN_CALLS names, if set. A convolution
  * on a stream that the stand-in driver (fake_libcuda.c, when loaded) is capturing into a CUDA graph is checked at the
  * call, recorded there (its arguments, alpha and beta by value) and computed at each replay, as fake_libcublas.c does
- * with its GEMMs; it is counted when computed. */
+ * with its GEMMs; it is counted when computed. Pooling, softmax and LRN calls are recorded the same way; the copy
+ * built with -DFAKE_CUDNN_WRITES_OPS (libcudnn_ops.so.9) writes at exit, to the file $FAKE_CUDNN_OPS_CALLS names,
+ * how many of each of them it computed, a line `NAME COUNT` per call. $FAKE_CUDNN_REFUSE names a call (say
+ * cudnnSetLRNDescriptor) that then returns CUDNN_STATUS_NOT_SUPPORTED, as a cuDNN that refuses it would: the Java
+ * device's fallback under --kernels auto is tested with it. */
 
 #include <dlfcn.h>
 #include <math.h>
@@ -50,6 +54,30 @@ __attribute__((destructor)) static void write_calls(void) {
   }
 }
 #endif
+
+/* the pooling, softmax and LRN calls, each counted when computed */
+enum { POOL_FORWARD, POOL_BACKWARD, SOFTMAX_FORWARD, SOFTMAX_BACKWARD, LRN_FORWARD, LRN_BACKWARD, OPS };
+static const char *op_names[OPS] = {"cudnnPoolingForward", "cudnnPoolingBackward", "cudnnSoftmaxForward",
+                                    "cudnnSoftmaxBackward", "cudnnLRNCrossChannelForward",
+                                    "cudnnLRNCrossChannelBackward"};
+static long long op_calls[OPS];
+
+#ifdef FAKE_CUDNN_WRITES_OPS /* the copy for the Java device that exports these calls (cuda13_stand_ins.py) */
+__attribute__((destructor)) static void write_op_calls(void) {
+  const char *path = getenv("FAKE_CUDNN_OPS_CALLS");
+  FILE *f = path ? fopen(path, "w") : NULL;
+  if (f) {
+    for (int k = 0; k < OPS; k++) fprintf(f, "%s %lld\n", op_names[k], op_calls[k]);
+    fclose(f);
+  }
+}
+#endif
+
+/* 1 when $FAKE_CUDNN_REFUSE names `call` */
+static int refused(const char *call) {
+  const char *name = getenv("FAKE_CUDNN_REFUSE");
+  return name && strcmp(name, call) == 0;
+}
 
 size_t cudnnGetVersion(void) { return 90000; }
 const char *cudnnGetErrorString(cudnnStatus_t s) {
@@ -185,6 +213,23 @@ typedef struct { /* one convolution's arguments, in the call's order */
 } conv_call;
 static int replaying; /* a recorded call running: compute it, do not record it again */
 static void replay(void *arg);
+
+typedef struct { /* a pooling, softmax or LRN call's arguments, in the call's order */
+  int kind, algo, mode;
+  cudnnHandle_t h;
+  void *op; /* the pooling or LRN descriptor */
+  float alpha, beta;
+  void *d1, *d2, *d3, *d4;
+  const void *p1, *p2, *p3;
+  void *out;
+} op_call;
+static void replay_op(void *arg);
+
+/* 1 when the call was recorded into the graph its handle's stream is capturing (and so is not to be run now) */
+static int recorded_op(op_call c) {
+  capture_fn capture = replaying ? NULL : recorder();
+  return capture ? capture(c.h->stream, replay_op, &c, sizeof c) : 0;
+}
 
 /* 1 when the call was recorded into the graph its handle's stream is capturing (and so is not to be run now) */
 static int recorded(int kind, cudnnHandle_t h, const void *alpha, void *d1, const void *p1, void *d2, const void *p2,
@@ -373,6 +418,7 @@ cudnnStatus_t cudnnCreatePoolingDescriptor(cudnnPoolingDescriptor_t *d) { *d = c
 cudnnStatus_t cudnnDestroyPoolingDescriptor(cudnnPoolingDescriptor_t d) { free(d); return OK; }
 cudnnStatus_t cudnnSetPooling2dDescriptor(cudnnPoolingDescriptor_t d, int mode, int nan, int kh, int kw, int ph, int pw,
                                           int sh, int sw) {
+  if (refused("cudnnSetPooling2dDescriptor")) return NOT_SUPPORTED;
   if ((mode != 0 && mode != 1 && mode != 3) || (nan != 0 && nan != 1) || kh <= 0 || kw <= 0 || ph < 0 || pw < 0 ||
       sh <= 0 || sw <= 0)
     return mode == 2 ? NOT_SUPPORTED : BAD_PARAM; /* this stand-in has no AVERAGE_COUNT_EXCLUDE_PADDING */
@@ -411,8 +457,11 @@ static long long window_max(cudnnPoolingDescriptor_t d, cudnnTensorDescriptor_t 
 cudnnStatus_t cudnnPoolingForward(cudnnHandle_t h, cudnnPoolingDescriptor_t d, const void *alpha,
                                   cudnnTensorDescriptor_t xd, const void *x, const void *beta,
                                   cudnnTensorDescriptor_t yd, void *y) {
+  if (refused("cudnnPoolingForward")) return NOT_SUPPORTED;
   if (!h || pool_fits(d, xd, yd) != OK) return BAD_PARAM;
   float a = *(const float *)alpha, b = *(const float *)beta;
+  if (recorded_op((op_call){POOL_FORWARD, 0, 0, h, d, a, b,
+                               xd, yd, NULL, NULL, x, NULL, NULL, y})) return OK;
   const float *xs = x;
   float *ys = y;
   for (long long p = 0; p < (long long)xd->n * xd->c; p++)
@@ -436,6 +485,7 @@ cudnnStatus_t cudnnPoolingForward(cudnnHandle_t h, cudnnPoolingDescriptor_t d, c
         *out = (float)(a * v + (b == 0.0f ? 0.0 : (double)b * *out));
       }
   calls++;
+  op_calls[POOL_FORWARD]++;
   return OK;
 }
 
@@ -443,8 +493,11 @@ cudnnStatus_t cudnnPoolingBackward(cudnnHandle_t h, cudnnPoolingDescriptor_t d, 
                                    cudnnTensorDescriptor_t yd, const void *y, cudnnTensorDescriptor_t dyd,
                                    const void *dy, cudnnTensorDescriptor_t xd, const void *x, const void *beta,
                                    cudnnTensorDescriptor_t dxd, void *dx) {
+  if (refused("cudnnPoolingBackward")) return NOT_SUPPORTED;
   if (!h || pool_fits(d, xd, yd) != OK || pool_fits(d, dxd, dyd) != OK) return BAD_PARAM;
   float a = *(const float *)alpha, b = *(const float *)beta;
+  if (recorded_op((op_call){POOL_BACKWARD, 0, 0, h, d, a, b,
+                               yd, dyd, xd, dxd, y, dy, x, dx})) return OK;
   const float *xs = x, *g = dy;
   float *out = dx;
   long long plane = (long long)xd->h * xd->w, size = (long long)xd->n * xd->c * plane;
@@ -470,6 +523,7 @@ cudnnStatus_t cudnnPoolingBackward(cudnnHandle_t h, cudnnPoolingDescriptor_t d, 
   for (long long q = 0; q < size; q++) out[q] = (float)(a * acc[q] + (b == 0.0f ? 0.0 : (double)b * out[q]));
   free(acc);
   calls++;
+  op_calls[POOL_BACKWARD]++;
   return OK;
 }
 
@@ -501,9 +555,12 @@ static cudnnStatus_t softmax_fits(int algo, int mode, cudnnTensorDescriptor_t a,
 
 cudnnStatus_t cudnnSoftmaxForward(cudnnHandle_t h, int algo, int mode, const void *alpha, cudnnTensorDescriptor_t xd,
                                   const void *x, const void *beta, cudnnTensorDescriptor_t yd, void *y) {
+  if (refused("cudnnSoftmaxForward")) return NOT_SUPPORTED;
   cudnnStatus_t s = softmax_fits(algo, mode, xd, yd);
   if (!h || s != OK) return s == OK ? BAD_PARAM : s;
   float a = *(const float *)alpha, b = *(const float *)beta;
+  if (recorded_op((op_call){SOFTMAX_FORWARD, algo, mode, h, NULL, a, b,
+                               xd, yd, NULL, NULL, x, NULL, NULL, y})) return OK;
   const float *xs = x;
   float *ys = y;
   long long plane = (long long)xd->h * xd->w;
@@ -520,6 +577,7 @@ cudnnStatus_t cudnnSoftmaxForward(cudnnHandle_t h, int algo, int mode, const voi
       }
     }
   calls++;
+  op_calls[SOFTMAX_FORWARD]++;
   return OK;
 }
 
@@ -527,10 +585,13 @@ cudnnStatus_t cudnnSoftmaxForward(cudnnHandle_t h, int algo, int mode, const voi
 cudnnStatus_t cudnnSoftmaxBackward(cudnnHandle_t h, int algo, int mode, const void *alpha, cudnnTensorDescriptor_t yd,
                                    const void *y, cudnnTensorDescriptor_t dyd, const void *dy, const void *beta,
                                    cudnnTensorDescriptor_t dxd, void *dx) {
+  if (refused("cudnnSoftmaxBackward")) return NOT_SUPPORTED;
   cudnnStatus_t s = softmax_fits(algo, mode, yd, dxd);
   if (s == OK) s = softmax_fits(algo, mode, dyd, dxd);
   if (!h || s != OK) return s == OK ? BAD_PARAM : s;
   float a = *(const float *)alpha, b = *(const float *)beta;
+  if (recorded_op((op_call){SOFTMAX_BACKWARD, algo, mode, h, NULL, a, b,
+                               yd, dyd, dxd, NULL, y, dy, NULL, dx})) return OK;
   const float *ys = y, *g = dy;
   float *out = dx;
   long long plane = (long long)yd->h * yd->w;
@@ -546,6 +607,7 @@ cudnnStatus_t cudnnSoftmaxBackward(cudnnHandle_t h, int algo, int mode, const vo
       }
     }
   calls++;
+  op_calls[SOFTMAX_BACKWARD]++;
   return OK;
 }
 
@@ -558,6 +620,7 @@ typedef struct { unsigned n; double alpha, beta, k; int set; } *cudnnLRNDescript
 cudnnStatus_t cudnnCreateLRNDescriptor(cudnnLRNDescriptor_t *d) { *d = calloc(1, sizeof **d); return OK; }
 cudnnStatus_t cudnnDestroyLRNDescriptor(cudnnLRNDescriptor_t d) { free(d); return OK; }
 cudnnStatus_t cudnnSetLRNDescriptor(cudnnLRNDescriptor_t d, unsigned n, double alpha, double beta, double k) {
+  if (refused("cudnnSetLRNDescriptor")) return NOT_SUPPORTED;
   if (n < 1 || n > 16 || k < 1e-5 || beta < 0.01) return BAD_PARAM;
   d->n = n, d->alpha = alpha, d->beta = beta, d->k = k, d->set = 1;
   return OK;
@@ -584,8 +647,11 @@ static double lrn_scale(cudnnLRNDescriptor_t d, cudnnTensorDescriptor_t xd, cons
 cudnnStatus_t cudnnLRNCrossChannelForward(cudnnHandle_t h, cudnnLRNDescriptor_t d, int mode, const void *alpha,
                                           cudnnTensorDescriptor_t xd, const void *x, const void *beta,
                                           cudnnTensorDescriptor_t yd, void *y) {
+  if (refused("cudnnLRNCrossChannelForward")) return NOT_SUPPORTED;
   if (!h || !d->set || mode != 0 || !same(xd, yd)) return BAD_PARAM;
   float a = *(const float *)alpha, b = *(const float *)beta;
+  if (recorded_op((op_call){LRN_FORWARD, 0, mode, h, d, a, b,
+                               xd, yd, NULL, NULL, x, NULL, NULL, y})) return OK;
   const float *xs = x;
   float *ys = y;
   long long plane = (long long)xd->h * xd->w;
@@ -597,6 +663,7 @@ cudnnStatus_t cudnnLRNCrossChannelForward(cudnnHandle_t h, cudnnLRNDescriptor_t 
         ys[e] = (float)(a * v + (b == 0.0f ? 0.0 : (double)b * ys[e]));
       }
   calls++;
+  op_calls[LRN_FORWARD]++;
   return OK;
 }
 
@@ -606,8 +673,11 @@ cudnnStatus_t cudnnLRNCrossChannelBackward(cudnnHandle_t h, cudnnLRNDescriptor_t
                                            cudnnTensorDescriptor_t yd, const void *y, cudnnTensorDescriptor_t dyd,
                                            const void *dy, cudnnTensorDescriptor_t xd, const void *x,
                                            const void *beta, cudnnTensorDescriptor_t dxd, void *dx) {
+  if (refused("cudnnLRNCrossChannelBackward")) return NOT_SUPPORTED;
   if (!h || !d->set || mode != 0 || !same(xd, yd) || !same(xd, dyd) || !same(xd, dxd)) return BAD_PARAM;
   float a = *(const float *)alpha, b = *(const float *)beta;
+  if (recorded_op((op_call){LRN_BACKWARD, 0, mode, h, d, a, b,
+                               yd, dyd, xd, dxd, y, dy, x, dx})) return OK;
   const float *xs = x, *ys = y, *g = dy;
   float *out = dx;
   long long plane = (long long)xd->h * xd->w;
@@ -626,5 +696,27 @@ cudnnStatus_t cudnnLRNCrossChannelBackward(cudnnHandle_t h, cudnnLRNDescriptor_t
         out[e] = (float)(a * v + (b == 0.0f ? 0.0 : (double)b * out[e]));
       }
   calls++;
+  op_calls[LRN_BACKWARD]++;
   return OK;
+}
+
+static void replay_op(void *arg) {
+  const op_call *c = arg;
+  const float *a = &c->alpha, *b = &c->beta;
+  replaying = 1;
+  switch (c->kind) {
+    case POOL_FORWARD: cudnnPoolingForward(c->h, c->op, a, c->d1, c->p1, b, c->d2, c->out); break;
+    case POOL_BACKWARD:
+      cudnnPoolingBackward(c->h, c->op, a, c->d1, c->p1, c->d2, c->p2, c->d3, c->p3, b, c->d4, c->out);
+      break;
+    case SOFTMAX_FORWARD: cudnnSoftmaxForward(c->h, c->algo, c->mode, a, c->d1, c->p1, b, c->d2, c->out); break;
+    case SOFTMAX_BACKWARD:
+      cudnnSoftmaxBackward(c->h, c->algo, c->mode, a, c->d1, c->p1, c->d2, c->p2, b, c->d3, c->out);
+      break;
+    case LRN_FORWARD: cudnnLRNCrossChannelForward(c->h, c->op, c->mode, a, c->d1, c->p1, b, c->d2, c->out); break;
+    case LRN_BACKWARD:
+      cudnnLRNCrossChannelBackward(c->h, c->op, c->mode, a, c->d1, c->p1, c->d2, c->p2, c->d3, c->p3, b, c->d4, c->out);
+      break;
+  }
+  replaying = 0;
 }

@@ -4,8 +4,8 @@ So the PTX lookup, the NVRTC fallback, the arena and tensor allocation, the step
 points sized at run time, the generated kernels), the copies, the transfers for a save and a load are all
 exercised, and the losses must equal the CPU device's. With `--kernels vendor` the GEMMs go to cuBLAS through
 JavaCPP's CUDA presets, here stand-ins built with the sonames and symbol versions the presets' bindings need
-(`fake_cuda13`), and the convolutions to cuDNN, a stand-in built as the presets' cuDNN bindings need it
-(`fake_cudnn9`)."""
+(`fake_cuda13`), and the convolutions, pooling, softmax and LRN to cuDNN, a stand-in built as the presets' cuDNN
+bindings need it (`fake_cudnn9`)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ NETWORKS = {
 
 
 # the library calls Small does not make, each run through its entry point sized at run time: a strided, padded
-# and a grouped convolution and their gradients, LRN, average pools, softmax, cross entropy, Adam
+# and a grouped convolution and their gradients, LRN, padded max and average pools, softmax and log softmax (the
+# softmax of a log softmax: the same probabilities, both ops and their gradients), cross entropy, Adam
 WIDE = """
 network Wide
 
@@ -53,14 +54,14 @@ label y : [N] classes K
 
 def body(x) {
   a = relu(conv(x, 4, kernel=3, stride=2, pad=1))
-  b = lrn(a, size=3, alpha=0.0001, beta=0.75)
-  c = avg_pool(relu(conv(b, 4, kernel=3, pad=1, groups=2)), 2)
+  b = max_pool(lrn(a, size=3, alpha=0.5, beta=0.75, k=1.5), 3, stride=1, pad=1)
+  c = avg_pool(relu(conv(b, 4, kernel=3, pad=1, groups=2)), 3, stride=2, pad=1)
   return full(flatten(global_avg_pool(c)), K)
 }
 
 layer model = body
 
-loss    = cross_entropy(softmax(model(x)), y)
+loss    = cross_entropy(softmax(log_softmax(model(x))), y)
 predict = model(x)
 
 train {
@@ -245,13 +246,15 @@ def test_kernels_own_and_auto_choose_as_they_say(programs: Path, cuda13: Path, c
               convolutions=convolutions)  # fmt: skip
     assert own["rc"] == 0, own["stderr"]
     assert "GEMMs: own kernel (--kernels own)" in own["stderr"] and not calls.exists()  # cuBLAS not even loaded
-    assert "convolutions: own kernels (--kernels own)" in own["stderr"] and not convolutions.exists()
+    assert "convolutions, pooling, softmax and LRN: own kernels (--kernels own)" in own["stderr"]
+    assert not convolutions.exists()
     auto = run(programs, "Small", "--iters", "1", vendor=[cuda13, cudnn9])
     # the device line names each library's file: which of several installed copies the loader took
-    assert auto["rc"] == 0 and (f"GEMMs: cuBLAS 13.0.0 ({cuda13}/libcublas.so.13); convolutions: cuDNN 9.0.0 "
-                                f"({cudnn9}/libcudnn_graph.so.9);") in auto["stderr"]  # fmt: skip
+    assert auto["rc"] == 0 and (f"GEMMs: cuBLAS 13.0.0 ({cuda13}/libcublas.so.13); convolutions, pooling, softmax "
+                                f"and LRN: cuDNN 9.0.0 ({cudnn9}/libcudnn_graph.so.9);") in auto["stderr"]  # fmt: skip
     no_cudnn = run(programs, "Small", "--iters", "1", vendor=[cuda13])
-    assert no_cudnn["rc"] == 0 and "libcublas.so.13); convolutions: own kernels (cuDNN does" in no_cudnn["stderr"]
+    assert no_cudnn["rc"] == 0
+    assert "libcublas.so.13); convolutions, pooling, softmax and LRN: own kernels (cuDNN does" in no_cudnn["stderr"]
     without = run(programs, "Small", "--iters", "1")
     assert without["rc"] == 0
     assert "GEMMs: own kernel (cuBLAS does not load (libcudart.so.13 not found))" in without["stderr"]
@@ -330,7 +333,7 @@ def test_convolutions_through_cudnn_give_the_cpu_devices_losses(
         got = run(programs, name, *args, vendor=[cuda13, cudnn9], convolutions=convolutions,
                   extra={"FAKE_CUDA_GRAPH_LAUNCHES": str(counts)})  # fmt: skip
         assert got["rc"] == 0, got["stderr"]
-        assert "convolutions: cuDNN 9.0.0 (" in got["stderr"]
+        assert "convolutions, pooling, softmax and LRN: cuDNN 9.0.0 (" in got["stderr"]
         np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
         assert got["test_accuracy"] == pytest.approx(want["test_accuracy"])
         done[flag], memory = int(convolutions.read_text()), got["gpu_memory_bytes"]
@@ -345,6 +348,59 @@ def test_convolutions_through_cudnn_give_the_cpu_devices_losses(
     assert lean["rc"] == 0, lean["stderr"]
     np.testing.assert_allclose(lean["losses"], want["losses"], rtol=1e-4)
     assert lean["gpu_memory_bytes"] < memory
+
+
+def cudnn_ops(path: Path) -> dict[str, int]:
+    """The stand-in cuDNN's count of each pooling, softmax and LRN call it computed."""
+    return {name: int(count) for name, count in (line.split() for line in path.read_text().splitlines())}
+
+
+@pytest.mark.slow
+def test_pooling_softmax_and_lrn_through_cudnn_give_the_cpu_devices_losses(programs: Path, cuda13: Path,
+                                                                           cudnn9: Path) -> None:  # fmt: skip
+    ops, counts = programs / "Wide.cudnn_ops", {}
+    want = cpu(programs, "Wide", "--iters", "3", "--save", "wide_cpu.npz")
+    for flag in ("--graph", "--no-graph"):
+        args = ("--iters", "3", "--kernels", "vendor", "--save", "wide_gpu.npz",
+                *([flag] if flag == "--no-graph" else []))  # fmt: skip
+        got = run(programs, "Wide", *args, vendor=[cuda13, cudnn9], extra={"FAKE_CUDNN_OPS_CALLS": str(ops)})
+        assert got["rc"] == 0, got["stderr"]
+        assert f"graph: {'on' if flag == '--graph' else 'off'}" in got["stderr"]
+        np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
+        assert got["test_accuracy"] == pytest.approx(want["test_accuracy"])
+        # the parameters too: Adam moves each by about its rate whatever the gradient's size, so a gradient sent
+        # elsewhere (a max pool's to another element of its window) shows there before it shows in the losses
+        with np.load(programs / "wide_gpu.npz") as gpu, np.load(programs / "wide_cpu.npz") as host:
+            for name in host.files:
+                np.testing.assert_allclose(gpu[name], host[name], rtol=1e-4, atol=1e-6, err_msg=name)
+        counts[flag] = cudnn_ops(ops)
+    # each of 3 steps: the max pool and the average pool, the softmax and the log softmax, the LRN, each forward
+    # and backward; the forwards in the test pass too. Replays compute the captured calls: as many as call for call
+    assert counts["--graph"] == counts["--no-graph"]
+    got = counts["--graph"]
+    assert got["cudnnPoolingBackward"] == 2 * 3 and got["cudnnSoftmaxBackward"] == 2 * 3
+    assert got["cudnnLRNCrossChannelBackward"] == 3
+    assert got["cudnnPoolingForward"] > 2 * 3 and got["cudnnSoftmaxForward"] > 2 * 3
+    assert got["cudnnLRNCrossChannelForward"] > 3
+
+
+def test_a_call_cudnn_refuses_runs_our_kernel_under_auto_and_is_an_error_under_vendor(
+    programs: Path, cuda13: Path, cudnn9: Path
+) -> None:
+    ops = programs / "refused.cudnn_ops"
+    refuse = {"FAKE_CUDNN_OPS_CALLS": str(ops), "FAKE_CUDNN_REFUSE": "cudnnSetLRNDescriptor"}
+    auto = run(programs, "Wide", "--iters", "2", vendor=[cuda13, cudnn9], extra=refuse)
+    assert auto["rc"] == 0, auto["stderr"]
+    np.testing.assert_allclose(auto["losses"], cpu(programs, "Wide", "--iters", "2")["losses"], rtol=1e-4)
+    got = cudnn_ops(ops)
+    assert got["cudnnLRNCrossChannelForward"] == got["cudnnLRNCrossChannelBackward"] == 0  # our kernels
+    assert got["cudnnPoolingBackward"] == 2 * 2 and got["cudnnSoftmaxBackward"] == 2 * 2  # the rest: cuDNN
+    # refused at the call, not at its descriptor: the error names it
+    strict = run(programs, "Wide", "--iters", "2", "--kernels", "vendor", vendor=[cuda13, cudnn9],
+                 extra={"FAKE_CUDNN_REFUSE": "cudnnPoolingBackward"})  # fmt: skip
+    assert strict["rc"] == 1
+    assert ("error: --kernels vendor: cuDNN refuses a call (cudnnPoolingBackward returned cuDNN status 3000); "
+            "--kernels auto runs our kernel there") in strict["stderr"]  # fmt: skip
 
 
 def test_kernels_vendor_without_cudnn_names_what_is_missing(programs: Path, cuda13: Path, cudnn9: Path,

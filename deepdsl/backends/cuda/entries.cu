@@ -34,6 +34,11 @@ extern "C" __global__ void dd_k_max_pool2d_backward(float* dx, const float* x, c
     dd_max_pool2d_backward(dx, x, y, g, NC, H, W, OH, OW, KH, KW, SH, SW, PH, PW);
 }
 
+extern "C" __global__ void dd_k_avg_pool2d(float* y, const float* x, int NC, int H, int W, int OH, int OW, int KH,
+                                           int KW, int SH, int SW, int PH, int PW) {
+    dd_avg_pool2d(y, x, NC, H, W, OH, OW, KH, KW, SH, SW, PH, PW);
+}
+
 extern "C" __global__ void dd_k_avg_pool2d_backward(float* dx, const float* g, int NC, int H, int W, int OH, int OW,
                                                     int KH, int KW, int SH, int SW, int PH, int PW) {
     dd_avg_pool2d_backward(dx, g, NC, H, W, OH, OW, KH, KW, SH, SW, PH, PW);

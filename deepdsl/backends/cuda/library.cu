@@ -221,6 +221,25 @@ __device__ void dd_max_pool2d_backward(float* __restrict__ dx, const float* __re
     }
 }
 
+// every window divides by KH * KW: the padding counts as zeros
+__device__ void dd_avg_pool2d(float* __restrict__ y, const float* __restrict__ x, int NC, int H, int W, int OH,
+                              int OW, int KH, int KW, int SH, int SW, int PH, int PW) {
+    float k = (float)(KH * KW);
+    DD_GRID_STRIDE(e, NC * OH * OW) {
+        int ow = e % OW, oh = (e / OW) % OH, nc = e / (OW * OH);
+        const float* xc = x + (long long)nc * H * W;
+        float s = 0.0f;
+        for (int i = 0; i < KH; i++) {
+            int h = oh * SH - PH + i;
+            for (int j = 0; j < KW; j++) {
+                int v = ow * SW - PW + j;
+                if (h >= 0 && h < H && v >= 0 && v < W) s += xc[h * W + v];
+            }
+        }
+        y[e] = s / k;
+    }
+}
+
 __device__ void dd_avg_pool2d_backward(float* __restrict__ dx, const float* __restrict__ g, int NC, int H, int W,
                                        int OH, int OW, int KH, int KW, int SH, int SW, int PH, int PW) {
     float k = (float)(KH * KW);
