@@ -725,6 +725,8 @@ public final class CudaDevice implements Device {
                 + "); --kernels auto runs our kernel there");
       }
       taken.put(which, false);
+      // the device line, printed at start, could not know: say it once, where it happens
+      System.err.println("note: cuDNN refuses " + which + " (" + e.getMessage() + "): our kernel runs it");
       return false;
     }
   }

@@ -395,6 +395,9 @@ def test_a_call_cudnn_refuses_runs_our_kernel_under_auto_and_is_an_error_under_v
     got = cudnn_ops(ops)
     assert got["cudnnLRNCrossChannelForward"] == got["cudnnLRNCrossChannelBackward"] == 0  # our kernels
     assert got["cudnnPoolingBackward"] == 2 * 2 and got["cudnnSoftmaxBackward"] == 2 * 2  # the rest: cuDNN
+    # said once per call refused (LRN forward and backward share the refused descriptor), where it happens
+    notes = [line for line in auto["stderr"].splitlines() if line.startswith("note: cuDNN refuses")]
+    assert len(notes) == 2 and all(line.endswith("): our kernel runs it") for line in notes), auto["stderr"]
     # refused at the call, not at its descriptor: the error names it
     strict = run(programs, "Wide", "--iters", "2", "--kernels", "vendor", vendor=[cuda13, cudnn9],
                  extra={"FAKE_CUDNN_REFUSE": "cudnnPoolingBackward"})  # fmt: skip
