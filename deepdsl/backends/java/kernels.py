@@ -22,6 +22,7 @@ import numpy as np
 from deepdsl.backends import cexpr
 from deepdsl.backends.cexpr import Locals, apply, java_dialect
 from deepdsl.backends.collapse import collapse
+from deepdsl.backends.java.column_sums import column_form, column_loops
 from deepdsl.backends.java.names import JAVA_KEYWORDS
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir.groups import is_flat
@@ -65,6 +66,7 @@ class _Gen:
     locals: Locals | None = None  # the body's shared subexpressions (None inside a reduction's body)
     own: tuple[tuple[Affine, ...], tuple[int, ...], str] | None = None  # the output's index, shape and offset
     tail: bool = False  # lane sums for every size: a range not a multiple of the lanes finished one term a step
+    hoisted: dict[IE, tuple[str, str]] = field(default_factory=dict)  # loop-invariant parts, computed before the loop
 
     def bind(self, var: str, size: int, bound: str | None = None) -> str:
         name = var if var.isidentifier() and var.isascii() and var not in JAVA_KEYWORDS else "v"
@@ -148,6 +150,8 @@ class _Gen:
             return JAVA.literal(e.value), "f"
         if isinstance(e, Var):
             return f"(float) {self.names[e.name]}", "f"
+        if e in self.hoisted:
+            return self.hoisted[e]
         if isinstance(e, Read):
             return self.read(e), "f"
         held = self.locals.get(e) if self.locals is not None else None
@@ -166,6 +170,14 @@ class _Gen:
         assert isinstance(e, Apply)
         args = [self.expr(a, pre, indent) for a in e.args]
         fn = e.fn
+        if fn == "^" and isinstance(e.args[1], Const) and e.args[1].value in (1.0, 2.0) and args[0][1] == "f":
+            # x and x * x: what (float) Math.pow rounds to for these exponents (a float's square is exact in
+            # double), without the call
+            x = args[0][0]
+            if e.args[1].value == 1.0:
+                return x, "f"
+            if re.fullmatch(r"[\w\[\] +]+", x):  # a name or an element: read twice, not computed twice
+                return f"({x} * {x})", "f"
         count = self.count_of(e)
         if count is not None:  # a mean: the sum over the count of its terms, a size of the kernel
             return f"({args[0][0]} / (float) ({count}))", "f"
@@ -246,6 +258,37 @@ def as_float(arg: tuple[str, str]) -> str:
     return cexpr.as_float(arg, JAVA)
 
 
+def hoist(g: _Gen, body: IE, indent: str = "    ") -> list[str]:
+    """Locals, declared before a flat kernel's loop, holding the largest parts of `body` that read only scalars
+    (an optimizer's settings, Adam's `1 - beta1 ^ t`), and `g` set to print them by name. The JIT cannot hoist
+    them itself: every buffer is a float[], so a store to the output may change a scalar input for all it knows.
+    NOTE: sound because a flat kernel's output is never a scalar it also reads at another element."""
+    lines: list[str] = []
+
+    def invariant(x: IE) -> bool:
+        if isinstance(x, Read):
+            return not x.index and x.input not in g.registers
+        return isinstance(x, Const) or isinstance(x, Apply) and all(invariant(a) for a in x.args)
+
+    def walk(x: IE) -> None:
+        if isinstance(x, Const) or x in g.hoisted:
+            return
+        if invariant(x):
+            text, kind = g.expr(x, lines, indent)
+            k = 0
+            while f"h{k}" in g.taken:
+                k += 1
+            g.taken.add(f"h{k}")
+            lines.append(f"{indent}{JAVA.declare[kind]} h{k} = {text};")
+            g.hoisted[x] = (f"h{k}", kind)
+        elif isinstance(x, Apply):
+            for a in x.args:
+                walk(a)
+
+    walk(body)
+    return lines
+
+
 def flat_form(e: IE) -> IE:
     """`e` with every read at the flat index `e`: the same element-wise kernel for any shape."""
     if isinstance(e, Read):
@@ -289,10 +332,12 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
     g.tail = tail
     if flat:  # the size comes from the output, so one kernel serves every shape
         g.flat = True
+        before = hoist(g, body)
         pre: list[str] = []
         value, kind = g.expr(body, pre, "      ")
         lines.append(f"    int {', '.join(offsets)};")
-        lines += ["    for (int e = lo; e < hi; e++) {", *pre, f"      o[po + e] = {as_float((value, kind))};", "    }"]
+        lines += [*before, "    for (int e = lo; e < hi; e++) {", *pre, f"      o[po + e] = {as_float((value, kind))};"]
+        lines.append("    }")
         return "\n".join(lines)
     sizes = Sizes(tuple(n for _, n in out), shapes)  # shape-generic: the sizes are the buffers' dims
     g.sizes = sizes
@@ -303,14 +348,19 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
         g.own = tuple(Affine.var(v) for v, _ in out), tuple(n for _, n in out), " + ".join(terms)
     depth = len(out)
     indent = "  " * (depth + 2)
-    pre = []
-    value, kind = g.expr(body, pre, indent)
-    loop = []
-    for k, v in enumerate(names):
-        lo, hi = ("lo", "hi") if k == 0 else ("0", sizes.out_dim(k))
-        loop.append(f"{'  ' * (k + 2)}for (int {v} = {lo}; {v} < {hi}; {v}++) {{")
-    loop += pre + [f"{indent}{target} = {as_float((value, kind))};"]
-    loop += [f"{'  ' * (k + 2)}}}" for k in reversed(range(depth))]
+    column = column_form(body, out)
+    if column is not None:  # a sum down columns: the reduction outside, the output's last axis inside
+        assert isinstance(body, Reduce)
+        loop = column_loops(g, body, *column, names, target, JAVA)
+    else:
+        pre = []
+        value, kind = g.expr(body, pre, indent)
+        loop = []
+        for k, v in enumerate(names):
+            lo, hi = ("lo", "hi") if k == 0 else ("0", sizes.out_dim(k))
+            loop.append(f"{'  ' * (k + 2)}for (int {v} = {lo}; {v} < {hi}; {v}++) {{")
+        loop += pre + [f"{indent}{target} = {as_float((value, kind))};"]
+        loop += [f"{'  ' * (k + 2)}}}" for k in reversed(range(depth))]
     text = "\n".join(loop)
     strides = []
     for n, v in sizes.locals(text):  # a stride that is one dim is that dim's name
@@ -370,19 +420,17 @@ def java_group_kernel(bodies: tuple[IE, ...], readers: tuple[dict[int, int], ...
     used = sorted({r.input for b, held in zip(bodies, readers) for r in reads(b) if r.input not in held})
     arrays = [*(f"o{m} = out[{m}].a" for m in range(len(bodies))), *(f"a{k} = in[{k}].a" for k in used)]
     offsets = [*(f"po{m} = out[{m}].off" for m in range(len(bodies))), *(f"p{k} = in[{k}].off" for k in used)]
-    lines = [
-        f"    float[] {', '.join(arrays)};",
-        f"    int {', '.join(offsets)};",
-        "    for (int e = lo; e < hi; e++) {",
-    ]
+    lines = [f"    float[] {', '.join(arrays)};", f"    int {', '.join(offsets)};"]
+    loop = ["    for (int e = lo; e < hi; e++) {"]
     work = 0
     taken = {f"r{j}" for j in range(len(bodies))}  # the locals of every body in the one loop
+    hoisted: dict[IE, tuple[str, str]] = {}  # shared by the bodies: Adam's two steps read the same corrections
     for j, (body, held) in enumerate(zip(bodies, readers)):
-        g = _Gen((), flat=True, registers={k: f"r{m}" for k, m in held.items()})
+        g = _Gen((), flat=True, registers={k: f"r{m}" for k, m in held.items()}, taken=taken, hoisted=hoisted)
         g.locals = Locals(shared_subexpressions(flat_form(body)), taken)
+        lines += hoist(g, flat_form(body))
         pre: list[str] = []
         value, kind = g.expr(flat_form(body), pre, "      ")
-        lines += [*pre, f"      float r{j} = {as_float((value, kind))};", f"      o{j}[po{j} + e] = r{j};"]
+        loop += [*pre, f"      float r{j} = {as_float((value, kind))};", f"      o{j}[po{j} + e] = r{j};"]
         work += _work(body)
-    lines.append("    }")
-    return "\n".join(lines), work
+    return "\n".join([*lines, *loop, "    }"]), work
