@@ -186,8 +186,10 @@ def _cases() -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
 
 def _column_cases(data: np.random.Generator) -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
     """Sums down columns (java/column_sums.py: the reduction outside, the output's last axis inside), one-hot
-    lookups and scatters with their test outside the inner loop (token 5 matches no row), and a flat kernel whose
-    scalar-only parts are computed before its loop (kernels.hoist), with `x ^ 1` and `x ^ 2` written as x and x * x."""
+    lookups and scatters with their test outside the inner loop (token 5 matches no row), a flat kernel whose
+    scalar-only parts are computed before its loop (java/invariants.py), with `x ^ 1` and `x ^ 2` written as x and
+    x * x, and a shaped one whose parts that do not use its last index (a row's max, a row's scale) are computed
+    before its inner loop."""
     v = Affine.var
     shifted = Read(0, (Affine((("r0", 1),), -1), v("i0"), v("i1")))  # a bounds test on an axis before the last
     weighted = Reduce("sum", (("r0", 4),), Apply("*", (shifted, Read(1, (v("r0"),)))))
@@ -208,12 +210,16 @@ def _column_cases(data: np.random.Generator) -> list[tuple[str, IE, tuple, list[
     own = Read(0, (v("i0"),))
     squares = Apply("*", (Apply("^", (own, Const(2.0))), Apply("^", (scalar, Const(2.0)))))
     flat = Apply("+", (Apply("*", (Apply("^", (own, Const(1.0))), scalars)), squares))
+    row = Read(0, (v("i0"), v("i1")))  # minus its row's max, over its row's scale: both before the inner loop
+    row_max = Reduce("max", (("r0", 5),), Read(0, (v("i0"), v("r0"))))
+    normalised = Apply("/", (Apply("-", (row, row_max)), Apply("sqrt", (Read(1, (v("i0"),)),))))
     specs = [
         ("weighted", weighted, (("i0", 3), ("i1", 5)), [(4, 3, 5), (4,)]),
         ("middle", middle, (("i0", 3), ("i1", 5)), [(4, 3, 5)]),
         ("lookup", lookup, (("i0", 2), ("i1", 3), ("i2", 4)), [None, (5, 4)]),
         ("scatter", scatter, (("i0", 6), ("i1", 4)), [None, (2, 3, 4)]),
         ("hoisted", flat, (("i0", 7),), [(7,), (), ()]),
+        ("row_invariant", normalised, (("i0", 3), ("i1", 5)), [(3, 5), (3,)]),
     ]
     return [(f"column_{name}", body, o, [tokens if s is None else data.uniform(0.1, 2.0, s).astype(np.float32)
                                          for s in shapes]) for name, body, o, shapes in specs]  # fmt: skip
@@ -377,7 +383,7 @@ def test_a_sum_down_columns_adds_rows_into_the_output() -> None:
     assert "s0a" in java_kernel(rows, (("i0", 3),), ((3, 8),))
 
 
-def test_a_flat_kernel_computes_its_scalar_parts_before_its_loop() -> None:
+def test_a_kernel_computes_what_its_loop_does_not_change_before_it() -> None:
     """Adam's bias corrections `1 - beta ^ t` read only scalars: computed once, not once an element (the JIT may
     not hoist them: a store to the output could change a float[] it reads)."""
     correction = Apply("-", (Const(1.0), Apply("^", (Read(1, ()), Read(2, ())))))
@@ -385,6 +391,10 @@ def test_a_flat_kernel_computes_its_scalar_parts_before_its_loop() -> None:
     text = java_kernel(body, (("i0", 8),), ((8,), (), ()))
     assert text.index("Math.pow(a1[p1], a2[p2])") < text.index("for (int e")
     assert "o[po + e] = ((a0[p0 + e] * a0[p0 + e]) / h0);" in text
+    v = Affine.var  # a layer norm's rsqrt(var[t] + eps) is the same along its row of channels
+    scale = Apply("rsqrt", (Apply("+", (Read(1, (v("i0"),)), Const(1e-5))),))
+    text = java_kernel(Apply("*", (Read(0, (v("i0"), v("i1"))), scale)), (("i0", 4), ("i1", 8)), ((4, 8), (4,)))
+    assert "float h0 = (1f / (float) Math.sqrt((a1[p1 + i0] + 1e-05f)));\n      for (int i1" in text
 
 
 def test_a_subexpression_used_again_is_computed_once() -> None:

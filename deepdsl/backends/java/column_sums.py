@@ -20,23 +20,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from deepdsl.backends import cexpr
-from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, reads
+from deepdsl.backends.java.invariants import mentions
+from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, reads
 
 if TYPE_CHECKING:
     from deepdsl.backends.java.kernels import _Gen
-
-
-def _mentions(e: IE, var: str) -> bool:
-    """Whether `e` reads at an index using `var` or uses `var` as a value."""
-    if isinstance(e, Var):
-        return e.name == var
-    if isinstance(e, Read):
-        return any(v == var for a in e.index for v, _ in a.terms)
-    if isinstance(e, Apply):
-        return any(_mentions(a, var) for a in e.args)
-    if isinstance(e, Reduce):
-        return _mentions(e.body, var)
-    return False
 
 
 def _has_reduce(e: IE) -> bool:
@@ -53,13 +41,13 @@ def column_form(body: IE, out: tuple[tuple[str, int], ...]) -> tuple[IE | None, 
     cond: IE | None = None
     term = body.body
     if isinstance(term, Apply) and term.fn == "select" and term.args[2] == Const(0.0):
-        if not _mentions(term.args[0], j):
+        if not mentions(term.args[0], j):
             cond, term = term.args[0], term.args[1]
     along = 0
     for r in reads(body.body):
-        if any(_mentions(Read(r.input, (a,)), j) for a in r.index[:-1]):
+        if any(mentions(Read(r.input, (a,)), j) for a in r.index[:-1]):
             return None
-        if r.index and _mentions(Read(r.input, (r.index[-1],)), j):
+        if r.index and mentions(Read(r.input, (r.index[-1],)), j):
             if r.index[-1] != Affine.var(j):
                 return None
             along += 1

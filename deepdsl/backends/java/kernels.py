@@ -23,6 +23,7 @@ from deepdsl.backends import cexpr
 from deepdsl.backends.cexpr import Locals, apply, java_dialect
 from deepdsl.backends.collapse import collapse
 from deepdsl.backends.java.column_sums import column_form, column_loops
+from deepdsl.backends.java.invariants import hoist, mentions
 from deepdsl.backends.java.names import JAVA_KEYWORDS
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir.groups import is_flat
@@ -258,35 +259,14 @@ def as_float(arg: tuple[str, str]) -> str:
     return cexpr.as_float(arg, JAVA)
 
 
-def hoist(g: _Gen, body: IE, indent: str = "    ") -> list[str]:
-    """Locals, declared before a flat kernel's loop, holding the largest parts of `body` that read only scalars
-    (an optimizer's settings, Adam's `1 - beta1 ^ t`), and `g` set to print them by name. The JIT cannot hoist
-    them itself: every buffer is a float[], so a store to the output may change a scalar input for all it knows.
-    NOTE: sound because a flat kernel's output is never a scalar it also reads at another element."""
-    lines: list[str] = []
-
-    def invariant(x: IE) -> bool:
-        if isinstance(x, Read):
-            return not x.index and x.input not in g.registers
-        return isinstance(x, Const) or isinstance(x, Apply) and all(invariant(a) for a in x.args)
-
-    def walk(x: IE) -> None:
-        if isinstance(x, Const) or x in g.hoisted:
-            return
-        if invariant(x):
-            text, kind = g.expr(x, lines, indent)
-            k = 0
-            while f"h{k}" in g.taken:
-                k += 1
-            g.taken.add(f"h{k}")
-            lines.append(f"{indent}{JAVA.declare[kind]} h{k} = {text};")
-            g.hoisted[x] = (f"h{k}", kind)
-        elif isinstance(x, Apply):
-            for a in x.args:
-                walk(a)
-
-    walk(body)
-    return lines
+def _indexed(e: IE, g: _Gen) -> bool:
+    """Whether `e` changes from one element of a flat kernel to the next: it reads a tensor at an index (or a
+    group's earlier result, held in a local) or uses an index variable."""
+    if isinstance(e, Read):
+        return bool(e.index) or e.input in g.registers
+    if isinstance(e, Apply):
+        return any(_indexed(a, g) for a in e.args)
+    return isinstance(e, Var | Reduce)
 
 
 def flat_form(e: IE) -> IE:
@@ -332,7 +312,7 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
     g.tail = tail
     if flat:  # the size comes from the output, so one kernel serves every shape
         g.flat = True
-        before = hoist(g, body)
+        before = hoist(g, body, lambda x: not _indexed(x, g), "    ", JAVA)
         pre: list[str] = []
         value, kind = g.expr(body, pre, "      ")
         lines.append(f"    int {', '.join(offsets)};")
@@ -353,12 +333,14 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
         assert isinstance(body, Reduce)
         loop = column_loops(g, body, *column, names, target, JAVA)
     else:
-        pre = []
-        value, kind = g.expr(body, pre, indent)
         loop = []
         for k, v in enumerate(names):
             lo, hi = ("lo", "hi") if k == 0 else ("0", sizes.out_dim(k))
+            if k == depth - 1 and k > 0:  # what the innermost loop does not change, before it
+                loop += hoist(g, body, lambda x, last=out[-1][0]: not mentions(x, last), "  " * (k + 2), JAVA)
             loop.append(f"{'  ' * (k + 2)}for (int {v} = {lo}; {v} < {hi}; {v}++) {{")
+        pre = []
+        value, kind = g.expr(body, pre, indent)
         loop += pre + [f"{indent}{target} = {as_float((value, kind))};"]
         loop += [f"{'  ' * (k + 2)}}}" for k in reversed(range(depth))]
     text = "\n".join(loop)
@@ -428,7 +410,7 @@ def java_group_kernel(bodies: tuple[IE, ...], readers: tuple[dict[int, int], ...
     for j, (body, held) in enumerate(zip(bodies, readers)):
         g = _Gen((), flat=True, registers={k: f"r{m}" for k, m in held.items()}, taken=taken, hoisted=hoisted)
         g.locals = Locals(shared_subexpressions(flat_form(body)), taken)
-        lines += hoist(g, flat_form(body))
+        lines += hoist(g, flat_form(body), lambda x, g=g: not _indexed(x, g), "    ", JAVA)
         pre: list[str] = []
         value, kind = g.expr(flat_form(body), pre, "      ")
         loop += [*pre, f"      float r{j} = {as_float((value, kind))};", f"      o{j}[po{j} + e] = r{j};"]

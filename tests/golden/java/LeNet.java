@@ -224,8 +224,9 @@ public final class LeNet extends Network {
     int sto0 = no1 * no2;
     for (int i0 = lo; i0 < hi; i0++) {
       for (int i1 = 0; i1 < no1; i1++) {
+        float h0 = a1[p1 + i1];
         for (int i2 = 0; i2 < no2; i2++) {
-          o[po + i0 * sto0 + i1 * no2 + i2] = (a0[p0 + i0 * sto0 + i1 * no2 + i2] + a1[p1 + i1]);
+          o[po + i0 * sto0 + i1 * no2 + i2] = (a0[p0 + i0 * sto0 + i1 * no2 + i2] + h0);
         }
       }
     }
