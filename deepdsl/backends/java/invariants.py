@@ -36,6 +36,16 @@ def mentions(e: IE, var: str) -> bool:
     return False
 
 
+def per_element(e: IE, registers: dict[int, str]) -> bool:
+    """Whether `e` changes from one element of a flat kernel to the next: it reads a tensor at an index (or, in a
+    group, one of the `registers` holding an earlier result) or uses an index variable."""
+    if isinstance(e, Read):
+        return bool(e.index) or e.input in registers
+    if isinstance(e, Apply):
+        return any(per_element(a, registers) for a in e.args)
+    return isinstance(e, Var | Reduce)
+
+
 def hoist(g: _Gen, body: IE, invariant: Callable[[IE], bool], indent: str, dialect: Dialect) -> list[str]:
     """The declarations, at `indent`, of locals holding the largest parts of `body` that `invariant` accepts
     (other than constants), with `g` set to print each of them by its local's name (h0, h1, ...)."""

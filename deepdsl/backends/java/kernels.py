@@ -9,7 +9,9 @@ local (cexpr.Locals). When every read is the output's own element (or a scalar),
 otherwise nested loops, innermost over the last axis, with adjacent axes that every read indexes as one contiguous
 run merged into one loop (backends/collapse.py: a 4-d bias add loops over rows, channels and H*W). A kernel
 computes a range of its output (elements, or rows of its first axis): the runtime's Kernel.run splits the output
-over threads by the kernel's work, which `java_cost` states for the kernel's constant."""
+over threads by the kernel's work, which `java_cost` states for the kernel's constant. A sum down columns runs with
+the reduction outside and the output's last axis inside (java/column_sums.py), and what a loop does not change is
+computed before it (java/invariants.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from deepdsl.backends import cexpr
 from deepdsl.backends.cexpr import Locals, apply, java_dialect
 from deepdsl.backends.collapse import collapse
 from deepdsl.backends.java.column_sums import column_form, column_loops
-from deepdsl.backends.java.invariants import hoist, mentions
+from deepdsl.backends.java.invariants import hoist, mentions, per_element
 from deepdsl.backends.java.names import JAVA_KEYWORDS
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir.groups import is_flat
@@ -259,16 +261,6 @@ def as_float(arg: tuple[str, str]) -> str:
     return cexpr.as_float(arg, JAVA)
 
 
-def _indexed(e: IE, g: _Gen) -> bool:
-    """Whether `e` changes from one element of a flat kernel to the next: it reads a tensor at an index (or a
-    group's earlier result, held in a local) or uses an index variable."""
-    if isinstance(e, Read):
-        return bool(e.index) or e.input in g.registers
-    if isinstance(e, Apply):
-        return any(_indexed(a, g) for a in e.args)
-    return isinstance(e, Var | Reduce)
-
-
 def flat_form(e: IE) -> IE:
     """`e` with every read at the flat index `e`: the same element-wise kernel for any shape."""
     if isinstance(e, Read):
@@ -312,7 +304,7 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
     g.tail = tail
     if flat:  # the size comes from the output, so one kernel serves every shape
         g.flat = True
-        before = hoist(g, body, lambda x: not _indexed(x, g), "    ", JAVA)
+        before = hoist(g, body, lambda x: not per_element(x, g.registers), "    ", JAVA)
         pre: list[str] = []
         value, kind = g.expr(body, pre, "      ")
         lines.append(f"    int {', '.join(offsets)};")
@@ -410,7 +402,7 @@ def java_group_kernel(bodies: tuple[IE, ...], readers: tuple[dict[int, int], ...
     for j, (body, held) in enumerate(zip(bodies, readers)):
         g = _Gen((), flat=True, registers={k: f"r{m}" for k, m in held.items()}, taken=taken, hoisted=hoisted)
         g.locals = Locals(shared_subexpressions(flat_form(body)), taken)
-        lines += hoist(g, flat_form(body), lambda x, g=g: not _indexed(x, g), "    ", JAVA)
+        lines += hoist(g, flat_form(body), lambda x, g=g: not per_element(x, g.registers), "    ", JAVA)
         pre: list[str] = []
         value, kind = g.expr(flat_form(body), pre, "      ")
         loop += [*pre, f"      float r{j} = {as_float((value, kind))};", f"      o{j}[po{j} + e] = r{j};"]
