@@ -20,8 +20,12 @@ final class CpuAttention {
       int o = out.off + r * cols;
       int seen = causal ? Math.min(cols, r % period + 1) : cols;
       float max = Float.NEGATIVE_INFINITY;
-      for (int j = 0; j < seen; j++) {
-        max = Math.max(max, x.a[in + j] * scale);
+      if (scale > 0f) {
+        max = rowMax(x.a, in, seen) * scale;
+      } else {
+        for (int j = 0; j < seen; j++) {
+          max = Math.max(max, x.a[in + j] * scale);
+        }
       }
       double sum = 0;
       for (int j = 0; j < seen; j++) {
@@ -37,5 +41,27 @@ final class CpuAttention {
         out.a[o + j] = 0f;
       }
     }
+  }
+
+  /**
+   * The largest of a[from], ..., a[from + n - 1], in four running maxima instead of one chain. With
+   * a positive scale, max(x * scale) is max(x) * scale exactly: rounding a product is monotonic.
+   */
+  private static float rowMax(float[] a, int from, int n) {
+    float m0 = Float.NEGATIVE_INFINITY;
+    float m1 = Float.NEGATIVE_INFINITY;
+    float m2 = Float.NEGATIVE_INFINITY;
+    float m3 = Float.NEGATIVE_INFINITY;
+    int j = 0;
+    for (; j + 3 < n; j += 4) {
+      m0 = Math.max(m0, a[from + j]);
+      m1 = Math.max(m1, a[from + j + 1]);
+      m2 = Math.max(m2, a[from + j + 2]);
+      m3 = Math.max(m3, a[from + j + 3]);
+    }
+    for (; j < n; j++) {
+      m0 = Math.max(m0, a[from + j]);
+    }
+    return Math.max(Math.max(m0, m1), Math.max(m2, m3));
   }
 }

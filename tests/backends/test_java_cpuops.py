@@ -82,6 +82,7 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
     # attention's softmax: 3 heads of 4 causal queries over 5 keys (more keys than queries), and unmasked
     add("masked_softmax", [_f(12, 5) * 3], scale=0.7, causal=True, period=4)
     add("masked_softmax", [_f(6, 33)], scale=1.5, causal=False, period=1)
+    add("masked_softmax", [_f(6, 9) * 100], scale=-0.5, causal=True, period=6)  # a negative scale: max(x * scale)
 
     p = _np("softmax", [_f(7, 13)])
     add("cross_entropy", [p, _labels(7, 13)])

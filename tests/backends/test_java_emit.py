@@ -170,6 +170,7 @@ def _cases() -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
             shared = Apply("select", (test, Apply("*", (sub, sub)), Apply("+", (test, Apply("-", (Const(0.5), sub))))))
             cases.append((f"shared{k}", shared, out, xs))
     cases += _collapse_cases(data)
+    cases += _column_cases(data)
     for name in sorted(REGISTRY):  # every op with an index form runs through the same generated loops
         form = REGISTRY[name].index_form
         if form is None or name not in EXAMPLES:
@@ -181,6 +182,47 @@ def _cases() -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
               else data.integers(0, 2, t.shape).astype(np.float32) for t in types]  # fmt: skip
         cases.append((name, body, tuple(zip(out_vars(out_type), out_type.shape)), xs))
     return cases
+
+
+def _column_cases(data: np.random.Generator) -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
+    """Sums down columns (java/column_sums.py: the reduction outside, the output's last axis inside), one-hot
+    lookups and scatters with their test outside the inner loop (token 5 matches no row), a flat kernel whose
+    scalar-only parts are computed before its loop (java/invariants.py), with `x ^ 1` and `x ^ 2` written as x and
+    x * x, and a shaped one whose parts that do not use its last index (a row's max, a row's scale) are computed
+    before its inner loop."""
+    v = Affine.var
+    shifted = Read(0, (Affine((("r0", 1),), -1), v("i0"), v("i1")))  # a bounds test on an axis before the last
+    weighted = Reduce("sum", (("r0", 4),), Apply("*", (shifted, Read(1, (v("r0"),)))))
+    middle = Reduce("sum", (("r0", 4),), Read(0, (v("r0"), v("i0"), v("i1"))))
+    lookup = Reduce("sum", (("r0", 5),), Apply("select", (Apply("==", (Read(0, (v("i0"), v("i1"))), Var("r0"))),
+                                                          Read(1, (v("r0"), v("i2"))), Const(0.0))))  # fmt: skip
+    scatter = Reduce(
+        "sum",
+        (("r0", 2), ("r1", 3)),
+        Apply(
+            "select",
+            (Apply("==", (Read(0, (v("r0"), v("r1"))), Var("i0"))), Read(1, (v("r0"), v("r1"), v("i1"))), Const(0.0)),
+        ),
+    )
+    tokens = data.integers(0, 6, (2, 3)).astype(np.float32)
+    scalar = Read(1, ())
+    scalars = Apply("-", (Const(1.0), Apply("^", (scalar, Read(2, ())))))
+    own = Read(0, (v("i0"),))
+    squares = Apply("*", (Apply("^", (own, Const(2.0))), Apply("^", (scalar, Const(2.0)))))
+    flat = Apply("+", (Apply("*", (Apply("^", (own, Const(1.0))), scalars)), squares))
+    row = Read(0, (v("i0"), v("i1")))  # minus its row's max, over its row's scale: both before the inner loop
+    row_max = Reduce("max", (("r0", 5),), Read(0, (v("i0"), v("r0"))))
+    normalised = Apply("/", (Apply("-", (row, row_max)), Apply("sqrt", (Read(1, (v("i0"),)),))))
+    specs = [
+        ("weighted", weighted, (("i0", 3), ("i1", 5)), [(4, 3, 5), (4,)]),
+        ("middle", middle, (("i0", 3), ("i1", 5)), [(4, 3, 5)]),
+        ("lookup", lookup, (("i0", 2), ("i1", 3), ("i2", 4)), [None, (5, 4)]),
+        ("scatter", scatter, (("i0", 6), ("i1", 4)), [None, (2, 3, 4)]),
+        ("hoisted", flat, (("i0", 7),), [(7,), (), ()]),
+        ("row_invariant", normalised, (("i0", 3), ("i1", 5)), [(3, 5), (3,)]),
+    ]
+    return [(f"column_{name}", body, o, [tokens if s is None else data.uniform(0.1, 2.0, s).astype(np.float32)
+                                         for s in shapes]) for name, body, o, shapes in specs]  # fmt: skip
 
 
 def _collapse_cases(data: np.random.Generator) -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
@@ -256,7 +298,8 @@ def test_kernels_equal_evaluate(tmp_path: Path) -> None:
             out = (*out, ("u0", 1), ("u1", 1)) if len(written) == 4 else out
         args = ", ".join(f'in.get("c{k}_{j}")' for j in range(len(xs)))
         shape = ", ".join(str(n) for _, n in out)
-        calls.append(f"    Buf out{k} = Buf.zeros({shape});\n    K{k}.run(out{k}{', ' if args else ''}{args});\n"
+        calls.append(f"    Buf out{k} = Buf.zeros({shape});\n    java.util.Arrays.fill(out{k}.a, Float.NaN);\n"
+                     f"    K{k}.run(out{k}{', ' if args else ''}{args});\n"
                      f'    put(result, "c{k}", out{k});')  # fmt: skip
         inputs.update({f"c{k}_{j}": x for j, x in enumerate(xs)})
     save_npz(tmp_path / "in.npz", inputs)
@@ -317,6 +360,41 @@ def test_kernel_text_reads_like_code() -> None:
     padded = Read(0, (Affine((("i0", 1),), -1),))
     text = java_kernel(padded, (("i0", 4),), ((4,),))
     assert "(i0 - 1 >= 0 ? a0[p0 + i0 - 1] : 0f)" in text
+
+
+def test_a_sum_down_columns_adds_rows_into_the_output() -> None:
+    v = Affine.var
+    column = Reduce("sum", (("r0", 6),), Read(0, (v("r0"), v("i0"))))
+    text = java_kernel(column, (("i0", 3),), ((6, 3),))
+    assert "o[po + i0] += a0[p0 + r0 * n0_1 + i0];" in text  # contiguous along i0, the inner loop
+    assert (
+        text.index("o[po + i0] = 0f;")
+        < text.index("for (int r0")
+        < text.index("for (int i0 = lo; i0 < hi; i0++) {\n        o")
+    )
+    scatter = Reduce(
+        "sum",
+        (("r0", 6),),
+        Apply("select", (Apply("==", (Read(0, (v("r0"),)), Var("i0"))), Read(1, (v("r0"), v("i1"))), Const(0.0))),
+    )
+    text = java_kernel(scatter, (("i0", 5), ("i1", 4)), ((6,), (6, 4)))
+    assert "if (a0[p0 + r0] == (float) i0) {" in text  # tested once a token, not once a column
+    rows = Reduce("sum", (("r0", 8),), Read(0, (v("i0"), v("r0"))))  # a row sum is contiguous already: lanes
+    assert "s0a" in java_kernel(rows, (("i0", 3),), ((3, 8),))
+
+
+def test_a_kernel_computes_what_its_loop_does_not_change_before_it() -> None:
+    """Adam's bias corrections `1 - beta ^ t` read only scalars: computed once, not once an element (the JIT may
+    not hoist them: a store to the output could change a float[] it reads)."""
+    correction = Apply("-", (Const(1.0), Apply("^", (Read(1, ()), Read(2, ())))))
+    body = Apply("/", (Apply("^", (Read(0, (Affine.var("i0"),)), Const(2.0))), correction))
+    text = java_kernel(body, (("i0", 8),), ((8,), (), ()))
+    assert text.index("Math.pow(a1[p1], a2[p2])") < text.index("for (int e")
+    assert "o[po + e] = ((a0[p0 + e] * a0[p0 + e]) / h0);" in text
+    v = Affine.var  # a layer norm's rsqrt(var[t] + eps) is the same along its row of channels
+    scale = Apply("rsqrt", (Apply("+", (Read(1, (v("i0"),)), Const(1e-5))),))
+    text = java_kernel(Apply("*", (Read(0, (v("i0"), v("i1"))), scale)), (("i0", 4), ("i1", 8)), ((4, 8), (4,)))
+    assert "float h0 = (1f / (float) Math.sqrt((a1[p1 + i0] + 1e-05f)));\n      for (int i1" in text
 
 
 def test_a_subexpression_used_again_is_computed_once() -> None:

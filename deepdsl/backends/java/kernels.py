@@ -9,7 +9,9 @@ local (cexpr.Locals). When every read is the output's own element (or a scalar),
 otherwise nested loops, innermost over the last axis, with adjacent axes that every read indexes as one contiguous
 run merged into one loop (backends/collapse.py: a 4-d bias add loops over rows, channels and H*W). A kernel
 computes a range of its output (elements, or rows of its first axis): the runtime's Kernel.run splits the output
-over threads by the kernel's work, which `java_cost` states for the kernel's constant."""
+over threads by the kernel's work, which `java_cost` states for the kernel's constant. A sum down columns runs with
+the reduction outside and the output's last axis inside (java/column_sums.py), and what a loop does not change is
+computed before it (java/invariants.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ import numpy as np
 from deepdsl.backends import cexpr
 from deepdsl.backends.cexpr import Locals, apply, java_dialect
 from deepdsl.backends.collapse import collapse
+from deepdsl.backends.java.column_sums import column_form, column_loops
+from deepdsl.backends.java.invariants import hoist, mentions, per_element
 from deepdsl.backends.java.names import JAVA_KEYWORDS
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir.groups import is_flat
@@ -65,6 +69,7 @@ class _Gen:
     locals: Locals | None = None  # the body's shared subexpressions (None inside a reduction's body)
     own: tuple[tuple[Affine, ...], tuple[int, ...], str] | None = None  # the output's index, shape and offset
     tail: bool = False  # lane sums for every size: a range not a multiple of the lanes finished one term a step
+    hoisted: dict[IE, tuple[str, str]] = field(default_factory=dict)  # loop-invariant parts, computed before the loop
 
     def bind(self, var: str, size: int, bound: str | None = None) -> str:
         name = var if var.isidentifier() and var.isascii() and var not in JAVA_KEYWORDS else "v"
@@ -148,6 +153,8 @@ class _Gen:
             return JAVA.literal(e.value), "f"
         if isinstance(e, Var):
             return f"(float) {self.names[e.name]}", "f"
+        if e in self.hoisted:
+            return self.hoisted[e]
         if isinstance(e, Read):
             return self.read(e), "f"
         held = self.locals.get(e) if self.locals is not None else None
@@ -166,6 +173,14 @@ class _Gen:
         assert isinstance(e, Apply)
         args = [self.expr(a, pre, indent) for a in e.args]
         fn = e.fn
+        if fn == "^" and isinstance(e.args[1], Const) and e.args[1].value in (1.0, 2.0) and args[0][1] == "f":
+            # x and x * x: what (float) Math.pow rounds to for these exponents (a float's square is exact in
+            # double), without the call
+            x = args[0][0]
+            if e.args[1].value == 1.0:
+                return x, "f"
+            if re.fullmatch(r"[\w\[\] +]+", x):  # a name or an element: read twice, not computed twice
+                return f"({x} * {x})", "f"
         count = self.count_of(e)
         if count is not None:  # a mean: the sum over the count of its terms, a size of the kernel
             return f"({args[0][0]} / (float) ({count}))", "f"
@@ -289,10 +304,12 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
     g.tail = tail
     if flat:  # the size comes from the output, so one kernel serves every shape
         g.flat = True
+        before = hoist(g, body, lambda x: not per_element(x, g.registers), "    ", JAVA)
         pre: list[str] = []
         value, kind = g.expr(body, pre, "      ")
         lines.append(f"    int {', '.join(offsets)};")
-        lines += ["    for (int e = lo; e < hi; e++) {", *pre, f"      o[po + e] = {as_float((value, kind))};", "    }"]
+        lines += [*before, "    for (int e = lo; e < hi; e++) {", *pre, f"      o[po + e] = {as_float((value, kind))};"]
+        lines.append("    }")
         return "\n".join(lines)
     sizes = Sizes(tuple(n for _, n in out), shapes)  # shape-generic: the sizes are the buffers' dims
     g.sizes = sizes
@@ -303,14 +320,21 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
         g.own = tuple(Affine.var(v) for v, _ in out), tuple(n for _, n in out), " + ".join(terms)
     depth = len(out)
     indent = "  " * (depth + 2)
-    pre = []
-    value, kind = g.expr(body, pre, indent)
-    loop = []
-    for k, v in enumerate(names):
-        lo, hi = ("lo", "hi") if k == 0 else ("0", sizes.out_dim(k))
-        loop.append(f"{'  ' * (k + 2)}for (int {v} = {lo}; {v} < {hi}; {v}++) {{")
-    loop += pre + [f"{indent}{target} = {as_float((value, kind))};"]
-    loop += [f"{'  ' * (k + 2)}}}" for k in reversed(range(depth))]
+    column = column_form(body, out)
+    if column is not None:  # a sum down columns: the reduction outside, the output's last axis inside
+        assert isinstance(body, Reduce)
+        loop = column_loops(g, body, *column, names, target, JAVA)
+    else:
+        loop = []
+        for k, v in enumerate(names):
+            lo, hi = ("lo", "hi") if k == 0 else ("0", sizes.out_dim(k))
+            if k == depth - 1 and k > 0:  # what the innermost loop does not change, before it
+                loop += hoist(g, body, lambda x, last=out[-1][0]: not mentions(x, last), "  " * (k + 2), JAVA)
+            loop.append(f"{'  ' * (k + 2)}for (int {v} = {lo}; {v} < {hi}; {v}++) {{")
+        pre = []
+        value, kind = g.expr(body, pre, indent)
+        loop += pre + [f"{indent}{target} = {as_float((value, kind))};"]
+        loop += [f"{'  ' * (k + 2)}}}" for k in reversed(range(depth))]
     text = "\n".join(loop)
     strides = []
     for n, v in sizes.locals(text):  # a stride that is one dim is that dim's name
@@ -370,19 +394,17 @@ def java_group_kernel(bodies: tuple[IE, ...], readers: tuple[dict[int, int], ...
     used = sorted({r.input for b, held in zip(bodies, readers) for r in reads(b) if r.input not in held})
     arrays = [*(f"o{m} = out[{m}].a" for m in range(len(bodies))), *(f"a{k} = in[{k}].a" for k in used)]
     offsets = [*(f"po{m} = out[{m}].off" for m in range(len(bodies))), *(f"p{k} = in[{k}].off" for k in used)]
-    lines = [
-        f"    float[] {', '.join(arrays)};",
-        f"    int {', '.join(offsets)};",
-        "    for (int e = lo; e < hi; e++) {",
-    ]
+    lines = [f"    float[] {', '.join(arrays)};", f"    int {', '.join(offsets)};"]
+    loop = ["    for (int e = lo; e < hi; e++) {"]
     work = 0
     taken = {f"r{j}" for j in range(len(bodies))}  # the locals of every body in the one loop
+    hoisted: dict[IE, tuple[str, str]] = {}  # shared by the bodies: Adam's two steps read the same corrections
     for j, (body, held) in enumerate(zip(bodies, readers)):
-        g = _Gen((), flat=True, registers={k: f"r{m}" for k, m in held.items()})
+        g = _Gen((), flat=True, registers={k: f"r{m}" for k, m in held.items()}, taken=taken, hoisted=hoisted)
         g.locals = Locals(shared_subexpressions(flat_form(body)), taken)
+        lines += hoist(g, flat_form(body), lambda x, g=g: not per_element(x, g.registers), "    ", JAVA)
         pre: list[str] = []
         value, kind = g.expr(flat_form(body), pre, "      ")
-        lines += [*pre, f"      float r{j} = {as_float((value, kind))};", f"      o{j}[po{j} + e] = r{j};"]
+        loop += [*pre, f"      float r{j} = {as_float((value, kind))};", f"      o{j}[po{j} + e] = r{j};"]
         work += _work(body)
-    lines.append("    }")
-    return "\n".join(lines), work
+    return "\n".join([*lines, *loop, "    }"]), work

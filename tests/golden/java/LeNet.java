@@ -224,8 +224,9 @@ public final class LeNet extends Network {
     int sto0 = no1 * no2;
     for (int i0 = lo; i0 < hi; i0++) {
       for (int i1 = 0; i1 < no1; i1++) {
+        float h0 = a1[p1 + i1];
         for (int i2 = 0; i2 < no2; i2++) {
-          o[po + i0 * sto0 + i1 * no2 + i2] = (a0[p0 + i0 * sto0 + i1 * no2 + i2] + a1[p1 + i1]);
+          o[po + i0 * sto0 + i1 * no2 + i2] = (a0[p0 + i0 * sto0 + i1 * no2 + i2] + h0);
         }
       }
     }
@@ -278,10 +279,13 @@ public final class LeNet extends Network {
   static final Kernel SGD_MOMENTUM_SGD_STEP = Kernel.group("sgdMomentumSgdStep", 2, 14, (out, in, lo, hi) -> {
     float[] o0 = out[0].a, o1 = out[1].a, a0 = in[0].a, a1 = in[1].a, a2 = in[2].a, a3 = in[3].a, a4 = in[4].a, a5 = in[5].a;
     int po0 = out[0].off, po1 = out[1].off, p0 = in[0].off, p1 = in[1].off, p2 = in[2].off, p3 = in[3].off, p4 = in[4].off, p5 = in[5].off;
+    float h0 = a3[p3];
+    float h1 = a4[p4];
+    float h2 = a5[p5];
     for (int e = lo; e < hi; e++) {
-      float r0 = (((a3[p3] * a0[p0 + e]) + a1[p1 + e]) + (a4[p4] * a2[p2 + e]));
+      float r0 = (((h0 * a0[p0 + e]) + a1[p1 + e]) + (h1 * a2[p2 + e]));
       o0[po0 + e] = r0;
-      float r1 = (a2[p2 + e] - (a5[p5] * r0));
+      float r1 = (a2[p2 + e] - (h2 * r0));
       o1[po1 + e] = r1;
     }
   });
