@@ -80,7 +80,7 @@ def main() -> None:
         build = bench_java.build_java(Path(tmp), NETWORK, sizes)
         for _ in range(args.runs):
             java_s.append(bench_java.java_step_seconds(build, NETWORK, args.blas, args.warmup, args.steps,
-                                                       args.threads, "GPTTiny", sizes["N"]))  # fmt: skip
+                                                       args.threads, "GPTTiny"))  # fmt: skip
             numpy_s.append(bench_runner.numpy_step_seconds(program, args.steps))
             t = torch_step_seconds(sizes, lr, args.steps, args.threads)
             if t is not None:

@@ -5,9 +5,9 @@
 
 LeNet at batch 64 and ResNet-50 at batch 8, 64x64, on synthetic data. The Java class is compiled with
 `deepdsl compile` and javac, then run for warm-up + measured steps, once per SGEMM (`--blas`: the Java SGEMM
-and OpenBLAS, whose jars it takes from $DEEPDSL_JCUDA_JARS or .ci/jcuda/lib, as the tests do); each progress
-line gives one step's images/s (the step alone, data loading excluded), and the median of the measured steps
-is the Java figure. The warm-up steps are left out because the JIT is still compiling then: LeNet's steps
+and OpenBLAS, whose jars it takes from $DEEPDSL_JCUDA_JARS or .ci/jcuda/lib, as the tests do); each step's time
+comes from the program's `--json` (`step_seconds`: the step alone, data loading excluded), and the median of the
+measured steps is the Java figure. The warm-up steps are left out because the JIT is still compiling then: LeNet's steps
 reach their steady speed only after some 30 steps (a training run takes thousands), so its warm-up defaults
 to 40 (ResNet-50's, whose steps are long, to 8). The NumPy runner and
 PyTorch are timed as in scripts/bench_runner.py (median step after one warm-up step), all with the same
@@ -21,6 +21,7 @@ the more so with more threads).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -71,20 +72,19 @@ def build_java(tmp: Path, network: str, sizes: dict[str, int] | None = None) -> 
 
 
 def java_step_seconds(build: Path, network: str, blas: str, warmup: int, steps: int, threads: int,
-                      main: str | None = None, batch: int | None = None) -> float:  # fmt: skip
-    """The median time of one of `steps` training steps after `warmup` steps of the class `main` (batch `batch`;
-    default: those of NETWORKS[network]) on the SGEMM `blas`."""
+                      main: str | None = None) -> float:  # fmt: skip
+    """The median time of one of `steps` training steps after `warmup` steps of the class `main` (default: that of
+    NETWORKS[network]) on the SGEMM `blas`."""
     if main is None:
-        main, sets = NETWORKS[network][:2]
-        batch = sets["N"]
+        main = NETWORKS[network][0]
     cp = f"{build}:{openblas_jars()}" if blas == "openblas" else str(build)
     cmd = ["java", f"-XX:ActiveProcessorCount={threads}", "-cp", cp, main, "--data", "synthetic", "--device", "cpu",
-           "--threads", str(threads), "--blas", blas, "--iters", str(warmup + steps)]  # fmt: skip
-    lines = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
-    assert f"GEMM {'OpenBLAS' if blas == 'openblas' else 'Java SGEMM'}" in lines[0], lines[0]
-    rates = [float(line.split()[-2].replace(",", "")) for line in lines if line.endswith("images/s")]
-    assert len(rates) == warmup + steps, lines
-    return statistics.median(batch / rate for rate in rates[warmup:])
+           "--threads", str(threads), "--blas", blas, "--iters", str(warmup + steps), "--json"]  # fmt: skip
+    r = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    assert f"GEMM {'OpenBLAS' if blas == 'openblas' else 'Java SGEMM'}" in r.stderr, r.stderr
+    seconds = json.loads(r.stdout.strip().splitlines()[-1])["step_seconds"]  # each step alone, data excluded
+    assert len(seconds) == warmup + steps, seconds
+    return statistics.median(seconds[warmup:])
 
 
 def figure(runs: list[float]) -> str:
