@@ -128,7 +128,7 @@ def strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 @dataclass
-class _Gen:
+class Gen:
     """Code generation state for one kernel: index variables (ranges, C names) and accumulators."""
 
     shapes: tuple[tuple[int, ...], ...]
@@ -293,7 +293,7 @@ def as_float(arg: tuple[str, str]) -> str:
 
 def cuda_expr(e: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> str:
     """The C expression of a reduction-free `e` at output indices named as in `out` (for tests and reading)."""
-    g = _Gen(shapes)
+    g = Gen(shapes)
     for var, size in out:
         g.bind(var, size)
     pre: list[str] = []
@@ -340,7 +340,7 @@ def ie_kernel(
     tops = top_reductions(body)
     reduced = max((math.prod(n for _, n in r.vars) for r in tops), default=0)
     cooperative = reduced >= 64 and reduced >= numel // 64
-    g = _Gen(shapes, ctypes, cooperative=cooperative)
+    g = Gen(shapes, ctypes, cooperative=cooperative)
     g.locals = Locals(shared_subexpressions(body), g.taken)
     lines: list[str] = []
     params = _params("float", ctypes, False)
@@ -407,7 +407,7 @@ def group_kernel(
               f"  DD_GRID_STRIDE(e, {'n' if generic else numel}) {{"]  # fmt: skip
     taken = {f"r{j}" for j in range(len(bodies))}  # the locals of every body in the one loop
     for j, body in enumerate(bodies):
-        g = _Gen(shapes, ctypes, flat=True, registers={k: f"r{m}" for k, m in readers[j].items()})
+        g = Gen(shapes, ctypes, flat=True, registers={k: f"r{m}" for k, m in readers[j].items()})
         g.locals = Locals(shared_subexpressions(body), taken)
         pre: list[str] = []
         value = as_float(g.expr(body, pre, "    "))

@@ -24,7 +24,7 @@ from deepdsl.backends.java.invariants import mentions
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, reads
 
 if TYPE_CHECKING:
-    from deepdsl.backends.java.kernels import _Gen
+    from deepdsl.backends.java.kernels import Gen
 
 
 def _has_reduce(e: IE) -> bool:
@@ -54,7 +54,7 @@ def column_form(body: IE, out: tuple[tuple[str, int], ...]) -> tuple[IE | None, 
     return (cond, term) if along else None
 
 
-def column_loops(g: _Gen, body: Reduce, cond: IE | None, term: IE, names: list[str], target: str,
+def column_loops(g: Gen, body: Reduce, cond: IE | None, term: IE, names: list[str], target: str,
                  dialect: cexpr.Dialect) -> list[str]:  # fmt: skip
     """The loops of a kernel in its column form: the output's outer axes as the plain form loops over them
     (`names`, the first over the rows `[lo, hi)`), then the last axis (`names[-1]`) set to 0, the

@@ -20,7 +20,7 @@ from deepdsl.backends.cexpr import Dialect
 from deepdsl.ir.indexexpr import IE, Apply, Const, Read, Reduce, Var
 
 if TYPE_CHECKING:
-    from deepdsl.backends.java.kernels import _Gen
+    from deepdsl.backends.java.kernels import Gen
 
 
 def mentions(e: IE, var: str) -> bool:
@@ -46,7 +46,7 @@ def per_element(e: IE, registers: dict[int, str]) -> bool:
     return isinstance(e, Var | Reduce)
 
 
-def hoist(g: _Gen, body: IE, invariant: Callable[[IE], bool], indent: str, dialect: Dialect) -> list[str]:
+def hoist(g: Gen, body: IE, invariant: Callable[[IE], bool], indent: str, dialect: Dialect) -> list[str]:
     """The declarations, at `indent`, of locals holding the largest parts of `body` that `invariant` accepts
     (other than constants), with `g` set to print each of them by its local's name (h0, h1, ...)."""
     lines: list[str] = []

@@ -54,7 +54,7 @@ def strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 @dataclass
-class _Gen:
+class Gen:
     """Code generation state: index variables with their ranges and Java names, statements emitted so far."""
 
     shapes: tuple[tuple[int, ...], ...]
@@ -241,7 +241,7 @@ class _Gen:
         return parts[0]  # the accumulators added pairwise where the sum is used
 
 
-SUM_LANES = 4  # accumulators of a long sum (see _Gen.lane_sum)
+SUM_LANES = 4  # accumulators of a long sum (see Gen.lane_sum)
 
 
 def _sum_lanes(e: Reduce, tail: bool = False) -> int:
@@ -298,7 +298,7 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
         body, out, shapes = c.body, c.out, c.shapes
     lines = ["    float[] " + ", ".join(["o = out.a", *(f"a{k} = in[{k}].a" for k in used)]) + ";"]
     offsets = ["po = out.off", *(f"p{k} = in[{k}].off" for k in used)]
-    g = _Gen(shapes, taken={"o", "po", "out", "in", "lo", "hi", "e", *(f"a{k}" for k in used),
+    g = Gen(shapes, taken={"o", "po", "out", "in", "lo", "hi", "e", *(f"a{k}" for k in used),
                             *(f"p{k}" for k in used)})  # fmt: skip
     g.locals = Locals(shared_subexpressions(body), g.taken)
     g.tail = tail
@@ -372,7 +372,7 @@ def java_cost(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[in
     ranges as a Java expression of the inputs (`in -> in[0].dim(0)`); None for one that does not (one each)."""
     if is_flat(body, out, shapes):
         return str(_work(body))
-    g = _Gen(shapes, sizes=Sizes(tuple(n for _, n in out), shapes))
+    g = Gen(shapes, sizes=Sizes(tuple(n for _, n in out), shapes))
     ranges = []
     for e in _subexprs(body):
         if isinstance(e, Reduce):
@@ -400,7 +400,7 @@ def java_group_kernel(bodies: tuple[IE, ...], readers: tuple[dict[int, int], ...
     taken = {f"r{j}" for j in range(len(bodies))}  # the locals of every body in the one loop
     hoisted: dict[IE, tuple[str, str]] = {}  # shared by the bodies: Adam's two steps read the same corrections
     for j, (body, held) in enumerate(zip(bodies, readers)):
-        g = _Gen((), flat=True, registers={k: f"r{m}" for k, m in held.items()}, taken=taken, hoisted=hoisted)
+        g = Gen((), flat=True, registers={k: f"r{m}" for k, m in held.items()}, taken=taken, hoisted=hoisted)
         g.locals = Locals(shared_subexpressions(flat_form(body)), taken)
         lines += hoist(g, flat_form(body), lambda x, g=g: not per_element(x, g.registers), "    ", JAVA)
         pre: list[str] = []
