@@ -263,6 +263,12 @@ def _ie_sign(x: Any) -> Any:
     return ap("select", ap("<", x, c(0)), c(-1), c(1))
 
 
+def gelu_index(x: Any, which: int) -> Any:
+    """gelu(x) (which 0) or gelu'(x) (which 1) as the index form writes it, on the index expression `x` (the Java
+    backend recognises these bodies and runs them in its runtime's vectorised loops: backends/java/kernels.py)."""
+    return _gelu_terms(x, _IE_NUM, _ie_sign, lambda v: ap("abs", v), which)
+
+
 defop("gelu", 1, doc="element-wise x * Phi(x), the exact (erf) form", elementwise=True, cheap_to_recompute=True)(
     unary_same
 )
@@ -277,10 +283,8 @@ def _np_gelu(x: np.ndarray, which: int) -> np.ndarray:
 
 numpy_kernel("gelu")(lambda xs, a: _np_gelu(xs[0], 0))
 numpy_kernel("gelu_grad")(lambda xs, a: xs[0] * _np_gelu(xs[1], 1))
-index_form("gelu")(pointwise(lambda a, x: _gelu_terms(x, _IE_NUM, _ie_sign, lambda v: ap("abs", v), 0)))
-index_form("gelu_grad")(
-    pointwise(lambda a, g, x: ap("*", g, _gelu_terms(x, _IE_NUM, _ie_sign, lambda v: ap("abs", v), 1)))
-)
+index_form("gelu")(pointwise(lambda a, x: gelu_index(x, 0)))
+index_form("gelu_grad")(pointwise(lambda a, g, x: ap("*", g, gelu_index(x, 1))))
 # about twenty-five operations per element (the kernel printers and `evaluate` compute t, |x| / sqrt 2 and the
 # exponential once: backends/cexpr.py), but one pass over memory: cheap to recompute (memory/remat.py)
 flops_rule("gelu", "gelu_grad")(lambda types, out, a: 4 * out.numel)

@@ -99,6 +99,19 @@ public final class Kernel {
   }
 
   /**
+   * The body of an element-wise GELU kernel: o[po + e] = gelu(x[px + e]) for e in [lo, hi), in loops
+   * the JIT vectorises ({@link CpuGelu}).
+   */
+  public static void gelu(float[] o, int po, float[] x, int px, int lo, int hi) {
+    CpuGelu.forward(o, po, x, px, lo, hi);
+  }
+
+  /** The body of an element-wise {@code g * gelu'(x)} kernel (GELU's gradient), as {@link #gelu}. */
+  public static void geluGrad(float[] o, int po, float[] g, int pg, float[] x, int px, int lo, int hi) {
+    CpuGelu.backward(o, po, g, pg, x, px, lo, hi);
+  }
+
+  /**
    * Runs the Java body over the whole output (the first of {@code args}, the outputs before the
    * inputs): its elements or rows split over the threads, a kernel of little work on the caller.
    */

@@ -23,7 +23,8 @@ from deepdsl.ir import REGISTRY
 from deepdsl.ir.analysis import out_vars
 from deepdsl.ir.groups import is_flat
 from deepdsl.ir.indexexpr import FUNCTIONS, IE, Affine, Apply, Const, Read, Reduce, Var
-from deepdsl.ir.types import DType
+from deepdsl.ir.types import DType, TensorType
+from deepdsl.ops.elementwise import gelu_index
 from deepdsl.ops.indexed import evaluate
 
 pytestmark = JAVA_MARKS
@@ -171,6 +172,7 @@ def _cases() -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
             cases.append((f"shared{k}", shared, out, xs))
     cases += _collapse_cases(data)
     cases += _column_cases(data)
+    cases += _gelu_cases(data)
     for name in sorted(REGISTRY):  # every op with an index form runs through the same generated loops
         form = REGISTRY[name].index_form
         if form is None or name not in EXAMPLES:
@@ -182,6 +184,20 @@ def _cases() -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
               else data.integers(0, 2, t.shape).astype(np.float32) for t in types]  # fmt: skip
         cases.append((name, body, tuple(zip(out_vars(out_type), out_type.shape)), xs))
     return cases
+
+
+def _gelu_cases(data: np.random.Generator) -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
+    """GELU and its gradient, which the Java kernels run through the runtime's vectorised loops (Kernel.gelu,
+    Kernel.geluGrad: CpuGelu.java), over both signs and past every regime of its rational e^-y: several blocks
+    of 256 and a ragged last one, zero and minus zero, |x| where e^(-x^2/2) is below float's range, and NaN."""
+    special = [0.0, -0.0, 1e-8, -1e-8, 13.3, -13.3, 40.0, -40.0, 1e3, -1e3, np.nan]
+    x = np.concatenate([np.linspace(-12, 12, 1289), special]).astype(np.float32)
+    data.shuffle(x)
+    g = data.standard_normal(x.shape).astype(np.float32)
+    t = TensorType((x.size,), DType.F32)
+    out = (("i0", x.size),)
+    return [("gelu_wide", REGISTRY["gelu"].index_form((t,), t, {}), out, [x]),
+            ("gelu_grad_wide", REGISTRY["gelu_grad"].index_form((t, t), t, {}), out, [g, x])]  # fmt: skip
 
 
 def _column_cases(data: np.random.Generator) -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
@@ -306,7 +322,7 @@ def test_kernels_equal_evaluate(tmp_path: Path) -> None:
     source = KERNEL_CHECK.replace("CALLS", "\n".join(calls)).replace("METHODS", "\n\n".join(methods))
     (tmp_path / "KernelCheck.java").write_text(source)
     runtime = ROOT / "deepdsl" / "runtime"
-    runtime_files = ("Buf.java", "Kernel.java", "Npz.java", "Parallel.java")
+    runtime_files = ("Buf.java", "Kernel.java", "CpuGelu.java", "Npz.java", "Parallel.java")
     javac(tmp_path, [tmp_path / "KernelCheck.java", *(runtime / f for f in runtime_files)], tmp_path / "build")
     r = java(tmp_path / "build", "KernelCheck", "in.npz", "out.npz", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -404,6 +420,7 @@ def test_a_subexpression_used_again_is_computed_once() -> None:
     out_type = REGISTRY["gelu_grad"].shape(tuple(types), dict(attrs))
     body = REGISTRY["gelu_grad"].index_form(tuple(types), out_type, dict(attrs))
     out, shapes = tuple(zip(out_vars(out_type), out_type.shape)), tuple(t.shape for t in types)
+    body = Apply("+", (body, Const(1.0)))  # not g * gelu'(x) itself, which the runtime's loops run (_gelu_call)
     text = java_kernel(body, out, shapes)
     assert text.count("Math.exp") == 1 and text.count("Math.abs") == 1
     assert "float c0 = 0.70710677f * Math.abs(a1[p1 + e]);" in text
@@ -413,6 +430,20 @@ def test_a_subexpression_used_again_is_computed_once() -> None:
     text = java_kernel(Apply("*", (twice, twice)), (("i0", 4),), ((4, 8),))
     assert text.count("for (int j") == 1
     assert "float c0 = (s0a + s0b) + (s0c + s0d);" in text and "o[po + i0] = (c0 * c0);" in text
+
+
+def test_gelu_and_its_gradient_run_in_the_runtimes_vectorised_loops() -> None:
+    """A flat kernel that is exactly GELU or g * GELU' calls Kernel.gelu / Kernel.geluGrad (its numbers: the
+    gelu_wide cases of test_kernels_equal_evaluate); any other body, GELU of a sum say, is written out as loops."""
+    t = TensorType((4, 8), DType.F32)
+    out, shapes = (("i0", 4), ("i1", 8)), ((4, 8), (4, 8))
+    forward = java_kernel(REGISTRY["gelu"].index_form((t,), t, {}), out, shapes[:1])
+    assert forward.endswith("    Kernel.gelu(o, po, a0, p0, lo, hi);") and "Math.exp" not in forward
+    backward = java_kernel(REGISTRY["gelu_grad"].index_form((t, t), t, {}), out, shapes)
+    assert backward.endswith("    Kernel.geluGrad(o, po, a0, p0, a1, p1, lo, hi);")
+    own = (Affine.var("i0"), Affine.var("i1"))
+    of_sum = gelu_index(Apply("+", (Read(0, own), Read(1, own))), 0)
+    assert "Kernel.gelu" not in java_kernel(of_sum, out, shapes) and "Math.exp" in java_kernel(of_sum, out, shapes)
 
 
 def test_a_kernels_cost_is_its_work_per_output_element() -> None:
