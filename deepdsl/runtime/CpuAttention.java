@@ -15,7 +15,14 @@ final class CpuAttention {
   public static void masked_softmax(Buf out, Buf x, float scale, boolean causal, int period) {
     int rows = x.dim(0);
     int cols = x.dim(1);
-    for (int r = 0; r < rows; r++) {
+    // rows on the threads: attention's are many and short ([N * heads * T, T])
+    Parallel.range(rows, 8L * rows * cols, (lo, hi) -> maskedRows(out, x, scale, causal, period, lo, hi));
+  }
+
+  private static void maskedRows(
+      Buf out, Buf x, float scale, boolean causal, int period, int lo, int hi) {
+    int cols = x.dim(1);
+    for (int r = lo; r < hi; r++) {
       int in = x.off + r * cols;
       int o = out.off + r * cols;
       int seen = causal ? Math.min(cols, r % period + 1) : cols;

@@ -52,7 +52,13 @@ final class CpuLosses {
   public static void softmax_backward(Buf out, Buf y, Buf g) {
     int rows = y.dim(0);
     int cols = y.dim(1);
-    for (int r = 0; r < rows; r++) {
+    // rows on the threads: attention's are many and short ([N * heads * T, T])
+    Parallel.range(rows, 4L * rows * cols, (lo, hi) -> softmaxBackwardRows(out, y, g, lo, hi));
+  }
+
+  private static void softmaxBackwardRows(Buf out, Buf y, Buf g, int lo, int hi) {
+    int cols = y.dim(1);
+    for (int r = lo; r < hi; r++) {
       int yi = y.off + r * cols;
       int gi = g.off + r * cols;
       // four partial sums: independent additions, not one chain waiting on each
