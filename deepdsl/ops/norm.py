@@ -97,17 +97,63 @@ def layer_norm(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorTy
 
 @lowering("layer_norm")
 def _lower_layer_norm(b: Any, s: Any, ctx: Any) -> Any:
-    # NOTE: x [R, D] viewed as [1, R, D] has the rows as its channels, so batch norm's per-channel statistics
-    # (biased variance, as LayerNorm's) are the rows' statistics, and bn_apply normalises each row; every piece
-    # has its gradient, index form and kernels already. The same in training and inference (no running state).
+    # NOTE: the rows normalised by one statement (layer_norm_rows, whose gradient is one statement too), then the
+    # scale and shift, which fuse with what reads them. Each row's statistics stay inside the two statements, as
+    # a row at a time: a pass over the rows forward and one backward, where the statistics as statements of their
+    # own (channel_mean, channel_var and bn_apply over [1, R, D]) took four passes forward and ten backward. The
+    # same in training and inference (no running state).
     x, gamma, beta = s.inputs
     rows, d = x.type.shape
-    x3 = _e(b, s, "reshape", x, shape=(1, rows, d))
-    mean = _e(b, s, "channel_mean", x3)
-    var = _e(b, s, "channel_var", x3, mean)
-    h = _e(b, s, "reshape", _e(b, s, "bn_apply", x3, mean, var, eps=s.a["eps"]), shape=(rows, d))
+    h = _e(b, s, "layer_norm_rows", x, eps=s.a["eps"])
     scaled = _e(b, s, "mul", h, _e(b, s, "broadcast_channel", gamma, shape=(rows, d)))
     return _e(b, s, "bias_add", scaled, beta)
+
+
+@defop("layer_norm_rows", 1, cheap_to_recompute=True)  # a pass over each row of its input, which its gradient keeps
+def layer_norm_rows(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """Each row of x [R, D] as (x - mean) / sqrt(biased var + eps), its mean and variance over the row; attrs: eps."""
+    (x,) = types
+    need_float(x, "layer_norm_rows")
+    need_rank(x, (2,), "layer_norm_rows", " ([rows, features])")
+    return x
+
+
+@defop("layer_norm_rows_backward", 2, differentiable=False)
+def layer_norm_rows_backward(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """d layer_norm_rows / d x: inputs x, g (d y); per row r (g - mean(g) - y mean(g y)) with y the row normalised
+    and r its 1 / sqrt(var + eps); attrs as layer_norm_rows."""
+    x, g = types
+    if x.shape != g.shape:
+        raise ShapeError(f"layer_norm_rows_backward: gradient {g} does not fit input {x}")
+    return layer_norm_rows((x,), attrs)
+
+
+def _normalised_rows(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each row of x normalised, and each row's 1 / sqrt(var + eps) (a column)."""
+    centred = x - x.mean(axis=1, keepdims=True)
+    r = 1 / np.sqrt(np.mean(centred * centred, axis=1, keepdims=True) + x.dtype.type(eps))
+    return centred * r, r
+
+
+numpy_kernel("layer_norm_rows")(lambda xs, a: _normalised_rows(xs[0], a["eps"])[0])
+
+
+@numpy_kernel("layer_norm_rows_backward")
+def _layer_norm_rows_backward_np(xs: tuple, a: dict) -> np.ndarray:
+    x, g = xs
+    y, r = _normalised_rows(x, a["eps"])
+    return r * (g - g.mean(axis=1, keepdims=True) - y * np.mean(g * y, axis=1, keepdims=True))
+
+
+@flops_rule("layer_norm_rows", "layer_norm_rows_backward")
+def _layer_norm_rows_flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
+    # forward: the sum, the centred squares' sum, the scaling; backward: those again, two sums, the result
+    return out.numel * (5 if len(types) == 1 else 11)
+
+
+@vjp_rule("layer_norm_rows")
+def _layer_norm_rows_vjp(b: Any, s: Any, g: Any) -> tuple:
+    return (_e(b, s, "layer_norm_rows_backward", s.inputs[0], g, **s.a),)
 
 
 def _bc(v: np.ndarray, ndim: int) -> np.ndarray:
@@ -248,4 +294,6 @@ eager_saves(
 
 # the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
 java_call("lrn", "Buf x, float alpha, float beta, float k, int size")
+java_call("layer_norm_rows", "Buf x, float eps")
+java_call("layer_norm_rows_backward", "Buf x, Buf g, float eps")
 java_call("lrn_backward", "Buf x, Buf y, Buf g, float alpha, float beta, float k, int size")

@@ -205,6 +205,16 @@ public final class CpuDevice implements Device {
   }
 
   @Override
+  public void layerNormRows(Buf out, Buf x, float eps) {
+    CpuOps.layer_norm_rows(out, x, eps);
+  }
+
+  @Override
+  public void layerNormRowsBackward(Buf out, Buf x, Buf g, float eps) {
+    CpuOps.layer_norm_rows_backward(out, x, g, eps);
+  }
+
+  @Override
   public void dropoutMask(Buf out, long step, float p, long seed, String site) {
     CpuOps.dropout_mask(out, step, p, seed, site);
   }

@@ -6,9 +6,128 @@ import static deepdsl.runtime.CpuConvolution.*;
 
 import java.util.Arrays;
 
-/** Local response normalisation, for {@link CpuOps}. */
+/** Local response normalisation and layer norm's rows, for {@link CpuOps}. */
 final class CpuNormalisation {
   private CpuNormalisation() {}
+
+  // ---- layer norm's rows ----
+
+  /**
+   * out = (x - mean) / sqrt(var + eps) for each row of x [R, D], its mean and biased variance over
+   * the row (the variance of the centred row, as the NumPy runner computes it). The rows run on the
+   * threads, each whole on one, so the result does not depend on the split.
+   */
+  public static void layerNormRows(Buf out, Buf x, float eps) {
+    int rows = x.dim(0);
+    int d = x.dim(1);
+    float[] xa = x.a;
+    float[] o = out.a;
+    Parallel.range(
+        rows,
+        5L * rows * d,
+        (lo, hi) -> {
+          for (int r = lo; r < hi; r++) {
+            int xi = x.off + r * d;
+            int oi = out.off + r * d;
+            float mean = sum(xa, xi, d) / d;
+            float rs = 1f / (float) Math.sqrt(centredSquares(xa, xi, d, mean) / d + eps);
+            for (int j = 0; j < d; j++) {
+              o[oi + j] = (xa[xi + j] - mean) * rs;
+            }
+          }
+        });
+  }
+
+  /**
+   * out = d {@link #layerNormRows} / d x given g = dy: per row rs (g - mean(g) - y mean(g y)), with
+   * y the row normalised and rs its 1 / sqrt(var + eps), both recomputed from x.
+   */
+  public static void layerNormRowsBackward(Buf out, Buf x, Buf g, float eps) {
+    int rows = x.dim(0);
+    int d = x.dim(1);
+    float[] xa = x.a;
+    float[] ga = g.a;
+    float[] o = out.a;
+    Parallel.range(
+        rows,
+        11L * rows * d,
+        (lo, hi) -> {
+          for (int r = lo; r < hi; r++) {
+            int xi = x.off + r * d;
+            int gi = g.off + r * d;
+            int oi = out.off + r * d;
+            float mean = sum(xa, xi, d) / d;
+            float rs = 1f / (float) Math.sqrt(centredSquares(xa, xi, d, mean) / d + eps);
+            float meanG = sum(ga, gi, d) / d;
+            float meanGy = centredDot(ga, gi, xa, xi, d, mean) * rs / d;
+            for (int j = 0; j < d; j++) {
+              o[oi + j] = rs * (ga[gi + j] - meanG - (xa[xi + j] - mean) * rs * meanGy);
+            }
+          }
+        });
+  }
+
+  /** a[at] + ... + a[at + n - 1], in four running sums (independent chains the CPU overlaps). */
+  private static float sum(float[] a, int at, int n) {
+    float s0 = 0f;
+    float s1 = 0f;
+    float s2 = 0f;
+    float s3 = 0f;
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+      s0 += a[at + j];
+      s1 += a[at + j + 1];
+      s2 += a[at + j + 2];
+      s3 += a[at + j + 3];
+    }
+    for (; j < n; j++) {
+      s0 += a[at + j];
+    }
+    return (s0 + s1) + (s2 + s3);
+  }
+
+  /** The sum of (a[at + j] - mean)^2 over j in [0, n), as {@link #sum}. */
+  private static float centredSquares(float[] a, int at, int n, float mean) {
+    float s0 = 0f;
+    float s1 = 0f;
+    float s2 = 0f;
+    float s3 = 0f;
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+      float c0 = a[at + j] - mean;
+      float c1 = a[at + j + 1] - mean;
+      float c2 = a[at + j + 2] - mean;
+      float c3 = a[at + j + 3] - mean;
+      s0 += c0 * c0;
+      s1 += c1 * c1;
+      s2 += c2 * c2;
+      s3 += c3 * c3;
+    }
+    for (; j < n; j++) {
+      float c = a[at + j] - mean;
+      s0 += c * c;
+    }
+    return (s0 + s1) + (s2 + s3);
+  }
+
+  /** The sum of g[gi + j] * (x[xi + j] - mean) over j in [0, n), as {@link #sum}. */
+  private static float centredDot(float[] g, int gi, float[] x, int xi, int n, float mean) {
+    float s0 = 0f;
+    float s1 = 0f;
+    float s2 = 0f;
+    float s3 = 0f;
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+      s0 += g[gi + j] * (x[xi + j] - mean);
+      s1 += g[gi + j + 1] * (x[xi + j + 1] - mean);
+      s2 += g[gi + j + 2] * (x[xi + j + 2] - mean);
+      s3 += g[gi + j + 3] * (x[xi + j + 3] - mean);
+    }
+    for (; j < n; j++) {
+      s0 += g[gi + j] * (x[xi + j] - mean);
+    }
+    return (s0 + s1) + (s2 + s3);
+  }
 
   // ---- local response normalisation ----
 

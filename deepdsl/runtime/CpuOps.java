@@ -116,6 +116,14 @@ public final class CpuOps {
     CpuNormalisation.lrn_backward(out, x, y, g, alpha, beta, k, size);
   }
 
+  public static void layer_norm_rows(Buf out, Buf x, float eps) {
+    CpuNormalisation.layerNormRows(out, x, eps);
+  }
+
+  public static void layer_norm_rows_backward(Buf out, Buf x, Buf g, float eps) {
+    CpuNormalisation.layerNormRowsBackward(out, x, g, eps);
+  }
+
   public static void softmax(Buf out, Buf x) {
     CpuLosses.softmax(out, x);
   }

@@ -960,6 +960,20 @@ public final class CudaDevice implements Device {
   }
 
   @Override
+  public void layerNormRows(Buf out, Buf x, float eps) {
+    launch(
+        "dd_k_layer_norm_rows", rows(x.shape[0]), THREADS, new Buf[] {out, x}, i(x.shape[0]),
+        i(x.shape[1]), Pointer.to(new float[] {eps}));
+  }
+
+  @Override
+  public void layerNormRowsBackward(Buf out, Buf x, Buf g, float eps) {
+    launch(
+        "dd_k_layer_norm_rows_backward", rows(x.shape[0]), THREADS, new Buf[] {out, x, g},
+        i(x.shape[0]), i(x.shape[1]), Pointer.to(new float[] {eps}));
+  }
+
+  @Override
   public void dropoutMask(Buf out, long step, float p, long seed, String site) {
     double threshold = Rng.shortestDecimal(p);
     float keep = (float) (1.0 / (1.0 - threshold));

@@ -92,6 +92,12 @@ public interface Device extends AutoCloseable {
 
   void lrn(Buf out, Buf x, float alpha, float beta, float k, int size);
 
+  /** Each row of x [R, D] normalised to mean 0 and variance 1 (biased, plus eps). */
+  void layerNormRows(Buf out, Buf x, float eps);
+
+  /** The gradient of {@link #layerNormRows} given g = dy: x's rows' statistics recomputed. */
+  void layerNormRowsBackward(Buf out, Buf x, Buf g, float eps);
+
   void lrnBackward(Buf out, Buf x, Buf y, Buf g, float alpha, float beta, float k, int size);
 
   void dropoutMask(Buf out, long step, float p, long seed, String site);

@@ -9,9 +9,13 @@ import java.util.Arrays;
  * out, in...)}, so both devices execute the same list of calls.
  *
  * <p>The Java body computes a range {@code [lo, hi)} of its output: elements of an element-wise
- * kernel, rows (indices of the first axis) of the others. {@link #run} splits the output over the
- * threads of {@link Parallel} by the kernel's work (the output's elements times the kernel's cost
- * per element) and runs the body once a piece; the loops over the elements are the body's own.
+ * kernel, indices of one axis of the others (the first; the second for a kernel made by {@link
+ * #shapedOn}, whose first axis has size 1 where it is generated). {@link #run} splits the output
+ * over the threads of {@link Parallel} by the kernel's work (the output's elements times the
+ * kernel's cost per element) and runs the body once a piece; the loops over the elements are the
+ * body's own. The pieces of a sum down columns ({@link #columns}) are at least {@link
+ * #COLUMN_GRAIN} columns wide: each piece reads its run of every row, and narrower runs cost more
+ * in memory traffic than a second thread saves.
  */
 public final class Kernel {
   /** The CPU device's code of a kernel over {@code [lo, hi)} of its output, from its inputs. */
@@ -51,17 +55,29 @@ public final class Kernel {
   /** Threads per block. */
   public final int block;
 
+  /** The fewest columns a piece of a sum down columns covers: a 256-byte run of each row. */
+  public static final int COLUMN_GRAIN = 64;
+
   private final int outputs;
   private final Cost cost;
   private final GroupBody body;
+  private final int axis; // the output axis a shaped or rows kernel's pieces cover
+  private final int grain; // the fewest indices of that axis a piece covers
 
-  private Kernel(String name, Launch launch, int block, int outputs, Cost cost, GroupBody body) {
+  private Kernel(
+      String name, Launch launch, int block, int outputs, Cost cost, GroupBody body, int axis, int grain) {
     this.name = name;
     this.launch = launch;
     this.block = block;
     this.outputs = outputs;
     this.cost = cost;
     this.body = body;
+    this.axis = axis;
+    this.grain = grain;
+  }
+
+  private Kernel(String name, Launch launch, int block, int outputs, Cost cost, GroupBody body) {
+    this(name, launch, block, outputs, cost, body, 0, 1);
   }
 
   private static GroupBody one(Body body) {
@@ -86,6 +102,32 @@ public final class Kernel {
   /** A shaped kernel whose elements each take {@code cost} operations (a reduction). */
   public static Kernel shaped(String name, Cost cost, Body body) {
     return new Kernel(name, Launch.SHAPED, 256, 1, cost, one(body));
+  }
+
+  /**
+   * A shaped kernel whose body covers indices {@code [lo, hi)} of its output's axis {@code axis} (1:
+   * the first axis has size 1, so that a split by it would leave the kernel on one thread).
+   */
+  public static Kernel shapedOn(String name, int axis, Body body) {
+    return new Kernel(name, Launch.SHAPED, 256, 1, in -> 1, one(body), axis, 1);
+  }
+
+  /** A {@link #shapedOn} kernel whose elements each take {@code cost} operations. */
+  public static Kernel shapedOn(String name, int axis, Cost cost, Body body) {
+    return new Kernel(name, Launch.SHAPED, 256, 1, cost, one(body), axis, 1);
+  }
+
+  /**
+   * A rows kernel that sums down the columns of its output's one axis: its pieces are runs of at
+   * least {@link #COLUMN_GRAIN} columns.
+   */
+  public static Kernel columns(String name, int block, Body body) {
+    return new Kernel(name, Launch.ROWS, block, 1, in -> 1, one(body), 0, COLUMN_GRAIN);
+  }
+
+  /** A {@link #columns} kernel whose elements each take {@code cost} operations (its sum). */
+  public static Kernel columns(String name, int block, Cost cost, Body body) {
+    return new Kernel(name, Launch.ROWS, block, 1, cost, one(body), 0, COLUMN_GRAIN);
   }
 
   /** A kernel of one block of {@code block} threads per output element, its dims as arguments. */
@@ -119,8 +161,11 @@ public final class Kernel {
     Buf[] out = Arrays.copyOfRange(args, 0, outputs);
     Buf[] in = Arrays.copyOfRange(args, outputs, args.length);
     Buf first = out[0];
-    int n = launch == Launch.ELEMENTS ? first.numel() : first.shape.length == 0 ? 1 : first.shape[0];
-    Parallel.range(n, cost.of(in) * first.numel(), (lo, hi) -> body.run(out, in, lo, hi));
+    int n =
+        launch == Launch.ELEMENTS
+            ? first.numel()
+            : first.shape.length <= axis ? 1 : first.shape[axis];
+    Parallel.range(n, cost.of(in) * first.numel(), grain, (lo, hi) -> body.run(out, in, lo, hi));
   }
 
   @Override

@@ -62,11 +62,17 @@ public final class Parallel {
    * operations) is small or there is one thread, else in about four pieces per thread.
    */
   public static void range(int n, long work, Range body) {
-    if (n <= 1 || work < MIN_WORK || THREADS == 1 || inLoop()) {
+    range(n, work, 1, body);
+  }
+
+  /** {@link #range(int, long, Range)} in pieces of at least {@code grain} items. */
+  public static void range(int n, long work, int grain, Range body) {
+    int most = n / Math.max(1, grain); // the most pieces of at least grain items
+    if (most <= 1 || work < MIN_WORK || THREADS == 1 || inLoop()) {
       body.run(0, n);
       return;
     }
-    int pieces = (int) Math.min(n, Math.min(4L * THREADS, work / (MIN_WORK / 4)));
+    int pieces = (int) Math.min(most, Math.min(4L * THREADS, work / (MIN_WORK / 4)));
     run(n, THREADS, pieces, (piece, lo, hi) -> body.run(lo, hi));
   }
 

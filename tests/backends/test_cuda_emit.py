@@ -147,6 +147,7 @@ def _op_plan() -> Plan:
         b.emit("masked_softmax", x, scale=0.5, causal=True, period=2),
         b.emit("masked_softmax", x, scale=2.0, causal=False, period=1),
         b.emit("gelu", x), b.emit("gelu_grad", g, x),
+        b.emit("layer_norm_rows", x, eps=1e-5), b.emit("layer_norm_rows_backward", x, g, eps=1e-5),
     ]  # fmt: skip
     for k, v in enumerate(outs):
         b.output(f"o{k}", v)

@@ -148,6 +148,12 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
     add("lrn", [x], **lrn)
     add("lrn_backward", [x, _np("lrn", [x], **lrn), _f(2, 7, 3, 5)], **lrn)
 
+    # layer norm's rows: a width the four running sums do not divide, and rows enough to split over threads
+    for rows, width in ((5, 7), (600, 64)):
+        x = _f(rows, width) * 3 + 1
+        add("layer_norm_rows", [x], eps=1e-5)
+        add("layer_norm_rows_backward", [x, _f(rows, width)], eps=1e-5)
+
     # matrix products: every transpose, and sizes large enough to split over threads
     for ta in (False, True):
         for tb in (False, True):

@@ -16,7 +16,7 @@ from conftest import GOLDEN, NETWORKS, ROOT
 from java_env import JAVA_MARKS, java, javac
 from ops.test_registry_complete import EXAMPLES
 
-from deepdsl.backends.java.kernels import java_cost, java_kernel
+from deepdsl.backends.java.kernels import column_sum, java_cost, java_kernel, split_axis
 from deepdsl.backends.java.unit_axes import padded
 from deepdsl.checkpoint import save_npz
 from deepdsl.ir import REGISTRY
@@ -172,6 +172,7 @@ def _cases() -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
             cases.append((f"shared{k}", shared, out, xs))
     cases += _collapse_cases(data)
     cases += _column_cases(data)
+    cases += _split_cases(np.random.default_rng(11))  # its own stream: the cases after it keep their data
     cases += _gelu_cases(data)
     for name in sorted(REGISTRY):  # every op with an index form runs through the same generated loops
         form = REGISTRY[name].index_form
@@ -198,6 +199,21 @@ def _gelu_cases(data: np.random.Generator) -> list[tuple[str, IE, tuple, list[np
     out = (("i0", x.size),)
     return [("gelu_wide", REGISTRY["gelu"].index_form((t,), t, {}), out, [x]),
             ("gelu_grad_wide", REGISTRY["gelu_grad"].index_form((t, t), t, {}), out, [g, x])]  # fmt: skip
+
+
+def _split_cases(data: np.random.Generator) -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
+    """Kernels large enough to run on several threads where the runtime splits them by something other than their
+    first axis: a layer norm's `[1, rows, width]` (split by its rows, the second axis) and sums down 256 and 64
+    columns (split into runs of Kernel.COLUMN_GRAIN columns, or not at all)."""
+    v = Affine.var
+    centred = Apply("*", (Apply("-", (Read(0, (v("i0"), v("i1"), v("i2"))), Read(1, (v("i1"),)))), Read(2, (v("i1"),))))
+    rows = [data.uniform(-2.0, 2.0, s).astype(np.float32) for s in ((1, 600, 64), (600,), (600,))]
+    cases = [("rows_of_a_unit_first_axis", centred, (("i0", 1), ("i1", 600), ("i2", 64)), rows)]
+    for width in (256, 64):
+        column = Reduce("sum", (("r0", 1024),), Read(0, (v("r0"), v("i0"))))
+        cases.append((f"sum_down_{width}_columns", column, (("i0", width),),
+                      [data.uniform(-1.0, 1.0, (1024, width)).astype(np.float32)]))  # fmt: skip
+    return cases
 
 
 def _column_cases(data: np.random.Generator) -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
@@ -305,8 +321,12 @@ def test_kernels_equal_evaluate(tmp_path: Path) -> None:
     for k, (name, _, out, xs, body, written, shapes) in enumerate(cases):
         tail = name.startswith(("padded_", "tail_"))
         cost = java_cost(body, written, shapes)  # the kernel's constant as the emitter writes it (kernel_section)
-        make = "elementwise" if is_flat(body, written, shapes) else "shaped"
-        head = ", ".join([f'"k{k}"', *([cost] if cost is not None else []), "(out, in, lo, hi) -> {"])
+        split = split_axis(body, written, shapes)  # a first axis of size 1: the pieces cover the second
+        columns = column_sum(body, written, shapes)  # a sum down columns: pieces of Kernel.COLUMN_GRAIN columns
+        make = ("elementwise" if is_flat(body, written, shapes) else "columns" if columns
+                else "shapedOn" if split else "shaped")  # fmt: skip
+        head = ", ".join([f'"k{k}"', *(["256"] if columns else []), *([str(split)] if split else []),
+                          *([cost] if cost is not None else []), "(out, in, lo, hi) -> {"])  # fmt: skip
         text = java_kernel(body, written, shapes, tail)
         methods.append(f"  static final Kernel K{k} = Kernel.{make}({head}\n{text}\n  }});")
         if name.startswith("padded_"):  # the statement's tensors seen as [N, C, 1, 1] where the form pads them

@@ -69,6 +69,7 @@ CASES = {
     "avg_pool2d": ([rand(2, 2, 6, 5)], {"kernel": (3, 2), "stride": (2, 1), "pad": (1, 1)}),
     "global_avg_pool": ([rand(2, 3, 4, 5)], {}),
     "lrn": ([rand(2, 6, 3, 3)], {"size": 5, "alpha": 0.5, "beta": 0.75, "k": 2.0}),
+    "layer_norm_rows": ([rand(3, 6) * 3], {"eps": 1e-5}),
     "gelu": ([rand(3, 4) * 2], {}),
     "batch_matmul": ([rand(2, 4, 3), rand(2, 5, 4)], {"transpose_a": True, "transpose_b": True}),
     "transpose": ([rand(2, 3, 4)], {"perm": (2, 0, 1)}),

@@ -93,6 +93,15 @@ extern "C" __global__ void dd_k_lrn_backward(float* dx, const float* x, const fl
     dd_lrn_backward(dx, x, y, g, N, C, HW, size, k, alpha, beta);
 }
 
+extern "C" __global__ void dd_k_layer_norm_rows(float* y, const float* x, int R, int D, float eps) {
+    dd_layer_norm_rows(y, x, R, D, eps);
+}
+
+extern "C" __global__ void dd_k_layer_norm_rows_backward(float* dx, const float* x, const float* g, int R, int D,
+                                                         float eps) {
+    dd_layer_norm_rows_backward(dx, x, g, R, D, eps);
+}
+
 extern "C" __global__ void dd_k_dropout_mask(float* mask, const long long* step, int n, unsigned long long stream,
                                              double p, float keep) {
     dd_dropout_mask(mask, step, n, stream, p, keep);

@@ -277,6 +277,42 @@ __device__ void dd_softmax(float* __restrict__ y, const float* __restrict__ x, i
     }
 }
 
+// each row of x [R, D] as (x - mean) / sqrt(biased var + eps): registry op layer_norm_rows, one block per row
+__device__ void dd_layer_norm_rows(float* __restrict__ y, const float* __restrict__ x, int R, int D, float eps) {
+    DD_BLOCK_STRIDE(r, R) {
+        const float* xr = x + (long long)r * D;
+        float s = 0.0f;
+        for (int d = threadIdx.x; d < D; d += blockDim.x) s += xr[d];
+        float mean = dd_block_sum(s) / D;
+        float q = 0.0f;
+        for (int d = threadIdx.x; d < D; d += blockDim.x) q += (xr[d] - mean) * (xr[d] - mean);
+        float rs = 1.0f / sqrtf(dd_block_sum(q) / D + eps);
+        for (int d = threadIdx.x; d < D; d += blockDim.x) y[(long long)r * D + d] = (xr[d] - mean) * rs;
+    }
+}
+
+// its gradient given g = dy: r (g - mean(g) - y mean(g y)) per row, y and r recomputed from x
+__device__ void dd_layer_norm_rows_backward(float* __restrict__ dx, const float* __restrict__ x,
+                                            const float* __restrict__ g, int R, int D, float eps) {
+    DD_BLOCK_STRIDE(r, R) {
+        long long base = (long long)r * D;
+        float s = 0.0f;
+        for (int d = threadIdx.x; d < D; d += blockDim.x) s += x[base + d];
+        float mean = dd_block_sum(s) / D;
+        float q = 0.0f;
+        for (int d = threadIdx.x; d < D; d += blockDim.x) q += (x[base + d] - mean) * (x[base + d] - mean);
+        float rs = 1.0f / sqrtf(dd_block_sum(q) / D + eps);
+        float sg = 0.0f, sgy = 0.0f;
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            sg += g[base + d];
+            sgy += g[base + d] * (x[base + d] - mean) * rs;
+        }
+        float mg = dd_block_sum(sg) / D, mgy = dd_block_sum(sgy) / D;
+        for (int d = threadIdx.x; d < D; d += blockDim.x)
+            dx[base + d] = rs * (g[base + d] - mg - (x[base + d] - mean) * rs * mgy);
+    }
+}
+
 // attention's softmax over each row of x [R, T] of scale * x; with causal, row r sees only the keys
 // j <= r % period (the rest get weight 0): registry op masked_softmax, one block per row
 __device__ void dd_masked_softmax(float* __restrict__ y, const float* __restrict__ x, int R, int T, int period,

@@ -154,6 +154,13 @@ def _lrn(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     )
 
 
+def _layer_norm_rows(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
+    rows, d = s.inputs[0].type.shape
+    ins = "in0, in1" if s.op.endswith("_backward") else "in0"
+    call = f"dd_{s.op}(out, {ins}, {c_ints(rows, d)}, {float_literal(s.a['eps'])})"
+    return library_call(name, s, ct, "float", call, **row_launch(rows, s.out.type.numel))
+
+
 def _dropout_mask(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     a = s.a
     n = s.out.type.numel
@@ -174,6 +181,7 @@ cuda_kernel("softmax_cross_entropy", "softmax_cross_entropy_backward", "cross_en
 cuda_kernel("argmax")(_argmax)
 cuda_kernel("accuracy")(_accuracy)
 cuda_kernel("lrn", "lrn_backward")(_lrn)
+cuda_kernel("layer_norm_rows", "layer_norm_rows_backward")(_layer_norm_rows)
 cuda_kernel("dropout_mask")(_dropout_mask)
 
 

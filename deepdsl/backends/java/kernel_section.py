@@ -11,12 +11,14 @@ from deepdsl.backends.cuda.kernels import group_kernel, ie_kernel
 from deepdsl.backends.escape import java_comment, java_string
 from deepdsl.backends.java.constants import lift, numbers
 from deepdsl.backends.java.kernels import (
+    column_sum,
     flat_form,
     float_literal,
     is_flat,
     java_cost,
     java_group_kernel,
     java_kernel,
+    split_axis,
 )
 from deepdsl.backends.java.names import camel, identifier
 from deepdsl.backends.java.settings import read_settings, with_settings
@@ -68,9 +70,12 @@ def canonical_names(e: Any) -> Any:
     return go(e)
 
 
-def _add(e: Emitter, name: str, java: str, cuda: Any, outputs: int, flat: bool, cost: str | None, doc: str) -> str:
+def _add(e: Emitter, name: str, java: str, cuda: Any, outputs: int, flat: bool, cost: str | None, doc: str,
+         split: int = 0, columns: bool = False) -> str:  # fmt: skip
     """Records kernel `name` (its Java body, its CUDA kernel) and returns the name of its constant, which holds its
-    launch shape, its cost per output element (kernels.java_cost) and its Java body as a lambda."""
+    launch shape, its cost per output element (kernels.java_cost) and its Java body as a lambda; `split` is the
+    output axis a shaped kernel's pieces cover (kernels.split_axis), `columns` a sum down columns
+    (kernels.column_sum), whose pieces the runtime keeps wide."""
     const = e.namer(f"constant:{name}", _constant(name))
     e.cuda_text.append(cuda.text)
     args = [java_string(name), *([cost] if cost is not None else [])]
@@ -79,7 +84,10 @@ def _add(e: Emitter, name: str, java: str, cuda: Any, outputs: int, flat: bool, 
     elif flat:
         make = f"Kernel.elementwise({', '.join(args)}"
     elif cuda.loop == "block-stride":
-        make = f"Kernel.rows({', '.join([args[0], str(cuda.block[0]), *args[1:]])}"
+        factory = "columns" if columns else "rows"
+        make = f"Kernel.{factory}({', '.join([args[0], str(cuda.block[0]), *args[1:]])}"
+    elif split:
+        make = f"Kernel.shapedOn({', '.join([args[0], str(split), *args[1:]])}"
     else:
         make = f"Kernel.shaped({', '.join(args)}"
     head = f"  static final Kernel {const} = {make}, (out, in, lo, hi) -> {{"
@@ -149,7 +157,8 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
     if key not in e.kernels:
         name = e.namer(f"kernel:{op}:{value}", camel(op))
         cuda = ie_kernel(name, body, out, shapes, ctypes, (doc,), generic=True)
-        e.kernels[key] = _add(e, name, java, cuda, 1, flat, java_cost(body, out, shapes), doc)
+        split, columns = split_axis(body, out, shapes), column_sum(body, out, shapes)
+        e.kernels[key] = _add(e, name, java, cuda, 1, flat, java_cost(body, out, shapes), doc, split, columns)
     return e.kernels[key]
 
 

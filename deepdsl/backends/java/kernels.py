@@ -23,7 +23,7 @@ import numpy as np
 
 from deepdsl.backends import cexpr
 from deepdsl.backends.cexpr import Locals, apply, java_dialect
-from deepdsl.backends.collapse import collapse
+from deepdsl.backends.collapse import Collapsed, collapse
 from deepdsl.backends.java.column_sums import column_form, column_loops
 from deepdsl.backends.java.invariants import hoist, mentions, per_element
 from deepdsl.backends.java.names import JAVA_KEYWORDS
@@ -315,6 +315,7 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
         lines += [*before, "    for (int e = lo; e < hi; e++) {", *pre, f"      o[po + e] = {as_float((value, kind))};"]
         lines.append("    }")
         return "\n".join(lines)
+    split = _split_axis(c, column_form(body, out) is not None)
     sizes = Sizes(tuple(n for _, n in out), shapes)  # shape-generic: the sizes are the buffers' dims
     g.sizes = sizes
     names = [g.bind(var, size, sizes.out_dim(j)) for j, (var, size) in enumerate(out)]
@@ -331,7 +332,7 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
     else:
         loop = []
         for k, v in enumerate(names):
-            lo, hi = ("lo", "hi") if k == 0 else ("0", sizes.out_dim(k))
+            lo, hi = ("lo", "hi") if k == split else ("0", sizes.out_dim(k))
             if k == depth - 1 and k > 0:  # what the innermost loop does not change, before it
                 loop += hoist(g, body, lambda x, last=out[-1][0]: not mentions(x, last), "  " * (k + 2), JAVA)
             loop.append(f"{'  ' * (k + 2)}for (int {v} = {lo}; {v} < {hi}; {v}++) {{")
@@ -350,6 +351,35 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
     axes = (c.out_axes, *c.in_axes)  # a collapsed axis: the product of the buffer's dims it covers
     dims = [f"{n} = {_dim(b, axes[b + 1][j])}" for n, b, j in sizes.dims_used(needed)]
     return "\n".join([*lines, *_declarations([offsets, dims, strides]), text])
+
+
+def _split_axis(c: Collapsed, column: bool) -> int:
+    """The output axis whose indices a shaped kernel's pieces cover (`lo`, `hi`): the first, or the second where
+    the first has size 1 (a layer norm's `[1, rows, width]`, which split by its first axis would be one piece on
+    one thread) and the second is the buffer's own (not merged with the third by the collapse), so that the
+    runtime's split of the output's dim 1 is this loop's range. The loops before it run whole, so the kernel
+    stays right for every size the statements sharing it have."""
+    if column or len(c.out) < 2 or c.out[0][1] != 1 or c.out_axes[1] != (1,):
+        return 0
+    return 1
+
+
+def split_axis(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> int:
+    """The output axis the runtime splits a shaped kernel's output by (Kernel.shaped's `axis`); 0 for a flat
+    kernel, which is split by its elements."""
+    if is_flat(body, out, shapes):
+        return 0
+    c = collapse(body, out, shapes)
+    return _split_axis(c, column_form(c.body, c.out) is not None)
+
+
+def column_sum(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> bool:
+    """True where the kernel is a sum down the columns of its output's only axis (column_sums.py): its pieces
+    are runs of columns, each reading its run of every row."""
+    if len(out) != 1 or is_flat(body, out, shapes):
+        return False
+    c = collapse(body, out, shapes)
+    return column_form(c.body, c.out) is not None
 
 
 def _gelu_call(body: IE) -> str | None:

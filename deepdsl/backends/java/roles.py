@@ -16,14 +16,14 @@ def _role(ops: list[str]) -> str:
 
 # what a statement's result is, by its op: in the forward pass, and as part of the gradient
 _FORWARD_ROLES = {"conv2d": "out", "linear": "out", "matmul": "out", "batch_matmul": "out", "max_pool2d": "out",
-                  "avg_pool2d": "out", "global_avg_pool": "out", "lrn": "out", "softmax": "out", "log_softmax": "out",
-                  "concat": "out", "softmax_cross_entropy": "loss", "cross_entropy": "loss", "mse": "loss",
-                  "reshape": "out"}  # fmt: skip
+                  "avg_pool2d": "out", "global_avg_pool": "out", "lrn": "out", "layer_norm_rows": "norm",
+                  "softmax": "out", "log_softmax": "out", "concat": "out", "softmax_cross_entropy": "loss",
+                  "cross_entropy": "loss", "mse": "loss", "reshape": "out"}  # fmt: skip
 _BACKWARD_ROLES = {"conv2d_backward_filter": "dW", "conv2d_backward_data": "dx", "channel_sum": "db",
                    "max_pool2d_backward": "dx", "avg_pool2d_backward": "dx", "global_avg_pool_backward": "dx",
-                   "lrn_backward": "dx", "softmax_backward": "dx", "log_softmax_backward": "dx",
-                   "softmax_cross_entropy_backward": "dscores", "cross_entropy_backward": "dp", "reshape": "dx",
-                   "sum_axes": "db"}  # fmt: skip
+                   "lrn_backward": "dx", "layer_norm_rows_backward": "dx", "softmax_backward": "dx",
+                   "log_softmax_backward": "dx", "softmax_cross_entropy_backward": "dscores",
+                   "cross_entropy_backward": "dp", "reshape": "dx", "sum_axes": "db"}  # fmt: skip
 
 
 def _layer_part(layer: str, prefix: str = "", short: dict[str, str] | None = None) -> str:

@@ -130,6 +130,8 @@ public final class OpCheck {
       case "global_avg_pool" -> CpuOps.global_avg_pool(out, x);
       case "global_avg_pool_backward" ->
           CpuOps.global_avg_pool_backward(out, x, a.ints("in_shape"));
+      case "layer_norm_rows" -> CpuOps.layer_norm_rows(out, x, a.f("eps"));
+      case "layer_norm_rows_backward" -> CpuOps.layer_norm_rows_backward(out, x, y, a.f("eps"));
       case "linear" -> CpuOps.linear(out, x, y);
       case "log_softmax" -> CpuOps.log_softmax(out, x);
       case "log_softmax_backward" -> CpuOps.log_softmax_backward(out, x, y);
