@@ -19,8 +19,8 @@ def _check(status: int, call: str) -> None:
 
 
 class Cublas:
-    """One cuBLAS handle on the current CUDA context (the runner's), on `stream` (0: the default stream, where
-    the runner launches its kernels, so the two keep program order)."""
+    """One cuBLAS handle on the current CUDA context (the runner's), on `stream` (the driver's stream, where the
+    runner launches its kernels, so the two keep program order and a capture of it records both)."""
 
     def __init__(self, lib: ctypes.CDLL, path: str, stream: int = 0):
         self.lib, self.path = lib, path

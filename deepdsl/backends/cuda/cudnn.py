@@ -99,7 +99,7 @@ class Pooling:
 
 
 class Cudnn:
-    """One cuDNN handle on the current CUDA context, on `stream` (0: the default stream of our kernels)."""
+    """One cuDNN handle on the current CUDA context, on `stream` (the driver's, where our kernels go)."""
 
     def __init__(self, lib: ctypes.CDLL, path: str, stream: int = 0):
         self.lib, self.path = lib, path
