@@ -345,11 +345,13 @@ TRAINED = click.option(
 @click.option("--seed", type=int, default=None, help="Override the train block's seed.")
 @click.option("--float64", "double", is_flag=True, help="Run in float64 (the reference precision for checks).")
 @WORKSPACE_LIMIT
+@click.option("--graph/--no-graph", "graphs", default=True, show_default=True,
+              help="On the GPU: replay the train step as a CUDA graph from its second iteration on.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
 def run(
     c: api.Compilation, file: str, sets: dict, options: api.Options, iters: int | None, data_flag: str | None,
     load_path: str | None, save_path: str | None, device: str, kernels: str, seed: int | None, double: bool,
-    workspace_limit: int | None, as_json: bool,
+    workspace_limit: int | None, graphs: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Train FILE for a few iterations with the reference runner and report the losses."""
     options = dataclasses.replace(options, workspace_limit=workspace_limit)
@@ -361,7 +363,7 @@ def run(
     report = None if as_json else lambda line: click.echo(line)
     result = running.run_training(
         api.build(c.program, options, seed), iters=iters, data_flag=data_flag, load=load_path, save=save_path,
-        device=device, double=double, report=report, kernels=kernels,
+        device=device, double=double, report=report, kernels=kernels, graphs=graphs,
     )  # fmt: skip
     if as_json:
         click.echo(json.dumps(result))

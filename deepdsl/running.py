@@ -54,6 +54,11 @@ def _given(driver: Driver) -> str:
     return f"cuda ({driver.description}; {driver.vendor.description})"
 
 
+def _with_graph(line: str, graph: str) -> str:
+    """The device line of the GPU runner with its CUDA graph choice: `cuda (...; graph: on)`."""
+    return f"{line[:-1]}; graph: {graph})"
+
+
 def _tested(loss: float, accuracy: float | None) -> str:
     """What a test reports: the loss always, the accuracy where the loss classifies a label."""
     return f"loss {loss:.4f}" + (f", accuracy {100 * accuracy:.2f}%" if accuracy is not None else "")
@@ -76,10 +81,10 @@ def _not_used(why: str) -> str:
 def run_training(
     build: Build, iters: int | None = None, data_flag: str | None = None, load: str | None = None,
     save: str | None = None, device: str = "auto", double: bool = False, report: Callable[[str], None] | None = None,
-    driver: Driver | None = None, kernels: str = "auto",
+    driver: Driver | None = None, kernels: str = "auto", graphs: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Train `build` and report through `report`; `driver` runs it on that GPU instead of picking by `device` and
-    `kernels` (open_device)."""
+    `kernels` (open_device); `graphs`: on the GPU, the train step as a CUDA graph from its second run on."""
     save = save or build.program.train.save  # --save, else the train block's
     if save:
         check_writable(save)  # now, not after the training
@@ -89,7 +94,7 @@ def run_training(
         gpu, description, note = open_device(device, double, kernels)
     fallback = device == "auto" and driver is None  # a GPU that cannot take the program leaves it to the CPU
     try:
-        result = _train(build, gpu, description, iters, data_flag, load, save, double, report, fallback, note)
+        result = _train(build, gpu, description, iters, data_flag, load, save, double, report, fallback, note, graphs)
     finally:
         if gpu is not None:
             gpu.close()
@@ -110,6 +115,7 @@ def run_training(
         out["gpu_planned_bytes"] = result.gpu_planned_bytes
         out["gpu_vendor_workspace_bytes"] = result.gpu_vendor_workspace_bytes
         out["gpu_vendor_scratch_bytes"] = result.gpu_vendor_scratch_bytes
+        out["gpu_graph"] = result.gpu_graph
     return out
 
 
@@ -195,7 +201,7 @@ def _loaded(
 def _train(
     build: Build, gpu: Driver | None, description: str, iters: int | None, data_flag: str | None, load: str | None,
     save: str | None, double: bool, report: Callable[[str], None] | None, fallback: bool = False,
-    note: str | None = None,
+    note: str | None = None, graphs: bool = True,
 ) -> TrainResult:  # fmt: skip
     program = build.program
     cfg = program.train
@@ -205,11 +211,14 @@ def _train(
     trainer = Trainer(build, data, np.float64 if double else np.float32)
     if gpu is not None:
         try:
-            trainer.use_gpu(gpu)
+            trainer.use_gpu(gpu, graphs)
         except DslProgramError as err:
             if not fallback:
                 raise
             description, note = CPU, _not_used(err.message)
+    graph = trainer.gpu.graph if trainer.gpu is not None else None
+    if graph is not None:
+        description = _with_graph(description, graph)
     if load:
         trainer.load(load)
     n = iters if iters is not None else cfg.iterations
@@ -238,6 +247,8 @@ def _train(
     if save:
         trainer.save(save)
     if report:
+        if trainer.gpu is not None and trainer.gpu.graph != graph:  # the capture failed: call for call from then on
+            report(f"graph: {trainer.gpu.graph}")
         if result.test_loss is not None:
             report(f"test loss: {result.test_loss:.4f}")
         if result.test_accuracy is not None:

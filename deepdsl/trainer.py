@@ -48,6 +48,7 @@ class TrainResult:
     gpu_vendor_workspace_bytes: int | None = None
     # the scratch allocated beside the arena for algorithms that want more than their statement's planned workspace
     gpu_vendor_scratch_bytes: int | None = None
+    gpu_graph: str | None = None  # "on": the train step ran as a CUDA graph from its second run on; "off (why)"
 
 
 class Trainer:
@@ -72,11 +73,12 @@ class Trainer:
         self.gpu: GpuRunner | None = None
         self._gpu_ahead = False  # the GPU holds newer parameters than self.arrays
 
-    def use_gpu(self, driver: Driver) -> None:
-        """Run every later step and test on the GPU behind `driver` (the parameters move there and stay)."""
+    def use_gpu(self, driver: Driver, graphs: bool = True) -> None:
+        """Run every later step and test on the GPU behind `driver` (the parameters move there and stay); `graphs`:
+        the train step as a CUDA graph from its second run on (runner.py)."""
         if self.plan is None:
             raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
-        self.gpu = GpuRunner(driver, self.plan, self.build.infer_plan, self.arrays, self.build.eval_plan)
+        self.gpu = GpuRunner(driver, self.plan, self.build.infer_plan, self.arrays, self.build.eval_plan, graphs)
 
     def _sync(self) -> None:
         if self.gpu is not None and self._gpu_ahead:
@@ -225,6 +227,7 @@ class Trainer:
             result.gpu_planned_bytes = self.gpu.planned_bytes
             result.gpu_vendor_workspace_bytes = self.gpu.vendor_workspace_bytes
             result.gpu_vendor_scratch_bytes = self.gpu.vendor_scratch_bytes
+            result.gpu_graph = self.gpu.graph
         return result
 
     # ---- parameter files (DESIGN §9) ----

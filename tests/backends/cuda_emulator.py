@@ -3,18 +3,24 @@
 neither runs its threads one after another. `emulate(source, kernels, folder)` gives a shared library
 with an entry point per kernel; `EmulatedDriver` is a GpuRunner driver on top of it, so that the Python runner's
 launch program (arena offsets, tensors, copies, results) is checked without a GPU, and `fake_driver` builds a
-libcuda.so.1 that runs the same library under JCuda, which does the same for the Java CUDA device."""
+libcuda.so.1 that runs the same library under JCuda, which does the same for the Java CUDA device.
+
+The emulated driver captures as a GPU does: while it captures, a launch, a device copy, or a call of the stand-in
+cuBLAS/cuDNN on its stream (the stand-ins ask its recorder, `fake_set_capture`) is recorded, not run; a replay runs
+the recording in order. A host copy, an allocation or a memory query while capturing is refused, as the driver
+refuses a synchronous call during a thread-local capture."""
 
 from __future__ import annotations
 
 import ctypes
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from deepdsl.backends.cuda.graphs import CaptureFailed
 from deepdsl.backends.cuda.kernels import Launch
 from deepdsl.backends.cuda.runner import CpuClock
 from deepdsl.backends.cuda.vendor import OWN, Vendor
@@ -170,8 +176,11 @@ def emulate(source: str, kernels: Sequence[str], folder: Path, strided: Sequence
             f'extern "C" const int cu_{name}_sizes[] = {{{"".join(f"sizeof({t}), " for t in types)}0}};'
         )
     src, lib = folder / "emulated.cpp", folder / "emulated.so"
-    src.write_text(EMULATION + source + "\n" + "\n".join(runners) + "\n")
-    subprocess.run(["g++", "-O1", "-U_FORTIFY_SOURCE", "-shared", "-fPIC", "-w", "-o", str(lib), str(src)], check=True)
+    text = EMULATION + source + "\n" + "\n".join(runners) + "\n"
+    if not (lib.exists() and src.exists() and src.read_text() == text):  # built already: drivers may share a folder
+        src.write_text(text)
+        subprocess.run(["g++", "-O1", "-U_FORTIFY_SOURCE", "-shared", "-fPIC", "-w", "-o", str(lib), str(src)],
+                       check=True)  # fmt: skip
     return ctypes.CDLL(str(lib))
 
 
@@ -196,6 +205,11 @@ def fake_vendor(folder: Path, libraries: Sequence[str] = ("libcublas.so.12", "li
     return folder
 
 
+def same_bits(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    """The same arrays under the same names, bit for bit."""
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
+
+
 def run_launch(lib: ctypes.CDLL, x: Launch, pointers: Sequence[int], small: bool) -> None:
     """Launch `x` with `pointers`. A block-stride launch (and with `small` a grid-stride one too) runs with at most
     3 blocks of 64 threads, which its loops allow, where the CPU would otherwise switch between millions of fibers."""
@@ -206,10 +220,29 @@ def run_launch(lib: ctypes.CDLL, x: Launch, pointers: Sequence[int], small: bool
     getattr(lib, f"run_{x.kernel}")(*grid, *block[:2], argv)
 
 
+# the stand-in libraries' recorder (fake_set_capture): (stream, the call to make, its arguments, their size) -> 1
+# when the stream captures (the call is recorded), else 0 (the library makes it now). One for the process: the
+# libraries keep the pointer after any one driver is gone
+_RECORDER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+_HOST_CALL = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_CAPTURING: dict[int, list] = {}  # stream -> the recording of the driver capturing it
+
+
+@_RECORDER
+def _record(stream: int | None, run: int, arg: int, n: int) -> int:
+    nodes = _CAPTURING.get(stream or 0)
+    if nodes is None:
+        return 0
+    nodes.append(("vendor", _HOST_CALL(run), ctypes.create_string_buffer(ctypes.string_at(arg, n), n)))
+    return 1
+
+
 class EmulatedDriver:
-    """The GpuRunner's driver with host memory for device memory and the kernels run by `emulate`."""
+    """The GpuRunner's driver with host memory for device memory and the kernels run by `emulate`; `captures` and
+    `replays` count its graphs' captures and launches, `recording` is the last capture's calls."""
 
     description = "the CPU emulating a GPU (g++, fibers)"
+    graph_unsupported: str | None = None
 
     def __init__(self, folder: Path, capacity: int = 1 << 34, vendor: Vendor = OWN):
         self.folder = folder
@@ -219,22 +252,41 @@ class EmulatedDriver:
         self.blocks: list[np.ndarray] = []
         self.lib: ctypes.CDLL | None = None
         self.launches = 0
+        self.stream_block = np.zeros(1, np.uint8)  # the stream's handle: an address no other driver has
+        self.stream = self.stream_block.ctypes.data
+        for library in (vendor.cublas, vendor.cudnn):
+            if library is not None:
+                library.lib.fake_set_capture(_record)
+        vendor.set_stream(self.stream)
+        self.recording: list | None = None  # while capturing: what would have run
+        self.captures = self.replays = 0
+
+    def _synchronous(self, call: str) -> None:
+        if self.stream in _CAPTURING:
+            raise RuntimeError(f"{call} while capturing (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)")
 
     def free_bytes(self) -> int:
+        self._synchronous("cuMemGetInfo")
         return self.capacity - sum(b.nbytes for b in self.blocks)
 
     def alloc(self, nbytes: int) -> int:
+        self._synchronous("cuMemAlloc")
         block = np.full(nbytes, 0xFF, np.uint8)  # NaN-filled floats: a read before any write shows
         self.blocks.append(block)
         return block.ctypes.data
 
     def upload(self, ptr: int, array: np.ndarray) -> None:
+        self._synchronous("cuMemcpyHtoD")
         ctypes.memmove(ptr, array.ctypes.data, array.nbytes)
 
     def download(self, ptr: int, array: np.ndarray) -> None:
+        self._synchronous("cuMemcpyDtoH")
         ctypes.memmove(array.ctypes.data, ptr, array.nbytes)
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:
+        if _CAPTURING.get(self.stream) is not None:
+            _CAPTURING[self.stream].append(("copy", dst, src, nbytes))
+            return
         ctypes.memmove(dst, src, nbytes)
 
     def load(self, source: str, kernels: Sequence[str]) -> None:
@@ -242,11 +294,35 @@ class EmulatedDriver:
 
     def launch(self, launch: Launch, pointers: Sequence[int]) -> None:
         assert self.lib is not None
+        if _CAPTURING.get(self.stream) is not None:
+            _CAPTURING[self.stream].append(("launch", launch, tuple(pointers)))
+            return
         run_launch(self.lib, launch, pointers, small=True)
         self.launches += 1
 
     def timed(self) -> CpuClock:
         return CpuClock()
+
+    def capture(self, issue: Callable[[], None]) -> list:
+        self.recording = _CAPTURING[self.stream] = []
+        try:
+            issue()
+        except Exception as err:
+            raise CaptureFailed(f"the step did not capture: {err}") from err
+        finally:
+            del _CAPTURING[self.stream]
+        self.captures += 1
+        return self.recording
+
+    def replay(self, graph: list) -> None:
+        for node in graph:
+            if node[0] == "launch":
+                self.launch(node[1], node[2])
+            elif node[0] == "copy":
+                self.copy(*node[1:])
+            else:
+                node[1](ctypes.addressof(node[2]))
+        self.replays += 1
 
     def close(self) -> None:
         self.vendor.close()

@@ -95,10 +95,15 @@ static void run(void *arg) {
 
 typedef int (*capture_fn)(void *stream, void (*run)(void *), const void *arg, size_t n);
 
-/* the stand-in driver's recorder, where it is loaded (the Java CUDA device); NULL elsewhere */
+/* a recorder set by the caller (the Python runner's emulated driver, tests/backends/cuda_emulator.py) */
+static capture_fn hooked;
+void fake_set_capture(capture_fn f) { hooked = f; }
+
+/* the caller's recorder, else the stand-in driver's where it is loaded (the Java CUDA device); NULL elsewhere */
 static capture_fn recorder(void) {
   static int looked;
   static capture_fn f;
+  if (hooked) return hooked;
   if (!looked) {
     looked = 1;
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);

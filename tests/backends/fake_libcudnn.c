@@ -15,7 +15,8 @@
  * -DFAKE_CUDNN_WRITES_CALLS also writes its count at exit to the file $FAKE_CUDNN_CALLS names, if set. A convolution
  * on a stream that the stand-in driver (fake_libcuda.c, when loaded) is capturing into a CUDA graph is checked at the
  * call, recorded there (its arguments, alpha and beta by value) and computed at each replay, as fake_libcublas.c does
- * with its GEMMs; it is counted when computed. Pooling, softmax and LRN calls are recorded the same way; the copy
+ * with its GEMMs; it is counted when computed. Pooling, softmax, LRN and bias-gradient calls are recorded the same
+ * way (the recorder is the Python emulated driver's where it set one, fake_set_capture); the copy
  * built with -DFAKE_CUDNN_WRITES_OPS (libcudnn_ops.so.9) writes at exit, to the file $FAKE_CUDNN_OPS_CALLS names,
  * how many of each of them it computed, a line `NAME COUNT` per call. $FAKE_CUDNN_REFUSE names a call (say
  * cudnnSetLRNDescriptor) that then returns CUDNN_STATUS_NOT_SUPPORTED, as a cuDNN that refuses it would: the Java
@@ -57,6 +58,7 @@ __attribute__((destructor)) static void write_calls(void) {
 
 /* the pooling, softmax and LRN calls, each counted when computed */
 enum { POOL_FORWARD, POOL_BACKWARD, SOFTMAX_FORWARD, SOFTMAX_BACKWARD, LRN_FORWARD, LRN_BACKWARD, OPS };
+enum { BIAS_BACKWARD = OPS }; /* recorded on a capturing stream as the ops above, not counted among them */
 static const char *op_names[OPS] = {"cudnnPoolingForward", "cudnnPoolingBackward", "cudnnSoftmaxForward",
                                     "cudnnSoftmaxBackward", "cudnnLRNCrossChannelForward",
                                     "cudnnLRNCrossChannelBackward"};
@@ -188,10 +190,15 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t h, cud
 
 typedef int (*capture_fn)(void *stream, void (*run)(void *), const void *arg, size_t n);
 
-/* the stand-in driver's recorder, where it is loaded (the Java CUDA device); NULL elsewhere */
+/* a recorder set by the caller (the Python runner's emulated driver, tests/backends/cuda_emulator.py) */
+static capture_fn hooked;
+void fake_set_capture(capture_fn f) { hooked = f; }
+
+/* the caller's recorder, else the stand-in driver's where it is loaded (the Java CUDA device); NULL elsewhere */
 static capture_fn recorder(void) {
   static int looked;
   static capture_fn f;
+  if (hooked) return hooked;
   if (!looked) {
     looked = 1;
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
@@ -532,6 +539,7 @@ cudnnStatus_t cudnnConvolutionBackwardBias(cudnnHandle_t h, const void *alpha, c
                                            const void *dy, const void *beta, cudnnTensorDescriptor_t dbd, void *db) {
   if (!h || !dyd->set || !dbd->set || dbd->n != 1 || dbd->c != dyd->c || dbd->h != 1 || dbd->w != 1) return BAD_PARAM;
   float a = *(const float *)alpha, b = *(const float *)beta;
+  if (recorded_op((op_call){BIAS_BACKWARD, 0, 0, h, NULL, a, b, dyd, dbd, NULL, NULL, dy, NULL, NULL, db})) return OK;
   const float *g = dy;
   float *out = db;
   long long plane = (long long)dyd->h * dyd->w;
@@ -717,6 +725,7 @@ static void replay_op(void *arg) {
     case LRN_BACKWARD:
       cudnnLRNCrossChannelBackward(c->h, c->op, c->mode, a, c->d1, c->p1, c->d2, c->p2, c->d3, c->p3, b, c->d4, c->out);
       break;
+    case BIAS_BACKWARD: cudnnConvolutionBackwardBias(c->h, a, c->d1, c->p1, b, c->d2, c->out); break;
   }
   replaying = 0;
 }

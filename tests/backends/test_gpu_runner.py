@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import ROOT
-from cuda_emulator import EmulatedDriver
+from cuda_emulator import EmulatedDriver, same_bits
 from helpers import NORMED, POOLED, SMALL
 
 from deepdsl import api
@@ -176,6 +176,25 @@ def test_pycuda_runner_agrees_with_numpy(case: str, kernels: str) -> None:
     assert got["gpu_planned_bytes"] - page <= got["gpu_memory_bytes"] <= got["gpu_planned_bytes"] + page * allocations
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernels", ["own", "vendor"])
+def test_pycuda_graph_replays_the_train_step_bit_for_bit(kernels: str, tmp_path: Path) -> None:
+    """5 steps of LeNet on the GPU with the train step as a CUDA graph (captured through libcuda at the second step,
+    cuBLAS and cuDNN on the captured stream) give the losses and parameters of the run without it, bit for bit."""
+    build = api.build(api.compile_file(ROOT / "networks" / "lenet.ddsl", {"N": 16}).program)
+    runs = []
+    for graphs in (True, False):
+        lines: list[str] = []
+        saved = tmp_path / f"graph_{graphs}.npz"
+        got = run_training(build, iters=5, data_flag="synthetic", device="cuda", driver=_real_gpu(kernels),
+                           graphs=graphs, report=lines.append, save=str(saved))  # fmt: skip
+        runs.append((got, dict(np.load(saved)), lines))
+    (on, on_params, on_lines), (off, off_params, off_lines) = runs
+    assert on["gpu_graph"] == "on" and "; graph: on)" in on_lines[0], on_lines
+    assert off["gpu_graph"] == "off (--no-graph)" and "; graph: off (--no-graph))" in off_lines[0]
+    assert on["losses"] == off["losses"] and same_bits(on_params, off_params)
+
+
 @needs_gxx
 def test_a_kernel_never_overwrites_a_scalar_its_other_threads_still_read(tmp_path: Path) -> None:
     """a = x * sum(x) and c = -a share a loop; the plan may put c where sum(x) was (it dies at a), so the loop
@@ -286,3 +305,92 @@ def test_profile_times_every_launch_and_computes_the_step(tmp_path: Path) -> Non
     assert want.keys() == got.keys()
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+# ---- the train step as a CUDA graph ----
+
+
+def _graph_run(build: api.Build, driver: EmulatedDriver, graphs: bool = True, iters: int = 4):  # noqa: ANN202
+    """(run_training's result, the parameters saved after it, the reported lines) on `driver`."""
+    lines: list[str] = []
+    saved = driver.folder / "params.npz"
+    got = run_training(build, iters=iters, device="cpu", driver=driver, graphs=graphs, report=lines.append,
+                       save=str(saved))  # fmt: skip
+    return got, dict(np.load(saved)), lines
+
+
+class _DroppingDriver(EmulatedDriver):
+    """A broken replay: the graph's last call (the step's last update) left out."""
+
+    def replay(self, graph: list) -> None:
+        super().replay(graph[:-1])
+
+
+@needs_gxx
+def test_the_train_step_is_one_graph_from_the_second_step_on(tmp_path: Path) -> None:
+    """4 steps with the graph: the first runs call for call, the second is captured once (every launch and copy of
+    the step recorded, none run, the batch uploaded before) and replayed, as are the third and fourth; the losses
+    and parameters are those of the run without the graph bit for bit. A replay that drops the step's last call
+    shows in the parameters."""
+    from deepdsl.backends.cuda.kernels import program
+
+    build = _build(TINY, "tiny.ddsl")
+    on, off = EmulatedDriver(tmp_path), EmulatedDriver(tmp_path)
+    got, params, lines = _graph_run(build, on)
+    want, want_params, off_lines = _graph_run(build, off, graphs=False)
+    assert (on.captures, on.replays) == (1, 3) and (off.captures, off.replays) == (0, 0)
+    step = program(build.train_plan)
+    assert on.recording is not None and len(on.recording) == len(step.launches) + len(step.copies)
+    assert got["losses"] == want["losses"] and same_bits(params, want_params)
+    assert got["test_loss"] == want["test_loss"]  # the test steps after the graph run call for call
+    assert lines[0].startswith("device: cuda (") and lines[0].endswith("; graph: on)  network Tiny  batch 4  data "
+                                                                        "synthetic (seed 2)")  # fmt: skip
+    assert "; graph: off (--no-graph))" in off_lines[0]
+    assert got["gpu_graph"] == "on" and want["gpu_graph"] == "off (--no-graph)"
+    dropped = _DroppingDriver(tmp_path)
+    broken, broken_params, _ = _graph_run(build, dropped)
+    assert dropped.replays == 3 and not same_bits(broken_params, want_params)
+
+
+class _RefusingDriver(EmulatedDriver):
+    """A driver that refuses the step's capture after recording it all (as a GPU refuses a host call while
+    capturing): nothing of it may have run."""
+
+    def capture(self, issue):  # noqa: ANN001, ANN201
+        return super().capture(lambda: (issue(), self.free_bytes()))
+
+
+@needs_gxx
+@pytest.mark.slow
+def test_a_step_that_cannot_be_captured_runs_call_for_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver without graphs says why on the device line; a capture the driver refuses is dropped (nothing of it
+    ran), said after the run, and every step runs call for call: the same bits as without the graph. `deepdsl run
+    --no-graph` reaches the runner."""
+    import deepdsl.running as running
+
+    build = _build(TINY, "tiny.ddsl")
+    want, want_params, _ = _graph_run(build, EmulatedDriver(tmp_path), graphs=False)
+    plain = EmulatedDriver(tmp_path)
+    plain.graph_unsupported = "no stream capture here"
+    got, params, lines = _graph_run(build, plain)
+    assert "; graph: off (no stream capture here))" in lines[0] and plain.captures == 0
+    assert got["losses"] == want["losses"] and same_bits(params, want_params)
+    refusing = _RefusingDriver(tmp_path)
+    got, params, lines = _graph_run(build, refusing)
+    assert "; graph: on)" in lines[0] and refusing.captures == refusing.replays == 0
+    why = "graph: off (the step did not capture: cuMemGetInfo while capturing (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED))"
+    assert why in lines and got["losses"] == want["losses"] and same_bits(params, want_params)
+    drivers: list[EmulatedDriver] = []
+
+    def emulated(device: str, double: bool = False, kernels: str = "auto") -> tuple:
+        drivers.append(EmulatedDriver(tmp_path))
+        return drivers[-1], "cuda (emulated)", None
+
+    monkeypatch.setattr(running, "open_device", emulated)
+    (tmp_path / "tiny.ddsl").write_text(TINY)
+    for flags, graph in (((), "on"), (("--no-graph",), "off (--no-graph)")):
+        args = ["run", str(tmp_path / "tiny.ddsl"), "--iters", "2", "--device", "cuda", "--json", *flags]
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output.strip().splitlines()[-1])["gpu_graph"] == graph
+    assert [d.captures for d in drivers] == [1, 0]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import ROOT
-from cuda_emulator import EmulatedDriver, fake_vendor
+from cuda_emulator import EmulatedDriver, fake_vendor, same_bits
 from helpers import NORMED, POOLED, SMALL
 
 import deepdsl.running as running
@@ -471,7 +471,7 @@ def _agrees(case: str, kernels: str, folder: Path, cublas_folder: Path) -> None:
         assert (cudnn > 0) == bool(cudnn_facts)  # a statement fused into another's loop may have a fact unused
         assert 0 <= got["gpu_vendor_workspace_bytes"] <= got["arena_bytes"]
     else:
-        assert gemms == cudnn == 0 and "; our kernels)  network" in lines[0]
+        assert gemms == cudnn == 0 and "; our kernels; graph: on)  network" in lines[0]
 
 
 @pytest.mark.parametrize("kernels", ["vendor", "own"])
@@ -513,6 +513,33 @@ def test_the_runner_with_cudnn_softmax_and_lrn_agrees_with_numpy(tmp_path: Path,
 def test_the_runner_with_cublas_agrees_with_numpy_on_more_networks(case: str, tmp_path: Path,
                                                                    cublas_folder: Path) -> None:  # fmt: skip
     _agrees(case, "vendor", tmp_path, cublas_folder)
+
+
+def test_the_graph_holds_the_vendor_calls(tmp_path: Path, cublas_folder: Path) -> None:
+    """With the libraries on the driver's stream, the captured train step holds every cuBLAS and cuDNN call
+    (convolutions and their gradients, the bias gradient, pooling, GEMMs), recorded and not made, and each replay
+    makes them: 4 steps give the bits of the run without the graph, with as many library calls. Libraries left on
+    the default stream make their calls during the capture and never again, which the parameters show."""
+    from deepdsl.backends.cuda.kernels import program
+
+    build = _build("pooled")
+    runs = {}
+    for name, graphs in (("off", False), ("on", True), ("default stream", True)):
+        driver = EmulatedDriver(tmp_path, vendor=open_vendor("vendor", [cublas_folder]))
+        if name == "default stream":
+            driver.vendor.set_stream(0)
+        before = _fake_calls(cublas_folder)
+        got = run_training(build, iters=4, device="cpu", driver=driver, graphs=graphs, save=str(tmp_path / "p.npz"))
+        calls = tuple(b - a for a, b in zip(before, _fake_calls(cublas_folder)))
+        runs[name] = got, dict(np.load(tmp_path / "p.npz")), calls, driver
+    (got, params, calls, on), (want, want_params, want_calls, off) = runs["on"], runs["off"]
+    assert (on.captures, on.replays, off.captures) == (1, 3, 0) and on.recording is not None
+    step = program(build.train_plan)
+    vendor_nodes = [node for node in on.recording if node[0] == "vendor"]
+    assert len(on.recording) == len(step.launches) + len(step.copies) and len(vendor_nodes) >= 8
+    assert got["losses"] == want["losses"] and same_bits(params, want_params)
+    assert calls == want_calls and min(calls) > 0
+    assert not same_bits(runs["default stream"][1], want_params)
 
 
 @pytest.mark.parametrize("limit", [None, 0])
@@ -625,8 +652,11 @@ def test_kernels_vendor_on_the_command_line(tmp_path: Path, cublas_folder: Path,
     assert _run("--kernels", "blas")[0] == 2  # a usage error
     _emulated(monkeypatch, tmp_path, [cublas_folder])
     code, out = _run("--device", "cuda")  # auto: cuBLAS where it loads, said on the device line
-    assert code == 0 and ("PyCUDA runner; GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions, pooling, softmax "
-                          "and LRN by cuDNN 9.0.0 (libcudnn.so.9), the rest our kernels)") in out  # fmt: skip
+    line = (
+        "PyCUDA runner; GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions, pooling, softmax and LRN by "
+        "cuDNN 9.0.0 (libcudnn.so.9), the rest our kernels; graph: on)"
+    )
+    assert code == 0 and line in out
 
 
 @pytest.mark.slow
@@ -637,4 +667,4 @@ def test_kernels_auto_and_own_on_the_command_line(tmp_path: Path, cublas_folder:
     assert code == 0 and "; our kernels (no cuBLAS: libcublas.so.13 or libcublas.so.12 not found; no cuDNN" in out
     _emulated(monkeypatch, tmp_path, [cublas_folder])
     code, out = _run("--device", "cuda", "--kernels", "own")
-    assert code == 0 and "PyCUDA runner; our kernels)" in out
+    assert code == 0 and "PyCUDA runner; our kernels; graph: on)" in out

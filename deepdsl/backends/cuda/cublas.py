@@ -19,14 +19,14 @@ def _check(status: int, call: str) -> None:
 
 
 class Cublas:
-    """One cuBLAS handle on the current CUDA context (the runner's), on `stream` (0: the default stream, where
-    the runner launches its kernels, so the two keep program order)."""
+    """One cuBLAS handle on the current CUDA context (the runner's), on `stream` (the driver's stream, where the
+    runner launches its kernels, so the two keep program order and a capture of it records both)."""
 
     def __init__(self, lib: ctypes.CDLL, path: str, stream: int = 0):
         self.lib, self.path = lib, path
         self.handle = ctypes.c_void_p()
         _check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate_v2")
-        _check(lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream)), "cublasSetStream_v2")
+        self.set_stream(stream)
         version = ctypes.c_int()
         _check(lib.cublasGetVersion_v2(self.handle, ctypes.byref(version)), "cublasGetVersion_v2")
         v = version.value
@@ -35,6 +35,10 @@ class Cublas:
         i, p, ll = ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong
         lib.cublasSgemm_v2.argtypes = [p, i, i, i, i, i, p, p, i, p, i, p, p, i]
         lib.cublasSgemmStridedBatched.argtypes = [p, i, i, i, i, i, p, p, i, ll, p, i, ll, p, p, i, ll, i]
+
+    def set_stream(self, stream: int) -> None:
+        """Issue every later call on `stream` (the driver's, so that a capture of it records them)."""
+        _check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream)), "cublasSetStream_v2")
 
     @property
     def description(self) -> str:

@@ -99,7 +99,7 @@ class Pooling:
 
 
 class Cudnn:
-    """One cuDNN handle on the current CUDA context, on `stream` (0: the default stream of our kernels)."""
+    """One cuDNN handle on the current CUDA context, on `stream` (the driver's, where our kernels go)."""
 
     def __init__(self, lib: ctypes.CDLL, path: str, stream: int = 0):
         self.lib, self.path = lib, path
@@ -107,7 +107,7 @@ class Cudnn:
         lib.cudnnGetVersion.restype = ctypes.c_size_t
         self.handle = ctypes.c_void_p()
         self._check(lib.cudnnCreate(ctypes.byref(self.handle)), "cudnnCreate")
-        self._check(lib.cudnnSetStream(self.handle, ctypes.c_void_p(stream)), "cudnnSetStream")
+        self.set_stream(stream)
         v = int(lib.cudnnGetVersion())
         self.version = f"{v // 10000}.{v % 10000 // 100}.{v % 100}"
         self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
@@ -122,6 +122,10 @@ class Cudnn:
         lib.cudnnLRNCrossChannelForward.argtypes = [p, p, i, p, p, p, p, p, p]
         lib.cudnnLRNCrossChannelBackward.argtypes = [p, p, i, p, p, p, p, p, p, p, p, p, p]
         lib.cudnnPoolingBackward.argtypes = [p] * 12
+
+    def set_stream(self, stream: int) -> None:
+        """Issue every later call on `stream` (the driver's, so that a capture of it records them)."""
+        self._check(self.lib.cudnnSetStream(self.handle, ctypes.c_void_p(stream)), "cudnnSetStream")
 
     @property
     def description(self) -> str:

@@ -6,6 +6,12 @@ counter), launches the plan's kernels in program order with the pointers the pla
 tensors), copies the updates that were not written in place into their tensors, and downloads the outputs.
 Parameters stay on the GPU between steps; `arrays()` brings them back, `set_arrays()` sends them there.
 
+From the second training step on (the first is the warm-up: modules loaded, the libraries' lazy set-up done), the
+train step is a CUDA graph: its launches, copies and vendor library calls are captured once from the driver's stream
+and replayed with one graph launch a step. The batch and the step counter are uploaded before, outside the graph,
+into the tensors the graph's kernels read; the outputs are downloaded after. Inference and test steps, and a step the
+driver cannot capture, run call for call; `graph` says which ("on", or "off (why)"), for the device line.
+
 What the runner needs of a GPU is a `Driver`. `PyCudaDriver` is the real one: PyCUDA (the `gpu` extra,
 imported only here), PTX from NVRTC or nvcc for the device's architecture, CUDA events for timing and
 `cuMemGetInfo` for the memory the runner really took. The tests drive the same runner with kernels compiled
@@ -14,14 +20,16 @@ for the CPU, so the launch program itself is checked on machines without a GPU.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from deepdsl.backends.cuda.graphs import CaptureFailed, StreamGraphs
 from deepdsl.backends.cuda.kernels import Arg, CudaProgram, Launch, program, translation_unit
 from deepdsl.backends.cuda.vendor import Bound, Vendor, open_vendor
 from deepdsl.backends.numpy_runner import param_value
@@ -33,10 +41,12 @@ GPU_EXTRA = "pip install 'deepdsl[gpu]'"
 
 
 class Driver(Protocol):
-    """What the runner needs of a GPU: memory, a module of kernels, launches, a clock."""
+    """What the runner needs of a GPU: memory, a module of kernels, launches on one stream of its own (the vendor
+    libraries' calls on it too), graphs captured from that stream, a clock."""
 
     description: str  # e.g. "NVIDIA H200 (sm_90, 143,771 MiB)"
     vendor: Vendor  # the vendor libraries on this GPU (vendor.py); OWN: our kernels only
+    graph_unsupported: str | None  # why this driver cannot capture a step as a graph; None: it can
 
     def free_bytes(self) -> int: ...
     def alloc(self, nbytes: int) -> int: ...  # a device address
@@ -46,6 +56,9 @@ class Driver(Protocol):
     def load(self, source: str, kernels: Sequence[str]) -> None: ...
     def launch(self, launch: Launch, pointers: Sequence[int]) -> None: ...
     def timed(self) -> Any: ...  # a context manager whose `.seconds` is the device time of what ran inside
+    # what `issue` launches, copies and calls, captured as a graph (none of it runs); CaptureFailed where it cannot be
+    def capture(self, issue: Callable[[], None]) -> Any: ...
+    def replay(self, graph: Any) -> None: ...  # one launch of a captured graph
     def close(self) -> None: ...
 
 
@@ -65,9 +78,15 @@ class GpuRunner:
     """The training (and inference) program of a network on one GPU: one arena, persistent tensors, kernels."""
 
     def __init__(
-        self, driver: Driver, train: Plan, infer: Plan | None, arrays: dict[str, np.ndarray], test: Plan | None = None
-    ):
+        self, driver: Driver, train: Plan, infer: Plan | None, arrays: dict[str, np.ndarray], test: Plan | None = None,
+        graphs: bool = True,
+    ):  # fmt: skip
         self.driver = driver
+        # "on": the train step is a CUDA graph from its second run on; "off (why)": every step runs call for call
+        why_not = "--no-graph" if not graphs else driver.graph_unsupported
+        self.graph = "on" if why_not is None else f"off ({why_not})"
+        self.train_runs = 0
+        self.captured: Any = None  # the train step's graph, once captured
         self.steps = {"train": _step(program(train), train)}
         if infer is not None:
             self.steps["infer"] = _step(program(infer, "infer__"), infer)
@@ -149,15 +168,14 @@ class GpuRunner:
         """One run of `step` ("train", "infer" or "eval") on `feeds` (input value -> array): its outputs and device
         seconds."""
         s = self.steps[step]
-        self._upload(step, feeds)
+        self._upload(step, feeds)  # outside any graph: it reads the batch where this puts it
+        graph = self._graph(step)
         with self.driver.timed() as clock:
-            for launch, pointers, bound in self.calls[step]:
-                if bound is None:
-                    self.driver.launch(launch, pointers)
-                else:
-                    bound.run()
-            for src, tensor, nbytes in s.program.copies:
-                self.driver.copy(self.tensors[tensor], self._pointer(step, src), nbytes)
+            if graph is not None:
+                self.driver.replay(graph)
+            else:
+                self._issue(step)
+        self.train_runs += step == "train"
         outputs = {}
         for name, where in s.program.results:
             v = s.plan.graph.output(name)
@@ -166,6 +184,29 @@ class GpuRunner:
             outputs[name] = a
         self.free_low = min(self.free_low, self.driver.free_bytes())
         return outputs, clock.seconds
+
+    def _issue(self, step: str) -> None:
+        """Every launch, vendor call and copy of `step`, in program order, on the driver's stream."""
+        for launch, pointers, bound in self.calls[step]:
+            if bound is None:
+                self.driver.launch(launch, pointers)
+            else:
+                bound.run()
+        for src, tensor, nbytes in self.steps[step].program.copies:
+            self.driver.copy(self.tensors[tensor], self._pointer(step, src), nbytes)
+
+    def _graph(self, step: str) -> Any:
+        """The train step's graph, captured at its second run; None where `step` runs call for call (the warm-up,
+        inference and test steps, graphs off, or a step the driver could not capture: off from then on)."""
+        if step != "train" or self.graph != "on" or self.train_runs == 0:
+            return None
+        if self.captured is None:
+            try:
+                self.captured = self.driver.capture(lambda: self._issue("train"))
+            except CaptureFailed as err:
+                self.graph = f"off ({err})"
+                return None
+        return self.captured
 
     def profile(self, step: str, feeds: dict[str, np.ndarray]) -> list[tuple[Launch, str, float]]:
         """One run of `step` with each launch timed on its own (device events around it, so the launches do not
@@ -204,24 +245,28 @@ def _step(prog: CudaProgram, p: Plan) -> _Step:
 
 
 class _Events:
-    def __init__(self, cuda: Any):
-        self.cuda = cuda
+    def __init__(self, cuda: Any, stream: Any):
+        self.cuda, self.stream = cuda, stream
         self.seconds = 0.0
 
     def __enter__(self) -> _Events:
         self.start, self.end = self.cuda.Event(), self.cuda.Event()
-        self.start.record()
+        self.start.record(self.stream)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.end.record()
+        self.end.record(self.stream)
         self.end.synchronize()
         self.seconds = self.start.time_till(self.end) / 1e3
 
 
 class PyCudaDriver:
     """GPU 0 through PyCUDA, in its primary context (shared with PyTorch or CuPy in the same process), with the
-    vendor libraries `kernels` asks for (vendor.open_vendor: "auto", "vendor" or "own")."""
+    vendor libraries `kernels` asks for (vendor.open_vendor: "auto", "vendor" or "own").
+
+    Kernels, device copies and the libraries' calls go to one stream of the driver's own, a blocking one (a capture
+    cannot record the legacy default stream): the host copies, on the default stream, wait for its work and it for
+    theirs, so program order holds. Graphs are captured from it through libcuda (graphs.py)."""
 
     def __init__(self, kernels: str = "own") -> None:
         cuda = _import_pycuda()
@@ -245,11 +290,18 @@ class PyCudaDriver:
         self.functions: dict[str, Any] = {}
         self.prepared: set[str] = set()
         self.module: Any = None
+        self.stream = cuda.Stream()
         try:
-            self.vendor = open_vendor(kernels)  # on this context, on the default stream our launches use
+            self.vendor = open_vendor(kernels, stream=self.stream.handle)  # on this context, on the launches' stream
         except DslProgramError:
             self.context.pop()
             raise
+        self.graphs: StreamGraphs | None = None
+        self.graph_unsupported: str | None = None
+        try:  # the library PyCUDA loaded: libcuda.so.1, on the context PyCUDA made current
+            self.graphs = StreamGraphs(ctypes.CDLL("libcuda.so.1"), self.stream.handle)
+        except (OSError, AttributeError) as err:  # no stream capture in this driver (before CUDA 11.4)
+            self.graph_unsupported = f"the CUDA driver cannot capture ({err})"
 
     def free_bytes(self) -> int:
         return int(self.cuda.mem_get_info()[0])
@@ -266,7 +318,7 @@ class PyCudaDriver:
         self.cuda.memcpy_dtoh(array, ptr)
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:
-        self.cuda.memcpy_dtod(dst, src, nbytes)
+        self.cuda.memcpy_dtod_async(dst, src, nbytes, self.stream)
 
     def load(self, source: str, kernels: Sequence[str]) -> None:
         """Compile for the GPU's architecture or, where the compiler does not know it, for the newest older one
@@ -295,22 +347,35 @@ class PyCudaDriver:
         if launch.kernel not in self.prepared:  # the argument layout, once per kernel: every argument a pointer
             f.prepare("P" * len(pointers))
             self.prepared.add(launch.kernel)
-        f.prepared_call(launch.grid, launch.block, *pointers, shared_size=launch.smem)
+        f.prepared_async_call(launch.grid, launch.block, self.stream, *pointers, shared_size=launch.smem)
 
     def timed(self) -> _Events:
-        return _Events(self.cuda)
+        return _Events(self.cuda, self.stream)
+
+    def capture(self, issue: Callable[[], None]) -> Any:
+        if self.graphs is None:
+            raise CaptureFailed(self.graph_unsupported)
+        return self.graphs.capture(issue)
+
+    def replay(self, graph: Any) -> None:
+        assert self.graphs is not None
+        self.graphs.replay(graph)
 
     def close(self) -> None:
         """Free everything and leave the primary context (as pycuda.autoprimaryctx does); a second close does
         nothing."""
         if self.context is None:
             return
+        self.stream.synchronize()
+        if self.graphs is not None:
+            self.graphs.close()
         self.vendor.close()
         for a in self.allocations:
             a.free()
         self.allocations.clear()
         self.functions.clear()
         self.module = None
+        self.stream = None
         self.context.pop()
         self.context = None
 

@@ -162,6 +162,12 @@ class Vendor:
             return Bound(lambda: cudnn.pool(pool, out, inputs), 0, what)
         return None
 
+    def set_stream(self, stream: int) -> None:
+        """Every later library call on `stream`: the driver's, where its launches go and a capture records."""
+        for lib in (self.cublas, self.cudnn):
+            if lib is not None:
+                lib.set_stream(stream)
+
     def close(self) -> None:
         for lib in (self.cublas, self.cudnn):
             if lib is not None:
