@@ -401,8 +401,11 @@ def test_kernel_text_reads_like_code() -> None:
 def test_a_sum_down_columns_adds_rows_into_the_output() -> None:
     v = Affine.var
     column = Reduce("sum", (("r0", 6),), Read(0, (v("r0"), v("i0"))))
-    text = java_kernel(column, (("i0", 3),), ((6, 3),))
-    assert "o[po + i0] += a0[p0 + r0 * n0_1 + i0];" in text  # contiguous along i0, the inner loop
+    text = java_kernel(column, (("i0", 3),), ((6, 3),))  # a matrix's plain column sums: the runtime's loop
+    assert "Kernel.columnSums(o, po, a0, p0, in[0].shape[0], in[0].shape[1], lo, hi);" in text
+    weighted = Reduce("sum", (("r0", 6),), Apply("*", (Read(0, (v("r0"), v("i0"))), Read(1, (v("r0"),)))))
+    text = java_kernel(weighted, (("i0", 3),), ((6, 3), (6,)))
+    assert "o[po + i0] += (a0[p0 + r0 * n0_1 + i0] * a1[p1 + r0]);" in text  # contiguous along i0, the inner loop
     assert (
         text.index("o[po + i0] = 0f;")
         < text.index("for (int r0")

@@ -326,6 +326,13 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
     depth = len(out)
     indent = "  " * (depth + 2)
     column = column_form(body, out)
+    plain = _plain_column_sum(body, out, shapes) if column is not None else None
+    if plain is not None:  # `sum[r] x[r, j]` over a matrix: the runtime's loop over four rows at a time
+        k = plain
+        axes = c.in_axes[k]
+        lines = [f"    float[] o = out.a, a{k} = in[{k}].a;", f"    int po = out.off, p{k} = in[{k}].off;"]
+        rows, cols = _dim(k, axes[0]), _dim(k, axes[1])
+        return "\n".join([*lines, f"    Kernel.columnSums(o, po, a{k}, p{k}, {rows}, {cols}, lo, hi);"])
     if column is not None:  # a sum down columns: the reduction outside, the output's last axis inside
         assert isinstance(body, Reduce)
         loop = column_loops(g, body, *column, names, target, JAVA)
@@ -351,6 +358,18 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
     axes = (c.out_axes, *c.in_axes)  # a collapsed axis: the product of the buffer's dims it covers
     dims = [f"{n} = {_dim(b, axes[b + 1][j])}" for n, b, j in sizes.dims_used(needed)]
     return "\n".join([*lines, *_declarations([offsets, dims, strides]), text])
+
+
+def _plain_column_sum(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> int | None:
+    """The input `k` where `body` over `out` (collapsed) is `sum[r] in_k[r, j]`, every row of a matrix added into
+    its columns (a bias's or a layer norm's scale's gradient), which Kernel.columnSums computes; None otherwise."""
+    if len(out) != 1 or not isinstance(body, Reduce) or body.kind != "sum" or len(body.vars) != 1:
+        return None
+    term = body.body
+    (r, n), j = body.vars[0], out[0][0]
+    if not isinstance(term, Read) or term.index != (Affine.var(r), Affine.var(j)):
+        return None
+    return term.input if shapes[term.input] == (n, out[0][1]) else None
 
 
 def _split_axis(c: Collapsed, column: bool) -> int:
