@@ -48,7 +48,7 @@ final class CpuAttention {
 
   private static final int BLOCK = 256;
 
-  private static final ThreadLocal<float[][]> SCRATCH =
+  static final ThreadLocal<float[][]> SCRATCH =
       ThreadLocal.withInitial(() -> new float[2][BLOCK]);
 
   /**
@@ -90,7 +90,7 @@ final class CpuAttention {
   }
 
   /** a[from] + ... + a[from + n - 1] in double, in four running sums instead of one chain. */
-  private static float rowSum(float[] a, int from, int n) {
+  static float rowSum(float[] a, int from, int n) {
     double s0 = 0;
     double s1 = 0;
     double s2 = 0;
@@ -112,7 +112,7 @@ final class CpuAttention {
    * The largest of a[from], ..., a[from + n - 1], in four running maxima instead of one chain. With
    * a positive scale, max(x * scale) is max(x) * scale exactly: rounding a product is monotonic.
    */
-  private static float rowMax(float[] a, int from, int n) {
+  static float rowMax(float[] a, int from, int n) {
     float m0 = Float.NEGATIVE_INFINITY;
     float m1 = Float.NEGATIVE_INFINITY;
     float m2 = Float.NEGATIVE_INFINITY;
