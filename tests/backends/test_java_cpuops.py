@@ -83,6 +83,9 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
     add("masked_softmax", [_f(12, 5) * 3], scale=0.7, causal=True, period=4)
     add("masked_softmax", [_f(6, 33)], scale=1.5, causal=False, period=1)
     add("masked_softmax", [_f(6, 9) * 100], scale=-0.5, causal=True, period=6)  # a negative scale: max(x * scale)
+    # groups of rows whose exponentials run as one loop (2048 elements), on the threads; a row longer than a group
+    add("masked_softmax", [_f(600, 64) * 4], scale=0.25, causal=True, period=64)
+    add("masked_softmax", [_f(3, 2100)], scale=1.0, causal=False, period=1)
 
     p = _np("softmax", [_f(7, 13)])
     add("cross_entropy", [p, _labels(7, 13)])
