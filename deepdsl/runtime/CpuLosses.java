@@ -13,27 +13,12 @@ final class CpuLosses {
   // ---- softmax and the losses (rows are axis 1 of [N, K]) ----
 
   /**
-   * out[N, K] = exp(x - max) / sum exp(x - max), per row of x[N, K]: the rows on the threads, their
-   * exponentials in the vectorised loops of {@link CpuAttention#exps} (within 4e-6 relative).
+   * out[N, K] = exp(x - max) / sum exp(x - max), per row of x[N, K]: attention's softmax with scale
+   * 1 and no mask ({@link CpuAttention#masked_softmax}: the rows on the threads, a group of rows'
+   * exponentials in one vectorised loop, within 4e-6 relative).
    */
   public static void softmax(Buf out, Buf x) {
-    int rows = x.dim(0);
-    int cols = x.dim(1);
-    Parallel.range(rows, 8L * rows * cols, (lo, hi) -> softmaxRows(out.a, out.off, x, cols, lo, hi));
-  }
-
-  /** Rows [lo, hi) of softmax(x) into o from offset at, rows of cols. */
-  private static void softmaxRows(float[] o, int at, Buf x, int cols, int lo, int hi) {
-    float[][] scratch = CpuAttention.SCRATCH.get();
-    for (int r = lo; r < hi; r++) {
-      int in = x.off + r * cols;
-      int to = at + r * cols;
-      CpuAttention.exps(x.a, in, 1f, CpuAttention.rowMax(x.a, in, cols), o, to, cols, scratch);
-      float total = CpuAttention.rowSum(o, to, cols);
-      for (int j = 0; j < cols; j++) {
-        o[to + j] /= total;
-      }
-    }
+    CpuAttention.masked_softmax(out, x, 1f, false, 1);
   }
 
   /** out[N, K] = x - max - log sum exp(x - max), per row of x[N, K]. */
@@ -148,13 +133,12 @@ final class CpuLosses {
   public static void softmax_cross_entropy_backward(Buf out, Buf x, Buf labels, Buf g) {
     int cols = x.dim(x.shape.length - 1);
     int rows = x.numel() / cols;
+    softmax(new Buf(out.a, out.off, rows, cols), new Buf(x.a, x.off, rows, cols));
     float scale = g.a[g.off] / rows;
-    Buf scores = new Buf(x.a, x.off, rows, cols);
     Parallel.range(
         rows,
-        10L * rows * cols,
+        2L * rows * cols,
         (lo, hi) -> {
-          softmaxRows(out.a, out.off, scores, cols, lo, hi);
           for (int r = lo; r < hi; r++) {
             int o = out.off + r * cols;
             out.a[o + (int) labels.a[labels.off + r]] -= 1f;
