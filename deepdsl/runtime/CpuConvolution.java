@@ -49,6 +49,14 @@ final class CpuConvolution {
       ow = (w + 2 * pw - kw) / sw + 1;
     }
 
+    /**
+     * A 1x1 convolution with stride 1 and no padding: its im2col matrix is the image planes
+     * themselves (a {@link Planes} operand), so it builds no columns.
+     */
+    boolean pointwise() {
+      return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0;
+    }
+
     /** Output pixels per image. */
     int pixels() {
       return oh * ow;
@@ -140,12 +148,14 @@ final class CpuConvolution {
           for (int n0 = lo; n0 < hi; ) {
             int batch = s.batch(hi - n0);
             int width = batch * pixels;
-            float[][] cols = rows(scratch, s.colRows(), width);
+            float[][] cols = s.pointwise() ? null : rows(scratch, s.colRows(), width);
             int first = n0;
-            eachImage(
-                batch,
-                (long) s.colRows() * pixels,
-                b -> im2col(s, x.a, x.off + (first + b) * s.image(), cols, b * pixels));
+            if (!s.pointwise()) {
+              eachImage(
+                  batch,
+                  (long) s.colRows() * pixels,
+                  b -> im2col(s, x.a, x.off + (first + b) * s.image(), cols, b * pixels));
+            }
             // one image writes its output plane directly; a batch goes through the products array
             float[] prod = out.a;
             int prodOff = out.off + n0 * s.f * pixels;
@@ -156,7 +166,10 @@ final class CpuConvolution {
             }
             for (int g = 0; g < groups; g++) { // out_g = W_g cols_g
               Mat weights = Mat.rows(w.a, w.off + g * fg * kg, kg);
-              Rows columns = new Rows(cols, g * kg, 0);
+              Right columns =
+                  s.pointwise()
+                      ? Planes.of(x.a, x.off + n0 * s.image() + g * kg * pixels, pixels, s.image())
+                      : new Rows(cols, g * kg, 0);
               Mat products = Mat.rows(prod, prodOff + g * fg * width, width);
               gemmParallel(fg, width, kg, weights, columns, products, false);
             }
@@ -198,6 +211,11 @@ final class CpuConvolution {
           for (int n0 = lo; n0 < hi; ) {
             int batch = s.batch(hi - n0);
             int width = batch * pixels;
+            if (s.pointwise()) {
+              pointwiseData(s, out, g, w, n0, batch, scratch);
+              n0 += batch;
+              continue;
+            }
             // the gradient planes of the batch side by side, [F, batch * OH*OW]: one image's are g's
             float[] grad = g.a;
             int gradOff = g.off + n0 * s.f * pixels;
@@ -223,6 +241,40 @@ final class CpuConvolution {
             n0 += batch;
           }
         });
+  }
+
+  /**
+   * {@link #conv2d_backward_data} of a pointwise convolution for images n0 .. n0 + batch - 1: their
+   * gradient planes side by side, [C, batch * OH*OW], are W_g^T g_g, with g's planes read in place
+   * ({@link Planes}) and one image's product written straight to its planes.
+   */
+  static void pointwiseData(
+      ConvShape s, Buf out, Buf g, Buf w, int n0, int batch, Scratch scratch) {
+    int pixels = s.pixels();
+    int width = batch * pixels;
+    int fg = s.groupFilters();
+    int kg = s.groupRows();
+    float[] prod = out.a;
+    int prodOff = out.off + n0 * s.image();
+    if (batch > 1) {
+      scratch.products = atLeast(scratch.products, s.c * width);
+      prod = scratch.products;
+      prodOff = 0;
+    }
+    for (int grp = 0; grp < s.groups; grp++) { // dx_g = W_g^T g_g
+      Mat weights = Mat.rows(w.a, w.off + grp * fg * kg, kg).t();
+      Planes grads = Planes.of(g.a, g.off + (n0 * s.f + grp * fg) * pixels, pixels, s.f * pixels);
+      Mat planes = Mat.rows(prod, prodOff + grp * kg * width, width);
+      gemmParallel(kg, width, fg, weights, grads, planes, false);
+    }
+    if (batch > 1) {
+      for (int b = 0; b < batch; b++) {
+        for (int ch = 0; ch < s.c; ch++) {
+          int to = out.off + (n0 + b) * s.image() + ch * pixels;
+          System.arraycopy(prod, ch * width + b * pixels, out.a, to, pixels);
+        }
+      }
+    }
   }
 
   /**
@@ -258,12 +310,14 @@ final class CpuConvolution {
           for (int n0 = lo; n0 < hi; ) {
             int batch = s.batch(hi - n0);
             int width = batch * pixels;
-            float[][] rows = rows(scratch, width, s.colRows());
+            float[][] rows = s.pointwise() ? null : rows(scratch, width, s.colRows());
             int first = n0;
-            eachImage(
-                batch,
-                (long) s.colRows() * pixels,
-                b -> im2colRows(s, x.a, x.off + (first + b) * s.image(), rows, b * pixels));
+            if (!s.pointwise()) {
+              eachImage(
+                  batch,
+                  (long) s.colRows() * pixels,
+                  b -> im2colRows(s, x.a, x.off + (first + b) * s.image(), rows, b * pixels));
+            }
             float[] grad = g.a;
             int gradOff = g.off + n0 * s.f * pixels;
             if (batch > 1) {
@@ -274,7 +328,11 @@ final class CpuConvolution {
             }
             for (int grp = 0; grp < groups; grp++) { // dw_g += g_g rows_g
               Mat grads = Mat.rows(grad, gradOff + grp * fg * width, width);
-              Rows columns = new Rows(rows, 0, grp * kg);
+              int planes = x.off + n0 * s.image() + grp * kg * pixels;
+              Right columns =
+                  s.pointwise()
+                      ? Planes.of(x.a, planes, pixels, s.image()).t()
+                      : new Rows(rows, 0, grp * kg);
               Mat filters = Mat.rows(dw, dwOff + grp * fg * kg, kg);
               gemmParallel(fg, kg, width, grads, columns, filters, true);
             }
