@@ -283,7 +283,10 @@ final class CpuConvolution {
    * in {@link #conv2d}. The columns are built transposed (one row per output pixel, see {@link
    * #im2colRows}), so that the product's long dimension is C*kh*kw and B is read row by row. When
    * images run in parallel, piece p of the batch sums its images into partial gradient p (piece 0's
-   * is {@code out}) and the partials are added to {@code out} in piece order.
+   * is {@code out}) and the partials are added to {@code out} in piece order. A piece's first
+   * product sets its partial rather than adding to zeros: at this network size the gradient of a
+   * stage-4 1x1 filter (4 MB) outweighs the product's other operands, and OpenBLAS would copy it in
+   * and out.
    */
   public static void conv2d_backward_filter(
       Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] wShape) {
@@ -297,8 +300,7 @@ final class CpuConvolution {
     Scratch caller = SCRATCH.get();
     caller.partials = atLeast(caller.partials, (pieces - 1) * size);
     float[] partials = caller.partials;
-    Arrays.fill(out.a, out.off, out.off + size, 0f);
-    Arrays.fill(partials, 0, (pieces - 1) * size, 0f);
+    // no zeroing: every piece holds an image, and its first product sets its partial (the others add)
     parallel(
         s.n,
         workers,
@@ -334,7 +336,7 @@ final class CpuConvolution {
                       ? Planes.of(x.a, planes, pixels, s.image()).t()
                       : new Rows(rows, 0, grp * kg);
               Mat filters = Mat.rows(dw, dwOff + grp * fg * kg, kg);
-              gemmParallel(fg, kg, width, grads, columns, filters, true);
+              gemmParallel(fg, kg, width, grads, columns, filters, n0 > lo);
             }
             n0 += batch;
           }
