@@ -172,8 +172,14 @@ class Gen:
             finally:
                 self.locals = outer
         assert isinstance(e, Apply)
-        args = [self.expr(a, pre, indent) for a in e.args]
         fn = e.fn
+        test = e.args[0]
+        if fn == "select" and _zero(e.args[2]) and isinstance(test, Apply) and test.fn == ">" and _zero(test.args[1]):
+            # y > 0 ? g : 0 (a relu's gradient) without a branch, which mispredicts on activations (Kernel.java)
+            y, g = self.expr(test.args[0], pre, indent), self.expr(e.args[1], pre, indent)
+            if y[1] == g[1] == "f":
+                return f"Kernel.whenPositive({y[0]}, {g[0]})", "f"
+        args = [self.expr(a, pre, indent) for a in e.args]
         if fn == "^" and isinstance(e.args[1], Const) and e.args[1].value in (1.0, 2.0) and args[0][1] == "f":
             # x and x * x: what (float) Math.pow rounds to for these exponents (a float's square is exact in
             # double), without the call
@@ -243,6 +249,11 @@ class Gen:
 
 
 SUM_LANES = 4  # accumulators of a long sum (see Gen.lane_sum)
+
+
+def _zero(e: IE) -> bool:
+    """Whether `e` is the constant +0."""
+    return isinstance(e, Const) and e.value == 0.0 and not math.copysign(1.0, e.value) < 0
 
 
 def _sum_lanes(e: Reduce, tail: bool = False) -> int:

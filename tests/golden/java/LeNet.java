@@ -271,7 +271,7 @@ public final class LeNet extends Network {
     float[] o = out.a, a0 = in[0].a, a1 = in[1].a;
     int po = out.off, p0 = in[0].off, p1 = in[1].off;
     for (int e = lo; e < hi; e++) {
-      o[po + e] = (a1[p1 + e] > 0.0f ? a0[p0 + e] : 0.0f);
+      o[po + e] = Kernel.whenPositive(a1[p1 + e], a0[p0 + e]);
     }
   });
 
