@@ -216,6 +216,11 @@ final class CpuConvolution {
               n0 += batch;
               continue;
             }
+            if (Blas.gemm() != null) {
+              columnData(s, out, g, w, n0, batch, scratch);
+              n0 += batch;
+              continue;
+            }
             // the gradient planes of the batch side by side, [F, batch * OH*OW]: one image's are g's
             float[] grad = g.a;
             int gradOff = g.off + n0 * s.f * pixels;
@@ -272,6 +277,61 @@ final class CpuConvolution {
         for (int ch = 0; ch < s.c; ch++) {
           int to = out.off + (n0 + b) * s.image() + ch * pixels;
           System.arraycopy(prod, ch * width + b * pixels, out.a, to, pixels);
+        }
+      }
+    }
+  }
+
+  /**
+   * {@link #conv2d_backward_data} on a native SGEMM, for images n0 .. n0 + batch - 1: the im2col
+   * columns of their gradient, [C*kh*kw, batch * OH*OW] = W_g^T g_g (g's planes read in place),
+   * added back onto the images by {@link #columnsToImage}. The product's long side is then C*kh*kw
+   * rather than the few output pixels of the last stages (ResNet-50's 3x3 convolutions of stage 4
+   * at batch 8, 64x64: 32 pixels), where OpenBLAS runs the pixel-row form at a third of its speed.
+   */
+  static void columnData(ConvShape s, Buf out, Buf g, Buf w, int n0, int batch, Scratch scratch) {
+    int pixels = s.pixels();
+    int width = batch * pixels;
+    int fg = s.groupFilters();
+    int kg = s.groupRows();
+    scratch.cols = atLeast(scratch.cols, s.colRows() * width);
+    float[] cols = scratch.cols;
+    for (int grp = 0; grp < s.groups; grp++) { // cols_g = W_g^T g_g
+      Mat weights = Mat.rows(w.a, w.off + grp * fg * kg, kg).t();
+      Planes grads = Planes.of(g.a, g.off + (n0 * s.f + grp * fg) * pixels, pixels, s.f * pixels);
+      gemmParallel(kg, width, fg, weights, grads, Mat.rows(cols, grp * kg * width, width), false);
+    }
+    eachImage(
+        batch,
+        (long) s.colRows() * pixels,
+        b -> columnsToImage(s, cols, width, b * pixels, out.a, out.off + (n0 + b) * s.image()));
+  }
+
+  /**
+   * The adjoint of {@link #im2col} for one image: dx[ch, iy, ix] = the sum of the elements of the
+   * columns (rows of {@code width} in {@code cols}, the image's from column {@code col}) that read
+   * x[ch, iy, ix].
+   */
+  static void columnsToImage(ConvShape s, float[] cols, int width, int col, float[] dx, int dxOff) {
+    Arrays.fill(dx, dxOff, dxOff + s.image(), 0f);
+    int row = 0;
+    for (int ch = 0; ch < s.c; ch++) {
+      int plane = dxOff + ch * s.h * s.w;
+      for (int i = 0; i < s.kh; i++) {
+        for (int j = 0; j < s.kw; j++, row++) {
+          int from = row * width + col;
+          int oxLo = Math.min(s.ow, firstInside(j - s.pw, s.sw));
+          int oxHi = Math.max(oxLo, Math.min(s.ow, lastInside(j - s.pw, s.sw, s.w) + 1));
+          for (int oy = 0; oy < s.oh; oy++, from += s.ow) {
+            int iy = oy * s.sh - s.ph + i;
+            if (iy < 0 || iy >= s.h) {
+              continue;
+            }
+            int to = plane + iy * s.w - s.pw + j;
+            for (int ox = oxLo; ox < oxHi; ox++) {
+              dx[to + ox * s.sw] += cols[from + ox];
+            }
+          }
         }
       }
     }
