@@ -372,9 +372,18 @@ final class CpuConvolution {
           for (int n0 = lo; n0 < hi; ) {
             int batch = s.batch(hi - n0);
             int width = batch * pixels;
-            float[][] rows = s.pointwise() ? null : rows(scratch, width, s.colRows());
+            // on OpenBLAS the forward im2col columns, which it reads transposed: cheaper to build
+            boolean columnForm = !s.pointwise() && Blas.gemm() != null;
+            int height = columnForm ? s.colRows() : width;
+            float[][] rows =
+                s.pointwise() ? null : rows(scratch, height, columnForm ? width : s.colRows());
             int first = n0;
-            if (!s.pointwise()) {
+            if (columnForm) {
+              eachImage(
+                  batch,
+                  (long) s.colRows() * pixels,
+                  b -> im2col(s, x.a, x.off + (first + b) * s.image(), rows, b * pixels));
+            } else if (!s.pointwise()) {
               eachImage(
                   batch,
                   (long) s.colRows() * pixels,
@@ -394,7 +403,7 @@ final class CpuConvolution {
               Right columns =
                   s.pointwise()
                       ? Planes.of(x.a, planes, pixels, s.image()).t()
-                      : new Rows(rows, 0, grp * kg);
+                      : columnForm ? new Columns(rows, grp * kg, 0) : new Rows(rows, 0, grp * kg);
               Mat filters = Mat.rows(dw, dwOff + grp * fg * kg, kg);
               gemmParallel(fg, kg, width, grads, columns, filters, n0 > lo);
             }

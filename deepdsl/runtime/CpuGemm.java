@@ -27,7 +27,7 @@ final class CpuGemm {
   static final int GEMM_DIRECT = 1024;
 
   /** The right operand B of a product: a {@link Mat} view or {@link Rows}. */
-  sealed interface Right permits Mat, Rows, Planes {
+  sealed interface Right permits Mat, Rows, Columns, Planes {
     /** The operand whose element (0, 0) is this one's (i, j). */
     Right from(int i, int j);
 
@@ -49,6 +49,27 @@ final class CpuGemm {
     public void copy(float[][] panel, int depth, int w) {
       for (int p = 0; p < depth; p++) {
         System.arraycopy(rows[row0 + p], col0, panel[p], 0, w);
+      }
+    }
+  }
+
+  /**
+   * The transpose of a {@link Rows} matrix: element (i, j) is {@code rows[row0 + j][col0 + i]}. A
+   * filter gradient on OpenBLAS reads the forward im2col columns so, passed as {@code CblasTrans}.
+   */
+  record Columns(float[][] rows, int row0, int col0) implements Right {
+    @Override
+    public Columns from(int i, int j) {
+      return new Columns(rows, row0 + j, col0 + i);
+    }
+
+    @Override
+    public void copy(float[][] panel, int depth, int w) {
+      for (int j = 0; j < w; j++) {
+        float[] row = rows[row0 + j];
+        for (int p = 0; p < depth; p++) {
+          panel[p][j] = row[col0 + p];
+        }
       }
     }
   }
