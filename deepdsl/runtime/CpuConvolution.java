@@ -49,6 +49,14 @@ final class CpuConvolution {
       ow = (w + 2 * pw - kw) / sw + 1;
     }
 
+    /**
+     * A 1x1 convolution with stride 1 and no padding: its im2col matrix is the image planes
+     * themselves (a {@link Planes} operand), so it builds no columns.
+     */
+    boolean pointwise() {
+      return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0;
+    }
+
     /** Output pixels per image. */
     int pixels() {
       return oh * ow;
@@ -140,12 +148,14 @@ final class CpuConvolution {
           for (int n0 = lo; n0 < hi; ) {
             int batch = s.batch(hi - n0);
             int width = batch * pixels;
-            float[][] cols = rows(scratch, s.colRows(), width);
+            float[][] cols = s.pointwise() ? null : rows(scratch, s.colRows(), width);
             int first = n0;
-            eachImage(
-                batch,
-                (long) s.colRows() * pixels,
-                b -> im2col(s, x.a, x.off + (first + b) * s.image(), cols, b * pixels));
+            if (!s.pointwise()) {
+              eachImage(
+                  batch,
+                  (long) s.colRows() * pixels,
+                  b -> im2col(s, x.a, x.off + (first + b) * s.image(), cols, b * pixels));
+            }
             // one image writes its output plane directly; a batch goes through the products array
             float[] prod = out.a;
             int prodOff = out.off + n0 * s.f * pixels;
@@ -156,7 +166,10 @@ final class CpuConvolution {
             }
             for (int g = 0; g < groups; g++) { // out_g = W_g cols_g
               Mat weights = Mat.rows(w.a, w.off + g * fg * kg, kg);
-              Rows columns = new Rows(cols, g * kg, 0);
+              Right columns =
+                  s.pointwise()
+                      ? Planes.of(x.a, x.off + n0 * s.image() + g * kg * pixels, pixels, s.image())
+                      : new Rows(cols, g * kg, 0);
               Mat products = Mat.rows(prod, prodOff + g * fg * width, width);
               gemmParallel(fg, width, kg, weights, columns, products, false);
             }
@@ -198,6 +211,16 @@ final class CpuConvolution {
           for (int n0 = lo; n0 < hi; ) {
             int batch = s.batch(hi - n0);
             int width = batch * pixels;
+            if (s.pointwise()) {
+              pointwiseData(s, out, g, w, n0, batch, scratch);
+              n0 += batch;
+              continue;
+            }
+            if (Blas.gemm() != null) {
+              columnData(s, out, g, w, n0, batch, scratch);
+              n0 += batch;
+              continue;
+            }
             // the gradient planes of the batch side by side, [F, batch * OH*OW]: one image's are g's
             float[] grad = g.a;
             int gradOff = g.off + n0 * s.f * pixels;
@@ -226,12 +249,104 @@ final class CpuConvolution {
   }
 
   /**
+   * {@link #conv2d_backward_data} of a pointwise convolution for images n0 .. n0 + batch - 1: their
+   * gradient planes side by side, [C, batch * OH*OW], are W_g^T g_g, with g's planes read in place
+   * ({@link Planes}) and one image's product written straight to its planes.
+   */
+  static void pointwiseData(
+      ConvShape s, Buf out, Buf g, Buf w, int n0, int batch, Scratch scratch) {
+    int pixels = s.pixels();
+    int width = batch * pixels;
+    int fg = s.groupFilters();
+    int kg = s.groupRows();
+    float[] prod = out.a;
+    int prodOff = out.off + n0 * s.image();
+    if (batch > 1) {
+      scratch.products = atLeast(scratch.products, s.c * width);
+      prod = scratch.products;
+      prodOff = 0;
+    }
+    for (int grp = 0; grp < s.groups; grp++) { // dx_g = W_g^T g_g
+      Mat weights = Mat.rows(w.a, w.off + grp * fg * kg, kg).t();
+      Planes grads = Planes.of(g.a, g.off + (n0 * s.f + grp * fg) * pixels, pixels, s.f * pixels);
+      Mat planes = Mat.rows(prod, prodOff + grp * kg * width, width);
+      gemmParallel(kg, width, fg, weights, grads, planes, false);
+    }
+    if (batch > 1) {
+      for (int b = 0; b < batch; b++) {
+        for (int ch = 0; ch < s.c; ch++) {
+          int to = out.off + (n0 + b) * s.image() + ch * pixels;
+          System.arraycopy(prod, ch * width + b * pixels, out.a, to, pixels);
+        }
+      }
+    }
+  }
+
+  /**
+   * {@link #conv2d_backward_data} on a native SGEMM, for images n0 .. n0 + batch - 1: the im2col
+   * columns of their gradient, [C*kh*kw, batch * OH*OW] = W_g^T g_g (g's planes read in place),
+   * added back onto the images by {@link #columnsToImage}. The product's long side is then C*kh*kw
+   * rather than the few output pixels of the last stages (ResNet-50's 3x3 convolutions of stage 4
+   * at batch 8, 64x64: 32 pixels), where OpenBLAS runs the pixel-row form at a third of its speed.
+   */
+  static void columnData(ConvShape s, Buf out, Buf g, Buf w, int n0, int batch, Scratch scratch) {
+    int pixels = s.pixels();
+    int width = batch * pixels;
+    int fg = s.groupFilters();
+    int kg = s.groupRows();
+    scratch.cols = atLeast(scratch.cols, s.colRows() * width);
+    float[] cols = scratch.cols;
+    for (int grp = 0; grp < s.groups; grp++) { // cols_g = W_g^T g_g
+      Mat weights = Mat.rows(w.a, w.off + grp * fg * kg, kg).t();
+      Planes grads = Planes.of(g.a, g.off + (n0 * s.f + grp * fg) * pixels, pixels, s.f * pixels);
+      gemmParallel(kg, width, fg, weights, grads, Mat.rows(cols, grp * kg * width, width), false);
+    }
+    eachImage(
+        batch,
+        (long) s.colRows() * pixels,
+        b -> columnsToImage(s, cols, width, b * pixels, out.a, out.off + (n0 + b) * s.image()));
+  }
+
+  /**
+   * The adjoint of {@link #im2col} for one image: dx[ch, iy, ix] = the sum of the elements of the
+   * columns (rows of {@code width} in {@code cols}, the image's from column {@code col}) that read
+   * x[ch, iy, ix].
+   */
+  static void columnsToImage(ConvShape s, float[] cols, int width, int col, float[] dx, int dxOff) {
+    Arrays.fill(dx, dxOff, dxOff + s.image(), 0f);
+    int row = 0;
+    for (int ch = 0; ch < s.c; ch++) {
+      int plane = dxOff + ch * s.h * s.w;
+      for (int i = 0; i < s.kh; i++) {
+        for (int j = 0; j < s.kw; j++, row++) {
+          int from = row * width + col;
+          int oxLo = Math.min(s.ow, firstInside(j - s.pw, s.sw));
+          int oxHi = Math.max(oxLo, Math.min(s.ow, lastInside(j - s.pw, s.sw, s.w) + 1));
+          for (int oy = 0; oy < s.oh; oy++, from += s.ow) {
+            int iy = oy * s.sh - s.ph + i;
+            if (iy < 0 || iy >= s.h) {
+              continue;
+            }
+            int to = plane + iy * s.w - s.pw + j;
+            for (int ox = oxLo; ox < oxHi; ox++) {
+              dx[to + ox * s.sw] += cols[from + ox];
+            }
+          }
+        }
+      }
+    }
+  }
+
+  /**
    * out[F, C/groups, kh, kw] (w_shape) = d conv2d / d w given x[N, C, H, W] and g = d out [N, F,
    * OH, OW]: the sum over images of g_g times the im2col columns of x, a few images per product as
    * in {@link #conv2d}. The columns are built transposed (one row per output pixel, see {@link
    * #im2colRows}), so that the product's long dimension is C*kh*kw and B is read row by row. When
    * images run in parallel, piece p of the batch sums its images into partial gradient p (piece 0's
-   * is {@code out}) and the partials are added to {@code out} in piece order.
+   * is {@code out}) and the partials are added to {@code out} in piece order. A piece's first
+   * product sets its partial rather than adding to zeros: at this network size the gradient of a
+   * stage-4 1x1 filter (4 MB) outweighs the product's other operands, and OpenBLAS would copy it in
+   * and out.
    */
   public static void conv2d_backward_filter(
       Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] wShape) {
@@ -245,8 +360,7 @@ final class CpuConvolution {
     Scratch caller = SCRATCH.get();
     caller.partials = atLeast(caller.partials, (pieces - 1) * size);
     float[] partials = caller.partials;
-    Arrays.fill(out.a, out.off, out.off + size, 0f);
-    Arrays.fill(partials, 0, (pieces - 1) * size, 0f);
+    // no zeroing: every piece holds an image, and its first product sets its partial (the others add)
     parallel(
         s.n,
         workers,
@@ -258,12 +372,23 @@ final class CpuConvolution {
           for (int n0 = lo; n0 < hi; ) {
             int batch = s.batch(hi - n0);
             int width = batch * pixels;
-            float[][] rows = rows(scratch, width, s.colRows());
+            // on OpenBLAS the forward im2col columns, which it reads transposed: cheaper to build
+            boolean columnForm = !s.pointwise() && Blas.gemm() != null;
+            int height = columnForm ? s.colRows() : width;
+            float[][] rows =
+                s.pointwise() ? null : rows(scratch, height, columnForm ? width : s.colRows());
             int first = n0;
-            eachImage(
-                batch,
-                (long) s.colRows() * pixels,
-                b -> im2colRows(s, x.a, x.off + (first + b) * s.image(), rows, b * pixels));
+            if (columnForm) {
+              eachImage(
+                  batch,
+                  (long) s.colRows() * pixels,
+                  b -> im2col(s, x.a, x.off + (first + b) * s.image(), rows, b * pixels));
+            } else if (!s.pointwise()) {
+              eachImage(
+                  batch,
+                  (long) s.colRows() * pixels,
+                  b -> im2colRows(s, x.a, x.off + (first + b) * s.image(), rows, b * pixels));
+            }
             float[] grad = g.a;
             int gradOff = g.off + n0 * s.f * pixels;
             if (batch > 1) {
@@ -274,9 +399,13 @@ final class CpuConvolution {
             }
             for (int grp = 0; grp < groups; grp++) { // dw_g += g_g rows_g
               Mat grads = Mat.rows(grad, gradOff + grp * fg * width, width);
-              Rows columns = new Rows(rows, 0, grp * kg);
+              int planes = x.off + n0 * s.image() + grp * kg * pixels;
+              Right columns =
+                  s.pointwise()
+                      ? Planes.of(x.a, planes, pixels, s.image()).t()
+                      : columnForm ? new Columns(rows, grp * kg, 0) : new Rows(rows, 0, grp * kg);
               Mat filters = Mat.rows(dw, dwOff + grp * fg * kg, kg);
-              gemmParallel(fg, kg, width, grads, columns, filters, true);
+              gemmParallel(fg, kg, width, grads, columns, filters, n0 > lo);
             }
             n0 += batch;
           }

@@ -27,7 +27,7 @@ final class CpuGemm {
   static final int GEMM_DIRECT = 1024;
 
   /** The right operand B of a product: a {@link Mat} view or {@link Rows}. */
-  sealed interface Right permits Mat, Rows {
+  sealed interface Right permits Mat, Rows, Columns, Planes {
     /** The operand whose element (0, 0) is this one's (i, j). */
     Right from(int i, int j);
 
@@ -49,6 +49,89 @@ final class CpuGemm {
     public void copy(float[][] panel, int depth, int w) {
       for (int p = 0; p < depth; p++) {
         System.arraycopy(rows[row0 + p], col0, panel[p], 0, w);
+      }
+    }
+  }
+
+  /**
+   * The transpose of a {@link Rows} matrix: element (i, j) is {@code rows[row0 + j][col0 + i]}. A
+   * filter gradient on OpenBLAS reads the forward im2col columns so, passed as {@code CblasTrans}.
+   */
+  record Columns(float[][] rows, int row0, int col0) implements Right {
+    @Override
+    public Columns from(int i, int j) {
+      return new Columns(rows, row0 + j, col0 + i);
+    }
+
+    @Override
+    public void copy(float[][] panel, int depth, int w) {
+      for (int j = 0; j < w; j++) {
+        float[] row = rows[row0 + j];
+        for (int p = 0; p < depth; p++) {
+          panel[p][j] = row[col0 + p];
+        }
+      }
+    }
+  }
+
+  /**
+   * The channel planes of a few consecutive images [batch, C, P] (P pixels per plane, images
+   * {@code image} elements apart, from {@code a[off]}) seen as the matrix [C, batch * P] whose
+   * column b * P + pixel is image b's pixel, or ({@code transposed}) as its transpose [batch * P,
+   * C]; element (i, j) is that matrix's (row0 + i, col0 + j). A pointwise (1x1, stride 1, no
+   * padding) convolution's im2col matrix is this matrix itself, so it needs no im2col copy.
+   */
+  record Planes(float[] a, int off, int pixels, int image, int row0, int col0, boolean transposed)
+      implements Right {
+    /** The [C, batch * P] matrix of the planes at {@code a[off]}. */
+    static Planes of(float[] a, int off, int pixels, int image) {
+      return new Planes(a, off, pixels, image, 0, 0, false);
+    }
+
+    /** The transposed matrix. */
+    Planes t() {
+      return new Planes(a, off, pixels, image, col0, row0, !transposed);
+    }
+
+    @Override
+    public Planes from(int i, int j) {
+      return new Planes(a, off, pixels, image, row0 + i, col0 + j, transposed);
+    }
+
+    /**
+     * The index in {@code a} of element (channel, column) of the untransposed [C, batch * P]
+     * matrix, counted from its own (0, 0).
+     */
+    int at(int channel, int column) {
+      return off + column / pixels * image + channel * pixels + column % pixels;
+    }
+
+    /**
+     * to[at + j] = untransposed element (channel, column + j) for j < length, a plane's run at a
+     * time (channel and column counted from the matrix's own (0, 0)).
+     */
+    void put(int channel, int column, int length, float[] to, int at) {
+      for (int done = 0; done < length; ) {
+        int run = Math.min(length - done, pixels - (column + done) % pixels);
+        System.arraycopy(a, at(channel, column + done), to, at + done, run);
+        done += run;
+      }
+    }
+
+    @Override
+    public void copy(float[][] panel, int depth, int w) {
+      if (!transposed) {
+        for (int p = 0; p < depth; p++) {
+          put(row0 + p, col0, w, panel[p], 0);
+        }
+      } else { // panel[p][j] = plane element (col0 + j, row0 + p): a gather, pixels apart
+        for (int p = 0; p < depth; p++) {
+          float[] to = panel[p];
+          int from = at(col0, row0 + p);
+          for (int j = 0; j < w; j++, from += pixels) {
+            to[j] = a[from];
+          }
+        }
       }
     }
   }

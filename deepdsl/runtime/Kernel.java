@@ -192,6 +192,18 @@ public final class Kernel {
       ThreadLocal.withInitial(() -> new float[COLUMN_BLOCK]);
 
   /**
+   * {@code y > 0 ? g : 0} without a branch, for a relu's gradient (y its output): y is positive for
+   * about half the activations, in no order a branch predictor learns, and a float select is a
+   * branch on x86 (ResNet-50 at batch 8 spent 28 ms a step in its relu gradients, some 5 ns an
+   * element). The mask is all ones exactly where y's bits, as an int, lie in (0, +infinity], so
+   * zeros, negatives and NaN give +0 as the comparison does, and g passes bit for bit.
+   */
+  public static float whenPositive(float y, float g) {
+    int b = Float.floatToRawIntBits(y);
+    return Float.intBitsToFloat(Float.floatToRawIntBits(g) & ((-b & (b - 0x7f800001)) >> 31));
+  }
+
+  /**
    * Runs the Java body over the whole output (the first of {@code args}, the outputs before the
    * inputs): its elements or rows split over the threads, a kernel of little work on the caller.
    */

@@ -1,6 +1,8 @@
 package deepdsl.runtime;
 
+import deepdsl.runtime.CpuGemm.Columns;
 import deepdsl.runtime.CpuGemm.Mat;
+import deepdsl.runtime.CpuGemm.Planes;
 import deepdsl.runtime.CpuGemm.Right;
 import deepdsl.runtime.CpuGemm.Rows;
 import java.lang.invoke.MethodHandle;
@@ -22,9 +24,11 @@ import java.nio.FloatBuffer;
  * hundreds of MB for one product), so each operand's elements are copied into a direct buffer of the
  * calling thread instead, compactly (leading dimension = its width), and C's back. A transposed
  * view ({@code rowStride == 1}) is copied as the row-major matrix it views and passed as {@code
- * CblasTrans}; an im2col matrix ({@link Rows}) a row at a time. OpenBLAS runs on one thread per
- * call: the runtime's parallel loops call it from each of their {@link Parallel#THREADS} threads,
- * on pieces fixed by the sizes and the thread count, as they do the Java SGEMM.
+ * CblasTrans}; an im2col matrix ({@link Rows}, or its transpose {@link Columns}) a row at a time,
+ * and image planes ({@link Planes}, a pointwise convolution's operand) a plane's run at a time.
+ * OpenBLAS runs on one thread per call: the runtime's parallel loops call it from each of their
+ * {@link Parallel#THREADS} threads, on pieces fixed by the sizes and the thread count, as they do
+ * the Java SGEMM.
  */
 final class OpenBlasGemm implements Blas.Gemm {
   private static final int ROW_MAJOR = 101;
@@ -85,8 +89,11 @@ final class OpenBlasGemm implements Blas.Gemm {
     if (m == 0 || n == 0 || k == 0 || z.colStride() != 1 || (aTrans && x.rowStride() != 1)) {
       return false;
     }
-    boolean bTrans = y instanceof Mat my && my.colStride() != 1;
-    if (bTrans && ((Mat) y).rowStride() != 1) {
+    boolean bTrans =
+        y instanceof Mat my && my.colStride() != 1
+            || y instanceof Planes pl && pl.transposed()
+            || y instanceof Columns;
+    if (bTrans && y instanceof Mat my && my.rowStride() != 1) {
       return false;
     }
     Buffers buf = BUFFERS.get();
@@ -106,7 +113,24 @@ final class OpenBlasGemm implements Blas.Gemm {
     } else {
       copyIn(a, x.a(), x.off(), x.rowStride(), m, k);
     }
-    if (y instanceof Rows r) {
+    if (y instanceof Planes pl) { // the k x n (transposed: n x k) plane matrix, a run at a time
+      int rows = bTrans ? n : k;
+      int cols = bTrans ? k : n;
+      int row0 = bTrans ? pl.col0() : pl.row0();
+      int col0 = bTrans ? pl.row0() : pl.col0();
+      for (int p = 0; p < rows; p++) {
+        for (int done = 0; done < cols; ) {
+          int column = col0 + done;
+          int run = Math.min(cols - done, pl.pixels() - column % pl.pixels());
+          b.put(p * cols + done, pl.a(), pl.at(row0 + p, column), run);
+          done += run;
+        }
+      }
+    } else if (y instanceof Columns cs) { // the n x k Rows matrix it transposes, a row at a time
+      for (int q = 0; q < n; q++) {
+        b.put(q * k, cs.rows()[cs.row0() + q], cs.col0(), k);
+      }
+    } else if (y instanceof Rows r) {
       for (int p = 0; p < k; p++) {
         b.put(p * n, r.rows()[r.row0() + p], r.col0(), n);
       }

@@ -96,7 +96,9 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
     # first layer; more output pixels, and a longer window (C*kh*kw), than a product sweeps in place
     # (GEMM_DIRECT), so that the im2col rows are copied into panels in blocks; a window row longer than
     # the straight-line copies take, padded at the sides only; more images than pieces of two threads, two
-    # per product, so that a piece's filter gradient adds a second product onto its first
+    # per product, so that a piece's filter gradient adds a second product onto its first; pointwise (1x1, stride 1,
+    # unpadded: no im2col) in two groups with more pixels than a product takes (one image per product), and with
+    # nine images of 3x3 in one product
     for n, c, h, w, f, cg, kh, kw, stride, pad, groups in [
         (3, 6, 11, 9, 9, 2, 3, 4, (2, 3), (1, 2), 3),
         (1, 8, 10, 10, 16, 8, 3, 3, (1, 1), (1, 1), 1),
@@ -109,6 +111,8 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
         (2, 48, 7, 7, 6, 48, 5, 5, (1, 1), (1, 1), 1),
         (3, 2, 5, 12, 3, 2, 2, 9, (1, 1), (0, 1), 1),
         (20, 1, 24, 24, 2, 1, 3, 3, (1, 1), (0, 0), 1),
+        (3, 8, 24, 24, 6, 4, 1, 1, (1, 1), (0, 0), 2),
+        (9, 20, 3, 3, 12, 20, 1, 1, (1, 1), (0, 0), 1),
     ]:
         conv = {"stride": stride, "pad": pad, "groups": groups}
         x, wt = _f(n, c, h, w), _f(f, cg, kh, kw)

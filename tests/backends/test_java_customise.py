@@ -48,7 +48,7 @@ LEAKY_JAVA = [
         "((a0[p0 + i0 * no1 + i1] + a1[p1 + i1]) > 0 ? (a0[p0 + i0 * no1 + i1] + a1[p1 + i1])"
         " : 0.01f * (a0[p0 + i0 * no1 + i1] + a1[p1 + i1]))",
     ),
-    ("(a1[p1 + e] > 0.0f ? a0[p0 + e] : 0.0f)", "(a1[p1 + e] > 0.0f ? a0[p0 + e] : 0.01f * a0[p0 + e])"),
+    ("Kernel.whenPositive(a1[p1 + e], a0[p0 + e])", "(a1[p1 + e] > 0.0f ? a0[p0 + e] : 0.01f * a0[p0 + e])"),
 ]
 LEAKY_CUDA = [("fmaxf((in0[e] + in1[i1]), 0.0f)",
                "((in0[e] + in1[i1]) > 0 ? (in0[e] + in1[i1]) : 0.01f * (in0[e] + in1[i1]))"),

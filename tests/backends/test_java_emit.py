@@ -184,6 +184,12 @@ def _cases() -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
         xs = [data.uniform(0.1, 2.0, t.shape).astype(np.float32) if t.dtype is DType.F32
               else data.integers(0, 2, t.shape).astype(np.float32) for t in types]  # fmt: skip
         cases.append((name, body, tuple(zip(out_vars(out_type), out_type.shape)), xs))
+    # a relu's gradient, which the Java kernel writes without a branch (Kernel.whenPositive), over y of every sign
+    # and class: zeros, a subnormal, infinities, NaN
+    special = [0.0, -0.0, 1e-45, -1e-45, np.inf, -np.inf, np.nan, 1.0, -1.0, 3e38, -3e38]
+    y = np.concatenate([data.standard_normal(53), special]).astype(np.float32)
+    relu_grad = REGISTRY["relu_grad"].index_form((TensorType((64,), DType.F32),) * 2, TensorType((64,), DType.F32), {})
+    cases.append(("relu_grad_signs", relu_grad, (("i0", 64),), [data.standard_normal(64).astype(np.float32), y]))
     return cases
 
 
@@ -467,6 +473,8 @@ def test_gelu_and_its_gradient_run_in_the_runtimes_vectorised_loops() -> None:
     own = (Affine.var("i0"), Affine.var("i1"))
     of_sum = gelu_index(Apply("+", (Read(0, own), Read(1, own))), 0)
     assert "Kernel.gelu" not in java_kernel(of_sum, out, shapes) and "Math.exp" in java_kernel(of_sum, out, shapes)
+    relu_grad = java_kernel(REGISTRY["relu_grad"].index_form((t, t), t, {}), out, shapes)
+    assert "Kernel.whenPositive(a1[p1 + e], a0[p0 + e])" in relu_grad and "?" not in relu_grad
 
 
 def test_a_kernels_cost_is_its_work_per_output_element() -> None:

@@ -71,6 +71,7 @@ class Gen:
     own: tuple[tuple[Affine, ...], tuple[int, ...], str] | None = None  # the output's index, shape and offset
     tail: bool = False  # lane sums for every size: a range not a multiple of the lanes finished one term a step
     hoisted: dict[IE, tuple[str, str]] = field(default_factory=dict)  # loop-invariant parts, computed before the loop
+    chunked: bool = False  # flat, with the elements read from the chunk buffers b{k}[e] (java_group_kernel)
 
     def bind(self, var: str, size: int, bound: str | None = None) -> str:
         name = var if var.isidentifier() and var.isascii() and var not in JAVA_KEYWORDS else "v"
@@ -92,6 +93,8 @@ class Gen:
         if r.input in self.registers:
             return self.registers[r.input]
         if self.flat:
+            if self.chunked and r.index:
+                return f"b{r.input}[e]"
             return f"a{r.input}[p{r.input}{' + e' if r.index else ''}]"
         if self.sizes is not None:
             return self.generic_read(r)
@@ -172,8 +175,14 @@ class Gen:
             finally:
                 self.locals = outer
         assert isinstance(e, Apply)
-        args = [self.expr(a, pre, indent) for a in e.args]
         fn = e.fn
+        test = e.args[0]
+        if fn == "select" and _zero(e.args[2]) and isinstance(test, Apply) and test.fn == ">" and _zero(test.args[1]):
+            # y > 0 ? g : 0 (a relu's gradient) without a branch, which mispredicts on activations (Kernel.java)
+            y, g = self.expr(test.args[0], pre, indent), self.expr(e.args[1], pre, indent)
+            if y[1] == g[1] == "f":
+                return f"Kernel.whenPositive({y[0]}, {g[0]})", "f"
+        args = [self.expr(a, pre, indent) for a in e.args]
         if fn == "^" and isinstance(e.args[1], Const) and e.args[1].value in (1.0, 2.0) and args[0][1] == "f":
             # x and x * x: what (float) Math.pow rounds to for these exponents (a float's square is exact in
             # double), without the call
@@ -243,6 +252,11 @@ class Gen:
 
 
 SUM_LANES = 4  # accumulators of a long sum (see Gen.lane_sum)
+
+
+def _zero(e: IE) -> bool:
+    """Whether `e` is the constant +0."""
+    return isinstance(e, Const) and e.value == 0.0 and not math.copysign(1.0, e.value) < 0
 
 
 def _sum_lanes(e: Reduce, tail: bool = False) -> int:
@@ -457,21 +471,44 @@ def java_group_kernel(bodies: tuple[IE, ...], readers: tuple[dict[int, int], ...
     """The Java body of the element-wise statements of one group (ir/groups.py) in one loop over the elements
     `[lo, hi)`, the lambda `(out, in, lo, hi) -> {...}` of its constant, out[j][e] = bodies[j]: body j reads
     inputs in[0], in[1], ... and, for the input indices `readers[j]` maps, the earlier result m it needs from the
-    local r{m}. Every shape shares it. With the body, its operations per element (for its constant)."""
+    local r{m}. Every shape shares it. With the body, its operations per element (for its constant).
+
+    The elements go through the loop a chunk of CHUNK at a time, copied into buffers the kernel allocates (b{k}
+    for input k, q{j} for output j) and the results copied back: the tensors all lie in one arena, and the JIT
+    vectorises a loop only over arrays it can tell apart, which it can for arrays allocated in the method (an
+    optimizer's update over 25.5M parameters, ResNet-50's SGD step: 43 -> 32 ms on one thread). Every input of a
+    chunk is read before any output of it is written, as the statements mean."""
     used = sorted({r.input for b, held in zip(bodies, readers) for r in reads(b) if r.input not in held})
+    elements = sorted(
+        {r.input for b, held in zip(bodies, readers) for r in reads(b) if r.input not in held and r.index}
+    )
     arrays = [*(f"o{m} = out[{m}].a" for m in range(len(bodies))), *(f"a{k} = in[{k}].a" for k in used)]
     offsets = [*(f"po{m} = out[{m}].off" for m in range(len(bodies))), *(f"p{k} = in[{k}].off" for k in used)]
     lines = [f"    float[] {', '.join(arrays)};", f"    int {', '.join(offsets)};"]
-    loop = ["    for (int e = lo; e < hi; e++) {"]
+    loop = []
     work = 0
     taken = {f"r{j}" for j in range(len(bodies))}  # the locals of every body in the one loop
     hoisted: dict[IE, tuple[str, str]] = {}  # shared by the bodies: Adam's two steps read the same corrections
     for j, (body, held) in enumerate(zip(bodies, readers)):
         g = Gen((), flat=True, registers={k: f"r{m}" for k, m in held.items()}, taken=taken, hoisted=hoisted)
+        g.chunked = True
         g.locals = Locals(shared_subexpressions(flat_form(body)), taken)
         lines += hoist(g, flat_form(body), lambda x, g=g: not per_element(x, g.registers), "    ", JAVA)
         pre: list[str] = []
-        value, kind = g.expr(flat_form(body), pre, "      ")
-        loop += [*pre, f"      float r{j} = {as_float((value, kind))};", f"      o{j}[po{j} + e] = r{j};"]
+        value, kind = g.expr(flat_form(body), pre, "        ")
+        loop += [*pre, f"        float r{j} = {as_float((value, kind))};", f"        q{j}[e] = r{j};"]
         work += _work(body)
-    return "\n".join([*lines, *loop, "    }"]), work
+    buffers = [
+        *(f"b{k} = new float[chunk]" for k in elements),
+        *(f"q{j} = new float[chunk]" for j in range(len(bodies))),
+    ]
+    lines += [f"    int chunk = Math.min({CHUNK}, hi - lo);", f"    float[] {', '.join(buffers)};",
+              "    for (int c = lo; c < hi; c += chunk) {", "      int n = Math.min(chunk, hi - c);",
+              *(f"      System.arraycopy(a{k}, p{k} + c, b{k}, 0, n);" for k in elements),
+              "      for (int e = 0; e < n; e++) {", *loop, "      }",
+              *(f"      System.arraycopy(q{j}, 0, o{j}, po{j} + c, n);" for j in range(len(bodies))),
+              "    }"]  # fmt: skip
+    return "\n".join(lines), work
+
+
+CHUNK = 512  # elements per chunk of a group kernel: its buffers (a few KiB) stay in L1

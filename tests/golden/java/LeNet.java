@@ -271,7 +271,7 @@ public final class LeNet extends Network {
     float[] o = out.a, a0 = in[0].a, a1 = in[1].a;
     int po = out.off, p0 = in[0].off, p1 = in[1].off;
     for (int e = lo; e < hi; e++) {
-      o[po + e] = (a1[p1 + e] > 0.0f ? a0[p0 + e] : 0.0f);
+      o[po + e] = Kernel.whenPositive(a1[p1 + e], a0[p0 + e]);
     }
   });
 
@@ -282,11 +282,21 @@ public final class LeNet extends Network {
     float h0 = a3[p3];
     float h1 = a4[p4];
     float h2 = a5[p5];
-    for (int e = lo; e < hi; e++) {
-      float r0 = (((h0 * a0[p0 + e]) + a1[p1 + e]) + (h1 * a2[p2 + e]));
-      o0[po0 + e] = r0;
-      float r1 = (a2[p2 + e] - (h2 * r0));
-      o1[po1 + e] = r1;
+    int chunk = Math.min(512, hi - lo);
+    float[] b0 = new float[chunk], b1 = new float[chunk], b2 = new float[chunk], q0 = new float[chunk], q1 = new float[chunk];
+    for (int c = lo; c < hi; c += chunk) {
+      int n = Math.min(chunk, hi - c);
+      System.arraycopy(a0, p0 + c, b0, 0, n);
+      System.arraycopy(a1, p1 + c, b1, 0, n);
+      System.arraycopy(a2, p2 + c, b2, 0, n);
+      for (int e = 0; e < n; e++) {
+        float r0 = (((h0 * b0[e]) + b1[e]) + (h1 * b2[e]));
+        q0[e] = r0;
+        float r1 = (b2[e] - (h2 * r0));
+        q1[e] = r1;
+      }
+      System.arraycopy(q0, 0, o0, po0 + c, n);
+      System.arraycopy(q1, 0, o1, po1 + c, n);
     }
   });
 }
