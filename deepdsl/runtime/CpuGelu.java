@@ -38,6 +38,28 @@ final class CpuGelu {
     }
   }
 
+  /**
+   * o[po + r*cols + j] = gelu(x[px + r*cols + j] + bias[pb + j]) for the rows r in [lo, hi): each
+   * row's sums into a local array, then {@link #forward} over it.
+   */
+  static void forwardBiased(
+      float[] o, int po, float[] x, int px, float[] bias, int pb, int cols, int lo, int hi) {
+    float[] row = ROW.get();
+    if (row.length < cols) {
+      row = new float[cols];
+      ROW.set(row);
+    }
+    for (int r = lo; r < hi; r++) {
+      int at = px + r * cols;
+      for (int j = 0; j < cols; j++) {
+        row[j] = x[at + j] + bias[pb + j];
+      }
+      forward(o, po + r * cols, row, 0, 0, cols);
+    }
+  }
+
+  private static final ThreadLocal<float[]> ROW = ThreadLocal.withInitial(() -> new float[BLOCK]);
+
   /** o[po + e] = g[pg + e] * gelu'(x[px + e]) for e in [lo, hi): Phi(x) + x phi(x). */
   static void backward(float[] o, int po, float[] g, int pg, float[] x, int px, int lo, int hi) {
     float[][] s = SCRATCH.get();

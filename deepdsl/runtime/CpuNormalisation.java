@@ -30,7 +30,7 @@ final class CpuNormalisation {
             int xi = x.off + r * d;
             int oi = out.off + r * d;
             float mean = sum(xa, xi, d) / d;
-            float rs = 1f / (float) Math.sqrt(centredSquares(xa, xi, d, mean) / d + eps);
+            float rs = inverseDeviation(xa, xi, d, mean, eps);
             for (int j = 0; j < d; j++) {
               o[oi + j] = (xa[xi + j] - mean) * rs;
             }
@@ -57,7 +57,7 @@ final class CpuNormalisation {
             int gi = g.off + r * d;
             int oi = out.off + r * d;
             float mean = sum(xa, xi, d) / d;
-            float rs = 1f / (float) Math.sqrt(centredSquares(xa, xi, d, mean) / d + eps);
+            float rs = inverseDeviation(xa, xi, d, mean, eps);
             float meanG = sum(ga, gi, d) / d;
             float meanGy = centredDot(ga, gi, xa, xi, d, mean) * rs / d;
             for (int j = 0; j < d; j++) {
@@ -65,6 +65,11 @@ final class CpuNormalisation {
             }
           }
         });
+  }
+
+  /** 1 / sqrt(var + eps) of the n values at a[at], their mean given: the biased variance. */
+  private static float inverseDeviation(float[] a, int at, int n, float mean, float eps) {
+    return 1f / (float) Math.sqrt(centredSquares(a, at, n, mean) / n + eps);
   }
 
   /** a[at] + ... + a[at + n - 1], in four running sums (independent chains the CPU overlaps). */

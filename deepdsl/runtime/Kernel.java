@@ -148,6 +148,16 @@ public final class Kernel {
     CpuGelu.forward(o, po, x, px, lo, hi);
   }
 
+  /**
+   * The body of a kernel over rows [R, C] that is gelu(x + bias) (a linear layer's epilogue):
+   * o[po + r*C + j] = gelu(x[px + r*C + j] + bias[pb + j]) for the rows r in [lo, hi), each row's
+   * sums then {@link CpuGelu}'s loops.
+   */
+  public static void geluBias(
+      float[] o, int po, float[] x, int px, float[] bias, int pb, int cols, int lo, int hi) {
+    CpuGelu.forwardBiased(o, po, x, px, bias, pb, cols, lo, hi);
+  }
+
   /** The body of an element-wise {@code g * gelu'(x)} kernel (GELU's gradient), as {@link #gelu}. */
   public static void geluGrad(float[] o, int po, float[] g, int pg, float[] x, int px, int lo, int hi) {
     CpuGelu.backward(o, po, g, pg, x, px, lo, hi);

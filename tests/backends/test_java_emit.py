@@ -203,8 +203,16 @@ def _gelu_cases(data: np.random.Generator) -> list[tuple[str, IE, tuple, list[np
     g = data.standard_normal(x.shape).astype(np.float32)
     t = TensorType((x.size,), DType.F32)
     out = (("i0", x.size),)
+    v = Affine.var
+    biased = gelu_index(Apply("+", (Read(0, (v("i0"), v("i1"))), Read(1, (v("i1"),)))), 0)  # an inference epilogue
+    rows = np.random.default_rng(12)  # its own stream: the cases after it keep their data
+    products, bias = (
+        rows.standard_normal((200, 300)).astype(np.float32) * 4,
+        rows.standard_normal(300).astype(np.float32),
+    )
     return [("gelu_wide", REGISTRY["gelu"].index_form((t,), t, {}), out, [x]),
-            ("gelu_grad_wide", REGISTRY["gelu_grad"].index_form((t, t), t, {}), out, [g, x])]  # fmt: skip
+            ("gelu_grad_wide", REGISTRY["gelu_grad"].index_form((t, t), t, {}), out, [g, x]),
+            ("gelu_of_product_plus_bias", biased, (("i0", 200), ("i1", 300)), [products, bias])]  # fmt: skip
 
 
 def _split_cases(data: np.random.Generator) -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
@@ -471,6 +479,10 @@ def test_gelu_and_its_gradient_run_in_the_runtimes_vectorised_loops() -> None:
     backward = java_kernel(REGISTRY["gelu_grad"].index_form((t, t), t, {}), out, shapes)
     assert backward.endswith("    Kernel.geluGrad(o, po, a0, p0, a1, p1, lo, hi);")
     own = (Affine.var("i0"), Affine.var("i1"))
+    biased = gelu_index(Apply("+", (Read(1, (Affine.var("i1"),)), Read(0, own))), 0)  # a product's bias and GELU
+    assert java_kernel(biased, out, ((4, 8), (8,))).endswith(
+        "    Kernel.geluBias(o, po, a0, p0, a1, p1, out.shape[1], lo, hi);"
+    )
     of_sum = gelu_index(Apply("+", (Read(0, own), Read(1, own))), 0)
     assert "Kernel.gelu" not in java_kernel(of_sum, out, shapes) and "Math.exp" in java_kernel(of_sum, out, shapes)
     relu_grad = java_kernel(REGISTRY["relu_grad"].index_form((t, t), t, {}), out, shapes)

@@ -340,6 +340,9 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
     depth = len(out)
     indent = "  " * (depth + 2)
     column = column_form(body, out)
+    biased = _gelu_bias_call(body, out, shapes) if split == 0 and column is None else None
+    if biased is not None:  # GELU of a product plus its bias (an inference epilogue): the runtime's loops
+        return "\n".join([*lines, f"    int {', '.join(offsets)};", biased])
     plain = _plain_column_sum(body, out, shapes) if column is not None else None
     if plain is not None:  # `sum[r] x[r, j]` over a matrix: the runtime's loop over four rows at a time
         k = plain
@@ -426,6 +429,24 @@ def _gelu_call(body: IE) -> str | None:
             g = body.args[0]
             if isinstance(g, Read) and g.index:
                 return f"    Kernel.geluGrad(o, po, a{g.input}, p{g.input}, a{x.input}, p{x.input}, lo, hi);"
+    return None
+
+
+def _gelu_bias_call(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> str | None:
+    """Kernel.geluBias's call for a kernel over rows `[R, C]` that is `gelu(x[i0, i1] + b[i1])` exactly as the
+    index form writes it (a linear layer's bias and GELU as its product's epilogue, in the inference program),
+    which runs each row through CpuGelu's vectorised loops; None for any other body."""
+    if len(out) != 2:
+        return None
+    (i0, rows), (i1, cols) = out
+    for x in {r for r in reads(body) if r.index == (Affine.var(i0), Affine.var(i1))}:
+        for b in {r for r in reads(body) if r.index == (Affine.var(i1),)}:
+            if shapes[x.input] != (rows, cols) or shapes[b.input] != (cols,):
+                continue
+            for total in (Apply("+", (x, b)), Apply("+", (b, x))):
+                if body == gelu_index(total, 0):
+                    return (f"    Kernel.geluBias(o, po, a{x.input}, p{x.input}, a{b.input}, p{b.input}, "
+                            "out.shape[1], lo, hi);")  # fmt: skip
     return None
 
 
