@@ -449,7 +449,11 @@ final class CpuGemm {
     long work = (long) m * n * k;
     int rowPairs = (m + 1) / 2;
     boolean gathered = b instanceof Mat right && right.colStride() != 1;
-    if (rowPairs >= 4 * THREADS && !(gathered && n >= 2 * 64 * THREADS)) {
+    // a native SGEMM copies each piece's operands: a split by rows copies all of B once per thread, a
+    // split by columns all of A, so the wider side is split (an early 3x3 convolution's 64 filters
+    // against 512 pixels: by rows both threads copied the 1.2 MB of columns)
+    boolean byColumns = Blas.gemm() != null && m < n && (n + 63) / 64 >= 2 * THREADS;
+    if (!byColumns && rowPairs >= 4 * THREADS && !(gathered && n >= 2 * 64 * THREADS)) {
       int workers = workers(rowPairs, work / rowPairs);
       parallel(
           rowPairs,
