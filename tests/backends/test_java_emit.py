@@ -16,7 +16,7 @@ from conftest import GOLDEN, NETWORKS, ROOT
 from java_env import JAVA_MARKS, java, javac
 from ops.test_registry_complete import EXAMPLES
 
-from deepdsl.backends.java.kernels import column_sum, java_cost, java_kernel, split_axis
+from deepdsl.backends.java.kernels import java_cost, java_kernel, split_of
 from deepdsl.backends.java.unit_axes import padded
 from deepdsl.checkpoint import save_npz
 from deepdsl.ir import REGISTRY
@@ -335,8 +335,8 @@ def test_kernels_equal_evaluate(tmp_path: Path) -> None:
     for k, (name, _, out, xs, body, written, shapes) in enumerate(cases):
         tail = name.startswith(("padded_", "tail_"))
         cost = java_cost(body, written, shapes)  # the kernel's constant as the emitter writes it (kernel_section)
-        split = split_axis(body, written, shapes)  # a first axis of size 1: the pieces cover the second
-        columns = column_sum(body, written, shapes)  # a sum down columns: pieces of Kernel.COLUMN_GRAIN columns
+        # a first axis of size 1: the pieces cover the second; a sum down columns: pieces of COLUMN_GRAIN columns
+        split, columns = split_of(body, written, shapes)
         make = ("elementwise" if is_flat(body, written, shapes) else "columns" if columns
                 else "shapedOn" if split else "shaped")  # fmt: skip
         head = ", ".join([f'"k{k}"', *(["256"] if columns else []), *([str(split)] if split else []),
@@ -457,7 +457,7 @@ def test_a_subexpression_used_again_is_computed_once() -> None:
     out_type = REGISTRY["gelu_grad"].shape(tuple(types), dict(attrs))
     body = REGISTRY["gelu_grad"].index_form(tuple(types), out_type, dict(attrs))
     out, shapes = tuple(zip(out_vars(out_type), out_type.shape)), tuple(t.shape for t in types)
-    body = Apply("+", (body, Const(1.0)))  # not g * gelu'(x) itself, which the runtime's loops run (_gelu_call)
+    body = Apply("+", (body, Const(1.0)))  # not g * gelu'(x), which runtime_calls.gelu_call takes
     text = java_kernel(body, out, shapes)
     assert text.count("Math.exp") == 1 and text.count("Math.abs") == 1
     assert "float c0 = 0.70710677f * Math.abs(a1[p1 + e]);" in text

@@ -11,14 +11,13 @@ from deepdsl.backends.cuda.kernels import group_kernel, ie_kernel
 from deepdsl.backends.escape import java_comment, java_string
 from deepdsl.backends.java.constants import lift, numbers
 from deepdsl.backends.java.kernels import (
-    column_sum,
     flat_form,
     float_literal,
     is_flat,
     java_cost,
     java_group_kernel,
     java_kernel,
-    split_axis,
+    split_of,
 )
 from deepdsl.backends.java.names import camel, identifier
 from deepdsl.backends.java.settings import read_settings, with_settings
@@ -74,8 +73,8 @@ def _add(e: Emitter, name: str, java: str, cuda: Any, outputs: int, flat: bool, 
          split: int = 0, columns: bool = False) -> str:  # fmt: skip
     """Records kernel `name` (its Java body, its CUDA kernel) and returns the name of its constant, which holds its
     launch shape, its cost per output element (kernels.java_cost) and its Java body as a lambda; `split` is the
-    output axis a shaped kernel's pieces cover (kernels.split_axis), `columns` a sum down columns
-    (kernels.column_sum), whose pieces the runtime keeps wide."""
+    output axis a shaped kernel's pieces cover, `columns` a sum down columns, whose pieces the runtime keeps wide
+    (kernels.split_of)."""
     const = e.namer(f"constant:{name}", _constant(name))
     e.cuda_text.append(cuda.text)
     args = [java_string(name), *([cost] if cost is not None else [])]
@@ -157,7 +156,7 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
     if key not in e.kernels:
         name = e.namer(f"kernel:{op}:{value}", camel(op))
         cuda = ie_kernel(name, body, out, shapes, ctypes, (doc,), generic=True)
-        split, columns = split_axis(body, out, shapes), column_sum(body, out, shapes)
+        split, columns = split_of(body, out, shapes)
         e.kernels[key] = _add(e, name, java, cuda, 1, flat, java_cost(body, out, shapes), doc, split, columns)
     return e.kernels[key]
 

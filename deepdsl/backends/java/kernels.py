@@ -23,14 +23,14 @@ import numpy as np
 
 from deepdsl.backends import cexpr
 from deepdsl.backends.cexpr import Locals, apply, java_dialect
-from deepdsl.backends.collapse import Collapsed, collapse
+from deepdsl.backends.collapse import collapse
 from deepdsl.backends.java.column_sums import column_form, column_loops
 from deepdsl.backends.java.invariants import hoist, mentions, per_element
 from deepdsl.backends.java.names import JAVA_KEYWORDS
+from deepdsl.backends.java.runtime_calls import gelu_bias_call, gelu_call, plain_column_sum, split_axis
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir.groups import is_flat
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, reads, shared_subexpressions
-from deepdsl.ops.elementwise import gelu_index
 
 
 def float_literal(v: float) -> str:
@@ -318,7 +318,7 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
     g.locals = Locals(shared_subexpressions(body), g.taken)
     g.tail = tail
     if flat:  # the size comes from the output, so one kernel serves every shape
-        runtime = _gelu_call(body)
+        runtime = gelu_call(body)
         if runtime is not None:
             return "\n".join([*lines, f"    int {', '.join(offsets)};", runtime])
         g.flat = True
@@ -329,7 +329,8 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
         lines += [*before, "    for (int e = lo; e < hi; e++) {", *pre, f"      o[po + e] = {as_float((value, kind))};"]
         lines.append("    }")
         return "\n".join(lines)
-    split = _split_axis(c, column_form(body, out) is not None)
+    column = column_form(body, out)
+    split = split_axis(c, column is not None)
     sizes = Sizes(tuple(n for _, n in out), shapes)  # shape-generic: the sizes are the buffers' dims
     g.sizes = sizes
     names = [g.bind(var, size, sizes.out_dim(j)) for j, (var, size) in enumerate(out)]
@@ -339,17 +340,13 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
         g.own = tuple(Affine.var(v) for v, _ in out), tuple(n for _, n in out), " + ".join(terms)
     depth = len(out)
     indent = "  " * (depth + 2)
-    column = column_form(body, out)
-    biased = _gelu_bias_call(body, out, shapes) if split == 0 and column is None else None
-    if biased is not None:  # GELU of a product plus its bias (an inference epilogue): the runtime's loops
-        return "\n".join([*lines, f"    int {', '.join(offsets)};", biased])
-    plain = _plain_column_sum(body, out, shapes) if column is not None else None
-    if plain is not None:  # `sum[r] x[r, j]` over a matrix: the runtime's loop over four rows at a time
-        k = plain
-        axes = c.in_axes[k]
-        lines = [f"    float[] o = out.a, a{k} = in[{k}].a;", f"    int po = out.off, p{k} = in[{k}].off;"]
-        rows, cols = _dim(k, axes[0]), _dim(k, axes[1])
-        return "\n".join([*lines, f"    Kernel.columnSums(o, po, a{k}, p{k}, {rows}, {cols}, lo, hi);"])
+    runtime = gelu_bias_call(body, out, shapes) if split == 0 and column is None else None
+    k = plain_column_sum(body, out, shapes) if column is not None else None
+    if k is not None:  # `sum[r] x[r, j]` over a matrix: the runtime's loop over four rows at a time
+        rows, cols = (_dim(k, a) for a in c.in_axes[k])
+        runtime = f"    Kernel.columnSums(o, po, a{k}, p{k}, {rows}, {cols}, lo, hi);"
+    if runtime is not None:
+        return "\n".join([*lines, f"    int {', '.join(offsets)};", runtime])
     if column is not None:  # a sum down columns: the reduction outside, the output's last axis inside
         assert isinstance(body, Reduce)
         loop = column_loops(g, body, *column, names, target, JAVA)
@@ -377,77 +374,15 @@ def java_kernel(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[
     return "\n".join([*lines, *_declarations([offsets, dims, strides]), text])
 
 
-def _plain_column_sum(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> int | None:
-    """The input `k` where `body` over `out` (collapsed) is `sum[r] in_k[r, j]`, every row of a matrix added into
-    its columns (a bias's or a layer norm's scale's gradient), which Kernel.columnSums computes; None otherwise."""
-    if len(out) != 1 or not isinstance(body, Reduce) or body.kind != "sum" or len(body.vars) != 1:
-        return None
-    term = body.body
-    (r, n), j = body.vars[0], out[0][0]
-    if not isinstance(term, Read) or term.index != (Affine.var(r), Affine.var(j)):
-        return None
-    return term.input if shapes[term.input] == (n, out[0][1]) else None
-
-
-def _split_axis(c: Collapsed, column: bool) -> int:
-    """The output axis whose indices a shaped kernel's pieces cover (`lo`, `hi`): the first, or the second where
-    the first has size 1 (a layer norm's `[1, rows, width]`, which split by its first axis would be one piece on
-    one thread) and the second is the buffer's own (not merged with the third by the collapse), so that the
-    runtime's split of the output's dim 1 is this loop's range. The loops before it run whole, so the kernel
-    stays right for every size the statements sharing it have."""
-    if column or len(c.out) < 2 or c.out[0][1] != 1 or c.out_axes[1] != (1,):
-        return 0
-    return 1
-
-
-def split_axis(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> int:
-    """The output axis the runtime splits a shaped kernel's output by (Kernel.shaped's `axis`); 0 for a flat
-    kernel, which is split by its elements."""
+def split_of(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[int, bool]:
+    """How the runtime splits a kernel's output over the threads: the axis of a shaped kernel's pieces
+    (Kernel.shapedOn's, runtime_calls.split_axis; 0 for a flat kernel, split by its elements), and whether it is
+    a sum down the columns of its only axis (column_sums.py), whose pieces are runs of columns (Kernel.columns)."""
     if is_flat(body, out, shapes):
-        return 0
+        return 0, False
     c = collapse(body, out, shapes)
-    return _split_axis(c, column_form(c.body, c.out) is not None)
-
-
-def column_sum(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> bool:
-    """True where the kernel is a sum down the columns of its output's only axis (column_sums.py): its pieces
-    are runs of columns, each reading its run of every row."""
-    if len(out) != 1 or is_flat(body, out, shapes):
-        return False
-    c = collapse(body, out, shapes)
-    return column_form(c.body, c.out) is not None
-
-
-def _gelu_call(body: IE) -> str | None:
-    """The runtime's call for a flat kernel that is GELU (`gelu(x)`) or its gradient (`g * gelu'(x)`), exactly as
-    their index forms write them: Kernel.gelu and Kernel.geluGrad compute the same in loops the JIT vectorises
-    (deepdsl/runtime/CpuGelu.java: 11-12 ns an element as one loop, about 4 in those); None for any other body."""
-    for x in {r for r in reads(body) if r.index}:
-        if body == gelu_index(x, 0):
-            return f"    Kernel.gelu(o, po, a{x.input}, p{x.input}, lo, hi);"
-        if isinstance(body, Apply) and body.fn == "*" and len(body.args) == 2 and body.args[1] == gelu_index(x, 1):
-            g = body.args[0]
-            if isinstance(g, Read) and g.index:
-                return f"    Kernel.geluGrad(o, po, a{g.input}, p{g.input}, a{x.input}, p{x.input}, lo, hi);"
-    return None
-
-
-def _gelu_bias_call(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> str | None:
-    """Kernel.geluBias's call for a kernel over rows `[R, C]` that is `gelu(x[i0, i1] + b[i1])` exactly as the
-    index form writes it (a linear layer's bias and GELU as its product's epilogue, in the inference program),
-    which runs each row through CpuGelu's vectorised loops; None for any other body."""
-    if len(out) != 2:
-        return None
-    (i0, rows), (i1, cols) = out
-    for x in {r for r in reads(body) if r.index == (Affine.var(i0), Affine.var(i1))}:
-        for b in {r for r in reads(body) if r.index == (Affine.var(i1),)}:
-            if shapes[x.input] != (rows, cols) or shapes[b.input] != (cols,):
-                continue
-            for total in (Apply("+", (x, b)), Apply("+", (b, x))):
-                if body == gelu_index(total, 0):
-                    return (f"    Kernel.geluBias(o, po, a{x.input}, p{x.input}, a{b.input}, p{b.input}, "
-                            "out.shape[1], lo, hi);")  # fmt: skip
-    return None
+    column = column_form(c.body, c.out) is not None
+    return split_axis(c, column), column and len(c.out) == 1
 
 
 def _dim(buffer: int, axes: tuple[int, ...]) -> str:
