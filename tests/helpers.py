@@ -34,8 +34,9 @@ def error_text(text: str, file: str = "t.ddsl", sets: dict | None = None) -> str
 # ---- gradient checks ----
 
 
-def op_graph(op: str, inputs: list, attrs: dict):  # noqa: ANN201
-    """A graph `loss = sum(op(inputs) * r)`: float inputs become parameters, int inputs labels."""
+def op_graph(op: str, inputs: list, attrs: dict, build=None):  # noqa: ANN001, ANN201
+    """A graph `loss = sum(op(inputs) * r)`: float inputs become parameters, int inputs labels; with `build`, the
+    statements `build(b, values)` emits (returning the result) in place of the one op."""
     import numpy as np
 
     from deepdsl.ir import GraphBuilder, Init, InputDef, ParamDef, TensorType, Value
@@ -49,25 +50,27 @@ def op_graph(op: str, inputs: list, attrs: dict):  # noqa: ANN201
             values.append(b.add_input(InputDef(Value(f"i{k}", TensorType(x.shape, DType.I64)), "label", 10)))
         else:
             values.append(b.add_param(ParamDef(Value(f"p{k}", TensorType(x.shape)), Init("constant", (0.0,)))))
-    out = b.emit(op, *values, **attrs)
+    out = build(b, values) if build is not None else b.emit(op, *values, **attrs)
     r = b.add_input(InputDef(Value("r", out.type), "input"))
     loss = b.emit("sum", b.emit("mul", out, r))
     b.output("loss", loss)
     return b, values, loss
 
 
-def check_op_gradient(op: str, inputs: list, attrs: dict, samples: int = 20, seed: int = 0, tol: float = 1e-5) -> None:
-    """Compare the op's symbolic gradient (autodiff over its vjp rule) with central differences in float64."""
+def check_op_gradient(op: str, inputs: list, attrs: dict, samples: int = 20, seed: int = 0, tol: float = 1e-5,
+                      build=None) -> None:  # noqa: ANN001
+    """Compare the op's symbolic gradient (autodiff over its vjp rule) with central differences in float64; with
+    `build`, of the statements it emits (see op_graph)."""
     import numpy as np
 
     from deepdsl.autodiff import gradients
     from deepdsl.backends.numpy_runner import run
 
     rng = np.random.default_rng(seed)
-    b, values, loss = op_graph(op, inputs, attrs)
+    b, values, loss = op_graph(op, inputs, attrs, build)
     params = {v.name: np.asarray(x, dtype=np.float64) for v, x in zip(values, inputs) if v.name.startswith("p")}
     feeds = {v.name: np.asarray(x) for v, x in zip(values, inputs) if v.name.startswith("i")}
-    feeds["r"] = rng.standard_normal(b.stmts[0].out.type.shape)
+    feeds["r"] = rng.standard_normal(next(d.value.type.shape for d in b.inputs if d.value.name == "r"))
     grads = gradients(b, loss, set(params))
     for name in params:
         if name in grads:

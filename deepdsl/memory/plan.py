@@ -123,7 +123,10 @@ def place(g: Graph, workspace_limit: int | None = None) -> Plan:
     members: dict[str, list[str]] = {}
     for v in owner:
         members.setdefault(root(v), []).append(v)
-    offsets = first_fit(sorted(size, key=lambda r: (-size[r], start[r])), size, start, end)
+    offsets = min(
+        (first_fit(sorted(size, key=order), size, start, end) for order in _orders(size, start, end)),
+        key=lambda found: max((found[r] + size[r] for r in found), default=0),
+    )
     every = [Buffer(tuple(members[r]), size[r], start[r], end[r], offsets[r]) for r in sorted(size, key=start.get)]
     buffers = tuple(b for b in every if not b.values[0].startswith("workspace:"))
     workspace = {b.values[0].removeprefix("workspace:"): b for b in every if b.values[0].startswith("workspace:")}
@@ -136,6 +139,17 @@ def place(g: Graph, workspace_limit: int | None = None) -> Plan:
     arena = max((b.offset + b.nbytes for b in every), default=0)
     return Plan(
         g, buffers, arena, live[peak_at] if n else 0, min(peak_at, max(n - 1, 0)), in_state, workspace, workspace_limit
+    )
+
+
+def _orders(size: dict[str, int], start: dict[str, int], end: dict[str, int]) -> tuple:
+    """The orders first_fit places the buffers in, the arena the smallest of theirs (the first where they tie): the
+    largest first, then the largest over the longest time first (size times lifetime), then by start (a buffer
+    placed before those that begin after it); no one order packs every program tightest."""
+    return (
+        lambda r: (-size[r], start[r]),
+        lambda r: (-size[r] * (end[r] - start[r] + 1), start[r]),
+        lambda r: (start[r], -size[r]),
     )
 
 

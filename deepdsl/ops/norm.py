@@ -61,6 +61,26 @@ def bn_apply(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType
     return x
 
 
+@defop("bn_train_apply", 5, cheap_to_recompute=True)  # bn_apply's kernel; its gradient the closed form
+def bn_train_apply(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """bn_apply with a scale and shift (inputs x, mean, var, gamma, beta), where mean and var are x's own batch
+    statistics (channel_mean, channel_var: what batch_norm's lowering gives it in training), so that its gradient
+    is batch norm's whole one: to x through the statistics too (bn_train_backward), none to mean and var."""
+    if len(types) != 5:
+        raise ShapeError(f"bn_train_apply takes x, mean, var, gamma and beta, got {len(types)} inputs")
+    return bn_apply(types, attrs)
+
+
+@defop("bn_train_backward", 5, differentiable=False)
+def bn_train_backward(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """d bn_train_apply / d x: inputs x, g (d y), mean, var, gamma; per channel, over its M = N H W values,
+    gamma r (g - mean(g) - xh mean(g xh)) with r = 1 / sqrt(var + eps) and xh = (x - mean) r; attrs: eps."""
+    x, g, *rest = types
+    if g.shape != x.shape or any(t.shape != (x.shape[1],) for t in rest):
+        raise ShapeError(f"bn_train_backward: gradient {g} and per-channel inputs do not fit {x}")
+    return x
+
+
 @defop("running_update", 2, differentiable=False)
 def running_update(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
     """(1 - momentum) * r + momentum * correction * v: a running statistic r after batch statistic v."""
@@ -78,7 +98,9 @@ def _lower_batch_norm(b: Any, s: Any, ctx: Any) -> Any:
     per = x.type.numel // x.type.shape[1]
     b.update(rm.name, _e(b, s, "running_update", rm, mean, momentum=momentum, correction=1.0))
     b.update(rv.name, _e(b, s, "running_update", rv, var, momentum=momentum, correction=per / max(per - 1, 1)))
-    return _e(b, s, "bn_apply", x, mean, var, *affine, eps=eps)
+    # NOTE: with a scale, the apply whose gradient is batch norm's closed form (one statement for dx, a sum each
+    # for the scale and shift); without one, bn_apply, whose gradient reaches x through the statistics' own rules
+    return _e(b, s, "bn_train_apply" if affine else "bn_apply", x, mean, var, *affine, eps=eps)
 
 
 # ---- layer norm: PyTorch's nn.LayerNorm over the last axis, lowered to batch norm's own statements ----
@@ -160,7 +182,7 @@ def _bc(v: np.ndarray, ndim: int) -> np.ndarray:
     return v.reshape((1, -1) + (1,) * (ndim - 2))
 
 
-@numpy_kernel("bn_apply")
+@numpy_kernel("bn_apply", "bn_train_apply")
 def _bn_apply_np(xs: tuple, a: dict) -> np.ndarray:
     x, mean, var, *affine = xs
     scale = 1 / np.sqrt(var + x.dtype.type(a["eps"]))
@@ -173,9 +195,24 @@ def _bn_apply_np(xs: tuple, a: dict) -> np.ndarray:
 numpy_kernel("running_update")(lambda xs, a: (1 - a["momentum"]) * xs[0] + (a["momentum"] * a["correction"]) * xs[1])
 
 
-@flops_rule("bn_apply", "running_update")
+@numpy_kernel("bn_train_backward")
+def _bn_train_backward_np(xs: tuple, a: dict) -> np.ndarray:
+    x, g, mean, var, gamma = xs
+    axes = (0, *range(2, x.ndim))
+    r = _bc(1 / np.sqrt(var + x.dtype.type(a["eps"])), x.ndim)
+    xh = (x - _bc(mean, x.ndim)) * r
+    return _bc(gamma, x.ndim) * r * (g - g.mean(axis=axes, keepdims=True) - xh * np.mean(g * xh, axis=axes,
+                                                                                         keepdims=True))
+
+
+@flops_rule("bn_apply", "bn_train_apply", "running_update")
 def _flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
     return 4 * out.numel
+
+
+@flops_rule("bn_train_backward")
+def _bn_train_backward_flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
+    return 10 * out.numel  # the two sums (centring, scaling, products), then the result (five each)
 
 
 @vjp_rule("bn_apply")
@@ -194,6 +231,17 @@ def _bn_apply_vjp(b: Any, s: Any, g: Any) -> tuple:
     if not affine:
         return (gx, gm, gv)
     return (gx, gm, gv, _e(b, s, "mul", sum_g_centred, r), _e(b, s, "channel_sum", g))
+
+
+@vjp_rule("bn_train_apply")
+def _bn_train_apply_vjp(b: Any, s: Any, g: Any) -> tuple:
+    # y = xh gamma + beta with xh = (x - m) r, m and v x's own statistics: dgamma = sum(g xh) (xh recomputed where
+    # the sum reads it: emitted before dx, so that fusing it there keeps nothing alive longer), dbeta = sum(g), dx
+    # the closed form (one statement); none to m and v, whose dependence on x dx already holds
+    x, m, v, gamma, _ = s.inputs
+    gamma_grad = _e(b, s, "channel_sum", _e(b, s, "mul", g, _e(b, s, "bn_apply", x, m, v, **s.a)))
+    beta_grad = _e(b, s, "channel_sum", g)
+    return (_e(b, s, "bn_train_backward", x, g, m, v, gamma, **s.a), None, None, gamma_grad, beta_grad)
 
 
 # ---- local response normalisation ----
@@ -268,7 +316,7 @@ def _lrn_vjp(b: Any, s: Any, g: Any) -> tuple:
     return (_e(b, s, "lrn_backward", s.inputs[0], s.out, g, **s.a),)
 
 
-@index_form("bn_apply")
+@index_form("bn_apply", "bn_train_apply")
 def _bn_apply_form(types: tuple[TensorType, ...], out: TensorType, a: dict) -> Any:
     x, m, v, *affine = (read(k, t, out) for k, t in enumerate(types))
     y = ap("*", ap("-", x, m), ap("rsqrt", ap("+", v, c(a["eps"]))))
@@ -296,4 +344,5 @@ eager_saves(
 java_call("lrn", "Buf x, float alpha, float beta, float k, int size")
 java_call("layer_norm_rows", "Buf x, float eps")
 java_call("layer_norm_rows_backward", "Buf x, Buf g, float eps")
+java_call("bn_train_backward", "Buf x, Buf g, Buf mean, Buf var, Buf gamma, float eps")
 java_call("lrn_backward", "Buf x, Buf y, Buf g, float alpha, float beta, float k, int size")

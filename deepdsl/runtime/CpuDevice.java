@@ -215,6 +215,11 @@ public final class CpuDevice implements Device {
   }
 
   @Override
+  public void bnTrainBackward(Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, float eps) {
+    CpuOps.bn_train_backward(out, x, g, mean, var, gamma, eps);
+  }
+
+  @Override
   public void dropoutMask(Buf out, long step, float p, long seed, String site) {
     CpuOps.dropout_mask(out, step, p, seed, site);
   }

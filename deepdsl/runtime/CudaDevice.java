@@ -974,6 +974,14 @@ public final class CudaDevice implements Device {
   }
 
   @Override
+  public void bnTrainBackward(Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, float eps) {
+    int plane = x.numel() / (x.shape[0] * x.shape[1]);
+    launch(
+        "dd_k_bn_train_backward", rows(x.shape[1]), THREADS, new Buf[] {out, x, g, mean, var, gamma},
+        i(x.shape[0]), i(x.shape[1]), i(plane), Pointer.to(new float[] {eps}));
+  }
+
+  @Override
   public void dropoutMask(Buf out, long step, float p, long seed, String site) {
     double threshold = Rng.shortestDecimal(p);
     float keep = (float) (1.0 / (1.0 - threshold));

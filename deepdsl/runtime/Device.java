@@ -98,6 +98,13 @@ public interface Device extends AutoCloseable {
   /** The gradient of {@link #layerNormRows} given g = dy: x's rows' statistics recomputed. */
   void layerNormRowsBackward(Buf out, Buf x, Buf g, float eps);
 
+  /**
+   * Batch norm's gradient to x [N, C, ...] given g = dy, x's own channel mean and (biased) variance
+   * and the scale gamma: per channel gamma r (g - mean(g) - xh mean(g xh)), r = 1 / sqrt(var + eps),
+   * xh = (x - mean) r.
+   */
+  void bnTrainBackward(Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, float eps);
+
   void lrnBackward(Buf out, Buf x, Buf y, Buf g, float alpha, float beta, float k, int size);
 
   void dropoutMask(Buf out, long step, float p, long seed, String site);

@@ -52,6 +52,8 @@ def _from_example(op: str) -> tuple[list[np.ndarray], dict]:
         xs = [np.array(3, dtype=np.int64)]  # the step
     if op.startswith("cross_entropy"):
         xs[0] = _np("softmax", [xs[0]])  # probabilities
+    if op == "bn_train_backward":
+        xs[3] = np.abs(xs[3]) + 0.5  # a variance
     return xs, dict(attrs)
 
 
@@ -160,6 +162,14 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
         x = _f(rows, width) * 3 + 1
         add("layer_norm_rows", [x], eps=1e-5)
         add("layer_norm_rows_backward", [x, _f(rows, width)], eps=1e-5)
+
+    # batch norm's gradient: images, a plane the four running sums do not divide, and channels enough to split
+    # over threads; a batch norm over features ([N, C])
+    for shape in ((3, 5, 3, 7), (8, 300, 4, 4), (6, 9)):
+        c = shape[1]
+        x, mean = _f(*shape) * 2 + 1, _f(c)
+        var = np.abs(_f(c)) + 0.5
+        add("bn_train_backward", [x, _f(*shape), mean, var, _f(c)], eps=1e-5)
 
     # matrix products: every transpose, and sizes large enough to split over threads
     for ta in (False, True):

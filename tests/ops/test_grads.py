@@ -82,6 +82,19 @@ def test_gradient_matches_finite_differences(op: str) -> None:
     check_op_gradient(op.split("/")[0], inputs, attrs)
 
 
+@pytest.mark.parametrize("shape", [(4, 3, 2, 2), (5, 3)])
+def test_batch_norm_in_training_matches_finite_differences_through_its_statistics(shape: tuple) -> None:
+    # bn_train_apply's gradient is batch norm's closed form, right only where mean and var are x's own statistics:
+    # as batch_norm's lowering emits them, so that a change of x moves them too
+    def build(b, values):  # noqa: ANN001, ANN202
+        x, gamma, beta = values
+        m = b.emit("channel_mean", x)
+        return b.emit("bn_train_apply", x, m, b.emit("channel_var", x, m), gamma, beta, eps=1e-5)
+
+    c = shape[1]
+    check_op_gradient("bn_train_apply", [rand(*shape) * 2 + 1, rand(c), rand(c)], {}, samples=30, build=build)
+
+
 def test_matmul_gradients_for_every_transpose_combination() -> None:
     for ta in (False, True):
         for tb in (False, True):

@@ -70,7 +70,8 @@ EXAMPLES = {
     "sum": ((X4,), {}), "sum_squares": ((X4,), {}), "channel_sum": ((X4,), {}), "channel_mean": ((X4,), {}),
     "channel_var": ((X4, C4), {}), "broadcast_channel": ((C4,), {"shape": (2, 4, 8, 8)}),
     "broadcast_scalar": ((TensorType(()),), {"shape": (2, 4, 8, 8)}),
-    "bn_apply": ((X4, C4, C4, C4, C4), {"eps": 1e-5}),
+    "bn_apply": ((X4, C4, C4, C4, C4), {"eps": 1e-5}), "bn_train_apply": ((X4, C4, C4, C4, C4), {"eps": 1e-5}),
+    "bn_train_backward": ((X4, X4, C4, C4, C4), {"eps": 1e-5}),
     "running_update": ((C4, C4), {"momentum": 0.1, "correction": 1.0}),
     "slice": ((X4,), {"axis": 1, "start": 1, "stop": 3}), "pad_axis": ((X4,), {"axis": 1, "start": 1, "size": 6}),
     "softmax_backward": ((X2, X2), {}), "log_softmax_backward": ((X2, X2), {}),
@@ -130,7 +131,7 @@ EXPECTED = {
 
 # ops the train and infer programs rewrite into others (their `lower`): nothing runs them
 LOWERED = {
-    "batch_norm": "lowered to channel_mean, channel_var, running_update and bn_apply",
+    "batch_norm": "lowered to channel_mean, channel_var, running_update and bn_train_apply (bn_apply in inference)",
     "dropout": "lowered to dropout_mask * x in training, to x in inference",
     "layer_norm": "lowered to layer_norm_rows, then the scale and shift",
 }
@@ -159,6 +160,7 @@ KEEPS_NOTHING = {
     "channel_mean": "the gradient is g broadcast and scaled",
     "bn_apply": "made only by batch_norm's lowering; the eager baseline counts batch_norm's own saves",
     "channel_var": "made only by batch_norm's lowering; the eager baseline counts batch_norm's own saves",
+    "bn_train_apply": "made only by batch_norm's lowering; the eager baseline counts batch_norm's own saves",
     "layer_norm_rows": "made only by layer_norm's lowering; the eager baseline counts layer_norm's own saves",
     "transpose": "the gradient is g transposed back",
 }

@@ -102,6 +102,12 @@ extern "C" __global__ void dd_k_layer_norm_rows_backward(float* dx, const float*
     dd_layer_norm_rows_backward(dx, x, g, R, D, eps);
 }
 
+extern "C" __global__ void dd_k_bn_train_backward(float* dx, const float* x, const float* g, const float* mean,
+                                                  const float* var, const float* gamma, int N, int C, int P,
+                                                  float eps) {
+    dd_bn_train_backward(dx, x, g, mean, var, gamma, N, C, P, eps);
+}
+
 extern "C" __global__ void dd_k_dropout_mask(float* mask, const long long* step, int n, unsigned long long stream,
                                              double p, float keep) {
     dd_dropout_mask(mask, step, n, stream, p, keep);

@@ -313,6 +313,29 @@ __device__ void dd_layer_norm_rows_backward(float* __restrict__ dx, const float*
     }
 }
 
+// batch norm's gradient to x [N, C, P] given g = dy, the channel mean and biased variance and the scale: per channel
+// gamma r (g - mean(g) - xh mean(g xh)), r = 1 / sqrt(var + eps), xh = (x - mean) r: registry op bn_train_backward,
+// one block per channel
+__device__ void dd_bn_train_backward(float* __restrict__ dx, const float* __restrict__ x, const float* __restrict__ g,
+                                     const float* __restrict__ mean, const float* __restrict__ var,
+                                     const float* __restrict__ gamma, int N, int C, int P, float eps) {
+    DD_BLOCK_STRIDE(c, C) {
+        float mu = mean[c], rs = 1.0f / sqrtf(var[c] + eps);
+        long long M = (long long)N * P;
+        float sg = 0.0f, sgc = 0.0f;
+        for (long long e = threadIdx.x; e < M; e += blockDim.x) {
+            long long at = (e / P * C + c) * P + e % P;
+            sg += g[at];
+            sgc += g[at] * (x[at] - mu);
+        }
+        float mg = dd_block_sum(sg) / M, slope = rs * rs * dd_block_sum(sgc) / M, scale = gamma[c] * rs;
+        for (long long e = threadIdx.x; e < M; e += blockDim.x) {
+            long long at = (e / P * C + c) * P + e % P;
+            dx[at] = scale * (g[at] - mg - (x[at] - mu) * slope);
+        }
+    }
+}
+
 // attention's softmax over each row of x [R, T] of scale * x; with causal, row r sees only the keys
 // j <= r % period (the rest get weight 0): registry op masked_softmax, one block per row
 __device__ void dd_masked_softmax(float* __restrict__ y, const float* __restrict__ x, int R, int T, int period,

@@ -161,6 +161,13 @@ def _layer_norm_rows(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     return library_call(name, s, ct, "float", call, **row_launch(rows, s.out.type.numel))
 
 
+def _bn_train_backward(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
+    n, c, *rest = s.inputs[0].type.shape
+    call = f"dd_bn_train_backward(out, in0, in1, in2, in3, in4, {c_ints(n, c, math.prod(rest))}, " \
+           f"{float_literal(s.a['eps'])})"  # fmt: skip
+    return library_call(name, s, ct, "float", call, **row_launch(c, s.out.type.numel))
+
+
 def _dropout_mask(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     a = s.a
     n = s.out.type.numel
@@ -182,6 +189,7 @@ cuda_kernel("argmax")(_argmax)
 cuda_kernel("accuracy")(_accuracy)
 cuda_kernel("lrn", "lrn_backward")(_lrn)
 cuda_kernel("layer_norm_rows", "layer_norm_rows_backward")(_layer_norm_rows)
+cuda_kernel("bn_train_backward")(_bn_train_backward)
 cuda_kernel("dropout_mask")(_dropout_mask)
 
 
