@@ -57,8 +57,9 @@ def op_graph(op: str, inputs: list, attrs: dict, build=None):  # noqa: ANN001, A
     return b, values, loss
 
 
-def check_op_gradient(op: str, inputs: list, attrs: dict, samples: int = 20, seed: int = 0, tol: float = 1e-5,
-                      build=None) -> None:  # noqa: ANN001
+def check_op_gradient(
+    op: str, inputs: list, attrs: dict, samples: int = 20, seed: int = 0, tol: float = 1e-5, build=None
+) -> None:  # noqa: ANN001
     """Compare the op's symbolic gradient (autodiff over its vjp rule) with central differences in float64; with
     `build`, of the statements it emits (see op_graph)."""
     import numpy as np

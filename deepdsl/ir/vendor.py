@@ -143,6 +143,30 @@ class LrnBackward:
     lrn: Lrn
 
 
+@dataclass(frozen=True)
+class BatchNorm:
+    """Y = gamma (X - mean) / sqrt(var + eps) + beta per channel c of X [n, c, h, w] (float32 NCHW; a [N, C, ...]
+    tensor with its trailing axes as h and w), the mean and variance given: cuDNN's batch-norm forward in its
+    inference form (SPATIAL), which the training program's apply uses too, with the batch's statistics. The
+    statement's inputs are X, mean, var, gamma and beta, each per-channel one [c]."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    eps: float
+
+
+@dataclass(frozen=True)
+class BatchNormBackward:
+    """dX of the batch norm `norm` in training, its mean and variance X's own batch statistics: the statement's
+    inputs are X, dY, mean, var and gamma, of which cuDNN's batch-norm backward (SPATIAL) reads X, dY and gamma (it
+    recomputes the statistics from X). The call also makes the scale's and shift's gradients, 2 c floats of scratch
+    (the backend's); the program computes them in statements of its own."""
+
+    norm: BatchNorm
+
+
 # the descriptions a backend may be asked to interpret
 VendorCall = (
     Gemm
@@ -156,6 +180,8 @@ VendorCall = (
     | SoftmaxBackward
     | Lrn
     | LrnBackward
+    | BatchNorm
+    | BatchNormBackward
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from deepdsl.ir.registry import (
     vjp_rule,
 )
 from deepdsl.ir.types import ShapeError, TensorType
-from deepdsl.ir.vendor import Lrn, LrnBackward
+from deepdsl.ir.vendor import BatchNorm, BatchNormBackward, Lrn, LrnBackward
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
 from deepdsl.ops._index_forms import ap, c, pointwise, read
@@ -201,8 +202,8 @@ def _bn_train_backward_np(xs: tuple, a: dict) -> np.ndarray:
     axes = (0, *range(2, x.ndim))
     r = _bc(1 / np.sqrt(var + x.dtype.type(a["eps"])), x.ndim)
     xh = (x - _bc(mean, x.ndim)) * r
-    return _bc(gamma, x.ndim) * r * (g - g.mean(axis=axes, keepdims=True) - xh * np.mean(g * xh, axis=axes,
-                                                                                         keepdims=True))
+    mean_g, mean_gxh = g.mean(axis=axes, keepdims=True), np.mean(g * xh, axis=axes, keepdims=True)
+    return _bc(gamma, x.ndim) * r * (g - mean_g - xh * mean_gxh)
 
 
 @flops_rule("bn_apply", "bn_train_apply", "running_update")
@@ -231,6 +232,22 @@ def _bn_apply_vjp(b: Any, s: Any, g: Any) -> tuple:
     if not affine:
         return (gx, gm, gv)
     return (gx, gm, gv, _e(b, s, "mul", sum_g_centred, r), _e(b, s, "channel_sum", g))
+
+
+def _batch_norm_fact(x: TensorType, a: dict) -> BatchNorm | None:
+    """cuDNN's batch norm (SPATIAL) where it computes ours: an eps of at least cuDNN's CUDNN_BN_MIN_EPSILON (1e-5,
+    the default); None (our kernel) below it."""
+    if a["eps"] < 1e-5:
+        return None
+    n, c, *rest = x.shape
+    return BatchNorm(n, c, rest[0] if rest else 1, math.prod(rest[1:]), a["eps"])
+
+
+# the forward with a scale and shift (cuDNN's takes them; without, our kernel), in training and inference alike
+vendor_rule("bn_apply", "bn_train_apply")(lambda types, out, a: _batch_norm_fact(out, a) if len(types) == 5 else None)
+vendor_rule("bn_train_backward")(
+    lambda types, out, a: None if (f := _batch_norm_fact(out, a)) is None else BatchNormBackward(f)
+)
 
 
 @vjp_rule("bn_train_apply")
@@ -345,4 +362,8 @@ java_call("lrn", "Buf x, float alpha, float beta, float k, int size")
 java_call("layer_norm_rows", "Buf x, float eps")
 java_call("layer_norm_rows_backward", "Buf x, Buf g, float eps")
 java_call("bn_train_backward", "Buf x, Buf g, Buf mean, Buf var, Buf gamma, float eps")
+# a step calls the device's bnApply for the training program's apply where it stands alone (cuDNN's on the CUDA
+# device); fused into a loop it is part of a generated kernel, as the inference program's bn_apply always is (the
+# convolution's epilogue, mostly)
+java_call("bn_train_apply", "Buf x, Buf mean, Buf var, Buf gamma, Buf beta, float eps", device="bnApply", called=True)
 java_call("lrn_backward", "Buf x, Buf y, Buf g, float alpha, float beta, float k, int size")

@@ -215,6 +215,11 @@ public final class CpuDevice implements Device {
   }
 
   @Override
+  public void bnApply(Buf out, Buf x, Buf mean, Buf var, Buf gamma, Buf beta, float eps) {
+    CpuOps.bn_train_apply(out, x, mean, var, gamma, beta, eps);
+  }
+
+  @Override
   public void bnTrainBackward(Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, float eps) {
     CpuOps.bn_train_backward(out, x, g, mean, var, gamma, eps);
   }

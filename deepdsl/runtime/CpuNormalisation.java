@@ -67,7 +67,33 @@ final class CpuNormalisation {
         });
   }
 
-  // ---- batch norm's gradient ----
+  // ---- batch norm ----
+
+  /**
+   * out = gamma (x - mean) / sqrt(var + eps) + beta per channel c of x [N, C, ...], the statistics
+   * given; each channel's planes on the threads (an element's result does not depend on the split).
+   */
+  public static void bnApply(Buf out, Buf x, Buf mean, Buf var, Buf gamma, Buf beta, float eps) {
+    int images = x.dim(0);
+    int channels = x.dim(1);
+    int plane = x.numel() / (images * channels);
+    Parallel.range(
+        images * channels,
+        4L * x.numel(),
+        (lo, hi) -> {
+          for (int p = lo; p < hi; p++) {
+            int c = p % channels;
+            float mu = mean.a[mean.off + c];
+            float scale = gamma.a[gamma.off + c] / (float) Math.sqrt(var.a[var.off + c] + eps);
+            float shift = beta.a[beta.off + c];
+            int xi = x.off + p * plane;
+            int oi = out.off + p * plane;
+            for (int j = 0; j < plane; j++) {
+              out.a[oi + j] = (x.a[xi + j] - mu) * scale + shift;
+            }
+          }
+        });
+  }
 
   /**
    * out = d bn_train_apply / d x: per channel c of x [N, C, ...], over its M = N * plane values,

@@ -124,6 +124,11 @@ public final class CpuOps {
     CpuNormalisation.layerNormRowsBackward(out, x, g, eps);
   }
 
+  public static void bn_train_apply(
+      Buf out, Buf x, Buf mean, Buf var, Buf gamma, Buf beta, float eps) {
+    CpuNormalisation.bnApply(out, x, mean, var, gamma, beta, eps);
+  }
+
   public static void bn_train_backward(
       Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, float eps) {
     CpuNormalisation.bnTrainBackward(out, x, g, mean, var, gamma, eps);

@@ -74,7 +74,7 @@ import jcuda.nvrtc.nvrtcProgram;
  * libnvrtc.so.12}). The device says at start which it used. It needs only {@code libcuda.so.1}
  * otherwise. The matrix products go to cuBLAS through JavaCPP's CUDA presets ({@link CudaBlas}) as
  * {@code --kernels} says: {@code vendor} (an error where cuBLAS does not load), {@code own} (our
- * kernel), {@code auto} (cuBLAS where it loads); so do the convolutions, pooling, softmax and LRN
+ * kernel), {@code auto} (cuBLAS where it loads); so do the convolutions, pooling, batch norm, softmax and LRN
  * to cuDNN ({@link CudaDnn}). Under {@code auto} a pooling, softmax or LRN call that cuDNN refuses
  * at its first use runs our kernel from then on; under {@code vendor} that is an error. Every other
  * op is one of our kernels.
@@ -107,11 +107,11 @@ public final class CudaDevice implements Device {
   private final Map<String, CUfunction> functions = new HashMap<>();
   private final CudaBlas blas; // null: the GEMMs are our kernel
   private final String gemms; // who computes the GEMMs, for the device line
-  private final CudaDnn dnn; // null: the convolutions, pooling, softmax and LRN are our kernels
+  private final CudaDnn dnn; // null: the convolutions, pooling, batch norm, softmax and LRN are our kernels
   private final String convolutions; // who computes them, for the device line
   private final boolean strict; // --kernels vendor: a call cuDNN refuses is an error, not our kernel
   private final Map<String, CudaDnn.Conv> convs = new HashMap<>(); // each convolution's, by its sizes
-  // the descriptors of each pooling, softmax and LRN, by the op and its sizes (forward and backward
+  // the descriptors of each pooling, batch norm, softmax and LRN, by the op and its sizes (forward and backward
   // share them); and of each call (an op's forward or backward), whether cuDNN took it at its first
   // use (false: refused under --kernels auto, our kernel runs it)
   private final Map<String, CudaDnnOps.Op> ops = new HashMap<>();
@@ -321,7 +321,7 @@ public final class CudaDevice implements Device {
         + kernelSource
         + "; GEMMs: "
         + gemms
-        + "; convolutions, pooling, softmax and LRN: "
+        + "; convolutions, pooling, batch norm, softmax and LRN: "
         + convolutions
         + "; workspace limit "
         + workspaceLimit
@@ -973,8 +973,61 @@ public final class CudaDevice implements Device {
         i(x.shape[0]), i(x.shape[1]), Pointer.to(new float[] {eps}));
   }
 
+  /**
+   * The scratch grown to at least {@code bytes} (at a call's first use: never captured); the
+   * smaller one stays allocated until close.
+   */
+  private void scratchOf(long bytes) {
+    if (bytes > scratchBytes) {
+      scratch = alloc(bytes);
+      scratchBytes = bytes;
+    }
+  }
+
+  /**
+   * {@code eps} as the double its shortest decimal names (1e-5f is 0.0000099999997 as a double, under
+   * the 1e-5 an older cuDNN's CUDNN_BN_MIN_EPSILON asks for): the Python runner's attribute.
+   */
+  private static double decimal(float eps) {
+    return Double.parseDouble(Float.toString(eps));
+  }
+
+  @Override
+  public void bnApply(Buf out, Buf x, Buf mean, Buf var, Buf gamma, Buf beta, float eps) {
+    if (eps >= 1e-5f
+        && dnn(
+            key("batch_norm", x.shape),
+            false,
+            () -> dnn.ops.batchNorm(x.shape),
+            o ->
+                dnn.ops.batchNormForward(
+                    o, address(out), address(x), address(mean), address(var), address(gamma),
+                    address(beta), decimal(eps)))) {
+      return;
+    }
+    int plane = x.numel() / (x.shape[0] * x.shape[1]);
+    launch(
+        "dd_k_bn_apply", elements(out.numel()), THREADS, new Buf[] {out, x, mean, var, gamma, beta},
+        i(out.numel()), i(x.shape[1]), i(plane), Pointer.to(new float[] {eps}));
+  }
+
   @Override
   public void bnTrainBackward(Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, float eps) {
+    int channels = x.shape[1];
+    if (eps >= 1e-5f
+        && dnn(
+            key("batch_norm backward", x.shape),
+            true,
+            () -> {
+              scratchOf(8L * channels); // the scale's and shift's gradients, which cuDNN makes too
+              return dnn.ops.batchNorm(x.shape);
+            },
+            o ->
+                dnn.ops.batchNormBackward(
+                    o, address(out), address(x), address(g), address(gamma),
+                    ((DevicePointer) scratch).address(), channels, decimal(eps)))) {
+      return;
+    }
     int plane = x.numel() / (x.shape[0] * x.shape[1]);
     launch(
         "dd_k_bn_train_backward", rows(x.shape[1]), THREADS, new Buf[] {out, x, g, mean, var, gamma},

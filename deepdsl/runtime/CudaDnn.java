@@ -104,7 +104,7 @@ final class CudaDnn implements AutoCloseable {
   private final Object out;
   private final Object scratch;
   private final String version;
-  /** The pooling, softmax and LRN calls. */
+  /** The pooling, batch-norm, softmax and LRN calls. */
   final CudaDnnOps ops;
 
   /**

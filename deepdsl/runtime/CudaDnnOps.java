@@ -4,7 +4,7 @@ import java.lang.invoke.MethodHandle;
 import java.util.Arrays;
 
 /**
- * The CUDA device's pooling, softmax and LRN (forward and backward) through cuDNN 9, on the handle
+ * The CUDA device's pooling, batch norm, softmax and LRN (forward and backward) through cuDNN 9, on the handle
  * and stream of {@link CudaDnn}, whose descriptors it makes (and destroys at its close): the calls
  * of libcudnn_ops, reached by name through JavaCPP's CUDA presets.
  *
@@ -16,7 +16,12 @@ import java.util.Arrays;
  * CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING}); its backward reads neither X nor Y, which it is
  * given as dX and dY. Softmax is {@code CUDNN_SOFTMAX_ACCURATE} or {@code _LOG} over the channels
  * ({@code CUDNN_SOFTMAX_MODE_CHANNEL}) of {@code [A, D, B, 1]}: axis 1 of {@code [A, D, ...]}, as
- * our kernel. LRN is the cross-channel one, whose window is ours for odd sizes only.
+ * our kernel. LRN is the cross-channel one, whose window is ours for odd sizes only. Batch norm is
+ * {@code CUDNN_BATCHNORM_SPATIAL} over {@code [N, C, ...]} as {@code [N, C, H, W]} (the trailing axes
+ * as H and W): its forward the inference form (the statistics given: the running ones, or in training
+ * the batch's), its backward the training one, which recomputes the batch's statistics from x (the
+ * saved ones passed as NULL) and writes the scale's and shift's gradients, which the program computes
+ * itself, to the device's scratch.
  */
 final class CudaDnnOps {
   private static final int MAX_DETERMINISTIC = 3;
@@ -26,19 +31,21 @@ final class CudaDnnOps {
   private static final int SOFTMAX_LOG = 2;
   private static final int SOFTMAX_CHANNEL = 1;
   private static final int LRN_CROSS_CHANNEL = 0;
+  private static final int BATCHNORM_SPATIAL = 1;
 
   static final int MAX_POOL = 0;
   static final int AVG_POOL = 1;
   static final int SOFTMAX = 2;
   static final int LOG_SOFTMAX = 3;
   static final int LRN = 4;
+  static final int BATCH_NORM = 5;
   private static final String[] FORWARDS = {
     "cudnnPoolingForward", "cudnnPoolingForward", "cudnnSoftmaxForward", "cudnnSoftmaxForward",
-    "cudnnLRNCrossChannelForward"
+    "cudnnLRNCrossChannelForward", "cudnnBatchNormalizationForwardInference"
   };
   private static final String[] BACKWARDS = {
     "cudnnPoolingBackward", "cudnnPoolingBackward", "cudnnSoftmaxBackward", "cudnnSoftmaxBackward",
-    "cudnnLRNCrossChannelBackward"
+    "cudnnLRNCrossChannelBackward", "cudnnBatchNormalizationBackward"
   };
 
   /**
@@ -47,7 +54,7 @@ final class CudaDnnOps {
    */
   static final class Op {
     final int kind;
-    final Object op; // the pooling or LRN descriptor; softmax: null
+    final Object op; // the pooling or LRN descriptor; batch norm: its per-channel one; softmax: null
     final Object x; // x and dx
     final Object y; // y and dy
 
@@ -68,10 +75,15 @@ final class CudaDnnOps {
   private final MethodHandle softmaxBackward;
   private final MethodHandle lrnForward;
   private final MethodHandle lrnBackward;
+  private final MethodHandle bnForward;
+  private final MethodHandle bnBackward;
   private final Object first; // the operands of one call: Pointers whose address is set
   private final Object second;
   private final Object third;
   private final Object out;
+  private final Object fourth;
+  private final Object fifth;
+  private final Object none; // a Pointer whose address is 0: NULL
 
   CudaDnnOps(CudaDnn dnn) throws ReflectiveOperationException {
     this.dnn = dnn;
@@ -88,10 +100,88 @@ final class CudaDnnOps {
     lrnForward = dnn.handle("cudnnLRNCrossChannelForward", c, lrnClass, i, p, t, p, p, t, p);
     lrnBackward =
         dnn.handle("cudnnLRNCrossChannelBackward", c, lrnClass, i, p, t, p, t, p, t, p, p, t, p);
+    Class<?> d = double.class;
+    bnForward =
+        dnn.handle(
+            "cudnnBatchNormalizationForwardInference", c, i, p, p, t, p, t, p, t, p, p, p, p, d);
+    bnBackward =
+        dnn.handle(
+            "cudnnBatchNormalizationBackward", c, i, p, p, p, p, t, p, t, p, t, p, t, p, p, p, d, p,
+            p);
     first = dnn.pointer();
     second = dnn.pointer();
     third = dnn.pointer();
     out = dnn.pointer();
+    fourth = dnn.pointer();
+    fifth = dnn.pointer();
+    none = dnn.pointer();
+  }
+
+  /** Batch norm over the channels of x {@code [N, C, ...]}: its descriptors. */
+  Op batchNorm(int[] x) {
+    int h = x.length > 2 ? x[2] : 1;
+    int w = 1;
+    for (int k = 3; k < x.length; k++) {
+      w *= x[k];
+    }
+    try {
+      Object xd = dnn.descriptor(dnn.tensorClass, "Tensor");
+      Object per = dnn.descriptor(dnn.tensorClass, "Tensor");
+      dnn.tensor(xd, x[0], x[1], h, w);
+      dnn.tensor(per, 1, x[1], 1, 1);
+      return new Op(BATCH_NORM, per, xd, xd);
+    } catch (ReflectiveOperationException e) {
+      throw new IllegalStateException("cuDNN's batch-norm descriptors failed", e);
+    }
+  }
+
+  /** {@code y = gamma (x - mean) / sqrt(var + eps) + beta} per channel, at device addresses. */
+  void batchNormForward(
+      Op o, long y, long x, long mean, long var, long gamma, long beta, double eps) {
+    int status;
+    try {
+      dnn.setAddress.invokeExact(first, x);
+      dnn.setAddress.invokeExact(out, y);
+      dnn.setAddress.invokeExact(second, gamma);
+      dnn.setAddress.invokeExact(third, beta);
+      dnn.setAddress.invokeExact(fourth, mean);
+      dnn.setAddress.invokeExact(fifth, var);
+      status =
+          (int)
+              bnForward.invokeExact(
+                  dnn.handle, BATCHNORM_SPATIAL, dnn.one, dnn.zero, o.x, first, o.y, out, o.op,
+                  second, third, fourth, fifth, eps);
+    } catch (Throwable e) {
+      throw new IllegalStateException(FORWARDS[BATCH_NORM] + " failed", e);
+    }
+    CudaDnn.check(FORWARDS[BATCH_NORM], status);
+  }
+
+  /**
+   * {@code dx} of batch norm in training at device addresses, x's own statistics recomputed by
+   * cuDNN; the scale's and shift's gradients ({@code channels} floats each) go to {@code scratch}.
+   */
+  void batchNormBackward(
+      Op o, long dx, long x, long dy, long gamma, long scratch, int channels, double eps) {
+    int status;
+    Object one = dnn.one;
+    Object zero = dnn.zero;
+    try {
+      dnn.setAddress.invokeExact(first, x);
+      dnn.setAddress.invokeExact(second, dy);
+      dnn.setAddress.invokeExact(out, dx);
+      dnn.setAddress.invokeExact(third, gamma);
+      dnn.setAddress.invokeExact(fourth, scratch);
+      dnn.setAddress.invokeExact(fifth, scratch + 4L * channels);
+      status =
+          (int)
+              bnBackward.invokeExact(
+                  dnn.handle, BATCHNORM_SPATIAL, one, zero, one, zero, o.x, first, o.y, second,
+                  o.x, out, o.op, third, fourth, fifth, eps, none, none);
+    } catch (Throwable e) {
+      throw new IllegalStateException(BACKWARDS[BATCH_NORM] + " failed", e);
+    }
+    CudaDnn.check(BACKWARDS[BATCH_NORM], status);
   }
 
   /**

@@ -99,6 +99,12 @@ public interface Device extends AutoCloseable {
   void layerNormRowsBackward(Buf out, Buf x, Buf g, float eps);
 
   /**
+   * Batch norm's apply with a scale and shift: per channel of x [N, C, ...] gamma (x - mean) / sqrt(var
+   * + eps) + beta, the statistics given (the running ones, or in training the batch's).
+   */
+  void bnApply(Buf out, Buf x, Buf mean, Buf var, Buf gamma, Buf beta, float eps);
+
+  /**
    * Batch norm's gradient to x [N, C, ...] given g = dy, x's own channel mean and (biased) variance
    * and the scale gamma: per channel gamma r (g - mean(g) - xh mean(g xh)), r = 1 / sqrt(var + eps),
    * xh = (x - mean) r.

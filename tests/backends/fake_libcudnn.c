@@ -56,12 +56,14 @@ __attribute__((destructor)) static void write_calls(void) {
 }
 #endif
 
-/* the pooling, softmax and LRN calls, each counted when computed */
-enum { POOL_FORWARD, POOL_BACKWARD, SOFTMAX_FORWARD, SOFTMAX_BACKWARD, LRN_FORWARD, LRN_BACKWARD, OPS };
+/* the pooling, softmax, LRN and batch-norm calls, each counted when computed */
+enum { POOL_FORWARD, POOL_BACKWARD, SOFTMAX_FORWARD, SOFTMAX_BACKWARD, LRN_FORWARD, LRN_BACKWARD, BN_FORWARD,
+       BN_BACKWARD, OPS };
 enum { BIAS_BACKWARD = OPS }; /* recorded on a capturing stream as the ops above, not counted among them */
 static const char *op_names[OPS] = {"cudnnPoolingForward", "cudnnPoolingBackward", "cudnnSoftmaxForward",
                                     "cudnnSoftmaxBackward", "cudnnLRNCrossChannelForward",
-                                    "cudnnLRNCrossChannelBackward"};
+                                    "cudnnLRNCrossChannelBackward", "cudnnBatchNormalizationForwardInference",
+                                    "cudnnBatchNormalizationBackward"};
 static long long op_calls[OPS];
 
 #ifdef FAKE_CUDNN_WRITES_OPS /* the copy for the Java device that exports these calls (cuda13_stand_ins.py) */
@@ -706,6 +708,128 @@ cudnnStatus_t cudnnLRNCrossChannelBackward(cudnnHandle_t h, cudnnLRNDescriptor_t
   calls++;
   op_calls[LRN_BACKWARD]++;
   return OK;
+}
+
+/* ---- batch norm, SPATIAL (1): per channel of x [n, c, h, w] over its n h w values, the per-channel tensors
+ * [1, c, 1, 1] ---- */
+
+typedef struct { /* a batch-norm call's arguments */
+  int backward, mode;
+  cudnnHandle_t h;
+  float a, b, pa, pb; /* alpha and beta of the data (and of the parameters' gradients, backward) */
+  void *xd, *yd, *bnd;
+  const void *x, *dy, *scale, *bias, *mean, *var;
+  void *out, *dscale, *dbias;
+  double eps;
+} bn_call;
+static void replay_bn(void *arg);
+
+static int recorded_bn(bn_call c) {
+  capture_fn capture = replaying ? NULL : recorder();
+  return capture ? capture(c.h->stream, replay_bn, &c, sizeof c) : 0;
+}
+
+static cudnnStatus_t bn_fits(int mode, cudnnTensorDescriptor_t xd, cudnnTensorDescriptor_t yd,
+                             cudnnTensorDescriptor_t bnd, double eps) {
+  if (mode != 1) return NOT_SUPPORTED; /* this stand-in has SPATIAL alone */
+  if (!same(xd, yd) || !bnd->set || bnd->n != 1 || bnd->c != xd->c || bnd->h != 1 || bnd->w != 1 || eps < 1e-5)
+    return BAD_PARAM;
+  return OK;
+}
+
+/* y = scale (x - mean) / sqrt(var + eps) + bias with the given mean and variance */
+cudnnStatus_t cudnnBatchNormalizationForwardInference(cudnnHandle_t h, int mode, const void *alpha, const void *beta,
+                                                      cudnnTensorDescriptor_t xd, const void *x,
+                                                      cudnnTensorDescriptor_t yd, void *y,
+                                                      cudnnTensorDescriptor_t bnd, const void *scale,
+                                                      const void *bias, const void *mean, const void *var,
+                                                      double eps) {
+  if (refused("cudnnBatchNormalizationForwardInference")) return NOT_SUPPORTED;
+  cudnnStatus_t fit = h ? bn_fits(mode, xd, yd, bnd, eps) : BAD_PARAM;
+  if (fit != OK) return fit;
+  float a = *(const float *)alpha, b = *(const float *)beta;
+  if (recorded_bn((bn_call){0, mode, h, a, b, 0, 0, xd, yd, bnd, x, NULL, scale, bias, mean, var, y, NULL, NULL,
+                            eps})) return OK;
+  const float *xs = x, *g = scale, *s = bias, *m = mean, *v = var;
+  float *ys = y;
+  long long plane = (long long)xd->h * xd->w;
+  for (int n = 0; n < xd->n; n++)
+    for (int c = 0; c < xd->c; c++) {
+      double r = 1.0 / sqrt((double)v[c] + eps);
+      for (long long q = 0; q < plane; q++) {
+        long long e = ((long long)n * xd->c + c) * plane + q;
+        double out = g[c] * ((double)xs[e] - m[c]) * r + s[c];
+        ys[e] = (float)(a * out + (b == 0.0f ? 0.0 : (double)b * ys[e]));
+      }
+    }
+  calls++;
+  op_calls[BN_FORWARD]++;
+  return OK;
+}
+
+/* dx = scale r (dy - mean(dy) - xh mean(dy xh)), dscale = sum(dy xh), dbias = sum(dy), with x's own batch mean and
+ * biased variance (r = 1 / sqrt(var + eps), xh = (x - mean) r): recomputed from x where savedMean and
+ * savedInvVariance are NULL (both or neither), else taken from them */
+cudnnStatus_t cudnnBatchNormalizationBackward(cudnnHandle_t h, int mode, const void *alphaData, const void *betaData,
+                                              const void *alphaParam, const void *betaParam,
+                                              cudnnTensorDescriptor_t xd, const void *x, cudnnTensorDescriptor_t dyd,
+                                              const void *dy, cudnnTensorDescriptor_t dxd, void *dx,
+                                              cudnnTensorDescriptor_t bnd, const void *scale, void *dscale,
+                                              void *dbias, double eps, const void *savedMean,
+                                              const void *savedInvVariance) {
+  if (refused("cudnnBatchNormalizationBackward")) return NOT_SUPPORTED;
+  if (!h || !same(xd, dyd) || (savedMean == NULL) != (savedInvVariance == NULL)) return BAD_PARAM;
+  cudnnStatus_t fit = bn_fits(mode, xd, dxd, bnd, eps);
+  if (fit != OK) return fit;
+  float a = *(const float *)alphaData, b = *(const float *)betaData;
+  float pa = *(const float *)alphaParam, pb = *(const float *)betaParam;
+  if (recorded_bn((bn_call){1, mode, h, a, b, pa, pb, xd, dxd, bnd, x, dy, scale, NULL, savedMean, savedInvVariance,
+                            dx, dscale, dbias, eps})) return OK;
+  const float *xs = x, *g = dy, *gamma = scale;
+  float *out = dx, *ds = dscale, *db = dbias;
+  long long plane = (long long)xd->h * xd->w, count = (long long)xd->n * plane;
+  for (int c = 0; c < xd->c; c++) {
+    double mu = 0.0, var = 0.0, sg = 0.0, sgx = 0.0;
+    for (int n = 0; n < xd->n; n++)
+      for (long long q = 0; q < plane; q++) mu += xs[((long long)n * xd->c + c) * plane + q];
+    mu /= count;
+    for (int n = 0; n < xd->n; n++)
+      for (long long q = 0; q < plane; q++) {
+        double d = xs[((long long)n * xd->c + c) * plane + q] - mu;
+        var += d * d;
+      }
+    double r = savedMean ? ((const float *)savedInvVariance)[c] : 1.0 / sqrt(var / count + eps);
+    if (savedMean) mu = ((const float *)savedMean)[c];
+    for (int n = 0; n < xd->n; n++)
+      for (long long q = 0; q < plane; q++) {
+        long long e = ((long long)n * xd->c + c) * plane + q;
+        sg += g[e];
+        sgx += g[e] * (xs[e] - mu) * r;
+      }
+    for (int n = 0; n < xd->n; n++)
+      for (long long q = 0; q < plane; q++) {
+        long long e = ((long long)n * xd->c + c) * plane + q;
+        double v = gamma[c] * r * (g[e] - sg / count - (xs[e] - mu) * r * sgx / count);
+        out[e] = (float)(a * v + (b == 0.0f ? 0.0 : (double)b * out[e]));
+      }
+    ds[c] = (float)(pa * sgx + (pb == 0.0f ? 0.0 : (double)pb * ds[c]));
+    db[c] = (float)(pa * sg + (pb == 0.0f ? 0.0 : (double)pb * db[c]));
+  }
+  calls++;
+  op_calls[BN_BACKWARD]++;
+  return OK;
+}
+
+static void replay_bn(void *arg) {
+  const bn_call *c = arg;
+  replaying = 1;
+  if (c->backward)
+    cudnnBatchNormalizationBackward(c->h, c->mode, &c->a, &c->b, &c->pa, &c->pb, c->xd, c->x, c->xd, c->dy, c->yd,
+                                    c->out, c->bnd, c->scale, c->dscale, c->dbias, c->eps, c->mean, c->var);
+  else
+    cudnnBatchNormalizationForwardInference(c->h, c->mode, &c->a, &c->b, c->xd, c->x, c->yd, c->out, c->bnd,
+                                            c->scale, c->bias, c->mean, c->var, c->eps);
+  replaying = 0;
 }
 
 static void replay_op(void *arg) {

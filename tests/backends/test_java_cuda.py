@@ -4,8 +4,8 @@ So the PTX lookup, the NVRTC fallback, the arena and tensor allocation, the step
 points sized at run time, the generated kernels), the copies, the transfers for a save and a load are all
 exercised, and the losses must equal the CPU device's. With `--kernels vendor` the GEMMs go to cuBLAS through
 JavaCPP's CUDA presets, here stand-ins built with the sonames and symbol versions the presets' bindings need
-(`fake_cuda13`), and the convolutions, pooling, softmax and LRN to cuDNN, a stand-in built as the presets' cuDNN
-bindings need it (`fake_cudnn9`)."""
+(`fake_cuda13`), and the convolutions, pooling, batch norm, softmax and LRN to cuDNN, a stand-in built as the
+presets' cuDNN bindings need it (`fake_cudnn9`)."""
 
 from __future__ import annotations
 
@@ -41,8 +41,9 @@ NETWORKS = {
 
 
 # the library calls Small does not make, each run through its entry point sized at run time: a strided, padded
-# and a grouped convolution and their gradients, LRN, padded max and average pools, softmax and log softmax (the
-# softmax of a log softmax: the same probabilities, both ops and their gradients), cross entropy, Adam
+# and a grouped convolution and their gradients, LRN, padded max and average pools, a batch norm standing alone (its
+# apply a device call in training), softmax and log softmax (the softmax of a log softmax: the same probabilities,
+# both ops and their gradients), cross entropy, Adam
 WIDE = """
 network Wide
 
@@ -55,7 +56,7 @@ label y : [N] classes K
 def body(x) {
   a = relu(conv(x, 4, kernel=3, stride=2, pad=1))
   b = max_pool(lrn(a, size=3, alpha=0.5, beta=0.75, k=1.5), 3, stride=1, pad=1)
-  c = avg_pool(relu(conv(b, 4, kernel=3, pad=1, groups=2)), 3, stride=2, pad=1)
+  c = avg_pool(relu(conv(batch_norm(b), 4, kernel=3, pad=1, groups=2)), 3, stride=2, pad=1)
   return full(flatten(global_avg_pool(c)), K)
 }
 
@@ -246,15 +247,17 @@ def test_kernels_own_and_auto_choose_as_they_say(programs: Path, cuda13: Path, c
               convolutions=convolutions)  # fmt: skip
     assert own["rc"] == 0, own["stderr"]
     assert "GEMMs: own kernel (--kernels own)" in own["stderr"] and not calls.exists()  # cuBLAS not even loaded
-    assert "convolutions, pooling, softmax and LRN: own kernels (--kernels own)" in own["stderr"]
+    assert "convolutions, pooling, batch norm, softmax and LRN: own kernels (--kernels own)" in own["stderr"]
     assert not convolutions.exists()
     auto = run(programs, "Small", "--iters", "1", vendor=[cuda13, cudnn9])
     # the device line names each library's file: which of several installed copies the loader took
-    assert auto["rc"] == 0 and (f"GEMMs: cuBLAS 13.0.0 ({cuda13}/libcublas.so.13); convolutions, pooling, softmax "
-                                f"and LRN: cuDNN 9.0.0 ({cudnn9}/libcudnn_graph.so.9);") in auto["stderr"]  # fmt: skip
+    said = (f"GEMMs: cuBLAS 13.0.0 ({cuda13}/libcublas.so.13); convolutions, pooling, batch norm, softmax and LRN: "
+            f"cuDNN 9.0.0 ({cudnn9}/libcudnn_graph.so.9);")  # fmt: skip
+    assert auto["rc"] == 0 and said in auto["stderr"]
     no_cudnn = run(programs, "Small", "--iters", "1", vendor=[cuda13])
     assert no_cudnn["rc"] == 0
-    assert "libcublas.so.13); convolutions, pooling, softmax and LRN: own kernels (cuDNN does" in no_cudnn["stderr"]
+    own_dnn = "libcublas.so.13); convolutions, pooling, batch norm, softmax and LRN: own kernels (cuDNN does"
+    assert own_dnn in no_cudnn["stderr"]
     without = run(programs, "Small", "--iters", "1")
     assert without["rc"] == 0
     assert "GEMMs: own kernel (cuBLAS does not load (libcudart.so.13 not found))" in without["stderr"]
@@ -333,7 +336,7 @@ def test_convolutions_through_cudnn_give_the_cpu_devices_losses(
         got = run(programs, name, *args, vendor=[cuda13, cudnn9], convolutions=convolutions,
                   extra={"FAKE_CUDA_GRAPH_LAUNCHES": str(counts)})  # fmt: skip
         assert got["rc"] == 0, got["stderr"]
-        assert "convolutions, pooling, softmax and LRN: cuDNN 9.0.0 (" in got["stderr"]
+        assert "convolutions, pooling, batch norm, softmax and LRN: cuDNN 9.0.0 (" in got["stderr"]
         np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
         assert got["test_accuracy"] == pytest.approx(want["test_accuracy"])
         done[flag], memory = int(convolutions.read_text()), got["gpu_memory_bytes"]
@@ -351,7 +354,7 @@ def test_convolutions_through_cudnn_give_the_cpu_devices_losses(
 
 
 def cudnn_ops(path: Path) -> dict[str, int]:
-    """The stand-in cuDNN's count of each pooling, softmax and LRN call it computed."""
+    """The stand-in cuDNN's count of each pooling, batch-norm, softmax and LRN call it computed."""
     return {name: int(count) for name, count in (line.split() for line in path.read_text().splitlines())}
 
 
@@ -382,6 +385,8 @@ def test_pooling_softmax_and_lrn_through_cudnn_give_the_cpu_devices_losses(progr
     assert got["cudnnLRNCrossChannelBackward"] == 3
     assert got["cudnnPoolingForward"] > 2 * 3 and got["cudnnSoftmaxForward"] > 2 * 3
     assert got["cudnnLRNCrossChannelForward"] > 3
+    # the batch norm's apply and gradient in each training step (the test pass's apply is a kernel of the program)
+    assert got["cudnnBatchNormalizationForwardInference"] == got["cudnnBatchNormalizationBackward"] == 3
 
 
 def test_a_call_cudnn_refuses_runs_our_kernel_under_auto_and_is_an_error_under_vendor(

@@ -420,6 +420,36 @@ def test_the_stand_in_lrn_refuses_what_is_not_ours(cublas_folder: Path) -> None:
     vendor.close()
 
 
+@pytest.mark.parametrize("op", ["bn_apply", "bn_train_apply", "bn_train_backward"])
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (6, 4)])
+def test_batch_norm_through_cudnn_is_numpys(cublas_folder: Path, op: str, shape: tuple[int, ...]) -> None:
+    """Batch norm's apply (given statistics: the running ones in inference, the batch's in training) and its training
+    gradient (cuDNN recomputes the batch's statistics from x; its scale and shift gradients go to the scratch), over
+    the channels of an image batch and of features [N, C] (as [N, C, 1, 1])."""
+    vendor = open_vendor("vendor", [cublas_folder])
+    rng = np.random.default_rng(len(shape))
+    x = (rng.standard_normal(shape) * 2 + 1).astype(np.float32)
+    c, axes = shape[1], (0, *range(2, len(shape)))
+    per = [rng.standard_normal(c).astype(np.float32) for _ in range(2)]  # gamma, beta
+    stats = (x.mean(axis=axes), x.var(axis=axes)) if op != "bn_apply" else (per[1], np.abs(per[0]) + 0.5)
+    g = rng.standard_normal(shape).astype(np.float32)
+    inputs = (x, g, *stats, per[0]) if op == "bn_train_backward" else (x, *stats, *per)
+    vendor.scratch_bytes = 8 * c
+    scratch = np.full(2 * c, np.nan, np.float32)
+    vendor.scratch = scratch.ctypes.data
+    attrs = {"eps": 1e-5}
+    np.testing.assert_allclose(_run_vendor(vendor, op, inputs, attrs), REGISTRY[op].numpy(inputs, attrs), rtol=1e-4,
+                               atol=1e-4)  # fmt: skip
+    if op == "bn_train_backward":  # the scale's and shift's gradients cuDNN makes besides, in the scratch
+        xh = (x - stats[0].reshape((1, c) + (1,) * (len(shape) - 2))) / np.sqrt(
+            stats[1].reshape((1, c) + (1,) * (len(shape) - 2)) + 1e-5
+        )
+        np.testing.assert_allclose(scratch, np.concatenate([(g * xh).sum(axis=axes), g.sum(axis=axes)]), rtol=1e-4,
+                                   atol=1e-4)  # fmt: skip
+    assert REGISTRY[op].vendor((TensorType(shape),) * 5, TensorType(shape), {"eps": 1e-6}) is None  # below cuDNN's
+    vendor.close()
+
+
 # ---- the runner ----
 
 TINY = """network Tiny
@@ -464,7 +494,8 @@ def _agrees(case: str, kernels: str, folder: Path, cublas_folder: Path) -> None:
     if kernels == "vendor":  # the GEMMs and cuDNN's calls of the 3 steps and the tests through the stand-ins
         assert (
             gemms > 0
-            and "GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions, pooling, softmax and LRN by cuDNN 9.0.0"
+            and "GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions, pooling, batch norm, softmax and LRN by "
+            "cuDNN 9.0.0"
             in lines[0]
         )
         cudnn_facts = [c for s in build.train_plan.graph.stmts if (c := vendor_call(s)) and not isinstance(c, Gemm)]
@@ -477,6 +508,40 @@ def _agrees(case: str, kernels: str, folder: Path, cublas_folder: Path) -> None:
 @pytest.mark.parametrize("kernels", ["vendor", "own"])
 def test_the_runner_with_cublas_agrees_with_numpy(kernels: str, tmp_path: Path, cublas_folder: Path) -> None:
     _agrees("tiny", kernels, tmp_path, cublas_folder)
+
+
+BATCH_NORMED = """network BatchNormed
+const N = 4
+input x : [N, 3, 6, 6]
+label y : [N] classes 10
+layer cv = conv(5, kernel=3, pad=1)
+layer fc = full(10)
+net = fc o flatten o relu o max_pool(2, stride=2) o batch_norm o cv
+loss = softmax_cross_entropy(net(x), y)
+predict = net(x)
+train { data = synthetic(seed=3) optimizer = sgd(lr=0.05, momentum=0.9) iterations = 3 seed = 5 }
+"""
+
+
+def test_the_runner_with_cudnn_batch_norm_agrees_with_numpy(tmp_path: Path, cublas_folder: Path) -> None:
+    """Batch norm standing alone in training (a pooling after it, which no loop takes in): its apply and its gradient
+    through the stand-in cuDNN, the NumPy runner's losses and test figures."""
+    build = api.build(api.compile_source(BATCH_NORMED, "bn.ddsl", {}).program)
+    want = run_training(build, iters=3, data_flag="synthetic", device="cpu")
+    driver = EmulatedDriver(tmp_path, vendor=open_vendor("vendor", [cublas_folder]))
+    got = run_training(build, iters=3, data_flag="synthetic", driver=driver)
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4, atol=1e-6)
+    assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
+    arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
+    runner = gpu_runner.GpuRunner(EmulatedDriver(tmp_path / "calls", vendor=open_vendor("vendor", [cublas_folder])),
+                                  build.train_plan, build.infer_plan, arrays)  # fmt: skip
+    served = {x.op: b.what for x, _, b in runner.calls["train"] if b is not None}
+    assert served["bn_train_apply"] == "cudnnBatchNormalizationForwardInference"
+    assert served["bn_train_backward"] == "cudnnBatchNormalizationBackward"
+    # in inference the apply (the running statistics) is the convolution's epilogue: one loop of ours
+    assert "bn_apply" not in {x.op for x, _, b in runner.calls["infer"]}
+    assert runner.vendor_scratch_bytes >= 8 * 5  # the 5 channels' scale and shift gradients
+    runner.close()
 
 
 def test_the_runner_with_cudnn_gradients_and_pooling_agrees_with_numpy(tmp_path: Path, cublas_folder: Path) -> None:
@@ -653,8 +718,8 @@ def test_kernels_vendor_on_the_command_line(tmp_path: Path, cublas_folder: Path,
     _emulated(monkeypatch, tmp_path, [cublas_folder])
     code, out = _run("--device", "cuda")  # auto: cuBLAS where it loads, said on the device line
     line = (
-        "PyCUDA runner; GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions, pooling, softmax and LRN by "
-        "cuDNN 9.0.0 (libcudnn.so.9), the rest our kernels; graph: on)"
+        "PyCUDA runner; GEMMs by cuBLAS 12.0.0 (libcublas.so.12), convolutions, pooling, batch norm, softmax and "
+        "LRN by cuDNN 9.0.0 (libcudnn.so.9), the rest our kernels; graph: on)"
     )
     assert code == 0 and line in out
 

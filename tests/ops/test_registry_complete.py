@@ -24,6 +24,8 @@ from deepdsl.ir.indexexpr import IE, Apply, Reduce
 from deepdsl.ir.registry import JavaCall, OpDef, lookup
 from deepdsl.ir.types import DType, ShapeError
 from deepdsl.ir.vendor import (
+    BatchNorm,
+    BatchNormBackward,
     ConvBackwardBias,
     ConvBackwardData,
     ConvBackwardFilter,
@@ -215,8 +217,8 @@ def _exempt_kernel(op: OpDef) -> Exemption:
     """Why the op needs no backend kernel of its own (CUDA rule, Java call): nothing would call one."""
     if op.view:
         return "a view: no kernel, its output aliases its input", True
-    if op.index_form is not None:
-        return "the backends write its kernel from its index form", True
+    if op.index_form is not None:  # a Java call may serve it where it stands alone (`called`: bn_train_apply's)
+        return "the backends write its kernel from its index form", not (op.java is not None and op.java.called)
     return _lowered(op) or ((FROM_BODY[op.name], True) if op.name in FROM_BODY else None)
 
 
@@ -621,6 +623,26 @@ def lrn_reference(r: Lrn, x: np.ndarray, *rest: np.ndarray) -> np.ndarray:
     return dx
 
 
+def batch_norm_reference(fact: BatchNorm | BatchNormBackward, x: np.ndarray, *rest: np.ndarray) -> np.ndarray:
+    """What a BatchNorm fact says (inputs x, mean, var, gamma, beta), and for BatchNormBackward (inputs x, dY, mean,
+    var, gamma, of which it reads x, dY and gamma) dX through x's own statistics: dY times the Jacobian of each
+    channel's normalised values, written out element pair by element pair in float64."""
+    b = fact if isinstance(fact, BatchNorm) else fact.norm
+    x3 = x.reshape(b.n, b.c, b.h * b.w).astype(np.float64)
+    if isinstance(fact, BatchNorm):
+        mean, var, gamma, beta = (v.astype(np.float64)[None, :, None] for v in rest)
+        return (x3 - mean) / np.sqrt(var + b.eps) * gamma + beta
+    g3, gamma = rest[0].reshape(x3.shape).astype(np.float64), rest[3].astype(np.float64)
+    dx = np.zeros_like(x3)
+    for c in range(b.c):
+        v, dy = x3[:, c].ravel(), g3[:, c].ravel()
+        centred, m = v - v.mean(), v.size
+        r = 1 / np.sqrt(np.mean(centred**2) + b.eps)
+        jacobian = r * (np.eye(m) - 1 / m) - r**3 * np.outer(centred, centred) / m  # d xh_i / d x_j
+        dx[:, c] = (gamma[c] * dy @ jacobian).reshape(b.n, -1)
+    return dx
+
+
 def _fact_check(fact: object) -> tuple[tuple[int, ...], Callable[..., np.ndarray]] | None:
     """The element counts a vendor fact expects of its inputs and output, and its reference; None: unknown."""
     if isinstance(fact, Gemm):
@@ -647,6 +669,11 @@ def _fact_check(fact: object) -> tuple[tuple[int, ...], Callable[..., np.ndarray
         r = fact if isinstance(fact, Lrn) else fact.lrn
         size = r.n * r.c * r.h * r.w
         return ((size,) * 2 if isinstance(fact, Lrn) else (size,) * 4), partial(lrn_reference, r)
+    if isinstance(fact, BatchNorm | BatchNormBackward):
+        b = fact if isinstance(fact, BatchNorm) else fact.norm
+        size = b.n * b.c * b.h * b.w
+        inputs = (size, *(b.c,) * 4) if isinstance(fact, BatchNorm) else (size, size, *(b.c,) * 3)
+        return (*inputs, size), partial(batch_norm_reference, fact)
     if isinstance(fact, Pool | PoolBackward):
         p = fact if isinstance(fact, Pool) else fact.pool
         x, y = p.n * p.c * p.h * p.w, p.n * p.c * p.oh * p.ow
@@ -670,6 +697,9 @@ def vendor_problems(op: OpDef, inputs: tuple[TensorType, ...], attrs: dict) -> l
         xs = (REGISTRY["log_softmax" if fact.softmax.log else "softmax"].numpy(xs[:1], {}), xs[1])
     if isinstance(fact, LrnBackward):  # y must be the lrn of x
         xs = (xs[0], REGISTRY["lrn"].numpy(xs[:1], attrs), xs[2])
+    if isinstance(fact, BatchNormBackward):  # mean and var must be x's own statistics, which cuDNN recomputes
+        axes = (0, *range(2, xs[0].ndim))
+        xs = (xs[0], xs[1], xs[0].mean(axis=axes), xs[0].var(axis=axes), xs[4])
     check = _fact_check(fact)
     if check is None:
         return [f"{op.name}: a vendor fact no check knows ({type(fact).__name__})"]

@@ -2,7 +2,10 @@
 as the legacy `cudnnConvolutionForward`, `...BackwardData` and `...BackwardFilter`, the bias gradient
 (`ConvBackwardBias`) as `cudnnConvolutionBackwardBias`, pooling (`Pool`, `PoolBackward`) as `cudnnPoolingForward`
 and `...Backward`, softmax (`Softmax`, `SoftmaxBackward`: accurate or log, over the channels of [rows, k, 1, 1]) as
-`cudnnSoftmaxForward` / `...Backward`, and LRN (`Lrn`, `LrnBackward`) as `cudnnLRNCrossChannelForward` / `...Backward`.
+`cudnnSoftmaxForward` / `...Backward`, LRN (`Lrn`, `LrnBackward`) as `cudnnLRNCrossChannelForward` / `...Backward`,
+and batch norm (`BatchNorm`, `BatchNormBackward`) as `cudnnBatchNormalizationForwardInference` (the given statistics:
+the inference program's running ones, the training program's batch ones) and `cudnnBatchNormalizationBackward`
+(SPATIAL; the saved mean and inverse deviation passed as NULL, so that cuDNN recomputes them from X).
 
 Each call gets its descriptors once, when the runner starts, and a convolution its algorithm: the first that the
 call's `_v7` query proposes (cuDNN's heuristic order) whose scratch is at most what the caller allows
@@ -25,6 +28,8 @@ from pathlib import Path
 
 from deepdsl.errors import DslProgramError
 from deepdsl.ir.vendor import (
+    BatchNorm,
+    BatchNormBackward,
     ConvBackwardBias,
     ConvBackwardData,
     ConvBackwardFilter,
@@ -40,6 +45,7 @@ from deepdsl.ir.vendor import (
 _NCHW, _FLOAT, _CROSS_CORRELATION, _FMA_MATH = 0, 0, 1, 3
 _MAX_DETERMINISTIC, _AVG_INCLUDE_PADDING, _PROPAGATE_NAN = 3, 1, 1
 _SOFTMAX_ACCURATE, _SOFTMAX_LOG, _SOFTMAX_CHANNEL, _LRN_CROSS_CHANNEL = 1, 2, 1, 0
+_BATCHNORM_SPATIAL = 1
 # per call: its algorithms (cudnn_cnn.h's order), the _v7 query that proposes them
 ALGORITHMS = {
     "cudnnConvolutionForward": ("IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING",
@@ -122,6 +128,9 @@ class Cudnn:
         lib.cudnnLRNCrossChannelForward.argtypes = [p, p, i, p, p, p, p, p, p]
         lib.cudnnLRNCrossChannelBackward.argtypes = [p, p, i, p, p, p, p, p, p, p, p, p, p]
         lib.cudnnPoolingBackward.argtypes = [p] * 12
+        d = ctypes.c_double
+        lib.cudnnBatchNormalizationForwardInference.argtypes = [p, i, p, p, p, p, p, p, p, p, p, p, p, d]
+        lib.cudnnBatchNormalizationBackward.argtypes = [p, i, *[p] * 14, d, p, p]
 
     def set_stream(self, stream: int) -> None:
         """Issue every later call on `stream` (the driver's, so that a capture of it records them)."""
@@ -274,6 +283,34 @@ class Cudnn:
         status = self.lib.cudnnLRNCrossChannelBackward(self.handle, norm, _LRN_CROSS_CHANNEL, one, d, y, d, dy, d, x,
                                                        zero, d, out)  # fmt: skip
         self._check(status, "cudnnLRNCrossChannelBackward")
+
+    def prepare_batch_norm(self, call: BatchNorm | BatchNormBackward) -> tuple[ctypes.c_void_p, ctypes.c_void_p]:
+        """The descriptors of X [n, c, h, w] (and Y, dY, dX) and of the per-channel tensors [1, c, 1, 1]."""
+        b = call if isinstance(call, BatchNorm) else call.norm
+        x, per = self._descriptor("Tensor"), self._descriptor("Tensor")
+        self._check(self.lib.cudnnSetTensor4dDescriptor(x, _NCHW, _FLOAT, b.n, b.c, b.h, b.w),
+                    "cudnnSetTensor4dDescriptor")  # fmt: skip
+        self._check(self.lib.cudnnSetTensor4dDescriptor(per, _NCHW, _FLOAT, 1, b.c, 1, 1), "cudnnSetTensor4dDescriptor")
+        return x, per
+
+    def batch_norm(self, call: BatchNorm | BatchNormBackward, descriptors: tuple[ctypes.c_void_p, ctypes.c_void_p],
+                   out: int, inputs: tuple[int, ...], scratch: int = 0) -> None:  # fmt: skip
+        """out = the batch norm `call` on `inputs` (the statement's: forward x, mean, var, gamma, beta; backward x, dy,
+        mean, var, gamma, of which mean and var are not read), the backward's scale and shift gradients (2 c floats)
+        at `scratch`."""
+        (x, per), one, zero = descriptors, ctypes.byref(self.one), ctypes.byref(self.zero)
+        if isinstance(call, BatchNorm):
+            xs, mean, var, gamma, beta = inputs
+            status = self.lib.cudnnBatchNormalizationForwardInference(
+                self.handle, _BATCHNORM_SPATIAL, one, zero, x, xs, x, out, per, gamma, beta, mean, var, call.eps
+            )
+            return self._check(status, "cudnnBatchNormalizationForwardInference")
+        xs, dy, _, _, gamma = inputs
+        status = self.lib.cudnnBatchNormalizationBackward(
+            self.handle, _BATCHNORM_SPATIAL, one, zero, one, zero, x, xs, x, dy, x, out, per, gamma, scratch,
+            scratch + 4 * call.norm.c, call.norm.eps, None, None,
+        )  # fmt: skip
+        self._check(status, "cudnnBatchNormalizationBackward")
 
     def close(self) -> None:
         for destroy, d in reversed(self.descriptors):

@@ -102,6 +102,11 @@ extern "C" __global__ void dd_k_layer_norm_rows_backward(float* dx, const float*
     dd_layer_norm_rows_backward(dx, x, g, R, D, eps);
 }
 
+extern "C" __global__ void dd_k_bn_apply(float* y, const float* x, const float* mean, const float* var,
+                                         const float* gamma, const float* beta, int n, int C, int P, float eps) {
+    dd_bn_apply(y, x, mean, var, gamma, beta, n, C, P, eps);
+}
+
 extern "C" __global__ void dd_k_bn_train_backward(float* dx, const float* x, const float* g, const float* mean,
                                                   const float* var, const float* gamma, int N, int C, int P,
                                                   float eps) {

@@ -313,6 +313,17 @@ __device__ void dd_layer_norm_rows_backward(float* __restrict__ dx, const float*
     }
 }
 
+// batch norm's apply with a scale and shift over x [N, C, P] (n elements), the statistics given: registry ops bn_apply
+// and bn_train_apply as the Java CUDA device calls them where cuDNN does not
+__device__ void dd_bn_apply(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ mean,
+                            const float* __restrict__ var, const float* __restrict__ gamma,
+                            const float* __restrict__ beta, int n, int C, int P, float eps) {
+    DD_GRID_STRIDE(e, n) {
+        int c = e / P % C;
+        y[e] = (x[e] - mean[c]) / sqrtf(var[c] + eps) * gamma[c] + beta[c];
+    }
+}
+
 // batch norm's gradient to x [N, C, P] given g = dy, the channel mean and biased variance and the scale: per channel
 // gamma r (g - mean(g) - xh mean(g xh)), r = 1 / sqrt(var + eps), xh = (x - mean) r: registry op bn_train_backward,
 // one block per channel

@@ -27,6 +27,8 @@ from deepdsl.backends.cuda.cublas import Cublas
 from deepdsl.backends.cuda.cudnn import Cudnn
 from deepdsl.errors import DslProgramError
 from deepdsl.ir.vendor import (
+    BatchNorm,
+    BatchNormBackward,
     ConvBackwardBias,
     ConvBackwardData,
     ConvBackwardFilter,
@@ -95,8 +97,8 @@ class Bound:
 
 
 class Vendor:
-    """The vendor libraries a runner uses (cuBLAS for every GEMM, cuDNN for the convolutions, pooling, softmax and
-    LRN) and what it says about them."""
+    """The vendor libraries a runner uses (cuBLAS for every GEMM, cuDNN for the convolutions, pooling, batch norm,
+    softmax and LRN) and what it says about them."""
 
     def __init__(self, cublas: Cublas | None = None, cudnn: Cudnn | None = None, missing: Sequence[str] = (),
                  strict: bool = False):  # fmt: skip
@@ -104,7 +106,8 @@ class Vendor:
         self.strict = strict  # `--kernels vendor`: a call the library refuses is an error, not our kernel
         self.missing = tuple(missing)  # under auto: the libraries that did not load, and why
         # a convolution whose algorithm needs more scratch than the plan gave its statement takes this one, which the
-        # runner allocates once (`scratch_bytes`, the most any such call needs) and whose address it sets here
+        # runner allocates once (`scratch_bytes`, the most any such call needs) and whose address it sets here; so
+        # does batch norm's backward, for the scale and shift gradients it makes besides dX
         self.scratch_bytes = 0
         self.scratch = 0
 
@@ -112,7 +115,8 @@ class Vendor:
     def description(self) -> str:
         """The device line's part: which kernels run."""
         used = [f"GEMMs by {self.cublas.description}"] if self.cublas else []
-        used += [f"convolutions, pooling, softmax and LRN by {self.cudnn.description}"] if self.cudnn else []
+        if self.cudnn:
+            used.append(f"convolutions, pooling, batch norm, softmax and LRN by {self.cudnn.description}")
         text = ", ".join([*used, "the rest our kernels"]) if used else "our kernels"
         return text + (f" ({'; '.join(self.missing)})" if self.missing else "")
 
@@ -160,6 +164,15 @@ class Vendor:
             pool = cudnn.prepare_pool(call)
             what = f"cudnnPooling{'Backward' if pool.backward else 'Forward'} {pool.mode}"
             return Bound(lambda: cudnn.pool(pool, out, inputs), 0, what)
+        if isinstance(call, BatchNorm | BatchNormBackward) and self.cudnn is not None:
+            cudnn, out, inputs, ds = self.cudnn, pointers[0], tuple(pointers[1:6]), self.cudnn.prepare_batch_norm(call)
+            if isinstance(call, BatchNorm):
+                forward = "cudnnBatchNormalizationForwardInference"
+                return Bound(lambda: cudnn.batch_norm(call, ds, out, inputs), 0, forward)
+            parameters = 8 * call.norm.c  # the scale's and shift's gradients: the shared scratch
+            self.scratch_bytes = max(self.scratch_bytes, parameters)
+            return Bound(lambda: cudnn.batch_norm(call, ds, out, inputs, self.scratch), parameters,
+                         "cudnnBatchNormalizationBackward", scratch=True)  # fmt: skip
         return None
 
     def set_stream(self, stream: int) -> None:

@@ -139,8 +139,8 @@ def statement(e: Emitter, s: Stmt, temp: str) -> list[str]:
     (read_as,), used = with_settings(e, (s,))
     own = index_form(read_as)
     form = (own.body, own.out) if own is not None else op.cuda_form(s) if op.cuda_form is not None else None
-    if own is None and op.java is not None and op.java.called:  # the device's call, not the CUDA form's kernel
-        form = None
+    if op.java is not None and op.java.called:  # the device's call, not a generated kernel (the op alone, unfused)
+        own = form = None
     arity = op.arity if op.arity is not None else len(s.inputs)
     if form is not None and "epilogue" not in s.a or own is not None:
         body, out = form

@@ -21,8 +21,8 @@ _FORWARD_ROLES = {"conv2d": "out", "linear": "out", "matmul": "out", "batch_matm
                   "cross_entropy": "loss", "mse": "loss", "reshape": "out"}  # fmt: skip
 _BACKWARD_ROLES = {"conv2d_backward_filter": "dW", "conv2d_backward_data": "dx", "channel_sum": "db",
                    "max_pool2d_backward": "dx", "avg_pool2d_backward": "dx", "global_avg_pool_backward": "dx",
-                   "lrn_backward": "dx", "layer_norm_rows_backward": "dx", "bn_train_backward": "dx", "softmax_backward": "dx",
-                   "log_softmax_backward": "dx", "softmax_cross_entropy_backward": "dscores",
+                   "lrn_backward": "dx", "layer_norm_rows_backward": "dx", "bn_train_backward": "dx",
+                   "softmax_backward": "dx", "log_softmax_backward": "dx", "softmax_cross_entropy_backward": "dscores",
                    "cross_entropy_backward": "dp", "reshape": "dx", "sum_axes": "db"}  # fmt: skip
 
 

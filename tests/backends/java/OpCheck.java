@@ -114,6 +114,8 @@ public final class OpCheck {
       case "avg_pool2d_backward" ->
           CpuOps.avg_pool2d_backward(
               out, x, a.ints("in_shape"), a.ints("kernel"), a.ints("pad"), a.ints("stride"));
+      case "bn_train_apply" ->
+          CpuOps.bn_train_apply(out, x, y, z, in.get(3), in.get(4), a.f("eps"));
       case "bn_train_backward" ->
           CpuOps.bn_train_backward(out, x, y, z, in.get(3), in.get(4), a.f("eps"));
       case "batch_matmul" -> CpuOps.batch_matmul(out, x, y, a.b("transpose_a"), a.b("transpose_b"));
