@@ -72,10 +72,11 @@ def bn_train_apply(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> Tens
     return bn_apply(types, attrs)
 
 
-@defop("bn_train_backward", 5, differentiable=False)
+@defop("bn_train_backward", 7, differentiable=False)
 def bn_train_backward(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
-    """d bn_train_apply / d x: inputs x, g (d y), mean, var, gamma; per channel, over its M = N H W values,
-    gamma r (g - mean(g) - xh mean(g xh)) with r = 1 / sqrt(var + eps) and xh = (x - mean) r; attrs: eps."""
+    """d bn_train_apply / d x: inputs x, g (d y), mean, var, gamma, and the scale's and shift's gradients sum(g xh)
+    and sum(g) (the statements the gradient has anyway); per channel, over its M = N H W values, gamma r (g -
+    sum(g) / M - xh sum(g xh) / M) with r = 1 / sqrt(var + eps) and xh = (x - mean) r: one pass; attrs: eps."""
     x, g, *rest = types
     if g.shape != x.shape or any(t.shape != (x.shape[1],) for t in rest):
         raise ShapeError(f"bn_train_backward: gradient {g} and per-channel inputs do not fit {x}")
@@ -198,12 +199,11 @@ numpy_kernel("running_update")(lambda xs, a: (1 - a["momentum"]) * xs[0] + (a["m
 
 @numpy_kernel("bn_train_backward")
 def _bn_train_backward_np(xs: tuple, a: dict) -> np.ndarray:
-    x, g, mean, var, gamma = xs
-    axes = (0, *range(2, x.ndim))
+    x, g, mean, var, gamma, sum_gxh, sum_g = xs
+    per = x.dtype.type(x.size // x.shape[1])
     r = _bc(1 / np.sqrt(var + x.dtype.type(a["eps"])), x.ndim)
     xh = (x - _bc(mean, x.ndim)) * r
-    mean_g, mean_gxh = g.mean(axis=axes, keepdims=True), np.mean(g * xh, axis=axes, keepdims=True)
-    return _bc(gamma, x.ndim) * r * (g - mean_g - xh * mean_gxh)
+    return _bc(gamma, x.ndim) * r * (g - _bc(sum_g / per, x.ndim) - xh * _bc(sum_gxh / per, x.ndim))
 
 
 @flops_rule("bn_apply", "bn_train_apply", "running_update")
@@ -213,7 +213,7 @@ def _flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
 
 @flops_rule("bn_train_backward")
 def _bn_train_backward_flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
-    return 10 * out.numel  # the two sums (centring, scaling, products), then the result (five each)
+    return 6 * out.numel  # centring, scaling, the two terms, the product
 
 
 @vjp_rule("bn_apply")
@@ -254,11 +254,12 @@ vendor_rule("bn_train_backward")(
 def _bn_train_apply_vjp(b: Any, s: Any, g: Any) -> tuple:
     # y = xh gamma + beta with xh = (x - m) r, m and v x's own statistics: dgamma = sum(g xh) (xh recomputed where
     # the sum reads it: emitted before dx, so that fusing it there keeps nothing alive longer), dbeta = sum(g), dx
-    # the closed form (one statement); none to m and v, whose dependence on x dx already holds
+    # the closed form from those sums (one statement, one pass); none to m and v, whose dependence on x dx holds
     x, m, v, gamma, _ = s.inputs
     gamma_grad = _e(b, s, "channel_sum", _e(b, s, "mul", g, _e(b, s, "bn_apply", x, m, v, **s.a)))
     beta_grad = _e(b, s, "channel_sum", g)
-    return (_e(b, s, "bn_train_backward", x, g, m, v, gamma, **s.a), None, None, gamma_grad, beta_grad)
+    dx = _e(b, s, "bn_train_backward", x, g, m, v, gamma, gamma_grad, beta_grad, **s.a)
+    return (dx, None, None, gamma_grad, beta_grad)
 
 
 # ---- local response normalisation ----
@@ -361,7 +362,7 @@ eager_saves(
 java_call("lrn", "Buf x, float alpha, float beta, float k, int size")
 java_call("layer_norm_rows", "Buf x, float eps")
 java_call("layer_norm_rows_backward", "Buf x, Buf g, float eps")
-java_call("bn_train_backward", "Buf x, Buf g, Buf mean, Buf var, Buf gamma, float eps")
+java_call("bn_train_backward", "Buf x, Buf g, Buf mean, Buf var, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps")
 # a step calls the device's bnApply for the training program's apply where it stands alone (cuDNN's on the CUDA
 # device); fused into a loop it is part of a generated kernel, as the inference program's bn_apply always is (the
 # convolution's epilogue, mostly)

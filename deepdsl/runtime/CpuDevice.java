@@ -220,8 +220,9 @@ public final class CpuDevice implements Device {
   }
 
   @Override
-  public void bnTrainBackward(Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, float eps) {
-    CpuOps.bn_train_backward(out, x, g, mean, var, gamma, eps);
+  public void bnTrainBackward(
+      Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps) {
+    CpuOps.bn_train_backward(out, x, g, mean, var, gamma, gammaGrad, betaGrad, eps);
   }
 
   @Override

@@ -97,46 +97,35 @@ final class CpuNormalisation {
 
   /**
    * out = d bn_train_apply / d x: per channel c of x [N, C, ...], over its M = N * plane values,
-   * gamma r (g - mean(g) - xh mean(g xh)) with r = 1 / sqrt(var + eps) and xh = (x - mean) r. The
-   * channels run on the threads, each whole on one (its two sums a pass over its N planes, its
-   * result a second pass, mostly from the cache), so the result does not depend on the split.
+   * gamma r (g - sum(g) / M - xh sum(g xh) / M) with r = 1 / sqrt(var + eps) and xh = (x - mean) r,
+   * the two sums given (the shift's and the scale's gradients): one pass. The image planes run on
+   * the threads.
    */
   public static void bnTrainBackward(
-      Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, float eps) {
+      Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps) {
     int images = x.dim(0);
     int channels = x.dim(1);
     int plane = x.numel() / (images * channels);
-    int image = channels * plane;
     float m = (float) images * plane;
     float[] xa = x.a;
     float[] ga = g.a;
     float[] o = out.a;
     Parallel.range(
-        channels,
-        10L * x.numel(),
+        images * channels,
+        6L * x.numel(),
         (lo, hi) -> {
-          for (int c = lo; c < hi; c++) {
+          for (int p = lo; p < hi; p++) {
+            int c = p % channels;
             float mu = mean.a[mean.off + c];
             float rs = 1f / (float) Math.sqrt(var.a[var.off + c] + eps);
-            float sg = 0f;
-            float sgc = 0f;
-            for (int n = 0; n < images; n++) {
-              int at = n * image + c * plane;
-              sg += sum(ga, g.off + at, plane);
-              sgc += centredDot(ga, g.off + at, xa, x.off + at, plane, mu);
-            }
-            float meanG = sg / m;
-            float meanGxh = sgc * rs / m; // mean(g xh)
+            float meanG = betaGrad.a[betaGrad.off + c] / m;
             float scale = gamma.a[gamma.off + c] * rs;
-            float slope = rs * meanGxh; // xh mean(g xh) = (x - mu) * slope
-            for (int n = 0; n < images; n++) {
-              int at = n * image + c * plane;
-              int xi = x.off + at;
-              int gi = g.off + at;
-              int oi = out.off + at;
-              for (int j = 0; j < plane; j++) {
-                o[oi + j] = scale * (ga[gi + j] - meanG - (xa[xi + j] - mu) * slope);
-              }
+            float slope = rs * gammaGrad.a[gammaGrad.off + c] / m; // xh sum(g xh) / M = (x - mu) slope
+            int xi = x.off + p * plane;
+            int gi = g.off + p * plane;
+            int oi = out.off + p * plane;
+            for (int j = 0; j < plane; j++) {
+              o[oi + j] = scale * (ga[gi + j] - meanG - (xa[xi + j] - mu) * slope);
             }
           }
         });

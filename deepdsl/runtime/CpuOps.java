@@ -130,8 +130,8 @@ public final class CpuOps {
   }
 
   public static void bn_train_backward(
-      Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, float eps) {
-    CpuNormalisation.bnTrainBackward(out, x, g, mean, var, gamma, eps);
+      Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps) {
+    CpuNormalisation.bnTrainBackward(out, x, g, mean, var, gamma, gammaGrad, betaGrad, eps);
   }
 
   public static void softmax(Buf out, Buf x) {

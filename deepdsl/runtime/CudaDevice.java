@@ -1012,7 +1012,8 @@ public final class CudaDevice implements Device {
   }
 
   @Override
-  public void bnTrainBackward(Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, float eps) {
+  public void bnTrainBackward(
+      Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps) {
     int channels = x.shape[1];
     if (eps >= 1e-5f
         && dnn(
@@ -1030,8 +1031,9 @@ public final class CudaDevice implements Device {
     }
     int plane = x.numel() / (x.shape[0] * x.shape[1]);
     launch(
-        "dd_k_bn_train_backward", rows(x.shape[1]), THREADS, new Buf[] {out, x, g, mean, var, gamma},
-        i(x.shape[0]), i(x.shape[1]), i(plane), Pointer.to(new float[] {eps}));
+        "dd_k_bn_train_backward", elements(out.numel()), THREADS,
+        new Buf[] {out, x, g, mean, var, gamma, gammaGrad, betaGrad}, i(out.numel()), i(x.shape[1]),
+        i(plane), Pointer.to(new float[] {eps}));
   }
 
   @Override

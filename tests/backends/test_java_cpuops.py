@@ -169,7 +169,7 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
         c = shape[1]
         x, mean = _f(*shape) * 2 + 1, _f(c)
         var = np.abs(_f(c)) + 0.5
-        add("bn_train_backward", [x, _f(*shape), mean, var, _f(c)], eps=1e-5)
+        add("bn_train_backward", [x, _f(*shape), mean, var, _f(c), _f(c), _f(c)], eps=1e-5)
 
     # matrix products: every transpose, and sizes large enough to split over threads
     for ta in (False, True):

@@ -433,20 +433,19 @@ def test_batch_norm_through_cudnn_is_numpys(cublas_folder: Path, op: str, shape:
     per = [rng.standard_normal(c).astype(np.float32) for _ in range(2)]  # gamma, beta
     stats = (x.mean(axis=axes), x.var(axis=axes)) if op != "bn_apply" else (per[1], np.abs(per[0]) + 0.5)
     g = rng.standard_normal(shape).astype(np.float32)
-    inputs = (x, g, *stats, per[0]) if op == "bn_train_backward" else (x, *stats, *per)
+    bc = (1, c) + (1,) * (len(shape) - 2)
+    xh = (x - stats[0].reshape(bc)) / np.sqrt(stats[1].reshape(bc) + 1e-5)
+    sums = ((g * xh).sum(axis=axes), g.sum(axis=axes))  # the scale's and shift's gradients: x's own
+    inputs = (x, g, *stats, per[0], *sums) if op == "bn_train_backward" else (x, *stats, *per)
     vendor.scratch_bytes = 8 * c
     scratch = np.full(2 * c, np.nan, np.float32)
     vendor.scratch = scratch.ctypes.data
     attrs = {"eps": 1e-5}
     np.testing.assert_allclose(_run_vendor(vendor, op, inputs, attrs), REGISTRY[op].numpy(inputs, attrs), rtol=1e-4,
                                atol=1e-4)  # fmt: skip
-    if op == "bn_train_backward":  # the scale's and shift's gradients cuDNN makes besides, in the scratch
-        xh = (x - stats[0].reshape((1, c) + (1,) * (len(shape) - 2))) / np.sqrt(
-            stats[1].reshape((1, c) + (1,) * (len(shape) - 2)) + 1e-5
-        )
-        np.testing.assert_allclose(scratch, np.concatenate([(g * xh).sum(axis=axes), g.sum(axis=axes)]), rtol=1e-4,
-                                   atol=1e-4)  # fmt: skip
-    assert REGISTRY[op].vendor((TensorType(shape),) * 5, TensorType(shape), {"eps": 1e-6}) is None  # below cuDNN's
+    if op == "bn_train_backward":  # the same sums cuDNN makes besides, in the scratch
+        np.testing.assert_allclose(scratch, np.concatenate(sums), rtol=1e-4, atol=1e-4)
+    assert REGISTRY[op].vendor((TensorType(shape),) * 7, TensorType(shape), {"eps": 1e-6}) is None  # below cuDNN's
     vendor.close()
 
 

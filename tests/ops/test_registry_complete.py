@@ -73,7 +73,7 @@ EXAMPLES = {
     "channel_var": ((X4, C4), {}), "broadcast_channel": ((C4,), {"shape": (2, 4, 8, 8)}),
     "broadcast_scalar": ((TensorType(()),), {"shape": (2, 4, 8, 8)}),
     "bn_apply": ((X4, C4, C4, C4, C4), {"eps": 1e-5}), "bn_train_apply": ((X4, C4, C4, C4, C4), {"eps": 1e-5}),
-    "bn_train_backward": ((X4, X4, C4, C4, C4), {"eps": 1e-5}),
+    "bn_train_backward": ((X4, X4, C4, C4, C4, C4, C4), {"eps": 1e-5}),
     "running_update": ((C4, C4), {"momentum": 0.1, "correction": 1.0}),
     "slice": ((X4,), {"axis": 1, "start": 1, "stop": 3}), "pad_axis": ((X4,), {"axis": 1, "start": 1, "size": 6}),
     "softmax_backward": ((X2, X2), {}), "log_softmax_backward": ((X2, X2), {}),
@@ -672,7 +672,7 @@ def _fact_check(fact: object) -> tuple[tuple[int, ...], Callable[..., np.ndarray
     if isinstance(fact, BatchNorm | BatchNormBackward):
         b = fact if isinstance(fact, BatchNorm) else fact.norm
         size = b.n * b.c * b.h * b.w
-        inputs = (size, *(b.c,) * 4) if isinstance(fact, BatchNorm) else (size, size, *(b.c,) * 3)
+        inputs = (size, *(b.c,) * 4) if isinstance(fact, BatchNorm) else (size, size, *(b.c,) * 5)
         return (*inputs, size), partial(batch_norm_reference, fact)
     if isinstance(fact, Pool | PoolBackward):
         p = fact if isinstance(fact, Pool) else fact.pool
@@ -697,9 +697,11 @@ def vendor_problems(op: OpDef, inputs: tuple[TensorType, ...], attrs: dict) -> l
         xs = (REGISTRY["log_softmax" if fact.softmax.log else "softmax"].numpy(xs[:1], {}), xs[1])
     if isinstance(fact, LrnBackward):  # y must be the lrn of x
         xs = (xs[0], REGISTRY["lrn"].numpy(xs[:1], attrs), xs[2])
-    if isinstance(fact, BatchNormBackward):  # mean and var must be x's own statistics, which cuDNN recomputes
+    if isinstance(fact, BatchNormBackward):  # mean, var and the sums must be x's own, which cuDNN recomputes
         axes = (0, *range(2, xs[0].ndim))
-        xs = (xs[0], xs[1], xs[0].mean(axis=axes), xs[0].var(axis=axes), xs[4])
+        mean, var = xs[0].mean(axis=axes), xs[0].var(axis=axes)
+        xh = (xs[0] - mean[None, :, None, None]) / np.sqrt(var[None, :, None, None] + attrs["eps"])
+        xs = (xs[0], xs[1], mean, var, xs[4], (xs[1] * xh).sum(axis=axes), xs[1].sum(axis=axes))
     check = _fact_check(fact)
     if check is None:
         return [f"{op.name}: a vendor fact no check knows ({type(fact).__name__})"]

@@ -296,8 +296,8 @@ class Cudnn:
     def batch_norm(self, call: BatchNorm | BatchNormBackward, descriptors: tuple[ctypes.c_void_p, ctypes.c_void_p],
                    out: int, inputs: tuple[int, ...], scratch: int = 0) -> None:  # fmt: skip
         """out = the batch norm `call` on `inputs` (the statement's: forward x, mean, var, gamma, beta; backward x, dy,
-        mean, var, gamma, of which mean and var are not read), the backward's scale and shift gradients (2 c floats)
-        at `scratch`."""
+        mean, var, gamma, of which mean and var are not read), the backward's scale and shift gradients (2 c floats,
+        which the statement's last two inputs hold too) at `scratch`."""
         (x, per), one, zero = descriptors, ctypes.byref(self.one), ctypes.byref(self.zero)
         if isinstance(call, BatchNorm):
             xs, mean, var, gamma, beta = inputs

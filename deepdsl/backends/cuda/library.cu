@@ -324,26 +324,18 @@ __device__ void dd_bn_apply(float* __restrict__ y, const float* __restrict__ x, 
     }
 }
 
-// batch norm's gradient to x [N, C, P] given g = dy, the channel mean and biased variance and the scale: per channel
-// gamma r (g - mean(g) - xh mean(g xh)), r = 1 / sqrt(var + eps), xh = (x - mean) r: registry op bn_train_backward,
-// one block per channel
+// batch norm's gradient to x [N, C, P] (n elements) given g = dy, the channel mean and biased variance, the scale and
+// its and the shift's gradients sum(g xh) and sum(g): per channel gamma r (g - sum(g) / M - xh sum(g xh) / M), r = 1 /
+// sqrt(var + eps), xh = (x - mean) r, M = N P: registry op bn_train_backward, one thread an element
 __device__ void dd_bn_train_backward(float* __restrict__ dx, const float* __restrict__ x, const float* __restrict__ g,
                                      const float* __restrict__ mean, const float* __restrict__ var,
-                                     const float* __restrict__ gamma, int N, int C, int P, float eps) {
-    DD_BLOCK_STRIDE(c, C) {
-        float mu = mean[c], rs = 1.0f / sqrtf(var[c] + eps);
-        long long M = (long long)N * P;
-        float sg = 0.0f, sgc = 0.0f;
-        for (long long e = threadIdx.x; e < M; e += blockDim.x) {
-            long long at = (e / P * C + c) * P + e % P;
-            sg += g[at];
-            sgc += g[at] * (x[at] - mu);
-        }
-        float mg = dd_block_sum(sg) / M, slope = rs * rs * dd_block_sum(sgc) / M, scale = gamma[c] * rs;
-        for (long long e = threadIdx.x; e < M; e += blockDim.x) {
-            long long at = (e / P * C + c) * P + e % P;
-            dx[at] = scale * (g[at] - mg - (x[at] - mu) * slope);
-        }
+                                     const float* __restrict__ gamma, const float* __restrict__ sum_gxh,
+                                     const float* __restrict__ sum_g, int n, int C, int P, float eps) {
+    float M = (float)(n / C);
+    DD_GRID_STRIDE(e, n) {
+        int c = e / P % C;
+        float rs = 1.0f / sqrtf(var[c] + eps);
+        dx[e] = gamma[c] * rs * (g[e] - sum_g[c] / M - (x[e] - mean[c]) * rs * sum_gxh[c] / M);
     }
 }
 

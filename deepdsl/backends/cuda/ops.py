@@ -162,10 +162,11 @@ def _layer_norm_rows(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
 
 
 def _bn_train_backward(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
-    n, c, *rest = s.inputs[0].type.shape
-    call = f"dd_bn_train_backward(out, in0, in1, in2, in3, in4, {c_ints(n, c, math.prod(rest))}, " \
+    _, c, *rest = s.inputs[0].type.shape
+    n = s.out.type.numel
+    call = f"dd_bn_train_backward(out, in0, in1, in2, in3, in4, in5, in6, {c_ints(n, c, math.prod(rest))}, " \
            f"{float_literal(s.a['eps'])})"  # fmt: skip
-    return library_call(name, s, ct, "float", call, **row_launch(c, s.out.type.numel))
+    return library_call(name, s, ct, "float", call, **elementwise_launch(n))
 
 
 def _dropout_mask(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:

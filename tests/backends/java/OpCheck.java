@@ -117,7 +117,8 @@ public final class OpCheck {
       case "bn_train_apply" ->
           CpuOps.bn_train_apply(out, x, y, z, in.get(3), in.get(4), a.f("eps"));
       case "bn_train_backward" ->
-          CpuOps.bn_train_backward(out, x, y, z, in.get(3), in.get(4), a.f("eps"));
+          CpuOps.bn_train_backward(
+              out, x, y, z, in.get(3), in.get(4), in.get(5), in.get(6), a.f("eps"));
       case "batch_matmul" -> CpuOps.batch_matmul(out, x, y, a.b("transpose_a"), a.b("transpose_b"));
       case "concat" -> CpuOps.concat(out, in.toArray(new Buf[0]), a.i("axis"));
       case "conv2d" -> CpuOps.conv2d(out, x, y, a.i("groups"), a.ints("pad"), a.ints("stride"));
