@@ -7,7 +7,7 @@ it. Levels:
 - `cheap`: a kept value made by a cheap statement — element-wise, batch-norm apply, ReLU, a fused kernel without
   a reduction, a dropout mask, attention's masked softmax — is recomputed right before its first backward reader,
   when what the recomputation needs is kept anyway (or is itself recomputed cheaply, or is small). ResNet's
-  `relu(bn_apply(conv))` then costs only the convolution output, which batch norm's gradient keeps anyway. An op
+  `relu(bn_train_apply(conv))` then costs only the convolution output, which batch norm's gradient keeps anyway. An op
   whose fact depends on the shapes is cheap where its entry's rule says so: a batched GEMM whose output outweighs
   its operands (attention's scores q·kᵀ, from q and k that their own gradients keep), so attention keeps neither
   its scores nor its probabilities across the forward pass, and recomputes them once per block.

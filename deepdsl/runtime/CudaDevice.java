@@ -75,7 +75,7 @@ import jcuda.nvrtc.nvrtcProgram;
  * otherwise. The matrix products go to cuBLAS through JavaCPP's CUDA presets ({@link CudaBlas}) as
  * {@code --kernels} says: {@code vendor} (an error where cuBLAS does not load), {@code own} (our
  * kernel), {@code auto} (cuBLAS where it loads); so do the convolutions, pooling, batch norm, softmax and LRN
- * to cuDNN ({@link CudaDnn}). Under {@code auto} a pooling, softmax or LRN call that cuDNN refuses
+ * to cuDNN ({@link CudaDnn}). Under {@code auto} a pooling, batch-norm, softmax or LRN call that cuDNN refuses
  * at its first use runs our kernel from then on; under {@code vendor} that is an error. Every other
  * op is one of our kernels.
  *
@@ -686,7 +686,7 @@ public final class CudaDevice implements Device {
   }
 
   /**
-   * Runs a pooling, softmax or LRN call through cuDNN: the op's descriptors ({@code prepare}) made at
+   * Runs a pooling, batch-norm, softmax or LRN call through cuDNN: the op's descriptors ({@code prepare}) made at
    * its first use (never captured), keyed by {@code key}, which forward and backward share. Returns
    * false where our kernel is to run instead: no cuDNN, or (under {@code auto}) a call cuDNN refused
    * at its first use; under {@code vendor} that refusal is an error.
@@ -1015,14 +1015,14 @@ public final class CudaDevice implements Device {
   public void bnTrainBackward(
       Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps) {
     int channels = x.shape[1];
+    if (dnn != null && eps >= 1e-5f && !capturing) {
+      scratchOf(8L * channels); // the scale's and shift's gradients, which cuDNN makes too
+    }
     if (eps >= 1e-5f
         && dnn(
             key("batch_norm backward", x.shape),
             true,
-            () -> {
-              scratchOf(8L * channels); // the scale's and shift's gradients, which cuDNN makes too
-              return dnn.ops.batchNorm(x.shape);
-            },
+            () -> dnn.ops.batchNorm(x.shape),
             o ->
                 dnn.ops.batchNormBackward(
                     o, address(out), address(x), address(g), address(gamma),
