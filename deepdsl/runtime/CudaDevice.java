@@ -42,6 +42,7 @@ import java.util.IdentityHashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.function.BiConsumer;
 import java.util.function.Consumer;
 import java.util.function.Supplier;
 import jcuda.Pointer;
@@ -624,10 +625,7 @@ public final class CudaDevice implements Device {
       }
       c = dnn.prepare(kind, x, w, y, pad, stride, groups, workspaceLimit);
       convs.put(key, c);
-      if (c.workspace > scratchBytes) {
-        scratch = alloc(c.workspace); // the smaller one stays allocated until close
-        scratchBytes = c.workspace;
-      }
+      scratchOf(c.workspace);
     }
     long at = scratch == null ? 0 : ((DevicePointer) scratch).address();
     dnn.run(c, address(result), address(a), address(b), at);
@@ -984,56 +982,65 @@ public final class CudaDevice implements Device {
     }
   }
 
+  /** Below this eps (an older cuDNN's CUDNN_BN_MIN_EPSILON) batch norm is our kernel. */
+  private static final float BN_MIN_EPSILON = 1e-5f;
+
   /**
-   * {@code eps} as the double its shortest decimal names (1e-5f is 0.0000099999997 as a double, under
-   * the 1e-5 an older cuDNN's CUDNN_BN_MIN_EPSILON asks for): the Python runner's attribute.
+   * A batch-norm call through cuDNN where it takes it: eps passed as the double its shortest
+   * decimal names (1e-5f widened is 0.0000099999997, under cuDNN's minimum), as the Python runner's
+   * attribute.
    */
-  private static double decimal(float eps) {
-    return Double.parseDouble(Float.toString(eps));
+  private boolean dnnBatchNorm(
+      Buf x, boolean backward, float eps, BiConsumer<CudaDnnOps.Op, Double> call) {
+    if (eps < BN_MIN_EPSILON) {
+      return false;
+    }
+    double e = Rng.shortestDecimal(eps);
+    String key = key(backward ? "batch_norm backward" : "batch_norm", x.shape);
+    return dnn(key, backward, () -> dnn.ops.batchNorm(x.shape), o -> call.accept(o, e));
+  }
+
+  /** Our per-channel batch-norm kernel over x [N, C, ...] (the second of {@code bufs}). */
+  private void perChannel(String kernel, Buf[] bufs, float eps) {
+    int[] x = bufs[1].shape;
+    int n = bufs[0].numel();
+    launch(
+        kernel, elements(n), THREADS, bufs, i(n), i(x[1]), i(n / (x[0] * x[1])),
+        Pointer.to(new float[] {eps}));
   }
 
   @Override
   public void bnApply(Buf out, Buf x, Buf mean, Buf var, Buf gamma, Buf beta, float eps) {
-    if (eps >= 1e-5f
-        && dnn(
-            key("batch_norm", x.shape),
-            false,
-            () -> dnn.ops.batchNorm(x.shape),
-            o ->
-                dnn.ops.batchNormForward(
-                    o, address(out), address(x), address(mean), address(var), address(gamma),
-                    address(beta), decimal(eps)))) {
-      return;
+    if (!dnnBatchNorm(
+        x,
+        false,
+        eps,
+        (o, e) ->
+            dnn.ops.batchNormForward(
+                o, address(out), address(x), address(mean), address(var), address(gamma),
+                address(beta), e))) {
+      perChannel("dd_k_bn_apply", new Buf[] {out, x, mean, var, gamma, beta}, eps);
     }
-    int plane = x.numel() / (x.shape[0] * x.shape[1]);
-    launch(
-        "dd_k_bn_apply", elements(out.numel()), THREADS, new Buf[] {out, x, mean, var, gamma, beta},
-        i(out.numel()), i(x.shape[1]), i(plane), Pointer.to(new float[] {eps}));
   }
 
   @Override
   public void bnTrainBackward(
       Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps) {
     int channels = x.shape[1];
-    if (dnn != null && eps >= 1e-5f && !capturing) {
+    if (dnn != null && eps >= BN_MIN_EPSILON && !capturing) {
       scratchOf(8L * channels); // the scale's and shift's gradients, which cuDNN makes too
     }
-    if (eps >= 1e-5f
-        && dnn(
-            key("batch_norm backward", x.shape),
-            true,
-            () -> dnn.ops.batchNorm(x.shape),
-            o ->
-                dnn.ops.batchNormBackward(
-                    o, address(out), address(x), address(g), address(gamma),
-                    ((DevicePointer) scratch).address(), channels, decimal(eps)))) {
-      return;
+    if (!dnnBatchNorm(
+        x,
+        true,
+        eps,
+        (o, e) ->
+            dnn.ops.batchNormBackward(
+                o, address(out), address(x), address(g), address(gamma),
+                ((DevicePointer) scratch).address(), channels, e))) {
+      perChannel(
+          "dd_k_bn_train_backward", new Buf[] {out, x, g, mean, var, gamma, gammaGrad, betaGrad}, eps);
     }
-    int plane = x.numel() / (x.shape[0] * x.shape[1]);
-    launch(
-        "dd_k_bn_train_backward", elements(out.numel()), THREADS,
-        new Buf[] {out, x, g, mean, var, gamma, gammaGrad, betaGrad}, i(out.numel()), i(x.shape[1]),
-        i(plane), Pointer.to(new float[] {eps}));
   }
 
   @Override
