@@ -115,6 +115,15 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
         (20, 1, 24, 24, 2, 1, 3, 3, (1, 1), (0, 0), 1),
         (3, 8, 24, 24, 6, 4, 1, 1, (1, 1), (0, 0), 2),
         (9, 20, 3, 3, 12, 20, 1, 1, (1, 1), (0, 0), 1),
+        # 'same' convolutions (stride 1, as wide as the input: im2col's shifted-plane copy), several images per
+        # product: 4x4 and 2x2 images, a 1x1 image whose outer window rows lie wholly in the padding, a 5x3
+        # kernel, two groups, and 64 channels, which the threads split
+        (8, 5, 4, 4, 6, 5, 3, 3, (1, 1), (1, 1), 1),
+        (6, 4, 2, 2, 3, 4, 3, 3, (1, 1), (1, 1), 1),
+        (3, 2, 1, 1, 4, 2, 3, 3, (1, 1), (1, 1), 1),
+        (4, 3, 6, 5, 4, 3, 5, 3, (1, 1), (2, 1), 1),
+        (4, 4, 4, 4, 4, 2, 3, 3, (1, 1), (1, 1), 2),
+        (8, 64, 4, 4, 8, 64, 3, 3, (1, 1), (1, 1), 1),
     ]:
         conv = {"stride": stride, "pad": pad, "groups": groups}
         x, wt = _f(n, c, h, w), _f(f, cg, kh, kw)
