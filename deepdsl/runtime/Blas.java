@@ -26,6 +26,14 @@ public final class Blas {
 
     /** The library and its version, for the device line. */
     String description();
+
+    /**
+     * A direct buffer of at least {@code floats} floats, the calling thread's own, that {@link
+     * #gemm} reads in place as a {@link CpuGemm.Direct} operand; null where it reads only arrays.
+     */
+    default java.nio.FloatBuffer columns(int floats) {
+      return null;
+    }
   }
 
   /** The native SGEMM in use; null: the Java SGEMM. */

@@ -3,6 +3,7 @@ package deepdsl.runtime;
 import static deepdsl.runtime.CpuSupport.*;
 import static deepdsl.runtime.CpuGemm.*;
 
+import java.nio.FloatBuffer;
 import java.util.Arrays;
 import java.util.function.IntConsumer;
 
@@ -149,8 +150,13 @@ final class CpuConvolution {
           for (int n0 = lo; n0 < hi; ) {
             int batch = s.batch(hi - n0);
             int width = batch * pixels;
-            float[][] cols = s.pointwise() ? null : rows(scratch, s.colRows(), width);
-            if (!s.pointwise()) {
+            // the columns in the native SGEMM's direct buffer where it has one, else in arrays
+            FloatBuffer direct = s.pointwise() ? null : nativeColumns(s.colRows() * width);
+            float[][] cols =
+                s.pointwise() || direct != null ? null : rows(scratch, s.colRows(), width);
+            if (direct != null) {
+              im2col(s, x.a, x.off + n0 * s.image(), batch, direct);
+            } else if (!s.pointwise()) {
               im2col(s, x.a, x.off + n0 * s.image(), batch, cols);
             }
             // one image writes its output plane directly; a batch goes through the products array
@@ -166,7 +172,9 @@ final class CpuConvolution {
               Right columns =
                   s.pointwise()
                       ? Planes.of(x.a, x.off + n0 * s.image() + g * kg * pixels, pixels, s.image())
-                      : new Rows(cols, g * kg, 0);
+                      : direct != null
+                          ? new Direct(direct, width, g * kg, 0, false)
+                          : new Rows(cols, g * kg, 0);
               Mat products = Mat.rows(prod, prodOff + g * fg * width, width);
               gemmParallel(fg, width, kg, weights, columns, products, false);
             }
@@ -394,11 +402,16 @@ final class CpuConvolution {
             int width = batch * pixels;
             // on OpenBLAS the forward im2col columns, which it reads transposed: cheaper to build
             boolean columnForm = !s.pointwise() && Blas.gemm() != null;
+            FloatBuffer direct = columnForm ? nativeColumns(s.colRows() * width) : null;
             int height = columnForm ? s.colRows() : width;
             float[][] rows =
-                s.pointwise() ? null : rows(scratch, height, columnForm ? width : s.colRows());
+                s.pointwise() || direct != null
+                    ? null
+                    : rows(scratch, height, columnForm ? width : s.colRows());
             int first = n0;
-            if (columnForm) {
+            if (direct != null) {
+              im2col(s, x.a, x.off + n0 * s.image(), batch, direct);
+            } else if (columnForm) {
               im2col(s, x.a, x.off + n0 * s.image(), batch, rows);
             } else if (!s.pointwise()) {
               eachImage(
@@ -420,7 +433,11 @@ final class CpuConvolution {
               Right columns =
                   s.pointwise()
                       ? Planes.of(x.a, planes, pixels, s.image()).t()
-                      : columnForm ? new Columns(rows, grp * kg, 0) : new Rows(rows, 0, grp * kg);
+                      : direct != null
+                          ? new Direct(direct, width, grp * kg, 0, true)
+                          : columnForm
+                              ? new Columns(rows, grp * kg, 0)
+                              : new Rows(rows, 0, grp * kg);
               Mat filters = Mat.rows(dw, dwOff + grp * fg * kg, kg);
               gemmParallel(fg, kg, width, grads, columns, filters, n0 > lo);
             }
@@ -539,6 +556,36 @@ final class CpuConvolution {
             im2colRow(s, x, xOff, batch, row, cols[row]);
           }
         });
+  }
+
+  /**
+   * {@link #im2col} into the direct buffer {@code cols} (rows of batch * OH*OW floats) that the
+   * native SGEMM reads in place: each row built in the thread's array, then put in whole.
+   */
+  static void im2col(ConvShape s, float[] x, int xOff, int batch, FloatBuffer cols) {
+    int window = s.kh * s.kw;
+    int width = batch * s.pixels();
+    parallel(
+        s.c,
+        workers(s.c, (long) window * width),
+        1,
+        (piece, lo, hi) -> {
+          Scratch scratch = SCRATCH.get();
+          float[] line = scratch.line = atLeast(scratch.line, width);
+          for (int row = lo * window; row < hi * window; row++) {
+            im2colRow(s, x, xOff, batch, row, line);
+            cols.put(row * width, line, 0, width);
+          }
+        });
+  }
+
+  /**
+   * The calling thread's direct buffer of at least {@code floats} floats for im2col columns that
+   * the native SGEMM reads in place; null on the Java SGEMM, or where direct memory ran out.
+   */
+  static FloatBuffer nativeColumns(int floats) {
+    Blas.Gemm gemm = Blas.gemm();
+    return gemm == null ? null : gemm.columns(floats);
   }
 
   /**

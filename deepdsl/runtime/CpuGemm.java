@@ -3,6 +3,7 @@ package deepdsl.runtime;
 import static deepdsl.runtime.CpuSupport.*;
 import static deepdsl.runtime.CpuConvolution.*;
 
+import java.nio.FloatBuffer;
 import java.util.Arrays;
 
 /** The SGEMM and the dense layers and matrix products of {@link CpuOps}. */
@@ -27,7 +28,7 @@ final class CpuGemm {
   static final int GEMM_DIRECT = 1024;
 
   /** The right operand B of a product: a {@link Mat} view or {@link Rows}. */
-  sealed interface Right permits Mat, Rows, Columns, Planes {
+  sealed interface Right permits Mat, Rows, Columns, Planes, Direct {
     /** The operand whose element (0, 0) is this one's (i, j). */
     Right from(int i, int j);
 
@@ -69,6 +70,34 @@ final class CpuGemm {
         float[] row = rows[row0 + j];
         for (int p = 0; p < depth; p++) {
           panel[p][j] = row[col0 + p];
+        }
+      }
+    }
+  }
+
+  /**
+   * A row-major matrix in a direct buffer, rows {@code ld} apart, or ({@code transposed}) its
+   * transpose: element (i, j) is {@code buf[(row0 + i) * ld + col0 + j]}, transposed {@code
+   * buf[(row0 + j) * ld + col0 + i]}. The convolutions build their im2col matrices so where the
+   * native SGEMM can read them in place ({@link Blas.Gemm#columns}).
+   */
+  record Direct(FloatBuffer buf, int ld, int row0, int col0, boolean transposed) implements Right {
+    @Override
+    public Direct from(int i, int j) {
+      return transposed
+          ? new Direct(buf, ld, row0 + j, col0 + i, true)
+          : new Direct(buf, ld, row0 + i, col0 + j, false);
+    }
+
+    @Override
+    public void copy(float[][] panel, int depth, int w) {
+      for (int p = 0; p < depth; p++) {
+        if (!transposed) {
+          buf.get((row0 + p) * ld + col0, panel[p], 0, w);
+        } else {
+          for (int j = 0; j < w; j++) {
+            panel[p][j] = buf.get((row0 + j) * ld + col0 + p);
+          }
         }
       }
     }

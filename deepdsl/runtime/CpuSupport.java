@@ -58,6 +58,8 @@ final class CpuSupport {
     float[][] rows = new float[0][0];
     float[] products = new float[0];
     float[] partials = new float[0];
+    /** One im2col row on its way into a direct buffer ({@link CpuConvolution#im2col}). */
+    float[] line = new float[0];
   }
 
   static final ThreadLocal<Scratch> SCRATCH = ThreadLocal.withInitial(Scratch::new);

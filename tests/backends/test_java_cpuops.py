@@ -328,3 +328,27 @@ def test_cpuops_has_one_public_method_per_op() -> None:
     methods = set(re.findall(r"public static void (\w+)\(\s*Buf out", source))
     called = {n for n, o in REGISTRY.items() if o.java is not None and o.java.called}  # bn_train_apply
     assert methods == {n for n, o in REGISTRY.items() if o.index_form is None} - NOT_CPUOPS | called
+
+
+@pytest.mark.parametrize("blas", ["java", "openblas"])
+def test_gemm_reads_a_direct_buffer_operand(blas: str, tmp_path: Path) -> None:
+    """CpuGemm.gemm with B in a direct buffer (the im2col columns OpenBLAS reads in place), as stored and
+    transposed, from an inner element, on either SGEMM, against float64 loops (tests/backends/java/GemmCheck.java)."""
+    check = ROOT / "tests" / "backends" / "java" / "GemmCheck.java"
+    built = subprocess.run(
+        ["javac", "-sourcepath", str(ROOT), "-d", str(tmp_path), str(check)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stderr
+    cp = str(tmp_path) if blas == "java" else f"{tmp_path}:{openblas_classpath()}"
+    ran = subprocess.run(
+        ["java", "-cp", cp, "deepdsl.runtime.GemmCheck", blas],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.split("\n")[:2] == ["OpenBLAS 0.3.31" if blas == "openblas" else "Java SGEMM", "ok"]
