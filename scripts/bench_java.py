@@ -14,8 +14,9 @@ PyTorch are timed as in scripts/bench_runner.py (median step after one warm-up s
 number of threads (-XX:ActiveProcessorCount for Java). PyTorch is skipped where it is not importable.
 
 The three are measured `--runs` times in turn and each figure is the median of its runs, with the range of the
-runs beside it; the load average before and after says how busy the machine was (other jobs skew the figures,
-the more so with more threads).
+runs beside it, and each run's Java figure over the PyTorch figure measured right after it (a neighbour's load
+slows both of a pair); the load average before and after says how busy the machine was (other jobs skew the
+figures, the more so with more threads).
 """
 
 from __future__ import annotations
@@ -119,6 +120,9 @@ def bench(network: str, blases: list[str], args: argparse.Namespace) -> None:
     torch_m = statistics.median(torch_s) if torch_s else None
     for blas in blases:
         ratio = f"   java/torch = {medians[blas] / torch_m:.2f}" if torch_m else ""
+        if torch_m and len(torch_s) > 1:  # each run's Java against the PyTorch run after it: a slow spell slows both
+            paired = [j / t for j, t in zip(java_s[blas], torch_s, strict=True)]
+            ratio += f" (run by run {' '.join(f'{r:.2f}' for r in paired)})"
         print(f"  Java, {'OpenBLAS' if blas == 'openblas' else 'Java SGEMM':<10} {figure(java_s[blas])}{ratio}")
     if len(blases) == 2:
         print(f"  OpenBLAS / Java SGEMM = {medians['openblas'] / medians['java']:.2f}")
