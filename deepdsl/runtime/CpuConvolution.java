@@ -179,16 +179,7 @@ final class CpuConvolution {
               gemmParallel(fg, width, kg, weights, columns, products, false);
             }
             if (batch > 1) {
-              for (int b = 0; b < batch; b++) {
-                for (int f = 0; f < s.f; f++) {
-                  System.arraycopy(
-                      prod,
-                      f * width + b * pixels,
-                      out.a,
-                      out.off + ((n0 + b) * s.f + f) * pixels,
-                      pixels);
-                }
-              }
+              scatterPlanes(s.f, pixels, batch, prod, out.a, out.off + n0 * s.f * pixels);
             }
             n0 += batch;
           }
@@ -278,12 +269,7 @@ final class CpuConvolution {
       gemmParallel(kg, width, fg, weights, grads, planes, false);
     }
     if (batch > 1) {
-      for (int b = 0; b < batch; b++) {
-        for (int ch = 0; ch < s.c; ch++) {
-          int to = out.off + (n0 + b) * s.image() + ch * pixels;
-          System.arraycopy(prod, ch * width + b * pixels, out.a, to, pixels);
-        }
-      }
+      scatterPlanes(s.c, pixels, batch, prod, out.a, out.off + n0 * s.image());
     }
   }
 
@@ -454,18 +440,47 @@ final class CpuConvolution {
 
   /**
    * The output-gradient planes of images n0 .. n0 + batch - 1 side by side: grad[f, b * OH*OW +
-   * pixel] = g[n0 + b, f, pixel].
+   * pixel] = g[n0 + b, f, pixel], the channels on the threads.
    */
   static void gatherPlanes(
       ConvShape s, float[] g, int gOff, int n0, int batch, float[] grad) {
     int pixels = s.pixels();
     int width = batch * pixels;
-    for (int b = 0; b < batch; b++) {
-      for (int f = 0; f < s.f; f++) {
-        System.arraycopy(
-            g, gOff + ((n0 + b) * s.f + f) * pixels, grad, f * width + b * pixels, pixels);
-      }
-    }
+    int first = gOff + n0 * s.f * pixels;
+    parallel(
+        s.f,
+        workers(s.f, (long) width),
+        1,
+        (piece, lo, hi) -> {
+          for (int f = lo; f < hi; f++) {
+            for (int b = 0; b < batch; b++) {
+              System.arraycopy(
+                  g, first + (b * s.f + f) * pixels, grad, f * width + b * pixels, pixels);
+            }
+          }
+        });
+  }
+
+  /**
+   * The inverse of {@link #gatherPlanes}: the {@code channels} planes of {@code batch} images from
+   * {@code to[first]} = the product's rows, prod[ch, b * pixels + p] (the images side by side), the
+   * channels on the threads (one thread copying a convolution's whole output left the other idle).
+   */
+  static void scatterPlanes(
+      int channels, int pixels, int batch, float[] prod, float[] to, int first) {
+    int width = batch * pixels;
+    parallel(
+        channels,
+        workers(channels, (long) width),
+        1,
+        (piece, lo, hi) -> {
+          for (int ch = lo; ch < hi; ch++) {
+            for (int b = 0; b < batch; b++) {
+              System.arraycopy(
+                  prod, ch * width + b * pixels, to, first + (b * channels + ch) * pixels, pixels);
+            }
+          }
+        });
   }
 
   /**

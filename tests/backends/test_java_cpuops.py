@@ -124,6 +124,11 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
         (4, 3, 6, 5, 4, 3, 5, 3, (1, 1), (2, 1), 1),
         (4, 4, 4, 4, 4, 2, 3, 3, (1, 1), (1, 1), 2),
         (8, 64, 4, 4, 8, 64, 3, 3, (1, 1), (1, 1), 1),
+        # pointwise, eight images per product, enough channels that the threads split the copies of the output
+        # planes out of the product (forward: 256 filters; data gradient: 256 input channels) and the gathering
+        # of the gradient planes into one (filter gradient)
+        (8, 16, 4, 4, 256, 16, 1, 1, (1, 1), (0, 0), 1),
+        (8, 256, 4, 4, 16, 256, 1, 1, (1, 1), (0, 0), 1),
     ]:
         conv = {"stride": stride, "pad": pad, "groups": groups}
         x, wt = _f(n, c, h, w), _f(f, cg, kh, kw)
