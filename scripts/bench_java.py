@@ -9,7 +9,8 @@ and OpenBLAS, whose jars it takes from $DEEPDSL_JCUDA_JARS or .ci/jcuda/lib, as 
 comes from the program's `--json` (`step_seconds`: the step alone, data loading excluded), and the median of the
 measured steps is the Java figure. The warm-up steps are left out because the JIT is still compiling then: LeNet's steps
 reach their steady speed only after some 30 steps (a training run takes thousands), so its warm-up defaults
-to 40 (ResNet-50's, whose steps are long, to 8). The NumPy runner and
+to 40; ResNet-50's to 24 (on two threads at `b180079` its steps 9-16 took 163-199 ms and every step from the
+20th 161-174 ms). The NumPy runner and
 PyTorch are timed as in scripts/bench_runner.py (median step after one warm-up step), all with the same
 number of threads (-XX:ActiveProcessorCount for Java). PyTorch is skipped where it is not importable.
 
@@ -44,7 +45,7 @@ from deepdsl import api  # noqa: E402
 # network: (class, sizes, warm-up steps, measured steps)
 NETWORKS = {
     "lenet": ("LeNet", {"N": 64}, 40, 20),
-    "resnet50": ("ResNet50", {"N": 8, "H": 64, "W": 64}, 8, 8),
+    "resnet50": ("ResNet50", {"N": 8, "H": 64, "W": 64}, 24, 8),
 }
 
 
