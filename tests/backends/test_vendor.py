@@ -467,10 +467,24 @@ train { data = synthetic(seed=2) optimizer = sgd(lr=0.05, momentum=0.9) iteratio
 """
 
 
+# batch norm standing alone in training: a pooling after it, which no loop takes in
+BATCH_NORMED = """network BatchNormed
+const N = 4
+input x : [N, 3, 6, 6]
+label y : [N] classes 10
+layer cv = conv(5, kernel=3, pad=1)
+layer fc = full(10)
+net = fc o flatten o relu o max_pool(2, stride=2) o batch_norm o cv
+loss = softmax_cross_entropy(net(x), y)
+predict = net(x)
+train { data = synthetic(seed=3) optimizer = sgd(lr=0.05, momentum=0.9) iterations = 3 seed = 5 }
+"""
+
+
 def _build(case: str) -> api.Build:
     if case in ("mlp", "lenet"):
         return api.build(api.compile_file(ROOT / "networks" / f"{case}.ddsl", {"N": 4}).program)
-    source = {"tiny": TINY, "pooled": POOLED, "normed": NORMED}.get(case, SMALL)
+    source = {"tiny": TINY, "pooled": POOLED, "normed": NORMED, "batch_normed": BATCH_NORMED}.get(case, SMALL)
     return api.build(api.compile_source(source, f"{case}.ddsl", {}).program)
 
 
@@ -478,6 +492,14 @@ def _fake_calls(folder: Path) -> tuple[int, int]:
     """(GEMMs, cuDNN calls) the stand-ins have computed in this process."""
     cublas, cudnn = (ctypes.CDLL(str(folder / name)) for name in ("libcublas.so.12", "libcudnn.so.9"))
     return int(cublas.fake_cublas_calls()), int(cudnn.fake_cudnn_calls())
+
+
+def _vendor_runner(build: api.Build, folder: Path, cublas_folder: Path, infer: bool = True) -> gpu_runner.GpuRunner:
+    """A GPU runner of `build` (its inference plan too where `infer`) on the emulated driver in `folder` and the
+    stand-in libraries, its parameters zeros: for what `calls` says went where."""
+    arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
+    driver = EmulatedDriver(folder, vendor=open_vendor("vendor", [cublas_folder]))
+    return gpu_runner.GpuRunner(driver, build.train_plan, build.infer_plan if infer else None, arrays)
 
 
 def _agrees(case: str, kernels: str, folder: Path, cublas_folder: Path) -> None:
@@ -511,31 +533,12 @@ def test_the_runner_with_cublas_agrees_with_numpy(kernels: str, tmp_path: Path, 
     _agrees("tiny", kernels, tmp_path, cublas_folder)
 
 
-BATCH_NORMED = """network BatchNormed
-const N = 4
-input x : [N, 3, 6, 6]
-label y : [N] classes 10
-layer cv = conv(5, kernel=3, pad=1)
-layer fc = full(10)
-net = fc o flatten o relu o max_pool(2, stride=2) o batch_norm o cv
-loss = softmax_cross_entropy(net(x), y)
-predict = net(x)
-train { data = synthetic(seed=3) optimizer = sgd(lr=0.05, momentum=0.9) iterations = 3 seed = 5 }
-"""
-
-
 def test_the_runner_with_cudnn_batch_norm_agrees_with_numpy(tmp_path: Path, cublas_folder: Path) -> None:
     """Batch norm standing alone in training (a pooling after it, which no loop takes in): its apply and its gradient
     through the stand-in cuDNN, the NumPy runner's losses and test figures."""
-    build = api.build(api.compile_source(BATCH_NORMED, "bn.ddsl", {}).program)
-    want = run_training(build, iters=3, data_flag="synthetic", device="cpu")
-    driver = EmulatedDriver(tmp_path, vendor=open_vendor("vendor", [cublas_folder]))
-    got = run_training(build, iters=3, data_flag="synthetic", driver=driver)
-    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4, atol=1e-6)
-    assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
-    arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
-    runner = gpu_runner.GpuRunner(EmulatedDriver(tmp_path / "calls", vendor=open_vendor("vendor", [cublas_folder])),
-                                  build.train_plan, build.infer_plan, arrays)  # fmt: skip
+    _agrees("batch_normed", "vendor", tmp_path, cublas_folder)
+    build = _build("batch_normed")
+    runner = _vendor_runner(build, tmp_path / "calls", cublas_folder)
     served = {x.op: b.what for x, _, b in runner.calls["train"] if b is not None}
     assert served["bn_train_apply"] == "cudnnBatchNormalizationForwardInference"
     assert served["bn_train_backward"] == "cudnnBatchNormalizationBackward"
@@ -550,9 +553,7 @@ def test_the_runner_with_cudnn_gradients_and_pooling_agrees_with_numpy(tmp_path:
     their gradients through the stand-in cuDNN: the NumPy runner's losses and test figures."""
     _agrees("pooled", "vendor", tmp_path, cublas_folder)
     build = _build("pooled")
-    arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
-    runner = gpu_runner.GpuRunner(EmulatedDriver(tmp_path / "calls", vendor=open_vendor("vendor", [cublas_folder])),
-                                  build.train_plan, None, arrays)  # fmt: skip
+    runner = _vendor_runner(build, tmp_path / "calls", cublas_folder, infer=False)
     served = {x.op for x, _, b in runner.calls["train"] if b is not None}
     assert {"conv2d", "conv2d_backward_data", "conv2d_backward_filter", "channel_sum", "max_pool2d",
             "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward"} <= served  # fmt: skip
@@ -565,9 +566,7 @@ def test_the_runner_with_cudnn_softmax_and_lrn_agrees_with_numpy(tmp_path: Path,
     runner's losses and test figures."""
     _agrees("normed", "vendor", tmp_path, cublas_folder)
     build = _build("normed")
-    arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
-    runner = gpu_runner.GpuRunner(EmulatedDriver(tmp_path / "calls", vendor=open_vendor("vendor", [cublas_folder])),
-                                  build.train_plan, build.infer_plan, arrays)  # fmt: skip
+    runner = _vendor_runner(build, tmp_path / "calls", cublas_folder)
     served = {x.op for x, _, b in runner.calls["train"] if b is not None}
     assert {"lrn", "lrn_backward", "softmax", "softmax_backward"} <= served
     assert "log_softmax" in {x.op for x, _, b in runner.calls["infer"] if b is not None}
@@ -615,9 +614,7 @@ def test_which_launches_go_to_the_vendor_libraries(tmp_path: Path, cublas_folder
     each (none under --workspace-limit 0: then an algorithm without scratch), pooling and its gradient and the bias
     gradients as cuDNN's, the rest (the epilogues, the loss, relu's gradient, the updates) as our kernels."""
     build = api.build(api.compile_source(TINY, "tiny.ddsl", {}).program, api.Options(workspace_limit=limit))
-    arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
-    runner = gpu_runner.GpuRunner(EmulatedDriver(tmp_path, vendor=open_vendor("vendor", [cublas_folder])),
-                                  build.train_plan, build.infer_plan, arrays)  # fmt: skip
+    runner = _vendor_runner(build, tmp_path, cublas_folder)
     served = {x.op: b.what for x, _, b in runner.calls["train"] if b is not None}
     ops = sorted(x.op for x, _, b in runner.calls["train"] if b is not None)
     # forward; dW of cv, dx and dW of fc1 and fc2; the pooling and its gradient; the bias gradients of cv, fc1, fc2
@@ -668,9 +665,7 @@ def test_an_algorithm_wanting_more_than_the_plan_gave_takes_the_shared_scratch(
     build = api.build(api.compile_source(ONE_BY_ONE, "one.ddsl", {}).program, api.Options(workspace_limit=limit))
     conv = next(s.out.name for s in build.train_plan.graph.stmts if s.op == "conv2d")
     assert conv not in build.train_plan.workspace
-    arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
-    runner = gpu_runner.GpuRunner(EmulatedDriver(tmp_path / "r", vendor=open_vendor("vendor", [cublas_folder])),
-                                  build.train_plan, build.infer_plan, arrays)  # fmt: skip
+    runner = _vendor_runner(build, tmp_path / "r", cublas_folder)
     served = {x.op: b for x, _, b in runner.calls["train"] if b is not None}
     if limit is None:
         assert served["conv2d"].what == "cudnnConvolutionForward IMPLICIT_PRECOMP_GEMM" and served["conv2d"].scratch
