@@ -996,7 +996,7 @@ public final class CudaDevice implements Device {
       return false;
     }
     double e = Rng.shortestDecimal(eps);
-    String key = key(backward ? "batch_norm backward" : "batch_norm", x.shape);
+    String key = key("batch_norm", x.shape);
     return dnn(key, backward, () -> dnn.ops.batchNorm(x.shape), o -> call.accept(o, e));
   }
 
@@ -1027,17 +1027,18 @@ public final class CudaDevice implements Device {
   public void bnTrainBackward(
       Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps) {
     int channels = x.shape[1];
-    if (dnn != null && eps >= BN_MIN_EPSILON && !capturing) {
-      scratchOf(8L * channels); // the scale's and shift's gradients, which cuDNN makes too
-    }
     if (!dnnBatchNorm(
         x,
         true,
         eps,
-        (o, e) ->
-            dnn.ops.batchNormBackward(
-                o, address(out), address(x), address(g), address(gamma),
-                ((DevicePointer) scratch).address(), channels, e))) {
+        (o, e) -> {
+          // the scale's and shift's gradients, which cuDNN makes too: grown at the call's first use,
+          // which is never captured
+          scratchOf(8L * channels);
+          dnn.ops.batchNormBackward(
+              o, address(out), address(x), address(g), address(gamma),
+              ((DevicePointer) scratch).address(), channels, e);
+        })) {
       perChannel(
           "dd_k_bn_train_backward", new Buf[] {out, x, g, mean, var, gamma, gammaGrad, betaGrad}, eps);
     }
