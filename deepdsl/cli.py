@@ -434,10 +434,9 @@ def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, loa
     assert c.program is not None
     _warnings(c)
     report = None if as_json else lambda line: click.echo(line)
-    result = running.predict(
-        api.build(c.program, options), load_path, output, data_flag, device, report, kernels=kernels,
-        replace_readonly=replace_readonly,
-    )
+    build = api.build(c.program, options)
+    result = running.predict(build, load_path, output, data_flag, device, report, kernels=kernels,
+                             replace_readonly=replace_readonly)  # fmt: skip
     if as_json:
         click.echo(json.dumps(result))
 
@@ -610,8 +609,8 @@ def export(c: api.Compilation, file: str, sets: dict, options: api.Options, outp
     """Export the inference program (predict) of FILE as an ONNX model, parameters and state as initialisers."""
     from deepdsl import interop
 
-    for line in interop.export_onnx(c, file, sets, load_path, output, opset or interop.DEFAULT_OPSET,
-                                    replace_readonly):
+    opset = opset or interop.DEFAULT_OPSET
+    for line in interop.export_onnx(c, file, sets, load_path, output, opset, replace_readonly):
         click.echo(line)
 
 

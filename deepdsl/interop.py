@@ -73,7 +73,7 @@ def initial_arrays(program: Program, seed: int | None = None) -> dict[str, np.nd
 def export_onnx(
     c: api.Compilation, file: str, sets: dict[str, int | float], load: str | None, output: str, opset: int,
     replace_readonly: bool = False,
-) -> list[str]:
+) -> list[str]:  # fmt: skip
     """Write the inference program of `file` as ONNX to `output`, with the parameters of `load` or the initial
     ones."""
     _check_target(output, "the ONNX model", replace_readonly)

@@ -409,7 +409,7 @@ def test_compile_refuses_a_planted_link_to_a_folder(tmp_path: Path, cli, where: 
 # ---- the parser-table cache: a pickle, so loaded only when no one else could have written it (issue 36) ----
 
 GRAMMAR = parser.grammar_path().read_text()
-SOURCE = "network T\ninput x : [4, 3]\nlabel y : [4] classes 2\nlayer fc = full(2)\nloss = softmax_cross_entropy(fc(x), y)\n"
+SOURCE = NET.replace("Tiny", "T")
 
 
 class _Payload:
@@ -587,9 +587,7 @@ def test_a_name_too_long_for_its_temporary_file_is_refused_before_training(tmp_p
     assert "iter 1" not in r.output and "its temporary file would be" in r.output, r.output
 
 
-def test_import_writes_the_network_only_with_its_weights(
-    tmp_path: Path, cli, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
-) -> None:
+def test_import_writes_the_network_only_with_its_weights(tmp_path: Path, cli, monkeypatch) -> None:  # noqa: ANN001
     args, _ = writer(tmp_path, cli, "import --params")
     (tmp_path / "out" / "p.npz").mkdir()  # the weights cannot go there
     r = cli(*args)
