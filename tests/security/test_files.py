@@ -603,3 +603,38 @@ def test_import_writes_the_network_only_with_its_weights(tmp_path: Path, cli, mo
     r = cli(*args)
     assert r.exit_code == 1 and "No space left on device" in r.output, r.output
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [] and not (tmp_path / "i.ddsl").exists()
+
+
+@pytest.mark.java
+@needs_javac
+def test_the_java_program_refuses_links_and_read_only_files_unless_asked(programs: Path, tmp_path: Path) -> None:
+    """The same rules in the generated program's --save and --predict (Npz.write), checked before it trains."""
+    quick = ["--iters", "1", "--data", "synthetic"]
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (tmp_path / "link.npz").symlink_to(victim)
+    j = run_java(programs, "NewlinePoc", *quick, "--save", str(tmp_path / "link.npz"))
+    assert j.returncode == 1 and f"'{tmp_path / 'link.npz'}' is a symbolic link" in j.stderr, j.stderr
+    assert "iter 1/" not in j.stdout and victim.read_bytes() == b"precious"
+    ro = tmp_path / "ro.npz"
+    ro.write_bytes(b"old")
+    os.chmod(ro, 0o444)
+    for args in ([*quick, "--save", str(ro)], ["--predict", str(ro), "--load", str(victim), "--data", "synthetic"]):
+        j = run_java(programs, "NewlinePoc", *args)
+        assert j.returncode == 1, j.stderr
+        assert f"'{ro}' is read-only (mode 0444); --replace-readonly replaces it" in j.stderr, j.stderr
+        assert "iter 1/" not in j.stdout and ro.read_bytes() == b"old"
+    j = run_java(programs, "NewlinePoc", *quick, "--save", str(ro), "--replace-readonly")
+    assert j.returncode == 0, j.stderr
+    assert int(read_npz(str(ro), "parameter file")["opt/iteration"]) == 1
+    assert stat.S_IMODE(os.lstat(ro).st_mode) == 0o444  # its mode kept
+    # `.NAME.PID.RANDOM.deepdsl-tmp`: 23 bytes and the PID's digits more than NAME, counted before training
+    digits = (
+        len(Path("/proc/sys/kernel/pid_max").read_text().strip()) if Path("/proc/sys/kernel/pid_max").exists() else 7
+    )
+    room = 255 - 23 - digits
+    j = run_java(programs, "NewlinePoc", *quick, "--save", str(tmp_path / ("p" * (room - 4) + ".npz")))
+    assert j.returncode == 0, j.stderr
+    j = run_java(programs, "NewlinePoc", *quick, "--save", str(tmp_path / ("p" * 246 + ".npz")))
+    assert j.returncode == 1 and "its temporary file would be" in j.stderr, j.stderr
+    assert "iter 1/" not in j.stdout
