@@ -629,9 +629,8 @@ def test_the_java_program_refuses_links_and_read_only_files_unless_asked(program
     assert int(read_npz(str(ro), "parameter file")["opt/iteration"]) == 1
     assert stat.S_IMODE(os.lstat(ro).st_mode) == 0o444  # its mode kept
     # `.NAME.PID.RANDOM.deepdsl-tmp`: 23 bytes and the PID's digits more than NAME, counted before training
-    digits = (
-        len(Path("/proc/sys/kernel/pid_max").read_text().strip()) if Path("/proc/sys/kernel/pid_max").exists() else 7
-    )
+    pid_max = Path("/proc/sys/kernel/pid_max")
+    digits = len(pid_max.read_text().strip()) if pid_max.exists() else 7
     room = 255 - 23 - digits
     j = run_java(programs, "NewlinePoc", *quick, "--save", str(tmp_path / ("p" * (room - 4) + ".npz")))
     assert j.returncode == 0, j.stderr
