@@ -466,6 +466,33 @@ def test_a_cache_file_not_ours_alone_is_never_unpickled(tmp_path: Path, how: str
         assert planted.read_bytes() == pickle.dumps(_Payload(marker))
 
 
+def test_a_cache_file_flipped_to_a_link_after_the_checks_is_not_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The audit's race: the tables file replaced by a link to another pickle between the checks and the open
+    (here right after the first stat of the folder or the file). Checking the opened descriptors closes it."""
+    tables, marker = plant(tmp_path, "nothing")
+    parser.load_or_build(GRAMMAR, tables)  # good tables, ours alone
+    evil = tmp_path / "evil.lark"
+    evil.write_bytes(pickle.dumps(_Payload(marker)))
+    os.chmod(evil, 0o600)
+    real, flipped = os.stat, []
+
+    def flipping(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        st = real(path, *args, **kwargs)
+        if not flipped and str(path) in (str(tables.parent), tables.name):
+            flipped.append(path)
+            tables.unlink()
+            tables.symlink_to(evil)
+        return st
+
+    monkeypatch.setattr(os, "stat", flipping)
+    p = parser.load_or_build(GRAMMAR, tables)
+    monkeypatch.undo()
+    assert flipped and not marker.exists(), "the pickle the link names was loaded"
+    assert p.parse(SOURCE).data == "start" and tables.is_symlink()
+
+
 def test_a_fifo_at_the_cache_path_hangs_no_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache = private_cache(tmp_path)
     monkeypatch.setenv("DEEPDSL_CACHE", str(cache))
