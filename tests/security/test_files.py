@@ -7,6 +7,12 @@ JVM run with a small heap (so reading what a header merely claims would fail the
 headers claiming 1e9 and 1e11 elements, a gzip MNIST file that inflates far beyond its header's size, and a step
 counter of 2^62. Writing: a FIFO, directory or device at the target, a symbolic link, the old file's mode and the
 umask, a temporary file left by a killed process; `compile` with links planted in its output folder.
+
+Issue 36: the parser-table cache (a pickle) is never loaded from a file others could write, another uid's file, a
+link (also one flipped in after the checks), a linked folder, and a FIFO there hangs nothing; every command that
+writes a file (run --save, the train block's save, predict, memcheck --plot, import -o/--params, export, compile,
+and the Java program's --save/--predict) refuses a link and a read-only file unless --replace-readonly, checks the
+temporary name's length before it trains, and `import` writes the network and its weights both or neither.
 """
 
 from __future__ import annotations
