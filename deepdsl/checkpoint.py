@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import zipfile
 from collections.abc import Mapping
+from typing import BinaryIO
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from .errors import DslProgramError
 from .files import atomic_output, check_replaceable
 from .npzfile import read_npz
 
-__all__ = ["is_optimizer_state", "load_npz", "save_npz"]
+__all__ = ["check_names", "check_writable", "is_optimizer_state", "load_npz", "save_npz", "write_npz"]
 
 
 def is_optimizer_state(name: str) -> bool:
@@ -34,29 +35,39 @@ def is_optimizer_state(name: str) -> bool:
     return "/" in name
 
 
-def check_writable(path: str | os.PathLike[str]) -> None:
+def check_writable(path: str | os.PathLike[str], *, replace_readonly: bool = False) -> None:
     """Whether `save_npz` could write `path` (files.check_replaceable): `run` checks its --save before it
     trains."""
     try:
-        check_replaceable(path, follow_symlinks=True)
+        check_replaceable(path, replace_readonly=replace_readonly)
     except OSError as e:
         raise DslProgramError(f"cannot write parameter file '{os.fspath(path)}': {e.strerror or e}") from None
 
 
-def save_npz(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray]) -> None:
-    """Write `arrays` to `path` (used as given, no suffix added) atomically: only a regular file is replaced, a
-    symbolic link is written through, the old file's mode is kept (files.py)."""
-    path = os.fspath(path)
+def check_names(path: str, arrays: Mapping[str, np.ndarray]) -> None:
+    """A name NumPy could not give back (empty, starting or ending with a slash, holding a backslash) is an error."""
     for name in arrays:
         if not name or name.startswith("/") or "\\" in name or name.endswith("/"):
             raise DslProgramError(f"cannot save an array under the name {name!r} in '{path}'")
-    check_writable(path)
+
+
+def write_npz(f: BinaryIO, arrays: Mapping[str, np.ndarray]) -> None:
+    """The archive of `arrays` written to the open file `f` (what `save_npz` puts in its temporary file)."""
+    with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, value in arrays.items():
+            with zf.open(name + ".npy", "w", force_zip64=True) as entry:
+                np.lib.format.write_array(entry, np.asanyarray(value), allow_pickle=False)
+
+
+def save_npz(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray], *, replace_readonly: bool = False) -> None:
+    """Write `arrays` to `path` (used as given, no suffix added) atomically: only a regular file is replaced, never
+    a symbolic link, a read-only file only with `replace_readonly`; the old file's mode is kept (files.py)."""
+    path = os.fspath(path)
+    check_names(path, arrays)
+    check_writable(path, replace_readonly=replace_readonly)
     try:
-        with atomic_output(path, follow_symlinks=True) as f:
-            with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-                for name, value in arrays.items():
-                    with zf.open(name + ".npy", "w", force_zip64=True) as entry:
-                        np.lib.format.write_array(entry, np.asanyarray(value), allow_pickle=False)
+        with atomic_output(path, replace_readonly=replace_readonly) as f:
+            write_npz(f, arrays)
     except OSError as e:
         raise DslProgramError(f"cannot write parameter file '{path}': {e.strerror or e}") from None
 

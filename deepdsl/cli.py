@@ -107,6 +107,11 @@ def _file_name(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
+REPLACE_READONLY = click.option(
+    "--replace-readonly", "replace_readonly", is_flag=True,
+    help="Replace a read-only file at a path this command writes (refused otherwise). A symbolic link there is "
+    "always refused: deepdsl never writes through a link (docs/formats.md).",
+)  # fmt: skip
 WORKSPACE_LIMIT = click.option(
     "--workspace-limit", "workspace_limit", metavar="SIZE", default=None, callback=_parse_limit,
     help="The most scratch one statement's kernel may take (e.g. 64MiB; 0: none): larger needs use a kernel "
@@ -245,10 +250,12 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
     callback=_plot_path,
     help="Also draw live memory over the schedule, peak marked, into FILE (.png/.svg/.pdf; needs matplotlib).",
 )
+@REPLACE_READONLY
 @WORKSPACE_LIMIT
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
 def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gpu_mem: str | None, table: str,
-             plot_path: str | None, workspace_limit: int | None, as_json: bool) -> None:  # fmt: skip
+             plot_path: str | None, replace_readonly: bool, workspace_limit: int | None,
+             as_json: bool) -> None:  # fmt: skip
     """The static memory plan of one training step of FILE: what is allocated, freed and live, and the peak."""
     options = dataclasses.replace(options, workspace_limit=workspace_limit)
     from deepdsl.memory.report import (
@@ -261,6 +268,14 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
         report,
     )
 
+    if plot_path is not None:  # before the work
+        from deepdsl.files import check_replaceable
+
+        try:
+            check_replaceable(plot_path, replace_readonly=replace_readonly)
+        except OSError as exc:
+            click.echo(f"error: cannot write the plot {plot_path!r}: {exc.strerror or exc}", err=True)
+            sys.exit(EXIT_USER)
     budget = None
     if gpu_mem is not None:
         try:
@@ -285,7 +300,7 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
                                            known=known)  # fmt: skip
     if plot_path is not None:
         try:
-            plot(b.train_plan, r, plot_path)
+            plot(b.train_plan, r, plot_path, replace_readonly)
         except MissingDependency as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_USER)
@@ -340,6 +355,7 @@ TRAINED = click.option(
               help="Start from this .npz file.")  # fmt: skip
 @click.option("--save", "save_path", type=click.Path(dir_okay=False), default=None, callback=_file_name,
               help="Write the final state here.")  # fmt: skip
+@REPLACE_READONLY
 @DEVICE
 @KERNELS
 @click.option("--seed", type=int, default=None, help="Override the train block's seed.")
@@ -350,8 +366,8 @@ TRAINED = click.option(
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
 def run(
     c: api.Compilation, file: str, sets: dict, options: api.Options, iters: int | None, data_flag: str | None,
-    load_path: str | None, save_path: str | None, device: str, kernels: str, seed: int | None, double: bool,
-    workspace_limit: int | None, graphs: bool, as_json: bool,
+    load_path: str | None, save_path: str | None, replace_readonly: bool, device: str, kernels: str,
+    seed: int | None, double: bool, workspace_limit: int | None, graphs: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Train FILE for a few iterations with the reference runner and report the losses."""
     options = dataclasses.replace(options, workspace_limit=workspace_limit)
@@ -363,7 +379,7 @@ def run(
     report = None if as_json else lambda line: click.echo(line)
     result = running.run_training(
         api.build(c.program, options, seed), iters=iters, data_flag=data_flag, load=load_path, save=save_path,
-        device=device, double=double, report=report, kernels=kernels, graphs=graphs,
+        device=device, double=double, report=report, kernels=kernels, graphs=graphs, replace_readonly=replace_readonly,
     )  # fmt: skip
     if as_json:
         click.echo(json.dumps(result))
@@ -405,11 +421,12 @@ def eval_(c: api.Compilation, file: str, sets: dict, options: api.Options, load_
 )
 @click.option("-o", "output", type=click.Path(dir_okay=False), required=True, callback=_file_name,
               help="Where to write the predictions (.npz, the array `predict`).")  # fmt: skip
+@REPLACE_READONLY
 @DEVICE
 @KERNELS
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
 def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, load_path: str, data_flag: str | None,
-            output: str, device: str, kernels: str, as_json: bool) -> None:  # fmt: skip
+            output: str, replace_readonly: bool, device: str, kernels: str, as_json: bool) -> None:  # fmt: skip
     """`predict` of FILE with the parameters of --load for every sample of --data, written to -o."""
     from deepdsl import running
 
@@ -417,9 +434,9 @@ def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, loa
     assert c.program is not None
     _warnings(c)
     report = None if as_json else lambda line: click.echo(line)
-    result = running.predict(
-        api.build(c.program, options), load_path, output, data_flag, device, report, kernels=kernels
-    )
+    build = api.build(c.program, options)
+    result = running.predict(build, load_path, output, data_flag, device, report, kernels=kernels,
+                             replace_readonly=replace_readonly)  # fmt: skip
     if as_json:
         click.echo(json.dumps(result))
 
@@ -445,8 +462,9 @@ def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, loa
 )
 @click.option("--arch", "archs", metavar="SM,...", default="sm_90,sm_80", show_default=True,
               help="The GPU architectures --ptx compiles for.")  # fmt: skip
+@REPLACE_READONLY
 def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str | None, maven: str | None,
-             workspace_limit: int | None, ptx: bool, archs: str) -> None:  # fmt: skip
+             workspace_limit: int | None, ptx: bool, archs: str, replace_readonly: bool) -> None:  # fmt: skip
     """Compile FILE to a Java training program (one readable class plus the runtime it needs)."""
     from pathlib import Path
 
@@ -487,18 +505,18 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
                                      f"{', '.join(known or ())}", param_hint="--arch")  # fmt: skip
         modules = {arch: cuda.ptx(prog.cuda, arch, f"{name}.cu") for arch in wanted}
     if folder is not None:
-        java.write_sources(folder, prog)
+        java.write_sources(folder, prog, replace_readonly=replace_readonly)
         click.echo(f"wrote {folder / (name + '.java')}, {folder / (name + '.cu')} and the runtime under "
                    f"{folder / 'deepdsl' / 'runtime'}")  # fmt: skip
-        for path in java.write_ptx(folder, name, modules):
+        for path in java.write_ptx(folder, name, modules, replace_readonly):
             click.echo(f"wrote {path}")
         if not modules:
             click.echo(f"no PTX (--ptx writes it): the CUDA device compiles {name}.cu with NVRTC when it starts")
         for line in java.build_commands(folder, name):
             click.echo(f"  {line}")
     if maven is not None:
-        resources = java.write_maven(Path(maven), prog)
-        java.write_ptx(resources, name, modules)
+        resources = java.write_maven(Path(maven), prog, replace_readonly)
+        java.write_ptx(resources, name, modules, replace_readonly)
         click.echo(f"wrote the Maven project {maven}: cd {maven} && mvn -q package && java -jar target/"
                    f"{name.lower()}-1.0.jar")  # fmt: skip
 
@@ -539,10 +557,10 @@ def data_(name: str, directory: str, base_url: str | None) -> None:
 
 
 def _import(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str, params: str | None,
-            batch: int | None, no_loss: bool) -> None:  # fmt: skip
+            batch: int | None, no_loss: bool, replace_readonly: bool) -> None:  # fmt: skip
     from deepdsl import interop
 
-    for line in interop.import_onnx(file, output, params, batch, not no_loss):
+    for line in interop.import_onnx(file, output, params, batch, not no_loss, replace_readonly):
         click.echo(line)
 
 
@@ -563,10 +581,13 @@ def _import(c: api.Compilation, file: str, sets: dict, options: api.Options, out
 @click.option("--no-loss", "no_loss", is_flag=True,
               help="No label and classification loss: the output may have any shape (a regression loss against "
                    "an input `target` stands in, as the language needs a loss).")  # fmt: skip
-def import_(model: str, output: str, params: str | None, batch: int | None, no_loss: bool) -> None:
+@REPLACE_READONLY
+def import_(model: str, output: str, params: str | None, batch: int | None, no_loss: bool,
+            replace_readonly: bool) -> None:  # fmt: skip
     """Import the ONNX model MODEL as a readable .ddsl network and its weights as a parameter file."""
     # common's error handling and exit codes, without its compiler options
-    common(_import)(model, {}, 2, (), None, False, output=output, params=params, batch=batch, no_loss=no_loss)
+    common(_import)(model, {}, 2, (), None, False, output=output, params=params, batch=batch, no_loss=no_loss,
+                    replace_readonly=replace_readonly)  # fmt: skip
 
 
 @cli.command()
@@ -582,12 +603,14 @@ def import_(model: str, output: str, params: str | None, batch: int | None, no_l
     help="Export these parameters (a .npz of deepdsl run --save) instead of the initial ones.",
 )
 @click.option("--opset", type=int, default=None, help="The ONNX opset (default 17; 11 to the newest onnx knows).")
+@REPLACE_READONLY
 def export(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str, load_path: str | None,
-           opset: int | None) -> None:  # fmt: skip
+           opset: int | None, replace_readonly: bool) -> None:  # fmt: skip
     """Export the inference program (predict) of FILE as an ONNX model, parameters and state as initialisers."""
     from deepdsl import interop
 
-    for line in interop.export_onnx(c, file, sets, load_path, output, opset or interop.DEFAULT_OPSET):
+    opset = opset or interop.DEFAULT_OPSET
+    for line in interop.export_onnx(c, file, sets, load_path, output, opset, replace_readonly):
         click.echo(line)
 
 

@@ -12,7 +12,8 @@ class Config:
     verify: bool = False  # DEEPDSL_VERIFY=1: check every graph and plan the driver makes (as --verify does)
     data_url: str | None = None  # DEEPDSL_DATA_URL: where `deepdsl data` downloads from instead (a mirror)
     # DEEPDSL_CACHE: the folder of the parser tables made from the grammar (default $XDG_CACHE_HOME/deepdsl or
-    # ~/.cache/deepdsl); DEEPDSL_CACHE=0 builds them anew in every process
+    # ~/.cache/deepdsl); DEEPDSL_CACHE=0 builds them anew in every process. The tables are a pickle: they are read
+    # only when the folder and the file are the user's alone, checked on the open descriptors (frontend/parser.py)
     cache_dir: str | None = None
 
 

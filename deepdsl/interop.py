@@ -12,9 +12,9 @@ import numpy as np
 from deepdsl import api
 from deepdsl.autodiff import infer_program
 from deepdsl.backends.onnx_export import DEFAULT_OPSET, export_graph
-from deepdsl.checkpoint import load_npz, save_npz
+from deepdsl.checkpoint import check_names, load_npz, write_npz
 from deepdsl.errors import DslProgramError
-from deepdsl.files import write_atomically
+from deepdsl.files import atomic_output, check_replaceable, write_atomically
 from deepdsl.frontend.program import Program
 from deepdsl.initializers import init_array
 from deepdsl.onnx_import import Imported, import_model
@@ -22,25 +22,37 @@ from deepdsl.onnx_import import Imported, import_model
 __all__ = ["DEFAULT_OPSET", "export_onnx", "import_onnx", "initial_arrays"]
 
 
-def _check_folder(path: str, what: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise DslProgramError(f"cannot write {what} '{path}': folder '{folder}' does not exist")
+def _check_target(path: str, what: str, replace_readonly: bool) -> None:
+    """Whether `path` could be written (files.check_replaceable), before anything is."""
+    try:
+        check_replaceable(path, replace_readonly=replace_readonly)
+    except OSError as e:
+        raise DslProgramError(f"cannot write {what} '{path}': {e.strerror or e}") from None
 
 
-def import_onnx(model: str, output: str, params: str | None, batch: int | None, loss: bool) -> list[str]:
-    """Write the `.ddsl` of `model` to `output` and its parameters to `params` (default: beside it, NAME.npz)."""
+def import_onnx(
+    model: str, output: str, params: str | None, batch: int | None, loss: bool, replace_readonly: bool = False
+) -> list[str]:
+    """Write the `.ddsl` of `model` to `output` and its parameters to `params` (default: beside it, NAME.npz): both
+    or neither. Each goes to its temporary file first; the parameters are put in place, then the network, so a
+    failure anywhere before leaves neither new file."""
     imported: Imported = import_model(model, batch, loss)
     params = params if params is not None else str(Path(output).with_suffix(".npz"))
     if os.path.abspath(params) == os.path.abspath(output):
         raise DslProgramError(f"the network and its parameters would both be written to '{output}'; give --params")
     for path, what in ((output, "the network"), (params, "the parameter file")):
-        _check_folder(path, what)
+        _check_target(path, what, replace_readonly)
+    check_names(params, imported.arrays)
+    path, what = output, "the network"
     try:
-        write_atomically(output, imported.text)
+        with atomic_output(output, replace_readonly=replace_readonly) as network:
+            network.write(imported.text.encode("utf-8"))
+            path, what = params, "the parameter file"
+            with atomic_output(params, replace_readonly=replace_readonly) as weights:
+                write_npz(weights, imported.arrays)
+            path, what = output, "the network"
     except OSError as e:
-        raise DslProgramError(f"cannot write '{output}': {e.strerror or e}") from None
-    save_npz(params, imported.arrays)
+        raise DslProgramError(f"cannot write {what} '{path}': {e.strerror or e}") from None
     count = sum(a.size for name, a in imported.arrays.items() if not name.endswith(("running_mean", "running_var")))
     then = f"deepdsl run {output} --load {params}" if loss else f"deepdsl export {output} --load {params} -o F.onnx"
     return [f"wrote {output} (network {imported.network}, {count:,} parameters) and {params}",
@@ -59,10 +71,12 @@ def initial_arrays(program: Program, seed: int | None = None) -> dict[str, np.nd
 
 
 def export_onnx(
-    c: api.Compilation, file: str, sets: dict[str, int | float], load: str | None, output: str, opset: int
-) -> list[str]:
+    c: api.Compilation, file: str, sets: dict[str, int | float], load: str | None, output: str, opset: int,
+    replace_readonly: bool = False,
+) -> list[str]:  # fmt: skip
     """Write the inference program of `file` as ONNX to `output`, with the parameters of `load` or the initial
     ones."""
+    _check_target(output, "the ONNX model", replace_readonly)
     api.compile_file(file, sets, c=c)
     assert c.program is not None
     program = c.program
@@ -73,11 +87,10 @@ def export_onnx(
         loaded = load_npz(load, expected, ignore_optimizer_state=True)
         arrays.update({k: v for k, v in loaded.items() if k in arrays})
     model = export_graph(infer_program(program.graph), arrays, opset)
-    _check_folder(output, "the ONNX model")
     try:
-        write_atomically(output, model.SerializeToString())
+        write_atomically(output, model.SerializeToString(), replace_readonly=replace_readonly)
     except OSError as e:
-        raise DslProgramError(f"cannot write '{output}': {e.strerror or e}") from None
+        raise DslProgramError(f"cannot write the ONNX model '{output}': {e.strerror or e}") from None
     return [f"wrote {output} (ONNX opset {opset}, {len(model.graph.node)} nodes, "
             f"{len(model.graph.initializer)} initialisers; input {program.graph.inputs[0].value.name}, "
             "output predict)"]  # fmt: skip

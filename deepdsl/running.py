@@ -81,20 +81,22 @@ def _not_used(why: str) -> str:
 def run_training(
     build: Build, iters: int | None = None, data_flag: str | None = None, load: str | None = None,
     save: str | None = None, device: str = "auto", double: bool = False, report: Callable[[str], None] | None = None,
-    driver: Driver | None = None, kernels: str = "auto", graphs: bool = True,
+    driver: Driver | None = None, kernels: str = "auto", graphs: bool = True, replace_readonly: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Train `build` and report through `report`; `driver` runs it on that GPU instead of picking by `device` and
-    `kernels` (open_device); `graphs`: on the GPU, the train step as a CUDA graph from its second run on."""
+    `kernels` (open_device); `graphs`: on the GPU, the train step as a CUDA graph from its second run on;
+    `replace_readonly`: the save may replace a read-only file (files.py)."""
     save = save or build.program.train.save  # --save, else the train block's
     if save:
-        check_writable(save)  # now, not after the training
+        check_writable(save, replace_readonly=replace_readonly)  # now, not after the training
     if driver:
         gpu, description, note = driver, _given(driver), None
     else:
         gpu, description, note = open_device(device, double, kernels)
     fallback = device == "auto" and driver is None  # a GPU that cannot take the program leaves it to the CPU
     try:
-        result = _train(build, gpu, description, iters, data_flag, load, save, double, report, fallback, note, graphs)
+        result = _train(build, gpu, description, iters, data_flag, load, save, double, report, fallback, note, graphs,
+                        replace_readonly)  # fmt: skip
     finally:
         if gpu is not None:
             gpu.close()
@@ -146,19 +148,20 @@ def evaluate(
 def predict(
     build: Build, load: str, output: str, data_flag: str | None = None, device: str = "auto",
     report: Callable[[str], None] | None = None, driver: Driver | None = None, kernels: str = "auto",
+    replace_readonly: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """`deepdsl predict`: `predict` of the parameters in `load` for every sample of the data's training split (the
     arrays named after the inputs `predict` reads; other arrays are ignored), written to `output` as the npz array
     `predict` (docs/formats.md), atomically."""
     if build.infer is None:
         raise DslProgramError("the network defines no `predict`, so there is nothing to predict")
-    check_writable(output)  # now, not after the work
+    check_writable(output, replace_readonly=replace_readonly)  # now, not after the work
     kind, args = _source(build, data_flag)
     data = load_samples(kind, args, fields_of(build.infer.inputs), build.seed, other_arrays=True)
     with _loaded(build, data, kind, driver, device, load, report, kernels) as trainer:
         values = trainer.predict(data)
         on_gpu = trainer.gpu is not None
-    save_npz(output, {"predict": values})
+    save_npz(output, {"predict": values}, replace_readonly=replace_readonly)
     if report:
         report(f"wrote {output}: predict {list(values.shape)} for {len(values)} samples")
     return {"device": "cuda" if on_gpu else "cpu", "output": output, "samples": len(values),
@@ -201,7 +204,7 @@ def _loaded(
 def _train(
     build: Build, gpu: Driver | None, description: str, iters: int | None, data_flag: str | None, load: str | None,
     save: str | None, double: bool, report: Callable[[str], None] | None, fallback: bool = False,
-    note: str | None = None, graphs: bool = True,
+    note: str | None = None, graphs: bool = True, replace_readonly: bool = False,
 ) -> TrainResult:  # fmt: skip
     program = build.program
     cfg = program.train
@@ -243,9 +246,9 @@ def _train(
         if report:
             report(f"test after {k + 1} iterations: {_tested(loss, accuracy)} ({cfg.test_iterations} batches)")
 
-    result = trainer.train(n, on_step, on_test, save)
+    result = trainer.train(n, on_step, on_test, save, replace_readonly)
     if save:
-        trainer.save(save)
+        trainer.save(save, replace_readonly)
     if report:
         if trainer.gpu is not None and trainer.gpu.graph != graph:  # the capture failed: call for call from then on
             report(f"graph: {trainer.gpu.graph}")

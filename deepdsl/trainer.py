@@ -193,6 +193,7 @@ class Trainer:
         on_step: Callable[[int, float, float], None] | None = None,
         on_test: Callable[[int, float, float | None], None] | None = None,
         save_to: str | None = None,
+        replace_readonly: bool = False,
     ) -> TrainResult:
         """Run `iterations` steps; every `test_every` steps test on `test_iterations` batches (reported
         through `on_test` as the iteration, the test loss and the accuracy or None); test on the whole test set at the
@@ -209,7 +210,7 @@ class Trainer:
             result.step_seconds.append(time.perf_counter() - t0)
             result.losses.append(loss)
             if save_to is not None and cfg.save_every and (k + 1) % cfg.save_every == 0:
-                self.save(save_to)
+                self.save(save_to, replace_readonly)
             result.peak_bytes = max(result.peak_bytes, peak)
             result.arena_bytes = max(result.arena_bytes, arena)
             if on_step:
@@ -239,8 +240,8 @@ class Trainer:
         out["opt/iteration"] = np.asarray(self.step_count, dtype=np.int64)
         return out
 
-    def save(self, path: str) -> None:
-        save_npz(path, self.state())
+    def save(self, path: str, replace_readonly: bool = False) -> None:
+        save_npz(path, self.state(), replace_readonly=replace_readonly)
 
     def load(self, path: str) -> None:
         expected = {name: (a.shape, a.dtype) for name, a in self.state().items()}

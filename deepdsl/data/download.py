@@ -128,7 +128,7 @@ def _fetch(url: str, path: str, remote: Remote, progress: Progress | None) -> No
     got = 0
     try:
         with urllib.request.urlopen(url, timeout=TIMEOUT_SECONDS) as response:  # noqa: S310 — http(s) only
-            with atomic_output(path, follow_symlinks=False) as out:
+            with atomic_output(path) as out:
                 if progress:
                     progress(remote.name, 0, remote.size)
                 while block := response.read(CHUNK):
@@ -168,7 +168,7 @@ def _unpack(archive: str, folder: str, prefix: str, members: tuple[str, ...]) ->
                 if source is None:
                     raise DslProgramError(f"'{archive}': {prefix}/{name} is not a regular file")
                 path = os.path.join(folder, name)
-                with source, atomic_output(path, follow_symlinks=False) as out:
+                with source, atomic_output(path) as out:
                     for block in iter(lambda: source.read(CHUNK), b""):  # noqa: B023 — used at once
                         out.write(block)
                 written.append(path)

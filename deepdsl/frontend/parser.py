@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import os
 import sys
 from pathlib import Path
@@ -57,37 +58,36 @@ def _tables_file(grammar: str) -> Path | None:
     return Path(folder) / f"grammar-{hashlib.sha256(key.encode()).hexdigest()[:20]}.lark"
 
 
-def _private_folder(folder: Path) -> bool:
-    """Whether `folder` is ours alone: the tables are a pickle, and loading one another user could write would run
-    their code."""
-    try:
-        st = folder.stat()
-    except OSError:
-        return False
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
-
-
 def load_or_build(grammar: str, tables: Path | None) -> Lark:
     """The LALR parser of `grammar`, its tables loaded from `tables` when they are there, else built and saved
-    there. A missing, damaged, unwritable or shared cache only means building them again."""
+    there. The tables are a pickle, and loading one another user could have written would run their code: they
+    are read only from a folder and a file that are ours alone (owned by this user, writable by no one else, no
+    link, no FIFO or device), checked on the opened descriptors (files.private_folder, files.read_private), and
+    written into that same open folder, mode 0600. A missing, damaged, unwritable or shared cache only means
+    building them again."""
+    folder = None
     if tables is not None:
         os.makedirs(tables.parent, mode=0o700, exist_ok=True)
-        if not _private_folder(tables.parent):
-            tables = None
-    if tables is not None:
-        try:
-            with tables.open("rb") as f:
-                return Lark.load(f)
-        except Exception:  # noqa: BLE001 - absent or damaged (another Lark's, a cut-off copy): build anew
-            pass
-    parser = Lark(grammar, **_LARK_OPTIONS)
-    if tables is not None:
-        try:
-            with files.atomic_output(tables, follow_symlinks=False) as f:
-                parser.save(f)
-        except OSError:
-            pass  # a full disk, a read-only home: every run builds the tables
-    return parser
+        folder = files.private_folder(tables.parent)
+    try:
+        if folder is not None and tables is not None:
+            data = files.read_private(folder, tables.name)
+            if data is not None:
+                try:
+                    return Lark.load(io.BytesIO(data))
+                except Exception:  # noqa: BLE001 - damaged (another Lark's, a cut-off copy): build anew
+                    pass
+        parser = Lark(grammar, **_LARK_OPTIONS)
+        if folder is not None and tables is not None:
+            try:
+                with files.atomic_output_at(folder, tables.name, str(tables), replace_readonly=True, mode=0o600) as f:
+                    parser.save(f)
+            except OSError:
+                pass  # a full disk, a read-only home, something else at the path: every run builds the tables
+        return parser
+    finally:
+        if folder is not None:
+            os.close(folder)
 
 
 @functools.cache

@@ -146,9 +146,9 @@ class MissingDependency(RuntimeError):
     """An optional package a feature needs is not installed."""
 
 
-def plot(p: Plan, r: dict[str, Any], path: str) -> None:
+def plot(p: Plan, r: dict[str, Any], path: str, replace_readonly: bool = False) -> None:
     """Draw the live memory over the schedule, with the peak marked, into `path` (PNG, SVG or PDF, by its suffix),
-    atomically."""
+    atomically (files.py: never through a link, a read-only file only with `replace_readonly`)."""
     try:
         import matplotlib
 
@@ -176,7 +176,7 @@ def plot(p: Plan, r: dict[str, Any], path: str) -> None:
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     try:
-        with atomic_output(path, follow_symlinks=True) as f:
+        with atomic_output(path, replace_readonly=replace_readonly) as f:
             fig.savefig(f, dpi=120, format=path.rsplit(".", 1)[-1].lower())
     finally:
         plt.close(fig)

@@ -165,6 +165,7 @@ public abstract class Network {
   private final List<Float> rates = new ArrayList<>(); // those of this run's steps, for --json
   private final List<Double> stepSeconds = new ArrayList<>(); // each step's wall clock, for --json
   private String saveTo; // where the run saves (--save, else the train block's save), every saveEvery steps
+  private boolean replaceReadOnly; // --replace-readonly: a save or prediction may replace a read-only file
   private Data data;
   private PrintStream progress;
   private Device device;
@@ -655,7 +656,7 @@ public abstract class Network {
     } else {
       file.put("predict", Npz.Array.ofFloats(values, shape));
     }
-    Npz.write(Path.of(out), file);
+    Npz.write(Path.of(out), file, replaceReadOnly);
     return m;
   }
 
@@ -686,7 +687,7 @@ public abstract class Network {
           });
     }
     out.put(ITERATION, Npz.Array.ofLongs(new long[] {iteration}));
-    Npz.write(Path.of(file), out);
+    Npz.write(Path.of(file), out, replaceReadOnly);
   }
 
   /**
@@ -788,7 +789,8 @@ public abstract class Network {
           + "           [--lr X] [--momentum X] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]"
           + " [--clip X]\n"
           + "       java %1$s --eval --load FILE.npz [--data SOURCE] [--device ...] [--json]\n"
-          + "       java %1$s --predict OUT.npz --load FILE.npz --data SOURCE [--device ...]";
+          + "       java %1$s --predict OUT.npz --load FILE.npz --data SOURCE [--device ...]\n"
+          + "  --replace-readonly: --save and --predict may replace a read-only file";
 
   /** The flags that set a setting of the class (those its optimizer has). */
   private static final List<String> SETTING_FLAGS =
@@ -803,6 +805,7 @@ public abstract class Network {
     String save;
     String device = "auto";
     boolean json;
+    boolean replaceReadOnly;
     boolean eval;
     String predict;
     Long workspaceLimit;
@@ -824,6 +827,10 @@ public abstract class Network {
         }
         if (arg.equals("--json")) {
           f.json = true;
+          continue;
+        }
+        if (arg.equals("--replace-readonly")) { // --save and --predict may replace a read-only file
+          f.replaceReadOnly = true;
           continue;
         }
         if (arg.equals("--no-graph")) {
@@ -996,9 +1003,10 @@ public abstract class Network {
           flags.eval || flags.predict != null
               ? null
               : flags.save != null ? flags.save : net.settings.saveFile;
+      net.replaceReadOnly = flags.replaceReadOnly;
       for (String out : new String[] {net.saveTo, flags.predict}) {
         if (out != null) {
-          Npz.checkWritable(Path.of(out)); // before training, not after it
+          Npz.checkWritable(Path.of(out), net.replaceReadOnly); // before training, not after it
         }
       }
       if (device instanceof CpuDevice) { // the products' SGEMM: OpenBLAS or Java (--blas)

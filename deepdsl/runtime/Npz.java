@@ -13,9 +13,11 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.DirectoryStream;
 import java.nio.file.Files;
 import java.nio.file.LinkOption;
+import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
 import java.nio.file.StandardCopyOption;
 import java.nio.file.StandardOpenOption;
+import java.nio.file.attribute.BasicFileAttributes;
 import java.nio.file.attribute.PosixFilePermission;
 import java.security.SecureRandom;
 import java.util.Arrays;
@@ -49,6 +51,7 @@ public final class Npz {
   private static final long MAX_ENTRY_BYTES = 1L << 32; // an entry this large or larger is refused
   private static final int MAX_ELEMENTS = Integer.MAX_VALUE - 8; // the most of one Java array
   private static final String TEMP_SUFFIX = ".deepdsl-tmp";
+  private static final int NAME_MAX = 255; // the longest name of a file (bytes) on Linux's file systems
   private static final Pattern DESCR = Pattern.compile("'descr'\\s*:\\s*'([^']*)'");
   private static final Pattern FORTRAN = Pattern.compile("'fortran_order'\\s*:\\s*(True|False)");
   private static final Pattern SHAPE = Pattern.compile("'shape'\\s*:\\s*\\(([^)]*)\\)");
@@ -172,55 +175,203 @@ public final class Npz {
   }
 
   /**
-   * Whether {@link #write} could write {@code path}: its folder exists and is writable, and what is
-   * there is a regular file or nothing (a program checks its --save before it trains). Returns the
-   * file a write replaces (the end of a chain of symbolic links).
+   * Whether {@link #write} could write {@code path}: its folder exists and is writable, what is
+   * there is a regular file or nothing, and the name leaves room for the temporary file's (a
+   * program checks its --save and --predict before it works). Returns {@code path}.
    *
    * @throws IOException saying why it could not
    */
   public static Path checkWritable(Path path) throws IOException {
+    return checkWritable(path, false);
+  }
+
+  /**
+   * {@link #checkWritable(Path)}, where {@code replaceReadOnly} lets a read-only file be replaced
+   * (the program's --replace-readonly).
+   */
+  public static Path checkWritable(Path path, boolean replaceReadOnly) throws IOException {
     String what = "cannot write parameter file '" + path + "'";
-    Path target = followLinks(path, what);
-    Path folder = target.toAbsolutePath().getParent();
-    if (folder == null || !Files.isDirectory(folder)) {
+    Path name = path.getFileName();
+    Path folder = path.toAbsolutePath().getParent();
+    if (name == null || folder == null || name.toString().equals("..") || name.toString().equals(".")) {
+      throw new IOException(what + ": '" + path + "' names a folder, not a file");
+    }
+    if (!Files.isDirectory(folder)) {
       throw new IOException(what + ": folder '" + folder + "' does not exist");
     }
+    existing(path, what, replaceReadOnly);
+    checkName(name.toString(), what);
     if (!Files.isWritable(folder)) {
       throw new IOException(what + ": folder '" + folder + "' is not writable");
     }
-    if (Files.exists(target, LinkOption.NOFOLLOW_LINKS)
-        && !Files.isRegularFile(target, LinkOption.NOFOLLOW_LINKS)) {
-      String kind =
-          Files.isDirectory(target, LinkOption.NOFOLLOW_LINKS)
-              ? "a directory"
-              : "a special file (a device, FIFO or socket)";
-      throw new IOException(
-          what + ": '" + target + "' is " + kind + "; only a regular file is replaced");
+    return path;
+  }
+
+  /**
+   * What is at {@code path} when it may be replaced: nothing, or a regular file that (without
+   * {@code replaceReadOnly}) is not read-only for us. A symbolic link is refused, never followed
+   * nor replaced; so are a directory, FIFO, device or socket.
+   */
+  private static void existing(Path path, String what, boolean replaceReadOnly)
+      throws IOException {
+    BasicFileAttributes a;
+    try {
+      a = Files.readAttributes(path, BasicFileAttributes.class, LinkOption.NOFOLLOW_LINKS);
+    } catch (NoSuchFileException e) {
+      return;
     }
-    return target;
+    if (a.isSymbolicLink()) {
+      throw new IOException(
+          what
+              + ": '"
+              + path
+              + "' is a symbolic link; deepdsl neither writes through a link nor replaces one"
+              + " (remove it, or name the file it points to)");
+    }
+    if (!a.isRegularFile()) {
+      String kind = a.isDirectory() ? "a directory" : "a special file (a device, FIFO or socket)";
+      throw new IOException(
+          what + ": '" + path + "' is " + kind + "; only a regular file is replaced");
+    }
+    if (!replaceReadOnly) {
+      int mode = writableMode(path);
+      if (mode >= 0) {
+        throw new IOException(
+            String.format(
+                "%s: '%s' is read-only (mode %04o); --replace-readonly replaces it",
+                what, path, mode));
+      }
+    }
+  }
+
+  /**
+   * -1 when the mode bits of {@code path} let this process's effective user write it, as the
+   * kernel decides for a user without privileges (so root too is refused a 0444 file): the
+   * owner's bit, else the group's, else the others'; otherwise the file's mode, to report. Where
+   * the ids are unknown (no /proc/self/status, no unix attributes), whether the file is writable
+   * by access(2) and has any write bit at all.
+   */
+  private static int writableMode(Path path) throws IOException {
+    long[] us = ourIds();
+    Map<String, Object> a = null;
+    try {
+      a = Files.readAttributes(path, "unix:uid,gid,mode", LinkOption.NOFOLLOW_LINKS);
+    } catch (UnsupportedOperationException | IllegalArgumentException e) {
+      a = null;
+    }
+    if (a == null || us.length < 2) {
+      Set<PosixFilePermission> p = Files.getPosixFilePermissions(path, LinkOption.NOFOLLOW_LINKS);
+      boolean any =
+          p.contains(PosixFilePermission.OWNER_WRITE)
+              || p.contains(PosixFilePermission.GROUP_WRITE)
+              || p.contains(PosixFilePermission.OTHERS_WRITE);
+      return any && Files.isWritable(path) ? -1 : 0;
+    }
+    int mode = (Integer) a.get("mode") & 07777;
+    long uid = Integer.toUnsignedLong((Integer) a.get("uid"));
+    long gid = Integer.toUnsignedLong((Integer) a.get("gid"));
+    int bit = 02;
+    if (uid == us[0]) {
+      bit = 0200;
+    } else {
+      for (int i = 1; i < us.length; i++) {
+        if (us[i] == gid) {
+          bit = 020;
+          break;
+        }
+      }
+    }
+    return (mode & bit) != 0 ? -1 : mode;
+  }
+
+  private static long[] ids;
+
+  /**
+   * This process's effective user id, effective group id and supplementary groups, from
+   * /proc/self/status (Linux); empty where that cannot be read.
+   */
+  private static synchronized long[] ourIds() {
+    if (ids == null) {
+      long[] found = new long[0];
+      try {
+        long uid = -1;
+        long gid = -1;
+        long[] groups = new long[0];
+        for (String line : Files.readAllLines(Path.of("/proc/self/status"))) {
+          String[] f = line.trim().split("\\s+");
+          if (f[0].equals("Uid:") && f.length > 2) {
+            uid = Long.parseLong(f[2]);
+          } else if (f[0].equals("Gid:") && f.length > 2) {
+            gid = Long.parseLong(f[2]);
+          } else if (f[0].equals("Groups:")) {
+            groups = Arrays.stream(f, 1, f.length).mapToLong(Long::parseLong).toArray();
+          }
+        }
+        if (uid >= 0 && gid >= 0) {
+          found = new long[2 + groups.length];
+          found[0] = uid;
+          found[1] = gid;
+          System.arraycopy(groups, 0, found, 2, groups.length);
+        }
+      } catch (IOException | RuntimeException e) {
+        found = new long[0];
+      }
+      ids = found;
+    }
+    return ids;
+  }
+
+  /** The temporary file of {@code base}: {@code .BASE.PID.RANDOM.deepdsl-tmp}. */
+  private static String tempName(String base, int random) {
+    return String.format(
+        ".%s.%d.%08x%s", base, ProcessHandle.current().pid(), random, TEMP_SUFFIX);
+  }
+
+  /**
+   * A name whose temporary file's name would be longer than a file system takes (NAME_MAX, 255
+   * bytes on Linux's file systems; Java cannot ask the folder) is refused before any work.
+   */
+  private static void checkName(String base, String what) throws IOException {
+    int bytes = tempName(base, 0).getBytes(StandardCharsets.UTF_8).length;
+    if (bytes > NAME_MAX) {
+      throw new IOException(
+          String.format(
+              "%s: the name '%s' is too long: its temporary file would be %d bytes"
+                  + " (.NAME.PID.RANDOM%s), over the folder's limit of %d",
+              what, base, bytes, TEMP_SUFFIX, NAME_MAX));
+    }
   }
 
   /**
    * Write {@code arrays} to {@code path} (used as given, no suffix added), entries in the map's
    * order: a temporary file in the same folder, synced, then moved over {@code path} atomically.
-   * What is replaced is only ever a regular file: a directory, FIFO or device at {@code path} is
-   * refused; a symbolic link is followed, so the file it names is replaced and the link stays. The
-   * new file keeps the old one's permissions, or gets the umask's for a new file. The temporary
-   * file is {@code .NAME.PID.RANDOM.deepdsl-tmp}; one left by a killed process (its PID no longer
-   * running) is removed by the next write of the same file, as deepdsl/files.py does.
+   * What is replaced is only ever a regular file, and never a read-only one: a symbolic link is
+   * refused (neither followed nor replaced), as are a directory, FIFO or device (as
+   * deepdsl/files.py does). The new file keeps the old one's permissions, or gets the umask's for
+   * a new file. The temporary file is {@code .NAME.PID.RANDOM.deepdsl-tmp}; one left by a killed
+   * process (its PID no longer running) is removed by the next write of the same file.
    *
    * @throws IllegalArgumentException for a name NumPy could not give back (empty, starting or
    *     ending with a slash, holding a backslash)
    * @throws IOException when the folder is missing or the file cannot be written
    */
   public static void write(Path path, LinkedHashMap<String, Array> arrays) throws IOException {
+    write(path, arrays, false);
+  }
+
+  /**
+   * {@link #write(Path, LinkedHashMap)}, where {@code replaceReadOnly} lets a read-only file be
+   * replaced (the program's --replace-readonly); its mode is kept.
+   */
+  public static void write(Path path, LinkedHashMap<String, Array> arrays, boolean replaceReadOnly)
+      throws IOException {
     for (String name : arrays.keySet()) {
       if (name.isEmpty() || name.startsWith("/") || name.endsWith("/") || name.contains("\\")) {
         throw new IllegalArgumentException(
             "cannot save an array under the name '" + name + "' in '" + path + "'");
       }
     }
-    Path target = checkWritable(path);
+    Path target = checkWritable(path, replaceReadOnly);
     Path folder = target.toAbsolutePath().getParent();
     Set<PosixFilePermission> mode = null;
     if (Files.exists(target, LinkOption.NOFOLLOW_LINKS)) {
@@ -232,15 +383,15 @@ public final class Npz {
     }
     String base = target.getFileName().toString();
     removeStaleTemps(folder, base);
-    Path tmp =
-        folder.resolve(
-            String.format(
-                ".%s.%d.%08x%s",
-                base, ProcessHandle.current().pid(), new SecureRandom().nextInt(), TEMP_SUFFIX));
+    Path tmp = folder.resolve(tempName(base, new SecureRandom().nextInt()));
     try {
       // CREATE_NEW: never through a link planted under the temporary name; mode 0666 & ~umask
       try (FileChannel channel =
-              FileChannel.open(tmp, StandardOpenOption.CREATE_NEW, StandardOpenOption.WRITE);
+              FileChannel.open(
+                  tmp,
+                  StandardOpenOption.CREATE_NEW,
+                  StandardOpenOption.WRITE,
+                  LinkOption.NOFOLLOW_LINKS);
           ZipOutputStream zip =
               new ZipOutputStream(
                   new BufferedOutputStream(Channels.newOutputStream(channel), CHUNK))) {
@@ -254,25 +405,13 @@ public final class Npz {
         zip.flush();
         channel.force(true);
       }
+      // what may have been put there meanwhile; the move renames over a link, never through it
+      existing(target, "cannot write parameter file '" + path + "'", replaceReadOnly);
       Files.move(tmp, target, StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
     } catch (IOException | RuntimeException e) {
       Files.deleteIfExists(tmp);
       throw e;
     }
-  }
-
-  /** The path a chain of symbolic links at {@code path} ends in (the path itself when none). */
-  private static Path followLinks(Path path, String what) throws IOException {
-    Path p = path;
-    for (int hops = 0; Files.isSymbolicLink(p); hops++) {
-      if (hops == 40) {
-        throw new IOException(what + ": too many levels of symbolic links");
-      }
-      Path link = Files.readSymbolicLink(p);
-      Path parent = p.toAbsolutePath().getParent();
-      p = parent == null ? link : parent.resolve(link);
-    }
-    return p;
   }
 
   /** Remove {@code .BASE.PID.RANDOM.deepdsl-tmp} files in {@code folder} whose process is gone. */

@@ -14,7 +14,7 @@ from deepdsl.backends.cuda.kernels import entries_source, translation_unit
 from deepdsl.backends.java.emitter import DEFAULT_WORKSPACE_LIMIT, emit_java, runtime_sources
 from deepdsl.backends.java.names import class_name
 from deepdsl.errors import DslProgramError
-from deepdsl.files import write_atomically
+from deepdsl.files import check_replaceable, write_atomically
 from deepdsl.frontend.program import Program
 from deepdsl.memory import Plan
 
@@ -55,28 +55,38 @@ def _subfolder(root: Path, *parts: str) -> Path:
     return path
 
 
-def write_sources(folder: Path, p: JavaProgram, resources: Path | None = None) -> None:
+def _write_all(texts: dict[Path, str], replace_readonly: bool) -> None:
+    """Every file of `texts` written atomically (files.py), each checked before the first is written: a link or
+    something else that is not a regular file at one of the paths, or (without `replace_readonly`) a read-only
+    file, writes none of them."""
+    for path in texts:
+        check_replaceable(path, replace_readonly=replace_readonly)
+    for path, text in texts.items():
+        write_atomically(path, text, replace_readonly=replace_readonly)
+
+
+def write_sources(folder: Path, p: JavaProgram, resources: Path | None = None, replace_readonly: bool = False) -> None:
     """`folder/Name.java`, the runtime under `folder/deepdsl/runtime/`, and `Name.cu` in `resources` (default:
-    `folder`), where the CUDA device finds it on the class path. Each file is written atomically and replaces a
-    symbolic link in its place rather than writing through it (files.py)."""
+    `folder`), where the CUDA device finds it on the class path. Each file is written atomically; a symbolic link
+    at one of the paths (never written through nor replaced) or a read-only file (unless `replace_readonly`)
+    writes none of them (files.py)."""
     resources = resources or folder
     try:
         runtime = _subfolder(folder, "deepdsl", "runtime")
         resources.mkdir(parents=True, exist_ok=True)
-        for file, source in runtime_sources().items():
-            write_atomically(runtime / file, source)
-        write_atomically(folder / f"{p.name}.java", p.java)
-        write_atomically(resources / f"{p.name}.cu", p.cuda)
+        texts = {runtime / file: source for file, source in runtime_sources().items()}
+        texts[folder / f"{p.name}.java"] = p.java
+        texts[resources / f"{p.name}.cu"] = p.cuda
+        _write_all(texts, replace_readonly)
     except OSError as exc:
         raise DslProgramError(f"cannot write the Java program into '{folder}': {exc.strerror or exc}") from None
 
 
-def write_ptx(folder: Path, name: str, modules: dict[str, str]) -> list[Path]:
+def write_ptx(folder: Path, name: str, modules: dict[str, str], replace_readonly: bool = False) -> list[Path]:
     """`folder/Name.ARCH.ptx` for each arch's PTX module (DESIGN §9); the paths written."""
     paths = [folder / f"{name}.{arch}.ptx" for arch in modules]
     try:
-        for path, text in zip(paths, modules.values()):
-            write_atomically(path, text)
+        _write_all(dict(zip(paths, modules.values())), replace_readonly)
     except OSError as exc:
         raise DslProgramError(f"cannot write the PTX into '{folder}': {exc.strerror or exc}") from None
     return paths
@@ -92,7 +102,7 @@ def build_commands(folder: Path, name: str) -> list[str]:
     ]
 
 
-def write_maven(folder: Path, p: JavaProgram) -> Path:
+def write_maven(folder: Path, p: JavaProgram, replace_readonly: bool = False) -> Path:
     """A Maven project: pom.xml (JCuda, and OpenBLAS through JavaCPP, with their linux-x86_64 natives; profiles
     cuda13 and cuda12 for JavaCPP's CUDA presets), the network, the runtime, and the CUDA source
     as a resource of the jar; returns the resource folder (where PTX goes too)."""
@@ -100,11 +110,15 @@ def write_maven(folder: Path, p: JavaProgram) -> Path:
         java, resources = _subfolder(folder, "src", "main", "java"), _subfolder(folder, "src", "main", "resources")
     except OSError as exc:
         raise DslProgramError(f"cannot write the Maven project into '{folder}': {exc.strerror or exc}") from None
-    write_sources(java, p, resources)
+    try:
+        check_replaceable(folder / "pom.xml", replace_readonly=replace_readonly)
+    except OSError as exc:
+        raise DslProgramError(f"cannot write '{folder / 'pom.xml'}': {exc.strerror or exc}") from None
+    write_sources(java, p, resources, replace_readonly)
     try:
         pom = POM.format(artifact=p.name.lower(), main=p.name, jcuda=JCUDA_VERSION, cuda_deps=CUDA_PRESETS,
                          **JAVACPP_VERSIONS)  # fmt: skip
-        write_atomically(folder / "pom.xml", pom)
+        write_atomically(folder / "pom.xml", pom, replace_readonly=replace_readonly)
     except OSError as exc:
         raise DslProgramError(f"cannot write '{folder / 'pom.xml'}': {exc.strerror or exc}") from None
     return resources
