@@ -101,6 +101,19 @@ def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
+def _parse_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A --url that is not an http(s) URL with a host (an empty one included) is a usage error."""
+    from deepdsl.data.download import check_url
+
+    if value is not None:
+        try:
+            check_url(value)
+        except DslError as exc:
+            raise click.BadParameter(exc.message.removeprefix(f"--url {value!r} ").removeprefix("--url "), ctx,
+                                     param) from None  # fmt: skip
+    return value
+
+
 def _file_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None and not value.strip():
         raise click.BadParameter("needs a file name", ctx, param)
@@ -506,13 +519,19 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
 @cli.command("data")
 @click.argument("name", type=click.Choice(["mnist", "cifar10"]))
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--url", "base_url", metavar="URL", default=None,
+@click.option("--url", "base_url", metavar="URL", default=None, callback=_parse_url,
               help="Download from this base URL instead of the canonical one (a mirror); the checksums stay the "
               "canonical files'. Also DEEPDSL_DATA_URL.")  # fmt: skip
-def data_(name: str, directory: str, base_url: str | None) -> None:
+@click.option("--deadline", type=click.FloatRange(min=0, min_open=True), default=3600, show_default=True,
+              metavar="SECONDS", help="Give up when the whole download takes longer.")  # fmt: skip
+@click.option("--min-rate", "min_rate", type=click.FloatRange(min=0), default=16384, show_default=True,
+              metavar="BYTES", help="Give up on a file that averages fewer bytes a second, 30 s after its "
+              "request.")  # fmt: skip
+def data_(name: str, directory: str, base_url: str | None, deadline: float, min_rate: float) -> None:
     """Download data set NAME (mnist or cifar10) into DIRECTORY, each file checked against its published SHA-256
-    and written atomically; files already there and correct are kept. Progress goes to stderr."""
-    from deepdsl.data.download import download
+    and written atomically; files already there and correct are kept. Progress goes to stderr. A failure leaves
+    no partial file and no folder this command made."""
+    from deepdsl.data.download import Limits, download
     from deepdsl.memory.report import size
 
     shown = {"name": "", "percent": -1}
@@ -529,7 +548,8 @@ def data_(name: str, directory: str, base_url: str | None) -> None:
             shown["name"] = ""
 
     try:
-        paths = download(name, directory, base_url or from_env().data_url, progress)
+        url = base_url if base_url is not None else from_env().data_url  # --url "": an error, not the default
+        paths = download(name, directory, url, progress, limits=Limits(deadline=deadline, min_rate=min_rate))
     except DslError as err:
         if shown["name"]:  # end the bar's line before the error
             click.echo("", err=True)
