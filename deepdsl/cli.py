@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import sys
 import traceback
@@ -27,6 +28,8 @@ from deepdsl.memory import format_plan
 from deepdsl.passes import PASS_NAMES, kernels
 
 EXIT_USER, EXIT_USAGE, EXIT_INTERNAL = 1, 2, 3
+# where the --json objects are described (tests/security/test_cli_inputs.py: every document a help text cites exists)
+JSON_HELP = "Print one JSON object (docs/formats.md, JSON outputs) and nothing else."
 
 
 def _parse_set(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, int | float]:
@@ -42,6 +45,8 @@ def _parse_set(ctx: click.Context, param: click.Parameter, values: tuple[str, ..
                 value = float(raw)
             except ValueError:
                 raise click.BadParameter(f"{name}: {raw!r} is not a number", ctx, param) from None
+            if not math.isfinite(value):
+                raise click.BadParameter(f"{name}: {raw!r} is not a finite number", ctx, param)
         out[name.strip()] = value
     return out
 
@@ -176,6 +181,28 @@ def common(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def json_text(obj: dict[str, Any]) -> str:
+    """`obj` as strict JSON: a NaN or an infinity (which JSON has not) becomes null and its top-level field is
+    named in a list `nonfinite` (docs/formats.md, JSON outputs); the Java program's --json does the same."""
+    bad: list[str] = []
+
+    def clean(v: Any, field: str) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            if field not in bad:
+                bad.append(field)
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x, field) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x, field) for x in v]
+        return v
+
+    out = {k: clean(v, k) for k, v in obj.items()}
+    if bad:
+        out["nonfinite"] = bad
+    return json.dumps(out, allow_nan=False)
+
+
 def _warnings(c: api.Compilation) -> None:
     if c.program is not None:
         for w in c.program.warnings:
@@ -190,7 +217,7 @@ def cli() -> None:
 
 @cli.command()
 @common
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 @click.option("--layers", is_flag=True, help="Also print every layer with its output shape and parameters.")
 def check(c: api.Compilation, file: str, sets: dict, options: api.Options, as_json: bool, layers: bool) -> None:
     """Parse and shape-check FILE; print its inputs, outputs and parameter count."""
@@ -198,7 +225,7 @@ def check(c: api.Compilation, file: str, sets: dict, options: api.Options, as_js
     assert c.program is not None
     _warnings(c)
     if as_json:
-        click.echo(json.dumps(check_json(c.program)))
+        click.echo(json_text(check_json(c.program)))
     else:
         click.echo(check_text(c.program, file, layers))
 
@@ -210,7 +237,7 @@ def check(c: api.Compilation, file: str, sets: dict, options: api.Options, as_js
 @click.option("--dump-after", "dump_after", metavar="PASS", default=None, callback=_parse_pass,
               help="Also print the training program after this optimiser pass.")  # fmt: skip
 @click.option("--stats", is_flag=True, help="Statements and kernels per stage and per pass instead of the program.")
-@click.option("--json", "as_json", is_flag=True, help="With --stats: one JSON object (DESIGN §9).")
+@click.option("--json", "as_json", is_flag=True, help="With --stats: one JSON object (docs/formats.md, JSON outputs).")
 def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: str | None, dump_after: str | None,
        stats: bool, as_json: bool) -> None:  # fmt: skip
     """Print FILE at one stage of the compiler, in a stable text form."""
@@ -224,7 +251,7 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
     if stats:
         api.compile_file(file, sets, stop_at="opt", c=c, options=options)
         _warnings(c)
-        click.echo(json.dumps(stats_json(c, stage)) if as_json else stats_text(stats_json(c, stage)))
+        click.echo(json_text(stats_json(c, stage)) if as_json else stats_text(stats_json(c, stage)))
         return
     stage = stage or "opt"
     api.compile_file(file, sets, stop_at=stage, c=c, options=options)
@@ -259,7 +286,7 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
     help="Also draw live memory over the schedule, peak marked, into FILE (.png/.svg/.pdf; needs matplotlib).",
 )
 @WORKSPACE_LIMIT
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gpu_mem: str | None, table: str,
              plot_path: str | None, workspace_limit: int | None, as_json: bool) -> None:  # fmt: skip
     """The static memory plan of one training step of FILE: what is allocated, freed and live, and the peak."""
@@ -305,7 +332,7 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
         except OSError as exc:
             click.echo(f"error: cannot write the plot {plot_path!r}: {exc.strerror or exc}", err=True)
             sys.exit(EXIT_USER)
-    click.echo(json.dumps(r) if as_json else format_report(r, table != "totals"))
+    click.echo(json_text(r) if as_json else format_report(r, table != "totals"))
     if plot_path is not None:
         click.echo(f"plot: wrote {plot_path}", err=as_json)
     if budget is not None and not r["fits"]:
@@ -343,9 +370,31 @@ TRAINED = click.option(
 )  # fmt: skip
 
 
+def _setting(ctx: click.Context, param: click.Parameter, value: str | None) -> float | int | None:
+    """A numeric option of `run` in its range (running.SETTING_RANGES, the Java program's too): a usage error else."""
+    from deepdsl.running import parse_setting
+
+    if value is None:
+        return None
+    try:
+        return parse_setting(param.opts[0], value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc).removeprefix(f"{param.opts[0]} "), ctx, param) from None
+
+
+def _optimizer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--lr, --momentum, ...: the optimizer's hyperparameters, as the Java program's flags of the same names."""
+    for flag in reversed(("--lr", "--momentum", "--weight-decay", "--beta1", "--beta2", "--eps", "--clip")):
+        fn = click.option(flag, metavar="X", default=None, callback=_setting,
+                          help=f"The optimizer's {flag[2:].replace('-', ' ')} instead of the train block's"
+                          + (" (with a schedule: its base rate)." if flag == "--lr" else "."))(fn)  # fmt: skip
+    return fn
+
+
 @cli.command()
 @common
-@click.option("--iters", type=click.IntRange(min=0), default=None, help="Training steps (default: the train block's).")
+@click.option("--iters", metavar="N", default=None, callback=_setting,
+              help="Training steps (default: the train block's), at most 10,000,000.")  # fmt: skip
 @click.option("--data", "data_flag", metavar="SOURCE", default=None, callback=_parse_data,
               help="synthetic[:SEED] | mnist:DIR | cifar10:DIR | npz:FILE | text:FILE (default: the train block's; "
               "SEED: the synthetic data's own seed, else the program's).")  # fmt: skip
@@ -360,11 +409,12 @@ TRAINED = click.option(
 @WORKSPACE_LIMIT
 @click.option("--graph/--no-graph", "graphs", default=True, show_default=True,
               help="On the GPU: replay the train step as a CUDA graph from its second iteration on.")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
+@_optimizer_options
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def run(
     c: api.Compilation, file: str, sets: dict, options: api.Options, iters: int | None, data_flag: str | None,
     load_path: str | None, save_path: str | None, device: str, kernels: str, seed: int | None, double: bool,
-    workspace_limit: int | None, graphs: bool, as_json: bool,
+    workspace_limit: int | None, graphs: bool, as_json: bool, **optimizer: float | None,
 ) -> None:  # fmt: skip
     """Train FILE for a few iterations with the reference runner and report the losses."""
     options = dataclasses.replace(options, workspace_limit=workspace_limit)
@@ -373,13 +423,18 @@ def run(
     api.compile_file(file, sets, c=c)
     assert c.program is not None
     _warnings(c)
+    try:
+        program = running.with_settings(c.program, {k: v for k, v in optimizer.items() if v is not None})
+    except DslError as exc:
+        raise click.UsageError(exc.message) from None
     report = None if as_json else lambda line: click.echo(line)
     result = running.run_training(
-        api.build(c.program, options, seed), iters=iters, data_flag=data_flag, load=load_path, save=save_path,
+        api.build(program, options, seed), iters=iters, data_flag=data_flag, load=load_path, save=save_path,
         device=device, double=double, report=report, kernels=kernels, graphs=graphs,
+        warn=lambda line: click.echo(f"warning: {line}", err=True),
     )  # fmt: skip
     if as_json:
-        click.echo(json.dumps(result))
+        click.echo(json_text(result))
 
 
 @cli.command("eval")
@@ -390,7 +445,7 @@ def run(
               "(default: the train block's).")  # fmt: skip
 @DEVICE
 @KERNELS
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def eval_(c: api.Compilation, file: str, sets: dict, options: api.Options, load_path: str, data_flag: str | None,
           device: str, kernels: str, as_json: bool) -> None:  # fmt: skip
     """The test loss (and accuracy, for a classifier) of FILE with the parameters of --load; no training."""
@@ -402,7 +457,7 @@ def eval_(c: api.Compilation, file: str, sets: dict, options: api.Options, load_
     report = None if as_json else lambda line: click.echo(line)
     result = running.evaluate(api.build(c.program, options), load_path, data_flag, device, report, kernels=kernels)
     if as_json:
-        click.echo(json.dumps(result))
+        click.echo(json_text(result))
 
 
 @cli.command()
@@ -420,7 +475,7 @@ def eval_(c: api.Compilation, file: str, sets: dict, options: api.Options, load_
               help="Where to write the predictions (.npz, the array `predict`).")  # fmt: skip
 @DEVICE
 @KERNELS
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, load_path: str, data_flag: str | None,
             output: str, device: str, kernels: str, as_json: bool) -> None:  # fmt: skip
     """`predict` of FILE with the parameters of --load for every sample of --data, written to -o."""
@@ -434,7 +489,7 @@ def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, loa
         api.build(c.program, options), load_path, output, data_flag, device, report, kernels=kernels
     )
     if as_json:
-        click.echo(json.dumps(result))
+        click.echo(json_text(result))
 
 
 @cli.command("compile")
