@@ -18,6 +18,7 @@ something else was put in it). Library code: progress goes to a callback.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import http.client
 import os
@@ -27,6 +28,7 @@ import tarfile
 import threading
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -221,15 +223,13 @@ def _open(url: str, limits: Limits, deadline: float) -> tuple[http.client.HTTPRe
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise _Failure(f"a redirect to {url!r}, which is not an http:// or https:// URL")
-        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _Failure(f"no answer within the deadline of {limits.deadline:g} s")
-        conn = kind(parts.hostname, parts.port, timeout=min(limits.stall, remaining))
+        conn, target, headers = _connection(parts, min(limits.stall, remaining))
         watchdog = _Watchdog(conn, deadline)
         try:
-            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            conn.request("GET", target, headers={"User-Agent": f"deepdsl/{__version__}", "Accept-Encoding": "identity"})
+            conn.request("GET", target, headers=headers)
             response = conn.getresponse()
         except BaseException:
             watchdog.cancel()
@@ -249,6 +249,34 @@ def _open(url: str, limits: Limits, deadline: float) -> tuple[http.client.HTTPRe
             raise _Failure(f"HTTP {response.status} {response.reason}")
         return response, watchdog, url
     raise _Failure(f"more than {MAX_REDIRECTS} redirects (a redirect loop?)")
+
+
+def _connection(
+    parts: urllib.parse.SplitResult, timeout: float
+) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
+    """The (unopened) connection for `parts`, the request target and the headers: directly, or through the
+    proxy the environment names (http_proxy, https_proxy, no_proxy: as urllib reads them), a CONNECT tunnel for
+    https."""
+    headers = {"User-Agent": f"deepdsl/{__version__}", "Accept-Encoding": "identity"}
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    https = parts.scheme == "https"
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
+        kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
+        return kind(parts.hostname, parts.port, timeout=timeout), target, headers
+    p = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    auth = {}
+    if p.username is not None:
+        token = base64.b64encode(
+            f"{urllib.parse.unquote(p.username)}:{urllib.parse.unquote(p.password or '')}".encode()
+        ).decode()
+        auth = {"Proxy-Authorization": f"Basic {token}"}
+    if https:
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(p.hostname, p.port or 8080, timeout=timeout)
+        conn.set_tunnel(parts.hostname or "", parts.port, headers=auth)
+        return conn, target, headers
+    conn = http.client.HTTPConnection(p.hostname, p.port or 8080, timeout=timeout)
+    return conn, urllib.parse.urlunsplit(parts), {**headers, **auth}
 
 
 class _Failure(Exception):

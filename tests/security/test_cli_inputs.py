@@ -120,6 +120,10 @@ def test_cosine_total_zero_is_an_error_and_left_out_is_the_iterations(cli, tmp_p
     assert r.exit_code == 0, r.output
     rates = json.loads(r.stdout)["learning_rates"]  # over the block's 4 iterations: cos(pi k / 4)
     assert np.allclose(rates, [0.1 * (1 + math.cos(math.pi * k / 4)) / 2 for k in range(4)], rtol=1e-6)
+    # --lr under a schedule sets its base rate (as the Java program's --lr does)
+    r = cli("run", str(tmp_path / "d.ddsl"), "--data", "synthetic", "--device", "cpu", "--json", "--lr", "0.2")
+    assert r.exit_code == 0, r.output
+    assert np.allclose(json.loads(r.stdout)["learning_rates"], [2 * x for x in rates], rtol=1e-6)
 
 
 def test_a_batch_larger_than_the_data_warns_once(cli, folder: Path) -> None:  # noqa: ANN001

@@ -21,6 +21,7 @@ from deepdsl.errors import DslProgramError
 BODY = bytes(range(256)) * 4  # the file the table names: 1 KiB
 FILE = Remote("f.gz", len(BODY), hashlib.sha256(BODY).hexdigest())
 DRIP_SECONDS = 6.0  # the longest any handler runs
+PROXIED: list[str] = []  # the URLs the server was asked for as a proxy
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -39,7 +40,11 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self) -> None:  # noqa: N802 — the http.server name
-        kind = self.path.strip("/").split("/")[0]
+        path = self.path
+        if path.startswith("http://"):  # asked as a proxy: the absolute URL of another host
+            path = "/" + path.split("/", 3)[3]
+            PROXIED.append(self.path)
+        kind = path.strip("/").split("/")[0]
         end = time.monotonic() + DRIP_SECONDS
         try:
             if kind == "ok":
@@ -197,3 +202,14 @@ def test_cli_failures_name_the_mirror_and_leave_no_folder(cli, server: str, tmp_
     r = cli("data", "mnist", str(folder))
     assert r.exit_code == 1 and "cannot download" in r.stderr and "--url URL" in r.stderr, r.output
     assert not folder.exists()
+
+
+def test_a_proxy_from_the_environment_is_used(server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As urllib did: http_proxy (and no_proxy) from the environment; the host need not resolve here."""
+    monkeypatch.setenv("http_proxy", server)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    PROXIED.clear()
+    paths = download("t", str(tmp_path / "d"), dataset=table("http://mirror.invalid/ok/"), limits=FAST)
+    assert [Path(p).read_bytes() for p in paths] == [BODY]
+    assert PROXIED == ["http://mirror.invalid/ok/f.gz"]
