@@ -173,6 +173,8 @@ def run_training(
     """Train `build` and report through `report` (warnings through `warn`: a batch larger than the data); `driver`
     runs it on that GPU instead of picking by `device` and `kernels` (open_device); `graphs`: on the GPU, the train
     step as a CUDA graph from its second run on."""
+    if iters is not None and not 0 <= iters <= MAX_ITERATIONS:  # (the CLI refuses it as a usage error first)
+        raise DslProgramError(f"--iters takes a whole number in [0, {MAX_ITERATIONS}], not '{iters}'")
     save = save or build.program.train.save  # --save, else the train block's
     if save:
         check_writable(save)  # now, not after the training
