@@ -45,8 +45,6 @@ def _parse_set(ctx: click.Context, param: click.Parameter, values: tuple[str, ..
                 value = float(raw)
             except ValueError:
                 raise click.BadParameter(f"{name}: {raw!r} is not a number", ctx, param) from None
-            if not math.isfinite(value):
-                raise click.BadParameter(f"{name}: {raw!r} is not a finite number", ctx, param)
         out[name.strip()] = value
     return out
 
