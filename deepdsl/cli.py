@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import sys
 import traceback
@@ -27,6 +28,8 @@ from deepdsl.memory import format_plan
 from deepdsl.passes import PASS_NAMES, kernels
 
 EXIT_USER, EXIT_USAGE, EXIT_INTERNAL = 1, 2, 3
+# where the --json objects are described (tests/security/test_cli_inputs.py: every document a help text cites exists)
+JSON_HELP = "Print one JSON object (docs/formats.md, JSON outputs) and nothing else."
 
 
 def _parse_set(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, int | float]:
@@ -101,6 +104,19 @@ def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
+def _parse_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A --url that is not an http(s) URL with a host (an empty one included) is a usage error."""
+    from deepdsl.data.download import check_url
+
+    if value is not None:
+        try:
+            check_url(value)
+        except DslError as exc:
+            raise click.BadParameter(exc.message.removeprefix(f"--url {value!r} ").removeprefix("--url "), ctx,
+                                     param) from None  # fmt: skip
+    return value
+
+
 def _file_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None and not value.strip():
         raise click.BadParameter("needs a file name", ctx, param)
@@ -168,6 +184,28 @@ def common(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def json_text(obj: dict[str, Any]) -> str:
+    """`obj` as strict JSON: a NaN or an infinity (which JSON has not) becomes null and its top-level field is
+    named in a list `nonfinite` (docs/formats.md, JSON outputs); the Java program's --json does the same."""
+    bad: list[str] = []
+
+    def clean(v: Any, field: str) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            if field not in bad:
+                bad.append(field)
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x, field) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x, field) for x in v]
+        return v
+
+    out = {k: clean(v, k) for k, v in obj.items()}
+    if bad:
+        out["nonfinite"] = bad
+    return json.dumps(out, allow_nan=False)
+
+
 def _warnings(c: api.Compilation) -> None:
     if c.program is not None:
         for w in c.program.warnings:
@@ -182,7 +220,7 @@ def cli() -> None:
 
 @cli.command()
 @common
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 @click.option("--layers", is_flag=True, help="Also print every layer with its output shape and parameters.")
 def check(c: api.Compilation, file: str, sets: dict, options: api.Options, as_json: bool, layers: bool) -> None:
     """Parse and shape-check FILE; print its inputs, outputs and parameter count."""
@@ -190,7 +228,7 @@ def check(c: api.Compilation, file: str, sets: dict, options: api.Options, as_js
     assert c.program is not None
     _warnings(c)
     if as_json:
-        click.echo(json.dumps(check_json(c.program)))
+        click.echo(json_text(check_json(c.program)))
     else:
         click.echo(check_text(c.program, file, layers))
 
@@ -202,7 +240,7 @@ def check(c: api.Compilation, file: str, sets: dict, options: api.Options, as_js
 @click.option("--dump-after", "dump_after", metavar="PASS", default=None, callback=_parse_pass,
               help="Also print the training program after this optimiser pass.")  # fmt: skip
 @click.option("--stats", is_flag=True, help="Statements and kernels per stage and per pass instead of the program.")
-@click.option("--json", "as_json", is_flag=True, help="With --stats: one JSON object (DESIGN §9).")
+@click.option("--json", "as_json", is_flag=True, help="With --stats: one JSON object (docs/formats.md, JSON outputs).")
 def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: str | None, dump_after: str | None,
        stats: bool, as_json: bool) -> None:  # fmt: skip
     """Print FILE at one stage of the compiler, in a stable text form."""
@@ -216,7 +254,7 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
     if stats:
         api.compile_file(file, sets, stop_at="opt", c=c, options=options)
         _warnings(c)
-        click.echo(json.dumps(stats_json(c, stage)) if as_json else stats_text(stats_json(c, stage)))
+        click.echo(json_text(stats_json(c, stage)) if as_json else stats_text(stats_json(c, stage)))
         return
     stage = stage or "opt"
     api.compile_file(file, sets, stop_at=stage, c=c, options=options)
@@ -252,7 +290,7 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
 )
 @REPLACE_READONLY
 @WORKSPACE_LIMIT
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gpu_mem: str | None, table: str,
              plot_path: str | None, replace_readonly: bool, workspace_limit: int | None,
              as_json: bool) -> None:  # fmt: skip
@@ -307,7 +345,7 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
         except OSError as exc:
             click.echo(f"error: cannot write the plot {plot_path!r}: {exc.strerror or exc}", err=True)
             sys.exit(EXIT_USER)
-    click.echo(json.dumps(r) if as_json else format_report(r, table != "totals"))
+    click.echo(json_text(r) if as_json else format_report(r, table != "totals"))
     if plot_path is not None:
         click.echo(f"plot: wrote {plot_path}", err=as_json)
     if budget is not None and not r["fits"]:
@@ -345,9 +383,31 @@ TRAINED = click.option(
 )  # fmt: skip
 
 
+def _setting(ctx: click.Context, param: click.Parameter, value: str | None) -> float | int | None:
+    """A numeric option of `run` in its range (running.SETTING_RANGES, the Java program's too): a usage error else."""
+    from deepdsl.running import parse_setting
+
+    if value is None:
+        return None
+    try:
+        return parse_setting(param.opts[0], value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc).removeprefix(f"{param.opts[0]} "), ctx, param) from None
+
+
+def _optimizer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--lr, --momentum, ...: the optimizer's hyperparameters, as the Java program's flags of the same names."""
+    for flag in reversed(("--lr", "--momentum", "--weight-decay", "--beta1", "--beta2", "--eps", "--clip")):
+        fn = click.option(flag, metavar="X", default=None, callback=_setting,
+                          help=f"The optimizer's {flag[2:].replace('-', ' ')} instead of the train block's"
+                          + (" (with a schedule: its base rate)." if flag == "--lr" else "."))(fn)  # fmt: skip
+    return fn
+
+
 @cli.command()
 @common
-@click.option("--iters", type=click.IntRange(min=0), default=None, help="Training steps (default: the train block's).")
+@click.option("--iters", metavar="N", default=None, callback=_setting,
+              help="Training steps (default: the train block's), at most 10,000,000.")  # fmt: skip
 @click.option("--data", "data_flag", metavar="SOURCE", default=None, callback=_parse_data,
               help="synthetic[:SEED] | mnist:DIR | cifar10:DIR | npz:FILE | text:FILE (default: the train block's; "
               "SEED: the synthetic data's own seed, else the program's).")  # fmt: skip
@@ -363,11 +423,12 @@ TRAINED = click.option(
 @WORKSPACE_LIMIT
 @click.option("--graph/--no-graph", "graphs", default=True, show_default=True,
               help="On the GPU: replay the train step as a CUDA graph from its second iteration on.")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (DESIGN §9) and nothing else.")
+@_optimizer_options
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def run(
     c: api.Compilation, file: str, sets: dict, options: api.Options, iters: int | None, data_flag: str | None,
     load_path: str | None, save_path: str | None, replace_readonly: bool, device: str, kernels: str,
-    seed: int | None, double: bool, workspace_limit: int | None, graphs: bool, as_json: bool,
+    seed: int | None, double: bool, workspace_limit: int | None, graphs: bool, as_json: bool, **optimizer: float | None,
 ) -> None:  # fmt: skip
     """Train FILE for a few iterations with the reference runner and report the losses."""
     options = dataclasses.replace(options, workspace_limit=workspace_limit)
@@ -376,13 +437,18 @@ def run(
     api.compile_file(file, sets, c=c)
     assert c.program is not None
     _warnings(c)
+    try:
+        program = running.with_settings(c.program, {k: v for k, v in optimizer.items() if v is not None})
+    except DslError as exc:
+        raise click.UsageError(exc.message) from None
     report = None if as_json else lambda line: click.echo(line)
     result = running.run_training(
-        api.build(c.program, options, seed), iters=iters, data_flag=data_flag, load=load_path, save=save_path,
+        api.build(program, options, seed), iters=iters, data_flag=data_flag, load=load_path, save=save_path,
         device=device, double=double, report=report, kernels=kernels, graphs=graphs, replace_readonly=replace_readonly,
+        warn=lambda line: click.echo(f"warning: {line}", err=True),
     )  # fmt: skip
     if as_json:
-        click.echo(json.dumps(result))
+        click.echo(json_text(result))
 
 
 @cli.command("eval")
@@ -393,7 +459,7 @@ def run(
               "(default: the train block's).")  # fmt: skip
 @DEVICE
 @KERNELS
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def eval_(c: api.Compilation, file: str, sets: dict, options: api.Options, load_path: str, data_flag: str | None,
           device: str, kernels: str, as_json: bool) -> None:  # fmt: skip
     """The test loss (and accuracy, for a classifier) of FILE with the parameters of --load; no training."""
@@ -405,7 +471,7 @@ def eval_(c: api.Compilation, file: str, sets: dict, options: api.Options, load_
     report = None if as_json else lambda line: click.echo(line)
     result = running.evaluate(api.build(c.program, options), load_path, data_flag, device, report, kernels=kernels)
     if as_json:
-        click.echo(json.dumps(result))
+        click.echo(json_text(result))
 
 
 @cli.command()
@@ -424,7 +490,7 @@ def eval_(c: api.Compilation, file: str, sets: dict, options: api.Options, load_
 @REPLACE_READONLY
 @DEVICE
 @KERNELS
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, load_path: str, data_flag: str | None,
             output: str, replace_readonly: bool, device: str, kernels: str, as_json: bool) -> None:  # fmt: skip
     """`predict` of FILE with the parameters of --load for every sample of --data, written to -o."""
@@ -438,7 +504,7 @@ def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, loa
     result = running.predict(build, load_path, output, data_flag, device, report, kernels=kernels,
                              replace_readonly=replace_readonly)  # fmt: skip
     if as_json:
-        click.echo(json.dumps(result))
+        click.echo(json_text(result))
 
 
 @cli.command("compile")
@@ -524,13 +590,19 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
 @cli.command("data")
 @click.argument("name", type=click.Choice(["mnist", "cifar10"]))
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--url", "base_url", metavar="URL", default=None,
+@click.option("--url", "base_url", metavar="URL", default=None, callback=_parse_url,
               help="Download from this base URL instead of the canonical one (a mirror); the checksums stay the "
               "canonical files'. Also DEEPDSL_DATA_URL.")  # fmt: skip
-def data_(name: str, directory: str, base_url: str | None) -> None:
+@click.option("--deadline", type=click.FloatRange(min=0, min_open=True), default=3600, show_default=True,
+              metavar="SECONDS", help="Give up when the whole download takes longer.")  # fmt: skip
+@click.option("--min-rate", "min_rate", type=click.FloatRange(min=0), default=16384, show_default=True,
+              metavar="BYTES", help="Give up on a file that averages fewer bytes a second, 30 s after its "
+              "request.")  # fmt: skip
+def data_(name: str, directory: str, base_url: str | None, deadline: float, min_rate: float) -> None:
     """Download data set NAME (mnist or cifar10) into DIRECTORY, each file checked against its published SHA-256
-    and written atomically; files already there and correct are kept. Progress goes to stderr."""
-    from deepdsl.data.download import download
+    and written atomically; files already there and correct are kept. Progress goes to stderr. A failure leaves
+    no partial file and no folder this command made."""
+    from deepdsl.data.download import Limits, download
     from deepdsl.memory.report import size
 
     shown = {"name": "", "percent": -1}
@@ -547,7 +619,8 @@ def data_(name: str, directory: str, base_url: str | None) -> None:
             shown["name"] = ""
 
     try:
-        paths = download(name, directory, base_url or from_env().data_url, progress)
+        url = base_url if base_url is not None else from_env().data_url  # --url "": an error, not the default
+        paths = download(name, directory, url, progress, limits=Limits(deadline=deadline, min_rate=min_rate))
     except DslError as err:
         if shown["name"]:  # end the bar's line before the error
             click.echo("", err=True)

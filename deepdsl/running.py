@@ -3,7 +3,9 @@ callback."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,9 +19,83 @@ from deepdsl.checkpoint import check_writable, save_npz
 from deepdsl.data import parse_data_flag
 from deepdsl.data.named import Samples, fields_of, load_samples
 from deepdsl.errors import DslProgramError
+from deepdsl.frontend.builtins import FLOAT32_MAX  # a setting the kernels read as a float32 stays finite there
+from deepdsl.frontend.program import Program, Schedule
+from deepdsl.frontend.train import MAX_ITERATIONS
 from deepdsl.trainer import Trainer, TrainResult, batch_size
 
 BAR = 24
+
+# The numeric options of `deepdsl run` and the flags of the Java program (Network.java's RANGES: the same ranges,
+# syntax and messages): flag -> (low, high, high excluded, whole number). --threads is the Java program's only.
+SETTING_RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "--iters": (0, MAX_ITERATIONS, False, True),
+    "--threads": (1, 1024, False, True),
+    "--lr": (0, FLOAT32_MAX, False, False),
+    "--momentum": (0, 1, True, False),
+    "--weight-decay": (0, FLOAT32_MAX, False, False),
+    "--beta1": (0, 1, True, False),
+    "--beta2": (0, 1, True, False),
+    "--eps": (0, FLOAT32_MAX, False, False),
+    "--clip": (0, FLOAT32_MAX, False, False),
+}
+OPTIMIZER_FLAGS = ("--lr", "--momentum", "--weight-decay", "--beta1", "--beta2", "--eps", "--clip")
+_NUMBER = re.compile(r"[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?")
+_WHOLE = re.compile(r"[+-]?[0-9]{1,18}")
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if x == int(x) and abs(x) < 1e15 else f"{x:.2g}"
+
+
+def parse_setting(flag: str, raw: str) -> float | int:
+    """The value of a numeric option `flag` (a key of SETTING_RANGES) given as `raw`: a decimal number (a whole
+    one for --iters and --threads), finite, in its range. ValueError with what it takes otherwise."""
+    low, high, open_high, whole = SETTING_RANGES[flag]
+    text = raw.strip()
+    value: float | int | None = None
+    if whole and _WHOLE.fullmatch(text):
+        value = int(text)
+    elif not whole and _NUMBER.fullmatch(text):
+        value = float(text)
+    if value is None or not math.isfinite(value) or value < low or (value >= high if open_high else value > high):
+        takes = f"{'a whole number' if whole else 'a number'} in [{_fmt(low)}, {_fmt(high)}{')' if open_high else ']'}"
+        raise ValueError(f"{flag} takes {takes}, not {raw!r}")
+    return value
+
+
+def with_settings(program: Program, settings: dict[str, float]) -> Program:
+    """`program` with its optimizer's hyperparameters replaced, as the Java program's flags set its settings
+    (`settings`: lr, momentum, weight_decay, beta1, beta2, eps, clip; checked with parse_setting): `lr` under a
+    schedule is the schedule's base rate. A setting the optimizer does not have (as the Java class has none:
+    sgd's momentum or clip where it is 0) is a DslProgramError."""
+    if not settings:
+        return program
+    cfg = program.train
+    name, args = cfg.optimizer
+    values = dict(args)
+    have = [k for k, v in args if f"--{k.replace('_', '-')}" in SETTING_RANGES and not (k in ("momentum", "clip")
+            and v == 0)]  # fmt: skip
+    lr = cfg.lr
+    for key, value in settings.items():
+        if key not in have:
+            raise DslProgramError(
+                f"the optimizer {name} of {program.graph.name} has no setting '{key}' (it has {', '.join(have)})"
+                + ("; a 0 in the train block leaves it out: give it there" if key in ("momentum", "clip") else "")
+            )
+        if key == "lr" and lr is not None:
+            lr = _with_base(lr, float(value))
+        else:
+            values[key] = float(value)
+    train = dataclasses.replace(cfg, optimizer=(name, tuple(values.items())), lr=lr)
+    return dataclasses.replace(program, train=train)
+
+
+def _with_base(s: Schedule, base: float) -> Schedule:
+    """The schedule `s` from another base rate (Schedule.java's withBase)."""
+    if s.base is None:
+        return dataclasses.replace(s, value=base)
+    return dataclasses.replace(s, base=_with_base(s.base, base))
 
 
 CPU = "cpu (NumPy reference runner)"
@@ -29,15 +105,15 @@ def open_device(device: str, double: bool = False, kernels: str = "auto") -> tup
     """The GPU driver for `device` (None: the NumPy runner), what runs the program (the device line) and, under
     `auto` on the CPU, why CUDA is not used (a line of its own).
 
-    `auto` takes the GPU when PyCUDA is installed and finds one, and says why not otherwise; `cpu` says nothing
-    of CUDA; `cuda` is a user error (with the reason) when it cannot have one. On the GPU, `kernels` picks the
-    vendor libraries (backends/cuda/vendor.py): `vendor` without them is an error wherever the GPU is opened (under
-    `cuda`, and under `auto` once PyCUDA is there); the NumPy runner has no vendor libraries and ignores it."""
-    if device == "cpu":
+    `auto` takes the GPU when PyCUDA is installed and finds one, and says why not otherwise; `cpu`, and `auto`
+    with --float64 (which runs on the CPU), say nothing of CUDA; `cuda` is a user error (with the reason) when it
+    cannot have one. On the GPU, `kernels` picks the vendor libraries (backends/cuda/vendor.py): `vendor` without
+    them is an error wherever the GPU is opened (under `cuda`, and under `auto` once PyCUDA is there); the NumPy
+    runner has no vendor libraries and ignores it."""
+    if device == "cpu" or (device == "auto" and double):  # the CPU asked for (--float64 runs there): no CUDA line
         return None, CPU, None
-    if device == "auto" and (double or not pycuda_available()):
-        why = "--float64 runs on the NumPy runner" if double else f"PyCUDA is not installed ({GPU_EXTRA})"
-        return None, CPU, _not_used(why)
+    if device == "auto" and not pycuda_available():
+        return None, CPU, _not_used(f"PyCUDA is not installed ({GPU_EXTRA})")
     if double:
         raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
     try:
@@ -73,6 +149,17 @@ def _data_label(kind: str, args: dict[Any, Any], seed: int) -> str:
     return f"synthetic (seed {seed if own is None else own})"
 
 
+def repeats(data: Samples, batch: int, kind: str) -> list[str]:
+    """The warnings of a batch larger than the training (or test) set: each batch then repeats samples (positions
+    wrap around the set, docs/formats.md), a documented choice rather than an error, said once."""
+    out = []
+    for what, size in (("training", data.size), ("test", data.test_size if data.test is not None else 0)):
+        if 0 < size < batch:
+            out.append(f"the batch of {batch} is larger than the {size} {what} samples of the {kind} data: each "
+                       "batch repeats samples")  # fmt: skip
+    return out
+
+
 def _not_used(why: str) -> str:
     """The line of a run under `auto` that could have used the GPU and did not: why."""
     return f"CUDA not used: {why.removeprefix('--device cuda: ')}"
@@ -82,10 +169,14 @@ def run_training(
     build: Build, iters: int | None = None, data_flag: str | None = None, load: str | None = None,
     save: str | None = None, device: str = "auto", double: bool = False, report: Callable[[str], None] | None = None,
     driver: Driver | None = None, kernels: str = "auto", graphs: bool = True, replace_readonly: bool = False,
+    warn: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Train `build` and report through `report`; `driver` runs it on that GPU instead of picking by `device` and
-    `kernels` (open_device); `graphs`: on the GPU, the train step as a CUDA graph from its second run on;
-    `replace_readonly`: the save may replace a read-only file (files.py)."""
+    """Train `build` and report through `report` (warnings through `warn`: a batch larger than the data); `driver`
+    runs it on that GPU instead of picking by `device` and `kernels` (open_device); `graphs`: on the GPU, the train
+    step as a CUDA graph from its second run on; `replace_readonly`: the save may replace a read-only file
+    (files.py)."""
+    if iters is not None and not 0 <= iters <= MAX_ITERATIONS:  # (the CLI refuses it as a usage error first)
+        raise DslProgramError(f"--iters takes a whole number in [0, {MAX_ITERATIONS}], not '{iters}'")
     save = save or build.program.train.save  # --save, else the train block's
     if save:
         check_writable(save, replace_readonly=replace_readonly)  # now, not after the training
@@ -95,8 +186,10 @@ def run_training(
         gpu, description, note = open_device(device, double, kernels)
     fallback = device == "auto" and driver is None  # a GPU that cannot take the program leaves it to the CPU
     try:
-        result = _train(build, gpu, description, iters, data_flag, load, save, double, report, fallback, note, graphs,
-                        replace_readonly)  # fmt: skip
+        result = _train(
+            build, gpu, description, iters, data_flag, load, save, double, report, fallback, note, graphs,
+            replace_readonly, warn,
+        )  # fmt: skip
     finally:
         if gpu is not None:
             gpu.close()
@@ -205,12 +298,20 @@ def _train(
     build: Build, gpu: Driver | None, description: str, iters: int | None, data_flag: str | None, load: str | None,
     save: str | None, double: bool, report: Callable[[str], None] | None, fallback: bool = False,
     note: str | None = None, graphs: bool = True, replace_readonly: bool = False,
+    warn: Callable[[str], None] | None = None,
 ) -> TrainResult:  # fmt: skip
     program = build.program
     cfg = program.train
     kind, args = _source(build, data_flag)
     batch = batch_size(program.graph)
-    data = load_samples(kind, args, fields_of(program.graph.inputs), build.seed)
+    n = iters if iters is not None else cfg.iterations
+    if n == 0:  # nothing trained, nothing tested: no data read (`run --iters 0 --save` writes the initial state)
+        data, source = Samples({}), "none (no iterations)"
+    else:
+        data, source = load_samples(kind, args, fields_of(program.graph.inputs), build.seed), None
+        if warn:
+            for line in repeats(data, batch, kind):
+                warn(line)
     trainer = Trainer(build, data, np.float64 if double else np.float32)
     if gpu is not None:
         try:
@@ -224,11 +325,10 @@ def _train(
         description = _with_graph(description, graph)
     if load:
         trainer.load(load)
-    n = iters if iters is not None else cfg.iterations
     if report:
         if note:
             report(note)
-        source = _data_label(kind, args, build.seed)
+        source = source or _data_label(kind, args, build.seed)
         report(f"device: {description}  network {program.graph.name}  batch {batch}  data {source}")
 
     # what a batch holds, for the progress line: images where the first input is [N, C, H, W]

@@ -241,7 +241,13 @@ class Trainer:
         return out
 
     def save(self, path: str, replace_readonly: bool = False) -> None:
-        save_npz(path, self.state(), replace_readonly=replace_readonly)
+        """Write the state to `path`; a NaN or an infinity in it is refused, nothing written (as in Java)."""
+        state = self.state()
+        for name, a in state.items():
+            if a.dtype.kind == "f" and not np.isfinite(a).all():
+                raise NonFinite(f"not saving {path}: '{name}' holds a NaN or an infinity (the training diverged; a "
+                                "smaller --lr may help)")  # fmt: skip
+        save_npz(path, state, replace_readonly=replace_readonly)
 
     def load(self, path: str) -> None:
         expected = {name: (a.shape, a.dtype) for name, a in self.state().items()}

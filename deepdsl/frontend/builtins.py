@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from deepdsl.frontend.elaborate import Elaborator
 
 REQUIRED = object()
+# the largest float32: an optimizer's hyperparameter is read as a float32 and must stay finite there (the same
+# bound as the run options and the Java program's flags, deepdsl/running.py SETTING_RANGES)
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclass(frozen=True)
@@ -312,29 +315,38 @@ SPECS: dict[str, tuple[str, tuple[ArgSpec, ...]]] = {
     "sgd": (
         "optimizer",
         (
-            ArgSpec("lr", "float", 0.01, low=0.0),
+            ArgSpec("lr", "float", 0.01, low=0.0, high=FLOAT32_MAX),
             ArgSpec("momentum", "float", 0.0, low=0.0, below=1.0),
-            ArgSpec("weight_decay", "float", 0.0, low=0.0),
-            ArgSpec("clip", "float", 0.0, low=0.0),
+            ArgSpec("weight_decay", "float", 0.0, low=0.0, high=FLOAT32_MAX),
+            ArgSpec("clip", "float", 0.0, low=0.0, high=FLOAT32_MAX),
         ),
     ),  # fmt: skip
     # learning-rate schedules (frontend/program.py Schedule); `lr` is a number or another schedule
     "step": (
         "schedule",
-        (ArgSpec("lr", "schedule"), ArgSpec("every", "int", low=1), ArgSpec("gamma", "float", 0.1, low=0.0)),
+        (
+            ArgSpec("lr", "schedule", high=FLOAT32_MAX),
+            ArgSpec("every", "int", low=1),
+            ArgSpec("gamma", "float", 0.1, low=0.0, high=FLOAT32_MAX),
+        ),
     ),  # fmt: skip
     "cosine": (
         "schedule",
-        (ArgSpec("lr", "schedule"), ArgSpec("total", "int", 0, low=0), ArgSpec("min", "float", 0.0, low=0.0)),
+        # total left out: the train block's iterations (an explicit 0 is an error, not "all of them")
+        (
+            ArgSpec("lr", "schedule", high=FLOAT32_MAX),
+            ArgSpec("total", "int", None, low=1),
+            ArgSpec("min", "float", 0.0, low=0.0, high=FLOAT32_MAX),
+        ),
     ),  # fmt: skip
-    "warmup": ("schedule", (ArgSpec("lr", "schedule"), ArgSpec("steps", "int", low=1))),
+    "warmup": ("schedule", (ArgSpec("lr", "schedule", high=FLOAT32_MAX), ArgSpec("steps", "int", low=1))),
     "adam": (
         "optimizer",
         (
-            ArgSpec("lr", "float", 0.001, low=0.0),
+            ArgSpec("lr", "float", 0.001, low=0.0, high=FLOAT32_MAX),
             ArgSpec("beta1", "float", 0.9, low=0.0, below=1.0),
             ArgSpec("beta2", "float", 0.999, low=0.0, below=1.0),
-            ArgSpec("eps", "float", 1e-8, low=0.0),
+            ArgSpec("eps", "float", 1e-8, low=0.0, high=FLOAT32_MAX),
         ),
     ),  # fmt: skip
 }

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from deepdsl.errors import DslArgumentError, DslProgramError, Note, did_you_mean
 from deepdsl.frontend import ast, calls
-from deepdsl.frontend.builtins import SPECS
+from deepdsl.frontend.builtins import FLOAT32_MAX, SPECS
 from deepdsl.frontend.program import Schedule, TrainConfig
 from deepdsl.frontend.values import BuiltinFn, Spec, describe
 
@@ -32,6 +32,8 @@ KEYS: dict[str, tuple[str, int]] = {
     "lr": ("schedule", 0),
 }
 
+
+MAX_ITERATIONS = 10_000_000  # the most steps of one run (the Java program's MAX_ITERS; resume with --load for more)
 
 # the data sources that read a path, and the name of that argument
 PATH_SOURCES = {"mnist": "dir", "cifar10": "dir", "npz": "file", "text": "file"}
@@ -81,8 +83,8 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
                     f"'lr' must be a learning rate or a schedule (step(...), cosine(...), warmup(...)), got "
                     f"{describe(v)}", entry.value.span,
                 )  # fmt: skip
-            if not isinstance(v, Spec) and (not math.isfinite(v) or v < 0):
-                raise DslArgumentError(f"'lr' must be a finite number of at least 0, got {v!r}", entry.value.span)
+            if not isinstance(v, Spec) and (not math.isfinite(v) or v < 0 or v > FLOAT32_MAX):
+                raise DslArgumentError(f"'lr' must be a number in [0, {FLOAT32_MAX:.2g}], got {v!r}", entry.value.span)
             values[entry.key] = v
         elif kind in ("data", "optimizer"):
             if not (isinstance(v, Spec) and v.family == kind):
@@ -100,6 +102,11 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise DslArgumentError(
                     f"'{entry.key}' must be an integer of at least {low}, got {v!r}", entry.value.span
+                )
+            if entry.key == "iterations" and v > MAX_ITERATIONS:
+                raise DslArgumentError(
+                    f"'iterations' must be at most {MAX_ITERATIONS:,} (a longer run: resume with --load)",
+                    entry.value.span,
                 )
             values[entry.key] = v
         elif kind == "bool":
@@ -132,8 +139,8 @@ def _gives_lr(e: ast.Expr) -> bool:
 
 
 def schedule(v: Any, iterations: int) -> Schedule:
-    """The Schedule of an `lr` value: a number (constant) or a schedule spec, whose `cosine(total=0)` runs over the
-    train block's `iterations`."""
+    """The Schedule of an `lr` value: a number (constant) or a schedule spec; a `cosine` without `total` runs over
+    the train block's `iterations` (`total=0` is refused where the call is checked)."""
     if not isinstance(v, Spec):
         return Schedule("constant", value=float(v))
     a = dict(v.args)
@@ -141,5 +148,7 @@ def schedule(v: Any, iterations: int) -> Schedule:
     if v.name == "step":
         return Schedule("step", base, every=a["every"], gamma=a["gamma"])
     if v.name == "cosine":
-        return Schedule("cosine", base, total=a["total"] or max(1, iterations), min=a["min"])
+        return Schedule(
+            "cosine", base, total=a["total"] if a["total"] is not None else max(1, iterations), min=a["min"]
+        )
     return Schedule("warmup", base, steps=a["steps"])

@@ -389,8 +389,20 @@ public abstract class Network {
   private Buf settingBuf(String name) {
     Buf b = settingBufs.get(name);
     if (b == null) {
+      List<String> has = new ArrayList<>(); // in the order of the flags, as deepdsl run lists them
+      for (String flag : SETTING_FLAGS) {
+        String key = flag.substring(2).replace('-', '_');
+        if (settingBufs.containsKey(key) || (key.equals("lr") && schedule != null)) {
+          has.add(key);
+        }
+      }
       throw new IllegalArgumentException(
-          settings.name + " has no setting '" + name + "' (it has " + settingBufs.keySet() + ")");
+          settings.name
+              + " has no setting '"
+              + name
+              + "' (it has "
+              + String.join(", ", has)
+              + ")");
     }
     return b;
   }
@@ -490,6 +502,32 @@ public abstract class Network {
    */
   protected void batch(long iteration, Long shuffleSeed) {
     data.batch(iteration, batchSize(), shuffleSeed, batch.toArray(new Buf[0]));
+  }
+
+  /**
+   * The warnings of a batch larger than the training (or test) set of the data: each batch then
+   * repeats samples (as deepdsl run warns).
+   */
+  List<String> repeats(String kind) {
+    List<String> out = new ArrayList<>();
+    int n = batchSize();
+    int[] sizes = {data.size(), data.hasTest() ? data.testSize() : 0};
+    String[] what = {"training", "test"};
+    for (int k = 0; k < 2; k++) {
+      if (sizes[k] > 0 && sizes[k] < n) {
+        out.add(
+            "the batch of "
+                + n
+                + " is larger than the "
+                + sizes[k]
+                + " "
+                + what[k]
+                + " samples of the "
+                + kind
+                + " data: each batch repeats samples");
+      }
+    }
+    return out;
   }
 
   /** Where progress lines go while training (null: nowhere). */
@@ -674,6 +712,21 @@ public abstract class Network {
   public void save(String file) throws IOException {
     device().toHost(this);
     LinkedHashMap<String, Npz.Array> out = new LinkedHashMap<>();
+    tensors.forEach( // as the Python trainer: a NaN or an infinity is never saved
+        (name, t) -> {
+          if (t.kind != Kind.CONST) {
+            for (int k = t.buf.off; k < t.buf.off + t.buf.numel(); k++) {
+              if (!Float.isFinite(t.buf.a[k])) {
+                throw new ArithmeticException(
+                    "not saving "
+                        + file
+                        + ": '"
+                        + name
+                        + "' holds a NaN or an infinity (the training diverged; a smaller --lr may help)");
+              }
+            }
+          }
+        });
     for (boolean optimizer : new boolean[] {false, true}) {
       tensors.forEach(
           (name, t) -> {
@@ -797,6 +850,53 @@ public abstract class Network {
       List.of(
           "--lr", "--momentum", "--weight-decay", "--beta1", "--beta2", "--eps", "--clip");
 
+  /** The most steps one run takes (deepdsl run --iters, the train block's iterations: the same). */
+  static final int MAX_ITERS = 10_000_000;
+
+  /** The most threads --threads starts (more cost seconds to start and gain nothing). */
+  static final int MAX_THREADS = 1024;
+
+  /** The largest float32: a setting the kernels read as a float must stay finite there. */
+  private static final double FLOAT_MAX = Float.MAX_VALUE;
+
+  /**
+   * The range of each numeric flag: {@code [low, high]}, or {@code [low, high)} where {@code
+   * highOpen}. The same table as deepdsl/running.py's SETTING_RANGES (and the optimizers' arguments
+   * in the language), with the same messages.
+   */
+  private record Range(double low, double high, boolean highOpen, boolean whole) {
+    /** As the message says it: {@code a number in [0, 1)}, {@code a whole number in [1, 1024]}. */
+    String describe() {
+      return (whole ? "a whole number" : "a number")
+          + " in ["
+          + fmt(low)
+          + ", "
+          + fmt(high)
+          + (highOpen ? ")" : "]");
+    }
+
+    private static String fmt(double x) {
+      return x == Math.rint(x) && Math.abs(x) < 1e15
+          ? Long.toString((long) x)
+          : String.format(Locale.ROOT, "%.2g", x);
+    }
+  }
+
+  /** A decimal number as the flags take it (no hex, no suffix, no NaN or Infinity): running.py's. */
+  private static final String NUMBER = "[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?";
+
+  private static final Map<String, Range> RANGES =
+      Map.of(
+          "--iters", new Range(0, MAX_ITERS, false, true),
+          "--threads", new Range(1, MAX_THREADS, false, true),
+          "--lr", new Range(0, FLOAT_MAX, false, false),
+          "--momentum", new Range(0, 1, true, false),
+          "--weight-decay", new Range(0, FLOAT_MAX, false, false),
+          "--beta1", new Range(0, 1, true, false),
+          "--beta2", new Range(0, 1, true, false),
+          "--eps", new Range(0, FLOAT_MAX, false, false),
+          "--clip", new Range(0, FLOAT_MAX, false, false));
+
   /** The flags of {@code deepdsl run}, plus the workspace limit. */
   private static final class Flags {
     Integer iters;
@@ -881,7 +981,7 @@ public abstract class Network {
           case "--save" -> f.save = file(arg, value);
           case "--predict" -> f.predict = file(arg, value);
           case "--workspace-limit" -> f.workspaceLimit = bytes(arg, value);
-          case "--threads" -> f.threads = count(arg, value, 1);
+          case "--threads" -> f.threads = count(arg, value);
           case "--blas" -> f.blas = value;
           case "--kernels" -> {
             if (!List.of("vendor", "own", "auto").contains(value)) {
@@ -913,16 +1013,18 @@ public abstract class Network {
       return f;
     }
 
+    /** A setting's value: a finite number in the flag's range (RANGES), else a usage error. */
     private static double number(String flag, String value) {
+      Range r = RANGES.get(flag);
       try {
-        double x = Double.parseDouble(value);
-        if (Double.isFinite(x)) {
+        double x = value.strip().matches(NUMBER) ? Double.parseDouble(value.strip()) : Double.NaN;
+        if (Double.isFinite(x) && x >= r.low() && (r.highOpen() ? x < r.high() : x <= r.high())) {
           return x;
         }
       } catch (NumberFormatException e) {
         // reported below
       }
-      throw new IllegalArgumentException(flag + " takes a number, not '" + value + "'");
+      throw new IllegalArgumentException(flag + " takes " + r.describe() + ", not '" + value + "'");
     }
 
     private static String file(String flag, String value) {
@@ -945,21 +1047,18 @@ public abstract class Network {
           flag + " takes a number of bytes >= 0, not '" + value + "'");
     }
 
+    /** A whole number in the flag's range (RANGES), else a usage error. */
     private static int count(String flag, String value) {
-      return count(flag, value, 0);
-    }
-
-    private static int count(String flag, String value, int least) {
+      Range r = RANGES.get(flag);
       try {
-        int n = Integer.parseInt(value);
-        if (n >= least) {
-          return n;
+        long n = value.strip().matches("[+-]?[0-9]{1,18}") ? Long.parseLong(value.strip()) : -1;
+        if (n >= r.low() && n <= r.high()) {
+          return (int) n;
         }
       } catch (NumberFormatException e) {
         // reported below
       }
-      throw new IllegalArgumentException(
-          flag + " takes a whole number >= " + least + ", not '" + value + "'");
+      throw new IllegalArgumentException(flag + " takes " + r.describe() + ", not '" + value + "'");
     }
   }
 
@@ -1023,17 +1122,25 @@ public abstract class Network {
         info.printf("wrote %s: predict for %d samples%n", flags.predict, m);
         return 0;
       }
-      net.useData(source);
+      int iterations = flags.eval ? 0 : flags.iters != null ? flags.iters : net.settings.iterations;
+      if (iterations > 0 || flags.eval) { // --iters 0 trains and tests nothing: it reads no data
+        net.useData(source);
+        for (String warning : net.repeats(Data.parseFlag(source).kind())) {
+          System.err.println("warning: " + warning);
+        }
+      }
       if (flags.load != null) {
         net.load(flags.load);
       }
-      int iterations = flags.eval ? 0 : flags.iters != null ? flags.iters : net.settings.iterations;
       if (device.note() != null) {
         info.println(device.note());
       }
       info.printf(
           "device: %s  network %s  batch %d  data %s%n",
-          device.description(), name, net.batchSize(), dataLabel(source, net.settings.seed));
+          device.description(),
+          name,
+          net.batchSize(),
+          net.data == null ? "none (no iterations)" : dataLabel(source, net.settings.seed));
       net.reportTo(flags.json ? null : System.out);
       long t0 = System.nanoTime();
       float[] losses = net.train(iterations);
@@ -1047,9 +1154,15 @@ public abstract class Network {
         net.save(net.saveTo);
       }
       if (flags.json && flags.eval) { // as deepdsl eval --json
+        List<String> nonfinite = new ArrayList<>();
+        String loss = jsonNumber(tested[0], "test_loss", nonfinite);
         System.out.println(
-            String.format(Locale.ROOT, "{\"device\": \"%s\", \"test_loss\": %s", device.name(), tested[0])
+            "{\"device\": \""
+                + device.name()
+                + "\", \"test_loss\": "
+                + loss
                 + (Double.isNaN(tested[1]) ? "" : ", \"test_accuracy\": " + tested[1])
+                + nonfinite(nonfinite)
                 + "}");
       } else if (flags.json) {
         System.out.println(
@@ -1111,21 +1224,22 @@ public abstract class Network {
       double secondsPerIter,
       List<Double> stepSeconds,
       List<Float> rates) {
+    List<String> bad = new ArrayList<>();
     StringBuilder s =
         new StringBuilder("{\"device\": \"").append(device).append("\", \"losses\": [");
     for (int i = 0; i < losses.length; i++) {
-      s.append(i > 0 ? ", " : "").append((double) losses[i]);
+      s.append(i > 0 ? ", " : "").append(jsonNumber(losses[i], "losses", bad));
     }
     s.append("]");
     if (rates != null) {
       s.append(", \"learning_rates\": [");
       for (int i = 0; i < rates.size(); i++) {
-        s.append(i > 0 ? ", " : "").append((double) rates.get(i));
+        s.append(i > 0 ? ", " : "").append(jsonNumber(rates.get(i), "learning_rates", bad));
       }
       s.append("]");
     }
     if (tested != null) {
-      s.append(", \"test_loss\": ").append(tested[0]);
+      s.append(", \"test_loss\": ").append(jsonNumber(tested[0], "test_loss", bad));
       if (!Double.isNaN(tested[1])) {
         s.append(", \"test_accuracy\": ").append(tested[1]);
       }
@@ -1134,10 +1248,34 @@ public abstract class Network {
     if (measured >= 0) {
       s.append(", \"gpu_memory_bytes\": ").append(measured);
     }
-    s.append(", \"seconds_per_iter\": ").append(secondsPerIter).append(", \"step_seconds\": [");
+    s.append(", \"seconds_per_iter\": ")
+        .append(jsonNumber(secondsPerIter, "seconds_per_iter", bad))
+        .append(", \"step_seconds\": [");
     for (int i = 0; i < stepSeconds.size(); i++) {
-      s.append(i > 0 ? ", " : "").append(stepSeconds.get(i));
+      s.append(i > 0 ? ", " : "").append(jsonNumber(stepSeconds.get(i), "step_seconds", bad));
     }
-    return s.append("]}").toString();
+    return s.append("]").append(nonfinite(bad)).append("}").toString();
+  }
+
+  /**
+   * A number as JSON writes it: a NaN or an infinity (which JSON has not) as {@code null}, its
+   * field named in {@code nonfinite} (as deepdsl's --json does).
+   */
+  private static String jsonNumber(double x, String field, List<String> nonfinite) {
+    if (Double.isFinite(x)) {
+      return Double.toString(x);
+    }
+    if (!nonfinite.contains(field)) {
+      nonfinite.add(field);
+    }
+    return "null";
+  }
+
+  /** The {@code "nonfinite"} list of the fields that hold a null for a NaN or infinity, if any. */
+  private static String nonfinite(List<String> fields) {
+    if (fields.isEmpty()) {
+      return "";
+    }
+    return ", \"nonfinite\": [\"" + String.join("\", \"", fields) + "\"]";
   }
 }
