@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.backends.cuda.runner import GPU_EXTRA, Driver, PyCudaDriver, pycuda_available
+from deepdsl.backends.cuda.runner import Driver, PyCudaDriver, pycuda_available
 from deepdsl.backends.cuda.vendor import MissingLibrary
 from deepdsl.build import Build
 from deepdsl.checkpoint import check_writable, save_npz
@@ -105,15 +105,16 @@ def open_device(device: str, double: bool = False, kernels: str = "auto") -> tup
     """The GPU driver for `device` (None: the NumPy runner), what runs the program (the device line) and, under
     `auto` on the CPU, why CUDA is not used (a line of its own).
 
-    `auto` takes the GPU when PyCUDA is installed and finds one, and says why not otherwise; `cpu`, and `auto`
-    with --float64 (which runs on the CPU), say nothing of CUDA; `cuda` is a user error (with the reason) when it
+    `auto` takes the GPU when PyCUDA is installed and finds one, and says why not when PyCUDA is there but cannot
+    run the program (no GPU, a plan too large); without PyCUDA (the `gpu` extra) it says nothing, and neither do
+    `cpu` and `auto` with --float64 (which runs on the CPU); `cuda` is a user error (with the reason) when it
     cannot have one. On the GPU, `kernels` picks the vendor libraries (backends/cuda/vendor.py): `vendor` without
     them is an error wherever the GPU is opened (under `cuda`, and under `auto` once PyCUDA is there); the NumPy
     runner has no vendor libraries and ignores it."""
     if device == "cpu" or (device == "auto" and double):  # the CPU asked for (--float64 runs there): no CUDA line
         return None, CPU, None
-    if device == "auto" and not pycuda_available():
-        return None, CPU, _not_used(f"PyCUDA is not installed ({GPU_EXTRA})")
+    if device == "auto" and not pycuda_available():  # no GPU extra: a CPU install, no news on every command
+        return None, CPU, None
     if double:
         raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
     try:

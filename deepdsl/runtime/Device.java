@@ -134,7 +134,7 @@ public interface Device extends AutoCloseable {
   void close();
 
   /** The device asked for cannot run this program; the message says why. */
-  final class Unavailable extends RuntimeException {
+  class Unavailable extends RuntimeException {
     private static final long serialVersionUID = 1L;
 
     public Unavailable(String message) {
@@ -142,10 +142,20 @@ public interface Device extends AutoCloseable {
     }
   }
 
+  /** The JCuda classes are not on the class path: a CPU build, which {@code auto} does not remark on. */
+  final class NoJCuda extends Unavailable {
+    private static final long serialVersionUID = 1L;
+
+    NoJCuda() {
+      super("the JCuda classes are not on the class path");
+    }
+  }
+
   /**
    * The device for {@code which} ({@code cpu}, {@code cuda} or {@code auto}) running the network
    * of {@code settings}. {@code auto} takes CUDA only when the JCuda classes load, a GPU is there
-   * and the kernels are found; else the CPU, saying why. {@code kernels} ({@code vendor}, {@code
+   * and the kernels are found; else the CPU, saying why unless the JCuda classes are simply not on
+   * the class path (a CPU build: no news on every run; {@code cuda} says why). {@code kernels} ({@code vendor}, {@code
    * own} or {@code auto}) says where the CUDA device's GEMMs run, {@code graph} whether it replays
    * the train step as a CUDA graph: see {@link CudaDevice}.
    *
@@ -161,6 +171,8 @@ public interface Device extends AutoCloseable {
       case "auto":
         try {
           return cuda(settings, workspaceLimit, kernels, graph);
+        } catch (NoJCuda e) {
+          return new CpuDevice(workspaceLimit, null);
         } catch (Unavailable e) {
           return new CpuDevice(workspaceLimit, "CUDA not used: " + e.getMessage());
         }
@@ -177,7 +189,7 @@ public interface Device extends AutoCloseable {
               .getConstructor(Network.Settings.class, long.class, String.class, boolean.class)
               .newInstance(settings, workspaceLimit, kernels, graph);
     } catch (ClassNotFoundException | NoClassDefFoundError e) { // said briefly: the class is no news
-      throw new Unavailable("the JCuda classes are not on the class path");
+      throw new NoJCuda();
     } catch (LinkageError e) {
       throw new Unavailable("the JCuda classes are not on the class path (" + e + ")");
     } catch (InvocationTargetException e) {

@@ -111,16 +111,14 @@ def test_auto_says_why_it_runs_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> No
     import deepdsl.running as running
 
     monkeypatch.setattr(running, "pycuda_available", lambda: False)
-    driver, line, why = open_device("auto")
-    assert driver is None and line == "cpu (NumPy reference runner)"
-    assert why == "CUDA not used: PyCUDA is not installed (pip install 'deepdsl[gpu]')"
+    driver, line, why = open_device("auto")  # a CPU install (no gpu extra): nothing about CUDA on every command
+    assert driver is None and line == "cpu (NumPy reference runner)" and why is None
     driver, line, why = open_device("auto", double=True)
     assert driver is None and why is None  # --float64 asks for the CPU (its runner): nothing about CUDA
     assert open_device("cpu") == (None, "cpu (NumPy reference runner)", None)  # asked for: nothing about CUDA
     lines: list[str] = []
     run_training(_build(TINY, "tiny.ddsl"), iters=1, device="auto", report=lines.append)
-    assert lines[0] == "CUDA not used: PyCUDA is not installed (pip install 'deepdsl[gpu]')"
-    assert lines[1].startswith("device: cpu (NumPy reference runner)  network Tiny")
+    assert lines[0].startswith("device: cpu (NumPy reference runner)  network Tiny") and "CUDA" not in "".join(lines)
     lines.clear()
     run_training(_build(TINY, "tiny.ddsl"), iters=1, device="cpu", report=lines.append)
     assert lines[0].startswith("device: cpu (NumPy reference runner)  network") and "CUDA" not in "".join(lines)

@@ -217,10 +217,10 @@ def test_devices(programs: Path) -> None:
     assert r.returncode == 1 and "JCuda" in r.stderr
     r = java(build, "MLP", "--data", "synthetic", "--iters", "1", "--device", "auto", "--json", cwd=programs)
     assert r.returncode == 0 and json.loads(r.stdout)["device"] == "cpu"
-    # once, briefly, on a line of its own before the device line; `cpu` says nothing of CUDA
+    # a CPU build (no JCuda classes) is no news under auto: the device line alone; `cpu` says nothing of CUDA either
     lines = r.stderr.splitlines()
-    assert lines[0] == "CUDA not used: the JCuda classes are not on the class path", r.stderr
-    assert lines[1].startswith("device: cpu (Java, ") and lines[1].endswith(
+    assert "CUDA" not in r.stderr, r.stderr
+    assert lines[0].startswith("device: cpu (Java, ") and lines[0].endswith(
         "network MLP  batch 16  data synthetic (seed 1)"
     )
     r = java(build, "MLP", "--data", "synthetic", "--iters", "1", "--device", "cpu", cwd=programs)
