@@ -106,3 +106,45 @@ def test_every_example_compiles(doc: Path, n: int, block: str) -> None:
         api.compile_source(block, f"{doc.stem}-example{n}.ddsl", {"N": 2} if "const N" in block else None, c=c)
     except DslError as err:
         pytest.fail(f"example {n} of {doc.relative_to(ROOT)} does not compile:\n{render(err, c.sources)}")
+
+
+def unnamed_modules(text: str, root: Path) -> list[str]:
+    """The modules of `root/deepdsl` (every .py, and every .java of deepdsl/runtime) that `text` does not name.
+    A Python module is named by its path, or by any shorter tail of its path that no other module shares
+    (`cuda/kernels.py`, `parser.py`; `kernels.py` alone names neither of two); a Java class by its name."""
+    package = root / "deepdsl"
+    modules = sorted(p.relative_to(package).as_posix() for p in package.rglob("*.py"))
+    tails = [m.split("/") for m in modules]
+    owners: dict[str, int] = {}
+    for parts in tails:
+        for k in range(len(parts)):
+            tail = "/".join(parts[k:])
+            owners[tail] = owners.get(tail, 0) + 1
+
+    def named(parts: list[str]) -> bool:
+        return any(
+            (k == 0 or owners["/".join(parts[k:])] == 1)
+            and re.search(r"(?:(?<![\w/.])|(?<=deepdsl/))" + re.escape("/".join(parts[k:])) + r"(?![\w/])", text)
+            for k in range(len(parts))
+        )
+
+    missing = [m for m, parts in zip(modules, tails) if not named(parts)]
+    classes = sorted(p.stem for p in (package / "runtime").glob("*.java"))
+    return missing + [f"runtime/{c}.java" for c in classes if not re.search(rf"\b{c}\b", text)]
+
+
+def test_the_architecture_names_every_module() -> None:
+    """docs/architecture.md names every Python module of the package and every class of the Java runtime."""
+    missing = unnamed_modules((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"), ROOT)
+    assert not missing, "docs/architecture.md does not name: " + ", ".join(missing)
+
+
+def test_the_module_check_can_fail(tmp_path: Path) -> None:
+    """A module named nowhere, one named only by a file name two modules share, and a runtime class are caught;
+    a module named by its path, with or without `deepdsl/`, or by a tail of its own is not."""
+    for path in ("deepdsl/a/kernels.py", "deepdsl/b/kernels.py", "deepdsl/a/only.py", "deepdsl/runtime/Gemm.java"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    missing = ["a/kernels.py", "b/kernels.py", "runtime/Gemm.java"]
+    assert unnamed_modules("`kernels.py` and `only.py`", tmp_path) == missing
+    assert unnamed_modules("`a/kernels.py`, `deepdsl/b/kernels.py`, `only.py`; `Gemm`", tmp_path) == []
