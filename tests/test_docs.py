@@ -25,8 +25,10 @@ def prose(text: str) -> str:
 
 
 def anchor(heading: str) -> str:
-    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"`|\*\*?|_(?=\w)|(?<=\w)_", "", heading.strip().lower())
+    """GitHub's anchor of a heading: lower case, emphasis marks and punctuation dropped, spaces to hyphens; a code
+    span keeps its text as written (`hard_swish` keeps its underscore)."""
+    parts = re.split(r"(`[^`]*`)", heading.strip().lower())
+    text = "".join(p.strip("`") if p.startswith("`") else re.sub(r"\*\*?|_(?=\w)|(?<=\w)_", "", p) for p in parts)
     text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
@@ -72,15 +74,17 @@ def test_the_link_check_catches_broken_links(tmp_path: Path, monkeypatch: pytest
     good links, external links and brackets in code are not."""
     docs = tmp_path / "docs"
     docs.mkdir()
-    (tmp_path / "README.md").write_text("# Top\n## The `ir` command\n")
+    (tmp_path / "README.md").write_text("# Top\n## The `ir` command\n## The `hard_swish` op\n")
     doc = docs / "x.md"
     doc.write_text(
         "# A heading\n[ok](../README.md) [ok](#a-heading) [ok](../README.md#the-ir-command) [ok](https://x.org)\n"
+        "[ok](../README.md#the-hard_swish-op) [bad](../README.md#the-hardswish-op)\n"
         "`[not](a-link.md)`\n```\n[not](a-link.md)\n```\n"
         "[bad](missing.md) [bad](#no-such) [bad](../README.md#nope) [bad](../../shared/DESIGN.md)\n"
     )
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
     assert broken_links(doc) == [
+        "../README.md#the-hardswish-op: no heading #the-hardswish-op in README.md",
         "missing.md: no such file",
         "#no-such: no heading #no-such in docs/x.md",
         "../README.md#nope: no heading #nope in README.md",
