@@ -152,3 +152,48 @@ def test_the_module_check_can_fail(tmp_path: Path) -> None:
     missing = ["a/kernels.py", "b/kernels.py", "runtime/Gemm.java"]
     assert unnamed_modules("`kernels.py` and `only.py`", tmp_path) == missing
     assert unnamed_modules("`a/kernels.py`, `deepdsl/b/kernels.py`, `only.py`; `Gemm`", tmp_path) == []
+
+
+def readme_commands() -> list[str]:
+    """The README's two commands: the `sh` blocks of its section "Two commands" (set up and train; the tests)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Two commands") :]
+    section = section[: section.index("\n## ", 1)]
+    return re.findall(r"^```sh\n(.*?)^```", section, re.M | re.S)
+
+
+def test_the_readme_is_an_entry_point() -> None:
+    """At most 250 lines, its two commands first: the first installs deepdsl without the test extras and builds with
+    Maven (OpenBLAS) where mvn is present, else javac; the second installs the test extras itself."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines"
+    setup, tests = readme_commands()
+    assert "pip install -e . " in setup and "[test]" not in setup
+    assert "command -v mvn" in setup and "--maven" in setup and "javac" in setup
+    assert 'pip install -e ".[test]"' in tests and tests.rstrip().endswith("pytest")
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    """.ci/run runs each step of the README's test command, in its order (between them it may do more)."""
+    _, tests = readme_commands()
+    steps = [s.strip() for s in tests.strip().split("&&")]
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
+    at = 0
+    for step in steps:
+        if step.startswith("python3 -m venv"):  # CI makes the same virtual environment
+            step = "python3 -m venv .venv"
+        assert step in ci[at:], f".ci/run does not run '{step}' of the README's test command (after line {at})"
+        at = ci.index(step, at) + 1
+
+
+def test_every_benchmark_names_its_command_date_and_commit() -> None:
+    """docs/benchmarks.md: each section of figures says the command behind them, when and at which commit."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    figures = [s for s in sections if not s.startswith("The scripts")]
+    assert len(figures) >= 5
+    for section in figures:
+        title = section.splitlines()[0]
+        assert re.search(r"`(python scripts/|bash scripts/|deepdsl |/usr/bin/time )", section), f"{title}: no command"
+        assert re.search(r"\b20\d\d-\d\d-\d\d\b", section), f"{title}: no date"
+        assert re.search(r"`[0-9a-f]{7}`", section), f"{title}: no commit"
