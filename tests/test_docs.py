@@ -194,6 +194,7 @@ def test_every_benchmark_names_its_command_date_and_commit() -> None:
     assert len(figures) >= 5
     for section in figures:
         title = section.splitlines()[0]
-        assert re.search(r"`(python scripts/|bash scripts/|deepdsl |/usr/bin/time )", section), f"{title}: no command"
+        command = r"`(python3? scripts/|bash scripts/|deepdsl |/usr/bin/time |python3 -m venv |pytest)"
+        assert re.search(command, section), f"{title}: no command"
         assert re.search(r"\b20\d\d-\d\d-\d\d\b", section), f"{title}: no date"
         assert re.search(r"`[0-9a-f]{7}`", section), f"{title}: no commit"
