@@ -344,7 +344,14 @@ def test_the_java_programs_train_as_the_numpy_runner(
             pass
         else:  # the Java CUDA device's kernels, the guide's entry point among them, compile
             assert ".entry" in nvrtc.ptx(cu, "sm_90")
-        javac(tmp_path, [src / f"{cls}.java", *runtime.glob("*.java")], tmp_path / f"{example}-build")  # CudaDevice too
+        sources = [src / f"{cls}.java", *runtime.glob("*.java")]  # CudaDevice.java too, with the guide's method
+        if example == "cumsum":  # the guide's case of the Java CPU kernels' check, in its switch
+            check = (ROOT / "tests" / "backends" / "java" / "OpCheck.java").read_text()
+            (case,) = (b.text for b in blocks("tests/backends/java/OpCheck.java"))
+            assert check.count("    switch (op) {\n") == 1
+            (src / "OpCheck.java").write_text(check.replace("    switch (op) {\n", "    switch (op) {\n" + case))
+            sources.append(src / "OpCheck.java")
+        javac(tmp_path, sources, tmp_path / f"{example}-build")
         want = json.loads(cli("run", str(path), "--data", "synthetic", "--iters", "10", "--json").stdout)
         got = java_json(tmp_path / f"{example}-build", cls, "--data", "synthetic", "--iters", "10", "--device", "cpu")
         np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
