@@ -301,7 +301,7 @@ def test_no_compiler_is_a_clear_message(monkeypatch: pytest.MonkeyPatch) -> None
 def test_pinned_nvrtc_emits_ptx_old_drivers_take() -> None:
     version = nvrtc.nvrtc_version()
     if version is not None:  # 12.x emits PTX ISA 8.x, which every driver from CUDA 12.x's on takes (580 included)
-        assert version[0] == 12, f"NVRTC {version}: pin nvidia-cuda-nvrtc-cu12 (README, CUDA kernels)"
+        assert version[0] == 12, f"NVRTC {version}: pin nvidia-cuda-nvrtc-cu12 (docs/gpu.md, The CUDA kernels)"
     text = nvrtc.ptx('extern "C" __global__ void f(float* o) { o[threadIdx.x] = 0.0f; }', "sm_90")
     assert re.search(r"^\.version 8\.\d+$", text, re.M)
 

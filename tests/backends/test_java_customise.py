@@ -1,4 +1,4 @@
-"""README's "Changing the generated program", done: each edit made on a generated class, compiled with javac and
+"""docs/java.md's "Changing the generated program", done: each edit made on a generated class, compiled with javac and
 run on the CPU device and on the emulated CUDA device (the stand-in libcuda.so.1 of test_java_cuda), with the
 effect it should have. One compile of the network; each edit is a copy of the class under its own name."""
 
@@ -41,7 +41,7 @@ train {{
 }}
 """
 
-# the edits as README.md writes them (the norm printed every step here, not every 100, for a short run)
+# the edits as docs/java.md writes them (the norm printed every step here, not every 100, for a short run)
 LEAKY_JAVA = [
     (
         "Math.max((a0[p0 + i0 * no1 + i1] + a1[p1 + i1]), 0.0f)",
