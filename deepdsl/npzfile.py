@@ -80,7 +80,7 @@ def read_npz(path: str, what: str) -> dict[str, np.ndarray]:
                 raise DslProgramError(f"{what} '{path}' is a single .npy array, not an .npz archive")
             size = os.fstat(f.fileno()).st_size
             start, entries = _directory(f, size)
-            _check_entries(entries, size)
+            _check_entries(entries, size, start)
             out: dict[str, np.ndarray] = {}
             for e in entries:
                 if not e.name.endswith("/"):
@@ -199,7 +199,7 @@ def _zip64(extra: bytes, unpacked: int, packed: int, offset: int, name: str) -> 
     return unpacked, packed, offset
 
 
-def _check_entries(entries: list[_Entry], archive: int) -> None:
+def _check_entries(entries: list[_Entry], archive: int, directory: int) -> None:
     """Every entry's central directory record against the rules (module docstring), before anything is read."""
     names: set[str] = set()
     regions: list[tuple[int, int, str]] = []
@@ -231,7 +231,10 @@ def _check_entries(entries: list[_Entry], archive: int) -> None:
                     f"inflates from an archive of {archive} bytes ({MAX_INFLATE_RATIO} times its size, at least "
                     f"{MIN_INFLATE_LIMIT >> 20} MiB)"
                 )
-        regions.append((e.offset, e.offset + 30 + len(e.raw_name) + e.packed, e.name))
+        end = e.offset + 30 + len(e.raw_name) + e.packed  # (at the least: the local header's extra field adds)
+        if end > directory:
+            raise _Bad(f"{where}: damaged ZIP data (its data runs past the entries into the central directory)")
+        regions.append((e.offset, end, e.name))
     regions.sort()
     for (_, end, name), (start, _, other) in zip(regions, regions[1:]):
         if end > start:
@@ -325,7 +328,10 @@ def _array(e: _Stream, size: int, where: str) -> np.ndarray:
     length = int.from_bytes(_read(e, width, where, "its .npy header"), "little")
     if length > 1 << 20:
         raise _Bad(f"{where}: implausible .npy header length {length}")
-    text = _read(e, length, where, "its .npy header").decode("utf-8" if major == 3 else "latin-1")
+    try:
+        text = _read(e, length, where, "its .npy header").decode("utf-8" if major == 3 else "latin-1")
+    except UnicodeDecodeError:
+        raise _Bad(f"{where}: its .npy header is not UTF-8") from None
     dtype, fortran, shape = _header(text, where)
     count = math.prod(shape)
     described = f"{count} elements of {dtype.str} {list(shape)}"
