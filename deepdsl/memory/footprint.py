@@ -56,7 +56,7 @@ def footprint(p: Plan, itemsize: int = 4) -> Footprint:
     kernel = max((s.out.type.nbytes * (_EPILOGUE if "epilogue" in s.a else _PLAIN) for s in g.stmts
                   if not REGISTRY[s.op].view), default=0)  # fmt: skip
     largest = max((q.value.type.numel for q in g.params), default=0)
-    init = init_scratch_bytes(largest) // scale  # (float64 scratch whatever the parameters' type)
+    init = init_scratch_bytes(largest)  # (float64 scratch whatever the type: counted twice in float64, to spare)
     return Footprint((params + inputs) * scale, params * scale, p.arena_bytes * scale, max(kernel, init) * scale)
 
 
