@@ -291,7 +291,7 @@ class _Stream:
                 if not self.tail:
                     if self.inflate.eof or not self.left_in:
                         break
-                    self.tail = self._more(_CHUNK)
+                    self.tail = self._more(1 << 16)  # (small: each call copies what it leaves unconsumed)
                 try:
                     chunk = self.inflate.decompress(self.tail, n - got)
                 except zlib.error as err:
