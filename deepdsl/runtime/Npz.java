@@ -551,8 +551,8 @@ public final class Npz {
                   where, inflated, archive, MAX_INFLATE_RATIO, MIN_INFLATE_LIMIT >> 20));
         }
       }
-      // (an offset or compressed size of 2^63 or more saturates: it lies outside the archive; at the
-      // least: the local header's extra field adds to the end)
+      // (an offset or compressed size of 2^63 or more saturates: it lies outside the archive; at
+      // the least: the local header's extra field adds to the end)
       long end;
       try {
         end = Math.addExact(Math.addExact(e.offset(), 30 + e.rawName().length), e.packed());
@@ -743,18 +743,15 @@ public final class Npz {
         }
       }
     }
-    if (columnMajor && shape.length > 1) {
-      int[] from = columnMajorIndex(shape);
+    if (columnMajor && shape.length > 1) { // (one copy beside the array, no index of its size)
       if (floats != null) {
         float[] src = floats.clone();
-        for (int i = 0; i < count; i++) {
-          floats[i] = src[from[i]];
-        }
+        float[] dst = floats;
+        fromColumnMajor(shape, (i, from) -> dst[i] = src[from]);
       } else {
         long[] src = longs.clone();
-        for (int i = 0; i < count; i++) {
-          longs[i] = src[from[i]];
-        }
+        long[] dst = longs;
+        fromColumnMajor(shape, (i, from) -> dst[i] = src[from]);
       }
     }
     return new Array(shape, floats, longs);
@@ -949,19 +946,23 @@ public final class Npz {
     return out;
   }
 
-  /** For each element in row-major order, its position in column-major order. */
-  private static int[] columnMajorIndex(int[] shape) {
+  /** A move of one element: row-major position {@code i} takes column-major {@code from}. */
+  private interface Move {
+    void at(int i, int from);
+  }
+
+  /** For each element in row-major order, its position in column-major order, to {@code move}. */
+  private static void fromColumnMajor(int[] shape, Move move) {
     int[] strides = new int[shape.length];
     int stride = 1;
     for (int k = 0; k < shape.length; k++) {
       strides[k] = stride;
       stride *= shape[k];
     }
-    int[] from = new int[stride];
     int[] index = new int[shape.length];
     int pos = 0;
-    for (int i = 0; i < from.length; i++) {
-      from[i] = pos;
+    for (int i = 0; i < stride; i++) {
+      move.at(i, pos);
       // Advance the row-major index, last axis fastest, keeping pos the column-major offset.
       for (int k = shape.length - 1; k >= 0; k--) {
         index[k]++;
@@ -973,7 +974,6 @@ public final class Npz {
         index[k] = 0;
       }
     }
-    return from;
   }
 
   /**
