@@ -24,7 +24,7 @@ from deepdsl.errors import DslProgramError
 from deepdsl.initializers import init_array
 from deepdsl.ir import Graph, ParamDef
 from deepdsl.ir.analysis import classified_label
-from deepdsl.memory.footprint import available_memory, check_fits, footprint
+from deepdsl.memory.footprint import available_memory, check_fits, footprint, memory_limits
 from deepdsl.memory.report import total_peak
 
 # The largest step counter a parameter file may hold: far beyond any run, and small enough that iteration x batch
@@ -65,7 +65,7 @@ class Trainer:
         self.classified = classified_label(program.graph)
         self.plan = build.train_plan if dtype == np.float32 else None  # float64 runs without an arena
         # the whole footprint against the memory available, before the arrays below are allocated
-        check_fits(footprint(build.train_plan, np.dtype(dtype).itemsize), available_memory())
+        check_fits(footprint(build.train_plan, np.dtype(dtype).itemsize), available_memory(), memory_limits())
         self.batch = batch_size(program.graph)
         self.shuffle = self.seed if program.train.shuffle else None
         self.arrays: dict[str, np.ndarray] = {p.value.name: self._init(p) for p in self.train_graph.params}

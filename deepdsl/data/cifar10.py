@@ -16,15 +16,34 @@ import numpy as np
 from ..errors import DslProgramError
 from .download import get_it
 
-__all__ = ["RECORD", "TEST_FILE", "TRAIN_FILES", "load_cifar10", "read_cifar_batch"]
+__all__ = ["MAX_RECORDS", "RECORD", "TEST_FILE", "TRAIN_FILES", "load_cifar10", "read_cifar_batch"]
 
 RECORD = 1 + 3 * 32 * 32
 TRAIN_FILES = tuple(f"data_batch_{k}.bin" for k in range(1, 6))
 TEST_FILE = "test_batch.bin"
 
 
+MAX_RECORDS = (2**31 - 9) // (RECORD - 1)  # 699,050: the most whose pixels one Java array (the runtime's) holds
+
+
+def _check_records(paths: list[str]) -> None:
+    """Before reading: the files hold at most MAX_RECORDS records together (their sizes say how many)."""
+    total = 0
+    for path in paths:
+        try:
+            total += os.path.getsize(path) // RECORD
+        except OSError as e:
+            raise DslProgramError(f"cannot read CIFAR-10 file '{path}': {e.strerror or e}") from None
+        if total > MAX_RECORDS:
+            raise DslProgramError(
+                f"CIFAR-10 file '{path}' brings the data to {total} or more records of {RECORD} bytes, more than "
+                f"deepdsl reads ({MAX_RECORDS}: {MAX_RECORDS * (RECORD - 1)} pixels)"
+            )
+
+
 def read_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
     """One binary batch file as ``(x float32 [n, 3, 32, 32], y int64 [n])``."""
+    _check_records([path])
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -63,7 +82,9 @@ def load_cifar10(directory: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | N
                 f"CIFAR-10 file not found: '{path}' (the binary version has {', '.join(TRAIN_FILES)}); "
                 f"{get_it('cifar10', directory)}"
             )
-        x, y = read_cifar_batch(path)
+    _check_records([os.path.join(base, name) for name in TRAIN_FILES])
+    for name in TRAIN_FILES:
+        x, y = read_cifar_batch(os.path.join(base, name))
         xs.append(x)
         ys.append(y)
     test = os.path.join(base, TEST_FILE)

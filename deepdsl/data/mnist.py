@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import DslProgramError
+from ..npzfile import MAX_INFLATE_RATIO, MIN_INFLATE_LIMIT, inflate_limit
 from .download import get_it
 
 __all__ = ["IMAGE_MAGIC", "LABEL_MAGIC", "load_mnist", "read_idx_images", "read_idx_labels"]
@@ -61,6 +62,7 @@ def _read_idx(
                 raise DslProgramError(
                     f"MNIST file '{path}' promises {described} ({size} bytes), more than deepdsl reads ({MAX_BYTES})"
                 )
+            _check_size(path, 4 * words, size, described)
             data = bytearray()
             while len(data) < size:
                 chunk = f.read(min(_CHUNK, size - len(data)))
@@ -81,6 +83,23 @@ def _read_idx(
         raise DslProgramError(f"cannot decompress MNIST file '{path}' (damaged or truncated gzip: {e})") from None
     except OSError as e:
         raise DslProgramError(f"cannot read MNIST file '{path}': {e.strerror or e}") from None
+
+
+def _check_size(path: str, head: int, size: int, described: str) -> None:
+    """Before reading: a plain file holds the bytes its header promises; a gzip file promises at most what
+    deepdsl inflates from a file of its size (npzfile.inflate_limit: 16 times, at least 64 MiB)."""
+    on_disk = os.path.getsize(path)
+    if path.endswith(".gz"):
+        if head + size > inflate_limit(on_disk):
+            raise DslProgramError(
+                f"MNIST file '{path}' promises {described} ({size} bytes), more than deepdsl inflates from a gzip "
+                f"file of {on_disk} bytes ({MAX_INFLATE_RATIO} times its size, at least {MIN_INFLATE_LIMIT >> 20} MiB)"
+            )
+    elif on_disk - head < size:
+        raise DslProgramError(
+            f"MNIST file '{path}' is truncated: its header promises {described} ({size} bytes of data), "
+            f"but only {on_disk - head} bytes follow the header"
+        )
 
 
 def read_idx_images(path: str) -> np.ndarray:

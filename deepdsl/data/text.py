@@ -22,7 +22,9 @@ import numpy as np
 
 from ..errors import DslProgramError
 
-__all__ = ["read_text_ids", "text_samples"]
+__all__ = ["MAX_BYTES", "read_text_ids", "text_samples"]
+
+MAX_BYTES = 2**28  # 256 MiB: a larger text file is refused before it is read (reading takes ~12 bytes a byte)
 
 
 def read_text_ids(path: str) -> tuple[np.ndarray, int]:
@@ -31,17 +33,27 @@ def read_text_ids(path: str) -> tuple[np.ndarray, int]:
         raise DslProgramError('text() needs a file name as a string, e.g. text("data/input.txt")')
     if not os.path.isfile(path):
         raise DslProgramError(f"text data file not found: '{path}'")
-    with open(path, "rb") as f:
-        raw = f.read()
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_BYTES:
+                raise DslProgramError(f"text data file '{path}' is {size} bytes, more than deepdsl reads ({MAX_BYTES})")
+            raw = f.read(MAX_BYTES + 1)
+    except OSError as e:
+        raise DslProgramError(f"cannot read text data file '{path}': {e.strerror or e}") from None
+    if len(raw) > MAX_BYTES:  # (a file that grew while it was read)
+        raise DslProgramError(f"text data file '{path}' is more than deepdsl reads ({MAX_BYTES} bytes)")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise DslProgramError(f"text data file '{path}' is not UTF-8 text") from None
+    del raw
     if text.startswith("\ufeff"):
         text = text[1:]
-    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
-    vocab, ids = np.unique(codes, return_inverse=True)
-    return ids.astype(np.int64).reshape(-1), len(vocab)
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    del text
+    vocab = np.unique(codes)  # (a rank by searchsorted: some 12 bytes a character at the peak, not 50)
+    return np.searchsorted(vocab, codes).astype(np.int64, copy=False), len(vocab)
 
 
 def _windows(ids: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:

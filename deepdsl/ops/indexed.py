@@ -87,7 +87,11 @@ def evaluate(e: IE, out: tuple[tuple[str, int], ...], xs: tuple[np.ndarray, ...]
             return 0.5 * (1 + np.tanh(0.5 * args[0]))
         return _UFUNC[e.fn](*args)
 
-    value = go(e, top, len(out))
+    try:
+        value = go(e, top, len(out))
+    finally:  # go and compute refer to each other, a cycle only the garbage collector frees: let go of the arrays
+        done.clear()  # they reach (the inputs, the shared values) now, not at the next collection
+        xs = ()
     shape = tuple(size for _, size in out)
     value = value.reshape(value.shape + (1,) * (len(shape) - value.ndim)) if value.ndim < len(shape) else value
     return np.array(np.broadcast_to(value, shape), dtype=dtype, order="C")  # ascontiguousarray makes 0-d 1-d

@@ -3,6 +3,7 @@ package deepdsl.runtime;
 import java.io.EOFException;
 import java.io.IOException;
 import java.io.InputStream;
+import java.math.BigInteger;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Arrays;
@@ -22,6 +23,8 @@ final class DataFiles {
   private static final int CIFAR_RECORD = 1 + 3 * 32 * 32;
   // the most pixels one Java array holds; an IDX header promising more is refused (as mnist.py does)
   private static final long MAX_IDX_BYTES = Integer.MAX_VALUE - 8;
+  // the most records whose pixels one Java array holds (699,050; as cifar10.py's MAX_RECORDS)
+  private static final long MAX_CIFAR_RECORDS = MAX_IDX_BYTES / (CIFAR_RECORD - 1);
 
   private DataFiles() {}
 
@@ -190,7 +193,6 @@ final class DataFiles {
                 "MNIST file '%s' has magic number %s, but an IDX %s file starts with %d",
                 path, Integer.toUnsignedString(header[0]), what, magic));
       }
-      long size = 1;
       for (int k = 1; k < words; k++) {
         if (header[k] < 0) {
           throw new IOException(
@@ -198,14 +200,36 @@ final class DataFiles {
                   "MNIST file '%s' has an impossible count %s in its header",
                   path, Integer.toUnsignedString(header[k])));
         }
-        size *= header[k]; // at most three factors below 2^31: no overflow
+      }
+      // three factors below 2^31 may overflow a long: their exact product
+      BigInteger product = BigInteger.ONE;
+      for (int k = 1; k < words; k++) {
+        product = product.multiply(BigInteger.valueOf(header[k]));
       }
       String described = describe.apply(header);
-      if (size > MAX_IDX_BYTES) {
+      if (product.compareTo(BigInteger.valueOf(MAX_IDX_BYTES)) > 0) {
         throw new IOException(
             String.format(
-                "MNIST file '%s' promises %s (%d bytes), more than deepdsl reads (%d)",
-                path, described, size, MAX_IDX_BYTES));
+                "MNIST file '%s' promises %s (%s bytes), more than deepdsl reads (%d)",
+                path, described, product, MAX_IDX_BYTES));
+      }
+      long size = product.longValue();
+      // before reading: a plain file holds what its header promises; a gzip file promises at most
+      // what deepdsl inflates from a file of its size (Npz.inflateLimit)
+      long onDisk = Files.size(path);
+      if (gzip && 4L * words + size > Npz.inflateLimit(onDisk)) {
+        throw new IOException(
+            String.format(
+                "MNIST file '%s' promises %s (%d bytes), more than deepdsl inflates from a gzip"
+                    + " file of %d bytes (16 times its size, at least 64 MiB)",
+                path, described, size, onDisk));
+      }
+      if (!gzip && onDisk - 4L * words < size) {
+        throw new IOException(
+            String.format(
+                "MNIST file '%s' is truncated: its header promises %s (%d bytes of data), but only"
+                    + " %d bytes follow the header",
+                path, described, size, onDisk - 4L * words));
       }
       byte[] data = in.readNBytes((int) size); // grows with what the file really holds
       if (data.length < size) {
@@ -249,25 +273,52 @@ final class DataFiles {
     if (!Files.isRegularFile(base.resolve("data_batch_1.bin")) && Files.isDirectory(nested)) {
       base = nested;
     }
-    byte[][] batches = new byte[5][];
+    Path[] paths = new Path[5];
     for (int k = 0; k < 5; k++) {
-      Path path = base.resolve("data_batch_" + (k + 1) + ".bin");
-      if (!Files.isRegularFile(path)) {
+      paths[k] = base.resolve("data_batch_" + (k + 1) + ".bin");
+      if (!Files.isRegularFile(paths[k])) {
         throw new IOException(
             String.format(
                 "CIFAR-10 file not found: '%s' (the binary version has data_batch_1.bin,"
                     + " data_batch_2.bin, data_batch_3.bin, data_batch_4.bin, data_batch_5.bin); %s",
-                path,
+                paths[k],
                 getIt("cifar10", directory)));
       }
-      batches[k] = readCifar(path);
+    }
+    checkRecords(paths);
+    byte[][] batches = new byte[5][];
+    for (int k = 0; k < 5; k++) {
+      batches[k] = readCifar(paths[k]);
     }
     Path test = base.resolve("test_batch.bin");
     Samples testSet = Files.isRegularFile(test) ? cifarRecords(readCifar(test)) : null;
     return new Split(cifarRecords(batches), testSet);
   }
 
+  /**
+   * Before reading: the files hold at most {@link #MAX_CIFAR_RECORDS} records together (their sizes
+   * say how many), as cifar10.py checks.
+   */
+  private static void checkRecords(Path... paths) throws IOException {
+    long total = 0;
+    for (Path path : paths) {
+      total += Files.size(path) / CIFAR_RECORD;
+      if (total > MAX_CIFAR_RECORDS) {
+        throw new IOException(
+            String.format(
+                "CIFAR-10 file '%s' brings the data to %d or more records of %d bytes, more than"
+                    + " deepdsl reads (%d: %d pixels)",
+                path,
+                total,
+                CIFAR_RECORD,
+                MAX_CIFAR_RECORDS,
+                MAX_CIFAR_RECORDS * (CIFAR_RECORD - 1)));
+      }
+    }
+  }
+
   private static byte[] readCifar(Path path) throws IOException {
+    checkRecords(path);
     byte[] data = Files.readAllBytes(path);
     if (data.length == 0) {
       throw new IOException("CIFAR-10 file '" + path + "' is empty");

@@ -1,14 +1,14 @@
 package deepdsl.runtime;
 
 import java.io.BufferedOutputStream;
-import java.io.EOFException;
 import java.io.IOException;
-import java.io.InputStream;
-import java.io.RandomAccessFile;
+import java.math.BigInteger;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.channels.Channels;
 import java.nio.channels.FileChannel;
+import java.nio.charset.CharacterCodingException;
+import java.nio.charset.CodingErrorAction;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.DirectoryStream;
 import java.nio.file.Files;
@@ -20,30 +20,34 @@ import java.nio.file.StandardOpenOption;
 import java.nio.file.attribute.BasicFileAttributes;
 import java.nio.file.attribute.PosixFilePermission;
 import java.security.SecureRandom;
+import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.Enumeration;
+import java.util.HashMap;
+import java.util.HashSet;
 import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.Set;
+import java.util.function.Predicate;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 import java.util.zip.CRC32;
-import java.util.zip.CheckedInputStream;
+import java.util.zip.DataFormatException;
+import java.util.zip.Inflater;
 import java.util.zip.ZipEntry;
-import java.util.zip.ZipException;
-import java.util.zip.ZipFile;
 import java.util.zip.ZipOutputStream;
 
 /**
  * NumPy {@code .npz} archives (DESIGN §9): what {@code np.savez} and {@code deepdsl/checkpoint.py}
  * write.
  *
- * <p>An archive is an uncompressed ZIP with one {@code NAME.npy} entry per array, in insertion
- * order; a name may hold dots and slashes ({@code cv1.W}, {@code opt/cv1.W/momentum}, {@code
- * opt/step}). Reading accepts {@code .npy} format versions 1.0, 2.0 and 3.0, C or Fortran order,
- * either byte order, floats (float16/32/64, given back as float32) and integers (8 to 64 bits,
- * signed or not, given back as int64). Writing produces version 1.0 entries of little-endian
- * float32 ({@code <f4}) and int64 ({@code <i8}).
+ * <p>An archive is a ZIP with one {@code NAME.npy} entry per array, in insertion order; a name may
+ * hold dots and slashes ({@code cv1.W}, {@code opt/cv1.W/momentum}, {@code opt/step}). Writing
+ * stores the entries uncompressed; reading accepts stored and deflated entries (as {@code
+ * np.savez_compressed} writes them) by the rules of {@link #read}, and {@code .npy} format
+ * versions 1.0, 2.0 and 3.0, C or Fortran order, either byte order, floats (float16/32/64, given
+ * back as float32) and integers (8 to 64 bits, signed or not, given back as int64). Writing
+ * produces version 1.0 entries of little-endian float32 ({@code <f4}) and int64 ({@code <i8}).
  */
 public final class Npz {
   private static final byte[] MAGIC = {(byte) 0x93, 'N', 'U', 'M', 'P', 'Y'};
@@ -52,9 +56,6 @@ public final class Npz {
   private static final int MAX_ELEMENTS = Integer.MAX_VALUE - 8; // the most of one Java array
   private static final String TEMP_SUFFIX = ".deepdsl-tmp";
   private static final int NAME_MAX = 255; // the longest name of a file (bytes) on Linux's file systems
-  private static final Pattern DESCR = Pattern.compile("'descr'\\s*:\\s*'([^']*)'");
-  private static final Pattern FORTRAN = Pattern.compile("'fortran_order'\\s*:\\s*(True|False)");
-  private static final Pattern SHAPE = Pattern.compile("'shape'\\s*:\\s*\\(([^)]*)\\)");
 
   private Npz() {}
 
@@ -110,7 +111,11 @@ public final class Npz {
 
   /**
    * The arrays of the archive at {@code path}, by name (the entry name without {@code .npy}), in
-   * file order.
+   * file order. The ZIP container is read by the steps and rules of {@code deepdsl/npzfile.py}
+   * (docs/formats.md, "Reading an .npz archive"), so both runtimes accept and refuse the same
+   * files: every entry is checked from the central directory (method stored or deflate, not
+   * encrypted, named once, under 4 GiB, inside the archive, the deflated ones promising at most
+   * {@code max(16 x the archive's size, 64 MiB)} in all) before any array is allocated.
    *
    * @throws IOException when the file is missing, is not a ZIP archive, or holds an entry that is
    *     not a {@code .npy} array of a supported type; the message names the file and the entry
@@ -119,59 +124,22 @@ public final class Npz {
     if (!Files.isRegularFile(path)) {
       throw new IOException("npz file not found: '" + path + "'");
     }
-    checkEnd(path);
-    LinkedHashMap<String, Array> out = new LinkedHashMap<>();
-    ZipFile zip;
-    try {
-      zip = new ZipFile(path.toFile());
-    } catch (ZipException e) {
-      throw new IOException("'" + path + "' is not an .npz archive (" + e.getMessage() + ")", e);
-    }
-    try (zip) {
-      Enumeration<? extends ZipEntry> entries = zip.entries();
-      while (entries.hasMoreElements()) {
-        ZipEntry entry = entries.nextElement();
-        if (entry.isDirectory()) {
-          continue;
-        }
-        String entryName = entry.getName();
-        String name =
-            entryName.endsWith(".npy") ? entryName.substring(0, entryName.length() - 4) : entryName;
-        String where = "npz file '" + path + "', entry '" + entryName + "'";
-        if (out.containsKey(name)) {
-          throw new IOException(where + ": the array '" + name + "' appears twice");
-        }
-        long size = entry.getSize();
-        if (size >= MAX_ENTRY_BYTES) {
-          throw new IOException(
-              where + " is " + size + " bytes; entries of 4 GiB or more are not read");
-        }
-        if (size < 0) {
-          throw new IOException(where + ": its size is not recorded");
-        }
-        if (entry.getMethod() == ZipEntry.STORED && entry.getCompressedSize() != size) {
-          throw new IOException(
-              where
-                  + ": a stored entry of "
-                  + size
-                  + " bytes that takes "
-                  + entry.getCompressedSize());
-        }
-        CRC32 crc = new CRC32();
-        try (InputStream in = new CheckedInputStream(zip.getInputStream(entry), crc)) {
-          out.put(name, readNpy(in, size, where));
-        } catch (ZipException | EOFException e) {
-          throw new IOException(where + ": damaged ZIP data (" + e.getMessage() + ")", e);
-        }
-        if (crc.getValue() != entry.getCrc()) {
-          throw new IOException(
-              String.format(
-                  "%s: damaged ZIP data (its CRC-32 is %08x, the archive records %08x)",
-                  where, crc.getValue(), entry.getCrc()));
+    String file = "npz file '" + path + "'";
+    try (FileChannel channel = FileChannel.open(path, StandardOpenOption.READ)) {
+      long size = channel.size();
+      if (Arrays.equals(readAt(channel, 0, (int) Math.min(size, MAGIC.length)), MAGIC)) {
+        throw new IOException(file + " is a single .npy array, not an .npz archive");
+      }
+      Directory directory = directory(channel, size, file);
+      checkEntries(directory.entries(), size, directory.start(), file);
+      LinkedHashMap<String, Array> out = new LinkedHashMap<>();
+      for (ZipRecord e : directory.entries()) {
+        if (!e.name().endsWith("/")) {
+          out.put(arrayName(e.name()), readEntry(channel, e, directory.start(), file));
         }
       }
+      return out;
     }
-    return out;
   }
 
   /**
@@ -445,44 +413,450 @@ public final class Npz {
 
   // ---- reading ----
 
-  /**
-   * Refuse bytes after the archive's end record (which ZipFile would skip): the record is 22 bytes
-   * and a comment of at most 65535.
-   */
-  private static void checkEnd(Path path) throws IOException {
-    byte[] tail;
-    try (RandomAccessFile file = new RandomAccessFile(path.toFile(), "r")) {
-      long size = file.length();
-      tail = new byte[(int) Math.min(size, 22 + 65535)];
-      file.seek(size - tail.length);
-      file.readFully(tail);
-    }
-    int shortBy = -1; // the bytes after the last record that ends before the file does
-    for (int at = tail.length - 22; at >= 0; at--) {
-      if (tail[at] == 'P' && tail[at + 1] == 'K' && tail[at + 2] == 5 && tail[at + 3] == 6) {
-        int end = at + 22 + ((tail[at + 20] & 0xFF) | (tail[at + 21] & 0xFF) << 8);
-        if (end == tail.length) {
-          return; // (a record-like pattern inside the comment cannot hide this one)
-        }
-        if (end < tail.length && shortBy < 0) {
-          shortBy = tail.length - end;
-        }
-      }
-    }
-    if (shortBy >= 0) {
-      throw new IOException(
-          "npz file '" + path + "': " + shortBy + " bytes of other data after the archive's end");
-    }
-    // no end record: ZipFile says what it finds
+  private static final long MAX_INFLATE_RATIO = 16; // deflated entries promise at most 16 x ...
+  private static final long MIN_INFLATE_LIMIT = 64L << 20; // ... the archive's size, or 64 MiB
+  private static final long MAX_DIRECTORY_BYTES = 16L << 20;
+  private static final int ENCRYPTED = 0x1;
+  private static final int PATCHED = 0x20;
+  private static final int STRONG = 0x40;
+  private static final int UTF8 = 0x800;
+  private static final String[] KEYS = {"descr", "fortran_order", "shape"};
+
+  /** The most bytes the deflated entries of an archive of {@code bytes} bytes may promise. */
+  static long inflateLimit(long bytes) {
+    return Math.max(MAX_INFLATE_RATIO * bytes, MIN_INFLATE_LIMIT);
   }
 
-  private static Array readNpy(InputStream in, long size, String where) throws IOException {
+  /** One central directory record: the entry's name, flags, method, CRC, sizes and offset. */
+  private record ZipRecord(
+      String name, byte[] rawName, int flags, int method, long crc, long packed, long size,
+      long offset) {}
+
+  /** The central directory: where it starts and its records. */
+  private record Directory(long start, List<ZipRecord> entries) {}
+
+  private static String arrayName(String entry) {
+    return entry.endsWith(".npy") ? entry.substring(0, entry.length() - 4) : entry;
+  }
+
+  private static long u(byte[] b, int at, int n) {
+    long v = 0;
+    for (int k = n - 1; k >= 0; k--) {
+      v = v << 8 | (b[at + k] & 0xFF);
+    }
+    return v;
+  }
+
+  private static boolean startsWith(byte[] b, int at, int c, int d) {
+    return at >= 0 && at + 4 <= b.length && b[at] == 'P' && b[at + 1] == 'K' && b[at + 2] == c
+        && b[at + 3] == d;
+  }
+
+  /** {@code n} bytes at {@code position} (fewer where the file ends). */
+  private static byte[] readAt(FileChannel channel, long position, int n) throws IOException {
+    ByteBuffer b = ByteBuffer.allocate(Math.max(0, n));
+    while (b.hasRemaining()) {
+      int k = channel.read(b, position + b.position());
+      if (k < 0) {
+        break;
+      }
+    }
+    return Arrays.copyOf(b.array(), b.position());
+  }
+
+  /**
+   * The central directory, after the end record's checks: the last end record of the file's last
+   * 65,557 bytes ends exactly at the file's end (its ZIP64 record used where the 76 bytes before it
+   * are one), one disk, the directory ending where that record begins and holding the entries it
+   * counts, its records and extra fields whole.
+   */
+  private static Directory directory(FileChannel channel, long size, String file)
+      throws IOException {
+    int tailSize = (int) Math.min(size, 22 + 65535);
+    byte[] tail = readAt(channel, size - tailSize, tailSize);
+    int at = tail.length - 22;
+    while (at >= 0 && !startsWith(tail, at, 5, 6)) {
+      at--;
+    }
+    if (at < 0) {
+      throw new IOException(file + " is not an .npz archive (no ZIP end record)");
+    }
+    long end = at + 22 + u(tail, at + 20, 2);
+    if (end < tail.length) {
+      throw new IOException(
+          file + ": " + (tail.length - end) + " bytes of other data after the archive's end");
+    }
+    if (end > tail.length) {
+      throw new IOException(
+          file
+              + " is not an .npz archive (its end record's comment runs past the end of the"
+              + " file)");
+    }
+    long record = size - tailSize + at;
+    long disk = u(tail, at + 4, 2);
+    long cdDisk = u(tail, at + 6, 2);
+    long countHere = u(tail, at + 8, 2);
+    long count = u(tail, at + 10, 2);
+    long cdSize = u(tail, at + 12, 4);
+    long cdOffset = u(tail, at + 16, 4);
+    long before = record;
+    if (record >= 20 + 56) {
+      byte[] locator = readAt(channel, record - 20, 20);
+      byte[] z64 = readAt(channel, record - 20 - 56, 56);
+      if (startsWith(locator, 0, 6, 7) && startsWith(z64, 0, 6, 6)) {
+        if (u(locator, 4, 4) != 0 || u(locator, 16, 4) > 1) {
+          throw new IOException(file + ": an archive that spans several disks is not read");
+        }
+        disk = u(z64, 16, 4);
+        cdDisk = u(z64, 20, 4);
+        countHere = u(z64, 24, 8);
+        count = u(z64, 32, 8);
+        cdSize = u(z64, 40, 8);
+        cdOffset = u(z64, 48, 8);
+        before = record - 20 - 56;
+      }
+    }
+    if (disk != 0 || cdDisk != 0 || countHere != count) {
+      throw new IOException(file + ": an archive that spans several disks is not read");
+    }
+    // (unsigned: a ZIP64 size or offset of 2^63 or more is negative here, and refused)
+    if (cdOffset < 0 || cdSize < 0 || cdOffset + cdSize != before) {
+      throw new IOException(
+          String.format(
+              "%s: damaged ZIP archive: its central directory (%s bytes at %s) does not end"
+                  + " where its end record begins (%d); data before or inside the archive is not"
+                  + " read",
+              file, Long.toUnsignedString(cdSize), Long.toUnsignedString(cdOffset), before));
+    }
+    if (cdSize > MAX_DIRECTORY_BYTES) {
+      throw new IOException(
+          String.format(
+              "%s: its central directory of %d bytes is larger than deepdsl reads (%d)",
+              file, cdSize, MAX_DIRECTORY_BYTES));
+    }
+    byte[] cd = readAt(channel, cdOffset, (int) cdSize);
+    List<ZipRecord> entries = new ArrayList<>();
+    int pos = 0;
+    while (pos < cd.length) {
+      if (cd.length - pos < 46 || !startsWith(cd, pos, 1, 2)) {
+        throw new IOException(
+            file + ": damaged ZIP archive: a bad central directory record at " + (cdOffset + pos));
+      }
+      int flags = (int) u(cd, pos + 8, 2);
+      int method = (int) u(cd, pos + 10, 2);
+      long crc = u(cd, pos + 16, 4);
+      long packed = u(cd, pos + 20, 4);
+      long unpacked = u(cd, pos + 24, 4);
+      int n = (int) u(cd, pos + 28, 2);
+      int m = (int) u(cd, pos + 30, 2);
+      int k = (int) u(cd, pos + 32, 2);
+      long offset = u(cd, pos + 42, 4);
+      if ((long) pos + 46 + n + m + k > cd.length) {
+        throw new IOException(
+            file + ": damaged ZIP archive: a central directory record at " + (cdOffset + pos)
+                + " runs past its end");
+      }
+      byte[] raw = Arrays.copyOfRange(cd, pos + 46, pos + 46 + n);
+      String name =
+          entryName(raw, flags, file + ": the central directory record at " + (cdOffset + pos));
+      // the sizes and offset from the first ZIP64 extra field where the record holds 0xFFFFFFFF
+      long[] values = {unpacked, packed, offset};
+      boolean seen = false;
+      int x = pos + 46 + n;
+      int xEnd = x + m;
+      while (xEnd - x >= 4) {
+        int kind = (int) u(cd, x, 2);
+        int len = (int) u(cd, x + 2, 2);
+        if (4 + len > xEnd - x) {
+          throw new IOException(
+              file
+                  + ", entry '"
+                  + name
+                  + "': damaged ZIP data (an extra field runs past its record)");
+        }
+        if (kind == 1 && !seen) {
+          seen = true;
+          int d = x + 4;
+          for (int i = 0; i < 3; i++) {
+            if (values[i] == 0xFFFFFFFFL) {
+              if (x + 4 + len - d < 8) {
+                throw new IOException(
+                    file
+                        + ", entry '"
+                        + name
+                        + "': damaged ZIP data (a ZIP64 extra field too short)");
+              }
+              values[i] = u(cd, d, 8);
+              d += 8;
+            }
+          }
+        }
+        x += 4 + len;
+      }
+      entries.add(new ZipRecord(name, raw, flags, method, crc, values[1], values[0], values[2]));
+      pos += 46 + n + m + k;
+    }
+    if (entries.size() != count) {
+      throw new IOException(
+          String.format(
+              "%s: damaged ZIP archive: its end record counts %s entries, its central directory"
+                  + " holds %d",
+              file, Long.toUnsignedString(count), entries.size()));
+    }
+    return new Directory(cdOffset, entries);
+  }
+
+  /** An entry name: UTF-8 where flagged so, else ASCII; never holding a NUL. */
+  private static String entryName(byte[] raw, int flags, String where) throws IOException {
+    boolean ascii = true;
+    for (byte b : raw) {
+      if (b == 0) {
+        throw new IOException(where + ": an entry name holding a NUL byte");
+      }
+      ascii &= b >= 0;
+    }
+    if ((flags & UTF8) != 0) {
+      try {
+        return StandardCharsets.UTF_8
+            .newDecoder()
+            .onMalformedInput(CodingErrorAction.REPORT)
+            .onUnmappableCharacter(CodingErrorAction.REPORT)
+            .decode(ByteBuffer.wrap(raw))
+            .toString();
+      } catch (CharacterCodingException e) {
+        throw new IOException(where + ": an entry name flagged UTF-8 that is not UTF-8", e);
+      }
+    }
+    if (!ascii) {
+      throw new IOException(
+          where + ": an entry name of other than ASCII characters without the UTF-8 flag");
+    }
+    return new String(raw, StandardCharsets.US_ASCII);
+  }
+
+  /** Every entry's record against the rules, before anything is read. */
+  private static void checkEntries(
+      List<ZipRecord> entries, long archive, long directory, String file)
+      throws IOException {
+    Set<String> names = new HashSet<>();
+    List<long[]> regions = new ArrayList<>();
+    long inflated = 0;
+    for (int i = 0; i < entries.size(); i++) {
+      ZipRecord e = entries.get(i);
+      String where = file + ", entry '" + e.name() + "'";
+      if ((e.flags() & (ENCRYPTED | STRONG)) != 0) {
+        throw new IOException(where + " is encrypted; encrypted entries are not read");
+      }
+      if ((e.flags() & PATCHED) != 0) {
+        throw new IOException(where + " holds patch data; it is not read");
+      }
+      if (e.method() != 0 && e.method() != 8) {
+        String known =
+            switch (e.method()) {
+              case 12 -> " (bzip2)";
+              case 14 -> " (LZMA)";
+              case 9 -> " (deflate64)";
+              case 93 -> " (Zstandard)";
+              case 95 -> " (XZ)";
+              case 98 -> " (PPMd)";
+              default -> "";
+            };
+        throw new IOException(
+            where + " uses compression method " + e.method() + known
+                + "; only stored (0) and deflate (8) entries are read");
+      }
+      String name = arrayName(e.name());
+      if (!e.name().endsWith("/") && !names.add(name)) {
+        throw new IOException(where + ": the array '" + name + "' appears twice");
+      }
+      if (e.size() < 0 || e.size() >= MAX_ENTRY_BYTES) {
+        throw new IOException(
+            where + " is " + Long.toUnsignedString(e.size())
+                + " bytes; entries of 4 GiB or more are not read");
+      }
+      if (e.method() == 0 && e.packed() != e.size()) {
+        throw new IOException(
+            where + ": a stored entry of " + e.size() + " bytes that takes "
+                + Long.toUnsignedString(e.packed()));
+      }
+      if (e.method() == 8) {
+        inflated += e.size();
+        if (inflated > inflateLimit(archive)) {
+          throw new IOException(
+              String.format(
+                  "%s: the deflated entries promise %d bytes or more in all, more than deepdsl"
+                      + " inflates from an archive of %d bytes (%d times its size, at least %d"
+                      + " MiB)",
+                  where, inflated, archive, MAX_INFLATE_RATIO, MIN_INFLATE_LIMIT >> 20));
+        }
+      }
+      // (an offset or compressed size of 2^63 or more saturates: it lies outside the archive; at
+      // the least: the local header's extra field adds to the end)
+      long end;
+      try {
+        end = Math.addExact(Math.addExact(e.offset(), 30 + e.rawName().length), e.packed());
+      } catch (ArithmeticException overflow) {
+        end = Long.MAX_VALUE;
+      }
+      end = e.offset() < 0 || e.packed() < 0 ? Long.MAX_VALUE : end;
+      if (end > directory) {
+        throw new IOException(
+            where
+                + ": damaged ZIP data (its data runs past the entries into the central directory)");
+      }
+      regions.add(new long[] {e.offset() < 0 ? Long.MAX_VALUE : e.offset(), end, i});
+    }
+    regions.sort((a, b) -> Long.compareUnsigned(a[0], b[0]));
+    for (int k = 0; k + 1 < regions.size(); k++) {
+      if (Long.compareUnsigned(regions.get(k)[1], regions.get(k + 1)[0]) > 0) {
+        throw new IOException(
+            String.format(
+                "%s, entry '%s' overlaps entry '%s' (damaged or crafted ZIP data)",
+                file,
+                entries.get((int) regions.get(k + 1)[2]).name(),
+                entries.get((int) regions.get(k)[2]).name()));
+      }
+    }
+  }
+
+  /** One entry's array: its local header checked against its record, then its bytes. */
+  private static Array readEntry(FileChannel channel, ZipRecord e, long directory, String file)
+      throws IOException {
+    String where = file + ", entry '" + e.name() + "'";
+    byte[] head = readAt(channel, e.offset(), 30);
+    if (head.length < 30 || !startsWith(head, 0, 3, 4)) {
+      throw new IOException(
+          where + ": damaged ZIP data (no local header at " + Long.toUnsignedString(e.offset())
+              + ")");
+    }
+    int n = (int) u(head, 26, 2);
+    int m = (int) u(head, 28, 2);
+    byte[] local = readAt(channel, e.offset() + 30, n);
+    boolean ascii = true;
+    for (byte b : local) {
+      ascii &= b >= 0;
+    }
+    if (!Arrays.equals(local, e.rawName()) || (!ascii && (u(head, 6, 2) & UTF8) == 0)) {
+      throw new IOException(
+          where + ": damaged ZIP data (its local header names '"
+              + new String(local, StandardCharsets.ISO_8859_1) + "')");
+    }
+    long start = e.offset() + 30 + n + m;
+    if (start + e.packed() > directory) {
+      throw new IOException(
+          where + ": damaged ZIP data (its data runs past the entries into the central directory)");
+    }
+    EntryStream in = new EntryStream(channel, start, e, where);
+    Array array = readNpy(in, e.size(), where);
+    in.finish();
+    return array;
+  }
+
+  /**
+   * An entry's bytes: at most its size, read or inflated chunk by chunk, its CRC-32 checked at the
+   * end.
+   */
+  private static final class EntryStream {
+    private final FileChannel channel;
+    private final String where;
+    private final long expected;
+    private final Inflater inflater;
+    private final CRC32 crc = new CRC32();
+    private long position;
+    private long leftIn;
+    private long leftOut;
+
+    EntryStream(FileChannel channel, long start, ZipRecord e, String where) {
+      this.channel = channel;
+      this.position = start;
+      this.leftIn = e.packed();
+      this.leftOut = e.size();
+      this.where = where;
+      this.expected = e.crc();
+      this.inflater = e.method() == 8 ? new Inflater(true) : null;
+    }
+
+    private byte[] more(long n) throws IOException {
+      int k = (int) Math.min(leftIn, n);
+      byte[] data = readAt(channel, position, k);
+      if (data.length < k) {
+        throw new IOException(where + ": truncated (the archive ends inside it)");
+      }
+      position += k;
+      leftIn -= k;
+      return data;
+    }
+
+    /** Up to {@code n} more bytes (fewer only at the entry's end, or where its data ends early). */
+    byte[] read(int n) throws IOException {
+      n = (int) Math.min(n, leftOut);
+      byte[] out = new byte[n];
+      int got = 0;
+      try {
+        while (got < n) {
+          if (inflater == null) {
+            if (leftIn == 0) {
+              break;
+            }
+            byte[] chunk = more(n - got);
+            System.arraycopy(chunk, 0, out, got, chunk.length);
+            got += chunk.length;
+          } else {
+            if (inflater.needsInput()) {
+              if (inflater.finished() || leftIn == 0) {
+                break;
+              }
+              inflater.setInput(more(CHUNK));
+            }
+            got += inflater.inflate(out, got, n - got);
+            if (inflater.finished()) {
+              break;
+            }
+            if (inflater.needsDictionary()) {
+              throw new IOException(where + ": damaged ZIP data (a preset dictionary)");
+            }
+          }
+        }
+      } catch (DataFormatException e) {
+        throw new IOException(where + ": damaged ZIP data (" + e.getMessage() + ")", e);
+      }
+      out = got == n ? out : Arrays.copyOf(out, got);
+      leftOut -= got;
+      crc.update(out);
+      return out;
+    }
+
+    void finish() throws IOException {
+      if (inflater != null) {
+        inflater.end();
+      }
+      if (crc.getValue() != expected) {
+        throw new IOException(
+            String.format(
+                "%s: damaged ZIP data (its CRC-32 is %08x, the archive records %08x)",
+                where, crc.getValue(), expected));
+      }
+    }
+  }
+
+  private static Array readNpy(EntryStream in, long size, String where) throws IOException {
     Header h = readHeader(in, where);
     String header = h.text();
-    Dtype dtype = Dtype.parse(field(DESCR, header, where), where);
-    boolean columnMajor = field(FORTRAN, header, where).equals("True");
-    int[] shape = parseShape(field(SHAPE, header, where), where);
-    int count = (int) count(shape);
+    Object[] fields = parseHeader(header, where);
+    Dtype dtype = Dtype.parse((String) fields[0], where);
+    boolean columnMajor = (Boolean) fields[1];
+    int[] shape = (int[]) fields[2];
+    BigInteger elements = BigInteger.ONE;
+    for (int d : shape) {
+      elements = elements.multiply(BigInteger.valueOf(d));
+    }
+    if (elements.compareTo(BigInteger.valueOf(MAX_ELEMENTS)) > 0) {
+      throw new IOException(
+          String.format(
+              "%s: shape %s holds %s elements, more than one array may (%d)",
+              where, Arrays.toString(shape), elements, MAX_ELEMENTS));
+    }
+    int count = elements.intValue();
     String what = count + " elements of " + dtype.descr() + " " + Arrays.toString(shape);
     // before allocating: the entry holds exactly what its header promises (a header claiming 1e9
     // elements in a small entry costs nothing)
@@ -508,21 +882,15 @@ public final class Npz {
         }
       }
     }
-    if (in.read() != -1) {
-      throw new IOException(where + ": more data than its header's " + what);
-    }
-    if (columnMajor && shape.length > 1) {
-      int[] from = columnMajorIndex(shape);
+    if (columnMajor && shape.length > 1) { // (one copy beside the array, no index of its size)
       if (floats != null) {
         float[] src = floats.clone();
-        for (int i = 0; i < count; i++) {
-          floats[i] = src[from[i]];
-        }
+        float[] dst = floats;
+        fromColumnMajor(shape, (i, from) -> dst[i] = src[from]);
       } else {
         long[] src = longs.clone();
-        for (int i = 0; i < count; i++) {
-          longs[i] = src[from[i]];
-        }
+        long[] dst = longs;
+        fromColumnMajor(shape, (i, from) -> dst[i] = src[from]);
       }
     }
     return new Array(shape, floats, longs);
@@ -532,14 +900,15 @@ public final class Npz {
   private record Header(String text, long bytes) {}
 
   /** The header of a {@code .npy} stream, which is left at the first data byte. */
-  private static Header readHeader(InputStream in, String where) throws IOException {
-    byte[] prefix = in.readNBytes(8);
+  private static Header readHeader(EntryStream in, String where) throws IOException {
+    byte[] prefix = in.read(8);
     if (prefix.length < 8 || !Arrays.equals(Arrays.copyOf(prefix, 6), MAGIC)) {
       throw new IOException(where + ": not a .npy array (bad magic bytes)");
     }
-    int major = prefix[6];
+    int major = prefix[6] & 0xFF;
     if (major < 1 || major > 3) {
-      throw new IOException(where + ": unsupported .npy format version " + major + "." + prefix[7]);
+      throw new IOException(
+          where + ": unsupported .npy format version " + major + "." + (prefix[7] & 0xFF));
     }
     // Version 1.0 has a 2-byte header length, versions 2.0 and 3.0 a 4-byte one; 3.0 is UTF-8.
     int width = major == 1 ? 2 : 4;
@@ -551,75 +920,188 @@ public final class Npz {
       throw new IOException(where + ": implausible .npy header length " + headerLength);
     }
     byte[] header = readBytes(in, (int) headerLength, where, "its .npy header");
-    String text =
-        new String(header, major == 3 ? StandardCharsets.UTF_8 : StandardCharsets.ISO_8859_1);
+    String text = new String(header, StandardCharsets.ISO_8859_1);
+    if (major == 3) {
+      try {
+        text = StandardCharsets.UTF_8.newDecoder().decode(ByteBuffer.wrap(header)).toString();
+      } catch (CharacterCodingException e) {
+        throw new IOException(where + ": its .npy header is not UTF-8", e);
+      }
+    }
     return new Header(text, 8 + width + headerLength);
   }
 
-  /** The text of one field of a header, matched by {@code pattern}'s group 1. */
-  private static String field(Pattern pattern, String header, String where) throws IOException {
-    Matcher m = pattern.matcher(header);
-    if (!m.find()) {
-      throw new IOException(where + ": unreadable .npy header " + header.strip());
-    }
-    return m.group(1);
-  }
-
-  private static byte[] readBytes(InputStream in, int n, String where, String what)
+  private static byte[] readBytes(EntryStream in, int n, String where, String what)
       throws IOException {
-    byte[] b = in.readNBytes(n);
+    byte[] b = in.read(n);
     if (b.length < n) {
       throw new IOException(where + ": truncated (it ends inside " + what + ")");
     }
     return b;
   }
 
-  /**
-   * A header's shape tuple ({@code "2, 3"}, {@code "5,"} or empty), checked to fit one Java array.
-   */
-  private static int[] parseShape(String text, String where) throws IOException {
-    String[] parts = text.split(",");
-    int rank = parts.length;
-    while (rank > 0 && parts[rank - 1].isBlank()) {
-      rank--;
-    }
-    int[] shape = new int[rank];
-    try {
-      for (int k = 0; k < rank; k++) {
-        shape[k] = Integer.parseInt(parts[k].strip());
-        if (shape[k] < 0) {
-          throw new NumberFormatException("negative dimension");
-        }
-      }
-    } catch (NumberFormatException e) {
-      throw new IOException(where + ": bad shape (" + text + ") in its .npy header", e);
-    }
-    double elements = 1;
-    for (int d : shape) {
-      elements *= d;
-    }
-    if (elements > MAX_ELEMENTS) {
-      throw new IOException(
-          String.format(
-              "%s: shape %s holds %.0f elements, more than one array may (%d)",
-              where, Arrays.toString(shape), elements, MAX_ELEMENTS));
-    }
-    return shape;
+  private static String shown(String text) {
+    String s = text.strip();
+    return s.length() <= 200 ? s : s.substring(0, 200) + "...";
   }
 
-  /** For each element in row-major order, its position in column-major order. */
-  private static int[] columnMajorIndex(int[] shape) {
+  /**
+   * The tokens of a {@code .npy} header, as npzfile.py's _TOKEN takes them: quoted strings (no
+   * backslash inside), True/False, decimal integers without leading zeros, and {@code {}():,}; each
+   * a pair {kind, text}.
+   */
+  private static List<String[]> tokens(String text, String where) throws IOException {
+    List<String[]> out = new ArrayList<>();
+    int pos = 0;
+    int len = text.length();
+    while (true) {
+      while (pos < len && " \t\r\n".indexOf(text.charAt(pos)) >= 0) {
+        pos++;
+      }
+      if (pos == len) {
+        return out;
+      }
+      char c = text.charAt(pos);
+      if (c == '\'' || c == '"') {
+        int close = pos + 1;
+        while (close < len && text.charAt(close) != c && text.charAt(close) != '\\') {
+          close++;
+        }
+        if (close == len || text.charAt(close) != c) {
+          break;
+        }
+        out.add(new String[] {"str", text.substring(pos + 1, close)});
+        pos = close + 1;
+      } else if (text.startsWith("True", pos) || text.startsWith("False", pos)) {
+        String word = text.startsWith("True", pos) ? "True" : "False";
+        out.add(new String[] {"bool", word});
+        pos += word.length();
+      } else if (c >= '0' && c <= '9') {
+        int stop = pos + 1;
+        while (c != '0' && stop < len && text.charAt(stop) >= '0' && text.charAt(stop) <= '9') {
+          stop++;
+        }
+        out.add(new String[] {"int", text.substring(pos, stop)});
+        pos = stop;
+      } else if ("{}():,".indexOf(c) >= 0) {
+        out.add(new String[] {String.valueOf(c), String.valueOf(c)});
+        pos++;
+      } else {
+        break;
+      }
+    }
+    throw new IOException(where + ": unreadable .npy header " + shown(text));
+  }
+
+  /**
+   * A {@code .npy} header: a dict of exactly 'descr' (a string), 'fortran_order' (True or False)
+   * and 'shape' (a tuple of integers), each once: {descr, fortran order, shape}.
+   */
+  private static Object[] parseHeader(String text, String where) throws IOException {
+    IOException bad = new IOException(where + ": unreadable .npy header " + shown(text));
+    List<String[]> t = tokens(text, where);
+    Map<String, Object[]> fields = new HashMap<>();
+    int[] i = {0};
+    Predicate<String> at = k -> i[0] < t.size() && t.get(i[0])[0].equals(k);
+    if (!at.test("{")) {
+      throw bad;
+    }
+    i[0]++;
+    while (!at.test("}")) {
+      if (!at.test("str")) {
+        throw bad;
+      }
+      String key = t.get(i[0]++)[1];
+      if (!at.test(":")) {
+        throw bad;
+      }
+      i[0]++;
+      if (i[0] >= t.size()) {
+        throw bad;
+      }
+      String kind = t.get(i[0])[0];
+      Object value;
+      if (kind.equals("str") || kind.equals("bool")) {
+        String v = t.get(i[0]++)[1];
+        value = kind.equals("str") ? v : (Object) v.equals("True");
+      } else if (kind.equals("(")) {
+        i[0]++;
+        List<Integer> dims = new ArrayList<>();
+        while (!at.test(")")) {
+          if (!at.test("int")) {
+            throw bad;
+          }
+          String digits = t.get(i[0]++)[1];
+          if (digits.length() > 10 || Long.parseLong(digits) > MAX_ELEMENTS) {
+            throw new IOException(where + ": bad shape in its .npy header " + shown(text));
+          }
+          dims.add(Integer.parseInt(digits));
+          if (at.test(")")) {
+            if (dims.size() == 1) {
+              throw bad; // (5) is not a tuple
+            }
+            break;
+          }
+          if (!at.test(",")) {
+            throw bad;
+          }
+          i[0]++;
+        }
+        i[0]++; // the ")"
+        value = dims.stream().mapToInt(Integer::intValue).toArray();
+      } else {
+        throw bad;
+      }
+      if (fields.containsKey(key)) {
+        throw new IOException(where + ": its .npy header gives '" + key + "' twice");
+      }
+      if (!Arrays.asList(KEYS).contains(key)) {
+        throw new IOException(
+            where + ": its .npy header has a key '" + key + "' other than "
+                + String.join(", ", KEYS));
+      }
+      fields.put(key, new Object[] {kind, value});
+      if (at.test("}")) {
+        break;
+      }
+      if (!at.test(",")) {
+        throw bad;
+      }
+      i[0]++;
+    }
+    i[0]++; // the "}"
+    if (i[0] != t.size() || fields.size() != KEYS.length) {
+      throw bad;
+    }
+    String[] kinds = {"str", "bool", "("};
+    Object[] out = new Object[3];
+    for (int k = 0; k < 3; k++) {
+      Object[] f = fields.get(KEYS[k]);
+      if (!f[0].equals(kinds[k])) {
+        throw bad;
+      }
+      out[k] = f[1];
+    }
+    return out;
+  }
+
+  /** A move of one element: row-major position {@code i} takes column-major {@code from}. */
+  private interface Move {
+    void at(int i, int from);
+  }
+
+  /** For each element in row-major order, its position in column-major order, to {@code move}. */
+  private static void fromColumnMajor(int[] shape, Move move) {
     int[] strides = new int[shape.length];
     int stride = 1;
     for (int k = 0; k < shape.length; k++) {
       strides[k] = stride;
       stride *= shape[k];
     }
-    int[] from = new int[stride];
     int[] index = new int[shape.length];
     int pos = 0;
-    for (int i = 0; i < from.length; i++) {
-      from[i] = pos;
+    for (int i = 0; i < stride; i++) {
+      move.at(i, pos);
       // Advance the row-major index, last axis fastest, keeping pos the column-major offset.
       for (int k = shape.length - 1; k >= 0; k--) {
         index[k]++;
@@ -631,7 +1113,6 @@ public final class Npz {
         index[k] = 0;
       }
     }
-    return from;
   }
 
   /**

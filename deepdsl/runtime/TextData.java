@@ -1,6 +1,7 @@
 package deepdsl.runtime;
 
 import java.io.IOException;
+import java.io.InputStream;
 import java.nio.ByteBuffer;
 import java.nio.charset.CharacterCodingException;
 import java.nio.charset.CodingErrorAction;
@@ -20,6 +21,9 @@ import java.util.List;
  * T + 1)}. It fills one token input and one label, both {@code [T]} per sample.
  */
 final class TextData {
+  // 256 MiB: a larger text file is refused before it is read (as text.py's MAX_BYTES)
+  private static final int MAX_BYTES = 1 << 28;
+
   private TextData() {}
 
   static Data load(String file, List<Data.Field> fields) throws IOException {
@@ -99,7 +103,21 @@ final class TextData {
     if (!Files.isRegularFile(path)) {
       throw new IOException("text data file not found: '" + file + "'");
     }
-    byte[] raw = Files.readAllBytes(path);
+    long size = Files.size(path);
+    if (size > MAX_BYTES) {
+      throw new IOException(
+          String.format(
+              "text data file '%s' is %d bytes, more than deepdsl reads (%d)",
+              file, size, MAX_BYTES));
+    }
+    byte[] raw;
+    try (InputStream in = Files.newInputStream(path)) {
+      raw = in.readNBytes(MAX_BYTES + 1);
+    }
+    if (raw.length > MAX_BYTES) { // (a file that grew while it was read)
+      throw new IOException(
+          "text data file '" + file + "' is more than deepdsl reads (" + MAX_BYTES + " bytes)");
+    }
     String text;
     try {
       text =
