@@ -11,14 +11,14 @@ import java.util.regex.Pattern;
 /**
  * Training and test samples, exactly as {@code deepdsl/data} gives them to the Python trainer.
  *
- * <p>Four sources (DESIGN §9): {@code synthetic[:SEED]} (deterministic, see {@code
+ * <p>Four sources (docs/formats.md): {@code synthetic[:SEED]} (deterministic, see {@code
  * data/synthetic.py}), {@code mnist:DIR} (IDX files, plain or gzip), {@code cifar10:DIR} (the
  * binary batches) and {@code npz:FILE} (an array named after each input and label, {@code NAME_test}
  * for a test set; {@code x}, {@code y} for the one input and label of {@link #load(Spec, int[], int,
  * long)}). Samples are float32; labels are carried as exact float values. Iteration i with
- * batch size n takes positions {@code [i·n, (i+1)·n)}, each position p being sample {@code p mod M}
+ * batch size n takes positions {@code [i*n, (i+1)*n)}, each position p being sample {@code p mod M}
  * in file order or, with a shuffle seed, sample {@code perm_e[p mod M]} of epoch {@code e = p div
- * M}'s Fisher–Yates permutation.
+ * M}'s Fisher-Yates permutation.
  */
 public final class Data {
   private static final int BIG_SAMPLE = 65536;
@@ -323,7 +323,7 @@ public final class Data {
   }
 
   /**
-   * Fill {@code x} and {@code y} with test samples {@code [b·n, (b+1)·n)}, wrapping around the end
+   * Fill {@code x} and {@code y} with test samples {@code [b*n, (b+1)*n)}, wrapping around the end
    * of the test set (as the Python trainer's {@code test()} takes them).
    *
    * @throws IllegalStateException when the source has no test set
@@ -339,7 +339,7 @@ public final class Data {
   }
 
   /**
-   * The sample order of {@code epoch} under shuffling, a Fisher–Yates permutation of {@code
+   * The sample order of {@code epoch} under shuffling, a Fisher-Yates permutation of {@code
    * 0..m-1}: from the identity, for {@code j = m-1} down to 1, swap {@code perm[j]} and {@code
    * perm[r]}, {@code r} being the next output (unsigned) mod {@code j+1} of the stream {@code
    * streamSeed("shuffle/" + epoch, shuffleSeed)}.
@@ -394,11 +394,11 @@ public final class Data {
 
   /**
    * The synthetic data set of {@code data/synthetic.py}: label j is draw j (unsigned) mod K of
-   * stream {@code synthetic/y}; element t of sample j is {@code ((N >>> 1) + (P >>> 1) - 2^23) · 2^-24},
-   * with N the top 24 bits of draw {@code j·D + t} of stream {@code synthetic/x} and P those of
-   * draw {@code y_j·D + t} of stream {@code synthetic/prototype}. 1024 training and 256 test
+   * stream {@code synthetic/y}; element t of sample j is {@code ((N >>> 1) + (P >>> 1) - 2^23) * 2^-24},
+   * with N the top 24 bits of draw {@code j*D + t} of stream {@code synthetic/x} and P those of
+   * draw {@code y_j*D + t} of stream {@code synthetic/prototype}. 1024 training and 256 test
    * samples (256 and 64 when D > 65536); when those take more than 2^29 bytes, M = max(2, 2^29 /
-   * (4·D)) samples, M / 5 (at least 1) of them for the test set.
+   * (4*D)) samples, M / 5 (at least 1) of them for the test set.
    */
   private static Data synthetic(int d, int classes, long seed, List<Field> fields) {
     int nTrain = d <= BIG_SAMPLE ? 1024 : 256;
@@ -473,8 +473,8 @@ public final class Data {
 
   /**
    * A regression target of synthetic data, as {@code data/synthetic.py}'s {@code make_target}:
-   * target[j, u] = float32((Σ_t X[j, t]·S[u, t]) · 2^-(24 + k)), with X the input's exact integers
-   * x·2^24, S[u, t] = 1 - 2·(draw u·D + t of stream synthetic/target/NAME >>> 63) and k =
+   * target[j, u] = float32((sum_t X[j, t]*S[u, t]) * 2^-(24 + k)), with X the input's exact integers
+   * x*2^24, S[u, t] = 1 - 2*(draw u*D + t of stream synthetic/target/NAME >>> 63) and k =
    * bit_length(D) / 2.
    */
   private static float[] target(float[] x, int d, Field field, long seed) {

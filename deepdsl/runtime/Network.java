@@ -20,7 +20,7 @@ import java.util.function.Supplier;
  * <p>The semantics follow the Python trainer (deepdsl/trainer.py): iteration i trains on batch i of
  * the data, dropout masks are drawn for step i, parameter files hold every parameter and model
  * state by name, then the optimizer state ({@code opt/...}) and the step counter {@code
- * opt/iteration} (DESIGN §9).
+ * opt/iteration} (docs/formats.md).
  */
 public abstract class Network {
   /** What the generated class tells the runtime about its network. */

@@ -38,7 +38,7 @@ import java.util.zip.ZipEntry;
 import java.util.zip.ZipOutputStream;
 
 /**
- * NumPy {@code .npz} archives (DESIGN §9): what {@code np.savez} and {@code deepdsl/checkpoint.py}
+ * NumPy {@code .npz} archives (docs/formats.md): what {@code np.savez} and {@code deepdsl/checkpoint.py}
  * write.
  *
  * <p>An archive is a ZIP with one {@code NAME.npy} entry per array, in insertion order; a name may

@@ -10,7 +10,7 @@ import java.nio.charset.StandardCharsets;
  * <p>A stream seeded with {@code s} yields, as its k-th output (k = 0, 1, ...), {@code mix(s + (k +
  * 1) * GAMMA)}, all arithmetic mod 2^64. A parameter's stream is seeded with {@code seed XOR
  * fnv1a64(name)}. Uniforms take the top 24 bits ({@code (next() >>> 40) * 2^-24}); normals are
- * Box–Muller on two consecutive uniforms, keeping the cosine half only.
+ * Box-Muller on two consecutive uniforms, keeping the cosine half only.
  */
 public final class Rng {
   /** The SplitMix64 increment. */
@@ -55,7 +55,7 @@ public final class Rng {
     return bits24() * U24;
   }
 
-  /** A standard normal from the next two uniforms (Box–Muller, cosine half only), in double. */
+  /** A standard normal from the next two uniforms (Box-Muller, cosine half only), in double. */
   public double normal() {
     double u1 = uniform();
     double u2 = uniform();

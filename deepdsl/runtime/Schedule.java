@@ -27,7 +27,7 @@ public abstract class Schedule {
     };
   }
 
-  /** {@code base(k) · gamma^(k / every)} (PyTorch's StepLR). */
+  /** {@code base(k) * gamma^(k / every)} (PyTorch's StepLR). */
   public static Schedule step(Schedule base, long every, double gamma) {
     return new Schedule() {
       @Override
@@ -43,7 +43,7 @@ public abstract class Schedule {
   }
 
   /**
-   * {@code min + (base(k) - min) · (1 + cos(π·k/total)) / 2} for k < total, then {@code min}
+   * {@code min + (base(k) - min) * (1 + cos(pi*k/total)) / 2} for k < total, then {@code min}
    * (PyTorch's CosineAnnealingLR over one half period).
    */
   public static Schedule cosine(Schedule base, long total, double min) {
@@ -64,7 +64,7 @@ public abstract class Schedule {
   }
 
   /**
-   * {@code base(0) · (k+1)/steps} for k < steps, then {@code base(k - steps)} (LinearLR, then the
+   * {@code base(0) * (k+1)/steps} for k < steps, then {@code base(k - steps)} (LinearLR, then the
    * base schedule from its own start, as PyTorch's SequentialLR runs them).
    */
   public static Schedule warmup(Schedule base, long steps) {

@@ -17,7 +17,7 @@ import java.util.List;
  * vocabulary is its distinct code points, sorted, a character's id its rank there. The first {@code
  * L - L / 10} characters are the training text, the last {@code L / 10} the test text (none when
  * that holds no full sample). With T tokens per sample a text of S characters gives {@code (S - 1)
- * / T} samples: sample j is characters {@code [j·T, j·T + T)} and its target {@code [j·T + 1, j·T +
+ * / T} samples: sample j is characters {@code [j*T, j*T + T)} and its target {@code [j*T + 1, j*T +
  * T + 1)}. It fills one token input and one label, both {@code [T]} per sample.
  */
 final class TextData {

@@ -10,7 +10,7 @@ public final class Workspace {
 
   /**
    * An upper bound of the scratch bytes of {@link CpuOps#conv2d}: per thread, the im2col columns of
-   * up to {@code ceil(512 / (OH·OW))} images taken together (none for a 1x1 kernel with stride 1
+   * up to {@code ceil(512 / (OH*OW))} images taken together (none for a 1x1 kernel with stride 1
    * and no padding) and their products.
    */
   public static long conv2dScratch(

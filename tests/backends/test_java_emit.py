@@ -45,6 +45,8 @@ def test_every_network_compiles_with_javac(cli, tmp_path: Path, nets: tuple[str,
         assert r.exit_code == 0, r.output
     classes = sorted(out.glob("*.java"))
     assert len(classes) == len(nets)
+    for path in [*out.rglob("*.java"), *out.rglob("*.cu")]:  # ASCII: javac reads it under any locale's encoding
+        assert path.read_bytes().isascii(), f"{path.relative_to(out)} holds a non-ASCII character"
     split = re.compile(r"\n    private void [a-z]\w*\(\) \{")  # a part of a step, named after its layers
     assert any(split.search(c.read_text()) for c in classes)
     javac(out, [*classes, *sorted((out / "deepdsl" / "runtime").glob("*.java"))], tmp_path / "build")
