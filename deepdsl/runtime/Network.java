@@ -853,8 +853,8 @@ public abstract class Network {
   /** The most steps one run takes (deepdsl run --iters, the train block's iterations: the same). */
   static final int MAX_ITERS = 10_000_000;
 
-  /** The most threads --threads starts (more cost seconds to start and gain nothing). */
-  static final int MAX_THREADS = 1024;
+  /** The most threads --threads starts (Parallel's bound). */
+  static final int MAX_THREADS = Parallel.MAX_THREADS;
 
   /** The largest float32: a setting the kernels read as a float must stay finite there. */
   private static final double FLOAT_MAX = Float.MAX_VALUE;

@@ -27,12 +27,20 @@ public final class Parallel {
   /** The system property that sets {@link #THREADS}; the program's {@code --threads N} sets it. */
   public static final String THREADS_PROPERTY = "deepdsl.threads";
 
+  /** The most threads a team has (more cost seconds to start and gain nothing); --threads's bound. */
+  public static final int MAX_THREADS = 1024;
+
   /**
    * Threads a loop may run on: the caller and the team. It is {@code deepdsl.threads} when that is
-   * set (read once, when the runtime first runs a loop), else every core.
+   * set (read once, when the runtime first runs a loop), else every core; within [1, MAX_THREADS]
+   * either way (a -D property is not range-checked as the flag is, so it is bounded here).
    */
   public static final int THREADS =
-      Math.max(1, Integer.getInteger(THREADS_PROPERTY, Runtime.getRuntime().availableProcessors()));
+      Math.min(
+          MAX_THREADS,
+          Math.max(
+              1,
+              Integer.getInteger(THREADS_PROPERTY, Runtime.getRuntime().availableProcessors())));
 
   /** Below this many inner operations a generated loop runs on the calling thread. */
   public static final long MIN_WORK = 1 << 15;

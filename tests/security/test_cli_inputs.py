@@ -356,3 +356,8 @@ def test_the_java_program_refuses_and_reports_as_deepdsl_does(cli, folder: Path)
     assert err.count("warning: the batch of 4 is larger than the 2 training samples of the npz data") == 1, err
     rc, out, err = result["threads"]
     assert rc == 0 and "CUDA" not in out + err, (out, err)
+    # the threads property the flag sets, given by hand past the flag's bound: Parallel bounds it (a team of 2^31
+    # threads would exit 3 after minutes)
+    done = subprocess.run(["java", "-Ddeepdsl.threads=2147483647", "-cp", str(build), "Lim", "--iters", "1", *syn],
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
