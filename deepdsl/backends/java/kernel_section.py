@@ -97,10 +97,28 @@ def _add(e: Emitter, name: str, java: str, cuda: Any, outputs: int, flat: bool, 
     return const
 
 
-def _form(body: Any, out: tuple, shapes: tuple) -> tuple:
+def _java(e: Emitter, body: Any, out: tuple, shapes: tuple, tail: bool = False) -> str:
+    """kernels.java_kernel, printed once per distinct kernel of the class (a network's repeated blocks, both
+    steps and both of emit_java's passes ask for the same ones) and reused."""
+    key = ("java", body, out, shapes, tail)
+    if key not in e.memo:
+        e.memo[key] = java_kernel(body, out, shapes, tail)
+    return e.memo[key]
+
+
+def _cuda(e: Emitter, name: str, body: Any, out: tuple, shapes: tuple, ctypes: tuple | None = None,
+          comments: tuple[str, ...] = ()) -> Any:  # fmt: skip
+    """cuda.kernels.ie_kernel of a shape-generic kernel, printed once per distinct kernel (as _java) and reused."""
+    key = ("cuda", name, body, out, shapes, ctypes, comments)
+    if key not in e.memo:
+        e.memo[key] = ie_kernel(name, body, out, shapes, ctypes, comments, generic=True)
+    return e.memo[key]
+
+
+def _form(e: Emitter, body: Any, out: tuple, shapes: tuple) -> tuple:
     """The text of a rank-4 kernel for every size (lane sums with their tails), by which a rank-2 statement's
     padded form meets a rank-4 statement's own (unit_axes.py)."""
-    return java_kernel(body, out, shapes, tail=True), ie_kernel(_PLACEHOLDER, body, out, shapes, generic=True).text
+    return _java(e, body, out, shapes, tail=True), _cuda(e, _PLACEHOLDER, body, out, shapes).text
 
 
 def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...], doc: str,
@@ -121,7 +139,7 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
         if wide is not None:
             wide = (canonical_names(wide[0]), *wide[1:])
         rank4 = len(out) == 4 or any(len(s) == 4 for s in shapes) and len(out) == 1
-        form = _form(*wide[:3]) if wide is not None else _form(body, out, shapes) if rank4 else None
+        form = _form(e, *wide[:3]) if wide is not None else _form(e, body, out, shapes) if rank4 else None
         if form is not None:
             e.forms.setdefault(form, set()).add(2 if wide is not None else 4)
         if form in e.shared:
@@ -138,8 +156,8 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
         template = lift(body, len(shapes), tuple(range(n)))
         every = (*shapes, *((),) * n)
         key = (
-            java_kernel(template, out, every),
-            ie_kernel(_PLACEHOLDER, template, out, every, (*ctypes, *("float",) * n), generic=True).text,
+            _java(e, template, out, every),
+            _cuda(e, _PLACEHOLDER, template, out, every, (*ctypes, *("float",) * n)).text,
         )
         e.seen.setdefault(key, set()).add(tuple(values))
         which = e.lifted.get(key, ())
@@ -150,12 +168,12 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
             doc = meaning(body, out, len(shapes))
             e.extra = [number(e, values[k]) for k in which]
     flat = is_flat(body, out, shapes)
-    java = java_kernel(body, out, shapes, tail)
-    cuda = ie_kernel(_PLACEHOLDER, body, out, shapes, ctypes, generic=True)
+    java = _java(e, body, out, shapes, tail)
+    cuda = _cuda(e, _PLACEHOLDER, body, out, shapes, ctypes)
     key = (java, cuda.text, cuda.loop)
     if key not in e.kernels:
         name = e.namer(f"kernel:{op}:{value}", camel(op))
-        cuda = ie_kernel(name, body, out, shapes, ctypes, (doc,), generic=True)
+        cuda = _cuda(e, name, body, out, shapes, ctypes, (doc,))
         split, columns = split_of(body, out, shapes)
         e.kernels[key] = _add(e, name, java, cuda, 1, flat, java_cost(body, out, shapes), doc, split, columns)
     return e.kernels[key]
