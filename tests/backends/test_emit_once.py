@@ -36,3 +36,17 @@ def test_each_distinct_kernel_and_each_plans_groups_are_computed_once(
     assert printed["java_kernel"] > 50 and printed["ie_kernel"] > 50 and printed["kernel_groups"] >= 2
     again = Counter(name for (name, _), n in calls.items() if n > 1)
     assert again == Counter(), f"computed more than once: {dict(again)}"
+
+
+def test_a_kernel_printed_once_is_reused_only_for_the_very_same_body() -> None:
+    # +0.0 == -0.0 in Python, so bodies that differ in a zero's sign compare equal; their kernels do not
+    from deepdsl.backends.java.state import Emitter
+    from deepdsl.ir.indexexpr import Affine, Apply, Const, Read
+
+    e = Emitter()
+    out = (("i0", 2), ("i1", 3))
+    read = Read(0, (Affine.var("i1"), Affine.var("i0")))  # a transpose: a shaped kernel, not a flat one
+    names = [kernel_section.kernel(e, "t", f"v{k}", Apply("+", (read, Const(z))), out, (), "", ((3, 2),), ("float",))
+             for k, z in enumerate((0.0, -0.0, 0.0))]  # fmt: skip
+    assert names[0] == names[2] != names[1]
+    assert "-0.0f" in e.kernel_text[1] and "-0.0f" not in e.kernel_text[0]

@@ -4,6 +4,7 @@ java/constants.py lifts) are written once."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from deepdsl.backends.java.state import Emitter
 from deepdsl.backends.java.unit_axes import padded
 from deepdsl.ir import Stmt, Value
 from deepdsl.ir.groups import group_form
-from deepdsl.ir.indexexpr import Affine, Apply, Read, Reduce, Var, format_ie, renumber
+from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Reduce, Var, format_ie, renumber
 from deepdsl.ir.types import DType
 
 _PLACEHOLDER = "dd_kernel_"  # the name a kernel is written under to compare it with the kernels written before
@@ -98,10 +99,28 @@ def _add(e: Emitter, name: str, java: str, cuda: Any, outputs: int, flat: bool, 
     return const
 
 
+def _negative_zeros(e: Any) -> tuple[int, ...]:
+    """Which of `e`'s constants (counted in order) are -0.0: Python's -0.0 == 0.0, so bodies differing only in a
+    zero's sign compare (and hash) equal, and a key of printed work holds this beside the body."""
+    values: list[float] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, Const):
+            values.append(x.value)
+        elif isinstance(x, Apply):
+            for a in x.args:
+                walk(a)
+        elif isinstance(x, Reduce):
+            walk(x.body)
+
+    walk(e)
+    return tuple(k for k, v in enumerate(values) if v == 0 and math.copysign(1.0, v) < 0)
+
+
 def _java(e: Emitter, body: Any, out: tuple, shapes: tuple, tail: bool = False) -> str:
     """kernels.java_kernel, printed once per distinct kernel of the class (a network's repeated blocks, both
     steps and both of emit_java's passes ask for the same ones) and reused."""
-    key = ("java", body, out, shapes, tail)
+    key = ("java", body, _negative_zeros(body), out, shapes, tail)
     if key not in e.memo:
         e.memo[key] = java_kernel(body, out, shapes, tail)
     return e.memo[key]
@@ -110,7 +129,7 @@ def _java(e: Emitter, body: Any, out: tuple, shapes: tuple, tail: bool = False) 
 def _cuda(e: Emitter, name: str, body: Any, out: tuple, shapes: tuple, ctypes: tuple | None = None,
           comments: tuple[str, ...] = ()) -> Any:  # fmt: skip
     """cuda.kernels.ie_kernel of a shape-generic kernel, printed once per distinct kernel (as _java) and reused."""
-    key = ("cuda", name, body, out, shapes, ctypes, comments)
+    key = ("cuda", name, body, _negative_zeros(body), out, shapes, ctypes, comments)
     if key not in e.memo:
         e.memo[key] = ie_kernel(name, body, out, shapes, ctypes, comments, generic=True)
     return e.memo[key]
@@ -138,7 +157,7 @@ class _Prepared:
 
 def _prepare(e: Emitter, body: Any, out: tuple, shapes: tuple, ctypes: tuple[str, ...], pad: bool) -> _Prepared:
     """kernel()'s analysis of a body at its sizes, done once per distinct body, sizes and argument types."""
-    key = ("prepare", body, out, shapes, ctypes, pad)
+    key = ("prepare", body, _negative_zeros(body), out, shapes, ctypes, pad)
     if key in e.memo:
         return e.memo[key]
     original = body
