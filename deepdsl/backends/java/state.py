@@ -5,6 +5,7 @@ functions of this state; `emitter.emit_java` makes one and hands it through."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from deepdsl.backends.java.names import Namer, abbreviated, identifier
 from deepdsl.ir import Value
@@ -45,6 +46,8 @@ class Emitter:
     number_fields: dict[str, str] = field(default_factory=dict)  # their fields -> the constant they hold
     prefix: str = ""  # what every parameter's name starts with (ResNet-50's `model.`), left out of names
     short: dict[str, str] = field(default_factory=dict)  # repeated blocks' short names (`bottleneck` -> `b`)
+    # what both passes of emit_java compute alike, done once: each distinct kernel printed, each plan's groups
+    memo: dict[tuple, Any] = field(default_factory=dict)
 
     def declare(self, v: Value, prefix: str = "") -> str:
         """The field of a tensor of the program, named after it without the `prefix` every parameter's name
