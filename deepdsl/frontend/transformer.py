@@ -50,7 +50,7 @@ class ToAst(Transformer_NonRecursive):
         if len(digits) > 19:  # past 2^62 (the elaborator's limit); Python itself refuses past 4,300 digits
             raise DslProgramError(f"an integer of {len(digits):,} digits is too large (at most 2^62 - 1)",
                                   self.tspan(tok))  # fmt: skip
-        return int(str(tok))
+        return int(digits or "0")
 
     def string(self, tok: Token) -> str:
         text = str(tok)[1:-1]

@@ -35,7 +35,7 @@ def pair(v: Any) -> tuple[int, int]:
 
 def window_out(size: int, k: int, s: int, p: int, what: str) -> int:
     if size + 2 * p > INT_MAX:  # the programs compute (size + 2 pad - k) / stride + 1 in ints
-        raise ShapeError(f"{what}: an input of size {size} padded by {p} on both sides is {size + 2 * p:,} long; at "
+        raise ShapeError(f"{what}: an input of size {size} padded by {p:,} on both sides is {size + 2 * p:,} long; at "
                          f"most {INT_MAX:,} (2^31 - 1) fit the generated programs' ints")  # fmt: skip
     out = (size + 2 * p - k) // s + 1
     if out <= 0 or size + 2 * p < k:
