@@ -12,7 +12,8 @@ Three kinds of input (hypothesis, derandomized so CI is reproducible):
 Every case runs in-process through the CLI's own entry point (the click group), so a crash shows up as
 exit 3 ("internal error") or as an exception that escaped the CLI; every command must end within CASE_SECONDS.
 The default run has 650 cases (enough to keep every seed and mutation kind in play; it is a third of the suite's
-time at 2,000); the `slow` variants run 10,000 each (`pytest -m slow tests/frontend/test_fuzz.py`).
+time at 2,000); the `slow` variants run 5,000, and 10,000 of the sizes (`pytest -m slow tests/frontend/test_fuzz.py`;
+about 17 minutes for the sizes on two cores).
 """
 
 from __future__ import annotations
