@@ -12,7 +12,10 @@ the rest of deepdsl works without it.
 
 from __future__ import annotations
 
+import math
+import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +27,18 @@ from deepdsl.errors import DslProgramError
 from deepdsl.frontend.builtins import BUILTINS, QUERIES
 from deepdsl.frontend.javanames import java_class, reserved_class_names
 from deepdsl.frontend.transformer import RESERVED
+from deepdsl.ir.types import INT_MAX, MAX_ELEMENTS
 
 ONNX_EXTRA = "pip install 'deepdsl[onnx]'"
 MIN_OPSET = 11
 MAX_ONNX_BYTES = 2**31 - 1  # protobuf's limit for one message: a larger model keeps its weights in external files
+MAX_EXTERNAL_BYTES = 2**34  # the external data of one model, all its tensors together
+MAX_NAME = 64  # characters of a name the import makes (the language takes 128; `_2` suffixes need room)
+
+# the element types deepdsl reads, as little-endian NumPy types (TensorProto's numbers); a string, bfloat16,
+# float8, 4-bit or complex tensor is refused
+_DTYPES = {1: "<f4", 2: "u1", 3: "i1", 4: "<u2", 5: "<i2", 6: "<i4", 7: "<i8", 9: "?", 10: "<f2", 11: "<f8",
+           12: "<u4", 13: "<u8"}  # fmt: skip
 
 # what exporters call every graph: the network is named after the file instead
 GENERIC_GRAPH_NAMES = frozenset({"main_graph", "torch_jit", "torch-jit-export", "torch_jit_export"})
@@ -76,8 +87,9 @@ class Names:
     @staticmethod
     def clean(raw: str, fallback: str) -> str:
         """`raw` as a name of the language (`/layer1/conv.0` -> `layer1_conv_0`, `123` -> `h_123`)."""
-        base = re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9_]", "_", raw)).strip("_") or fallback
-        return f"{fallback}_{base}" if base[0].isdigit() else base
+        base = re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9_]", "_", raw[: 4 * MAX_NAME])).strip("_") or fallback
+        base = f"{fallback}_{base}" if base[0].isdigit() else base
+        return base[:MAX_NAME].rstrip("_")
 
     def make(self, raw: str, fallback: str) -> str:
         base = self.clean(raw, fallback)
@@ -115,6 +127,8 @@ def _call(where: _Node, fn: str, args: list[str], kw: dict[str, str]) -> str:
         if text in ("true", "false"):
             continue
         for v in (float(t) for t in text.strip("()").split(",")):
+            if spec.kind in ("int", "pair", "ints") and abs(v) > INT_MAX:
+                raise where.refuse(f"{key}={text}: the language's {fn} takes at most {INT_MAX:,} (2^31 - 1)")
             if (spec.low is not None and v < spec.low or spec.below is not None and v >= spec.below
                     or spec.high is not None and v > spec.high):  # fmt: skip
                 bounds = [f">= {spec.low:g}" if spec.low is not None else "", f"< {spec.below:g}" if spec.below
@@ -169,14 +183,8 @@ class _Importer:
 
     def run(self) -> Imported:
         g = self.graph
-        from onnx import numpy_helper
-
-        for t in g.initializer:
-            if t.data_location == self.onnx.TensorProto.EXTERNAL:
-                raise DslProgramError(f"'{self.file}': initialiser '{t.name}' is stored in an external file; "
-                                      "save the model with its weights inside (onnx.save(..., save_as_external_data="
-                                      "False))")  # fmt: skip
-            self.consts[t.name] = numpy_helper.to_array(t)
+        for t in g.initializer:  # external data is read into the model by load_model
+            self.consts[t.name] = tensor_array(t, f"'{self.file}': initialiser", self.onnx)
         data = [i for i in g.input if i.name not in self.consts]
         if len(data) != 1:
             names = ", ".join(i.name for i in data) or "none"
@@ -293,33 +301,49 @@ class _Importer:
         """The shape computations that can be folded now and were not yet, by output name."""
         known = {**self.consts, **folded}
         more: dict[str, np.ndarray] = {}
-        for node in self.graph.node:
+        for k, node in enumerate(self.graph.node):
             if node.op_type not in (*FOLDED, "Concat", "Constant") or not node.output or node.output[0] in known:
                 continue
-            attrs = {a.name: self.onnx.helper.get_attribute_value(a) for a in node.attribute}
+            where = self._where(k, node)
+            attrs = self._attrs(node, where)
             if node.op_type == "Constant":
-                value = numpy_helper_value(attrs)
+                value = numpy_helper_value(attrs, where)
             else:
                 shape = shapes.get(node.input[0]) if node.input else None
-                value = fold(node.op_type, attrs, [known.get(i) for i in node.input], shape)
+                value = fold(node.op_type, attrs, [known.get(i) for i in node.input], shape, where)
             if value is not None:
                 known[node.output[0]] = more[node.output[0]] = np.asarray(value)
         return more
 
     # ---- nodes ----
 
-    def _node(self, k: int, node: Any) -> None:
+    def _where(self, k: int, node: Any) -> _Node:
         # PyTorch names a node by its module path and op type (`/layer1/layer1.0/conv1/Conv`): the path names it
         name = node.name or f"{node.op_type}_{k}"
         path = re.sub(rf"/{node.op_type}(_[0-9]+)?$", "", name)
-        where = _Node(self.file, name, node.op_type, self.opset, path if path.strip("/") else name)
+        shown = name if len(name) <= 200 else f"{name[:100]}...({len(name):,} characters)"
+        return _Node(self.file, shown, node.op_type, self.opset, path if path.strip("/") else name)
+
+    def _attrs(self, node: Any, where: _Node) -> dict[str, Any]:
+        """The node's attributes by name; a float that is not finite is refused (nothing the language takes)."""
+        out = {}
+        for a in node.attribute:
+            v = self.onnx.helper.get_attribute_value(a)
+            if a.type in (self.onnx.AttributeProto.FLOAT, self.onnx.AttributeProto.FLOATS):
+                if not all(math.isfinite(f) for f in (v if isinstance(v, list) else [v])):
+                    raise where.refuse(f"its attribute {a.name}={v} is not a finite number")
+            out[a.name] = v
+        return out
+
+    def _node(self, k: int, node: Any) -> None:
+        where = self._where(k, node)
         if node.domain not in ("", "ai.onnx"):
             raise where.refuse(f"operators of domain '{node.domain}' are not supported")
         rule = _RULES.get(node.op_type)
         if rule is None:
             raise where.refuse("this operator is not supported", hint=f"deepdsl imports {', '.join(SUPPORTED)}, "
                                f"and folds {', '.join(FOLDED)} of constants and shapes")  # fmt: skip
-        attrs = {a.name: self.onnx.helper.get_attribute_value(a) for a in node.attribute}
+        attrs = self._attrs(node, where)
         rule(self, k, node, where, attrs)
         for o in node.output:
             if o:
@@ -351,8 +375,16 @@ class _Importer:
         name = self.names.make(where.base, node.op_type.lower())
         self.layers.append(f"layer {name} = {text}")
         for p, a in params.items():
-            self.arrays[f"{name}.{p}"] = np.ascontiguousarray(a, dtype=np.float32)
+            self.store(f"{name}.{p}", a, where)
         return name
+
+    def store(self, name: str, a: np.ndarray, where: _Node) -> None:
+        """Parameter `name` of the written file, float32; NaN or an infinity (a model's, or one a scale such as
+        Gemm's alpha made) is refused: a non-finite parameter is never saved."""
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if not np.isfinite(a).all():
+            raise where.refuse(f"its parameter {name.split('.')[-1]} holds NaN or infinite values")
+        self.arrays[name] = a
 
     def only_output(self, node: Any, where: _Node, keep: int = 1) -> None:
         """The node's outputs past the first `keep` must go unused (a pool's indices, a dropout mask)."""
@@ -504,7 +536,11 @@ def _arith(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None
     a, b = node.input[0], node.input[1]
     ca, cb = imp.const(a), imp.const(b)
     if ca is not None and cb is not None:
-        imp.consts[node.output[0]] = fold(ca, cb).astype(np.result_type(ca, cb))
+        try:
+            with np.errstate(all="ignore"):
+                imp.consts[node.output[0]] = fold(ca, cb).astype(np.result_type(ca, cb))
+        except (ValueError, TypeError, ArithmeticError) as exc:
+            raise where.refuse(f"it cannot be folded: {exc}") from None
         return
     if ca is None and cb is None:
         sa, sb = imp.shape(a, where), imp.shape(b, where)
@@ -548,7 +584,7 @@ def _arith(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None
         "",
     ]
     imp.layers.append(f"layer {name} = {fn}")
-    imp.arrays[f"{name}.k"] = np.ascontiguousarray(kc)
+    imp.store(f"{name}.k", kc, where)
     imp.bind(node, f"{name}({x})", name)
 
 
@@ -663,7 +699,7 @@ def _reshape(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> No
 
 
 def _concat(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
-    value = fold("Concat", attrs, [imp.const(i) for i in node.input], None)
+    value = fold("Concat", attrs, [imp.const(i) for i in node.input], None, where)
     if value is not None:  # a shape being put together
         imp.consts[node.output[0]] = value
         return
@@ -710,12 +746,12 @@ def _dropout(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> No
     ratio = float(attrs.get("ratio", 0.5))
     if len(node.input) > 1 and node.input[1]:
         r = imp.const(node.input[1])
-        if r is None:
-            raise where.refuse("the ratio must be a constant")
+        if r is None or r.size != 1:
+            raise where.refuse("the ratio must be a constant number")
         ratio = float(r.reshape(-1)[0])
     if len(node.input) > 2 and node.input[2]:
         mode = imp.const(node.input[2])
-        if mode is None or bool(mode.reshape(-1)[0]):
+        if mode is None or mode.size != 1 or bool(mode.reshape(-1)[0]):
             raise where.refuse("training_mode must be a constant false (export the model in eval mode)")
     if not 0 <= ratio < 1:
         raise where.refuse(f"ratio {ratio} lies outside [0, 1)")
@@ -733,12 +769,10 @@ def _identity(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> N
         imp.env[node.output[0]] = imp.tensor(node.input[0], where)
 
 
-def numpy_helper_value(attrs: dict) -> np.ndarray | None:
+def numpy_helper_value(attrs: dict, where: _Node) -> np.ndarray | None:
     """The value of a Constant node with attributes `attrs`; None for a kind not supported (a sparse tensor)."""
-    from onnx import numpy_helper
-
     if "value" in attrs:
-        return numpy_helper.to_array(attrs["value"])
+        return tensor_array(attrs["value"], f"{where.file}: node '{where.name}' (Constant): its value", require_onnx())
     if len(attrs) == 1 and next(iter(attrs)) in ("value_float", "value_floats", "value_int", "value_ints"):
         key, v = next(iter(attrs.items()))
         return np.asarray(v, dtype=np.float32 if "float" in key else np.int64)
@@ -746,15 +780,27 @@ def numpy_helper_value(attrs: dict) -> np.ndarray | None:
 
 
 def _constant(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
-    value = numpy_helper_value(attrs)
+    value = numpy_helper_value(attrs, where)
     if value is None:
         raise where.refuse(f"a constant given as {', '.join(attrs) or 'nothing'} is not supported")
     imp.consts[node.output[0]] = value
 
 
-def fold(op: str, attrs: dict, xs: list[np.ndarray | None], shape: tuple[int, ...] | None) -> np.ndarray | None:
+def fold(
+    op: str, attrs: dict, xs: list[np.ndarray | None], shape: tuple[int, ...] | None, where: _Node
+) -> np.ndarray | None:
     """The value of a shape computation: Shape of a tensor of `shape` (at the imported batch), Gather, Unsqueeze,
-    Squeeze, Cast and Concat of constants `xs`; None where an input is not known."""
+    Squeeze, Cast and Concat of constants `xs`; None where an input is not known. What cannot be computed (an index
+    out of range, a Cast to a string) is refused at the node `where`."""
+    try:
+        return _fold(op, attrs, xs, shape, where)
+    except (ValueError, IndexError, TypeError) as exc:  # numpy's: shapes that do not concatenate, an axis too far
+        raise where.refuse(f"it cannot be computed: {str(exc)[:300]}") from None
+
+
+def _fold(
+    op: str, attrs: dict, xs: list[np.ndarray | None], shape: tuple[int, ...] | None, where: _Node
+) -> np.ndarray | None:
     if op == "Shape":
         return None if shape is None else np.asarray(shape, np.int64)[int(attrs.get("start", 0)) : attrs.get("end")]
     if not xs or xs[0] is None:
@@ -763,7 +809,15 @@ def fold(op: str, attrs: dict, xs: list[np.ndarray | None], shape: tuple[int, ..
     if op == "Concat":
         return None if any(v is None for v in xs) else np.concatenate(xs, axis=int(attrs.get("axis", 0)))  # type: ignore
     if op == "Gather":
-        return None if len(xs) < 2 or xs[1] is None else np.take(x, xs[1], axis=int(attrs.get("axis", 0)))
+        if len(xs) < 2 or xs[1] is None:
+            return None
+        axis, index = int(attrs.get("axis", 0)), xs[1]
+        if not -x.ndim <= axis < x.ndim:
+            raise where.refuse(f"axis={axis} is out of range for a constant of rank {x.ndim}")
+        size = x.shape[axis]
+        if index.dtype.kind not in "iu" or index.size and not (-size <= index.min() and index.max() < size):
+            raise where.refuse(f"indices {index.reshape(-1)[:8].tolist()} out of range for an axis of {size}")
+        return np.take(x, index, axis=axis)
     if op in ("Unsqueeze", "Squeeze"):
         axes = attrs["axes"] if "axes" in attrs else xs[1] if len(xs) > 1 else None
         if op == "Squeeze":
@@ -775,15 +829,19 @@ def fold(op: str, attrs: dict, xs: list[np.ndarray | None], shape: tuple[int, ..
             x = np.expand_dims(x, a)
         return x
     if op == "Cast":
-        from onnx import helper
+        to = int(attrs.get("to", 0))
+        if to not in _DTYPES:
+            from onnx import TensorProto
 
-        return x.astype(helper.tensor_dtype_to_np_dtype(int(attrs["to"])))
+            kind = TensorProto.DataType.Name(to) if to in TensorProto.DataType.values() else f"type {to}"
+            raise where.refuse(f"a Cast to {kind}: deepdsl folds Casts to numbers only")
+        return x.astype(np.dtype(_DTYPES[to]).newbyteorder("="))
     return None
 
 
 def _folded(imp: _Importer, k: int, node: Any, where: _Node, attrs: dict) -> None:
     shape = imp.shape(node.input[0], where) if node.op_type == "Shape" else None
-    value = fold(node.op_type, attrs, [imp.const(i) for i in node.input], shape)
+    value = fold(node.op_type, attrs, [imp.const(i) for i in node.input], shape, where)
     if value is None:
         raise where.refuse(f"deepdsl imports {node.op_type} of constants and shapes only (as exporters compute "
                            "shapes)")  # fmt: skip
@@ -817,7 +875,7 @@ def skeleton(model: Any) -> Any:
     g.CopyFrom(onnx.GraphProto(**{f.name: v for f, v in graph.ListFields() if f.name != "initializer"}))
     listed = {i.name for i in g.input}
     for t in graph.initializer:
-        if int(np.prod(t.dims, dtype=np.int64)) <= SMALL_CONSTANT or t.data_location == onnx.TensorProto.EXTERNAL:
+        if math.prod(t.dims) <= SMALL_CONSTANT:
             g.initializer.append(t)
         elif t.name not in listed:
             g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
@@ -838,11 +896,149 @@ def load_model(path: str | Path) -> Any:
         raise DslProgramError(f"'{path}' is not an ONNX model: {type(exc).__name__}: {exc}") from None
     if not model.HasField("graph"):
         raise DslProgramError(f"'{path}' is not an ONNX model (it holds no graph)")
+    read_external_data(model, p, onnx)  # before the checker, which would look for the files in the cwd
     try:
         onnx.checker.check_model(skeleton(model))
     except Exception as exc:  # noqa: BLE001 — onnx.checker.ValidationError
         raise DslProgramError(f"'{path}' is not a valid ONNX model: {str(exc).strip().splitlines()[0]}") from None
     return model
+
+
+def tensor_array(t: Any, what: str, onnx: Any) -> np.ndarray:
+    """The array `t` (a TensorProto whose data is in the model) holds, checked before anything is allocated: an
+    element type deepdsl reads, at most MAX_ELEMENTS elements, and data of the length its dims need (dims that lie
+    about it are refused, not reshaped)."""
+    from onnx import numpy_helper
+
+    name = t.name if len(t.name) <= 200 else f"{t.name[:100]}...({len(t.name):,} characters)"
+    where = f"{what} '{name}'"
+    dtype = _DTYPES.get(t.data_type)
+    if dtype is None:
+        kind = onnx.TensorProto.DataType.Name(t.data_type) if t.data_type in onnx.TensorProto.DataType.values() else (
+            f"type {t.data_type}")  # fmt: skip
+        raise DslProgramError(f"{where} holds {kind} elements; deepdsl reads tensors of numbers")
+    dims = [int(d) for d in t.dims]
+    count = math.prod(dims)
+    if any(d < 0 for d in dims) or count > MAX_ELEMENTS:
+        raise DslProgramError(f"{where} has dims {dims}; at most {MAX_ELEMENTS:,} elements, none negative")
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        raise DslProgramError(f"{where} keeps its data in an external file")  # read_external_data reads them all
+    if t.raw_data:
+        held, need = len(t.raw_data), count * np.dtype(dtype).itemsize
+        unit = "bytes"
+    else:
+        field = {1: "float_data", 7: "int64_data", 11: "double_data", 12: "uint64_data", 13: "uint64_data"}.get(
+            t.data_type, "int32_data")  # fmt: skip
+        held, need, unit = len(getattr(t, field)), count, "values"
+    if held != need:
+        raise DslProgramError(f"{where}: its dims {dims} need {need:,} {unit} of data, it holds {held:,}")
+    try:
+        return np.asarray(numpy_helper.to_array(t))
+    except (ValueError, TypeError) as exc:
+        raise DslProgramError(f"{where} cannot be read: {exc}") from None
+
+
+def read_external_data(model: Any, path: Path, onnx: Any) -> None:
+    """Every tensor of `model` that keeps its data in an external file (initialisers as PyTorch's exporter writes
+    them for a large model, a Constant's value, anywhere in the model) given that data, read from the model's
+    folder only: a location that is absolute, climbs out with `..` or leads out through a link is refused, and so
+    is anything but a regular file, and an offset or length past the file's end; at most MAX_EXTERNAL_BYTES in
+    all. Never onnx's own loader, which resolves the location against the current directory."""
+    root = os.path.realpath(path.parent)
+    total = 0
+    todo: list[Any] = [model]  # every message of the model, without recursion (subgraphs may nest deep)
+    while todo:
+        m = todo.pop()
+        if isinstance(m, onnx.TensorProto):
+            if m.data_location == onnx.TensorProto.EXTERNAL:
+                total += _read_external(m, root, str(path), MAX_EXTERNAL_BYTES - total)
+            continue
+        for f, v in m.ListFields():
+            if f.message_type is None:
+                continue
+            if hasattr(v, "ListFields"):  # one message, else a repeated field of them
+                todo.append(v)
+            else:
+                todo.extend(v)
+
+
+def _read_external(t: Any, root: str, file: str, budget: int) -> int:
+    """Read `t`'s external data into it (raw_data) and return its length; see read_external_data."""
+    info = {e.key: e.value for e in t.external_data}
+    name = t.name if len(t.name) <= 200 else f"{t.name[:100]}...({len(t.name):,} characters)"
+    location = info.get("location", "")
+    shown = location if len(location) <= 200 else f"{location[:100]}..."
+
+    def refuse(why: str) -> DslProgramError:
+        return DslProgramError(f"'{file}': tensor '{name}' keeps its data in '{shown}', {why}")
+
+    if not location or "\x00" in location:
+        raise refuse("which names no file")
+    if os.path.isabs(location) or location.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", location):
+        raise refuse("an absolute path; deepdsl reads external data from the model's own folder only")
+    if ".." in re.split(r"[/\\]", location):
+        raise refuse("which climbs out of the model's folder; deepdsl reads external data from that folder only")
+    target = os.path.realpath(os.path.join(root, location))
+    if os.path.commonpath([root, target]) != root or target == root:
+        raise refuse("which leads out of the model's folder (through a link); deepdsl reads external data from "
+                     "that folder only")  # fmt: skip
+    numbers = {}
+    for key in ("offset", "length"):
+        text = info.get(key)
+        if text is not None and not (text.isascii() and text.isdigit() and len(text) <= 19):
+            raise refuse(f"at {key} '{text[:40]}', which is not a byte count")
+        numbers[key] = None if text is None else int(text)
+    dtype = _DTYPES.get(t.data_type)
+    if dtype is None:  # tensor_array says what it holds
+        return 0
+    need = math.prod(int(d) for d in t.dims) * np.dtype(dtype).itemsize
+    if need > budget or any(d < 0 for d in t.dims):
+        raise refuse(f"for dims {list(t.dims)}: more than the {MAX_EXTERNAL_BYTES:,} bytes deepdsl reads in all")
+    fd = _open_below(root, os.path.relpath(target, root), refuse)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise refuse("which is not a regular file")
+        offset = numbers["offset"] or 0
+        length = st.st_size - offset if numbers["length"] is None else numbers["length"]
+        if offset > st.st_size or offset + length > st.st_size:
+            raise refuse(f"at offset {offset:,}, {length:,} bytes, past the end of the file ({st.st_size:,} bytes)")
+        if length != need:
+            raise refuse(f"{length:,} bytes, but its dims {list(t.dims)} need {need:,}")
+        chunks, at = [], offset
+        while at < offset + length:  # the file may shrink meanwhile: a short read is an error, never a hang
+            chunk = os.pread(fd, min(offset + length - at, 2**26), at)
+            if not chunk:
+                raise refuse("which ended early while it was read")
+            chunks.append(chunk)
+            at += len(chunk)
+    finally:
+        os.close(fd)
+    t.raw_data = b"".join(chunks)
+    del t.external_data[:]
+    t.data_location = 0  # DEFAULT: the data is in the tensor now
+    return length
+
+
+def _open_below(root: str, rel: str, refuse: Callable[[str], DslProgramError]) -> int:
+    """A descriptor of the file `rel` below the folder `root`, each part opened below the one before without
+    following a link (`rel` was resolved already: a link put there since is refused), non-blocking (a FIFO)."""
+    parts = rel.split(os.sep)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        if os.open not in os.supports_dir_fd:  # no openat: the resolved path, its last part not followed
+            return os.open(os.path.join(root, rel), flags | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            for part in parts[:-1]:
+                inner = os.open(part, flags | getattr(os, "O_DIRECTORY", 0), dir_fd=fd)
+                os.close(fd)
+                fd = inner
+            return os.open(parts[-1], flags | getattr(os, "O_NONBLOCK", 0), dir_fd=fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise refuse(f"which cannot be read: {e.strerror or e}") from None
 
 
 def import_model(path: str | Path, batch: int | None = None, loss: bool = True) -> Imported:

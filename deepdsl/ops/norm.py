@@ -280,7 +280,7 @@ def _window_sum(v: np.ndarray, before: int, after: int) -> np.ndarray:
     """out[:, c] = sum of v[:, c - before .. c + after] along axis 1, zero outside the channels."""
     c = v.shape[1]
     out = np.zeros_like(v)
-    for o in range(-before, after + 1):
+    for o in range(max(-before, 1 - c), min(after, c - 1) + 1):  # offsets past the channels add nothing
         lo, hi = max(0, -o), min(c, c - o)  # out[:, lo:hi] takes v[:, lo + o : hi + o]
         if lo < hi:
             out[:, lo:hi] += v[:, lo + o : hi + o]

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from deepdsl.ir.registry import defop, eager_saves, flops_rule, java_call, numpy_kernel, vendor_rule, vjp_rule
-from deepdsl.ir.types import ShapeError, TensorType
+from deepdsl.ir.types import INT_MAX, ShapeError, TensorType
 from deepdsl.ir.vendor import Pool, PoolBackward
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank, window_out
@@ -25,6 +25,9 @@ def _pool(what: str):  # noqa: ANN202
         (kh, kw), (sh, sw), (ph, pw) = attrs["kernel"], attrs["stride"], attrs["pad"]
         if ph * 2 > kh or pw * 2 > kw:
             raise ShapeError(f"{what}: padding {max(ph, pw)} is more than half the window {max(kh, kw)}")
+        if kh * kw > INT_MAX:  # the programs count a window's elements (avg_pool's divisor) in an int
+            raise ShapeError(f"{what}: a window of {kh} x {kw} holds {kh * kw:,} elements; at most {INT_MAX:,} "
+                             "(2^31 - 1)")  # fmt: skip
         n, c, h, w = x.shape
         return TensorType((n, c, window_out(h, kh, sh, ph, what), window_out(w, kw, sw, pw, what)))
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepdsl.backends.java.names import Namer, abbreviated, identifier
+from deepdsl.frontend.javanames import reserved_class_names
 from deepdsl.ir import Value
 
 NETWORK_MEMBERS = (
@@ -23,7 +24,8 @@ NETWORK_MEMBERS = (
 
 @dataclass
 class Emitter:
-    namer: Namer = field(default_factory=lambda: Namer(NETWORK_MEMBERS))
+    # a field named after a class the program names (an input `System`, a layer `Math`) would hide that class
+    namer: Namer = field(default_factory=lambda: Namer((*NETWORK_MEMBERS, *reserved_class_names())))
     globals: dict[str, str] = field(default_factory=dict)  # inputs, parameters, state -> field name
     temps: Namer = field(default_factory=Namer)  # the results of the step being written
     in_state: dict[str, str] = field(default_factory=dict)  # results written over the tensor they update
