@@ -12,6 +12,7 @@ from deep_networks import SMALL
 
 from deepdsl import api
 from deepdsl.data.synthetic import MAX_BYTES, synthetic_sizes
+from deepdsl.frontend.train import MAX_ITERATIONS
 from deepdsl.memory.footprint import Footprint, check_fits, footprint
 from deepdsl.memory.report import persistent_bytes
 
@@ -140,9 +141,11 @@ def test_the_train_blocks_counts_fit_an_int(cli, tmp_path, key: str) -> None:  #
     (tmp_path / "t.ddsl").write_text(text)
     r = cli("check", str(tmp_path / "t.ddsl"))
     assert r.exit_code == 1, r.output
-    assert f"'{key}' must be at most 2,147,483,647" in r.stderr and "t.ddsl:9:" in r.stderr
+    # iterations has its own, smaller bound (the flags' --iters: running.MAX_ITERATIONS); the others a Java int's
+    most = MAX_ITERATIONS if key == "iterations" else INT_MAX
+    assert f"'{key}' must be at most {most:,}" in r.stderr and "t.ddsl:9:" in r.stderr
     extra = f"  seed = {2**62 - 1}\n" + ('  save = "w.npz"\n' if key == "save_every" else "")  # the seed is a long
-    (tmp_path / "t.ddsl").write_text(text.replace(str(2**31), str(INT_MAX)).replace("train {\n", "train {\n" + extra))
+    (tmp_path / "t.ddsl").write_text(text.replace(str(2**31), str(most)).replace("train {\n", "train {\n" + extra))
     r = cli("check", str(tmp_path / "t.ddsl"))
     assert r.exit_code == 0, r.output
 
