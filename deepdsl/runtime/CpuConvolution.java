@@ -7,8 +7,8 @@ import java.nio.FloatBuffer;
 import java.util.Arrays;
 import java.util.function.IntConsumer;
 
-/** The convolutions of {@link CpuOps}: im2col + SGEMM, and their gradients. */
-final class CpuConvolution {
+/** The convolutions of {@link CpuDevice}: im2col + SGEMM, and their gradients. */
+public final class CpuConvolution {
   private CpuConvolution() {}
 
   // ---- convolution ----

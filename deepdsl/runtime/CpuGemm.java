@@ -6,8 +6,8 @@ import static deepdsl.runtime.CpuConvolution.*;
 import java.nio.FloatBuffer;
 import java.util.Arrays;
 
-/** The SGEMM and the dense layers and matrix products of {@link CpuOps}. */
-final class CpuGemm {
+/** The SGEMM and the dense layers and matrix products of {@link CpuDevice}. */
+public final class CpuGemm {
   private CpuGemm() {}
 
   // ---- SGEMM ----

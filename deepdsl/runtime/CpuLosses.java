@@ -6,8 +6,8 @@ import static deepdsl.runtime.CpuConvolution.*;
 
 import java.util.Arrays;
 
-/** Softmax and the losses of {@link CpuOps}. */
-final class CpuLosses {
+/** Softmax and the losses of {@link CpuDevice}. */
+public final class CpuLosses {
   private CpuLosses() {}
 
   // ---- softmax and the losses (rows are axis 1 of [N, K]) ----

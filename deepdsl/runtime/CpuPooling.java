@@ -6,8 +6,8 @@ import static deepdsl.runtime.CpuConvolution.*;
 
 import java.util.Arrays;
 
-/** The pooling kernels of {@link CpuOps}. */
-final class CpuPooling {
+/** The pooling kernels of {@link CpuDevice}. */
+public final class CpuPooling {
   private CpuPooling() {}
 
   // ---- pooling ----
