@@ -6,8 +6,8 @@ package deepdsl.runtime;
  * dense layers, matrix products), {@link CpuConvolution} (through {@link Workspace}, which picks
  * im2col or the direct loops), {@link CpuPooling}, {@link CpuNormalisation} (LRN, layer norm's
  * rows, batch norm's training apply and gradient), {@link CpuLosses} (softmax, the losses, argmax,
- * accuracy), {@link CpuAttention} (the masked softmax) and {@link CpuShapes} (the shape ops, the
- * dropout mask); {@link CpuSupport} holds their threads and scratch arrays. It runs on {@link
+ * accuracy), {@link CpuAttention} (the masked softmax), {@link CpuShapes} (the shape ops) and
+ * {@link Rng} (the dropout mask); {@link CpuSupport} holds their threads and scratch arrays. It runs on {@link
  * Parallel#THREADS} threads (every core of the host unless {@code --threads} says otherwise) and
  * never touches a JCuda class.
  *
@@ -284,7 +284,7 @@ public final class CpuDevice implements Device {
 
   @Override
   public void dropoutMask(Buf out, long step, float p, long seed, String site) {
-    CpuShapes.dropout_mask(out, step, p, seed, site);
+    Rng.dropout_mask(out, step, p, seed, site);
   }
 
   @Override

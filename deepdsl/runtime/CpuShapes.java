@@ -149,27 +149,4 @@ public final class CpuShapes {
     }
     return n;
   }
-
-  // ---- randomness ----
-
-  /**
-   * The inverted-dropout mask of {@code site} at {@code step}: element i (row-major) of {@code out}
-   * is {@code 1 / (1 - p)} when uniform i of the stream {@link Rng#maskSeed} is at least {@code p},
-   * else 0.
-   *
-   * <p>The Python side compares with the double {@code p} the program wrote; {@code p} arrives here
-   * rounded to float, so it is widened to the shortest decimal that rounds to it ({@code 0.7f} to
-   * {@code 0.7}), which is that double whenever the program wrote {@code p} with up to 6
-   * significant digits. (Widening with a plain cast would move the threshold past a multiple of
-   * 2^-24 for some {@code p}, changing the mask.)
-   */
-  public static void dropout_mask(Buf out, long step, float p, long seed, String site) {
-    double threshold = Rng.shortestDecimal(p);
-    float scale = (float) (1.0 / (1.0 - threshold));
-    Rng rng = new Rng(Rng.maskSeed(site, seed, step));
-    int n = out.numel();
-    for (int i = 0; i < n; i++) {
-      out.a[out.off + i] = rng.uniform() >= threshold ? scale : 0.0f;
-    }
-  }
 }

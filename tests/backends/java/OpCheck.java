@@ -7,6 +7,7 @@ import deepdsl.runtime.CpuLosses;
 import deepdsl.runtime.CpuNormalisation;
 import deepdsl.runtime.CpuPooling;
 import deepdsl.runtime.CpuShapes;
+import deepdsl.runtime.Rng;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
@@ -137,7 +138,7 @@ public final class OpCheck {
       case "cross_entropy" -> CpuLosses.cross_entropy(out, x, y);
       case "cross_entropy_backward" -> CpuLosses.cross_entropy_backward(out, x, y, z);
       case "dropout_mask" ->
-          CpuShapes.dropout_mask(out, (long) x.a[x.off], a.f("p"), a.l("seed"), a.text("site"));
+          Rng.dropout_mask(out, (long) x.a[x.off], a.f("p"), a.l("seed"), a.text("site"));
       case "global_avg_pool" -> CpuPooling.global_avg_pool(out, x);
       case "global_avg_pool_backward" ->
           CpuPooling.global_avg_pool_backward(out, x, a.ints("in_shape"));
