@@ -359,7 +359,7 @@ def test_kernels_equal_evaluate(tmp_path: Path) -> None:
     source = KERNEL_CHECK.replace("CALLS", "\n".join(calls)).replace("METHODS", "\n\n".join(methods))
     (tmp_path / "KernelCheck.java").write_text(source)
     runtime = ROOT / "deepdsl" / "runtime"
-    runtime_files = ("Buf.java", "Kernel.java", "Npz.java", "Parallel.java")
+    runtime_files = ("Buf.java", "Kernel.java", "Npz.java", "Npy.java", "ZipReader.java", "Parallel.java")
     javac(tmp_path, [tmp_path / "KernelCheck.java", *(runtime / f for f in runtime_files)], tmp_path / "build")
     r = java(tmp_path / "build", "KernelCheck", "in.npz", "out.npz", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
