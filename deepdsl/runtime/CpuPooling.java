@@ -3,6 +3,7 @@ package deepdsl.runtime;
 import static deepdsl.runtime.CpuSupport.*;
 import static deepdsl.runtime.CpuGemm.*;
 import static deepdsl.runtime.CpuConvolution.*;
+import static deepdsl.runtime.Im2col.*;
 
 import java.util.Arrays;
 
