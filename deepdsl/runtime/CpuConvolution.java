@@ -2,6 +2,7 @@ package deepdsl.runtime;
 
 import static deepdsl.runtime.CpuSupport.*;
 import static deepdsl.runtime.CpuGemm.*;
+import static deepdsl.runtime.GemmOperands.*;
 import static deepdsl.runtime.Im2col.*;
 
 import java.nio.FloatBuffer;

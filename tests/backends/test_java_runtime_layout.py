@@ -1,5 +1,6 @@
 """The Java runtime's shape (issue 35): the generated step calls the device, the device calls the family class that
-does the work, with no class of one-line static forwarders between them, and no runtime file past 600 lines.
+does the work, with no class of one-line static forwarders between them, no runtime file past 600 lines, and
+CpuGemm's two copies of its inner sweep (kept apart for the JIT) the same code.
 
 Both checks read the sources only (no javac), and each is shown to fail on a planted copy of what they forbid.
 """
@@ -35,6 +36,23 @@ def forwarders(sources: dict[str, str]) -> list[str]:
     return out
 
 
+def method_text(source: str, signature: str) -> str:
+    """The text of the method that starts at `signature` (its indented line) up to its closing brace at 2 spaces."""
+    start = source.index(signature)
+    return source[start : source.index("\n  }\n", start) + 4]
+
+
+def copies_differ(source: str) -> str | None:
+    """CpuGemm keeps `sweepNarrow`, a copy of `sweep` in a method of its own so that the JIT tunes each for its
+    widths (its comment says why): None when the two are the same code, else the first line where they part."""
+    wide = method_text(source, "  static void sweep(").split("\n")
+    narrow = method_text(source, "  static void sweepNarrow(").replace("sweepNarrow(", "sweep(", 1).split("\n")
+    for a, b in zip(wide, narrow):
+        if a != b:
+            return f"sweep: {a.strip()!r} / sweepNarrow: {b.strip()!r}"
+    return None if len(wide) == len(narrow) else "sweep and sweepNarrow differ in length"
+
+
 def too_long(sources: dict[str, str]) -> list[str]:
     return [f"{name}: {text.count(chr(10))} lines" for name, text in sources.items() if text.count("\n") > MAX_LINES]
 
@@ -53,6 +71,14 @@ def test_a_forwarding_layer_is_found() -> None:
         "  static void own(Buf out, Buf x) {\n    CpuShapes.transpose(out, x, new int[] {1, 0});\n  }\n}\n"
     )
     assert forwarders(planted) == ["CpuOps.lrn -> CpuNormalisation.lrn", "CpuOps.scale -> CpuSupport.scale"]
+
+
+def test_the_narrow_sweep_is_the_same_code_as_the_wide_one() -> None:
+    source = runtime_sources()["CpuGemm.java"]
+    assert copies_differ(source) is None
+    # a change made to one copy alone is found
+    changed = source.replace("t0[j] += x0 * r0[j];", "t0[j] += x0 * r0[j] * 1.0f;", 1)
+    assert changed != source and copies_differ(changed) is not None
 
 
 def test_no_runtime_file_is_past_600_lines() -> None:
