@@ -58,7 +58,8 @@ class JavaCall:
     """How the Java program calls the op: the step calls `dev.<device>(out, ...)` (a method of the runtime's
     Device), which the CPU device runs as `cls.<op name>(out, params...)`: `cls` is the family class that does the
     work (`CpuGemm`, `CpuConvolution`, `CpuPooling`, `CpuNormalisation`, `CpuLosses`, `CpuShapes`, `CpuAttention`,
-    `Rng` for the dropout mask, `Workspace` for conv2d's im2col-or-direct choice), with no forwarding class between them.
+    `Rng` for the dropout mask, `Workspace` for conv2d's im2col-or-direct choice), with no forwarding class
+    between them.
 
     `params` are the Java method's parameters after the output, as (type, name): `Buf` (one per input, in
     order), or one `Buf[]` holding every input (concat), then the attributes, each named as its attribute in
