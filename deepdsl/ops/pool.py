@@ -225,9 +225,10 @@ eager_saves("avg_pool2d", "global_avg_pool", which=(0,))
 
 
 # the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
-java_call("max_pool2d", "Buf x, int[] kernel, int[] pad, int[] stride")
-java_call("max_pool2d_backward", "Buf x, Buf y, Buf g, int[] kernel, int[] pad, int[] stride")
-java_call("avg_pool2d", "Buf x, int[] kernel, int[] pad, int[] stride", called=True)  # cuDNN's on the CUDA device
-java_call("avg_pool2d_backward", "Buf g, int[] inShape, int[] kernel, int[] pad, int[] stride")
-java_call("global_avg_pool", "Buf x")
-java_call("global_avg_pool_backward", "Buf g, int[] inShape")
+java_call("max_pool2d", "Buf x, int[] kernel, int[] pad, int[] stride", cls="CpuPooling")
+java_call("max_pool2d_backward", "Buf x, Buf y, Buf g, int[] kernel, int[] pad, int[] stride", cls="CpuPooling")
+# a step calls the device's avgPool2d although the op has a CUDA form: cuDNN's on the CUDA device
+java_call("avg_pool2d", "Buf x, int[] kernel, int[] pad, int[] stride", cls="CpuPooling", called=True)
+java_call("avg_pool2d_backward", "Buf g, int[] inShape, int[] kernel, int[] pad, int[] stride", cls="CpuPooling")
+java_call("global_avg_pool", "Buf x", cls="CpuPooling")
+java_call("global_avg_pool_backward", "Buf g, int[] inShape", cls="CpuPooling")
