@@ -1,0 +1,95 @@
+"""The generated class tells the truth (issue 35): one editing contract in its header, docs/java.md and the README;
+kernel comments whose sizes hold for every statement the kernel serves; constants named for what they are; a value
+named alike in the training and the inference step; LeNet's class within 300 lines."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+import numpy as np
+from conftest import GOLDEN, ROOT
+from test_java_constants import TWO_NORMS
+
+from deepdsl.api import build, compile_source
+from deepdsl.backends.java import java_program
+from deepdsl.backends.java.emitter import CONTRACT
+
+
+@cache
+def _program(source: str, name: str):  # noqa: ANN202
+    c = compile_source(source, name)
+    assert c.program is not None
+    b = build(c.program)
+    return java_program(b.program, b.train_plan, b.infer_plan, b.eval_plan)
+
+
+def _lenet():  # noqa: ANN202
+    return _program((ROOT / "networks" / "lenet.ddsl").read_text(), "lenet.ddsl")
+
+
+def _plain(text: str) -> str:
+    return " ".join(text.replace("`", "").replace("//", " ").split())
+
+
+def test_one_editing_contract_in_the_header_the_docs_and_the_readme() -> None:
+    header = _plain("\n".join(_lenet().java.split("\n")[:2]))
+    assert "Edit the network, not this file" not in header
+    contract = CONTRACT.format(file="Name.java")
+    assert contract.replace("Name.java", "LeNet.java") in header, header
+    for page in ("docs/java.md", "README.md"):
+        assert contract in _plain((ROOT / page).read_text()), page
+
+
+def _docs(java: str) -> dict[str, str]:
+    """Each kernel constant's comment."""
+    return dict((k, d) for d, k in re.findall(r"/\*\* (.*) \*/\n  static final Kernel (\w+) =", java))
+
+
+def test_a_shared_kernels_comment_names_its_sizes() -> None:
+    p = _lenet()
+    # CHANNEL_SUM serves the biases' gradients of fc2 ([64, 10, 1, 1]) and cv1 ([64, 20, 24, 24]): no one size is
+    # true of every use, the sizes' names are
+    channel_sum = "out[i0] = (sum[r0:in0.dim(0), r1:in0.dim(2), r2:in0.dim(3)] in0[r0, i0, r1, r2])"
+    assert _docs(p.java)["CHANNEL_SUM"] == channel_sum
+    # the CUDA kernel's comment names them as its size parameters
+    cuda = re.search(r"// (.*)\nextern \"C\" __global__ void channelSum\(", p.cuda)
+    assert cuda is not None and cuda.group(1) == "out[i0] = (sum[r0:n0_0, r1:n0_2, r2:n0_3] in0[r0, i0, r1, r2])"
+    # a mean's count is the product of the sizes it runs over, as the kernel computes it
+    var = _docs(_program(TWO_NORMS, "two.ddsl").java)["CHANNEL_VAR"]
+    assert var.endswith("/ (in0.dim(0) * in0.dim(2) * in0.dim(3)))"), var
+    assert not re.search(r"\d{2}", var), var
+
+
+def test_constants_are_named_for_what_they_are() -> None:
+    java = _lenet().java
+    # the backward pass's seed, d loss / d loss
+    assert 'private final Buf dloss = constant("dloss", 1.0f);' in java
+    assert "softmaxCrossEntropyBackward(dscores, fc2_out, y, dloss);" in java
+    assert not re.search(r"\bconst\d+\b", java)
+    # batch norm's running mean moves by its momentum, its running variance by momentum * n / (n - 1), n the
+    # values per channel (4 * 6 * 6 after the first convolution, 4 * 4 * 4 after the second)
+    two = _program(TWO_NORMS, "two.ddsl").java
+    fields = dict(re.findall(r"private final Buf (\w+) = constant\(\"\w+\", ([\d.]+)f\);", two))
+    assert set(fields) == {"bn_momentum", "bn_var_momentum_n144", "bn_var_momentum_n64"}, fields
+    assert np.float32(fields["bn_var_momentum_n144"]) == np.float32(0.1 * 144 / 143)
+    assert np.float32(fields["bn_momentum"]) == np.float32(0.1)
+
+
+def _fields(java: str, cls: str) -> list[str]:
+    body = java.split(f"private final class {cls} {{", 1)[1].split("\n  }\n", 1)[0]
+    return re.findall(r"final Buf (\w+) = (?:at|view)\(", body)
+
+
+def test_a_value_has_one_name_in_both_steps() -> None:
+    java = _lenet().java
+    training, inference = _fields(java, "Training"), _fields(java, "Inference")
+    # the inference step's fc1 + bias + ReLU and fc2 + bias are written over fc1's and fc2's outputs, as in
+    # training: the same fields, not net_relu1_out and fc2_bias_add beside them
+    assert set(inference) <= set(training), set(inference) - set(training)
+    assert "return dev.read(inference.fc2_out);" in java
+    assert "dev.run(BIAS_ADD_RELU, fc1_out, fc1_out, fc1_b);" in java.split("void predict()")[1]
+
+
+def test_lenets_class_within_300_lines() -> None:
+    assert len((GOLDEN / "java" / "LeNet.java").read_text().splitlines()) <= 300
