@@ -27,6 +27,7 @@ class Emitter:
     globals: dict[str, str] = field(default_factory=dict)  # inputs, parameters, state -> field name
     temps: Namer = field(default_factory=Namer)  # the results of the step being written
     in_state: dict[str, str] = field(default_factory=dict)  # results written over the tensor they update
+    written_over: dict[str, str] = field(default_factory=dict)  # in-place results -> the temporary they overwrite
     counters: frozenset[str] = frozenset()  # the step's iteration-counter input (a long, not a Buf)
     kernels: dict[tuple, str] = field(default_factory=dict)  # (body, out, shapes, ctypes) -> constant name
     kernel_text: list[str] = field(default_factory=list)  # the constants with their Java bodies
@@ -59,4 +60,6 @@ class Emitter:
     def tensor(self, v: Value) -> str:
         if v.name in self.in_state:
             return self.globals[self.in_state[v.name]]
+        while v.name in self.written_over:  # a result written over its input in place is that input's field
+            v = Value(self.written_over[v.name], v.type)
         return self.globals.get(v.name) or self.temps(v.name, self.temp_names.get(v.name))

@@ -89,7 +89,7 @@ public final class LeNet extends Network {
   /** The network's prediction for the batch in the inputs. */
   protected Buf inferStep() {
     inference.predict();
-    return dev.read(inference.fc2_bias_add);
+    return dev.read(inference.fc2_out);
   }
 
   /** SGD_MOMENTUM_SGD_STEP over the tensors it updates (opt, w, grad), with the settings it reads. */
@@ -183,9 +183,7 @@ public final class LeNet extends Network {
     final Buf mp_out_2 = at(819200, 64, 50, 4, 4);
     final Buf net_flatten1_out = view(mp_out_2, 64, 800);
     final Buf fc1_out = at(0, 64, 500);
-    final Buf net_relu1_out = at(0, 64, 500);
     final Buf fc2_out = at(128000, 64, 10);
-    final Buf fc2_bias_add = at(128000, 64, 10);
     final Buf loss = at(0);
 
     /** The prediction (inferStep runs this alone). */
@@ -203,16 +201,16 @@ public final class LeNet extends Network {
       // fc1, lenet.ddsl:16:13
       dev.linear(fc1_out, net_flatten1_out, fc1_W);
       // net.relu1, lenet.ddsl:21:33
-      dev.run(BIAS_ADD_RELU, net_relu1_out, fc1_out, fc1_b);
+      dev.run(BIAS_ADD_RELU, fc1_out, fc1_out, fc1_b);
       // fc2, lenet.ddsl:17:13
-      dev.linear(fc2_out, net_relu1_out, fc2_W);
-      dev.run(CHANNEL_BIAS_ADD, view(fc2_bias_add, 64, 10, 1, 1), view(fc2_out, 64, 10, 1, 1), fc2_b);
+      dev.linear(fc2_out, fc1_out, fc2_W);
+      dev.run(CHANNEL_BIAS_ADD, view(fc2_out, 64, 10, 1, 1), view(fc2_out, 64, 10, 1, 1), fc2_b);
     }
 
     /** The loss of the prediction. */
     void loss() {
       // lenet.ddsl:21:11
-      dev.softmaxCrossEntropy(loss, fc2_bias_add, y);
+      dev.softmaxCrossEntropy(loss, fc2_out, y);
     }
   }
 
