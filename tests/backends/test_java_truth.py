@@ -13,6 +13,7 @@ from test_java_constants import TWO_NORMS
 
 from deepdsl.api import build, compile_source
 from deepdsl.backends.java import java_program
+from deepdsl.backends.java.constants import constant_name, number_name
 from deepdsl.backends.java.emitter import CONTRACT
 
 
@@ -71,7 +72,7 @@ def test_constants_are_named_for_what_they_are() -> None:
     # values per channel (4 * 6 * 6 after the first convolution, 4 * 4 * 4 after the second)
     two = _program(TWO_NORMS, "two.ddsl").java
     fields = dict(re.findall(r"private final Buf (\w+) = constant\(\"\w+\", ([\d.]+)f\);", two))
-    assert set(fields) == {"bn_momentum", "bn_var_momentum_n144", "bn_var_momentum_n64"}, fields
+    assert set(fields) == {"dloss", "bn_momentum", "bn_var_momentum_n144", "bn_var_momentum_n64"}, fields
     assert np.float32(fields["bn_var_momentum_n144"]) == np.float32(0.1 * 144 / 143)
     assert np.float32(fields["bn_momentum"]) == np.float32(0.1)
 
@@ -93,3 +94,10 @@ def test_a_value_has_one_name_in_both_steps() -> None:
 
 def test_lenets_class_within_300_lines() -> None:
     assert len((GOLDEN / "java" / "LeNet.java").read_text().splitlines()) <= 300
+
+
+def test_a_number_without_a_known_meaning_is_named_after_its_op_and_attribute() -> None:
+    assert number_name("leaky_relu", {"alpha": 0.01}, 0.01) == "leaky_relu_alpha"
+    assert number_name("scale", {"groups": 1}, 0.5) == "scale_k0_5"
+    assert number_name("running_update", {"momentum": 0.1, "correction": 1.0}, 0.9) == "bn_keep"
+    assert constant_name(1.0, (), seed=False) == "one" and constant_name(0.0, (3,), seed=False) == "zeros"

@@ -154,13 +154,14 @@ def statement(e: Emitter, s: Stmt, temp: str) -> list[str]:
         ctypes = (*(ctype(v) for v in s.inputs), *("float",) * len(used))
         doc = meaning(body, out, len(shapes))
         update = s.out.name in e.in_state
-        k = kernel(e, what, s.out.name, body, out, (), doc, shapes, ctypes, pad=not update and not e.counters)
+        maker = (what, {} if s.op == "fused" else s.a)  # what names the numbers it takes as arguments
+        k = kernel(e, what, s.out.name, body, out, (), doc, shapes, ctypes, not update and not e.counters, maker)
         temp, args = _view(temp, e.views.get(-1)), [_view(a, e.views.get(j)) for j, a in enumerate(args)]
         return [run(e, k, [temp], [*args, *e.extra], used, update)]
     own_args = args[:arity] if "epilogue" in s.a else args
     if form is not None:  # a shape op with an epilogue: its kernel, then the epilogue's
         body, out = form
-        k = kernel(e, s.op, s.out.name, body, out, s.inputs[:arity], meaning(body, out, arity))
+        k = kernel(e, s.op, s.out.name, body, out, s.inputs[:arity], meaning(body, out, arity), maker=(s.op, s.a))
         lines = [f"dev.run({', '.join([k, temp, *own_args, *e.extra])});"]
     else:
         lines = [f"dev.{java_call(s.op).device}({', '.join([temp, *own_args, *library_arguments(s)])});"]
@@ -172,7 +173,8 @@ def statement(e: Emitter, s: Stmt, temp: str) -> list[str]:
         epilogue = s.a["epilogue"]
         what = _epilogue_name(epilogue, len(out)) or f"{s.op}_epilogue"
         pad = s.out.name not in e.in_state and not e.counters
-        k = kernel(e, what, s.out.name, epilogue, out, (), meaning(epilogue, out, len(shapes)), shapes, ctypes, pad)
+        doc = meaning(epilogue, out, len(shapes))
+        k = kernel(e, what, s.out.name, epilogue, out, (), doc, shapes, ctypes, pad, (what, {}))
         ins = [_view(a, e.views.get(j)) for j, a in enumerate([temp, *args[arity:]])]
         lines.append(f"dev.run({', '.join([k, _view(temp, e.views.get(-1)), *ins, *e.extra])});")
     return lines

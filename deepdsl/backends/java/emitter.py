@@ -27,9 +27,10 @@ from importlib import resources
 from typing import Any
 
 from deepdsl.backends.escape import java_comment, java_string
-from deepdsl.backends.java.constants import varying
+from deepdsl.backends.java.constants import constant_name, varying
 from deepdsl.backends.java.kernels import float_literal
 from deepdsl.backends.java.names import block_abbreviations, class_name
+from deepdsl.backends.java.roles import gradient_values
 from deepdsl.backends.java.state import Emitter
 from deepdsl.backends.java.steps import plan_classes
 from deepdsl.frontend.program import Program, Schedule
@@ -58,6 +59,15 @@ def _state_of(p: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[str, str] | N
     if head != "opt" or param not in shapes or shapes[param] != p.value.type.shape or not what:
         return None
     return param, what
+
+
+def _constant_name(g: Graph, p: Any) -> str:
+    """constants.constant_name of a constant of the training step `g`: the backward pass's seed is the scalar 1
+    that only the gradient reads."""
+    value, shape = float(p.init.args[0]), p.value.type.shape
+    readers = {s.out.name for s in g.stmts if any(v.name == p.value.name for v in s.inputs)}
+    seed = "loss" in dict(g.outputs) and value == 1.0 and not shape and bool(readers)
+    return constant_name(value, shape, seed and readers <= gradient_values(g, "loss"))
 
 
 def _common_prefix(names: list[str]) -> str:
@@ -155,8 +165,9 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
             call = f"optimizerState({e.globals[of[0]]}, {java_string(of[1])})"
         elif p.kind == "opt":
             call = f"optimizerState({java_string(p.value.name)}{shape})"
-        elif p.kind == "const":
-            call = f"constant({java_string(p.value.name)}, {float_literal(p.init.args[0])}{shape})"
+        elif p.kind == "const":  # named for what it is (`dloss`), in the class and at run time
+            name = e.namer(p.value.name, _constant_name(g, p))
+            call = f"constant({java_string(name)}, {float_literal(p.init.args[0])}{shape})"
         else:
             kind = "param" if p.kind == "param" else "state"
             call = f"{kind}({java_string(p.value.name)}, {java_string(_init_text(p))}{shape})"

@@ -11,7 +11,7 @@ from typing import Any
 
 from deepdsl.backends.cuda.kernels import group_kernel, ie_kernel
 from deepdsl.backends.escape import java_comment, java_string
-from deepdsl.backends.java.constants import lift, numbers
+from deepdsl.backends.java.constants import lift, number_name, numbers
 from deepdsl.backends.java.kernels import (
     flat_form,
     float_literal,
@@ -186,12 +186,14 @@ def _prepare(e: Emitter, body: Any, out: tuple, shapes: tuple, ctypes: tuple[str
 
 
 def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...], doc: str,
-           shapes: tuple | None = None, ctypes: tuple[str, ...] | None = None, pad: bool = False) -> str:  # fmt: skip
+           shapes: tuple | None = None, ctypes: tuple[str, ...] | None = None, pad: bool = False,
+           maker: tuple[str, dict[str, Any]] | None = None) -> str:  # fmt: skip
     """The constant of the kernel computing `body` over `out`. Its sizes are arguments (the buffers' dims), so
     statements whose kernels read the same but for their sizes share one; so are the numbers in which they
-    differ (java/constants.py), the buffers `e.extra` names, which the call passes after the inputs. With `pad`,
-    a rank-2 kernel whose rank-4 form (unit_axes.py) a rank-4 statement has too is that form, and `e.views` the
-    shapes the call passes its tensors as."""
+    differ (java/constants.py), the buffers `e.extra` names (after what they are to `maker`, the op and attributes
+    that made them), which the call passes after the inputs. With `pad`, a rank-2 kernel whose rank-4 form
+    (unit_axes.py) a rank-4 statement has too is that form, and `e.views` the shapes the call passes its tensors
+    as."""
     e.extra, e.views = [], {}
     shapes = shapes if shapes is not None else tuple(v.type.shape for v in inputs)
     ctypes = ctypes if ctypes is not None else tuple(ctype(v) for v in inputs)
@@ -215,7 +217,7 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
             shapes = (*shapes, *((),) * len(which))
             ctypes = (*ctypes, *("float",) * len(which))
             doc = meaning(body, out, len(shapes))
-            e.extra = [number(e, p.values[k]) for k in which]
+            e.extra = [number(e, p.values[k], maker) for k in which]
     flat = is_flat(body, out, shapes)
     java = _java(e, body, out, shapes, tail)
     cuda = _cuda(e, _PLACEHOLDER, body, out, shapes, ctypes)
@@ -228,11 +230,12 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
     return e.kernels[key]
 
 
-def number(e: Emitter, value: float) -> str:
-    """The field of a constant buffer holding `value`, a number a kernel takes as an argument: `k0_1`."""
-    text = float_literal(value).removesuffix("f")
-    spelt = text.replace(".", "_").replace("e-", "e_minus_").replace("-", "minus_")  # 1e-05 -> 1e_minus_05
-    field_name = e.namer(f"number:{text}", identifier(f"k{spelt}"))
+def number(e: Emitter, value: float, maker: tuple[str, dict[str, Any]] | None = None) -> str:
+    """The field of a constant buffer holding `value`, a number a kernel takes as an argument, named after what it
+    is to what made it (`maker`: the op and its attributes; constants.number_name: `bn_var_momentum_n3136`): one
+    field for each meaning and value."""
+    name = number_name(*maker, value) if maker is not None else number_name("", {}, value).removeprefix("_")
+    field_name = e.namer(f"number:{name}:{float_literal(value)}", identifier(name))
     e.number_fields.setdefault(field_name, f"constant({java_string(field_name)}, {float_literal(value)})")
     e.roles[field_name] = "k"
     return field_name

@@ -53,7 +53,7 @@ public final class LeNet extends Network {
   private final Buf fc2_W_momentum = optimizerState(fc2_W, "momentum");
   private final Buf fc2_b_momentum = optimizerState(fc2_b, "momentum");
   // constants (loop-invariant values hoisted out of the step)
-  private final Buf const14 = constant("const14", 1.0f);
+  private final Buf dloss = constant("dloss", 1.0f);
 
   public LeNet() {
     super(SETTINGS);
@@ -142,7 +142,7 @@ public final class LeNet extends Network {
       dev.run(CHANNEL_BIAS_ADD, view(fc2_out, 64, 10, 1, 1), view(fc2_out, 64, 10, 1, 1), fc2_b);
       // lenet.ddsl:21:11
       dev.softmaxCrossEntropy(loss, fc2_out, y);
-      dev.softmaxCrossEntropyBackward(dscores, fc2_out, y, const14);
+      dev.softmaxCrossEntropyBackward(dscores, fc2_out, y, dloss);
       // fc2, lenet.ddsl:17:13
       dev.run(CHANNEL_SUM, fc2_db, view(dscores, 64, 10, 1, 1));
       dev.matmul(fc2_dW, dscores, fc1_out, transposeA(true), transposeB(false));
