@@ -25,9 +25,10 @@ from deepdsl.backends.java.names import camel, identifier
 from deepdsl.backends.java.settings import read_settings, with_settings
 from deepdsl.backends.java.state import Emitter
 from deepdsl.backends.java.unit_axes import padded
+from deepdsl.backends.sizes import Sizes
 from deepdsl.ir import Stmt, Value
 from deepdsl.ir.groups import group_form
-from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Reduce, Var, format_ie, renumber
+from deepdsl.ir.indexexpr import _INFIX, Affine, Apply, Const, Read, Reduce, Var, format_ie, renumber
 from deepdsl.ir.types import DType
 
 _PLACEHOLDER = "dd_kernel_"  # the name a kernel is written under to compare it with the kernels written before
@@ -42,9 +43,40 @@ def _constant(method_name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", method_name).upper()
 
 
-def meaning(body: Any, out: tuple, inputs: int) -> str:
-    index = ", ".join(v for v, _ in out)
-    return f"out[{index}] = {format_ie(body, tuple(f'in{k}' for k in range(inputs)))}"
+def meaning(body: Any, out: tuple, shapes: tuple, cuda: bool = False) -> str:
+    """What a kernel computes, `out[i0] = (sum[r0:in0.dim(0)] in0[r0, i0])`, true of every statement it serves: a
+    reduction's range and a mean's count by the sizes' names as the kernel reads them (backends/sizes.py), the
+    Java body's `in0.dim(0)`, the CUDA kernel's size parameter `n0_0`; a number where the kernel has one."""
+    sizes = Sizes(tuple(n for _, n in out), shapes)
+
+    def size(var: str, n: int, where: Any) -> str:
+        name = sizes.range_of(var, n, where)
+        return name if cuda else re.sub(r"^n(\d+)_(\d+)$", r"in\1.dim(\2)", name)
+
+    def go(x: Any) -> str:
+        if isinstance(x, Reduce):
+            return f"({x.kind}[{', '.join(f'{v}:{size(v, n, x.body)}' for v, n in x.vars)}] {go(x.body)})"
+        if not isinstance(x, Apply):
+            return format_ie(x, tuple(f"in{k}" for k in range(len(shapes))))
+        if x.fn == "/" and isinstance(x.args[0], Reduce) and isinstance(x.args[1], Const):  # a mean: its count
+            r = x.args[0]
+            named = [size(v, n, r.body) for v, n in r.vars]
+            if (
+                r.kind == "sum"
+                and x.args[1].value == math.prod(n for _, n in r.vars)
+                and not any(map(str.isdigit, named))
+            ):
+                return f"({go(r)} / ({' * '.join(named)}))"
+        args = [go(a) for a in x.args]
+        if x.fn in _INFIX and len(args) == 2:
+            return f"({args[0]} {x.fn} {args[1]})"
+        if x.fn == "neg":
+            return f"-{args[0]}"
+        if x.fn == "select":
+            return f"({args[0]} ? {args[1]} : {args[2]})"
+        return f"{x.fn}({', '.join(args)})"
+
+    return f"out[{', '.join(v for v, _ in out)}] = {go(body)}"
 
 
 def canonical_names(e: Any) -> Any:
@@ -147,10 +179,8 @@ class _Prepared:
     statement of the same body and sizes (a network's repeated blocks) and in both passes of emit_java."""
 
     body: Any  # the body with its reductions' variables renamed r0, r1, ... (canonical_names)
-    doc: str  # its meaning
     form: tuple | None  # its rank-4 text for every size, by which rank-2 and rank-4 statements meet (unit_axes.py)
     wide: tuple | None  # its padded rank-4 form (body, out, shapes, views), where it has one
-    wide_doc: str | None  # the padded form's meaning at the statement's own sizes
     values: tuple[float, ...]  # its numbers (java/constants.py)
     template: tuple | None  # the texts of its kernel with every number an argument, where it has numbers
 
@@ -160,15 +190,12 @@ def _prepare(e: Emitter, body: Any, out: tuple, shapes: tuple, ctypes: tuple[str
     key = ("prepare", body, _negative_zeros(body), out, shapes, ctypes, pad)
     if key in e.memo:
         return e.memo[key]
-    original = body
     body = canonical_names(body)
-    form = wide = wide_doc = None
+    form = wide = None
     if pad and not numbers(body) and not is_flat(body, out, shapes):
         wide = padded(body, out, shapes, unit=2)
         if wide is not None:
             wide = (canonical_names(wide[0]), *wide[1:])
-            unit = padded(original, out, shapes)  # the sizes its statement has
-            wide_doc = meaning(canonical_names(unit[0]), unit[1], len(wide[2])) if unit is not None else None
         rank4 = len(out) == 4 or any(len(s) == 4 for s in shapes) and len(out) == 1
         form = _form(e, *wide[:3]) if wide is not None else _form(e, body, out, shapes) if rank4 else None
     values = tuple(numbers(body))
@@ -181,11 +208,11 @@ def _prepare(e: Emitter, body: Any, out: tuple, shapes: tuple, ctypes: tuple[str
             _java(e, lifted, out, every),
             _cuda(e, _PLACEHOLDER, lifted, out, every, (*ctypes, *("float",) * n)).text,
         )
-    e.memo[key] = _Prepared(body, meaning(body, out, len(shapes)), form, wide, wide_doc, values, template)
+    e.memo[key] = _Prepared(body, form, wide, values, template)
     return e.memo[key]
 
 
-def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...], doc: str,
+def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...],
            shapes: tuple | None = None, ctypes: tuple[str, ...] | None = None, pad: bool = False,
            maker: tuple[str, dict[str, Any]] | None = None) -> str:  # fmt: skip
     """The constant of the kernel computing `body` over `out`. Its sizes are arguments (the buffers' dims), so
@@ -206,9 +233,6 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
             tail = True
             if p.wide is not None:
                 body, out, shapes, e.views = p.wide
-                doc = p.wide_doc if p.wide_doc is not None else doc
-    if not e.views:
-        doc = p.doc if body is p.body else meaning(body, out, len(shapes))  # with the names it reads (r0, ...)
     if p.values:
         e.seen.setdefault(p.template, set()).add(p.values)
         which = e.lifted.get(p.template, ())
@@ -216,7 +240,6 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
             body = lift(body, len(shapes), which)
             shapes = (*shapes, *((),) * len(which))
             ctypes = (*ctypes, *("float",) * len(which))
-            doc = meaning(body, out, len(shapes))
             e.extra = [number(e, p.values[k], maker) for k in which]
     flat = is_flat(body, out, shapes)
     java = _java(e, body, out, shapes, tail)
@@ -224,8 +247,9 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
     key = (java, cuda.text, cuda.loop)
     if key not in e.kernels:
         name = e.namer(f"kernel:{op}:{value}", camel(op))
-        cuda = _cuda(e, name, body, out, shapes, ctypes, (doc,))
+        cuda = _cuda(e, name, body, out, shapes, ctypes, (meaning(body, out, shapes, cuda=True),))
         split, columns = split_of(body, out, shapes)
+        doc = meaning(body, out, shapes)
         e.kernels[key] = _add(e, name, java, cuda, 1, flat, java_cost(body, out, shapes), doc, split, columns)
     return e.kernels[key]
 

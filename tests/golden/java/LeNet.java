@@ -242,7 +242,7 @@ public final class LeNet extends Network {
     }
   });
 
-  /** out[i0] = (sum[r0:64, r1:1, r2:1] in0[r0, i0, r1, r2]) */
+  /** out[i0] = (sum[r0:in0.dim(0), r1:in0.dim(2), r2:in0.dim(3)] in0[r0, i0, r1, r2]) */
   static final Kernel CHANNEL_SUM = Kernel.rows("channelSum", 256,
       in -> in[0].dim(0) * in[0].dim(2) * in[0].dim(3), (out, in, lo, hi) -> {
     float[] o = out.a, a0 = in[0].a;
