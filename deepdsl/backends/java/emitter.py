@@ -200,7 +200,7 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
         f"          .testing({cfg.test_every}, {cfg.test_iterations})",
         f"          .arena({train.arena_bytes}L, {arena}L)",
         f"          .peak({total_peak(train)}L)",
-        "          .workspaceLimit(WORKSPACE_LIMIT)",
+        f"          .workspaceLimit({workspace_limit}L)  // the scratch a convolution may take (--workspace-limit)",
     ]
     if cfg.lr is not None:
         settings.append(f"          .learningRate({_schedule(cfg.lr)})")
@@ -213,7 +213,8 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
     label = classified_label(program.graph)
     if label is not None:
         settings.append(f"          .accuracy({java_string(label)})")
-    settings[-1] += ";"
+    code, comment = settings[-1].split("  //", 1) if "  //" in settings[-1] else (settings[-1], None)
+    settings[-1] = f"{code};" + (f"  //{comment}" if comment is not None else "")
     legend = ""
     if e.short:  # the short names of repeated blocks, as the layer comments above the calls spell them out
         pairs = ", ".join(f"{v} = {k}" for k, v in sorted(e.short.items(), key=lambda kv: kv[1]))
@@ -235,9 +236,6 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
         f" * kernel of {cls}.cu.{legend}",
         " */",
         f"public final class {cls} extends Network {{",
-        "  /** Scratch bytes a convolution may take beyond the arena (--workspace-limit overrides it). */",
-        f"  public static final long WORKSPACE_LIMIT = {workspace_limit}L;",
-        "",
         *settings,
         "",
         *declarations,

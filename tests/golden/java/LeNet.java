@@ -12,9 +12,6 @@ import deepdsl.runtime.Network;
  * kernel of LeNet.cu.
  */
 public final class LeNet extends Network {
-  /** Scratch bytes a convolution may take beyond the arena (--workspace-limit overrides it). */
-  public static final long WORKSPACE_LIMIT = 1073741824L;
-
   private static final Settings SETTINGS =
       new Settings("LeNet")
           .seed(1L)
@@ -23,7 +20,7 @@ public final class LeNet extends Network {
           .testing(100, 10)
           .arena(7828736L, 7828736L)
           .peak(11478596L)
-          .workspaceLimit(WORKSPACE_LIMIT)
+          .workspaceLimit(1073741824L)  // the scratch a convolution may take (--workspace-limit)
           .predicts(false, "x")
           .accuracy("y");
 
