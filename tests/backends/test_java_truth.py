@@ -77,9 +77,10 @@ def test_constants_are_named_for_what_they_are() -> None:
     assert np.float32(fields["bn_momentum"]) == np.float32(0.1)
 
 
-def _fields(java: str, cls: str) -> list[str]:
+def _fields(java: str, cls: str) -> dict[str, str]:
+    """The layout table of the step class `cls`: each field and what it is (`at(...)`, or the base of its view)."""
     body = java.split(f"private final class {cls} {{", 1)[1].split("\n  }\n", 1)[0]
-    return re.findall(r"final Buf (\w+) = (?:at|view)\(", body)
+    return {f: base or "at" for f, base in re.findall(r"final Buf (\w+) = (?:at\(|view\((\w+),)", body)}
 
 
 def test_a_value_has_one_name_in_both_steps() -> None:
@@ -90,6 +91,34 @@ def test_a_value_has_one_name_in_both_steps() -> None:
     assert set(inference) <= set(training), set(inference) - set(training)
     assert "return dev.read(inference.fc2_out);" in java
     assert "dev.run(BIAS_ADD_RELU, fc1_out, fc1_out, fc1_b);" in java.split("void predict()")[1]
+
+
+def test_a_name_is_one_value_in_both_steps() -> None:
+    # GPT's residual sums are add, add_2, ...: the names the kernels took while the training step was written
+    # (ADD's `add`) must not move the inference step's on by one (its add_8 was the training step's add_7)
+    java = _program((ROOT / "networks" / "gpt_tiny.ddsl").read_text(), "gpt_tiny.ddsl").java
+    training, inference = _fields(java, "Training"), _fields(java, "Inference")
+    assert set(inference) <= set(training), set(inference) - set(training)
+    assert inference["ln_out"] == training["ln_out"] == "add_8"
+    assert all(training[f] == base for f, base in inference.items() if base != "at"), "a view of another base"
+
+
+def test_a_gradient_written_over_a_forward_result_keeps_a_gradients_name() -> None:
+    # tanh's gradient overwrites the forward output it reads, in place: it is not called fc2_out
+    source = """
+network Res
+input x : [4, 8]
+label y : [4] classes 3
+layer fc1 = full(8)
+layer fc2 = full(8)
+layer fc3 = full(3)
+h = tanh(fc1(x)) + tanh(fc2(x))
+loss = softmax_cross_entropy(fc3(h), y)
+predict = fc3(h)
+"""
+    java = _program(source, "res.ddsl").java
+    grads = re.findall(r"dev\.run\(TANH_GRAD, (\w+), (\w+), (\w+)\);", java)
+    assert grads and all("_out" not in out for out, *_ in grads), grads
 
 
 def test_lenets_class_within_300_lines() -> None:

@@ -24,6 +24,9 @@ NETWORK_MEMBERS = (
 @dataclass
 class Emitter:
     namer: Namer = field(default_factory=lambda: Namer(NETWORK_MEMBERS))
+    # the kernels' names (Name.cu's functions, the strings of their constants): not identifiers of the class, so
+    # that which kernels a step has printed cannot move the names of the next step's fields (`add` -> `add_2`)
+    kernel_names: Namer = field(default_factory=lambda: Namer(NETWORK_MEMBERS))
     globals: dict[str, str] = field(default_factory=dict)  # inputs, parameters, state -> field name
     temps: Namer = field(default_factory=Namer)  # the results of the step being written
     in_state: dict[str, str] = field(default_factory=dict)  # results written over the tensor they update
