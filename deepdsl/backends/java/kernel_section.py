@@ -28,7 +28,7 @@ from deepdsl.backends.java.unit_axes import padded
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir import Stmt, Value
 from deepdsl.ir.groups import group_form
-from deepdsl.ir.indexexpr import _INFIX, Affine, Apply, Const, Read, Reduce, Var, format_ie, renumber
+from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Reduce, Var, format_ie, renumber
 from deepdsl.ir.types import DType
 
 _PLACEHOLDER = "dd_kernel_"  # the name a kernel is written under to compare it with the kernels written before
@@ -67,14 +67,7 @@ def meaning(body: Any, out: tuple, shapes: tuple, cuda: bool = False) -> str:
                 and not any(map(str.isdigit, named))
             ):
                 return f"({go(r)} / ({' * '.join(named)}))"
-        args = [go(a) for a in x.args]
-        if x.fn in _INFIX and len(args) == 2:
-            return f"({args[0]} {x.fn} {args[1]})"
-        if x.fn == "neg":
-            return f"-{args[0]}"
-        if x.fn == "select":
-            return f"({args[0]} ? {args[1]} : {args[2]})"
-        return f"{x.fn}({', '.join(args)})"
+        return format_ie(Apply(x.fn, tuple(Var(go(a)) for a in x.args)))  # as format_ie, with its arguments' text
 
     return f"out[{', '.join(v for v, _ in out)}] = {go(body)}"
 
