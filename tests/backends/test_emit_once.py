@@ -46,7 +46,7 @@ def test_a_kernel_printed_once_is_reused_only_for_the_very_same_body() -> None:
     e = Emitter()
     out = (("i0", 2), ("i1", 3))
     read = Read(0, (Affine.var("i1"), Affine.var("i0")))  # a transpose: a shaped kernel, not a flat one
-    names = [kernel_section.kernel(e, "t", f"v{k}", Apply("+", (read, Const(z))), out, (), "", ((3, 2),), ("float",))
+    names = [kernel_section.kernel(e, "t", f"v{k}", Apply("+", (read, Const(z))), out, (), ((3, 2),), ("float",))
              for k, z in enumerate((0.0, -0.0, 0.0))]  # fmt: skip
     assert names[0] == names[2] != names[1]
     assert "-0.0f" in e.kernel_text[1] and "-0.0f" not in e.kernel_text[0]

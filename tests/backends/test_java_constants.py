@@ -42,8 +42,9 @@ def test_kernels_that_differ_in_a_number_are_one_kernel_taking_it() -> None:
     p = java_program(b.program, b.train_plan, b.infer_plan, b.eval_plan)
     assert "RUNNING_UPDATE_2" not in p.java and p.java.count("static final Kernel RUNNING_UPDATE =") == 1
     assert p.cuda.count("void runningUpdate(") == 1
-    # the three numbers (the mean's 0.1 and each variance's) are constant fields the calls pass
-    fields = re.findall(r"private final Buf (k0_1\w*) = constant\(", p.java)
+    # the three numbers (the mean's 0.1 and each variance's) are constant fields the calls pass, named for what
+    # they are: bn_momentum, bn_var_momentum_n<values per channel>
+    fields = re.findall(r"private final Buf (bn_\w*momentum\w*) = constant\(", p.java)
     assert len(fields) == 3, fields
     calls = re.findall(r"updateRunning\((\w+), (\w+), (\w+)\);", p.java)
     assert {k for *_, k in calls} == set(fields)

@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from deepdsl.backends.escape import java_comment, java_string
-from deepdsl.backends.java.kernel_section import ctype, group_constant, kernel, meaning
+from deepdsl.backends.java.kernel_section import ctype, group_constant, kernel
 from deepdsl.backends.java.kernels import float_literal
 from deepdsl.backends.java.names import camel
 from deepdsl.backends.java.settings import read_settings, with_settings
@@ -152,15 +152,15 @@ def statement(e: Emitter, s: Stmt, temp: str) -> list[str]:
             what = re.sub(r"\d+$", "", s.layer.rsplit(".", 1)[-1])
         shapes = (*(v.type.shape for v in s.inputs), *((),) * len(used))
         ctypes = (*(ctype(v) for v in s.inputs), *("float",) * len(used))
-        doc = meaning(body, out, len(shapes))
         update = s.out.name in e.in_state
-        k = kernel(e, what, s.out.name, body, out, (), doc, shapes, ctypes, pad=not update and not e.counters)
+        maker = (what, {} if s.op == "fused" else s.a)  # what names the numbers it takes as arguments
+        k = kernel(e, what, s.out.name, body, out, (), shapes, ctypes, not update and not e.counters, maker)
         temp, args = _view(temp, e.views.get(-1)), [_view(a, e.views.get(j)) for j, a in enumerate(args)]
         return [run(e, k, [temp], [*args, *e.extra], used, update)]
     own_args = args[:arity] if "epilogue" in s.a else args
     if form is not None:  # a shape op with an epilogue: its kernel, then the epilogue's
         body, out = form
-        k = kernel(e, s.op, s.out.name, body, out, s.inputs[:arity], meaning(body, out, arity))
+        k = kernel(e, s.op, s.out.name, body, out, s.inputs[:arity], maker=(s.op, s.a))
         lines = [f"dev.run({', '.join([k, temp, *own_args, *e.extra])});"]
     else:
         lines = [f"dev.{java_call(s.op).device}({', '.join([temp, *own_args, *library_arguments(s)])});"]
@@ -172,7 +172,7 @@ def statement(e: Emitter, s: Stmt, temp: str) -> list[str]:
         epilogue = s.a["epilogue"]
         what = _epilogue_name(epilogue, len(out)) or f"{s.op}_epilogue"
         pad = s.out.name not in e.in_state and not e.counters
-        k = kernel(e, what, s.out.name, epilogue, out, (), meaning(epilogue, out, len(shapes)), shapes, ctypes, pad)
+        k = kernel(e, what, s.out.name, epilogue, out, (), shapes, ctypes, pad, (what, {}))
         ins = [_view(a, e.views.get(j)) for j, a in enumerate([temp, *args[arity:]])]
         lines.append(f"dev.run({', '.join([k, _view(temp, e.views.get(-1)), *ins, *e.extra])});")
     return lines

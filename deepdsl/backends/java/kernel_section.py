@@ -11,7 +11,7 @@ from typing import Any
 
 from deepdsl.backends.cuda.kernels import group_kernel, ie_kernel
 from deepdsl.backends.escape import java_comment, java_string
-from deepdsl.backends.java.constants import lift, numbers
+from deepdsl.backends.java.constants import lift, number_name, numbers
 from deepdsl.backends.java.kernels import (
     flat_form,
     float_literal,
@@ -25,6 +25,7 @@ from deepdsl.backends.java.names import camel, identifier
 from deepdsl.backends.java.settings import read_settings, with_settings
 from deepdsl.backends.java.state import Emitter
 from deepdsl.backends.java.unit_axes import padded
+from deepdsl.backends.sizes import Sizes
 from deepdsl.ir import Stmt, Value
 from deepdsl.ir.groups import group_form
 from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Reduce, Var, format_ie, renumber
@@ -42,9 +43,33 @@ def _constant(method_name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", method_name).upper()
 
 
-def meaning(body: Any, out: tuple, inputs: int) -> str:
-    index = ", ".join(v for v, _ in out)
-    return f"out[{index}] = {format_ie(body, tuple(f'in{k}' for k in range(inputs)))}"
+def meaning(body: Any, out: tuple, shapes: tuple, cuda: bool = False) -> str:
+    """What a kernel computes, `out[i0] = (sum[r0:in0.dim(0)] in0[r0, i0])`, true of every statement it serves: a
+    reduction's range and a mean's count by the sizes' names as the kernel reads them (backends/sizes.py), the
+    Java body's `in0.dim(0)`, the CUDA kernel's size parameter `n0_0`; a number where the kernel has one."""
+    sizes = Sizes(tuple(n for _, n in out), shapes)
+
+    def size(var: str, n: int, where: Any) -> str:
+        name = sizes.range_of(var, n, where)
+        return name if cuda else re.sub(r"^n(\d+)_(\d+)$", r"in\1.dim(\2)", name)
+
+    def go(x: Any) -> str:
+        if isinstance(x, Reduce):
+            return f"({x.kind}[{', '.join(f'{v}:{size(v, n, x.body)}' for v, n in x.vars)}] {go(x.body)})"
+        if not isinstance(x, Apply):
+            return format_ie(x, tuple(f"in{k}" for k in range(len(shapes))))
+        if x.fn == "/" and isinstance(x.args[0], Reduce) and isinstance(x.args[1], Const):  # a mean: its count
+            r = x.args[0]
+            named = [size(v, n, r.body) for v, n in r.vars]
+            if (
+                r.kind == "sum"
+                and x.args[1].value == math.prod(n for _, n in r.vars)
+                and not any(map(str.isdigit, named))
+            ):
+                return f"({go(r)} / ({' * '.join(named)}))"
+        return format_ie(Apply(x.fn, tuple(Var(go(a)) for a in x.args)))  # as format_ie, with its arguments' text
+
+    return f"out[{', '.join(v for v, _ in out)}] = {go(body)}"
 
 
 def canonical_names(e: Any) -> Any:
@@ -147,10 +172,8 @@ class _Prepared:
     statement of the same body and sizes (a network's repeated blocks) and in both passes of emit_java."""
 
     body: Any  # the body with its reductions' variables renamed r0, r1, ... (canonical_names)
-    doc: str  # its meaning
     form: tuple | None  # its rank-4 text for every size, by which rank-2 and rank-4 statements meet (unit_axes.py)
     wide: tuple | None  # its padded rank-4 form (body, out, shapes, views), where it has one
-    wide_doc: str | None  # the padded form's meaning at the statement's own sizes
     values: tuple[float, ...]  # its numbers (java/constants.py)
     template: tuple | None  # the texts of its kernel with every number an argument, where it has numbers
 
@@ -160,15 +183,12 @@ def _prepare(e: Emitter, body: Any, out: tuple, shapes: tuple, ctypes: tuple[str
     key = ("prepare", body, _negative_zeros(body), out, shapes, ctypes, pad)
     if key in e.memo:
         return e.memo[key]
-    original = body
     body = canonical_names(body)
-    form = wide = wide_doc = None
+    form = wide = None
     if pad and not numbers(body) and not is_flat(body, out, shapes):
         wide = padded(body, out, shapes, unit=2)
         if wide is not None:
             wide = (canonical_names(wide[0]), *wide[1:])
-            unit = padded(original, out, shapes)  # the sizes its statement has
-            wide_doc = meaning(canonical_names(unit[0]), unit[1], len(wide[2])) if unit is not None else None
         rank4 = len(out) == 4 or any(len(s) == 4 for s in shapes) and len(out) == 1
         form = _form(e, *wide[:3]) if wide is not None else _form(e, body, out, shapes) if rank4 else None
     values = tuple(numbers(body))
@@ -181,17 +201,19 @@ def _prepare(e: Emitter, body: Any, out: tuple, shapes: tuple, ctypes: tuple[str
             _java(e, lifted, out, every),
             _cuda(e, _PLACEHOLDER, lifted, out, every, (*ctypes, *("float",) * n)).text,
         )
-    e.memo[key] = _Prepared(body, meaning(body, out, len(shapes)), form, wide, wide_doc, values, template)
+    e.memo[key] = _Prepared(body, form, wide, values, template)
     return e.memo[key]
 
 
-def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...], doc: str,
-           shapes: tuple | None = None, ctypes: tuple[str, ...] | None = None, pad: bool = False) -> str:  # fmt: skip
+def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...],
+           shapes: tuple | None = None, ctypes: tuple[str, ...] | None = None, pad: bool = False,
+           maker: tuple[str, dict[str, Any]] | None = None) -> str:  # fmt: skip
     """The constant of the kernel computing `body` over `out`. Its sizes are arguments (the buffers' dims), so
     statements whose kernels read the same but for their sizes share one; so are the numbers in which they
-    differ (java/constants.py), the buffers `e.extra` names, which the call passes after the inputs. With `pad`,
-    a rank-2 kernel whose rank-4 form (unit_axes.py) a rank-4 statement has too is that form, and `e.views` the
-    shapes the call passes its tensors as."""
+    differ (java/constants.py), the buffers `e.extra` names (after what they are to `maker`, the op and attributes
+    that made them), which the call passes after the inputs. With `pad`, a rank-2 kernel whose rank-4 form
+    (unit_axes.py) a rank-4 statement has too is that form, and `e.views` the shapes the call passes its tensors
+    as."""
     e.extra, e.views = [], {}
     shapes = shapes if shapes is not None else tuple(v.type.shape for v in inputs)
     ctypes = ctypes if ctypes is not None else tuple(ctype(v) for v in inputs)
@@ -204,9 +226,6 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
             tail = True
             if p.wide is not None:
                 body, out, shapes, e.views = p.wide
-                doc = p.wide_doc if p.wide_doc is not None else doc
-    if not e.views:
-        doc = p.doc if body is p.body else meaning(body, out, len(shapes))  # with the names it reads (r0, ...)
     if p.values:
         e.seen.setdefault(p.template, set()).add(p.values)
         which = e.lifted.get(p.template, ())
@@ -214,25 +233,26 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
             body = lift(body, len(shapes), which)
             shapes = (*shapes, *((),) * len(which))
             ctypes = (*ctypes, *("float",) * len(which))
-            doc = meaning(body, out, len(shapes))
-            e.extra = [number(e, p.values[k]) for k in which]
+            e.extra = [number(e, p.values[k], maker) for k in which]
     flat = is_flat(body, out, shapes)
     java = _java(e, body, out, shapes, tail)
     cuda = _cuda(e, _PLACEHOLDER, body, out, shapes, ctypes)
     key = (java, cuda.text, cuda.loop)
     if key not in e.kernels:
-        name = e.namer(f"kernel:{op}:{value}", camel(op))
-        cuda = _cuda(e, name, body, out, shapes, ctypes, (doc,))
+        name = e.kernel_names(f"kernel:{op}:{value}", camel(op))
+        cuda = _cuda(e, name, body, out, shapes, ctypes, (meaning(body, out, shapes, cuda=True),))
         split, columns = split_of(body, out, shapes)
+        doc = meaning(body, out, shapes)
         e.kernels[key] = _add(e, name, java, cuda, 1, flat, java_cost(body, out, shapes), doc, split, columns)
     return e.kernels[key]
 
 
-def number(e: Emitter, value: float) -> str:
-    """The field of a constant buffer holding `value`, a number a kernel takes as an argument: `k0_1`."""
-    text = float_literal(value).removesuffix("f")
-    spelt = text.replace(".", "_").replace("e-", "e_minus_").replace("-", "minus_")  # 1e-05 -> 1e_minus_05
-    field_name = e.namer(f"number:{text}", identifier(f"k{spelt}"))
+def number(e: Emitter, value: float, maker: tuple[str, dict[str, Any]] | None = None) -> str:
+    """The field of a constant buffer holding `value`, a number a kernel takes as an argument, named after what it
+    is to what made it (`maker`: the op and its attributes; constants.number_name: `bn_var_momentum_n3136`): one
+    field for each meaning and value."""
+    name = number_name(*maker, value) if maker is not None else number_name("", {}, value).removeprefix("_")
+    field_name = e.namer(f"number:{name}:{float_literal(value)}", identifier(name))
     e.number_fields.setdefault(field_name, f"constant({java_string(field_name)}, {float_literal(value)})")
     e.roles[field_name] = "k"
     return field_name
@@ -249,7 +269,7 @@ def group_constant(e: Emitter, stmts: tuple[Stmt, ...]) -> tuple[str, tuple[Valu
            len(shared), ctypes)  # fmt: skip
     if key not in e.kernels:
         ops = [st.a["ops"][0] if st.op == "fused" and st.a.get("ops") else st.op for st in stmts]
-        name = e.namer(f"kernel:group:{stmts[0].out.name}", camel("_".join(ops)))
+        name = e.kernel_names(f"kernel:group:{stmts[0].out.name}", camel("_".join(ops)))
         n = len(shared) + len(used)
         names = (*(f"in{k}" for k in range(n)), *(f"out{m}" for m in range(len(bodies))))
         texts = []

@@ -26,9 +26,13 @@ NETWORK_MEMBERS = (
 class Emitter:
     # a field named after a class the program names (an input `System`, a layer `Math`) would hide that class
     namer: Namer = field(default_factory=lambda: Namer((*NETWORK_MEMBERS, *reserved_class_names())))
+    # the kernels' names (Name.cu's functions, the strings of their constants): not identifiers of the class, so
+    # that which kernels a step has printed cannot move the names of the next step's fields (`add` -> `add_2`)
+    kernel_names: Namer = field(default_factory=lambda: Namer(NETWORK_MEMBERS))
     globals: dict[str, str] = field(default_factory=dict)  # inputs, parameters, state -> field name
     temps: Namer = field(default_factory=Namer)  # the results of the step being written
     in_state: dict[str, str] = field(default_factory=dict)  # results written over the tensor they update
+    written_over: dict[str, str] = field(default_factory=dict)  # in-place results -> the temporary they overwrite
     counters: frozenset[str] = frozenset()  # the step's iteration-counter input (a long, not a Buf)
     kernels: dict[tuple, str] = field(default_factory=dict)  # (body, out, shapes, ctypes) -> constant name
     kernel_text: list[str] = field(default_factory=list)  # the constants with their Java bodies
@@ -61,4 +65,6 @@ class Emitter:
     def tensor(self, v: Value) -> str:
         if v.name in self.in_state:
             return self.globals[self.in_state[v.name]]
+        while v.name in self.written_over:  # a result written over its input in place is that input's field
+            v = Value(self.written_over[v.name], v.type)
         return self.globals.get(v.name) or self.temps(v.name, self.temp_names.get(v.name))

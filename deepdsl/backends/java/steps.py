@@ -49,9 +49,19 @@ def plan_class(e: Emitter, title: str, doc: str, p: Plan, result: str | None,
     e.gradient = gradient_values(g, result)
     layout = []
     e.in_state = dict(p.in_state)
+    # a statement marked in-place (passes/inplace.py) writes over a temporary of its type that dies there: its
+    # result is that temporary's field, as an epilogue's is (so fc1 + bias + ReLU is `fc1_out` in both steps),
+    # where both are of one pass (a gradient written over a forward result keeps a gradient's name)
+    produced = {s.out.name for s in g.stmts if s.out.name not in e.in_state}
+    e.written_over = {}
+    for s in g.stmts:
+        over = s.inputs[s.a["inplace"]].name if "inplace" in s.a else None
+        if (over in produced and s.out.name in produced and (s.out.name in e.gradient) == (over in e.gradient)
+                and p.buffer_of(s.out.name) is p.buffer_of(over)):  # fmt: skip
+            e.written_over[s.out.name] = over
     for group in planned_groups(e, p):
         for s in group:
-            if s.out.name in e.in_state:
+            if s.out.name in e.in_state or s.out.name in e.written_over:
                 continue
             t = e.tensor(s.out)
             if s.out.name in e.gradient:
