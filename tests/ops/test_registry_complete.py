@@ -15,6 +15,7 @@ from functools import partial
 
 import numpy as np
 import pytest
+from oracle_inputs import op_inputs
 
 import deepdsl.backends.cuda  # noqa: F401 — attaches the CUDA fields to the entries
 import deepdsl.ops  # noqa: F401
@@ -733,7 +734,7 @@ def vendor_problems(op: OpDef, inputs: tuple[TensorType, ...], attrs: dict) -> l
     if fact is None:
         return []
     rng = np.random.default_rng(0)
-    xs = tuple(rng.random(t.shape, np.float32) for t in inputs)
+    xs = op_inputs(op, inputs, rng)  # float64, both signs, zeros, kinks (tests/oracle_inputs.py)
     if isinstance(fact, PoolBackward) and len(xs) == 3:  # max: y must be the pooling of x, or nothing is routed
         xs = (xs[0], REGISTRY["max_pool2d"].numpy(xs[:1], attrs), xs[2])
     if isinstance(fact, SoftmaxBackward):  # y must be a softmax (log softmax) output
