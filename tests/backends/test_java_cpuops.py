@@ -53,7 +53,9 @@ def _from_example(op: str) -> tuple[list[np.ndarray], dict]:
     if op.startswith("cross_entropy"):
         xs[0] = _np("softmax", [xs[0]])  # probabilities
     if op in ("bn_train_backward", "bn_train_apply"):
-        xs[3 if op == "bn_train_backward" else 2] = np.abs(xs[3]) + 0.5  # a variance
+        var = np.abs(xs[3]) + 0.5  # a variance, 0 in a constant channel: only eps keeps 1 / sqrt(var + eps) finite
+        var[0] = 0.0
+        xs[3 if op == "bn_train_backward" else 2] = var
     return xs, dict(attrs)
 
 
