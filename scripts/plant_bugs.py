@@ -57,6 +57,12 @@ MUTATIONS = [
              (OPS,)),
     Mutation("sigmoid_grad_sign_index_form", "elementwise", "index form", "deepdsl/ops/elementwise.py",
              'ap("*", g, ap("*", y, ap("-", c(1), y)))', 'ap("*", g, ap("*", y, ap("-", y, c(1))))', (FORMS,)),
+    Mutation("relu_grad_at_zero_index_form", "elementwise", "index form", "deepdsl/ops/elementwise.py",
+             '"relu_grad": lambda a, g, y: ap("select", ap(">", y, c(0)), g, c(0)),',
+             '"relu_grad": lambda a, g, y: ap("select", ap(">=", y, c(0)), g, c(0)),', (FORMS,)),  # only at the kink
+    Mutation("abs_grad_at_zero_numpy", "elementwise", "numpy", "deepdsl/ops/elementwise.py",
+             '"abs_grad": lambda g, x, a: g * np.sign(x).astype(g.dtype),',
+             '"abs_grad": lambda g, x, a: g * np.where(x >= 0, 1, -1).astype(g.dtype),', (OPS,)),  # only at the kink
     Mutation("abs_identity_java_printer", "elementwise", "java", "deepdsl/backends/cexpr.py",
              '"abs": "Math.abs({0})"', '"abs": "({0})"', (JAVA_KERNELS,)),
     Mutation("relu_identity_cuda_printer", "elementwise", "cuda", "deepdsl/backends/cexpr.py",
