@@ -10,6 +10,7 @@ Errors are raised as `DslError`.
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from deepdsl.autodiff import eval_program, infer_program, train_program
 from deepdsl.build import Build, Options
 from deepdsl.errors import DslError, DslProgramError
 from deepdsl.frontend import ast
-from deepdsl.frontend.elaborate import Elaborator, include_path
+from deepdsl.frontend.elaborate import MAX_INCLUDE_DEPTH, Elaborator, include_path
 from deepdsl.frontend.parser import parse_text
 from deepdsl.frontend.program import Program
 from deepdsl.ir import Graph
@@ -63,9 +64,11 @@ def parse_stage(text: str, file: str, c: Compilation) -> ast.Module:
 def load_includes(module: ast.Module, c: Compilation) -> dict[str, ast.Module | DslError]:
     """Parse every file the module includes, transitively; a failure is kept for the include's site."""
     found: dict[str, ast.Module | DslError] = {}
-    todo = [module]
+    todo = deque([(module, 0)])  # breadth first: each file at the depth of its shortest chain
     while todo:
-        m = todo.pop()
+        m, depth = todo.popleft()
+        if depth >= MAX_INCLUDE_DEPTH:  # what it includes is too deep: the elaborator says so at its include
+            continue
         for item in m.items:
             if not isinstance(item, ast.Include):
                 continue
@@ -87,7 +90,7 @@ def load_includes(module: ast.Module, c: Compilation) -> dict[str, ast.Module | 
                 found[path] = err
                 continue
             found[path] = sub
-            todo.append(sub)
+            todo.append((sub, depth + 1))
     return found
 
 

@@ -7,8 +7,6 @@ Exit codes: 0 ok, 1 an error in the user's input, 2 a usage error, 3 an internal
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import re
 import sys
 import traceback
@@ -22,10 +20,10 @@ from deepdsl import __version__, api
 from deepdsl.config import from_env
 from deepdsl.errors import DslError, did_you_mean, render
 from deepdsl.frontend.ast import format_node
-from deepdsl.frontend.program import Program
 from deepdsl.ir.printer import format_graph
 from deepdsl.memory import format_plan
-from deepdsl.passes import PASS_NAMES, kernels
+from deepdsl.passes import PASS_NAMES
+from deepdsl.summaries import check_json, check_text, json_text, memory_report, stats_json, stats_text
 
 EXIT_USER, EXIT_USAGE, EXIT_INTERNAL = 1, 2, 3
 # where the --json objects are described (tests/security/test_cli_inputs.py: every document a help text cites exists)
@@ -184,28 +182,6 @@ def common(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def json_text(obj: dict[str, Any]) -> str:
-    """`obj` as strict JSON: a NaN or an infinity (which JSON has not) becomes null and its top-level field is
-    named in a list `nonfinite` (docs/formats.md, JSON outputs); the Java program's --json does the same."""
-    bad: list[str] = []
-
-    def clean(v: Any, field: str) -> Any:
-        if isinstance(v, float) and not math.isfinite(v):
-            if field not in bad:
-                bad.append(field)
-            return None
-        if isinstance(v, dict):
-            return {k: clean(x, field) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [clean(x, field) for x in v]
-        return v
-
-    out = {k: clean(v, k) for k, v in obj.items()}
-    if bad:
-        out["nonfinite"] = bad
-    return json.dumps(out, allow_nan=False)
-
-
 def _warnings(c: api.Compilation) -> None:
     if c.program is not None:
         for w in c.program.warnings:
@@ -296,15 +272,7 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
              as_json: bool) -> None:  # fmt: skip
     """The static memory plan of one training step of FILE: what is allocated, freed and live, and the peak."""
     options = dataclasses.replace(options, workspace_limit=workspace_limit)
-    from deepdsl.memory.report import (
-        MissingDependency,
-        format_report,
-        largest_batch,
-        over_budget,
-        parse_size,
-        plot,
-        report,
-    )
+    from deepdsl.memory.report import MissingDependency, format_report, over_budget, parse_size, plot
 
     if plot_path is not None:  # before the work
         from deepdsl.files import check_replaceable
@@ -320,22 +288,8 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
             budget = parse_size(gpu_mem)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--gpu-mem") from None
-    api.compile_file(file, sets, stop_at="plan", c=c, options=options)
-    assert c.build is not None
+    b, r = memory_report(c, file, sets, options, budget, per_statement=table == "statements")
     _warnings(c)
-    b = c.build
-    if budget is not None and options.remat is None:
-        b = api.plan_within(b, budget)
-    r = report(b.train_plan, b.program.graph, b.remat, b.extra_flops, b.train, per_statement=table == "statements")
-    if budget is not None:
-        r["budget_bytes"], r["fits"] = budget, r["peak_bytes"] <= budget
-        at_level = dataclasses.replace(options, remat=b.remat)
-        r["max_batch"] = None
-        if api.has_const(c, "N"):
-            n0 = sets.get("N", api.literal_const(c, "N"))
-            known = (int(n0), r["peak_bytes"]) if isinstance(n0, int) else None
-            r["max_batch"] = largest_batch(lambda n: api.peak_bytes(file, {**sets, "N": n}, at_level), budget,
-                                           known=known)  # fmt: skip
     if plot_path is not None:
         try:
             plot(b.train_plan, r, plot_path, replace_readonly)
@@ -350,22 +304,6 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
         click.echo(f"plot: wrote {plot_path}", err=as_json)
     if budget is not None and not r["fits"]:
         raise over_budget(b.train_plan, r)
-
-
-def stats_json(c: api.Compilation, stage: str | None) -> dict[str, Any]:
-    assert c.program is not None and c.train is not None and c.opt is not None
-    rows = [("graph", c.program.graph), ("train", c.train), ("opt", c.opt)]
-    stages = [{"stage": n, "statements": len(g.stmts), "kernels": kernels(g)} for n, g in rows if stage in (None, n)]
-    passes = [{"pass": p.name, "statements": p.statements, "kernels": p.kernels} for p in c.passes]
-    return {"stages": stages, "passes": passes}
-
-
-def stats_text(obj: dict[str, Any]) -> str:
-    lines = [f"{'stage':<12} {'statements':>10} {'kernels':>8}"]
-    lines += [f"{r['stage']:<12} {r['statements']:>10} {r['kernels']:>8}" for r in obj["stages"]]
-    lines += ["", f"{'after pass':<12} {'statements':>10} {'kernels':>8}"]
-    lines += [f"{r['pass']:<12} {r['statements']:>10} {r['kernels']:>8}" for r in obj["passes"]]
-    return "\n".join(lines)
 
 
 DEVICE = click.option(
@@ -532,59 +470,27 @@ def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, loa
 def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str | None, maven: str | None,
              workspace_limit: int | None, ptx: bool, archs: str, replace_readonly: bool) -> None:  # fmt: skip
     """Compile FILE to a Java training program (one readable class plus the runtime it needs)."""
-    from pathlib import Path
-
-    from deepdsl.backends import java
+    from deepdsl import compiling
+    from deepdsl.backends.java import DEFAULT_WORKSPACE_LIMIT
 
     if output is None and maven is None:
         raise click.UsageError("say where to write the program: -o DIR, -o DIR/Name.java or --maven DIR")
-    limit = java.DEFAULT_WORKSPACE_LIMIT if workspace_limit is None else workspace_limit
+    wanted = tuple(a.strip() for a in archs.split(",") if a.strip()) if ptx else ()
+    if ptx and (not wanted or any(not re.fullmatch(r"sm_[0-9]{2,3}", a) for a in wanted)):
+        raise click.BadParameter(f"{archs!r} is not a list such as sm_90,sm_80", param_hint="--arch")
+    limit = DEFAULT_WORKSPACE_LIMIT if workspace_limit is None else workspace_limit
     # the plan follows the limit: convolutions allowed scratch get it in the arena
     options = dataclasses.replace(options, workspace_limit=limit)
     api.compile_file(file, sets, stop_at="plan", c=c, options=options)
     assert c.build is not None
     _warnings(c)
-    b = c.build
-    name = java.class_name(b.program.graph.name)
-    folder = None
-    if output is not None:
-        out = Path(output)
-        if out.suffix == ".java":
-            if out.stem != name:
-                raise click.UsageError(f"-o {output}: the class is {name}, so the file must be named {name}.java")
-            folder = out.parent
-        else:
-            folder = out
-    prog = java.java_program(b.program, b.train_plan, b.infer_plan, b.eval_plan, limit)
-    modules: dict[str, str] = {}
-    if ptx:
-        from deepdsl.backends import cuda
-
-        wanted = tuple(a.strip() for a in archs.split(",") if a.strip())
-        if not wanted or any(not re.fullmatch(r"sm_[0-9]{2,3}", a) for a in wanted):
-            raise click.BadParameter(f"{archs!r} is not a list such as sm_90,sm_80", param_hint="--arch")
-        which = cuda.compiler()  # no compiler: a DslError with what to install (exit 1)
-        known = cuda.supported_archs()
-        unknown = [a for a in wanted if known is not None and a not in known]
-        if unknown:
-            raise click.BadParameter(f"{which} does not compile for {', '.join(unknown)}; it knows "
-                                     f"{', '.join(known or ())}", param_hint="--arch")  # fmt: skip
-        modules = {arch: cuda.ptx(prog.cuda, arch, f"{name}.cu") for arch in wanted}
-    if folder is not None:
-        java.write_sources(folder, prog, replace_readonly=replace_readonly)
-        click.echo(f"wrote {folder / (name + '.java')}, {folder / (name + '.cu')} and the runtime under "
-                   f"{folder / 'deepdsl' / 'runtime'}")  # fmt: skip
-        for path in java.write_ptx(folder, name, modules, replace_readonly):
-            click.echo(f"wrote {path}")
-        if not modules:
-            click.echo(f"no PTX (--ptx writes it): the CUDA device compiles {name}.cu with NVRTC when it starts")
-        for line in java.build_commands(folder, name):
-            click.echo(f"  {line}")
-    if maven is not None:
-        resources = java.write_maven(Path(maven), prog, replace_readonly)
-        java.write_ptx(resources, name, modules, replace_readonly)
-        click.echo(f"wrote the Maven project {maven}: cd {maven} && mvn -q package && java -jar target/"
-                   f"{name.lower()}-1.0.jar")  # fmt: skip
+    try:
+        for line in compiling.write_program(c.build, output, maven, limit, wanted, replace_readonly):
+            click.echo(line)
+    except compiling.BadTarget as exc:
+        if exc.option == "-o":
+            raise click.UsageError(exc.message) from None
+        raise click.BadParameter(exc.message, param_hint=exc.option) from None
 
 
 @cli.command("data")
@@ -685,47 +591,6 @@ def export(c: api.Compilation, file: str, sets: dict, options: api.Options, outp
     opset = opset or interop.DEFAULT_OPSET
     for line in interop.export_onnx(c, file, sets, load_path, output, opset, replace_readonly):
         click.echo(line)
-
-
-def check_json(p: Program) -> dict[str, Any]:
-    g = p.graph
-    return {
-        "network": g.name,
-        "parameters": g.parameter_count,
-        "parameter_bytes": g.parameter_bytes,
-        "inputs": {d.value.name: list(d.value.type.shape) for d in g.inputs},
-        "outputs": {name: list(v.type.shape) for name, v in g.outputs},
-        "layers": [
-            {"name": r.name, "op": r.kind, "output": list(r.output.shape), "parameters": r.parameters} for r in p.layers
-        ],
-    }
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB"
-
-
-def check_text(p: Program, file: str, layers: bool) -> str:
-    g = p.graph
-    lines = [f"network {g.name}  ({file})"]
-    for i, d in enumerate(g.inputs):
-        extra = "" if d.classes is None else f"  ({d.classes} classes)"
-        extra = f"  (vocab {d.classes})" if d.kind == "input" and d.classes is not None else extra
-        lines.append(f"  {'inputs' if i == 0 else '':<11} {d.value.name} {d.value.type}{extra}")
-    for name, v in g.outputs:
-        lines.append(f"  {name:<11} {v.type}")
-    lines.append(f"  {'parameters':<11} {g.parameter_count:,} ({_mib(g.parameter_bytes)})")
-    if g.state:
-        n = sum(s.value.type.numel for s in g.state)
-        lines.append(f"  {'state':<11} {n:,} ({_mib(n * 4)}: running statistics)")
-    if layers:
-        width = max([5, *(len(r.name) for r in p.layers)])
-        kind_w = max([4, *(len(r.kind) for r in p.layers)])
-        lines.append("")
-        lines.append(f"  {'layer':<{width}}  {'kind':<{kind_w}}  {'output':<20} {'parameters':>12}")
-        for r in p.layers:
-            lines.append(f"  {r.name:<{width}}  {r.kind:<{kind_w}}  {str(r.output):<20} {r.parameters:>12,}")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,7 +13,7 @@ from deepdsl import api
 from deepdsl.autodiff import infer_program
 from deepdsl.backends.onnx_export import DEFAULT_OPSET, export_graph
 from deepdsl.checkpoint import check_names, load_npz, write_npz
-from deepdsl.errors import DslProgramError
+from deepdsl.errors import DslError, DslProgramError, flatten
 from deepdsl.files import atomic_output, check_replaceable, write_atomically
 from deepdsl.frontend.program import Program
 from deepdsl.initializers import init_array
@@ -37,6 +37,7 @@ def import_onnx(
     or neither. Each goes to its temporary file first; the parameters are put in place, then the network, so a
     failure anywhere before leaves neither new file."""
     imported: Imported = import_model(model, batch, loss)
+    _check_imported(model, imported.text, output)
     params = params if params is not None else str(Path(output).with_suffix(".npz"))
     if os.path.abspath(params) == os.path.abspath(output):
         raise DslProgramError(f"the network and its parameters would both be written to '{output}'; give --params")
@@ -57,6 +58,19 @@ def import_onnx(
     then = f"deepdsl run {output} --load {params}" if loss else f"deepdsl export {output} --load {params} -o F.onnx"
     return [f"wrote {output} (network {imported.network}, {count:,} parameters) and {params}",
             f"  {then}   |   deepdsl compile {output} -o out/"]  # fmt: skip
+
+
+def _check_imported(model: str, text: str, output: str) -> None:
+    """What `deepdsl check` says of the network about to be written (and so what compile and javac take): an
+    attribute the model gives that the language refuses (a stride past 2^31 - 1, groups that do not divide) fails
+    the import, before anything is written, rather than the next command."""
+    try:
+        api.compile_source(text, output)
+    except DslError as err:
+        first = flatten(err)[0]
+        line = text.splitlines()[first.span.line - 1].strip() if first.span and first.span.file == output else ""
+        at = f" (`{line[:160]}`)" if line else ""
+        raise DslProgramError(f"'{model}' imports as a network that does not check: {first.message}{at}") from None
 
 
 def initial_arrays(program: Program, seed: int | None = None) -> dict[str, np.ndarray]:

@@ -26,7 +26,7 @@ from deepdsl.trainer import Trainer, TrainResult, batch_size
 
 BAR = 24
 
-# The numeric options of `deepdsl run` and the flags of the Java program (Network.java's RANGES: the same ranges,
+# The numeric options of `deepdsl run` and the flags of the Java program (CommandLine.java's RANGES: the same ranges,
 # syntax and messages): flag -> (low, high, high excluded, whole number). --threads is the Java program's only.
 SETTING_RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "--iters": (0, MAX_ITERATIONS, False, True),

@@ -73,7 +73,7 @@ MUTATIONS = [
              "    out[:, :, ph : ph + h, pw : pw + w] = x",
              "    out = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=x.dtype)\n"
              "    out[:, :, 2 * ph : 2 * ph + h, pw : pw + w] = x", (OPS,)),
-    Mutation("conv_window_row_java", "conv", "java", "deepdsl/runtime/CpuConvolution.java",
+    Mutation("conv_window_row_java", "conv", "java", "deepdsl/runtime/Im2col.java",
              "            int iy = oy * s.sh - s.ph + i;\n            if (iy < 0 || iy >= s.h) {\n"
              "              Arrays.fill(to, at, at + s.kw, 0f);",
              "            int iy = oy * s.sh - s.ph + i + 1;\n            if (iy < 0 || iy >= s.h) {\n"

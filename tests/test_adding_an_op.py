@@ -105,7 +105,7 @@ def test_the_guide_gives_both_examples_and_names_every_file_it_changes() -> None
         ("hard_swish", {"deepdsl/ops/elementwise.py", "deepdsl/frontend/builtins.py", "tests/ops/test_grads.py"}),
         ("cumsum", {"deepdsl/ops/reduce.py", "deepdsl/backends/cuda/ops.py", "deepdsl/backends/cuda/library.cu",
                     "deepdsl/backends/cuda/entries.cu", "deepdsl/runtime/Device.java", "deepdsl/runtime/CpuDevice.java",
-                    "deepdsl/runtime/CpuOps.java", "deepdsl/runtime/CudaDevice.java"}),
+                    "deepdsl/runtime/CpuShapes.java", "deepdsl/runtime/CudaDevice.java"}),
     ):  # fmt: skip
         paths = {b.path for b in BLOCKS if b.example == example}
         assert needed <= paths, f"{example}: no block for {needed - paths}"
@@ -152,7 +152,7 @@ def test_the_registry_checks_pass_on_the_examples(
     assert rc.java_mismatches(mine, sources) == []
     assert rc.device_mismatches(mine, sources["Device.java"]) == []
     if example == "cumsum":  # the checks can fail: without the guide's Java, or without its KEEPS_NOTHING line
-        assert rc.java_mismatches(mine, runtime_sources()) == ["cumsum: no method CpuOps.cumsum in the runtime"]
+        assert rc.java_mismatches(mine, runtime_sources()) == ["cumsum: no method CpuShapes.cumsum in the runtime"]
         monkeypatch.setattr(rc, "KEEPS_NOTHING", {k: v for k, v in rc.KEEPS_NOTHING.items() if k != "cumsum"})
         assert rc.op_problems(mine["cumsum"]) == ["no saves"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -130,3 +131,23 @@ def test_compile_ptx_writes_one_module_per_arch(cli, tmp_path) -> None:  # noqa:
     r = cli("compile", net, "--set", "N=2", "-o", str(tmp_path / "new"), "--ptx", "--arch", "sm_90,sm_999")
     assert r.exit_code == 2 and "does not compile for sm_999; it knows " in r.stderr and "sm_90" in r.stderr
     assert "internal error" not in r.stderr and not (tmp_path / "new").exists()
+
+
+def _blas_threads(args: list[str], env: dict[str, str] | None = None) -> str:
+    """What OPENBLAS_NUM_THREADS the console script's `main` left for NumPy when run with `args`."""
+    code = ("import atexit, os, sys; atexit.register(lambda: print('threads', os.environ.get('OPENBLAS_NUM_THREADS')))"
+            f"; sys.argv = ['deepdsl', *{args!r}]; from deepdsl.__main__ import main; main()")  # fmt: skip
+    clean = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**clean, **(env or {})},
+                       cwd=ROOT, timeout=120, check=False)  # fmt: skip
+    return r.stdout.splitlines()[-1]
+
+
+def test_commands_that_compute_nothing_in_blas_start_numpy_with_one_thread() -> None:
+    net = str(ROOT / "networks" / "mlp.ddsl")
+    assert _blas_threads(["check", net]) == "threads 1"  # OpenBLAS's spinning threads: a tenth of a compile's CPU
+    assert _blas_threads(["run", net, "--iters", "0", "--data", "synthetic"]) == "threads None"  # the NumPy runner
+    assert _blas_threads(["check", net], {"OPENBLAS_NUM_THREADS": "3"}) == "threads 3"  # the user's setting wins
+    r = subprocess.run([sys.executable, "-c", "import sys, deepdsl; print('numpy' in sys.modules)"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60, check=True)  # fmt: skip
+    assert r.stdout.strip() == "False"  # the package loads no NumPy before __main__ has set the threads

@@ -25,6 +25,7 @@ from deepdsl.frontend.values import (
     TensorVal,
     describe,
 )
+from deepdsl.ir.types import INT_MAX
 
 if TYPE_CHECKING:
     from deepdsl.frontend.elaborate import Elaborator
@@ -308,11 +309,17 @@ def convert(fname: str, spec: ArgSpec, v: Any, span: Span) -> Any:
         if spec.high is not None and x > spec.high:
             raise DslArgumentError(f"argument '{spec.name}' of {fname} must be at most {spec.high:g}, got {x:g}", span)
 
+    def check_int(x: int) -> None:
+        check_range(x)
+        if abs(x) > INT_MAX:  # a size, stride, window or count the generated programs hold in an int
+            raise DslArgumentError(f"argument '{spec.name}' of {fname} must be at most {INT_MAX:,} (2^31 - 1) in "
+                                   f"magnitude, got {x:,}", span)  # fmt: skip
+
     is_int = isinstance(v, int) and not isinstance(v, bool)
     if spec.kind == "int":
         if not is_int:
             raise bad("an integer")
-        check_range(v)
+        check_int(v)
         return v
     if spec.kind == "pair":
         pair = (v, v) if is_int else v
@@ -323,14 +330,14 @@ def convert(fname: str, spec: ArgSpec, v: Any, span: Span) -> Any:
         ):
             raise bad("an integer or a pair (h, w)")
         for p in pair:
-            check_range(p)
+            check_int(p)
         return tuple(pair)
     if spec.kind == "ints":  # an int or a tuple of ints (a shape, a permutation)
         ints = (v,) if is_int else v
         if not (isinstance(ints, tuple) and all(isinstance(p, int) and not isinstance(p, bool) for p in ints)):
             raise bad("an integer or a tuple of integers (a, b, ...)")
         for p in ints:
-            check_range(p)
+            check_int(p)
         return tuple(ints)
     if spec.kind == "float":
         if not (is_int or isinstance(v, float)):

@@ -10,6 +10,7 @@ collected and elaboration goes on with the next, so several are reported at once
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from deepdsl.errors import (
@@ -46,10 +47,14 @@ from deepdsl.frontend.values import (
     describe,
 )
 from deepdsl.ir import Graph, GraphBuilder, InputDef, ShapeError, TensorType, Value
-from deepdsl.ir.types import DType
+from deepdsl.ir.types import INT_MAX, MAX_ELEMENTS, DType
 
 MAX_STEPS = 2_000_000  # evaluation steps before we call a program too large to unroll
 INT_LIMIT = 2**62
+# statements of the forward program: ResNet-50 has 177, a residual MLP of 1,000 blocks 3,999; every later stage
+# (autodiff, the passes, the memory plan) takes seconds per thousand, so a loop run away is refused here
+MAX_STATEMENTS = 10_000
+MAX_INCLUDE_DEPTH = 64  # files in one chain of includes below the network's own
 
 
 class Poisoned(Exception):
@@ -193,6 +198,13 @@ class Elaborator:
         if key in stack or key == self.module.file:
             self.diags.add(DslProgramError(f"include cycle: {' -> '.join([*stack, key])}", item.span))
             return
+        if len(stack) >= MAX_INCLUDE_DEPTH:
+            chain = " -> ".join(os.path.basename(f) for f in [self.module.file, *stack[:3]])
+            self.diags.add(DslProgramError(
+                f"includes nest more than {MAX_INCLUDE_DEPTH} files deep ({chain} -> ... -> "
+                f"{os.path.basename(m.file)} -> {item.path})", item.span,
+            ))  # fmt: skip
+            return
         sub = self.modules.get(key)
         if isinstance(sub, DslError):
             self.diags.add(sub)
@@ -229,6 +241,9 @@ class Elaborator:
             g.values[item.name] = value
         elif isinstance(item, (ast.Input, ast.TokenInput, ast.Label)):
             dims = tuple(self.eval_int(d, g, "a dimension", low=1) for d in item.shape)
+            if math.prod(dims) > MAX_ELEMENTS:
+                what = "label" if isinstance(item, ast.Label) else "input"
+                raise _too_many(f"{what} '{item.name}'", TensorType(dims), item.span)
             if isinstance(item, ast.TokenInput):
                 k = self.eval_int(item.vocab, g, "the vocabulary size", low=1)
                 v = self.b.add_input(InputDef(Value(item.name, TensorType(dims, DType.I64)), "input", k, item.span))
@@ -386,40 +401,57 @@ class Elaborator:
         self, path: str, local: str, shape: tuple[int, ...], init: Spec, span: Span, kind: str = "param"
     ) -> TensorVal:
         """Make parameter `path.local` (or return it, for a shared layer applied again)."""
+        if math.prod(shape) > MAX_ELEMENTS:
+            raise _too_many(f"parameter {join(path, local)}", TensorType(shape), span)
         return self.params.make(self.scope, path, local, shape, init, span, kind)
 
     def emit(self, op: str, xs: tuple[TensorVal, ...], span: Span, path: str, kind: str, **attrs: Any) -> TensorVal:
+        if len(self.b.stmts) >= MAX_STATEMENTS:
+            raise DslProgramError(
+                f"the network has more than {MAX_STATEMENTS:,} statements", span,
+                hint="a loop bound or a depth may be larger than meant",
+            )  # fmt: skip
+        for key, value in attrs.items():
+            if _too_large(value):
+                raise DslArgumentError(f"{kind}: {key}={value} holds an integer above {INT_MAX:,} (2^31 - 1), which "
+                                       "the generated programs cannot hold", span)  # fmt: skip
+        notes = [Note(f"{x.value.type} comes from {x.origin}", x.span) for x in xs if "parameter" not in x.origin]
         try:
             v = self.b.emit(op, *(x.value for x in xs), span=span, layer=path, **attrs)
         except ShapeError as exc:
-            notes = [Note(f"{x.value.type} comes from {x.origin}", x.span) for x in xs if "parameter" not in x.origin]
             raise DslShapeError(str(exc), span, notes=notes) from None
         origin = f"{kind} '{path}'" if path else f"`{kind}`"
+        if v.type.numel > MAX_ELEMENTS:
+            raise _too_many(f"the result of {kind}", v.type, span, notes)
         return TensorVal(v, origin, span)
 
 
 # ---- helpers ----
 
-# the most elements of one tensor: the generated CUDA kernels index with 32-bit integers in grid-stride loops that
-# step by up to 2^24 (65536 blocks of 256 threads), and Java arrays hold at most 2^31 - 1 elements
-MAX_ELEMENTS = 2**31 - 2**24
+
+def _too_many(what: str, t: TensorType, span: Span | None, notes: list[Note] | None = None) -> DslShapeError:
+    """The error of a tensor with more than MAX_ELEMENTS elements (ir/types.py: the generated CUDA kernels index
+    with 32-bit integers in grid-stride loops that step by up to 2^24, and Java arrays hold at most 2^31 - 1)."""
+    return DslShapeError(
+        f"{what} {t} has {t.numel:,} elements; at most {MAX_ELEMENTS:,} (2^31 - 2^24) fit the backends' 32-bit "
+        "indices", span, notes=notes or (), hint="a smaller batch (--set N=...) or smaller layers",
+    )  # fmt: skip
 
 
 def _too_many_elements(g: Graph) -> list[DslError]:
-    """A diagnostic for every input, parameter and value with more than MAX_ELEMENTS elements."""
+    """A diagnostic for the first input, parameter or value with more than MAX_ELEMENTS elements (each is refused
+    where it is made; this is the last word on the graph as built)."""
     found: list[tuple[str, TensorType, Span | None]] = [(d.value.name, d.value.type, d.span) for d in g.inputs]
     found += [(p.value.name, p.value.type, p.span) for p in g.params]
     found += [(f"the result of {s.op}", s.out.type, s.span) for s in g.stmts]
-    return [
-        DslShapeError(
-            f"{what} {t} has {t.numel:,} elements; at most {MAX_ELEMENTS:,} (2^31 - 2^24) fit the backends' "
-            "32-bit indices",
-            span,
-            hint="a smaller batch (--set N=...) or smaller layers",
-        )
-        for what, t, span in found
-        if t.numel > MAX_ELEMENTS
-    ][:1]  # the first is enough: the rest follow from it
+    return [_too_many(what, t, span) for what, t, span in found if t.numel > MAX_ELEMENTS][:1]
+
+
+def _too_large(value: Any) -> bool:
+    """Whether an attribute holds an integer (or a tuple of them) above INT_MAX in magnitude."""
+    if isinstance(value, tuple):
+        return any(_too_large(v) for v in value)
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_MAX
 
 
 def _needs_params(fn: Function) -> bool:
@@ -434,7 +466,6 @@ def _bound_names(item: ast.Item) -> tuple[str, ...]:
 
 def include_path(base: str, rel: str) -> str:
     """The absolute path of an include, symlinks followed (a symlink loop is left for reading to report)."""
-    import os
     from pathlib import Path
 
     return os.path.realpath(Path(base).parent / rel)

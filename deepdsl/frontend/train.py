@@ -11,6 +11,7 @@ from deepdsl.frontend import ast, calls
 from deepdsl.frontend.builtins import FLOAT32_MAX, SPECS
 from deepdsl.frontend.program import Schedule, TrainConfig
 from deepdsl.frontend.values import BuiltinFn, Spec, describe
+from deepdsl.ir.types import INT_MAX
 
 if TYPE_CHECKING:
     from deepdsl.frontend.elaborate import Elaborator
@@ -108,6 +109,9 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
                     f"'iterations' must be at most {MAX_ITERATIONS:,} (a longer run: resume with --load)",
                     entry.value.span,
                 )
+            if v > INT_MAX and entry.key != "seed":  # counts of the Java program's ints (its seed is a long)
+                raise DslArgumentError(f"'{entry.key}' must be at most {INT_MAX:,} (2^31 - 1), got {v:,}",
+                                       entry.value.span)  # fmt: skip
             values[entry.key] = v
         elif kind == "bool":
             if not isinstance(v, bool):

@@ -1,4 +1,5 @@
-"""Lark parse tree -> `ast` nodes. Builds nodes and spans only; it checks nothing but reserved words."""
+"""Lark parse tree -> `ast` nodes. Builds nodes and spans only; it checks nothing but reserved words and the lengths
+of names, integers and strings."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from lark import Token, v_args
 from lark.visitors import Transformer_NonRecursive
 
-from deepdsl.errors import Span
+from deepdsl.errors import DslProgramError, DslSyntaxError, Span
 from deepdsl.frontend import ast
 
 # the grammar's NAME terminal excludes these; kept here for messages
@@ -15,6 +16,9 @@ RESERVED = frozenset(
     "network const input label layer def tensor param loss predict train include for in if then else "
     "return and or not true false o".split()
 )
+
+MAX_NAME = 128  # characters of a name: it becomes a Java identifier, and the network's a file name
+MAX_STRING = 4096  # characters of a string (a file path): PATH_MAX
 
 
 def _is_item(x: object) -> bool:
@@ -37,7 +41,24 @@ class ToAst(Transformer_NonRecursive):
         return Span(self.file, tok.line or 1, tok.column or 1, tok.end_line or 1, tok.end_column or 2)
 
     def binder(self, tok: Token) -> str:
+        if len(tok) > MAX_NAME:  # a Java field, class or file name: javac and file systems cap their lengths
+            raise DslSyntaxError(f"a name of {len(tok):,} characters; at most {MAX_NAME}", self.tspan(tok))
         return str(tok)
+
+    def int_value(self, tok: Token) -> int:
+        digits = str(tok).lstrip("0")
+        if len(digits) > 19:  # past 2^62 (the elaborator's limit); Python itself refuses past 4,300 digits
+            raise DslProgramError(f"an integer of {len(digits):,} digits is too large (at most 2^62 - 1)",
+                                  self.tspan(tok))  # fmt: skip
+        return int(digits or "0")
+
+    def string(self, tok: Token) -> str:
+        text = str(tok)[1:-1]
+        if "\x00" in text:
+            raise DslSyntaxError("a string may not hold a NUL character", self.tspan(tok))
+        if len(text) > MAX_STRING:
+            raise DslSyntaxError(f"a string of {len(text):,} characters; at most {MAX_STRING:,}", self.tspan(tok))
+        return text
 
     # ---- file and items ----
     def start(self, meta: Any, ch: list) -> ast.Module:
@@ -99,7 +120,7 @@ class ToAst(Transformer_NonRecursive):
         return ast.TrainEntry(self.span(meta), str(ch[0]), ch[1], self.tspan(ch[0]))
 
     def include_item(self, meta: Any, ch: list) -> ast.Include:
-        return ast.Include(self.span(meta), str(ch[0])[1:-1])
+        return ast.Include(self.span(meta), self.string(ch[0]))
 
     def shape(self, meta: Any, ch: list) -> tuple[ast.Expr, ...]:
         return tuple(ch)
@@ -164,13 +185,13 @@ class ToAst(Transformer_NonRecursive):
         return ast.Arg(self.span(meta), self.binder(ch[0]), ch[1])
 
     def int_lit(self, meta: Any, ch: list) -> ast.IntLit:
-        return ast.IntLit(self.span(meta), int(ch[0]))
+        return ast.IntLit(self.span(meta), self.int_value(ch[0]))
 
     def float_lit(self, meta: Any, ch: list) -> ast.FloatLit:
         return ast.FloatLit(self.span(meta), float(ch[0]))
 
     def str_lit(self, meta: Any, ch: list) -> ast.StrLit:
-        return ast.StrLit(self.span(meta), str(ch[0])[1:-1])
+        return ast.StrLit(self.span(meta), self.string(ch[0]))
 
     def true_lit(self, meta: Any, ch: list) -> ast.BoolLit:
         return ast.BoolLit(self.span(meta), True)
@@ -207,7 +228,7 @@ class ToAst(Transformer_NonRecursive):
         return (self.tspan(ch[0]), self.binder(ch[0]))
 
     def size_int(self, meta: Any, ch: list) -> tuple[Span, int]:
-        return (self.tspan(ch[0]), int(ch[0]))
+        return (self.tspan(ch[0]), self.int_value(ch[0]))
 
     def oindex(self, meta: Any, ch: list) -> ast.IndexRange:
         return ast.IndexRange(self.span(meta), self.binder(ch[0]), ch[1])
@@ -247,7 +268,7 @@ class ToAst(Transformer_NonRecursive):
         return ast.IBinary(self.span(meta), "^", ch[0], ch[1])
 
     def iint(self, meta: Any, ch: list) -> ast.INum:
-        return ast.INum(self.span(meta), int(ch[0]), True)
+        return ast.INum(self.span(meta), self.int_value(ch[0]), True)
 
     def ifloat(self, meta: Any, ch: list) -> ast.INum:
         return ast.INum(self.span(meta), float(ch[0]), False)

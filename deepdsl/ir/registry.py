@@ -56,7 +56,10 @@ class Saves:
 @dataclass(frozen=True)
 class JavaCall:
     """How the Java program calls the op: the step calls `dev.<device>(out, ...)` (a method of the runtime's
-    Device), which the CPU device runs as `cls.<op name>(out, params...)`.
+    Device), which the CPU device runs as `cls.<op name>(out, params...)`: `cls` is the family class that does the
+    work (`CpuGemm`, `CpuConvolution`, `CpuPooling`, `CpuNormalisation`, `CpuLosses`, `CpuShapes`, `CpuAttention`,
+    `Rng` for the dropout mask, `Workspace` for conv2d's im2col-or-direct choice), with no forwarding class
+    between them.
 
     `params` are the Java method's parameters after the output, as (type, name): `Buf` (one per input, in
     order), or one `Buf[]` holding every input (concat), then the attributes, each named as its attribute in
@@ -212,11 +215,10 @@ def eager_saves(*names: str, which: tuple[int | str, ...] = (), extra: Callable 
         _attach(name, "saves")(Saves(which, extra))
 
 
-def java_call(
-    name: str, params: str = "", cls: str = "CpuOps", device: str | None = None, called: bool = False
-) -> None:
+def java_call(name: str, params: str, *, cls: str, device: str | None = None, called: bool = False) -> None:
     """Declare the runtime method the Java program calls for op `name`: `params` as the Java source writes them
-    after the output (`"Buf x, Buf w, int groups, int[] pad"`), in class `cls`, and the Device method a step
+    after the output (`"Buf x, Buf w, int groups, int[] pad"`), in class `cls` (the runtime's class of the op's
+    family, `CpuLosses`, which the CPU device calls directly), and the Device method a step
     calls, `device` (by default the op's name in camelCase: `conv2d_backward_data` -> `conv2dBackwardData`); each
     attribute parameter passes the statement attribute of its name in snake_case (`inShape` -> `in_shape`). With
     `called`, a step calls it even where the op has a CUDA form (which the Java program otherwise runs as a

@@ -6,6 +6,12 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
+# What the generated programs can index (docs/language.md, "Limits"): Java arrays hold at most 2^31 - 1 elements and
+# index with ints; the CUDA kernels index with 32-bit ints in grid-stride loops stepping by up to 2^24 (65536 blocks
+# of 256 threads). Every size, stride, window, pad and group count is an int of the Java program.
+INT_MAX = 2**31 - 1  # the largest integer attribute (a stride, window, pad, LRN size, group count, axis)
+MAX_ELEMENTS = 2**31 - 2**24  # the most elements of one tensor
+
 
 class DType(Enum):
     F32 = "f32"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepdsl.ir.types import DType, ShapeError, TensorType
+from deepdsl.ir.types import INT_MAX, DType, ShapeError, TensorType
 
 
 def unary_same(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
@@ -34,6 +34,9 @@ def pair(v: Any) -> tuple[int, int]:
 
 
 def window_out(size: int, k: int, s: int, p: int, what: str) -> int:
+    if size + 2 * p > INT_MAX:  # the programs compute (size + 2 pad - k) / stride + 1 in ints
+        raise ShapeError(f"{what}: an input of size {size} padded by {p:,} on both sides is {size + 2 * p:,} long; at "
+                         f"most {INT_MAX:,} (2^31 - 1) fit the generated programs' ints")  # fmt: skip
     out = (size + 2 * p - k) // s + 1
     if out <= 0 or size + 2 * p < k:
         raise ShapeError(

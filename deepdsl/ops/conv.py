@@ -265,5 +265,9 @@ eager_saves("conv2d", "conv2d_backward_data", which=(0, 1))
 
 # the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
 java_call("conv2d", "Buf x, Buf w, int groups, int[] pad, int[] stride, long limit", cls="Workspace")
-java_call("conv2d_backward_data", "Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride")
-java_call("conv2d_backward_filter", "Buf x, Buf g, int groups, int[] pad, int[] stride, int[] wShape")
+java_call(
+    "conv2d_backward_data", "Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride", cls="CpuConvolution"
+)
+java_call(
+    "conv2d_backward_filter", "Buf x, Buf g, int groups, int[] pad, int[] stride, int[] wShape", cls="CpuConvolution"
+)

@@ -180,7 +180,7 @@ eager_saves("linear", "matmul", "batch_matmul", which=(0, 1))  # what eager auto
 
 
 # the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
-java_call("linear", "Buf x, Buf w")
-java_call("matmul", "Buf a, Buf b, boolean transposeA, boolean transposeB")
-java_call("batch_matmul", "Buf a, Buf b, boolean transposeA, boolean transposeB")
-java_call("transpose", "Buf x, int[] perm")
+java_call("linear", "Buf x, Buf w", cls="CpuGemm")
+java_call("matmul", "Buf a, Buf b, boolean transposeA, boolean transposeB", cls="CpuGemm")
+java_call("batch_matmul", "Buf a, Buf b, boolean transposeA, boolean transposeB", cls="CpuGemm")
+java_call("transpose", "Buf x, int[] perm", cls="CpuShapes")

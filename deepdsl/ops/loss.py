@@ -229,17 +229,17 @@ eager_saves("cross_entropy", "mse", which=(0, 1))
 
 
 # the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
-java_call("softmax", "Buf x")
-java_call("log_softmax", "Buf x")
-java_call("softmax_backward", "Buf y, Buf g")
-java_call("log_softmax_backward", "Buf y, Buf g")
-java_call("softmax_cross_entropy", "Buf x, Buf labels")
-java_call("softmax_cross_entropy_backward", "Buf x, Buf labels, Buf g")
-java_call("cross_entropy", "Buf p, Buf labels")
-java_call("cross_entropy_backward", "Buf p, Buf labels, Buf g")
-java_call("mse", "Buf a, Buf b")
-java_call("argmax", "Buf x")
-java_call("accuracy", "Buf x, Buf labels")
+java_call("softmax", "Buf x", cls="CpuLosses")
+java_call("log_softmax", "Buf x", cls="CpuLosses")
+java_call("softmax_backward", "Buf y, Buf g", cls="CpuLosses")
+java_call("log_softmax_backward", "Buf y, Buf g", cls="CpuLosses")
+java_call("softmax_cross_entropy", "Buf x, Buf labels", cls="CpuLosses")
+java_call("softmax_cross_entropy_backward", "Buf x, Buf labels, Buf g", cls="CpuLosses")
+java_call("cross_entropy", "Buf p, Buf labels", cls="CpuLosses")
+java_call("cross_entropy_backward", "Buf p, Buf labels, Buf g", cls="CpuLosses")
+java_call("mse", "Buf a, Buf b", cls="CpuLosses")
+java_call("argmax", "Buf x", cls="CpuLosses")
+java_call("accuracy", "Buf x, Buf labels", cls="CpuLosses")
 
 
 # ---- attention's softmax: the scale and a causal mask folded in (made by passes/fuse_softmax.py) ----
@@ -269,4 +269,4 @@ def _masked_softmax_np(xs: tuple, a: dict) -> np.ndarray:
 
 
 flops_rule("masked_softmax")(lambda types, out, a: 6 * types[0].numel)
-java_call("masked_softmax", "Buf x, float scale, boolean causal, int period")
+java_call("masked_softmax", "Buf x, float scale, boolean causal, int period", cls="CpuAttention")

@@ -280,7 +280,7 @@ def _window_sum(v: np.ndarray, before: int, after: int) -> np.ndarray:
     """out[:, c] = sum of v[:, c - before .. c + after] along axis 1, zero outside the channels."""
     c = v.shape[1]
     out = np.zeros_like(v)
-    for o in range(-before, after + 1):
+    for o in range(max(-before, 1 - c), min(after, c - 1) + 1):  # offsets past the channels add nothing
         lo, hi = max(0, -o), min(c, c - o)  # out[:, lo:hi] takes v[:, lo + o : hi + o]
         if lo < hi:
             out[:, lo:hi] += v[:, lo + o : hi + o]
@@ -359,12 +359,22 @@ eager_saves(
 
 
 # the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
-java_call("lrn", "Buf x, float alpha, float beta, float k, int size")
-java_call("layer_norm_rows", "Buf x, float eps")
-java_call("layer_norm_rows_backward", "Buf x, Buf g, float eps")
-java_call("bn_train_backward", "Buf x, Buf g, Buf mean, Buf var, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps")
+java_call("lrn", "Buf x, float alpha, float beta, float k, int size", cls="CpuNormalisation")
+java_call("layer_norm_rows", "Buf x, float eps", cls="CpuNormalisation")
+java_call("layer_norm_rows_backward", "Buf x, Buf g, float eps", cls="CpuNormalisation")
+java_call(
+    "bn_train_backward",
+    "Buf x, Buf g, Buf mean, Buf var, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps",
+    cls="CpuNormalisation",
+)
 # a step calls the device's bnApply for the training program's apply where it stands alone (cuDNN's on the CUDA
 # device); fused into a loop it is part of a generated kernel, as the inference program's bn_apply always is (the
 # convolution's epilogue, mostly)
-java_call("bn_train_apply", "Buf x, Buf mean, Buf var, Buf gamma, Buf beta, float eps", device="bnApply", called=True)
-java_call("lrn_backward", "Buf x, Buf y, Buf g, float alpha, float beta, float k, int size")
+java_call(
+    "bn_train_apply",
+    "Buf x, Buf mean, Buf var, Buf gamma, Buf beta, float eps",
+    cls="CpuNormalisation",
+    device="bnApply",
+    called=True,
+)
+java_call("lrn_backward", "Buf x, Buf y, Buf g, float alpha, float beta, float k, int size", cls="CpuNormalisation")

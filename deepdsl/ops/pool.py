@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from deepdsl.ir.registry import defop, eager_saves, flops_rule, java_call, numpy_kernel, vendor_rule, vjp_rule
-from deepdsl.ir.types import ShapeError, TensorType
+from deepdsl.ir.types import INT_MAX, ShapeError, TensorType
 from deepdsl.ir.vendor import Pool, PoolBackward
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank, window_out
@@ -25,6 +25,9 @@ def _pool(what: str):  # noqa: ANN202
         (kh, kw), (sh, sw), (ph, pw) = attrs["kernel"], attrs["stride"], attrs["pad"]
         if ph * 2 > kh or pw * 2 > kw:
             raise ShapeError(f"{what}: padding {max(ph, pw)} is more than half the window {max(kh, kw)}")
+        if kh * kw > INT_MAX:  # the programs count a window's elements (avg_pool's divisor) in an int
+            raise ShapeError(f"{what}: a window of {kh} x {kw} holds {kh * kw:,} elements; at most {INT_MAX:,} "
+                             "(2^31 - 1)")  # fmt: skip
         n, c, h, w = x.shape
         return TensorType((n, c, window_out(h, kh, sh, ph, what), window_out(w, kw, sw, pw, what)))
 
@@ -222,9 +225,10 @@ eager_saves("avg_pool2d", "global_avg_pool", which=(0,))
 
 
 # the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
-java_call("max_pool2d", "Buf x, int[] kernel, int[] pad, int[] stride")
-java_call("max_pool2d_backward", "Buf x, Buf y, Buf g, int[] kernel, int[] pad, int[] stride")
-java_call("avg_pool2d", "Buf x, int[] kernel, int[] pad, int[] stride", called=True)  # cuDNN's on the CUDA device
-java_call("avg_pool2d_backward", "Buf g, int[] inShape, int[] kernel, int[] pad, int[] stride")
-java_call("global_avg_pool", "Buf x")
-java_call("global_avg_pool_backward", "Buf g, int[] inShape")
+java_call("max_pool2d", "Buf x, int[] kernel, int[] pad, int[] stride", cls="CpuPooling")
+java_call("max_pool2d_backward", "Buf x, Buf y, Buf g, int[] kernel, int[] pad, int[] stride", cls="CpuPooling")
+# a step calls the device's avgPool2d although the op has a CUDA form: cuDNN's on the CUDA device
+java_call("avg_pool2d", "Buf x, int[] kernel, int[] pad, int[] stride", cls="CpuPooling", called=True)
+java_call("avg_pool2d_backward", "Buf g, int[] inShape, int[] kernel, int[] pad, int[] stride", cls="CpuPooling")
+java_call("global_avg_pool", "Buf x", cls="CpuPooling")
+java_call("global_avg_pool_backward", "Buf g, int[] inShape", cls="CpuPooling")

@@ -63,4 +63,4 @@ eager_saves("dropout", extra=lambda types, out, a: out.numel)  # eager autograd 
 
 
 # the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
-java_call("dropout_mask", "long step, float p, long seed, String site")
+java_call("dropout_mask", "long step, float p, long seed, String site", cls="Rng")

@@ -201,4 +201,4 @@ eager_saves("sum_squares", which=(0,))  # what eager autograd keeps
 
 
 # the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
-java_call("sum_axes", "Buf x, int[] axes")
+java_call("sum_axes", "Buf x, int[] axes", cls="CpuShapes")

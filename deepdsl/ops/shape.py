@@ -119,6 +119,6 @@ flops_rule("pad_axis")(_copy_flops)
 
 
 # the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
-java_call("concat", "Buf[] ins, int axis")
-java_call("slice", "Buf x, int axis, int start, int stop")
-java_call("pad_axis", "Buf x, int axis, int size, int start")
+java_call("concat", "Buf[] ins, int axis", cls="CpuShapes")
+java_call("slice", "Buf x, int axis, int start, int stop", cls="CpuShapes")
+java_call("pad_axis", "Buf x, int axis, int size, int start", cls="CpuShapes")

@@ -22,14 +22,14 @@ public final class Blas {
   interface Gemm {
     /** Computes the product and returns true, or returns false for a layout it does not take. */
     boolean gemm(
-        int m, int n, int k, CpuGemm.Mat a, CpuGemm.Right b, CpuGemm.Mat c, boolean accumulate);
+        int m, int n, int k, GemmOperands.Mat a, GemmOperands.Right b, GemmOperands.Mat c, boolean accumulate);
 
     /** The library and its version, for the device line. */
     String description();
 
     /**
      * A direct buffer of at least {@code floats} floats, the calling thread's own, that {@link
-     * #gemm} reads in place as a {@link CpuGemm.Direct} operand; null where it reads only arrays.
+     * #gemm} reads in place as a {@link GemmOperands.Direct} operand; null where it reads only arrays.
      */
     default java.nio.FloatBuffer columns(int floats) {
       return null;

@@ -1,11 +1,11 @@
 package deepdsl.runtime;
 
 /**
- * Attention's softmax of {@link CpuOps}: the registry op {@code masked_softmax}, which the optimiser makes
+ * Attention's softmax of {@link CpuDevice}: the registry op {@code masked_softmax}, which the optimiser makes
  * of {@code softmax(mask(scale * scores))} so that neither the scaled nor the masked scores are
  * stored.
  */
-final class CpuAttention {
+public final class CpuAttention {
   private CpuAttention() {}
 
   /**

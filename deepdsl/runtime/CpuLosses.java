@@ -2,12 +2,13 @@ package deepdsl.runtime;
 
 import static deepdsl.runtime.CpuSupport.*;
 import static deepdsl.runtime.CpuGemm.*;
+import static deepdsl.runtime.GemmOperands.*;
 import static deepdsl.runtime.CpuConvolution.*;
 
 import java.util.Arrays;
 
-/** Softmax and the losses of {@link CpuOps}. */
-final class CpuLosses {
+/** Softmax and the losses of {@link CpuDevice}. */
+public final class CpuLosses {
   private CpuLosses() {}
 
   // ---- softmax and the losses (rows are axis 1 of [N, K]) ----

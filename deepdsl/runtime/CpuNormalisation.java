@@ -6,8 +6,8 @@ import static deepdsl.runtime.CpuConvolution.*;
 
 import java.util.Arrays;
 
-/** Local response normalisation and layer norm's rows, for {@link CpuOps}. */
-final class CpuNormalisation {
+/** Local response normalisation and layer norm's rows, for {@link CpuDevice}. */
+public final class CpuNormalisation {
   private CpuNormalisation() {}
 
   // ---- layer norm's rows ----
@@ -17,7 +17,7 @@ final class CpuNormalisation {
    * the row (the variance of the centred row, as the NumPy runner computes it). The rows run on the
    * threads, each whole on one, so the result does not depend on the split.
    */
-  public static void layerNormRows(Buf out, Buf x, float eps) {
+  public static void layer_norm_rows(Buf out, Buf x, float eps) {
     int rows = x.dim(0);
     int d = x.dim(1);
     float[] xa = x.a;
@@ -39,10 +39,10 @@ final class CpuNormalisation {
   }
 
   /**
-   * out = d {@link #layerNormRows} / d x given g = dy: per row rs (g - mean(g) - y mean(g y)), with
+   * out = d {@link #layer_norm_rows} / d x given g = dy: per row rs (g - mean(g) - y mean(g y)), with
    * y the row normalised and rs its 1 / sqrt(var + eps), both recomputed from x.
    */
-  public static void layerNormRowsBackward(Buf out, Buf x, Buf g, float eps) {
+  public static void layer_norm_rows_backward(Buf out, Buf x, Buf g, float eps) {
     int rows = x.dim(0);
     int d = x.dim(1);
     float[] xa = x.a;
@@ -73,7 +73,7 @@ final class CpuNormalisation {
    * out = gamma (x - mean) / sqrt(var + eps) + beta per channel c of x [N, C, ...], the statistics
    * given; each channel's planes on the threads (an element's result does not depend on the split).
    */
-  public static void bnApply(Buf out, Buf x, Buf mean, Buf var, Buf gamma, Buf beta, float eps) {
+  public static void bn_train_apply(Buf out, Buf x, Buf mean, Buf var, Buf gamma, Buf beta, float eps) {
     int images = x.dim(0);
     int channels = x.dim(1);
     int plane = x.numel() / (images * channels);
@@ -101,7 +101,7 @@ final class CpuNormalisation {
    * the two sums given (the shift's and the scale's gradients): one pass. The image planes run on
    * the threads.
    */
-  public static void bnTrainBackward(
+  public static void bn_train_backward(
       Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps) {
     int images = x.dim(0);
     int channels = x.dim(1);

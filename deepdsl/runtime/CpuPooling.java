@@ -3,11 +3,12 @@ package deepdsl.runtime;
 import static deepdsl.runtime.CpuSupport.*;
 import static deepdsl.runtime.CpuGemm.*;
 import static deepdsl.runtime.CpuConvolution.*;
+import static deepdsl.runtime.Im2col.*;
 
 import java.util.Arrays;
 
-/** The pooling kernels of {@link CpuOps}. */
-final class CpuPooling {
+/** The pooling kernels of {@link CpuDevice}. */
+public final class CpuPooling {
   private CpuPooling() {}
 
   // ---- pooling ----

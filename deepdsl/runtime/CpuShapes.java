@@ -6,8 +6,8 @@ import static deepdsl.runtime.CpuConvolution.*;
 
 import java.util.Arrays;
 
-/** The shape ops and the dropout mask of {@link CpuOps}. */
-final class CpuShapes {
+/** The shape ops and the dropout mask of {@link CpuDevice}. */
+public final class CpuShapes {
   private CpuShapes() {}
 
   // ---- shape ops ----
@@ -148,15 +148,5 @@ final class CpuShapes {
       n *= shape[d];
     }
     return n;
-  }
-
-  // ---- randomness ----
-
-  /**
-   * out (attrs shape) = the inverted-dropout mask of {@code site} at {@code step}: 1 / (1 - p)
-   * where kept, else 0, bit-identical to the NumPy kernel (see {@link Rng#dropoutMask}).
-   */
-  public static void dropout_mask(Buf out, long step, float p, long seed, String site) {
-    Rng.dropoutMask(out, step, p, seed, site);
   }
 }

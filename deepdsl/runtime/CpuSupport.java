@@ -5,7 +5,7 @@ import static deepdsl.runtime.CpuConvolution.*;
 
 import java.util.Arrays;
 
-/** The CPU kernels' threads and scratch arrays (see {@link CpuOps}). */
+/** The CPU kernels' threads and scratch arrays (see {@link CpuDevice}). */
 final class CpuSupport {
   private CpuSupport() {}
 

@@ -18,7 +18,7 @@ import java.util.stream.Stream;
  * The CUDA device's matrix products (linear layers, matmuls, batched matmuls) through cuBLAS, reached
  * through JavaCPP's CUDA presets ({@code org.bytedeco:cuda}, {@code org.bytedeco:javacpp}, each with
  * its natives jar). JCuda keeps the driver API, NVRTC and our kernels; cuBLAS works on the same
- * memory through raw device addresses ({@link CudaDevice.DevicePointer}).
+ * memory through raw device addresses ({@link CudaMemory.DevicePointer}).
  *
  * <p>This is the only class that names a JavaCPP class, and it names them as strings: it compiles
  * without their jars, and a program run without them loses only this class's constructor, which

@@ -215,9 +215,9 @@ final class DataFiles {
       }
       long size = product.longValue();
       // before reading: a plain file holds what its header promises; a gzip file promises at most
-      // what deepdsl inflates from a file of its size (Npz.inflateLimit)
+      // what deepdsl inflates from a file of its size (ZipReader.inflateLimit)
       long onDisk = Files.size(path);
-      if (gzip && 4L * words + size > Npz.inflateLimit(onDisk)) {
+      if (gzip && 4L * words + size > ZipReader.inflateLimit(onDisk)) {
         throw new IOException(
             String.format(
                 "MNIST file '%s' promises %s (%d bytes), more than deepdsl inflates from a gzip"

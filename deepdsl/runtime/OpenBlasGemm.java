@@ -1,11 +1,11 @@
 package deepdsl.runtime;
 
-import deepdsl.runtime.CpuGemm.Columns;
-import deepdsl.runtime.CpuGemm.Direct;
-import deepdsl.runtime.CpuGemm.Mat;
-import deepdsl.runtime.CpuGemm.Planes;
-import deepdsl.runtime.CpuGemm.Right;
-import deepdsl.runtime.CpuGemm.Rows;
+import deepdsl.runtime.GemmOperands.Columns;
+import deepdsl.runtime.GemmOperands.Direct;
+import deepdsl.runtime.GemmOperands.Mat;
+import deepdsl.runtime.GemmOperands.Planes;
+import deepdsl.runtime.GemmOperands.Right;
+import deepdsl.runtime.GemmOperands.Rows;
 import java.lang.invoke.MethodHandle;
 import java.lang.invoke.MethodHandles;
 import java.lang.invoke.MethodType;

@@ -8,7 +8,7 @@ import java.util.concurrent.locks.ReentrantLock;
 
 /**
  * The runtime's threads: the calling thread and a team of {@code THREADS - 1} daemon workers that
- * run the pieces of one parallel loop at a time, for the kernels of {@link CpuOps} and the
+ * run the pieces of one parallel loop at a time, for the kernels of {@link CpuDevice} and the
  * generated loops alike.
  *
  * <p>Between loops a worker spins for {@link #SPIN_NANOS} before it sleeps, as OpenMP runtimes do:

@@ -92,7 +92,8 @@ public final class Rng {
   }
 
   /**
-   * The inverted-dropout mask of {@code site} at {@code step}: element i (row-major) of {@code out}
+   * The registry op {@code dropout_mask} (the CPU device calls it): the inverted-dropout mask of
+   * {@code site} at {@code step}: element i (row-major) of {@code out}
    * is {@code 1 / (1 - p)} when uniform i of the stream {@link #maskSeed} is at least {@code p},
    * else 0.
    *
@@ -102,7 +103,7 @@ public final class Rng {
    * significant digits. (Widening with a plain cast would move the threshold past a multiple of
    * 2^-24 for some {@code p}, changing the mask.)
    */
-  public static void dropoutMask(Buf out, long step, float p, long seed, String site) {
+  public static void dropout_mask(Buf out, long step, float p, long seed, String site) {
     double threshold = shortestDecimal(p);
     float scale = (float) (1.0 / (1.0 - threshold));
     Rng rng = new Rng(maskSeed(site, seed, step));

@@ -2,14 +2,14 @@ package deepdsl.runtime;
 
 /**
  * The workspace limit: DeepDSL's one switch between a fast and a lean program. A convolution runs
- * as im2col + GEMM ({@link CpuOps#conv2d}) when that method's scratch fits the limit, and as a
+ * as im2col + GEMM ({@link CpuConvolution#conv2d}) when that method's scratch fits the limit, and as a
  * direct loop, which needs no scratch, when it does not.
  */
 public final class Workspace {
   private Workspace() {}
 
   /**
-   * An upper bound of the scratch bytes of {@link CpuOps#conv2d}: per thread, the im2col columns of
+   * An upper bound of the scratch bytes of {@link CpuConvolution#conv2d}: per thread, the im2col columns of
    * up to {@code ceil(512 / (OH*OW))} images taken together (none for a 1x1 kernel with stride 1
    * and no padding) and their products.
    */
@@ -34,7 +34,7 @@ public final class Workspace {
   public static void conv2d(
       Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride, long limit) {
     if (conv2dScratch(x.shape, w.shape, out.shape, pad, stride) <= limit) {
-      CpuOps.conv2d(out, x, w, groups, pad, stride);
+      CpuConvolution.conv2d(out, x, w, groups, pad, stride);
     } else {
       direct(out, x, w, groups, pad, stride);
     }

@@ -1,4 +1,4 @@
-"""The Java CPU kernels (deepdsl/runtime/CpuOps.java) against the ops' NumPy kernels.
+"""The Java CPU kernels (deepdsl/runtime's family classes: CpuGemm, CpuPooling, ...) against the NumPy kernels.
 
 Every op without an index form has cases: the registry examples of tests/ops/test_registry_complete.py
 plus odd sizes, strides, padding, groups, transposes, ties and batch sizes that take the other threading
@@ -25,10 +25,12 @@ from deepdsl.ir.types import DType, TensorType
 
 pytestmark = [
     pytest.mark.java,
-    pytest.mark.skipif(shutil.which("javac") is None, reason="javac is not on PATH: CpuOps.java cannot be compiled"),
+    pytest.mark.skipif(
+        shutil.which("javac") is None, reason="javac is not on PATH: the CPU kernels cannot be compiled"
+    ),
 ]
 
-# registry ops that CpuOps does not implement: a view, three ops lowered before any backend, and the
+# registry ops that no CPU family class implements: a view, three ops lowered before any backend, and the
 # statements the emitter writes as generated loops
 NOT_CPUOPS = {"reshape", "batch_norm", "dropout", "layer_norm", "fused", "indexed"}
 
@@ -261,9 +263,9 @@ def _shape(a: np.ndarray) -> str:
 
 @pytest.fixture(scope="module")
 def java_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """Compiles CpuOps and the driver once, runs every case in one JVM; returns the folder and its stderr."""
+    """Compiles the CPU kernels and the driver once, runs every case in one JVM; returns the folder and its stderr."""
     work = tmp_path_factory.mktemp("java_cpuops")
-    # javac takes from the source path only the runtime classes the driver uses (CpuOps, Buf, Rng), so the
+    # javac takes from the source path only the runtime classes the driver uses (the family classes, Buf, Rng), so the
     # runtime's JCuda-bound classes need no jars here
     driver = ROOT / "tests" / "backends" / "java" / "OpCheck.java"
     built = subprocess.run(
@@ -332,16 +334,30 @@ def _check(case: tuple, results: tuple[Path, str], suffix: str) -> None:
 
 def test_every_cpuops_op_has_a_case() -> None:
     """A new op without an index form, or with one and a runtime method a step calls (bn_train_apply's, where it
-    stands alone), must get a CpuOps method and a case here."""
+    stands alone), must get a method in its family class and a case here."""
     wanted = {n for n, o in REGISTRY.items() if o.index_form is None or (o.java is not None and o.java.called)}
     assert {c[1] for c in CASES} == wanted - NOT_CPUOPS == _java_ops()
 
 
-def test_cpuops_has_one_public_method_per_op() -> None:
-    source = (ROOT / "deepdsl" / "runtime" / "CpuOps.java").read_text()
-    methods = set(re.findall(r"public static void (\w+)\(\s*Buf out", source))
+def family_methods() -> dict[str, set[str]]:
+    """The public static methods taking an output first (`(Buf out, ...)`) of each class a registry entry's Java
+    call names, by class."""
+    classes = {o.java.cls for o in REGISTRY.values() if o.java is not None}
+    runtime = ROOT / "deepdsl" / "runtime"
+    return {
+        c: set(re.findall(r"public static void (\w+)\(\s*Buf out", (runtime / f"{c}.java").read_text()))
+        for c in classes
+    }
+
+
+def test_the_family_classes_have_one_public_method_per_op() -> None:
+    """Each op without an index form is a method named as the op in the class its registry entry names, and
+    every such method of those classes is an op's (no forwarding class between the device and the family)."""
+    methods = family_methods()
     called = {n for n, o in REGISTRY.items() if o.java is not None and o.java.called}  # bn_train_apply
-    assert methods == {n for n, o in REGISTRY.items() if o.index_form is None} - NOT_CPUOPS | called
+    wanted = {n for n, o in REGISTRY.items() if o.index_form is None} - NOT_CPUOPS | called
+    assert {n for n in wanted if n not in methods[REGISTRY[n].java.cls]} == set()
+    assert set().union(*methods.values()) == wanted
 
 
 @pytest.mark.parametrize("blas", ["java", "openblas"])

@@ -66,7 +66,8 @@ def test_lenet_golden(cli, golden, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert "compiles LeNet.cu with NVRTC when it starts" in r.stdout
     assert {p.name for p in (tmp_path / "deepdsl" / "runtime").glob("*.java")} >= {
         "Buf.java",
-        "CpuOps.java",
+        "CpuDevice.java",
+        "CpuLosses.java",
         "CudaDevice.java",
         "Device.java",
         "Network.java",
@@ -198,7 +199,7 @@ def _cases() -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
 
 def _gelu_cases(data: np.random.Generator) -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
     """GELU and its gradient, which the Java kernels run through the runtime's vectorised loops (Kernel.gelu,
-    Kernel.geluGrad: CpuGelu.java), over both signs and past every regime of its rational e^-y: several blocks
+    Kernel.geluGrad), over both signs and past every regime of its rational e^-y: several blocks
     of 256 and a ragged last one, zero and minus zero, |x| where e^(-x^2/2) is below float's range, and NaN."""
     special = [0.0, -0.0, 1e-8, -1e-8, 13.3, -13.3, 40.0, -40.0, 1e3, -1e3, np.nan]
     x = np.concatenate([np.linspace(-12, 12, 1289), special]).astype(np.float32)
@@ -359,7 +360,7 @@ def test_kernels_equal_evaluate(tmp_path: Path) -> None:
     source = KERNEL_CHECK.replace("CALLS", "\n".join(calls)).replace("METHODS", "\n\n".join(methods))
     (tmp_path / "KernelCheck.java").write_text(source)
     runtime = ROOT / "deepdsl" / "runtime"
-    runtime_files = ("Buf.java", "Kernel.java", "CpuGelu.java", "Npz.java", "Parallel.java")
+    runtime_files = ("Buf.java", "Kernel.java", "Npz.java", "Npy.java", "ZipReader.java", "Parallel.java")
     javac(tmp_path, [tmp_path / "KernelCheck.java", *(runtime / f for f in runtime_files)], tmp_path / "build")
     r = java(tmp_path / "build", "KernelCheck", "in.npz", "out.npz", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -351,7 +351,7 @@ def _without(name: str, **change: object) -> dict[str, OpDef]:
         ("conv2d", {"numpy_ws": None}, "conv2d: no numpy_ws"),
         ("argmax", {"doc": ""}, "argmax: no doc"),
         ("add", {"saves": REGISTRY["relu"].saves}, "add: has saves although the gradients are g and g"),
-        ("relu", {"java": JavaCall("CpuOps", ())}, "relu: has java although the backends write its kernel"),
+        ("relu", {"java": JavaCall("CpuLosses", ())}, "relu: has java although the backends write its kernel"),
         ("bn_apply", {"cheap_to_recompute": False}, None),  # not element-wise: may be either
         ("sigmoid", {"cheap_to_recompute": False}, "sigmoid: element-wise with an index form but not cheap"),
         ("channel_sum", {"cheap_to_recompute": True}, "channel_sum: cheap_to_recompute but its index form reduces"),
@@ -431,14 +431,14 @@ def test_every_java_call_is_a_runtime_method() -> None:
 
 
 def test_a_java_call_that_differs_from_the_runtime_is_reported() -> None:
-    wrong = JavaCall("CpuOps", (("Buf", "x"), ("int", "size"), ("float", "alpha")))
+    wrong = JavaCall("CpuNormalisation", (("Buf", "x"), ("int", "size"), ("float", "alpha")))
     moved = JavaCall("Workspace", REGISTRY["lrn"].java.params)
     assert java_mismatches(_without("lrn", java=wrong), runtime_sources())[0].startswith("lrn: declared")
     assert java_mismatches(_without("lrn", java=moved), runtime_sources()) == [
         "lrn: no method Workspace.lrn in the runtime"
     ]
     sources = dict(runtime_sources())
-    sources["CpuOps.java"] = sources["CpuOps.java"].replace(
+    sources["CpuNormalisation.java"] = sources["CpuNormalisation.java"].replace(
         "lrn(Buf out, Buf x, float alpha", "lrn(Buf out, Buf x, double alpha"
     )
     assert [p.split(":")[0] for p in java_mismatches(REGISTRY, sources)] == ["lrn"]

@@ -187,7 +187,10 @@ def java_io(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, P
     """Every case run by IoCheck in one JVM of 96 MB heap: case -> (its output, the folder it wrote into)."""
     work = tmp_path_factory.mktemp("java_files")
     classes = work / "classes"
-    own = [RUNTIME / f"{n}.java" for n in ("Buf", "Rng", "Init", "Npz", "Data", "DataFiles", "TextData")]
+    own = [
+        RUNTIME / f"{n}.java"
+        for n in ("Buf", "Rng", "Init", "Npz", "Npy", "ZipReader", "Data", "DataFiles", "TextData")
+    ]
     subprocess.run(["javac", "-nowarn", "-d", str(classes), *map(str, own), str(DRIVER)], check=True, timeout=600)
     lines, cases = [], {}
 

@@ -72,3 +72,61 @@ def test_java_flags_and_test_sets(program) -> None:  # noqa: ANN001
     r = java(build, "Lim", "--data", f"npz:{nan}", "--device", "cpu")
     assert r.returncode == 0, r.stderr
     assert "test accuracy: 0.00%" in r.stdout
+
+
+INT_MAX = 2**31 - 1
+EDGE = f"""network E{"d" * 127}
+const N = 1
+const BIG = 4611686018427387903
+input x{"i" * 127} : [N, 2, 1, 1]
+label y : [N] classes 2
+h1 = conv(x{"i" * 127}, 2, kernel=1, stride={INT_MAX})
+h2 = max_pool(x{"i" * 127}, (1, {INT_MAX}), pad=(0, {INT_MAX // 2}), stride={INT_MAX})
+h3 = avg_pool(x{"i" * 127}, (1, {INT_MAX}), pad=(0, {INT_MAX // 2}), stride=({INT_MAX}, 1))
+h4 = lrn(x{"i" * 127}, size={INT_MAX})
+layer fc = full(2)
+loss = softmax_cross_entropy(fc(flatten(h1 + h2 + h3 + h4)), y)
+predict = fc(flatten(h1))
+train {{
+  data = npz("{"d" * 4000}.npz")
+  iterations = {INT_MAX}
+  test_every = {INT_MAX}
+  test_iterations = {INT_MAX}
+  save = "w.npz"
+  save_every = {INT_MAX}
+  seed = {2**62 - 1}
+}}
+"""
+
+
+@pytest.mark.slow
+def test_check_accepts_javac(tmp_path) -> None:  # noqa: ANN001
+    """What check accepts compiles with javac (issue 36): a network at the edge of every limit check keeps (a stride,
+    a pool window and its padded extent, an LRN size, the train block's counts at 2^31 - 1, a seed at 2^62 - 1,
+    names of 128 characters, a 4,000-character path), and the ONNX models whose imports javac refused (an input
+    named System, 100,000-character names), imported; one past each edge is refused by check (test_limits.py)."""
+    from click.testing import CliRunner
+
+    from deepdsl.cli import cli
+
+    onnx = pytest.importorskip("onnx")
+    from test_onnx_hostile import input_system, long_names
+
+    run = CliRunner().invoke
+    (tmp_path / "edge.ddsl").write_text(EDGE)
+    sources = [tmp_path / "edge.ddsl"]
+    for make in (input_system, long_names):
+        onnx.save(make(), tmp_path / f"{make.__name__}.onnx")
+        sources.append(tmp_path / f"{make.__name__}.ddsl")
+        r = run(cli, ["import", str(tmp_path / f"{make.__name__}.onnx"), "-o", str(sources[-1]), "--no-loss"])
+        assert r.exit_code == 0, r.output
+    for source in sources:
+        assert run(cli, ["check", str(source)]).exit_code == 0
+        r = run(cli, ["compile", str(source), "-o", str(tmp_path / "out")])
+        assert r.exit_code == 0, r.output
+    mains = sorted((tmp_path / "out").glob("*.java"))
+    assert len(mains) == 3
+    javac = ["javac", "-encoding", "UTF-8", "-nowarn", "-d", str(tmp_path / "build"), "-sourcepath",
+             str(tmp_path / "out"), *map(str, mains)]  # fmt: skip
+    done = subprocess.run(javac, capture_output=True, text=True, cwd=tmp_path, check=False, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]

@@ -34,7 +34,10 @@ LIMIT = 256 * 2**20  # the peak memory a crafted file may cost
 def java_reader(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The runtime's readers and the drivers, compiled once a session: the classes folder."""
     classes = tmp_path_factory.mktemp("reader_classes")
-    sources = [RUNTIME / f"{n}.java" for n in ("Buf", "Rng", "Init", "Npz", "Data", "DataFiles", "TextData")]
+    sources = [
+        RUNTIME / f"{n}.java"
+        for n in ("Buf", "Rng", "Init", "Npz", "Npy", "ZipReader", "Data", "DataFiles", "TextData")
+    ]
     sources += [HERE / "java" / "NpzRead.java", HERE / "java" / "DataRead.java"]
     r = subprocess.run(["javac", "-nowarn", "-d", str(classes), *map(str, sources)], capture_output=True, text=True,
                        timeout=600)  # fmt: skip

@@ -24,13 +24,14 @@ from typing import Any
 import numpy as np
 
 from deepdsl.backends import cexpr
-from deepdsl.backends.cexpr import Locals, apply, cuda_dialect
+from deepdsl.backends.cexpr import Locals, cuda_dialect
 from deepdsl.backends.escape import c_comment
+from deepdsl.backends.loops import LoopGen
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir import REGISTRY, Stmt
 from deepdsl.ir.analysis import index_form, output_indices, top_reductions
 from deepdsl.ir.groups import group_form, is_flat
-from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, format_ie, shared_subexpressions
+from deepdsl.ir.indexexpr import IE, Affine, Read, Reduce, format_ie, shared_subexpressions
 from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.types import DType
 from deepdsl.ir.vendor import VendorCall, vendor_call
@@ -119,59 +120,25 @@ def float_literal(v: float) -> str:
 CUDA = cuda_dialect(float_literal)
 
 
-def strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, n = [], 1
-    for d in reversed(shape):
-        out.append(n)
-        n *= d
-    return tuple(reversed(out))
-
-
 @dataclass
-class Gen:
-    """Code generation state for one kernel: index variables (ranges, C names) and accumulators."""
+class Gen(LoopGen):
+    """A CUDA kernel being printed (backends/loops.py): reads through the kernel's pointer arguments (`in0[i]`, a
+    flat kernel's `in0[e]`), integer inputs cast to float, and a body whose outermost work is a reduction shared by
+    the block's threads where `cooperative`."""
 
-    shapes: tuple[tuple[int, ...], ...]
-    ctypes: tuple[str, ...] = ()
-    ranges: dict[str, int] = field(default_factory=dict)
-    names: dict[str, str] = field(default_factory=dict)
+    DIALECT = CUDA
+    RESERVED = re.compile(r"(in|s|no|sto)\d+|(n|st)\d+_\d+")
+
     taken: set[str] = field(default_factory=lambda: set(_KEYWORDS))
-    accumulators: int = 0
-    flat: bool = False  # every read is the output's own element (in{k}[e]) or a scalar
-    cooperative: bool = False  # top-level reductions are shared by the block's threads
     own: tuple[tuple[Affine, ...], tuple[int, ...]] | None = None  # the output's index and shape (read as [e])
-    registers: dict[int, str] = field(default_factory=dict)  # inputs held in a local (a group's earlier results)
-    sizes: Sizes | None = None  # shape-generic: sizes read as names (backends/sizes.py), not numbers
-    locals: Locals | None = None  # the body's shared subexpressions (None inside a reduction's body)
+    ctypes: tuple[str, ...] = ()
+    cooperative: bool = False  # top-level reductions are shared by the block's threads
 
-    def bind(self, var: str, size: int) -> str:
-        name = var if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var) and not var.startswith("dd_") else "v"
-        base, k = name, 2
-        while name in self.taken or re.fullmatch(r"(in|s|no|sto)\d+|(n|st)\d+_\d+", name):
-            name, k = f"{base}_{k}", k + 1
-        self.taken.add(name)
-        self.names[var], self.ranges[var] = name, size
-        return name
+    def usable(self, var: str) -> bool:
+        return re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var) is not None and not var.startswith("dd_")
 
-    def range_of(self, var: str, size: int, body: IE) -> str:
-        return self.sizes.range_of(var, size, body) if self.sizes is not None else str(size)
-
-    def count_of(self, e: Apply) -> str | None:
-        """For `sum / n` where n is the number of the sum's terms and a shape-generic kernel names every range: the
-        product of those names (so one kernel serves every size)."""
-        if self.sizes is None or e.fn != "/" or not isinstance(e.args[0], Reduce) or not isinstance(e.args[1], Const):
-            return None
-        r = e.args[0]
-        bounds = [self.range_of(var, size, r.body) for var, size in r.vars]
-        if r.kind != "sum" or e.args[1].value != math.prod(n for _, n in r.vars) or any(b.isdigit() for b in bounds):
-            return None
-        return " * ".join(bounds)
-
-    def affine(self, a: Affine) -> str:
-        return a.render(self.names)
-
-    def bounds(self, a: Affine) -> tuple[int, int]:
-        return a.bounds(self.ranges)
+    def numbered(self, base: str, k: int) -> str:
+        return f"{base}_{k}"
 
     def read(self, r: Read) -> str:
         if r.input in self.registers:
@@ -181,102 +148,38 @@ class Gen:
             return f"{cast}in{r.input}[{'e' if r.index else '0'}]"
         if self.own and r.index == self.own[0] and self.shapes[r.input] == self.own[1]:
             return f"{cast}in{r.input}[e]"  # the output's own element
-        shape = self.shapes[r.input]
         if self.sizes is not None:  # each axis's index times its stride, tested against its dim
-            tests = []
-            for j, (a, dim) in enumerate(zip(r.index, shape)):
-                lo, hi = self.bounds(a)
-                if lo < 0:
-                    tests.append(f"{self.affine(a)} >= 0")
-                if hi >= dim:
-                    tests.append(f"{self.affine(a)} < {self.sizes.dim(r.input, j)}")
             element = f"{cast}in{r.input}[{self.sizes.offset(r.input, r.index, self.names)}]"
-            return f"({' && '.join(tests)} ? {element} : 0.0f)" if tests else element
-        terms: dict[str, int] = {}
-        const = 0
-        tests = []
-        for a, dim, stride in zip(r.index, shape, strides(shape)):
-            for var, c in a.terms:
-                terms[var] = terms.get(var, 0) + c * stride
-            const += a.const * stride
-            lo, hi = self.bounds(a)
-            text = self.affine(a)
-            if lo < 0:
-                tests.append(f"{text} >= 0")
-            if hi >= dim:
-                tests.append(f"{text} < {dim}")
-        offset = self.affine(Affine(tuple((v, c) for v, c in terms.items() if c), const))
-        element = f"{cast}in{r.input}[{offset}]"
-        return f"({' && '.join(tests)} ? {element} : 0.0f)" if tests else element
+            return self.guarded(self.generic_tests(r), element)
+        offset, tests = self.strided(r)
+        return self.guarded(tests, f"{cast}in{r.input}[{offset}]")
 
-    def expr(self, e: IE, pre: list[str], indent: str, top: bool = True) -> tuple[str, str]:
-        """C text of `e` and its kind ("f" float or "b" bool); reductions append their loops to `pre`."""
-        if isinstance(e, Const):
-            return CUDA.literal(e.value), "f"
-        if isinstance(e, Var):
-            return f"(float) {self.names[e.name]}", "f"
-        if isinstance(e, Read):
-            return self.read(e), "f"
-        held = self.locals.get(e) if self.locals is not None else None
-        if held is not None:
-            return held
-        value = self.compound(e, pre, indent, top)
-        return self.locals.hold(e, value, pre, indent, CUDA) if self.locals is not None else value
-
-    def compound(self, e: IE, pre: list[str], indent: str, top: bool) -> tuple[str, str]:
-        if isinstance(e, Reduce):
-            outer, self.locals = self.locals, None  # a body's subexpressions may change with its variables
-            try:
-                return self.reduce(e, pre, indent, top), "f"
-            finally:
-                self.locals = outer
-        assert isinstance(e, Apply)
-        args = [self.expr(a, pre, indent, top) for a in e.args]
-        fn = e.fn
-        count = self.count_of(e)
-        if count is not None:  # a mean: the sum over the count of its terms, a size of the kernel
-            return f"({args[0][0]} / (float) ({count}))", "f"
-        return apply(fn, args, CUDA)
-
-    def reduce(self, e: Reduce, pre: list[str], indent: str, top: bool) -> str:
-        acc = f"s{self.accumulators}"
-        self.accumulators += 1
-        start = "0.0f" if e.kind == "sum" else "__int_as_float(0xff800000)"
-        pre.append(f"{indent}float {acc} = {start};")
-        if self.cooperative and top:  # the block's threads share the flattened range, then combine
-            total = math.prod(n for _, n in e.vars)
-            bounds = [self.range_of(var, size, e.body) for var, size in e.vars]
-            pre.append(f"{indent}for (int t = threadIdx.x; t < {_product(bounds)}; t += blockDim.x) {{")
-            inner = indent + "  "
-            rest = total
-            for k, (var, size) in enumerate(e.vars):
-                rest //= size
-                v = self.bind(var, size)
-                after = _product(bounds[k + 1 :])
-                div = (f"t / ({after})" if " " in after else f"t / {after}") if rest > 1 else "t"
-                if size * rest < total:
-                    pre.append(f"{inner}int {v} = {div} % {bounds[k]};")
-                else:
-                    pre.append(f"{inner}int {v} = {div};")
-            body_pre: list[str] = []
-            value = as_float(self.expr(e.body, body_pre, inner, False))
-            pre.extend(body_pre)
-            pre.append(f"{inner}{acc} += {value};" if e.kind == "sum" else f"{inner}{acc} = fmaxf({acc}, {value});")
-            pre.append(f"{indent}}}")
-            pre.append(f"{indent}{acc} = dd_block_{e.kind}({acc});")
-            return acc
-        inner = indent
-        for var, size in e.vars:
-            bound = self.range_of(var, size, e.body)
+    def special_reduce(self, e: Reduce, acc: str, pre: list[str], indent: str, top: bool) -> str | None:
+        """A reduction at the top of a cooperative kernel: the block's threads share its flattened range, then
+        combine their sums (dd_block_sum / dd_block_max)."""
+        if not (self.cooperative and top):
+            return None
+        pre.append(f"{indent}float {acc} = {self.start(e)};")
+        total = math.prod(n for _, n in e.vars)
+        bounds = [self.range_of(var, size, e.body) for var, size in e.vars]
+        pre.append(f"{indent}for (int t = threadIdx.x; t < {_product(bounds)}; t += blockDim.x) {{")
+        inner = indent + "  "
+        rest = total
+        for k, (var, size) in enumerate(e.vars):
+            rest //= size
             v = self.bind(var, size)
-            pre.append(f"{inner}for (int {v} = 0; {v} < {bound}; {v}++) {{")
-            inner += "  "
-        body_pre = []
+            after = _product(bounds[k + 1 :])
+            div = (f"t / ({after})" if " " in after else f"t / {after}") if rest > 1 else "t"
+            if size * rest < total:
+                pre.append(f"{inner}int {v} = {div} % {bounds[k]};")
+            else:
+                pre.append(f"{inner}int {v} = {div};")
+        body_pre: list[str] = []
         value = as_float(self.expr(e.body, body_pre, inner, False))
         pre.extend(body_pre)
-        pre.append(f"{inner}{acc} += {value};" if e.kind == "sum" else f"{inner}{acc} = fmaxf({acc}, {value});")
-        for k in range(len(e.vars)):
-            pre.append(f"{indent}{'  ' * (len(e.vars) - 1 - k)}}}")
+        pre.append(f"{inner}{self.accumulate(e, acc, value)}")
+        pre.append(f"{indent}}}")
+        pre.append(f"{indent}{acc} = dd_block_{e.kind}({acc});")
         return acc
 
 
@@ -340,7 +243,7 @@ def ie_kernel(
     tops = top_reductions(body)
     reduced = max((math.prod(n for _, n in r.vars) for r in tops), default=0)
     cooperative = reduced >= 64 and reduced >= numel // 64
-    g = Gen(shapes, ctypes, cooperative=cooperative)
+    g = Gen(shapes, ctypes=ctypes, cooperative=cooperative)
     g.locals = Locals(shared_subexpressions(body), g.taken)
     lines: list[str] = []
     params = _params("float", ctypes, False)
@@ -407,7 +310,7 @@ def group_kernel(
               f"  DD_GRID_STRIDE(e, {'n' if generic else numel}) {{"]  # fmt: skip
     taken = {f"r{j}" for j in range(len(bodies))}  # the locals of every body in the one loop
     for j, body in enumerate(bodies):
-        g = Gen(shapes, ctypes, flat=True, registers={k: f"r{m}" for k, m in readers[j].items()})
+        g = Gen(shapes, ctypes=ctypes, flat=True, registers={k: f"r{m}" for k, m in readers[j].items()})
         g.locals = Locals(shared_subexpressions(body), taken)
         pre: list[str] = []
         value = as_float(g.expr(body, pre, "    "))

@@ -48,11 +48,11 @@ def runtime_sources() -> dict[str, str]:
     return {f.name: f.read_text() for f in sorted(folder.iterdir(), key=lambda f: f.name) if f.name.endswith(".java")}
 
 
-def _state_of(p: Any, g: Graph) -> tuple[str, str] | None:
-    """(parameter, what) of an optimizer state named `opt/<parameter>/<what>` and shaped as that parameter."""
+def _state_of(p: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[str, str] | None:
+    """(parameter, what) of an optimizer state named `opt/<parameter>/<what>` and shaped as that parameter
+    (`shapes`: each parameter's)."""
     head, _, rest = p.value.name.partition("/")
     param, _, what = rest.rpartition("/")
-    shapes = {q.value.name: q.value.type.shape for q in g.params if q.kind == "param"}
     if head != "opt" or param not in shapes or shapes[param] != p.value.type.shape or not what:
         return None
     return param, what
@@ -113,7 +113,8 @@ def emit_java(
     shared = frozenset(form for form, ranks in first.forms.items() if len(ranks) > 1)  # java/unit_axes.py
     if not lifted and not shared:
         return emitted
-    return _emit(Emitter(lifted=lifted, shared=shared), program, train, infer, test, workspace_limit)
+    again = Emitter(lifted=lifted, shared=shared, memo=first.memo)  # the kernels printed once serve both
+    return _emit(again, program, train, infer, test, workspace_limit)
 
 
 def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int) -> Emitted:
@@ -140,13 +141,14 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
     if switches > 1:  # interleaved (batch norm's statistics beside its weights): one heading, each call says which
         titles["param"] = titles["state"] = "parameters and model state (state(...): not trained), in file order"
     previous = None
+    param_shapes = {q.value.name: q.value.type.shape for q in g.params if q.kind == "param"}
     for p in g.params:  # in the graph's order, which is the parameter file's
         if titles[p.kind] != previous:
             declarations.append(f"  // {titles[p.kind]}")
             previous = titles[p.kind]
         shape = ", ".join(map(str, p.value.type.shape))
         shape = ", " + shape if shape else ""
-        of = _state_of(p, g)
+        of = _state_of(p, param_shapes)
         if p.kind == "opt" and of is not None and of[0] in e.globals:  # opt/<param>/<what>, shaped as its param
             call = f"optimizerState({e.globals[of[0]]}, {java_string(of[1])})"
         elif p.kind == "opt":

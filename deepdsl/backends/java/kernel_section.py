@@ -4,7 +4,9 @@ java/constants.py lifts) are written once."""
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from deepdsl.backends.cuda.kernels import group_kernel, ie_kernel
@@ -25,7 +27,7 @@ from deepdsl.backends.java.state import Emitter
 from deepdsl.backends.java.unit_axes import padded
 from deepdsl.ir import Stmt, Value
 from deepdsl.ir.groups import group_form
-from deepdsl.ir.indexexpr import Affine, Apply, Read, Reduce, Var, format_ie, renumber
+from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Reduce, Var, format_ie, renumber
 from deepdsl.ir.types import DType
 
 _PLACEHOLDER = "dd_kernel_"  # the name a kernel is written under to compare it with the kernels written before
@@ -97,10 +99,90 @@ def _add(e: Emitter, name: str, java: str, cuda: Any, outputs: int, flat: bool, 
     return const
 
 
-def _form(body: Any, out: tuple, shapes: tuple) -> tuple:
+def _negative_zeros(e: Any) -> tuple[int, ...]:
+    """Which of `e`'s constants (counted in order) are -0.0: Python's -0.0 == 0.0, so bodies differing only in a
+    zero's sign compare (and hash) equal, and a key of printed work holds this beside the body."""
+    values: list[float] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, Const):
+            values.append(x.value)
+        elif isinstance(x, Apply):
+            for a in x.args:
+                walk(a)
+        elif isinstance(x, Reduce):
+            walk(x.body)
+
+    walk(e)
+    return tuple(k for k, v in enumerate(values) if v == 0 and math.copysign(1.0, v) < 0)
+
+
+def _java(e: Emitter, body: Any, out: tuple, shapes: tuple, tail: bool = False) -> str:
+    """kernels.java_kernel, printed once per distinct kernel of the class (a network's repeated blocks, both
+    steps and both of emit_java's passes ask for the same ones) and reused."""
+    key = ("java", body, _negative_zeros(body), out, shapes, tail)
+    if key not in e.memo:
+        e.memo[key] = java_kernel(body, out, shapes, tail)
+    return e.memo[key]
+
+
+def _cuda(e: Emitter, name: str, body: Any, out: tuple, shapes: tuple, ctypes: tuple | None = None,
+          comments: tuple[str, ...] = ()) -> Any:  # fmt: skip
+    """cuda.kernels.ie_kernel of a shape-generic kernel, printed once per distinct kernel (as _java) and reused."""
+    key = ("cuda", name, body, _negative_zeros(body), out, shapes, ctypes, comments)
+    if key not in e.memo:
+        e.memo[key] = ie_kernel(name, body, out, shapes, ctypes, comments, generic=True)
+    return e.memo[key]
+
+
+def _form(e: Emitter, body: Any, out: tuple, shapes: tuple) -> tuple:
     """The text of a rank-4 kernel for every size (lane sums with their tails), by which a rank-2 statement's
     padded form meets a rank-4 statement's own (unit_axes.py)."""
-    return java_kernel(body, out, shapes, tail=True), ie_kernel(_PLACEHOLDER, body, out, shapes, generic=True).text
+    return _java(e, body, out, shapes, tail=True), _cuda(e, _PLACEHOLDER, body, out, shapes).text
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """What kernel() finds of a statement's kernel before it looks at what the class has met: the same for every
+    statement of the same body and sizes (a network's repeated blocks) and in both passes of emit_java."""
+
+    body: Any  # the body with its reductions' variables renamed r0, r1, ... (canonical_names)
+    doc: str  # its meaning
+    form: tuple | None  # its rank-4 text for every size, by which rank-2 and rank-4 statements meet (unit_axes.py)
+    wide: tuple | None  # its padded rank-4 form (body, out, shapes, views), where it has one
+    wide_doc: str | None  # the padded form's meaning at the statement's own sizes
+    values: tuple[float, ...]  # its numbers (java/constants.py)
+    template: tuple | None  # the texts of its kernel with every number an argument, where it has numbers
+
+
+def _prepare(e: Emitter, body: Any, out: tuple, shapes: tuple, ctypes: tuple[str, ...], pad: bool) -> _Prepared:
+    """kernel()'s analysis of a body at its sizes, done once per distinct body, sizes and argument types."""
+    key = ("prepare", body, _negative_zeros(body), out, shapes, ctypes, pad)
+    if key in e.memo:
+        return e.memo[key]
+    original = body
+    body = canonical_names(body)
+    form = wide = wide_doc = None
+    if pad and not numbers(body) and not is_flat(body, out, shapes):
+        wide = padded(body, out, shapes, unit=2)
+        if wide is not None:
+            wide = (canonical_names(wide[0]), *wide[1:])
+            unit = padded(original, out, shapes)  # the sizes its statement has
+            wide_doc = meaning(canonical_names(unit[0]), unit[1], len(wide[2])) if unit is not None else None
+        rank4 = len(out) == 4 or any(len(s) == 4 for s in shapes) and len(out) == 1
+        form = _form(e, *wide[:3]) if wide is not None else _form(e, body, out, shapes) if rank4 else None
+    values = tuple(numbers(body))
+    template = None
+    if values:  # the kernel with every number an argument: statements that differ only in numbers share it
+        n = len(values)
+        lifted = lift(body, len(shapes), tuple(range(n)))
+        every = (*shapes, *((),) * n)
+        template = (
+            _java(e, lifted, out, every),
+            _cuda(e, _PLACEHOLDER, lifted, out, every, (*ctypes, *("float",) * n)).text,
+        )
+    e.memo[key] = _Prepared(body, meaning(body, out, len(shapes)), form, wide, wide_doc, values, template)
+    return e.memo[key]
 
 
 def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...], doc: str,
@@ -113,49 +195,34 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
     e.extra, e.views = [], {}
     shapes = shapes if shapes is not None else tuple(v.type.shape for v in inputs)
     ctypes = ctypes if ctypes is not None else tuple(ctype(v) for v in inputs)
-    original, original_out, original_shapes = body, out, shapes
-    body = canonical_names(body)
+    p = _prepare(e, body, out, shapes, ctypes, pad)
+    body = p.body
     tail = False
-    if pad and not numbers(body) and not is_flat(body, out, shapes):
-        wide = padded(body, out, shapes, unit=2)
-        if wide is not None:
-            wide = (canonical_names(wide[0]), *wide[1:])
-        rank4 = len(out) == 4 or any(len(s) == 4 for s in shapes) and len(out) == 1
-        form = _form(*wide[:3]) if wide is not None else _form(body, out, shapes) if rank4 else None
-        if form is not None:
-            e.forms.setdefault(form, set()).add(2 if wide is not None else 4)
-        if form in e.shared:
+    if p.form is not None:
+        e.forms.setdefault(p.form, set()).add(2 if p.wide is not None else 4)
+        if p.form in e.shared:
             tail = True
-            if wide is not None:
-                body, out, shapes, e.views = wide
-                unit = padded(original, original_out, original_shapes)  # the sizes its statement has
-                doc = meaning(canonical_names(unit[0]), unit[1], len(shapes)) if unit is not None else doc
+            if p.wide is not None:
+                body, out, shapes, e.views = p.wide
+                doc = p.wide_doc if p.wide_doc is not None else doc
     if not e.views:
-        doc = meaning(body, out, len(shapes))  # with the names the kernel reads (r0, r1, ...)
-    values = numbers(body)
-    if values:  # the kernel with every number an argument: statements that differ only in numbers share it
-        n = len(values)
-        template = lift(body, len(shapes), tuple(range(n)))
-        every = (*shapes, *((),) * n)
-        key = (
-            java_kernel(template, out, every),
-            ie_kernel(_PLACEHOLDER, template, out, every, (*ctypes, *("float",) * n), generic=True).text,
-        )
-        e.seen.setdefault(key, set()).add(tuple(values))
-        which = e.lifted.get(key, ())
+        doc = p.doc if body is p.body else meaning(body, out, len(shapes))  # with the names it reads (r0, ...)
+    if p.values:
+        e.seen.setdefault(p.template, set()).add(p.values)
+        which = e.lifted.get(p.template, ())
         if which:
             body = lift(body, len(shapes), which)
             shapes = (*shapes, *((),) * len(which))
             ctypes = (*ctypes, *("float",) * len(which))
             doc = meaning(body, out, len(shapes))
-            e.extra = [number(e, values[k]) for k in which]
+            e.extra = [number(e, p.values[k]) for k in which]
     flat = is_flat(body, out, shapes)
-    java = java_kernel(body, out, shapes, tail)
-    cuda = ie_kernel(_PLACEHOLDER, body, out, shapes, ctypes, generic=True)
+    java = _java(e, body, out, shapes, tail)
+    cuda = _cuda(e, _PLACEHOLDER, body, out, shapes, ctypes)
     key = (java, cuda.text, cuda.loop)
     if key not in e.kernels:
         name = e.namer(f"kernel:{op}:{value}", camel(op))
-        cuda = ie_kernel(name, body, out, shapes, ctypes, (doc,), generic=True)
+        cuda = _cuda(e, name, body, out, shapes, ctypes, (doc,))
         split, columns = split_of(body, out, shapes)
         e.kernels[key] = _add(e, name, java, cuda, 1, flat, java_cost(body, out, shapes), doc, split, columns)
     return e.kernels[key]

@@ -17,20 +17,21 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from deepdsl.backends import cexpr
-from deepdsl.backends.cexpr import Locals, apply, java_dialect
+from deepdsl.backends.cexpr import Locals, java_dialect
 from deepdsl.backends.collapse import collapse
 from deepdsl.backends.java.column_sums import column_form, column_loops
 from deepdsl.backends.java.invariants import hoist, mentions, per_element
 from deepdsl.backends.java.names import JAVA_KEYWORDS
 from deepdsl.backends.java.runtime_calls import gelu_bias_call, gelu_call, plain_column_sum, split_axis
+from deepdsl.backends.loops import LoopGen
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir.groups import is_flat
-from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, reads, shared_subexpressions
+from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, reads, shared_subexpressions
 
 
 def float_literal(v: float) -> str:
@@ -46,48 +47,25 @@ def float_literal(v: float) -> str:
 JAVA = java_dialect(float_literal)
 
 
-def strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, n = [], 1
-    for d in reversed(shape):
-        out.append(n)
-        n *= d
-    return tuple(reversed(out))
-
-
 @dataclass
-class Gen:
-    """Code generation state: index variables with their ranges and Java names, statements emitted so far."""
+class Gen(LoopGen):
+    """A Java kernel being printed (backends/loops.py): reads from the buffers' arrays at their offsets (`a0[p0 +
+    i]`), long sums over several accumulators (lane_sum), a ReLU's gradient and small powers without a call, and
+    invariants computed before the loop that does not change them (`hoisted`, java/invariants.py)."""
 
-    shapes: tuple[tuple[int, ...], ...]
-    ranges: dict[str, int] = field(default_factory=dict)
-    names: dict[str, str] = field(default_factory=dict)
-    taken: set[str] = field(default_factory=set)
-    accumulators: int = 0
-    flat: bool = False  # one loop over the flat index `e`: every read is the output's own element or a scalar
-    registers: dict[int, str] = field(default_factory=dict)  # inputs held in a local (a group's earlier results)
-    sizes: Sizes | None = None  # shape-generic: sizes read as names (backends/sizes.py), not numbers
-    bounds_of: dict[str, str] = field(default_factory=dict)  # index variable -> its range as text
-    locals: Locals | None = None  # the body's shared subexpressions (None inside a reduction's body)
+    DIALECT = JAVA
+    RESERVED = re.compile(r"(no|sto|n\d+_|st\d+_)\d+")
+
     own: tuple[tuple[Affine, ...], tuple[int, ...], str] | None = None  # the output's index, shape and offset
     tail: bool = False  # lane sums for every size: a range not a multiple of the lanes finished one term a step
-    hoisted: dict[IE, tuple[str, str]] = field(default_factory=dict)  # loop-invariant parts, computed before the loop
     chunked: bool = False  # flat, with the elements read from the chunk buffers b{k}[e] (java_group_kernel)
 
-    def bind(self, var: str, size: int, bound: str | None = None) -> str:
-        name = var if var.isidentifier() and var.isascii() and var not in JAVA_KEYWORDS else "v"
-        base, k = name, 2
-        while name in self.taken or re.fullmatch(r"(no|sto|n\d+_|st\d+_)\d+", name):
-            name, k = f"{base}{k}", k + 1
-        self.taken.add(name)
-        self.names[var], self.ranges[var] = name, size
-        self.bounds_of[var] = bound if bound is not None else str(size)
-        return name
+    def usable(self, var: str) -> bool:
+        return var.isidentifier() and var.isascii() and var not in JAVA_KEYWORDS
 
-    def affine(self, a: Affine) -> str:
-        return a.render(self.names)
-
-    def bounds(self, a: Affine) -> tuple[int, int]:
-        return a.bounds(self.ranges)
+    def numbered(self, base: str, k: int) -> str:
+        # a size's name (`no0`) with a digit added would be one still: it takes `_k` (no0_2), as CUDA's names do
+        return f"{base}_{k}" if self.RESERVED.fullmatch(base) else f"{base}{k}"
 
     def read(self, r: Read) -> str:
         if r.input in self.registers:
@@ -98,92 +76,36 @@ class Gen:
             return f"a{r.input}[p{r.input}{' + e' if r.index else ''}]"
         if self.sizes is not None:
             return self.generic_read(r)
-        shape = self.shapes[r.input]
-        terms: dict[str, int] = {}
-        const = 0
-        tests = []
-        for a, dim, stride in zip(r.index, shape, strides(shape)):
-            for var, c in a.terms:
-                terms[var] = terms.get(var, 0) + c * stride
-            const += a.const * stride
-            lo, hi = self.bounds(a)
-            text = self.affine(a)
-            if lo < 0:
-                tests.append(f"{text} >= 0")
-            if hi >= dim:
-                tests.append(f"{text} < {dim}")
-        offset = self.affine(Affine(tuple((v, c) for v, c in terms.items() if c), const))
+        offset, tests = self.strided(r)
         base = f"p{r.input}"
         element = f"a{r.input}[{base}]" if offset == "0" else f"a{r.input}[{base} + {offset}]".replace("+ -", "- ")
-        return f"({' && '.join(tests)} ? {element} : 0f)" if tests else element
+        return self.guarded(tests, element)
 
     def generic_read(self, r: Read) -> str:
         """A read with the sizes as names: each axis's index times its stride, tested against its dim; the output's
         own element (an input of the output's shape read at the output's index) at the output's offset, so that
         its sizes are the output's (as the CUDA printer reads it at `e`)."""
         assert self.sizes is not None
-        shape = self.shapes[r.input]
-        if self.own is not None and r.index == self.own[0] and shape == self.own[1]:
+        if self.own is not None and r.index == self.own[0] and self.shapes[r.input] == self.own[1]:
             return f"a{r.input}[p{r.input} + {self.own[2]}]"  # the output's own element: at the output's offset
-        tests = []
-        for j, (a, dim) in enumerate(zip(r.index, shape)):
-            lo, hi = self.bounds(a)
-            text = self.affine(a)
-            if lo < 0:
-                tests.append(f"{text} >= 0")
-            if hi >= dim:
-                tests.append(f"{text} < {self.sizes.dim(r.input, j)}")
         offset = self.sizes.offset(r.input, r.index, self.names)
         element = f"a{r.input}[p{r.input}]" if offset == "0" else f"a{r.input}[p{r.input} + {offset}]"
-        return f"({' && '.join(tests)} ? {element} : 0f)" if tests else element
+        return self.guarded(self.generic_tests(r), element)
 
-    def range_of(self, var: str, size: int, body: IE) -> str:
-        return self.sizes.range_of(var, size, body) if self.sizes is not None else str(size)
+    def count_bounds(self, r: Reduce) -> list[str]:
+        return [self.bounds_of.get(var, str(size)) for var, size in r.vars]  # as its loops were written
 
-    def count_of(self, e: Apply) -> str | None:
-        """For `sum / n` where n is the number of the sum's terms and a shape-generic kernel names every range: the
-        product of those names (so one kernel serves every size)."""
-        if self.sizes is None or e.fn != "/" or not isinstance(e.args[0], Reduce) or not isinstance(e.args[1], Const):
-            return None
-        r = e.args[0]
-        bounds = [self.bounds_of.get(var, str(size)) for var, size in r.vars]
-        if r.kind != "sum" or e.args[1].value != math.prod(n for _, n in r.vars) or any(b.isdigit() for b in bounds):
-            return None
-        return " * ".join(bounds)
-
-    def expr(self, e: IE, pre: list[str], indent: str) -> tuple[str, str]:
-        """Java text of `e` and its kind ("f" float or "b" boolean); reductions append loops to `pre`."""
-        if isinstance(e, Const):
-            return JAVA.literal(e.value), "f"
-        if isinstance(e, Var):
-            return f"(float) {self.names[e.name]}", "f"
-        if e in self.hoisted:
-            return self.hoisted[e]
-        if isinstance(e, Read):
-            return self.read(e), "f"
-        held = self.locals.get(e) if self.locals is not None else None
-        if held is not None:
-            return held
-        value = self.compound(e, pre, indent)
-        return self.locals.hold(e, value, pre, indent, JAVA) if self.locals is not None else value
-
-    def compound(self, e: IE, pre: list[str], indent: str) -> tuple[str, str]:
-        if isinstance(e, Reduce):
-            outer, self.locals = self.locals, None  # a body's subexpressions may change with its variables
-            try:
-                return self.reduce(e, pre, indent), "f"
-            finally:
-                self.locals = outer
-        assert isinstance(e, Apply)
-        fn = e.fn
+    def special(self, e: Apply, pre: list[str], indent: str, top: bool) -> tuple[str, str] | None:
         test = e.args[0]
-        if fn == "select" and _zero(e.args[2]) and isinstance(test, Apply) and test.fn == ">" and _zero(test.args[1]):
+        if e.fn == "select" and _zero(e.args[2]) and isinstance(test, Apply) and test.fn == ">" and _zero(test.args[1]):
             # y > 0 ? g : 0 (a relu's gradient) without a branch, which mispredicts on activations (Kernel.java)
             y, g = self.expr(test.args[0], pre, indent), self.expr(e.args[1], pre, indent)
             if y[1] == g[1] == "f":
                 return f"Kernel.whenPositive({y[0]}, {g[0]})", "f"
-        args = [self.expr(a, pre, indent) for a in e.args]
-        if fn == "^" and isinstance(e.args[1], Const) and e.args[1].value in (1.0, 2.0) and args[0][1] == "f":
+        return None
+
+    def special_args(self, e: Apply, args: list[tuple[str, str]]) -> tuple[str, str] | None:
+        if e.fn == "^" and isinstance(e.args[1], Const) and e.args[1].value in (1.0, 2.0) and args[0][1] == "f":
             # x and x * x: what (float) Math.pow rounds to for these exponents (a float's square is exact in
             # double), without the call
             x = args[0][0]
@@ -191,32 +113,11 @@ class Gen:
                 return x, "f"
             if re.fullmatch(r"[\w\[\] +]+", x):  # a name or an element: read twice, not computed twice
                 return f"({x} * {x})", "f"
-        count = self.count_of(e)
-        if count is not None:  # a mean: the sum over the count of its terms, a size of the kernel
-            return f"({args[0][0]} / (float) ({count}))", "f"
-        return apply(fn, args, JAVA)
+        return None
 
-    def reduce(self, e: Reduce, pre: list[str], indent: str) -> str:
-        acc = f"s{self.accumulators}"
-        self.accumulators += 1
+    def special_reduce(self, e: Reduce, acc: str, pre: list[str], indent: str, top: bool) -> str | None:
         lanes = _sum_lanes(e, self.tail)
-        if lanes > 1:
-            return self.lane_sum(e, acc, lanes, pre, indent)
-        start = "0f" if e.kind == "sum" else "Float.NEGATIVE_INFINITY"
-        pre.append(f"{indent}float {acc} = {start};")
-        inner = indent
-        for var, size in e.vars:
-            bound = self.range_of(var, size, e.body)
-            v = self.bind(var, size, bound)
-            pre.append(f"{inner}for (int {v} = 0; {v} < {bound}; {v}++) {{")
-            inner += "  "
-        body_pre: list[str] = []
-        value = as_float(self.expr(e.body, body_pre, inner))
-        pre.extend(body_pre)
-        pre.append(f"{inner}{acc} += {value};" if e.kind == "sum" else f"{inner}{acc} = Math.max({acc}, {value});")
-        for k in range(len(e.vars)):
-            pre.append(f"{indent}{'  ' * (len(e.vars) - 1 - k)}}}")
-        return acc
+        return self.lane_sum(e, acc, lanes, pre, indent) if lanes > 1 else None
 
     def lane_sum(self, e: Reduce, acc: str, lanes: int, pre: list[str], indent: str) -> str:
         """A sum whose innermost loop steps by `lanes`, term j into accumulator j: independent additions

@@ -36,7 +36,7 @@ def split_axis(c: Collapsed, column: bool) -> int:
 def gelu_call(body: IE) -> str | None:
     """The runtime's call for a flat kernel that is GELU (`gelu(x)`) or its gradient (`g * gelu'(x)`), exactly as
     their index forms write them: Kernel.gelu and Kernel.geluGrad compute the same in loops the JIT vectorises
-    (deepdsl/runtime/CpuGelu.java: 11-12 ns an element as one loop, about 4 in those); None for any other body."""
+    (deepdsl/runtime/Kernel.java: 11-12 ns an element as one loop, about 4 in those); None for any other body."""
     for x in {r for r in reads(body) if r.index}:
         if body == gelu_index(x, 0):
             return f"    Kernel.gelu(o, po, a{x.input}, p{x.input}, lo, hi);"
@@ -50,7 +50,7 @@ def gelu_call(body: IE) -> str | None:
 def gelu_bias_call(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> str | None:
     """Kernel.geluBias's call for a kernel over rows `[R, C]` that is `gelu(x[i0, i1] + b[i1])` exactly as the
     index form writes it (a linear layer's bias and GELU as its product's epilogue, in the inference program),
-    which runs each row through CpuGelu's vectorised loops; None for any other body."""
+    which runs each row through Kernel.gelu's vectorised loops; None for any other body."""
     if len(out) != 2:
         return None
     (i0, rows), (i1, cols) = out

@@ -5,8 +5,10 @@ functions of this state; `emitter.emit_java` makes one and hands it through."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from deepdsl.backends.java.names import Namer, abbreviated, identifier
+from deepdsl.frontend.javanames import reserved_class_names
 from deepdsl.ir import Value
 
 NETWORK_MEMBERS = (
@@ -22,7 +24,8 @@ NETWORK_MEMBERS = (
 
 @dataclass
 class Emitter:
-    namer: Namer = field(default_factory=lambda: Namer(NETWORK_MEMBERS))
+    # a field named after a class the program names (an input `System`, a layer `Math`) would hide that class
+    namer: Namer = field(default_factory=lambda: Namer((*NETWORK_MEMBERS, *reserved_class_names())))
     globals: dict[str, str] = field(default_factory=dict)  # inputs, parameters, state -> field name
     temps: Namer = field(default_factory=Namer)  # the results of the step being written
     in_state: dict[str, str] = field(default_factory=dict)  # results written over the tensor they update
@@ -45,6 +48,8 @@ class Emitter:
     number_fields: dict[str, str] = field(default_factory=dict)  # their fields -> the constant they hold
     prefix: str = ""  # what every parameter's name starts with (ResNet-50's `model.`), left out of names
     short: dict[str, str] = field(default_factory=dict)  # repeated blocks' short names (`bottleneck` -> `b`)
+    # what both passes of emit_java compute alike, done once: each distinct kernel printed, each plan's groups
+    memo: dict[tuple, Any] = field(default_factory=dict)
 
     def declare(self, v: Value, prefix: str = "") -> str:
         """The field of a tensor of the program, named after it without the `prefix` every parameter's name

@@ -14,10 +14,18 @@ from deepdsl.backends.java.state import Emitter
 from deepdsl.backends.java.text import long_literal, method
 from deepdsl.ir import REGISTRY
 from deepdsl.memory import Plan
-from deepdsl.memory.groups import planned_groups
+from deepdsl.memory.groups import planned_groups as _planned_groups
 
 MAX_STATEMENTS_PER_METHOD = 200  # keeps every step method far below Java's 64 KB of bytecode
 LAYOUT_ROWS = 1000  # temporaries a layout class initialises (about 30 bytes of its constructor each)
+
+
+def planned_groups(e: Emitter, p: Plan) -> list:
+    """memory/groups.py's `planned_groups` of `p`, found once per plan (each pass of emit_java asks twice)."""
+    key = ("groups", id(p))
+    if key not in e.memo:
+        e.memo[key] = (p, _planned_groups(p))  # the plan kept beside its groups, so that its id stays its own
+    return e.memo[key][1]
 
 
 def plan_items(e: Emitter, p: Plan) -> list[tuple[str, Any]]:
@@ -25,7 +33,7 @@ def plan_items(e: Emitter, p: Plan) -> list[tuple[str, Any]]:
     copies of the updates not computed in place."""
     g = p.graph
     items: list[tuple[str, Any]] = [
-        ("stmt", group[0]) if len(group) == 1 else ("group", group) for group in planned_groups(p)
+        ("stmt", group[0]) if len(group) == 1 else ("group", group) for group in planned_groups(e, p)
     ]
     return items + [("update", (name, v)) for name, v in g.updates if e.in_state.get(v.name) != name]
 
@@ -41,7 +49,7 @@ def plan_class(e: Emitter, title: str, doc: str, p: Plan, result: str | None,
     e.gradient = gradient_values(g, result)
     layout = []
     e.in_state = dict(p.in_state)
-    for group in planned_groups(p):
+    for group in planned_groups(e, p):
         for s in group:
             if s.out.name in e.in_state:
                 continue

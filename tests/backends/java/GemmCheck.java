@@ -1,8 +1,8 @@
 package deepdsl.runtime;
 
-import deepdsl.runtime.CpuGemm.Direct;
-import deepdsl.runtime.CpuGemm.Mat;
-import deepdsl.runtime.CpuGemm.Right;
+import deepdsl.runtime.GemmOperands.Direct;
+import deepdsl.runtime.GemmOperands.Mat;
+import deepdsl.runtime.GemmOperands.Right;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.FloatBuffer;

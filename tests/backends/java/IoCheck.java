@@ -74,7 +74,7 @@ public final class IoCheck {
                   seed(f[8])));
       case "mask" -> {
         Buf buf = new Buf(new float[Math.toIntExact(count(ints(f[2]))) + 3], 3, ints(f[2]));
-        Rng.dropoutMask(buf, Long.parseLong(f[3]), Float.parseFloat(f[4]), seed(f[5]), f[6]);
+        Rng.dropout_mask(buf, Long.parseLong(f[3]), Float.parseFloat(f[4]), seed(f[5]), f[6]);
         writeFloats(out, Arrays.copyOfRange(buf.a, buf.off, buf.off + buf.numel()));
       }
       case "npzcopy" -> Npz.write(Path.of(f[3]), Npz.read(Path.of(f[2])));

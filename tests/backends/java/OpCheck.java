@@ -1,6 +1,13 @@
 import deepdsl.runtime.Blas;
 import deepdsl.runtime.Buf;
-import deepdsl.runtime.CpuOps;
+import deepdsl.runtime.CpuAttention;
+import deepdsl.runtime.CpuConvolution;
+import deepdsl.runtime.CpuGemm;
+import deepdsl.runtime.CpuLosses;
+import deepdsl.runtime.CpuNormalisation;
+import deepdsl.runtime.CpuPooling;
+import deepdsl.runtime.CpuShapes;
+import deepdsl.runtime.Rng;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
@@ -13,7 +20,7 @@ import java.util.List;
 import java.util.Map;
 
 /**
- * Runs the op cases of tests/backends/test_java_cpuops.py through {@link CpuOps}, all in one JVM.
+ * Runs the op cases of tests/backends/test_java_cpuops.py through the CPU family classes (CpuGemm, CpuPooling, ...), all in one JVM.
  *
  * <p>{@code java OpCheck DIR} reads {@code DIR/manifest.txt}, one case a line: {@code name op
  * key=value ...}, where {@code out} is the output shape, {@code in} the input shapes separated by
@@ -71,7 +78,7 @@ public final class OpCheck {
     }
   }
 
-  /** The attributes of one case, typed as the CpuOps convention passes them. */
+  /** The attributes of one case, typed as the family classes' methods take them. */
   private record Attrs(Map<String, String> values) {
     String text(String key) {
       String v = values.get(key);
@@ -107,60 +114,60 @@ public final class OpCheck {
     Buf y = in.size() > 1 ? in.get(1) : null;
     Buf z = in.size() > 2 ? in.get(2) : null;
     switch (op) {
-      case "accuracy" -> CpuOps.accuracy(out, x, y);
-      case "argmax" -> CpuOps.argmax(out, x);
+      case "accuracy" -> CpuLosses.accuracy(out, x, y);
+      case "argmax" -> CpuLosses.argmax(out, x);
       case "avg_pool2d" ->
-          CpuOps.avg_pool2d(out, x, a.ints("kernel"), a.ints("pad"), a.ints("stride"));
+          CpuPooling.avg_pool2d(out, x, a.ints("kernel"), a.ints("pad"), a.ints("stride"));
       case "avg_pool2d_backward" ->
-          CpuOps.avg_pool2d_backward(
+          CpuPooling.avg_pool2d_backward(
               out, x, a.ints("in_shape"), a.ints("kernel"), a.ints("pad"), a.ints("stride"));
       case "bn_train_apply" ->
-          CpuOps.bn_train_apply(out, x, y, z, in.get(3), in.get(4), a.f("eps"));
+          CpuNormalisation.bn_train_apply(out, x, y, z, in.get(3), in.get(4), a.f("eps"));
       case "bn_train_backward" ->
-          CpuOps.bn_train_backward(
+          CpuNormalisation.bn_train_backward(
               out, x, y, z, in.get(3), in.get(4), in.get(5), in.get(6), a.f("eps"));
-      case "batch_matmul" -> CpuOps.batch_matmul(out, x, y, a.b("transpose_a"), a.b("transpose_b"));
-      case "concat" -> CpuOps.concat(out, in.toArray(new Buf[0]), a.i("axis"));
-      case "conv2d" -> CpuOps.conv2d(out, x, y, a.i("groups"), a.ints("pad"), a.ints("stride"));
+      case "batch_matmul" -> CpuGemm.batch_matmul(out, x, y, a.b("transpose_a"), a.b("transpose_b"));
+      case "concat" -> CpuShapes.concat(out, in.toArray(new Buf[0]), a.i("axis"));
+      case "conv2d" -> CpuConvolution.conv2d(out, x, y, a.i("groups"), a.ints("pad"), a.ints("stride"));
       case "conv2d_backward_data" ->
-          CpuOps.conv2d_backward_data(
+          CpuConvolution.conv2d_backward_data(
               out, x, y, a.i("groups"), a.ints("in_shape"), a.ints("pad"), a.ints("stride"));
       case "conv2d_backward_filter" ->
-          CpuOps.conv2d_backward_filter(
+          CpuConvolution.conv2d_backward_filter(
               out, x, y, a.i("groups"), a.ints("pad"), a.ints("stride"), a.ints("w_shape"));
-      case "cross_entropy" -> CpuOps.cross_entropy(out, x, y);
-      case "cross_entropy_backward" -> CpuOps.cross_entropy_backward(out, x, y, z);
+      case "cross_entropy" -> CpuLosses.cross_entropy(out, x, y);
+      case "cross_entropy_backward" -> CpuLosses.cross_entropy_backward(out, x, y, z);
       case "dropout_mask" ->
-          CpuOps.dropout_mask(out, (long) x.a[x.off], a.f("p"), a.l("seed"), a.text("site"));
-      case "global_avg_pool" -> CpuOps.global_avg_pool(out, x);
+          Rng.dropout_mask(out, (long) x.a[x.off], a.f("p"), a.l("seed"), a.text("site"));
+      case "global_avg_pool" -> CpuPooling.global_avg_pool(out, x);
       case "global_avg_pool_backward" ->
-          CpuOps.global_avg_pool_backward(out, x, a.ints("in_shape"));
-      case "layer_norm_rows" -> CpuOps.layer_norm_rows(out, x, a.f("eps"));
-      case "layer_norm_rows_backward" -> CpuOps.layer_norm_rows_backward(out, x, y, a.f("eps"));
-      case "linear" -> CpuOps.linear(out, x, y);
-      case "log_softmax" -> CpuOps.log_softmax(out, x);
-      case "log_softmax_backward" -> CpuOps.log_softmax_backward(out, x, y);
-      case "lrn" -> CpuOps.lrn(out, x, a.f("alpha"), a.f("beta"), a.f("k"), a.i("size"));
+          CpuPooling.global_avg_pool_backward(out, x, a.ints("in_shape"));
+      case "layer_norm_rows" -> CpuNormalisation.layer_norm_rows(out, x, a.f("eps"));
+      case "layer_norm_rows_backward" -> CpuNormalisation.layer_norm_rows_backward(out, x, y, a.f("eps"));
+      case "linear" -> CpuGemm.linear(out, x, y);
+      case "log_softmax" -> CpuLosses.log_softmax(out, x);
+      case "log_softmax_backward" -> CpuLosses.log_softmax_backward(out, x, y);
+      case "lrn" -> CpuNormalisation.lrn(out, x, a.f("alpha"), a.f("beta"), a.f("k"), a.i("size"));
       case "lrn_backward" ->
-          CpuOps.lrn_backward(out, x, y, z, a.f("alpha"), a.f("beta"), a.f("k"), a.i("size"));
+          CpuNormalisation.lrn_backward(out, x, y, z, a.f("alpha"), a.f("beta"), a.f("k"), a.i("size"));
       case "masked_softmax" ->
-          CpuOps.masked_softmax(out, x, a.f("scale"), a.b("causal"), a.i("period"));
-      case "matmul" -> CpuOps.matmul(out, x, y, a.b("transpose_a"), a.b("transpose_b"));
+          CpuAttention.masked_softmax(out, x, a.f("scale"), a.b("causal"), a.i("period"));
+      case "matmul" -> CpuGemm.matmul(out, x, y, a.b("transpose_a"), a.b("transpose_b"));
       case "max_pool2d" ->
-          CpuOps.max_pool2d(out, x, a.ints("kernel"), a.ints("pad"), a.ints("stride"));
+          CpuPooling.max_pool2d(out, x, a.ints("kernel"), a.ints("pad"), a.ints("stride"));
       case "max_pool2d_backward" ->
-          CpuOps.max_pool2d_backward(
+          CpuPooling.max_pool2d_backward(
               out, x, y, z, a.ints("kernel"), a.ints("pad"), a.ints("stride"));
-      case "mse" -> CpuOps.mse(out, x, y);
-      case "pad_axis" -> CpuOps.pad_axis(out, x, a.i("axis"), a.i("size"), a.i("start"));
-      case "slice" -> CpuOps.slice(out, x, a.i("axis"), a.i("start"), a.i("stop"));
-      case "softmax" -> CpuOps.softmax(out, x);
-      case "softmax_backward" -> CpuOps.softmax_backward(out, x, y);
-      case "softmax_cross_entropy" -> CpuOps.softmax_cross_entropy(out, x, y);
-      case "softmax_cross_entropy_backward" -> CpuOps.softmax_cross_entropy_backward(out, x, y, z);
-      case "sum_axes" -> CpuOps.sum_axes(out, x, a.ints("axes"));
-      case "transpose" -> CpuOps.transpose(out, x, a.ints("perm"));
-      default -> throw new IllegalArgumentException("no CpuOps call for op " + op);
+      case "mse" -> CpuLosses.mse(out, x, y);
+      case "pad_axis" -> CpuShapes.pad_axis(out, x, a.i("axis"), a.i("size"), a.i("start"));
+      case "slice" -> CpuShapes.slice(out, x, a.i("axis"), a.i("start"), a.i("stop"));
+      case "softmax" -> CpuLosses.softmax(out, x);
+      case "softmax_backward" -> CpuLosses.softmax_backward(out, x, y);
+      case "softmax_cross_entropy" -> CpuLosses.softmax_cross_entropy(out, x, y);
+      case "softmax_cross_entropy_backward" -> CpuLosses.softmax_cross_entropy_backward(out, x, y, z);
+      case "sum_axes" -> CpuShapes.sum_axes(out, x, a.ints("axes"));
+      case "transpose" -> CpuShapes.transpose(out, x, a.ints("perm"));
+      default -> throw new IllegalArgumentException("no CPU kernel call for op " + op);
     }
   }
 

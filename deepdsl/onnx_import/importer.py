@@ -1,0 +1,266 @@
+"""The import of one model: its frame (the opset, the one data input and output, the network's name), a rule per
+node in the graph's order (rules.RULES), the parameter arrays under the names the written layers give them."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from deepdsl.errors import DslProgramError
+from deepdsl.frontend.javanames import java_class, reserved_class_names
+from deepdsl.onnx_import.folding import FOLDED, fold, numpy_helper_value
+from deepdsl.onnx_import.reading import MIN_OPSET, load_model, newest_opset, require_onnx, skeleton, tensor_array
+from deepdsl.onnx_import.rules import RULES, SUPPORTED
+from deepdsl.onnx_import.writing import GENERIC_GRAPH_NAMES, TAKEN, Imported, Names, Node
+
+
+class Importer:
+    def __init__(self, model: Any, file: str, batch: int | None, loss: bool):
+        self.onnx = require_onnx()
+        self.model = model
+        self.file = file
+        self.loss = loss
+        self.opset = self._opset()
+        self.graph = model.graph
+        self.consts: dict[str, np.ndarray] = {}
+        self.names = Names()
+        self.env: dict[str, str] = {}  # ONNX value -> the .ddsl tensor holding it
+        self.producer: dict[str, str] = {}  # ONNX value -> the op type that made it
+        self.layers: list[str] = []
+        self.tensor_fns: list[str] = []
+        self.body: list[str] = []
+        self.arrays: dict[str, np.ndarray] = {}
+        self.batch = batch
+        self.absorbed: set[int] = set()  # nodes folded into an earlier one (MatMul + Add: one `full`)
+
+    # ---- the model's frame ----
+
+    def _opset(self) -> int:
+        versions = {o.domain or "ai.onnx": o.version for o in self.model.opset_import}
+        if "ai.onnx" not in versions:
+            raise DslProgramError(f"'{self.file}' imports no standard ONNX opset")
+        v, newest = int(versions["ai.onnx"]), newest_opset()
+        if not MIN_OPSET <= v <= newest:
+            raise DslProgramError(f"'{self.file}' uses opset {v}; deepdsl imports opsets {MIN_OPSET} to {newest}")
+        return v
+
+    def run(self) -> Imported:
+        g = self.graph
+        for t in g.initializer:  # external data is read into the model by load_model
+            self.consts[t.name] = tensor_array(t, f"'{self.file}': initialiser", self.onnx)
+        data = [i for i in g.input if i.name not in self.consts]
+        if len(data) != 1:
+            names = ", ".join(i.name for i in data) or "none"
+            raise DslProgramError(f"'{self.file}': deepdsl imports a model with one data input, this one has "
+                                  f"{len(data)} ({names})")  # fmt: skip
+        if len(g.output) != 1:
+            raise DslProgramError(f"'{self.file}': deepdsl imports a model with one output, this one has "
+                                  f"{len(g.output)} ({', '.join(o.name for o in g.output)})")  # fmt: skip
+        generic = not g.name or g.name in GENERIC_GRAPH_NAMES
+        network = self.names.make(Path(self.file).stem if generic else g.name, "Net")
+        if java_class(network) in reserved_class_names():  # the Java class would hide one the program uses
+            network = self.names.make(f"{network}Net", "Net")
+        self.names.used.add("N")
+        x_dims, model_batch = self._input_dims(data[0])
+        n = self.batch if self.batch is not None else (model_batch if model_batch is not None else 1)
+        self.model_batch = model_batch
+        self.readers: dict[str, list[tuple[int, Any]]] = {}  # ONNX value -> the nodes that read it
+        for j, node in enumerate(g.node):
+            for i in set(node.input):
+                self.readers.setdefault(i, []).append((j, node))
+        self.used = set(self.readers) | {o.name for o in g.output}
+        self.shapes = self._infer_shapes(data[0].name, n)
+        x = self.names.make(data[0].name if Names.clean(data[0].name, "x") not in TAKEN else "x", "x")  # not input_2
+        self.env[data[0].name] = x
+        for k, node in enumerate(g.node):
+            if k in self.absorbed:
+                continue
+            self._node(k, node)
+        out = g.output[0].name
+        if out not in self.env:
+            raise DslProgramError(f"'{self.file}': the output '{out}' is a constant, not computed from the input")
+        result = self.env[out]
+        out_shape = self.shapes.get(out)
+        lines = [f"network {network}", ""]
+        lines.append(f"const N = {n}" + ("   # the model's batch was symbolic" if model_batch is None else ""))
+        lines.append(f"input {x} : [{', '.join(['N', *map(str, x_dims[1:])])}]")
+        tail: list[str] = []
+        if self.loss:
+            if out_shape is None or len(out_shape) != 2:
+                raise DslProgramError(f"'{self.file}': the output '{out}' has shape {out_shape}, not [batch, classes]; "
+                                      "use --no-loss to import it for inference only")  # fmt: skip
+            y = self.names.make("y", "y")
+            lines.append(f"label {y} : [N] classes {out_shape[1]}")
+            if self.producer.get(out) == "Softmax":
+                tail.append(f"loss = cross_entropy({result}, {y})   # the model ends in Softmax: probabilities")
+            else:
+                tail.append(f"loss = softmax_cross_entropy({result}, {y})")
+        else:
+            if out_shape is None:
+                raise DslProgramError(f"'{self.file}': the shape of the output '{out}' is unknown")
+            target = self.names.make("target", "target")
+            lines.append(f"input {target} : [{', '.join(['N', *map(str, out_shape[1:])])}]")
+            tail.append("# the language needs a loss: a regression against `target` (`predict` ignores it)")
+            tail.append(f"loss = mse({result}, {target})")
+        tail.append(f"predict = {result}")
+        source = f"# imported from {Path(self.file).name} (ONNX opset {self.opset}) by deepdsl import"
+        text = "\n".join([source, *lines, "", *self.tensor_fns, *self.layers, "", *self.body, "", *tail, ""])
+        return Imported(text.replace("\n\n\n", "\n\n"), self.arrays, network)
+
+    def _input_dims(self, vi: Any) -> tuple[list[int], int | None]:
+        t = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or t.elem_type != self.onnx.TensorProto.FLOAT:
+            raise DslProgramError(f"'{self.file}': the input '{vi.name}' is not a float32 tensor")
+        dims = list(t.shape.dim)
+        if len(dims) < 2:
+            raise DslProgramError(f"'{self.file}': the input '{vi.name}' has rank {len(dims)}; deepdsl takes "
+                                  "[batch, ...] (rank 2 or more)")  # fmt: skip
+        out: list[int] = []
+        for k, d in enumerate(dims):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                out.append(int(d.dim_value))
+            elif k == 0:
+                out.append(0)
+            else:
+                raise DslProgramError(f"'{self.file}': dimension {k} of the input '{vi.name}' is symbolic "
+                                      f"('{d.dim_param}'); only the batch may be")  # fmt: skip
+        return out, (out[0] or None)
+
+    def _infer_shapes(self, x: str, n: int) -> dict[str, tuple[int, ...]]:
+        """Every value's shape with the batch fixed at `n`: ONNX shape inference over the model's skeleton, again
+        with the shape computations (Shape, Gather, Concat, ...) folded into constants until none is left, so
+        that a Reshape to a computed shape has one."""
+        onnx = self.onnx
+        from onnx import numpy_helper
+
+        folded: dict[str, np.ndarray] = {}
+        for _ in range(len(self.graph.node) + 1):
+            m = skeleton(self.model)
+            del m.graph.value_info[:]
+            for vi in (*m.graph.input, *m.graph.output):
+                if vi.name == x:
+                    vi.type.tensor_type.shape.dim[0].dim_value = n
+                elif vi.name not in self.consts and vi.type.tensor_type.shape.dim:
+                    vi.type.tensor_type.shape.dim[0].Clear()  # the output's batch follows from the input's
+            m.graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in folded.items())
+            try:
+                m = onnx.shape_inference.infer_shapes(m, strict_mode=True)
+            except Exception as exc:  # noqa: BLE001 — onnx raises its own error kinds
+                raise DslProgramError(f"'{self.file}': ONNX shape inference fails at batch {n}: {exc}") from None
+            shapes: dict[str, tuple[int, ...]] = {}
+            for vi in (*m.graph.value_info, *m.graph.input, *m.graph.output):
+                dims = vi.type.tensor_type.shape.dim
+                if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+                    shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
+            for name, a in self.consts.items():
+                shapes[name] = a.shape
+            more = self._fold_shapes(shapes, folded)
+            if not more:
+                return shapes
+            folded.update(more)
+        raise AssertionError("shape folding did not converge")
+
+    def _fold_shapes(self, shapes: dict[str, tuple[int, ...]], folded: dict[str, np.ndarray]) -> dict:
+        """The shape computations that can be folded now and were not yet, by output name."""
+        known = {**self.consts, **folded}
+        more: dict[str, np.ndarray] = {}
+        for k, node in enumerate(self.graph.node):
+            if node.op_type not in (*FOLDED, "Concat", "Constant") or not node.output or node.output[0] in known:
+                continue
+            where = self._where(k, node)
+            attrs = self._attrs(node, where)
+            if node.op_type == "Constant":
+                value = numpy_helper_value(attrs, where)
+            else:
+                shape = shapes.get(node.input[0]) if node.input else None
+                value = fold(node.op_type, attrs, [known.get(i) for i in node.input], shape, where)
+            if value is not None:
+                known[node.output[0]] = more[node.output[0]] = np.asarray(value)
+        return more
+
+    # ---- nodes ----
+
+    def _where(self, k: int, node: Any) -> Node:
+        # PyTorch names a node by its module path and op type (`/layer1/layer1.0/conv1/Conv`): the path names it
+        name = node.name or f"{node.op_type}_{k}"
+        path = re.sub(rf"/{node.op_type}(_[0-9]+)?$", "", name)
+        shown = name if len(name) <= 200 else f"{name[:100]}...({len(name):,} characters)"
+        return Node(self.file, shown, node.op_type, self.opset, path if path.strip("/") else name)
+
+    def _attrs(self, node: Any, where: Node) -> dict[str, Any]:
+        """The node's attributes by name; a float that is not finite is refused (nothing the language takes)."""
+        out = {}
+        for a in node.attribute:
+            v = self.onnx.helper.get_attribute_value(a)
+            if a.type in (self.onnx.AttributeProto.FLOAT, self.onnx.AttributeProto.FLOATS):
+                if not all(math.isfinite(f) for f in (v if isinstance(v, list) else [v])):
+                    raise where.refuse(f"its attribute {a.name}={v} is not a finite number")
+            out[a.name] = v
+        return out
+
+    def _node(self, k: int, node: Any) -> None:
+        where = self._where(k, node)
+        if node.domain not in ("", "ai.onnx"):
+            raise where.refuse(f"operators of domain '{node.domain}' are not supported")
+        rule = RULES.get(node.op_type)
+        if rule is None:
+            raise where.refuse("this operator is not supported", hint=f"deepdsl imports {', '.join(SUPPORTED)}, "
+                               f"and folds {', '.join(FOLDED)} of constants and shapes")  # fmt: skip
+        attrs = self._attrs(node, where)
+        rule(self, k, node, where, attrs)
+        for o in node.output:
+            if o:
+                self.producer[o] = node.op_type
+
+    def tensor(self, name: str, where: Node) -> str:
+        if name in self.env:
+            return self.env[name]
+        if name in self.consts:
+            raise where.refuse(f"input '{name}' is a constant where deepdsl needs a computed tensor")
+        raise where.refuse(f"input '{name}' is not computed before it is used")
+
+    def const(self, name: str) -> np.ndarray | None:
+        return self.consts.get(name) if name else None
+
+    def shape(self, name: str, where: Node) -> tuple[int, ...]:
+        if name not in self.shapes:
+            raise where.refuse(f"the shape of '{name}' is unknown after ONNX shape inference")
+        return self.shapes[name]
+
+    def bind(self, node: Any, expr: str, layer: str | None = None) -> None:
+        out = node.output[0]
+        pytorch = re.fullmatch(rf"(.+)/{node.op_type}(_[0-9]+)?_output_[0-9]+", out)  # /layer1/relu/Relu_output_0
+        name = self.names.make(f"{layer}_out" if layer else pytorch.group(1) if pytorch else out, "h")
+        self.body.append(f"{name} = {expr}")
+        self.env[out] = name
+
+    def layer(self, node: Any, where: Node, text: str, params: dict[str, np.ndarray]) -> str:
+        name = self.names.make(where.base, node.op_type.lower())
+        self.layers.append(f"layer {name} = {text}")
+        for p, a in params.items():
+            self.store(f"{name}.{p}", a, where)
+        return name
+
+    def store(self, name: str, a: np.ndarray, where: Node) -> None:
+        """Parameter `name` of the written file, float32; NaN or an infinity (a model's, or one a scale such as
+        Gemm's alpha made) is refused: a non-finite parameter is never saved."""
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if not np.isfinite(a).all():
+            raise where.refuse(f"its parameter {name.split('.')[-1]} holds NaN or infinite values")
+        self.arrays[name] = a
+
+    def only_output(self, node: Any, where: Node, keep: int = 1) -> None:
+        """The node's outputs past the first `keep` must go unused (a pool's indices, a dropout mask)."""
+        for o in node.output[keep:]:
+            if o and o in self.used:
+                raise where.refuse(f"its output '{o}' is used; deepdsl computes only the first output")
+
+
+def import_model(path: str | Path, batch: int | None = None, loss: bool = True) -> Imported:
+    """The model in `path` as `.ddsl` text and parameter arrays; `batch` fixes N (default: the model's, or 1 where
+    it is symbolic); `loss` adds a label and a classification loss (else a regression against a `target` input)."""
+    return Importer(load_model(path), str(path), batch, loss).run()

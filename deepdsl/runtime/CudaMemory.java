@@ -1,0 +1,360 @@
+package deepdsl.runtime;
+
+import static jcuda.driver.JCudaDriver.cuCtxSynchronize;
+import static jcuda.driver.JCudaDriver.cuLaunchKernel;
+import static jcuda.driver.JCudaDriver.cuMemAlloc;
+import static jcuda.driver.JCudaDriver.cuMemGetInfo;
+import static jcuda.driver.JCudaDriver.cuMemcpyDtoDAsync;
+import static jcuda.driver.JCudaDriver.cuMemcpyDtoH;
+import static jcuda.driver.JCudaDriver.cuMemcpyHtoD;
+import static jcuda.driver.JCudaDriver.cuModuleGetFunction;
+
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.IdentityHashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import jcuda.Pointer;
+import jcuda.Sizeof;
+import jcuda.driver.CUdevice;
+import jcuda.driver.CUdeviceptr;
+import jcuda.driver.CUfunction;
+import jcuda.driver.CUmodule;
+import jcuda.driver.CUstream;
+
+/**
+ * The CUDA device's memory and launches ({@link CudaDevice} extends it with the library ops and the
+ * graph capture): the GPU, its module of kernels, one device copy of every tensor found by its host
+ * array, launches on the device's one stream, and the transfers of the batch, settings and
+ * parameters. While the train step is being captured as a graph ({@code capturing}), what cannot
+ * be part of a graph throws {@link NotCapturable}.
+ */
+abstract class CudaMemory implements Device {
+
+  final Network.Settings settings;
+  final CUdevice gpu = new CUdevice();
+  String gpuName; // set by the device's constructor
+  long gpuBytes;
+  final long workspaceLimit;
+  final CUmodule module = new CUmodule();
+  final Map<String, CUfunction> functions = new HashMap<>();
+  final List<CUdeviceptr> allocations = new ArrayList<>();
+  final Map<String, CUdeviceptr> tensors = new HashMap<>();
+  // the host array of a step's tensor -> where its elements are on the GPU
+  final Map<float[], CUdeviceptr> places = new IdentityHashMap<>();
+  final Map<int[], Buf> hostCopies = new IdentityHashMap<>();
+  CUdeviceptr arena;
+  // every input and label by name; a label's host array -> its int64 values and where they are on the GPU
+  final Map<String, CUdeviceptr> batch = new LinkedHashMap<>();
+  final Map<float[], CUdeviceptr> labels = new IdentityHashMap<>();
+  final Map<String, long[]> labelValues = new HashMap<>();
+  CUdeviceptr rate; // the learning rate of a schedule (the step's opt/lr input)
+  CUdeviceptr counter; // the step counter a dropout mask is drawn for
+  float[] settingValues; // the settings the kernels read (lr, ...), sent before each step
+  CUdeviceptr settingsOnGpu;
+  long freeBefore;
+  long freeLow = Long.MAX_VALUE;
+  final Stream stream = new Stream();
+  long counterValue = -1; // the step counter's value on the GPU
+  boolean capturing;
+  CUdeviceptr capturedLoss; // where the captured step leaves its loss
+
+  CudaMemory(Network.Settings settings, long workspaceLimit) {
+    this.settings = settings;
+    this.workspaceLimit = workspaceLimit;
+  }
+
+  /** The device's stream, whose address cuBLAS can be given (JCuda keeps it protected). */
+  static final class Stream extends CUstream {
+    long address() {
+      return getNativePointer();
+    }
+  }
+
+  /** A device allocation whose address cuBLAS can be given (JCuda keeps it protected). */
+  static final class DevicePointer extends CUdeviceptr {
+    long address() {
+      return getNativePointer() + getByteOffset();
+    }
+  }
+
+  CUdeviceptr alloc(long bytes) {
+    CUdeviceptr p = new DevicePointer();
+    cuMemAlloc(p, Math.max(bytes, 4));
+    allocations.add(p);
+    return p;
+  }
+
+  @Override
+  public void attach(Network net) {
+    long[] free = {0};
+    long[] total = {0};
+    cuMemGetInfo(free, total);
+    freeBefore = free[0];
+    long need = settings.arenaBytes + Sizeof.LONG;
+    for (Map.Entry<String, Buf> e : net.batchByName().entrySet()) {
+      need += (long) e.getValue().numel() * (net.isLabel(e.getKey()) ? Sizeof.LONG : Sizeof.FLOAT);
+    }
+    for (Buf b : net.tensorsByName().values()) {
+      need += (long) b.numel() * Sizeof.FLOAT;
+    }
+    if (need > freeBefore) {
+      throw new Device.Unavailable(
+          settings.name
+              + " needs "
+              + need
+              + " bytes on the GPU (arena "
+              + settings.arenaBytes
+              + " and the tensors), but "
+              + gpuName
+              + " has "
+              + freeBefore
+              + " free; compile it with --remat cheap or full, or a smaller batch");
+    }
+    arena = alloc(settings.arenaBytes);
+    places.put(net.useDeviceArena(), arena);
+    net.tensorsByName()
+        .forEach(
+            (name, b) -> {
+              CUdeviceptr p = alloc((long) b.numel() * 4);
+              tensors.put(name, p);
+              places.put(b.a, p); // a tensor's array holds it alone, from 0
+            });
+    net.batchByName()
+        .forEach(
+            (name, b) -> {
+              boolean label = net.isLabel(name);
+              CUdeviceptr p = alloc((long) b.numel() * (label ? Sizeof.LONG : Sizeof.FLOAT));
+              batch.put(name, p);
+              if (label) {
+                labelValues.put(name, new long[b.numel()]);
+                labels.put(b.a, p);
+              } else {
+                places.put(b.a, p);
+              }
+            });
+    if (net.rateBuffer() != null) {
+      rate = alloc(Sizeof.FLOAT);
+      places.put(net.rateBuffer().a, rate);
+    }
+    counter = alloc(Sizeof.LONG);
+    settingValues = net.settingValues();
+    settingsOnGpu = alloc((long) settingValues.length * Sizeof.FLOAT);
+    places.put(settingValues, settingsOnGpu);
+    toDevice(net);
+    measure();
+  }
+
+  CUfunction function(String kernel) {
+    return functions.computeIfAbsent(
+        kernel,
+        k -> {
+          CUfunction f = new CUfunction();
+          cuModuleGetFunction(f, module, k);
+          return f;
+        });
+  }
+
+  /** Where the elements of {@code b} are on the GPU. */
+  CUdeviceptr pointer(Buf b) {
+    CUdeviceptr label = labels.get(b.a);
+    if (label != null) {
+      return label.withByteOffset((long) b.off * Sizeof.LONG); // the labels are int64 there
+    }
+    CUdeviceptr base = places.get(b.a);
+    if (base == null) {
+      throw new IllegalStateException(
+          "a step passed the CUDA device a tensor that lives on the host only (shape "
+              + java.util.Arrays.toString(b.shape)
+              + ")");
+    }
+    return base.withByteOffset((long) b.off * Sizeof.FLOAT);
+  }
+
+  /** A step that cannot be a graph: it reads a tensor on the host, or works on after its loss. */
+  static final class NotCapturable extends RuntimeException {
+    NotCapturable(String why) {
+      super(why, null, false, false);
+    }
+  }
+
+  void notAfterTheLoss() {
+    if (capturing && capturedLoss != null) {
+      throw new NotCapturable("it launches work after reading its loss");
+    }
+  }
+
+  static Pointer i(int v) {
+    return Pointer.to(new int[] {v});
+  }
+
+  /** Launches {@code kernel} as grid x block, its arguments the tensors then the sizes. */
+  void launch(String kernel, int[] grid, int[] block, Buf[] bufs, Pointer... sizes) {
+    notAfterTheLoss();
+    Pointer[] args = new Pointer[bufs.length + sizes.length];
+    for (int k = 0; k < bufs.length; k++) {
+      args[k] = Pointer.to(pointer(bufs[k]));
+    }
+    System.arraycopy(sizes, 0, args, bufs.length, sizes.length);
+    cuLaunchKernel(
+        function(kernel),
+        grid[0],
+        grid[1],
+        grid[2],
+        block[0],
+        block[1],
+        block[2],
+        0,
+        stream,
+        Pointer.to(args),
+        null);
+  }
+
+  static final int BLOCK = 256;
+  static final int TILE = 16;
+  static final int MAX_GRID = 1 << 16;
+
+  /** One thread an element of {@code n}, in a grid-stride loop. */
+  static int[] elements(long n) {
+    return new int[] {(int) Math.max(1, Math.min(MAX_GRID, (n + BLOCK - 1) / BLOCK)), 1, 1};
+  }
+
+  /** One block a row of {@code rows}, in a block-stride loop. */
+  static int[] rows(long rows) {
+    return new int[] {(int) Math.max(1, Math.min(MAX_GRID, rows)), 1, 1};
+  }
+
+  static final int[] THREADS = {BLOCK, 1, 1};
+  static final int[] TILE_BLOCK = {TILE, TILE, 1};
+  static final int[] ONE = {1, 1, 1};
+
+  static int tiles(long n) {
+    return (int) ((n + TILE - 1) / TILE);
+  }
+
+  // ---- the step's operations ----
+
+  @Override
+  public void run(Kernel k, Buf... args) {
+    int n = args[0].numel();
+    int[] block = {k.block, 1, 1};
+    if (k.launch == Kernel.Launch.ELEMENTS) {
+      launch(k.name, elements(n), block, args, i(n));
+      return;
+    }
+    List<Pointer> dims = new ArrayList<>();
+    for (Buf b : args) {
+      for (int d : b.shape) {
+        dims.add(i(d));
+      }
+    }
+    int[] grid = k.launch == Kernel.Launch.ROWS ? rows(n) : elements(n);
+    launch(k.name, grid, block, args, dims.toArray(new Pointer[0]));
+  }
+
+  @Override
+  public void copy(Buf from, Buf to) {
+    notAfterTheLoss();
+    cuMemcpyDtoDAsync(pointer(to), pointer(from), (long) to.numel() * Sizeof.FLOAT, stream);
+  }
+
+  @Override
+  public float scalar(Buf b) {
+    if (capturing) { // the captured step's loss: read after each replay
+      if (capturedLoss != null) {
+        throw new NotCapturable("it reads more than its loss on the host");
+      }
+      capturedLoss = pointer(b);
+      return Float.NaN;
+    }
+    return scalar(pointer(b));
+  }
+
+  static float scalar(CUdeviceptr p) {
+    float[] v = {0f};
+    cuMemcpyDtoH(Pointer.to(v), p, Sizeof.FLOAT);
+    return v[0];
+  }
+
+  @Override
+  public Buf read(Buf b) {
+    if (capturing) {
+      throw new NotCapturable("it reads a tensor on the host");
+    }
+    Buf host = hostCopies.computeIfAbsent(b.shape, s -> Buf.zeros(s));
+    download(pointer(b), host);
+    return host;
+  }
+
+  /** The device address of a float tensor of the step, for cuBLAS. */
+  long address(Buf b) {
+    pointer(b); // a tensor on the host only is reported as for a kernel
+    return ((DevicePointer) places.get(b.a)).address() + (long) b.off * Sizeof.FLOAT;
+  }
+
+  void sendCounter(long step) {
+    cuMemcpyHtoD(counter, Pointer.to(new long[] {step}), Sizeof.LONG);
+    counterValue = step;
+  }
+
+  void upload(CUdeviceptr to, Buf b) {
+    cuMemcpyHtoD(
+        to,
+        Pointer.to(b.a).withByteOffset((long) b.off * Sizeof.FLOAT),
+        (long) b.numel() * Sizeof.FLOAT);
+  }
+
+  void download(CUdeviceptr from, Buf b) {
+    cuMemcpyDtoH(
+        Pointer.to(b.a).withByteOffset((long) b.off * Sizeof.FLOAT),
+        from,
+        (long) b.numel() * Sizeof.FLOAT);
+  }
+
+  void measure() {
+    long[] free = {0};
+    long[] total = {0};
+    cuMemGetInfo(free, total);
+    freeLow = Math.min(freeLow, free[0]);
+  }
+
+  /** Sends the batch (every input, every label as int64 class ids), the settings and the rate. */
+  void sendBatch(Network net) {
+    cuMemcpyHtoD(settingsOnGpu, Pointer.to(settingValues), (long) settingValues.length * Sizeof.FLOAT);
+    if (rate != null) {
+      upload(rate, net.rateBuffer());
+    }
+    net.batchByName()
+        .forEach(
+            (name, b) -> {
+              long[] values = labelValues.get(name);
+              if (values == null) {
+                upload(batch.get(name), b);
+                return;
+              }
+              for (int i = 0; i < values.length; i++) {
+                values[i] = (long) b.a[b.off + i];
+              }
+              cuMemcpyHtoD(batch.get(name), Pointer.to(values), (long) values.length * Sizeof.LONG);
+            });
+  }
+
+  @Override
+  public void toHost(Network net) {
+    cuCtxSynchronize();
+    net.tensorsByName().forEach((name, b) -> download(tensors.get(name), b));
+  }
+
+  @Override
+  public void toDevice(Network net) {
+    net.tensorsByName().forEach((name, b) -> upload(tensors.get(name), b));
+  }
+
+  @Override
+  public long measuredBytes() {
+    measure();
+    return freeBefore - freeLow;
+  }
+}

@@ -1,0 +1,121 @@
+"""What the commands report, as text and as the JSON objects of docs/formats.md: every `--json` through
+`json_text` (strict JSON); `check`'s network (inputs, outputs, parameters, layers); `ir --stats`' statements and
+kernels of each stage and after each pass; `memcheck`'s memory report."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+from deepdsl import api
+from deepdsl.frontend.program import Program
+from deepdsl.passes import kernels
+
+__all__ = ["check_json", "check_text", "json_text", "memory_report", "stats_json", "stats_text"]
+
+
+def json_text(obj: dict[str, Any]) -> str:
+    """`obj` as strict JSON: a NaN or an infinity (which JSON has not) becomes null and its top-level field is
+    named in a list `nonfinite` (docs/formats.md, JSON outputs); the Java program's --json does the same."""
+    bad: list[str] = []
+
+    def clean(v: Any, field: str) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            if field not in bad:
+                bad.append(field)
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x, field) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x, field) for x in v]
+        return v
+
+    out = {k: clean(v, k) for k, v in obj.items()}
+    if bad:
+        out["nonfinite"] = bad
+    return json.dumps(out, allow_nan=False)
+
+
+def memory_report(
+    c: api.Compilation, file: str, sets: dict, options: api.Options, budget: int | None, per_statement: bool
+) -> tuple[api.Build, dict[str, Any]]:
+    """`memcheck`'s report of FILE (memory.report's dict) and the Build it describes: planned within `budget` when
+    one is given and no rematerialisation level is (api.plan_within), with whether it fits and the largest batch
+    `N` that does at that level."""
+    from deepdsl.memory.report import largest_batch, report
+
+    api.compile_file(file, sets, stop_at="plan", c=c, options=options)
+    assert c.build is not None
+    b = c.build
+    if budget is not None and options.remat is None:
+        b = api.plan_within(b, budget)
+    r = report(b.train_plan, b.program.graph, b.remat, b.extra_flops, b.train, per_statement=per_statement)
+    if budget is not None:
+        r["budget_bytes"], r["fits"] = budget, r["peak_bytes"] <= budget
+        at_level = dataclasses.replace(options, remat=b.remat)
+        r["max_batch"] = None
+        if api.has_const(c, "N"):
+            n0 = sets.get("N", api.literal_const(c, "N"))
+            known = (int(n0), r["peak_bytes"]) if isinstance(n0, int) else None
+            r["max_batch"] = largest_batch(lambda n: api.peak_bytes(file, {**sets, "N": n}, at_level), budget,
+                                           known=known)  # fmt: skip
+    return b, r
+
+
+def stats_json(c: api.Compilation, stage: str | None) -> dict[str, Any]:
+    assert c.program is not None and c.train is not None and c.opt is not None
+    rows = [("graph", c.program.graph), ("train", c.train), ("opt", c.opt)]
+    stages = [{"stage": n, "statements": len(g.stmts), "kernels": kernels(g)} for n, g in rows if stage in (None, n)]
+    passes = [{"pass": p.name, "statements": p.statements, "kernels": p.kernels} for p in c.passes]
+    return {"stages": stages, "passes": passes}
+
+
+def stats_text(obj: dict[str, Any]) -> str:
+    lines = [f"{'stage':<12} {'statements':>10} {'kernels':>8}"]
+    lines += [f"{r['stage']:<12} {r['statements']:>10} {r['kernels']:>8}" for r in obj["stages"]]
+    lines += ["", f"{'after pass':<12} {'statements':>10} {'kernels':>8}"]
+    lines += [f"{r['pass']:<12} {r['statements']:>10} {r['kernels']:>8}" for r in obj["passes"]]
+    return "\n".join(lines)
+
+
+def check_json(p: Program) -> dict[str, Any]:
+    g = p.graph
+    return {
+        "network": g.name,
+        "parameters": g.parameter_count,
+        "parameter_bytes": g.parameter_bytes,
+        "inputs": {d.value.name: list(d.value.type.shape) for d in g.inputs},
+        "outputs": {name: list(v.type.shape) for name, v in g.outputs},
+        "layers": [
+            {"name": r.name, "op": r.kind, "output": list(r.output.shape), "parameters": r.parameters} for r in p.layers
+        ],
+    }
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def check_text(p: Program, file: str, layers: bool) -> str:
+    g = p.graph
+    lines = [f"network {g.name}  ({file})"]
+    for i, d in enumerate(g.inputs):
+        extra = "" if d.classes is None else f"  ({d.classes} classes)"
+        extra = f"  (vocab {d.classes})" if d.kind == "input" and d.classes is not None else extra
+        lines.append(f"  {'inputs' if i == 0 else '':<11} {d.value.name} {d.value.type}{extra}")
+    for name, v in g.outputs:
+        lines.append(f"  {name:<11} {v.type}")
+    lines.append(f"  {'parameters':<11} {g.parameter_count:,} ({_mib(g.parameter_bytes)})")
+    if g.state:
+        n = sum(s.value.type.numel for s in g.state)
+        lines.append(f"  {'state':<11} {n:,} ({_mib(n * 4)}: running statistics)")
+    if layers:
+        width = max([5, *(len(r.name) for r in p.layers)])
+        kind_w = max([4, *(len(r.kind) for r in p.layers)])
+        lines.append("")
+        lines.append(f"  {'layer':<{width}}  {'kind':<{kind_w}}  {'output':<20} {'parameters':>12}")
+        for r in p.layers:
+            lines.append(f"  {r.name:<{width}}  {r.kind:<{kind_w}}  {str(r.output):<20} {r.parameters:>12,}")
+    return "\n".join(lines)
