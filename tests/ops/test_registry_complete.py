@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 from oracle_inputs import op_inputs
 
+import deepdsl.ops  # noqa: F401 — the entries, before the CUDA backend attaches its fields to them
+
+# isort: split
 import deepdsl.backends.cuda  # noqa: F401 — attaches the CUDA fields to the entries
-import deepdsl.ops  # noqa: F401
 from deepdsl.backends.java import runtime_sources
 from deepdsl.ir import REGISTRY, TensorType
 from deepdsl.ir.indexexpr import IE, Apply, Reduce
