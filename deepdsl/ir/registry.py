@@ -117,6 +117,8 @@ class OpDef:
     cuda_form: CudaForm | None = None  # or its index expression, written by the CUDA backend only
     java: JavaCall | None = None  # the runtime call of an op without an index form (deepdsl/runtime/*.java)
     vendor: VendorRule | None = None  # the vendor library routine that may replace the op's own kernel (ir/vendor.py)
+    # (input, value) where the op's value or slope jumps (ReLU's 0 in its input): the oracles sample these points
+    kinks: tuple[tuple[int, float], ...] = ()
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -228,6 +230,13 @@ def java_call(name: str, params: str, *, cls: str, device: str | None = None, ca
     method = device or head + "".join(p[:1].upper() + p[1:] for p in rest)
     keys = tuple(re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", n).lower() for t, n in pairs if t not in ("Buf", "Buf[]"))
     _attach(name, "java")(JavaCall(cls, pairs, method, keys, called))
+
+
+def kink_points(*names: str, at: tuple[tuple[int, float], ...]) -> None:
+    """Declare where each op in `names` is not smooth, as (input index, value) pairs; tests sample those values."""
+    for name in names:
+        assert not REGISTRY[name].kinks, f"op {name}: kinks given twice"
+        REGISTRY[name] = dataclasses.replace(REGISTRY[name], kinks=at)
 
 
 def _attach_all(names: tuple[str, ...], field: str) -> Callable[[Callable], Callable]:

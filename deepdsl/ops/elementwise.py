@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, kink_points, numpy_kernel, vjp_rule
 from deepdsl.ir.types import TensorType
 from deepdsl.ops._helpers import binary_same, unary_same
 from deepdsl.ops._helpers import emit_like as _e
@@ -83,6 +83,8 @@ for _name, _fn in _NP.items():
     numpy_kernel(_name)(lambda xs, a, fn=_fn: fn(xs[0], xs[1], a))
 for _name, _fn in _NP1.items():
     numpy_kernel(_name)(lambda xs, a, fn=_fn: fn(xs[0], a))
+kink_points("relu", "abs", "leaky_relu", at=((0, 0.0),))  # the slope jumps at 0
+kink_points("relu_grad", "abs_grad", "leaky_relu_grad", at=((1, 0.0),))  # the value jumps where y (x) is 0
 
 
 @flops_rule(*_BINARY, *_GRADS, *_SCALAR, *_UNARY, "fill")

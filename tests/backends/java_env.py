@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -41,13 +44,57 @@ def openblas_classpath() -> str:
     return f"{folder}/*"
 
 
-def javac(folder: Path, sources: list[Path], build: Path) -> None:
-    """Compile `sources` into `build` against the JCuda jars; a compile error fails the test with javac's text.
-    javac runs in `folder` (a temporary one), since a javac that fails writes javac.DATE.args into its cwd."""
-    cp = f"{jcuda_jars()}/*"
+def _javac(folder: Path, sources: list[Path], build: Path, cp: str) -> None:
     r = subprocess.run(["javac", "-encoding", "UTF-8", "-nowarn", "-cp", cp, "-d", str(build), *map(str, sources)],
                        cwd=folder, capture_output=True, text=True, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr[-6000:]
+
+
+def _is_runtime(source: Path) -> bool:
+    return source.parent.name == "runtime" and source.parent.parent.name == "deepdsl"
+
+
+def runtime_classes(sources: list[Path]) -> Path:
+    """The classes of these runtime sources (deepdsl/runtime/*.java, the repository's or a generated program's
+    copy), compiled once for every test run and xdist worker that gives the same text: a folder in the temporary
+    directory named for a hash of the sources, the jars and javac, made under a lock and renamed into place
+    complete (javac and a JVM cost seconds; the runtime is the same in almost every compile the tests do)."""
+    jars = jcuda_jars()
+    digest = hashlib.sha256()
+    for source in sorted(sources, key=lambda p: p.name):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
+    javac_path = Path(shutil.which("javac") or "javac").resolve()
+    digest.update(f"{sorted(p.name for p in jars.glob('*.jar'))} {javac_path}".encode())
+    cache = Path(tempfile.gettempdir()) / f"deepdsl-test-runtime-{os.getuid()}"
+    done = cache / digest.hexdigest()[:24]
+    if done.is_dir():
+        return done
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another xdist worker may be compiling the same sources
+        if not done.is_dir():
+            work = Path(tempfile.mkdtemp(dir=cache))
+            try:
+                _javac(work, sources, work / "classes", f"{jars}/*")
+                (work / "classes").rename(done)
+            finally:
+                shutil.rmtree(work)
+    return done
+
+
+def javac(folder: Path, sources: list[Path], build: Path) -> None:
+    """Compile `sources` into `build` against the JCuda jars; a compile error fails the test with javac's text.
+    The runtime sources among them (deepdsl/runtime/*.java) are compiled once a run (runtime_classes) and their
+    classes copied into `build`; javac compiles the rest against them. javac runs in `folder` (a temporary one),
+    since a javac that fails writes javac.DATE.args into its cwd."""
+    runtime = [p for p in sources if _is_runtime(Path(p))]
+    own = [p for p in sources if not _is_runtime(Path(p))]
+    cp = f"{jcuda_jars()}/*"
+    if runtime and own:
+        classes = runtime_classes([Path(p) for p in runtime])
+        shutil.copytree(classes, build, dirs_exist_ok=True)
+        cp = f"{classes}:{cp}"
+    _javac(folder, own or runtime, build, cp)
 
 
 def java(build: Path, main: str, *args: str, cwd: Path | None = None, jcuda: bool = False,

@@ -312,6 +312,7 @@ def test_pinned_nvrtc_emits_ptx_old_drivers_take() -> None:
 def _values(p: Plan, seed: int = 0) -> dict:
     """Every value of the program, computed statement by statement with the NumPy kernels (float32)."""
     import numpy as np
+    from oracle_inputs import draw
 
     from deepdsl.ops.indexed import apply_epilogue
 
@@ -321,7 +322,7 @@ def _values(p: Plan, seed: int = 0) -> dict:
     for d in g.inputs:
         t = d.value.type
         env[d.value.name] = (
-            rng.random(t.shape, dtype=np.float32) if d.kind == "input"
+            draw(t, rng, dtype=np.float32) if d.kind == "input"  # both signs and zeros (tests/oracle_inputs.py)
             else rng.integers(0, d.classes, t.shape) if d.kind == "label" else np.asarray(3, dtype=np.int64)
         )  # fmt: skip
     for d in g.params:

@@ -15,6 +15,7 @@ import pytest
 from conftest import GOLDEN, NETWORKS, ROOT
 from java_env import JAVA_MARKS, java, javac
 from ops.test_registry_complete import EXAMPLES
+from oracle_inputs import op_inputs
 
 from deepdsl.backends.java.kernels import java_cost, java_kernel, split_of
 from deepdsl.backends.java.unit_axes import padded
@@ -184,8 +185,8 @@ def _cases() -> list[tuple[str, IE, tuple, list[np.ndarray]]]:
         types, attrs = EXAMPLES[name]
         out_type = REGISTRY[name].shape(tuple(types), dict(attrs))
         body = form(tuple(types), out_type, dict(attrs))
-        xs = [data.uniform(0.1, 2.0, t.shape).astype(np.float32) if t.dtype is DType.F32
-              else data.integers(0, 2, t.shape).astype(np.float32) for t in types]  # fmt: skip
+        # both signs, zeros and the op's kinks (tests/oracle_inputs.py); ids in {0, 1} for integer inputs
+        xs = [x.astype(np.float32) for x in op_inputs(REGISTRY[name], tuple(types), data, ints=(0, 2))]
         cases.append((name, body, tuple(zip(out_vars(out_type), out_type.shape)), xs))
     # a relu's gradient, which the Java kernel writes without a branch (Kernel.whenPositive), over y of every sign
     # and class: zeros, a subnormal, infinities, NaN
@@ -292,7 +293,7 @@ def _collapse_cases(data: np.random.Generator) -> list[tuple[str, IE, tuple, lis
         ("transposed", Apply("-", (plain, transposed)), out, [(2, 3, 4, 8), (2, 3, 8, 4)]),
         ("sliced", Apply("+", (plain, Read(1, (v("i1"),)))), out[:3] + (("i3", 5),), [(2, 3, 4, 8), (3,)]),
     ]
-    return [(f"collapse_{name}", body, o, [data.uniform(0.1, 2.0, s).astype(np.float32) for s in shapes])
+    return [(f"collapse_{name}", body, o, [data.standard_normal(s).astype(np.float32) for s in shapes])
             for name, body, o, shapes in specs]  # fmt: skip
 
 

@@ -15,9 +15,12 @@ from functools import partial
 
 import numpy as np
 import pytest
+from oracle_inputs import op_inputs
 
+import deepdsl.ops  # noqa: F401 — the entries, before the CUDA backend attaches its fields to them
+
+# isort: split
 import deepdsl.backends.cuda  # noqa: F401 — attaches the CUDA fields to the entries
-import deepdsl.ops  # noqa: F401
 from deepdsl.backends.java import runtime_sources
 from deepdsl.ir import REGISTRY, TensorType
 from deepdsl.ir.indexexpr import IE, Apply, Reduce
@@ -251,6 +254,7 @@ COVERED = {
     "differentiable": "decides who needs vjp and saves",
     "classifies": "checked: a classifying op is a differentiable scalar of (scores [N, K], labels [N])",
     "vendor": "optional (None: our kernels only); test_every_vendor_fact_computes_the_op runs it on EXAMPLES",
+    "kinks": "optional (none: smooth); test_every_listed_kink_is_one and test_unlisted_ops_are_smooth check it",
 }
 
 
@@ -465,6 +469,48 @@ def test_shape_rules_reject_what_does_not_fit() -> None:
         lookup("conv2d").shape((X4, TensorType((6, 1, 3, 3))), {"stride": (1, 1), "pad": (0, 0), "groups": 3})
     with pytest.raises(ShapeError, match="labels must be int"):
         lookup("softmax_cross_entropy").shape((X2, TensorType((3,), DType.I64)), {})
+
+
+def _slopes(op: OpDef, index: int, at: float, h: float = 1e-3) -> tuple[float, float, float]:
+    """The op's one-sided slopes left and right of `at` in input `index` (the other inputs 1), and its jump."""
+    types, attrs = EXAMPLES[op.name]
+
+    def f(v: float) -> float:
+        xs = [np.full(t.shape, v if k == index else 1.0) for k, t in enumerate(types)]
+        return float(op.numpy(tuple(xs), attrs).ravel()[0])
+
+    return (f(at) - f(at - h)) / h, (f(at + h) - f(at)) / h, f(at + h) - f(at - h)
+
+
+def _is_kink(op: OpDef, index: int, at: float) -> bool:
+    left, right, jump = _slopes(op, index, at)
+    return not np.isclose(left, right, rtol=1e-2, atol=1e-2) or abs(jump) > 0.1
+
+
+KINKED = [(name, i, v) for name, op in sorted(REGISTRY.items()) for i, v in op.kinks]
+
+
+@pytest.mark.parametrize(("name", "index", "at"), KINKED, ids=[f"{n}-{i}-{v}" for n, i, v in KINKED])
+def test_every_listed_kink_is_one(name: str, index: int, at: float) -> None:
+    """Each (input, value) of an op's `kinks` is a point where its slope or value jumps: the oracles sample them."""
+    assert _is_kink(REGISTRY[name], index, at)
+
+
+SMOOTH_PROBES = (-3.0, -1.0, 0.0, 1.0, 3.0)  # ReLU's and hard-swish's kinks among them
+
+
+def test_unlisted_ops_are_smooth() -> None:
+    """An element-wise op of one input with no listed kink is smooth at the usual kink points (so a new op with a
+    kink there, and no `kinks` entry, is reported); the check itself finds ReLU's."""
+    from oracle_inputs import NONNEGATIVE, POSITIVE
+
+    unary = [op for op in REGISTRY.values() if op.elementwise and op.arity == 1 and op.numpy]
+    unary = [op for op in unary if op.name not in POSITIVE | NONNEGATIVE]  # log, sqrt: undefined left of 0
+    assert len(unary) > 8
+    missing = [(op.name, at) for op in unary if not op.kinks for at in SMOOTH_PROBES if _is_kink(op, 0, at)]
+    assert missing == []
+    assert _is_kink(REGISTRY["relu"], 0, 0.0) and not _is_kink(REGISTRY["relu"], 0, 1.0)
+    assert not _is_kink(REGISTRY["sigmoid"], 0, 0.0)
 
 
 def test_lookup_suggests_the_nearest_op() -> None:
@@ -690,7 +736,7 @@ def vendor_problems(op: OpDef, inputs: tuple[TensorType, ...], attrs: dict) -> l
     if fact is None:
         return []
     rng = np.random.default_rng(0)
-    xs = tuple(rng.random(t.shape, np.float32) for t in inputs)
+    xs = op_inputs(op, inputs, rng)  # float64, both signs, zeros, kinks (tests/oracle_inputs.py)
     if isinstance(fact, PoolBackward) and len(xs) == 3:  # max: y must be the pooling of x, or nothing is routed
         xs = (xs[0], REGISTRY["max_pool2d"].numpy(xs[:1], attrs), xs[2])
     if isinstance(fact, SoftmaxBackward):  # y must be a softmax (log softmax) output
