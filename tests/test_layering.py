@@ -8,6 +8,8 @@ Every import counts, also one inside a function (a lazy import is still a depend
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,3 +124,12 @@ def test_the_checker_rejects_a_broken_module(module: str, source: str, expected:
 def test_the_checker_accepts_a_sound_module(module: str, source: str) -> None:
     modules = frozenset({"deepdsl.ops._helpers"})
     assert violations(source, module, is_package=module == "deepdsl.ops", modules=modules) == []
+
+
+@pytest.mark.parametrize("module", ["deepdsl.backends.cuda", "deepdsl.backends.java", "deepdsl.trainer"])
+def test_a_module_that_attaches_to_the_registry_imports_alone(module: str) -> None:
+    """The package loads its API lazily, so a module imported first in a process must itself load the ops whose
+    registry entries it reads or fills (the CUDA backend attaches its kernels to them)."""
+    r = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120,
+                       check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import deepdsl.ops  # noqa: F401 — the registry's entries, which this module attaches its CUDA fields to
 from deepdsl.backends.cuda.kernels import (
     GEMM_SMEM,
     TILE,
