@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from deep_networks import SMALL
 
+from deepdsl.frontend.train import MAX_ITERATIONS
+
 pytestmark = [
     pytest.mark.java,
     pytest.mark.skipif(shutil.which("javac") is None or shutil.which("java") is None, reason="no JDK on PATH"),
@@ -89,7 +91,7 @@ loss = softmax_cross_entropy(fc(flatten(h1 + h2 + h3 + h4)), y)
 predict = fc(flatten(h1))
 train {{
   data = npz("{"d" * 4000}.npz")
-  iterations = {INT_MAX}
+  iterations = {MAX_ITERATIONS}
   test_every = {INT_MAX}
   test_iterations = {INT_MAX}
   save = "w.npz"
