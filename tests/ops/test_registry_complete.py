@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from oracle_inputs import op_inputs
 
-import deepdsl.ops  # noqa: F401 — the entries, before the CUDA backend attaches its fields to them
+import deepdsl.ops  # noqa: F401 — fills the registry
 
 # isort: split
 import deepdsl.backends.cuda  # noqa: F401 — attaches the CUDA fields to the entries
