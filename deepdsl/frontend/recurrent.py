@@ -8,8 +8,9 @@ already has, so no backend needs a kernel of its own:
   the previous hidden state by W_hhᵀ (one [N, H] x [H, G] GEMM, G = 4H or 3H), plus b_hh;
 - the gates are one `indexed` statement per new state (LSTM: the cell state c, then h; GRU: h), which reads the
   gate pre-activations at their offsets within the G columns, so no gate is sliced out into a tensor of its own
-  and the element-wise work of a step fuses into those statements. Their gradients are derived symbolically like
-  a tensor function's.
+  and the element-wise work of a step sits in those statements. LSTM adds the x-part and the h-part into one
+  [N, 4H] tensor first (so the gradient of the sum is computed once); GRU reads them apart, since r scales the
+  h-part of its n gate alone. Their gradients are derived symbolically like a tensor function's.
 
 The parameters are PyTorch's, so a state dict loads unchanged: NAME.W_ih [G, D], NAME.W_hh [G, H], NAME.b_ih,
 NAME.b_hh [G], gate order i, f, g, o (LSTM) and r, z, n (GRU), all initialised U(-1/sqrt(H), 1/sqrt(H)).
@@ -125,11 +126,13 @@ def _recurrent(kind: str):  # noqa: ANN202 - the builtin's apply
                 hh = emit("linear", (h, w_hh))
                 if b_hh is not None:
                     hh = emit("bias_add", (hh, b_hh))
-            st = _Step(xt, hh, b_hh)
-            if kind == "lstm":
-                h, c = _lstm_step(emit, st, c, h_size, out)
-            else:
-                h = _gru_step(emit, st, h, h_size, out)
+            if kind == "lstm":  # every gate is σ or tanh of x-part + h-part: add them once, as one tensor
+                pre = xt if hh is None else emit("add", (xt, hh))
+                if hh is None and b_hh is not None:
+                    pre = emit("bias_add", (pre, b_hh))
+                h, c = _lstm_step(emit, _Step(pre, None, None), c, h_size, out)
+            else:  # GRU's n gate scales the h-part alone by r: the two parts stay apart
+                h = _gru_step(emit, _Step(xt, hh, b_hh), h, h_size, out)
             hs.append(h)
         if not a["sequences"]:
             return hs[-1]
