@@ -23,7 +23,7 @@ import math
 from typing import TYPE_CHECKING
 
 from deepdsl.errors import DslShapeError, Span
-from deepdsl.frontend.builtins import ArgSpec, Args, builtin
+from deepdsl.frontend.builtins import Args, ArgSpec, builtin
 from deepdsl.frontend.values import Spec, TensorVal
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read
 

@@ -157,7 +157,10 @@ def test_the_unrolled_program_has_one_input_gemm_and_one_gemm_per_later_step() -
     "source, message",
     [
         ("input x : [N, 12]\nh = lstm(x, 4)\n", "lstm expects a 3-D input [N, T, D] (batch first), got f32[3,12]"),
-        ("input x : [N, 2, 3, 4]\nh = gru(x, 4)\n", "gru expects a 3-D input [N, T, D] (batch first), got f32[3,2,3,4]"),
+        (
+            "input x : [N, 2, 3, 4]\nh = gru(x, 4)\n",
+            "gru expects a 3-D input [N, T, D] (batch first), got f32[3,2,3,4]",
+        ),
         ("input x : [N, 5, 4]\nh = lstm(x, 0)\n", "hidden"),
         ("input x : [N, 5, 4]\nh = gru(x, -2)\n", "hidden"),
         ("input x : [N, 5] int vocab 7\nh = lstm(x, 4)\n", "lstm expects a 3-D input"),
