@@ -1,6 +1,6 @@
 """deepdsl's `lstm` and `gru` against PyTorch's nn.LSTM / nn.GRU over a few SGD steps, from the same weights.
 
-    PYTHONPATH=$PWD python scripts/pytorch_recurrent.py [--steps 5] [--dtype float64|float32]
+    PYTHONPATH=$PWD python scripts/pytorch_recurrent.py [--steps 5] [--dtype float64|float32] [--onnx]
 
 Builds networks/examples/lstm_classifier.ddsl (lstm(H) -> gru(H, sequences=false) -> full(K), cross-entropy), takes
 deepdsl's initial parameters (the train block's seed, the initialisers the NumPy runner and the Java program use),
@@ -8,7 +8,9 @@ loads them unchanged into torch (rnn.W_ih -> weight_ih_l0, rnn.W_hh -> weight_hh
 then trains both with plain SGD on the same batches and prints, per step, the two losses and, at the end, the
 largest parameter difference. A second network checks the other settings: gru(H) every step -> lstm(H,
 sequences=false, bias=false) -> full. Exits 1 when a difference is past the tolerance (1e-9 in float64, 1e-4 in
-float32). PyTorch is no dependency of deepdsl: only this script imports it.
+float32). With --onnx it also exports nn.LSTM / nn.GRU with both of torch.onnx's exporters (TorchScript and dynamo),
+imports them with `deepdsl import` and compares deepdsl's output with PyTorch's. PyTorch is no dependency of
+deepdsl: only this script imports it.
 """
 
 from __future__ import annotations
@@ -128,10 +130,58 @@ def compare(label: str, text: str, file: str, kinds: list, names: list[str], ste
     return max(worst, largest)
 
 
+def onnx_import_check(folder: Path) -> float:
+    """nn.LSTM / nn.GRU (batch_first) exported by both of torch.onnx's exporters, imported by `deepdsl import`,
+    run by deepdsl's NumPy runner against PyTorch's forward pass: the largest difference."""
+    import torch
+    from torch import nn
+
+    from deepdsl import api
+    from deepdsl.backends.numpy_runner import run
+    from deepdsl.onnx_import import import_model
+
+    class Model(nn.Module):
+        def __init__(self, kind: str, last: bool) -> None:
+            super().__init__()
+            self.rnn = (nn.LSTM if kind == "lstm" else nn.GRU)(5, 7, batch_first=True)
+            self.fc = nn.Linear(7, 3)
+            self.last = last
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y, _ = self.rnn(x)
+            return self.fc(y[:, -1]) if self.last else y
+
+    worst = 0.0
+    for kind in ("lstm", "gru"):
+        for last in (True, False):
+            for dynamo in (False, True):
+                torch.manual_seed(1)
+                m = Model(kind, last).eval()
+                x = torch.randn(4, 6, 5)
+                path = folder / f"{kind}_{last}_{dynamo}.onnx"
+                torch.onnx.export(m, (x,), str(path), input_names=["x"], dynamo=dynamo, opset_version=18 if dynamo
+                                  else 17, **({} if dynamo else {"dynamic_axes": {"x": {0: "N"}}}))  # fmt: skip
+                got = import_model(path, 4, loss=last)
+                program = api.compile_source(got.text, "imported.ddsl").program
+                b = api.build(program)
+                ours = run(b.infer, {b.infer.inputs[0].value.name: x.numpy()}, got.arrays).outputs["predict"]
+                with torch.no_grad():
+                    theirs = m(x).numpy()
+                diff = float(np.abs(ours - theirs).max())
+                worst = max(worst, diff)
+                layer = next(line for line in got.text.splitlines() if f"= {kind}(" in line)
+                print(
+                    f"  torch.onnx.export(dynamo={dynamo}) of nn.{kind.upper()}, "
+                    f"{'y[:, -1] -> Linear' if last else 'every step'}: `{layer}`, largest difference {diff:.2e}"
+                )
+    return worst
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    parser.add_argument("--onnx", action="store_true", help="also import torch.onnx exports of nn.LSTM / nn.GRU")
     args = parser.parse_args()
     dtype = np.float64 if args.dtype == "float64" else np.float32
     import torch
@@ -146,6 +196,14 @@ def main() -> int:
     )  # fmt: skip
     tol = 1e-9 if dtype == np.float64 else 1e-4
     print(f"largest difference {worst:.2e} ({'within' if worst <= tol else 'PAST'} {tol:g})")
+    if args.onnx:
+        import tempfile
+
+        print("deepdsl import of PyTorch's ONNX exports, against PyTorch (float32):")
+        with tempfile.TemporaryDirectory() as folder:
+            imported = onnx_import_check(Path(folder))
+        print(f"largest difference {imported:.2e} ({'within' if imported <= 1e-5 else 'PAST'} 1e-05)")
+        return 0 if worst <= tol and imported <= 1e-5 else 1
     return 0 if worst <= tol else 1
 
 
