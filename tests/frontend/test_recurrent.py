@@ -4,10 +4,12 @@ parameters (names, layout, initialisation), how the unrolled program is built, a
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
+from conftest import ROOT
 from helpers import compile_text, error_text
 
 from deepdsl.autodiff import gradient_program, infer_program
@@ -110,7 +112,7 @@ def test_gradients_match_central_differences(kind: str, sequences: bool, bias: b
     out = run(program, feeds, params, np.float64).outputs
     for name, value in params.items():
         flat = value.reshape(-1)
-        for idx in rng.choice(flat.size, size=min(8, flat.size), replace=False):
+        for idx in rng.choice(flat.size, size=min(5, flat.size), replace=False):
             h = 1e-6
             plus, minus = flat.copy(), flat.copy()
             plus[idx] += h
@@ -172,3 +174,16 @@ def test_errors_are_located(source: str, message: str) -> None:
     rendered = error_text(f"network E\nconst N = 3\n{source}loss = mse(h, h)\n")
     assert message in rendered
     assert "t.ddsl:" in rendered and "^" in rendered
+
+
+def test_the_example_network_checks_runs_and_learns(cli) -> None:  # noqa: ANN001
+    path = str(ROOT / "networks" / "examples" / "lstm_classifier.ddsl")
+    r = cli("check", path, "--layers")
+    assert r.exit_code == 0, r.output
+    assert "rnn    lstm  f32[16,8,32]" in r.output and "rnn2   gru   f32[16,32]" in r.output
+    r = cli("run", path, "--iters", "20", "--set", "N=8", "--json")
+    assert r.exit_code == 0, r.output
+    losses = json.loads(r.stdout)["losses"]
+    assert len(losses) == 20 and np.mean(losses[-5:]) < 0.75 * np.mean(losses[:5])
+    r = cli("memcheck", path, "--set", "N=8")
+    assert r.exit_code == 0, r.output
