@@ -187,3 +187,29 @@ def test_the_example_network_checks_runs_and_learns(cli) -> None:  # noqa: ANN00
     assert len(losses) == 20 and np.mean(losses[-5:]) < 0.75 * np.mean(losses[:5])
     r = cli("memcheck", path, "--set", "N=8")
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("remat", ["none", "cheap", "full"])
+def test_the_example_runs_inside_its_poisoned_memory_plan(remat: str) -> None:
+    """memcheck's plan of a training step: every value where the plan puts it, freed memory poisoned with NaN, gives
+    the unplanned step's loss and updates."""
+    from helpers import feeds_and_params
+
+    from deepdsl import api
+    from deepdsl.backends.numpy_runner import run_plan
+    from deepdsl.memory import plan
+    from deepdsl.memory.check import check_plan
+    from deepdsl.memory.remat import rematerialise
+    from deepdsl.memory.report import total_peak
+
+    path = ROOT / "networks" / "examples" / "lstm_classifier.ddsl"
+    g = api.compile_file(path, {"N": 4, "T": 5, "H": 6}, stop_at="opt").opt
+    p = check_plan(plan(rematerialise(g, remat, small=0)))
+    feeds, params = feeds_and_params(g, np.random.default_rng(0))
+    plain = run(g, feeds, params)
+    planned = run_plan(p, feeds, params, poison=True)
+    assert (planned.peak_bytes, planned.arena_bytes) == (total_peak(p), p.arena_bytes)
+    for k, v in plain.outputs.items():
+        np.testing.assert_allclose(planned.outputs[k], v, rtol=1e-6)
+    for k, v in plain.updates.items():
+        np.testing.assert_allclose(planned.updates[k], v, rtol=1e-6, atol=1e-7)
