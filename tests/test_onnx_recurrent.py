@@ -46,9 +46,11 @@ def assert_close(got: np.ndarray, want: np.ndarray) -> None:
 
 # ---- export ----
 
+# 20 steps: the steps are sliced out of blocks of 5 (frontend/recurrent.py _StepRows)
+
 OTHER = """network Other
 const N = 3
-input x : [N, 5, 4]
+input x : [N, 20, 4]
 label y : [N] classes 2
 layer a = gru(6, bias=false)
 layer c = lstm(4, sequences=false)

@@ -4,8 +4,9 @@ Both are unrolled over the (static) sequence length when the file is compiled, a
 already has, so no backend needs a kernel of its own:
 
 - the input projection of all T steps is one GEMM: x [N, T, D] viewed as [N*T, D] times W_ihᵀ, plus b_ih;
-- each step takes its rows of that projection (`slice` along T, then a view [N, G]), and from step 1 on multiplies
-  the previous hidden state by W_hhᵀ (one [N, H] x [H, G] GEMM, G = 4H or 3H), plus b_hh;
+- each step takes its rows of that projection (`slice` along T, in blocks of about √T steps past 16 steps: see
+  _StepRows; then a view [N, G]), and from step 1 on multiplies the previous hidden state by W_hhᵀ (one
+  [N, H] x [H, G] GEMM, G = 4H or 3H), plus b_hh;
 - the gates are one `indexed` statement per new state (LSTM: the cell state c, then h; GRU: h), which reads the
   gate pre-activations at their offsets within the G columns, so no gate is sliced out into a tensor of its own
   and the element-wise work of a step sits in those statements. LSTM adds the x-part and the h-part into one
@@ -20,7 +21,7 @@ The initial states are zero: step 0 has no W_hh product (its h-part is b_hh alon
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from deepdsl.errors import DslShapeError, Span
 from deepdsl.frontend.builtins import Args, ArgSpec, builtin
@@ -118,9 +119,9 @@ def _recurrent(kind: str):  # noqa: ANN202 - the builtin's apply
         h: TensorVal | None = None
         c: TensorVal | None = None
         hs: list[TensorVal] = []
+        rows = _StepRows(xp, steps, emit)
         for t in range(steps):
-            xt = xp if steps == 1 else emit("slice", (xp,), axis=1, start=t, stop=t + 1)
-            xt = view(xt, (n, g))
+            xt = view(rows.step(t), (n, g))
             hh = None
             if h is not None:
                 hh = emit("linear", (h, w_hh))
@@ -140,6 +141,31 @@ def _recurrent(kind: str):  # noqa: ANN202 - the builtin's apply
         return seq[0] if steps == 1 else emit("concat", tuple(seq), axis=1)
 
     return apply
+
+
+class _StepRows:
+    """Each step's rows [N, 1, G] of the input projection xp [N, T, G], sliced out along T.
+
+    The gradient of a slice is its gradient padded with zeros to the whole input (`pad_axis`), so T slices of xp
+    cost T copies of [N, T, G] in the backward pass, O(T²·N·G). Past BLOCKED steps they are taken in two levels,
+    blocks of about √T steps first and the steps out of their block, which costs O(T^1.5·N·G) backward for one
+    more copy of xp forward."""
+
+    BLOCKED = 16
+
+    def __init__(self, xp: TensorVal, steps: int, emit: Any) -> None:
+        self.xp, self.steps, self.emit = xp, steps, emit
+        self.size = math.isqrt(steps - 1) + 1 if steps > self.BLOCKED else steps  # ⌈√T⌉ steps a block
+        self.blocks: dict[int, TensorVal] = {}
+
+    def _slice(self, x: TensorVal, start: int, stop: int) -> TensorVal:
+        return x if (start, stop) == (0, x.shape[1]) else self.emit("slice", (x,), axis=1, start=start, stop=stop)
+
+    def step(self, t: int) -> TensorVal:
+        k, at = divmod(t, self.size)
+        if k not in self.blocks:
+            self.blocks[k] = self._slice(self.xp, k * self.size, min((k + 1) * self.size, self.steps))
+        return self._slice(self.blocks[k], at, at + 1)
 
 
 def _lstm_step(emit, st: _Step, c: TensorVal | None, hsz: int, out: tuple) -> tuple[TensorVal, TensorVal]:  # noqa: ANN001

@@ -213,3 +213,36 @@ def test_the_example_runs_inside_its_poisoned_memory_plan(remat: str) -> None:
         np.testing.assert_allclose(planned.outputs[k], v, rtol=1e-6)
     for k, v in plain.updates.items():
         np.testing.assert_allclose(planned.updates[k], v, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind, sequences", [("lstm", True), ("gru", False)])
+def test_long_sequences_take_their_steps_in_blocks(kind: str, sequences: bool) -> None:
+    """Past 16 steps each step's rows are sliced out of a block of ⌈√T⌉ steps, so that the backward pass pads
+    T gradients into [N, ⌈√T⌉, G] blocks and only the ⌈√T⌉ blocks into the whole [N, T, G] (not T of them): the
+    same values, forward and backward."""
+    t = 20
+    graph = compile_text(text(kind, sequences, t=t, h=2)).program.graph
+    g = (4 if kind == "lstm" else 3) * 2
+    slices = [s for s in graph.stmts if s.op == "slice"]
+    assert len(slices) == 4 + t and sum(s.out.type.shape[1] == 5 for s in slices) == 4  # blocks of ⌈√20⌉ = 5
+    program = gradient_program(graph)
+    whole = [s for s in program.stmts if s.op == "pad_axis" and s.out.type.shape == (N, t, g)]
+    assert len(whole) == 4
+    rng = np.random.default_rng(8)
+    params = random_params(graph, rng)
+    x = rng.standard_normal((N, t, D))
+    got = run(infer_program(graph), {"x": x}, params, np.float64).outputs["predict"]
+    want = NAIVE[kind](x, params, True)
+    np.testing.assert_allclose(got, want if sequences else want[:, -1], rtol=0, atol=1e-12)
+    feeds = {"x": x, "target": rng.standard_normal(got.shape)}
+    out = run(program, feeds, params, np.float64).outputs
+    name = "rnn.W_ih"
+    flat = params[name].reshape(-1)
+    for idx in rng.choice(flat.size, size=6, replace=False):
+        plus, minus = flat.copy(), flat.copy()
+        plus[idx] += 1e-6
+        minus[idx] -= 1e-6
+        fp = run(program, feeds, params | {name: plus.reshape(params[name].shape)}, np.float64).outputs["loss"]
+        fm = run(program, feeds, params | {name: minus.reshape(params[name].shape)}, np.float64).outputs["loss"]
+        numeric = (fp - fm) / 2e-6
+        assert abs(out[f"grad:{name}"].reshape(-1)[idx] - numeric) <= 1e-6 * max(1.0, abs(numeric))
