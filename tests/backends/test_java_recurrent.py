@@ -1,5 +1,5 @@
 """lstm and gru in the generated Java program: networks/examples/lstm_classifier.ddsl (an LSTM feeding a GRU) and
-a GRU without biases that returns every step, trained a few steps on the CPU device, give the NumPy runner's
+a GRU without biases that returns every step of 20 (sliced out of blocks of 5) into an LSTM, trained a few steps on the CPU device, give the NumPy runner's
 losses; memcheck plans the example."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ pytestmark = [*JAVA_MARKS, pytest.mark.slow]  # one javac run of two programs (a
 EXAMPLE = ROOT / "networks" / "examples" / "lstm_classifier.ddsl"
 GRU_SEQ = """network GruSeq
 const N = 4
-input x : [N, 5, 3]
-input t : [N, 5, 2]
+input x : [N, 20, 3]
+input t : [N, 20, 2]
 layer g = gru(6, bias=false)
 layer l = lstm(2)
 loss = mse(l(g(x)), t)
