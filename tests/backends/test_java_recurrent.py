@@ -1,6 +1,6 @@
 """lstm and gru in the generated Java program: networks/examples/lstm_classifier.ddsl (an LSTM feeding a GRU) and
-a GRU without biases that returns every step of 20 (sliced out of blocks of 5) into an LSTM, trained a few steps on the CPU device, give the NumPy runner's
-losses; memcheck plans the example."""
+a GRU without biases that returns every step of 20 (sliced out of blocks of 5) into an LSTM, trained a few steps
+on the CPU device, give the NumPy runner's losses; memcheck plans the example."""
 
 from __future__ import annotations
 
