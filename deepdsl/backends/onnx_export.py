@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from deepdsl.backends import onnx_recurrent
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import Graph, Stmt
 from deepdsl.version import __version__
@@ -106,8 +107,12 @@ def export_graph(g: Graph, arrays: Mapping[str, np.ndarray], opset: int = DEFAUL
                 with_bias[src.out.name] = s
     folded = {b.out.name for b in with_bias.values()}
     batch = g.inputs[0].value.type.shape[0] if g.inputs else None
+    recurrent = onnx_recurrent.find(g, users)  # each lstm / gru layer: one ONNX LSTM or GRU node
+    inside = {name for app in recurrent.values() for name in app.stmts}
     for s in g.stmts:
-        if s.out.name in folded:
+        if s.out.name in recurrent:
+            onnx_recurrent.emit(w, recurrent[s.out.name], s, arrays)
+        if s.out.name in folded or s.out.name in inside:
             continue
         _emit(w, s, with_bias.get(s.out.name), batch)
     for p in g.params:
@@ -116,6 +121,9 @@ def export_graph(g: Graph, arrays: Mapping[str, np.ndarray], opset: int = DEFAUL
         if p.value.name not in arrays:
             raise DslProgramError(f"no value for the parameter '{p.value.name}'")
         w.inits[p.value.name] = np.asarray(arrays[p.value.name], np.float32)
+    for app in recurrent.values():  # their weights went into the LSTM / GRU nodes, reordered
+        for name in onnx_recurrent.PARAMS:
+            w.inits.pop(f"{app.layer}.{name}", None)
 
     def info(name: str, shape: tuple[int, ...]) -> Any:
         dims: list[Any] = list(shape)

@@ -484,3 +484,7 @@ def layer_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, sp
     rows = _view(el, x, (math.prod(x.shape[:-1]), d), span, path, "layer_norm")
     out = el.emit("layer_norm", (rows, gamma, beta), span, path, "layer_norm", eps=a["eps"])
     return _view(el, out, tuple(x.shape), span, path, "layer_norm")
+
+
+# ---- recurrent layers: lstm, gru (deepdsl/frontend/recurrent.py registers them here) ------------------
+import deepdsl.frontend.recurrent  # noqa: E402, F401  (the module registers its built-ins in BUILTINS)

@@ -82,7 +82,7 @@ def no_gradient_check(graph: Graph, loss_span: Span | None) -> tuple[DslProgramE
     for p in graph.trainable:
         if p.value.name not in needed:
             unused.setdefault(p.layer, []).append(p)
-    if graph.trainable and len(unused) == len({p.layer for p in graph.trainable}):
+    if graph.trainable and not any(p.value.name in needed for p in graph.trainable):
         error = DslProgramError(
             "the loss has no gradient with respect to any parameter, so training would change nothing",
             loss_span,

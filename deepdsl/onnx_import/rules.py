@@ -428,3 +428,9 @@ RULES: dict[str, Callable[..., None]] = {
 
 
 assert set(RULES) == set(SUPPORTED) | set(FOLDED)
+
+# LSTM and GRU, and the nodes exporters write around them (deepdsl/onnx_import/recurrent.py)
+from deepdsl.onnx_import import recurrent as _recurrent  # noqa: E402
+
+RULES.update(_recurrent.rules(RULES))
+SUPPORTED = tuple(sorted({*SUPPORTED, *_recurrent.SUPPORTED}))
