@@ -105,9 +105,11 @@ def _max_axes_vjp(b: Any, s: Any, g: Any) -> tuple:
     # the gradient goes to the maximal elements, shared evenly where several are equal (torch.amax's rule)
     (x,) = s.inputs
     axes = tuple(s.a["axes"])
+    # (g / count spread back to x's shape, all element-wise, so that fusion makes it one loop with the mask)
     mask = _e(b, s, "equal_mask", x, spread(b, s, s.out, axes, x.type))
-    share = _e(b, s, "div", g, _reshaped(b, s, _summed(b, s, mask, axes), g.type.shape))
-    return (_e(b, s, "mul", mask, spread(b, s, share, axes, x.type)),)
+    count = _summed(b, s, mask, axes)
+    share = _e(b, s, "div", spread(b, s, g, axes, x.type), spread(b, s, count, axes, x.type))
+    return (_e(b, s, "mul", mask, share),)
 
 
 eager_saves("max_axes", which=(0, "out"))  # PyTorch's amax backward reads x and the result
