@@ -12,7 +12,7 @@ from deepdsl.backends.numpy_runner import run
 from deepdsl.interop import initial_arrays
 
 HEAD = "network T\ninput x : [2, 3, 4, 5]\ninput t : [2, 4]\n"
-LOSS = "loss = mse(full(reshape(x, (2, 60)), 4), t)\n"
+LOSS = "loss = mse(full(flatten(x), 4), t)\n"
 RNG = np.random.default_rng(7)
 X = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32)
 
@@ -241,3 +241,18 @@ def test_export_to_onnx_and_run(tmp_path, expr: str, nodes: set) -> None:  # noq
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     (got,) = session.run(None, {"x": X})
     np.testing.assert_allclose(got, predict(expr), rtol=1e-5, atol=1e-6)
+
+
+def test_a_group_norms_means_need_a_declared_range() -> None:
+    # the range of g cannot be read off `x[n, g * 3 + k, h, w]` (not a plain access): it is declared
+    head = "network T\ninput x : [2, 6, 4, 5]\ninput t : [2, 4]\n" + """
+tensor group_centre(x[B, C, H, W]) -> [n, c, h, w] {
+  mu[n, g: 2] = sum[k: C / 2, h, w] x[n, g * (C / 2) + k, h, w] / (C / 2 * H * W)
+  return x[n, c, h, w] - mu[n, c / (C / 2)]
+}
+"""
+    x = RNG.standard_normal((2, 6, 4, 5)).astype(np.float32)
+    got = predict("group_centre(x)", x=x, head=head)
+    groups = x.reshape(2, 2, 3, 4, 5)
+    want = (groups - groups.mean(axis=(2, 3, 4), keepdims=True)).reshape(x.shape)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
