@@ -584,8 +584,9 @@ def expand(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: 
     _float_input(x, "expand", span)
     want, have = a["shape"], x.shape
     if len(want) != len(have):
+        hint = "expand keeps the rank: reshape first to add size-1 axes"
         raise DslShapeError(f"expand: {x.value.type} has {len(have)} axes, the shape {want} has {len(want)}", span,
-                            notes=_notes(x), hint="expand keeps the rank: reshape first to add size-1 axes")  # fmt: skip
+                            notes=_notes(x), hint=hint)  # fmt: skip
     shape = []
     for k, (n, m) in enumerate(zip(have, want)):
         if m == -1:

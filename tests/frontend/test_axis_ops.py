@@ -183,12 +183,15 @@ def test_a_product_with_an_expanded_scale_is_one_kernel() -> None:
 
 # ---- a tensor function's local tensors may declare their index ranges ----
 
-GROUPS = HEAD + """
+GROUPS = (
+    HEAD
+    + """
 tensor group_mean(x[B, C, H, W]) -> [n, c, h, w] {
   mu[n, g: 3] = sum[k: 1, h, w] x[n, g + k, h, w] / (H * W)
   return x[n, c, h, w] - mu[n, c]
 }
 """
+)
 
 
 def test_a_local_tensor_with_a_declared_range() -> None:
@@ -230,8 +233,8 @@ def test_export_to_onnx_and_run(tmp_path, expr: str, nodes: set) -> None:  # noq
     pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     from deepdsl import api
-    from deepdsl.backends.onnx_export import export_graph
     from deepdsl.autodiff import infer_program
+    from deepdsl.backends.onnx_export import export_graph
 
     c = api.compile_source(HEAD + LOSS + f"predict = {expr}\n", "t.ddsl")
     g = infer_program(c.program.graph)
@@ -245,12 +248,15 @@ def test_export_to_onnx_and_run(tmp_path, expr: str, nodes: set) -> None:  # noq
 
 def test_a_group_norms_means_need_a_declared_range() -> None:
     # the range of g cannot be read off `x[n, g * 3 + k, h, w]` (not a plain access): it is declared
-    head = "network T\ninput x : [2, 6, 4, 5]\ninput t : [2, 4]\n" + """
+    head = (
+        "network T\ninput x : [2, 6, 4, 5]\ninput t : [2, 4]\n"
+        + """
 tensor group_centre(x[B, C, H, W]) -> [n, c, h, w] {
   mu[n, g: 2] = sum[k: C / 2, h, w] x[n, g * (C / 2) + k, h, w] / (C / 2 * H * W)
   return x[n, c, h, w] - mu[n, c / (C / 2)]
 }
 """
+    )
     x = RNG.standard_normal((2, 6, 4, 5)).astype(np.float32)
     got = predict("group_centre(x)", x=x, head=head)
     groups = x.reshape(2, 2, 3, 4, 5)
