@@ -262,3 +262,30 @@ tensor group_centre(x[B, C, H, W]) -> [n, c, h, w] {
     groups = x.reshape(2, 2, 3, 4, 5)
     want = (groups - groups.mean(axis=(2, 3, 4), keepdims=True)).reshape(x.shape)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ---- the memory plan (memcheck's): the example network's step inside a poisoned arena ----
+
+
+@pytest.mark.parametrize("remat", ["none", "cheap", "full"])
+def test_the_example_runs_inside_its_poisoned_plan(remat: str) -> None:
+    from conftest import ROOT
+    from helpers import feeds_and_params
+
+    from deepdsl import api
+    from deepdsl.backends.numpy_runner import run_plan
+    from deepdsl.memory import plan
+    from deepdsl.memory.check import check_plan
+    from deepdsl.memory.remat import rematerialise
+    from deepdsl.memory.report import total_peak
+
+    g = api.compile_file(ROOT / "networks" / "examples" / "axis_ops.ddsl", stop_at="opt").opt
+    p = check_plan(plan(rematerialise(g, remat, small=0)))
+    feeds, params = feeds_and_params(g, np.random.default_rng(0))
+    plain = run(g, feeds, params)
+    planned = run_plan(p, feeds, params, poison=True)
+    assert (planned.peak_bytes, planned.arena_bytes) == (total_peak(p), p.arena_bytes)
+    for k, v in plain.outputs.items():
+        np.testing.assert_allclose(planned.outputs[k], v, rtol=1e-6)
+    for k, v in plain.updates.items():
+        np.testing.assert_allclose(planned.updates[k], v, rtol=1e-6, atol=1e-7)

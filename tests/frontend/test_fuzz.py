@@ -49,6 +49,7 @@ BUILTINS = [
     "softmax", "log_softmax", "dropout", "batch_norm", "lrn", "concat", "softmax_cross_entropy", "cross_entropy",
     "mse", "argmax", "accuracy", "abs", "exp", "log", "sqrt", "dim", "channels", "rank",
     "he", "xavier", "gaussian", "uniform", "constant", "synthetic", "mnist", "cifar10", "npz", "sgd", "adam",
+    "slice", "chunk", "mean", "expand", "keepdim",  # along axes (issue 34); sum and max are in KEYWORDS
 ]  # fmt: skip
 NAMES = [
     "x", "y", "h", "net", "body", "f", "g", "i", "j", "n", "d", "N", "K", "H", "W", "D", "C", "T",
