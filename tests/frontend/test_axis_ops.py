@@ -289,3 +289,21 @@ def test_the_example_runs_inside_its_poisoned_plan(remat: str) -> None:
         np.testing.assert_allclose(planned.outputs[k], v, rtol=1e-6)
     for k, v in plain.updates.items():
         np.testing.assert_allclose(planned.updates[k], v, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("opset", [11, 13, 18])
+def test_reductions_export_at_each_opset(opset: int) -> None:
+    # ReduceSum takes its axes as an input from opset 13, ReduceMax from 18: an attribute before
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from deepdsl import api
+    from deepdsl.autodiff import infer_program
+    from deepdsl.backends.onnx_export import export_graph
+
+    expr = "sum(x, axis=(0, 2)) + max(x, axis=(0, 2))"
+    c = api.compile_source(HEAD + LOSS + f"predict = {expr}\n", "t.ddsl")
+    g = infer_program(c.program.graph)
+    model = export_graph(g, {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in g.params}, opset)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {"x": X})
+    np.testing.assert_allclose(got, predict(expr), rtol=1e-5, atol=1e-5)
