@@ -53,6 +53,7 @@ class _Writer:
         self.inits: dict[str, np.ndarray] = {}
         self.count = 0
         self.names: set[str] = set()
+        self.opset = DEFAULT_OPSET  # export_graph sets the one asked for
 
     def const(self, hint: str, value: np.ndarray) -> str:
         self.count += 1
@@ -96,6 +97,7 @@ def export_graph(g: Graph, arrays: Mapping[str, np.ndarray], opset: int = DEFAUL
     if not MIN_OPSET <= opset <= newest:
         raise DslProgramError(f"--opset {opset}: deepdsl exports opsets {MIN_OPSET} to {newest}")
     w = _Writer(g, arrays)
+    w.opset = opset
     users = _users(g)
     outputs = {v.name for _, v in g.outputs}
     with_bias: dict[str, Stmt] = {}  # a conv2d / linear result -> the bias_add that alone reads it
@@ -229,11 +231,39 @@ def _emit(w: _Writer, s: Stmt, bias: Stmt | None, batch: int | None) -> None:
             hint = s.layer or "bn"
             affine = [w.const(hint, np.ones(c, np.float32)), w.const(hint, np.zeros(c, np.float32))]
         w.node("BatchNormalization", [x, affine[0], affine[1], mean, var], out, s, epsilon=float(a["eps"]))
+    elif s.op in _AXIS_OPS:
+        _emit_axis_op(w, s, xs, out)
     elif s.op == "indexed" and _broadcast(s) is not None:
         w.node(_broadcast(s), [xs[r.input] for r in s.a["body"].args], out, s)  # type: ignore[arg-type]
     else:
         why = "a tensor function has no ONNX operator" if s.op == "indexed" else "no ONNX operator is written for it"
         raise _refuse(s, why)
+
+
+# ---- slices, sums and maxima along axes, explicit broadcasting (the language's slice, sum, mean, max, expand) ----
+
+_AXIS_OPS = ("slice", "sum", "sum_axes", "max_axes", "expand")
+
+
+def _emit_axis_op(w: _Writer, s: Stmt, xs: list[str], out: str) -> None:
+    hint = s.layer or s.op
+
+    def ints(values: list[int]) -> str:
+        return w.const(hint, np.asarray(values, np.int64))
+
+    if s.op == "slice":
+        starts, ends, axes = ints([s.a["start"]]), ints([s.a["stop"]]), ints([s.a["axis"]])
+        w.node("Slice", [xs[0], starts, ends, axes], out, s)
+    elif s.op == "expand":  # 1 where x keeps its size (ONNX broadcasts it), so a different batch still fits
+        grown = [m if n == 1 else 1 for n, m in zip(s.inputs[0].type.shape, s.out.type.shape)]
+        w.node("Expand", [xs[0], ints(grown)], out, s)
+    else:
+        axes = list(range(s.inputs[0].type.rank)) if s.op == "sum" else list(s.a["axes"])
+        op, since = ("ReduceMax", 18) if s.op == "max_axes" else ("ReduceSum", 13)  # axes an input from `since`
+        if w.opset >= since:
+            w.node(op, [xs[0], ints(axes)], out, s, keepdims=0)
+        else:
+            w.node(op, xs, out, s, axes=axes, keepdims=0)
 
 
 _INFIX = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div"}

@@ -207,7 +207,7 @@ class ParamDecl:
 class LocalDef:
     span: Span
     name: str
-    indices: tuple[str, ...]
+    indices: tuple[IndexRange, ...]  # `mu[n, g: G]`: a range given or read off the accesses, as an output's
     value: IExpr
 
 

@@ -486,5 +486,121 @@ def layer_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, sp
     return _view(el, out, tuple(x.shape), span, path, "layer_norm")
 
 
+# ---- slicing, reductions along axes and explicit broadcasting (issue 34) -----------------------------------
+
+
+def _float_input(x: TensorVal, what: str, span: Span) -> None:
+    if x.value.type.dtype.value != "f32":
+        raise DslShapeError(f"{what} expects float data, got {x.value.type} from {x.origin}", span)
+
+
+def _slice_along(el: Elaborator, x: TensorVal, axis: int, start: int, stop: int, span: Span, kind: str) -> TensorVal:
+    if start == 0 and stop == x.shape[axis]:
+        return x
+    return el.emit("slice", (x,), span, "", kind, axis=axis, start=start, stop=stop)
+
+
+@builtin("slice", ArgSpec("start", "int"), ArgSpec("end", "int"), ArgSpec("axis", "int", 1), layer=False)
+def slice_(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """x[start:end] along axis; negative positions and axes count from the end (Python's), nothing is clipped."""
+    (x,) = xs
+    _float_input(x, "slice", span)
+    axis = _axis(x, a["axis"], "slice", span)
+    size = x.shape[axis]
+    at = {}
+    for key in ("start", "end"):
+        v = a[key]
+        at[key] = v + size if v < 0 else v
+        if not 0 <= at[key] <= size:
+            raise DslShapeError(f"slice: {key} {v} is out of range for axis {axis} of size {size} "
+                                f"({x.value.type} from {x.origin})", span)  # fmt: skip
+    if at["start"] >= at["end"]:
+        shape = ", ".join(map(str, x.shape))
+        raise DslShapeError(f"slice: {a['start']}:{a['end']} along axis {axis} of [{shape}] is empty", span,
+                            hint="start must come before end (negative positions count from the end)")  # fmt: skip
+    return _slice_along(el, x, axis, at["start"], at["end"], span, "slice")
+
+
+@builtin("chunk", ArgSpec("i", "int", low=0), ArgSpec("parts", "int", low=1), ArgSpec("axis", "int", 1), layer=False)
+def chunk(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """Part i (from 0) of `parts` equal parts along axis (the language has no tuples of tensors to return all)."""
+    (x,) = xs
+    _float_input(x, "chunk", span)
+    axis = _axis(x, a["axis"], "chunk", span)
+    size, parts, i = x.shape[axis], a["parts"], a["i"]
+    if size % parts:
+        raise DslShapeError(f"chunk: axis {axis} of size {size} does not split into {parts} equal parts "
+                            f"({x.value.type} from {x.origin})", span,
+                            hint="slice(x, start, end, axis=...) takes any part")  # fmt: skip
+    if i >= parts:
+        raise DslArgumentError(f"chunk: part {i} of {parts} does not exist (parts count from 0)", span)
+    step = size // parts
+    return _slice_along(el, x, axis, i * step, (i + 1) * step, span, "chunk")
+
+
+def _reduce_axes(x: TensorVal, axis: tuple[int, ...] | None, what: str, span: Span) -> tuple[int, ...]:
+    """The axes a reduction runs over, each counted from the end when negative; all of them when left out."""
+    if axis is None:
+        return tuple(range(len(x.shape)))
+    out: list[int] = []
+    for k in axis:
+        j = _axis(x, k, what, span)
+        if j in out:
+            raise DslArgumentError(f"{what}: axis {j} is given twice (as {k})", span)
+        out.append(j)
+    return tuple(sorted(out))
+
+
+def _along_axes(what: str) -> Apply:
+    def apply(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+        (x,) = xs
+        _float_input(x, what, span)
+        axes = _reduce_axes(x, a["axis"], what, span)
+        if not axes:  # a scalar reduced over all (no) axes is itself
+            return x
+        if what == "max":
+            y = el.emit("max_axes", (x,), span, "", what, axes=axes)
+        elif len(axes) == len(x.shape):
+            y = el.emit("sum", (x,), span, "", what)
+        else:
+            y = el.emit("sum_axes", (x,), span, "", what, axes=axes)
+        if what == "mean":
+            y = el.emit("mul_scalar", (y,), span, "", what, value=1.0 / math.prod(x.shape[k] for k in axes))
+        if a["keepdim"]:
+            y = _view(el, y, tuple(1 if k in axes else n for k, n in enumerate(x.shape)), span, "", what)
+        return y
+
+    return apply
+
+
+for _name in ("sum", "mean", "max"):
+    builtin(_name, ArgSpec("axis", "ints", None), ArgSpec("keepdim", "bool", False), layer=False)(_along_axes(_name))
+
+
+@builtin("expand", ArgSpec("shape", "ints"), layer=False)
+def expand(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """Explicit broadcasting: the size-1 axes of x repeated to `shape` (same rank; -1 keeps an axis' size)."""
+    (x,) = xs
+    _float_input(x, "expand", span)
+    want, have = a["shape"], x.shape
+    if len(want) != len(have):
+        hint = "expand keeps the rank: reshape first to add size-1 axes"
+        raise DslShapeError(f"expand: {x.value.type} has {len(have)} axes, the shape {want} has {len(want)}", span,
+                            notes=_notes(x), hint=hint)  # fmt: skip
+    shape = []
+    for k, (n, m) in enumerate(zip(have, want)):
+        if m == -1:
+            m = n
+        if m < 1:
+            raise DslArgumentError(f"expand: size {m} for axis {k}; a size is at least 1, or -1 (keep it)", span)
+        if n != m and n != 1:
+            raise DslShapeError(f"expand: axis {k} of {x.value.type} has size {n}, not 1, so it cannot grow to {m}",
+                                span, notes=_notes(x))  # fmt: skip
+        shape.append(m)
+    if tuple(shape) == tuple(have):
+        return x
+    return el.emit("expand", (x,), span, "", "expand", shape=tuple(shape))
+
+
 # ---- recurrent layers: lstm, gru (deepdsl/frontend/recurrent.py registers them here) ------------------
 import deepdsl.frontend.recurrent  # noqa: E402, F401  (the module registers its built-ins in BUILTINS)

@@ -117,8 +117,8 @@ def call_tensor_fn(el: Elaborator, fn: ast.TensorDef, args: tuple[TensorVal, ...
     for local in fn.locals:
         if local.name in tensors:
             raise DslNameError(f"'{local.name}' is already defined in '{fn.name}'", local.span)
-        outs = tuple(ast.IndexRange(local.span, i, None) for i in local.indices)
-        tensors[local.name] = _lower(el, env, tensors, outs, local.value, path, f"{fn.name}.{local.name}", local.span)
+        what = f"{fn.name}.{local.name}"
+        tensors[local.name] = _lower(el, env, tensors, local.indices, local.value, path, what, local.span)
     result = _lower(el, env, tensors, fn.outputs, fn.result, path, fn.name, span)
     for decl in fn.params:
         if not _mentions(fn, decl.name):
@@ -171,6 +171,7 @@ def _size_spans(fn: ast.TensorDef) -> list[Span]:
     """The spans of every size expression of `fn`: explicit index ranges and param dimensions."""
     found = [d.span for decl in fn.params for d in decl.dims]
     found += [r.size.span for r in fn.outputs if r.size is not None]
+    found += [r.size.span for local in fn.locals for r in local.indices if r.size is not None]
 
     def go(e: ast.IExpr) -> None:
         if isinstance(e, ast.IReduce):

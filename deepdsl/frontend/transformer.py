@@ -239,7 +239,7 @@ class ToAst(Transformer_NonRecursive):
         return ast.ParamDecl(self.span(meta), self.binder(ch[0]), tuple(ch[1:-1]), ch[-1])
 
     def local_def(self, meta: Any, ch: list) -> ast.LocalDef:
-        return ast.LocalDef(self.span(meta), self.binder(ch[0]), tuple(self.binder(t) for t in ch[1:-1]), ch[-1])
+        return ast.LocalDef(self.span(meta), self.binder(ch[0]), tuple(ch[1:-1]), ch[-1])
 
     def ireduce(self, meta: Any, ch: list) -> ast.IReduce:
         return ast.IReduce(self.span(meta), str(ch[0]), tuple(ch[1:-1]), ch[-1])

@@ -183,7 +183,7 @@ index_form("channel_var")(_reduce_form("var"))
 index_form("broadcast_channel", "broadcast_scalar")(pointwise(lambda a, x: x))
 
 
-@defop("sum_axes", 1, differentiable=False)
+@defop("sum_axes", 1)  # its gradient: ops/axes.py
 def _sum_axes(types: tuple[TensorType, ...], a: dict[str, Any]) -> TensorType:
     """The sum over attrs axes; the other axes stay, in order."""
     (x,) = types

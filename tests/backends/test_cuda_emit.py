@@ -148,6 +148,9 @@ def _op_plan() -> Plan:
         b.emit("masked_softmax", x, scale=2.0, causal=False, period=1),
         b.emit("gelu", x), b.emit("gelu_grad", g, x),
         b.emit("layer_norm_rows", x, eps=1e-5), b.emit("layer_norm_rows_backward", x, g, eps=1e-5),
+        # along axes (issue 34): a slice, explicit broadcasting, maxima along some axes and all, the arg-max mask
+        b.emit("slice", img, axis=2, start=2, stop=7), b.emit("expand", f("e", 4, 1), shape=(4, 10)),
+        b.emit("max_axes", img, axes=(1, 3)), b.emit("max_axes", x, axes=(0, 1)), b.emit("equal_mask", x, g),
     ]  # fmt: skip
     for k, v in enumerate(outs):
         b.output(f"o{k}", v)

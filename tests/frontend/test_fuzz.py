@@ -50,6 +50,7 @@ BUILTINS = [
     "mse", "argmax", "accuracy", "abs", "exp", "log", "sqrt", "dim", "channels", "rank",
     "he", "xavier", "gaussian", "uniform", "constant", "synthetic", "mnist", "cifar10", "npz", "sgd", "adam",
     "lstm", "gru", "sequences", "hidden",  # recurrent layers (issue 34)
+    "slice", "chunk", "mean", "expand", "keepdim",  # along axes (issue 34); sum and max are in KEYWORDS
 ]  # fmt: skip
 NAMES = [
     "x", "y", "h", "net", "body", "f", "g", "i", "j", "n", "d", "N", "K", "H", "W", "D", "C", "T",

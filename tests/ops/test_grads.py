@@ -84,6 +84,12 @@ CASES = {
     "gelu": ([rand(3, 4) * 2], {}),
     "batch_matmul": ([rand(2, 4, 3), rand(2, 5, 4)], {"transpose_a": True, "transpose_b": True}),
     "transpose": ([rand(2, 3, 4)], {"perm": (2, 0, 1)}),
+    # along axes (issue 34); max_axes's ties: tests/frontend/test_axis_ops.py
+    "sum_axes": ([rand(2, 3, 4)], {"axes": (0, 2)}),
+    "sum_axes/all": ([rand(2, 3)], {"axes": (0, 1)}),
+    "expand": ([rand(2, 1, 4, 1)], {"shape": (2, 3, 4, 5)}),
+    "max_axes": ([rand(2, 3, 4)], {"axes": (1,)}),
+    "max_axes/all": ([rand(3, 4)], {"axes": (0, 1)}),
 }
 
 

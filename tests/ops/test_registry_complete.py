@@ -115,6 +115,9 @@ EXAMPLES = {
     # image ops
     "resize_axis": ((X4,), {"axis": 2, "factor": 2, "mode": "bilinear"}),
     "resize_axis_backward": ((X4,), {"axis": 3, "factor": 2, "mode": "nearest", "size": 4}),
+    # along axes (issue 34): explicit broadcasting, the maximum along axes and its gradient's arg-max mask
+    "expand": ((TensorType((2, 1, 8, 1)),), {"shape": (2, 4, 8, 8)}), "max_axes": ((X4,), {"axes": (1, 3)}),
+    "equal_mask": ((X4, X4), {}),
 }  # fmt: skip
 
 EXPECTED = {
@@ -129,6 +132,7 @@ EXPECTED = {
     "batch_matmul": (2, 3, 5), "sum_axes": (4, 8), "transpose": (2, 8, 8, 4), "avg_pool2d_backward": (2, 4, 8, 8),
     "global_avg_pool_backward": (2, 4, 8, 8), "embedding": (2, 5, 3), "embedding_backward": (7, 3),
     "resize_axis": (2, 4, 16, 8), "resize_axis_backward": (2, 4, 8, 4),
+    "expand": (2, 4, 8, 8), "max_axes": (2, 8),
 }  # fmt: skip
 
 
@@ -168,6 +172,8 @@ KEEPS_NOTHING = {
     "bn_train_apply": "made only by batch_norm's lowering; the eager baseline counts batch_norm's own saves",
     "layer_norm_rows": "made only by layer_norm's lowering; the eager baseline counts layer_norm's own saves",
     "transpose": "the gradient is g transposed back",
+    "sum_axes": "the gradient is g expanded",
+    "expand": "the gradient is the sums of g over the expanded axes",
 }
 NO_VJP = {"fill": "reads no input: there is nothing to differentiate"}
 # cheap_to_recompute=True without an index form: why, and the FLOPs per output element it may cost

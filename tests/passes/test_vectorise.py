@@ -14,7 +14,8 @@ CASES = {
              "h = gram(reshape3(x))\n", "batch_matmul", {"transpose_b": True}),
     "gemm": ("tensor mm(a[I, K], w[J, K]) -> [i, j] = sum[k] a[i, k] * w[j, k]\n"
              "h = mm(flatten(x), wgt(flatten(x)))\n", "matmul", {"transpose_b": True}),
-    "mean": ("tensor mean(x[B, D]) -> [b] = sum[d] x[b, d] / D\nh = mean(flatten(x))\n", "sum_axes", {"axes": (1,)}),
+    "mean": ("tensor row_mean(x[B, D]) -> [b] = sum[d] x[b, d] / D\nh = row_mean(flatten(x))\n", "sum_axes",
+             {"axes": (1,)}),
     "transpose": ("tensor t(x[B, D]) -> [d, b] = x[b, d]\nh = t(flatten(x))\n", "transpose", {"perm": (1, 0)}),
 }  # fmt: skip
 
