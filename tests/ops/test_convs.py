@@ -205,7 +205,8 @@ def test_pools_with_ceil_mode_and_asymmetric_padding(kind: str, args: str, kerne
 
 
 def test_ceil_mode_that_adds_no_window_is_the_plain_pool() -> None:
-    text = HEAD + "h = max_pool(x, (3, 2), stride=(3, 2), ceil_mode=true)\nloss = mse(flatten(h), flatten(h))\npredict = h\n"
+    pool = "h = max_pool(x, (3, 2), stride=(3, 2), ceil_mode=true)\n"
+    text = HEAD + pool + "loss = mse(flatten(h), flatten(h))\npredict = h\n"
     ops = [s.op for s in compile_text(text).program.graph.stmts]
     assert "indexed" not in ops and ops.count("max_pool2d") == 1  # 9 rows and 8 columns: 3 and 4 windows either way
 
