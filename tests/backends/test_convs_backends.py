@@ -139,6 +139,16 @@ def test_the_java_cpu_program_gives_the_numpy_runners_losses(java_program: Path)
     assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
     lean = _cpu(java_program, "--iters", "3", "--workspace-limit", "0")  # the direct loops rather than im2col
     np.testing.assert_allclose(lean["losses"], want["losses"], rtol=1e-4)
+    # the bytes a step holds mean the same in both and in memcheck's plan
+    from click.testing import CliRunner
+
+    from deepdsl.cli import cli
+
+    r = CliRunner().invoke(cli, ["memcheck", str(java_program / "convs.ddsl"), "--json"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    assert (got["peak_bytes"], got["arena_bytes"]) == (want["peak_bytes"], want["arena_bytes"])
+    assert (want["peak_bytes"], want["arena_bytes"]) == (plan["peak_bytes"], plan["arena_bytes"])
 
 
 @_java
