@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from deepdsl.errors import DslArgumentError, DslShapeError, Span
 from deepdsl.frontend.values import TensorVal
 from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Var
+from deepdsl.ir.types import INT_MAX
 
 if TYPE_CHECKING:
     from deepdsl.frontend.elaborate import Elaborator
@@ -51,6 +52,9 @@ def pad_explicitly(
         return x
     n, c, h, w = x.shape
     (t, lft), (b, r) = before, after
+    if max(h + t + b, w + lft + r) > INT_MAX:  # the generated programs index in ints
+        raise DslShapeError(f"{what}: {x.origin} padded by ({t}, {lft}, {b}, {r}) is {h + t + b} x {w + lft + r}; at "
+                            f"most {INT_MAX:,} (2^31 - 1) along an axis", span)  # fmt: skip
     out = (("n", n), ("c", c), ("h", h + t + b), ("w", w + lft + r))
     index = (Affine.var("n"), Affine.var("c"), Affine((("h", 1),), -t), Affine((("w", 1),), -lft))
     body = Read(0, index)  # reads outside x are zero

@@ -276,6 +276,8 @@ def test_gradients_of_the_lowered_layers_match_finite_differences(body: str) -> 
         ("h = avg_pool1d(x, 2)", "avg_pool1d expects a 3-D input"),
         ("h = conv1d(s, 2, 3, pad=(1, 1, 1, 1))", "conv1d: pad must be an integer or a pair (left, right)"),
         ("h = conv_transpose(x, 2, kernel=3, pad=(1, 1, 0, 0))", "conv_transpose: pad must be an integer or a pair"),
+        ("h = conv(x, 2, kernel=3, pad=(0, 0, 2147483647, 0))",
+         "conv: input 'x' padded by (0, 0, 2147483647, 0) is 2147483656 x 8; at most 2,147,483,647"),
     ],
 )  # fmt: skip
 def test_errors_name_the_call(line: str, message: str) -> None:
