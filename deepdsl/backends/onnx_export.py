@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -104,19 +105,20 @@ def export_graph(g: Graph, arrays: Mapping[str, np.ndarray], opset: int = DEFAUL
     made = {s.out.name: s for s in g.stmts}
     for s in g.stmts:
         src = made.get(s.inputs[0].name) if s.op == "bias_add" else None
-        if src is not None and src.op in ("conv2d", "linear") and len(users[src.out.name]) == 1:
+        if src is not None and src.op in ("conv2d", "linear", *_CONV_FAMILY) and len(users[src.out.name]) == 1:
             if src.out.name not in outputs:
                 with_bias[src.out.name] = s
     folded = {b.out.name for b in with_bias.values()}
+    folds = _conv_folds(g, users, outputs)
     batch = g.inputs[0].value.type.shape[0] if g.inputs else None
     recurrent = onnx_recurrent.find(g, users)  # each lstm / gru layer: one ONNX LSTM or GRU node
     inside = {name for app in recurrent.values() for name in app.stmts}
     for s in g.stmts:
         if s.out.name in recurrent:
             onnx_recurrent.emit(w, recurrent[s.out.name], s, arrays)
-        if s.out.name in folded or s.out.name in inside:
+        if s.out.name in folded or s.out.name in inside or s.out.name in folds.skip:
             continue
-        _emit(w, s, with_bias.get(s.out.name), batch)
+        _emit(w, s, with_bias.get(s.out.name), batch, folds)
     for p in g.params:
         if p.kind not in ("param", "state"):
             raise DslProgramError(f"cannot export the {p.kind} tensor '{p.value.name}' to ONNX")
@@ -165,20 +167,19 @@ def _ir_version(opset: int) -> int:
     return int(helper.VERSION_TABLE[-1][1])
 
 
-def _pads(a: dict) -> list[int]:
-    ph, pw = a["pad"]
-    return [ph, pw, ph, pw]
-
-
-def _emit(w: _Writer, s: Stmt, bias: Stmt | None, batch: int | None) -> None:
+def _emit(w: _Writer, s: Stmt, bias: Stmt | None, batch: int | None, folds: _Folds | None = None) -> None:
     a = s.a
     xs = [v.name for v in s.inputs]
     out = bias.out.name if bias is not None else s.out.name
     extra = [bias.inputs[1].name] if bias is not None else []
-    if s.op == "conv2d":
+    if folds is not None and s.out.name in folds.into:  # an explicit pad before it: read its input, add its pads
+        xs[0] = folds.into[s.out.name][0]
+    if s.op in _CONV_FAMILY or s.op == "indexed" and _divisor_correction(s) is not None:
+        _emit_conv_family(w, s, xs, out, extra, folds)
+    elif s.op == "conv2d":
         kh, kw = s.inputs[1].type.shape[2:]
-        w.node("Conv", [*xs, *extra], out, s, kernel_shape=[kh, kw], strides=list(a["stride"]), pads=_pads(a),
-               group=a["groups"])  # fmt: skip
+        w.node("Conv", [*xs, *extra], out, s, kernel_shape=[kh, kw], strides=list(a["stride"]),
+               pads=_folded_pads(s, folds), group=a["groups"], **_dilations(a))  # fmt: skip
     elif s.op == "linear":
         w.node("Gemm", [*xs, *extra], out, s, transB=1)
     elif s.op == "matmul":
@@ -203,7 +204,7 @@ def _emit(w: _Writer, s: Stmt, bias: Stmt | None, batch: int | None) -> None:
     elif s.op in ("max_pool2d", "avg_pool2d"):
         kw = {"count_include_pad": 1} if s.op == "avg_pool2d" else {}
         w.node("MaxPool" if s.op == "max_pool2d" else "AveragePool", xs, out, s, kernel_shape=list(a["kernel"]),
-               strides=list(a["stride"]), pads=_pads(a), **kw)  # fmt: skip
+               strides=list(a["stride"]), pads=_folded_pads(s, folds), **kw)  # fmt: skip
     elif s.op == "global_avg_pool":
         w.node("GlobalAveragePool", xs, out, s)
     elif s.op == "reshape":
@@ -287,3 +288,130 @@ def _broadcast(s: Stmt) -> str | None:
             if not (ix.plain_var == var and size == extent or not ix.terms and ix.const == 0 and size == 1):
                 return None
     return _INFIX[body.fn]
+
+
+# ---- the convolution family (issues 33 and 34): frontend/convs.py's lowerings written back as ONNX's attributes ----
+#
+# conv_transpose (conv2d_backward_data in an inference program) is ConvTranspose, its output padding the rows its
+# output has past the convolution's reach (and an explicit zero pad after it); an explicit pad before a Conv,
+# MaxPool (-inf) or AveragePool (zeros, which count_include_pad counts) is that node's pads, asymmetric where they
+# are; a pooling's ceil mode is the padding at the end it amounts to, and avg_pool's divisor correction for a window
+# hanging past that padding a Mul by a constant. The exported model computes what deepdsl computes (ceil_mode=0,
+# the windows spelled out by the pads).
+
+_CONV_FAMILY = ("conv2d_backward_data",)
+
+
+@dataclass(frozen=True)
+class _Folds:
+    skip: frozenset[str]  # explicit pads folded into the node next to them
+    into: Mapping[str, tuple[str, tuple[int, int, int, int]]]  # reader -> (its ONNX input, (top, left, bottom, right))
+    output_padding: Mapping[str, tuple[str, tuple[int, int]]]  # conv2d_backward_data -> (the pad's output, its rows)
+
+
+def _dilations(a: Mapping[str, Any]) -> dict[str, list[int]]:
+    return {"dilations": [int(d) for d in a["dilation"]]} if "dilation" in a else {}
+
+
+def _folded_pads(s: Stmt, folds: _Folds | None) -> list[int]:
+    ph, pw = s.a["pad"]
+    t, lft, b, r = folds.into[s.out.name][1] if folds is not None and s.out.name in folds.into else (0, 0, 0, 0)
+    return [ph + t, pw + lft, ph + b, pw + r]
+
+
+def _explicit_pad(s: Stmt) -> tuple[tuple[int, int, int, int], float] | None:
+    """((top, left, bottom, right), fill) of a statement that is frontend/convs.py's pad_explicitly: x [N, C, H, W]
+    placed at (top, left) in zeros, or in -inf (a select of the inside); else None."""
+    from deepdsl.ir.indexexpr import Apply, Const, Read, Var
+
+    if s.op != "indexed" or len(s.inputs) != 1 or len(s.a["out"]) != 4 or len(s.inputs[0].type.shape) != 4:
+        return None
+    body, fill = s.a["body"], 0.0
+    if isinstance(body, Apply) and body.fn == "select" and body.args[2] == Const(float("-inf")):
+        body, fill = body.args[1], float("-inf")
+    names = [v for v, _ in s.a["out"]]
+    plain = isinstance(body, Read) and all(ix.terms == ((v, 1),) for ix, v in zip(body.index, names))
+    if not plain or body.input != 0:
+        return None
+    shifts = [-ix.const for ix in body.index]
+    (_, _, h, w), (_, _, oh, ow) = s.inputs[0].type.shape, s.out.type.shape
+    t, lft = shifts[2], shifts[3]
+    pads = (t, lft, oh - h - t, ow - w - lft)
+    if shifts[:2] != [0, 0] or min(pads) < 0:
+        return None
+    if fill != 0:  # the select's test must be the inside of x, as convs.pad_explicitly writes it
+        hv, wv = names[2], names[3]
+        inside = Apply("and", (
+            Apply("and", (Apply(">=", (Var(hv), Const(t))), Apply("<", (Var(hv), Const(t + h))))),
+            Apply("and", (Apply(">=", (Var(wv), Const(lft))), Apply("<", (Var(wv), Const(lft + w))))),
+        ))  # fmt: skip
+        if s.a["body"].args[0] != inside:
+            return None
+    return pads, fill
+
+
+def _conv_folds(g: Graph, users: Mapping[str, list[Stmt]], outputs: set[str]) -> _Folds:
+    skip: set[str] = set()
+    into: dict[str, tuple[str, tuple[int, int, int, int]]] = {}
+    output_padding: dict[str, tuple[str, tuple[int, int]]] = {}
+    made = {s.out.name: s for s in g.stmts}
+    for s in g.stmts:
+        found = _explicit_pad(s)
+        readers = users.get(s.out.name, [])
+        if found is None or s.out.name in outputs or len(readers) != 1:
+            continue
+        pads, fill = found
+        r = readers[0]
+        if r.inputs[0].name == s.out.name and (
+            r.op in ("conv2d", "avg_pool2d") and fill == 0 or r.op == "max_pool2d" and fill != 0
+        ):
+            skip.add(s.out.name)
+            into[r.out.name] = (s.inputs[0].name, pads)
+            continue
+        src = made.get(s.inputs[0].name)
+        if (src is not None and src.op == "conv2d_backward_data" and fill == 0 and pads[:2] == (0, 0)
+                and len(users[src.out.name]) == 1 and src.out.name not in outputs):  # fmt: skip
+            skip.add(s.out.name)
+            output_padding[src.out.name] = (s.out.name, (pads[2], pads[3]))
+    return _Folds(frozenset(skip), into, output_padding)
+
+
+def _divisor_correction(s: Stmt) -> np.ndarray | None:
+    """The factors [1, 1, OH, OW] of a statement x[n, c, h, w] * f(h, w) (avg_pool's divisor correction in ceil
+    mode, frontend/convs.py), f reading nothing; else None."""
+    from deepdsl.ir.indexexpr import Apply, Read, reads
+    from deepdsl.ops.indexed import evaluate
+
+    if s.op != "indexed" or len(s.inputs) != 1 or len(s.a["out"]) != 4:
+        return None
+    body, names = s.a["body"], [v for v, _ in s.a["out"]]
+    if not (isinstance(body, Apply) and body.fn == "*" and isinstance(body.args[0], Read)):
+        return None
+    x, factor = body.args
+    if x.input != 0 or any(ix.terms != ((v, 1),) or ix.const for ix, v in zip(x.index, names)) or reads(factor):
+        return None
+    if s.inputs[0].type.shape != s.out.type.shape:
+        return None
+    grid = tuple((v, n if k >= 2 else 1) for k, (v, n) in enumerate(s.a["out"]))
+    values = np.asarray(evaluate(factor, grid, (), np.float32), np.float32)
+    return np.broadcast_to(values, tuple(n for _, n in grid)).copy()
+
+
+def _emit_conv_family(w: _Writer, s: Stmt, xs: list[str], out: str, extra: list[str], folds: _Folds | None) -> None:
+    a = s.a
+    if s.op == "indexed":  # avg_pool's divisor correction
+        factors = _divisor_correction(s)
+        w.node("Mul", [xs[0], w.const(s.layer or "avg_pool", factors)], out, s)  # type: ignore[arg-type]
+        return
+    # conv2d_backward_data: ConvTranspose with the same weight layout [C, out / groups, kh, kw]
+    g = s.inputs[0].type.shape
+    _, _, kh, kw = s.inputs[1].type.shape
+    (sh, sw), (ph, pw) = a["stride"], a["pad"]
+    dh, dw = a.get("dilation", (1, 1))
+    natural = ((g[2] - 1) * sh - 2 * ph + dh * (kh - 1) + 1, (g[3] - 1) * sw - 2 * pw + dw * (kw - 1) + 1)
+    op = [a["in_shape"][2] - natural[0], a["in_shape"][3] - natural[1]]
+    if folds is not None and s.out.name in folds.output_padding:
+        out, more = folds.output_padding[s.out.name]
+        op = [op[0] + more[0], op[1] + more[1]]
+    w.node("ConvTranspose", [*xs, *extra], out, s, kernel_shape=[kh, kw], strides=[sh, sw], pads=[ph, pw, ph, pw],
+           dilations=[dh, dw], group=a["groups"], output_padding=op)  # fmt: skip

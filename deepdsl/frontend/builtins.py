@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from deepdsl.errors import DslArgumentError, DslShapeError, Note, Span
+from deepdsl.frontend import convs
 from deepdsl.frontend.values import Spec, TensorVal
 
 if TYPE_CHECKING:
@@ -70,17 +71,24 @@ def need_rank(x: TensorVal, ranks: tuple[int, ...], what: str, span: Span, hint:
 
 # ---- layers with parameters ---------------------------------------------------------------------
 
-# conv and its adjoint conv_transpose take the same arguments
+# conv and its adjoint conv_transpose take the same arguments (conv's pad may also be (top, left, bottom, right),
+# conv_transpose adds output_padding); dilation is the gap between the kernel's taps, as PyTorch's
 CONV_ARGS = (
     ArgSpec("out", "int", low=1),
     ArgSpec("kernel", "pair", low=1),
     ArgSpec("stride", "pair", 1, low=1),
-    ArgSpec("pad", "pair", 0, low=0),
+    ArgSpec("pad", "ints", 0, low=0),
     ArgSpec("groups", "int", 1, low=1),
     ArgSpec("bias", "bool", True),
     ArgSpec("init", "init", HE),
     ArgSpec("bias_init", "init", ZERO),
+    ArgSpec("dilation", "pair", 1, low=1),
 )
+
+
+def _dilated(a: Args) -> dict[str, Any]:
+    """The conv ops' dilation attribute, where there is one (a statement without it has none)."""
+    return {"dilation": a["dilation"]} if tuple(a["dilation"]) != (1, 1) else {}
 
 
 @builtin("conv", *CONV_ARGS)
@@ -91,17 +99,26 @@ def conv(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Sp
     if c % g:
         raise DslShapeError(f"conv: groups={g} does not divide the {c} input channels of {x.origin}", span)
     w = el.param(path, "W", (a["out"], c // g, *a["kernel"]), a["init"], span)
-    y = el.emit("conv2d", (x, w), span, path, "conv", stride=a["stride"], pad=a["pad"], groups=g)
+    return _conv_with(el, path, x, w, a, span, "conv")
+
+
+def _conv_with(el: Elaborator, path: str, x: TensorVal, w: TensorVal, a: Args, span: Span, what: str) -> TensorVal:
+    """conv2d (+ bias_add) of x by w: the padding both sides share is the op's, any more an explicit zero pad."""
+    t, lft, b, r = convs.pads(what, a["pad"], span, rank=1 if what == "conv1d" else 2)
+    pad = (min(t, b), min(lft, r))
+    x = convs.pad_explicitly(el, x, (t - pad[0], lft - pad[1]), (b - pad[0], r - pad[1]), 0.0, span, path, what)
+    y = el.emit("conv2d", (x, w), span, path, what, stride=a["stride"], pad=pad, groups=a["groups"], **_dilated(a))
     if a["bias"]:
-        b = el.param(path, "b", (a["out"],), a["bias_init"], span)
-        y = el.emit("bias_add", (y, b), span, path, "conv")
+        bias = el.param(path, "b", (a["out"],), a["bias_init"], span)
+        y = el.emit("bias_add", (y, bias), span, path, what)
     return y
 
 
-@builtin("conv_transpose", *CONV_ARGS)
+@builtin("conv_transpose", *CONV_ARGS, ArgSpec("output_padding", "pair", 0, low=0))
 def conv_transpose(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     # the adjoint of conv: its data gradient (conv2d_backward_data) with x in the place of the output gradient;
-    # weight [C, out/groups, kh, kw] as PyTorch's ConvTranspose2d, output (H - 1)·stride - 2·pad + kernel
+    # weight [C, out/groups, kh, kw] as PyTorch's ConvTranspose2d, output (H - 1)·stride - 2·pad +
+    # dilation·(kernel - 1) + output_padding + 1
     (x,) = xs
     need_rank(x, (4,), "conv_transpose", span, "conv_transpose works on [N, C, H, W] images")
     n, c, h, w = x.shape
@@ -110,14 +127,27 @@ def conv_transpose(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args
         raise DslShapeError(
             f"conv_transpose: groups={g} must divide the {c} input channels of {x.origin} and out={a['out']}", span
         )
-    size = tuple((d - 1) * s - 2 * p + k for d, s, p, k in zip((h, w), a["stride"], a["pad"], a["kernel"]))
+    if len(a["pad"]) not in (1, 2):
+        raise DslArgumentError(f"conv_transpose: pad must be an integer or a pair (h, w), got {a['pad']}", span)
+    pad = (a["pad"][0], a["pad"][-1])
+    for op, s, d in zip(a["output_padding"], a["stride"], a["dilation"]):
+        if op >= s and op >= d:
+            raise DslArgumentError(
+                f"conv_transpose: output_padding {a['output_padding']} must be less than the stride {a['stride']} or "
+                f"the dilation {a['dilation']} along each axis", span,
+            )  # fmt: skip
+    dims = zip((h, w), a["stride"], pad, a["kernel"], a["dilation"])
+    size = tuple((d - 1) * s - 2 * p + dil * (k - 1) + 1 for d, s, p, k, dil in dims)
     if min(size) < 1:
-        raise DslShapeError(
-            f"conv_transpose: padding {a['pad']} leaves no output for {x.origin} (size {list(size)})", span
-        )
+        raise DslShapeError(f"conv_transpose: padding {pad} leaves no output for {x.origin} (size {list(size)})", span)
+    # an output padding below the stride is the data gradient of a convolution of the larger image (its last rows
+    # get nothing); one from the stride up (below the dilation) is zero rows added after
+    inner = tuple(size[i] + (op if op < s else 0) for i, (op, s) in enumerate(zip(a["output_padding"], a["stride"])))
     wt = el.param(path, "W", (c, a["out"] // g, *a["kernel"]), a["init"], span)
-    y = el.emit("conv2d_backward_data", (x, wt), span, path, "conv_transpose", stride=a["stride"], pad=a["pad"],
-                groups=g, in_shape=(n, a["out"], *size))  # fmt: skip
+    y = el.emit("conv2d_backward_data", (x, wt), span, path, "conv_transpose", stride=a["stride"], pad=pad,
+                groups=g, in_shape=(n, a["out"], *inner), **_dilated(a))  # fmt: skip
+    after = tuple(op if op >= s else 0 for op, s in zip(a["output_padding"], a["stride"]))
+    y = convs.pad_explicitly(el, y, (0, 0), after, 0.0, span, path, "conv_transpose")  # type: ignore[arg-type]
     if a["bias"]:
         b = el.param(path, "b", (a["out"],), a["bias_init"], span)
         y = el.emit("bias_add", (y, b), span, path, "conv_transpose")
@@ -193,9 +223,19 @@ def embedding(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, spa
 def _pool(op: str, what: str) -> Apply:
     def apply(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
         (x,) = xs
-        need_rank(x, (4,), what, span, f"{what} works on [N, C, H, W] images")
+        one_d = what.endswith("1d")
+        hint = f"{what} works on " + ("[N, C, L] sequences" if one_d else "[N, C, H, W] images")
+        need_rank(x, (3,) if one_d else (4,), what, span, hint)
         stride = a["stride"] if a["stride"] is not None else a["kernel"]
-        return el.emit(op, (x,), span, path, what, kernel=a["kernel"], stride=stride, pad=a["pad"])
+        p = convs.pads(what, a["pad"], span, rank=1 if one_d else 2)
+        if one_d:  # a view of the 2-D pooling on [N, C, 1, L] with (1, k) windows
+            kernel, stride = (1, a["kernel"]), (1, stride)
+            y = convs.pool(el, op, what, convs.as_image(el, x, span, path, what), kernel, stride, p,
+                           a["ceil_mode"], span, path)  # fmt: skip
+            return convs.as_sequence(el, y, span, path, what)
+        if p[:2] == p[2:] and not a["ceil_mode"]:
+            return el.emit(op, (x,), span, path, what, kernel=a["kernel"], stride=stride, pad=p[:2])
+        return convs.pool(el, op, what, x, a["kernel"], stride, p, a["ceil_mode"], span, path)
 
     return apply
 
@@ -205,13 +245,19 @@ for _op, _what in (("max_pool2d", "max_pool"), ("avg_pool2d", "avg_pool")):
         _what,
         ArgSpec("kernel", "pair", low=1),
         ArgSpec("stride", "pair", None, low=1),
-        ArgSpec("pad", "pair", 0, low=0),
+        ArgSpec("pad", "ints", 0, low=0),
+        ArgSpec("ceil_mode", "bool", False),
     )(_pool(_op, _what))
 
 
 @builtin("global_avg_pool")
 def global_avg_pool(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
-    need_rank(xs[0], (4,), "global_avg_pool", span)
+    # [N, C, H, W] -> [N, C, 1, 1]; [N, C, L] -> [N, C, 1] (PyTorch's AdaptiveAvgPool1d(1)), a view of the 2-D one
+    need_rank(xs[0], (3, 4), "global_avg_pool", span)
+    if len(xs[0].shape) == 3:
+        y = el.emit("global_avg_pool", (convs.as_image(el, xs[0], span, path, "global_avg_pool"),), span, path,
+                    "global_avg_pool")  # fmt: skip
+        return convs.as_sequence(el, y, span, path, "global_avg_pool")
     return el.emit("global_avg_pool", xs, span, path, "global_avg_pool")
 
 
@@ -600,6 +646,46 @@ def expand(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: 
     if tuple(shape) == tuple(have):
         return x
     return el.emit("expand", (x,), span, "", "expand", shape=tuple(shape))
+
+
+# ---- the 1-D convolution family (issue 34): views of the 2-D layers on [N, C, 1, L] ----------------------------
+
+
+@builtin(
+    "conv1d",
+    ArgSpec("out", "int", low=1),
+    ArgSpec("kernel", "int", low=1),
+    ArgSpec("stride", "int", 1, low=1),
+    ArgSpec("pad", "ints", 0, low=0),
+    ArgSpec("dilation", "int", 1, low=1),
+    ArgSpec("groups", "int", 1, low=1),
+    ArgSpec("bias", "bool", True),
+    ArgSpec("init", "init", HE),
+    ArgSpec("bias_init", "init", ZERO),
+)
+def conv1d(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    # [N, C, L] -> [N, out, L'], weight NAME.W [out, C/groups, k] (nn.Conv1d's layout), as conv2d on [N, C, 1, L]
+    # with the weight viewed as [out, C/groups, 1, k]
+    (x,) = xs
+    need_rank(x, (3,), "conv1d", span, "conv1d works on [N, C, L] sequences")
+    c, g = x.shape[1], a["groups"]
+    if c % g:
+        raise DslShapeError(f"conv1d: groups={g} does not divide the {c} input channels of {x.origin}", span)
+    w = el.param(path, "W", (a["out"], c // g, a["kernel"]), a["init"], span)
+    w4 = el.emit("reshape", (w,), span, path, "conv1d", shape=(a["out"], c // g, 1, a["kernel"]))
+    two_d = dict(a, stride=(1, a["stride"]), dilation=(1, a["dilation"]))
+    y = _conv_with(el, path, convs.as_image(el, x, span, path, "conv1d"), w4, two_d, span, "conv1d")
+    return convs.as_sequence(el, y, span, path, "conv1d")
+
+
+for _op, _what in (("max_pool2d", "max_pool1d"), ("avg_pool2d", "avg_pool1d")):
+    builtin(
+        _what,
+        ArgSpec("kernel", "int", low=1),
+        ArgSpec("stride", "int", None, low=1),
+        ArgSpec("pad", "ints", 0, low=0),
+        ArgSpec("ceil_mode", "bool", False),
+    )(_pool(_op, _what))
 
 
 # ---- recurrent layers: lstm, gru (deepdsl/frontend/recurrent.py registers them here) ------------------

@@ -30,9 +30,10 @@ class Gemm:
 
 @dataclass(frozen=True)
 class ConvForward:
-    """Y = conv(X, W), float32, NCHW, a cross-correlation without dilation: X [n, c, h, w], W [f, c / groups, kh,
-    kw], Y [n, f, oh, ow] with the given stride and zero padding. cuDNN's convolution forward; the statement's
-    inputs are X and W, its output Y, and its planned workspace (memory/plan.py) is the routine's scratch."""
+    """Y = conv(X, W), float32, NCHW, a cross-correlation: X [n, c, h, w], W [f, c / groups, kh, kw], Y [n, f, oh,
+    ow] with the given stride, zero padding and dilation (the gap between the kernel's taps). cuDNN's convolution
+    forward; the statement's inputs are X and W, its output Y, and its planned workspace (memory/plan.py) is the
+    routine's scratch."""
 
     n: int
     c: int
@@ -46,6 +47,7 @@ class ConvForward:
     stride: tuple[int, int]
     pad: tuple[int, int]
     groups: int
+    dilation: tuple[int, int] = (1, 1)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,9 @@
 """2-D convolution (cross-correlation, NCHW), weight [out, in/groups, kh, kw], and its two gradients.
 
+Each of the three ops may carry `dilation` (dh, dw), the gap between the kernel's taps (PyTorch's and cuDNN's
+dilation); a statement without it has none, (1, 1), so the many convolutions without dilation print and compile as
+before. A dilated kernel of kh taps spans (kh - 1) * dh + 1 input rows.
+
 The NumPy kernels lower each convolution to one batched matrix product per group over an im2col
 matrix (a strided window view of the zero-padded input, copied once); the data gradient scatters its
 columns back with one strided accumulation per kernel offset (col2im).
@@ -29,20 +33,49 @@ from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank, window_out
 
 
+def dilation(a: dict) -> tuple[int, int]:
+    """The dilation (dh, dw) of a convolution statement's attributes: (1, 1) where it carries none."""
+    dh, dw = a.get("dilation", (1, 1))
+    return int(dh), int(dw)
+
+
+def conv_attrs(a: dict) -> dict[str, Any]:
+    """The attributes that describe the convolution itself (stride, pad, groups and any dilation), which its
+    gradients carry over."""
+    out = {"stride": a["stride"], "pad": a["pad"], "groups": a["groups"]}
+    if "dilation" in a:
+        out["dilation"] = a["dilation"]
+    return out
+
+
+def _spans(kh: int, kw: int, a: dict) -> tuple[int, int]:
+    """The input rows and columns a (dilated) kernel window covers."""
+    dh, dw = dilation(a)
+    return (kh - 1) * dh + 1, (kw - 1) * dw + 1
+
+
+def _out_hw(h: int, w: int, kh: int, kw: int, a: dict) -> tuple[int, int]:
+    eh, ew = _spans(kh, kw, a)
+    (sh, sw), (ph, pw) = a["stride"], a["pad"]
+    return window_out(h, eh, sh, ph, "conv"), window_out(w, ew, sw, pw, "conv")
+
+
 @defop("conv2d", 2, accepts_epilogue=True)
 def conv2d(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
-    """attrs: stride (sh, sw), pad (ph, pw), groups."""
+    """attrs: stride (sh, sw), pad (ph, pw), groups, and optionally dilation (dh, dw)."""
     x, w = types
     need_float(x, "conv")
     need_rank(x, (4,), "conv", " ([N, C, H, W])")
-    (sh, sw), (ph, pw), g = attrs["stride"], attrs["pad"], attrs["groups"]
+    g = attrs["groups"]
     n, c, h, wd = x.shape
     f, cg, kh, kw = w.shape
     if c % g or f % g:
         raise ShapeError(f"conv: groups={g} must divide both the input channels ({c}) and the output channels ({f})")
     if cg * g != c:
         raise ShapeError(f"conv: weight {w} expects {cg * g} input channels, the input {x} has {c}")
-    return TensorType((n, f, window_out(h, kh, sh, ph, "conv"), window_out(wd, kw, sw, pw, "conv")))
+    if min(dilation(attrs)) < 1:
+        raise ShapeError(f"conv: dilation {dilation(attrs)} must be at least 1")
+    return TensorType((n, f, *_out_hw(h, wd, kh, kw, attrs)))
 
 
 @defop("conv2d_backward_data", 2, accepts_epilogue=True)
@@ -79,10 +112,11 @@ def _padded(x: np.ndarray, ph: int, pw: int) -> np.ndarray:
 
 
 def _cols(x: np.ndarray, kh: int, kw: int, a: dict) -> np.ndarray:
-    """im2col, channel-major: [groups, C/groups*kh*kw, N*OH*OW], rows in (c, i, j) order, columns in (n, oh, ow)."""
+    """im2col, channel-major: [groups, C/groups*kh*kw, N*OH*OW], rows in (c, i, j) order, columns in (n, oh, ow);
+    a dilated window's taps only."""
     (sh, sw), (ph, pw), groups = a["stride"], a["pad"], a["groups"]
-    c = x.shape[1]
-    win = sliding_window_view(_padded(x, ph, pw), (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]  # N, C, OH, OW, kh, kw
+    (dh, dw), c = dilation(a), x.shape[1]
+    win = sliding_window_view(_padded(x, ph, pw), _spans(kh, kw, a), axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
     return np.ascontiguousarray(win.transpose(1, 4, 5, 0, 2, 3)).reshape(groups, c // groups * kh * kw, -1)
 
 
@@ -97,8 +131,7 @@ def _conv2d_np(xs: tuple, a: dict) -> np.ndarray:
     x, w = xs
     groups = a["groups"]
     f, cg, kh, kw = w.shape
-    oh = window_out(x.shape[2], kh, a["stride"][0], a["pad"][0], "conv")
-    ow = window_out(x.shape[3], kw, a["stride"][1], a["pad"][1], "conv")
+    oh, ow = _out_hw(x.shape[2], x.shape[3], kh, kw, a)
     y = np.matmul(w.reshape(groups, f // groups, cg * kh * kw), _cols(x, kh, kw, a))  # G, F/G, N*OH*OW
     return np.ascontiguousarray(y.reshape(f, x.shape[0], oh, ow).transpose(1, 0, 2, 3))
 
@@ -124,10 +157,14 @@ def _conv2d_backward_data_np(xs: tuple, a: dict) -> np.ndarray:
     gt = np.ascontiguousarray(g.transpose(1, 2, 3, 0)).reshape(groups, f // groups, -1)
     dcols = np.matmul(wt, gt).reshape(c, kh, kw, oh, ow, n)
     # col2im: add each offset's columns onto its strided block of the padded input
+    # (a dilated tap (i, j) reads row i * dh, column j * dw of its window; the rows of an output padding, past the
+    # last window, get nothing)
+    dh, dw = dilation(a)
     dxp = np.zeros((c, h + 2 * ph, wd + 2 * pw, n), dtype=g.dtype)
     for i in range(kh):
         for j in range(kw):
-            dxp[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw] += dcols[:, i, j]
+            r, q = i * dh, j * dw
+            dxp[:, r : r + sh * (oh - 1) + 1 : sh, q : q + sw * (ow - 1) + 1 : sw] += dcols[:, i, j]
     return np.ascontiguousarray(dxp[:, ph : ph + h, pw : pw + wd].transpose(3, 0, 1, 2))
 
 
@@ -147,7 +184,7 @@ def _conv_fact(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], a: di
     """The convolution of input shape `x` by weight shape `w` into output shape `y`, as cuDNN describes it."""
     (n, c, h, wd), (f, _, kh, kw) = x, w
     (sh, sw), (ph, pw) = a["stride"], a["pad"]
-    return ConvForward(n, c, h, wd, f, kh, kw, y[2], y[3], (sh, sw), (ph, pw), a["groups"])
+    return ConvForward(n, c, h, wd, f, kh, kw, y[2], y[3], (sh, sw), (ph, pw), a["groups"], dilation(a))
 
 
 # cuDNN's three convolution calls, each in the plan's workspace for its statement
@@ -165,8 +202,7 @@ def _conv_workspace(types: tuple[TensorType, ...], out: TensorType, a: dict) -> 
     (_, c, h, w), (_, _, kh, kw) = _geometry(types, out, a)
     if (kh, kw) == (1, 1) and tuple(a["stride"]) == (1, 1) and tuple(a["pad"]) == (0, 0):
         return 0  # the input is its own im2col matrix
-    oh = window_out(h, kh, a["stride"][0], a["pad"][0], "conv")
-    ow = window_out(w, kw, a["stride"][1], a["pad"][1], "conv")
+    oh, ow = _out_hw(h, w, kh, kw, a)
     return c * kh * kw * oh * ow * 4
 
 
@@ -183,8 +219,7 @@ def _conv2d_ws(xs: tuple, a: dict, ws: np.ndarray) -> np.ndarray:
     x, w = xs
     groups = a["groups"]
     f, cg, kh, kw = w.shape
-    oh = window_out(x.shape[2], kh, a["stride"][0], a["pad"][0], "conv")
-    ow = window_out(x.shape[3], kw, a["stride"][1], a["pad"][1], "conv")
+    oh, ow = _out_hw(x.shape[2], x.shape[3], kh, kw, a)
     wr = w.reshape(groups, f // groups, cg * kh * kw)
     y = np.empty((x.shape[0], f, oh, ow), dtype=x.dtype)
     for n in range(x.shape[0]):
@@ -210,6 +245,7 @@ def _conv2d_backward_data_ws(xs: tuple, a: dict, ws: np.ndarray) -> np.ndarray:
     (sh, sw), (ph, pw), groups = a["stride"], a["pad"], a["groups"]
     f, cg, kh, kw = w.shape
     oh, ow = g.shape[2:]
+    dh, dw = dilation(a)
     wt = w.reshape(groups, f // groups, cg * kh * kw).transpose(0, 2, 1)
     dx = np.empty((n, c, h, wd), dtype=g.dtype)
     dcols = np.ndarray((groups, cg * kh * kw, oh * ow), dtype=g.dtype, buffer=ws)
@@ -219,7 +255,8 @@ def _conv2d_backward_data_ws(xs: tuple, a: dict, ws: np.ndarray) -> np.ndarray:
         dxp = np.zeros((c, h + 2 * ph, wd + 2 * pw), dtype=g.dtype)
         for p in range(kh):
             for q in range(kw):
-                dxp[:, p : p + sh * (oh - 1) + 1 : sh, q : q + sw * (ow - 1) + 1 : sw] += d[:, p, q]
+                r, t = p * dh, q * dw
+                dxp[:, r : r + sh * (oh - 1) + 1 : sh, t : t + sw * (ow - 1) + 1 : sw] += d[:, p, q]
         dx[i] = dxp[:, ph : ph + h, pw : pw + wd]
     return dx
 
@@ -242,7 +279,7 @@ def _conv_flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
 @vjp_rule("conv2d")
 def _conv2d_vjp(b: Any, s: Any, g: Any) -> tuple:
     x, w = s.inputs
-    conv = {"stride": s.a["stride"], "pad": s.a["pad"], "groups": s.a["groups"]}
+    conv = conv_attrs(s.a)
     gx = _e(b, s, "conv2d_backward_data", g, w, in_shape=x.type.shape, **conv)
     gw = _e(b, s, "conv2d_backward_filter", x, g, w_shape=w.type.shape, **conv)
     return (gx, gw)
@@ -253,7 +290,7 @@ def _conv2d_backward_data_vjp(b: Any, s: Any, g: Any) -> tuple:
     # y = A(w)^T x, with A(w) z = conv2d(z, w): so d x = A(w) g = conv2d(g, w), and since <g, A(w)^T x> =
     # <A(w) g, x>, d w is the filter gradient of a convolution of g whose output gradient is x
     x, w = s.inputs
-    conv = {"stride": s.a["stride"], "pad": s.a["pad"], "groups": s.a["groups"]}
+    conv = conv_attrs(s.a)
     gx = _e(b, s, "conv2d", g, w, **conv)
     gw = _e(b, s, "conv2d_backward_filter", g, x, w_shape=w.type.shape, **conv)
     return (gx, gw)
@@ -264,10 +301,15 @@ eager_saves("conv2d", "conv2d_backward_data", which=(0, 1))
 
 
 # the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
-java_call("conv2d", "Buf x, Buf w, int groups, int[] pad, int[] stride, long limit", cls="Workspace")
+# (a statement without dilation passes dilation(1, 1): backends/java/calls.py's DEFAULTS)
+java_call("conv2d", "Buf x, Buf w, int groups, int[] pad, int[] stride, int[] dilation, long limit", cls="Workspace")
 java_call(
-    "conv2d_backward_data", "Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride", cls="CpuConvolution"
+    "conv2d_backward_data",
+    "Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride, int[] dilation",
+    cls="CpuConvolution",
 )
 java_call(
-    "conv2d_backward_filter", "Buf x, Buf g, int groups, int[] pad, int[] stride, int[] wShape", cls="CpuConvolution"
+    "conv2d_backward_filter",
+    "Buf x, Buf g, int groups, int[] pad, int[] stride, int[] dilation, int[] wShape",
+    cls="CpuConvolution",
 )

@@ -17,7 +17,8 @@ public final class CpuConvolution {
 
   /**
    * The geometry of one convolution: input [N, C, H, W], weight [F, C/G, KH, KW], output [N, F, OH,
-   * OW].
+   * OW]; tap (i, j) of the window at output (oy, ox) reads input (oy*sh - ph + i*dh, ox*sw - pw +
+   * j*dw), dilation (dh, dw) being the gap between the taps.
    */
   static final class ConvShape {
     final int n;
@@ -31,11 +32,13 @@ public final class CpuConvolution {
     final int sw;
     final int ph;
     final int pw;
+    final int dh;
+    final int dw;
     final int groups;
     final int oh;
     final int ow;
 
-    ConvShape(int[] in, int[] weight, int[] stride, int[] pad, int groups) {
+    ConvShape(int[] in, int[] weight, int[] stride, int[] pad, int[] dilation, int groups) {
       n = in[0];
       c = in[1];
       h = in[2];
@@ -47,9 +50,21 @@ public final class CpuConvolution {
       sw = stride[1];
       ph = pad[0];
       pw = pad[1];
+      dh = dilation[0];
+      dw = dilation[1];
       this.groups = groups;
-      oh = (h + 2 * ph - kh) / sh + 1;
-      ow = (w + 2 * pw - kw) / sw + 1;
+      oh = (h + 2 * ph - (kh - 1) * dh - 1) / sh + 1;
+      ow = (w + 2 * pw - (kw - 1) * dw - 1) / sw + 1;
+    }
+
+    /** The input row of window row i at output row 0: i*dh - ph. */
+    int rowShift(int i) {
+      return i * dh - ph;
+    }
+
+    /** The input column of window column j at output column 0: j*dw - pw. */
+    int colShift(int j) {
+      return j * dw - pw;
     }
 
     /**
@@ -132,14 +147,15 @@ public final class CpuConvolution {
 
   /**
    * out[N, F, OH, OW] = the cross-correlation of x[N, C, H, W] with w[F, C/groups, kh, kw],
-   * zero-padded by pad (ph, pw), with stride (sh, sw); output channel block g sees input channel
+   * zero-padded by pad (ph, pw), with stride (sh, sw) and dilation (dh, dw); output channel block g sees input channel
    * block g only.
    *
    * <p>A few images at a time (see {@link ConvShape#batch}): their im2col columns side by side, one
    * matrix product per group, and the product's rows copied to the images' output planes.
    */
-  public static void conv2d(Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride) {
-    ConvShape s = new ConvShape(x.shape, w.shape, stride, pad, groups);
+  public static void conv2d(
+      Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride, int[] dilation) {
+    ConvShape s = new ConvShape(x.shape, w.shape, stride, pad, dilation, groups);
     int pixels = s.pixels();
     int fg = s.groupFilters();
     int kg = s.groupRows();
@@ -195,8 +211,8 @@ public final class CpuConvolution {
    * #rowsToImage}).
    */
   public static void conv2d_backward_data(
-      Buf out, Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride) {
-    ConvShape s = new ConvShape(inShape, w.shape, stride, pad, groups);
+      Buf out, Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride, int[] dilation) {
+    ConvShape s = new ConvShape(inShape, w.shape, stride, pad, dilation, groups);
     int pixels = s.pixels();
     int fg = s.groupFilters();
     int kg = s.groupRows();
@@ -331,14 +347,14 @@ public final class CpuConvolution {
       ConvShape s, float[] cols, int from, int batch, int row, float[] dx, int planes) {
     int i = row / s.kw % s.kh;
     int j = row % s.kw;
-    int oxLo = Math.min(s.ow, firstInside(j - s.pw, s.sw));
-    int oxHi = Math.max(oxLo, Math.min(s.ow, lastInside(j - s.pw, s.sw, s.w) + 1));
-    int oyLo = Math.min(s.oh, firstInside(i - s.ph, s.sh));
-    int oyHi = Math.max(oyLo, Math.min(s.oh, lastInside(i - s.ph, s.sh, s.h) + 1));
+    int oxLo = Math.min(s.ow, firstInside(s.colShift(j), s.sw));
+    int oxHi = Math.max(oxLo, Math.min(s.ow, lastInside(s.colShift(j), s.sw, s.w) + 1));
+    int oyLo = Math.min(s.oh, firstInside(s.rowShift(i), s.sh));
+    int oyHi = Math.max(oyLo, Math.min(s.oh, lastInside(s.rowShift(i), s.sh, s.h) + 1));
     for (int b = 0; b < batch; b++, from += s.pixels()) {
       int plane = planes + b * s.image();
       for (int oy = oyLo; oy < oyHi; oy++) {
-        int to = plane + (oy * s.sh - s.ph + i) * s.w - s.pw + j;
+        int to = plane + (oy * s.sh + s.rowShift(i)) * s.w + s.colShift(j);
         int src = from + oy * s.ow;
         if (s.sw == 1) {
           for (int ox = oxLo; ox < oxHi; ox++) {
@@ -365,8 +381,8 @@ public final class CpuConvolution {
    * and out.
    */
   public static void conv2d_backward_filter(
-      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] wShape) {
-    ConvShape s = new ConvShape(x.shape, wShape, stride, pad, groups);
+      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] dilation, int[] wShape) {
+    ConvShape s = new ConvShape(x.shape, wShape, stride, pad, dilation, groups);
     int pixels = s.pixels();
     int fg = s.groupFilters();
     int kg = s.groupRows();

@@ -142,20 +142,21 @@ public final class CpuDevice implements Device {
   }
 
   @Override
-  public void conv2d(Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride) {
-    Workspace.conv2d(out, x, w, groups, pad, stride, workspaceLimit);
+  public void conv2d(
+      Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride, int[] dilation) {
+    Workspace.conv2d(out, x, w, groups, pad, stride, dilation, workspaceLimit);
   }
 
   @Override
   public void conv2dBackwardData(
-      Buf out, Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride) {
-    CpuConvolution.conv2d_backward_data(out, g, w, groups, inShape, pad, stride);
+      Buf out, Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride, int[] dilation) {
+    CpuConvolution.conv2d_backward_data(out, g, w, groups, inShape, pad, stride, dilation);
   }
 
   @Override
   public void conv2dBackwardFilter(
-      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] wShape) {
-    CpuConvolution.conv2d_backward_filter(out, x, g, groups, pad, stride, wShape);
+      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] dilation, int[] wShape) {
+    CpuConvolution.conv2d_backward_filter(out, x, g, groups, pad, stride, dilation, wShape);
   }
 
   @Override

@@ -260,7 +260,8 @@ final class CudaDnn implements AutoCloseable {
    * precise one first) whose scratch is at most {@code limit} bytes.
    */
   Conv prepare(
-      int kind, int[] x, int[] w, int[] y, int[] pad, int[] stride, int groups, long limit) {
+      int kind, int[] x, int[] w, int[] y, int[] pad, int[] stride, int[] dilation, int groups,
+      long limit) {
     Class<?> i = int.class;
     try {
       Object xd = descriptor(tensorClass, "Tensor");
@@ -275,7 +276,8 @@ final class CudaDnn implements AutoCloseable {
       call(
           "cudnnSetConvolution2dDescriptor",
           new Class<?>[] {convClass, i, i, i, i, i, i, i, i},
-          cd, pad[0], pad[1], stride[0], stride[1], 1, 1, CROSS_CORRELATION, FLOAT);
+          cd, pad[0], pad[1], stride[0], stride[1], dilation[0], dilation[1], CROSS_CORRELATION,
+          FLOAT);
       call("cudnnSetConvolutionGroupCount", new Class<?>[] {convClass, i}, cd, groups);
       call("cudnnSetConvolutionMathType", new Class<?>[] {convClass, i}, cd, FMA_MATH);
       tensor(yd, y[0], y[1], y[2], y[3]);

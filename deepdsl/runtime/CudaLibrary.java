@@ -72,10 +72,12 @@ abstract class CudaLibrary extends CudaMemory {
     gemm(out, a, b, out.shape[0], out.shape[r - 2], out.shape[r - 1], k, transposeA, transposeB);
   }
 
-  /** The convolution's sizes as library.cu takes them: N C H W F KH KW OH OW SH SW PH PW G. */
-  static Pointer[] conv(int[] x, int[] w, int[] y, int[] pad, int[] stride, int groups) {
+  /** The convolution's sizes as library.cu takes them: N C H W F KH KW OH OW SH SW PH PW G DH DW. */
+  static Pointer[] conv(
+      int[] x, int[] w, int[] y, int[] pad, int[] stride, int[] dilation, int groups) {
     int[] v = {
-      x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], stride[0], stride[1], pad[0], pad[1], groups
+      x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], stride[0], stride[1], pad[0], pad[1],
+      groups, dilation[0], dilation[1]
     };
     Pointer[] out = new Pointer[v.length];
     for (int k = 0; k < v.length; k++) {
@@ -90,16 +92,16 @@ abstract class CudaLibrary extends CudaMemory {
    */
   void cudnn(
       int kind, Buf result, Buf a, Buf b, int[] x, int[] w, int[] y, int[] pad, int[] stride,
-      int groups) {
+      int[] dilation, int groups) {
     String key =
         kind + Arrays.toString(x) + Arrays.toString(w) + Arrays.toString(y) + Arrays.toString(pad)
-            + Arrays.toString(stride) + groups;
+            + Arrays.toString(stride) + Arrays.toString(dilation) + groups;
     CudaDnn.Conv c = convs.get(key);
     if (c == null) {
       if (capturing) {
         throw new NotCapturable("a convolution is met for the first time");
       }
-      c = dnn.prepare(kind, x, w, y, pad, stride, groups, workspaceLimit);
+      c = dnn.prepare(kind, x, w, y, pad, stride, dilation, groups, workspaceLimit);
       convs.put(key, c);
       scratchOf(c.workspace);
     }
@@ -108,23 +110,24 @@ abstract class CudaLibrary extends CudaMemory {
   }
 
   @Override
-  public void conv2d(Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride) {
+  public void conv2d(
+      Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride, int[] dilation) {
     if (dnn != null) {
-      cudnn(CudaDnn.FORWARD, out, x, w, x.shape, w.shape, out.shape, pad, stride, groups);
+      cudnn(CudaDnn.FORWARD, out, x, w, x.shape, w.shape, out.shape, pad, stride, dilation, groups);
       return;
     }
     int[] y = out.shape;
     int[] grid = {tiles((long) y[0] * y[2] * y[3]), tiles(w.shape[0] / groups), groups};
     launch(
         "dd_k_conv2d", grid, TILE_BLOCK, new Buf[] {out, x, w},
-        conv(x.shape, w.shape, y, pad, stride, groups));
+        conv(x.shape, w.shape, y, pad, stride, dilation, groups));
   }
 
   @Override
   public void conv2dBackwardData(
-      Buf out, Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride) {
+      Buf out, Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride, int[] dilation) {
     if (dnn != null) {
-      cudnn(CudaDnn.DATA, out, g, w, inShape, w.shape, g.shape, pad, stride, groups);
+      cudnn(CudaDnn.DATA, out, g, w, inShape, w.shape, g.shape, pad, stride, dilation, groups);
       return;
     }
     int[] grid = {
@@ -132,19 +135,19 @@ abstract class CudaLibrary extends CudaMemory {
     };
     launch(
         "dd_k_conv2d_backward_data", grid, TILE_BLOCK, new Buf[] {out, g, w},
-        conv(inShape, w.shape, g.shape, pad, stride, groups));
+        conv(inShape, w.shape, g.shape, pad, stride, dilation, groups));
   }
 
   @Override
   public void conv2dBackwardFilter(
-      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] wShape) {
+      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] dilation, int[] wShape) {
     if (dnn != null) {
-      cudnn(CudaDnn.FILTER, out, x, g, x.shape, wShape, g.shape, pad, stride, groups);
+      cudnn(CudaDnn.FILTER, out, x, g, x.shape, wShape, g.shape, pad, stride, dilation, groups);
       return;
     }
     launch(
         "dd_k_conv2d_backward_filter", rows(out.numel()), THREADS, new Buf[] {out, x, g},
-        conv(x.shape, wShape, g.shape, pad, stride, groups));
+        conv(x.shape, wShape, g.shape, pad, stride, dilation, groups));
   }
 
   /** The pooling's sizes as library.cu takes them: NC H W OH OW KH KW SH SW PH PW. */

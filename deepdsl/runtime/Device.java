@@ -48,13 +48,13 @@ public interface Device extends AutoCloseable {
   /** The tensor's values on the host (the tensor itself where it lives there). */
   Buf read(Buf b);
 
-  void conv2d(Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride);
+  void conv2d(Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride, int[] dilation);
 
   void conv2dBackwardData(
-      Buf out, Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride);
+      Buf out, Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride, int[] dilation);
 
   void conv2dBackwardFilter(
-      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] wShape);
+      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] dilation, int[] wShape);
 
   void linear(Buf out, Buf x, Buf w);
 

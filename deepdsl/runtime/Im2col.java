@@ -16,19 +16,19 @@ final class Im2col {
 
   /**
    * One image's im2col columns transposed, one row of C*kh*kw per output pixel, from row {@code
-   * row}: rows[row + oy * OW + ox][(ch * kh + i) * kw + j] = x[ch, oy*sh - ph + i, ox*sw - pw +
-   * j], zero outside the image. Each pixel's row is written front to back, a window row at a time.
+   * row}: rows[row + oy * OW + ox][(ch * kh + i) * kw + j] = x[ch, oy*sh - ph + i*dh, ox*sw - pw +
+   * j*dw], zero outside the image. Each pixel's row is written front to back, a window row at a time.
    */
   static void im2colRows(ConvShape s, float[] x, int xOff, float[][] rows, int row) {
     for (int oy = 0; oy < s.oh; oy++) {
       for (int ox = 0; ox < s.ow; ox++) {
         float[] to = rows[row + oy * s.ow + ox];
         int ix = ox * s.sw - s.pw;
-        boolean inside = ix >= 0 && ix + s.kw <= s.w;
+        boolean inside = s.dw == 1 && ix >= 0 && ix + s.kw <= s.w;
         int at = 0;
         for (int ch = 0; ch < s.c; ch++) {
           for (int i = 0; i < s.kh; i++, at += s.kw) {
-            int iy = oy * s.sh - s.ph + i;
+            int iy = oy * s.sh + s.rowShift(i);
             if (iy < 0 || iy >= s.h) {
               Arrays.fill(to, at, at + s.kw, 0f);
               continue;
@@ -37,8 +37,8 @@ final class Im2col {
             if (inside) {
               copyShort(x, line + ix, to, at, s.kw);
             } else {
-              for (int j = 0; j < s.kw; j++) {
-                to[at + j] = ix + j >= 0 && ix + j < s.w ? x[line + ix + j] : 0f;
+              for (int j = 0, u = ix; j < s.kw; j++, u += s.dw) {
+                to[at + j] = u >= 0 && u < s.w ? x[line + u] : 0f;
               }
             }
           }
@@ -85,8 +85,8 @@ final class Im2col {
 
   /**
    * The im2col columns of the {@code batch} images at {@code x[xOff]} side by side:
-   * cols[(ch * kh + i) * kw + j][b * OH*OW + oy * OW + ox] = x[b, ch, oy*sh - ph + i, ox*sw - pw +
-   * j], zero outside the image. Each row is written whole, front to back, the channels' rows on the
+   * cols[(ch * kh + i) * kw + j][b * OH*OW + oy * OW + ox] = x[b, ch, oy*sh - ph + i*dh, ox*sw - pw
+   * + j*dw], zero outside the image. Each row is written whole, front to back, the channels' rows on the
    * threads: every row is its own array, so no two threads write one cache line. Built image by
    * image instead, the two threads shared the lines of every row: on ResNet-50's 3x3 convolutions
    * at batch 8 that took 1.7-4x as long (2x2 images: 282 against 163 us; 8x8: 427 against 103).
@@ -144,11 +144,11 @@ final class Im2col {
     int i = row / s.kw % s.kh;
     int j = row % s.kw;
     int pixels = s.pixels();
-    // the output columns ox whose input column ox*sw - pw + j lies inside [0, W), the rows likewise
-    int oxLo = Math.min(s.ow, firstInside(j - s.pw, s.sw));
-    int oxHi = Math.max(oxLo, Math.min(s.ow, lastInside(j - s.pw, s.sw, s.w) + 1));
-    int oyLo = Math.min(s.oh, firstInside(i - s.ph, s.sh));
-    int oyHi = Math.max(oyLo, Math.min(s.oh, lastInside(i - s.ph, s.sh, s.h) + 1));
+    // the output columns ox whose input column ox*sw - pw + j*dw lies inside [0, W), the rows likewise
+    int oxLo = Math.min(s.ow, firstInside(s.colShift(j), s.sw));
+    int oxHi = Math.max(oxLo, Math.min(s.ow, lastInside(s.colShift(j), s.sw, s.w) + 1));
+    int oyLo = Math.min(s.oh, firstInside(s.rowShift(i), s.sh));
+    int oyHi = Math.max(oyLo, Math.min(s.oh, lastInside(s.rowShift(i), s.sh, s.h) + 1));
     if (oxLo == oxHi || oyLo == oyHi) {
       Arrays.fill(line, 0, batch * pixels, 0f);
       return;
@@ -160,7 +160,7 @@ final class Im2col {
     for (int b = 0, to = 0; b < batch; b++, to += pixels, plane += s.image()) {
       Arrays.fill(line, to, to + oyLo * s.ow, 0f);
       if (same) { // x[plane + q + shift] for the output pixel q = oy * OW + ox
-        int shift = (i - s.ph) * s.w + j - s.pw;
+        int shift = s.rowShift(i) * s.w + s.colShift(j);
         copyShort(x, plane + first + shift, line, to + first, last - first);
       }
       for (int oy = oyLo; oy < oyHi; oy++) {
@@ -169,7 +169,7 @@ final class Im2col {
           line[at + ox] = 0f;
         }
         if (!same) {
-          int from = plane + (oy * s.sh - s.ph + i) * s.w - s.pw + j;
+          int from = plane + (oy * s.sh + s.rowShift(i)) * s.w + s.colShift(j);
           if (s.sw == 1) {
             copyShort(x, from + oxLo, line, at + oxLo, oxHi - oxLo);
           } else {
@@ -198,10 +198,10 @@ final class Im2col {
       for (int ox = 0; ox < s.ow; ox++) {
         int from = (row + oy * s.ow + ox) * length;
         int ix = ox * s.sw - s.pw;
-        boolean inside = ix >= 0 && ix + s.kw <= s.w;
+        boolean inside = s.dw == 1 && ix >= 0 && ix + s.kw <= s.w;
         for (int ch = 0; ch < s.c; ch++) {
           for (int i = 0; i < s.kh; i++, from += s.kw) {
-            int iy = oy * s.sh - s.ph + i;
+            int iy = oy * s.sh + s.rowShift(i);
             if (iy < 0 || iy >= s.h) {
               continue;
             }
@@ -209,8 +209,10 @@ final class Im2col {
             if (inside) {
               addShort(rows, from, dx, line + ix, s.kw);
             } else {
-              for (int j = Math.max(0, -ix); j < Math.min(s.kw, s.w - ix); j++) {
-                dx[line + ix + j] += rows[from + j];
+              for (int j = 0, u = ix; j < s.kw; j++, u += s.dw) {
+                if (u >= 0 && u < s.w) {
+                  dx[line + u] += rows[from + j];
+                }
               }
             }
           }

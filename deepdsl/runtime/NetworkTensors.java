@@ -372,6 +372,10 @@ public abstract class NetworkTensors {
     return rowsCols;
   }
 
+  protected static int[] dilation(int... rowsCols) {
+    return rowsCols;
+  }
+
   protected static int[] kernel(int... rowsCols) {
     return rowsCols;
   }

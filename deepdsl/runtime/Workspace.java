@@ -32,16 +32,19 @@ public final class Workspace {
 
   /** conv2d by im2col + GEMM when its scratch fits {@code limit} bytes, else by direct loops. */
   public static void conv2d(
-      Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride, long limit) {
+      Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride, int[] dilation, long limit) {
     if (conv2dScratch(x.shape, w.shape, out.shape, pad, stride) <= limit) {
-      CpuConvolution.conv2d(out, x, w, groups, pad, stride);
+      CpuConvolution.conv2d(out, x, w, groups, pad, stride, dilation);
     } else {
-      direct(out, x, w, groups, pad, stride);
+      direct(out, x, w, groups, pad, stride, dilation);
     }
   }
 
-  /** out[n, f, oh, ow] = the sum over the filter's window of x times w, reading zero outside x. */
-  static void direct(Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride) {
+  /**
+   * out[n, f, oh, ow] = the sum over the filter's (dilated) window of x times w, reading zero
+   * outside x.
+   */
+  static void direct(Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride, int[] dilation) {
     int n = x.shape[0];
     int c = x.shape[1];
     int h = x.shape[2];
@@ -70,12 +73,12 @@ public final class Workspace {
                   int xc = x.off + (image * c + c0 + ci) * h * wd;
                   int wc = w.off + (filter * cg + ci) * kh * kw;
                   for (int i = 0; i < kh; i++) {
-                    int row = y * stride[0] - pad[0] + i;
+                    int row = y * stride[0] - pad[0] + i * dilation[0];
                     if (row < 0 || row >= h) {
                       continue;
                     }
                     for (int j = 0; j < kw; j++) {
-                      int col = z * stride[1] - pad[1] + j;
+                      int col = z * stride[1] - pad[1] + j * dilation[1];
                       if (col >= 0 && col < wd) {
                         s += x.a[xc + row * wd + col] * w.a[wc + i * kw + j];
                       }

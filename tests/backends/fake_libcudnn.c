@@ -148,7 +148,7 @@ static cudnnStatus_t fits(cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w, 
   cudnnStatus_t s = cudnnGetConvolution2dForwardOutputDim(d, x, w, &n, &c, &h, &wd);
   if (s != OK) return s;
   if (!y->set || y->n != n || y->c != c || y->h != h || y->w != wd) return BAD_PARAM;
-  return d->dh == 1 && d->dw == 1 ? OK : NOT_SUPPORTED; /* this stand-in has no dilation */
+  return OK;
 }
 
 static size_t precomp_bytes(cudnnFilterDescriptor_t w, cudnnTensorDescriptor_t y) {
@@ -258,7 +258,7 @@ static double dot(const float *x, const float *w, cudnnTensorDescriptor_t xd, cu
   for (int c = 0; c < wd->c; c++)
     for (int i = 0; i < wd->h; i++)
       for (int j = 0; j < wd->w; j++) {
-        int hi = oi * d->sh - d->ph + i, wj = oj * d->sw - d->pw + j;
+        int hi = oi * d->sh - d->ph + i * d->dh, wj = oj * d->sw - d->pw + j * d->dw;
         if (hi < 0 || hi >= xd->h || wj < 0 || wj >= xd->w) continue;
         float xv = x[(((long long)ni * xd->c + g * wd->c + c) * xd->h + hi) * xd->w + wj];
         s += (double)xv * w[(((long long)f * wd->c + c) * wd->h + i) * wd->w + j];
@@ -287,7 +287,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, cudnnT
             for (int j = 0; j < wd->w; j++)
               for (int oi = 0; oi < yd->h; oi++)
                 for (int oj = 0; oj < yd->w; oj++) {
-                  int hi = oi * d->sh - d->ph + i, wj = oj * d->sw - d->pw + j;
+                  int hi = oi * d->sh - d->ph + i * d->dh, wj = oj * d->sw - d->pw + j * d->dw;
                   int inside = hi >= 0 && hi < xd->h && wj >= 0 && wj < xd->w;
                   cols[((long long)(c * wd->h + i) * wd->w + j) * pix + oi * yd->w + oj] =
                       inside ? xs[(((long long)ni * xd->c + g * wd->c + c) * xd->h + hi) * xd->w + wj] : 0.0f;
@@ -313,7 +313,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, cudnnT
 
 /* where the convolution's tap (i, j) of output (oi, oj) reads the input: its row and column, or -1 in the padding */
 static long long tap(cudnnTensorDescriptor_t xd, cudnnConvolutionDescriptor_t d, int oi, int oj, int i, int j) {
-  int hi = oi * d->sh - d->ph + i, wj = oj * d->sw - d->pw + j;
+  int hi = oi * d->sh - d->ph + i * d->dh, wj = oj * d->sw - d->pw + j * d->dw;
   return hi < 0 || hi >= xd->h || wj < 0 || wj >= xd->w ? -1 : (long long)hi * xd->w + wj;
 }
 

@@ -119,6 +119,18 @@ def test_every_registry_op_has_a_cuda_form() -> None:
         assert covered, f"op {name} has no CUDA kernel"
 
 
+def _neg_inf_pad(top: int, left: int, h: int, w: int):  # noqa: ANN202
+    """The body of max pooling's explicit padding (frontend/convs.py): x placed at (top, left), -inf around it."""
+    from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Var
+
+    index = (Affine.var("n"), Affine.var("c"), Affine((("h", 1),), -top), Affine((("w", 1),), -left))
+    inside = Apply("and", (
+        Apply("and", (Apply(">=", (Var("h"), Const(top))), Apply("<", (Var("h"), Const(top + h))))),
+        Apply("and", (Apply(">=", (Var("w"), Const(left))), Apply("<", (Var("w"), Const(left + w))))),
+    ))  # fmt: skip
+    return Apply("select", (inside, Read(0, index), Const(float("-inf"))))
+
+
 def _op_plan() -> Plan:
     """One graph holding each op without an index form that the networks do not use."""
     b = GraphBuilder("Ops")
@@ -151,6 +163,14 @@ def _op_plan() -> Plan:
         # along axes (issue 34): a slice, explicit broadcasting, maxima along some axes and all, the arg-max mask
         b.emit("slice", img, axis=2, start=2, stop=7), b.emit("expand", f("e", 4, 1), shape=(4, 10)),
         b.emit("max_axes", img, axes=(1, 3)), b.emit("max_axes", x, axes=(0, 1)), b.emit("equal_mask", x, g),
+        # the convolution family (issue 34): dilated convolutions, groups and unequal strides; a data gradient onto
+        # an image larger than the convolution reads (conv_transpose's output padding); max pooling's -inf padding
+        b.emit("conv2d", img, w3, stride=(1, 2), pad=(2, 1), groups=3, dilation=(2, 3)),
+        b.emit("conv2d_backward_data", f("gyd", 2, 6, 9, 3), w3, stride=(1, 2), pad=(2, 1), groups=3,
+               dilation=(2, 3), in_shape=(2, 3, 9, 10)),
+        b.emit("conv2d_backward_filter", img, f("gyd2", 2, 6, 9, 3), stride=(1, 2), pad=(2, 1), groups=3,
+               dilation=(2, 3), w_shape=(6, 1, 3, 3)),
+        b.emit("indexed", img, out=(("n", 2), ("c", 3), ("h", 11), ("w", 10)), body=_neg_inf_pad(1, 0, 9, 9)),
     ]  # fmt: skip
     for k, v in enumerate(outs):
         b.output(f"o{k}", v)

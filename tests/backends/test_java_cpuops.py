@@ -147,6 +147,27 @@ def _cases() -> list[tuple[str, str, list[np.ndarray], dict]]:
         add("conv2d_backward_data", [_f(*y.shape), wt], in_shape=x.shape, **conv)
         add("conv2d_backward_filter", [x, _f(*y.shape)], w_shape=wt.shape, **conv)
 
+    # dilated convolutions (issue 34): 'same' (stride 1, the shifted-plane copy) with dilation 2, strided with
+    # unequal dilations and groups, a window wider than its row's straight-line copy, a 1-D one ([N, C, 1, L]),
+    # one image (the parallel-GEMM path), and small outputs, so that several images share a product
+    for n, c, h, w, f, cg, kh, kw, stride, pad, dilation, groups in [
+        (4, 3, 7, 7, 4, 3, 3, 3, (1, 1), (2, 2), (2, 2), 1),
+        (3, 6, 13, 11, 9, 2, 3, 2, (2, 1), (1, 2), (3, 2), 3),
+        (2, 2, 9, 20, 3, 2, 2, 9, (1, 2), (0, 3), (1, 2), 1),
+        (5, 4, 1, 30, 6, 2, 1, 3, (1, 2), (0, 2), (1, 4), 2),
+        (1, 8, 12, 12, 16, 8, 3, 3, (1, 1), (1, 1), (3, 3), 1),
+        (12, 3, 8, 8, 5, 3, 2, 2, (1, 1), (0, 0), (3, 2), 1),
+    ]:
+        conv = {"stride": stride, "pad": pad, "groups": groups, "dilation": dilation}
+        x, wt = _f(n, c, h, w), _f(f, cg, kh, kw)
+        y = _np("conv2d", [x, wt], **conv)
+        add("conv2d", [x, wt], **conv)
+        add("conv2d_backward_data", [_f(*y.shape), wt], in_shape=x.shape, **conv)
+        add("conv2d_backward_filter", [x, _f(*y.shape)], w_shape=wt.shape, **conv)
+    # a data gradient onto an image larger than the convolution reads (conv_transpose's output padding)
+    conv = {"stride": (2, 3), "pad": (1, 0), "groups": 1, "dilation": (2, 1)}
+    add("conv2d_backward_data", [_f(2, 4, 4, 3), _f(4, 3, 3, 2)], in_shape=(2, 3, 10, 10), **conv)
+
     # pooling: padding, odd sizes, overlapping windows; 2x2 windows at stride 2 (their own loops), on even and
     # odd sizes
     for shape, kernel, stride, pad in [

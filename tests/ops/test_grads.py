@@ -209,3 +209,52 @@ def test_pool_gradients(op: str, kernel: tuple, stride: tuple, pad: tuple) -> No
 @pytest.mark.parametrize("size", [1, 3, 4, 5])
 def test_lrn_gradients(size: int) -> None:
     check_op_gradient("lrn", [rand(2, 5, 2, 3)], {"size": size, "alpha": 0.8, "beta": 0.75, "k": 1.0})
+
+
+# ---- the convolution family (issue 34): dilated convolutions, their data gradient (conv_transpose) onto an image
+# larger than the convolution reads (its output padding), and the explicit pads before a pooling (frontend/convs.py)
+
+
+@pytest.mark.parametrize(
+    ("xs", "ws", "stride", "pad", "groups", "dilation", "in_extra"),
+    [
+        ((2, 4, 9, 8), (6, 2, 3, 2), (2, 1), (1, 2), 2, (2, 3), (0, 0)),
+        ((1, 3, 10, 7), (2, 3, 2, 3), (1, 2), (0, 1), 1, (3, 1), (0, 1)),
+        ((2, 2, 8, 8), (2, 1, 3, 3), (2, 2), (1, 1), 2, (2, 2), (1, 1)),
+    ],
+)
+def test_dilated_conv_gradients(xs, ws, stride, pad, groups, dilation, in_extra) -> None:  # noqa: ANN001
+    a = {"stride": stride, "pad": pad, "groups": groups, "dilation": dilation}
+    check_op_gradient("conv2d", [rand(*xs), rand(*ws)], a)
+    from deepdsl.ir import TensorType
+
+    x = TensorType((xs[0], xs[1], xs[2] + in_extra[0], xs[3] + in_extra[1]))  # the output padding's rows
+    y = REGISTRY["conv2d"].shape((x, TensorType(ws)), a)
+    check_op_gradient("conv2d_backward_data", [rand(*y.shape), rand(*ws)], a | {"in_shape": x.shape})
+
+
+@pytest.mark.parametrize("fill", [0.0, float("-inf")])
+def test_explicit_pad_gradient(fill: float) -> None:
+    from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Var
+
+    index = (Affine.var("n"), Affine.var("c"), Affine((("h", 1),), -1), Affine((("w", 1),), -2))
+    body = Read(0, index)
+    if fill:
+        inside = Apply(
+            "and",
+            (
+                Apply("and", (Apply(">=", (Var("h"), Const(1))), Apply("<", (Var("h"), Const(5))))),
+                Apply("and", (Apply(">=", (Var("w"), Const(2))), Apply("<", (Var("w"), Const(5))))),
+            ),
+        )
+        body = Apply("select", (inside, body, Const(fill)))
+    out = (("n", 2), ("c", 3), ("h", 7), ("w", 6))
+    # max pooling after it, so that the -inf never reaches the loss (every window holds part of x)
+    build = lambda b, v: b.emit(
+        "max_pool2d",
+        b.emit("indexed", v[0], out=out, body=body),
+        kernel=(3, 3),  # noqa: E731
+        stride=(2, 2),
+        pad=(0, 0),
+    )
+    check_op_gradient("indexed", [rand(2, 3, 4, 3)], {}, build=build)

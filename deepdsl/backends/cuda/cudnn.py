@@ -162,8 +162,8 @@ class Cudnn:
         check(lib.cudnnSetTensor4dDescriptor(x, _NCHW, _FLOAT, c.n, c.c, c.h, c.w), "cudnnSetTensor4dDescriptor")
         check(lib.cudnnSetFilter4dDescriptor(w, _FLOAT, _NCHW, c.f, c.c // c.groups, c.kh, c.kw),
               "cudnnSetFilter4dDescriptor")  # fmt: skip
-        (ph, pw), (sh, sw) = c.pad, c.stride
-        check(lib.cudnnSetConvolution2dDescriptor(conv, ph, pw, sh, sw, 1, 1, _CROSS_CORRELATION, _FLOAT),
+        (ph, pw), (sh, sw), (dh, dw) = c.pad, c.stride, c.dilation
+        check(lib.cudnnSetConvolution2dDescriptor(conv, ph, pw, sh, sw, dh, dw, _CROSS_CORRELATION, _FLOAT),
               "cudnnSetConvolution2dDescriptor")  # fmt: skip
         check(lib.cudnnSetConvolutionGroupCount(conv, c.groups), "cudnnSetConvolutionGroupCount")
         check(lib.cudnnSetConvolutionMathType(conv, _FMA_MATH), "cudnnSetConvolutionMathType")

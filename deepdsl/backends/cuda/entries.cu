@@ -7,20 +7,21 @@ extern "C" __global__ void dd_k_gemm(float* c, const float* a, const float* b, i
 }
 
 extern "C" __global__ void dd_k_conv2d(float* y, const float* x, const float* w, int N, int C, int H, int W, int F,
-                                       int KH, int KW, int OH, int OW, int SH, int SW, int PH, int PW, int G) {
-    dd_conv2d_igemm(y, x, w, N, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, G);
+                                       int KH, int KW, int OH, int OW, int SH, int SW, int PH, int PW, int G, int DH,
+                                       int DW) {
+    dd_conv2d_igemm(y, x, w, N, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, G, DH, DW);
 }
 
 extern "C" __global__ void dd_k_conv2d_backward_data(float* dx, const float* g, const float* w, int N, int C, int H,
                                                      int W, int F, int KH, int KW, int OH, int OW, int SH, int SW,
-                                                     int PH, int PW, int G) {
-    dd_conv2d_backward_data_igemm(dx, g, w, N, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, G);
+                                                     int PH, int PW, int G, int DH, int DW) {
+    dd_conv2d_backward_data_igemm(dx, g, w, N, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, G, DH, DW);
 }
 
 extern "C" __global__ void dd_k_conv2d_backward_filter(float* dw, const float* x, const float* g, int N, int C, int H,
                                                        int W, int F, int KH, int KW, int OH, int OW, int SH, int SW,
-                                                       int PH, int PW, int G) {
-    dd_conv2d_backward_filter(dw, x, g, N, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, G);
+                                                       int PH, int PW, int G, int DH, int DW) {
+    dd_conv2d_backward_filter(dw, x, g, N, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, G, DH, DW);
 }
 
 extern "C" __global__ void dd_k_max_pool2d(float* y, const float* x, int NC, int H, int W, int OH, int OW, int KH,

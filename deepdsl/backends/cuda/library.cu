@@ -84,14 +84,15 @@ __device__ void dd_gemm(float* __restrict__ c, const float* __restrict__ a, cons
     if (row < M && col < N) cb[row * N + col] = acc;
 }
 
-// ---- convolution, NCHW, weights [F, C/G, KH, KW] ----
+// ---- convolution, NCHW, weights [F, C/G, KH, KW]; tap (i, j) of a window reads input row oh*SH - PH + i*DH,
+// column ow*SW - PW + j*DW (dilation DH, DW) ----
 
 // conv2d as an implicit GEMM, per group g (blockIdx.z): Y[f, q] = sum over k of W[f, k] X[k, q], with f the
 // filter in the group, k = (c, i, j) the window offset and q = (n, oh, ow) the output pixel; X is read from the
 // image on the fly (zero in the padding). Launch: block (16, 16), grid (ceil(N*OH*OW/16), ceil(F/G/16), G).
 __device__ void dd_conv2d_igemm(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w,
                                 int N, int C, int H, int W, int F, int KH, int KW, int OH, int OW,
-                                int SH, int SW, int PH, int PW, int G) {
+                                int SH, int SW, int PH, int PW, int G, int DH, int DW) {
     __shared__ float ws[DD_TILE][DD_TILE + 1];
     __shared__ float xs[DD_TILE][DD_TILE + 1];
     int cg = C / G, fg = F / G, K = cg * KH * KW, Q = N * OH * OW, g = blockIdx.z;
@@ -106,7 +107,7 @@ __device__ void dd_conv2d_igemm(float* __restrict__ y, const float* __restrict__
         float v = 0.0f;
         if (kx < K && q < Q) {
             int c = kx / (KH * KW), i = (kx / KW) % KH, j = kx % KW;
-            int h = qh * SH - PH + i, u = qw * SW - PW + j;
+            int h = qh * SH - PH + i * DH, u = qw * SW - PW + j * DW;
             if (h >= 0 && h < H && u >= 0 && u < W) v = x[(((long long)qn * C + g * cg + c) * H + h) * W + u];
         }
         xs[ty][tx] = v;
@@ -122,7 +123,8 @@ __device__ void dd_conv2d_igemm(float* __restrict__ y, const float* __restrict__
 // pixel p in an output (zero elsewhere). Launch: block (16, 16), grid (ceil(N*H*W/16), ceil(C/G/16), G).
 __device__ void dd_conv2d_backward_data_igemm(float* __restrict__ dx, const float* __restrict__ g,
                                               const float* __restrict__ w, int N, int C, int H, int W, int F,
-                                              int KH, int KW, int OH, int OW, int SH, int SW, int PH, int PW, int G) {
+                                              int KH, int KW, int OH, int OW, int SH, int SW, int PH, int PW, int G,
+                                              int DH, int DW) {
     __shared__ float ws[DD_TILE][DD_TILE + 1];
     __shared__ float gs[DD_TILE][DD_TILE + 1];
     int cg = C / G, fg = F / G, K = fg * KH * KW, P = N * H * W, grp = blockIdx.z;
@@ -142,7 +144,7 @@ __device__ void dd_conv2d_backward_data_igemm(float* __restrict__ dx, const floa
         float v = 0.0f;
         if (kg < K && p < P) {
             int f = kg / (KH * KW), i = (kg / KW) % KH, j = kg % KW;
-            int t = ph + PH - i, u = pw + PW - j;
+            int t = ph + PH - i * DH, u = pw + PW - j * DW;
             if (t >= 0 && u >= 0 && t % SH == 0 && u % SW == 0 && t / SH < OH && u / SW < OW)
                 v = g[(((long long)pn * F + grp * fg + f) * OH + t / SH) * OW + u / SW];
         }
@@ -157,7 +159,8 @@ __device__ void dd_conv2d_backward_data_igemm(float* __restrict__ dx, const floa
 // d w of conv2d: one block per weight element, its threads sharing the sum over (n, oh, ow).
 __device__ void dd_conv2d_backward_filter(float* __restrict__ dw, const float* __restrict__ x,
                                           const float* __restrict__ g, int N, int C, int H, int W, int F,
-                                          int KH, int KW, int OH, int OW, int SH, int SW, int PH, int PW, int G) {
+                                          int KH, int KW, int OH, int OW, int SH, int SW, int PH, int PW, int G,
+                                          int DH, int DW) {
     int cg = C / G, fg = F / G;
     DD_BLOCK_STRIDE(r, F * cg * KH * KW) {
         int j = r % KW, i = (r / KW) % KH, cl = (r / (KW * KH)) % cg, f = r / (KW * KH * cg);
@@ -165,7 +168,7 @@ __device__ void dd_conv2d_backward_filter(float* __restrict__ dw, const float* _
         float acc = 0.0f;
         for (int p = threadIdx.x; p < N * OH * OW; p += blockDim.x) {
             int ow = p % OW, oh = (p / OW) % OH, n = p / (OW * OH);
-            int h = oh * SH - PH + i, v = ow * SW - PW + j;
+            int h = oh * SH - PH + i * DH, v = ow * SW - PW + j * DW;
             if (h >= 0 && h < H && v >= 0 && v < W)
                 acc += g[(((long long)n * F + f) * OH + oh) * OW + ow] * x[(((long long)n * C + c) * H + h) * W + v];
         }

@@ -44,8 +44,8 @@ def _conv_geometry(s: Stmt) -> tuple[int, ...]:
         x, y, w = s.inputs[0].type.shape, s.inputs[1].type.shape, tuple(a["w_shape"])
     n, c, h, wd = x
     f, _, kh, kw = w
-    (sh, sw), (ph, pw) = a["stride"], a["pad"]
-    return n, c, h, wd, f, kh, kw, y[2], y[3], sh, sw, ph, pw, a["groups"]
+    (sh, sw), (ph, pw), (dh, dw) = a["stride"], a["pad"], a.get("dilation", (1, 1))
+    return n, c, h, wd, f, kh, kw, y[2], y[3], sh, sw, ph, pw, a["groups"], dh, dw
 
 
 def _conv(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:

@@ -21,7 +21,11 @@ from deepdsl.ir.indexexpr import Apply, Const, Read
 from deepdsl.ir.registry import JavaCall
 
 # the library calls' attributes written through Network's helpers of the same name: pad(0, 0), stride(1, 1)
-NAMED_ARGUMENTS = frozenset({"groups", "pad", "stride", "kernel", "inShape", "wShape", "transposeA", "transposeB"})
+NAMED_ARGUMENTS = frozenset(
+    {"groups", "pad", "stride", "kernel", "inShape", "wShape", "transposeA", "transposeB", "dilation"}
+)
+# attributes a statement may leave out, and the value its call then passes: a convolution without dilation
+DEFAULTS = {"dilation": (1, 1)}
 
 
 def java_call(op: str) -> JavaCall:
@@ -78,6 +82,7 @@ def library_arguments(s: Stmt) -> list[str]:
     attrs = {k: v for k, v in s.attrs if k not in ("epilogue", "inplace")}
     call = java_call(s.op)
     args = []
+    attrs = {k: v for k, v in DEFAULTS.items() if k in call.keys} | attrs
     for (java_type, param), key in zip(call.attributes, call.keys):
         if key == "step":  # the step counter, an input of the statement, is passed as a long
             args.append("iteration")

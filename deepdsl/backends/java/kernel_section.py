@@ -239,7 +239,9 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
     cuda = _cuda(e, _PLACEHOLDER, body, out, shapes, ctypes)
     key = (java, cuda.text, cuda.loop)
     if key not in e.kernels:
-        name = e.kernel_names(f"kernel:{op}:{value}", camel(op))
+        # (one name per distinct kernel: the train and infer programs may both have a statement of this op and value
+        # whose kernels differ, as two heads' bias adds fused into a linear's epilogue in either order)
+        name = e.kernel_names(f"kernel:{op}:{value}:{len(e.kernels)}", camel(op))
         cuda = _cuda(e, name, body, out, shapes, ctypes, (meaning(body, out, shapes, cuda=True),))
         split, columns = split_of(body, out, shapes)
         doc = meaning(body, out, shapes)
@@ -269,7 +271,7 @@ def group_constant(e: Emitter, stmts: tuple[Stmt, ...]) -> tuple[str, tuple[Valu
            len(shared), ctypes)  # fmt: skip
     if key not in e.kernels:
         ops = [st.a["ops"][0] if st.op == "fused" and st.a.get("ops") else st.op for st in stmts]
-        name = e.kernel_names(f"kernel:group:{stmts[0].out.name}", camel("_".join(ops)))
+        name = e.kernel_names(f"kernel:group:{stmts[0].out.name}:{len(e.kernels)}", camel("_".join(ops)))
         n = len(shared) + len(used)
         names = (*(f"in{k}" for k in range(n)), *(f"out{m}" for m in range(len(bodies))))
         texts = []

@@ -4,6 +4,7 @@ changes it without a recompile of the network."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from deepdsl.backends.java.state import Emitter
@@ -59,6 +60,8 @@ def read_settings(e: Any, first: int) -> Any:
     """`e` with each setting's sentinel (Emitter.with_settings) read from input `first + k`, a scalar; `1 - beta`
     (Adam's moments) too."""
     if isinstance(e, Const):
+        if not math.isfinite(e.value):  # -inf (max pooling's padding) is no setting's sentinel
+            return e
         k = e.value - _SENTINEL
         if k == int(k) and 0 <= k < MAX_SETTINGS:
             return Read(first + int(k), ())

@@ -92,6 +92,11 @@ public final class OpCheck {
       return shapeOf(text(key), ",");
     }
 
+    /** The convolution's dilation: {1, 1} where the case has none (as a statement without it). */
+    int[] dilation() {
+      return values.containsKey("dilation") ? ints("dilation") : new int[] {1, 1};
+    }
+
     int i(String key) {
       return Integer.parseInt(text(key));
     }
@@ -128,13 +133,17 @@ public final class OpCheck {
               out, x, y, z, in.get(3), in.get(4), in.get(5), in.get(6), a.f("eps"));
       case "batch_matmul" -> CpuGemm.batch_matmul(out, x, y, a.b("transpose_a"), a.b("transpose_b"));
       case "concat" -> CpuShapes.concat(out, in.toArray(new Buf[0]), a.i("axis"));
-      case "conv2d" -> CpuConvolution.conv2d(out, x, y, a.i("groups"), a.ints("pad"), a.ints("stride"));
+      case "conv2d" ->
+          CpuConvolution.conv2d(
+              out, x, y, a.i("groups"), a.ints("pad"), a.ints("stride"), a.dilation());
       case "conv2d_backward_data" ->
           CpuConvolution.conv2d_backward_data(
-              out, x, y, a.i("groups"), a.ints("in_shape"), a.ints("pad"), a.ints("stride"));
+              out, x, y, a.i("groups"), a.ints("in_shape"), a.ints("pad"), a.ints("stride"),
+              a.dilation());
       case "conv2d_backward_filter" ->
           CpuConvolution.conv2d_backward_filter(
-              out, x, y, a.i("groups"), a.ints("pad"), a.ints("stride"), a.ints("w_shape"));
+              out, x, y, a.i("groups"), a.ints("pad"), a.ints("stride"), a.dilation(),
+              a.ints("w_shape"));
       case "cross_entropy" -> CpuLosses.cross_entropy(out, x, y);
       case "cross_entropy_backward" -> CpuLosses.cross_entropy_backward(out, x, y, z);
       case "dropout_mask" ->

@@ -1,6 +1,6 @@
 // %2 = conv2d(%x, %cv1.W, %cv1.b) {groups=1, pad=(0, 0), stride=(1, 1), epilogue=($result[i0, i1, i2, i3] + %cv1.b[i1])} : f32[64,20,24,24]  # lenet.ddsl:13:13 cv1
 extern "C" __global__ void conv2d__cv1__v2(float* __restrict__ out, const float* __restrict__ in0, const float* __restrict__ in1) {
-  dd_conv2d_igemm(out, in0, in1, 64, 1, 28, 28, 20, 5, 5, 24, 24, 1, 1, 0, 0, 1);
+  dd_conv2d_igemm(out, in0, in1, 64, 1, 28, 28, 20, 5, 5, 24, 24, 1, 1, 0, 0, 1, 1, 1);
 }
 
 // epilogue of %2: out[i0, i1, i2, i3] = (out[i0, i1, i2, i3] + in1[i1])
@@ -18,7 +18,7 @@ extern "C" __global__ void max_pool2d__mp__v3(float* __restrict__ out, const flo
 
 // %5 = conv2d(%3, %cv2.W, %cv2.b) {groups=1, pad=(0, 0), stride=(1, 1), epilogue=($result[i0, i1, i2, i3] + %cv2.b[i1])} : f32[64,50,8,8]  # lenet.ddsl:14:13 cv2
 extern "C" __global__ void conv2d__cv2__v5(float* __restrict__ out, const float* __restrict__ in0, const float* __restrict__ in1) {
-  dd_conv2d_igemm(out, in0, in1, 64, 20, 12, 12, 50, 5, 5, 8, 8, 1, 1, 0, 0, 1);
+  dd_conv2d_igemm(out, in0, in1, 64, 20, 12, 12, 50, 5, 5, 8, 8, 1, 1, 0, 0, 1, 1, 1);
 }
 
 // epilogue of %5: out[i0, i1, i2, i3] = (out[i0, i1, i2, i3] + in1[i1])
@@ -146,12 +146,12 @@ extern "C" __global__ void channel_sum__cv2__v25(float* out, const float* in0) {
 
 // %26 = conv2d_backward_data(%24, %cv2.W) {groups=1, in_shape=(64, 20, 12, 12), pad=(0, 0), stride=(1, 1)} : f32[64,20,12,12]  # lenet.ddsl:14:13 cv2
 extern "C" __global__ void conv2d_backward_data__cv2__v26(float* __restrict__ out, const float* __restrict__ in0, const float* __restrict__ in1) {
-  dd_conv2d_backward_data_igemm(out, in0, in1, 64, 20, 12, 12, 50, 5, 5, 8, 8, 1, 1, 0, 0, 1);
+  dd_conv2d_backward_data_igemm(out, in0, in1, 64, 20, 12, 12, 50, 5, 5, 8, 8, 1, 1, 0, 0, 1, 1, 1);
 }
 
 // %27 = conv2d_backward_filter(%3, %24) {groups=1, pad=(0, 0), stride=(1, 1), w_shape=(50, 20, 5, 5)} : f32[50,20,5,5]  # lenet.ddsl:14:13 cv2
 extern "C" __global__ void conv2d_backward_filter__cv2__v27(float* __restrict__ out, const float* __restrict__ in0, const float* __restrict__ in1) {
-  dd_conv2d_backward_filter(out, in0, in1, 64, 20, 12, 12, 50, 5, 5, 8, 8, 1, 1, 0, 0, 1);
+  dd_conv2d_backward_filter(out, in0, in1, 64, 20, 12, 12, 50, 5, 5, 8, 8, 1, 1, 0, 0, 1, 1, 1);
 }
 
 // %28 = max_pool2d_backward(%2, %3, %26) {kernel=(2, 2), pad=(0, 0), stride=(2, 2)} : f32[64,20,24,24]  # lenet.ddsl:15:13 mp
@@ -178,7 +178,7 @@ extern "C" __global__ void channel_sum__cv1__v29(float* out, const float* in0) {
 
 // %31 = conv2d_backward_filter(%x, %28) {groups=1, pad=(0, 0), stride=(1, 1), w_shape=(20, 1, 5, 5)} : f32[20,1,5,5]  # lenet.ddsl:13:13 cv1
 extern "C" __global__ void conv2d_backward_filter__cv1__v31(float* __restrict__ out, const float* __restrict__ in0, const float* __restrict__ in1) {
-  dd_conv2d_backward_filter(out, in0, in1, 64, 1, 28, 28, 20, 5, 5, 24, 24, 1, 1, 0, 0, 1);
+  dd_conv2d_backward_filter(out, in0, in1, 64, 1, 28, 28, 20, 5, 5, 24, 24, 1, 1, 0, 0, 1, 1, 1);
 }
 
 // %32 = sgd_momentum(%opt/cv1.W/momentum, %31, %cv1.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[20,1,5,5]

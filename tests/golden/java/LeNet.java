@@ -122,12 +122,12 @@ public final class LeNet extends Network {
 
     void step() {
       // cv1, lenet.ddsl:13:13
-      dev.conv2d(cv1_out, x, cv1_W, groups(1), pad(0, 0), stride(1, 1));
+      dev.conv2d(cv1_out, x, cv1_W, groups(1), pad(0, 0), stride(1, 1), dilation(1, 1));
       dev.run(CHANNEL_BIAS_ADD, cv1_out, cv1_out, cv1_b);
       // mp, lenet.ddsl:15:13
       dev.maxPool2d(mp_out, cv1_out, kernel(2, 2), pad(0, 0), stride(2, 2));
       // cv2, lenet.ddsl:14:13
-      dev.conv2d(cv2_out, mp_out, cv2_W, groups(1), pad(0, 0), stride(1, 1));
+      dev.conv2d(cv2_out, mp_out, cv2_W, groups(1), pad(0, 0), stride(1, 1), dilation(1, 1));
       dev.run(CHANNEL_BIAS_ADD, cv2_out, cv2_out, cv2_b);
       // mp, lenet.ddsl:15:13
       dev.maxPool2d(mp_out_2, cv2_out, kernel(2, 2), pad(0, 0), stride(2, 2));
@@ -152,13 +152,13 @@ public final class LeNet extends Network {
       dev.maxPool2dBackward(mp_dx, cv2_out, mp_out_2, net_flatten1_dx, kernel(2, 2), pad(0, 0), stride(2, 2));
       // cv2, lenet.ddsl:14:13
       dev.run(CHANNEL_SUM, cv2_db, mp_dx);
-      dev.conv2dBackwardData(cv2_dx, mp_dx, cv2_W, groups(1), inShape(64, 20, 12, 12), pad(0, 0), stride(1, 1));
-      dev.conv2dBackwardFilter(cv2_dW, mp_out, mp_dx, groups(1), pad(0, 0), stride(1, 1), wShape(50, 20, 5, 5));
+      dev.conv2dBackwardData(cv2_dx, mp_dx, cv2_W, groups(1), inShape(64, 20, 12, 12), pad(0, 0), stride(1, 1), dilation(1, 1));
+      dev.conv2dBackwardFilter(cv2_dW, mp_out, mp_dx, groups(1), pad(0, 0), stride(1, 1), dilation(1, 1), wShape(50, 20, 5, 5));
       // mp, lenet.ddsl:15:13
       dev.maxPool2dBackward(mp_dx_2, cv1_out, mp_out, cv2_dx, kernel(2, 2), pad(0, 0), stride(2, 2));
       // cv1, lenet.ddsl:13:13
       dev.run(CHANNEL_SUM, cv1_db, mp_dx_2);
-      dev.conv2dBackwardFilter(cv1_dW, x, mp_dx_2, groups(1), pad(0, 0), stride(1, 1), wShape(20, 1, 5, 5));
+      dev.conv2dBackwardFilter(cv1_dW, x, mp_dx_2, groups(1), pad(0, 0), stride(1, 1), dilation(1, 1), wShape(20, 1, 5, 5));
       updateSgdMomentumSgdStep(cv1_W_momentum, cv1_W, cv1_dW);
       updateSgdMomentumSgdStep(cv1_b_momentum, cv1_b, cv1_db);
       updateSgdMomentumSgdStep(cv2_W_momentum, cv2_W, cv2_dW);
@@ -186,12 +186,12 @@ public final class LeNet extends Network {
     /** The prediction (inferStep runs this alone). */
     void predict() {
       // cv1, lenet.ddsl:13:13
-      dev.conv2d(cv1_out, x, cv1_W, groups(1), pad(0, 0), stride(1, 1));
+      dev.conv2d(cv1_out, x, cv1_W, groups(1), pad(0, 0), stride(1, 1), dilation(1, 1));
       dev.run(CHANNEL_BIAS_ADD, cv1_out, cv1_out, cv1_b);
       // mp, lenet.ddsl:15:13
       dev.maxPool2d(mp_out, cv1_out, kernel(2, 2), pad(0, 0), stride(2, 2));
       // cv2, lenet.ddsl:14:13
-      dev.conv2d(cv2_out, mp_out, cv2_W, groups(1), pad(0, 0), stride(1, 1));
+      dev.conv2d(cv2_out, mp_out, cv2_W, groups(1), pad(0, 0), stride(1, 1), dilation(1, 1));
       dev.run(CHANNEL_BIAS_ADD, cv2_out, cv2_out, cv2_b);
       // mp, lenet.ddsl:15:13
       dev.maxPool2d(mp_out_2, cv2_out, kernel(2, 2), pad(0, 0), stride(2, 2));
