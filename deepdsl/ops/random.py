@@ -93,7 +93,8 @@ def _sample_rule(what: str):  # noqa: ANN202
 defop("sample_normal", 0, differentiable=False, doc="standard normal samples of attrs shape (attrs site); lowered to "
       "random_normal in training and to 0 in inference")(_sample_rule("normal"))  # fmt: skip
 defop("sample_uniform", 0, differentiable=False, doc="samples uniform in [low, high) of attrs shape (attrs site); "
-      "lowered to random_uniform in training and to (low + high) / 2 in inference")(_sample_rule("uniform"))  # fmt: skip
+      "lowered to random_uniform in training and to (low + high) / 2 in inference")(
+    _sample_rule("uniform"))  # fmt: skip
 defop("random_normal", 1, differentiable=False, doc="standard normal draws of attrs shape from the step (input) and "
       "attrs site, seed")(_sample_rule("random_normal"))  # fmt: skip
 defop("random_uniform", 1, differentiable=False, doc="uniform draws in [low, high) of attrs shape from the step "
