@@ -137,6 +137,5 @@ def _random_uniform(xs: tuple, a: dict) -> np.ndarray:
 
 
 flops_rule("random_normal", "random_uniform")(_flops)
-flops_rule("sample_normal", "sample_uniform")(_flops)
 java_call("random_normal", "long step, long seed, String site", cls="Rng")
 java_call("random_uniform", "long step, float low, float high, long seed, String site", cls="Rng")

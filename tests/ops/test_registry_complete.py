@@ -115,6 +115,12 @@ EXAMPLES = {
     # image ops
     "resize_axis": ((X4,), {"axis": 2, "factor": 2, "mode": "bilinear"}),
     "resize_axis_backward": ((X4,), {"axis": 3, "factor": 2, "mode": "nearest", "size": 4}),
+    # sampling in the graph (issue 34)
+    "sample_normal": ((), {"shape": (2, 3), "site": "z"}),
+    "sample_uniform": ((), {"shape": (2, 3), "site": "u", "low": -1.0, "high": 2.0}),
+    "random_normal": ((TensorType((), DType.I64),), {"shape": (2, 3), "site": "z", "seed": 1}),
+    "random_uniform": ((TensorType((), DType.I64),), {"shape": (2, 3), "site": "u", "seed": 1, "low": -1.0,
+                                                      "high": 2.0}),
 }  # fmt: skip
 
 EXPECTED = {
@@ -139,6 +145,8 @@ LOWERED = {
     "batch_norm": "lowered to channel_mean, channel_var, running_update and bn_train_apply (bn_apply in inference)",
     "dropout": "lowered to dropout_mask * x in training, to x in inference",
     "layer_norm": "lowered to layer_norm_rows, then the scale and shift",
+    "sample_normal": "lowered to random_normal in training, to a fill of 0 in inference",
+    "sample_uniform": "lowered to random_uniform in training, to a fill of (low + high) / 2 in inference",
 }
 # ops whose statement carries its own index expression (attrs body, out): the backends compile that
 FROM_BODY = {
