@@ -54,13 +54,13 @@ def huber(shape: tuple[int, ...], delta: float) -> Body:
 
 
 def bce_with_logits(shape: tuple[int, ...]) -> Body:
-    """mean of max(x, 0) − x·t + log(1 + exp(−|x|)) (F.binary_cross_entropy_with_logits), written per sign of x
-    so that exp never overflows and the gradient is σ(x) − t at x = 0 too."""
+    """mean of softplus(x) − x·t (F.binary_cross_entropy_with_logits), softplus(x) = max(x, 0) + log(1 + exp(−|x|))
+    with −|x| written min(−x, x): exp never overflows, in the value or in its gradient (no branch holds an infinity
+    that a zero factor would turn into a NaN), and at x = 0 the two ties give slopes 1 and −1/2, so the gradient
+    is σ(x) − t there too."""
     x, t = _at(0, len(shape)), _at(1, len(shape))
-    xt = _ap("*", x, t)
-    pos = _ap("+", _ap("-", x, xt), _ap("log", _ap("+", _c(1), _ap("exp", _ap("neg", x)))))
-    neg = _ap("+", _ap("neg", xt), _ap("log", _ap("+", _c(1), _ap("exp", x))))
-    return _mean_over(shape, _ap("select", _ap(">=", x, _c(0)), pos, neg))
+    softplus = _ap("+", _ap("max", x, _c(0)), _ap("log", _ap("+", _c(1), _ap("exp", _ap("min", _ap("neg", x), x)))))
+    return _mean_over(shape, _ap("-", softplus, _ap("*", x, t)))
 
 
 def _class_weight(k: IE, weight: tuple[float, ...], ignore: int, lo: int = 0, hi: int | None = None) -> IE:

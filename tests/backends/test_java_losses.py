@@ -1,0 +1,69 @@
+"""The losses, loss terms and sampling of issue 34 in the generated Java program: networks/examples/vae.ddsl
+(`normal`, a scalar tensor function, `rec + kl`) and a network of the new losses and `uniform`, trained by the Java
+program on the CPU device with the NumPy runner's losses, terms and test loss."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ROOT
+from java_env import JAVA_MARKS, java, java_json, javac
+
+pytestmark = [*JAVA_MARKS, pytest.mark.slow]  # one javac run of two programs
+
+VAE = ROOT / "networks" / "examples" / "vae.ddsl"
+SMALL = ["--set", "N=8", "--set", "D=32", "--set", "H=16", "--set", "Z=4"]
+LOSSES = """network Losses
+const N = 8
+input x : [N, 12]
+input t : [N, 4]
+label y : [N] classes 4
+layer fc1 = full(16)
+layer fc2 = full(4)
+s = fc2(tanh(fc1(x)) + uniform((N, 16), low=-0.1, high=0.25))
+ce = softmax_cross_entropy(s, y, label_smoothing=0.1, weight=(1, 2, 0.5, 1.5))
+nl = nll(log_softmax(s), y, weight=(1, 1, 2, 1))
+b = bce_with_logits(s, sigmoid(t))
+r = huber(s, t, delta=0.5) + l1(s, t)
+loss = ce + nl + 0.5 * b + r
+predict = s
+train { optimizer = sgd(lr=0.05, momentum=0.9) iterations = 6 seed = 3 }
+"""
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from click.testing import CliRunner
+
+    from deepdsl.cli import cli
+
+    folder = tmp_path_factory.mktemp("losses")
+    (folder / "losses.ddsl").write_text(LOSSES)
+    for file, sets in ((VAE, SMALL), (folder / "losses.ddsl", [])):
+        r = CliRunner().invoke(cli, ["compile", str(file), *sets, "-o", str(folder / "src")])
+        assert r.exit_code == 0, r.output
+    src = folder / "src"
+    javac(src, [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")], folder / "build")
+    return folder
+
+
+@pytest.mark.parametrize("name, cls, sets, terms", [("vae", "VAE", SMALL, ("rec", "kl")),
+                                                    ("losses", "Losses", [], ("ce", "nl", "b", "r"))])  # fmt: skip
+def test_java_losses_and_terms_equal_the_numpy_runner(cli, programs: Path, name: str, cls: str, sets: list,
+                                                      terms: tuple) -> None:  # noqa: ANN001  # fmt: skip
+    file = VAE if name == "vae" else programs / "losses.ddsl"
+    r = cli("run", str(file), *sets, "--data", "synthetic", "--iters", "5", "--device", "cpu", "--json")
+    assert r.exit_code == 0, r.output
+    want = json.loads(r.stdout)
+    got = java_json(programs / "build", cls, "--iters", "5", "--device", "cpu", "--data", "synthetic", cwd=programs)
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
+    assert list(got["loss_terms"]) == list(want["loss_terms"]) == list(terms)
+    for term in terms:
+        np.testing.assert_allclose(got["loss_terms"][term], want["loss_terms"][term], rtol=1e-4, atol=1e-6)
+    assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
+    text = java(programs / "build", cls, "--iters", "2", "--device", "cpu", "--data", "synthetic", cwd=programs)
+    assert text.returncode == 0, text.stderr
+    assert all(f"  {t} " in text.stdout for t in terms)
