@@ -67,3 +67,54 @@ def test_java_losses_and_terms_equal_the_numpy_runner(cli, programs: Path, name:
     text = java(programs / "build", cls, "--iters", "2", "--device", "cpu", "--data", "synthetic", cwd=programs)
     assert text.returncode == 0, text.stderr
     assert all(f"  {t} " in text.stdout for t in terms)
+
+
+@pytest.fixture(scope="module")
+def cuda_programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The VAE and the losses network compiled with --ptx, their kernels built for the CPU (cuda_emulator.py) and
+    the stand-in driver, as tests/backends/test_java_cuda.py runs the CUDA device without a GPU."""
+    import shutil
+
+    from click.testing import CliRunner
+    from cuda_emulator import TILED, emulate, fake_driver, kernel_names
+
+    from deepdsl.cli import cli
+
+    if shutil.which("g++") is None or shutil.which("gcc") is None:
+        pytest.skip("no gcc/g++")
+    folder = tmp_path_factory.mktemp("losses_cuda")
+    (folder / "losses.ddsl").write_text(LOSSES)
+    src = folder / "src"
+    for file, sets, cls in ((VAE, SMALL, "VAE"), (folder / "losses.ddsl", [], "Losses")):
+        r = CliRunner().invoke(cli, ["compile", str(file), *sets, "-o", str(src), "--ptx", "--arch", "sm_90"])
+        assert r.exit_code == 0, r.output
+        unit = (src / f"{cls}.cu").read_text()
+        kernels = kernel_names(unit)
+        (folder / cls).mkdir()
+        emulate(unit, kernels, folder / cls, [k for k in kernels if k not in TILED])
+    javac(src, [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")], folder / "build")
+    fake_driver(folder / "fake")
+    return folder
+
+
+@pytest.mark.parametrize("cls", ["VAE", "Losses"])
+def test_the_cuda_device_draws_and_reports_as_the_cpu_device(cuda_programs: Path, cls: str) -> None:
+    import os
+    import subprocess
+
+    from java_env import jcuda_jars
+
+    folder = cuda_programs
+    env = {**os.environ, "LD_LIBRARY_PATH": str(folder / "fake"),
+           "DEEPDSL_FAKE_CUDA_KERNELS": str(folder / cls / "emulated.so")}  # fmt: skip
+    cp = f"{folder / 'build'}:{folder / 'src'}:{jcuda_jars()}/*"
+    args = ["--iters", "3", "--data", "synthetic", "--json"]
+    r = subprocess.run(["java", "-cp", cp, cls, *args, "--device", "cuda"], cwd=folder, capture_output=True,
+                       text=True, timeout=600, env=env, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    want = java_json(folder / "build", cls, *args[:-1], "--device", "cpu", cwd=folder)
+    assert got["device"] == "cuda"
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
+    for term, values in want["loss_terms"].items():
+        np.testing.assert_allclose(got["loss_terms"][term], values, rtol=1e-4, atol=1e-6)
