@@ -251,9 +251,10 @@ def test_loss_gradients_match_finite_differences(which: str) -> None:
 
 
 def test_bce_with_logits_gradient_is_sigmoid_minus_target_at_zero() -> None:
+    from helpers import op_graph
+
     from deepdsl.autodiff import gradients
     from deepdsl.backends.numpy_runner import run as run_graph
-    from helpers import op_graph
 
     x, t = np.array([[0.0, -800.0, 800.0, 1.5]]), np.array([[0.3, 0.2, 0.9, 1.0]])
     b, values, _ = op_graph("indexed", [x, t], {}, _loss_build("bce_with_logits"))

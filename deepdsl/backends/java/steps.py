@@ -131,8 +131,13 @@ def plan_classes(
         values = ", ".join(f"dev.scalar({instance(training)}.{e.tensor(v)})" for _, v in terms)
         steps.append(method("/** The names of the loss's terms. */", "@Override\n  protected String[] lossTermNames()",
                             [f"return new String[] {{{names}}};"]))  # fmt: skip
-        steps.append(method("/** The loss's terms at the last training step. */",
-                            "@Override\n  protected float[] lossTerms()", [f"return new float[] {{{values}}};"]))
+        steps.append(
+            method(
+                "/** The loss's terms at the last training step. */",
+                "@Override\n  protected float[] lossTerms()",
+                [f"return new float[] {{{values}}};"],
+            )
+        )
     e.in_state = dict(test.in_state)
     e.counters = frozenset(d.value.name for d in test.graph.inputs if d.kind == "step")
     items = plan_items(e, test)
