@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from conftest import ROOT
 
 VAE = ROOT / "networks" / "examples" / "vae.ddsl"
@@ -26,3 +27,24 @@ def test_vae_trains_and_reports_rec_and_kl(cli) -> None:  # noqa: ANN001
     rec, kl = np.array(out["loss_terms"]["rec"]), np.array(out["loss_terms"]["kl"])
     np.testing.assert_allclose(out["losses"], rec + kl, rtol=1e-5)
     assert (kl >= 0).all() and out["losses"][-1] < out["losses"][0]
+
+
+def test_vae_exports_its_inference_with_the_sample_at_its_mean(cli, tmp_path) -> None:  # noqa: ANN001
+    # in inference `normal` is 0 (z = mu): exported as a constant that broadcasts over the batch
+    ort = pytest.importorskip("onnxruntime")
+    from deepdsl import api
+    from deepdsl.backends.numpy_runner import run
+    from deepdsl.data.named import Samples
+    from deepdsl.trainer import Trainer
+
+    sets = {"N": 8, "D": 32, "H": 16, "Z": 4}
+    r = cli("export", str(VAE), *[f"--set={k}={v}" for k, v in sets.items()], "-o", str(tmp_path / "vae.onnx"))
+    assert r.exit_code == 0, r.output
+    b = api.build(api.compile_file(str(VAE), sets).program)
+    arrays = Trainer(b, Samples({})).arrays
+    x = np.random.default_rng(1).random((8, 32), np.float32)
+    assert b.infer is not None
+    want = run(b.infer, {"x": x}, arrays).outputs["predict"]
+    session = ort.InferenceSession(str(tmp_path / "vae.onnx"))
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(session.run(None, {"x": x[:3]})[0], want[:3], rtol=1e-5, atol=1e-6)  # another batch
