@@ -7,6 +7,7 @@ defaults and error messages are shared by every entry.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -567,6 +568,22 @@ def _weighted_nll(el: Elaborator, what: str, lp: TensorVal, labels: TensorVal, a
 
 
 _WEIGHT = ArgSpec("weight", "floats", None, low=0.0)
+
+
+def _accept_ignored(el: Elaborator, labels: TensorVal, ignore: int, span: Span) -> None:
+    """Let the data of label `labels` hold `ignore` besides its class ids (a value in [0, K) already is one): the
+    label's InputDef records it, and the data checks (Python and the Java program) accept it. One label read with
+    two different ignored values is an error."""
+    k = next((i for i, d in enumerate(el.b.inputs) if d.value == labels.value and d.kind == "label"), None)
+    if k is None or (labels.classes is not None and 0 <= ignore < labels.classes):
+        return
+    d = el.b.inputs[k]
+    if d.ignore is not None and d.ignore != ignore:
+        raise DslArgumentError(f"nll: label '{d.value.name}' is read with ignore_index={d.ignore} already; one label "
+                               f"has one ignored value, not also {ignore}", span)  # fmt: skip
+    el.b.inputs[k] = dataclasses.replace(d, ignore=ignore)
+
+
 _SMOOTHING = ArgSpec("label_smoothing", "float", 0.0, low=0.0, high=1.0)
 
 
@@ -574,6 +591,7 @@ _SMOOTHING = ArgSpec("label_smoothing", "float", 0.0, low=0.0, high=1.0)
 def nll(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     lp, labels = xs
     _rows_and_labels("nll", lp, labels, span, per_position=False)
+    _accept_ignored(el, labels, a["ignore_index"], span)
     return _weighted_nll(el, "nll", lp, labels, a, span, path)
 
 

@@ -34,6 +34,18 @@ train { optimizer = sgd(lr=0.05, momentum=0.9) iterations = 6 seed = 3 }
 """
 
 
+# labels the data may hold as -100 (nll's ignore_index), weighted classes
+IGNORED = """network Ignored
+const N = 8
+input x : [N, 12]
+label y : [N] classes 4
+layer fc = full(4)
+loss = nll(log_softmax(fc(x)), y, weight=(1, 2, 1, 0.5))
+predict = fc(x)
+train { iterations = 4 seed = 2 }
+"""
+
+
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from click.testing import CliRunner
@@ -42,7 +54,13 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("losses")
     (folder / "losses.ddsl").write_text(LOSSES)
-    for file, sets in ((VAE, SMALL), (folder / "losses.ddsl", [])):
+    (folder / "ignored.ddsl").write_text(IGNORED)
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 4, 16)
+    y[::3] = -100
+    np.savez(folder / "ignored.npz", x=rng.standard_normal((16, 12)).astype(np.float32), y=y,
+             x_test=rng.standard_normal((8, 12)).astype(np.float32), y_test=y[:8])  # fmt: skip
+    for file, sets in ((VAE, SMALL), (folder / "losses.ddsl", []), (folder / "ignored.ddsl", [])):
         r = CliRunner().invoke(cli, ["compile", str(file), *sets, "-o", str(folder / "src")])
         assert r.exit_code == 0, r.output
     src = folder / "src"
@@ -118,3 +136,20 @@ def test_the_cuda_device_draws_and_reports_as_the_cpu_device(cuda_programs: Path
     np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
     for term, values in want["loss_terms"].items():
         np.testing.assert_allclose(got["loss_terms"][term], values, rtol=1e-4, atol=1e-6)
+
+
+def test_the_java_program_accepts_ignored_labels_as_the_numpy_runner(cli, programs: Path) -> None:  # noqa: ANN001
+    data = ["--data", f"npz:{programs / 'ignored.npz'}"]
+    r = cli("run", str(programs / "ignored.ddsl"), *data, "--iters", "4", "--device", "cpu", "--json")
+    assert r.exit_code == 0, r.output
+    want = json.loads(r.stdout)
+    got = java_json(programs / "build", "Ignored", "--iters", "4", "--device", "cpu", *data, cwd=programs)
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
+    assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
+    bad = programs / "bad.npz"
+    with np.load(programs / "ignored.npz") as z:
+        arrays = dict(z)
+    arrays["y"][1] = -7
+    np.savez(bad, **arrays)
+    j = java(programs / "build", "Ignored", "--iters", "1", "--data", f"npz:{bad}", cwd=programs)
+    assert j.returncode == 1 and "label -7 of sample 1 is outside [0, 4)" in j.stderr

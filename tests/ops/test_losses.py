@@ -239,3 +239,41 @@ def test_sampling_is_its_mean_in_inference() -> None:
 def test_sampling_errors_are_located(expr: str, message: str) -> None:
     text = error_text(SAMPLE.replace(f"normal((N, {K}))", expr))
     assert message in text and "t.ddsl:5:" in text
+
+
+# ---- ignored labels in the data ----
+
+IGNORED = f"""network Ignored
+const N = 4
+input x : [N, {D}]
+label y : [N] classes {K}
+layer fc = full({K})
+loss = nll(log_softmax(fc(x)), y)
+predict = fc(x)
+train {{ iterations = 2 seed = 1 }}
+"""
+
+
+def _npz(path, y) -> None:  # noqa: ANN001
+    rng = np.random.default_rng(0)
+    np.savez(path, x=rng.standard_normal((8, D)).astype(np.float32), y=np.asarray(y, dtype=np.int64))
+
+
+def test_data_may_hold_the_ignored_label_of_nll(cli, tmp_path) -> None:  # noqa: ANN001
+    (tmp_path / "ignored.ddsl").write_text(IGNORED)
+    _npz(tmp_path / "d.npz", [0, -100, 3, 1, -100, 2, 2, 1])
+    r = cli("run", str(tmp_path / "ignored.ddsl"), "--data", f"npz:{tmp_path / 'd.npz'}", "--json", "--device", "cpu")
+    assert r.exit_code == 0, r.output
+    assert all(np.isfinite(json.loads(r.stdout)["losses"]))
+    _npz(tmp_path / "bad.npz", [0, -99, 3, 1, -100, 2, 2, 1])  # any other value outside [0, K) is still refused
+    r = cli("run", str(tmp_path / "ignored.ddsl"), "--data", f"npz:{tmp_path / 'bad.npz'}", "--device", "cpu")
+    assert r.exit_code == 1 and "label -99 of sample 1 is outside [0, 4)" in r.output
+
+
+def test_without_an_ignore_index_the_labels_stay_in_their_classes(cli, tmp_path) -> None:  # noqa: ANN001
+    (tmp_path / "plain.ddsl").write_text(
+        IGNORED.replace("nll(log_softmax(fc(x)), y)", "softmax_cross_entropy(fc(x), y)")
+    )
+    _npz(tmp_path / "d.npz", [0, -100, 3, 1, 0, 2, 2, 1])
+    r = cli("run", str(tmp_path / "plain.ddsl"), "--data", f"npz:{tmp_path / 'd.npz'}", "--device", "cpu")
+    assert r.exit_code == 1 and "label -100 of sample 1 is outside [0, 4)" in r.output
