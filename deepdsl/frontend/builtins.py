@@ -33,6 +33,7 @@ class ArgSpec:
     low: float | None = None  # smallest allowed value (ints, pairs, floats)
     below: float | None = None  # values must be strictly less than this
     high: float | None = None  # largest allowed value
+    keyword: bool = False  # given by name only (the cross-entropies' label_smoothing= and weight=)
 
 
 Args = dict[str, Any]
@@ -567,7 +568,7 @@ def _weighted_nll(el: Elaborator, what: str, lp: TensorVal, labels: TensorVal, a
     return _indexed_loss(el, what, (lp2, y2), body, span, path)
 
 
-_WEIGHT = ArgSpec("weight", "floats", None, low=0.0)
+_WEIGHT = ArgSpec("weight", "floats", None, low=0.0, keyword=True)
 
 
 def _accept_ignored(el: Elaborator, labels: TensorVal, ignore: int, span: Span) -> None:
@@ -584,7 +585,7 @@ def _accept_ignored(el: Elaborator, labels: TensorVal, ignore: int, span: Span) 
     el.b.inputs[k] = dataclasses.replace(d, ignore=ignore)
 
 
-_SMOOTHING = ArgSpec("label_smoothing", "float", 0.0, low=0.0, high=1.0)
+_SMOOTHING = ArgSpec("label_smoothing", "float", 0.0, low=0.0, high=1.0, keyword=True)
 
 
 @builtin("nll", ArgSpec("ignore_index", "int", -100), _WEIGHT, inputs=2, layer=False)

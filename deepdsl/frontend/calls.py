@@ -194,12 +194,13 @@ def bind_args(
 ) -> dict[str, Any]:
     """Match arguments to a built-in's signature, convert and range-check them."""
     positional = [a for a in args if a.name is None]
-    if len(positional) > len(specs):
-        extra = positional[len(specs)]
+    by_position = [s for s in specs if not s.keyword]  # a keyword-only argument is never taken by position
+    if len(positional) > len(by_position):
+        extra = positional[len(by_position)]
         b = BUILTINS.get(fname)
         count = {-1: "any number of tensors", 1: "1 tensor"}
         tensors = "" if b is None else count.get(b.inputs, f"{b.inputs} tensors")
-        rest = ", ".join(s.name for s in specs)
+        rest = ", ".join(s.name for s in by_position)
         takes = " then ".join(t for t in (tensors, rest) if t) or "no arguments"
         raise DslArgumentError(f"too many arguments for {fname}: it takes {takes}", extra.span)
     names = [s.name for s in specs]

@@ -135,6 +135,7 @@ EXPECTED = {
     "batch_matmul": (2, 3, 5), "sum_axes": (4, 8), "transpose": (2, 8, 8, 4), "avg_pool2d_backward": (2, 4, 8, 8),
     "global_avg_pool_backward": (2, 4, 8, 8), "embedding": (2, 5, 3), "embedding_backward": (7, 3),
     "resize_axis": (2, 4, 16, 8), "resize_axis_backward": (2, 4, 8, 4),
+    "sample_normal": (2, 3), "sample_uniform": (2, 3), "random_normal": (2, 3), "random_uniform": (2, 3),
 }  # fmt: skip
 
 
