@@ -48,3 +48,27 @@ def test_vae_exports_its_inference_with_the_sample_at_its_mean(cli, tmp_path) ->
     session = ort.InferenceSession(str(tmp_path / "vae.onnx"))
     np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(session.run(None, {"x": x[:3]})[0], want[:3], rtol=1e-5, atol=1e-6)  # another batch
+
+
+@pytest.mark.slow
+def test_the_gpu_runner_draws_and_reports_as_the_numpy_runner(tmp_path) -> None:  # noqa: ANN001
+    # the PyCUDA runner with its kernels run on the CPU (tests/backends/cuda_emulator.py): normal's draws, the KL
+    # tensor function and the terms as on the NumPy runner
+    import shutil
+    import sys
+
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ to run the kernels on the CPU")
+    sys.path.insert(0, str(ROOT / "tests" / "backends"))
+    from cuda_emulator import EmulatedDriver
+
+    from deepdsl import api
+    from deepdsl.running import run_training
+
+    b = api.build(api.compile_file(str(VAE), {"N": 8, "D": 32, "H": 16, "Z": 4}).program)
+    want = run_training(b, iters=3, data_flag="synthetic", device="cpu")
+    got = run_training(b, iters=3, data_flag="synthetic", device="cpu", driver=EmulatedDriver(tmp_path))
+    assert got["device"] == "cuda"
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
+    for term in ("rec", "kl"):
+        np.testing.assert_allclose(got["loss_terms"][term], want["loss_terms"][term], rtol=1e-4, atol=1e-6)
