@@ -208,6 +208,7 @@ class Trainer:
         """
         cfg = self.program.train
         result = TrainResult(learning_rates=[] if cfg.lr is not None else None)
+        result.loss_terms = {t: [] for t in self.term_names}  # named even when no step runs (as in Java)
         start = time.perf_counter()
         for k in range(iterations):
             t0 = time.perf_counter()

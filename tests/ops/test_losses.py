@@ -277,3 +277,20 @@ def test_without_an_ignore_index_the_labels_stay_in_their_classes(cli, tmp_path)
     _npz(tmp_path / "d.npz", [0, -100, 3, 1, 0, 2, 2, 1])
     r = cli("run", str(tmp_path / "plain.ddsl"), "--data", f"npz:{tmp_path / 'd.npz'}", "--device", "cpu")
     assert r.exit_code == 1 and "label -100 of sample 1 is outside [0, 4)" in r.output
+
+
+def test_uniform_with_a_number_is_still_the_initialiser() -> None:
+    text = SAMPLE.replace("layer fc = full(4)", "layer fc = full(4, init=uniform(0.05))").replace(
+        "uniform((N, 4), low=-2, high=3)", "uniform(shape=(N, 4), low=-2, high=3)"
+    )
+    g = compile_text(text).program.graph
+    assert next(p for p in g.params if p.value.name == "fc.W").init.kind == "uniform"
+    assert [s.op for s in g.stmts].count("sample_uniform") == 1
+
+
+def test_no_iterations_report_empty_terms(cli, tmp_path) -> None:  # noqa: ANN001
+    # as the Java program does: the terms are named even when no step ran
+    f = tmp_path / "terms.ddsl"
+    f.write_text(TERMS)
+    out = json.loads(cli("run", str(f), "--json", "--device", "cpu", "--iters", "0").stdout)
+    assert out["loss_terms"] == {"ce": [], "reg": []}
