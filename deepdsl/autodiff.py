@@ -61,7 +61,7 @@ class LowerContext:
 def lower(g: Graph, mode: str, seed: int = 1) -> Graph:
     """Apply every op's lowering for `mode` ("train" or "infer")."""
     train = mode == "train"
-    b = _start(g, with_step=train and _uses(g, "dropout"))
+    b = _start(g, with_step=train and any(_uses(g, op) for op in ("dropout", "sample_normal", "sample_uniform")))
     step = next((d.value for d in b.inputs if d.kind == "step"), None)
     ctx = LowerContext(train, seed, step)
 
@@ -142,6 +142,9 @@ def train_program(
         b.update(name, vmap[v.name])
     loss = vmap[low.output("loss").name]
     b.output("loss", loss)
+    for name, v in low.outputs:  # the named terms of a loss of several (`loss:rec`), reported beside it
+        if name.startswith("loss:"):
+            b.output(name, vmap[v.name])
     trainable = [p for p in low.params if p.kind == "param"]
     grads = gradients(b, loss, {p.value.name for p in trainable})
     pairs = [(p, grads[p.value.name]) for p in trainable if p.value.name in grads]

@@ -196,6 +196,8 @@ def run_training(
             gpu.close()
     out: dict[str, Any] = {"device": "cuda" if result.gpu_memory_bytes is not None else "cpu",
                            "losses": result.losses}  # fmt: skip
+    if result.loss_terms:
+        out["loss_terms"] = result.loss_terms
     if result.learning_rates is not None:
         out["learning_rates"] = result.learning_rates
     if result.test_loss is not None:
@@ -340,8 +342,9 @@ def _train(
         if report:
             done = (k + 1) * BAR // max(n, 1)
             rate = batch / seconds if seconds > 0 else math.inf
+            terms = "".join(f"{t} {v:.4f}  " for t, v in trainer.last_terms.items())  # a loss of several terms
             report(f"[{'#' * done}{'.' * (BAR - done)}] iter {k + 1:>{len(str(n))}}/{n}  loss {loss:.4f}  "
-                   f"{rate:,.0f} {unit}/s")  # fmt: skip
+                   f"{terms}{rate:,.0f} {unit}/s")  # fmt: skip
 
     def on_test(k: int, loss: float, accuracy: float | None) -> None:
         if report:

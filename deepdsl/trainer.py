@@ -35,6 +35,8 @@ MAX_ITERATION = 2**32 - 1
 @dataclass
 class TrainResult:
     losses: list[float] = field(default_factory=list)
+    # each step's value of each named term of a loss of several (`loss = rec + 0.5 * kl`: rec, kl), by name
+    loss_terms: dict[str, list[float]] = field(default_factory=dict)
     learning_rates: list[float] | None = None  # each step's, where the train block gives a schedule
     test_loss: float | None = None
     test_accuracy: float | None = None
@@ -70,6 +72,9 @@ class Trainer:
         self.shuffle = self.seed if program.train.shuffle else None
         self.arrays: dict[str, np.ndarray] = {p.value.name: self._init(p) for p in self.train_graph.params}
         self.step_count = 0
+        # the named terms of the loss (graph outputs `loss:NAME`) and their values at the last step
+        self.term_names = tuple(n.removeprefix("loss:") for n, _ in self.train_graph.outputs if n.startswith("loss:"))
+        self.last_terms: dict[str, float] = {}
         self.gpu: GpuRunner | None = None
         self._gpu_ahead = False  # the GPU holds newer parameters than self.arrays
 
@@ -118,6 +123,7 @@ class Trainer:
         if self.gpu is not None:
             outputs, _ = self.gpu.run("train", feeds)
             loss = float(outputs["loss"])
+            self.last_terms = {t: float(outputs[f"loss:{t}"]) for t in self.term_names}
             if not math.isfinite(loss):  # the GPU has already updated the parameters: no replay from here
                 raise NonFinite(f"iteration {label}: the loss is not finite (on the GPU; the same run with "
                                 "--device cpu names the first statement that produced it)")  # fmt: skip
@@ -130,6 +136,7 @@ class Trainer:
         else:
             result = run(self.train_graph, feeds, self.arrays, self.dtype)
         loss = float(result.outputs["loss"])
+        self.last_terms = {t: float(result.outputs[f"loss:{t}"]) for t in self.term_names}
         if not math.isfinite(loss) or not all(np.isfinite(a).all() for a in result.updates.values()):
             # a finite loss with a non-finite update: blame the update now, not the next step's forward pass
             self._locate_non_finite(feeds, label)
@@ -201,6 +208,7 @@ class Trainer:
         """
         cfg = self.program.train
         result = TrainResult(learning_rates=[] if cfg.lr is not None else None)
+        result.loss_terms = {t: [] for t in self.term_names}  # named even when no step runs (as in Java)
         start = time.perf_counter()
         for k in range(iterations):
             t0 = time.perf_counter()
@@ -209,6 +217,8 @@ class Trainer:
             loss, peak, arena = self.step(k + 1)
             result.step_seconds.append(time.perf_counter() - t0)
             result.losses.append(loss)
+            for t in self.term_names:
+                result.loss_terms.setdefault(t, []).append(self.last_terms[t])
             if save_to is not None and cfg.save_every and (k + 1) % cfg.save_every == 0:
                 self.save(save_to, replace_readonly)
             result.peak_bytes = max(result.peak_bytes, peak)

@@ -234,6 +234,11 @@ def _emit(w: _Writer, s: Stmt, bias: Stmt | None, batch: int | None, folds: _Fol
         w.node("BatchNormalization", [x, affine[0], affine[1], mean, var], out, s, epsilon=float(a["eps"]))
     elif s.op in _AXIS_OPS:
         _emit_axis_op(w, s, xs, out)
+    elif s.op == "fill":  # a constant: `normal` / `uniform` in inference (their mean), a filled tensor
+        shape = tuple(a["shape"])
+        if shape and shape[0] == batch and all(u.op in _BINARY for u in _users(w.g).get(s.out.name, [])):
+            shape = (1, *shape[1:])  # the batch axis broadcast by the element-wise ops that read it
+        w.node("Identity", [w.const(s.layer or "fill", np.full(shape, a["value"], np.float32))], out, s)
     elif s.op == "indexed" and _broadcast(s) is not None:
         w.node(_broadcast(s), [xs[r.input] for r in s.a["body"].args], out, s)  # type: ignore[arg-type]
     else:

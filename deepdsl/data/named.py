@@ -40,6 +40,7 @@ class Field:
     kind: str  # "input" or "label"
     shape: tuple[int, ...]
     classes: int | None = None  # a label's classes, or an integer input's vocabulary (`input t : [N, T] int vocab V`)
+    ignore: int | None = None  # a label's ignored value (nll's ignore_index), which the data may hold too
 
     @property
     def tokens(self) -> bool:
@@ -226,10 +227,13 @@ def _checked(a: np.ndarray, f: Field, name: str, path: str) -> np.ndarray:
         raise DslProgramError(f"{where} holds a label too large for int64")
     y = a.astype(np.int64)
     assert f.classes is not None
-    bad = np.flatnonzero(((y < 0) | (y >= f.classes)).reshape(len(y), math.prod(f.shape)).any(axis=1))
+    outside = (y < 0) | (y >= f.classes)
+    if f.ignore is not None:  # a loss's ignore_index, which the label may hold too
+        outside &= y != f.ignore
+    bad = np.flatnonzero(outside.reshape(len(y), math.prod(f.shape)).any(axis=1))
     if bad.size:
         k = int(bad[0])
-        value = int(y[k].reshape(-1)[((y[k] < 0) | (y[k] >= f.classes)).reshape(-1)][0])
+        value = int(y[k].reshape(-1)[outside[k].reshape(-1)][0])
         raise DslProgramError(f"{where}: label {value} of sample {k} is outside [0, {f.classes}) (the network's "
                               f"{f.describe()})")  # fmt: skip
     return y
@@ -264,7 +268,7 @@ def _from_text(path: Any, fields: tuple[Field, ...]) -> Samples:
 def fields_of(inputs: Any) -> tuple[Field, ...]:
     """The fields of a graph's `InputDef`s (the `input` and `label` ones; the step counter is not data)."""
     return tuple(
-        Field(d.value.name, d.kind, tuple(int(n) for n in d.value.type.shape[1:]), d.classes)
+        Field(d.value.name, d.kind, tuple(int(n) for n in d.value.type.shape[1:]), d.classes, d.ignore)
         for d in inputs
         if d.kind in ("input", "label")
     )

@@ -7,6 +7,7 @@ defaults and error messages are shared by every entry.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ class ArgSpec:
     low: float | None = None  # smallest allowed value (ints, pairs, floats)
     below: float | None = None  # values must be strictly less than this
     high: float | None = None  # largest allowed value
+    keyword: bool = False  # given by name only (the cross-entropies' label_smoothing= and weight=)
 
 
 Args = dict[str, Any]
@@ -616,6 +618,129 @@ def _along_axes(what: str) -> Apply:
             y = _view(el, y, tuple(1 if k in axes else n for k, n in enumerate(x.shape)), span, "", what)
         return y
 
+
+# ---- losses, class weights and label smoothing, sampling (issue 34) -----------------------------------------------
+# Each loss is one `indexed` statement (frontend/losses.py: an index expression reduced to a scalar), so its NumPy,
+# Java and CUDA code and its gradient come from the index form; `normal` and `uniform` are lowered to draws from the
+# seeded stream in training and to their mean in inference (ops/random.py).
+
+
+def _loss_pair(what: str, xs: tuple[TensorVal, ...], span: Span, target_kind: str = "target") -> None:
+    pred, target = xs
+    for v, role in ((pred, "prediction"), (target, target_kind)):
+        if v.value.type.dtype.value != "f32":
+            raise DslShapeError(f"{what}: the {role} must be float, got {v.value.type} from {v.origin}", span,
+                                notes=_notes(pred, target))  # fmt: skip
+    if pred.shape != target.shape:
+        raise DslShapeError(f"{what}: prediction {pred.value.type} and target {target.value.type} differ in shape",
+                            span, notes=_notes(pred, target))  # fmt: skip
+
+
+def _indexed_loss(el: Elaborator, what: str, xs: tuple[TensorVal, ...], body: Any, span: Span, path: str) -> TensorVal:
+    out, expr = body
+    return el.emit("indexed", xs, span, path, what, out=out, body=expr)
+
+
+@builtin("l1", inputs=2, layer=False)
+def l1(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    from deepdsl.frontend import losses
+
+    _loss_pair("l1", xs, span)
+    return _indexed_loss(el, "l1", xs, losses.l1(tuple(xs[0].shape)), span, path)
+
+
+@builtin("huber", ArgSpec("delta", "float", 1.0, low=1e-30), inputs=2, layer=False)
+def huber(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    from deepdsl.frontend import losses
+
+    _loss_pair("huber", xs, span)
+    return _indexed_loss(el, "huber", xs, losses.huber(tuple(xs[0].shape), a["delta"]), span, path)
+
+
+@builtin("bce_with_logits", inputs=2, layer=False)
+def bce_with_logits(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    from deepdsl.frontend import losses
+
+    _loss_pair("bce_with_logits", xs, span)
+    return _indexed_loss(el, "bce_with_logits", xs, losses.bce_with_logits(tuple(xs[0].shape)), span, path)
+
+
+def _rows_and_labels(what: str, scores: TensorVal, labels: TensorVal, span: Span, per_position: bool) -> int:
+    """Check scores [N, K] (or [N, T, K] with per_position) against int labels [N] ([N, T]); returns K."""
+    ranks = (2, 3) if per_position else (2,)
+    if scores.value.type.dtype.value != "f32" or len(scores.shape) not in ranks:
+        want = "[N, K] (or [N, T, K])" if per_position else "[N, K]"
+        raise DslShapeError(f"{what} expects float {want} scores, got {scores.value.type} from {scores.origin}", span)
+    if labels.value.type.dtype.value != "i64" or tuple(labels.shape) != tuple(scores.shape[:-1]):
+        want = ", ".join(map(str, scores.shape[:-1]))
+        raise DslShapeError(f"{what}: labels must be int [{want}] for scores {scores.value.type}, got "
+                            f"{labels.value.type} from {labels.origin}", span,
+                            notes=_notes(scores, labels))  # fmt: skip
+    k = scores.shape[-1]
+    if labels.classes is not None and labels.classes != k:
+        raise DslShapeError(f"{what}: {scores.origin} gives {k} scores, but {labels.origin} has {labels.classes} "
+                            "classes", span)  # fmt: skip
+    return k
+
+
+def _weighted_nll(el: Elaborator, what: str, lp: TensorVal, labels: TensorVal, a: Args, span: Span,
+                  path: str) -> TensorVal:  # fmt: skip
+    """The weighted, smoothed negative log-likelihood of log-probabilities lp [..., K] and labels [...]."""
+    from deepdsl.frontend import losses
+
+    k = lp.shape[-1]
+    weight = a.get("weight")
+    if weight is not None and len(weight) != k:
+        raise DslShapeError(f"{what}: weight= gives {len(weight)} class weights, but there are {k} classes", span)
+    rows = math.prod(lp.shape[:-1])
+    lp2 = _view(el, lp, (rows, k), span, path, what)
+    y2 = _view(el, labels, (rows,), span, path, what)
+    body = losses.nll(rows, k, weight, a.get("ignore_index", -100), a.get("label_smoothing", 0.0))
+    return _indexed_loss(el, what, (lp2, y2), body, span, path)
+
+
+_WEIGHT = ArgSpec("weight", "floats", None, low=0.0, keyword=True)
+
+
+def _accept_ignored(el: Elaborator, labels: TensorVal, ignore: int, span: Span) -> None:
+    """Let the data of label `labels` hold `ignore` besides its class ids (a value in [0, K) already is one): the
+    label's InputDef records it, and the data checks (Python and the Java program) accept it. One label read with
+    two different ignored values is an error."""
+    k = next((i for i, d in enumerate(el.b.inputs) if d.value == labels.value and d.kind == "label"), None)
+    if k is None or (labels.classes is not None and 0 <= ignore < labels.classes):
+        return
+    d = el.b.inputs[k]
+    if d.ignore is not None and d.ignore != ignore:
+        raise DslArgumentError(f"nll: label '{d.value.name}' is read with ignore_index={d.ignore} already; one label "
+                               f"has one ignored value, not also {ignore}", span)  # fmt: skip
+    el.b.inputs[k] = dataclasses.replace(d, ignore=ignore)
+
+
+_SMOOTHING = ArgSpec("label_smoothing", "float", 0.0, low=0.0, high=1.0, keyword=True)
+
+
+@builtin("nll", ArgSpec("ignore_index", "int", -100), _WEIGHT, inputs=2, layer=False)
+def nll(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    lp, labels = xs
+    _rows_and_labels("nll", lp, labels, span, per_position=False)
+    _accept_ignored(el, labels, a["ignore_index"], span)
+    return _weighted_nll(el, "nll", lp, labels, a, span, path)
+
+
+def _with_options(op: str, plain: Apply) -> Apply:
+    """softmax_cross_entropy / cross_entropy with label_smoothing= and weight=: without them the one library op
+    they always were; with them log_softmax (or log) and the weighted, smoothed negative log-likelihood."""
+
+    def apply(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+        if a["label_smoothing"] == 0.0 and a["weight"] is None:
+            return plain(el, path, xs, {}, span)
+        scores, labels = xs
+        _rows_and_labels(op, scores, labels, span, per_position=op == "softmax_cross_entropy")
+        k = scores.shape[-1]
+        rows = _view(el, scores, (math.prod(scores.shape[:-1]), k), span, path, op)
+        lp = el.emit("log_softmax" if op == "softmax_cross_entropy" else "log", (rows,), span, path, op)
+        return _weighted_nll(el, op, lp, labels, a, span, path)
+
     return apply
 
 
@@ -686,6 +811,34 @@ for _op, _what in (("max_pool2d", "max_pool1d"), ("avg_pool2d", "avg_pool1d")):
         ArgSpec("pad", "ints", 0, low=0),
         ArgSpec("ceil_mode", "bool", False),
     )(_pool(_op, _what))
+
+
+for _name in ("softmax_cross_entropy", "cross_entropy"):  # the cross-entropies again, with the options
+    builtin(_name, _SMOOTHING, _WEIGHT, inputs=2, layer=False)(_with_options(_name, BUILTINS[_name].apply))
+
+
+def _sample_shape(what: str, a: Args, span: Span) -> tuple[int, ...]:
+    shape = tuple(a["shape"])
+    if math.prod(shape) > 2**31 - 2**24:
+        raise DslShapeError(f"{what}: the shape {list(shape)} has more elements than a tensor may hold", span)
+    return shape
+
+
+@builtin("normal", ArgSpec("shape", "ints", low=1), inputs=0)
+def normal(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """Standard normal samples of `shape`, drawn each training step from the seeded stream of the call's path;
+    in inference their mean, 0 (ops/random.py)."""
+    return el.emit("sample_normal", (), span, path, "normal", shape=_sample_shape("normal", a, span), site=path)
+
+
+@builtin("uniform", ArgSpec("shape", "ints", low=1), ArgSpec("low", "float", 0.0), ArgSpec("high", "float", 1.0),
+         inputs=0)  # fmt: skip
+def uniform(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """Samples uniform in [low, high) of `shape`, each training step; in inference their mean (low + high) / 2."""
+    if not a["low"] < a["high"]:
+        raise DslArgumentError(f"uniform: low={a['low']:g} must be below high={a['high']:g}", span)
+    shape = _sample_shape("uniform", a, span)
+    return el.emit("sample_uniform", (), span, path, "uniform", shape=shape, site=path, low=a["low"], high=a["high"])
 
 
 # ---- recurrent layers: lstm, gru (deepdsl/frontend/recurrent.py registers them here) ------------------

@@ -102,7 +102,7 @@ def call_path(el: Elaborator, base: str, explicit: str | None, name: str | None,
 
 
 def call_builtin(el: Elaborator, fname: str, args: tuple[CallArg, ...], span: Span, name: str | None, own: bool) -> Any:
-    if fname in SPECS:
+    if fname in SPECS and not (fname in BUILTINS and BUILTINS[fname].inputs == 0 and _shape_call(args)):
         family, specs = SPECS[fname]
         bound = bind_args(el, fname, specs, args, span)
         return Spec(family, fname, tuple(bound.items()))
@@ -110,7 +110,9 @@ def call_builtin(el: Elaborator, fname: str, args: tuple[CallArg, ...], span: Sp
         return query(el, fname, args, span)
     b = BUILTINS[fname]
     positional = [a for a in args if a.name is None]
-    if b.inputs == -1:
+    if b.inputs == 0:  # a built-in of no tensor (normal, uniform): its arguments only
+        tensors, rest = (), args
+    elif b.inputs == -1:
         tensors = tuple(a.value for a in positional if isinstance(a.value, TensorVal))
         rest = tuple(a for a in args if not (a.name is None and isinstance(a.value, TensorVal)))
     elif positional and isinstance(positional[0].value, TensorVal):
@@ -132,6 +134,15 @@ def call_builtin(el: Elaborator, fname: str, args: tuple[CallArg, ...], span: Sp
     if explicit is not None:
         bound["name"] = explicit
     return apply_builtin(el, fname, tensors, bound, span, name, own)
+
+
+def _shape_call(args: tuple[CallArg, ...]) -> bool:
+    """`uniform((N, D), ...)`, the sampling built-in, not the initialiser `uniform(a)`: its first argument is a
+    shape tuple, or it names shape=, low= or high=."""
+    positional = [a for a in args if a.name is None]
+    return bool(positional and isinstance(positional[0].value, tuple)) or any(
+        a.name in ("shape", "low", "high") for a in args
+    )
 
 
 def apply_builtin(
@@ -183,12 +194,13 @@ def bind_args(
 ) -> dict[str, Any]:
     """Match arguments to a built-in's signature, convert and range-check them."""
     positional = [a for a in args if a.name is None]
-    if len(positional) > len(specs):
-        extra = positional[len(specs)]
+    by_position = [s for s in specs if not s.keyword]  # a keyword-only argument is never taken by position
+    if len(positional) > len(by_position):
+        extra = positional[len(by_position)]
         b = BUILTINS.get(fname)
         count = {-1: "any number of tensors", 1: "1 tensor"}
         tensors = "" if b is None else count.get(b.inputs, f"{b.inputs} tensors")
-        rest = ", ".join(s.name for s in specs)
+        rest = ", ".join(s.name for s in by_position)
         takes = " then ".join(t for t in (tensors, rest) if t) or "no arguments"
         raise DslArgumentError(f"too many arguments for {fname}: it takes {takes}", extra.span)
     names = [s.name for s in specs]
@@ -339,6 +351,13 @@ def convert(fname: str, spec: ArgSpec, v: Any, span: Span) -> Any:
         for p in ints:
             check_int(p)
         return tuple(ints)
+    if spec.kind == "floats":  # a number or a tuple of numbers (class weights)
+        nums = (v,) if is_int or isinstance(v, float) else v
+        if not (isinstance(nums, tuple) and all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in nums)):
+            raise bad("a number or a tuple of numbers (a, b, ...)")
+        for p in nums:
+            check_range(float(p))
+        return tuple(float(p) for p in nums)
     if spec.kind == "float":
         if not (is_int or isinstance(v, float)):
             raise bad("a number")

@@ -82,6 +82,7 @@ class Elaborator:
         self.tensor_fns_called: set[str] = set()
         self.loss: TensorVal | None = None
         self.loss_span: Span | None = None
+        self.loss_terms: list[tuple[str, TensorVal]] = []  # the named scalars a loss of several terms adds up
         self.predict: TensorVal | None = None
         self.train: ast.Train | None = None
 
@@ -149,6 +150,8 @@ class Elaborator:
         self.diags.raise_if_errors()
         assert self.loss is not None and train is not None
         self.b.output("loss", self.loss.value)
+        for name, term in self.loss_terms:  # reported beside the loss (`deepdsl run`, the Java program)
+            self.b.output(f"loss:{name}", term.value)
         if self.predict is not None:
             self.b.output("predict", self.predict.value)
         graph = self.b.build()
@@ -293,8 +296,29 @@ class Elaborator:
                 )  # fmt: skip
             self.loss = value
             self.loss_span = item.span
+            self.loss_terms = self._loss_terms(item.value)
         else:
             self.predict = value
+
+    def _loss_terms(self, e: ast.Expr) -> list[tuple[str, TensorVal]]:
+        """The terms of a loss such as `rec + 0.5 * kl`: each top-level name its arithmetic reads (not inside a
+        call) that is bound to a scalar tensor, in order of first use; none where the loss is one name or call."""
+        found: dict[str, TensorVal] = {}
+
+        def go(x: ast.Expr) -> None:
+            if isinstance(x, ast.Name):
+                v = self.globals.values.get(x.name)
+                if isinstance(v, TensorVal) and v.shape == () and x.name not in found:
+                    found[x.name] = v
+            elif isinstance(x, ast.Binary):
+                go(x.left)
+                go(x.right)
+            elif isinstance(x, ast.Unary):
+                go(x.operand)
+
+        if isinstance(e, (ast.Binary, ast.Unary)):
+            go(e)
+        return list(found.items())
 
     # ---- expressions ----
 

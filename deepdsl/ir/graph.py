@@ -46,6 +46,8 @@ class InputDef:
     kind: str
     classes: int | None = None
     span: Span | None = None
+    # a label's ignored value (`nll(..., ignore_index=-100)`): the data may hold it besides the ids in [0, classes)
+    ignore: int | None = None
 
 
 @dataclass(frozen=True)

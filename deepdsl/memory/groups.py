@@ -7,6 +7,7 @@ overwritten by one thread while another still reads it.
 
 from __future__ import annotations
 
+from deepdsl.ir.analysis import reads_pointwise
 from deepdsl.ir.graph import Stmt
 from deepdsl.ir.groups import can_join, kernel_groups
 from deepdsl.memory.plan import Plan
@@ -25,7 +26,10 @@ def can_join_in(plan: Plan, group: list[Stmt], s: Stmt) -> bool:
         return False
     where = region(plan, s.out.name)
     shape = s.out.type.shape
-    return all(apart_or_same(where, region(plan, v.name), v.type.shape == shape) for m in group for v in m.inputs)
+    # the same memory is safe only where the member reads it element for element (memory/check.py `hazards` asks
+    # the same): a tensor function's statement (`indexed`) is never taken to, so its input's memory is not shared
+    return all(apart_or_same(where, region(plan, v.name), v.type.shape == shape and reads_pointwise(m, v.name))
+               for m in group for v in m.inputs)  # fmt: skip
 
 
 def region(plan: Plan, name: str) -> Region:

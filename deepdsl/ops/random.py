@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.initializers import stream_seed, uniform_array
+from deepdsl.initializers import normal_array, stream_seed, uniform_array
 from deepdsl.ir.registry import defop, eager_saves, flops_rule, java_call, lowering, numpy_kernel
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
@@ -64,3 +64,78 @@ eager_saves("dropout", extra=lambda types, out, a: out.numel)  # eager autograd 
 
 # the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
 java_call("dropout_mask", "long step, float p, long seed, String site", cls="Rng")
+
+
+# ---- sampling in the graph: normal(shape) and uniform(shape, low, high) (issue 34) ----
+#
+# `sample_normal` and `sample_uniform` are what the front end writes (no input); lowered for training to
+# `random_normal` / `random_uniform`, which read the step, and for inference to their mean (a `fill`): normal's 0,
+# uniform's (low + high) / 2, so that predict and the test loss are deterministic, as dropout is the identity there.
+# The draws of call site `site` at a step come from SplitMix64 seeded with
+# `stream_seed(site + "#sample", seed) XOR ((step + 1) * STEP_MIX mod 2^64)`: element i (row-major) of a normal
+# is Box-Muller on uniforms 2i and 2i + 1 (deepdsl/initializers.py, normal_array), of a uniform
+# `low + (high - low) * u_i` in float64, each rounded once to float32. The Java runtime (Rng.java) and the CUDA
+# kernels draw the same numbers.
+
+
+def _sample_rule(what: str):  # noqa: ANN202
+    def rule(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+        if types and types[0].shape != ():
+            raise ShapeError(f"{what} takes the scalar step, got {types[0]}")
+        shape = tuple(attrs["shape"])
+        if not shape or min(shape) < 1:
+            raise ShapeError(f"{what}: every size of the shape must be at least 1, got {list(shape)}")
+        return TensorType(shape)
+
+    return rule
+
+
+defop("sample_normal", 0, differentiable=False, doc="standard normal samples of attrs shape (attrs site); lowered to "
+      "random_normal in training and to 0 in inference")(_sample_rule("normal"))  # fmt: skip
+defop("sample_uniform", 0, differentiable=False, doc="samples uniform in [low, high) of attrs shape (attrs site); "
+      "lowered to random_uniform in training and to (low + high) / 2 in inference")(
+    _sample_rule("uniform"))  # fmt: skip
+defop("random_normal", 1, differentiable=False, doc="standard normal draws of attrs shape from the step (input) and "
+      "attrs site, seed")(_sample_rule("random_normal"))  # fmt: skip
+defop("random_uniform", 1, differentiable=False, doc="uniform draws in [low, high) of attrs shape from the step "
+      "(input) and attrs site, seed, low, high")(_sample_rule("random_uniform"))  # fmt: skip
+
+
+def sample_seed(site: str, seed: int, step: int) -> int:
+    return stream_seed(site + "#sample", seed) ^ (((step + 1) * STEP_MIX) % 2**64)
+
+
+def _lower_sample(kind: str):  # noqa: ANN202
+    def rule(b: Any, s: Any, ctx: Any) -> Any:
+        a = s.a
+        if not ctx.train:
+            mean = 0.0 if kind == "normal" else (a["low"] + a["high"]) / 2
+            return _e(b, s, "fill", value=mean, shape=tuple(a["shape"]))
+        extra = {} if kind == "normal" else {"low": a["low"], "high": a["high"]}
+        return _e(b, s, f"random_{kind}", ctx.step, shape=tuple(a["shape"]), site=a["site"], seed=ctx.seed, **extra)
+
+    return rule
+
+
+lowering("sample_normal")(_lower_sample("normal"))
+lowering("sample_uniform")(_lower_sample("uniform"))
+
+
+@numpy_kernel("random_normal")
+def _random_normal(xs: tuple, a: dict) -> np.ndarray:
+    shape = tuple(a["shape"])
+    z = normal_array(sample_seed(a["site"], a["seed"], int(xs[0])), int(np.prod(shape)))
+    return z.reshape(shape).astype(np.float32)
+
+
+@numpy_kernel("random_uniform")
+def _random_uniform(xs: tuple, a: dict) -> np.ndarray:
+    shape = tuple(a["shape"])
+    u = uniform_array(sample_seed(a["site"], a["seed"], int(xs[0])), int(np.prod(shape)))
+    low, high = float(a["low"]), float(a["high"])
+    return (low + (high - low) * u).reshape(shape).astype(np.float32)
+
+
+flops_rule("random_normal", "random_uniform")(_flops)
+java_call("random_normal", "long step, long seed, String site", cls="Rng")
+java_call("random_uniform", "long step, float low, float high, long seed, String site", cls="Rng")

@@ -259,6 +259,15 @@ final class CommandLine {
     return "synthetic (seed " + (spec.seed() != null ? spec.seed() : seed) + ")";
   }
 
+  /** The progress line's terms of a loss of several: {@code "rec 0.1234  kl 0.0567  "}. */
+  static String terms(String[] names, float[] values) {
+    StringBuilder s = new StringBuilder();
+    for (int t = 0; t < names.length; t++) {
+      s.append(String.format(Locale.ROOT, "%s %.4f  ", names[t], values[t]));
+    }
+    return s.toString();
+  }
+
   static String json(
       String device,
       float[] losses,
@@ -268,7 +277,9 @@ final class CommandLine {
       long measured,
       double secondsPerIter,
       List<Double> stepSeconds,
-      List<Float> rates) {
+      List<Float> rates,
+      String[] termNames,
+      List<float[]> terms) {
     List<String> bad = new ArrayList<>();
     StringBuilder s =
         new StringBuilder("{\"device\": \"").append(device).append("\", \"losses\": [");
@@ -276,6 +287,17 @@ final class CommandLine {
       s.append(i > 0 ? ", " : "").append(jsonNumber(losses[i], "losses", bad));
     }
     s.append("]");
+    if (termNames.length > 0) { // the named terms of a loss of several, each step's value
+      s.append(", \"loss_terms\": {");
+      for (int t = 0; t < termNames.length; t++) {
+        s.append(t > 0 ? ", " : "").append('"').append(termNames[t]).append("\": [");
+        for (int i = 0; i < terms.size(); i++) {
+          s.append(i > 0 ? ", " : "").append(jsonNumber(terms.get(i)[t], "loss_terms", bad));
+        }
+        s.append("]");
+      }
+      s.append("}");
+    }
     if (rates != null) {
       s.append(", \"learning_rates\": [");
       for (int i = 0; i < rates.size(); i++) {

@@ -289,5 +289,15 @@ public final class CpuDevice implements Device {
   }
 
   @Override
+  public void randomNormal(Buf out, long step, long seed, String site) {
+    Rng.random_normal(out, step, seed, site);
+  }
+
+  @Override
+  public void randomUniform(Buf out, long step, float low, float high, long seed, String site) {
+    Rng.random_uniform(out, step, low, high, seed, site);
+  }
+
+  @Override
   public void close() {}
 }

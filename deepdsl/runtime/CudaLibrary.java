@@ -540,4 +540,36 @@ abstract class CudaLibrary extends CudaMemory {
         Pointer.to(new long[] {Rng.streamSeed(site + "#dropout", seed)}),
         Pointer.to(new double[] {threshold}), Pointer.to(new float[] {keep}));
   }
+
+  /** Sends the step counter the draws of {@code step} read, as dropoutMask does. */
+  private void counterFor(long step, String what) {
+    if (step != counterValue) { // a train step's counter is sent before it (a graph's too)
+      if (capturing) {
+        throw new NotCapturable("it draws " + what + " for another step than its own");
+      }
+      sendCounter(step);
+    }
+  }
+
+  @Override
+  public void randomNormal(Buf out, long step, long seed, String site) {
+    int n = out.numel();
+    counterFor(step, "normal samples");
+    launch(
+        "dd_k_random_normal", elements(n), THREADS, new Buf[] {out},
+        Pointer.to(counter), i(n),
+        Pointer.to(new long[] {Rng.streamSeed(site + "#sample", seed)}));
+  }
+
+  @Override
+  public void randomUniform(Buf out, long step, float low, float high, long seed, String site) {
+    int n = out.numel();
+    counterFor(step, "uniform samples");
+    launch(
+        "dd_k_random_uniform", elements(n), THREADS, new Buf[] {out},
+        Pointer.to(counter), i(n),
+        Pointer.to(new long[] {Rng.streamSeed(site + "#sample", seed)}),
+        Pointer.to(new double[] {Rng.shortestDecimal(low)}),
+        Pointer.to(new double[] {Rng.shortestDecimal(high)}));
+  }
 }

@@ -42,7 +42,12 @@ public final class Data {
    * of a network, by name, with its shape per sample (without the batch dimension). Integers are
    * carried as exact floats.
    */
-  public record Field(String name, boolean label, int classes, int[] shape) {
+  public record Field(String name, boolean label, int classes, int[] shape, long ignore) {
+    /** A field whose data holds no ignored value. */
+    public Field(String name, boolean label, int classes, int[] shape) {
+      this(name, label, classes, shape, Long.MIN_VALUE);
+    }
+
     /** As the Python side's {@code Field.describe}: {@code input t : [N, 4]}. */
     String describe() {
       StringBuilder s = new StringBuilder(label ? "label " : "input ").append(name).append(" : [N");

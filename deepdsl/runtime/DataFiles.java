@@ -488,7 +488,7 @@ final class DataFiles {
     int size = Math.max(1, f.size());
     for (int k = 0; k < out.length; k++) {
       long v = a.longs[k];
-      if (v < 0 || v >= f.classes()) {
+      if ((v < 0 || v >= f.classes()) && v != f.ignore()) { // a loss's ignore_index is accepted
         throw new IOException(
             String.format(
                 "%s: label %d of sample %d is outside [0, %d) (the network's %s)",

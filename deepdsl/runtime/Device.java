@@ -116,6 +116,12 @@ public interface Device extends AutoCloseable {
 
   void dropoutMask(Buf out, long step, float p, long seed, String site);
 
+  /** Standard normal draws of call site {@code site} at {@code step} (registry op random_normal). */
+  void randomNormal(Buf out, long step, long seed, String site);
+
+  /** Draws uniform in [low, high) of call site {@code site} at {@code step} (registry op random_uniform). */
+  void randomUniform(Buf out, long step, float low, float high, long seed, String site);
+
   /** Attention's softmax with its scale and causal mask (registry op masked_softmax). */
   void maskedSoftmax(Buf out, Buf x, float scale, boolean causal, int period);
 

@@ -65,6 +65,19 @@ public abstract class Network extends NetworkTensors {
   /** One training step on the batch in the inputs; returns the loss. */
   protected abstract float trainStep();
 
+  /** The names of the loss's terms ({@code loss = rec + 0.5 * kl}: rec, kl); none by default. */
+  protected String[] lossTermNames() {
+    return new String[0];
+  }
+
+  /** The values of the loss's terms at the last training step. */
+  protected float[] lossTerms() {
+    return new float[0];
+  }
+
+  /** Each step's values of the loss's terms (train). */
+  final List<float[]> termValues = new ArrayList<>();
+
   /** The loss on the batch in the inputs in inference semantics (the test phase); no update. */
   protected abstract float evalStep();
 
@@ -154,6 +167,8 @@ public abstract class Network extends NetworkTensors {
             "iteration " + (k + 1) + ": the loss is not finite (" + loss + ")");
       }
       losses[k] = loss;
+      float[] terms = lossTerms();
+      termValues.add(terms);
       iteration++;
       if (saveTo != null && settings.saveEvery > 0 && (k + 1) % settings.saveEvery == 0) {
         try {
@@ -167,12 +182,13 @@ public abstract class Network extends NetworkTensors {
         int width = Integer.toString(iterations).length();
         progress.printf(
             Locale.ROOT,
-            "[%s%s] iter %" + width + "d/%d  loss %.4f  %s %s/s%n",
+            "[%s%s] iter %" + width + "d/%d  loss %.4f  %s%s %s/s%n",
             "#".repeat(done),
             ".".repeat(BAR - done),
             k + 1,
             iterations,
             loss,
+            CommandLine.terms(lossTermNames(), terms),
             // a decimal below 100 a second, where a whole number would be a coarse step time
             String.format(Locale.ROOT, n / seconds < 100 ? "%.1f" : "%,.0f", n / seconds),
             unit);
@@ -540,7 +556,9 @@ public abstract class Network extends NetworkTensors {
                 device.measuredBytes(),
                 secondsPerIter,
                 net.stepSeconds,
-                net.rate == null ? null : net.rates));
+                net.rate == null ? null : net.rates,
+                net.lossTermNames(),
+                net.termValues));
       } else {
         if (tested != null) {
           System.out.printf(Locale.ROOT, "test loss: %.4f%n", tested[0]);

@@ -226,6 +226,12 @@ public abstract class NetworkTensors {
     return field(new Data.Field(name, true, classes, Arrays.copyOfRange(shape, 1, shape.length)), shape);
   }
 
+  /** A label whose data may also hold {@code ignore} (a loss's ignore_index), besides its class ids. */
+  protected final Buf labelIgnoring(String name, int classes, long ignore, int... shape) {
+    int[] sample = Arrays.copyOfRange(shape, 1, shape.length);
+    return field(new Data.Field(name, true, classes, sample, ignore), shape);
+  }
+
   private Buf field(Data.Field f, int[] shape) {
     Buf b = Buf.zeros(shape);
     fields.add(f);

@@ -113,6 +113,43 @@ public final class Rng {
     }
   }
 
+  /**
+   * The seed of sampling site {@code site}'s draws at {@code step}: {@code streamSeed(site +
+   * "#sample", seed) XOR ((step + 1) * STEP_MIX)}, mod 2^64 (deepdsl/ops/random.py).
+   */
+  public static long sampleSeed(String site, long seed, long step) {
+    return streamSeed(site + "#sample", seed) ^ ((step + 1) * STEP_MIX);
+  }
+
+  /**
+   * The registry op {@code random_normal}: element i (row-major) of {@code out} is the normal of
+   * uniforms 2i and 2i + 1 of the stream {@link #sampleSeed} (Box-Muller, as {@link #normal}),
+   * rounded to float.
+   */
+  public static void random_normal(Buf out, long step, long seed, String site) {
+    Rng rng = new Rng(sampleSeed(site, seed, step));
+    int n = out.numel();
+    for (int i = 0; i < n; i++) {
+      out.a[out.off + i] = (float) rng.normal();
+    }
+  }
+
+  /**
+   * The registry op {@code random_uniform}: element i of {@code out} is {@code low + (high - low) *
+   * u_i} in double, u_i uniform i of the stream {@link #sampleSeed}, rounded to float. {@code low}
+   * and {@code high} arrive rounded to float and are widened as dropout's p is ({@link
+   * #shortestDecimal}), to the doubles the program wrote.
+   */
+  public static void random_uniform(Buf out, long step, float low, float high, long seed, String site) {
+    double lo = shortestDecimal(low);
+    double hi = shortestDecimal(high);
+    Rng rng = new Rng(sampleSeed(site, seed, step));
+    int n = out.numel();
+    for (int i = 0; i < n; i++) {
+      out.a[out.off + i] = (float) (lo + (hi - lo) * rng.uniform());
+    }
+  }
+
   /** The double nearest the shortest decimal that rounds to {@code f}. */
   static double shortestDecimal(float f) {
     if (!Float.isFinite(f) || f == 0.0f) {

@@ -137,6 +137,7 @@ def _op_plan() -> Plan:
     f = lambda name, *shape: b.add_param(ParamDef(Value(name, TensorType(shape)), Init("constant", (0.0,))))  # noqa: E731
     labels = b.add_input(InputDef(Value("y", TensorType((4,), DType.I64)), "label", 10))
     x, g, s = f("x", 4, 10), f("g", 4, 10), f("s")
+    step = b.add_input(InputDef(Value("step", TensorType((), DType.I64)), "step"))
     img, w3 = f("img", 2, 3, 9, 9), f("w", 6, 1, 3, 3)
     outs = [
         b.emit("softmax", x), b.emit("log_softmax", x), b.emit("softmax_backward", x, g),
@@ -171,6 +172,9 @@ def _op_plan() -> Plan:
         b.emit("conv2d_backward_filter", img, f("gyd2", 2, 6, 9, 3), stride=(1, 2), pad=(2, 1), groups=3,
                dilation=(2, 3), w_shape=(6, 1, 3, 3)),
         b.emit("indexed", img, out=(("n", 2), ("c", 3), ("h", 11), ("w", 10)), body=_neg_inf_pad(1, 0, 9, 9)),
+        # sampling in the graph (issue 34): the draws of step 3
+        b.emit("random_normal", step, shape=(4, 10), site="z", seed=5),
+        b.emit("random_uniform", step, shape=(3, 7), site="u", seed=5, low=-0.5, high=2.0),
     ]  # fmt: skip
     for k, v in enumerate(outs):
         b.output(f"o{k}", v)

@@ -33,6 +33,7 @@ pytestmark = [
 # registry ops that no CPU family class implements: a view, three ops lowered before any backend, and the
 # statements the emitter writes as generated loops
 NOT_CPUOPS = {"reshape", "batch_norm", "dropout", "layer_norm", "fused", "indexed"}
+NOT_CPUOPS |= {"sample_normal", "sample_uniform"}  # lowered to random_normal / random_uniform (or a fill)
 
 # the ops whose work is matrix products (CpuGemm.gemm), run once more with OpenBLAS as the SGEMM
 GEMM_OPS = {"conv2d", "conv2d_backward_data", "conv2d_backward_filter", "linear", "matmul", "batch_matmul"}

@@ -258,3 +258,64 @@ def test_explicit_pad_gradient(fill: float) -> None:
         pad=(0, 0),
     )
     check_op_gradient("indexed", [rand(2, 3, 4, 3)], {}, build=build)
+
+
+# ---- the losses of issue 34: each one `indexed` statement (frontend/losses.py), its gradient derived ----
+
+LOSS_Y = np.array([0, 3, 2, 1, 2, 3], dtype=np.int64)
+
+
+def _loss_build(which: str):  # noqa: ANN202
+    from deepdsl.frontend import losses
+
+    def build(b, values):  # noqa: ANN001, ANN202
+        shape = values[0].type.shape
+        body = {
+            "l1": lambda: losses.l1(shape),
+            "huber": lambda: losses.huber(shape, 0.7),
+            "bce_with_logits": lambda: losses.bce_with_logits(shape),
+            "nll": lambda: losses.nll(*shape, None, -100, 0.0),
+            "nll/weight_ignore": lambda: losses.nll(*shape, (1.0, 2.0, 0.5, 3.0), 2, 0.0),
+            "nll/smoothing_weight": lambda: losses.nll(*shape, (1.0, 2.0, 0.5, 3.0), -100, 0.2),
+            "nll/smoothing": lambda: losses.nll(*shape, None, 1, 0.3),
+        }[which]()
+        return b.emit("indexed", *values, out=body[0], body=body[1])
+
+    return build
+
+
+LOSS_CASES = {
+    "l1": [kinked(3, 4) * 2, kinked(3, 4)],
+    "huber": [rand(3, 4) * 2, rand(3, 4)],
+    "bce_with_logits": [np.concatenate([rand(3, 4) * 30, np.zeros((1, 4))]), RNG.uniform(0, 1, (4, 4))],
+    "nll": [rand(6, 4), LOSS_Y],
+    "nll/weight_ignore": [rand(6, 4), LOSS_Y],
+    "nll/smoothing_weight": [rand(6, 4), LOSS_Y],
+    "nll/smoothing": [rand(6, 4), LOSS_Y],
+}
+
+
+@pytest.mark.parametrize("which", sorted(LOSS_CASES))
+def test_loss_gradients_match_finite_differences(which: str) -> None:
+    inputs = LOSS_CASES[which]
+    if which in ("l1", "huber"):  # away from |d| = 0 and |d| = delta, where the slope jumps
+        d = inputs[0] - inputs[1]
+        inputs = [inputs[1] + np.where(np.abs(np.abs(d) - (0.7 if which == "huber" else 0)) < 1e-3, d + 0.01, d),
+                  inputs[1]]  # fmt: skip
+    check_op_gradient("indexed", inputs, {}, build=_loss_build(which))
+
+
+def test_bce_with_logits_gradient_is_sigmoid_minus_target_at_zero() -> None:
+    from helpers import op_graph
+
+    from deepdsl.autodiff import gradients
+    from deepdsl.backends.numpy_runner import run as run_graph
+
+    x, t = np.array([[0.0, -800.0, 800.0, 1.5]]), np.array([[0.3, 0.2, 0.9, 1.0]])
+    b, values, _ = op_graph("indexed", [x, t], {}, _loss_build("bce_with_logits"))
+    loss = b.stmts[-3].out  # the loss statement itself, before op_graph's sum(out * r)
+    grads = gradients(b, loss, {"p0"})
+    b.output("d", grads["p0"])
+    out = run_graph(b.build(), {"r": np.ones(())}, {"p0": x, "p1": t}, dtype=np.float64).outputs
+    np.testing.assert_allclose(out["d"], (0.5 * (1 + np.tanh(x / 2)) - t) / x.size, atol=1e-15)
+    assert np.isfinite(float(out["loss"]))

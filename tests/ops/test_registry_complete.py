@@ -118,6 +118,12 @@ EXAMPLES = {
     # along axes (issue 34): explicit broadcasting, the maximum along axes and its gradient's arg-max mask
     "expand": ((TensorType((2, 1, 8, 1)),), {"shape": (2, 4, 8, 8)}), "max_axes": ((X4,), {"axes": (1, 3)}),
     "equal_mask": ((X4, X4), {}),
+    # sampling in the graph (issue 34)
+    "sample_normal": ((), {"shape": (2, 3), "site": "z"}),
+    "sample_uniform": ((), {"shape": (2, 3), "site": "u", "low": -1.0, "high": 2.0}),
+    "random_normal": ((TensorType((), DType.I64),), {"shape": (2, 3), "site": "z", "seed": 1}),
+    "random_uniform": ((TensorType((), DType.I64),), {"shape": (2, 3), "site": "u", "seed": 1, "low": -1.0,
+                                                      "high": 2.0}),
 }  # fmt: skip
 
 EXPECTED = {
@@ -133,6 +139,7 @@ EXPECTED = {
     "global_avg_pool_backward": (2, 4, 8, 8), "embedding": (2, 5, 3), "embedding_backward": (7, 3),
     "resize_axis": (2, 4, 16, 8), "resize_axis_backward": (2, 4, 8, 4),
     "expand": (2, 4, 8, 8), "max_axes": (2, 8),
+    "sample_normal": (2, 3), "sample_uniform": (2, 3), "random_normal": (2, 3), "random_uniform": (2, 3),
 }  # fmt: skip
 
 
@@ -143,6 +150,8 @@ LOWERED = {
     "batch_norm": "lowered to channel_mean, channel_var, running_update and bn_train_apply (bn_apply in inference)",
     "dropout": "lowered to dropout_mask * x in training, to x in inference",
     "layer_norm": "lowered to layer_norm_rows, then the scale and shift",
+    "sample_normal": "lowered to random_normal in training, to a fill of 0 in inference",
+    "sample_uniform": "lowered to random_uniform in training, to a fill of (low + high) / 2 in inference",
 }
 # ops whose statement carries its own index expression (attrs body, out): the backends compile that
 FROM_BODY = {

@@ -118,3 +118,12 @@ extern "C" __global__ void dd_k_dropout_mask(float* mask, const long long* step,
                                              double p, float keep) {
     dd_dropout_mask(mask, step, n, stream, p, keep);
 }
+
+extern "C" __global__ void dd_k_random_normal(float* out, const long long* step, int n, unsigned long long stream) {
+    dd_random_normal(out, step, n, stream);
+}
+
+extern "C" __global__ void dd_k_random_uniform(float* out, const long long* step, int n, unsigned long long stream,
+                                               double low, double high) {
+    dd_random_uniform(out, step, n, stream, low, high);
+}

@@ -521,3 +521,34 @@ __device__ void dd_dropout_mask(float* __restrict__ mask, const long long* __res
         mask[e] = u >= p ? keep : 0.0f;
     }
 }
+
+// ---- sampling (normal, uniform): the SplitMix64 stream of deepdsl/ops/random.py; `stream` is
+// stream_seed(site#sample, seed), mixed with the step as dropout's mask is ----
+
+__device__ double dd_sample_uniform_at(unsigned long long seed, long long k) {
+    unsigned long long z = (unsigned long long)(k + 1) * 0x9E3779B97F4A7C15ull + seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z = z ^ (z >> 31);
+    return (double)(z >> 40) * (1.0 / 16777216.0);
+}
+
+// element e: Box-Muller on uniforms 2e and 2e + 1, cosine half (deepdsl/initializers.py normal_array), in double
+__device__ void dd_random_normal(float* __restrict__ out, const long long* __restrict__ step, int n,
+                                 unsigned long long stream) {
+    unsigned long long seed = stream ^ ((unsigned long long)(step[0] + 1) * 0xD1B54A32D192ED03ull);
+    DD_GRID_STRIDE(e, n) {
+        double u1 = dd_sample_uniform_at(seed, 2 * (long long)e);
+        double u2 = dd_sample_uniform_at(seed, 2 * (long long)e + 1);
+        out[e] = (float)(sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2));
+    }
+}
+
+// element e: low + (high - low) * u_e, in double
+__device__ void dd_random_uniform(float* __restrict__ out, const long long* __restrict__ step, int n,
+                                  unsigned long long stream, double low, double high) {
+    unsigned long long seed = stream ^ ((unsigned long long)(step[0] + 1) * 0xD1B54A32D192ED03ull);
+    DD_GRID_STRIDE(e, n) {
+        out[e] = (float)(low + (high - low) * dd_sample_uniform_at(seed, e));
+    }
+}

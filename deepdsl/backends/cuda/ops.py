@@ -179,6 +179,16 @@ def _dropout_mask(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     return library_call(name, s, ct, "float", call, **elementwise_launch(n))
 
 
+def _random(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
+    # normal(shape) and uniform(shape, low, high) of ops/random.py: the draws of the step in in0
+    a = s.a
+    n = s.out.type.numel
+    stream = stream_seed(a["site"] + "#sample", a["seed"])
+    extra = "" if s.op == "random_normal" else f", {float(a['low'])!r}, {float(a['high'])!r}"
+    call = f"dd_{s.op}(out, in0, {n}, 0x{stream:016X}ull{extra})"
+    return library_call(name, s, ct, "float", call, **elementwise_launch(n))
+
+
 cuda_kernel("conv2d", "conv2d_backward_data", "conv2d_backward_filter")(_conv)
 cuda_kernel("max_pool2d")(_max_pool)
 cuda_kernel("max_pool2d_backward")(_max_pool_backward)
@@ -193,6 +203,7 @@ cuda_kernel("lrn", "lrn_backward")(_lrn)
 cuda_kernel("layer_norm_rows", "layer_norm_rows_backward")(_layer_norm_rows)
 cuda_kernel("bn_train_backward")(_bn_train_backward)
 cuda_kernel("dropout_mask")(_dropout_mask)
+cuda_kernel("random_normal", "random_uniform")(_random)
 
 
 # ---- ops the CUDA backend writes as index expressions (they have no index form of their own) ----

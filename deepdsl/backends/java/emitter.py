@@ -141,6 +141,8 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
         named = java_string(d.value.name)
         call = {"label": f"label({named}, {d.classes}, {shape})", "input": f"input({named}, {shape})",
                 "lr": "learningRateInput()"}[d.kind]  # fmt: skip
+        if d.kind == "label" and d.ignore is not None:  # its data may hold a loss's ignore_index
+            call = f"labelIgnoring({named}, {d.classes}, {d.ignore}L, {shape})"
         if d.kind == "input" and d.classes is not None:  # token ids (`input t : [N, T] int vocab V`)
             call = f"tokens({named}, {d.classes}, {shape})"
         declarations.append(f"  private final Buf {e.declare(d.value)} = {call};")

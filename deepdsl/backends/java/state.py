@@ -19,6 +19,7 @@ NETWORK_MEMBERS = (
     "inputs", "labels", "use", "device", "constant", "evalStep", "batchByName", "isLabel", "field", "batchSize",
     "tested", "rate", "rateBuffer", "learningRate", "learningRateInput", "Schedule", "predict", "setting", "set",
     "get", "batch",
+    "lossTerms", "lossTermNames", "termValues", "labelIgnoring",
 )  # fmt: skip
 
 

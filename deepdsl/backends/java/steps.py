@@ -125,6 +125,19 @@ def plan_classes(
         method("/** One training step on the batch in the inputs; returns the loss. */", "protected float trainStep()",
                [f"{instance(training)}.step();", f"return dev.scalar({train_loss});"])
     ]  # fmt: skip
+    terms = [(n.removeprefix("loss:"), v) for n, v in train.graph.outputs if n.startswith("loss:")]
+    if terms:  # the named terms of a loss of several (`loss = rec + 0.5 * kl`), reported beside it
+        names = ", ".join(f'"{n}"' for n, _ in terms)
+        values = ", ".join(f"dev.scalar({instance(training)}.{e.tensor(v)})" for _, v in terms)
+        steps.append(method("/** The names of the loss's terms. */", "@Override\n  protected String[] lossTermNames()",
+                            [f"return new String[] {{{names}}};"]))  # fmt: skip
+        steps.append(
+            method(
+                "/** The loss's terms at the last training step. */",
+                "@Override\n  protected float[] lossTerms()",
+                [f"return new float[] {{{values}}};"],
+            )
+        )
     e.in_state = dict(test.in_state)
     e.counters = frozenset(d.value.name for d in test.graph.inputs if d.kind == "step")
     items = plan_items(e, test)

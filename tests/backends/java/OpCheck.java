@@ -148,6 +148,10 @@ public final class OpCheck {
       case "cross_entropy_backward" -> CpuLosses.cross_entropy_backward(out, x, y, z);
       case "dropout_mask" ->
           Rng.dropout_mask(out, (long) x.a[x.off], a.f("p"), a.l("seed"), a.text("site"));
+      case "random_normal" -> Rng.random_normal(out, (long) x.a[x.off], a.l("seed"), a.text("site"));
+      case "random_uniform" ->
+          Rng.random_uniform(
+              out, (long) x.a[x.off], a.f("low"), a.f("high"), a.l("seed"), a.text("site"));
       case "global_avg_pool" -> CpuPooling.global_avg_pool(out, x);
       case "global_avg_pool_backward" ->
           CpuPooling.global_avg_pool_backward(out, x, a.ints("in_shape"));
