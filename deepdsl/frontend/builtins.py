@@ -618,6 +618,77 @@ def _along_axes(what: str) -> Apply:
             y = _view(el, y, tuple(1 if k in axes else n for k, n in enumerate(x.shape)), span, "", what)
         return y
 
+    return apply
+
+
+for _name in ("sum", "mean", "max"):
+    builtin(_name, ArgSpec("axis", "ints", None), ArgSpec("keepdim", "bool", False), layer=False)(_along_axes(_name))
+
+
+@builtin("expand", ArgSpec("shape", "ints"), layer=False)
+def expand(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """Explicit broadcasting: the size-1 axes of x repeated to `shape` (same rank; -1 keeps an axis' size)."""
+    (x,) = xs
+    _float_input(x, "expand", span)
+    want, have = a["shape"], x.shape
+    if len(want) != len(have):
+        hint = "expand keeps the rank: reshape first to add size-1 axes"
+        raise DslShapeError(f"expand: {x.value.type} has {len(have)} axes, the shape {want} has {len(want)}", span,
+                            notes=_notes(x), hint=hint)  # fmt: skip
+    shape = []
+    for k, (n, m) in enumerate(zip(have, want)):
+        if m == -1:
+            m = n
+        if m < 1:
+            raise DslArgumentError(f"expand: size {m} for axis {k}; a size is at least 1, or -1 (keep it)", span)
+        if n != m and n != 1:
+            raise DslShapeError(f"expand: axis {k} of {x.value.type} has size {n}, not 1, so it cannot grow to {m}",
+                                span, notes=_notes(x))  # fmt: skip
+        shape.append(m)
+    if tuple(shape) == tuple(have):
+        return x
+    return el.emit("expand", (x,), span, "", "expand", shape=tuple(shape))
+
+
+# ---- the 1-D convolution family (issue 34): views of the 2-D layers on [N, C, 1, L] ----------------------------
+
+
+@builtin(
+    "conv1d",
+    ArgSpec("out", "int", low=1),
+    ArgSpec("kernel", "int", low=1),
+    ArgSpec("stride", "int", 1, low=1),
+    ArgSpec("pad", "ints", 0, low=0),
+    ArgSpec("dilation", "int", 1, low=1),
+    ArgSpec("groups", "int", 1, low=1),
+    ArgSpec("bias", "bool", True),
+    ArgSpec("init", "init", HE),
+    ArgSpec("bias_init", "init", ZERO),
+)
+def conv1d(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    # [N, C, L] -> [N, out, L'], weight NAME.W [out, C/groups, k] (nn.Conv1d's layout), as conv2d on [N, C, 1, L]
+    # with the weight viewed as [out, C/groups, 1, k]
+    (x,) = xs
+    need_rank(x, (3,), "conv1d", span, "conv1d works on [N, C, L] sequences")
+    c, g = x.shape[1], a["groups"]
+    if c % g:
+        raise DslShapeError(f"conv1d: groups={g} does not divide the {c} input channels of {x.origin}", span)
+    w = el.param(path, "W", (a["out"], c // g, a["kernel"]), a["init"], span)
+    w4 = el.emit("reshape", (w,), span, path, "conv1d", shape=(a["out"], c // g, 1, a["kernel"]))
+    two_d = dict(a, stride=(1, a["stride"]), dilation=(1, a["dilation"]))
+    y = _conv_with(el, path, convs.as_image(el, x, span, path, "conv1d"), w4, two_d, span, "conv1d")
+    return convs.as_sequence(el, y, span, path, "conv1d")
+
+
+for _op, _what in (("max_pool2d", "max_pool1d"), ("avg_pool2d", "avg_pool1d")):
+    builtin(
+        _what,
+        ArgSpec("kernel", "int", low=1),
+        ArgSpec("stride", "int", None, low=1),
+        ArgSpec("pad", "ints", 0, low=0),
+        ArgSpec("ceil_mode", "bool", False),
+    )(_pool(_op, _what))
+
 
 # ---- losses, class weights and label smoothing, sampling (issue 34) -----------------------------------------------
 # Each loss is one `indexed` statement (frontend/losses.py: an index expression reduced to a scalar), so its NumPy,
@@ -742,75 +813,6 @@ def _with_options(op: str, plain: Apply) -> Apply:
         return _weighted_nll(el, op, lp, labels, a, span, path)
 
     return apply
-
-
-for _name in ("sum", "mean", "max"):
-    builtin(_name, ArgSpec("axis", "ints", None), ArgSpec("keepdim", "bool", False), layer=False)(_along_axes(_name))
-
-
-@builtin("expand", ArgSpec("shape", "ints"), layer=False)
-def expand(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
-    """Explicit broadcasting: the size-1 axes of x repeated to `shape` (same rank; -1 keeps an axis' size)."""
-    (x,) = xs
-    _float_input(x, "expand", span)
-    want, have = a["shape"], x.shape
-    if len(want) != len(have):
-        hint = "expand keeps the rank: reshape first to add size-1 axes"
-        raise DslShapeError(f"expand: {x.value.type} has {len(have)} axes, the shape {want} has {len(want)}", span,
-                            notes=_notes(x), hint=hint)  # fmt: skip
-    shape = []
-    for k, (n, m) in enumerate(zip(have, want)):
-        if m == -1:
-            m = n
-        if m < 1:
-            raise DslArgumentError(f"expand: size {m} for axis {k}; a size is at least 1, or -1 (keep it)", span)
-        if n != m and n != 1:
-            raise DslShapeError(f"expand: axis {k} of {x.value.type} has size {n}, not 1, so it cannot grow to {m}",
-                                span, notes=_notes(x))  # fmt: skip
-        shape.append(m)
-    if tuple(shape) == tuple(have):
-        return x
-    return el.emit("expand", (x,), span, "", "expand", shape=tuple(shape))
-
-
-# ---- the 1-D convolution family (issue 34): views of the 2-D layers on [N, C, 1, L] ----------------------------
-
-
-@builtin(
-    "conv1d",
-    ArgSpec("out", "int", low=1),
-    ArgSpec("kernel", "int", low=1),
-    ArgSpec("stride", "int", 1, low=1),
-    ArgSpec("pad", "ints", 0, low=0),
-    ArgSpec("dilation", "int", 1, low=1),
-    ArgSpec("groups", "int", 1, low=1),
-    ArgSpec("bias", "bool", True),
-    ArgSpec("init", "init", HE),
-    ArgSpec("bias_init", "init", ZERO),
-)
-def conv1d(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
-    # [N, C, L] -> [N, out, L'], weight NAME.W [out, C/groups, k] (nn.Conv1d's layout), as conv2d on [N, C, 1, L]
-    # with the weight viewed as [out, C/groups, 1, k]
-    (x,) = xs
-    need_rank(x, (3,), "conv1d", span, "conv1d works on [N, C, L] sequences")
-    c, g = x.shape[1], a["groups"]
-    if c % g:
-        raise DslShapeError(f"conv1d: groups={g} does not divide the {c} input channels of {x.origin}", span)
-    w = el.param(path, "W", (a["out"], c // g, a["kernel"]), a["init"], span)
-    w4 = el.emit("reshape", (w,), span, path, "conv1d", shape=(a["out"], c // g, 1, a["kernel"]))
-    two_d = dict(a, stride=(1, a["stride"]), dilation=(1, a["dilation"]))
-    y = _conv_with(el, path, convs.as_image(el, x, span, path, "conv1d"), w4, two_d, span, "conv1d")
-    return convs.as_sequence(el, y, span, path, "conv1d")
-
-
-for _op, _what in (("max_pool2d", "max_pool1d"), ("avg_pool2d", "avg_pool1d")):
-    builtin(
-        _what,
-        ArgSpec("kernel", "int", low=1),
-        ArgSpec("stride", "int", None, low=1),
-        ArgSpec("pad", "ints", 0, low=0),
-        ArgSpec("ceil_mode", "bool", False),
-    )(_pool(_op, _what))
 
 
 for _name in ("softmax_cross_entropy", "cross_entropy"):  # the cross-entropies again, with the options
