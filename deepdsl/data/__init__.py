@@ -139,8 +139,7 @@ def parse_data_flag(text: str) -> tuple[str, dict[str, Any]]:
     if kind not in KINDS:
         hint = did_you_mean(kind, KINDS)
         raise DslProgramError(
-            f"unknown data source '{kind}' in --data {text!r} "
-            f"(expected {SOURCES})" + (f"; {hint}" if hint else "")
+            f"unknown data source '{kind}' in --data {text!r} (expected {SOURCES})" + (f"; {hint}" if hint else "")
         )
     if kind == "synthetic":
         if not sep:

@@ -82,22 +82,40 @@ def test_load_data_reads_images_too(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "setup, fields, message",
     [
-        (lambda p: write_png(p / "a" / "big.png", np.zeros((6, 5, 3))), (X3, Y),
-         "is 5x6 (width x height), but the network's input takes 5x4"),
-        (lambda p: write_png(p / "a" / "rgb.png", np.zeros((4, 5, 3))), (X1, Y),
-         "is a colour image (RGB), but the network's input x : [N, 1, 4, 5] takes grayscale"),
-        (lambda p: (p / "a").mkdir() or (p / "a" / "notes.txt").write_text("hi"), (X3, Y),
-         "'notes.txt' is not a .png, .jpg or .jpeg file"),
-        (lambda p: (p / "a").mkdir() or (p / "a" / "bad.png").write_bytes(b"not a png"), (X3, Y),
-         "cannot be read as an image"),
+        (
+            lambda p: write_png(p / "a" / "big.png", np.zeros((6, 5, 3))),
+            (X3, Y),
+            "is 5x6 (width x height), but the network's input takes 5x4",
+        ),
+        (
+            lambda p: write_png(p / "a" / "rgb.png", np.zeros((4, 5, 3))),
+            (X1, Y),
+            "is a colour image (RGB), but the network's input x : [N, 1, 4, 5] takes grayscale",
+        ),
+        (
+            lambda p: (p / "a").mkdir() or (p / "a" / "notes.txt").write_text("hi"),
+            (X3, Y),
+            "'notes.txt' is not a .png, .jpg or .jpeg file",
+        ),
+        (
+            lambda p: (p / "a").mkdir() or (p / "a" / "bad.png").write_bytes(b"not a png"),
+            (X3, Y),
+            "cannot be read as an image",
+        ),
         (lambda p: (p / "a").mkdir(), (X3, Y), "class folder 'a' holds no images"),
         (lambda p: None, (X3, Y), "holds no class folders"),
-        (lambda p: image_folder(p, {c: 1 for c in "abcde"}), (X3, Y),
-         "5 class folders, more than the 4 classes of the network's label y"),
+        (
+            lambda p: image_folder(p, {c: 1 for c in "abcde"}),
+            (X3, Y),
+            "5 class folders, more than the 4 classes of the network's label y",
+        ),
         (lambda p: image_folder(p, {"a": 1}), (Field("x", "input", (20,)), Y), "takes images [N, C, H, W]"),
         (lambda p: write_png(p / "stray.png", np.zeros((4, 5, 3))), (X3, Y), "'stray.png' lies outside a class"),
-        (lambda p: image_folder(p / "train", {"a": 1}) and image_folder(p / "test", {"q": 1}), (X3, Y),
-         "test folder 'q' is not a class of the training folders"),
+        (
+            lambda p: image_folder(p / "train", {"a": 1}) and image_folder(p / "test", {"q": 1}),
+            (X3, Y),
+            "test folder 'q' is not a class of the training folders",
+        ),
     ],
 )
 def test_image_errors(tmp_path: Path, setup, fields: tuple, message: str) -> None:  # noqa: ANN001
