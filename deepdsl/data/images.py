@@ -10,7 +10,7 @@ there is no test set. Entries whose names start with a dot are ignored; any othe
 ``.jpg`` or ``.jpeg`` (any case) is an error, as is a file outside a class folder or a class folder without images.
 
 Every image must already be W x H, the network input's ``[C, H, W]`` (no resizing); C = 1 takes grayscale images
-(8-bit gray, 1-bit, gray with alpha: the alpha dropped), C = 3 RGB, RGB with alpha (dropped), palette and grayscale
+(8-bit gray, 1-bit, gray with alpha: the alpha dropped, a palette of grays), C = 3 RGB, RGB with alpha (dropped), palette and grayscale
 ones (the gray value in all three channels). Pixels become float32 ``byte / 255`` in ``[M, C, H, W]``. PNG images
 give identical arrays here and in the Java runtime (ImageFolder.java); JPEG decoders differ, so a JPEG pixel may
 differ by a few levels between the two. Reading needs Pillow (the ``images`` extra).
@@ -19,6 +19,7 @@ differ by a few levels between the two. Reading needs Pillow (the ``images`` ext
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -94,19 +95,28 @@ def _read(image: Any, path: str, shape: tuple[int, int, int], describe: str) -> 
                 raise DslProgramError(f"image '{path}' is {width}x{height} (width x height), but the network's input "
                                       f"takes {w}x{h}: resize the images beforehand")  # fmt: skip
             mode = im.mode
+            if c == 1 and mode == "P" and _gray_palette(im):  # as the Java runtime: a palette of grays is gray
+                mode = "L"
             if c == 1 and mode not in _GRAY:
                 raise DslProgramError(f"image '{path}' is a colour image ({mode}), but the network's {describe} "
                                       "takes grayscale images")  # fmt: skip
             if mode not in _COLOUR:
                 raise DslProgramError(f"image '{path}' has pixels of mode {mode}; images data takes 8-bit "
                                       "grayscale, RGB, RGBA or palette images")  # fmt: skip
-            px = np.asarray(im.convert("L" if c == 1 else "RGB"), dtype=np.uint8)
+            with warnings.catch_warnings():  # Pillow's advice on palette transparency: the alpha is dropped anyway
+                warnings.simplefilter("ignore")
+                px = np.asarray(im.convert("L" if c == 1 else "RGB"), dtype=np.uint8)
     except DslProgramError:
         raise
     except (OSError, ValueError, SyntaxError) as err:  # Pillow's UnidentifiedImageError is an OSError
         raise DslProgramError(f"image '{path}' cannot be read as an image: {err}") from None
     px = px.reshape(h, w, c).transpose(2, 0, 1)
     return px
+
+
+def _gray_palette(im: Any) -> bool:
+    pal = im.getpalette() or []
+    return all(pal[k] == pal[k + 1] == pal[k + 2] for k in range(0, len(pal) - 2, 3))
 
 
 def _load_split(image: Any, files: list[str], shape: tuple[int, int, int], describe: str, folder: str) -> np.ndarray:

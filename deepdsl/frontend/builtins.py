@@ -27,7 +27,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 @dataclass(frozen=True)
 class ArgSpec:
     name: str
-    kind: str  # int, pair, ints, float, bool, init, str, schedule
+    kind: str  # int, pair, ints, float, floats, bool, init, str, schedule
     default: Any = REQUIRED
     low: float | None = None  # smallest allowed value (ints, pairs, floats)
     below: float | None = None  # values must be strictly less than this
@@ -349,6 +349,10 @@ SPECS: dict[str, tuple[str, tuple[ArgSpec, ...]]] = {
             ArgSpec("eps", "float", 1e-8, low=0.0, high=FLOAT32_MAX),
         ),
     ),  # fmt: skip
+    # data augmentation of the train block's `augment` (frontend/train.py; data/augment.py, Augment.java)
+    "crop": ("augment", (ArgSpec("size", "pair", low=1), ArgSpec("pad", "pair", 0, low=0))),
+    "flip": ("augment", (ArgSpec("p", "float", 0.5, low=0.0, high=1.0),)),
+    "normalize": ("augment", (ArgSpec("mean", "floats"), ArgSpec("std", "floats", low=0.0))),
 }
 
 # compile-time shape queries: name -> number of arguments after the tensor

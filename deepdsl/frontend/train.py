@@ -31,6 +31,7 @@ KEYS: dict[str, tuple[str, int]] = {
     "save": ("str", 0),
     "save_every": ("int", 1),
     "lr": ("schedule", 0),
+    "augment": ("augment", 0),  # data augmentation: augment_config below
 }
 
 
@@ -74,6 +75,9 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
         v = el.eval(entry.value, el.globals)
         if isinstance(v, BuiltinFn) and v.name in SPECS:  # `optimizer = sgd` without parentheses
             v = calls.call(el, v, (), entry.value.span)
+        if kind == "augment":
+            values["augment"], values["augment_input"] = augment_config(v, entry, el)
+            continue
         if kind == "schedule":
             if (
                 isinstance(v, bool)
@@ -156,3 +160,58 @@ def schedule(v: Any, iterations: int) -> Schedule:
             "cosine", base, total=a["total"] if a["total"] is not None else max(1, iterations), min=a["min"]
         )
     return Schedule("warmup", base, steps=a["steps"])
+
+
+# ---- data augmentation: `augment = (crop(32, pad=4), flip(), normalize((0.49, 0.48, 0.45), (0.25, 0.24, 0.26)))` --
+
+AUGMENTS = ("crop", "flip", "normalize")
+
+
+def augment_config(v: Any, entry: ast.TrainEntry, el: Elaborator) -> tuple[tuple[Any, ...], str]:
+    """The steps of `augment` (one step or a tuple of them, each at most once, applied in the order written) and the
+    network's image input they apply to: its first float input [N, C, H, W]. crop's size must be the input's H and W
+    and its pad at most them; normalize gives one mean and one positive std per channel (or one for all)."""
+    span = entry.value.span
+    items = v if isinstance(v, tuple) else (v,)
+    steps: list[tuple[str, tuple[tuple[str, Any], ...]]] = []
+    for item in items:
+        if isinstance(item, BuiltinFn) and item.name in AUGMENTS:  # `flip` without parentheses
+            item = calls.call(el, item, (), span)
+        if not (isinstance(item, Spec) and item.family == "augment"):
+            raise DslArgumentError(
+                f"'augment' takes crop(size, pad=...), flip(p=0.5) and normalize(mean, std), one or a tuple of them; "
+                f"got {describe(item)}", span,
+            )  # fmt: skip
+        if any(name == item.name for name, _ in steps):
+            raise DslArgumentError(f"'augment' gives {item.name}() twice", span)
+        steps.append((item.name, item.args))
+    image = next((d for d in el.b.inputs if d.kind == "input" and d.classes is None and d.value.type.rank == 4), None)
+    if image is None:
+        raise DslArgumentError("'augment' needs an image input [N, C, H, W] (floats), and the network has none", span)
+    _, c, h, w = image.value.type.shape
+    name = image.value.name
+    out: list[tuple[str, tuple[tuple[str, Any], ...]]] = []
+    for kind, args in steps:
+        a = dict(args)
+        if kind == "crop":
+            if tuple(a["size"]) != (h, w):
+                raise DslArgumentError(
+                    f"crop's size {tuple(a['size'])} must be the image input {name}'s (H, W) = ({h}, {w}): a crop "
+                    "pads the image and cuts out one of its own size", span,
+                )  # fmt: skip
+            if a["pad"][0] > h or a["pad"][1] > w:
+                raise DslArgumentError(f"crop's pad {tuple(a['pad'])} must be at most the image's (H, W) = ({h}, "
+                                       f"{w})", span)  # fmt: skip
+        if kind == "normalize":
+            for key in ("mean", "std"):
+                if len(a[key]) == 1:
+                    a[key] = a[key] * c
+                if len(a[key]) != c:
+                    raise DslArgumentError(
+                        f"normalize's {key} has {len(a[key])} values, but the image input {name} has {c} channels",
+                        span,
+                    )
+            if any(s <= 0 or s > FLOAT32_MAX for s in a["std"]) or any(abs(m) > FLOAT32_MAX for m in a["mean"]):
+                raise DslArgumentError("normalize's std values must be positive (and every value a float32)", span)
+        out.append((kind, tuple(a.items())))
+    return tuple(out), name
