@@ -10,10 +10,10 @@ there is no test set. Entries whose names start with a dot are ignored; any othe
 ``.jpg`` or ``.jpeg`` (any case) is an error, as is a file outside a class folder or a class folder without images.
 
 Every image must already be W x H, the network input's ``[C, H, W]`` (no resizing); C = 1 takes grayscale images
-(8-bit gray, 1-bit, gray with alpha: the alpha dropped, a palette of grays), C = 3 RGB, RGB with alpha (dropped), palette and grayscale
-ones (the gray value in all three channels). Pixels become float32 ``byte / 255`` in ``[M, C, H, W]``. PNG images
-give identical arrays here and in the Java runtime (ImageFolder.java); JPEG decoders differ, so a JPEG pixel may
-differ by a few levels between the two. Reading needs Pillow (the ``images`` extra).
+(8-bit gray, 1-bit, gray with alpha: the alpha dropped, a palette of grays), C = 3 RGB, RGB with alpha (dropped),
+palette and grayscale ones (the gray value in all three channels). Pixels become float32 ``byte / 255`` in
+``[M, C, H, W]``. PNG images give identical arrays here and in the Java runtime (ImageFolder.java); JPEG decoders
+differ, so a JPEG pixel may differ by a few levels between the two. Reading needs Pillow (the ``images`` extra).
 """
 
 from __future__ import annotations
