@@ -150,6 +150,18 @@ def _data_label(kind: str, args: dict[Any, Any], seed: int) -> str:
     return f"synthetic (seed {seed if own is None else own})"
 
 
+def metric_lines(m: dict[str, float]) -> list[str]:
+    """The test phase's metrics (Trainer.measure) as the lines `run` and `eval` print at the end."""
+    lines = [f"test loss: {m['test_loss']:.4f}"]
+    if "test_accuracy" in m:
+        lines.append(f"test accuracy: {100 * m['test_accuracy']:.2f}%")
+    if "test_top5_accuracy" in m:
+        lines.append(f"test top-5 accuracy: {100 * m['test_top5_accuracy']:.2f}%")
+    if "test_mae" in m:
+        lines.append(f"test mean absolute error: {m['test_mae']:.4f}")
+    return lines
+
+
 def repeats(data: Samples, batch: int, kind: str) -> list[str]:
     """The warnings of a batch larger than the training (or test) set: each batch then repeats samples (positions
     wrap around the set, docs/formats.md), a documented choice rather than an error, said once."""
@@ -202,6 +214,7 @@ def run_training(
         out["test_loss"] = result.test_loss
     if result.test_accuracy is not None:
         out["test_accuracy"] = result.test_accuracy
+    out.update((k, v) for k, v in result.test_metrics.items() if k not in ("test_loss", "test_accuracy"))
     out["peak_bytes"] = result.peak_bytes
     out["arena_bytes"] = result.arena_bytes
     out["seconds_per_iter"] = result.seconds_per_iter
@@ -226,16 +239,13 @@ def evaluate(
     if data.test is None:
         raise DslProgramError(f"the {kind} data has no test set to evaluate on (an npz file: the NAME_test arrays)")
     with _loaded(build, data, kind, driver, device, load, report, kernels) as trainer:
-        tested = trainer.test()
-        assert tested is not None
+        measured = trainer.measure()
+        assert measured is not None
         on_gpu = trainer.gpu is not None
-    out: dict[str, Any] = {"device": "cuda" if on_gpu else "cpu", "test_loss": tested[0]}
-    if tested[1] is not None:
-        out["test_accuracy"] = tested[1]
+    out: dict[str, Any] = {"device": "cuda" if on_gpu else "cpu", **measured}
     if report:
-        report(f"test loss: {tested[0]:.4f}")
-        if tested[1] is not None:
-            report(f"test accuracy: {100 * tested[1]:.2f}%")
+        for line in metric_lines(measured):
+            report(line)
     return out
 
 
@@ -353,10 +363,8 @@ def _train(
     if report:
         if trainer.gpu is not None and trainer.gpu.graph != graph:  # the capture failed: call for call from then on
             report(f"graph: {trainer.gpu.graph}")
-        if result.test_loss is not None:
-            report(f"test loss: {result.test_loss:.4f}")
-        if result.test_accuracy is not None:
-            report(f"test accuracy: {100 * result.test_accuracy:.2f}%")
+        for line in metric_lines(result.test_metrics) if result.test_metrics else ():
+            report(line)
         if save:
             report(f"saved: {save}")
     return result
