@@ -252,23 +252,31 @@ def evaluate(
 def predict(
     build: Build, load: str, output: str, data_flag: str | None = None, device: str = "auto",
     report: Callable[[str], None] | None = None, driver: Driver | None = None, kernels: str = "auto",
-    replace_readonly: bool = False,
+    replace_readonly: bool = False, split: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """`deepdsl predict`: `predict` of the parameters in `load` for every sample of the data's training split (the
+    """`deepdsl predict`: `predict` of the parameters in `load` for every sample of one split of the data (the
     arrays named after the inputs `predict` reads; other arrays are ignored), written to `output` as the npz array
-    `predict` (docs/formats.md), atomically."""
+    `predict` (docs/formats.md), atomically. `split` is ``test`` or ``train``; None: the test split where the data
+    has one, else the training split (a file of inputs to predict)."""
     if build.infer is None:
         raise DslProgramError("the network defines no `predict`, so there is nothing to predict")
     check_writable(output, replace_readonly=replace_readonly)  # now, not after the work
     kind, args = _source(build, data_flag)
     data = load_samples(kind, args, fields_of(build.infer.inputs), build.seed, other_arrays=True)
+    if split is None:
+        split = "test" if data.test is not None else "train"
+    if split == "test" and data.test is None:
+        raise DslProgramError(f"the {kind} data has no test split to predict (--split train predicts its training "
+                              "samples)")  # fmt: skip
+    arrays = data.test if split == "test" else data.train
+    assert arrays is not None
     with _loaded(build, data, kind, driver, device, load, report, kernels) as trainer:
-        values = trainer.predict(data)
+        values = trainer.predict(Samples(arrays))
         on_gpu = trainer.gpu is not None
     save_npz(output, {"predict": values}, replace_readonly=replace_readonly)
     if report:
-        report(f"wrote {output}: predict {list(values.shape)} for {len(values)} samples")
-    return {"device": "cuda" if on_gpu else "cpu", "output": output, "samples": len(values),
+        report(f"wrote {output}: predict {list(values.shape)} for {len(values)} samples (the {split} split)")
+    return {"device": "cuda" if on_gpu else "cpu", "output": output, "split": split, "samples": len(values),
             "shape": list(values.shape)}  # fmt: skip
 
 

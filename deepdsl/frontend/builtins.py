@@ -349,6 +349,9 @@ SPECS: dict[str, tuple[str, tuple[ArgSpec, ...]]] = {
             ArgSpec("eps", "float", 1e-8, low=0.0, high=FLOAT32_MAX),
         ),
     ),  # fmt: skip
+    # data sources: a folder of class folders of images, a numeric CSV file (data/images.py, data/table.py)
+    "images": ("data", (ArgSpec("dir", "str"),)),
+    "csv": ("data", (ArgSpec("file", "str"),)),
     # data augmentation of the train block's `augment` (frontend/train.py; data/augment.py, Augment.java)
     "crop": ("augment", (ArgSpec("size", "pair", low=1), ArgSpec("pad", "pair", 0, low=0))),
     "flip": ("augment", (ArgSpec("p", "float", 0.5, low=0.0, high=1.0),)),

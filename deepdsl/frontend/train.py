@@ -38,7 +38,7 @@ KEYS: dict[str, tuple[str, int]] = {
 MAX_ITERATIONS = 10_000_000  # the most steps of one run (the Java program's MAX_ITERS; resume with --load for more)
 
 # the data sources that read a path, and the name of that argument
-PATH_SOURCES = {"mnist": "dir", "cifar10": "dir", "npz": "file", "text": "file"}
+PATH_SOURCES = {"mnist": "dir", "cifar10": "dir", "npz": "file", "text": "file", "images": "dir", "csv": "file"}
 
 
 def relative_to_source(path: Any, source: str) -> Any:

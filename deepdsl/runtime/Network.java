@@ -34,6 +34,7 @@ public abstract class Network extends NetworkTensors {
   private String saveTo; // where the run saves (--save, else the train block's save), every saveEvery steps
   private boolean replaceReadOnly; // --replace-readonly: a save or prediction may replace a read-only file
   private Data data;
+  private Prefetch prefetch; // training batches loaded one ahead (while a train() runs)
   private PrintStream progress;
   private Device device; // the device the steps run on (dev), once one has taken the network
 
@@ -93,7 +94,37 @@ public abstract class Network extends NetworkTensors {
    * data overrides it and fills its input and label fields itself.
    */
   protected void batch(long iteration, Long shuffleSeed) {
-    data.batch(iteration, batchSize(), shuffleSeed, batch.toArray(new Buf[0]));
+    Buf[] to = batch.toArray(new Buf[0]);
+    if (prefetch != null && !prefetch.serves(shuffleSeed)) {
+      prefetch.close();
+      prefetch = null;
+    }
+    if (prefetch == null) {
+      prefetch =
+          new Prefetch(
+              data,
+              batchSize(),
+              shuffleSeed,
+              settings.augment,
+              augmentedField(),
+              settings.seed,
+              to);
+    }
+    prefetch.fill(iteration, to);
+  }
+
+  /** The field the train block's augmentation applies to, or -1. */
+  private int augmentedField() {
+    return settings.augment == null ? -1 : fieldIndex(settings.augment.input);
+  }
+
+  private int fieldIndex(String name) {
+    for (int f = 0; f < fields.size(); f++) {
+      if (fields.get(f).name().equals(name)) {
+        return f;
+      }
+    }
+    return -1;
   }
 
   /**
@@ -139,6 +170,18 @@ public abstract class Network extends NetworkTensors {
     // what a batch holds, for the progress line: images where the first input is [N, C, H, W]
     String unit = to.length > 0 && to[0].shape.length == 4 ? "images" : "samples";
     Long shuffle = settings.shuffle ? settings.seed : null;
+    try {
+      trainSteps(iterations, losses, n, unit, shuffle);
+    } finally {
+      if (prefetch != null) { // the batch loaded ahead of the last step is not used
+        prefetch.close();
+        prefetch = null;
+      }
+    }
+    return losses;
+  }
+
+  private void trainSteps(int iterations, float[] losses, int n, String unit, Long shuffle) {
     for (int k = 0; k < iterations; k++) {
       batch(iteration, shuffle);
       if (rate != null) {
@@ -189,7 +232,6 @@ public abstract class Network extends NetworkTensors {
         }
       }
     }
-    return losses;
   }
 
   /**
@@ -201,7 +243,12 @@ public abstract class Network extends NetworkTensors {
     return test(-1);
   }
 
-  /** The same on the first {@code batches} test batches (all of them when negative). */
+  /**
+   * The same on the first {@code batches} test batches (all of them when negative), with the top-5
+   * accuracy (more than 5 classes) and the mean absolute error of a regression ({@code
+   * Settings.regression}): {@code {loss, accuracy, top5, mae}}, NaN where not reported (as the
+   * Python trainer's {@code measure}).
+   */
   public double[] test(int batches) {
     if (data == null || !data.hasTest()) {
       return null;
@@ -210,46 +257,69 @@ public abstract class Network extends NetworkTensors {
     int count =
         batches < 0 ? data.testSize() / n : Math.min(batches, Math.max(1, data.testSize() / n));
     long correct = 0;
+    long top5 = 0;
+    int classes = 0;
     double lossSum = 0;
+    double absSum = 0;
+    long elements = 0;
     Buf[] to = batch.toArray(new Buf[0]);
-    int labelAt = -1;
-    for (int f = 0; f < fields.size(); f++) {
-      labelAt = fields.get(f).name().equals(settings.accuracyLabel) ? f : labelAt;
-    }
+    int labelAt = settings.accuracyLabel == null ? -1 : fieldIndex(settings.accuracyLabel);
+    int targetAt = settings.regressionTarget == null ? -1 : fieldIndex(settings.regressionTarget);
+    int augmented = augmentedField();
     for (int b = 0; b < Math.max(1, count); b++) {
       data.testBatch(b, n, to);
+      if (augmented >= 0) { // the normalisation only
+        settings.augment.apply(to[augmented], 0, settings.seed, false);
+      }
       lossSum += device().evalStep(this);
-      if (labelAt < 0) {
+      if (labelAt < 0 && targetAt < 0) {
         continue;
       }
       Buf scores = device().inferStep(this);
+      if (targetAt >= 0) {
+        Buf t = to[targetAt];
+        for (int e = 0; e < t.numel(); e++) {
+          absSum += Math.abs((double) scores.a[scores.off + e] - (double) t.a[t.off + e]);
+        }
+        elements += t.numel();
+      }
+      if (labelAt < 0) {
+        continue;
+      }
       Buf labels = to[labelAt];
       int k = scores.shape[1];
+      classes = k;
       for (int i = 0; i < n; i++) {
-        int best = 0;
-        boolean finite = true; // a NaN or infinite score makes the answer wrong, whatever argmax says
+        // the classes ranked before the label: by score, then by class id (so top-1 is argmax's)
+        int label = (int) labels.a[labels.off + i];
+        float mine = scores.a[scores.off + i * k + label];
+        boolean finite = true; // a NaN or infinite score makes the answer wrong, whatever its rank
+        int rank = 0;
         for (int j = 0; j < k; j++) {
           float score = scores.a[scores.off + i * k + j];
           finite &= Float.isFinite(score);
-          if (score > scores.a[scores.off + i * k + best]) {
-            best = j;
-          }
+          rank += score > mine || (score == mine && j < label) ? 1 : 0;
         }
-        correct += finite && best == (int) labels.a[labels.off + i] ? 1 : 0;
+        correct += finite && rank < 1 ? 1 : 0;
+        top5 += finite && rank < 5 ? 1 : 0;
       }
     }
     int tested = Math.max(1, count);
-    double accuracy = labelAt < 0 ? Double.NaN : (double) correct / ((long) tested * n);
-    return new double[] {lossSum / tested, accuracy};
+    long samples = (long) tested * n;
+    double accuracy = labelAt < 0 ? Double.NaN : (double) correct / samples;
+    double topFive = labelAt < 0 || classes <= 5 ? Double.NaN : (double) top5 / samples;
+    double mae = targetAt < 0 ? Double.NaN : absSum / elements;
+    return new double[] {lossSum / tested, accuracy, topFive, mae};
   }
 
   /**
-   * Writes {@code predict} for every training-split sample of {@code flag}'s data to {@code out}
-   * as the npz array {@code predict} (as {@code deepdsl predict}: batches of N, the last one filled
-   * by wrapping around and cut back; arrays other than the inputs predict reads are ignored);
-   * returns the number of samples.
+   * Writes {@code predict} for every sample of one split of {@code flag}'s data to {@code out} as
+   * the npz array {@code predict} (as {@code deepdsl predict}: batches of N, the last one filled by
+   * wrapping around and cut back; arrays other than the inputs predict reads are ignored); {@code
+   * split} is test or train, null the test split where the data has one, else the training split.
+   * Returns the number of samples and the split.
    */
-  public int predict(String flag, String out) throws IOException {
+  public Object[] predict(String flag, String out, String split) throws IOException {
     List<Data.Field> wanted = new ArrayList<>();
     List<Buf> to = new ArrayList<>();
     for (int f = 0; f < fields.size(); f++) {
@@ -259,13 +329,33 @@ public abstract class Network extends NetworkTensors {
       }
     }
     Data samples = Data.load(Data.parseFlag(flag), wanted, settings.seed, true);
+    String which = split != null ? split : samples.hasTest() ? "test" : "train";
+    if (which.equals("test") && !samples.hasTest()) {
+      throw new IOException(
+          "the "
+              + Data.parseFlag(flag).kind()
+              + " data has no test split to predict (--split train predicts its training samples)");
+    }
+    boolean test = which.equals("test");
     int n = batchSize();
-    int m = samples.size();
+    int m = test ? samples.testSize() : samples.size();
     Buf[] bufs = to.toArray(new Buf[0]);
+    int augmented = -1;
+    for (int f = 0; f < wanted.size(); f++) {
+      boolean named = settings.augment != null && wanted.get(f).name().equals(settings.augment.input);
+      augmented = named ? f : augmented;
+    }
     float[] values = null;
     int[] shape = null;
     for (int b = 0; (long) b * n < m; b++) {
-      samples.batch(b, n, null, bufs);
+      if (test) {
+        samples.testBatch(b, n, bufs);
+      } else {
+        samples.batch(b, n, null, bufs);
+      }
+      if (augmented >= 0) { // the normalisation only
+        settings.augment.apply(bufs[augmented], 0, settings.seed, false);
+      }
       Buf scores = device().inferStep(this);
       int row = scores.numel() / n;
       if (values == null) {
@@ -287,7 +377,7 @@ public abstract class Network extends NetworkTensors {
       file.put("predict", Npz.Array.ofFloats(values, shape));
     }
     Npz.write(Path.of(out), file, replaceReadOnly);
-    return m;
+    return new Object[] {m, which};
   }
 
   /** What a test reports: the loss always, the accuracy where the loss classifies a label. */
@@ -483,8 +573,8 @@ public abstract class Network extends NetworkTensors {
           throw new IOException("the network defines no `predict`, so there is nothing to predict");
         }
         net.load(flags.load);
-        int m = net.predict(flags.data, flags.predict);
-        info.printf("wrote %s: predict for %d samples%n", flags.predict, m);
+        Object[] done = net.predict(flags.data, flags.predict, flags.split);
+        info.printf("wrote %s: predict for %d samples (the %s split)%n", flags.predict, done[0], done[1]);
         return 0;
       }
       int iterations = flags.eval ? 0 : flags.iters != null ? flags.iters : net.settings.iterations;
@@ -526,7 +616,7 @@ public abstract class Network extends NetworkTensors {
                 + device.name()
                 + "\", \"test_loss\": "
                 + loss
-                + (Double.isNaN(tested[1]) ? "" : ", \"test_accuracy\": " + tested[1])
+                + CommandLine.metrics(tested)
                 + CommandLine.nonfinite(nonfinite)
                 + "}");
       } else if (flags.json) {
@@ -546,6 +636,12 @@ public abstract class Network extends NetworkTensors {
           System.out.printf(Locale.ROOT, "test loss: %.4f%n", tested[0]);
           if (!Double.isNaN(tested[1])) {
             System.out.printf(Locale.ROOT, "test accuracy: %.2f%%%n", 100 * tested[1]);
+          }
+          if (!Double.isNaN(tested[2])) {
+            System.out.printf(Locale.ROOT, "test top-5 accuracy: %.2f%%%n", 100 * tested[2]);
+          }
+          if (!Double.isNaN(tested[3])) {
+            System.out.printf(Locale.ROOT, "test mean absolute error: %.4f%n", tested[3]);
           }
         }
         if (net.saveTo != null) {
