@@ -24,8 +24,7 @@ from deepdsl.data.named import Samples
 from deepdsl.errors import DslProgramError
 from deepdsl.initializers import init_array
 from deepdsl.ir import Graph, ParamDef
-from deepdsl.ir.analysis import classified_label
-from deepdsl.ir.regression import regression_target
+from deepdsl.ir.analysis import classified_label, regression_target
 from deepdsl.memory.footprint import available_memory, check_fits, footprint, memory_limits
 from deepdsl.memory.report import total_peak
 

@@ -35,8 +35,7 @@ from deepdsl.backends.java.state import Emitter
 from deepdsl.backends.java.steps import plan_classes
 from deepdsl.frontend.program import Program, Schedule
 from deepdsl.ir import Graph
-from deepdsl.ir.analysis import classified_label
-from deepdsl.ir.regression import regression_target
+from deepdsl.ir.analysis import classified_label, regression_target
 from deepdsl.memory import Plan
 from deepdsl.memory.report import total_peak
 from deepdsl.version import __version__
