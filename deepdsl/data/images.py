@@ -108,7 +108,7 @@ def _read(image: Any, path: str, shape: tuple[int, int, int], describe: str) -> 
                 px = np.asarray(im.convert("L" if c == 1 else "RGB"), dtype=np.uint8)
     except DslProgramError:
         raise
-    except (OSError, ValueError, SyntaxError) as err:  # Pillow's UnidentifiedImageError is an OSError
+    except Exception as err:  # noqa: BLE001  a decoder's failure on a malformed or hostile file, whatever its type
         raise DslProgramError(f"image '{path}' cannot be read as an image: {err}") from None
     px = px.reshape(h, w, c).transpose(2, 0, 1)
     return px

@@ -112,7 +112,7 @@ def load_samples(
     if kind == "csv":
         from .table import load_csv
 
-        train, test = load_csv(source_argument(kind, args), fields)
+        train, test = load_csv(source_argument(kind, args), fields, other_arrays)
         return Samples(train, test)
     if kind == "synthetic":
         from .synthetic import make_target

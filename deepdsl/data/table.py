@@ -48,18 +48,22 @@ def column_names(name: str, size: int) -> list[str]:
     return [name] if size == 1 else [f"{name}{k}" for k in range(size)]
 
 
-def load_csv(path: object, fields: tuple) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]:
-    """The training (and test) arrays of every field from the CSV file `path` (module docstring)."""
+def load_csv(
+    path: object, fields: tuple, other_columns: bool = False
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+    """The training (and test) arrays of every field from the CSV file `path` (module docstring); with
+    `other_columns`, columns that name no field are ignored (`deepdsl predict` reads the inputs of a file that also
+    holds labels)."""
     if not isinstance(path, str) or not path:
         raise DslProgramError('csv() needs a file name as a string, e.g. csv("data/train.csv")')
     if not os.path.isfile(path):
         raise DslProgramError(f"csv data file not found: '{path}'")
-    train = _read(path, fields)
+    train = _read(path, fields, other_columns)
     test = test_file(path)
-    return train, (_read(test, fields) if os.path.isfile(test) else None)
+    return train, (_read(test, fields, other_columns) if os.path.isfile(test) else None)
 
 
-def _read(path: str, fields: tuple) -> dict[str, np.ndarray]:
+def _read(path: str, fields: tuple, other_columns: bool) -> dict[str, np.ndarray]:
     size = os.path.getsize(path)
     if size > MAX_BYTES:
         raise DslProgramError(f"csv file '{path}' is larger than {MAX_BYTES} bytes ({size:,} bytes)")
@@ -92,7 +96,7 @@ def _read(path: str, fields: tuple) -> dict[str, np.ndarray]:
         taken.update(names)
         columns.append((f, [where[n] for n in names]))
     for name in header:
-        if name not in taken:
+        if name not in taken and not other_columns:
             raise DslProgramError(f"csv file '{path}' has a column '{name}' that names no input or label of the "
                                   f"network (it takes {', '.join(f.describe() for f in fields)})")  # fmt: skip
     rows: list[list[str]] = []
@@ -126,7 +130,7 @@ def _value(cell: str, f: object, integer: bool, path: str, line: int, column: st
         if not INTEGER.fullmatch(cell):
             what = "an integer" if NUMBER.fullmatch(cell) else "a number"
             raise DslProgramError(f"{here}: '{cell}' is not {what}")
-        v = int(cell)
+        v = int(cell) if len(cell.lstrip("+-")) <= 18 else -1  # longer: beyond any class count (and a long)
         classes = f.classes  # type: ignore[attr-defined]
         if not 0 <= v < classes:
             raise DslProgramError(f"csv file '{path}': label {cell} on line {line} is outside [0, {classes}) "

@@ -34,12 +34,18 @@ final class CsvData {
   private CsvData() {}
 
   static Data load(String file, List<Data.Field> fields) throws IOException {
+    return load(file, fields, false);
+  }
+
+  /** The same; with {@code otherColumns}, columns that name no field are ignored (--predict). */
+  static Data load(String file, List<Data.Field> fields, boolean otherColumns) throws IOException {
     if (!Files.isRegularFile(Path.of(file))) {
       throw new IOException("csv data file not found: '" + file + "'");
     }
-    float[][] train = read(file, fields);
+    float[][] train = read(file, fields, otherColumns);
     String test = testFile(file);
-    float[][] tested = Files.isRegularFile(Path.of(test)) ? read(test, fields) : null;
+    float[][] tested =
+        Files.isRegularFile(Path.of(test)) ? read(test, fields, otherColumns) : null;
     int[] sizes = new int[fields.size()];
     for (int f = 0; f < sizes.length; f++) {
       sizes[f] = fields.get(f).size();
@@ -76,7 +82,8 @@ final class CsvData {
     return out;
   }
 
-  private static float[][] read(String file, List<Data.Field> fields) throws IOException {
+  private static float[][] read(String file, List<Data.Field> fields, boolean otherColumns)
+      throws IOException {
     long size = Files.size(Path.of(file));
     if (size > MAX_BYTES) {
       throw new IOException(
@@ -142,7 +149,7 @@ final class CsvData {
       }
     }
     for (String name : header) {
-      if (!taken.contains(name)) {
+      if (!taken.contains(name) && !otherColumns) {
         List<String> all = new ArrayList<>();
         fields.forEach(f -> all.add(f.describe()));
         throw new IOException(
@@ -195,12 +202,9 @@ final class CsvData {
         throw new IOException(String.format("%s: '%s' is not %s", here, cell, what));
       }
       String digits = cell.startsWith("+") ? cell.substring(1) : cell;
-      long v;
-      try {
-        v = Long.parseLong(digits);
-      } catch (NumberFormatException e) {
-        v = -1; // beyond a long: outside [0, K) as well
-      }
+      int length = digits.length() - (digits.startsWith("-") ? 1 : 0);
+      // more than 18 digits: beyond any class count (and a long), as table.py takes them
+      long v = length <= 18 ? Long.parseLong(digits) : -1;
       if (v < 0 || v >= f.classes()) {
         throw new IOException(
             String.format(

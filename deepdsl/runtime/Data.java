@@ -251,7 +251,7 @@ public final class Data {
       return TextData.load(spec.path(), fields);
     }
     if (spec.kind().equals("csv")) {
-      return CsvData.load(spec.path(), fields);
+      return CsvData.load(spec.path(), fields, otherArrays);
     }
     if (spec.kind().equals("synthetic")) {
       int d = inputs.stream().filter(f -> !f.tokens()).findFirst().map(Field::size).orElse(1);

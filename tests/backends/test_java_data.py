@@ -178,6 +178,8 @@ def test_csv_reads_the_same(classes: Path, tmp_path: Path) -> None:
         "x0,x1,x2,x3,t,y,zz\n1,2,3,4,5,1,1\n",
         "x0,x1,x2,x3,t,y\n",
         "  \n\n",
+        "x0,x1,x2,x3,t,y\n1,2,3,4,5,0000000000000000000001\n",
+        "x0,x1,x2,x3,t,y\n1,2,3,4,5," + "9" * 40 + "\n",
     ],
 )
 def test_csv_errors_are_worded_the_same(classes: Path, tmp_path: Path, content: str) -> None:
@@ -206,3 +208,21 @@ def test_image_errors_are_worded_the_same(classes: Path, tmp_path: Path) -> None
             load_samples("images", {"dir": str(root)}, fields, seed=1)
         r = java_data(classes, tmp_path / f"out_{name}", f"images:{root}", fields)
         assert r.returncode == 1 and r.stderr.strip() == f"error: {e.value.message}", name
+
+
+def test_damaged_images_are_errors_in_java(classes: Path, tmp_path: Path) -> None:
+    """A truncated PNG, a file that is no image and a header promising a huge image: exit 1, the file named."""
+    image = pytest.importorskip("PIL.Image", reason="the images extra (Pillow) is not installed")
+    fields = (X, Y)
+    png = tmp_path / "ok.png"
+    image.fromarray(np.random.default_rng(0).integers(0, 256, (6, 7, 3), dtype=np.uint8)).save(png)
+    huge = bytearray(png.read_bytes())
+    huge[16:24] = (100000).to_bytes(4, "big") + (100000).to_bytes(4, "big")  # IHDR width and height (CRC now wrong)
+    for name, content in (("cut", png.read_bytes()[:100]), ("noise", b"\x89PNG garbage"), ("huge", bytes(huge))):
+        (tmp_path / name / "a").mkdir(parents=True)
+        (tmp_path / name / "a" / "0.png").write_bytes(content)
+        with pytest.raises(DslProgramError) as e:
+            load_samples("images", {"dir": str(tmp_path / name)}, fields, seed=1)
+        r = java_data(classes, tmp_path / f"out_{name}", f"images:{tmp_path / name}", fields)
+        assert r.returncode == 1 and "0.png'" in r.stderr and r.stderr.startswith("error: image '"), r.stderr
+        assert "0.png'" in e.value.message

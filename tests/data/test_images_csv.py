@@ -198,6 +198,9 @@ def test_csv_test_file_beside_it(tmp_path: Path) -> None:
         ("", "holds no header"),
         (b"x0,x1,x2,y\n1,2,3,\xff\n", "is not UTF-8 text"),
         ('x0,x1,x2,y\n"1",2,3,0\n', "line 2, column 'x0': '\"1\"' is not a number"),
+        ("x0,x1,x2,y\n1,2,3," + "1" * 5000 + "\n", "label " + "1" * 5000 + " on line 2 is outside [0, 3)"),
+        ("x0,x1,x2,y\n1,2,3,0000000000000000000001\n", "label 0000000000000000000001 on line 2 is outside"),
+        ("x0,x1,x2,y\n1,1e99999999999,3,0\n", "'1e99999999999' is too large for a float32"),
     ],
 )
 def test_csv_errors(tmp_path: Path, content: str | bytes, message: str) -> None:
@@ -206,6 +209,20 @@ def test_csv_errors(tmp_path: Path, content: str | bytes, message: str) -> None:
     with pytest.raises(DslProgramError) as e:
         load_samples("csv", {"file": str(path)}, (FEATURES, CLASS), seed=1)
     assert message in str(e.value) and "d.csv" in str(e.value)
+
+
+def test_predict_reads_only_the_columns_it_needs(tmp_path: Path) -> None:
+    (tmp_path / "d.csv").write_text("x0,x1,x2,y\n1,2,3,0\n")
+    s = load_samples("csv", {"file": str(tmp_path / "d.csv")}, (FEATURES,), seed=1, other_arrays=True)
+    assert list(s.train) == ["x"]
+
+
+def test_a_truncated_png_is_an_error(tmp_path: Path) -> None:
+    write_png(tmp_path / "a" / "0.png", np.arange(60, dtype=np.uint8).reshape(4, 5, 3))
+    data = (tmp_path / "a" / "0.png").read_bytes()
+    (tmp_path / "a" / "0.png").write_bytes(data[: len(data) // 2])
+    with pytest.raises(DslProgramError, match="0.png' cannot be read as an image"):
+        load_samples("images", {"dir": str(tmp_path)}, (X3, Y), seed=1)
 
 
 def test_csv_size_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
