@@ -117,6 +117,11 @@ def test_predict_split(cli, programs: Path, tmp_path: Path) -> None:
         assert j.returncode == 0, j.stderr
         assert f"(the {split} split)" in j.stdout
         np.testing.assert_allclose(np.load(jout)["predict"], np.load(out)["predict"], rtol=1e-5, atol=1e-6)
+    bad = java(programs / "build", "Pictures", "--split", "test", cwd=programs)
+    assert bad.returncode == 2 and "--split takes --predict OUT.npz" in bad.stderr
+    bad = java(programs / "build", "Pictures", "--predict", "o.npz", "--load", str(saved), "--data", "synthetic",
+               "--split", "val", cwd=programs)  # fmt: skip
+    assert bad.returncode == 2 and "--split takes test or train, not 'val'" in bad.stderr
     default = tmp_path / "default.npz"
     r = cli("predict", str(programs / "pictures.ddsl"), "--load", str(saved), "--device", "cpu", "-o", str(default))
     assert r.exit_code == 0 and "(the test split)" in r.stdout
