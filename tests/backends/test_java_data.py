@@ -226,3 +226,22 @@ def test_damaged_images_are_errors_in_java(classes: Path, tmp_path: Path) -> Non
         r = java_data(classes, tmp_path / f"out_{name}", f"images:{tmp_path / name}", fields)
         assert r.returncode == 1 and "0.png'" in r.stderr and r.stderr.startswith("error: image '"), r.stderr
         assert "0.png'" in e.value.message
+
+
+def test_jpeg_folders_read_alike(classes: Path, tmp_path: Path) -> None:
+    """JPEG files (colour and grayscale) read in both runtimes: two decoders, so within a few levels, not exact."""
+    image = pytest.importorskip("PIL.Image", reason="the images extra (Pillow) is not installed")
+    rng = np.random.default_rng(5)
+    for k, cls in enumerate(("a", "b", "c")):
+        (tmp_path / "jpg" / cls).mkdir(parents=True)
+        smooth = np.kron(rng.integers(0, 256, (3, 4, 3)), np.ones((2, 2, 1))).astype(np.uint8)[:6, :7]
+        im = image.fromarray(smooth) if k != 1 else image.fromarray(smooth[:, :, 0]).convert("L")
+        im.save(tmp_path / "jpg" / cls / f"{k}.JPG", quality=95)
+    fields = (X, Y)
+    py = load_samples("images", {"dir": str(tmp_path / "jpg")}, fields, seed=1)
+    r = java_data(classes, tmp_path / "out", f"images:{tmp_path / 'jpg'}", fields)
+    assert r.returncode == 0, r.stderr
+    got = arrays(tmp_path / "out" / "train.f32", fields, 3)
+    np.testing.assert_array_equal(got["y"], py.train["y"])
+    assert np.max(np.abs(got["x"] - py.train["x"])) <= 4 / 255
+    np.testing.assert_array_equal(py.train["x"][1, 0], py.train["x"][1, 2])  # a grayscale JPEG in all 3 channels
