@@ -92,8 +92,24 @@ final class Prefetch implements AutoCloseable {
     }
   }
 
+  /**
+   * Waits for the batch being loaded (unused now), so that no other thread reads the data source
+   * once this returns (its shuffle permutations are not shared between threads), and stops the
+   * thread.
+   */
   @Override
   public void close() {
-    pool.shutdownNow();
+    try {
+      if (pending != null) {
+        pending.get();
+      }
+    } catch (ExecutionException e) {
+      // the batch after the last one is not used: its failure does not matter
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    } finally {
+      pending = null;
+      pool.shutdown();
+    }
   }
 }
