@@ -352,10 +352,6 @@ SPECS: dict[str, tuple[str, tuple[ArgSpec, ...]]] = {
     # data sources: a folder of class folders of images, a numeric CSV file (data/images.py, data/table.py)
     "images": ("data", (ArgSpec("dir", "str"),)),
     "csv": ("data", (ArgSpec("file", "str"),)),
-    # data augmentation of the train block's `augment` (frontend/train.py; data/augment.py, Augment.java)
-    "crop": ("augment", (ArgSpec("size", "pair", low=1), ArgSpec("pad", "pair", 0, low=0))),
-    "flip": ("augment", (ArgSpec("p", "float", 0.5, low=0.0, high=1.0),)),
-    "normalize": ("augment", (ArgSpec("mean", "floats"), ArgSpec("std", "floats", low=0.0))),
 }
 
 # compile-time shape queries: name -> number of arguments after the tensor

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from deepdsl.errors import DslArgumentError, DslProgramError, Note, did_you_mean
 from deepdsl.frontend import ast, calls
-from deepdsl.frontend.builtins import FLOAT32_MAX, SPECS
+from deepdsl.frontend.builtins import FLOAT32_MAX, SPECS, ArgSpec
 from deepdsl.frontend.program import Schedule, TrainConfig
 from deepdsl.frontend.values import BuiltinFn, Spec, describe
 from deepdsl.ir.types import INT_MAX
@@ -72,12 +72,12 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
             )
         seen[entry.key] = entry
         kind, low = KEYS[entry.key]
+        if kind == "augment":  # its steps are names of the train block only (augment_config)
+            values["augment"], values["augment_input"] = augment_config(entry, el)
+            continue
         v = el.eval(entry.value, el.globals)
         if isinstance(v, BuiltinFn) and v.name in SPECS:  # `optimizer = sgd` without parentheses
             v = calls.call(el, v, (), entry.value.span)
-        if kind == "augment":
-            values["augment"], values["augment_input"] = augment_config(v, entry, el)
-            continue
         if kind == "schedule":
             if (
                 isinstance(v, bool)
@@ -164,27 +164,36 @@ def schedule(v: Any, iterations: int) -> Schedule:
 
 # ---- data augmentation: `augment = (crop(32, pad=4), flip(), normalize((0.49, 0.48, 0.45), (0.25, 0.24, 0.26)))` --
 
-AUGMENTS = ("crop", "flip", "normalize")
+# the steps, as calls of the train block's `augment` only: crop, flip and normalize stay free names everywhere else
+AUGMENTS: dict[str, tuple[ArgSpec, ...]] = {
+    "crop": (ArgSpec("size", "pair", low=1), ArgSpec("pad", "pair", 0, low=0)),
+    "flip": (ArgSpec("p", "float", 0.5, low=0.0, high=1.0),),
+    "normalize": (ArgSpec("mean", "floats"), ArgSpec("std", "floats", low=0.0)),
+}
 
 
-def augment_config(v: Any, entry: ast.TrainEntry, el: Elaborator) -> tuple[tuple[Any, ...], str]:
+def augment_config(entry: ast.TrainEntry, el: Elaborator) -> tuple[tuple[Any, ...], str]:
     """The steps of `augment` (one step or a tuple of them, each at most once, applied in the order written) and the
     network's image input they apply to: its first float input [N, C, H, W]. crop's size must be the input's H and W
-    and its pad at most them; normalize gives one mean and one positive std per channel (or one for all)."""
+    and its pad at most them; normalize gives one mean and one positive std per channel (or one for all). The steps
+    are read from the entry's text: `crop`, `flip` and `normalize` name them here and nowhere else."""
     span = entry.value.span
-    items = v if isinstance(v, tuple) else (v,)
+    exprs = entry.value.items if isinstance(entry.value, ast.TupleLit) else (entry.value,)
     steps: list[tuple[str, tuple[tuple[str, Any], ...]]] = []
-    for item in items:
-        if isinstance(item, BuiltinFn) and item.name in AUGMENTS:  # `flip` without parentheses
-            item = calls.call(el, item, (), span)
-        if not (isinstance(item, Spec) and item.family == "augment"):
+    for e in exprs:
+        if isinstance(e, ast.Name) and e.name in AUGMENTS:  # `flip` without parentheses
+            name, args = e.name, ()
+        elif isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.name in AUGMENTS:
+            name = e.func.name
+            args = tuple(calls.CallArg(a.name, el.eval(a.value, el.globals), a.span) for a in e.args)
+        else:
             raise DslArgumentError(
-                f"'augment' takes crop(size, pad=...), flip(p=0.5) and normalize(mean, std), one or a tuple of them; "
-                f"got {describe(item)}", span,
-            )  # fmt: skip
-        if any(name == item.name for name, _ in steps):
-            raise DslArgumentError(f"'augment' gives {item.name}() twice", span)
-        steps.append((item.name, item.args))
+                "'augment' takes crop(size, pad=...), flip(p=0.5) and normalize(mean, std), one or a tuple of them",
+                e.span,
+            )
+        if any(name == n for n, _ in steps):
+            raise DslArgumentError(f"'augment' gives {name}() twice", e.span)
+        steps.append((name, tuple(calls.bind_args(el, name, AUGMENTS[name], args, e.span).items())))
     image = next((d for d in el.b.inputs if d.kind == "input" and d.classes is None and d.value.type.rank == 4), None)
     if image is None:
         raise DslArgumentError("'augment' needs an image input [N, C, H, W] (floats), and the network has none", span)

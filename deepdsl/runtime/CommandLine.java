@@ -312,6 +312,21 @@ final class CommandLine {
     return s.append("]").append(nonfinite(bad)).append("}").toString();
   }
 
+  /** The test metrics as the lines the program prints at the end (as deepdsl run). */
+  static String metricLines(double[] tested) {
+    StringBuilder s = new StringBuilder(String.format(Locale.ROOT, "test loss: %.4f%n", tested[0]));
+    if (!Double.isNaN(tested[1])) {
+      s.append(String.format(Locale.ROOT, "test accuracy: %.2f%%%n", 100 * tested[1]));
+    }
+    if (!Double.isNaN(tested[2])) {
+      s.append(String.format(Locale.ROOT, "test top-5 accuracy: %.2f%%%n", 100 * tested[2]));
+    }
+    if (!Double.isNaN(tested[3])) {
+      s.append(String.format(Locale.ROOT, "test mean absolute error: %.4f%n", tested[3]));
+    }
+    return s.toString();
+  }
+
   /**
    * The test metrics after the loss, as JSON fields: {@code test_accuracy}, {@code
    * test_top5_accuracy}, {@code test_mae}, each where reported (not NaN).

@@ -56,7 +56,7 @@ public abstract class Network extends NetworkTensors {
    */
   protected void placeTemporaries() {}
 
-  private Device device() {
+  Device device() {
     if (device == null) {
       use(new CpuDevice(workspaceLimit, null));
     }
@@ -256,12 +256,7 @@ public abstract class Network extends NetworkTensors {
     int n = batchSize();
     int count =
         batches < 0 ? data.testSize() / n : Math.min(batches, Math.max(1, data.testSize() / n));
-    long correct = 0;
-    long top5 = 0;
-    int classes = 0;
-    double lossSum = 0;
-    double absSum = 0;
-    long elements = 0;
+    Metrics metrics = new Metrics();
     Buf[] to = batch.toArray(new Buf[0]);
     int labelAt = settings.accuracyLabel == null ? -1 : fieldIndex(settings.accuracyLabel);
     int targetAt = settings.regressionTarget == null ? -1 : fieldIndex(settings.regressionTarget);
@@ -271,45 +266,18 @@ public abstract class Network extends NetworkTensors {
       if (augmented >= 0) { // the normalisation only
         settings.augment.apply(to[augmented], 0, settings.seed, false);
       }
-      lossSum += device().evalStep(this);
-      if (labelAt < 0 && targetAt < 0) {
-        continue;
-      }
-      Buf scores = device().inferStep(this);
-      if (targetAt >= 0) {
-        Buf t = to[targetAt];
-        for (int e = 0; e < t.numel(); e++) {
-          absSum += Math.abs((double) scores.a[scores.off + e] - (double) t.a[t.off + e]);
+      metrics.loss(device().evalStep(this));
+      if (labelAt >= 0 || targetAt >= 0) {
+        Buf scores = device().inferStep(this);
+        if (targetAt >= 0) {
+          metrics.regression(scores, to[targetAt]);
         }
-        elements += t.numel();
-      }
-      if (labelAt < 0) {
-        continue;
-      }
-      Buf labels = to[labelAt];
-      int k = scores.shape[1];
-      classes = k;
-      for (int i = 0; i < n; i++) {
-        // the classes ranked before the label: by score, then by class id (so top-1 is argmax's)
-        int label = (int) labels.a[labels.off + i];
-        float mine = scores.a[scores.off + i * k + label];
-        boolean finite = true; // a NaN or infinite score makes the answer wrong, whatever its rank
-        int rank = 0;
-        for (int j = 0; j < k; j++) {
-          float score = scores.a[scores.off + i * k + j];
-          finite &= Float.isFinite(score);
-          rank += score > mine || (score == mine && j < label) ? 1 : 0;
+        if (labelAt >= 0) {
+          metrics.classes(scores, to[labelAt]);
         }
-        correct += finite && rank < 1 ? 1 : 0;
-        top5 += finite && rank < 5 ? 1 : 0;
       }
     }
-    int tested = Math.max(1, count);
-    long samples = (long) tested * n;
-    double accuracy = labelAt < 0 ? Double.NaN : (double) correct / samples;
-    double topFive = labelAt < 0 || classes <= 5 ? Double.NaN : (double) top5 / samples;
-    double mae = targetAt < 0 ? Double.NaN : absSum / elements;
-    return new double[] {lossSum / tested, accuracy, topFive, mae};
+    return metrics.result();
   }
 
   /**
@@ -320,64 +288,7 @@ public abstract class Network extends NetworkTensors {
    * Returns the number of samples and the split.
    */
   public Object[] predict(String flag, String out, String split) throws IOException {
-    List<Data.Field> wanted = new ArrayList<>();
-    List<Buf> to = new ArrayList<>();
-    for (int f = 0; f < fields.size(); f++) {
-      if (settings.predictInputs.contains(fields.get(f).name())) {
-        wanted.add(fields.get(f));
-        to.add(batch.get(f));
-      }
-    }
-    Data samples = Data.load(Data.parseFlag(flag), wanted, settings.seed, true);
-    String which = split != null ? split : samples.hasTest() ? "test" : "train";
-    if (which.equals("test") && !samples.hasTest()) {
-      throw new IOException(
-          "the "
-              + Data.parseFlag(flag).kind()
-              + " data has no test split to predict (--split train predicts its training samples)");
-    }
-    boolean test = which.equals("test");
-    int n = batchSize();
-    int m = test ? samples.testSize() : samples.size();
-    Buf[] bufs = to.toArray(new Buf[0]);
-    int augmented = -1;
-    for (int f = 0; f < wanted.size(); f++) {
-      boolean named = settings.augment != null && wanted.get(f).name().equals(settings.augment.input);
-      augmented = named ? f : augmented;
-    }
-    float[] values = null;
-    int[] shape = null;
-    for (int b = 0; (long) b * n < m; b++) {
-      if (test) {
-        samples.testBatch(b, n, bufs);
-      } else {
-        samples.batch(b, n, null, bufs);
-      }
-      if (augmented >= 0) { // the normalisation only
-        settings.augment.apply(bufs[augmented], 0, settings.seed, false);
-      }
-      Buf scores = device().inferStep(this);
-      int row = scores.numel() / n;
-      if (values == null) {
-        values = new float[Math.toIntExact((long) m * row)];
-        shape = scores.shape.clone();
-        shape[0] = m;
-      }
-      int rows = Math.min(n, m - b * n);
-      System.arraycopy(scores.a, scores.off, values, b * n * row, rows * row);
-    }
-    LinkedHashMap<String, Npz.Array> file = new LinkedHashMap<>();
-    if (settings.predictIntegers) {
-      long[] ints = new long[values.length];
-      for (int k = 0; k < ints.length; k++) {
-        ints[k] = (long) values[k];
-      }
-      file.put("predict", Npz.Array.ofLongs(ints, shape));
-    } else {
-      file.put("predict", Npz.Array.ofFloats(values, shape));
-    }
-    Npz.write(Path.of(out), file, replaceReadOnly);
-    return new Object[] {m, which};
+    return Predictions.write(this, flag, out, split, replaceReadOnly);
   }
 
   /** What a test reports: the loss always, the accuracy where the loss classifies a label. */
@@ -633,16 +544,7 @@ public abstract class Network extends NetworkTensors {
                 net.rate == null ? null : net.rates));
       } else {
         if (tested != null) {
-          System.out.printf(Locale.ROOT, "test loss: %.4f%n", tested[0]);
-          if (!Double.isNaN(tested[1])) {
-            System.out.printf(Locale.ROOT, "test accuracy: %.2f%%%n", 100 * tested[1]);
-          }
-          if (!Double.isNaN(tested[2])) {
-            System.out.printf(Locale.ROOT, "test top-5 accuracy: %.2f%%%n", 100 * tested[2]);
-          }
-          if (!Double.isNaN(tested[3])) {
-            System.out.printf(Locale.ROOT, "test mean absolute error: %.4f%n", tested[3]);
-          }
+          System.out.print(CommandLine.metricLines(tested));
         }
         if (net.saveTo != null) {
           System.out.println("saved: " + net.saveTo);

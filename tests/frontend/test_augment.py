@@ -49,18 +49,30 @@ def test_augment_config() -> None:
     [
         ("crop(8, pad=2)", "crop's size (8, 8) must be the image input x's (H, W) = (8, 6)", 13),
         ("crop((8, 6), pad=9)", "crop's pad (9, 9) must be at most the image's (H, W) = (8, 6)", 13),
-        ("(flip(), flip())", "'augment' gives flip() twice", 13),
+        ("(flip(), flip())", "'augment' gives flip() twice", 22),
         ("normalize((0.5, 0.5), (1, 1, 1))", "normalize's mean has 2 values, but the image input x has 3 channels", 13),
         ("normalize(0.5, 0)", "normalize's std values must be positive", 13),
         ("flip(p=2)", "argument 'p' of flip must be at most 1, got 2", 18),
-        ("(flip(), 3)", "'augment' takes crop(size, pad=...), flip(p=0.5) and normalize(mean, std)", 13),
+        ("(flip(), 3)", "'augment' takes crop(size, pad=...), flip(p=0.5) and normalize(mean, std)", 22),
         ("relu", "'augment' takes crop(size, pad=...)", 13),
-        ("normalize(\"a\", 1)", "argument 'mean' of normalize must be a number or a tuple of numbers", 23),
+        ('normalize("a", 1)', "argument 'mean' of normalize must be a number or a tuple of numbers", 23),
     ],
 )
 def test_augment_errors_are_located(text: str, message: str, col: int) -> None:
     out = error_text(NET % text)
     assert message in out and f"t.ddsl:9:{col}:" in out, out
+
+
+def test_the_step_names_stay_free() -> None:
+    """crop, flip and normalize are names of the augment entry only: a network may define its own."""
+    text = NET.replace("layer fc", "tensor flip(x[B, C]) -> [B, C] = x[B, C]\nlayer fc") % "(flip, crop((8, 6)))"
+    assert config_of(text).augment[0][0] == "flip"
+
+
+def config_of(text: str):  # noqa: ANN201
+    c = compile_text(text)
+    assert c.program is not None
+    return c.program.train
 
 
 def test_augment_needs_an_image_input() -> None:
