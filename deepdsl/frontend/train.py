@@ -179,7 +179,7 @@ def augment_config(entry: ast.TrainEntry, el: Elaborator) -> tuple[tuple[Any, ..
     are read from the entry's text: `crop`, `flip` and `normalize` name them here and nowhere else."""
     span = entry.value.span
     exprs = entry.value.items if isinstance(entry.value, ast.TupleLit) else (entry.value,)
-    steps: list[tuple[str, tuple[tuple[str, Any], ...]]] = []
+    steps: list[tuple[str, tuple[tuple[str, Any], ...], Any]] = []  # (name, arguments, the step's span)
     for e in exprs:
         if isinstance(e, ast.Name) and e.name in AUGMENTS:  # `flip` without parentheses
             name, args = e.name, ()
@@ -191,16 +191,16 @@ def augment_config(entry: ast.TrainEntry, el: Elaborator) -> tuple[tuple[Any, ..
                 "'augment' takes crop(size, pad=...), flip(p=0.5) and normalize(mean, std), one or a tuple of them",
                 e.span,
             )
-        if any(name == n for n, _ in steps):
+        if any(name == n for n, _, _ in steps):
             raise DslArgumentError(f"'augment' gives {name}() twice", e.span)
-        steps.append((name, tuple(calls.bind_args(el, name, AUGMENTS[name], args, e.span).items())))
+        steps.append((name, tuple(calls.bind_args(el, name, AUGMENTS[name], args, e.span).items()), e.span))
     image = next((d for d in el.b.inputs if d.kind == "input" and d.classes is None and d.value.type.rank == 4), None)
     if image is None:
         raise DslArgumentError("'augment' needs an image input [N, C, H, W] (floats), and the network has none", span)
     _, c, h, w = image.value.type.shape
     name = image.value.name
     out: list[tuple[str, tuple[tuple[str, Any], ...]]] = []
-    for kind, args in steps:
+    for kind, args, span in steps:  # each error at its step
         a = dict(args)
         if kind == "crop":
             if tuple(a["size"]) != (h, w):

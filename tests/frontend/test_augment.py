@@ -49,6 +49,7 @@ def test_augment_config() -> None:
     [
         ("crop(8, pad=2)", "crop's size (8, 8) must be the image input x's (H, W) = (8, 6)", 13),
         ("crop((8, 6), pad=9)", "crop's pad (9, 9) must be at most the image's (H, W) = (8, 6)", 13),
+        ("(flip(), normalize(0.5, (1, 1)))", "normalize's std has 2 values, but the image input x has 3 channels", 22),
         ("(flip(), flip())", "'augment' gives flip() twice", 22),
         ("normalize((0.5, 0.5), (1, 1, 1))", "normalize's mean has 2 values, but the image input x has 3 channels", 13),
         ("normalize(0.5, 0)", "normalize's std values must be positive", 13),
