@@ -347,7 +347,8 @@ def _optimizer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--iters", metavar="N", default=None, callback=_setting,
               help="Training steps (default: the train block's), at most 10,000,000.")  # fmt: skip
 @click.option("--data", "data_flag", metavar="SOURCE", default=None, callback=_parse_data,
-              help="synthetic[:SEED] | mnist:DIR | cifar10:DIR | npz:FILE | text:FILE (default: the train block's; "
+              help="synthetic[:SEED] | mnist:DIR | cifar10:DIR | npz:FILE | text:FILE | images:DIR | csv:FILE "
+              "(default: the train block's; "
               "SEED: the synthetic data's own seed, else the program's).")  # fmt: skip
 @click.option("--load", "load_path", type=click.Path(dir_okay=False), default=None, callback=_file_name,
               help="Start from this .npz file.")  # fmt: skip
@@ -393,7 +394,7 @@ def run(
 @common
 @TRAINED
 @click.option("--data", "data_flag", metavar="SOURCE", default=None, callback=_parse_data,
-              help="synthetic | mnist:DIR | cifar10:DIR | npz:FILE | text:FILE "
+              help="synthetic | mnist:DIR | cifar10:DIR | npz:FILE | text:FILE | images:DIR | csv:FILE "
               "(default: the train block's).")  # fmt: skip
 @DEVICE
 @KERNELS
@@ -421,16 +422,21 @@ def eval_(c: api.Compilation, file: str, sets: dict, options: api.Options, load_
     metavar="SOURCE",
     default=None,
     callback=_parse_data,
-    help="The samples: npz:FILE (arrays named after the inputs), or synthetic, mnist:DIR, cifar10:DIR.",
+    help="The samples: npz:FILE (arrays named after the inputs), or synthetic, mnist:DIR, cifar10:DIR, images:DIR, "
+    "csv:FILE.",
 )
 @click.option("-o", "output", type=click.Path(dir_okay=False), required=True, callback=_file_name,
               help="Where to write the predictions (.npz, the array `predict`).")  # fmt: skip
+@click.option("--split", type=click.Choice(["test", "train"]), default=None,
+              help="Which samples: the data's test split (the default where it has one) or its training split "
+              "(the default for data without a test split, such as an npz file of inputs).")  # fmt: skip
 @REPLACE_READONLY
 @DEVICE
 @KERNELS
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, load_path: str, data_flag: str | None,
-            output: str, replace_readonly: bool, device: str, kernels: str, as_json: bool) -> None:  # fmt: skip
+            output: str, split: str | None, replace_readonly: bool, device: str, kernels: str,
+            as_json: bool) -> None:  # fmt: skip
     """`predict` of FILE with the parameters of --load for every sample of --data, written to -o."""
     from deepdsl import running
 
@@ -440,7 +446,7 @@ def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, loa
     report = None if as_json else lambda line: click.echo(line)
     build = api.build(c.program, options)
     result = running.predict(build, load_path, output, data_flag, device, report, kernels=kernels,
-                             replace_readonly=replace_readonly)  # fmt: skip
+                             replace_readonly=replace_readonly, split=split)  # fmt: skip
     if as_json:
         click.echo(json_text(result))
 

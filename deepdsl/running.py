@@ -150,6 +150,18 @@ def _data_label(kind: str, args: dict[Any, Any], seed: int) -> str:
     return f"synthetic (seed {seed if own is None else own})"
 
 
+def metric_lines(m: dict[str, float]) -> list[str]:
+    """The test phase's metrics (Trainer.measure) as the lines `run` and `eval` print at the end."""
+    lines = [f"test loss: {m['test_loss']:.4f}"]
+    if "test_accuracy" in m:
+        lines.append(f"test accuracy: {100 * m['test_accuracy']:.2f}%")
+    if "test_top5_accuracy" in m:
+        lines.append(f"test top-5 accuracy: {100 * m['test_top5_accuracy']:.2f}%")
+    if "test_mae" in m:
+        lines.append(f"test mean absolute error: {m['test_mae']:.4f}")
+    return lines
+
+
 def repeats(data: Samples, batch: int, kind: str) -> list[str]:
     """The warnings of a batch larger than the training (or test) set: each batch then repeats samples (positions
     wrap around the set, docs/formats.md), a documented choice rather than an error, said once."""
@@ -204,6 +216,7 @@ def run_training(
         out["test_loss"] = result.test_loss
     if result.test_accuracy is not None:
         out["test_accuracy"] = result.test_accuracy
+    out.update((k, v) for k, v in result.test_metrics.items() if k not in ("test_loss", "test_accuracy"))
     out["peak_bytes"] = result.peak_bytes
     out["arena_bytes"] = result.arena_bytes
     out["seconds_per_iter"] = result.seconds_per_iter
@@ -228,39 +241,44 @@ def evaluate(
     if data.test is None:
         raise DslProgramError(f"the {kind} data has no test set to evaluate on (an npz file: the NAME_test arrays)")
     with _loaded(build, data, kind, driver, device, load, report, kernels) as trainer:
-        tested = trainer.test()
-        assert tested is not None
+        measured = trainer.measure()
+        assert measured is not None
         on_gpu = trainer.gpu is not None
-    out: dict[str, Any] = {"device": "cuda" if on_gpu else "cpu", "test_loss": tested[0]}
-    if tested[1] is not None:
-        out["test_accuracy"] = tested[1]
+    out: dict[str, Any] = {"device": "cuda" if on_gpu else "cpu", **measured}
     if report:
-        report(f"test loss: {tested[0]:.4f}")
-        if tested[1] is not None:
-            report(f"test accuracy: {100 * tested[1]:.2f}%")
+        for line in metric_lines(measured):
+            report(line)
     return out
 
 
 def predict(
     build: Build, load: str, output: str, data_flag: str | None = None, device: str = "auto",
     report: Callable[[str], None] | None = None, driver: Driver | None = None, kernels: str = "auto",
-    replace_readonly: bool = False,
+    replace_readonly: bool = False, split: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """`deepdsl predict`: `predict` of the parameters in `load` for every sample of the data's training split (the
+    """`deepdsl predict`: `predict` of the parameters in `load` for every sample of one split of the data (the
     arrays named after the inputs `predict` reads; other arrays are ignored), written to `output` as the npz array
-    `predict` (docs/formats.md), atomically."""
+    `predict` (docs/formats.md), atomically. `split` is ``test`` or ``train``; None: the test split where the data
+    has one, else the training split (a file of inputs to predict)."""
     if build.infer is None:
         raise DslProgramError("the network defines no `predict`, so there is nothing to predict")
     check_writable(output, replace_readonly=replace_readonly)  # now, not after the work
     kind, args = _source(build, data_flag)
     data = load_samples(kind, args, fields_of(build.infer.inputs), build.seed, other_arrays=True)
+    if split is None:
+        split = "test" if data.test is not None else "train"
+    if split == "test" and data.test is None:
+        raise DslProgramError(f"the {kind} data has no test split to predict (--split train predicts its training "
+                              "samples)")  # fmt: skip
+    arrays = data.test if split == "test" else data.train
+    assert arrays is not None
     with _loaded(build, data, kind, driver, device, load, report, kernels) as trainer:
-        values = trainer.predict(data)
+        values = trainer.predict(Samples(arrays))
         on_gpu = trainer.gpu is not None
     save_npz(output, {"predict": values}, replace_readonly=replace_readonly)
     if report:
-        report(f"wrote {output}: predict {list(values.shape)} for {len(values)} samples")
-    return {"device": "cuda" if on_gpu else "cpu", "output": output, "samples": len(values),
+        report(f"wrote {output}: predict {list(values.shape)} for {len(values)} samples (the {split} split)")
+    return {"device": "cuda" if on_gpu else "cpu", "output": output, "split": split, "samples": len(values),
             "shape": list(values.shape)}  # fmt: skip
 
 
@@ -356,10 +374,8 @@ def _train(
     if report:
         if trainer.gpu is not None and trainer.gpu.graph != graph:  # the capture failed: call for call from then on
             report(f"graph: {trainer.gpu.graph}")
-        if result.test_loss is not None:
-            report(f"test loss: {result.test_loss:.4f}")
-        if result.test_accuracy is not None:
-            report(f"test accuracy: {100 * result.test_accuracy:.2f}%")
+        for line in metric_lines(result.test_metrics) if result.test_metrics else ():
+            report(line)
         if save:
             report(f"saved: {save}")
     return result

@@ -19,11 +19,12 @@ from deepdsl.backends.cuda.runner import Driver, GpuRunner
 from deepdsl.backends.numpy_runner import NonFinite, run, run_plan
 from deepdsl.build import Build
 from deepdsl.checkpoint import load_npz, save_npz
+from deepdsl.data.augment import augment
 from deepdsl.data.named import Samples
 from deepdsl.errors import DslProgramError
 from deepdsl.initializers import init_array
 from deepdsl.ir import Graph, ParamDef
-from deepdsl.ir.analysis import classified_label
+from deepdsl.ir.analysis import classified_label, regression_target
 from deepdsl.memory.footprint import available_memory, check_fits, footprint, memory_limits
 from deepdsl.memory.report import total_peak
 
@@ -40,6 +41,7 @@ class TrainResult:
     learning_rates: list[float] | None = None  # each step's, where the train block gives a schedule
     test_loss: float | None = None
     test_accuracy: float | None = None
+    test_metrics: dict[str, float] = field(default_factory=dict)  # Trainer.measure's at the end: top-5, MAE, ...
     peak_bytes: int = 0  # what one step holds: parameters, state, optimizer state, inputs, constants and the arena
     arena_bytes: int = 0  # the arena (gradients, activations, workspace): the step's temporaries
     seconds_per_iter: float = 0.0
@@ -65,6 +67,7 @@ class Trainer:
         self.infer_graph: Graph | None = build.infer
         self.eval_graph: Graph | None = build.eval
         self.classified = classified_label(program.graph)
+        self.regression = regression_target(program.graph)  # the input predict is compared with (test_mae)
         self.plan = build.train_plan if dtype == np.float32 else None  # float64 runs without an arena
         # the whole footprint against the memory available, before the arrays below are allocated
         check_fits(footprint(build.train_plan, np.dtype(dtype).itemsize), available_memory(), memory_limits())
@@ -106,6 +109,18 @@ class Trainer:
                 feeds[d.value.name] = batch[d.value.name]
         return feeds
 
+    def _augmented(self, batch: dict[str, np.ndarray], iteration: int | None = None) -> dict[str, np.ndarray]:
+        """`batch` with the train block's augmentation (data/augment.py): a training batch (`iteration` given) gets
+        every step, a test or prediction batch the normalisation only."""
+        cfg = self.program.train
+        name = cfg.augment_input
+        if not cfg.augment or name is None or name not in batch:
+            return batch
+        train = iteration is not None
+        first = iteration * self.batch if iteration is not None else 0
+        x = augment(batch[name], cfg.augment, first, self.seed, train)
+        return {**batch, name: x.astype(batch[name].dtype, copy=False)}
+
     def learning_rate(self, iteration: int) -> float:
         """The learning rate of step `iteration` (0, 1, ...: the step counter) as the step takes it: the train block's
         schedule, rounded to float32 (the optimizer's constant where there is no schedule)."""
@@ -119,7 +134,7 @@ class Trainer:
         (default: the steps taken so far plus one, counting from 1 as the progress lines do)."""
         i = self.step_count
         label = i + 1 if number is None else number
-        feeds = self._feeds(self.train_graph, self.data.batch(i, self.batch, self.shuffle), i)
+        feeds = self._feeds(self.train_graph, self._augmented(self.data.batch(i, self.batch, self.shuffle), i), i)
         if self.gpu is not None:
             outputs, _ = self.gpu.run("train", feeds)
             loss = float(outputs["loss"])
@@ -155,16 +170,27 @@ class Trainer:
         """The mean test loss (in inference semantics) and, where the loss classifies a label (`classified_label`),
         the accuracy of `predict` on the test set (the whole set, or the first `batches` batches); None without a
         test set."""
+        m = self.measure(batches)
+        return None if m is None else (m["test_loss"], m.get("test_accuracy"))
+
+    def measure(self, batches: int | None = None) -> dict[str, float] | None:
+        """The test phase's metrics on the test set (the whole set, or the first `batches` batches), None without a
+        test set: ``test_loss`` (the mean loss, in inference semantics); where the loss classifies a label,
+        ``test_accuracy`` (top-1) and, with more than 5 classes, ``test_top5_accuracy``: a sample counts when fewer
+        than k classes rank before its label, ranking by score and then by class id (so top-1 is argmax's), a NaN or
+        Inf score counting as wrong; where the loss regresses `predict` on an input (`regression_target`),
+        ``test_mae``, the mean absolute difference over every element."""
         d = self.data
         graph = self.eval_graph
         if graph is None or d.test is None:
             return None
         n = self.batch
         count = d.test_size // n if batches is None else min(batches, max(1, d.test_size // n))
-        correct = total = 0
-        loss_sum = 0.0
+        correct = top5 = total = elements = 0
+        loss_sum = abs_sum = 0.0
+        classes = 0
         for b in range(max(1, count)):
-            feeds = self._feeds(graph, d.test_batch(b, n), 0)
+            feeds = self._feeds(graph, self._augmented(d.test_batch(b, n)), 0)
             if self.gpu is not None:
                 outputs = self.gpu.run("eval", feeds)[0]
             else:
@@ -172,10 +198,26 @@ class Trainer:
             loss_sum += float(outputs["loss"])
             if self.classified is not None:
                 scores, ys = outputs["predict"], feeds[self.classified]
+                classes = scores.shape[1]
                 finite = np.isfinite(scores).all(axis=1)  # a NaN or Inf score is a wrong answer, whatever argmax says
-                correct += int(np.sum(finite & (np.argmax(scores, axis=1) == ys)))
+                mine = np.take_along_axis(scores, ys.reshape(-1, 1), axis=1)
+                ids = np.arange(classes).reshape(1, -1)
+                rank = np.sum((scores > mine) | ((scores == mine) & (ids < ys.reshape(-1, 1))), axis=1)
+                correct += int(np.sum(finite & (rank < 1)))
+                top5 += int(np.sum(finite & (rank < 5)))
                 total += n
-        return loss_sum / max(1, count), (correct / total if self.classified is not None else None)
+            if self.regression is not None:
+                diff = np.abs(outputs["predict"].astype(np.float64) - feeds[self.regression].astype(np.float64))
+                abs_sum += float(diff.sum())
+                elements += diff.size
+        out = {"test_loss": loss_sum / max(1, count)}
+        if self.classified is not None:
+            out["test_accuracy"] = correct / total
+            if classes > 5:
+                out["test_top5_accuracy"] = top5 / total
+        if self.regression is not None:
+            out["test_mae"] = abs_sum / elements
+        return out
 
     def predict(self, data: Samples) -> np.ndarray:
         """`predict` for every training-split sample of `data`, in order, in inference semantics: batches of N, the
@@ -187,6 +229,7 @@ class Trainer:
         parts = []
         for b in range((m + n - 1) // n):
             rows = {name: np.take(a, range(b * n, b * n + n), axis=0, mode="wrap") for name, a in data.train.items()}
+            rows = self._augmented(rows)
             feeds = self._feeds(graph, rows, 0)
             if self.gpu is not None:
                 parts.append(self.gpu.run("infer", feeds)[0]["predict"])
@@ -230,9 +273,10 @@ class Trainer:
                 if tested is not None:
                     on_test(k, *tested)
         result.seconds_per_iter = (time.perf_counter() - start) / iterations if iterations else 0.0
-        tested = self.test() if iterations else None  # nothing trained (--iters 0): nothing to test
-        if tested is not None:
-            result.test_loss, result.test_accuracy = tested
+        measured = self.measure() if iterations else None  # nothing trained (--iters 0): nothing to test
+        if measured is not None:
+            result.test_loss, result.test_accuracy = measured["test_loss"], measured.get("test_accuracy")
+            result.test_metrics = measured
         if self.gpu is not None:
             result.gpu_memory_bytes = self.gpu.measured_bytes
             result.gpu_planned_bytes = self.gpu.planned_bytes

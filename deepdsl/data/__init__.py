@@ -38,7 +38,9 @@ __all__ = [
 ]  # fmt: skip
 
 #: data source -> the name of its one argument
-KINDS = {"synthetic": "seed", "mnist": "dir", "cifar10": "dir", "npz": "file", "text": "file"}
+KINDS = {"synthetic": "seed", "mnist": "dir", "cifar10": "dir", "npz": "file", "text": "file", "images": "dir",
+         "csv": "file"}  # fmt: skip
+SOURCES = "synthetic, mnist:DIR, cifar10:DIR, npz:FILE, text:FILE, images:DIR or csv:FILE"
 
 
 def shuffle_permutation(m: int, epoch: int, shuffle_seed: int) -> np.ndarray:
@@ -137,8 +139,7 @@ def parse_data_flag(text: str) -> tuple[str, dict[str, Any]]:
     if kind not in KINDS:
         hint = did_you_mean(kind, KINDS)
         raise DslProgramError(
-            f"unknown data source '{kind}' in --data {text!r} "
-            "(expected synthetic, mnist:DIR, cifar10:DIR, npz:FILE or text:FILE)" + (f"; {hint}" if hint else "")
+            f"unknown data source '{kind}' in --data {text!r} (expected {SOURCES})" + (f"; {hint}" if hint else "")
         )
     if kind == "synthetic":
         if not sep:
@@ -171,7 +172,7 @@ def load_data(kind: str, args: Mapping[Any, Any], x_shape: tuple[int, ...], y_cl
     if kind not in KINDS:
         hint = did_you_mean(kind, KINDS)
         raise DslProgramError(
-            f"unknown data source '{kind}' (expected synthetic, mnist, cifar10, npz or text)"
+            f"unknown data source '{kind}' (expected synthetic, mnist, cifar10, npz, text, images or csv)"
             + (f"; {hint}" if hint else "")
         )
     x_shape = tuple(int(d) for d in x_shape)
@@ -189,18 +190,25 @@ def load_data(kind: str, args: Mapping[Any, Any], x_shape: tuple[int, ...], y_cl
         raise DslProgramError("text data holds token ids and next-token targets, not images and classes")
     if arg is None or not isinstance(arg, str) or not arg:
         raise DslProgramError(f'{kind}() needs a {KINDS[kind]} name as a string, e.g. {kind}("data/{kind}")')
-    if kind == "npz":  # the network's input and label under the names x and y
+    if kind in ("npz", "csv"):  # the network's input and label under the names x and y
         from .named import Field, load_samples
 
         fields = (Field("x", "input", x_shape), Field("y", "label", (), y_classes))
         samples = load_samples(kind, {"file": arg}, fields, seed)
         test = samples.test
         return Dataset(samples.train["x"], samples.train["y"], *((test["x"], test["y"]) if test else (None, None)))
-    if kind == "mnist":
-        from .mnist import load_mnist as loader
+    if kind == "images":
+        from .images import load_images
+        from .named import Field
+
+        x, y, xt, yt = load_images(arg, x_shape, y_classes, Field("x", "input", x_shape).describe(),
+                                   Field("y", "label", (), y_classes).describe())  # fmt: skip
     else:
-        from .cifar10 import load_cifar10 as loader
-    x, y, xt, yt = loader(arg)
+        if kind == "mnist":
+            from .mnist import load_mnist as loader
+        else:
+            from .cifar10 import load_cifar10 as loader
+        x, y, xt, yt = loader(arg)
     where = f"{kind} data in '{arg}'"
     x = fit_shape(x, x_shape, where)
     _check_labels(y, y_classes, where, "training")

@@ -110,6 +110,11 @@ def load_samples(
         return _from_npz(source_argument(kind, args), fields, other_arrays)
     if kind == "text":
         return _from_text(source_argument(kind, args), fields)
+    if kind == "csv":
+        from .table import load_csv
+
+        train, test = load_csv(source_argument(kind, args), fields, other_arrays)
+        return Samples(train, test)
     if kind == "synthetic":
         from .synthetic import make_target
 
@@ -137,6 +142,15 @@ def load_samples(
         )
     classes = labels[0].classes if labels else 10
     assert classes is not None
+    if kind == "images":  # named after the network's own input and label in its errors
+        from .images import load_images
+
+        arg = source_argument(kind, args)
+        if not isinstance(arg, str) or not arg:
+            raise DslProgramError('images() needs a folder name as a string, e.g. images("data/pictures")')
+        label = labels[0].describe() if labels else "classes (10 without a label)"
+        x, y, xt, yt = load_images(arg, inputs[0].shape, classes, inputs[0].describe(), label)
+        return Samples(_pair(x, y, inputs[0], labels), _pair(xt, yt, inputs[0], labels) if xt is not None else None)
     ds = load_data(kind, args, inputs[0].shape, classes, seed)
     return Samples(_pair(ds.x_train, ds.y_train, inputs[0], labels),
                    _pair(ds.x_test, ds.y_test, inputs[0], labels) if ds.x_test is not None else None)  # fmt: skip

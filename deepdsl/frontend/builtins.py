@@ -29,7 +29,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 @dataclass(frozen=True)
 class ArgSpec:
     name: str
-    kind: str  # int, pair, ints, float, bool, init, str, schedule
+    kind: str  # int, pair, ints, float, floats, bool, init, str, schedule
     default: Any = REQUIRED
     low: float | None = None  # smallest allowed value (ints, pairs, floats)
     below: float | None = None  # values must be strictly less than this
@@ -397,6 +397,9 @@ SPECS: dict[str, tuple[str, tuple[ArgSpec, ...]]] = {
             ArgSpec("eps", "float", 1e-8, low=0.0, high=FLOAT32_MAX),
         ),
     ),  # fmt: skip
+    # data sources: a folder of class folders of images, a numeric CSV file (data/images.py, data/table.py)
+    "images": ("data", (ArgSpec("dir", "str"),)),
+    "csv": ("data", (ArgSpec("file", "str"),)),
 }
 
 # compile-time shape queries: name -> number of arguments after the tensor

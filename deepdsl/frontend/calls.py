@@ -363,6 +363,13 @@ def convert(fname: str, spec: ArgSpec, v: Any, span: Span) -> Any:
             raise bad("a number")
         check_range(float(v))
         return float(v)
+    if spec.kind == "floats":  # a number or a tuple of numbers (normalize's per-channel mean and std)
+        items = v if isinstance(v, tuple) else (v,)
+        if not all((isinstance(p, (int, float)) and not isinstance(p, bool)) for p in items):
+            raise bad("a number or a tuple of numbers (a, b, ...)")
+        for p in items:
+            check_range(float(p))
+        return tuple(float(p) for p in items)
     if spec.kind == "bool":
         if not isinstance(v, bool):
             raise bad("true or false")

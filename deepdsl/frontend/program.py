@@ -78,6 +78,11 @@ class TrainConfig:
     save: str | None = None  # the parameter file written at the end (and every `save_every` iterations)
     save_every: int = 0  # 0: only at the end
     lr: Schedule | None = None  # a learning-rate schedule, replacing the optimizer's constant lr
+    # data augmentation (the train block's `augment`, frontend/train.py): its steps in order, ("crop", (("size", (h,
+    # w)), ("pad", (ph, pw)))), ("flip", (("p", 0.5),)), ("normalize", (("mean", (...)), ("std", (...)))), and the
+    # image input [N, C, H, W] they apply to
+    augment: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+    augment_input: str | None = None
 
 
 @dataclass(frozen=True)

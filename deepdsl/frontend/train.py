@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from deepdsl.errors import DslArgumentError, DslProgramError, Note, did_you_mean
 from deepdsl.frontend import ast, calls
-from deepdsl.frontend.builtins import FLOAT32_MAX, SPECS
+from deepdsl.frontend.builtins import FLOAT32_MAX, SPECS, ArgSpec
 from deepdsl.frontend.program import Schedule, TrainConfig
 from deepdsl.frontend.values import BuiltinFn, Spec, describe
 from deepdsl.ir.types import INT_MAX
@@ -31,13 +31,14 @@ KEYS: dict[str, tuple[str, int]] = {
     "save": ("str", 0),
     "save_every": ("int", 1),
     "lr": ("schedule", 0),
+    "augment": ("augment", 0),  # data augmentation: augment_config below
 }
 
 
 MAX_ITERATIONS = 10_000_000  # the most steps of one run (the Java program's MAX_ITERS; resume with --load for more)
 
 # the data sources that read a path, and the name of that argument
-PATH_SOURCES = {"mnist": "dir", "cifar10": "dir", "npz": "file", "text": "file"}
+PATH_SOURCES = {"mnist": "dir", "cifar10": "dir", "npz": "file", "text": "file", "images": "dir", "csv": "file"}
 
 
 def relative_to_source(path: Any, source: str) -> Any:
@@ -71,6 +72,9 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
             )
         seen[entry.key] = entry
         kind, low = KEYS[entry.key]
+        if kind == "augment":  # its steps are names of the train block only (augment_config)
+            values["augment"], values["augment_input"] = augment_config(entry, el)
+            continue
         v = el.eval(entry.value, el.globals)
         if isinstance(v, BuiltinFn) and v.name in SPECS:  # `optimizer = sgd` without parentheses
             v = calls.call(el, v, (), entry.value.span)
@@ -156,3 +160,67 @@ def schedule(v: Any, iterations: int) -> Schedule:
             "cosine", base, total=a["total"] if a["total"] is not None else max(1, iterations), min=a["min"]
         )
     return Schedule("warmup", base, steps=a["steps"])
+
+
+# ---- data augmentation: `augment = (crop(32, pad=4), flip(), normalize((0.49, 0.48, 0.45), (0.25, 0.24, 0.26)))` --
+
+# the steps, as calls of the train block's `augment` only: crop, flip and normalize stay free names everywhere else
+AUGMENTS: dict[str, tuple[ArgSpec, ...]] = {
+    "crop": (ArgSpec("size", "pair", low=1), ArgSpec("pad", "pair", 0, low=0)),
+    "flip": (ArgSpec("p", "float", 0.5, low=0.0, high=1.0),),
+    "normalize": (ArgSpec("mean", "floats"), ArgSpec("std", "floats", low=0.0)),
+}
+
+
+def augment_config(entry: ast.TrainEntry, el: Elaborator) -> tuple[tuple[Any, ...], str]:
+    """The steps of `augment` (one step or a tuple of them, each at most once, applied in the order written) and the
+    network's image input they apply to: its first float input [N, C, H, W]. crop's size must be the input's H and W
+    and its pad at most them; normalize gives one mean and one positive std per channel (or one for all). The steps
+    are read from the entry's text: `crop`, `flip` and `normalize` name them here and nowhere else."""
+    span = entry.value.span
+    exprs = entry.value.items if isinstance(entry.value, ast.TupleLit) else (entry.value,)
+    steps: list[tuple[str, tuple[tuple[str, Any], ...], Any]] = []  # (name, arguments, the step's span)
+    for e in exprs:
+        if isinstance(e, ast.Name) and e.name in AUGMENTS:  # `flip` without parentheses
+            name, args = e.name, ()
+        elif isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.name in AUGMENTS:
+            name = e.func.name
+            args = tuple(calls.CallArg(a.name, el.eval(a.value, el.globals), a.span) for a in e.args)
+        else:
+            raise DslArgumentError(
+                "'augment' takes crop(size, pad=...), flip(p=0.5) and normalize(mean, std), one or a tuple of them",
+                e.span,
+            )
+        if any(name == n for n, _, _ in steps):
+            raise DslArgumentError(f"'augment' gives {name}() twice", e.span)
+        steps.append((name, tuple(calls.bind_args(el, name, AUGMENTS[name], args, e.span).items()), e.span))
+    image = next((d for d in el.b.inputs if d.kind == "input" and d.classes is None and d.value.type.rank == 4), None)
+    if image is None:
+        raise DslArgumentError("'augment' needs an image input [N, C, H, W] (floats), and the network has none", span)
+    _, c, h, w = image.value.type.shape
+    name = image.value.name
+    out: list[tuple[str, tuple[tuple[str, Any], ...]]] = []
+    for kind, args, span in steps:  # each error at its step
+        a = dict(args)
+        if kind == "crop":
+            if tuple(a["size"]) != (h, w):
+                raise DslArgumentError(
+                    f"crop's size {tuple(a['size'])} must be the image input {name}'s (H, W) = ({h}, {w}): a crop "
+                    "pads the image and cuts out one of its own size", span,
+                )  # fmt: skip
+            if a["pad"][0] > h or a["pad"][1] > w:
+                raise DslArgumentError(f"crop's pad {tuple(a['pad'])} must be at most the image's (H, W) = ({h}, "
+                                       f"{w})", span)  # fmt: skip
+        if kind == "normalize":
+            for key in ("mean", "std"):
+                if len(a[key]) == 1:
+                    a[key] = a[key] * c
+                if len(a[key]) != c:
+                    raise DslArgumentError(
+                        f"normalize's {key} has {len(a[key])} values, but the image input {name} has {c} channels",
+                        span,
+                    )
+            if any(s <= 0 or s > FLOAT32_MAX for s in a["std"]) or any(abs(m) > FLOAT32_MAX for m in a["mean"]):
+                raise DslArgumentError("normalize's std values must be positive (and every value a float32)", span)
+        out.append((kind, tuple(a.items())))
+    return tuple(out), name

@@ -25,7 +25,8 @@ final class CommandLine {
           + "           [--lr X] [--momentum X] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]"
           + " [--clip X]\n"
           + "       java %1$s --eval --load FILE.npz [--data SOURCE] [--device ...] [--json]\n"
-          + "       java %1$s --predict OUT.npz --load FILE.npz --data SOURCE [--device ...]\n"
+          + "       java %1$s --predict OUT.npz --load FILE.npz --data SOURCE [--split test|train]"
+          + " [--device ...]\n"
           + "  --replace-readonly: --save and --predict may replace a read-only file";
 
   /** The flags that set a setting of the class (those its optimizer has). */
@@ -91,6 +92,7 @@ final class CommandLine {
   boolean replaceReadOnly;
   boolean eval;
   String predict;
+  String split; // --split test|train of --predict (null: test where the data has one)
   Long workspaceLimit;
   Integer threads;
   String blas = Blas.defaultChoice();
@@ -144,7 +146,8 @@ final class CommandLine {
               "--threads",
               "--blas",
               "--kernels",
-              "--predict")
+              "--predict",
+              "--split")
           .contains(arg)) {
         throw new IllegalArgumentException("no such option: " + arg);
       }
@@ -163,6 +166,12 @@ final class CommandLine {
         case "--load" -> f.load = file(arg, value);
         case "--save" -> f.save = file(arg, value);
         case "--predict" -> f.predict = file(arg, value);
+        case "--split" -> {
+          if (!List.of("test", "train").contains(value)) {
+            throw new IllegalArgumentException("--split takes test or train, not '" + value + "'");
+          }
+          f.split = value;
+        }
         case "--workspace-limit" -> f.workspaceLimit = bytes(arg, value);
         case "--threads" -> f.threads = count(arg, value);
         case "--blas" -> f.blas = value;
@@ -189,6 +198,9 @@ final class CommandLine {
     if (f.predict != null && (f.load == null || f.data == null || f.iters != null || f.save != null)) {
       throw new IllegalArgumentException(
           "--predict OUT.npz takes --load FILE.npz and --data SOURCE, and neither --iters nor --save");
+    }
+    if (f.split != null && f.predict == null) {
+      throw new IllegalArgumentException("--split takes --predict OUT.npz (the split it predicts)");
     }
     if (!List.of("openblas", "java", "auto").contains(f.blas)) {
       throw new IllegalArgumentException("--blas takes openblas, java or auto, not '" + f.blas + "'");
@@ -307,9 +319,7 @@ final class CommandLine {
     }
     if (tested != null) {
       s.append(", \"test_loss\": ").append(jsonNumber(tested[0], "test_loss", bad));
-      if (!Double.isNaN(tested[1])) {
-        s.append(", \"test_accuracy\": ").append(tested[1]);
-      }
+      s.append(metrics(tested));
     }
     s.append(", \"peak_bytes\": ").append(peak).append(", \"arena_bytes\": ").append(arena);
     if (measured >= 0) {
@@ -322,6 +332,36 @@ final class CommandLine {
       s.append(i > 0 ? ", " : "").append(jsonNumber(stepSeconds.get(i), "step_seconds", bad));
     }
     return s.append("]").append(nonfinite(bad)).append("}").toString();
+  }
+
+  /** The test metrics as the lines the program prints at the end (as deepdsl run). */
+  static String metricLines(double[] tested) {
+    StringBuilder s = new StringBuilder(String.format(Locale.ROOT, "test loss: %.4f%n", tested[0]));
+    if (!Double.isNaN(tested[1])) {
+      s.append(String.format(Locale.ROOT, "test accuracy: %.2f%%%n", 100 * tested[1]));
+    }
+    if (!Double.isNaN(tested[2])) {
+      s.append(String.format(Locale.ROOT, "test top-5 accuracy: %.2f%%%n", 100 * tested[2]));
+    }
+    if (!Double.isNaN(tested[3])) {
+      s.append(String.format(Locale.ROOT, "test mean absolute error: %.4f%n", tested[3]));
+    }
+    return s.toString();
+  }
+
+  /**
+   * The test metrics after the loss, as JSON fields: {@code test_accuracy}, {@code
+   * test_top5_accuracy}, {@code test_mae}, each where reported (not NaN).
+   */
+  static String metrics(double[] tested) {
+    String[] names = {"test_accuracy", "test_top5_accuracy", "test_mae"};
+    StringBuilder s = new StringBuilder();
+    for (int k = 1; k < tested.length && k <= names.length; k++) {
+      if (!Double.isNaN(tested[k])) {
+        s.append(", \"").append(names[k - 1]).append("\": ").append(tested[k]);
+      }
+    }
+    return s.toString();
   }
 
   /**

@@ -124,8 +124,8 @@ public final class Data {
         }
         return new Spec(kind, null, parseSeed(digits));
       }
-      case "mnist", "cifar10", "npz", "text" -> {
-        String what = kind.equals("npz") || kind.equals("text") ? "file" : "dir";
+      case "mnist", "cifar10", "npz", "text", "images", "csv" -> {
+        String what = List.of("npz", "text", "csv").contains(kind) ? "file" : "dir";
         if (value.isEmpty()) {
           throw new IllegalArgumentException(
               String.format(
@@ -137,7 +137,7 @@ public final class Data {
           throw new IllegalArgumentException(
               String.format(
                   "unknown data source '%s' in --data '%s' (expected synthetic, mnist:DIR,"
-                      + " cifar10:DIR, npz:FILE or text:FILE)",
+                      + " cifar10:DIR, npz:FILE, text:FILE, images:DIR or csv:FILE)",
                   kind, text));
     }
   }
@@ -181,10 +181,22 @@ public final class Data {
       throw new IOException(
           "text data holds token ids and next-token targets, not images and classes");
     }
-    if (spec.kind().equals("npz")) { // the input and the label under the names x and y
+    if (spec.kind().equals("npz") || spec.kind().equals("csv")) { // the input and label: x and y
       List<Field> pair =
           List.of(new Field("x", false, 0, xShape), new Field("y", true, classes, new int[0]));
-      return DataFiles.npz(spec.path(), pair, false);
+      return spec.kind().equals("npz")
+          ? DataFiles.npz(spec.path(), pair, false)
+          : CsvData.load(spec.path(), pair);
+    }
+    if (spec.kind().equals("images")) {
+      float[][] s =
+          ImageFolder.load(
+              spec.path(),
+              xShape,
+              classes,
+              new Field("x", false, 0, xShape).describe(),
+              new Field("y", true, classes, new int[0]).describe());
+      return pair(s[0], s[1], s[2], s[3], d);
     }
     DataFiles.Split split =
         switch (spec.kind()) {
@@ -243,6 +255,9 @@ public final class Data {
     if (spec.kind().equals("text")) {
       return TextData.load(spec.path(), fields);
     }
+    if (spec.kind().equals("csv")) {
+      return CsvData.load(spec.path(), fields, otherArrays);
+    }
     if (spec.kind().equals("synthetic")) {
       int d = inputs.stream().filter(f -> !f.tokens()).findFirst().map(Field::size).orElse(1);
       return synthetic(d, classes, spec.seed() != null ? spec.seed() : seed, fields);
@@ -265,7 +280,16 @@ public final class Data {
               + extra.describe()
               + "; give every input and label as an array of --data npz:FILE");
     }
-    Data d = load(spec, inputs.get(0).shape(), classes, seed);
+    Data d;
+    if (spec.kind().equals("images")) { // named after the network's own input and label in errors
+      Field in = inputs.get(0);
+      String label =
+          labels.isEmpty() ? "classes (10 without a label)" : labels.get(0).describe();
+      float[][] s = ImageFolder.load(spec.path(), in.shape(), classes, in.describe(), label);
+      d = pair(s[0], s[1], s[2], s[3], in.size());
+    } else {
+      d = load(spec, inputs.get(0).shape(), classes, seed);
+    }
     if (!labels.isEmpty()) {
       return d;
     }

@@ -34,6 +34,7 @@ public abstract class Network extends NetworkTensors {
   private String saveTo; // where the run saves (--save, else the train block's save), every saveEvery steps
   private boolean replaceReadOnly; // --replace-readonly: a save or prediction may replace a read-only file
   private Data data;
+  private Prefetch prefetch; // training batches loaded one ahead (while a train() runs)
   private PrintStream progress;
   private Device device; // the device the steps run on (dev), once one has taken the network
 
@@ -55,7 +56,7 @@ public abstract class Network extends NetworkTensors {
    */
   protected void placeTemporaries() {}
 
-  private Device device() {
+  Device device() {
     if (device == null) {
       use(new CpuDevice(workspaceLimit, null));
     }
@@ -106,7 +107,37 @@ public abstract class Network extends NetworkTensors {
    * data overrides it and fills its input and label fields itself.
    */
   protected void batch(long iteration, Long shuffleSeed) {
-    data.batch(iteration, batchSize(), shuffleSeed, batch.toArray(new Buf[0]));
+    Buf[] to = batch.toArray(new Buf[0]);
+    if (prefetch != null && !prefetch.serves(shuffleSeed)) {
+      prefetch.close();
+      prefetch = null;
+    }
+    if (prefetch == null) {
+      prefetch =
+          new Prefetch(
+              data,
+              batchSize(),
+              shuffleSeed,
+              settings.augment,
+              augmentedField(),
+              settings.seed,
+              to);
+    }
+    prefetch.fill(iteration, to);
+  }
+
+  /** The field the train block's augmentation applies to, or -1. */
+  private int augmentedField() {
+    return settings.augment == null ? -1 : fieldIndex(settings.augment.input);
+  }
+
+  private int fieldIndex(String name) {
+    for (int f = 0; f < fields.size(); f++) {
+      if (fields.get(f).name().equals(name)) {
+        return f;
+      }
+    }
+    return -1;
   }
 
   /**
@@ -152,6 +183,18 @@ public abstract class Network extends NetworkTensors {
     // what a batch holds, for the progress line: images where the first input is [N, C, H, W]
     String unit = to.length > 0 && to[0].shape.length == 4 ? "images" : "samples";
     Long shuffle = settings.shuffle ? settings.seed : null;
+    try {
+      trainSteps(iterations, losses, n, unit, shuffle);
+    } finally {
+      if (prefetch != null) { // the batch loaded ahead of the last step is not used
+        prefetch.close();
+        prefetch = null;
+      }
+    }
+    return losses;
+  }
+
+  private void trainSteps(int iterations, float[] losses, int n, String unit, Long shuffle) {
     for (int k = 0; k < iterations; k++) {
       batch(iteration, shuffle);
       if (rate != null) {
@@ -205,7 +248,6 @@ public abstract class Network extends NetworkTensors {
         }
       }
     }
-    return losses;
   }
 
   /**
@@ -217,7 +259,12 @@ public abstract class Network extends NetworkTensors {
     return test(-1);
   }
 
-  /** The same on the first {@code batches} test batches (all of them when negative). */
+  /**
+   * The same on the first {@code batches} test batches (all of them when negative), with the top-5
+   * accuracy (more than 5 classes) and the mean absolute error of a regression ({@code
+   * Settings.regression}): {@code {loss, accuracy, top5, mae}}, NaN where not reported (as the
+   * Python trainer's {@code measure}).
+   */
   public double[] test(int batches) {
     if (data == null || !data.hasTest()) {
       return null;
@@ -225,85 +272,39 @@ public abstract class Network extends NetworkTensors {
     int n = batchSize();
     int count =
         batches < 0 ? data.testSize() / n : Math.min(batches, Math.max(1, data.testSize() / n));
-    long correct = 0;
-    double lossSum = 0;
+    Metrics metrics = new Metrics();
     Buf[] to = batch.toArray(new Buf[0]);
-    int labelAt = -1;
-    for (int f = 0; f < fields.size(); f++) {
-      labelAt = fields.get(f).name().equals(settings.accuracyLabel) ? f : labelAt;
-    }
+    int labelAt = settings.accuracyLabel == null ? -1 : fieldIndex(settings.accuracyLabel);
+    int targetAt = settings.regressionTarget == null ? -1 : fieldIndex(settings.regressionTarget);
+    int augmented = augmentedField();
     for (int b = 0; b < Math.max(1, count); b++) {
       data.testBatch(b, n, to);
-      lossSum += device().evalStep(this);
-      if (labelAt < 0) {
-        continue;
+      if (augmented >= 0) { // the normalisation only
+        settings.augment.apply(to[augmented], 0, settings.seed, false);
       }
-      Buf scores = device().inferStep(this);
-      Buf labels = to[labelAt];
-      int k = scores.shape[1];
-      for (int i = 0; i < n; i++) {
-        int best = 0;
-        boolean finite = true; // a NaN or infinite score makes the answer wrong, whatever argmax says
-        for (int j = 0; j < k; j++) {
-          float score = scores.a[scores.off + i * k + j];
-          finite &= Float.isFinite(score);
-          if (score > scores.a[scores.off + i * k + best]) {
-            best = j;
-          }
+      metrics.loss(device().evalStep(this));
+      if (labelAt >= 0 || targetAt >= 0) {
+        Buf scores = device().inferStep(this);
+        if (targetAt >= 0) {
+          metrics.regression(scores, to[targetAt]);
         }
-        correct += finite && best == (int) labels.a[labels.off + i] ? 1 : 0;
+        if (labelAt >= 0) {
+          metrics.classes(scores, to[labelAt]);
+        }
       }
     }
-    int tested = Math.max(1, count);
-    double accuracy = labelAt < 0 ? Double.NaN : (double) correct / ((long) tested * n);
-    return new double[] {lossSum / tested, accuracy};
+    return metrics.result();
   }
 
   /**
-   * Writes {@code predict} for every training-split sample of {@code flag}'s data to {@code out}
-   * as the npz array {@code predict} (as {@code deepdsl predict}: batches of N, the last one filled
-   * by wrapping around and cut back; arrays other than the inputs predict reads are ignored);
-   * returns the number of samples.
+   * Writes {@code predict} for every sample of one split of {@code flag}'s data to {@code out} as
+   * the npz array {@code predict} (as {@code deepdsl predict}: batches of N, the last one filled by
+   * wrapping around and cut back; arrays other than the inputs predict reads are ignored); {@code
+   * split} is test or train, null the test split where the data has one, else the training split.
+   * Returns the number of samples and the split.
    */
-  public int predict(String flag, String out) throws IOException {
-    List<Data.Field> wanted = new ArrayList<>();
-    List<Buf> to = new ArrayList<>();
-    for (int f = 0; f < fields.size(); f++) {
-      if (settings.predictInputs.contains(fields.get(f).name())) {
-        wanted.add(fields.get(f));
-        to.add(batch.get(f));
-      }
-    }
-    Data samples = Data.load(Data.parseFlag(flag), wanted, settings.seed, true);
-    int n = batchSize();
-    int m = samples.size();
-    Buf[] bufs = to.toArray(new Buf[0]);
-    float[] values = null;
-    int[] shape = null;
-    for (int b = 0; (long) b * n < m; b++) {
-      samples.batch(b, n, null, bufs);
-      Buf scores = device().inferStep(this);
-      int row = scores.numel() / n;
-      if (values == null) {
-        values = new float[Math.toIntExact((long) m * row)];
-        shape = scores.shape.clone();
-        shape[0] = m;
-      }
-      int rows = Math.min(n, m - b * n);
-      System.arraycopy(scores.a, scores.off, values, b * n * row, rows * row);
-    }
-    LinkedHashMap<String, Npz.Array> file = new LinkedHashMap<>();
-    if (settings.predictIntegers) {
-      long[] ints = new long[values.length];
-      for (int k = 0; k < ints.length; k++) {
-        ints[k] = (long) values[k];
-      }
-      file.put("predict", Npz.Array.ofLongs(ints, shape));
-    } else {
-      file.put("predict", Npz.Array.ofFloats(values, shape));
-    }
-    Npz.write(Path.of(out), file, replaceReadOnly);
-    return m;
+  public Object[] predict(String flag, String out, String split) throws IOException {
+    return Predictions.write(this, flag, out, split, replaceReadOnly);
   }
 
   /** What a test reports: the loss always, the accuracy where the loss classifies a label. */
@@ -499,8 +500,8 @@ public abstract class Network extends NetworkTensors {
           throw new IOException("the network defines no `predict`, so there is nothing to predict");
         }
         net.load(flags.load);
-        int m = net.predict(flags.data, flags.predict);
-        info.printf("wrote %s: predict for %d samples%n", flags.predict, m);
+        Object[] done = net.predict(flags.data, flags.predict, flags.split);
+        info.printf("wrote %s: predict for %d samples (the %s split)%n", flags.predict, done[0], done[1]);
         return 0;
       }
       int iterations = flags.eval ? 0 : flags.iters != null ? flags.iters : net.settings.iterations;
@@ -542,7 +543,7 @@ public abstract class Network extends NetworkTensors {
                 + device.name()
                 + "\", \"test_loss\": "
                 + loss
-                + (Double.isNaN(tested[1]) ? "" : ", \"test_accuracy\": " + tested[1])
+                + CommandLine.metrics(tested)
                 + CommandLine.nonfinite(nonfinite)
                 + "}");
       } else if (flags.json) {
@@ -561,10 +562,7 @@ public abstract class Network extends NetworkTensors {
                 net.termValues));
       } else {
         if (tested != null) {
-          System.out.printf(Locale.ROOT, "test loss: %.4f%n", tested[0]);
-          if (!Double.isNaN(tested[1])) {
-            System.out.printf(Locale.ROOT, "test accuracy: %.2f%%%n", 100 * tested[1]);
-          }
+          System.out.print(CommandLine.metricLines(tested));
         }
         if (net.saveTo != null) {
           System.out.println("saved: " + net.saveTo);

@@ -33,6 +33,8 @@ public abstract class NetworkTensors {
     String saveFile; // the train block's save: written at the end (and every saveEvery iterations)
     int saveEvery;
     boolean predictIntegers;
+    Augment augment; // the train block's augment: null without one
+    String regressionTarget; // the input predict is compared with for the test's mean absolute error
 
     public Settings(String name) {
       this.name = name;
@@ -116,6 +118,24 @@ public abstract class NetworkTensors {
      */
     public Settings accuracy(String label) {
       this.accuracyLabel = label;
+      return this;
+    }
+
+    /**
+     * The train block's {@code augment}: every step on training batches, the normalisation on test
+     * and prediction batches.
+     */
+    public Settings augment(Augment augment) {
+      this.augment = augment;
+      return this;
+    }
+
+    /**
+     * The input the loss regresses {@code predict} on: the test phase reports the mean absolute
+     * error of {@code predict} against it.
+     */
+    public Settings regression(String target) {
+      this.regressionTarget = target;
       return this;
     }
   }

@@ -44,7 +44,19 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = ROOT / "deepdsl" / "runtime"
 DRIVER = Path(__file__).resolve().parent / "java" / "IoCheck.java"
-OWN_SOURCES = ("Buf", "Rng", "Init", "Npz", "Npy", "ZipReader", "Data", "DataFiles", "TextData")
+OWN_SOURCES = (
+    "Buf",
+    "Rng",
+    "Init",
+    "Npz",
+    "Npy",
+    "ZipReader",
+    "Data",
+    "DataFiles",
+    "TextData",
+    "CsvData",
+    "ImageFolder",
+)
 
 
 class Batch:

@@ -35,7 +35,7 @@ from deepdsl.backends.java.state import Emitter
 from deepdsl.backends.java.steps import plan_classes
 from deepdsl.frontend.program import Program, Schedule
 from deepdsl.ir import Graph
-from deepdsl.ir.analysis import classified_label
+from deepdsl.ir.analysis import classified_label, regression_target
 from deepdsl.memory import Plan
 from deepdsl.memory.report import total_peak
 from deepdsl.version import __version__
@@ -105,6 +105,30 @@ def _data_flag(data: tuple[str, tuple[tuple[Any, Any], ...]]) -> str:
     kind, args = data
     values = [v for _, v in args]
     return f"{kind}:{values[0]}" if values else kind
+
+
+def _data_settings(program: Program) -> list[str]:
+    """The Settings lines of the train block's augmentation and of a regression's target (the test's mean absolute
+    error): `.augment(new Augment("x").crop(4, 4).flip(0.5).normalize(...))`, `.regression("t")`."""
+    cfg = program.train
+    lines = []
+    if cfg.augment and cfg.augment_input is not None:
+        calls = []
+        for kind, args in cfg.augment:
+            a = dict(args)
+            if kind == "crop":
+                calls.append(f".crop({a['pad'][0]}, {a['pad'][1]})")
+            elif kind == "flip":
+                calls.append(f".flip({float(a['p'])!r})")
+            else:
+                mean, std = (", ".join(float_literal(v) for v in a[k]) for k in ("mean", "std"))
+                calls.append(f".normalize(new float[] {{{mean}}}, new float[] {{{std}}})")
+        augment = f"new deepdsl.runtime.Augment({java_string(cfg.augment_input)}){''.join(calls)}"
+        lines.append(f"          .augment({augment})")
+    target = regression_target(program.graph)
+    if target is not None:
+        lines.append(f"          .regression({java_string(target)})")
+    return lines
 
 
 @dataclass(frozen=True)
@@ -215,6 +239,7 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
     label = classified_label(program.graph)
     if label is not None:
         settings.append(f"          .accuracy({java_string(label)})")
+    settings += _data_settings(program)
     code, comment = settings[-1].split("  //", 1) if "  //" in settings[-1] else (settings[-1], None)
     settings[-1] = f"{code};" + (f"  //{comment}" if comment is not None else "")
     legend = ""
