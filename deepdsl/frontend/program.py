@@ -78,6 +78,10 @@ class TrainConfig:
     save: str | None = None  # the parameter file written at the end (and every `save_every` iterations)
     save_every: int = 0  # 0: only at the end
     lr: Schedule | None = None  # a learning-rate schedule, replacing the optimizer's constant lr
+    # [optim] parameters (or prefixes of their names up to a `.`: layers) that do not train, and learning-rate
+    # multipliers (name, multiplier) of the parameters a name matches (the last match wins)
+    freeze: tuple[str, ...] = ()
+    lr_mult: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,3 +90,16 @@ class Program:
     layers: tuple[LayerRow, ...]
     train: TrainConfig
     warnings: tuple[DslWarning, ...] = ()
+
+
+# ---- [optim] what the train block's freeze and lr_mult name -----------------------------------------------------
+
+
+def param_matches(param: str, name: str) -> bool:
+    """Whether `name` of the train block's freeze / lr_mult names parameter `param`: the parameter itself, or a
+    prefix of its name that ends where a `.` follows (a layer `cv1`, a scope `model.block1`)."""
+    return param == name or param.startswith(name + ".")
+
+
+def param_matches_any(param: str, names: tuple[str, ...]) -> bool:
+    return any(param_matches(param, n) for n in names)
