@@ -254,3 +254,19 @@ def test_lr_mult_and_freeze_accept_the_documented_forms() -> None:
     assert c.program.train.lr_mult == (("fc", 10.0), ("bn.beta", 0.5), ("cv2", 0.0))
     assert _program(BN_NET, 'freeze = ("cv1", "cv2.W")').program.train.freeze == ("cv1", "cv2.W")
     assert _program(BN_NET, 'lr_mult = ("fc", 3)').program.train.lr_mult == (("fc", 3.0),)
+
+
+def test_the_finetune_example_trains_its_head_and_keeps_its_stem(tmp_path) -> None:  # noqa: ANN001
+    from conftest import ROOT
+
+    c = api.compile_file(str(ROOT / "networks" / "examples" / "finetune.ddsl"))
+    assert c.program.train.freeze == ("cv1", "bn") and c.program.train.optimizer[0] == "adamw"
+    build = api.build(c.program)
+    run_training(build, device="cpu", data_flag="synthetic", iters=0, save=str(tmp_path / "a.npz"))
+    got = run_training(build, device="cpu", data_flag="synthetic", iters=3, save=str(tmp_path / "b.npz"))
+    a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    for name in ("cv1.W", "cv1.b", "bn.gamma", "bn.beta"):
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    for name in ("cv2.W", "fc1.W", "fc2.W", "bn.running_mean"):
+        assert not np.array_equal(a[name], b[name]), name
+    assert all(np.isfinite(got["losses"]))
