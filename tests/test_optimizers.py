@@ -179,6 +179,11 @@ def test_a_frozen_layer_gets_no_gradient_statement_no_update_and_no_state() -> N
     assert not any(n.startswith(("opt/cv2.", "opt/bn.gamma/")) for n in state) and "opt/cv1.W/m" in state
     # no statement computes a value shaped as cv2.W (its gradient) or reads an optimizer state of it
     assert not any(s.out.type.shape == (4, 4, 3, 3) for s in frozen.stmts)
+    # a frozen stem (cv1 and bn's affine parameters) costs no backward pass at all: nothing flows back past cv2
+    stem = api.train_stage(_program(BN_NET, 'optimizer = adam()\n  freeze = ("cv1", "bn")').program)
+    assert not any(s.op in ("conv2d_backward_data", "conv2d_backward_filter", "bn_train_backward")
+                   for s in stem.stmts if s.out.type.shape != (4, 4, 3, 3))  # fmt: skip
+    assert [s.op for s in stem.stmts].count("conv2d_backward_filter") == 1  # cv2's only
 
 
 def test_frozen_parameters_are_unchanged_after_training(tmp_path) -> None:  # noqa: ANN001
