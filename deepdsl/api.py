@@ -169,7 +169,8 @@ def literal_const(c: Compilation, name: str) -> int | float | None:
 def train_stage(program: Program, seed: int | None = None) -> Graph:
     """The training program (forward + backward + update) with the train block's seed, or `seed`."""
     cfg = program.train
-    return train_program(program.graph, cfg.optimizer, cfg.seed if seed is None else seed, cfg.lr is not None)
+    return train_program(program.graph, cfg.optimizer, cfg.seed if seed is None else seed, cfg.lr is not None,
+                         freeze=cfg.freeze, lr_mult=cfg.lr_mult)  # fmt: skip
 
 
 def build(program: Program, options: Options | None = None, seed: int | None = None) -> Build:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepdsl.errors import DslProgramError
+from deepdsl.frontend.program import param_matches, param_matches_any
 from deepdsl.ir import REGISTRY, Graph, GraphBuilder, Init, InputDef, ParamDef, Stmt, Value
 from deepdsl.ir.types import DType, TensorType
 from deepdsl.passes.dce import dce
@@ -130,10 +131,19 @@ def gradients(b: GraphBuilder, loss: Value, wrt: set[str]) -> dict[str, Value]:
 
 
 def train_program(
-    g: Graph, optimizer: tuple[str, tuple[tuple[str, Any], ...]], seed: int = 1, scheduled: bool = False
+    g: Graph,
+    optimizer: tuple[str, tuple[tuple[str, Any], ...]],
+    seed: int = 1,
+    scheduled: bool = False,
+    freeze: tuple[str, ...] = (),
+    lr_mult: tuple[tuple[str, float], ...] = (),
 ) -> Graph:
     """Forward, backward and update; with `scheduled`, the learning rate is the program's input `opt/lr` (kind
-    "lr", fed every step from the train block's schedule) instead of the optimizer's constant."""
+    "lr", fed every step from the train block's schedule) instead of the optimizer's constant. The parameters
+    `freeze` names (a parameter, or a prefix of its name up to a `.`: a layer) are not trained: the backward
+    pass is not asked for their gradients, they get no update and no optimizer state (their batch norm running
+    statistics still update, a forward effect, as in PyTorch). `lr_mult` multiplies the learning rate of the
+    parameters each name matches (the last match wins)."""
     low = lower(g, "train", seed)
     b = _start(low, with_step=False)
     rate = b.add_input(InputDef(Value(LR, TensorType(())), "lr")) if scheduled else None
@@ -145,10 +155,11 @@ def train_program(
     for name, v in low.outputs:  # the named terms of a loss of several (`loss:rec`), reported beside it
         if name.startswith("loss:"):
             b.output(name, vmap[v.name])
-    trainable = [p for p in low.params if p.kind == "param"]
+    trainable = [p for p in low.params if p.kind == "param" and not param_matches_any(p.value.name, freeze)]
     grads = gradients(b, loss, {p.value.name for p in trainable})
     pairs = [(p, grads[p.value.name]) for p in trainable if p.value.name in grads]
-    apply_optimizer(b, pairs, optimizer, rate)
+    mults = {p.value.name: m for p, _ in pairs for prefix, m in lr_mult if param_matches(p.value.name, prefix)}
+    apply_optimizer(b, pairs, optimizer, rate, mults)
     return dce(b.build())  # a vjp rule emits every input's gradient; drop those nobody needs (data inputs)
 
 
@@ -168,10 +179,15 @@ def gradient_program(g: Graph, seed: int = 1) -> Graph:
 
 
 def apply_optimizer(
-    b: GraphBuilder, pairs: list[tuple[ParamDef, Value]], optimizer: tuple[str, tuple], rate: Value | None = None
+    b: GraphBuilder,
+    pairs: list[tuple[ParamDef, Value]],
+    optimizer: tuple[str, tuple],
+    rate: Value | None = None,
+    lr_mult: dict[str, float] | None = None,
 ) -> None:
     """One update per parameter, in the PyTorch convention (DESIGN §2.4); optimizer state as `opt/...`; the
-    learning rate the optimizer's constant, or the scalar input `rate` (a schedule)."""
+    learning rate the optimizer's constant, or the scalar input `rate` (a schedule), times the parameter's
+    multiplier in `lr_mult` (an attribute `lr_mult` of each update statement that reads the rate)."""
     name, args = optimizer
     a = dict(args)
     if a.get("clip", 0.0) > 0.0:
@@ -182,23 +198,41 @@ def apply_optimizer(
         assert total is not None
         scale = b.emit("clip_scale", total, clip=a["clip"])
         pairs = [(p, b.emit("scale_by", g, scale)) for p, g in pairs]
-    if name == "adam":
+    step1 = None
+    if name in ("adam", "adamw") and pairs:
         step = _opt_state(b, "opt/step", TensorType(()))
         step1 = b.emit("add_scalar", step, value=1.0)
         b.update("opt/step", step1)
     for p, g in pairs:
         w = p.value
+        mult = (lr_mult or {}).get(w.name, 1.0)
+        # the rate: the constant `lr` attribute, or the input `rate` after the statement's other inputs
+        lr = ({"lr": a["lr"]} if rate is None else {}) | ({"lr_mult": mult} if mult != 1.0 else {})
+        more = () if rate is None else (rate,)
+        sched = "" if rate is None else "_scheduled"
+        wd = {"weight_decay": a.get("weight_decay", 0.0)}
         if name == "sgd":
             if a["momentum"] > 0.0:
                 v = _opt_state(b, f"opt/{w.name}/momentum", w.type)
-                v1 = b.emit("sgd_momentum", v, g, w, momentum=a["momentum"], weight_decay=a["weight_decay"])
+                v1 = b.emit("sgd_momentum", v, g, w, momentum=a["momentum"], **wd)
                 b.update(v.name, v1)
-                w1 = (b.emit("sgd_step", w, v1, lr=a["lr"]) if rate is None
-                      else b.emit("sgd_step_scheduled", w, v1, rate))  # fmt: skip
-            elif rate is None:
-                w1 = b.emit("sgd_plain", w, g, lr=a["lr"], weight_decay=a["weight_decay"])
+                if a.get("nesterov", False):
+                    w1 = b.emit("sgd_nesterov" + sched, w, v1, g, *more, momentum=a["momentum"], **wd, **lr)
+                else:
+                    w1 = b.emit("sgd_step" + sched, w, v1, *more, **lr)
             else:
-                w1 = b.emit("sgd_plain_scheduled", w, g, rate, weight_decay=a["weight_decay"])
+                w1 = b.emit("sgd_plain" + sched, w, g, *more, **wd, **lr)
+        elif name == "rmsprop":
+            s = _opt_state(b, f"opt/{w.name}/square_avg", w.type)
+            s1 = b.emit("rmsprop_square", s, g, w, alpha=a["alpha"], **wd)
+            b.update(s.name, s1)
+            if a["momentum"] > 0.0:
+                buf = _opt_state(b, f"opt/{w.name}/momentum", w.type)
+                buf1 = b.emit("rmsprop_momentum", buf, g, w, s1, momentum=a["momentum"], eps=a["eps"], **wd)
+                b.update(buf.name, buf1)
+                w1 = b.emit("sgd_step" + sched, w, buf1, *more, **lr)
+            else:
+                w1 = b.emit("rmsprop_plain" + sched, w, g, s1, *more, eps=a["eps"], **wd, **lr)
         else:
             m = _opt_state(b, f"opt/{w.name}/m", w.type)
             v = _opt_state(b, f"opt/{w.name}/v", w.type)
@@ -207,10 +241,11 @@ def apply_optimizer(
             b.update(m.name, m1)
             b.update(v.name, v1)
             betas = {"beta1": a["beta1"], "beta2": a["beta2"], "eps": a["eps"]}
-            if rate is None:
-                w1 = b.emit("adam_step", w, m1, v1, step1, lr=a["lr"], **betas)
+            assert step1 is not None
+            if name == "adamw":
+                w1 = b.emit("adamw_step" + sched, w, m1, v1, step1, *more, **betas, **wd, **lr)
             else:
-                w1 = b.emit("adam_step_scheduled", w, m1, v1, step1, rate, **betas)
+                w1 = b.emit("adam_step" + sched, w, m1, v1, step1, *more, **betas, **lr)
         b.update(w.name, w1)
 
 

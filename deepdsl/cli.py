@@ -335,7 +335,7 @@ def _setting(ctx: click.Context, param: click.Parameter, value: str | None) -> f
 
 def _optimizer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """--lr, --momentum, ...: the optimizer's hyperparameters, as the Java program's flags of the same names."""
-    for flag in reversed(("--lr", "--momentum", "--weight-decay", "--beta1", "--beta2", "--eps", "--clip")):
+    for flag in reversed(("--lr", "--momentum", "--weight-decay", "--beta1", "--beta2", "--eps", "--clip", "--alpha")):
         fn = click.option(flag, metavar="X", default=None, callback=_setting,
                           help=f"The optimizer's {flag[2:].replace('-', ' ')} instead of the train block's"
                           + (" (with a schedule: its base rate)." if flag == "--lr" else "."))(fn)  # fmt: skip

@@ -38,8 +38,9 @@ SETTING_RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "--beta2": (0, 1, True, False),
     "--eps": (0, FLOAT32_MAX, False, False),
     "--clip": (0, FLOAT32_MAX, False, False),
+    "--alpha": (0, 1, True, False),  # RMSprop's smoothing constant
 }
-OPTIMIZER_FLAGS = ("--lr", "--momentum", "--weight-decay", "--beta1", "--beta2", "--eps", "--clip")
+OPTIMIZER_FLAGS = ("--lr", "--momentum", "--weight-decay", "--beta1", "--beta2", "--eps", "--clip", "--alpha")
 _NUMBER = re.compile(r"[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?")
 _WHOLE = re.compile(r"[+-]?[0-9]{1,18}")
 
@@ -66,7 +67,7 @@ def parse_setting(flag: str, raw: str) -> float | int:
 
 def with_settings(program: Program, settings: dict[str, float]) -> Program:
     """`program` with its optimizer's hyperparameters replaced, as the Java program's flags set its settings
-    (`settings`: lr, momentum, weight_decay, beta1, beta2, eps, clip; checked with parse_setting): `lr` under a
+    (`settings`: lr, momentum, weight_decay, beta1, beta2, eps, clip, alpha; checked with parse_setting): `lr` under a
     schedule is the schedule's base rate. A setting the optimizer does not have (as the Java class has none:
     sgd's momentum or clip where it is 0) is a DslProgramError."""
     if not settings:

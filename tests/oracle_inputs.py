@@ -20,6 +20,9 @@ POSITIVE: dict[str, tuple[int, ...]] = {
     "div": (1,), "rdiv_scalar": (0,), "log": (0,), "pow_scalar": (0,), "cross_entropy": (0,),
     # Adam's second moment: at 0 the step is lr * m / eps (eps 1e-8), too large for float32 kernels to agree
     "adam_step": (2,), "adam_step_scheduled": (2,),
+    # [optim] AdamW's second moment as Adam's; RMSprop's square average (at 0 the step is lr * g / eps)
+    "adamw_step": (2,), "adamw_step_scheduled": (2,), "rmsprop_plain": (2,), "rmsprop_plain_scheduled": (2,),
+    "rmsprop_momentum": (3,),
 }  # fmt: skip
 # inputs that are never negative, 0 included (a variance, a squared norm, a square root's argument): 0 is where
 # a dropped eps shows

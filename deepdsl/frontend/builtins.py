@@ -367,6 +367,7 @@ SPECS: dict[str, tuple[str, tuple[ArgSpec, ...]]] = {
             ArgSpec("momentum", "float", 0.0, low=0.0, below=1.0),
             ArgSpec("weight_decay", "float", 0.0, low=0.0, high=FLOAT32_MAX),
             ArgSpec("clip", "float", 0.0, low=0.0, high=FLOAT32_MAX),
+            ArgSpec("nesterov", "bool", False),  # [optim] torch's nesterov=True: needs momentum > 0
         ),
     ),  # fmt: skip
     # learning-rate schedules (frontend/program.py Schedule); `lr` is a number or another schedule
@@ -400,6 +401,29 @@ SPECS: dict[str, tuple[str, tuple[ArgSpec, ...]]] = {
     # data sources: a folder of class folders of images, a numeric CSV file (data/images.py, data/table.py)
     "images": ("data", (ArgSpec("dir", "str"),)),
     "csv": ("data", (ArgSpec("file", "str"),)),
+    # [optim] torch.optim.AdamW (decoupled weight decay) and RMSprop (centered=False, eps outside the sqrt)
+    "adamw": (
+        "optimizer",
+        (
+            ArgSpec("lr", "float", 0.001, low=0.0, high=FLOAT32_MAX),
+            ArgSpec("beta1", "float", 0.9, low=0.0, below=1.0),
+            ArgSpec("beta2", "float", 0.999, low=0.0, below=1.0),
+            ArgSpec("eps", "float", 1e-8, low=0.0, high=FLOAT32_MAX),
+            ArgSpec("weight_decay", "float", 0.01, low=0.0, high=FLOAT32_MAX),
+            ArgSpec("clip", "float", 0.0, low=0.0, high=FLOAT32_MAX),
+        ),
+    ),  # fmt: skip
+    "rmsprop": (
+        "optimizer",
+        (
+            ArgSpec("lr", "float", 0.01, low=0.0, high=FLOAT32_MAX),
+            ArgSpec("alpha", "float", 0.99, low=0.0, below=1.0),
+            ArgSpec("eps", "float", 1e-8, low=0.0, high=FLOAT32_MAX),
+            ArgSpec("momentum", "float", 0.0, low=0.0, below=1.0),
+            ArgSpec("weight_decay", "float", 0.0, low=0.0, high=FLOAT32_MAX),
+            ArgSpec("clip", "float", 0.0, low=0.0, high=FLOAT32_MAX),
+        ),
+    ),  # fmt: skip
 }
 
 # compile-time shape queries: name -> number of arguments after the tensor

@@ -83,6 +83,10 @@ class TrainConfig:
     # image input [N, C, H, W] they apply to
     augment: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     augment_input: str | None = None
+    # [optim] parameters (or prefixes of their names up to a `.`: layers) that do not train, and learning-rate
+    # multipliers (name, multiplier) of the parameters a name matches (the last match wins)
+    freeze: tuple[str, ...] = ()
+    lr_mult: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -91,3 +95,16 @@ class Program:
     layers: tuple[LayerRow, ...]
     train: TrainConfig
     warnings: tuple[DslWarning, ...] = ()
+
+
+# ---- [optim] what the train block's freeze and lr_mult name -----------------------------------------------------
+
+
+def param_matches(param: str, name: str) -> bool:
+    """Whether `name` of the train block's freeze / lr_mult names parameter `param`: the parameter itself, or a
+    prefix of its name that ends where a `.` follows (a layer `cv1`, a scope `model.block1`)."""
+    return param == name or param.startswith(name + ".")
+
+
+def param_matches_any(param: str, names: tuple[str, ...]) -> bool:
+    return any(param_matches(param, n) for n in names)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from deepdsl.errors import DslArgumentError, DslProgramError, Note, did_you_mean
 from deepdsl.frontend import ast, calls
 from deepdsl.frontend.builtins import FLOAT32_MAX, SPECS, ArgSpec
-from deepdsl.frontend.program import Schedule, TrainConfig
+from deepdsl.frontend.program import Schedule, TrainConfig, param_matches, param_matches_any
 from deepdsl.frontend.values import BuiltinFn, Spec, describe
 from deepdsl.ir.types import INT_MAX
 
@@ -32,6 +32,9 @@ KEYS: dict[str, tuple[str, int]] = {
     "save_every": ("int", 1),
     "lr": ("schedule", 0),
     "augment": ("augment", 0),  # data augmentation: augment_config below
+    # [optim] parameters that do not train, and per-parameter learning-rate multipliers (checked by _names)
+    "freeze": ("freeze", 0),
+    "lr_mult": ("lr_mult", 0),
 }
 
 
@@ -91,6 +94,8 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
             if not isinstance(v, Spec) and (not math.isfinite(v) or v < 0 or v > FLOAT32_MAX):
                 raise DslArgumentError(f"'lr' must be a number in [0, {FLOAT32_MAX:.2g}], got {v!r}", entry.value.span)
             values[entry.key] = v
+        elif kind in ("freeze", "lr_mult"):  # [optim]
+            values[entry.key] = _names(entry, v, el)
         elif kind in ("data", "optimizer"):
             if not (isinstance(v, Spec) and v.family == kind):
                 choices = [n for n, (fam, _) in SPECS.items() if fam == kind]
@@ -103,6 +108,8 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
                 args = tuple((k, relative_to_source(a, el.module.file) if k == PATH_SOURCES[v.name] else a)
                              for k, a in args)  # fmt: skip
             values[entry.key] = (v.name, args)
+            if kind == "optimizer":  # [optim]
+                _check_optimizer(entry, v)
         elif kind == "int":
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise DslArgumentError(
@@ -136,6 +143,7 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
                 hint="leave lr out of the optimizer; `lr` gives it for every iteration",
             )  # fmt: skip
         values["lr"] = schedule(values["lr"], values.get("iterations", TrainConfig.iterations))
+    _check_freeze(values, seen, el)  # [optim]
     if "save_every" in values and "save" not in values:
         raise DslProgramError("`save_every` needs `save`, the file to write", seen["save_every"].span)
     return TrainConfig(**values)
@@ -224,3 +232,100 @@ def augment_config(entry: ast.TrainEntry, el: Elaborator) -> tuple[tuple[Any, ..
                 raise DslArgumentError("normalize's std values must be positive (and every value a float32)", span)
         out.append((kind, tuple(a.items())))
     return tuple(out), name
+
+
+# ---- [optim] the optimizer's own checks, freeze and lr_mult ----------------------------------------------------
+
+
+def _check_optimizer(entry: ast.TrainEntry, v: Spec) -> None:
+    """sgd's nesterov needs a momentum (torch.optim.SGD refuses nesterov=True with momentum 0)."""
+    a = dict(v.args)
+    if v.name == "sgd" and a.get("nesterov") and a["momentum"] == 0.0:
+        at = entry.value
+        if isinstance(at, ast.Call):
+            at = next((x for x in at.args if x.name == "nesterov"), at)  # type: ignore[assignment]
+        raise DslArgumentError(
+            "sgd: nesterov=true needs a momentum above 0 (as torch.optim.SGD)", at.span,
+            hint="give it, e.g. sgd(lr=0.1, momentum=0.9, nesterov=true)",
+        )  # fmt: skip
+
+
+def _trainable(el: Elaborator) -> list[str]:
+    return [p.value.name for p in el.b.params if p.kind == "param"]
+
+
+def _known_names(params: list[str]) -> list[str]:
+    """What freeze and lr_mult may name: each trainable parameter and each prefix of it up to a `.` (its layer)."""
+    out: dict[str, None] = {}
+    for p in params:
+        parts = p.split(".")
+        for k in range(1, len(parts) + 1):
+            out[".".join(parts[:k])] = None
+    return list(out)
+
+
+def _names(entry: ast.TrainEntry, v: Any, el: Elaborator) -> Any:
+    """`freeze`: a name or a tuple of names -> tuple[str, ...]; `lr_mult`: a pair (name, multiplier) or a tuple of
+    such pairs -> tuple[tuple[str, float], ...]. Each name must name a trainable parameter or a prefix of one up
+    to a `.` (a layer); an error at the name otherwise, with the nearest as a hint."""
+    params = _trainable(el)
+    e = entry.value
+    items = [(x, e.items[k] if isinstance(e, ast.TupleLit) else e) for k, x in enumerate(v)] \
+        if isinstance(v, tuple) and not (entry.key == "lr_mult" and _is_pair(v)) else [(v, e)]  # fmt: skip
+    seen: dict[str, ast.Expr] = {}
+    out = []
+    for x, at in items:
+        if entry.key == "freeze":
+            name, mult = x, None
+            if not isinstance(name, str):
+                raise DslArgumentError(
+                    f"'freeze' takes a layer or parameter name or a tuple of them, got {describe(name)}", at.span,
+                    hint='e.g. freeze = ("cv1", "cv2") or freeze = "cv1.W"',
+                )  # fmt: skip
+        else:
+            if not _is_pair(x):
+                raise DslArgumentError(
+                    f"'lr_mult' takes pairs (name, multiplier), got {describe(x)}", at.span,
+                    hint='e.g. lr_mult = (("fc", 10), ("cv1", 0.1)), or one pair: lr_mult = ("fc", 10)',
+                )  # fmt: skip
+            name, mult = x
+            num = at.items[1] if isinstance(at, ast.TupleLit) and len(at.items) == 2 else at
+            if not math.isfinite(mult) or mult < 0 or mult > FLOAT32_MAX:
+                raise DslArgumentError(f"lr_mult: the multiplier of '{name}' must be a number in [0, "
+                                       f"{FLOAT32_MAX:.2g}], got {mult!r}", num.span)  # fmt: skip
+        where = at.items[0] if isinstance(at, ast.TupleLit) and entry.key == "lr_mult" and at.items else at
+        if name in seen:
+            raise DslProgramError(f"{entry.key}: '{name}' is given twice", where.span,
+                                  notes=[Note("first here", seen[name].span)])  # fmt: skip
+        seen[name] = where
+        if not any(param_matches(p, name) for p in params):
+            known = _known_names(params)
+            raise DslArgumentError(
+                f"{entry.key}: '{name}' names no trainable parameter or layer of the network", where.span,
+                hint=did_you_mean(name, known) or f"the layers are: {', '.join(k for k in known if '.' not in k)}",
+            )  # fmt: skip
+        out.append(name if mult is None else (name, float(mult)))
+    return tuple(out)
+
+
+def _is_pair(x: Any) -> bool:
+    return (isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], (int, float))
+            and not isinstance(x[1], bool))  # fmt: skip
+
+
+def _check_freeze(values: dict[str, Any], seen: dict[str, ast.TrainEntry], el: Elaborator) -> None:
+    """Freezing every trainable parameter leaves nothing to train; a multiplier of only frozen parameters has no
+    effect: both errors."""
+    frozen = values.get("freeze", ())
+    if not frozen:
+        return
+    params = _trainable(el)
+    if params and all(param_matches_any(p, frozen) for p in params):
+        raise DslProgramError("`freeze` names every trainable parameter: training would change nothing",
+                              seen["freeze"].value.span)  # fmt: skip
+    for name, _ in values.get("lr_mult", ()):
+        if all(param_matches_any(p, frozen) for p in params if param_matches(p, name)):
+            raise DslProgramError(
+                f"lr_mult: every parameter '{name}' names is frozen, so its multiplier has no effect",
+                seen["lr_mult"].value.span, notes=[Note("frozen here", seen["freeze"].value.span)],
+            )  # fmt: skip

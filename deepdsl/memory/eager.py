@@ -3,8 +3,8 @@ the backward pass.
 
 That is every tensor some op's backward needs, as PyTorch keeps them (each op's `saves` in the registry: a
 convolution its input, a ReLU its output, a batch norm its input and statistics, ...), counted once per
-tensor, plus the parameters, their gradients, the optimizer state and the model state. Parameters an op keeps
-are already counted as parameters.
+tensor, plus the parameters, the gradients of those that train, the optimizer state and the model state.
+Parameters an op keeps are already counted as parameters.
 """
 
 from __future__ import annotations
@@ -36,5 +36,7 @@ def saved_bytes(forward: Graph) -> int:
 def eager_peak_bytes(forward: Graph, train: Graph) -> int:
     """Saved tensors + parameters + gradients + optimizer and model state of the training program `train`."""
     params = sum(q.value.type.nbytes for q in train.params if q.kind == "param")
+    updated = {name for name, _ in train.updates}  # the parameters with a gradient (a frozen one has none)
+    grads = sum(q.value.type.nbytes for q in train.params if q.kind == "param" and q.value.name in updated)
     others = sum(q.value.type.nbytes for q in train.params if q.kind in ("state", "opt"))
-    return saved_bytes(forward) + 2 * params + others
+    return saved_bytes(forward) + params + grads + others

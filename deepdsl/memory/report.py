@@ -42,6 +42,13 @@ def persistent_bytes(g: Graph) -> int:
     return sum(q.value.type.nbytes for q in g.params) + sum(d.value.type.nbytes for d in g.inputs)
 
 
+def trained_bytes(g: Graph) -> int:
+    """Bytes of the parameters the training program `g` updates: those with a gradient (not frozen, and reached by
+    the loss), so the bytes of their gradients."""
+    updated = {name for name, _ in g.updates}
+    return sum(q.value.type.nbytes for q in g.params if q.kind == "param" and q.value.name in updated)
+
+
 def total_peak(p: Plan) -> int:
     return persistent_bytes(p.graph) + p.arena_bytes
 
@@ -79,7 +86,7 @@ def report(
         "arena_bytes": p.arena_bytes,
         "parameter_bytes": params,
         "state_bytes": state,
-        "gradient_bytes": params,
+        "gradient_bytes": trained_bytes(g),
         "optimizer_state_bytes": opt,
         "input_bytes": inputs,
         "constant_bytes": sum(q.value.type.nbytes for q in g.params if q.kind == "const"),

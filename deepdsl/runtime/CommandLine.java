@@ -23,7 +23,7 @@ final class CommandLine {
           + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--threads N]\n"
           + "           [--blas openblas|java|auto] [--kernels vendor|own|auto] [--no-graph] [--json]\n"
           + "           [--lr X] [--momentum X] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]"
-          + " [--clip X]\n"
+          + " [--clip X] [--alpha X]\n"
           + "       java %1$s --eval --load FILE.npz [--data SOURCE] [--device ...] [--json]\n"
           + "       java %1$s --predict OUT.npz --load FILE.npz --data SOURCE [--split test|train]"
           + " [--device ...]\n"
@@ -32,7 +32,8 @@ final class CommandLine {
   /** The flags that set a setting of the class (those its optimizer has). */
   static final List<String> SETTING_FLAGS =
       List.of(
-          "--lr", "--momentum", "--weight-decay", "--beta1", "--beta2", "--eps", "--clip");
+          "--lr", "--momentum", "--weight-decay", "--beta1", "--beta2", "--eps", "--clip",
+          "--alpha");
 
   /** The most steps one run takes (deepdsl run --iters, the train block's iterations: the same). */
   static final int MAX_ITERS = 10_000_000;
@@ -79,7 +80,8 @@ final class CommandLine {
           "--beta1", new Range(0, 1, true, false),
           "--beta2", new Range(0, 1, true, false),
           "--eps", new Range(0, FLOAT_MAX, false, false),
-          "--clip", new Range(0, FLOAT_MAX, false, false));
+          "--clip", new Range(0, FLOAT_MAX, false, false),
+          "--alpha", new Range(0, 1, true, false));
 
   // ---- the flags, as parsed ----
 

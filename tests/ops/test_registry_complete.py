@@ -124,6 +124,17 @@ EXAMPLES = {
     "random_normal": ((TensorType((), DType.I64),), {"shape": (2, 3), "site": "z", "seed": 1}),
     "random_uniform": ((TensorType((), DType.I64),), {"shape": (2, 3), "site": "u", "seed": 1, "low": -1.0,
                                                       "high": 2.0}),
+    # [optim] AdamW, RMSprop, Nesterov SGD (issue 34); lr_mult where an update reads the rate
+    "adamw_step": ((X4, X4, X4, TensorType(())),
+                   {"lr": 0.1, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01, "lr_mult": 2.0}),
+    "adamw_step_scheduled": ((X4, X4, X4, TensorType(()), TensorType(())),
+                             {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}),
+    "rmsprop_square": ((X4, X4, X4), {"alpha": 0.99, "weight_decay": 0.01}),
+    "rmsprop_plain": ((X4, X4, X4), {"lr": 0.1, "eps": 1e-8, "weight_decay": 0.01}),
+    "rmsprop_plain_scheduled": ((X4, X4, X4, TensorType(())), {"eps": 1e-8, "weight_decay": 0.0, "lr_mult": 0.5}),
+    "rmsprop_momentum": ((X4, X4, X4, X4), {"momentum": 0.9, "eps": 1e-8, "weight_decay": 0.01}),
+    "sgd_nesterov": ((X4, X4, X4), {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}),
+    "sgd_nesterov_scheduled": ((X4, X4, X4, TensorType(())), {"momentum": 0.9, "weight_decay": 0.0}),
 }  # fmt: skip
 
 EXPECTED = {

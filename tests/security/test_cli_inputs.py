@@ -42,6 +42,7 @@ BAD = [
     ("--lr", "1f"), ("--lr", ""), ("--momentum", "1"), ("--momentum", "1e39"), ("--momentum", "-0.1"),
     ("--weight-decay", "1e39"), ("--weight-decay", "-0.5"), ("--weight-decay", "NaN"), ("--beta1", "1"),
     ("--beta2", "2"), ("--eps", "1e39"), ("--eps", "-1e-8"), ("--clip", "-1"), ("--clip", "Infinity"),
+    ("--alpha", "1"), ("--alpha", "-0.5"),  # [optim] RMSprop's
 ]  # fmt: skip
 
 

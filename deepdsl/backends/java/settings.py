@@ -23,6 +23,15 @@ SETTINGS: dict[str, dict[str, str]] = {
     # with a schedule the rate is the step's input opt/lr (Network sets it from the schedule before each step)
     "sgd_plain_scheduled": {"weight_decay": "weight_decay"},
     "adam_step_scheduled": {"beta1": "beta1", "beta2": "beta2", "eps": "eps"},
+    # AdamW, RMSprop, Nesterov SGD (lr_mult stays a constant of the kernel: `--lr` scales every rate alike)
+    "adamw_step": {"lr": "lr", "beta1": "beta1", "beta2": "beta2", "eps": "eps", "weight_decay": "weight_decay"},
+    "adamw_step_scheduled": {"beta1": "beta1", "beta2": "beta2", "eps": "eps", "weight_decay": "weight_decay"},
+    "rmsprop_square": {"alpha": "alpha", "weight_decay": "weight_decay"},
+    "rmsprop_plain": {"lr": "lr", "eps": "eps", "weight_decay": "weight_decay"},
+    "rmsprop_plain_scheduled": {"eps": "eps", "weight_decay": "weight_decay"},
+    "rmsprop_momentum": {"momentum": "momentum", "eps": "eps", "weight_decay": "weight_decay"},
+    "sgd_nesterov": {"lr": "lr", "momentum": "momentum", "weight_decay": "weight_decay"},
+    "sgd_nesterov_scheduled": {"momentum": "momentum", "weight_decay": "weight_decay"},
 }
 MAX_SETTINGS = 16  # Network.java's room for settings
 _SENTINEL = float(1 << 20)  # an attribute stands as _SENTINEL + k in a body until the Read of setting k replaces it
