@@ -183,8 +183,8 @@ def _hard_swish(x: float) -> float:
     return 0.0 if x <= -3 else x if x >= 3 else x * (x + 3) / 6
 
 
-def _hard_swish_slope(x: float) -> float:  # PyTorch's hardswish_backward: the middle piece at -3 and at 3
-    return 0.0 if x < -3 else 1.0 if x > 3 else x / 3 + 0.5
+def _hard_swish_slope(x: float) -> float:  # torch 2.15's hardswish_backward: the outer pieces at -3 and at 3
+    return 0.0 if x <= -3 else 1.0 if x >= 3 else x / 3 + 0.5
 
 
 def test_hard_swish_against_a_formula_at_its_kinks_and_both_signs(guide_ops) -> None:  # noqa: ANN001

@@ -505,16 +505,16 @@ _simple("silu")
     ArgSpec("high", "float", low=-FLOAT32_MAX, high=FLOAT32_MAX),
 )
 def clip(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
-    """torch.clamp(x, low, high): its gradient passes at the bounds too (ops/elementwise.py)."""
+    """torch.clamp(x, low, high), ONNX Clip; no gradient at the bounds (torch 2.15's, ops/elementwise.py)."""
     if a["low"] > a["high"]:
         raise DslArgumentError(f"clip: low={a['low']} is above high={a['high']}", span)
-    return el.emit("clip", xs, span, path, "clip", low=a["low"], high=a["high"], edges=True)
+    return el.emit("clip", xs, span, path, "clip", low=a["low"], high=a["high"])
 
 
 @builtin("relu6")
 def relu6(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     """F.relu6, F.hardtanh(x, 0, 6): no gradient at 0 and 6."""
-    return el.emit("clip", xs, span, path, "relu6", low=0.0, high=6.0, edges=False)
+    return el.emit("clip", xs, span, path, "relu6", low=0.0, high=6.0)
 
 
 @builtin(
@@ -530,7 +530,7 @@ def hard_sigmoid(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, 
     y = xs[0]
     if beta != 0:
         y = el.emit("add_scalar", (y,), span, path, "hard_sigmoid", value=beta / alpha)
-    y = el.emit("clip", (y,), span, path, "hard_sigmoid", low=0.0, high=1 / alpha, edges=False)
+    y = el.emit("clip", (y,), span, path, "hard_sigmoid", low=0.0, high=1 / alpha)
     return el.emit("mul_scalar", (y,), span, path, "hard_sigmoid", value=alpha)
 
 

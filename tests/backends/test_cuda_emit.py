@@ -148,6 +148,12 @@ def _op_plan() -> Plan:
         b.emit("masked_softmax", x, scale=2.0, causal=False, period=1),
         b.emit("gelu", x), b.emit("gelu_grad", g, x),
         b.emit("layer_norm_rows", x, eps=1e-5), b.emit("layer_norm_rows_backward", x, g, eps=1e-5),
+        # activations and adaptive pooling (issue 34)
+        b.emit("hard_swish", x), b.emit("hard_swish_grad", g, x),
+        b.emit("clip", x, low=-0.5, high=1.0), b.emit("clip_grad", g, x, low=-0.5, high=1.0),
+        b.emit("silu", x), b.emit("silu_grad", g, x),
+        b.emit("adaptive_pool_axis", img, axis=2, size=4), b.emit("adaptive_pool_axis", img, axis=3, size=5),
+        b.emit("adaptive_pool_axis_backward", f("ga", 2, 3, 4, 9), axis=2, size=9),
     ]  # fmt: skip
     for k, v in enumerate(outs):
         b.output(f"o{k}", v)

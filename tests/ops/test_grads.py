@@ -84,6 +84,12 @@ CASES = {
     "gelu": ([rand(3, 4) * 2], {}),
     "batch_matmul": ([rand(2, 4, 3), rand(2, 5, 4)], {"transpose_a": True, "transpose_b": True}),
     "transpose": ([rand(2, 3, 4)], {"perm": (2, 0, 1)}),
+    # activations and adaptive pooling (issue 34): values on both sides of the kinks
+    "hard_swish": ([rand(3, 4) * 3], {}),
+    "clip": ([rand(3, 5) * 4 + 2], {"low": 0.0, "high": 6.0}),
+    "silu": ([rand(3, 4) * 3], {}),
+    "adaptive_pool_axis": ([rand(2, 3, 7, 2)], {"axis": 2, "size": 3}),  # windows 0-2, 2-4, 4-6: overlapping
+    "adaptive_pool_axis/grow": ([rand(2, 3, 4)], {"axis": 2, "size": 6}),  # more outputs than inputs
 }
 
 

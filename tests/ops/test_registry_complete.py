@@ -115,6 +115,12 @@ EXAMPLES = {
     # image ops
     "resize_axis": ((X4,), {"axis": 2, "factor": 2, "mode": "bilinear"}),
     "resize_axis_backward": ((X4,), {"axis": 3, "factor": 2, "mode": "nearest", "size": 4}),
+    # activations and adaptive pooling (issue 34); clip at relu6's bounds, where its kinks are listed
+    "hard_swish": ((X4,), {}), "hard_swish_grad": ((X4, X4), {}),
+    "clip": ((X4,), {"low": 0.0, "high": 6.0}), "clip_grad": ((X4, X4), {"low": 0.0, "high": 6.0}),
+    "silu": ((X4,), {}), "silu_grad": ((X4, X4), {}),
+    "adaptive_pool_axis": ((X4,), {"axis": 2, "size": 3}),
+    "adaptive_pool_axis_backward": ((TensorType((2, 4, 3, 8)),), {"axis": 2, "size": 8}),
 }  # fmt: skip
 
 EXPECTED = {
@@ -129,6 +135,7 @@ EXPECTED = {
     "batch_matmul": (2, 3, 5), "sum_axes": (4, 8), "transpose": (2, 8, 8, 4), "avg_pool2d_backward": (2, 4, 8, 8),
     "global_avg_pool_backward": (2, 4, 8, 8), "embedding": (2, 5, 3), "embedding_backward": (7, 3),
     "resize_axis": (2, 4, 16, 8), "resize_axis_backward": (2, 4, 8, 4),
+    "adaptive_pool_axis": (2, 4, 3, 8), "adaptive_pool_axis_backward": (2, 4, 8, 8),
 }  # fmt: skip
 
 
