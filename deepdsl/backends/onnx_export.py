@@ -52,6 +52,7 @@ class _Writer:
         self.inits: dict[str, np.ndarray] = {}
         self.count = 0
         self.names: set[str] = set()
+        self.opset = DEFAULT_OPSET
 
     def const(self, hint: str, value: np.ndarray) -> str:
         self.count += 1
@@ -95,6 +96,7 @@ def export_graph(g: Graph, arrays: Mapping[str, np.ndarray], opset: int = DEFAUL
     if not MIN_OPSET <= opset <= newest:
         raise DslProgramError(f"--opset {opset}: deepdsl exports opsets {MIN_OPSET} to {newest}")
     w = _Writer(g, arrays)
+    w.opset = opset
     users = _users(g)
     outputs = {v.name for _, v in g.outputs}
     with_bias: dict[str, Stmt] = {}  # a conv2d / linear result -> the bias_add that alone reads it
@@ -221,11 +223,44 @@ def _emit(w: _Writer, s: Stmt, bias: Stmt | None, batch: int | None) -> None:
             hint = s.layer or "bn"
             affine = [w.const(hint, np.ones(c, np.float32)), w.const(hint, np.zeros(c, np.float32))]
         w.node("BatchNormalization", [x, affine[0], affine[1], mean, var], out, s, epsilon=float(a["eps"]))
+    elif s.op in _ISSUE34:
+        _emit_issue34(w, s, xs, out)
     elif s.op == "indexed" and _broadcast(s) is not None:
         w.node(_broadcast(s), [xs[r.input] for r in s.a["body"].args], out, s)  # type: ignore[arg-type]
     else:
         why = "a tensor function has no ONNX operator" if s.op == "indexed" else "no ONNX operator is written for it"
         raise _refuse(s, why)
+
+
+# ---- activations and group / instance norm's pieces (issue 34) ----
+
+_ISSUE34 = ("clip", "silu", "hard_swish", "layer_norm_rows", "broadcast_channel")
+
+
+def _emit_issue34(w: _Writer, s: Stmt, xs: list[str], out: str) -> None:
+    a, hint = s.a, s.layer or s.op
+    if s.op == "clip":  # relu6 and hard_sigmoid too
+        bounds = [w.const(hint, np.asarray(a[k], np.float32)) for k in ("low", "high")]
+        w.node("Clip", [xs[0], *bounds], out, s)
+    elif s.op == "silu":  # ONNX has no SiLU: x * Sigmoid(x)
+        w.node("Sigmoid", xs, f"{out}/sigmoid", s)
+        w.node("Mul", [xs[0], f"{out}/sigmoid"], out, s)
+    elif s.op == "hard_swish":
+        if w.opset < 14:
+            raise _refuse(s, f"ONNX's HardSwish is in opsets 14 and later, not {w.opset}")
+        w.node("HardSwish", xs, out, s)
+    elif s.op == "layer_norm_rows":  # group_norm, instance_norm: the rows normalised, scale 1 and shift 0
+        if w.opset < 17:
+            raise _refuse(s, f"ONNX's LayerNormalization is in opsets 17 and later, not {w.opset}")
+        d = s.inputs[0].type.shape[1]
+        ones, zeros = w.const(hint, np.ones(d, np.float32)), w.const(hint, np.zeros(d, np.float32))
+        w.node("LayerNormalization", [xs[0], ones, zeros], out, s, axis=-1, epsilon=float(a["eps"]))
+    else:  # broadcast_channel of a parameter (a per-channel scale): [C, 1, ...], which the reader broadcasts
+        v = w.arrays.get(xs[0])
+        if v is None:
+            raise _refuse(s, "a broadcast of a computed value")
+        shaped = w.const(xs[0], np.asarray(v, np.float32).reshape(-1, *([1] * (len(a["shape"]) - 2))))
+        w.node("Identity", [shaped], out, s)
 
 
 _INFIX = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div"}

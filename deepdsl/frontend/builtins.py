@@ -275,6 +275,13 @@ def concat(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: 
 def _class_loss(op: str) -> None:
     def apply(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
         scores, labels = xs
+        if len(scores.shape) > 2 and len(labels.shape) == 1:  # issue 34: `full` keeps the leading axes now
+            raise DslShapeError(
+                f"{op}: one label per sample needs [N, K] scores, got {scores.value.type} from {scores.origin}",
+                span, notes=_notes(labels),
+                hint="`full` works on the last axis (as nn.Linear): use `flatten` first to turn [N, C, H, W] into "
+                "[N, C*H*W]",
+            )  # fmt: skip
         per_position = op == "softmax_cross_entropy" and len(scores.shape) > 2
         if (
             labels.classes is not None
