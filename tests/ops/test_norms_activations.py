@@ -312,3 +312,58 @@ def test_the_example_compiles_to_java_and_cuda(cli, tmp_path: Path) -> None:  # 
     assert r.exit_code == 0, r.output
     java = next(tmp_path.glob("*.java")).read_text()
     assert "layerNormRows" in java  # group norm's rows op, the runtime's kernel on either device
+
+
+# ---- ONNX export, checked by ONNX Runtime ----
+
+EXPORTED = """network Exported
+input x : [2, 4, 6, 6]
+layer cv = conv(8, kernel=3, pad=1)
+layer gn = group_norm(2)
+layer inn = instance_norm(affine=true)
+layer fc = full(5)
+def body(x) {
+  a = silu(gn(cv(x)))
+  b = hard_swish(inn(relu6(a)))
+  return fc(hard_sigmoid(clip(b, -0.5, 1.5), alpha=0.2))
+}
+predict = body(x)
+loss = mse(body(x), body(x))
+"""
+
+
+def test_export_of_the_activations_and_norms_equals_onnx_runtime() -> None:
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from deepdsl import api
+    from deepdsl.autodiff import infer_program
+    from deepdsl.backends.onnx_export import export_graph
+    from deepdsl.interop import initial_arrays
+
+    program = compile_text(EXPORTED).program
+    arrays = {k: v + RNG.standard_normal(v.shape).astype(np.float32) * 0.1 for k, v in initial_arrays(program).items()}
+    model = export_graph(infer_program(program.graph), arrays)
+    ops = {n.op_type for n in model.graph.node}
+    assert {"Clip", "HardSwish", "Sigmoid", "LayerNormalization", "Mul"} <= ops
+    x = (RNG.standard_normal((2, 4, 6, 6)) * 2).astype(np.float32)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"x": x})[0]
+    b = api.build(program)
+    want = run(b.infer, {"x": x}, arrays).outputs["predict"]
+    assert got.shape == want.shape == (2, 8, 6, 5)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_export_refuses_what_onnx_has_no_operator_for() -> None:
+    pytest.importorskip("onnx")
+    from deepdsl.autodiff import infer_program
+    from deepdsl.backends.onnx_export import export_graph
+    from deepdsl.errors import DslError
+    from deepdsl.interop import initial_arrays
+
+    program = compile_text(network((2, 3, 7, 5), "h = hard_swish(x)")).program
+    with pytest.raises(DslError, match="HardSwish is in opsets 14 and later, not 13"):
+        export_graph(infer_program(program.graph), initial_arrays(program), opset=13)
+    program = compile_text(network((2, 3, 7, 5), "h = adaptive_avg_pool(x, 3)", (2, 3, 3, 3))).program
+    with pytest.raises(DslError, match="adaptive_pool_axis.*no ONNX operator is written for it"):
+        export_graph(infer_program(program.graph), initial_arrays(program))
