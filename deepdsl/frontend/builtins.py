@@ -275,7 +275,7 @@ def concat(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: 
 def _class_loss(op: str) -> None:
     def apply(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
         scores, labels = xs
-        if len(scores.shape) > 2 and len(labels.shape) == 1:  # issue 34: `full` keeps the leading axes now
+        if len(scores.shape) >= 4 and len(labels.shape) == 1:  # issue 34: `full` on images keeps [N, C, H]
             raise DslShapeError(
                 f"{op}: one label per sample needs [N, K] scores, got {scores.value.type} from {scores.origin}",
                 span, notes=_notes(labels),

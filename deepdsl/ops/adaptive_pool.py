@@ -8,8 +8,9 @@ end(i) = ⌈(i + 1)·n / o⌉ (o outputs): windows of unequal length, overlappin
 are the linear map `out[..., i, ...] = Σ_a w(i, a) · x[..., a, ...]` with w(i, a) = 1 / (end(i) − start(i)) in the
 window and 0 outside (the backward op the transposed map). For integers a and i the window test needs no floor:
 a ≥ ⌊i·n / o⌋ ⟺ (a + 1)·o > i·n and a < ⌈(i + 1)·n / o⌉ ⟺ a·o < (i + 1)·n; the window's length, a function of i
-alone known when the op is written, is a chain of selects over the runs of equal lengths. So each op has an index
-form (as ops/resize.py's maps, with the index variables as values), and the backends write its kernels.
+alone known when the op is written, is a balanced tree of selects over the runs of equal lengths (at most MAX_RUNS
+runs, so that the kernels stay small: 7x7 from 13x13 or 6x6 from 13x13 has 7 and 6). So each op has an index form
+(as ops/resize.py's maps, with the index variables as values), and the backends write its kernels.
 
 The built-in `adaptive_avg_pool` uses these only where the windows differ: where o divides n it is avg_pool2d.
 """
@@ -27,12 +28,22 @@ from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float
 from deepdsl.ops._index_forms import ap, c
 
+# runs of windows of equal length along one axis, the select tree's leaves (every size up to 64 has at most 63)
+MAX_RUNS = 256
+MAX_SIZE = 65536  # outputs along one axis (finding the runs takes a pass over them when the op is written)
 
-def _check(x: TensorType, a: dict[str, Any], what: str) -> int:
+
+def _check(x: TensorType, a: dict[str, Any], what: str, backward: bool = False) -> int:
     need_float(x, what)
     axis, size = int(a["axis"]), int(a["size"])
     if not 0 <= axis < x.rank or size < 1:
         raise ShapeError(f"{what}: axis {axis} and size {size} do not fit {x}")
+    n, o = (size, x.shape[axis]) if backward else (x.shape[axis], size)
+    if o > MAX_SIZE:
+        raise ShapeError(f"adaptive pooling into {o:,} outputs along axis {axis}; at most {MAX_SIZE:,} are supported")
+    if len(runs(n, o)) > MAX_RUNS:
+        raise ShapeError(f"adaptive pooling of {n} positions into {o} windows gives {len(runs(n, o))} runs of windows "
+                         f"of equal length along axis {axis}; at most {MAX_RUNS} are supported")  # fmt: skip
     return axis
 
 
@@ -52,7 +63,7 @@ def _adaptive(types: tuple[TensorType, ...], a: dict[str, Any]) -> TensorType:
 def _adaptive_backward(types: tuple[TensorType, ...], a: dict[str, Any]) -> TensorType:
     """d adaptive_pool_axis / d x: the transposed map of the gradient, the axis back to attrs size"""
     (g,) = types
-    return _resized(g, _check(g, a, "adaptive_pool_axis_backward"), int(a["size"]))
+    return _resized(g, _check(g, a, "adaptive_pool_axis_backward", backward=True), int(a["size"]))
 
 
 def windows(n: int, o: int) -> list[tuple[int, int]]:
@@ -60,35 +71,58 @@ def windows(n: int, o: int) -> list[tuple[int, int]]:
     return [(i * n // o, -(-(i + 1) * n // o)) for i in range(o)]
 
 
-def weights(n: int, o: int) -> np.ndarray:
-    """The map's matrix w(i, a), [o, n], in float64."""
-    w = np.zeros((o, n))
+def runs(n: int, o: int) -> list[tuple[int, int]]:
+    """(first output, window length) of each run of consecutive outputs whose windows have the same length."""
+    out: list[tuple[int, int]] = []
     for i, (s, e) in enumerate(windows(n, o)):
-        w[i, s:e] = 1.0 / (e - s)
-    return w
+        if not out or out[-1][1] != e - s:
+            out.append((i, e - s))
+    return out
 
 
-def _apply(x: np.ndarray, m: np.ndarray, axis: int) -> np.ndarray:
-    y = np.tensordot(m.astype(x.dtype), x, axes=([1], [axis]))  # the new axis first
-    return np.ascontiguousarray(np.moveaxis(y, 0, axis))
+def _bounds(n: int, o: int) -> tuple[np.ndarray, np.ndarray]:
+    i = np.arange(o, dtype=np.int64)
+    return i * n // o, -(-(i + 1) * n // o)
 
 
-numpy_kernel("adaptive_pool_axis")(lambda xs, a: _apply(xs[0], weights(xs[0].shape[a["axis"]], a["size"]), a["axis"]))
-numpy_kernel("adaptive_pool_axis_backward")(
-    lambda xs, a: _apply(xs[0], weights(a["size"], xs[0].shape[a["axis"]]).T, a["axis"])
-)
+@numpy_kernel("adaptive_pool_axis")
+def _adaptive_np(xs: tuple, a: dict) -> np.ndarray:
+    # each window's sum as a difference of running sums (in float64), divided by its length
+    (x,) = xs
+    axis, o = int(a["axis"]), int(a["size"])
+    start, end = _bounds(x.shape[axis], o)
+    v = np.moveaxis(x, axis, -1).astype(np.float64)
+    sums = np.concatenate([np.zeros((*v.shape[:-1], 1)), np.cumsum(v, axis=-1)], axis=-1)
+    y = (sums[..., end] - sums[..., start]) / (end - start)
+    return np.ascontiguousarray(np.moveaxis(y, -1, axis).astype(x.dtype))
+
+
+@numpy_kernel("adaptive_pool_axis_backward")
+def _adaptive_backward_np(xs: tuple, a: dict) -> np.ndarray:
+    # each output's g / length added over its window: + at the start, - at the end, running sums
+    (g,) = xs
+    axis, n = int(a["axis"]), int(a["size"])
+    start, end = _bounds(n, g.shape[axis])
+    v = np.moveaxis(g, axis, -1).astype(np.float64) / (end - start)
+    marks = np.zeros((*v.shape[:-1], n + 1))
+    np.add.at(marks, (..., start), v)
+    np.subtract.at(marks, (..., end), v)
+    return np.ascontiguousarray(np.moveaxis(np.cumsum(marks, axis=-1)[..., :n], -1, axis).astype(g.dtype))
 
 
 def _weight(i: IE, a: IE, n: int, o: int) -> IE:
     """w(i, a) as a scalar expression of the index variables i (output) and a (input)."""
     inside = ap("and", ap(">", ap("*", ap("+", a, c(1)), c(o)), ap("*", i, c(n))),
                 ap("<", ap("*", a, c(o)), ap("*", ap("+", i, c(1)), c(n))))  # fmt: skip
-    lengths = [e - s for s, e in windows(n, o)]
-    scale: IE = c(1.0 / lengths[-1])
-    for k in range(o - 1, 0, -1):  # the runs of equal lengths, from the last: i < k picks the earlier run
-        if lengths[k - 1] != lengths[k]:
-            scale = ap("select", ap("<", i, c(k)), c(1.0 / lengths[k - 1]), scale)
-    return ap("select", inside, scale, c(0))
+    return ap("select", inside, _inverse_length(i, runs(n, o)), c(0))
+
+
+def _inverse_length(i: IE, rs: list[tuple[int, int]]) -> IE:
+    """1 / the window length of output i, over the runs `rs`: a balanced tree of `i < first output of a run`."""
+    if len(rs) == 1:
+        return c(1.0 / rs[0][1])
+    mid = len(rs) // 2
+    return ap("select", ap("<", i, c(rs[mid][0])), _inverse_length(i, rs[:mid]), _inverse_length(i, rs[mid:]))
 
 
 def _form(backward: bool) -> Any:

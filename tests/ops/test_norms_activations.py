@@ -274,6 +274,12 @@ def test_adaptive_avg_pool_is_pytorchs(hw: tuple, size: str, ops: set) -> None:
         ((2, 6), "h = clip(x, 2, 1)", "clip: low=2.0 is above high=1.0"),
         ((2, 6), "h = hard_sigmoid(x, alpha=0)", "argument 'alpha' of hard_sigmoid must be at least"),
         ((2, 6, 5), "h = adaptive_avg_pool(x, 2)", "adaptive_avg_pool expects a 4-D input"),
+        (
+            (1, 1, 250, 2),
+            "h = adaptive_avg_pool(x, (378, 2))",
+            "gives 257 runs of windows of equal length along axis 2",
+        ),
+        ((1, 1, 4, 4), "h = adaptive_avg_pool(x, (4, 70000))", "into 70,000 outputs along axis 3; at most 65,536"),
         ((2, 6, 5, 5), "h = adaptive_avg_pool(x, 0)", "argument 'size' of adaptive_avg_pool must be at least 1"),
     ],
 )
