@@ -4,7 +4,9 @@ test cases into the tests' tables), and the guide's two example ops, `hard_swish
 library op), then go through `deepdsl check` and `run`, the registry's completeness checks, an independent oracle
 and finite differences, and the Java and CUDA backends. `-m slow`: the Java programs train with the NumPy runner's
 losses on the runtime with the guide's Java in it, and the CUDA kernels, run on the CPU, give the NumPy kernels'
-results. The ops exist only while this module runs: the fixture adds them and removes them after."""
+results. `hard_swish` is in the registry, written as the guide writes it (a test holds the guide's lines to be in the
+files they name); the fixture takes the real entries out and runs the guide's in their place, and `cumsum`, which is
+not, exists only while this module runs: the fixture adds the guide's ops and restores the registry after."""
 
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ def guide_blocks() -> list[Block]:
 
 
 BLOCKS = guide_blocks()
+GUIDE_OPS = ("hard_swish", "hard_swish_grad", "cumsum")  # the ops (and built-ins) the guide's blocks define
 
 
 def blocks(path: str, example: str | None = None) -> list[Block]:
@@ -72,6 +75,8 @@ def entries(path: str, where: str, example: str) -> dict:
 def guide_ops():  # noqa: ANN201
     """The guide's Python, run in the namespace of the module it names (as if written at its end), in the order a
     reader writes it: the ops, the built-ins, the CUDA rules. Removed again after the module's tests."""
+    real_ops = {name: REGISTRY.pop(name) for name in GUIDE_OPS if name in REGISTRY}
+    real_builtins = {name: BUILTINS.pop(name) for name in GUIDE_OPS if name in BUILTINS}
     before = set(REGISTRY), set(BUILTINS)
     order = ("deepdsl/ops/", "deepdsl/frontend/", "deepdsl/backends/")
     try:
@@ -86,6 +91,8 @@ def guide_ops():  # noqa: ANN201
             del REGISTRY[name]
         for name in set(BUILTINS) - before[1]:
             del BUILTINS[name]
+        REGISTRY.update(real_ops)
+        BUILTINS.update(real_builtins)
 
 
 def network(example: str, folder: Path) -> Path:
@@ -114,6 +121,16 @@ def test_the_guide_gives_both_examples_and_names_every_file_it_changes() -> None
         for path in paths - {p for p in paths if p.endswith(".ddsl")}:
             assert (ROOT / path).is_file(), f"the guide writes into {path}, which is not a file of the repository"
             assert path in table, f"{example}: {path} is changed but not in the section's table of files"
+
+
+def test_hard_swish_is_in_the_repository_as_the_guide_writes_it() -> None:
+    """The guide's `hard_swish` is the real one: each of its blocks (but the example network) is in the file it
+    names, line for line; the fixture swaps the real entries for the guide's, so both are the same code."""
+    swish = [b for b in BLOCKS if b.example == "hard_swish" and not b.path.endswith(".ddsl")]
+    assert {b.path for b in swish} >= {"deepdsl/ops/elementwise.py", "deepdsl/frontend/builtins.py"}
+    for b in swish:
+        assert b.text in (ROOT / b.path).read_text(encoding="utf-8"), f"the guide's block for {b.path} is not in it"
+    assert "cumsum" not in REGISTRY and "cumsum" not in BUILTINS
 
 
 # ---- the registry: the entries are complete, the Java calls match the runtime with the guide's Java in it ----
@@ -166,8 +183,8 @@ def _hard_swish(x: float) -> float:
     return 0.0 if x <= -3 else x if x >= 3 else x * (x + 3) / 6
 
 
-def _hard_swish_slope(x: float) -> float:  # PyTorch's hardswish_backward: the middle piece at -3 and at 3
-    return 0.0 if x < -3 else 1.0 if x > 3 else x / 3 + 0.5
+def _hard_swish_slope(x: float) -> float:  # torch 2.15's hardswish_backward: the outer pieces at -3 and at 3
+    return 0.0 if x <= -3 else 1.0 if x >= 3 else x / 3 + 0.5
 
 
 def test_hard_swish_against_a_formula_at_its_kinks_and_both_signs(guide_ops) -> None:  # noqa: ANN001

@@ -239,6 +239,8 @@ def _emit(w: _Writer, s: Stmt, bias: Stmt | None, batch: int | None, folds: _Fol
         if shape and shape[0] == batch and all(u.op in _BINARY for u in _users(w.g).get(s.out.name, [])):
             shape = (1, *shape[1:])  # the batch axis broadcast by the element-wise ops that read it
         w.node("Identity", [w.const(s.layer or "fill", np.full(shape, a["value"], np.float32))], out, s)
+    elif s.op in _ISSUE34:
+        _emit_issue34(w, s, xs, out)
     elif s.op == "indexed" and _broadcast(s) is not None:
         w.node(_broadcast(s), [xs[r.input] for r in s.a["body"].args], out, s)  # type: ignore[arg-type]
     else:
@@ -270,6 +272,37 @@ def _emit_axis_op(w: _Writer, s: Stmt, xs: list[str], out: str) -> None:
             w.node(op, [xs[0], ints(axes)], out, s, keepdims=0)
         else:
             w.node(op, xs, out, s, axes=axes, keepdims=0)
+
+
+# ---- activations and group / instance norm's pieces (issue 34) ----
+
+_ISSUE34 = ("clip", "silu", "hard_swish", "layer_norm_rows", "broadcast_channel")
+
+
+def _emit_issue34(w: _Writer, s: Stmt, xs: list[str], out: str) -> None:
+    a, hint = s.a, s.layer or s.op
+    if s.op == "clip":  # relu6 and hard_sigmoid too
+        bounds = [w.const(hint, np.asarray(a[k], np.float32)) for k in ("low", "high")]
+        w.node("Clip", [xs[0], *bounds], out, s)
+    elif s.op == "silu":  # ONNX has no SiLU: x * Sigmoid(x)
+        w.node("Sigmoid", xs, f"{out}/sigmoid", s)
+        w.node("Mul", [xs[0], f"{out}/sigmoid"], out, s)
+    elif s.op == "hard_swish":
+        if w.opset < 14:
+            raise _refuse(s, f"ONNX's HardSwish is in opsets 14 and later, not {w.opset}")
+        w.node("HardSwish", xs, out, s)
+    elif s.op == "layer_norm_rows":  # group_norm, instance_norm: the rows normalised, scale 1 and shift 0
+        if w.opset < 17:
+            raise _refuse(s, f"ONNX's LayerNormalization is in opsets 17 and later, not {w.opset}")
+        d = s.inputs[0].type.shape[1]
+        ones, zeros = w.const(hint, np.ones(d, np.float32)), w.const(hint, np.zeros(d, np.float32))
+        w.node("LayerNormalization", [xs[0], ones, zeros], out, s, axis=-1, epsilon=float(a["eps"]))
+    else:  # broadcast_channel of a parameter (a per-channel scale): [C, 1, ...], which the reader broadcasts
+        v = w.arrays.get(xs[0])
+        if v is None:
+            raise _refuse(s, "a broadcast of a computed value")
+        shaped = w.const(xs[0], np.asarray(v, np.float32).reshape(-1, *([1] * (len(a["shape"]) - 2))))
+        w.node("Identity", [shaped], out, s)
 
 
 _INFIX = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div"}

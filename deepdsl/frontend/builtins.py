@@ -164,15 +164,17 @@ def conv_transpose(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args
     ArgSpec("bias_init", "init", ZERO),
 )
 def full(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    # nn.Linear: over the last axis of any rank (issue 34), the leading axes viewed as rows and back (free views)
     (x,) = xs
-    hint = "use `flatten` first to turn [N, C, H, W] into [N, C*H*W]" if len(x.shape) > 2 else None
-    need_rank(x, (2,), "full", span, hint)
-    w = el.param(path, "W", (a["out"], x.shape[1]), a["init"], span)
-    y = el.emit("linear", (x, w), span, path, "full")
+    need_rank(x, (2, 3, 4, 5, 6), "full", span, "full works on [N, D] rows, or on the last axis of [N, ..., D]")
+    d = x.shape[-1]
+    w = el.param(path, "W", (a["out"], d), a["init"], span)
+    rows = _view(el, x, (math.prod(x.shape[:-1]), d), span, path, "full")
+    y = el.emit("linear", (rows, w), span, path, "full")
     if a["bias"]:
         b = el.param(path, "b", (a["out"],), a["bias_init"], span)
         y = el.emit("bias_add", (y, b), span, path, "full")
-    return y
+    return _view(el, y, (*x.shape[:-1], a["out"]), span, path, "full")
 
 
 @builtin(
@@ -182,8 +184,13 @@ def full(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Sp
     ArgSpec("affine", "bool", True),
 )
 def batch_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    # [N, C] (BatchNorm1d on features), [N, C, L] (BatchNorm1d on sequences: viewed as [N, C, L, 1], issue 34),
+    # [N, C, H, W] (BatchNorm2d): the statistics of each channel over every other axis
     (x,) = xs
-    need_rank(x, (2, 4), "batch_norm", span)
+    need_rank(x, (2, 3, 4), "batch_norm", span)
+    if len(x.shape) == 3:
+        y = batch_norm(el, path, (_view(el, x, (*x.shape, 1), span, path, "batch_norm"),), a, span)
+        return _view(el, y, tuple(x.shape), span, path, "batch_norm")
     c = (x.shape[1],)
     ins = [
         x,
@@ -316,6 +323,13 @@ def concat(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: 
 def _class_loss(op: str) -> None:
     def apply(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
         scores, labels = xs
+        if len(scores.shape) >= 4 and len(labels.shape) == 1:  # issue 34: `full` on images keeps [N, C, H]
+            raise DslShapeError(
+                f"{op}: one label per sample needs [N, K] scores, got {scores.value.type} from {scores.origin}",
+                span, notes=_notes(labels),
+                hint="`full` works on the last axis (as nn.Linear): use `flatten` first to turn [N, C, H, W] into "
+                "[N, C*H*W]",
+            )  # fmt: skip
         per_position = op == "softmax_cross_entropy" and len(scores.shape) > 2
         if (
             labels.classes is not None
@@ -868,6 +882,105 @@ def uniform(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span:
         raise DslArgumentError(f"uniform: low={a['low']:g} must be below high={a['high']:g}", span)
     shape = _sample_shape("uniform", a, span)
     return el.emit("sample_uniform", (), span, path, "uniform", shape=shape, site=path, low=a["low"], high=a["high"])
+
+
+# ---- activations, group and instance norm, adaptive pooling (issue 34) ------------------------------------------
+
+_simple("hard_swish")
+_simple("silu")
+
+
+@builtin(
+    "clip",
+    ArgSpec("low", "float", low=-FLOAT32_MAX, high=FLOAT32_MAX),
+    ArgSpec("high", "float", low=-FLOAT32_MAX, high=FLOAT32_MAX),
+)
+def clip(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """torch.clamp(x, low, high), ONNX Clip; no gradient at the bounds (torch 2.15's, ops/elementwise.py)."""
+    if a["low"] > a["high"]:
+        raise DslArgumentError(f"clip: low={a['low']} is above high={a['high']}", span)
+    return el.emit("clip", xs, span, path, "clip", low=a["low"], high=a["high"])
+
+
+@builtin("relu6")
+def relu6(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """F.relu6, F.hardtanh(x, 0, 6): no gradient at 0 and 6."""
+    return el.emit("clip", xs, span, path, "relu6", low=0.0, high=6.0)
+
+
+@builtin(
+    "hard_sigmoid",
+    ArgSpec("alpha", "float", 1 / 6, low=1e-6, high=1e6),
+    ArgSpec("beta", "float", 0.5, low=-1e6, high=1e6),
+)
+def hard_sigmoid(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """max(0, min(1, alpha x + beta)), written alpha clip(x + beta / alpha, 0, 1 / alpha): with PyTorch's alpha 1/6
+    and beta 1/2, F.hardsigmoid's min(max(x + 3, 0), 6) / 6, its bounds -3 and 3 exact, where no gradient passes
+    (hardsigmoid_backward)."""
+    alpha, beta = a["alpha"], a["beta"]
+    y = xs[0]
+    if beta != 0:
+        y = el.emit("add_scalar", (y,), span, path, "hard_sigmoid", value=beta / alpha)
+    y = el.emit("clip", (y,), span, path, "hard_sigmoid", low=0.0, high=1 / alpha)
+    return el.emit("mul_scalar", (y,), span, path, "hard_sigmoid", value=alpha)
+
+
+def _group_rows(el: Elaborator, path: str, x: TensorVal, groups: int, eps: float, affine: bool, kind: str,
+                span: Span) -> TensorVal:  # fmt: skip
+    """x [N, C, ...] normalised over each of `groups` groups of channels of each sample (the rows of the view
+    [N·groups, C/groups·S], layer norm's rows op), then, with `affine`, scaled by NAME.gamma [C] and shifted by
+    NAME.beta [C] per channel."""
+    n, ch = x.shape[0], x.shape[1]
+    rows = _view(el, x, (n * groups, math.prod(x.shape) // (n * groups)), span, path, kind)
+    y = _view(el, el.emit("layer_norm_rows", (rows,), span, path, kind, eps=eps), tuple(x.shape), span, path, kind)
+    if affine:
+        gamma = el.param(path, "gamma", (ch,), ONE, span)
+        beta = el.param(path, "beta", (ch,), ZERO, span)
+        scale = el.emit("broadcast_channel", (gamma,), span, path, kind, shape=tuple(x.shape))
+        y = el.emit("bias_add", (el.emit("mul", (y, scale), span, path, kind), beta), span, path, kind)
+    return y
+
+
+@builtin("group_norm", ArgSpec("groups", "int", low=1), ArgSpec("eps", "float", 1e-5, low=1e-30),
+         ArgSpec("affine", "bool", True))  # fmt: skip
+def group_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """nn.GroupNorm(groups, C): the same in training and inference (no running statistics)."""
+    (x,) = xs
+    need_rank(x, (2, 3, 4, 5, 6), "group_norm", span, "group_norm works on [N, C, ...]")
+    if x.shape[1] % a["groups"]:
+        raise DslShapeError(f"group_norm: groups={a['groups']} does not divide the {x.shape[1]} channels of "
+                            f"{x.value.type} from {x.origin}", span)  # fmt: skip
+    return _group_rows(el, path, x, a["groups"], a["eps"], a["affine"], "group_norm", span)
+
+
+@builtin("instance_norm", ArgSpec("eps", "float", 1e-5, low=1e-30), ArgSpec("affine", "bool", False))
+def instance_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """nn.InstanceNorm1d/2d/3d (track_running_stats=False): each channel of each sample over its positions."""
+    (x,) = xs
+    need_rank(x, (3, 4, 5, 6), "instance_norm", span, "instance_norm works on [N, C, L] or [N, C, H, W]")
+    if math.prod(x.shape[2:]) == 1:
+        raise DslShapeError(f"instance_norm: {x.value.type} from {x.origin} has one position per channel, which "
+                            "normalises to 0 (PyTorch refuses it too)", span)  # fmt: skip
+    return _group_rows(el, path, x, x.shape[1], a["eps"], a["affine"], "instance_norm", span)
+
+
+@builtin("adaptive_avg_pool", ArgSpec("size", "pair", low=1))
+def adaptive_avg_pool(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
+    """nn.AdaptiveAvgPool2d(size): output (i, j) averages rows ⌊i·H/oh⌋ .. ⌈(i+1)·H/oh⌉ - 1 and the same of the
+    columns. Where oh divides H and ow divides W, avg_pool2d (global_avg_pool to 1x1); else the separable map along
+    each axis (ops/adaptive_pool.py), whose windows differ in length and may overlap."""
+    (x,) = xs
+    need_rank(x, (4,), "adaptive_avg_pool", span, "adaptive_avg_pool works on [N, C, H, W] images")
+    (h, w), (oh, ow) = x.shape[2:], a["size"]
+    if (oh, ow) == (1, 1):
+        return el.emit("global_avg_pool", xs, span, path, "adaptive_avg_pool")
+    if h % oh == 0 and w % ow == 0:
+        k = (h // oh, w // ow)
+        return el.emit("avg_pool2d", xs, span, path, "adaptive_avg_pool", kernel=k, stride=k, pad=(0, 0))
+    for axis, size in ((2, oh), (3, ow)):
+        if x.shape[axis] != size:
+            x = el.emit("adaptive_pool_axis", (x,), span, path, "adaptive_avg_pool", axis=axis, size=size)
+    return x
 
 
 # ---- recurrent layers: lstm, gru (deepdsl/frontend/recurrent.py registers them here) ------------------

@@ -1,6 +1,7 @@
 """Importing this package fills the op registry: one module per family of ops."""
 
 from deepdsl.ops import (  # noqa: F401
+    adaptive_pool,
     axes,
     conv,
     elementwise,

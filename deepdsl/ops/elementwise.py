@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from deepdsl.ir.registry import defop, eager_saves, flops_rule, index_form, kink_points, numpy_kernel, vjp_rule
-from deepdsl.ir.types import TensorType
+from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import binary_same, unary_same
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._index_forms import ap, c, pointwise
@@ -292,3 +292,108 @@ index_form("gelu_grad")(pointwise(lambda a, g, x: ap("*", g, gelu_index(x, 1))))
 flops_rule("gelu", "gelu_grad")(lambda types, out, a: 4 * out.numel)
 vjp_rule("gelu")(lambda b, s, g: (_e(b, s, "gelu_grad", g, s.inputs[0]),))
 eager_saves("gelu", which=(0,))
+
+
+# ---- hard swish, x * relu6(x + 3) / 6 (MobileNetV3), and its gradient ----
+
+defop("hard_swish", 1, doc="element-wise x * min(max(x + 3, 0), 6) / 6", elementwise=True, cheap_to_recompute=True)(
+    unary_same
+)
+defop(
+    "hard_swish_grad",
+    2,
+    doc="element-wise g * hard_swish'(x)  (g, x): 0 up to -3, x / 3 + 1/2 between, 1 from 3",
+    elementwise=True,
+    differentiable=False,
+    cheap_to_recompute=True,
+)(binary_same)
+
+
+def _np_hard_swish_slope(x: np.ndarray) -> np.ndarray:
+    return np.where(x <= -3, 0, np.where(x < 3, x / 3 + 0.5, 1)).astype(x.dtype)
+
+
+numpy_kernel("hard_swish")(lambda xs, a: xs[0] * np.clip(xs[0] + 3, 0, 6) / 6)
+numpy_kernel("hard_swish_grad")(lambda xs, a: xs[0] * _np_hard_swish_slope(xs[1]))
+
+
+def _ie_hard_swish_slope(x: Any) -> Any:
+    middle = ap("+", ap("/", x, c(3)), c(0.5))
+    return ap("select", ap("<=", x, c(-3)), c(0), ap("select", ap("<", x, c(3)), middle, c(1)))
+
+
+index_form("hard_swish")(
+    pointwise(lambda a, x: ap("/", ap("*", x, ap("min", ap("max", ap("+", x, c(3)), c(0)), c(6))), c(6)))
+)
+index_form("hard_swish_grad")(pointwise(lambda a, g, x: ap("*", g, _ie_hard_swish_slope(x))))
+flops_rule("hard_swish", "hard_swish_grad")(lambda types, out, a: 4 * out.numel)
+vjp_rule("hard_swish")(lambda b, s, g: (_e(b, s, "hard_swish_grad", g, s.inputs[0]),))
+eager_saves("hard_swish", which=(0,))  # PyTorch's hardswish_backward reads x
+kink_points("hard_swish", at=((0, -3.0), (0, 3.0)))  # the slope jumps at -3 and 3: the oracles sample there
+kink_points("hard_swish_grad", at=((1, -3.0), (1, 3.0)))
+
+
+# ---- clip (torch.clamp, ONNX Clip), the op of relu6 and hard_sigmoid too, and SiLU (issue 34) ----
+# clip {low, high}: min(max(x, low), high); its gradient passes on (low, high) only, 0 at the bounds, as torch 2.15
+# computes torch.clamp's, F.hardtanh's (so F.relu6's) and F.hardsigmoid's (scripts/pytorch_norms.py measures it).
+# Its kinks are listed at relu6's bounds, 0 and 6 (the registry's example call): the oracles sample those.
+
+
+@defop("clip", 1, doc="element-wise min(max(x, low), high) (attrs low, high)", elementwise=True,
+       cheap_to_recompute=True)  # fmt: skip
+def clip(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    if not attrs["low"] <= attrs["high"]:
+        raise ShapeError(f"clip: low {attrs['low']} is above high {attrs['high']}")
+    return unary_same(types, attrs)
+
+
+@defop("clip_grad", 2, doc="element-wise g where low < x < high, else 0  (g, x)", elementwise=True,
+       differentiable=False, cheap_to_recompute=True)  # fmt: skip
+def clip_grad(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    clip(types[1:], attrs)
+    return binary_same(types, attrs)
+
+
+def _np_clip(x: np.ndarray, a: dict) -> np.ndarray:
+    return np.minimum(np.maximum(x, x.dtype.type(a["low"])), x.dtype.type(a["high"]))
+
+
+def _np_clip_grad(g: np.ndarray, x: np.ndarray, a: dict) -> np.ndarray:
+    inside = (x > x.dtype.type(a["low"])) & (x < x.dtype.type(a["high"]))
+    return np.where(inside, g, 0).astype(g.dtype)
+
+
+numpy_kernel("clip")(lambda xs, a: _np_clip(xs[0], a))
+numpy_kernel("clip_grad")(lambda xs, a: _np_clip_grad(xs[0], xs[1], a))
+index_form("clip")(pointwise(lambda a, x: ap("min", ap("max", x, c(a["low"])), c(a["high"]))))
+index_form("clip_grad")(
+    pointwise(lambda a, g, x: ap("select", ap("and", ap("<", c(a["low"]), x), ap("<", x, c(a["high"]))), g, c(0)))
+)
+flops_rule("clip", "clip_grad")(lambda types, out, a: 2 * out.numel)
+vjp_rule("clip")(lambda b, s, g: (_e(b, s, "clip_grad", g, s.inputs[0], **s.a),))
+eager_saves("clip", which=(0,))  # clamp_backward and hardtanh_backward read x
+kink_points("clip", at=((0, 0.0), (0, 6.0)))
+kink_points("clip_grad", at=((1, 0.0), (1, 6.0)))
+
+# silu(x) = x sigmoid(x) (nn.SiLU); silu'(x) = s (1 + x (1 - s)) with s = sigmoid(x), PyTorch's silu_backward
+defop("silu", 1, doc="element-wise x * sigmoid(x)", elementwise=True, cheap_to_recompute=True)(unary_same)
+defop("silu_grad", 2, doc="element-wise g * s * (1 + x * (1 - s)), s = sigmoid(x)  (g, x)", elementwise=True,
+      differentiable=False, cheap_to_recompute=True)(binary_same)  # fmt: skip
+
+
+def _np_sigmoid(x: np.ndarray) -> np.ndarray:
+    return (0.5 * (1 + np.tanh(0.5 * x))).astype(x.dtype)
+
+
+numpy_kernel("silu")(lambda xs, a: xs[0] * _np_sigmoid(xs[0]))
+numpy_kernel("silu_grad")(
+    lambda xs, a: xs[0] * _np_sigmoid(xs[1]) * (1 + xs[1] * (1 - _np_sigmoid(xs[1])))
+)  # fmt: skip
+index_form("silu")(pointwise(lambda a, x: ap("*", x, ap("sigmoid", x))))
+index_form("silu_grad")(
+    pointwise(lambda a, g, x: ap("*", ap("*", g, ap("sigmoid", x)),
+                                 ap("+", c(1), ap("*", x, ap("-", c(1), ap("sigmoid", x))))))
+)  # fmt: skip
+flops_rule("silu", "silu_grad")(lambda types, out, a: 4 * out.numel)
+vjp_rule("silu")(lambda b, s, g: (_e(b, s, "silu_grad", g, s.inputs[0]),))
+eager_saves("silu", which=(0,))  # silu_backward reads x

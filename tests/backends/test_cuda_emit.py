@@ -175,6 +175,12 @@ def _op_plan() -> Plan:
         # sampling in the graph (issue 34): the draws of step 3
         b.emit("random_normal", step, shape=(4, 10), site="z", seed=5),
         b.emit("random_uniform", step, shape=(3, 7), site="u", seed=5, low=-0.5, high=2.0),
+        # activations and adaptive pooling (issue 34)
+        b.emit("hard_swish", x), b.emit("hard_swish_grad", g, x),
+        b.emit("clip", x, low=-0.5, high=1.0), b.emit("clip_grad", g, x, low=-0.5, high=1.0),
+        b.emit("silu", x), b.emit("silu_grad", g, x),
+        b.emit("adaptive_pool_axis", img, axis=2, size=4), b.emit("adaptive_pool_axis", img, axis=3, size=5),
+        b.emit("adaptive_pool_axis_backward", f("ga", 2, 3, 4, 9), axis=2, size=9),
     ]  # fmt: skip
     for k, v in enumerate(outs):
         b.output(f"o{k}", v)

@@ -48,6 +48,7 @@ BUILTINS = [
     "conv", "max_pool", "avg_pool", "global_avg_pool", "full", "flatten", "relu", "sigmoid", "tanh", "leaky_relu",
     "softmax", "log_softmax", "dropout", "batch_norm", "lrn", "concat", "softmax_cross_entropy", "cross_entropy",
     "mse", "argmax", "accuracy", "abs", "exp", "log", "sqrt", "dim", "channels", "rank",
+    "relu6", "clip", "hard_sigmoid", "hard_swish", "silu", "group_norm", "instance_norm", "adaptive_avg_pool",
     "he", "xavier", "gaussian", "uniform", "constant", "synthetic", "mnist", "cifar10", "npz", "sgd", "adam",
     "lstm", "gru", "sequences", "hidden",  # recurrent layers (issue 34)
     "slice", "chunk", "mean", "expand", "keepdim",  # along axes (issue 34); sum and max are in KEYWORDS
@@ -114,12 +115,12 @@ tensor row_norm(x[N, D]) -> [n, d] {
   var[n] = sum[d] (x[n, d] - mu[n]) ^ 2 / D
   return g[d] * (x[n, d] - mu[n]) / sqrt(var[n] + 1e-5) + h[d]
 }
-tensor clip(x[N, D]) -> [n, d] = x[n, d] > 1 ? 1 : max(x[n, d], 0 - 1)
+tensor clamp1(x[N, D]) -> [n, d] = x[n, d] > 1 ? 1 : max(x[n, d], 0 - 1)
 tensor rowmax(x[N, D]) -> [n, d] = x[n, d] - (max[e] x[n, e])
 tensor row(x[N, C, H, W]) -> [n, c, w] = x[n, c, 0, w]
 g = gram(row(relu(my_conv(x, x))))
 h = row_norm(swish(full(flatten(g), 16)))
-loss = softmax_cross_entropy(full(clip(rowmax(h)), 10), y)
+loss = softmax_cross_entropy(full(clamp1(rowmax(h)), 10), y)
 predict = h
 """
 _BLOCKS = """

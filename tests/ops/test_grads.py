@@ -90,6 +90,12 @@ CASES = {
     "expand": ([rand(2, 1, 4, 1)], {"shape": (2, 3, 4, 5)}),
     "max_axes": ([rand(2, 3, 4)], {"axes": (1,)}),
     "max_axes/all": ([rand(3, 4)], {"axes": (0, 1)}),
+    # activations and adaptive pooling (issue 34): values on both sides of the kinks
+    "hard_swish": ([rand(3, 4) * 3], {}),
+    "clip": ([rand(3, 5) * 4 + 2], {"low": 0.0, "high": 6.0}),
+    "silu": ([rand(3, 4) * 3], {}),
+    "adaptive_pool_axis": ([rand(2, 3, 7, 2)], {"axis": 2, "size": 3}),  # windows 0-2, 2-4, 4-6: overlapping
+    "adaptive_pool_axis/grow": ([rand(2, 3, 4)], {"axis": 2, "size": 6}),  # more outputs than inputs
 }
 
 

@@ -135,6 +135,12 @@ EXAMPLES = {
     "rmsprop_momentum": ((X4, X4, X4, X4), {"momentum": 0.9, "eps": 1e-8, "weight_decay": 0.01}),
     "sgd_nesterov": ((X4, X4, X4), {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}),
     "sgd_nesterov_scheduled": ((X4, X4, X4, TensorType(())), {"momentum": 0.9, "weight_decay": 0.0}),
+    # activations and adaptive pooling (issue 34); clip at relu6's bounds, where its kinks are listed
+    "hard_swish": ((X4,), {}), "hard_swish_grad": ((X4, X4), {}),
+    "clip": ((X4,), {"low": 0.0, "high": 6.0}), "clip_grad": ((X4, X4), {"low": 0.0, "high": 6.0}),
+    "silu": ((X4,), {}), "silu_grad": ((X4, X4), {}),
+    "adaptive_pool_axis": ((X4,), {"axis": 2, "size": 3}),
+    "adaptive_pool_axis_backward": ((TensorType((2, 4, 3, 8)),), {"axis": 2, "size": 8}),
 }  # fmt: skip
 
 EXPECTED = {
@@ -151,6 +157,7 @@ EXPECTED = {
     "resize_axis": (2, 4, 16, 8), "resize_axis_backward": (2, 4, 8, 4),
     "expand": (2, 4, 8, 8), "max_axes": (2, 8),
     "sample_normal": (2, 3), "sample_uniform": (2, 3), "random_normal": (2, 3), "random_uniform": (2, 3),
+    "adaptive_pool_axis": (2, 4, 3, 8), "adaptive_pool_axis_backward": (2, 4, 8, 8),
 }  # fmt: skip
 
 
