@@ -103,5 +103,18 @@ class Node:
     opset: int
     base: str  # what names its layer: the node's name less PyTorch's trailing `/OpType`
 
-    def refuse(self, why: str, hint: str | None = None) -> DslProgramError:
-        return DslProgramError(f"{self.file}: node '{self.name}' ({self.op}, opset {self.opset}): {why}", hint=hint)
+    def refuse(self, why: str, hint: str | None = None) -> NodeRefused:
+        return NodeRefused(self, why, hint)
+
+    @property
+    def label(self) -> str:
+        return f"node '{self.name}' ({self.op}, opset {self.opset})"
+
+
+class NodeRefused(DslProgramError):
+    """One node the language cannot say: the node and why (the importer gathers every one before it reports)."""
+
+    def __init__(self, node: Node, why: str, hint: str | None = None):
+        super().__init__(f"{node.file}: {node.label}: {why}", hint=hint)
+        self.node = node
+        self.why = why
