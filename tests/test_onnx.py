@@ -338,9 +338,16 @@ def test_no_loss_imports_any_output(cli, tmp_path: Path) -> None:
 def test_export_refuses_what_onnx_cannot_say(compiled) -> None:
     from helpers import SMALL
 
-    program = api.compile_source(SMALL, "small.ddsl").program
-    with pytest.raises(DslError, match="tensor function has no ONNX operator"):
-        export_graph(infer_program(program.graph), initial_arrays(program))
+    program = api.compile_source(SMALL, "small.ddsl").program  # its tensor function swish: Mul and Sigmoid
+    model = export_graph(infer_program(program.graph), initial_arrays(program))
+    x = RNG.standard_normal(program.graph.inputs[0].value.type.shape).astype(np.float32)
+    close(ort_output(model, x), deepdsl_output(program, initial_arrays(program), x))
+    gram = SMALL.replace("tensor swish(x[B, D]) -> [n, d] = x[n, d] * sigmoid(x[n, d])",
+                         "tensor swish(x[B, D]) -> [n, d] = x[n, d] * sum[k] x[n, k]")  # fmt: skip
+    assert gram != SMALL
+    reduced = api.compile_source(gram, "small.ddsl").program
+    with pytest.raises(DslError, match="no decomposition into ONNX operators: a sum over an index"):
+        export_graph(infer_program(reduced.graph), initial_arrays(reduced))
     with pytest.raises(DslError, match="--opset 10"):
         export_graph(infer_program(program.graph), initial_arrays(program), opset=10)
 

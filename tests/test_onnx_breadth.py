@@ -82,3 +82,64 @@ def test_one_gap_is_the_one_line_error(tmp_path: Path) -> None:
     m = helper.make_model(helper.make_graph(n.nodes, "g", [n.x], [y]), opset_imports=[helper.make_opsetid("", 13)])
     with pytest.raises(DslError, match=r"node '/a/Erf' \(Erf, opset 13\): this operator is not supported"):
         text_of(tmp_path, m)
+
+
+# ---- export: every network in networks/ and every op, ONNX Runtime against deepdsl ----
+
+from conftest import ROOT  # noqa: E402
+from helpers import REDUCED  # noqa: E402
+from test_onnx import OPSETS  # noqa: E402
+
+from deepdsl import api  # noqa: E402
+from deepdsl.autodiff import infer_program  # noqa: E402
+from deepdsl.backends.onnx_export import export_graph  # noqa: E402
+from deepdsl.interop import initial_arrays  # noqa: E402
+
+ALL_NETWORKS = sorted(p.stem for p in (ROOT / "networks").glob("*.ddsl"))
+SIZES = {**{k: v[0] for k, v in REDUCED.items()}, "vit_tiny": {"N": 2}, "gpt_tiny": {"N": 2, "T": 16},
+         "autoencoder": {"N": 4}, "regression": {"N": 4}}  # fmt: skip
+BIG = ("alexnet", "overfeat", "vgg16", "googlenet", "resnet50")
+
+
+def feeds_for(program, rng: np.random.Generator) -> dict[str, np.ndarray]:  # noqa: ANN001
+    """A value for each input of the inference program: tokens for an `int vocab` input, else normal draws."""
+    out = {}
+    for d in infer_program(program.graph).inputs:
+        t = d.value.type
+        if t.dtype.name == "I64":
+            vocab = 8  # fewer than any network's vocabulary
+            out[d.value.name] = rng.integers(0, vocab, t.shape).astype(np.int64)
+        else:
+            out[d.value.name] = rng.standard_normal(t.shape).astype(np.float32)
+    return out
+
+
+def run_deepdsl(program, arrays: dict, feeds: dict) -> np.ndarray:  # noqa: ANN001
+    from deepdsl.backends.numpy_runner import run
+
+    b = api.build(program)
+    assert b.infer is not None
+    return run(b.infer, feeds, arrays).outputs["predict"]
+
+
+def run_ort(model, feeds: dict) -> np.ndarray:  # noqa: ANN001
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})[0]
+
+
+@pytest.mark.parametrize("opset", sorted({13, 17, OPSETS[-1]}))
+@pytest.mark.parametrize("net", [pytest.param(n, marks=pytest.mark.slow) if n in BIG else n for n in ALL_NETWORKS])
+def test_every_network_exports_and_ort_equals_deepdsl(net: str, opset: int) -> None:
+    program = api.compile_file(str(ROOT / "networks" / f"{net}.ddsl"), SIZES.get(net, {})).program
+    arrays = initial_arrays(program)
+    model = export_graph(infer_program(program.graph), arrays, opset)
+    onnx.checker.check_model(model, full_check=True)
+    feeds = feeds_for(program, np.random.default_rng(1))
+    close(run_ort(model, feeds), run_deepdsl(program, arrays, feeds))
+    ops = {nd.op_type for nd in model.graph.node}
+    if net == "vit_tiny":
+        assert {"Transpose", "MatMul", "Softmax"} <= ops
+        assert ("LayerNormalization" in ops) == (opset >= 17) and ("Gelu" in ops) == (opset >= 20)
+        assert "Erf" in ops or opset >= 20
+    if net == "gpt_tiny":
+        assert "Gather" in ops and "Where" in ops  # the embedding, the causal mask
