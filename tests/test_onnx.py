@@ -379,7 +379,10 @@ REFUSED = {
     "lrn_bias": (_one_node("LRN", [], {"size": 3, "bias": 0.0}), "k=0.0: the language's lrn takes >= 1e-30"),
     "old_opset": (_one_node("Relu", [], {}, opset=10), "opset 10; deepdsl imports opsets 11 to"),
     "softmax_4d": (_one_node("Softmax", [], {"axis": 1}), "over axis 1 of"),
-    "shape_of_data": (_one_node("Gather", [np.asarray([0], np.int64)], {}), "Gather of constants and shapes only"),
+    "shape_of_data": (
+        _one_node("Gather", [np.asarray([0], np.int64)], {}),
+        "Gather from a computed tensor at one constant",
+    ),
     "broadcast": (_one_node("Add", [np.ones((2, 1, 2, 6, 6), np.float32)], {}, rank=5), "would broadcast the input"),
 }
 

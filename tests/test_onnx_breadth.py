@@ -13,7 +13,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from test_onnx import RNG, Net, close, deepdsl_output, imported, ort_output  # noqa: E402
+from test_onnx import Net, close  # noqa: E402
 
 from deepdsl.errors import DslError  # noqa: E402
 from deepdsl.frontend.builtins import BUILTINS  # noqa: E402

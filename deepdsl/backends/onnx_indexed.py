@@ -169,7 +169,7 @@ class _Lowering:
             flat, ok = flat[0], ok[0]
         rows = self.node("Reshape", [name, self.constant([0, -1] if passes else [-1], np.int64)],
                          (shape[0], math.prod(dims)) if passes else (math.prod(dims),))  # fmt: skip
-        got_shape = ((shape[0], *flat.shape) if passes else flat.shape)
+        got_shape = (shape[0], *flat.shape) if passes else flat.shape
         got = self.node("Gather", [rows.name, self.constant(flat, np.int64)], got_shape, axis=1 if passes else 0)  # type: ignore[list-item]
         if ok.all():
             return got

@@ -12,6 +12,7 @@ import numpy as np
 
 from deepdsl.errors import DslProgramError
 from deepdsl.frontend.javanames import java_class, reserved_class_names
+from deepdsl.onnx_import import patterns
 from deepdsl.onnx_import.folding import FOLDED, fold, numpy_helper_value
 from deepdsl.onnx_import.reading import MIN_OPSET, load_model, newest_opset, require_onnx, skeleton, tensor_array
 from deepdsl.onnx_import.rules import RULES, SUPPORTED
@@ -36,6 +37,7 @@ class Importer:
         self.arrays: dict[str, np.ndarray] = {}
         self.batch = batch
         self.absorbed: set[int] = set()  # nodes folded into an earlier one (MatMul + Add: one `full`)
+        self.overrides: dict[int, Any] = {}  # node -> what writes the built-in a pattern ending there is (patterns)
 
     # ---- the model's frame ----
 
@@ -67,6 +69,7 @@ class Importer:
         model_batch = dims[0][1]
         n = self.batch if self.batch is not None else (model_batch if model_batch is not None else 1)
         self.model_batch = model_batch
+        self.n = n
         self.readers: dict[str, list[tuple[int, Any]]] = {}  # ONNX value -> the nodes that read it
         for j, node in enumerate(g.node):
             for i in set(node.input):
@@ -78,6 +81,7 @@ class Importer:
             x = self.names.make(d.name if Names.clean(d.name, "x") not in TAKEN else "x", "x")  # not input_2
             self.env[d.name] = x
             xs.append(x)
+        patterns.find(self)
         self._nodes()
         out = g.output[0].name
         if out not in self.env:
@@ -236,7 +240,10 @@ class Importer:
             raise where.refuse("this operator is not supported", hint=f"deepdsl imports {', '.join(SUPPORTED)}, "
                                f"and folds {', '.join(FOLDED)} of constants and shapes")  # fmt: skip
         attrs = self._attrs(node, where)
-        rule(self, k, node, where, attrs)
+        if k in self.overrides:
+            self.overrides[k](self, where)
+        else:
+            rule(self, k, node, where, attrs)
         for o in node.output:
             if o:
                 self.producer[o] = node.op_type
