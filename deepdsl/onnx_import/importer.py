@@ -13,7 +13,7 @@ import numpy as np
 from deepdsl.errors import DslProgramError
 from deepdsl.frontend.javanames import java_class, reserved_class_names
 from deepdsl.onnx_import import patterns
-from deepdsl.onnx_import.folding import FOLDED, fold, numpy_helper_value
+from deepdsl.onnx_import.folding import FOLD_ONLY, FOLDABLE, FOLDED, fold, numpy_helper_value
 from deepdsl.onnx_import.reading import MIN_OPSET, load_model, newest_opset, require_onnx, skeleton, tensor_array
 from deepdsl.onnx_import.rules import RULES, SUPPORTED
 from deepdsl.onnx_import.writing import GENERIC_GRAPH_NAMES, TAKEN, Imported, Names, Node, NodeRefused
@@ -185,7 +185,7 @@ class Importer:
                 dims = vi.type.tensor_type.shape.dim
                 if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
                     shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
-            for name, a in self.consts.items():
+            for name, a in (*self.consts.items(), *folded.items()):
                 shapes[name] = a.shape
             more = self._fold_shapes(shapes, folded)
             if not more:
@@ -198,7 +198,7 @@ class Importer:
         known = {**self.consts, **folded}
         more: dict[str, np.ndarray] = {}
         for k, node in enumerate(self.graph.node):
-            if node.op_type not in (*FOLDED, "Concat", "Constant") or not node.output or node.output[0] in known:
+            if node.op_type not in FOLDABLE | {"Constant"} or not node.output or node.output[0] in known:
                 continue
             where = self._where(k, node)
             attrs = self._attrs(node, where)
@@ -238,8 +238,10 @@ class Importer:
         rule = RULES.get(node.op_type)
         if rule is None:
             raise where.refuse("this operator is not supported", hint=f"deepdsl imports {', '.join(SUPPORTED)}, "
-                               f"and folds {', '.join(FOLDED)} of constants and shapes")  # fmt: skip
+                               f"and folds {', '.join((*FOLDED, *FOLD_ONLY))} of constants and shapes")  # fmt: skip
         attrs = self._attrs(node, where)
+        if self._folded(node, where, attrs):
+            return
         if k in self.overrides:
             self.overrides[k](self, where)
         else:
@@ -247,6 +249,18 @@ class Importer:
         for o in node.output:
             if o:
                 self.producer[o] = node.op_type
+
+    def _folded(self, node: Any, where: Node, attrs: dict) -> bool:
+        """A node of constants computed here (a shape, a mask, a scale), as exporters write them: True if it was."""
+        if node.op_type not in FOLDABLE or node.op_type == "Shape" or len(node.output) != 1:
+            return False
+        if not node.input or any(i and i not in self.consts for i in node.input):
+            return False
+        value = fold(node.op_type, attrs, [self.consts.get(i) if i else None for i in node.input], None, where)
+        if value is None:
+            return False
+        self.consts[node.output[0]] = np.asarray(value)
+        return True
 
     def tensor(self, name: str, where: Node) -> str:
         if name in self.env:

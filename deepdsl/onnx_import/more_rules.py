@@ -297,7 +297,7 @@ def gather_position(imp: Importer, node: Any, where: Node, attrs: dict) -> None:
         raise where.refuse("deepdsl imports a Gather from a computed tensor at one constant position only")
     at = int(index.reshape(-1)[0])
     at = at + shape[axis] if at < 0 else at
-    if axis == 0 or not 0 <= at < shape[axis]:
+    if not 0 <= at < shape[axis]:
         raise where.refuse(f"position {at} of axis {axis}")
     idx = [f"i{d}" for d in range(len(shape))]
     reads = ", ".join(str(at) if d == axis else idx[d] for d in range(len(shape)))
@@ -388,3 +388,47 @@ def resize(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         imp.bind(node, f'upsample({x}, {fh}, mode="bilinear")')
     else:
         raise where.refuse(f"mode '{mode}': deepdsl upsamples nearest or bilinear")
+
+
+def concat_constants(imp: Importer, node: Any, where: Node, axis: int) -> None:
+    """Concat of computed tensors and constants (a class token put before the patches): a tensor function whose
+    parameters hold the constants, each reduced to size 1 along the axes it repeats over (the batch), so that the
+    class token is one trainable vector as in the model."""
+    shapes = [imp.shape(i, where) for i in node.input]
+    rank = len(shapes[0])
+    computed = [i for i in node.input if imp.const(i) is None]
+    if not computed:
+        raise where.refuse("every input is a constant")
+    idx = [f"i{d}" for d in range(rank)]
+    name = imp.names.make(where.base, "concat")
+    fn = imp.names.make(f"{name}_fn", "fn")
+    args, params, reads = [], [], []
+    at = 0
+    for j, (i, shape) in enumerate(zip(node.input, shapes)):
+        c = imp.const(i)
+        read_idx = [f"{idx[d]} - {at}" if d == axis and at else idx[d] for d in range(rank)]
+        if c is None:
+            t = f"t{len(args)}"
+            args.append(f"{t}[{', '.join(f'S{j}_{d}' for d in range(rank))}]")
+            reads.append((at, shape[axis], f"{t}[{', '.join(read_idx)}]"))
+        else:
+            c = np.broadcast_to(np.asarray(c, np.float32), shape)
+            for d in range(rank):  # the axes it repeats over: one copy
+                if d != axis and c.shape[d] > 1 and (c == c.take([0], axis=d)).all():
+                    c = c.take([0], axis=d)
+            p = f"k{len(params)}"
+            params.append((p, c))
+            ks = ["0" if c.shape[d] == 1 and shape[d] > 1 else read_idx[d] for d in range(rank)]
+            reads.append((at, shape[axis], f"{p}[{', '.join(ks)}]"))
+        at += shape[axis]
+    expr = reads[-1][2]
+    for start, size, r in reversed(reads[:-1]):
+        expr = f"{idx[axis]} < {start + size} ? {r} : ({expr})"
+    outs = ", ".join(f"{idx[d]}: {at}" if d == axis else idx[d] for d in range(rank))
+    imp.tensor_fns += [f"tensor {fn}({', '.join(args)}) -> [{outs}] {{   # Concat with constants"]
+    imp.tensor_fns += [f"  param {p}[{', '.join(map(str, c.shape))}] = constant(0)" for p, c in params]
+    imp.tensor_fns += [f"  return {expr}", "}", ""]
+    imp.layers.append(f"layer {name} = {fn}")
+    for p, c in params:
+        imp.store(f"{name}.{p}", c, where)
+    imp.bind(node, f"{name}({', '.join(imp.tensor(i, where) for i in computed)})", name)

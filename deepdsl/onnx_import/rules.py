@@ -12,7 +12,7 @@ import numpy as np
 
 from deepdsl.frontend.builtins import BUILTINS
 from deepdsl.onnx_import import more_rules
-from deepdsl.onnx_import.folding import FOLDED, fold, numpy_helper_value
+from deepdsl.onnx_import.folding import FOLD_ONLY, FOLDED, fold, numpy_helper_value
 from deepdsl.onnx_import.writing import Node, attr, call, num, pair, takes
 
 if TYPE_CHECKING:
@@ -382,6 +382,9 @@ def _concat(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     axis = axis + rank if axis < 0 else axis
     if axis == 0:
         raise where.refuse("axis=0 would concatenate batches")
+    if any(imp.const(i) is not None for i in node.input):
+        more_rules.concat_constants(imp, node, where, axis)
+        return
     xs = [imp.tensor(i, where) for i in node.input]
     if len(xs) == 1:
         imp.env[node.output[0]] = xs[0]
@@ -458,6 +461,13 @@ def _folded(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     if value is None and node.op_type == "Gather" and imp.const(node.input[0]) is None:
         more_rules.gather_position(imp, node, where, attrs)
         return
+    if value is None and node.op_type in ("Squeeze", "Unsqueeze") and imp.const(node.input[0]) is None:
+        more_rules.reshape_any(imp, node, where)  # axes of size 1 taken away or put in: a view
+        return
+    if value is None and node.op_type == "Cast" and imp.const(node.input[0]) is None:
+        if int(attrs.get("to", 0)) == 1:  # to float: what a computed tensor is already
+            imp.env[node.output[0]] = imp.tensor(node.input[0], where)
+            return
     if value is None:
         raise where.refuse(f"deepdsl imports {node.op_type} of constants and shapes only (as exporters compute "
                            "shapes)")  # fmt: skip
@@ -471,7 +481,7 @@ RULES: dict[str, Callable[..., None]] = {
     "ReduceMean": _reduce_mean, "BatchNormalization": _batch_norm, "Flatten": _flatten, "Reshape": _reshape,
     "Concat": _concat,
     "Softmax": _softmax("softmax"), "LogSoftmax": _softmax("log_softmax"), "LRN": _lrn, "Dropout": _dropout,
-    "Identity": _identity, "Constant": _constant, **{op: _folded for op in FOLDED},
+    "Identity": _identity, "Constant": _constant, **{op: _folded for op in (*FOLDED, *FOLD_ONLY)},
     # issue 33: transformers, mobile networks, U-Nets (more_rules.py)
     "Transpose": more_rules.transpose, "LayerNormalization": more_rules.layer_normalization, "Gelu": more_rules.gelu,
     "Sqrt": more_rules.sqrt, "Pow": more_rules.pow_, "Clip": more_rules.clip, "HardSigmoid": more_rules.hard_sigmoid,
@@ -480,4 +490,4 @@ RULES: dict[str, Callable[..., None]] = {
 }  # fmt: skip
 
 
-assert set(RULES) == set(SUPPORTED) | set(FOLDED)
+assert set(RULES) == set(SUPPORTED) | set(FOLDED) | set(FOLD_ONLY)
