@@ -155,7 +155,7 @@ def check(name: str, exporter: str, make: Callable, shapes: tuple, folder: Path,
     except DslError as err:
         lines = str(err).splitlines()
         return {**row, "result": "not imported: " + (lines[0][-120:] if len(lines) == 1 else f"{lines[0][-60:]} "
-                                                     f"{'; '.join(l.strip()[:70] for l in lines[1:4])}")}  # fmt: skip
+                                                     f"{'; '.join(line.strip()[:70] for line in lines[1:4])}")}  # fmt: skip
     row["import_s"] = time.perf_counter() - t0
     b = api.build(program)
     feeds = {d.value.name: x for d, x in zip(b.infer.inputs, xs)}  # the inputs in the model's order

@@ -389,6 +389,17 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_what_the_language_cannot_say_is_refused(cli, tmp_path: Path, case: str) -> None:
+    from deepdsl.frontend.builtins import BUILTINS
+    from deepdsl.onnx_import.writing import takes
+
+    said = {
+        "asymmetric": lambda: takes("conv(x, 2, kernel=3, pad=(0, 0, 1, 1))"),
+        "dilation": lambda: takes("conv(x, 2, kernel=3, dilation=2)"),
+        "ceil": lambda: takes("max_pool(x, 2, ceil_mode=true)"),
+        "mean_over_c": lambda: "mean" in BUILTINS,
+    }
+    if case in said and said[case]():  # fmt: skip
+        pytest.skip("the language says this in this build (imported: tests/test_onnx_breadth.py)")
     model, message = REFUSED[case]
     onnx.save(model, tmp_path / "m.onnx")
     r = cli("import", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "n.ddsl"), "--no-loss")

@@ -8,7 +8,6 @@ import math
 import numpy as np
 
 from deepdsl.ir.types import MAX_ELEMENTS
-
 from deepdsl.onnx_import.reading import DTYPES, require_onnx, tensor_array
 from deepdsl.onnx_import.writing import Node
 

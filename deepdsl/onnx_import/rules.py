@@ -320,7 +320,8 @@ def _reduce_mean(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> 
             more_rules.reduce_mean_axes(imp, node, where, attrs, got)
             return
         raise where.refuse(f"axes {got if got is not None else 'all'} of a rank-{rank} input: deepdsl imports the mean "
-                           "over H and W of [N, C, H, W] (global_avg_pool)")  # fmt: skip
+                           "over H and W of [N, C, H, W] (global_avg_pool); the built-in `mean` is not in this "
+                           "build")  # fmt: skip
     pooled = f"global_avg_pool({imp.tensor(node.input[0], where)})"
     imp.bind(node, pooled if int(attrs.get("keepdims", 1)) else f"flatten({pooled})")
 
