@@ -154,8 +154,11 @@ def check(name: str, exporter: str, make: Callable, shapes: tuple, folder: Path,
         program = api.compile_source(got.text, f"{name}.ddsl").program
     except DslError as err:
         lines = str(err).splitlines()
-        return {**row, "result": "not imported: " + (lines[0][-120:] if len(lines) == 1 else f"{lines[0][-60:]} "
-                                                     f"{'; '.join(line.strip()[:70] for line in lines[1:4])}")}  # fmt: skip
+        more = "; ".join(line.strip()[:70] for line in lines[1:4])
+        return {
+            **row,
+            "result": "not imported: " + (lines[0][-120:] if len(lines) == 1 else f"{lines[0][-60:]} {more}"),
+        }
     row["import_s"] = time.perf_counter() - t0
     b = api.build(program)
     feeds = {d.value.name: x for d, x in zip(b.infer.inputs, xs)}  # the inputs in the model's order

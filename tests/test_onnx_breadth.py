@@ -450,3 +450,25 @@ def test_silu_and_a_gate_broadcast(tmp_path: Path, future_builtins: None) -> Non
     model = graph(nodes, [("x", ["N", 3, 4, 4])], ("y", ["N", 3, 4, 4]))
     text = text_of(tmp_path, model)
     assert "a = silu(x)" in text and "a * expand(g, (N, 3, 4, 4))" in text, text
+
+
+# ---- round trip: every network in networks/ exported, imported again: the same parameters and outputs ----
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+@pytest.mark.parametrize("net", [pytest.param(n, marks=pytest.mark.slow) if n in BIG else n for n in ALL_NETWORKS])
+def test_every_network_round_trips(tmp_path: Path, net: str, opset: int) -> None:
+    program = api.compile_file(str(ROOT / "networks" / f"{net}.ddsl"), SIZES.get(net, {})).program
+    arrays = initial_arrays(program)
+    model = export_graph(infer_program(program.graph), arrays, opset)
+    onnx.save(model, tmp_path / "m.onnx")
+    feeds = feeds_for(program, np.random.default_rng(2))
+    got = import_model(tmp_path / "m.onnx", next(iter(feeds.values())).shape[0])
+    again = api.compile_source(got.text, "again.ddsl").program
+    assert again.graph.parameter_count == program.graph.parameter_count
+    ours = {d.value.name: v for d, v in zip(infer_program(again.graph).inputs, feeds.values())}
+    close(run_deepdsl(again, got.arrays, ours), run_deepdsl(program, arrays, feeds))
+    if net == "gpt_tiny":  # token ids, the embedding, the causal mask as the language writes them
+        assert "int vocab 65" in got.text and "embedding(65, 64)" in got.text and "i3 <= i2 ?" in got.text
+    if net == "vit_tiny":  # the class token and the position embedding: parameters again
+        assert "layer_norm(" in got.text and "matmul(" in got.text and "softmax(" in got.text

@@ -57,7 +57,8 @@ class _Lowering:
         self.rank = len(self.out)
         self.axis = {name: k for k, (name, _) in enumerate(self.out)}
         self.k = 0
-        self.done: dict[IE, _Val] = {}
+        self.done: dict[tuple, _Val] = {}
+        self.ranges: list[tuple[int, int]] = [(0, n) for _, n in self.out]  # (start, size) of each grid axis
 
     # ---- ONNX nodes and constants ----
 
@@ -68,7 +69,7 @@ class _Lowering:
         return _Val(shape, name=name, boolean=boolean)
 
     def constant(self, value: np.ndarray, dtype: Any = np.float32) -> str:
-        return self.w.const(self.s.layer or "indexed", np.ascontiguousarray(np.asarray(value, dtype)))
+        return self.w.const(self.s.layer or "indexed", np.array(value, dtype, order="C"))  # 0-d stays 0-d
 
     def tensor(self, v: _Val, boolean: bool) -> str:
         """`v` as an ONNX tensor name of float type (or bool where `boolean`), cast where it is the other."""
@@ -87,13 +88,19 @@ class _Lowering:
             raise Unsupported(f"the index '{var}' is not one of the output's")
         pos = self.axis[var]
         shape = [1] * self.rank
-        shape[pos] = self.out[pos][1]
-        return np.arange(self.out[pos][1]).reshape(shape)
+        start, size = self.ranges[pos]
+        shape[pos] = size
+        return (start + np.arange(size)).reshape(shape)
+
+    def full(self, pos: int, n: int) -> bool:
+        """Whether grid axis `pos` runs over all of an axis of size `n` now."""
+        return self.ranges[pos] == (0, n)
 
     def value(self, e: IE) -> _Val:
-        if e not in self.done:
-            self.done[e] = self._value(e)
-        return self.done[e]
+        key = (e, tuple(self.ranges))
+        if key not in self.done:
+            self.done[key] = self._value(e)
+        return self.done[key]
 
     def _value(self, e: IE) -> _Val:
         if isinstance(e, Const):
@@ -106,6 +113,11 @@ class _Lowering:
         if isinstance(e, Reduce):
             raise Unsupported(f"a {e.kind} over an index inside the body has no decomposition into ONNX operators")
         assert isinstance(e, Apply)
+        if e.fn == "select":  # a condition of indices alone may split the grid: the branches then go by parts
+            cond = self.value(e.args[0])
+            split = self.pieces(e, cond.const) if cond.const is not None else None
+            if split is not None:
+                return split
         args = [self.value(a) for a in e.args]
         if all(a.const is not None for a in args) and e.fn in _NP:
             with np.errstate(all="ignore"):
@@ -145,15 +157,41 @@ class _Lowering:
         plain = [a.plain_var for a in r.index]
         if all(v in self.axis for v in plain):
             pos = [self.axis[v] for v in plain]  # type: ignore[index]
-            if pos == sorted(set(pos)) and all(self.out[p][1] == n for p, n in zip(pos, shape)):
+            if pos == sorted(set(pos)) and all(self.full(p, n) for p, n in zip(pos, shape)):
                 full = tuple(shape[pos.index(k)] if k in pos else 1 for k in range(self.rank))
                 if pos == list(range(self.rank - len(pos), self.rank)):  # the last axes: ONNX broadcasts it
                     return _Val(tuple(shape), name=name)
                 keep = [0 if k == 0 and pos[0] == 0 else full[k] for k in range(self.rank)]  # 0: the batch as is
                 return self.node("Reshape", [name, self.constant(keep, np.int64)], full)
+        # a shifted window (`x[b, t - 1, c]` over part of the grid): a Slice, then lined up
+        shifted = [(a.terms[0][0], a.const) if len(a.terms) == 1 and a.terms[0][1] == 1 else None for a in r.index]
+        if all(v is not None and v[0] in self.axis for v in shifted):
+            pos = [self.axis[v[0]] for v in shifted]  # type: ignore[index]
+            spans = [(self.ranges[p][0] + v[1], self.ranges[p][1]) for p, v in zip(pos, shifted)]  # type: ignore[index]
+            if pos == list(range(self.rank - len(pos), self.rank)) and pos == sorted(set(pos)) and all(
+                    0 <= lo and lo + size <= n for (lo, size), n in zip(spans, shape)):  # fmt: skip
+                cut = [k for k, ((lo, size), n) in enumerate(zip(spans, shape)) if (lo, size) != (0, n)]
+                if not cut:  # the whole input, lined up with the grid's last axes
+                    return _Val(tuple(shape), name=name)
+                if 0 not in cut:
+                    starts = self.constant([spans[k][0] for k in cut], np.int64)
+                    ends = self.constant([spans[k][0] + spans[k][1] for k in cut], np.int64)
+                    got = tuple(size for _, size in spans)
+                    return self.node("Slice", [name, starts, ends, self.constant(cut, np.int64)], got)
+        # one position on some axes (`x[b, 0, c]`, a class token), lined up on the others: a Gather per position
+        fixed = [k for k, a in enumerate(r.index) if not a.terms]
+        if fixed and all(0 <= r.index[k].const < shape[k] for k in fixed):
+            rest = [k for k in range(len(shape)) if k not in fixed]
+            pos = [self.axis.get(plain[k] or "", -1) for k in rest]
+            if all(p >= 0 for p in pos) and pos == sorted(set(pos)) and pos == list(range(len(pos))):
+                if all(self.full(p, shape[k]) for p, k in zip(pos, rest)) and len(pos) == self.rank:
+                    for k in reversed(fixed):  # the later axes first: the earlier ones keep their numbers
+                        idx = self.constant(np.asarray(r.index[k].const), np.int64)
+                        name = self.node("Gather", [name, idx], (), axis=k).name  # type: ignore[assignment]
+                    return _Val(tuple(shape[k] for k in rest), name=name)
         # anything else: a Gather of the flattened input by constant positions (the batch passed through if it is)
         first = r.index[0].plain_var
-        passes = (self.batch is not None and first == self.out[0][0] and self.out[0][1] == shape[0] == self.batch
+        passes = (self.batch is not None and first == self.out[0][0] and self.full(0, shape[0]) and shape[0] == self.batch
                   and all(first not in dict(a.terms) for a in r.index[1:]))  # fmt: skip
         axes = r.index[1:] if passes else r.index
         dims = shape[1:] if passes else shape
@@ -174,6 +212,42 @@ class _Lowering:
         if ok.all():
             return got
         return self.node("Where", [self.constant(ok, np.bool_), got.name, self.constant(0.0)], got_shape)  # type: ignore[list-item]
+
+    def pieces(self, e: Apply, cond: np.ndarray) -> _Val | None:
+        """`c ? a : b` with a condition of one grid axis alone that holds on runs of it (`t == 0`): each branch
+        over its run of that axis, Concat along it; None where the condition is not of that kind."""
+        axes = [k for k in range(len(cond.shape)) if cond.shape[k] > 1]
+        rank = len(cond.shape)
+        if len(axes) != 1 or rank != self.rank:
+            return None
+        a = axes[0]
+        flags = np.asarray(cond != 0).reshape(-1)
+        runs: list[tuple[int, int, bool]] = []
+        for j, f in enumerate(flags):
+            if runs and runs[-1][2] == bool(f):
+                runs[-1] = (runs[-1][0], j + 1, bool(f))
+            else:
+                runs.append((j, j + 1, bool(f)))
+        if len(runs) < 2 or len(runs) > 4:
+            return None
+        saved = self.ranges[a]
+        parts = []
+        try:
+            for lo, hi, which in runs:
+                self.ranges[a] = (saved[0] + lo, hi - lo)
+                v = self.value(e.args[1] if which else e.args[2])
+                want = tuple(size for _, size in self.ranges)
+                if v.const is not None:
+                    parts.append(self.constant(np.broadcast_to(v.const, want)))
+                    continue
+                shape = (1,) * (self.rank - len(v.shape)) + tuple(v.shape)
+                name = self.tensor(v, False)
+                if shape != want:
+                    name = self.node("Expand", [name, self.constant(list(want), np.int64)], want).name  # type: ignore[assignment]
+                parts.append(name)
+        finally:
+            self.ranges[a] = saved
+        return self.node("Concat", parts, tuple(size for _, size in self.ranges), axis=a)
 
     def affine(self, a: Affine) -> np.ndarray:
         v = np.full([1] * self.rank, a.const, np.int64)

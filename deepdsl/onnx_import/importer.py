@@ -90,15 +90,19 @@ class Importer:
         out_shape = self.shapes.get(out)
         lines = [f"network {network}", ""]
         lines.append(f"const N = {n}" + ("   # the model's batch was symbolic" if model_batch is None else ""))
-        for x, (x_dims, _) in zip(xs, dims):
-            lines.append(f"input {x} : [{', '.join(['N', *map(str, x_dims[1:])])}]")
+        for d, x, (x_dims, _) in zip(data, xs, dims):
+            vocab = self._vocab(d.name) if d.type.tensor_type.elem_type != self.onnx.TensorProto.FLOAT else None
+            kind = f" int vocab {vocab}" if vocab is not None else ""
+            lines.append(f"input {x} : [{', '.join(['N', *map(str, x_dims[1:])])}]{kind}")
         tail: list[str] = []
         if self.loss:
-            if out_shape is None or len(out_shape) != 2:
-                raise DslProgramError(f"'{self.file}': the output '{out}' has shape {out_shape}, not [batch, classes]; "
-                                      "use --no-loss to import it for inference only")  # fmt: skip
+            per_position = out_shape is not None and len(out_shape) == 3 and self.producer.get(out) != "Softmax"
+            if out_shape is None or len(out_shape) != 2 and not per_position:
+                raise DslProgramError(f"'{self.file}': the output '{out}' has shape {out_shape}, not [batch, classes] "
+                                      "(or scores per position [batch, T, classes]); use --no-loss to import it for "
+                                      "inference only")  # fmt: skip
             y = self.names.make("y", "y")
-            lines.append(f"label {y} : [N] classes {out_shape[1]}")
+            lines.append(f"label {y} : [{', '.join(['N', *map(str, out_shape[1:-1])])}] classes {out_shape[-1]}")
             if self.producer.get(out) == "Softmax":
                 tail.append(f"loss = cross_entropy({result}, {y})   # the model ends in Softmax: probabilities")
             else:
@@ -115,10 +119,24 @@ class Importer:
         text = "\n".join([source, *lines, "", *self.tensor_fns, *self.layers, "", *self.body, "", *tail, ""])
         return Imported(text.replace("\n\n\n", "\n\n"), self.arrays, network)
 
+    def _vocab(self, name: str) -> int | None:
+        """The rows of the constant table every reader of integer input `name` gathers from (an embedding)."""
+        sizes = set()
+        for node in self.graph.node:
+            if name in node.input:
+                table = self.consts.get(node.input[0])
+                if node.op_type != "Gather" or list(node.input) != [node.input[0], name] or table is None:
+                    return None
+                sizes.add(int(table.shape[0]))
+        return sizes.pop() if len(sizes) == 1 else None
+
     def _input_dims(self, vi: Any) -> tuple[list[int], int | None]:
         t = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type") or t.elem_type != self.onnx.TensorProto.FLOAT:
-            raise DslProgramError(f"'{self.file}': the input '{vi.name}' is not a float32 tensor")
+        ints = (self.onnx.TensorProto.INT64, self.onnx.TensorProto.INT32)
+        if not vi.type.HasField("tensor_type") or t.elem_type != self.onnx.TensorProto.FLOAT and (
+                t.elem_type not in ints or self._vocab(vi.name) is None):  # fmt: skip
+            raise DslProgramError(f"'{self.file}': the input '{vi.name}' is not a float32 tensor (nor token ids that "
+                                  "a Gather from a constant table reads)")  # fmt: skip
         dims = list(t.shape.dim)
         if len(dims) < 2:
             raise DslProgramError(f"'{self.file}': the input '{vi.name}' has rank {len(dims)}; deepdsl takes "

@@ -432,3 +432,46 @@ def concat_constants(imp: Importer, node: Any, where: Node, axis: int) -> None:
     for p, c in params:
         imp.store(f"{name}.{p}", c, where)
     imp.bind(node, f"{name}({', '.join(imp.tensor(i, where) for i in computed)})", name)
+
+
+def embedding(imp: Importer, node: Any, where: Node, attrs: dict) -> None:
+    """A Gather of rows of a constant table [V, D] by integer token ids (nn.Embedding): an `embedding` layer."""
+    table = imp.const(node.input[0])
+    assert table is not None
+    if int(attrs.get("axis", 0)) != 0 or table.ndim != 2 or node.input[1] not in imp.env:
+        raise where.refuse("deepdsl imports a Gather from a constant as rows of a [vocab, dim] table by token ids "
+                           "(an embedding)")  # fmt: skip
+    v, d = (int(n) for n in table.shape)
+    name = imp.layer(node, where, f"embedding({v}, {d})", {"W": table})
+    imp.bind(node, f"{name}({imp.tensor(node.input[1], where)})", name)
+
+
+_MASKS = {"<=": np.less_equal, "<": np.less, ">=": np.greater_equal, ">": np.greater, "==": np.equal}
+
+
+def where_mask(imp: Importer, node: Any, where: Node) -> None:
+    """Where(a constant condition, x, a number) whose condition compares the last two axes' indices (a causal mask
+    `j <= i`): a tensor function with that condition, as the language writes masked attention."""
+    cond, x, other = node.input
+    c, fill = imp.const(cond), imp.const(other)
+    if c is None or fill is None or fill.size != 1 or imp.const(x) is not None:
+        raise where.refuse("deepdsl imports a Where of a constant mask, a computed tensor and one number only")
+    shape = imp.shape(x, where)
+    rank = len(shape)
+    if rank < 2:
+        raise where.refuse("the mask must be over the last two axes")
+    full = np.broadcast_to(np.asarray(c, bool), shape)
+    rows, cols = np.arange(shape[-2])[:, None], np.arange(shape[-1])[None, :]
+    found = next((sym for sym, f in _MASKS.items() if (full == f(cols, rows)).all()), None)
+    if found is None:
+        raise where.refuse("its mask is not a comparison of the last two axes' indices (as a causal mask is)")
+    v = float(fill.reshape(-1)[0])
+    value = "-inf" if v == -np.inf else "inf" if v == np.inf else num(v)
+    idx = [f"i{d}" for d in range(rank)]
+    name = imp.names.make(where.base, "mask")
+    fn = imp.names.make(f"{name}_fn", "fn")
+    sizes = ", ".join(f"S{d}" for d in range(rank))
+    read = f"t[{', '.join(idx)}]"
+    imp.tensor_fns += [f"tensor {fn}(t[{sizes}]) -> [{', '.join(idx)}] = {idx[-1]} {found} {idx[-2]} ? {read} : "
+                       f"{value}   # Where of a mask", ""]  # fmt: skip
+    imp.bind(node, f"{fn}({imp.tensor(x, where)})")

@@ -459,8 +459,14 @@ def _constant(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> Non
 def _folded(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     shape = imp.shape(node.input[0], where) if node.op_type == "Shape" else None
     value = fold(node.op_type, attrs, [imp.const(i) for i in node.input], shape, where)
+    if value is None and node.op_type == "Gather" and imp.const(node.input[0]) is not None:
+        more_rules.embedding(imp, node, where, attrs)
+        return
     if value is None and node.op_type == "Gather" and imp.const(node.input[0]) is None:
         more_rules.gather_position(imp, node, where, attrs)
+        return
+    if value is None and node.op_type == "Where":
+        more_rules.where_mask(imp, node, where)
         return
     if value is None and node.op_type in ("Squeeze", "Unsqueeze") and imp.const(node.input[0]) is None:
         more_rules.reshape_any(imp, node, where)  # axes of size 1 taken away or put in: a view
