@@ -191,8 +191,8 @@ class _Lowering:
                     return _Val(tuple(shape[k] for k in rest), name=name)
         # anything else: a Gather of the flattened input by constant positions (the batch passed through if it is)
         first = r.index[0].plain_var
-        passes = (self.batch is not None and first == self.out[0][0] and self.full(0, shape[0]) and shape[0] == self.batch
-                  and all(first not in dict(a.terms) for a in r.index[1:]))  # fmt: skip
+        passes = (self.batch is not None and first == self.out[0][0] and self.full(0, shape[0])
+                  and shape[0] == self.batch and all(first not in dict(a.terms) for a in r.index[1:]))  # fmt: skip
         axes = r.index[1:] if passes else r.index
         dims = shape[1:] if passes else shape
         flat, ok = np.zeros([1] * self.rank, np.int64), np.ones([1] * self.rank, bool)
