@@ -109,7 +109,8 @@ def export(model, xs: tuple, path: Path, exporter: str) -> None:  # noqa: ANN001
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
-            torch.onnx.export(model, xs, str(path), input_names=names, dynamo=True, external_data=False,
+            # PyTorch's defaults: the weights in a file beside the model (external data), read from its folder
+            torch.onnx.export(model, xs, str(path), input_names=names, dynamo=True, external_data=True,
                               verbose=False)  # fmt: skip
         else:
             torch.onnx.export(model, xs, str(path), input_names=names, dynamo=False, opset_version=17)

@@ -472,3 +472,44 @@ def test_every_network_round_trips(tmp_path: Path, net: str, opset: int) -> None
         assert "int vocab 65" in got.text and "embedding(65, 64)" in got.text and "i3 <= i2 ?" in got.text
     if net == "vit_tiny":  # the class token and the position embedding: parameters again
         assert "layer_norm(" in got.text and "matmul(" in got.text and "softmax(" in got.text
+
+
+# ---- external data as PyTorch's dynamo exporter writes it ----
+
+
+def test_external_data_as_dynamo_writes_it_loads_from_the_models_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.onnx.export(dynamo=True) keeps each large initialiser in `m.onnx.data` beside `m.onnx` (location,
+    offset, length; small ones inline): the import reads it from the model's folder whatever the working directory,
+    and never from the working directory."""
+    nodes = [helper.make_node("Conv", ["x", "c.w", "c.b"], ["c"], name="/c/Conv", kernel_shape=[3, 3]),
+             helper.make_node("Relu", ["c"], ["r"], name="/Relu"),
+             helper.make_node("Flatten", ["r"], ["f"], name="/Flatten"),
+             helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["y"], name="/fc/Gemm", transB=1)]  # fmt: skip
+    model = graph(nodes, [("x", ["N", 3, 8, 8])], ("y", ["N", 5]),
+                  {"c.w": f32(4, 3, 3, 3), "c.b": f32(4), "fc.w": f32(5, 144), "fc.b": f32(5)})  # fmt: skip
+    folder = tmp_path / "model"
+    folder.mkdir()
+    saved = onnx.ModelProto()
+    saved.CopyFrom(model)  # onnx moves the data out of the model it saves
+    onnx.save_model(saved, folder / "m.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="m.onnx.data", size_threshold=256)  # fmt: skip
+    stored = onnx.load(folder / "m.onnx", load_external_data=False)
+    external = {t.name: {e.key: e.value for e in t.external_data} for t in stored.graph.initializer if t.external_data}
+    assert external["fc.w"]["location"] == "m.onnx.data" and "offset" in external["fc.w"] and "c.b" not in external
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    x = f32(2, 3, 8, 8, scale=1.0)
+    got = import_model(folder / "m.onnx", 2)
+    program = api.compile_source(got.text, "m.ddsl").program
+    close(run_deepdsl(program, got.arrays, {"x": x}), ort_feeds(model, {"x": x}))
+    np.testing.assert_array_equal(got.arrays["fc.W"], numpy_helper.to_array(model.graph.initializer[2]))
+    # the model alone in another folder, its data file in the working directory: not read from there
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "m.onnx").write_bytes((folder / "m.onnx").read_bytes())
+    (elsewhere / "m.onnx.data").write_bytes((folder / "m.onnx.data").read_bytes())
+    with pytest.raises(DslError, match="m.onnx.data"):
+        import_model(alone / "m.onnx", 2)
