@@ -513,3 +513,41 @@ def test_external_data_as_dynamo_writes_it_loads_from_the_models_folder(
     (elsewhere / "m.onnx.data").write_bytes((folder / "m.onnx.data").read_bytes())
     with pytest.raises(DslError, match="m.onnx.data"):
         import_model(alone / "m.onnx", 2)
+
+
+UP_DOWN = """network UpDown
+
+const N = 2
+input x : [N, 3, 8, 8]
+input t : [N, 2, 8, 8]
+
+def net(x) {
+  d = relu(conv(x, 4, kernel=3, stride=2, pad=1, name="down"))
+  u = conv_transpose(d, 4, kernel=4, stride=2, pad=1, name="up")
+  n = upsample(d, 2, mode="nearest")
+  b = upsample(d, 2, mode="bilinear") + n
+  return conv(concat(u, b), 2, kernel=1, name="out")
+}
+
+layer model = net
+loss = mse(model(x), t)
+predict = model(x)
+"""
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17])
+def test_conv_transpose_and_upsample_export_and_round_trip(tmp_path: Path, opset: int) -> None:
+    program = api.compile_source(UP_DOWN, "updown.ddsl").program
+    arrays = {k: v + np.float32(0.1) for k, v in initial_arrays(program).items()}  # biases not all zero
+    model = export_graph(infer_program(program.graph), arrays, opset)
+    ops = [nd.op_type for nd in model.graph.node]
+    assert "ConvTranspose" in ops and ops.count("Resize") == 4
+    feeds = {"x": f32(2, 3, 8, 8, scale=1.0)}
+    want = run_deepdsl(program, arrays, feeds)
+    close(run_ort(model, feeds), want)
+    onnx.save(model, tmp_path / "m.onnx")
+    got = import_model(tmp_path / "m.onnx", 2, loss=False)
+    assert "upsample(" in got.text and "conv_transpose(4, kernel=4, stride=2, pad=1)" in got.text
+    again = api.compile_source(got.text, "again.ddsl").program
+    assert again.graph.parameter_count == program.graph.parameter_count
+    close(run_deepdsl(again, got.arrays, feeds), want)

@@ -104,7 +104,7 @@ def export_graph(g: Graph, arrays: Mapping[str, np.ndarray], opset: int = DEFAUL
     made = {s.out.name: s for s in g.stmts}
     for s in g.stmts:
         src = made.get(s.inputs[0].name) if s.op == "bias_add" else None
-        if src is not None and src.op in ("conv2d", "linear") and len(users[src.out.name]) == 1:
+        if src is not None and src.op in ("conv2d", "linear", "conv2d_backward_data") and len(users[src.out.name]) == 1:
             if src.out.name not in outputs:
                 with_bias[src.out.name] = s
     folded = {b.out.name for b in with_bias.values()}
@@ -239,6 +239,23 @@ def _emit(w: _Writer, s: Stmt, bias: Stmt | None, batch: int | None, opset: int 
                group=a["groups"])  # fmt: skip
     elif s.op == "linear":
         w.node("Gemm", [*xs, *extra], out, s, transB=1)
+    elif s.op == "conv2d_backward_data":  # conv_transpose: ConvTranspose, output_padding where in_shape is larger
+        kh, kw = s.inputs[1].type.shape[2:]
+        h, wd = s.inputs[0].type.shape[2:]
+        (sh, sw), (ph, pw) = a["stride"], a["pad"]
+        natural = ((h - 1) * sh - 2 * ph + kh, (wd - 1) * sw - 2 * pw + kw)
+        extra_pad = [int(a["in_shape"][2]) - natural[0], int(a["in_shape"][3]) - natural[1]]
+        kw_ = {"output_padding": extra_pad} if any(extra_pad) else {}
+        w.node("ConvTranspose", [*xs, *extra], out, s, kernel_shape=[kh, kw], strides=list(a["stride"]),
+               pads=_pads(a), group=a["groups"], **kw_)  # fmt: skip
+    elif s.op == "resize_axis":  # upsample: one axis by an integer factor, as PyTorch's F.interpolate exports it
+        rank = len(s.inputs[0].type.shape)
+        scales = np.ones(rank, np.float32)
+        scales[int(a["axis"])] = float(a["factor"])
+        roi = w.const(s.layer or "resize", np.zeros(0, np.float32))
+        mode = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"} if (
+            a["mode"] == "nearest") else {"mode": "linear", "coordinate_transformation_mode": "half_pixel"}  # fmt: skip
+        w.node("Resize", [xs[0], roi, w.const(s.layer or "resize", scales)], out, s, **mode)
     elif s.op == "matmul" and not (a.get("transpose_a") or a.get("transpose_b")):
         w.node("MatMul", xs, out, s)
     elif s.op in ("matmul", "batch_matmul"):  # op(a) @ op(b), each op a transpose of the last two axes or none

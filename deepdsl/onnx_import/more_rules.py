@@ -360,6 +360,17 @@ def resize(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     if len(shape) != 4 or shape[:2] != out[:2]:
         raise where.refuse("deepdsl imports a Resize of H and W of [N, C, H, W] only")
     fh, fw = out[2] // shape[2], out[3] // shape[3]
+    x = imp.tensor(node.input[0], where)
+    users = imp.readers.get(node.output[0], [])
+    if fh > 1 and fw == 1 and out[2] == fh * shape[2] and len(users) == 1 and users[0][1].op_type == "Resize":
+        j, then = users[0]  # H, then W by the same factor and mode (as deepdsl exports upsample): one upsample
+        final = imp.shapes.get(then.output[0])
+        same = {a.name: a for a in then.attribute} == {a.name: a for a in node.attribute}
+        if same and final == (*out[:3], fh * out[3]) and node.output[0] not in {o.name for o in imp.graph.output}:
+            from deepdsl.onnx_import.rules import _Rename
+
+            imp.absorbed.add(j)
+            node, out, fw = _Rename(then, then.output[0]), final, fh
     if fh != fw or fh < 1 or out[2] != fh * shape[2] or out[3] != fw * shape[3]:
         raise where.refuse(f"it resizes {list(shape[2:])} to {list(out[2:])}; deepdsl's upsample takes one integer "
                            "factor for both axes")  # fmt: skip
@@ -369,7 +380,6 @@ def resize(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         return v.decode() if isinstance(v, bytes) else str(v)
 
     mode, coords = text("mode", "nearest"), text("coordinate_transformation_mode", "half_pixel")
-    x = imp.tensor(node.input[0], where)
     if fh == 1:
         imp.env[node.output[0]] = x
         return
