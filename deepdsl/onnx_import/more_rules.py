@@ -71,7 +71,7 @@ def matmul_computed(imp: Importer, node: Any, where: Node) -> None:
 def matmul_rows(imp: Importer, node: Any, where: Node, x: str, shape: tuple, w: np.ndarray, bias: Any) -> None:
     """A constant weight applied to the last axis of a rank > 2 input (a Linear on [N, T, D]): the rows through one
     `full`, viewed back."""
-    from deepdsl.onnx_import.rules import _full
+    from deepdsl.onnx_import.rules import full_layer
 
     rows = int(np.prod(shape[:-1]))
     flat = imp.names.make(f"{where.base}_rows", "rows")
@@ -82,7 +82,7 @@ def matmul_rows(imp: Importer, node: Any, where: Node, x: str, shape: tuple, w: 
         output = [f"{out_name}#rows"]
         op_type = node.op_type
 
-    _full(imp, _Out, where, flat, w, bias)
+    full_layer(imp, _Out, where, flat, w, bias)
     imp.bind(node, f"reshape({imp.env[_Out.output[0]]}, {dims(imp, (*shape[:-1], w.shape[0]))})")
 
 
@@ -310,7 +310,7 @@ def gather_position(imp: Importer, node: Any, where: Node, attrs: dict) -> None:
 
 
 def conv_transpose(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
-    from deepdsl.onnx_import.rules import _ints
+    from deepdsl.onnx_import.rules import int_list
     from deepdsl.onnx_import.writing import pair
 
     x = imp.tensor(node.input[0], where)
@@ -327,8 +327,8 @@ def conv_transpose(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -
         raise where.refuse(f"auto_pad={auto!r} is not supported")
     groups = int(attrs.get("group", 1))
     kernel = (int(w.shape[2]), int(w.shape[3]))
-    stride = tuple(_ints(attrs, "strides", [1, 1]))
-    pads = _ints(attrs, "pads", [0, 0, 0, 0])
+    stride = tuple(int_list(attrs, "strides", [1, 1]))
+    pads = int_list(attrs, "pads", [0, 0, 0, 0])
     if pads[0] != pads[2] or pads[1] != pads[3]:
         raise where.refuse(f"pads {pads} are asymmetric; a transposed convolution pads both sides alike")
     kw = {"kernel": pair(kernel)}
@@ -336,10 +336,10 @@ def conv_transpose(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -
         kw["stride"] = pair(stride)  # type: ignore[arg-type]
     if (pads[0], pads[1]) != (0, 0):
         kw["pad"] = pair((pads[0], pads[1]))
-    out_pad = tuple(_ints(attrs, "output_padding", [0, 0]))
+    out_pad = tuple(int_list(attrs, "output_padding", [0, 0]))
     if out_pad != (0, 0):
         kw["output_padding"] = pair(out_pad)  # type: ignore[arg-type]
-    dil = tuple(_ints(attrs, "dilations", [1, 1]))
+    dil = tuple(int_list(attrs, "dilations", [1, 1]))
     if dil != (1, 1):
         kw["dilation"] = pair(dil)  # type: ignore[arg-type]
     if groups != 1:
@@ -367,10 +367,10 @@ def resize(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         final = imp.shapes.get(then.output[0])
         same = {a.name: a for a in then.attribute} == {a.name: a for a in node.attribute}
         if same and final == (*out[:3], fh * out[3]) and node.output[0] not in {o.name for o in imp.graph.output}:
-            from deepdsl.onnx_import.rules import _Rename
+            from deepdsl.onnx_import.rules import Renamed
 
             imp.absorbed.add(j)
-            node, out, fw = _Rename(then, then.output[0]), final, fh
+            node, out, fw = Renamed(then, then.output[0]), final, fh
     if fh != fw or fh < 1 or out[2] != fh * shape[2] or out[3] != fw * shape[3]:
         raise where.refuse(f"it resizes {list(shape[2:])} to {list(out[2:])}; deepdsl's upsample takes one integer "
                            "factor for both axes")  # fmt: skip

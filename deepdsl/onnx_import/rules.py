@@ -29,7 +29,7 @@ SUPPORTED = (
 )  # fmt: skip
 
 
-def _ints(attrs: dict, key: str, default: list[int]) -> list[int]:
+def int_list(attrs: dict, key: str, default: list[int]) -> list[int]:
     return [int(v) for v in attrs.get(key, default)]
 
 
@@ -38,8 +38,8 @@ def _spatial(
 ) -> tuple[tuple, tuple]:
     """(stride, pad) of a 2-D window op, refusing what the language cannot say; a convolution's pad may be
     asymmetric (top, left, bottom, right) where the language takes that 4-tuple, its dilation is `_dilation`."""
-    strides = tuple(_ints(attrs, "strides", [1, 1]))
-    pads = _ints(attrs, "pads", [0, 0, 0, 0])
+    strides = tuple(int_list(attrs, "strides", [1, 1]))
+    pads = int_list(attrs, "pads", [0, 0, 0, 0])
     auto = attrs.get("auto_pad", b"NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else str(auto)
     if auto in ("SAME_UPPER", "SAME_LOWER"):
@@ -59,14 +59,14 @@ def _spatial(
             return strides, tuple(pads)
         raise where.refuse(f"pads {pads} are asymmetric; the language pads both sides alike"
                            + (" (this build takes no 4-tuple pad)" if conv else ""))  # fmt: skip
-    if not conv and any(d != 1 for d in _ints(attrs, "dilations", [1, 1])):
-        raise where.refuse(f"dilations {_ints(attrs, 'dilations', [1, 1])}: the language has no dilated windows")
+    if not conv and any(d != 1 for d in int_list(attrs, "dilations", [1, 1])):
+        raise where.refuse(f"dilations {int_list(attrs, 'dilations', [1, 1])}: the language has no dilated windows")
     return strides, (pads[0], pads[1])
 
 
 def _dilation(where: Node, attrs: dict, fn: str) -> str | None:
     """A convolution's dilation as the `dilation=` value, None where it is 1."""
-    d = tuple(_ints(attrs, "dilations", [1, 1]))
+    d = tuple(int_list(attrs, "dilations", [1, 1]))
     if d == (1, 1):
         return None
     if not any(a.name == "dilation" for a in BUILTINS[fn].args):
@@ -108,7 +108,7 @@ def _conv(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     imp.bind(node, f"{name}({x})", name)
 
 
-def _full(imp: Importer, node: Any, where: Node, x: str, w: np.ndarray, b: np.ndarray | None) -> None:
+def full_layer(imp: Importer, node: Any, where: Node, x: str, w: np.ndarray, b: np.ndarray | None) -> None:
     """`full` with weight `w` [out, in] and optional bias [out]."""
     kw = {} if b is not None else {"bias": "false"}
     params = {"W": w} if b is None else {"W": w, "b": b}
@@ -146,7 +146,7 @@ def _gemm(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         if bias is None:
             raise where.refuse(f"C of shape {list(c.shape)} differs between samples; deepdsl's bias is one vector")
         bias = bias * np.float32(attrs.get("beta", 1.0))
-    _full(imp, node, where, x, w, bias)
+    full_layer(imp, node, where, x, w, bias)
 
 
 def _matmul(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
@@ -168,15 +168,15 @@ def _matmul(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         bias = _bias_vector(c, w.shape[1]) if c is not None else None
         if bias is not None:
             imp.absorbed.add(j)
-            node = _Rename(node, add.output[0])
+            node = Renamed(node, add.output[0])
     if len(shape) > 2:
         more_rules.matmul_rows(imp, node, where, x, shape, w.T, bias)
         return
-    _full(imp, node, where, x, w.T, bias)
+    full_layer(imp, node, where, x, w.T, bias)
 
 
 @dataclass
-class _Rename:
+class Renamed:
     """A node whose result is another node's output (the Add folded into a MatMul)."""
 
     node: Any
@@ -271,7 +271,7 @@ def _pool(fn: str) -> Callable[..., None]:
         shape = imp.shape(node.input[0], where)
         if len(shape) != 4:
             raise where.refuse("only 2-D pooling is supported (an NCHW input)")
-        kernel = tuple(_ints(attrs, "kernel_shape", []))
+        kernel = tuple(int_list(attrs, "kernel_shape", []))
         if len(kernel) != 2:
             raise where.refuse(f"kernel_shape {list(kernel)}: only 2-D windows are supported")
         stride, pad = _spatial(imp, node, where, attrs, kernel)  # type: ignore[arg-type]
