@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 
 from deepdsl.backends import onnx_recurrent
+from deepdsl.backends.onnx_indexed import Unsupported, lower_indexed
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import Graph, Stmt
+from deepdsl.ir.types import DType
 from deepdsl.version import __version__
 
 MIN_OPSET = 11
@@ -55,6 +57,7 @@ class _Writer:
         self.count = 0
         self.names: set[str] = set()
         self.opset = DEFAULT_OPSET  # export_graph sets the one asked for
+        self.users: dict[str, list[Stmt]] = {}
 
     def const(self, hint: str, value: np.ndarray) -> str:
         self.count += 1
@@ -109,16 +112,24 @@ def export_graph(g: Graph, arrays: Mapping[str, np.ndarray], opset: int = DEFAUL
             if src.out.name not in outputs:
                 with_bias[src.out.name] = s
     folded = {b.out.name for b in with_bias.values()}
+    norms = _layer_norms(g, users, outputs, arrays)  # the bias_add ending a layer norm -> (its rows, gamma, beta)
+    for rows, *_ in norms.values():
+        folded |= {rows.out.name, *(v.name for v in users[rows.out.name][0].inputs[1:]),
+                   users[rows.out.name][0].out.name}  # fmt: skip
     folds = _conv_folds(g, users, outputs)
     batch = g.inputs[0].value.type.shape[0] if g.inputs else None
     recurrent = onnx_recurrent.find(g, users)  # each lstm / gru layer: one ONNX LSTM or GRU node
     inside = {name for app in recurrent.values() for name in app.stmts}
+    w.users = users
     for s in g.stmts:
         if s.out.name in recurrent:
             onnx_recurrent.emit(w, recurrent[s.out.name], s, arrays)
         if s.out.name in folded or s.out.name in inside or s.out.name in folds.skip:
             continue
-        _emit(w, s, with_bias.get(s.out.name), batch, folds)
+        if s.out.name in norms:
+            _layer_norm(w, s, *norms[s.out.name], opset)
+            continue
+        _emit(w, s, with_bias.get(s.out.name), batch, folds, opset)
     for p in g.params:
         if p.kind not in ("param", "state"):
             raise DslProgramError(f"cannot export the {p.kind} tensor '{p.value.name}' to ONNX")
@@ -129,13 +140,14 @@ def export_graph(g: Graph, arrays: Mapping[str, np.ndarray], opset: int = DEFAUL
         for name in onnx_recurrent.PARAMS:
             w.inits.pop(f"{app.layer}.{name}", None)
 
-    def info(name: str, shape: tuple[int, ...]) -> Any:
+    def info(name: str, shape: tuple[int, ...], dtype: DType = DType.F32) -> Any:
         dims: list[Any] = list(shape)
         if dims and dims[0] == batch:
             dims[0] = "N"
-        return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT if dtype is DType.F32 else TensorProto.INT64,
+                                             dims)  # fmt: skip
 
-    inputs = [info(d.value.name, d.value.type.shape) for d in g.inputs if d.kind == "input"]
+    inputs = [info(d.value.name, d.value.type.shape, d.value.type.dtype) for d in g.inputs if d.kind == "input"]
     if len(inputs) != len(g.inputs):
         raise DslProgramError("the inference program reads a label or step; only float inputs can be exported")
     outs = []
@@ -148,7 +160,7 @@ def export_graph(g: Graph, arrays: Mapping[str, np.ndarray], opset: int = DEFAUL
         elif v.name != name:  # an input or a parameter returned as it is
             w.nodes.append(helper.make_node("Identity", [v.name], [name], name=f"{name}/Identity"))
         outs.append(info(name, v.type.shape))
-    inits = [numpy_helper.from_array(np.ascontiguousarray(a), name) for name, a in w.inits.items()]
+    inits = [numpy_helper.from_array(np.array(a, order="C"), name) for name, a in w.inits.items()]  # 0-d stays 0-d
     graph = helper.make_graph(w.nodes, g.name, inputs, outs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="deepdsl",
                               producer_version=__version__)  # fmt: skip
@@ -167,7 +179,65 @@ def _ir_version(opset: int) -> int:
     return int(helper.VERSION_TABLE[-1][1])
 
 
-def _emit(w: _Writer, s: Stmt, bias: Stmt | None, batch: int | None, folds: _Folds | None = None) -> None:
+def _layer_norms(g: Graph, users: dict, outputs: set, arrays: Mapping) -> dict[str, tuple[Stmt, str, str]]:
+    """layer_norm as the language lowers it: rows = layer_norm_rows(x); bias_add(mul(rows, broadcast_channel(gamma)),
+    beta), each step read only by the next and gamma, beta parameters: by the bias_add's output name."""
+    made = {s.out.name: s for s in g.stmts}
+    out: dict[str, tuple[Stmt, str, str]] = {}
+    for s in g.stmts:
+        if s.op != "bias_add" or s.inputs[1].name not in arrays:
+            continue
+        mul = made.get(s.inputs[0].name)
+        if mul is None or mul.op != "mul" or len(users.get(mul.out.name, ())) != 1 or mul.out.name in outputs:
+            continue
+        rows, bc = (made.get(v.name) for v in mul.inputs)
+        if rows is None or bc is None or rows.op != "layer_norm_rows" or bc.op != "broadcast_channel":
+            continue
+        if len(users[rows.out.name]) != 1 or len(users[bc.out.name]) != 1 or bc.inputs[0].name not in arrays:
+            continue
+        if rows.out.name in outputs or bc.out.name in outputs:
+            continue
+        out[s.out.name] = (rows, bc.inputs[0].name, s.inputs[1].name)
+    return out
+
+
+def _layer_norm(w: _Writer, s: Stmt, rows: Stmt, gamma: str, beta: str, opset: int) -> None:
+    """One LayerNormalization over the last axis (opset 17 on), else its decomposition, then the scale and shift."""
+    x, eps = rows.inputs[0].name, float(rows.a["eps"])
+    if opset >= 17:
+        w.node("LayerNormalization", [x, gamma, beta], s.out.name, rows, axis=-1, epsilon=eps)
+        return
+    normed = _normalise_rows(w, rows, x, eps, opset)
+    scaled = f"{s.out.name}/scaled"
+    w.node("Mul", [normed, gamma], scaled, rows)
+    w.node("Add", [scaled, beta], s.out.name, rows)
+
+
+def _normalise_rows(w: _Writer, s: Stmt, x: str, eps: float, opset: int, out: str | None = None) -> str:
+    """(x - mean) / sqrt(var + eps) over the last axis in ReduceMean, Sub, Mul, Add, Sqrt, Div (as the TorchScript
+    exporter writes a layer norm before opset 17)."""
+    base = s.out.name
+
+    def mean(v: str, name: str) -> None:
+        if opset >= 18:
+            w.node("ReduceMean", [v, w.const(base, np.asarray([-1], np.int64))], name, s, keepdims=1)
+        else:
+            w.node("ReduceMean", [v], name, s, axes=[-1], keepdims=1)
+
+    mean(x, f"{base}/mean")
+    w.node("Sub", [x, f"{base}/mean"], f"{base}/centred", s)
+    w.node("Mul", [f"{base}/centred", f"{base}/centred"], f"{base}/squares", s)
+    mean(f"{base}/squares", f"{base}/var")
+    w.node("Add", [f"{base}/var", w.const(base, np.asarray(eps, np.float32))], f"{base}/var_eps", s)
+    w.node("Sqrt", [f"{base}/var_eps"], f"{base}/std", s)
+    result = out or f"{base}/normed"
+    w.node("Div", [f"{base}/centred", f"{base}/std"], result, s)
+    return result
+
+
+def _emit(
+    w: _Writer, s: Stmt, bias: Stmt | None, batch: int | None, folds: _Folds | None = None, opset: int = DEFAULT_OPSET
+) -> None:
     a = s.a
     xs = [v.name for v in s.inputs]
     out = bias.out.name if bias is not None else s.out.name
@@ -182,12 +252,55 @@ def _emit(w: _Writer, s: Stmt, bias: Stmt | None, batch: int | None, folds: _Fol
                pads=_folded_pads(s, folds), group=a["groups"], **_dilations(a))  # fmt: skip
     elif s.op == "linear":
         w.node("Gemm", [*xs, *extra], out, s, transB=1)
-    elif s.op == "matmul":
+    elif s.op == "resize_axis":  # upsample: one axis by an integer factor, as PyTorch's F.interpolate exports it
+        rank = len(s.inputs[0].type.shape)
+        scales = np.ones(rank, np.float32)
+        scales[int(a["axis"])] = float(a["factor"])
+        roi = w.const(s.layer or "resize", np.zeros(0, np.float32))
+        mode = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"} if (
+            a["mode"] == "nearest") else {"mode": "linear", "coordinate_transformation_mode": "half_pixel"}  # fmt: skip
+        w.node("Resize", [xs[0], roi, w.const(s.layer or "resize", scales)], out, s, **mode)
+    elif s.op == "matmul" and not (a.get("transpose_a") or a.get("transpose_b")):
         w.node("MatMul", xs, out, s)
+    elif s.op in ("matmul", "batch_matmul"):  # op(a) @ op(b), each op a transpose of the last two axes or none
+        rank = len(s.inputs[0].type.shape)
+        perm = [*range(rank - 2), rank - 1, rank - 2]
+        ins = list(xs)
+        for k, flag in enumerate(("transpose_a", "transpose_b")):
+            if a.get(flag):
+                ins[k] = f"{out}/{'ab'[k]}_t"
+                w.node("Transpose", [xs[k]], ins[k], s, perm=perm)
+        w.node("MatMul", ins, out, s)
+    elif s.op == "transpose":
+        w.node("Transpose", xs, out, s, perm=[int(p) for p in a["perm"]])
+    elif s.op == "embedding":
+        w.node("Gather", [xs[1], xs[0]], out, s, axis=0)
+    elif s.op == "gelu":
+        if opset >= 20:
+            w.node("Gelu", xs, out, s)
+        else:  # x * 0.5 * (1 + erf(x / sqrt 2)), as exporters write it before opset 20
+            w.node("Div", [xs[0], w.const(s.layer or "gelu", np.asarray(np.sqrt(2.0), np.float32))], f"{out}/z", s)
+            w.node("Erf", [f"{out}/z"], f"{out}/erf", s)
+            w.node("Add", [f"{out}/erf", w.const(s.layer or "gelu", np.asarray(1.0, np.float32))], f"{out}/one", s)
+            w.node("Mul", [xs[0], f"{out}/one"], f"{out}/x", s)
+            w.node("Mul", [f"{out}/x", w.const(s.layer or "gelu", np.asarray(0.5, np.float32))], out, s)
+    elif s.op == "layer_norm_rows":
+        _normalise_rows(w, s, xs[0], float(a["eps"]), opset, out)
+    elif s.op == "broadcast_channel":
+        shape = tuple(a["shape"])
+        readers = w.users.get(s.out.name, [])
+        c = s.inputs[0].type.shape[0]
+        if readers and all(r.op in _BINARY for r in readers) and len(shape) >= 2:  # ONNX broadcasts [C, 1, ...]
+            w.node("Reshape", [xs[0], w.const(s.layer or "broadcast", np.asarray([c] + [1] * (len(shape) - 2),
+                                                                                  np.int64))], out, s)  # fmt: skip
+        else:
+            target = np.asarray([1, c] + [1] * (len(shape) - 2), np.int64)
+            w.node("Reshape", [xs[0], w.const(s.layer or "broadcast", target)], f"{out}/c", s)
+            w.node("Expand", [f"{out}/c", w.const(s.layer or "broadcast", np.asarray(shape, np.int64))], out, s)
     elif s.op == "bias_add":
         rank = len(s.inputs[0].type.shape)
         b = w.arrays.get(xs[1])
-        if b is None or rank not in (2, 4):
+        if b is None or rank < 2:
             raise _refuse(s, "a bias of a computed value")
         shaped = w.const(xs[1], np.asarray(b, np.float32).reshape(-1, *([1] * (rank - 2))))
         w.node("Add", [xs[0], shaped], out, s)
@@ -211,8 +324,10 @@ def _emit(w: _Writer, s: Stmt, bias: Stmt | None, batch: int | None, folds: _Fol
         src, dst = s.inputs[0].type.shape, s.out.type.shape
         if len(dst) == 2 and dst[0] == src[0]:
             w.node("Flatten", xs, out, s, axis=1)
-        else:
+        else:  # the batch kept symbolic: 0 (copy it) where it stays, -1 where it folds into the first axis
             keep = [0, *dst[1:]] if dst and src and dst[0] == src[0] == batch else list(dst)
+            if batch and dst and src and dst[0] != src[0] and dst[0] % batch == 0 and src[0] % batch == 0:
+                keep = [-1, *dst[1:]]
             w.node("Reshape", [xs[0], w.const(s.layer or "reshape", np.asarray(keep, np.int64))], out, s)
     elif s.op == "concat":
         w.node("Concat", xs, out, s, axis=int(a["axis"]))
@@ -243,9 +358,13 @@ def _emit(w: _Writer, s: Stmt, bias: Stmt | None, batch: int | None, folds: _Fol
         _emit_issue34(w, s, xs, out)
     elif s.op == "indexed" and _broadcast(s) is not None:
         w.node(_broadcast(s), [xs[r.input] for r in s.a["body"].args], out, s)  # type: ignore[arg-type]
+    elif s.op == "indexed":
+        try:
+            lower_indexed(w, s, out, batch)
+        except Unsupported as e:
+            raise _refuse(s, f"this tensor function has no decomposition into ONNX operators: {e}") from None
     else:
-        why = "a tensor function has no ONNX operator" if s.op == "indexed" else "no ONNX operator is written for it"
-        raise _refuse(s, why)
+        raise _refuse(s, "no ONNX operator is written for it")
 
 
 # ---- slices, sums and maxima along axes, explicit broadcasting (the language's slice, sum, mean, max, expand) ----
@@ -276,7 +395,7 @@ def _emit_axis_op(w: _Writer, s: Stmt, xs: list[str], out: str) -> None:
 
 # ---- activations and group / instance norm's pieces (issue 34) ----
 
-_ISSUE34 = ("clip", "silu", "hard_swish", "layer_norm_rows", "broadcast_channel")
+_ISSUE34 = ("clip", "silu", "hard_swish")
 
 
 def _emit_issue34(w: _Writer, s: Stmt, xs: list[str], out: str) -> None:
@@ -291,18 +410,6 @@ def _emit_issue34(w: _Writer, s: Stmt, xs: list[str], out: str) -> None:
         if w.opset < 14:
             raise _refuse(s, f"ONNX's HardSwish is in opsets 14 and later, not {w.opset}")
         w.node("HardSwish", xs, out, s)
-    elif s.op == "layer_norm_rows":  # group_norm, instance_norm: the rows normalised, scale 1 and shift 0
-        if w.opset < 17:
-            raise _refuse(s, f"ONNX's LayerNormalization is in opsets 17 and later, not {w.opset}")
-        d = s.inputs[0].type.shape[1]
-        ones, zeros = w.const(hint, np.ones(d, np.float32)), w.const(hint, np.zeros(d, np.float32))
-        w.node("LayerNormalization", [xs[0], ones, zeros], out, s, axis=-1, epsilon=float(a["eps"]))
-    else:  # broadcast_channel of a parameter (a per-channel scale): [C, 1, ...], which the reader broadcasts
-        v = w.arrays.get(xs[0])
-        if v is None:
-            raise _refuse(s, "a broadcast of a computed value")
-        shaped = w.const(xs[0], np.asarray(v, np.float32).reshape(-1, *([1] * (len(a["shape"]) - 2))))
-        w.node("Identity", [shaped], out, s)
 
 
 _INFIX = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div"}

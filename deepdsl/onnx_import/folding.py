@@ -3,13 +3,39 @@ Cast and Concat computed on constants and known shapes at import time (`fold`), 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from deepdsl.ir.types import MAX_ELEMENTS
 from deepdsl.onnx_import.reading import DTYPES, require_onnx, tensor_array
 from deepdsl.onnx_import.writing import Node
 
 # the shape computations exporters write (`x.view(x.size(0), -1)`): folded, on constants and known shapes only
 FOLDED = ("Cast", "Gather", "Shape", "Squeeze", "Unsqueeze")
+
+# operators with no rule of their own that exporters apply to shapes and constants (a mask's ConstantOfShape,
+# Equal and Where, a head size's Mod): folded where every input is known, else refused
+FOLD_ONLY = ("ConstantOfShape", "Equal", "Where", "Mod", "Range", "Not", "Less", "Greater", "Neg", "Abs", "Min",
+             "Max", "Floor", "Ceil", "Reciprocal", "ReduceProd")  # fmt: skip
+
+# every operator `fold` computes on known inputs (those with a rule for computed tensors too)
+FOLDABLE = frozenset((*FOLDED, *FOLD_ONLY, "Concat", "Slice", "Expand", "Add", "Sub", "Mul", "Div", "Sqrt", "Pow",
+                      "Reshape", "Identity", "Transpose"))  # fmt: skip
+
+_ELEMENTWISE = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Equal": np.equal, "Less": np.less,
+    "Greater": np.greater, "Min": np.minimum, "Max": np.maximum, "Pow": np.power,
+}  # fmt: skip
+_UNARY = {"Not": np.logical_not, "Neg": np.negative, "Abs": np.abs, "Floor": np.floor, "Ceil": np.ceil,
+          "Sqrt": np.sqrt, "Reciprocal": np.reciprocal, "Identity": lambda v: v}  # fmt: skip
+
+
+def _size(shape: list[int], where: Node) -> list[int]:
+    """`shape` of a constant to be made here, refused where it is negative or past MAX_ELEMENTS."""
+    if any(d < 0 for d in shape) or math.prod(shape) > MAX_ELEMENTS:
+        raise where.refuse(f"it makes a constant of shape {shape[:8]}; at most {MAX_ELEMENTS:,} elements")
+    return shape
 
 
 def numpy_helper_value(attrs: dict, where: Node) -> np.ndarray | None:
@@ -39,9 +65,68 @@ def _fold(
 ) -> np.ndarray | None:
     if op == "Shape":
         return None if shape is None else np.asarray(shape, np.int64)[int(attrs.get("start", 0)) : attrs.get("end")]
+    if op == "ConstantOfShape":
+        if not xs or xs[0] is None:
+            return None
+        value = attrs.get("value")
+        fill = tensor_array(value, f"{where.file}: node '{where.name}'", require_onnx()) if value is not None else (
+            np.zeros(1, np.float32))  # fmt: skip
+        return np.full(_size([int(v) for v in xs[0].reshape(-1)], where), fill.reshape(-1)[0], dtype=fill.dtype)
     if not xs or xs[0] is None:
         return None
     x = xs[0]
+    if op in _ELEMENTWISE or op in ("Div", "Mod", "Where"):
+        if len(xs) < (3 if op == "Where" else 2) or any(v is None for v in xs):
+            return None
+        with np.errstate(all="ignore"):
+            if op == "Where":
+                return np.where(xs[0], xs[1], xs[2])
+            if op == "Div":
+                kind = np.result_type(xs[0], xs[1]).kind
+                return (np.floor_divide if kind in "iu" else np.divide)(xs[0], xs[1])
+            if op == "Mod":
+                return (np.fmod if int(attrs.get("fmod", 0)) else np.mod)(xs[0], xs[1])
+            return _ELEMENTWISE[op](xs[0], xs[1]).astype(np.result_type(xs[0], xs[1])) if op not in (
+                "Equal", "Less", "Greater") else _ELEMENTWISE[op](xs[0], xs[1])  # fmt: skip
+    if op in _UNARY:
+        with np.errstate(all="ignore"):
+            return np.asarray(_UNARY[op](x))
+    if op == "Range":
+        if len(xs) < 3 or any(v is None for v in xs):
+            return None
+        start, limit, delta = (v.reshape(-1)[0] for v in xs)  # type: ignore[union-attr]
+        if delta == 0 or abs((limit - start) / delta) > MAX_ELEMENTS:
+            raise where.refuse(f"a Range from {start} to {limit} by {delta}")
+        return np.arange(start, limit, delta, dtype=np.result_type(*xs))
+    if op == "ReduceProd":
+        return np.asarray(np.prod(x, keepdims=bool(int(attrs.get("keepdims", 1)))))
+    if op == "Slice":
+        starts, ends = (xs + [None, None])[1:3]
+        axes = xs[3] if len(xs) > 3 and xs[3] is not None else None
+        steps = xs[4] if len(xs) > 4 and xs[4] is not None else None
+        if len(xs) == 1:
+            starts, ends, axes = attrs.get("starts"), attrs.get("ends"), attrs.get("axes")
+        if starts is None or ends is None:
+            return None
+        index = [slice(None)] * x.ndim
+        axes_l = range(len(np.ravel(starts))) if axes is None else [int(a) for a in np.ravel(axes)]
+        steps_l = [1] * len(np.ravel(starts)) if steps is None else [int(v) for v in np.ravel(steps)]
+        for a, b, e, st in zip(axes_l, np.ravel(starts), np.ravel(ends), steps_l):
+            big = 2**62
+            index[a] = slice(int(max(min(b, big), -big)), int(max(min(e, big), -big)), st)
+        return x[tuple(index)]
+    if op == "Expand":
+        if len(xs) < 2 or xs[1] is None:
+            return None
+        return np.array(x * np.ones(_size([int(v) for v in xs[1].reshape(-1)], where), dtype=x.dtype))
+    if op == "Reshape":
+        if len(xs) < 2 or xs[1] is None:
+            return None
+        target = [int(v) for v in xs[1].reshape(-1)]
+        target = [x.shape[i] if v == 0 and not int(attrs.get("allowzero", 0)) else v for i, v in enumerate(target)]
+        return x.reshape(target)
+    if op == "Transpose":
+        return np.transpose(x, attrs.get("perm"))
     if op == "Concat":
         return None if any(v is None for v in xs) else np.concatenate(xs, axis=int(attrs.get("axis", 0)))  # type: ignore
     if op == "Gather":

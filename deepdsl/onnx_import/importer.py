@@ -12,10 +12,11 @@ import numpy as np
 
 from deepdsl.errors import DslProgramError
 from deepdsl.frontend.javanames import java_class, reserved_class_names
-from deepdsl.onnx_import.folding import FOLDED, fold, numpy_helper_value
+from deepdsl.onnx_import import patterns
+from deepdsl.onnx_import.folding import FOLD_ONLY, FOLDABLE, FOLDED, fold, numpy_helper_value
 from deepdsl.onnx_import.reading import MIN_OPSET, load_model, newest_opset, require_onnx, skeleton, tensor_array
 from deepdsl.onnx_import.rules import RULES, SUPPORTED
-from deepdsl.onnx_import.writing import GENERIC_GRAPH_NAMES, TAKEN, Imported, Names, Node
+from deepdsl.onnx_import.writing import GENERIC_GRAPH_NAMES, TAKEN, Imported, Names, Node, NodeRefused
 
 
 class Importer:
@@ -36,6 +37,7 @@ class Importer:
         self.arrays: dict[str, np.ndarray] = {}
         self.batch = batch
         self.absorbed: set[int] = set()  # nodes folded into an earlier one (MatMul + Add: one `full`)
+        self.overrides: dict[int, Any] = {}  # node -> what writes the built-in a pattern ending there is (patterns)
 
     # ---- the model's frame ----
 
@@ -53,10 +55,8 @@ class Importer:
         for t in g.initializer:  # external data is read into the model by load_model
             self.consts[t.name] = tensor_array(t, f"'{self.file}': initialiser", self.onnx)
         data = [i for i in g.input if i.name not in self.consts]
-        if len(data) != 1:
-            names = ", ".join(i.name for i in data) or "none"
-            raise DslProgramError(f"'{self.file}': deepdsl imports a model with one data input, this one has "
-                                  f"{len(data)} ({names})")  # fmt: skip
+        if not data:
+            raise DslProgramError(f"'{self.file}': the model has no data input (every input is an initialiser)")
         if len(g.output) != 1:
             raise DslProgramError(f"'{self.file}': deepdsl imports a model with one output, this one has "
                                   f"{len(g.output)} ({', '.join(o.name for o in g.output)})")  # fmt: skip
@@ -65,21 +65,24 @@ class Importer:
         if java_class(network) in reserved_class_names():  # the Java class would hide one the program uses
             network = self.names.make(f"{network}Net", "Net")
         self.names.used.add("N")
-        x_dims, model_batch = self._input_dims(data[0])
+        dims = [self._input_dims(d) for d in data]  # every data input: [batch, ...], the first one's batch is N
+        model_batch = dims[0][1]
         n = self.batch if self.batch is not None else (model_batch if model_batch is not None else 1)
         self.model_batch = model_batch
+        self.n = n
         self.readers: dict[str, list[tuple[int, Any]]] = {}  # ONNX value -> the nodes that read it
         for j, node in enumerate(g.node):
             for i in set(node.input):
                 self.readers.setdefault(i, []).append((j, node))
         self.used = set(self.readers) | {o.name for o in g.output}
-        self.shapes = self._infer_shapes(data[0].name, n)
-        x = self.names.make(data[0].name if Names.clean(data[0].name, "x") not in TAKEN else "x", "x")  # not input_2
-        self.env[data[0].name] = x
-        for k, node in enumerate(g.node):
-            if k in self.absorbed:
-                continue
-            self._node(k, node)
+        self.shapes = self._infer_shapes({d.name for d in data}, n)
+        xs = []
+        for d in data:
+            x = self.names.make(d.name if Names.clean(d.name, "x") not in TAKEN else "x", "x")  # not input_2
+            self.env[d.name] = x
+            xs.append(x)
+        patterns.find(self)
+        self._nodes()
         out = g.output[0].name
         if out not in self.env:
             raise DslProgramError(f"'{self.file}': the output '{out}' is a constant, not computed from the input")
@@ -87,14 +90,19 @@ class Importer:
         out_shape = self.shapes.get(out)
         lines = [f"network {network}", ""]
         lines.append(f"const N = {n}" + ("   # the model's batch was symbolic" if model_batch is None else ""))
-        lines.append(f"input {x} : [{', '.join(['N', *map(str, x_dims[1:])])}]")
+        for d, x, (x_dims, _) in zip(data, xs, dims):
+            vocab = self._vocab(d.name) if d.type.tensor_type.elem_type != self.onnx.TensorProto.FLOAT else None
+            kind = f" int vocab {vocab}" if vocab is not None else ""
+            lines.append(f"input {x} : [{', '.join(['N', *map(str, x_dims[1:])])}]{kind}")
         tail: list[str] = []
         if self.loss:
-            if out_shape is None or len(out_shape) != 2:
-                raise DslProgramError(f"'{self.file}': the output '{out}' has shape {out_shape}, not [batch, classes]; "
-                                      "use --no-loss to import it for inference only")  # fmt: skip
+            per_position = out_shape is not None and len(out_shape) == 3 and self.producer.get(out) != "Softmax"
+            if out_shape is None or len(out_shape) != 2 and not per_position:
+                raise DslProgramError(f"'{self.file}': the output '{out}' has shape {out_shape}, not [batch, classes] "
+                                      "(or scores per position [batch, T, classes]); use --no-loss to import it for "
+                                      "inference only")  # fmt: skip
             y = self.names.make("y", "y")
-            lines.append(f"label {y} : [N] classes {out_shape[1]}")
+            lines.append(f"label {y} : [{', '.join(['N', *map(str, out_shape[1:-1])])}] classes {out_shape[-1]}")
             if self.producer.get(out) == "Softmax":
                 tail.append(f"loss = cross_entropy({result}, {y})   # the model ends in Softmax: probabilities")
             else:
@@ -111,10 +119,24 @@ class Importer:
         text = "\n".join([source, *lines, "", *self.tensor_fns, *self.layers, "", *self.body, "", *tail, ""])
         return Imported(text.replace("\n\n\n", "\n\n"), self.arrays, network)
 
+    def _vocab(self, name: str) -> int | None:
+        """The rows of the constant table every reader of integer input `name` gathers from (an embedding)."""
+        sizes = set()
+        for node in self.graph.node:
+            if name in node.input:
+                table = self.consts.get(node.input[0])
+                if node.op_type != "Gather" or list(node.input) != [node.input[0], name] or table is None:
+                    return None
+                sizes.add(int(table.shape[0]))
+        return sizes.pop() if len(sizes) == 1 else None
+
     def _input_dims(self, vi: Any) -> tuple[list[int], int | None]:
         t = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type") or t.elem_type != self.onnx.TensorProto.FLOAT:
-            raise DslProgramError(f"'{self.file}': the input '{vi.name}' is not a float32 tensor")
+        ints = (self.onnx.TensorProto.INT64, self.onnx.TensorProto.INT32)
+        if not vi.type.HasField("tensor_type") or t.elem_type != self.onnx.TensorProto.FLOAT and (
+                t.elem_type not in ints or self._vocab(vi.name) is None):  # fmt: skip
+            raise DslProgramError(f"'{self.file}': the input '{vi.name}' is not a float32 tensor (nor token ids that "
+                                  "a Gather from a constant table reads)")  # fmt: skip
         dims = list(t.shape.dim)
         if len(dims) < 2:
             raise DslProgramError(f"'{self.file}': the input '{vi.name}' has rank {len(dims)}; deepdsl takes "
@@ -130,7 +152,32 @@ class Importer:
                                       f"('{d.dim_param}'); only the batch may be")  # fmt: skip
         return out, (out[0] or None)
 
-    def _infer_shapes(self, x: str, n: int) -> dict[str, tuple[int, ...]]:
+    def _nodes(self) -> None:
+        """A rule per node in the graph's order. A node the language cannot say does not stop the import: its outputs
+        stand for what they would hold, the nodes after it are still read, and then ONE error lists every node that
+        cannot be imported, grouped by op type, before anything is written."""
+        gaps: list[NodeRefused] = []
+        after: list[NodeRefused] = []  # refused nodes that read an earlier refused node's output
+        missing: set[str] = set()  # the outputs of refused nodes
+        for k, node in enumerate(self.graph.node):
+            if k in self.absorbed:
+                continue
+            try:
+                self._node(k, node)
+            except NodeRefused as e:
+                downstream = any(i in missing for i in node.input) and node.op_type in RULES
+                (after if downstream else gaps).append(e)
+                for o in node.output:
+                    if o and o not in self.env and o not in self.consts:
+                        missing.add(o)
+                        self.env[o] = GAP
+        if not gaps and not after:
+            return
+        if len(gaps) == 1 and not after:
+            raise gaps[0]
+        raise refusals(self.file, self.opset, gaps, after)
+
+    def _infer_shapes(self, inputs: set[str], n: int) -> dict[str, tuple[int, ...]]:
         """Every value's shape with the batch fixed at `n`: ONNX shape inference over the model's skeleton, again
         with the shape computations (Shape, Gather, Concat, ...) folded into constants until none is left, so
         that a Reshape to a computed shape has one."""
@@ -142,7 +189,7 @@ class Importer:
             m = skeleton(self.model)
             del m.graph.value_info[:]
             for vi in (*m.graph.input, *m.graph.output):
-                if vi.name == x:
+                if vi.name in inputs:
                     vi.type.tensor_type.shape.dim[0].dim_value = n
                 elif vi.name not in self.consts and vi.type.tensor_type.shape.dim:
                     vi.type.tensor_type.shape.dim[0].Clear()  # the output's batch follows from the input's
@@ -156,7 +203,7 @@ class Importer:
                 dims = vi.type.tensor_type.shape.dim
                 if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
                     shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
-            for name, a in self.consts.items():
+            for name, a in (*self.consts.items(), *folded.items()):
                 shapes[name] = a.shape
             more = self._fold_shapes(shapes, folded)
             if not more:
@@ -169,7 +216,7 @@ class Importer:
         known = {**self.consts, **folded}
         more: dict[str, np.ndarray] = {}
         for k, node in enumerate(self.graph.node):
-            if node.op_type not in (*FOLDED, "Concat", "Constant") or not node.output or node.output[0] in known:
+            if node.op_type not in FOLDABLE | {"Constant"} or not node.output or node.output[0] in known:
                 continue
             where = self._where(k, node)
             attrs = self._attrs(node, where)
@@ -209,12 +256,29 @@ class Importer:
         rule = RULES.get(node.op_type)
         if rule is None:
             raise where.refuse("this operator is not supported", hint=f"deepdsl imports {', '.join(SUPPORTED)}, "
-                               f"and folds {', '.join(FOLDED)} of constants and shapes")  # fmt: skip
+                               f"and folds {', '.join((*FOLDED, *FOLD_ONLY))} of constants and shapes")  # fmt: skip
         attrs = self._attrs(node, where)
-        rule(self, k, node, where, attrs)
+        if self._folded(node, where, attrs):
+            return
+        if k in self.overrides:
+            self.overrides[k](self, where)
+        else:
+            rule(self, k, node, where, attrs)
         for o in node.output:
             if o:
                 self.producer[o] = node.op_type
+
+    def _folded(self, node: Any, where: Node, attrs: dict) -> bool:
+        """A node of constants computed here (a shape, a mask, a scale), as exporters write them: True if it was."""
+        if node.op_type not in FOLDABLE or node.op_type == "Shape" or len(node.output) != 1:
+            return False
+        if not node.input or any(i and i not in self.consts for i in node.input):
+            return False
+        value = fold(node.op_type, attrs, [self.consts.get(i) if i else None for i in node.input], None, where)
+        if value is None:
+            return False
+        self.consts[node.output[0]] = np.asarray(value)
+        return True
 
     def tensor(self, name: str, where: Node) -> str:
         if name in self.env:
@@ -258,6 +322,28 @@ class Importer:
         for o in node.output[keep:]:
             if o and o in self.used:
                 raise where.refuse(f"its output '{o}' is used; deepdsl computes only the first output")
+
+
+GAP = "<not imported>"  # what the output of a refused node holds while the rest of the graph is read
+
+
+def refusals(file: str, opset: int, gaps: list[NodeRefused], after: list[NodeRefused]) -> DslProgramError:
+    """One error listing every node that cannot be imported, grouped by op type (in the order each type first
+    appears), each node with its name, opset and why; then the nodes refused only after reading such a node's
+    output (they may follow from it)."""
+    groups: dict[str, list[NodeRefused]] = {}
+    for e in gaps:
+        groups.setdefault(e.node.op, []).append(e)
+    total = len(gaps) + len(after)
+    lines = [f"{file}: {total} nodes cannot be imported (opset {opset}); by op type:"]
+    for op, es in groups.items():
+        lines.append(f"  {op} ({len(es)} node{'s' if len(es) > 1 else ''}):")
+        lines += [f"    {e.node.label}: {e.why}" for e in es]
+    if after:
+        lines.append(f"  and {len(after)} that read the output of a node above (refused perhaps only for that):")
+        lines += [f"    {e.node.label}: {e.why}" for e in after]
+    hints = [e.hint for e in (*gaps, *after) if e.hint]
+    return DslProgramError("\n".join(lines), hint=hints[0] if hints else None)
 
 
 def import_model(path: str | Path, batch: int | None = None, loss: bool = True) -> Imported:

@@ -111,8 +111,11 @@ def tensor_array(t: Any, what: str, onnx: Any) -> np.ndarray:
         raise DslProgramError(f"{where} has dims {dims}; at most {MAX_ELEMENTS:,} elements, none negative")
     if t.data_location == onnx.TensorProto.EXTERNAL:
         raise DslProgramError(f"{where} keeps its data in an external file")  # read_external_data reads them all
-    if t.raw_data:
-        held, need = len(t.raw_data), count * np.dtype(dtype).itemsize
+    raw = t.raw_data  # one copy out of the message (each access of the field makes another)
+    if raw:
+        held, need = len(raw), count * np.dtype(dtype).itemsize
+        if held == need:  # the bytes as they are, little-endian as ONNX stores them
+            return np.frombuffer(raw, dtype=dtype).reshape(dims).astype(np.dtype(dtype).newbyteorder("="))
         unit = "bytes"
     else:
         field = {1: "float_data", 7: "int64_data", 11: "double_data", 12: "uint64_data", 13: "uint64_data"}.get(

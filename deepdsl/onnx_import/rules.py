@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from deepdsl.onnx_import.folding import FOLDED, fold, numpy_helper_value
-from deepdsl.onnx_import.writing import Node, attr, call, num, pair
+from deepdsl.frontend.builtins import BUILTINS
+from deepdsl.onnx_import import more_rules
+from deepdsl.onnx_import.folding import FOLD_ONLY, FOLDED, fold, numpy_helper_value
+from deepdsl.onnx_import.writing import Node, attr, call, num, pair, takes
 
 if TYPE_CHECKING:
     from deepdsl.onnx_import.importer import Importer
@@ -21,17 +23,23 @@ SUPPORTED = (
     "Add", "AveragePool", "BatchNormalization", "Concat", "Constant", "Conv", "Div", "Dropout", "Flatten", "Gemm",
     "GlobalAveragePool", "Identity", "LRN", "LeakyRelu", "LogSoftmax", "MatMul", "MaxPool", "Mul", "ReduceMean",
     "Relu", "Reshape", "Sigmoid", "Softmax", "Sub", "Tanh",
+    # issue 33
+    "Clip", "ConvTranspose", "Expand", "Gelu", "HardSigmoid", "HardSwish", "LayerNormalization", "Pow", "Resize",
+    "Slice", "Split", "Sqrt", "Transpose",
 )  # fmt: skip
 
 
-def _ints(attrs: dict, key: str, default: list[int]) -> list[int]:
+def int_list(attrs: dict, key: str, default: list[int]) -> list[int]:
     return [int(v) for v in attrs.get(key, default)]
 
 
-def _spatial(imp: Importer, node: Any, where: Node, attrs: dict, kernel: tuple[int, int]) -> tuple[tuple, tuple]:
-    """(stride, pad) of a 2-D window op, refusing what the language cannot say (asymmetric pads, dilations)."""
-    strides = tuple(_ints(attrs, "strides", [1, 1]))
-    pads = _ints(attrs, "pads", [0, 0, 0, 0])
+def _spatial(
+    imp: Importer, node: Any, where: Node, attrs: dict, kernel: tuple[int, int], conv: bool = False
+) -> tuple[tuple, tuple]:
+    """(stride, pad) of a 2-D window op, refusing what the language cannot say; a convolution's pad may be
+    asymmetric (top, left, bottom, right) where the language takes that 4-tuple, its dilation is `_dilation`."""
+    strides = tuple(int_list(attrs, "strides", [1, 1]))
+    pads = int_list(attrs, "pads", [0, 0, 0, 0])
     auto = attrs.get("auto_pad", b"NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else str(auto)
     if auto in ("SAME_UPPER", "SAME_LOWER"):
@@ -47,10 +55,23 @@ def _spatial(imp: Importer, node: Any, where: Node, attrs: dict, kernel: tuple[i
     if len(pads) != 4 or len(strides) != 2:
         raise where.refuse("only 2-D windows are supported (an NCHW input)")
     if pads[0] != pads[2] or pads[1] != pads[3]:
-        raise where.refuse(f"pads {pads} are asymmetric; the language pads both sides alike")
-    if any(d != 1 for d in _ints(attrs, "dilations", [1, 1])):
-        raise where.refuse(f"dilations {_ints(attrs, 'dilations', [1, 1])}: the language has no dilated windows")
+        if conv and takes("conv(x, 2, kernel=3, pad=(0, 0, 1, 1))"):
+            return strides, tuple(pads)
+        raise where.refuse(f"pads {pads} are asymmetric; the language pads both sides alike"
+                           + (" (this build takes no 4-tuple pad)" if conv else ""))  # fmt: skip
+    if not conv and any(d != 1 for d in int_list(attrs, "dilations", [1, 1])):
+        raise where.refuse(f"dilations {int_list(attrs, 'dilations', [1, 1])}: the language has no dilated windows")
     return strides, (pads[0], pads[1])
+
+
+def _dilation(where: Node, attrs: dict, fn: str) -> str | None:
+    """A convolution's dilation as the `dilation=` value, None where it is 1."""
+    d = tuple(int_list(attrs, "dilations", [1, 1]))
+    if d == (1, 1):
+        return None
+    if not any(a.name == "dilation" for a in BUILTINS[fn].args):
+        raise where.refuse(f"dilations {list(d)}: the language has no dilated windows in this build")
+    return pair(d)
 
 
 def _conv(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
@@ -66,12 +87,17 @@ def _conv(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     kernel = (int(w.shape[2]), int(w.shape[3]))
     if "kernel_shape" in attrs and tuple(attrs["kernel_shape"]) != kernel:
         raise where.refuse(f"kernel_shape {list(attrs['kernel_shape'])} differs from the weight's {list(kernel)}")
-    stride, pad = _spatial(imp, node, where, attrs, kernel)
+    stride, pad = _spatial(imp, node, where, attrs, kernel, conv=True)
     kw = {"kernel": pair(kernel)}
     if stride != (1, 1):
         kw["stride"] = pair(stride)
-    if pad != (0, 0):
+    if len(pad) == 4:
+        kw["pad"] = f"({', '.join(map(str, pad))})"
+    elif pad != (0, 0):
         kw["pad"] = pair(pad)
+    dilation = _dilation(where, attrs, "conv")
+    if dilation is not None:
+        kw["dilation"] = dilation
     groups = int(attrs.get("group", 1))
     if groups != 1:
         kw["groups"] = str(groups)
@@ -82,7 +108,7 @@ def _conv(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     imp.bind(node, f"{name}({x})", name)
 
 
-def _full(imp: Importer, node: Any, where: Node, x: str, w: np.ndarray, b: np.ndarray | None) -> None:
+def full_layer(imp: Importer, node: Any, where: Node, x: str, w: np.ndarray, b: np.ndarray | None) -> None:
     """`full` with weight `w` [out, in] and optional bias [out]."""
     kw = {} if b is not None else {"bias": "false"}
     params = {"W": w} if b is None else {"W": w, "b": b}
@@ -120,16 +146,18 @@ def _gemm(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         if bias is None:
             raise where.refuse(f"C of shape {list(c.shape)} differs between samples; deepdsl's bias is one vector")
         bias = bias * np.float32(attrs.get("beta", 1.0))
-    _full(imp, node, where, x, w, bias)
+    full_layer(imp, node, where, x, w, bias)
 
 
 def _matmul(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     x = imp.tensor(node.input[0], where)
     w = imp.const(node.input[1])
     if w is None:
-        raise where.refuse("deepdsl imports MatMul with a constant weight (an initialiser) as B")
-    if len(imp.shape(node.input[0], where)) != 2 or w.ndim != 2:
-        raise where.refuse("deepdsl imports MatMul of a [batch, features] input by a matrix")
+        more_rules.matmul_computed(imp, node, where)
+        return
+    shape = imp.shape(node.input[0], where)
+    if len(shape) < 2 or w.ndim != 2:
+        raise where.refuse("deepdsl imports MatMul of a [batch, ..., features] input by a matrix")
     bias = None
     users = imp.readers.get(node.output[0], [])
     graph_out = {o.name for o in imp.graph.output}
@@ -140,12 +168,15 @@ def _matmul(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         bias = _bias_vector(c, w.shape[1]) if c is not None else None
         if bias is not None:
             imp.absorbed.add(j)
-            node = _Rename(node, add.output[0])
-    _full(imp, node, where, x, w.T, bias)
+            node = Renamed(node, add.output[0])
+    if len(shape) > 2:
+        more_rules.matmul_rows(imp, node, where, x, shape, w.T, bias)
+        return
+    full_layer(imp, node, where, x, w.T, bias)
 
 
 @dataclass
-class _Rename:
+class Renamed:
     """A node whose result is another node's output (the Add folded into a MatMul)."""
 
     node: Any
@@ -175,6 +206,8 @@ def _arith(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         return
     if ca is None and cb is None:
         sa, sb = imp.shape(a, where), imp.shape(b, where)
+        if sa != sb and more_rules.broadcast_binary(imp, node, where, sym):
+            return
         if sa != sb:
             raise where.refuse(f"it broadcasts {list(sa)} with {list(sb)}; the language's {sym} needs equal shapes")
         imp.bind(node, f"{imp.tensor(a, where)} {sym} {imp.tensor(b, where)}")
@@ -238,7 +271,7 @@ def _pool(fn: str) -> Callable[..., None]:
         shape = imp.shape(node.input[0], where)
         if len(shape) != 4:
             raise where.refuse("only 2-D pooling is supported (an NCHW input)")
-        kernel = tuple(_ints(attrs, "kernel_shape", []))
+        kernel = tuple(int_list(attrs, "kernel_shape", []))
         if len(kernel) != 2:
             raise where.refuse(f"kernel_shape {list(kernel)}: only 2-D windows are supported")
         stride, pad = _spatial(imp, node, where, attrs, kernel)  # type: ignore[arg-type]
@@ -247,15 +280,21 @@ def _pool(fn: str) -> Callable[..., None]:
         imp.only_output(node, where)
         if fn == "avg_pool" and pad != (0, 0) and not int(attrs.get("count_include_pad", 0)):
             raise where.refuse("count_include_pad=0 with padding: the language's avg_pool counts the padding")
+        ceil = False
         if int(attrs.get("ceil_mode", 0)):
             floor = [(s + 2 * p - kk) // st + 1 for s, p, kk, st in zip(shape[2:], pad, kernel, stride)]
             if tuple(floor) != imp.shape(node.output[0], where)[2:]:
-                raise where.refuse("ceil_mode=1 gives a larger output here; the language's windows round down")
+                if not any(a.name == "ceil_mode" for a in BUILTINS[fn].args):
+                    raise where.refuse("ceil_mode=1 gives a larger output here; the language's windows round down "
+                                       "in this build")  # fmt: skip
+                ceil = True
         kw = {}
         if stride != kernel:
             kw["stride"] = pair(stride)
         if pad != (0, 0):
             kw["pad"] = pair(pad)
+        if ceil:
+            kw["ceil_mode"] = "true"
         imp.bind(node, call(where, fn, [x, pair(kernel)], kw))  # type: ignore[arg-type]
 
     return rule
@@ -277,8 +316,12 @@ def _reduce_mean(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> 
             raise where.refuse("the axes must be a constant")
     got = sorted(int(a) + (rank if int(a) < 0 else 0) for a in np.ravel(axes)) if axes is not None else None
     if rank != 4 or got != [2, 3]:
+        if "mean" in BUILTINS:
+            more_rules.reduce_mean_axes(imp, node, where, attrs, got)
+            return
         raise where.refuse(f"axes {got if got is not None else 'all'} of a rank-{rank} input: deepdsl imports the mean "
-                           "over H and W of [N, C, H, W] (global_avg_pool)")  # fmt: skip
+                           "over H and W of [N, C, H, W] (global_avg_pool); the built-in `mean` is not in this "
+                           "build")  # fmt: skip
     pooled = f"global_avg_pool({imp.tensor(node.input[0], where)})"
     imp.bind(node, pooled if int(attrs.get("keepdims", 1)) else f"flatten({pooled})")
 
@@ -309,7 +352,8 @@ def _flatten(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None
     rank = len(imp.shape(node.input[0], where))
     axis = int(attrs.get("axis", 1))
     if (axis + rank if axis < 0 else axis) != 1:
-        raise where.refuse(f"axis={axis}: the language flattens everything after the batch (axis 1)")
+        more_rules.reshape_any(imp, node, where)
+        return
     imp.bind(node, f"flatten({imp.tensor(node.input[0], where)})")
 
 
@@ -326,7 +370,7 @@ def _reshape(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None
     if len(t) == 2 and (first_ok and t[1] in (-1, rest) or t[0] == -1 and t[1] == rest):
         imp.bind(node, f"flatten({imp.tensor(node.input[0], where)})")
         return
-    raise where.refuse(f"shape {t} of an input {list(shape)}: deepdsl imports a Reshape to [batch, features] only")
+    more_rules.reshape_any(imp, node, where)
 
 
 def _concat(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
@@ -339,6 +383,9 @@ def _concat(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     axis = axis + rank if axis < 0 else axis
     if axis == 0:
         raise where.refuse("axis=0 would concatenate batches")
+    if any(imp.const(i) is not None for i in node.input):
+        more_rules.concat_constants(imp, node, where, axis)
+        return
     xs = [imp.tensor(i, where) for i in node.input]
     if len(xs) == 1:
         imp.env[node.output[0]] = xs[0]
@@ -348,6 +395,8 @@ def _concat(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
 
 def _softmax(fn: str) -> Callable[..., None]:
     def rule(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+        if more_rules.softmax_last(imp, node, where, attrs, fn):
+            return
         rank = len(imp.shape(node.input[0], where))
         axis = int(attrs.get("axis", -1 if imp.opset >= 13 else 1))
         if rank != 2 or (axis + rank if axis < 0 else axis) != 1:
@@ -410,6 +459,22 @@ def _constant(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> Non
 def _folded(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     shape = imp.shape(node.input[0], where) if node.op_type == "Shape" else None
     value = fold(node.op_type, attrs, [imp.const(i) for i in node.input], shape, where)
+    if value is None and node.op_type == "Gather" and imp.const(node.input[0]) is not None:
+        more_rules.embedding(imp, node, where, attrs)
+        return
+    if value is None and node.op_type == "Gather" and imp.const(node.input[0]) is None:
+        more_rules.gather_position(imp, node, where, attrs)
+        return
+    if value is None and node.op_type == "Where":
+        more_rules.where_mask(imp, node, where)
+        return
+    if value is None and node.op_type in ("Squeeze", "Unsqueeze") and imp.const(node.input[0]) is None:
+        more_rules.reshape_any(imp, node, where)  # axes of size 1 taken away or put in: a view
+        return
+    if value is None and node.op_type == "Cast" and imp.const(node.input[0]) is None:
+        if int(attrs.get("to", 0)) == 1:  # to float: what a computed tensor is already
+            imp.env[node.output[0]] = imp.tensor(node.input[0], where)
+            return
     if value is None:
         raise where.refuse(f"deepdsl imports {node.op_type} of constants and shapes only (as exporters compute "
                            "shapes)")  # fmt: skip
@@ -423,11 +488,16 @@ RULES: dict[str, Callable[..., None]] = {
     "ReduceMean": _reduce_mean, "BatchNormalization": _batch_norm, "Flatten": _flatten, "Reshape": _reshape,
     "Concat": _concat,
     "Softmax": _softmax("softmax"), "LogSoftmax": _softmax("log_softmax"), "LRN": _lrn, "Dropout": _dropout,
-    "Identity": _identity, "Constant": _constant, **{op: _folded for op in FOLDED},
+    "Identity": _identity, "Constant": _constant, **{op: _folded for op in (*FOLDED, *FOLD_ONLY)},
+    # issue 33: transformers, mobile networks, U-Nets (more_rules.py)
+    "Transpose": more_rules.transpose, "LayerNormalization": more_rules.layer_normalization, "Gelu": more_rules.gelu,
+    "Sqrt": more_rules.sqrt, "Pow": more_rules.pow_, "Clip": more_rules.clip, "HardSigmoid": more_rules.hard_sigmoid,
+    "HardSwish": more_rules.hard_swish, "Slice": more_rules.slice_, "Split": more_rules.split,
+    "Expand": more_rules.expand, "ConvTranspose": more_rules.conv_transpose, "Resize": more_rules.resize,
 }  # fmt: skip
 
 
-assert set(RULES) == set(SUPPORTED) | set(FOLDED)
+assert set(RULES) == set(SUPPORTED) | set(FOLDED) | set(FOLD_ONLY)
 
 # LSTM and GRU, and the nodes exporters write around them (deepdsl/onnx_import/recurrent.py)
 from deepdsl.onnx_import import recurrent as _recurrent  # noqa: E402

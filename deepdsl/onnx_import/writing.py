@@ -4,12 +4,13 @@ takes (`call`), the node being imported (`Node`, for messages) and the result (`
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from deepdsl.errors import DslProgramError
+from deepdsl.errors import DslError, DslProgramError
 from deepdsl.frontend.builtins import BUILTINS, QUERIES
 from deepdsl.frontend.transformer import RESERVED
 from deepdsl.ir.types import INT_MAX
@@ -77,9 +78,12 @@ def pair(values: tuple[int, ...]) -> str:
 def call(where: Node, fn: str, args: list[str], kw: dict[str, str]) -> str:
     """The call `fn(args, key=value, ...)`, each keyword's value (as written) checked against the range the built-in
     takes, so that an attribute the language refuses is refused here, at its node."""
+    need(where, fn)
     specs = {a.name: a for a in BUILTINS[fn].args}
     for key, text in kw.items():
-        spec = specs[key]
+        spec = specs.get(key)
+        if spec is None:
+            raise where.refuse(f"it needs {fn}(..., {key}={text}), which the language has no {key}= for in this build")
         if text in ("true", "false"):
             continue
         for v in (float(t) for t in text.strip("()").split(",")):
@@ -93,6 +97,28 @@ def call(where: Node, fn: str, args: list[str], kw: dict[str, str]) -> str:
     return f"{fn}({', '.join([*args, *(f'{k}={v}' for k, v in kw.items())])})"
 
 
+def need(where: Node, fn: str) -> None:
+    """Refuse the node where the built-in `fn` that its text calls is not in this build of the language."""
+    if fn not in BUILTINS:
+        raise where.refuse(f"it needs the built-in `{fn}`, which is not in this build of the language")
+
+
+@functools.cache
+def takes(snippet: str) -> bool:
+    """Whether this build compiles `h = SNIPPET` on an input x : [2, 2, 6, 6] (a form a built-in may take only in
+    newer builds, such as a 4-tuple pad)."""
+    import deepdsl.ops  # noqa: F401 — fills the op registry
+    from deepdsl.frontend.elaborate import Elaborator
+    from deepdsl.frontend.parser import parse_text
+
+    text = f"network Probe\ninput x : [2, 2, 6, 6]\nh = {snippet}\nloss = mse(h, h)\n"
+    try:
+        Elaborator(parse_text(text, "probe.ddsl"), {}, {}).run()
+    except DslError:
+        return False
+    return True
+
+
 @dataclass
 class Node:
     """The node being imported, for messages."""
@@ -103,5 +129,18 @@ class Node:
     opset: int
     base: str  # what names its layer: the node's name less PyTorch's trailing `/OpType`
 
-    def refuse(self, why: str, hint: str | None = None) -> DslProgramError:
-        return DslProgramError(f"{self.file}: node '{self.name}' ({self.op}, opset {self.opset}): {why}", hint=hint)
+    def refuse(self, why: str, hint: str | None = None) -> NodeRefused:
+        return NodeRefused(self, why, hint)
+
+    @property
+    def label(self) -> str:
+        return f"node '{self.name}' ({self.op}, opset {self.opset})"
+
+
+class NodeRefused(DslProgramError):
+    """One node the language cannot say: the node and why (the importer gathers every one before it reports)."""
+
+    def __init__(self, node: Node, why: str, hint: str | None = None):
+        super().__init__(f"{node.file}: {node.label}: {why}", hint=hint)
+        self.node = node
+        self.why = why
