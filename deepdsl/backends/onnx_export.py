@@ -284,8 +284,13 @@ def _emit(
             w.node("Add", [f"{out}/erf", w.const(s.layer or "gelu", np.asarray(1.0, np.float32))], f"{out}/one", s)
             w.node("Mul", [xs[0], f"{out}/one"], f"{out}/x", s)
             w.node("Mul", [f"{out}/x", w.const(s.layer or "gelu", np.asarray(0.5, np.float32))], out, s)
-    elif s.op == "layer_norm_rows":
-        _normalise_rows(w, s, xs[0], float(a["eps"]), opset, out)
+    elif s.op == "layer_norm_rows":  # rows normalised without a scale and shift (group_norm, instance_norm)
+        if opset >= 17:
+            d = s.inputs[0].type.shape[-1]
+            ones, zeros = (w.const(s.layer or "norm", np.full(d, v, np.float32)) for v in (1.0, 0.0))
+            w.node("LayerNormalization", [xs[0], ones, zeros], out, s, axis=-1, epsilon=float(a["eps"]))
+        else:
+            _normalise_rows(w, s, xs[0], float(a["eps"]), opset, out)
     elif s.op == "broadcast_channel":
         shape = tuple(a["shape"])
         readers = w.users.get(s.out.name, [])
