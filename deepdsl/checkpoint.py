@@ -11,7 +11,8 @@ a slash simply becomes a folder inside the ZIP, and ``np.load`` gives the name b
 
 Names with a slash are optimizer state and optional as a group: a file with none of the
 expected ``opt/...`` names loads without them (the optimizer starts fresh); a file with some of
-them must have all.
+them must have all. The state a file holds for a parameter the network does not train (`freeze`)
+is skipped, so that a frozen network fine-tunes from a file a full run saved.
 """
 
 from __future__ import annotations
@@ -92,7 +93,11 @@ def load_npz(
         raise DslProgramError(f"parameter file not found: '{path}'")
     arrays = read_npz(path, "parameter file")
     with_opt = any(is_optimizer_state(n) and n in arrays for n in expected)
-    extra = [n for n in arrays if n not in expected and not (ignore_optimizer_state and is_optimizer_state(n))]
+    frozen = _stateless_parameters(expected)
+    extra = [
+        n for n in arrays
+        if n not in expected and not (ignore_optimizer_state and is_optimizer_state(n)) and _owner(n) not in frozen
+    ]  # fmt: skip
     out: dict[str, np.ndarray] = {}
     for name, (shape, dtype) in expected.items():
         if is_optimizer_state(name) and not with_opt:
@@ -113,6 +118,23 @@ def load_npz(
         hint = " (saved with a different optimizer?)" if is_optimizer_state(name) else ""
         raise DslProgramError(f"parameter file '{path}' has an entry '{name}' that the network does not have{hint}")
     return out
+
+
+def _owner(name: str) -> str | None:
+    """The parameter whose optimizer state `name` is (`opt/cv1.W/momentum` -> `cv1.W`); None for anything else."""
+    if not name.startswith("opt/") or name.count("/") < 2:
+        return None
+    return name[len("opt/") : name.rindex("/")]
+
+
+def _stateless_parameters(expected: Mapping[str, object]) -> set[str]:
+    """The parameters a network holds but keeps no optimizer state for while it keeps some for others: the frozen
+    ones (`freeze`). A file saved before they were frozen holds their state, which loading skips (fine-tuning
+    from a full run); a network that keeps no state at all skips nothing, so another optimizer's file is an error."""
+    owners = {_owner(n) for n in expected} - {None}
+    if not owners:
+        return set()
+    return {n for n in expected if not is_optimizer_state(n) and n not in owners}
 
 
 def _kind(dtype: np.dtype) -> str:

@@ -275,3 +275,24 @@ def test_the_finetune_example_trains_its_head_and_keeps_its_stem(tmp_path) -> No
     for name in ("cv2.W", "fc1.W", "fc2.W", "bn.running_mean"):
         assert not np.array_equal(a[name], b[name]), name
     assert all(np.isfinite(got["losses"]))
+
+
+def test_fine_tuning_loads_a_run_saved_without_freeze(tmp_path) -> None:  # noqa: ANN001
+    # train everything and save (with momentum state for every parameter), then fine-tune with cv1 frozen from that
+    # file: the frozen parameters' optimizer state is skipped, the others' loads, and cv1 stays as it was saved
+    full = api.build(_program(BN_NET, "optimizer = sgd(lr=0.1, momentum=0.9)\n  iterations = 2").program)
+    run_training(full, device="cpu", data_flag="synthetic", save=str(tmp_path / "trained.npz"))
+    trained = np.load(tmp_path / "trained.npz")
+    assert "opt/cv1.W/momentum" in trained.files
+    tune = api.build(_program(BN_NET, 'optimizer = sgd(lr=0.1, momentum=0.9)\n  freeze = "cv1"').program)
+    got = run_training(tune, device="cpu", data_flag="synthetic", iters=2, load=str(tmp_path / "trained.npz"),
+                       save=str(tmp_path / "tuned.npz"))  # fmt: skip
+    tuned = np.load(tmp_path / "tuned.npz")
+    assert all(np.isfinite(got["losses"])) and "opt/cv1.W/momentum" not in tuned.files
+    np.testing.assert_array_equal(tuned["cv1.W"], trained["cv1.W"])
+    assert int(tuned["opt/iteration"]) == int(trained["opt/iteration"]) + 2  # the step counter continues
+    assert not np.array_equal(tuned["fc.W"], trained["fc.W"])
+    # a different optimizer's state is still an error: not a frozen parameter's
+    adam = api.build(_program(BN_NET, 'optimizer = adam()\n  freeze = "cv1"').program)
+    with pytest.raises(DslError, match="optimizer state"):
+        run_training(adam, device="cpu", data_flag="synthetic", iters=1, load=str(tmp_path / "trained.npz"))

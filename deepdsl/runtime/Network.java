@@ -6,10 +6,12 @@ import java.io.UncheckedIOException;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;
+import java.util.Set;
 import java.util.function.Supplier;
 
 /**
@@ -352,6 +354,36 @@ public abstract class Network extends NetworkTensors {
     Npz.write(Path.of(file), out, replaceReadOnly);
   }
 
+  /** The parameter whose optimizer state {@code name} is ({@code opt/cv1.W/m} is cv1.W's), or null. */
+  private static String owner(String name) {
+    int last = name.lastIndexOf('/');
+    return name.startsWith("opt/") && last > 3 ? name.substring(4, last) : null;
+  }
+
+  /**
+   * The parameters this network holds but keeps no optimizer state for while it keeps some for others: the
+   * frozen ones. The state a file holds for them is skipped (fine-tuning from a file a full run saved), as
+   * deepdsl/checkpoint.py does.
+   */
+  private static Set<String> statelessParameters(List<String> expected) {
+    Set<String> owners = new HashSet<>();
+    for (String name : expected) {
+      String p = owner(name);
+      if (p != null) {
+        owners.add(p);
+      }
+    }
+    Set<String> out = new HashSet<>();
+    if (!owners.isEmpty()) {
+      for (String name : expected) {
+        if (!name.contains("/") && !owners.contains(name)) {
+          out.add(name);
+        }
+      }
+    }
+    return out;
+  }
+
   /**
    * Reads a parameter file: every parameter and model state must be there with its shape; the
    * optimizer state may be absent as a whole (the optimizer then starts fresh). The first problem
@@ -408,8 +440,9 @@ public abstract class Network extends NetworkTensors {
                 + (a.isFloat() ? "an integer" : "floats"));
       }
     }
+    Set<String> frozen = statelessParameters(expected);
     for (String name : in.keySet()) {
-      if (!expected.contains(name)) {
+      if (!expected.contains(name) && !frozen.contains(owner(name))) {
         throw new IOException(
             "parameter file '"
                 + file

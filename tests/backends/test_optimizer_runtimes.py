@@ -40,6 +40,8 @@ CASES = {
     "RmsMomentum": "optimizer = rmsprop(momentum=0.8, weight_decay=0.01)\n  lr = warmup(cosine(0.01), steps=2)",
     "RmsFrozen": 'optimizer = rmsprop(lr=0.005)\n  freeze = ("cv", "bn.gamma")\n  lr_mult = (("h", 4), ("fc.b", 0))',
     "Nesterov": 'optimizer = sgd(lr=0.05, momentum=0.9, weight_decay=0.001, nesterov=true)\n  lr_mult = ("cv", 0.5)',
+    # fine-tunes from a file Nesterov saved: its momentum state of cv is skipped
+    "NesterovFrozen": 'optimizer = sgd(lr=0.05, momentum=0.9, weight_decay=0.001, nesterov=true)\n  freeze = "cv"',
 }
 
 
@@ -131,4 +133,21 @@ def test_the_java_cuda_device_gives_the_cpu_devices_losses(programs: Path, name:
     got = json.loads(r.stdout)
     want = java_json(programs / "build", name, "--data", "synthetic", "--device", "cpu", cwd=programs)
     assert got["device"] == "cuda"
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
+
+
+@_java
+def test_the_java_program_fine_tunes_from_a_run_saved_without_freeze(programs: Path, tmp_path: Path) -> None:
+    trained, tuned = tmp_path / "trained.npz", tmp_path / "tuned.npz"
+    args = ("--data", "synthetic", "--device", "cpu")
+    java_json(programs / "build", "Nesterov", *args, "--save", str(trained), cwd=programs)
+    got = java_json(programs / "build", "NesterovFrozen", *args, "--load", str(trained), "--save", str(tuned),
+                    cwd=programs)  # fmt: skip
+    before, after = np.load(trained), np.load(tuned)
+    assert "opt/cv.W/momentum" in before.files and "opt/cv.W/momentum" not in after.files
+    np.testing.assert_array_equal(after["cv.W"], before["cv.W"])
+    assert not np.array_equal(after["fc.W"], before["fc.W"]) and np.isfinite(got["losses"]).all()
+    # the NumPy runner loads the same file the same way and gives the same losses
+    program = api.compile_source(_text("NesterovFrozen"), "NesterovFrozen.ddsl").program
+    want = run_training(api.build(program), device="cpu", data_flag="synthetic", load=str(trained))
     np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
