@@ -161,6 +161,28 @@ def test_torchscript_pattern_every_step(tmp_path: Path, op: str, opset: int) -> 
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_torchscript_zero_states_sized_from_the_transposed_input(tmp_path: Path, op: str) -> None:
+    """As torch.onnx.export(dynamo=False) writes nn.LSTM: the zero states an Expand of a zero to [1, N, H], N read
+    by a Shape of the transposed input, so that the Transpose has a Shape reader beside the recurrent node."""
+    m = Model(["N", T, D], 17)
+    xt = m.node("Transpose", ["x"], perm=[1, 0, 2])[0]
+    n = m.node("Gather", [m.node("Shape", [xt])[0], m.init("one", np.asarray(1, np.int64))], axis=0)[0]
+    n = m.node("Unsqueeze", [n, m.init("zero_axis", np.asarray([0], np.int64))])[0]
+    size = m.node("Concat", [m.init("lead", np.asarray([1], np.int64)), n, m.init("hidden", np.asarray([H], np.int64))],
+                  axis=0)[0]  # fmt: skip
+    zero = m.node("Expand", [m.init("zero", np.zeros((1, 1, 1), np.float32)), size])[0]
+    g = (4 if op == "LSTM" else 3) * H
+    ins = [xt, m.init("W", RNG.uniform(-0.7, 0.7, (1, g, D)).astype(np.float32)),
+           m.init("R", RNG.uniform(-0.7, 0.7, (1, g, H)).astype(np.float32)),
+           m.init("B", RNG.uniform(-0.7, 0.7, (1, 2 * g)).astype(np.float32)), "", zero]  # fmt: skip
+    extra = {"linear_before_reset": 1} if op == "GRU" else {}
+    y = m.node(op, ins + ([zero] if op == "LSTM" else []), 2, hidden_size=H, **extra)[0]
+    out = m.node("Transpose", [m.squeeze(y, 1)], perm=[1, 0, 2])[0]
+    text = imported_equals_ort(tmp_path, m.model(out, ["N", T, H]))
+    assert f"{op.lower()}({H})" in text and "Transpose" not in text
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
 def test_dynamo_pattern_last_step_then_gemm(tmp_path: Path, op: str) -> None:
     """Y -> Transpose [0, 2, 1, 3] -> Reshape [T, N, H] -> Transpose [1, 0, 2] -> Gather(-1, axis 1) -> Gemm."""
     m = Model([N, T, D])

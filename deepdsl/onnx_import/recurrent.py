@@ -281,7 +281,11 @@ def _transpose(fallback: Callable[..., None] | None) -> Callable[..., None]:
     def rule(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         perm = [int(p) for p in attrs.get("perm", [])]
         readers = _readers(imp, node.output[0])
-        to_rnn = readers and all(r.op_type in ("LSTM", "GRU") and r.input[0] == node.output[0] for _, r in readers)
+        # read as X by recurrent nodes (and by Shape nodes, which the TorchScript exporter writes to size the zero
+        # initial states: they fold from the shape alone)
+        to_rnn = any(r.op_type in ("LSTM", "GRU") for _, r in readers) and all(
+            r.op_type in ("LSTM", "GRU") and r.input[0] == node.output[0] or r.op_type == "Shape" for _, r in readers
+        )
         if perm == [1, 0, 2] and to_rnn and node.input[0] in imp.env and not _is_output(imp, node.output[0]):
             _time_major(imp)[node.output[0]] = imp.tensor(node.input[0], where)  # the recurrent node reads it
             return
