@@ -6,7 +6,6 @@ import java.io.UncheckedIOException;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Locale;
@@ -352,36 +351,6 @@ public abstract class Network extends NetworkTensors {
     }
     out.put(ITERATION, Npz.Array.ofLongs(new long[] {iteration}));
     Npz.write(Path.of(file), out, replaceReadOnly);
-  }
-
-  /** The parameter whose optimizer state {@code name} is ({@code opt/cv1.W/m} is cv1.W's), or null. */
-  private static String owner(String name) {
-    int last = name.lastIndexOf('/');
-    return name.startsWith("opt/") && last > 3 ? name.substring(4, last) : null;
-  }
-
-  /**
-   * The parameters this network holds but keeps no optimizer state for while it keeps some for others: the
-   * frozen ones. The state a file holds for them is skipped (fine-tuning from a file a full run saved), as
-   * deepdsl/checkpoint.py does.
-   */
-  private static Set<String> statelessParameters(List<String> expected) {
-    Set<String> owners = new HashSet<>();
-    for (String name : expected) {
-      String p = owner(name);
-      if (p != null) {
-        owners.add(p);
-      }
-    }
-    Set<String> out = new HashSet<>();
-    if (!owners.isEmpty()) {
-      for (String name : expected) {
-        if (!name.contains("/") && !owners.contains(name)) {
-          out.add(name);
-        }
-      }
-    }
-    return out;
   }
 
   /**

@@ -2,9 +2,11 @@ package deepdsl.runtime;
 
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 
 /**
  * A network's tensors, as its generated class declares them: parameters, model state, optimizer
@@ -456,5 +458,35 @@ public abstract class NetworkTensors {
     }
     double[] values = args.stream().mapToDouble(Double::doubleValue).toArray();
     return Init.array(name, shape, kind, values, fanIn, fanOut, settings.seed);
+  }
+
+  /** The parameter whose optimizer state {@code name} is ({@code opt/cv1.W/m} is cv1.W's), or null. */
+  static String owner(String name) {
+    int last = name.lastIndexOf('/');
+    return name.startsWith("opt/") && last > 3 ? name.substring(4, last) : null;
+  }
+
+  /**
+   * The parameters this network holds but keeps no optimizer state for while it keeps some for others: the
+   * frozen ones. The state a file holds for them is skipped (fine-tuning from a file a full run saved), as
+   * deepdsl/checkpoint.py does.
+   */
+  static Set<String> statelessParameters(List<String> expected) {
+    Set<String> owners = new HashSet<>();
+    for (String name : expected) {
+      String p = owner(name);
+      if (p != null) {
+        owners.add(p);
+      }
+    }
+    Set<String> out = new HashSet<>();
+    if (!owners.isEmpty()) {
+      for (String name : expected) {
+        if (!name.contains("/") && !owners.contains(name)) {
+          out.add(name);
+        }
+      }
+    }
+    return out;
   }
 }
