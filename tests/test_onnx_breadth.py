@@ -14,6 +14,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from test_onnx import Net, close  # noqa: E402
 
+from deepdsl.backends.numpy_runner import run  # noqa: E402
 from deepdsl.errors import DslError  # noqa: E402
 from deepdsl.frontend.builtins import BUILTINS  # noqa: E402
 from deepdsl.onnx_import import import_model  # noqa: E402
@@ -549,3 +550,43 @@ def test_conv_transpose_and_upsample_export_and_round_trip(tmp_path: Path, opset
     again = api.compile_source(got.text, "again.ddsl").program
     assert again.graph.parameter_count == program.graph.parameter_count
     close(run_deepdsl(again, got.arrays, feeds), want)
+
+
+# ---- tensor functions with reductions: the body over the grid grown by the reduced indices, then Reduce* ----
+
+REDUCTIONS = """network Reductions
+const N = 2
+input x : [N, 4, 5]
+input t : [N, 3]
+tensor gram(x[B, C, P]) -> [b, i, j] = sum[p] x[b, i, p] * x[b, j, p]
+tensor row_norm(x[B, C, P]) -> [b, c, p] {
+  param g[P] = constant(1.5)
+  mu[b, c] = sum[q] x[b, c, q] / P
+  var[b, c] = sum[q] (x[b, c, q] - mu[b, c]) ^ 2 / P
+  return g[p] * (x[b, c, p] - mu[b, c]) / sqrt(var[b, c] + 1e-5)
+}
+tensor peak(x[B, C, P]) -> [b, c] = max[p] x[b, c, p] + sum[k: 3] (k + 1) * x[b, c, k]
+tensor shifted(x[B, C, P]) -> [b, p: P] = sum[c, q: 2] x[b, c, p - q]
+tensor constant_sum(x[B, C, P]) -> [b, c] = x[b, c, 0] * sum[k: 4] k
+f = full(concat(flatten(gram(x)), flatten(row_norm(x)), peak(x), shifted(x), constant_sum(x)), 3)
+loss = mse(f, t)
+predict = f
+"""
+
+
+@pytest.mark.parametrize("opset", [13, 17, 18])
+def test_tensor_functions_with_reductions_export(opset: int) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    program = api.compile_source(REDUCTIONS, "reductions.ddsl").program
+    arrays = initial_arrays(program)
+    model = export_graph(infer_program(program.graph), arrays, opset=opset)
+    ops = {n.op_type for n in model.graph.node}
+    assert {"ReduceSum", "ReduceMax"} <= ops, ops
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 4, 5)).astype(np.float32)
+    feeds = {"x": x, "t": np.zeros((2, 3), np.float32)}
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})[0]
+    b = api.build(program)
+    want = run(b.infer, {d.value.name: feeds[d.value.name] for d in b.infer.inputs}, arrays).outputs["predict"]
+    close(got, want)

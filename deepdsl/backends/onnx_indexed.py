@@ -6,8 +6,9 @@ causal mask `j <= i`, a condition `t == 0`) is a constant computed here; a read 
 where it lines up with the grid (`x[b, t, c]`, `pos[t, c]`: a Reshape at most), else a Gather of the flattened
 input by constant positions (`x[b, t - 1, c]`, `x[b, 0, c]`), the batch axis kept symbolic when the read passes it
 through, and a Where that makes reads outside the input zero (the language's padding); the arithmetic, the
-comparisons, `select` and the scalar functions are ONNX's element-wise operators. A reduction over an index
-(`sum`/`max` inside the body) has no decomposition here: it is refused with that reason.
+comparisons, `select` and the scalar functions are ONNX's element-wise operators. A reduction over indices
+(`sum[k]` / `max[k]` inside the body) evaluates its body over the grid grown by those indices (new last axes),
+then ReduceSum / ReduceMax over them.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class _Lowering:
         if isinstance(e, Read):
             return self.read(e)
         if isinstance(e, Reduce):
-            raise Unsupported(f"a {e.kind} over an index inside the body has no decomposition into ONNX operators")
+            return self.reduce(e)
         assert isinstance(e, Apply)
         if e.fn == "select":  # a condition of indices alone may split the grid: the branches then go by parts
             cond = self.value(e.args[0])
@@ -144,6 +145,39 @@ class _Lowering:
         if e.fn in _UNARY:
             return self.node(_UNARY[e.fn], [self.tensor(args[0], False)], shape)
         raise Unsupported(f"the function '{e.fn}' has no ONNX operator here")
+
+    def reduce(self, e: Reduce) -> _Val:
+        """`sum[k] body` / `max[k] body`: the body over the grid grown by the reduced indices (new last axes), made
+        full along them (a body that does not read k is the same for every k), then ReduceSum / ReduceMax over them."""
+        if any(v in self.axis for v, _ in e.vars):
+            raise Unsupported(f"the reduced index '{next(v for v, _ in e.vars if v in self.axis)}' shadows another")
+        saved = (self.out, self.axis, self.rank, list(self.ranges))
+        self.out = (*self.out, *e.vars)
+        self.axis = {name: k for k, (name, _) in enumerate(self.out)}
+        self.rank = len(self.out)
+        self.ranges = [*self.ranges, *((0, n) for _, n in e.vars)]
+        try:
+            body = self.value(e.body)
+            rank, want = self.rank, tuple(size for _, size in self.ranges)
+        finally:
+            self.out, self.axis, self.rank, self.ranges = saved
+        axes = list(range(self.rank, rank))
+        shape = (1,) * (rank - len(body.shape)) + tuple(body.shape)
+        grown = tuple(want[k] if k in axes else n for k, n in enumerate(shape))
+        if body.const is not None:
+            c = np.broadcast_to(np.asarray(body.const).reshape(shape), grown)
+            return _Val(
+                grown[: self.rank], const=c.sum(axis=tuple(axes)) if e.kind == "sum" else c.max(axis=tuple(axes))
+            )
+        name = self.tensor(body, False)
+        if shape != grown:  # Expand keeps an axis where the target says 1: only the reduced axes grow
+            target = [want[k] if k in axes and shape[k] == 1 else 1 for k in range(rank)]
+            name = self.node("Expand", [name, self.constant(target, np.int64)], grown).name  # type: ignore[assignment]
+        op, since = ("ReduceSum", 13) if e.kind == "sum" else ("ReduceMax", 18)  # axes an input from `since`
+        out = grown[: self.rank]
+        if self.w.opset >= since:
+            return self.node(op, [name, self.constant(axes, np.int64)], out, keepdims=0)
+        return self.node(op, [name], out, axes=axes, keepdims=0)
 
     def read(self, r: Read) -> _Val:
         x = self.s.inputs[r.input]
