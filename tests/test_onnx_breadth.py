@@ -144,6 +144,21 @@ def test_every_network_exports_and_ort_equals_deepdsl(net: str, opset: int) -> N
         assert "Gather" in ops and "Where" in ops  # the embedding, the causal mask
 
 
+EXAMPLES = sorted(p.stem for p in (ROOT / "networks" / "examples").glob("*.ddsl"))
+
+
+@pytest.mark.parametrize("net", EXAMPLES)
+def test_every_example_network_exports_and_ort_equals_deepdsl(net: str) -> None:
+    # what practitioners write (networks/examples/): recurrent layers, group norm and adaptive pooling (its index
+    # form decomposed), 1-D convolutions, sampling (its inference mean), two inputs, token ids, ...
+    program = api.compile_file(str(ROOT / "networks" / "examples" / f"{net}.ddsl"), {"N": 2}).program
+    arrays = initial_arrays(program)
+    model = export_graph(infer_program(program.graph), arrays, 17)
+    onnx.checker.check_model(model, full_check=True)
+    feeds = feeds_for(program, np.random.default_rng(1))
+    close(run_ort(model, feeds), run_deepdsl(program, arrays, feeds))
+
+
 # ---- import: the operators of transformers, mobile networks and U-Nets ----
 
 

@@ -24,6 +24,7 @@ from deepdsl.backends import onnx_recurrent
 from deepdsl.backends.onnx_indexed import Unsupported, lower_indexed
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import Graph, Stmt
+from deepdsl.ir.analysis import index_form
 from deepdsl.ir.types import DType
 from deepdsl.version import __version__
 
@@ -368,6 +369,12 @@ def _emit(
             lower_indexed(w, s, out, batch)
         except Unsupported as e:
             raise _refuse(s, f"this tensor function has no decomposition into ONNX operators: {e}") from None
+    elif (form := index_form(s)) is not None:  # an op with no ONNX operator of its own (adaptive pooling): its
+        # index form decomposed as a tensor function's is
+        try:
+            lower_indexed(w, s.replace(op="indexed", attrs=(("out", form.out), ("body", form.body))), out, batch)
+        except Unsupported as e:
+            raise _refuse(s, f"no ONNX operator, and its index form has no decomposition: {e}") from None
     else:
         raise _refuse(s, "no ONNX operator is written for it")
 
