@@ -22,7 +22,8 @@ STEPS = 12
 def test_the_examples_are_there() -> None:
     # the everyday networks the issue on language breadth names, each written without workarounds
     names = {p.stem for p in EXAMPLES}
-    assert {"cifar_resnet", "unet", "transformer_classifier", "siamese", "dcgan_generator"} <= names, names
+    assert {"cifar_resnet", "unet", "transformer_classifier", "siamese", "dcgan_generator", "lstm_classifier", "vae",
+            "audio_1d", "groupnorm_swish", "image_tabular", "finetune"} <= names, names  # fmt: skip
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
