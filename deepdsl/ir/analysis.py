@@ -153,10 +153,7 @@ def classified_label(g: Graph) -> str | None:
     if "predict" not in outputs:
         return None
     labels = {d.value.name: d for d in g.inputs if d.kind == "label"}
-    needed = {outputs["loss"].name}
-    for st in reversed(g.stmts):
-        if st.out.name in needed:
-            needed.update(v.name for v in st.inputs)
+    needed = _loss_reads(g)
     predict = outputs["predict"].type
     for st in g.stmts:
         if REGISTRY[st.op].classifies and st.out.name in needed and st.inputs[1].name in labels:
@@ -166,25 +163,33 @@ def classified_label(g: Graph) -> str | None:
     return None
 
 
-# the loss ops that compare a prediction with a target of its own shape
-REGRESSION_LOSSES = ("mse", "l1", "huber")
+def _loss_reads(g: Graph) -> set[str]:
+    """The names of the values the loss depends on (itself included)."""
+    needed = {dict(g.outputs)["loss"].name}
+    for st in reversed(g.stmts):
+        if st.out.name in needed:
+            needed.update(v.name for v in st.inputs)
+    return needed
+
+
+def _compares(st: Stmt) -> bool:
+    """Whether `st` is a loss that compares a prediction with a target of its shape: `mse`, or a scalar tensor
+    function (`l1`, `huber` and a custom loss are `indexed` statements reduced to a scalar)."""
+    return st.op == "mse" or (st.op == "indexed" and st.out.type.rank == 0)
 
 
 def regression_target(g: Graph) -> str | None:
-    """The float `input` that a regression loss (`REGRESSION_LOSSES`) the loss depends on reads directly, where
-    `predict` has that input's shape (`loss = mse(net(x), t)` with `predict = net(x)`: t); None otherwise. The test
-    phase reports the mean absolute error of `predict` against it."""
+    """The float `input` that a regression loss (`_compares`) the loss depends on reads directly, where `predict`
+    has that input's shape (`loss = mse(net(x), t)` or `l1(net(x), t)` with `predict = net(x)`: t); None otherwise.
+    The test phase reports the mean absolute error of `predict` against it."""
     outputs = dict(g.outputs)
     if "predict" not in outputs or "loss" not in outputs:
         return None
     targets = {d.value.name: d for d in g.inputs if d.kind == "input" and d.classes is None}
-    needed = {outputs["loss"].name}
-    for st in reversed(g.stmts):
-        if st.out.name in needed:
-            needed.update(v.name for v in st.inputs)
+    needed = _loss_reads(g)
     predict = outputs["predict"].type
     for st in g.stmts:
-        if st.op in REGRESSION_LOSSES and st.out.name in needed:
+        if _compares(st) and st.out.name in needed:
             for v in reversed(st.inputs):  # the target is the second argument, by convention
                 d = targets.get(v.name)
                 if d is not None and d.value.type.shape == predict.shape and d.value.type.dtype == predict.dtype:

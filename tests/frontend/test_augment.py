@@ -137,6 +137,17 @@ def test_top5_and_mae_against_predictions(cli, tmp_path: Path) -> None:
     assert mae == pytest.approx(np.mean(np.abs(np.load(out)["predict"] - s["t"])), rel=1e-6)
 
 
+@pytest.mark.parametrize("loss", ["l1(net(x), t)", "huber(net(x), t, delta=0.5)"])
+def test_the_tensor_function_losses_report_the_mean_absolute_error(cli, tmp_path: Path, loss: str) -> None:
+    # l1 and huber are scalar tensor functions (indexed statements), not ops of their own: still regressions
+    text = (ROOT / "networks" / "regression.ddsl").read_text()
+    assert "loss    = mse(net(x), t)" in text
+    (tmp_path / "r.ddsl").write_text(text.replace("loss    = mse(net(x), t)", f"loss = {loss}"))
+    r = cli("run", str(tmp_path / "r.ddsl"), "--set", "N=8", "--iters", "2", "--device", "cpu", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["test_mae"] > 0
+
+
 def test_predict_split_without_a_test_set(cli, tmp_path: Path) -> None:
     reg = str(ROOT / "networks" / "regression.ddsl")
     saved = tmp_path / "r.npz"
