@@ -370,6 +370,21 @@ def test_export_refuses_what_onnx_has_no_operator_for() -> None:
     program = compile_text(network((2, 3, 7, 5), "h = hard_swish(x)")).program
     with pytest.raises(DslError, match="HardSwish is in opsets 14 and later, not 13"):
         export_graph(infer_program(program.graph), initial_arrays(program), opset=13)
+
+
+def test_the_general_adaptive_pool_exports_from_its_index_form() -> None:
+    # ONNX has no adaptive pooling operator: the op's index form (overlapping windows) is written as a tensor
+    # function's is, and ONNX Runtime gives the NumPy runner's output
+    ort = pytest.importorskip("onnxruntime")
+    from deepdsl.autodiff import infer_program
+    from deepdsl.backends.numpy_runner import run
+    from deepdsl.backends.onnx_export import export_graph
+    from deepdsl.interop import initial_arrays
+
     program = compile_text(network((2, 3, 7, 5), "h = adaptive_avg_pool(x, 3)", (2, 3, 3, 3))).program
-    with pytest.raises(DslError, match="adaptive_pool_axis.*no ONNX operator is written for it"):
-        export_graph(infer_program(program.graph), initial_arrays(program))
+    arrays = initial_arrays(program)
+    model = export_graph(infer_program(program.graph), arrays)
+    x = RNG.standard_normal((2, 3, 7, 5)).astype(np.float32)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = run(infer_program(program.graph), {"x": x}, arrays).outputs["predict"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
