@@ -16,18 +16,11 @@ from test_onnx import Net, close  # noqa: E402
 
 from deepdsl.backends.numpy_runner import run  # noqa: E402
 from deepdsl.errors import DslError  # noqa: E402
-from deepdsl.frontend.builtins import BUILTINS  # noqa: E402
 from deepdsl.onnx_import import import_model  # noqa: E402
 
 
-def needs(*names: str) -> pytest.MarkDecorator:
-    """Skip where this build lacks a built-in the imported text calls (other branches add them this round)."""
-    missing = [n for n in names if n not in BUILTINS]
-    return pytest.mark.skipif(bool(missing), reason=f"built-in {', '.join(missing)} not in this build")
-
-
 def text_of(tmp_path: Path, model, batch: int | None = 2, loss: bool = False) -> str:  # noqa: ANN001
-    """The .ddsl text the import writes, not compiled (it may call built-ins this build lacks)."""
+    """The .ddsl text the import writes, not compiled."""
     onnx.save(model, tmp_path / "m.onnx")
     return import_model(tmp_path / "m.onnx", batch, loss).text
 
@@ -340,30 +333,7 @@ def test_a_class_token_concatenated_is_a_parameter(tmp_path: Path) -> None:
     assert "param k0[1, 1, 4]" in text
 
 
-# ---- the text written for built-ins other branches add (checked on their names; run once they exist) ----
-
-
-@pytest.fixture
-def future_builtins(monkeypatch: pytest.MonkeyPatch) -> None:
-    """BUILTINS with the agreed names and keywords of this round's other branches, where this build lacks them,
-    so that the text the rules write can be read (not compiled) in any build."""
-    import dataclasses
-
-    from deepdsl.frontend.builtins import ArgSpec
-    from deepdsl.onnx_import import writing
-
-    stub = BUILTINS["relu"]
-    for name in ("relu6", "clip", "hard_swish", "hard_sigmoid", "silu", "slice", "mean", "expand"):
-        if name not in BUILTINS:
-            monkeypatch.setitem(BUILTINS, name, dataclasses.replace(stub, name=name))
-    for fn, key, kind in (("conv", "dilation", "pair"), ("max_pool", "ceil_mode", "bool")):
-        if all(a.name != key for a in BUILTINS[fn].args):
-            args = (*BUILTINS[fn].args, ArgSpec(key, kind, 1))
-            monkeypatch.setitem(BUILTINS, fn, dataclasses.replace(BUILTINS[fn], args=args))
-    monkeypatch.setattr(writing, "takes", lambda snippet: True)
-    from deepdsl.onnx_import import rules
-
-    monkeypatch.setattr(rules, "takes", lambda snippet: True)
+# ---- the text each rule for the mobile and transformer built-ins writes, and the import against ONNX Runtime ----
 
 
 def one(op: str, attrs: dict | None = None, inits: dict | None = None, shape: tuple = (2, 4, 6, 6),
@@ -431,31 +401,20 @@ TEXT_CASES = {
 
 
 @pytest.mark.parametrize("case", list(TEXT_CASES))
-def test_the_text_each_rule_writes(tmp_path: Path, future_builtins: None, case: str) -> None:
+def test_the_text_each_rule_writes(tmp_path: Path, case: str) -> None:
     model, want, _ = TEXT_CASES[case]
     text = text_of(tmp_path, model, batch=2)
     assert want in text, text
 
 
 @pytest.mark.parametrize("case", list(TEXT_CASES))
-def test_rules_for_other_branches_built_ins_equal_ort(tmp_path: Path, case: str) -> None:
-    """End to end where this build has the built-in; else the import is refused, naming it."""
-    model, _, names = TEXT_CASES[case]
-    missing = [n for n in names if n not in BUILTINS]
-    probe = {"dilation": "conv(x, 2, kernel=3, dilation=2)", "asymmetric_pad": "conv(x, 2, kernel=3, pad=(0, 0, "
-             "1, 1))", "ceil_mode": "max_pool(x, 2, ceil_mode=true)"}.get(case)  # fmt: skip
-    from deepdsl.onnx_import.writing import takes
-
-    if missing or (probe and not takes(probe)):
-        onnx.save(model, tmp_path / "m.onnx")
-        with pytest.raises(DslError, match="not in this build|in this build|no 4-tuple pad"):
-            import_model(tmp_path / "m.onnx", 2, False)
-        pytest.skip(f"built-in {', '.join(missing) or probe} not in this build")
+def test_each_rule_imports_and_equals_ort(tmp_path: Path, case: str) -> None:
+    model, _, _ = TEXT_CASES[case]
     shape = [d.dim_value or 2 for d in model.graph.input[0].type.tensor_type.shape.dim]
     import_and_compare(tmp_path, model, {"x": f32(*shape, scale=3.0)}, loss=False)
 
 
-def test_silu_and_a_gate_broadcast(tmp_path: Path, future_builtins: None) -> None:
+def test_silu_and_a_gate_broadcast(tmp_path: Path) -> None:
     """x * sigmoid(x) is silu; an SE block's [N, C, 1, 1] gate times [N, C, H, W] expands the gate."""
     nodes = [helper.make_node("Sigmoid", ["x"], ["s"], name="/act/Sigmoid"),
              helper.make_node("Mul", ["x", "s"], ["a"], name="/act/Mul"),

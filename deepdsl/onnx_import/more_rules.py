@@ -2,10 +2,9 @@
 (Transpose, MatMul of two computed tensors, Softmax over the last axis, LayerNormalization, Gelu, Reshape to any
 shape, Gather of one position), mobile networks (Clip, HardSwish, HardSigmoid, a [N, C, 1, 1] gate broadcast by
 Mul, ReduceMean over any axes), U-Nets (ConvTranspose, Resize), and Slice, Split, Sqrt, Pow, Expand. Each writes
-`.ddsl` text through the importer; where the text calls a built-in that this build may lack (`slice`, `mean`,
-`expand`, `relu6`, `clip`, `hard_swish`, `hard_sigmoid`, `silu`, `output_padding=`), it is the name and signature
-agreed for the language, and the compiler says so if it is missing. Patterns that span several nodes (the Erf form
-of GELU, the decomposed layer norm, x * sigmoid(x)) are in patterns.py."""
+`.ddsl` text through the importer, calling the language's built-ins (`slice`, `mean`, `expand`, `relu6`, `clip`,
+`hard_swish`, `hard_sigmoid`, `silu`, `conv_transpose(output_padding=)`). Patterns that span several nodes (the Erf
+form of GELU, the decomposed layer norm, x * sigmoid(x)) are in patterns.py."""
 
 from __future__ import annotations
 

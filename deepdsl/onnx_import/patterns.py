@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from deepdsl.frontend.builtins import BUILTINS
 from deepdsl.onnx_import import more_rules
 
 if TYPE_CHECKING:
@@ -81,7 +80,7 @@ def find(imp: Importer) -> None:
             _gelu(g, k, node)
         elif node.op_type == "ReduceMean":
             _layer_norm(g, k, node)
-        elif node.op_type == "Sigmoid" and "silu" in BUILTINS:
+        elif node.op_type == "Sigmoid":
             _silu(g, k, node)
 
 

@@ -10,10 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from deepdsl.frontend.builtins import BUILTINS
 from deepdsl.onnx_import import more_rules
 from deepdsl.onnx_import.folding import FOLD_ONLY, FOLDED, fold, numpy_helper_value
-from deepdsl.onnx_import.writing import Node, attr, call, num, pair, takes
+from deepdsl.onnx_import.writing import Node, attr, call, num, pair
 
 if TYPE_CHECKING:
     from deepdsl.onnx_import.importer import Importer
@@ -55,10 +54,9 @@ def _spatial(
     if len(pads) != 4 or len(strides) != 2:
         raise where.refuse("only 2-D windows are supported (an NCHW input)")
     if pads[0] != pads[2] or pads[1] != pads[3]:
-        if conv and takes("conv(x, 2, kernel=3, pad=(0, 0, 1, 1))"):
+        if conv:  # conv's pad=(top, left, bottom, right)
             return strides, tuple(pads)
-        raise where.refuse(f"pads {pads} are asymmetric; the language pads both sides alike"
-                           + (" (this build takes no 4-tuple pad)" if conv else ""))  # fmt: skip
+        raise where.refuse(f"pads {pads} are asymmetric; the language's pools pad both sides alike")
     if not conv and any(d != 1 for d in int_list(attrs, "dilations", [1, 1])):
         raise where.refuse(f"dilations {int_list(attrs, 'dilations', [1, 1])}: the language has no dilated windows")
     return strides, (pads[0], pads[1])
@@ -69,8 +67,6 @@ def _dilation(where: Node, attrs: dict, fn: str) -> str | None:
     d = tuple(int_list(attrs, "dilations", [1, 1]))
     if d == (1, 1):
         return None
-    if not any(a.name == "dilation" for a in BUILTINS[fn].args):
-        raise where.refuse(f"dilations {list(d)}: the language has no dilated windows in this build")
     return pair(d)
 
 
@@ -284,9 +280,6 @@ def _pool(fn: str) -> Callable[..., None]:
         if int(attrs.get("ceil_mode", 0)):
             floor = [(s + 2 * p - kk) // st + 1 for s, p, kk, st in zip(shape[2:], pad, kernel, stride)]
             if tuple(floor) != imp.shape(node.output[0], where)[2:]:
-                if not any(a.name == "ceil_mode" for a in BUILTINS[fn].args):
-                    raise where.refuse("ceil_mode=1 gives a larger output here; the language's windows round down "
-                                       "in this build")  # fmt: skip
                 ceil = True
         kw = {}
         if stride != kernel:
@@ -316,12 +309,8 @@ def _reduce_mean(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> 
             raise where.refuse("the axes must be a constant")
     got = sorted(int(a) + (rank if int(a) < 0 else 0) for a in np.ravel(axes)) if axes is not None else None
     if rank != 4 or got != [2, 3]:
-        if "mean" in BUILTINS:
-            more_rules.reduce_mean_axes(imp, node, where, attrs, got)
-            return
-        raise where.refuse(f"axes {got if got is not None else 'all'} of a rank-{rank} input: deepdsl imports the mean "
-                           "over H and W of [N, C, H, W] (global_avg_pool); the built-in `mean` is not in this "
-                           "build")  # fmt: skip
+        more_rules.reduce_mean_axes(imp, node, where, attrs, got)
+        return
     pooled = f"global_avg_pool({imp.tensor(node.input[0], where)})"
     imp.bind(node, pooled if int(attrs.get("keepdims", 1)) else f"flatten({pooled})")
 

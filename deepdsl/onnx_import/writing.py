@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from deepdsl.errors import DslError, DslProgramError
+from deepdsl.errors import DslProgramError
 from deepdsl.frontend.builtins import BUILTINS, QUERIES
 from deepdsl.frontend.transformer import RESERVED
 from deepdsl.ir.types import INT_MAX
@@ -104,21 +104,6 @@ def need(where: Node, fn: str) -> None:
 
 
 @functools.cache
-def takes(snippet: str) -> bool:
-    """Whether this build compiles `h = SNIPPET` on an input x : [2, 2, 6, 6] (a form a built-in may take only in
-    newer builds, such as a 4-tuple pad)."""
-    import deepdsl.ops  # noqa: F401 — fills the op registry
-    from deepdsl.frontend.elaborate import Elaborator
-    from deepdsl.frontend.parser import parse_text
-
-    text = f"network Probe\ninput x : [2, 2, 6, 6]\nh = {snippet}\nloss = mse(h, h)\n"
-    try:
-        Elaborator(parse_text(text, "probe.ddsl"), {}, {}).run()
-    except DslError:
-        return False
-    return True
-
-
 @dataclass
 class Node:
     """The node being imported, for messages."""
