@@ -15,6 +15,9 @@ class Config:
     # ~/.cache/deepdsl); DEEPDSL_CACHE=0 builds them anew in every process. The tables are a pickle: they are read
     # only when the folder and the file are the user's alone, checked on the open descriptors (frontend/parser.py)
     cache_dir: str | None = None
+    # DEEPDSL_PTX_CACHE=1: NVRTC's PTX kept as files in cache_dir too, by a hash of what made it (backends/cuda/nvrtc.py;
+    # scripts/gpu_check.sh sets it, so that its processes compile one network's kernels once)
+    ptx_cache: bool = False
 
 
 def from_env() -> Config:
@@ -33,4 +36,5 @@ def from_env() -> Config:
         verify=on("DEEPDSL_VERIFY"),
         data_url=os.environ.get("DEEPDSL_DATA_URL") or None,
         cache_dir=cache_dir(),
+        ptx_cache=on("DEEPDSL_PTX_CACHE"),
     )

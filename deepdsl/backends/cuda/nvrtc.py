@@ -5,12 +5,20 @@ NVRTC, whose PTX (ISA 8.5) every driver from 560 on accepts, CUDA 13.0's 580 inc
 emit PTX that older drivers refuse (CUDA_ERROR_UNSUPPORTED_PTX_VERSION). A compile error, and any warning,
 is a `CudaCompileError` carrying the compiler's log; no compiler at all is a `NoCudaCompiler` whose message
 says what to install.
+
+NVRTC's PTX is kept by a key of everything that makes it (the source, the architecture, the file name, strictness,
+the options and NVRTC's version): the last few in the process, so that several runners of one network (a benchmark's
+rows) compile its translation unit once, and with DEEPDSL_PTX_CACHE=1 also as files in the user's cache folder
+(DEEPDSL_CACHE), for the later processes of one check (scripts/gpu_check.sh). PTX runs on the GPU, so a file is read
+only from a folder and as a file that are this user's alone (files.private_folder, files.read_private), as the parser
+tables are; only a compile without error is kept.
 """
 
 from __future__ import annotations
 
 import ctypes
 import glob
+import hashlib
 import os
 import shutil
 import subprocess
@@ -18,6 +26,7 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
+from deepdsl import config, files
 from deepdsl.errors import DslProgramError
 
 DEFAULT_ARCHS = ("sm_90", "sm_80")
@@ -109,7 +118,12 @@ def ptx(source: str, arch: str = "sm_90", name: str = "program.cu", strict: bool
         raise ValueError(f"unknown CUDA architecture {arch!r} (expected e.g. sm_90)")
     lib = _library()
     if lib is not None:
-        return _nvrtc(lib, source, arch, name, strict)
+        key = _key(source, arch, name, strict)
+        text = _kept(key)
+        if text is None:
+            text = _nvrtc(lib, source, arch, name, strict)
+            _keep(key, text)
+        return text
     if shutil.which("nvcc"):
         return _nvcc(source, arch, name, strict)
     compiler()  # raises NoCudaCompiler
@@ -121,12 +135,83 @@ def _check(lib: ctypes.CDLL, code: int, what: str) -> None:
         raise CudaCompileError(f"{what}: {lib.nvrtcGetErrorString(code).decode()}")
 
 
+def _options(arch: str) -> list[str]:
+    return [f"--gpu-architecture=compute_{arch[3:]}", "--std=c++17", "--fmad=true"]
+
+
+KEPT_IN_PROCESS = 8  # translation units whose PTX a process keeps (ResNet-50's is about 0.9 MB)
+_recent: dict[str, str] = {}  # key -> PTX, oldest first
+
+
+def _key(source: str, arch: str, name: str, strict: bool) -> str:
+    made_by = "\0".join((source, arch, name, str(strict), *_options(arch), repr(nvrtc_version())))
+    return hashlib.sha256(made_by.encode()).hexdigest()
+
+
+def _cache_folder() -> str | None:
+    """The folder of the PTX files kept between processes; None: none kept (DEEPDSL_PTX_CACHE unset)."""
+    cfg = config.from_env()
+    return cfg.cache_dir if cfg.ptx_cache else None
+
+
+def _kept(key: str) -> str | None:
+    """The PTX compiled before under `key`, in this process or (DEEPDSL_PTX_CACHE) in the cache folder; else None."""
+    if key in _recent:
+        return _recent[key]
+    folder = _cache_folder()
+    if folder is None:
+        return None
+    fd = files.private_folder(folder)
+    if fd is None:
+        return None
+    try:
+        data = files.read_private(fd, f"ptx-{key[:40]}.ptx")
+    finally:
+        os.close(fd)
+    if data is None or not data.startswith(b"//"):  # NVRTC's PTX opens with its comment header
+        return None
+    text = data.decode(errors="replace")
+    _remember(key, text)
+    return text
+
+
+def _remember(key: str, text: str) -> None:
+    _recent.pop(key, None)
+    _recent[key] = text
+    while len(_recent) > KEPT_IN_PROCESS:
+        del _recent[next(iter(_recent))]
+
+
+def _keep(key: str, text: str) -> None:
+    """Keep `text` under `key` for this process and (DEEPDSL_PTX_CACHE) as a file of the cache folder, mode 0600; a
+    folder that cannot be made or written only means compiling again."""
+    _remember(key, text)
+    folder = _cache_folder()
+    if folder is None:
+        return
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    except OSError:
+        return
+    fd = files.private_folder(folder)
+    if fd is None:
+        return
+    name = f"ptx-{key[:40]}.ptx"
+    try:
+        with files.atomic_output_at(fd, name, os.path.join(folder, name), replace_readonly=True, mode=0o600) as f:
+            f.write(text.encode())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _nvrtc(lib: ctypes.CDLL, source: str, arch: str, name: str, strict: bool) -> str:
     prog = ctypes.c_void_p()
     _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None),
            "nvrtcCreateProgram")  # fmt: skip
     try:
-        options = [f"--gpu-architecture=compute_{arch[3:]}", "--std=c++17", "--fmad=true"]
+        options = _options(arch)
         argv = (ctypes.c_char_p * len(options))(*(o.encode() for o in options))
         code = lib.nvrtcCompileProgram(prog, len(options), argv)
         size = ctypes.c_size_t()
