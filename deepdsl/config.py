@@ -15,7 +15,7 @@ class Config:
     # ~/.cache/deepdsl); DEEPDSL_CACHE=0 builds them anew in every process. The tables are a pickle: they are read
     # only when the folder and the file are the user's alone, checked on the open descriptors (frontend/parser.py)
     cache_dir: str | None = None
-    # DEEPDSL_PTX_CACHE=1: NVRTC's PTX kept as files in cache_dir too, by a hash of what made it (backends/cuda/nvrtc.py;
+    # DEEPDSL_PTX_CACHE=1: NVRTC's PTX kept as files in cache_dir too, by a hash of what made it (cuda/nvrtc.py;
     # scripts/gpu_check.sh sets it, so that its processes compile one network's kernels once)
     ptx_cache: bool = False
 
