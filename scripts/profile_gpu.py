@@ -39,9 +39,9 @@ from deepdsl import api  # noqa: E402
 from deepdsl.backends.cuda.kernels import Launch  # noqa: E402
 from deepdsl.backends.cuda.runner import GpuRunner  # noqa: E402
 from deepdsl.initializers import init_array  # noqa: E402
+from deepdsl.ir import REGISTRY  # noqa: E402
 from deepdsl.ir.graph import Graph, Stmt  # noqa: E402
 from deepdsl.memory.report import flops  # noqa: E402
-from deepdsl.ir import REGISTRY  # noqa: E402
 
 WARMUP, REPEATS = 2, 3
 
@@ -195,7 +195,7 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--kernels", default="vendor", choices=("own", "vendor"))
     ap.add_argument("--workspace-limit", type=int, default=None, metavar="BYTES",
-                    help="the plan's workspace limit (cuDNN's algorithms' cap; default: none, the runner's 1 GiB)")
+                    help="the plan's workspace limit (cuDNN's cap; default none: the runner's 1 GiB)")  # fmt: skip
     ap.add_argument("--top", type=int, default=20, help="how many rows of each table")
     ap.add_argument("--json", dest="out", default=None, help="write the tables, launches and vendor calls here too")
     ap.add_argument("--emulate", default=None, metavar="FOLDER", help="no GPU: the tests' emulated driver (see above)")
