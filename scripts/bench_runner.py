@@ -52,9 +52,10 @@ def numpy_step_seconds(program, steps: int) -> float:  # noqa: ANN001
     return median_seconds(t.step, steps)
 
 
-def torch_training_step(program, threads: int = 1, device: str = "cpu"):  # noqa: ANN001, ANN201
+def torch_training_step(program, threads: int = 1, device: str = "cpu", channels_last: bool = False):  # noqa: ANN001, ANN201
     """A PyTorch function running one training step of `program`'s forward graph on `device`, or None without
-    PyTorch."""
+    PyTorch; with `channels_last`, the 4-D parameters and inputs in that memory format (scripts/bench_gpu.py's AMP
+    row)."""
     try:
         import torch
         import torch.nn.functional as F
@@ -68,6 +69,8 @@ def torch_training_step(program, threads: int = 1, device: str = "cpu"):  # noqa
         shape = p.value.type.shape
         value = (torch.full(shape, p.init.args[0], device=device) if p.init.kind == "constant"
                  else torch.randn(shape, device=device) * 0.05)  # fmt: skip
+        if channels_last and value.dim() == 4:
+            value = value.contiguous(memory_format=torch.channels_last)
         params[p.value.name] = value.requires_grad_(p.kind == "param")
     ops = {
         "conv2d": lambda a, x, w: F.conv2d(x, w, stride=a["stride"], padding=a["pad"], groups=a["groups"]),
@@ -91,6 +94,8 @@ def torch_training_step(program, threads: int = 1, device: str = "cpu"):  # noqa
     y_def = next(d for d in g.inputs if d.kind == "label")
     feeds = {x_def.value.name: torch.rand(x_def.value.type.shape, device=device),
              y_def.value.name: torch.randint(0, y_def.classes, y_def.value.type.shape, device=device)}  # fmt: skip
+    if channels_last and feeds[x_def.value.name].dim() == 4:
+        feeds[x_def.value.name] = feeds[x_def.value.name].contiguous(memory_format=torch.channels_last)
     opt_args = dict(program.train.optimizer[1])
     trainable = [params[p.value.name] for p in g.params if p.kind == "param"]
     opt = torch.optim.SGD(trainable, lr=opt_args.get("lr", 0.01), momentum=opt_args.get("momentum", 0.0),

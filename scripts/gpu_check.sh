@@ -1,36 +1,53 @@
 #!/usr/bin/env bash
 # The GPU checks, in one run on a GPU machine that has nvcc, PyTorch and Python 3.12 but no internet, no Java and no
-# PyCUDA: everything else comes in .gpu/, made beforehand by scripts/gpu_prepare.sh. Writes into OUTDIR:
+# PyCUDA: everything else comes in .gpu/, made beforehand by scripts/gpu_prepare.sh. A borrowed GPU is lent for
+# minutes, so the step that teaches the most comes first, and one overall deadline (8 minutes; --deadline SECONDS or
+# GPU_CHECK_DEADLINE) bounds the whole run: a step that would start after it is not started (SKIPPED (deadline) in
+# summary.txt), one still running at it is stopped, no step's own time limit reaches past it, and summary.txt is
+# written whatever happens (scripts/gpu_steps.sh). In this order, into OUTDIR:
 #   gpu_check.log     everything printed, with the seconds since the start of each step
 #   env.txt           the GPU, its driver, Python, PyTorch
-#   pytest_gpu.txt    the tests marked gpu: the PyCUDA runner against the NumPy runner over 5 iterations (MLP,
-#                     LeNet, a batch-norm/residual network, a network with concat, dropout and a tensor function)
-#                     and the GPU memory it took against the plan
-#   java_*.json       the generated Java programs on their CUDA device (LeNet and ResNet-50 at batch 64; each also
-#                     with its GEMMs through cuBLAS, convolutions and pooling through cuDNN, java_lenet_cublas.json and
-#                     java_resnet50_vendor.json, and LeNet without the CUDA graph of its train step,
-#                     java_lenet_nograph.json)
-#   agreement.json    their losses against the NumPy runner (LeNet, each way) and the PyCUDA runner (ResNet-50, own and
-#                     vendor: its first two losses judged, the later ones reported),
-#                     LeNet's with the graph against those without,
-#                     their measured GPU memory against the plan
-#   bench.json        train-step times: ours (PyCUDA runner, CUDA events; own kernels and vendor; the Java
-#                     program's steady step, own and vendor) and PyTorch eager, fp32 with TF32 off and
-#                     PyTorch's default TF32, achieved FLOP/s against the fp32 peak (scripts/bench_gpu.py)
-#   profile_*.json    where the train step's GPU time goes, by op and by kernel or vendor routine (scripts/profile_gpu.py:
-#                     ResNet-50 with cuBLAS and cuDNN and with our kernels, LeNet with them)
-#   summary.txt       one line per check, PASS or FAIL
-# Usage: bash scripts/gpu_check.sh [--dry-run] OUTDIR   (about 3 minutes; the exit status is 0 when every check passed)
+#   1. profile_resnet50_vendor.json   where ResNet-50's train step (batch 64, cuBLAS + cuDNN) goes, each launch timed
+#                     alone: by op and by routine/algorithm, with FLOPs, bytes, TFLOP/s and GB/s; every vendor call's
+#                     algorithm and workspace; the graph's status; the shared scratch (scripts/profile_gpu.py)
+#   2. bench.json     train steps at batch 64 of ResNet-50 and LeNet, ours (PyCUDA runner by CUDA events, the Java
+#                     CUDA device) against PyTorch eager in the same run (fp32 TF32 off, the same with
+#                     cudnn.benchmark, PyTorch's TF32 default with and without it, AMP bf16 channels-last), ours /
+#                     PyTorch's for each, a torch.profiler breakdown by kernel class, the goals judged, the profile's
+#                     by-op table (scripts/bench_gpu.py --part headline)
+#   3. pytest_gpu.txt the tests marked gpu: the PyCUDA runner against the NumPy runner over 5 iterations, and the GPU
+#                     memory it took against the plan
+#   4. java_*.json    the generated Java programs on their CUDA device: LeNet (own kernels, own without the CUDA
+#                     graph, cuBLAS + cuDNN) and ResNet-50 (cuBLAS + cuDNN), with their references (numpy_lenet.json,
+#                     pycuda_resnet50_vendor.json)
+#   5. agreement.json their losses against the references, LeNet's with the graph against those without, their GPU
+#                     memory against the plan (scripts/gpu_agreement.py)
+#   6. optional, while time is left: bench.json's further rows (own kernels, the workspace A/B, --deterministic,
+#                     --no-graph, a one-rank data-parallel run, --precision on the Java device: those this build
+#                     takes), profile_resnet50_own.json and profile_lenet.json, ResNet-50 with our kernels on the
+#                     Java device (java_resnet50.json) against the PyCUDA runner (pycuda_resnet50_own.json)
+#   summary.txt       one line per step: PASS, FAIL (why), SKIP (dry run: why) or SKIPPED (deadline); then the time
+# Usage: bash scripts/gpu_check.sh [--dry-run] [--deadline SECONDS] OUTDIR   (about 5-6 minutes on an H200; the exit
+#   status is 0 when every required step passed: an optional step the deadline cut is no failure)
 #   --dry-run   on a machine without a GPU, after `scripts/gpu_prepare.sh --dry-run`: every step that does not need
 #               PyCUDA on a real GPU runs as it would there (the carried wheels, JRE and jars, the Java programs on
 #               their CUDA device, the NumPy references, the agreement check), the GPU being the stand-in driver of
-#               the tests (tests/backends/fake_libcuda.c, kernels run on the CPU); the PyCUDA steps and the
-#               timings are left out and say so (SKIP lines in summary.txt). CI runs it, so that what reaches a GPU
-#               has run once.
+#               the tests (tests/backends/fake_libcuda.c, kernels run on the CPU); the profile runs on the tests'
+#               emulated driver with the stand-in cuBLAS and cuDNN (LeNet at batch 4); a self-test of the deadline
+#               runs; the PyCUDA steps and the timings are left out and say so (SKIP lines). CI runs it, so that
+#               what reaches a GPU has run once. Its deadline is 20 minutes (a CPU emulates the GPU).
 set -uo pipefail
 DRY=0
-if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
-OUT=${1:?usage: scripts/gpu_check.sh [--dry-run] OUTDIR}
+DEADLINE=${GPU_CHECK_DEADLINE:-}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) DRY=1; shift ;;
+    --deadline) DEADLINE=${2:?--deadline takes seconds}; shift 2 ;;
+    *) break ;;
+  esac
+done
+OUT=${1:?usage: scripts/gpu_check.sh [--dry-run] [--deadline SECONDS] OUTDIR}
+[ -n "$DEADLINE" ] || DEADLINE=$([ "$DRY" = 1 ] && echo 1200 || echo 480)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 G=${DEEPDSL_GPU_FILES:-$ROOT/.gpu}
 PY=${PYTHON:-python3}
@@ -48,16 +65,21 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 exec > >(tee -a "$OUT/gpu_check.log") 2>&1
 cd "$ROOT"
-START=$SECONDS
-FAILED=0
-step() { echo "== [$((SECONDS - START)) s] $*"; }
-result() { # NAME STATUS: one summary line; a nonzero status fails the run
-  if [ "$2" -eq 0 ]; then echo "PASS $1" >>"$OUT/summary.txt"; else echo "FAIL $1 (status $2)" >>"$OUT/summary.txt"; FAILED=1; fi
-}
+# shellcheck source=scripts/gpu_steps.sh
+. "$ROOT/scripts/gpu_steps.sh"
+steps_begin "$DEADLINE"
 skipped() { echo "SKIP $1 (dry run: $2)" >>"$OUT/summary.txt"; echo "skipped in a dry run: $2"; }
 : >"$OUT/summary.txt"
+finish() {
+  echo "done after $(elapsed) s (deadline $DEADLINE s)" >>"$OUT/summary.txt"
+  step "done"
+  cat "$OUT/summary.txt"
+}
+trap finish EXIT
+trap 'exit 143' TERM INT  # stopped from outside: summary.txt still gets its last line
+export OUT ROOT G PY DRY LENET_SETS RESNET_SETS
 
-step "machine"
+step "machine (deadline $DEADLINE s)"
 if [ "$DRY" = 1 ]; then
   echo "dry run: no GPU; the stand-in driver $G/fake/libcuda.so.1 runs the kernels on the CPU" | tee "$OUT/env.txt"
 else
@@ -80,158 +102,166 @@ if [ "$DRY" = 1 ]; then
 else
   export PYTHONPATH=$SITE:$ROOT PYTHONUNBUFFERED=1
 fi
+# NVRTC's PTX kept between this run's processes (backends/cuda/nvrtc.py): ResNet-50's kernels compile once
+export DEEPDSL_PTX_CACHE=1 DEEPDSL_CACHE=/tmp/deepdsl_cache_$$
+mkdir -m 700 -p "$DEEPDSL_CACHE"
 tar -C /tmp/deepdsl_jre --strip-components=1 -xJf "$G/jre.txz"
-JAVA=/tmp/deepdsl_jre/bin/java
-CP="$G/java/build:$G/java/res:$G/jars/*"
+export JAVA=/tmp/deepdsl_jre/bin/java
+export CP="$G/java/build:$G/java/res:$G/jars/*"
 "$JAVA" -version 2>&1 | head -1
 # iterations of the Java programs. A dry run's emulated GPU takes a few seconds for a LeNet step at batch 8 but more
 # than 10 minutes for one of ResNet-50 at batch 2 on 32x32 images (2 cores), so there ResNet-50 runs no step: its
 # start (classes, kernels, the arena and every tensor on the device, the memory against the plan) is what is checked
-LENET_ITERS=5 RESNET_ITERS=3
+export LENET_ITERS=5 RESNET_ITERS=3
 [ "$DRY" = 1 ] && LENET_ITERS=3 RESNET_ITERS=0
-kernels() { # NAME: in a dry run, the stand-in driver runs this network's kernels
-  [ "$DRY" = 1 ] && export DEEPDSL_FAKE_CUDA_KERNELS=$G/fake/$1/emulated.so
-  return 0
-}
-
-if [ "$DRY" = 1 ]; then
-  skipped "PyCUDA on the GPU and pytest -m gpu" "PyCUDA needs the real driver"
-else
-step "PyCUDA sees the GPU"
-"$PY" -c "import pycuda.driver as d; d.init(); print('PyCUDA', d.get_version(), d.Device(0).name())"
-result "import pycuda.driver" $?
-
-step "the PyCUDA runner: tests marked gpu"
-timeout 300 "$PY" -m pytest -q -rs -p no:cacheprovider -p no:benchmark -m gpu tests/backends/test_gpu_runner.py 2>&1 | tee "$OUT/pytest_gpu.txt"
-result "pytest -m gpu" "${PIPESTATUS[0]}"
-! grep -qi "skipped" "$OUT/pytest_gpu.txt"  # a skip here means PyCUDA or the GPU was not usable: not a pass
-result "pytest -m gpu ran every test" $?
-fi
-
-step "the Java CUDA device: LeNet ($LENET_SETS, $LENET_ITERS iterations) and its NumPy reference"
-kernels LeNet
-timeout 120 "$JAVA" -cp "$CP" LeNet --device cuda --kernels own --data synthetic --iters $LENET_ITERS --json \
-  >"$OUT/java_lenet.json"
-result "java LeNet --device cuda --kernels own" $?
-timeout 120 "$JAVA" -cp "$CP" LeNet --device cuda --kernels own --no-graph --data synthetic --iters $LENET_ITERS \
-  --json >"$OUT/java_lenet_nograph.json"
-result "java LeNet --device cuda --kernels own --no-graph" $?
-
-step "the Java CUDA device with its GEMMs through cuBLAS and its convolutions and pooling through cuDNN: LeNet --kernels vendor"
-# the CUDA 13 and cuDNN 9 libraries: in a dry run the stand-ins in $G/fake, on the GPU machine those of PyTorch's
-# nvidia wheels
+# the CUDA 13 and cuDNN 9 libraries for the Java device's vendor path: in a dry run the stand-ins in $G/fake, on the
+# GPU machine those of PyTorch's nvidia wheels
 CUBLAS_LIBS=$G/fake
 if [ "$DRY" = 0 ]; then
   CUBLAS_LIBS=$("$PY" -c "import glob, nvidia; print(':'.join(sorted({p.rsplit('/', 1)[0] for d in nvidia.__path__
     for p in glob.glob(d + '/*/lib/libcu*.so.13') + glob.glob(d + '/*/lib/libcudnn.so.9')})))")
 fi
 echo "cuBLAS, cudart and cuDNN from: $CUBLAS_LIBS"
-# JavaCPP's cache may link to libraries found in an earlier run: one of this run's own, not ~/.javacpp
-LD_LIBRARY_PATH=$CUBLAS_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 120 "$JAVA" \
-  -Dorg.bytedeco.javacpp.cachedir=/tmp/deepdsl_javacpp -cp "$CP" LeNet --device cuda --kernels vendor \
-  --data synthetic --iters $LENET_ITERS --json >"$OUT/java_lenet_cublas.json"
-result "java LeNet --device cuda --kernels vendor" $?
-# shellcheck disable=SC2086
-timeout 60 "$PY" -m deepdsl run networks/lenet.ddsl $LENET_SETS --data synthetic --iters $LENET_ITERS --device cpu \
-  --json >"$OUT/numpy_lenet.json"
-
-step "the Java CUDA device: ResNet-50 ($RESNET_SETS, $RESNET_ITERS iterations), and the PyCUDA runner on it"
-kernels ResNet50
-timeout 90 "$JAVA" -cp "$CP" ResNet50 --device cuda --kernels own --data synthetic --iters $RESNET_ITERS --json \
-  >"$OUT/java_resnet50.json"
-result "java ResNet50 --device cuda --kernels own" $?
-LD_LIBRARY_PATH=$CUBLAS_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 90 "$JAVA" \
-  -Dorg.bytedeco.javacpp.cachedir=/tmp/deepdsl_javacpp -cp "$CP" ResNet50 --device cuda --kernels vendor \
-  --data synthetic --iters $RESNET_ITERS --json >"$OUT/java_resnet50_vendor.json"
-result "java ResNet50 --device cuda --kernels vendor" $?
-if [ "$DRY" = 1 ]; then
-  skipped "deepdsl run resnet50 --device cuda" "PyCUDA needs the real driver"
-  skipped "bench_gpu" "no timings"
-else
-# the references of the Java runs: the PyCUDA runner with our kernels and with cuBLAS and cuDNN (the NumPy runner
-# takes minutes for one step of ResNet-50 at batch 64; the tests marked gpu check the PyCUDA runner against it)
-for k in own vendor; do
-  timeout 90 "$PY" -m deepdsl run networks/resnet50.ddsl $RESNET_SETS --data synthetic --iters $RESNET_ITERS \
-    --device cuda --kernels $k --json >"$OUT/pycuda_resnet50_$k.json"
-  result "deepdsl run resnet50 --device cuda --kernels $k" $?
-done
-
-step "benchmarks: LeNet and ResNet-50 at batch 64 against PyTorch eager"
-# the Java program's vendor runs find cuBLAS and cuDNN as above
-LD_LIBRARY_PATH=$CUBLAS_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 240 "$PY" scripts/bench_gpu.py --steps 20 \
-  --java "$JAVA" --cp "$CP" --json "$OUT/bench.json"
-result "bench_gpu" $?
-
-step "profiles: where ResNet-50's step goes (each launch timed alone), vendor and own; LeNet's, vendor"
-for k in vendor own; do
-  timeout 120 "$PY" scripts/profile_gpu.py --network resnet50 --set N=64 --kernels $k \
-    --json "$OUT/profile_resnet50_$k.json"
-  result "profile_gpu resnet50 --kernels $k" $?
-done
-timeout 60 "$PY" scripts/profile_gpu.py --network lenet --set N=64 --kernels vendor --json "$OUT/profile_lenet.json"
-result "profile_gpu lenet --kernels vendor" $?
+export CUBLAS_LIBS
+if [ "$DRY" = 0 ]; then
+  "$PY" -c "import pycuda.driver as d; d.init(); print('PyCUDA', d.get_version(), d.Device(0).name())"
+  result "import pycuda.driver" $?
 fi
 
-step "agreement"
-"$PY" - "$OUT" "$LENET_SETS" "$RESNET_SETS" "$DRY" <<'PYEOF'
-import json, sys
-from pathlib import Path
+# ---- the steps, each a function run by run_step (scripts/gpu_steps.sh) ----
+kernels() { # NAME: in a dry run, the stand-in driver runs this network's kernels
+  if [ "$DRY" = 1 ]; then export DEEPDSL_FAKE_CUDA_KERNELS=$G/fake/$1/emulated.so; fi
+  return 0
+}
+vendor_java() { # the Java program with cuBLAS and cuDNN found (JavaCPP's cache: this run's own, not ~/.javacpp)
+  LD_LIBRARY_PATH=$CUBLAS_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$JAVA" \
+    -Dorg.bytedeco.javacpp.cachedir=/tmp/deepdsl_javacpp "$@"
+}
+export -f kernels vendor_java
+profile_resnet50_vendor() {
+  "$PY" scripts/profile_gpu.py --network resnet50 --set N=64 --kernels vendor --json "$OUT/profile_resnet50_vendor.json"
+}
+profile_emulated() {
+  "$PY" scripts/profile_gpu.py --network lenet --set N=4 --kernels vendor --emulate "$DEEPDSL_CACHE/emulated" \
+    --json "$OUT/profile_lenet_emulated.json"
+}
+bench_headline() {
+  LD_LIBRARY_PATH=$CUBLAS_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$PY" scripts/bench_gpu.py --part headline \
+    --steps 20 --java "$JAVA" --cp "$CP" --json "$OUT/bench.json" --profile "$OUT/profile_resnet50_vendor.json" \
+    --deadline-at $((STEP_DEADLINE_AT - 15))
+}
+bench_optional() {
+  LD_LIBRARY_PATH=$CUBLAS_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$PY" scripts/bench_gpu.py --part optional \
+    --steps 20 --java "$JAVA" --cp "$CP" --json "$OUT/bench.json" --append --deadline-at $((STEP_DEADLINE_AT - 15))
+}
+pytest_gpu() {
+  "$PY" -m pytest -q -rs -p no:cacheprovider -p no:benchmark -m gpu tests/backends/test_gpu_runner.py 2>&1 |
+    tee "$OUT/pytest_gpu.txt" || return 1
+  ! grep -qi "skipped" "$OUT/pytest_gpu.txt"  # a skip here means PyCUDA or the GPU was not usable: not a pass
+}
+java_lenet_own() {
+  kernels LeNet
+  "$JAVA" -cp "$CP" LeNet --device cuda --kernels own --data synthetic --iters "$LENET_ITERS" --json >"$OUT/java_lenet.json"
+}
+java_lenet_nograph() {
+  kernels LeNet
+  "$JAVA" -cp "$CP" LeNet --device cuda --kernels own --no-graph --data synthetic --iters "$LENET_ITERS" --json \
+    >"$OUT/java_lenet_nograph.json"
+}
+java_lenet_vendor() {
+  kernels LeNet
+  vendor_java -cp "$CP" LeNet --device cuda --kernels vendor --data synthetic --iters "$LENET_ITERS" --json \
+    >"$OUT/java_lenet_cublas.json"
+}
+numpy_lenet() {
+  # shellcheck disable=SC2086  # the sets are words
+  "$PY" -m deepdsl run networks/lenet.ddsl $LENET_SETS --data synthetic --iters "$LENET_ITERS" --device cpu --json \
+    >"$OUT/numpy_lenet.json"
+}
+java_resnet50_vendor() {
+  kernels ResNet50
+  vendor_java -cp "$CP" ResNet50 --device cuda --kernels vendor --data synthetic --iters "$RESNET_ITERS" --json \
+    >"$OUT/java_resnet50_vendor.json"
+}
+java_resnet50_own() {
+  kernels ResNet50
+  "$JAVA" -cp "$CP" ResNet50 --device cuda --kernels own --data synthetic --iters "$RESNET_ITERS" --json \
+    >"$OUT/java_resnet50.json"
+}
+# the references of the Java ResNet-50 runs: the PyCUDA runner (the NumPy runner takes minutes for one step at batch
+# 64; the tests marked gpu check the PyCUDA runner against it)
+pycuda_resnet50_vendor() {
+  # shellcheck disable=SC2086
+  "$PY" -m deepdsl run networks/resnet50.ddsl $RESNET_SETS --data synthetic --iters "$RESNET_ITERS" --device cuda \
+    --kernels vendor --json >"$OUT/pycuda_resnet50_vendor.json"
+}
+pycuda_resnet50_own() {
+  # shellcheck disable=SC2086
+  "$PY" -m deepdsl run networks/resnet50.ddsl $RESNET_SETS --data synthetic --iters "$RESNET_ITERS" --device cuda \
+    --kernels own --json >"$OUT/pycuda_resnet50_own.json"
+}
+agreement() { "$PY" scripts/gpu_agreement.py "$OUT" "$LENET_SETS" "$RESNET_SETS" "$DRY"; }
+profile_resnet50_own() {
+  "$PY" scripts/profile_gpu.py --network resnet50 --set N=64 --kernels own --json "$OUT/profile_resnet50_own.json"
+}
+profile_lenet() {
+  "$PY" scripts/profile_gpu.py --network lenet --set N=64 --kernels vendor --json "$OUT/profile_lenet.json"
+}
+deadline_selftest() { # a deadline of 3 s: a quick step passes, a long one is stopped at it, the next is skipped
+  local dir
+  dir=$(mktemp -d)
+  (
+    OUT=$dir
+    . scripts/gpu_steps.sh
+    steps_begin 3
+    quick() { true; }
+    slow() { sleep 30; }
+    never() { touch "$OUT/ran"; }
+    run_step quick 30 quick
+    run_step slow 30 slow
+    run_step never 30 never
+    run_step --optional "never, optional" 30 never
+    echo "FAILED=$FAILED" >>"$OUT/summary.txt"
+  )
+  cat "$dir/summary.txt"
+  [ "$(sed -n 1p "$dir/summary.txt")" = "PASS quick" ] &&
+    grep -qx "FAIL slow (stopped by the deadline after [23] s)" "$dir/summary.txt" &&
+    [ "$(sed -n '3,5p' "$dir/summary.txt")" = "$(printf '%s\n' "SKIPPED (deadline) never" \
+      "SKIPPED (deadline) never, optional" "FAILED=1")" ] && [ ! -e "$dir/ran" ]
+}
 
-from deepdsl import api
-
-out = Path(sys.argv[1])
-sets = {net: dict(w.split("=") for w in words.split() if w != "--set") for net, words in
-        zip(("lenet", "resnet50"), sys.argv[2:4])}
-sets = {net: {k: int(v) for k, v in s.items()} for net, s in sets.items()}
-pycuda = [] if sys.argv[4] == "1" else ["pycuda_resnet50_own.json", "pycuda_resnet50_vendor.json"]
-# ResNet-50 on random data amplifies rounding from the third step on (NumPy's float32 and float64 losses part by 2% at
-# the second step at batch 4, 64x64): its first two losses (the forward pass, and the forward pass after one whole
-# update) measure the kernels; the later ones are reported, not judged
-judged = {"lenet": None, "resnet50": 2}
-
-def load(name):
-    try:
-        return json.loads((out / name).read_text().strip().splitlines()[-1])
-    except Exception as err:  # a run that failed left nothing to read
-        return {"error": f"{name}: {err}"}
-
-def rel(a, b):
-    n = min(len(a), len(b))
-    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a[:n], b[:n])) if n else None
-
-report = {}
-for key, net, java, refs in [("lenet", "lenet", "java_lenet.json", ["numpy_lenet.json"]),
-                             ("lenet_cublas", "lenet", "java_lenet_cublas.json", ["numpy_lenet.json"]),
-                             # the step call for call against its CUDA graph (java_lenet.json)
-                             ("lenet_nograph", "lenet", "java_lenet_nograph.json",
-                              ["numpy_lenet.json", "java_lenet.json"]),
-                             ("resnet50", "resnet50", "java_resnet50.json", pycuda),
-                             ("resnet50_vendor", "resnet50", "java_resnet50_vendor.json",
-                              pycuda)]:
-    j = load(java)
-    c = api.compile_file(f"networks/{net}.ddsl", sets[net], stop_at="plan")
-    params = sum(p.value.type.nbytes for p in c.plan.graph.params)
-    row = {"java": j, "planned_arena_bytes": c.plan.arena_bytes, "planned_tensor_bytes": params}
-    for ref in refs:
-        r = load(ref)
-        row[ref] = r
-        if "losses" in j and "losses" in r:
-            n = judged[net]
-            row[f"max_rel_diff_vs_{ref.removesuffix('.json')}"] = rel(j["losses"][:n], r["losses"][:n])
-            if n is not None:
-                row[f"later_rel_diff_vs_{ref.removesuffix('.json')}"] = rel(j["losses"][n:], r["losses"][n:])
-    if "gpu_memory_bytes" in j:
-        row["measured_minus_planned_bytes"] = j["gpu_memory_bytes"] - c.plan.arena_bytes - params
-    report[key] = row
-(out / "agreement.json").write_text(json.dumps(report, indent=2))
-bad = [f"{net} {k}={v:.2e}" for net, row in report.items() for k, v in row.items()
-       if k.startswith("max_rel_diff") and v is not None and v > 1e-4]
-for net, row in report.items():
-    print(net, {k: v for k, v in row.items() if k.startswith(("max_rel", "later_rel", "measured", "planned"))})
-sys.exit(1 if bad or any("error" in row["java"] for row in report.values()) else 0)
-PYEOF
-result "agreement (1e-4 relative)" $?
-
-step "done"
-cat "$OUT/summary.txt"
+# ---- in order: the profile, the benchmark, the tests, the Java runs, the agreement, then what is optional ----
+if [ "$DRY" = 1 ]; then
+  run_step "profile_gpu lenet --kernels vendor on the emulated driver (stand-in cuBLAS and cuDNN)" 300 profile_emulated
+  skipped "bench_gpu" "no timings"
+  skipped "pytest -m gpu" "PyCUDA needs the real driver"
+else
+  run_step "profile_gpu resnet50 --kernels vendor" 150 profile_resnet50_vendor
+  run_step "bench_gpu (headline rows)" 270 bench_headline
+  run_step "pytest -m gpu (every test ran)" 240 pytest_gpu
+fi
+run_step "java LeNet --device cuda --kernels own" 120 java_lenet_own
+run_step "java LeNet --device cuda --kernels own --no-graph" 120 java_lenet_nograph
+run_step "java LeNet --device cuda --kernels vendor" 120 java_lenet_vendor
+run_step "deepdsl run lenet --device cpu (the reference)" 60 numpy_lenet
+run_step "java ResNet50 --device cuda --kernels vendor" 120 java_resnet50_vendor
+if [ "$DRY" = 1 ]; then
+  skipped "deepdsl run resnet50 --device cuda --kernels vendor" "PyCUDA needs the real driver"
+else
+  run_step "deepdsl run resnet50 --device cuda --kernels vendor (the reference)" 90 pycuda_resnet50_vendor
+fi
+# a dry run's ResNet-50 runs no step (the start alone): it is quick there, and its memory goes into the agreement
+[ "$DRY" = 1 ] && run_step --optional "java ResNet50 --device cuda --kernels own" 120 java_resnet50_own
+run_step "agreement (1e-4 relative)" 60 agreement
+if [ "$DRY" = 1 ]; then
+  run_step "the deadline stops and skips steps, and summary.txt is written (self-test)" 60 deadline_selftest
+  skipped "bench_gpu (optional rows), profile_gpu resnet50 --kernels own, profile_gpu lenet" "no timings"
+else
+  run_step --optional "bench_gpu (optional rows)" 200 bench_optional
+  run_step --optional "profile_gpu resnet50 --kernels own" 120 profile_resnet50_own
+  run_step --optional "java ResNet50 --device cuda --kernels own" 120 java_resnet50_own
+  run_step --optional "deepdsl run resnet50 --device cuda --kernels own (the reference)" 90 pycuda_resnet50_own
+  run_step --optional "agreement, ResNet-50's own kernels too" 60 agreement
+  run_step --optional "profile_gpu lenet --kernels vendor" 60 profile_lenet
+fi
 exit "$FAILED"
