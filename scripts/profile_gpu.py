@@ -26,7 +26,7 @@ import json
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,27 +73,46 @@ def runner_for(c: api.Compilation, kernels: str, driver: Any = None) -> tuple[Gp
     return runner, step
 
 
-def stmt_flops(s: Stmt) -> int:
-    """The FLOPs of one statement, as memory/report.flops counts them (its op's rule; an epilogue one per output)."""
+def stmt_flops(s: Stmt, part: str = "all") -> int:
+    """The FLOPs of one statement, as memory/report.flops counts them: its op's rule, and one per output element for
+    an epilogue; `part` "op" or "epilogue" for the one of the two its launch computes."""
     op = REGISTRY[s.op]
     primary = s.inputs[: op.arity] if "epilogue" in s.a else s.inputs
     work = op.flops(tuple(v.type for v in primary), s.out.type, s.a) if op.flops is not None else 0
-    return work + (s.out.type.numel if "epilogue" in s.a else 0)
+    epilogue = s.out.type.numel if "epilogue" in s.a else 0
+    return {"all": work + epilogue, "op": work, "epilogue": epilogue}[part]
 
 
-def launch_costs(g: Graph) -> Callable[[Launch], tuple[int, int]]:
-    """(FLOPs, bytes) of a launch of `g`: its statements' FLOPs, and the sizes of its distinct arguments."""
+def is_epilogue(launch: Launch) -> bool:
+    """A statement's epilogue launched after its op (kernels.py names that kernel NAME_epilogue)."""
+    return launch.kernel.endswith("_epilogue")
+
+
+def launch_costs(g: Graph, launches: Sequence[Launch]) -> Callable[[Launch], tuple[int, int]]:
+    """(FLOPs, bytes) of a launch of `g` (one of `launches`): its statements' FLOPs, each counted once (a statement
+    whose epilogue is a launch of its own: the op's in the first, the epilogue's in the second), and the sizes of its
+    distinct arguments."""
     stmts = {s.out.name: s for s in g.stmts}
     types = {d.value.name: d.value.type for d in g.inputs} | {p.value.name: p.value.type for p in g.params}
     for s in g.stmts:
         types.update((v.name, v.type) for v in (*s.inputs, s.out))
+    split = {x.stmt for x in launches if is_epilogue(x)}
 
     def cost(launch: Launch) -> tuple[int, int]:
-        work = sum(stmt_flops(stmts[n]) for n in (launch.stmt, *launch.also) if n in stmts)
+        if is_epilogue(launch):
+            work = stmt_flops(stmts[launch.stmt], "epilogue") if launch.stmt in stmts else 0
+        else:
+            work = sum(stmt_flops(stmts[n], "op" if n in split else "all")
+                       for n in (launch.stmt, *launch.also) if n in stmts)  # fmt: skip
         moved = sum(types[v].nbytes for v in dict.fromkeys(a.value for a in launch.args) if v in types)
         return work, moved
 
     return cost
+
+
+def op_name(launch: Launch) -> str:
+    """The op a launch is counted under in the by-op table (an epilogue launched alone under its own name)."""
+    return f"{launch.op} epilogue" if is_epilogue(launch) else launch.op
 
 
 def vendor_calls(runner: GpuRunner, step: str = "train") -> list[dict[str, Any]]:
@@ -133,13 +152,13 @@ def profile(c: api.Compilation, runner: GpuRunner, feeds: Callable[[int], dict],
     with each launch timed alone, each launch's median."""
     steps = [runner.run("train", feeds(k))[1] for k in range(warmup + repeats)][warmup:]
     runs = [runner.profile("train", feeds(warmup + repeats + k)) for k in range(repeats)]
-    cost = launch_costs(c.plan.graph)
+    cost = launch_costs(c.plan.graph, [launch for launch, _, _ in runs[0]])
     launches = []
     for i, (launch, what, _) in enumerate(runs[0]):
         ms = 1e3 * statistics.median(r[i][2] for r in runs)
         work, moved = cost(launch)
-        launches.append({"stmt": launch.stmt, "op": launch.op, "what": what, "ms": ms, "flops": work, "bytes": moved,
-                         **rates(ms, work, moved)})  # fmt: skip
+        launches.append({"stmt": launch.stmt, "op": op_name(launch), "what": what, "ms": ms, "flops": work,
+                         "bytes": moved, **rates(ms, work, moved)})  # fmt: skip
     tables = {}
     total_ms = sum(x["ms"] for x in launches)
     for title, key in (("by op", "op"), ("by what ran", "what")):
