@@ -127,6 +127,28 @@ def test_a_row_whose_flag_this_build_lacks_is_not_available_and_runs_nothing(
     assert all("ms" not in r for r in rows)
 
 
+def test_the_data_parallel_rows_leave_out_what_this_build_lacks_and_are_compared_with_the_plain_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started = []
+
+    def fake(name, network, sets, steps, kernels, flags, env, timeout):  # noqa: ANN001, ANN202
+        started.append((name, flags, env))
+        return {"ms": 1.0, "losses": [2.5, 2.25] if name != "pycuda_vendor_ranks1_nograph" else [2.5, 2.0]}
+
+    monkeypatch.setattr(bench_gpu, "ours", fake)
+    b = _bench(tmp_path, "  --ranks N\n  --graph / --no-graph\n")  # no --deterministic in this build
+    for name in ("pycuda_vendor", "pycuda_vendor_ranks1", "pycuda_vendor_ranks1_nograph"):
+        b.ours(name)
+    assert [flags for _, flags, _ in started] == [[], ["--ranks", "1"], ["--ranks", "1", "--no-graph"]]
+    assert started[1][2]["WORLD_SIZE"] == "1" and started[1][2]["LOCAL_RANK"] == "0"
+    bench_gpu.derived(b.report)
+    rows = {r["name"]: r for r in b.report.doc["rows"]}
+    assert rows["pycuda_vendor_ranks1"]["losses_equal_to_plain"] is True
+    assert rows["pycuda_vendor_ranks1_nograph"]["losses_equal_to_plain"] is False
+    assert rows["pycuda_vendor_ranks1"]["plain_row"] == "pycuda_vendor"
+
+
 def test_past_the_deadline_a_row_is_skipped_and_the_report_still_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -155,6 +177,7 @@ def test_every_ratio_is_ours_over_pytorchs_of_the_same_network_and_the_goals_are
     assert rows["resnet50", "pycuda_vendor"]["vs"] == {"torch_fp32_benchmark": 0.8, "torch_default_benchmark": 2.0}
     assert rows["resnet50", "pycuda_own"]["vs"]["torch_fp32_benchmark"] == 4.0
     goals = {g["goal"].split(" <=")[0].split(" within")[0]: g for g in doc["goals"]}
+    assert len(goals) == len(doc["goals"]) == len(bench_gpu.GOALS) + 1
     assert goals["ResNet-50 cuBLAS+cuDNN, PyCUDA runner"]["met"] is True
     assert goals["ResNet-50 cuBLAS+cuDNN, Java CUDA device"]["met"] is False  # 0.95
     assert goals["ResNet-50 Java CUDA device"]["met"] is False  # 95 / 80: 19% off the PyCUDA runner
@@ -162,6 +185,7 @@ def test_every_ratio_is_ours_over_pytorchs_of_the_same_network_and_the_goals_are
     tf32 = goals["ResNet-50 --precision tf32"]
     assert tf32["met"] is None and "pycuda_vendor_tf32: refused" in tf32["why"]
     assert goals["LeNet cuBLAS+cuDNN, PyCUDA runner"]["met"] is None
+    assert goals["ResNet-50 measured GPU memory"]["met"] is None  # the row carries no runner facts
 
 
 @pytest.mark.parametrize(("ops", "kernel", "cls"), [
