@@ -225,6 +225,10 @@ def java(java_bin: str, classpath: str, cls: str, steps: int, kernels: str, flag
         return row | {"error": r.stderr[-2000:]}
     run = json.loads(r.stdout.strip().splitlines()[-1])
     row["java"] = run
+    # the program chooses the graph at start (its device line's "graph: on" unless --no-graph); a capture that fails
+    # later falls back to call for call without a word in --json, so the row cannot say more
+    requested = "off" if "--no-graph" in flags else "on"
+    row["graph"] = run.get("gpu_graph", f"not reported by the Java program's --json (requested: {requested})")
     row["ms"] = 1e3 * statistics.median(run["step_seconds"][WARMUP:] or run["step_seconds"])
     row["losses"] = run.get("losses")
     return row
