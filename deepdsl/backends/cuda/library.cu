@@ -57,6 +57,21 @@ __device__ float dd_block_max(float v) {
     return v;
 }
 
+// the block's sum of a double (a split reduction's partial sums, ir/reductions.py) by a tree in shared memory, in the
+// same order every run (blockDim.x a power of two, at most 1024); every thread gets the result
+__device__ double dd_block_sum_double(double v) {
+    __shared__ double part[1024];
+    part[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = blockDim.x >> 1; s > 0; s >>= 1) {
+        if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    v = part[0];
+    __syncthreads();  // part may be reused by the next call
+    return v;
+}
+
 // ---- GEMM: C[b] = op(A[b]) op(B[b]), op(A) [M, K], op(B) [K, N]; 16x16 tiles in shared memory ----
 // A is [M, K] (or [K, M] when ta), B is [K, N] (or [N, K] when tb), all row-major, batch-strided.
 // Launch: block (16, 16), grid (ceil(N/16), ceil(M/16), batch).
