@@ -442,6 +442,9 @@ def pass_kernels(name: str, rg: ReductionGroup, comments: tuple[str, ...]) -> Pa
     n_rest = math.prod(n for _, n in rest)
     direct = split.slices == 1
     lines = [f"// {c_comment(line)}" for line in comments]
+    shown = tuple(f"in{k}" for k in range(len(inputs)))
+    for k, b in enumerate(bodies):  # what each accumulator adds up, over the (collapsed) range
+        lines.append(f"// a{k} = {c_comment(format_ie(Reduce('sum', rvars, b), shown))}")
     results = [f"float* out{m}" for m in range(len(rg.sums) + len(rg.updates))]
     parts = [f"double* part{k}" for k in range(len(rg.sums))]
     ins = [f"const {t}* in{k}" for k, t in enumerate(ctypes)]
@@ -450,12 +453,15 @@ def pass_kernels(name: str, rg: ReductionGroup, comments: tuple[str, ...]) -> Pa
     lines.append(f'extern "C" __global__ void {name}({", ".join(params)}) {{')
     if split.inner > 1:
         lines.append(f"  const int yo = blockIdx.y / {split.inner}, yi = blockIdx.y % {split.inner};")
-    else:
+    elif rest:
         lines.append("  const int yo = blockIdx.y, yi = 0;")
+    else:
+        lines.append("  const int yo = blockIdx.y;")
     lines.append(f"  const int lo0 = (int) ((long long) yo * {n0} / {split.outer}), "
                  f"hi0 = (int) ((long long) (yo + 1) * {n0} / {split.outer});")  # fmt: skip
-    lines.append(f"  const int lo1 = (int) ((long long) yi * {n_rest} / {split.inner}), "
-                 f"hi1 = (int) ((long long) (yi + 1) * {n_rest} / {split.inner});")  # fmt: skip
+    if rest:
+        lines.append(f"  const int lo1 = (int) ((long long) yi * {n_rest} / {split.inner}), "
+                     f"hi1 = (int) ((long long) (yi + 1) * {n_rest} / {split.inner});")  # fmt: skip
     lines.append(f"  DD_BLOCK_STRIDE(e, {numel}) {{")
     rest_n = numel
     for v, size in first.out:  # the output's indices from e, once per block
@@ -510,7 +516,8 @@ def pass_kernels(name: str, rg: ReductionGroup, comments: tuple[str, ...]) -> Pa
         lines += [f"      part{k}[blockIdx.y * {numel} + e] = {a};" for k, a in enumerate(accs)]
         lines.append("    }")
     lines += ["  }", "}"]
-    block = THREADS
+    piece = -(-n_rest // split.inner) if rest else -(-n0 // split.outer)  # the values a block's threads share
+    block = min(THREADS, max(32, 1 << (piece - 1).bit_length()))  # a power of two (dd_block_sum_double)
     partial = Kernel("\n".join(lines), (_grid_for(numel, 1), split.slices, 1), (block, 1, 1), SPLIT_SMEM, numel,
                      "split")  # fmt: skip
     if direct:
