@@ -135,14 +135,15 @@ def scratch_bytes(s: Stmt) -> int:
 
 @dataclass(frozen=True)
 class ReductionGroup:
-    """Statements one pass computes: `sums` (each a SumForm over the same range), `updates` running statistics
-    (statement, the position in `sums` of the value it takes) folded into the finishing launch, and `moments`:
+    """Statements one pass computes: `sums` (each a SumForm over the same range), `updates` per-element statements
+    folded into the finishing launch (the running statistics, batch norm's inverse deviation `bn_invstd`), and
+    `moments`:
     a (mean, variance) pair of positions whose variance is computed in the same pass as its mean (its sum of
     squares, not of squared deviations from the mean)."""
 
     stmts: tuple[Stmt, ...]  # in program order
     sums: tuple[SumForm, ...]
-    updates: tuple[tuple[Stmt, int], ...] = ()
+    updates: tuple[tuple[Stmt, int], ...] = ()  # (statement, the sum it takes; -1: its input at the same element)
     moments: tuple[tuple[int, int], ...] = ()
 
     @property
@@ -179,6 +180,9 @@ def reduction_group(stmts: Sequence[Stmt]) -> ReductionGroup | None:
                 return None
             updates.append((s, made[s.inputs[1].name]))
             continue
+        if s.op == "bn_invstd":  # of a variance in the pass, or of one at the same element (then anywhere in it)
+            updates.append((s, made.get(s.inputs[0].name, -1)))
+            continue
         f = sum_form(s)
         if f is None or (sums and not _same_range(sums[0], f)):
             return None
@@ -194,6 +198,13 @@ def reduction_group(stmts: Sequence[Stmt]) -> ReductionGroup | None:
         sums.append(f)
     if not sums or any(made.get(u.out.name) is not None for u, _ in updates):
         return None
+    shape = tuple(n for _, n in sums[0].out)
+    if any(u.op == "bn_invstd" and (u.out.type.shape != shape or u.inputs[0].type.shape != shape) for u, _ in updates):
+        return None
+    # a statement of the pass reads no per-element result of it (the finishing launch writes those last)
+    late = {u.out.name for u, _ in updates}
+    if any(v.name in late for s in stmts for v in s.inputs):
+        return None
     return ReductionGroup(tuple(stmts), tuple(sums), tuple(updates), tuple(moments))
 
 
@@ -203,9 +214,11 @@ def reduction_groups(groups: Sequence[tuple[Stmt, ...]]) -> list[tuple[Stmt, ...
     as it is."""
     out: list[tuple[Stmt, ...]] = []
     for group in groups:
-        if out and len(group) == 1 and len(out[-1]) >= 1:
+        if out and len(group) == 1:
             merged = (*out[-1], *group)
-            if reduction_group(out[-1]) is not None and reduction_group(merged) is not None:
+            # a pass grows by one statement at a time; a lone inverse deviation may start one (it reads no sum)
+            opens = reduction_group(out[-1]) is not None or len(out[-1]) == 1 and out[-1][0].op == "bn_invstd"
+            if opens and reduction_group(merged) is not None:
                 out[-1] = merged
                 continue
         out.append(group)

@@ -106,7 +106,7 @@ def test_no_division_per_element_and_an_unrolled_loop(bn_plan) -> None:  # noqa:
 
 def test_statistics_and_running_updates_are_one_pass(bn_plan) -> None:  # noqa: ANN001
     """channel_mean, channel_var and both running updates: one partial-sum launch and one finishing launch (the
-    first batch norm) or one launch (the second); dgamma and dbeta likewise."""
+    first batch norm) or one launch (the second); dgamma, dbeta and the inverse deviation likewise."""
     prog = kernels.program(bn_plan)
     ops = {s.out.name: s.op for s in bn_plan.graph.stmts}
     stats = [x for x in prog.launches if x.op == "channel_mean"]
@@ -116,9 +116,11 @@ def test_statistics_and_running_updates_are_one_pass(bn_plan) -> None:  # noqa: 
             ["channel_mean", "channel_var", "running_update", "running_update"]
         )
     assert not [x for x in prog.launches if x.op in ("channel_var", "running_update")]
-    dgamma_dbeta = [x for x in prog.launches if len(x.also) == 1 and x.op in ("channel_sum", "fused")]
-    dgamma_dbeta = [x for x in dgamma_dbeta if {ops[x.stmt], ops[x.also[0]]} <= {"channel_sum", "fused"}]
-    assert len(dgamma_dbeta) >= 2  # at least the first batch norm's split pair (partial + finish)
+    # dgamma (fused sum(g xhat)), dbeta (channel_sum) and the inverse deviation the backward reads: one pass each
+    backward = [x for x in prog.launches if sorted(ops[v] for v in (x.stmt, *x.also)) == ["bn_invstd", "channel_sum",
+                                                                                          "fused"]]  # fmt: skip
+    assert len(backward) == 3  # split (partial + finish) and one launch
+    assert not [x for x in prog.launches if x.op == "bn_invstd"]
 
 
 def test_the_partial_sums_are_in_the_checked_plan(bn_plan) -> None:  # noqa: ANN001

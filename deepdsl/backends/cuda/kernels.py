@@ -536,7 +536,8 @@ def pass_kernels(name: str, rg: ReductionGroup, comments: tuple[str, ...]) -> Pa
 
 
 def _finish_lines(rg: ReductionGroup, totals: list[str], indent: str, write: bool) -> list[str]:
-    """Each sum's result from its total (`totals`, doubles), written to out0, out1, ..., then each running update."""
+    """Each sum's result from its total (`totals`, doubles), written to out0, out1, ..., then each per-element
+    statement of the pass (a running update, an inverse deviation) from it or from its input `run{u}`."""
     lines: list[str] = []
     squares = {var: mean for mean, var in rg.moments}
     for k, f in enumerate(rg.sums):
@@ -552,6 +553,10 @@ def _finish_lines(rg: ReductionGroup, totals: list[str], indent: str, write: boo
             lines.append(f"{indent}const float r{k} = {value};")
         lines.append(f"{indent}out{k}[e] = r{k};")
     for u, (s, k) in enumerate(rg.updates):
+        if s.op == "bn_invstd":  # as the element-wise kernel of its index form writes it
+            v = f"r{k}" if k >= 0 else f"run{u}[e]"
+            lines.append(f"{indent}out{len(rg.sums) + u}[e] = (1.0f / sqrtf(({v} + {float_literal(s.a['eps'])})));")
+            continue
         keep = float_literal(1 - s.a["momentum"])
         take = float_literal(s.a["momentum"] * s.a["correction"])
         lines.append(f"{indent}out{len(rg.sums) + u}[e] = ({keep} * run{u}[e]) + ({take} * r{k});")
@@ -687,27 +692,28 @@ class _Program:
                 if ws is None or ws.nbytes < rg.split.scratch_bytes or ws.start > lo or ws.end < hi:
                     return False
                 scratch.append(Arg(f"workspace:{f.stmt.out.name}", "arena", f.stmt.out.name, ws.offset, "double"))
-        what = "_".join(s.a["ops"][-1] if s.op == "fused" and s.a.get("ops") else s.op for s in stmts
-                        if s.op != "running_update")  # fmt: skip
-        name = self.name(stmts[0], what=what)
+        what = "_".join(f.stmt.a["ops"][-1] if f.stmt.op == "fused" and f.stmt.a.get("ops") else f.stmt.op
+                        for f in rg.sums)  # fmt: skip
+        head = rg.sums[0].stmt  # the first result: what the launches are named and listed by
+        name = self.name(head, what=what)
         k = pass_kernels(name, rg, tuple(format_stmt(s) for s in stmts))
         results = [f.stmt.out.name for f in rg.sums] + [u.out.name for u, _ in rg.updates]
-        running = [u.inputs[0].name for u, _ in rg.updates]
+        running = [u.inputs[0].name for u, _ in rg.updates]  # a state tensor, or the input of an inverse deviation
         ins = [v.name for v in k.inputs]
         in_types = [_ctype(v.type.dtype) for v in k.inputs]
         also = tuple(results[1:])  # in the order of the kernels' outputs
         if k.finish is None:
             values = (*results, *ins, *running)
             ctypes = ("float",) * len(results) + (*in_types,) + ("float",) * len(running)
-            self.add(stmts[0], name, k.partial, values, ctypes, also)
+            self.add(head, name, k.partial, values, ctypes, also)
             return True
-        self.add(stmts[0], name, k.partial, (), (), also)
+        self.add(head, name, k.partial, (), (), also)
         last = self.launches[-1]
         outs = tuple(self.arg(v, "float") for v in results)
         args = (*outs, *scratch, *(self.arg(v, t) for v, t in zip(ins, in_types)))
         self.launches[-1] = Launch(last.kernel, last.stmt, last.op, last.grid, last.block, 0, last.static_smem, args,
                                    last.covers, last.loop, last.tiles, last.also, None)  # fmt: skip
-        self.add(stmts[0], f"{name}_finish", k.finish, (), (), also)
+        self.add(head, f"{name}_finish", k.finish, (), (), also)
         last = self.launches[-1]
         args = (*outs, *scratch, *(self.arg(v, "float") for v in running))
         self.launches[-1] = Launch(last.kernel, last.stmt, last.op, last.grid, last.block, 0, last.static_smem, args,

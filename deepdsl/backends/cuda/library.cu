@@ -342,17 +342,18 @@ __device__ void dd_bn_apply(float* __restrict__ y, const float* __restrict__ x, 
     }
 }
 
-// batch norm's gradient to x [N, C, P] (n elements) given g = dy, the channel mean and biased variance, the scale and
-// its and the shift's gradients sum(g xh) and sum(g): per channel gamma r (g - sum(g) / M - xh sum(g xh) / M), r = 1 /
-// sqrt(var + eps), xh = (x - mean) r, M = N P: registry op bn_train_backward, one thread an element
+// batch norm's gradient to x [N, C, P] (n elements) given g = dy, the channel mean and inverse deviation r = 1 /
+// sqrt(var + eps) (bn_invstd), the scale and its and the shift's gradients sum(g xh) and sum(g): per channel gamma r
+// (g - sum(g) / M - xh sum(g xh) / M), xh = (x - mean) r, M = N P: registry op bn_train_backward, one thread an
+// element (eps: cuDNN's check of it only)
 __device__ void dd_bn_train_backward(float* __restrict__ dx, const float* __restrict__ x, const float* __restrict__ g,
-                                     const float* __restrict__ mean, const float* __restrict__ var,
+                                     const float* __restrict__ mean, const float* __restrict__ invstd,
                                      const float* __restrict__ gamma, const float* __restrict__ sum_gxh,
                                      const float* __restrict__ sum_g, int n, int C, int P, float eps) {
     float M = (float)(n / C);
     DD_GRID_STRIDE(e, n) {
         int c = e / P % C;
-        float rs = 1.0f / sqrtf(var[c] + eps);
+        float rs = invstd[c];
         dx[e] = gamma[c] * rs * (g[e] - sum_g[c] / M - (x[e] - mean[c]) * rs * sum_gxh[c] / M);
     }
 }
