@@ -175,3 +175,45 @@ def test_resnet50_launches_fewer_kernels() -> None:
     c = api.compile_file(Path(__file__).resolve().parents[2] / "networks" / "resnet50.ddsl", stop_at="opt")
     assert c.opt is not None
     assert kernel_count(c.opt) <= 778 - 106
+
+
+# a batch norm over [128, 8, 8, 8] (65,536 values: split) trained end to end by the GPU runner on the CPU emulator
+SPLIT_NET = """network S
+const N = 128
+input x : [N, 3, 8, 8]
+label y : [N] classes 10
+layer cv = conv(8, kernel=3, pad=1)
+layer fc = full(10)
+net = fc o flatten o max_pool(2, stride=2) o relu o batch_norm o cv
+loss = softmax_cross_entropy(net(x), y)
+predict = net(x)
+train { data = synthetic(seed=2) optimizer = sgd(lr=0.05, momentum=0.9) iterations = 2 seed = 1 }
+"""
+
+
+@pytest.mark.slow
+@needs_gxx
+def test_the_gpu_runner_trains_with_split_passes_as_numpy_does(tmp_path: Path) -> None:
+    """The runner's whole training run with the split statistics and dgamma/dbeta passes (the partial sums in the
+    arena, the running updates in the finishing launch) gives the NumPy runner's losses and running statistics,
+    and the GPU memory it takes is the plan's."""
+    from cuda_emulator import EmulatedDriver
+
+    from deepdsl.running import run_training
+
+    build = api.build(api.compile_source(SPLIT_NET, "s.ddsl").program)
+    prog = kernels.program(build.train_plan)
+    assert len([x for x in prog.launches if x.loop == "split" and x.grid[1] > 1]) >= 2  # statistics, dgamma/dbeta
+    arrays: dict[str, dict] = {}
+    runs = {}
+    for name, driver in (("numpy", None), ("gpu", EmulatedDriver(tmp_path))):
+        out = tmp_path / f"{name}.npz"
+        runs[name] = run_training(build, iters=2, data_flag="synthetic", device="cpu", driver=driver,
+                                  save=str(out))  # fmt: skip
+        arrays[name] = dict(np.load(out))
+    got, want = runs["gpu"], runs["numpy"]
+    assert got["device"] == "cuda"
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4, atol=1e-6)
+    for k in ("net.batch_norm1.running_mean", "net.batch_norm1.running_var", "net.batch_norm1.gamma"):
+        np.testing.assert_allclose(arrays["gpu"][k], arrays["numpy"][k], rtol=1e-4, atol=1e-6, err_msg=k)
+    assert got["gpu_memory_bytes"] == got["gpu_planned_bytes"]
