@@ -217,3 +217,22 @@ def test_the_gpu_runner_trains_with_split_passes_as_numpy_does(tmp_path: Path) -
     for k in ("net.batch_norm1.running_mean", "net.batch_norm1.running_var", "net.batch_norm1.gamma"):
         np.testing.assert_allclose(arrays["gpu"][k], arrays["numpy"][k], rtol=1e-4, atol=1e-6, err_msg=k)
     assert got["gpu_memory_bytes"] == got["gpu_planned_bytes"]
+
+
+@needs_gxx
+def test_without_scratch_a_pass_falls_back_to_a_kernel_a_statement(tmp_path: Path) -> None:
+    """Under --workspace-limit 0 the plan has no room for partial sums: each reduction is its own block-per-output
+    kernel again (no split launch), and they still agree with NumPy."""
+    c = api.compile_source(BN, "bn.ddsl", stop_at="opt")
+    p = api.planned(c.opt, workspace_limit=0)
+    assert not p.workspace
+    prog = kernels.program(p)
+    check_launches(p, prog)
+    assert not [x for x in prog.launches if x.loop == "split" and x.grid[1] > 1]
+    lib = emulate(prog.source, prog.kernels, tmp_path)
+    env = _values(p)
+    stats = [x.stmt for x in prog.launches if x.op in ("channel_mean", "channel_var")]
+    assert len(stats) >= 2
+    for stmt in stats:
+        for r, out in _run_pass(lib, prog, p, env, stmt).items():
+            np.testing.assert_allclose(out, env[r], rtol=2e-4, atol=1e-5 * float(np.abs(env[r]).max(initial=1.0)))
