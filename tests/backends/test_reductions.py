@@ -236,3 +236,35 @@ def test_without_scratch_a_pass_falls_back_to_a_kernel_a_statement(tmp_path: Pat
     for stmt in stats:
         for r, out in _run_pass(lib, prog, p, env, stmt).items():
             np.testing.assert_allclose(out, env[r], rtol=2e-4, atol=1e-5 * float(np.abs(env[r]).max(initial=1.0)))
+
+
+@needs_gxx
+def test_sums_of_every_shape_split_and_agree(tmp_path: Path) -> None:
+    """Sums whose range is not a batch-norm's [N, C, H, W] less C: everything of a 4-D tensor (the batch and the
+    rest, one contiguous range), a bias gradient over many rows (one variable), a mean, the sum of squares, and a
+    channel sum of a 3-D tensor: split, the same bits twice, NumPy's values."""
+    from deepdsl.ir import GraphBuilder, Init, ParamDef, TensorType, Value
+    from deepdsl.memory import plan
+
+    b = GraphBuilder("Sums")
+    f = lambda name, *shape: b.add_param(ParamDef(Value(name, TensorType(shape)), Init("constant", (0.0,))))  # noqa: E731
+    x4, rows, x3 = f("x4", 16, 8, 32, 32), f("rows", 40000, 3), f("x3", 64, 4, 300)
+    outs = [b.emit("sum", x4), b.emit("sum_squares", x4), b.emit("channel_sum", rows), b.emit("channel_mean", x3),
+            b.emit("channel_sum", x4)]  # fmt: skip
+    for k, v in enumerate(outs):
+        b.output(f"o{k}", v)
+    p = plan(b.build())
+    prog = kernels.program(p)
+    check_launches(p, prog)
+    split = _split_launches(prog)
+    assert {r for x in split for r in (x.stmt, *x.also)} == {v.name for v in outs}  # sum and sum_squares: one pass
+    assert all(x.grid[0] * x.grid[1] >= TARGET_BLOCKS for x in split)
+    lib = emulate(prog.source, prog.kernels, tmp_path)
+    env = _values(p)
+    for x in split:
+        first = _run_pass(lib, prog, p, env, x.stmt)
+        again = _run_pass(lib, prog, p, env, x.stmt)
+        for r, out in first.items():
+            assert out.tobytes() == again[r].tobytes()
+            want = env[r]
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max(initial=1)))

@@ -427,15 +427,22 @@ def pass_kernels(name: str, rg: ReductionGroup, comments: tuple[str, ...]) -> Pa
         bodies[var] = Apply("*", (bodies[mean], bodies[mean]))
     shapes = tuple(v.type.shape for v in inputs)
     ctypes = tuple(_ctype(v.type.dtype) for v in inputs)
-    packed = Reduce("sum", first.reduce.vars, Apply(_PACK, tuple(bodies)))
+    # the first variable (the batch) a reduction of its own around the rest, so that collapse merges only the rest
+    # (h, w into one contiguous range): the pieces stay those of the split (ir/reductions.py `split_of`)
+    head, *tail = first.reduce.vars
+    inner_sum: IE = Reduce("sum", tuple(tail), Apply(_PACK, tuple(bodies))) if tail else Apply(_PACK, tuple(bodies))
+    packed = Reduce("sum", (head,), inner_sum)
     c = collapse(Apply(_PACK, (packed,)), first.out, shapes)
-    merged = c.body.args[0] if isinstance(c.body, Apply) and isinstance(c.body.args[0], Reduce) else packed
-    if c.out != first.out or not isinstance(merged, Reduce):  # the output axes merged: keep the sums as they are
-        merged, c_shapes = packed, shapes
-    else:
-        c_shapes = c.shapes
-    bodies = list(merged.body.args) if isinstance(merged.body, Apply) else bodies
-    rvars = merged.vars
+    rvars: tuple[tuple[str, int], ...] = tuple(first.reduce.vars)
+    c_shapes = shapes
+    got = c.body.args[0] if isinstance(c.body, Apply) and c.body.args else None
+    if c.out == first.out and isinstance(got, Reduce) and got.vars == (head,):  # the output axes stay as they are
+        inside = got.body
+        if isinstance(inside, Reduce) and isinstance(inside.body, Apply) and inside.body.fn == _PACK:
+            rvars, bodies, c_shapes = (head, *inside.vars), list(inside.body.args), c.shapes
+        elif not tail and isinstance(inside, Apply) and inside.fn == _PACK:
+            bodies, c_shapes = list(inside.args), c.shapes
+    assert rvars[0] == head and math.prod(n for _, n in rvars[1:]) == math.prod(n for _, n in tail)
     g = Gen(c_shapes, ctypes=ctypes)
     g.locals = None
     (v0, n0), rest = rvars[0], rvars[1:]
