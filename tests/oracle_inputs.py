@@ -28,6 +28,7 @@ POSITIVE: dict[str, tuple[int, ...]] = {
 # a dropped eps shows
 NONNEGATIVE: dict[str, tuple[int, ...]] = {
     "sqrt": (0,), "bn_apply": (2,), "bn_train_apply": (2,), "bn_train_backward": (3,), "clip_scale": (0,),
+    "bn_invstd": (0,),
 }  # fmt: skip
 
 KINK_STEP = 1e-3  # how far either side of a kink the extra samples lie (finite differences stay further away)

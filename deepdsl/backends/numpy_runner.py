@@ -88,7 +88,10 @@ def _kernel(s: Stmt, env: dict[str, np.ndarray], dtype: type, workspace: np.ndar
     xs = tuple(env[v.name] for v in s.inputs)
 
     def primary(xs: tuple) -> np.ndarray:  # in the planned workspace where the plan gave the statement one
-        return np.asarray(op.numpy(xs, s.a) if workspace is None else op.numpy_ws(xs, s.a, workspace))
+        # (a split sum's scratch holds a GPU's partial sums: NumPy sums without it)
+        return np.asarray(
+            op.numpy(xs, s.a) if workspace is None or op.numpy_ws is None else op.numpy_ws(xs, s.a, workspace)
+        )
 
     if "epilogue" in s.a:
         out = apply_epilogue(primary(xs[: op.arity]), xs[op.arity :], s.a["epilogue"])

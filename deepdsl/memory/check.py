@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from deepdsl.ir import REGISTRY, Stmt
 from deepdsl.ir.analysis import last_uses, reads_pointwise
 from deepdsl.memory.groups import planned_groups
-from deepdsl.memory.plan import ALIGN, Buffer, Plan, aligned, workspace_need
+from deepdsl.memory.plan import ALIGN, Buffer, Plan, aligned, workspace_need, workspace_spans
 
 Home = tuple[str, int, int]  # where a value's elements live: (storage, byte offset, bytes); storage "arena" or a tensor
 
@@ -59,12 +59,14 @@ def check_plan(p: Plan, groups: Sequence[Sequence[Stmt]] | None = None) -> Plan:
     _check_lifetimes_and_writes(p, homes, fail)
     _check_disjoint_while_live(p, fail)
     position = {s.out.name: i for i, s in enumerate(stmts)}
+    spans = workspace_spans(g)  # a reduction pass's members: across the pass (ir/reductions.py)
     for i, s in enumerate(stmts):
         ws = p.workspace.get(s.out.name)
         if ws is not None:
             need = workspace_need(s)
-            if ws.start != i or ws.end != i:
-                fail(f"the workspace of %{s.out.name} lives at statements {ws.start}..{ws.end}, not at {i} alone")
+            lo, hi = spans.get(s.out.name, (i, i))
+            if ws.start != lo or ws.end != hi:
+                fail(f"the workspace of %{s.out.name} lives at statements {ws.start}..{ws.end}, not at {lo}..{hi}")
             if ws.nbytes < need:
                 fail(f"the workspace of %{s.out.name} has {ws.nbytes:,} bytes; its kernel needs {need:,}")
             if p.workspace_limit is not None and need > p.workspace_limit:

@@ -22,6 +22,8 @@ import numpy as np
 
 from deepdsl.ir import REGISTRY, Graph, Stmt
 from deepdsl.ir.analysis import last_reads, last_uses, reads_pointwise
+from deepdsl.ir.groups import kernel_groups
+from deepdsl.ir.reductions import group_spans, reduction_groups, scratch_bytes
 
 ALIGN = 256  # bytes: CUDA's allocation alignment, so every buffer suits vector loads
 
@@ -79,10 +81,16 @@ def plan(g: Graph, workspace_limit: int | None = None) -> Plan:
 def workspace_need(s: Stmt) -> int:
     """The scratch bytes the statement's fast kernel declares (0: none)."""
     op = REGISTRY[s.op]
-    if op.workspace is None:
-        return 0
+    if op.workspace is None:  # a large sum's partial sums, where it is split over blocks (ir/reductions.py)
+        return scratch_bytes(s)
     primary = s.inputs[: op.arity] if "epilogue" in s.a and op.arity is not None else s.inputs
     return op.workspace(tuple(v.type for v in primary), s.out.type, s.a)
+
+
+def workspace_spans(g: Graph) -> dict[str, tuple[int, int]]:
+    """The statements whose workspace lives across more than their own statement: the members of a reduction pass
+    (ir/reductions.py), whose partial sums the pass's finishing launch reads after every member's were written."""
+    return group_spans(g.stmts, reduction_groups(kernel_groups(g.stmts)))
 
 
 def place(g: Graph, workspace_limit: int | None = None) -> Plan:
@@ -100,11 +108,13 @@ def place(g: Graph, workspace_limit: int | None = None) -> Plan:
             v = owner[v]
         return v
 
+    spans = workspace_spans(g)
     for i, s in enumerate(g.stmts):
         need = workspace_need(s)
         if need and (workspace_limit is None or need <= workspace_limit):
             ws = f"workspace:{s.out.name}"
-            owner[ws], start[ws], end[ws], size[ws] = ws, i, i, aligned(need)
+            owner[ws], size[ws] = ws, aligned(need)
+            start[ws], end[ws] = spans.get(s.out.name, (i, i))
         if s.out.name in in_state:
             continue
         shared = None

@@ -74,13 +74,24 @@ def bn_train_apply(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> Tens
 
 @defop("bn_train_backward", 7, differentiable=False)
 def bn_train_backward(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
-    """d bn_train_apply / d x: inputs x, g (d y), mean, var, gamma, and the scale's and shift's gradients sum(g xh)
-    and sum(g) (the statements the gradient has anyway); per channel, over its M = N H W values, gamma r (g -
-    sum(g) / M - xh sum(g xh) / M) with r = 1 / sqrt(var + eps) and xh = (x - mean) r: one pass; attrs: eps."""
+    """d bn_train_apply / d x: inputs x, g (d y), mean, r = 1 / sqrt(var + eps) (bn_invstd: the saved inverse
+    deviation cuDNN's backward takes, so that it does not compute the batch statistics again), gamma, and the
+    scale's and shift's gradients sum(g xh) and sum(g) (the statements the gradient has anyway); per channel, over
+    its M = N H W values, gamma r (g - sum(g) / M - xh sum(g xh) / M) with xh = (x - mean) r: one pass; attrs: eps
+    (cuDNN's check of it)."""
     x, g, *rest = types
     if g.shape != x.shape or any(t.shape != (x.shape[1],) for t in rest):
         raise ShapeError(f"bn_train_backward: gradient {g} and per-channel inputs do not fit {x}")
     return x
+
+
+@defop("bn_invstd", 1, differentiable=False)
+def bn_invstd(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
+    """1 / sqrt(var + eps) per channel: batch norm's inverse deviation, which its backward reads; attrs: eps."""
+    (v,) = types
+    if v.rank != 1:
+        raise ShapeError(f"bn_invstd takes a per-channel variance, got {v}")
+    return v
 
 
 @defop("running_update", 2, differentiable=False)
@@ -197,16 +208,19 @@ def _bn_apply_np(xs: tuple, a: dict) -> np.ndarray:
 numpy_kernel("running_update")(lambda xs, a: (1 - a["momentum"]) * xs[0] + (a["momentum"] * a["correction"]) * xs[1])
 
 
+numpy_kernel("bn_invstd")(lambda xs, a: 1 / np.sqrt(xs[0] + xs[0].dtype.type(a["eps"])))
+
+
 @numpy_kernel("bn_train_backward")
 def _bn_train_backward_np(xs: tuple, a: dict) -> np.ndarray:
-    x, g, mean, var, gamma, sum_gxh, sum_g = xs
+    x, g, mean, invstd, gamma, sum_gxh, sum_g = xs
     per = x.dtype.type(x.size // x.shape[1])
-    r = _bc(1 / np.sqrt(var + x.dtype.type(a["eps"])), x.ndim)
+    r = _bc(invstd, x.ndim)
     xh = (x - _bc(mean, x.ndim)) * r
     return _bc(gamma, x.ndim) * r * (g - _bc(sum_g / per, x.ndim) - xh * _bc(sum_gxh / per, x.ndim))
 
 
-@flops_rule("bn_apply", "bn_train_apply", "running_update")
+@flops_rule("bn_apply", "bn_train_apply", "running_update", "bn_invstd")
 def _flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
     return 4 * out.numel
 
@@ -255,10 +269,13 @@ def _bn_train_apply_vjp(b: Any, s: Any, g: Any) -> tuple:
     # y = xh gamma + beta with xh = (x - m) r, m and v x's own statistics: dgamma = sum(g xh) (xh recomputed where
     # the sum reads it: emitted before dx, so that fusing it there keeps nothing alive longer), dbeta = sum(g), dx
     # the closed form from those sums (one statement, one pass); none to m and v, whose dependence on x dx holds
+    # (the inverse deviation a statement of its own after the sums, computed in their pass's finishing launch on a
+    # GPU (ir/reductions.py), for cuDNN's backward to take as the saved statistics with the mean)
     x, m, v, gamma, _ = s.inputs
     gamma_grad = _e(b, s, "channel_sum", _e(b, s, "mul", g, _e(b, s, "bn_apply", x, m, v, **s.a)))
     beta_grad = _e(b, s, "channel_sum", g)
-    dx = _e(b, s, "bn_train_backward", x, g, m, v, gamma, gamma_grad, beta_grad, **s.a)
+    invstd = _e(b, s, "bn_invstd", v, **s.a)
+    dx = _e(b, s, "bn_train_backward", x, g, m, invstd, gamma, gamma_grad, beta_grad, **s.a)
     return (dx, None, None, gamma_grad, beta_grad)
 
 
@@ -341,6 +358,7 @@ def _bn_apply_form(types: tuple[TensorType, ...], out: TensorType, a: dict) -> A
     return ap("+", ap("*", y, affine[0]), affine[1]) if affine else y
 
 
+index_form("bn_invstd")(pointwise(lambda a, v: ap("rsqrt", ap("+", v, c(a["eps"])))))
 index_form("running_update")(
     pointwise(lambda a, r, v: ap("+", ap("*", c(1 - a["momentum"]), r), ap("*", c(a["momentum"] * a["correction"]), v)))
 )
@@ -364,7 +382,7 @@ java_call("layer_norm_rows", "Buf x, float eps", cls="CpuNormalisation")
 java_call("layer_norm_rows_backward", "Buf x, Buf g, float eps", cls="CpuNormalisation")
 java_call(
     "bn_train_backward",
-    "Buf x, Buf g, Buf mean, Buf var, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps",
+    "Buf x, Buf g, Buf mean, Buf invstd, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps",
     cls="CpuNormalisation",
 )
 # a step calls the device's bnApply for the training program's apply where it stands alone (cuDNN's on the CUDA

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from deepdsl.ir import REGISTRY, Graph
 from deepdsl.ir.groups import kernel_groups
+from deepdsl.ir.reductions import launches, reduction_groups
 from deepdsl.ir.verify import check_graph
 from deepdsl.passes.cse import cse
 from deepdsl.passes.dce import dce
@@ -47,8 +48,10 @@ class PassStat:
 
 def kernels(g: Graph) -> int:
     """Launches on a device: every statement except views (a fused statement is one kernel), adjacent element-wise
-    statements that one loop computes (ir/groups.py) counted once."""
-    return sum(1 for group in kernel_groups(g.stmts) if not REGISTRY[group[0].op].view)
+    statements that one loop computes (ir/groups.py) counted once, reductions one pass computes (ir/reductions.py)
+    counted as their launches: two (partial sums, finish) where the range is split over blocks, else one."""
+    groups = reduction_groups(kernel_groups(g.stmts))
+    return sum(launches(group) for group in groups if not REGISTRY[group[0].op].view)
 
 
 def run_pipeline(

@@ -279,8 +279,8 @@ public final class CpuDevice implements Device {
 
   @Override
   public void bnTrainBackward(
-      Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps) {
-    CpuNormalisation.bn_train_backward(out, x, g, mean, var, gamma, gammaGrad, betaGrad, eps);
+      Buf out, Buf x, Buf g, Buf mean, Buf invstd, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps) {
+    CpuNormalisation.bn_train_backward(out, x, g, mean, invstd, gamma, gammaGrad, betaGrad, eps);
   }
 
   @Override

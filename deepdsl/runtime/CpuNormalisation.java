@@ -97,12 +97,12 @@ public final class CpuNormalisation {
 
   /**
    * out = d bn_train_apply / d x: per channel c of x [N, C, ...], over its M = N * plane values,
-   * gamma r (g - sum(g) / M - xh sum(g xh) / M) with r = 1 / sqrt(var + eps) and xh = (x - mean) r,
-   * the two sums given (the shift's and the scale's gradients): one pass. The image planes run on
-   * the threads.
+   * gamma r (g - sum(g) / M - xh sum(g xh) / M) with r = 1 / sqrt(var + eps) given ({@code invstd},
+   * the registry's bn_invstd) and xh = (x - mean) r, the two sums given (the shift's and the scale's
+   * gradients): one pass. The image planes run on the threads.
    */
   public static void bn_train_backward(
-      Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps) {
+      Buf out, Buf x, Buf g, Buf mean, Buf invstd, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps) {
     int images = x.dim(0);
     int channels = x.dim(1);
     int plane = x.numel() / (images * channels);
@@ -117,7 +117,7 @@ public final class CpuNormalisation {
           for (int p = lo; p < hi; p++) {
             int c = p % channels;
             float mu = mean.a[mean.off + c];
-            float rs = 1f / (float) Math.sqrt(var.a[var.off + c] + eps);
+            float rs = invstd.a[invstd.off + c];
             float meanG = betaGrad.a[betaGrad.off + c] / m;
             float scale = gamma.a[gamma.off + c] * rs;
             float slope = rs * gammaGrad.a[gammaGrad.off + c] / m; // xh sum(g xh) / M = (x - mu) slope

@@ -83,6 +83,8 @@ final class CudaDnnOps {
   private final Object out;
   private final Object fourth;
   private final Object fifth;
+  private final Object sixth; // batch norm's backward: the saved mean
+  private final Object seventh; // and inverse deviation
   private final Object none; // a Pointer whose address is 0: NULL
 
   CudaDnnOps(CudaDnn dnn) throws ReflectiveOperationException {
@@ -114,6 +116,8 @@ final class CudaDnnOps {
     out = dnn.pointer();
     fourth = dnn.pointer();
     fifth = dnn.pointer();
+    sixth = dnn.pointer();
+    seventh = dnn.pointer();
     none = dnn.pointer();
   }
 
@@ -162,7 +166,8 @@ final class CudaDnnOps {
    * cuDNN; the scale's and shift's gradients ({@code channels} floats each) go to {@code scratch}.
    */
   void batchNormBackward(
-      Op o, long dx, long x, long dy, long gamma, long scratch, int channels, double eps) {
+      Op o, long dx, long x, long dy, long gamma, long scratch, long mean, long invstd, int channels,
+      double eps) {
     int status;
     Object one = dnn.one;
     Object zero = dnn.zero;
@@ -173,11 +178,13 @@ final class CudaDnnOps {
       dnn.setAddress.invokeExact(third, gamma);
       dnn.setAddress.invokeExact(fourth, scratch);
       dnn.setAddress.invokeExact(fifth, scratch + 4L * channels);
+      dnn.setAddress.invokeExact(sixth, mean);
+      dnn.setAddress.invokeExact(seventh, invstd);
       status =
           (int)
               bnBackward.invokeExact(
                   dnn.handle, BATCHNORM_SPATIAL, one, zero, one, zero, o.x, first, o.y, second,
-                  o.x, out, o.op, third, fourth, fifth, eps, none, none);
+                  o.x, out, o.op, third, fourth, fifth, eps, sixth, seventh);
     } catch (Throwable e) {
       throw new IllegalStateException(BACKWARDS[BATCH_NORM] + " failed", e);
     }

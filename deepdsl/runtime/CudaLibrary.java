@@ -504,7 +504,7 @@ abstract class CudaLibrary extends CudaMemory {
 
   @Override
   public void bnTrainBackward(
-      Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps) {
+      Buf out, Buf x, Buf g, Buf mean, Buf invstd, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps) {
     int channels = x.shape[1];
     if (!dnnBatchNorm(
         x,
@@ -512,14 +512,17 @@ abstract class CudaLibrary extends CudaMemory {
         eps,
         (o, e) -> {
           // the scale's and shift's gradients, which cuDNN makes too: grown at the call's first use,
-          // which is never captured
+          // which is never captured; the saved mean and inverse deviation, so that it does not compute
+          // the batch statistics again
           scratchOf(8L * channels);
           dnn.ops.batchNormBackward(
               o, address(out), address(x), address(g), address(gamma),
-              ((DevicePointer) scratch).address(), channels, e);
+              ((DevicePointer) scratch).address(), address(mean), address(invstd), channels, e);
         })) {
       perChannel(
-          "dd_k_bn_train_backward", new Buf[] {out, x, g, mean, var, gamma, gammaGrad, betaGrad}, eps);
+          "dd_k_bn_train_backward",
+          new Buf[] {out, x, g, mean, invstd, gamma, gammaGrad, betaGrad},
+          eps);
     }
   }
 

@@ -105,12 +105,13 @@ public interface Device extends AutoCloseable {
   void bnApply(Buf out, Buf x, Buf mean, Buf var, Buf gamma, Buf beta, float eps);
 
   /**
-   * Batch norm's gradient to x [N, C, ...] given g = dy, x's own channel mean and (biased) variance,
-   * the scale gamma and its and the shift's gradients sum(g xh) and sum(g): per channel gamma r (g -
-   * sum(g) / M - xh sum(g xh) / M), r = 1 / sqrt(var + eps), xh = (x - mean) r, M = N H W.
+   * Batch norm's gradient to x [N, C, ...] given g = dy, x's own channel mean and inverse deviation
+   * r = 1 / sqrt(var + eps) (its biased variance's), the scale gamma and its and the shift's
+   * gradients sum(g xh) and sum(g): per channel gamma r (g - sum(g) / M - xh sum(g xh) / M), xh = (x
+   * - mean) r, M = N H W. The mean and r are the saved statistics cuDNN's backward takes.
    */
   void bnTrainBackward(
-      Buf out, Buf x, Buf g, Buf mean, Buf var, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps);
+      Buf out, Buf x, Buf g, Buf mean, Buf invstd, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps);
 
   void lrnBackward(Buf out, Buf x, Buf y, Buf g, float alpha, float beta, float k, int size);
 

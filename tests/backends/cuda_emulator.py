@@ -216,6 +216,8 @@ def run_launch(lib: ctypes.CDLL, x: Launch, pointers: Sequence[int], small: bool
     grid, block = x.grid, x.block
     if x.loop == "block-stride" or small and x.loop == "grid-stride":
         grid, block = (min(grid[0], 3), 1, 1), (min(block[0], 64), 1, 1)
+    elif x.loop == "split":  # a split sum's blocks stride over its outputs; every slice (blockIdx.y) runs
+        grid, block = (min(grid[0], 3), grid[1], 1), (min(block[0], 64), 1, 1)
     argv = (ctypes.c_void_p * len(pointers))(*pointers)
     getattr(lib, f"run_{x.kernel}")(*grid, *block[:2], argv)
 

@@ -71,7 +71,7 @@ def check_launches(p: Plan, prog: CudaProgram) -> None:
             assert launch.grid[0] * TILE >= n and launch.grid[1] * TILE >= m and launch.grid[2] == batch, where
             assert n * m * batch == out.numel, where
         else:
-            assert launch.loop in ("grid-stride", "block-stride", "one-block"), where
+            assert launch.loop in ("grid-stride", "block-stride", "one-block", "split"), where
             if launch.loop != "grid-stride":  # block reductions need whole warps
                 assert launch.block[0] % 32 == 0 and launch.block[1] == 1, where
             if launch.loop == "one-block":
@@ -428,6 +428,9 @@ def test_kernels_agree_with_numpy(case: str, tmp_path: Path, compiled) -> None: 
             for k, arg in enumerate(x.args):
                 if k < len(results) or arg.value in results:
                     ptrs.append(arrays[results[k] if k < len(results) else arg.value].ctypes.data)
+                elif arg.value.startswith("workspace:"):  # a split sum's partial sums (ir/reductions.py)
+                    ptrs.append(arrays.setdefault(arg.value, np.full(p.workspace[arg.name].nbytes, 0xFF, np.uint8))
+                                .ctypes.data)  # fmt: skip
                 else:
                     ptrs.append(arrays.setdefault(arg.value, np.array(env[arg.value], order="C")).ctypes.data)
             run_launch(lib, x, ptrs, small=big)

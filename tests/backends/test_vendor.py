@@ -424,8 +424,9 @@ def test_the_stand_in_lrn_refuses_what_is_not_ours(cublas_folder: Path) -> None:
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5), (6, 4)])
 def test_batch_norm_through_cudnn_is_numpys(cublas_folder: Path, op: str, shape: tuple[int, ...]) -> None:
     """Batch norm's apply (given statistics: the running ones in inference, the batch's in training) and its training
-    gradient (cuDNN recomputes the batch's statistics from x; its scale and shift gradients go to the scratch), over
-    the channels of an image batch and of features [N, C] (as [N, C, 1, 1])."""
+    gradient (cuDNN takes the saved mean and inverse deviation, bn_invstd's, and gives the same dx as the gradient
+    through the variance did before; its scale and shift gradients go to the scratch), over the channels of an image
+    batch and of features [N, C] (as [N, C, 1, 1])."""
     vendor = open_vendor("vendor", [cublas_folder])
     rng = np.random.default_rng(len(shape))
     x = (rng.standard_normal(shape) * 2 + 1).astype(np.float32)
@@ -436,7 +437,8 @@ def test_batch_norm_through_cudnn_is_numpys(cublas_folder: Path, op: str, shape:
     bc = (1, c) + (1,) * (len(shape) - 2)
     xh = (x - stats[0].reshape(bc)) / np.sqrt(stats[1].reshape(bc) + 1e-5)
     sums = ((g * xh).sum(axis=axes), g.sum(axis=axes))  # the scale's and shift's gradients: x's own
-    inputs = (x, g, *stats, per[0], *sums) if op == "bn_train_backward" else (x, *stats, *per)
+    saved = (stats[0], (1 / np.sqrt(stats[1] + np.float32(1e-5))).astype(np.float32))  # mean, inverse deviation
+    inputs = (x, g, *saved, per[0], *sums) if op == "bn_train_backward" else (x, *stats, *per)
     vendor.scratch_bytes = 8 * c
     scratch = np.full(2 * c, np.nan, np.float32)
     vendor.scratch = scratch.ctypes.data
@@ -445,6 +447,12 @@ def test_batch_norm_through_cudnn_is_numpys(cublas_folder: Path, op: str, shape:
                                atol=1e-4)  # fmt: skip
     if op == "bn_train_backward":  # the same sums cuDNN makes besides, in the scratch
         np.testing.assert_allclose(scratch, np.concatenate(sums), rtol=1e-4, atol=1e-4)
+        # the dx of the gradient through the variance (before the saved statistics): r from var + eps here
+        mean, var = (v.reshape(bc) for v in stats)
+        r = 1 / np.sqrt(var + np.float32(1e-5))
+        m = np.float32(x.size // c)
+        before = per[0].reshape(bc) * r * (g - sums[1].reshape(bc) / m - (x - mean) * r * sums[0].reshape(bc) / m)
+        np.testing.assert_allclose(_run_vendor(vendor, op, inputs, attrs), before, rtol=1e-4, atol=1e-4)
     types = tuple(TensorType(a.shape) for a in inputs)
     assert REGISTRY[op].vendor(types, TensorType(shape), attrs) is not None
     assert REGISTRY[op].vendor(types, TensorType(shape), {"eps": 1e-6}) is None  # below cuDNN's minimum
@@ -611,14 +619,15 @@ def test_the_graph_holds_the_vendor_calls(tmp_path: Path, cublas_folder: Path) -
 def test_which_launches_go_to_the_vendor_libraries(tmp_path: Path, cublas_folder: Path, limit: int | None) -> None:
     """The runner asks each launch's registry fact, not its op name: the GEMM launches (linear and the matmuls of its
     gradient) run as cuBLAS calls, the convolution and its filter gradient as cuDNN's, in the workspace the plan gave
-    each (none under --workspace-limit 0: then an algorithm without scratch), pooling and its gradient and the bias
-    gradients as cuDNN's, the rest (the epilogues, the loss, relu's gradient, the updates) as our kernels."""
+    each (none under --workspace-limit 0: then an algorithm without scratch), pooling and its gradient and the small
+    bias gradients as cuDNN's, the rest (the epilogues, the loss, relu's gradient, the updates) as our kernels."""
     build = api.build(api.compile_source(TINY, "tiny.ddsl", {}).program, api.Options(workspace_limit=limit))
     runner = _vendor_runner(build, tmp_path, cublas_folder)
     served = {x.op: b.what for x, _, b in runner.calls["train"] if b is not None}
     ops = sorted(x.op for x, _, b in runner.calls["train"] if b is not None)
-    # forward; dW of cv, dx and dW of fc1 and fc2; the pooling and its gradient; the bias gradients of cv, fc1, fc2
-    assert ops == ["channel_sum"] * 3 + ["conv2d", "conv2d_backward_filter"] + ["linear"] * 2 + ["matmul"] * 4 + [
+    # forward; dW of cv, dx and dW of fc1 and fc2; the pooling and its gradient; the bias gradients of fc1, fc2 (cv's,
+    # a sum of 256 values per channel, is a reduction pass of ours: ir/reductions.py)
+    assert ops == ["channel_sum"] * 2 + ["conv2d", "conv2d_backward_filter"] + ["linear"] * 2 + ["matmul"] * 4 + [
         "max_pool2d",
         "max_pool2d_backward",
     ]

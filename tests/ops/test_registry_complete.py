@@ -78,6 +78,7 @@ EXAMPLES = {
     "bn_apply": ((X4, C4, C4, C4, C4), {"eps": 1e-5}), "bn_train_apply": ((X4, C4, C4, C4, C4), {"eps": 1e-5}),
     "bn_train_backward": ((X4, X4, C4, C4, C4, C4, C4), {"eps": 1e-5}),
     "running_update": ((C4, C4), {"momentum": 0.1, "correction": 1.0}),
+    "bn_invstd": ((C4,), {"eps": 1e-5}),
     "slice": ((X4,), {"axis": 1, "start": 1, "stop": 3}), "pad_axis": ((X4,), {"axis": 1, "start": 1, "size": 6}),
     "softmax_backward": ((X2, X2), {}), "log_softmax_backward": ((X2, X2), {}),
     "softmax_cross_entropy_backward": ((X2, LABELS, TensorType(())), {}),
@@ -704,8 +705,8 @@ def lrn_reference(r: Lrn, x: np.ndarray, *rest: np.ndarray) -> np.ndarray:
 
 def batch_norm_reference(fact: BatchNorm | BatchNormBackward, x: np.ndarray, *rest: np.ndarray) -> np.ndarray:
     """What a BatchNorm fact says (inputs x, mean, var, gamma, beta), and for BatchNormBackward (inputs x, dY, mean,
-    var, gamma, of which it reads x, dY and gamma) dX through x's own statistics: dY times the Jacobian of each
-    channel's normalised values, written out element pair by element pair in float64."""
+    inverse deviation, gamma: the saved statistics, x's own) dX through x's own statistics: dY times the Jacobian of
+    each channel's normalised values, written out element pair by element pair in float64."""
     b = fact if isinstance(fact, BatchNorm) else fact.norm
     x3 = x.reshape(b.n, b.c, b.h * b.w).astype(np.float64)
     if isinstance(fact, BatchNorm):
@@ -776,11 +777,12 @@ def vendor_problems(op: OpDef, inputs: tuple[TensorType, ...], attrs: dict) -> l
         xs = (REGISTRY["log_softmax" if fact.softmax.log else "softmax"].numpy(xs[:1], {}), xs[1])
     if isinstance(fact, LrnBackward):  # y must be the lrn of x
         xs = (xs[0], REGISTRY["lrn"].numpy(xs[:1], attrs), xs[2])
-    if isinstance(fact, BatchNormBackward):  # mean, var and the sums must be x's own, which cuDNN recomputes
+    if isinstance(fact, BatchNormBackward):  # mean, inverse deviation and the sums must be x's own (saved statistics)
         axes = (0, *range(2, xs[0].ndim))
         mean, var = xs[0].mean(axis=axes), xs[0].var(axis=axes)
         xh = (xs[0] - mean[None, :, None, None]) / np.sqrt(var[None, :, None, None] + attrs["eps"])
-        xs = (xs[0], xs[1], mean, var, xs[4], (xs[1] * xh).sum(axis=axes), xs[1].sum(axis=axes))
+        invstd = 1 / np.sqrt(var + attrs["eps"])
+        xs = (xs[0], xs[1], mean, invstd, xs[4], (xs[1] * xh).sum(axis=axes), xs[1].sum(axis=axes))
     check = _fact_check(fact)
     if check is None:
         return [f"{op.name}: a vendor fact no check knows ({type(fact).__name__})"]

@@ -296,8 +296,9 @@ class Cudnn:
     def batch_norm(self, call: BatchNorm | BatchNormBackward, descriptors: tuple[ctypes.c_void_p, ctypes.c_void_p],
                    out: int, inputs: tuple[int, ...], scratch: int = 0) -> None:  # fmt: skip
         """out = the batch norm `call` on `inputs` (the statement's: forward x, mean, var, gamma, beta; backward x, dy,
-        mean, var, gamma, of which mean and var are not read), the backward's scale and shift gradients (2 c floats,
-        which the statement's last two inputs hold too) at `scratch`."""
+        mean, inverse deviation 1 / sqrt(var + eps) (bn_invstd), gamma: the saved statistics, so that cuDNN does not
+        compute them again), the backward's scale and shift gradients (2 c floats, which the statement's last two
+        inputs hold too) at `scratch`."""
         (x, per), one, zero = descriptors, ctypes.byref(self.one), ctypes.byref(self.zero)
         if isinstance(call, BatchNorm):
             xs, mean, var, gamma, beta = inputs
@@ -305,10 +306,10 @@ class Cudnn:
                 self.handle, _BATCHNORM_SPATIAL, one, zero, x, xs, x, out, per, gamma, beta, mean, var, call.eps
             )
             return self._check(status, "cudnnBatchNormalizationForwardInference")
-        xs, dy, _, _, gamma = inputs
+        xs, dy, mean, invstd, gamma = inputs
         status = self.lib.cudnnBatchNormalizationBackward(
             self.handle, _BATCHNORM_SPATIAL, one, zero, one, zero, x, xs, x, dy, x, out, per, gamma, scratch,
-            scratch + 4 * call.norm.c, call.norm.eps, None, None,
+            scratch + 4 * call.norm.c, call.norm.eps, mean, invstd,
         )  # fmt: skip
         self._check(status, "cudnnBatchNormalizationBackward")
 

@@ -109,9 +109,9 @@ extern "C" __global__ void dd_k_bn_apply(float* y, const float* x, const float* 
 }
 
 extern "C" __global__ void dd_k_bn_train_backward(float* dx, const float* x, const float* g, const float* mean,
-                                                  const float* var, const float* gamma, const float* sum_gxh,
+                                                  const float* invstd, const float* gamma, const float* sum_gxh,
                                                   const float* sum_g, int n, int C, int P, float eps) {
-    dd_bn_train_backward(dx, x, g, mean, var, gamma, sum_gxh, sum_g, n, C, P, eps);
+    dd_bn_train_backward(dx, x, g, mean, invstd, gamma, sum_gxh, sum_g, n, C, P, eps);
 }
 
 extern "C" __global__ void dd_k_dropout_mask(float* mask, const long long* step, int n, unsigned long long stream,

@@ -6,6 +6,12 @@ expression, with the meaning of `ops.indexed.evaluate`: a read outside its input
 maximises over its ranges, comparisons are C booleans. One thread computes one output element in a
 grid-stride loop; a body whose outermost work is a reduction (channel statistics, `sum`, a mean) runs one
 block per output element instead, its threads sharing the reduction through `dd_block_sum` / `dd_block_max`.
+A large sum (ir/reductions.py: batch-norm statistics, dgamma and dbeta, bias gradients, sums over the batch) is
+split over blocks instead: a 2-D grid (blockIdx.y a piece of the range: batch rows outer, the rest inner and
+contiguous, no division per element, the inner loop unrolled), partial sums in double in the statement's planned
+workspace, then a finishing launch adding them in slice order (the same bits every run); reductions over the same
+range run in one such pass (a batch norm's mean and variance, its sum and sum of squares, with the running
+statistics' updates in the finishing launch; dgamma with dbeta).
 The other ops call a hand-written function of library.cu with the statement's shapes as constants: their
 registry entries' `cuda` field (ops.py), as the shape ops' `cuda_form` is their index expression here.
 
@@ -25,14 +31,17 @@ import numpy as np
 
 from deepdsl.backends import cexpr
 from deepdsl.backends.cexpr import Locals, cuda_dialect
+from deepdsl.backends.collapse import collapse
 from deepdsl.backends.escape import c_comment
 from deepdsl.backends.loops import LoopGen
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir import REGISTRY, Stmt
 from deepdsl.ir.analysis import index_form, output_indices, top_reductions
+from deepdsl.ir.graph import Value
 from deepdsl.ir.groups import group_form, is_flat
-from deepdsl.ir.indexexpr import IE, Affine, Read, Reduce, format_ie, shared_subexpressions
+from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, format_ie, renumber, shared_subexpressions
 from deepdsl.ir.printer import format_stmt
+from deepdsl.ir.reductions import THREADS, ReductionGroup, is_total, reduction_group, reduction_groups
 from deepdsl.ir.types import DType
 from deepdsl.ir.vendor import VendorCall, vendor_call
 from deepdsl.memory.groups import planned_groups
@@ -46,6 +55,7 @@ MAX_STATIC_SMEM = 48 * 1024
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 BLOCK_SMEM = 32 * 4  # dd_block_sum / dd_block_max: one float per warp
 GEMM_SMEM = 2 * TILE * (TILE + 1) * 4
+SPLIT_SMEM = 1024 * 8  # dd_block_sum_double: one double per thread
 
 
 @dataclass(frozen=True)
@@ -326,6 +336,240 @@ def _check_size(name: str, *sizes: int) -> None:
         )
 
 
+# ---- large sums split over blocks, reductions in one pass (ir/reductions.py) ----
+
+
+def _rename(e: IE, names: dict[str, str]) -> IE:
+    """`e` with its index variables renamed (reductions' and the output's)."""
+    if isinstance(e, Read):
+        return Read(e.input, tuple(Affine(tuple((names.get(v, v), c) for v, c in a.terms), a.const)
+                                   for a in e.index))  # fmt: skip
+    if isinstance(e, Var):
+        return Var(names.get(e.name, e.name))
+    if isinstance(e, Apply):
+        return Apply(e.fn, tuple(_rename(a, names) for a in e.args))
+    if isinstance(e, Reduce):
+        return Reduce(e.kind, tuple((names.get(v, v), n) for v, n in e.vars), _rename(e.body, names))
+    return e
+
+
+def _invariants(e: IE, reduced: set[str]) -> list[IE]:
+    """The largest parts of a sum's body that read memory but none of the sum's variables: the same for every term."""
+
+    def uses(x: IE) -> bool:
+        if isinstance(x, Read):
+            return any(v in reduced for a in x.index for v, _ in a.terms)
+        if isinstance(x, Var):
+            return x.name in reduced
+        if isinstance(x, Apply):
+            return any(uses(a) for a in x.args)
+        return isinstance(x, Reduce)
+
+    def reads(x: IE) -> bool:
+        return isinstance(x, Read) or isinstance(x, Apply) and any(reads(a) for a in x.args)
+
+    if isinstance(e, Apply) and not uses(e) and reads(e):
+        return [e]
+    if isinstance(e, Apply):
+        return [x for a in e.args for x in _invariants(a, reduced)]
+    return []
+
+
+def _replace_total(e: IE, by: IE) -> IE:
+    if is_total(e):
+        return by
+    if isinstance(e, Apply):
+        return Apply(e.fn, tuple(_replace_total(a, by) for a in e.args))
+    return e
+
+
+_PACK = "dd_pack"  # the sums' bodies side by side under one reduction, so that collapse merges their axes alike
+TOTAL = 100000  # input numbers from here on stand for a sum's total, held in a local
+
+
+@dataclass(frozen=True)
+class PassKernels:
+    """The kernels of one pass (ir/reductions.py): the partial sums and the finishing launch, or one kernel where
+    one slice covers the range."""
+
+    partial: Kernel
+    finish: Kernel | None
+    inputs: tuple[Value, ...]  # what the partial kernel reads after its outputs (or scratch)
+
+
+def pass_kernels(name: str, rg: ReductionGroup, comments: tuple[str, ...]) -> PassKernels:
+    """The kernels of `rg`: see the module docstring. The partial kernel's arguments: every result (the sums', then
+    the running updates'; written by this kernel only where no finishing launch follows), then with a finishing
+    launch one double array of `slices x numel` partial sums per sum, then the inputs, then without one the
+    running statistics. The finishing kernel's: every result, the partial sums, the running statistics."""
+    split = rg.split
+    numel = split.numel
+    first = rg.sums[0]
+    out_names = [v for v, _ in first.out]
+    red_names = [v for v, _ in first.reduce.vars]
+    inputs: list[Value] = []
+    bodies: list[IE] = []
+    squares = {var: mean for mean, var in rg.moments}
+    for k, f in enumerate(rg.sums):
+        if k in squares:  # one pass: the sum of squares of what its mean sums (below), not what it reads itself
+            bodies.append(Const(0.0))
+            continue
+        names = {v: out_names[j] for j, (v, _) in enumerate(f.out)}
+        names.update({v: red_names[j] for j, (v, _) in enumerate(f.reduce.vars)})
+        mapping = {}
+        for j, v in enumerate(f.stmt.inputs):
+            if v not in inputs:
+                inputs.append(v)
+            mapping[j] = inputs.index(v)
+        body = renumber(_rename(f.reduce.body, names), mapping)
+        bodies.append(body)
+    for var, mean in squares.items():  # one pass: the sum of squares, the variance from it and the mean
+        bodies[var] = Apply("*", (bodies[mean], bodies[mean]))
+    shapes = tuple(v.type.shape for v in inputs)
+    ctypes = tuple(_ctype(v.type.dtype) for v in inputs)
+    # the first variable (the batch) a reduction of its own around the rest, so that collapse merges only the rest
+    # (h, w into one contiguous range): the pieces stay those of the split (ir/reductions.py `split_of`)
+    head, *tail = first.reduce.vars
+    inner_sum: IE = Reduce("sum", tuple(tail), Apply(_PACK, tuple(bodies))) if tail else Apply(_PACK, tuple(bodies))
+    packed = Reduce("sum", (head,), inner_sum)
+    c = collapse(Apply(_PACK, (packed,)), first.out, shapes)
+    rvars: tuple[tuple[str, int], ...] = tuple(first.reduce.vars)
+    c_shapes = shapes
+    got = c.body.args[0] if isinstance(c.body, Apply) and c.body.args else None
+    if c.out == first.out and isinstance(got, Reduce) and got.vars == (head,):  # the output axes stay as they are
+        inside = got.body
+        if isinstance(inside, Reduce) and isinstance(inside.body, Apply) and inside.body.fn == _PACK:
+            rvars, bodies, c_shapes = (head, *inside.vars), list(inside.body.args), c.shapes
+        elif not tail and isinstance(inside, Apply) and inside.fn == _PACK:
+            bodies, c_shapes = list(inside.args), c.shapes
+    assert rvars[0] == head and math.prod(n for _, n in rvars[1:]) == math.prod(n for _, n in tail)
+    g = Gen(c_shapes, ctypes=ctypes)
+    g.locals = None
+    (v0, n0), rest = rvars[0], rvars[1:]
+    n_rest = math.prod(n for _, n in rest)
+    direct = split.slices == 1
+    lines = [f"// {c_comment(line)}" for line in comments]
+    shown = tuple(f"in{k}" for k in range(len(inputs)))
+    for k, b in enumerate(bodies):  # what each accumulator adds up, over the (collapsed) range
+        lines.append(f"// a{k} = {c_comment(format_ie(Reduce('sum', rvars, b), shown))}")
+    results = [f"float* out{m}" for m in range(len(rg.sums) + len(rg.updates))]
+    parts = [f"double* part{k}" for k in range(len(rg.sums))]
+    ins = [f"const {t}* in{k}" for k, t in enumerate(ctypes)]
+    running = [f"const float* run{u}" for u in range(len(rg.updates))]
+    params = results + ins + running if direct else results + parts + ins  # the results first, as every launch
+    lines.append(f'extern "C" __global__ void {name}({", ".join(params)}) {{')
+    if split.inner > 1:
+        lines.append(f"  const int yo = blockIdx.y / {split.inner}, yi = blockIdx.y % {split.inner};")
+    elif rest:
+        lines.append("  const int yo = blockIdx.y, yi = 0;")
+    else:
+        lines.append("  const int yo = blockIdx.y;")
+    lines.append(f"  const int lo0 = (int) ((long long) yo * {n0} / {split.outer}), "
+                 f"hi0 = (int) ((long long) (yo + 1) * {n0} / {split.outer});")  # fmt: skip
+    if rest:
+        lines.append(f"  const int lo1 = (int) ((long long) yi * {n_rest} / {split.inner}), "
+                     f"hi1 = (int) ((long long) (yi + 1) * {n_rest} / {split.inner});")  # fmt: skip
+    lines.append(f"  DD_BLOCK_STRIDE(e, {numel}) {{")
+    rest_n = numel
+    for v, size in first.out:  # the output's indices from e, once per block
+        rest_n //= size
+        name_v = g.bind(v, size)
+        div = f"e / {rest_n}" if rest_n > 1 else "e"
+        lines.append(f"    const int {name_v} = {div} % {size};" if size * rest_n < numel else
+                     f"    const int {name_v} = {div};")  # fmt: skip
+    reduced = {v for v, _ in rvars}
+    for k, part in enumerate(dict.fromkeys(x for b in bodies for x in _invariants(b, reduced))):
+        pre_h: list[str] = []
+        value = g.expr(part, pre_h, "    ")
+        if value[1] == "f" and not pre_h:  # computed once per block, not once per element (an rsqrt, a scale)
+            lines.append(f"    const float h{k} = {value[0]};")
+            g.hoisted[part] = (f"h{k}", "f")
+    accs = [f"a{k}" for k in range(len(bodies))]
+    lines += [f"    double {a} = 0.0;" for a in accs]
+    outer_v = g.bind(v0, n0)
+    lines.append(f"    for (int {outer_v} = lo0; {outer_v} < hi0; {outer_v}++) {{")
+    inner = "      "
+    if not rest:  # one variable: the block's threads share each piece of it
+        lines[-1] = "    #pragma unroll 4"
+        lines.append(f"    for (int {outer_v} = lo0 + threadIdx.x; {outer_v} < hi0; {outer_v} += blockDim.x) {{")
+    elif len(rest) == 1:
+        iv = g.bind(rest[0][0], rest[0][1])
+        lines.append("      #pragma unroll 4")
+        lines.append(f"      for (int {iv} = lo1 + threadIdx.x; {iv} < hi1; {iv} += blockDim.x) {{")
+        inner = "        "
+    else:  # axes collapse could not merge: the flat inner position, its indices by division
+        lines.append("      #pragma unroll 4")
+        lines.append("      for (int t = lo1 + threadIdx.x; t < hi1; t += blockDim.x) {")
+        inner = "        "
+        after = n_rest
+        for v, size in rest:
+            after //= size
+            name_v = g.bind(v, size)
+            div = f"t / {after}" if after > 1 else "t"
+            lines.append(f"{inner}const int {name_v} = {div} % {size};")
+    pre: list[str] = []
+    values = [as_float(g.expr(b, pre, inner, False)) for b in bodies]
+    lines += pre
+    lines += [f"{inner}{a} += (double) ({v});" for a, v in zip(accs, values)]
+    if rest:
+        lines.append("      }")
+    lines.append("    }")
+    lines += [f"    {a} = dd_block_sum_double({a});" for a in accs]
+    finish = _finish_lines(rg, [f"{a}" for a in accs], "      ", direct)
+    if direct:
+        lines += ["    if (threadIdx.x == 0) {", *finish, "    }"]
+    else:
+        lines.append("    if (threadIdx.x == 0) {")
+        lines += [f"      part{k}[blockIdx.y * {numel} + e] = {a};" for k, a in enumerate(accs)]
+        lines.append("    }")
+    lines += ["  }", "}"]
+    piece = -(-n_rest // split.inner) if rest else -(-n0 // split.outer)  # the values a block's threads share
+    block = min(THREADS, max(32, 1 << (piece - 1).bit_length()))  # a power of two (dd_block_sum_double)
+    partial = Kernel("\n".join(lines), (_grid_for(numel, 1), split.slices, 1), (block, 1, 1), SPLIT_SMEM, numel,
+                     "split")  # fmt: skip
+    if direct:
+        return PassKernels(partial, None, tuple(inputs))
+    fl = [f"// {c_comment(line)}" for line in (f"finishes {name}: the partial sums in slice order", *comments)]
+    fparams = results + [f"const double* part{k}" for k in range(len(rg.sums))] + running
+    fl.append(f'extern "C" __global__ void {name}_finish({", ".join(fparams)}) {{')
+    fl.append(f"  DD_GRID_STRIDE(e, {numel}) {{")
+    for k in range(len(rg.sums)):
+        fl.append(f"    double t{k} = 0.0;")
+        fl.append(f"    for (int y = 0; y < {split.slices}; y++) t{k} += part{k}[y * {numel} + e];")
+    fl += _finish_lines(rg, [f"t{k}" for k in range(len(rg.sums))], "    ", True)
+    fl += ["  }", "}"]
+    fin = Kernel("\n".join(fl), (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel, "grid-stride")
+    return PassKernels(partial, fin, tuple(inputs))
+
+
+def _finish_lines(rg: ReductionGroup, totals: list[str], indent: str, write: bool) -> list[str]:
+    """Each sum's result from its total (`totals`, doubles), written to out0, out1, ..., then each per-element
+    statement of the pass (a running update, an inverse deviation) from it or from its input `run{u}`."""
+    lines: list[str] = []
+    squares = {var: mean for mean, var in rg.moments}
+    for k, f in enumerate(rg.sums):
+        count = math.prod(n for _, n in f.reduce.vars)
+        if k in squares:  # the variance from the sum of squares and the sum, in double
+            m = squares[k]
+            lines.append(f"{indent}const double mu{k} = {totals[m]} / {count}.0;")
+            lines.append(f"{indent}const double va{k} = {totals[k]} / {count}.0 - mu{k} * mu{k};")
+            lines.append(f"{indent}const float r{k} = (float) (va{k} > 0.0 ? va{k} : 0.0);")
+        else:
+            g = Gen((), registers={TOTAL: f"((float) {totals[k]})"})
+            value = as_float(g.expr(_replace_total(f.outside, Read(TOTAL, ())), [], indent))
+            lines.append(f"{indent}const float r{k} = {value};")
+        lines.append(f"{indent}out{k}[e] = r{k};")
+    for u, (s, k) in enumerate(rg.updates):
+        if s.op == "bn_invstd":  # as the element-wise kernel of its index form writes it
+            v = f"r{k}" if k >= 0 else f"run{u}[e]"
+            lines.append(f"{indent}out{len(rg.sums) + u}[e] = (1.0f / sqrtf(({v} + {float_literal(s.a['eps'])})));")
+            continue
+        keep = float_literal(1 - s.a["momentum"])
+        take = float_literal(s.a["momentum"] * s.a["correction"])
+        lines.append(f"{indent}out{len(rg.sums) + u}[e] = ({keep} * run{u}[e]) + ({take} * r{k});")
+    return lines
+
+
 # ---- ops without an index form ----
 
 
@@ -440,6 +684,49 @@ class _Program:
         values = (*(s.out.name for s in stmts), *(v.name for v in shared))
         self.add(stmts[0], name, k, values, ("float",) * len(stmts) + ctypes, tuple(s.out.name for s in stmts[1:]))
 
+    def reductions(self, stmts: tuple[Stmt, ...]) -> bool:
+        """The kernels of a pass (ir/reductions.py): a large sum, or reductions over the same range with the running
+        statistics' updates; False (nothing launched) where the plan gave it no scratch (a workspace limit)."""
+        rg = reduction_group(stmts)
+        if rg is None:
+            return False
+        scratch = []
+        if rg.split.slices > 1:
+            where = {s.out.name: i for i, s in enumerate(self.plan.graph.stmts)}
+            lo, hi = where[stmts[0].out.name], where[stmts[-1].out.name]
+            for f in rg.sums:
+                ws = self.plan.workspace.get(f.stmt.out.name)
+                if ws is None or ws.nbytes < rg.split.scratch_bytes or ws.start > lo or ws.end < hi:
+                    return False
+                scratch.append(Arg(f"workspace:{f.stmt.out.name}", "arena", f.stmt.out.name, ws.offset, "double"))
+        what = "_".join(f.stmt.a["ops"][-1] if f.stmt.op == "fused" and f.stmt.a.get("ops") else f.stmt.op
+                        for f in rg.sums)  # fmt: skip
+        head = rg.sums[0].stmt  # the first result: what the launches are named and listed by
+        name = self.name(head, what=what)
+        k = pass_kernels(name, rg, tuple(format_stmt(s) for s in stmts))
+        results = [f.stmt.out.name for f in rg.sums] + [u.out.name for u, _ in rg.updates]
+        running = [u.inputs[0].name for u, _ in rg.updates]  # a state tensor, or the input of an inverse deviation
+        ins = [v.name for v in k.inputs]
+        in_types = [_ctype(v.type.dtype) for v in k.inputs]
+        also = tuple(results[1:])  # in the order of the kernels' outputs
+        if k.finish is None:
+            values = (*results, *ins, *running)
+            ctypes = ("float",) * len(results) + (*in_types,) + ("float",) * len(running)
+            self.add(head, name, k.partial, values, ctypes, also)
+            return True
+        self.add(head, name, k.partial, (), (), also)
+        last = self.launches[-1]
+        outs = tuple(self.arg(v, "float") for v in results)
+        args = (*outs, *scratch, *(self.arg(v, t) for v, t in zip(ins, in_types)))
+        self.launches[-1] = Launch(last.kernel, last.stmt, last.op, last.grid, last.block, 0, last.static_smem, args,
+                                   last.covers, last.loop, last.tiles, last.also, None)  # fmt: skip
+        self.add(head, f"{name}_finish", k.finish, (), (), also)
+        last = self.launches[-1]
+        args = (*outs, *scratch, *(self.arg(v, "float") for v in running))
+        self.launches[-1] = Launch(last.kernel, last.stmt, last.op, last.grid, last.block, 0, last.static_smem, args,
+                                   last.covers, last.loop, last.tiles, last.also, None)  # fmt: skip
+        return True
+
     def statement(self, s: Stmt) -> None:
         op = REGISTRY[s.op]
         if op.view:
@@ -497,8 +784,13 @@ def program(plan: Plan, prefix: str = "") -> CudaProgram:
         p.tensors[d.value.name] = d.value.name
     for d in g.params:
         p.tensors[d.value.name] = d.value.name
-    for group in planned_groups(plan):
-        if len(group) == 1:
+    for group in reduction_groups(planned_groups(plan)):
+        if p.reductions(group):
+            continue
+        if reduction_group(group) is not None and len(group) > 1:  # no scratch for the pass: each on its own
+            for s in group:
+                p.statement(s)
+        elif len(group) == 1:
             p.statement(group[0])
         else:
             p.group(group)

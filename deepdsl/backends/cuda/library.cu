@@ -57,6 +57,21 @@ __device__ float dd_block_max(float v) {
     return v;
 }
 
+// the block's sum of a double (a split reduction's partial sums, ir/reductions.py) by a tree in shared memory, in the
+// same order every run (blockDim.x a power of two, at most 1024); every thread gets the result
+__device__ double dd_block_sum_double(double v) {
+    __shared__ double part[1024];
+    part[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = blockDim.x >> 1; s > 0; s >>= 1) {
+        if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    v = part[0];
+    __syncthreads();  // part may be reused by the next call
+    return v;
+}
+
 // ---- GEMM: C[b] = op(A[b]) op(B[b]), op(A) [M, K], op(B) [K, N]; 16x16 tiles in shared memory ----
 // A is [M, K] (or [K, M] when ta), B is [K, N] (or [N, K] when tb), all row-major, batch-strided.
 // Launch: block (16, 16), grid (ceil(N/16), ceil(M/16), batch).
@@ -327,17 +342,18 @@ __device__ void dd_bn_apply(float* __restrict__ y, const float* __restrict__ x, 
     }
 }
 
-// batch norm's gradient to x [N, C, P] (n elements) given g = dy, the channel mean and biased variance, the scale and
-// its and the shift's gradients sum(g xh) and sum(g): per channel gamma r (g - sum(g) / M - xh sum(g xh) / M), r = 1 /
-// sqrt(var + eps), xh = (x - mean) r, M = N P: registry op bn_train_backward, one thread an element
+// batch norm's gradient to x [N, C, P] (n elements) given g = dy, the channel mean and inverse deviation r = 1 /
+// sqrt(var + eps) (bn_invstd), the scale and its and the shift's gradients sum(g xh) and sum(g): per channel gamma r
+// (g - sum(g) / M - xh sum(g xh) / M), xh = (x - mean) r, M = N P: registry op bn_train_backward, one thread an
+// element (eps: cuDNN's check of it only)
 __device__ void dd_bn_train_backward(float* __restrict__ dx, const float* __restrict__ x, const float* __restrict__ g,
-                                     const float* __restrict__ mean, const float* __restrict__ var,
+                                     const float* __restrict__ mean, const float* __restrict__ invstd,
                                      const float* __restrict__ gamma, const float* __restrict__ sum_gxh,
                                      const float* __restrict__ sum_g, int n, int C, int P, float eps) {
     float M = (float)(n / C);
     DD_GRID_STRIDE(e, n) {
         int c = e / P % C;
-        float rs = 1.0f / sqrtf(var[c] + eps);
+        float rs = invstd[c];
         dx[e] = gamma[c] * rs * (g[e] - sum_g[c] / M - (x[e] - mean[c]) * rs * sum_gxh[c] / M);
     }
 }

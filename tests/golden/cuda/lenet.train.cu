@@ -71,17 +71,22 @@ extern "C" __global__ void softmax_cross_entropy_backward__v15(float* __restrict
 }
 
 // %16 = channel_sum(%15) : f32[10]  # lenet.ddsl:17:13 fc2
-// out[i0] = (sum[r0:64] in0[r0, i0])
-extern "C" __global__ void channel_sum__fc2__v16(float* out, const float* in0) {
+// a0 = (sum[r0:64] in0[r0, i0])
+extern "C" __global__ void channel_sum__fc2__v16(float* out0, const float* in0) {
+  const int yo = blockIdx.y;
+  const int lo0 = (int) ((long long) yo * 64 / 1), hi0 = (int) ((long long) (yo + 1) * 64 / 1);
   DD_BLOCK_STRIDE(e, 10) {
-    int i0 = e;
-    float s0 = 0.0f;
-    for (int t = threadIdx.x; t < 64; t += blockDim.x) {
-      int r0 = t;
-      s0 += in0[10 * r0 + i0];
+    const int i0 = e;
+    double a0 = 0.0;
+    #pragma unroll 4
+    for (int r0 = lo0 + threadIdx.x; r0 < hi0; r0 += blockDim.x) {
+      a0 += (double) (in0[10 * r0 + i0]);
     }
-    s0 = dd_block_sum(s0);
-    if (threadIdx.x == 0) out[e] = s0;
+    a0 = dd_block_sum_double(a0);
+    if (threadIdx.x == 0) {
+      const float r0 = ((float) a0);
+      out0[e] = r0;
+    }
   }
 }
 
@@ -103,17 +108,22 @@ extern "C" __global__ void matmul__fc2__v19_epilogue(float* out, const float* in
 }
 
 // %20 = channel_sum(%19) : f32[500]  # lenet.ddsl:16:13 fc1
-// out[i0] = (sum[r0:64] in0[r0, i0])
-extern "C" __global__ void channel_sum__fc1__v20(float* out, const float* in0) {
+// a0 = (sum[r0:64] in0[r0, i0])
+extern "C" __global__ void channel_sum__fc1__v20(float* out0, const float* in0) {
+  const int yo = blockIdx.y;
+  const int lo0 = (int) ((long long) yo * 64 / 1), hi0 = (int) ((long long) (yo + 1) * 64 / 1);
   DD_BLOCK_STRIDE(e, 500) {
-    int i0 = e;
-    float s0 = 0.0f;
-    for (int t = threadIdx.x; t < 64; t += blockDim.x) {
-      int r0 = t;
-      s0 += in0[500 * r0 + i0];
+    const int i0 = e;
+    double a0 = 0.0;
+    #pragma unroll 4
+    for (int r0 = lo0 + threadIdx.x; r0 < hi0; r0 += blockDim.x) {
+      a0 += (double) (in0[500 * r0 + i0]);
     }
-    s0 = dd_block_sum(s0);
-    if (threadIdx.x == 0) out[e] = s0;
+    a0 = dd_block_sum_double(a0);
+    if (threadIdx.x == 0) {
+      const float r0 = ((float) a0);
+      out0[e] = r0;
+    }
   }
 }
 
@@ -128,19 +138,35 @@ extern "C" __global__ void max_pool2d_backward__mp__v24(float* __restrict__ out,
 }
 
 // %25 = channel_sum(%24) : f32[50]  # lenet.ddsl:14:13 cv2
-// out[i0] = (sum[r0:64, r2:8, r3:8] in0[r0, i0, r2, r3])
-extern "C" __global__ void channel_sum__cv2__v25(float* out, const float* in0) {
+// a0 = (sum[r0:64, r2:64] in0[r0, i0, r2])
+extern "C" __global__ void channel_sum__cv2__v25(float* out0, double* part0, const float* in0) {
+  const int yo = blockIdx.y, yi = 0;
+  const int lo0 = (int) ((long long) yo * 64 / 11), hi0 = (int) ((long long) (yo + 1) * 64 / 11);
+  const int lo1 = (int) ((long long) yi * 64 / 1), hi1 = (int) ((long long) (yi + 1) * 64 / 1);
   DD_BLOCK_STRIDE(e, 50) {
-    int i0 = e;
-    float s0 = 0.0f;
-    for (int t = threadIdx.x; t < 4096; t += blockDim.x) {
-      int r0 = t / 64;
-      int r2 = t / 8 % 8;
-      int r3 = t % 8;
-      s0 += in0[3200 * r0 + 64 * i0 + 8 * r2 + r3];
+    const int i0 = e;
+    double a0 = 0.0;
+    for (int r0 = lo0; r0 < hi0; r0++) {
+      #pragma unroll 4
+      for (int r2 = lo1 + threadIdx.x; r2 < hi1; r2 += blockDim.x) {
+        a0 += (double) (in0[3200 * r0 + 64 * i0 + r2]);
+      }
     }
-    s0 = dd_block_sum(s0);
-    if (threadIdx.x == 0) out[e] = s0;
+    a0 = dd_block_sum_double(a0);
+    if (threadIdx.x == 0) {
+      part0[blockIdx.y * 50 + e] = a0;
+    }
+  }
+}
+
+// finishes channel_sum__cv2__v25: the partial sums in slice order
+// %25 = channel_sum(%24) : f32[50]  # lenet.ddsl:14:13 cv2
+extern "C" __global__ void channel_sum__cv2__v25_finish(float* out0, const double* part0) {
+  DD_GRID_STRIDE(e, 50) {
+    double t0 = 0.0;
+    for (int y = 0; y < 11; y++) t0 += part0[y * 50 + e];
+    const float r0 = ((float) t0);
+    out0[e] = r0;
   }
 }
 
@@ -160,19 +186,35 @@ extern "C" __global__ void max_pool2d_backward__mp__v28(float* __restrict__ out,
 }
 
 // %29 = channel_sum(%28) : f32[20]  # lenet.ddsl:13:13 cv1
-// out[i0] = (sum[r0:64, r2:24, r3:24] in0[r0, i0, r2, r3])
-extern "C" __global__ void channel_sum__cv1__v29(float* out, const float* in0) {
+// a0 = (sum[r0:64, r2:576] in0[r0, i0, r2])
+extern "C" __global__ void channel_sum__cv1__v29(float* out0, double* part0, const float* in0) {
+  const int yo = blockIdx.y, yi = 0;
+  const int lo0 = (int) ((long long) yo * 64 / 27), hi0 = (int) ((long long) (yo + 1) * 64 / 27);
+  const int lo1 = (int) ((long long) yi * 576 / 1), hi1 = (int) ((long long) (yi + 1) * 576 / 1);
   DD_BLOCK_STRIDE(e, 20) {
-    int i0 = e;
-    float s0 = 0.0f;
-    for (int t = threadIdx.x; t < 36864; t += blockDim.x) {
-      int r0 = t / 576;
-      int r2 = t / 24 % 24;
-      int r3 = t % 24;
-      s0 += in0[11520 * r0 + 576 * i0 + 24 * r2 + r3];
+    const int i0 = e;
+    double a0 = 0.0;
+    for (int r0 = lo0; r0 < hi0; r0++) {
+      #pragma unroll 4
+      for (int r2 = lo1 + threadIdx.x; r2 < hi1; r2 += blockDim.x) {
+        a0 += (double) (in0[11520 * r0 + 576 * i0 + r2]);
+      }
     }
-    s0 = dd_block_sum(s0);
-    if (threadIdx.x == 0) out[e] = s0;
+    a0 = dd_block_sum_double(a0);
+    if (threadIdx.x == 0) {
+      part0[blockIdx.y * 20 + e] = a0;
+    }
+  }
+}
+
+// finishes channel_sum__cv1__v29: the partial sums in slice order
+// %29 = channel_sum(%28) : f32[20]  # lenet.ddsl:13:13 cv1
+extern "C" __global__ void channel_sum__cv1__v29_finish(float* out0, const double* part0) {
+  DD_GRID_STRIDE(e, 20) {
+    double t0 = 0.0;
+    for (int y = 0; y < 27; y++) t0 += part0[y * 20 + e];
+    const float r0 = ((float) t0);
+    out0[e] = r0;
   }
 }
 
