@@ -1,5 +1,7 @@
 package deepdsl.runtime;
 
+import static jcuda.driver.JCudaDriver.cuCtxSynchronize;
+import static jcuda.driver.JCudaDriver.cuMemFree;
 
 import java.util.Arrays;
 import java.util.HashMap;
@@ -27,8 +29,12 @@ abstract class CudaLibrary extends CudaMemory {
   // use (false: refused under --kernels auto, our kernel runs it)
   final Map<String, CudaDnnOps.Op> ops = new HashMap<>();
   final Map<String, Boolean> taken = new HashMap<>();
-  CUdeviceptr scratch; // cuDNN's workspace: the most any chosen algorithm needs
+  // cuDNN's one shared workspace: the most any chosen algorithm (or a batch norm's backward) needs; replaced by a
+  // larger one where a later first call needs more, the smaller freed (never while capturing)
+  CUdeviceptr scratch;
   long scratchBytes;
+  private CUdeviceptr trial; // Find's temporary scratch, freed after each search
+  private long trialBytes;
 
   CudaLibrary(Network.Settings settings, long workspaceLimit, boolean strict) {
     super(settings, workspaceLimit);
@@ -88,7 +94,9 @@ abstract class CudaLibrary extends CudaMemory {
 
   /**
    * The convolution {@code kind} through cuDNN: its descriptors and algorithm made at its first call
-   * (the first step, never captured), the workspace grown to what the algorithm needs.
+   * (the first step, never captured): found by timing on the call's own buffers (its output is
+   * written right after), unless the settings ask for cuDNN's deterministic heuristic choice; the
+   * shared workspace grown to what the algorithm needs.
    */
   void cudnn(
       int kind, Buf result, Buf a, Buf b, int[] x, int[] w, int[] y, int[] pad, int[] stride,
@@ -101,7 +109,18 @@ abstract class CudaLibrary extends CudaMemory {
       if (capturing) {
         throw new NotCapturable("a convolution is met for the first time");
       }
-      c = dnn.prepare(kind, x, w, y, pad, stride, dilation, groups, workspaceLimit);
+      if (settings.deterministic) {
+        c = dnn.prepare(kind, x, w, y, pad, stride, dilation, groups, workspaceLimit);
+      } else {
+        try {
+          c =
+              dnn.find(
+                  kind, x, w, y, pad, stride, dilation, groups, workspaceLimit, address(result),
+                  address(a), address(b), this::trialOf);
+        } finally {
+          freeTrial();
+        }
+      }
       convs.put(key, c);
       scratchOf(c.workspace);
     }
@@ -451,14 +470,62 @@ abstract class CudaLibrary extends CudaMemory {
   }
 
   /**
-   * The scratch grown to at least {@code bytes} (at a call's first use: never captured); the
-   * smaller one stays allocated until close.
+   * The one shared scratch grown to at least {@code bytes} (at a call's first use: never captured):
+   * the smaller one freed once the stream's work that may use it is done, a larger one allocated.
    */
   void scratchOf(long bytes) {
     if (bytes > scratchBytes) {
+      if (scratch != null) {
+        release(scratch);
+      }
       scratch = alloc(bytes);
       scratchBytes = bytes;
     }
+  }
+
+  /** Find's temporary scratch of at least {@code bytes}: its address. */
+  private long trialOf(long bytes) {
+    if (bytes > trialBytes) {
+      freeTrial();
+      trial = alloc(bytes);
+      trialBytes = bytes;
+    }
+    return ((DevicePointer) trial).address();
+  }
+
+  private void freeTrial() {
+    if (trial != null) {
+      release(trial);
+      trial = null;
+      trialBytes = 0;
+    }
+  }
+
+  /** Frees {@code p} after the work queued on the GPU, which may still use it, is done. */
+  private void release(CUdeviceptr p) {
+    cuCtxSynchronize();
+    cuMemFree(p);
+    allocations.remove(p);
+  }
+
+  /**
+   * The --json fields of the library ops: cuDNN's shared scratch, whether its convolutions are the
+   * heuristic's deterministic ones, and each convolution's algorithm and scratch.
+   */
+  @Override
+  public String jsonFields() {
+    if (dnn == null) {
+      return "";
+    }
+    StringBuilder s = new StringBuilder(", \"gpu_vendor_scratch_bytes\": ").append(scratchBytes);
+    s.append(", \"gpu_deterministic\": ").append(settings.deterministic);
+    s.append(", \"gpu_convolutions\": [");
+    String sep = "";
+    for (CudaDnn.Conv c : new java.util.TreeMap<>(convs).values()) {
+      s.append(sep).append(c.json());
+      sep = ", ";
+    }
+    return s.append("]").toString();
   }
 
   /** Below this eps (an older cuDNN's CUDNN_BN_MIN_EPSILON) batch norm is our kernel. */
