@@ -4,10 +4,18 @@
  * algorithm queries (_v7) and the three convolutions as cuDNN defines them (cross-correlation, zero padding, groups,
  * out = alpha op + beta out, out not read when beta is 0); pooling forward and backward (max: padding never the
  * maximum, NaN propagates, the gradient to the first maximum of a window in row-major order; average counting the
- * padding). Each convolution has two algorithms, in the order the queries give them: one (PRECOMP_GEMM forward,
- * ALGO_1 backward) needs one image's im2col matrix of scratch and really writes it there (so a workspace that
- * overlaps live data shows), the other (IMPLICIT_GEMM, ALGO_0) is direct loops without scratch. Descriptors that do
- * not fit each other, or a workspace smaller than the algorithm needs, are CUDNN_STATUS_BAD_PARAM.
+ * padding). Each convolution has cuDNN's number of algorithms (forward 8, data 6, filter 7): 0 (IMPLICIT_GEMM,
+ * ALGO_0) is direct loops without scratch; every other needs scratch, 1 (PRECOMP_GEMM forward, ALGO_1 backward) one
+ * image's im2col matrix, k >= 2 k / 2 of that, and really writes it (the matrix, then the rest filled), so a
+ * workspace that overlaps live data shows. The _v7 queries give them all, 1 first, then 0, then the others; data
+ * ALGO_0 and filter ALGO_0 and ALGO_3 say they are nondeterministic, as cuDNN's. cudnnFind...AlgorithmEx runs every
+ * algorithm whose scratch fits the workspace it is given on the caller's buffers (the scratch written over, the
+ * output left with NaN bytes, as cuDNN leaves arbitrary values there) and returns them fastest first by a fake time
+ * (`fake_cudnn_time`: a hash of the call, the algorithm and the sizes), the others after them as
+ * CUDNN_STATUS_ALLOC_FAILED; it synchronises the handle's stream first (the caller's hook, fake_set_synchronize, or
+ * the stand-in driver's cuStreamSynchronize), which a capturing stream refuses: then CUDNN_STATUS_EXECUTION_FAILED.
+ * `fake_cudnn_find_calls` counts them. Descriptors that do not fit each other, or a workspace smaller than the
+ * algorithm needs, are CUDNN_STATUS_BAD_PARAM.
  * `fake_cudnn_calls` counts the convolutions and poolings. Sums are accumulated in double.
  *
  * For the Java CUDA device it is built as libcudnn_graph.so.9, libcudnn_ops.so.9 and libcudnn_cnn.so.9, each with
