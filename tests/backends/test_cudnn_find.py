@@ -299,3 +299,30 @@ def test_memcheck_says_the_scratch_the_gpu_may_add(tmp_path: Path) -> None:
     assert got["gpu_scratch_limit_bytes"] == 0 and got["gpu_peak_bytes"] == got["peak_bytes"]  # no convolution
     r = CliRunner().invoke(cli, ["memcheck", str(net)])
     assert "cuDNN scratch" in r.output and "1.00 GiB" in r.output
+
+
+def test_the_stand_in_driver_refuses_a_synchronisation_inside_a_capture_and_drops_the_capture(tmp_path: Path) -> None:
+    """fake_libcuda.c (the Java device's driver): cuStreamSynchronize on a capturing stream is
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the capture then ends in CUDA_ERROR_STREAM_CAPTURE_INVALIDATED with no
+    graph, as the driver does; outside a capture it succeeds, and a capture without it gives a graph. In a process of
+    its own: a libcuda.so.1 loaded here would be found by the stand-in libraries of later tests."""
+    import subprocess
+    import sys
+
+    from cuda_emulator import fake_driver
+
+    check = f"""
+import ctypes
+lib = ctypes.CDLL({str(fake_driver(tmp_path) / "libcuda.so.1")!r})
+stream, graph = ctypes.c_void_p(), ctypes.c_void_p()
+assert lib.cuStreamCreate(ctypes.byref(stream), 0) == 0
+assert lib.cuStreamSynchronize(stream) == 0
+assert lib.cuStreamBeginCapture_v2(stream, 0) == 0
+assert lib.cuStreamSynchronize(stream) == 900
+assert lib.cuStreamEndCapture(stream, ctypes.byref(graph)) == 901 and not graph.value
+assert lib.cuStreamBeginCapture_v2(stream, 0) == 0
+assert lib.cuStreamEndCapture(stream, ctypes.byref(graph)) == 0 and graph.value
+assert lib.cuGraphDestroy(graph) == 0 and lib.cuStreamDestroy_v2(stream) == 0
+"""
+    r = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr

@@ -6,6 +6,11 @@ counter), launches the plan's kernels in program order with the pointers the pla
 tensors), copies the updates that were not written in place into their tensors, and downloads the outputs.
 Parameters stay on the GPU between steps; `arrays()` brings them back, `set_arrays()` sends them there.
 
+cuDNN's convolution algorithms are chosen when the runner starts, before any step and so before any graph capture
+(the search synchronises, which a capture refuses): each found by timing on the step's own buffers with a
+temporary scratch (vendor.py, cudnn.py), or under `deterministic` cuDNN's heuristic choice; the one shared scratch
+beside the arena is then sized by the chosen algorithms (`vendor_scratch_bytes`, `convolutions`).
+
 From the second training step on (the first is the warm-up: modules loaded, the libraries' lazy set-up done), the
 train step is a CUDA graph: its launches, copies and vendor library calls are captured once from the driver's stream
 and replayed with one graph launch a step. The batch and the step counter are uploaded before, outside the graph,

@@ -114,9 +114,9 @@ class Vendor:
         # of at least that many), which times every algorithm of a convolution on its real buffers; None: cuDNN's
         # heuristic choice (the deterministic one)
         self.find: Callable[[int], int] | None = None
-        # each convolution prepared, by its fact and the most scratch it may take (so found once per shape): its
-        # call, algorithm and scratch, and whether that scratch is the shared one
-        self.convolutions: dict[tuple[VendorCall, int], tuple[Conv, bool]] = {}
+        # each convolution prepared, by its fact, the most scratch it may take and whether by the heuristic (so found
+        # once per shape): its call, algorithm and scratch, and whether that scratch is the shared one
+        self.convolutions: dict[tuple[VendorCall, int, bool], tuple[Conv, bool]] = {}
 
     @property
     def description(self) -> str:
@@ -151,7 +151,7 @@ class Vendor:
             return Bound(lambda: cublas.gemm(gemm, c, a, b), 0, "cuBLAS SGEMM")
         if isinstance(call, ConvForward | ConvBackwardData | ConvBackwardFilter) and self.cudnn is not None:
             cudnn, (out, a, b), (at, nbytes) = self.cudnn, pointers[:3], workspace
-            key = (call, max(nbytes, limit))
+            key = (call, max(nbytes, limit), self.find is None)
             known = self.convolutions.get(key)
             find = None if self.find is None else (out, a, b, self.find)
             conv = known[0] if known else cudnn.prepare(call, key[1], find)
