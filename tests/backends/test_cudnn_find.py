@@ -326,3 +326,43 @@ assert lib.cuGraphDestroy(graph) == 0 and lib.cuStreamDestroy_v2(stream) == 0
 """
     r = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
+
+
+# ---- on a real GPU (scripts/gpu_check.sh runs `pytest -m gpu`) ----
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_find_times_every_convolution_before_the_capture(tmp_path: Path) -> None:
+    """LeNet's convolutions through the real cuDNN: each found by timing (a time per convolution), the graph on (so
+    no Find ran inside the capture, which would have broken it), the losses NumPy's; the shared scratch is the most a
+    chosen algorithm needs beyond its planned workspace. Under --deterministic, two runs give the same bits."""
+    from test_gpu_runner import _close, _losses, _real_gpu
+
+    lenet = api.compile_file(ROOT / "networks" / "lenet.ddsl", {"N": 16}).program
+    build = api.build(lenet)
+    got = run_training(build, iters=5, data_flag="synthetic", device="cuda", driver=_real_gpu("vendor"))
+    _close(got["losses"], _losses(build, 5))
+    assert got["gpu_graph"] == "on" and got["gpu_deterministic"] is False
+    convolutions = got["gpu_convolutions"]
+    assert len(convolutions) >= 5 and all(c["time_ms"] is not None and c["time_ms"] >= 0 for c in convolutions)
+    assert got["gpu_vendor_scratch_bytes"] >= max((c["workspace_bytes"] for c in convolutions if c["scratch"]),
+                                                  default=0)  # fmt: skip
+    fixed = api.build(lenet, api.Options(deterministic=True))
+    runs = []
+    for k in range(2):
+        saved = tmp_path / f"{k}.npz"
+        out = run_training(fixed, iters=5, data_flag="synthetic", device="cuda", driver=_real_gpu("vendor"),
+                           save=str(saved))  # fmt: skip
+        assert all(c["time_ms"] is None for c in out["gpu_convolutions"])
+        runs.append((out["losses"], dict(np.load(saved))))
+    assert runs[0][0] == runs[1][0] and same_bits(runs[0][1], runs[1][1])
+
+
+def test_compile_deterministic_sets_the_java_programs_default(tmp_path: Path) -> None:
+    net = tmp_path / "small.ddsl"
+    net.write_text(SMALL)
+    for flags, line in (((), False), (("--deterministic",), True)):
+        out = tmp_path / str(line)
+        r = CliRunner().invoke(cli, ["compile", str(net), "-o", str(out), *flags])
+        assert r.exit_code == 0, r.output
+        assert (".deterministic(true)" in (out / "Small.java").read_text()) == line
