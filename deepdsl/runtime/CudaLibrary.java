@@ -1,7 +1,5 @@
 package deepdsl.runtime;
 
-import static jcuda.driver.JCudaDriver.cuCtxSynchronize;
-import static jcuda.driver.JCudaDriver.cuMemFree;
 
 import java.util.Arrays;
 import java.util.HashMap;
@@ -29,12 +27,6 @@ abstract class CudaLibrary extends CudaMemory {
   // use (false: refused under --kernels auto, our kernel runs it)
   final Map<String, CudaDnnOps.Op> ops = new HashMap<>();
   final Map<String, Boolean> taken = new HashMap<>();
-  // cuDNN's one shared workspace: the most any chosen algorithm (or a batch norm's backward) needs; replaced by a
-  // larger one where a later first call needs more, the smaller freed (never while capturing)
-  CUdeviceptr scratch;
-  long scratchBytes;
-  private CUdeviceptr trial; // Find's temporary scratch, freed after each search
-  private long trialBytes;
 
   CudaLibrary(Network.Settings settings, long workspaceLimit, boolean strict) {
     super(settings, workspaceLimit);
@@ -467,45 +459,6 @@ abstract class CudaLibrary extends CudaMemory {
     launch(
         "dd_k_layer_norm_rows_backward", rows(x.shape[0]), THREADS, new Buf[] {out, x, g},
         i(x.shape[0]), i(x.shape[1]), Pointer.to(new float[] {eps}));
-  }
-
-  /**
-   * The one shared scratch grown to at least {@code bytes} (at a call's first use: never captured):
-   * the smaller one freed once the stream's work that may use it is done, a larger one allocated.
-   */
-  void scratchOf(long bytes) {
-    if (bytes > scratchBytes) {
-      if (scratch != null) {
-        release(scratch);
-      }
-      scratch = alloc(bytes);
-      scratchBytes = bytes;
-    }
-  }
-
-  /** Find's temporary scratch of at least {@code bytes}: its address. */
-  private long trialOf(long bytes) {
-    if (bytes > trialBytes) {
-      freeTrial();
-      trial = alloc(bytes);
-      trialBytes = bytes;
-    }
-    return ((DevicePointer) trial).address();
-  }
-
-  private void freeTrial() {
-    if (trial != null) {
-      release(trial);
-      trial = null;
-      trialBytes = 0;
-    }
-  }
-
-  /** Frees {@code p} after the work queued on the GPU, which may still use it, is done. */
-  private void release(CUdeviceptr p) {
-    cuCtxSynchronize();
-    cuMemFree(p);
-    allocations.remove(p);
   }
 
   /**
