@@ -44,6 +44,14 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return fake_vendor(tmp_path_factory.mktemp("find"))
 
 
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the emulated drivers build their kernels: a folder per translation unit (a runner's steps: train and
+    infer; a training run's: train, infer and test), shared by the tests, each built once (a library loaded once
+    stays loaded, so a folder never holds two units)."""
+    return tmp_path_factory.mktemp("gpu")
+
+
 def _cudnn(folder: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(folder / "libcudnn.so.9"))
     lib.fake_cudnn_time.restype = ctypes.c_float
@@ -156,12 +164,12 @@ def _runner(source: str, path: Path, folder: Path, deterministic: bool, limit: i
                                        deterministic=deterministic)  # fmt: skip
 
 
-def test_the_runner_finds_once_per_shape_and_deterministic_keeps_the_heuristic(tmp_path: Path, folder: Path) -> None:
+def test_the_runner_finds_once_per_shape_and_deterministic_keeps_the_heuristic(gpu: Path, folder: Path) -> None:
     """The runner's convolutions are found at its start (one Find per shape and call, however many launches share
     it), each the fastest within the limit; under deterministic=True no Find runs and each convolution is the
     heuristic's (the stand-in's first proposal, an im2col one), as before."""
     before = _calls(folder)[0]
-    build, found = _runner(POOLED, tmp_path / "a", folder, deterministic=False)
+    build, found = _runner(POOLED, gpu / "pooled-runner", folder, deterministic=False)
     finds = _calls(folder)[0] - before
     shapes = {(c["call"], c["shape"]) for c in found.convolutions}
     assert finds == len(shapes) == len(found.convolutions) >= 5  # 2 forward (+ inference's, the same), 1 data, 2 filter
@@ -169,7 +177,7 @@ def test_the_runner_finds_once_per_shape_and_deterministic_keeps_the_heuristic(t
         assert c["time_ms"] is not None and c["algorithm"] in ALGORITHMS[c["call"]]
     found.close()
     before = _calls(folder)[0]
-    _, fixed = _runner(POOLED, tmp_path / "b", folder, deterministic=True)
+    _, fixed = _runner(POOLED, gpu / "pooled-runner", folder, deterministic=True)
     assert _calls(folder)[0] == before
     assert {c["algorithm"] for c in fixed.convolutions} == {"IMPLICIT_PRECOMP_GEMM", "ALGO_1"}
     assert all(c["time_ms"] is None for c in fixed.convolutions)
@@ -178,12 +186,12 @@ def test_the_runner_finds_once_per_shape_and_deterministic_keeps_the_heuristic(t
     fixed.close()
 
 
-def test_deterministic_runs_repeat_bit_for_bit_and_agree_with_numpy(tmp_path: Path, folder: Path) -> None:
+def test_deterministic_runs_repeat_bit_for_bit_and_agree_with_numpy(tmp_path: Path, gpu: Path, folder: Path) -> None:
     build = api.build(api.compile_source(POOLED, "pooled.ddsl", {}).program, api.Options(deterministic=True))
     want = run_training(build, iters=3, data_flag="synthetic", device="cpu")
     runs = []
     for k in range(2):
-        driver = EmulatedDriver(tmp_path / str(k), vendor=open_vendor("vendor", [folder]))
+        driver = EmulatedDriver(gpu / "pooled-run", vendor=open_vendor("vendor", [folder]))
         got = run_training(build, iters=3, data_flag="synthetic", driver=driver, save=str(tmp_path / f"{k}.npz"))
         np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4, atol=1e-6)
         assert got["gpu_deterministic"] is True
@@ -192,11 +200,11 @@ def test_deterministic_runs_repeat_bit_for_bit_and_agree_with_numpy(tmp_path: Pa
 
 
 @pytest.mark.parametrize("limit", [None, 0])
-def test_the_workspace_reported_is_what_is_allocated(tmp_path: Path, folder: Path, limit: int | None) -> None:
+def test_the_workspace_reported_is_what_is_allocated(gpu: Path, folder: Path, limit: int | None) -> None:
     """The shared scratch is the most any chosen algorithm needs beyond its statement's planned workspace, allocated
     once; Find's temporary scratch is freed before it; the driver then holds exactly the arena, the tensors and that
     scratch (the planned GPU bytes), and --json says the scratch, each convolution's algorithm and its bytes."""
-    build, runner = _runner(ONE_BY_ONE, tmp_path / "r", folder, deterministic=False, limit=limit)
+    build, runner = _runner(ONE_BY_ONE, gpu / f"one-runner-{limit}", folder, deterministic=False, limit=limit)
     driver = runner.driver
     beyond = [c["workspace_bytes"] for c in runner.convolutions if c["scratch"]]
     assert runner.vendor_scratch_bytes == max(beyond, default=0)
@@ -205,7 +213,7 @@ def test_the_workspace_reported_is_what_is_allocated(tmp_path: Path, folder: Pat
     assert held == max(runner.arena_bytes, 4) + runner.tensor_bytes + runner.vendor_scratch_bytes
     assert runner.planned_bytes == runner.arena_bytes + runner.tensor_bytes + runner.vendor_scratch_bytes
     runner.close()
-    driver = EmulatedDriver(tmp_path / "t", vendor=open_vendor("vendor", [folder]))
+    driver = EmulatedDriver(gpu / f"one-run-{limit}", vendor=open_vendor("vendor", [folder]))
     got = run_training(build, iters=2, data_flag="synthetic", driver=driver)
     assert got["gpu_memory_bytes"] == got["gpu_planned_bytes"]  # the emulator counts bytes
     assert got["gpu_vendor_scratch_bytes"] == max((c["workspace_bytes"] for c in got["gpu_convolutions"]
@@ -242,11 +250,11 @@ def test_the_emulated_driver_refuses_a_synchronising_call_inside_a_capture(tmp_p
     driver.close()
 
 
-def test_find_never_runs_inside_the_captured_step(tmp_path: Path, folder: Path) -> None:
+def test_find_never_runs_inside_the_captured_step(gpu: Path, folder: Path) -> None:
     """Training on the emulated driver with the graph on: every Find runs at the runner's start, none in the capture
     (which would fail it, as the test above shows); the graph is on and replays the step."""
     build = api.build(api.compile_source(POOLED, "pooled.ddsl", {}).program)
-    driver = EmulatedDriver(tmp_path, vendor=open_vendor("vendor", [folder]))
+    driver = EmulatedDriver(gpu / "pooled-run", vendor=open_vendor("vendor", [folder]))
     finds: list[int] = []
     capture = driver.capture
 
@@ -264,10 +272,11 @@ def test_find_never_runs_inside_the_captured_step(tmp_path: Path, folder: Path) 
     assert _calls(folder)[0] == finds[1]
 
 
-def test_deterministic_on_the_command_line(tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_deterministic_on_the_command_line(tmp_path: Path, gpu: Path, folder: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     from test_vendor import _emulated
 
-    _emulated(monkeypatch, tmp_path, [folder])
+    _emulated(monkeypatch, gpu / "cli", [folder])
     net = tmp_path / "pooled.ddsl"
     net.write_text(POOLED)
     out = {}
