@@ -31,6 +31,8 @@ class Options:
     dump_after: Callable[[str, Graph], None] | None = None
     remat: str | None = None  # none, cheap or full; None: none, or with a budget the least that fits
     workspace_limit: int | None = None  # the most scratch one statement's kernel may take (None: any)
+    # on the GPU: cuDNN's heuristic, deterministic convolution algorithms instead of the fastest found by timing
+    deterministic: bool = False
 
 
 @dataclass(frozen=True)

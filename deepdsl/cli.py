@@ -131,6 +131,11 @@ WORKSPACE_LIMIT = click.option(
     help="The most scratch one statement's kernel may take (e.g. 64MiB; 0: none): larger needs use a kernel "
     "without scratch (a direct convolution instead of im2col + GEMM). Default: no limit (compile: 1GiB).",
 )  # fmt: skip
+DETERMINISTIC = click.option(
+    "--deterministic", "deterministic", is_flag=True,
+    help="On the GPU: cuDNN's heuristic, deterministic convolution algorithms (the same bits every run) instead of "
+    "the fastest, found by timing each at the start (which may be nondeterministic).",
+)  # fmt: skip
 
 
 def common(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -360,6 +365,7 @@ def _optimizer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--seed", type=int, default=None, help="Override the train block's seed.")
 @click.option("--float64", "double", is_flag=True, help="Run in float64 (the reference precision for checks).")
 @WORKSPACE_LIMIT
+@DETERMINISTIC
 @click.option("--graph/--no-graph", "graphs", default=True, show_default=True,
               help="On the GPU: replay the train step as a CUDA graph from its second iteration on.")  # fmt: skip
 @_optimizer_options
@@ -367,10 +373,11 @@ def _optimizer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def run(
     c: api.Compilation, file: str, sets: dict, options: api.Options, iters: int | None, data_flag: str | None,
     load_path: str | None, save_path: str | None, replace_readonly: bool, device: str, kernels: str,
-    seed: int | None, double: bool, workspace_limit: int | None, graphs: bool, as_json: bool, **optimizer: float | None,
+    seed: int | None, double: bool, workspace_limit: int | None, deterministic: bool, graphs: bool, as_json: bool,
+    **optimizer: float | None,
 ) -> None:  # fmt: skip
     """Train FILE for a few iterations with the reference runner and report the losses."""
-    options = dataclasses.replace(options, workspace_limit=workspace_limit)
+    options = dataclasses.replace(options, workspace_limit=workspace_limit, deterministic=deterministic)
     from deepdsl import running
 
     api.compile_file(file, sets, c=c)
@@ -464,6 +471,7 @@ def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, loa
     help="Also (or instead) write a Maven project that `mvn -q package` builds into a runnable jar.",
 )
 @WORKSPACE_LIMIT
+@DETERMINISTIC
 @click.option(
     "--ptx",
     "ptx",
@@ -474,7 +482,8 @@ def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, loa
               help="The GPU architectures --ptx compiles for.")  # fmt: skip
 @REPLACE_READONLY
 def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str | None, maven: str | None,
-             workspace_limit: int | None, ptx: bool, archs: str, replace_readonly: bool) -> None:  # fmt: skip
+             workspace_limit: int | None, deterministic: bool, ptx: bool, archs: str,
+             replace_readonly: bool) -> None:  # fmt: skip
     """Compile FILE to a Java training program (one readable class plus the runtime it needs)."""
     from deepdsl import compiling
     from deepdsl.backends.java import DEFAULT_WORKSPACE_LIMIT
@@ -486,7 +495,7 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
         raise click.BadParameter(f"{archs!r} is not a list such as sm_90,sm_80", param_hint="--arch")
     limit = DEFAULT_WORKSPACE_LIMIT if workspace_limit is None else workspace_limit
     # the plan follows the limit: convolutions allowed scratch get it in the arena
-    options = dataclasses.replace(options, workspace_limit=limit)
+    options = dataclasses.replace(options, workspace_limit=limit, deterministic=deterministic)
     api.compile_file(file, sets, stop_at="plan", c=c, options=options)
     assert c.build is not None
     _warnings(c)

@@ -57,7 +57,8 @@ def write_program(
     written and how to build it, a line at a time. Every target is checked before anything is written."""
     name = java.class_name(b.program.graph.name)
     folder = java_target(output, name) if output is not None else None
-    prog = java.java_program(b.program, b.train_plan, b.infer_plan, b.eval_plan, workspace_limit)
+    prog = java.java_program(b.program, b.train_plan, b.infer_plan, b.eval_plan, workspace_limit,
+                             b.options.deterministic)  # fmt: skip
     modules = ptx_modules(prog.cuda, name, archs) if archs else {}
     if folder is not None:
         java.write_sources(folder, prog, replace_readonly=replace_readonly)

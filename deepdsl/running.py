@@ -228,6 +228,8 @@ def run_training(
         out["gpu_vendor_workspace_bytes"] = result.gpu_vendor_workspace_bytes
         out["gpu_vendor_scratch_bytes"] = result.gpu_vendor_scratch_bytes
         out["gpu_graph"] = result.gpu_graph
+        out["gpu_deterministic"] = result.gpu_deterministic
+        out["gpu_convolutions"] = result.gpu_convolutions
     return out
 
 

@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -53,6 +54,10 @@ class TrainResult:
     # the scratch allocated beside the arena for algorithms that want more than their statement's planned workspace
     gpu_vendor_scratch_bytes: int | None = None
     gpu_graph: str | None = None  # "on": the train step ran as a CUDA graph from its second run on; "off (why)"
+    # cuDNN's convolutions: each one's call, sizes, algorithm, scratch bytes (and whether in the shared scratch), and
+    # Find's time; and whether the algorithms are the heuristic's deterministic ones (--deterministic)
+    gpu_convolutions: list[dict[str, Any]] | None = None
+    gpu_deterministic: bool | None = None
 
 
 class Trainer:
@@ -86,7 +91,8 @@ class Trainer:
         the train step as a CUDA graph from its second run on (runner.py)."""
         if self.plan is None:
             raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
-        self.gpu = GpuRunner(driver, self.plan, self.build.infer_plan, self.arrays, self.build.eval_plan, graphs)
+        self.gpu = GpuRunner(driver, self.plan, self.build.infer_plan, self.arrays, self.build.eval_plan, graphs,
+                             self.build.options.deterministic)  # fmt: skip
 
     def _sync(self) -> None:
         if self.gpu is not None and self._gpu_ahead:
@@ -283,6 +289,8 @@ class Trainer:
             result.gpu_vendor_workspace_bytes = self.gpu.vendor_workspace_bytes
             result.gpu_vendor_scratch_bytes = self.gpu.vendor_scratch_bytes
             result.gpu_graph = self.gpu.graph
+            result.gpu_convolutions = self.gpu.convolutions
+            result.gpu_deterministic = self.gpu.deterministic
         return result
 
     # ---- parameter files (DESIGN §9) ----

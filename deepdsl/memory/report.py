@@ -14,6 +14,10 @@ from deepdsl.files import atomic_output
 from deepdsl.ir import REGISTRY, Graph
 from deepdsl.memory.plan import Plan, aligned
 
+# the most scratch one cuDNN convolution may take on the GPU where the plan sets no workspace limit (the PyCUDA
+# runner's and the Java CUDA device's default): cuDNN's fast algorithms want more than the CPU's im2col
+VENDOR_WORKSPACE_LIMIT = 1 << 30
+
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
@@ -51,6 +55,23 @@ def trained_bytes(g: Graph) -> int:
 
 def total_peak(p: Plan) -> int:
     return persistent_bytes(p.graph) + p.arena_bytes
+
+
+def gpu_scratch_bytes(p: Plan) -> int:
+    """The most the CUDA devices' one shared cuDNN scratch (beside the arena) can take for the step of plan `p`:
+    where it has a cuDNN convolution, the workspace limit (its chosen algorithm may want up to that much beyond the
+    statement's planned workspace); a batch-norm backward's scale and shift gradients (8 bytes a channel)."""
+    from deepdsl.ir.vendor import BatchNormBackward, ConvBackwardData, ConvBackwardFilter, ConvForward, vendor_call
+
+    limit = VENDOR_WORKSPACE_LIMIT if p.workspace_limit is None else p.workspace_limit
+    most = 0
+    for s in p.graph.stmts:
+        call = vendor_call(s)
+        if isinstance(call, ConvForward | ConvBackwardData | ConvBackwardFilter):
+            most = max(most, limit)
+        elif isinstance(call, BatchNormBackward):
+            most = max(most, 8 * call.norm.c)
+    return most
 
 
 def naive_arena_bytes(g: Graph) -> int:
@@ -92,6 +113,10 @@ def report(
         "constant_bytes": sum(q.value.type.nbytes for q in g.params if q.kind == "const"),
         "workspace_bytes": max((b.nbytes for b in p.workspace.values()), default=0),
         "workspace_limit": p.workspace_limit,
+        # on --device cuda with cuDNN: the most its shared scratch may add beside the arena, and the peak with it (the
+        # run's --json says the scratch its chosen algorithms took: gpu_vendor_scratch_bytes)
+        "gpu_scratch_limit_bytes": (gpu := gpu_scratch_bytes(p)),
+        "gpu_peak_bytes": persistent + p.arena_bytes + gpu,
         "train_flops": train_flops,
         "extra_flops": extra_flops,
         "remat": remat,
@@ -241,6 +266,9 @@ def format_report(r: dict[str, Any], with_rows: bool) -> str:
         f"  workspace         {size(r['workspace_bytes'])}  (the largest scratch of one statement, limit "
         + ("none" if r["workspace_limit"] is None else f"{r['workspace_limit']:,} bytes")
         + ")",
+        f"  cuDNN scratch     at most {size(r['gpu_scratch_limit_bytes'])} beside the arena on --device cuda with "
+        f"cuDNN (its convolutions' algorithms, chosen at the start within the workspace limit); GPU peak at most "
+        f"{size(r['gpu_peak_bytes'])}",
         f"  peak              {size(r['peak_bytes'])}  at statement {at['statement']}: {at['value']} = {at['op']}"
         + (f" in layer {at['layer']}" if at["layer"] else "")
         + (f" ({at['source']})" if at["source"] else ""),

@@ -22,6 +22,7 @@ final class CommandLine {
       "usage: java %s [--iters N] [--data SOURCE] [--load FILE.npz] [--save FILE.npz]\n"
           + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--threads N]\n"
           + "           [--blas openblas|java|auto] [--kernels vendor|own|auto] [--no-graph] [--json]\n"
+          + "           [--deterministic]\n"
           + "           [--lr X] [--momentum X] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]"
           + " [--clip X] [--alpha X]\n"
           + "       java %1$s --eval --load FILE.npz [--data SOURCE] [--device ...] [--json]\n"
@@ -100,6 +101,8 @@ final class CommandLine {
   String blas = Blas.defaultChoice();
   String kernels = "auto";
   boolean graph = true; // the CUDA device replays the train step as a CUDA graph (--no-graph: not)
+  // the CUDA device's cuDNN convolutions are the heuristic's deterministic algorithms, not the fastest found
+  boolean deterministic;
   final Map<String, Double> settings = new LinkedHashMap<>();
 
   static CommandLine parse(String[] args) {
@@ -122,6 +125,10 @@ final class CommandLine {
       }
       if (arg.equals("--no-graph")) {
         f.graph = false;
+        continue;
+      }
+      if (arg.equals("--deterministic")) {
+        f.deterministic = true;
         continue;
       }
       if (SETTING_FLAGS.contains(arg)) { // a setting of the class: checked when the class is made

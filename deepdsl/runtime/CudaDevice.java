@@ -177,7 +177,13 @@ public final class CudaDevice extends CudaLibrary {
         + convolutions
         + "; workspace limit "
         + workspaceLimit
-        + " bytes; graph: "
+        + " bytes"
+        + (dnn == null
+            ? ""
+            : settings.deterministic
+                ? "; convolution algorithms: cuDNN's heuristic, deterministic (--deterministic)"
+                : "; convolution algorithms: the fastest cuDNN finds at their first call")
+        + "; graph: "
         + graphChoice
         + ")";
   }

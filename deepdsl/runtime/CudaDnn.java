@@ -9,6 +9,7 @@ import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.FloatBuffer;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 
 /**
@@ -18,10 +19,14 @@ import java.util.List;
  * and LRN through {@link CudaDnnOps} ({@link #ops}), on the same handle.
  *
  * <p>Each convolution of the step gets its descriptors and its algorithm once, at its first call
- * (the first step, never captured): the first algorithm that the call's {@code _v7} query proposes
- * (cuDNN's heuristic order), preferring a deterministic one outside the FFT and non-fused Winograd
- * families (the Python runner's rule, deepdsl/backends/cuda/cudnn.py), whose scratch fits the
- * workspace limit; {@link CudaDevice} gives it that scratch. Math is {@code CUDNN_FMA_MATH}:
+ * (the first step, never captured), within the workspace limit: the fastest that {@code
+ * cudnnFind...AlgorithmEx} times on the call's own buffers and a temporary scratch ({@link #find}),
+ * a precise one (outside the FFT and non-fused Winograd families) where any fits, deterministic or
+ * not; or under {@code --deterministic} the first algorithm that the call's {@code _v7} query
+ * proposes (cuDNN's heuristic order), preferring a deterministic, precise one ({@link #prepare});
+ * both the Python runner's rules (deepdsl/backends/cuda/cudnn.py). Find synchronises, so it never
+ * runs while a step is captured. {@link CudaDevice} gives the chosen algorithm its scratch. Math is
+ * {@code CUDNN_FMA_MATH}:
  * float32 without TF32. The handle works on the device's stream, so a captured step records its
  * calls. The workspace limit is per convolution and beyond the arena, as on the CPU device (the Java
  * program does not take the plan's per-statement workspace); the device allocates the largest
@@ -49,6 +54,21 @@ final class CudaDnn implements AutoCloseable {
     "cudnnGetConvolutionBackwardDataAlgorithm_v7",
     "cudnnGetConvolutionBackwardFilterAlgorithm_v7"
   };
+  // the timing queries: each algorithm run on the given buffers and scratch
+  private static final String[] FINDS = {
+    "cudnnFindConvolutionForwardAlgorithmEx",
+    "cudnnFindConvolutionBackwardDataAlgorithmEx",
+    "cudnnFindConvolutionBackwardFilterAlgorithmEx"
+  };
+  // each call's algorithms by number (cudnn_cnn.h), as the Python runner names them
+  private static final String[][] NAMES = {
+    {
+      "IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING", "WINOGRAD",
+      "WINOGRAD_NONFUSED"
+    },
+    {"ALGO_0", "ALGO_1", "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"},
+    {"ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED", "FFT_TILING"}
+  };
   private static final String[] PERFS = {
     "cudnnConvolutionFwdAlgoPerf_t", "cudnnConvolutionBwdDataAlgoPerf_t",
     "cudnnConvolutionBwdFilterAlgoPerf_t"
@@ -71,8 +91,12 @@ final class CudaDnn implements AutoCloseable {
     final Object y; // y or dy
     final int algo;
     final long workspace;
+    final float time; // what Find measured, in ms; NaN: the heuristic's choice
+    final String shape; // x, w, y (forward terms), pad, stride, dilation, groups: as the Python runner says
 
-    Conv(int kind, Object x, Object w, Object conv, Object y, int algo, long workspace) {
+    Conv(
+        int kind, Object x, Object w, Object conv, Object y, int algo, long workspace, float time,
+        String shape) {
       this.kind = kind;
       this.x = x;
       this.w = w;
@@ -80,7 +104,37 @@ final class CudaDnn implements AutoCloseable {
       this.y = y;
       this.algo = algo;
       this.workspace = workspace;
+      this.time = time;
+      this.shape = shape;
     }
+
+    String call() {
+      return CALLS[kind];
+    }
+
+    String algorithm() {
+      return algo < NAMES[kind].length ? NAMES[kind][algo] : String.valueOf(algo);
+    }
+
+    /** This convolution as an object of the --json list (gpu_convolutions). */
+    String json() {
+      return "{\"call\": \""
+          + call()
+          + "\", \"shape\": \""
+          + shape
+          + "\", \"algorithm\": \""
+          + algorithm()
+          + "\", \"workspace_bytes\": "
+          + workspace
+          + ", \"scratch\": true, \"time_ms\": "
+          + (Float.isNaN(time) ? "null" : String.valueOf(time))
+          + "}";
+    }
+  }
+
+  /** A temporary scratch for Find: the address of at least {@code bytes} bytes. */
+  interface Trial {
+    long scratch(long bytes);
   }
 
   private final Class<?> cudnn;
@@ -262,6 +316,25 @@ final class CudaDnn implements AutoCloseable {
   Conv prepare(
       int kind, int[] x, int[] w, int[] y, int[] pad, int[] stride, int[] dilation, int groups,
       long limit) {
+    return choose(kind, x, w, y, pad, stride, dilation, groups, limit, 0, 0, 0, null);
+  }
+
+  /**
+   * As {@link #prepare}, the algorithm the fastest that {@code cudnnFind...AlgorithmEx} times on
+   * the call's output {@code result} and inputs {@code a} and {@code b} (device addresses, the
+   * statement's order: forward x, w; data dy, w; filter x, dy), given the most scratch any listed
+   * algorithm needs within {@code limit}, from {@code trial}. Find writes arbitrary values to the
+   * output and the scratch, so neither may hold anything live.
+   */
+  Conv find(
+      int kind, int[] x, int[] w, int[] y, int[] pad, int[] stride, int[] dilation, int groups,
+      long limit, long result, long a, long b, Trial trial) {
+    return choose(kind, x, w, y, pad, stride, dilation, groups, limit, result, a, b, trial);
+  }
+
+  private Conv choose(
+      int kind, int[] x, int[] w, int[] y, int[] pad, int[] stride, int[] dilation, int groups,
+      long limit, long result, long a, long b, Trial trial) {
     Class<?> i = int.class;
     try {
       Object xd = descriptor(tensorClass, "Tensor");
@@ -281,6 +354,10 @@ final class CudaDnn implements AutoCloseable {
       call("cudnnSetConvolutionGroupCount", new Class<?>[] {convClass, i}, cd, groups);
       call("cudnnSetConvolutionMathType", new Class<?>[] {convClass, i}, cd, FMA_MATH);
       tensor(yd, y[0], y[1], y[2], y[3]);
+      String shape =
+          "x " + Arrays.toString(x) + " w " + Arrays.toString(w) + " y " + Arrays.toString(y)
+              + " pad " + Arrays.toString(pad) + " stride " + Arrays.toString(stride)
+              + " dilation " + Arrays.toString(dilation) + " groups " + groups;
       int n = ALGORITHMS[kind];
       Class<?> perfClass = type("cudnn." + PERFS[kind]);
       Object perf = perfClass.getConstructor(long.class).newInstance((long) n);
@@ -297,6 +374,61 @@ final class CudaDnn implements AutoCloseable {
       };
       call(QUERIES[kind], types, handle, operands[0], operands[1], cd, operands[3], n, count, perf);
       Method at = perfClass.getMethod("position", long.class);
+      if (trial != null) {
+        long room = 0;
+        for (int k = 0; k < count[0]; k++) {
+          Object p = at.invoke(perf, (long) k);
+          if ((Integer) perfClass.getMethod("status").invoke(p) == 0) {
+            room = Math.max(room, (Long) perfClass.getMethod("memory").invoke(p));
+          }
+        }
+        room = Math.min(room, limit);
+        // Find's operands: forward (x, w -> y), data (w, dy -> dx), filter (x, dy -> dw); the
+        // statement's inputs are forward (x, w), data (dy, w), filter (x, dy)
+        long[] at3 =
+            kind == FORWARD
+                ? new long[] {a, b, result}
+                : kind == DATA ? new long[] {b, a, result} : new long[] {a, b, result};
+        Object[] pointers = {pointer(), pointer(), pointer(), pointer()};
+        for (int k = 0; k < 3; k++) {
+          setAddress.invokeExact(pointers[k], at3[k]);
+        }
+        setAddress.invokeExact(pointers[3], room > 0 ? trial.scratch(room) : 0L);
+        Class<?> ptr = pointers[0].getClass();
+        Class<?>[] findTypes = {
+          contextClass, operands[0].getClass(), ptr, operands[1].getClass(), ptr, convClass,
+          operands[3].getClass(), ptr, i, int[].class, perfClass, ptr, long.class
+        };
+        Object found = perfClass.getConstructor(long.class).newInstance((long) n);
+        call(
+            FINDS[kind], findTypes, handle, operands[0], pointers[0], operands[1], pointers[1], cd,
+            operands[3], pointers[2], n, count, found, pointers[3], room);
+        int best = -1;
+        long bestMemory = 0;
+        float bestTime = 0;
+        boolean bestPrecise = false;
+        for (int k = 0; k < count[0]; k++) { // fastest first: the first precise one, else the first
+          Object p = at.invoke(found, (long) k);
+          int algo = (Integer) perfClass.getMethod("algo").invoke(p);
+          int status = (Integer) perfClass.getMethod("status").invoke(p);
+          long memory = (Long) perfClass.getMethod("memory").invoke(p);
+          float time = (Float) perfClass.getMethod("time").invoke(p);
+          boolean good = precise(kind, algo);
+          boolean better =
+              best < 0 || good && !bestPrecise || good == bestPrecise && time < bestTime;
+          if (status == 0 && memory <= room && time >= 0 && better) {
+            best = algo;
+            bestMemory = memory;
+            bestTime = time;
+            bestPrecise = good;
+          }
+        }
+        if (best < 0) {
+          throw new IllegalStateException(
+              "cuDNN finds no algorithm for " + CALLS[kind] + " within " + room + " bytes");
+        }
+        return new Conv(kind, xd, wd, cd, yd, best, bestMemory, bestTime, shape);
+      }
       int best = -1;
       long bestMemory = 0;
       boolean bestGood = false;
@@ -318,9 +450,13 @@ final class CudaDnn implements AutoCloseable {
         throw new IllegalStateException(
             "cuDNN proposes no algorithm for " + CALLS[kind] + " within " + limit + " bytes");
       }
-      return new Conv(kind, xd, wd, cd, yd, best, bestMemory);
+      return new Conv(kind, xd, wd, cd, yd, best, bestMemory, Float.NaN, shape);
     } catch (ReflectiveOperationException e) {
       throw new IllegalStateException("cuDNN's descriptors for " + CALLS[kind] + " failed", e);
+    } catch (IllegalStateException e) {
+      throw e;
+    } catch (Throwable e) {
+      throw new IllegalStateException("cuDNN's algorithm search for " + CALLS[kind] + " failed", e);
     }
   }
 

@@ -27,8 +27,6 @@ abstract class CudaLibrary extends CudaMemory {
   // use (false: refused under --kernels auto, our kernel runs it)
   final Map<String, CudaDnnOps.Op> ops = new HashMap<>();
   final Map<String, Boolean> taken = new HashMap<>();
-  CUdeviceptr scratch; // cuDNN's workspace: the most any chosen algorithm needs
-  long scratchBytes;
 
   CudaLibrary(Network.Settings settings, long workspaceLimit, boolean strict) {
     super(settings, workspaceLimit);
@@ -88,7 +86,9 @@ abstract class CudaLibrary extends CudaMemory {
 
   /**
    * The convolution {@code kind} through cuDNN: its descriptors and algorithm made at its first call
-   * (the first step, never captured), the workspace grown to what the algorithm needs.
+   * (the first step, never captured): found by timing on the call's own buffers (its output is
+   * written right after), unless the settings ask for cuDNN's deterministic heuristic choice; the
+   * shared workspace grown to what the algorithm needs.
    */
   void cudnn(
       int kind, Buf result, Buf a, Buf b, int[] x, int[] w, int[] y, int[] pad, int[] stride,
@@ -101,7 +101,18 @@ abstract class CudaLibrary extends CudaMemory {
       if (capturing) {
         throw new NotCapturable("a convolution is met for the first time");
       }
-      c = dnn.prepare(kind, x, w, y, pad, stride, dilation, groups, workspaceLimit);
+      if (settings.deterministic) {
+        c = dnn.prepare(kind, x, w, y, pad, stride, dilation, groups, workspaceLimit);
+      } else {
+        try {
+          c =
+              dnn.find(
+                  kind, x, w, y, pad, stride, dilation, groups, workspaceLimit, address(result),
+                  address(a), address(b), this::trialOf);
+        } finally {
+          freeTrial();
+        }
+      }
       convs.put(key, c);
       scratchOf(c.workspace);
     }
@@ -451,14 +462,23 @@ abstract class CudaLibrary extends CudaMemory {
   }
 
   /**
-   * The scratch grown to at least {@code bytes} (at a call's first use: never captured); the
-   * smaller one stays allocated until close.
+   * The --json fields of the library ops: cuDNN's shared scratch, whether its convolutions are the
+   * heuristic's deterministic ones, and each convolution's algorithm and scratch.
    */
-  void scratchOf(long bytes) {
-    if (bytes > scratchBytes) {
-      scratch = alloc(bytes);
-      scratchBytes = bytes;
+  @Override
+  public String jsonFields() {
+    if (dnn == null) {
+      return "";
     }
+    StringBuilder s = new StringBuilder(", \"gpu_vendor_scratch_bytes\": ").append(scratchBytes);
+    s.append(", \"gpu_deterministic\": ").append(settings.deterministic);
+    s.append(", \"gpu_convolutions\": [");
+    String sep = "";
+    for (CudaDnn.Conv c : new java.util.TreeMap<>(convs).values()) {
+      s.append(sep).append(c.json());
+      sep = ", ";
+    }
+    return s.append("]").toString();
   }
 
   /** Below this eps (an older cuDNN's CUDNN_BN_MIN_EPSILON) batch norm is our kernel. */

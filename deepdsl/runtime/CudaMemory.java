@@ -3,6 +3,7 @@ package deepdsl.runtime;
 import static jcuda.driver.JCudaDriver.cuCtxSynchronize;
 import static jcuda.driver.JCudaDriver.cuLaunchKernel;
 import static jcuda.driver.JCudaDriver.cuMemAlloc;
+import static jcuda.driver.JCudaDriver.cuMemFree;
 import static jcuda.driver.JCudaDriver.cuMemGetInfo;
 import static jcuda.driver.JCudaDriver.cuMemcpyDtoDAsync;
 import static jcuda.driver.JCudaDriver.cuMemcpyDtoH;
@@ -60,6 +61,13 @@ abstract class CudaMemory implements Device {
   long counterValue = -1; // the step counter's value on the GPU
   boolean capturing;
   CUdeviceptr capturedLoss; // where the captured step leaves its loss
+
+  // cuDNN's one shared workspace: the most any chosen algorithm (or a batch norm's backward) needs; replaced by a
+  // larger one where a later first call needs more, the smaller freed (never while capturing)
+  CUdeviceptr scratch;
+  long scratchBytes;
+  private CUdeviceptr trial; // Find's temporary scratch, freed after each search
+  private long trialBytes;
 
   CudaMemory(Network.Settings settings, long workspaceLimit) {
     this.settings = settings;
@@ -356,5 +364,44 @@ abstract class CudaMemory implements Device {
   public long measuredBytes() {
     measure();
     return freeBefore - freeLow;
+  }
+
+  /**
+   * The one shared scratch grown to at least {@code bytes} (at a call's first use: never captured):
+   * the smaller one freed once the stream's work that may use it is done, a larger one allocated.
+   */
+  void scratchOf(long bytes) {
+    if (bytes > scratchBytes) {
+      if (scratch != null) {
+        release(scratch);
+      }
+      scratch = alloc(bytes);
+      scratchBytes = bytes;
+    }
+  }
+
+  /** Find's temporary scratch of at least {@code bytes}: its address. */
+  long trialOf(long bytes) {
+    if (bytes > trialBytes) {
+      freeTrial();
+      trial = alloc(bytes);
+      trialBytes = bytes;
+    }
+    return ((DevicePointer) trial).address();
+  }
+
+  void freeTrial() {
+    if (trial != null) {
+      release(trial);
+      trial = null;
+      trialBytes = 0;
+    }
+  }
+
+  /** Frees {@code p} after the work queued on the GPU, which may still use it, is done. */
+  private void release(CUdeviceptr p) {
+    cuCtxSynchronize();
+    cuMemFree(p);
+    allocations.remove(p);
   }
 }

@@ -137,6 +137,11 @@ public interface Device extends AutoCloseable {
     return -1;
   }
 
+  /** The device's own fields of the --json object, each after a comma ("" where it has none). */
+  default String jsonFields() {
+    return "";
+  }
+
   @Override
   void close();
 

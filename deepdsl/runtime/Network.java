@@ -479,6 +479,9 @@ public abstract class Network extends NetworkTensors {
     if (flags.workspaceLimit != null) {
       net.workspaceLimit = flags.workspaceLimit;
     }
+    if (flags.deterministic) {
+      net.settings.deterministic = true;
+    }
     try (Device device =
         Device.open(flags.device, net.settings, net.workspaceLimit, flags.kernels, flags.graph)) {
       // where the run saves: --save, else the train block's save (never under --eval or --predict)
@@ -549,7 +552,7 @@ public abstract class Network extends NetworkTensors {
                 + CommandLine.nonfinite(nonfinite)
                 + "}");
       } else if (flags.json) {
-        System.out.println(
+        String json =
             CommandLine.json(
                 device.name(),
                 losses,
@@ -561,7 +564,9 @@ public abstract class Network extends NetworkTensors {
                 net.stepSeconds,
                 net.rate == null ? null : net.rates,
                 net.lossTermNames(),
-                net.termValues));
+                net.termValues);
+        // the device's own fields (the CUDA device: cuDNN's scratch and each convolution's algorithm)
+        System.out.println(json.substring(0, json.length() - 1) + device.jsonFields() + "}");
       } else {
         if (tested != null) {
           System.out.print(CommandLine.metricLines(tested));

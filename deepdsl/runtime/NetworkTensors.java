@@ -29,6 +29,9 @@ public abstract class NetworkTensors {
     long arenaBytes;
     long peakBytes;
     long workspaceLimit;
+    // the CUDA device's cuDNN convolutions: the heuristic's deterministic algorithms (--deterministic), not the
+    // fastest found by timing each at its first call
+    boolean deterministic;
     String accuracyLabel;
     List<String> predictInputs; // null: the network defines no predict
     Schedule schedule; // null: the optimizer's constant learning rate, in the step
@@ -88,6 +91,12 @@ public abstract class NetworkTensors {
 
     public Settings workspaceLimit(long bytes) {
       this.workspaceLimit = bytes;
+      return this;
+    }
+
+    /** cuDNN's heuristic, deterministic convolution algorithms by default (deepdsl compile --deterministic). */
+    public Settings deterministic(boolean on) {
+      this.deterministic = on;
       return this;
     }
 

@@ -10,16 +10,16 @@ must exist.
 
 cuDNN 9 (`fake_cudnn9`): the presets' libjnicudnn.so NEEDs libcudnn_graph.so.9, libcudnn_ops.so.9, libcudnn_cnn.so.9
 and libcudnn_adv.so.9 and takes each symbol from the version node of one of them (`readelf -V`, `nm -D`: the handle
-calls from libcudnn_graph, the convolution calls from libcudnn_cnn, tensor, filter, pooling, softmax, LRN and
-batch-norm calls from libcudnn_ops). glibc looks a versioned symbol up in the library whose soname the version need
-names, not in any library that defines a node of that name (one library defining all four nodes loads, then kills
-the JVM at the first call: `undefined symbol: cudnnCreate, version libcudnn_graph.so.9`; tried). So fake_libcudnn.c
-is built three times, as libcudnn_graph.so.9, libcudnn_ops.so.9 and libcudnn_cnn.so.9, each exporting its calls
-alone in its node; libcudnn_adv.so.9 (nothing of it called) and libcudnn.so.9 (which the preset loads too) are empty
-stand-ins. The copies share no state but the structures the calls pass between them (handle, descriptors, same
-layout); the convolutions, and so their count ($FAKE_CUDNN_CALLS, written by the libcudnn_cnn copy alone), are
-libcudnn_cnn's; the pooling, softmax, LRN and batch-norm calls, and their count by call ($FAKE_CUDNN_OPS_CALLS),
-libcudnn_ops's."""
+calls from libcudnn_graph, the convolution (and Find) calls from libcudnn_cnn, tensor, filter, pooling, softmax, LRN
+and batch-norm calls from libcudnn_ops). glibc looks a versioned symbol up in the library whose soname the version
+need names, not in any library that defines a node of that name (one library defining all four nodes loads, then
+kills the JVM at the first call: `undefined symbol: cudnnCreate, version libcudnn_graph.so.9`; tried). So
+fake_libcudnn.c is built three times, as libcudnn_graph.so.9, libcudnn_ops.so.9 and libcudnn_cnn.so.9, each
+exporting its calls alone in its node; libcudnn_adv.so.9 (nothing of it called) and libcudnn.so.9 (which the preset
+loads too) are empty stand-ins. The copies share no state but the structures the calls pass between them (handle,
+descriptors, same layout); the convolutions, and so their count ($FAKE_CUDNN_CALLS, written by the libcudnn_cnn copy
+alone), are libcudnn_cnn's; the pooling, softmax, LRN and batch-norm calls, and their count by call
+($FAKE_CUDNN_OPS_CALLS), libcudnn_ops's."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def fake_cuda13(folder: Path, libraries: Sequence[str] = CUDA13) -> Path:
 # (tensor, filter, pooling, softmax, LRN) from libcudnn_ops.so.9
 GRAPH = ("cudnnCreate", "cudnnDestroy", "cudnnSetStream", "cudnnGetVersion", "cudnnGetErrorString")
 CNN = ("cudnnConvolution*", "cudnnCreateConvolutionDescriptor", "cudnnDestroyConvolutionDescriptor",
-       "cudnnSetConvolution*", "cudnnGetConvolution*")  # fmt: skip
+       "cudnnSetConvolution*", "cudnnGetConvolution*", "cudnnFindConvolution*")  # fmt: skip
 
 
 def fake_cudnn9(folder: Path) -> Path:

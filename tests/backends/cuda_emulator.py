@@ -7,8 +7,9 @@ libcuda.so.1 that runs the same library under JCuda, which does the same for the
 
 The emulated driver captures as a GPU does: while it captures, a launch, a device copy, or a call of the stand-in
 cuBLAS/cuDNN on its stream (the stand-ins ask its recorder, `fake_set_capture`) is recorded, not run; a replay runs
-the recording in order. A host copy, an allocation or a memory query while capturing is refused, as the driver
-refuses a synchronous call during a thread-local capture."""
+the recording in order. A host copy, an allocation, a free, a memory query or a synchronisation while capturing
+(the driver's own, or the stand-in cuDNN's Find, which synchronises through `fake_set_synchronize`) is refused and
+invalidates the capture, as the driver refuses a synchronous call during a thread-local capture."""
 
 from __future__ import annotations
 
@@ -228,6 +229,17 @@ def run_launch(lib: ctypes.CDLL, x: Launch, pointers: Sequence[int], small: bool
 _RECORDER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 _HOST_CALL = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _CAPTURING: dict[int, list] = {}  # stream -> the recording of the driver capturing it
+_INVALIDATED: set[int] = set()  # streams whose capture a synchronous call broke
+
+
+@ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+def _synchronize(stream: int | None) -> int:
+    """cuStreamSynchronize as the stand-in libraries call it (fake_set_synchronize: cuDNN's Find): refused, and the
+    capture invalidated, while `stream` captures."""
+    if (stream or 0) in _CAPTURING:
+        _INVALIDATED.add(stream or 0)
+        return 900  # CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    return 0
 
 
 @_RECORDER
@@ -259,12 +271,15 @@ class EmulatedDriver:
         for library in (vendor.cublas, vendor.cudnn):
             if library is not None:
                 library.lib.fake_set_capture(_record)
+        if vendor.cudnn is not None and hasattr(vendor.cudnn.lib, "fake_set_synchronize"):
+            vendor.cudnn.lib.fake_set_synchronize(_synchronize)
         vendor.set_stream(self.stream)
         self.recording: list | None = None  # while capturing: what would have run
         self.captures = self.replays = 0
 
     def _synchronous(self, call: str) -> None:
         if self.stream in _CAPTURING:
+            _INVALIDATED.add(self.stream)  # as the driver: the capture fails at its end too, whoever caught this
             raise RuntimeError(f"{call} while capturing (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)")
 
     def free_bytes(self) -> int:
@@ -276,6 +291,14 @@ class EmulatedDriver:
         block = np.full(nbytes, 0xFF, np.uint8)  # NaN-filled floats: a read before any write shows
         self.blocks.append(block)
         return block.ctypes.data
+
+    def free(self, ptr: int) -> None:
+        self._synchronous("cuMemFree")
+        self.blocks = [b for b in self.blocks if b.ctypes.data != ptr]
+
+    def synchronize(self) -> None:
+        """cuStreamSynchronize of the driver's stream."""
+        self._synchronous("cuStreamSynchronize")
 
     def upload(self, ptr: int, array: np.ndarray) -> None:
         self._synchronous("cuMemcpyHtoD")
@@ -307,12 +330,15 @@ class EmulatedDriver:
 
     def capture(self, issue: Callable[[], None]) -> list:
         self.recording = _CAPTURING[self.stream] = []
+        _INVALIDATED.discard(self.stream)
         try:
             issue()
         except Exception as err:
             raise CaptureFailed(f"the step did not capture: {err}") from err
         finally:
             del _CAPTURING[self.stream]
+        if self.stream in _INVALIDATED:  # a refused synchronous call whose error the step dropped
+            raise CaptureFailed("the step did not capture: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED")
         self.captures += 1
         return self.recording
 

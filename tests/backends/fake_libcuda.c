@@ -57,6 +57,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) { *c = (CUcontext)1;
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { return 0; }
 CUresult cuCtxSetCurrent(CUcontext c) { return 0; }
 #define CAPTURE_UNSUPPORTED 900 /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED */
+#define CAPTURE_INVALIDATED 901 /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED */
 static int capturing; /* streams capturing now */
 CUresult cuCtxSynchronize(void) { return capturing ? CAPTURE_UNSUPPORTED : 0; }
 CUresult cuGetErrorName(CUresult e, const char **s) { *s = "CUDA_ERROR_FAKE"; return 0; }
@@ -145,6 +146,7 @@ typedef struct {
 } graph;
 typedef struct {
   graph *capture; /* the graph it records into, while it captures */
+  int invalidated; /* a synchronisation was refused during the capture: it ends in CAPTURE_INVALIDATED */
 } stream;
 static long long launches, replayed;
 
@@ -176,7 +178,11 @@ CUresult cuStreamDestroy_v2(CUstream s) {
   free(s);
   return 0;
 }
-CUresult cuStreamSynchronize(CUstream s) { return s && ((stream *)s)->capture ? CAPTURE_UNSUPPORTED : 0; }
+CUresult cuStreamSynchronize(CUstream s) { /* the stand-in cuDNN's Find calls it too (fake_libcudnn.c) */
+  if (!s || !((stream *)s)->capture) return 0;
+  ((stream *)s)->invalidated = 1;
+  return CAPTURE_UNSUPPORTED;
+}
 CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
   if (!s || ((stream *)s)->capture) return 1; /* the legacy stream cannot capture */
   ((stream *)s)->capture = calloc(1, sizeof(graph));
@@ -188,6 +194,13 @@ CUresult cuStreamEndCapture(CUstream s, void **g) {
   *g = ((stream *)s)->capture;
   ((stream *)s)->capture = NULL;
   capturing--;
+  if (((stream *)s)->invalidated) { /* as the driver: no graph from a broken capture */
+    ((stream *)s)->invalidated = 0;
+    free(((graph *)*g)->nodes);
+    free(*g);
+    *g = NULL;
+    return CAPTURE_INVALIDATED;
+  }
   return 0;
 }
 CUresult cuGraphInstantiateWithFlags(void **exec, void *g, unsigned long long flags) {

@@ -4,10 +4,18 @@
  * algorithm queries (_v7) and the three convolutions as cuDNN defines them (cross-correlation, zero padding, groups,
  * out = alpha op + beta out, out not read when beta is 0); pooling forward and backward (max: padding never the
  * maximum, NaN propagates, the gradient to the first maximum of a window in row-major order; average counting the
- * padding). Each convolution has two algorithms, in the order the queries give them: one (PRECOMP_GEMM forward,
- * ALGO_1 backward) needs one image's im2col matrix of scratch and really writes it there (so a workspace that
- * overlaps live data shows), the other (IMPLICIT_GEMM, ALGO_0) is direct loops without scratch. Descriptors that do
- * not fit each other, or a workspace smaller than the algorithm needs, are CUDNN_STATUS_BAD_PARAM.
+ * padding). Each convolution has cuDNN's number of algorithms (forward 8, data 6, filter 7): 0 (IMPLICIT_GEMM,
+ * ALGO_0) is direct loops without scratch; every other needs scratch, 1 (PRECOMP_GEMM forward, ALGO_1 backward) one
+ * image's im2col matrix, k >= 2 k / 2 of that, and really writes it (the matrix, then the rest filled), so a
+ * workspace that overlaps live data shows. The _v7 queries give them all, 1 first, then 0, then the others; data
+ * ALGO_0 and filter ALGO_0 and ALGO_3 say they are nondeterministic, as cuDNN's. cudnnFind...AlgorithmEx runs every
+ * algorithm whose scratch fits the workspace it is given on the caller's buffers (the scratch written over, the
+ * output left with NaN bytes, as cuDNN leaves arbitrary values there) and returns them fastest first by a fake time
+ * (`fake_cudnn_time`: a hash of the call, the algorithm and the sizes), the others after them as
+ * CUDNN_STATUS_ALLOC_FAILED; it synchronises the handle's stream first (the caller's hook, fake_set_synchronize, or
+ * the stand-in driver's cuStreamSynchronize), which a capturing stream refuses: then CUDNN_STATUS_EXECUTION_FAILED.
+ * `fake_cudnn_find_calls` counts them. Descriptors that do not fit each other, or a workspace smaller than the
+ * algorithm needs, are CUDNN_STATUS_BAD_PARAM.
  * `fake_cudnn_calls` counts the convolutions and poolings. Sums are accumulated in double.
  *
  * For the Java CUDA device it is built as libcudnn_graph.so.9, libcudnn_ops.so.9 and libcudnn_cnn.so.9, each with
@@ -29,7 +37,8 @@
 #include <string.h>
 
 typedef int cudnnStatus_t;
-enum { OK = 0, NOT_INITIALIZED = 1001, BAD_PARAM = 2000, NOT_SUPPORTED = 3000 };
+enum { OK = 0, NOT_INITIALIZED = 1001, BAD_PARAM = 2000, NOT_SUPPORTED = 3000, ALLOC_FAILED = 4001,
+       EXECUTION_FAILED = 5000 };
 typedef struct { void *stream; } *cudnnHandle_t;
 typedef struct { int n, c, h, w, set; } *cudnnTensorDescriptor_t;
 typedef struct { int k, c, h, w, set; } *cudnnFilterDescriptor_t;
@@ -85,7 +94,11 @@ static int refused(const char *call) {
 
 size_t cudnnGetVersion(void) { return 90000; }
 const char *cudnnGetErrorString(cudnnStatus_t s) {
-  return s == OK ? "CUDNN_STATUS_SUCCESS" : s == BAD_PARAM ? "CUDNN_STATUS_BAD_PARAM" : "CUDNN_STATUS_NOT_SUPPORTED";
+  return s == OK                 ? "CUDNN_STATUS_SUCCESS"
+         : s == BAD_PARAM        ? "CUDNN_STATUS_BAD_PARAM"
+         : s == ALLOC_FAILED     ? "CUDNN_STATUS_ALLOC_FAILED"
+         : s == EXECUTION_FAILED ? "CUDNN_STATUS_EXECUTION_FAILED"
+                                 : "CUDNN_STATUS_NOT_SUPPORTED";
 }
 cudnnStatus_t cudnnCreate(cudnnHandle_t *h) { *h = calloc(1, sizeof **h); return *h ? OK : NOT_INITIALIZED; }
 cudnnStatus_t cudnnDestroy(cudnnHandle_t h) { free(h); return OK; }
@@ -155,36 +168,67 @@ static size_t precomp_bytes(cudnnFilterDescriptor_t w, cudnnTensorDescriptor_t y
   return (size_t)w->c * w->h * w->w * y->h * y->w * sizeof(float); /* one image, one group at a time */
 }
 
-/* the two algorithms of every convolution: 1 with an im2col matrix of scratch, then 0 without */
-static cudnnStatus_t propose(cudnnHandle_t h, cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w,
+/* the algorithms of each call (cudnn_cnn.h's counts: forward 8, backward data 6, backward filter 7), the scratch each
+ * needs (0: none, direct loops; 1: one image's im2col matrix; k >= 2: k / 2 of that, of which the im2col path uses
+ * the matrix's bytes and fills the rest, so that every byte of a workspace is written), and which are
+ * nondeterministic (cuDNN's: backward data ALGO_0, backward filter ALGO_0 and ALGO_3, atomics) */
+enum { FORWARD, DATA, FILTER };
+static const int algorithm_count[3] = {8, 6, 7};
+static size_t algorithm_bytes(int algo, cudnnFilterDescriptor_t w, cudnnTensorDescriptor_t y) {
+  size_t p = precomp_bytes(w, y);
+  return algo <= 1 ? algo * p : p * algo / 2;
+}
+static int deterministic(int kind, int algo) {
+  return !((kind == DATA && algo == 0) || (kind == FILTER && (algo == 0 || algo == 3)));
+}
+/* NOT_SUPPORTED for an algorithm the call does not have, BAD_PARAM for a workspace smaller than it needs */
+static cudnnStatus_t algorithm_ok(int kind, int algo, cudnnFilterDescriptor_t w, cudnnTensorDescriptor_t y, void *ws,
+                                  size_t ws_bytes) {
+  if (algo < 0 || algo >= algorithm_count[kind]) return NOT_SUPPORTED;
+  size_t need = algorithm_bytes(algo, w, y);
+  return need && (ws_bytes < need || !ws) ? BAD_PARAM : OK;
+}
+/* the part of an algorithm's workspace beyond the im2col matrix, written over */
+static void fill_rest(int algo, cudnnFilterDescriptor_t w, cudnnTensorDescriptor_t y, void *ws) {
+  size_t from = precomp_bytes(w, y), to = algorithm_bytes(algo, w, y);
+  if (to > from) memset((char *)ws + from, 0xFF, to - from);
+}
+
+/* the heuristic order of every convolution's algorithms: 1 (an im2col matrix of scratch), 0 (none), then the others
+ * in algorithm order (each with the scratch algorithm_bytes says) */
+static cudnnStatus_t propose(int kind, cudnnHandle_t h, cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w,
                              cudnnConvolutionDescriptor_t d, cudnnTensorDescriptor_t y, int requested, int *returned,
                              cudnnConvolutionFwdAlgoPerf_t *perf) {
   cudnnStatus_t s = fits(x, w, d, y);
   if (!h || s != OK) return s == OK ? BAD_PARAM : s;
   if (requested < 1) return BAD_PARAM;
-  cudnnConvolutionFwdAlgoPerf_t all[2] = {{1, OK, 1.0f, precomp_bytes(w, y), 1, d->math, {0}},
-                                          {0, OK, 2.0f, 0, 1, d->math, {0}}};
-  *returned = requested < 2 ? requested : 2;
-  memcpy(perf, all, *returned * sizeof *perf);
+  int n = algorithm_count[kind];
+  *returned = requested < n ? requested : n;
+  for (int r = 0; r < *returned; r++) {
+    int algo = r == 0 ? 1 : r == 1 ? 0 : r;
+    cudnnConvolutionFwdAlgoPerf_t p = {algo, OK, 1.0f + r, algorithm_bytes(algo, w, y), deterministic(kind, algo),
+                                       d->math, {0}};
+    perf[r] = p;
+  }
   return OK;
 }
 cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t h, cudnnTensorDescriptor_t x,
                                                      cudnnFilterDescriptor_t w, cudnnConvolutionDescriptor_t d,
                                                      cudnnTensorDescriptor_t y, int requested, int *returned,
                                                      cudnnConvolutionFwdAlgoPerf_t *perf) {
-  return propose(h, x, w, d, y, requested, returned, perf);
+  return propose(FORWARD, h, x, w, d, y, requested, returned, perf);
 }
 cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t h, cudnnFilterDescriptor_t w,
                                                           cudnnTensorDescriptor_t dy, cudnnConvolutionDescriptor_t d,
                                                           cudnnTensorDescriptor_t dx, int requested, int *returned,
                                                           cudnnConvolutionFwdAlgoPerf_t *perf) {
-  return propose(h, dx, w, d, dy, requested, returned, perf);
+  return propose(DATA, h, dx, w, d, dy, requested, returned, perf);
 }
 cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t h, cudnnTensorDescriptor_t x,
                                                             cudnnTensorDescriptor_t dy, cudnnConvolutionDescriptor_t d,
                                                             cudnnFilterDescriptor_t dw, int requested, int *returned,
                                                             cudnnConvolutionFwdAlgoPerf_t *perf) {
-  return propose(h, x, dw, d, dy, requested, returned, perf);
+  return propose(FILTER, h, x, dw, d, dy, requested, returned, perf);
 }
 
 
@@ -209,7 +253,6 @@ static capture_fn recorder(void) {
   return f;
 }
 
-enum { FORWARD, DATA, FILTER };
 typedef struct { /* one convolution's arguments, in the call's order */
   int kind, algo;
   cudnnHandle_t h;
@@ -272,8 +315,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, cudnnT
                                       cudnnTensorDescriptor_t yd, void *y) {
   cudnnStatus_t s = fits(xd, wd, d, yd);
   if (!h || s != OK) return s == OK ? BAD_PARAM : s;
-  if (algo != 0 && algo != 1) return NOT_SUPPORTED;
-  if (algo == 1 && (ws_bytes < precomp_bytes(wd, yd) || !ws)) return BAD_PARAM;
+  if ((s = algorithm_ok(FORWARD, algo, wd, yd, ws, ws_bytes)) != OK) return s;
   if (recorded(FORWARD, h, alpha, xd, x, wd, w, d, algo, ws, ws_bytes, beta, yd, y)) return OK;
   float a = *(const float *)alpha, b = *(const float *)beta;
   const float *xs = x, *wt = w;
@@ -281,7 +323,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, cudnnT
   int fg = wd->k / d->groups, kk = wd->c * wd->h * wd->w, pix = yd->h * yd->w;
   for (int ni = 0; ni < xd->n; ni++) {
     for (int g = 0; g < d->groups; g++) {
-      if (algo == 1) { /* im2col of image ni, group g, into the workspace: [c/g * kh * kw, oh * ow] */
+      if (algo != 0) { /* im2col of image ni, group g, into the workspace: [c/g * kh * kw, oh * ow] */
         for (int c = 0; c < wd->c; c++)
           for (int i = 0; i < wd->h; i++)
             for (int j = 0; j < wd->w; j++)
@@ -297,7 +339,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, cudnnT
         for (int oi = 0; oi < yd->h; oi++)
           for (int oj = 0; oj < yd->w; oj++) {
             double acc = 0.0;
-            if (algo == 1) {
+            if (algo != 0) {
               for (int q = 0; q < kk; q++) acc += (double)wt[(long long)f * kk + q] * cols[(long long)q * pix + oi * yd->w + oj];
             } else {
               acc = dot(xs, wt, xd, wd, d, ni, f, oi, oj);
@@ -307,6 +349,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, cudnnT
           }
     }
   }
+  if (algo != 0) fill_rest(algo, wd, yd, ws);
   calls++;
   return OK;
 }
@@ -317,14 +360,12 @@ static long long tap(cudnnTensorDescriptor_t xd, cudnnConvolutionDescriptor_t d,
   return hi < 0 || hi >= xd->h || wj < 0 || wj >= xd->w ? -1 : (long long)hi * xd->w + wj;
 }
 
-static cudnnStatus_t check_call(cudnnHandle_t h, cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd,
+static cudnnStatus_t check_call(int kind, cudnnHandle_t h, cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd,
                                 cudnnConvolutionDescriptor_t d, cudnnTensorDescriptor_t yd, int algo, void *ws,
                                 size_t ws_bytes) {
   cudnnStatus_t s = fits(xd, wd, d, yd);
   if (!h || s != OK) return s == OK ? BAD_PARAM : s;
-  if (algo != 0 && algo != 1) return NOT_SUPPORTED;
-  if (algo == 1 && (ws_bytes < precomp_bytes(wd, yd) || !ws)) return BAD_PARAM;
-  return OK;
+  return algorithm_ok(kind, algo, wd, yd, ws, ws_bytes);
 }
 
 /* dx = alpha * (the transposed convolution of dy by w) + beta * dx. ALGO_1 computes one image's and group's column
@@ -334,7 +375,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha, c
                                            const void *w, cudnnTensorDescriptor_t dyd, const void *dy,
                                            cudnnConvolutionDescriptor_t d, int algo, void *ws, size_t ws_bytes,
                                            const void *beta, cudnnTensorDescriptor_t dxd, void *dx) {
-  cudnnStatus_t s = check_call(h, dxd, wd, d, dyd, algo, ws, ws_bytes);
+  cudnnStatus_t s = check_call(DATA, h, dxd, wd, d, dyd, algo, ws, ws_bytes);
   if (s != OK) return s;
   if (recorded(DATA, h, alpha, wd, w, dyd, dy, d, algo, ws, ws_bytes, beta, dxd, dx)) return OK;
   float a = *(const float *)alpha, b = *(const float *)beta;
@@ -355,14 +396,15 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha, c
                   v += (double)wt[(((long long)f * wd->c + c) * wd->h + i) * wd->w + j] *
                        g[(((long long)ni * dyd->c + f) * dyd->h + oi) * dyd->w + oj];
                 long long col = ((long long)(c * wd->h + i) * wd->w + j) * pix + oi * dyd->w + oj;
-                if (algo == 1) cols[col] = (float)v; /* then read back below */
+                if (algo != 0) cols[col] = (float)v; /* then read back below */
                 long long at = tap(dxd, d, oi, oj, i, j);
                 if (at >= 0)
-                  acc[((long long)ni * dxd->c + gr * wd->c + c) * plane + at] += algo == 1 ? (double)cols[col] : v;
+                  acc[((long long)ni * dxd->c + gr * wd->c + c) * plane + at] += algo != 0 ? (double)cols[col] : v;
               }
     }
   for (long long q = 0; q < size; q++) out[q] = (float)(a * acc[q] + (b == 0.0f ? 0.0 : (double)b * out[q]));
   free(acc);
+  if (algo != 0) fill_rest(algo, wd, dyd, ws);
   calls++;
   return OK;
 }
@@ -373,7 +415,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
                                              const void *x, cudnnTensorDescriptor_t dyd, const void *dy,
                                              cudnnConvolutionDescriptor_t d, int algo, void *ws, size_t ws_bytes,
                                              const void *beta, cudnnFilterDescriptor_t dwd, void *dw) {
-  cudnnStatus_t s = check_call(h, xd, dwd, d, dyd, algo, ws, ws_bytes);
+  cudnnStatus_t s = check_call(FILTER, h, xd, dwd, d, dyd, algo, ws, ws_bytes);
   if (s != OK) return s;
   if (recorded(FILTER, h, alpha, xd, x, dyd, dy, d, algo, ws, ws_bytes, beta, dwd, dw)) return OK;
   float a = *(const float *)alpha, b = *(const float *)beta;
@@ -393,13 +435,14 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
                 long long at = tap(xd, d, oi, oj, i, j);
                 float v = at < 0 ? 0.0f : xs[((long long)ni * xd->c + gr * dwd->c + c) * plane + at];
                 long long col = ((long long)(c * dwd->h + i) * dwd->w + j) * pix + oi * dyd->w + oj;
-                if (algo == 1) cols[col] = v, v = cols[col];
+                if (algo != 0) cols[col] = v, v = cols[col];
                 for (int f = gr * fg; f < (gr + 1) * fg; f++)
                   acc[(((long long)f * dwd->c + c) * dwd->h + i) * dwd->w + j] +=
                       (double)v * g[(((long long)ni * dyd->c + f) * dyd->h + oi) * dyd->w + oj];
               }
   for (long long q = 0; q < size; q++) out[q] = (float)(a * acc[q] + (b == 0.0f ? 0.0 : (double)b * out[q]));
   free(acc);
+  if (algo != 0) fill_rest(algo, dwd, dyd, ws);
   calls++;
   return OK;
 }
@@ -417,6 +460,103 @@ static void replay(void *arg) {
     cudnnConvolutionBackwardFilter(c->h, &c->alpha, c->d1, c->p1, c->d2, c->p2, c->d, c->algo, c->ws, c->ws_bytes,
                                    &c->beta, c->d3, c->out);
   replaying = 0;
+}
+
+/* ---- cudnnFind...AlgorithmEx: every algorithm of the call run on the caller's buffers, with a fake time ---- */
+
+/* Find synchronises the handle's stream (it times each algorithm with events and waits for them), which the driver
+ * refuses while the stream captures: through the caller's hook where it set one (the Python emulated driver,
+ * fake_set_synchronize), else the stand-in driver's cuStreamSynchronize where it is loaded (the Java device); a
+ * refusal is CUDNN_STATUS_EXECUTION_FAILED, as cuDNN's when its synchronisation fails */
+typedef int (*sync_fn)(void *stream);
+static sync_fn sync_hooked;
+void fake_set_synchronize(sync_fn f) { sync_hooked = f; }
+static int synchronize(void *stream) {
+  if (sync_hooked) return sync_hooked(stream);
+  void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  sync_fn f = cuda ? (sync_fn)dlsym(cuda, "cuStreamSynchronize") : NULL;
+  return f ? f(stream) : 0;
+}
+
+static long long find_calls;
+long long fake_cudnn_find_calls(void) { return find_calls; }
+
+/* the fake time of algorithm `algo` of call `kind` on these shapes, in ms: 0.10 to 10.09, a hash of the call, the
+ * algorithm and the sizes of x and w (so that which algorithm is fastest differs from shape to shape) */
+float fake_cudnn_time(int kind, int algo, int n, int c, int h, int w, int k, int kh, int kw) {
+  unsigned long long s = (unsigned long long)n * 1000003ULL + (unsigned long long)c * 10007ULL + h * 101ULL +
+                         w * 11ULL + k * 7ULL + kh * 3ULL + (unsigned long long)kw + kind * 1315423911ULL;
+  s = (s ^ (s >> 13)) * 0x9E3779B97F4A7C15ULL + (unsigned long long)algo * 2654435761ULL;
+  s ^= s >> 29;
+  s *= 0xBF58476D1CE4E5B9ULL;
+  s ^= s >> 31;
+  return 0.1f + (float)(s % 1000) / 100.0f;
+}
+
+/* every algorithm of call `kind` on x, w, y (forward terms), fastest first: those whose scratch is within `ws_bytes`
+ * run (the workspace written over, the output `out` left with NaN bytes: cuDNN leaves arbitrary values there), each
+ * with its fake time; the others CUDNN_STATUS_ALLOC_FAILED, after them, time -1 */
+static cudnnStatus_t find(int kind, cudnnHandle_t h, cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w,
+                          cudnnConvolutionDescriptor_t d, cudnnTensorDescriptor_t y, const void *a, const void *b,
+                          void *out, size_t out_bytes, int requested, int *returned,
+                          cudnnConvolutionFwdAlgoPerf_t *perf, void *ws, size_t ws_bytes) {
+  cudnnStatus_t s = fits(x, w, d, y);
+  if (!h || s != OK) return s == OK ? BAD_PARAM : s;
+  if (requested < 1 || !returned || !perf || !a || !b || !out || (ws_bytes && !ws)) return BAD_PARAM;
+  if (synchronize(h->stream) != 0) return EXECUTION_FAILED;
+  cudnnConvolutionFwdAlgoPerf_t all[8];
+  int n = algorithm_count[kind];
+  for (int algo = 0; algo < n; algo++) {
+    size_t need = algorithm_bytes(algo, w, y);
+    int fits_ws = need <= ws_bytes;
+    cudnnConvolutionFwdAlgoPerf_t p = {algo, fits_ws ? OK : ALLOC_FAILED,
+                                       fits_ws ? fake_cudnn_time(kind, algo, x->n, x->c, x->h, x->w, w->k, w->h, w->w)
+                                               : -1.0f,
+                                       need, deterministic(kind, algo), d->math, {0}};
+    if (fits_ws && need) memset(ws, 0xFF, need);
+    all[algo] = p;
+  }
+  memset(out, 0xFF, out_bytes);
+  for (int i = 1; i < n; i++) /* insertion sort: those that ran by time, then the others in algorithm order */
+    for (int j = i; j > 0; j--) {
+      cudnnConvolutionFwdAlgoPerf_t *p = &all[j - 1], *q = &all[j];
+      int later = p->status != OK && q->status == OK;
+      if (p->status == OK && q->status == OK && q->time < p->time) later = 1;
+      if (!later) break;
+      cudnnConvolutionFwdAlgoPerf_t t = *p;
+      *p = *q, *q = t;
+    }
+  *returned = requested < n ? requested : n;
+  memcpy(perf, all, *returned * sizeof *perf);
+  find_calls++;
+  return OK;
+}
+static size_t floats(long long n) { return (size_t)n * sizeof(float); }
+cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(cudnnHandle_t h, cudnnTensorDescriptor_t xd, const void *x,
+                                                     cudnnFilterDescriptor_t wd, const void *w,
+                                                     cudnnConvolutionDescriptor_t d, cudnnTensorDescriptor_t yd,
+                                                     void *y, int requested, int *returned,
+                                                     cudnnConvolutionFwdAlgoPerf_t *perf, void *ws, size_t ws_bytes) {
+  size_t out = floats((long long)yd->n * yd->c * yd->h * yd->w);
+  return find(FORWARD, h, xd, wd, d, yd, x, w, y, out, requested, returned, perf, ws, ws_bytes);
+}
+cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(cudnnHandle_t h, cudnnFilterDescriptor_t wd, const void *w,
+                                                          cudnnTensorDescriptor_t dyd, const void *dy,
+                                                          cudnnConvolutionDescriptor_t d, cudnnTensorDescriptor_t dxd,
+                                                          void *dx, int requested, int *returned,
+                                                          cudnnConvolutionFwdAlgoPerf_t *perf, void *ws,
+                                                          size_t ws_bytes) {
+  size_t out = floats((long long)dxd->n * dxd->c * dxd->h * dxd->w);
+  return find(DATA, h, dxd, wd, d, dyd, w, dy, dx, out, requested, returned, perf, ws, ws_bytes);
+}
+cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnnHandle_t h, cudnnTensorDescriptor_t xd, const void *x,
+                                                            cudnnTensorDescriptor_t dyd, const void *dy,
+                                                            cudnnConvolutionDescriptor_t d, cudnnFilterDescriptor_t dwd,
+                                                            void *dw, int requested, int *returned,
+                                                            cudnnConvolutionFwdAlgoPerf_t *perf, void *ws,
+                                                            size_t ws_bytes) {
+  size_t out = floats((long long)dwd->k * dwd->c * dwd->h * dwd->w);
+  return find(FILTER, h, xd, dwd, d, dyd, x, dy, dw, out, requested, returned, perf, ws, ws_bytes);
 }
 
 /* ---- pooling: modes MAX (0), AVERAGE_COUNT_INCLUDE_PADDING (1), MAX_DETERMINISTIC (3) ---- */

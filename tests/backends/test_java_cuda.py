@@ -422,3 +422,40 @@ def test_kernels_vendor_without_cudnn_names_what_is_missing(programs: Path, cuda
     (partial / "libcudnn_cnn.so.9").unlink()
     got = run(programs, "Small", "--iters", "1", "--kernels", "vendor", vendor=[cuda13, partial])
     assert got["rc"] == 1 and "cuDNN does not load (libcudnn_cnn.so.9 not found)" in got["stderr"], got["stderr"]
+
+
+def test_the_cuda_device_finds_the_convolution_algorithms_the_python_runner_does(
+    programs: Path, cuda13: Path, cudnn9: Path, tmp_path: Path
+) -> None:
+    """cuDNN's algorithms by timing (the stand-in's cudnnFind...Ex and fake times) on the Java CUDA device: for each
+    convolution the algorithm and scratch the Python runner finds for the same shapes; the one shared scratch is
+    the most of them (--json), and the losses are the CPU device's. Under --deterministic: the heuristic's, as the
+    Python runner's under deterministic=True."""
+    from cuda_emulator import EmulatedDriver, fake_vendor
+
+    from deepdsl import api
+    from deepdsl.backends.cuda.runner import GpuRunner
+    from deepdsl.backends.cuda.vendor import open_vendor
+
+    build = api.build(api.compile_source(SMALL, "small.ddsl", {}).program)
+    arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
+    stand_ins = fake_vendor(tmp_path / "vendor")
+    want = cpu(programs, "Small", "--iters", "2")
+    rest = set()  # the GPU memory measured less the shared scratch: the same, whichever algorithms (one scratch)
+    for flags, deterministic in (((), False), (("--deterministic",), True)):
+        driver = EmulatedDriver(tmp_path / str(deterministic), vendor=open_vendor("vendor", [stand_ins]))
+        runner = GpuRunner(driver, build.train_plan, build.infer_plan, arrays, deterministic=deterministic)
+        python = {(c["call"], c["shape"]): (c["algorithm"], c["workspace_bytes"]) for c in runner.convolutions}
+        runner.close()
+        got = run(programs, "Small", "--iters", "2", "--kernels", "vendor", *flags, vendor=[cuda13, cudnn9])
+        assert got["rc"] == 0, got["stderr"]
+        java = {(c["call"], c["shape"]): (c["algorithm"], c["workspace_bytes"]) for c in got["gpu_convolutions"]}
+        assert java == python and len(java) >= 4, (java, python)
+        assert got["gpu_deterministic"] is deterministic
+        assert all((c["time_ms"] is None) == deterministic for c in got["gpu_convolutions"])
+        assert got["gpu_vendor_scratch_bytes"] >= max(w for _, w in java.values())
+        rest.add(got["gpu_memory_bytes"] - got["gpu_vendor_scratch_bytes"])
+        np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
+        line = "the fastest cuDNN finds" if not deterministic else "cuDNN's heuristic, deterministic"
+        assert line in got["stderr"]
+    assert len(rest) == 1

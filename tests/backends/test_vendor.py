@@ -502,12 +502,15 @@ def _fake_calls(folder: Path) -> tuple[int, int]:
     return int(cublas.fake_cublas_calls()), int(cudnn.fake_cudnn_calls())
 
 
-def _vendor_runner(build: api.Build, folder: Path, cublas_folder: Path, infer: bool = True) -> gpu_runner.GpuRunner:
+def _vendor_runner(build: api.Build, folder: Path, cublas_folder: Path, infer: bool = True,
+                   deterministic: bool = False) -> gpu_runner.GpuRunner:  # fmt: skip
     """A GPU runner of `build` (its inference plan too where `infer`) on the emulated driver in `folder` and the
-    stand-in libraries, its parameters zeros: for what `calls` says went where."""
+    stand-in libraries, its parameters zeros: for what `calls` says went where. `deterministic`: cuDNN's heuristic
+    convolution algorithms (the stand-in's first proposal), not the fastest found (test_cudnn_find.py)."""
     arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
     driver = EmulatedDriver(folder, vendor=open_vendor("vendor", [cublas_folder]))
-    return gpu_runner.GpuRunner(driver, build.train_plan, build.infer_plan if infer else None, arrays)
+    return gpu_runner.GpuRunner(driver, build.train_plan, build.infer_plan if infer else None, arrays,
+                                deterministic=deterministic)  # fmt: skip
 
 
 def _agrees(case: str, kernels: str, folder: Path, cublas_folder: Path) -> None:
@@ -622,7 +625,7 @@ def test_which_launches_go_to_the_vendor_libraries(tmp_path: Path, cublas_folder
     each (none under --workspace-limit 0: then an algorithm without scratch), pooling and its gradient and the small
     bias gradients as cuDNN's, the rest (the epilogues, the loss, relu's gradient, the updates) as our kernels."""
     build = api.build(api.compile_source(TINY, "tiny.ddsl", {}).program, api.Options(workspace_limit=limit))
-    runner = _vendor_runner(build, tmp_path, cublas_folder)
+    runner = _vendor_runner(build, tmp_path, cublas_folder, deterministic=True)
     served = {x.op: b.what for x, _, b in runner.calls["train"] if b is not None}
     ops = sorted(x.op for x, _, b in runner.calls["train"] if b is not None)
     # forward; dW of cv, dx and dW of fc1 and fc2; the pooling and its gradient; the bias gradients of fc1, fc2 (cv's,
@@ -671,10 +674,11 @@ def test_an_algorithm_wanting_more_than_the_plan_gave_takes_the_shared_scratch(
     stand-in's IMPLICIT_PRECOMP_GEMM: one image's columns) wants some. Within the workspace limit (none set: 1 GiB)
     it runs in one scratch the runner allocates beside the arena, counted in the planned GPU bytes, and the losses
     are NumPy's; under --workspace-limit 0 cuDNN gets an algorithm without scratch and there is no scratch."""
-    build = api.build(api.compile_source(ONE_BY_ONE, "one.ddsl", {}).program, api.Options(workspace_limit=limit))
+    build = api.build(api.compile_source(ONE_BY_ONE, "one.ddsl", {}).program,
+                      api.Options(workspace_limit=limit, deterministic=True))  # fmt: skip
     conv = next(s.out.name for s in build.train_plan.graph.stmts if s.op == "conv2d")
     assert conv not in build.train_plan.workspace
-    runner = _vendor_runner(build, tmp_path / "r", cublas_folder)
+    runner = _vendor_runner(build, tmp_path / "r", cublas_folder, deterministic=True)
     served = {x.op: b for x, _, b in runner.calls["train"] if b is not None}
     if limit is None:
         assert served["conv2d"].what == "cudnnConvolutionForward IMPLICIT_PRECOMP_GEMM" and served["conv2d"].scratch

@@ -7,9 +7,12 @@ and batch norm (`BatchNorm`, `BatchNormBackward`) as `cudnnBatchNormalizationFor
 the inference program's running ones, the training program's batch ones) and `cudnnBatchNormalizationBackward`
 (SPATIAL; the saved mean and inverse deviation passed as NULL, so that cuDNN recomputes them from X).
 
-Each call gets its descriptors once, when the runner starts, and a convolution its algorithm: the first that the
-call's `_v7` query proposes (cuDNN's heuristic order) whose scratch is at most what the caller allows
-(vendor.py: the workspace limit, or the statement's planned workspace where that is larger). Math is
+Each call gets its descriptors once, when the runner starts, and a convolution its algorithm, within the scratch the
+caller allows (vendor.py: the workspace limit, or the statement's planned workspace where that is larger): by
+timing (`prepare(..., find=...)`: `cudnnFind...AlgorithmEx` runs every algorithm on the caller's buffers, with a
+temporary scratch; the fastest precise one that fits, deterministic or not), or under `--deterministic` the first
+deterministic one the call's `_v7` query proposes (cuDNN's heuristic order). Find synchronises, so it never runs
+while a stream is captured (the runner finds at its start, before any graph). Math is
 `CUDNN_FMA_MATH`: float32 without TF32, as the other runners compute. The legacy calls are
 deprecated in cuDNN 9 but exported; they live in this one module, so a move to the graph API stays local.
 
@@ -23,6 +26,7 @@ nor Y, but the call takes them; it is given dY for Y and dX for X (the right siz
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +71,12 @@ QUERY = {
     "cudnnConvolutionBackwardData": "cudnnGetConvolutionBackwardDataAlgorithm_v7",
     "cudnnConvolutionBackwardFilter": "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
 }
+# per call: the timing query (cudnnFind...AlgorithmEx), which runs each algorithm on the given buffers and scratch
+FIND = {
+    "cudnnConvolutionForward": "cudnnFindConvolutionForwardAlgorithmEx",
+    "cudnnConvolutionBackwardData": "cudnnFindConvolutionBackwardDataAlgorithmEx",
+    "cudnnConvolutionBackwardFilter": "cudnnFindConvolutionBackwardFilterAlgorithmEx",
+}
 
 
 class _AlgoPerf(ctypes.Structure):
@@ -86,6 +96,8 @@ class Conv:
     y: ctypes.c_void_p
     algo: int
     workspace: int
+    time_ms: float | None = None  # what Find measured (None: the heuristic's choice, not timed)
+    shape: str = ""  # its sizes as both CUDA devices report them (conv_shape)
 
     @property
     def algorithm(self) -> str:
@@ -102,6 +114,15 @@ class Pooling:
     y: ctypes.c_void_p
     mode: str
     backward: bool
+
+
+def conv_shape(c: ConvForward) -> str:
+    """A convolution's sizes as both CUDA devices report them (the Java device's CudaDnn.shape): x, w and y in
+    forward terms, padding, stride, dilation, groups."""
+    return (
+        f"x {[c.n, c.c, c.h, c.w]} w {[c.f, c.c // c.groups, c.kh, c.kw]} y {[c.n, c.f, c.oh, c.ow]} "
+        f"pad {list(c.pad)} stride {list(c.stride)} dilation {list(c.dilation)} groups {c.groups}"
+    )
 
 
 class Cudnn:
@@ -121,6 +142,10 @@ class Cudnn:
         p, i, z = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
         for call in ALGORITHMS:
             getattr(lib, call).argtypes = [p, p, p, p, p, p, p, i, p, z, p, p, p]
+            # Find: handle, three (descriptor, pointer) pairs around the convolution descriptor, the count asked
+            # for, the count returned, the results, the scratch and its bytes
+            if hasattr(lib, FIND[call]):
+                getattr(lib, FIND[call]).argtypes = [p, p, p, p, p, p, p, p, i, p, p, p, z]
         lib.cudnnPoolingForward.argtypes = [p] * 8
         lib.cudnnConvolutionBackwardBias.argtypes = [p] * 7
         lib.cudnnSoftmaxForward.argtypes = [p, i, i, p, p, p, p, p, p]
@@ -151,9 +176,14 @@ class Cudnn:
         self.descriptors.append((f"cudnnDestroy{kind}Descriptor", d))
         return d
 
-    def prepare(self, call: ConvForward | ConvBackwardData | ConvBackwardFilter, workspace: int) -> Conv:
-        """The descriptors of the convolution `call`, checked against cuDNN's own output size, and the first
-        algorithm its query proposes whose scratch is at most `workspace` bytes."""
+    def prepare(self, call: ConvForward | ConvBackwardData | ConvBackwardFilter, workspace: int,
+                find: tuple[int, int, int, Callable[[int], int]] | None = None) -> Conv:  # fmt: skip
+        """The descriptors of the convolution `call`, checked against cuDNN's own output size, and its algorithm
+        within `workspace` bytes of scratch: with `find` (the call's output, its two inputs in the statement's order,
+        as device addresses, and a function that gives the address of a temporary scratch of at least the bytes it
+        is asked for) the fastest that cudnnFind...Ex times on them, given the most scratch any listed algorithm
+        needs within `workspace` (Find writes arbitrary values to the output and the scratch, so neither may hold
+        anything live); without, the first deterministic one the heuristic query proposes."""
         name = {ConvForward: "cudnnConvolutionForward", ConvBackwardData: "cudnnConvolutionBackwardData",
                 ConvBackwardFilter: "cudnnConvolutionBackwardFilter"}[type(call)]  # fmt: skip
         c = call if isinstance(call, ConvForward) else call.conv
@@ -173,18 +203,38 @@ class Cudnn:
         if tuple(d.value for d in dims) != (c.n, c.f, c.oh, c.ow):
             raise DslProgramError(f"--kernels vendor: cuDNN makes {c} an output of {[d.value for d in dims]}")
         check(lib.cudnnSetTensor4dDescriptor(y, _NCHW, _FLOAT, c.n, c.f, c.oh, c.ow), "cudnnSetTensor4dDescriptor")
+        sizes = conv_shape(c)
         algorithms = len(ALGORITHMS[name])
         perf, count = (_AlgoPerf * algorithms)(), ctypes.c_int()
         # the query's descriptors: forward (x, w, conv, y), data (w, dy, conv, dx), filter (x, dy, conv, dw)
         operands = {"cudnnConvolutionForward": (x, w, conv, y), "cudnnConvolutionBackwardData": (w, y, conv, x),
                     "cudnnConvolutionBackwardFilter": (x, y, conv, w)}[name]  # fmt: skip
         check(getattr(lib, QUERY[name])(self.handle, *operands, algorithms, ctypes.byref(count), perf), QUERY[name])
+        if find is not None:
+            out, a, b, scratch = find
+            room = min(workspace, max((int(p.memory) for p in perf[: count.value] if p.status == 0), default=0))
+            at = scratch(room) if room else None
+            # Find's operands: forward (x, w -> y), data (w, dy -> dx), filter (x, dy -> dw); the statement's inputs
+            # are forward (x, w), data (dy, w), filter (x, dy)
+            pairs = {"cudnnConvolutionForward": ((x, a), (w, b), (y, out)),
+                     "cudnnConvolutionBackwardData": ((w, b), (y, a), (x, out)),
+                     "cudnnConvolutionBackwardFilter": ((x, a), (y, b), (w, out))}[name]  # fmt: skip
+            (d1, p1), (d2, p2), (d3, p3) = pairs
+            perf, count = (_AlgoPerf * algorithms)(), ctypes.c_int()
+            check(getattr(lib, FIND[name])(self.handle, d1, p1, d2, p2, conv, d3, p3, algorithms, ctypes.byref(count),
+                                           perf, at, room), FIND[name])  # fmt: skip
+            ran = [p for p in perf[: count.value] if p.status == 0 and p.memory <= room and p.time >= 0]
+            # fastest first (Find's order); a precise one where any fits (FFT loses float32 precision: the NumPy
+            # runner's tolerance), deterministic or not (atomics make ALGO_0/ALGO_3 of the gradients vary run to run)
+            for p in sorted(ran, key=lambda p: (not _PRECISE(name, p.algo), p.time)):
+                return Conv(name, x, w, conv, y, p.algo, int(p.memory), float(p.time), sizes)
+            raise DslProgramError(f"--kernels vendor: cuDNN finds no algorithm for {call} within {room:,} bytes")
         fits = [p for p in perf[: count.value] if p.status == 0 and p.memory <= workspace]
         # in cuDNN's order (fastest first), a deterministic algorithm outside the FFT and non-fused Winograd families
         # (atomics make ALGO_0/ALGO_3 of the gradients vary from run to run; FFT loses float32 precision), so that
         # the runner's results repeat and stay within the tolerance of the NumPy runner; else the first that fits
         for p in sorted(fits, key=lambda p: not (p.determinism == _DETERMINISTIC and _PRECISE(name, p.algo))):
-            return Conv(name, x, w, conv, y, p.algo, int(p.memory))
+            return Conv(name, x, w, conv, y, p.algo, int(p.memory), None, sizes)
         raise DslProgramError(f"--kernels vendor: cuDNN proposes no algorithm for {call} within {workspace:,} bytes")
 
     def convolve(self, conv: Conv, out: int, a: int, b: int, workspace: int) -> None:

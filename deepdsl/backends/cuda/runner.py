@@ -6,6 +6,11 @@ counter), launches the plan's kernels in program order with the pointers the pla
 tensors), copies the updates that were not written in place into their tensors, and downloads the outputs.
 Parameters stay on the GPU between steps; `arrays()` brings them back, `set_arrays()` sends them there.
 
+cuDNN's convolution algorithms are chosen when the runner starts, before any step and so before any graph capture
+(the search synchronises, which a capture refuses): each found by timing on the step's own buffers with a
+temporary scratch (vendor.py, cudnn.py), or under `deterministic` cuDNN's heuristic choice; the one shared scratch
+beside the arena is then sized by the chosen algorithms (`vendor_scratch_bytes`, `convolutions`).
+
 From the second training step on (the first is the warm-up: modules loaded, the libraries' lazy set-up done), the
 train step is a CUDA graph: its launches, copies and vendor library calls are captured once from the driver's stream
 and replayed with one graph launch a step. The batch and the step counter are uploaded before, outside the graph,
@@ -36,6 +41,7 @@ from deepdsl.backends.numpy_runner import param_value
 from deepdsl.errors import DslProgramError
 from deepdsl.ir.types import DType
 from deepdsl.memory.plan import Plan
+from deepdsl.memory.report import VENDOR_WORKSPACE_LIMIT as REPORTED_LIMIT  # memcheck's bound of the scratch
 
 GPU_EXTRA = "pip install 'deepdsl[gpu]'"
 
@@ -50,6 +56,7 @@ class Driver(Protocol):
 
     def free_bytes(self) -> int: ...
     def alloc(self, nbytes: int) -> int: ...  # a device address
+    def free(self, ptr: int) -> None: ...  # an address alloc gave (cuDNN's Find scratch, freed at the start)
     def upload(self, ptr: int, array: np.ndarray) -> None: ...
     def download(self, ptr: int, array: np.ndarray) -> None: ...
     def copy(self, dst: int, src: int, nbytes: int) -> None: ...
@@ -71,7 +78,7 @@ class _Step:
 
 # the most scratch one cuDNN convolution may take where the plan sets no workspace limit (as the Java CUDA device's
 # default WORKSPACE_LIMIT): cuDNN's fast algorithms want more than the CPU's im2col the plan gives a convolution
-VENDOR_WORKSPACE_LIMIT = 1 << 30
+VENDOR_WORKSPACE_LIMIT = REPORTED_LIMIT
 
 
 class GpuRunner:
@@ -79,9 +86,12 @@ class GpuRunner:
 
     def __init__(
         self, driver: Driver, train: Plan, infer: Plan | None, arrays: dict[str, np.ndarray], test: Plan | None = None,
-        graphs: bool = True,
+        graphs: bool = True, deterministic: bool = False,
     ):  # fmt: skip
         self.driver = driver
+        # cuDNN's convolution algorithms: its heuristic's deterministic choice (--deterministic), else found by
+        # timing each on the step's buffers (cudnnFind...Ex) here, at the start, before any graph is captured
+        self.deterministic = deterministic
         # "on": the train step is a CUDA graph from its second run on; "off (why)": every step runs call for call
         why_not = "--no-graph" if not graphs else driver.graph_unsupported
         self.graph = "on" if why_not is None else f"off ({why_not})"
@@ -110,10 +120,20 @@ class GpuRunner:
                     [k for s in self.steps.values() for k in s.program.kernels])  # fmt: skip
         self.arena = driver.alloc(max(self.arena_bytes, 4))
         self.tensors = {name: driver.alloc(max(_nbytes(shape, t), 4)) for name, (shape, t) in shapes.items()}
+        # each launch with its pointers, and the vendor routine that runs instead of the kernel (None: the kernel).
+        # Find writes over a convolution's output, which is in the arena, where nothing lives yet (and before the
+        # parameters are uploaded, should an output be a tensor); its scratch is freed before the shared one is made
+        self._trial = (0, 0)  # Find's temporary scratch: (address, bytes)
+        driver.vendor.find = None if deterministic else self._find_scratch
+        try:
+            self.calls = {name: [self._call(name, x) for x in s.program.launches] for name, s in self.steps.items()}
+        finally:
+            driver.vendor.find = None
+            if self._trial[1]:
+                driver.free(self._trial[0])
+            self._trial = (0, 0)
         self.set_arrays(arrays)
         self.free_low = driver.free_bytes()
-        # each launch with its pointers, and the vendor routine that runs instead of the kernel (None: the kernel)
-        self.calls = {name: [self._call(name, x) for x in s.program.launches] for name, s in self.steps.items()}
         bound = [b for c in self.calls.values() for _, _, b in c if b is not None]
         self.vendor_launches = len(bound)
         # the most scratch one vendor call takes: a part of its statement's planned workspace, in the arena, or where
@@ -123,6 +143,31 @@ class GpuRunner:
         if self.vendor_scratch_bytes:
             driver.vendor.scratch = driver.alloc(self.vendor_scratch_bytes)
             self.free_low = driver.free_bytes()
+
+    def _find_scratch(self, nbytes: int) -> int:
+        """The address of a temporary scratch of at least `nbytes` for cuDNN's Find (grown, never shrunk)."""
+        if nbytes > self._trial[1]:
+            if self._trial[1]:
+                self.driver.free(self._trial[0])
+                self._trial = (0, 0)
+            try:
+                self._trial = (self.driver.alloc(nbytes), nbytes)
+            except Exception as err:  # the driver's out-of-memory error, whichever library raises it
+                raise DslProgramError(
+                    f"--device cuda: no room for the {nbytes:,} bytes of scratch cuDNN's algorithm search wants "
+                    f"({err}); try a smaller --workspace-limit, or --deterministic (no search)"
+                ) from None
+        return self._trial[0]
+
+    @property
+    def convolutions(self) -> list[dict[str, Any]]:
+        """Each convolution the steps run through cuDNN, once per call and sizes: its algorithm, the scratch that
+        takes (`scratch`: in the shared scratch beside the arena, not the statement's planned workspace) and the time
+        Find measured for it (None: the heuristic's choice, under --deterministic)."""
+        out = [{"call": conv.call, "shape": conv.shape, "algorithm": conv.algorithm, "workspace_bytes": conv.workspace,
+                "scratch": shared, "time_ms": conv.time_ms}
+               for conv, shared in self.driver.vendor.convolutions.values()]  # fmt: skip
+        return sorted(out, key=lambda c: (c["call"], c["shape"]))
 
     def _call(self, step: str, x: Launch) -> tuple[Launch, list[int], Bound | None]:
         pointers = [self._pointer(step, a) for a in x.args]
@@ -310,6 +355,13 @@ class PyCudaDriver:
         a = self.cuda.mem_alloc(nbytes)
         self.allocations.append(a)
         return int(a)
+
+    def free(self, ptr: int) -> None:
+        for k, a in enumerate(self.allocations):
+            if int(a) == ptr:
+                a.free()
+                del self.allocations[k]
+                return
 
     def upload(self, ptr: int, array: np.ndarray) -> None:
         self.cuda.memcpy_htod(ptr, array)

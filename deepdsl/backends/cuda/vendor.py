@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from deepdsl.backends.cuda.cublas import Cublas
-from deepdsl.backends.cuda.cudnn import Cudnn
+from deepdsl.backends.cuda.cudnn import Conv, Cudnn
 from deepdsl.errors import DslProgramError
 from deepdsl.ir.vendor import (
     BatchNorm,
@@ -110,6 +110,13 @@ class Vendor:
         # does batch norm's backward, for the scale and shift gradients it makes besides dX
         self.scratch_bytes = 0
         self.scratch = 0
+        # while the runner binds, unless --deterministic: a temporary scratch for cuDNN's Find (bytes -> the address
+        # of at least that many), which times every algorithm of a convolution on its real buffers; None: cuDNN's
+        # heuristic choice (the deterministic one)
+        self.find: Callable[[int], int] | None = None
+        # each convolution prepared, by its fact, the most scratch it may take and whether by the heuristic (so found
+        # once per shape): its call, algorithm and scratch, and whether that scratch is the shared one
+        self.convolutions: dict[tuple[VendorCall, int, bool], tuple[Conv, bool]] = {}
 
     @property
     def description(self) -> str:
@@ -127,7 +134,9 @@ class Vendor:
         planned workspace (address, bytes) and the most scratch a convolution's algorithm may take (`limit`, the
         plan's --workspace-limit; the planned workspace where it is larger); None where no loaded library serves it
         (our kernel runs), and under `auto` also where the library refuses the call (no algorithm within the limit, a
-        descriptor it does not take); under `vendor` that refusal is the error."""
+        descriptor it does not take); under `vendor` that refusal is the error. A convolution's algorithm is found
+        by timing where `find` is set (Find writes over the output at `pointers[0]`: nothing live may be there), else
+        cuDNN's heuristic one; either once per fact and limit."""
         try:
             return self._bind(call, pointers, workspace, limit)
         except DslProgramError:
@@ -142,9 +151,14 @@ class Vendor:
             return Bound(lambda: cublas.gemm(gemm, c, a, b), 0, "cuBLAS SGEMM")
         if isinstance(call, ConvForward | ConvBackwardData | ConvBackwardFilter) and self.cudnn is not None:
             cudnn, (out, a, b), (at, nbytes) = self.cudnn, pointers[:3], workspace
-            conv = cudnn.prepare(call, max(nbytes, limit))
+            key = (call, max(nbytes, limit), self.find is None)
+            known = self.convolutions.get(key)
+            find = None if self.find is None else (out, a, b, self.find)
+            conv = known[0] if known else cudnn.prepare(call, key[1], find)
+            shared = conv.workspace > nbytes
+            self.convolutions[key] = conv, shared or bool(known and known[1])
             what = f"{conv.call} {conv.algorithm}"
-            if conv.workspace <= nbytes:  # in the statement's planned workspace
+            if not shared:  # in the statement's planned workspace
                 return Bound(lambda: cudnn.convolve(conv, out, a, b, at), conv.workspace, what)
             self.scratch_bytes = max(self.scratch_bytes, conv.workspace)
             return Bound(lambda: cudnn.convolve(conv, out, a, b, self.scratch), conv.workspace, what, scratch=True)

@@ -32,13 +32,15 @@ class JavaProgram:
 
 
 def java_program(
-    program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT
-) -> JavaProgram:
+    program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT,
+    deterministic: bool = False,
+) -> JavaProgram:  # fmt: skip
     """The Java class of a network from the plans of its training, (with `predict`) inference and test programs (a
     Build's `train_plan`, `infer_plan` and `eval_plan`), and the CUDA source its CUDA device launches: the
     library's entry points for the library calls (dev.conv2d(...)) and one kernel per Kernel constant of the class
-    (dev.run(K, ...))."""
-    e = emit_java(program, train, infer, test, workspace_limit)
+    (dev.run(K, ...)). `deterministic`: the CUDA device's cuDNN convolutions are the heuristic's deterministic
+    algorithms by default (the program's --deterministic), not the fastest found by timing."""
+    e = emit_java(program, train, infer, test, workspace_limit, deterministic)
     cuda = translation_unit(program.graph.name, entries_source(), e.kernels)
     return JavaProgram(class_name(program.graph.name), e.java, cuda)
 

@@ -138,22 +138,24 @@ class Emitted:
 
 
 def emit_java(
-    program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT
-) -> Emitted:
+    program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT,
+    deterministic: bool = False,
+) -> Emitted:  # fmt: skip
     """The Java class of `program` from the plans of its training, (when it has `predict`) inference and test
     programs, and the CUDA source of its kernels. Written twice where kernels differ only in numbers: the first
     time finds them, the second takes those numbers as arguments (java/constants.py)."""
     first = Emitter()
-    emitted = _emit(first, program, train, infer, test, workspace_limit)
+    emitted = _emit(first, program, train, infer, test, workspace_limit, deterministic)
     lifted = varying(first.seen)
     shared = frozenset(form for form, ranks in first.forms.items() if len(ranks) > 1)  # java/unit_axes.py
     if not lifted and not shared:
         return emitted
     again = Emitter(lifted=lifted, shared=shared, memo=first.memo)  # the kernels printed once serve both
-    return _emit(again, program, train, infer, test, workspace_limit)
+    return _emit(again, program, train, infer, test, workspace_limit, deterministic)
 
 
-def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int) -> Emitted:
+def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: Plan, workspace_limit: int,
+          deterministic: bool = False) -> Emitted:  # fmt: skip
     g: Graph = train.graph
     cls = class_name(g.name)
     cfg = program.train
@@ -228,6 +230,8 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
         f"          .peak({total_peak(train)}L)",
         f"          .workspaceLimit({workspace_limit}L)  // the scratch a convolution may take (--workspace-limit)",
     ]
+    if deterministic:  # cuDNN's heuristic convolution algorithms, not the fastest found (compile --deterministic)
+        settings.append("          .deterministic(true)")
     if cfg.lr is not None:
         settings.append(f"          .learningRate({_schedule(cfg.lr)})")
     if cfg.save is not None:
