@@ -7,6 +7,7 @@ Exit codes: 0 ok, 1 an error in the user's input, 2 a usage error, 3 an internal
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import sys
 import traceback
@@ -446,6 +447,7 @@ def run(
             click.echo(render(err, c.sources), err=True)
             sys.stderr.flush()
             session.abort()
+            os._exit(EXIT_USER)  # MPI_Abort may return before the launcher ends this process
         raise
     finally:
         if session is not None:

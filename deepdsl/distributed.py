@@ -177,15 +177,18 @@ class MpiComm(Comm):
         self.size = self.comm.Get_size()
         self.timeout = timeout
         self.local = Accumulate()
-        self.pending: dict[int, tuple[Any, np.ndarray]] = {}
+        self.pending: dict[int, tuple[Any, np.ndarray, int]] = {}
         self.step = 0
-        self.reached: dict[int, tuple[int, int]] = {p: (-1, -1) for p in range(self.size) if p != self.rank}
-        self._inbox = {p: np.zeros(2, np.int64) for p in self.reached}
+        self.started = 0  # buckets started in this step: every rank starts them in the same order
+        # per other rank, the (step, buckets started in it, the last bucket) its last heartbeat said
+        self.reached: dict[int, tuple[int, int, int]] = {p: (-1, 0, -1) for p in range(self.size) if p != self.rank}
+        self._inbox = {p: np.zeros(3, np.int64) for p in self.reached}
         self._recvs = {p: self.comm.Irecv(self._inbox[p], source=p, tag=HEARTBEAT_TAG) for p in self.reached}
         self._sends: list[tuple[Any, np.ndarray]] = []
 
     def begin_step(self, step: int) -> None:
         self.step = step
+        self.started = 0
         self._sends = [(r, b) for r, b in self._sends if not r.Test()]
 
     def start(self, bucket: int, buf: np.ndarray, micro: int, micros: int) -> None:
@@ -194,31 +197,34 @@ class MpiComm(Comm):
             if micro < micros - 1:
                 return
             buf = self.local.wait(bucket)
-        self.pending[bucket] = (self.comm.Iallreduce(self.mpi.IN_PLACE, buf, op=self.mpi.SUM), buf)
-        beat = np.array([self.step, bucket], np.int64)
+        self.started += 1
+        self.pending[bucket] = (self.comm.Iallreduce(self.mpi.IN_PLACE, buf, op=self.mpi.SUM), buf, self.started)
+        beat = np.array([self.step, self.started, bucket], np.int64)
         for p in self.reached:
             self._sends.append((self.comm.Isend(beat, dest=p, tag=HEARTBEAT_TAG), beat))
 
     def _listen(self) -> None:
         for p, req in self._recvs.items():
             while req.Test():
-                self.reached[p] = max(self.reached[p], (int(self._inbox[p][0]), int(self._inbox[p][1])))
+                self.reached[p] = max(self.reached[p], tuple(int(x) for x in self._inbox[p]))  # type: ignore[arg-type]
                 req = self._recvs[p] = self.comm.Irecv(self._inbox[p], source=p, tag=HEARTBEAT_TAG)
 
     def wait(self, bucket: int) -> np.ndarray:
-        req, buf = self.pending.pop(bucket)
+        req, buf, order = self.pending.pop(bucket)
         deadline = time.monotonic() + self.timeout
         pause = 1e-5
         while not req.Test():
             if time.monotonic() > deadline:
                 self._listen()
-                late = [p for p, (s, b) in self.reached.items() if (s, b) < (self.step, bucket)]
-                who = ", ".join(f"rank {p} (last at step {s + 1}, bucket {b})" if s >= 0 else f"rank {p} (no bucket "
-                                "started yet)" for p, (s, b) in ((p, self.reached[p]) for p in late))  # fmt: skip
+                late = {p: r for p, r in self.reached.items() if r[:2] < (self.step, order)}
+                who = ", ".join(
+                    f"rank {p} (its last: bucket {b} of step {s + 1})" if s >= 0 else f"rank {p} (no bucket started)"
+                    for p, (s, _, b) in late.items()
+                )  # fmt: skip
                 raise DistributedError(
                     f"rank {self.rank}: bucket {bucket} of step {self.step + 1} was not reduced within "
                     f"{self.timeout:g} s (DEEPDSL_DP_TIMEOUT): "
-                    + (f"{who} did not start it (dead or stalled)" if late else "every rank started it; the MPI "
+                    + (f"{who} did not start it: dead or stalled" if late else "every rank started it, but the MPI "
                        "library did not finish it"),
                     abort=True,
                 )  # fmt: skip
@@ -316,10 +322,12 @@ def checksum(g: Graph, params: Mapping[str, np.ndarray]) -> int:
     return int.from_bytes(h.digest()[:8], "big") >> 1
 
 
-def startup_check(comm: MpiComm, g: Graph, params: Mapping[str, np.ndarray], what: str) -> None:
-    """Every rank's checksum of `g` and `params` compared; a DistributedError on every rank where any differs."""
+def startup_check(comm: MpiComm, g: Graph, params: Mapping[str, np.ndarray], what: str) -> list[int]:
+    """Every rank's checksum of `g` and `params` compared; a DistributedError on every rank where any differs.
+    Returns every rank's process id (for the launcher's messages, which name a dead process by its id)."""
     mine = checksum(g, params)
-    every = comm.allgather(mine)
+    gathered = comm.allgather((mine, os.getpid()))
+    every = [c for c, _ in gathered]
     if len(set(every)) > 1:
         odd = [r for r, c in enumerate(every) if c != every[0]]
         raise DistributedError(
@@ -327,6 +335,7 @@ def startup_check(comm: MpiComm, g: Graph, params: Mapping[str, np.ndarray], wha
             f"of rank{'s' if len(odd) > 1 else ''} {', '.join(map(str, odd))} differs from rank 0's (the same "
             "network file, --set values, flags and --seed on every rank, and the same --load file)"
         )
+    return [pid for _, pid in gathered]
 
 
 def parse_fault(text: str | None) -> tuple[int, int, str] | None:

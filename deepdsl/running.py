@@ -349,8 +349,10 @@ def _train(
         description = _with_graph(description, graph)
     if load:
         trainer.load(load)
+    pids = None
     if session is not None and isinstance(session.comm, MpiComm):  # same program, same parameters on every rank
-        startup_check(session.comm, build.train_plan.graph, trainer.state(), "loaded state" if load else "parameters")
+        state = trainer.state()
+        pids = startup_check(session.comm, build.train_plan.graph, state, "loaded state" if load else "parameters")
     if report:
         if note:
             report(note)
@@ -360,6 +362,8 @@ def _train(
             w, m = session.world, session.micro_batches
             report(f"data parallel: {w.size} rank(s) [{w.source}] x {m} micro-batch(es) of {batch}: global batch "
                    f"{w.size * m * batch}")  # fmt: skip
+            if pids:
+                report("process ids: " + ", ".join(f"rank {r} {pid}" for r, pid in enumerate(pids)))
 
     # what a batch holds, for the progress line: images where the first input is [N, C, H, W]
     first = next((d.value.type for d in program.graph.inputs if d.kind == "input"), None)
