@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -330,6 +331,7 @@ def test_two_ranks_equal_two_micro_batches_bit_for_bit_mlp(tmp_path: Path) -> No
     assert len(result["losses"]) == 3 and "test_accuracy" in result
 
 
+@pytest.mark.slow
 @needs_mpi
 def test_two_ranks_equal_two_micro_batches_bit_for_bit_lenet(tmp_path: Path) -> None:
     r1, r2 = _compare(tmp_path, LENET, "--set", "N=8")
@@ -342,6 +344,7 @@ def test_two_ranks_equal_two_micro_batches_bit_for_bit_batch_norm_residual(tmp_p
     _compare(tmp_path, str(f))
 
 
+@pytest.mark.slow
 @needs_mpi
 def test_rank_zero_alone_prints_and_the_test_figures_are_one_process(tmp_path: Path) -> None:
     args = ("run", MLP, "--set", "N=8", "--iters", "2", "--data", "synthetic")
@@ -377,7 +380,7 @@ def test_a_dead_or_stalled_rank_stops_the_run_with_an_error(fault: str) -> None:
     if fault == "stall":
         assert "rank 1 (its last: bucket" in r.stderr and "dead or stalled" in r.stderr
     else:
-        pids = dict(p.split()[::-1] for p in text.split("process ids: ")[1].splitlines()[0].split(", "))
+        pids = dict(re.findall(r"rank (\d+) (\d+)", text.split("process ids: ")[1].splitlines()[0]))
         assert "BAD TERMINATION" in text and f"PID {pids['1']}" in text  # the launcher names rank 1's process
 
 
