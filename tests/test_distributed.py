@@ -20,7 +20,6 @@ from conftest import ROOT
 
 from deepdsl import api
 from deepdsl.build import Options
-from deepdsl.data.named import Samples
 from deepdsl.distributed import (
     Accumulate,
     DistributedError,
