@@ -396,3 +396,48 @@ def test_a_resumed_two_rank_run_continues_exactly(tmp_path: Path) -> None:
     assert _bitwise(_params(whole), _params(resumed)) == []
     assert int(_params(resumed)["opt/iteration"]) == 4
     assert not list(tmp_path.glob("*.tmp*"))  # written atomically, by one rank
+
+
+# ---- memcheck and the cost model ----
+
+
+def test_memcheck_reports_one_ranks_buckets_and_what_holding_gradients_costs(cli) -> None:  # noqa: ANN001
+    r = cli("memcheck", LENET, "--ranks", "2", "--micro-batches", "2", "--bucket-mb", "0.5", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)["data_parallel"]
+    assert (d["ranks"], d["micro_batches"], d["global_batch"]) == (2, 2, 4 * 64)
+    grads = [b for b in d["buckets"] if b["kind"] == "grad"]
+    assert len(grads) >= 3 and d["gradient_bytes"] == sum(b["bytes"] for b in grads)
+    assert d["gradient_bytes"] == 4 * 431_080  # every trainable parameter's gradient, reduced once
+    assert d["peak_bytes"] == json.loads(r.stdout)["peak_bytes"]  # the plan reported is the rank's own
+    assert d["extra_bytes"] == d["peak_bytes"] - d["single_process_peak_bytes"]
+    text = cli("memcheck", LENET, "--ranks", "2", "--totals").stdout
+    assert "gradients live until their bucket is reduced" in text
+
+
+def _cost_model():  # noqa: ANN202
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dp_cost_model", ROOT / "scripts" / "dp_cost_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["dp_cost_model"] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_cost_models_paper_estimate_agrees_with_its_simulation() -> None:
+    cm = _cost_model()
+    opts = Options(buckets=Bucketing(bucket_bytes=400_000, first_bytes=20_000))
+    g = api.compile_file(LENET, {}, stop_at="plan", options=opts).build.train_plan.graph
+    quiet = cm.Machine(contention=0.0, jitter=0.0)
+    sch = cm.schedule(g, 0.01, quiet)
+    assert abs(sum(sch.seconds) - 0.01) < 1e-6  # calibrated to the step asked for
+    for gpus in (1, 8, 64):
+        paper, (sim, stalled) = cm.paper(sch, gpus, quiet), cm.simulate(sch, gpus, quiet)
+        assert abs(paper - sim) <= 1e-3 * sim  # the closed form ignores a start that a stall delays
+    # a network far slower than its compute: the reductions cannot hide, both say so
+    slow = cm.Machine(contention=0.0, jitter=0.0, nvlink_busbw=1e8)
+    paper, (sim, stalled) = cm.paper(sch, 8, slow), cm.simulate(sch, 8, slow)
+    assert stalled > 0.005 and abs(paper - sim) <= 1e-2 * sim
+    total = sum(cm.allreduce_seconds(b, 8, slow) for b in sch.sizes.values())
+    assert sim >= 0.01 and sim <= 0.01 + total + 1e-9
