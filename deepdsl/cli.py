@@ -541,24 +541,11 @@ def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, loa
 @click.option("--arch", "archs", metavar="SM,...", default="sm_90,sm_80", show_default=True,
               help="The GPU architectures --ptx compiles for.")  # fmt: skip
 @REPLACE_READONLY
-@click.option("--data-parallel", "data_parallel", is_flag=True,
-              help="Compile the data-parallel training program: gradient buckets all-reduced across the ranks the "
-              "launcher starts, and --micro-batches (docs/distributed.md).")  # fmt: skip
-@click.option("--bucket-mb", "bucket_mb", type=click.FloatRange(min=0, min_open=True), default=25.0,
-              show_default=True, metavar="MB", help="With --data-parallel: the size at which a gradient bucket "
-              "closes.")  # fmt: skip
 def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str | None, maven: str | None,
-             workspace_limit: int | None, ptx: bool, archs: str, replace_readonly: bool, data_parallel: bool,
-             bucket_mb: float) -> None:  # fmt: skip
+             workspace_limit: int | None, ptx: bool, archs: str, replace_readonly: bool) -> None:  # fmt: skip
     """Compile FILE to a Java training program (one readable class plus the runtime it needs)."""
     from deepdsl import compiling
-    from deepdsl.backends import java
     from deepdsl.backends.java import DEFAULT_WORKSPACE_LIMIT
-
-    if data_parallel:
-        if not getattr(java, "DATA_PARALLEL", False):  # the Java side's statements come with its runtime
-            raise click.UsageError("--data-parallel: this build's Java backend does not emit data-parallel programs")
-        options = dataclasses.replace(options, buckets=_bucketing(1, 1, bucket_mb, always=True))
 
     if output is None and maven is None:
         raise click.UsageError("say where to write the program: -o DIR, -o DIR/Name.java or --maven DIR")
