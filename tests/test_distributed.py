@@ -299,6 +299,38 @@ def test_dropout_shards_draw_the_whole_batchs_masks(tmp_path: Path) -> None:
             assert np.abs(micro[k] - whole[k]).max() <= 1e-6 * max(1.0, np.abs(whole[k]).max()), k
 
 
+CLIPPED = """
+network Clipped
+const N = 4
+input x : [N, 12]
+label y : [N] classes 3
+layer fc1 = full(16)
+layer fc2 = full(3)
+net = fc2 o relu o fc1
+loss    = softmax_cross_entropy(net(x), y)
+predict = net(x)
+train {
+  data = synthetic
+  optimizer = sgd(lr=0.5, momentum=0.9, clip=0.05)
+  iterations = 3
+  seed = 4
+}
+"""
+
+
+def test_gradient_clipping_takes_the_norm_of_the_reduced_gradients(tmp_path: Path) -> None:
+    f = tmp_path / "clipped.ddsl"
+    f.write_text(CLIPPED)
+    g = data_parallel(_train_graph(str(f)).train, Bucketing())
+    post = post_statements(g)
+    assert [s.out.name in post for s in g.stmts if s.op in ("sum_squares", "clip_scale")] == [True] * 5
+    micro = _train(_trainer(str(f), {"N": 4}, Bucketing(), Session(World(), 2, Accumulate())), 3)
+    whole = _train(_trainer(str(f), {"N": 8}, None), 3)
+    for k in whole:
+        if whole[k].dtype.kind == "f":
+            assert np.abs(micro[k] - whole[k]).max() <= 1e-6 * max(1.0, np.abs(whole[k]).max()), k
+
+
 def test_the_checksum_sees_the_seed() -> None:
     a, b = _trainer(MLP, {"N": 8}, Bucketing()), _trainer(MLP, {"N": 8}, Bucketing())
     g = a.build.train_plan.graph
