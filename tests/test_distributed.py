@@ -473,3 +473,17 @@ def test_the_cost_models_paper_estimate_agrees_with_its_simulation() -> None:
     assert stalled > 0.005 and abs(paper - sim) <= 1e-2 * sim
     total = sum(cm.allreduce_seconds(b, 8, slow) for b in sch.sizes.values())
     assert sim >= 0.01 and sim <= 0.01 + total + 1e-9
+
+
+@pytest.mark.slow
+@needs_mpi
+def test_two_ranks_of_two_micro_batches_equal_four_micro_batches_within_rounding(tmp_path: Path) -> None:
+    four, both = tmp_path / "four.npz", tmp_path / "both.npz"
+    args = ("run", MLP, "--set", "N=4", "--iters", "3", "--data", "synthetic")
+    assert _deepdsl(*args, "--micro-batches", "4", "--save", str(four)).returncode == 0
+    r = _deepdsl(*args, "--micro-batches", "2", "--save", str(both), ranks=2)
+    assert r.returncode == 0, r.stderr
+    a, b = _params(four), _params(both)
+    for k in a:  # (a0 + a1) + (b0 + b1) against ((a0 + a1) + b0) + b1: the same sum in another order
+        if a[k].dtype.kind == "f":
+            assert np.abs(a[k] - b[k]).max() <= 1e-6 * max(1.0, np.abs(a[k]).max()), k
