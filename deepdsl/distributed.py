@@ -407,7 +407,7 @@ def open_session(world: World, micro_batches: int, timeout: float = DEFAULT_TIME
     comm = MpiComm(mpi, timeout)
     if comm.size != world.size or comm.rank != world.rank:
         raise DistributedError(
-            f"{world.source} says rank {world.rank} of {world.size}, but MPI sees rank {comm.rank} of {comm.size}: "
+            f"rank {world.rank} of {world.size} by {world.source}, but MPI sees rank {comm.rank} of {comm.size}: "
             "the NumPy runner's ranks talk over MPI, so start them with mpiexec / mpirun / srun --mpi=pmi2 "
             "(torchrun starts processes without MPI)"
         )
