@@ -17,6 +17,7 @@ from deepdsl.frontend.program import Program
 from deepdsl.ir import Graph
 from deepdsl.memory import Plan
 from deepdsl.passes import PassStat
+from deepdsl.passes.data_parallel import Bucketing
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class Options:
     workspace_limit: int | None = None  # the most scratch one statement's kernel may take (None: any)
     # on the GPU: cuDNN's heuristic, deterministic convolution algorithms instead of the fastest found by timing
     deterministic: bool = False
+    # data-parallel training or gradient accumulation (passes/data_parallel.py): the gradient buckets' sizes; None:
+    # the plain training program
+    buckets: Bucketing | None = None
 
 
 @dataclass(frozen=True)

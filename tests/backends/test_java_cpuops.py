@@ -34,6 +34,9 @@ pytestmark = [
 # statements the emitter writes as generated loops
 NOT_CPUOPS = {"reshape", "batch_norm", "dropout", "layer_norm", "fused", "indexed"}
 NOT_CPUOPS |= {"sample_normal", "sample_uniform"}  # lowered to random_normal / random_uniform (or a fill)
+# data-parallel statements (ops/collective.py): the runners perform the collectives themselves, no CpuOps method
+NOT_CPUOPS |= {"allreduce_start", "allreduce_wait", "bucket_slice", "dropout_mask_at", "random_normal_at",
+               "random_uniform_at"}  # fmt: skip
 
 # the ops whose work is matrix products (CpuGemm.gemm), run once more with OpenBLAS as the SGEMM
 GEMM_OPS = {"conv2d", "conv2d_backward_data", "conv2d_backward_filter", "linear", "matmul", "batch_matmul"}
