@@ -132,6 +132,13 @@ WORKSPACE_LIMIT = click.option(
     "without scratch (a direct convolution instead of im2col + GEMM). Default: no limit (compile: 1GiB).",
 )  # fmt: skip
 
+PRECISION = click.option(
+    "--precision", type=click.Choice(["fp32", "tf32", "bf16"]), default=None,
+    help="fp32; tf32 (fp32 storage, TF32 tensor-op GEMMs and convolutions on the GPU's cuBLAS and cuDNN); bf16 "
+    "(mixed precision: activations and their gradients bf16 where the op allows, fp32 weights, optimizer, "
+    "statistics and losses). Default: the train block's `precision`, else fp32 (docs/running.md).",
+)  # fmt: skip
+
 
 def common(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options every compiling command shares, and the error handling that gives exit codes."""
@@ -266,12 +273,13 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
 )
 @REPLACE_READONLY
 @WORKSPACE_LIMIT
+@PRECISION
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gpu_mem: str | None, table: str,
-             plot_path: str | None, replace_readonly: bool, workspace_limit: int | None,
+             plot_path: str | None, replace_readonly: bool, workspace_limit: int | None, precision: str | None,
              as_json: bool) -> None:  # fmt: skip
     """The static memory plan of one training step of FILE: what is allocated, freed and live, and the peak."""
-    options = dataclasses.replace(options, workspace_limit=workspace_limit)
+    options = dataclasses.replace(options, workspace_limit=workspace_limit, precision=precision)
     from deepdsl.memory.report import MissingDependency, format_report, over_budget, parse_size, plot
 
     if plot_path is not None:  # before the work
@@ -362,15 +370,17 @@ def _optimizer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @WORKSPACE_LIMIT
 @click.option("--graph/--no-graph", "graphs", default=True, show_default=True,
               help="On the GPU: replay the train step as a CUDA graph from its second iteration on.")  # fmt: skip
+@PRECISION
 @_optimizer_options
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def run(
     c: api.Compilation, file: str, sets: dict, options: api.Options, iters: int | None, data_flag: str | None,
     load_path: str | None, save_path: str | None, replace_readonly: bool, device: str, kernels: str,
-    seed: int | None, double: bool, workspace_limit: int | None, graphs: bool, as_json: bool, **optimizer: float | None,
+    seed: int | None, double: bool, workspace_limit: int | None, graphs: bool, precision: str | None, as_json: bool,
+    **optimizer: float | None,
 ) -> None:  # fmt: skip
     """Train FILE for a few iterations with the reference runner and report the losses."""
-    options = dataclasses.replace(options, workspace_limit=workspace_limit)
+    options = dataclasses.replace(options, workspace_limit=workspace_limit, precision=precision)
     from deepdsl import running
 
     api.compile_file(file, sets, c=c)
@@ -473,8 +483,10 @@ def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, loa
 @click.option("--arch", "archs", metavar="SM,...", default="sm_90,sm_80", show_default=True,
               help="The GPU architectures --ptx compiles for.")  # fmt: skip
 @REPLACE_READONLY
+@PRECISION
 def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str | None, maven: str | None,
-             workspace_limit: int | None, ptx: bool, archs: str, replace_readonly: bool) -> None:  # fmt: skip
+             workspace_limit: int | None, ptx: bool, archs: str, replace_readonly: bool,
+             precision: str | None) -> None:  # fmt: skip
     """Compile FILE to a Java training program (one readable class plus the runtime it needs)."""
     from deepdsl import compiling
     from deepdsl.backends.java import DEFAULT_WORKSPACE_LIMIT
@@ -486,7 +498,7 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
         raise click.BadParameter(f"{archs!r} is not a list such as sm_90,sm_80", param_hint="--arch")
     limit = DEFAULT_WORKSPACE_LIMIT if workspace_limit is None else workspace_limit
     # the plan follows the limit: convolutions allowed scratch get it in the arena
-    options = dataclasses.replace(options, workspace_limit=limit)
+    options = dataclasses.replace(options, workspace_limit=limit, precision=precision)
     api.compile_file(file, sets, stop_at="plan", c=c, options=options)
     assert c.build is not None
     _warnings(c)

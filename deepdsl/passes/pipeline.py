@@ -53,8 +53,10 @@ def kernels(g: Graph) -> int:
 
 def run_pipeline(
     g: Graph, level: int = 2, disabled: tuple[str, ...] = (), check: bool = False,
-    dump_after: Callable[[str, Graph], None] | None = None,
+    dump_after: Callable[[str, Graph], None] | None = None, precision: str = "fp32",
 ) -> tuple[Graph, tuple[PassStat, ...]]:  # fmt: skip
+    """`g` through PIPELINE at -O `level` without the `disabled` passes; `precision` (ir/types.py PRECISIONS) is
+    the setting the precision pass reads."""
     stats = []
     for name, fn, min_level in PIPELINE:
         if level < min_level or name in disabled:

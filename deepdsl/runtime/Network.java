@@ -479,6 +479,10 @@ public abstract class Network extends NetworkTensors {
     if (flags.workspaceLimit != null) {
       net.workspaceLimit = flags.workspaceLimit;
     }
+    if (flags.precision != null) { // the device reads it when it starts (CudaDevice: TF32 math)
+      net.settings.precision = flags.precision;
+    }
+    String asked = net.settings.precision;
     try (Device device =
         Device.open(flags.device, net.settings, net.workspaceLimit, flags.kernels, flags.graph)) {
       // where the run saves: --save, else the train block's save (never under --eval or --predict)
@@ -519,12 +523,14 @@ public abstract class Network extends NetworkTensors {
       if (device.note() != null) {
         info.println(device.note());
       }
+      String ran = device.precision(asked);
       info.printf(
-          "device: %s  network %s  batch %d  data %s%n",
+          "device: %s  network %s  batch %d  data %s  precision %s%n",
           device.description(),
           name,
           net.batchSize(),
-          net.data == null ? "none (no iterations)" : CommandLine.dataLabel(source, net.settings.seed));
+          net.data == null ? "none (no iterations)" : CommandLine.dataLabel(source, net.settings.seed),
+          ran.equals(asked) ? ran : ran + " (" + Device.precisionNote(asked) + ")");
       net.reportTo(flags.json ? null : System.out);
       long t0 = System.nanoTime();
       float[] losses = net.train(iterations);
@@ -541,16 +547,20 @@ public abstract class Network extends NetworkTensors {
         List<String> nonfinite = new ArrayList<>();
         String loss = CommandLine.jsonNumber(tested[0], "test_loss", nonfinite);
         System.out.println(
-            "{\"device\": \""
-                + device.name()
-                + "\", \"test_loss\": "
-                + loss
-                + CommandLine.metrics(tested)
-                + CommandLine.nonfinite(nonfinite)
-                + "}");
+            CommandLine.withPrecision(
+                "{\"device\": \""
+                    + device.name()
+                    + "\", \"test_loss\": "
+                    + loss
+                    + CommandLine.metrics(tested)
+                    + CommandLine.nonfinite(nonfinite)
+                    + "}",
+                device,
+                asked));
       } else if (flags.json) {
         System.out.println(
-            CommandLine.json(
+            CommandLine.withPrecision(
+                CommandLine.json(
                 device.name(),
                 losses,
                 tested,
@@ -561,7 +571,9 @@ public abstract class Network extends NetworkTensors {
                 net.stepSeconds,
                 net.rate == null ? null : net.rates,
                 net.lossTermNames(),
-                net.termValues));
+                net.termValues),
+                device,
+                asked));
       } else {
         if (tested != null) {
           System.out.print(CommandLine.metricLines(tested));
