@@ -60,9 +60,9 @@ def optimise(g: Graph, options: Options) -> tuple[Graph, tuple[PassStat, ...]]:
 
 def resolved(program: Program, options: Options) -> Options:
     """`options` with its precision decided: --precision, else the train block's."""
-    if options.precision is not None:
-        return options
-    return dataclasses.replace(options, precision=program.train.precision)
+    if options.precision is None:
+        options = dataclasses.replace(options, precision=program.train.precision)
+    return options
 
 
 def parse_stage(text: str, file: str, c: Compilation) -> ast.Module:

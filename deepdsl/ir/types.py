@@ -54,6 +54,12 @@ class TensorType:
         return f"{self.dtype.value}[{','.join(map(str, self.shape))}]"
 
 
+def computed(t: TensorType) -> TensorType:
+    """The type an op computes `t` in: a bf16 value (mixed precision, passes/precision.py) is read and written as
+    float32 by every kernel and only stored as bf16."""
+    return TensorType(t.shape, DType.F32) if t.dtype is DType.BF16 else t
+
+
 def f32(*shape: int) -> TensorType:
     return TensorType(tuple(shape), DType.F32)
 

@@ -19,6 +19,7 @@ from deepdsl.passes.fuse import fuse
 from deepdsl.passes.inline import inline
 from deepdsl.passes.inplace import inplace
 from deepdsl.passes.motion import motion
+from deepdsl.passes.precision import precision
 from deepdsl.passes.simplify import simplify
 from deepdsl.passes.vectorise import vectorise
 
@@ -33,9 +34,13 @@ PIPELINE: tuple[tuple[str, Pass, int], ...] = (
     ("dce", dce, 1),
     ("motion", motion, 2),
     ("inplace", inplace, 2),
+    # element types and casts from the ops' storage facts; the identity but under --precision bf16 (run_pipeline
+    # gives it the setting), so at every -O level and never switched off
+    ("precision", precision, 0),
 )
 
-PASS_NAMES = tuple(name for name, _, _ in PIPELINE)
+# the optimiser passes --no-pass and --dump-after name: precision is no optimisation and cannot be switched off
+PASS_NAMES = tuple(name for name, _, _ in PIPELINE if name != "precision")
 
 
 @dataclass(frozen=True)
@@ -59,9 +64,14 @@ def run_pipeline(
     the setting the precision pass reads."""
     stats = []
     for name, fn, min_level in PIPELINE:
-        if level < min_level or name in disabled:
+        if name == "precision":  # runs (and is reported) under bf16 only, where it is never switched off
+            if precision != "bf16":
+                continue
+            g = fn(g, precision)  # type: ignore[call-arg]
+        elif level < min_level or name in disabled:
             continue
-        g = fn(g)
+        else:
+            g = fn(g)
         if check:
             check_graph(g)
         stats.append(PassStat(name, len(g.stmts), kernels(g)))

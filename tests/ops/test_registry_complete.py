@@ -24,7 +24,7 @@ import deepdsl.backends.cuda  # noqa: F401 — attaches the CUDA fields to the e
 from deepdsl.backends.java import runtime_sources
 from deepdsl.ir import REGISTRY, TensorType
 from deepdsl.ir.indexexpr import IE, Apply, Reduce
-from deepdsl.ir.registry import JavaCall, OpDef, lookup
+from deepdsl.ir.registry import STORAGE, JavaCall, OpDef, lookup
 from deepdsl.ir.types import DType, ShapeError
 from deepdsl.ir.vendor import (
     BatchNorm,
@@ -141,6 +141,7 @@ EXAMPLES = {
     "silu": ((X4,), {}), "silu_grad": ((X4, X4), {}),
     "adaptive_pool_axis": ((X4,), {"axis": 2, "size": 3}),
     "adaptive_pool_axis_backward": ((TensorType((2, 4, 3, 8)),), {"axis": 2, "size": 8}),
+    "cast_bf16": ((X4,), {}),
 }  # fmt: skip
 
 EXPECTED = {
@@ -175,6 +176,11 @@ LOWERED = {
 FROM_BODY = {
     "fused": "its kernel is compiled from its body attribute",
     "indexed": "its kernel is compiled from its body attribute",
+}
+# ops only the NumPy runner runs: why the CUDA and Java backends have no kernel for them (yet)
+NUMPY_ONLY = {
+    "cast_bf16": "made only by passes/precision.py under --precision bf16, which the CUDA runner and the Java program "
+    "refuse",
 }
 # differentiable ops of which eager autograd keeps no tensor for the backward pass (`saves` None)
 KEEPS_NOTHING = {
@@ -255,6 +261,8 @@ def _exempt_kernel(op: OpDef) -> Exemption:
         return "a view: no kernel, its output aliases its input", True
     if op.index_form is not None:  # a Java call may serve it where it stands alone (`called`: bn_train_apply's)
         return "the backends write its kernel from its index form", not (op.java is not None and op.java.called)
+    if op.name in NUMPY_ONLY:
+        return NUMPY_ONLY[op.name], False
     return _lowered(op) or ((FROM_BODY[op.name], True) if op.name in FROM_BODY else None)
 
 
@@ -288,6 +296,7 @@ COVERED = {
     "classifies": "checked: a classifying op is a differentiable scalar of (scores [N, K], labels [N])",
     "vendor": "optional (None: our kernels only); test_every_vendor_fact_computes_the_op runs it on EXAMPLES",
     "kinks": "optional (none: smooth); test_every_listed_kink_is_one and test_unlisted_ops_are_smooth check it",
+    "storage": "optional (derived from view and elementwise); test_every_storage_fact_is_one_the_pass_knows",
 }
 
 
@@ -358,6 +367,23 @@ def op_problems(op: OpDef) -> list[str]:
 
 def test_every_op_has_every_fact() -> None:
     assert problems(REGISTRY) == []
+
+
+def test_every_storage_fact_is_one_the_pass_knows() -> None:
+    """--precision bf16 reads `stores` of every op: a known kind, and bf16 operands only for GEMMs and convolutions
+    (ops that accumulate in fp32); no reduction or loss stores bf16 (the numerics of mixed precision)."""
+    for name, op in REGISTRY.items():
+        if callable(op.storage):  # a rule of the statement (fused, indexed): tests/test_precision_bf16.py
+            continue
+        assert op.stores() in STORAGE, name
+        if op.stores() == "bf16":
+            assert (
+                op.accepts_epilogue and op.name in ("linear", "matmul", "batch_matmul") or op.name.startswith("conv2d")
+            ), name
+    fp32 = ("softmax_cross_entropy", "mse", "channel_sum", "channel_mean", "channel_var", "sum", "softmax",
+            "layer_norm_rows", "running_update", "sgd_step", "sgd_momentum", "adam_moment", "adam_step")  # fmt: skip
+    assert [name for name in fp32 if REGISTRY[name].stores() != "fp32"] == []
+    assert REGISTRY["reshape"].stores() == "follow" and REGISTRY["relu"].stores() == "bf16_out"
 
 
 def test_the_checker_covers_every_field_of_an_entry() -> None:
