@@ -167,9 +167,9 @@ def run_plan(p: Plan, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray
     memory it reads at other elements (memory/check.py `hazards`; never in a legal plan), that memory is poisoned
     first: on a device any element's write may land before another's read. `params` is not changed.
 
-    With `poison`, the whole arena is NaN (float32 and bf16) before the step and a region turns NaN again as soon as its last reader
-    ran, so a read of memory the plan gave to something else shows in the results. `peak_bytes` is measured: the
-    bytes of the arena and of every input, parameter and state array the run held.
+    With `poison`, the whole arena is NaN (float32 and bf16) before the step and a region turns NaN again as soon as
+    its last reader ran, so a read of memory the plan gave to something else shows in the results. `peak_bytes` is
+    measured: the bytes of the arena and of every input, parameter and state array the run held.
     """
     g = p.graph
     lay = layout(p)
