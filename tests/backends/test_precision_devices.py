@@ -92,3 +92,33 @@ def test_run_precision_tf32_opens_the_gpu_in_tf32(monkeypatch: pytest.MonkeyPatc
         got = run_training(build, iters=1, data_flag="synthetic", device="auto")
         assert got["device"] == "cpu"
     assert asked == [True, False]
+
+
+def test_bf16_is_refused_by_the_gpu_runner_and_auto_runs_it_on_the_numpy_runner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    program = api.compile_file(ROOT / "networks" / "mlp.ddsl", {"N": 4}).program
+    build = api.build(program, api.Options(precision="bf16"))
+    with pytest.raises(running.DslProgramError, match="bf16 runs on the NumPy runner; the CUDA runner's bf16"):
+        run_training(build, iters=1, data_flag="synthetic", driver=EmulatedDriver(tmp_path / "given"))
+    monkeypatch.setattr(running, "open_device", lambda device, double=False, kernels="auto", tf32=False:
+                        (EmulatedDriver(tmp_path / "auto"), "cuda (emulated)", None))  # fmt: skip
+    lines: list[str] = []
+    got = run_training(build, iters=1, data_flag="synthetic", device="auto", report=lines.append)
+    assert got["device"] == "cpu" and got["precision"] == "bf16"
+    assert lines[0].startswith("CUDA not used: --precision bf16 runs on the NumPy runner")
+    assert lines[1].endswith("precision bf16")
+
+
+def test_compile_and_float64_refuse_bf16(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from deepdsl.cli import cli
+
+    mlp = str(ROOT / "networks" / "mlp.ddsl")
+    r = CliRunner().invoke(cli, ["compile", mlp, "--precision", "bf16", "-o", str(tmp_path / "out")])
+    assert r.exit_code == 1 and "the Java program runs fp32 and tf32" in r.output
+    assert not (tmp_path / "out").exists()  # nothing written
+    r = CliRunner().invoke(cli, ["run", mlp, "--set", "N=4", "--iters", "1", "--data", "synthetic", "--float64",
+                                 "--precision", "bf16"])  # fmt: skip
+    assert r.exit_code == 1 and "--float64 runs fp32 programs" in r.output
