@@ -89,6 +89,7 @@ def check_json(p: Program) -> dict[str, Any]:
         "parameter_bytes": g.parameter_bytes,
         "inputs": {d.value.name: list(d.value.type.shape) for d in g.inputs},
         "outputs": {name: list(v.type.shape) for name, v in g.outputs},
+        "precision": p.train.precision,  # the train block's (nothing runs here; --precision is run's and memcheck's)
         "layers": [
             {"name": r.name, "op": r.kind, "output": list(r.output.shape), "parameters": r.parameters} for r in p.layers
         ],
