@@ -53,9 +53,18 @@ class Compilation:
 
 
 def optimise(g: Graph, options: Options, train: bool = False) -> tuple[Graph, tuple[PassStat, ...]]:
-    """`g` through the optimiser's passes; the data-parallel pass (Options.buckets) on a training program only."""
+    """`g` through the pass pipeline at `options.precision` (resolved by `resolved` before: never None here); the
+    data-parallel pass (Options.buckets) on a training program only."""
     buckets = options.buckets if train else None
-    return run_pipeline(g, options.level, options.disabled, options.verify, options.dump_after, buckets)
+    return run_pipeline(g, options.level, options.disabled, options.verify, options.dump_after, buckets,
+                        precision=options.precision or "fp32")  # fmt: skip
+
+
+def resolved(program: Program, options: Options) -> Options:
+    """`options` with its precision decided: --precision, else the train block's."""
+    if options.precision is None:
+        options = dataclasses.replace(options, precision=program.train.precision)
+    return options
 
 
 def parse_stage(text: str, file: str, c: Compilation) -> ast.Module:
@@ -110,7 +119,7 @@ def compile_source(
     if stop_at == "ast":
         return c
     c.program = elaborate_stage(c.module, load_includes(c.module, c), sets or {})
-    options = options or Options()
+    options = resolved(c.program, options or Options())
     if stop_at in ("train", "opt", "plan"):
         c.train = train_stage(c.program, seed)
     if stop_at in ("opt", "plan"):
@@ -177,7 +186,7 @@ def train_stage(program: Program, seed: int | None = None) -> Graph:
 
 def build(program: Program, options: Options | None = None, seed: int | None = None) -> Build:
     """`program` compiled for training and inference (see `Build`); `seed` overrides the train block's."""
-    options = options or Options()
+    options = resolved(program, options or Options())
     opt, passes = optimise(train_stage(program, seed), options, train=True)
     return build_stage(program, opt, passes, options, seed)
 
@@ -198,7 +207,9 @@ def build_stage(
     level = options.remat or "none"
     train_plan, extra = remat_plan(opt, level, options.workspace_limit, options.verify)
     seed = program.train.seed if seed is None else seed
-    return Build(program, options, seed, opt, passes, train_plan, infer, infer_plan, level, extra, test, test_plan)
+    precision = options.precision or program.train.precision
+    return Build(program, options, seed, opt, passes, train_plan, infer, infer_plan, level, extra, test, test_plan,
+                 precision)  # fmt: skip
 
 
 def planned(g: Graph, workspace_limit: int | None = None, verify: bool = False) -> Plan:

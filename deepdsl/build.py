@@ -37,6 +37,7 @@ class Options:
     # data-parallel training or gradient accumulation (passes/data_parallel.py): the gradient buckets' sizes; None:
     # the plain training program
     buckets: Bucketing | None = None
+    precision: str | None = None  # fp32, tf32 or bf16 (--precision); None: the train block's
 
 
 @dataclass(frozen=True)
@@ -55,3 +56,9 @@ class Build:
     extra_flops: int = 0  # what rematerialisation recomputes in one step
     eval: Graph | None = None  # the optimised test program: `loss` (and `predict`) in inference semantics
     eval_plan: Plan | None = None
+    precision: str = "fp32"  # what the programs were compiled for: --precision, else the train block's
+
+    @property
+    def tf32(self) -> bool:
+        """Whether the vendor GEMMs and convolutions may use TF32 tensor-op math (tf32; bf16's fp32 ones too)."""
+        return self.precision in ("tf32", "bf16")

@@ -165,6 +165,14 @@ def _bucketing(ranks: int, micro_batches: int, bucket_mb: float, always: bool = 
     return Bucketing(size, min(size, MIB))
 
 
+PRECISION = click.option(
+    "--precision", type=click.Choice(["fp32", "tf32", "bf16"]), default=None,
+    help="fp32; tf32 (fp32 storage, TF32 tensor-op GEMMs and convolutions on the GPU's cuBLAS and cuDNN); bf16 "
+    "(mixed precision: activations and their gradients bf16 where the op allows, fp32 weights, optimizer, "
+    "statistics and losses). Default: the train block's `precision`, else fp32 (docs/running.md).",
+)  # fmt: skip
+
+
 def common(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options every compiling command shares, and the error handling that gives exit codes."""
 
@@ -299,14 +307,15 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
 @REPLACE_READONLY
 @WORKSPACE_LIMIT
 @_data_parallel_options
+@PRECISION
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gpu_mem: str | None, table: str,
              plot_path: str | None, replace_readonly: bool, workspace_limit: int | None, ranks: int | None,
-             micro_batches: int, bucket_mb: float, as_json: bool) -> None:  # fmt: skip
+             micro_batches: int, bucket_mb: float, precision: str | None, as_json: bool) -> None:  # fmt: skip
     """The static memory plan of one training step of FILE: what is allocated, freed and live, and the peak. With
     --ranks or --micro-batches: one rank's plan of data-parallel training (its gradient buckets held until
     reduced)."""
-    options = dataclasses.replace(options, workspace_limit=workspace_limit,
+    options = dataclasses.replace(options, workspace_limit=workspace_limit, precision=precision,
                                   buckets=_bucketing(ranks or 1, micro_batches, bucket_mb))  # fmt: skip
     from deepdsl.memory.report import MissingDependency, format_report, over_budget, parse_size, plot
 
@@ -405,6 +414,7 @@ def _optimizer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @DETERMINISTIC
 @click.option("--graph/--no-graph", "graphs", default=True, show_default=True,
               help="On the GPU: replay the train step as a CUDA graph from its second iteration on.")  # fmt: skip
+@PRECISION
 @_optimizer_options
 @_data_parallel_options
 @click.option("--rank", type=click.IntRange(0, 65535), default=None, metavar="R",
@@ -414,7 +424,7 @@ def run(
     c: api.Compilation, file: str, sets: dict, options: api.Options, iters: int | None, data_flag: str | None,
     load_path: str | None, save_path: str | None, replace_readonly: bool, device: str, kernels: str,
     seed: int | None, double: bool, workspace_limit: int | None, deterministic: bool, graphs: bool,
-    ranks: int | None, micro_batches: int, bucket_mb: float, rank: int | None, as_json: bool,
+    precision: str | None, ranks: int | None, micro_batches: int, bucket_mb: float, rank: int | None, as_json: bool,
     **optimizer: float | None,
 ) -> None:  # fmt: skip
     """Train FILE for a few iterations with the reference runner and report the losses. Under mpiexec / mpirun /
@@ -424,6 +434,7 @@ def run(
     config = from_env()
     world = distributed.world_from_env(ranks=ranks, rank=rank)
     options = dataclasses.replace(options, workspace_limit=workspace_limit, deterministic=deterministic,
+                                  precision=precision,
                                   buckets=_bucketing(world.size, micro_batches, bucket_mb))  # fmt: skip
     session = None
     if options.buckets is not None:
@@ -549,9 +560,10 @@ def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, loa
 @click.option("--arch", "archs", metavar="SM,...", default="sm_90,sm_80", show_default=True,
               help="The GPU architectures --ptx compiles for.")  # fmt: skip
 @REPLACE_READONLY
+@PRECISION
 def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str | None, maven: str | None,
-             workspace_limit: int | None, deterministic: bool, ptx: bool, archs: str,
-             replace_readonly: bool) -> None:  # fmt: skip
+             workspace_limit: int | None, deterministic: bool, ptx: bool, archs: str, replace_readonly: bool,
+             precision: str | None) -> None:  # fmt: skip
     """Compile FILE to a Java training program (one readable class plus the runtime it needs)."""
     from deepdsl import compiling
     from deepdsl.backends.java import DEFAULT_WORKSPACE_LIMIT
@@ -563,7 +575,7 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
         raise click.BadParameter(f"{archs!r} is not a list such as sm_90,sm_80", param_hint="--arch")
     limit = DEFAULT_WORKSPACE_LIMIT if workspace_limit is None else workspace_limit
     # the plan follows the limit: convolutions allowed scratch get it in the arena
-    options = dataclasses.replace(options, workspace_limit=limit, deterministic=deterministic)
+    options = dataclasses.replace(options, workspace_limit=limit, deterministic=deterministic, precision=precision)
     api.compile_file(file, sets, stop_at="plan", c=c, options=options)
     assert c.build is not None
     _warnings(c)

@@ -4,6 +4,7 @@ prints. The CLI parses and checks the options; this module runs the backend."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,8 +57,13 @@ def write_program(
     with PTX for `archs` (none: the program compiles its `.cu` with NVRTC when it starts); yields what was
     written and how to build it, a line at a time. Every target is checked before anything is written."""
     name = java.class_name(b.program.graph.name)
+    if b.precision == "bf16":
+        raise DslProgramError("--precision bf16: the Java program runs fp32 and tf32; bf16 mixed precision runs on "
+                              "`deepdsl run`'s NumPy runner (docs/running.md)")  # fmt: skip
     folder = java_target(output, name) if output is not None else None
-    prog = java.java_program(b.program, b.train_plan, b.infer_plan, b.eval_plan, workspace_limit,
+    # the precision compiled in (--precision, else the train block's): the program's default for its --precision
+    program = dataclasses.replace(b.program, train=dataclasses.replace(b.program.train, precision=b.precision))
+    prog = java.java_program(program, b.train_plan, b.infer_plan, b.eval_plan, workspace_limit,
                              b.options.deterministic)  # fmt: skip
     modules = ptx_modules(prog.cuda, name, archs) if archs else {}
     if folder is not None:

@@ -103,7 +103,30 @@ def _with_base(s: Schedule, base: float) -> Schedule:
 CPU = "cpu (NumPy reference runner)"
 
 
-def open_device(device: str, double: bool = False, kernels: str = "auto") -> tuple[Driver | None, str, str | None]:
+def precision_ran(build: Build, on_gpu: bool) -> tuple[str, str | None]:
+    """The precision a run of `build` computes in, and a note where that is not the one asked for: the NumPy runner
+    has no TF32 math, so tf32 runs there as fp32, and says so (bf16 it runs, rounding where the plan stores bf16)."""
+    if build.precision == "tf32" and not on_gpu:
+        return "fp32", "tf32 asked: the NumPy runner has no TF32 math and runs it as fp32"
+    return build.precision, None
+
+
+def _precision_line(build: Build, on_gpu: bool) -> str:
+    """The device line's last part: `  precision fp32`, with the note where the precision asked did not run."""
+    ran, note = precision_ran(build, on_gpu)
+    return f"  precision {ran}" + (f" ({note})" if note else "")
+
+
+def _precision_json(build: Build, on_gpu: bool) -> dict[str, str]:
+    """The `--json` fields of the precision: `precision` (what ran) and, where it is not what was asked,
+    `precision_note` (docs/formats.md)."""
+    ran, note = precision_ran(build, on_gpu)
+    return {"precision": ran, **({"precision_note": note} if note else {})}
+
+
+def open_device(
+    device: str, double: bool = False, kernels: str = "auto", tf32: bool = False
+) -> tuple[Driver | None, str, str | None]:
     """The GPU driver for `device` (None: the NumPy runner), what runs the program (the device line) and, under
     `auto` on the CPU, why CUDA is not used (a line of its own).
 
@@ -112,7 +135,8 @@ def open_device(device: str, double: bool = False, kernels: str = "auto") -> tup
     `cpu` and `auto` with --float64 (which runs on the CPU); `cuda` is a user error (with the reason) when it
     cannot have one. On the GPU, `kernels` picks the vendor libraries (backends/cuda/vendor.py): `vendor` without
     them is an error wherever the GPU is opened (under `cuda`, and under `auto` once PyCUDA is there); the NumPy
-    runner has no vendor libraries and ignores it."""
+    runner has no vendor libraries and ignores it. `tf32`: the vendor GEMMs and convolutions in TF32 tensor-op math
+    (--precision tf32)."""
     if device == "cpu" or (device == "auto" and double):  # the CPU asked for (--float64 runs there): no CUDA line
         return None, CPU, None
     if device == "auto" and not pycuda_available():  # no GPU extra: a CPU install, no news on every command
@@ -120,7 +144,7 @@ def open_device(device: str, double: bool = False, kernels: str = "auto") -> tup
     if double:
         raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
     try:
-        driver = PyCudaDriver(kernels)
+        driver = PyCudaDriver(kernels, tf32=tf32)
     except DslProgramError as err:
         if device == "cuda" or isinstance(err, MissingLibrary):
             raise
@@ -196,10 +220,13 @@ def run_training(
     save = save or build.program.train.save  # --save, else the train block's
     if save:
         check_writable(save, replace_readonly=replace_readonly)  # now, not after the training
+    if double and build.precision == "bf16":
+        raise DslProgramError("--float64 runs fp32 programs in float64; this one is compiled for bf16 "
+                              "(--precision fp32 with --float64)")  # fmt: skip
     if driver:
         gpu, description, note = driver, _given(driver), None
     else:
-        gpu, description, note = open_device(device, double, kernels)
+        gpu, description, note = open_device(device, double, kernels, build.tf32)
     fallback = device == "auto" and driver is None  # a GPU that cannot take the program leaves it to the CPU
     try:
         result = _train(
@@ -209,7 +236,8 @@ def run_training(
     finally:
         if gpu is not None:
             gpu.close()
-    out: dict[str, Any] = {"device": "cuda" if result.gpu_memory_bytes is not None else "cpu",
+    on_gpu = result.gpu_memory_bytes is not None
+    out: dict[str, Any] = {"device": "cuda" if on_gpu else "cpu", **_precision_json(build, on_gpu),
                            "losses": result.losses}  # fmt: skip
     if result.loss_terms:
         out["loss_terms"] = result.loss_terms
@@ -249,7 +277,7 @@ def evaluate(
         measured = trainer.measure()
         assert measured is not None
         on_gpu = trainer.gpu is not None
-    out: dict[str, Any] = {"device": "cuda" if on_gpu else "cpu", **measured}
+    out: dict[str, Any] = {"device": "cuda" if on_gpu else "cpu", **_precision_json(build, on_gpu), **measured}
     if report:
         for line in metric_lines(measured):
             report(line)
@@ -283,8 +311,8 @@ def predict(
     save_npz(output, {"predict": values}, replace_readonly=replace_readonly)
     if report:
         report(f"wrote {output}: predict {list(values.shape)} for {len(values)} samples (the {split} split)")
-    return {"device": "cuda" if on_gpu else "cpu", "output": output, "split": split, "samples": len(values),
-            "shape": list(values.shape)}  # fmt: skip
+    return {"device": "cuda" if on_gpu else "cpu", **_precision_json(build, on_gpu), "output": output, "split": split,
+            "samples": len(values), "shape": list(values.shape)}  # fmt: skip
 
 
 def _source(build: Build, data_flag: str | None) -> tuple[str, dict[str, Any]]:
@@ -299,7 +327,8 @@ def _loaded(
 ) -> Iterator[Trainer]:  # fmt: skip
     """A trainer of `build` on `data` holding the parameters of `load`, on `driver` (else the GPU `device` picks)
     where it takes the program (under `auto`, else the CPU), the device line reported; the GPU is closed after."""
-    gpu, description, note = (driver, _given(driver), None) if driver else open_device(device, kernels=kernels)
+    gpu, description, note = (driver, _given(driver), None) if driver else open_device(device, kernels=kernels,
+                                                                                         tf32=build.tf32)  # fmt: skip
     try:
         trainer = Trainer(build, data)
         if gpu is not None:
@@ -313,7 +342,8 @@ def _loaded(
         if report:
             if note:
                 report(note)
-            report(f"device: {description}  network {build.program.graph.name}  data {kind}")
+            report(f"device: {description}  network {build.program.graph.name}  data {kind}"
+                   + _precision_line(build, trainer.gpu is not None))  # fmt: skip
         yield trainer
     finally:
         if gpu is not None:
@@ -359,7 +389,8 @@ def _train(
         if note:
             report(note)
         source = source or _data_label(kind, args, build.seed)
-        report(f"device: {description}  network {program.graph.name}  batch {batch}  data {source}")
+        report(f"device: {description}  network {program.graph.name}  batch {batch}  data {source}"
+               + _precision_line(build, trainer.gpu is not None))  # fmt: skip
         if session is not None:
             w, m = session.world, session.micro_batches
             report(f"data parallel: {w.size} rank(s) [{w.source}] x {m} micro-batch(es) of {batch}: global batch "

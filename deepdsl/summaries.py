@@ -52,6 +52,7 @@ def memory_report(
     if budget is not None and options.remat is None:
         b = api.plan_within(b, budget)
     r = report(b.train_plan, b.program.graph, b.remat, b.extra_flops, b.train, per_statement=per_statement)
+    r["precision"] = b.precision  # the plan's element types follow it (bf16: 2 bytes where the program stores bf16)
     if budget is not None:
         r["budget_bytes"], r["fits"] = budget, r["peak_bytes"] <= budget
         at_level = dataclasses.replace(options, remat=b.remat)
@@ -125,6 +126,7 @@ def check_json(p: Program) -> dict[str, Any]:
         "parameter_bytes": g.parameter_bytes,
         "inputs": {d.value.name: list(d.value.type.shape) for d in g.inputs},
         "outputs": {name: list(v.type.shape) for name, v in g.outputs},
+        "precision": p.train.precision,  # the train block's (nothing runs here; --precision is run's and memcheck's)
         "layers": [
             {"name": r.name, "op": r.kind, "output": list(r.output.shape), "parameters": r.parameters} for r in p.layers
         ],

@@ -39,6 +39,7 @@ def test_check_json_is_one_object_with_the_design_fields(cli) -> None:  # noqa: 
     assert obj["parameters"] == 431_080 and obj["parameter_bytes"] == 4 * 431_080
     assert obj["inputs"] == {"x": [8, 1, 28, 28], "y": [8]}
     assert obj["outputs"] == {"loss": [], "predict": [8, 10]}
+    assert obj["precision"] == "fp32"  # the train block's
     assert obj["layers"][0] == {"name": "cv1", "op": "conv", "output": [8, 20, 24, 24], "parameters": 520}
     assert sum(row["parameters"] for row in obj["layers"]) == 431_080
 

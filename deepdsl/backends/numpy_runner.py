@@ -13,9 +13,11 @@ import numpy as np
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import REGISTRY, Graph, ParamDef, Stmt
 from deepdsl.ir.analysis import last_uses, persistent
+from deepdsl.ir.types import DType
 from deepdsl.memory import Plan
 from deepdsl.memory.plan import workspace_need
 from deepdsl.ops.indexed import apply_epilogue
+from deepdsl.ops.precision import bf16_bits, from_bf16_bits
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ def run(
         need = workspace_need(s)  # the same algorithm as a plan with workspace, its scratch allocated here
         scratch = np.empty(need * np.dtype(dtype).itemsize // 4, dtype=np.uint8) if need else None
         out = _execute(s, env, dtype, scratch)
-        if check_finite and out.dtype.kind == "f" and not np.all(np.isfinite(out)):
+        if check_finite and out.dtype.kind in "fu" and not np.all(np.isfinite(_read(out))):
             where = f" in layer '{s.layer}'" if s.layer else ""
             raise NonFinite(f"statement %{s.out.name} = {s.op}(...){where} produced a NaN or Inf", s.span)
         reused = s.inputs[s.a["inplace"]].name if "inplace" in s.a else None
@@ -72,7 +74,7 @@ def run(
                 dead = env.pop(v.name)
                 if v.name not in views and v.name != reused:
                     live -= dead.nbytes
-    outputs = {name: env[v.name] for name, v in g.outputs}
+    outputs = {name: _read(env[v.name]) for name, v in g.outputs}
     updates = {name: env[v.name] for name, v in g.updates}
     return RunResult(outputs, updates, peak + sum(env[name].nbytes for name in held), peak)
 
@@ -87,10 +89,15 @@ def _execute(s: Stmt, env: dict[str, np.ndarray], dtype: type, workspace: np.nda
         return _kernel(s, env, dtype, workspace)
 
 
+def _read(x: np.ndarray) -> np.ndarray:
+    """A value as the kernels read it: a bf16 one (its bits in a uint16 array, --precision bf16) widened to float32."""
+    return from_bf16_bits(x) if x.dtype == np.uint16 else x
+
+
 def _kernel(s: Stmt, env: dict[str, np.ndarray], dtype: type, workspace: np.ndarray | None = None) -> np.ndarray:
     op = REGISTRY[s.op]
     assert op.numpy is not None, f"op {s.op} has no NumPy kernel"
-    xs = tuple(env[v.name] for v in s.inputs)
+    xs = tuple(_read(env[v.name]) for v in s.inputs)
 
     def primary(xs: tuple) -> np.ndarray:  # in the planned workspace where the plan gave the statement one
         # (a split sum's scratch holds a GPU's partial sums: NumPy sums without it)
@@ -104,6 +111,8 @@ def _kernel(s: Stmt, env: dict[str, np.ndarray], dtype: type, workspace: np.ndar
         out = primary(xs)
     if out.dtype.kind == "f" and out.dtype != dtype:
         out = out.astype(dtype)
+    if s.out.type.dtype is DType.BF16:  # stored as bf16: rounded here, at the point the plan says
+        out = bf16_bits(out)
     assert out.shape == s.out.type.shape, f"{s.op}: kernel gave {out.shape}, the shape rule {s.out.type.shape}"
     return out
 
@@ -140,7 +149,7 @@ def layout(p: Plan) -> ArenaLayout:
         if REGISTRY[s.op].view or s.out.name in p.in_state:
             results.append(None)
         else:
-            dtype = np.float32 if t.dtype.value == "f32" else np.int64
+            dtype = {"f32": np.float32, "bf16": np.uint16}.get(t.dtype.value, np.int64)
             results.append(np.ndarray(t.shape, dtype=dtype, buffer=arena, offset=p.buffer_of(s.out.name).offset))
         ws = p.workspace.get(s.out.name)
         scratch.append(arena[ws.offset : ws.offset + ws.nbytes] if ws else None)
@@ -166,15 +175,15 @@ def run_plan(p: Plan, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray
     memory it reads at other elements (memory/check.py `hazards`; never in a legal plan), that memory is poisoned
     first: on a device any element's write may land before another's read. `params` is not changed.
 
-    With `poison`, the whole arena is NaN before the step and a region turns NaN again as soon as its last reader
-    ran, so a read of memory the plan gave to something else shows in the results. `peak_bytes` is measured: the
-    bytes of the arena and of every input, parameter and state array the run held.
+    With `poison`, the whole arena is NaN (float32 and bf16) before the step and a region turns NaN again as soon as
+    its last reader ran, so a read of memory the plan gave to something else shows in the results. `peak_bytes` is
+    measured: the bytes of the arena and of every input, parameter and state array the run held.
     """
     g = p.graph
     lay = layout(p)
     arena = lay.arena
-    if poison:
-        arena.view(np.float32)[:] = np.nan
+    if poison:  # every byte 0xFF: a NaN in every float32 and every bf16
+        arena[:] = 0xFF
     env: dict[str, np.ndarray] = {}
     for d in g.inputs:
         floats = d.value.type.dtype.value == "f32"  # an input or the learning rate; labels and the step are int64
@@ -200,8 +209,8 @@ def run_plan(p: Plan, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray
             env[s.out.name] = storage
         if poison:
             for lo, hi in lay.dies[i]:
-                arena[lo:hi].view(np.float32)[:] = np.nan
-    outputs = {name: np.array(env[v.name]) for name, v in g.outputs}
+                arena[lo:hi] = 0xFF
+    outputs = {name: np.array(_read(env[v.name])) for name, v in g.outputs}
     # an update over its parameter is in this run's own copy; one in the arena is copied out of it
     updates = {name: env[v.name] if v.name in p.in_state else np.array(env[v.name]) for name, v in g.updates}
     return RunResult(outputs, updates, held, arena.nbytes)

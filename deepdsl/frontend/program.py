@@ -87,6 +87,7 @@ class TrainConfig:
     # multipliers (name, multiplier) of the parameters a name matches (the last match wins)
     freeze: tuple[str, ...] = ()
     lr_mult: tuple[tuple[str, float], ...] = ()
+    precision: str = "fp32"  # fp32 | tf32 | bf16 (ir/types.py PRECISIONS); --precision overrides it
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from deepdsl.frontend import ast, calls
 from deepdsl.frontend.builtins import FLOAT32_MAX, SPECS, ArgSpec
 from deepdsl.frontend.program import Schedule, TrainConfig, param_matches, param_matches_any
 from deepdsl.frontend.values import BuiltinFn, Spec, describe
-from deepdsl.ir.types import INT_MAX
+from deepdsl.ir.types import INT_MAX, PRECISIONS
 
 if TYPE_CHECKING:
     from deepdsl.frontend.elaborate import Elaborator
@@ -35,6 +35,7 @@ KEYS: dict[str, tuple[str, int]] = {
     # [optim] parameters that do not train, and per-parameter learning-rate multipliers (checked by _names)
     "freeze": ("freeze", 0),
     "lr_mult": ("lr_mult", 0),
+    "precision": ("precision", 0),  # fp32 | tf32 | bf16 (ir/types.py PRECISIONS)
 }
 
 
@@ -77,6 +78,9 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
         kind, low = KEYS[entry.key]
         if kind == "augment":  # its steps are names of the train block only (augment_config)
             values["augment"], values["augment_input"] = augment_config(entry, el)
+            continue
+        if kind == "precision":  # a bare name (bf16) or a string ("bf16"), never a value of the program
+            values["precision"] = _precision(entry)
             continue
         v = el.eval(entry.value, el.globals)
         if isinstance(v, BuiltinFn) and v.name in SPECS:  # `optimizer = sgd` without parentheses
@@ -147,6 +151,16 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
     if "save_every" in values and "save" not in values:
         raise DslProgramError("`save_every` needs `save`, the file to write", seen["save_every"].span)
     return TrainConfig(**values)
+
+
+def _precision(entry: ast.TrainEntry) -> str:
+    e = entry.value
+    name = e.name if isinstance(e, ast.Name) else e.value if isinstance(e, ast.StrLit) else None
+    if name not in PRECISIONS:
+        got = f"'{name}'" if name is not None else "an expression"
+        raise DslArgumentError(f"'precision' must be one of {', '.join(PRECISIONS)}, got {got}", e.span,
+                               hint=did_you_mean(name, PRECISIONS) if name else None)  # fmt: skip
+    return name
 
 
 def _gives_lr(e: ast.Expr) -> bool:

@@ -39,6 +39,8 @@ CheapRule = Callable[[tuple[TensorType, ...], dict[str, Any]], bool]
 WorkspaceRule = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], int]
 # (input types, output type, attrs) -> the vendor routine that computes the statement (ir/vendor.py), or None
 VendorRule = Callable[[tuple[TensorType, ...], TensorType, dict[str, Any]], Any]
+# (attrs) -> the storage kind under --precision bf16 of a statement whose attributes decide it (OpDef.storage)
+StorageRule = Callable[[dict[str, Any]], str]
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,20 @@ class OpDef:
     vendor: VendorRule | None = None  # the vendor library routine that may replace the op's own kernel (ir/vendor.py)
     # (input, value) where the op's value or slope jumps (ReLU's 0 in its input): the oracles sample these points
     kinks: tuple[tuple[int, float], ...] = ()
+    # under --precision bf16 (passes/precision.py), how the op stores its result: "bf16" (operands rounded to bf16,
+    # the result bf16, accumulated in fp32: GEMMs and convolutions), "bf16_out" (computes in fp32 from its inputs
+    # as they are, stores bf16: element-wise chains, pooling), "fp32" (reductions, statistics, softmax, losses, the
+    # optimiser) or "follow" (its first input's type: views, copies). "": derived, `follow` for a view, `bf16_out`
+    # for an element-wise op, else `fp32` (the safe side); or a rule of the statement's attributes (a fused
+    # statement: bf16_out unless its body reduces); `storage` gives it
+    storage: str | StorageRule = ""
+
+    def stores(self, attrs: dict[str, Any] | None = None) -> str:
+        """The op's storage fact under bf16 (see `storage`) for a statement with `attrs`, derived where it gives
+        none."""
+        if callable(self.storage):
+            return self.storage(attrs or {})
+        return self.storage or ("follow" if self.view else "bf16_out" if self.elementwise else "fp32")
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -160,6 +176,16 @@ def _attach(name: str, field: str) -> Callable[[Callable], Callable]:
         return fn
 
     return register
+
+
+STORAGE = ("bf16", "bf16_out", "fp32", "follow")
+
+
+def storage(kind: str | StorageRule, *names: str) -> None:
+    """The bf16 storage fact (OpDef.storage) of each op in `names`: a kind of STORAGE, or a rule giving one."""
+    assert callable(kind) or kind in STORAGE, kind
+    for name in names:
+        REGISTRY[name] = dataclasses.replace(REGISTRY[name], storage=kind)
 
 
 def numpy_kernel(*names: str) -> Callable[[NumpyKernel], NumpyKernel]:

@@ -13,13 +13,24 @@ INT_MAX = 2**31 - 1  # the largest integer attribute (a stride, window, pad, LRN
 MAX_ELEMENTS = 2**31 - 2**24  # the most elements of one tensor
 
 
+# the training precisions (`precision = ...` of the train block, `--precision`): fp32 everywhere; tf32: fp32 storage,
+# the vendor GEMMs and convolutions in TF32 tensor-op math; bf16: mixed precision, the values the ops' registry facts
+# allow stored as bfloat16 (passes/precision.py), fp32 master weights, optimiser state, statistics and losses
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
 class DType(Enum):
     F32 = "f32"
     I64 = "i64"
+    BF16 = "bf16"  # bfloat16: the top 16 bits of a float32 (8 exponent bits, 7 stored mantissa bits)
 
     @property
     def nbytes(self) -> int:
-        return 4 if self is DType.F32 else 8
+        return {DType.F32: 4, DType.I64: 8, DType.BF16: 2}[self]
+
+    @property
+    def floating(self) -> bool:
+        return self is not DType.I64
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,12 @@ class TensorType:
 
     def __str__(self) -> str:
         return f"{self.dtype.value}[{','.join(map(str, self.shape))}]"
+
+
+def computed(t: TensorType) -> TensorType:
+    """The type an op computes `t` in: a bf16 value (mixed precision, passes/precision.py) is read and written as
+    float32 by every kernel and only stored as bf16."""
+    return TensorType(t.shape, DType.F32) if t.dtype is DType.BF16 else t
 
 
 def f32(*shape: int) -> TensorType:

@@ -231,7 +231,7 @@ COLUMNS = {"allocated": "allocated", "freed": "freed", "workspace": "workspace",
 
 
 def format_report(r: dict[str, Any], with_rows: bool) -> str:
-    lines = [f"memcheck {r['network']}: one training step"]
+    lines = [f"memcheck {r['network']}: one training step" + (f" in {r['precision']}" if "precision" in r else "")]
     if with_rows:
         width = max([5, *(len(x["layer"]) for x in r["rows"])])
         per_statement = bool(r["rows"]) and "statement" in r["rows"][0]

@@ -13,6 +13,7 @@ from deepdsl.ops import (  # noqa: F401
     norm,
     optim,
     pool,
+    precision,
     random,
     reduce,
     resize,

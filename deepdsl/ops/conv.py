@@ -23,6 +23,7 @@ from deepdsl.ir.registry import (
     java_call,
     numpy_kernel,
     numpy_workspace_kernel,
+    storage,
     vendor_rule,
     vjp_rule,
     workspace_rule,
@@ -313,3 +314,6 @@ java_call(
     "Buf x, Buf g, int groups, int[] pad, int[] stride, int[] dilation, int[] wShape",
     cls="CpuConvolution",
 )
+
+# --precision bf16: operands and result in bf16, products accumulated in fp32 (cuDNN's bf16 convolutions)
+storage("bf16", "conv2d", "conv2d_backward_data", "conv2d_backward_filter")

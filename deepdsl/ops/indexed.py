@@ -12,7 +12,7 @@ import numpy as np
 
 from deepdsl.ir import index_grad
 from deepdsl.ir.indexexpr import IE, Apply, Const, Read, Reduce, Var, reads, renumber, shared_subexpressions
-from deepdsl.ir.registry import defop, eager_saves, flops_rule, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, eager_saves, flops_rule, numpy_kernel, storage, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 
@@ -156,3 +156,16 @@ def apply_epilogue(primary: np.ndarray, extras: tuple[np.ndarray, ...], epilogue
 
 # eager autograd keeps every input of a tensor function (its gradient may read any of them)
 eager_saves("indexed", which=("all",))
+
+
+def _reduces(e: IE) -> bool:
+    return isinstance(e, Reduce) or (isinstance(e, Apply) and any(_reduces(a) for a in e.args))
+
+
+def _body_storage(attrs: dict[str, Any]) -> str:
+    """--precision bf16: a body without a reduction is an element-wise chain, stored bf16; one that reduces fp32."""
+    body = attrs.get("body")
+    return "fp32" if body is None or _reduces(body) else "bf16_out"
+
+
+storage(_body_storage, "fused", "indexed")

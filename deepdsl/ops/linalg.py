@@ -13,6 +13,7 @@ from deepdsl.ir.registry import (
     index_form,
     java_call,
     numpy_kernel,
+    storage,
     vendor_rule,
     vjp_rule,
 )
@@ -184,3 +185,8 @@ java_call("linear", "Buf x, Buf w", cls="CpuGemm")
 java_call("matmul", "Buf a, Buf b, boolean transposeA, boolean transposeB", cls="CpuGemm")
 java_call("batch_matmul", "Buf a, Buf b, boolean transposeA, boolean transposeB", cls="CpuGemm")
 java_call("transpose", "Buf x, int[] perm", cls="CpuShapes")
+
+# --precision bf16: operands and result in bf16, products accumulated in fp32 (cublasGemmEx, CUBLAS_COMPUTE_32F)
+storage("bf16", "linear", "matmul")
+storage("bf16", "batch_matmul")  # attention's products likewise
+storage("follow", "transpose")  # a copy: its input's type

@@ -15,6 +15,7 @@ from deepdsl.ir.registry import (
     java_call,
     lowering,
     numpy_kernel,
+    storage,
     vendor_rule,
     vjp_rule,
 )
@@ -396,3 +397,6 @@ java_call(
     called=True,
 )
 java_call("lrn_backward", "Buf x, Buf y, Buf g, float alpha, float beta, float k, int size", cls="CpuNormalisation")
+
+# --precision bf16: the running statistics are fp32 state, updated in fp32
+storage("fp32", "running_update")

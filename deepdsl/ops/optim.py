@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from deepdsl.ir.indexexpr import IE
-from deepdsl.ir.registry import defop, flops_rule, index_form, numpy_kernel
+from deepdsl.ir.registry import defop, flops_rule, index_form, numpy_kernel, storage
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._index_forms import ap, c, pointwise
 
@@ -209,3 +209,6 @@ _INDEX_FORMS: dict[str, Any] = {
 }
 for _name, _form in _INDEX_FORMS.items():
     index_form(_name)(pointwise(_form))
+
+# --precision bf16: the optimiser reads fp32 master weights and state (a bf16 gradient widened) and writes fp32
+storage("fp32", *_OPS)

@@ -10,7 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, eager_saves, flops_rule, java_call, numpy_kernel, vendor_rule, vjp_rule
+from deepdsl.ir.registry import (
+    defop,
+    eager_saves,
+    flops_rule,
+    java_call,
+    numpy_kernel,
+    storage,
+    vendor_rule,
+    vjp_rule,
+)
 from deepdsl.ir.types import INT_MAX, ShapeError, TensorType
 from deepdsl.ir.vendor import Pool, PoolBackward
 from deepdsl.ops._helpers import emit_like as _e
@@ -232,3 +241,6 @@ java_call("avg_pool2d", "Buf x, int[] kernel, int[] pad, int[] stride", cls="Cpu
 java_call("avg_pool2d_backward", "Buf g, int[] inShape, int[] kernel, int[] pad, int[] stride", cls="CpuPooling")
 java_call("global_avg_pool", "Buf x", cls="CpuPooling")
 java_call("global_avg_pool_backward", "Buf g, int[] inShape", cls="CpuPooling")
+
+# --precision bf16: a window's max or mean of bf16 values, stored bf16 (computed in fp32)
+storage("bf16_out", "max_pool2d", "avg_pool2d", "max_pool2d_backward", "avg_pool2d_backward")

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.ir.registry import defop, flops_rule, java_call, numpy_kernel, vjp_rule
+from deepdsl.ir.registry import defop, flops_rule, java_call, numpy_kernel, storage, vjp_rule
 from deepdsl.ir.types import ShapeError, TensorType
 from deepdsl.ops._helpers import emit_like as _e
 
@@ -122,3 +122,6 @@ flops_rule("pad_axis")(_copy_flops)
 java_call("concat", "Buf[] ins, int axis", cls="CpuShapes")
 java_call("slice", "Buf x, int axis, int start, int stop", cls="CpuShapes")
 java_call("pad_axis", "Buf x, int axis, int size, int start", cls="CpuShapes")
+
+# --precision bf16: copies store their (first) input's element type
+storage("follow", "concat", "slice", "pad_axis")

@@ -21,6 +21,7 @@ from deepdsl.passes.fuse import fuse
 from deepdsl.passes.inline import inline
 from deepdsl.passes.inplace import inplace
 from deepdsl.passes.motion import motion
+from deepdsl.passes.precision import precision
 from deepdsl.passes.simplify import simplify
 from deepdsl.passes.vectorise import vectorise
 
@@ -38,10 +39,14 @@ PIPELINE: tuple[tuple[str, Pass, int], ...] = (
     ("dce", dce, 1),
     ("motion", motion, 2),
     ("inplace", inplace, 2),
+    # element types and casts from the ops' storage facts; the identity but under --precision bf16 (run_pipeline
+    # gives it the setting), so at every -O level and never switched off
+    ("precision", precision, 0),
 )
 
-# the passes every program runs (at their levels), which --no-pass may switch off; data_parallel runs only when asked
-PASS_NAMES = tuple(name for name, _, _ in PIPELINE if name != "data_parallel")
+# the passes --no-pass and --dump-after name: data_parallel runs only when asked; precision is no optimisation and
+# cannot be switched off
+PASS_NAMES = tuple(name for name, _, _ in PIPELINE if name not in ("data_parallel", "precision"))
 
 
 @dataclass(frozen=True)
@@ -62,13 +67,20 @@ def kernels(g: Graph) -> int:
 def run_pipeline(
     g: Graph, level: int = 2, disabled: tuple[str, ...] = (), check: bool = False,
     dump_after: Callable[[str, Graph], None] | None = None, bucketing: Bucketing | None = None,
+    precision: str = "fp32",
 ) -> tuple[Graph, tuple[PassStat, ...]]:  # fmt: skip
+    """`g` through PIPELINE at -O `level` without the `disabled` passes; `precision` (ir/types.py PRECISIONS) is
+    the setting the precision pass reads."""
     stats = []
     for name, fn, min_level in PIPELINE:
         if name == "data_parallel":
             if bucketing is None:
                 continue
             g = data_parallel(g, bucketing)
+        elif name == "precision":  # runs (and is reported) under bf16 only, where it is never switched off
+            if precision != "bf16":
+                continue
+            g = fn(g, precision)  # type: ignore[call-arg]
         elif level < min_level or name in disabled:
             continue
         else:

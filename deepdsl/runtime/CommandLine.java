@@ -23,6 +23,7 @@ final class CommandLine {
           + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--threads N]\n"
           + "           [--blas openblas|java|auto] [--kernels vendor|own|auto] [--no-graph] [--json]\n"
           + "           [--deterministic]\n"
+          + "           [--precision fp32|tf32]\n"
           + "           [--lr X] [--momentum X] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]"
           + " [--clip X] [--alpha X]\n"
           + "       java %1$s --eval --load FILE.npz [--data SOURCE] [--device ...] [--json]\n"
@@ -100,6 +101,7 @@ final class CommandLine {
   Integer threads;
   String blas = Blas.defaultChoice();
   String kernels = "auto";
+  String precision; // --precision fp32|tf32 (null: the compiled one, Settings.precision)
   boolean graph = true; // the CUDA device replays the train step as a CUDA graph (--no-graph: not)
   // the CUDA device's cuDNN convolutions are the heuristic's deterministic algorithms, not the fastest found
   boolean deterministic;
@@ -155,6 +157,7 @@ final class CommandLine {
               "--threads",
               "--blas",
               "--kernels",
+              "--precision",
               "--predict",
               "--split")
           .contains(arg)) {
@@ -190,6 +193,18 @@ final class CommandLine {
                 "--kernels takes vendor, own or auto, not '" + value + "'");
           }
           f.kernels = value;
+        }
+        case "--precision" -> {
+          if (value.equals("bf16")) {
+            throw new IllegalArgumentException(
+                "--precision bf16: the Java program runs fp32 and tf32 (bf16 mixed precision runs on"
+                    + " deepdsl run's NumPy runner)");
+          }
+          if (!List.of("fp32", "tf32").contains(value)) {
+            throw new IllegalArgumentException(
+                "--precision takes fp32 or tf32, not '" + value + "'");
+          }
+          f.precision = value;
         }
         default -> {
           if (!List.of("cpu", "cuda", "auto").contains(value)) {
@@ -287,6 +302,20 @@ final class CommandLine {
       s.append(String.format(Locale.ROOT, "%s %.4f  ", names[t], values[t]));
     }
     return s.toString();
+  }
+
+  /**
+   * {@code json}, one of the objects --json prints (it starts with the device), with the precision
+   * that ran after the device and, where it is not the one asked for, why (deepdsl run's fields).
+   */
+  static String withPrecision(String json, Device device, String asked) {
+    String ran = device.precision(asked);
+    String fields = ", \"precision\": \"" + ran + "\"";
+    if (!ran.equals(asked)) {
+      fields += ", \"precision_note\": \"" + Device.precisionNote(asked) + "\"";
+    }
+    int end = json.indexOf("\"", "{\"device\": \"".length()) + 1;
+    return json.substring(0, end) + fields + json.substring(end);
   }
 
   static String json(

@@ -183,6 +183,26 @@ final class CudaBlas implements AutoCloseable {
     }
   }
 
+  /**
+   * Every later GEMM in CUBLAS_TF32_TENSOR_OP_MATH (--precision tf32): float32 storage, TF32 tensor
+   * core products, float32 accumulation.
+   */
+  void setTf32() {
+    try {
+      ClassLoader loader = CudaBlas.class.getClassLoader();
+      Class<?> cublas = Class.forName("org.bytedeco.cuda.global.cublas", true, loader);
+      Class<?> context = Class.forName("org.bytedeco.cuda.cublas.cublasContext", true, loader);
+      check(
+          "cublasSetMathMode",
+          cublas.getMethod("cublasSetMathMode", context, int.class).invoke(null, handle, TF32_MATH));
+    } catch (ReflectiveOperationException e) {
+      throw new IllegalStateException("cublasSetMathMode: " + e, e);
+    }
+  }
+
+  /** CUBLAS_TF32_TENSOR_OP_MATH. */
+  private static final int TF32_MATH = 3;
+
   /** The library, its version and the file it was loaded from, for the device line. */
   String description() {
     return "cuBLAS " + version + loadedFrom("libcublas.so");

@@ -131,6 +131,10 @@ public final class CudaDevice extends CudaLibrary {
           why = "own kernel (" + e.getMessage().replaceFirst(": it needs .*|: add .*", "") + ")";
         }
       }
+      if (vendor != null && settings.precision.equals("tf32")) {
+        vendor.setTf32();
+        why += ", TF32";
+      }
       blas = vendor;
       gemms = why;
       CudaDnn library = null;
@@ -149,6 +153,10 @@ public final class CudaDevice extends CudaLibrary {
           why = "own kernels (" + e.getMessage().replaceFirst(": it needs .*|: add .*", "") + ")";
         }
       }
+      if (library != null && settings.precision.equals("tf32")) {
+        library.setTf32();
+        why += ", TF32";
+      }
       dnn = library;
       convolutions = why;
       graphChoice = graphs ? "on" : "off (--no-graph)";
@@ -161,6 +169,11 @@ public final class CudaDevice extends CudaLibrary {
   @Override
   public String name() {
     return "cuda";
+  }
+
+  @Override
+  public String precision(String asked) {
+    return asked; // tf32: cuBLAS and cuDNN in TF32 tensor-op math (set at start), our kernels fp32
   }
 
   @Override

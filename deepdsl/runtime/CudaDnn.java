@@ -81,6 +81,8 @@ final class CudaDnn implements AutoCloseable {
   private static final int FLOAT = 0;
   private static final int CROSS_CORRELATION = 1;
   private static final int FMA_MATH = 3;
+  private static final int TENSOR_OP_MATH = 1; // --precision tf32: TF32 tensor cores for float32
+  private int math = FMA_MATH; // the convolutions' math type (setTf32)
   private static final int DETERMINISTIC = 1;
   /** A convolution ready to run: its descriptors, its algorithm and the scratch that needs. */
   static final class Conv {
@@ -276,6 +278,11 @@ final class CudaDnn implements AutoCloseable {
     }
   }
 
+  /** The convolutions described from now on in CUDNN_TENSOR_OP_MATH (--precision tf32). */
+  void setTf32() {
+    math = TENSOR_OP_MATH;
+  }
+
   /** The library, its version and the file it was loaded from, for the device line. */
   String description() {
     return "cuDNN " + version + CudaBlas.loadedFrom("libcudnn_graph.so");
@@ -352,7 +359,7 @@ final class CudaDnn implements AutoCloseable {
           cd, pad[0], pad[1], stride[0], stride[1], dilation[0], dilation[1], CROSS_CORRELATION,
           FLOAT);
       call("cudnnSetConvolutionGroupCount", new Class<?>[] {convClass, i}, cd, groups);
-      call("cudnnSetConvolutionMathType", new Class<?>[] {convClass, i}, cd, FMA_MATH);
+      call("cudnnSetConvolutionMathType", new Class<?>[] {convClass, i}, cd, math);
       tensor(yd, y[0], y[1], y[2], y[3]);
       String shape =
           "x " + Arrays.toString(x) + " w " + Arrays.toString(w) + " y " + Arrays.toString(y)

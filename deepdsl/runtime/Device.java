@@ -18,6 +18,19 @@ public interface Device extends AutoCloseable {
    * Why the program runs here and not on CUDA, for a line of its own: only under {@code --device
    * auto} when CUDA could not be used; null otherwise.
    */
+  /**
+   * The precision this device computes in when {@code asked} (fp32 or tf32) is asked for: the CPU
+   * has no TF32 math and runs tf32 as fp32 (and says so: {@link #precisionNote}).
+   */
+  default String precision(String asked) {
+    return "fp32";
+  }
+
+  /** Why {@code asked} ran as fp32, for the device line and --json. */
+  static String precisionNote(String asked) {
+    return asked + " asked: the CPU device has no TF32 math and runs it as fp32";
+  }
+
   default String note() {
     return null;
   }

@@ -482,6 +482,10 @@ public abstract class Network extends NetworkTensors {
     if (flags.deterministic) {
       net.settings.deterministic = true;
     }
+    if (flags.precision != null) { // the device reads it when it starts (CudaDevice: TF32 math)
+      net.settings.precision = flags.precision;
+    }
+    String asked = net.settings.precision;
     try (Device device =
         Device.open(flags.device, net.settings, net.workspaceLimit, flags.kernels, flags.graph)) {
       // where the run saves: --save, else the train block's save (never under --eval or --predict)
@@ -522,12 +526,14 @@ public abstract class Network extends NetworkTensors {
       if (device.note() != null) {
         info.println(device.note());
       }
+      String ran = device.precision(asked);
       info.printf(
-          "device: %s  network %s  batch %d  data %s%n",
+          "device: %s  network %s  batch %d  data %s  precision %s%n",
           device.description(),
           name,
           net.batchSize(),
-          net.data == null ? "none (no iterations)" : CommandLine.dataLabel(source, net.settings.seed));
+          net.data == null ? "none (no iterations)" : CommandLine.dataLabel(source, net.settings.seed),
+          ran.equals(asked) ? ran : ran + " (" + Device.precisionNote(asked) + ")");
       net.reportTo(flags.json ? null : System.out);
       long t0 = System.nanoTime();
       float[] losses = net.train(iterations);
@@ -544,13 +550,16 @@ public abstract class Network extends NetworkTensors {
         List<String> nonfinite = new ArrayList<>();
         String loss = CommandLine.jsonNumber(tested[0], "test_loss", nonfinite);
         System.out.println(
-            "{\"device\": \""
-                + device.name()
-                + "\", \"test_loss\": "
-                + loss
-                + CommandLine.metrics(tested)
-                + CommandLine.nonfinite(nonfinite)
-                + "}");
+            CommandLine.withPrecision(
+                "{\"device\": \""
+                    + device.name()
+                    + "\", \"test_loss\": "
+                    + loss
+                    + CommandLine.metrics(tested)
+                    + CommandLine.nonfinite(nonfinite)
+                    + "}",
+                device,
+                asked));
       } else if (flags.json) {
         String json =
             CommandLine.json(
@@ -566,7 +575,9 @@ public abstract class Network extends NetworkTensors {
                 net.lossTermNames(),
                 net.termValues);
         // the device's own fields (the CUDA device: cuDNN's scratch and each convolution's algorithm)
-        System.out.println(json.substring(0, json.length() - 1) + device.jsonFields() + "}");
+        System.out.println(
+            CommandLine.withPrecision(
+                json.substring(0, json.length() - 1) + device.jsonFields() + "}", device, asked));
       } else {
         if (tested != null) {
           System.out.print(CommandLine.metricLines(tested));

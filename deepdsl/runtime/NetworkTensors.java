@@ -40,9 +40,18 @@ public abstract class NetworkTensors {
     boolean predictIntegers;
     Augment augment; // the train block's augment: null without one
     String regressionTarget; // the input predict is compared with for the test's mean absolute error
+    // fp32 or tf32 (deepdsl compile --precision, the train block's precision; --precision overrides
+    // it): tf32 runs the CUDA device's cuBLAS GEMMs and cuDNN convolutions in TF32 tensor-op math
+    String precision = "fp32";
 
     public Settings(String name) {
       this.name = name;
+    }
+
+    /** The precision compiled in (fp32 unless given): tf32 on the CUDA device's libraries. */
+    public Settings precision(String precision) {
+      this.precision = precision;
+      return this;
     }
 
     public Settings seed(long seed) {

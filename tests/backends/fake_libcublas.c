@@ -4,6 +4,10 @@
  * cuBLAS checks them (CUBLAS_STATUS_INVALID_VALUE), C not read when beta is 0 — in plain loops, accumulated in
  * double. Only the calls the runner makes are here. `fake_cublas_calls` counts the GEMMs, for the tests.
  *
+ * The math mode (cublasSetMathMode) is kept per handle: under CUBLAS_TF32_TENSOR_OP_MATH a GEMM rounds its operands
+ * to TF32 (10 mantissa bits, round to nearest even, as the tensor cores read float32) before multiplying, and
+ * `fake_cublas_tf32_calls` counts those GEMMs; under the default math they are exact float32.
+ *
  * For the Java CUDA device it is built as libcublas.so.13 too (cuda13_stand_ins.py), with -DFAKE_CUBLAS_VERSION=130000
  * and a linker version script giving every symbol the version node `libcublas.so.13`, which JavaCPP's bindings
  * (libjnicublas.so) require; the count is also written at exit to the file $FAKE_CUBLAS_CALLS names, if set.
@@ -23,18 +27,27 @@
 typedef int cublasStatus_t;
 typedef struct {
   void *stream;
+  int math;
 } *cublasHandle_t;
 
 enum { OK = 0, NOT_INITIALIZED = 1, INVALID_VALUE = 7 };
-static long long calls;
+enum { DEFAULT_MATH = 0, TENSOR_OP_MATH = 1, PEDANTIC_MATH = 2, TF32_TENSOR_OP_MATH = 3 };
+static long long calls, tf32_calls;
 
 long long fake_cublas_calls(void) { return calls; }
+long long fake_cublas_tf32_calls(void) { return tf32_calls; }
 
 __attribute__((destructor)) static void write_calls(void) {
   const char *path = getenv("FAKE_CUBLAS_CALLS");
   FILE *f = path ? fopen(path, "w") : NULL;
   if (f) {
     fprintf(f, "%lld\n", calls);
+    fclose(f);
+  }
+  path = getenv("FAKE_CUBLAS_TF32_CALLS"); /* the GEMMs run in CUBLAS_TF32_TENSOR_OP_MATH */
+  f = path ? fopen(path, "w") : NULL;
+  if (f) {
+    fprintf(f, "%lld\n", tf32_calls);
     fclose(f);
   }
 }
@@ -53,6 +66,17 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t h, void *stream) {
   h->stream = stream;
   return OK;
 }
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, int mode) {
+  if (!h) return NOT_INITIALIZED;
+  if (mode < DEFAULT_MATH || mode > TF32_TENSOR_OP_MATH) return INVALID_VALUE;
+  h->math = mode;
+  return OK;
+}
+cublasStatus_t cublasGetMathMode(cublasHandle_t h, int *mode) {
+  if (!h) return NOT_INITIALIZED;
+  *mode = h->math;
+  return OK;
+}
 cublasStatus_t cublasGetVersion_v2(cublasHandle_t h, int *version) {
   if (!h) return NOT_INITIALIZED;
   *version = FAKE_CUBLAS_VERSION;
@@ -64,8 +88,15 @@ static int max1(int x) { return x > 1 ? x : 1; }
 /* element (i, j) of op(X), X column-major with leading dimension ld */
 static float at(const float *x, int ld, int op, int i, int j) { return op ? x[j + (long long)i * ld] : x[i + (long long)j * ld]; }
 
+/* x rounded to TF32: the 13 low mantissa bits dropped, round to nearest even (finite values) */
+static float tf32(float x) {
+  union { float f; unsigned u; } v = {x};
+  if ((v.u & 0x7f800000u) != 0x7f800000u) v.u = (v.u + 0xfffu + ((v.u >> 13) & 1u)) & ~0x1fffu;
+  return v.f;
+}
+
 typedef struct {
-  int ta, tb, m, n, k, lda, ldb, ldc, batch;
+  int ta, tb, m, n, k, lda, ldb, ldc, batch, tf32;
   float alpha, beta;
   const float *a, *b;
   float *c;
@@ -84,13 +115,17 @@ static void run(void *arg) {
     for (int j = 0; j < n; j++) {
       for (int i = 0; i < m; i++) {
         double s = 0.0;
-        for (int q = 0; q < k; q++) s += (double)at(ap, lda, ta, i, q) * at(bp, ldb, tb, q, j);
+        for (int q = 0; q < k; q++) {
+          float x = at(ap, lda, ta, i, q), y = at(bp, ldb, tb, q, j);
+          s += g->tf32 ? (double)tf32(x) * tf32(y) : (double)x * y;
+        }
         float *out = &cp[i + (long long)j * ldc];
         *out = (float)(*alpha * s + (*beta == 0.0f ? 0.0 : (double)*beta * *out));
       }
     }
   }
   calls++;
+  tf32_calls += g->tf32;
 }
 
 typedef int (*capture_fn)(void *stream, void (*run)(void *), const void *arg, size_t n);
@@ -118,7 +153,7 @@ static cublasStatus_t gemm(cublasHandle_t h, int ta, int tb, int m, int n, int k
   if (!h) return NOT_INITIALIZED;
   if ((ta != 0 && ta != 1) || (tb != 0 && tb != 1) || m < 0 || n < 0 || k < 0 || batch < 0) return INVALID_VALUE;
   if (lda < max1(ta ? k : m) || ldb < max1(tb ? n : k) || ldc < max1(m)) return INVALID_VALUE;
-  call g = {ta, tb, m, n, k, lda, ldb, ldc, batch, *alpha, *beta, a, b, c, sa, sb, sc};
+  call g = {ta, tb, m, n, k, lda, ldb, ldc, batch, h->math == TF32_TENSOR_OP_MATH, *alpha, *beta, a, b, c, sa, sb, sc};
   capture_fn capture = recorder();
   if (!capture || !capture(h->stream, run, &g, sizeof g)) run(&g);
   return OK;

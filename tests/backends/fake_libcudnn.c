@@ -53,6 +53,9 @@ typedef struct {
 
 static long long calls;
 long long fake_cudnn_calls(void) { return calls; }
+/* the convolutions run under a math type that allows TF32 (any but CUDNN_FMA_MATH = 3), computed as the others */
+static long long tf32_calls;
+long long fake_cudnn_tf32_calls(void) { return tf32_calls; }
 
 #ifdef FAKE_CUDNN_WRITES_CALLS /* the one copy of the stand-ins for the Java device that counts (cuda13_stand_ins.py) */
 __attribute__((destructor)) static void write_calls(void) {
@@ -60,6 +63,12 @@ __attribute__((destructor)) static void write_calls(void) {
   FILE *f = path ? fopen(path, "w") : NULL;
   if (f) {
     fprintf(f, "%lld\n", calls);
+    fclose(f);
+  }
+  path = getenv("FAKE_CUDNN_TF32_CALLS"); /* the convolutions whose math type allows TF32 */
+  f = path ? fopen(path, "w") : NULL;
+  if (f) {
+    fprintf(f, "%lld\n", tf32_calls);
     fclose(f);
   }
 }
@@ -317,6 +326,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, cudnnT
   if (!h || s != OK) return s == OK ? BAD_PARAM : s;
   if ((s = algorithm_ok(FORWARD, algo, wd, yd, ws, ws_bytes)) != OK) return s;
   if (recorded(FORWARD, h, alpha, xd, x, wd, w, d, algo, ws, ws_bytes, beta, yd, y)) return OK;
+  tf32_calls += d->math != 3;
   float a = *(const float *)alpha, b = *(const float *)beta;
   const float *xs = x, *wt = w;
   float *ys = y, *cols = ws;
@@ -378,6 +388,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha, c
   cudnnStatus_t s = check_call(DATA, h, dxd, wd, d, dyd, algo, ws, ws_bytes);
   if (s != OK) return s;
   if (recorded(DATA, h, alpha, wd, w, dyd, dy, d, algo, ws, ws_bytes, beta, dxd, dx)) return OK;
+  tf32_calls += d->math != 3;
   float a = *(const float *)alpha, b = *(const float *)beta;
   const float *wt = w, *g = dy;
   float *out = dx, *cols = ws;
@@ -418,6 +429,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
   cudnnStatus_t s = check_call(FILTER, h, xd, dwd, d, dyd, algo, ws, ws_bytes);
   if (s != OK) return s;
   if (recorded(FILTER, h, alpha, xd, x, dyd, dy, d, algo, ws, ws_bytes, beta, dwd, dw)) return OK;
+  tf32_calls += d->math != 3;
   float a = *(const float *)alpha, b = *(const float *)beta;
   const float *xs = x, *g = dy;
   float *out = dw, *cols = ws;

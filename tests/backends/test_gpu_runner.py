@@ -223,7 +223,9 @@ def test_auto_falls_back_to_the_cpu_when_the_gpu_cannot_take_the_plan(
 
     small = EmulatedDriver(tmp_path, capacity=10_000)
     monkeypatch.setattr(
-        running, "open_device", lambda device, double=False, kernels="auto": (small, "cuda (a small GPU)", None)
+        running,
+        "open_device",
+        lambda device, double=False, kernels="auto", tf32=False: (small, "cuda (a small GPU)", None),
     )
     lines: list[str] = []
     got = run_training(_build(TINY, "tiny.ddsl"), iters=1, device="auto", report=lines.append)
@@ -269,7 +271,7 @@ def test_eval_and_predict_run_on_the_gpu_runner(tmp_path: Path) -> None:
     want = evaluate(build, str(tmp_path / "p.npz"), "synthetic", device="cpu")
     got = evaluate(build, str(tmp_path / "p.npz"), "synthetic", driver=EmulatedDriver(tmp_path / "1"))
     assert got["device"] == "cuda"
-    assert set(got) == set(want) == {"device", "test_loss", "test_accuracy", "test_top5_accuracy"}
+    assert set(got) == set(want) == {"device", "precision", "test_loss", "test_accuracy", "test_top5_accuracy"}
     assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
     assert got["test_accuracy"] == pytest.approx(want["test_accuracy"])
     x = np.random.default_rng(3).random((6, 3, 8, 8), np.float32)  # 6 samples: a batch of 4 and a partial one
@@ -344,8 +346,8 @@ def test_the_train_step_is_one_graph_from_the_second_step_on(tmp_path: Path) -> 
     assert on.recording is not None and len(on.recording) == len(step.launches) + len(step.copies)
     assert got["losses"] == want["losses"] and same_bits(params, want_params)
     assert got["test_loss"] == want["test_loss"]  # the test steps after the graph run call for call
-    assert lines[0].startswith("device: cuda (") and lines[0].endswith("; graph: on)  network Tiny  batch 4  data "
-                                                                        "synthetic (seed 2)")  # fmt: skip
+    assert lines[0].startswith("device: cuda (")
+    assert lines[0].endswith("; graph: on)  network Tiny  batch 4  data synthetic (seed 2)  precision fp32")
     assert "; graph: off (--no-graph))" in off_lines[0]
     assert got["gpu_graph"] == "on" and want["gpu_graph"] == "off (--no-graph)"
     dropped = _DroppingDriver(tmp_path)

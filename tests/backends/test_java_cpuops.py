@@ -37,6 +37,7 @@ NOT_CPUOPS |= {"sample_normal", "sample_uniform"}  # lowered to random_normal / 
 # data-parallel statements (ops/collective.py): the runners perform the collectives themselves, no CpuOps method
 NOT_CPUOPS |= {"allreduce_start", "allreduce_wait", "bucket_slice", "dropout_mask_at", "random_normal_at",
                "random_uniform_at"}  # fmt: skip
+NOT_CPUOPS |= {"cast_bf16"}  # --precision bf16's cast: the NumPy runner's alone (compile refuses bf16)
 
 # the ops whose work is matrix products (CpuGemm.gemm), run once more with OpenBLAS as the SGEMM
 GEMM_OPS = {"conv2d", "conv2d_backward_data", "conv2d_backward_filter", "linear", "matmul", "batch_matmul"}

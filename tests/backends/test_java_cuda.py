@@ -459,3 +459,23 @@ def test_the_cuda_device_finds_the_convolution_algorithms_the_python_runner_does
         line = "the fastest cuDNN finds" if not deterministic else "cuDNN's heuristic, deterministic"
         assert line in got["stderr"]
     assert len(rest) == 1
+
+
+def test_precision_tf32_runs_cublas_and_cudnn_in_tf32_math(programs: Path, cuda13: Path, cudnn9: Path) -> None:
+    """--precision tf32 on the CUDA device: every GEMM in CUBLAS_TF32_TENSOR_OP_MATH and every convolution in
+    CUDNN_TENSOR_OP_MATH (the stand-ins count them), said on the device line and in --json; fp32 runs none so; the
+    CPU device runs tf32 as fp32 and says so."""
+    gemms, convolutions = programs / "Small.tf32_gemms", programs / "Small.tf32_convolutions"
+    counted = {"FAKE_CUBLAS_TF32_CALLS": str(gemms), "FAKE_CUDNN_TF32_CALLS": str(convolutions)}
+    want = cpu(programs, "Small", "--iters", "3")
+    for precision in ("fp32", "tf32"):
+        got = run(programs, "Small", "--iters", "3", "--kernels", "vendor", "--precision", precision,
+                  vendor=[cuda13, cudnn9], extra=counted)  # fmt: skip
+        assert got["rc"] == 0, got["stderr"]
+        assert got["precision"] == precision and "precision_note" not in got
+        tf32 = int(gemms.read_text()), int(convolutions.read_text())
+        assert (min(tf32) > 0) if precision == "tf32" else tf32 == (0, 0)
+        assert (", TF32;" in got["stderr"]) == (precision == "tf32")
+        np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-2)  # TF32 keeps ~3 decimal digits
+    on_cpu = cpu(programs, "Small", "--iters", "1", "--precision", "tf32")
+    assert on_cpu["precision"] == "fp32" and "no TF32 math" in on_cpu["precision_note"]

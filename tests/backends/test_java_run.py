@@ -221,7 +221,7 @@ def test_devices(programs: Path) -> None:
     lines = r.stderr.splitlines()
     assert "CUDA" not in r.stderr, r.stderr
     assert lines[0].startswith("device: cpu (Java, ") and lines[0].endswith(
-        "network MLP  batch 16  data synthetic (seed 1)"
+        "network MLP  batch 16  data synthetic (seed 1)  precision fp32"
     )
     r = java(build, "MLP", "--data", "synthetic", "--iters", "1", "--device", "cpu", cwd=programs)
     assert r.returncode == 0 and "CUDA" not in r.stdout + r.stderr
@@ -328,7 +328,7 @@ def test_eval_reports_the_test_loss_of_saved_parameters_as_deepdsl_eval_does(cli
     assert r.exit_code == 0, r.output
     want = json.loads(r.stdout)
     got = java_run(programs, "MLP", "--eval", "--load", str(saved))
-    assert set(got) == set(want) == {"device", "test_loss", "test_accuracy", "test_top5_accuracy"}
+    assert set(got) == set(want) == {"device", "precision", "test_loss", "test_accuracy", "test_top5_accuracy"}
     assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
     assert got["test_accuracy"] == pytest.approx(want["test_accuracy"], abs=0.02)
     bad = java(programs / "build", "MLP", "--eval", "--iters", "3", cwd=programs)

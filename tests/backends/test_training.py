@@ -187,7 +187,8 @@ def test_eval_and_predict_use_a_trained_network(cli, tmp_path) -> None:  # noqa:
     trained = json.loads(r.stdout)
     r = cli("eval", net, "--set", "N=8", "--load", str(saved), "--device", "cpu", "--json")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout) == {"device": "cpu", "test_loss": pytest.approx(trained["test_loss"], rel=1e-6),
+    assert json.loads(r.stdout) == {"device": "cpu", "precision": "fp32",
+                                    "test_loss": pytest.approx(trained["test_loss"], rel=1e-6),
                                     "test_mae": pytest.approx(trained["test_mae"], rel=1e-6)}  # fmt: skip
     x = np.random.default_rng(1).random((11, 64), np.float32)
     np.savez(tmp_path / "x.npz", x=x, y=np.zeros(11, np.int64))  # arrays predict does not read are ignored

@@ -703,8 +703,8 @@ def _emulated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, folders: list[Pat
     """`--device cuda` opens the emulated GPU, whose vendor libraries are searched in `folders` only."""
     monkeypatch.setattr(running, "pycuda_available", lambda: True)
 
-    def driver(kernels: str) -> EmulatedDriver:
-        return EmulatedDriver(tmp_path / "gpu", vendor=open_vendor(kernels, folders))
+    def driver(kernels: str, tf32: bool = False) -> EmulatedDriver:
+        return EmulatedDriver(tmp_path / "gpu", vendor=open_vendor(kernels, folders, tf32=tf32))
 
     monkeypatch.setattr(running, "PyCudaDriver", driver)
 

@@ -24,7 +24,7 @@ import deepdsl.backends.cuda  # noqa: F401 — attaches the CUDA fields to the e
 from deepdsl.backends.java import runtime_sources
 from deepdsl.ir import REGISTRY, TensorType
 from deepdsl.ir.indexexpr import IE, Apply, Reduce
-from deepdsl.ir.registry import JavaCall, OpDef, lookup
+from deepdsl.ir.registry import STORAGE, JavaCall, OpDef, lookup
 from deepdsl.ir.types import DType, ShapeError
 from deepdsl.ir.vendor import (
     BatchNorm,
@@ -152,6 +152,7 @@ EXAMPLES = {
                          {"shape": (2, 3), "site": "z", "seed": 1}),
     "random_uniform_at": ((TensorType((), DType.I64), TensorType((), DType.I64)),
                           {"shape": (2, 3), "site": "u", "seed": 1, "low": -1.0, "high": 2.0}),
+    "cast_bf16": ((X4,), {}),
 }  # fmt: skip
 
 EXPECTED = {
@@ -188,6 +189,11 @@ LOWERED = {
 FROM_BODY = {
     "fused": "its kernel is compiled from its body attribute",
     "indexed": "its kernel is compiled from its body attribute",
+}
+# ops only the NumPy runner runs: why the CUDA and Java backends have no kernel for them (yet)
+NUMPY_ONLY = {
+    "cast_bf16": "made only by passes/precision.py under --precision bf16, which the CUDA runner and the Java program "
+    "refuse",
 }
 # differentiable ops of which eager autograd keeps no tensor for the backward pass (`saves` None)
 KEEPS_NOTHING = {
@@ -279,6 +285,8 @@ def _exempt_kernel(op: OpDef) -> Exemption:
         return "the backends write its kernel from its index form", not (op.java is not None and op.java.called)
     if op.name in RUNNER_PERFORMS:
         return RUNNER_PERFORMS[op.name], False
+    if op.name in NUMPY_ONLY:
+        return NUMPY_ONLY[op.name], False
     return _lowered(op) or ((FROM_BODY[op.name], True) if op.name in FROM_BODY else None)
 
 
@@ -312,6 +320,7 @@ COVERED = {
     "classifies": "checked: a classifying op is a differentiable scalar of (scores [N, K], labels [N])",
     "vendor": "optional (None: our kernels only); test_every_vendor_fact_computes_the_op runs it on EXAMPLES",
     "kinks": "optional (none: smooth); test_every_listed_kink_is_one and test_unlisted_ops_are_smooth check it",
+    "storage": "optional (derived from view and elementwise); test_every_storage_fact_is_one_the_pass_knows",
 }
 
 
@@ -382,6 +391,23 @@ def op_problems(op: OpDef) -> list[str]:
 
 def test_every_op_has_every_fact() -> None:
     assert problems(REGISTRY) == []
+
+
+def test_every_storage_fact_is_one_the_pass_knows() -> None:
+    """--precision bf16 reads `stores` of every op: a known kind, and bf16 operands only for GEMMs and convolutions
+    (ops that accumulate in fp32); no reduction or loss stores bf16 (the numerics of mixed precision)."""
+    for name, op in REGISTRY.items():
+        if callable(op.storage):  # a rule of the statement (fused, indexed): tests/test_precision_bf16.py
+            continue
+        assert op.stores() in STORAGE, name
+        if op.stores() == "bf16":
+            assert (
+                op.accepts_epilogue and op.name in ("linear", "matmul", "batch_matmul") or op.name.startswith("conv2d")
+            ), name
+    fp32 = ("softmax_cross_entropy", "mse", "channel_sum", "channel_mean", "channel_var", "sum", "softmax",
+            "layer_norm_rows", "running_update", "sgd_step", "sgd_momentum", "adam_moment", "adam_step")  # fmt: skip
+    assert [name for name in fp32 if REGISTRY[name].stores() != "fp32"] == []
+    assert REGISTRY["reshape"].stores() == "follow" and REGISTRY["relu"].stores() == "bf16_out"
 
 
 def test_the_checker_covers_every_field_of_an_entry() -> None:

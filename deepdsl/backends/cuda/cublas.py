@@ -9,6 +9,7 @@ from deepdsl.errors import DslProgramError
 from deepdsl.ir.vendor import Gemm
 
 _OP_N, _OP_T = 0, 1
+_DEFAULT_MATH, _TF32_TENSOR_OP_MATH = 0, 3  # cublasMath_t: float32 FMA, or TF32 tensor cores for float32 GEMMs
 _STATUS = {1: "NOT_INITIALIZED", 3: "ALLOC_FAILED", 7: "INVALID_VALUE", 8: "ARCH_MISMATCH", 11: "MAPPING_ERROR",
            13: "EXECUTION_FAILED", 14: "INTERNAL_ERROR", 15: "NOT_SUPPORTED", 16: "LICENSE_ERROR"}  # fmt: skip
 
@@ -32,6 +33,7 @@ class Cublas:
         v = version.value
         self.version = f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v % 1000 // 10}"
         self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self.tf32 = False
         i, p, ll = ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong
         lib.cublasSgemm_v2.argtypes = [p, i, i, i, i, i, p, p, i, p, i, p, p, i]
         lib.cublasSgemmStridedBatched.argtypes = [p, i, i, i, i, i, p, p, i, ll, p, i, ll, p, p, i, ll, i]
@@ -40,9 +42,15 @@ class Cublas:
         """Issue every later call on `stream` (the driver's, so that a capture of it records them)."""
         _check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream)), "cublasSetStream_v2")
 
+    def set_tf32(self, on: bool) -> None:
+        """Every later GEMM in TF32 tensor-op math (--precision tf32: float32 storage, TF32 products) or not."""
+        mode = _TF32_TENSOR_OP_MATH if on else _DEFAULT_MATH
+        _check(self.lib.cublasSetMathMode(self.handle, ctypes.c_int(mode)), "cublasSetMathMode")
+        self.tf32 = on
+
     @property
     def description(self) -> str:
-        return f"cuBLAS {self.version} ({Path(self.path).name})"
+        return f"cuBLAS {self.version} ({Path(self.path).name}{'; TF32' if self.tf32 else ''})"
 
     def gemm(self, g: Gemm, c: int, a: int, b: int) -> None:
         """C = op(A) @ op(B) of row-major matrices at device addresses c, a, b: cuBLAS is column-major, and a

@@ -47,6 +47,7 @@ from deepdsl.ir.vendor import (
 )
 
 _NCHW, _FLOAT, _CROSS_CORRELATION, _FMA_MATH = 0, 0, 1, 3
+_TENSOR_OP_MATH = 1  # --precision tf32: float32 convolutions may run on TF32 tensor cores
 _MAX_DETERMINISTIC, _AVG_INCLUDE_PADDING, _PROPAGATE_NAN = 3, 1, 1
 _SOFTMAX_ACCURATE, _SOFTMAX_LOG, _SOFTMAX_CHANNEL, _LRN_CROSS_CHANNEL = 1, 2, 1, 0
 _BATCHNORM_SPATIAL = 1
@@ -138,6 +139,7 @@ class Cudnn:
         v = int(lib.cudnnGetVersion())
         self.version = f"{v // 10000}.{v % 10000 // 100}.{v % 100}"
         self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self.math = _FMA_MATH  # the convolutions' math type: set_tf32 changes it for the descriptors made after
         self.descriptors: list[tuple[str, ctypes.c_void_p]] = []  # (destroy call, descriptor), freed at close
         p, i, z = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
         for call in ALGORITHMS:
@@ -161,9 +163,13 @@ class Cudnn:
         """Issue every later call on `stream` (the driver's, so that a capture of it records them)."""
         self._check(self.lib.cudnnSetStream(self.handle, ctypes.c_void_p(stream)), "cudnnSetStream")
 
+    def set_tf32(self, on: bool) -> None:
+        """The convolutions prepared from now on in TF32 tensor-op math (--precision tf32), or FMA float32."""
+        self.math = _TENSOR_OP_MATH if on else _FMA_MATH
+
     @property
     def description(self) -> str:
-        return f"cuDNN {self.version} ({Path(self.path).name})"
+        return f"cuDNN {self.version} ({Path(self.path).name}{'; TF32' if self.math == _TENSOR_OP_MATH else ''})"
 
     def _check(self, status: int, call: str) -> None:
         if status != 0:
@@ -196,7 +202,7 @@ class Cudnn:
         check(lib.cudnnSetConvolution2dDescriptor(conv, ph, pw, sh, sw, dh, dw, _CROSS_CORRELATION, _FLOAT),
               "cudnnSetConvolution2dDescriptor")  # fmt: skip
         check(lib.cudnnSetConvolutionGroupCount(conv, c.groups), "cudnnSetConvolutionGroupCount")
-        check(lib.cudnnSetConvolutionMathType(conv, _FMA_MATH), "cudnnSetConvolutionMathType")
+        check(lib.cudnnSetConvolutionMathType(conv, self.math), "cudnnSetConvolutionMathType")
         dims = [ctypes.c_int() for _ in range(4)]
         check(lib.cudnnGetConvolution2dForwardOutputDim(conv, x, w, *map(ctypes.byref, dims)),
               "cudnnGetConvolution2dForwardOutputDim")  # fmt: skip

@@ -313,7 +313,7 @@ class PyCudaDriver:
     cannot record the legacy default stream): the host copies, on the default stream, wait for its work and it for
     theirs, so program order holds. Graphs are captured from it through libcuda (graphs.py)."""
 
-    def __init__(self, kernels: str = "own") -> None:
+    def __init__(self, kernels: str = "own", tf32: bool = False) -> None:
         cuda = _import_pycuda()
         try:
             cuda.init()
@@ -337,7 +337,8 @@ class PyCudaDriver:
         self.module: Any = None
         self.stream = cuda.Stream()
         try:
-            self.vendor = open_vendor(kernels, stream=self.stream.handle)  # on this context, on the launches' stream
+            # on this context, on the launches' stream; tf32: the libraries' GEMMs and convolutions in TF32 math
+            self.vendor = open_vendor(kernels, stream=self.stream.handle, tf32=tf32)
         except DslProgramError:
             self.context.pop()
             raise

@@ -222,9 +222,10 @@ def _open(kind: type, sonames: Sequence[str], folders: Sequence[Path] | None, st
     return None, "; ".join(tried) or f"{' or '.join(sonames)} not found"
 
 
-def open_vendor(kernels: str, folders: Sequence[Path] | None = None, stream: int = 0) -> Vendor:
+def open_vendor(kernels: str, folders: Sequence[Path] | None = None, stream: int = 0, tf32: bool = False) -> Vendor:
     """The vendor libraries for `--kernels` (call it with the GPU's context current): `own` none; `vendor` cuBLAS
-    and cuDNN, or a MissingLibrary error naming what is missing and how to install it; `auto` those that load."""
+    and cuDNN, or a MissingLibrary error naming what is missing and how to install it; `auto` those that load.
+    `tf32`: their GEMMs and convolutions in TF32 tensor-op math (--precision tf32); our kernels stay float32."""
     assert kernels in KERNELS, kernels
     if kernels == "own":
         return OWN
@@ -238,6 +239,9 @@ def open_vendor(kernels: str, folders: Sequence[Path] | None = None, stream: int
         installs = [CUBLAS_INSTALL] * (cublas is None) + [CUDNN_INSTALL] * (cudnn is None)
         raise MissingLibrary(f"--kernels vendor: {'; '.join(missing)}; install {' and '.join(installs)}, "
                              "or use --kernels own")  # fmt: skip
+    for lib in (cublas, cudnn):
+        if lib is not None and tf32:
+            lib.set_tf32(True)
     return Vendor(cublas, cudnn, missing, strict=kernels == "vendor")
 
 

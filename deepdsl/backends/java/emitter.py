@@ -232,6 +232,8 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
     ]
     if deterministic:  # cuDNN's heuristic convolution algorithms, not the fastest found (compile --deterministic)
         settings.append("          .deterministic(true)")
+    if cfg.precision != "fp32":  # tf32: the CUDA device's libraries in TF32 math (--precision overrides it)
+        settings.append(f"          .precision({java_string(cfg.precision)})")
     if cfg.lr is not None:
         settings.append(f"          .learningRate({_schedule(cfg.lr)})")
     if cfg.save is not None:
