@@ -41,7 +41,7 @@ public interface Collective extends AutoCloseable {
   /** Seconds a rank waits for the others before it stops the run with an error (the watchdog). */
   String TIMEOUT_PROPERTY = "deepdsl.collective.timeout";
 
-  /** The default of {@link #TIMEOUT_PROPERTY} (and {@code DEEPDSL_COLLECTIVE_TIMEOUT}): 300 s. */
+  /** The default of {@link #TIMEOUT_PROPERTY} (and {@code DEEPDSL_DP_TIMEOUT}): 300 s. */
   double DEFAULT_TIMEOUT = 300;
 
   /** This process's place in the run. */
@@ -67,6 +67,16 @@ public interface Collective extends AutoCloseable {
    */
   void agree(long checksum, String what);
 
+  /** A training step begins (the watchdog of an engine whose waits do not block the host starts timing it). */
+  default void beginStep() {}
+
+  /**
+   * The training step has ended (its loss has been read).
+   *
+   * @throws Device.Unavailable when the engine found an error while the step ran
+   */
+  default void endStep() {}
+
   /** Marks the run failed on this rank: {@link #close} then stops every rank, not only this one. */
   default void fail() {}
 
@@ -77,7 +87,7 @@ public interface Collective extends AutoCloseable {
   static double timeoutSeconds() {
     String v = System.getProperty(TIMEOUT_PROPERTY);
     if (v == null) {
-      v = System.getenv("DEEPDSL_COLLECTIVE_TIMEOUT");
+      v = System.getenv("DEEPDSL_DP_TIMEOUT");
     }
     if (v == null) {
       return DEFAULT_TIMEOUT;
@@ -91,7 +101,7 @@ public interface Collective extends AutoCloseable {
       // reported below
     }
     throw new IllegalArgumentException(
-        "the collective's timeout (" + TIMEOUT_PROPERTY + ", DEEPDSL_COLLECTIVE_TIMEOUT) is '" + v
+        "the collective's timeout (" + TIMEOUT_PROPERTY + ", DEEPDSL_DP_TIMEOUT) is '" + v
             + "', not a number of seconds > 0");
   }
 

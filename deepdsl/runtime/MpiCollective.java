@@ -55,6 +55,7 @@ public final class MpiCollective implements Collective {
       long world,
       long floatType,
       long longType,
+      long byteType,
       long sum,
       long inPlace,
       long statusIgnore,
@@ -62,9 +63,9 @@ public final class MpiCollective implements Collective {
       long errorsReturn) {}
 
   private static final Abi MPI5 =
-      new Abi("MPI-5 ABI", false, 0x101, 0x210, 0x258, 0x21, 1, 0, 1024, 0x143);
+      new Abi("MPI-5 ABI", false, 0x101, 0x210, 0x258, 0x247, 0x21, 1, 0, 1024, 0x143);
   private static final Abi MPICH =
-      new Abi("MPICH ABI", true, 0x44000000L, 0x4c00040aL, 0x4c000809L, 0x58000003L, -1, 1, 1,
+      new Abi("MPICH ABI", true, 0x44000000L, 0x4c00040aL, 0x4c000809L, 0x4c00010dL, 0x58000003L, -1, 1, 1,
           0x54000001L);
 
   private final Launch launch;
@@ -196,6 +197,7 @@ public final class MpiCollective implements Collective {
         world,
         (long) nativeValue.invoke(global.invoke(lib, "ompi_mpi_float")),
         (long) nativeValue.invoke(global.invoke(lib, "ompi_mpi_long_long_int")),
+        (long) nativeValue.invoke(global.invoke(lib, "ompi_mpi_byte")),
         (long) nativeValue.invoke(global.invoke(lib, "ompi_mpi_op_sum")),
         1,
         0,
@@ -351,7 +353,7 @@ public final class MpiCollective implements Collective {
         throw new Device.Unavailable(
             String.format(
                 "rank %d: %s waited %.0f s for %s, which died or stalled (the timeout is %s or"
-                    + " DEEPDSL_COLLECTIVE_TIMEOUT); stopping every rank",
+                    + " DEEPDSL_DP_TIMEOUT); stopping every rank",
                 launch.rank(), what, timeout, others, TIMEOUT_PROPERTY));
       }
       if (spin > 1000) {
@@ -381,6 +383,16 @@ public final class MpiCollective implements Collective {
       failed = true;
       throw new Device.Unavailable("rank " + launch.rank() + ": " + differ);
     }
+  }
+
+  /** Sends rank {@code root}'s {@code bytes} to every rank, into {@code bytes} (NCCL's id, for NcclCollective). */
+  void broadcast(byte[] bytes, int root) {
+    ByteBuffer b = ByteBuffer.allocateDirect(Math.max(1, bytes.length));
+    b.put(0, bytes);
+    Object request = abi.intHandles ? new int[1] : new long[1];
+    check("MPI_Ibcast", call("MPI_Ibcast", b, bytes.length, h(abi.byteType), root, h(abi.world), request));
+    waitFor(request, "the broadcast of NCCL's id");
+    b.get(0, bytes);
   }
 
   /** Ends MPI: {@code MPI_Finalize}, or after a failure {@code MPI_Abort}, which stops every rank. */
