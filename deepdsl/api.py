@@ -52,8 +52,10 @@ class Compilation:
         return self.build.train_plan if self.build is not None else None
 
 
-def optimise(g: Graph, options: Options) -> tuple[Graph, tuple[PassStat, ...]]:
-    return run_pipeline(g, options.level, options.disabled, options.verify, options.dump_after)
+def optimise(g: Graph, options: Options, train: bool = False) -> tuple[Graph, tuple[PassStat, ...]]:
+    """`g` through the optimiser's passes; the data-parallel pass (Options.buckets) on a training program only."""
+    buckets = options.buckets if train else None
+    return run_pipeline(g, options.level, options.disabled, options.verify, options.dump_after, buckets)
 
 
 def parse_stage(text: str, file: str, c: Compilation) -> ast.Module:
@@ -112,7 +114,7 @@ def compile_source(
     if stop_at in ("train", "opt", "plan"):
         c.train = train_stage(c.program, seed)
     if stop_at in ("opt", "plan"):
-        c.opt, c.passes = optimise(c.train, options)
+        c.opt, c.passes = optimise(c.train, options, train=True)
     if stop_at == "plan":
         assert c.opt is not None
         c.build = build_stage(c.program, c.opt, c.passes, options, seed)
@@ -176,7 +178,7 @@ def train_stage(program: Program, seed: int | None = None) -> Graph:
 def build(program: Program, options: Options | None = None, seed: int | None = None) -> Build:
     """`program` compiled for training and inference (see `Build`); `seed` overrides the train block's."""
     options = options or Options()
-    opt, passes = optimise(train_stage(program, seed), options)
+    opt, passes = optimise(train_stage(program, seed), options, train=True)
     return build_stage(program, opt, passes, options, seed)
 
 

@@ -17,6 +17,7 @@ from deepdsl.frontend.program import Program
 from deepdsl.ir import Graph
 from deepdsl.memory import Plan
 from deepdsl.passes import PassStat
+from deepdsl.passes.data_parallel import Bucketing
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class Options:
     dump_after: Callable[[str, Graph], None] | None = None
     remat: str | None = None  # none, cheap or full; None: none, or with a budget the least that fits
     workspace_limit: int | None = None  # the most scratch one statement's kernel may take (None: any)
+    # data-parallel training or gradient accumulation (passes/data_parallel.py): the gradient buckets' sizes; None:
+    # the plain training program
+    buckets: Bucketing | None = None
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from deepdsl.ops import (  # noqa: F401
     adaptive_pool,
     axes,
+    collective,
     conv,
     elementwise,
     embedding,

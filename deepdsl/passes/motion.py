@@ -26,6 +26,9 @@ from deepdsl.passes.fuse import costs_no_memory
 from deepdsl.passes.rewrite import rename
 
 STEP = 1e-6
+# statements that never sink: a bucket's all-reduce starts as soon as its gradients exist, to overlap the rest of
+# the backward pass (passes/data_parallel.py)
+STAYS = frozenset({"allreduce_start"})
 
 
 def motion(g: Graph) -> Graph:
@@ -63,7 +66,7 @@ def sink(g: Graph) -> Graph:
     for i in range(len(g.stmts) - 1, -1, -1):
         s = g.stmts[i]
         users = read_by.get(s.out.name, [])
-        if s.out.name in pinned or not users:
+        if s.out.name in pinned or not users or s.op in STAYS:
             key[i] = float(i)
             continue
         target = min(key[u] for u in users) - STEP

@@ -14,6 +14,7 @@ from deepdsl.ir import REGISTRY, Graph
 from deepdsl.ir.groups import kernel_groups
 from deepdsl.ir.verify import check_graph
 from deepdsl.passes.cse import cse
+from deepdsl.passes.data_parallel import Bucketing, data_parallel
 from deepdsl.passes.dce import dce
 from deepdsl.passes.fuse import fuse
 from deepdsl.passes.inline import inline
@@ -25,6 +26,9 @@ from deepdsl.passes.vectorise import vectorise
 Pass = Callable[[Graph], Graph]
 
 PIPELINE: tuple[tuple[str, Pass, int], ...] = (
+    # gradient buckets and their all-reduces (passes/data_parallel.py): run only when `run_pipeline` is given a
+    # Bucketing (data-parallel training, micro-batches), first, while the optimiser's statements are their own
+    ("data_parallel", data_parallel, 0),
     ("vectorise", vectorise, 2),
     ("simplify", simplify, 1),
     ("inline", inline, 2),
@@ -53,13 +57,18 @@ def kernels(g: Graph) -> int:
 
 def run_pipeline(
     g: Graph, level: int = 2, disabled: tuple[str, ...] = (), check: bool = False,
-    dump_after: Callable[[str, Graph], None] | None = None,
+    dump_after: Callable[[str, Graph], None] | None = None, bucketing: Bucketing | None = None,
 ) -> tuple[Graph, tuple[PassStat, ...]]:  # fmt: skip
     stats = []
     for name, fn, min_level in PIPELINE:
         if level < min_level or name in disabled:
             continue
-        g = fn(g)
+        if name == "data_parallel":
+            if bucketing is None:
+                continue
+            g = data_parallel(g, bucketing)
+        else:
+            g = fn(g)
         if check:
             check_graph(g)
         stats.append(PassStat(name, len(g.stmts), kernels(g)))
