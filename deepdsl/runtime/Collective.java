@@ -125,8 +125,8 @@ public interface Collective extends AutoCloseable {
 
   /**
    * The collective for {@code device} at {@code launch}: {@link #SINGLE} for one rank, else MPI for
-   * the CPU device, NCCL for the CUDA device (both found by reflection: a one-process run loads
-   * neither).
+   * the CPU device (JNA named by reflection), NCCL for the CUDA device (the class found by
+   * reflection, as it needs JCuda): a one-process run loads neither library.
    *
    * @throws Device.Unavailable naming the library or jar that is missing
    */
@@ -134,7 +134,10 @@ public interface Collective extends AutoCloseable {
     if (!launch.distributed()) {
       return SINGLE;
     }
-    String engine = device.name().equals("cuda") ? "deepdsl.runtime.NcclCollective" : "deepdsl.runtime.MpiCollective";
+    if (!device.name().equals("cuda")) { // named directly: javac -sourcepath compiles it into a CPU build
+      return MpiCollective.open(launch, device);
+    }
+    String engine = "deepdsl.runtime.NcclCollective"; // by name: it needs JCuda and the CUDA presets
     try {
       Class<?> c = Class.forName(engine);
       return (Collective) c.getMethod("open", Launch.class, Device.class).invoke(null, launch, device);

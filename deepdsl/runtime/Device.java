@@ -125,6 +125,27 @@ public interface Device extends AutoCloseable {
   /** Attention's softmax with its scale and causal mask (registry op masked_softmax). */
   void maskedSoftmax(Buf out, Buf x, float scale, boolean causal, int period);
 
+  /**
+   * Data parallelism: {@code parts} flattened one after the other into {@code out}, each element
+   * times the scalar {@code scale} (one float multiply), as a bucket is packed before its sum.
+   */
+  default void pack(Buf out, Buf scale, Buf... parts) {
+    float s = scale.a[scale.off];
+    int at = out.off;
+    for (Buf p : parts) {
+      for (int k = 0; k < p.numel(); k++) {
+        out.a[at++] = p.a[p.off + k] * s;
+      }
+    }
+  }
+
+  /** Micro-batches: {@code sum} = {@code x} ({@code first}), else {@code sum} + {@code x}, element by element. */
+  default void accumulate(Buf sum, Buf x, boolean first) {
+    for (int k = 0; k < x.numel(); k++) {
+      sum.a[sum.off + k] = first ? x.a[x.off + k] : sum.a[sum.off + k] + x.a[x.off + k];
+    }
+  }
+
   /** Brings the network's tensors up to date where the device keeps copies (before a save). */
   default void toHost(Network net) {}
 

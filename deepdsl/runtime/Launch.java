@@ -11,15 +11,18 @@ import java.util.Map;
  * <ul>
  *   <li>torchrun, Kubeflow's PyTorchJob: {@code RANK}, {@code WORLD_SIZE}, {@code LOCAL_RANK}
  *       (rendezvous {@code MASTER_ADDR}, {@code MASTER_PORT});
- *   <li>Slurm's {@code srun}: {@code SLURM_PROCID}, {@code SLURM_NTASKS}, {@code SLURM_LOCALID};
  *   <li>Open MPI's {@code mpirun}: {@code OMPI_COMM_WORLD_RANK}, {@code OMPI_COMM_WORLD_SIZE},
  *       {@code OMPI_COMM_WORLD_LOCAL_RANK};
  *   <li>MPICH's (hydra) {@code mpiexec}: {@code PMI_RANK}, {@code PMI_SIZE}, {@code
- *       MPI_LOCALRANKID}.
+ *       MPI_LOCALRANKID};
+ *   <li>Slurm's {@code srun}: {@code SLURM_PROCID}, {@code SLURM_NTASKS}, {@code SLURM_LOCALID}
+ *       (last: an MPI job under srun sets both, and MPI's variables say the MPI ranks).
  * </ul>
  *
- * <p>The flags {@code --ranks R} and {@code --rank r} override what the environment says (each
- * alone: the other still comes from the environment). Without any of them the run is one process
+ * (the order of deepdsl/distributed.py's {@code world_from_env}, the NumPy runner's).
+ *
+ * <p>The flags {@code --ranks R}, {@code --rank r} and {@code --local-rank l} override what the
+ * environment says (each alone: the others still come from the environment). Without any of them the run is one process
  * (rank 0 of 1). A local rank missing from the environment is the rank (one machine). A variable
  * that is not a whole number, or a rank outside [0, size), is an error naming the variable.
  */
@@ -35,14 +38,14 @@ public record Launch(int rank, int size, int localRank, String launcher) {
   private static final List<Source> SOURCES =
       List.of(
           new Source("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
-          new Source("srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
           new Source("mpirun (Open MPI)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
               "OMPI_COMM_WORLD_LOCAL_RANK"),
-          new Source("mpiexec (MPICH)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"));
+          new Source("mpiexec (MPICH)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+          new Source("srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"));
 
   /** This process's place from the process environment and the flags (null where not given). */
-  public static Launch of(Integer ranksFlag, Integer rankFlag) {
-    return of(System.getenv(), ranksFlag, rankFlag);
+  public static Launch of(Integer ranksFlag, Integer rankFlag, Integer localFlag) {
+    return of(System.getenv(), ranksFlag, rankFlag, localFlag);
   }
 
   /**
@@ -50,7 +53,7 @@ public record Launch(int rank, int size, int localRank, String launcher) {
    *
    * @throws IllegalArgumentException naming the variable or flag that is wrong
    */
-  public static Launch of(Map<String, String> env, Integer ranksFlag, Integer rankFlag) {
+  public static Launch of(Map<String, String> env, Integer ranksFlag, Integer rankFlag, Integer localFlag) {
     Integer rank = null;
     Integer size = null;
     Integer local = null;
@@ -81,6 +84,9 @@ public record Launch(int rank, int size, int localRank, String launcher) {
     if (rankFlag != null) {
       rank = rankFlag;
       launcher = launcher == null ? "--rank" : launcher + ", --rank";
+    }
+    if (localFlag != null) {
+      local = localFlag;
     }
     if (size == null && rank == null) {
       return SINGLE;

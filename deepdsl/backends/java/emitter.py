@@ -164,7 +164,12 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
         shape = ", ".join(map(str, d.value.type.shape))
         named = java_string(d.value.name)
         call = {"label": f"label({named}, {d.classes}, {shape})", "input": f"input({named}, {shape})",
-                "lr": "learningRateInput()"}[d.kind]  # fmt: skip
+                "lr": "learningRateInput()", "scale": "dataParallelScale()"}.get(d.kind)  # fmt: skip
+        if call is None:  # dp/offset: the shard's sample position, for the *_at draws
+            raise DslProgramError(
+                f"the Java program cannot run the data-parallel input '{d.value.name}' ({d.kind}) yet: a network "
+                "that draws random numbers per sample (dropout) trains data-parallel in the NumPy runner only"
+            )
         if d.kind == "label" and d.ignore is not None:  # its data may hold a loss's ignore_index
             call = f"labelIgnoring({named}, {d.classes}, {d.ignore}L, {shape})"
         if d.kind == "input" and d.classes is not None:  # token ids (`input t : [N, T] int vocab V`)

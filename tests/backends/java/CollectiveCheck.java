@@ -22,7 +22,7 @@ public final class CollectiveCheck {
     }
     Launch launch;
     try {
-      launch = Launch.of(ranks, rank);
+      launch = Launch.of(ranks, rank, null);
     } catch (IllegalArgumentException e) {
       System.out.println("error: " + e.getMessage());
       return;
