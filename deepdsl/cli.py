@@ -7,6 +7,7 @@ Exit codes: 0 ok, 1 an error in the user's input, 2 a usage error, 3 an internal
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import sys
 import traceback
@@ -131,6 +132,32 @@ WORKSPACE_LIMIT = click.option(
     help="The most scratch one statement's kernel may take (e.g. 64MiB; 0: none): larger needs use a kernel "
     "without scratch (a direct convolution instead of im2col + GEMM). Default: no limit (compile: 1GiB).",
 )  # fmt: skip
+
+
+def _data_parallel_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--ranks, --micro-batches, --bucket-mb: data-parallel training and gradient accumulation (docs/distributed.md)."""
+    fn = click.option("--bucket-mb", "bucket_mb", type=click.FloatRange(min=0, min_open=True), default=25.0,
+                      show_default=True, metavar="MB",
+                      help="Data-parallel: the size at which a gradient bucket closes (the first closes at "
+                      "1 MB or less).")(fn)  # fmt: skip
+    fn = click.option("--micro-batches", "micro_batches", type=click.IntRange(1, 65536), default=1,
+                      show_default=True, metavar="M",
+                      help="Sum the gradients of M batches of N before each update (gradient accumulation: the "
+                      "global batch is M x N per rank).")(fn)  # fmt: skip
+    fn = click.option("--ranks", type=click.IntRange(1, 65536), default=None, metavar="R",
+                      help="Data-parallel ranks (default: the launcher's environment, torchrun / mpiexec / srun, "
+                      "else 1).")(fn)  # fmt: skip
+    return fn
+
+
+def _bucketing(ranks: int, micro_batches: int, bucket_mb: float, always: bool = False) -> Any:
+    """The data-parallel pass's setting for these flags: None for one rank and one micro-batch (unless `always`)."""
+    from deepdsl.passes.data_parallel import MIB, Bucketing
+
+    if ranks == 1 and micro_batches == 1 and not always:
+        return None
+    size = max(1, int(bucket_mb * MIB))
+    return Bucketing(size, min(size, MIB))
 
 
 def common(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -266,12 +293,16 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
 )
 @REPLACE_READONLY
 @WORKSPACE_LIMIT
+@_data_parallel_options
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gpu_mem: str | None, table: str,
-             plot_path: str | None, replace_readonly: bool, workspace_limit: int | None,
-             as_json: bool) -> None:  # fmt: skip
-    """The static memory plan of one training step of FILE: what is allocated, freed and live, and the peak."""
-    options = dataclasses.replace(options, workspace_limit=workspace_limit)
+             plot_path: str | None, replace_readonly: bool, workspace_limit: int | None, ranks: int | None,
+             micro_batches: int, bucket_mb: float, as_json: bool) -> None:  # fmt: skip
+    """The static memory plan of one training step of FILE: what is allocated, freed and live, and the peak. With
+    --ranks or --micro-batches: one rank's plan of data-parallel training (its gradient buckets held until
+    reduced)."""
+    options = dataclasses.replace(options, workspace_limit=workspace_limit,
+                                  buckets=_bucketing(ranks or 1, micro_batches, bucket_mb))  # fmt: skip
     from deepdsl.memory.report import MissingDependency, format_report, over_budget, parse_size, plot
 
     if plot_path is not None:  # before the work
@@ -290,6 +321,10 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
             raise click.BadParameter(str(exc), param_hint="--gpu-mem") from None
     b, r = memory_report(c, file, sets, options, budget, per_statement=table == "statements")
     _warnings(c)
+    if options.buckets is not None:
+        from deepdsl.summaries import data_parallel_report, data_parallel_text
+
+        r["data_parallel"] = data_parallel_report(b, file, sets, options, ranks or 1, micro_batches)
     if plot_path is not None:
         try:
             plot(b.train_plan, r, plot_path, replace_readonly)
@@ -300,6 +335,8 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
             click.echo(f"error: cannot write the plot {plot_path!r}: {exc.strerror or exc}", err=True)
             sys.exit(EXIT_USER)
     click.echo(json_text(r) if as_json else format_report(r, table != "totals"))
+    if "data_parallel" in r and not as_json:
+        click.echo(data_parallel_text(r["data_parallel"]))
     if plot_path is not None:
         click.echo(f"plot: wrote {plot_path}", err=as_json)
     if budget is not None and not r["fits"]:
@@ -363,30 +400,59 @@ def _optimizer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--graph/--no-graph", "graphs", default=True, show_default=True,
               help="On the GPU: replay the train step as a CUDA graph from its second iteration on.")  # fmt: skip
 @_optimizer_options
+@_data_parallel_options
+@click.option("--rank", type=click.IntRange(0, 65535), default=None, metavar="R",
+              help="This process's rank (default: the launcher's environment).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def run(
     c: api.Compilation, file: str, sets: dict, options: api.Options, iters: int | None, data_flag: str | None,
     load_path: str | None, save_path: str | None, replace_readonly: bool, device: str, kernels: str,
-    seed: int | None, double: bool, workspace_limit: int | None, graphs: bool, as_json: bool, **optimizer: float | None,
+    seed: int | None, double: bool, workspace_limit: int | None, graphs: bool, ranks: int | None, micro_batches: int,
+    bucket_mb: float, rank: int | None, as_json: bool, **optimizer: float | None,
 ) -> None:  # fmt: skip
-    """Train FILE for a few iterations with the reference runner and report the losses."""
-    options = dataclasses.replace(options, workspace_limit=workspace_limit)
-    from deepdsl import running
+    """Train FILE for a few iterations with the reference runner and report the losses. Under mpiexec / mpirun /
+    srun (or with --ranks), each process trains one rank of a data-parallel run (docs/distributed.md)."""
+    from deepdsl import distributed, running
 
+    config = from_env()
+    world = distributed.world_from_env(ranks=ranks, rank=rank)
+    options = dataclasses.replace(options, workspace_limit=workspace_limit,
+                                  buckets=_bucketing(world.size, micro_batches, bucket_mb))  # fmt: skip
+    session = None
+    if options.buckets is not None:
+        if device == "cuda":
+            raise distributed.DistributedError("data-parallel training and --micro-batches run on the NumPy runner "
+                                               "(--device cpu) or the compiled Java program, not yet on PyCUDA")
+        device = "cpu"
+        session = distributed.open_session(world, micro_batches, config.dp_timeout, config.dp_fault)
+    lead = world.rank == 0  # rank 0 alone prints, writes --json and saves
     api.compile_file(file, sets, c=c)
     assert c.program is not None
-    _warnings(c)
+    if lead:
+        _warnings(c)
     try:
         program = running.with_settings(c.program, {k: v for k, v in optimizer.items() if v is not None})
     except DslError as exc:
         raise click.UsageError(exc.message) from None
-    report = None if as_json else lambda line: click.echo(line)
-    result = running.run_training(
-        api.build(program, options, seed), iters=iters, data_flag=data_flag, load=load_path, save=save_path,
-        device=device, double=double, report=report, kernels=kernels, graphs=graphs, replace_readonly=replace_readonly,
-        warn=lambda line: click.echo(f"warning: {line}", err=True),
-    )  # fmt: skip
-    if as_json:
+    report = None if as_json or not lead else lambda line: click.echo(line)
+    try:
+        result = running.run_training(
+            api.build(program, options, seed), iters=iters, data_flag=data_flag, load=load_path, save=save_path,
+            device=device, double=double, report=report, kernels=kernels, graphs=graphs,
+            replace_readonly=replace_readonly,
+            warn=(lambda line: click.echo(f"warning: {line}", err=True)) if lead else None, session=session,
+        )  # fmt: skip
+    except distributed.DistributedError as err:
+        if err.abort and session is not None:  # the others may be stuck in a reduction: stop them all
+            click.echo(render(err, c.sources), err=True)
+            sys.stderr.flush()
+            session.abort()
+            os._exit(EXIT_USER)  # MPI_Abort may return before the launcher ends this process
+        raise
+    finally:
+        if session is not None:
+            session.close()
+    if as_json and lead:
         click.echo(json_text(result))
 
 

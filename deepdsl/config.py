@@ -15,6 +15,11 @@ class Config:
     # ~/.cache/deepdsl); DEEPDSL_CACHE=0 builds them anew in every process. The tables are a pickle: they are read
     # only when the folder and the file are the user's alone, checked on the open descriptors (frontend/parser.py)
     cache_dir: str | None = None
+    # DEEPDSL_DP_TIMEOUT: seconds a data-parallel rank waits for a bucket's reduction before it names the ranks that
+    # did not start it and stops the run (deepdsl/distributed.py); DEEPDSL_DP_FAULT=RANK:STEP:kill|stall: a test's
+    # fault injection (that rank dies or stalls at that step)
+    dp_timeout: float = 300.0
+    dp_fault: str | None = None
 
 
 def from_env() -> Config:
@@ -28,9 +33,19 @@ def from_env() -> Config:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         return os.path.join(base, "deepdsl")
 
+    def seconds(name: str, default: float) -> float:
+        raw = os.environ.get(name, "")
+        try:
+            value = float(raw)
+        except ValueError:
+            return default
+        return value if value > 0 and value < float("inf") else default
+
     return Config(
         debug=on("DEEPDSL_DEBUG"),
         verify=on("DEEPDSL_VERIFY"),
         data_url=os.environ.get("DEEPDSL_DATA_URL") or None,
         cache_dir=cache_dir(),
+        dp_timeout=seconds("DEEPDSL_DP_TIMEOUT", 300.0),
+        dp_fault=os.environ.get("DEEPDSL_DP_FAULT") or None,
     )

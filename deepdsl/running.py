@@ -18,6 +18,7 @@ from deepdsl.build import Build
 from deepdsl.checkpoint import check_writable, save_npz
 from deepdsl.data import parse_data_flag
 from deepdsl.data.named import Samples, fields_of, load_samples
+from deepdsl.distributed import MpiComm, Session, startup_check
 from deepdsl.errors import DslProgramError
 from deepdsl.frontend.builtins import FLOAT32_MAX  # a setting the kernels read as a float32 stays finite there
 from deepdsl.frontend.program import Program, Schedule
@@ -183,12 +184,13 @@ def run_training(
     build: Build, iters: int | None = None, data_flag: str | None = None, load: str | None = None,
     save: str | None = None, device: str = "auto", double: bool = False, report: Callable[[str], None] | None = None,
     driver: Driver | None = None, kernels: str = "auto", graphs: bool = True, replace_readonly: bool = False,
-    warn: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None, session: Session | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Train `build` and report through `report` (warnings through `warn`: a batch larger than the data); `driver`
     runs it on that GPU instead of picking by `device` and `kernels` (open_device); `graphs`: on the GPU, the train
     step as a CUDA graph from its second run on; `replace_readonly`: the save may replace a read-only file
-    (files.py)."""
+    (files.py); `session`: this process's rank of a data-parallel run, or its micro-batches (deepdsl/distributed.py;
+    the build then has the data-parallel program, Options.buckets)."""
     if iters is not None and not 0 <= iters <= MAX_ITERATIONS:  # (the CLI refuses it as a usage error first)
         raise DslProgramError(f"--iters takes a whole number in [0, {MAX_ITERATIONS}], not '{iters}'")
     save = save or build.program.train.save  # --save, else the train block's
@@ -202,7 +204,7 @@ def run_training(
     try:
         result = _train(
             build, gpu, description, iters, data_flag, load, save, double, report, fallback, note, graphs,
-            replace_readonly, warn,
+            replace_readonly, warn, session,
         )  # fmt: skip
     finally:
         if gpu is not None:
@@ -320,7 +322,7 @@ def _train(
     build: Build, gpu: Driver | None, description: str, iters: int | None, data_flag: str | None, load: str | None,
     save: str | None, double: bool, report: Callable[[str], None] | None, fallback: bool = False,
     note: str | None = None, graphs: bool = True, replace_readonly: bool = False,
-    warn: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None, session: Session | None = None,
 ) -> TrainResult:  # fmt: skip
     program = build.program
     cfg = program.train
@@ -334,7 +336,7 @@ def _train(
         if warn:
             for line in repeats(data, batch, kind):
                 warn(line)
-    trainer = Trainer(build, data, np.float64 if double else np.float32)
+    trainer = Trainer(build, data, np.float64 if double else np.float32, session)
     if gpu is not None:
         try:
             trainer.use_gpu(gpu, graphs)
@@ -347,11 +349,21 @@ def _train(
         description = _with_graph(description, graph)
     if load:
         trainer.load(load)
+    pids = None
+    if session is not None and isinstance(session.comm, MpiComm):  # same program, same parameters on every rank
+        state = trainer.state()
+        pids = startup_check(session.comm, build.train_plan.graph, state, "loaded state" if load else "parameters")
     if report:
         if note:
             report(note)
         source = source or _data_label(kind, args, build.seed)
         report(f"device: {description}  network {program.graph.name}  batch {batch}  data {source}")
+        if session is not None:
+            w, m = session.world, session.micro_batches
+            report(f"data parallel: {w.size} rank(s) [{w.source}] x {m} micro-batch(es) of {batch}: global batch "
+                   f"{w.size * m * batch}")  # fmt: skip
+            if pids:
+                report("process ids: " + ", ".join(f"rank {r} {pid}" for r, pid in enumerate(pids)))
 
     # what a batch holds, for the progress line: images where the first input is [N, C, H, W]
     first = next((d.value.type for d in program.graph.inputs if d.kind == "input"), None)

@@ -64,6 +64,43 @@ def memory_report(
     return b, r
 
 
+def data_parallel_report(b: api.Build, file: str, sets: dict, options: api.Options, ranks: int,
+                         micro_batches: int) -> dict[str, Any]:  # fmt: skip
+    """memcheck's section on data-parallel training: the buckets of one rank's program, and what holding each
+    gradient until its bucket is reduced costs against the plain program's plan at the same level (the plan is
+    per rank: every rank runs the same program on its own batch of N)."""
+    from deepdsl.memory.report import total_peak
+    from deepdsl.ops.collective import buckets_of
+    from deepdsl.trainer import batch_size
+
+    plain = api.peak_bytes(file, sets, dataclasses.replace(options, buckets=None, remat=b.remat))
+    peak = total_peak(b.train_plan)
+    n = batch_size(b.program.graph)
+    buckets = [
+        {"bucket": k.index, "kind": k.kind, "tensors": len(k.values), "bytes": k.nbytes, "names": list(k.names)}
+        for k in sorted(buckets_of(b.train), key=lambda k: k.index)
+    ]  # fmt: skip
+    return {
+        "ranks": ranks, "micro_batches": micro_batches, "batch_per_shard": n, "global_batch": ranks * micro_batches * n,
+        "buckets": buckets, "gradient_bytes": sum(k["bytes"] for k in buckets if k["kind"] == "grad"),
+        "peak_bytes": peak, "single_process_peak_bytes": plain, "extra_bytes": peak - plain,
+    }  # fmt: skip
+
+
+def data_parallel_text(d: dict[str, Any]) -> str:
+    grads = [k for k in d["buckets"] if k["kind"] == "grad"]
+    sizes = ", ".join(f"{k['bytes'] / 2**20:.2f}" for k in grads)
+    return "\n".join([
+        f"data parallel: {d['ranks']} rank(s) x {d['micro_batches']} micro-batch(es) of {d['batch_per_shard']} "
+        f"(global batch {d['global_batch']}); per rank:",
+        f"  {len(grads)} gradient bucket(s), in backward order, MiB: {sizes}; each all-reduce starts when its last "
+        "gradient exists and is waited for before the first update",
+        f"  gradients live until their bucket is reduced: peak {d['peak_bytes'] / 2**20:.2f} MiB, "
+        f"{d['extra_bytes'] / 2**20:+.2f} MiB against one process's plan ({d['single_process_peak_bytes'] / 2**20:.2f} "
+        "MiB)",
+    ])  # fmt: skip
+
+
 def stats_json(c: api.Compilation, stage: str | None) -> dict[str, Any]:
     assert c.program is not None and c.train is not None and c.opt is not None
     rows = [("graph", c.program.graph), ("train", c.train), ("opt", c.opt)]

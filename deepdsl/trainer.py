@@ -21,12 +21,14 @@ from deepdsl.build import Build
 from deepdsl.checkpoint import load_npz, save_npz
 from deepdsl.data.augment import augment
 from deepdsl.data.named import Samples
+from deepdsl.distributed import Executor, Session, inject_fault
 from deepdsl.errors import DslProgramError
 from deepdsl.initializers import init_array
 from deepdsl.ir import Graph, ParamDef
 from deepdsl.ir.analysis import classified_label, regression_target
 from deepdsl.memory.footprint import available_memory, check_fits, footprint, memory_limits
 from deepdsl.memory.report import total_peak
+from deepdsl.ops.collective import is_data_parallel
 
 # The largest step counter a parameter file may hold: far beyond any run, and small enough that iteration x batch
 # (the sample position the data source computes, in int64 in the Java runtime) cannot overflow.
@@ -56,7 +58,7 @@ class TrainResult:
 
 
 class Trainer:
-    def __init__(self, build: Build, data: Samples, dtype: type = np.float32):
+    def __init__(self, build: Build, data: Samples, dtype: type = np.float32, session: Session | None = None):
         program = build.program
         self.build = build
         self.program = program
@@ -80,6 +82,15 @@ class Trainer:
         self.last_terms: dict[str, float] = {}
         self.gpu: GpuRunner | None = None
         self._gpu_ahead = False  # the GPU holds newer parameters than self.arrays
+        # data-parallel training or gradient accumulation (deepdsl/distributed.py): this rank's session and the
+        # executor of the data-parallel program (Options.buckets); None: the plain step
+        self.session = session
+        self.executor: Executor | None = None
+        if is_data_parallel(build.train):
+            if dtype != np.float32:
+                raise DslProgramError("data-parallel training and --micro-batches run in float32 (no --float64)")
+            self.session = session or Session(*_single())
+            self.executor = Executor(build.train_plan.graph)
 
     def use_gpu(self, driver: Driver, graphs: bool = True) -> None:
         """Run every later step and test on the GPU behind `driver` (the parameters move there and stay); `graphs`:
@@ -97,11 +108,17 @@ class Trainer:
         i = p.init
         return init_array(p.value.name, p.value.type.shape, i.kind, i.args, i.fan_in, i.fan_out, self.seed, self.dtype)
 
-    def _feeds(self, graph: Graph, batch: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
-        """Every input of `graph` from the batch's arrays by name, the step counter and the learning rate."""
+    def _feeds(self, graph: Graph, batch: dict[str, np.ndarray], step: int, offset: int = 0) -> dict[str, np.ndarray]:
+        """Every input of `graph` from the batch's arrays by name, the step counter and the learning rate; in a
+        data-parallel program the scale 1/(ranks x micro-batches) and the shard's first global position `offset`."""
         feeds = {}
         for d in graph.inputs:
-            if d.kind == "step":
+            if d.kind == "scale":
+                assert self.session is not None
+                feeds[d.value.name] = np.asarray(1.0 / self.session.shards_per_step, dtype=np.float32)
+            elif d.kind == "offset":
+                feeds[d.value.name] = np.asarray(offset, dtype=np.int64)
+            elif d.kind == "step":
                 feeds[d.value.name] = np.asarray(step, dtype=np.int64)
             elif d.kind == "lr":
                 feeds[d.value.name] = np.asarray(self.learning_rate(step), dtype=self.dtype)
@@ -134,6 +151,8 @@ class Trainer:
         (default: the steps taken so far plus one, counting from 1 as the progress lines do)."""
         i = self.step_count
         label = i + 1 if number is None else number
+        if self.executor is not None:
+            return self._parallel_step(i, label)
         feeds = self._feeds(self.train_graph, self._augmented(self.data.batch(i, self.batch, self.shuffle), i), i)
         if self.gpu is not None:
             outputs, _ = self.gpu.run("train", feeds)
@@ -158,6 +177,26 @@ class Trainer:
         self.arrays.update(result.updates)
         self.step_count += 1
         return loss, result.peak_bytes, result.arena_bytes
+
+    def _parallel_step(self, i: int, label: int) -> tuple[float, int, int]:
+        """Step `i` of the data-parallel program: this rank's shards of the global batch (one per micro-batch, at
+        their global positions), the reductions through the session's engine, the updates."""
+        s, ex = self.session, self.executor
+        assert s is not None and ex is not None and self.plan is not None
+        g = self.train_graph
+        shards = [
+            self._feeds(g, self._augmented(self.data.batch(b, self.batch, self.shuffle), b), i, offset)
+            for b, offset in zip(s.blocks(i), s.offsets(self.batch))
+        ]
+        inject_fault(s.fault, s.rank, label)
+        result = ex.step(shards, self.arrays, s.comm, i)
+        loss = float(result.outputs["loss"])
+        self.last_terms = {t: float(result.outputs[f"loss:{t}"]) for t in self.term_names}
+        if not math.isfinite(loss) or not all(np.isfinite(a).all() for a in result.updates.values()):
+            self._locate_non_finite(shards[0], label)
+        self.arrays.update(result.updates)
+        self.step_count += 1
+        return loss, total_peak(self.plan), self.plan.arena_bytes
 
     def _locate_non_finite(self, feeds: dict[str, np.ndarray], i: int) -> None:
         try:
@@ -295,7 +334,10 @@ class Trainer:
         return out
 
     def save(self, path: str, replace_readonly: bool = False) -> None:
-        """Write the state to `path`; a NaN or an infinity in it is refused, nothing written (as in Java)."""
+        """Write the state to `path`; a NaN or an infinity in it is refused, nothing written (as in Java). In a
+        data-parallel run rank 0 alone writes (every rank holds the same state)."""
+        if self.session is not None and self.session.rank != 0:
+            return
         state = self.state()
         for name, a in state.items():
             if a.dtype.kind == "f" and not np.isfinite(a).all():
@@ -321,6 +363,13 @@ class Trainer:
         if self.gpu is not None:
             self.gpu.set_arrays(self.arrays)
             self._gpu_ahead = False
+
+
+def _single() -> tuple:
+    """The session of one process (gradient accumulation over micro-batches: one, unless a session is given)."""
+    from deepdsl.distributed import Accumulate, World
+
+    return World(), 1, Accumulate()
 
 
 def batch_size(g: Graph) -> int:

@@ -141,6 +141,16 @@ EXAMPLES = {
     "silu": ((X4,), {}), "silu_grad": ((X4, X4), {}),
     "adaptive_pool_axis": ((X4,), {"axis": 2, "size": 3}),
     "adaptive_pool_axis_backward": ((TensorType((2, 4, 3, 8)),), {"axis": 2, "size": 8}),
+    # data-parallel statements (issue 32, passes/data_parallel.py)
+    "allreduce_start": ((TensorType(()), X2, C4), {"bucket": 0, "kind": "grad", "names": ("a", "b"), "sizes": (12, 4)}),
+    "allreduce_wait": ((TensorType((16,)),), {"bucket": 0, "kind": "grad"}),
+    "bucket_slice": ((TensorType((16,)),), {"offset": 12, "shape": (4,), "name": "b"}),
+    "dropout_mask_at": ((TensorType((), DType.I64), TensorType((), DType.I64)),
+                        {"shape": (2, 4, 8, 8), "p": 0.5, "site": "d", "seed": 1}),
+    "random_normal_at": ((TensorType((), DType.I64), TensorType((), DType.I64)),
+                         {"shape": (2, 3), "site": "z", "seed": 1}),
+    "random_uniform_at": ((TensorType((), DType.I64), TensorType((), DType.I64)),
+                          {"shape": (2, 3), "site": "u", "seed": 1, "low": -1.0, "high": 2.0}),
 }  # fmt: skip
 
 EXPECTED = {
@@ -158,6 +168,8 @@ EXPECTED = {
     "expand": (2, 4, 8, 8), "max_axes": (2, 8),
     "sample_normal": (2, 3), "sample_uniform": (2, 3), "random_normal": (2, 3), "random_uniform": (2, 3),
     "adaptive_pool_axis": (2, 4, 3, 8), "adaptive_pool_axis_backward": (2, 4, 8, 8),
+    "allreduce_start": (16,), "allreduce_wait": (16,), "bucket_slice": (4,), "dropout_mask_at": (2, 4, 8, 8),
+    "random_normal_at": (2, 3), "random_uniform_at": (2, 3),
 }  # fmt: skip
 
 
@@ -203,10 +215,19 @@ KEEPS_NOTHING = {
     "expand": "the gradient is the sums of g over the expanded axes",
 }
 NO_VJP = {"fill": "reads no input: there is nothing to differentiate"}
+# data-parallel statements (ops/collective.py) that no shared kernel computes: each runner that trains data-parallel
+# performs them itself (the NumPy runner in deepdsl/distributed.py); a backend may still register a call
+RUNNER_PERFORMS = {
+    "allreduce_start": "a collective: the runner packs the bucket and starts its all-reduce (MPI, NCCL)",
+    "dropout_mask_at": "a data-parallel draw: the NumPy runner's kernel; the Java and CUDA ones are not written yet",
+    "random_normal_at": "a data-parallel draw: the NumPy runner's kernel; the Java and CUDA ones are not written yet",
+    "random_uniform_at": "a data-parallel draw: the NumPy runner's kernel; the Java and CUDA ones are not written yet",
+}
 # cheap_to_recompute=True without an index form: why, and the FLOPs per output element it may cost
 CHEAP_WITHOUT_INDEX_FORM = {
     "layer_norm_rows": ("a pass over its row: the sum, the centred squares, the scaling", 5),
     "dropout_mask": ("one random draw per element", 4),
+    "dropout_mask_at": ("one random draw per element", 4),
     "masked_softmax": ("a softmax of each row: a max, an exp and a sum per element, no more", 6),
 }
 CHEAP_FLOPS = 4  # per output element: about one pass over the output
@@ -255,6 +276,8 @@ def _exempt_kernel(op: OpDef) -> Exemption:
         return "a view: no kernel, its output aliases its input", True
     if op.index_form is not None:  # a Java call may serve it where it stands alone (`called`: bn_train_apply's)
         return "the backends write its kernel from its index form", not (op.java is not None and op.java.called)
+    if op.name in RUNNER_PERFORMS:
+        return RUNNER_PERFORMS[op.name], False
     return _lowered(op) or ((FROM_BODY[op.name], True) if op.name in FROM_BODY else None)
 
 

@@ -1,0 +1,396 @@
+"""Data-parallel training (issue 32): the pass's buckets and their placement, gradient accumulation, the launchers'
+environments, and `mpiexec -n 2 deepdsl run` on the NumPy runner checked bit for bit against the same training in
+one process over 2 micro-batches, refusing ranks that differ, stopping (not hanging) when a rank dies or stalls,
+and resuming exactly from a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from deepdsl import api
+from deepdsl.build import Options
+from deepdsl.data.named import Samples
+from deepdsl.distributed import (
+    Accumulate,
+    DistributedError,
+    Session,
+    World,
+    checksum,
+    load_mpi,
+    parse_fault,
+    world_from_env,
+)
+from deepdsl.ir import REGISTRY
+from deepdsl.ops.collective import buckets_of, post_statements
+from deepdsl.passes.data_parallel import Bucketing, data_parallel, gradient_buckets
+from deepdsl.trainer import Trainer
+
+NETWORKS = ROOT / "networks"
+MLP = str(NETWORKS / "mlp.ddsl")
+LENET = str(NETWORKS / "lenet.ddsl")
+# a small batch-norm / residual network: conv + batch norm + ReLU, a residual block, pooling, a full layer
+RESIDUAL = """
+network TinyRes
+const N = 4
+input x : [N, 3, 8, 8]
+label y : [N] classes 5
+def cbn(x, c) = batch_norm(conv(x, c, kernel=3, pad=1, bias=false, name="conv"), name="bn")
+def block(x) {
+  h = cbn(relu(cbn(x, 6)), 6)
+  return relu(h + x)
+}
+def net(x) = full(flatten(global_avg_pool(block(relu(cbn(x, 6))))), 5, name="fc")
+layer model = net
+loss    = softmax_cross_entropy(model(x), y)
+predict = model(x)
+train {
+  data = synthetic
+  optimizer = adam(lr=0.01)
+  iterations = 3
+  seed = 5
+}
+"""
+DROPOUT = """
+network Drop
+const N = 4
+input x : [N, 12]
+label y : [N] classes 3
+layer fc1 = full(16)
+layer fc2 = full(3)
+net = fc2 o dropout(0.5) o relu o fc1
+loss    = softmax_cross_entropy(net(x), y)
+predict = net(x)
+train {
+  data = synthetic
+  optimizer = sgd(lr=0.1, momentum=0.9)
+  iterations = 3
+  seed = 2
+}
+"""
+
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+
+
+def _has_mpi() -> bool:
+    try:
+        load_mpi()
+    except DistributedError:
+        return False
+    return MPIEXEC is not None
+
+
+needs_mpi = pytest.mark.skipif(not _has_mpi(), reason="needs mpi4py and mpiexec: pip install 'deepdsl[dist]'")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "SLURM_", "DEEPDSL_DP"))}
+    env.update(PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def _deepdsl(*args: str, ranks: int = 1, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "deepdsl", *args]
+    if ranks > 1:
+        cmd = [str(MPIEXEC), "-n", str(ranks), *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, env=_env(**env), timeout=timeout, cwd=ROOT)
+
+
+def _params(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+def _bitwise(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[str]:
+    assert a.keys() == b.keys()
+    return [k for k in a if not np.array_equal(a[k], b[k])]
+
+
+# ---- the launchers' environments ----
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "node1", "MASTER_PORT": "29500"},
+         (3, 8, 1, "torchrun")),
+        ({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "6", "OMPI_COMM_WORLD_LOCAL_RANK": "2"},
+         (5, 6, 2, "Open MPI")),
+        ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1"}, (1, 2, 1, "MPICH/PMI")),
+        ({"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1"}, (9, 16, 1, "Slurm")),
+        ({"PMI_RANK": "0", "PMI_SIZE": "2", "SLURM_PROCID": "7", "SLURM_NTASKS": "16"}, (0, 2, 0, "MPICH/PMI")),
+        ({}, (0, 1, 0, "single process")),
+    ],
+)  # fmt: skip
+def test_every_launchers_environment_is_read(env: dict[str, str], expected: tuple) -> None:
+    w = world_from_env(env)
+    assert (w.rank, w.size, w.local_rank) == expected[:3]
+    assert w.source.startswith(expected[3])
+
+
+def test_torchruns_master_gives_ncclss_rendezvous_and_flags_override() -> None:
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert world_from_env(env).nccl_comm_id == "10.0.0.1:29501"
+    w = world_from_env(env, ranks=4, rank=3)
+    assert (w.rank, w.size, w.source) == (3, 4, "the flags --ranks/--rank")
+    assert world_from_env(env, ranks=4).rank == 0  # another world than the launcher's: rank from --rank or 0
+
+
+@pytest.mark.parametrize(
+    ("env", "flags", "message"),
+    [
+        ({"RANK": "x", "WORLD_SIZE": "2"}, {}, "RANK='x' is not a whole number"),
+        ({"RANK": "2", "WORLD_SIZE": "2"}, {}, "rank 2 is outside a world of 2 ranks"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "0"}, {}, "SLURM_NTASKS='0'"),
+        ({}, {"ranks": 2, "rank": 5}, "rank 5 is outside a world of 2"),
+    ],
+)  # fmt: skip
+def test_a_wrong_environment_is_a_diagnostic(env: dict, flags: dict, message: str) -> None:
+    with pytest.raises(DistributedError, match=message):
+        world_from_env(env, **flags)
+
+
+def test_fault_injection_syntax() -> None:
+    assert parse_fault("1:3:kill") == (1, 3, "kill")
+    assert parse_fault(None) is None
+    with pytest.raises(DistributedError, match="RANK:STEP:kill"):
+        parse_fault("1:kill")
+
+
+def test_missing_mpi4py_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py fails as when it is not installed
+    with pytest.raises(DistributedError, match=r"mpi4py.*pip install 'deepdsl\[dist\]'"):
+        load_mpi()
+
+
+# ---- the pass ----
+
+
+def _train_graph(path: str, sets: dict | None = None) -> api.Compilation:
+    return api.compile_file(path, sets or {}, stop_at="train")
+
+
+def test_buckets_follow_backward_order_first_small_never_split() -> None:
+    c = _train_graph(LENET)
+    g = c.train
+    cap = 600_000
+    buckets, _ = gradient_buckets(g, Bucketing(bucket_bytes=cap, first_bytes=30_000))
+    made = {s.out.name: i for i, s in enumerate(g.stmts)}
+    order = [made[v.name] for b in buckets for v in b.values]
+    assert order == sorted(order)  # backward-production order across and inside buckets
+    assert buckets[0].names[0] == "fc2.b"  # the last layer's gradients come first
+    assert buckets[0].nbytes <= 30_000 or len(buckets[0].values) == 1
+    assert all(b.nbytes <= cap or len(b.values) == 1 for b in buckets)
+    assert sorted(n for b in buckets for n in b.names) == sorted(p.value.name for p in g.trainable)
+    assert len(buckets) >= 3
+
+
+def test_starts_overlap_the_backward_pass_and_waits_precede_the_updates() -> None:
+    opts = Options(buckets=Bucketing(bucket_bytes=300_000, first_bytes=10_000), verify=True)
+    c = api.compile_file(LENET, {}, stop_at="plan", options=opts)
+    g = c.build.train_plan.graph  # the order the plan runs
+    pos = {s.out.name: i for i, s in enumerate(g.stmts)}
+    starts = [s for s in g.stmts if s.op == "allreduce_start" and s.a["kind"] == "grad"]
+    assert len(starts) >= 3
+    for s in starts:
+        last = max(pos[v.name] for v in s.inputs[1:])
+        assert pos[s.out.name] == last + 1  # right after its last gradient exists
+    first_wait = min(i for i, s in enumerate(g.stmts) if s.op == "allreduce_wait")
+    heavy = {"conv2d_backward_data", "conv2d_backward_filter", "matmul", "linear", "max_pool2d_backward"}
+    # every bucket but the last overlaps backward work that comes after its start
+    for s in starts[:-1]:
+        assert any(t.op in heavy for t in g.stmts[pos[s.out.name] + 1 : first_wait])
+    post = post_statements(g)
+    for i, s in enumerate(g.stmts):  # every update rule reads reduced gradients, after their wait
+        if s.op.startswith(("sgd", "adam", "rmsprop")):
+            assert s.out.name in post
+            assert i > first_wait
+    pre = [s for s in g.stmts if s.out.name not in post]
+    assert not any(v.name in post for s in pre for v in s.inputs)  # pre never reads post
+
+
+def test_the_state_bucket_holds_the_loss_and_running_statistics(tmp_path: Path) -> None:
+    f = tmp_path / "tiny.ddsl"
+    f.write_text(RESIDUAL)
+    g = data_parallel(_train_graph(str(f)).train, Bucketing())
+    state = [b for b in buckets_of(g) if b.kind == "state"]
+    assert len(state) == 1
+    names = set(state[0].names)
+    assert "loss" in names
+    assert {n for n in names if n.endswith(("running_mean", "running_var"))} == {
+        p.value.name for p in g.params if p.kind == "state"
+    }
+    slices = {s.out.name for s in g.stmts if s.op == "bucket_slice"}
+    assert dict(g.outputs)["loss"].name in slices
+    assert all(v.name in slices for n, v in g.updates if n.endswith(("running_mean", "running_var")))
+
+
+def test_without_buckets_the_program_is_unchanged() -> None:
+    plain = api.compile_file(MLP, {}, stop_at="opt").opt
+    assert not any(REGISTRY[s.op].name.startswith("allreduce") for s in plain.stmts)
+    assert not any(d.kind == "scale" for d in plain.inputs)
+
+
+# ---- gradient accumulation in one process ----
+
+
+def _trainer(path: str, sets: dict, buckets: Bucketing | None, session: Session | None = None) -> Trainer:
+    from deepdsl.data.named import fields_of, load_samples
+
+    b = api.build(api.compile_file(path, sets).program, Options(buckets=buckets))
+    data = load_samples("synthetic", {}, fields_of(b.program.graph.inputs), b.seed)
+    return Trainer(b, data, session=session)
+
+
+def _train(t: Trainer, steps: int) -> dict[str, np.ndarray]:
+    for _ in range(steps):
+        t.step()
+    return {k: np.array(v) for k, v in t.state().items()}
+
+
+def test_one_micro_batch_data_parallel_equals_the_plain_program_bit_for_bit() -> None:
+    plain = _train(_trainer(MLP, {"N": 8}, None), 3)
+    dp = _train(_trainer(MLP, {"N": 8}, Bucketing(bucket_bytes=200_000, first_bytes=5_000)), 3)
+    assert _bitwise(plain, dp) == []
+
+
+def test_micro_batches_equal_the_whole_batch_within_rounding() -> None:
+    session = Session(World(), 2, Accumulate())
+    micro = _train(_trainer(MLP, {"N": 8}, Bucketing(), session), 3)
+    whole = _train(_trainer(MLP, {"N": 16}, None), 3)
+    for k in whole:
+        if whole[k].dtype.kind == "f":
+            assert np.abs(micro[k] - whole[k]).max() <= 1e-6 * max(1.0, np.abs(whole[k]).max()), k
+    assert _bitwise(micro, whole)  # not the same sums: rounding differs somewhere
+
+
+def test_dropout_shards_draw_the_whole_batchs_masks(tmp_path: Path) -> None:
+    mask = REGISTRY["dropout_mask"].numpy
+    at = REGISTRY["dropout_mask_at"].numpy
+    attrs = {"p": 0.5, "site": "d", "seed": 3}
+    step = np.int64(4)
+    whole = mask((step,), {**attrs, "shape": (8, 5)})
+    parts = [at((step, np.int64(o)), {**attrs, "shape": (4, 5)}) for o in (0, 4)]
+    assert np.array_equal(np.concatenate(parts), whole)
+    for op in ("random_normal", "random_uniform"):
+        a = {"site": "z", "seed": 1, "low": -1.0, "high": 1.0}
+        whole = REGISTRY[op].numpy((step,), {**a, "shape": (6, 3)})
+        parts = [REGISTRY[op + "_at"].numpy((step, np.int64(o)), {**a, "shape": (3, 3)}) for o in (0, 3)]
+        assert np.array_equal(np.concatenate(parts), whole)
+    # and the pass gives a dropout network the offset input and the shard's draws
+    f = tmp_path / "drop.ddsl"
+    f.write_text(DROPOUT)
+    g = data_parallel(_train_graph(str(f)).train, Bucketing())
+    assert any(d.kind == "offset" for d in g.inputs)
+    assert any(s.op == "dropout_mask_at" for s in g.stmts) and not any(s.op == "dropout_mask" for s in g.stmts)
+    micro = _train(_trainer(str(f), {"N": 4}, Bucketing(), Session(World(), 2, Accumulate())), 3)
+    whole = _train(_trainer(str(f), {"N": 8}, None), 3)
+    for k in whole:
+        if whole[k].dtype.kind == "f":
+            assert np.abs(micro[k] - whole[k]).max() <= 1e-6 * max(1.0, np.abs(whole[k]).max()), k
+
+
+def test_the_checksum_sees_the_seed() -> None:
+    a, b = _trainer(MLP, {"N": 8}, Bucketing()), _trainer(MLP, {"N": 8}, Bucketing())
+    g = a.build.train_plan.graph
+    assert checksum(g, a.state()) == checksum(g, b.state())
+    b.arrays["fc1.W"] = b.arrays["fc1.W"] + np.float32(1e-7)
+    assert checksum(g, a.state()) != checksum(g, b.state())
+
+
+# ---- two processes under mpiexec ----
+
+
+def _compare(tmp_path: Path, net: str, *flags: str) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    one, two = tmp_path / "micro.npz", tmp_path / "ranks.npz"
+    common = ("run", net, "--iters", "3", "--data", "synthetic", *flags)
+    r1 = _deepdsl(*common, "--micro-batches", "2", "--save", str(one))
+    assert r1.returncode == 0, r1.stderr
+    r2 = _deepdsl(*common, "--save", str(two), "--json", ranks=2)
+    assert r2.returncode == 0, r2.stderr
+    assert _bitwise(_params(one), _params(two)) == []
+    return r1, r2
+
+
+@needs_mpi
+def test_two_ranks_equal_two_micro_batches_bit_for_bit_mlp(tmp_path: Path) -> None:
+    _, r2 = _compare(tmp_path, MLP, "--set", "N=8")
+    outs = [line for line in r2.stdout.splitlines() if line.strip()]
+    assert len(outs) == 1  # rank 0 alone writes --json
+    result = json.loads(outs[0])
+    assert len(result["losses"]) == 3 and "test_accuracy" in result
+
+
+@needs_mpi
+def test_two_ranks_equal_two_micro_batches_bit_for_bit_lenet(tmp_path: Path) -> None:
+    r1, r2 = _compare(tmp_path, LENET, "--set", "N=8")
+
+
+@needs_mpi
+def test_two_ranks_equal_two_micro_batches_bit_for_bit_batch_norm_residual(tmp_path: Path) -> None:
+    f = tmp_path / "tiny.ddsl"
+    f.write_text(RESIDUAL)
+    _compare(tmp_path, str(f))
+
+
+@needs_mpi
+def test_rank_zero_alone_prints_and_the_test_figures_are_one_process(tmp_path: Path) -> None:
+    args = ("run", MLP, "--set", "N=8", "--iters", "2", "--data", "synthetic")
+    r1 = _deepdsl(*args, "--micro-batches", "2")
+    r2 = _deepdsl(*args, ranks=2)
+    assert r1.returncode == r2.returncode == 0, r2.stderr
+    assert r2.stdout.count("device: cpu") == 1
+    tested1 = [line for line in r1.stdout.splitlines() if line.startswith("test ")]
+    tested2 = [line for line in r2.stdout.splitlines() if line.startswith("test ")]
+    assert tested1 and tested1 == tested2
+
+
+@needs_mpi
+def test_ranks_with_other_seeds_are_refused() -> None:
+    run = [sys.executable, "-m", "deepdsl", "run", MLP, "--set", "N=8", "--iters", "2", "--data", "synthetic"]
+    cmd = [str(MPIEXEC), "-n", "1", *run, "--seed", "1", ":", "-n", "1", *run, "--seed", "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120, cwd=ROOT)
+    assert r.returncode != 0
+    assert "the ranks do not run the same training" in r.stderr
+    assert "iter 1/2" not in r.stdout  # refused before the first step
+
+
+@needs_mpi
+@pytest.mark.parametrize("fault", ["kill", "stall"])
+def test_a_dead_or_stalled_rank_stops_the_run_with_an_error(fault: str) -> None:
+    t0 = time.monotonic()
+    r = _deepdsl("run", MLP, "--set", "N=8", "--iters", "5", "--data", "synthetic", ranks=2, timeout=90,
+                 DEEPDSL_DP_FAULT=f"1:2:{fault}", DEEPDSL_DP_TIMEOUT="3")  # fmt: skip
+    assert r.returncode != 0
+    assert time.monotonic() - t0 < 60
+    text = r.stdout + r.stderr
+    assert "iter 5/5" not in text
+    if fault == "stall":
+        assert "rank 1 (its last: bucket" in r.stderr and "dead or stalled" in r.stderr
+    else:
+        pids = dict(p.split()[::-1] for p in text.split("process ids: ")[1].splitlines()[0].split(", "))
+        assert "BAD TERMINATION" in text and f"PID {pids['1']}" in text  # the launcher names rank 1's process
+
+
+@needs_mpi
+def test_a_resumed_two_rank_run_continues_exactly(tmp_path: Path) -> None:
+    f = tmp_path / "tiny.ddsl"
+    f.write_text(RESIDUAL)
+    whole, half, resumed = tmp_path / "whole.npz", tmp_path / "half.npz", tmp_path / "resumed.npz"
+    args = ("run", str(f), "--data", "synthetic")
+    assert _deepdsl(*args, "--iters", "4", "--save", str(whole), ranks=2).returncode == 0
+    assert _deepdsl(*args, "--iters", "2", "--save", str(half), ranks=2).returncode == 0
+    r = _deepdsl(*args, "--iters", "2", "--load", str(half), "--save", str(resumed), ranks=2)
+    assert r.returncode == 0, r.stderr
+    assert _bitwise(_params(whole), _params(resumed)) == []
+    assert int(_params(resumed)["opt/iteration"]) == 4
+    assert not list(tmp_path.glob("*.tmp*"))  # written atomically, by one rank
