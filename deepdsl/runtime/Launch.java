@@ -38,10 +38,10 @@ public record Launch(int rank, int size, int localRank, String launcher) {
   private static final List<Source> SOURCES =
       List.of(
           new Source("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
-          new Source("mpirun (Open MPI)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+          new Source("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
               "OMPI_COMM_WORLD_LOCAL_RANK"),
-          new Source("mpiexec (MPICH)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
-          new Source("srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"));
+          new Source("MPICH/PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+          new Source("Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"));
 
   /** This process's place from the process environment and the flags (null where not given). */
   public static Launch of(Integer ranksFlag, Integer rankFlag, Integer localFlag) {
@@ -100,7 +100,7 @@ public record Launch(int rank, int size, int localRank, String launcher) {
       } else {
         throw new IllegalArgumentException(
             "--ranks " + size + " needs this process's rank: --rank r, or a launcher's environment"
-                + " (RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK)");
+                + " (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID)");
       }
     }
     if (size < 1 || size > MAX_RANKS) {

@@ -130,8 +130,11 @@ public final class MpiCollective implements Collective {
       try {
         lib = getInstance.invoke(candidate);
       } catch (Throwable e) { // UnsatisfiedLinkError: not there, or not loadable
-        String text = String.valueOf(e.getMessage()).lines().findFirst().orElse("");
-        tried.add(candidate + (text.contains("cannot open") || text.contains("not found") ? "" : " (" + text + ")"));
+        String text = String.valueOf(e.getMessage());
+        boolean absent = text.contains("cannot open shared object") || text.contains("No such file");
+        String why = text.lines().map(String::strip).filter(l -> !l.isEmpty() && !l.endsWith(":")).findFirst()
+            .orElse(text.strip());
+        tried.add(candidate + (absent ? "" : " (" + why + ")"));
         continue;
       }
       try {

@@ -33,6 +33,7 @@ from deepdsl.backends.java.names import block_abbreviations, class_name
 from deepdsl.backends.java.roles import gradient_values
 from deepdsl.backends.java.state import Emitter
 from deepdsl.backends.java.steps import plan_classes
+from deepdsl.errors import DslProgramError
 from deepdsl.frontend.program import Program, Schedule
 from deepdsl.ir import Graph
 from deepdsl.ir.analysis import classified_label, regression_target

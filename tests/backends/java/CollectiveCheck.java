@@ -4,7 +4,8 @@ import java.util.Locale;
 
 /**
  * The test driver of the Java collectives (tests/backends/test_java_collective.py), run once per rank
- * under mpiexec: {@code launch} prints what Launch reads from the environment and flags; {@code
+ * under mpiexec: {@code launch} prints what Launch reads from the environment and flags, {@code
+ * launches FILE} the same for each line of FILE (an environment, then the flags); {@code
  * allreduce} sums two buckets of rank-dependent values (started both, awaited in reverse order) and
  * prints the sums bit for bit; {@code agree X} runs the start-up check with checksum X; {@code stall
  * S} sleeps S seconds before its all-reduce (a rank that stalls).
@@ -31,6 +32,34 @@ public final class CollectiveCheck {
       System.out.println(launch.rank() + " " + launch.size() + " " + launch.localRank() + " " + launch.launcher());
       return;
     }
+    if (args[0].equals("launches")) { // each line of the file: VAR=VALUE ... | ranks rank localRank ('-': none)
+      try {
+        for (String line : java.nio.file.Files.readAllLines(java.nio.file.Path.of(args[1]))) {
+          String[] halves = line.split("\\|", -1);
+          java.util.Map<String, String> env = new java.util.HashMap<>();
+          for (String pair : halves[0].trim().split(" ")) {
+            if (!pair.isEmpty()) {
+              env.put(pair.substring(0, pair.indexOf('=')), pair.substring(pair.indexOf('=') + 1));
+            }
+          }
+          String[] f = halves[1].trim().split(" ");
+          Integer[] flags = new Integer[3];
+          for (int k = 0; k < 3; k++) {
+            flags[k] = f[k].equals("-") ? null : Integer.valueOf(f[k]);
+          }
+          try {
+            Launch l = Launch.of(env, flags[0], flags[1], flags[2]);
+            System.out.println(l.rank() + " " + l.size() + " " + l.localRank() + " " + l.launcher() + " | "
+                + Launch.ncclRendezvous(env));
+          } catch (IllegalArgumentException e) {
+            System.out.println("error: " + e.getMessage());
+          }
+        }
+      } catch (java.io.IOException e) {
+        throw new java.io.UncheckedIOException(e);
+      }
+      return;
+    }
     Collective c;
     try {
       c = Collective.open(launch, new CpuDevice(0, null));
@@ -55,7 +84,7 @@ public final class CollectiveCheck {
             b.a[k] = 1e-3f * k - r;
           }
           for (int k = 0; k < 4; k++) {
-            d.a[k] = (float) Math.exp(-k - r);
+            d.a[k] = 0.25f * (k + 1) * (r + 1);
           }
           c.start(0, a, b);
           c.start(1, d);
