@@ -543,7 +543,8 @@ def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, loa
               "torchrun, srun) and accumulates --micro-batches (docs/distributed.md).")  # fmt: skip
 @click.option("--bucket-mb", "bucket_mb", type=click.FloatRange(min=0, min_open=True), default=25.0,
               show_default=True, metavar="MB",
-              help="With --data-parallel: the size at which a gradient bucket closes (the first at 1 MB or less).")
+              help="With --data-parallel: the size at which a gradient bucket closes (the first at 1 MB or less).",
+              )  # fmt: skip
 @REPLACE_READONLY
 def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str | None, maven: str | None,
              workspace_limit: int | None, ptx: bool, archs: str, data_parallel: bool, bucket_mb: float,

@@ -93,6 +93,7 @@ def _check(build: Path, *args: str, ranks: int = 2, jvm: tuple[str, ...] = (), j
 
 # ---- the launchers' environments ----
 
+# fmt: off
 LAUNCHES = [  # (environment, flags --ranks --rank --local-rank, what Launch says | NCCL's rendezvous)
     ("RANK=3 WORLD_SIZE=8 LOCAL_RANK=1 MASTER_ADDR=node1 MASTER_PORT=29500", "- - -", "3 8 1 torchrun | node1:29501"),
     ("OMPI_COMM_WORLD_RANK=5 OMPI_COMM_WORLD_SIZE=6 OMPI_COMM_WORLD_LOCAL_RANK=2", "- - -", "5 6 2 Open MPI | null"),
@@ -116,6 +117,7 @@ LAUNCHES = [  # (environment, flags --ranks --rank --local-rank, what Launch say
     ("RANK=0 WORLD_SIZE=2 MASTER_ADDR=h MASTER_PORT=65535", "- - -",
      "error: the environment's MASTER_PORT is 65535: NCCL's rendezvous takes MASTER_PORT+1, not a port"),
 ]
+# fmt: on
 
 
 def test_every_launchers_environment_is_read(driver: Path, tmp_path: Path) -> None:
@@ -242,7 +244,7 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """MLP, LeNet and TinyRes compiled with --data-parallel into dp/, and MLP without into plain/, each built."""
     folder = tmp_path_factory.mktemp("java_dp")
     (folder / "tiny.ddsl").write_text(RESIDUAL)
-    for name, source, sets in (("MLP", MLP, ["N=8"]), ("LeNet", LENET, ["N=8"]), ("TinyRes", folder / "tiny.ddsl", [])):
+    for source, sets in ((MLP, ["N=8"]), (LENET, ["N=8"]), (folder / "tiny.ddsl", [])):
         flags = [f"--set={s}" for s in sets]
         r = CliRunner().invoke(cli, ["compile", str(source), *flags, "--data-parallel", "-o", str(folder / "dp")])
         assert r.exit_code == 0, r.output
@@ -329,7 +331,7 @@ def test_a_killed_or_stopped_rank_ends_the_run_with_an_error(programs: Path) -> 
         pids = programs / f"pids_{sig.name}"
         pids.mkdir(exist_ok=True)
         java = f"java -cp {programs / 'dp' / 'build'}:{jna_jar()} LeNet --device cpu --threads 1 --data synthetic"
-        script = f'echo $$ > {pids}/$PMI_RANK; exec {java} --iters 100000'
+        script = f"echo $$ > {pids}/$PMI_RANK; exec {java} --iters 100000"
         t0 = time.monotonic()
         p = subprocess.Popen([mpiexec, "-n", "2", "sh", "-c", script], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, cwd=programs,

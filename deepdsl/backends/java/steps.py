@@ -69,8 +69,8 @@ def plan_class(e: Emitter, title: str, doc: str, p: Plan, result: str | None,
                 e.roles[t] = "grad"
             shape = ", ".join(map(str, s.out.type.shape))
             if s.op == "bucket_slice":  # a reduced gradient: its elements of the bucket
-                offset = int(s.a["offset"])
-                layout.append(f"final Buf {t} = slice({e.tensor(s.inputs[0])}, {offset}{', ' + shape if shape else ''});")
+                at = f"{e.tensor(s.inputs[0])}, {int(s.a['offset'])}"
+                layout.append(f"final Buf {t} = slice({at}{', ' + shape if shape else ''});")
             elif REGISTRY[s.op].view:
                 layout.append(f"final Buf {t} = view({e.tensor(s.inputs[0])}{', ' + shape if shape else ''});")
             else:
@@ -127,7 +127,8 @@ def plan_classes(
     if split is not None:  # data parallel: the part run per micro-batch, then the reductions' waits and the updates
         segments = [("pre", "The step up to its reductions: forward, backward, the buckets' starts (per micro-batch).",
                      split[0]),
-                    ("post", "The step after its reductions: the buckets' waits, the updates (once a step).", split[1])]
+                    ("post", "The step after its reductions: the buckets' waits, the updates (once a step).",
+                     split[1])]  # fmt: skip
     classes = [plan_class(e, training, doc, train, "loss", segments)]
     field_lines = [f"private {training} {instance(training)};"]
     placed = [f"{instance(training)} = new {training}();"]
@@ -141,7 +142,7 @@ def plan_classes(
         steps += [
             method("/** The step's statements before its reductions, for one micro-batch. */",
                    "@Override\n  protected void microBatchPre()", [f"{instance(training)}.pre();"]),
-            method("/** The step's statements after its reductions, once; returns the loss (the micro-batches' mean). */",
+            method("/** The step's statements after its reductions, once; returns the loss (their mean). */",
                    "@Override\n  protected float microBatchPost()",
                    [f"{instance(training)}.post();", f"return dev.scalar({train_loss});"]),
             method("/** The step separates into pre and post: it accumulates micro-batches. */",
@@ -230,7 +231,7 @@ def pre_post(p: Plan, items: list[tuple[str, Any]]) -> tuple[list, list] | None:
             if first_post is not None:
                 late_pre += stmts
     read = [v.name for what, item in post_items if what != "update"
-            for st in (item if what == "group" else (item,)) for v in st.inputs if v.name not in post]
+            for st in (item if what == "group" else (item,)) for v in st.inputs if v.name not in post]  # fmt: skip
     read += [v.name for what, item in post_items if what == "update" for v in (item[1],) if v.name not in post]
     kept = [p.buffer_of(n) for n in read if n in p.index]
     for st in late_pre:
