@@ -17,7 +17,7 @@ import java.util.concurrent.locks.LockSupport;
 
 /**
  * The CPU device's collective: the MPI C library, called through JNA ({@code
- * net.java.dev.jna:jna:5.19.1}) — a binding, not a transport. JNA is named by reflection only, so
+ * net.java.dev.jna:jna:5.19.1}): a binding, not a transport. JNA is named by reflection only, so
  * the runtime compiles on the plain JDK and a one-process run never loads it.
  *
  * <p>Three handle ABIs, tried in this order: the MPI-5 standard ABI ({@code libmpi_abi.so.1}, PyPI's
