@@ -79,6 +79,17 @@ public final class MpiCollective implements Collective {
   private final Map<Integer, ByteBuffer> staging = new HashMap<>();
   private boolean failed;
   private boolean closed;
+  // the ledger that names a late rank: every start tells every other rank how many starts this rank has made
+  // (a small MPI_Isend each, an MPI_Irecv always posted for each), so that a wait that times out names the
+  // ranks that have not reached it; up to LEDGER_RANKS ranks (the messages grow as the square of the ranks)
+  static final int LEDGER_RANKS = 64;
+  private static final int LEDGER_TAG = 7301;
+  private long starts; // the all-reduces this rank has started
+  private long[] seen; // the most starts heard of from each rank
+  private ByteBuffer[] inbox; // each rank's last count, as received
+  private ByteBuffer[] outbox; // this rank's count, as sent to each rank
+  private Object[] receiving; // the MPI_Irecv posted for each rank
+  private Object[] sending; // the last MPI_Isend to each rank (null: none in flight)
 
   /** A bucket's all-reduce in flight: its request, its tensors and its staging buffer. */
   private record Pending(Object request, Buf[] gradients, ByteBuffer staged) {}
@@ -208,7 +219,8 @@ public final class MpiCollective implements Collective {
         (long) nativeValue.invoke(global.invoke(lib, "ompi_mpi_errors_return")));
   }
 
-  /** A handle as the ABI passes it: an int, or a pointer-sized value. */
+  /** A handle as the ABI passes it: an int, or a pointer-sized value (MPI_IN_PLACE and MPI_STATUS_IGNORE, which
+   * are pointers in every ABI, are passed as a long). */
   private Object h(long value) {
     return abi.intHandles ? (Object) (int) value : (Object) value;
   }
@@ -271,6 +283,82 @@ public final class MpiCollective implements Collective {
               + launch
               + ": start the program under mpiexec (or srun) with as many processes as ranks");
     }
+    int n = launch.size();
+    if (n <= LEDGER_RANKS) {
+      seen = new long[n];
+      inbox = new ByteBuffer[n];
+      outbox = new ByteBuffer[n];
+      receiving = new Object[n];
+      sending = new Object[n];
+      ByteBuffer in = ByteBuffer.allocateDirect(8 * n).order(ByteOrder.nativeOrder());
+      ByteBuffer out = ByteBuffer.allocateDirect(8 * n).order(ByteOrder.nativeOrder());
+      for (int q = 0; q < n; q++) {
+        inbox[q] = in.slice(8 * q, 8).order(ByteOrder.nativeOrder());
+        outbox[q] = out.slice(8 * q, 8).order(ByteOrder.nativeOrder());
+        if (q != launch.rank()) {
+          receive(q);
+        }
+      }
+    }
+  }
+
+  private Object request() {
+    return abi.intHandles ? new int[1] : new long[1];
+  }
+
+  private void receive(int q) {
+    receiving[q] = request();
+    check("MPI_Irecv", call("MPI_Irecv", inbox[q], 1, h(abi.longType), q, LEDGER_TAG, h(abi.world), receiving[q]));
+  }
+
+  /** Reads every count that has arrived (each rank's latest), the receives posted again. */
+  private void hear() {
+    int[] done = {0};
+    for (int q = 0; seen != null && q < seen.length; q++) {
+      while (q != launch.rank()) {
+        check("MPI_Test", call("MPI_Test", receiving[q], done, abi.statusIgnore));
+        if (done[0] == 0) {
+          break;
+        }
+        seen[q] = Math.max(seen[q], inbox[q].getLong(0));
+        receive(q);
+      }
+    }
+  }
+
+  /** Tells every other rank this rank's count of starts (where the last message to it has gone). */
+  private void tell() {
+    int[] done = {0};
+    for (int q = 0; seen != null && q < seen.length; q++) {
+      if (q == launch.rank()) {
+        continue;
+      }
+      if (sending[q] != null) {
+        check("MPI_Test", call("MPI_Test", sending[q], done, abi.statusIgnore));
+        if (done[0] == 0) {
+          continue; // still in flight: the next start tells it
+        }
+      }
+      outbox[q].putLong(0, starts);
+      sending[q] = request();
+      check("MPI_Isend", call("MPI_Isend", outbox[q], 1, h(abi.longType), q, LEDGER_TAG, h(abi.world), sending[q]));
+    }
+  }
+
+  /** The ranks that have not started as many all-reduces as this one, as an error names them. */
+  private String late() {
+    if (seen == null) {
+      return launch.size() == 2 ? "rank " + (1 - launch.rank()) : "one of the other " + (launch.size() - 1) + " ranks";
+    }
+    hear();
+    StringBuilder s = new StringBuilder();
+    for (int q = 0; q < seen.length; q++) {
+      if (q != launch.rank() && seen[q] < starts) {
+        s.append(s.length() == 0 ? "rank " : ", rank ").append(q).append(" (its all-reduces started: ")
+            .append(seen[q]).append(", this rank's: ").append(starts).append(')');
+      }
+    }
+    return s.length() > 0 ? s.toString() : "one of the other ranks (every rank has started it)";
   }
 
   @Override
@@ -315,10 +403,13 @@ public final class MpiCollective implements Collective {
       f.put(at, g.a, g.off, g.numel());
       at += g.numel();
     }
+    starts++;
+    hear();
+    tell();
     Object request = abi.intHandles ? new int[1] : new long[1];
     check(
         "MPI_Iallreduce",
-        call("MPI_Iallreduce", h(abi.inPlace), staged, count, h(abi.floatType), h(abi.sum), h(abi.world),
+        call("MPI_Iallreduce", abi.inPlace, staged, count, h(abi.floatType), h(abi.sum), h(abi.world),
             request));
     pending.put(bucket, new Pending(request, gradients, staged));
   }
@@ -343,16 +434,13 @@ public final class MpiCollective implements Collective {
     long deadline = System.nanoTime() + (long) (timeout * 1e9);
     int[] done = {0};
     for (int spin = 0; ; spin++) {
-      check("MPI_Test", call("MPI_Test", request, done, h(abi.statusIgnore)));
+      check("MPI_Test", call("MPI_Test", request, done, abi.statusIgnore));
       if (done[0] != 0) {
         return;
       }
       if (System.nanoTime() > deadline) {
         failed = true;
-        String others =
-            launch.size() == 2
-                ? "rank " + (1 - launch.rank())
-                : "one of the other " + (launch.size() - 1) + " ranks";
+        String others = late();
         throw new Device.Unavailable(
             String.format(
                 "rank %d: %s waited %.0f s for %s, which died or stalled (the timeout is %s or"
@@ -409,6 +497,16 @@ public final class MpiCollective implements Collective {
       System.err.flush();
       call("MPI_Abort", h(abi.world), 1);
     } else {
+      int[] done = {0};
+      for (int q = 0; seen != null && q < seen.length; q++) { // the ledger's messages: received, or cancelled
+        if (q != launch.rank()) {
+          if (sending[q] != null) {
+            call("MPI_Wait", sending[q], abi.statusIgnore);
+          }
+          call("MPI_Cancel", receiving[q]);
+          call("MPI_Wait", receiving[q], abi.statusIgnore);
+        }
+      }
       call("MPI_Finalize");
     }
   }
