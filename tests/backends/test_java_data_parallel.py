@@ -218,12 +218,15 @@ def test_the_step_issues_the_buckets_reductions(tmp_path: Path) -> None:
     waits = re.findall(r"allReduceWait\((\d+), (\w+)\);", post)
     # bucket 0: the last layers' gradients in the order the backward pass makes them; 1: fc1.W (1.5 MB, over the
     # first bucket's 1 MB); 2: the state bucket (the loss)
-    assert [(b, g) for b, _, g in starts] == [
-        ("2", "loss"), ("0", "fc3_db, fc3_dW, fc2_db, fc2_dW, fc1_db"), ("1", "fc1_dW")
-    ]  # fmt: skip
-    assert [b for b, _ in waits] == ["0", "1", "2"] and "allReduce" not in post.split("allReduceWait(2")[1]
+    assert starts == [("2", "bucket2", "loss"), ("0", "bucket0", "fc3_db, fc3_dW, fc2_db, fc2_dW, fc1_db"),
+                      ("1", "bucket1", "fc1_dW")]  # fmt: skip
+    assert waits == [("0", "bucket0_reduced"), ("1", "bucket1_reduced"), ("2", "bucket2_reduced")]
+    assert "allReduce" not in post.split("allReduceWait(2")[1]
     # the updates read the reduced gradients: slices of the waited buckets at their offsets
-    assert re.search(r"final Buf (\w+) = slice\(\w+, 153310, 500\);", text)  # fc1.b after 10+3000+300+150000
+    assert "final Buf fc1_db_reduced = slice(bucket0_reduced, 153310, 500);" in text  # after 10+3000+300+150000
+    assert "updateSgdMomentumSgdStep(fc1_W_momentum, fc1_W, fc1_dW_reduced);" in post
+    assert "final Buf loss_reduced = slice(bucket2_reduced, 0);" in text
+    assert "return dev.scalar(training.loss_reduced);" in text
     assert "protected boolean accumulates()" in text
     # a program compiled without the pass has none of it
     code, out = _compile(tmp_path / "plain", MLP, "--set", "N=8")
