@@ -357,3 +357,20 @@ def test_a_killed_or_stopped_rank_ends_the_run_with_an_error(programs: Path) -> 
             assert "BAD TERMINATION" in text and f"PID {(pids / '1').read_text().strip()}" in text
         else:
             assert "error: rank 0: the all-reduce of bucket" in err and "waited 3 s for rank 1 (its" in err
+
+
+@pytest.mark.slow
+def test_a_resumed_two_rank_run_continues_exactly(programs: Path) -> None:
+    """Two Java ranks saving after 2 steps (rank 0 alone, atomically), then 2 more from that file: the 4-step
+    run's parameters, optimizer state (Adam's) and step counter, bit for bit."""
+    args = ("--data", "synthetic")
+    whole = _java(programs, "dp", "TinyRes", *args, "--iters", "4", "--save", "whole.npz", ranks=2)
+    half = _java(programs, "dp", "TinyRes", *args, "--iters", "2", "--save", "half.npz", ranks=2)
+    assert whole.returncode == half.returncode == 0, whole.stderr + half.stderr
+    rest = _java(programs, "dp", "TinyRes", *args, "--iters", "2", "--load", "half.npz", "--save", "resumed.npz",
+                 ranks=2)  # fmt: skip
+    assert rest.returncode == 0, rest.stderr
+    resumed = _params(programs / "resumed.npz")
+    assert _bitwise(_params(programs / "whole.npz"), resumed) == []
+    assert int(resumed["opt/iteration"]) == 4
+    assert not [p for p in programs.iterdir() if ".tmp" in p.name]  # written atomically, by one rank
