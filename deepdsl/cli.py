@@ -421,8 +421,10 @@ def run(
     session = None
     if options.buckets is not None:
         if device == "cuda":
-            raise distributed.DistributedError("data-parallel training and --micro-batches run on the NumPy runner "
-                                               "(--device cpu) or the compiled Java program, not yet on PyCUDA")
+            raise distributed.DistributedError(
+                "data-parallel training and --micro-batches run on the NumPy runner "
+                "(--device cpu) or the compiled Java program, not yet on PyCUDA"
+            )
         device = "cpu"
         session = distributed.open_session(world, micro_batches, config.dp_timeout, config.dp_fault)
     lead = world.rank == 0  # rank 0 alone prints, writes --json and saves

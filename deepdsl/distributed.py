@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.backends.numpy_runner import RunResult, _execute, param_value
+from deepdsl.backends.numpy_runner import RunResult, execute, param_value
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import Graph
 from deepdsl.ir.analysis import last_reads
@@ -282,15 +282,16 @@ class Executor:
         comm.begin_step(step)
         pre = [s for s in g.stmts if s.out.name not in self.post]
         env: dict[str, np.ndarray] = {}
+        arrays = dict(params)
         for k, feeds in enumerate(shards):
             env = {}
             for d in g.inputs:
                 floats = d.value.type.dtype.value == "f32"
                 env[d.value.name] = np.asarray(feeds[d.value.name], dtype=np.float32 if floats else np.int64)
             for p in g.params:
-                env[p.value.name] = np.asarray(param_value(p, dict(params)), np.float32)
+                env[p.value.name] = np.asarray(param_value(p, arrays), np.float32)
             for i, s in enumerate(pre):
-                out = _execute(s, env, np.float32)
+                out = execute(s, env)
                 env[s.out.name] = out
                 if s.op == "allreduce_start":
                     comm.start(s.a["bucket"], out, k, len(shards))
@@ -303,7 +304,7 @@ class Executor:
                 reduced = comm.wait(s.a["bucket"])
                 env[s.out.name] = reduced
             else:
-                env[s.out.name] = _execute(s, env, np.float32)
+                env[s.out.name] = execute(s, env)
         outputs = {name: np.array(env[v.name]) for name, v in g.outputs}
         updates = {name: np.array(env[v.name]) for name, v in g.updates}
         return RunResult(outputs, updates, 0, 0)
@@ -406,7 +407,7 @@ def open_session(world: World, micro_batches: int, timeout: float = DEFAULT_TIME
     comm = MpiComm(mpi, timeout)
     if comm.size != world.size or comm.rank != world.rank:
         raise DistributedError(
-            f"{world.source} says rank {world.rank} of {world.size}, but MPI sees rank {comm.rank} of {comm.size}: "
+            f"rank {world.rank} of {world.size} by {world.source}, but MPI sees rank {comm.rank} of {comm.size}: "
             "the NumPy runner's ranks talk over MPI, so start them with mpiexec / mpirun / srun --mpi=pmi2 "
             "(torchrun starts processes without MPI)"
         )

@@ -372,7 +372,8 @@ def _train(
     def on_step(k: int, loss: float, seconds: float) -> None:
         if report:
             done = (k + 1) * BAR // max(n, 1)
-            rate = batch / seconds if seconds > 0 else math.inf
+            samples = batch * (session.shards_per_step if session is not None else 1)  # the global batch
+            rate = samples / seconds if seconds > 0 else math.inf
             terms = "".join(f"{t} {v:.4f}  " for t, v in trainer.last_terms.items())  # a loss of several terms
             report(f"[{'#' * done}{'.' * (BAR - done)}] iter {k + 1:>{len(str(n))}}/{n}  loss {loss:.4f}  "
                    f"{terms}{rate:,.0f} {unit}/s")  # fmt: skip

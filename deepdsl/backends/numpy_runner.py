@@ -77,6 +77,11 @@ def run(
     return RunResult(outputs, updates, peak + sum(env[name].nbytes for name in held), peak)
 
 
+def execute(s: Stmt, env: dict[str, np.ndarray], dtype: type = np.float32) -> np.ndarray:
+    """Statement `s`'s result from the values in `env` (by name), in `dtype` (deepdsl/distributed.py's steps)."""
+    return _execute(s, env, dtype)
+
+
 def _execute(s: Stmt, env: dict[str, np.ndarray], dtype: type, workspace: np.ndarray | None = None) -> np.ndarray:
     with np.errstate(all="ignore"):  # NaN and Inf are found and reported by the caller, not printed by NumPy
         return _kernel(s, env, dtype, workspace)

@@ -42,6 +42,7 @@ _OPS = {
 }
 # Every op above that reads a learning rate (its attribute lr, or its input lr) multiplies it by the attribute
 # `lr_mult` where the statement has one (the train block's lr_mult): a plain constant, no run-time setting.
+UPDATE_OPS = frozenset(_OPS)  # every update rule (passes/data_parallel.py finds the gradients they read)
 for _name, (_arity, _doc) in _OPS.items():
     defop(_name, _arity, doc=_doc, elementwise=True, differentiable=False, cheap_to_recompute=True)(_like_first)
 

@@ -39,7 +39,8 @@ PIPELINE: tuple[tuple[str, Pass, int], ...] = (
     ("inplace", inplace, 2),
 )
 
-PASS_NAMES = tuple(name for name, _, _ in PIPELINE)
+# the passes every program runs (at their levels), which --no-pass may switch off; data_parallel runs only when asked
+PASS_NAMES = tuple(name for name, _, _ in PIPELINE if name != "data_parallel")
 
 
 @dataclass(frozen=True)
@@ -61,12 +62,12 @@ def run_pipeline(
 ) -> tuple[Graph, tuple[PassStat, ...]]:  # fmt: skip
     stats = []
     for name, fn, min_level in PIPELINE:
-        if level < min_level or name in disabled:
-            continue
         if name == "data_parallel":
             if bucketing is None:
                 continue
             g = data_parallel(g, bucketing)
+        elif level < min_level or name in disabled:
+            continue
         else:
             g = fn(g)
         if check:
