@@ -12,7 +12,8 @@
  * made: equal ids, else ncclInvalidUsage), the rank count and its rank against MPI's. A call on a stream that the
  * stand-in driver is capturing is recorded there (fake_cuda_capture) and made at each replay, as NCCL's kernels
  * are graph nodes. $FAKE_NCCL_VERSION sets what ncclGetVersion says (default 22903, NCCL 2.29.3); the number of
- * all-reduces made is written at exit to the file $FAKE_NCCL_CALLS names, if set. */
+ * all-reduces made is written at exit to the file $FAKE_NCCL_CALLS names, if set; $FAKE_NCCL_ASYNC_ERROR=CODE makes
+ * ncclCommGetAsyncError report that error once an all-reduce has run (for the watchdog's test). */
 
 #include <dlfcn.h>
 #include <mpi_abi.h>
@@ -109,7 +110,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *error) {
   if (!comm) return ncclInvalidArgument;
-  *error = ncclSuccess;
+  const char *e = getenv("FAKE_NCCL_ASYNC_ERROR"); /* an error NCCL found on its own (a peer gone, say) */
+  *error = e && allreduces > 0 ? (ncclResult_t)atoi(e) : ncclSuccess;
   return ncclSuccess;
 }
 

@@ -342,8 +342,10 @@ def test_a_killed_or_stopped_rank_ends_the_run_with_an_error(programs: Path) -> 
         p = subprocess.Popen([mpiexec, "-n", "2", "sh", "-c", script], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, cwd=programs,
                              env=_env(lib, DEEPDSL_DP_TIMEOUT=timeout))  # fmt: skip
+        line = ""
         try:
             while not (pids / "1").exists() or "iter " not in (line := p.stdout.readline()):
+                assert line or p.poll() is None, p.stderr.read()
                 assert time.monotonic() - t0 < 120, "the run did not start"
             os.kill(int((pids / "1").read_text()), sig)
             out, err = p.communicate(timeout=60)

@@ -8,7 +8,11 @@ are exercised; the training must be the CPU ranks' (MPI) within rounding."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -131,3 +135,37 @@ def test_a_missing_or_old_nccl_and_a_missing_gpu_are_named(program: Path) -> Non
     gpu = _run(program, "--iters", "1", "--ranks", "2", "--rank", "1", "--local-rank", "1", ranks=0)
     assert gpu["rc"] == 1
     assert "GPU 1 (deepdsl.gpu, a rank's local rank) is not among this machine's 1 GPU" in gpu["stderr"]
+
+
+def test_the_watchdog_aborts_on_ncclS_error_or_a_stalled_rank(program: Path) -> None:
+    """NCCL's asynchronous error (the stand-in reports one once a reduction has run): every rank's watchdog aborts
+    the communicator with an error naming the rank and the cause. A rank stopped with SIGSTOP: the other's step
+    outlasts the timeout, its watchdog aborts, and the job ends. Never a hang."""
+    t0 = time.monotonic()
+    failed = _run(program, "--iters", "50", FAKE_NCCL_ASYNC_ERROR="6")
+    assert failed["rc"] != 0 and time.monotonic() - t0 < 120
+    said = "NCCL reported error 6 (a rank died or the network failed); the communicator was aborted"
+    assert f"rank 0: {said}" in failed["stderr"] or f"rank 1: {said}" in failed["stderr"]
+    assert "losses" not in failed
+    mpiexec, lib = mpi()
+    pids = program / "pids"
+    pids.mkdir(exist_ok=True)
+    cp = f"{program / 'build'}:{program / 'src'}:{jcuda_jars()}/*:{jna_jar()}"
+    java = (f"java -Ddeepdsl.gpu=0 -Dorg.bytedeco.javacpp.cachedir={program / 'javacpp'} -cp '{cp}' MLP --data "
+            "synthetic --device cuda --kernels own --iters 100000")  # fmt: skip
+    env = launch_env(LD_LIBRARY_PATH=str(program / "fake"), DEEPDSL_FAKE_CUDA_KERNELS=str(program / "MLP" /
+                     "emulated.so"), PATH=f"{lib.parent / 'bin'}:/usr/bin:/bin", DEEPDSL_DP_TIMEOUT="5")  # fmt: skip
+    p = subprocess.Popen([mpiexec, "-n", "2", "sh", "-c", f"echo $$ > {pids}/$PMI_RANK; exec {java}"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=program, env=env)  # fmt: skip
+    try:
+        t0 = time.monotonic()
+        while not re.search(r"iter +3/", line := p.stdout.readline()):  # the progress line of step 3
+            assert line or p.poll() is None, p.stderr.read()
+            assert time.monotonic() - t0 < 180, "the run did not start"
+        os.kill(int((pids / "1").read_text()), signal.SIGSTOP)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode != 0
+    assert "error: rank 0: a step waited 5 s for the other ranks, which died or stalled" in err
