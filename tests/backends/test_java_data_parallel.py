@@ -291,6 +291,15 @@ def test_one_rank_of_the_data_parallel_program_is_the_plain_program(programs: Pa
     assert _bitwise(_params(programs / "dp1.npz"), _params(programs / "plain1.npz")) == []
 
 
+def test_a_program_without_the_pass_refuses_ranks_and_micro_batches(programs: Path) -> None:
+    r = _java(programs, "plain", "MLP", "--data", "synthetic", "--iters", "1", ranks=2)
+    assert r.returncode != 0 and "iter 1/1" not in r.stdout
+    assert ("error: 2 ranks (MPICH/PMI): this program was compiled without the data-parallel pass; compile it with "
+            "`deepdsl compile --data-parallel`") in r.stderr  # fmt: skip
+    r = _java(programs, "plain", "MLP", "--data", "synthetic", "--iters", "1", "--micro-batches", "2")
+    assert r.returncode == 1 and "error: --micro-batches 2: this program was compiled without" in r.stderr
+
+
 def _numpy(source: Path, tag: str, folder: Path, sets: list[str]) -> tuple[dict, dict[str, np.ndarray]]:
     """The NumPy runner's run of two micro-batches (deepdsl run --micro-batches 2), its --json and parameters."""
     out = folder / f"numpy_{tag}.npz"

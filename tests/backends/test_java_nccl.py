@@ -132,6 +132,8 @@ def test_a_missing_or_old_nccl_and_a_missing_gpu_are_named(program: Path) -> Non
     old = _run(program, "--iters", "1", "--ranks", "2", "--rank", "0", ranks=0, FAKE_NCCL_VERSION="21805")
     assert old["rc"] == 1
     assert "error: NCCL 2.18.5 (libnccl.so.2) is older than 2.19" in old["stderr"]
+    micro = _run(program, "--iters", "1", "--micro-batches", "2", ranks=0)
+    assert micro["rc"] == 1 and "--micro-batches 2 runs on the CPU device only for now" in micro["stderr"]
     gpu = _run(program, "--iters", "1", "--ranks", "2", "--rank", "1", "--local-rank", "1", ranks=0)
     assert gpu["rc"] == 1
     assert "GPU 1 (deepdsl.gpu, a rank's local rank) is not among this machine's 1 GPU" in gpu["stderr"]
