@@ -148,6 +148,11 @@ final class DataParallel {
     collective.agree(h >>> 1, "the program or its parameters (the checksum of the class and every tensor)");
   }
 
+  /** The first sample of this rank's micro-batch in the step's global batch of {@code n} a shard. */
+  long offset(int n) {
+    return ((long) launch.rank() * micro + microBatch) * n;
+  }
+
   /** One training step of {@code net}: its shard or micro-batches, the reductions; returns the loss. */
   float trainStep(Network net, Long shuffle) {
     long first = (net.iteration * launch.size() + launch.rank()) * micro;

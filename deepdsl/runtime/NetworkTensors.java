@@ -504,6 +504,11 @@ public abstract class NetworkTensors {
     return setting(SCALE, 1f);
   }
 
+  /** The shard's first sample in the step's global batch, where the step's per-sample draws start. */
+  protected final long sampleOffset() {
+    return parallel.offset(batchSize());
+  }
+
   /** Whether the program was compiled with the data-parallel pass. */
   boolean isDataParallel() {
     return dataParallel;

@@ -62,8 +62,12 @@ layer fc1 = full(16)
 layer fc2 = full(3)
 net = fc2 o dropout(0.5) o relu o fc1
 loss    = softmax_cross_entropy(net(x), y)
+predict = net(x)
 train {
   data = synthetic
+  optimizer = sgd(lr=0.1, momentum=0.9)
+  iterations = 3
+  seed = 2
 }
 """
 
@@ -234,12 +238,15 @@ def test_the_step_issues_the_buckets_reductions(tmp_path: Path) -> None:
     assert code == 0 and "allReduce" not in plain and "dataParallel" not in plain and "void pre()" not in plain
 
 
-def test_a_network_drawing_per_sample_is_refused_clearly(tmp_path: Path) -> None:
+def test_a_shards_dropout_mask_starts_at_its_offset(tmp_path: Path) -> None:
     f = tmp_path / "drop.ddsl"
     f.write_text(DROPOUT)
     code, out = _compile(tmp_path, f, "--data-parallel")
-    assert code == 1, out
-    assert "cannot run the data-parallel input 'dp/offset'" in out
+    assert code == 0, out
+    text = (tmp_path / "out" / "Drop.java").read_text()
+    # the shard's mask: the global batch's from the shard's first sample on (the step and the offset as longs)
+    assert "dev.dropoutMaskAt(net_dropout1_dropout_mask_at, iteration, sampleOffset(), 0.5f, " in text
+    assert "dp_offset" not in text and "dp/offset" not in text
 
 
 # ---- whole programs ----
@@ -247,15 +254,17 @@ def test_a_network_drawing_per_sample_is_refused_clearly(tmp_path: Path) -> None
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """MLP, LeNet and TinyRes compiled with --data-parallel into dp/, and MLP without into plain/, each built."""
+    """MLP, LeNet, TinyRes and Drop compiled with --data-parallel into dp/, MLP and Drop without into plain/."""
     folder = tmp_path_factory.mktemp("java_dp")
     (folder / "tiny.ddsl").write_text(RESIDUAL)
-    for source, sets in ((MLP, ["N=8"]), (LENET, ["N=8"]), (folder / "tiny.ddsl", [])):
+    (folder / "drop.ddsl").write_text(DROPOUT)
+    for source, sets in ((MLP, ["N=8"]), (LENET, ["N=8"]), (folder / "tiny.ddsl", []), (folder / "drop.ddsl", [])):
         flags = [f"--set={s}" for s in sets]
         r = CliRunner().invoke(cli, ["compile", str(source), *flags, "--data-parallel", "-o", str(folder / "dp")])
         assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(cli, ["compile", str(MLP), "--set=N=8", "-o", str(folder / "plain")])
-    assert r.exit_code == 0, r.output
+    for source, sets in ((MLP, ["--set=N=8"]), (folder / "drop.ddsl", [])):
+        r = CliRunner().invoke(cli, ["compile", str(source), *sets, "-o", str(folder / "plain")])
+        assert r.exit_code == 0, r.output
     for kind in ("dp", "plain"):
         src = folder / kind
         javac(src, [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")], src / "build")
@@ -282,13 +291,14 @@ def _bitwise(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[str]:
     return [k for k in a if not np.array_equal(a[k], b[k])]
 
 
-def test_one_rank_of_the_data_parallel_program_is_the_plain_program(programs: Path) -> None:
+@pytest.mark.parametrize("name", ["MLP", "Drop"])
+def test_one_rank_of_the_data_parallel_program_is_the_plain_program(programs: Path, name: str) -> None:
     common = ("--data", "synthetic", "--iters", "3", "--json")
-    dp = _java(programs, "dp", "MLP", *common, "--save", "dp1.npz")
-    plain = _java(programs, "plain", "MLP", *common, "--save", "plain1.npz")
+    dp = _java(programs, "dp", name, *common, "--save", f"{name}_dp1.npz")
+    plain = _java(programs, "plain", name, *common, "--save", f"{name}_plain1.npz")
     assert dp.returncode == plain.returncode == 0, dp.stderr + plain.stderr
     assert json.loads(dp.stdout)["losses"] == json.loads(plain.stdout)["losses"]
-    assert _bitwise(_params(programs / "dp1.npz"), _params(programs / "plain1.npz")) == []
+    assert _bitwise(_params(programs / f"{name}_dp1.npz"), _params(programs / f"{name}_plain1.npz")) == []
 
 
 def test_a_program_without_the_pass_refuses_ranks_and_micro_batches(programs: Path) -> None:
@@ -313,8 +323,9 @@ def _numpy(source: Path, tag: str, folder: Path, sets: list[str]) -> tuple[dict,
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "source", "sets"), [("MLP", MLP, ["N=8"]), ("LeNet", LENET, ["N=8"]),
-                                                       ("TinyRes", None, [])])  # fmt: skip
-def test_two_java_ranks_equal_two_micro_batches_bit_for_bit(programs: Path, name: str, source: Path | None,
+                                                       ("TinyRes", "tiny.ddsl", []),
+                                                       ("Drop", "drop.ddsl", [])])  # fmt: skip
+def test_two_java_ranks_equal_two_micro_batches_bit_for_bit(programs: Path, name: str, source: Path | str,
                                                           sets: list[str]) -> None:  # fmt: skip
     common = ("--data", "synthetic", "--iters", "3", "--json")
     micro = _java(programs, "dp", name, *common, "--micro-batches", "2", "--save", f"{name}_micro.npz")
@@ -322,14 +333,14 @@ def test_two_java_ranks_equal_two_micro_batches_bit_for_bit(programs: Path, name
     ranks = _java(programs, "dp", name, *common, "--save", f"{name}_ranks.npz", ranks=2)
     assert ranks.returncode == 0, ranks.stderr
     outs = [line for line in ranks.stdout.splitlines() if line.strip()]
-    assert len(outs) == 1  # rank 0 alone writes --json
+    assert len(outs) == 1, ranks.stdout + ranks.stderr  # rank 0 alone writes --json
     assert ranks.stderr.count("device: cpu") == 1 and "data parallel: rank 0 of 2 (MPICH/PMI)" in ranks.stderr
     one, two = json.loads(micro.stdout), json.loads(outs[0])
     assert one["losses"] == two["losses"] and one["test_loss"] == two["test_loss"]
     micro_params, rank_params = _params(programs / f"{name}_micro.npz"), _params(programs / f"{name}_ranks.npz")
     assert _bitwise(micro_params, rank_params) == []
     # the NumPy runner's two micro-batches: the same training within rounding
-    got, numpy_params = _numpy(source or programs / "tiny.ddsl", name, programs, sets)
+    got, numpy_params = _numpy(programs / source if isinstance(source, str) else source, name, programs, sets)
     np.testing.assert_allclose(two["losses"], got["losses"], rtol=1e-4)
     for k, v in numpy_params.items():
         if v.dtype == np.float32:

@@ -90,6 +90,8 @@ def library_arguments(s: Stmt) -> list[str]:
     for (java_type, param), key in zip(call.attributes, call.keys):
         if key == "step":  # the step counter, an input of the statement, is passed as a long
             args.append("iteration")
+        elif key == "offset":  # data parallelism: the shard's first sample in the step's global batch, a long
+            args.append("sampleOffset()")
         elif key == "limit":  # the device's workspace limit
             continue
         elif key in attrs and param in NAMED_ARGUMENTS:  # pad(0, 0): Network's helpers name what a number is

@@ -33,7 +33,6 @@ from deepdsl.backends.java.names import block_abbreviations, class_name
 from deepdsl.backends.java.roles import gradient_values
 from deepdsl.backends.java.state import Emitter
 from deepdsl.backends.java.steps import plan_classes
-from deepdsl.errors import DslProgramError
 from deepdsl.frontend.program import Program, Schedule
 from deepdsl.ir import Graph
 from deepdsl.ir.analysis import classified_label, regression_target
@@ -160,17 +159,12 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
     cfg = program.train
     declarations = ["  // the batch: inputs and labels (labels as exact float values)"]
     for d in g.inputs:
-        if d.kind == "step":
+        if d.kind in ("step", "offset"):  # longs the calls pass: iteration, sampleOffset()
             continue
         shape = ", ".join(map(str, d.value.type.shape))
         named = java_string(d.value.name)
         call = {"label": f"label({named}, {d.classes}, {shape})", "input": f"input({named}, {shape})",
-                "lr": "learningRateInput()", "scale": "dataParallelScale()"}.get(d.kind)  # fmt: skip
-        if call is None:  # dp/offset: the shard's sample position, for the *_at draws
-            raise DslProgramError(
-                f"the Java program cannot run the data-parallel input '{d.value.name}' ({d.kind}) yet: a network "
-                "that draws random numbers per sample (dropout) trains data-parallel in the NumPy runner only"
-            )
+                "lr": "learningRateInput()", "scale": "dataParallelScale()"}[d.kind]  # fmt: skip
         if d.kind == "label" and d.ignore is not None:  # its data may hold a loss's ignore_index
             call = f"labelIgnoring({named}, {d.classes}, {d.ignore}L, {shape})"
         if d.kind == "input" and d.classes is not None:  # token ids (`input t : [N, T] int vocab V`)

@@ -119,7 +119,7 @@ def plan_classes(
         return title[:1].lower() + title[1:]
 
     e.in_state = dict(train.in_state)
-    e.counters = frozenset(d.value.name for d in train.graph.inputs if d.kind == "step")
+    e.counters = frozenset(d.value.name for d in train.graph.inputs if d.kind in ("step", "offset"))  # longs
     doc = "The training step (forward, backward, update): its temporaries at their offsets of the arena, its calls."
     train_items = plan_items(e, train)
     split = pre_post(train, train_items)
