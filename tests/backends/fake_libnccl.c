@@ -118,7 +118,10 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *error) {
 static ncclResult_t finish(ncclComm_t comm) {
   if (!comm) return ncclInvalidArgument;
   int done = 0;
-  if (comm->initialised_mpi && (MPI_Finalized(&done), !done)) MPI_Finalize();
+  if (comm->initialised_mpi && (MPI_Finalized(&done), !done)) {
+    MPI_Barrier(MPI_COMM_WORLD); /* every rank ends together: else mpiexec may lose a rank's last output */
+    MPI_Finalize();
+  }
   free(comm);
   return ncclSuccess;
 }
