@@ -276,8 +276,7 @@ abstract class CudaMemory implements Device {
   }
 
   @Override
-  public void randomUniformAt(
-      Buf out, long step, long offset, float low, float high, long seed, String site) {
+  public void randomUniformAt(Buf out, long step, long offset, float low, float high, long seed, String site) {
     throw new Device.Unavailable(SHARD_DRAWS);
   }
 

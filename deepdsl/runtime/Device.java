@@ -124,22 +124,15 @@ public interface Device extends AutoCloseable {
 
   /**
    * Data parallelism: {@link #dropoutMask} of the shard whose first sample is sample {@code offset}
-   * of the step's global batch (registry op dropout_mask_at); the CPU device's.
+   * of the step's global batch (registry op dropout_mask_at).
    */
-  default void dropoutMaskAt(Buf out, long step, long offset, float p, long seed, String site) {
-    Rng.dropout_mask_at(out, step, offset, p, seed, site);
-  }
+  void dropoutMaskAt(Buf out, long step, long offset, float p, long seed, String site);
 
-  /** {@link #randomNormal} of a shard (registry op random_normal_at); the CPU device's. */
-  default void randomNormalAt(Buf out, long step, long offset, long seed, String site) {
-    Rng.random_normal_at(out, step, offset, seed, site);
-  }
+  /** {@link #randomNormal} of a shard (registry op random_normal_at). */
+  void randomNormalAt(Buf out, long step, long offset, long seed, String site);
 
-  /** {@link #randomUniform} of a shard (registry op random_uniform_at); the CPU device's. */
-  default void randomUniformAt(
-      Buf out, long step, long offset, float low, float high, long seed, String site) {
-    Rng.random_uniform_at(out, step, offset, low, high, seed, site);
-  }
+  /** {@link #randomUniform} of a shard (registry op random_uniform_at). */
+  void randomUniformAt(Buf out, long step, long offset, float low, float high, long seed, String site);
 
   /** Attention's softmax with its scale and causal mask (registry op masked_softmax). */
   void maskedSoftmax(Buf out, Buf x, float scale, boolean causal, int period);

@@ -478,7 +478,8 @@ def java_mismatches(registry: dict[str, OpDef], sources: dict[str, str]) -> list
             continue
         if params[:1] != (("Buf", "out"),) or params[1:] != op.java.params:
             out.append(f"{name}: declared {op.java.params}, {op.java.cls}.java has {params[1:]}")
-        tensors = sum(t == "Buf" for t, _ in op.java.params) + sum(n == "step" for _, n in op.java.params)
+        # the step counter and a data-parallel shard's sample offset are inputs passed as longs
+        tensors = sum(t == "Buf" for t, _ in op.java.params) + sum(n in ("step", "offset") for _, n in op.java.params)
         if op.java.inputs_as_array != (op.arity is None) or (op.arity is not None and tensors != op.arity):
             out.append(f"{name}: {tensors} tensors in its Java call for arity {op.arity}")
     return out
