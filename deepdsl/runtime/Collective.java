@@ -83,6 +83,14 @@ public interface Collective extends AutoCloseable {
   @Override
   void close();
 
+  /**
+   * Whether {@code -Ddeepdsl.collective=true} asks for the engine (MPI, NCCL) even for one rank: a
+   * one-rank NCCL run, eager and in the CUDA graph, must give the plain run's result (the GPU check).
+   */
+  static boolean forced() {
+    return Boolean.getBoolean("deepdsl.collective");
+  }
+
   /** The watchdog's timeout in seconds: the property, else the environment, else 300. */
   static double timeoutSeconds() {
     String v = System.getProperty(TIMEOUT_PROPERTY);
@@ -131,7 +139,7 @@ public interface Collective extends AutoCloseable {
    * @throws Device.Unavailable naming the library or jar that is missing
    */
   static Collective open(Launch launch, Device device) {
-    if (!launch.distributed()) {
+    if (!launch.distributed() && !forced()) {
       return SINGLE;
     }
     if (!device.name().equals("cuda")) { // named directly: javac -sourcepath compiles it into a CPU build

@@ -47,7 +47,7 @@ final class DataParallel {
    *     accumulate, or the collective does not start
    */
   static DataParallel open(Launch launch, int micro, Device device, Network net) {
-    if (!launch.distributed() && micro == 1) {
+    if (!launch.distributed() && micro == 1 && !(Collective.forced() && net.isDataParallel())) {
       if (net.isDataParallel()) {
         net.set(Network.SCALE, 1.0);
       }
@@ -59,7 +59,7 @@ final class DataParallel {
               + ": this program was compiled without the data-parallel pass; compile it with"
               + " `deepdsl compile --data-parallel` (one program then serves any number of ranks)");
     }
-    if (micro > 1 && !net.accumulates()) {
+    if (micro > 1 && !net.accumulates()) { // (a forced collective with one rank reduces over that rank)
       throw new Device.Unavailable(
           "--micro-batches " + micro + ": this program's updates are not separable from its backward pass in"
               + " its memory plan, so it cannot accumulate micro-batches");
@@ -121,7 +121,7 @@ final class DataParallel {
    * parameters, model state and step counter; else every rank stops naming those that differ.
    */
   void agree(Network net) {
-    if (!launch.distributed()) {
+    if (collective == Collective.SINGLE) {
       return;
     }
     long h = 0xcbf29ce484222325L;

@@ -63,8 +63,10 @@ def _run(folder: Path, *args: str, ranks: int = 2, nccl: bool = True, tag: str =
             if "nccl" not in f.name and not (folder / "nonccl" / f.name).exists():
                 (folder / "nonccl" / f.name).symlink_to(f)
     cp = f"{folder / 'build'}:{folder / 'src'}:{jcuda_jars()}/*:{jna_jar()}"
-    java = ["java", f"-Dorg.bytedeco.javacpp.cachedir={folder / 'javacpp'}", "-cp", cp, "MLP", "--data", "synthetic",
-            "--device", "cuda", "--kernels", "own", "--json", *args]  # fmt: skip
+    jvm = [a for a in args if a.startswith("-D")]  # the JVM's properties, before the class
+    args = tuple(a for a in args if not a.startswith("-D"))
+    java = ["java", f"-Dorg.bytedeco.javacpp.cachedir={folder / 'javacpp'}", *jvm, "-cp", cp, "MLP", "--data",
+            "synthetic", "--device", "cuda", "--kernels", "own", "--json", *args]  # fmt: skip
     if "--local-rank" not in args:
         java.insert(1, "-Ddeepdsl.gpu=0")  # one stand-in GPU for both ranks
     counts = f"FAKE_NCCL_CALLS={folder}/nccl{tag}.$PMI_RANK FAKE_CUDA_GRAPH_LAUNCHES={folder}/graph{tag}.$PMI_RANK"
@@ -171,3 +173,20 @@ def test_the_watchdog_aborts_on_ncclS_error_or_a_stalled_rank(program: Path) -> 
             p.kill()
     assert p.returncode != 0
     assert "error: rank 0: a step waited 5 s for the other ranks, which died or stalled" in err
+
+
+def test_one_forced_nccl_rank_is_the_plain_run(program: Path) -> None:
+    """-Ddeepdsl.collective=true: one rank through NCCL (what the GPU check runs on the real library), eager and in
+    the graph, gives the run without NCCL bit for bit (a one-rank sum is the identity)."""
+    plain = _run(program, "--iters", "3", "--save", "alone.npz", ranks=0)
+    assert plain["rc"] == 0, plain["stderr"]
+    for flags in ((), ("--no-graph",)):
+        tag = "forced" + "".join(flags)
+        one = _run(program, "-Ddeepdsl.collective=true", "--iters", "3", *flags, "--save", f"{tag}.npz", ranks=1,
+                   tag=tag)  # fmt: skip
+        assert one["rc"] == 0, one["stderr"]
+        assert "NCCL 2.29.3 through JavaCPP" in one["stderr"] and "rank 0 of 1" in one["stderr"]
+        assert one["losses"] == plain["losses"]
+        alone = _params(program / "alone.npz")
+        assert all(np.array_equal(v, alone[k]) for k, v in _params(program / f"{tag}.npz").items())
+        assert int((program / f"nccl{tag}.0").read_text()) == 3 * 3 + 1
