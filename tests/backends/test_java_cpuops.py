@@ -34,6 +34,8 @@ pytestmark = [
 # statements the emitter writes as generated loops
 NOT_CPUOPS = {"reshape", "batch_norm", "dropout", "layer_norm", "fused", "indexed"}
 NOT_CPUOPS |= {"sample_normal", "sample_uniform"}  # lowered to random_normal / random_uniform (or a fill)
+# the data-parallel statements: Network's calls of the run's Collective (tests/backends/test_java_data_parallel.py)
+NOT_CPUOPS |= {"allreduce_start", "allreduce_wait", "bucket_slice"}
 
 # the ops whose work is matrix products (CpuGemm.gemm), run once more with OpenBLAS as the SGEMM
 GEMM_OPS = {"conv2d", "conv2d_backward_data", "conv2d_backward_filter", "linear", "matmul", "batch_matmul"}
@@ -53,6 +55,8 @@ def _from_example(op: str) -> tuple[list[np.ndarray], dict]:
     xs = [_random(t, classes) for t in types]
     if op == "dropout_mask":
         xs = [np.array(3, dtype=np.int64)]  # the step
+    if op.endswith("_at"):  # a data-parallel shard's draws: the step, the shard's first sample in the global batch
+        xs = [np.array(3, dtype=np.int64), np.array(2, dtype=np.int64)]
     if op.startswith("cross_entropy"):
         xs[0] = _np("softmax", [xs[0]])  # probabilities
     if op in ("bn_train_backward", "bn_train_apply"):

@@ -219,9 +219,9 @@ NO_VJP = {"fill": "reads no input: there is nothing to differentiate"}
 # performs them itself (the NumPy runner in deepdsl/distributed.py); a backend may still register a call
 RUNNER_PERFORMS = {
     "allreduce_start": "a collective: the runner packs the bucket and starts its all-reduce (MPI, NCCL)",
-    "dropout_mask_at": "a data-parallel draw: the NumPy runner's kernel; the Java and CUDA ones are not written yet",
-    "random_normal_at": "a data-parallel draw: the NumPy runner's kernel; the Java and CUDA ones are not written yet",
-    "random_uniform_at": "a data-parallel draw: the NumPy runner's kernel; the Java and CUDA ones are not written yet",
+    "dropout_mask_at": "a data-parallel draw: the NumPy runner's kernel and the Java CPU device's; no CUDA one yet",
+    "random_normal_at": "a data-parallel draw: the NumPy runner's kernel and the Java CPU device's; no CUDA one yet",
+    "random_uniform_at": "a data-parallel draw: the NumPy runner's kernel and the Java CPU device's; no CUDA one yet",
 }
 # cheap_to_recompute=True without an index form: why, and the FLOPs per output element it may cost
 CHEAP_WITHOUT_INDEX_FORM = {
