@@ -559,11 +559,18 @@ def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, loa
 )
 @click.option("--arch", "archs", metavar="SM,...", default="sm_90,sm_80", show_default=True,
               help="The GPU architectures --ptx compiles for.")  # fmt: skip
+@click.option("--data-parallel", "data_parallel", is_flag=True,
+              help="Compile the data-parallel pass in: the program then trains on any number of ranks (mpiexec, "
+              "torchrun, srun) and accumulates --micro-batches (docs/distributed.md).")  # fmt: skip
+@click.option("--bucket-mb", "bucket_mb", type=click.FloatRange(min=0, min_open=True), default=25.0,
+              show_default=True, metavar="MB",
+              help="With --data-parallel: the size at which a gradient bucket closes (the first at 1 MB or less).",
+              )  # fmt: skip
 @REPLACE_READONLY
 @PRECISION
 def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str | None, maven: str | None,
-             workspace_limit: int | None, deterministic: bool, ptx: bool, archs: str, replace_readonly: bool,
-             precision: str | None) -> None:  # fmt: skip
+             workspace_limit: int | None, deterministic: bool, ptx: bool, archs: str, data_parallel: bool,
+             bucket_mb: float, replace_readonly: bool, precision: str | None) -> None:  # fmt: skip
     """Compile FILE to a Java training program (one readable class plus the runtime it needs)."""
     from deepdsl import compiling
     from deepdsl.backends.java import DEFAULT_WORKSPACE_LIMIT
@@ -576,6 +583,8 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
     limit = DEFAULT_WORKSPACE_LIMIT if workspace_limit is None else workspace_limit
     # the plan follows the limit: convolutions allowed scratch get it in the arena
     options = dataclasses.replace(options, workspace_limit=limit, deterministic=deterministic, precision=precision)
+    if data_parallel:
+        options = dataclasses.replace(options, buckets=_bucketing(1, 1, bucket_mb, always=True))
     api.compile_file(file, sets, stop_at="plan", c=c, options=options)
     assert c.build is not None
     _warnings(c)

@@ -18,7 +18,7 @@ import numpy as np
 
 from deepdsl.initializers import normal_array, uniform_array
 from deepdsl.ir.graph import Graph, Value
-from deepdsl.ir.registry import defop, flops_rule, numpy_kernel
+from deepdsl.ir.registry import defop, flops_rule, java_call, numpy_kernel
 from deepdsl.ir.types import DType, ShapeError, TensorType
 from deepdsl.ops.random import mask_seed, sample_seed
 
@@ -138,6 +138,12 @@ def _random_uniform_at(xs: tuple, a: dict) -> np.ndarray:
 
 
 flops_rule(*AT_OPS.values())(lambda types, out, a: out.numel)
+
+# the Java runtime's (Rng.java; the CPU device's: the CUDA device refuses them for now), the shard's offset passed
+# as a long as the step is
+java_call("dropout_mask_at", "long step, long offset, float p, long seed, String site", cls="Rng")
+java_call("random_normal_at", "long step, long offset, long seed, String site", cls="Rng")
+java_call("random_uniform_at", "long step, long offset, float low, float high, long seed, String site", cls="Rng")
 
 
 # ---- what runners read of a data-parallel program ----

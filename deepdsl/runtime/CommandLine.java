@@ -29,7 +29,10 @@ final class CommandLine {
           + "       java %1$s --eval --load FILE.npz [--data SOURCE] [--device ...] [--json]\n"
           + "       java %1$s --predict OUT.npz --load FILE.npz --data SOURCE [--split test|train]"
           + " [--device ...]\n"
-          + "  --replace-readonly: --save and --predict may replace a read-only file";
+          + "  --replace-readonly: --save and --predict may replace a read-only file\n"
+          + "  data parallel (a program compiled with --data-parallel): [--micro-batches M] [--ranks R]"
+          + " [--rank r] [--local-rank l]\n"
+          + "    (R, r, l: else from the launcher's environment: torchrun, mpiexec, mpirun, srun)";
 
   /** The flags that set a setting of the class (those its optimizer has). */
   static final List<String> SETTING_FLAGS =
@@ -85,6 +88,14 @@ final class CommandLine {
           "--clip", new Range(0, FLOAT_MAX, false, false),
           "--alpha", new Range(0, 1, true, false));
 
+  /** The data-parallel flags' ranges (their own map: Map.of takes ten pairs). */
+  private static final Map<String, Range> PARALLEL_RANGES =
+      Map.of(
+          "--micro-batches", new Range(1, 65536, false, true),
+          "--ranks", new Range(1, Launch.MAX_RANKS, false, true),
+          "--rank", new Range(0, Launch.MAX_RANKS - 1, false, true),
+          "--local-rank", new Range(0, 65535, false, true));
+
   // ---- the flags, as parsed ----
 
   Integer iters;
@@ -105,6 +116,10 @@ final class CommandLine {
   boolean graph = true; // the CUDA device replays the train step as a CUDA graph (--no-graph: not)
   // the CUDA device's cuDNN convolutions are the heuristic's deterministic algorithms, not the fastest found
   boolean deterministic;
+  int microBatches = 1; // data parallelism (DataParallel): micro-batches a step, and this process's place
+  Integer ranks;
+  Integer rank;
+  Integer localRank;
   final Map<String, Double> settings = new LinkedHashMap<>();
 
   static CommandLine parse(String[] args) {
@@ -159,7 +174,11 @@ final class CommandLine {
               "--kernels",
               "--precision",
               "--predict",
-              "--split")
+              "--split",
+              "--micro-batches",
+              "--ranks",
+              "--rank",
+              "--local-rank")
           .contains(arg)) {
         throw new IllegalArgumentException("no such option: " + arg);
       }
@@ -186,6 +205,10 @@ final class CommandLine {
         }
         case "--workspace-limit" -> f.workspaceLimit = bytes(arg, value);
         case "--threads" -> f.threads = count(arg, value);
+        case "--micro-batches" -> f.microBatches = count(arg, value);
+        case "--ranks" -> f.ranks = count(arg, value);
+        case "--rank" -> f.rank = count(arg, value);
+        case "--local-rank" -> f.localRank = count(arg, value);
         case "--blas" -> f.blas = value;
         case "--kernels" -> {
           if (!List.of("vendor", "own", "auto").contains(value)) {
@@ -268,7 +291,7 @@ final class CommandLine {
 
   /** A whole number in the flag's range (RANGES), else a usage error. */
   private static int count(String flag, String value) {
-    Range r = RANGES.get(flag);
+    Range r = RANGES.containsKey(flag) ? RANGES.get(flag) : PARALLEL_RANGES.get(flag);
     try {
       long n = value.strip().matches("[+-]?[0-9]{1,18}") ? Long.parseLong(value.strip()) : -1;
       if (n >= r.low() && n <= r.high()) {
@@ -308,6 +331,21 @@ final class CommandLine {
    * {@code json}, one of the objects --json prints (it starts with the device), with the precision
    * that ran after the device and, where it is not the one asked for, why (deepdsl run's fields).
    */
+  /** The flags that override the compiled settings: --deterministic and --precision. */
+  void applyTo(NetworkTensors.Settings s) {
+    s.deterministic |= deterministic; // cuDNN's heuristic, deterministic convolution algorithms
+    if (precision != null) { // the CUDA device's TF32 math
+      s.precision = precision;
+    }
+  }
+
+  /** deepdsl eval --json's object: the device and the test figures (the loss, and the metrics). */
+  static String evalJson(String device, double[] tested) {
+    List<String> nonfinite = new ArrayList<>();
+    String loss = jsonNumber(tested[0], "test_loss", nonfinite);
+    return "{\"device\": \"" + device + "\", \"test_loss\": " + loss + metrics(tested) + nonfinite(nonfinite) + "}";
+  }
+
   static String withPrecision(String json, Device device, String asked) {
     String ran = device.precision(asked);
     String fields = ", \"precision\": \"" + ran + "\"";

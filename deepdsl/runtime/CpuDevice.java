@@ -289,6 +289,21 @@ public final class CpuDevice implements Device {
   }
 
   @Override
+  public void dropoutMaskAt(Buf out, long step, long offset, float p, long seed, String site) {
+    Rng.dropout_mask_at(out, step, offset, p, seed, site);
+  }
+
+  @Override
+  public void randomNormalAt(Buf out, long step, long offset, long seed, String site) {
+    Rng.random_normal_at(out, step, offset, seed, site);
+  }
+
+  @Override
+  public void randomUniformAt(Buf out, long step, long offset, float low, float high, long seed, String site) {
+    Rng.random_uniform_at(out, step, offset, low, high, seed, site);
+  }
+
+  @Override
   public void randomNormal(Buf out, long step, long seed, String site) {
     Rng.random_normal(out, step, seed, site);
   }

@@ -96,7 +96,13 @@ public final class CudaDevice extends CudaLibrary {
     if (count[0] == 0) {
       throw new Device.Unavailable("no CUDA GPU found");
     }
-    cuDeviceGet(gpu, 0);
+    int ordinal = Integer.getInteger(DataParallel.GPU_PROPERTY, 0); // a data-parallel rank's: its local rank's
+    if (ordinal < 0 || ordinal >= count[0]) {
+      throw new Device.Unavailable(
+          "GPU " + ordinal + " (" + DataParallel.GPU_PROPERTY + ", a rank's local rank) is not among this machine's "
+              + count[0] + " GPU" + (count[0] == 1 ? "" : "s"));
+    }
+    cuDeviceGet(gpu, ordinal);
     byte[] name = new byte[256];
     cuDeviceGetName(name, name.length, gpu);
     int end = 0;

@@ -262,6 +262,41 @@ abstract class CudaMemory implements Device {
     launch(k.name, grid, block, args, dims.toArray(new Pointer[0]));
   }
 
+  /** Data parallelism: the bucket packed on the GPU (entries.cu's dd_k_dp_pack), a launch a tensor. */
+  @Override
+  public void pack(Buf out, Buf scale, Buf... parts) {
+    int at = 0;
+    for (Buf p : parts) {
+      Buf into = new Buf(out.a, out.off + at, p.numel());
+      launch("dd_k_dp_pack", elements(p.numel()), THREADS, new Buf[] {into, p, scale}, i(p.numel()));
+      at += p.numel();
+    }
+  }
+
+  @Override
+  public void dropoutMaskAt(Buf out, long step, long offset, float p, long seed, String site) {
+    throw new Device.Unavailable(SHARD_DRAWS);
+  }
+
+  @Override
+  public void randomNormalAt(Buf out, long step, long offset, long seed, String site) {
+    throw new Device.Unavailable(SHARD_DRAWS);
+  }
+
+  @Override
+  public void randomUniformAt(Buf out, long step, long offset, float low, float high, long seed, String site) {
+    throw new Device.Unavailable(SHARD_DRAWS);
+  }
+
+  private static final String SHARD_DRAWS =
+      "a data-parallel step that draws random numbers per sample (dropout) runs on the CPU device only for now"
+          + " (--device cpu)";
+
+  @Override
+  public void accumulate(Buf sum, Buf x, boolean first) {
+    throw new Device.Unavailable("the CUDA device does not accumulate micro-batches (--device cpu does)");
+  }
+
   @Override
   public void copy(Buf from, Buf to) {
     notAfterTheLoss();

@@ -136,8 +136,41 @@ public interface Device extends AutoCloseable {
   /** Draws uniform in [low, high) of call site {@code site} at {@code step} (registry op random_uniform). */
   void randomUniform(Buf out, long step, float low, float high, long seed, String site);
 
+  /**
+   * Data parallelism: {@link #dropoutMask} of the shard whose first sample is sample {@code offset}
+   * of the step's global batch (registry op dropout_mask_at).
+   */
+  void dropoutMaskAt(Buf out, long step, long offset, float p, long seed, String site);
+
+  /** {@link #randomNormal} of a shard (registry op random_normal_at). */
+  void randomNormalAt(Buf out, long step, long offset, long seed, String site);
+
+  /** {@link #randomUniform} of a shard (registry op random_uniform_at). */
+  void randomUniformAt(Buf out, long step, long offset, float low, float high, long seed, String site);
+
   /** Attention's softmax with its scale and causal mask (registry op masked_softmax). */
   void maskedSoftmax(Buf out, Buf x, float scale, boolean causal, int period);
+
+  /**
+   * Data parallelism: {@code parts} flattened one after the other into {@code out}, each element
+   * times the scalar {@code scale} (one float multiply), as a bucket is packed before its sum.
+   */
+  default void pack(Buf out, Buf scale, Buf... parts) {
+    float s = scale.a[scale.off];
+    int at = out.off;
+    for (Buf p : parts) {
+      for (int k = 0; k < p.numel(); k++) {
+        out.a[at++] = p.a[p.off + k] * s;
+      }
+    }
+  }
+
+  /** Micro-batches: {@code sum} = {@code x} ({@code first}), else {@code sum} + {@code x}, element by element. */
+  default void accumulate(Buf sum, Buf x, boolean first) {
+    for (int k = 0; k < x.numel(); k++) {
+      sum.a[sum.off + k] = first ? x.a[x.off + k] : sum.a[sum.off + k] + x.a[x.off + k];
+    }
+  }
 
   /** Brings the network's tensors up to date where the device keeps copies (before a save). */
   default void toHost(Network net) {}

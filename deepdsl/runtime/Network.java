@@ -1,6 +1,7 @@
 package deepdsl.runtime;
 
 import java.io.IOException;
+import java.io.OutputStream;
 import java.io.PrintStream;
 import java.io.UncheckedIOException;
 import java.nio.file.Path;
@@ -197,13 +198,12 @@ public abstract class Network extends NetworkTensors {
 
   private void trainSteps(int iterations, float[] losses, int n, String unit, Long shuffle) {
     for (int k = 0; k < iterations; k++) {
-      batch(iteration, shuffle);
       if (rate != null) {
         rate.a[rate.off] = learningRate(iteration);
         rates.add(rate.a[rate.off]);
       }
       long t0 = System.nanoTime();
-      float loss = device().trainStep(this);
+      float loss = parallel.trainStep(this, shuffle); // its batch (shard, micro-batches) and step
       double seconds = (System.nanoTime() - t0) / 1e9;
       stepSeconds.add(seconds);
       if (!Float.isFinite(loss)) {
@@ -459,8 +459,10 @@ public abstract class Network extends NetworkTensors {
       return 0;
     }
     CommandLine flags;
+    Launch launch; // this process's rank (data parallelism): the launcher's environment, --ranks, --rank
     try {
       flags = CommandLine.parse(args);
+      launch = DataParallel.launch(flags);
     } catch (IllegalArgumentException e) {
       System.err.println(String.format(CommandLine.USAGE, name) + "\nerror: " + e.getMessage());
       return 2;
@@ -475,16 +477,12 @@ public abstract class Network extends NetworkTensors {
       System.err.println(String.format(CommandLine.USAGE, name) + "\nerror: " + e.getMessage());
       return 2;
     }
-    PrintStream info = flags.json ? System.err : System.out;
+    boolean lead = launch.rank() == 0; // rank 0 alone prints, saves and writes --json
+    PrintStream info = !lead ? new PrintStream(OutputStream.nullOutputStream()) : flags.json ? System.err : System.out;
     if (flags.workspaceLimit != null) {
       net.workspaceLimit = flags.workspaceLimit;
     }
-    if (flags.deterministic) {
-      net.settings.deterministic = true;
-    }
-    if (flags.precision != null) { // the device reads it when it starts (CudaDevice: TF32 math)
-      net.settings.precision = flags.precision;
-    }
+    flags.applyTo(net.settings); // --deterministic, --precision: the device reads them when it starts
     String asked = net.settings.precision;
     try (Device device =
         Device.open(flags.device, net.settings, net.workspaceLimit, flags.kernels, flags.graph)) {
@@ -493,6 +491,7 @@ public abstract class Network extends NetworkTensors {
           flags.eval || flags.predict != null
               ? null
               : flags.save != null ? flags.save : net.settings.saveFile;
+      net.saveTo = lead ? net.saveTo : null;
       net.replaceReadOnly = flags.replaceReadOnly;
       for (String out : new String[] {net.saveTo, flags.predict}) {
         if (out != null) {
@@ -523,6 +522,8 @@ public abstract class Network extends NetworkTensors {
       if (flags.load != null) {
         net.load(flags.load);
       }
+      net.parallel = DataParallel.open(launch, flags.microBatches, device, net);
+      net.parallel.agree(net); // every rank the same program and parameters
       if (device.note() != null) {
         info.println(device.note());
       }
@@ -534,7 +535,8 @@ public abstract class Network extends NetworkTensors {
           net.batchSize(),
           net.data == null ? "none (no iterations)" : CommandLine.dataLabel(source, net.settings.seed),
           ran.equals(asked) ? ran : ran + " (" + Device.precisionNote(asked) + ")");
-      net.reportTo(flags.json ? null : System.out);
+      net.parallel.describe(info);
+      net.reportTo(flags.json || !lead ? null : System.out);
       long t0 = System.nanoTime();
       float[] losses = net.train(iterations);
       double secondsPerIter = iterations == 0 ? 0.0 : (System.nanoTime() - t0) / 1e9 / iterations;
@@ -546,20 +548,11 @@ public abstract class Network extends NetworkTensors {
       if (net.saveTo != null) {
         net.save(net.saveTo);
       }
-      if (flags.json && flags.eval) { // as deepdsl eval --json
-        List<String> nonfinite = new ArrayList<>();
-        String loss = CommandLine.jsonNumber(tested[0], "test_loss", nonfinite);
+      if (!lead) {
+        return 0;
+      } else if (flags.json && flags.eval) { // as deepdsl eval --json
         System.out.println(
-            CommandLine.withPrecision(
-                "{\"device\": \""
-                    + device.name()
-                    + "\", \"test_loss\": "
-                    + loss
-                    + CommandLine.metrics(tested)
-                    + CommandLine.nonfinite(nonfinite)
-                    + "}",
-                device,
-                asked));
+            CommandLine.withPrecision(CommandLine.evalJson(device.name(), tested), device, asked));
       } else if (flags.json) {
         String json =
             CommandLine.json(
@@ -589,14 +582,19 @@ public abstract class Network extends NetworkTensors {
       return 0;
     } catch (IOException | Device.Unavailable | ArithmeticException | IllegalArgumentException e) {
       System.err.println("error: " + e.getMessage());
+      net.parallel.fail();
       return 1;
     } catch (UncheckedIOException e) {
       System.err.println("error: " + e.getCause().getMessage());
+      net.parallel.fail();
       return 1;
     } catch (RuntimeException | Error e) {
       System.err.println("internal error: " + e);
       e.printStackTrace();
+      net.parallel.fail();
       return 3;
+    } finally {
+      net.parallel.close(); // after a failure: stops every rank (MPI_Abort, ncclCommAbort)
     }
   }
 }

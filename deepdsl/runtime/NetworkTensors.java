@@ -507,4 +507,58 @@ public abstract class NetworkTensors {
     }
     return out;
   }
+
+  // ---- data parallelism (passes/data_parallel.py; DataParallel, Collective) ----
+
+  /** The setting every bucket is packed times: 1 / (ranks x micro-batches). */
+  static final String SCALE = "dp/scale";
+
+  DataParallel parallel = DataParallel.NONE;
+  private boolean dataParallel;
+
+  /** The data-parallel pass's input {@code dp/scale}: a setting the run sets (DataParallel). */
+  protected final Buf dataParallelScale() {
+    dataParallel = true;
+    return setting(SCALE, 1f);
+  }
+
+  /** The shard's first sample in the step's global batch, where the step's per-sample draws start. */
+  protected final long sampleOffset() {
+    return parallel.offset(batchSize());
+  }
+
+  /** Whether the program was compiled with the data-parallel pass. */
+  boolean isDataParallel() {
+    return dataParallel;
+  }
+
+  /** Elements {@code [offset, offset + numel)} of {@code b} as a tensor of {@code shape} (a bucket's gradient). */
+  protected static Buf slice(Buf b, int offset, int... shape) {
+    return new Buf(b.a, b.off + offset, shape);
+  }
+
+  /** Packs bucket {@code bucket}'s tensors times {@code scale} into {@code out}, then starts its sum over the ranks. */
+  protected final void allReduceStart(int bucket, Buf out, Buf scale, Buf... parts) {
+    parallel.start(dev, bucket, out, scale, parts);
+  }
+
+  /** Waits for bucket {@code bucket}'s sum over the ranks (and micro-batches), in {@code out}. */
+  protected final void allReduceWait(int bucket, Buf out) {
+    parallel.await(dev, bucket, out);
+  }
+
+  /** The training step's statements before its reductions, for one micro-batch (where the plan separates them). */
+  protected void microBatchPre() {
+    throw new IllegalStateException("this program does not accumulate micro-batches");
+  }
+
+  /** The rest of the training step, once after the micro-batches; returns the loss. */
+  protected float microBatchPost() {
+    throw new IllegalStateException("this program does not accumulate micro-batches");
+  }
+
+  /** Whether the class runs a step as {@link #microBatchPre} then {@link #microBatchPost}. */
+  protected boolean accumulates() {
+    return false;
+  }
 }

@@ -104,9 +104,21 @@ public final class Rng {
    * 2^-24 for some {@code p}, changing the mask.)
    */
   public static void dropout_mask(Buf out, long step, float p, long seed, String site) {
+    mask(out, new Rng(maskSeed(site, seed, step)), p);
+  }
+
+  /**
+   * The registry op {@code dropout_mask_at} (data parallelism): the mask of a shard whose first
+   * sample is sample {@code offset} of the step's global batch, its draws from uniform {@code offset
+   * x (numel / rows)} of the stream on: the shards draw the whole batch's mask.
+   */
+  public static void dropout_mask_at(Buf out, long step, long offset, float p, long seed, String site) {
+    mask(out, at(maskSeed(site, seed, step), offset * (out.numel() / out.shape[0])), p);
+  }
+
+  private static void mask(Buf out, Rng rng, float p) {
     double threshold = shortestDecimal(p);
     float scale = (float) (1.0 / (1.0 - threshold));
-    Rng rng = new Rng(maskSeed(site, seed, step));
     int n = out.numel();
     for (int i = 0; i < n; i++) {
       out.a[out.off + i] = rng.uniform() >= threshold ? scale : 0.0f;
@@ -127,7 +139,15 @@ public final class Rng {
    * rounded to float.
    */
   public static void random_normal(Buf out, long step, long seed, String site) {
-    Rng rng = new Rng(sampleSeed(site, seed, step));
+    normals(out, new Rng(sampleSeed(site, seed, step)));
+  }
+
+  /** {@code random_normal} of the shard from sample {@code offset} of the global batch (two uniforms a draw). */
+  public static void random_normal_at(Buf out, long step, long offset, long seed, String site) {
+    normals(out, at(sampleSeed(site, seed, step), 2 * offset * (out.numel() / out.shape[0])));
+  }
+
+  private static void normals(Buf out, Rng rng) {
     int n = out.numel();
     for (int i = 0; i < n; i++) {
       out.a[out.off + i] = (float) rng.normal();
@@ -141,9 +161,18 @@ public final class Rng {
    * #shortestDecimal}), to the doubles the program wrote.
    */
   public static void random_uniform(Buf out, long step, float low, float high, long seed, String site) {
+    uniforms(out, new Rng(sampleSeed(site, seed, step)), low, high);
+  }
+
+  /** {@code random_uniform} of the shard from sample {@code offset} of the global batch. */
+  public static void random_uniform_at(
+      Buf out, long step, long offset, float low, float high, long seed, String site) {
+    uniforms(out, at(sampleSeed(site, seed, step), offset * (out.numel() / out.shape[0])), low, high);
+  }
+
+  private static void uniforms(Buf out, Rng rng, float low, float high) {
     double lo = shortestDecimal(low);
     double hi = shortestDecimal(high);
-    Rng rng = new Rng(sampleSeed(site, seed, step));
     int n = out.numel();
     for (int i = 0; i < n; i++) {
       out.a[out.off + i] = (float) (lo + (hi - lo) * rng.uniform());

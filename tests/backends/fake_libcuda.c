@@ -14,7 +14,9 @@
  * the driver refuses it. The graph launches and the nodes they ran are written at exit, as "LAUNCHES NODES", to the
  * file $FAKE_CUDA_GRAPH_LAUNCHES names, if set; $FAKE_CUDA_GRAPH_SKIP=K makes each launch skip node K (from the
  * end where negative): a broken replay, for the tests to catch. A stand-in library's call on a capturing stream is
- * recorded too (fake_cuda_capture). Work runs at once, so a stream never waits. */
+ * recorded too (fake_cuda_capture). Work runs at once, so a stream never waits. Events: a stream that waits on an
+ * event recorded in a capture joins that capture until it ends (cuStreamWaitEvent), as the driver's cross-stream
+ * capture does. */
 
 #include <dlfcn.h>
 #include <stdio.h>
@@ -147,6 +149,7 @@ typedef struct {
 typedef struct {
   graph *capture; /* the graph it records into, while it captures */
   int invalidated; /* a synchronisation was refused during the capture: it ends in CAPTURE_INVALIDATED */
+  int joined;     /* it captures because it waited on an event recorded in another stream's capture */
 } stream;
 static long long launches, replayed;
 
@@ -169,6 +172,59 @@ static node *add(graph *g) {
   return k;
 }
 
+/* Events and the streams a capture pulls in (the NCCL path's comm stream): an event recorded on a capturing stream
+ * names that capture; a stream that waits on it joins the capture (its work is recorded into the same graph, in
+ * the order it is issued, which is the order the work runs in here) until the capture ends. Work runs at once, so
+ * an event is complete when recorded. */
+typedef struct {
+  graph *capture; /* the capture it was recorded in, or NULL */
+} event;
+static stream *joined[64];
+static int njoined;
+
+static void unjoin(graph *g) {
+  for (int i = 0; i < njoined;) {
+    if (joined[i]->capture == g) {
+      joined[i]->capture = NULL;
+      joined[i]->joined = 0;
+      capturing--;
+      joined[i] = joined[--njoined];
+    } else {
+      i++;
+    }
+  }
+}
+CUresult cuEventCreate(void **e, unsigned flags) {
+  *e = calloc(1, sizeof(event));
+  return *e ? 0 : 2;
+}
+CUresult cuEventDestroy_v2(void *e) {
+  free(e);
+  return 0;
+}
+CUresult cuEventRecord(void *e, CUstream s) {
+  if (!e) return 400; /* CUDA_ERROR_INVALID_HANDLE */
+  ((event *)e)->capture = s ? ((stream *)s)->capture : NULL;
+  return 0;
+}
+CUresult cuEventQuery(void *e) { return e ? 0 : 400; }
+CUresult cuEventSynchronize(void *e) { return e && ((event *)e)->capture ? CAPTURE_UNSUPPORTED : 0; }
+CUresult cuStreamWaitEvent(CUstream s, void *e, unsigned flags) {
+  if (!e) return 400;
+  graph *g = ((event *)e)->capture;
+  if (!g) return 0;
+  if (!s) return CAPTURE_UNSUPPORTED; /* the legacy stream cannot join a capture */
+  stream *t = s;
+  if (t->capture) return t->capture == g ? 0 : CAPTURE_UNSUPPORTED; /* two captures cannot merge */
+  if (njoined == 64) return 1;
+  t->capture = g;
+  t->joined = 1;
+  capturing++;
+  joined[njoined++] = t;
+  return 0;
+}
+CUresult cuStreamQuery(CUstream s) { return 0; }
+
 CUresult cuStreamCreate(CUstream *s, unsigned flags) {
   *s = calloc(1, sizeof(stream));
   return 0;
@@ -190,7 +246,8 @@ CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
   return 0;
 }
 CUresult cuStreamEndCapture(CUstream s, void **g) {
-  if (!s || !((stream *)s)->capture) return 1;
+  if (!s || !((stream *)s)->capture || ((stream *)s)->joined) return 1;
+  unjoin(((stream *)s)->capture);
   *g = ((stream *)s)->capture;
   ((stream *)s)->capture = NULL;
   capturing--;

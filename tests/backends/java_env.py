@@ -111,3 +111,42 @@ def java_json(build: Path, main: str, *args: str, cwd: Path | None = None) -> di
     r = java(build, main, *args, "--json", cwd=cwd)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
+
+
+JNA = "jna-5.19.1.jar"  # .ci/jcuda/pom.xml's net.java.dev.jna:jna, the Java CPU device's MPI binding
+
+
+def jna_jar() -> Path:
+    """JNA's jar (data-parallel runs of the Java CPU device): in the jars' folder, else Maven's local repository
+    (fetched with mvn where missing); skips the test where neither has it."""
+    for candidate in (jcuda_jars() / JNA, Path.home() / ".m2/repository/net/java/dev/jna/jna/5.19.1" / JNA):
+        if candidate.is_file():
+            return candidate
+    if shutil.which("mvn") is not None:
+        subprocess.run(["mvn", "-B", "-q", "dependency:get", "-Dartifact=net.java.dev.jna:jna:5.19.1"], check=False)
+        fetched = Path.home() / ".m2/repository/net/java/dev/jna/jna/5.19.1" / JNA
+        if fetched.is_file():
+            return fetched
+    pytest.skip(f"no {JNA} (mvn -f .ci/jcuda/pom.xml dependency:copy-dependencies fetches it)")
+
+
+def mpi() -> tuple[str, Path]:
+    """The `mpiexec` of the test environment's MPI (PyPI's mpich, the dist extra) and the folder of its libraries;
+    skips the test without them."""
+    import sys
+
+    mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("no mpiexec: pip install 'deepdsl[dist]' (mpi4py, mpich)")
+    lib = Path(mpiexec).resolve().parent.parent / "lib"
+    if not (lib / "libmpi_abi.so.1").exists():
+        pytest.skip(f"no libmpi_abi.so.1 beside {mpiexec} (pip install mpich==5.0.2)")
+    return mpiexec, lib
+
+
+def launch_env(**extra: str) -> dict[str, str]:
+    """The environment of a launched test run: no launcher's variables of the caller's own, plus `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "OMPI_", "SLURM_", "DEEPDSL_DP", "MPI_LOCAL", "NCCL_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}  # fmt: skip
+    return {**env, **extra}

@@ -110,16 +110,17 @@ def test_every_kernel_of_every_network_compiles(net: str, compiled) -> None:  # 
 # ---- every op has a CUDA kernel ----
 
 
-DATA_PARALLEL_OPS = {"allreduce_start", "dropout_mask_at", "random_normal_at", "random_uniform_at"}
-
-
 def test_every_registry_op_has_a_cuda_form() -> None:
+    from deepdsl.ops.collective import AT_OPS
+
+    # data-parallel statements: the PyCUDA runner refuses data-parallel training; the Java CUDA device performs the
+    # collective itself (NcclCollective) and refuses a shard's per-sample draws (docs/java.md)
+    runner_performs = {"allreduce_start", *AT_OPS.values()}
     for name, op in REGISTRY.items():
         covered = (
             op.view or op.lower is not None or op.index_form is not None or name in ("fused", "indexed")
             or name == "cast_bf16"  # --precision bf16's cast: the NumPy runner's alone (the GPU runner refuses bf16)
-            or op.cuda is not None or op.cuda_form is not None
-            or name in DATA_PARALLEL_OPS  # the PyCUDA runner does not train data-parallel (docs/distributed.md)
+            or op.cuda is not None or op.cuda_form is not None or name in runner_performs
         )  # fmt: skip
         assert covered, f"op {name} has no CUDA kernel"
 

@@ -34,9 +34,8 @@ pytestmark = [
 # statements the emitter writes as generated loops
 NOT_CPUOPS = {"reshape", "batch_norm", "dropout", "layer_norm", "fused", "indexed"}
 NOT_CPUOPS |= {"sample_normal", "sample_uniform"}  # lowered to random_normal / random_uniform (or a fill)
-# data-parallel statements (ops/collective.py): the runners perform the collectives themselves, no CpuOps method
-NOT_CPUOPS |= {"allreduce_start", "allreduce_wait", "bucket_slice", "dropout_mask_at", "random_normal_at",
-               "random_uniform_at"}  # fmt: skip
+# the data-parallel statements: Network's calls of the run's Collective (tests/backends/test_java_data_parallel.py)
+NOT_CPUOPS |= {"allreduce_start", "allreduce_wait", "bucket_slice"}
 NOT_CPUOPS |= {"cast_bf16"}  # --precision bf16's cast: the NumPy runner's alone (compile refuses bf16)
 
 # the ops whose work is matrix products (CpuGemm.gemm), run once more with OpenBLAS as the SGEMM
@@ -57,6 +56,8 @@ def _from_example(op: str) -> tuple[list[np.ndarray], dict]:
     xs = [_random(t, classes) for t in types]
     if op == "dropout_mask":
         xs = [np.array(3, dtype=np.int64)]  # the step
+    if op.endswith("_at"):  # a data-parallel shard's draws: the step, the shard's first sample in the global batch
+        xs = [np.array(3, dtype=np.int64), np.array(2, dtype=np.int64)]
     if op.startswith("cross_entropy"):
         xs[0] = _np("softmax", [xs[0]])  # probabilities
     if op in ("bn_train_backward", "bn_train_apply"):

@@ -226,9 +226,9 @@ NO_VJP = {"fill": "reads no input: there is nothing to differentiate"}
 # performs them itself (the NumPy runner in deepdsl/distributed.py); a backend may still register a call
 RUNNER_PERFORMS = {
     "allreduce_start": "a collective: the runner packs the bucket and starts its all-reduce (MPI, NCCL)",
-    "dropout_mask_at": "a data-parallel draw: the NumPy runner's kernel; the Java and CUDA ones are not written yet",
-    "random_normal_at": "a data-parallel draw: the NumPy runner's kernel; the Java and CUDA ones are not written yet",
-    "random_uniform_at": "a data-parallel draw: the NumPy runner's kernel; the Java and CUDA ones are not written yet",
+    "dropout_mask_at": "a data-parallel draw: the NumPy runner's kernel and the Java CPU device's; no CUDA one yet",
+    "random_normal_at": "a data-parallel draw: the NumPy runner's kernel and the Java CPU device's; no CUDA one yet",
+    "random_uniform_at": "a data-parallel draw: the NumPy runner's kernel and the Java CPU device's; no CUDA one yet",
 }
 # cheap_to_recompute=True without an index form: why, and the FLOPs per output element it may cost
 CHEAP_WITHOUT_INDEX_FORM = {
@@ -505,7 +505,8 @@ def java_mismatches(registry: dict[str, OpDef], sources: dict[str, str]) -> list
             continue
         if params[:1] != (("Buf", "out"),) or params[1:] != op.java.params:
             out.append(f"{name}: declared {op.java.params}, {op.java.cls}.java has {params[1:]}")
-        tensors = sum(t == "Buf" for t, _ in op.java.params) + sum(n == "step" for _, n in op.java.params)
+        # the step counter and a data-parallel shard's sample offset are inputs passed as longs
+        tensors = sum(t == "Buf" for t, _ in op.java.params) + sum(n in ("step", "offset") for _, n in op.java.params)
         if op.java.inputs_as_array != (op.arity is None) or (op.arity is not None and tensors != op.arity):
             out.append(f"{name}: {tensors} tensors in its Java call for arity {op.arity}")
     return out

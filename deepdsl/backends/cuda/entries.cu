@@ -127,3 +127,9 @@ extern "C" __global__ void dd_k_random_uniform(float* out, const long long* step
                                                double low, double high) {
     dd_random_uniform(out, step, n, stream, low, high);
 }
+
+// data parallelism (the Java CUDA device's pack of a gradient bucket): out = in times the scale, one multiply each
+extern "C" __global__ void dd_k_dp_pack(float* out, const float* in, const float* scale, int n) {
+    const float s = scale[0];
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = in[i] * s;
+}

@@ -24,6 +24,10 @@ from deepdsl.ir.registry import JavaCall
 NAMED_ARGUMENTS = frozenset(
     {"groups", "pad", "stride", "kernel", "inShape", "wShape", "transposeA", "transposeB", "dilation"}
 )
+# the data-parallel statements (passes/data_parallel.py) as Network's calls: the bucket packed (its tensors times the
+# scale) into its buffer and its sum over the ranks started, `allReduceStart(0, bucket, scale, g1, g2)`; the wait for
+# it, `allReduceWait(0, bucket)` (a view of the bucket in the plan, a call in the step)
+COLLECTIVE_CALLS = {"allreduce_start": "allReduceStart", "allreduce_wait": "allReduceWait"}
 # attributes a statement may leave out, and the value its call then passes: a convolution without dilation
 DEFAULTS = {"dilation": (1, 1)}
 
@@ -86,6 +90,8 @@ def library_arguments(s: Stmt) -> list[str]:
     for (java_type, param), key in zip(call.attributes, call.keys):
         if key == "step":  # the step counter, an input of the statement, is passed as a long
             args.append("iteration")
+        elif key == "offset":  # data parallelism: the shard's first sample in the step's global batch, a long
+            args.append("sampleOffset()")
         elif key == "limit":  # the device's workspace limit
             continue
         elif key in attrs and param in NAMED_ARGUMENTS:  # pad(0, 0): Network's helpers name what a number is
@@ -139,6 +145,8 @@ def statement(e: Emitter, s: Stmt, temp: str) -> list[str]:
     """The Java lines of one statement (its result Buf is `temp`, already bound)."""
     op = REGISTRY[s.op]
     args = [e.tensor(v) for v in s.inputs if v.name not in e.counters]  # the step counter: a long
+    if s.op in COLLECTIVE_CALLS:  # data parallelism: Network's calls of the run's Collective (docs/java.md)
+        return [f"{COLLECTIVE_CALLS[s.op]}({', '.join([str(int(s.a['bucket'])), temp, *([] if op.view else args)])});"]
     if op.view:
         return []
     (read_as,), used = with_settings(e, (s,))
@@ -210,7 +218,7 @@ def calls(e: Emitter, part: list[tuple[str, Any]]) -> list[str]:
                 comment(st)
             body.append(group(e, item, temps))
             continue
-        if not REGISTRY[item.op].view:  # a view is a row of the layout table, not a call
+        if not REGISTRY[item.op].view or item.op in COLLECTIVE_CALLS:  # a view is a row of the layout table
             comment(item)
             body += statement(e, item, e.tensor(item.out))
     return body

@@ -161,12 +161,12 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
     cfg = program.train
     declarations = ["  // the batch: inputs and labels (labels as exact float values)"]
     for d in g.inputs:
-        if d.kind == "step":
+        if d.kind in ("step", "offset"):  # longs the calls pass: iteration, sampleOffset()
             continue
         shape = ", ".join(map(str, d.value.type.shape))
         named = java_string(d.value.name)
         call = {"label": f"label({named}, {d.classes}, {shape})", "input": f"input({named}, {shape})",
-                "lr": "learningRateInput()"}[d.kind]  # fmt: skip
+                "lr": "learningRateInput()", "scale": "dataParallelScale()"}[d.kind]  # fmt: skip
         if d.kind == "label" and d.ignore is not None:  # its data may hold a loss's ignore_index
             call = f"labelIgnoring({named}, {d.classes}, {d.ignore}L, {shape})"
         if d.kind == "input" and d.classes is not None:  # token ids (`input t : [N, T] int vocab V`)

@@ -4,7 +4,7 @@ gradient's), `bn1_channel_mean` (another op of the layer)."""
 from __future__ import annotations
 
 from deepdsl.backends.java.names import abbreviated, identifier
-from deepdsl.ir import Graph
+from deepdsl.ir import Graph, Stmt
 
 
 def _role(ops: list[str]) -> str:
@@ -66,6 +66,7 @@ def temp_names(g: Graph, result: str | None, prefix: str = "", short: dict[str, 
     (the training step's loss), the statements the loss does not depend on are the gradient's."""
     gradient = gradient_values(g, result)
     names = {}
+    state_buckets = {s.out.name for s in g.stmts if s.op == "allreduce_wait" and s.a.get("kind") == "state"}
     for s in g.stmts:
         backward = s.out.name in gradient
         fused = s.op == "fused" and bool(s.a.get("ops"))
@@ -78,4 +79,22 @@ def temp_names(g: Graph, result: str | None, prefix: str = "", short: dict[str, 
             role = "out" if fused else _FORWARD_ROLES.get(s.op, what)
         where = _layer_part(s.layer, prefix, short)
         names[s.out.name] = identifier(f"{where}_{role}" if where else role)
+        if s.op in _BUCKET_ROLES or s.op == "bucket_slice":  # data parallelism: `bucket0`, `fc3_dW_reduced`
+            names[s.out.name] = identifier(_bucket_name(s, prefix, short, s.inputs[0].name in state_buckets))
     return names
+
+
+_BUCKET_ROLES = {"allreduce_start": "", "allreduce_wait": "_reduced"}
+
+
+def _bucket_name(s: Stmt, prefix: str, short: dict[str, str] | None, state: bool) -> str:
+    """A data-parallel statement's result: a bucket by its number, a reduced gradient by its parameter (`fc3.W`
+    -> `fc3_dW_reduced`), a slice of the state bucket (`state`) by what it holds (`loss_reduced`,
+    `bn1_running_mean_reduced`)."""
+    if s.op in _BUCKET_ROLES:
+        return f"bucket{s.a['bucket']}{_BUCKET_ROLES[s.op]}"
+    name = abbreviated(str(s.a["name"]).removeprefix(prefix), short or {}).split(":")
+    *where, last = name[0].split(".")
+    if state or len(name) > 1 or not where:
+        return "_".join([*where, last, *name[1:], "reduced"])
+    return "_".join([*where, f"d{last}", "reduced"])

@@ -15,6 +15,7 @@ from deepdsl.backends.java.text import long_literal, method
 from deepdsl.ir import REGISTRY
 from deepdsl.memory import Plan
 from deepdsl.memory.groups import planned_groups as _planned_groups
+from deepdsl.ops.collective import post_statements
 
 MAX_STATEMENTS_PER_METHOD = 200  # keeps every step method far below Java's 64 KB of bytecode
 LAYOUT_ROWS = 1000  # temporaries a layout class initialises (about 30 bytes of its constructor each)
@@ -67,7 +68,10 @@ def plan_class(e: Emitter, title: str, doc: str, p: Plan, result: str | None,
             if s.out.name in e.gradient:
                 e.roles[t] = "grad"
             shape = ", ".join(map(str, s.out.type.shape))
-            if REGISTRY[s.op].view:
+            if s.op == "bucket_slice":  # a reduced gradient: its elements of the bucket
+                at = f"{e.tensor(s.inputs[0])}, {int(s.a['offset'])}"
+                layout.append(f"final Buf {t} = slice({at}{', ' + shape if shape else ''});")
+            elif REGISTRY[s.op].view:
                 layout.append(f"final Buf {t} = view({e.tensor(s.inputs[0])}{', ' + shape if shape else ''});")
             else:
                 offset = long_literal(p.buffer_of(s.out.name).offset)
@@ -115,16 +119,35 @@ def plan_classes(
         return title[:1].lower() + title[1:]
 
     e.in_state = dict(train.in_state)
-    e.counters = frozenset(d.value.name for d in train.graph.inputs if d.kind == "step")
+    e.counters = frozenset(d.value.name for d in train.graph.inputs if d.kind in ("step", "offset"))  # longs
     doc = "The training step (forward, backward, update): its temporaries at their offsets of the arena, its calls."
-    classes = [plan_class(e, training, doc, train, "loss", [("step", doc, plan_items(e, train))])]
+    train_items = plan_items(e, train)
+    split = pre_post(train, train_items)
+    segments = [("step", doc, train_items)]
+    if split is not None:  # data parallel: the part run per micro-batch, then the reductions' waits and the updates
+        segments = [("pre", "The step up to its reductions: forward, backward, the buckets' starts (per micro-batch).",
+                     split[0]),
+                    ("post", "The step after its reductions: the buckets' waits, the updates (once a step).",
+                     split[1])]  # fmt: skip
+    classes = [plan_class(e, training, doc, train, "loss", segments)]
     field_lines = [f"private {training} {instance(training)};"]
     placed = [f"{instance(training)} = new {training}();"]
     train_loss = f"{instance(training)}.{e.tensor(train.graph.output('loss'))}"
+    run_step = [f"{instance(training)}.{name}();" for name, _, _ in segments]
     steps = [
         method("/** One training step on the batch in the inputs; returns the loss. */", "protected float trainStep()",
-               [f"{instance(training)}.step();", f"return dev.scalar({train_loss});"])
+               [*run_step, f"return dev.scalar({train_loss});"])
     ]  # fmt: skip
+    if split is not None:  # gradient accumulation (--micro-batches): DataParallel runs pre per micro-batch, then post
+        steps += [
+            method("/** The step's statements before its reductions, for one micro-batch. */",
+                   "@Override\n  protected void microBatchPre()", [f"{instance(training)}.pre();"]),
+            method("/** The step's statements after its reductions, once; returns the loss (their mean). */",
+                   "@Override\n  protected float microBatchPost()",
+                   [f"{instance(training)}.post();", f"return dev.scalar({train_loss});"]),
+            method("/** The step separates into pre and post: it accumulates micro-batches. */",
+                   "@Override\n  protected boolean accumulates()", ["return true;"]),
+        ]  # fmt: skip
     terms = [(n.removeprefix("loss:"), v) for n, v in train.graph.outputs if n.startswith("loss:")]
     if terms:  # the named terms of a loss of several (`loss = rec + 0.5 * kl`), reported beside it
         names = ", ".join(f'"{n}"' for n, _ in terms)
@@ -178,6 +201,48 @@ def plan_classes(
     hook = method("/** The steps' temporaries, placed in the arena of the device that took the network. */",
                   "@Override\n  protected void placeTemporaries()", placed)  # fmt: skip
     return classes, ["\n".join(f"  {line}" for line in field_lines), hook, *steps]
+
+
+def pre_post(p: Plan, items: list[tuple[str, Any]]) -> tuple[list, list] | None:
+    """A data-parallel training plan's items cut into those run per micro-batch (pre) and those run once after the
+    reductions (post: passes/data_parallel.py's `post_statements`, and the copies of the updates), where running
+    every pre item before every post one computes what the plan's order does: no pre statement placed after a post
+    one in the plan writes (its result, its scratch) over memory holding a pre value that a post statement reads,
+    such as a bucket. None for a plan without the pass, or where they cannot be separated so (then the step runs in
+    the plan's order and accumulates no micro-batches)."""
+    g = p.graph
+    if not any(s.op == "allreduce_start" for s in g.stmts):
+        return None
+    post = post_statements(g)
+    pre_items: list[tuple[str, Any]] = []
+    post_items: list[tuple[str, Any]] = []
+    first_post = None
+    late_pre: list[Any] = []  # the statements of pre items placed after the first post item
+    for k, (what, item) in enumerate(items):
+        stmts = () if what == "update" else item if what == "group" else (item,)
+        sides = {st.out.name in post for st in stmts} if stmts else {True}
+        if len(sides) > 1:  # one loop computing both: not separable
+            return None
+        if sides.pop():
+            post_items.append((what, item))
+            first_post = k if first_post is None else first_post
+        else:
+            pre_items.append((what, item))
+            if first_post is not None:
+                late_pre += stmts
+    read = [v.name for what, item in post_items if what != "update"
+            for st in (item if what == "group" else (item,)) for v in st.inputs if v.name not in post]  # fmt: skip
+    read += [v.name for what, item in post_items if what == "update" for v in (item[1],) if v.name not in post]
+    kept = [p.buffer_of(n) for n in read if n in p.index]
+    for st in late_pre:
+        if REGISTRY[st.op].view:
+            continue
+        written = [p.buffer_of(st.out.name)] if st.out.name in p.index else []
+        written += [p.workspace[st.out.name]] if st.out.name in p.workspace else []
+        for w in written:
+            if any(w.offset < b.offset + b.nbytes and b.offset < w.offset + w.nbytes for b in kept):
+                return None
+    return pre_items, post_items
 
 
 def _predict_first(p: Plan, items: list[tuple[str, Any]]) -> int | None:

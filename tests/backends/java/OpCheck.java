@@ -149,6 +149,15 @@ public final class OpCheck {
       case "dropout_mask" ->
           Rng.dropout_mask(out, (long) x.a[x.off], a.f("p"), a.l("seed"), a.text("site"));
       case "random_normal" -> Rng.random_normal(out, (long) x.a[x.off], a.l("seed"), a.text("site"));
+      case "dropout_mask_at" ->
+          Rng.dropout_mask_at(
+              out, (long) x.a[x.off], (long) y.a[y.off], a.f("p"), a.l("seed"), a.text("site"));
+      case "random_normal_at" ->
+          Rng.random_normal_at(out, (long) x.a[x.off], (long) y.a[y.off], a.l("seed"), a.text("site"));
+      case "random_uniform_at" ->
+          Rng.random_uniform_at(
+              out, (long) x.a[x.off], (long) y.a[y.off], a.f("low"), a.f("high"), a.l("seed"),
+              a.text("site"));
       case "random_uniform" ->
           Rng.random_uniform(
               out, (long) x.a[x.off], a.f("low"), a.f("high"), a.l("seed"), a.text("site"));

@@ -1,0 +1,192 @@
+"""The Java CUDA device's NCCL path (issue 32) across two processes without a GPU: the program compiled with
+--data-parallel runs on the stand-in driver (fake_libcuda.c, its kernels emulated on the CPU) with JavaCPP's NCCL
+bindings loading a stand-in libnccl.so.2 (fake_libnccl.c) whose all-reduce is MPI's on the emulated device memory.
+So NcclCollective's calls, its comm stream and events, the all-reduces captured in the step's CUDA graph and
+replayed, the rendezvous (the id broadcast over MPI, or NCCL_COMM_ID from torchrun's MASTER_ADDR), and its errors
+are exercised; the training must be the CPU ranks' (MPI) within rounding."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from cuda13_stand_ins import fake_cuda13
+from cuda_emulator import TILED, emulate, fake_driver, kernel_names
+from java_env import JAVA_MARKS, javac, jcuda_jars, jna_jar, launch_env, mpi
+
+from deepdsl.cli import cli
+
+pytestmark = [*JAVA_MARKS, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+STAND_IN = Path(__file__).with_name("fake_libnccl.c")
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MLP (N = 8) compiled with --data-parallel and --ptx into src/, built; its kernels for the CPU; the stand-in
+    driver, CUDA 13 libraries and NCCL in fake/."""
+    _, lib = mpi()
+    folder = tmp_path_factory.mktemp("java_nccl")
+    src = folder / "src"
+    r = CliRunner().invoke(cli, ["compile", str(ROOT / "networks" / "mlp.ddsl"), "--set", "N=8", "--data-parallel",
+                                 "-o", str(src), "--ptx", "--arch", "sm_90"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    unit = (src / "MLP.cu").read_text()
+    kernels = kernel_names(unit)
+    (folder / "MLP").mkdir()
+    emulate(unit, kernels, folder / "MLP", [k for k in kernels if k not in TILED])
+    javac(src, [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")], folder / "build")
+    fake = fake_cuda13(fake_driver(folder / "fake"), ("libcudart.so.13",))  # what the NCCL preset loads first
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", f"-I{lib.parent / 'include'}", str(STAND_IN), f"-L{lib}",
+                    "-lmpi_abi", f"-Wl,-rpath,{lib}", "-Wl,-soname,libnccl.so.2", "-o", str(fake / "libnccl.so.2")],
+                   check=True)  # fmt: skip
+    return folder
+
+
+def _run(folder: Path, *args: str, ranks: int = 2, nccl: bool = True, tag: str = "", **env: str) -> dict:
+    """MLP on the stand-in GPU (every rank on GPU 0 unless args say otherwise), its rank 0's --json object; each
+    rank's count of all-reduces and of graph launches read back."""
+    mpiexec, lib = mpi()
+    libs = [str(folder / "fake")] if nccl else [str(folder / "nonccl")]
+    if not nccl:
+        (folder / "nonccl").mkdir(exist_ok=True)
+        for f in (folder / "fake").glob("lib*.so*"):
+            if "nccl" not in f.name and not (folder / "nonccl" / f.name).exists():
+                (folder / "nonccl" / f.name).symlink_to(f)
+    cp = f"{folder / 'build'}:{folder / 'src'}:{jcuda_jars()}/*:{jna_jar()}"
+    jvm = [a for a in args if a.startswith("-D")]  # the JVM's properties, before the class
+    args = tuple(a for a in args if not a.startswith("-D"))
+    java = ["java", f"-Dorg.bytedeco.javacpp.cachedir={folder / 'javacpp'}", *jvm, "-cp", cp, "MLP", "--data",
+            "synthetic", "--device", "cuda", "--kernels", "own", "--json", *args]  # fmt: skip
+    if "--local-rank" not in args:
+        java.insert(1, "-Ddeepdsl.gpu=0")  # one stand-in GPU for both ranks
+    counts = f"FAKE_NCCL_CALLS={folder}/nccl{tag}.$PMI_RANK FAKE_CUDA_GRAPH_LAUNCHES={folder}/graph{tag}.$PMI_RANK"
+    cmd = ["sh", "-c", f'{counts} exec "$@"', "sh", *java] if ranks else java
+    if ranks:
+        cmd = [mpiexec, "-n", str(ranks), *cmd]
+    kernels = str(folder / "MLP" / "emulated.so")
+    environment = launch_env(LD_LIBRARY_PATH=":".join(libs), DEEPDSL_FAKE_CUDA_KERNELS=kernels,
+                             PATH=f"{lib.parent / 'bin'}:/usr/bin:/bin", **env)  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=folder, env=environment, check=False)
+    out = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    return {"rc": r.returncode, "stderr": r.stderr, "stdout": r.stdout, **(json.loads(out[0]) if len(out) == 1 else {})}
+
+
+def _cpu(folder: Path, *args: str) -> dict:
+    cp = f"{folder / 'build'}:{jna_jar()}"
+    cmd = ["java", "-cp", cp, "MLP", "--data", "synthetic", "--device", "cpu", "--json", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=folder, env=launch_env(), check=False)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _params(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+def test_two_cuda_ranks_reduce_on_nccl_inside_the_graph(program: Path) -> None:
+    iters = 4
+    got = _run(program, "--iters", str(iters), "--save", "nccl.npz", tag="graph")
+    assert got["rc"] == 0, got["stderr"]
+    assert got["device"] == "cuda" and got["stdout"].count("{") == 1  # rank 0 alone writes --json
+    assert "NCCL 2.29.3 through JavaCPP" in got["stderr"] and "rendezvous the id broadcast through MPI" in got["stderr"]
+    # the step's three buckets (two of gradients, the state) every step, plus the start-up check's one
+    calls = [int((program / f"ncclgraph.{r}").read_text()) for r in (0, 1)]
+    assert calls == [3 * iters + 1] * 2
+    # steps 2..4 replayed as a graph on both ranks: the all-reduces were captured with the rest of the step
+    launches = [int((program / f"graphgraph.{r}").read_text().split()[0]) for r in (0, 1)]
+    assert launches == [iters - 1] * 2
+    # the CPU device's ranks (MPI) and micro-batches give the same training within rounding (other kernels)
+    cpu = _cpu(program, "--iters", str(iters), "--micro-batches", "2", "--save", "cpu.npz")
+    np.testing.assert_allclose(got["losses"], cpu["losses"], rtol=1e-5)
+    gpu, host = _params(program / "nccl.npz"), _params(program / "cpu.npz")
+    for k in host:
+        np.testing.assert_allclose(gpu[k], host[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    # eager (no graph): the same calls in the same order, bit for bit
+    eager = _run(program, "--iters", str(iters), "--no-graph", "--save", "eager.npz", tag="eager")
+    assert eager["rc"] == 0, eager["stderr"]
+    assert eager["losses"] == got["losses"]
+    assert all(np.array_equal(v, gpu[k]) for k, v in _params(program / "eager.npz").items())
+
+
+def test_torchruns_master_is_nccls_rendezvous(program: Path) -> None:
+    got = _run(program, "--iters", "2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500", tag="master")
+    assert got["rc"] == 0, got["stderr"]
+    assert "rendezvous NCCL_COMM_ID=127.0.0.1:29501" in got["stderr"]  # set by the program, each rank's own id
+    plain = _run(program, "--iters", "2", tag="plain")
+    assert plain["losses"] == got["losses"]
+
+
+def test_a_missing_or_old_nccl_and_a_missing_gpu_are_named(program: Path) -> None:
+    missing = _run(program, "--iters", "1", "--ranks", "2", "--rank", "0", ranks=0, nccl=False)
+    assert missing["rc"] == 1
+    assert "error: NCCL does not load (libnccl.so.2 not found): it needs NCCL 2.19 or later" in missing["stderr"]
+    old = _run(program, "--iters", "1", "--ranks", "2", "--rank", "0", ranks=0, FAKE_NCCL_VERSION="21805")
+    assert old["rc"] == 1
+    assert "error: NCCL 2.18.5 (libnccl.so.2) is older than 2.19" in old["stderr"]
+    micro = _run(program, "--iters", "1", "--micro-batches", "2", ranks=0)
+    assert micro["rc"] == 1 and "--micro-batches 2 runs on the CPU device only for now" in micro["stderr"]
+    gpu = _run(program, "--iters", "1", "--ranks", "2", "--rank", "1", "--local-rank", "1", ranks=0)
+    assert gpu["rc"] == 1
+    assert "GPU 1 (deepdsl.gpu, a rank's local rank) is not among this machine's 1 GPU" in gpu["stderr"]
+
+
+def test_the_watchdog_aborts_on_ncclS_error_or_a_stalled_rank(program: Path) -> None:
+    """NCCL's asynchronous error (the stand-in reports one once a reduction has run): every rank's watchdog aborts
+    the communicator with an error naming the rank and the cause. A rank stopped with SIGSTOP: the other's step
+    outlasts the timeout, its watchdog aborts, and the job ends. Never a hang."""
+    t0 = time.monotonic()
+    failed = _run(program, "--iters", "50", FAKE_NCCL_ASYNC_ERROR="6")
+    assert failed["rc"] != 0 and time.monotonic() - t0 < 120
+    said = "NCCL reported error 6 (a rank died or the network failed); the communicator was aborted"
+    assert f"rank 0: {said}" in failed["stderr"] or f"rank 1: {said}" in failed["stderr"]
+    assert "losses" not in failed
+    mpiexec, lib = mpi()
+    pids = program / "pids"
+    pids.mkdir(exist_ok=True)
+    cp = f"{program / 'build'}:{program / 'src'}:{jcuda_jars()}/*:{jna_jar()}"
+    java = (f"java -Ddeepdsl.gpu=0 -Dorg.bytedeco.javacpp.cachedir={program / 'javacpp'} -cp '{cp}' MLP --data "
+            "synthetic --device cuda --kernels own --iters 100000")  # fmt: skip
+    env = launch_env(LD_LIBRARY_PATH=str(program / "fake"), DEEPDSL_FAKE_CUDA_KERNELS=str(program / "MLP" /
+                     "emulated.so"), PATH=f"{lib.parent / 'bin'}:/usr/bin:/bin", DEEPDSL_DP_TIMEOUT="5")  # fmt: skip
+    p = subprocess.Popen([mpiexec, "-n", "2", "sh", "-c", f"echo $$ > {pids}/$PMI_RANK; exec {java}"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=program, env=env)  # fmt: skip
+    try:
+        t0 = time.monotonic()
+        while not re.search(r"iter +3/", line := p.stdout.readline()):  # the progress line of step 3
+            assert line or p.poll() is None, p.stderr.read()
+            assert time.monotonic() - t0 < 180, "the run did not start"
+        os.kill(int((pids / "1").read_text()), signal.SIGSTOP)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode != 0
+    assert "error: rank 0: a step waited 5 s for the other ranks, which died or stalled" in err
+
+
+def test_one_forced_nccl_rank_is_the_plain_run(program: Path) -> None:
+    """-Ddeepdsl.collective=true: one rank through NCCL (what the GPU check runs on the real library), eager and in
+    the graph, gives the run without NCCL bit for bit (a one-rank sum is the identity)."""
+    plain = _run(program, "--iters", "3", "--save", "alone.npz", ranks=0)
+    assert plain["rc"] == 0, plain["stderr"]
+    for flags in ((), ("--no-graph",)):
+        tag = "forced" + "".join(flags)
+        one = _run(program, "-Ddeepdsl.collective=true", "--iters", "3", *flags, "--save", f"{tag}.npz", ranks=1,
+                   tag=tag)  # fmt: skip
+        assert one["rc"] == 0, one["stderr"]
+        assert "NCCL 2.29.3 through JavaCPP" in one["stderr"] and "rank 0 of 1" in one["stderr"]
+        assert one["losses"] == plain["losses"]
+        alone = _params(program / "alone.npz")
+        assert all(np.array_equal(v, alone[k]) for k, v in _params(program / f"{tag}.npz").items())
+        assert int((program / f"nccl{tag}.0").read_text()) == 3 * 3 + 1
