@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
@@ -35,12 +36,13 @@ from deepdsl.ir.indexexpr import IE, Affine, Read, Reduce, format_ie, shared_sub
 from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.types import DType
 from deepdsl.ir.vendor import VendorCall, vendor_call
-from deepdsl.memory.groups import planned_groups
+from deepdsl.memory.launches import planned_launches
 from deepdsl.memory.plan import Plan
 
 BLOCK = 256  # threads per block of the element-wise and row kernels
 TILE = 16  # the GEMM tile (library.cu DD_TILE)
 MAX_GRID = 1 << 16  # blocks of a grid-stride launch at most (its loop covers the rest)
+SEGMENT_BLOCKS = 1024  # blocks of one segment of a multi-tensor launch at most (its loop covers the rest)
 MAX_THREADS = 1024  # device limits the launches are checked against
 MAX_STATIC_SMEM = 48 * 1024
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
@@ -75,6 +77,12 @@ class Launch:
     also: tuple[str, ...] = ()  # the other statements the kernel computes (ir/groups.py); their results follow the
     # first output among the arguments
     vendor: VendorCall | None = None  # the vendor routine that may run instead, on the same arguments (ir/vendor.py)
+    # a multi-tensor launch (loop "multi-tensor", ir/launches.py): per segment (first block, blocks, elements, kind,
+    # pointers), in order; `args` holds every segment's pointers one after the other, and the kernel takes one
+    # argument instead, a table the runner fills once (`multi_table`): the segment count, then a row of `width`
+    # 64-bit numbers per segment, its table entries then its pointers
+    table: tuple[tuple[int, int, int, int, int], ...] = ()
+    width: int = 0
 
 
 @dataclass(frozen=True)
@@ -319,6 +327,67 @@ def group_kernel(
     return Kernel("\n".join(lines), (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel, "grid-stride")
 
 
+def multi_kernel(
+    name: str, kinds: tuple[tuple[tuple[IE, ...], tuple[dict[int, int], ...], tuple[str, ...]], ...], width: int,
+    comments: tuple[str, ...],
+) -> str:  # fmt: skip
+    """The kernel of a multi-tensor launch (ir/launches.py): one table argument `t` (t[0] the segment count, then one
+    row of `width` numbers per segment: its first block, its blocks, its elements, its kind, then its outputs' and
+    inputs' pointers). Each block finds its segment (a binary search over the rows' first blocks) and runs that
+    segment's group loop (group_kernel's body) over the segment's elements, the segment's blocks striding together.
+    `kinds`: per kind, its bodies, what each reads of the earlier results (as group_kernel's `readers`) and its
+    inputs' C types; segments of one kind differ only in their sizes and pointers."""
+    lines = [f"// {c_comment(line)}" for line in comments]
+    lines += [
+        f'extern "C" __global__ void {name}(const long long* __restrict__ t) {{',
+        "  int lo = 0, hi = (int) t[0] - 1;  // the block's segment: the last whose first block is not after it",
+        "  while (lo < hi) {",
+        "    const int mid = (lo + hi + 1) / 2;",
+        f"    if (t[1 + mid * {width}] <= (long long) blockIdx.x) lo = mid; else hi = mid - 1;",
+        "  }",
+        f"  const long long* row = t + 1 + lo * {width};",
+        "  const int n = (int) row[2];",
+        "  const int stride = (int) row[1] * blockDim.x;",
+        "  const int first = ((int) blockIdx.x - (int) row[0]) * blockDim.x + threadIdx.x;",
+        "  switch ((int) row[3]) {",
+    ]
+    for kind, (bodies, readers, ctypes) in enumerate(kinds):
+        lines.append(f"  case {kind}: {{")
+        lines += [f"    float* out{m} = (float*) row[{4 + m}];" for m in range(len(bodies))]
+        lines += [f"    const {t}* in{k} = (const {t}*) row[{4 + len(bodies) + k}];" for k, t in enumerate(ctypes)]
+        lines.append("    for (int e = first; e < n; e += stride) {")
+        taken = {f"r{j}" for j in range(len(bodies))}
+        shapes = tuple((1,) for _ in ctypes)  # a flat body reads in{k}[e] or, a scalar, in{k}[0]: no shapes needed
+        for j, body in enumerate(bodies):
+            g = Gen(shapes, ctypes=ctypes, flat=True, registers={k: f"r{m}" for k, m in readers[j].items()})
+            g.locals = Locals(shared_subexpressions(body), taken)
+            pre: list[str] = []
+            value = as_float(g.expr(body, pre, "      "))
+            lines += pre + [f"      const float r{j} = {value};", f"      out{j}[e] = r{j};"]
+        lines += ["    }", "    break;", "  }"]
+    lines += ["  }", "}"]
+    return "\n".join(lines)
+
+
+def segment_blocks(n: int) -> int:
+    """The blocks one segment of `n` elements gets in a multi-tensor launch."""
+    return max(1, min(SEGMENT_BLOCKS, -(-n // BLOCK)))
+
+
+def multi_table(launch: Launch, pointers: Sequence[int]) -> np.ndarray:
+    """The table a multi-tensor launch's kernel reads (multi_kernel), with the device addresses of its arguments
+    (`pointers`, in the order of `launch.args`)."""
+    t = np.zeros(1 + len(launch.table) * launch.width, np.int64)
+    t[0] = len(launch.table)
+    at = 0
+    for k, (first, blocks, n, kind, count) in enumerate(launch.table):
+        row = 1 + k * launch.width
+        t[row : row + 4] = (first, blocks, n, kind)
+        t[row + 4 : row + 4 + count] = np.array(pointers[at : at + count], np.uint64).view(np.int64)
+        at += count
+    return t
+
+
 def _check_size(name: str, *sizes: int) -> None:
     if max(sizes, default=0) >= 2**31:
         raise ValueError(
@@ -440,6 +509,45 @@ class _Program:
         values = (*(s.out.name for s in stmts), *(v.name for v in shared))
         self.add(stmts[0], name, k, values, ("float",) * len(stmts) + ctypes, tuple(s.out.name for s in stmts[1:]))
 
+    def multi(self, launch: tuple[tuple[Stmt, ...], ...]) -> None:
+        """One kernel for the groups of a multi-tensor launch (ir/launches.py): each group a segment of a table."""
+        kinds: dict[tuple, int] = {}
+        rows = []
+        values: list[str] = []
+        ctypes_all: list[str] = []
+        first = 0
+        for stmts in launch:
+            form = group_form(stmts)
+            ctypes = tuple(_ctype(v.type.dtype) for v in form.inputs)
+            key = (form.bodies, tuple(tuple(sorted(h.items())) for h in form.held), ctypes)
+            kind = kinds.setdefault(key, len(kinds))
+            numel = stmts[0].out.type.numel
+            _check_size(stmts[-1].out.name, numel, *(v.type.numel for v in form.inputs))
+            blocks = segment_blocks(numel)
+            count = len(stmts) + len(form.inputs)
+            rows.append((first, blocks, numel, kind, count))
+            first += blocks
+            values += [*(s.out.name for s in stmts), *(v.name for v in form.inputs)]
+            ctypes_all += ["float"] * len(stmts) + list(ctypes)
+        width = 4 + max(r[4] for r in rows)
+        ops = dict.fromkeys(s.a["ops"][-1] if s.op == "fused" and s.a.get("ops") else s.op for g in launch for s in g)
+        name = self.name(launch[0][0], what="multi_tensor_" + "_".join(ops), suffix="")
+        parameters = [self.updates.get(g[-1].out.name, f"%{g[-1].out.name}") for g in launch]
+        comments = (f"one launch for the updates of {len(launch)} tensors ({len(kinds)} kind"
+                    f"{'s' if len(kinds) > 1 else ''} of loop): {', '.join(parameters)}",)  # fmt: skip
+        text = multi_kernel(name, tuple((key[0], tuple(dict(h) for h in key[1]), key[2]) for key in kinds), width,
+                            comments)  # fmt: skip
+        self.taken.add(name)
+        self.seen[text] = name
+        self.also[name] = []
+        self.texts.append(text)
+        args = tuple(self.arg(v, t) for v, t in zip(values, ctypes_all))
+        total = sum(r[2] for r in rows)
+        also = tuple(s.out.name for g in launch for s in g)[1:]
+        grid = (first, 1, 1)
+        self.launches.append(Launch(name, launch[0][0].out.name, "multi_tensor", grid, (BLOCK, 1, 1), 0, 0, args,
+                                    total, "multi-tensor", also=also, table=tuple(rows), width=width))  # fmt: skip
+
     def statement(self, s: Stmt) -> None:
         op = REGISTRY[s.op]
         if op.view:
@@ -497,11 +605,13 @@ def program(plan: Plan, prefix: str = "") -> CudaProgram:
         p.tensors[d.value.name] = d.value.name
     for d in g.params:
         p.tensors[d.value.name] = d.value.name
-    for group in planned_groups(plan):
-        if len(group) == 1:
-            p.statement(group[0])
+    for launch in planned_launches(plan):
+        if len(launch) > 1:
+            p.multi(launch)
+        elif len(launch[0]) == 1:
+            p.statement(launch[0][0])
         else:
-            p.group(group)
+            p.group(launch[0])
     texts = []
     for text in p.texts:
         name = re.search(r"__global__ void (\w+)\(", text)
