@@ -13,8 +13,8 @@ from helpers import REDUCED, feeds_and_params, with_slow
 from deepdsl import api
 from deepdsl.backends.numpy_runner import run, run_plan
 from deepdsl.memory import ALIGN, plan
-from deepdsl.memory.plan import aligned
 from deepdsl.memory.check import check_plan
+from deepdsl.memory.plan import aligned
 from deepdsl.memory.remat import LEVELS, rematerialise
 from deepdsl.memory.report import total_peak
 from deepdsl.memory.schedule import schedule
