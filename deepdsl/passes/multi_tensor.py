@@ -8,7 +8,7 @@ the parameters (ir/launches.py), instead of one launch per parameter.
 
 Legal: no statement but another update reads an update's result, and an update's inputs are all computed before the
 end. The cost is memory: each gradient now lives until the end of the backward pass instead of dying at its update
-(ResNet-50 at batch 64: 3.7 MB more arena of 5.38 GB; VGG-16 at batch 16: 41 MB of 0.99 GB); `--disable
+(ResNet-50 at batch 64: 3.7 MB more arena of 5.38 GB; VGG-16 at batch 16: 41 MB of 0.99 GB); `--no-pass
 multi_tensor` keeps the updates where they become ready, one launch each.
 """
 

@@ -164,7 +164,9 @@ def emulate(source: str, kernels: Sequence[str], folder: Path, strided: Sequence
             f"  args[{k}] = nullptr; std::memcpy(&args[{k}], params[{k}], sizeof({t}));\n"
             for k, t in enumerate(types)
         )  # fmt: skip
-        clamp = "if (gx > 3) gx = 3; if (bx > 64) bx = 64;\n  " if name in strided else ""
+        # a multi-tensor kernel (one table argument) gives each segment its blocks: its grid is never cut
+        multi = types == ["const long long*"]
+        clamp = "if (gx > 3) gx = 3; if (bx > 64) bx = 64;\n  " if name in strided and not multi else ""
         runners.append(
             f"static void body_{name}() {{ {name}({casts}); }}\n"
             f'extern "C" void run_{name}(int gx, int gy, int gz, int bx, int by, void** args) {{\n'

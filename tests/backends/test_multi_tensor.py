@@ -136,6 +136,15 @@ def test_the_multi_tensor_kernel_computes_each_update_as_numpy(name: str, tmp_pa
 
 # ---- launches per step ----
 
+
+def update_launches(b: api.Build) -> int:
+    """The launches of the optimiser's updates in `b`'s planned train step (each parameter's one or two)."""
+    from deepdsl.memory.launches import planned_launches
+    from deepdsl.passes.multi_tensor import is_update
+
+    return sum(1 for launch in planned_launches(b.train_plan) if all(is_update(s) for g in launch for s in g))
+
+
 RESNET50_KERNELS = 587  # `deepdsl ir --stats networks/resnet50.ddsl --set N=64`: 778 before the multi-tensor
 # launch (-160) and the ReLU masks joining the convolutions' backward-data epilogues (-31)
 
@@ -158,3 +167,81 @@ def test_the_pycuda_runner_launches_what_the_count_says(tmp_path: Path) -> None:
     assert len(prog.launches) == kernel_count(c.plan.graph) + epilogues
     assert kernel_count(c.plan.graph) == kernel_count(c.opt) == RESNET50_KERNELS
     assert sum(1 for x in prog.launches if x.loop == "multi-tensor") == 1
+
+
+@needs_gxx
+def test_the_pycuda_runner_launches_one_kernel_per_counted_launch(tmp_path: Path) -> None:
+    """A step run call for call on the emulated driver makes exactly the program's launches; the multi-tensor pass
+    takes the updates' launches down by the parameters' groups less one."""
+    launched = {}
+    for disabled in ((), ("multi_tensor",)):
+        b = api.build(api.compile_source(NET.replace("TRAIN", OPTIMISERS["sgd_momentum"]), "m.ddsl").program,
+                      api.Options(disabled=disabled))  # fmt: skip
+        driver = EmulatedDriver(tmp_path / "_".join(disabled or ("multi",)))
+        got = run_training(b, iters=1, device="cpu", driver=driver, graphs=False)
+        prog = kernels.program(b.train_plan)
+        epilogues = sum(1 for s in b.train_plan.graph.stmts if "epilogue" in s.a)
+        assert len(prog.launches) == kernel_count(b.train_plan.graph) + epilogues
+        assert b.eval_plan is not None and "test_loss" in got  # the step, then the test loss over the test batches
+        tests = len(kernels.program(b.eval_plan).launches)
+        assert driver.launches > len(prog.launches) and (driver.launches - len(prog.launches)) % tests == 0
+        launched[disabled] = len(prog.launches)
+        if disabled:
+            assert launched[disabled] - launched[()] == update_launches(b) - 1
+
+
+# ---- the Java program's CUDA device on the stand-in driver ----
+
+
+def _java_marks(fn):  # noqa: ANN001, ANN202
+    from java_env import JAVA_MARKS
+
+    for mark in JAVA_MARKS:
+        fn = mark(fn)
+    return fn
+
+
+@_java_marks
+@needs_gxx
+def test_the_java_cuda_device_launches_the_updates_once(tmp_path: Path) -> None:
+    """The Java program's CUDA device on the stand-in driver: with the multi-tensor launch each replayed train step
+    runs as many fewer launches as the count says (the parameters less one), and the losses are the same bit for
+    bit (each segment computes what its own kernel computed)."""
+    import json
+    import os
+    import subprocess
+
+    from click.testing import CliRunner
+    from cuda_emulator import TILED, emulate, fake_driver, kernel_names
+    from java_env import javac, jcuda_jars
+
+    from deepdsl.cli import cli
+
+    source = tmp_path / "m.ddsl"
+    source.write_text(NET.replace("TRAIN", OPTIMISERS["nesterov"]))
+    fake = fake_driver(tmp_path / "fake")
+    results, counts = {}, {}
+    for label, flags in (("multi", []), ("single", ["--no-pass", "multi_tensor"])):
+        src, build = tmp_path / label / "src", tmp_path / label / "build"
+        r = CliRunner().invoke(cli, ["compile", str(source), *flags, "-o", str(src), "--ptx", "--arch", "sm_90"])
+        assert r.exit_code == 0, r.output
+        unit = (src / "M.cu").read_text()
+        names = kernel_names(unit)
+        assert any("multiTensor" in k for k in names) == (label == "multi")
+        emulate(unit, names, tmp_path / label, [k for k in names if k not in TILED])
+        javac(src, [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")], build)
+        watch = tmp_path / label / "launches"
+        env = {**os.environ, "LD_LIBRARY_PATH": str(fake), "FAKE_CUDA_GRAPH_LAUNCHES": str(watch),
+               "DEEPDSL_FAKE_CUDA_KERNELS": str(tmp_path / label / "emulated.so")}  # fmt: skip
+        cmd = ["java", "-cp", f"{build}:{src}:{jcuda_jars()}/*", "M", "--data", "synthetic", "--device", "cuda",
+               "--iters", "3", "--json"]  # fmt: skip
+        done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env, check=False)
+        assert done.returncode == 0, done.stderr
+        results[label] = json.loads(done.stdout)
+        replays, nodes = map(int, watch.read_text().split())
+        assert replays == 2  # steps 2 and 3
+        counts[label] = nodes // replays
+    assert results["multi"]["losses"] == results["single"]["losses"]
+    program = api.compile_source(source.read_text(), "m.ddsl").program
+    single = api.build(program, api.Options(disabled=("multi_tensor",)))
+    assert counts["single"] - counts["multi"] == update_launches(single) - 1

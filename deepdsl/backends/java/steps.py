@@ -15,6 +15,7 @@ from deepdsl.backends.java.text import long_literal, method
 from deepdsl.ir import REGISTRY
 from deepdsl.memory import Plan
 from deepdsl.memory.groups import planned_groups as _planned_groups
+from deepdsl.memory.launches import planned_launches
 
 MAX_STATEMENTS_PER_METHOD = 200  # keeps every step method far below Java's 64 KB of bytecode
 LAYOUT_ROWS = 1000  # temporaries a layout class initialises (about 30 bytes of its constructor each)
@@ -32,9 +33,15 @@ def plan_items(e: Emitter, p: Plan) -> list[tuple[str, Any]]:
     """The plan's work in order: statements, groups of statements one loop computes (ir/groups.py), then the
     copies of the updates not computed in place."""
     g = p.graph
-    items: list[tuple[str, Any]] = [
-        ("stmt", group[0]) if len(group) == 1 else ("group", group) for group in planned_groups(e, p)
-    ]
+    key = ("launches", id(p))
+    if key not in e.memo:
+        e.memo[key] = (p, planned_launches(p))
+    items: list[tuple[str, Any]] = []
+    for launch in e.memo[key][1]:  # a statement, a group of statements in one loop, or a multi-tensor launch
+        if len(launch) > 1:
+            items.append(("multi", launch))
+        else:
+            items.append(("stmt", launch[0][0]) if len(launch[0]) == 1 else ("group", launch[0]))
     return items + [("update", (name, v)) for name, v in g.updates if e.in_state.get(v.name) != name]
 
 
