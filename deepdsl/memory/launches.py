@@ -10,9 +10,11 @@ from deepdsl.memory.groups import apart_or_same, planned_groups, region
 from deepdsl.memory.plan import Plan
 
 
-def planned_launches(plan: Plan) -> list[Launch]:
-    """The plan's statements cut into launches, in order: each a tuple of groups (one group: an ordinary kernel)."""
-    return launch_groups(planned_groups(plan), lambda launch, group: apart(plan, launch, group))
+def planned_launches(plan: Plan, groups: Sequence[Group] | None = None) -> list[Launch]:
+    """The plan's statements cut into launches, in order: each a tuple of groups (one group: an ordinary kernel);
+    `groups`: the plan's `planned_groups`, where the caller has them already."""
+    groups = planned_groups(plan) if groups is None else groups
+    return launch_groups(groups, lambda launch, group: apart(plan, launch, group))
 
 
 def apart(plan: Plan, launch: Sequence[Group], group: Group) -> bool:
