@@ -40,6 +40,7 @@ static dd_dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __restrict__
 #define __shared__ static
 static inline float __int_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
+struct alignas(16) float4 { float x, y, z, w; };  // CUDA's vector type, as the vectorised element-wise kernels use it
 
 // A block's threads are fibers, each on its own stack, switched with _setjmp/_longjmp: unlike swapcontext these
 // save no signal mask, so a switch is no system call (a GEMM's tiles switch millions of times per step).

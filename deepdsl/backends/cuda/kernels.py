@@ -30,9 +30,9 @@ from deepdsl.backends.escape import c_comment
 from deepdsl.backends.loops import LoopGen
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir import REGISTRY, Stmt
-from deepdsl.ir.analysis import index_form, output_indices, top_reductions
+from deepdsl.ir.analysis import index_form, output_indices, own_index, top_reductions
 from deepdsl.ir.groups import group_form, is_flat
-from deepdsl.ir.indexexpr import IE, Affine, Read, Reduce, format_ie, shared_subexpressions
+from deepdsl.ir.indexexpr import IE, Affine, Read, Reduce, format_ie, reads, shared_subexpressions
 from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.types import DType
 from deepdsl.ir.vendor import VendorCall, vendor_call
@@ -42,6 +42,8 @@ from deepdsl.memory.plan import Plan
 BLOCK = 256  # threads per block of the element-wise and row kernels
 TILE = 16  # the GEMM tile (library.cu DD_TILE)
 MAX_GRID = 1 << 16  # blocks of a grid-stride launch at most (its loop covers the rest)
+VECTOR = 4  # floats in one vector load or store (float4)
+VECTOR_ALIGN = 16  # bytes: the alignment a float4 access needs (every planned buffer has ALIGN, memory/plan.py)
 SEGMENT_BLOCKS = 1024  # blocks of one segment of a multi-tensor launch at most (its loop covers the rest)
 MAX_THREADS = 1024  # device limits the launches are checked against
 MAX_STATIC_SMEM = 48 * 1024
@@ -236,14 +238,56 @@ def _grid_for(n: int, block: int) -> int:
     return max(1, min(MAX_GRID, -(-n // block)))
 
 
+def _flat_params(ctypes: tuple[str, ...], restrict: tuple[bool, ...]) -> str:
+    """An element-wise kernel's pointers: `restrict[0]` for the output, `restrict[1 + k]` for input k (memory no
+    other pointer of the kernel writes: `const __restrict__`, read through the read-only cache)."""
+    r = ["__restrict__ " if x else "" for x in restrict]
+    return ", ".join([f"float* {r[0]}out", *(f"const {t}* {r[1 + k]}in{k}" for k, t in enumerate(ctypes))])
+
+
+def vectorisable(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> bool:
+    """A flat body that float4 loads and stores can compute four elements at a time: its output's size a multiple of
+    4, every read its input's own element (an input of the output's shape) or a scalar input's one value."""
+    numel = math.prod(n for _, n in out)
+    if numel % VECTOR or not numel:
+        return False
+    own, shape = own_index(out), tuple(n for _, n in out)
+    rs = list(reads(body))
+    return all((r.index == own and shapes[r.input] == shape) or (r.index == () and shapes[r.input] == ()) for r in rs)
+
+
+def _vector_loop(g: Gen, body: IE, numel: int, shapes: tuple[tuple[int, ...], ...], ctypes: tuple[str, ...]) -> list:
+    """The lines of a grid-stride loop over float4 groups: each element input loaded as one float4 (`v{k}`), the
+    body computed for each of the four lanes, the result stored as one float4."""
+    loaded = sorted({r.input for r in reads(body) if r.index != ()})
+    lines = [f"  DD_GRID_STRIDE(q, {numel // VECTOR}) {{"]
+    for k in loaded:
+        if ctypes[k] != "float":  # an integer input is read element by element, never as a vector
+            return []
+        lines.append(f"    const float4 v{k} = reinterpret_cast<const float4*>(in{k})[q];")
+    lines.append("    float4 r;")
+    for lane in "xyzw":
+        g.registers = {k: f"v{k}.{lane}" for k in loaded}
+        g.locals = Locals(shared_subexpressions(body), set(g.taken))
+        pre: list[str] = []
+        value = as_float(g.expr(body, pre, "      "))
+        lines += ["    {", *pre, f"      r.{lane} = {value};", "    }"] if pre else [f"    r.{lane} = {value.strip()};"]
+    lines += ["    reinterpret_cast<float4*>(out)[q] = r;", "  }"]
+    return lines
+
+
 def ie_kernel(
     name: str, body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...],
     ctypes: tuple[str, ...] | None = None, comments: tuple[str, ...] = (), generic: bool = False,
+    restrict: tuple[bool, ...] | None = None, vector: bool = False,
 ) -> Kernel:  # fmt: skip
     """The kernel computing out[idx] = body over `out`'s grid, under one comment line for each of `comments`.
     `generic` takes the sizes as arguments, so that one kernel serves every statement of the same text: an
     element-wise kernel its element count `n`, another every dim of its output and of its inputs in order
-    (backends/sizes.py names them)."""
+    (backends/sizes.py names them). An element-wise kernel of one program (not `generic`) takes its pointers
+    `__restrict__` where `restrict` says (the output first: memory no other pointer of the kernel writes) and, with
+    `vector` (every pointer 16-byte aligned), reads and writes float4s where `vectorisable` allows: four elements a
+    thread each step of its loop."""
     ctypes = ctypes or ("float",) * len(shapes)
     numel = math.prod(n for _, n in out)
     _check_size(name, numel, *(math.prod(s) for s in shapes))
@@ -257,9 +301,16 @@ def ie_kernel(
     params = _params("float", ctypes, False)
     if not cooperative and is_flat(body, out, shapes):
         g.flat = True
+        if restrict is not None and not generic:
+            params = _flat_params(ctypes, restrict)
+        head.append(f'extern "C" __global__ void {name}({params}{", int n" if generic else ""}) {{')
+        if vector and not generic and vectorisable(body, out, shapes):
+            vector_lines = _vector_loop(g, body, numel, shapes, ctypes)
+            if vector_lines:
+                return Kernel("\n".join(head + vector_lines + ["}"]), (_grid_for(numel // VECTOR, BLOCK), 1, 1),
+                              (BLOCK, 1, 1), 0, numel, "grid-stride")  # fmt: skip
         pre: list[str] = []
         value = as_float(g.expr(body, pre, "    "))
-        head.append(f'extern "C" __global__ void {name}({params}{", int n" if generic else ""}) {{')
         lines += [f"  DD_GRID_STRIDE(e, {'n' if generic else numel}) {{", *pre, f"    out[e] = {value};", "  }"]
         return Kernel("\n".join(head + lines + ["}"]), (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel,
                        "grid-stride")  # fmt: skip
@@ -509,6 +560,17 @@ class _Program:
         values = (*(s.out.name for s in stmts), *(v.name for v in shared))
         self.add(stmts[0], name, k, values, ("float",) * len(stmts) + ctypes, tuple(s.out.name for s in stmts[1:]))
 
+    def memory(self, values: tuple[str, ...], ctypes: tuple[str, ...]) -> tuple[tuple[bool, ...], bool]:
+        """For a kernel writing values[0] from values[1:]: which of its pointers may be `__restrict__` (the output
+        when no input shares its memory, an input when it is not the output's memory), and whether every pointer is
+        16-byte aligned for float4 accesses (arena offsets are; a tensor is an allocation of its own)."""
+        args = [self.arg(v, t) for v, t in zip(values, ctypes)]
+        where = [(a.storage, a.name if a.storage == "tensor" else a.offset) for a in args]
+        out_shared = any(w == where[0] for w in where[1:])
+        restrict = (not out_shared, *(w != where[0] for w in where[1:]))
+        aligned = all(a.storage == "tensor" or a.offset % VECTOR_ALIGN == 0 for a in args)
+        return restrict, aligned
+
     def multi(self, launch: tuple[tuple[Stmt, ...], ...]) -> None:
         """One kernel for the groups of a multi-tensor launch (ir/launches.py): each group a segment of a table."""
         kinds: dict[tuple, int] = {}
@@ -572,7 +634,9 @@ class _Program:
             meaning = (
                 f"out[{', '.join(v for v, _ in out)}] = {format_ie(body, tuple(f'in{k}' for k in range(len(shapes))))}"
             )
-            k = ie_kernel(name, body, out, shapes, in_types[:arity], (format_stmt(s), meaning))
+            restrict, vector = self.memory(values[: 1 + arity], (out_type, *in_types[:arity]))
+            k = ie_kernel(name, body, out, shapes, in_types[:arity], (format_stmt(s), meaning), restrict=restrict,
+                          vector=vector)  # fmt: skip
             # an op written from its index form (channel_sum) or CUDA form (avg_pool2d) may have a vendor routine too
             self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]), vendor=vendor_call(s))
         elif op.cuda is None:
@@ -589,10 +653,10 @@ class _Program:
             ename = self.name(s, "_epilogue")
             names = ("out", *(f"in{k}" for k in range(1, len(shapes))))
             meaning = f"out[{', '.join(v for v, _ in out)}] = {format_ie(epi, names)}"
-            ek = ie_kernel(
-                ename, epi, out, shapes, ("float", *in_types[arity:]), (f"epilogue of %{s.out.name}: {meaning}",)
-            )
             evalues = (s.out.name, s.out.name, *(v.name for v in extras))
+            restrict, vector = self.memory(evalues, ("float", "float", *in_types[arity:]))
+            ek = ie_kernel(ename, epi, out, shapes, ("float", *in_types[arity:]),
+                           (f"epilogue of %{s.out.name}: {meaning}",), restrict=restrict, vector=vector)  # fmt: skip
             self.add(s, ename, ek, evalues, ("float", "float", *in_types[arity:]))
 
 

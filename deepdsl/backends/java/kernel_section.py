@@ -97,7 +97,7 @@ def canonical_names(e: Any) -> Any:
 
 
 def _add(e: Emitter, name: str, java: str, cuda: Any, outputs: int, flat: bool, cost: str | None, doc: str,
-         split: int = 0, columns: bool = False) -> str:  # fmt: skip
+         split: int = 0, columns: bool = False, group: bool = False) -> str:  # fmt: skip
     """Records kernel `name` (its Java body, its CUDA kernel) and returns the name of its constant, which holds its
     launch shape, its cost per output element (kernels.java_cost) and its Java body as a lambda; `split` is the
     output axis a shaped kernel's pieces cover, `columns` a sum down columns, whose pieces the runtime keeps wide
@@ -105,7 +105,7 @@ def _add(e: Emitter, name: str, java: str, cuda: Any, outputs: int, flat: bool, 
     const = e.namer(f"constant:{name}", _constant(name))
     e.cuda_text.append(cuda.text)
     args = [java_string(name), *([cost] if cost is not None else [])]
-    if outputs > 1:
+    if outputs > 1 or group:  # a group's body (its outputs an array), of one statement in a multi-tensor launch
         make = f"Kernel.group({java_string(name)}, {outputs}, {cost}"
     elif flat:
         make = f"Kernel.elementwise({', '.join(args)}"
@@ -283,7 +283,7 @@ def group_constant(e: Emitter, stmts: tuple[Stmt, ...]) -> tuple[str, tuple[Valu
         shapes = (*(v.type.shape for v in shared), *((),) * len(used))
         numel = stmts[0].out.type.numel
         cuda = group_kernel(name, tuple(bodies), numel, shapes, ctypes, tuple(readers), (doc,), generic=True)
-        e.kernels[key] = _add(e, name, java, cuda, len(bodies), True, str(work), doc)
+        e.kernels[key] = _add(e, name, java, cuda, len(bodies), True, str(work), doc, group=True)
         e.memo[("group-form", e.kernels[key])] = (tuple(bodies), tuple(readers), ctypes)  # for multi_constant
     return e.kernels[key], shared, used
 

@@ -91,9 +91,16 @@ extern "C" __global__ void matmul__fc2__v19(float* __restrict__ out, const float
 }
 
 // epilogue of %19: out[i0, i1] = ((in1[i0, i1] > 0) ? out[i0, i1] : 0)
-extern "C" __global__ void matmul__fc2__v19_epilogue(float* out, const float* in0, const float* in1) {
-  DD_GRID_STRIDE(e, 32000) {
-    out[e] = ((in1[e] > 0.0f) ? in0[e] : 0.0f);
+extern "C" __global__ void matmul__fc2__v19_epilogue(float* out, const float* in0, const float* __restrict__ in1) {
+  DD_GRID_STRIDE(q, 8000) {
+    const float4 v0 = reinterpret_cast<const float4*>(in0)[q];
+    const float4 v1 = reinterpret_cast<const float4*>(in1)[q];
+    float4 r;
+    r.x = ((v1.x > 0.0f) ? v0.x : 0.0f);
+    r.y = ((v1.y > 0.0f) ? v0.y : 0.0f);
+    r.z = ((v1.z > 0.0f) ? v0.z : 0.0f);
+    r.w = ((v1.w > 0.0f) ? v0.w : 0.0f);
+    reinterpret_cast<float4*>(out)[q] = r;
   }
 }
 
