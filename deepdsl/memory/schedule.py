@@ -6,8 +6,9 @@ Such a statement can only lower the live bytes by running earlier: its inputs di
 its result is no bigger than what they free. The typical case is a parameter's optimizer update, which becomes
 ready when the parameter's gradient is complete: run then, the gradient (and, in place, its update) dies at once
 instead of living through the rest of the backward pass. A statement marked to share the loop of the one before
-it (`same_loop`) follows that one. Everything else keeps its relative order, which the optimiser's motion pass
-already chose for short live ranges.
+it (`same_loop`) follows that one. The updates marked `multi_tensor` (passes/multi_tensor.py) are not moved: they
+stay together at the end of the step, one launch. Everything else keeps its relative order, which the optimiser's
+motion pass already chose for short live ranges.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ def schedule(g: Graph) -> Graph:
 
     def frees_enough(i: int) -> bool:
         s = stmts[i]
-        if REGISTRY[s.op].view or stays_last_reader(i):
-            return False
+        if REGISTRY[s.op].view or stays_last_reader(i) or s.a.get("multi_tensor"):
+            return False  # (the optimiser's updates of one multi-tensor launch stay together at the end)
         freed = sum(
             aligned(v.type.nbytes) for v in {v.name: v for v in s.inputs}.values()
             if v.name in made and v.name not in pinned and unread[v.name] == 1 and not _viewed(v.name, stmts, read_by)

@@ -40,9 +40,12 @@ _OPS = {
     "sgd_nesterov": (3, "w - lr·(g + weight_decay·w + momentum·v)  (w, v, g), v the new momentum buffer"),
     "sgd_nesterov_scheduled": (4, "w - lr·(g + weight_decay·w + momentum·v)  (w, v, g, lr)"),
 }
+# the ops that compute a parameter's or an optimizer state's new value (all but scale_by, a gradient's clipping):
+# passes/multi_tensor.py launches them together
+UPDATE_OPS = frozenset(name for name in _OPS if name != "scale_by")
 # Every op above that reads a learning rate (its attribute lr, or its input lr) multiplies it by the attribute
 # `lr_mult` where the statement has one (the train block's lr_mult): a plain constant, no run-time setting.
-UPDATE_OPS = frozenset(_OPS)  # every update rule (passes/data_parallel.py finds the gradients they read)
+OPTIMISER_OPS = frozenset(_OPS)  # every update rule (passes/data_parallel.py finds the gradients they read)
 for _name, (_arity, _doc) in _OPS.items():
     defop(_name, _arity, doc=_doc, elementwise=True, differentiable=False, cheap_to_recompute=True)(_like_first)
 

@@ -32,7 +32,7 @@ from deepdsl.ir import REGISTRY, Graph, InputDef, Stmt, Value
 from deepdsl.ir.graph import make_attrs
 from deepdsl.ir.types import DType, TensorType
 from deepdsl.ops.collective import AT_OPS, Bucket, closure, data_dependent
-from deepdsl.ops.optim import UPDATE_OPS as OPTIMISER_OPS
+from deepdsl.ops.optim import OPTIMISER_OPS
 
 SCALE = "dp/scale"
 OFFSET = "dp/offset"

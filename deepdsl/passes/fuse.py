@@ -177,13 +177,26 @@ def _rename_bound(e: IE, tag: str) -> IE:
 
 
 def fuse_epilogues(g: Graph) -> Graph:
+    """Every element-wise statement that alone reads a library kernel's result (of its type) becomes that kernel's
+    epilogue, and again where the kernel has one already (a convolution's backward-data with the residual add, then
+    the ReLU mask of the layer before: one epilogue of both), until none is left."""
+    while True:
+        g2 = _fuse_epilogues_once(g)
+        if g2 is g:
+            return g
+        g = g2
+
+
+def _fuse_epilogues_once(g: Graph) -> Graph:
     count = uses(g)
     pinned = returned(g)
     last, held = last_reads(g.stmts), persistent(g)
     position = {s.out.name: i for i, s in enumerate(g.stmts)}
+    made = {**{name: -1 for name in held}, **position}
     defs = {s.out.name: s for s in g.stmts}
     replace: dict[str, Stmt] = {}  # reader's result -> the host statement with its epilogue
     absorbed: set[str] = set()
+    early: dict[str, Stmt] = {}  # host's result -> the host with its epilogue, computed where the host stood
     updates = {v.name for _, v in g.updates}
     for s in g.stmts:
         form = composable_form(s)
@@ -194,22 +207,54 @@ def fuse_epilogues(g: Graph) -> Graph:
         body, inputs = form.body, form.inputs
         for k, v in enumerate(inputs):
             host = defs.get(v.name)
-            if (host is None or not REGISTRY[host.op].accepts_epilogue or "epilogue" in host.a or count.get(v.name) != 1
+            if (host is None or not REGISTRY[host.op].accepts_epilogue or count.get(v.name) != 1
                     or v.name in pinned or host.out.type != s.out.type or host.out.name in absorbed):  # fmt: skip
-                continue
-            if not costs_no_memory(host.inputs, host.out, position[s.out.name], last, held):
                 continue
             if not form.reads_pointwise({k}):
                 continue
             extras = [x for j, x in enumerate(inputs) if j != k]
+            # where the host stands when every other input of the reader is computed by then (the reader's result
+            # takes the place of the host's, of its type: nothing lives longer); else where the reader stands when
+            # the host's inputs kept alive until then weigh no more than the host's result
+            at_host = all(made.get(x.name, len(g.stmts)) < position[host.out.name] for x in extras)
+            if not at_host and not costs_no_memory(host.inputs, host.out, position[s.out.name], last, held):
+                continue
             mapping = {k: 0, **{j: (i + 1) for i, j in enumerate(j for j in range(len(inputs)) if j != k)}}
             epilogue = renumber(body, mapping)
-            replace[s.out.name] = host.replace(
-                out=s.out, inputs=(*host.inputs, *extras), attrs=host.attrs + (("epilogue", epilogue),)
-            )
+            primary = host.inputs
+            if "epilogue" in host.a:  # the reader reads the host's epilogue: the host's result goes through both
+                arity = REGISTRY[host.op].arity
+                assert arity is not None, f"{host.op} takes an epilogue, so it has a fixed arity"
+                primary, own = host.inputs[:arity], host.inputs[arity:]
+                before = renumber(host.a["epilogue"], {0: 0, **{j + 1: len(extras) + j + 1 for j in range(len(own))}})
+                epilogue = _compose(epilogue, before)
+                extras = [*extras, *own]
+            attrs = tuple((key, val) for key, val in host.attrs if key != "epilogue") + (("epilogue", epilogue),)
+            fused = host.replace(out=s.out, inputs=(*primary, *extras), attrs=attrs)
+            if at_host:
+                early[host.out.name] = fused
+            else:
+                replace[s.out.name] = fused
             absorbed.add(host.out.name)
             break
-    if not replace:
+    if not replace and not early:
         return g
-    stmts = [replace.get(s.out.name, s) for s in g.stmts if s.out.name not in absorbed]
+    moved = {x.out.name for x in early.values()}
+    stmts = [early.get(s.out.name) or replace.get(s.out.name, s) for s in g.stmts
+             if s.out.name not in moved and (s.out.name not in absorbed or s.out.name in early)]  # fmt: skip
     return g.replace(stmts=tuple(stmts))
+
+
+def _compose(outer: IE, inner: IE) -> IE:
+    """`outer` with its Read(0) (the kernel's result) replaced by `inner`, an element-wise expression of it."""
+
+    def go(e: IE) -> IE:
+        if isinstance(e, Read):
+            return inner if e.input == 0 else e
+        if isinstance(e, Apply):
+            return Apply(e.fn, tuple(go(a) for a in e.args))
+        if isinstance(e, Reduce):
+            return Reduce(e.kind, e.vars, go(e.body))
+        return e
+
+    return go(outer)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from deepdsl.ir import REGISTRY, Graph
 from deepdsl.ir.groups import kernel_groups
+from deepdsl.ir.launches import launch_groups
 from deepdsl.ir.reductions import launches, reduction_groups
 from deepdsl.ir.verify import check_graph
 from deepdsl.passes.cse import cse
@@ -21,6 +22,7 @@ from deepdsl.passes.fuse import fuse
 from deepdsl.passes.inline import inline
 from deepdsl.passes.inplace import inplace
 from deepdsl.passes.motion import motion
+from deepdsl.passes.multi_tensor import multi_tensor
 from deepdsl.passes.precision import precision
 from deepdsl.passes.simplify import simplify
 from deepdsl.passes.vectorise import vectorise
@@ -38,6 +40,7 @@ PIPELINE: tuple[tuple[str, Pass, int], ...] = (
     ("cse", cse, 1),
     ("dce", dce, 1),
     ("motion", motion, 2),
+    ("multi_tensor", multi_tensor, 2),
     ("inplace", inplace, 2),
     # element types and casts from the ops' storage facts; the identity but under --precision bf16 (run_pipeline
     # gives it the setting), so at every -O level and never switched off
@@ -59,9 +62,12 @@ class PassStat:
 def kernels(g: Graph) -> int:
     """Launches on a device: every statement except views (a fused statement is one kernel), adjacent element-wise
     statements that one loop computes (ir/groups.py) counted once, reductions one pass computes (ir/reductions.py)
-    counted as their launches: two (partial sums, finish) where the range is split over blocks, else one."""
-    groups = reduction_groups(kernel_groups(g.stmts))
-    return sum(launches(group) for group in groups if not REGISTRY[group[0].op].view)
+    counted as their launches: two (partial sums, finish) where the range is split over blocks, else one; and the
+    optimiser's updates that one multi-tensor launch computes (ir/launches.py) counted once."""
+    launches_ = launch_groups(reduction_groups(kernel_groups(g.stmts)))
+    return sum(
+        launches(launch[0]) if len(launch) == 1 else 1 for launch in launches_ if not REGISTRY[launch[0][0].op].view
+    )
 
 
 def run_pipeline(

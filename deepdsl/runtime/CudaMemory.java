@@ -297,6 +297,42 @@ abstract class CudaMemory implements Device {
     throw new Device.Unavailable("the CUDA device does not accumulate micro-batches (--device cpu does)");
   }
 
+  /** The tables of the multi-tensor launches, written to the GPU once each, by their contents. */
+  private final Map<List<Long>, CUdeviceptr> multiTables = new HashMap<>();
+
+  @Override
+  public void runMulti(MultiKernel m, int[] kinds, Buf[][] segments) {
+    long[] t = m.table(kinds, segments, this::address);
+    List<Long> key = new ArrayList<>(t.length + 1);
+    key.add((long) m.name.hashCode());
+    for (long v : t) {
+      key.add(v);
+    }
+    CUdeviceptr table = multiTables.get(key);
+    if (table == null) {
+      if (capturing) { // written in the warm-up step; a capture cannot copy from the host
+        throw new NotCapturable("a multi-tensor launch's table is not on the GPU yet");
+      }
+      table = alloc((long) t.length * Sizeof.LONG);
+      cuMemcpyHtoD(table, Pointer.to(t), (long) t.length * Sizeof.LONG);
+      multiTables.put(key, table);
+    }
+    notAfterTheLoss();
+    Pointer[] args = {Pointer.to(table)};
+    cuLaunchKernel(
+        function(m.name),
+        MultiKernel.grid(segments),
+        1,
+        1,
+        MultiKernel.BLOCK,
+        1,
+        1,
+        0,
+        stream,
+        Pointer.to(args),
+        null);
+  }
+
   @Override
   public void copy(Buf from, Buf to) {
     notAfterTheLoss();

@@ -52,6 +52,17 @@ public interface Device extends AutoCloseable {
   /** Runs the generated kernel {@code k} over {@code args} (its outputs, then its inputs). */
   void run(Kernel k, Buf... args);
 
+  /**
+   * Runs the multi-tensor kernel {@code m} (the optimiser's updates, one launch on the GPU): segment
+   * {@code j} is {@code segments[j]} (its outputs, then its inputs) computed by {@code
+   * m.kind(kinds[j])}; here each in turn, as {@link #run} would.
+   */
+  default void runMulti(MultiKernel m, int[] kinds, Buf[][] segments) {
+    for (int j = 0; j < segments.length; j++) {
+      run(m.kind(kinds[j]), segments[j]);
+    }
+  }
+
   /** Copies a step's result into the tensor it updates. */
   void copy(Buf from, Buf to);
 

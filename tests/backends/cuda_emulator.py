@@ -41,6 +41,7 @@ static dd_dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __restrict__
 #define __shared__ static
 static inline float __int_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
+struct alignas(16) float4 { float x, y, z, w; };  // CUDA's vector type, as the vectorised element-wise kernels use it
 
 // A block's threads are fibers, each on its own stack, switched with _setjmp/_longjmp: unlike swapcontext these
 // save no signal mask, so a switch is no system call (a GEMM's tiles switch millions of times per step).
@@ -165,7 +166,9 @@ def emulate(source: str, kernels: Sequence[str], folder: Path, strided: Sequence
             f"  args[{k}] = nullptr; std::memcpy(&args[{k}], params[{k}], sizeof({t}));\n"
             for k, t in enumerate(types)
         )  # fmt: skip
-        clamp = "if (gx > 3) gx = 3; if (bx > 64) bx = 64;\n  " if name in strided else ""
+        # a multi-tensor kernel (one table argument) gives each segment its blocks: its grid is never cut
+        multi = types == ["const long long*"]
+        clamp = "if (gx > 3) gx = 3; if (bx > 64) bx = 64;\n  " if name in strided and not multi else ""
         runners.append(
             f"static void body_{name}() {{ {name}({casts}); }}\n"
             f'extern "C" void run_{name}(int gx, int gy, int gz, int bx, int by, void** args) {{\n'

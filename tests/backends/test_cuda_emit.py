@@ -64,6 +64,9 @@ def check_launches(p: Plan, prog: CudaProgram) -> None:
         assert all(b >= 1 for b in launch.block) and launch.block[2] == 1, where
         assert launch.smem == 0 and launch.static_smem <= MAX_STATIC_SMEM, where
         out = values[launch.stmt].type
+        if launch.loop == "multi-tensor":  # one launch of every update: its segments' blocks in order, then the table
+            check_multi_tensor(p, launch, signatures[launch.kernel])
+            continue
         assert launch.covers == out.numel, where
         if launch.loop == "tiles":
             n, m, batch = launch.tiles
@@ -85,6 +88,25 @@ def check_launches(p: Plan, prog: CudaProgram) -> None:
             else:
                 assert arg.name in {d.value.name for d in p.graph.inputs} | {d.value.name for d in p.graph.params}
         assert launch.args[0].value == launch.stmt, where
+
+
+def check_multi_tensor(p: Plan, launch: kernels.Launch, signature: str) -> None:
+    """A multi-tensor launch: its segments' blocks follow each other and make its grid, each segment covers its
+    statements' elements, and its arguments (the table's pointers) are those statements' results and inputs."""
+    values = {s.out.name: s for s in p.graph.stmts}
+    members = [launch.stmt, *launch.also]
+    assert signature.strip() == "const long long* __restrict__ t"
+    assert all(values[m].a.get("multi_tensor") for m in members)
+    first, at = 0, 0
+    for start, blocks, n, kind, count in launch.table:
+        assert start == first and 1 <= blocks <= kernels.SEGMENT_BLOCKS and kind >= 0 and count <= launch.width - 4
+        assert blocks == min(kernels.SEGMENT_BLOCKS, -(-n // launch.block[0]))
+        first += blocks
+        outs = [a.value for a in launch.args[at : at + count] if a.value in members]
+        assert outs and all(values[o].out.type.numel == n for o in outs)
+        at += count
+    assert launch.grid == (first, 1, 1) and at == len(launch.args)
+    assert launch.covers == sum(n for _, _, n, _, _ in launch.table)
 
 
 @needs_compiler
@@ -424,21 +446,27 @@ def test_kernels_agree_with_numpy(case: str, tmp_path: Path, compiled) -> None: 
     grouped = 0
     for stmt, launches in by_stmt.items():
         first = launches[0]
-        slow = any(x.loop != "grid-stride" for x in launches) and (first.op in ops or first.covers > 4096)
+        slow = any(x.loop not in ("grid-stride", "multi-tensor") for x in launches) and (
+            first.op in ops or first.covers > 4096
+        )
         if big and (slow or any(x.loop == "tiles" and math.prod(x.grid) > 16 for x in launches)):
             continue  # a few small statements of each op: cooperative kernels are slow as fibers
-        results = (stmt, *first.also)  # a group's kernel computes several statements (ir/groups.py)
+        # a group's kernel computes several statements (ir/groups.py), a multi-tensor launch every update
+        results = (stmt, *first.also)
         arrays = {r: np.zeros_like(env[r]) for r in results}
         for x in launches:
             ptrs = []
             for k, arg in enumerate(x.args):
-                if k < len(results) or arg.value in results:
-                    ptrs.append(arrays[results[k] if k < len(results) else arg.value].ctypes.data)
+                if (k < len(results) and not x.table) or arg.value in results:
+                    ptrs.append(arrays[results[k] if k < len(results) and not x.table else arg.value].ctypes.data)
                 elif arg.value.startswith("workspace:"):  # a split sum's partial sums (ir/reductions.py)
                     ptrs.append(arrays.setdefault(arg.value, np.full(p.workspace[arg.name].nbytes, 0xFF, np.uint8))
                                 .ctypes.data)  # fmt: skip
                 else:
                     ptrs.append(arrays.setdefault(arg.value, np.array(env[arg.value], order="C")).ctypes.data)
+            if x.table:  # the kernel's one argument: the table of its segments' sizes and pointers
+                table = kernels.multi_table(x, ptrs)
+                ptrs = [table.ctypes.data]
             run_launch(lib, x, ptrs, small=big)
         for r in results:
             out, want = arrays[r], env[r]

@@ -686,7 +686,9 @@ def test_an_algorithm_wanting_more_than_the_plan_gave_takes_the_shared_scratch(
     else:
         assert served["conv2d"].what == "cudnnConvolutionForward IMPLICIT_GEMM"
         assert runner.vendor_scratch_bytes == 0
-    assert runner.planned_bytes == runner.arena_bytes + runner.tensor_bytes + runner.vendor_scratch_bytes
+    assert runner.planned_bytes == (
+        runner.arena_bytes + runner.tensor_bytes + runner.table_bytes + runner.vendor_scratch_bytes
+    )  # the table: the multi-tensor launch of the updates
     runner.close()
     want = run_training(build, iters=3, data_flag="synthetic", device="cpu")
     driver = EmulatedDriver(tmp_path / "t", vendor=open_vendor("vendor", [cublas_folder]))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
@@ -36,20 +37,36 @@ from deepdsl.backends.escape import c_comment
 from deepdsl.backends.loops import LoopGen
 from deepdsl.backends.sizes import Sizes
 from deepdsl.ir import REGISTRY, Stmt
-from deepdsl.ir.analysis import index_form, output_indices, top_reductions
+from deepdsl.ir.analysis import index_form, output_indices, own_index, top_reductions
 from deepdsl.ir.graph import Value
 from deepdsl.ir.groups import group_form, is_flat
-from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var, format_ie, renumber, shared_subexpressions
+from deepdsl.ir.indexexpr import (
+    IE,
+    Affine,
+    Apply,
+    Const,
+    Read,
+    Reduce,
+    Var,
+    format_ie,
+    reads,
+    renumber,
+    shared_subexpressions,
+)  # fmt: skip
 from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.reductions import THREADS, ReductionGroup, is_total, reduction_group, reduction_groups
 from deepdsl.ir.types import DType
 from deepdsl.ir.vendor import VendorCall, vendor_call
 from deepdsl.memory.groups import planned_groups
+from deepdsl.memory.launches import planned_launches
 from deepdsl.memory.plan import Plan
 
 BLOCK = 256  # threads per block of the element-wise and row kernels
 TILE = 16  # the GEMM tile (library.cu DD_TILE)
 MAX_GRID = 1 << 16  # blocks of a grid-stride launch at most (its loop covers the rest)
+VECTOR = 4  # floats in one vector load or store (float4)
+VECTOR_ALIGN = 16  # bytes: the alignment a float4 access needs (every planned buffer has ALIGN, memory/plan.py)
+SEGMENT_BLOCKS = 1024  # blocks of one segment of a multi-tensor launch at most (its loop covers the rest)
 MAX_THREADS = 1024  # device limits the launches are checked against
 MAX_STATIC_SMEM = 48 * 1024
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
@@ -85,6 +102,12 @@ class Launch:
     also: tuple[str, ...] = ()  # the other statements the kernel computes (ir/groups.py); their results follow the
     # first output among the arguments
     vendor: VendorCall | None = None  # the vendor routine that may run instead, on the same arguments (ir/vendor.py)
+    # a multi-tensor launch (loop "multi-tensor", ir/launches.py): per segment (first block, blocks, elements, kind,
+    # pointers), in order; `args` holds every segment's pointers one after the other, and the kernel takes one
+    # argument instead, a table the runner fills once (`multi_table`): the segment count, then a row of `width`
+    # 64-bit numbers per segment, its table entries then its pointers
+    table: tuple[tuple[int, int, int, int, int], ...] = ()
+    width: int = 0
 
 
 @dataclass(frozen=True)
@@ -238,14 +261,56 @@ def _grid_for(n: int, block: int) -> int:
     return max(1, min(MAX_GRID, -(-n // block)))
 
 
+def _flat_params(ctypes: tuple[str, ...], restrict: tuple[bool, ...]) -> str:
+    """An element-wise kernel's pointers: `restrict[0]` for the output, `restrict[1 + k]` for input k (memory no
+    other pointer of the kernel writes: `const __restrict__`, read through the read-only cache)."""
+    r = ["__restrict__ " if x else "" for x in restrict]
+    return ", ".join([f"float* {r[0]}out", *(f"const {t}* {r[1 + k]}in{k}" for k, t in enumerate(ctypes))])
+
+
+def vectorisable(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> bool:
+    """A flat body that float4 loads and stores can compute four elements at a time: its output's size a multiple of
+    4, every read its input's own element (an input of the output's shape) or a scalar input's one value."""
+    numel = math.prod(n for _, n in out)
+    if numel % VECTOR or not numel:
+        return False
+    own, shape = own_index(out), tuple(n for _, n in out)
+    rs = list(reads(body))
+    return all((r.index == own and shapes[r.input] == shape) or (r.index == () and shapes[r.input] == ()) for r in rs)
+
+
+def _vector_loop(g: Gen, body: IE, numel: int, shapes: tuple[tuple[int, ...], ...], ctypes: tuple[str, ...]) -> list:
+    """The lines of a grid-stride loop over float4 groups: each element input loaded as one float4 (`v{k}`), the
+    body computed for each of the four lanes, the result stored as one float4."""
+    loaded = sorted({r.input for r in reads(body) if r.index != ()})
+    lines = [f"  DD_GRID_STRIDE(q, {numel // VECTOR}) {{"]
+    for k in loaded:
+        if ctypes[k] != "float":  # an integer input is read element by element, never as a vector
+            return []
+        lines.append(f"    const float4 v{k} = reinterpret_cast<const float4*>(in{k})[q];")
+    lines.append("    float4 r;")
+    for lane in "xyzw":
+        g.registers = {k: f"v{k}.{lane}" for k in loaded}
+        g.locals = Locals(shared_subexpressions(body), set(g.taken))
+        pre: list[str] = []
+        value = as_float(g.expr(body, pre, "      "))
+        lines += ["    {", *pre, f"      r.{lane} = {value};", "    }"] if pre else [f"    r.{lane} = {value.strip()};"]
+    lines += ["    reinterpret_cast<float4*>(out)[q] = r;", "  }"]
+    return lines
+
+
 def ie_kernel(
     name: str, body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...],
     ctypes: tuple[str, ...] | None = None, comments: tuple[str, ...] = (), generic: bool = False,
+    restrict: tuple[bool, ...] | None = None, vector: bool = False,
 ) -> Kernel:  # fmt: skip
     """The kernel computing out[idx] = body over `out`'s grid, under one comment line for each of `comments`.
     `generic` takes the sizes as arguments, so that one kernel serves every statement of the same text: an
     element-wise kernel its element count `n`, another every dim of its output and of its inputs in order
-    (backends/sizes.py names them)."""
+    (backends/sizes.py names them). An element-wise kernel of one program (not `generic`) takes its pointers
+    `__restrict__` where `restrict` says (the output first: memory no other pointer of the kernel writes) and, with
+    `vector` (every pointer 16-byte aligned), reads and writes float4s where `vectorisable` allows: four elements a
+    thread each step of its loop."""
     ctypes = ctypes or ("float",) * len(shapes)
     numel = math.prod(n for _, n in out)
     _check_size(name, numel, *(math.prod(s) for s in shapes))
@@ -259,9 +324,16 @@ def ie_kernel(
     params = _params("float", ctypes, False)
     if not cooperative and is_flat(body, out, shapes):
         g.flat = True
+        if restrict is not None and not generic:
+            params = _flat_params(ctypes, restrict)
+        head.append(f'extern "C" __global__ void {name}({params}{", int n" if generic else ""}) {{')
+        if vector and not generic and vectorisable(body, out, shapes):
+            vector_lines = _vector_loop(g, body, numel, shapes, ctypes)
+            if vector_lines:
+                return Kernel("\n".join(head + vector_lines + ["}"]), (_grid_for(numel // VECTOR, BLOCK), 1, 1),
+                              (BLOCK, 1, 1), 0, numel, "grid-stride")  # fmt: skip
         pre: list[str] = []
         value = as_float(g.expr(body, pre, "    "))
-        head.append(f'extern "C" __global__ void {name}({params}{", int n" if generic else ""}) {{')
         lines += [f"  DD_GRID_STRIDE(e, {'n' if generic else numel}) {{", *pre, f"    out[e] = {value};", "  }"]
         return Kernel("\n".join(head + lines + ["}"]), (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel,
                        "grid-stride")  # fmt: skip
@@ -327,6 +399,67 @@ def group_kernel(
         lines += pre + [f"    const float r{j} = {value};", f"    out{j}[e] = r{j};"]
     lines += ["  }", "}"]
     return Kernel("\n".join(lines), (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel, "grid-stride")
+
+
+def multi_kernel(
+    name: str, kinds: tuple[tuple[tuple[IE, ...], tuple[dict[int, int], ...], tuple[str, ...]], ...], width: int,
+    comments: tuple[str, ...],
+) -> str:  # fmt: skip
+    """The kernel of a multi-tensor launch (ir/launches.py): one table argument `t` (t[0] the segment count, then one
+    row of `width` numbers per segment: its first block, its blocks, its elements, its kind, then its outputs' and
+    inputs' pointers). Each block finds its segment (a binary search over the rows' first blocks) and runs that
+    segment's group loop (group_kernel's body) over the segment's elements, the segment's blocks striding together.
+    `kinds`: per kind, its bodies, what each reads of the earlier results (as group_kernel's `readers`) and its
+    inputs' C types; segments of one kind differ only in their sizes and pointers."""
+    lines = [f"// {c_comment(line)}" for line in comments]
+    lines += [
+        f'extern "C" __global__ void {name}(const long long* __restrict__ t) {{',
+        "  int lo = 0, hi = (int) t[0] - 1;  // the block's segment: the last whose first block is not after it",
+        "  while (lo < hi) {",
+        "    const int mid = (lo + hi + 1) / 2;",
+        f"    if (t[1 + mid * {width}] <= (long long) blockIdx.x) lo = mid; else hi = mid - 1;",
+        "  }",
+        f"  const long long* row = t + 1 + lo * {width};",
+        "  const int n = (int) row[2];",
+        "  const int stride = (int) row[1] * blockDim.x;",
+        "  const int first = ((int) blockIdx.x - (int) row[0]) * blockDim.x + threadIdx.x;",
+        "  switch ((int) row[3]) {",
+    ]
+    for kind, (bodies, readers, ctypes) in enumerate(kinds):
+        lines.append(f"  case {kind}: {{")
+        lines += [f"    float* out{m} = (float*) row[{4 + m}];" for m in range(len(bodies))]
+        lines += [f"    const {t}* in{k} = (const {t}*) row[{4 + len(bodies) + k}];" for k, t in enumerate(ctypes)]
+        lines.append("    for (int e = first; e < n; e += stride) {")
+        taken = {f"r{j}" for j in range(len(bodies))}
+        shapes = tuple((1,) for _ in ctypes)  # a flat body reads in{k}[e] or, a scalar, in{k}[0]: no shapes needed
+        for j, body in enumerate(bodies):
+            g = Gen(shapes, ctypes=ctypes, flat=True, registers={k: f"r{m}" for k, m in readers[j].items()})
+            g.locals = Locals(shared_subexpressions(body), taken)
+            pre: list[str] = []
+            value = as_float(g.expr(body, pre, "      "))
+            lines += pre + [f"      const float r{j} = {value};", f"      out{j}[e] = r{j};"]
+        lines += ["    }", "    break;", "  }"]
+    lines += ["  }", "}"]
+    return "\n".join(lines)
+
+
+def segment_blocks(n: int) -> int:
+    """The blocks one segment of `n` elements gets in a multi-tensor launch."""
+    return max(1, min(SEGMENT_BLOCKS, -(-n // BLOCK)))
+
+
+def multi_table(launch: Launch, pointers: Sequence[int]) -> np.ndarray:
+    """The table a multi-tensor launch's kernel reads (multi_kernel), with the device addresses of its arguments
+    (`pointers`, in the order of `launch.args`)."""
+    t = np.zeros(1 + len(launch.table) * launch.width, np.int64)
+    t[0] = len(launch.table)
+    at = 0
+    for k, (first, blocks, n, kind, count) in enumerate(launch.table):
+        row = 1 + k * launch.width
+        t[row : row + 4] = (first, blocks, n, kind)
+        t[row + 4 : row + 4 + count] = np.array(pointers[at : at + count], np.uint64).view(np.int64)
+        at += count
+    return t
 
 
 def _check_size(name: str, *sizes: int) -> None:
@@ -727,6 +860,56 @@ class _Program:
                                    last.covers, last.loop, last.tiles, last.also, None)  # fmt: skip
         return True
 
+    def memory(self, values: tuple[str, ...], ctypes: tuple[str, ...]) -> tuple[tuple[bool, ...], bool]:
+        """For a kernel writing values[0] from values[1:]: which of its pointers may be `__restrict__` (the output
+        when no input shares its memory, an input when it is not the output's memory), and whether every pointer is
+        16-byte aligned for float4 accesses (arena offsets are; a tensor is an allocation of its own)."""
+        args = [self.arg(v, t) for v, t in zip(values, ctypes)]
+        where = [(a.storage, a.name if a.storage == "tensor" else a.offset) for a in args]
+        out_shared = any(w == where[0] for w in where[1:])
+        restrict = (not out_shared, *(w != where[0] for w in where[1:]))
+        aligned = all(a.storage == "tensor" or a.offset % VECTOR_ALIGN == 0 for a in args)
+        return restrict, aligned
+
+    def multi(self, launch: tuple[tuple[Stmt, ...], ...]) -> None:
+        """One kernel for the groups of a multi-tensor launch (ir/launches.py): each group a segment of a table."""
+        kinds: dict[tuple, int] = {}
+        rows = []
+        values: list[str] = []
+        ctypes_all: list[str] = []
+        first = 0
+        for stmts in launch:
+            form = group_form(stmts)
+            ctypes = tuple(_ctype(v.type.dtype) for v in form.inputs)
+            key = (form.bodies, tuple(tuple(sorted(h.items())) for h in form.held), ctypes)
+            kind = kinds.setdefault(key, len(kinds))
+            numel = stmts[0].out.type.numel
+            _check_size(stmts[-1].out.name, numel, *(v.type.numel for v in form.inputs))
+            blocks = segment_blocks(numel)
+            count = len(stmts) + len(form.inputs)
+            rows.append((first, blocks, numel, kind, count))
+            first += blocks
+            values += [*(s.out.name for s in stmts), *(v.name for v in form.inputs)]
+            ctypes_all += ["float"] * len(stmts) + list(ctypes)
+        width = 4 + max(r[4] for r in rows)
+        ops = dict.fromkeys(s.a["ops"][-1] if s.op == "fused" and s.a.get("ops") else s.op for g in launch for s in g)
+        name = self.name(launch[0][0], what="multi_tensor_" + "_".join(ops), suffix="")
+        parameters = [self.updates.get(g[-1].out.name, f"%{g[-1].out.name}") for g in launch]
+        comments = (f"one launch for the updates of {len(launch)} tensors ({len(kinds)} kind"
+                    f"{'s' if len(kinds) > 1 else ''} of loop): {', '.join(parameters)}",)  # fmt: skip
+        text = multi_kernel(name, tuple((key[0], tuple(dict(h) for h in key[1]), key[2]) for key in kinds), width,
+                            comments)  # fmt: skip
+        self.taken.add(name)
+        self.seen[text] = name
+        self.also[name] = []
+        self.texts.append(text)
+        args = tuple(self.arg(v, t) for v, t in zip(values, ctypes_all))
+        total = sum(r[2] for r in rows)
+        also = tuple(s.out.name for g in launch for s in g)[1:]
+        grid = (first, 1, 1)
+        self.launches.append(Launch(name, launch[0][0].out.name, "multi_tensor", grid, (BLOCK, 1, 1), 0, 0, args,
+                                    total, "multi-tensor", also=also, table=tuple(rows), width=width))  # fmt: skip
+
     def statement(self, s: Stmt) -> None:
         op = REGISTRY[s.op]
         if op.view:
@@ -751,7 +934,9 @@ class _Program:
             meaning = (
                 f"out[{', '.join(v for v, _ in out)}] = {format_ie(body, tuple(f'in{k}' for k in range(len(shapes))))}"
             )
-            k = ie_kernel(name, body, out, shapes, in_types[:arity], (format_stmt(s), meaning))
+            restrict, vector = self.memory(values[: 1 + arity], (out_type, *in_types[:arity]))
+            k = ie_kernel(name, body, out, shapes, in_types[:arity], (format_stmt(s), meaning), restrict=restrict,
+                          vector=vector)  # fmt: skip
             # an op written from its index form (channel_sum) or CUDA form (avg_pool2d) may have a vendor routine too
             self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]), vendor=vendor_call(s))
         elif op.cuda is None:
@@ -768,10 +953,10 @@ class _Program:
             ename = self.name(s, "_epilogue")
             names = ("out", *(f"in{k}" for k in range(1, len(shapes))))
             meaning = f"out[{', '.join(v for v, _ in out)}] = {format_ie(epi, names)}"
-            ek = ie_kernel(
-                ename, epi, out, shapes, ("float", *in_types[arity:]), (f"epilogue of %{s.out.name}: {meaning}",)
-            )
             evalues = (s.out.name, s.out.name, *(v.name for v in extras))
+            restrict, vector = self.memory(evalues, ("float", "float", *in_types[arity:]))
+            ek = ie_kernel(ename, epi, out, shapes, ("float", *in_types[arity:]),
+                           (f"epilogue of %{s.out.name}: {meaning}",), restrict=restrict, vector=vector)  # fmt: skip
             self.add(s, ename, ek, evalues, ("float", "float", *in_types[arity:]))
 
 
@@ -784,7 +969,13 @@ def program(plan: Plan, prefix: str = "") -> CudaProgram:
         p.tensors[d.value.name] = d.value.name
     for d in g.params:
         p.tensors[d.value.name] = d.value.name
-    for group in reduction_groups(planned_groups(plan)):
+    # the plan's kernels (memory/groups.py), a batch norm's reductions merged into one pass (ir/reductions.py),
+    # and the optimiser's updates joined into one multi-tensor launch (memory/launches.py)
+    for launch in planned_launches(plan, reduction_groups(planned_groups(plan))):
+        if len(launch) > 1:
+            p.multi(launch)
+            continue
+        group = launch[0]
         if p.reductions(group):
             continue
         if reduction_group(group) is not None and len(group) > 1:  # no scratch for the pass: each on its own
@@ -793,7 +984,7 @@ def program(plan: Plan, prefix: str = "") -> CudaProgram:
         elif len(group) == 1:
             p.statement(group[0])
         else:
-            p.group(group)
+            p.group(launch[0])
     texts = []
     for text in p.texts:
         name = re.search(r"__global__ void (\w+)\(", text)

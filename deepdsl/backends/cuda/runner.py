@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from deepdsl.backends.cuda.graphs import CaptureFailed, StreamGraphs
-from deepdsl.backends.cuda.kernels import Arg, CudaProgram, Launch, program, translation_unit
+from deepdsl.backends.cuda.kernels import Arg, CudaProgram, Launch, multi_table, program, translation_unit
 from deepdsl.backends.cuda.vendor import Bound, Vendor, open_vendor
 from deepdsl.backends.numpy_runner import param_value
 from deepdsl.errors import DslProgramError
@@ -108,8 +108,12 @@ class GpuRunner:
             for d in s.plan.graph.inputs:
                 shapes[f"{name}:{d.value.name}"] = (d.value.type.shape, s.inputs[d.value.name])
         self.tensor_bytes = sum(_nbytes(shape, t) for shape, t in shapes.values())
+        # the tables of the multi-tensor launches (the optimiser's updates): the segments' sizes and pointers, filled
+        # once here, in one allocation
+        tables = [x for s in self.steps.values() for x in s.program.launches if x.table]
+        self.table_bytes = sum(8 * (1 + len(x.table) * x.width) for x in tables)
         self.free_before = driver.free_bytes()
-        need = self.arena_bytes + self.tensor_bytes
+        need = self.arena_bytes + self.tensor_bytes + self.table_bytes
         if need > self.free_before:
             raise DslProgramError(
                 f"the plan needs {need:,} bytes on the GPU ({self.arena_bytes:,} arena + {self.tensor_bytes:,} "
@@ -120,6 +124,8 @@ class GpuRunner:
                     [k for s in self.steps.values() for k in s.program.kernels])  # fmt: skip
         self.arena = driver.alloc(max(self.arena_bytes, 4))
         self.tensors = {name: driver.alloc(max(_nbytes(shape, t), 4)) for name, (shape, t) in shapes.items()}
+        self.tables = driver.alloc(self.table_bytes) if self.table_bytes else 0
+        self.table_used = 0
         # each launch with its pointers, and the vendor routine that runs instead of the kernel (None: the kernel).
         # Find writes over a convolution's output, which is in the arena, where nothing lives yet (and before the
         # parameters are uploaded, should an output be a tensor); its scratch is freed before the shared one is made
@@ -171,6 +177,12 @@ class GpuRunner:
 
     def _call(self, step: str, x: Launch) -> tuple[Launch, list[int], Bound | None]:
         pointers = [self._pointer(step, a) for a in x.args]
+        if x.table:  # a multi-tensor launch: its one argument is its table, written now
+            table = multi_table(x, pointers)
+            at = self.tables + self.table_used
+            self.driver.upload(at, table)
+            self.table_used += table.nbytes
+            return x, [at], None
         plan = self.steps[step].plan
         ws = plan.workspace.get(x.stmt)
         workspace = (self.arena + ws.offset, ws.nbytes) if ws is not None else (0, 0)
@@ -185,9 +197,10 @@ class GpuRunner:
 
     @property
     def planned_bytes(self) -> int:
-        """What the runner allocates: the arena, every tensor (inputs, parameters, state, constants) and cuDNN's
-        shared scratch, where an algorithm wants more than its statement's planned workspace."""
-        return self.arena_bytes + self.tensor_bytes + self.vendor_scratch_bytes
+        """What the runner allocates: the arena, every tensor (inputs, parameters, state, constants), the tables of the
+        multi-tensor launches and cuDNN's shared scratch, where an algorithm wants more than its statement's planned
+        workspace."""
+        return self.arena_bytes + self.tensor_bytes + self.table_bytes + self.vendor_scratch_bytes
 
     @property
     def measured_bytes(self) -> int:

@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from deepdsl.backends.escape import java_comment, java_string
-from deepdsl.backends.java.kernel_section import ctype, group_constant, kernel
+from deepdsl.backends.java.kernel_section import ctype, group_constant, kernel, multi_constant
 from deepdsl.backends.java.kernels import float_literal
 from deepdsl.backends.java.names import camel
 from deepdsl.backends.java.settings import read_settings, with_settings
@@ -112,6 +112,23 @@ def group(e: Emitter, stmts: tuple[Stmt, ...], temps: list[str]) -> str:
     return run(e, constant, temps, ins, used, all(st.out.name in e.in_state for st in stmts))
 
 
+def multi(e: Emitter, launch: tuple[tuple[Stmt, ...], ...]) -> list[str]:
+    """The call of the multi-tensor launch of the optimiser's updates (ir/launches.py): each group a segment, its
+    tensors (outputs, inputs, settings) in a row, computed by its group kernel."""
+    kinds: list[str] = []
+    rows: list[str] = []
+    numbers: list[int] = []
+    for stmts in launch:
+        constant, shared, used = group_constant(e, stmts)
+        if constant not in kinds:
+            kinds.append(constant)
+        numbers.append(kinds.index(constant))
+        rows.append(", ".join([*(e.tensor(st.out) for st in stmts), *(e.tensor(v) for v in shared), *used]))
+    const = multi_constant(e, tuple(kinds), [e.tensor(g[-1].out) for g in launch])
+    head = f"dev.runMulti({const}, new int[] {{{', '.join(map(str, numbers))}}}, new Buf[][] {{"
+    return [head, *(f"  {{{r}}}," for r in rows), "});"]
+
+
 def run(e: Emitter, kernel: str, outs: list[str], ins: list[str], settings: list[str], update: bool) -> str:
     """`dev.run(kernel, outs..., ins..., settings...)`; for an update written over its tensors, the call of the
     class's method for that kernel, which takes each tensor once and reads the settings itself:
@@ -210,6 +227,11 @@ def calls(e: Emitter, part: list[tuple[str, Any]]) -> list[str]:
             param = e.globals[name]
             if e.tensor(v) != param:
                 body.append(f"dev.copy({e.tensor(v)}, {param});")
+            continue
+        if what == "multi":
+            body.append(f"// {_UPDATES}: one launch")
+            last[0] = _UPDATES
+            body += multi(e, item)
             continue
         if what == "group":
             temps = []

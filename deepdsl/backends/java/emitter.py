@@ -259,6 +259,7 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
         "",
         "import deepdsl.runtime.Buf;",
         "import deepdsl.runtime.Kernel;",
+        "import deepdsl.runtime.MultiKernel;",
         "import deepdsl.runtime.Network;",
         "import deepdsl.runtime.Schedule;",
         "",
@@ -296,4 +297,6 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
         text = text.replace("import deepdsl.runtime.Kernel;\n", "")
     if cfg.lr is None:
         text = text.replace("import deepdsl.runtime.Schedule;\n", "")
+    if "MultiKernel(" not in text:  # no multi-tensor launch (ir/launches.py): an inference-only program
+        text = text.replace("import deepdsl.runtime.MultiKernel;\n", "")
     return Emitted(text, "\n\n".join(e.cuda_text) + "\n")

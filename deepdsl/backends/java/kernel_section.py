@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from deepdsl.backends.cuda.kernels import group_kernel, ie_kernel
+from deepdsl.backends.cuda.kernels import group_kernel, ie_kernel, multi_kernel
 from deepdsl.backends.escape import java_comment, java_string
 from deepdsl.backends.java.constants import lift, number_name, numbers
 from deepdsl.backends.java.kernels import (
@@ -97,7 +97,7 @@ def canonical_names(e: Any) -> Any:
 
 
 def _add(e: Emitter, name: str, java: str, cuda: Any, outputs: int, flat: bool, cost: str | None, doc: str,
-         split: int = 0, columns: bool = False) -> str:  # fmt: skip
+         split: int = 0, columns: bool = False, group: bool = False) -> str:  # fmt: skip
     """Records kernel `name` (its Java body, its CUDA kernel) and returns the name of its constant, which holds its
     launch shape, its cost per output element (kernels.java_cost) and its Java body as a lambda; `split` is the
     output axis a shaped kernel's pieces cover, `columns` a sum down columns, whose pieces the runtime keeps wide
@@ -105,7 +105,7 @@ def _add(e: Emitter, name: str, java: str, cuda: Any, outputs: int, flat: bool, 
     const = e.namer(f"constant:{name}", _constant(name))
     e.cuda_text.append(cuda.text)
     args = [java_string(name), *([cost] if cost is not None else [])]
-    if outputs > 1:
+    if outputs > 1 or group:  # a group's body (its outputs an array), of one statement in a multi-tensor launch
         make = f"Kernel.group({java_string(name)}, {outputs}, {cost}"
     elif flat:
         make = f"Kernel.elementwise({', '.join(args)}"
@@ -283,5 +283,26 @@ def group_constant(e: Emitter, stmts: tuple[Stmt, ...]) -> tuple[str, tuple[Valu
         shapes = (*(v.type.shape for v in shared), *((),) * len(used))
         numel = stmts[0].out.type.numel
         cuda = group_kernel(name, tuple(bodies), numel, shapes, ctypes, tuple(readers), (doc,), generic=True)
-        e.kernels[key] = _add(e, name, java, cuda, len(bodies), True, str(work), doc)
+        e.kernels[key] = _add(e, name, java, cuda, len(bodies), True, str(work), doc, group=True)
+        e.memo[("group-form", e.kernels[key])] = (tuple(bodies), tuple(readers), ctypes)  # for multi_constant
     return e.kernels[key], shared, used
+
+
+def multi_constant(e: Emitter, kinds: tuple[str, ...], parameters: list[str]) -> str:
+    """The constant of the multi-tensor kernel (ir/launches.py) whose segments are the group kernels `kinds` (their
+    constants, from group_constant): a `MultiKernel` of them, and its CUDA kernel (cuda/kernels.py `multi_kernel`)
+    for Name.cu; `parameters` (the tensors it updates) for its comment."""
+    key = ("multi", kinds)
+    if key not in e.kernels:
+        forms = tuple(e.memo[("group-form", k)] for k in kinds)
+        width = 4 + max(len(bodies) + len(ctypes) for bodies, _, ctypes in forms)
+        name = e.kernel_names(f"kernel:multi:{kinds}", camel("multi_tensor_" + "_".join(
+            re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", k).lower() for k in kinds)))  # fmt: skip
+        doc = f"one launch for the updates of several tensors, each by one of {', '.join(kinds)}"
+        text = multi_kernel(name, forms, width, (f"{doc}: {', '.join(parameters)}",))
+        const = e.namer(f"constant:{name}", _constant(name))
+        e.cuda_text.append(text)
+        e.kernel_text.append(f"  /** {java_comment(doc)} */\n  static final MultiKernel {const} =\n"
+                             f"      new MultiKernel({java_string(name)}, {width}, {', '.join(kinds)});")  # fmt: skip
+        e.kernels[key] = const
+    return e.kernels[key]

@@ -15,6 +15,7 @@ from deepdsl.backends.java.text import long_literal, method
 from deepdsl.ir import REGISTRY
 from deepdsl.memory import Plan
 from deepdsl.memory.groups import planned_groups as _planned_groups
+from deepdsl.memory.launches import planned_launches
 from deepdsl.ops.collective import post_statements
 
 MAX_STATEMENTS_PER_METHOD = 200  # keeps every step method far below Java's 64 KB of bytecode
@@ -33,9 +34,15 @@ def plan_items(e: Emitter, p: Plan) -> list[tuple[str, Any]]:
     """The plan's work in order: statements, groups of statements one loop computes (ir/groups.py), then the
     copies of the updates not computed in place."""
     g = p.graph
-    items: list[tuple[str, Any]] = [
-        ("stmt", group[0]) if len(group) == 1 else ("group", group) for group in planned_groups(e, p)
-    ]
+    key = ("launches", id(p))
+    if key not in e.memo:
+        e.memo[key] = (p, planned_launches(p, planned_groups(e, p)))
+    items: list[tuple[str, Any]] = []
+    for launch in e.memo[key][1]:  # a statement, a group of statements in one loop, or a multi-tensor launch
+        if len(launch) > 1:
+            items.append(("multi", launch))
+        else:
+            items.append(("stmt", launch[0][0]) if len(launch[0]) == 1 else ("group", launch[0]))
     return items + [("update", (name, v)) for name, v in g.updates if e.in_state.get(v.name) != name]
 
 
@@ -250,7 +257,7 @@ def _predict_first(p: Plan, items: list[tuple[str, Any]]) -> int | None:
     needed = ancestors(p.graph, [p.graph.output("predict").name])
     marks = []
     for what, item in items:
-        stmts = item if what == "group" else (item,) if what == "stmt" else ()
+        stmts = item_stmts(what, item)
         marks.append(any(st.out.name in needed for st in stmts) if stmts else False)
     if True not in marks:
         return None
@@ -263,7 +270,7 @@ def _part_name(kind: str, part: list[tuple[str, Any]], gradient: set[str]) -> st
     """A part's method, after the blocks it covers and, in a training step, its pass: `forwardStemToStage2`,
     `backwardStage3`, `updates`; `predictStage3` in a segment `predict`."""
     blocks: list[str] = []
-    stmts = [st for what, item in part if what != "update" for st in (item if what == "group" else (item,))]
+    stmts = [st for what, item in part for st in item_stmts(what, item)]
     for st in stmts:
         top = _block(st.layer).split(".")[-1] if st.layer else ""
         if top and top not in blocks:
@@ -282,8 +289,8 @@ def _part_name(kind: str, part: list[tuple[str, Any]], gradient: set[str]) -> st
 def _layers(part: list[tuple[str, Any]]) -> str:
     names: list[str] = []
     for what, item in part:
-        first = item[0] if what == "group" else item
-        top = _block(first.layer) if what != "update" and first.layer else ""
+        first = item_stmts(what, item)[0] if what != "update" else None
+        top = _block(first.layer) if first is not None and first.layer else ""
         if top and top not in names:
             names.append(top)
     if not names:
@@ -310,7 +317,19 @@ def _top(item: tuple[str, Any]) -> str:
     what, x = item
     if what == "update":
         return "update"
-    return _block((x[0] if what == "group" else x).layer)
+    return _block(item_stmts(what, x)[0].layer)
+
+
+def item_stmts(what: str, item: Any) -> tuple:
+    """The statements of a plan item (plan_items): a statement, a group's, a multi-tensor launch's; an update's
+    copy has none."""
+    if what == "stmt":
+        return (item,)
+    if what == "group":
+        return tuple(item)
+    if what == "multi":
+        return tuple(st for group in item for st in group)
+    return ()
 
 
 def _block(layer: str) -> str:

@@ -90,21 +90,28 @@ extern "C" __global__ void channel_sum__fc2__v16(float* out0, const float* in0) 
   }
 }
 
-// %18 = matmul(%15, %10) {transpose_a=True} : f32[10,500]  # lenet.ddsl:17:13 fc2
-extern "C" __global__ void matmul__fc2__v18(float* __restrict__ out, const float* __restrict__ in0, const float* __restrict__ in1) {
-  dd_gemm(out, in0, in1, 10, 500, 64, 1, 0);
-}
-
 // %19 = matmul(%15, %fc2.W, %10) {epilogue=((%10[i0, i1] > 0) ? $result[i0, i1] : 0)} : f32[64,500]  # lenet.ddsl:17:13 fc2
 extern "C" __global__ void matmul__fc2__v19(float* __restrict__ out, const float* __restrict__ in0, const float* __restrict__ in1) {
   dd_gemm(out, in0, in1, 64, 500, 10, 0, 0);
 }
 
 // epilogue of %19: out[i0, i1] = ((in1[i0, i1] > 0) ? out[i0, i1] : 0)
-extern "C" __global__ void matmul__fc2__v19_epilogue(float* out, const float* in0, const float* in1) {
-  DD_GRID_STRIDE(e, 32000) {
-    out[e] = ((in1[e] > 0.0f) ? in0[e] : 0.0f);
+extern "C" __global__ void matmul__fc2__v19_epilogue(float* out, const float* in0, const float* __restrict__ in1) {
+  DD_GRID_STRIDE(q, 8000) {
+    const float4 v0 = reinterpret_cast<const float4*>(in0)[q];
+    const float4 v1 = reinterpret_cast<const float4*>(in1)[q];
+    float4 r;
+    r.x = ((v1.x > 0.0f) ? v0.x : 0.0f);
+    r.y = ((v1.y > 0.0f) ? v0.y : 0.0f);
+    r.z = ((v1.z > 0.0f) ? v0.z : 0.0f);
+    r.w = ((v1.w > 0.0f) ? v0.w : 0.0f);
+    reinterpret_cast<float4*>(out)[q] = r;
   }
+}
+
+// %18 = matmul(%15, %10) {transpose_a=True} : f32[10,500]  # lenet.ddsl:17:13 fc2
+extern "C" __global__ void matmul__fc2__v18(float* __restrict__ out, const float* __restrict__ in0, const float* __restrict__ in1) {
+  dd_gemm(out, in0, in1, 10, 500, 64, 1, 0);
 }
 
 // %20 = channel_sum(%19) : f32[500]  # lenet.ddsl:16:13 fc1
@@ -223,85 +230,64 @@ extern "C" __global__ void conv2d_backward_filter__cv1__v31(float* __restrict__ 
   dd_conv2d_backward_filter(out, in0, in1, 64, 1, 28, 28, 20, 5, 5, 24, 24, 1, 1, 0, 0, 1, 1, 1);
 }
 
-// %32 = sgd_momentum(%opt/cv1.W/momentum, %31, %cv1.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[20,1,5,5]
-// %33 = sgd_step(%cv1.W, %32) {lr=0.01, same_loop=True} : f32[20,1,5,5]
-// also serves %42
-extern "C" __global__ void sgd_momentum_sgd_step__cv1_W__v33(float* out0, float* out1, const float* in0, const float* in1, const float* in2) {
-  DD_GRID_STRIDE(e, 500) {
-    const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
-    out0[e] = r0;
-    const float r1 = (in2[e] - (0.01f * r0));
-    out1[e] = r1;
-  }
-}
-
-// %34 = sgd_momentum(%opt/cv1.b/momentum, %29, %cv1.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[20]
-// %35 = sgd_step(%cv1.b, %34) {lr=0.01, same_loop=True} : f32[20]
-extern "C" __global__ void sgd_momentum_sgd_step__cv1_b__v35(float* out0, float* out1, const float* in0, const float* in1, const float* in2) {
-  DD_GRID_STRIDE(e, 20) {
-    const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
-    out0[e] = r0;
-    const float r1 = (in2[e] - (0.01f * r0));
-    out1[e] = r1;
-  }
-}
-
-// %36 = sgd_momentum(%opt/cv2.W/momentum, %27, %cv2.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[50,20,5,5]
-// %37 = sgd_step(%cv2.W, %36) {lr=0.01, same_loop=True} : f32[50,20,5,5]
-extern "C" __global__ void sgd_momentum_sgd_step__cv2_W__v37(float* out0, float* out1, const float* in0, const float* in1, const float* in2) {
-  DD_GRID_STRIDE(e, 25000) {
-    const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
-    out0[e] = r0;
-    const float r1 = (in2[e] - (0.01f * r0));
-    out1[e] = r1;
-  }
-}
-
-// %38 = sgd_momentum(%opt/cv2.b/momentum, %25, %cv2.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[50]
-// %39 = sgd_step(%cv2.b, %38) {lr=0.01, same_loop=True} : f32[50]
-extern "C" __global__ void sgd_momentum_sgd_step__cv2_b__v39(float* out0, float* out1, const float* in0, const float* in1, const float* in2) {
-  DD_GRID_STRIDE(e, 50) {
-    const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
-    out0[e] = r0;
-    const float r1 = (in2[e] - (0.01f * r0));
-    out1[e] = r1;
-  }
-}
-
 // %22 = matmul(%19, %7) {transpose_a=True} : f32[500,800]  # lenet.ddsl:16:13 fc1
 extern "C" __global__ void matmul__fc1__v22(float* __restrict__ out, const float* __restrict__ in0, const float* __restrict__ in1) {
   dd_gemm(out, in0, in1, 500, 800, 64, 1, 0);
 }
 
-// %40 = sgd_momentum(%opt/fc1.W/momentum, %22, %fc1.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[500,800]
-// %41 = sgd_step(%fc1.W, %40) {lr=0.01, same_loop=True} : f32[500,800]
-extern "C" __global__ void sgd_momentum_sgd_step__fc1_W__v41(float* out0, float* out1, const float* in0, const float* in1, const float* in2) {
-  DD_GRID_STRIDE(e, 400000) {
-    const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
-    out0[e] = r0;
-    const float r1 = (in2[e] - (0.01f * r0));
-    out1[e] = r1;
+// one launch for the updates of 8 tensors (3 kinds of loop): cv1.W, cv1.b, cv2.W, cv2.b, fc1.W, fc1.b, fc2.W, fc2.b
+extern "C" __global__ void multi_tensor_sgd_momentum_sgd_step__opt_cv1_W_momentum__v32(const long long* __restrict__ t) {
+  int lo = 0, hi = (int) t[0] - 1;  // the block's segment: the last whose first block is not after it
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t[1 + mid * 9] <= (long long) blockIdx.x) lo = mid; else hi = mid - 1;
   }
-}
-
-// %44 = sgd_momentum(%opt/fc2.W/momentum, %18, %fc2.W) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[10,500]
-// %45 = sgd_step(%fc2.W, %44) {lr=0.01, same_loop=True} : f32[10,500]
-extern "C" __global__ void sgd_momentum_sgd_step__fc2_W__v45(float* out0, float* out1, const float* in0, const float* in1, const float* in2) {
-  DD_GRID_STRIDE(e, 5000) {
-    const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
-    out0[e] = r0;
-    const float r1 = (in2[e] - (0.01f * r0));
-    out1[e] = r1;
+  const long long* row = t + 1 + lo * 9;
+  const int n = (int) row[2];
+  const int stride = (int) row[1] * blockDim.x;
+  const int first = ((int) blockIdx.x - (int) row[0]) * blockDim.x + threadIdx.x;
+  switch ((int) row[3]) {
+  case 0: {
+    float* out0 = (float*) row[4];
+    float* out1 = (float*) row[5];
+    const float* in0 = (const float*) row[6];
+    const float* in1 = (const float*) row[7];
+    const float* in2 = (const float*) row[8];
+    for (int e = first; e < n; e += stride) {
+      const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
+      out0[e] = r0;
+      const float r1 = (in2[e] - (0.01f * r0));
+      out1[e] = r1;
+    }
+    break;
   }
-}
-
-// %46 = sgd_momentum(%opt/fc2.b/momentum, %16, %fc2.b) {inplace=1, momentum=0.9, weight_decay=0.0005} : f32[10]
-// %47 = sgd_step(%fc2.b, %46) {lr=0.01, same_loop=True} : f32[10]
-extern "C" __global__ void sgd_momentum_sgd_step__fc2_b__v47(float* out0, float* out1, const float* in0, const float* in1, const float* in2) {
-  DD_GRID_STRIDE(e, 10) {
-    const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
-    out0[e] = r0;
-    const float r1 = (in2[e] - (0.01f * r0));
-    out1[e] = r1;
+  case 1: {
+    float* out0 = (float*) row[4];
+    float* out1 = (float*) row[5];
+    const float* in0 = (const float*) row[6];
+    const float* in1 = (const float*) row[7];
+    const float* in2 = (const float*) row[8];
+    for (int e = first; e < n; e += stride) {
+      const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
+      out0[e] = r0;
+      const float r1 = (in2[e] - (0.01f * r0));
+      out1[e] = r1;
+    }
+    break;
+  }
+  case 2: {
+    float* out0 = (float*) row[4];
+    float* out1 = (float*) row[5];
+    const float* in0 = (const float*) row[6];
+    const float* in1 = (const float*) row[7];
+    const float* in2 = (const float*) row[8];
+    for (int e = first; e < n; e += stride) {
+      const float r0 = (((0.9f * in0[e]) + in1[e]) + (0.0005f * in2[e]));
+      out0[e] = r0;
+      const float r1 = (in2[e] - (0.01f * r0));
+      out1[e] = r1;
+    }
+    break;
+  }
   }
 }

@@ -3,6 +3,7 @@
 
 import deepdsl.runtime.Buf;
 import deepdsl.runtime.Kernel;
+import deepdsl.runtime.MultiKernel;
 import deepdsl.runtime.Network;
 
 /**
@@ -89,11 +90,6 @@ public final class LeNet extends Network {
     return dev.read(inference.fc2_out);
   }
 
-  /** SGD_MOMENTUM_SGD_STEP over the tensors it updates (opt, w, grad), with the settings it reads. */
-  private void updateSgdMomentumSgdStep(Buf opt, Buf w, Buf grad) {
-    dev.run(SGD_MOMENTUM_SGD_STEP, opt, w, opt, grad, w, momentum, weight_decay, lr);
-  }
-
   /** The training step (forward, backward, update): its temporaries at their offsets of the arena, its calls. */
   private final class Training {
     final Buf cv1_out = at(0, 64, 20, 24, 24);
@@ -106,8 +102,8 @@ public final class LeNet extends Network {
     final Buf loss = at(7827968);
     final Buf dscores = at(3898880, 64, 10);
     final Buf fc2_db = at(7828224, 10);
-    final Buf fc2_dW = at(7805696, 10, 500);
     final Buf fc2_dx = at(7577600, 64, 500);
+    final Buf fc2_dW = at(7805696, 10, 500);
     final Buf fc1_db = at(7825920, 500);
     final Buf fc1_dx = at(4587520, 64, 800);
     final Buf net_flatten1_dx = view(fc1_dx, 64, 50, 4, 4);
@@ -116,8 +112,8 @@ public final class LeNet extends Network {
     final Buf cv2_dx = at(6635520, 64, 20, 12, 12);
     final Buf cv2_dW = at(7705600, 50, 20, 5, 5);
     final Buf mp_dx_2 = at(2949120, 64, 20, 24, 24);
-    final Buf cv1_db = at(59648, 20);
-    final Buf cv1_dW = at(57600, 20, 1, 5, 5);
+    final Buf cv1_db = at(1602048, 20);
+    final Buf cv1_dW = at(1600000, 20, 1, 5, 5);
     final Buf fc1_dW = at(0, 500, 800);
 
     void step() {
@@ -142,9 +138,9 @@ public final class LeNet extends Network {
       dev.softmaxCrossEntropyBackward(dscores, fc2_out, y, dloss);
       // fc2, lenet.ddsl:17:13
       dev.run(CHANNEL_SUM, fc2_db, view(dscores, 64, 10, 1, 1));
-      dev.matmul(fc2_dW, dscores, fc1_out, transposeA(true), transposeB(false));
       dev.matmul(fc2_dx, dscores, fc2_W, transposeA(false), transposeB(false));
       dev.run(RELU_GRAD, fc2_dx, fc2_dx, fc1_out);
+      dev.matmul(fc2_dW, dscores, fc1_out, transposeA(true), transposeB(false));
       // fc1, lenet.ddsl:16:13
       dev.run(CHANNEL_SUM, fc1_db, view(fc2_dx, 64, 500, 1, 1));
       dev.matmul(fc1_dx, fc2_dx, fc1_W, transposeA(false), transposeB(false));
@@ -159,16 +155,19 @@ public final class LeNet extends Network {
       // cv1, lenet.ddsl:13:13
       dev.run(CHANNEL_SUM, cv1_db, mp_dx_2);
       dev.conv2dBackwardFilter(cv1_dW, x, mp_dx_2, groups(1), pad(0, 0), stride(1, 1), dilation(1, 1), wShape(20, 1, 5, 5));
-      updateSgdMomentumSgdStep(cv1_W_momentum, cv1_W, cv1_dW);
-      updateSgdMomentumSgdStep(cv1_b_momentum, cv1_b, cv1_db);
-      updateSgdMomentumSgdStep(cv2_W_momentum, cv2_W, cv2_dW);
-      updateSgdMomentumSgdStep(cv2_b_momentum, cv2_b, cv2_db);
       // fc1, lenet.ddsl:16:13
       dev.matmul(fc1_dW, fc2_dx, net_flatten1_out, transposeA(true), transposeB(false));
-      updateSgdMomentumSgdStep(fc1_W_momentum, fc1_W, fc1_dW);
-      updateSgdMomentumSgdStep(fc1_b_momentum, fc1_b, fc1_db);
-      updateSgdMomentumSgdStep(fc2_W_momentum, fc2_W, fc2_dW);
-      updateSgdMomentumSgdStep(fc2_b_momentum, fc2_b, fc2_db);
+      // the optimizer's updates: one launch
+      dev.runMulti(MULTI_TENSOR_SGD_MOMENTUM_SGD_STEP, new int[] {0, 0, 0, 0, 0, 0, 0, 0}, new Buf[][] {
+        {cv1_W_momentum, cv1_W, cv1_W_momentum, cv1_dW, cv1_W, momentum, weight_decay, lr},
+        {cv1_b_momentum, cv1_b, cv1_b_momentum, cv1_db, cv1_b, momentum, weight_decay, lr},
+        {cv2_W_momentum, cv2_W, cv2_W_momentum, cv2_dW, cv2_W, momentum, weight_decay, lr},
+        {cv2_b_momentum, cv2_b, cv2_b_momentum, cv2_db, cv2_b, momentum, weight_decay, lr},
+        {fc1_W_momentum, fc1_W, fc1_W_momentum, fc1_dW, fc1_W, momentum, weight_decay, lr},
+        {fc1_b_momentum, fc1_b, fc1_b_momentum, fc1_db, fc1_b, momentum, weight_decay, lr},
+        {fc2_W_momentum, fc2_W, fc2_W_momentum, fc2_dW, fc2_W, momentum, weight_decay, lr},
+        {fc2_b_momentum, fc2_b, fc2_b_momentum, fc2_db, fc2_b, momentum, weight_decay, lr},
+      });
     }
   }
 
@@ -197,7 +196,6 @@ public final class LeNet extends Network {
       dev.maxPool2d(mp_out_2, cv2_out, kernel(2, 2), pad(0, 0), stride(2, 2));
       // fc1, lenet.ddsl:16:13
       dev.linear(fc1_out, net_flatten1_out, fc1_W);
-      // net.relu1, lenet.ddsl:21:33
       dev.run(BIAS_ADD_RELU, fc1_out, fc1_out, fc1_b);
       // fc2, lenet.ddsl:17:13
       dev.linear(fc2_out, fc1_out, fc2_W);
@@ -295,4 +293,8 @@ public final class LeNet extends Network {
       System.arraycopy(q1, 0, o1, po1 + c, n);
     }
   });
+
+  /** one launch for the updates of several tensors, each by one of SGD_MOMENTUM_SGD_STEP */
+  static final MultiKernel MULTI_TENSOR_SGD_MOMENTUM_SGD_STEP =
+      new MultiKernel("multiTensorSgdMomentumSgdStep", 12, SGD_MOMENTUM_SGD_STEP);
 }
