@@ -18,7 +18,7 @@ from deepdsl import api
 from deepdsl.autodiff import infer_program
 from deepdsl.backends import cuda
 from deepdsl.backends.cuda import kernels, nvrtc
-from deepdsl.backends.cuda.kernels import GRID_LIMITS, MAX_STATIC_SMEM, MAX_THREADS, TILE, CudaProgram
+from deepdsl.backends.cuda.kernels import GRID_LIMITS, MAX_STATIC_SMEM, MAX_THREADS, TILE, TILE_M, TILE_N, CudaProgram
 from deepdsl.ir import REGISTRY, GraphBuilder, Init, InputDef, ParamDef, TensorType, Value
 from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Reduce, Var
 from deepdsl.ir.types import DType
@@ -65,10 +65,11 @@ def check_launches(p: Plan, prog: CudaProgram) -> None:
         assert launch.smem == 0 and launch.static_smem <= MAX_STATIC_SMEM, where
         out = values[launch.stmt].type
         assert launch.covers == out.numel, where
-        if launch.loop == "tiles":
+        if launch.loop == "tiles":  # register tiles of TILE_M x TILE_N; a split reduction: slices of each batch
             n, m, batch = launch.tiles
             assert launch.block == (TILE, TILE, 1), where
-            assert launch.grid[0] * TILE >= n and launch.grid[1] * TILE >= m and launch.grid[2] == batch, where
+            assert launch.grid[0] == -(-n // TILE_N) and launch.grid[1] == -(-m // TILE_M), where
+            assert launch.grid[2] % batch == 0, where
             assert n * m * batch == out.numel, where
         else:
             assert launch.loop in ("grid-stride", "block-stride", "one-block"), where
@@ -428,6 +429,9 @@ def test_kernels_agree_with_numpy(case: str, tmp_path: Path, compiled) -> None: 
             for k, arg in enumerate(x.args):
                 if k < len(results) or arg.value in results:
                     ptrs.append(arrays[results[k] if k < len(results) else arg.value].ctypes.data)
+                elif arg.value.startswith("workspace:"):  # the statement's planned scratch, NaN until written
+                    ws = arrays.setdefault(arg.value, np.full(p.workspace[stmt].nbytes // 4, np.nan, np.float32))
+                    ptrs.append(ws.ctypes.data)
                 else:
                     ptrs.append(arrays.setdefault(arg.value, np.array(env[arg.value], order="C")).ctypes.data)
             run_launch(lib, x, ptrs, small=big)

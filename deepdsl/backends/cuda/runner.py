@@ -113,7 +113,8 @@ class GpuRunner:
         self.set_arrays(arrays)
         self.free_low = driver.free_bytes()
         # each launch with its pointers, and the vendor routine that runs instead of the kernel (None: the kernel)
-        self.calls = {name: [self._call(name, x) for x in s.program.launches] for name, s in self.steps.items()}
+        self.calls = {name: _unfinished([self._call(name, x) for x in s.program.launches])
+                      for name, s in self.steps.items()}  # fmt: skip
         bound = [b for c in self.calls.values() for _, _, b in c if b is not None]
         self.vendor_launches = len(bound)
         # the most scratch one vendor call takes: a part of its statement's planned workspace, in the arena, or where
@@ -229,6 +230,13 @@ class GpuRunner:
 
     def close(self) -> None:
         self.driver.close()
+
+
+def _unfinished(calls: list[tuple[Launch, list[int], Bound | None]]) -> list[tuple[Launch, list[int], Bound | None]]:
+    """`calls` less the finishing launches of our kernels (the filter gradient's sum of its partial sums) whose
+    statement a vendor routine serves."""
+    served = {x.stmt for x, _, b in calls if b is not None}
+    return [c for c in calls if not (c[0].finishes and c[0].stmt in served)]
 
 
 def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
