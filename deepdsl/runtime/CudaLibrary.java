@@ -42,7 +42,7 @@ abstract class CudaLibrary extends CudaMemory {
     }
     launch(
         "dd_k_gemm",
-        new int[] {tiles(n), tiles(m), batch},
+        new int[] {tiles(n, TILE_N), tiles(m, TILE_M), batch},
         TILE_BLOCK,
         new Buf[] {out, a, b},
         i(m),
@@ -117,7 +117,9 @@ abstract class CudaLibrary extends CudaMemory {
       return;
     }
     int[] y = out.shape;
-    int[] grid = {tiles((long) y[0] * y[2] * y[3]), tiles(w.shape[0] / groups), groups};
+    int[] grid = {
+      tiles((long) y[0] * y[2] * y[3], TILE_N), tiles(w.shape[0] / groups, TILE_M), groups
+    };
     launch(
         "dd_k_conv2d", grid, TILE_BLOCK, new Buf[] {out, x, w},
         conv(x.shape, w.shape, y, pad, stride, dilation, groups));
@@ -131,7 +133,9 @@ abstract class CudaLibrary extends CudaMemory {
       return;
     }
     int[] grid = {
-      tiles((long) inShape[0] * inShape[2] * inShape[3]), tiles(inShape[1] / groups), groups
+      tiles((long) inShape[0] * inShape[2] * inShape[3], TILE_N),
+      tiles(inShape[1] / groups, TILE_M),
+      groups
     };
     launch(
         "dd_k_conv2d_backward_data", grid, TILE_BLOCK, new Buf[] {out, g, w},
@@ -145,10 +149,47 @@ abstract class CudaLibrary extends CudaMemory {
       cudnn(CudaDnn.FILTER, out, x, g, x.shape, wShape, g.shape, pad, stride, dilation, groups);
       return;
     }
-    launch(
-        "dd_k_conv2d_backward_filter", rows(out.numel()), THREADS, new Buf[] {out, x, g},
-        conv(x.shape, wShape, g.shape, pad, stride, dilation, groups));
+    int cols = wShape[1] * wShape[2] * wShape[3];
+    long pixels = (long) g.shape[0] * g.shape[2] * g.shape[3];
+    int splits = splits(wShape[0] / groups, cols, groups, pixels);
+    long bytes = 4L * splits * out.numel();
+    if (splits > 1 && bytes > workspaceLimit) {
+      splits = 1; // the partial sums would need more scratch than --workspace-limit allows
+    }
+    if (splits > 1 && bytes > scratchBytes) {
+      if (capturing) {
+        throw new NotCapturable("a filter gradient's partial sums are met for the first time");
+      }
+      scratchOf(bytes); // grown at the call's first use, as cuDNN's workspace is
+    }
+    CUdeviceptr ws = splits > 1 ? scratch : new CUdeviceptr();
+    Pointer[] sizes = conv(x.shape, wShape, g.shape, pad, stride, dilation, groups);
+    Pointer[] args = new Pointer[sizes.length + 2];
+    args[0] = Pointer.to(ws);
+    args[1] = i(splits);
+    System.arraycopy(sizes, 0, args, 2, sizes.length);
+    int[] grid = {tiles(cols, TILE_N), tiles(wShape[0] / groups, TILE_M), groups * splits};
+    launch("dd_k_conv2d_backward_filter", grid, TILE_BLOCK, new Buf[] {out, x, g}, args);
+    if (splits > 1) { // the partial sums added up in slice order: the same bits every run
+      launch(
+          "dd_k_conv2d_backward_filter_finish", elements(out.numel()), THREADS, new Buf[] {out},
+          Pointer.to(ws), i(out.numel()), i(splits));
+    }
   }
+
+  /**
+   * The slices our filter gradient splits its reduction over N*OH*OW into: enough blocks of 64x128
+   * weights to fill a GPU ({@code SPLIT_BLOCKS}), each slice at least {@code SPLIT_MIN} long (as
+   * deepdsl/ops/conv.py's filter_gradient_splits, which sizes the Python runner's planned scratch).
+   */
+  static int splits(int filters, int cols, int groups, long reduction) {
+    long tiles = (long) tiles(filters, TILE_M) * tiles(cols, TILE_N) * groups;
+    long wanted = (SPLIT_BLOCKS + tiles - 1) / tiles;
+    return (int) Math.max(1, Math.min(wanted, reduction / SPLIT_MIN));
+  }
+
+  static final int SPLIT_BLOCKS = 528;
+  static final int SPLIT_MIN = 256;
 
   /** The pooling's sizes as library.cu takes them: NC H W OH OW KH KW SH SW PH PW. */
   static Pointer[] pool(int[] x, int[] y, int[] kernel, int[] pad, int[] stride) {

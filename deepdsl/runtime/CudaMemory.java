@@ -230,8 +230,13 @@ abstract class CudaMemory implements Device {
   static final int[] TILE_BLOCK = {TILE, TILE, 1};
   static final int[] ONE = {1, 1, 1};
 
-  static int tiles(long n) {
-    return (int) ((n + TILE - 1) / TILE);
+  // the block tile of our register-tiled GEMMs and convolutions (library.cu dd_tiled: DD_BM x DD_BN)
+  static final int TILE_M = 64;
+  static final int TILE_N = 128;
+
+  /** The tiles of {@code size} that cover {@code n}. */
+  static int tiles(long n, int size) {
+    return (int) ((n + size - 1) / size);
   }
 
   // ---- the step's operations ----

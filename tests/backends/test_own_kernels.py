@@ -206,3 +206,92 @@ def test_without_planned_workspace_the_filter_gradient_does_not_split() -> None:
     (only,) = prog.launches
     assert only.grid[2] == 1 and len(only.args) == 3
     assert "dd_conv2d_backward_filter(out, in0, in1, nullptr, 1, " in prog.source
+
+
+# ---- a network whose filter gradients split, on the emulated driver and the Java CUDA device ----
+
+SPLIT = """network SplitNet
+const N = 2
+const K = 3
+input x : [N, 3, 16, 16]
+label y : [N] classes K
+
+def body(x) {
+  a = relu(conv(x, 6, kernel=3, pad=1))
+  c = relu(conv(a, 5, kernel=1))
+  b = conv(c, 4, kernel=1, stride=2)
+  return full(flatten(global_avg_pool(b)), K)
+}
+
+layer model = body
+loss    = softmax_cross_entropy(model(x), y)
+predict = model(x)
+
+train { data = synthetic(seed=2) optimizer = sgd(lr=0.05, momentum=0.9) iterations = 3 seed = 1 }
+"""
+
+
+def _split_build():  # noqa: ANN202
+    from deepdsl import api
+
+    return api.build(api.compile_source(SPLIT, "split.ddsl", {}).program)
+
+
+def test_the_split_network_splits_two_filter_gradients() -> None:
+    prog = kernels.program(_split_build().train_plan)
+    finishes = [x for x in prog.launches if x.finishes]
+    assert len(finishes) == 2  # the 3x3 and the first 1x1 (512 pixels: 2 slices); the strided 1x1 has 128
+    assert all(x.op == "conv2d_backward_filter" for x in finishes)
+
+
+@needs_gxx
+def test_the_cuda_runner_with_own_kernels_agrees_with_numpy(tmp_path: Path) -> None:
+    from cuda_emulator import EmulatedDriver
+
+    from deepdsl.running import run_training
+
+    build = _split_build()
+    want = run_training(build, iters=3, data_flag="synthetic", device="cpu")
+    got = run_training(build, iters=3, data_flag="synthetic", driver=EmulatedDriver(tmp_path), report=lambda _: None)
+    assert got["device"] == "cuda"
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4, atol=1e-6)
+    again = run_training(build, iters=3, data_flag="synthetic", driver=EmulatedDriver(tmp_path), report=lambda _: None)
+    assert again["losses"] == got["losses"]  # the split reductions: the same bits every run
+
+
+@needs_gxx
+@pytest.mark.slow  # javac of the runtime and the kernels emulated on the CPU: about a minute
+def test_the_java_cuda_device_with_own_kernels_gives_the_numpy_runners_losses(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    from click.testing import CliRunner
+    from cuda_emulator import TILED, fake_driver, kernel_names
+    from java_env import javac, jcuda_jars
+
+    from deepdsl.cli import cli
+    from deepdsl.running import run_training
+
+    if shutil.which("javac") is None:
+        pytest.skip("no javac")
+    (tmp_path / "split.ddsl").write_text(SPLIT)
+    src = tmp_path / "src"
+    r = CliRunner().invoke(cli, ["compile", str(tmp_path / "split.ddsl"), "-o", str(src), "--ptx", "--arch", "sm_90"])
+    assert r.exit_code == 0, r.output
+    javac(src, [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")], tmp_path / "build")
+    unit = (src / "SplitNet.cu").read_text()
+    names = kernel_names(unit)
+    (tmp_path / "SplitNet").mkdir()
+    emulate(unit, names, tmp_path / "SplitNet", [k for k in names if k not in TILED])
+    fake_driver(tmp_path / "fake")
+    env = {"LD_LIBRARY_PATH": str(tmp_path / "fake"), "PATH": __import__("os").environ["PATH"],
+           "DEEPDSL_FAKE_CUDA_KERNELS": str(tmp_path / "SplitNet" / "emulated.so")}  # fmt: skip
+    cp = f"{tmp_path / 'build'}:{src}:{jcuda_jars()}/*"
+    cmd = ["java", "-cp", cp, "SplitNet", "--data", "synthetic", "--device", "cuda", "--iters", "3", "--kernels", "own",
+           "--json"]  # fmt: skip
+    run = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env, check=False)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    assert got["device"] == "cuda"
+    want = run_training(_split_build(), iters=3, data_flag="synthetic", device="cpu")
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)

@@ -110,7 +110,8 @@ def _avg_pool_backward(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
 
 
 def _gemm(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
-    """Our register-tiled SGEMM (library.cu dd_tiled), for the GEMM the entry's vendor fact describes (the same one cuBLAS would run)."""
+    """Our register-tiled SGEMM (library.cu dd_tiled), for the GEMM the entry's vendor fact describes (the same one
+    cuBLAS would run)."""
     g = vendor_call(s)
     assert isinstance(g, Gemm), f"%{s.out.name} = {s.op}: its vendor fact is not a GEMM"
     grid = (-(-g.n // TILE_N), -(-g.m // TILE_M), g.batch)
