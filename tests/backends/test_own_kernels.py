@@ -295,3 +295,33 @@ def test_the_java_cuda_device_with_own_kernels_gives_the_numpy_runners_losses(tm
     assert got["device"] == "cuda"
     want = run_training(_split_build(), iters=3, data_flag="synthetic", device="cpu")
     np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
+
+
+@needs_gxx
+def test_the_benchmark_script_compares_own_and_vendor_convolutions(tmp_path: Path) -> None:
+    """scripts/bench_own_kernels.py's measurement on the emulator: our kernels against the stand-in cuDNN, one row
+    per convolution shape with both times, the totals and their ratios (the times are the CPU's, not a GPU's)."""
+    from cuda_emulator import EmulatedDriver, fake_vendor
+
+    from deepdsl import api
+    from deepdsl.backends.cuda.vendor import open_vendor
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import bench_own_kernels as bench
+
+    c = api.compile_source(SPLIT, "split.ddsl", {}, stop_at="plan")
+    vendor = fake_vendor(tmp_path / "vendor")
+    stand_ins = open_vendor("vendor", [vendor])
+    result = bench.measure(c, lambda: EmulatedDriver(tmp_path / "own"),
+                           lambda: EmulatedDriver(tmp_path / "vendor", vendor=stand_ins), 1)  # fmt: skip
+    rows = result["rows"]
+    ops = {r["op"] for r in rows}
+    assert ops == {"conv2d", "conv2d_backward_data", "conv2d_backward_filter"}
+    assert sum(r["count"] for r in rows if r["op"] == "conv2d") == 3
+    assert all(r["own_ms"] > 0 and r["vendor_ms"] > 0 and r["ratio"] > 0 for r in rows)
+    assert all(r["vendor"].startswith("cudnn") for r in rows), rows
+    t = result["totals"]
+    assert t["conv_ratio"] == pytest.approx(t["conv_own_ms"] / t["conv_vendor_ms"])
+    assert t["launches_own_ms"] >= t["conv_own_ms"] > 0
+    lines = bench.report(result, 10)
+    assert lines[-1].startswith("the whole step") and len(lines) == 1 + len(rows) + 4
