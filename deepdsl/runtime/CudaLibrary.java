@@ -74,12 +74,13 @@ abstract class CudaLibrary extends CudaMemory {
 
   /** The convolution's sizes as library.cu takes them: N C H W F KH KW OH OW SH SW PH PW G DH DW. */
   static Pointer[] conv(
-      int[] x, int[] w, int[] y, int[] pad, int[] stride, int[] dilation, int groups) {
+      int[] x, int[] w, int[] y, int[] pad, int[] stride, int[] dilation, int groups, Pointer... and) {
     int[] v = {
       x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], stride[0], stride[1], pad[0], pad[1],
       groups, dilation[0], dilation[1]
     };
-    Pointer[] out = new Pointer[v.length];
+    Pointer[] out = new Pointer[v.length + and.length]; // the sizes, then the pointers `and`
+    System.arraycopy(and, 0, out, v.length, and.length);
     for (int k = 0; k < v.length; k++) {
       out[k] = i(v[k]);
     }
@@ -150,26 +151,20 @@ abstract class CudaLibrary extends CudaMemory {
       return;
     }
     int cols = wShape[1] * wShape[2] * wShape[3];
-    long pixels = (long) g.shape[0] * g.shape[2] * g.shape[3];
-    int splits = splits(wShape[0] / groups, cols, groups, pixels);
+    int splits = splits(wShape[0] / groups, cols, groups, (long) g.shape[0] * g.shape[2] * g.shape[3]);
     long bytes = 4L * splits * out.numel();
-    if (splits > 1 && bytes > workspaceLimit) {
-      splits = 1; // the partial sums would need more scratch than --workspace-limit allows
-    }
-    if (splits > 1 && bytes > scratchBytes) {
+    splits = bytes > workspaceLimit ? 1 : splits; // partial sums within --workspace-limit
+    if (splits > 1 && bytes > scratchBytes) { // grown at first use, as cuDNN's workspace is
       if (capturing) {
         throw new NotCapturable("a filter gradient's partial sums are met for the first time");
       }
-      scratchOf(bytes); // grown at the call's first use, as cuDNN's workspace is
+      scratchOf(bytes);
     }
     CUdeviceptr ws = splits > 1 ? scratch : new CUdeviceptr();
-    Pointer[] sizes = conv(x.shape, wShape, g.shape, pad, stride, dilation, groups);
-    Pointer[] args = new Pointer[sizes.length + 2];
-    args[0] = Pointer.to(ws);
-    args[1] = i(splits);
-    System.arraycopy(sizes, 0, args, 2, sizes.length);
     int[] grid = {tiles(cols, TILE_N), tiles(wShape[0] / groups, TILE_M), groups * splits};
-    launch("dd_k_conv2d_backward_filter", grid, TILE_BLOCK, new Buf[] {out, x, g}, args);
+    launch(
+        "dd_k_conv2d_backward_filter", grid, TILE_BLOCK, new Buf[] {out, x, g},
+        conv(x.shape, wShape, g.shape, pad, stride, dilation, groups, Pointer.to(ws), i(splits)));
     if (splits > 1) { // the partial sums added up in slice order: the same bits every run
       launch(
           "dd_k_conv2d_backward_filter_finish", elements(out.numel()), THREADS, new Buf[] {out},
@@ -177,19 +172,6 @@ abstract class CudaLibrary extends CudaMemory {
     }
   }
 
-  /**
-   * The slices our filter gradient splits its reduction over N*OH*OW into: enough blocks of 64x128
-   * weights to fill a GPU ({@code SPLIT_BLOCKS}), each slice at least {@code SPLIT_MIN} long (as
-   * deepdsl/ops/conv.py's filter_gradient_splits, which sizes the Python runner's planned scratch).
-   */
-  static int splits(int filters, int cols, int groups, long reduction) {
-    long tiles = (long) tiles(filters, TILE_M) * tiles(cols, TILE_N) * groups;
-    long wanted = (SPLIT_BLOCKS + tiles - 1) / tiles;
-    return (int) Math.max(1, Math.min(wanted, reduction / SPLIT_MIN));
-  }
-
-  static final int SPLIT_BLOCKS = 528;
-  static final int SPLIT_MIN = 256;
 
   /** The pooling's sizes as library.cu takes them: NC H W OH OW KH KW SH SW PH PW. */
   static Pointer[] pool(int[] x, int[] y, int[] kernel, int[] pad, int[] stride) {

@@ -89,7 +89,7 @@ def _filter_gradient(lib: ctypes.CDLL, x: np.ndarray, g: np.ndarray, sizes: list
     dw = np.full((f, c // groups, kh, kw), np.nan, np.float32)  # NaN: an element the kernels miss shows
     ws = np.full(splits * dw.size, np.nan, np.float32) if splits > 1 else None
     grid = (_tiles(cols, TILE_N), _tiles(f // groups, TILE_M), groups * splits)
-    _run(lib, "dd_k_conv2d_backward_filter", grid, (16, 16), dw, x, g, ws, splits, *sizes)
+    _run(lib, "dd_k_conv2d_backward_filter", grid, (16, 16), dw, x, g, *sizes, ws, splits)
     if splits > 1:
         _run(lib, "dd_k_conv2d_backward_filter_finish", (3, 1, 1), (64, 1), dw, ws, dw.size, splits)
     return dw

@@ -109,15 +109,15 @@ public final class LeNet extends Network {
     final Buf fc2_dW = at(7805696, 10, 500);
     final Buf fc2_dx = at(7577600, 64, 500);
     final Buf fc1_db = at(7825920, 500);
-    final Buf fc1_dx = at(4587520, 64, 800);
+    final Buf fc1_dx = at(3768320, 64, 800);
     final Buf net_flatten1_dx = view(fc1_dx, 64, 50, 4, 4);
-    final Buf mp_dx = at(3768320, 64, 50, 8, 8);
+    final Buf mp_dx = at(4549120, 64, 50, 8, 8);
     final Buf cv2_db = at(7828480, 50);
     final Buf cv2_dx = at(6635520, 64, 20, 12, 12);
     final Buf cv2_dW = at(7705600, 50, 20, 5, 5);
     final Buf mp_dx_2 = at(2949120, 64, 20, 24, 24);
-    final Buf cv1_db = at(59648, 20);
-    final Buf cv1_dW = at(57600, 20, 1, 5, 5);
+    final Buf cv1_db = at(290048, 20);
+    final Buf cv1_dW = at(288000, 20, 1, 5, 5);
     final Buf fc1_dW = at(0, 500, 800);
 
     void step() {
