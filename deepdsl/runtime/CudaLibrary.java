@@ -133,10 +133,10 @@ abstract class CudaLibrary extends CudaMemory {
       cudnn(CudaDnn.DATA, out, g, w, inShape, w.shape, g.shape, pad, stride, dilation, groups);
       return;
     }
-    int[] grid = {
-      tiles((long) inShape[0] * inShape[2] * inShape[3], TILE_N),
+    int[] grid = { // with a stride, a block z for each group and phase of the input pixels
+      tiles((long) inShape[0] * tiles(inShape[2], stride[0]) * tiles(inShape[3], stride[1]), TILE_N),
       tiles(inShape[1] / groups, TILE_M),
-      groups
+      groups * stride[0] * stride[1]
     };
     launch(
         "dd_k_conv2d_backward_data", grid, TILE_BLOCK, new Buf[] {out, g, w},

@@ -65,11 +65,14 @@ def check_launches(p: Plan, prog: CudaProgram) -> None:
         assert launch.smem == 0 and launch.static_smem <= MAX_STATIC_SMEM, where
         out = values[launch.stmt].type
         assert launch.covers == out.numel, where
-        if launch.loop == "tiles":  # register tiles of TILE_M x TILE_N; a split reduction: slices of each batch
+        if launch.loop == "tiles":  # register tiles of TILE_M x TILE_N, per batch: the GEMM's batch or the groups
             n, m, batch = launch.tiles
             assert launch.block == (TILE, TILE, 1), where
-            assert launch.grid[0] == -(-n // TILE_N) and launch.grid[1] == -(-m // TILE_M), where
-            assert launch.grid[2] % batch == 0, where
+            # a filter gradient's slices of its reduction, or a strided data gradient's phases (each a part of the n
+            # columns), multiply the batch
+            parts = launch.grid[2] // batch
+            assert launch.grid[2] % batch == 0 and launch.grid[1] == -(-m // TILE_M), where
+            assert launch.grid[0] <= -(-n // TILE_N) and launch.grid[0] * TILE_N * parts >= n, where
             assert n * m * batch == out.numel, where
         else:
             assert launch.loop in ("grid-stride", "block-stride", "one-block"), where

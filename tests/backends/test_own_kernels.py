@@ -39,6 +39,9 @@ CASES = {
     "depthwise": (2, 4, 6, 6, 4, 3, 3, (1, 1), (1, 1), (1, 1), 4),
     "over-a-tile": (3, 5, 9, 9, 70, 3, 3, (1, 1), (1, 1), (1, 1), 1),  # 70 filters, 243 pixels, K = 45
     "1x1-stride2": (2, 16, 7, 7, 66, 1, 1, (2, 2), (0, 0), (1, 1), 2),
+    # stride 2 and dilation 2: the pixels of odd phases get no tap at all, the even ones every tap
+    "stride2-dilation2": (2, 4, 11, 10, 6, 3, 3, (2, 2), (2, 1), (2, 2), 1),
+    "stride3-dilation2": (1, 3, 13, 11, 5, 4, 3, (3, 2), (2, 1), (2, 3), 1),
 }
 
 
@@ -111,7 +114,8 @@ def test_convolutions_agree_with_numpy(lib: ctypes.CDLL, name: str) -> None:
     _close(y, REGISTRY["conv2d"].numpy((x, wt), a))
 
     dx = np.full(x.shape, np.nan, np.float32)
-    grid = (_tiles(n * h * w, TILE_N), _tiles(c // groups, TILE_M), groups)
+    sh, sw = a["stride"]  # a block z for each group and phase of the input pixels
+    grid = (_tiles(n * _tiles(h, sh) * _tiles(w, sw), TILE_N), _tiles(c // groups, TILE_M), groups * sh * sw)
     _run(lib, "dd_k_conv2d_backward_data", grid, (16, 16), dx, g, wt, *sizes)
     _close(dx, REGISTRY["conv2d_backward_data"].numpy((g, wt), {**a, "in_shape": x.shape}))
 

@@ -249,7 +249,7 @@ __device__ void dd_conv2d_igemm(float* __restrict__ y, const float* __restrict__
 
 // d x of conv2d: dX[c, p] = sum over k of W[k, c] dY[k, p], with c the channel in group g, p = (n, h, w) the input
 // pixel and k = (f, i, j); dY is read where the window offset (i, j) puts pixel p in an output (zero elsewhere).
-// Launch: block (16, 16), grid (ceil(N*H*W/DD_BN), ceil(C/G/DD_BM), G).
+// Stride 1: every tap of every pixel.
 struct dd_conv_data_loader {
     struct BCol {
         long long base;  // the pixel's image in dY at the group's first filter
@@ -279,13 +279,78 @@ struct dd_conv_data_loader {
     __device__ long long ccol(int p) const { return (long long)(p / (H * W)) * C * H * W + p % (H * W); }
 };
 
+// One phase of a strided convolution's input pixels: the rows h with h + PH = rh (mod SH) and the columns v with
+// v + PW = rw (mod SW) see only the taps i with i*DH = rh (mod SH) and j with j*DW = rw (mod SW), an arithmetic
+// progression i0, i0 + istep, ... (ti of them; likewise j): so the GEMM's k = (f, the tap's place in those) skips
+// the taps the stride leaves out instead of reading zeros for them.
+struct dd_conv_phase {
+    int h0, hn, i0, istep, ti;  // the phase's first row, its rows, its first tap, the taps' step, their number
+    __device__ dd_conv_phase(int r, int S, int P, int D, int K, int H) {
+        h0 = ((r - P) % S + S) % S;
+        hn = h0 < H ? (H - h0 + S - 1) / S : 0;
+        int a = S, b = D;  // istep = S / gcd(S, D)
+        while (b) {
+            int t = a % b;
+            a = b;
+            b = t;
+        }
+        istep = S / a;
+        i0 = -1;
+        for (int i = 0; i < istep && i < K && i0 < 0; i++)
+            if (i * D % S == r) i0 = i;
+        ti = i0 < 0 ? 0 : (K - 1 - i0) / istep + 1;
+    }
+};
+
+struct dd_conv_strided_data_loader {
+    struct BCol {
+        long long base;  // the pixel's image in dY at the group's first filter
+        int th, tw;      // its row and column plus the padding
+    };
+    typedef int ARow;
+    static constexpr bool A_K_FAST = true, B_K_FAST = false;
+    const float* dy;
+    const float* w;
+    int C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, g, cg, fg;
+    dd_conv_phase ph, pw;
+    __device__ int arow(int c) const { return c; }
+    __device__ float a(int c, int k) const {
+        int f = k / (ph.ti * pw.ti), i = ph.i0 + k / pw.ti % ph.ti * ph.istep, j = pw.i0 + k % pw.ti * pw.istep;
+        return w[(((long long)(g * fg + f) * cg + c) * KH + i) * KW + j];
+    }
+    __device__ BCol bcol(int p) const {  // p: the phase's pixels (n, a, b), at row h0 + SH*a, column h0 + SW*b
+        int n = p / (ph.hn * pw.hn), h = ph.h0 + p / pw.hn % ph.hn * SH, v = pw.h0 + p % pw.hn * SW;
+        return {((long long)n * F + g * fg) * OH * OW, h + PH, v + PW};
+    }
+    __device__ float b(const BCol& p, int k) const {
+        int f = k / (ph.ti * pw.ti), i = ph.i0 + k / pw.ti % ph.ti * ph.istep, j = pw.i0 + k % pw.ti * pw.istep;
+        int t = p.th - i * DH, u = p.tw - j * DW;  // multiples of SH and SW
+        if (t < 0 || u < 0 || t / SH >= OH || u / SW >= OW) return 0.0f;
+        return dy[p.base + ((long long)f * OH + t / SH) * OW + u / SW];
+    }
+    __device__ long long crow(int c) const { return (long long)(g * cg + c) * H * W; }
+    __device__ long long ccol(int p) const {
+        int n = p / (ph.hn * pw.hn), h = ph.h0 + p / pw.hn % ph.hn * SH, v = pw.h0 + p % pw.hn * SW;
+        return (long long)n * C * H * W + (long long)h * W + v;
+    }
+};
+
+// Launch: block (16, 16), grid (ceil(N*ceil(H/SH)*ceil(W/SW)/DD_BN), ceil(C/G/DD_BM), G*SH*SW): blockIdx.z is the
+// group and, with a stride, the phase (rh, rw); a phase without taps writes zeros.
 __device__ void dd_conv2d_backward_data_igemm(float* __restrict__ dx, const float* __restrict__ g,
                                               const float* __restrict__ w, int N, int C, int H, int W, int F,
                                               int KH, int KW, int OH, int OW, int SH, int SW, int PH, int PW, int G,
                                               int DH, int DW) {
     int cg = C / G, fg = F / G;
-    dd_conv_data_loader ld{g, w, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, (int)blockIdx.z, cg, fg};
-    dd_tiled(dx, ld, cg, N * H * W, 0, fg * KH * KW);
+    if (SH == 1 && SW == 1) {
+        dd_conv_data_loader ld{g, w, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, (int)blockIdx.z, cg, fg};
+        dd_tiled(dx, ld, cg, N * H * W, 0, fg * KH * KW);
+        return;
+    }
+    int grp = blockIdx.z / (SH * SW), r = blockIdx.z % (SH * SW);
+    dd_conv_phase ph(r / SW, SH, PH, DH, KH, H), pw(r % SW, SW, PW, DW, KW, W);
+    dd_conv_strided_data_loader ld{g, w, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, grp, cg, fg, ph, pw};
+    dd_tiled(dx, ld, cg, N * ph.hn * pw.hn, 0, fg * ph.ti * pw.ti);
 }
 
 // d w of conv2d: dW[f, k] = sum over r of dY[f, r] X[r, k], with f the filter in group g, k = (c, i, j) and the

@@ -79,9 +79,11 @@ def _conv(name: str, s: Stmt, ct: tuple[str, ...], workspace: int = 0) -> Kernel
                             scratch=scratch, finish=finish, **tiled)  # fmt: skip
     if s.op == "conv2d":
         fn, rows, cols = "dd_conv2d_igemm", f // groups, n * oh * ow
-    else:
+        grid = (-(-cols // TILE_N), -(-rows // TILE_M), groups)
+    else:  # with a stride, one block z per group and phase of the input pixels (the taps that reach them)
         fn, rows, cols = "dd_conv2d_backward_data_igemm", c // groups, n * h * w
-    grid = (-(-cols // TILE_N), -(-rows // TILE_M), groups)
+        sh, sw = geometry[9], geometry[10]
+        grid = (-(-n * -(-h // sh) * -(-w // sw) // TILE_N), -(-rows // TILE_M), groups * sh * sw)
     call = f"{fn}(out, in0, in1, {c_ints(*geometry)})"
     return library_call(name, s, ct[:2], "float", call, grid=grid, tiles=(cols, rows, groups), **tiled)
 
