@@ -208,7 +208,7 @@ SPLIT_MIN = 256
 def filter_gradient_splits(filters: int, cols: int, groups: int, reduction: int) -> int:
     """The slices the own CUDA filter gradient splits its reduction (N*OH*OW, `reduction`) into, for `filters`
     filters per group, `cols` = C/groups*KH*KW weights per filter and `groups` groups (the Java CUDA device's
-    CudaLibrary.splits is the same)."""
+    CudaMemory.splits is the same)."""
     rows, columns, _ = OWN_TILE
     tiles = -(-filters // rows) * -(-cols // columns) * groups
     return max(1, min(-(-SPLIT_BLOCKS // tiles), reduction // SPLIT_MIN))

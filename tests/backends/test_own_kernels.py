@@ -170,6 +170,21 @@ def test_nvrtc_compiles_the_tiled_kernels_with_vector_shared_loads() -> None:
 # ---- the split count and its scratch in the plan ----
 
 
+def test_the_tile_and_split_constants_agree_in_cuda_python_and_java() -> None:
+    """library.cu's tile, the launch geometry's (kernels.py, ops/conv.py) and the Java CUDA device's are one."""
+    import re
+
+    from deepdsl.ops.conv import OWN_TILE
+
+    lib = kernels.library_source()
+    cuda = tuple(int(re.search(rf"#define {d} (\d+)", lib)[1]) for d in ("DD_BM", "DD_BN", "DD_BK"))
+    assert cuda == OWN_TILE == (TILE_M, TILE_N, kernels.TILE_K)
+    java = (Path(kernels.__file__).parents[2] / "runtime" / "CudaMemory.java").read_text()
+    ints = dict(re.findall(r"static final int (\w+) = (\d+);", java))
+    assert (int(ints["TILE_M"]), int(ints["TILE_N"])) == OWN_TILE[:2]
+    assert (int(ints["SPLIT_BLOCKS"]), int(ints["SPLIT_MIN"])) == (SPLIT_BLOCKS, SPLIT_MIN)
+
+
 def test_split_count_fills_the_gpu_and_keeps_slices_long() -> None:
     # ResNet-50's first bottleneck at batch 64: one 64 x 128 tile of dW for a 1x1 64 -> 64, 200,704 pixels
     assert filter_gradient_splits(64, 64, 1, 64 * 56 * 56) == SPLIT_BLOCKS

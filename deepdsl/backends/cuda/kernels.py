@@ -37,10 +37,11 @@ from deepdsl.ir.types import DType
 from deepdsl.ir.vendor import VendorCall, vendor_call
 from deepdsl.memory.groups import planned_groups
 from deepdsl.memory.plan import Plan
+from deepdsl.ops.conv import OWN_TILE
 
 BLOCK = 256  # threads per block of the element-wise and row kernels
 TILE = 16  # the threads of a tiled kernel's block: TILE x TILE (library.cu dd_tiled)
-TILE_M, TILE_N, TILE_K = 64, 128, 8  # a tiled kernel's block tile: rows, columns, a step (DD_BM, DD_BN, DD_BK)
+TILE_M, TILE_N, TILE_K = OWN_TILE  # a tiled kernel's block tile: rows, columns, a step (DD_BM, DD_BN, DD_BK)
 MAX_GRID = 1 << 16  # blocks of a grid-stride launch at most (its loop covers the rest)
 MAX_THREADS = 1024  # device limits the launches are checked against
 MAX_STATIC_SMEM = 48 * 1024
