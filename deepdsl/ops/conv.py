@@ -198,13 +198,47 @@ vendor_rule("conv2d_backward_filter")(
 )
 
 
-@workspace_rule("conv2d", "conv2d_backward_data", "conv2d_backward_filter")
-def _conv_workspace(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
-    (_, c, h, w), (_, _, kh, kw) = _geometry(types, out, a)
+# the own CUDA convolutions' block tile (library.cu dd_tiled: DD_BM rows, DD_BN columns, DD_BK a step), and how the
+# filter gradient splits its reduction over N*OH*OW: into enough slices that the grid fills a GPU (4 blocks for each
+# of an H100's or H200's 132 SMs), each slice at least SPLIT_MIN long; its partial sums are the statement's workspace
+OWN_TILE = (64, 128, 8)
+SPLIT_BLOCKS = 528
+SPLIT_MIN = 256
+
+
+def filter_gradient_splits(filters: int, cols: int, groups: int, reduction: int) -> int:
+    """The slices the own CUDA filter gradient splits its reduction (N*OH*OW, `reduction`) into, for `filters`
+    filters per group, `cols` = C/groups*KH*KW weights per filter and `groups` groups (the Java CUDA device's
+    CudaMemory.splits is the same)."""
+    rows, columns, _ = OWN_TILE
+    tiles = -(-filters // rows) * -(-cols // columns) * groups
+    return max(1, min(-(-SPLIT_BLOCKS // tiles), reduction // SPLIT_MIN))
+
+
+def filter_gradient_scratch(x: tuple[int, ...], w: tuple[int, ...], oh: int, ow: int, groups: int) -> int:
+    """The bytes of the own CUDA filter gradient's partial sums (S slices of dW; 0 where it does not split)."""
+    f, cg, kh, kw = w
+    splits = filter_gradient_splits(f // groups, cg * kh * kw, groups, x[0] * oh * ow)
+    return splits * f * cg * kh * kw * 4 if splits > 1 else 0
+
+
+def _im2col_bytes(c: int, kh: int, kw: int, oh: int, ow: int, a: dict) -> int:
     if (kh, kw) == (1, 1) and tuple(a["stride"]) == (1, 1) and tuple(a["pad"]) == (0, 0):
         return 0  # the input is its own im2col matrix
-    oh, ow = _out_hw(h, w, kh, kw, a)
     return c * kh * kw * oh * ow * 4
+
+
+@workspace_rule("conv2d", "conv2d_backward_data", "conv2d_backward_filter")
+def _conv_workspace(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
+    """One image's im2col matrix (the NumPy kernels', within which cuDNN picks its algorithm); for the filter gradient
+    at least the own CUDA kernel's partial sums."""
+    x, w = _geometry(types, out, a)
+    (_, c, h, wd), (_, _, kh, kw) = x, w
+    oh, ow = _out_hw(h, wd, kh, kw, a)
+    need = _im2col_bytes(c, kh, kw, oh, ow, a)
+    if "w_shape" in a:
+        need = max(need, filter_gradient_scratch(x, w, oh, ow, a["groups"]))
+    return need
 
 
 def _image_cols(ws: np.ndarray, x1: np.ndarray, kh: int, kw: int, a: dict) -> np.ndarray:
@@ -232,6 +266,8 @@ def _conv2d_ws(xs: tuple, a: dict, ws: np.ndarray) -> np.ndarray:
 def _conv2d_backward_filter_ws(xs: tuple, a: dict, ws: np.ndarray) -> np.ndarray:
     x, g = xs
     f, cg, kh, kw = a["w_shape"]
+    if _im2col_bytes(x.shape[1], kh, kw, g.shape[2], g.shape[3], a) == 0:  # the workspace is the CUDA kernel's alone
+        return _conv2d_backward_filter_np(xs, a)
     dw = np.zeros((a["groups"], f // a["groups"], cg * kh * kw), dtype=x.dtype)
     for n in range(x.shape[0]):
         cols = _image_cols(ws, x[n : n + 1], kh, kw, a)

@@ -40,7 +40,7 @@ abstract class CudaLibrary extends CudaMemory {
     }
     launch(
         "dd_k_gemm",
-        new int[] {tiles(n), tiles(m), batch},
+        new int[] {tiles(n, TILE_N), tiles(m, TILE_M), batch},
         TILE_BLOCK,
         new Buf[] {out, a, b},
         i(m),
@@ -72,12 +72,13 @@ abstract class CudaLibrary extends CudaMemory {
 
   /** The convolution's sizes as library.cu takes them: N C H W F KH KW OH OW SH SW PH PW G DH DW. */
   static Pointer[] conv(
-      int[] x, int[] w, int[] y, int[] pad, int[] stride, int[] dilation, int groups) {
+      int[] x, int[] w, int[] y, int[] pad, int[] stride, int[] dilation, int groups, Pointer... and) {
     int[] v = {
       x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], stride[0], stride[1], pad[0], pad[1],
       groups, dilation[0], dilation[1]
     };
-    Pointer[] out = new Pointer[v.length];
+    Pointer[] out = new Pointer[v.length + and.length]; // the sizes, then the pointers `and`
+    System.arraycopy(and, 0, out, v.length, and.length);
     for (int k = 0; k < v.length; k++) {
       out[k] = i(v[k]);
     }
@@ -128,7 +129,9 @@ abstract class CudaLibrary extends CudaMemory {
       return;
     }
     int[] y = out.shape;
-    int[] grid = {tiles((long) y[0] * y[2] * y[3]), tiles(w.shape[0] / groups), groups};
+    int[] grid = {
+      tiles((long) y[0] * y[2] * y[3], TILE_N), tiles(w.shape[0] / groups, TILE_M), groups
+    };
     launch(
         "dd_k_conv2d", grid, TILE_BLOCK, new Buf[] {out, x, w},
         conv(x.shape, w.shape, y, pad, stride, dilation, groups));
@@ -141,8 +144,10 @@ abstract class CudaLibrary extends CudaMemory {
       cudnn(CudaDnn.DATA, out, g, w, inShape, w.shape, g.shape, pad, stride, dilation, groups);
       return;
     }
-    int[] grid = {
-      tiles((long) inShape[0] * inShape[2] * inShape[3]), tiles(inShape[1] / groups), groups
+    int[] grid = { // with a stride, a block z for each group and phase of the input pixels
+      tiles((long) inShape[0] * tiles(inShape[2], stride[0]) * tiles(inShape[3], stride[1]), TILE_N),
+      tiles(inShape[1] / groups, TILE_M),
+      groups * stride[0] * stride[1]
     };
     launch(
         "dd_k_conv2d_backward_data", grid, TILE_BLOCK, new Buf[] {out, g, w},
@@ -156,10 +161,28 @@ abstract class CudaLibrary extends CudaMemory {
       cudnn(CudaDnn.FILTER, out, x, g, x.shape, wShape, g.shape, pad, stride, dilation, groups);
       return;
     }
+    int cols = wShape[1] * wShape[2] * wShape[3];
+    int splits = splits(wShape[0] / groups, cols, groups, (long) g.shape[0] * g.shape[2] * g.shape[3]);
+    long bytes = 4L * splits * out.numel();
+    splits = bytes > workspaceLimit ? 1 : splits; // partial sums within --workspace-limit
+    if (splits > 1 && bytes > scratchBytes) { // grown at first use, as cuDNN's workspace is
+      if (capturing) {
+        throw new NotCapturable("a filter gradient's partial sums are met for the first time");
+      }
+      scratchOf(bytes);
+    }
+    CUdeviceptr ws = splits > 1 ? scratch : new CUdeviceptr();
+    int[] grid = {tiles(cols, TILE_N), tiles(wShape[0] / groups, TILE_M), groups * splits};
     launch(
-        "dd_k_conv2d_backward_filter", rows(out.numel()), THREADS, new Buf[] {out, x, g},
-        conv(x.shape, wShape, g.shape, pad, stride, dilation, groups));
+        "dd_k_conv2d_backward_filter", grid, TILE_BLOCK, new Buf[] {out, x, g},
+        conv(x.shape, wShape, g.shape, pad, stride, dilation, groups, Pointer.to(ws), i(splits)));
+    if (splits > 1) { // the partial sums added up in slice order: the same bits every run
+      launch(
+          "dd_k_conv2d_backward_filter_finish", elements(out.numel()), THREADS, new Buf[] {out},
+          Pointer.to(ws), i(out.numel()), i(splits));
+    }
   }
+
 
   /** The pooling's sizes as library.cu takes them: NC H W OH OW KH KW SH SW PH PW. */
   static Pointer[] pool(int[] x, int[] y, int[] kernel, int[] pad, int[] stride) {

@@ -238,9 +238,28 @@ abstract class CudaMemory implements Device {
   static final int[] TILE_BLOCK = {TILE, TILE, 1};
   static final int[] ONE = {1, 1, 1};
 
-  static int tiles(long n) {
-    return (int) ((n + TILE - 1) / TILE);
+  // the block tile of our register-tiled GEMMs and convolutions (library.cu dd_tiled: DD_BM x DD_BN)
+  static final int TILE_M = 64;
+  static final int TILE_N = 128;
+
+  /** The tiles of {@code size} that cover {@code n}. */
+  static int tiles(long n, int size) {
+    return (int) ((n + size - 1) / size);
   }
+
+  /**
+   * The slices our filter gradient splits its reduction over N*OH*OW into: enough blocks of 64x128
+   * weights to fill a GPU ({@code SPLIT_BLOCKS}), each slice at least {@code SPLIT_MIN} long (as
+   * deepdsl/ops/conv.py's filter_gradient_splits, which sizes the Python runner's planned scratch).
+   */
+  static int splits(int filters, int cols, int groups, long reduction) {
+    long tiles = (long) tiles(filters, TILE_M) * tiles(cols, TILE_N) * groups;
+    long wanted = (SPLIT_BLOCKS + tiles - 1) / tiles;
+    return (int) Math.max(1, Math.min(wanted, reduction / SPLIT_MIN));
+  }
+
+  static final int SPLIT_BLOCKS = 528;
+  static final int SPLIT_MIN = 256;
 
   // ---- the step's operations ----
 

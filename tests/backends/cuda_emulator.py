@@ -144,7 +144,8 @@ def kernel_names(source: str) -> list[str]:
     return re.findall(r'extern "C" __global__ void (\w+)\(', source)
 
 
-TILED = ("dd_k_gemm", "dd_k_conv2d", "dd_k_conv2d_backward_data")  # entries.cu's kernels whose grid covers tiles
+# entries.cu's kernels whose grid covers tiles (the others' loops allow fewer blocks and threads)
+TILED = ("dd_k_gemm", "dd_k_conv2d", "dd_k_conv2d_backward_data", "dd_k_conv2d_backward_filter")
 
 
 def emulate(source: str, kernels: Sequence[str], folder: Path, strided: Sequence[str] = ()) -> ctypes.CDLL:

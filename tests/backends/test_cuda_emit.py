@@ -18,7 +18,7 @@ from deepdsl import api
 from deepdsl.autodiff import infer_program
 from deepdsl.backends import cuda
 from deepdsl.backends.cuda import kernels, nvrtc
-from deepdsl.backends.cuda.kernels import GRID_LIMITS, MAX_STATIC_SMEM, MAX_THREADS, TILE, CudaProgram
+from deepdsl.backends.cuda.kernels import GRID_LIMITS, MAX_STATIC_SMEM, MAX_THREADS, TILE, TILE_M, TILE_N, CudaProgram
 from deepdsl.ir import REGISTRY, GraphBuilder, Init, InputDef, ParamDef, TensorType, Value
 from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Reduce, Var
 from deepdsl.ir.types import DType
@@ -68,10 +68,14 @@ def check_launches(p: Plan, prog: CudaProgram) -> None:
             check_multi_tensor(p, launch, signatures[launch.kernel])
             continue
         assert launch.covers == out.numel, where
-        if launch.loop == "tiles":
+        if launch.loop == "tiles":  # register tiles of TILE_M x TILE_N, per batch: the GEMM's batch or the groups
             n, m, batch = launch.tiles
             assert launch.block == (TILE, TILE, 1), where
-            assert launch.grid[0] * TILE >= n and launch.grid[1] * TILE >= m and launch.grid[2] == batch, where
+            # a filter gradient's slices of its reduction, or a strided data gradient's phases (each a part of the n
+            # columns), multiply the batch
+            parts = launch.grid[2] // batch
+            assert launch.grid[2] % batch == 0 and launch.grid[1] == -(-m // TILE_M), where
+            assert launch.grid[0] <= -(-n // TILE_N) and launch.grid[0] * TILE_N * parts >= n, where
             assert n * m * batch == out.numel, where
         else:
             assert launch.loop in ("grid-stride", "block-stride", "one-block", "split"), where
@@ -459,9 +463,10 @@ def test_kernels_agree_with_numpy(case: str, tmp_path: Path, compiled) -> None: 
             for k, arg in enumerate(x.args):
                 if (k < len(results) and not x.table) or arg.value in results:
                     ptrs.append(arrays[results[k] if k < len(results) and not x.table else arg.value].ctypes.data)
-                elif arg.value.startswith("workspace:"):  # a split sum's partial sums (ir/reductions.py)
-                    ptrs.append(arrays.setdefault(arg.value, np.full(p.workspace[arg.name].nbytes, 0xFF, np.uint8))
-                                .ctypes.data)  # fmt: skip
+                elif arg.value.startswith("workspace:"):  # a statement's planned scratch (a split sum's partial
+                    # sums, ir/reductions.py; a split filter gradient's), NaN until written
+                    ws = p.workspace[arg.value.split(":", 1)[1]]
+                    ptrs.append(arrays.setdefault(arg.value, np.full(ws.nbytes, 0xFF, np.uint8)).ctypes.data)
                 else:
                     ptrs.append(arrays.setdefault(arg.value, np.array(env[arg.value], order="C")).ctypes.data)
             if x.table:  # the kernel's one argument: the table of its segments' sizes and pointers

@@ -23,6 +23,7 @@ from cuda13_stand_ins import CUDA13, fake_cuda13, fake_cudnn9
 from cuda_emulator import TILED, emulate, fake_driver, kernel_names
 from helpers import SMALL
 from java_env import JAVA_MARKS, java, javac, jcuda_jars
+from test_own_kernels import SPLIT
 from transformer_nets import causal_attention
 
 pytestmark = [
@@ -37,6 +38,7 @@ NETWORKS = {
     "Wide": ("wide.ddsl", {}, "synthetic"),
     "Causal": ("causal.ddsl", {}, "synthetic"),
     "LeNet": ("lenet_slow.ddsl", {"N": 8}, "npz:lenet_data.npz"),
+    "SplitNet": ("split.ddsl", {}, "synthetic"),  # filter gradients whose reduction splits (test_own_kernels.py)
 }
 
 
@@ -74,9 +76,9 @@ train {
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Small, Wide and Causal, built as `build_programs` does: what every test but LeNet's runs (LeNet's fibers
-    are slow)."""
-    return build_programs(tmp_path_factory, ("Small", "Wide", "Causal"))
+    """Small, Wide, Causal and SplitNet, built as `build_programs` does: what every test but LeNet's runs (LeNet's
+    fibers are slow)."""
+    return build_programs(tmp_path_factory, ("Small", "Wide", "Causal", "SplitNet"))
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +96,7 @@ def build_programs(tmp_path_factory: pytest.TempPathFactory, names: tuple[str, .
     folder = tmp_path_factory.mktemp("java_cuda")
     (folder / "small.ddsl").write_text(SMALL)
     (folder / "wide.ddsl").write_text(WIDE)
+    (folder / "split.ddsl").write_text(SPLIT)
     # attention: batched matmuls, each operand transposed or not, and plain ones for the weight gradients
     (folder / "causal.ddsl").write_text(causal_attention() + "train {\n  data = synthetic(seed=3)\n}\n")
     (folder / "lenet_slow.ddsl").write_text(
@@ -158,7 +161,13 @@ def cpu(folder: Path, name: str, *args: str) -> dict:
 
 @pytest.mark.parametrize(
     "name",
-    ["Small", "Wide", pytest.param("Causal", marks=pytest.mark.slow), pytest.param("LeNet", marks=pytest.mark.slow)],
+    [
+        "Small",
+        "Wide",
+        "SplitNet",
+        pytest.param("Causal", marks=pytest.mark.slow),
+        pytest.param("LeNet", marks=pytest.mark.slow),
+    ],  # fmt: skip
 )
 def test_the_cuda_device_gives_the_cpu_devices_losses(request: pytest.FixtureRequest, name: str) -> None:
     programs = request.getfixturevalue("programs" if name != "LeNet" else "lenet_programs")

@@ -18,10 +18,15 @@ extern "C" __global__ void dd_k_conv2d_backward_data(float* dx, const float* g, 
     dd_conv2d_backward_data_igemm(dx, g, w, N, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, G, DH, DW);
 }
 
+// S > 1: the reduction split S ways, its partial sums in ws [S, F, C/G*KH*KW], then dd_k_conv2d_backward_filter_finish
 extern "C" __global__ void dd_k_conv2d_backward_filter(float* dw, const float* x, const float* g, int N, int C, int H,
                                                        int W, int F, int KH, int KW, int OH, int OW, int SH, int SW,
-                                                       int PH, int PW, int G, int DH, int DW) {
-    dd_conv2d_backward_filter(dw, x, g, N, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, G, DH, DW);
+                                                       int PH, int PW, int G, int DH, int DW, float* ws, int S) {
+    dd_conv2d_backward_filter(dw, x, g, ws, S, N, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, G, DH, DW);
+}
+
+extern "C" __global__ void dd_k_conv2d_backward_filter_finish(float* dw, const float* ws, int n, int S) {
+    dd_conv2d_backward_filter_finish(dw, ws, n, S);
 }
 
 extern "C" __global__ void dd_k_max_pool2d(float* y, const float* x, int NC, int H, int W, int OH, int OW, int KH,

@@ -60,9 +60,11 @@ from deepdsl.ir.vendor import VendorCall, vendor_call
 from deepdsl.memory.groups import planned_groups
 from deepdsl.memory.launches import planned_launches
 from deepdsl.memory.plan import Plan
+from deepdsl.ops.conv import OWN_TILE
 
 BLOCK = 256  # threads per block of the element-wise and row kernels
-TILE = 16  # the GEMM tile (library.cu DD_TILE)
+TILE = 16  # the threads of a tiled kernel's block: TILE x TILE (library.cu dd_tiled)
+TILE_M, TILE_N, TILE_K = OWN_TILE  # a tiled kernel's block tile: rows, columns, a step (DD_BM, DD_BN, DD_BK)
 MAX_GRID = 1 << 16  # blocks of a grid-stride launch at most (its loop covers the rest)
 VECTOR = 4  # floats in one vector load or store (float4)
 VECTOR_ALIGN = 16  # bytes: the alignment a float4 access needs (every planned buffer has ALIGN, memory/plan.py)
@@ -71,7 +73,7 @@ MAX_THREADS = 1024  # device limits the launches are checked against
 MAX_STATIC_SMEM = 48 * 1024
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 BLOCK_SMEM = 32 * 4  # dd_block_sum / dd_block_max: one float per warp
-GEMM_SMEM = 2 * TILE * (TILE + 1) * 4
+GEMM_SMEM = 2 * TILE_K * (TILE_M + 4 + TILE_N + 4) * 4  # dd_tiled's two buffers of A's and B's tiles (padded rows)
 SPLIT_SMEM = 1024 * 8  # dd_block_sum_double: one double per thread
 
 
@@ -108,6 +110,7 @@ class Launch:
     # 64-bit numbers per segment, its table entries then its pointers
     table: tuple[tuple[int, int, int, int, int], ...] = ()
     width: int = 0
+    finishes: bool = False  # the finishing launch of the statement's own kernel: none where a vendor routine serves it
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,10 @@ class Kernel:
     covers: int
     loop: str
     tiles: tuple[int, int, int] = (0, 0, 0)
+    # bytes of the statement's planned workspace the kernel takes as its last argument (float* ws); `finish`, a kernel
+    # launched after it on (out, ws) (the filter gradient's split reduction: its partial sums, then their sum)
+    scratch: int = 0
+    finish: Kernel | None = None
 
 
 def _params(out_ctype: str, ctypes: tuple[str, ...], restrict: bool) -> str:
@@ -708,10 +715,11 @@ def _finish_lines(rg: ReductionGroup, totals: list[str], indent: str, write: boo
 
 def library_call(name: str, s: Stmt, ctypes: tuple[str, ...], out_ctype: str, call: str, **launch: Any) -> Kernel:
     """The kernel `name` whose one line is `call`, a function of library.cu, launched as `launch` says (the
-    keywords of `Kernel`: grid, block, static_smem, covers, loop)."""
+    keywords of `Kernel`: grid, block, static_smem, covers, loop; with `scratch` its last parameter is float* ws)."""
+    params = _params(out_ctype, ctypes, True) + (", float* __restrict__ ws" if launch.get("scratch") else "")
     text = "\n".join([
         f"// {c_comment(format_stmt(s))}",
-        f'extern "C" __global__ void {name}({_params(out_ctype, ctypes, True)}) {{',
+        f'extern "C" __global__ void {name}({params}) {{',
         f"  {call};",
         "}",
     ])  # fmt: skip
@@ -788,9 +796,11 @@ class _Program:
         return Arg(value, "arena", base, self.plan.buffer_of(base).offset, ctype)
 
     def add(self, s: Stmt, kernel: str, k: Kernel, values: tuple[str, ...], ctypes: tuple[str, ...],
-            also: tuple[str, ...] = (), vendor: VendorCall | None = None) -> None:  # fmt: skip
+            also: tuple[str, ...] = (), vendor: VendorCall | None = None, scratch: Arg | None = None,
+            finishes: bool = False) -> None:  # fmt: skip
         """Launch `k`; a kernel identical to an earlier one but for its name is not written again: the launch
-        uses the earlier kernel, whose comment lists the statements it serves."""
+        uses the earlier kernel, whose comment lists the statements it serves. `scratch`: the statement's planned
+        workspace, the last argument."""
         code = "\n".join(line for line in k.text.split("\n") if not line.startswith("//"))
         key = code.replace(f" {kernel}(", " KERNEL(", 1)
         if key in self.seen:
@@ -800,9 +810,9 @@ class _Program:
             self.seen[key] = kernel
             self.also[kernel] = []
             self.texts.append(k.text)
-        args = tuple(self.arg(v, t) for v, t in zip(values, ctypes))
+        args = tuple(self.arg(v, t) for v, t in zip(values, ctypes)) + ((scratch,) if scratch is not None else ())
         self.launches.append(Launch(kernel, s.out.name, s.op, k.grid, k.block, 0, k.static_smem, args, k.covers,
-                                    k.loop, k.tiles, also, vendor))  # fmt: skip
+                                    k.loop, k.tiles, also, vendor, finishes=finishes))  # fmt: skip
 
     def group(self, stmts: tuple[Stmt, ...]) -> None:
         """One kernel for the statements of a group (ir/groups.py): every result written in the same loop."""
@@ -943,8 +953,20 @@ class _Program:
             raise ValueError(f"no CUDA kernel for op {s.op!r} (statement %{s.out.name})")
         else:
             name = self.name(s)
-            k = op.cuda(name, s, in_types[:arity])
-            self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]), vendor=vendor_call(s))
+            ws = self.plan.workspace.get(s.out.name)
+            if op.workspace is None:
+                k = op.cuda(name, s, in_types[:arity])
+            else:  # the kernel may take (a part of) the statement's planned workspace
+                k = op.cuda(name, s, in_types[:arity], workspace=ws.nbytes if ws is not None else 0)
+            scratch = None
+            if k.scratch:
+                assert ws is not None and k.scratch <= ws.nbytes, f"%{s.out.name}: more scratch than planned"
+                scratch = Arg(f"workspace:{s.out.name}", "arena", s.out.name, ws.offset, "float")
+            self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]), vendor=vendor_call(s),
+                     scratch=scratch)  # fmt: skip
+            if k.finish is not None:  # named {name}_finish by the op's kernel; on the output and the scratch
+                self.taken.add(f"{name}_finish")
+                self.add(s, f"{name}_finish", k.finish, (s.out.name,), ("float",), scratch=scratch, finishes=True)
         if "epilogue" in s.a:
             extras = s.inputs[arity:]
             out = output_indices(s.out.type)

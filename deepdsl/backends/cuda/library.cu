@@ -4,7 +4,7 @@
 // each statement in an extern "C" __global__ kernel that calls it with the statement's shapes as constants.
 // Semantics are exactly those of the NumPy kernels in deepdsl/ops/*.py. Every loop over an output is a
 // grid-stride loop (threads over elements, or blocks over rows), so any launch covers its output, except the
-// GEMMs (16x16 tiles in shared memory), whose grid kernels.py sizes to the output.
+// GEMMs and convolutions (register-tiled, dd_tiled), whose grid kernels.py sizes to the output.
 // Indices are int: the emitter refuses tensors of 2^31 elements or more.
 
 #define DD_NEG_INF __int_as_float(0xff800000)
@@ -72,123 +72,355 @@ __device__ double dd_block_sum_double(double v) {
     return v;
 }
 
-// ---- GEMM: C[b] = op(A[b]) op(B[b]), op(A) [M, K], op(B) [K, N]; 16x16 tiles in shared memory ----
-// A is [M, K] (or [K, M] when ta), B is [K, N] (or [N, K] when tb), all row-major, batch-strided.
-// Launch: block (16, 16), grid (ceil(N/16), ceil(M/16), batch).
+// ---- register-tiled GEMM core: C[row, col] = sum over k of A[row, k] B[k, col] for one block's tile ----
+// A block of 16x16 threads computes a DD_BM x DD_BN tile (64 rows by 128 columns), each thread 4 rows by 8 columns
+// in registers (columns tx*4.. and 64 + tx*4..), so that one k-step reads 3 float4 from shared memory for 32 FMAs.
+// The k-range goes in steps of DD_BK through shared memory, double-buffered: the next step's global loads are issued
+// before this step's FMAs and stored to the other buffer after them, one __syncthreads per step. A loader `L` says
+// what A, B and C are (a GEMM's matrices, or a convolution's implicit im2col matrices):
+//   ARow arow(row), BCol bcol(col): what a row of A / a column of B needs, computed once per thread;
+//   float a(ARow, k), float b(BCol, k): the elements (the core calls them only for row < M, col < N, k < k1);
+//   long long crow(row) + ccol(col): where C[row, col] lies; A_K_FAST / B_K_FAST: whether consecutive threads load
+//   consecutive k (A or B contiguous along k) or consecutive rows / columns, so that global loads coalesce.
+// Each output's sum runs over k in order, one FMA at a time: the same bits every run.
 
-#define DD_TILE 16
+#define DD_BM 64
+#define DD_BN 128
+#define DD_BK 8
+#define DD_PAD 4  // a shared row's padding: a k-fast stash hits 8 distinct banks, float4 reads stay aligned
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+typedef float4 dd_f4;
+#else
+struct alignas(16) dd_f4 { float x, y, z, w; };  // the CPU emulator's (tests/backends/cuda_emulator.py)
+#endif
+
+template <class L>
+__device__ void dd_tiled(float* __restrict__ c, const L& ld, int M, int N, int k0, int k1) {
+    alignas(16) __shared__ float as[2][DD_BK][DD_BM + DD_PAD];
+    alignas(16) __shared__ float bs[2][DD_BK][DD_BN + DD_PAD];
+    const int tx = threadIdx.x, ty = threadIdx.y, t = ty * 16 + tx;
+    const int row0 = blockIdx.y * DD_BM, col0 = blockIdx.x * DD_BN;
+    // this thread's share of each step's loads: 2 elements of A's [DD_BK, DD_BM] tile, 4 of B's [DD_BK, DD_BN]
+    int ar[2], ak[2], bc[4], bk[4];
+    bool aok[2], bok[4];
+    typename L::ARow arow[2];
+    typename L::BCol bcol[4];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        ar[e] = L::A_K_FAST ? (t >> 3) + 32 * e : t & 63;
+        ak[e] = L::A_K_FAST ? t & 7 : (t >> 6) + 4 * e;
+        aok[e] = row0 + ar[e] < M;
+        arow[e] = ld.arow(aok[e] ? row0 + ar[e] : 0);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        bc[e] = L::B_K_FAST ? (t >> 3) + 32 * e : t & 127;
+        bk[e] = L::B_K_FAST ? t & 7 : (t >> 7) + 2 * e;
+        bok[e] = col0 + bc[e] < N;
+        bcol[e] = ld.bcol(bok[e] ? col0 + bc[e] : 0);
+    }
+    float ra[2], rb[4];
+    float acc[4][8];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[i][j] = 0.0f;
+    const int steps = k1 > k0 ? (k1 - k0 + DD_BK - 1) / DD_BK : 0;
+    if (steps > 0) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            int k = k0 + ak[e];
+            as[0][ak[e]][ar[e]] = aok[e] && k < k1 ? ld.a(arow[e], k) : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int k = k0 + bk[e];
+            bs[0][bk[e]][bc[e]] = bok[e] && k < k1 ? ld.b(bcol[e], k) : 0.0f;
+        }
+    }
+    __syncthreads();
+    for (int s = 0; s < steps; s++) {
+        const int cur = s & 1, next = k0 + (s + 1) * DD_BK;
+        const bool more = s + 1 < steps;
+        if (more) {  // the next step's loads, in flight during this step's FMAs
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int k = next + ak[e];
+                ra[e] = aok[e] && k < k1 ? ld.a(arow[e], k) : 0.0f;
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int k = next + bk[e];
+                rb[e] = bok[e] && k < k1 ? ld.b(bcol[e], k) : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < DD_BK; k++) {
+            const dd_f4 a = *reinterpret_cast<const dd_f4*>(&as[cur][k][ty * 4]);
+            const dd_f4 b0 = *reinterpret_cast<const dd_f4*>(&bs[cur][k][tx * 4]);
+            const dd_f4 b1 = *reinterpret_cast<const dd_f4*>(&bs[cur][k][64 + tx * 4]);
+            const float av[4] = {a.x, a.y, a.z, a.w};
+            const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        }
+        if (more) {  // into the other buffer, which every thread finished reading before the last __syncthreads
+#pragma unroll
+            for (int e = 0; e < 2; e++) as[cur ^ 1][ak[e]][ar[e]] = ra[e];
+#pragma unroll
+            for (int e = 0; e < 4; e++) bs[cur ^ 1][bk[e]][bc[e]] = rb[e];
+        }
+        __syncthreads();
+    }
+    long long cc[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int col = col0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4);
+        cc[j] = col < N ? ld.ccol(col) : -1;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int row = row0 + ty * 4 + i;
+        if (row >= M) continue;
+        long long r = ld.crow(row);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (cc[j] >= 0) c[r + cc[j]] = acc[i][j];
+    }
+}
+
+// ---- GEMM: C[b] = op(A[b]) op(B[b]), op(A) [M, K], op(B) [K, N] ----
+// A is [M, K] (or [K, M] when ta), B is [K, N] (or [N, K] when tb), all row-major, batch-strided.
+// Launch: block (16, 16), grid (ceil(N/DD_BN), ceil(M/DD_BM), batch).
+
+template <bool TA, bool TB>
+struct dd_gemm_loader {
+    typedef int ARow;
+    typedef int BCol;
+    static constexpr bool A_K_FAST = !TA, B_K_FAST = TB;
+    const float* pa;
+    const float* pb;
+    int M, N, K;
+    __device__ int arow(int row) const { return row; }
+    __device__ int bcol(int col) const { return col; }
+    __device__ float a(int row, int k) const { return TA ? pa[(long long)k * M + row] : pa[(long long)row * K + k]; }
+    __device__ float b(int col, int k) const { return TB ? pb[(long long)col * K + k] : pb[(long long)k * N + col]; }
+    __device__ long long crow(int row) const { return (long long)row * N; }
+    __device__ long long ccol(int col) const { return col; }
+};
 
 __device__ void dd_gemm(float* __restrict__ c, const float* __restrict__ a, const float* __restrict__ b,
                         int M, int N, int K, int ta, int tb) {
-    __shared__ float as[DD_TILE][DD_TILE + 1];
-    __shared__ float bs[DD_TILE][DD_TILE + 1];
     const float* ab = a + (long long)blockIdx.z * M * K;
     const float* bb = b + (long long)blockIdx.z * K * N;
     float* cb = c + (long long)blockIdx.z * M * N;
-    int tx = threadIdx.x, ty = threadIdx.y;
-    int row = blockIdx.y * DD_TILE + ty, col = blockIdx.x * DD_TILE + tx;
-    float acc = 0.0f;
-    for (int k0 = 0; k0 < K; k0 += DD_TILE) {
-        int ka = k0 + tx, kb = k0 + ty;
-        as[ty][tx] = (row < M && ka < K) ? (ta ? ab[ka * M + row] : ab[row * K + ka]) : 0.0f;
-        bs[ty][tx] = (kb < K && col < N) ? (tb ? bb[col * K + kb] : bb[kb * N + col]) : 0.0f;
-        __syncthreads();
-        for (int k = 0; k < DD_TILE; k++) acc += as[ty][k] * bs[k][tx];
-        __syncthreads();
-    }
-    if (row < M && col < N) cb[row * N + col] = acc;
+    if (ta && tb) dd_tiled(cb, dd_gemm_loader<true, true>{ab, bb, M, N, K}, M, N, 0, K);
+    else if (ta) dd_tiled(cb, dd_gemm_loader<true, false>{ab, bb, M, N, K}, M, N, 0, K);
+    else if (tb) dd_tiled(cb, dd_gemm_loader<false, true>{ab, bb, M, N, K}, M, N, 0, K);
+    else dd_tiled(cb, dd_gemm_loader<false, false>{ab, bb, M, N, K}, M, N, 0, K);
 }
 
 // ---- convolution, NCHW, weights [F, C/G, KH, KW]; tap (i, j) of a window reads input row oh*SH - PH + i*DH,
-// column ow*SW - PW + j*DW (dilation DH, DW) ----
+// column ow*SW - PW + j*DW (dilation DH, DW); all three are implicit GEMMs on dd_tiled, per group ----
 
-// conv2d as an implicit GEMM, per group g (blockIdx.z): Y[f, q] = sum over k of W[f, k] X[k, q], with f the
-// filter in the group, k = (c, i, j) the window offset and q = (n, oh, ow) the output pixel; X is read from the
-// image on the fly (zero in the padding). Launch: block (16, 16), grid (ceil(N*OH*OW/16), ceil(F/G/16), G).
+// conv2d: Y[f, q] = sum over k of W[f, k] X[k, q], with f the filter in group g, k = (c, i, j) the window offset
+// and q = (n, oh, ow) the output pixel; X is read from the image on the fly (zero in the padding).
+// Launch: block (16, 16), grid (ceil(N*OH*OW/DD_BN), ceil(F/G/DD_BM), G).
+struct dd_conv_forward_loader {
+    struct BCol {
+        long long base;  // the pixel's image at the group's first channel
+        int h0, w0;      // its window's corner
+    };
+    typedef long long ARow;
+    static constexpr bool A_K_FAST = true, B_K_FAST = false;
+    const float* x;
+    const float* w;
+    int C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, g, cg, fg, K;
+    __device__ long long arow(int f) const { return (long long)(g * fg + f) * K; }
+    __device__ float a(long long r, int k) const { return w[r + k]; }
+    __device__ BCol bcol(int q) const {
+        int n = q / (OH * OW), oh = q / OW % OH, ow = q % OW;
+        return {((long long)n * C + g * cg) * H * W, oh * SH - PH, ow * SW - PW};
+    }
+    __device__ float b(const BCol& p, int k) const {
+        int c = k / (KH * KW), i = k / KW % KH, j = k % KW;
+        int h = p.h0 + i * DH, u = p.w0 + j * DW;
+        return h >= 0 && h < H && u >= 0 && u < W ? x[p.base + ((long long)c * H + h) * W + u] : 0.0f;
+    }
+    __device__ long long crow(int f) const { return (long long)(g * fg + f) * OH * OW; }
+    __device__ long long ccol(int q) const { return (long long)(q / (OH * OW)) * F * OH * OW + q % (OH * OW); }
+};
+
 __device__ void dd_conv2d_igemm(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w,
                                 int N, int C, int H, int W, int F, int KH, int KW, int OH, int OW,
                                 int SH, int SW, int PH, int PW, int G, int DH, int DW) {
-    __shared__ float ws[DD_TILE][DD_TILE + 1];
-    __shared__ float xs[DD_TILE][DD_TILE + 1];
-    int cg = C / G, fg = F / G, K = cg * KH * KW, Q = N * OH * OW, g = blockIdx.z;
-    int tx = threadIdx.x, ty = threadIdx.y;
-    int f = blockIdx.y * DD_TILE + ty, q = blockIdx.x * DD_TILE + tx;
-    int qn = q / (OH * OW), qh = (q / OW) % OH, qw = q % OW;  // this thread's column, for loading X and storing
-    float acc = 0.0f;
-    for (int k0 = 0; k0 < K; k0 += DD_TILE) {
-        int kw = k0 + tx;  // the W tile: row f, column k0 + tx
-        ws[ty][tx] = (f < fg && kw < K) ? w[(long long)(g * fg + f) * K + kw] : 0.0f;
-        int kx = k0 + ty;  // the X tile: row k0 + ty, column q
-        float v = 0.0f;
-        if (kx < K && q < Q) {
-            int c = kx / (KH * KW), i = (kx / KW) % KH, j = kx % KW;
-            int h = qh * SH - PH + i * DH, u = qw * SW - PW + j * DW;
-            if (h >= 0 && h < H && u >= 0 && u < W) v = x[(((long long)qn * C + g * cg + c) * H + h) * W + u];
-        }
-        xs[ty][tx] = v;
-        __syncthreads();
-        for (int k = 0; k < DD_TILE; k++) acc += ws[ty][k] * xs[k][tx];
-        __syncthreads();
-    }
-    if (f < fg && q < Q) y[(((long long)qn * F + g * fg + f) * OH + qh) * OW + qw] = acc;
+    int cg = C / G, fg = F / G, K = cg * KH * KW;
+    dd_conv_forward_loader ld{x, w, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, (int)blockIdx.z, cg, fg, K};
+    dd_tiled(y, ld, fg, N * OH * OW, 0, K);
 }
 
-// d x of conv2d as an implicit GEMM, per group: dX[c, p] = sum over k of W[k, c] dY[k, p], with c the channel in
-// the group, p = (n, h, w) the input pixel and k = (f, i, j); dY is read where the window offset (i, j) puts
-// pixel p in an output (zero elsewhere). Launch: block (16, 16), grid (ceil(N*H*W/16), ceil(C/G/16), G).
+// d x of conv2d: dX[c, p] = sum over k of W[k, c] dY[k, p], with c the channel in group g, p = (n, h, w) the input
+// pixel and k = (f, i, j); dY is read where the window offset (i, j) puts pixel p in an output (zero elsewhere).
+// Stride 1: every tap of every pixel.
+struct dd_conv_data_loader {
+    struct BCol {
+        long long base;  // the pixel's image in dY at the group's first filter
+        int th, tw;      // its row and column plus the padding
+    };
+    typedef int ARow;
+    static constexpr bool A_K_FAST = true, B_K_FAST = false;
+    const float* dy;
+    const float* w;
+    int C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, g, cg, fg;
+    __device__ int arow(int c) const { return c; }
+    __device__ float a(int c, int k) const {
+        int f = k / (KH * KW), ij = k % (KH * KW);
+        return w[((long long)(g * fg + f) * cg + c) * KH * KW + ij];
+    }
+    __device__ BCol bcol(int p) const {
+        int n = p / (H * W), h = p / W % H, v = p % W;
+        return {((long long)n * F + g * fg) * OH * OW, h + PH, v + PW};
+    }
+    __device__ float b(const BCol& p, int k) const {
+        int f = k / (KH * KW), i = k / KW % KH, j = k % KW;
+        int t = p.th - i * DH, u = p.tw - j * DW;
+        if (t < 0 || u < 0 || t % SH != 0 || u % SW != 0 || t / SH >= OH || u / SW >= OW) return 0.0f;
+        return dy[p.base + ((long long)f * OH + t / SH) * OW + u / SW];
+    }
+    __device__ long long crow(int c) const { return (long long)(g * cg + c) * H * W; }
+    __device__ long long ccol(int p) const { return (long long)(p / (H * W)) * C * H * W + p % (H * W); }
+};
+
+// One phase of a strided convolution's input pixels: the rows h with h + PH = rh (mod SH) and the columns v with
+// v + PW = rw (mod SW) see only the taps i with i*DH = rh (mod SH) and j with j*DW = rw (mod SW), an arithmetic
+// progression i0, i0 + istep, ... (ti of them; likewise j): so the GEMM's k = (f, the tap's place in those) skips
+// the taps the stride leaves out instead of reading zeros for them.
+struct dd_conv_phase {
+    int h0, hn, i0, istep, ti;  // the phase's first row, its rows, its first tap, the taps' step, their number
+    __device__ dd_conv_phase(int r, int S, int P, int D, int K, int H) {
+        h0 = ((r - P) % S + S) % S;
+        hn = h0 < H ? (H - h0 + S - 1) / S : 0;
+        int a = S, b = D;  // istep = S / gcd(S, D)
+        while (b) {
+            int t = a % b;
+            a = b;
+            b = t;
+        }
+        istep = S / a;
+        i0 = -1;
+        for (int i = 0; i < istep && i < K && i0 < 0; i++)
+            if (i * D % S == r) i0 = i;
+        ti = i0 < 0 ? 0 : (K - 1 - i0) / istep + 1;
+    }
+};
+
+struct dd_conv_strided_data_loader {
+    struct BCol {
+        long long base;  // the pixel's image in dY at the group's first filter
+        int th, tw;      // its row and column plus the padding
+    };
+    typedef int ARow;
+    static constexpr bool A_K_FAST = true, B_K_FAST = false;
+    const float* dy;
+    const float* w;
+    int C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, g, cg, fg;
+    dd_conv_phase ph, pw;
+    __device__ int arow(int c) const { return c; }
+    __device__ float a(int c, int k) const {
+        int f = k / (ph.ti * pw.ti), i = ph.i0 + k / pw.ti % ph.ti * ph.istep, j = pw.i0 + k % pw.ti * pw.istep;
+        return w[(((long long)(g * fg + f) * cg + c) * KH + i) * KW + j];
+    }
+    __device__ BCol bcol(int p) const {  // p: the phase's pixels (n, a, b), at row h0 + SH*a, column h0 + SW*b
+        int n = p / (ph.hn * pw.hn), h = ph.h0 + p / pw.hn % ph.hn * SH, v = pw.h0 + p % pw.hn * SW;
+        return {((long long)n * F + g * fg) * OH * OW, h + PH, v + PW};
+    }
+    __device__ float b(const BCol& p, int k) const {
+        int f = k / (ph.ti * pw.ti), i = ph.i0 + k / pw.ti % ph.ti * ph.istep, j = pw.i0 + k % pw.ti * pw.istep;
+        int t = p.th - i * DH, u = p.tw - j * DW;  // multiples of SH and SW
+        if (t < 0 || u < 0 || t / SH >= OH || u / SW >= OW) return 0.0f;
+        return dy[p.base + ((long long)f * OH + t / SH) * OW + u / SW];
+    }
+    __device__ long long crow(int c) const { return (long long)(g * cg + c) * H * W; }
+    __device__ long long ccol(int p) const {
+        int n = p / (ph.hn * pw.hn), h = ph.h0 + p / pw.hn % ph.hn * SH, v = pw.h0 + p % pw.hn * SW;
+        return (long long)n * C * H * W + (long long)h * W + v;
+    }
+};
+
+// Launch: block (16, 16), grid (ceil(N*ceil(H/SH)*ceil(W/SW)/DD_BN), ceil(C/G/DD_BM), G*SH*SW): blockIdx.z is the
+// group and, with a stride, the phase (rh, rw); a phase without taps writes zeros.
 __device__ void dd_conv2d_backward_data_igemm(float* __restrict__ dx, const float* __restrict__ g,
                                               const float* __restrict__ w, int N, int C, int H, int W, int F,
                                               int KH, int KW, int OH, int OW, int SH, int SW, int PH, int PW, int G,
                                               int DH, int DW) {
-    __shared__ float ws[DD_TILE][DD_TILE + 1];
-    __shared__ float gs[DD_TILE][DD_TILE + 1];
-    int cg = C / G, fg = F / G, K = fg * KH * KW, P = N * H * W, grp = blockIdx.z;
-    int tx = threadIdx.x, ty = threadIdx.y;
-    int c = blockIdx.y * DD_TILE + ty, p = blockIdx.x * DD_TILE + tx;
-    int pn = p / (H * W), ph = (p / W) % H, pw = p % W;
-    float acc = 0.0f;
-    for (int k0 = 0; k0 < K; k0 += DD_TILE) {
-        int kw = k0 + tx;  // the W tile: row c, column k = (f, i, j): w[grp * fg + f, c, i, j]
-        float a = 0.0f;
-        if (c < cg && kw < K) {
-            int f = kw / (KH * KW), ij = kw % (KH * KW);
-            a = w[((long long)(grp * fg + f) * cg + c) * KH * KW + ij];
-        }
-        ws[ty][tx] = a;
-        int kg = k0 + ty;  // the dY tile: row k, column p
-        float v = 0.0f;
-        if (kg < K && p < P) {
-            int f = kg / (KH * KW), i = (kg / KW) % KH, j = kg % KW;
-            int t = ph + PH - i * DH, u = pw + PW - j * DW;
-            if (t >= 0 && u >= 0 && t % SH == 0 && u % SW == 0 && t / SH < OH && u / SW < OW)
-                v = g[(((long long)pn * F + grp * fg + f) * OH + t / SH) * OW + u / SW];
-        }
-        gs[ty][tx] = v;
-        __syncthreads();
-        for (int k = 0; k < DD_TILE; k++) acc += ws[ty][k] * gs[k][tx];
-        __syncthreads();
+    int cg = C / G, fg = F / G;
+    if (SH == 1 && SW == 1) {
+        dd_conv_data_loader ld{g, w, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, (int)blockIdx.z, cg, fg};
+        dd_tiled(dx, ld, cg, N * H * W, 0, fg * KH * KW);
+        return;
     }
-    if (c < cg && p < P) dx[(((long long)pn * C + grp * cg + c) * H + ph) * W + pw] = acc;
+    int grp = blockIdx.z / (SH * SW), r = blockIdx.z % (SH * SW);
+    dd_conv_phase ph(r / SW, SH, PH, DH, KH, H), pw(r % SW, SW, PW, DW, KW, W);
+    dd_conv_strided_data_loader ld{g, w, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, grp, cg, fg, ph, pw};
+    dd_tiled(dx, ld, cg, N * ph.hn * pw.hn, 0, fg * ph.ti * pw.ti);
 }
 
-// d w of conv2d: one block per weight element, its threads sharing the sum over (n, oh, ow).
+// d w of conv2d: dW[f, k] = sum over r of dY[f, r] X[r, k], with f the filter in group g, k = (c, i, j) and the
+// reduction over r = (n, oh, ow), split into S slices of whole DD_BK steps: slice s of group g is block z = g*S + s.
+// With S > 1 each slice writes its partial sums to ws [S, F, C/G*KH*KW] and dd_conv2d_backward_filter_finish adds
+// them up in slice order (the same bits every run); with S == 1 the one slice writes dW itself (ws unused).
+// Launch: block (16, 16), grid (ceil(C/G*KH*KW/DD_BN), ceil(F/G/DD_BM), G*S); then the finish (S > 1).
+struct dd_conv_filter_loader {
+    struct BCol {
+        long long base;  // the channel's plane in image 0
+        int hi, wj;      // the window offset's row and column less the padding
+    };
+    typedef long long ARow;
+    static constexpr bool A_K_FAST = true, B_K_FAST = true;
+    const float* x;
+    const float* dy;
+    int C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, g, cg, fg, K;
+    __device__ long long arow(int f) const { return (long long)(g * fg + f) * OH * OW; }
+    __device__ float a(long long r, int k) const {
+        int n = k / (OH * OW);
+        return dy[r + (long long)n * F * OH * OW + k % (OH * OW)];
+    }
+    __device__ BCol bcol(int col) const {
+        int c = col / (KH * KW), i = col / KW % KH, j = col % KW;
+        return {(long long)(g * cg + c) * H * W, i * DH - PH, j * DW - PW};
+    }
+    __device__ float b(const BCol& p, int k) const {
+        int n = k / (OH * OW), oh = k / OW % OH, ow = k % OW;
+        int h = oh * SH + p.hi, u = ow * SW + p.wj;
+        return h >= 0 && h < H && u >= 0 && u < W ? x[p.base + (long long)n * C * H * W + (long long)h * W + u] : 0.0f;
+    }
+    __device__ long long crow(int f) const { return (long long)(g * fg + f) * K; }
+    __device__ long long ccol(int col) const { return col; }
+};
+
+// the slice length of a reduction of Q split S ways: whole DD_BK steps
+__device__ __forceinline__ int dd_slice(int Q, int S) { return (Q + S * DD_BK - 1) / (S * DD_BK) * DD_BK; }
+
 __device__ void dd_conv2d_backward_filter(float* __restrict__ dw, const float* __restrict__ x,
-                                          const float* __restrict__ g, int N, int C, int H, int W, int F,
-                                          int KH, int KW, int OH, int OW, int SH, int SW, int PH, int PW, int G,
-                                          int DH, int DW) {
-    int cg = C / G, fg = F / G;
-    DD_BLOCK_STRIDE(r, F * cg * KH * KW) {
-        int j = r % KW, i = (r / KW) % KH, cl = (r / (KW * KH)) % cg, f = r / (KW * KH * cg);
-        int c = (f / fg) * cg + cl;
-        float acc = 0.0f;
-        for (int p = threadIdx.x; p < N * OH * OW; p += blockDim.x) {
-            int ow = p % OW, oh = (p / OW) % OH, n = p / (OW * OH);
-            int h = oh * SH - PH + i * DH, v = ow * SW - PW + j * DW;
-            if (h >= 0 && h < H && v >= 0 && v < W)
-                acc += g[(((long long)n * F + f) * OH + oh) * OW + ow] * x[(((long long)n * C + c) * H + h) * W + v];
-        }
-        acc = dd_block_sum(acc);
-        if (threadIdx.x == 0) dw[r] = acc;
+                                          const float* __restrict__ g, float* __restrict__ ws, int S, int N, int C,
+                                          int H, int W, int F, int KH, int KW, int OH, int OW, int SH, int SW, int PH,
+                                          int PW, int G, int DH, int DW) {
+    int cg = C / G, fg = F / G, K = cg * KH * KW, Q = N * OH * OW;
+    int grp = blockIdx.z / S, s = blockIdx.z % S, len = dd_slice(Q, S);
+    int k0 = s * len, k1 = k0 + len < Q ? k0 + len : Q;
+    dd_conv_filter_loader ld{x, g, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, grp, cg, fg, K};
+    dd_tiled(S > 1 ? ws + (long long)s * F * K : dw, ld, fg, K, k0, k1);
+}
+
+// dW = the sum of the S slices' partial sums ws [S, n], in slice order
+__device__ void dd_conv2d_backward_filter_finish(float* __restrict__ dw, const float* __restrict__ ws, int n, int S) {
+    DD_GRID_STRIDE(e, n) {
+        float v = 0.0f;
+        for (int s = 0; s < S; s++) v += ws[(long long)s * n + e];
+        dw[e] = v;
     }
 }
 

@@ -14,6 +14,8 @@ import deepdsl.ops  # noqa: F401 — the registry's entries, which this module a
 from deepdsl.backends.cuda.kernels import (
     GEMM_SMEM,
     TILE,
+    TILE_M,
+    TILE_N,
     Form,
     Kernel,
     c_ints,
@@ -29,6 +31,7 @@ from deepdsl.ir.analysis import output_indices
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var
 from deepdsl.ir.registry import cuda_form, cuda_kernel
 from deepdsl.ir.vendor import Gemm, vendor_call
+from deepdsl.ops.conv import filter_gradient_splits
 
 # ---- library calls ----
 
@@ -48,23 +51,41 @@ def _conv_geometry(s: Stmt) -> tuple[int, ...]:
     return n, c, h, wd, f, kh, kw, y[2], y[3], sh, sw, ph, pw, a["groups"], dh, dw
 
 
-def _conv(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
-    """Forward and backward-data: implicit GEMMs on 16x16 tiles (per group); backward-filter: one block per
-    weight, its threads sharing the sum over the batch and the output pixels."""
+def _conv(name: str, s: Stmt, ct: tuple[str, ...], workspace: int = 0) -> Kernel:
+    """Implicit GEMMs on library.cu's register tiles (dd_tiled), per group: forward and backward-data over the output
+    pixels, backward-filter over the weights with its reduction over N*OH*OW split into slices (blockIdx.z: group and
+    slice) whose partial sums go to the statement's planned `workspace` bytes, then a finishing kernel adds them up
+    in slice order. Without enough workspace (over the plan's limit) it does not split."""
     geometry = _conv_geometry(s)
-    n, c, h, w, f = geometry[:5]
+    n, c, h, w, f, kh, kw = geometry[:7]
     oh, ow, groups = geometry[7], geometry[8], geometry[13]
-    args = f"out, in0, in1, {c_ints(*geometry)}"
     numel = s.out.type.numel
+    tiled = {"block": (TILE, TILE, 1), "static_smem": GEMM_SMEM, "covers": numel, "loop": "tiles"}
     if s.op == "conv2d_backward_filter":
-        return library_call(name, s, ct[:2], "float", f"dd_conv2d_backward_filter({args})", **row_launch(numel, numel))
+        cols = c // groups * kh * kw
+        splits = filter_gradient_splits(f // groups, cols, groups, n * oh * ow)
+        scratch = splits * numel * 4 if splits > 1 else 0
+        if scratch > workspace:
+            splits, scratch = 1, 0
+        grid = (-(-cols // TILE_N), -(-(f // groups) // TILE_M), groups * splits)
+        ws = "ws" if scratch else "nullptr"
+        call = f"dd_conv2d_backward_filter(out, in0, in1, {ws}, {splits}, {c_ints(*geometry)})"
+        finish = None
+        if scratch:
+            finish = library_call(f"{name}_finish", s, ("float",), "float",
+                                  f"dd_conv2d_backward_filter_finish(out, in0, {c_ints(numel, splits)})",
+                                  **elementwise_launch(numel))  # fmt: skip
+        return library_call(name, s, ct[:2], "float", call, grid=grid, tiles=(cols, f // groups, groups),
+                            scratch=scratch, finish=finish, **tiled)  # fmt: skip
     if s.op == "conv2d":
         fn, rows, cols = "dd_conv2d_igemm", f // groups, n * oh * ow
-    else:
+        grid = (-(-cols // TILE_N), -(-rows // TILE_M), groups)
+    else:  # with a stride, one block z per group and phase of the input pixels (the taps that reach them)
         fn, rows, cols = "dd_conv2d_backward_data_igemm", c // groups, n * h * w
-    grid = (-(-cols // TILE), -(-rows // TILE), groups)
-    return library_call(name, s, ct[:2], "float", f"{fn}({args})", grid=grid, block=(TILE, TILE, 1),
-                        static_smem=GEMM_SMEM, covers=numel, loop="tiles", tiles=(cols, rows, groups))  # fmt: skip
+        sh, sw = geometry[9], geometry[10]
+        grid = (-(-n * -(-h // sh) * -(-w // sw) // TILE_N), -(-rows // TILE_M), groups * sh * sw)
+    call = f"{fn}(out, in0, in1, {c_ints(*geometry)})"
+    return library_call(name, s, ct[:2], "float", call, grid=grid, tiles=(cols, rows, groups), **tiled)
 
 
 def _pool_geometry(s: Stmt) -> str:
@@ -91,10 +112,11 @@ def _avg_pool_backward(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
 
 
 def _gemm(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
-    """Our 16x16-tile SGEMM, for the GEMM the entry's vendor fact describes (the same one cuBLAS would run)."""
+    """Our register-tiled SGEMM (library.cu dd_tiled), for the GEMM the entry's vendor fact describes (the same one
+    cuBLAS would run)."""
     g = vendor_call(s)
     assert isinstance(g, Gemm), f"%{s.out.name} = {s.op}: its vendor fact is not a GEMM"
-    grid = (-(-g.n // TILE), -(-g.m // TILE), g.batch)
+    grid = (-(-g.n // TILE_N), -(-g.m // TILE_M), g.batch)
     call = f"dd_gemm(out, in0, in1, {c_ints(g.m, g.n, g.k, g.transpose_a, g.transpose_b)})"
     return library_call(name, s, ct[:2], "float", call, grid=grid, block=(TILE, TILE, 1), static_smem=GEMM_SMEM,
                         covers=s.out.type.numel, loop="tiles", tiles=(g.n, g.m, g.batch))  # fmt: skip

@@ -183,8 +183,13 @@ extern "C" __global__ void conv2d_backward_data__cv2__v26(float* __restrict__ ou
 }
 
 // %27 = conv2d_backward_filter(%3, %24) {groups=1, pad=(0, 0), stride=(1, 1), w_shape=(50, 20, 5, 5)} : f32[50,20,5,5]  # lenet.ddsl:14:13 cv2
-extern "C" __global__ void conv2d_backward_filter__cv2__v27(float* __restrict__ out, const float* __restrict__ in0, const float* __restrict__ in1) {
-  dd_conv2d_backward_filter(out, in0, in1, 64, 20, 12, 12, 50, 5, 5, 8, 8, 1, 1, 0, 0, 1, 1, 1);
+extern "C" __global__ void conv2d_backward_filter__cv2__v27(float* __restrict__ out, const float* __restrict__ in0, const float* __restrict__ in1, float* __restrict__ ws) {
+  dd_conv2d_backward_filter(out, in0, in1, ws, 16, 64, 20, 12, 12, 50, 5, 5, 8, 8, 1, 1, 0, 0, 1, 1, 1);
+}
+
+// %27 = conv2d_backward_filter(%3, %24) {groups=1, pad=(0, 0), stride=(1, 1), w_shape=(50, 20, 5, 5)} : f32[50,20,5,5]  # lenet.ddsl:14:13 cv2
+extern "C" __global__ void conv2d_backward_filter__cv2__v27_finish(float* __restrict__ out, const float* __restrict__ in0) {
+  dd_conv2d_backward_filter_finish(out, in0, 25000, 16);
 }
 
 // %28 = max_pool2d_backward(%2, %3, %26) {kernel=(2, 2), pad=(0, 0), stride=(2, 2)} : f32[64,20,24,24]  # lenet.ddsl:15:13 mp
@@ -226,8 +231,13 @@ extern "C" __global__ void channel_sum__cv1__v29_finish(float* out0, const doubl
 }
 
 // %31 = conv2d_backward_filter(%x, %28) {groups=1, pad=(0, 0), stride=(1, 1), w_shape=(20, 1, 5, 5)} : f32[20,1,5,5]  # lenet.ddsl:13:13 cv1
-extern "C" __global__ void conv2d_backward_filter__cv1__v31(float* __restrict__ out, const float* __restrict__ in0, const float* __restrict__ in1) {
-  dd_conv2d_backward_filter(out, in0, in1, 64, 1, 28, 28, 20, 5, 5, 24, 24, 1, 1, 0, 0, 1, 1, 1);
+extern "C" __global__ void conv2d_backward_filter__cv1__v31(float* __restrict__ out, const float* __restrict__ in0, const float* __restrict__ in1, float* __restrict__ ws) {
+  dd_conv2d_backward_filter(out, in0, in1, ws, 144, 64, 1, 28, 28, 20, 5, 5, 24, 24, 1, 1, 0, 0, 1, 1, 1);
+}
+
+// %31 = conv2d_backward_filter(%x, %28) {groups=1, pad=(0, 0), stride=(1, 1), w_shape=(20, 1, 5, 5)} : f32[20,1,5,5]  # lenet.ddsl:13:13 cv1
+extern "C" __global__ void conv2d_backward_filter__cv1__v31_finish(float* __restrict__ out, const float* __restrict__ in0) {
+  dd_conv2d_backward_filter_finish(out, in0, 500, 144);
 }
 
 // %22 = matmul(%19, %7) {transpose_a=True} : f32[500,800]  # lenet.ddsl:16:13 fc1

@@ -105,9 +105,9 @@ public final class LeNet extends Network {
     final Buf fc2_dx = at(7577600, 64, 500);
     final Buf fc2_dW = at(7805696, 10, 500);
     final Buf fc1_db = at(7825920, 500);
-    final Buf fc1_dx = at(4587520, 64, 800);
+    final Buf fc1_dx = at(3768320, 64, 800);
     final Buf net_flatten1_dx = view(fc1_dx, 64, 50, 4, 4);
-    final Buf mp_dx = at(3768320, 64, 50, 8, 8);
+    final Buf mp_dx = at(4549120, 64, 50, 8, 8);
     final Buf cv2_db = at(7828480, 50);
     final Buf cv2_dx = at(6635520, 64, 20, 12, 12);
     final Buf cv2_dW = at(7705600, 50, 20, 5, 5);
