@@ -254,6 +254,7 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
         "import deepdsl.runtime.Buf;",
         "import deepdsl.runtime.Kernel;",
         "import deepdsl.runtime.Network;",
+        "import deepdsl.runtime.ReductionPass;",
         "import deepdsl.runtime.Schedule;",
         "",
         "/**",
@@ -288,6 +289,8 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
     text = "\n".join(lines)
     if not e.kernel_text:
         text = text.replace("import deepdsl.runtime.Kernel;\n", "")
+    if "ReductionPass." not in text:
+        text = text.replace("import deepdsl.runtime.ReductionPass;\n", "")
     if cfg.lr is None:
         text = text.replace("import deepdsl.runtime.Schedule;\n", "")
     return Emitted(text, "\n\n".join(e.cuda_text) + "\n")

@@ -9,6 +9,7 @@ from typing import Any
 from deepdsl.backends.escape import java_comment
 from deepdsl.backends.java.calls import calls
 from deepdsl.backends.java.names import Namer, camel
+from deepdsl.backends.java.passes import Pass, partial_names, plan_passes
 from deepdsl.backends.java.roles import ancestors, gradient_values, temp_names
 from deepdsl.backends.java.state import Emitter
 from deepdsl.backends.java.text import long_literal, method
@@ -32,10 +33,22 @@ def plan_items(e: Emitter, p: Plan) -> list[tuple[str, Any]]:
     """The plan's work in order: statements, groups of statements one loop computes (ir/groups.py), then the
     copies of the updates not computed in place."""
     g = p.graph
-    items: list[tuple[str, Any]] = [
-        ("stmt", group[0]) if len(group) == 1 else ("group", group) for group in planned_groups(e, p)
-    ]
+    items: list[tuple[str, Any]] = []
+    for group in plan_passes(p, planned_groups(e, p)):  # a reduction pass: one call on a CUDA device (passes.py)
+        if isinstance(group, Pass):
+            items.append(("pass", group))
+        else:
+            items.append(("stmt", group[0]) if len(group) == 1 else ("group", group))
     return items + [("update", (name, v)) for name, v in g.updates if e.in_state.get(v.name) != name]
+
+
+def item_stmts(what: str, item: Any) -> tuple:
+    """The statements of an item of `plan_items` (none for an update's copy)."""
+    if what == "group":
+        return tuple(item)
+    if what == "pass":
+        return item.stmts
+    return (item,) if what == "stmt" else ()
 
 
 def plan_class(e: Emitter, title: str, doc: str, p: Plan, result: str | None,
@@ -72,6 +85,11 @@ def plan_class(e: Emitter, title: str, doc: str, p: Plan, result: str | None,
             else:
                 offset = long_literal(p.buffer_of(s.out.name).offset)
                 layout.append(f"final Buf {t} = at({offset}{', ' + shape if shape else ''});")
+    for _, _, items in segments:  # a reduction pass's partial sums (doubles): its workspace in the plan
+        for what, item in items:
+            if what == "pass":
+                for field, (offset, doubles) in zip(partial_names(e, item), item.partials):
+                    layout.append(f"final Buf {field} = at({long_literal(offset)}, {doubles} * 2);")
     methods = []
     for name, mdoc, items in segments:
         parts = _split(items)
@@ -185,7 +203,7 @@ def _predict_first(p: Plan, items: list[tuple[str, Any]]) -> int | None:
     needed = ancestors(p.graph, [p.graph.output("predict").name])
     marks = []
     for what, item in items:
-        stmts = item if what == "group" else (item,) if what == "stmt" else ()
+        stmts = item_stmts(what, item)
         marks.append(any(st.out.name in needed for st in stmts) if stmts else False)
     if True not in marks:
         return None
@@ -198,7 +216,7 @@ def _part_name(kind: str, part: list[tuple[str, Any]], gradient: set[str]) -> st
     """A part's method, after the blocks it covers and, in a training step, its pass: `forwardStemToStage2`,
     `backwardStage3`, `updates`; `predictStage3` in a segment `predict`."""
     blocks: list[str] = []
-    stmts = [st for what, item in part if what != "update" for st in (item if what == "group" else (item,))]
+    stmts = [st for what, item in part for st in item_stmts(what, item)]
     for st in stmts:
         top = _block(st.layer).split(".")[-1] if st.layer else ""
         if top and top not in blocks:
@@ -217,8 +235,8 @@ def _part_name(kind: str, part: list[tuple[str, Any]], gradient: set[str]) -> st
 def _layers(part: list[tuple[str, Any]]) -> str:
     names: list[str] = []
     for what, item in part:
-        first = item[0] if what == "group" else item
-        top = _block(first.layer) if what != "update" and first.layer else ""
+        first = item_stmts(what, item)[0] if what != "update" else None
+        top = _block(first.layer) if first is not None and first.layer else ""
         if top and top not in names:
             names.append(top)
     if not names:
@@ -245,7 +263,7 @@ def _top(item: tuple[str, Any]) -> str:
     what, x = item
     if what == "update":
         return "update"
-    return _block((x[0] if what == "group" else x).layer)
+    return _block(item_stmts(what, x)[0].layer)
 
 
 def _block(layer: str) -> str:
