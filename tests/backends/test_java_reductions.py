@@ -151,3 +151,31 @@ def test_the_cuda_devices_launches_a_step_are_the_pycuda_runners_and_ir_stats(re
     # for an op's epilogue launched after it (a conv's bias add), which it counts with its statement
     epilogues = sum(x.kernel.endswith("_epilogue") for x in prog.launches)
     assert len(launched) == len(prog.launches) == kernel_count(build.train_plan.graph) + epilogues
+
+
+def _pass_launches(java_text: str, calls: str) -> int:
+    """The launches of the `dev.pass` calls in `calls` on a CUDA device: two for a split pass, one for a direct one
+    (as the class's constants say)."""
+    kinds = dict(re.findall(r"static final ReductionPass (\w+) =\s*ReductionPass\.(split|direct)\(", java_text))
+    return sum(2 if kinds[c] == "split" else 1 for c in re.findall(r"dev\.pass\((\w+),", calls))
+
+
+@pytest.mark.parametrize("limit", [None, 0])
+@pytest.mark.parametrize("network", ["resbn", "lenet"])
+def test_the_classs_pass_calls_launch_what_the_pycuda_runners_passes_do(network: str, limit: int | None) -> None:
+    """Without running anything: the generated class's pass calls stand for as many launches as the PyCUDA
+    runner's passes, also where no workspace is allowed (`--workspace-limit 0`: no split pass on either device)."""
+    from conftest import ROOT
+
+    from deepdsl.backends.java import java_program
+    from deepdsl.build import Options
+
+    source = RESBN if network == "resbn" else (ROOT / "networks" / "lenet.ddsl").read_text()
+    b = api.build(api.compile_source(source, f"{network}.ddsl").program, Options(workspace_limit=limit))
+    prog = kernels.program(b.train_plan)
+    passes = [x for x in prog.launches if x.loop == "split" or x.kernel.endswith("_finish")]
+    text = java_program(b.program, b.train_plan, b.infer_plan, b.eval_plan or b.train_plan, limit or 0).java
+    training = text[text.index("private final class Training") :]
+    training = training[: training.index("\n  }\n")]
+    assert _pass_launches(text, training) == len(passes)
+    assert ("ReductionPass.split(" in text) == (limit is None)
