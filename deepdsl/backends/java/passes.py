@@ -14,7 +14,6 @@ Where the plan gave a pass no workspace (`--workspace-limit`), its statements ru
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -101,30 +100,23 @@ def pass_constant(e: Emitter, rg: ReductionGroup) -> tuple[str, tuple[Value, ...
     grid, block = _ints(k.partial.grid), _ints(k.partial.block)
     if k.finish is not None:
         e.cuda_text.append(k.finish.text)
-        shape = (f"{k.partial.grid[0]} x {k.partial.grid[1]} blocks add the pieces of the range into partial sums "
-                 f"(in double), then the finishing launch adds them in slice order")  # fmt: skip
+        shape = f"{k.partial.grid[0]} x {k.partial.grid[1]} blocks of partial sums, then a finishing launch"
         args = [f'"{name}"', grid, block, f'"{name}_finish"', _ints(k.finish.grid), _ints(k.finish.block)]
         make = "ReductionPass.split"
     else:
-        shape = f"{k.partial.grid[0]} blocks, each summing one output's range"
+        shape = f"{k.partial.grid[0]} blocks, one launch"
         args = [f'"{name}"', grid, block]
         make = "ReductionPass.direct"
-    about = (f"A reduction pass on the CUDA device (ir/reductions.py): {shape}. It computes these statements, and "
-             "those of every pass whose kernels read the same:")  # fmt: skip
-    doc = [
-        "  /**",
-        *(f"   * {line}" for line in textwrap.wrap(java_comment(about), 110)),
-        *(f"   *   {java_comment(line)}" for line in statements),
-        "   */",
-    ]
-    e.kernel_text.append("\n".join([
-        *doc,
-        f"  static final ReductionPass {const} =",
-        f"      {make}(",
-        f"          {', '.join(args[:3])},",
-        *([f"          {', '.join(args[3:])},"] if len(args) > 3 else []),
-        f"          {', '.join(map(str, counts))});",
-    ]))  # fmt: skip
+    about = f"Reduction pass on the CUDA device ({shape})"
+    one = f"  /** {java_comment(about)}: {java_comment(statements[0])} */"
+    if len(statements) == 1 and len(one) <= 130:
+        doc = [one]
+    else:  # the statements it computes (and those of every pass whose kernels read the same), a line each
+        lines = [f"   * {java_comment(about)}:", *(f"   *   {java_comment(line)}" for line in statements)]
+        doc = ["  /**", *lines, "   */"]
+    head = f"  static final ReductionPass {const} = {make}({', '.join(args[:2])},"
+    rest = f"      {', '.join([*args[2:], *map(str, counts)])});"
+    e.kernel_text.append("\n".join([*doc, head, rest]))
     e.kernels[key] = const
     return const, probe.inputs
 
