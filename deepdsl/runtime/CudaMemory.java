@@ -352,6 +352,26 @@ abstract class CudaMemory implements Device {
         null);
   }
 
+  /**
+   * A reduction pass: its partial sums on a 2-D grid into the pass's scratch of the arena, then the finishing
+   * launch adding them in slice order (or the one launch of a pass one slice covers), the kernels and launch
+   * shapes the PyCUDA runner uses.
+   */
+  @Override
+  public boolean pass(ReductionPass p, Buf... args) {
+    Buf[] results = ReductionPass.part(args, 0, p.results);
+    Buf[] partials = ReductionPass.part(args, p.results, p.partials);
+    Buf[] inputs = ReductionPass.part(args, p.results + p.partials, p.inputs);
+    Buf[] running = ReductionPass.part(args, p.results + p.partials + p.inputs, p.running);
+    if (p.finish == null) {
+      launch(p.kernel, p.grid, p.block, ReductionPass.join(results, inputs, running));
+      return true;
+    }
+    launch(p.kernel, p.grid, p.block, ReductionPass.join(results, partials, inputs));
+    launch(p.finish, p.finishGrid, p.finishBlock, ReductionPass.join(results, partials, running));
+    return true;
+  }
+
   @Override
   public void copy(Buf from, Buf to) {
     notAfterTheLoss();

@@ -63,6 +63,15 @@ public interface Device extends AutoCloseable {
     }
   }
 
+  /**
+   * Runs a reduction pass with its own kernels ({@link ReductionPass}; {@code args}: the results, the partial sums,
+   * the inputs, the running statistics) and returns true; false where the device has no such kernels (the CPU),
+   * and the caller runs the statements' own calls.
+   */
+  default boolean pass(ReductionPass p, Buf... args) {
+    return false;
+  }
+
   /** Copies a step's result into the tensor it updates. */
   void copy(Buf from, Buf to);
 

@@ -16,7 +16,10 @@
  * end where negative): a broken replay, for the tests to catch. A stand-in library's call on a capturing stream is
  * recorded too (fake_cuda_capture). Work runs at once, so a stream never waits. Events: a stream that waits on an
  * event recorded in a capture joins that capture until it ends (cuStreamWaitEvent), as the driver's cross-stream
- * capture does. */
+ * capture does.
+ *
+ * $FAKE_CUDA_LAUNCH_LOG names a file to which each cuLaunchKernel call (run now or recorded into a graph) appends
+ * its kernel's name, one a line: what the tests count a step's launches by. */
 
 #include <dlfcn.h>
 #include <stdio.h>
@@ -115,11 +118,21 @@ CUresult cuModuleLoadData(CUmodule *m, const void *image) {
   return *m ? 0 : 200;
 }
 CUresult cuModuleUnload(CUmodule m) { return dlclose(m) == 0 ? 0 : 1; }
+static struct {
+  void *f;
+  char name[256];
+} names[4096];
+static int nnames;
+
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
   char symbol[512];
   snprintf(symbol, sizeof symbol, "cu_%s", name);
   *f = dlsym(m, symbol);
   if (!*f) return 500; /* CUDA_ERROR_NOT_FOUND */
+  if (nnames < 4096) {
+    names[nnames].f = *f;
+    snprintf(names[nnames++].name, sizeof names[0].name, "%s", name);
+  }
   strncat(symbol, "_sizes", sizeof symbol - strlen(symbol) - 1);
   const int *sizes = dlsym(m, symbol);
   if (sizes && nfunctions < 4096) functions[nfunctions++] = (struct function){*f, sizes};
@@ -294,6 +307,15 @@ CUresult cuGraphLaunch(void *exec, CUstream s) {
 
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, CUstream s, void **params, void **extra) {
+  const char *log = getenv("FAKE_CUDA_LAUNCH_LOG");
+  FILE *out = log ? fopen(log, "a") : NULL;
+  if (out) {
+    const char *name = "?";
+    for (int i = 0; i < nnames; i++)
+      if (names[i].f == (void *)f) name = names[i].name;
+    fprintf(out, "%s\n", name);
+    fclose(out);
+  }
   if (s && ((stream *)s)->capture) {
     const int *sizes = sizes_of(f);
     if (!sizes) return 801; /* CUDA_ERROR_NOT_SUPPORTED */

@@ -12,6 +12,7 @@ from deepdsl.backends.escape import java_comment, java_string
 from deepdsl.backends.java.kernel_section import ctype, group_constant, kernel, multi_constant
 from deepdsl.backends.java.kernels import float_literal
 from deepdsl.backends.java.names import camel
+from deepdsl.backends.java.passes import Pass, partial_names, pass_constant
 from deepdsl.backends.java.settings import read_settings, with_settings
 from deepdsl.backends.java.state import Emitter
 from deepdsl.backends.java.text import method
@@ -208,6 +209,31 @@ def statement(e: Emitter, s: Stmt, temp: str) -> list[str]:
     return lines
 
 
+def reduction_pass(e: Emitter, item: Pass) -> list[str]:
+    """`if (!dev.pass(PASS, results..., partials..., inputs..., running...)) { the statements' own calls }`."""
+    rg = item.group
+    results = [e.tensor(f.stmt.out) for f in rg.sums] + [e.tensor(u.out) for u, _ in rg.updates]
+    partials = partial_names(e, item) if rg.split.slices > 1 else []
+    const, inputs = pass_constant(e, rg)
+    ins = [e.tensor(v) for v in inputs]
+    running = [e.tensor(u.inputs[0]) for u, _ in rg.updates]
+    own: list[str] = []
+    for g in item.groups:
+        if len(g) == 1:
+            own += statement(e, g[0], e.tensor(g[0].out))
+        else:
+            own.append(group(e, g, [e.tensor(st.out) for st in g]))
+    head = f"if (!dev.pass({', '.join([const, *results, *partials, *ins, *running])})) {{"
+    if len(head) > 100:  # the buffers a line each kind, as ReductionPass orders them
+        kinds = [(results, "results"), (partials, "partial sums (doubles)"), (ins, "inputs"),
+                 (running, "the per-element statements' inputs")]  # fmt: skip
+        kinds = [(b, what) for b, what in kinds if b]
+        rows = [f"    {', '.join(b)}{',' if k < len(kinds) - 1 else ')) {'}  // {what}"
+                for k, (b, what) in enumerate(kinds)]  # fmt: skip
+        return [f"if (!dev.pass({const},", *rows, *(f"  {line}" for line in own), "}"]
+    return [head, *(f"  {line}" for line in own), "}"]
+
+
 def calls(e: Emitter, part: list[tuple[str, Any]]) -> list[str]:
     """The device calls of a part of a step, each run of calls under a comment saying where they come from."""
     body: list[str] = []
@@ -232,6 +258,11 @@ def calls(e: Emitter, part: list[tuple[str, Any]]) -> list[str]:
             body.append(f"// {_UPDATES}: one launch")
             last[0] = _UPDATES
             body += multi(e, item)
+            continue
+        if what == "pass":  # one call on a CUDA device; the CPU runs the statements' own calls (passes.py)
+            for st in item.stmts:
+                comment(st)
+            body += reduction_pass(e, item)
             continue
         if what == "group":
             temps = []

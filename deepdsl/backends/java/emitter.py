@@ -261,6 +261,7 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
         "import deepdsl.runtime.Kernel;",
         "import deepdsl.runtime.MultiKernel;",
         "import deepdsl.runtime.Network;",
+        "import deepdsl.runtime.ReductionPass;",
         "import deepdsl.runtime.Schedule;",
         "",
         "/**",
@@ -295,6 +296,8 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
     text = "\n".join(lines)
     if not e.kernel_text:
         text = text.replace("import deepdsl.runtime.Kernel;\n", "")
+    if "ReductionPass." not in text:
+        text = text.replace("import deepdsl.runtime.ReductionPass;\n", "")
     if cfg.lr is None:
         text = text.replace("import deepdsl.runtime.Schedule;\n", "")
     if "MultiKernel(" not in text:  # no multi-tensor launch (ir/launches.py): an inference-only program

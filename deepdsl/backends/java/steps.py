@@ -9,6 +9,7 @@ from typing import Any
 from deepdsl.backends.escape import java_comment
 from deepdsl.backends.java.calls import calls
 from deepdsl.backends.java.names import Namer, camel
+from deepdsl.backends.java.passes import Pass, partial_names, plan_passes
 from deepdsl.backends.java.roles import ancestors, gradient_values, temp_names
 from deepdsl.backends.java.state import Emitter
 from deepdsl.backends.java.text import long_literal, method
@@ -35,14 +36,26 @@ def plan_items(e: Emitter, p: Plan) -> list[tuple[str, Any]]:
     copies of the updates not computed in place."""
     g = p.graph
     key = ("launches", id(p))
-    if key not in e.memo:
-        e.memo[key] = (p, planned_launches(p, planned_groups(e, p)))
+    if key not in e.memo:  # reduction passes (passes.py), then the multi-tensor launches among the other groups
+        out: list[Any] = []
+        run: list[tuple] = []
+        for x in plan_passes(p, planned_groups(e, p)):
+            if isinstance(x, Pass):
+                out += planned_launches(p, run) if run else []
+                out.append(x)
+                run = []
+            else:
+                run.append(x)
+        out += planned_launches(p, run) if run else []
+        e.memo[key] = (p, out)
     items: list[tuple[str, Any]] = []
-    for launch in e.memo[key][1]:  # a statement, a group of statements in one loop, or a multi-tensor launch
-        if len(launch) > 1:
-            items.append(("multi", launch))
+    for x in e.memo[key][1]:  # a pass, a statement, a group of statements in one loop, or a multi-tensor launch
+        if isinstance(x, Pass):
+            items.append(("pass", x))
+        elif len(x) > 1:
+            items.append(("multi", x))
         else:
-            items.append(("stmt", launch[0][0]) if len(launch[0]) == 1 else ("group", launch[0]))
+            items.append(("stmt", x[0][0]) if len(x[0]) == 1 else ("group", x[0]))
     return items + [("update", (name, v)) for name, v in g.updates if e.in_state.get(v.name) != name]
 
 
@@ -83,6 +96,11 @@ def plan_class(e: Emitter, title: str, doc: str, p: Plan, result: str | None,
             else:
                 offset = long_literal(p.buffer_of(s.out.name).offset)
                 layout.append(f"final Buf {t} = at({offset}{', ' + shape if shape else ''});")
+    for _, _, items in segments:  # a reduction pass's partial sums (doubles): its workspace in the plan
+        for what, item in items:
+            if what == "pass":
+                for field, (offset, doubles) in zip(partial_names(e, item), item.partials):
+                    layout.append(f"final Buf {field} = at({long_literal(offset)}, {doubles} * 2);")
     methods = []
     for name, mdoc, items in segments:
         parts = _split(items)
@@ -329,6 +347,8 @@ def item_stmts(what: str, item: Any) -> tuple:
         return tuple(item)
     if what == "multi":
         return tuple(st for group in item for st in group)
+    if what == "pass":
+        return tuple(item.stmts)
     return ()
 
 

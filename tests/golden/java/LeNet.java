@@ -5,6 +5,7 @@ import deepdsl.runtime.Buf;
 import deepdsl.runtime.Kernel;
 import deepdsl.runtime.MultiKernel;
 import deepdsl.runtime.Network;
+import deepdsl.runtime.ReductionPass;
 
 /**
  * LeNet: training and inference of lenet.ddsl, every temporary at a fixed offset of one
@@ -115,6 +116,8 @@ public final class LeNet extends Network {
     final Buf cv1_db = at(1602048, 20);
     final Buf cv1_dW = at(1600000, 20, 1, 5, 5);
     final Buf fc1_dW = at(0, 500, 800);
+    final Buf cv2_db_partials = at(2949120, 550 * 2);
+    final Buf cv1_db_partials = at(0, 540 * 2);
 
     void step() {
       // cv1, lenet.ddsl:13:13
@@ -137,23 +140,31 @@ public final class LeNet extends Network {
       dev.softmaxCrossEntropy(loss, fc2_out, y);
       dev.softmaxCrossEntropyBackward(dscores, fc2_out, y, dloss);
       // fc2, lenet.ddsl:17:13
-      dev.run(CHANNEL_SUM, fc2_db, view(dscores, 64, 10, 1, 1));
+      if (!dev.pass(CHANNEL_SUM_PASS, fc2_db, dscores)) {
+        dev.run(CHANNEL_SUM, fc2_db, view(dscores, 64, 10, 1, 1));
+      }
       dev.matmul(fc2_dx, dscores, fc2_W, transposeA(false), transposeB(false));
       dev.run(RELU_GRAD, fc2_dx, fc2_dx, fc1_out);
       dev.matmul(fc2_dW, dscores, fc1_out, transposeA(true), transposeB(false));
       // fc1, lenet.ddsl:16:13
-      dev.run(CHANNEL_SUM, fc1_db, view(fc2_dx, 64, 500, 1, 1));
+      if (!dev.pass(CHANNEL_SUM_PASS_2, fc1_db, fc2_dx)) {
+        dev.run(CHANNEL_SUM, fc1_db, view(fc2_dx, 64, 500, 1, 1));
+      }
       dev.matmul(fc1_dx, fc2_dx, fc1_W, transposeA(false), transposeB(false));
       // mp, lenet.ddsl:15:13
       dev.maxPool2dBackward(mp_dx, cv2_out, mp_out_2, net_flatten1_dx, kernel(2, 2), pad(0, 0), stride(2, 2));
       // cv2, lenet.ddsl:14:13
-      dev.run(CHANNEL_SUM, cv2_db, mp_dx);
+      if (!dev.pass(CHANNEL_SUM_PASS_3, cv2_db, cv2_db_partials, mp_dx)) {
+        dev.run(CHANNEL_SUM, cv2_db, mp_dx);
+      }
       dev.conv2dBackwardData(cv2_dx, mp_dx, cv2_W, groups(1), inShape(64, 20, 12, 12), pad(0, 0), stride(1, 1), dilation(1, 1));
       dev.conv2dBackwardFilter(cv2_dW, mp_out, mp_dx, groups(1), pad(0, 0), stride(1, 1), dilation(1, 1), wShape(50, 20, 5, 5));
       // mp, lenet.ddsl:15:13
       dev.maxPool2dBackward(mp_dx_2, cv1_out, mp_out, cv2_dx, kernel(2, 2), pad(0, 0), stride(2, 2));
       // cv1, lenet.ddsl:13:13
-      dev.run(CHANNEL_SUM, cv1_db, mp_dx_2);
+      if (!dev.pass(CHANNEL_SUM_PASS_4, cv1_db, cv1_db_partials, mp_dx_2)) {
+        dev.run(CHANNEL_SUM, cv1_db, mp_dx_2);
+      }
       dev.conv2dBackwardFilter(cv1_dW, x, mp_dx_2, groups(1), pad(0, 0), stride(1, 1), dilation(1, 1), wShape(20, 1, 5, 5));
       // fc1, lenet.ddsl:16:13
       dev.matmul(fc1_dW, fc2_dx, net_flatten1_out, transposeA(true), transposeB(false));
@@ -237,6 +248,10 @@ public final class LeNet extends Network {
     }
   });
 
+  /** Reduction pass on the CUDA device (10 blocks, one launch): %16 = channel_sum(%15) : f32[10]  # lenet.ddsl:17:13 fc2 */
+  static final ReductionPass CHANNEL_SUM_PASS = ReductionPass.direct("channelSumPass", new int[] {10, 1, 1},
+      new int[] {64, 1, 1}, 1, 1, 0);
+
   /** out[i0] = (sum[r0:in0.dim(0), r1:in0.dim(2), r2:in0.dim(3)] in0[r0, i0, r1, r2]) */
   static final Kernel CHANNEL_SUM = Kernel.rows("channelSum", 256,
       in -> in[0].dim(0) * in[0].dim(2) * in[0].dim(3), (out, in, lo, hi) -> {
@@ -268,6 +283,24 @@ public final class LeNet extends Network {
       o[po + e] = Kernel.whenPositive(a1[p1 + e], a0[p0 + e]);
     }
   });
+
+  /** Reduction pass on the CUDA device (500 blocks, one launch): %20 = channel_sum(%19) : f32[500]  # lenet.ddsl:16:13 fc1 */
+  static final ReductionPass CHANNEL_SUM_PASS_2 = ReductionPass.direct("channelSumPass_2", new int[] {500, 1, 1},
+      new int[] {64, 1, 1}, 1, 1, 0);
+
+  /**
+   * Reduction pass on the CUDA device (50 x 11 blocks of partial sums, then a finishing launch):
+   *   %25 = channel_sum(%24) : f32[50]  # lenet.ddsl:14:13 cv2
+   */
+  static final ReductionPass CHANNEL_SUM_PASS_3 = ReductionPass.split("channelSumPass_3", new int[] {50, 11, 1},
+      new int[] {64, 1, 1}, "channelSumPass_3_finish", new int[] {1, 1, 1}, new int[] {256, 1, 1}, 1, 1, 1, 0);
+
+  /**
+   * Reduction pass on the CUDA device (20 x 27 blocks of partial sums, then a finishing launch):
+   *   %29 = channel_sum(%28) : f32[20]  # lenet.ddsl:13:13 cv1
+   */
+  static final ReductionPass CHANNEL_SUM_PASS_4 = ReductionPass.split("channelSumPass_4", new int[] {20, 27, 1},
+      new int[] {256, 1, 1}, "channelSumPass_4_finish", new int[] {1, 1, 1}, new int[] {256, 1, 1}, 1, 1, 1, 0);
 
   /** out0[e] = (((in3[] * in0[e]) + in1[e]) + (in4[] * in2[e])); out1[e] = (in2[e] - (in5[] * out0[e])) */
   static final Kernel SGD_MOMENTUM_SGD_STEP = Kernel.group("sgdMomentumSgdStep", 2, 14, (out, in, lo, hi) -> {
