@@ -317,18 +317,27 @@ def _layers(part: list[tuple[str, Any]]) -> str:
 
 
 def _split(items: list[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
-    """Consecutive pieces of at most MAX_STATEMENTS_PER_METHOD items, cut where the block (`model.stage2`) changes."""
-    if len(items) <= MAX_STATEMENTS_PER_METHOD:
+    """Consecutive pieces of at most MAX_STATEMENTS_PER_METHOD statements, cut where the block (`model.stage2`)
+    changes; a reduction pass counts its call and the statements' own calls the CPU runs under it."""
+    if sum(_weight(item) for item in items) <= MAX_STATEMENTS_PER_METHOD:
         return [items]
     parts: list[list[tuple[str, Any]]] = [[]]
+    size = 0
     for k, item in enumerate(items):
-        part = parts[-1]
-        if len(part) >= MAX_STATEMENTS_PER_METHOD or (
-            len(part) >= MAX_STATEMENTS_PER_METHOD // 2 and _top(item) != _top(items[k - 1])
+        if size + _weight(item) > MAX_STATEMENTS_PER_METHOD or (
+            size >= MAX_STATEMENTS_PER_METHOD // 2 and _top(item) != _top(items[k - 1])
         ):
             parts.append([])
+            size = 0
         parts[-1].append(item)
-    return parts
+        size += _weight(item)
+    return [part for part in parts if part]
+
+
+def _weight(item: tuple[str, Any]) -> int:
+    """The statements an item writes into its method: a pass's call and its statements' own calls, else one."""
+    what, x = item
+    return len(x.stmts) + 1 if what == "pass" else 1
 
 
 def _top(item: tuple[str, Any]) -> str:
