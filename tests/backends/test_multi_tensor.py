@@ -120,6 +120,24 @@ def test_a_reduction_pass_writes_no_memory_its_members_read(name: str) -> None:
                 assert apart, f"%{s.out.name} is written over %{v} in the pass {[m.out.name for m in group]}"
 
 
+def test_check_plan_refuses_a_result_over_memory_a_reduction_pass_still_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan checker (--verify) finds the plan that ran NaN: placed with a reduction pass's members' lifetimes
+    as plain statements (dbeta over the variance the pass's inverse deviation reads)."""
+    import importlib
+
+    from deepdsl.memory.check import PlanInvariantError, check_plan
+
+    planning = importlib.import_module("deepdsl.memory.plan")  # the module (deepdsl.memory's `plan` is its function)
+
+    b = _build("adam_freeze")
+    check_plan(b.train_plan)
+    monkeypatch.setattr(planning, "workspace_spans", lambda g: {})  # no scratch here: a pass's spans only
+    bad = planning.place(b.train_plan.graph)
+    monkeypatch.undo()
+    with pytest.raises(PlanInvariantError, match=r"still needs when that is written"):
+        check_plan(bad)
+
+
 @needs_gxx
 @pytest.mark.parametrize("name", list(OPTIMISERS))
 def test_the_multi_tensor_kernel_computes_each_update_as_numpy(name: str, tmp_path: Path) -> None:
