@@ -10,7 +10,9 @@ A plan is legal when
 - no kernel writes memory it reads at other elements: a statement reads its in-place input element for element,
   and every `same_loop` group the backends form (memory/groups.py `planned_groups`) writes each result
   only where no member of the loop reads, or at the very element that member reads (`hazards`; the NumPy runner
-  poisons such memory before the kernel, so a plan with a hazard gives wrong numbers there too).
+  poisons such memory before the kernel, so a plan with a hazard gives wrong numbers there too);
+- a reduction pass (ir/reductions.py) writes no member's result over memory of an input of the pass or of another
+  member's result: its finishing launch writes every result after the pass has read every input.
 
 A failure is a compiler bug, raised as PlanInvariantError naming the values and statements involved.
 """
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 from deepdsl.ir import REGISTRY, Stmt
 from deepdsl.ir.analysis import last_uses, reads_pointwise
+from deepdsl.ir.reductions import reduction_group, reduction_groups
 from deepdsl.memory.groups import planned_groups
 from deepdsl.memory.plan import ALIGN, Buffer, Plan, aligned, workspace_need, workspace_spans
 
@@ -74,6 +77,7 @@ def check_plan(p: Plan, groups: Sequence[Sequence[Stmt]] | None = None) -> Plan:
     for name in p.workspace:
         if name not in position:
             fail(f"workspace for %{name}, which no statement computes")
+    _check_reduction_passes(p, homes, fail)
     for h in hazards(p, groups):
         loop = "" if h.writer == h.reader else f" in the loop it shares with %{h.reader}"
         fail(f"%{h.writer} is written{loop} over bytes {h.lo:,}..{h.hi:,} of %{h.value} ({h.storage}), which "
@@ -83,6 +87,25 @@ def check_plan(p: Plan, groups: Sequence[Sequence[Stmt]] | None = None) -> Plan:
     if p.live_peak_bytes > p.arena_bytes:
         fail(f"{p.live_peak_bytes:,} bytes are live at once in an arena of {p.arena_bytes:,}")
     return p
+
+
+def _check_reduction_passes(p: Plan, homes: dict[str, Home], fail) -> None:  # noqa: ANN001
+    """A reduction pass (ir/reductions.py, as the CUDA program forms it) reads every member's inputs before its
+    finishing launch writes every member's result: no result may lie over an input of the pass or another result
+    (but over its own input at the same bytes: a running statistic updated in place, element for element)."""
+    for group in reduction_groups(planned_groups(p)):
+        if len(group) < 2 or reduction_group(group) is None:
+            continue
+        for s in group:
+            w = homes[s.out.name]
+            own = {v.name for v in s.inputs if homes[v.name] == w}
+            for v in dict.fromkeys([*(v.name for m in group for v in m.inputs), *(m.out.name for m in group)]):
+                r = homes[v]
+                if v in own or v == s.out.name or r[0] != w[0] or r[1] + r[2] <= w[1] or w[1] + w[2] <= r[1]:
+                    continue
+                fail(f"%{s.out.name} is written over bytes {max(r[1], w[1]):,}..{min(r[1] + r[2], w[1] + w[2]):,} "
+                     f"of %{v} ({r[0]}), which the reduction pass {', '.join('%' + m.out.name for m in group)} "
+                     "still needs when that is written")  # fmt: skip
 
 
 def _failer(p: Plan):  # noqa: ANN202

@@ -130,6 +130,18 @@ def place(g: Graph, workspace_limit: int | None = None) -> Plan:
     for v in owner:  # a buffer lives until the last use of any value it holds
         r = root(v)
         end[r] = max(end[r], last.get(v, -1))
+    # a reduction pass (ir/reductions.py) reads its members' inputs until its finishing launch, which writes every
+    # member's result: each result is live from the pass's first statement, each input until its last (else a
+    # member's result may take the memory of an input a later-written member still reads: a variance under dbeta)
+    stmts = {s.out.name: s for s in g.stmts}
+    for name, (lo, hi) in spans.items():
+        s = stmts[name]
+        if name in owner and root(name) == name:
+            start[name] = min(start[name], lo)
+        for v in s.inputs:
+            if v.name in owner:
+                r = root(v.name)
+                end[r] = max(end[r], hi)
     members: dict[str, list[str]] = {}
     for v in owner:
         members.setdefault(root(v), []).append(v)
