@@ -248,3 +248,15 @@ echo "FAILED=$FAILED" >>"$OUT/summary.txt"
     lines = (tmp_path / "summary.txt").read_text().splitlines()
     assert lines[0] == "PASS quick" and lines[1].startswith("SKIPPED (deadline) slow (stopped after ")
     assert lines[2] == "FAILED=0"
+
+
+def test_lenet_compiles_to_java_with_data_parallel(tmp_path: Path) -> None:
+    """What gpu_prepare.sh compiles for bench_gpu.py's NCCL rows: LeNet's split reduction passes among the items a
+    data-parallel train step cuts into per micro-batch and after the all-reduces (this raised an internal error)."""
+    from click.testing import CliRunner
+
+    from deepdsl.cli import cli
+
+    r = CliRunner().invoke(cli, ["compile", str(LENET), "--set", "N=8", "--data-parallel", "-o", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "allReduce" in (tmp_path / "LeNet.java").read_text()
