@@ -216,7 +216,8 @@ def java_usage(java_bin: str, classpath: str, cls: str) -> str:
 
 
 def java(java_bin: str, classpath: str, cls: str, steps: int, kernels: str, flags: list[str],
-         timeout: float, jvm: list[str] | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+         timeout: float, jvm: list[str] | None = None,
+         env: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """The generated program on its CUDA device with `kernels` own or vendor (the caller puts the CUDA 13 libraries on
     LD_LIBRARY_PATH for vendor): its --json figures, and the median of its steps' wall clock after the warm-up (each
     step's time as the program measures it, the loss read back included)."""
@@ -236,8 +237,7 @@ def java(java_bin: str, classpath: str, cls: str, steps: int, kernels: str, flag
         return row | {"error": r.stderr[-2000:]}
     run = json.loads(r.stdout.strip().splitlines()[-1])
     row["java"] = run
-    # the program chooses the graph at start (its device line's "graph: on" unless --no-graph); a capture that fails
-    # later falls back to call for call without a word in --json, so the row cannot say more
+    # the program's --json says whether the graph ran: "on", or "off (why)" (--no-graph, or a capture that failed)
     requested = "off" if "--no-graph" in flags else "on"
     row["graph"] = run.get("gpu_graph", f"not reported by the Java program's --json (requested: {requested})")
     row["ms"] = 1e3 * statistics.median(run["step_seconds"][WARMUP:] or run["step_seconds"])
