@@ -20,9 +20,12 @@ Rows, per network (ResNet-50 first, then LeNet, both at batch 64):
   and `pycuda_vendor_bf16` (--precision). The generated Java program on its CUDA device: `java_vendor` (its
   steady step by its own wall clock, the loss read back each step).
 - Optional (--part optional, after the checks): `pycuda_own` and `java_own` (our kernels alone), `--workspace-limit
-  0` against the default (the workspace A/B), `--deterministic`, `--no-graph`, and a one-rank data-parallel run
-  (`--ranks 1` under a launcher's environment, graph on and off) against the plain run's losses; Java rows with
-  --precision where the Java program takes it.
+  0` against the default (the workspace A/B), `--deterministic`, `--no-graph`; Java rows with --precision where the
+  Java program takes it; and, with --dp-cp (LeNet compiled with `deepdsl compile --data-parallel`), the data-parallel
+  Java program on one rank: `java_dp_plain` (no collective), `java_dp_nccl` and `java_dp_nccl_nograph` (NCCL forced
+  for one rank by -Ddeepdsl.collective=true, in the CUDA graph and eager), their losses against the plain run's bit
+  for bit and their step times. NCCL is the libnccl.so.2 of this Python's site-packages (nvidia/nccl/lib, PyTorch's
+  wheels); where there is none, the NCCL rows say "no libnccl.so.2 on this machine" and nothing runs.
 
 Goals (issues 30 and 31) are judged at the end from the rows there are: ResNet-50 vendor <= 0.9x PyTorch fp32 with
 cudnn.benchmark (PyCUDA and Java), LeNet <= 0.5x, Java within 15% of PyCUDA, tf32 <= 0.9x PyTorch's TF32 default
@@ -64,7 +67,6 @@ TORCH = {
     "torch_amp_bf16": ("eager, bf16 autocast, channels-last, cudnn.benchmark on", None, True, True),
 }  # fmt: skip
 # our rows: name -> (part, kernels, flags of `deepdsl run` (the first is what this build must take), environment)
-LAUNCHER_ENV = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533"}
 OURS = {
     "pycuda_vendor": ("headline", "vendor", [], {}),
     "pycuda_vendor_tf32": ("headline", "vendor", ["--precision", "tf32"], {}),
@@ -73,9 +75,6 @@ OURS = {
     "pycuda_vendor_workspace0": ("optional", "vendor", ["--workspace-limit", "0"], {}),
     "pycuda_vendor_nograph": ("optional", "vendor", ["--no-graph"], {}),
     "pycuda_vendor_deterministic": ("optional", "vendor", ["--deterministic"], {}),
-    "pycuda_vendor_ranks1": ("optional", "vendor", ["--ranks", "1", "--deterministic"], LAUNCHER_ENV),
-    "pycuda_vendor_ranks1_nograph": ("optional", "vendor", ["--ranks", "1", "--deterministic", "--no-graph"],
-                                     LAUNCHER_ENV),
 }  # fmt: skip
 # Java rows: name -> (part, kernels, flags of the generated program (the first is what it must take))
 JAVA = {
@@ -84,6 +83,13 @@ JAVA = {
     "java_vendor_tf32": ("optional", "vendor", ["--precision", "tf32"]),
     "java_vendor_bf16": ("optional", "vendor", ["--precision", "bf16"]),
 }
+# the data-parallel Java program (LeNet only) on one rank: name -> (NCCL forced, flags of the program)
+JAVA_DP = {
+    "java_dp_plain": (False, []),
+    "java_dp_nccl": (True, []),
+    "java_dp_nccl_nograph": (True, ["--no-graph"]),
+}
+NO_NCCL = "no libnccl.so.2 on this machine"
 # (what, network, our row, the row it is measured against, the most the ratio may be; a goal "within" a share is
 # |ratio - 1| <= share)
 GOALS = [
@@ -210,28 +216,44 @@ def java_usage(java_bin: str, classpath: str, cls: str) -> str:
 
 
 def java(java_bin: str, classpath: str, cls: str, steps: int, kernels: str, flags: list[str],
-         timeout: float) -> dict[str, Any]:  # fmt: skip
+         timeout: float, jvm: list[str] | None = None,
+         env: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """The generated program on its CUDA device with `kernels` own or vendor (the caller puts the CUDA 13 libraries on
     LD_LIBRARY_PATH for vendor): its --json figures, and the median of its steps' wall clock after the warm-up (each
     step's time as the program measures it, the loss read back included)."""
-    cmd = [java_bin, "-Dorg.bytedeco.javacpp.cachedir=/tmp/deepdsl_javacpp", "-cp", classpath, cls, "--device", "cuda",
-           "--kernels", kernels, "--data", "synthetic", "--iters", str(WARMUP + steps), "--json", *flags]  # fmt: skip
-    row: dict[str, Any] = {"kernels": kernels, "flags": flags, "command": " ".join(cmd[3:])}
+    jvm = jvm or []
+    cmd = [java_bin, "-Dorg.bytedeco.javacpp.cachedir=/tmp/deepdsl_javacpp", *jvm, "-cp", classpath, cls, "--device",
+           "cuda", "--kernels", kernels, "--data", "synthetic", "--iters", str(WARMUP + steps), "--json",
+           *flags]  # fmt: skip
+    row: dict[str, Any] = {"kernels": kernels, "flags": flags, "command": " ".join(jvm + cmd[2 + len(jvm) + 2 :])}
+    if env:
+        row["environment"] = env
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False,
+                           env=os.environ | (env or {}))  # fmt: skip
     except subprocess.TimeoutExpired:
         return row | {"error": f"timed out after {timeout:.0f} s"}
     if r.returncode != 0:
         return row | {"error": r.stderr[-2000:]}
     run = json.loads(r.stdout.strip().splitlines()[-1])
     row["java"] = run
-    # the program chooses the graph at start (its device line's "graph: on" unless --no-graph); a capture that fails
-    # later falls back to call for call without a word in --json, so the row cannot say more
+    # the program's --json says whether the graph ran: "on", or "off (why)" (--no-graph, or a capture that failed)
     requested = "off" if "--no-graph" in flags else "on"
     row["graph"] = run.get("gpu_graph", f"not reported by the Java program's --json (requested: {requested})")
     row["ms"] = 1e3 * statistics.median(run["step_seconds"][WARMUP:] or run["step_seconds"])
+    row["step_ms"] = [1e3 * s for s in run["step_seconds"]]
     row["losses"] = run.get("losses")
     return row
+
+
+def find_nccl(paths: list[str] | None = None) -> str | None:
+    """The folder of a libnccl.so.2 under nvidia/nccl/lib of this Python's import path (PyTorch's wheels bring
+    nvidia-nccl-cu*), else None."""
+    for folder in paths if paths is not None else sys.path:
+        lib = Path(folder or ".") / "nvidia" / "nccl" / "lib"
+        if (lib / "libnccl.so.2").is_file():
+            return str(lib)
+    return None
 
 
 # ---- PyTorch's rows ----
@@ -441,13 +463,13 @@ class Bench:
             self.ours("pycuda_own")
             self.ours("pycuda_vendor_workspace0")
             self.ours("pycuda_vendor_deterministic")
-            self.ours("pycuda_vendor_ranks1")
-            self.ours("pycuda_vendor_ranks1_nograph")
             self.ours("pycuda_vendor_nograph")
             self.java("java_vendor_tf32")
             self.java("java_vendor_bf16")
             if not big:  # ResNet-50's own kernels on the Java device take about 2 s a step: left out
                 self.java("java_own")
+                for name in JAVA_DP:
+                    self.java_dp(name)
 
     def room(self) -> float:
         return min(self.limit, self.deadline - time.time())
@@ -492,6 +514,23 @@ class Bench:
             return self.unavailable(name, flags, "the Java program")
         self.do(name, "ours", lambda: java(args.java, args.cp, self.cls, self.steps, kernels, flags, self.room()))
 
+    def java_dp(self, name: str) -> None:
+        """One rank of the data-parallel LeNet (--dp-cp), NCCL forced or not; an NCCL row without a libnccl.so.2
+        says so and runs nothing."""
+        args = self.args
+        if not (args.java and getattr(args, "dp_cp", None)):
+            return
+        forced, flags = JAVA_DP[name]
+        jvm, env = [], {}
+        if forced:
+            nccl = find_nccl()
+            if nccl is None:
+                return self.add({"network": self.name, "name": name, "side": "ours", "skipped": NO_NCCL})
+            jvm = ["-Ddeepdsl.collective=true"]
+            env = {"LD_LIBRARY_PATH": nccl + os.pathsep + os.environ.get("LD_LIBRARY_PATH", "")}
+        self.do(name, "ours", lambda: java(args.java, args.dp_cp, self.cls, self.steps, "own", flags, self.room(),
+                                           jvm, env))  # fmt: skip
+
     def torch(self, name: str) -> None:
         if self.have_torch:
             what, tf32, benchmark, amp = TORCH[name]
@@ -535,6 +574,7 @@ def main() -> None:
     ap.add_argument("--append", action="store_true", help="add to the rows already in --json (the same check)")
     ap.add_argument("--deadline-at", type=float, default=None, help="seconds since the epoch: start no row after")
     ap.add_argument("--profile", default=None, help="profile_gpu.py's JSON: its by-op table goes into the report")
+    ap.add_argument("--dp-cp", default=None, help="the class path of LeNet compiled with --data-parallel")
     ap.add_argument("--networks", default="resnet50,lenet", help="which networks (comma-separated)")
     args = ap.parse_args()
     report = Report(args.out, args.append)
@@ -572,14 +612,16 @@ def main() -> None:
 
 
 def derived(report: Report) -> None:
-    """What two rows say together: the one-rank data-parallel runs' losses against the plain run's (deterministic
-    where this build has --deterministic), bit for bit; the workspace A/B (limit 0 against the default)."""
+    """What two rows say together: the one-rank NCCL runs' losses against the data-parallel program's plain run,
+    bit for bit (a one-rank sum is the identity), and their step times over its; the workspace A/B (limit 0 against
+    the default)."""
     found = {(r["network"], r["name"]): r for r in report.doc["rows"]}
     for (network, name), row in found.items():
-        plain = found.get((network, "pycuda_vendor_deterministic")) or found.get((network, "pycuda_vendor"), {})
-        if name.startswith("pycuda_vendor_ranks1") and row.get("losses") and plain.get("losses"):
+        plain = found.get((network, "java_dp_plain"), {})
+        if name.startswith("java_dp_nccl") and row.get("losses") and plain.get("losses"):
             row["losses_equal_to_plain"] = row["losses"] == plain["losses"]
             row["plain_row"] = plain["name"]
+            row["ms_over_plain"] = row["ms"] / plain["ms"]
         if name == "pycuda_vendor_workspace0" and row.get("ms"):
             default = found.get((network, "pycuda_vendor"), {})
             if default.get("ms"):

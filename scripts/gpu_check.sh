@@ -23,9 +23,13 @@
 #   5. agreement.json their losses against the references, LeNet's with the graph against those without, their GPU
 #                     memory against the plan (scripts/gpu_agreement.py)
 #   6. optional, while time is left: bench.json's further rows (own kernels, the workspace A/B, --deterministic,
-#                     --no-graph, a one-rank data-parallel run, --precision on the Java device: those this build
-#                     takes), profile_resnet50_own.json and profile_lenet.json, ResNet-50 with our kernels on the
-#                     Java device (java_resnet50.json) against the PyCUDA runner (pycuda_resnet50_own.json)
+#                     --no-graph, --precision on the Java device: those this build takes; LeNet compiled with
+#                     --data-parallel on one rank, plain and with NCCL forced (-Ddeepdsl.collective=true, the
+#                     libnccl.so.2 of PyTorch's wheels), graph and eager, its losses against the plain run's bit for
+#                     bit), own_kernels.json (our convolutions against cuDNN's per ResNet-50 layer shape,
+#                     scripts/bench_own_kernels.py), profile_resnet50_own.json and profile_lenet.json, ResNet-50
+#                     with our kernels on the Java device (java_resnet50.json) against the PyCUDA runner
+#                     (pycuda_resnet50_own.json)
 #   summary.txt       one line per step: PASS, FAIL (why), SKIP (dry run: why) or SKIPPED (deadline); then the time
 # Usage: bash scripts/gpu_check.sh [--dry-run] [--deadline SECONDS] OUTDIR   (about 5-6 minutes on an H200; the exit
 #   status is 0 when every required step passed: an optional step the deadline cut is no failure)
@@ -150,9 +154,15 @@ bench_headline() {
     --steps 20 --java "$JAVA" --cp "$CP" --json "$OUT/bench.json" --profile "$OUT/profile_resnet50_vendor.json" \
     --deadline-at $((STEP_DEADLINE_AT - 15))
 }
-bench_optional() {
+bench_optional() { # the data-parallel LeNet's rows where gpu_prepare.sh built it (.gpu/java/dp)
+  local dp=()
+  [ -d "$G/java/dp" ] && dp=(--dp-cp "$G/java/dp:$G/jars/*")
   LD_LIBRARY_PATH=$CUBLAS_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$PY" scripts/bench_gpu.py --part optional \
-    --steps 20 --java "$JAVA" --cp "$CP" --json "$OUT/bench.json" --append --deadline-at $((STEP_DEADLINE_AT - 15))
+    --steps 20 --java "$JAVA" --cp "$CP" --json "$OUT/bench.json" --append --deadline-at $((STEP_DEADLINE_AT - 15)) \
+    "${dp[@]}"
+}
+own_kernels() {
+  "$PY" scripts/bench_own_kernels.py --network resnet50 --set N=64 --json "$OUT/own_kernels.json"
 }
 pytest_gpu() {
   "$PY" -m pytest -q -rs -p no:cacheprovider -p no:benchmark -m gpu tests/backends/test_gpu_runner.py 2>&1 |
@@ -256,8 +266,13 @@ run_step "agreement (1e-4 relative)" 60 agreement
 if [ "$DRY" = 1 ]; then
   run_step "the deadline stops and skips steps, and summary.txt is written (self-test)" 60 deadline_selftest
   skipped "bench_gpu (optional rows), profile_gpu resnet50 --kernels own, profile_gpu lenet" "no timings"
+  skipped "bench_gpu's one-rank NCCL rows (LeNet --data-parallel, -Ddeepdsl.collective=true)" \
+    "the stand-in NCCL is built over MPI (mpich), which the bundle does not carry; tests/backends/test_java_nccl.py runs it"
+  skipped "bench_own_kernels resnet50 (own against cuDNN per layer shape)" \
+    "PyCUDA needs the real driver (the script has no emulator mode)"
 else
   run_step --optional "bench_gpu (optional rows)" 200 bench_optional
+  run_step --optional "bench_own_kernels resnet50 (own against cuDNN per layer shape)" 120 own_kernels
   run_step --optional "profile_gpu resnet50 --kernels own" 120 profile_resnet50_own
   run_step --optional "java ResNet50 --device cuda --kernels own" 120 java_resnet50_own
   run_step --optional "deepdsl run resnet50 --device cuda --kernels own (the reference)" 90 pycuda_resnet50_own

@@ -8,6 +8,7 @@
 #                          (the CUDA device's --kernels vendor; the GPU machine's PyTorch wheels bring the libraries)
 #   .gpu/java/build/       LeNet and ResNet50 (batch 64) compiled to Java and built with javac
 #   .gpu/java/res/         their kernels: NAME.cu and NAME.sm_90.ptx (the CUDA device finds them on the class path)
+#   .gpu/java/dp/          LeNet compiled with --data-parallel: its classes and kernels (bench_gpu.py's NCCL rows)
 #   .gpu/wheels/           PyCUDA built for CPython 3.12 and the pure-Python packages it and deepdsl need there
 #   .gpu/sizes.env         the --set flags the two networks were compiled with (gpu_check.sh reads them)
 # Usage: bash scripts/gpu_prepare.sh [--dry-run]   (PYTHON picks the interpreter that runs deepdsl here)
@@ -57,8 +58,13 @@ cp "$JARS/javacpp-1.5.13.jar" "$JARS/javacpp-1.5.13-linux-x86_64.jar" "$JARS/$CU
 mkdir "$tmp/presets"
 (cd "$tmp/presets" && unzip -q "$JARS/$CUDA_PRESETS-linux-x86_64.jar" \
   'org/bytedeco/cuda/linux-x86_64/libjnicudart.so' 'org/bytedeco/cuda/linux-x86_64/libjnicublas.so' \
-  'org/bytedeco/cuda/linux-x86_64/libjnicudnn.so')
+  'org/bytedeco/cuda/linux-x86_64/libjnicudnn.so' 'org/bytedeco/cuda/linux-x86_64/libjninccl.so')
 jar cf "$G/jars/$CUDA_PRESETS-linux-x86_64.jar" -C "$tmp/presets" org
+# JNA (the data-parallel program sets NCCL's rendezvous through it): .ci/jcuda/pom.xml's, else Maven's repository
+JNA=jna-5.19.1.jar
+for jna in "$JARS/$JNA" "$HOME/.m2/repository/net/java/dev/jna/jna/5.19.1/$JNA"; do
+  if [ -f "$jna" ]; then cp "$jna" "$G/jars/"; break; fi
+done
 
 echo "== Java runtime (jlink)"
 if [ ! -f "$G/jre.txz" ]; then
@@ -94,6 +100,14 @@ PYEOF
 fi
 mv "$tmp"/src/*.cu "$tmp"/src/*.ptx "$G/java/res/"
 javac -nowarn -encoding UTF-8 -cp "$G/jars/*" -d "$G/java/build" "$tmp"/src/*.java "$tmp"/src/deepdsl/runtime/*.java
+# LeNet compiled with --data-parallel, its classes and kernels apart (the same class name): bench_gpu.py's one-rank
+# NCCL rows (-Ddeepdsl.collective=true) against its plain run
+echo "== LeNet ($LENET_SETS) --data-parallel in Java"
+# shellcheck disable=SC2086
+"$PY" -m deepdsl compile networks/lenet.ddsl $LENET_SETS --data-parallel -o "$tmp/dp" --ptx --arch sm_90 >/dev/null
+mkdir -p "$G/java/dp"
+javac -nowarn -encoding UTF-8 -cp "$G/jars/*" -d "$G/java/dp" "$tmp"/dp/*.java "$tmp"/dp/deepdsl/runtime/*.java
+mv "$tmp"/dp/*.cu "$tmp"/dp/*.ptx "$G/java/dp/"
 
 echo "== PyCUDA and the packages the GPU machine lacks"
 bash scripts/build_pycuda_wheels.sh "$G/wheels"

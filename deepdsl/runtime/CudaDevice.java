@@ -207,6 +207,20 @@ public final class CudaDevice extends CudaLibrary {
         + ")";
   }
 
+  /**
+   * The --json fields: the library ops' (cuDNN's scratch, its algorithms), then {@code gpu_graph}: "on",
+   * or "off (why)" (--no-graph, or the capture that failed), as the device line says at the end.
+   */
+  @Override
+  public String jsonFields() {
+    String quoted =
+        graphChoice
+            .replace("\\", "\\\\")
+            .replace("\"", "\\\"")
+            .replaceAll("[\\x00-\\x1f]", " ");
+    return super.jsonFields() + ", \"gpu_graph\": \"" + quoted + "\"";
+  }
+
   @Override
   public float trainStep(Network net) {
     sendBatch(net);

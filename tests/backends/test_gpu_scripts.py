@@ -107,9 +107,9 @@ def test_a_flag_is_found_in_the_help_as_a_whole_word() -> None:
     assert bench_gpu.takes(bench_gpu.deepdsl_help(), "--workspace-limit")  # this build's own `deepdsl run --help`
 
 
-def _bench(tmp_path: Path, usage: str, deadline_at: float | None = None) -> bench_gpu.Bench:
-    args = argparse.Namespace(steps=4, java=None, cp=None, deadline_at=deadline_at)
-    b = bench_gpu.Bench(args, bench_gpu.Report(str(tmp_path / "bench.json"), False), usage, have_torch=False)
+def _bench(tmp_path: Path, usage: str, deadline_at: float | None = None, **args: str) -> bench_gpu.Bench:
+    ns = argparse.Namespace(**{"steps": 4, "java": None, "cp": None, "deadline_at": deadline_at} | args)
+    b = bench_gpu.Bench(ns, bench_gpu.Report(str(tmp_path / "bench.json"), False), usage, have_torch=False)
     b.name, b.sets, b.cls, b.steps, b.margin, b.limit, b.work = "lenet", {"N": 64}, "LeNet", 4, 8, 90, 1
     return b
 
@@ -120,33 +120,52 @@ def test_a_row_whose_flag_this_build_lacks_is_not_available_and_runs_nothing(
     monkeypatch.setattr(bench_gpu, "ours", lambda *a: pytest.fail("a row without its flag must not run"))
     b = _bench(tmp_path, "  --workspace-limit SIZE\n")
     b.ours("pycuda_vendor_tf32")
-    b.ours("pycuda_vendor_ranks1")
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
-    assert [r["skipped"] for r in rows] == ["not available in this build (deepdsl run takes no --precision)",
-                                            "not available in this build (deepdsl run takes no --ranks)"]  # fmt: skip
+    assert [r["skipped"] for r in rows] == ["not available in this build (deepdsl run takes no --precision)"]
     assert all("ms" not in r for r in rows)
 
 
-def test_the_data_parallel_rows_leave_out_what_this_build_lacks_and_are_compared_with_the_plain_run(
+def test_the_one_rank_nccl_rows_run_the_data_parallel_java_program_against_its_plain_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     started = []
 
-    def fake(name, network, sets, steps, kernels, flags, env, timeout):  # noqa: ANN001, ANN202
-        started.append((name, flags, env))
-        return {"ms": 1.0, "losses": [2.5, 2.25] if name != "pycuda_vendor_ranks1_nograph" else [2.5, 2.0]}
+    def fake(java_bin, cp, cls, steps, kernels, flags, timeout, jvm=None, env=None):  # noqa: ANN001, ANN202
+        started.append((cp, flags, jvm, env))
+        losses = [2.5, 2.0] if flags == ["--no-graph"] else [2.5, 2.25]
+        return {"ms": 2.0 if jvm else 1.0, "losses": losses}
 
-    monkeypatch.setattr(bench_gpu, "ours", fake)
-    b = _bench(tmp_path, "  --ranks N\n  --graph / --no-graph\n")  # no --deterministic in this build
-    for name in ("pycuda_vendor", "pycuda_vendor_ranks1", "pycuda_vendor_ranks1_nograph"):
-        b.ours(name)
-    assert [flags for _, flags, _ in started] == [[], ["--ranks", "1"], ["--ranks", "1", "--no-graph"]]
-    assert started[1][2]["WORLD_SIZE"] == "1" and started[1][2]["LOCAL_RANK"] == "0"
+    monkeypatch.setattr(bench_gpu, "java", fake)
+    nccl = tmp_path / "site" / "nvidia" / "nccl" / "lib"
+    nccl.mkdir(parents=True)
+    (nccl / "libnccl.so.2").write_bytes(b"")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "elsewhere"), str(tmp_path / "site")])
+    b = _bench(tmp_path, "", java="java", dp_cp="dp:jars/*")
+    for name in bench_gpu.JAVA_DP:
+        b.java_dp(name)
+    assert [(cp, flags, jvm) for cp, flags, jvm, _ in started] == [
+        ("dp:jars/*", [], []), ("dp:jars/*", [], ["-Ddeepdsl.collective=true"]),
+        ("dp:jars/*", ["--no-graph"], ["-Ddeepdsl.collective=true"])]  # fmt: skip
+    assert started[1][3]["LD_LIBRARY_PATH"].split(":")[0] == str(nccl)
     bench_gpu.derived(b.report)
     rows = {r["name"]: r for r in b.report.doc["rows"]}
-    assert rows["pycuda_vendor_ranks1"]["losses_equal_to_plain"] is True
-    assert rows["pycuda_vendor_ranks1_nograph"]["losses_equal_to_plain"] is False
-    assert rows["pycuda_vendor_ranks1"]["plain_row"] == "pycuda_vendor"
+    assert rows["java_dp_nccl"]["losses_equal_to_plain"] is True and rows["java_dp_nccl"]["ms_over_plain"] == 2.0
+    assert rows["java_dp_nccl_nograph"]["losses_equal_to_plain"] is False
+    assert rows["java_dp_nccl"]["plain_row"] == "java_dp_plain"
+
+
+def test_without_libnccl_the_nccl_rows_say_so_and_run_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran = []
+    monkeypatch.setattr(bench_gpu, "java", lambda *a, **k: ran.append(a[5]) or {"ms": 1.0, "losses": [1.0]})
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    b = _bench(tmp_path, "", java="java", dp_cp="dp")
+    for name in bench_gpu.JAVA_DP:
+        b.java_dp(name)
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert ran == [[]]  # the plain run only
+    assert [r.get("skipped") for r in rows] == [None, bench_gpu.NO_NCCL, bench_gpu.NO_NCCL]
+    assert all("ms" not in r for r in rows[1:])
+    assert _bench(tmp_path, "", java="java").java_dp("java_dp_plain") is None  # no --dp-cp: no rows
 
 
 def test_past_the_deadline_a_row_is_skipped_and_the_report_still_written(
@@ -248,3 +267,15 @@ echo "FAILED=$FAILED" >>"$OUT/summary.txt"
     lines = (tmp_path / "summary.txt").read_text().splitlines()
     assert lines[0] == "PASS quick" and lines[1].startswith("SKIPPED (deadline) slow (stopped after ")
     assert lines[2] == "FAILED=0"
+
+
+def test_lenet_compiles_to_java_with_data_parallel(tmp_path: Path) -> None:
+    """What gpu_prepare.sh compiles for bench_gpu.py's NCCL rows: LeNet's split reduction passes among the items a
+    data-parallel train step cuts into per micro-batch and after the all-reduces (this raised an internal error)."""
+    from click.testing import CliRunner
+
+    from deepdsl.cli import cli
+
+    r = CliRunner().invoke(cli, ["compile", str(LENET), "--set", "N=8", "--data-parallel", "-o", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "allReduce" in (tmp_path / "LeNet.java").read_text()

@@ -300,11 +300,13 @@ def test_the_train_step_is_replayed_as_a_cuda_graph(programs: Path) -> None:
     on = run(programs, "Small", "--iters", "4", extra=watch)
     assert on["rc"] == 0, on["stderr"]
     assert "graph: on)" in on["stderr"]
+    assert on["gpu_graph"] == "on"  # --json says it too (scripts/bench_gpu.py's Java rows read it)
     launches, nodes = graph_launches(counts)
     assert launches == 3 and nodes >= 3 * 10  # steps 2-4, each the step's every launch and copy
     off = run(programs, "Small", "--iters", "4", "--no-graph", extra=watch)
     assert off["rc"] == 0, off["stderr"]
     assert "graph: off (--no-graph)" in off["stderr"] and graph_launches(counts) == (0, 0)
+    assert off["gpu_graph"] == "off (--no-graph)"
     # each step's batch and dropout counter are sent into the buffers the graph reads: the same losses
     assert on["losses"] == off["losses"]  # the same kernels on the same values: bit for bit
     # a replay that leaves out one launch (the step's last: an update) is caught by the losses after the first

@@ -244,7 +244,7 @@ def pre_post(p: Plan, items: list[tuple[str, Any]]) -> tuple[list, list] | None:
     first_post = None
     late_pre: list[Any] = []  # the statements of pre items placed after the first post item
     for k, (what, item) in enumerate(items):
-        stmts = () if what == "update" else item if what == "group" else (item,)
+        stmts = item_stmts(what, item)
         sides = {st.out.name in post for st in stmts} if stmts else {True}
         if len(sides) > 1:  # one loop computing both: not separable
             return None
@@ -256,7 +256,7 @@ def pre_post(p: Plan, items: list[tuple[str, Any]]) -> tuple[list, list] | None:
             if first_post is not None:
                 late_pre += stmts
     read = [v.name for what, item in post_items if what != "update"
-            for st in (item if what == "group" else (item,)) for v in st.inputs if v.name not in post]  # fmt: skip
+            for st in item_stmts(what, item) for v in st.inputs if v.name not in post]  # fmt: skip
     read += [v.name for what, item in post_items if what == "update" for v in (item[1],) if v.name not in post]
     kept = [p.buffer_of(n) for n in read if n in p.index]
     for st in late_pre:
