@@ -228,7 +228,9 @@ def test_the_step_issues_the_buckets_reductions(tmp_path: Path) -> None:
     assert "allReduce" not in post.split("allReduceWait(2")[1]
     # the updates read the reduced gradients: slices of the waited buckets at their offsets
     assert "final Buf fc1_db_reduced = slice(bucket0_reduced, 153310, 500);" in text  # after 10+3000+300+150000
-    assert "updateSgdMomentumSgdStep(fc1_W_momentum, fc1_W, fc1_dW_reduced);" in post
+    # (one multi-tensor launch of every update, passes/multi_tensor.py: each parameter's segment reads its reduced
+    # gradient)
+    assert "{fc1_W_momentum, fc1_W, fc1_W_momentum, fc1_dW_reduced, fc1_W," in post
     assert "final Buf loss_reduced = slice(bucket2_reduced, 0);" in text
     assert "return dev.scalar(training.loss_reduced);" in text
     assert "protected boolean accumulates()" in text
