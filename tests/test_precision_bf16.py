@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 from conftest import ROOT
 from helpers import SMALL, feeds_and_params
@@ -50,6 +51,7 @@ def test_the_bf16_plan_is_smaller() -> None:
     assert total_peak(_lenet("bf16").train_plan) < total_peak(_lenet("fp32").train_plan)
 
 
+@pytest.mark.slow  # the slow tier: the default suite's four-minute budget
 def test_lenet_trains_in_bf16_to_the_fp32_loss() -> None:
     """30 steps of LeNet (N=8) on synthetic MNIST-like data: the bf16 loss falls and the mean of its last 5 ends
     within MARGIN of fp32's (measured: 0.733 against 0.728)."""

@@ -106,6 +106,7 @@ def _passes(folder: Path) -> set[str]:
     )
 
 
+@pytest.mark.slow  # the slow tier: the default suite's four-minute budget
 def test_the_cuda_device_runs_the_split_passes_and_gives_the_cpu_devices_losses(resbn: Path) -> None:
     log = resbn / "three_steps.log"
     got = _cuda(resbn, "--iters", "3", log=log)

@@ -79,8 +79,14 @@ def test_every_update_is_one_launch(name: str) -> None:
     assert not any(ops[x.stmt].a.get("multi_tensor") for x in others)
 
 
+# the default suite runs two of the optimisers through three emulated steps (the rest in the slow tier)
+QUICK = ("sgd_momentum", "adam_freeze")
+
+
 @needs_gxx
-@pytest.mark.parametrize("name", list(OPTIMISERS))
+@pytest.mark.parametrize(
+    "name", [n if n in QUICK else pytest.param(n, marks=pytest.mark.slow) for n in OPTIMISERS]
+)  # fmt: skip
 def test_the_multi_tensor_launch_agrees_with_numpy(name: str, tmp_path: Path) -> None:
     """Three steps on the emulated GPU leave every parameter and optimizer state tensor the NumPy runner leaves."""
     b = _build(name)
@@ -218,6 +224,7 @@ def test_the_pycuda_runner_launches_what_the_count_says(tmp_path: Path) -> None:
     assert sum(1 for x in prog.launches if x.loop == "multi-tensor") == 1
 
 
+@pytest.mark.slow  # the slow tier: the default suite's four-minute budget
 @needs_gxx
 def test_the_pycuda_runner_launches_one_kernel_per_counted_launch(tmp_path: Path) -> None:
     """A step run call for call on the emulated driver makes exactly the program's launches; the multi-tensor pass
@@ -250,6 +257,7 @@ def _java_marks(fn):  # noqa: ANN001, ANN202
     return fn
 
 
+@pytest.mark.slow  # the slow tier: the default suite's four-minute budget
 @_java_marks
 @needs_gxx
 def test_the_java_cuda_device_launches_the_updates_once(tmp_path: Path) -> None:

@@ -263,6 +263,7 @@ def test_the_split_network_splits_two_filter_gradients() -> None:
     assert all(x.op == "conv2d_backward_filter" for x in finishes)
 
 
+@pytest.mark.slow  # the slow tier: the default suite's four-minute budget
 @needs_gxx
 def test_the_cuda_runner_with_own_kernels_agrees_with_numpy(tmp_path: Path) -> None:
     from cuda_emulator import EmulatedDriver
@@ -316,6 +317,7 @@ def test_the_java_cuda_device_with_own_kernels_gives_the_numpy_runners_losses(tm
     np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
 
 
+@pytest.mark.slow  # the slow tier: the default suite's four-minute budget
 @needs_gxx
 def test_the_benchmark_script_compares_own_and_vendor_convolutions(tmp_path: Path) -> None:
     """scripts/bench_own_kernels.py's measurement on the emulator: our kernels against the stand-in cuDNN, one row

@@ -60,6 +60,7 @@ def test_a_tf32_gemm_rounds_its_operands_and_only_under_the_math_mode(folder: Pa
     np.testing.assert_allclose(out[True], out[False], rtol=5e-3, atol=5e-3)
 
 
+@pytest.mark.slow  # the slow tier: the default suite's four-minute budget
 def test_lenet_under_tf32_runs_its_gemms_and_convolutions_in_tf32(tmp_path: Path, folder: Path) -> None:
     build = api.build(api.compile_file(ROOT / "networks" / "lenet.ddsl", {"N": 4}).program)
     losses = {}
