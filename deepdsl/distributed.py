@@ -233,7 +233,10 @@ class MpiComm(Comm):
         return buf
 
     def close(self) -> None:
-        """Withdraw the heartbeat receives and finish the sends (MPI finalises without pending requests)."""
+        """Wait until every rank is done (no rank's process ends while another still tests or saves: MPICH's
+        launcher may then end the others), then withdraw the heartbeat receives and finish the sends (MPI finalises
+        without pending requests)."""
+        self.comm.Barrier()
         for req in self._recvs.values():
             req.Cancel()
             req.Wait()
