@@ -75,7 +75,7 @@ def test_the_watched_run_reports_device_times_graph_and_vendor_calls(
 ) -> None:
     drivers = []
 
-    def emulated(device: str, double: bool = False, kernels: str = "auto"):  # noqa: ANN202
+    def emulated(device: str, double: bool = False, kernels: str = "auto", tf32: bool = False):  # noqa: ANN202
         drivers.append(EmulatedDriver(tmp_path / "kernels", vendor=open_vendor(kernels, [vendor_folder])))
         return drivers[-1], "the emulated GPU (test)", None
 
