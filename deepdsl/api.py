@@ -56,7 +56,10 @@ def optimise(g: Graph, options: Options, train: bool = False) -> tuple[Graph, tu
     """`g` through the pass pipeline at `options.precision` (resolved by `resolved` before: never None here); the
     data-parallel pass (Options.buckets) on a training program only."""
     buckets = options.buckets if train else None
-    return run_pipeline(g, options.level, options.disabled, options.verify, options.dump_after, buckets,
+    # under rematerialisation (a memory budget) the updates stay beside their gradients: the multi-tensor launch
+    # keeps every gradient live to the end of the backward pass, which is memory a budget cannot spare
+    disabled = options.disabled + (("multi_tensor",) if options.remat not in (None, "none") else ())
+    return run_pipeline(g, options.level, disabled, options.verify, options.dump_after, buckets,
                         precision=options.precision or "fp32")  # fmt: skip
 
 
@@ -231,8 +234,12 @@ def with_remat(b: Build, level: str) -> Build:
     """`b` with its training program rematerialised at `level` (none, cheap or full) and planned again."""
     if level == b.remat:
         return b
-    train_plan, extra = remat_plan(b.train, level, b.options.workspace_limit, b.options.verify)
-    return dataclasses.replace(b, train_plan=train_plan, remat=level, extra_flops=extra)
+    options = dataclasses.replace(b.options, remat=level, dump_after=None)
+    opt = b.train
+    if (level == "none") != (b.remat == "none"):  # optimise: the multi-tensor launch only without rematerialisation
+        opt = optimise(train_stage(b.program, b.seed), options, train=True)[0]
+    train_plan, extra = remat_plan(opt, level, b.options.workspace_limit, b.options.verify)
+    return dataclasses.replace(b, train=opt, train_plan=train_plan, remat=level, extra_flops=extra)
 
 
 def plan_within(b: Build, budget: int) -> Build:

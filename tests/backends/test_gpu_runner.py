@@ -385,7 +385,7 @@ def test_a_step_that_cannot_be_captured_runs_call_for_call(tmp_path: Path, monke
     assert why in lines and got["losses"] == want["losses"] and same_bits(params, want_params)
     drivers: list[EmulatedDriver] = []
 
-    def emulated(device: str, double: bool = False, kernels: str = "auto") -> tuple:
+    def emulated(device: str, double: bool = False, kernels: str = "auto", tf32: bool = False) -> tuple:
         drivers.append(EmulatedDriver(tmp_path))
         return drivers[-1], "cuda (emulated)", None
 
