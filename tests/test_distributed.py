@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT
+from dp_nets import DROPOUT, RESIDUAL
 
 from deepdsl import api
 from deepdsl.build import Options
@@ -38,45 +39,6 @@ from deepdsl.trainer import Trainer
 NETWORKS = ROOT / "networks"
 MLP = str(NETWORKS / "mlp.ddsl")
 LENET = str(NETWORKS / "lenet.ddsl")
-# a small batch-norm / residual network: conv + batch norm + ReLU, a residual block, pooling, a full layer
-RESIDUAL = """
-network TinyRes
-const N = 4
-input x : [N, 3, 8, 8]
-label y : [N] classes 5
-def cbn(x, c) = batch_norm(conv(x, c, kernel=3, pad=1, bias=false, name="conv"), name="bn")
-def block(x) {
-  h = cbn(relu(cbn(x, 6)), 6)
-  return relu(h + x)
-}
-def net(x) = full(flatten(global_avg_pool(block(relu(cbn(x, 6))))), 5, name="fc")
-layer model = net
-loss    = softmax_cross_entropy(model(x), y)
-predict = model(x)
-train {
-  data = synthetic
-  optimizer = adam(lr=0.01)
-  iterations = 3
-  seed = 5
-}
-"""
-DROPOUT = """
-network Drop
-const N = 4
-input x : [N, 12]
-label y : [N] classes 3
-layer fc1 = full(16)
-layer fc2 = full(3)
-net = fc2 o dropout(0.5) o relu o fc1
-loss    = softmax_cross_entropy(net(x), y)
-predict = net(x)
-train {
-  data = synthetic
-  optimizer = sgd(lr=0.1, momentum=0.9)
-  iterations = 3
-  seed = 2
-}
-"""
 
 MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
 

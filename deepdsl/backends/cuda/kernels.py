@@ -21,6 +21,7 @@ Each kernel's launch is data (`Launch`): grid, block, shared memory and where ea
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Sequence
@@ -857,18 +858,17 @@ class _Program:
             ctypes = ("float",) * len(results) + (*in_types,) + ("float",) * len(running)
             self.add(head, name, k.partial, values, ctypes, also)
             return True
-        self.add(head, name, k.partial, (), (), also)
-        last = self.launches[-1]
         outs = tuple(self.arg(v, "float") for v in results)
-        args = (*outs, *scratch, *(self.arg(v, t) for v, t in zip(ins, in_types)))
-        self.launches[-1] = Launch(last.kernel, last.stmt, last.op, last.grid, last.block, 0, last.static_smem, args,
-                                   last.covers, last.loop, last.tiles, last.also, None)  # fmt: skip
+        self.add(head, name, k.partial, (), (), also)
+        self._pass_args((*outs, *scratch, *(self.arg(v, t) for v, t in zip(ins, in_types))))
         self.add(head, f"{name}_finish", k.finish, (), (), also)
-        last = self.launches[-1]
-        args = (*outs, *scratch, *(self.arg(v, "float") for v in running))
-        self.launches[-1] = Launch(last.kernel, last.stmt, last.op, last.grid, last.block, 0, last.static_smem, args,
-                                   last.covers, last.loop, last.tiles, last.also, None)  # fmt: skip
+        self._pass_args((*outs, *scratch, *(self.arg(v, "float") for v in running)))
         return True
+
+    def _pass_args(self, args: tuple[Arg, ...]) -> None:
+        """The last launch (a pass's partial sums or its finish) with `args`: the results, the scratch and what it
+        reads; no vendor routine serves it."""
+        self.launches[-1] = dataclasses.replace(self.launches[-1], smem=0, args=args, vendor=None)
 
     def memory(self, values: tuple[str, ...], ctypes: tuple[str, ...]) -> tuple[tuple[bool, ...], bool]:
         """For a kernel writing values[0] from values[1:]: which of its pointers may be `__restrict__` (the output
