@@ -59,7 +59,7 @@ from deepdsl.ir.reductions import THREADS, ReductionGroup, is_total, reduction_g
 from deepdsl.ir.types import DType
 from deepdsl.ir.vendor import VendorCall, vendor_call
 from deepdsl.memory.groups import planned_groups
-from deepdsl.memory.launches import planned_launches
+from deepdsl.memory.launches import pass_scratch, planned_launches
 from deepdsl.memory.plan import Plan
 from deepdsl.ops.conv import OWN_TILE
 
@@ -834,15 +834,11 @@ class _Program:
         rg = reduction_group(stmts)
         if rg is None:
             return False
-        scratch = []
-        if rg.split.slices > 1:
-            where = {s.out.name: i for i, s in enumerate(self.plan.graph.stmts)}
-            lo, hi = where[stmts[0].out.name], where[stmts[-1].out.name]
-            for f in rg.sums:
-                ws = self.plan.workspace.get(f.stmt.out.name)
-                if ws is None or ws.nbytes < rg.split.scratch_bytes or ws.start > lo or ws.end < hi:
-                    return False
-                scratch.append(Arg(f"workspace:{f.stmt.out.name}", "arena", f.stmt.out.name, ws.offset, "double"))
+        planned = pass_scratch(self.plan, stmts, rg)
+        if planned is None:
+            return False
+        scratch = [Arg(f"workspace:{f.stmt.out.name}", "arena", f.stmt.out.name, ws.offset, "double")
+                   for f, ws in zip(rg.sums, planned)]  # fmt: skip
         what = "_".join(f.stmt.a["ops"][-1] if f.stmt.op == "fused" and f.stmt.a.get("ops") else f.stmt.op
                         for f in rg.sums)  # fmt: skip
         head = rg.sums[0].stmt  # the first result: what the launches are named and listed by

@@ -25,6 +25,7 @@ from deepdsl.ir import Stmt, Value
 from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.reductions import ReductionGroup, reduction_group, reduction_groups
 from deepdsl.memory import Plan
+from deepdsl.memory.launches import pass_scratch
 
 _PLACEHOLDER = "dd_pass_"  # the name a pass's kernels are written under to compare them with those written before
 
@@ -50,26 +51,18 @@ def plan_passes(p: Plan, groups: Sequence[tuple[Stmt, ...]]) -> list[Pass | tupl
     `reduction_group` takes, where a split one has its workspace in the plan) as `Pass`es; every other group as
     it is."""
     out: list[Pass | tuple[Stmt, ...]] = []
-    where = {s.out.name: i for i, s in enumerate(p.graph.stmts)}
     rest = list(groups)
     for merged in reduction_groups(groups):
         parts: list[tuple[Stmt, ...]] = []
         while sum(map(len, parts)) < len(merged):  # reduction_groups joins whole adjacent groups
             parts.append(rest.pop(0))
         rg = reduction_group(merged)
-        partials: list[tuple[int, int]] = []
-        if rg is not None and rg.split.slices > 1:
-            lo, hi = where[merged[0].out.name], where[merged[-1].out.name]
-            for f in rg.sums:
-                ws = p.workspace.get(f.stmt.out.name)
-                if ws is None or ws.nbytes < rg.split.scratch_bytes or ws.start > lo or ws.end < hi:
-                    rg = None  # no room for the partial sums: each statement on its own
-                    break
-                partials.append((ws.offset, rg.split.slices * rg.split.numel))
-        if rg is None:
+        planned = pass_scratch(p, merged, rg) if rg is not None else None
+        if rg is None or planned is None:  # not a pass, or no room for its partial sums: each group on its own
             out += parts
         else:
-            out.append(Pass(tuple(merged), tuple(parts), tuple(partials)))
+            partials = tuple((ws.offset, rg.split.slices * rg.split.numel) for ws in planned)
+            out.append(Pass(tuple(merged), tuple(parts), partials))
     return out
 
 
