@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from conftest import ROOT
 
 
+@pytest.mark.slow  # 200 NumPy steps and a test pass: 12 s of CPU
 def test_mlp_reaches_90_percent_on_digits(cli, tmp_path) -> None:  # noqa: ANN001
     from sklearn.datasets import load_digits
 

@@ -26,10 +26,21 @@ def test_the_examples_are_there() -> None:
             "audio_1d", "groupnorm_swish", "image_tabular", "finetune"} <= names, names  # fmt: skip
 
 
+HEAVY = {"cifar_resnet", "unet", "dcgan_generator"}  # their 12 NumPy steps take 10-20 s each: the slow tier's
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_example_checks_and_its_loss_falls(cli, path: Path) -> None:
+def test_example_checks(cli, path: Path) -> None:
     r = cli("check", str(path), "--layers")
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=pytest.mark.slow) if p.stem in HEAVY else p for p in EXAMPLES],
+    ids=[p.stem for p in EXAMPLES],
+)
+def test_example_loss_falls(cli, path: Path) -> None:
     r = cli("run", str(path), *SMALLER, "--data", "synthetic", "--iters", str(STEPS), "--json")
     assert r.exit_code == 0, r.output
     losses = json.loads(r.stdout)["losses"]
