@@ -189,7 +189,9 @@ class GpuRunner:
         ws = plan.workspace.get(x.stmt)
         workspace = (self.arena + ws.offset, ws.nbytes) if ws is not None else (0, 0)
         limit = VENDOR_WORKSPACE_LIMIT if plan.workspace_limit is None else plan.workspace_limit
-        return x, pointers, self.driver.vendor.bind(x.vendor, pointers, workspace, limit)
+        # which arguments hold bf16 values (--precision bf16): the vendor routine's types, or our kernel where none
+        bf16 = [a.ctype == "dd_bf16" for a in x.args]
+        return x, pointers, self.driver.vendor.bind(x.vendor, pointers, workspace, limit, bf16)
 
     def _pointer(self, step: str, a: Arg) -> int:
         if a.storage == "arena":
