@@ -98,16 +98,22 @@ def _programs(network: str, precision: str = "bf16") -> api.Build:
 def test_nvrtc_compiles_the_bf16_kernels() -> None:
     source, _ = _round_trip_kernels()
     assert nvrtc.ptx(source, "sm_80", "round.cu", strict=True)
-    for network in ("lenet", "small"):
-        b = _programs(network)
-        text = translation_unit(network, program(b.train_plan).body)
-        assert "dd_bf16* __restrict__ out" in text and "const dd_bf16* __restrict__ in0" in text
-        assert nvrtc.ptx(text, "sm_90", f"{network}.cu", strict=True)
+    # the small network: every library.cu function LeNet's program calls (convolutions, GEMMs, pooling, the loss)
+    # and more (batch norm's backward), on bf16 pointers
+    text = translation_unit("small", program(_programs("small").train_plan).body)
+    assert "dd_bf16* __restrict__ out" in text and "const dd_bf16* __restrict__ in0" in text
+    assert nvrtc.ptx(text, "sm_90", "small.cu", strict=True)
 
 
 @pytest.fixture(scope="module")
 def stand_ins(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return fake_vendor(tmp_path_factory.mktemp("bf16_vendor"))
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for the emulated programs: a program compiled once serves every test that runs it."""
+    return tmp_path_factory.mktemp("bf16_emulated")
 
 
 def _counts(folder: Path) -> tuple[int, int, int, int]:
@@ -142,12 +148,12 @@ def test_a_gemm_ex_on_bf16_operands_rounds_only_its_result(stand_ins: Path) -> N
         vendor.close()
 
 
-def test_the_runner_allocates_the_bf16_plan(tmp_path: Path) -> None:
+def test_the_runner_allocates_the_bf16_plan(emulated: Path) -> None:
     """The arena is the bf16 plan's (two bytes a bf16 value: smaller than fp32's), parameters and optimiser state
     stay float32 master copies, and the GPU memory the runner takes is exactly what it plans."""
-    b, f = _programs("lenet"), _programs("lenet", "fp32")
+    b, f = _programs("small"), _programs("small", "fp32")
     arrays = Trainer(b, data=None).arrays  # type: ignore[arg-type]
-    runner = GpuRunner(EmulatedDriver(tmp_path), b.train_plan, b.infer_plan, arrays, b.eval_plan)
+    runner = GpuRunner(EmulatedDriver(emulated / "small"), b.train_plan, b.infer_plan, arrays, b.eval_plan)
     try:
         plans = [p for p in (b.train_plan, b.infer_plan, b.eval_plan) if p is not None]
         assert runner.arena_bytes == max(p.arena_bytes for p in plans)
@@ -170,30 +176,25 @@ def _agreement(network: str, iters: int, folder: Path, stand_ins: Path) -> tuple
     assert gemms > 0 and convs > 0 and tf32_gemms == tf32_convs == 0
     assert gpu["device"] == "cuda" and gpu["precision"] == cpu["precision"] == "bf16"
     np.testing.assert_allclose(gpu["losses"][:FIRST], cpu["losses"][:FIRST], rtol=AGREE)
+    # bf16, not float32 under another name: the first step's loss (before any update) is the NumPy runner's bf16 one
+    # (LeNet: equal; the small network: 2.9e-5 relative), far nearer it than the fp32 one (1.6e-3, 2.7e-4)
+    fp32 = run_training(_programs(network, "fp32"), iters=1, data_flag="synthetic", device="cpu")["losses"]
+    assert abs(gpu["losses"][0] - cpu["losses"][0]) < 0.25 * abs(gpu["losses"][0] - fp32[0])
     assert abs(np.mean(gpu["losses"][-5:]) - np.mean(cpu["losses"][-5:])) < MARGIN
     return cpu["losses"], gpu["losses"]
 
 
-def test_lenet_in_bf16_on_the_gpu_runner_agrees_with_the_numpy_runner(tmp_path: Path, stand_ins: Path) -> None:
-    cpu, gpu = _agreement("lenet", FIRST, tmp_path, stand_ins)
-    fp32 = run_training(_programs("lenet", "fp32"), iters=4, data_flag="synthetic", device="cpu")["losses"]
-    # bf16, not float32 under another name: nearer the NumPy runner's bf16 losses than its fp32 ones
-    assert _off(gpu, cpu) < 0.5 * _off(gpu, fp32)
-
-
-def _off(a: list[float], b: list[float]) -> float:
-    return float(np.max(np.abs(np.subtract(a, b)) / np.abs(b)))
-
-
 def test_the_small_network_in_bf16_on_the_gpu_runner_agrees_with_the_numpy_runner(
-    tmp_path: Path, stand_ins: Path
+    emulated: Path, stand_ins: Path
 ) -> None:  # fmt: skip
-    _agreement("small", FIRST, tmp_path, stand_ins)
+    """Batch norm (its statistics fp32, its apply bf16), a residual add, concat, dropout, pooling, convolutions and
+    GEMMs: the first steps agree with the NumPy runner's bf16 run (LeNet too, in the slow tier)."""
+    _agreement("small", FIRST, emulated / "small", stand_ins)
 
 
 @pytest.mark.slow  # the slow tier: the default suite's four-minute budget
 @pytest.mark.parametrize(("network", "iters"), [("lenet", 30), ("small", 40)])
-def test_bf16_trains_on_the_gpu_runner(tmp_path: Path, stand_ins: Path, network: str, iters: int) -> None:
+def test_bf16_trains_on_the_gpu_runner(emulated: Path, stand_ins: Path, network: str, iters: int) -> None:
     """The loss falls to half its start in bf16 on the emulated GPU, ending as the NumPy runner's bf16 run does."""
-    _, gpu = _agreement(network, iters, tmp_path, stand_ins)
+    _, gpu = _agreement(network, iters, emulated / network, stand_ins)
     assert np.mean(gpu[-5:]) < 0.5 * np.mean(gpu[:5])
