@@ -102,9 +102,6 @@ class Trainer:
         the train step as a CUDA graph from its second run on (runner.py)."""
         if self.plan is None:
             raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
-        if self.build.precision == "bf16":  # under --device auto: the NumPy runner runs it, saying why
-            raise DslProgramError("--precision bf16 runs on the NumPy runner; the CUDA runner's bf16 kernels are not "
-                                  "built yet (--device cpu)")  # fmt: skip
         self.gpu = GpuRunner(driver, self.plan, self.build.infer_plan, self.arrays, self.build.eval_plan, graphs,
                              self.build.options.deterministic)  # fmt: skip
 

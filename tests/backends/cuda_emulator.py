@@ -41,6 +41,8 @@ static dd_dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __restrict__
 #define __shared__ static
 static inline float __int_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline float __uint_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline unsigned int __float_as_uint(float f) { unsigned int i; std::memcpy(&i, &f, 4); return i; }
 struct alignas(16) float4 { float x, y, z, w; };  // CUDA's vector type, as the vectorised element-wise kernels use it
 
 // A block's threads are fibers, each on its own stack, switched with _setjmp/_longjmp: unlike swapcontext these

@@ -14,7 +14,13 @@
  *
  * A GEMM on a stream that the stand-in driver (fake_libcuda.c, when loaded) is capturing into a CUDA graph is
  * recorded there (its arguments, alpha and beta by value, as cuBLAS reads host scalars at the call) and computed
- * at each replay; it is counted when computed. */
+ * at each replay; it is counted when computed.
+ *
+ * cublasGemmEx and cublasGemmStridedBatchedEx (--precision bf16) take A and B as CUDA_R_32F or CUDA_R_16BF (both the
+ * same), C as either, and CUBLAS_COMPUTE_32F (alpha and beta float): as the hardware, the products of the bf16
+ * operands are accumulated in float (here in double) and C, if bf16, is the result rounded to nearest even; any
+ * other type or compute type is CUBLAS_STATUS_NOT_SUPPORTED. `fake_cublas_bf16_calls` counts the GEMMs on bf16
+ * operands. */
 
 #include <dlfcn.h>
 #include <stdio.h>
@@ -30,11 +36,13 @@ typedef struct {
   int math;
 } *cublasHandle_t;
 
-enum { OK = 0, NOT_INITIALIZED = 1, INVALID_VALUE = 7 };
+enum { OK = 0, NOT_INITIALIZED = 1, INVALID_VALUE = 7, NOT_SUPPORTED = 15 };
+enum { CUDA_R_32F = 0, CUDA_R_16BF = 14, CUBLAS_COMPUTE_32F = 68, CUBLAS_GEMM_DEFAULT = -1 };
 enum { DEFAULT_MATH = 0, TENSOR_OP_MATH = 1, PEDANTIC_MATH = 2, TF32_TENSOR_OP_MATH = 3 };
-static long long calls, tf32_calls;
+static long long calls, tf32_calls, bf16_calls;
 
 long long fake_cublas_calls(void) { return calls; }
+long long fake_cublas_bf16_calls(void) { return bf16_calls; }
 long long fake_cublas_tf32_calls(void) { return tf32_calls; }
 
 __attribute__((destructor)) static void write_calls(void) {
@@ -85,8 +93,23 @@ cublasStatus_t cublasGetVersion_v2(cublasHandle_t h, int *version) {
 
 static int max1(int x) { return x > 1 ? x : 1; }
 
-/* element (i, j) of op(X), X column-major with leading dimension ld */
-static float at(const float *x, int ld, int op, int i, int j) { return op ? x[j + (long long)i * ld] : x[i + (long long)j * ld]; }
+/* bf16 storage: the top 16 bits of a float32 */
+static float from_bf16(unsigned short b) {
+  union { unsigned u; float f; } v = {(unsigned)b << 16};
+  return v.f;
+}
+/* x rounded to bf16, nearest even (a NaN kept, made quiet) */
+static unsigned short to_bf16(float x) {
+  union { float f; unsigned u; } v = {x};
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((v.u >> 16) | 0x40u);
+  return (unsigned short)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+/* element (i, j) of op(X), X column-major with leading dimension ld, of float32 or (bf16) bf16 storage */
+static float at(const void *x, int bf16, int ld, int op, int i, int j) {
+  long long e = op ? j + (long long)i * ld : i + (long long)j * ld;
+  return bf16 ? from_bf16(((const unsigned short *)x)[e]) : ((const float *)x)[e];
+}
 
 /* x rounded to TF32: the 13 low mantissa bits dropped, round to nearest even (finite values) */
 static float tf32(float x) {
@@ -98,34 +121,39 @@ static float tf32(float x) {
 typedef struct {
   int ta, tb, m, n, k, lda, ldb, ldc, batch, tf32;
   float alpha, beta;
-  const float *a, *b;
-  float *c;
+  const void *a, *b;
+  void *c;
   long long sa, sb, sc;
+  int ab16, c16; /* A and B bf16; C bf16 */
 } call;
 
 static void run(void *arg) {
   const call *g = arg;
   int ta = g->ta, tb = g->tb, m = g->m, n = g->n, k = g->k, lda = g->lda, ldb = g->ldb, ldc = g->ldc;
-  const float *alpha = &g->alpha, *beta = &g->beta, *a = g->a, *b = g->b;
-  float *c = g->c;
+  const float *alpha = &g->alpha, *beta = &g->beta;
   long long sa = g->sa, sb = g->sb, sc = g->sc;
+  size_t ab = g->ab16 ? 2 : 4, cb = g->c16 ? 2 : 4; /* bytes of an element */
   for (int p = 0; p < g->batch; p++) {
-    const float *ap = a + p * sa, *bp = b + p * sb;
-    float *cp = c + p * sc;
+    const char *ap = (const char *)g->a + p * sa * ab, *bp = (const char *)g->b + p * sb * ab;
+    char *cp = (char *)g->c + p * sc * cb;
     for (int j = 0; j < n; j++) {
       for (int i = 0; i < m; i++) {
         double s = 0.0;
         for (int q = 0; q < k; q++) {
-          float x = at(ap, lda, ta, i, q), y = at(bp, ldb, tb, q, j);
-          s += g->tf32 ? (double)tf32(x) * tf32(y) : (double)x * y;
+          float x = at(ap, g->ab16, lda, ta, i, q), y = at(bp, g->ab16, ldb, tb, q, j);
+          s += g->tf32 && !g->ab16 ? (double)tf32(x) * tf32(y) : (double)x * y;
         }
-        float *out = &cp[i + (long long)j * ldc];
-        *out = (float)(*alpha * s + (*beta == 0.0f ? 0.0 : (double)*beta * *out));
+        long long e = i + (long long)j * ldc;
+        double old = *beta == 0.0f ? 0.0 : g->c16 ? from_bf16(((unsigned short *)cp)[e]) : ((float *)cp)[e];
+        float r = (float)(*alpha * s + (double)*beta * old);
+        if (g->c16) ((unsigned short *)cp)[e] = to_bf16(r);
+        else ((float *)cp)[e] = r;
       }
     }
   }
   calls++;
-  tf32_calls += g->tf32;
+  tf32_calls += g->tf32 && !g->ab16;
+  bf16_calls += g->ab16;
 }
 
 typedef int (*capture_fn)(void *stream, void (*run)(void *), const void *arg, size_t n);
@@ -147,16 +175,51 @@ static capture_fn recorder(void) {
   return f;
 }
 
-static cublasStatus_t gemm(cublasHandle_t h, int ta, int tb, int m, int n, int k, const float *alpha, const float *a,
-                           int lda, long long sa, const float *b, int ldb, long long sb, const float *beta, float *c,
-                           int ldc, long long sc, int batch) {
+static cublasStatus_t gemm_typed(cublasHandle_t h, int ta, int tb, int m, int n, int k, const float *alpha,
+                                 const void *a, int lda, long long sa, const void *b, int ldb, long long sb,
+                                 const float *beta, void *c, int ldc, long long sc, int batch, int ab16, int c16) {
   if (!h) return NOT_INITIALIZED;
   if ((ta != 0 && ta != 1) || (tb != 0 && tb != 1) || m < 0 || n < 0 || k < 0 || batch < 0) return INVALID_VALUE;
   if (lda < max1(ta ? k : m) || ldb < max1(tb ? n : k) || ldc < max1(m)) return INVALID_VALUE;
-  call g = {ta, tb, m, n, k, lda, ldb, ldc, batch, h->math == TF32_TENSOR_OP_MATH, *alpha, *beta, a, b, c, sa, sb, sc};
+  call g = {ta, tb, m, n, k, lda, ldb, ldc, batch, h->math == TF32_TENSOR_OP_MATH, *alpha, *beta, a, b, c, sa, sb, sc,
+            ab16, c16};
   capture_fn capture = recorder();
   if (!capture || !capture(h->stream, run, &g, sizeof g)) run(&g);
   return OK;
+}
+
+static cublasStatus_t gemm(cublasHandle_t h, int ta, int tb, int m, int n, int k, const float *alpha, const float *a,
+                           int lda, long long sa, const float *b, int ldb, long long sb, const float *beta, float *c,
+                           int ldc, long long sc, int batch) {
+  return gemm_typed(h, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch, 0, 0);
+}
+
+/* the Ex calls' types: A and B alike, float32 or bf16; C either; compute 32F (alpha, beta float) */
+static int ex_types(int at, int bt, int ct, int compute, int *ab16, int *c16) {
+  if (at != bt || (at != CUDA_R_32F && at != CUDA_R_16BF) || (ct != CUDA_R_32F && ct != CUDA_R_16BF)) return 0;
+  if (compute != CUBLAS_COMPUTE_32F) return 0;
+  *ab16 = at == CUDA_R_16BF;
+  *c16 = ct == CUDA_R_16BF;
+  return 1;
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h, int ta, int tb, int m, int n, int k, const void *alpha, const void *a,
+                            int atype, int lda, const void *b, int btype, int ldb, const void *beta, void *c,
+                            int ctype, int ldc, int compute, int algo) {
+  int ab16, c16;
+  if (!h) return NOT_INITIALIZED;
+  if (!ex_types(atype, btype, ctype, compute, &ab16, &c16)) return NOT_SUPPORTED;
+  return gemm_typed(h, ta, tb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1, ab16, c16);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, int ta, int tb, int m, int n, int k, const void *alpha,
+                                          const void *a, int atype, int lda, long long sa, const void *b, int btype,
+                                          int ldb, long long sb, const void *beta, void *c, int ctype, int ldc,
+                                          long long sc, int batch, int compute, int algo) {
+  int ab16, c16;
+  if (!h) return NOT_INITIALIZED;
+  if (!ex_types(atype, btype, ctype, compute, &ab16, &c16)) return NOT_SUPPORTED;
+  return gemm_typed(h, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch, ab16, c16);
 }
 
 cublasStatus_t cublasSgemm_v2(cublasHandle_t h, int ta, int tb, int m, int n, int k, const float *alpha,

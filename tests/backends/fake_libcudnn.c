@@ -28,7 +28,14 @@
  * built with -DFAKE_CUDNN_WRITES_OPS (libcudnn_ops.so.9) writes at exit, to the file $FAKE_CUDNN_OPS_CALLS names,
  * how many of each of them it computed, a line `NAME COUNT` per call. $FAKE_CUDNN_REFUSE names a call (say
  * cudnnSetLRNDescriptor) that then returns CUDNN_STATUS_NOT_SUPPORTED, as a cuDNN that refuses it would: the Java
- * device's fallback under --kernels auto is tested with it. */
+ * device's fallback under --kernels auto is tested with it.
+ *
+ * --precision bf16: tensor and filter descriptors take CUDNN_DATA_BFLOAT16 (9) as well as float. A convolution takes
+ * x, w and y all bf16 (cuDNN's PSEUDO_BFLOAT16_CONFIG; the convolution descriptor's compute type float, as always
+ * here), else CUDNN_STATUS_NOT_SUPPORTED: it widens its bf16 operands (exact), computes as the float32 one does, and
+ * rounds the result to bf16 (nearest even), as the hardware does; `fake_cudnn_bf16_calls` counts these (they are
+ * not TF32 calls, whatever the math type). Find fills a bf16 output's two bytes an element. Pooling, softmax, LRN,
+ * batch norm and the bias gradient are float32 only: a bf16 descriptor there is CUDNN_STATUS_BAD_PARAM. */
 
 #include <dlfcn.h>
 #include <math.h>
@@ -40,8 +47,8 @@ typedef int cudnnStatus_t;
 enum { OK = 0, NOT_INITIALIZED = 1001, BAD_PARAM = 2000, NOT_SUPPORTED = 3000, ALLOC_FAILED = 4001,
        EXECUTION_FAILED = 5000 };
 typedef struct { void *stream; } *cudnnHandle_t;
-typedef struct { int n, c, h, w, set; } *cudnnTensorDescriptor_t;
-typedef struct { int k, c, h, w, set; } *cudnnFilterDescriptor_t;
+typedef struct { int n, c, h, w, set, bf16; } *cudnnTensorDescriptor_t;
+typedef struct { int k, c, h, w, set, bf16; } *cudnnFilterDescriptor_t;
 typedef struct { int ph, pw, sh, sw, dh, dw, mode, groups, math, set; } *cudnnConvolutionDescriptor_t;
 typedef struct {
   int algo;
@@ -56,6 +63,31 @@ long long fake_cudnn_calls(void) { return calls; }
 /* the convolutions run under a math type that allows TF32 (any but CUDNN_FMA_MATH = 3), computed as the others */
 static long long tf32_calls;
 long long fake_cudnn_tf32_calls(void) { return tf32_calls; }
+/* the convolutions on bf16 tensors (computed in float32 from their widened operands, the result rounded) */
+static long long bf16_calls;
+static int in_bf16; /* a bf16 convolution's float32 computation is running */
+long long fake_cudnn_bf16_calls(void) { return bf16_calls; }
+
+enum { DATA_FLOAT = 0, DATA_BFLOAT16 = 9 };
+static float from_bf16(unsigned short b) {
+  union { unsigned u; float f; } v = {(unsigned)b << 16};
+  return v.f;
+}
+static unsigned short to_bf16(float x) { /* nearest even; a NaN kept, made quiet */
+  union { float f; unsigned u; } v = {x};
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((v.u >> 16) | 0x40u);
+  return (unsigned short)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+/* n bf16 values widened to a new float32 array (zeros where p is not to be read) */
+static float *widened(const void *p, long long n, int read) {
+  float *f = calloc(n > 0 ? n : 1, sizeof *f);
+  for (long long i = 0; read && i < n; i++) f[i] = from_bf16(((const unsigned short *)p)[i]);
+  return f;
+}
+static void narrowed(void *p, float *f, long long n) {
+  for (long long i = 0; i < n; i++) ((unsigned short *)p)[i] = to_bf16(f[i]);
+  free(f);
+}
 
 #ifdef FAKE_CUDNN_WRITES_CALLS /* the one copy of the stand-ins for the Java device that counts (cuda13_stand_ins.py) */
 __attribute__((destructor)) static void write_calls(void) {
@@ -120,15 +152,17 @@ cudnnStatus_t cudnnSetStream(cudnnHandle_t h, void *stream) {
 cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t *d) { *d = calloc(1, sizeof **d); return OK; }
 cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) { free(d); return OK; }
 cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, int format, int dtype, int n, int c, int h, int w) {
-  if (format != 0 || dtype != 0 || n <= 0 || c <= 0 || h <= 0 || w <= 0) return BAD_PARAM; /* NCHW float only */
-  d->n = n, d->c = c, d->h = h, d->w = w, d->set = 1;
+  if (format != 0 || (dtype != DATA_FLOAT && dtype != DATA_BFLOAT16) || n <= 0 || c <= 0 || h <= 0 || w <= 0)
+    return BAD_PARAM; /* NCHW float or bf16 only */
+  d->n = n, d->c = c, d->h = h, d->w = w, d->set = 1, d->bf16 = dtype == DATA_BFLOAT16;
   return OK;
 }
 cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t *d) { *d = calloc(1, sizeof **d); return OK; }
 cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) { free(d); return OK; }
 cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, int dtype, int format, int k, int c, int h, int w) {
-  if (format != 0 || dtype != 0 || k <= 0 || c <= 0 || h <= 0 || w <= 0) return BAD_PARAM;
-  d->k = k, d->c = c, d->h = h, d->w = w, d->set = 1;
+  if (format != 0 || (dtype != DATA_FLOAT && dtype != DATA_BFLOAT16) || k <= 0 || c <= 0 || h <= 0 || w <= 0)
+    return BAD_PARAM;
+  d->k = k, d->c = c, d->h = h, d->w = w, d->set = 1, d->bf16 = dtype == DATA_BFLOAT16;
   return OK;
 }
 cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t *d) {
@@ -170,6 +204,7 @@ static cudnnStatus_t fits(cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w, 
   cudnnStatus_t s = cudnnGetConvolution2dForwardOutputDim(d, x, w, &n, &c, &h, &wd);
   if (s != OK) return s;
   if (!y->set || y->n != n || y->c != c || y->h != h || y->w != wd) return BAD_PARAM;
+  if (x->bf16 != w->bf16 || x->bf16 != y->bf16) return NOT_SUPPORTED; /* bf16 operands and result alike */
   return OK;
 }
 
@@ -326,7 +361,23 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, cudnnT
   if (!h || s != OK) return s == OK ? BAD_PARAM : s;
   if ((s = algorithm_ok(FORWARD, algo, wd, yd, ws, ws_bytes)) != OK) return s;
   if (recorded(FORWARD, h, alpha, xd, x, wd, w, d, algo, ws, ws_bytes, beta, yd, y)) return OK;
-  tf32_calls += d->math != 3;
+  if (xd->bf16) { /* computed in float32 from the widened operands, the result rounded */
+    __typeof__(*xd) xf = *xd, yf = *yd;
+    __typeof__(*wd) wf = *wd;
+    xf.bf16 = yf.bf16 = wf.bf16 = 0;
+    long long ny = (long long)yd->n * yd->c * yd->h * yd->w;
+    float *xw = widened(x, (long long)xd->n * xd->c * xd->h * xd->w, 1);
+    float *ww = widened(w, (long long)wd->k * wd->c * wd->h * wd->w, 1);
+    float *yw = widened(y, ny, *(const float *)beta != 0.0f);
+    in_bf16 = 1;
+    s = cudnnConvolutionForward(h, alpha, &xf, xw, &wf, ww, d, algo, ws, ws_bytes, beta, &yf, yw);
+    in_bf16 = 0;
+    narrowed(y, yw, ny);
+    free(xw), free(ww);
+    return s;
+  }
+  tf32_calls += d->math != 3 && !in_bf16;
+  bf16_calls += in_bf16;
   float a = *(const float *)alpha, b = *(const float *)beta;
   const float *xs = x, *wt = w;
   float *ys = y, *cols = ws;
@@ -388,7 +439,23 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha, c
   cudnnStatus_t s = check_call(DATA, h, dxd, wd, d, dyd, algo, ws, ws_bytes);
   if (s != OK) return s;
   if (recorded(DATA, h, alpha, wd, w, dyd, dy, d, algo, ws, ws_bytes, beta, dxd, dx)) return OK;
-  tf32_calls += d->math != 3;
+  if (dxd->bf16) {
+    __typeof__(*dxd) dxf = *dxd, dyf = *dyd;
+    __typeof__(*wd) wf = *wd;
+    dxf.bf16 = dyf.bf16 = wf.bf16 = 0;
+    long long nx = (long long)dxd->n * dxd->c * dxd->h * dxd->w;
+    float *ww = widened(w, (long long)wd->k * wd->c * wd->h * wd->w, 1);
+    float *gw = widened(dy, (long long)dyd->n * dyd->c * dyd->h * dyd->w, 1);
+    float *xw = widened(dx, nx, *(const float *)beta != 0.0f);
+    in_bf16 = 1;
+    s = cudnnConvolutionBackwardData(h, alpha, &wf, ww, &dyf, gw, d, algo, ws, ws_bytes, beta, &dxf, xw);
+    in_bf16 = 0;
+    narrowed(dx, xw, nx);
+    free(ww), free(gw);
+    return s;
+  }
+  tf32_calls += d->math != 3 && !in_bf16;
+  bf16_calls += in_bf16;
   float a = *(const float *)alpha, b = *(const float *)beta;
   const float *wt = w, *g = dy;
   float *out = dx, *cols = ws;
@@ -429,7 +496,23 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
   cudnnStatus_t s = check_call(FILTER, h, xd, dwd, d, dyd, algo, ws, ws_bytes);
   if (s != OK) return s;
   if (recorded(FILTER, h, alpha, xd, x, dyd, dy, d, algo, ws, ws_bytes, beta, dwd, dw)) return OK;
-  tf32_calls += d->math != 3;
+  if (xd->bf16) {
+    __typeof__(*xd) xf = *xd, dyf = *dyd;
+    __typeof__(*dwd) dwf = *dwd;
+    xf.bf16 = dyf.bf16 = dwf.bf16 = 0;
+    long long nw = (long long)dwd->k * dwd->c * dwd->h * dwd->w;
+    float *xw = widened(x, (long long)xd->n * xd->c * xd->h * xd->w, 1);
+    float *gw = widened(dy, (long long)dyd->n * dyd->c * dyd->h * dyd->w, 1);
+    float *ww = widened(dw, nw, *(const float *)beta != 0.0f);
+    in_bf16 = 1;
+    s = cudnnConvolutionBackwardFilter(h, alpha, &xf, xw, &dyf, gw, d, algo, ws, ws_bytes, beta, &dwf, ww);
+    in_bf16 = 0;
+    narrowed(dw, ww, nw);
+    free(xw), free(gw);
+    return s;
+  }
+  tf32_calls += d->math != 3 && !in_bf16;
+  bf16_calls += in_bf16;
   float a = *(const float *)alpha, b = *(const float *)beta;
   const float *xs = x, *g = dy;
   float *out = dw, *cols = ws;
@@ -549,7 +632,7 @@ cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(cudnnHandle_t h, cudnnTenso
                                                      cudnnConvolutionDescriptor_t d, cudnnTensorDescriptor_t yd,
                                                      void *y, int requested, int *returned,
                                                      cudnnConvolutionFwdAlgoPerf_t *perf, void *ws, size_t ws_bytes) {
-  size_t out = floats((long long)yd->n * yd->c * yd->h * yd->w);
+  size_t out = floats((long long)yd->n * yd->c * yd->h * yd->w) / (yd->bf16 ? 2 : 1);
   return find(FORWARD, h, xd, wd, d, yd, x, w, y, out, requested, returned, perf, ws, ws_bytes);
 }
 cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(cudnnHandle_t h, cudnnFilterDescriptor_t wd, const void *w,
@@ -558,7 +641,7 @@ cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(cudnnHandle_t h, cudnn
                                                           void *dx, int requested, int *returned,
                                                           cudnnConvolutionFwdAlgoPerf_t *perf, void *ws,
                                                           size_t ws_bytes) {
-  size_t out = floats((long long)dxd->n * dxd->c * dxd->h * dxd->w);
+  size_t out = floats((long long)dxd->n * dxd->c * dxd->h * dxd->w) / (dxd->bf16 ? 2 : 1);
   return find(DATA, h, dxd, wd, d, dyd, w, dy, dx, out, requested, returned, perf, ws, ws_bytes);
 }
 cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnnHandle_t h, cudnnTensorDescriptor_t xd, const void *x,
@@ -567,7 +650,7 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnnHandle_t h, cud
                                                             void *dw, int requested, int *returned,
                                                             cudnnConvolutionFwdAlgoPerf_t *perf, void *ws,
                                                             size_t ws_bytes) {
-  size_t out = floats((long long)dwd->k * dwd->c * dwd->h * dwd->w);
+  size_t out = floats((long long)dwd->k * dwd->c * dwd->h * dwd->w) / (dwd->bf16 ? 2 : 1);
   return find(FILTER, h, xd, dwd, d, dyd, x, dy, dw, out, requested, returned, perf, ws, ws_bytes);
 }
 
@@ -596,7 +679,7 @@ cudnnStatus_t cudnnGetPooling2dForwardOutputDim(cudnnPoolingDescriptor_t d, cudn
 }
 static cudnnStatus_t pool_fits(cudnnPoolingDescriptor_t d, cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t y) {
   int n, c, h, w;
-  if (cudnnGetPooling2dForwardOutputDim(d, x, &n, &c, &h, &w) != OK) return BAD_PARAM;
+  if (cudnnGetPooling2dForwardOutputDim(d, x, &n, &c, &h, &w) != OK || x->bf16 || y->bf16) return BAD_PARAM;
   return y->set && y->n == n && y->c == c && y->h == h && y->w == w ? OK : BAD_PARAM;
 }
 
@@ -691,7 +774,7 @@ cudnnStatus_t cudnnPoolingBackward(cudnnHandle_t h, cudnnPoolingDescriptor_t d, 
 /* db = alpha * the sum of dy over every axis but the channel + beta * db; db is [1, c, 1, 1] */
 cudnnStatus_t cudnnConvolutionBackwardBias(cudnnHandle_t h, const void *alpha, cudnnTensorDescriptor_t dyd,
                                            const void *dy, const void *beta, cudnnTensorDescriptor_t dbd, void *db) {
-  if (!h || !dyd->set || !dbd->set || dbd->n != 1 || dbd->c != dyd->c || dbd->h != 1 || dbd->w != 1) return BAD_PARAM;
+  if (!h || !dyd->set || !dbd->set || dyd->bf16 || dbd->bf16 || dbd->n != 1 || dbd->c != dyd->c || dbd->h != 1 || dbd->w != 1) return BAD_PARAM;
   float a = *(const float *)alpha, b = *(const float *)beta;
   if (recorded_op((op_call){BIAS_BACKWARD, 0, 0, h, NULL, a, b, dyd, dbd, NULL, NULL, dy, NULL, NULL, db})) return OK;
   const float *g = dy;
@@ -712,6 +795,7 @@ cudnnStatus_t cudnnConvolutionBackwardBias(cudnnHandle_t h, const void *alpha, c
 static cudnnStatus_t softmax_fits(int algo, int mode, cudnnTensorDescriptor_t a, cudnnTensorDescriptor_t b) {
   if (algo != 1 && algo != 2) return algo == 0 ? NOT_SUPPORTED : BAD_PARAM; /* this stand-in has no FAST */
   if (mode != 1) return NOT_SUPPORTED;
+  if (a->bf16 || b->bf16) return BAD_PARAM; /* float32 only */
   return a->set && b->set && a->n == b->n && a->c == b->c && a->h == b->h && a->w == b->w ? OK : BAD_PARAM;
 }
 
@@ -788,8 +872,8 @@ cudnnStatus_t cudnnSetLRNDescriptor(cudnnLRNDescriptor_t d, unsigned n, double a
   return OK;
 }
 
-static int same(cudnnTensorDescriptor_t a, cudnnTensorDescriptor_t b) {
-  return a->set && b->set && a->n == b->n && a->c == b->c && a->h == b->h && a->w == b->w;
+static int same(cudnnTensorDescriptor_t a, cudnnTensorDescriptor_t b) { /* float32 only */
+  return a->set && b->set && !a->bf16 && !b->bf16 && a->n == b->n && a->c == b->c && a->h == b->h && a->w == b->w;
 }
 
 /* k + alpha / n * the window's sum of squares, at channel c of position (image, q) */

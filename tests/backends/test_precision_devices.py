@@ -95,20 +95,21 @@ def test_run_precision_tf32_opens_the_gpu_in_tf32(monkeypatch: pytest.MonkeyPatc
     assert asked == [True, False]
 
 
-def test_bf16_is_refused_by_the_gpu_runner_and_auto_runs_it_on_the_numpy_runner(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # fmt: skip
+def test_bf16_runs_on_the_gpu_runner_given_or_under_auto(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA runner runs bf16 (its kernels load and store bf16: tests/backends/test_bf16_cuda.py): a driver given
+    runs it, and `--device auto` takes the GPU for it as for fp32, saying `precision bf16` on the device line."""
     program = api.compile_file(ROOT / "networks" / "mlp.ddsl", {"N": 4}).program
     build = api.build(program, api.Options(precision="bf16"))
-    with pytest.raises(running.DslProgramError, match="bf16 runs on the NumPy runner; the CUDA runner's bf16"):
-        run_training(build, iters=1, data_flag="synthetic", driver=EmulatedDriver(tmp_path / "given"))
+    got = run_training(build, iters=1, data_flag="synthetic", driver=EmulatedDriver(tmp_path / "given"))
+    assert got["device"] == "cuda" and got["precision"] == "bf16" and "precision_note" not in got
     monkeypatch.setattr(running, "open_device", lambda device, double=False, kernels="auto", tf32=False:
                         (EmulatedDriver(tmp_path / "auto"), "cuda (emulated)", None))  # fmt: skip
     lines: list[str] = []
-    got = run_training(build, iters=1, data_flag="synthetic", device="auto", report=lines.append)
-    assert got["device"] == "cpu" and got["precision"] == "bf16"
-    assert lines[0].startswith("CUDA not used: --precision bf16 runs on the NumPy runner")
-    assert lines[1].endswith("precision bf16")
+    auto = run_training(build, iters=1, data_flag="synthetic", device="auto", report=lines.append)
+    assert auto["device"] == "cuda" and auto["precision"] == "bf16"
+    assert not any(line.startswith("CUDA not used") for line in lines)
+    assert lines[0].startswith("device: cuda (emulated") and lines[0].endswith("precision bf16")
+    np.testing.assert_allclose(auto["losses"], got["losses"], rtol=1e-6)
 
 
 def test_compile_and_float64_refuse_bf16(tmp_path: Path) -> None:

@@ -16,6 +16,11 @@ while a stream is captured (the runner finds at its start, before any graph). Ma
 `CUDNN_FMA_MATH`: float32 without TF32, as the other runners compute. The legacy calls are
 deprecated in cuDNN 9 but exported; they live in this one module, so a move to the graph API stays local.
 
+Under --precision bf16 a convolution whose operands and result the plan stores in bf16 has CUDNN_DATA_BFLOAT16
+tensor and filter descriptors and a CUDNN_DATA_FLOAT convolution descriptor (cuDNN's PSEUDO_BFLOAT16_CONFIG: bf16
+in memory, products accumulated in float32, the result rounded once) in CUDNN_TENSOR_OP_MATH, which the bf16
+configurations run on (the operands are bf16 already: no TF32 rounding is involved).
+
 Max pooling is `CUDNN_POOLING_MAX_DETERMINISTIC` with NaN propagated (as np.maximum does). Where a window holds
 tied maxima our kernels send its gradient to the first in row-major order; cuDNN does not document which one it
 picks, so on ties the two may differ in where (not how much) gradient goes. Average pooling is
@@ -47,6 +52,7 @@ from deepdsl.ir.vendor import (
 )
 
 _NCHW, _FLOAT, _CROSS_CORRELATION, _FMA_MATH = 0, 0, 1, 3
+_BFLOAT16 = 9  # cudnnDataType_t CUDNN_DATA_BFLOAT16
 _TENSOR_OP_MATH = 1  # --precision tf32: float32 convolutions may run on TF32 tensor cores
 _MAX_DETERMINISTIC, _AVG_INCLUDE_PADDING, _PROPAGATE_NAN = 3, 1, 1
 _SOFTMAX_ACCURATE, _SOFTMAX_LOG, _SOFTMAX_CHANNEL, _LRN_CROSS_CHANNEL = 1, 2, 1, 0
@@ -183,32 +189,36 @@ class Cudnn:
         return d
 
     def prepare(self, call: ConvForward | ConvBackwardData | ConvBackwardFilter, workspace: int,
-                find: tuple[int, int, int, Callable[[int], int]] | None = None) -> Conv:  # fmt: skip
+                find: tuple[int, int, int, Callable[[int], int]] | None = None,
+                bf16: bool = False) -> Conv:  # fmt: skip
         """The descriptors of the convolution `call`, checked against cuDNN's own output size, and its algorithm
         within `workspace` bytes of scratch: with `find` (the call's output, its two inputs in the statement's order,
         as device addresses, and a function that gives the address of a temporary scratch of at least the bytes it
         is asked for) the fastest that cudnnFind...Ex times on them, given the most scratch any listed algorithm
         needs within `workspace` (Find writes arbitrary values to the output and the scratch, so neither may hold
-        anything live); without, the first deterministic one the heuristic query proposes."""
+        anything live); without, the first deterministic one the heuristic query proposes. `bf16`: the operands and
+        result are bf16 (float32 compute, tensor-op math)."""
         name = {ConvForward: "cudnnConvolutionForward", ConvBackwardData: "cudnnConvolutionBackwardData",
                 ConvBackwardFilter: "cudnnConvolutionBackwardFilter"}[type(call)]  # fmt: skip
         c = call if isinstance(call, ConvForward) else call.conv
         x, w, conv, y = (self._descriptor(k) for k in ("Tensor", "Filter", "Convolution", "Tensor"))
         lib, check = self.lib, self._check
-        check(lib.cudnnSetTensor4dDescriptor(x, _NCHW, _FLOAT, c.n, c.c, c.h, c.w), "cudnnSetTensor4dDescriptor")
-        check(lib.cudnnSetFilter4dDescriptor(w, _FLOAT, _NCHW, c.f, c.c // c.groups, c.kh, c.kw),
+        data = _BFLOAT16 if bf16 else _FLOAT  # the tensors' and filter's type; the computation's is float32
+        check(lib.cudnnSetTensor4dDescriptor(x, _NCHW, data, c.n, c.c, c.h, c.w), "cudnnSetTensor4dDescriptor")
+        check(lib.cudnnSetFilter4dDescriptor(w, data, _NCHW, c.f, c.c // c.groups, c.kh, c.kw),
               "cudnnSetFilter4dDescriptor")  # fmt: skip
         (ph, pw), (sh, sw), (dh, dw) = c.pad, c.stride, c.dilation
         check(lib.cudnnSetConvolution2dDescriptor(conv, ph, pw, sh, sw, dh, dw, _CROSS_CORRELATION, _FLOAT),
               "cudnnSetConvolution2dDescriptor")  # fmt: skip
         check(lib.cudnnSetConvolutionGroupCount(conv, c.groups), "cudnnSetConvolutionGroupCount")
-        check(lib.cudnnSetConvolutionMathType(conv, self.math), "cudnnSetConvolutionMathType")
+        check(lib.cudnnSetConvolutionMathType(conv, _TENSOR_OP_MATH if bf16 else self.math),
+              "cudnnSetConvolutionMathType")  # fmt: skip
         dims = [ctypes.c_int() for _ in range(4)]
         check(lib.cudnnGetConvolution2dForwardOutputDim(conv, x, w, *map(ctypes.byref, dims)),
               "cudnnGetConvolution2dForwardOutputDim")  # fmt: skip
         if tuple(d.value for d in dims) != (c.n, c.f, c.oh, c.ow):
             raise DslProgramError(f"--kernels vendor: cuDNN makes {c} an output of {[d.value for d in dims]}")
-        check(lib.cudnnSetTensor4dDescriptor(y, _NCHW, _FLOAT, c.n, c.f, c.oh, c.ow), "cudnnSetTensor4dDescriptor")
+        check(lib.cudnnSetTensor4dDescriptor(y, _NCHW, data, c.n, c.f, c.oh, c.ow), "cudnnSetTensor4dDescriptor")
         sizes = conv_shape(c)
         algorithms = len(ALGORITHMS[name])
         perf, count = (_AlgoPerf * algorithms)(), ctypes.c_int()

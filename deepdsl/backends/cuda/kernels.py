@@ -269,11 +269,11 @@ def _grid_for(n: int, block: int) -> int:
     return max(1, min(MAX_GRID, -(-n // block)))
 
 
-def _flat_params(ctypes: tuple[str, ...], restrict: tuple[bool, ...]) -> str:
+def _flat_params(ctypes: tuple[str, ...], restrict: tuple[bool, ...], out_ctype: str = "float") -> str:
     """An element-wise kernel's pointers: `restrict[0]` for the output, `restrict[1 + k]` for input k (memory no
     other pointer of the kernel writes: `const __restrict__`, read through the read-only cache)."""
     r = ["__restrict__ " if x else "" for x in restrict]
-    return ", ".join([f"float* {r[0]}out", *(f"const {t}* {r[1 + k]}in{k}" for k, t in enumerate(ctypes))])
+    return ", ".join([f"{out_ctype}* {r[0]}out", *(f"const {t}* {r[1 + k]}in{k}" for k, t in enumerate(ctypes))])
 
 
 def vectorisable(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> bool:
@@ -310,7 +310,7 @@ def _vector_loop(g: Gen, body: IE, numel: int, shapes: tuple[tuple[int, ...], ..
 def ie_kernel(
     name: str, body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...],
     ctypes: tuple[str, ...] | None = None, comments: tuple[str, ...] = (), generic: bool = False,
-    restrict: tuple[bool, ...] | None = None, vector: bool = False,
+    restrict: tuple[bool, ...] | None = None, vector: bool = False, out_ctype: str = "float",
 ) -> Kernel:  # fmt: skip
     """The kernel computing out[idx] = body over `out`'s grid, under one comment line for each of `comments`.
     `generic` takes the sizes as arguments, so that one kernel serves every statement of the same text: an
@@ -318,7 +318,8 @@ def ie_kernel(
     (backends/sizes.py names them). An element-wise kernel of one program (not `generic`) takes its pointers
     `__restrict__` where `restrict` says (the output first: memory no other pointer of the kernel writes) and, with
     `vector` (every pointer 16-byte aligned), reads and writes float4s where `vectorisable` allows: four elements a
-    thread each step of its loop."""
+    thread each step of its loop. `out_ctype`: the output's storage, "dd_bf16" for a value the plan stores in bf16
+    (computed in float, rounded by the store; never float4)."""
     ctypes = ctypes or ("float",) * len(shapes)
     numel = math.prod(n for _, n in out)
     _check_size(name, numel, *(math.prod(s) for s in shapes))
@@ -329,13 +330,13 @@ def ie_kernel(
     g = Gen(shapes, ctypes=ctypes, cooperative=cooperative)
     g.locals = Locals(shared_subexpressions(body), g.taken)
     lines: list[str] = []
-    params = _params("float", ctypes, False)
+    params = _params(out_ctype, ctypes, False)
     if not cooperative and is_flat(body, out, shapes):
         g.flat = True
         if restrict is not None and not generic:
-            params = _flat_params(ctypes, restrict)
+            params = _flat_params(ctypes, restrict, out_ctype)
         head.append(f'extern "C" __global__ void {name}({params}{", int n" if generic else ""}) {{')
-        if vector and not generic and vectorisable(body, out, shapes):
+        if vector and out_ctype == "float" and not generic and vectorisable(body, out, shapes):
             vector_lines = _vector_loop(g, body, numel, shapes, ctypes)
             if vector_lines:
                 return Kernel("\n".join(head + vector_lines + ["}"]), (_grid_for(numel // VECTOR, BLOCK), 1, 1),
@@ -387,12 +388,15 @@ def ie_kernel(
 def group_kernel(
     name: str, bodies: tuple[IE, ...], numel: int, shapes: tuple[tuple[int, ...], ...], ctypes: tuple[str, ...],
     readers: tuple[dict[int, int], ...], comments: tuple[str, ...], generic: bool = False,
+    out_ctypes: tuple[str, ...] = (),
 ) -> Kernel:  # fmt: skip
     """One grid-stride kernel computing out0[e] = bodies[0], out1[e] = bodies[1], ... element by element: the
     statements of one group (ir/groups.py). Body j reads the shared inputs in0, in1, ... (`shapes`, `ctypes`), and
-    `readers[j]` maps an input index of its own to the earlier result m it reads instead (held in the local r{m})."""
+    `readers[j]` maps an input index of its own to the earlier result m it reads instead (held in the local r{m}).
+    `out_ctypes`: each result's storage (default float); a later body reads an earlier result as it is stored."""
     _check_size(name, numel, *(math.prod(x) for x in shapes))
-    outs = [f"float* out{m}" for m in range(len(bodies))]
+    out_ctypes = out_ctypes or ("float",) * len(bodies)
+    outs = [f"{t}* out{m}" for m, t in enumerate(out_ctypes)]
     ins = [f"const {t}* in{k}" for k, t in enumerate(ctypes)]
     lines = [f"// {c_comment(line)}" for line in comments]
     size = ["int n"] if generic else []  # the element count as an argument: one kernel for every shape
@@ -404,21 +408,22 @@ def group_kernel(
         g.locals = Locals(shared_subexpressions(body), taken)
         pre: list[str] = []
         value = as_float(g.expr(body, pre, "    "))
-        lines += pre + [f"    const float r{j} = {value};", f"    out{j}[e] = r{j};"]
+        lines += pre + [f"    const float r{j} = {_stored(value, out_ctypes[j])};", f"    out{j}[e] = r{j};"]
     lines += ["  }", "}"]
     return Kernel("\n".join(lines), (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel, "grid-stride")
 
 
 def multi_kernel(
     name: str, kinds: tuple[tuple[tuple[IE, ...], tuple[dict[int, int], ...], tuple[str, ...]], ...], width: int,
-    comments: tuple[str, ...],
+    comments: tuple[str, ...], out_ctypes: tuple[tuple[str, ...], ...] = (),
 ) -> str:  # fmt: skip
     """The kernel of a multi-tensor launch (ir/launches.py): one table argument `t` (t[0] the segment count, then one
     row of `width` numbers per segment: its first block, its blocks, its elements, its kind, then its outputs' and
     inputs' pointers). Each block finds its segment (a binary search over the rows' first blocks) and runs that
     segment's group loop (group_kernel's body) over the segment's elements, the segment's blocks striding together.
     `kinds`: per kind, its bodies, what each reads of the earlier results (as group_kernel's `readers`) and its
-    inputs' C types; segments of one kind differ only in their sizes and pointers."""
+    inputs' C types; segments of one kind differ only in their sizes and pointers. `out_ctypes`: per kind, its
+    results' storage (default float)."""
     lines = [f"// {c_comment(line)}" for line in comments]
     lines += [
         f'extern "C" __global__ void {name}(const long long* __restrict__ t) {{',
@@ -434,8 +439,9 @@ def multi_kernel(
         "  switch ((int) row[3]) {",
     ]
     for kind, (bodies, readers, ctypes) in enumerate(kinds):
+        outs = out_ctypes[kind] if out_ctypes else ("float",) * len(bodies)
         lines.append(f"  case {kind}: {{")
-        lines += [f"    float* out{m} = (float*) row[{4 + m}];" for m in range(len(bodies))]
+        lines += [f"    {t}* out{m} = ({t}*) row[{4 + m}];" for m, t in enumerate(outs)]
         lines += [f"    const {t}* in{k} = (const {t}*) row[{4 + len(bodies) + k}];" for k, t in enumerate(ctypes)]
         lines.append("    for (int e = first; e < n; e += stride) {")
         taken = {f"r{j}" for j in range(len(bodies))}
@@ -445,10 +451,16 @@ def multi_kernel(
             g.locals = Locals(shared_subexpressions(body), taken)
             pre: list[str] = []
             value = as_float(g.expr(body, pre, "      "))
-            lines += pre + [f"      const float r{j} = {value};", f"      out{j}[e] = r{j};"]
+            lines += pre + [f"      const float r{j} = {_stored(value, outs[j])};", f"      out{j}[e] = r{j};"]
         lines += ["    }", "    break;", "  }"]
     lines += ["  }", "}"]
     return "\n".join(lines)
+
+
+def _stored(value: str, ctype: str) -> str:
+    """A group's result `value` as its store leaves it: rounded to bf16 where it is stored in bf16, so that a later
+    statement of the group reads what a kernel of its own would read from memory."""
+    return f"dd_bf16_float(dd_bf16_bits({value}))" if ctype == "dd_bf16" else value
 
 
 def segment_blocks(n: int) -> int:
@@ -716,7 +728,10 @@ def _finish_lines(rg: ReductionGroup, totals: list[str], indent: str, write: boo
 
 def library_call(name: str, s: Stmt, ctypes: tuple[str, ...], out_ctype: str, call: str, **launch: Any) -> Kernel:
     """The kernel `name` whose one line is `call`, a function of library.cu, launched as `launch` says (the
-    keywords of `Kernel`: grid, block, static_smem, covers, loop; with `scratch` its last parameter is float* ws)."""
+    keywords of `Kernel`: grid, block, static_smem, covers, loop; with `scratch` its last parameter is float* ws).
+    A float result the plan stores in bf16 is a dd_bf16 pointer (library.cu's functions take either)."""
+    if out_ctype == "float" and s.out.type.dtype is DType.BF16:
+        out_ctype = "dd_bf16"
     params = _params(out_ctype, ctypes, True) + (", float* __restrict__ ws" if launch.get("scratch") else "")
     text = "\n".join([
         f"// {c_comment(format_stmt(s))}",
@@ -755,7 +770,8 @@ Form = tuple[IE, tuple[tuple[str, int], ...]]  # an index expression over the ou
 
 
 def _ctype(dtype: DType) -> str:
-    return "float" if dtype is DType.F32 else "long long"
+    """The C type a value is stored as: float, bf16 storage (library.cu dd_bf16: --precision bf16) or int64."""
+    return {DType.F32: "float", DType.BF16: "dd_bf16"}.get(dtype, "long long")
 
 
 def _ident(text: str) -> str:
@@ -824,9 +840,11 @@ class _Program:
         comments = tuple(format_stmt(s) for s in stmts)
         ctypes = tuple(_ctype(v.type.dtype) for v in shared)
         shapes = tuple(v.type.shape for v in shared)
-        k = group_kernel(name, form.bodies, stmts[0].out.type.numel, shapes, ctypes, form.held, comments)
+        outs = tuple(_ctype(s.out.type.dtype) for s in stmts)
+        k = group_kernel(name, form.bodies, stmts[0].out.type.numel, shapes, ctypes, form.held, comments,
+                         out_ctypes=outs)  # fmt: skip
         values = (*(s.out.name for s in stmts), *(v.name for v in shared))
-        self.add(stmts[0], name, k, values, ("float",) * len(stmts) + ctypes, tuple(s.out.name for s in stmts[1:]))
+        self.add(stmts[0], name, k, values, outs + ctypes, tuple(s.out.name for s in stmts[1:]))
 
     def reductions(self, stmts: tuple[Stmt, ...]) -> bool:
         """The kernels of a pass (ir/reductions.py): a large sum, or reductions over the same range with the running
@@ -887,7 +905,8 @@ class _Program:
         for stmts in launch:
             form = group_form(stmts)
             ctypes = tuple(_ctype(v.type.dtype) for v in form.inputs)
-            key = (form.bodies, tuple(tuple(sorted(h.items())) for h in form.held), ctypes)
+            outs = tuple(_ctype(s.out.type.dtype) for s in stmts)
+            key = (form.bodies, tuple(tuple(sorted(h.items())) for h in form.held), ctypes, outs)
             kind = kinds.setdefault(key, len(kinds))
             numel = stmts[0].out.type.numel
             _check_size(stmts[-1].out.name, numel, *(v.type.numel for v in form.inputs))
@@ -896,7 +915,7 @@ class _Program:
             rows.append((first, blocks, numel, kind, count))
             first += blocks
             values += [*(s.out.name for s in stmts), *(v.name for v in form.inputs)]
-            ctypes_all += ["float"] * len(stmts) + list(ctypes)
+            ctypes_all += list(outs) + list(ctypes)
         width = 4 + max(r[4] for r in rows)
         ops = dict.fromkeys(s.a["ops"][-1] if s.op == "fused" and s.a.get("ops") else s.op for g in launch for s in g)
         name = self.name(launch[0][0], what="multi_tensor_" + "_".join(ops), suffix="")
@@ -904,7 +923,7 @@ class _Program:
         comments = (f"one launch for the updates of {len(launch)} tensors ({len(kinds)} kind"
                     f"{'s' if len(kinds) > 1 else ''} of loop): {', '.join(parameters)}",)  # fmt: skip
         text = multi_kernel(name, tuple((key[0], tuple(dict(h) for h in key[1]), key[2]) for key in kinds), width,
-                            comments)  # fmt: skip
+                            comments, tuple(key[3] for key in kinds))  # fmt: skip
         self.taken.add(name)
         self.seen[text] = name
         self.also[name] = []
@@ -930,8 +949,8 @@ class _Program:
             form = op.cuda_form(s)
         arity = op.arity if op.arity is not None else len(s.inputs)
         if form is not None:
-            if out_type != "float":
-                raise ValueError(f"%{s.out.name} = {s.op}: index-expression kernels write float32 only")
+            if out_type not in ("float", "dd_bf16"):
+                raise ValueError(f"%{s.out.name} = {s.op}: index-expression kernels write float32 (or bf16) only")
             if own is not None:  # an op's own index form takes no epilogue: every input is the body's
                 arity = len(s.inputs)
             body, out = form
@@ -942,7 +961,7 @@ class _Program:
             )
             restrict, vector = self.memory(values[: 1 + arity], (out_type, *in_types[:arity]))
             k = ie_kernel(name, body, out, shapes, in_types[:arity], (format_stmt(s), meaning), restrict=restrict,
-                          vector=vector)  # fmt: skip
+                          vector=vector, out_ctype=out_type)  # fmt: skip
             # an op written from its index form (channel_sum) or CUDA form (avg_pool2d) may have a vendor routine too
             self.add(s, name, k, values[: 1 + arity], (out_type, *in_types[:arity]), vendor=vendor_call(s))
         elif op.cuda is None:
@@ -962,7 +981,7 @@ class _Program:
                      scratch=scratch)  # fmt: skip
             if k.finish is not None:  # named {name}_finish by the op's kernel; on the output and the scratch
                 self.taken.add(f"{name}_finish")
-                self.add(s, f"{name}_finish", k.finish, (s.out.name,), ("float",), scratch=scratch, finishes=True)
+                self.add(s, f"{name}_finish", k.finish, (s.out.name,), (out_type,), scratch=scratch, finishes=True)
         if "epilogue" in s.a:
             extras = s.inputs[arity:]
             out = output_indices(s.out.type)
@@ -972,10 +991,11 @@ class _Program:
             names = ("out", *(f"in{k}" for k in range(1, len(shapes))))
             meaning = f"out[{', '.join(v for v, _ in out)}] = {format_ie(epi, names)}"
             evalues = (s.out.name, s.out.name, *(v.name for v in extras))
-            restrict, vector = self.memory(evalues, ("float", "float", *in_types[arity:]))
-            ek = ie_kernel(ename, epi, out, shapes, ("float", *in_types[arity:]),
-                           (f"epilogue of %{s.out.name}: {meaning}",), restrict=restrict, vector=vector)  # fmt: skip
-            self.add(s, ename, ek, evalues, ("float", "float", *in_types[arity:]))
+            restrict, vector = self.memory(evalues, (out_type, out_type, *in_types[arity:]))
+            ek = ie_kernel(ename, epi, out, shapes, (out_type, *in_types[arity:]),
+                           (f"epilogue of %{s.out.name}: {meaning}",), restrict=restrict, vector=vector,
+                           out_ctype=out_type)  # fmt: skip
+            self.add(s, ename, ek, evalues, (out_type, out_type, *in_types[arity:]))
 
 
 def program(plan: Plan, prefix: str = "") -> CudaProgram:

@@ -11,6 +11,30 @@
 #define DD_GRID_STRIDE(e, n) for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < (n); e += blockDim.x * gridDim.x)
 #define DD_BLOCK_STRIDE(r, n) for (int r = blockIdx.x; r < (n); r += gridDim.x)
 
+// ---- bf16 storage (--precision bf16, passes/precision.py): a value the plan stores as bfloat16 is the top 16 bits
+// of its float32; every kernel computes in float and only loads and stores bf16. Written here rather than taken
+// from cuda_bf16.h (which NVRTC from PyPI may lack); the rounding is ops/precision.py's bf16_bits, bit for bit:
+// round to nearest, ties to even, on the float's bits (a finite value may round to an infinity); a NaN stays a NaN,
+// made quiet. A dd_bf16 reads as a float wherever one is wanted and is assigned from one, rounding; it converts
+// from nothing else, so a pointer of the wrong type is a compile error, not a silent reinterpretation. ----
+
+__device__ __forceinline__ unsigned short dd_bf16_bits(float v) {
+    unsigned int u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__device__ __forceinline__ float dd_bf16_float(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }
+
+struct dd_bf16 {
+    unsigned short bits;
+    __device__ __forceinline__ operator float() const { return dd_bf16_float(bits); }
+    __device__ __forceinline__ dd_bf16& operator=(float v) {
+        bits = dd_bf16_bits(v);
+        return *this;
+    }
+};
+
 // ---- block-level reductions: every thread of the block gets the result (blockDim.x a multiple of 32) ----
 
 __device__ __forceinline__ float dd_warp_sum(float v) {
@@ -95,8 +119,8 @@ typedef float4 dd_f4;
 struct alignas(16) dd_f4 { float x, y, z, w; };  // the CPU emulator's (tests/backends/cuda_emulator.py)
 #endif
 
-template <class L>
-__device__ void dd_tiled(float* __restrict__ c, const L& ld, int M, int N, int k0, int k1) {
+template <class L, class TC>
+__device__ void dd_tiled(TC* __restrict__ c, const L& ld, int M, int N, int k0, int k1) {
     alignas(16) __shared__ float as[2][DD_BK][DD_BM + DD_PAD];
     alignas(16) __shared__ float bs[2][DD_BK][DD_BN + DD_PAD];
     const int tx = threadIdx.x, ty = threadIdx.y, t = ty * 16 + tx;
@@ -196,13 +220,13 @@ __device__ void dd_tiled(float* __restrict__ c, const L& ld, int M, int N, int k
 // A is [M, K] (or [K, M] when ta), B is [K, N] (or [N, K] when tb), all row-major, batch-strided.
 // Launch: block (16, 16), grid (ceil(N/DD_BN), ceil(M/DD_BM), batch).
 
-template <bool TA, bool TB>
+template <bool TA, bool TB, class XA, class XB>
 struct dd_gemm_loader {
     typedef int ARow;
     typedef int BCol;
     static constexpr bool A_K_FAST = !TA, B_K_FAST = TB;
-    const float* pa;
-    const float* pb;
+    const XA* pa;
+    const XB* pb;
     int M, N, K;
     __device__ int arow(int row) const { return row; }
     __device__ int bcol(int col) const { return col; }
@@ -212,15 +236,16 @@ struct dd_gemm_loader {
     __device__ long long ccol(int col) const { return col; }
 };
 
-__device__ void dd_gemm(float* __restrict__ c, const float* __restrict__ a, const float* __restrict__ b,
+template <class TC, class XA, class XB>
+__device__ void dd_gemm(TC* __restrict__ c, const XA* __restrict__ a, const XB* __restrict__ b,
                         int M, int N, int K, int ta, int tb) {
-    const float* ab = a + (long long)blockIdx.z * M * K;
-    const float* bb = b + (long long)blockIdx.z * K * N;
-    float* cb = c + (long long)blockIdx.z * M * N;
-    if (ta && tb) dd_tiled(cb, dd_gemm_loader<true, true>{ab, bb, M, N, K}, M, N, 0, K);
-    else if (ta) dd_tiled(cb, dd_gemm_loader<true, false>{ab, bb, M, N, K}, M, N, 0, K);
-    else if (tb) dd_tiled(cb, dd_gemm_loader<false, true>{ab, bb, M, N, K}, M, N, 0, K);
-    else dd_tiled(cb, dd_gemm_loader<false, false>{ab, bb, M, N, K}, M, N, 0, K);
+    const XA* ab = a + (long long)blockIdx.z * M * K;
+    const XB* bb = b + (long long)blockIdx.z * K * N;
+    TC* cb = c + (long long)blockIdx.z * M * N;
+    if (ta && tb) dd_tiled(cb, dd_gemm_loader<true, true, XA, XB>{ab, bb, M, N, K}, M, N, 0, K);
+    else if (ta) dd_tiled(cb, dd_gemm_loader<true, false, XA, XB>{ab, bb, M, N, K}, M, N, 0, K);
+    else if (tb) dd_tiled(cb, dd_gemm_loader<false, true, XA, XB>{ab, bb, M, N, K}, M, N, 0, K);
+    else dd_tiled(cb, dd_gemm_loader<false, false, XA, XB>{ab, bb, M, N, K}, M, N, 0, K);
 }
 
 // ---- convolution, NCHW, weights [F, C/G, KH, KW]; tap (i, j) of a window reads input row oh*SH - PH + i*DH,
@@ -229,6 +254,7 @@ __device__ void dd_gemm(float* __restrict__ c, const float* __restrict__ a, cons
 // conv2d: Y[f, q] = sum over k of W[f, k] X[k, q], with f the filter in group g, k = (c, i, j) the window offset
 // and q = (n, oh, ow) the output pixel; X is read from the image on the fly (zero in the padding).
 // Launch: block (16, 16), grid (ceil(N*OH*OW/DD_BN), ceil(F/G/DD_BM), G).
+template <class X1, class X2>
 struct dd_conv_forward_loader {
     struct BCol {
         long long base;  // the pixel's image at the group's first channel
@@ -236,8 +262,8 @@ struct dd_conv_forward_loader {
     };
     typedef long long ARow;
     static constexpr bool A_K_FAST = true, B_K_FAST = false;
-    const float* x;
-    const float* w;
+    const X1* x;
+    const X2* w;
     int C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, g, cg, fg, K;
     __device__ long long arow(int f) const { return (long long)(g * fg + f) * K; }
     __device__ float a(long long r, int k) const { return w[r + k]; }
@@ -254,17 +280,19 @@ struct dd_conv_forward_loader {
     __device__ long long ccol(int q) const { return (long long)(q / (OH * OW)) * F * OH * OW + q % (OH * OW); }
 };
 
-__device__ void dd_conv2d_igemm(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w,
+template <class TY, class TX, class TW>
+__device__ void dd_conv2d_igemm(TY* __restrict__ y, const TX* __restrict__ x, const TW* __restrict__ w,
                                 int N, int C, int H, int W, int F, int KH, int KW, int OH, int OW,
                                 int SH, int SW, int PH, int PW, int G, int DH, int DW) {
     int cg = C / G, fg = F / G, K = cg * KH * KW;
-    dd_conv_forward_loader ld{x, w, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, (int)blockIdx.z, cg, fg, K};
+    dd_conv_forward_loader<TX, TW> ld{x, w, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, (int)blockIdx.z, cg, fg, K};
     dd_tiled(y, ld, fg, N * OH * OW, 0, K);
 }
 
 // d x of conv2d: dX[c, p] = sum over k of W[k, c] dY[k, p], with c the channel in group g, p = (n, h, w) the input
 // pixel and k = (f, i, j); dY is read where the window offset (i, j) puts pixel p in an output (zero elsewhere).
 // Stride 1: every tap of every pixel.
+template <class X1, class X2>
 struct dd_conv_data_loader {
     struct BCol {
         long long base;  // the pixel's image in dY at the group's first filter
@@ -272,8 +300,8 @@ struct dd_conv_data_loader {
     };
     typedef int ARow;
     static constexpr bool A_K_FAST = true, B_K_FAST = false;
-    const float* dy;
-    const float* w;
+    const X1* dy;
+    const X2* w;
     int C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, g, cg, fg;
     __device__ int arow(int c) const { return c; }
     __device__ float a(int c, int k) const {
@@ -317,6 +345,7 @@ struct dd_conv_phase {
     }
 };
 
+template <class X1, class X2>
 struct dd_conv_strided_data_loader {
     struct BCol {
         long long base;  // the pixel's image in dY at the group's first filter
@@ -324,8 +353,8 @@ struct dd_conv_strided_data_loader {
     };
     typedef int ARow;
     static constexpr bool A_K_FAST = true, B_K_FAST = false;
-    const float* dy;
-    const float* w;
+    const X1* dy;
+    const X2* w;
     int C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, g, cg, fg;
     dd_conv_phase ph, pw;
     __device__ int arow(int c) const { return c; }
@@ -352,19 +381,20 @@ struct dd_conv_strided_data_loader {
 
 // Launch: block (16, 16), grid (ceil(N*ceil(H/SH)*ceil(W/SW)/DD_BN), ceil(C/G/DD_BM), G*SH*SW): blockIdx.z is the
 // group and, with a stride, the phase (rh, rw); a phase without taps writes zeros.
-__device__ void dd_conv2d_backward_data_igemm(float* __restrict__ dx, const float* __restrict__ g,
-                                              const float* __restrict__ w, int N, int C, int H, int W, int F,
+template <class TY, class TG, class TW>
+__device__ void dd_conv2d_backward_data_igemm(TY* __restrict__ dx, const TG* __restrict__ g,
+                                              const TW* __restrict__ w, int N, int C, int H, int W, int F,
                                               int KH, int KW, int OH, int OW, int SH, int SW, int PH, int PW, int G,
                                               int DH, int DW) {
     int cg = C / G, fg = F / G;
     if (SH == 1 && SW == 1) {
-        dd_conv_data_loader ld{g, w, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, (int)blockIdx.z, cg, fg};
+        dd_conv_data_loader<TG, TW> ld{g, w, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, (int)blockIdx.z, cg, fg};
         dd_tiled(dx, ld, cg, N * H * W, 0, fg * KH * KW);
         return;
     }
     int grp = blockIdx.z / (SH * SW), r = blockIdx.z % (SH * SW);
     dd_conv_phase ph(r / SW, SH, PH, DH, KH, H), pw(r % SW, SW, PW, DW, KW, W);
-    dd_conv_strided_data_loader ld{g, w, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, grp, cg, fg, ph, pw};
+    dd_conv_strided_data_loader<TG, TW> ld{g, w, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, grp, cg, fg, ph, pw};
     dd_tiled(dx, ld, cg, N * ph.hn * pw.hn, 0, fg * ph.ti * pw.ti);
 }
 
@@ -373,6 +403,7 @@ __device__ void dd_conv2d_backward_data_igemm(float* __restrict__ dx, const floa
 // With S > 1 each slice writes its partial sums to ws [S, F, C/G*KH*KW] and dd_conv2d_backward_filter_finish adds
 // them up in slice order (the same bits every run); with S == 1 the one slice writes dW itself (ws unused).
 // Launch: block (16, 16), grid (ceil(C/G*KH*KW/DD_BN), ceil(F/G/DD_BM), G*S); then the finish (S > 1).
+template <class X1, class X2>
 struct dd_conv_filter_loader {
     struct BCol {
         long long base;  // the channel's plane in image 0
@@ -380,8 +411,8 @@ struct dd_conv_filter_loader {
     };
     typedef long long ARow;
     static constexpr bool A_K_FAST = true, B_K_FAST = true;
-    const float* x;
-    const float* dy;
+    const X1* x;
+    const X2* dy;
     int C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, g, cg, fg, K;
     __device__ long long arow(int f) const { return (long long)(g * fg + f) * OH * OW; }
     __device__ float a(long long r, int k) const {
@@ -404,19 +435,22 @@ struct dd_conv_filter_loader {
 // the slice length of a reduction of Q split S ways: whole DD_BK steps
 __device__ __forceinline__ int dd_slice(int Q, int S) { return (Q + S * DD_BK - 1) / (S * DD_BK) * DD_BK; }
 
-__device__ void dd_conv2d_backward_filter(float* __restrict__ dw, const float* __restrict__ x,
-                                          const float* __restrict__ g, float* __restrict__ ws, int S, int N, int C,
+template <class TY, class TX, class TG>
+__device__ void dd_conv2d_backward_filter(TY* __restrict__ dw, const TX* __restrict__ x,
+                                          const TG* __restrict__ g, float* __restrict__ ws, int S, int N, int C,
                                           int H, int W, int F, int KH, int KW, int OH, int OW, int SH, int SW, int PH,
                                           int PW, int G, int DH, int DW) {
     int cg = C / G, fg = F / G, K = cg * KH * KW, Q = N * OH * OW;
     int grp = blockIdx.z / S, s = blockIdx.z % S, len = dd_slice(Q, S);
     int k0 = s * len, k1 = k0 + len < Q ? k0 + len : Q;
-    dd_conv_filter_loader ld{x, g, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, grp, cg, fg, K};
-    dd_tiled(S > 1 ? ws + (long long)s * F * K : dw, ld, fg, K, k0, k1);
+    dd_conv_filter_loader<TX, TG> ld{x, g, C, H, W, F, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, grp, cg, fg, K};
+    if (S > 1) dd_tiled(ws + (long long)s * F * K, ld, fg, K, k0, k1);  // float partial sums
+    else dd_tiled(dw, ld, fg, K, k0, k1);
 }
 
 // dW = the sum of the S slices' partial sums ws [S, n], in slice order
-__device__ void dd_conv2d_backward_filter_finish(float* __restrict__ dw, const float* __restrict__ ws, int n, int S) {
+template <class TY>
+__device__ void dd_conv2d_backward_filter_finish(TY* __restrict__ dw, const float* __restrict__ ws, int n, int S) {
     DD_GRID_STRIDE(e, n) {
         float v = 0.0f;
         for (int s = 0; s < S; s++) v += ws[(long long)s * n + e];
@@ -426,11 +460,12 @@ __device__ void dd_conv2d_backward_filter_finish(float* __restrict__ dw, const f
 
 // ---- pooling, NCHW; padding never wins a max and counts as zero in an average ----
 
-__device__ void dd_max_pool2d(float* __restrict__ y, const float* __restrict__ x, int NC, int H, int W,
+template <class TY, class TX>
+__device__ void dd_max_pool2d(TY* __restrict__ y, const TX* __restrict__ x, int NC, int H, int W,
                               int OH, int OW, int KH, int KW, int SH, int SW, int PH, int PW) {
     DD_GRID_STRIDE(e, NC * OH * OW) {
         int ow = e % OW, oh = (e / OW) % OH, nc = e / (OW * OH);
-        const float* xc = x + (long long)nc * H * W;
+        const auto* xc = x + (long long)nc * H * W;
         float m = DD_NEG_INF;
         for (int i = 0; i < KH; i++) {
             int h = oh * SH - PH + i;
@@ -445,12 +480,13 @@ __device__ void dd_max_pool2d(float* __restrict__ y, const float* __restrict__ x
 }
 
 // each window's gradient goes to its first maximum in row-major order; overlapping windows add up
-__device__ void dd_max_pool2d_backward(float* __restrict__ dx, const float* __restrict__ x,
-                                       const float* __restrict__ y, const float* __restrict__ g, int NC, int H,
+template <class TD, class TX, class TY, class TG>
+__device__ void dd_max_pool2d_backward(TD* __restrict__ dx, const TX* __restrict__ x,
+                                       const TY* __restrict__ y, const TG* __restrict__ g, int NC, int H,
                                        int W, int OH, int OW, int KH, int KW, int SH, int SW, int PH, int PW) {
     DD_GRID_STRIDE(e, NC * H * W) {
         int v = e % W, h = (e / W) % H, nc = e / (W * H);
-        const float* xc = x + (long long)nc * H * W;
+        const auto* xc = x + (long long)nc * H * W;
         float acc = 0.0f;
         for (int oh = 0; oh < OH; oh++) {
             int h0 = oh * SH - PH;
@@ -472,12 +508,13 @@ __device__ void dd_max_pool2d_backward(float* __restrict__ dx, const float* __re
 }
 
 // every window divides by KH * KW: the padding counts as zeros
-__device__ void dd_avg_pool2d(float* __restrict__ y, const float* __restrict__ x, int NC, int H, int W, int OH,
+template <class TY, class TX>
+__device__ void dd_avg_pool2d(TY* __restrict__ y, const TX* __restrict__ x, int NC, int H, int W, int OH,
                               int OW, int KH, int KW, int SH, int SW, int PH, int PW) {
     float k = (float)(KH * KW);
     DD_GRID_STRIDE(e, NC * OH * OW) {
         int ow = e % OW, oh = (e / OW) % OH, nc = e / (OW * OH);
-        const float* xc = x + (long long)nc * H * W;
+        const auto* xc = x + (long long)nc * H * W;
         float s = 0.0f;
         for (int i = 0; i < KH; i++) {
             int h = oh * SH - PH + i;
@@ -490,7 +527,8 @@ __device__ void dd_avg_pool2d(float* __restrict__ y, const float* __restrict__ x
     }
 }
 
-__device__ void dd_avg_pool2d_backward(float* __restrict__ dx, const float* __restrict__ g, int NC, int H, int W,
+template <class TD, class TG>
+__device__ void dd_avg_pool2d_backward(TD* __restrict__ dx, const TG* __restrict__ g, int NC, int H, int W,
                                        int OH, int OW, int KH, int KW, int SH, int SW, int PH, int PW) {
     float k = (float)(KH * KW);
     DD_GRID_STRIDE(e, NC * H * W) {
@@ -510,7 +548,8 @@ __device__ void dd_avg_pool2d_backward(float* __restrict__ dx, const float* __re
 
 // ---- softmax family over axis 1 of [A, D, B] (B = product of the axes after 1): one block per row ----
 
-__device__ void dd_softmax(float* __restrict__ y, const float* __restrict__ x, int A, int D, int B, int logarithm) {
+template <class TY, class TX>
+__device__ void dd_softmax(TY* __restrict__ y, const TX* __restrict__ x, int A, int D, int B, int logarithm) {
     DD_BLOCK_STRIDE(r, A * B) {
         long long base = (long long)(r / B) * D * B + r % B;
         float m = DD_NEG_INF;
@@ -528,9 +567,10 @@ __device__ void dd_softmax(float* __restrict__ y, const float* __restrict__ x, i
 }
 
 // each row of x [R, D] as (x - mean) / sqrt(biased var + eps): registry op layer_norm_rows, one block per row
-__device__ void dd_layer_norm_rows(float* __restrict__ y, const float* __restrict__ x, int R, int D, float eps) {
+template <class TY, class TX>
+__device__ void dd_layer_norm_rows(TY* __restrict__ y, const TX* __restrict__ x, int R, int D, float eps) {
     DD_BLOCK_STRIDE(r, R) {
-        const float* xr = x + (long long)r * D;
+        const auto* xr = x + (long long)r * D;
         float s = 0.0f;
         for (int d = threadIdx.x; d < D; d += blockDim.x) s += xr[d];
         float mean = dd_block_sum(s) / D;
@@ -542,8 +582,9 @@ __device__ void dd_layer_norm_rows(float* __restrict__ y, const float* __restric
 }
 
 // its gradient given g = dy: r (g - mean(g) - y mean(g y)) per row, y and r recomputed from x
-__device__ void dd_layer_norm_rows_backward(float* __restrict__ dx, const float* __restrict__ x,
-                                            const float* __restrict__ g, int R, int D, float eps) {
+template <class TD, class TX, class TG>
+__device__ void dd_layer_norm_rows_backward(TD* __restrict__ dx, const TX* __restrict__ x,
+                                            const TG* __restrict__ g, int R, int D, float eps) {
     DD_BLOCK_STRIDE(r, R) {
         long long base = (long long)r * D;
         float s = 0.0f;
@@ -565,7 +606,8 @@ __device__ void dd_layer_norm_rows_backward(float* __restrict__ dx, const float*
 
 // batch norm's apply with a scale and shift over x [N, C, P] (n elements), the statistics given: registry ops bn_apply
 // and bn_train_apply as the Java CUDA device calls them where cuDNN does not
-__device__ void dd_bn_apply(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ mean,
+template <class TY, class TX>
+__device__ void dd_bn_apply(TY* __restrict__ y, const TX* __restrict__ x, const float* __restrict__ mean,
                             const float* __restrict__ var, const float* __restrict__ gamma,
                             const float* __restrict__ beta, int n, int C, int P, float eps) {
     DD_GRID_STRIDE(e, n) {
@@ -578,7 +620,8 @@ __device__ void dd_bn_apply(float* __restrict__ y, const float* __restrict__ x, 
 // sqrt(var + eps) (bn_invstd), the scale and its and the shift's gradients sum(g xh) and sum(g): per channel gamma r
 // (g - sum(g) / M - xh sum(g xh) / M), xh = (x - mean) r, M = N P: registry op bn_train_backward, one thread an
 // element (eps: cuDNN's check of it only)
-__device__ void dd_bn_train_backward(float* __restrict__ dx, const float* __restrict__ x, const float* __restrict__ g,
+template <class TD, class TX, class TG>
+__device__ void dd_bn_train_backward(TD* __restrict__ dx, const TX* __restrict__ x, const TG* __restrict__ g,
                                      const float* __restrict__ mean, const float* __restrict__ invstd,
                                      const float* __restrict__ gamma, const float* __restrict__ sum_gxh,
                                      const float* __restrict__ sum_g, int n, int C, int P, float eps) {
@@ -592,7 +635,8 @@ __device__ void dd_bn_train_backward(float* __restrict__ dx, const float* __rest
 
 // attention's softmax over each row of x [R, T] of scale * x; with causal, row r sees only the keys
 // j <= r % period (the rest get weight 0): registry op masked_softmax, one block per row
-__device__ void dd_masked_softmax(float* __restrict__ y, const float* __restrict__ x, int R, int T, int period,
+template <class TY, class TX>
+__device__ void dd_masked_softmax(TY* __restrict__ y, const TX* __restrict__ x, int R, int T, int period,
                                   int causal, float scale) {
     DD_BLOCK_STRIDE(r, R) {
         long long base = (long long)r * T;
@@ -611,7 +655,8 @@ __device__ void dd_masked_softmax(float* __restrict__ y, const float* __restrict
 }
 
 // softmax: dx = y * (g - sum(g * y)); log_softmax: dx = g - exp(y) * sum(g)
-__device__ void dd_softmax_backward(float* __restrict__ dx, const float* __restrict__ y, const float* __restrict__ g,
+template <class TD, class TY, class TG>
+__device__ void dd_softmax_backward(TD* __restrict__ dx, const TY* __restrict__ y, const TG* __restrict__ g,
                                     int A, int D, int B, int logarithm) {
     DD_BLOCK_STRIDE(r, A * B) {
         long long base = (long long)(r / B) * D * B + r % B;
@@ -631,11 +676,12 @@ __device__ void dd_softmax_backward(float* __restrict__ dx, const float* __restr
 // ---- losses over [N, K] scores and int64 labels ----
 
 // the mean over rows of -log_softmax(x)[row, label]: one block (launch grid 1)
-__device__ void dd_softmax_cross_entropy(float* __restrict__ loss, const float* __restrict__ x,
+template <class TX>
+__device__ void dd_softmax_cross_entropy(float* __restrict__ loss, const TX* __restrict__ x,
                                          const long long* __restrict__ labels, int N, int K) {
     float total = 0.0f;
     for (int r = 0; r < N; r++) {
-        const float* xr = x + (long long)r * K;
+        const auto* xr = x + (long long)r * K;
         float m = DD_NEG_INF;
         for (int k = threadIdx.x; k < K; k += blockDim.x) m = fmaxf(m, xr[k]);
         m = dd_block_max(m);
@@ -648,12 +694,13 @@ __device__ void dd_softmax_cross_entropy(float* __restrict__ loss, const float* 
 }
 
 // d x = (softmax(x) - onehot(label)) * g / N: one block per row
-__device__ void dd_softmax_cross_entropy_backward(float* __restrict__ dx, const float* __restrict__ x,
+template <class TD, class TX>
+__device__ void dd_softmax_cross_entropy_backward(TD* __restrict__ dx, const TX* __restrict__ x,
                                                   const long long* __restrict__ labels, const float* __restrict__ g,
                                                   int N, int K) {
     float scale = g[0] / (float)N;
     DD_BLOCK_STRIDE(r, N) {
-        const float* xr = x + (long long)r * K;
+        const auto* xr = x + (long long)r * K;
         float m = DD_NEG_INF;
         for (int k = threadIdx.x; k < K; k += blockDim.x) m = fmaxf(m, xr[k]);
         m = dd_block_max(m);
@@ -667,7 +714,8 @@ __device__ void dd_softmax_cross_entropy_backward(float* __restrict__ dx, const 
 }
 
 // the mean over rows of -log p[row, label]: one block (launch grid 1)
-__device__ void dd_cross_entropy(float* __restrict__ loss, const float* __restrict__ p,
+template <class TP>
+__device__ void dd_cross_entropy(float* __restrict__ loss, const TP* __restrict__ p,
                                  const long long* __restrict__ labels, int N, int K) {
     float s = 0.0f;
     for (int r = threadIdx.x; r < N; r += blockDim.x) s += logf(p[(long long)r * K + labels[r]]);
@@ -675,7 +723,8 @@ __device__ void dd_cross_entropy(float* __restrict__ loss, const float* __restri
     if (threadIdx.x == 0 && blockIdx.x == 0) loss[0] = -(s / (float)N);
 }
 
-__device__ void dd_cross_entropy_backward(float* __restrict__ dp, const float* __restrict__ p,
+template <class TD, class TP>
+__device__ void dd_cross_entropy_backward(TD* __restrict__ dp, const TP* __restrict__ p,
                                           const long long* __restrict__ labels, const float* __restrict__ g,
                                           int N, int K) {
     DD_GRID_STRIDE(e, N * K) {
@@ -685,9 +734,10 @@ __device__ void dd_cross_entropy_backward(float* __restrict__ dp, const float* _
 }
 
 // the first largest score of each row of [N, K], as int64
-__device__ void dd_argmax(long long* __restrict__ out, const float* __restrict__ x, int N, int K) {
+template <class TX>
+__device__ void dd_argmax(long long* __restrict__ out, const TX* __restrict__ x, int N, int K) {
     DD_GRID_STRIDE(r, N) {
-        const float* xr = x + (long long)r * K;
+        const auto* xr = x + (long long)r * K;
         int best = 0;
         for (int k = 1; k < K; k++)
             if (xr[k] > xr[best]) best = k;
@@ -696,11 +746,12 @@ __device__ void dd_argmax(long long* __restrict__ out, const float* __restrict__
 }
 
 // the fraction of rows whose first largest score is at the label: one block (launch grid 1)
-__device__ void dd_accuracy(float* __restrict__ out, const float* __restrict__ x, const long long* __restrict__ labels,
+template <class TX>
+__device__ void dd_accuracy(float* __restrict__ out, const TX* __restrict__ x, const long long* __restrict__ labels,
                             int N, int K) {
     float hits = 0.0f;
     for (int r = threadIdx.x; r < N; r += blockDim.x) {
-        const float* xr = x + (long long)r * K;
+        const auto* xr = x + (long long)r * K;
         int best = 0;
         for (int k = 1; k < K; k++)
             if (xr[k] > xr[best]) best = k;
@@ -712,7 +763,8 @@ __device__ void dd_accuracy(float* __restrict__ out, const float* __restrict__ x
 
 // ---- local response normalisation across channels of [N, C, H*W] ----
 
-__device__ __forceinline__ float dd_lrn_denominator(const float* xc, int c, int C, int HW, int size, float k,
+template <class TX>
+__device__ __forceinline__ float dd_lrn_denominator(const TX* xc, int c, int C, int HW, int size, float k,
                                                     float alpha) {
     float s = 0.0f;
     for (int o = -(size / 2); o <= (size - 1) / 2; o++) {
@@ -725,23 +777,25 @@ __device__ __forceinline__ float dd_lrn_denominator(const float* xc, int c, int 
     return k + alpha / (float)size * s;
 }
 
-__device__ void dd_lrn(float* __restrict__ y, const float* __restrict__ x, int N, int C, int HW, int size, float k,
+template <class TY, class TX>
+__device__ void dd_lrn(TY* __restrict__ y, const TX* __restrict__ x, int N, int C, int HW, int size, float k,
                        float alpha, float beta) {
     DD_GRID_STRIDE(e, N * C * HW) {
         int p = e % HW, c = (e / HW) % C, n = e / (HW * C);
-        const float* xc = x + (long long)n * C * HW + p;
+        const auto* xc = x + (long long)n * C * HW + p;
         y[e] = x[e] * powf(dd_lrn_denominator(xc, c, C, HW, size, k, alpha), -beta);
     }
 }
 
 // dx_j = g_j d_j^-beta - 2 alpha beta / size * x_j * sum over the c whose window holds j of g_c y_c / d_c
-__device__ void dd_lrn_backward(float* __restrict__ dx, const float* __restrict__ x, const float* __restrict__ y,
-                                const float* __restrict__ g, int N, int C, int HW, int size, float k, float alpha,
+template <class TD, class TX, class TY, class TG>
+__device__ void dd_lrn_backward(TD* __restrict__ dx, const TX* __restrict__ x, const TY* __restrict__ y,
+                                const TG* __restrict__ g, int N, int C, int HW, int size, float k, float alpha,
                                 float beta) {
     DD_GRID_STRIDE(e, N * C * HW) {
         int p = e % HW, c = (e / HW) % C, n = e / (HW * C);
         long long base = (long long)n * C * HW + p;
-        const float* xc = x + base;
+        const auto* xc = x + base;
         float back = 0.0f;
         for (int o = -((size - 1) / 2); o <= size / 2; o++) {
             int q = c + o;
@@ -757,7 +811,8 @@ __device__ void dd_lrn_backward(float* __restrict__ dx, const float* __restrict_
 
 // ---- dropout: the SplitMix64 stream of deepdsl/initializers.py; `stream` is stream_seed(site#dropout, seed) ----
 
-__device__ void dd_dropout_mask(float* __restrict__ mask, const long long* __restrict__ step, int n,
+template <class TY>
+__device__ void dd_dropout_mask(TY* __restrict__ mask, const long long* __restrict__ step, int n,
                                 unsigned long long stream, double p, float keep) {
     unsigned long long seed = stream ^ ((unsigned long long)(step[0] + 1) * 0xD1B54A32D192ED03ull);
     DD_GRID_STRIDE(e, n) {
@@ -782,7 +837,8 @@ __device__ double dd_sample_uniform_at(unsigned long long seed, long long k) {
 }
 
 // element e: Box-Muller on uniforms 2e and 2e + 1, cosine half (deepdsl/initializers.py normal_array), in double
-__device__ void dd_random_normal(float* __restrict__ out, const long long* __restrict__ step, int n,
+template <class TY>
+__device__ void dd_random_normal(TY* __restrict__ out, const long long* __restrict__ step, int n,
                                  unsigned long long stream) {
     unsigned long long seed = stream ^ ((unsigned long long)(step[0] + 1) * 0xD1B54A32D192ED03ull);
     DD_GRID_STRIDE(e, n) {
@@ -793,7 +849,8 @@ __device__ void dd_random_normal(float* __restrict__ out, const long long* __res
 }
 
 // element e: low + (high - low) * u_e, in double
-__device__ void dd_random_uniform(float* __restrict__ out, const long long* __restrict__ step, int n,
+template <class TY>
+__device__ void dd_random_uniform(TY* __restrict__ out, const long long* __restrict__ step, int n,
                                   unsigned long long stream, double low, double high) {
     unsigned long long seed = stream ^ ((unsigned long long)(step[0] + 1) * 0xD1B54A32D192ED03ull);
     DD_GRID_STRIDE(e, n) {

@@ -314,3 +314,12 @@ cuda_form("global_avg_pool")(_global_avg_pool_form)
 cuda_form("global_avg_pool_backward")(_global_avg_pool_backward_form)
 cuda_form("avg_pool2d")(_avg_pool_form)
 cuda_form("mse")(_mse_form)
+
+
+def _cast_bf16_form(s: Stmt) -> Form:
+    """--precision bf16's cast: a copy whose store into the bf16 result rounds (library.cu dd_bf16)."""
+    out = output_indices(s.out.type)
+    return Read(0, tuple(_var(v) for v, _ in out)), out
+
+
+cuda_form("cast_bf16")(_cast_bf16_form)

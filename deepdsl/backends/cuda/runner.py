@@ -42,6 +42,7 @@ from deepdsl.errors import DslProgramError
 from deepdsl.ir.types import DType
 from deepdsl.memory.plan import Plan
 from deepdsl.memory.report import VENDOR_WORKSPACE_LIMIT as REPORTED_LIMIT  # memcheck's bound of the scratch
+from deepdsl.ops.precision import from_bf16_bits
 
 GPU_EXTRA = "pip install 'deepdsl[gpu]'"
 
@@ -188,7 +189,9 @@ class GpuRunner:
         ws = plan.workspace.get(x.stmt)
         workspace = (self.arena + ws.offset, ws.nbytes) if ws is not None else (0, 0)
         limit = VENDOR_WORKSPACE_LIMIT if plan.workspace_limit is None else plan.workspace_limit
-        return x, pointers, self.driver.vendor.bind(x.vendor, pointers, workspace, limit)
+        # which arguments hold bf16 values (--precision bf16): the vendor routine's types, or our kernel where none
+        bf16 = [a.ctype == "dd_bf16" for a in x.args]
+        return x, pointers, self.driver.vendor.bind(x.vendor, pointers, workspace, limit, bf16)
 
     def _pointer(self, step: str, a: Arg) -> int:
         if a.storage == "arena":
@@ -238,9 +241,9 @@ class GpuRunner:
         outputs = {}
         for name, where in s.program.results:
             v = s.plan.graph.output(name)
-            a = np.empty(v.type.shape, np.float32 if v.type.dtype is DType.F32 else np.int64)
+            a = np.empty(v.type.shape, _STORED.get(v.type.dtype, np.int64))
             self.driver.download(self._pointer(step, where), a)
-            outputs[name] = a
+            outputs[name] = from_bf16_bits(a) if v.type.dtype is DType.BF16 else a  # a bf16 output widened
         self.free_low = min(self.free_low, self.driver.free_bytes())
         return outputs, clock.seconds
 
@@ -295,6 +298,10 @@ def _unfinished(calls: list[tuple[Launch, list[int], Bound | None]]) -> list[tup
     statement a vendor routine serves."""
     served = {x.stmt for x, _, b in calls if b is not None}
     return [c for c in calls if not (c[0].finishes and c[0].stmt in served)]
+
+
+# how a value is stored on the GPU: float32, bf16 (--precision bf16: its bits, library.cu dd_bf16) or int64
+_STORED = {DType.F32: np.float32, DType.BF16: np.uint16}
 
 
 def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:

@@ -116,7 +116,7 @@ class Vendor:
         self.find: Callable[[int], int] | None = None
         # each convolution prepared, by its fact, the most scratch it may take and whether by the heuristic (so found
         # once per shape): its call, algorithm and scratch, and whether that scratch is the shared one
-        self.convolutions: dict[tuple[VendorCall, int, bool], tuple[Conv, bool]] = {}
+        self.convolutions: dict[tuple[VendorCall, int, bool, bool], tuple[Conv, bool]] = {}  # last: bf16
 
     @property
     def description(self) -> str:
@@ -128,40 +128,57 @@ class Vendor:
         return text + (f" ({'; '.join(self.missing)})" if self.missing else "")
 
     def bind(
-        self, call: VendorCall | None, pointers: Sequence[int], workspace: tuple[int, int] = (0, 0), limit: int = 0
-    ) -> Bound | None:
+        self, call: VendorCall | None, pointers: Sequence[int], workspace: tuple[int, int] = (0, 0), limit: int = 0,
+        bf16: Sequence[bool] = (),
+    ) -> Bound | None:  # fmt: skip
         """The vendor routine for a launch of `call` on `pointers` (its output, then its inputs), with the statement's
         planned workspace (address, bytes) and the most scratch a convolution's algorithm may take (`limit`, the
         plan's --workspace-limit; the planned workspace where it is larger); None where no loaded library serves it
         (our kernel runs), and under `auto` also where the library refuses the call (no algorithm within the limit, a
         descriptor it does not take); under `vendor` that refusal is the error. A convolution's algorithm is found
         by timing where `find` is set (Find writes over the output at `pointers[0]`: nothing live may be there), else
-        cuDNN's heuristic one; either once per fact and limit."""
+        cuDNN's heuristic one; either once per fact and limit.
+
+        `bf16` says which of `pointers` hold bf16 values (--precision bf16; none where empty). A GEMM whose two
+        operands are bf16 runs as cublasGemmEx (float32 compute, C as the plan stores it), a convolution whose
+        operands and result are all bf16 on cuDNN's bf16 tensors and filters with float32 compute; any other call
+        touching a bf16 value is left to our kernels, which load and store bf16 themselves (pooling, softmax, batch
+        norm, the bias gradient: what the stand-ins and this module have no bf16 path for)."""
         try:
-            return self._bind(call, pointers, workspace, limit)
+            return self._bind(call, pointers, workspace, limit, tuple(bf16))
         except DslProgramError:
             if self.strict:
                 raise
             return None
 
     def _bind(self, call: VendorCall | None, pointers: Sequence[int], workspace: tuple[int, int],
-              limit: int) -> Bound | None:  # fmt: skip
+              limit: int, bf16: tuple[bool, ...] = ()) -> Bound | None:  # fmt: skip
+        typed = bf16[:3] if any(bf16) else ()  # the call's result and operands: which are bf16
         if isinstance(call, Gemm) and self.cublas is not None:
             gemm, cublas, (c, a, b) = call, self.cublas, pointers[:3]
-            return Bound(lambda: cublas.gemm(gemm, c, a, b), 0, "cuBLAS SGEMM")
+            if not typed:
+                return Bound(lambda: cublas.gemm(gemm, c, a, b), 0, "cuBLAS SGEMM")
+            if typed[1] != typed[2] or not typed[1] or not cublas.ex:  # mixed operands: our kernel
+                return None
+            kinds = (True, typed[0])
+            return Bound(lambda: cublas.gemm(gemm, c, a, b, kinds), 0, "cuBLAS GemmEx bf16")
         if isinstance(call, ConvForward | ConvBackwardData | ConvBackwardFilter) and self.cudnn is not None:
+            if typed and not all(typed):  # cuDNN's bf16 convolutions take bf16 operands and result alike
+                return None
             cudnn, (out, a, b), (at, nbytes) = self.cudnn, pointers[:3], workspace
-            key = (call, max(nbytes, limit), self.find is None)
+            key = (call, max(nbytes, limit), self.find is None, bool(typed))
             known = self.convolutions.get(key)
             find = None if self.find is None else (out, a, b, self.find)
-            conv = known[0] if known else cudnn.prepare(call, key[1], find)
+            conv = known[0] if known else cudnn.prepare(call, key[1], find, bf16=bool(typed))
             shared = conv.workspace > nbytes
             self.convolutions[key] = conv, shared or bool(known and known[1])
-            what = f"{conv.call} {conv.algorithm}"
+            what = f"{conv.call} {conv.algorithm}" + (" bf16" if typed else "")
             if not shared:  # in the statement's planned workspace
                 return Bound(lambda: cudnn.convolve(conv, out, a, b, at), conv.workspace, what)
             self.scratch_bytes = max(self.scratch_bytes, conv.workspace)
             return Bound(lambda: cudnn.convolve(conv, out, a, b, self.scratch), conv.workspace, what, scratch=True)
+        if any(bf16):  # the other routines on float32 only here: our kernel
+            return None
         if isinstance(call, ConvBackwardBias) and self.cudnn is not None:
             cudnn, (db, dy), descriptors = self.cudnn, pointers[:2], self.cudnn.prepare_bias(call)
             return Bound(lambda: cudnn.bias(descriptors, db, dy), 0, "cudnnConvolutionBackwardBias")
