@@ -9,6 +9,7 @@ multiple of 4, one that is not, and pointers 4 bytes off alignment."""
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import re
 import shutil
@@ -116,16 +117,22 @@ def test_the_float4_loops_compile_to_vector_loads_through_the_read_only_path(sma
     assert entries["addRelu"].count("ld.global.nc.v4.f32") == 2 and "st.global.v4.f32" in entries["addRelu"]
 
 
+@pytest.fixture(scope="module")
+def lenet_on_the_cpu(lenet: JavaProgram, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """LeNet.cu's reluGrad compiled for the CPU (cuda_emulator.py)."""
+    return emulate(lenet.cuda, ["reluGrad"], tmp_path_factory.mktemp("lenet_cu"))
+
+
 @needs_gxx
 @pytest.mark.parametrize(
     ("n", "shift"),
     [(64, 0), (10, 0), (64, 1), (3, 0)],  # float4s; n not a multiple of 4; every pointer 4 bytes off; fewer than 4
 )
-def test_the_generic_kernel_agrees_with_numpy_on_either_loop(lenet: JavaProgram, tmp_path: Path, n: int,
+def test_the_generic_kernel_agrees_with_numpy_on_either_loop(lenet_on_the_cpu: ctypes.CDLL, n: int,
                                                             shift: int) -> None:  # fmt: skip
     """reluGrad(out, in0, in1, n) = in1 > 0 ? in0 : 0 on the CPU, out written over in0 as LeNet's call does, and out
     of place; the elements after the n'th (and before the first, where shifted) keep their sentinel."""
-    lib = emulate(lenet.cuda, ["reluGrad"], tmp_path)
+    lib = lenet_on_the_cpu
     rng = np.random.default_rng(n + shift)
     for in_place in (True, False):
         g = np.full(n + 8, 7.0, np.float32)
@@ -140,3 +147,63 @@ def test_the_generic_kernel_agrees_with_numpy_on_either_loop(lenet: JavaProgram,
         lib.run_reluGrad(2, 1, 1, 4, 1, args)  # 8 threads: the loops stride over the rest
         np.testing.assert_array_equal(out[shift : shift + n], want)
         assert (out[shift + n :] == 7.0).all() and (out[:shift] == 7.0).all()
+
+
+@pytest.fixture(scope="module")
+def gpt() -> JavaProgram:
+    """A transformer: its residual adds are one computation in place (a matmul's epilogue) and not (the stream)."""
+    return _program((ROOT / "networks" / "gpt_tiny.ddsl").read_text())
+
+
+def _storage(java: str) -> list[tuple[str, dict[str, tuple[str, int, int]]]]:
+    """Each inner class of the program (a step's plan) as its text and where each Buf it names lives, read from the
+    class alone: (field, 0, 1) for a field of the program (a parameter, state, input, setting, constant), ("arena",
+    first byte, end) for a temporary at an offset of the arena, a view or slice where its base is."""
+    fields = {name: ("field:" + name, 0, 1) for name in re.findall(r"private final Buf (\w+) = \w+\(", java)}
+    classes = re.split(r"\n  private final class \w+ \{\n", java)[1:]
+    assert classes
+    out = []
+    for text in classes:
+        where = dict(fields)
+        for name, how, rest in re.findall(r"final Buf (\w+) = (at|view|slice)\(([^)]*)\);", text):
+            parts = [p.strip() for p in rest.split(",")]
+            if how == "at":
+                offset = int(parts[0].rstrip("L"))
+                numel = math.prod(int(f) for d in parts[1:] for f in d.split("*"))  # a pass's doubles: `585 * 2`
+                where[name] = ("arena", offset, offset + 4 * numel)
+            else:
+                where[name] = where[parts[0]]
+        out.append((text, where))
+    return out
+
+
+def _signature(cuda: str, kernel: str) -> list[bool]:
+    """Which pointers of a kernel of Name.cu are __restrict__, the output first."""
+    params = re.search(rf'extern "C" __global__ void {kernel}\(([^)]*)\)', cuda)[1].split(",")
+    return [("__restrict__" in p) for p in params if "*" in p]
+
+
+@pytest.mark.parametrize("name", ["lenet", "small", "gpt"])
+def test_every_call_restricts_the_pointers_its_tensors_allow(request: pytest.FixtureRequest, name: str) -> None:
+    """For every call of an element-wise kernel in a step, read off the class (its layout of the arena and its fields):
+    the output is __restrict__ exactly where no input's memory overlaps it, an input exactly where it does not overlap
+    the output. So no kernel's __restrict__ promise is broken by a call, and none is left out (the rule of
+    cuda/kernels.py `memory`, the PyCUDA runner's)."""
+    p: JavaProgram = request.getfixturevalue(name)
+    kernel_of = {const: k for const, k in re.findall(r'static final Kernel (\w+) =\s*Kernel\.vectorised\(\s*"(\w+)"',
+                                                      p.java)}  # fmt: skip
+    kernel_of |= dict(re.findall(r'static final Kernel (\w+) = \w+\.variant\("(\w+)"\);', p.java))
+    checked = 0
+    for text, where in _storage(p.java):
+        for const, args in re.findall(r"dev\.run\((\w+), ([^;]*)\);", text):
+            if const not in kernel_of:
+                continue
+            names = [re.sub(r"^view\((\w+),.*", r"\1", a.strip()) for a in re.split(r", (?![^(]*\))", args)]
+            places = [where[n] for n in names]
+            out, ins = places[0], places[1:]
+            shares = [a[0] == out[0] and a[1] < out[2] and out[1] < a[2] for a in ins]
+            assert _signature(p.cuda, kernel_of[const]) == [not any(shares), *(not s for s in shares)], (const, args)
+            checked += 1
+    assert checked
+    if name == "gpt":  # one computation in place and not: two kernels, one Java body
+        assert re.search(r"static final Kernel \w+ = ADD\.variant\(", p.java), kernel_of
