@@ -173,9 +173,11 @@ def _cuda(e: Emitter, name: str, body: Any, out: tuple, shapes: tuple, ctypes: t
 def places(p: Plan) -> dict[str, tuple[str, str, int, int]]:
     """Where each value of plan `p` lives, for `apart`: (storage, base, first byte, end) of a value in the arena (its
     buffer: its views and the in-place results written over it share it) or in a tensor of its own (an input,
-    parameter or state, the whole of it; an update written in place is its tensor), a view where its base is."""
+    parameter or state, the whole of it; an update written in place is its tensor), a view where its base is; a
+    value found in neither is left out (`apart` takes it to share every other's memory)."""
     g = p.graph
     base = {s.out.name: s.inputs[0].name for s in g.stmts if REGISTRY[s.op].view}
+    tensors = {d.value.name for d in (*g.inputs, *g.params)}
     where: dict[str, tuple[str, str, int, int]] = {}
     for v in (*(d.value for d in g.inputs), *(d.value for d in g.params), *(s.out for s in g.stmts)):
         name = v.name
@@ -185,7 +187,7 @@ def places(p: Plan) -> dict[str, tuple[str, str, int, int]]:
         if name in p.index:
             b = p.buffer_of(name)
             where[v.name] = ("arena", "", b.offset, b.offset + b.nbytes)
-        elif name not in base:
+        elif name in tensors:
             where[v.name] = ("tensor", name, 0, 1)
     return where
 
