@@ -267,8 +267,8 @@ abstract class CudaMemory implements Device {
   public void run(Kernel k, Buf... args) {
     int n = args[0].numel();
     int[] block = {k.block, 1, 1};
-    if (k.launch == Kernel.Launch.ELEMENTS) {
-      launch(k.name, elements(n), block, args, i(n));
+    if (k.launch == Kernel.Launch.ELEMENTS) { // a thread an element, or four where the kernel takes float4s
+      launch(k.name, elements(k.float4 && fourAtATime(n, args) ? n / 4 : n), block, args, i(n));
       return;
     }
     List<Pointer> dims = new ArrayList<>();
@@ -279,6 +279,23 @@ abstract class CudaMemory implements Device {
     }
     int[] grid = k.launch == Kernel.Launch.ROWS ? rows(n) : elements(n);
     launch(k.name, grid, block, args, dims.toArray(new Pointer[0]));
+  }
+
+  /**
+   * Whether a kernel with a float4 loop takes it for these tensors, as the kernel decides: {@code n}
+   * a multiple of 4 and every tensor of {@code n} elements 16-byte aligned on the GPU (a scalar
+   * input's one value needs none). Only the grid depends on it: either loop strides over the rest.
+   */
+  boolean fourAtATime(int n, Buf[] args) {
+    if (n % 4 != 0) {
+      return false;
+    }
+    for (Buf b : args) {
+      if (b.numel() == n && (labels.containsKey(b.a) || address(b) % 16 != 0)) {
+        return false;
+      }
+    }
+    return true;
   }
 
   /** Data parallelism: the bucket packed on the GPU (entries.cu's dd_k_dp_pack), a launch a tensor. */

@@ -52,6 +52,13 @@ public final class Kernel {
   /** How the kernel is launched. */
   public final Launch launch;
 
+  /**
+   * Whether the CUDA kernel (an element-wise one) has a float4 loop beside its scalar one: it takes
+   * it where the element count is a multiple of 4 and the tensors it reads or writes four at a time
+   * are 16-byte aligned (it tests both itself), and the CUDA device sizes the grid for it then.
+   */
+  public final boolean float4;
+
   /** Threads per block. */
   public final int block;
 
@@ -65,15 +72,29 @@ public final class Kernel {
   private final int grain; // the fewest indices of that axis a piece covers
 
   private Kernel(
-      String name, Launch launch, int block, int outputs, Cost cost, GroupBody body, int axis, int grain) {
+      String name,
+      Launch launch,
+      int block,
+      int outputs,
+      Cost cost,
+      GroupBody body,
+      int axis,
+      int grain,
+      boolean float4) {
     this.name = name;
     this.launch = launch;
+    this.float4 = float4;
     this.block = block;
     this.outputs = outputs;
     this.cost = cost;
     this.body = body;
     this.axis = axis;
     this.grain = grain;
+  }
+
+  private Kernel(
+      String name, Launch launch, int block, int outputs, Cost cost, GroupBody body, int axis, int grain) {
+    this(name, launch, block, outputs, cost, body, axis, grain, false);
   }
 
   private Kernel(String name, Launch launch, int block, int outputs, Cost cost, GroupBody body) {
@@ -87,6 +108,23 @@ public final class Kernel {
   /** An element-wise kernel of {@code cost} operations an element: it serves every shape. */
   public static Kernel elementwise(String name, long cost, Body body) {
     return new Kernel(name, Launch.ELEMENTS, 256, 1, in -> cost, one(body));
+  }
+
+  /**
+   * An element-wise kernel whose CUDA kernel also has a float4 loop, four elements a thread each
+   * step, which it takes where the size and the alignment allow ({@link #float4}).
+   */
+  public static Kernel vectorised(String name, long cost, Body body) {
+    return new Kernel(name, Launch.ELEMENTS, 256, 1, in -> cost, one(body), 0, 1, true);
+  }
+
+  /**
+   * This kernel (its Java body, its launch) under another kernel of {@code NAME.cu}: the same loop
+   * with other pointers {@code __restrict__}, for the statements whose output is (or is not) the
+   * memory of an input.
+   */
+  public Kernel variant(String cudaName) {
+    return new Kernel(cudaName, launch, block, outputs, cost, body, axis, grain, float4);
   }
 
   /** The element-wise statements of a group in one loop: {@code outputs} outputs, then the inputs. */

@@ -19,7 +19,9 @@
  * capture does.
  *
  * $FAKE_CUDA_LAUNCH_LOG names a file to which each cuLaunchKernel call (run now or recorded into a graph) appends
- * its kernel's name, one a line: what the tests count a step's launches by. */
+ * its kernel's name, one a line: what the tests count a step's launches by. $FAKE_CUDA_LAUNCH_GRIDS names one to
+ * which each appends "NAME GRID_X BLOCK_X LAST", LAST the kernel's last parameter where it is an int (an element-wise
+ * kernel's element count), else "-": what the tests check a launch's grid by. */
 
 #include <dlfcn.h>
 #include <stdio.h>
@@ -315,6 +317,21 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
       if (names[i].f == (void *)f) name = names[i].name;
     fprintf(out, "%s\n", name);
     fclose(out);
+  }
+  const char *grids = getenv("FAKE_CUDA_LAUNCH_GRIDS");
+  FILE *g = grids ? fopen(grids, "a") : NULL;
+  if (g) {
+    const char *name = "?";
+    for (int i = 0; i < nnames; i++)
+      if (names[i].f == (void *)f) name = names[i].name;
+    const int *sizes = sizes_of(f);
+    int count = 0;
+    while (sizes && sizes[count]) count++;
+    if (count && sizes[count - 1] == 4 && sizes[0] == 8) /* pointers first, an int last */
+      fprintf(g, "%s %u %u %d\n", name, gx, bx, *(int *)params[count - 1]);
+    else
+      fprintf(g, "%s %u %u -\n", name, gx, bx);
+    fclose(g);
   }
   if (s && ((stream *)s)->capture) {
     const int *sizes = sizes_of(f);

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -39,7 +40,29 @@ NETWORKS = {
     "Causal": ("causal.ddsl", {}, "synthetic"),
     "LeNet": ("lenet_slow.ddsl", {"N": 8}, "npz:lenet_data.npz"),
     "SplitNet": ("split.ddsl", {}, "synthetic"),  # filter gradients whose reduction splits (test_own_kernels.py)
+    "Odd": ("odd.ddsl", {}, "synthetic"),
 }
+
+# a ReLU's gradient over 3 x 1001 values: an element-wise kernel whose size is not a multiple of 4 (its scalar loop)
+ODD = """
+network Odd
+
+input x : [3, 7]
+label y : [3] classes 5
+
+def body(x) {
+  return full(relu(full(x, 1001)), 5)
+}
+
+layer model = body
+
+loss    = softmax_cross_entropy(model(x), y)
+predict = model(x)
+
+train {
+  data = synthetic(seed=4)
+}
+"""
 
 
 # the library calls Small does not make, each run through its entry point sized at run time: a strided, padded
@@ -86,6 +109,11 @@ def lenet_programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_programs(tmp_path_factory, ("LeNet",))
 
 
+@pytest.fixture(scope="module")
+def odd_programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_programs(tmp_path_factory, ("Odd",))
+
+
 def build_programs(tmp_path_factory: pytest.TempPathFactory, names: tuple[str, ...]) -> Path:
     """The programs `names` of NETWORKS compiled with --ptx into src/, built into build/; their kernels for the
     CPU in NAME.so; the stand-in driver in fake/."""
@@ -97,6 +125,7 @@ def build_programs(tmp_path_factory: pytest.TempPathFactory, names: tuple[str, .
     (folder / "small.ddsl").write_text(SMALL)
     (folder / "wide.ddsl").write_text(WIDE)
     (folder / "split.ddsl").write_text(SPLIT)
+    (folder / "odd.ddsl").write_text(ODD)
     # attention: batched matmuls, each operand transposed or not, and plain ones for the weight gradients
     (folder / "causal.ddsl").write_text(causal_attention() + "train {\n  data = synthetic(seed=3)\n}\n")
     (folder / "lenet_slow.ddsl").write_text(
@@ -220,6 +249,40 @@ def test_a_setting_reaches_the_gpu_kernels(programs: Path) -> None:
         got["losses"], cpu(programs, "Small", "--iters", "3", "--lr", "0.05")["losses"], rtol=1e-4
     )
     assert not np.allclose(got["losses"], cpu(programs, "Small", "--iters", "3")["losses"], rtol=1e-4)
+
+
+def _float4_kernels(java: str) -> set[str]:
+    """The CUDA kernels of the class's constants with a float4 loop: Kernel.vectorised, and their variants."""
+    made = dict(re.findall(r'static final Kernel (\w+) =\s*Kernel\.vectorised\(\s*"(\w+)"', java))
+    for const, name in re.findall(r'static final Kernel \w+ = (\w+)\.variant\("(\w+)"\);', java):
+        if const in made:
+            made[name] = name
+    return set(made.values())
+
+
+@pytest.mark.parametrize("name", ["Small", pytest.param("Odd", marks=pytest.mark.slow)])
+def test_element_wise_kernels_launch_a_thread_per_float4_where_the_size_allows(request: pytest.FixtureRequest,
+                                                                               name: str) -> None:  # fmt: skip
+    """A kernel with a float4 loop is launched for n / 4 threads where its element count n is a multiple of 4 (the
+    stand-in's allocations are 16-byte aligned, the plan's offsets multiples of 256), for n otherwise (Odd's ReLU
+    gradient over 3 x 1001 values), the losses still the CPU device's."""
+    programs = request.getfixturevalue("programs" if name != "Odd" else "odd_programs")
+    grids = programs / f"{name}_grids.log"
+    grids.unlink(missing_ok=True)
+    got = run(programs, name, "--iters", "2", "--no-graph", extra={"FAKE_CUDA_LAUNCH_GRIDS": str(grids)})
+    assert got["rc"] == 0, got["stderr"]
+    np.testing.assert_allclose(got["losses"], cpu(programs, name, "--iters", "2")["losses"], rtol=1e-4)
+    vectorised = _float4_kernels((programs / "src" / f"{name}.java").read_text())
+    lines = [line.split() for line in grids.read_text().splitlines()]
+    launched = [(k, int(gx), int(bx), int(n)) for k, gx, bx, n in lines if k in vectorised]
+    assert launched, vectorised
+    for k, gx, bx, n in launched:
+        threads = n // 4 if n % 4 == 0 else n
+        assert (gx, bx) == (max(1, min(1 << 16, -(-threads // 256))), 256), (k, n, gx)
+    if name == "Small":
+        assert any(n % 4 == 0 and n >= 1024 for _, _, _, n in launched), launched  # fewer blocks for float4s
+    else:
+        assert any(n % 4 and n >= 1024 for _, _, _, n in launched), launched  # the scalar loop's grid
 
 
 @pytest.fixture(scope="module")

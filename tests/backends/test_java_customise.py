@@ -52,7 +52,7 @@ LEAKY_JAVA = [
 ]
 LEAKY_CUDA = [("fmaxf((in0[e] + in1[i1]), 0.0f)",
                "((in0[e] + in1[i1]) > 0 ? (in0[e] + in1[i1]) : 0.01f * (in0[e] + in1[i1]))"),
-              ("((in1[e] > 0.0f) ? in0[e] : 0.0f)", "((in1[e] > 0.0f) ? in0[e] : 0.01f * in0[e])")]  # fmt: skip
+              ("((in1 > 0.0f) ? in0 : 0.0f)", "((in1 > 0.0f) ? in0 : 0.01f * in0)")]  # fmt: skip
 NORM = '      if (iteration % 1 == 0) System.out.println("fc1 output norm " + dev.read(fc1_out).norm());\n'
 DATA = """
   @Override

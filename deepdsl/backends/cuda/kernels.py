@@ -258,6 +258,9 @@ class Kernel:
     # launched after it on (out, ws) (the filter gradient's split reduction: its partial sums, then their sum)
     scratch: int = 0
     finish: Kernel | None = None
+    # an element-wise kernel's float4 loop: its only one, or a shape-generic kernel's beside its scalar loop, taken at
+    # run time where the size is a multiple of 4 and the pointers it reads four at a time are 16-byte aligned
+    float4: bool = False
 
 
 def _params(out_ctype: str, ctypes: tuple[str, ...], restrict: bool) -> str:
@@ -276,11 +279,13 @@ def _flat_params(ctypes: tuple[str, ...], restrict: tuple[bool, ...], out_ctype:
     return ", ".join([f"{out_ctype}* {r[0]}out", *(f"const {t}* {r[1 + k]}in{k}" for k, t in enumerate(ctypes))])
 
 
-def vectorisable(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...]) -> bool:
+def vectorisable(body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...],
+                 any_size: bool = False) -> bool:  # fmt: skip
     """A flat body that float4 loads and stores can compute four elements at a time: its output's size a multiple of
-    4, every read its input's own element (an input of the output's shape) or a scalar input's one value."""
+    4 (unless `any_size`: a shape-generic kernel tests its size at run time), every read its input's own element (an
+    input of the output's shape) or a scalar input's one value."""
     numel = math.prod(n for _, n in out)
-    if numel % VECTOR or not numel:
+    if not any_size and (numel % VECTOR or not numel):
         return False
     own, shape = own_index(out), tuple(n for _, n in out)
     rs = list(reads(body))
@@ -307,6 +312,48 @@ def _vector_loop(g: Gen, body: IE, numel: int, shapes: tuple[tuple[int, ...], ..
     return lines
 
 
+def _either_loop(g: Gen, name: str, body: IE, ctypes: tuple[str, ...], head: list[str]) -> str | None:
+    """The text of a shape-generic element-wise kernel (`head`: its comments and signature, `n` its element count)
+    with two loops: float4s, four elements a thread each step, where `n` is a multiple of 4 and every pointer read or
+    written four at a time is 16-byte aligned (tested in the kernel: a statement's tensors may be a slice at any
+    offset), else one element a thread. Both call the element function `NAME_element` before the kernel, `body` of
+    the values it reads (`in0`, ... of the elements); None where an input read four at a time is an integer one."""
+    read = sorted({r.input for r in reads(body)})
+    loaded = sorted({r.input for r in reads(body) if r.index != ()})
+    if any(ctypes[k] != "float" for k in loaded):  # an integer input is read element by element, never as a vector
+        return None
+    g.registers = {k: f"in{k}" for k in read}
+    pre: list[str] = []
+    value = as_float(g.expr(body, pre, "  "))
+    g.registers = {}
+    function = f"{name}_element"
+    params = ", ".join(f"float in{k}" for k in read)
+    scalar = {k: f"{'(float) ' if ctypes[k] != 'float' else ''}in{k}[0]" for k in read if k not in loaded}
+
+    def call(lane: str) -> str:
+        return f"{function}({', '.join(scalar.get(k) or lane.format(k) for k in read)})"
+
+    pointers = " | ".join(f"(size_t) {p}" for p in ["out", *(f"in{k}" for k in loaded)])
+    lines = [
+        *head[:-1], f"static __device__ __forceinline__ float {function}({params}) {{", *pre, f"  return {value};",
+        "}", head[-1],
+        f"  if (n % 4 == 0 && (({pointers}) & 15) == 0) {{  // float4s: four elements a thread each step",
+        "    DD_GRID_STRIDE(q, n / 4) {",
+        *(f"      const float4 v{k} = reinterpret_cast<const float4*>(in{k})[q];" for k in loaded),
+        "      float4 r;",
+        *(f"      r.{lane} = {call('v{}.' + lane)};" for lane in "xyzw"),
+        "      reinterpret_cast<float4*>(out)[q] = r;",
+        "    }",
+        "    return;",
+        "  }",
+        "  DD_GRID_STRIDE(e, n) {",
+        f"    out[e] = {call('in{}[e]')};",
+        "  }",
+        "}",
+    ]  # fmt: skip
+    return "\n".join(lines)
+
+
 def ie_kernel(
     name: str, body: IE, out: tuple[tuple[str, int], ...], shapes: tuple[tuple[int, ...], ...],
     ctypes: tuple[str, ...] | None = None, comments: tuple[str, ...] = (), generic: bool = False,
@@ -315,11 +362,14 @@ def ie_kernel(
     """The kernel computing out[idx] = body over `out`'s grid, under one comment line for each of `comments`.
     `generic` takes the sizes as arguments, so that one kernel serves every statement of the same text: an
     element-wise kernel its element count `n`, another every dim of its output and of its inputs in order
-    (backends/sizes.py names them). An element-wise kernel of one program (not `generic`) takes its pointers
-    `__restrict__` where `restrict` says (the output first: memory no other pointer of the kernel writes) and, with
-    `vector` (every pointer 16-byte aligned), reads and writes float4s where `vectorisable` allows: four elements a
-    thread each step of its loop. `out_ctype`: the output's storage, "dd_bf16" for a value the plan stores in bf16
-    (computed in float, rounded by the store; never float4)."""
+    (backends/sizes.py names them). An element-wise kernel takes its pointers `__restrict__` where `restrict` says
+    (the output first: memory no other pointer of the kernel writes) and, with `vector`, reads and writes float4s
+    where `vectorisable` allows: four elements a thread each step of its loop. Of one program (not `generic`) it is
+    that loop alone, `vector` saying every pointer is 16-byte aligned; a `generic` kernel has it beside the scalar
+    loop and takes it where `n` is a multiple of 4 and every pointer it reads or writes four at a time is 16-byte
+    aligned, tested in the kernel (the launch's grid is the caller's: either loop strides over what it covers).
+    `out_ctype`: the output's storage, "dd_bf16" for a value the plan stores in bf16 (computed in float, rounded by
+    the store; never float4)."""
     ctypes = ctypes or ("float",) * len(shapes)
     numel = math.prod(n for _, n in out)
     _check_size(name, numel, *(math.prod(s) for s in shapes))
@@ -333,14 +383,19 @@ def ie_kernel(
     params = _params(out_ctype, ctypes, False)
     if not cooperative and is_flat(body, out, shapes):
         g.flat = True
-        if restrict is not None and not generic:
+        if restrict is not None:
             params = _flat_params(ctypes, restrict, out_ctype)
         head.append(f'extern "C" __global__ void {name}({params}{", int n" if generic else ""}) {{')
+        if vector and generic and out_ctype == "float" and vectorisable(body, out, shapes, any_size=True):
+            text = _either_loop(g, name, body, ctypes, head)
+            if text is not None:
+                return Kernel(text, (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel, "grid-stride",
+                              float4=True)  # fmt: skip
         if vector and out_ctype == "float" and not generic and vectorisable(body, out, shapes):
             vector_lines = _vector_loop(g, body, numel, shapes, ctypes)
             if vector_lines:
                 return Kernel("\n".join(head + vector_lines + ["}"]), (_grid_for(numel // VECTOR, BLOCK), 1, 1),
-                              (BLOCK, 1, 1), 0, numel, "grid-stride")  # fmt: skip
+                              (BLOCK, 1, 1), 0, numel, "grid-stride", float4=True)  # fmt: skip
         pre: list[str] = []
         value = as_float(g.expr(body, pre, "    "))
         lines += [f"  DD_GRID_STRIDE(e, {'n' if generic else numel}) {{", *pre, f"    out[e] = {value};", "  }"]

@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from deepdsl.backends.escape import java_comment, java_string
-from deepdsl.backends.java.kernel_section import ctype, group_constant, kernel, multi_constant
+from deepdsl.backends.java.kernel_section import apart, ctype, group_constant, kernel, multi_constant
 from deepdsl.backends.java.kernels import float_literal
 from deepdsl.backends.java.names import camel
 from deepdsl.backends.java.passes import Pass, partial_names, pass_constant
@@ -185,7 +185,8 @@ def statement(e: Emitter, s: Stmt, temp: str) -> list[str]:
         ctypes = (*(ctype(v) for v in s.inputs), *("float",) * len(used))
         update = s.out.name in e.in_state
         maker = (what, {} if s.op == "fused" else s.a)  # what names the numbers it takes as arguments
-        k = kernel(e, what, s.out.name, body, out, (), shapes, ctypes, not update and not e.counters, maker)
+        restrict = apart(e, s.out, (*s.inputs, *(None,) * len(used)))
+        k = kernel(e, what, s.out.name, body, out, (), shapes, ctypes, not update and not e.counters, maker, restrict)
         temp, args = _view(temp, e.views.get(-1)), [_view(a, e.views.get(j)) for j, a in enumerate(args)]
         return [run(e, k, [temp], [*args, *e.extra], used, update)]
     own_args = args[:arity] if "epilogue" in s.a else args
@@ -203,7 +204,8 @@ def statement(e: Emitter, s: Stmt, temp: str) -> list[str]:
         epilogue = s.a["epilogue"]
         what = _epilogue_name(epilogue, len(out)) or f"{s.op}_epilogue"
         pad = s.out.name not in e.in_state and not e.counters
-        k = kernel(e, what, s.out.name, epilogue, out, (), shapes, ctypes, pad, (what, {}))
+        restrict = apart(e, s.out, (s.out, *extras))  # written over its output: in0 is the output's memory
+        k = kernel(e, what, s.out.name, epilogue, out, (), shapes, ctypes, pad, (what, {}), restrict)
         ins = [_view(a, e.views.get(j)) for j, a in enumerate([temp, *args[arity:]])]
         lines.append(f"dev.run({', '.join([k, _view(temp, e.views.get(-1)), *ins, *e.extra])});")
     return lines

@@ -26,10 +26,11 @@ from deepdsl.backends.java.settings import read_settings, with_settings
 from deepdsl.backends.java.state import Emitter
 from deepdsl.backends.java.unit_axes import padded
 from deepdsl.backends.sizes import Sizes
-from deepdsl.ir import Stmt, Value
+from deepdsl.ir import REGISTRY, Stmt, Value
 from deepdsl.ir.groups import group_form
 from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Reduce, Var, format_ie, renumber
 from deepdsl.ir.types import DType
+from deepdsl.memory import Plan
 
 _PLACEHOLDER = "dd_kernel_"  # the name a kernel is written under to compare it with the kernels written before
 
@@ -97,18 +98,23 @@ def canonical_names(e: Any) -> Any:
 
 
 def _add(e: Emitter, name: str, java: str, cuda: Any, outputs: int, flat: bool, cost: str | None, doc: str,
-         split: int = 0, columns: bool = False, group: bool = False) -> str:  # fmt: skip
+         split: int = 0, columns: bool = False, group: bool = False, same: str | None = None) -> str:  # fmt: skip
     """Records kernel `name` (its Java body, its CUDA kernel) and returns the name of its constant, which holds its
     launch shape, its cost per output element (kernels.java_cost) and its Java body as a lambda; `split` is the
     output axis a shaped kernel's pieces cover, `columns` a sum down columns, whose pieces the runtime keeps wide
-    (kernels.split_of)."""
+    (kernels.split_of). `same`: the constant of the same Java body over another CUDA kernel (the same loop, other
+    pointers `__restrict__`), whose variant this one is."""
     const = e.namer(f"constant:{name}", _constant(name))
     e.cuda_text.append(cuda.text)
+    if same is not None:
+        e.kernel_text.append(f"  /** {java_comment(doc)} */\n  static final Kernel {const} = {same}.variant("
+                             f"{java_string(name)});")  # fmt: skip
+        return const
     args = [java_string(name), *([cost] if cost is not None else [])]
     if outputs > 1 or group:  # a group's body (its outputs an array), of one statement in a multi-tensor launch
         make = f"Kernel.group({java_string(name)}, {outputs}, {cost}"
-    elif flat:
-        make = f"Kernel.elementwise({', '.join(args)}"
+    elif flat:  # with a float4 loop beside the scalar one, which the CUDA device sizes its grid for
+        make = f"Kernel.{'vectorised' if cuda.float4 else 'elementwise'}({', '.join(args)}"
     elif cuda.loop == "block-stride":
         factory = "columns" if columns else "rows"
         make = f"Kernel.{factory}({', '.join([args[0], str(cuda.block[0]), *args[1:]])}"
@@ -152,12 +158,57 @@ def _java(e: Emitter, body: Any, out: tuple, shapes: tuple, tail: bool = False) 
 
 
 def _cuda(e: Emitter, name: str, body: Any, out: tuple, shapes: tuple, ctypes: tuple | None = None,
-          comments: tuple[str, ...] = ()) -> Any:  # fmt: skip
-    """cuda.kernels.ie_kernel of a shape-generic kernel, printed once per distinct kernel (as _java) and reused."""
-    key = ("cuda", name, body, _negative_zeros(body), out, shapes, ctypes, comments)
+          comments: tuple[str, ...] = (), restrict: tuple[bool, ...] | None = None) -> Any:  # fmt: skip
+    """cuda.kernels.ie_kernel of a shape-generic kernel, printed once per distinct kernel (as _java) and reused. An
+    element-wise one takes its pointers `__restrict__` as `restrict` says (the output first; see `apart`) and has a
+    float4 loop beside its scalar one where its reads allow (cuda/kernels.py `vectorisable`), which it takes at run
+    time where the size and the pointers' alignment allow."""
+    key = ("cuda", name, body, _negative_zeros(body), out, shapes, ctypes, comments, restrict)
     if key not in e.memo:
-        e.memo[key] = ie_kernel(name, body, out, shapes, ctypes, comments, generic=True)
+        e.memo[key] = ie_kernel(name, body, out, shapes, ctypes, comments, generic=True, restrict=restrict,
+                                vector=True)  # fmt: skip
     return e.memo[key]
+
+
+def places(p: Plan) -> dict[str, tuple[str, str, int, int]]:
+    """Where each value of plan `p` lives, for `apart`: (storage, base, first byte, end) of a value in the arena (its
+    buffer: its views and the in-place results written over it share it) or in a tensor of its own (an input,
+    parameter or state, the whole of it; an update written in place is its tensor), a view where its base is; a
+    value found in neither is left out (`apart` takes it to share every other's memory)."""
+    g = p.graph
+    base = {s.out.name: s.inputs[0].name for s in g.stmts if REGISTRY[s.op].view}
+    tensors = {d.value.name for d in (*g.inputs, *g.params)}
+    where: dict[str, tuple[str, str, int, int]] = {}
+    for v in (*(d.value for d in g.inputs), *(d.value for d in g.params), *(s.out for s in g.stmts)):
+        name = v.name
+        while name in base and name not in p.index:
+            name = base[name]
+        name = p.in_state.get(name, name)
+        if name in p.index:
+            b = p.buffer_of(name)
+            where[v.name] = ("arena", "", b.offset, b.offset + b.nbytes)
+        elif name in tensors:
+            where[v.name] = ("tensor", name, 0, 1)
+    return where
+
+
+def apart(e: Emitter, out: Value, inputs: tuple[Value | None, ...]) -> tuple[bool, ...]:
+    """Which pointers of an element-wise kernel writing `out` from `inputs` may be `__restrict__` (memory no other
+    pointer of the kernel writes), as the PyCUDA runner decides them (cuda/kernels.py `memory`): the output where no
+    input shares its memory, an input where it is not the output's memory; None (a number or setting the call
+    passes, which no kernel writes) always. A value the plan does not place (`e.places`) shares everyone's."""
+    mine = e.places.get(out.name)
+
+    def shares(v: Value | None) -> bool:
+        if v is None:
+            return False
+        theirs = e.places.get(v.name)
+        if mine is None or theirs is None:
+            return True
+        return mine[:2] == theirs[:2] and mine[2] < theirs[3] and theirs[2] < mine[3]
+
+    shared = tuple(shares(v) for v in inputs)
+    return (not any(shared), *(not x for x in shared))
 
 
 def _form(e: Emitter, body: Any, out: tuple, shapes: tuple) -> tuple:
@@ -207,13 +258,15 @@ def _prepare(e: Emitter, body: Any, out: tuple, shapes: tuple, ctypes: tuple[str
 
 def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...],
            shapes: tuple | None = None, ctypes: tuple[str, ...] | None = None, pad: bool = False,
-           maker: tuple[str, dict[str, Any]] | None = None) -> str:  # fmt: skip
+           maker: tuple[str, dict[str, Any]] | None = None,
+           restrict: tuple[bool, ...] | None = None) -> str:  # fmt: skip
     """The constant of the kernel computing `body` over `out`. Its sizes are arguments (the buffers' dims), so
     statements whose kernels read the same but for their sizes share one; so are the numbers in which they
     differ (java/constants.py), the buffers `e.extra` names (after what they are to `maker`, the op and attributes
     that made them), which the call passes after the inputs. With `pad`, a rank-2 kernel whose rank-4 form
     (unit_axes.py) a rank-4 statement has too is that form, and `e.views` the shapes the call passes its tensors
-    as."""
+    as. `restrict` (`apart`: the output, then each of `shapes`): the pointers an element-wise kernel takes
+    `__restrict__`; statements whose kernels differ in it alone share the Java body (`Kernel.variant`)."""
     e.extra, e.views = [], {}
     shapes = shapes if shapes is not None else tuple(v.type.shape for v in inputs)
     ctypes = ctypes if ctypes is not None else tuple(ctype(v) for v in inputs)
@@ -234,19 +287,35 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
             shapes = (*shapes, *((),) * len(which))
             ctypes = (*ctypes, *("float",) * len(which))
             e.extra = [number(e, p.values[k], maker) for k in which]
+            restrict = (*restrict, *(True,) * len(which)) if restrict is not None else None
     flat = is_flat(body, out, shapes)
+    restrict = restrict if flat else None
     java = _java(e, body, out, shapes, tail)
-    cuda = _cuda(e, _PLACEHOLDER, body, out, shapes, ctypes)
+    cuda = _cuda(e, _PLACEHOLDER, body, out, shapes, ctypes, restrict=restrict)
     key = (java, cuda.text, cuda.loop)
     if key not in e.kernels:
         # (one name per distinct kernel: the train and infer programs may both have a statement of this op and value
         # whose kernels differ, as two heads' bias adds fused into a linear's epilogue in either order)
         name = e.kernel_names(f"kernel:{op}:{value}:{len(e.kernels)}", camel(op))
-        cuda = _cuda(e, name, body, out, shapes, ctypes, (meaning(body, out, shapes, cuda=True),))
+        cuda = _cuda(e, name, body, out, shapes, ctypes, (meaning(body, out, shapes, cuda=True),), restrict)
         split, columns = split_of(body, out, shapes)
         doc = meaning(body, out, shapes)
-        e.kernels[key] = _add(e, name, java, cuda, 1, flat, java_cost(body, out, shapes), doc, split, columns)
+        same = e.kernels.get(("body", java)) if restrict is not None else None
+        if same is not None:
+            doc += f": as {same}, {_aliasing(restrict)}"
+        e.kernels[key] = _add(e, name, java, cuda, 1, flat, java_cost(body, out, shapes), doc, split, columns,
+                              same=same)  # fmt: skip
+        if restrict is not None:  # the first constant of this Java body, for its variants
+            e.kernels.setdefault(("body", java), e.kernels[key])
     return e.kernels[key]
+
+
+def _aliasing(restrict: tuple[bool, ...]) -> str:
+    """What a statement's memory is to its kernel's pointers, `restrict` (`apart`), in words."""
+    shared = [f"in{k}" for k, r in enumerate(restrict[1:]) if not r]
+    if not shared:
+        return "for statements whose output is no input's memory"
+    return f"for statements whose output is {' and '.join(shared)}'s memory"
 
 
 def number(e: Emitter, value: float, maker: tuple[str, dict[str, Any]] | None = None) -> str:

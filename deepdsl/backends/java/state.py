@@ -53,6 +53,9 @@ class Emitter:
     number_fields: dict[str, str] = field(default_factory=dict)  # their fields -> the constant they hold
     prefix: str = ""  # what every parameter's name starts with (ResNet-50's `model.`), left out of names
     short: dict[str, str] = field(default_factory=dict)  # repeated blocks' short names (`bottleneck` -> `b`)
+    # where each value of the plan being written lives (kernel_section.places), for which pointers of its
+    # element-wise kernels may be __restrict__
+    places: dict[str, tuple[str, str, int, int]] = field(default_factory=dict)
     # what both passes of emit_java compute alike, done once: each distinct kernel printed, each plan's groups
     memo: dict[tuple, Any] = field(default_factory=dict)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from deepdsl.backends.escape import java_comment
 from deepdsl.backends.java.calls import calls
+from deepdsl.backends.java.kernel_section import places
 from deepdsl.backends.java.names import Namer, camel
 from deepdsl.backends.java.passes import Pass, partial_names, plan_passes
 from deepdsl.backends.java.roles import ancestors, gradient_values, temp_names
@@ -70,6 +71,7 @@ def plan_class(e: Emitter, title: str, doc: str, p: Plan, result: str | None,
     e.gradient = gradient_values(g, result)
     layout = []
     e.in_state = dict(p.in_state)
+    e.places = places(p)
     # a statement marked in-place (passes/inplace.py) writes over a temporary of its type that dies there: its
     # result is that temporary's field, as an epilogue's is (so fc1 + bias + ReLU is `fc1_out` in both steps),
     # where both are of one pass (a gradient written over a forward result keeps a gradient's name)

@@ -276,7 +276,7 @@ public final class LeNet extends Network {
   });
 
   /** out[i0, i1] = ((in1[i0, i1] > 0) ? in0[i0, i1] : 0) */
-  static final Kernel RELU_GRAD = Kernel.elementwise("reluGrad", 6, (out, in, lo, hi) -> {
+  static final Kernel RELU_GRAD = Kernel.vectorised("reluGrad", 6, (out, in, lo, hi) -> {
     float[] o = out.a, a0 = in[0].a, a1 = in[1].a;
     int po = out.off, p0 = in[0].off, p1 = in[1].off;
     for (int e = lo; e < hi; e++) {
