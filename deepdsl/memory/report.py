@@ -60,18 +60,12 @@ def total_peak(p: Plan) -> int:
 def gpu_scratch_bytes(p: Plan) -> int:
     """The most the CUDA devices' one shared cuDNN scratch (beside the arena) can take for the step of plan `p`:
     where it has a cuDNN convolution, the workspace limit (its chosen algorithm may want up to that much beyond the
-    statement's planned workspace); a batch-norm backward's scale and shift gradients (8 bytes a channel)."""
-    from deepdsl.ir.vendor import BatchNormBackward, ConvBackwardData, ConvBackwardFilter, ConvForward, vendor_call
+    statement's planned workspace); else nothing."""
+    from deepdsl.ir.vendor import ConvBackwardData, ConvBackwardFilter, ConvForward, vendor_call
 
     limit = VENDOR_WORKSPACE_LIMIT if p.workspace_limit is None else p.workspace_limit
-    most = 0
-    for s in p.graph.stmts:
-        call = vendor_call(s)
-        if isinstance(call, ConvForward | ConvBackwardData | ConvBackwardFilter):
-            most = max(most, limit)
-        elif isinstance(call, BatchNormBackward):
-            most = max(most, 8 * call.norm.c)
-    return most
+    convolutions = (ConvForward, ConvBackwardData, ConvBackwardFilter)
+    return limit if any(isinstance(vendor_call(s), convolutions) for s in p.graph.stmts) else 0
 
 
 def naive_arena_bytes(g: Graph) -> int:

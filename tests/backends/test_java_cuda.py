@@ -396,8 +396,9 @@ def test_pooling_softmax_and_lrn_through_cudnn_give_the_cpu_devices_losses(progr
     assert got["cudnnLRNCrossChannelBackward"] == 3
     assert got["cudnnPoolingForward"] > 2 * 3 and got["cudnnSoftmaxForward"] > 2 * 3
     assert got["cudnnLRNCrossChannelForward"] > 3
-    # the batch norm's apply and gradient in each training step (the test pass's apply is a kernel of the program)
-    assert got["cudnnBatchNormalizationForwardInference"] == got["cudnnBatchNormalizationBackward"] == 3
+    # the batch norm's apply in each training step (the test pass's apply is a kernel of the program); its gradient
+    # never: our one pass on the statements' dgamma and dbeta, which cuDNN's backward would compute again
+    assert got["cudnnBatchNormalizationForwardInference"] == 3 and got["cudnnBatchNormalizationBackward"] == 0
 
 
 def test_a_call_cudnn_refuses_runs_our_kernel_under_auto_and_is_an_error_under_vendor(
