@@ -603,7 +603,8 @@ def test_lookup_suggests_the_nearest_op() -> None:
 
 def device_mismatches(registry: dict[str, OpDef], device_source: str) -> list[str]:
     """Every op a generated step calls as a library op (a Java call, no index form of its own or for CUDA) whose
-    Device method is not in Device.java with the call's parameters (the workspace limit is the device's own)."""
+    Device method is not in Device.java with the call's parameters (the workspace limit is the device's own; a call
+    with `workspace` takes the statement's planned workspace last)."""
     methods = {
         m: tuple(tuple(p.split()[-2:]) for p in ps.split(",") if p.strip())
         for m, ps in re.findall(r"\bvoid (\w+)\(([^)]*)\);", device_source)
@@ -614,6 +615,7 @@ def device_mismatches(registry: dict[str, OpDef], device_source: str) -> list[st
             continue
         params = methods.get(op.java.device)
         want = (("Buf", "out"), *(p for p in op.java.params if p != ("long", "limit")))
+        want += (("Buf", "workspace"),) if op.java.workspace else ()  # the planned workspace, last
         if params != want:
             out.append(f"{name}: Device.{op.java.device} is {params}, its Java call {want}")
     return out

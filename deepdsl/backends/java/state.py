@@ -53,6 +53,10 @@ class Emitter:
     number_fields: dict[str, str] = field(default_factory=dict)  # their fields -> the constant they hold
     prefix: str = ""  # what every parameter's name starts with (ResNet-50's `model.`), left out of names
     short: dict[str, str] = field(default_factory=dict)  # repeated blocks' short names (`bottleneck` -> `b`)
+    # each multi-tensor launch's call -> the bytes of the table the CUDA device writes for it (Settings.tables)
+    tables: dict[str, int] = field(default_factory=dict)
+    # each planned workspace a library call takes (conv2d_backward_filter's partial sums): statement -> its field
+    workspaces: dict[str, str] = field(default_factory=dict)
     # what both passes of emit_java compute alike, done once: each distinct kernel printed, each plan's groups
     memo: dict[tuple, Any] = field(default_factory=dict)
 
