@@ -77,6 +77,9 @@ class JavaCall:
     # the step calls the Device method even where the op has a CUDA form the backends would write as a kernel
     # (avg_pool2d: the CUDA device sends it to cuDNN, our kernel where it cannot)
     called: bool = False
+    # the Device method takes, last, the statement's planned workspace (`Buf workspace`, in the arena; null where
+    # the plan gave it none), which the CPU class's method does not: conv2d_backward_filter's partial sums
+    workspace: bool = False
 
     @property
     def inputs_as_array(self) -> bool:
@@ -241,21 +244,23 @@ def eager_saves(*names: str, which: tuple[int | str, ...] = (), extra: Callable 
         _attach(name, "saves")(Saves(which, extra))
 
 
-def java_call(name: str, params: str, *, cls: str, device: str | None = None, called: bool = False) -> None:
+def java_call(name: str, params: str, *, cls: str, device: str | None = None, called: bool = False,
+              workspace: bool = False) -> None:  # fmt: skip
     """Declare the runtime method the Java program calls for op `name`: `params` as the Java source writes them
     after the output (`"Buf x, Buf w, int groups, int[] pad"`), in class `cls` (the runtime's class of the op's
     family, `CpuLosses`, which the CPU device calls directly), and the Device method a step
     calls, `device` (by default the op's name in camelCase: `conv2d_backward_data` -> `conv2dBackwardData`); each
     attribute parameter passes the statement attribute of its name in snake_case (`inShape` -> `in_shape`). With
     `called`, a step calls it even where the op has a CUDA form (which the Java program otherwise runs as a
-    generated kernel)."""
+    generated kernel). With `workspace`, the Device method (not the CPU class's) takes the statement's planned
+    workspace last."""
     words = [p.split() for p in params.split(",") if p.strip()]
     assert all(len(w) == 2 for w in words), f"op {name}: Java parameters {params!r} are not 'type name, ...'"
     pairs = tuple((w[0], w[1]) for w in words)
     head, *rest = name.split("_")
     method = device or head + "".join(p[:1].upper() + p[1:] for p in rest)
     keys = tuple(re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", n).lower() for t, n in pairs if t not in ("Buf", "Buf[]"))
-    _attach(name, "java")(JavaCall(cls, pairs, method, keys, called))
+    _attach(name, "java")(JavaCall(cls, pairs, method, keys, called, workspace))
 
 
 def kink_points(*names: str, at: tuple[tuple[int, float], ...]) -> None:

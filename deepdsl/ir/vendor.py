@@ -159,17 +159,6 @@ class BatchNorm:
     eps: float
 
 
-@dataclass(frozen=True)
-class BatchNormBackward:
-    """dX of the batch norm `norm` in training, its mean and variance X's own batch statistics: the statement's
-    inputs are X, dY, mean, var, gamma and the scale's and shift's gradients, of which cuDNN's batch-norm backward
-    (SPATIAL) reads X, dY and gamma (it recomputes the statistics and the sums from X). The call also makes the
-    scale's and shift's gradients, 2 c floats of scratch (the backend's); the program has them in statements of its
-    own."""
-
-    norm: BatchNorm
-
-
 # the descriptions a backend may be asked to interpret
 VendorCall = (
     Gemm
@@ -184,7 +173,6 @@ VendorCall = (
     | Lrn
     | LrnBackward
     | BatchNorm
-    | BatchNormBackward
 )
 
 

@@ -60,18 +60,29 @@ def total_peak(p: Plan) -> int:
 def gpu_scratch_bytes(p: Plan) -> int:
     """The most the CUDA devices' one shared cuDNN scratch (beside the arena) can take for the step of plan `p`:
     where it has a cuDNN convolution, the workspace limit (its chosen algorithm may want up to that much beyond the
-    statement's planned workspace); a batch-norm backward's scale and shift gradients (8 bytes a channel)."""
-    from deepdsl.ir.vendor import BatchNormBackward, ConvBackwardData, ConvBackwardFilter, ConvForward, vendor_call
+    statement's planned workspace); else nothing."""
+    from deepdsl.ir.vendor import ConvBackwardData, ConvBackwardFilter, ConvForward, vendor_call
 
     limit = VENDOR_WORKSPACE_LIMIT if p.workspace_limit is None else p.workspace_limit
-    most = 0
-    for s in p.graph.stmts:
-        call = vendor_call(s)
-        if isinstance(call, ConvForward | ConvBackwardData | ConvBackwardFilter):
-            most = max(most, limit)
-        elif isinstance(call, BatchNormBackward):
-            most = max(most, 8 * call.norm.c)
-    return most
+    convolutions = (ConvForward, ConvBackwardData, ConvBackwardFilter)
+    return limit if any(isinstance(vendor_call(s), convolutions) for s in p.graph.stmts) else 0
+
+
+def gpu_table_bytes(p: Plan) -> int:
+    """The bytes of the tables the CUDA devices' multi-tensor launches read (ir/launches.py; the optimiser's updates in
+    one launch): per launch of several segments, the segment count and a row of 64-bit numbers per segment (its first
+    block, blocks, elements, kind, then its tensors' addresses; every row as wide as the widest). Written once at the
+    start, beside the arena (a step reads them across the plan's whole life, and a smaller step may run between two
+    train steps in the same arena), so they are not arena bytes; both CUDA devices allocate exactly this."""
+    from deepdsl.ir.groups import group_form
+    from deepdsl.memory.launches import planned_launches
+
+    total = 0
+    for launch in planned_launches(p):
+        if len(launch) > 1:
+            width = 4 + max(len(g) + len(group_form(g).inputs) for g in launch)
+            total += 8 * (1 + len(launch) * width)
+    return total
 
 
 def naive_arena_bytes(g: Graph) -> int:
@@ -116,7 +127,8 @@ def report(
         # on --device cuda with cuDNN: the most its shared scratch may add beside the arena, and the peak with it (the
         # run's --json says the scratch its chosen algorithms took: gpu_vendor_scratch_bytes)
         "gpu_scratch_limit_bytes": (gpu := gpu_scratch_bytes(p)),
-        "gpu_peak_bytes": persistent + p.arena_bytes + gpu,
+        "gpu_table_bytes": (tables := gpu_table_bytes(p)),
+        "gpu_peak_bytes": persistent + p.arena_bytes + gpu + tables,
         "train_flops": train_flops,
         "extra_flops": extra_flops,
         "remat": remat,
@@ -267,8 +279,9 @@ def format_report(r: dict[str, Any], with_rows: bool) -> str:
         + ("none" if r["workspace_limit"] is None else f"{r['workspace_limit']:,} bytes")
         + ")",
         f"  cuDNN scratch     at most {size(r['gpu_scratch_limit_bytes'])} beside the arena on --device cuda with "
-        f"cuDNN (its convolutions' algorithms, chosen at the start within the workspace limit); GPU peak at most "
-        f"{size(r['gpu_peak_bytes'])}",
+        f"cuDNN (its convolutions' algorithms, chosen at the start within the workspace limit)"
+        + (f", the multi-tensor launches' tables {size(r['gpu_table_bytes'])}" if r["gpu_table_bytes"] else "")
+        + f"; GPU peak at most {size(r['gpu_peak_bytes'])}",
         f"  peak              {size(r['peak_bytes'])}  at statement {at['statement']}: {at['value']} = {at['op']}"
         + (f" in layer {at['layer']}" if at["layer"] else "")
         + (f" ({at['source']})" if at["source"] else ""),

@@ -345,10 +345,13 @@ java_call(
     "Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride, int[] dilation",
     cls="CpuConvolution",
 )
+# the CUDA device's own filter gradient splits its reduction within the statement's planned workspace (its partial
+# sums in the arena, as the PyCUDA runner's), which the step passes it
 java_call(
     "conv2d_backward_filter",
     "Buf x, Buf g, int groups, int[] pad, int[] stride, int[] dilation, int[] wShape",
     cls="CpuConvolution",
+    workspace=True,
 )
 
 # --precision bf16: operands and result in bf16, products accumulated in fp32 (cuDNN's bf16 convolutions)

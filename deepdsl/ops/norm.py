@@ -20,7 +20,7 @@ from deepdsl.ir.registry import (
     vjp_rule,
 )
 from deepdsl.ir.types import ShapeError, TensorType
-from deepdsl.ir.vendor import BatchNorm, BatchNormBackward, Lrn, LrnBackward
+from deepdsl.ir.vendor import BatchNorm, Lrn, LrnBackward
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
 from deepdsl.ops._index_forms import ap, c, pointwise, read
@@ -75,11 +75,20 @@ def bn_train_apply(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> Tens
 
 @defop("bn_train_backward", 7, differentiable=False)
 def bn_train_backward(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
-    """d bn_train_apply / d x: inputs x, g (d y), mean, r = 1 / sqrt(var + eps) (bn_invstd: the saved inverse
-    deviation cuDNN's backward takes, so that it does not compute the batch statistics again), gamma, and the
+    """d bn_train_apply / d x: inputs x, g (d y), mean, r = 1 / sqrt(var + eps) (bn_invstd), gamma, and the
     scale's and shift's gradients sum(g xh) and sum(g) (the statements the gradient has anyway); per channel, over
-    its M = N H W values, gamma r (g - sum(g) / M - xh sum(g xh) / M) with xh = (x - mean) r: one pass; attrs: eps
-    (cuDNN's check of it)."""
+    its M = N H W values, gamma r (g - sum(g) / M - xh sum(g xh) / M) with xh = (x - mean) r: one element-wise pass
+    (reads x and g, writes dx); attrs: eps.
+
+    No vendor routine serves it, on purpose: cuDNN's batch-norm backward cannot take dgamma and dbeta, so it would
+    make a reduction pass over x and g of its own for sums the statements already hold (its dx needs them), and
+    write them where nothing reads them: 7 passes of activation traffic per batch norm where ours makes 5 (the
+    sums' pass reads x and g; this one reads them again and writes dx). Letting cuDNN's sums be the statements'
+    instead (skipping ours) saves no traffic (its backward makes the same two passes), and loses more: the sums
+    would be made by another statement's launch, so the plan, `deepdsl ir --stats` and the two CUDA devices would
+    differ between --kernels vendor and own; the inverse deviation, computed in our sums' finishing launch, would
+    need a launch of its own; cuDNN's summation order is its own (ours is fixed, the same bits every run); and under
+    a synchronised batch norm the sums must be the ranks' total, which cuDNN's local ones are not (docs/gpu.md)."""
     x, g, *rest = types
     if g.shape != x.shape or any(t.shape != (x.shape[1],) for t in rest):
         raise ShapeError(f"bn_train_backward: gradient {g} and per-channel inputs do not fit {x}")
@@ -260,9 +269,7 @@ def _batch_norm_fact(x: TensorType, a: dict) -> BatchNorm | None:
 
 # the forward with a scale and shift (cuDNN's takes them; without, our kernel), in training and inference alike
 vendor_rule("bn_apply", "bn_train_apply")(lambda types, out, a: _batch_norm_fact(out, a) if len(types) == 5 else None)
-vendor_rule("bn_train_backward")(
-    lambda types, out, a: None if (f := _batch_norm_fact(out, a)) is None else BatchNormBackward(f)
-)
+# the training gradient has none: our one pass with the statements' sums (bn_train_backward's docstring says why)
 
 
 @vjp_rule("bn_train_apply")
@@ -271,7 +278,7 @@ def _bn_train_apply_vjp(b: Any, s: Any, g: Any) -> tuple:
     # the sum reads it: emitted before dx, so that fusing it there keeps nothing alive longer), dbeta = sum(g), dx
     # the closed form from those sums (one statement, one pass); none to m and v, whose dependence on x dx holds
     # (the inverse deviation a statement of its own after the sums, computed in their pass's finishing launch on a
-    # GPU (ir/reductions.py), for cuDNN's backward to take as the saved statistics with the mean)
+    # GPU (ir/reductions.py), which dx reads with the mean: every CUDA path, vendor or own, runs dx as our one pass)
     x, m, v, gamma, _ = s.inputs
     gamma_grad = _e(b, s, "channel_sum", _e(b, s, "mul", g, _e(b, s, "bn_apply", x, m, v, **s.a)))
     beta_grad = _e(b, s, "channel_sum", g)

@@ -153,9 +153,11 @@ public final class CpuDevice implements Device {
     CpuConvolution.conv2d_backward_data(out, g, w, groups, inShape, pad, stride, dilation);
   }
 
+  /** The planned {@code workspace} is the CUDA device's: the CPU's scratch is its threads' own arrays. */
   @Override
   public void conv2dBackwardFilter(
-      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] dilation, int[] wShape) {
+      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] dilation, int[] wShape,
+      Buf workspace) {
     CpuConvolution.conv2d_backward_filter(out, x, g, groups, pad, stride, dilation, wShape);
   }
 

@@ -106,24 +106,25 @@ abstract class CudaConvolution extends CudaMemory {
         conv(inShape, w.shape, g.shape, pad, stride, dilation, groups));
   }
 
+  /**
+   * The filter gradient: cuDNN's, or our tiled kernel, which splits its reduction over N*OH*OW into slices where
+   * their partial sums fit the statement's planned {@code workspace} (in the arena, as the PyCUDA runner's: nothing
+   * allocated beside the plan), then adds them up in slice order (the same bits every run); unsplit without one.
+   */
   @Override
   public void conv2dBackwardFilter(
-      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] dilation, int[] wShape) {
+      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] dilation, int[] wShape,
+      Buf workspace) {
     if (dnn != null) {
       cudnn(CudaDnn.FILTER, out, x, g, x.shape, wShape, g.shape, pad, stride, dilation, groups);
       return;
     }
     int cols = wShape[1] * wShape[2] * wShape[3];
     int splits = splits(wShape[0] / groups, cols, groups, (long) g.shape[0] * g.shape[2] * g.shape[3]);
-    long bytes = 4L * splits * out.numel();
-    splits = bytes > workspaceLimit ? 1 : splits; // partial sums within --workspace-limit
-    if (splits > 1 && bytes > scratchBytes) { // grown at first use, as cuDNN's workspace is
-      if (capturing) {
-        throw new NotCapturable("a filter gradient's partial sums are met for the first time");
-      }
-      scratchOf(bytes);
+    if (workspace == null || (long) splits * out.numel() > workspace.numel()) {
+      splits = 1; // the partial sums within the plan's workspace (deepdsl/backends/cuda/ops.py's rule)
     }
-    CUdeviceptr ws = splits > 1 ? scratch : new CUdeviceptr();
+    Pointer ws = splits > 1 ? pointer(workspace) : new CUdeviceptr();
     int[] grid = {tiles(cols, TILE_N), tiles(wShape[0] / groups, TILE_M), groups * splits};
     launch(
         "dd_k_conv2d_backward_filter", grid, TILE_BLOCK, new Buf[] {out, x, g},
@@ -141,10 +142,17 @@ abstract class CudaConvolution extends CudaMemory {
    */
   @Override
   public String jsonFields() {
+    // what the device allocates by the plan (the start's allocations, and cuDNN's shared scratch), of it the
+    // multi-tensor launches' tables: on the stand-in driver exactly gpu_memory_bytes (tested)
+    StringBuilder s =
+        new StringBuilder(", \"gpu_planned_bytes\": ")
+            .append(plannedBytes + (dnn == null ? 0 : scratchBytes))
+            .append(", \"gpu_table_bytes\": ")
+            .append(settings.tableBytes);
     if (dnn == null) {
-      return "";
+      return s.toString();
     }
-    StringBuilder s = new StringBuilder(", \"gpu_vendor_scratch_bytes\": ").append(scratchBytes);
+    s.append(", \"gpu_vendor_scratch_bytes\": ").append(scratchBytes);
     s.append(", \"gpu_deterministic\": ").append(settings.deterministic);
     s.append(", \"gpu_convolutions\": [");
     String sep = "";

@@ -19,9 +19,9 @@ import java.util.Arrays;
  * our kernel. LRN is the cross-channel one, whose window is ours for odd sizes only. Batch norm is
  * {@code CUDNN_BATCHNORM_SPATIAL} over {@code [N, C, ...]} as {@code [N, C, H, W]} (the trailing axes
  * as H and W): its forward the inference form (the statistics given: the running ones, or in training
- * the batch's), its backward the training one, which recomputes the batch's statistics from x (the
- * saved ones passed as NULL) and writes the scale's and shift's gradients, which the program computes
- * itself, to the device's scratch.
+ * the batch's). Its training gradient is never cuDNN's: {@code cudnnBatchNormalizationBackward} cannot
+ * take the scale's and shift's gradients, which the program computes anyway, so it would compute them
+ * again; {@link CudaLibrary#bnTrainBackward} runs our one pass.
  */
 final class CudaDnnOps {
   private static final int MAX_DETERMINISTIC = 3;
@@ -45,7 +45,7 @@ final class CudaDnnOps {
   };
   private static final String[] BACKWARDS = {
     "cudnnPoolingBackward", "cudnnPoolingBackward", "cudnnSoftmaxBackward", "cudnnSoftmaxBackward",
-    "cudnnLRNCrossChannelBackward", "cudnnBatchNormalizationBackward"
+    "cudnnLRNCrossChannelBackward"
   };
 
   /**
@@ -76,16 +76,12 @@ final class CudaDnnOps {
   private final MethodHandle lrnForward;
   private final MethodHandle lrnBackward;
   private final MethodHandle bnForward;
-  private final MethodHandle bnBackward;
   private final Object first; // the operands of one call: Pointers whose address is set
   private final Object second;
   private final Object third;
   private final Object out;
   private final Object fourth;
   private final Object fifth;
-  private final Object sixth; // batch norm's backward: the saved mean
-  private final Object seventh; // and inverse deviation
-  private final Object none; // a Pointer whose address is 0: NULL
 
   CudaDnnOps(CudaDnn dnn) throws ReflectiveOperationException {
     this.dnn = dnn;
@@ -106,19 +102,12 @@ final class CudaDnnOps {
     bnForward =
         dnn.handle(
             "cudnnBatchNormalizationForwardInference", c, i, p, p, t, p, t, p, t, p, p, p, p, d);
-    bnBackward =
-        dnn.handle(
-            "cudnnBatchNormalizationBackward", c, i, p, p, p, p, t, p, t, p, t, p, t, p, p, p, d, p,
-            p);
     first = dnn.pointer();
     second = dnn.pointer();
     third = dnn.pointer();
     out = dnn.pointer();
     fourth = dnn.pointer();
     fifth = dnn.pointer();
-    sixth = dnn.pointer();
-    seventh = dnn.pointer();
-    none = dnn.pointer();
   }
 
   /** Batch norm over the channels of x {@code [N, C, ...]}: its descriptors. */
@@ -159,36 +148,6 @@ final class CudaDnnOps {
       throw new IllegalStateException(FORWARDS[BATCH_NORM] + " failed", e);
     }
     CudaDnn.check(FORWARDS[BATCH_NORM], status);
-  }
-
-  /**
-   * {@code dx} of batch norm in training at device addresses, x's own statistics recomputed by
-   * cuDNN; the scale's and shift's gradients ({@code channels} floats each) go to {@code scratch}.
-   */
-  void batchNormBackward(
-      Op o, long dx, long x, long dy, long gamma, long scratch, long mean, long invstd, int channels,
-      double eps) {
-    int status;
-    Object one = dnn.one;
-    Object zero = dnn.zero;
-    try {
-      dnn.setAddress.invokeExact(first, x);
-      dnn.setAddress.invokeExact(second, dy);
-      dnn.setAddress.invokeExact(out, dx);
-      dnn.setAddress.invokeExact(third, gamma);
-      dnn.setAddress.invokeExact(fourth, scratch);
-      dnn.setAddress.invokeExact(fifth, scratch + 4L * channels);
-      dnn.setAddress.invokeExact(sixth, mean);
-      dnn.setAddress.invokeExact(seventh, invstd);
-      status =
-          (int)
-              bnBackward.invokeExact(
-                  dnn.handle, BATCHNORM_SPATIAL, one, zero, one, zero, o.x, first, o.y, second,
-                  o.x, out, o.op, third, fourth, fifth, eps, sixth, seventh);
-    } catch (Throwable e) {
-      throw new IllegalStateException(BACKWARDS[BATCH_NORM] + " failed", e);
-    }
-    CudaDnn.check(BACKWARDS[BATCH_NORM], status);
   }
 
   /**

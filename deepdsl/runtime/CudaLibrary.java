@@ -375,14 +375,13 @@ abstract class CudaLibrary extends CudaConvolution {
    * decimal names (1e-5f widened is 0.0000099999997, under cuDNN's minimum), as the Python runner's
    * attribute.
    */
-  boolean dnnBatchNorm(
-      Buf x, boolean backward, float eps, BiConsumer<CudaDnnOps.Op, Double> call) {
+  boolean dnnBatchNorm(Buf x, float eps, BiConsumer<CudaDnnOps.Op, Double> call) {
     if (eps < BN_MIN_EPSILON) {
       return false;
     }
     double e = Rng.shortestDecimal(eps);
     String key = key("batch_norm", x.shape);
-    return dnn(key, backward, () -> dnn.ops.batchNorm(x.shape), o -> call.accept(o, e));
+    return dnn(key, false, () -> dnn.ops.batchNorm(x.shape), o -> call.accept(o, e));
   }
 
   /** Our per-channel batch-norm kernel over x [N, C, ...] (the second of {@code bufs}). */
@@ -398,7 +397,6 @@ abstract class CudaLibrary extends CudaConvolution {
   public void bnApply(Buf out, Buf x, Buf mean, Buf var, Buf gamma, Buf beta, float eps) {
     if (!dnnBatchNorm(
         x,
-        false,
         eps,
         (o, e) ->
             dnn.ops.batchNormForward(
@@ -408,28 +406,16 @@ abstract class CudaLibrary extends CudaConvolution {
     }
   }
 
+  /**
+   * Batch norm's training gradient dx: our one element-wise pass on the statements' scale and shift gradients,
+   * under every {@code --kernels}. cuDNN's backward is not called: it cannot take those sums, so it would
+   * compute them again (a reduction over x and dy) and throw them away (deepdsl/ops/norm.py, bn_train_backward).
+   */
   @Override
   public void bnTrainBackward(
       Buf out, Buf x, Buf g, Buf mean, Buf invstd, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps) {
-    int channels = x.shape[1];
-    if (!dnnBatchNorm(
-        x,
-        true,
-        eps,
-        (o, e) -> {
-          // the scale's and shift's gradients, which cuDNN makes too: grown at the call's first use,
-          // which is never captured; the saved mean and inverse deviation, so that it does not compute
-          // the batch statistics again
-          scratchOf(8L * channels);
-          dnn.ops.batchNormBackward(
-              o, address(out), address(x), address(g), address(gamma),
-              ((DevicePointer) scratch).address(), address(mean), address(invstd), channels, e);
-        })) {
-      perChannel(
-          "dd_k_bn_train_backward",
-          new Buf[] {out, x, g, mean, invstd, gamma, gammaGrad, betaGrad},
-          eps);
-    }
+    perChannel(
+        "dd_k_bn_train_backward", new Buf[] {out, x, g, mean, invstd, gamma, gammaGrad, betaGrad}, eps);
   }
 
   @Override

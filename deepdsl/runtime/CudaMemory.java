@@ -52,6 +52,10 @@ abstract class CudaMemory implements Device {
   final Map<float[], CUdeviceptr> labels = new IdentityHashMap<>();
   final Map<String, long[]> labelValues = new HashMap<>();
   CUdeviceptr rate; // the learning rate of a schedule (the step's opt/lr input)
+  // the multi-tensor launches' tables, one allocation of the bytes the class's settings give, and how much of it
+  // the tables written so far take
+  CUdeviceptr tables;
+  long tablesUsed;
   CUdeviceptr counter; // the step counter a dropout mask is drawn for
   float[] settingValues; // the settings the kernels read (lr, ...), sent before each step
   CUdeviceptr settingsOnGpu;
@@ -92,8 +96,17 @@ abstract class CudaMemory implements Device {
     CUdeviceptr p = new DevicePointer();
     cuMemAlloc(p, Math.max(bytes, 4));
     allocations.add(p);
+    sizes.put(p, Math.max(bytes, 4));
+    allocatedBytes += Math.max(bytes, 4);
     return p;
   }
+
+  // what each allocation took, and all of them now
+  private final Map<CUdeviceptr, Long> sizes = new IdentityHashMap<>();
+  long allocatedBytes;
+  // what the start allocated: the plan's arena, every tensor, the batch, the step counter and settings the
+  // kernels read, the multi-tensor launches' tables; all the device takes but cuDNN's shared scratch
+  long plannedBytes;
 
   @Override
   public void attach(Network net) {
@@ -101,7 +114,7 @@ abstract class CudaMemory implements Device {
     long[] total = {0};
     cuMemGetInfo(free, total);
     freeBefore = free[0];
-    long need = settings.arenaBytes + Sizeof.LONG;
+    long need = settings.arenaBytes + Sizeof.LONG + settings.tableBytes;
     for (Map.Entry<String, Buf> e : net.batchByName().entrySet()) {
       need += (long) e.getValue().numel() * (net.isLabel(e.getKey()) ? Sizeof.LONG : Sizeof.FLOAT);
     }
@@ -148,10 +161,14 @@ abstract class CudaMemory implements Device {
       places.put(net.rateBuffer().a, rate);
     }
     counter = alloc(Sizeof.LONG);
+    if (settings.tableBytes > 0) { // written at each launch's first run (CudaDevice.runMulti)
+      tables = alloc(settings.tableBytes);
+    }
     settingValues = net.settingValues();
     settingsOnGpu = alloc((long) settingValues.length * Sizeof.FLOAT);
     places.put(settingValues, settingsOnGpu);
     toDevice(net);
+    plannedBytes = allocatedBytes;
     measure();
   }
 
@@ -333,7 +350,11 @@ abstract class CudaMemory implements Device {
     throw new Device.Unavailable("the CUDA device does not accumulate micro-batches (--device cpu does)");
   }
 
-  /** The tables of the multi-tensor launches, written to the GPU once each, by their contents. */
+  /**
+   * The tables of the multi-tensor launches, written to the GPU once each, by their contents: each in the one
+   * allocation the class's settings size ({@code tables}: what the generated class's launches need), so that the
+   * device allocates nothing the plan does not count.
+   */
   private final Map<List<Long>, CUdeviceptr> multiTables = new HashMap<>();
 
   @Override
@@ -349,8 +370,15 @@ abstract class CudaMemory implements Device {
       if (capturing) { // written in the warm-up step; a capture cannot copy from the host
         throw new NotCapturable("a multi-tensor launch's table is not on the GPU yet");
       }
-      table = alloc((long) t.length * Sizeof.LONG);
-      cuMemcpyHtoD(table, Pointer.to(t), (long) t.length * Sizeof.LONG);
+      long bytes = (long) t.length * Sizeof.LONG;
+      if (tables == null || tablesUsed + bytes > settings.tableBytes) {
+        throw new IllegalStateException(
+            "a multi-tensor launch's table of " + bytes + " bytes beyond the " + settings.tableBytes
+                + " the class's settings give the tables (" + tablesUsed + " taken)");
+      }
+      table = tables.withByteOffset(tablesUsed);
+      tablesUsed += bytes;
+      cuMemcpyHtoD(table, Pointer.to(t), bytes);
       multiTables.put(key, table);
     }
     notAfterTheLoss();
@@ -530,5 +558,6 @@ abstract class CudaMemory implements Device {
     cuCtxSynchronize();
     cuMemFree(p);
     allocations.remove(p);
+    allocatedBytes -= sizes.remove(p);
   }
 }

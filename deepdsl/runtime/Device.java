@@ -86,8 +86,13 @@ public interface Device extends AutoCloseable {
   void conv2dBackwardData(
       Buf out, Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride, int[] dilation);
 
+  /**
+   * The filter gradient; {@code workspace}: the statement's planned workspace in the arena (null where the plan
+   * gave it none), where the CUDA device's own kernel puts its partial sums when they fit.
+   */
   void conv2dBackwardFilter(
-      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] dilation, int[] wShape);
+      Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] dilation, int[] wShape,
+      Buf workspace);
 
   void linear(Buf out, Buf x, Buf w);
 

@@ -6,7 +6,9 @@ package deepdsl.runtime;
  * Kernel#group} kernel; segments of one kind differ only in their tensors). The CPU device runs
  * each segment's kind in turn ({@link Device#runMulti}), so that it computes what it computed one
  * kernel at a time; the CUDA device launches the one kernel {@link #name} of {@code NAME.cu} over
- * a table of every segment's size and device pointers ({@link #table}), written to the GPU once.
+ * a table of every segment's size and device pointers ({@link #table}), written to the GPU once, into
+ * the one block the class's settings size for the tables ({@code .tables(bytes)}: what the emitter
+ * counts for its launches), so that the device allocates nothing beside its plan.
  */
 public final class MultiKernel {
   /** The kernel's name in {@code NAME.cu}. */

@@ -29,6 +29,9 @@ public abstract class NetworkTensors {
     long arenaBytes;
     long peakBytes;
     long workspaceLimit;
+    // the bytes of the multi-tensor launches' tables (the CUDA device's, beside the arena; memcheck's
+    // gpu_table_bytes)
+    long tableBytes;
     // the CUDA device's cuDNN convolutions: the heuristic's deterministic algorithms (--deterministic), not the
     // fastest found by timing each at its first call
     boolean deterministic;
@@ -79,6 +82,15 @@ public abstract class NetworkTensors {
     public Settings testing(int every, int batches) {
       this.testEvery = every;
       this.testIterations = batches;
+      return this;
+    }
+
+    /**
+     * The bytes of the tables the CUDA device writes for the multi-tensor launches (MultiKernel), all
+     * of them together: one allocation beside the arena, made at the start.
+     */
+    public Settings tables(long bytes) {
+      this.tableBytes = bytes;
       return this;
     }
 

@@ -115,6 +115,12 @@ static const char *op_names[OPS] = {"cudnnPoolingForward", "cudnnPoolingBackward
                                     "cudnnLRNCrossChannelBackward", "cudnnBatchNormalizationForwardInference",
                                     "cudnnBatchNormalizationBackward"};
 static long long op_calls[OPS];
+/* the count of one of those calls by its name (-1: not one of them), for the tests that load the stand-in */
+long long fake_cudnn_op_calls(const char *name) {
+  for (int k = 0; k < OPS; k++)
+    if (strcmp(op_names[k], name) == 0) return op_calls[k];
+  return -1;
+}
 
 #ifdef FAKE_CUDNN_WRITES_OPS /* the copy for the Java device that exports these calls (cuda13_stand_ins.py) */
 __attribute__((destructor)) static void write_op_calls(void) {

@@ -121,10 +121,11 @@ predict = fc3(h)
     assert grads and all("_out" not in out for out, *_ in grads), grads
 
 
-def test_lenets_class_within_335_lines() -> None:
+def test_lenets_class_within_340_lines() -> None:
     # 300 until its four bias gradients became reduction passes on the CUDA device (java/passes.py): a constant
-    # naming each pass's kernels, and the CPU's own call under each `dev.pass` call (about 35 lines)
-    assert len((GOLDEN / "java" / "LeNet.java").read_text().splitlines()) <= 335
+    # naming each pass's kernels, and the CPU's own call under each `dev.pass` call (about 35 lines); 335 until the
+    # CUDA device's memory was all in the plan: the tables' settings line and the filter gradients' workspace rows
+    assert len((GOLDEN / "java" / "LeNet.java").read_text().splitlines()) <= 340
 
 
 def test_a_number_without_a_known_meaning_is_named_after_its_op_and_attribute() -> None:

@@ -103,6 +103,22 @@ def test_the_multi_tensor_launch_agrees_with_numpy(name: str, tmp_path: Path) ->
         np.testing.assert_allclose(c[k], a[k], rtol=1e-4, atol=1e-5 * float(np.abs(a[k]).max(initial=1.0)), err_msg=k)
 
 
+@needs_gxx
+def test_memcheck_counts_the_tables_the_pycuda_runner_allocates(tmp_path: Path) -> None:
+    """The multi-tensor launches' tables live beside the arena (written once at the start): memcheck counts exactly
+    what the PyCUDA runner allocates for them (gpu_table_bytes), in its GPU peak too."""
+    from deepdsl.backends.cuda.runner import GpuRunner
+    from deepdsl.memory.report import report
+
+    b = _build("adam")
+    arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in b.train_plan.graph.params}
+    runner = GpuRunner(EmulatedDriver(tmp_path / "gpu"), b.train_plan, b.infer_plan, arrays)
+    r = report(b.train_plan)
+    assert runner.table_bytes == r["gpu_table_bytes"] > 0
+    assert r["gpu_peak_bytes"] == r["peak_bytes"] + r["gpu_scratch_limit_bytes"] + r["gpu_table_bytes"]
+    runner.close()
+
+
 @pytest.mark.parametrize("name", list(OPTIMISERS))
 def test_a_reduction_pass_writes_no_memory_its_members_read(name: str) -> None:
     """A one-pass reduction (ir/reductions.py: batch norm's dgamma, dbeta and inverse deviation) reads every

@@ -28,7 +28,6 @@ from deepdsl.ir.registry import STORAGE, JavaCall, OpDef, lookup
 from deepdsl.ir.types import DType, ShapeError
 from deepdsl.ir.vendor import (
     BatchNorm,
-    BatchNormBackward,
     ConvBackwardBias,
     ConvBackwardData,
     ConvBackwardFilter,
@@ -604,7 +603,8 @@ def test_lookup_suggests_the_nearest_op() -> None:
 
 def device_mismatches(registry: dict[str, OpDef], device_source: str) -> list[str]:
     """Every op a generated step calls as a library op (a Java call, no index form of its own or for CUDA) whose
-    Device method is not in Device.java with the call's parameters (the workspace limit is the device's own)."""
+    Device method is not in Device.java with the call's parameters (the workspace limit is the device's own; a call
+    with `workspace` takes the statement's planned workspace last)."""
     methods = {
         m: tuple(tuple(p.split()[-2:]) for p in ps.split(",") if p.strip())
         for m, ps in re.findall(r"\bvoid (\w+)\(([^)]*)\);", device_source)
@@ -615,6 +615,7 @@ def device_mismatches(registry: dict[str, OpDef], device_source: str) -> list[st
             continue
         params = methods.get(op.java.device)
         want = (("Buf", "out"), *(p for p in op.java.params if p != ("long", "limit")))
+        want += (("Buf", "workspace"),) if op.java.workspace else ()  # the planned workspace, last
         if params != want:
             out.append(f"{name}: Device.{op.java.device} is {params}, its Java call {want}")
     return out
@@ -753,24 +754,35 @@ def lrn_reference(r: Lrn, x: np.ndarray, *rest: np.ndarray) -> np.ndarray:
     return dx
 
 
-def batch_norm_reference(fact: BatchNorm | BatchNormBackward, x: np.ndarray, *rest: np.ndarray) -> np.ndarray:
-    """What a BatchNorm fact says (inputs x, mean, var, gamma, beta), and for BatchNormBackward (inputs x, dY, mean,
-    inverse deviation, gamma: the saved statistics, x's own) dX through x's own statistics: dY times the Jacobian of
-    each channel's normalised values, written out element pair by element pair in float64."""
-    b = fact if isinstance(fact, BatchNorm) else fact.norm
+def batch_norm_reference(fact: BatchNorm, x: np.ndarray, *rest: np.ndarray) -> np.ndarray:
+    """What a BatchNorm fact says (inputs x, mean, var, gamma, beta), in float64."""
+    b = fact
     x3 = x.reshape(b.n, b.c, b.h * b.w).astype(np.float64)
-    if isinstance(fact, BatchNorm):
-        mean, var, gamma, beta = (v.astype(np.float64)[None, :, None] for v in rest)
-        return (x3 - mean) / np.sqrt(var + b.eps) * gamma + beta
-    g3, gamma = rest[0].reshape(x3.shape).astype(np.float64), rest[3].astype(np.float64)
-    dx = np.zeros_like(x3)
-    for c in range(b.c):
-        v, dy = x3[:, c].ravel(), g3[:, c].ravel()
+    mean, var, gamma, beta = (v.astype(np.float64)[None, :, None] for v in rest)
+    return (x3 - mean) / np.sqrt(var + b.eps) * gamma + beta
+
+
+def test_bn_train_backward_is_dy_times_the_jacobian_of_the_normalised_values() -> None:
+    """bn_train_backward (no vendor fact: our one pass on every device) on x's own saved statistics and sums: dY times
+    the Jacobian of each channel's normalised values, written out element pair by element pair in float64."""
+    rng = np.random.default_rng(0)
+    n, c, h, w, eps = 2, 3, 2, 3, 1e-5
+    x, g = rng.standard_normal((n, c, h, w)), rng.standard_normal((n, c, h, w))
+    gamma = rng.standard_normal(c)
+    axes = (0, 2, 3)
+    mean, var = x.mean(axis=axes), x.var(axis=axes)
+    xh = (x - mean[None, :, None, None]) / np.sqrt(var[None, :, None, None] + eps)
+    xs = (x, g, mean, 1 / np.sqrt(var + eps), gamma, (g * xh).sum(axis=axes), g.sum(axis=axes))
+    x3, g3 = x.reshape(n, c, h * w), g.reshape(n, c, h * w)
+    want = np.zeros_like(x3)
+    for k in range(c):
+        v, dy = x3[:, k].ravel(), g3[:, k].ravel()
         centred, m = v - v.mean(), v.size
-        r = 1 / np.sqrt(np.mean(centred**2) + b.eps)
+        r = 1 / np.sqrt(np.mean(centred**2) + eps)
         jacobian = r * (np.eye(m) - 1 / m) - r**3 * np.outer(centred, centred) / m  # d xh_i / d x_j
-        dx[:, c] = (gamma[c] * dy @ jacobian).reshape(b.n, -1)
-    return dx
+        want[:, k] = (gamma[k] * dy @ jacobian).reshape(n, -1)
+    got = REGISTRY["bn_train_backward"].numpy(xs, {"eps": eps})
+    np.testing.assert_allclose(got, want.reshape(x.shape), rtol=1e-9, atol=1e-12)
 
 
 def _fact_check(fact: object) -> tuple[tuple[int, ...], Callable[..., np.ndarray]] | None:
@@ -799,11 +811,9 @@ def _fact_check(fact: object) -> tuple[tuple[int, ...], Callable[..., np.ndarray
         r = fact if isinstance(fact, Lrn) else fact.lrn
         size = r.n * r.c * r.h * r.w
         return ((size,) * 2 if isinstance(fact, Lrn) else (size,) * 4), partial(lrn_reference, r)
-    if isinstance(fact, BatchNorm | BatchNormBackward):
-        b = fact if isinstance(fact, BatchNorm) else fact.norm
-        size = b.n * b.c * b.h * b.w
-        inputs = (size, *(b.c,) * 4) if isinstance(fact, BatchNorm) else (size, size, *(b.c,) * 5)
-        return (*inputs, size), partial(batch_norm_reference, fact)
+    if isinstance(fact, BatchNorm):
+        size = fact.n * fact.c * fact.h * fact.w
+        return (size, *(fact.c,) * 4, size), partial(batch_norm_reference, fact)
     if isinstance(fact, Pool | PoolBackward):
         p = fact if isinstance(fact, Pool) else fact.pool
         x, y = p.n * p.c * p.h * p.w, p.n * p.c * p.oh * p.ow
@@ -827,12 +837,6 @@ def vendor_problems(op: OpDef, inputs: tuple[TensorType, ...], attrs: dict) -> l
         xs = (REGISTRY["log_softmax" if fact.softmax.log else "softmax"].numpy(xs[:1], {}), xs[1])
     if isinstance(fact, LrnBackward):  # y must be the lrn of x
         xs = (xs[0], REGISTRY["lrn"].numpy(xs[:1], attrs), xs[2])
-    if isinstance(fact, BatchNormBackward):  # mean, inverse deviation and the sums must be x's own (saved statistics)
-        axes = (0, *range(2, xs[0].ndim))
-        mean, var = xs[0].mean(axis=axes), xs[0].var(axis=axes)
-        xh = (xs[0] - mean[None, :, None, None]) / np.sqrt(var[None, :, None, None] + attrs["eps"])
-        invstd = 1 / np.sqrt(var + attrs["eps"])
-        xs = (xs[0], xs[1], mean, invstd, xs[4], (xs[1] * xh).sum(axis=axes), xs[1].sum(axis=axes))
     check = _fact_check(fact)
     if check is None:
         return [f"{op.name}: a vendor fact no check knows ({type(fact).__name__})"]

@@ -3,9 +3,10 @@ as the legacy `cudnnConvolutionForward`, `...BackwardData` and `...BackwardFilte
 (`ConvBackwardBias`) as `cudnnConvolutionBackwardBias`, pooling (`Pool`, `PoolBackward`) as `cudnnPoolingForward`
 and `...Backward`, softmax (`Softmax`, `SoftmaxBackward`: accurate or log, over the channels of [rows, k, 1, 1]) as
 `cudnnSoftmaxForward` / `...Backward`, LRN (`Lrn`, `LrnBackward`) as `cudnnLRNCrossChannelForward` / `...Backward`,
-and batch norm (`BatchNorm`, `BatchNormBackward`) as `cudnnBatchNormalizationForwardInference` (the given statistics:
-the inference program's running ones, the training program's batch ones) and `cudnnBatchNormalizationBackward`
-(SPATIAL; the saved mean and inverse deviation passed as NULL, so that cuDNN recomputes them from X).
+and batch norm's apply (`BatchNorm`) as `cudnnBatchNormalizationForwardInference` (SPATIAL; the given statistics:
+the inference program's running ones, the training program's batch ones). Batch norm's training gradient is never
+cuDNN's: `cudnnBatchNormalizationBackward` cannot take the scale and shift gradients the program computes anyway, so
+it would sum them again (ops/norm.py `bn_train_backward`); our one pass runs it.
 
 Each call gets its descriptors once, when the runner starts, and a convolution its algorithm, within the scratch the
 caller allows (vendor.py: the workspace limit, or the statement's planned workspace where that is larger): by
@@ -38,7 +39,6 @@ from pathlib import Path
 from deepdsl.errors import DslProgramError
 from deepdsl.ir.vendor import (
     BatchNorm,
-    BatchNormBackward,
     ConvBackwardBias,
     ConvBackwardData,
     ConvBackwardFilter,
@@ -163,7 +163,6 @@ class Cudnn:
         lib.cudnnPoolingBackward.argtypes = [p] * 12
         d = ctypes.c_double
         lib.cudnnBatchNormalizationForwardInference.argtypes = [p, i, p, p, p, p, p, p, p, p, p, p, p, d]
-        lib.cudnnBatchNormalizationBackward.argtypes = [p, i, *[p] * 14, d, p, p]
 
     def set_stream(self, stream: int) -> None:
         """Issue every later call on `stream` (the driver's, so that a capture of it records them)."""
@@ -350,34 +349,24 @@ class Cudnn:
                                                        zero, d, out)  # fmt: skip
         self._check(status, "cudnnLRNCrossChannelBackward")
 
-    def prepare_batch_norm(self, call: BatchNorm | BatchNormBackward) -> tuple[ctypes.c_void_p, ctypes.c_void_p]:
-        """The descriptors of X [n, c, h, w] (and Y, dY, dX) and of the per-channel tensors [1, c, 1, 1]."""
-        b = call if isinstance(call, BatchNorm) else call.norm
+    def prepare_batch_norm(self, call: BatchNorm) -> tuple[ctypes.c_void_p, ctypes.c_void_p]:
+        """The descriptors of X [n, c, h, w] (and Y) and of the per-channel tensors [1, c, 1, 1]."""
+        b = call
         x, per = self._descriptor("Tensor"), self._descriptor("Tensor")
         self._check(self.lib.cudnnSetTensor4dDescriptor(x, _NCHW, _FLOAT, b.n, b.c, b.h, b.w),
                     "cudnnSetTensor4dDescriptor")  # fmt: skip
         self._check(self.lib.cudnnSetTensor4dDescriptor(per, _NCHW, _FLOAT, 1, b.c, 1, 1), "cudnnSetTensor4dDescriptor")
         return x, per
 
-    def batch_norm(self, call: BatchNorm | BatchNormBackward, descriptors: tuple[ctypes.c_void_p, ctypes.c_void_p],
-                   out: int, inputs: tuple[int, ...], scratch: int = 0) -> None:  # fmt: skip
-        """out = the batch norm `call` on `inputs` (the statement's: forward x, mean, var, gamma, beta; backward x, dy,
-        mean, inverse deviation 1 / sqrt(var + eps) (bn_invstd), gamma: the saved statistics, so that cuDNN does not
-        compute them again), the backward's scale and shift gradients (2 c floats, which the statement's last two
-        inputs hold too) at `scratch`."""
+    def batch_norm(self, call: BatchNorm, descriptors: tuple[ctypes.c_void_p, ctypes.c_void_p], out: int,
+                   inputs: tuple[int, ...]) -> None:  # fmt: skip
+        """out = the batch norm `call` on `inputs` (the statement's: x, mean, var, gamma, beta)."""
         (x, per), one, zero = descriptors, ctypes.byref(self.one), ctypes.byref(self.zero)
-        if isinstance(call, BatchNorm):
-            xs, mean, var, gamma, beta = inputs
-            status = self.lib.cudnnBatchNormalizationForwardInference(
-                self.handle, _BATCHNORM_SPATIAL, one, zero, x, xs, x, out, per, gamma, beta, mean, var, call.eps
-            )
-            return self._check(status, "cudnnBatchNormalizationForwardInference")
-        xs, dy, mean, invstd, gamma = inputs
-        status = self.lib.cudnnBatchNormalizationBackward(
-            self.handle, _BATCHNORM_SPATIAL, one, zero, one, zero, x, xs, x, dy, x, out, per, gamma, scratch,
-            scratch + 4 * call.norm.c, call.norm.eps, mean, invstd,
-        )  # fmt: skip
-        self._check(status, "cudnnBatchNormalizationBackward")
+        xs, mean, var, gamma, beta = inputs
+        status = self.lib.cudnnBatchNormalizationForwardInference(
+            self.handle, _BATCHNORM_SPATIAL, one, zero, x, xs, x, out, per, gamma, beta, mean, var, call.eps
+        )
+        self._check(status, "cudnnBatchNormalizationForwardInference")
 
     def close(self) -> None:
         for destroy, d in reversed(self.descriptors):

@@ -28,7 +28,6 @@ from deepdsl.backends.cuda.cudnn import Conv, Cudnn
 from deepdsl.errors import DslProgramError
 from deepdsl.ir.vendor import (
     BatchNorm,
-    BatchNormBackward,
     ConvBackwardBias,
     ConvBackwardData,
     ConvBackwardFilter,
@@ -106,8 +105,7 @@ class Vendor:
         self.strict = strict  # `--kernels vendor`: a call the library refuses is an error, not our kernel
         self.missing = tuple(missing)  # under auto: the libraries that did not load, and why
         # a convolution whose algorithm needs more scratch than the plan gave its statement takes this one, which the
-        # runner allocates once (`scratch_bytes`, the most any such call needs) and whose address it sets here; so
-        # does batch norm's backward, for the scale and shift gradients it makes besides dX
+        # runner allocates once (`scratch_bytes`, the most any such call needs) and whose address it sets here
         self.scratch_bytes = 0
         self.scratch = 0
         # while the runner binds, unless --deterministic: a temporary scratch for cuDNN's Find (bytes -> the address
@@ -195,15 +193,10 @@ class Vendor:
             pool = cudnn.prepare_pool(call)
             what = f"cudnnPooling{'Backward' if pool.backward else 'Forward'} {pool.mode}"
             return Bound(lambda: cudnn.pool(pool, out, inputs), 0, what)
-        if isinstance(call, BatchNorm | BatchNormBackward) and self.cudnn is not None:
+        if isinstance(call, BatchNorm) and self.cudnn is not None:
             cudnn, out, inputs, ds = self.cudnn, pointers[0], tuple(pointers[1:6]), self.cudnn.prepare_batch_norm(call)
-            if isinstance(call, BatchNorm):
-                forward = "cudnnBatchNormalizationForwardInference"
-                return Bound(lambda: cudnn.batch_norm(call, ds, out, inputs), 0, forward)
-            parameters = 8 * call.norm.c  # the scale's and shift's gradients: the shared scratch
-            self.scratch_bytes = max(self.scratch_bytes, parameters)
-            return Bound(lambda: cudnn.batch_norm(call, ds, out, inputs, self.scratch), parameters,
-                         "cudnnBatchNormalizationBackward", scratch=True)  # fmt: skip
+            forward = "cudnnBatchNormalizationForwardInference"
+            return Bound(lambda: cudnn.batch_norm(call, ds, out, inputs), 0, forward)
         return None
 
     def set_stream(self, stream: int) -> None:

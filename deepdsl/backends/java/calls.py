@@ -118,16 +118,24 @@ def multi(e: Emitter, launch: tuple[tuple[Stmt, ...], ...]) -> list[str]:
     tensors (outputs, inputs, settings) in a row, computed by its group kernel."""
     kinds: list[str] = []
     rows: list[str] = []
+    counts: list[int] = []  # each row's tensors
     numbers: list[int] = []
     for stmts in launch:
         constant, shared, used = group_constant(e, stmts)
         if constant not in kinds:
             kinds.append(constant)
         numbers.append(kinds.index(constant))
-        rows.append(", ".join([*(e.tensor(st.out) for st in stmts), *(e.tensor(v) for v in shared), *used]))
+        row = [*(e.tensor(st.out) for st in stmts), *(e.tensor(v) for v in shared), *used]
+        rows.append(", ".join(row))
+        counts.append(len(row))
     const = multi_constant(e, tuple(kinds), [e.tensor(g[-1].out) for g in launch])
     head = f"dev.runMulti({const}, new int[] {{{', '.join(map(str, numbers))}}}, new Buf[][] {{"
-    return [head, *(f"  {{{r}}}," for r in rows), "});"]
+    lines = [head, *(f"  {{{r}}}," for r in rows), "});"]
+    # its table on the CUDA device (MultiKernel.table): the count, then a row of 64-bit numbers a segment, 4 and
+    # its tensors, as wide as the widest; the same call (the same tensors) reuses one table
+    width = 4 + max(counts)
+    e.tables["\n".join(lines)] = 8 * (1 + len(rows) * width)
+    return lines
 
 
 def run(e: Emitter, kernel: str, outs: list[str], ins: list[str], settings: list[str], update: bool) -> str:
@@ -195,7 +203,9 @@ def statement(e: Emitter, s: Stmt, temp: str) -> list[str]:
         k = kernel(e, s.op, s.out.name, body, out, s.inputs[:arity], maker=(s.op, s.a))
         lines = [f"dev.run({', '.join([k, temp, *own_args, *e.extra])});"]
     else:
-        lines = [f"dev.{java_call(s.op).device}({', '.join([temp, *own_args, *library_arguments(s)])});"]
+        call = java_call(s.op)
+        workspace = [e.workspaces.get(s.out.name, "null")] if call.workspace else []  # its planned one, or none
+        lines = [f"dev.{call.device}({', '.join([temp, *own_args, *library_arguments(s), *workspace])});"]
     if "epilogue" in s.a:
         extras = s.inputs[arity:]
         out = output_indices(s.out.type)

@@ -230,6 +230,8 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
         f"          .peak({total_peak(train)}L)",
         f"          .workspaceLimit({workspace_limit}L)  // the scratch a convolution may take (--workspace-limit)",
     ]
+    if e.tables:  # the CUDA device writes them once, in one allocation beside the arena (memcheck: gpu_table_bytes)
+        settings.append(f"          .tables({sum(e.tables.values())}L)  // the multi-tensor launches' tables")
     if deterministic:  # cuDNN's heuristic convolution algorithms, not the fastest found (compile --deterministic)
         settings.append("          .deterministic(true)")
     if cfg.precision != "fp32":  # tf32: the CUDA device's libraries in TF32 math (--precision overrides it)

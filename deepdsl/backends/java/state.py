@@ -56,6 +56,10 @@ class Emitter:
     # where each value of the plan being written lives (kernel_section.places), for which pointers of its
     # element-wise kernels may be __restrict__
     places: dict[str, tuple[str, str, int, int]] = field(default_factory=dict)
+    # each multi-tensor launch's call -> the bytes of the table the CUDA device writes for it (Settings.tables)
+    tables: dict[str, int] = field(default_factory=dict)
+    # each planned workspace a library call takes (conv2d_backward_filter's partial sums): statement -> its field
+    workspaces: dict[str, str] = field(default_factory=dict)
     # what both passes of emit_java compute alike, done once: each distinct kernel printed, each plan's groups
     memo: dict[tuple, Any] = field(default_factory=dict)
 

@@ -98,6 +98,13 @@ def plan_class(e: Emitter, title: str, doc: str, p: Plan, result: str | None,
             else:
                 offset = long_literal(p.buffer_of(s.out.name).offset)
                 layout.append(f"final Buf {t} = at({offset}{', ' + shape if shape else ''});")
+    e.workspaces = {}
+    for s in g.stmts:  # a library call's planned workspace (a filter gradient's partial sums on the CUDA device)
+        call = REGISTRY[s.op].java
+        if call is not None and call.workspace and s.out.name in p.workspace:
+            ws = p.workspace[s.out.name]
+            field = e.workspaces[s.out.name] = e.temps(f"workspace:{s.out.name}", f"{e.tensor(s.out)}_workspace")
+            layout.append(f"final Buf {field} = at({long_literal(ws.offset)}, {ws.nbytes // 4});")
     for _, _, items in segments:  # a reduction pass's partial sums (doubles): its workspace in the plan
         for what, item in items:
             if what == "pass":

@@ -23,6 +23,7 @@ public final class LeNet extends Network {
           .arena(7828736L, 7828736L)
           .peak(11478596L)
           .workspaceLimit(1073741824L)  // the scratch a convolution may take (--workspace-limit)
+          .tables(776L)  // the multi-tensor launches' tables
           .predicts(false, "x")
           .accuracy("y");
 
@@ -116,6 +117,8 @@ public final class LeNet extends Network {
     final Buf cv1_db = at(1602048, 20);
     final Buf cv1_dW = at(1600000, 20, 1, 5, 5);
     final Buf fc1_dW = at(0, 500, 800);
+    final Buf cv2_dW_workspace = at(2949120, 400000);
+    final Buf cv1_dW_workspace = at(0, 72000);
     final Buf cv2_db_partials = at(2949120, 550 * 2);
     final Buf cv1_db_partials = at(0, 540 * 2);
 
@@ -158,14 +161,14 @@ public final class LeNet extends Network {
         dev.run(CHANNEL_SUM, cv2_db, mp_dx);
       }
       dev.conv2dBackwardData(cv2_dx, mp_dx, cv2_W, groups(1), inShape(64, 20, 12, 12), pad(0, 0), stride(1, 1), dilation(1, 1));
-      dev.conv2dBackwardFilter(cv2_dW, mp_out, mp_dx, groups(1), pad(0, 0), stride(1, 1), dilation(1, 1), wShape(50, 20, 5, 5));
+      dev.conv2dBackwardFilter(cv2_dW, mp_out, mp_dx, groups(1), pad(0, 0), stride(1, 1), dilation(1, 1), wShape(50, 20, 5, 5), cv2_dW_workspace);
       // mp, lenet.ddsl:15:13
       dev.maxPool2dBackward(mp_dx_2, cv1_out, mp_out, cv2_dx, kernel(2, 2), pad(0, 0), stride(2, 2));
       // cv1, lenet.ddsl:13:13
       if (!dev.pass(CHANNEL_SUM_PASS_4, cv1_db, cv1_db_partials, mp_dx_2)) {
         dev.run(CHANNEL_SUM, cv1_db, mp_dx_2);
       }
-      dev.conv2dBackwardFilter(cv1_dW, x, mp_dx_2, groups(1), pad(0, 0), stride(1, 1), dilation(1, 1), wShape(20, 1, 5, 5));
+      dev.conv2dBackwardFilter(cv1_dW, x, mp_dx_2, groups(1), pad(0, 0), stride(1, 1), dilation(1, 1), wShape(20, 1, 5, 5), cv1_dW_workspace);
       // fc1, lenet.ddsl:16:13
       dev.matmul(fc1_dW, fc2_dx, net_flatten1_out, transposeA(true), transposeB(false));
       // the optimizer's updates: one launch
