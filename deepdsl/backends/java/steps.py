@@ -173,6 +173,9 @@ def plan_classes(
             method("/** The step separates into pre and post: it accumulates micro-batches. */",
                    "@Override\n  protected boolean accumulates()", ["return true;"]),
         ]  # fmt: skip
+    if any(s.op == "allreduce_start" and s.a["kind"] == "stats" for s in train.graph.stmts):
+        steps.append(method("/** Batch norm's statistics are summed over the ranks in the step (sync_batch_norm). */",
+                            "@Override\n  protected boolean syncsBatchNorm()", ["return true;"]))  # fmt: skip
     terms = [(n.removeprefix("loss:"), v) for n, v in train.graph.outputs if n.startswith("loss:")]
     if terms:  # the named terms of a loss of several (`loss = rec + 0.5 * kl`), reported beside it
         names = ", ".join(f'"{n}"' for n, _ in terms)
