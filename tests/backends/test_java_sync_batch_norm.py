@@ -24,6 +24,7 @@ pytestmark = JAVA_MARKS
 
 
 def _compile(folder: Path, *flags: str) -> Path:
+    folder.mkdir(exist_ok=True)
     source = folder / "tiny.ddsl"
     source.write_text(RESIDUAL)
     r = CliRunner().invoke(cli, ["compile", str(source), "--data-parallel", *flags, "-o", str(folder / "out")])
