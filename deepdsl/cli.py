@@ -594,6 +594,9 @@ def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, ou
 
     if output is None and maven is None:
         raise click.UsageError("say where to write the program: -o DIR, -o DIR/Name.java or --maven DIR")
+    if sync_batch_norm and not data_parallel:
+        raise click.UsageError("--sync-batch-norm synchronises the ranks of a data-parallel program: add "
+                               "--data-parallel")  # fmt: skip
     wanted = tuple(a.strip() for a in archs.split(",") if a.strip()) if ptx else ()
     if ptx and (not wanted or any(not re.fullmatch(r"sm_[0-9]{2,3}", a) for a in wanted)):
         raise click.BadParameter(f"{archs!r} is not a list such as sm_90,sm_80", param_hint="--arch")

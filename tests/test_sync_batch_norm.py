@@ -126,6 +126,11 @@ def test_batch_norm_without_a_scale_is_refused_where_it_is_written(tmp_path: Pat
 def test_the_key_takes_true_or_false(tmp_path: Path, cli) -> None:  # noqa: ANN001
     r = cli("check", _file(tmp_path, SYNC.replace("sync_batch_norm = true", "sync_batch_norm = 2")))
     assert r.exit_code == 1 and "'sync_batch_norm' must be true or false" in r.stderr
+    r = cli("compile", _file(tmp_path, RESIDUAL), "--sync-batch-norm", "-o", str(tmp_path / "out"))
+    assert r.exit_code == 2 and "--sync-batch-norm synchronises the ranks of a data-parallel program" in r.stderr
+    # the flag's negation overrides the train block's key
+    r = cli("memcheck", _file(tmp_path, SYNC, "sync.ddsl"), "--ranks", "2", "--no-sync-batch-norm", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["data_parallel"]["sync_batch_norm"] is False
 
 
 def test_the_gpu_runner_refuses_it(tmp_path: Path) -> None:
