@@ -17,12 +17,13 @@ backward pass). It
   ranks and micro-batches and the running statistics the mean of the per-rank ones;
 - with `Bucketing.sync_batch_norm` (synchronised batch norm, PyTorch's SyncBatchNorm): each training batch norm's
   statistics are the global batch's. `sync_batch_norm` rewrites the statements batch norm's lowering and gradient
-  made: the forward's per-channel mean and mean square are summed over the ranks by a small blocking all-reduce
-  (kind "stats": its wait right after its start, in the statistics' place), then the mean and the biased variance
-  formed from them; the backward's sum(g) and sum(g xh) likewise before dx. The scale and shift's gradients are then
-  global already and go in no gradient bucket; the running statistics are equal on every rank and go in no state
-  bucket; the running variance's unbiased correction is the global count's, R N H W / (R N H W - 1), formed from
-  `dp/scale` (= 1/R: micro-batches are refused, `refuse_micro_batches`);
+  made: the forward's per-channel mean and mean square of x less the running mean (equal on every rank) are summed
+  over the ranks by a small blocking all-reduce (kind "stats": its wait right after its start, in the statistics'
+  place), then the mean and the biased variance formed from them; the backward's sum(g) and sum(g xh) likewise,
+  before dx. The scale and shift's gradients are then global already and go in no gradient bucket; the running
+  statistics are equal on every rank and go in no state bucket; the running variance's unbiased correction is the
+  global count's, R N H W / (R N H W - 1), formed from `dp/scale` (= 1/R: micro-batches are refused,
+  `refuse_micro_batches`);
 - gives the program the input `dp/scale` (kind "scale", 1/(ranks x micro-batches), fed at run time: every bucket
   is packed times it, and the all-reduce sums: never an average, so that two ranks equal two micro-batches bit
   for bit), and, where the network draws random numbers per sample (dropout, sampling), the input `dp/offset`
@@ -362,22 +363,39 @@ def sync_batch_norm(g: Graph, scale: Value) -> Graph:
             n = by_mean[s.out.name]
             what = running.get(s.out.name)
             layer = what.inputs[0].name.removesuffix(".running_mean") if what is not None else s.layer or s.out.name
-            product = emit("mul", (n.x, n.x), s)
+            # the moments of x less the running mean (equal on every rank), which is near the batch mean once
+            # training is under way: E[x^2] - E[x]^2 then cancels little where a channel's mean is large
+            shift = what.inputs[0] if what is not None else None
+            if shift is not None:
+                centre = emit("broadcast_channel", (shift,), s, shape=n.x.type.shape)
+                moved = emit("sub", (n.x, centre.out), s)
+                first = emit("channel_mean", (moved.out,), s)
+                stmts += [centre, moved, first]
+                base, local = moved.out, first.out
+            else:
+                base, local = n.x, s.out
+            product = emit("mul", (base, base), s)
             square = emit("channel_mean", (product.out,), s)
             names = (f"{layer}:batch_mean", f"{layer}:batch_mean_square")
-            reduced, (mean, mean_square) = reduce((s.out, square.out), names, s)
+            reduced, (moment, mean_square) = reduce((local, square.out), names, s)
             stmts += [product, square, *reduced]
-            # the biased variance E[x^2] - E[x]^2 (never below 0 where rounding would take it there)
-            sq = emit("mul", (mean, mean), s)
+            # the biased variance E[d^2] - E[d]^2 (never below 0 where rounding would take it there)
+            sq = emit("mul", (moment, moment), s)
             diff = emit("sub", (mean_square, sq.out), s)
             var = emit("relu", (diff.out,), s)
+            stmts += [sq, diff, var]
+            mean = moment
+            if shift is not None:
+                back = emit("add", (shift, moment), s)
+                stmts.append(back)
+                mean = back.out
             # the running variance's unbiased correction over the global count G = per / scale: G / (G - 1)
             per = float(n.x.type.numel // n.x.type.shape[1])
             less = emit("rsub_scalar", (scale,), s, value=per)
             factor = emit("rdiv_scalar", (less.out,), s, value=per)
             spread = emit("broadcast_scalar", (factor.out,), s, shape=var.out.type.shape)
             corrected = emit("mul", (var.out, spread.out), s)
-            stmts += [sq, diff, var, less, factor, spread, corrected]
+            stmts += [less, factor, spread, corrected]
             rename[s.out.name] = mean
             rename[n.var.out.name] = var.out
             unbiased[n.var.out.name] = corrected.out
