@@ -266,9 +266,19 @@ def check(c: api.Compilation, file: str, sets: dict, options: api.Options, as_js
               help="Also print the training program after this optimiser pass.")  # fmt: skip
 @click.option("--stats", is_flag=True, help="Statements and kernels per stage and per pass instead of the program.")
 @click.option("--json", "as_json", is_flag=True, help="With --stats: one JSON object (docs/formats.md, JSON outputs).")
+@click.option("--data-parallel", "data_parallel", is_flag=True,
+              help="The training program of one data-parallel rank (opt and plan stages): its gradient buckets' "
+              "all-reduces (docs/distributed.md).")  # fmt: skip
+@SYNC_BATCH_NORM
 def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: str | None, dump_after: str | None,
-       stats: bool, as_json: bool) -> None:  # fmt: skip
+       stats: bool, as_json: bool, data_parallel: bool, sync_batch_norm: bool | None) -> None:  # fmt: skip
     """Print FILE at one stage of the compiler, in a stable text form."""
+    if sync_batch_norm and not data_parallel:
+        raise click.UsageError("--sync-batch-norm synchronises the ranks of a data-parallel program: add "
+                               "--data-parallel")  # fmt: skip
+    options = dataclasses.replace(options, sync_batch_norm=sync_batch_norm)
+    if data_parallel:
+        options = dataclasses.replace(options, buckets=_bucketing(1, 1, 25.0, always=True))
     if dump_after:
 
         def dump(name: str, g: Any) -> None:

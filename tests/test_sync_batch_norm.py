@@ -77,8 +77,19 @@ def test_the_pass_puts_a_blocking_all_reduce_at_each_batch_norms_statistics(tmp_
     assert grads and not any(n.endswith((".gamma", ".beta")) for n in grads)
     assert [b.names for b in buckets if b.kind == "state"] == [("loss",)]
     text = format_graph(g)
-    assert text.count("allreduce_start(") == 6 + len({b.index for b in buckets if b.kind != "stats"})
-    assert "kind=stats" in text or "kind='stats'" in text or 'kind="stats"' in text
+    assert text.count("allreduce_start(") == len(buckets)
+    assert text.count("kind=stats") == 12  # the starts and the waits
+
+
+def test_the_ir_command_shows_them(tmp_path: Path, cli) -> None:  # noqa: ANN001
+    f = _file(tmp_path, RESIDUAL)
+    text = cli("ir", f, "--stage", "opt", "--data-parallel", "--sync-batch-norm").stdout
+    assert text.count("kind=stats") == 12, text
+    plan = cli("ir", f, "--stage", "plan", "--data-parallel", "--sync-batch-norm").stdout
+    assert plan.count(" allreduce_start ") == text.count("allreduce_start(") == 8  # 6, a gradient and a state bucket
+    assert "kind=stats" not in cli("ir", f, "--stage", "opt", "--data-parallel").stdout
+    r = cli("ir", f, "--sync-batch-norm")
+    assert r.exit_code == 2 and "add --data-parallel" in r.stderr
 
 
 def test_without_the_setting_the_pass_is_the_per_rank_default(tmp_path: Path) -> None:
