@@ -23,6 +23,7 @@ from deepdsl.ir.types import DType, ShapeError, TensorType
 from deepdsl.ops.random import mask_seed, sample_seed
 
 COLLECTIVE_OPS = ("allreduce_start", "allreduce_wait", "bucket_slice")
+STATS = "stats"  # the kind of a batch norm's statistics all-reduce (sync_batch_norm): blocking, inside the step
 
 
 @defop(
@@ -197,7 +198,7 @@ def post_statements(g: Graph) -> frozenset[str]:
     producers = {v.name for _, v in g.updates}
     seeds = {
         i for i, s in enumerate(g.stmts)
-        if (s.op == "allreduce_wait" and s.a["kind"] != "stats")
+        if (s.op == "allreduce_wait" and s.a["kind"] != STATS)
         or (s.out.name in producers and s.out.name not in varying)
     }  # fmt: skip
     return frozenset(g.stmts[i].out.name for i in closure(g, seeds))

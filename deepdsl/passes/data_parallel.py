@@ -41,7 +41,7 @@ from deepdsl.errors import DslProgramError, Span
 from deepdsl.ir import REGISTRY, Graph, InputDef, Stmt, Value
 from deepdsl.ir.graph import make_attrs
 from deepdsl.ir.types import DType, TensorType
-from deepdsl.ops.collective import AT_OPS, Bucket, closure, data_dependent
+from deepdsl.ops.collective import AT_OPS, STATS, Bucket, closure, data_dependent
 from deepdsl.ops.optim import OPTIMISER_OPS
 
 SCALE = "dp/scale"
@@ -242,9 +242,6 @@ def data_parallel(g: Graph, bucketing: Bucketing | None = None) -> Graph:
 
 # ---- synchronised batch norm ----
 
-STATS = "stats"  # the kind of a statistics all-reduce: blocking, in the forward or backward pass
-
-
 def rank_invariant(g: Graph) -> set[str]:
     """The data-dependent values of `g` that are equal on every rank: the results of a statistics all-reduce and
     what is computed from them and from data-independent values alone (the global batch norm statistics, the scale
@@ -262,8 +259,8 @@ def rank_invariant(g: Graph) -> set[str]:
 @dataclass(frozen=True)
 class _Norm:
     """One training batch norm as batch_norm's lowering and gradient made it (ops/norm.py): its input, the
-    statements of its batch mean and variance, its running mean's and variance's updates, and the backward's
-    sum(g xh) and sum(g) that bn_train_backward reads (None where nothing needs d x)."""
+    statements of its batch mean and variance and of its apply (bn_train_apply: x, mean, var, gamma, beta), and the
+    backward's sum(g xh) and sum(g) that bn_train_backward reads (None where nothing needs d x)."""
 
     x: Value
     mean: Stmt
