@@ -242,6 +242,7 @@ def data_parallel(g: Graph, bucketing: Bucketing | None = None) -> Graph:
 
 # ---- synchronised batch norm ----
 
+
 def rank_invariant(g: Graph) -> set[str]:
     """The data-dependent values of `g` that are equal on every rank: the results of a statistics all-reduce and
     what is computed from them and from data-independent values alone (the global batch norm statistics, the scale
