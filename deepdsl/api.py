@@ -56,6 +56,8 @@ def optimise(g: Graph, options: Options, train: bool = False) -> tuple[Graph, tu
     """`g` through the pass pipeline at `options.precision` (resolved by `resolved` before: never None here); the
     data-parallel pass (Options.buckets) on a training program only."""
     buckets = options.buckets if train else None
+    if buckets is not None and options.sync_batch_norm:
+        buckets = dataclasses.replace(buckets, sync_batch_norm=True)
     # under rematerialisation (a memory budget) the updates stay beside their gradients: the multi-tensor launch
     # keeps every gradient live to the end of the backward pass, which is memory a budget cannot spare
     disabled = options.disabled + (("multi_tensor",) if options.remat not in (None, "none") else ())
@@ -64,9 +66,11 @@ def optimise(g: Graph, options: Options, train: bool = False) -> tuple[Graph, tu
 
 
 def resolved(program: Program, options: Options) -> Options:
-    """`options` with its precision decided: --precision, else the train block's."""
+    """`options` with its precision and sync_batch_norm decided: the flags, else the train block's."""
     if options.precision is None:
         options = dataclasses.replace(options, precision=program.train.precision)
+    if options.sync_batch_norm is None:
+        options = dataclasses.replace(options, sync_batch_norm=program.train.sync_batch_norm)
     return options
 
 

@@ -38,6 +38,9 @@ class Options:
     # the plain training program
     buckets: Bucketing | None = None
     precision: str | None = None  # fp32, tf32 or bf16 (--precision); None: the train block's
+    # data-parallel training: batch-norm statistics over the global batch (--sync-batch-norm; the data-parallel
+    # pass's Bucketing.sync_batch_norm); None: the train block's `sync_batch_norm`
+    sync_batch_norm: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -139,8 +139,17 @@ DETERMINISTIC = click.option(
 )  # fmt: skip
 
 
+SYNC_BATCH_NORM = click.option(
+    "--sync-batch-norm/--no-sync-batch-norm", "sync_batch_norm", default=None,
+    help="Data-parallel: every batch norm normalises with the global batch's statistics (small blocking "
+    "all-reduces per batch norm; not with --micro-batches). Default: the train block's `sync_batch_norm`, else off.",
+)  # fmt: skip
+
+
 def _data_parallel_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--ranks, --micro-batches, --bucket-mb: data-parallel training and gradient accumulation (docs/distributed.md)."""
+    """--ranks, --micro-batches, --bucket-mb, --sync-batch-norm: data-parallel training and gradient accumulation
+    (docs/distributed.md)."""
+    fn = SYNC_BATCH_NORM(fn)
     fn = click.option("--bucket-mb", "bucket_mb", type=click.FloatRange(min=0, min_open=True), default=25.0,
                       show_default=True, metavar="MB",
                       help="Data-parallel: the size at which a gradient bucket closes (the first closes at "
@@ -257,9 +266,19 @@ def check(c: api.Compilation, file: str, sets: dict, options: api.Options, as_js
               help="Also print the training program after this optimiser pass.")  # fmt: skip
 @click.option("--stats", is_flag=True, help="Statements and kernels per stage and per pass instead of the program.")
 @click.option("--json", "as_json", is_flag=True, help="With --stats: one JSON object (docs/formats.md, JSON outputs).")
+@click.option("--data-parallel", "data_parallel", is_flag=True,
+              help="The training program of one data-parallel rank (opt and plan stages): its gradient buckets' "
+              "all-reduces (docs/distributed.md).")  # fmt: skip
+@SYNC_BATCH_NORM
 def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: str | None, dump_after: str | None,
-       stats: bool, as_json: bool) -> None:  # fmt: skip
+       stats: bool, as_json: bool, data_parallel: bool, sync_batch_norm: bool | None) -> None:  # fmt: skip
     """Print FILE at one stage of the compiler, in a stable text form."""
+    if sync_batch_norm and not data_parallel:
+        raise click.UsageError("--sync-batch-norm synchronises the ranks of a data-parallel program: add "
+                               "--data-parallel")  # fmt: skip
+    options = dataclasses.replace(options, sync_batch_norm=sync_batch_norm)
+    if data_parallel:
+        options = dataclasses.replace(options, buckets=_bucketing(1, 1, 25.0, always=True))
     if dump_after:
 
         def dump(name: str, g: Any) -> None:
@@ -311,12 +330,14 @@ def ir(c: api.Compilation, file: str, sets: dict, options: api.Options, stage: s
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gpu_mem: str | None, table: str,
              plot_path: str | None, replace_readonly: bool, workspace_limit: int | None, ranks: int | None,
-             micro_batches: int, bucket_mb: float, precision: str | None, as_json: bool) -> None:  # fmt: skip
+             micro_batches: int, bucket_mb: float, sync_batch_norm: bool | None, precision: str | None,
+             as_json: bool) -> None:  # fmt: skip
     """The static memory plan of one training step of FILE: what is allocated, freed and live, and the peak. With
     --ranks or --micro-batches: one rank's plan of data-parallel training (its gradient buckets held until
     reduced)."""
     options = dataclasses.replace(options, workspace_limit=workspace_limit, precision=precision,
-                                  buckets=_bucketing(ranks or 1, micro_batches, bucket_mb))  # fmt: skip
+                                  buckets=_bucketing(ranks or 1, micro_batches, bucket_mb),
+                                  sync_batch_norm=sync_batch_norm)  # fmt: skip
     from deepdsl.memory.report import MissingDependency, format_report, over_budget, parse_size, plot
 
     if plot_path is not None:  # before the work
@@ -336,6 +357,10 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
     b, r = memory_report(c, file, sets, options, budget, per_statement=table == "statements")
     _warnings(c)
     if options.buckets is not None:
+        from deepdsl.passes.data_parallel import refuse_micro_batches
+
+        train = b.program.train
+        refuse_micro_batches(b.train, micro_batches, train.sync_batch_norm_at if train.sync_batch_norm else None)
         from deepdsl.summaries import data_parallel_report, data_parallel_text
 
         r["data_parallel"] = data_parallel_report(b, file, sets, options, ranks or 1, micro_batches)
@@ -424,8 +449,8 @@ def run(
     c: api.Compilation, file: str, sets: dict, options: api.Options, iters: int | None, data_flag: str | None,
     load_path: str | None, save_path: str | None, replace_readonly: bool, device: str, kernels: str,
     seed: int | None, double: bool, workspace_limit: int | None, deterministic: bool, graphs: bool,
-    precision: str | None, ranks: int | None, micro_batches: int, bucket_mb: float, rank: int | None, as_json: bool,
-    **optimizer: float | None,
+    precision: str | None, ranks: int | None, micro_batches: int, bucket_mb: float, sync_batch_norm: bool | None,
+    rank: int | None, as_json: bool, **optimizer: float | None,
 ) -> None:  # fmt: skip
     """Train FILE for a few iterations with the reference runner and report the losses. Under mpiexec / mpirun /
     srun (or with --ranks), each process trains one rank of a data-parallel run (docs/distributed.md)."""
@@ -434,7 +459,7 @@ def run(
     config = from_env()
     world = distributed.world_from_env(ranks=ranks, rank=rank)
     options = dataclasses.replace(options, workspace_limit=workspace_limit, deterministic=deterministic,
-                                  precision=precision,
+                                  precision=precision, sync_batch_norm=sync_batch_norm,
                                   buckets=_bucketing(world.size, micro_batches, bucket_mb))  # fmt: skip
     session = None
     if options.buckets is not None:
@@ -566,23 +591,29 @@ def predict(c: api.Compilation, file: str, sets: dict, options: api.Options, loa
               show_default=True, metavar="MB",
               help="With --data-parallel: the size at which a gradient bucket closes (the first at 1 MB or less).",
               )  # fmt: skip
+@SYNC_BATCH_NORM
 @REPLACE_READONLY
 @PRECISION
 def compile_(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str | None, maven: str | None,
              workspace_limit: int | None, deterministic: bool, ptx: bool, archs: str, data_parallel: bool,
-             bucket_mb: float, replace_readonly: bool, precision: str | None) -> None:  # fmt: skip
+             bucket_mb: float, sync_batch_norm: bool | None, replace_readonly: bool,
+             precision: str | None) -> None:  # fmt: skip
     """Compile FILE to a Java training program (one readable class plus the runtime it needs)."""
     from deepdsl import compiling
     from deepdsl.backends.java import DEFAULT_WORKSPACE_LIMIT
 
     if output is None and maven is None:
         raise click.UsageError("say where to write the program: -o DIR, -o DIR/Name.java or --maven DIR")
+    if sync_batch_norm and not data_parallel:
+        raise click.UsageError("--sync-batch-norm synchronises the ranks of a data-parallel program: add "
+                               "--data-parallel")  # fmt: skip
     wanted = tuple(a.strip() for a in archs.split(",") if a.strip()) if ptx else ()
     if ptx and (not wanted or any(not re.fullmatch(r"sm_[0-9]{2,3}", a) for a in wanted)):
         raise click.BadParameter(f"{archs!r} is not a list such as sm_90,sm_80", param_hint="--arch")
     limit = DEFAULT_WORKSPACE_LIMIT if workspace_limit is None else workspace_limit
     # the plan follows the limit: convolutions allowed scratch get it in the arena
-    options = dataclasses.replace(options, workspace_limit=limit, deterministic=deterministic, precision=precision)
+    options = dataclasses.replace(options, workspace_limit=limit, deterministic=deterministic, precision=precision,
+                                  sync_batch_norm=sync_batch_norm)  # fmt: skip
     if data_parallel:
         options = dataclasses.replace(options, buckets=_bucketing(1, 1, bucket_mb, always=True))
     api.compile_file(file, sets, stop_at="plan", c=c, options=options)

@@ -298,6 +298,8 @@ class Executor:
                 env[s.out.name] = out
                 if s.op == "allreduce_start":
                     comm.start(s.a["bucket"], out, k, len(shards))
+                elif s.op == "allreduce_wait":  # a batch norm's statistics (sync_batch_norm): blocking, in place
+                    env[s.out.name] = comm.wait(s.a["bucket"])
                 for name in self.drop_pre.get(i, ()):
                     env.pop(name, None)
         for s in g.stmts:

@@ -84,13 +84,21 @@ def data_parallel_report(b: api.Build, file: str, sets: dict, options: api.Optio
     return {
         "ranks": ranks, "micro_batches": micro_batches, "batch_per_shard": n, "global_batch": ranks * micro_batches * n,
         "buckets": buckets, "gradient_bytes": sum(k["bytes"] for k in buckets if k["kind"] == "grad"),
+        # synchronised batch norm: its statistics' blocking all-reduces are the buckets of kind "stats"
+        "sync_batch_norm": any(k["kind"] == "stats" for k in buckets),
         "peak_bytes": peak, "single_process_peak_bytes": plain, "extra_bytes": peak - plain,
     }  # fmt: skip
 
 
 def data_parallel_text(d: dict[str, Any]) -> str:
     grads = [k for k in d["buckets"] if k["kind"] == "grad"]
+    stats = [k for k in d["buckets"] if k["kind"] == "stats"]
     sizes = ", ".join(f"{k['bytes'] / 2**20:.2f}" for k in grads)
+    synced = [
+        f"  synchronised batch norm: {len(stats)} blocking all-reduces of {sum(k['bytes'] for k in stats):,} bytes "
+        "in all (each batch norm's statistics forward, its sum(g) and sum(g xh) backward), waited for where they "
+        "start: on the critical path, not overlapped"
+    ] if stats else []  # fmt: skip
     return "\n".join([
         f"data parallel: {d['ranks']} rank(s) x {d['micro_batches']} micro-batch(es) of {d['batch_per_shard']} "
         f"(global batch {d['global_batch']}); per rank:",
@@ -99,6 +107,7 @@ def data_parallel_text(d: dict[str, Any]) -> str:
         f"  gradients live until their bucket is reduced: peak {d['peak_bytes'] / 2**20:.2f} MiB, "
         f"{d['extra_bytes'] / 2**20:+.2f} MiB against one process's plan ({d['single_process_peak_bytes'] / 2**20:.2f} "
         "MiB)",
+        *synced,
     ])  # fmt: skip
 
 

@@ -29,7 +29,8 @@ from deepdsl.ir import Graph, ParamDef
 from deepdsl.ir.analysis import classified_label, regression_target
 from deepdsl.memory.footprint import available_memory, check_fits, footprint, memory_limits
 from deepdsl.memory.report import total_peak
-from deepdsl.ops.collective import is_data_parallel
+from deepdsl.ops.collective import STATS, buckets_of, is_data_parallel
+from deepdsl.passes.data_parallel import refuse_micro_batches
 
 # The largest step counter a parameter file may hold: far beyond any run, and small enough that iteration x batch
 # (the sample position the data source computes, in int64 in the Java runtime) cannot overflow.
@@ -96,12 +97,19 @@ class Trainer:
                 raise DslProgramError("data-parallel training and --micro-batches run in float32 (no --float64)")
             self.session = session or Session(*_single())
             self.executor = Executor(build.train_plan.graph)
+            # synchronised batch norm over micro-batches: refused, at the train block's key where it asked for it
+            train = program.train
+            refuse_micro_batches(build.train, self.session.micro_batches,
+                                 train.sync_batch_norm_at if train.sync_batch_norm else None)  # fmt: skip
 
     def use_gpu(self, driver: Driver, graphs: bool = True) -> None:
         """Run every later step and test on the GPU behind `driver` (the parameters move there and stay); `graphs`:
         the train step as a CUDA graph from its second run on (runner.py)."""
         if self.plan is None:
             raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
+        if any(b.kind == STATS for b in buckets_of(self.build.train)):
+            raise DslProgramError("sync_batch_norm runs on the NumPy runner (--device cpu) and the compiled Java "
+                                  "program's CPU device; not yet on PyCUDA")  # fmt: skip
         self.gpu = GpuRunner(driver, self.plan, self.build.infer_plan, self.arrays, self.build.eval_plan, graphs,
                              self.build.options.deterministic)  # fmt: skip
 

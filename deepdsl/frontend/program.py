@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from deepdsl.errors import DslWarning, Span
@@ -88,6 +88,10 @@ class TrainConfig:
     freeze: tuple[str, ...] = ()
     lr_mult: tuple[tuple[str, float], ...] = ()
     precision: str = "fp32"  # fp32 | tf32 | bf16 (ir/types.py PRECISIONS); --precision overrides it
+    # data-parallel training: every batch norm's statistics over the global batch (passes/data_parallel.py);
+    # --sync-batch-norm / --no-sync-batch-norm override it; where the key is written (for its diagnostics)
+    sync_batch_norm: bool = False
+    sync_batch_norm_at: Span | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ KEYS: dict[str, tuple[str, int]] = {
     "freeze": ("freeze", 0),
     "lr_mult": ("lr_mult", 0),
     "precision": ("precision", 0),  # fp32 | tf32 | bf16 (ir/types.py PRECISIONS)
+    "sync_batch_norm": ("bool", 0),  # data-parallel: batch-norm statistics over the global batch
 }
 
 
@@ -148,6 +149,8 @@ def train_config(block: ast.Train | None, el: Elaborator) -> TrainConfig:
             )  # fmt: skip
         values["lr"] = schedule(values["lr"], values.get("iterations", TrainConfig.iterations))
     _check_freeze(values, seen, el)  # [optim]
+    if "sync_batch_norm" in seen:
+        values["sync_batch_norm_at"] = seen["sync_batch_norm"].span
     if "save_every" in values and "save" not in values:
         raise DslProgramError("`save_every` needs `save`, the file to write", seen["save_every"].span)
     return TrainConfig(**values)

@@ -23,6 +23,7 @@ from deepdsl.ir.types import DType, ShapeError, TensorType
 from deepdsl.ops.random import mask_seed, sample_seed
 
 COLLECTIVE_OPS = ("allreduce_start", "allreduce_wait", "bucket_slice")
+STATS = "stats"  # the kind of a batch norm's statistics all-reduce (sync_batch_norm): blocking, inside the step
 
 
 @defop(
@@ -151,7 +152,8 @@ java_call("random_uniform_at", "long step, long offset, float low, float high, l
 
 @dataclass(frozen=True)
 class Bucket:
-    """One all-reduce: its number, kind ("grad" or "state"), and the tensors it holds in order."""
+    """One all-reduce: its number, kind ("grad", "state", or "stats": a batch norm's statistics, blocking, under
+    sync_batch_norm), and the tensors it holds in order."""
 
     index: int
     kind: str
@@ -188,14 +190,16 @@ def closure(g: Graph, seeds: set[int]) -> set[int]:
 
 def post_statements(g: Graph) -> frozenset[str]:
     """The statements of a data-parallel program that run once per step after the reductions (out names): what
-    reads an `allreduce_wait` (transitively), and the data-independent statements that make an update (Adam's
-    step counter) with what reads them. Every other statement runs once per micro-batch; none of them reads a
-    post statement's value."""
+    reads an `allreduce_wait` of a gradient or state bucket (transitively; a batch-norm statistics wait, kind
+    "stats", is part of the forward or backward pass, sync_batch_norm), and the data-independent statements that
+    make an update (Adam's step counter) with what reads them. Every other statement runs once per micro-batch;
+    none of them reads a post statement's value."""
     varying = data_dependent(g)
     producers = {v.name for _, v in g.updates}
     seeds = {
         i for i, s in enumerate(g.stmts)
-        if s.op == "allreduce_wait" or (s.out.name in producers and s.out.name not in varying)
+        if (s.op == "allreduce_wait" and s.a["kind"] != STATS)
+        or (s.out.name in producers and s.out.name not in varying)
     }  # fmt: skip
     return frozenset(g.stmts[i].out.name for i in closure(g, seeds))
 

@@ -569,6 +569,14 @@ public abstract class NetworkTensors {
     throw new IllegalStateException("this program does not accumulate micro-batches");
   }
 
+  /**
+   * Whether the step sums each batch norm's statistics over the ranks where they are made (compiled with
+   * sync_batch_norm): blocking all-reduces inside the forward and backward pass, which micro-batches cannot take.
+   */
+  protected boolean syncsBatchNorm() {
+    return false;
+  }
+
   /** Whether the class runs a step as {@link #microBatchPre} then {@link #microBatchPost}. */
   protected boolean accumulates() {
     return false;

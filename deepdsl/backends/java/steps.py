@@ -18,7 +18,7 @@ from deepdsl.ir import REGISTRY
 from deepdsl.memory import Plan
 from deepdsl.memory.groups import planned_groups as _planned_groups
 from deepdsl.memory.launches import planned_launches
-from deepdsl.ops.collective import post_statements
+from deepdsl.ops.collective import STATS, post_statements
 
 MAX_STATEMENTS_PER_METHOD = 200  # keeps every step method far below Java's 64 KB of bytecode
 LAYOUT_ROWS = 1000  # temporaries a layout class initialises (about 30 bytes of its constructor each)
@@ -182,6 +182,9 @@ def plan_classes(
             method("/** The step separates into pre and post: it accumulates micro-batches. */",
                    "@Override\n  protected boolean accumulates()", ["return true;"]),
         ]  # fmt: skip
+    if any(s.op == "allreduce_start" and s.a["kind"] == STATS for s in train.graph.stmts):
+        steps.append(method("/** Batch norm's statistics are summed over the ranks in the step (sync_batch_norm). */",
+                            "@Override\n  protected boolean syncsBatchNorm()", ["return true;"]))  # fmt: skip
     terms = [(n.removeprefix("loss:"), v) for n, v in train.graph.outputs if n.startswith("loss:")]
     if terms:  # the named terms of a loss of several (`loss = rec + 0.5 * kl`), reported beside it
         names = ", ".join(f'"{n}"' for n, _ in terms)
