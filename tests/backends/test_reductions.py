@@ -24,7 +24,7 @@ from deepdsl.passes.pipeline import kernels as kernel_count
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cuda_emulator import emulate, run_launch  # noqa: E402
-from test_cuda_emit import _values, check_launches  # noqa: E402
+from test_cuda_emit import _values, check_launches, needs_compiler  # noqa: E402
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to run the kernels on the CPU")
 
@@ -463,3 +463,19 @@ def test_sums_of_every_shape_split_and_agree(tmp_path: Path) -> None:
             assert out.tobytes() == again[r].tobytes()
             want = env[r]
             np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max(initial=1)))
+
+
+@needs_compiler
+def test_nvrtc_compiles_the_one_launch_pass_with_its_counter_zero_at_module_load(bn_plan) -> None:  # noqa: ANN001
+    """NVRTC compiles the split passes; the PTX declares the block counter without an initialiser, which PTX's rules
+    zero when the module loads (the CUDA module's zero, on both CUDA devices: they load this unit), and each split
+    pass counts its blocks with a global atomic increment after a fence and reads the partial sums past L1."""
+    from deepdsl.backends.cuda import nvrtc
+
+    prog = kernels.program(bn_plan)
+    text = nvrtc.ptx(prog.source, "sm_90")
+    assert re.search(r"^\.global \.align 4 \.u32 dd_pass_count;$", text, re.M), "the counter: a zeroed .global"
+    for x in _split_launches(prog):
+        body = text[text.index(f".entry {x.kernel}(") :]
+        body = body[: body.index("\n}\n")]
+        assert "atom.global.inc.u32" in body and "membar.gl" in body and "ld.global.cg.f64" in body, x.kernel
