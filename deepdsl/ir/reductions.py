@@ -5,13 +5,18 @@ A statement whose body is one sum over a range (`channel_sum`, `channel_mean`, `
 for a stem's 64 channels on a GPU of 132 multiprocessors. Here such a sum is split: its first variable (the batch
 `n`, outermost) and the rest (`h`, `w`, innermost, contiguous) are cut into `slices` pieces so that outputs x slices
 blocks fill the GPU (`TARGET_BLOCKS`, four blocks per multiprocessor of an H100/H200), each block adds its piece into
-a partial sum (in double) in scratch, and a finishing launch adds each output's partial sums in slice order: the
-same order, hence the same bits, every run. The scratch is the statement's workspace in the memory plan
-(memory/plan.py `workspace_need`), so that the planned arena is what the GPU uses.
+a partial sum (in double) in scratch, and in the same launch the last block to finish (the CUDA threadFenceReduction
+pattern: each block fences its partial sums, then counts itself done on a counter; the one that counts last) adds
+each output's partial sums in slice order: the same order, hence the same bits, every run, whichever block is last.
+A pass is ONE launch, split or not. The scratch is the statement's workspace in the memory plan (memory/plan.py
+`workspace_need`), so that the planned arena is what the GPU uses; the counter is not there (the arena's regions
+are reused by other buffers between passes, and by the other programs between steps, so it could not keep its zero):
+it is one counter of the CUDA module (backends/cuda/library.cu `dd_pass_count`), zero when the module loads, wrapped
+back to zero by each pass's last block.
 
 Reductions over the same range run as one pass (`reduction_groups`): a batch norm's channel mean and variance (the
 sum and the sum of squares, in double, so one pass is exact enough: var = E[x^2] - mean^2) with the two running
-statistics' updates in the finishing launch; and adjacent sums over the same range that do not read each other
+statistics' updates done by the last block; and adjacent sums over the same range that do not read each other
 (batch norm's dgamma = sum(g * xhat) and dbeta = sum(g)).
 
 This is the rule on the program alone (the kernel counts of `deepdsl ir --stats` use it); the CUDA program
@@ -125,7 +130,7 @@ def sum_form(s: Stmt) -> SumForm | None:
 
 
 def scratch_bytes(s: Stmt) -> int:
-    """The partial sums a split reduction keeps between its two launches (0: it is not split)."""
+    """The partial sums a split reduction's blocks leave for its last block (0: it is not split)."""
     f = sum_form(s)
     return f.split.scratch_bytes if f is not None else 0
 
@@ -136,7 +141,7 @@ def scratch_bytes(s: Stmt) -> int:
 @dataclass(frozen=True)
 class ReductionGroup:
     """Statements one pass computes: `sums` (each a SumForm over the same range), `updates` per-element statements
-    folded into the finishing launch (the running statistics, batch norm's inverse deviation `bn_invstd`), and
+    folded into its finishing work (the running statistics, batch norm's inverse deviation `bn_invstd`), and
     `moments`:
     a (mean, variance) pair of positions whose variance is computed in the same pass as its mean (its sum of
     squares, not of squared deviations from the mean)."""
@@ -149,11 +154,6 @@ class ReductionGroup:
     @property
     def split(self) -> Split:
         return self.sums[0].split
-
-    @property
-    def launches(self) -> int:
-        """The partial sums and the finishing launch, or one launch where one slice covers the range."""
-        return 2 if self.split.slices > 1 else 1
 
 
 def _same_range(a: SumForm, b: SumForm) -> bool:
@@ -201,7 +201,7 @@ def reduction_group(stmts: Sequence[Stmt]) -> ReductionGroup | None:
     shape = tuple(n for _, n in sums[0].out)
     if any(u.op == "bn_invstd" and (u.out.type.shape != shape or u.inputs[0].type.shape != shape) for u, _ in updates):
         return None
-    # a statement of the pass reads no per-element result of it (the finishing launch writes those last)
+    # a statement of the pass reads no per-element result of it (the pass writes those last)
     late = {u.out.name for u, _ in updates}
     if any(v.name in late for s in stmts for v in s.inputs):
         return None
@@ -223,12 +223,6 @@ def reduction_groups(groups: Sequence[tuple[Stmt, ...]]) -> list[tuple[Stmt, ...
                 continue
         out.append(group)
     return out
-
-
-def launches(group: tuple[Stmt, ...]) -> int:
-    """The launches of one kernel group on a CUDA device: a split reduction's (or one pass's) two, else one."""
-    g = reduction_group(group) if len(group) > 1 or sum_form(group[0]) is not None else None
-    return g.launches if g is not None else 1
 
 
 def group_spans(stmts: Sequence[Stmt], groups: Sequence[tuple[Stmt, ...]]) -> dict[str, tuple[int, int]]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from deepdsl.ir import REGISTRY, Graph
 from deepdsl.ir.groups import kernel_groups
 from deepdsl.ir.launches import launch_groups
-from deepdsl.ir.reductions import launches, reduction_groups
+from deepdsl.ir.reductions import reduction_groups
 from deepdsl.ir.verify import check_graph
 from deepdsl.passes.cse import cse
 from deepdsl.passes.data_parallel import Bucketing, data_parallel
@@ -62,12 +62,10 @@ class PassStat:
 def kernels(g: Graph) -> int:
     """Launches on a device: every statement except views (a fused statement is one kernel), adjacent element-wise
     statements that one loop computes (ir/groups.py) counted once, reductions one pass computes (ir/reductions.py)
-    counted as their launches: two (partial sums, finish) where the range is split over blocks, else one; and the
-    optimiser's updates that one multi-tensor launch computes (ir/launches.py) counted once."""
-    launches_ = launch_groups(reduction_groups(kernel_groups(g.stmts)))
-    return sum(
-        launches(launch[0]) if len(launch) == 1 else 1 for launch in launches_ if not REGISTRY[launch[0][0].op].view
-    )
+    counted once (one launch, split over blocks or not: its last block finishes), and the optimiser's updates that
+    one multi-tensor launch computes (ir/launches.py) counted once."""
+    launches = launch_groups(reduction_groups(kernel_groups(g.stmts)))
+    return sum(1 for launch in launches if not REGISTRY[launch[0][0].op].view)
 
 
 def run_pipeline(

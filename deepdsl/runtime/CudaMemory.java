@@ -398,22 +398,16 @@ abstract class CudaMemory implements Device {
   }
 
   /**
-   * A reduction pass: its partial sums on a 2-D grid into the pass's scratch of the arena, then the finishing
-   * launch adding them in slice order (or the one launch of a pass one slice covers), the kernels and launch
-   * shapes the PyCUDA runner uses.
+   * A reduction pass: one launch, its partial sums on a 2-D grid into the pass's scratch of the arena and the last
+   * block to finish adding them in slice order (or each block its outputs, where one slice covers the range), the
+   * kernel and launch shape the PyCUDA runner uses; the buffers in the kernel's order.
    */
   @Override
   public boolean pass(ReductionPass p, Buf... args) {
-    Buf[] results = ReductionPass.part(args, 0, p.results);
-    Buf[] partials = ReductionPass.part(args, p.results, p.partials);
-    Buf[] inputs = ReductionPass.part(args, p.results + p.partials, p.inputs);
-    Buf[] running = ReductionPass.part(args, p.results + p.partials + p.inputs, p.running);
-    if (p.finish == null) {
-      launch(p.kernel, p.grid, p.block, ReductionPass.join(results, inputs, running));
-      return true;
+    if (args.length != p.buffers()) {
+      throw new IllegalArgumentException(p + " takes " + p.buffers() + " buffers, not " + args.length);
     }
-    launch(p.kernel, p.grid, p.block, ReductionPass.join(results, partials, inputs));
-    launch(p.finish, p.finishGrid, p.finishBlock, ReductionPass.join(results, partials, running));
+    launch(p.kernel, p.grid, p.block, args);
     return true;
   }
 

@@ -44,6 +44,37 @@ static inline float __int_as_float(unsigned int i) { float f; std::memcpy(&f, &i
 static inline float __uint_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline unsigned int __float_as_uint(float f) { unsigned int i; std::memcpy(&i, &f, 4); return i; }
 struct alignas(16) float4 { float x, y, z, w; };  // CUDA's vector type, as the vectorised element-wise kernels use it
+// atomics and fences as one CPU thread runs a launch's blocks (one after another): each atomic is its
+// read-modify-write, with CUDA's meaning (atomicInc wraps to 0 past `limit`); a fence orders no more than the program
+static inline unsigned int atomicInc(unsigned int* p, unsigned int limit) {
+    unsigned int old = *p; *p = old >= limit ? 0u : old + 1u; return old;
+}
+static inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
+    unsigned int old = *p; *p = old + v; return old;
+}
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+template <class T> static inline T __ldcg(const T* p) { return *p; }  // a load that skips L1: a load here
+
+// the order a launch runs its blocks in (`dd_set_block_order`): 0 in order (x fastest), 1 reversed, any other value
+// a shuffle seeded by it; a kernel may assume no order of its blocks, and a test runs it in several
+static int dd_order = 0;
+extern "C" void dd_set_block_order(int order) { dd_order = order; }
+static std::vector<int> dd_blocks(int n) {
+    std::vector<int> out(n);
+    for (int k = 0; k < n; k++) out[k] = dd_order == 1 ? n - 1 - k : k;
+    if (dd_order > 1) {
+        unsigned long long s = (unsigned long long) dd_order * 6364136223846793005ULL + 1442695040888963407ULL;
+        for (int k = n - 1; k > 0; k--) {
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            int j = (int) ((s >> 33) % (unsigned long long) (k + 1));
+            int t = out[k]; out[k] = out[j]; out[j] = t;
+        }
+    }
+    return out;
+}
+static void dd_block_at(int b, int gx, int gy) {
+    blockIdx.x = b % gx; blockIdx.y = b / gx % gy; blockIdx.z = b / gx / gy;
+}
 
 // A block's threads are fibers, each on its own stack, switched with _setjmp/_longjmp: unlike swapcontext these
 // save no signal mask, so a switch is no system call (a GEMM's tiles switch millions of times per step).
@@ -102,8 +133,8 @@ static void dd_fiber_main() {
 static void dd_launch_plain(int gx, int gy, int gz, int bx, int by, void (*body)(), void** args) {
     gridDim.x = gx; gridDim.y = gy; gridDim.z = gz; blockDim.x = bx; blockDim.y = by; blockDim.z = 1;
     dd_threads = bx * by; a = args;
-    for (int z = 0; z < gz; z++) for (int y = 0; y < gy; y++) for (int x = 0; x < gx; x++) {
-        blockIdx.x = x; blockIdx.y = y; blockIdx.z = z;
+    for (int b : dd_blocks(gx * gy * gz)) {
+        dd_block_at(b, gx, gy);
         for (int t = 0; t < dd_threads; t++) { dd_enter(t); body(); }
     }
 }
@@ -112,8 +143,8 @@ static void dd_launch(int gx, int gy, int gz, int bx, int by, void (*body)(), vo
     dd_threads = bx * by; dd_body = body; a = args;
     dd_fibers.resize(dd_threads); dd_lanes.resize(dd_threads);
     for (dd_fiber& f : dd_fibers) f.stack.resize(1 << 16);
-    for (int z = 0; z < gz; z++) for (int y = 0; y < gy; y++) for (int x = 0; x < gx; x++) {
-        blockIdx.x = x; blockIdx.y = y; blockIdx.z = z;
+    for (int b : dd_blocks(gx * gy * gz)) {
+        dd_block_at(b, gx, gy);
         for (dd_fiber& f : dd_fibers) f.done = f.started = false;
         if (!_setjmp(dd_main)) dd_resume(0);
     }

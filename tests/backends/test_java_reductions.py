@@ -1,10 +1,10 @@
 """The Java program's CUDA device runs the large reductions as the PyCUDA runner does (ir/reductions.py): each pass
 (a batch norm's mean and variance with its running statistics, dgamma with dbeta and the inverse deviation, a bias
-gradient) one `dev.pass` call launching the same generated kernels on the same grid, the partial sums in the pass's
-workspace of the plan, then the finishing launch; the CPU device runs the statements' own code. Run on the stand-in
-driver (fake_libcuda.c), whose kernels are the program's own .cu compiled for the CPU (cuda_emulator.py), which logs
-every launch by name ($FAKE_CUDA_LAUNCH_LOG): so a step's launches are counted and compared with the PyCUDA
-runner's and with `deepdsl ir --stats`."""
+gradient) one `dev.pass` call launching the same generated kernel on the same grid, once: the partial sums in the
+pass's workspace of the plan, added up by the last block to finish; the CPU device runs the statements' own code.
+Run on the stand-in driver (fake_libcuda.c), whose kernels are the program's own .cu compiled for the CPU
+(cuda_emulator.py), which logs every launch by name ($FAKE_CUDA_LAUNCH_LOG): so a step's launches are counted and
+compared with the PyCUDA runner's and with `deepdsl ir --stats`."""
 
 from __future__ import annotations
 
@@ -83,12 +83,13 @@ def resbn(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _cuda(folder: Path, *args: str, log: Path | None = None) -> dict:
+def _cuda(folder: Path, *args: str, log: Path | None = None, watch: dict | None = None) -> dict:
     env = {
         **os.environ,
         "LD_LIBRARY_PATH": str(folder / "fake"),
         "DEEPDSL_FAKE_CUDA_KERNELS": str(folder / "ResBn" / "emulated.so"),
         **({"FAKE_CUDA_LAUNCH_LOG": str(log)} if log else {}),
+        **(watch or {}),
     }
     cp = f"{folder / 'build'}:{folder / 'src'}:{jcuda_jars()}/*"
     cache = f"-Dorg.bytedeco.javacpp.cachedir={folder / 'javacpp'}"
@@ -101,9 +102,7 @@ def _cuda(folder: Path, *args: str, log: Path | None = None) -> dict:
 def _passes(folder: Path) -> set[str]:
     """The kernels of the ReductionPass constants of the generated class."""
     text = (folder / "src" / "ResBn.java").read_text()
-    return set(re.findall(r'ReductionPass\.(?:split|direct)\(\s*"(\w+)"', text)) | set(
-        re.findall(r'"(\w+_finish)"', text)
-    )
+    return set(re.findall(r'ReductionPass\.(?:split|direct)\(\s*"(\w+)"', text))
 
 
 @pytest.mark.slow  # the slow tier: the default suite's four-minute budget
@@ -134,8 +133,7 @@ def test_the_cuda_device_runs_the_split_passes_and_gives_the_cpu_devices_losses(
     # once in each of the two steps that launch (the first, and the second, captured; the third replays the graph)
     assert launched["channelMean"] == launched["channelVar"] == 0, launched
     prog = kernels.program(api.build(api.compile_source(RESBN, "resbn.ddsl").program).train_plan)
-    alone = [x for x in prog.launches
-             if x.op == "channel_sum" and x.loop != "split" and not x.kernel.endswith("_finish")]  # fmt: skip
+    alone = [x for x in prog.launches if x.op == "channel_sum" and x.loop != "split"]
     assert launched["channelSum"] == 2 * len(alone) == 2, (launched, alone)
 
 
@@ -145,8 +143,11 @@ def test_the_cuda_devices_launches_a_step_are_the_pycuda_runners_and_ir_stats(re
     launched = log.read_text().split()
     build = api.build(api.compile_source(RESBN, "resbn.ddsl").program)
     prog = kernels.program(build.train_plan)
-    # the reduction passes' launches; a split-K filter gradient's finishing launch (`finishes`) is the conv's own
-    split = [x for x in prog.launches if x.loop == "split" or (x.kernel.endswith("_finish") and not x.finishes)]
+    # the reduction passes' launches: one a pass, split ones too (a split-K filter gradient's finishing launch,
+    # `finishes`, is the convolution's own, not a pass's)
+    split = [x for x in prog.launches if x.loop == "split"]
+    assert any(x.grid[1] > 1 for x in split)
+    assert not [x for x in prog.launches if x.kernel.endswith("_finish") and not x.finishes]
     passes = _passes(resbn)
     assert sum(k in passes for k in launched) == len(split) > 0
     # the whole step: as many launches as the PyCUDA runner's program; `ir --stats` counts them too, but
@@ -157,11 +158,12 @@ def test_the_cuda_devices_launches_a_step_are_the_pycuda_runners_and_ir_stats(re
     assert len(launched) == len(prog.launches) == kernel_count(build.train_plan.graph) + epilogues
 
 
-def _pass_launches(java_text: str, calls: str) -> int:
-    """The launches of the `dev.pass` calls in `calls` on a CUDA device: two for a split pass, one for a direct one
+def _pass_launches(java_text: str, calls: str) -> tuple[int, int]:
+    """The `dev.pass` calls in `calls` (a launch each on a CUDA device, split or not) and how many of them are split
     (as the class's constants say)."""
     kinds = dict(re.findall(r"static final ReductionPass (\w+) =\s*ReductionPass\.(split|direct)\(", java_text))
-    return sum(2 if kinds[c] == "split" else 1 for c in re.findall(r"dev\.pass\((\w+),", calls))
+    called = re.findall(r"dev\.pass\((\w+),", calls)
+    return len(called), sum(kinds[c] == "split" for c in called)
 
 
 @pytest.mark.parametrize("limit", [None, 0])
@@ -177,9 +179,34 @@ def test_the_classs_pass_calls_launch_what_the_pycuda_runners_passes_do(network:
     source = RESBN if network == "resbn" else (ROOT / "networks" / "lenet.ddsl").read_text()
     b = api.build(api.compile_source(source, f"{network}.ddsl").program, Options(workspace_limit=limit))
     prog = kernels.program(b.train_plan)
-    passes = [x for x in prog.launches if x.loop == "split" or (x.kernel.endswith("_finish") and not x.finishes)]
+    passes = [x for x in prog.launches if x.loop == "split"]
     text = java_program(b.program, b.train_plan, b.infer_plan, b.eval_plan or b.train_plan, limit or 0).java
     training = text[text.index("private final class Training") :]
     training = training[: training.index("\n  }\n")]
-    assert _pass_launches(text, training) == len(passes)
+    assert _pass_launches(text, training) == (len(passes), sum(x.grid[1] > 1 for x in passes))
     assert ("ReductionPass.split(" in text) == (limit is None)
+    assert not re.search(r"ReductionPass\.(split|direct)\([^;]*_finish", text)  # no finishing kernel: one launch
+
+
+@pytest.mark.slow  # two runs of four steps with the own convolutions on the emulator: ~20 s
+def test_the_split_passes_replayed_in_a_graph_give_the_steps_call_for_call_bits(resbn: Path) -> None:
+    """Four training steps on the CUDA device: the first call for call, the second captured, steps 2-4 graph launches
+    (three), against four steps under --no-graph: the same losses and parameters bit for bit. Each split pass's last
+    block wraps the module's block counter back to zero (library.cu `dd_last_block`), so the replays start from the
+    zero it was loaded with; a counter left behind would leave a replayed pass's results unwritten."""
+    counts = resbn / "graph.launches"
+    runs = {}
+    for name, flags in (("on", ()), ("off", ("--no-graph",))):
+        save = resbn / f"replay_{name}.npz"
+        runs[name] = _cuda(resbn, "--iters", "4", "--save", str(save), *flags, log=None,
+                           watch={"FAKE_CUDA_GRAPH_LAUNCHES": str(counts)})  # fmt: skip
+        runs[name]["arrays"] = dict(np.load(save))
+        runs[name]["graph_launches"] = int(counts.read_text().split()[0])
+    assert runs["on"]["gpu_graph"] == "on" and runs["on"]["graph_launches"] == 3
+    assert runs["off"]["graph_launches"] == 0
+    assert np.isfinite(runs["on"]["losses"]).all()
+    assert runs["on"]["losses"] == runs["off"]["losses"]
+    on, off = runs["on"]["arrays"], runs["off"]["arrays"]
+    assert on.keys() == off.keys() and on
+    for k in on:
+        assert on[k].tobytes() == off[k].tobytes(), k

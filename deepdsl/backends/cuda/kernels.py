@@ -9,9 +9,11 @@ block per output element instead, its threads sharing the reduction through `dd_
 A large sum (ir/reductions.py: batch-norm statistics, dgamma and dbeta, bias gradients, sums over the batch) is
 split over blocks instead: a 2-D grid (blockIdx.y a piece of the range: batch rows outer, the rest inner and
 contiguous, no division per element, the inner loop unrolled), partial sums in double in the statement's planned
-workspace, then a finishing launch adding them in slice order (the same bits every run); reductions over the same
-range run in one such pass (a batch norm's mean and variance, its sum and sum of squares, with the running
-statistics' updates in the finishing launch; dgamma with dbeta).
+workspace, and in the same launch the last block to finish (library.cu `dd_last_block`: a fence, then a count on a
+counter of the module) adds each output's partial sums in slice order (the same bits every run, whichever block is
+last) and writes the results; reductions over the same range run in one such pass (a batch norm's mean and
+variance, its sum and sum of squares, with the running statistics' updates done by that last block; dgamma with
+dbeta).
 The other ops call a hand-written function of library.cu with the statement's shapes as constants: their
 registry entries' `cuda` field (ops.py), as the shape ops' `cuda_form` is their index expression here.
 
@@ -75,7 +77,7 @@ MAX_STATIC_SMEM = 48 * 1024
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 BLOCK_SMEM = 32 * 4  # dd_block_sum / dd_block_max: one float per warp
 GEMM_SMEM = 2 * TILE_K * (TILE_M + 4 + TILE_N + 4) * 4  # dd_tiled's two buffers of A's and B's tiles (padded rows)
-SPLIT_SMEM = 1024 * 8  # dd_block_sum_double: one double per thread
+SPLIT_SMEM = 1024 * 8 + 4  # dd_block_sum_double: one double per thread; dd_last_block: its flag (a bool, padded)
 
 
 @dataclass(frozen=True)
@@ -596,20 +598,18 @@ TOTAL = 100000  # input numbers from here on stand for a sum's total, held in a 
 
 
 @dataclass(frozen=True)
-class PassKernels:
-    """The kernels of one pass (ir/reductions.py): the partial sums and the finishing launch, or one kernel where
-    one slice covers the range."""
+class PassKernel:
+    """The one kernel of a pass (ir/reductions.py), split over blocks or not."""
 
-    partial: Kernel
-    finish: Kernel | None
-    inputs: tuple[Value, ...]  # what the partial kernel reads after its outputs (or scratch)
+    kernel: Kernel
+    split: bool  # partial sums in scratch, the last block to finish adding them up (else one block an output)
+    inputs: tuple[Value, ...]  # what the kernel reads after its outputs (and scratch)
 
 
-def pass_kernels(name: str, rg: ReductionGroup, comments: tuple[str, ...]) -> PassKernels:
-    """The kernels of `rg`: see the module docstring. The partial kernel's arguments: every result (the sums', then
-    the running updates'; written by this kernel only where no finishing launch follows), then with a finishing
-    launch one double array of `slices x numel` partial sums per sum, then the inputs, then without one the
-    running statistics. The finishing kernel's: every result, the partial sums, the running statistics."""
+def pass_kernels(name: str, rg: ReductionGroup, comments: tuple[str, ...]) -> PassKernel:
+    """The kernel of `rg`: see the module docstring. Its arguments: every result (the sums', then the per-element
+    statements'), then where the range is split one double array of `slices x numel` partial sums per sum, then the
+    inputs, then the inputs of the per-element statements (the running statistics)."""
     split = rg.split
     numel = split.numel
     first = rg.sums[0]
@@ -664,7 +664,7 @@ def pass_kernels(name: str, rg: ReductionGroup, comments: tuple[str, ...]) -> Pa
     parts = [f"double* part{k}" for k in range(len(rg.sums))]
     ins = [f"const {t}* in{k}" for k, t in enumerate(ctypes)]
     running = [f"const float* run{u}" for u in range(len(rg.updates))]
-    params = results + ins + running if direct else results + parts + ins  # the results first, as every launch
+    params = results + ([] if direct else parts) + ins + running  # the results first, as every launch
     lines.append(f'extern "C" __global__ void {name}({", ".join(params)}) {{')
     if split.inner > 1:
         lines.append(f"  const int yo = blockIdx.y / {split.inner}, yi = blockIdx.y % {split.inner};")
@@ -730,24 +730,21 @@ def pass_kernels(name: str, rg: ReductionGroup, comments: tuple[str, ...]) -> Pa
         lines.append("    if (threadIdx.x == 0) {")
         lines += [f"      part{k}[blockIdx.y * {numel} + e] = {a};" for k, a in enumerate(accs)]
         lines.append("    }")
-    lines += ["  }", "}"]
+    lines.append("  }")
+    if not direct:  # the last block to finish: each output's partial sums in slice order, its threads over outputs
+        lines.append("  if (dd_last_block()) {")
+        lines.append(f"    for (int e = threadIdx.x; e < {numel}; e += blockDim.x) {{")
+        for k in range(len(rg.sums)):
+            lines.append(f"      double t{k} = 0.0;")
+            lines.append(f"      for (int y = 0; y < {split.slices}; y++) t{k} += __ldcg(&part{k}[y * {numel} + e]);")
+        lines += _finish_lines(rg, [f"t{k}" for k in range(len(rg.sums))], "      ", True)
+        lines += ["    }", "  }"]
+    lines.append("}")
     piece = -(-n_rest // split.inner) if rest else -(-n0 // split.outer)  # the values a block's threads share
     block = min(THREADS, max(32, 1 << (piece - 1).bit_length()))  # a power of two (dd_block_sum_double)
-    partial = Kernel("\n".join(lines), (_grid_for(numel, 1), split.slices, 1), (block, 1, 1), SPLIT_SMEM, numel,
-                     "split")  # fmt: skip
-    if direct:
-        return PassKernels(partial, None, tuple(inputs))
-    fl = [f"// {c_comment(line)}" for line in (f"finishes {name}: the partial sums in slice order", *comments)]
-    fparams = results + [f"const double* part{k}" for k in range(len(rg.sums))] + running
-    fl.append(f'extern "C" __global__ void {name}_finish({", ".join(fparams)}) {{')
-    fl.append(f"  DD_GRID_STRIDE(e, {numel}) {{")
-    for k in range(len(rg.sums)):
-        fl.append(f"    double t{k} = 0.0;")
-        fl.append(f"    for (int y = 0; y < {split.slices}; y++) t{k} += part{k}[y * {numel} + e];")
-    fl += _finish_lines(rg, [f"t{k}" for k in range(len(rg.sums))], "    ", True)
-    fl += ["  }", "}"]
-    fin = Kernel("\n".join(fl), (_grid_for(numel, BLOCK), 1, 1), (BLOCK, 1, 1), 0, numel, "grid-stride")
-    return PassKernels(partial, fin, tuple(inputs))
+    kernel = Kernel("\n".join(lines), (_grid_for(numel, 1), split.slices, 1), (block, 1, 1), SPLIT_SMEM, numel,
+                    "split")  # fmt: skip
+    return PassKernel(kernel, not direct, tuple(inputs))
 
 
 def _finish_lines(rg: ReductionGroup, totals: list[str], indent: str, write: bool) -> list[str]:
@@ -921,23 +918,13 @@ class _Program:
         running = [u.inputs[0].name for u, _ in rg.updates]  # a state tensor, or the input of an inverse deviation
         ins = [v.name for v in k.inputs]
         in_types = [_ctype(v.type.dtype) for v in k.inputs]
-        also = tuple(results[1:])  # in the order of the kernels' outputs
-        if k.finish is None:
-            values = (*results, *ins, *running)
-            ctypes = ("float",) * len(results) + (*in_types,) + ("float",) * len(running)
-            self.add(head, name, k.partial, values, ctypes, also)
-            return True
+        also = tuple(results[1:])  # in the order of the kernel's outputs
         outs = tuple(self.arg(v, "float") for v in results)
-        self.add(head, name, k.partial, (), (), also)
-        self._pass_args((*outs, *scratch, *(self.arg(v, t) for v, t in zip(ins, in_types))))
-        self.add(head, f"{name}_finish", k.finish, (), (), also)
-        self._pass_args((*outs, *scratch, *(self.arg(v, "float") for v in running)))
+        reads = (*(self.arg(v, t) for v, t in zip(ins, in_types)), *(self.arg(v, "float") for v in running))
+        self.add(head, name, k.kernel, (), (), also)
+        # the results, the partial sums (split passes), the inputs, the running statistics; no vendor routine serves it
+        self.launches[-1] = dataclasses.replace(self.launches[-1], smem=0, args=(*outs, *scratch, *reads), vendor=None)
         return True
-
-    def _pass_args(self, args: tuple[Arg, ...]) -> None:
-        """The last launch (a pass's partial sums or its finish) with `args`: the results, the scratch and what it
-        reads; no vendor routine serves it."""
-        self.launches[-1] = dataclasses.replace(self.launches[-1], smem=0, args=args, vendor=None)
 
     def memory(self, values: tuple[str, ...], ctypes: tuple[str, ...]) -> tuple[tuple[bool, ...], bool]:
         """For a kernel writing values[0] from values[1:]: which of its pointers may be `__restrict__` (the output

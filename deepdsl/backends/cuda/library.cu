@@ -96,6 +96,30 @@ __device__ double dd_block_sum_double(double v) {
     return v;
 }
 
+// ---- a reduction split over blocks in one launch: the last block to finish adds the partial sums ----
+// (ir/reductions.py; CUDA's threadFenceReduction sample). Every block writes its partial sums, then counts itself
+// done on dd_pass_count; the block that counts last (it sees blocks - 1) adds every output's partial sums in slice
+// order and writes the results. The counter is zero when the module loads (its initialiser) and atomicInc wraps it
+// back to zero at the last block, so every pass, step and replay of a CUDA graph starts from zero. One counter
+// serves every pass of the module: our launches run one after another on one stream (a launch starts after the one
+// before it has finished, its last block's reset included), in a graph captured from that stream too.
+__device__ unsigned int dd_pass_count = 0;
+
+// Whether this block is the last of its launch to get here: called by every thread of every block after the block's
+// partial sums are written; true in the last block's threads, which may then read every block's partial sums.
+__device__ bool dd_last_block() {
+    __shared__ bool last;
+    __threadfence();  // this block's partial sums are visible to every block before it counts itself done
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
+        last = atomicInc(&dd_pass_count, blocks - 1) == blocks - 1;  // the last wraps the counter back to 0
+    }
+    __syncthreads();
+    if (last) __threadfence();  // as the sample: the other blocks' partial sums are read after the count
+    return last;
+}
+
 // ---- register-tiled GEMM core: C[row, col] = sum over k of A[row, k] B[k, col] for one block's tile ----
 // A block of 16x16 threads computes a DD_BM x DD_BN tile (64 rows by 128 columns), each thread 4 rows by 8 columns
 // in registers (columns tx*4.. and 64 + tx*4..), so that one k-step reads 3 float4 from shared memory for 32 FMAs.

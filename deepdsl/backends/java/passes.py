@@ -1,9 +1,10 @@
 """Large reductions on the Java program's CUDA device as on the PyCUDA runner (ir/reductions.py): the statements
 of one pass (a batch norm's channel mean and variance with its running statistics, dgamma with dbeta and the inverse
 deviation, a bias gradient alone) are one call `dev.pass(PASS, results..., partials..., inputs..., running...)` of
-a `ReductionPass` constant naming the kernels cuda/kernels.py `pass_kernels` writes (the same text, the same grid:
-partial sums in double over a 2-D grid into the pass's workspace of the plan, then the finishing launch in slice
-order). A device without them (the CPU) answers false and runs the statements' own calls, which follow the call:
+a `ReductionPass` constant naming the kernel cuda/kernels.py `pass_kernels` writes (the same text, the same grid: one
+launch, partial sums in double over a 2-D grid into the pass's workspace of the plan, the last block to finish adding
+them in slice order). A device without it (the CPU) answers false and runs the statements' own calls, which follow
+the call:
 
     if (!dev.pass(CHANNEL_MEAN_CHANNEL_VAR_PASS, bn1_mean, bn1_var, ..., bn1_mean_partials, ..., cv1_out, ...)) {
       dev.run(CHANNEL_MEAN, bn1_mean, cv1_out);
@@ -76,31 +77,28 @@ def _ints(xs: tuple[int, ...]) -> str:
 
 
 def pass_constant(e: Emitter, rg: ReductionGroup) -> tuple[str, tuple[Value, ...]]:
-    """The `ReductionPass` constant of `rg` (its kernels written to Name.cu once for every pass that reads the
-    same, as the PyCUDA runner writes them once) and the inputs its first kernel reads, in order."""
+    """The `ReductionPass` constant of `rg` (its kernel written to Name.cu once for every pass that reads the same,
+    as the PyCUDA runner writes it once) and the inputs its kernel reads, in order."""
     what = "_".join(f.stmt.a["ops"][-1] if f.stmt.op == "fused" and f.stmt.a.get("ops") else f.stmt.op
                     for f in rg.sums)  # fmt: skip
     probe = pass_kernels(_PLACEHOLDER, rg, ())
-    key = ("pass", _code(probe.partial.text), _code(probe.finish.text) if probe.finish else "")
+    key = ("pass", _code(probe.kernel.text))
     if key in e.kernels:
         return e.kernels[key], probe.inputs
     name = e.kernel_names(f"pass:{rg.stmts[0].out.name}:{len(e.kernels)}", camel(f"{what}_pass"))
     statements = tuple(format_stmt(s) for s in rg.stmts)
     k = pass_kernels(name, rg, statements)
-    e.cuda_text.append(k.partial.text)
+    e.cuda_text.append(k.kernel.text)
     const = e.namer(f"constant:{name}", "_".join(w.upper() for w in f"{what}_pass".split("_") if w))
-    counts = [len(rg.sums) + len(rg.updates), *([len(rg.sums)] if k.finish else []), len(k.inputs), len(rg.updates)]
-    grid, block = _ints(k.partial.grid), _ints(k.partial.block)
-    if k.finish is not None:
-        e.cuda_text.append(k.finish.text)
-        shape = f"{k.partial.grid[0]} x {k.partial.grid[1]} blocks of partial sums, then a finishing launch"
-        args = [f'"{name}"', grid, block, f'"{name}_finish"', _ints(k.finish.grid), _ints(k.finish.block)]
+    counts = [len(rg.sums) + len(rg.updates), *([len(rg.sums)] if k.split else []), len(k.inputs), len(rg.updates)]
+    args = [f'"{name}"', _ints(k.kernel.grid), _ints(k.kernel.block)]
+    if k.split:
+        shape = f"{k.kernel.grid[0]} x {k.kernel.grid[1]} blocks of partial sums, the last to finish adding them up"
         make = "ReductionPass.split"
     else:
-        shape = f"{k.partial.grid[0]} blocks, one launch"
-        args = [f'"{name}"', grid, block]
+        shape = f"{k.kernel.grid[0]} blocks"
         make = "ReductionPass.direct"
-    about = f"Reduction pass on the CUDA device ({shape})"
+    about = f"Reduction pass on the CUDA device, one launch ({shape})"
     one = f"  /** {java_comment(about)}: {java_comment(statements[0])} */"
     if len(statements) == 1 and len(one) <= 130:
         doc = [one]

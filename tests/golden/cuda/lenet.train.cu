@@ -164,16 +164,13 @@ extern "C" __global__ void channel_sum__cv2__v25(float* out0, double* part0, con
       part0[blockIdx.y * 50 + e] = a0;
     }
   }
-}
-
-// finishes channel_sum__cv2__v25: the partial sums in slice order
-// %25 = channel_sum(%24) : f32[50]  # lenet.ddsl:14:13 cv2
-extern "C" __global__ void channel_sum__cv2__v25_finish(float* out0, const double* part0) {
-  DD_GRID_STRIDE(e, 50) {
-    double t0 = 0.0;
-    for (int y = 0; y < 11; y++) t0 += part0[y * 50 + e];
-    const float r0 = ((float) t0);
-    out0[e] = r0;
+  if (dd_last_block()) {
+    for (int e = threadIdx.x; e < 50; e += blockDim.x) {
+      double t0 = 0.0;
+      for (int y = 0; y < 11; y++) t0 += __ldcg(&part0[y * 50 + e]);
+      const float r0 = ((float) t0);
+      out0[e] = r0;
+    }
   }
 }
 
@@ -217,16 +214,13 @@ extern "C" __global__ void channel_sum__cv1__v29(float* out0, double* part0, con
       part0[blockIdx.y * 20 + e] = a0;
     }
   }
-}
-
-// finishes channel_sum__cv1__v29: the partial sums in slice order
-// %29 = channel_sum(%28) : f32[20]  # lenet.ddsl:13:13 cv1
-extern "C" __global__ void channel_sum__cv1__v29_finish(float* out0, const double* part0) {
-  DD_GRID_STRIDE(e, 20) {
-    double t0 = 0.0;
-    for (int y = 0; y < 27; y++) t0 += part0[y * 20 + e];
-    const float r0 = ((float) t0);
-    out0[e] = r0;
+  if (dd_last_block()) {
+    for (int e = threadIdx.x; e < 20; e += blockDim.x) {
+      double t0 = 0.0;
+      for (int y = 0; y < 27; y++) t0 += __ldcg(&part0[y * 20 + e]);
+      const float r0 = ((float) t0);
+      out0[e] = r0;
+    }
   }
 }
 

@@ -251,7 +251,7 @@ public final class LeNet extends Network {
     }
   });
 
-  /** Reduction pass on the CUDA device (10 blocks, one launch): %16 = channel_sum(%15) : f32[10]  # lenet.ddsl:17:13 fc2 */
+  /** Reduction pass on the CUDA device, one launch (10 blocks): %16 = channel_sum(%15) : f32[10]  # lenet.ddsl:17:13 fc2 */
   static final ReductionPass CHANNEL_SUM_PASS = ReductionPass.direct("channelSumPass", new int[] {10, 1, 1},
       new int[] {64, 1, 1}, 1, 1, 0);
 
@@ -287,23 +287,23 @@ public final class LeNet extends Network {
     }
   });
 
-  /** Reduction pass on the CUDA device (500 blocks, one launch): %20 = channel_sum(%19) : f32[500]  # lenet.ddsl:16:13 fc1 */
+  /** Reduction pass on the CUDA device, one launch (500 blocks): %20 = channel_sum(%19) : f32[500]  # lenet.ddsl:16:13 fc1 */
   static final ReductionPass CHANNEL_SUM_PASS_2 = ReductionPass.direct("channelSumPass_2", new int[] {500, 1, 1},
       new int[] {64, 1, 1}, 1, 1, 0);
 
   /**
-   * Reduction pass on the CUDA device (50 x 11 blocks of partial sums, then a finishing launch):
+   * Reduction pass on the CUDA device, one launch (50 x 11 blocks of partial sums, the last to finish adding them up):
    *   %25 = channel_sum(%24) : f32[50]  # lenet.ddsl:14:13 cv2
    */
   static final ReductionPass CHANNEL_SUM_PASS_3 = ReductionPass.split("channelSumPass_3", new int[] {50, 11, 1},
-      new int[] {64, 1, 1}, "channelSumPass_3_finish", new int[] {1, 1, 1}, new int[] {256, 1, 1}, 1, 1, 1, 0);
+      new int[] {64, 1, 1}, 1, 1, 1, 0);
 
   /**
-   * Reduction pass on the CUDA device (20 x 27 blocks of partial sums, then a finishing launch):
+   * Reduction pass on the CUDA device, one launch (20 x 27 blocks of partial sums, the last to finish adding them up):
    *   %29 = channel_sum(%28) : f32[20]  # lenet.ddsl:13:13 cv1
    */
   static final ReductionPass CHANNEL_SUM_PASS_4 = ReductionPass.split("channelSumPass_4", new int[] {20, 27, 1},
-      new int[] {256, 1, 1}, "channelSumPass_4_finish", new int[] {1, 1, 1}, new int[] {256, 1, 1}, 1, 1, 1, 0);
+      new int[] {256, 1, 1}, 1, 1, 1, 0);
 
   /** out0[e] = (((in3[] * in0[e]) + in1[e]) + (in4[] * in2[e])); out1[e] = (in2[e] - (in5[] * out0[e])) */
   static final Kernel SGD_MOMENTUM_SGD_STEP = Kernel.group("sgdMomentumSgdStep", 2, 14, (out, in, lo, hi) -> {
