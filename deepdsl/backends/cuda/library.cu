@@ -800,3 +800,39 @@ __device__ void dd_random_uniform(float* __restrict__ out, const long long* __re
         out[e] = (float)(low + (high - low) * dd_sample_uniform_at(seed, e));
     }
 }
+
+// ---- one shard's draws of a data-parallel step (ops/collective.py, the *_at ops): element e of the shard is draw
+// first + e of the site's stream, first = offset[0] (the shard's first sample in the global batch) x the draws per
+// sample `per`, so the ranks and micro-batches together draw what one process with the whole batch draws ----
+
+__device__ void dd_dropout_mask_at(float* __restrict__ mask, const long long* __restrict__ step,
+                                   const long long* __restrict__ offset, int n, long long per,
+                                   unsigned long long stream, double p, float keep) {
+    unsigned long long seed = stream ^ ((unsigned long long)(step[0] + 1) * 0xD1B54A32D192ED03ull);
+    long long first = offset[0] * per;
+    DD_GRID_STRIDE(e, n) {
+        mask[e] = dd_sample_uniform_at(seed, first + e) >= p ? keep : 0.0f;
+    }
+}
+
+__device__ void dd_random_normal_at(float* __restrict__ out, const long long* __restrict__ step,
+                                    const long long* __restrict__ offset, int n, long long per,
+                                    unsigned long long stream) {
+    unsigned long long seed = stream ^ ((unsigned long long)(step[0] + 1) * 0xD1B54A32D192ED03ull);
+    long long first = offset[0] * per;
+    DD_GRID_STRIDE(e, n) {
+        double u1 = dd_sample_uniform_at(seed, 2 * (first + e));
+        double u2 = dd_sample_uniform_at(seed, 2 * (first + e) + 1);
+        out[e] = (float)(sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2));
+    }
+}
+
+__device__ void dd_random_uniform_at(float* __restrict__ out, const long long* __restrict__ step,
+                                     const long long* __restrict__ offset, int n, long long per,
+                                     unsigned long long stream, double low, double high) {
+    unsigned long long seed = stream ^ ((unsigned long long)(step[0] + 1) * 0xD1B54A32D192ED03ull);
+    long long first = offset[0] * per;
+    DD_GRID_STRIDE(e, n) {
+        out[e] = (float)(low + (high - low) * dd_sample_uniform_at(seed, first + e));
+    }
+}
