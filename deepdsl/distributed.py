@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.backends.cuda.nccl import NcclError, NcclReducer, exchange_id, load_nccl
+from deepdsl.backends.cuda.nccl import Deadline, Nccl, NcclError, NcclReducer, exchange_id, load_nccl
 from deepdsl.backends.cuda.runner import reducer_streams
 from deepdsl.backends.numpy_runner import RunResult, execute, param_value
 from deepdsl.errors import DslProgramError
@@ -435,6 +435,8 @@ class GpuComm(Comm):
         self.timeout, self.report = timeout, report
         self.reducer: NcclReducer | None = None
         self.memory: Any = None  # the driver: device memory for the start-up check
+        self.mpi: Any = None  # mpi4py's MPI, where NCCL's id goes through it
+        self.nccl: Nccl | None = None
 
     def connect(self, driver: Any, environ: MutableMapping[str, str] | None = None) -> NcclReducer | None:
         """NCCL's communicator of this rank on `driver`'s GPU (None for one rank): the library loaded, the id agreed
@@ -442,28 +444,49 @@ class GpuComm(Comm):
         if self.size == 1:
             return None
         environ = os.environ if environ is None else environ
+        nccl = self.nccl if self.nccl is not None else self.load()
         try:
-            nccl = load_nccl()
-            comm_id = environ.get("NCCL_COMM_ID") or self.world.nccl_comm_id
+            comm_id = self.rendezvous(environ)
             broadcast = None
-            if comm_id is None:  # an MPI launch: rank 0's id through MPI
-                mpi = load_mpi()
-                world = mpi.COMM_WORLD
-                if world.Get_size() != self.size or world.Get_rank() != self.rank:
-                    raise DistributedError(
-                        f"rank {self.rank} of {self.size} by {self.world.source}, but MPI sees rank "
-                        f"{world.Get_rank()} of {world.Get_size()}: without MPI, give NCCL its rendezvous with "
-                        "MASTER_ADDR and MASTER_PORT (or NCCL_COMM_ID)"
-                    )  # fmt: skip
+            if comm_id is None:
+                world = self.mpi.COMM_WORLD
                 broadcast = lambda raw: world.bcast(raw, root=0)  # noqa: E731
-            uid, how = exchange_id(nccl, self.rank, comm_id, broadcast, environ)
-            comm = nccl.communicator(self.size, self.rank, uid)
+            # NCCL's rendezvous blocks until every rank is there: a rank that never comes ends the run
+            with Deadline(self.timeout, self.report, f"rank {self.rank}: NCCL's rendezvous"):
+                uid, how = exchange_id(nccl, self.rank, comm_id, broadcast, environ)
+                comm = nccl.communicator(self.size, self.rank, uid)
         except NcclError as err:
-            raise DistributedError(f"rank {self.rank}: {err.message}") from None
+            raise DistributedError(f"rank {self.rank}: {err.message}", abort=True) from None
         self.reducer = NcclReducer(nccl, comm, self.rank, self.size, reducer_streams(driver), self.timeout,
                                    self.report, how)  # fmt: skip
         self.memory = driver
         return self.reducer
+
+    def load(self) -> Nccl:
+        """NCCL, loaded (a DistributedError naming what to install where it is missing or too old)."""
+        try:
+            self.nccl = load_nccl()
+        except NcclError as err:
+            raise DistributedError(f"rank {self.rank}: {err.message}") from None
+        return self.nccl
+
+    def rendezvous(self, environ: Mapping[str, str]) -> str | None:
+        """NCCL's rendezvous address: NCCL_COMM_ID, else MASTER_ADDR:(MASTER_PORT + 1); None: the id goes through
+        MPI."""
+        return environ.get("NCCL_COMM_ID") or self.world.nccl_comm_id
+
+    def start_mpi(self) -> None:
+        """An MPI launch without a rendezvous address (mpiexec): MPI started now, before the GPU is opened (MPI's
+        start waits for every rank, holding the interpreter: no watchdog could end it; a rank that fails after it
+        stops the others through MPI_Abort), its world checked against the launcher's."""
+        self.mpi = load_mpi()
+        world = self.mpi.COMM_WORLD
+        if world.Get_size() != self.size or world.Get_rank() != self.rank:
+            raise DistributedError(
+                f"rank {self.rank} of {self.size} by {self.world.source}, but MPI sees rank {world.Get_rank()} of "
+                f"{world.Get_size()}: without MPI, give NCCL its rendezvous with MASTER_ADDR and MASTER_PORT (or "
+                "NCCL_COMM_ID)"
+            )  # fmt: skip
 
     def allgather(self, value: tuple[int, int]) -> list[tuple[int, ...]]:
         assert self.reducer is not None
@@ -472,6 +495,8 @@ class GpuComm(Comm):
     def abort(self, code: int = 1) -> None:
         if self.reducer is not None:
             self.reducer.abort()
+        elif self.mpi is not None:  # before NCCL: the others wait in MPI or NCCL's rendezvous
+            self.mpi.COMM_WORLD.Abort(code)
 
     def close(self) -> None:
         if self.reducer is not None:
@@ -483,4 +508,9 @@ def open_gpu_session(world: World, micro_batches: int, timeout: float = DEFAULT_
     """The session of a rank on the PyCUDA runner (NCCL is connected when its GPU is open: GpuComm.connect)."""
     if micro_batches < 1:
         raise DistributedError(f"--micro-batches must be at least 1, got {micro_batches}")
-    return Session(world, micro_batches, GpuComm(world, timeout, report), timeout, parse_fault(fault))
+    comm = GpuComm(world, timeout, report)
+    if world.size > 1:
+        comm.load()  # before anything waits for the other ranks
+        if comm.rendezvous(os.environ) is None:
+            comm.start_mpi()
+    return Session(world, micro_batches, comm, timeout, parse_fault(fault))

@@ -18,7 +18,7 @@ from deepdsl.build import Build
 from deepdsl.checkpoint import check_writable, save_npz
 from deepdsl.data import parse_data_flag
 from deepdsl.data.named import Samples, fields_of, load_samples
-from deepdsl.distributed import GpuComm, MpiComm, Session, startup_check
+from deepdsl.distributed import DistributedError, GpuComm, MpiComm, Session, startup_check
 from deepdsl.errors import DslProgramError
 from deepdsl.frontend.builtins import FLOAT32_MAX  # a setting the kernels read as a float32 stays finite there
 from deepdsl.frontend.program import Program, Schedule
@@ -226,7 +226,10 @@ def run_training(
     if driver:
         gpu, description, note = driver, _given(driver), None
     elif session is not None and isinstance(session.comm, GpuComm):  # a data-parallel rank: its local rank's GPU
-        gpu, description, note = open_device(device, double, kernels, build.tf32, gpu=session.world.local_rank)
+        try:
+            gpu, description, note = open_device(device, double, kernels, build.tf32, gpu=session.world.local_rank)
+        except DslProgramError as err:  # the other ranks would wait for this one: stop them
+            raise DistributedError(f"rank {session.rank}: {err.message}", abort=session.world.size > 1) from None
     else:
         gpu, description, note = open_device(device, double, kernels, build.tf32)
     fallback = device == "auto" and driver is None  # a GPU that cannot take the program leaves it to the CPU
@@ -235,13 +238,9 @@ def run_training(
             build, gpu, description, iters, data_flag, load, save, double, report, fallback, note, graphs,
             replace_readonly, warn, session,
         )  # fmt: skip
-    except BaseException:
-        if session is not None and isinstance(session.comm, GpuComm):  # the others may wait on this rank: abort
-            session.comm.abort()
-        raise
-    finally:
         if session is not None and isinstance(session.comm, GpuComm):
-            session.comm.close()  # (before the GPU's context goes)
+            session.comm.close()  # NCCL's communicator before the GPU's context goes (a failure: the caller aborts)
+    finally:
         if gpu is not None:
             gpu.close()
     on_gpu = result.gpu_memory_bytes is not None

@@ -245,6 +245,28 @@ class NcclReducer:
             self.nccl.lib.ncclCommDestroy(comm)
 
 
+class Deadline:
+    """A watchdog for a blocking call that has no timeout of its own (the ranks' rendezvous, ncclCommInitRank):
+    where the block is not left within `seconds`, `report` says why and the process ends (exit 1)."""
+
+    def __init__(self, seconds: float, report: Callable[[str], None], what: str) -> None:
+        self.seconds, self.report, self.what = seconds, report, what
+        self.left = threading.Event()
+
+    def __enter__(self) -> Deadline:
+        threading.Thread(target=self._watch, name="deepdsl-nccl-deadline", daemon=True).start()
+        return self
+
+    def _watch(self) -> None:
+        if not self.left.wait(self.seconds):
+            self.report(f"{self.what} did not finish within {self.seconds:g} s (DEEPDSL_DP_TIMEOUT): another rank "
+                        "did not start, died or stalled")  # fmt: skip
+            os._exit(EXIT_FAILED)
+
+    def __exit__(self, *exc: object) -> None:
+        self.left.set()
+
+
 def exchange_id(nccl: Nccl, rank: int, comm_id: str | None, broadcast: Callable[[bytes | None], bytes] | None,
                 environ: Any) -> tuple[bytes, str]:  # fmt: skip
     """The id every rank's communicator is made from, and how it was agreed: NCCL's own rendezvous at
@@ -262,4 +284,4 @@ def exchange_id(nccl: Nccl, rank: int, comm_id: str | None, broadcast: Callable[
     return broadcast(nccl.unique_id() if rank == 0 else None), "the id broadcast through MPI"
 
 
-__all__ = ["INSTALL", "Nccl", "NcclError", "NcclReducer", "exchange_id", "load_nccl"]
+__all__ = ["INSTALL", "Deadline", "Nccl", "NcclError", "NcclReducer", "exchange_id", "load_nccl"]
