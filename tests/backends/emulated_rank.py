@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cuda_emulator import _record, EmulatedDriver  # noqa: E402
+from cuda_emulator import EmulatedDriver, _record  # noqa: E402
 
 from deepdsl import running  # noqa: E402
 from deepdsl.cli import main  # noqa: E402
