@@ -802,24 +802,21 @@ __device__ void dd_random_uniform(float* __restrict__ out, const long long* __re
 }
 
 // ---- one shard's draws of a data-parallel step (ops/collective.py, the *_at ops): element e of the shard is draw
-// first + e of the site's stream, first = offset[0] (the shard's first sample in the global batch) x the draws per
-// sample `per`, so the ranks and micro-batches together draw what one process with the whole batch draws ----
+// first + e of the site's stream, first = the shard's first sample in the global batch (its offset) x the draws per
+// sample, so the ranks and micro-batches together draw what one process with the whole batch draws. The PyCUDA
+// runner's kernels read the offset on the GPU (an input of the step); the Java CUDA device passes first by value ----
 
-__device__ void dd_dropout_mask_at(float* __restrict__ mask, const long long* __restrict__ step,
-                                   const long long* __restrict__ offset, int n, long long per,
-                                   unsigned long long stream, double p, float keep) {
+__device__ void dd_dropout_mask_at(float* __restrict__ mask, const long long* __restrict__ step, long long first,
+                                   int n, unsigned long long stream, double p, float keep) {
     unsigned long long seed = stream ^ ((unsigned long long)(step[0] + 1) * 0xD1B54A32D192ED03ull);
-    long long first = offset[0] * per;
     DD_GRID_STRIDE(e, n) {
         mask[e] = dd_sample_uniform_at(seed, first + e) >= p ? keep : 0.0f;
     }
 }
 
-__device__ void dd_random_normal_at(float* __restrict__ out, const long long* __restrict__ step,
-                                    const long long* __restrict__ offset, int n, long long per,
-                                    unsigned long long stream) {
+__device__ void dd_random_normal_at(float* __restrict__ out, const long long* __restrict__ step, long long first,
+                                    int n, unsigned long long stream) {
     unsigned long long seed = stream ^ ((unsigned long long)(step[0] + 1) * 0xD1B54A32D192ED03ull);
-    long long first = offset[0] * per;
     DD_GRID_STRIDE(e, n) {
         double u1 = dd_sample_uniform_at(seed, 2 * (first + e));
         double u2 = dd_sample_uniform_at(seed, 2 * (first + e) + 1);
@@ -827,11 +824,9 @@ __device__ void dd_random_normal_at(float* __restrict__ out, const long long* __
     }
 }
 
-__device__ void dd_random_uniform_at(float* __restrict__ out, const long long* __restrict__ step,
-                                     const long long* __restrict__ offset, int n, long long per,
-                                     unsigned long long stream, double low, double high) {
+__device__ void dd_random_uniform_at(float* __restrict__ out, const long long* __restrict__ step, long long first,
+                                     int n, unsigned long long stream, double low, double high) {
     unsigned long long seed = stream ^ ((unsigned long long)(step[0] + 1) * 0xD1B54A32D192ED03ull);
-    long long first = offset[0] * per;
     DD_GRID_STRIDE(e, n) {
         out[e] = (float)(low + (high - low) * dd_sample_uniform_at(seed, first + e));
     }

@@ -227,7 +227,7 @@ def _draws_at(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     else:
         stream = stream_seed(a["site"] + "#sample", a["seed"])
         extra = "" if s.op == "random_normal_at" else f", {float(a['low'])!r}, {float(a['high'])!r}"
-    call = f"dd_{s.op}(out, in0, in1, {n}, {per}LL, 0x{stream:016X}ull{extra})"
+    call = f"dd_{s.op}(out, in0, in1[0] * {per}LL, {n}, 0x{stream:016X}ull{extra})"
     return library_call(name, s, ct, "float", call, **elementwise_launch(n))
 
 
