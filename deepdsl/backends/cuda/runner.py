@@ -148,10 +148,12 @@ class GpuRunner:
             self._trial = (0, 0)
         # the reductions among the train step's calls, and the micro-batches' accumulators (deepdsl/distributed.py)
         self.parallel: ParallelStep | None = None
+        self.accumulator_bytes = 0
         if is_data_parallel(train.graph):
             self.parallel = ParallelStep(train, self.calls["train"], micro_batches, reducer)
-            if micro_batches > 1:
+            if micro_batches > 1:  # each bucket's sum over the micro-batches, beside the arena
                 self.parallel.accumulators = {b: driver.alloc(4 * x.count) for b, x in self.parallel.buckets.items()}
+                self.accumulator_bytes = sum(4 * x.count for x in self.parallel.buckets.values())
         elif reducer is not None or micro_batches > 1:
             raise DslProgramError("data-parallel training needs the program compiled with the data-parallel pass")
         self.set_arrays(arrays)
@@ -215,8 +217,10 @@ class GpuRunner:
     def planned_bytes(self) -> int:
         """What the runner allocates: the arena, every tensor (inputs, parameters, state, constants), the tables of the
         multi-tensor launches and cuDNN's shared scratch, where an algorithm wants more than its statement's planned
-        workspace."""
-        return self.arena_bytes + self.tensor_bytes + self.table_bytes + self.vendor_scratch_bytes
+        workspace; with micro-batches, each gradient bucket's accumulator."""
+        return (
+            self.arena_bytes + self.tensor_bytes + self.table_bytes + self.vendor_scratch_bytes + self.accumulator_bytes
+        )
 
     @property
     def measured_bytes(self) -> int:
