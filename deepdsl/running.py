@@ -144,7 +144,7 @@ def open_device(
     if double:
         raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
     try:
-        driver = PyCudaDriver(kernels, tf32=tf32, index=gpu)
+        driver = PyCudaDriver(kernels, tf32=tf32, **({"index": gpu} if gpu else {}))  # (GPU 0: the default)
     except DslProgramError as err:
         if device == "cuda" or isinstance(err, MissingLibrary):
             raise
