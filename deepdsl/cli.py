@@ -463,13 +463,17 @@ def run(
                                   buckets=_bucketing(world.size, micro_batches, bucket_mb))  # fmt: skip
     session = None
     if options.buckets is not None:
-        if device == "cuda":
-            raise distributed.DistributedError(
-                "data-parallel training and --micro-batches run on the NumPy runner "
-                "(--device cpu) or the compiled Java program, not yet on PyCUDA"
-            )
-        device = "cpu"
-        session = distributed.open_session(world, micro_batches, config.dp_timeout, config.dp_fault)
+        if device == "cuda":  # the PyCUDA runner: NCCL on the local rank's GPU (auto: the NumPy runner over MPI)
+
+            def report_failure(line: str) -> None:
+                click.echo(f"error: {line}", err=True)
+                sys.stderr.flush()
+
+            session = distributed.open_gpu_session(world, micro_batches, config.dp_timeout, config.dp_fault,
+                                                   report_failure)  # fmt: skip
+        else:
+            device = "cpu"
+            session = distributed.open_session(world, micro_batches, config.dp_timeout, config.dp_fault)
     lead = world.rank == 0  # rank 0 alone prints, writes --json and saves
     api.compile_file(file, sets, c=c)
     assert c.program is not None

@@ -24,12 +24,14 @@ import hashlib
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from deepdsl.backends.cuda.nccl import Deadline, Nccl, NcclError, NcclReducer, exchange_id, load_nccl
+from deepdsl.backends.cuda.runner import reducer_streams
 from deepdsl.backends.numpy_runner import RunResult, execute, param_value
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import Graph
@@ -328,9 +330,10 @@ def checksum(g: Graph, params: Mapping[str, np.ndarray]) -> int:
     return int.from_bytes(h.digest()[:8], "big") >> 1
 
 
-def startup_check(comm: MpiComm, g: Graph, params: Mapping[str, np.ndarray], what: str) -> list[int]:
+def startup_check(comm: MpiComm | GpuComm, g: Graph, params: Mapping[str, np.ndarray], what: str) -> list[int]:
     """Every rank's checksum of `g` and `params` compared; a DistributedError on every rank where any differs.
-    Returns every rank's process id (for the launcher's messages, which name a dead process by its id)."""
+    Returns every rank's process id (for the launcher's messages, which name a dead process by its id). On the GPU
+    the checksums travel through NCCL (GpuComm.allgather)."""
     mine = checksum(g, params)
     gathered = comm.allgather((mine, os.getpid()))
     every = [c for c, _ in gathered]
@@ -392,11 +395,11 @@ class Session:
         return [(self.world.rank * m + k) * batch for k in range(m)]
 
     def abort(self) -> None:
-        if isinstance(self.comm, MpiComm):
+        if isinstance(self.comm, (MpiComm, GpuComm)):
             self.comm.abort(1)
 
     def close(self) -> None:
-        if isinstance(self.comm, MpiComm):
+        if isinstance(self.comm, (MpiComm, GpuComm)):
             self.comm.close()
 
 
@@ -417,3 +420,99 @@ def open_session(world: World, micro_batches: int, timeout: float = DEFAULT_TIME
             "(torchrun starts processes without MPI)"
         )
     return Session(world, micro_batches, comm, timeout, parsed)
+
+
+# ---- on the GPU runner: NCCL ----
+
+
+class GpuComm(Comm):
+    """A rank's reductions on its GPU (the PyCUDA runner): NCCL's all-reduces on the GPU runner's streams
+    (backends/cuda/nccl.py), connected once the GPU is open (`connect`); one rank has none (its micro-batches are
+    summed on the GPU). `report` says why the watchdog stops the run (a rank that died or stalled) before it ends
+    the process."""
+
+    def __init__(self, world: World, timeout: float, report: Callable[[str], None]) -> None:
+        self.world = world
+        self.rank, self.size = world.rank, world.size
+        self.timeout, self.report = timeout, report
+        self.reducer: NcclReducer | None = None
+        self.memory: Any = None  # the driver: device memory for the start-up check
+        self.mpi: Any = None  # mpi4py's MPI, where NCCL's id goes through it
+        self.nccl: Nccl | None = None
+
+    def connect(self, driver: Any, environ: MutableMapping[str, str] | None = None) -> NcclReducer | None:
+        """NCCL's communicator of this rank on `driver`'s GPU (None for one rank): the library loaded, the id agreed
+        (NCCL_COMM_ID, or MASTER_ADDR:(MASTER_PORT + 1) set as it, else rank 0's through MPI), the ranks joined."""
+        if self.size == 1:
+            return None
+        environ = os.environ if environ is None else environ
+        nccl = self.nccl if self.nccl is not None else self.load()
+        try:
+            comm_id = self.rendezvous(environ)
+            broadcast = None
+            if comm_id is None:
+                world = self.mpi.COMM_WORLD
+                broadcast = lambda raw: world.bcast(raw, root=0)  # noqa: E731
+            # NCCL's rendezvous blocks until every rank is there: a rank that never comes ends the run
+            with Deadline(self.timeout, self.report, f"rank {self.rank}: NCCL's rendezvous"):
+                uid, how = exchange_id(nccl, self.rank, comm_id, broadcast, environ)
+                comm = nccl.communicator(self.size, self.rank, uid)
+        except NcclError as err:
+            raise DistributedError(f"rank {self.rank}: {err.message}", abort=True) from None
+        self.reducer = NcclReducer(nccl, comm, self.rank, self.size, reducer_streams(driver), self.timeout,
+                                   self.report, how)  # fmt: skip
+        self.memory = driver
+        return self.reducer
+
+    def load(self) -> Nccl:
+        """NCCL, loaded (a DistributedError naming what to install where it is missing or too old)."""
+        try:
+            self.nccl = load_nccl()
+        except NcclError as err:
+            raise DistributedError(f"rank {self.rank}: {err.message}") from None
+        return self.nccl
+
+    def rendezvous(self, environ: Mapping[str, str]) -> str | None:
+        """NCCL's rendezvous address: NCCL_COMM_ID, else MASTER_ADDR:(MASTER_PORT + 1); None: the id goes through
+        MPI."""
+        return environ.get("NCCL_COMM_ID") or self.world.nccl_comm_id
+
+    def start_mpi(self) -> None:
+        """An MPI launch without a rendezvous address (mpiexec): MPI started now, before the GPU is opened (MPI's
+        start waits for every rank, holding the interpreter: no watchdog could end it; a rank that fails after it
+        stops the others through MPI_Abort), its world checked against the launcher's."""
+        self.mpi = load_mpi()
+        world = self.mpi.COMM_WORLD
+        if world.Get_size() != self.size or world.Get_rank() != self.rank:
+            raise DistributedError(
+                f"rank {self.rank} of {self.size} by {self.world.source}, but MPI sees rank {world.Get_rank()} of "
+                f"{world.Get_size()}: without MPI, give NCCL its rendezvous with MASTER_ADDR and MASTER_PORT (or "
+                "NCCL_COMM_ID)"
+            )  # fmt: skip
+
+    def allgather(self, value: tuple[int, int]) -> list[tuple[int, ...]]:
+        assert self.reducer is not None
+        return self.reducer.gather(self.memory, value)
+
+    def abort(self, code: int = 1) -> None:
+        if self.reducer is not None:
+            self.reducer.abort()
+        elif self.mpi is not None:  # before NCCL: the others wait in MPI or NCCL's rendezvous
+            self.mpi.COMM_WORLD.Abort(code)
+
+    def close(self) -> None:
+        if self.reducer is not None:
+            self.reducer.close()
+
+
+def open_gpu_session(world: World, micro_batches: int, timeout: float = DEFAULT_TIMEOUT, fault: str | None = None,
+                     report: Callable[[str], None] = lambda line: None) -> Session:  # fmt: skip
+    """The session of a rank on the PyCUDA runner (NCCL is connected when its GPU is open: GpuComm.connect)."""
+    if micro_batches < 1:
+        raise DistributedError(f"--micro-batches must be at least 1, got {micro_batches}")
+    comm = GpuComm(world, timeout, report)
+    if world.size > 1:
+        comm.load()  # before anything waits for the other ranks
+        if comm.rendezvous(os.environ) is None:
+            comm.start_mpi()
+    return Session(world, micro_batches, comm, timeout, parse_fault(fault))

@@ -18,7 +18,7 @@ from deepdsl.build import Build
 from deepdsl.checkpoint import check_writable, save_npz
 from deepdsl.data import parse_data_flag
 from deepdsl.data.named import Samples, fields_of, load_samples
-from deepdsl.distributed import MpiComm, Session, startup_check
+from deepdsl.distributed import DistributedError, GpuComm, MpiComm, Session, startup_check
 from deepdsl.errors import DslProgramError
 from deepdsl.frontend.builtins import FLOAT32_MAX  # a setting the kernels read as a float32 stays finite there
 from deepdsl.frontend.program import Program, Schedule
@@ -125,7 +125,7 @@ def _precision_json(build: Build, on_gpu: bool) -> dict[str, str]:
 
 
 def open_device(
-    device: str, double: bool = False, kernels: str = "auto", tf32: bool = False
+    device: str, double: bool = False, kernels: str = "auto", tf32: bool = False, gpu: int = 0
 ) -> tuple[Driver | None, str, str | None]:
     """The GPU driver for `device` (None: the NumPy runner), what runs the program (the device line) and, under
     `auto` on the CPU, why CUDA is not used (a line of its own).
@@ -136,7 +136,7 @@ def open_device(
     cannot have one. On the GPU, `kernels` picks the vendor libraries (backends/cuda/vendor.py): `vendor` without
     them is an error wherever the GPU is opened (under `cuda`, and under `auto` once PyCUDA is there); the NumPy
     runner has no vendor libraries and ignores it. `tf32`: the vendor GEMMs and convolutions in TF32 tensor-op math
-    (--precision tf32)."""
+    (--precision tf32). `gpu`: which GPU (a data-parallel rank's local rank)."""
     if device == "cpu" or (device == "auto" and double):  # the CPU asked for (--float64 runs there): no CUDA line
         return None, CPU, None
     if device == "auto" and not pycuda_available():  # no GPU extra: a CPU install, no news on every command
@@ -144,7 +144,7 @@ def open_device(
     if double:
         raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
     try:
-        driver = PyCudaDriver(kernels, tf32=tf32)
+        driver = PyCudaDriver(kernels, tf32=tf32, **({"index": gpu} if gpu else {}))  # (GPU 0: the default)
     except DslProgramError as err:
         if device == "cuda" or isinstance(err, MissingLibrary):
             raise
@@ -225,6 +225,11 @@ def run_training(
                               "(--precision fp32 with --float64)")  # fmt: skip
     if driver:
         gpu, description, note = driver, _given(driver), None
+    elif session is not None and isinstance(session.comm, GpuComm):  # a data-parallel rank: its local rank's GPU
+        try:
+            gpu, description, note = open_device(device, double, kernels, build.tf32, gpu=session.world.local_rank)
+        except DslProgramError as err:  # the other ranks would wait for this one: stop them
+            raise DistributedError(f"rank {session.rank}: {err.message}", abort=session.world.size > 1) from None
     else:
         gpu, description, note = open_device(device, double, kernels, build.tf32)
     fallback = device == "auto" and driver is None  # a GPU that cannot take the program leaves it to the CPU
@@ -233,6 +238,8 @@ def run_training(
             build, gpu, description, iters, data_flag, load, save, double, report, fallback, note, graphs,
             replace_readonly, warn, session,
         )  # fmt: skip
+        if session is not None and isinstance(session.comm, GpuComm):
+            session.comm.close()  # NCCL's communicator before the GPU's context goes (a failure: the caller aborts)
     finally:
         if gpu is not None:
             gpu.close()
@@ -382,8 +389,10 @@ def _train(
     if load:
         trainer.load(load)
     pids = None
-    if session is not None and isinstance(session.comm, MpiComm):  # same program, same parameters on every rank
+    # same program, same parameters on every rank (on the GPU: through NCCL, once it is connected)
+    if session is not None and (isinstance(session.comm, MpiComm) or getattr(session.comm, "reducer", None)):
         state = trainer.state()
+        assert isinstance(session.comm, (MpiComm, GpuComm))
         pids = startup_check(session.comm, build.train_plan.graph, state, "loaded state" if load else "parameters")
     if report:
         if note:
@@ -393,8 +402,9 @@ def _train(
                + _precision_line(build, trainer.gpu is not None))  # fmt: skip
         if session is not None:
             w, m = session.world, session.micro_batches
+            reducer = getattr(session.comm, "reducer", None)  # on the GPU: NCCL's
             report(f"data parallel: {w.size} rank(s) [{w.source}] x {m} micro-batch(es) of {batch}: global batch "
-                   f"{w.size * m * batch}")  # fmt: skip
+                   f"{w.size * m * batch}" + (f" ({reducer.description})" if reducer is not None else ""))  # fmt: skip
             if pids:
                 report("process ids: " + ", ".join(f"rank {r} {pid}" for r, pid in enumerate(pids)))
 

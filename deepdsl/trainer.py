@@ -22,7 +22,7 @@ from deepdsl.build import Build
 from deepdsl.checkpoint import load_npz, save_npz
 from deepdsl.data.augment import augment
 from deepdsl.data.named import Samples
-from deepdsl.distributed import Executor, Session, inject_fault
+from deepdsl.distributed import Executor, GpuComm, Session, inject_fault
 from deepdsl.errors import DslProgramError
 from deepdsl.initializers import init_array
 from deepdsl.ir import Graph, ParamDef
@@ -87,6 +87,7 @@ class Trainer:
         self.term_names = tuple(n.removeprefix("loss:") for n, _ in self.train_graph.outputs if n.startswith("loss:"))
         self.last_terms: dict[str, float] = {}
         self.gpu: GpuRunner | None = None
+        self.reducer: Any = None  # a data-parallel rank's NCCL reducer on the GPU (nccl.py NcclReducer)
         self._gpu_ahead = False  # the GPU holds newer parameters than self.arrays
         # data-parallel training or gradient accumulation (deepdsl/distributed.py): this rank's session and the
         # executor of the data-parallel program (Options.buckets); None: the plain step
@@ -110,8 +111,15 @@ class Trainer:
         if any(b.kind == STATS for b in buckets_of(self.build.train)):
             raise DslProgramError("sync_batch_norm runs on the NumPy runner (--device cpu) and the compiled Java "
                                   "program's CPU device; not yet on PyCUDA")  # fmt: skip
+        s = self.session if self.executor is not None else None
+        if s is not None and not isinstance(s.comm, GpuComm) and (s.world.size > 1 or s.micro_batches > 1):
+            raise DslProgramError("this data-parallel session reduces over MPI on the NumPy runner (--device cpu)")
+        # a data-parallel rank's reductions: NCCL on this GPU (deepdsl/distributed.py); micro-batches summed here
+        reducer = s.comm.connect(driver) if s is not None and isinstance(s.comm, GpuComm) else None
         self.gpu = GpuRunner(driver, self.plan, self.build.infer_plan, self.arrays, self.build.eval_plan, graphs,
-                             self.build.options.deterministic)  # fmt: skip
+                             self.build.options.deterministic, reducer,
+                             s.micro_batches if s is not None else 1)  # fmt: skip
+        self.reducer = reducer
 
     def _sync(self) -> None:
         if self.gpu is not None and self._gpu_ahead:
@@ -203,6 +211,20 @@ class Trainer:
             for b, offset in zip(s.blocks(i), s.offsets(self.batch))
         ]
         inject_fault(s.fault, s.rank, label)
+        if self.gpu is not None:
+            if self.reducer is not None:
+                self.reducer.begin_step()  # the watchdog times the step
+            outputs, _ = self.gpu.run_parallel(shards)
+            if self.reducer is not None:
+                self.reducer.end_step()
+            loss = float(outputs["loss"])
+            self.last_terms = {t: float(outputs[f"loss:{t}"]) for t in self.term_names}
+            if not math.isfinite(loss):  # the GPU has already updated the parameters: no replay from here
+                raise NonFinite(f"iteration {label}: the loss is not finite (on the GPU; the same run with "
+                                "--device cpu names the first statement that produced it)")  # fmt: skip
+            self._gpu_ahead = True
+            self.step_count += 1
+            return loss, total_peak(self.plan), self.plan.arena_bytes
         result = ex.step(shards, self.arrays, s.comm, i)
         loss = float(result.outputs["loss"])
         self.last_terms = {t: float(result.outputs[f"loss:{t}"]) for t in self.term_names}

@@ -436,6 +436,51 @@ abstract class CudaLibrary extends CudaConvolution {
         Pointer.to(new double[] {threshold}), Pointer.to(new float[] {keep}));
   }
 
+  /**
+   * The dropout mask of a data-parallel shard (registry op dropout_mask_at): draws from the shard's
+   * first sample in the global batch on. Its first draw is passed by value: the CUDA device runs
+   * one micro-batch a step, so a rank's offset is the same every step (and in a captured graph).
+   */
+  @Override
+  public void dropoutMaskAt(Buf out, long step, long offset, float p, long seed, String site) {
+    double threshold = Rng.shortestDecimal(p);
+    float keep = (float) (1.0 / (1.0 - threshold));
+    int n = out.numel();
+    counterFor(step, "dropout masks");
+    launch(
+        "dd_k_dropout_mask_at", elements(n), THREADS, new Buf[] {out},
+        Pointer.to(counter), Pointer.to(new long[] {firstDraw(out, offset)}), i(n),
+        Pointer.to(new long[] {Rng.streamSeed(site + "#dropout", seed)}),
+        Pointer.to(new double[] {threshold}), Pointer.to(new float[] {keep}));
+  }
+
+  /** The first draw of a shard whose first sample is {@code offset}: offset x the draws a sample. */
+  private static long firstDraw(Buf out, long offset) {
+    return offset * (out.numel() / out.shape[0]);
+  }
+
+  @Override
+  public void randomNormalAt(Buf out, long step, long offset, long seed, String site) {
+    int n = out.numel();
+    counterFor(step, "normal samples");
+    launch(
+        "dd_k_random_normal_at", elements(n), THREADS, new Buf[] {out},
+        Pointer.to(counter), Pointer.to(new long[] {firstDraw(out, offset)}), i(n),
+        Pointer.to(new long[] {Rng.streamSeed(site + "#sample", seed)}));
+  }
+
+  @Override
+  public void randomUniformAt(Buf out, long step, long offset, float low, float high, long seed, String site) {
+    int n = out.numel();
+    counterFor(step, "uniform samples");
+    launch(
+        "dd_k_random_uniform_at", elements(n), THREADS, new Buf[] {out},
+        Pointer.to(counter), Pointer.to(new long[] {firstDraw(out, offset)}), i(n),
+        Pointer.to(new long[] {Rng.streamSeed(site + "#sample", seed)}),
+        Pointer.to(new double[] {Rng.shortestDecimal(low)}),
+        Pointer.to(new double[] {Rng.shortestDecimal(high)}));
+  }
+
   /** Sends the step counter the draws of {@code step} read, as dropoutMask does. */
   private void counterFor(long step, String what) {
     if (step != counterValue) { // a train step's counter is sent before it (a graph's too)

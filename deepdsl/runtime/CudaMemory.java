@@ -327,25 +327,6 @@ abstract class CudaMemory implements Device {
   }
 
   @Override
-  public void dropoutMaskAt(Buf out, long step, long offset, float p, long seed, String site) {
-    throw new Device.Unavailable(SHARD_DRAWS);
-  }
-
-  @Override
-  public void randomNormalAt(Buf out, long step, long offset, long seed, String site) {
-    throw new Device.Unavailable(SHARD_DRAWS);
-  }
-
-  @Override
-  public void randomUniformAt(Buf out, long step, long offset, float low, float high, long seed, String site) {
-    throw new Device.Unavailable(SHARD_DRAWS);
-  }
-
-  private static final String SHARD_DRAWS =
-      "a data-parallel step that draws random numbers per sample (dropout) runs on the CPU device only for now"
-          + " (--device cpu)";
-
-  @Override
   public void accumulate(Buf sum, Buf x, boolean first) {
     throw new Device.Unavailable("the CUDA device does not accumulate micro-batches (--device cpu does)");
   }

@@ -13,10 +13,18 @@
  * stand-in driver is capturing is recorded there (fake_cuda_capture) and made at each replay, as NCCL's kernels
  * are graph nodes. $FAKE_NCCL_VERSION sets what ncclGetVersion says (default 22903, NCCL 2.29.3); the number of
  * all-reduces made is written at exit to the file $FAKE_NCCL_CALLS names, if set; $FAKE_NCCL_ASYNC_ERROR=CODE makes
- * ncclCommGetAsyncError report that error once an all-reduce has run (for the watchdog's test). */
+ * ncclCommGetAsyncError report that error once an all-reduce has run (for the watchdog's test).
+ *
+ * Built with -DFAKE_NCCL_MPICH against MPICH's own ABI (mpi.h, libmpi.so.12: the library mpi4py's wheel loads) for
+ * the PyCUDA runner's ranks (tests/backends/test_gpu_data_parallel.py), whose emulated driver records its calls
+ * while capturing through fake_set_capture, as the stand-in cuBLAS and cuDNN do. */
 
 #include <dlfcn.h>
+#ifdef FAKE_NCCL_MPICH /* MPICH's own ABI (libmpi.so.12, which mpi4py's wheel loads): the PyCUDA runner's ranks */
+#include <mpi.h>
+#else
 #include <mpi_abi.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,10 +176,15 @@ static void run(void *arg) {
 
 typedef int (*capture_fn)(void *stream, void (*run)(void *), const void *arg, size_t n);
 
-/* the stand-in driver's recorder (fake_libcuda.c), where it is loaded */
+/* a recorder set by the caller (the Python runner's emulated driver, tests/backends/cuda_emulator.py) */
+static capture_fn hooked;
+void fake_set_capture(capture_fn f) { hooked = f; }
+
+/* the caller's recorder, else the stand-in driver's where it is loaded (fake_libcuda.c: the Java CUDA device) */
 static capture_fn recorder(void) {
   static int looked;
   static capture_fn f;
+  if (hooked) return hooked;
   if (!looked) {
     looked = 1;
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);

@@ -34,16 +34,32 @@ STAND_IN = Path(__file__).with_name("fake_libnccl.c")
 def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """MLP (N = 8) compiled with --data-parallel and --ptx into src/, built; its kernels for the CPU; the stand-in
     driver, CUDA 13 libraries and NCCL in fake/."""
+    return _built(tmp_path_factory.mktemp("java_nccl"), ROOT / "networks" / "mlp.ddsl", "MLP", "--set", "N=8")
+
+
+@pytest.fixture(scope="module")
+def dropout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small dropout network of tests/dp_nets.py built as `program` is."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from dp_nets import DROPOUT
+
+    folder = tmp_path_factory.mktemp("java_nccl_dropout")
+    (folder / "drop.ddsl").write_text(DROPOUT)
+    return _built(folder, folder / "drop.ddsl", "Drop")
+
+
+def _built(folder: Path, network: Path, name: str, *sets: str) -> Path:
     _, lib = mpi()
-    folder = tmp_path_factory.mktemp("java_nccl")
     src = folder / "src"
-    r = CliRunner().invoke(cli, ["compile", str(ROOT / "networks" / "mlp.ddsl"), "--set", "N=8", "--data-parallel",
-                                 "-o", str(src), "--ptx", "--arch", "sm_90"])  # fmt: skip
+    r = CliRunner().invoke(cli, ["compile", str(network), *sets, "--data-parallel", "-o", str(src), "--ptx", "--arch",
+                                 "sm_90"])  # fmt: skip
     assert r.exit_code == 0, r.output
-    unit = (src / "MLP.cu").read_text()
+    unit = (src / f"{name}.cu").read_text()
     kernels = kernel_names(unit)
-    (folder / "MLP").mkdir()
-    emulate(unit, kernels, folder / "MLP", [k for k in kernels if k not in TILED])
+    (folder / name).mkdir()
+    emulate(unit, kernels, folder / name, [k for k in kernels if k not in TILED])
     javac(src, [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")], folder / "build")
     fake = fake_cuda13(fake_driver(folder / "fake"), ("libcudart.so.13",))  # what the NCCL preset loads first
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", f"-I{lib.parent / 'include'}", str(STAND_IN), f"-L{lib}",
@@ -52,7 +68,8 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _run(folder: Path, *args: str, ranks: int = 2, nccl: bool = True, tag: str = "", **env: str) -> dict:
+def _run(folder: Path, *args: str, ranks: int = 2, nccl: bool = True, tag: str = "", net: str = "MLP",
+         **env: str) -> dict:  # fmt: skip
     """MLP on the stand-in GPU (every rank on GPU 0 unless args say otherwise), its rank 0's --json object; each
     rank's count of all-reduces and of graph launches read back."""
     mpiexec, lib = mpi()
@@ -65,7 +82,7 @@ def _run(folder: Path, *args: str, ranks: int = 2, nccl: bool = True, tag: str =
     cp = f"{folder / 'build'}:{folder / 'src'}:{jcuda_jars()}/*:{jna_jar()}"
     jvm = [a for a in args if a.startswith("-D")]  # the JVM's properties, before the class
     args = tuple(a for a in args if not a.startswith("-D"))
-    java = ["java", f"-Dorg.bytedeco.javacpp.cachedir={folder / 'javacpp'}", *jvm, "-cp", cp, "MLP", "--data",
+    java = ["java", f"-Dorg.bytedeco.javacpp.cachedir={folder / 'javacpp'}", *jvm, "-cp", cp, net, "--data",
             "synthetic", "--device", "cuda", "--kernels", "own", "--json", *args]  # fmt: skip
     if "--local-rank" not in args:
         java.insert(1, "-Ddeepdsl.gpu=0")  # one stand-in GPU for both ranks
@@ -73,7 +90,7 @@ def _run(folder: Path, *args: str, ranks: int = 2, nccl: bool = True, tag: str =
     cmd = ["sh", "-c", f'{counts} exec "$@"', "sh", *java] if ranks else java
     if ranks:
         cmd = [mpiexec, "-n", str(ranks), *cmd]
-    kernels = str(folder / "MLP" / "emulated.so")
+    kernels = str(folder / net / "emulated.so")
     environment = launch_env(LD_LIBRARY_PATH=":".join(libs), DEEPDSL_FAKE_CUDA_KERNELS=kernels,
                              PATH=f"{lib.parent / 'bin'}:/usr/bin:/bin", **env)  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=folder, env=environment, check=False)
@@ -81,9 +98,9 @@ def _run(folder: Path, *args: str, ranks: int = 2, nccl: bool = True, tag: str =
     return {"rc": r.returncode, "stderr": r.stderr, "stdout": r.stdout, **(json.loads(out[0]) if len(out) == 1 else {})}
 
 
-def _cpu(folder: Path, *args: str) -> dict:
+def _cpu(folder: Path, *args: str, net: str = "MLP") -> dict:
     cp = f"{folder / 'build'}:{jna_jar()}"
-    cmd = ["java", "-cp", cp, "MLP", "--data", "synthetic", "--device", "cpu", "--json", *args]
+    cmd = ["java", "-cp", cp, net, "--data", "synthetic", "--device", "cpu", "--json", *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=folder, env=launch_env(), check=False)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
@@ -190,3 +207,17 @@ def test_one_forced_nccl_rank_is_the_plain_run(program: Path) -> None:
         alone = _params(program / "alone.npz")
         assert all(np.array_equal(v, alone[k]) for k, v in _params(program / f"{tag}.npz").items())
         assert int((program / f"nccl{tag}.0").read_text()) == 3 * 3 + 1
+
+
+def test_two_cuda_ranks_draw_dropout_at_their_global_positions(dropout: Path) -> None:
+    """A network drawing dropout masks: each CUDA rank's masks start at its shard's first sample in the global batch
+    (dd_k_dropout_mask_at, its first draw passed by value), so two ranks train as the CPU device's two micro-batches
+    within rounding, in the graph."""
+    got = _run(dropout, "--iters", "3", "--save", "nccl.npz", tag="drop", net="Drop")
+    assert got["rc"] == 0, got["stderr"]
+    assert int((dropout / "graphdrop.0").read_text().split()[0]) == 2  # steps 2 and 3 replayed
+    cpu = _cpu(dropout, "--iters", "3", "--micro-batches", "2", "--save", "cpu.npz", net="Drop")
+    np.testing.assert_allclose(got["losses"], cpu["losses"], rtol=1e-5)
+    gpu, host = _params(dropout / "nccl.npz"), _params(dropout / "cpu.npz")
+    for k in host:
+        np.testing.assert_allclose(gpu[k], host[k], rtol=1e-4, atol=1e-6, err_msg=k)

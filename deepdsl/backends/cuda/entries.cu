@@ -133,6 +133,22 @@ extern "C" __global__ void dd_k_random_uniform(float* out, const long long* step
     dd_random_uniform(out, step, n, stream, low, high);
 }
 
+// one shard's draws of a data-parallel step (the Java CUDA device: `first`, its first draw, a value of the rank)
+extern "C" __global__ void dd_k_dropout_mask_at(float* mask, const long long* step, long long first, int n,
+                                                unsigned long long stream, double p, float keep) {
+    dd_dropout_mask_at(mask, step, first, n, stream, p, keep);
+}
+
+extern "C" __global__ void dd_k_random_normal_at(float* out, const long long* step, long long first, int n,
+                                                 unsigned long long stream) {
+    dd_random_normal_at(out, step, first, n, stream);
+}
+
+extern "C" __global__ void dd_k_random_uniform_at(float* out, const long long* step, long long first, int n,
+                                                  unsigned long long stream, double low, double high) {
+    dd_random_uniform_at(out, step, first, n, stream, low, high);
+}
+
 // data parallelism (the Java CUDA device's pack of a gradient bucket): out = in times the scale, one multiply each
 extern "C" __global__ void dd_k_dp_pack(float* out, const float* in, const float* scale, int n) {
     const float s = scale[0];

@@ -837,6 +837,8 @@ class _Program:
     updates: dict[str, str] = field(default_factory=dict)  # update value -> the tensor it replaces
     tensors: dict[str, str] = field(default_factory=dict)  # value -> program tensor (input, parameter, state)
     views: dict[str, str] = field(default_factory=dict)  # view value -> its base value
+    # a view that starts inside its base (a reduced gradient, `bucket_slice`): value -> its byte offset there
+    view_offsets: dict[str, int] = field(default_factory=dict)
     taken: set[str] = field(default_factory=set)
     texts: list[str] = field(default_factory=list)
     seen: dict[str, str] = field(default_factory=dict)  # kernel code with its name blanked -> its name
@@ -856,13 +858,15 @@ class _Program:
 
     def arg(self, value: str, ctype: str) -> Arg:
         """Where `value` lives: a view in its base's storage, an update written in place in its tensor's."""
-        base = value
+        base, within = value, 0
         while base in self.views:
+            within += self.view_offsets.get(base, 0)
             base = self.views[base]
         base = self.plan.in_state.get(base, base)
         if base in self.tensors:
+            assert within == 0, f"%{value}: a view inside a tensor"
             return Arg(value, "tensor", self.tensors[base], 0, ctype)
-        return Arg(value, "arena", base, self.plan.buffer_of(base).offset, ctype)
+        return Arg(value, "arena", base, self.plan.buffer_of(base).offset + within, ctype)
 
     def add(self, s: Stmt, kernel: str, k: Kernel, values: tuple[str, ...], ctypes: tuple[str, ...],
             also: tuple[str, ...] = (), vendor: VendorCall | None = None, scratch: Arg | None = None,
@@ -981,6 +985,8 @@ class _Program:
         op = REGISTRY[s.op]
         if op.view:
             self.views[s.out.name] = s.inputs[0].name
+            if s.op == "bucket_slice":  # elements [offset, ...) of a reduced bucket (ops/collective.py)
+                self.view_offsets[s.out.name] = 4 * s.a["offset"]
             return
         in_types = tuple(_ctype(v.type.dtype) for v in s.inputs)
         out_type = _ctype(s.out.type.dtype)

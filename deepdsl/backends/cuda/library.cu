@@ -881,3 +881,34 @@ __device__ void dd_random_uniform(TY* __restrict__ out, const long long* __restr
         out[e] = (float)(low + (high - low) * dd_sample_uniform_at(seed, e));
     }
 }
+
+// ---- one shard's draws of a data-parallel step (ops/collective.py, the *_at ops): element e of the shard is draw
+// first + e of the site's stream, first = the shard's first sample in the global batch (its offset) x the draws per
+// sample, so the ranks and micro-batches together draw what one process with the whole batch draws. The PyCUDA
+// runner's kernels read the offset on the GPU (an input of the step); the Java CUDA device passes first by value ----
+
+__device__ void dd_dropout_mask_at(float* __restrict__ mask, const long long* __restrict__ step, long long first,
+                                   int n, unsigned long long stream, double p, float keep) {
+    unsigned long long seed = stream ^ ((unsigned long long)(step[0] + 1) * 0xD1B54A32D192ED03ull);
+    DD_GRID_STRIDE(e, n) {
+        mask[e] = dd_sample_uniform_at(seed, first + e) >= p ? keep : 0.0f;
+    }
+}
+
+__device__ void dd_random_normal_at(float* __restrict__ out, const long long* __restrict__ step, long long first,
+                                    int n, unsigned long long stream) {
+    unsigned long long seed = stream ^ ((unsigned long long)(step[0] + 1) * 0xD1B54A32D192ED03ull);
+    DD_GRID_STRIDE(e, n) {
+        double u1 = dd_sample_uniform_at(seed, 2 * (first + e));
+        double u2 = dd_sample_uniform_at(seed, 2 * (first + e) + 1);
+        out[e] = (float)(sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2));
+    }
+}
+
+__device__ void dd_random_uniform_at(float* __restrict__ out, const long long* __restrict__ step, long long first,
+                                     int n, unsigned long long stream, double low, double high) {
+    unsigned long long seed = stream ^ ((unsigned long long)(step[0] + 1) * 0xD1B54A32D192ED03ull);
+    DD_GRID_STRIDE(e, n) {
+        out[e] = (float)(low + (high - low) * dd_sample_uniform_at(seed, first + e));
+    }
+}

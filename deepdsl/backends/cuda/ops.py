@@ -8,6 +8,7 @@ Importing the package `deepdsl.backends.cuda` fills these fields.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import deepdsl.ops  # noqa: F401 — the registry's entries, which this module attaches its CUDA fields to
@@ -25,10 +26,12 @@ from deepdsl.backends.cuda.kernels import (
     one_block_launch,
     row_launch,
 )
+from deepdsl.backends.escape import c_comment
 from deepdsl.initializers import stream_seed
 from deepdsl.ir import Stmt
 from deepdsl.ir.analysis import output_indices
 from deepdsl.ir.indexexpr import IE, Affine, Apply, Const, Read, Reduce, Var
+from deepdsl.ir.printer import format_stmt
 from deepdsl.ir.registry import cuda_form, cuda_kernel
 from deepdsl.ir.vendor import Gemm, vendor_call
 from deepdsl.ops.conv import filter_gradient_splits
@@ -211,6 +214,48 @@ def _random(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     return library_call(name, s, ct, "float", call, **elementwise_launch(n))
 
 
+def _draws_at(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
+    """dropout_mask_at / random_normal_at / random_uniform_at (ops/collective.py): a data-parallel shard's draws,
+    from its first sample's place in the global batch (in1, the shard's offset) on."""
+    a = s.a
+    shape = tuple(a["shape"])
+    n, per = math.prod(shape), math.prod(shape[1:])
+    if s.op == "dropout_mask_at":
+        stream = stream_seed(a["site"] + "#dropout", a["seed"])
+        keep = float_literal(1.0 / (1.0 - a["p"]))
+        extra = f", {float(a['p'])!r}, {keep}"
+    else:
+        stream = stream_seed(a["site"] + "#sample", a["seed"])
+        extra = "" if s.op == "random_normal_at" else f", {float(a['low'])!r}, {float(a['high'])!r}"
+    call = f"dd_{s.op}(out, in0, in1[0] * {per}LL, {n}, 0x{stream:016X}ull{extra})"
+    return library_call(name, s, ct, "float", call, **elementwise_launch(n))
+
+
+def _pack(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
+    """allreduce_start's pack (ops/collective.py): the bucket's tensors (in1, in2, ...) flattened one after the other,
+    each element times the scale in0[0], one float32 product as the NumPy kernel's. An element finds its tensor by a
+    binary search of the tensors' ends."""
+    sizes = tuple(int(n) for n in s.a["sizes"])
+    ends = list(itertools.accumulate(sizes))
+    k, total = len(sizes), ends[-1]
+    pointers = ", ".join(f"in{j + 1}" for j in range(k))
+    params = ", ".join(f"const {t}* __restrict__ in{j}" for j, t in enumerate(ct))
+    text = "\n".join([
+        f"// {c_comment(format_stmt(s))}",
+        f'extern "C" __global__ void {name}(float* __restrict__ out, {params}) {{',
+        f"  const float* parts[{k}] = {{{pointers}}};",
+        f"  const int ends[{k}] = {{{c_ints(*ends)}}};",
+        "  const float scale = in0[0];",
+        f"  DD_GRID_STRIDE(e, {total}) {{",
+        f"    int lo = 0, hi = {k - 1};",
+        "    while (lo < hi) { int mid = (lo + hi) >> 1; if (e < ends[mid]) hi = mid; else lo = mid + 1; }",
+        "    out[e] = parts[lo][e - (lo ? ends[lo - 1] : 0)] * scale;",
+        "  }",
+        "}",
+    ])  # fmt: skip
+    return Kernel(text, **elementwise_launch(total))
+
+
 cuda_kernel("conv2d", "conv2d_backward_data", "conv2d_backward_filter")(_conv)
 cuda_kernel("max_pool2d")(_max_pool)
 cuda_kernel("max_pool2d_backward")(_max_pool_backward)
@@ -226,6 +271,8 @@ cuda_kernel("layer_norm_rows", "layer_norm_rows_backward")(_layer_norm_rows)
 cuda_kernel("bn_train_backward")(_bn_train_backward)
 cuda_kernel("dropout_mask")(_dropout_mask)
 cuda_kernel("random_normal", "random_uniform")(_random)
+cuda_kernel("dropout_mask_at", "random_normal_at", "random_uniform_at")(_draws_at)
+cuda_kernel("allreduce_start")(_pack)
 
 
 # ---- ops the CUDA backend writes as index expressions (they have no index form of their own) ----

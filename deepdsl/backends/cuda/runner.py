@@ -36,12 +36,14 @@ import numpy as np
 
 from deepdsl.backends.cuda.graphs import CaptureFailed, StreamGraphs
 from deepdsl.backends.cuda.kernels import Arg, CudaProgram, Launch, multi_table, program, translation_unit
+from deepdsl.backends.cuda.parallel import ParallelStep, Reducer, accumulate_launch, accumulate_source
 from deepdsl.backends.cuda.vendor import Bound, Vendor, open_vendor
 from deepdsl.backends.numpy_runner import param_value
 from deepdsl.errors import DslProgramError
 from deepdsl.ir.types import DType
 from deepdsl.memory.plan import Plan
 from deepdsl.memory.report import VENDOR_WORKSPACE_LIMIT as REPORTED_LIMIT  # memcheck's bound of the scratch
+from deepdsl.ops.collective import is_data_parallel
 from deepdsl.ops.precision import from_bf16_bits
 
 GPU_EXTRA = "pip install 'deepdsl[gpu]'"
@@ -87,7 +89,7 @@ class GpuRunner:
 
     def __init__(
         self, driver: Driver, train: Plan, infer: Plan | None, arrays: dict[str, np.ndarray], test: Plan | None = None,
-        graphs: bool = True, deterministic: bool = False,
+        graphs: bool = True, deterministic: bool = False, reducer: Reducer | None = None, micro_batches: int = 1,
     ):  # fmt: skip
         self.driver = driver
         # cuDNN's convolution algorithms: its heuristic's deterministic choice (--deterministic), else found by
@@ -95,6 +97,8 @@ class GpuRunner:
         self.deterministic = deterministic
         # "on": the train step is a CUDA graph from its second run on; "off (why)": every step runs call for call
         why_not = "--no-graph" if not graphs else driver.graph_unsupported
+        if why_not is None and micro_batches > 1:  # (the uploads of the micro-batches' shards come between)
+            why_not = f"--micro-batches {micro_batches}"
         self.graph = "on" if why_not is None else f"off ({why_not})"
         self.train_runs = 0
         self.captured: Any = None  # the train step's graph, once captured
@@ -121,8 +125,11 @@ class GpuRunner:
                 f"tensors) but {driver.description} has {self.free_before:,} free; try --remat cheap or full, "
                 "or a smaller batch (deepdsl memcheck --gpu-mem shows the largest that fits)"
             )
-        driver.load(translation_unit(train.graph.name, *(s.program.body for s in self.steps.values())),
-                    [k for s in self.steps.values() for k in s.program.kernels])  # fmt: skip
+        # a data-parallel program (passes/data_parallel.py): the kernels accumulating micro-batches besides its own
+        summing, summers = accumulate_source(train) if is_data_parallel(train.graph) else ("", [])
+        bodies = [s.program.body for s in self.steps.values()] + ([summing] if summing else [])
+        driver.load(translation_unit(train.graph.name, *bodies),
+                    [k for s in self.steps.values() for k in s.program.kernels] + summers)  # fmt: skip
         self.arena = driver.alloc(max(self.arena_bytes, 4))
         self.tensors = {name: driver.alloc(max(_nbytes(shape, t), 4)) for name, (shape, t) in shapes.items()}
         self.tables = driver.alloc(self.table_bytes) if self.table_bytes else 0
@@ -140,6 +147,16 @@ class GpuRunner:
             if self._trial[1]:
                 driver.free(self._trial[0])
             self._trial = (0, 0)
+        # the reductions among the train step's calls, and the micro-batches' accumulators (deepdsl/distributed.py)
+        self.parallel: ParallelStep | None = None
+        self.accumulator_bytes = 0
+        if is_data_parallel(train.graph):
+            self.parallel = ParallelStep(train, self.calls["train"], micro_batches, reducer)
+            if micro_batches > 1:  # each bucket's sum over the micro-batches, beside the arena
+                self.parallel.accumulators = {b: driver.alloc(4 * x.count) for b, x in self.parallel.buckets.items()}
+                self.accumulator_bytes = sum(4 * x.count for x in self.parallel.buckets.values())
+        elif reducer is not None or micro_batches > 1:
+            raise DslProgramError("data-parallel training needs the program compiled with the data-parallel pass")
         self.set_arrays(arrays)
         self.free_low = driver.free_bytes()
         bound = [b for c in self.calls.values() for _, _, b in c if b is not None]
@@ -203,8 +220,10 @@ class GpuRunner:
     def planned_bytes(self) -> int:
         """What the runner allocates: the arena, every tensor (inputs, parameters, state, constants), the tables of the
         multi-tensor launches and cuDNN's shared scratch, where an algorithm wants more than its statement's planned
-        workspace."""
-        return self.arena_bytes + self.tensor_bytes + self.table_bytes + self.vendor_scratch_bytes
+        workspace; with micro-batches, each gradient bucket's accumulator."""
+        return (
+            self.arena_bytes + self.tensor_bytes + self.table_bytes + self.vendor_scratch_bytes + self.accumulator_bytes
+        )
 
     @property
     def measured_bytes(self) -> int:
@@ -247,15 +266,54 @@ class GpuRunner:
         self.free_low = min(self.free_low, self.driver.free_bytes())
         return outputs, clock.seconds
 
-    def _issue(self, step: str) -> None:
-        """Every launch, vendor call and copy of `step`, in program order, on the driver's stream."""
-        for launch, pointers, bound in self.calls[step]:
-            if bound is None:
-                self.driver.launch(launch, pointers)
-            else:
-                bound.run()
-        for src, tensor, nbytes in self.steps[step].program.copies:
-            self.driver.copy(self.tensors[tensor], self._pointer(step, src), nbytes)
+    def _issue(self, step: str, part: str = "all", micro: int = 0) -> None:
+        """Every launch, vendor call and copy of `step`, in program order, on the driver's stream; a data-parallel
+        train step with its reductions, or its `part` "pre" (for micro-batch `micro`) or "post" (parallel.py)."""
+        calls = self.calls[step]
+        if step == "train" and self.parallel is not None:
+            self.parallel.issue(lambda c: self._run_call(*calls[c]), self.driver.copy, self._accumulate, part, micro)
+        else:
+            for call in calls:
+                self._run_call(*call)
+        if part != "pre":
+            for src, tensor, nbytes in self.steps[step].program.copies:
+                self.driver.copy(self.tensors[tensor], self._pointer(step, src), nbytes)
+
+    def _run_call(self, launch: Launch, pointers: list[int], bound: Bound | None) -> None:
+        if bound is None:
+            self.driver.launch(launch, pointers)
+        else:
+            bound.run()
+
+    def _accumulate(self, count: int, acc: int, x: int) -> None:
+        self.driver.launch(accumulate_launch(count), [acc, x])
+
+    def run_parallel(self, shards: Sequence[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], float]:
+        """One data-parallel train step (the program of passes/data_parallel.py) on this rank's shards, one per
+        micro-batch: with one, the step of `run` (a graph from its second run on), its reductions among its launches;
+        with more, the statements before the reductions once per shard (each shard uploaded before), accumulating
+        the buckets, then the rest once (parallel.py). Returns the outputs and the device seconds."""
+        assert self.parallel is not None and len(shards) == self.parallel.micro_batches
+        if len(shards) == 1:
+            return self.run("train", shards[0])
+        s = self.steps["train"]
+        seconds = 0.0
+        for k, feeds in enumerate(shards):
+            self._upload("train", feeds)
+            with self.driver.timed() as clock:
+                self._issue("train", "pre", k)
+            seconds += clock.seconds
+        with self.driver.timed() as clock:
+            self._issue("train", "post")
+        self.train_runs += 1
+        outputs = {}
+        for name, where in s.program.results:
+            v = s.plan.graph.output(name)
+            a = np.empty(v.type.shape, np.float32 if v.type.dtype is DType.F32 else np.int64)
+            self.driver.download(self._pointer("train", where), a)
+            outputs[name] = a
+        self.free_low = min(self.free_low, self.driver.free_bytes())
+        return outputs, seconds + clock.seconds
 
     def _graph(self, step: str) -> Any:
         """The train step's graph, captured at its second run; None where `step` runs call for call (the warm-up,
@@ -333,6 +391,59 @@ class _Events:
         self.seconds = self.start.time_till(self.end) / 1e3
 
 
+class _SideStream:
+    """The all-reduces' stream: a bucket's reduction waits for an event recorded on the compute stream (`fork`), marks
+    its end with another (`done`), and the compute stream waits for that one at the bucket's wait (`join`). Events
+    and waits are captured into a graph with the rest (the side stream joins the capture through them)."""
+
+    def __init__(self, cuda: Any, compute: Any):
+        self.cuda, self.compute = cuda, compute
+        self.stream = cuda.Stream()
+        self.handle = int(self.stream.handle)
+        self.events: dict[int, tuple[Any, Any]] = {}
+
+    def _pair(self, bucket: int) -> tuple[Any, Any]:
+        if bucket not in self.events:
+            flags = self.cuda.event_flags.DISABLE_TIMING
+            self.events[bucket] = (self.cuda.Event(flags), self.cuda.Event(flags))
+        return self.events[bucket]
+
+    def fork(self, bucket: int) -> None:
+        ready = self._pair(bucket)[0]
+        ready.record(self.compute)
+        self.stream.wait_for_event(ready)
+
+    def done(self, bucket: int) -> None:
+        self._pair(bucket)[1].record(self.stream)
+
+    def join(self, bucket: int) -> None:
+        self.compute.wait_for_event(self._pair(bucket)[1])
+
+
+class OneStream:
+    """The all-reduces on the driver's one stream, in order with its kernels (a driver without a collective stream:
+    the emulator)."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def fork(self, bucket: int) -> None:
+        pass
+
+    def done(self, bucket: int) -> None:
+        pass
+
+    def join(self, bucket: int) -> None:
+        pass
+
+
+def reducer_streams(driver: Any) -> Any:
+    """Where a driver's all-reduces go: its collective stream where it has one (PyCudaDriver), else its stream."""
+    if hasattr(driver, "collective_streams"):
+        return driver.collective_streams()
+    return OneStream(int(driver.stream))
+
+
 class PyCudaDriver:
     """GPU 0 through PyCUDA, in its primary context (shared with PyTorch or CuPy in the same process), with the
     vendor libraries `kernels` asks for (vendor.open_vendor: "auto", "vendor" or "own").
@@ -341,16 +452,21 @@ class PyCudaDriver:
     cannot record the legacy default stream): the host copies, on the default stream, wait for its work and it for
     theirs, so program order holds. Graphs are captured from it through libcuda (graphs.py)."""
 
-    def __init__(self, kernels: str = "own", tf32: bool = False) -> None:
+    def __init__(self, kernels: str = "own", tf32: bool = False, index: int = 0) -> None:
         cuda = _import_pycuda()
         try:
             cuda.init()
-            if cuda.Device.count() == 0:
+            count = cuda.Device.count()
+            if count == 0:
                 raise DslProgramError("--device cuda: PyCUDA found no CUDA GPU on this machine; use --device cpu")
         except cuda.Error as err:
             raise DslProgramError(f"--device cuda: the CUDA driver did not start ({err}); use --device cpu") from None
+        if index >= count:  # a data-parallel rank takes its local rank's GPU
+            raise DslProgramError(f"--device cuda: GPU {index} (this rank's local rank) is not among this machine's "
+                                  f"{count} GPU{'s' if count > 1 else ''} (CUDA_VISIBLE_DEVICES)")  # fmt: skip
         self.cuda = cuda
-        self.device = cuda.Device(0)
+        self.index = index
+        self.device = cuda.Device(index)
         try:
             self.context = self.device.retain_primary_context()
             self.context.push()
@@ -360,6 +476,7 @@ class PyCudaDriver:
         self.arch = f"sm_{major}{minor}"
         self.description = f"{self.device.name()} ({self.arch}, {self.device.total_memory() >> 20:,} MiB)"
         self.allocations: list[Any] = []
+        self.sides: list[_SideStream] = []  # the collective streams given out (freed at close, in this context)
         self.functions: dict[str, Any] = {}
         self.prepared: set[str] = set()
         self.module: Any = None
@@ -433,6 +550,12 @@ class PyCudaDriver:
     def timed(self) -> _Events:
         return _Events(self.cuda, self.stream)
 
+    def collective_streams(self) -> _SideStream:
+        """A stream of its own for the all-reduces of a data-parallel step (nccl.py), joined to the driver's by events:
+        they overlap the kernels issued after them until a wait."""
+        self.sides.append(_SideStream(self.cuda, self.stream))
+        return self.sides[-1]
+
     def capture(self, issue: Callable[[], None]) -> Any:
         if self.graphs is None:
             raise CaptureFailed(self.graph_unsupported)
@@ -448,6 +571,10 @@ class PyCudaDriver:
         if self.context is None:
             return
         self.stream.synchronize()
+        for side in self.sides:
+            side.stream.synchronize()
+            side.events.clear()
+        self.sides.clear()
         if self.graphs is not None:
             self.graphs.close()
         self.vendor.close()
@@ -488,4 +615,4 @@ def _import_pycuda() -> Any:
     return cuda
 
 
-__all__ = ["CpuClock", "Driver", "GpuRunner", "PyCudaDriver", "pycuda_available"]
+__all__ = ["CpuClock", "Driver", "GpuRunner", "OneStream", "PyCudaDriver", "pycuda_available", "reducer_streams"]
