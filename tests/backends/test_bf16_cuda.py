@@ -22,6 +22,7 @@ from deepdsl.backends.cuda.runner import GpuRunner
 from deepdsl.backends.cuda.vendor import open_vendor
 from deepdsl.ir.indexexpr import Affine, Read
 from deepdsl.ops.precision import bf16_bits, from_bf16_bits
+from deepdsl.passes.data_parallel import Bucketing
 from deepdsl.running import run_training
 from deepdsl.trainer import Trainer
 
@@ -103,6 +104,12 @@ def test_nvrtc_compiles_the_bf16_kernels() -> None:
     text = translation_unit("small", program(_programs("small").train_plan).body)
     assert "dd_bf16* __restrict__ out" in text and "const dd_bf16* __restrict__ in0" in text
     assert nvrtc.ptx(text, "sm_90", "small.cu", strict=True)
+    # data-parallel: bf16 weight gradients packed into a float32 bucket (the pack kernel widens them)
+    small = api.compile_source(SMALL, "small.ddsl").program
+    build = api.build(small, api.Options(precision="bf16", buckets=Bucketing(1 << 20, 1 << 20)))
+    text = translation_unit("small_dp", program(build.train_plan).body)
+    assert "static_cast<const dd_bf16*>(parts[lo])" in text
+    assert nvrtc.ptx(text, "sm_90", "small_dp.cu", strict=True)
 
 
 @pytest.fixture(scope="module")

@@ -234,22 +234,30 @@ def _draws_at(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
 def _pack(name: str, s: Stmt, ct: tuple[str, ...]) -> Kernel:
     """allreduce_start's pack (ops/collective.py): the bucket's tensors (in1, in2, ...) flattened one after the other,
     each element times the scale in0[0], one float32 product as the NumPy kernel's. An element finds its tensor by a
-    binary search of the tensors' ends."""
+    binary search of the tensors' ends. Under --precision bf16 a weight's gradient is stored in bf16 and its bucket
+    in float32: such a tensor is read widened (its entry of `half` set)."""
     sizes = tuple(int(n) for n in s.a["sizes"])
     ends = list(itertools.accumulate(sizes))
     k, total = len(sizes), ends[-1]
-    pointers = ", ".join(f"in{j + 1}" for j in range(k))
+    mixed = any(t != "float" for t in ct[1:])
+    pointers = ", ".join(f"{'(const void*) ' if mixed else ''}in{j + 1}" for j in range(k))
     params = ", ".join(f"const {t}* __restrict__ in{j}" for j, t in enumerate(ct))
+    parts = [f"  const void* parts[{k}] = {{{pointers}}};",
+             f"  const bool half[{k}] = {{{', '.join('true' if t != 'float' else 'false' for t in ct[1:])}}};"] \
+        if mixed else [f"  const float* parts[{k}] = {{{pointers}}};"]  # fmt: skip
+    at = "e - (lo ? ends[lo - 1] : 0)"
+    read = (f"(half[lo] ? (float) static_cast<const dd_bf16*>(parts[lo])[{at}] : "
+            f"static_cast<const float*>(parts[lo])[{at}])") if mixed else f"parts[lo][{at}]"  # fmt: skip
     text = "\n".join([
         f"// {c_comment(format_stmt(s))}",
         f'extern "C" __global__ void {name}(float* __restrict__ out, {params}) {{',
-        f"  const float* parts[{k}] = {{{pointers}}};",
+        *parts,
         f"  const int ends[{k}] = {{{c_ints(*ends)}}};",
         "  const float scale = in0[0];",
         f"  DD_GRID_STRIDE(e, {total}) {{",
         f"    int lo = 0, hi = {k - 1};",
         "    while (lo < hi) { int mid = (lo + hi) >> 1; if (e < ends[mid]) hi = mid; else lo = mid + 1; }",
-        "    out[e] = parts[lo][e - (lo ? ends[lo - 1] : 0)] * scale;",
+        f"    out[e] = {read} * scale;",
         "  }",
         "}",
     ])  # fmt: skip
