@@ -460,7 +460,8 @@ def run(
     world = distributed.world_from_env(ranks=ranks, rank=rank)
     options = dataclasses.replace(options, workspace_limit=workspace_limit, deterministic=deterministic,
                                   precision=precision, sync_batch_norm=sync_batch_norm,
-                                  buckets=_bucketing(world.size, micro_batches, bucket_mb))  # fmt: skip
+                                  buckets=_bucketing(world.size, micro_batches, bucket_mb,
+                                                     always=config.dp_force and device == "cuda"))  # fmt: skip
     session = None
     if options.buckets is not None:
         if device == "cuda":  # the PyCUDA runner: NCCL on the local rank's GPU (auto: the NumPy runner over MPI)
@@ -470,7 +471,7 @@ def run(
                 sys.stderr.flush()
 
             session = distributed.open_gpu_session(world, micro_batches, config.dp_timeout, config.dp_fault,
-                                                   report_failure)  # fmt: skip
+                                                   report_failure, force=config.dp_force)  # fmt: skip
         else:
             device = "cpu"
             session = distributed.open_session(world, micro_batches, config.dp_timeout, config.dp_fault)

@@ -20,9 +20,12 @@ class Config:
     ptx_cache: bool = False
     # DEEPDSL_DP_TIMEOUT: seconds a data-parallel rank waits for a bucket's reduction before it names the ranks that
     # did not start it and stops the run (deepdsl/distributed.py); DEEPDSL_DP_FAULT=RANK:STEP:kill|stall: a test's
-    # fault injection (that rank dies or stalls at that step)
+    # fault injection (that rank dies or stalls at that step); DEEPDSL_DP_FORCE=1: `deepdsl run --device cuda` of one
+    # rank goes through the data-parallel pass and NCCL all the same (a one-rank communicator: scripts/gpu_check.sh
+    # checks NCCL's path on one GPU with it, as the Java program's -Ddeepdsl.collective=true)
     dp_timeout: float = 300.0
     dp_fault: str | None = None
+    dp_force: bool = False
 
 
 def from_env() -> Config:
@@ -52,4 +55,5 @@ def from_env() -> Config:
         ptx_cache=on("DEEPDSL_PTX_CACHE"),
         dp_timeout=seconds("DEEPDSL_DP_TIMEOUT", 300.0),
         dp_fault=os.environ.get("DEEPDSL_DP_FAULT") or None,
+        dp_force=on("DEEPDSL_DP_FORCE"),
     )

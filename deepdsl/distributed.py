@@ -429,10 +429,10 @@ class GpuComm(Comm):
     """A rank's reductions on its GPU (the PyCUDA runner): NCCL's all-reduces on the GPU runner's streams
     (backends/cuda/nccl.py), connected once the GPU is open (`connect`); one rank has none (its micro-batches are
     summed on the GPU). `report` says why the watchdog stops the run (a rank that died or stalled) before it ends
-    the process."""
+    the process. `force` (DEEPDSL_DP_FORCE=1): one rank connects NCCL all the same (a one-rank communicator)."""
 
-    def __init__(self, world: World, timeout: float, report: Callable[[str], None]) -> None:
-        self.world = world
+    def __init__(self, world: World, timeout: float, report: Callable[[str], None], force: bool = False) -> None:
+        self.world, self.force = world, force
         self.rank, self.size = world.rank, world.size
         self.timeout, self.report = timeout, report
         self.reducer: NcclReducer | None = None
@@ -442,15 +442,18 @@ class GpuComm(Comm):
 
     def connect(self, driver: Any, environ: MutableMapping[str, str] | None = None) -> NcclReducer | None:
         """NCCL's communicator of this rank on `driver`'s GPU (None for one rank): the library loaded, the id agreed
-        (NCCL_COMM_ID, or MASTER_ADDR:(MASTER_PORT + 1) set as it, else rank 0's through MPI), the ranks joined."""
-        if self.size == 1:
+        (NCCL_COMM_ID, or MASTER_ADDR:(MASTER_PORT + 1) set as it, else rank 0's through MPI; a forced one rank's
+        own), the ranks joined."""
+        if self.size == 1 and not self.force:
             return None
         environ = os.environ if environ is None else environ
         nccl = self.nccl if self.nccl is not None else self.load()
         try:
             comm_id = self.rendezvous(environ)
             broadcast = None
-            if comm_id is None:
+            if comm_id is None and self.size == 1:  # a forced one rank: its own id is everyone's
+                broadcast = lambda raw: raw  # noqa: E731
+            elif comm_id is None:
                 world = self.mpi.COMM_WORLD
                 broadcast = lambda raw: world.bcast(raw, root=0)  # noqa: E731
             # NCCL's rendezvous blocks until every rank is there: a rank that never comes ends the run
@@ -506,13 +509,14 @@ class GpuComm(Comm):
 
 
 def open_gpu_session(world: World, micro_batches: int, timeout: float = DEFAULT_TIMEOUT, fault: str | None = None,
-                     report: Callable[[str], None] = lambda line: None) -> Session:  # fmt: skip
-    """The session of a rank on the PyCUDA runner (NCCL is connected when its GPU is open: GpuComm.connect)."""
+                     report: Callable[[str], None] = lambda line: None, force: bool = False) -> Session:  # fmt: skip
+    """The session of a rank on the PyCUDA runner (NCCL is connected when its GPU is open: GpuComm.connect; for one
+    rank only where `force`d)."""
     if micro_batches < 1:
         raise DistributedError(f"--micro-batches must be at least 1, got {micro_batches}")
-    comm = GpuComm(world, timeout, report)
-    if world.size > 1:
+    comm = GpuComm(world, timeout, report, force)
+    if world.size > 1 or force:
         comm.load()  # before anything waits for the other ranks
-        if comm.rendezvous(os.environ) is None:
+        if comm.rendezvous(os.environ) is None and world.size > 1:
             comm.start_mpi()
     return Session(world, micro_batches, comm, timeout, parse_fault(fault))

@@ -265,3 +265,24 @@ def test_bf16_gradients_are_packed_into_the_float32_buckets(tmp_path: Path, monk
         losses[device] = json.loads(r.output.strip().splitlines()[-1])["losses"]
     # the bf16 tests' tolerance for a few steps (test_bf16_cuda.py): bf16 ulps, not an unwidened bucket's garbage
     np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=5e-3)
+
+
+@needs_mpich
+def test_one_forced_gpu_rank_goes_through_nccl_and_equals_the_plain_run(work: Path) -> None:
+    """DEEPDSL_DP_FORCE=1 (scripts/gpu_check.sh's one-rank NCCL run): one process, no launcher, still through the
+    data-parallel pass and a one-rank NCCL communicator (every step's buckets all-reduced, inside the graph and call
+    for call), and the plain run's losses and parameters bit for bit."""
+    base = ("--iters", "3")
+    plain = _run(work, "drop", *base, "--save", "drop_plain.npz")
+    assert plain["rc"] == 0, plain["stderr"]
+    want = _params(work / "drop_plain.npz")
+    for flags, graph in (((), "on"), (("--no-graph",), "off (--no-graph)")):
+        tag = f"force{''.join(flags)}"
+        calls = work / f"calls{tag}.0"
+        one = _run(work, "drop", *base, *flags, "--save", f"{tag}.npz", DEEPDSL_DP_FORCE="1",
+                   FAKE_NCCL_CALLS=str(calls))  # fmt: skip
+        assert one["rc"] == 0, one["stderr"]
+        assert one["gpu_graph"] == graph
+        assert int(calls.read_text()) == 2 * 3 + 1  # each step's two buckets, and the start-up check's
+        assert one["losses"] == plain["losses"]
+        assert _differ(_params(work / f"{tag}.npz"), want) == []
