@@ -29,7 +29,11 @@
 #                     bit), own_kernels.json (our convolutions against cuDNN's per ResNet-50 layer shape,
 #                     scripts/bench_own_kernels.py), profile_resnet50_own.json and profile_lenet.json, ResNet-50
 #                     with our kernels on the Java device (java_resnet50.json) against the PyCUDA runner
-#                     (pycuda_resnet50_own.json)
+#                     (pycuda_resnet50_own.json); last, nccl_pycuda.json: the PyCUDA runner over NCCL on LeNet, one
+#                     rank under `torchrun --nproc_per_node=1` with DEEPDSL_DP_FORCE=1 (a one-rank communicator of
+#                     PyTorch's libnccl.so.2), graph and --no-graph, against the plain run bit for bit, and two ranks
+#                     sharing the GPU (both LOCAL_RANK=0): equal to --micro-batches 2 bit for bit where they train, or
+#                     NCCL's own refusal quoted (scripts/gpu_nccl_check.py)
 #   summary.txt       one line per step: PASS, FAIL (why), SKIP (dry run: why) or SKIPPED (deadline); then the time
 # Usage: bash scripts/gpu_check.sh [--dry-run] [--deadline SECONDS] OUTDIR   (about 5-6 minutes on an H200; the exit
 #   status is 0 when every required step passed: an optional step the deadline cut is no failure)
@@ -214,6 +218,7 @@ agreement() { "$PY" scripts/gpu_agreement.py "$OUT" "$LENET_SETS" "$RESNET_SETS"
 profile_resnet50_own() {
   "$PY" scripts/profile_gpu.py --network resnet50 --set N=64 --kernels own --json "$OUT/profile_resnet50_own.json"
 }
+nccl_pycuda() { "$PY" scripts/gpu_nccl_check.py "$OUT" "$LENET_SETS" "$LENET_ITERS"; }
 profile_lenet() {
   "$PY" scripts/profile_gpu.py --network lenet --set N=64 --kernels vendor --json "$OUT/profile_lenet.json"
 }
@@ -270,6 +275,9 @@ if [ "$DRY" = 1 ]; then
     "the stand-in NCCL is built over MPI (mpich), which the bundle does not carry; tests/backends/test_java_nccl.py runs it"
   skipped "bench_own_kernels resnet50 (own against cuDNN per layer shape)" \
     "PyCUDA needs the real driver (the script has no emulator mode)"
+  skipped "PyCUDA LeNet over NCCL: one rank under torchrun (DEEPDSL_DP_FORCE=1) = the plain run, two ranks on one GPU" \
+    "PyCUDA and NCCL need the real GPU, torchrun PyTorch; tests/backends/test_gpu_data_parallel.py runs the one \
+forced rank on the emulated GPU with the stand-in NCCL"
 else
   run_step --optional "bench_gpu (optional rows)" 200 bench_optional
   run_step --optional "bench_own_kernels resnet50 (own against cuDNN per layer shape)" 120 own_kernels
@@ -278,5 +286,7 @@ else
   run_step --optional "deepdsl run resnet50 --device cuda --kernels own (the reference)" 90 pycuda_resnet50_own
   run_step --optional "agreement, ResNet-50's own kernels too" 60 agreement
   run_step --optional "profile_gpu lenet --kernels vendor" 60 profile_lenet
+  run_step --optional "PyCUDA LeNet over NCCL: one rank under torchrun (DEEPDSL_DP_FORCE=1) = the plain run, \
+two ranks on one GPU" 240 nccl_pycuda
 fi
 exit "$FAILED"

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import ROOT
 from cuda_emulator import EmulatedDriver, fake_vendor
@@ -22,6 +23,7 @@ from deepdsl.memory.report import flops
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench_gpu  # noqa: E402
+import gpu_nccl_check  # noqa: E402
 import profile_gpu  # noqa: E402
 
 needs_gcc = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("gcc") is None, reason="no gcc/g++")
@@ -279,3 +281,81 @@ def test_lenet_compiles_to_java_with_data_parallel(tmp_path: Path) -> None:
     r = CliRunner().invoke(cli, ["compile", str(LENET), "--set", "N=8", "--data-parallel", "-o", str(tmp_path)])
     assert r.exit_code == 0, r.output
     assert "allReduce" in (tmp_path / "LeNet.java").read_text()
+
+
+# ---- gpu_nccl_check.py (the PyCUDA runner over NCCL on the GPU machine) ----
+
+
+def _nccl_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, two: str, init: bool = True,
+                drift: str = "") -> tuple[int, dict, list]:  # fmt: skip
+    """gpu_nccl_check.main with `subprocess.run` stood in: every run saves the same parameters and losses (the run
+    tagged `drift` others), the one-rank runs log NCCL's "Init COMPLETE" where `init`; the two-rank run `two`:
+    trains, refuses (NCCL's "Duplicate GPU detected") or crashes."""
+    calls = []
+
+    def fake(cmd, capture_output, text, timeout, env, check):  # noqa: ANN001, ANN202
+        calls.append((cmd, env))
+        path = Path(cmd[cmd.index("--save") + 1])
+        tag = path.stem
+        w = np.full(3, 2.0 if tag == drift else 1.0, np.float32)
+        np.savez(path, w=w)
+        stdout, stderr, rc = json.dumps({"losses": [2.5, 2.0], "gpu_graph": "on"}), "", 0
+        if init and env.get("DEEPDSL_DP_FORCE") == "1":
+            stdout = "host:1:1 [0] NCCL INFO ncclCommInitRank comm 0x1 rank 0 nranks 1 - Init COMPLETE\n" + stdout
+        if tag == "nccl_two_ranks" and two != "trains":
+            rc, stdout = 1, ""
+            stderr = ("host:2:2 [0] init.cc:1 NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both on CUDA "
+                      "device 1000\nerror: rank 1: ncclCommInitRank failed (invalid usage)") if two == "refuses" \
+                else "Traceback: something else"  # fmt: skip
+        return subprocess.CompletedProcess(cmd, rc, stdout, stderr)
+
+    monkeypatch.setattr(gpu_nccl_check.subprocess, "run", fake)
+    monkeypatch.setattr(gpu_nccl_check, "has_torch", lambda: True)
+    monkeypatch.setattr(sys, "argv", ["gpu_nccl_check.py", str(tmp_path), "--set N=64", "5"])
+    with pytest.raises(SystemExit) as ended:
+        gpu_nccl_check.main()
+    return ended.value.code, json.loads((tmp_path / "nccl_pycuda.json").read_text()), calls
+
+
+@pytest.mark.parametrize("two", ["trains", "refuses"])
+def test_the_nccl_check_passes_a_one_rank_run_equal_to_the_plain_one_and_either_two_rank_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, two: str
+) -> None:
+    code, report, calls = _nccl_check(tmp_path, monkeypatch, two)
+    assert code == 0 and report["pass"] is True
+    assert [c[1:3] for c, _ in calls] == [["-m", "deepdsl"]] + [["-m", "torch.distributed.run"]] * 2 + [
+        ["-m", "deepdsl"], ["-m", "torch.distributed.run"]]  # fmt: skip
+    assert calls[1][0][3:9] == ["--standalone", "--nproc_per_node=1", "--no-python", sys.executable, "-m", "deepdsl"]
+    assert "--no-graph" in calls[2][0] and calls[1][1]["DEEPDSL_DP_FORCE"] == calls[2][1]["DEEPDSL_DP_FORCE"] == "1"
+    assert "--micro-batches" in calls[3][0] and "DEEPDSL_DP_FORCE" not in calls[3][1]
+    assert calls[4][0][3:8] == ["--standalone", "--nproc_per_node=2", "--no-python", "env", "LOCAL_RANK=0"]  # GPU 0
+    if two == "refuses":
+        assert report["two_ranks_one_gpu"]["outcome"] == "NCCL refused two ranks on one GPU"
+        assert "Duplicate GPU detected" in report["two_ranks_one_gpu"]["nccl_said"][0]
+    else:
+        assert report["two_ranks_one_gpu"]["against_micro_batches_2"]["equal"] is True
+
+
+@pytest.mark.parametrize(("two", "init", "drift"), [("crashes", True, ""), ("refuses", False, ""),
+                                                    ("refuses", True, "nccl_one_rank_nograph"),
+                                                    ("trains", True, "nccl_two_ranks")])  # fmt: skip
+def test_the_nccl_check_fails_another_crash_a_run_without_nccl_or_a_differing_parameter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, two: str, init: bool, drift: str
+) -> None:
+    code, report, _ = _nccl_check(tmp_path, monkeypatch, two, init, drift)
+    assert code == 1 and report["pass"] is False
+    if drift:
+        assert report[drift.replace("nccl_two_ranks", "two_ranks_one_gpu")][
+            "against_micro_batches_2" if drift == "nccl_two_ranks" else "against_plain"
+        ]["parameters_differ"] == ["w"]
+
+
+def test_without_pytorch_the_nccl_check_says_torchrun_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gpu_nccl_check, "has_torch", lambda: False)
+    monkeypatch.setattr(gpu_nccl_check.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
+    monkeypatch.setattr(sys, "argv", ["gpu_nccl_check.py", str(tmp_path), "--set N=64", "5"])
+    with pytest.raises(SystemExit, match="torchrun is missing"):
+        gpu_nccl_check.main()
+    assert json.loads((tmp_path / "nccl_pycuda.json").read_text())["pass"] is False
