@@ -29,7 +29,7 @@ from deepdsl.ir import Graph, ParamDef
 from deepdsl.ir.analysis import classified_label, regression_target
 from deepdsl.memory.footprint import available_memory, check_fits, footprint, memory_limits
 from deepdsl.memory.report import total_peak
-from deepdsl.ops.collective import STATS, buckets_of, is_data_parallel
+from deepdsl.ops.collective import is_data_parallel
 from deepdsl.passes.data_parallel import refuse_micro_batches
 
 # The largest step counter a parameter file may hold: far beyond any run, and small enough that iteration x batch
@@ -108,9 +108,6 @@ class Trainer:
         the train step as a CUDA graph from its second run on (runner.py)."""
         if self.plan is None:
             raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
-        if any(b.kind == STATS for b in buckets_of(self.build.train)):
-            raise DslProgramError("sync_batch_norm runs on the NumPy runner (--device cpu) and the compiled Java "
-                                  "program's CPU device; not yet on PyCUDA")  # fmt: skip
         s = self.session if self.executor is not None else None
         if s is not None and not isinstance(s.comm, GpuComm) and (s.world.size > 1 or s.micro_batches > 1):
             raise DslProgramError("this data-parallel session reduces over MPI on the NumPy runner (--device cpu)")

@@ -2,7 +2,8 @@
 statistics are those of the global batch (PyTorch's SyncBatchNorm). The pass's small blocking all-reduces of
 the per-channel statistics (forward) and of sum(g), sum(g xh) (backward); two ranks of the NumPy runner under
 `mpiexec -n 2` equal one process with the whole batch within rounding, and differ from the per-rank default;
-the refusals (micro-batches, batch norm without a scale, the GPU runner) are diagnostics."""
+the refusals (micro-batches, batch norm without a scale) are diagnostics. The PyCUDA runner's two ranks:
+tests/backends/test_gpu_sync_batch_norm.py."""
 
 from __future__ import annotations
 
@@ -10,11 +11,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 from dp_nets import RESIDUAL
 from test_distributed import _deepdsl, _params, _train_graph, needs_mpi
 
-from deepdsl.errors import DslProgramError
 from deepdsl.ir.printer import format_graph
 from deepdsl.ops.collective import buckets_of, post_statements
 from deepdsl.passes.data_parallel import Bucketing, data_parallel
@@ -147,20 +146,6 @@ def test_the_key_takes_true_or_false(tmp_path: Path, cli) -> None:  # noqa: ANN0
     # the flag's negation overrides the train block's key
     r = cli("memcheck", _file(tmp_path, SYNC, "sync.ddsl"), "--ranks", "2", "--no-sync-batch-norm", "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["data_parallel"]["sync_batch_norm"] is False
-
-
-def test_the_gpu_runner_refuses_it(tmp_path: Path) -> None:
-    from deepdsl import api
-    from deepdsl.build import Options
-    from deepdsl.data.named import fields_of, load_samples
-    from deepdsl.distributed import Accumulate, Session, World
-    from deepdsl.trainer import Trainer
-
-    b = api.build(api.compile_file(_file(tmp_path, SYNC)).program, Options(buckets=Bucketing()))
-    data = load_samples("synthetic", {}, fields_of(b.program.graph.inputs), b.seed)
-    t = Trainer(b, data, session=Session(World(), 1, Accumulate()))
-    with pytest.raises(DslProgramError, match="sync_batch_norm.*PyCUDA"):
-        t.use_gpu(None)  # type: ignore[arg-type]
 
 
 # ---- two ranks under mpiexec against one process with the whole batch ----

@@ -65,11 +65,6 @@ final class DataParallel {
               + " a batch norm's statistics would be over one micro-batch of each rank, neither the global"
               + " batch's nor those of gradient accumulation; compile it without sync_batch_norm to accumulate");
     }
-    if (net.syncsBatchNorm() && !(device instanceof CpuDevice)) {
-      throw new Device.Unavailable(
-          "this program synchronises batch norm (compiled with sync_batch_norm): its ranks run on the CPU"
-              + " device only for now (--device cpu)");
-    }
     if (micro > 1 && !net.accumulates()) { // (a forced collective with one rank reduces over that rank)
       throw new Device.Unavailable(
           "--micro-batches " + micro + ": this program's updates are not separable from its backward pass in"
