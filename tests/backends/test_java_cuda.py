@@ -341,6 +341,7 @@ def test_gemms_through_cublas_give_the_cpu_devices_losses(
     assert got["test_accuracy"] == pytest.approx(want["test_accuracy"])
 
 
+@pytest.mark.slow  # three Java runs on the stand-ins (8 s)
 def test_kernels_own_and_auto_choose_as_they_say(programs: Path, cuda13: Path, cudnn9: Path) -> None:
     calls, convolutions = programs / "own.cublas_calls", programs / "own.cudnn_calls"
     own = run(programs, "Small", "--iters", "1", "--kernels", "own", vendor=[cuda13, cudnn9], calls=calls,
@@ -385,6 +386,7 @@ def graph_launches(path: Path) -> tuple[int, int]:
     return int(launches), int(nodes)
 
 
+@pytest.mark.slow  # the graph's replays also in test_java_reductions' slow check (10 s)
 def test_the_train_step_is_replayed_as_a_cuda_graph(programs: Path) -> None:
     counts = programs / "graph.launches"
     watch = {"FAKE_CUDA_GRAPH_LAUNCHES": str(counts)}
@@ -527,6 +529,7 @@ def test_kernels_vendor_without_cudnn_names_what_is_missing(programs: Path, cuda
     assert got["rc"] == 1 and "cuDNN does not load (libcudnn_cnn.so.9 not found)" in got["stderr"], got["stderr"]
 
 
+@pytest.mark.slow  # both devices' Find on the stand-ins (9 s)
 def test_the_cuda_device_finds_the_convolution_algorithms_the_python_runner_does(
     programs: Path, cuda13: Path, cudnn9: Path, tmp_path: Path
 ) -> None:

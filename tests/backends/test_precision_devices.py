@@ -95,6 +95,7 @@ def test_run_precision_tf32_opens_the_gpu_in_tf32(monkeypatch: pytest.MonkeyPatc
     assert asked == [True, False]
 
 
+@pytest.mark.slow  # two emulated bf16 builds (14 s); test_bf16_cuda.py keeps one in the default suite
 def test_bf16_runs_on_the_gpu_runner_given_or_under_auto(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA runner runs bf16 (its kernels load and store bf16: tests/backends/test_bf16_cuda.py): a driver given
     runs it, and `--device auto` takes the GPU for it as for fp32, saying `precision bf16` on the device line."""

@@ -110,6 +110,7 @@ def test_gpu_mem_takes_the_least_rematerialisation_that_fits(cli, tmp_path, net,
     assert r.exit_code == 1 and "rematerialised    full" in r.stdout and "its peak is at statement" in r.stderr
 
 
+@pytest.mark.slow  # gpt_tiny planned under every remat choice and budget (10 s)
 def test_gpu_mem_over_budget_takes_the_least_peak_tried(cli) -> None:  # noqa: ANN001
     """gpt_tiny at D=32 peaks lower with `cheap` than with `full`: a budget no level fits gets the `cheap` plan."""
     sets = {"N": 2, "D": 32, "M": 64}
