@@ -266,6 +266,7 @@ def test_threads_flag(programs: Path) -> None:
     assert "[--threads N]" in java(programs / "build", "MLP", "--help", cwd=programs).stdout
 
 
+@pytest.mark.slow  # two Java runs of a convolution network (8 s)
 def test_workspace_limit_switches_the_convolution(programs: Path) -> None:
     fast = java_run(programs, "LeNet", "--iters", "2")["losses"]
     lean = java_run(programs, "LeNet", "--iters", "2", "--workspace-limit", "0")["losses"]

@@ -293,6 +293,7 @@ public class Harness {
 """
 
 
+@pytest.mark.slow  # a Java build and a dozen JVM starts (11 s)
 @pytest.mark.java
 @pytest.mark.skipif(shutil.which("javac") is None or shutil.which("java") is None, reason="no JDK on PATH")
 def test_the_java_program_refuses_and_reports_as_deepdsl_does(cli, folder: Path) -> None:  # noqa: ANN001
