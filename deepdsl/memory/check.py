@@ -12,7 +12,7 @@ A plan is legal when
   only where no member of the loop reads, or at the very element that member reads (`hazards`; the NumPy runner
   poisons such memory before the kernel, so a plan with a hazard gives wrong numbers there too);
 - a reduction pass (ir/reductions.py) writes no member's result over memory of an input of the pass or of another
-  member's result: its finishing launch writes every result after the pass has read every input.
+  member's result: its last block writes every result after the pass has read every input.
 
 A failure is a compiler bug, raised as PlanInvariantError naming the values and statements involved.
 """
@@ -91,7 +91,7 @@ def check_plan(p: Plan, groups: Sequence[Sequence[Stmt]] | None = None) -> Plan:
 
 def _check_reduction_passes(p: Plan, homes: dict[str, Home], fail) -> None:  # noqa: ANN001
     """A reduction pass (ir/reductions.py, as the CUDA program forms it) reads every member's inputs before its
-    finishing launch writes every member's result: no result may lie over an input of the pass or another result
+    last block writes every member's result: no result may lie over an input of the pass or another result
     (but over its own input at the same bytes: a running statistic updated in place, element for element)."""
     for group in reduction_groups(planned_groups(p)):
         if len(group) < 2 or reduction_group(group) is None:

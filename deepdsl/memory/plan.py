@@ -89,7 +89,7 @@ def workspace_need(s: Stmt) -> int:
 
 def workspace_spans(g: Graph) -> dict[str, tuple[int, int]]:
     """The statements whose workspace lives across more than their own statement: the members of a reduction pass
-    (ir/reductions.py), whose partial sums the pass's finishing launch reads after every member's were written."""
+    (ir/reductions.py), whose partial sums the pass's last block reads after every member's were written."""
     return group_spans(g.stmts, reduction_groups(kernel_groups(g.stmts)))
 
 
@@ -130,7 +130,7 @@ def place(g: Graph, workspace_limit: int | None = None) -> Plan:
     for v in owner:  # a buffer lives until the last use of any value it holds
         r = root(v)
         end[r] = max(end[r], last.get(v, -1))
-    # a reduction pass (ir/reductions.py) reads its members' inputs until its finishing launch, which writes every
+    # a reduction pass (ir/reductions.py) reads its members' inputs until its last block, which writes every
     # member's result: each result is live from the pass's first statement, each input until its last (else a
     # member's result may take the memory of an input a later-written member still reads: a variance under dbeta)
     stmts = {s.out.name: s for s in g.stmts}

@@ -86,7 +86,7 @@ def bn_train_backward(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> T
     sums' pass reads x and g; this one reads them again and writes dx). Letting cuDNN's sums be the statements'
     instead (skipping ours) saves no traffic (its backward makes the same two passes), and loses more: the sums
     would be made by another statement's launch, so the plan, `deepdsl ir --stats` and the two CUDA devices would
-    differ between --kernels vendor and own; the inverse deviation, computed in our sums' finishing launch, would
+    differ between --kernels vendor and own; the inverse deviation, computed in our sums' last block, would
     need a launch of its own; cuDNN's summation order is its own (ours is fixed, the same bits every run); and under
     a synchronised batch norm the sums must be the ranks' total, which cuDNN's local ones are not (docs/gpu.md)."""
     x, g, *rest = types
@@ -277,7 +277,7 @@ def _bn_train_apply_vjp(b: Any, s: Any, g: Any) -> tuple:
     # y = xh gamma + beta with xh = (x - m) r, m and v x's own statistics: dgamma = sum(g xh) (xh recomputed where
     # the sum reads it: emitted before dx, so that fusing it there keeps nothing alive longer), dbeta = sum(g), dx
     # the closed form from those sums (one statement, one pass); none to m and v, whose dependence on x dx holds
-    # (the inverse deviation a statement of its own after the sums, computed in their pass's finishing launch on a
+    # (the inverse deviation a statement of its own after the sums, computed in their pass's last block on a
     # GPU (ir/reductions.py), which dx reads with the mean: every CUDA path, vendor or own, runs dx as our one pass)
     x, m, v, gamma, _ = s.inputs
     gamma_grad = _e(b, s, "channel_sum", _e(b, s, "mul", g, _e(b, s, "bn_apply", x, m, v, **s.a)))
