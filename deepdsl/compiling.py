@@ -59,7 +59,7 @@ def write_program(
     name = java.class_name(b.program.graph.name)
     if b.precision == "bf16":
         raise DslProgramError("--precision bf16: the Java program runs fp32 and tf32; bf16 mixed precision runs on "
-                              "`deepdsl run`'s NumPy runner (docs/running.md)")  # fmt: skip
+                              "`deepdsl run`'s NumPy and PyCUDA runners (docs/running.md)")  # fmt: skip
     folder = java_target(output, name) if output is not None else None
     # the precision compiled in (--precision, else the train block's): the program's default for its --precision
     program = dataclasses.replace(b.program, train=dataclasses.replace(b.program.train, precision=b.precision))

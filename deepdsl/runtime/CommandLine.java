@@ -221,7 +221,7 @@ final class CommandLine {
           if (value.equals("bf16")) {
             throw new IllegalArgumentException(
                 "--precision bf16: the Java program runs fp32 and tf32 (bf16 mixed precision runs on"
-                    + " deepdsl run's NumPy runner)");
+                    + " deepdsl run's NumPy and PyCUDA runners)");
           }
           if (!List.of("fp32", "tf32").contains(value)) {
             throw new IllegalArgumentException(
