@@ -377,6 +377,7 @@ def test_a_dead_or_stalled_rank_stops_the_run_with_an_error(fault: str) -> None:
         assert "BAD TERMINATION" in text and f"PID {pids['1']}" in text  # the launcher names rank 1's process
 
 
+@pytest.mark.slow  # 4 s (the default suite's four minutes)
 @needs_mpi
 def test_a_resumed_two_rank_run_continues_exactly(tmp_path: Path) -> None:
     f = tmp_path / "tiny.ddsl"

@@ -7,9 +7,11 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 
+@pytest.mark.slow  # 4 s (the default suite's four minutes)
 def test_grammar_loads_from_an_installed_wheel(tmp_path) -> None:  # noqa: ANN001
     # build from a copy, so setuptools' build/ folder never lands in the checkout
     src, dist, target = tmp_path / "src", tmp_path / "dist", tmp_path / "site"

@@ -76,6 +76,7 @@ def test_runner_agrees_with_numpy_on_the_cpu(case: str, tmp_path: Path) -> None:
     assert got["gpu_memory_bytes"] == got["gpu_planned_bytes"] > got["peak_bytes"] > 0  # the stand-in counts bytes
 
 
+@pytest.mark.slow  # 4 s (the default suite's four minutes)
 @needs_gxx
 def test_parameters_move_between_host_and_gpu(tmp_path: Path) -> None:
     """Saving after GPU steps writes the GPU's parameters; loading sends them to the GPU: save -> load ->
@@ -262,6 +263,7 @@ def test_a_reduction_keeps_its_epilogue_on_the_gpu(tmp_path: Path) -> None:
     _close(got["losses"], want["losses"])
 
 
+@pytest.mark.slow  # 3 s (the default suite's four minutes)
 @needs_gxx
 def test_eval_and_predict_run_on_the_gpu_runner(tmp_path: Path) -> None:
     """deepdsl eval's test program and deepdsl predict's inference program on the stand-in GPU give the NumPy

@@ -387,6 +387,7 @@ def test_the_family_classes_have_one_public_method_per_op() -> None:
     assert set().union(*methods.values()) == wanted
 
 
+@pytest.mark.slow  # 7 s (the default suite's four minutes)
 @pytest.mark.parametrize("blas", ["java", "openblas"])
 def test_gemm_reads_a_direct_buffer_operand(blas: str, tmp_path: Path) -> None:
     """CpuGemm.gemm with B in a direct buffer (the im2col columns OpenBLAS reads in place), as stored and

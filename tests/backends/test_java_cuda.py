@@ -239,6 +239,7 @@ def test_the_cuda_device_allocates_what_the_plan_says(programs: Path) -> None:
     assert got["gpu_planned_bytes"] == mem["peak_bytes"] + got["gpu_table_bytes"] + 8 + 16 * 4
 
 
+@pytest.mark.slow  # 6 s (the default suite's four minutes)
 def test_parameters_move_between_the_gpu_and_files(programs: Path) -> None:
     whole = cpu(programs, "Small", "--iters", "4")["losses"]
     first = run(programs, "Small", "--iters", "2", "--save", "gpu.npz")
@@ -251,6 +252,7 @@ def test_parameters_move_between_the_gpu_and_files(programs: Path) -> None:
     np.testing.assert_allclose(again["losses"], whole[2:], rtol=1e-4)
 
 
+@pytest.mark.slow  # 5 s (the default suite's four minutes)
 def test_without_ptx_the_source_is_compiled_at_start_or_the_reason_given(programs: Path) -> None:
     bare = programs / "no_ptx"
     bare.mkdir(exist_ok=True)

@@ -509,6 +509,7 @@ def test_a_kernels_cost_is_its_work_per_output_element() -> None:
     assert java_cost(flat, (("i0", 5),), ((5,),)) == "3"
 
 
+@pytest.mark.slow  # 5 s (the default suite's four minutes)
 def test_a_long_layout_table_is_continued_in_classes_the_step_extends(
     cli,
     tmp_path: Path,

@@ -32,6 +32,7 @@ def _program(folder: Path, answer: int) -> list[Path]:
     return [folder / "Main.java", folder / "deepdsl" / "runtime" / "Answer.java"]
 
 
+@pytest.mark.slow  # 3 s (the default suite's four minutes)
 def test_the_runtime_is_compiled_once_per_text(tmp_path: Path) -> None:
     seen = []
     for k, answer in enumerate((1, 1, 2)):  # two programs with the same runtime, then one whose runtime changed

@@ -341,6 +341,7 @@ def check_sizes(path: Path, case: tuple[str, str]) -> None:
 RUNAWAY = ("vgg16", "".join(SEED_TOKENS["vgg16"]).replace("vgg_block(x, 512, 3)", "vgg_block(x, 512, 100000)", 1))
 
 
+@pytest.mark.slow  # 7 s (the default suite's four minutes)
 @fuzz_settings(50)  # about 10 s (memcheck of what checks is most of it); the slow variant runs 10,000
 @given(case=sized_networks())
 @example(case=RUNAWAY)

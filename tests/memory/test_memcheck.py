@@ -73,6 +73,7 @@ def test_eager_baseline_is_close_to_what_pytorch_keeps_for_resnet50() -> None:
     assert abs(per_sample - 88.05) / 88.05 < 0.10
 
 
+@pytest.mark.slow  # 4 s (the default suite's four minutes)
 def test_json_reports_remat_and_its_extra_flops(cli) -> None:  # noqa: ANN001
     plain = json.loads(cli("memcheck", RESNET, "--set", "N=8", "--json").stdout)
     cheap = json.loads(cli("memcheck", RESNET, "--set", "N=8", "--json", "--remat", "cheap").stdout)

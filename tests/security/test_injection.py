@@ -262,6 +262,7 @@ FUZZ = {
 SCOPED = [HealthCheck.function_scoped_fixture]
 
 
+@pytest.mark.slow  # 7 s (the default suite's four minutes)
 @settings(max_examples=40, derandomize=True, deadline=None, suppress_health_check=SCOPED)
 @given(**FUZZ)
 def test_hostile_names_and_paths_change_no_token_of_the_output(

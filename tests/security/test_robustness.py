@@ -51,6 +51,7 @@ def test_a_long_element_wise_chain_is_fused_into_several_kernels(cli, tmp_path) 
     assert r.exit_code == 0, r.output
 
 
+@pytest.mark.slow  # 6 s (the default suite's four minutes)
 def test_a_300_layer_residual_network_plans(cli, tmp_path) -> None:  # noqa: ANN001
     f = _write(tmp_path, residual_mlp(300))
     r = cli("memcheck", str(f), "--totals", "--json")
