@@ -175,15 +175,7 @@ class Trainer:
         feeds = self._feeds(self.train_graph, self._augmented(self.data.batch(i, self.batch, self.shuffle), i), i)
         if self.gpu is not None:
             outputs, _ = self.gpu.run("train", feeds)
-            loss = float(outputs["loss"])
-            self.last_terms = {t: float(outputs[f"loss:{t}"]) for t in self.term_names}
-            if not math.isfinite(loss):  # the GPU has already updated the parameters: no replay from here
-                raise NonFinite(f"iteration {label}: the loss is not finite (on the GPU; the same run with "
-                                "--device cpu names the first statement that produced it)")  # fmt: skip
-            self._gpu_ahead = True
-            self.step_count += 1
-            assert self.plan is not None
-            return loss, total_peak(self.plan), self.plan.arena_bytes
+            return self._gpu_step_done(outputs, label)
         if self.plan is not None:
             result = run_plan(self.plan, feeds, self.arrays)
         else:
@@ -196,6 +188,18 @@ class Trainer:
         self.arrays.update(result.updates)
         self.step_count += 1
         return loss, result.peak_bytes, result.arena_bytes
+
+    def _gpu_step_done(self, outputs: dict, label: int) -> tuple[float, int, int]:
+        """A train step the GPU ran (plain or data-parallel): its loss and terms, the step counted."""
+        assert self.plan is not None
+        loss = float(outputs["loss"])
+        self.last_terms = {t: float(outputs[f"loss:{t}"]) for t in self.term_names}
+        if not math.isfinite(loss):  # the GPU has already updated the parameters: no replay from here
+            raise NonFinite(f"iteration {label}: the loss is not finite (on the GPU; the same run with "
+                            "--device cpu names the first statement that produced it)")  # fmt: skip
+        self._gpu_ahead = True
+        self.step_count += 1
+        return loss, total_peak(self.plan), self.plan.arena_bytes
 
     def _parallel_step(self, i: int, label: int) -> tuple[float, int, int]:
         """Step `i` of the data-parallel program: this rank's shards of the global batch (one per micro-batch, at
@@ -214,14 +218,7 @@ class Trainer:
             outputs, _ = self.gpu.run_parallel(shards)
             if self.reducer is not None:
                 self.reducer.end_step()
-            loss = float(outputs["loss"])
-            self.last_terms = {t: float(outputs[f"loss:{t}"]) for t in self.term_names}
-            if not math.isfinite(loss):  # the GPU has already updated the parameters: no replay from here
-                raise NonFinite(f"iteration {label}: the loss is not finite (on the GPU; the same run with "
-                                "--device cpu names the first statement that produced it)")  # fmt: skip
-            self._gpu_ahead = True
-            self.step_count += 1
-            return loss, total_peak(self.plan), self.plan.arena_bytes
+            return self._gpu_step_done(outputs, label)
         result = ex.step(shards, self.arrays, s.comm, i)
         loss = float(result.outputs["loss"])
         self.last_terms = {t: float(result.outputs[f"loss:{t}"]) for t in self.term_names}

@@ -172,18 +172,23 @@ def test_two_gpu_ranks_draw_dropout_at_their_global_positions(work: Path) -> Non
         np.testing.assert_allclose(gpu[k], cpu[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
-def test_micro_batches_on_the_gpu_runner_draw_the_whole_batchs_dropout(tmp_path: Path, monkeypatch) -> None:
-    """In one process (no MPI, no NCCL): the dropout network's two micro-batches on the emulated GPU give the NumPy
-    runner's training within rounding, which they do only where each micro-batch's masks start at its offset in the
-    global batch (the same masks for both would differ)."""
+def _emulate_the_gpu(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """`--device cuda` in this process opens the emulated GPU (its kernels built in `folder`); cpu stays itself."""
     cpu = running.open_device
 
     def emulated(device: str, double: bool = False, kernels: str = "auto", tf32: bool = False, gpu: int = 0) -> tuple:
         if device == "cpu":
             return cpu(device)
-        return EmulatedDriver(tmp_path / "emulated"), "cuda (emulated)", None
+        return EmulatedDriver(folder), "cuda (emulated)", None
 
     monkeypatch.setattr(running, "open_device", emulated)
+
+
+def test_micro_batches_on_the_gpu_runner_draw_the_whole_batchs_dropout(tmp_path: Path, monkeypatch) -> None:
+    """In one process (no MPI, no NCCL): the dropout network's two micro-batches on the emulated GPU give the NumPy
+    runner's training within rounding, which they do only where each micro-batch's masks start at its offset in the
+    global batch (the same masks for both would differ)."""
+    _emulate_the_gpu(monkeypatch, tmp_path / "emulated")
     (tmp_path / "drop.ddsl").write_text(DROPOUT)
     runs = {}
     for device in ("cuda", "cpu"):
@@ -247,14 +252,7 @@ def test_bf16_gradients_are_packed_into_the_float32_buckets(tmp_path: Path, monk
     """Under --precision bf16 a weight's gradient is stored in bf16 and its bucket in float32 (ops/collective.py): the
     pack kernel widens it. The batch-norm/residual network's two micro-batches on the emulated GPU give the bf16 NumPy
     runner's losses within bf16 rounding."""
-    cpu = running.open_device
-
-    def emulated(device: str, double: bool = False, kernels: str = "auto", tf32: bool = False, gpu: int = 0) -> tuple:
-        if device == "cpu":
-            return cpu(device)
-        return EmulatedDriver(tmp_path / "emulated"), "cuda (emulated)", None
-
-    monkeypatch.setattr(running, "open_device", emulated)
+    _emulate_the_gpu(monkeypatch, tmp_path / "emulated")
     (tmp_path / "res.ddsl").write_text(RESIDUAL)
     losses = {}
     for device in ("cuda", "cpu"):
