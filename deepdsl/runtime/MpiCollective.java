@@ -78,12 +78,16 @@ public final class MpiCollective implements Collective {
   private final Map<Integer, Pending> pending = new HashMap<>();
   private final Map<Integer, ByteBuffer> staging = new HashMap<>();
   private boolean failed;
+  /** Every rank found the same error (the start-up check): they end together, not by MPI_Abort. */
+  private boolean together;
   private boolean closed;
   // the ledger that names a late rank: every start tells every other rank how many starts this rank has made
   // (a small MPI_Isend each, an MPI_Irecv always posted for each), so that a wait that times out names the
   // ranks that have not reached it; up to LEDGER_RANKS ranks (the messages grow as the square of the ranks)
   static final int LEDGER_RANKS = 64;
   private static final int LEDGER_TAG = 7301;
+  /** How long a failing rank waits, after printing its error, before MPI_Abort (see {@link #abort}). */
+  private static final long ABORT_GRACE_NANOS = 200_000_000L;
   private long starts; // the all-reduces this rank has started
   private long[] seen; // the most starts heard of from each rank
   private ByteBuffer[] inbox; // each rank's last count, as received
@@ -471,9 +475,18 @@ public final class MpiCollective implements Collective {
     }
     String differ = Collective.differing(values, what);
     if (differ != null) {
-      failed = true;
+      stopTogether();
       throw new Device.Unavailable("rank " + launch.rank() + ": " + differ);
     }
+  }
+
+  /**
+   * Every rank saw the same error (they gathered the same values) and stops: {@link #close} then ends them
+   * together, as a clean run does, since MPI_Abort under MPICH's mpiexec may lose what the ranks printed last
+   * (the error itself; seen on CI).
+   */
+  void stopTogether() {
+    together = true;
   }
 
   /** Sends rank {@code root}'s {@code bytes} to every rank, into {@code bytes} (NCCL's id, for NcclCollective). */
@@ -494,8 +507,7 @@ public final class MpiCollective implements Collective {
     }
     closed = true;
     if (failed || !pending.isEmpty()) {
-      System.err.flush();
-      call("MPI_Abort", h(abi.world), 1);
+      abort();
     } else {
       // every rank ends together: a rank finalizing while rank 0 still writes its results lost rank 0's output
       // under MPICH's mpiexec (5 runs of 12 without this; tested)
@@ -506,8 +518,7 @@ public final class MpiCollective implements Collective {
         waitFor(request, "the end of the run");
       } catch (Device.Unavailable e) { // a rank stopped before the end: say so, and end every rank
         System.err.println("error: " + e.getMessage());
-        System.err.flush();
-        call("MPI_Abort", h(abi.world), 1);
+        abort();
         return;
       }
       for (int q = 0; seen != null && q < seen.length; q++) { // the ledger's messages: received, or cancelled
@@ -523,9 +534,20 @@ public final class MpiCollective implements Collective {
     }
   }
 
+  /**
+   * MPI_Abort, which stops every rank: first what this rank printed goes out, and the launcher gets a moment to
+   * forward it, since MPICH's mpiexec tears the job down on the abort and may drop output still in its pipes.
+   */
+  private void abort() {
+    System.out.flush();
+    System.err.flush();
+    LockSupport.parkNanos(ABORT_GRACE_NANOS);
+    call("MPI_Abort", h(abi.world), 1);
+  }
+
   /** Stops every rank after an error of this one (the launcher then ends the job). */
   @Override
   public void fail() {
-    failed = true;
+    failed = !together;
   }
 }

@@ -291,6 +291,9 @@ public final class NcclCollective implements Collective {
       }
       String differ = Collective.differing(values, what);
       if (differ != null) {
+        if (mpi != null) {
+          mpi.stopTogether(); // every rank saw the same flags: they end together
+        }
         fail();
         throw new Device.Unavailable("rank " + launch.rank() + ": " + differ);
       }
