@@ -14,6 +14,9 @@ and the scaling efficiency (weak scaling: the batch per GPU fixed) of a network 
 - simulation: an event simulation of the same schedule: the compute stream runs the statements, a start enqueues
   its bucket on one comm stream (FIFO), a wait blocks the compute stream until its bucket is done, and compute
   runs --contention slower while a reduction is in flight (NCCL's kernels take SMs);
+- synchronised batch norm (--sync-batch-norm): each batch norm's statistics all-reduced where they are made, in
+  the forward and the backward pass, on the same comm stream behind the gradient buckets; the compute stream waits
+  for each at once, so their latencies add up;
 - both: every step waits for the slowest rank: with a step time that varies by --jitter (a standard deviation, a
   fraction of the step) that costs about jitter x sqrt(2 ln R) of a step.
 
@@ -21,6 +24,7 @@ It prints its assumptions and both estimates. Nothing here ran on a GPU: the fig
 
     python scripts/dp_cost_model.py                      # ResNet-50, batch 64 per GPU, 8 and 64 H200s
     python scripts/dp_cost_model.py --gpus 8 16 64 --one-nic-per-box --json
+    python scripts/dp_cost_model.py --sync-batch-norm   # the same with batch norm's statistics synchronised
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from deepdsl import api  # noqa: E402
 from deepdsl.build import Options  # noqa: E402
 from deepdsl.ir import REGISTRY, Graph  # noqa: E402
+from deepdsl.ops.collective import STATS  # noqa: E402
 from deepdsl.passes.data_parallel import MIB, Bucketing  # noqa: E402
 
 
@@ -96,6 +101,7 @@ class Schedule:
     waits: dict[int, int]  # statement index -> bucket waited for there
     sizes: dict[int, int]  # bucket -> bytes
     flop_rate: float
+    stats: frozenset[int] = frozenset()  # the buckets of synchronised batch norm's statistics (blocking)
 
 
 def schedule(g: Graph, step_seconds: float, m: Machine) -> Schedule:
@@ -115,12 +121,15 @@ def schedule(g: Graph, step_seconds: float, m: Machine) -> Schedule:
     starts = {i: s.a["bucket"] for i, s in enumerate(g.stmts) if s.op == "allreduce_start"}
     waits = {i: s.a["bucket"] for i, s in enumerate(g.stmts) if s.op == "allreduce_wait"}
     sizes = {s.a["bucket"]: s.out.type.nbytes for s in g.stmts if s.op == "allreduce_start"}
-    return Schedule(seconds, starts, waits, sizes, 1 / hi)
+    stats = frozenset(s.a["bucket"] for s in g.stmts if s.op == "allreduce_start" and s.a["kind"] == STATS)
+    return Schedule(seconds, starts, waits, sizes, 1 / hi, stats)
 
 
 def paper(sch: Schedule, gpus: int, m: Machine) -> float:
-    """Closed form: buckets in start order on one comm stream; each may begin at its start and after the previous
-    one; the compute stream's time at each wait is the compute before it plus what waits already exposed."""
+    """Closed form over the starts and waits in the plan's order: buckets in start order on one comm stream, each
+    beginning at its start and after the previous one; a wait exposes what its bucket still needs, and what waits
+    exposed so far delays every later start and wait (synchronised batch norm's all-reduces wait where they start,
+    so theirs add up)."""
     t_at = []  # compute time at the start of each statement, without stalls
     t = 0.0
     for s in sch.seconds:
@@ -128,13 +137,14 @@ def paper(sch: Schedule, gpus: int, m: Machine) -> float:
         t += s
     done: dict[int, float] = {}
     free = 0.0
-    for i in sorted(sch.starts):
-        b = sch.starts[i]
-        free = max(free, t_at[i]) + allreduce_seconds(sch.sizes[b], gpus, m)
-        done[b] = free
     exposed = 0.0
-    for i in sorted(sch.waits):
-        exposed = max(exposed, done[sch.waits[i]] - t_at[i])
+    for i in sorted({*sch.starts, *sch.waits}):
+        if i in sch.waits:  # a wait comes before its statement runs, a start after
+            exposed += max(0.0, done[sch.waits[i]] - (t_at[i] + exposed))
+        if i in sch.starts:
+            b = sch.starts[i]
+            free = max(free, t_at[i] + sch.seconds[i] + exposed) + allreduce_seconds(sch.sizes[b], gpus, m)
+            done[b] = free
     return t * (1 + straggler(gpus, m)) + exposed
 
 
@@ -186,6 +196,8 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--bucket-mb", type=float, default=25.0)
     ap.add_argument("--one-nic-per-box", action="store_true")
+    ap.add_argument("--sync-batch-norm", action="store_true",
+                    help="batch-norm statistics over the global batch: two blocking all-reduces per batch norm a step")
     ap.add_argument("--contention", type=float, default=Machine.contention)
     ap.add_argument("--jitter", type=float, default=Machine.jitter)
     ap.add_argument(
@@ -200,7 +212,7 @@ def main() -> None:
     m = Machine(one_nic_per_box=a.one_nic_per_box, contention=a.contention, jitter=a.jitter)
     size = int(a.bucket_mb * MIB)
     c = api.compile_file(a.network, {"N": a.batch}, stop_at="plan",
-                         options=Options(buckets=Bucketing(size, min(size, MIB))))  # fmt: skip
+                         options=Options(buckets=Bucketing(size, min(size, MIB), a.sync_batch_norm)))  # fmt: skip
     g = c.build.train_plan.graph
     step1 = a.batch / a.images_per_s
     sch = schedule(g, step1, m)
@@ -209,7 +221,7 @@ def main() -> None:
                  f"than the {step1 * 1e3:.2f} ms step asked for; use --speedup for faster kernels")  # fmt: skip
     sch.seconds = [t / a.speedup for t in sch.seconds]
     step1 = sum(sch.seconds)
-    grads = sum(v for b, v in sch.sizes.items())
+    grads = sum(v for b, v in sch.sizes.items() if b not in sch.stats)
     rows = []
     for n in a.gpus:
         p = paper(sch, n, m)
@@ -223,8 +235,11 @@ def main() -> None:
         "network": Path(a.network).name, "batch_per_gpu": a.batch, "one_gpu_images_per_s": a.images_per_s * a.speedup,
         "speedup": a.speedup,
         "one_gpu_step_ms": step1 * 1e3, "calibrated_tflops": sch.flop_rate / 1e12,
-        "buckets": len(sch.sizes), "bucket_mib": [round(sch.sizes[b] / MIB, 2) for b in sorted(sch.sizes)],
-        "reduced_mib_per_step": grads / MIB, "nvlink_busbw_GBps": m.nvlink_busbw / 1e9,
+        "buckets": len(sch.sizes) - len(sch.stats),
+        "bucket_mib": [round(sch.sizes[b] / MIB, 2) for b in sorted(sch.sizes) if b not in sch.stats],
+        "reduced_mib_per_step": grads / MIB,
+        "sync_batch_norm_allreduces": len(sch.stats),
+        "sync_batch_norm_kib": sum(sch.sizes[b] for b in sch.stats) / 1024, "nvlink_busbw_GBps": m.nvlink_busbw / 1e9,
         "between_boxes": f"400 Gb/s x {m.nic_efficiency:.0%} per {'box' if m.one_nic_per_box else 'GPU'}",
         "latency_us": [m.latency_box * 1e6, m.latency_net * 1e6], "hbm_GBps": m.hbm / 1e9,
         "contention": m.contention, "step_jitter": m.jitter, "gpus_per_box": m.gpus_per_box,

@@ -438,6 +438,24 @@ def test_the_cost_models_paper_estimate_agrees_with_its_simulation() -> None:
     assert sim >= 0.01 and sim <= 0.01 + total + 1e-9
 
 
+def test_the_cost_model_adds_up_synchronised_batch_norms_blocking_all_reduces() -> None:
+    cm = _cost_model()
+    net = str(NETWORKS / "examples" / "cifar_resnet.ddsl")
+    quiet = cm.Machine(contention=0.0, jitter=0.0)
+    plain, sync = (cm.schedule(api.compile_file(net, {}, stop_at="plan", options=Options(
+        buckets=Bucketing(sync_batch_norm=on))).build.train_plan.graph, 0.01, quiet) for on in (False, True))  # fmt: skip
+    assert not plain.stats and len(sync.stats) >= 2 and len(sync.stats) % 2 == 0  # forward and backward, each bn
+    start = {b: i for i, b in sync.starts.items()}
+    for i, b in sync.waits.items():  # a stats all-reduce waits before the next one starts: blocking
+        assert i > start[b] and (b not in sync.stats or not any(start[b] < j < i for j in sync.starts))
+    for gpus in (8, 64):
+        latency = cm.allreduce_seconds(4, gpus, quiet)  # what a stats all-reduce costs at least
+        p, (s, stalled) = cm.paper(sync, gpus, quiet), cm.simulate(sync, gpus, quiet)
+        assert abs(p - s) <= 1e-3 * s
+        assert stalled >= len(sync.stats) * latency  # none hides: their latencies add up
+        assert s >= cm.simulate(plain, gpus, quiet)[0] + len(sync.stats) * latency - 1e-9
+
+
 @pytest.mark.slow
 @needs_mpi
 def test_two_ranks_of_two_micro_batches_equal_four_micro_batches_within_rounding(tmp_path: Path) -> None:
