@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.backends.cuda.runner import Driver, PyCudaDriver, pycuda_available
+from deepdsl.backends.cuda.runner import BF16_ARCH, Driver, PyCudaDriver, pycuda_available
 from deepdsl.backends.cuda.vendor import MissingLibrary
 from deepdsl.build import Build
 from deepdsl.checkpoint import check_writable, save_npz
@@ -103,24 +103,33 @@ def _with_base(s: Schedule, base: float) -> Schedule:
 CPU = "cpu (NumPy reference runner)"
 
 
-def precision_ran(build: Build, on_gpu: bool) -> tuple[str, str | None]:
-    """The precision a run of `build` computes in, and a note where that is not the one asked for: the NumPy runner
-    has no TF32 math, so tf32 runs there as fp32, and says so (bf16 it runs, rounding where the plan stores bf16)."""
-    if build.precision == "tf32" and not on_gpu:
+def _arch(trainer: Trainer) -> str | None:
+    """The architecture of the GPU `trainer` runs on; None on the NumPy runner."""
+    return trainer.gpu.driver.arch if trainer.gpu is not None else None
+
+
+def precision_ran(build: Build, arch: str | None) -> tuple[str, str | None]:
+    """The precision a run of `build` computes in, on the GPU of architecture `arch` (None: the NumPy runner), and a
+    note where that is not the one asked for: the NumPy runner has no TF32 math, nor has a GPU before Ampere (sm_80),
+    so tf32 runs there as fp32, and says so (bf16 the NumPy runner runs, rounding where the plan stores bf16)."""
+    if build.precision == "tf32" and arch is None:
         return "fp32", "tf32 asked: the NumPy runner has no TF32 math and runs it as fp32"
+    if build.precision == "tf32" and int(arch.removeprefix("sm_")) < BF16_ARCH:
+        return "fp32", (f"tf32 asked: this GPU ({arch}) has no TF32 tensor cores (compute capability 8.0 or newer), "
+                        "so cuBLAS and cuDNN run it as fp32")  # fmt: skip
     return build.precision, None
 
 
-def _precision_line(build: Build, on_gpu: bool) -> str:
+def _precision_line(build: Build, arch: str | None) -> str:
     """The device line's last part: `  precision fp32`, with the note where the precision asked did not run."""
-    ran, note = precision_ran(build, on_gpu)
+    ran, note = precision_ran(build, arch)
     return f"  precision {ran}" + (f" ({note})" if note else "")
 
 
-def _precision_json(build: Build, on_gpu: bool) -> dict[str, str]:
+def _precision_json(build: Build, arch: str | None) -> dict[str, str]:
     """The `--json` fields of the precision: `precision` (what ran) and, where it is not what was asked,
     `precision_note` (docs/formats.md)."""
-    ran, note = precision_ran(build, on_gpu)
+    ran, note = precision_ran(build, arch)
     return {"precision": ran, **({"precision_note": note} if note else {})}
 
 
@@ -244,7 +253,8 @@ def run_training(
         if gpu is not None:
             gpu.close()
     on_gpu = result.gpu_memory_bytes is not None
-    out: dict[str, Any] = {"device": "cuda" if on_gpu else "cpu", **_precision_json(build, on_gpu),
+    out: dict[str, Any] = {"device": "cuda" if on_gpu else "cpu",
+                           **_precision_json(build, gpu.arch if on_gpu and gpu is not None else None),
                            "losses": result.losses}  # fmt: skip
     if result.loss_terms:
         out["loss_terms"] = result.loss_terms
@@ -283,8 +293,8 @@ def evaluate(
     with _loaded(build, data, kind, driver, device, load, report, kernels) as trainer:
         measured = trainer.measure()
         assert measured is not None
-        on_gpu = trainer.gpu is not None
-    out: dict[str, Any] = {"device": "cuda" if on_gpu else "cpu", **_precision_json(build, on_gpu), **measured}
+        arch = _arch(trainer)
+    out: dict[str, Any] = {"device": "cuda" if arch else "cpu", **_precision_json(build, arch), **measured}
     if report:
         for line in metric_lines(measured):
             report(line)
@@ -314,11 +324,11 @@ def predict(
     assert arrays is not None
     with _loaded(build, data, kind, driver, device, load, report, kernels) as trainer:
         values = trainer.predict(Samples(arrays))
-        on_gpu = trainer.gpu is not None
+        arch = _arch(trainer)
     save_npz(output, {"predict": values}, replace_readonly=replace_readonly)
     if report:
         report(f"wrote {output}: predict {list(values.shape)} for {len(values)} samples (the {split} split)")
-    return {"device": "cuda" if on_gpu else "cpu", **_precision_json(build, on_gpu), "output": output, "split": split,
+    return {"device": "cuda" if arch else "cpu", **_precision_json(build, arch), "output": output, "split": split,
             "samples": len(values), "shape": list(values.shape)}  # fmt: skip
 
 
@@ -350,7 +360,7 @@ def _loaded(
             if note:
                 report(note)
             report(f"device: {description}  network {build.program.graph.name}  data {kind}"
-                   + _precision_line(build, trainer.gpu is not None))  # fmt: skip
+                   + _precision_line(build, _arch(trainer)))  # fmt: skip
         yield trainer
     finally:
         if gpu is not None:
@@ -399,7 +409,7 @@ def _train(
             report(note)
         source = source or _data_label(kind, args, build.seed)
         report(f"device: {description}  network {program.graph.name}  batch {batch}  data {source}"
-               + _precision_line(build, trainer.gpu is not None))  # fmt: skip
+               + _precision_line(build, _arch(trainer)))  # fmt: skip
         if session is not None:
             w, m = session.world, session.micro_batches
             reducer = getattr(session.comm, "reducer", None)  # on the GPU: NCCL's

@@ -196,8 +196,11 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--bucket-mb", type=float, default=25.0)
     ap.add_argument("--one-nic-per-box", action="store_true")
-    ap.add_argument("--sync-batch-norm", action="store_true",
-                    help="batch-norm statistics over the global batch: two blocking all-reduces per batch norm a step")
+    ap.add_argument(
+        "--sync-batch-norm",
+        action="store_true",
+        help="batch-norm statistics over the global batch: two blocking all-reduces per batch norm a step",
+    )
     ap.add_argument("--contention", type=float, default=Machine.contention)
     ap.add_argument("--jitter", type=float, default=Machine.jitter)
     ap.add_argument(

@@ -442,8 +442,9 @@ def test_the_cost_model_adds_up_synchronised_batch_norms_blocking_all_reduces() 
     cm = _cost_model()
     net = str(NETWORKS / "examples" / "cifar_resnet.ddsl")
     quiet = cm.Machine(contention=0.0, jitter=0.0)
-    plain, sync = (cm.schedule(api.compile_file(net, {}, stop_at="plan", options=Options(
-        buckets=Bucketing(sync_batch_norm=on))).build.train_plan.graph, 0.01, quiet) for on in (False, True))  # fmt: skip
+    graphs = [api.compile_file(net, {}, stop_at="plan", options=Options(buckets=Bucketing(sync_batch_norm=on)))
+              .build.train_plan.graph for on in (False, True)]  # fmt: skip
+    plain, sync = (cm.schedule(g, 0.01, quiet) for g in graphs)
     assert not plain.stats and len(sync.stats) >= 2 and len(sync.stats) % 2 == 0  # forward and backward, each bn
     start = {b: i for i, b in sync.starts.items()}
     for i, b in sync.waits.items():  # a stats all-reduce waits before the next one starts: blocking

@@ -293,6 +293,7 @@ class EmulatedDriver:
     `replays` count its graphs' captures and launches, `recording` is the last capture's calls."""
 
     description = "the CPU emulating a GPU (g++, fibers)"
+    arch = "sm_90"  # the architecture it stands in for
     graph_unsupported: str | None = None
 
     def __init__(self, folder: Path, capacity: int = 1 << 34, vendor: Vendor = OWN):

@@ -20,6 +20,7 @@ from deepdsl.backends.cuda import nvrtc
 from deepdsl.backends.cuda.kernels import ie_kernel, program, translation_unit
 from deepdsl.backends.cuda.runner import GpuRunner
 from deepdsl.backends.cuda.vendor import open_vendor
+from deepdsl.errors import DslProgramError
 from deepdsl.ir.indexexpr import Affine, Read
 from deepdsl.ops.precision import bf16_bits, from_bf16_bits
 from deepdsl.passes.data_parallel import Bucketing
@@ -169,6 +170,28 @@ def test_the_runner_allocates_the_bf16_plan(emulated: Path) -> None:
         assert all(a.dtype == np.float32 for a in runner.arrays().values())
     finally:
         runner.close()
+
+
+def test_a_gpu_without_bf16_tensor_cores_is_refused_where_the_libraries_would_get_bf16(
+    emulated: Path, stand_ins: Path
+) -> None:  # fmt: skip
+    """On sm_75 (Turing) cuBLAS and cuDNN refuse bf16 operands: a bf16 plan on the vendor libraries stops with an error
+    naming the GPU and the way out; the fp32 plan, and the bf16 plan on our own kernels, start."""
+    b, f = _programs("small"), _programs("small", "fp32")
+    arrays = Trainer(b, data=None).arrays  # type: ignore[arg-type]
+
+    class Turing(EmulatedDriver):
+        arch = "sm_75"
+
+    vendor = open_vendor("vendor", [stand_ins])
+    try:
+        with pytest.raises(DslProgramError, match=r"--precision bf16: the CPU emulating a GPU .* no bf16 tensor cores "
+                           r"\(compute capability 8.0 or newer"):  # fmt: skip
+            GpuRunner(Turing(emulated / "turing", vendor=vendor), b.train_plan, b.infer_plan, arrays, b.eval_plan)
+        GpuRunner(Turing(emulated / "turing", vendor=vendor), f.train_plan, f.infer_plan, arrays, f.eval_plan).close()
+    finally:
+        vendor.close()
+    GpuRunner(Turing(emulated / "turing"), b.train_plan, b.infer_plan, arrays, b.eval_plan).close()
 
 
 def _agreement(network: str, iters: int, folder: Path, stand_ins: Path) -> tuple[list[float], list[float]]:

@@ -74,6 +74,29 @@ def test_lenet_under_tf32_runs_its_gemms_and_convolutions_in_tf32(tmp_path: Path
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-2)  # TF32 keeps ~3 decimal digits
 
 
+def test_tf32_before_ampere_runs_as_fp32() -> None:
+    build = api.build(api.compile_file(ROOT / "networks" / "mlp.ddsl", {"N": 4}).program, api.Options(precision="tf32"))
+    assert running.precision_ran(build, "sm_90") == ("tf32", None)
+    assert running.precision_ran(build, "sm_80") == ("tf32", None)
+    ran, note = running.precision_ran(build, "sm_75")
+    assert ran == "fp32" and note is not None and "(sm_75) has no TF32 tensor cores" in note
+
+
+@pytest.mark.slow  # 8 s: an emulated run
+def test_tf32_on_a_gpu_before_ampere_says_it_ran_fp32(tmp_path: Path) -> None:
+    """cuBLAS and cuDNN ignore TF32 math before sm_80: the device line and --json say fp32 ran, and why."""
+
+    class Turing(EmulatedDriver):
+        arch = "sm_75"
+
+    build = api.build(api.compile_file(ROOT / "networks" / "mlp.ddsl", {"N": 4}).program, api.Options(precision="tf32"))
+    lines: list[str] = []
+    got = run_training(build, iters=1, data_flag="synthetic", driver=Turing(tmp_path / "t"), report=lines.append)
+    assert got["device"] == "cuda" and got["precision"] == "fp32" and "no TF32 tensor cores" in got["precision_note"]
+    assert lines[0].endswith("precision fp32 (tf32 asked: this GPU (sm_75) has no TF32 tensor cores (compute "
+                             "capability 8.0 or newer), so cuBLAS and cuDNN run it as fp32)")  # fmt: skip
+
+
 def test_run_precision_tf32_opens_the_gpu_in_tf32(monkeypatch: pytest.MonkeyPatch) -> None:
     """The setting reaches the driver: --precision tf32 asks PyCudaDriver for TF32 math, fp32 does not."""
     asked: list[bool] = []

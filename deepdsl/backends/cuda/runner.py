@@ -54,6 +54,7 @@ class Driver(Protocol):
     libraries' calls on it too), graphs captured from that stream, a clock."""
 
     description: str  # e.g. "NVIDIA H200 (sm_90, 143,771 MiB)"
+    arch: str  # the GPU's architecture, e.g. "sm_90"
     vendor: Vendor  # the vendor libraries on this GPU (vendor.py); OWN: our kernels only
     graph_unsupported: str | None  # why this driver cannot capture a step as a graph; None: it can
 
@@ -70,6 +71,23 @@ class Driver(Protocol):
     def capture(self, issue: Callable[[], None]) -> Any: ...
     def replay(self, graph: Any) -> None: ...  # one launch of a captured graph
     def close(self) -> None: ...
+
+
+# the first architecture with bf16 tensor cores (Ampere): cuBLAS's GemmEx and cuDNN take bf16 operands from here on
+BF16_ARCH = 80
+
+
+def _check_bf16_arch(driver: Driver, plan: Plan) -> None:
+    """A DslProgramError where a bf16 plan (--precision bf16) would hand bf16 operands to cuBLAS or cuDNN on a GPU
+    without bf16 tensor cores (they refuse them there); our own kernels convert bf16 in software on any GPU."""
+    if int(driver.arch.removeprefix("sm_")) >= BF16_ARCH or not (driver.vendor.cublas or driver.vendor.cudnn):
+        return
+    if any(s.out.type.dtype is DType.BF16 for s in plan.graph.stmts):
+        raise DslProgramError(
+            f"--precision bf16: {driver.description} has no bf16 tensor cores (compute capability 8.0 or newer, "
+            f"Ampere and later), so cuBLAS and cuDNN refuse bf16 operands there; use --precision fp32, or "
+            "--kernels own (our kernels, bf16 converted in software: slower)"
+        )
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,7 @@ class GpuRunner:
         graphs: bool = True, deterministic: bool = False, reducer: Reducer | None = None, micro_batches: int = 1,
     ):  # fmt: skip
         self.driver = driver
+        _check_bf16_arch(driver, train)
         # cuDNN's convolution algorithms: its heuristic's deterministic choice (--deterministic), else found by
         # timing each on the step's buffers (cudnnFind...Ex) here, at the start, before any graph is captured
         self.deterministic = deterministic
