@@ -20,7 +20,11 @@ Rows, per network (ResNet-50 first, then LeNet, both at batch 64):
   and `pycuda_vendor_bf16` (--precision). The generated Java program on its CUDA device: `java_vendor` (its
   steady step by its own wall clock, the loss read back each step).
 - Optional (--part optional, after the checks): `pycuda_own` and `java_own` (our kernels alone), `--workspace-limit
-  0` against the default (the workspace A/B), `--deterministic`, `--no-graph`; Java rows with --precision where the
+  0` against the default (the workspace A/B), `--deterministic`, `--no-graph`; for ResNet-50
+  `pycuda_vendor_tf32_kernels` and `pycuda_vendor_bf16_kernels`: the same run profiled by torch.profiler over two
+  more steps, every kernel cuBLAS and cuDNN launch inside ours by name, and the time of the layout conversions
+  among them (cuDNN's nchwToNhwc / nhwcToNchw transposes around tensor-core convolutions of NCHW data: what
+  channels-last would save); Java rows with --precision where the
   Java program takes it; and, with --dp-cp (LeNet compiled with `deepdsl compile --data-parallel`), the data-parallel
   Java program on one rank: `java_dp_plain` (no collective), `java_dp_nccl` and `java_dp_nccl_nograph` (NCCL forced
   for one rank by -Ddeepdsl.collective=true, in the CUDA graph and eager), their losses against the plain run's bit
@@ -66,6 +70,8 @@ TORCH = {
     "torch_default_benchmark": ("eager, PyTorch's defaults, cudnn.benchmark on", None, True, False),
     "torch_amp_bf16": ("eager, bf16 autocast, channels-last, cudnn.benchmark on", None, True, True),
 }  # fmt: skip
+# set to N: the child profiles the last N train steps with torch.profiler (they are not timed) and reports each kernel
+KERNEL_PROFILE = "BENCH_GPU_KERNEL_PROFILE"
 # our rows: name -> (part, kernels, flags of `deepdsl run` (the first is what this build must take), environment)
 OURS = {
     "pycuda_vendor": ("headline", "vendor", [], {}),
@@ -75,6 +81,10 @@ OURS = {
     "pycuda_vendor_workspace0": ("optional", "vendor", ["--workspace-limit", "0"], {}),
     "pycuda_vendor_nograph": ("optional", "vendor", ["--no-graph"], {}),
     "pycuda_vendor_deterministic": ("optional", "vendor", ["--deterministic"], {}),
+    # the kernels cuBLAS and cuDNN run inside our tf32 / bf16 steps, by name (torch.profiler over the last steps):
+    # whether cuDNN converts NCHW to NHWC around its tensor-core convolutions (the channels-last decision, issue 31)
+    "pycuda_vendor_tf32_kernels": ("optional", "vendor", ["--precision", "tf32"], {KERNEL_PROFILE: "2"}),
+    "pycuda_vendor_bf16_kernels": ("optional", "vendor", ["--precision", "bf16"], {KERNEL_PROFILE: "2"}),
 }  # fmt: skip
 # Java rows: name -> (part, kernels, flags of the generated program (the first is what it must take))
 JAVA = {
@@ -126,15 +136,23 @@ def child(out: str, argv: list[str]) -> None:
     runners: list[Any] = []
     seconds: list[float] = []
     init, run = gpu.GpuRunner.__init__, gpu.GpuRunner.run
+    profiled = int(os.environ.get(KERNEL_PROFILE, "0"))  # the last train steps to profile, kernel by kernel
+    iters = int(argv[argv.index("--iters") + 1]) if "--iters" in argv else 0
+    traced: list[float] = []
+    profiler: Any = None
 
     def watched_init(self, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
         init(self, *args, **kwargs)
         runners.append(self)
 
     def watched_run(self, step, feeds):  # noqa: ANN001, ANN202
+        nonlocal profiler
+        if step != "train":
+            return run(self, step, feeds)
+        if profiled and len(seconds) == iters - profiled and profiler is None:
+            profiler = start_kernel_profile()
         outputs, s = run(self, step, feeds)
-        if step == "train":
-            seconds.append(s)
+        (traced if profiler is not None and not isinstance(profiler, str) else seconds).append(s)
         return outputs, s
 
     gpu.GpuRunner.__init__, gpu.GpuRunner.run = watched_init, watched_run
@@ -152,10 +170,62 @@ def child(out: str, argv: list[str]) -> None:
     except ValueError:
         result = None
     report: dict[str, Any] = {"exit": status, "error": error, "cli": result, "train_seconds": seconds}
+    if isinstance(profiler, str):
+        report["kernel_profile"] = {"error": profiler}
+    elif profiler is not None:
+        report["kernel_profile"] = stop_kernel_profile(profiler, len(traced))
+    elif profiled:
+        report["kernel_profile"] = {"error": "no train step was profiled (fewer steps ran than asked)"}
     if runners:
         report["runner"] = profile_gpu.runner_facts(runners[-1])
         report["vendor_calls"] = profile_gpu.vendor_calls(runners[-1])
     Path(out).write_text(json.dumps(report))
+
+
+# a layout conversion among the kernels cuDNN and cuBLAS launch (cuDNN's nchwToNhwcKernel / nhwcToNchwKernel, the
+# transposes around a tensor-core convolution of NCHW data): the time channels-last would save
+LAYOUT_CONVERSION = re.compile(r"nchw_?to_?nhwc|nhwc_?to_?nchw|transpose|permute|convert_?layout", re.I)
+
+
+def start_kernel_profile() -> Any:
+    """torch.profiler tracing every GPU kernel this process launches (CUPTI sees the launches of PyCUDA, cuBLAS and
+    cuDNN as it does PyTorch's own), started now; without PyTorch, why not (a string)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError as err:
+        return f"no PyTorch to profile with ({err})"
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])  # (CPU: none of ours, but always there)
+    prof.start()
+    return prof
+
+
+def stop_kernel_profile(prof: Any, steps: int) -> dict[str, Any]:
+    """The profile's kernels, from its Chrome trace (every kernel, whatever launched it): kernel_summary's."""
+    import tempfile
+
+    prof.stop()
+    with tempfile.TemporaryDirectory() as folder:
+        trace = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text()).get("traceEvents", [])
+    return kernel_summary(events, steps)
+
+
+def kernel_summary(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """From Chrome-trace events (`cat` "kernel", `dur` in µs): each kernel's ms a step, the most costly first, and
+    the share of the layout conversions (LAYOUT_CONVERSION) among them."""
+    by_name: dict[str, float] = {}
+    for e in events:
+        if str(e.get("cat", "")).lower() == "kernel":
+            by_name[e["name"]] = by_name.get(e["name"], 0.0) + float(e.get("dur", 0.0)) / 1e3 / max(steps, 1)
+    total = sum(by_name.values())
+    layout = {n: ms for n, ms in by_name.items() if LAYOUT_CONVERSION.search(n)}
+    return {"steps": steps, "kernels": len(by_name), "ms_per_step": total,
+            "layout_conversion_ms_per_step": sum(layout.values()),
+            "layout_conversion_share": sum(layout.values()) / total if total else 0.0,
+            "layout_conversion_kernels": sorted(layout, key=lambda n: -layout[n])[:10],
+            "top": [{"kernel": n[:160], "ms": ms}
+                    for n, ms in sorted(by_name.items(), key=lambda kv: -kv[1])[:25]]}  # fmt: skip
 
 
 def deepdsl_help(command: str = "run") -> str:
@@ -174,9 +244,9 @@ def ours(name: str, network: str, sets: dict[str, int], steps: int, kernels: str
     """One of our rows: `deepdsl run` on the GPU in a child process, WARMUP + `steps` iterations."""
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_gpu_{os.getpid()}_{name}_{network}.json"
     sets_flags = [w for k, v in sets.items() for w in ("--set", f"{k}={v}")]
-    argv = ["run", str(ROOT / "networks" / f"{network}.ddsl"), *sets_flags,
-            "--device", "cuda", "--kernels", kernels, "--data", "synthetic", "--iters", str(WARMUP + steps), "--json",
-            *flags]  # fmt: skip
+    profiled = int(env.get(KERNEL_PROFILE, "0"))  # steps run after the timed ones, profiled kernel by kernel
+    argv = ["run", str(ROOT / "networks" / f"{network}.ddsl"), *sets_flags, "--device", "cuda", "--kernels", kernels,
+            "--data", "synthetic", "--iters", str(WARMUP + steps + profiled), "--json", *flags]  # fmt: skip
     row: dict[str, Any] = {"kernels": kernels, "flags": flags, "command": "deepdsl " + " ".join(argv[:1] + argv[2:])}
     if env:
         row["environment"] = env
@@ -192,7 +262,7 @@ def ours(name: str, network: str, sets: dict[str, int], steps: int, kernels: str
         return row | {"error": f"the child ended with status {r.returncode}: {r.stderr[-2000:].strip()}"}
     report = json.loads(out.read_text())
     out.unlink()
-    row.update((k, report[k]) for k in ("runner", "vendor_calls") if k in report)
+    row.update((k, report[k]) for k in ("runner", "vendor_calls", "kernel_profile") if k in report)
     cli = report["cli"] or {}
     if report["exit"] != 0 or not report["train_seconds"]:
         return row | {"error": report["error"] or f"deepdsl run ended with status {report['exit']}: "
@@ -464,6 +534,9 @@ class Bench:
             self.ours("pycuda_vendor_workspace0")
             self.ours("pycuda_vendor_deterministic")
             self.ours("pycuda_vendor_nograph")
+            if big:  # the kernels inside cuDNN's tf32 and bf16 convolutions: do they convert NCHW to NHWC?
+                self.ours("pycuda_vendor_tf32_kernels")
+                self.ours("pycuda_vendor_bf16_kernels")
             self.java("java_vendor_tf32")
             self.java("java_vendor_bf16")
             if not big:  # ResNet-50's own kernels on the Java device take about 2 s a step: left out
@@ -551,6 +624,10 @@ def show(row: dict[str, Any]) -> None:
     if "ms" not in row:
         print(f"{head} {row.get('skipped') or 'failed: ' + str(row.get('error'))[:300]}")
         return
+    kp = row.get("kernel_profile") or {}
+    if "ms_per_step" in kp:
+        print(f"{head} {kp['ms_per_step']:>9.2f} ms of kernels a step ({kp['kernels']} kernels), layout conversions "
+              f"{kp['layout_conversion_ms_per_step']:.2f} ms ({kp['layout_conversion_share']:.1%})")  # fmt: skip
     extra = ""
     if row.get("side") == "ours":
         vs = row.get("vs", {})

@@ -23,7 +23,8 @@
 #   5. agreement.json their losses against the references, LeNet's with the graph against those without, their GPU
 #                     memory against the plan (scripts/gpu_agreement.py)
 #   6. optional, while time is left: bench.json's further rows (own kernels, the workspace A/B, --deterministic,
-#                     --no-graph, --precision on the Java device: those this build takes; LeNet compiled with
+#                     --no-graph, ResNet-50's tf32 and bf16 kernels by name under torch.profiler with cuDNN's layout
+#                     conversions' share, --precision on the Java device: those this build takes; LeNet compiled with
 #                     --data-parallel on one rank, plain and with NCCL forced (-Ddeepdsl.collective=true, the
 #                     libnccl.so.2 of PyTorch's wheels), graph and eager, its losses against the plain run's bit for
 #                     bit), own_kernels.json (our convolutions against cuDNN's per ResNet-50 layer shape,

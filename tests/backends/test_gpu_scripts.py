@@ -94,6 +94,54 @@ def test_the_watched_run_reports_device_times_graph_and_vendor_calls(
     assert drivers[0].replays == 2  # the graph replayed from the second step on: what was timed
 
 
+@needs_gcc
+@pytest.mark.slow  # 7 s: as above
+def test_the_watched_run_profiles_its_last_steps_kernel_by_kernel_and_times_the_others(
+    tmp_path: Path, vendor_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """BENCH_GPU_KERNEL_PROFILE=N: the last N train steps run under the profiler (here a stand-in, PyTorch being
+    absent), they are not among the timed steps, and the report carries the profile."""
+    monkeypatch.setattr(running, "open_device", lambda device, double=False, kernels="auto", tf32=False: (
+        EmulatedDriver(tmp_path / "kernels", vendor=open_vendor(kernels, [vendor_folder])), "emulated (test)",
+        None))  # fmt: skip
+    started: list[object] = []
+    monkeypatch.setattr(bench_gpu, "start_kernel_profile", lambda: started.append(object()) or started[-1])
+    monkeypatch.setattr(bench_gpu, "stop_kernel_profile", lambda prof, steps: {"stopped": prof in started,
+                                                                               "steps": steps})  # fmt: skip
+    monkeypatch.setenv(bench_gpu.KERNEL_PROFILE, "2")
+    out = tmp_path / "row.json"
+    bench_gpu.child(str(out), ["run", str(LENET), "--set", "N=2", "--device", "cuda", "--kernels", "vendor", "--data",
+                               "synthetic", "--iters", "5", "--json"])  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["exit"] == 0 and len(report["cli"]["losses"]) == 5
+    assert len(report["train_seconds"]) == 3 and len(started) == 1
+    assert report["kernel_profile"] == {"stopped": True, "steps": 2}
+
+
+def test_the_kernel_summary_finds_cudnns_layout_conversions() -> None:
+    """cuDNN's own transposes around a tensor-core convolution of NCHW data count as layout conversions; its NHWC
+    convolution kernels (whose names say nhwc) and everything not a kernel do not."""
+    conv = "sm90_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32_stage4_warpsize2x2x1"
+    events = [
+        {"cat": "kernel", "name": "void cudnn::ops::nchwToNhwcKernel<float, float, float, false, true>(...)",
+         "dur": 300.0},
+        {"cat": "kernel", "name": conv, "dur": 1200.0},
+        {"cat": "kernel", "name": "void cudnn::ops::nhwcToNchwKernel<float, float, float, true, false>(...)",
+         "dur": 100.0},
+        {"cat": "kernel", "name": conv, "dur": 1200.0},
+        {"cat": "kernel", "name": "dd_k_relu_3", "dur": 200.0},
+        {"cat": "cuda_runtime", "name": "cuLaunchKernel", "dur": 5000.0},
+        {"ph": "M", "name": "process_name"},
+    ]  # fmt: skip
+    got = bench_gpu.kernel_summary(events, steps=2)
+    assert got["kernels"] == 4 and got["ms_per_step"] == pytest.approx(1.5)
+    assert got["layout_conversion_ms_per_step"] == pytest.approx(0.2)
+    assert got["layout_conversion_share"] == pytest.approx(0.2 / 1.5)
+    names = [k.split("::")[-1][:16] for k in got["layout_conversion_kernels"]]
+    assert names == ["nchwToNhwcKernel", "nhwcToNchwKernel"]
+    assert got["top"][0] == {"kernel": conv, "ms": pytest.approx(1.2)}
+
+
 def test_a_watched_run_the_cli_refuses_says_so(tmp_path: Path) -> None:
     out = tmp_path / "row.json"
     bench_gpu.child(str(out), ["run", str(LENET), "--no-such-flag"])
