@@ -378,7 +378,13 @@ public final class MpiCollective implements Collective {
             .append(seen[q]).append(", this rank's: ").append(starts).append(')');
       }
     }
-    return s.length() > 0 ? s.toString() : "one of the other ranks (every rank has started it)";
+    if (s.length() > 0) {
+      return s.toString();
+    }
+    // every rank started it, and one stalls inside it (stopped after its start reached this rank: seen under Open
+    // MPI's mpirun); of two ranks, that is the other one
+    return launch.size() == 2 ? "rank " + (1 - launch.rank()) + " (it started it too)"
+        : "one of the other ranks (every rank has started it)";
   }
 
   @Override

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -138,6 +139,17 @@ def test_a_stalled_rank_is_named_under_open_mpi(driver: Path, ranks: int) -> Non
     assert "MPI_ABORT was invoked" in r.stderr and "reduced" not in r.stdout
 
 
+@pytest.mark.slow  # 4 s: a 2 s watchdog timeout, then MPI_Abort
+def test_a_rank_stalled_inside_an_all_reduce_is_named_under_open_mpi(driver: Path) -> None:
+    """Rank 1 starts the all-reduce (its start reaches rank 0's ledger), then stalls before completing it: of two
+    ranks the other one is named all the same (a SIGSTOP mid-step of LeNet under Open MPI's mpirun said 'one of
+    the other ranks (every rank has started it)')."""
+    r = _check(driver, "stall-inside", "60", DEEPDSL_DP_TIMEOUT="2")
+    assert r.returncode != 0
+    assert "error: rank 0: the all-reduce of bucket 0 waited 2 s for rank 1 (it started it too), which died" in r.stdout
+    assert "reduced" not in r.stdout
+
+
 # ---- a whole program ----
 
 
@@ -177,3 +189,36 @@ def test_two_ranks_under_open_mpi_equal_two_micro_batches_bit_for_bit(programs: 
     micro_params, rank_params = _params(programs / f"{name}_micro.npz"), _params(programs / f"{name}_ranks.npz")
     assert _bitwise(micro_params, rank_params) == []
     assert all(np.isfinite(v).all() for v in rank_params.values() if v.dtype == np.float32)
+
+
+@pytest.mark.slow  # 25 s: LeNet's two ranks started twice, a rank killed, then one stopped (a 3 s timeout)
+def test_a_killed_or_stopped_rank_ends_the_run_under_open_mpi(programs: Path) -> None:
+    """Rank 1 killed (SIGKILL) mid-run: Open MPI's mpirun ends the job naming its rank and process id; rank 1
+    stopped (SIGSTOP): rank 0's watchdog names it within the timeout and MPI_Abort ends the job. Never a hang."""
+    for sig, timeout in ((signal.SIGKILL, "300"), (signal.SIGSTOP, "3")):
+        pids = programs / f"pids_{sig.name}"
+        pids.mkdir(exist_ok=True)
+        java = f"java -cp {programs / 'dp' / 'build'}:{jna_jar()} LeNet --device cpu --threads 1 --data synthetic"
+        script = f"echo $$ > {pids}/$OMPI_COMM_WORLD_RANK; exec {java} --iters 100000"
+        t0 = time.monotonic()
+        p = subprocess.Popen([*_mpirun(2), "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=programs, env=_env(DEEPDSL_DP_TIMEOUT=timeout))  # fmt: skip
+        line = ""
+        try:
+            while not (pids / "1").exists() or "iter " not in (line := p.stdout.readline()):
+                assert line or p.poll() is None, p.stderr.read()
+                assert time.monotonic() - t0 < 120, "the run did not start"
+            pid = (pids / "1").read_text().strip()
+            os.kill(int(pid), sig)
+            out, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        assert p.returncode != 0
+        text = line + out + err
+        assert "iter 100000/100000" not in text
+        if sig == signal.SIGKILL:
+            assert f"process rank 1 with PID {pid} on node" in text and "signal 9 (Killed)" in text, err
+        else:
+            assert "error: rank 0: the all-reduce of bucket" in err and "waited 3 s for rank 1 (" in err, err
+            assert "MPI_ABORT was invoked on rank 0" in err

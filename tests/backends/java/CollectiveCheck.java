@@ -8,7 +8,8 @@ import java.util.Locale;
  * launches FILE} the same for each line of FILE (an environment, then the flags); {@code
  * allreduce} sums two buckets of rank-dependent values (started both, awaited in reverse order) and
  * prints the sums bit for bit; {@code agree X} runs the start-up check with checksum X; {@code stall
- * S} sleeps S seconds before its all-reduce (a rank that stalls).
+ * S} sleeps S seconds before its all-reduce (a rank that stalls); {@code stall-inside S} the same after
+ * starting it (a rank that stalls inside an all-reduce every rank has started).
  */
 public final class CollectiveCheck {
   public static void main(String[] args) {
@@ -108,6 +109,15 @@ public final class CollectiveCheck {
             Thread.sleep((long) (1000 * Double.parseDouble(args[1])));
           }
           c.start(0, a);
+          c.await(0);
+          System.out.println("reduced");
+        }
+        case "stall-inside" -> { // rank 1 starts a large all-reduce (MPI's rendezvous protocol), then stalls
+          Buf a = Buf.zeros(1 << 20);
+          c.start(0, a);
+          if (launch.rank() == 1) {
+            Thread.sleep((long) (1000 * Double.parseDouble(args[1])));
+          }
           c.await(0);
           System.out.println("reduced");
         }
