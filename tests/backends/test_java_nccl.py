@@ -214,6 +214,7 @@ def _bucket_bytes(network: Path, *sets: str) -> int:
     return sum(b["bytes"] for b in json.loads(r.output)["data_parallel"]["buckets"])
 
 
+@pytest.mark.slow  # 30-80 s: five JVM runs on the stand-in driver, one under mpiexec -n 2
 def test_cuda_micro_batches_equal_two_cuda_ranks_bit_for_bit(program: Path) -> None:
     """--micro-batches 2 on the CUDA device (eager: the step's pre per micro-batch, each bucket copied into its
     accumulator on the GPU, then added, dd_k_dp_accumulate): two CUDA ranks over the stand-in NCCL bit for bit, one
@@ -247,9 +248,11 @@ def test_cuda_micro_batches_equal_two_cuda_ranks_bit_for_bit(program: Path) -> N
     assert micro["gpu_memory_bytes"] == micro["gpu_planned_bytes"]
 
 
+@pytest.mark.slow  # 3-10 s: three JVM runs, one under mpiexec -n 2, after the fixture's build
 def test_cuda_micro_batches_draw_dropout_at_each_micro_batchs_position(dropout: Path) -> None:
     """Each micro-batch's masks start at its own first sample in the global batch: two micro-batches on the CUDA
-    device equal two CUDA ranks bit for bit (a mask offset left at the first micro-batch's would not)."""
+    device equal two CUDA ranks bit for bit (a mask offset left at the first micro-batch's would not), and the CPU
+    device's two micro-batches within rounding."""
     micro = _run(dropout, "--iters", "3", "--micro-batches", "2", "--save", "micro.npz", ranks=0, net="Drop")
     assert micro["rc"] == 0, micro["stderr"]
     ranks = _run(dropout, "--iters", "3", "--save", "ranks.npz", tag="dropmb", net="Drop")
@@ -257,8 +260,13 @@ def test_cuda_micro_batches_draw_dropout_at_each_micro_batchs_position(dropout: 
     assert micro["losses"] == ranks["losses"]
     got, want = _params(dropout / "micro.npz"), _params(dropout / "ranks.npz")
     assert got.keys() == want.keys() and all(np.array_equal(v, want[k]) for k, v in got.items())
+    cpu = _cpu(dropout, "--iters", "3", "--micro-batches", "2", "--save", "cpu_micro.npz", net="Drop")
+    np.testing.assert_allclose(micro["losses"], cpu["losses"], rtol=1e-5)
+    for k, v in _params(dropout / "cpu_micro.npz").items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-4, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.slow  # 2-8 s: javac of one class, two JVM runs, after the fixtures' builds
 def test_cuda_micro_batches_keep_the_refusals(program: Path, synced: Path) -> None:
     """The CUDA device refuses micro-batches where the CPU device does: a program synchronising batch norm, and one
     whose updates are not separable from its backward pass (the generated class saying it does not accumulate, as
