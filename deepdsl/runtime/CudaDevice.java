@@ -221,6 +221,31 @@ public final class CudaDevice extends CudaLibrary {
     return super.jsonFields() + ", \"gpu_graph\": \"" + quoted + "\"";
   }
 
+  /**
+   * Gradient accumulation runs call for call: the step's statements before the reductions once per micro-batch,
+   * each after its shard's upload, then the rest once (DataParallel). The graph is off for it: each micro-batch's
+   * own inputs (its shard, its first sample for the draws) are sent before it, micro-batch 0 copies the buckets
+   * into their accumulators where the others add to them and the last starts the reductions, so one captured
+   * {@code pre} would not serve every micro-batch (the PyCUDA runner decides the same). Graphs of each kind (the
+   * first, a middle and the last micro-batch, then post) would need the offset of the draws read from the GPU, and
+   * NCCL's start captured in one graph with its wait in another (an event recorded in one graph and waited for in
+   * another: external event nodes), which nothing here can check without a GPU. The cost is each launch's host
+   * overhead, M times a step; not measured on a GPU.
+   */
+  @Override
+  public void accumulates(int micro) {
+    if (graphChoice.equals("on")) {
+      graphChoice = "off (--micro-batches " + micro + ")";
+    }
+  }
+
+  @Override
+  public void microBatchPre(Network net) {
+    sendBatch(net);
+    sendCounter(net.iteration); // the step the dropout masks are drawn for
+    net.microBatchPre();
+  }
+
   @Override
   public float trainStep(Network net) {
     sendBatch(net);

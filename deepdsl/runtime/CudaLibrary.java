@@ -438,8 +438,10 @@ abstract class CudaLibrary extends CudaConvolution {
 
   /**
    * The dropout mask of a data-parallel shard (registry op dropout_mask_at): draws from the shard's
-   * first sample in the global batch on. Its first draw is passed by value: the CUDA device runs
-   * one micro-batch a step, so a rank's offset is the same every step (and in a captured graph).
+   * first sample in the global batch on. Its first draw is passed by value, the offset of the
+   * micro-batch being run: with one micro-batch a step a rank's offset is the same every step, so a
+   * captured graph keeps it; with more (--micro-batches M) the steps run call for call, each
+   * micro-batch's launch given its own (CudaDevice.accumulates), never a captured one.
    */
   @Override
   public void dropoutMaskAt(Buf out, long step, long offset, float p, long seed, String site) {

@@ -105,7 +105,8 @@ abstract class CudaMemory implements Device {
   private final Map<CUdeviceptr, Long> sizes = new IdentityHashMap<>();
   long allocatedBytes;
   // what the start allocated: the plan's arena, every tensor, the batch, the step counter and settings the
-  // kernels read, the multi-tensor launches' tables; all the device takes but cuDNN's shared scratch
+  // kernels read, the multi-tensor launches' tables (and, with micro-batches, the buckets' accumulators, at the
+  // first step); all the device takes but cuDNN's shared scratch
   long plannedBytes;
 
   @Override
@@ -326,9 +327,35 @@ abstract class CudaMemory implements Device {
     }
   }
 
+  /**
+   * Micro-batches: micro-batch 0's bucket copied into its accumulator, each later one added (entries.cu's
+   * dd_k_dp_accumulate: {@code sum[e] = sum[e] + x[e]}, one float32 add in micro-batch order, as the CPU device,
+   * the PyCUDA runner and the NumPy runner do); at the wait the sum is copied back into the bucket.
+   */
   @Override
   public void accumulate(Buf sum, Buf x, boolean first) {
-    throw new Device.Unavailable("the CUDA device does not accumulate micro-batches (--device cpu does)");
+    if (first) {
+      copy(x, sum);
+      return;
+    }
+    launch("dd_k_dp_accumulate", elements(x.numel()), THREADS, new Buf[] {sum, x}, i(x.numel()));
+  }
+
+  /**
+   * A bucket's accumulator on the GPU, allocated at the first step's pack of the bucket (never while capturing:
+   * a run of micro-batches is not captured) and counted with what the start allocated ({@code plannedBytes}, the
+   * --json's gpu_planned_bytes) as in the measured gpu_memory_bytes. Its host array is only the key of where it is.
+   */
+  @Override
+  public Buf accumulator(int numel) {
+    if (capturing) {
+      throw new NotCapturable("it allocates a micro-batch accumulator");
+    }
+    CUdeviceptr p = alloc((long) numel * Sizeof.FLOAT);
+    plannedBytes += (long) numel * Sizeof.FLOAT;
+    Buf b = new Buf(new float[0], 0, numel);
+    places.put(b.a, p);
+    return b;
   }
 
   /**

@@ -18,7 +18,9 @@ import java.util.Map;
  * two ranks then equal two micro-batches bit for bit). With M > 1 the statements before the
  * reductions run once per micro-batch, each bucket summed into an accumulator in micro-batch order,
  * and the rest (the updates) once, after the accumulators are reduced and copied back at the
- * waits (CPU device only).
+ * waits. The device runs the parts ({@link Device#microBatchPre}, {@link Device#microBatchPost}) and
+ * holds the accumulators ({@link Device#accumulator}): the CPU device in host arrays, the CUDA device
+ * on the GPU (micro-batch 0 copied, the others added by a kernel), its steps then call for call.
  */
 final class DataParallel {
   private final Launch launch;
@@ -70,9 +72,8 @@ final class DataParallel {
           "--micro-batches " + micro + ": this program's updates are not separable from its backward pass in"
               + " its memory plan, so it cannot accumulate micro-batches");
     }
-    if (micro > 1 && !(device instanceof CpuDevice)) {
-      throw new Device.Unavailable(
-          "--micro-batches " + micro + " runs on the CPU device only for now (--device cpu)");
+    if (micro > 1) {
+      device.accumulates(micro);
     }
     net.set(Network.SCALE, 1.0 / ((double) launch.size() * micro));
     Collective c = Collective.open(launch, device);
@@ -169,12 +170,16 @@ final class DataParallel {
       collective.endStep();
       return loss;
     }
+    Device dev = net.device();
+    collective.beginStep();
     for (int k = 0; k < micro; k++) {
       microBatch = k;
       net.batch(first + k, shuffle);
-      net.microBatchPre();
+      dev.microBatchPre(net);
     }
-    return net.microBatchPost();
+    float loss = dev.microBatchPost(net);
+    collective.endStep();
+    return loss;
   }
 
   /** The step's {@code allReduceStart}: packs the bucket, then starts its sum (or adds it up). */
@@ -184,7 +189,7 @@ final class DataParallel {
       collective.start(bucket, out);
       return;
     }
-    Buf sum = sums.computeIfAbsent(bucket, b -> Buf.zeros(out.numel()));
+    Buf sum = sums.computeIfAbsent(bucket, b -> dev.accumulator(out.numel()));
     dev.accumulate(sum, out, microBatch == 0);
     if (microBatch == micro - 1) {
       collective.start(bucket, sum);

@@ -197,6 +197,24 @@ public interface Device extends AutoCloseable {
     }
   }
 
+  /** Micro-batches: a bucket's accumulator of {@code numel} floats, where {@link #accumulate} works (made once). */
+  default Buf accumulator(int numel) {
+    return Buf.zeros(numel);
+  }
+
+  /** Micro-batches: the run accumulates {@code micro} (over 1) a step (DataParallel, before the first step). */
+  default void accumulates(int micro) {}
+
+  /** Micro-batches: the training step's statements before its reductions, on the batch in the inputs. */
+  default void microBatchPre(Network net) {
+    net.microBatchPre();
+  }
+
+  /** Micro-batches: the rest of the step, once after the micro-batches; returns the loss. */
+  default float microBatchPost(Network net) {
+    return net.microBatchPost();
+  }
+
   /** Brings the network's tensors up to date where the device keeps copies (before a save). */
   default void toHost(Network net) {}
 

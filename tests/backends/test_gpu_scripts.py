@@ -182,7 +182,7 @@ def test_the_one_rank_nccl_rows_run_the_data_parallel_java_program_against_its_p
 
     def fake(java_bin, cp, cls, steps, kernels, flags, timeout, jvm=None, env=None):  # noqa: ANN001, ANN202
         started.append((cp, flags, jvm, env))
-        losses = [2.5, 2.0] if flags == ["--no-graph"] else [2.5, 2.25]
+        losses = [2.5, 2.0] if flags == ["--no-graph"] else [2.5, 2.125] if "--micro-batches" in flags else [2.5, 2.25]
         return {"ms": 2.0 if jvm else 1.0, "losses": losses}
 
     monkeypatch.setattr(bench_gpu, "java", fake)
@@ -193,15 +193,20 @@ def test_the_one_rank_nccl_rows_run_the_data_parallel_java_program_against_its_p
     b = _bench(tmp_path, "", java="java", dp_cp="dp:jars/*")
     for name in bench_gpu.JAVA_DP:
         b.java_dp(name)
+    micro = ["--micro-batches", "2"]  # the Java CUDA device's gradient accumulation, plain and through NCCL
     assert [(cp, flags, jvm) for cp, flags, jvm, _ in started] == [
         ("dp:jars/*", [], []), ("dp:jars/*", [], ["-Ddeepdsl.collective=true"]),
-        ("dp:jars/*", ["--no-graph"], ["-Ddeepdsl.collective=true"])]  # fmt: skip
+        ("dp:jars/*", ["--no-graph"], ["-Ddeepdsl.collective=true"]), ("dp:jars/*", micro, []),
+        ("dp:jars/*", micro, ["-Ddeepdsl.collective=true"])]  # fmt: skip
     assert started[1][3]["LD_LIBRARY_PATH"].split(":")[0] == str(nccl)
     bench_gpu.derived(b.report)
     rows = {r["name"]: r for r in b.report.doc["rows"]}
     assert rows["java_dp_nccl"]["losses_equal_to_plain"] is True and rows["java_dp_nccl"]["ms_over_plain"] == 2.0
     assert rows["java_dp_nccl_nograph"]["losses_equal_to_plain"] is False
     assert rows["java_dp_nccl"]["plain_row"] == "java_dp_plain"
+    # the NCCL run of two micro-batches against the plain run of two micro-batches, not the one-batch plain run
+    assert rows["java_dp_nccl_micro2"]["plain_row"] == "java_dp_micro2"
+    assert rows["java_dp_nccl_micro2"]["losses_equal_to_plain"] is True
 
 
 def test_without_libnccl_the_nccl_rows_say_so_and_run_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -212,9 +217,9 @@ def test_without_libnccl_the_nccl_rows_say_so_and_run_nothing(tmp_path: Path, mo
     for name in bench_gpu.JAVA_DP:
         b.java_dp(name)
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
-    assert ran == [[]]  # the plain run only
-    assert [r.get("skipped") for r in rows] == [None, bench_gpu.NO_NCCL, bench_gpu.NO_NCCL]
-    assert all("ms" not in r for r in rows[1:])
+    assert ran == [[], ["--micro-batches", "2"]]  # the runs without NCCL only
+    assert [r.get("skipped") for r in rows] == [None, bench_gpu.NO_NCCL, bench_gpu.NO_NCCL, None, bench_gpu.NO_NCCL]
+    assert all("ms" not in r for r in rows if r.get("skipped"))
     assert _bench(tmp_path, "", java="java").java_dp("java_dp_plain") is None  # no --dp-cp: no rows
 
 

@@ -151,8 +151,6 @@ def test_a_missing_or_old_nccl_and_a_missing_gpu_are_named(program: Path) -> Non
     old = _run(program, "--iters", "1", "--ranks", "2", "--rank", "0", ranks=0, FAKE_NCCL_VERSION="21805")
     assert old["rc"] == 1
     assert "error: NCCL 2.18.5 (libnccl.so.2) is older than 2.19" in old["stderr"]
-    micro = _run(program, "--iters", "1", "--micro-batches", "2", ranks=0)
-    assert micro["rc"] == 1 and "--micro-batches 2 runs on the CPU device only for now" in micro["stderr"]
     gpu = _run(program, "--iters", "1", "--ranks", "2", "--rank", "1", "--local-rank", "1", ranks=0)
     assert gpu["rc"] == 1
     assert "GPU 1 (deepdsl.gpu, a rank's local rank) is not among this machine's 1 GPU" in gpu["stderr"]
@@ -207,6 +205,93 @@ def test_one_forced_nccl_rank_is_the_plain_run(program: Path) -> None:
         alone = _params(program / "alone.npz")
         assert all(np.array_equal(v, alone[k]) for k, v in _params(program / f"{tag}.npz").items())
         assert int((program / f"nccl{tag}.0").read_text()) == 3 * 3 + 1
+
+
+def _bucket_bytes(network: Path, *sets: str) -> int:
+    """The bytes of the train step's buckets (gradients and state) in the data-parallel plan (memcheck's)."""
+    r = CliRunner().invoke(cli, ["memcheck", str(network), *sets, "--ranks", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    return sum(b["bytes"] for b in json.loads(r.output)["data_parallel"]["buckets"])
+
+
+@pytest.mark.slow  # 30-80 s: five JVM runs on the stand-in driver, one under mpiexec -n 2
+def test_cuda_micro_batches_equal_two_cuda_ranks_bit_for_bit(program: Path) -> None:
+    """--micro-batches 2 on the CUDA device (eager: the step's pre per micro-batch, each bucket copied into its
+    accumulator on the GPU, then added, dd_k_dp_accumulate): two CUDA ranks over the stand-in NCCL bit for bit, one
+    forced NCCL rank of two micro-batches bit for bit (each accumulator reduced once a step), the CPU device's two
+    micro-batches within rounding (other kernels); the accumulators allocated on the GPU and counted."""
+    iters = 3
+    micro = _run(program, "--iters", str(iters), "--micro-batches", "2", "--save", "micro.npz", ranks=0)
+    assert micro["rc"] == 0, micro["stderr"]
+    assert "graph: off (--micro-batches 2)" in micro["stderr"] and micro["gpu_graph"] == "off (--micro-batches 2)"
+    assert "2 micro-batches a step" in micro["stderr"]
+    ranks = _run(program, "--iters", str(iters), "--save", "ranks.npz", tag="mbranks")
+    assert ranks["rc"] == 0, ranks["stderr"]
+    assert micro["losses"] == ranks["losses"]
+    got, want = _params(program / "micro.npz"), _params(program / "ranks.npz")
+    assert got.keys() == want.keys() and all(np.array_equal(v, want[k]) for k, v in got.items())
+    forced = _run(program, "-Ddeepdsl.collective=true", "--iters", str(iters), "--micro-batches", "2", "--save",
+                  "forced_micro.npz", ranks=1, tag="mbforced")  # fmt: skip
+    assert forced["rc"] == 0, forced["stderr"]
+    assert int((program / "ncclmbforced.0").read_text()) == 3 * iters + 1  # each bucket's sum once a step
+    assert forced["losses"] == micro["losses"]
+    assert all(np.array_equal(v, got[k]) for k, v in _params(program / "forced_micro.npz").items())
+    cpu = _cpu(program, "--iters", str(iters), "--micro-batches", "2", "--save", "cpu_micro.npz")
+    np.testing.assert_allclose(micro["losses"], cpu["losses"], rtol=1e-5)
+    for k, v in _params(program / "cpu_micro.npz").items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-4, atol=1e-6, err_msg=k)
+    # the accumulators: one a bucket, on the GPU, in what the device reports it allocated (exact on the stand-in)
+    plain = _run(program, "--iters", "1", ranks=0)
+    assert plain["rc"] == 0, plain["stderr"]
+    accumulators = _bucket_bytes(ROOT / "networks" / "mlp.ddsl", "--set", "N=8")
+    assert micro["gpu_planned_bytes"] - plain["gpu_planned_bytes"] == accumulators > 0
+    assert micro["gpu_memory_bytes"] == micro["gpu_planned_bytes"]
+
+
+@pytest.mark.slow  # 3-10 s: three JVM runs, one under mpiexec -n 2, after the fixture's build
+def test_cuda_micro_batches_draw_dropout_at_each_micro_batchs_position(dropout: Path) -> None:
+    """Each micro-batch's masks start at its own first sample in the global batch: two micro-batches on the CUDA
+    device equal two CUDA ranks bit for bit (a mask offset left at the first micro-batch's would not), and the CPU
+    device's two micro-batches within rounding."""
+    micro = _run(dropout, "--iters", "3", "--micro-batches", "2", "--save", "micro.npz", ranks=0, net="Drop")
+    assert micro["rc"] == 0, micro["stderr"]
+    ranks = _run(dropout, "--iters", "3", "--save", "ranks.npz", tag="dropmb", net="Drop")
+    assert ranks["rc"] == 0, ranks["stderr"]
+    assert micro["losses"] == ranks["losses"]
+    got, want = _params(dropout / "micro.npz"), _params(dropout / "ranks.npz")
+    assert got.keys() == want.keys() and all(np.array_equal(v, want[k]) for k, v in got.items())
+    cpu = _cpu(dropout, "--iters", "3", "--micro-batches", "2", "--save", "cpu_micro.npz", net="Drop")
+    np.testing.assert_allclose(micro["losses"], cpu["losses"], rtol=1e-5)
+    for k, v in _params(dropout / "cpu_micro.npz").items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.slow  # 2-8 s: javac of one class, two JVM runs, after the fixtures' builds
+def test_cuda_micro_batches_keep_the_refusals(program: Path, synced: Path) -> None:
+    """The CUDA device refuses micro-batches where the CPU device does: a program synchronising batch norm, and one
+    whose updates are not separable from its backward pass (the generated class saying it does not accumulate, as
+    steps.py's pre_post makes it for such a plan)."""
+    sync = _run(synced, "--iters", "1", "--micro-batches", "2", ranks=0, net="TinyRes")
+    assert sync["rc"] == 1 and "--micro-batches 2: this program synchronises batch norm" in sync["stderr"]
+    source = (program / "src" / "MLP.java").read_text()
+    separable = "protected boolean accumulates() {\n    return true;"
+    assert separable in source
+    inseparable = program / "inseparable"
+    (inseparable / "build").mkdir(parents=True, exist_ok=True)
+    (inseparable / "MLP.java").write_text(source.replace(separable, separable.replace("true", "false")))
+    r = subprocess.run(["javac", "-nowarn", "-cp", f"{program / 'build'}:{jcuda_jars()}/*", "-d",
+                        str(inseparable / "build"), str(inseparable / "MLP.java")], capture_output=True, text=True,
+                       cwd=inseparable, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    mpiexec, lib = mpi()
+    cp = f"{inseparable / 'build'}:{program / 'build'}:{program / 'src'}:{jcuda_jars()}/*:{jna_jar()}"
+    r = subprocess.run(["java", "-Ddeepdsl.gpu=0", f"-Dorg.bytedeco.javacpp.cachedir={program / 'javacpp'}", "-cp",
+                        cp, "MLP", "--data", "synthetic", "--device", "cuda", "--kernels", "own", "--iters", "1",
+                        "--micro-batches", "2"], capture_output=True, text=True, timeout=300, cwd=program,
+                       env=launch_env(LD_LIBRARY_PATH=str(program / "fake"), DEEPDSL_FAKE_CUDA_KERNELS=str(
+                           program / "MLP" / "emulated.so")), check=False)  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert "--micro-batches 2: this program's updates are not separable from its backward pass" in r.stderr
 
 
 def test_two_cuda_ranks_draw_dropout_at_their_global_positions(dropout: Path) -> None:

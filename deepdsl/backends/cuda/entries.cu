@@ -154,3 +154,9 @@ extern "C" __global__ void dd_k_dp_pack(float* out, const float* in, const float
     const float s = scale[0];
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = in[i] * s;
 }
+
+// gradient accumulation (the Java CUDA device's --micro-batches): acc = acc + x, one float32 add each, in micro-batch
+// order (micro-batch 0 is copied), as the PyCUDA runner's dd_accumulate_N and the NumPy runner do
+extern "C" __global__ void dd_k_dp_accumulate(float* acc, const float* x, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) acc[i] = acc[i] + x[i];
+}
