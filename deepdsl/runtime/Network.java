@@ -473,6 +473,7 @@ public abstract class Network extends NetworkTensors {
     Network net = make.get(); // after the flags: it allocates every tensor
     try {
       flags.settings.forEach(net::set);
+      flags.checkPrecision(net.settings.precision);
     } catch (IllegalArgumentException e) {
       System.err.println(String.format(CommandLine.USAGE, name) + "\nerror: " + e.getMessage());
       return 2;
