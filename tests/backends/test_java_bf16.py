@@ -196,3 +196,22 @@ def test_lenet_trains_in_bf16_on_the_cuda_device(bf16_lenet: Path, cuda13: Path,
     2.63, of the last 5 2.10) as the NumPy runner's bf16 run does."""
     losses = _agrees(bf16_lenet, "LeNet", 30, [cuda13, cudnn9], "synthetic")
     assert np.mean(losses[-5:]) < 0.9 * np.mean(losses[:5])
+
+
+@pytest.mark.slow  # a third program built (javac, its kernels compiled for the CPU) and run (12 s)
+def test_a_data_parallel_bf16_program_packs_its_bf16_gradients_into_float32_buckets(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:  # fmt: skip
+    """--data-parallel: each bf16 weight gradient is widened into its float32 bucket (entries.cu's dd_k_dp_pack
+    typed `fhf`); one rank's training is the plain bf16 program's on the NumPy runner."""
+    folder = build_programs(tmp_path_factory, ("Small",), ("--precision", "bf16", "--data-parallel"))
+    assert "void dd_k_dp_pack_fhf(float* out, const dd_bf16* in" in (folder / "src" / "Small.cu").read_text()
+    log = folder / "launches.log"
+    got = run(folder, "Small", "--iters", str(FIRST), "--kernels", "own", "--no-graph",
+              extra={"FAKE_CUDA_LAUNCH_LOG": str(log)})  # fmt: skip
+    assert got["rc"] == 0, got["stderr"]
+    assert got["precision"] == "bf16"
+    launched = log.read_text().split()
+    assert "dd_k_dp_pack_fhf" in launched and "dd_k_gemm_hhh" in launched
+    want = run_training(_build("Small", "bf16"), iters=FIRST, data_flag="synthetic", device="cpu")["losses"]
+    np.testing.assert_allclose(got["losses"], want, rtol=AGREE)

@@ -96,6 +96,10 @@ def entries(source: str, plans: Iterable[Plan]) -> str:
     for p in plans:
         counters = frozenset(d.value.name for d in p.graph.inputs if d.kind in ("step", "offset"))
         for s in p.graph.stmts:
+            if s.op == "allreduce_start" and any(v.type.dtype is DType.BF16 for v in s.inputs):
+                # data parallelism: a bf16 gradient packed, widened, into its float32 bucket (CudaMemory.pack)
+                wanted[typed_entry(source, "dd_k_dp_pack", "fhf")] = None
+                continue
             types = _tensors(s, counters)
             if DType.BF16 not in types or not _library_call(s):
                 continue
