@@ -6,6 +6,7 @@ bf16); a GPU of compute capability under 8.0 is refused by name."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -80,6 +81,8 @@ def test_typed_entries_come_from_entries_cu_and_name_only_its_entries() -> None:
 def test_nvrtc_compiles_every_kernel_of_the_bf16_program(name: str) -> None:
     b = _build(name, "bf16")
     prog = java_backend.java_program(b.program, b.train_plan, b.infer_plan, b.eval_plan)
+    kernels = prog.cuda.split("// ---- the program's kernels")[1]
+    assert "dd_bf16* __restrict__ out" in kernels and "void dd_k_gemm_hhh(" in prog.cuda  # bf16, not fp32 kernels
     assert nvrtc.ptx(prog.cuda, "sm_90", f"{name}.cu", strict=True)
 
 
@@ -152,8 +155,16 @@ def test_the_bf16_program_with_its_own_kernels_agrees_with_the_numpy_runner(bf16
 def test_the_cuda_device_allocates_the_bf16_plan(bf16_programs: Path) -> None:
     """The arena is the bf16 plan's (smaller than the fp32 plan's: memcheck --precision bf16's figure) and the device
     takes exactly what it plans (the stand-in driver counts what cuMemAlloc took)."""
+    from click.testing import CliRunner
+
+    from deepdsl.cli import cli
+
     got = run(bf16_programs, "Small", "--iters", "1", "--kernels", "own")
     assert got["rc"] == 0, got["stderr"]
+    m = CliRunner().invoke(cli, ["memcheck", str(bf16_programs / "small.ddsl"), "--precision", "bf16", "--json"])
+    assert m.exit_code == 0, m.output
+    memcheck = json.loads(m.output)
+    assert got["arena_bytes"] == memcheck["arena_bytes"] and got["peak_bytes"] == memcheck["peak_bytes"]
     b, f = _build("Small", "bf16"), _build("Small", "fp32")
     assert got["arena_bytes"] == max(p.arena_bytes for p in (b.train_plan, b.infer_plan, b.eval_plan))
     assert got["arena_bytes"] < max(p.arena_bytes for p in (f.train_plan, f.infer_plan, f.eval_plan))

@@ -589,3 +589,12 @@ def test_precision_tf32_runs_cublas_and_cudnn_in_tf32_math(programs: Path, cuda1
         np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-2)  # TF32 keeps ~3 decimal digits
     on_cpu = cpu(programs, "Small", "--iters", "1", "--precision", "tf32")
     assert on_cpu["precision"] == "fp32" and "no TF32 math" in on_cpu["precision_note"]
+
+
+def test_precision_bf16_of_an_fp32_program_names_the_compile_that_plans_it(programs: Path) -> None:
+    """bf16 is planned at compile time (two bytes a bf16 value): an fp32 program's --precision bf16 is a usage error
+    naming `deepdsl compile --precision bf16` (tests/backends/test_java_bf16.py runs such a program)."""
+    r = java(programs / "build", "Small", "--data", "synthetic", "--device", "cpu", "--precision", "bf16",
+             cwd=programs)  # fmt: skip
+    assert r.returncode == 2
+    assert "compiled for fp32" in r.stderr and "`deepdsl compile --precision bf16`" in r.stderr
