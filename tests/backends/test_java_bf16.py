@@ -226,3 +226,21 @@ def test_a_data_parallel_bf16_program_packs_its_bf16_gradients_into_float32_buck
     assert "dd_k_dp_pack_fhf" in launched and "dd_k_gemm_hhh" in launched
     want = run_training(_build("Small", "bf16"), iters=FIRST, data_flag="synthetic", device="cpu")["losses"]
     np.testing.assert_allclose(got["losses"], want, rtol=AGREE)
+
+
+@pytest.mark.slow  # three more Java runs (train and save, predict on each device: 6 s)
+def test_a_bf16_prediction_comes_back_widened_to_float32(bf16_programs: Path) -> None:
+    """`predict` (Small's last linear layer, stored bf16) read from the GPU: float32 values that are bf16 ones (their
+    low 16 bits zero), near the CPU device's fp32 prediction from the same parameters."""
+    trained = run(bf16_programs, "Small", "--iters", "2", "--kernels", "own", "--save", "p.npz")
+    assert trained["rc"] == 0, trained["stderr"]
+    on_gpu = run(bf16_programs, "Small", "--kernels", "own", "--load", "p.npz", "--predict", "gpu.npz")
+    assert on_gpu["rc"] == 0, on_gpu["stderr"]
+    r = java(bf16_programs / "build", "Small", "--data", "synthetic", "--device", "cpu", "--load", "p.npz",
+             "--predict", "cpu.npz", cwd=bf16_programs)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    with np.load(bf16_programs / "gpu.npz") as g, np.load(bf16_programs / "cpu.npz") as c:
+        got, want = g["predict"], c["predict"]
+    assert got.dtype == np.float32 and not (got.view(np.uint32) & 0xFFFF).any()
+    np.testing.assert_allclose(got, want, atol=2e-2 * float(np.abs(want).max()))
+    assert not np.array_equal(got, want)

@@ -181,7 +181,8 @@ def run(folder: Path, name: str, *args: str, classpath: str | None = None, nvrtc
     if "--device" not in args:
         cmd += ["--device", "cuda"]
     r = subprocess.run([*cmd, "--json"], cwd=folder, capture_output=True, text=True, timeout=600, env=env, check=False)
-    return {"rc": r.returncode, "stderr": r.stderr, **(json.loads(r.stdout) if r.returncode == 0 else {})}
+    # (--predict writes its file and no JSON object)
+    return {"rc": r.returncode, "stderr": r.stderr, **(json.loads(r.stdout) if r.returncode == 0 and r.stdout else {})}
 
 
 def cpu(folder: Path, name: str, *args: str) -> dict:

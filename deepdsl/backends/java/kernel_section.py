@@ -264,11 +264,11 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
            shapes: tuple | None = None, ctypes: tuple[str, ...] | None = None, pad: bool = False,
            maker: tuple[str, dict[str, Any]] | None = None,
            restrict: tuple[bool, ...] | None = None, out_ctype: str = "float") -> str:  # fmt: skip
-    """The constant of the kernel computing `body` over `out` (stored as `out_ctype`: dd_bf16 under bf16). Its sizes
-    are arguments (the buffers' dims), so statements whose kernels read the same but for their sizes share one; so
-    are the numbers in which they differ (java/constants.py), the buffers `e.extra` names (after what they are to `maker`, the op and attributes
-    that made them), which the call passes after the inputs. With `pad`, a rank-2 kernel whose rank-4 form
-    (unit_axes.py) a rank-4 statement has too is that form, and `e.views` the shapes the call passes its tensors
+    """The constant of the kernel computing `body` over `out` (stored as `out_ctype`: dd_bf16 under bf16). Its sizes are
+    arguments (the buffers' dims), so statements whose kernels read the same but for their sizes share one; so are the
+    numbers in which they differ (java/constants.py), the buffers `e.extra` names (after what they are to `maker`, the
+    op and attributes that made them), which the call passes after the inputs. With `pad`, a rank-2 kernel whose rank-4
+    form (unit_axes.py) a rank-4 statement has too is that form, and `e.views` the shapes the call passes its tensors
     as. `restrict` (`apart`: the output, then each of `shapes`): the pointers an element-wise kernel takes
     `__restrict__`; statements whose kernels differ in it alone share the Java body (`Kernel.variant`)."""
     e.extra, e.views = [], {}
