@@ -329,10 +329,16 @@ final class CommandLine {
   /** The flags that override the compiled settings: --deterministic and --precision. */
   void applyTo(NetworkTensors.Settings s) {
     s.deterministic |= deterministic; // cuDNN's heuristic, deterministic convolution algorithms
-    checkPrecision(s.precision);
     if (precision != null) { // the CUDA device's TF32 math
       s.precision = precision;
     }
+  }
+
+  /** {@link #parse}, then the --precision checked against the one {@code compiled} (checkPrecision). */
+  static CommandLine parse(String[] args, String compiled) {
+    CommandLine f = parse(args);
+    f.checkPrecision(compiled);
+    return f;
   }
 
   /**

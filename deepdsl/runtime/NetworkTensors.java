@@ -188,7 +188,6 @@ public abstract class NetworkTensors {
    * when the CPU device takes the network (on the CUDA device the arena is on the GPU).
    */
   protected float[] arena;
-
   private boolean onHost; // the arena is the CPU device's (hostScale), not the CUDA device's
 
   /** The step counter: the number of training steps taken (it seeds the dropout masks). */
@@ -212,12 +211,7 @@ public abstract class NetworkTensors {
     this.workspaceLimit = settings.workspaceLimit;
   }
 
-  /**
-   * The bytes of the host arena each byte of the plan's offsets stands for, over four: 1, or 2 for a
-   * program compiled with --precision bf16, whose plan gives a bf16 value two bytes an element: the CPU
-   * device stores every value in float32, so it places each at twice its planned offset, in an arena
-   * twice the plan's (the values keep apart as the plan keeps them).
-   */
+  /** 2 for a bf16 program (the CPU device, all float32, places each value at twice its offset), else 1. */
   int hostScale() {
     return settings.precision.equals("bf16") ? 2 : 1;
   }
@@ -473,10 +467,7 @@ public abstract class NetworkTensors {
     return new Buf(arena, (int) (byteOffset / 4 * (onHost ? hostScale() : 1)), shape);
   }
 
-  /**
-   * The arena region at {@code byteOffset} seen as a tensor of {@code shape} that the plan stores in
-   * bf16 (--precision bf16): two bytes an element on the CUDA device; float32 on the CPU device.
-   */
+  /** As {@link #at}, a value the plan stores in bf16: 2 bytes an element on the GPU, float32 on the CPU. */
   protected final Buf atBf16(long byteOffset, int... shape) {
     return onHost ? at(byteOffset, shape) : new Buf(arena, (int) (byteOffset / 4), true, shape);
   }
