@@ -200,7 +200,7 @@ def test_a_gpu_without_bf16_tensor_cores_is_refused(bf16_programs: Path) -> None
     assert "compute capability 8.0 or newer" in got["stderr"] and "compute capability 7.5" in got["stderr"]
 
 
-@pytest.mark.slow  # LeNet's bf16 program built, and 30 steps on the emulated GPU and the NumPy runner (18 s)
+@pytest.mark.slow  # LeNet's bf16 program built, and 30 steps on the emulated GPU and the NumPy runner (10 s)
 def test_lenet_trains_in_bf16_on_the_cuda_device(bf16_lenet: Path, cuda13: Path, cudnn9: Path) -> None:
     """LeNet at test_java_cuda.py's learning rate (0.001): the loss falls (measured: the mean of the first 5 steps
     2.63, of the last 5 2.10) as the NumPy runner's bf16 run does."""
