@@ -57,9 +57,6 @@ def write_program(
     with PTX for `archs` (none: the program compiles its `.cu` with NVRTC when it starts); yields what was
     written and how to build it, a line at a time. Every target is checked before anything is written."""
     name = java.class_name(b.program.graph.name)
-    if b.precision == "bf16":
-        raise DslProgramError("--precision bf16: the Java program runs fp32 and tf32; bf16 mixed precision runs on "
-                              "`deepdsl run`'s NumPy and PyCUDA runners (docs/running.md)")  # fmt: skip
     folder = java_target(output, name) if output is not None else None
     # the precision compiled in (--precision, else the train block's): the program's default for its --precision
     program = dataclasses.replace(b.program, train=dataclasses.replace(b.program.train, precision=b.precision))

@@ -12,9 +12,21 @@ public final class Buf {
   public final int off;
   public final int[] shape;
 
+  /**
+   * Whether the CUDA device stores the elements in bf16, two bytes each (a program compiled with
+   * --precision bf16: the values its plan stores in bf16); {@code off} still counts four bytes. On the
+   * CPU device every tensor is float32 and this is false.
+   */
+  public final boolean bf16;
+
   public Buf(float[] a, int off, int... shape) {
+    this(a, off, false, shape);
+  }
+
+  public Buf(float[] a, int off, boolean bf16, int... shape) {
     this.a = a;
     this.off = off;
+    this.bf16 = bf16;
     this.shape = shape;
   }
 
@@ -34,6 +46,11 @@ public final class Buf {
       s += (double) a[off + i] * a[off + i];
     }
     return Math.sqrt(s);
+  }
+
+  /** The bytes an element takes on the device: 2 for a bf16 tensor, else 4. */
+  public int elementBytes() {
+    return bf16 ? 2 : 4;
   }
 
   public int dim(int axis) {

@@ -23,7 +23,7 @@ final class CommandLine {
           + "           [--device cpu|cuda|auto] [--workspace-limit BYTES] [--threads N]\n"
           + "           [--blas openblas|java|auto] [--kernels vendor|own|auto] [--no-graph] [--json]\n"
           + "           [--deterministic]\n"
-          + "           [--precision fp32|tf32]\n"
+          + "           [--precision fp32|tf32|bf16]\n"
           + "           [--lr X] [--momentum X] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]"
           + " [--clip X] [--alpha X]\n"
           + "       java %1$s --eval --load FILE.npz [--data SOURCE] [--device ...] [--json]\n"
@@ -112,7 +112,7 @@ final class CommandLine {
   Integer threads;
   String blas = Blas.defaultChoice();
   String kernels = "auto";
-  String precision; // --precision fp32|tf32 (null: the compiled one, Settings.precision)
+  String precision; // --precision fp32|tf32|bf16 (null: the compiled one, Settings.precision)
   boolean graph = true; // the CUDA device replays the train step as a CUDA graph (--no-graph: not)
   // the CUDA device's cuDNN convolutions are the heuristic's deterministic algorithms, not the fastest found
   boolean deterministic;
@@ -218,14 +218,9 @@ final class CommandLine {
           f.kernels = value;
         }
         case "--precision" -> {
-          if (value.equals("bf16")) {
+          if (!List.of("fp32", "tf32", "bf16").contains(value)) {
             throw new IllegalArgumentException(
-                "--precision bf16: the Java program runs fp32 and tf32 (bf16 mixed precision runs on"
-                    + " deepdsl run's NumPy and PyCUDA runners)");
-          }
-          if (!List.of("fp32", "tf32").contains(value)) {
-            throw new IllegalArgumentException(
-                "--precision takes fp32 or tf32, not '" + value + "'");
+                "--precision takes fp32, tf32 or bf16, not '" + value + "'");
           }
           f.precision = value;
         }
@@ -336,6 +331,34 @@ final class CommandLine {
     s.deterministic |= deterministic; // cuDNN's heuristic, deterministic convolution algorithms
     if (precision != null) { // the CUDA device's TF32 math
       s.precision = precision;
+    }
+  }
+
+  /** {@link #parse}, then the --precision checked against the one {@code compiled} (checkPrecision). */
+  static CommandLine parse(String[] args, String compiled) {
+    CommandLine f = parse(args);
+    f.checkPrecision(compiled);
+    return f;
+  }
+
+  /**
+   * bf16 is fixed when the program is compiled (its plan stores bf16 values in two bytes): --precision
+   * may switch between fp32 and tf32 (the same plan), not into or out of bf16.
+   */
+  void checkPrecision(String compiled) {
+    if (precision == null || precision.equals(compiled)) {
+      return;
+    }
+    if (precision.equals("bf16")) {
+      throw new IllegalArgumentException(
+          "--precision bf16: this program was compiled for " + compiled + "; bf16 mixed precision is"
+              + " planned at compile time: `deepdsl compile --precision bf16` writes a program that runs"
+              + " it");
+    }
+    if (compiled.equals("bf16")) {
+      throw new IllegalArgumentException(
+          "--precision " + precision + ": this program was compiled for bf16 (its plan stores bf16"
+              + " values); `deepdsl compile --precision " + precision + "` writes one for " + precision);
     }
   }
 

@@ -56,8 +56,19 @@ final class CudaBlas implements AutoCloseable {
   /** cublasSgemmStridedBatched(handle, ..., A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, n). */
   private final MethodHandle batched;
 
+  /**
+   * cublasGemmEx and cublasGemmStridedBatchedEx (--precision bf16: CUDA_R_16BF A and B, C as the plan
+   * stores it, CUBLAS_COMPUTE_32F), their arguments as SGEMM's with each matrix's type after it.
+   */
+  private final MethodHandle gemmEx;
+
+  private final MethodHandle batchedEx;
+
   /** FloatPointer.position(long). */
   private final MethodHandle position;
+
+  /** BytePointer.position(long). */
+  private final MethodHandle bytePosition;
 
   private final MethodHandle destroy;
   private final Object handle;
@@ -71,6 +82,11 @@ final class CudaBlas implements AutoCloseable {
   private final Object left;
   private final Object right;
   private final Object out;
+  // the Ex calls' operands: their parameters are void*, to which JavaCPP adds the position in bytes, so
+  // BytePointers at address 0 positioned at the device addresses
+  private final Object exLeft;
+  private final Object exRight;
+  private final Object exOut;
   private final String version;
 
   /**
@@ -134,7 +150,23 @@ final class CudaBlas implements AutoCloseable {
                 "cublasSgemmStridedBatched",
                 MethodType.methodType(
                     i, context, i, i, i, i, i, fp, fp, i, l, fp, i, l, fp, fp, i, l, i)));
+    Class<?> p = Class.forName("org.bytedeco.javacpp.Pointer", true, loader);
+    gemmEx =
+        erased(
+            lookup.findStatic(
+                cublas,
+                "cublasGemmEx",
+                MethodType.methodType(i, context, i, i, i, i, i, p, p, i, i, p, i, i, p, p, i, i, i, i)));
+    batchedEx =
+        erased(
+            lookup.findStatic(
+                cublas,
+                "cublasGemmStridedBatchedEx",
+                MethodType.methodType(
+                    i, context, i, i, i, i, i, p, p, i, i, l, p, i, i, l, p, p, i, i, l, i, i, i)));
     position = erased(lookup.findVirtual(fp, "position", MethodType.methodType(fp, l)));
+    Class<?> bp = Class.forName("org.bytedeco.javacpp.BytePointer", true, loader);
+    bytePosition = erased(lookup.findVirtual(bp, "position", MethodType.methodType(bp, l)));
     destroy = lookup.findStatic(cublas, "cublasDestroy_v2", MethodType.methodType(i, context));
     Object h = context.getConstructor().newInstance();
     check("cublasCreate_v2", cublas.getMethod("cublasCreate_v2", context).invoke(null, h));
@@ -157,6 +189,9 @@ final class CudaBlas implements AutoCloseable {
     left = fp.getConstructor().newInstance();
     right = fp.getConstructor().newInstance();
     out = fp.getConstructor().newInstance();
+    exLeft = bp.getConstructor().newInstance();
+    exRight = bp.getConstructor().newInstance();
+    exOut = bp.getConstructor().newInstance();
   }
 
   private static FloatBuffer scalar(float v) {
@@ -231,6 +266,25 @@ final class CudaBlas implements AutoCloseable {
    * matrices of a batch one after the other, as our kernel dd_k_gemm computes them.
    */
   void gemm(long c, long a, long b, int batch, int m, int n, int k, boolean ta, boolean tb) {
+    gemm(c, a, b, batch, m, n, k, ta, tb, false, false);
+  }
+
+  // cudaDataType_t and cublasComputeType_t / cublasGemmAlgo_t of the Ex calls
+  private static final int R_32F = 0;
+  private static final int R_16BF = 14;
+  private static final int COMPUTE_32F = 68;
+  private static final int GEMM_DEFAULT = -1;
+
+  /**
+   * As above; {@code bf16}: A and B are bf16 (--precision bf16), a cublasGemmEx (strided-batched
+   * when batched) with CUDA_R_16BF operands and float32 compute, C bf16 where {@code bf16Result}
+   * (rounded once), else float32, as the PyCUDA runner's (deepdsl/backends/cuda/cublas.py).
+   */
+  void gemm(long c, long a, long b, int batch, int m, int n, int k, boolean ta, boolean tb, boolean bf16,
+      boolean bf16Result) {
+    if (bf16Result && !bf16) {
+      throw new IllegalStateException("a bf16 GEMM result needs bf16 operands (cublasGemmEx)");
+    }
     int status;
     try {
       at(left, b); // column-major: C^T = op(B)^T op(A)^T
@@ -240,7 +294,27 @@ final class CudaBlas implements AutoCloseable {
       int opRight = ta ? OP_T : OP_N;
       int lda = tb ? k : n;
       int ldb = ta ? m : k;
-      if (batch == 1) {
+      int ab = R_16BF;
+      int ct = bf16Result ? R_16BF : R_32F;
+      if (bf16) {
+        Object unused = (Object) bytePosition.invokeExact(exLeft, b);
+        unused = (Object) bytePosition.invokeExact(exRight, a);
+        unused = (Object) bytePosition.invokeExact(exOut, c);
+      }
+      if (bf16 && batch == 1) {
+        status =
+            (int)
+                gemmEx.invokeExact(
+                    handle, opLeft, opRight, n, m, k, one, exLeft, ab, lda, exRight, ab, ldb, zero,
+                    exOut, ct, n, COMPUTE_32F, GEMM_DEFAULT);
+      } else if (bf16) {
+        status =
+            (int)
+                batchedEx.invokeExact(
+                    handle, opLeft, opRight, n, m, k, one, exLeft, ab, lda, (long) k * n, exRight, ab,
+                    ldb, (long) m * k, zero, exOut, ct, n, (long) m * n, batch, COMPUTE_32F,
+                    GEMM_DEFAULT);
+      } else if (batch == 1) {
         status =
             (int)
                 sgemm.invokeExact(
@@ -253,11 +327,11 @@ final class CudaBlas implements AutoCloseable {
                     (long) m * k, zero, out, n, (long) m * n, batch);
       }
     } catch (Throwable e) {
-      throw new IllegalStateException("cuBLAS SGEMM failed", e);
+      throw new IllegalStateException("cuBLAS " + (bf16 ? "GemmEx" : "SGEMM") + " failed", e);
     }
     if (status != 0) {
       throw new IllegalStateException(
-          "cuBLAS SGEMM (" + batch + " x " + m + "x" + n + "x" + k + ") returned status " + status);
+          "cuBLAS " + (bf16 ? "GemmEx bf16" : "SGEMM") + " (" + batch + " x " + m + "x" + n + "x" + k + ") returned status " + status);
     }
   }
 

@@ -46,8 +46,9 @@ abstract class CudaConvolution extends CudaMemory {
   void cudnn(
       int kind, Buf result, Buf a, Buf b, int[] x, int[] w, int[] y, int[] pad, int[] stride,
       int[] dilation, int groups) {
+    boolean bf16 = result.bf16; // --precision bf16: x, w and y all bf16 (conv2d's callers check)
     String key =
-        kind + Arrays.toString(x) + Arrays.toString(w) + Arrays.toString(y) + Arrays.toString(pad)
+        (bf16 ? "bf16 " : "") + kind + Arrays.toString(x) + Arrays.toString(w) + Arrays.toString(y) + Arrays.toString(pad)
             + Arrays.toString(stride) + Arrays.toString(dilation) + groups;
     CudaDnn.Conv c = convs.get(key);
     if (c == null) {
@@ -55,13 +56,13 @@ abstract class CudaConvolution extends CudaMemory {
         throw new NotCapturable("a convolution is met for the first time");
       }
       if (settings.deterministic) {
-        c = dnn.prepare(kind, x, w, y, pad, stride, dilation, groups, workspaceLimit);
+        c = dnn.prepare(kind, x, w, y, pad, stride, dilation, groups, workspaceLimit, bf16);
       } else {
         try {
           c =
               dnn.find(
                   kind, x, w, y, pad, stride, dilation, groups, workspaceLimit, address(result),
-                  address(a), address(b), this::trialOf);
+                  address(a), address(b), this::trialOf, bf16);
         } finally {
           freeTrial();
         }
@@ -73,10 +74,18 @@ abstract class CudaConvolution extends CudaMemory {
     dnn.run(c, address(result), address(a), address(b), at);
   }
 
+  /**
+   * Whether a convolution's output and operands are stored alike: all float32, or all bf16
+   * (--precision bf16: cuDNN's bf16 tensors and filter, float32 compute); a mix runs our kernel.
+   */
+  static boolean alike(Buf out, Buf a, Buf b) {
+    return out.bf16 == a.bf16 && a.bf16 == b.bf16;
+  }
+
   @Override
   public void conv2d(
       Buf out, Buf x, Buf w, int groups, int[] pad, int[] stride, int[] dilation) {
-    if (dnn != null) {
+    if (dnn != null && alike(out, x, w)) {
       cudnn(CudaDnn.FORWARD, out, x, w, x.shape, w.shape, out.shape, pad, stride, dilation, groups);
       return;
     }
@@ -92,7 +101,7 @@ abstract class CudaConvolution extends CudaMemory {
   @Override
   public void conv2dBackwardData(
       Buf out, Buf g, Buf w, int groups, int[] inShape, int[] pad, int[] stride, int[] dilation) {
-    if (dnn != null) {
+    if (dnn != null && alike(out, g, w)) {
       cudnn(CudaDnn.DATA, out, g, w, inShape, w.shape, g.shape, pad, stride, dilation, groups);
       return;
     }
@@ -115,7 +124,7 @@ abstract class CudaConvolution extends CudaMemory {
   public void conv2dBackwardFilter(
       Buf out, Buf x, Buf g, int groups, int[] pad, int[] stride, int[] dilation, int[] wShape,
       Buf workspace) {
-    if (dnn != null) {
+    if (dnn != null && alike(out, x, g)) {
       cudnn(CudaDnn.FILTER, out, x, g, x.shape, wShape, g.shape, pad, stride, dilation, groups);
       return;
     }

@@ -114,6 +114,12 @@ public final class CudaDevice extends CudaLibrary {
     cuDeviceGetAttribute(major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, gpu);
     cuDeviceGetAttribute(minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, gpu);
     arch = major[0] * 10 + minor[0];
+    if (settings.precision.equals("bf16") && arch < 80) { // as the PyCUDA runner's check
+      throw new Device.Unavailable(
+          "--precision bf16 needs bf16 tensor cores (compute capability 8.0 or newer); GPU "
+              + ordinal + " has compute capability " + major[0] + "." + minor[0]
+              + ": compile the network with --precision fp32 or tf32 to run it there");
+    }
     long[] total = {0};
     cuDeviceTotalMem(total, gpu);
     gpuName = new String(name, 0, end, StandardCharsets.UTF_8) + " (sm_" + arch + ")";
@@ -140,6 +146,9 @@ public final class CudaDevice extends CudaLibrary {
       if (vendor != null && settings.precision.equals("tf32")) {
         vendor.setTf32();
         why += ", TF32";
+      } else if (vendor != null && settings.precision.equals("bf16")) {
+        vendor.setTf32(); // a bf16 program's float32 GEMMs in TF32 too, as the PyCUDA runner's
+        why += ", GemmEx on bf16 operands, TF32";
       }
       blas = vendor;
       gemms = why;
@@ -162,6 +171,9 @@ public final class CudaDevice extends CudaLibrary {
       if (library != null && settings.precision.equals("tf32")) {
         library.setTf32();
         why += ", TF32";
+      } else if (library != null && settings.precision.equals("bf16")) {
+        library.setTf32(); // the float32 convolutions of a bf16 program in TF32 too, as the PyCUDA runner's
+        why += ", bf16 convolutions, TF32";
       }
       dnn = library;
       convolutions = why;
@@ -179,7 +191,9 @@ public final class CudaDevice extends CudaLibrary {
 
   @Override
   public String precision(String asked) {
-    return asked; // tf32: cuBLAS and cuDNN in TF32 tensor-op math (set at start), our kernels fp32
+    // tf32: cuBLAS and cuDNN in TF32 tensor-op math (set at start), our kernels fp32; bf16: the plan's
+    // bf16 values in bf16 (our kernels' dd_bf16, cublasGemmEx, cuDNN's bf16 convolutions)
+    return asked;
   }
 
   @Override

@@ -79,6 +79,7 @@ final class CudaDnn implements AutoCloseable {
   private static final int[][] IMPRECISE = {{4, 5, 7}, {2, 3, 5}, {2, 5, 6}};
   private static final int NCHW = 0;
   private static final int FLOAT = 0;
+  private static final int BFLOAT16 = 9; // CUDNN_DATA_BFLOAT16 (--precision bf16)
   private static final int CROSS_CORRELATION = 1;
   private static final int FMA_MATH = 3;
   private static final int TENSOR_OP_MATH = 1; // --precision tf32: TF32 tensor cores for float32
@@ -308,11 +309,16 @@ final class CudaDnn implements AutoCloseable {
 
   /** Sets {@code d} to a float32 NCHW tensor of {@code [n, c, h, w]}. */
   void tensor(Object d, int n, int c, int h, int w) {
+    tensor(d, FLOAT, n, c, h, w);
+  }
+
+  /** Sets {@code d} to an NCHW tensor of {@code [n, c, h, w]} of {@code type} (FLOAT, BFLOAT16). */
+  void tensor(Object d, int type, int n, int c, int h, int w) {
     Class<?> i = int.class;
     call(
         "cudnnSetTensor4dDescriptor",
         new Class<?>[] {tensorClass, i, i, i, i, i, i},
-        d, NCHW, FLOAT, n, c, h, w);
+        d, NCHW, type, n, c, h, w);
   }
 
   /**
@@ -322,8 +328,8 @@ final class CudaDnn implements AutoCloseable {
    */
   Conv prepare(
       int kind, int[] x, int[] w, int[] y, int[] pad, int[] stride, int[] dilation, int groups,
-      long limit) {
-    return choose(kind, x, w, y, pad, stride, dilation, groups, limit, 0, 0, 0, null);
+      long limit, boolean bf16) {
+    return choose(kind, x, w, y, pad, stride, dilation, groups, limit, 0, 0, 0, null, bf16);
   }
 
   /**
@@ -335,32 +341,39 @@ final class CudaDnn implements AutoCloseable {
    */
   Conv find(
       int kind, int[] x, int[] w, int[] y, int[] pad, int[] stride, int[] dilation, int groups,
-      long limit, long result, long a, long b, Trial trial) {
-    return choose(kind, x, w, y, pad, stride, dilation, groups, limit, result, a, b, trial);
+      long limit, long result, long a, long b, Trial trial, boolean bf16) {
+    return choose(kind, x, w, y, pad, stride, dilation, groups, limit, result, a, b, trial, bf16);
   }
 
+  /**
+   * {@code bf16} (--precision bf16): x, w and y are bf16, CUDNN_DATA_BFLOAT16 tensor and filter
+   * descriptors and a CUDNN_DATA_FLOAT convolution descriptor (cuDNN's PSEUDO_BFLOAT16 configuration:
+   * float32 compute, the result rounded once) in CUDNN_TENSOR_OP_MATH, as the PyCUDA runner's cudnn.py.
+   */
   private Conv choose(
       int kind, int[] x, int[] w, int[] y, int[] pad, int[] stride, int[] dilation, int groups,
-      long limit, long result, long a, long b, Trial trial) {
+      long limit, long result, long a, long b, Trial trial, boolean bf16) {
     Class<?> i = int.class;
+    int data = bf16 ? BFLOAT16 : FLOAT;
     try {
       Object xd = descriptor(tensorClass, "Tensor");
       Object wd = descriptor(filterClass, "Filter");
       Object cd = descriptor(convClass, "Convolution");
       Object yd = descriptor(tensorClass, "Tensor");
-      tensor(xd, x[0], x[1], x[2], x[3]);
+      tensor(xd, data, x[0], x[1], x[2], x[3]);
       call(
           "cudnnSetFilter4dDescriptor",
           new Class<?>[] {filterClass, i, i, i, i, i, i},
-          wd, FLOAT, NCHW, w[0], w[1], w[2], w[3]);
+          wd, data, NCHW, w[0], w[1], w[2], w[3]);
       call(
           "cudnnSetConvolution2dDescriptor",
           new Class<?>[] {convClass, i, i, i, i, i, i, i, i},
           cd, pad[0], pad[1], stride[0], stride[1], dilation[0], dilation[1], CROSS_CORRELATION,
           FLOAT);
       call("cudnnSetConvolutionGroupCount", new Class<?>[] {convClass, i}, cd, groups);
-      call("cudnnSetConvolutionMathType", new Class<?>[] {convClass, i}, cd, math);
-      tensor(yd, y[0], y[1], y[2], y[3]);
+      call(
+          "cudnnSetConvolutionMathType", new Class<?>[] {convClass, i}, cd, bf16 ? TENSOR_OP_MATH : math);
+      tensor(yd, data, y[0], y[1], y[2], y[3]);
       String shape =
           "x " + Arrays.toString(x) + " w " + Arrays.toString(w) + " y " + Arrays.toString(y)
               + " pad " + Arrays.toString(pad) + " stride " + Arrays.toString(stride)

@@ -31,8 +31,8 @@ abstract class CudaLibrary extends CudaConvolution {
   }
 
   void gemm(Buf out, Buf a, Buf b, int batch, int m, int n, int k, boolean ta, boolean tb) {
-    if (blas != null) {
-      blas.gemm(address(out), address(a), address(b), batch, m, n, k, ta, tb);
+    if (blas != null && a.bf16 == b.bf16) { // bf16 operands: cublasGemmEx (the pass makes no mixed pair)
+      blas.gemm(address(out), address(a), address(b), batch, m, n, k, ta, tb, a.bf16, out.bf16);
       return;
     }
     launch(
@@ -125,6 +125,20 @@ abstract class CudaLibrary extends CudaConvolution {
     }
   }
 
+  /**
+   * Whether every tensor of a call is float32: cuDNN's pooling, softmax, LRN and batch norm are
+   * float32-only here (as the PyCUDA runner's vendor.py), so a call touching a bf16 value
+   * (--precision bf16) runs our kernel, which loads and stores bf16 itself.
+   */
+  static boolean float32(Buf... tensors) {
+    for (Buf b : tensors) {
+      if (b.bf16) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   static String key(String call, int[]... sizes) {
     StringBuilder b = new StringBuilder(call);
     for (int[] s : sizes) {
@@ -136,7 +150,7 @@ abstract class CudaLibrary extends CudaConvolution {
   @Override
   public void maxPool2d(Buf out, Buf x, int[] kernel, int[] pad, int[] stride) {
     int[] y = out.shape;
-    if (dnn(
+    if (float32(out, x) && dnn(
         key("maxPool", x.shape, y, kernel, pad, stride),
         false,
         () -> dnn.ops.pooling(CudaDnnOps.MAX_POOL, x.shape, y, kernel, pad, stride),
@@ -151,7 +165,7 @@ abstract class CudaLibrary extends CudaConvolution {
   @Override
   public void maxPool2dBackward(
       Buf out, Buf x, Buf y, Buf g, int[] kernel, int[] pad, int[] stride) {
-    if (dnn(
+    if (float32(out, x, y, g) && dnn(
         key("maxPool", x.shape, g.shape, kernel, pad, stride),
         true,
         () -> dnn.ops.pooling(CudaDnnOps.MAX_POOL, x.shape, g.shape, kernel, pad, stride),
@@ -166,7 +180,7 @@ abstract class CudaLibrary extends CudaConvolution {
   @Override
   public void avgPool2d(Buf out, Buf x, int[] kernel, int[] pad, int[] stride) {
     int[] y = out.shape;
-    if (dnn(
+    if (float32(out, x) && dnn(
         key("avgPool", x.shape, y, kernel, pad, stride),
         false,
         () -> dnn.ops.pooling(CudaDnnOps.AVG_POOL, x.shape, y, kernel, pad, stride),
@@ -182,7 +196,7 @@ abstract class CudaLibrary extends CudaConvolution {
   public void avgPool2dBackward(
       Buf out, Buf g, int[] inShape, int[] kernel, int[] pad, int[] stride) {
     // cuDNN reads neither x nor y here: dx and dy stand for them (their sizes)
-    if (dnn(
+    if (float32(out, g) && dnn(
         key("avgPool", inShape, g.shape, kernel, pad, stride),
         true,
         () -> dnn.ops.pooling(CudaDnnOps.AVG_POOL, inShape, g.shape, kernel, pad, stride),
@@ -215,6 +229,9 @@ abstract class CudaLibrary extends CudaConvolution {
   /** Softmax or log-softmax over axis 1 (forward: {@code g} null) through cuDNN, if it takes it. */
   boolean dnnSoftmax(boolean log, Buf out, Buf x, Buf g) {
     int[] shape = x.shape;
+    if (!float32(out, x) || g != null && g.bf16) {
+      return false;
+    }
     String key = key(log ? "logSoftmax" : "softmax", shape);
     if (g == null) {
       return dnn(
@@ -312,7 +329,8 @@ abstract class CudaLibrary extends CudaConvolution {
    * (deepdsl/ops/norm.py), so that {@code vendor} runs our kernel outside them too.
    */
   boolean dnnLrn(Buf out, Buf x, Buf y, Buf g, float alpha, float beta, float k, int size) {
-    if (size % 2 == 0 || size < 1 || size > 16 || k < 1e-5f || beta < 0.01f) {
+    if (size % 2 == 0 || size < 1 || size > 16 || k < 1e-5f || beta < 0.01f || !float32(out, x)
+        || y != null && (y.bf16 || g.bf16)) {
       return false;
     }
     String key =
@@ -376,7 +394,7 @@ abstract class CudaLibrary extends CudaConvolution {
    * attribute.
    */
   boolean dnnBatchNorm(Buf x, float eps, BiConsumer<CudaDnnOps.Op, Double> call) {
-    if (eps < BN_MIN_EPSILON) {
+    if (eps < BN_MIN_EPSILON || x.bf16) {
       return false;
     }
     double e = Rng.shortestDecimal(eps);

@@ -219,6 +219,9 @@ abstract class CudaMemory implements Device {
   /** Launches {@code kernel} as grid x block, its arguments the tensors then the sizes. */
   void launch(String kernel, int[] grid, int[] block, Buf[] bufs, Pointer... sizes) {
     notAfterTheLoss();
+    if (kernel.startsWith("dd_k_")) {
+      kernel = typedEntry(kernel, bufs);
+    }
     Pointer[] args = new Pointer[bufs.length + sizes.length];
     for (int k = 0; k < bufs.length; k++) {
       args[k] = Pointer.to(pointer(bufs[k]));
@@ -236,6 +239,21 @@ abstract class CudaMemory implements Device {
         stream,
         Pointer.to(args),
         null);
+  }
+
+  /**
+   * A library entry of NAME.cu as a launch with {@code bufs} finds it: the entry itself where no
+   * tensor is bf16, else its typed form (deepdsl/backends/java/bf16.py), named after each tensor's
+   * storage in order, {@code h} bf16 and {@code f} otherwise: {@code dd_k_max_pool2d_hh}.
+   */
+  static String typedEntry(String kernel, Buf[] bufs) {
+    StringBuilder codes = new StringBuilder();
+    boolean any = false;
+    for (Buf b : bufs) {
+      codes.append(b.bf16 ? 'h' : 'f');
+      any |= b.bf16;
+    }
+    return any ? kernel + "_" + codes : kernel;
   }
 
   static final int BLOCK = 256;
@@ -422,7 +440,7 @@ abstract class CudaMemory implements Device {
   @Override
   public void copy(Buf from, Buf to) {
     notAfterTheLoss();
-    cuMemcpyDtoDAsync(pointer(to), pointer(from), (long) to.numel() * Sizeof.FLOAT, stream);
+    cuMemcpyDtoDAsync(pointer(to), pointer(from), (long) to.numel() * to.elementBytes(), stream);
   }
 
   @Override
@@ -449,6 +467,14 @@ abstract class CudaMemory implements Device {
       throw new NotCapturable("it reads a tensor on the host");
     }
     Buf host = hostCopies.computeIfAbsent(b.shape, s -> Buf.zeros(s));
+    if (b.bf16) { // a bf16 output (--precision bf16) comes back widened to float32
+      short[] bits = new short[b.numel()];
+      cuMemcpyDtoH(Pointer.to(bits), pointer(b), (long) bits.length * 2);
+      for (int k = 0; k < bits.length; k++) {
+        host.a[k] = Float.intBitsToFloat((bits[k] & 0xFFFF) << 16);
+      }
+      return host;
+    }
     download(pointer(b), host);
     return host;
   }

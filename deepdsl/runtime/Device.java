@@ -19,8 +19,9 @@ public interface Device extends AutoCloseable {
    * auto} when CUDA could not be used; null otherwise.
    */
   /**
-   * The precision this device computes in when {@code asked} (fp32 or tf32) is asked for: the CPU
-   * has no TF32 math and runs tf32 as fp32 (and says so: {@link #precisionNote}).
+   * The precision this device computes in when {@code asked} (fp32, tf32 or bf16) is asked for: the
+   * CPU has no TF32 math and runs tf32 as fp32, and runs a bf16 program in float32 (every value
+   * float32, its casts copies), and says so ({@link #precisionNote}).
    */
   default String precision(String asked) {
     return "fp32";
@@ -28,6 +29,9 @@ public interface Device extends AutoCloseable {
 
   /** Why {@code asked} ran as fp32, for the device line and --json. */
   static String precisionNote(String asked) {
+    if (asked.equals("bf16")) {
+      return "bf16 asked: the CPU device runs the bf16 program in fp32; bf16 runs on the CUDA device";
+    }
     return asked + " asked: the CPU device has no TF32 math and runs it as fp32";
   }
 

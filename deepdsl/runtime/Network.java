@@ -461,7 +461,7 @@ public abstract class Network extends NetworkTensors {
     CommandLine flags;
     Launch launch; // this process's rank (data parallelism): the launcher's environment, --ranks, --rank
     try {
-      flags = CommandLine.parse(args);
+      flags = CommandLine.parse(args, settings.precision);
       launch = DataParallel.launch(flags);
     } catch (IllegalArgumentException e) {
       System.err.println(String.format(CommandLine.USAGE, name) + "\nerror: " + e.getMessage());

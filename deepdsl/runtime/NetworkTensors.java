@@ -188,6 +188,7 @@ public abstract class NetworkTensors {
    * when the CPU device takes the network (on the CUDA device the arena is on the GPU).
    */
   protected float[] arena;
+  private boolean onHost; // the arena is the CPU device's (hostScale), not the CUDA device's
 
   /** The step counter: the number of training steps taken (it seeds the dropout masks). */
   protected long iteration;
@@ -210,12 +211,17 @@ public abstract class NetworkTensors {
     this.workspaceLimit = settings.workspaceLimit;
   }
 
+  /** 2 for a bf16 program (the CPU device, all float32, places each value at twice its offset), else 1. */
+  int hostScale() {
+    return settings.precision.equals("bf16") ? 2 : 1;
+  }
+
   /** The host arena of the CPU device. */
   void allocateArena() {
     if (arena != null) {
       return;
     }
-    if (settings.arenaBytes / 4 > Integer.MAX_VALUE - 8) {
+    if (settings.arenaBytes / 4 * hostScale() > Integer.MAX_VALUE - 8) {
       throw new Device.Unavailable(
           settings.name
               + " needs an arena of "
@@ -223,7 +229,8 @@ public abstract class NetworkTensors {
               + " bytes, more than one Java array holds; run it on a GPU (--device cuda), with a"
               + " smaller batch, or compiled with --remat");
     }
-    arena = new float[(int) (settings.arenaBytes / 4)];
+    arena = new float[(int) (settings.arenaBytes / 4 * hostScale())];
+    onHost = true;
   }
 
   /**
@@ -231,6 +238,7 @@ public abstract class NetworkTensors {
    * the array the step's tensors name it by.
    */
   float[] useDeviceArena() {
+    onHost = false;
     arena = new float[0];
     return arena;
   }
@@ -456,12 +464,17 @@ public abstract class NetworkTensors {
 
   /** The arena region at {@code byteOffset} seen as a tensor of {@code shape}. */
   protected final Buf at(long byteOffset, int... shape) {
-    return new Buf(arena, (int) (byteOffset / 4), shape);
+    return new Buf(arena, (int) (byteOffset / 4 * (onHost ? hostScale() : 1)), shape);
+  }
+
+  /** As {@link #at}, a value the plan stores in bf16: 2 bytes an element on the GPU, float32 on the CPU. */
+  protected final Buf atBf16(long byteOffset, int... shape) {
+    return onHost ? at(byteOffset, shape) : new Buf(arena, (int) (byteOffset / 4), true, shape);
   }
 
   /** The same elements with another shape (a reshape costs nothing). */
   protected static Buf view(Buf b, int... shape) {
-    return new Buf(b.a, b.off, shape);
+    return new Buf(b.a, b.off, b.bf16, shape);
   }
 
   private Buf add(String name, Kind kind, float[] values, int[] shape) {

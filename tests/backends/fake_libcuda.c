@@ -56,7 +56,10 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
   return 0;
 }
 CUresult cuDeviceGetAttribute(int *v, int attribute, CUdevice d) {
-  *v = attribute == 75 ? 9 : 0; /* COMPUTE_CAPABILITY_MAJOR = 75, MINOR = 76 */
+  /* COMPUTE_CAPABILITY_MAJOR = 75 (9, or FAKE_CUDA_CAPABILITY's tens: 75 is 7), MINOR = 76 (0, or its units) */
+  const char *cc = getenv("FAKE_CUDA_CAPABILITY");
+  int capability = cc ? atoi(cc) : 90;
+  *v = attribute == 75 ? capability / 10 : attribute == 76 ? capability % 10 : 0;
   return 0;
 }
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) { *bytes = CAPACITY; return 0; }

@@ -36,7 +36,7 @@ NOT_CPUOPS = {"reshape", "batch_norm", "dropout", "layer_norm", "fused", "indexe
 NOT_CPUOPS |= {"sample_normal", "sample_uniform"}  # lowered to random_normal / random_uniform (or a fill)
 # the data-parallel statements: Network's calls of the run's Collective (tests/backends/test_java_data_parallel.py)
 NOT_CPUOPS |= {"allreduce_start", "allreduce_wait", "bucket_slice"}
-NOT_CPUOPS |= {"cast_bf16"}  # --precision bf16's cast: the NumPy runner's alone (compile refuses bf16)
+NOT_CPUOPS |= {"cast_bf16"}  # --precision bf16's cast: its cuda_form's kernel, a copy on the CPU (test_java_bf16.py)
 
 # the ops whose work is matrix products (CpuGemm.gemm), run once more with OpenBLAS as the SGEMM
 GEMM_OPS = {"conv2d", "conv2d_backward_data", "conv2d_backward_filter", "linear", "matmul", "batch_matmul"}

@@ -114,9 +114,10 @@ def odd_programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_programs(tmp_path_factory, ("Odd",))
 
 
-def build_programs(tmp_path_factory: pytest.TempPathFactory, names: tuple[str, ...]) -> Path:
-    """The programs `names` of NETWORKS compiled with --ptx into src/, built into build/; their kernels for the
-    CPU in NAME.so; the stand-in driver in fake/."""
+def build_programs(tmp_path_factory: pytest.TempPathFactory, names: tuple[str, ...],
+                   options: tuple[str, ...] = ()) -> Path:  # fmt: skip
+    """The programs `names` of NETWORKS compiled with --ptx (and `options`: `--precision bf16`) into src/, built
+    into build/; their kernels for the CPU in NAME.so; the stand-in driver in fake/."""
     from click.testing import CliRunner
 
     from deepdsl.cli import cli
@@ -139,14 +140,15 @@ def build_programs(tmp_path_factory: pytest.TempPathFactory, names: tuple[str, .
         source, sets, _ = NETWORKS[name]
         flags = [f"--set={k}={v}" for k, v in sets.items()]
         r = CliRunner().invoke(
-            cli, ["compile", str(folder / source), *flags, "-o", str(src), "--ptx", "--arch", "sm_90"]
+            cli, ["compile", str(folder / source), *flags, *options, "-o", str(src), "--ptx", "--arch", "sm_90"]
         )
         assert r.exit_code == 0, r.output
         unit = (src / f"{name}.cu").read_text()
         kernels = kernel_names(unit)  # every kernel but the tiled GEMMs loops over its output (grid or block stride)
         work = folder / name
         work.mkdir()
-        emulate(unit, kernels, work, [k for k in kernels if k not in TILED])
+        # (a bf16 program's typed entries, dd_k_gemm_hhh, are tiled as their entries are: java/bf16.py)
+        emulate(unit, kernels, work, [k for k in kernels if re.sub(r"_[hf]+$", "", k) not in TILED])
     javac(src, [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")], folder / "build")
     fake_driver(folder / "fake")
     return folder
@@ -179,7 +181,8 @@ def run(folder: Path, name: str, *args: str, classpath: str | None = None, nvrtc
     if "--device" not in args:
         cmd += ["--device", "cuda"]
     r = subprocess.run([*cmd, "--json"], cwd=folder, capture_output=True, text=True, timeout=600, env=env, check=False)
-    return {"rc": r.returncode, "stderr": r.stderr, **(json.loads(r.stdout) if r.returncode == 0 else {})}
+    # (--predict writes its file and no JSON object)
+    return {"rc": r.returncode, "stderr": r.stderr, **(json.loads(r.stdout) if r.returncode == 0 and r.stdout else {})}
 
 
 def cpu(folder: Path, name: str, *args: str) -> dict:
@@ -587,3 +590,12 @@ def test_precision_tf32_runs_cublas_and_cudnn_in_tf32_math(programs: Path, cuda1
         np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-2)  # TF32 keeps ~3 decimal digits
     on_cpu = cpu(programs, "Small", "--iters", "1", "--precision", "tf32")
     assert on_cpu["precision"] == "fp32" and "no TF32 math" in on_cpu["precision_note"]
+
+
+def test_precision_bf16_of_an_fp32_program_names_the_compile_that_plans_it(programs: Path) -> None:
+    """bf16 is planned at compile time (two bytes a bf16 value): an fp32 program's --precision bf16 is a usage error
+    naming `deepdsl compile --precision bf16` (tests/backends/test_java_bf16.py runs such a program)."""
+    r = java(programs / "build", "Small", "--data", "synthetic", "--device", "cpu", "--precision", "bf16",
+             cwd=programs)  # fmt: skip
+    assert r.returncode == 2
+    assert "compiled for fp32" in r.stderr and "`deepdsl compile --precision bf16`" in r.stderr

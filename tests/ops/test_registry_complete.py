@@ -191,8 +191,9 @@ FROM_BODY = {
 }
 # ops only the NumPy runner runs: why the CUDA and Java backends have no kernel for them (yet)
 NUMPY_ONLY = {
-    "cast_bf16": "made only by passes/precision.py under --precision bf16, which the CUDA runner and the Java program "
-    "refuse",
+    "cast_bf16": "made only by passes/precision.py under --precision bf16; the CUDA runner and the Java program run it "
+    "as its cuda_form's kernel (cuda/ops.py), which the Java CPU device runs as a copy (it runs bf16 programs in "
+    "fp32)",
 }
 # differentiable ops of which eager autograd keeps no tensor for the backward pass (`saves` None)
 KEEPS_NOTHING = {

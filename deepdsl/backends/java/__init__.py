@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepdsl.backends.cuda.kernels import entries_source, translation_unit
+from deepdsl.backends.java import bf16
 from deepdsl.backends.java.emitter import DEFAULT_WORKSPACE_LIMIT, emit_java, runtime_sources
 from deepdsl.backends.java.names import class_name
 from deepdsl.errors import DslProgramError
@@ -41,7 +42,10 @@ def java_program(
     (dev.run(K, ...)). `deterministic`: the CUDA device's cuDNN convolutions are the heuristic's deterministic
     algorithms by default (the program's --deterministic), not the fastest found by timing."""
     e = emit_java(program, train, infer, test, workspace_limit, deterministic)
-    cuda = translation_unit(program.graph.name, entries_source(), e.kernels)
+    library = entries_source()
+    # a bf16 program's library calls: entries.cu's entries with their bf16 pointers typed (java/bf16.py)
+    typed = bf16.entries(library, [p for p in (train, infer, test) if p is not None])
+    cuda = translation_unit(program.graph.name, library + typed, e.kernels)
     return JavaProgram(class_name(program.graph.name), e.java, cuda)
 
 

@@ -194,13 +194,14 @@ def statement(e: Emitter, s: Stmt, temp: str) -> list[str]:
         update = s.out.name in e.in_state
         maker = (what, {} if s.op == "fused" else s.a)  # what names the numbers it takes as arguments
         restrict = apart(e, s.out, (*s.inputs, *(None,) * len(used)))
-        k = kernel(e, what, s.out.name, body, out, (), shapes, ctypes, not update and not e.counters, maker, restrict)
+        k = kernel(e, what, s.out.name, body, out, (), shapes, ctypes, not update and not e.counters, maker, restrict,
+                   ctype(s.out))  # fmt: skip
         temp, args = _view(temp, e.views.get(-1)), [_view(a, e.views.get(j)) for j, a in enumerate(args)]
         return [run(e, k, [temp], [*args, *e.extra], used, update)]
     own_args = args[:arity] if "epilogue" in s.a else args
     if form is not None:  # a shape op with an epilogue: its kernel, then the epilogue's
         body, out = form
-        k = kernel(e, s.op, s.out.name, body, out, s.inputs[:arity], maker=(s.op, s.a))
+        k = kernel(e, s.op, s.out.name, body, out, s.inputs[:arity], maker=(s.op, s.a), out_ctype=ctype(s.out))
         lines = [f"dev.run({', '.join([k, temp, *own_args, *e.extra])});"]
     else:
         call = java_call(s.op)
@@ -210,12 +211,12 @@ def statement(e: Emitter, s: Stmt, temp: str) -> list[str]:
         extras = s.inputs[arity:]
         out = output_indices(s.out.type)
         shapes = (s.out.type.shape, *(v.type.shape for v in extras))
-        ctypes = ("float", *(ctype(v) for v in extras))
+        ctypes = (ctype(s.out), *(ctype(v) for v in extras))
         epilogue = s.a["epilogue"]
         what = _epilogue_name(epilogue, len(out)) or f"{s.op}_epilogue"
         pad = s.out.name not in e.in_state and not e.counters
         restrict = apart(e, s.out, (s.out, *extras))  # written over its output: in0 is the output's memory
-        k = kernel(e, what, s.out.name, epilogue, out, (), shapes, ctypes, pad, (what, {}), restrict)
+        k = kernel(e, what, s.out.name, epilogue, out, (), shapes, ctypes, pad, (what, {}), restrict, ctype(s.out))
         ins = [_view(a, e.views.get(j)) for j, a in enumerate([temp, *args[arity:]])]
         lines.append(f"dev.run({', '.join([k, _view(temp, e.views.get(-1)), *ins, *e.extra])});")
     return lines

@@ -36,7 +36,9 @@ _PLACEHOLDER = "dd_kernel_"  # the name a kernel is written under to compare it 
 
 
 def ctype(v: Value) -> str:
-    return "float" if v.type.dtype is DType.F32 else "long long"
+    """The C type a value is stored as on the CUDA device: float, dd_bf16 (library.cu: a value the plan stores in
+    bf16, --precision bf16) or long long."""
+    return {DType.F32: "float", DType.BF16: "dd_bf16"}.get(v.type.dtype, "long long")
 
 
 def _constant(method_name: str) -> str:
@@ -158,15 +160,17 @@ def _java(e: Emitter, body: Any, out: tuple, shapes: tuple, tail: bool = False) 
 
 
 def _cuda(e: Emitter, name: str, body: Any, out: tuple, shapes: tuple, ctypes: tuple | None = None,
-          comments: tuple[str, ...] = (), restrict: tuple[bool, ...] | None = None) -> Any:  # fmt: skip
+          comments: tuple[str, ...] = (), restrict: tuple[bool, ...] | None = None,
+          out_ctype: str = "float") -> Any:  # fmt: skip
     """cuda.kernels.ie_kernel of a shape-generic kernel, printed once per distinct kernel (as _java) and reused. An
     element-wise one takes its pointers `__restrict__` as `restrict` says (the output first; see `apart`) and has a
     float4 loop beside its scalar one where its reads allow (cuda/kernels.py `vectorisable`), which it takes at run
-    time where the size and the pointers' alignment allow."""
-    key = ("cuda", name, body, _negative_zeros(body), out, shapes, ctypes, comments, restrict)
+    time where the size and the pointers' alignment allow. `out_ctype`: the output's storage (dd_bf16 for a bf16
+    value: the store rounds)."""
+    key = ("cuda", name, body, _negative_zeros(body), out, shapes, ctypes, comments, restrict, out_ctype)
     if key not in e.memo:
         e.memo[key] = ie_kernel(name, body, out, shapes, ctypes, comments, generic=True, restrict=restrict,
-                                vector=True)  # fmt: skip
+                                vector=True, out_ctype=out_ctype)  # fmt: skip
     return e.memo[key]
 
 
@@ -259,12 +263,12 @@ def _prepare(e: Emitter, body: Any, out: tuple, shapes: tuple, ctypes: tuple[str
 def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple[Value, ...],
            shapes: tuple | None = None, ctypes: tuple[str, ...] | None = None, pad: bool = False,
            maker: tuple[str, dict[str, Any]] | None = None,
-           restrict: tuple[bool, ...] | None = None) -> str:  # fmt: skip
-    """The constant of the kernel computing `body` over `out`. Its sizes are arguments (the buffers' dims), so
-    statements whose kernels read the same but for their sizes share one; so are the numbers in which they
-    differ (java/constants.py), the buffers `e.extra` names (after what they are to `maker`, the op and attributes
-    that made them), which the call passes after the inputs. With `pad`, a rank-2 kernel whose rank-4 form
-    (unit_axes.py) a rank-4 statement has too is that form, and `e.views` the shapes the call passes its tensors
+           restrict: tuple[bool, ...] | None = None, out_ctype: str = "float") -> str:  # fmt: skip
+    """The constant of the kernel computing `body` over `out` (stored as `out_ctype`: dd_bf16 under bf16). Its sizes are
+    arguments (the buffers' dims), so statements whose kernels read the same but for their sizes share one; so are the
+    numbers in which they differ (java/constants.py), the buffers `e.extra` names (after what they are to `maker`, the
+    op and attributes that made them), which the call passes after the inputs. With `pad`, a rank-2 kernel whose rank-4
+    form (unit_axes.py) a rank-4 statement has too is that form, and `e.views` the shapes the call passes its tensors
     as. `restrict` (`apart`: the output, then each of `shapes`): the pointers an element-wise kernel takes
     `__restrict__`; statements whose kernels differ in it alone share the Java body (`Kernel.variant`)."""
     e.extra, e.views = [], {}
@@ -291,13 +295,13 @@ def kernel(e: Emitter, op: str, value: str, body: Any, out: tuple, inputs: tuple
     flat = is_flat(body, out, shapes)
     restrict = restrict if flat else None
     java = _java(e, body, out, shapes, tail)
-    cuda = _cuda(e, _PLACEHOLDER, body, out, shapes, ctypes, restrict=restrict)
+    cuda = _cuda(e, _PLACEHOLDER, body, out, shapes, ctypes, restrict=restrict, out_ctype=out_ctype)
     key = (java, cuda.text, cuda.loop)
     if key not in e.kernels:
         # (one name per distinct kernel: the train and infer programs may both have a statement of this op and value
         # whose kernels differ, as two heads' bias adds fused into a linear's epilogue in either order)
         name = e.kernel_names(f"kernel:{op}:{value}:{len(e.kernels)}", camel(op))
-        cuda = _cuda(e, name, body, out, shapes, ctypes, (meaning(body, out, shapes, cuda=True),), restrict)
+        cuda = _cuda(e, name, body, out, shapes, ctypes, (meaning(body, out, shapes, cuda=True),), restrict, out_ctype)
         split, columns = split_of(body, out, shapes)
         doc = meaning(body, out, shapes)
         same = e.kernels.get(("body", java)) if restrict is not None else None
@@ -336,8 +340,9 @@ def group_constant(e: Emitter, stmts: tuple[Stmt, ...]) -> tuple[str, tuple[Valu
     shared, readers = form.inputs, form.held
     bodies = tuple(read_settings(b, len(shared)) for b in form.bodies)
     ctypes = (*(ctype(v) for v in shared), *("float",) * len(used))
+    outs = tuple(ctype(st.out) for st in stmts)
     key = ("group", tuple(flat_form(b) for b in bodies), tuple(tuple(sorted(h.items())) for h in readers),
-           len(shared), ctypes)  # fmt: skip
+           len(shared), ctypes, *((outs,) if "dd_bf16" in outs else ()))  # fmt: skip
     if key not in e.kernels:
         ops = [st.a["ops"][0] if st.op == "fused" and st.a.get("ops") else st.op for st in stmts]
         name = e.kernel_names(f"kernel:group:{stmts[0].out.name}:{len(e.kernels)}", camel("_".join(ops)))
@@ -351,9 +356,11 @@ def group_constant(e: Emitter, stmts: tuple[Stmt, ...]) -> tuple[str, tuple[Valu
         java, work = java_group_kernel(tuple(bodies), tuple(readers))
         shapes = (*(v.type.shape for v in shared), *((),) * len(used))
         numel = stmts[0].out.type.numel
-        cuda = group_kernel(name, tuple(bodies), numel, shapes, ctypes, tuple(readers), (doc,), generic=True)
+        cuda = group_kernel(name, tuple(bodies), numel, shapes, ctypes, tuple(readers), (doc,), generic=True,
+                            out_ctypes=outs)  # fmt: skip
         e.kernels[key] = _add(e, name, java, cuda, len(bodies), True, str(work), doc, group=True)
         e.memo[("group-form", e.kernels[key])] = (tuple(bodies), tuple(readers), ctypes)  # for multi_constant
+        e.memo[("group-outs", e.kernels[key])] = outs
     return e.kernels[key], shared, used
 
 
@@ -368,7 +375,8 @@ def multi_constant(e: Emitter, kinds: tuple[str, ...], parameters: list[str]) ->
         name = e.kernel_names(f"kernel:multi:{kinds}", camel("multi_tensor_" + "_".join(
             re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", k).lower() for k in kinds)))  # fmt: skip
         doc = f"one launch for the updates of several tensors, each by one of {', '.join(kinds)}"
-        text = multi_kernel(name, forms, width, (f"{doc}: {', '.join(parameters)}",))
+        outs = tuple(e.memo[("group-outs", k)] for k in kinds)
+        text = multi_kernel(name, forms, width, (f"{doc}: {', '.join(parameters)}",), outs)
         const = e.namer(f"constant:{name}", _constant(name))
         e.cuda_text.append(text)
         e.kernel_text.append(f"  /** {java_comment(doc)} */\n  static final MultiKernel {const} =\n"

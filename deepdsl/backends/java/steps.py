@@ -15,6 +15,7 @@ from deepdsl.backends.java.roles import ancestors, gradient_values, temp_names
 from deepdsl.backends.java.state import Emitter
 from deepdsl.backends.java.text import long_literal, method
 from deepdsl.ir import REGISTRY
+from deepdsl.ir.types import DType
 from deepdsl.memory import Plan
 from deepdsl.memory.groups import planned_groups as _planned_groups
 from deepdsl.memory.launches import planned_launches
@@ -97,7 +98,8 @@ def plan_class(e: Emitter, title: str, doc: str, p: Plan, result: str | None,
                 layout.append(f"final Buf {t} = view({e.tensor(s.inputs[0])}{', ' + shape if shape else ''});")
             else:
                 offset = long_literal(p.buffer_of(s.out.name).offset)
-                layout.append(f"final Buf {t} = at({offset}{', ' + shape if shape else ''});")
+                at = "atBf16" if s.out.type.dtype is DType.BF16 else "at"  # a bf16 value: two bytes an element
+                layout.append(f"final Buf {t} = {at}({offset}{', ' + shape if shape else ''});")
     e.workspaces = {}
     for s in g.stmts:  # a library call's planned workspace (a filter gradient's partial sums on the CUDA device)
         call = REGISTRY[s.op].java
