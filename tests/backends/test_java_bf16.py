@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from conftest import ROOT
 from cuda13_stand_ins import fake_cuda13, fake_cudnn9
 from helpers import SMALL
@@ -24,6 +25,7 @@ from deepdsl import api
 from deepdsl.backends import java as java_backend
 from deepdsl.backends.cuda import nvrtc
 from deepdsl.backends.java import bf16
+from deepdsl.cli import cli
 from deepdsl.running import run_training
 
 pytestmark = [
@@ -208,7 +210,7 @@ def test_lenet_trains_in_bf16_on_the_cuda_device(bf16_lenet: Path, cuda13: Path,
     assert np.mean(losses[-5:]) < 0.9 * np.mean(losses[:5])
 
 
-@pytest.mark.slow  # a third program built (javac, its kernels compiled for the CPU) and run (12 s)
+@pytest.mark.slow  # a third program built (javac, its kernels compiled for the CPU) and run twice (16 s)
 def test_a_data_parallel_bf16_program_packs_its_bf16_gradients_into_float32_buckets(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:  # fmt: skip
@@ -225,6 +227,28 @@ def test_a_data_parallel_bf16_program_packs_its_bf16_gradients_into_float32_buck
     assert "dd_k_dp_pack_fhf" in launched and "dd_k_gemm_hhh" in launched
     want = run_training(_build("Small", "bf16"), iters=FIRST, data_flag="synthetic", device="cpu")["losses"]
     np.testing.assert_allclose(got["losses"], want, rtol=AGREE)
+    # gradient accumulation of a bf16 program: the float32 buckets accumulated on the GPU, as the NumPy runner's
+    # --micro-batches 2 of the same program
+    micro = run(folder, "Small", "--iters", str(FIRST), "--kernels", "own", "--micro-batches", "2")
+    assert micro["rc"] == 0, micro["stderr"]
+    assert micro["precision"] == "bf16" and "(--micro-batches 2)" in micro["stderr"]
+    source = tmp_path_factory.mktemp("bf16_micro") / "small.ddsl"
+    source.write_text(SMALL)
+    r = CliRunner().invoke(cli, ["run", str(source), "--device", "cpu", "--precision", "bf16", "--micro-batches", "2",
+                                 "--data", "synthetic", "--iters", str(FIRST), "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    np.testing.assert_allclose(micro["losses"], json.loads(r.output.splitlines()[-1])["losses"], rtol=AGREE)
+    # gradient accumulation of a bf16 program: the float32 buckets accumulated on the GPU, as the NumPy runner's
+    # --micro-batches 2 of the same program
+    micro = run(folder, "Small", "--iters", str(FIRST), "--kernels", "own", "--micro-batches", "2")
+    assert micro["rc"] == 0, micro["stderr"]
+    assert micro["precision"] == "bf16" and "(--micro-batches 2)" in micro["stderr"]
+    source = tmp_path_factory.mktemp("bf16_micro") / "small.ddsl"
+    source.write_text(SMALL)
+    r = CliRunner().invoke(cli, ["run", str(source), "--device", "cpu", "--precision", "bf16", "--micro-batches", "2",
+                                 "--data", "synthetic", "--iters", str(FIRST), "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    np.testing.assert_allclose(micro["losses"], json.loads(r.output.splitlines()[-1])["losses"], rtol=AGREE)
 
 
 @pytest.mark.slow  # three more Java runs (train and save, predict on each device: 6 s)
