@@ -18,7 +18,7 @@ from helpers import SMALL
 from deepdsl import api
 from deepdsl.backends.cuda import nvrtc
 from deepdsl.backends.cuda.kernels import ie_kernel, program, translation_unit
-from deepdsl.backends.cuda.runner import GpuRunner
+from deepdsl.backends.cuda.runner import GpuRunner, check_bf16_arch
 from deepdsl.backends.cuda.vendor import open_vendor
 from deepdsl.errors import DslProgramError
 from deepdsl.ir.indexexpr import Affine, Read
@@ -188,10 +188,11 @@ def test_a_gpu_without_bf16_tensor_cores_is_refused_where_the_libraries_would_ge
         with pytest.raises(DslProgramError, match=r"--precision bf16: the CPU emulating a GPU .* no bf16 tensor cores "
                            r"\(compute capability 8.0 or newer"):  # fmt: skip
             GpuRunner(Turing(emulated / "turing", vendor=vendor), b.train_plan, b.infer_plan, arrays, b.eval_plan)
-        GpuRunner(Turing(emulated / "turing", vendor=vendor), f.train_plan, f.infer_plan, arrays, f.eval_plan).close()
+        check_bf16_arch(Turing(emulated / "turing", vendor=vendor), f.train_plan)  # fp32 there: no error
+        check_bf16_arch(EmulatedDriver(emulated / "hopper", vendor=vendor), b.train_plan)  # bf16 on sm_90
     finally:
         vendor.close()
-    GpuRunner(Turing(emulated / "turing"), b.train_plan, b.infer_plan, arrays, b.eval_plan).close()
+    check_bf16_arch(Turing(emulated / "turing"), b.train_plan)  # our kernels alone: bf16 in software
 
 
 def _agreement(network: str, iters: int, folder: Path, stand_ins: Path) -> tuple[list[float], list[float]]:

@@ -140,7 +140,7 @@ def test_ranks_that_differ_are_refused_naming_them(driver: Path) -> None:
     assert "agreed" not in r.stdout
 
 
-@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("ranks", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3 ranks on 2 cores: 3 s
 def test_a_stalled_rank_is_named_within_the_timeout(driver: Path, ranks: int) -> None:
     t0 = time.monotonic()
     r = _check(driver, "stall", "60", ranks=ranks, DEEPDSL_DP_TIMEOUT="2")

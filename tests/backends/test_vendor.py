@@ -665,7 +665,7 @@ train { data = synthetic(seed=2) optimizer = sgd(lr=0.05, momentum=0.9) iteratio
 """
 
 
-@pytest.mark.parametrize("limit", [None, 0])
+@pytest.mark.parametrize("limit", [pytest.param(None, marks=pytest.mark.slow), 0])  # the unlimited case: 2.5 s more
 def test_an_algorithm_wanting_more_than_the_plan_gave_takes_the_shared_scratch(
     tmp_path: Path, cublas_folder: Path, limit: int | None
 ) -> None:

@@ -77,7 +77,7 @@ class Driver(Protocol):
 BF16_ARCH = 80
 
 
-def _check_bf16_arch(driver: Driver, plan: Plan) -> None:
+def check_bf16_arch(driver: Driver, plan: Plan) -> None:
     """A DslProgramError where a bf16 plan (--precision bf16) would hand bf16 operands to cuBLAS or cuDNN on a GPU
     without bf16 tensor cores (they refuse them there); our own kernels convert bf16 in software on any GPU."""
     if int(driver.arch.removeprefix("sm_")) >= BF16_ARCH or not (driver.vendor.cublas or driver.vendor.cudnn):
@@ -110,7 +110,7 @@ class GpuRunner:
         graphs: bool = True, deterministic: bool = False, reducer: Reducer | None = None, micro_batches: int = 1,
     ):  # fmt: skip
         self.driver = driver
-        _check_bf16_arch(driver, train)
+        check_bf16_arch(driver, train)
         # cuDNN's convolution algorithms: its heuristic's deterministic choice (--deterministic), else found by
         # timing each on the step's buffers (cudnnFind...Ex) here, at the start, before any graph is captured
         self.deterministic = deterministic
