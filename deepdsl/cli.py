@@ -354,7 +354,8 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
             budget = parse_size(gpu_mem)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--gpu-mem") from None
-    b, r = memory_report(c, file, sets, options, budget, per_statement=table == "statements")
+    b, r = memory_report(c, file, sets, options, budget, per_statement=table == "statements",
+                         micro_batches=micro_batches)  # fmt: skip
     _warnings(c)
     if options.buckets is not None:
         from deepdsl.passes.data_parallel import refuse_micro_batches

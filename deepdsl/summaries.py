@@ -38,30 +38,47 @@ def json_text(obj: dict[str, Any]) -> str:
     return json.dumps(out, allow_nan=False)
 
 
+def accumulator_bytes(b: api.Build, micro_batches: int) -> int:
+    """What gradient accumulation holds beside the arena on every device: with `micro_batches` > 1, each bucket's
+    sum over the micro-batches (float32, the bucket's size; synchronised batch norm's statistics are never
+    accumulated); 0 otherwise. The same for any batch size: the buckets hold parameter-sized gradients."""
+    from deepdsl.ops.collective import STATS, buckets_of
+
+    if micro_batches <= 1 or b.train is None:
+        return 0
+    return sum(k.nbytes for k in buckets_of(b.train) if k.kind != STATS)
+
+
 def memory_report(
-    c: api.Compilation, file: str, sets: dict, options: api.Options, budget: int | None, per_statement: bool
-) -> tuple[api.Build, dict[str, Any]]:
+    c: api.Compilation, file: str, sets: dict, options: api.Options, budget: int | None, per_statement: bool,
+    micro_batches: int = 1,
+) -> tuple[api.Build, dict[str, Any]]:  # fmt: skip
     """`memcheck`'s report of FILE (memory.report's dict) and the Build it describes: planned within `budget` when
     one is given and no rematerialisation level is (api.plan_within), with whether it fits and the largest batch
-    `N` that does at that level."""
+    `N` that does at that level. With `micro_batches` > 1 the buckets' accumulators (`accumulator_bytes`) come out
+    of the budget first, and the GPU peak holds them."""
     from deepdsl.memory.report import largest_batch, report
 
     api.compile_file(file, sets, stop_at="plan", c=c, options=options)
     assert c.build is not None
     b = c.build
+    held = accumulator_bytes(b, micro_batches)
     if budget is not None and options.remat is None:
-        b = api.plan_within(b, budget)
+        b = api.plan_within(b, max(budget - held, 0))
     r = report(b.train_plan, b.program.graph, b.remat, b.extra_flops, b.train, per_statement=per_statement)
     r["precision"] = b.precision  # the plan's element types follow it (bf16: 2 bytes where the program stores bf16)
+    if held:
+        r["accumulator_bytes"] = held
+        r["gpu_peak_bytes"] += held
     if budget is not None:
-        r["budget_bytes"], r["fits"] = budget, r["peak_bytes"] <= budget
+        r["budget_bytes"], r["fits"] = budget, r["peak_bytes"] + held <= budget
         at_level = dataclasses.replace(options, remat=b.remat)
         r["max_batch"] = None
         if api.has_const(c, "N"):
             n0 = sets.get("N", api.literal_const(c, "N"))
             known = (int(n0), r["peak_bytes"]) if isinstance(n0, int) else None
-            r["max_batch"] = largest_batch(lambda n: api.peak_bytes(file, {**sets, "N": n}, at_level), budget,
-                                           known=known)  # fmt: skip
+            r["max_batch"] = largest_batch(lambda n: api.peak_bytes(file, {**sets, "N": n}, at_level),
+                                           budget - held, known=known)  # fmt: skip
     return b, r
 
 
@@ -87,6 +104,7 @@ def data_parallel_report(b: api.Build, file: str, sets: dict, options: api.Optio
         # synchronised batch norm: its statistics' blocking all-reduces are the buckets of kind "stats"
         "sync_batch_norm": any(k["kind"] == "stats" for k in buckets),
         "peak_bytes": peak, "single_process_peak_bytes": plain, "extra_bytes": peak - plain,
+        "accumulator_bytes": accumulator_bytes(b, micro_batches),
     }  # fmt: skip
 
 
@@ -94,6 +112,10 @@ def data_parallel_text(d: dict[str, Any]) -> str:
     grads = [k for k in d["buckets"] if k["kind"] == "grad"]
     stats = [k for k in d["buckets"] if k["kind"] == "stats"]
     sizes = ", ".join(f"{k['bytes'] / 2**20:.2f}" for k in grads)
+    accumulated = [
+        f"  micro-batches: each bucket summed over the {d['micro_batches']} micro-batches in an accumulator beside the "
+        f"arena, {d['accumulator_bytes'] / 2**20:.2f} MiB in all (in the GPU peak above; --gpu-mem counts them)"
+    ] if d.get("accumulator_bytes") else []  # fmt: skip
     synced = [
         f"  synchronised batch norm: {len(stats)} blocking all-reduces of {sum(k['bytes'] for k in stats):,} bytes "
         "in all (each batch norm's statistics forward, its sum(g) and sum(g xh) backward), waited for where they "
@@ -107,6 +129,7 @@ def data_parallel_text(d: dict[str, Any]) -> str:
         f"  gradients live until their bucket is reduced: peak {d['peak_bytes'] / 2**20:.2f} MiB, "
         f"{d['extra_bytes'] / 2**20:+.2f} MiB against one process's plan ({d['single_process_peak_bytes'] / 2**20:.2f} "
         "MiB)",
+        *accumulated,
         *synced,
     ])  # fmt: skip
 

@@ -410,6 +410,24 @@ def test_memcheck_reports_one_ranks_buckets_and_what_holding_gradients_costs(cli
     assert "gradients live until their bucket is reduced" in text
 
 
+def test_memcheck_counts_the_micro_batches_accumulators_in_the_gpu_peak_and_the_budget(cli) -> None:  # noqa: ANN001
+    """Each bucket's accumulator (what both CUDA devices allocate beside the arena for --micro-batches M) is in the
+    GPU peak and comes out of --gpu-mem's budget: a budget the plain plan fits, with too little room beside it for
+    the accumulators, does not fit with two micro-batches."""
+    one = json.loads(cli("memcheck", LENET, "--ranks", "2", "--json").stdout)  # the same plan, one micro-batch
+    two = json.loads(cli("memcheck", LENET, "--ranks", "2", "--micro-batches", "2", "--json").stdout)
+    held = sum(b["bytes"] for b in two["data_parallel"]["buckets"])
+    assert held == 4 * 431_080 + 4 and two["accumulator_bytes"] == two["data_parallel"]["accumulator_bytes"] == held
+    assert "accumulator_bytes" not in one and one["data_parallel"]["accumulator_bytes"] == 0
+    assert two["peak_bytes"] == one["peak_bytes"] and two["gpu_peak_bytes"] == one["gpu_peak_bytes"] + held
+    assert "1.64 MiB in all" in cli("memcheck", LENET, "--micro-batches", "2", "--totals").stdout
+    budget = str(one["peak_bytes"] + held // 2)
+    assert cli("memcheck", LENET, "--ranks", "2", "--gpu-mem", budget, "--remat", "none").exit_code == 0
+    tight = cli("memcheck", LENET, "--ranks", "2", "--micro-batches", "2", "--gpu-mem", budget, "--remat", "none",
+                "--json")  # fmt: skip
+    assert tight.exit_code == 1 and json.loads(tight.stdout)["fits"] is False
+
+
 def _cost_model():  # noqa: ANN202
     import importlib.util
 

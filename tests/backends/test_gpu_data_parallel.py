@@ -132,6 +132,10 @@ def _two_ranks_equal_two_micro_batches(work: Path, net: str, iters: int, buckets
         assert two["calls"] == [buckets * iters + 1] * 2  # each step's buckets, and the start-up check's
         assert two["losses"] == micro["losses"]
         assert _differ(_params(work / f"{tag}.npz"), want) == []
+    # what the micro-batches allocate beside the one-micro-batch rank's plan: memcheck's accumulators
+    path = ROOT / "networks" / f"{net}.ddsl" if net in ("mlp", "lenet") else work / f"{net}.ddsl"
+    mem = CliRunner().invoke(cli, ["memcheck", str(path), *sets, "--micro-batches", "2", "--json"])
+    assert micro["gpu_planned_bytes"] - two["gpu_planned_bytes"] == json.loads(mem.output)["accumulator_bytes"] > 0
 
 
 @needs_mpich

@@ -208,10 +208,13 @@ def test_one_forced_nccl_rank_is_the_plain_run(program: Path) -> None:
 
 
 def _bucket_bytes(network: Path, *sets: str) -> int:
-    """The bytes of the train step's buckets (gradients and state) in the data-parallel plan (memcheck's)."""
-    r = CliRunner().invoke(cli, ["memcheck", str(network), *sets, "--ranks", "2", "--json"])
+    """What memcheck says two micro-batches hold beside the arena (`accumulator_bytes`), checked to be the bytes of
+    the train step's buckets (gradients and state) in the data-parallel plan."""
+    r = CliRunner().invoke(cli, ["memcheck", str(network), *sets, "--micro-batches", "2", "--json"])
     assert r.exit_code == 0, r.output
-    return sum(b["bytes"] for b in json.loads(r.output)["data_parallel"]["buckets"])
+    got = json.loads(r.output)
+    assert got["accumulator_bytes"] == sum(b["bytes"] for b in got["data_parallel"]["buckets"])
+    return got["accumulator_bytes"]
 
 
 @pytest.mark.slow  # 30-80 s: five JVM runs on the stand-in driver, one under mpiexec -n 2
