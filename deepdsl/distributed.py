@@ -154,7 +154,12 @@ class Accumulate(Comm):
 
 
 def load_mpi() -> Any:
-    """mpi4py's MPI module, initialised; a DistributedError naming what to install where it is missing."""
+    """mpi4py's MPI module, initialised; a DistributedError naming what to install where it is missing. Under Open
+    MPI's launcher (OMPI_COMM_WORLD_SIZE set) mpi4py's wheel is told to take Open MPI's library (MPI4PY_MPIABI, where
+    neither it nor MPI4PY_LIBMPI is set): it would take the first library it finds, the dist extra's MPICH, whose
+    MPI_Init aborts under Open MPI's PMIx."""
+    if "OMPI_COMM_WORLD_SIZE" in os.environ and not {"MPI4PY_MPIABI", "MPI4PY_LIBMPI"} & os.environ.keys():
+        os.environ["MPI4PY_MPIABI"] = "openmpi"
     try:
         from mpi4py import MPI  # noqa: PLC0415 — optional: the `dist` extra
     except ImportError as exc:

