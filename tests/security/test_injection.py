@@ -271,6 +271,13 @@ def test_hostile_names_and_paths_change_no_token_of_the_output(
     check_compilation(baseline, file, include, data, name)
 
 
+@pytest.mark.parametrize("include", ["ReductionPass.", "MultiKernel(", "static final ReductionPass x"])
+def test_a_file_named_like_a_runtime_class_changes_no_import(baseline: tuple[list, list], include: str) -> None:
+    """The long fuzz found it (include 'ReductionPass.'): the emitter chose its imports by searching the whole class,
+    comments included, where the include file's name appears."""
+    check_compilation(baseline, "f.ddsl", include, "d.npz", "n")
+
+
 @pytest.mark.slow
 @settings(
     max_examples=1500, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

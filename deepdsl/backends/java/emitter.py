@@ -298,10 +298,13 @@ def _emit(e: Emitter, program: Program, train: Plan, infer: Plan | None, test: P
     text = "\n".join(lines)
     if not e.kernel_text:
         text = text.replace("import deepdsl.runtime.Kernel;\n", "")
-    if "ReductionPass." not in text:
+    # what the class uses, from its code lines alone: a comment or a string may hold any name of the source (a hostile
+    # file name "ReductionPass." must not change the imports)
+    code = [line.lstrip() for line in text.split("\n") if not line.lstrip().startswith(("//", "*", "/*"))]
+    if not any(line.startswith("static final ReductionPass ") for line in code):
         text = text.replace("import deepdsl.runtime.ReductionPass;\n", "")
     if cfg.lr is None:
         text = text.replace("import deepdsl.runtime.Schedule;\n", "")
-    if "MultiKernel(" not in text:  # no multi-tensor launch (ir/launches.py): an inference-only program
+    if not any(line.startswith("new MultiKernel(") for line in code):  # an inference-only program (ir/launches.py)
         text = text.replace("import deepdsl.runtime.MultiKernel;\n", "")
     return Emitted(text, "\n\n".join(e.cuda_text) + "\n")
