@@ -238,17 +238,6 @@ def test_a_data_parallel_bf16_program_packs_its_bf16_gradients_into_float32_buck
                                  "--data", "synthetic", "--iters", str(FIRST), "--json"])  # fmt: skip
     assert r.exit_code == 0, r.output
     np.testing.assert_allclose(micro["losses"], json.loads(r.output.splitlines()[-1])["losses"], rtol=AGREE)
-    # gradient accumulation of a bf16 program: the float32 buckets accumulated on the GPU, as the NumPy runner's
-    # --micro-batches 2 of the same program
-    micro = run(folder, "Small", "--iters", str(FIRST), "--kernels", "own", "--micro-batches", "2")
-    assert micro["rc"] == 0, micro["stderr"]
-    assert micro["precision"] == "bf16" and "(--micro-batches 2)" in micro["stderr"]
-    source = tmp_path_factory.mktemp("bf16_micro") / "small.ddsl"
-    source.write_text(SMALL)
-    r = CliRunner().invoke(cli, ["run", str(source), "--device", "cpu", "--precision", "bf16", "--micro-batches", "2",
-                                 "--data", "synthetic", "--iters", str(FIRST), "--json"])  # fmt: skip
-    assert r.exit_code == 0, r.output
-    np.testing.assert_allclose(micro["losses"], json.loads(r.output.splitlines()[-1])["losses"], rtol=AGREE)
 
 
 @pytest.mark.slow  # three more Java runs (train and save, predict on each device: 6 s)

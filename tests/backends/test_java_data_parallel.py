@@ -311,35 +311,44 @@ def test_two_java_ranks_equal_two_micro_batches_bit_for_bit(programs: Path, name
                                        err_msg=k)  # fmt: skip
 
 
+def signal_rank_one(programs: Path, launcher: list[str], rank_variable: str, sig: signal.Signals,
+                    env: dict[str, str]) -> tuple[subprocess.Popen, str, str, str]:  # fmt: skip
+    """LeNet's data-parallel program as two ranks under `launcher` (each rank's pid written by `rank_variable`),
+    rank 1 sent `sig` once training has started: the launcher's process, rank 1's pid, all it printed, its stderr."""
+    pids = programs / f"pids_{sig.name}"
+    pids.mkdir(exist_ok=True)
+    java = f"java -cp {programs / 'dp' / 'build'}:{jna_jar()} LeNet --device cpu --threads 1 --data synthetic"
+    script = f"echo $$ > {pids}/${rank_variable}; exec {java} --iters 100000"
+    t0 = time.monotonic()
+    p = subprocess.Popen([*launcher, "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=programs, env=env)  # fmt: skip
+    line = ""
+    try:
+        while not (pids / "1").exists() or "iter " not in (line := p.stdout.readline()):
+            assert line or p.poll() is None, p.stderr.read()
+            assert time.monotonic() - t0 < 120, "the run did not start"
+        pid = (pids / "1").read_text().strip()
+        os.kill(int(pid), sig)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    text = line + out + err
+    assert "iter 100000/100000" not in text
+    return p, pid, text, err
+
+
 @pytest.mark.slow
 def test_a_killed_or_stopped_rank_ends_the_run_with_an_error(programs: Path) -> None:
     """Rank 1 killed (SIGKILL) mid-run: the launcher ends the job naming it; rank 1 stopped (SIGSTOP): rank 0's
     watchdog names it within the timeout and MPI_Abort ends the job. Never a hang."""
     mpiexec, lib = mpi()
     for sig, timeout in ((signal.SIGKILL, "300"), (signal.SIGSTOP, "3")):
-        pids = programs / f"pids_{sig.name}"
-        pids.mkdir(exist_ok=True)
-        java = f"java -cp {programs / 'dp' / 'build'}:{jna_jar()} LeNet --device cpu --threads 1 --data synthetic"
-        script = f"echo $$ > {pids}/$PMI_RANK; exec {java} --iters 100000"
-        t0 = time.monotonic()
-        p = subprocess.Popen([mpiexec, "-n", "2", "sh", "-c", script], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, cwd=programs,
-                             env=_env(lib, DEEPDSL_DP_TIMEOUT=timeout))  # fmt: skip
-        line = ""
-        try:
-            while not (pids / "1").exists() or "iter " not in (line := p.stdout.readline()):
-                assert line or p.poll() is None, p.stderr.read()
-                assert time.monotonic() - t0 < 120, "the run did not start"
-            os.kill(int((pids / "1").read_text()), sig)
-            out, err = p.communicate(timeout=60)
-        finally:
-            if p.poll() is None:
-                p.kill()
+        p, pid, text, err = signal_rank_one(programs, [str(mpiexec), "-n", "2"], "PMI_RANK", sig,
+                                            _env(lib, DEEPDSL_DP_TIMEOUT=timeout))  # fmt: skip
         assert p.returncode != 0
-        text = line + out + err
-        assert "iter 100000/100000" not in text
         if sig == signal.SIGKILL:
-            assert "BAD TERMINATION" in text and f"PID {(pids / '1').read_text().strip()}" in text
+            assert "BAD TERMINATION" in text and f"PID {pid}" in text
         else:
             # named whether stopped before the all-reduce ("(its all-reduces started: ...") or inside it
             assert "error: rank 0: the all-reduce of bucket" in err

@@ -30,7 +30,7 @@ from click.testing import CliRunner
 from conftest import ROOT
 from dp_nets import RESIDUAL
 from java_env import JAVA_MARKS, javac, jna_jar, launch_env, mpi
-from test_java_data_parallel import _bitwise, _float32_sums, _params
+from test_java_data_parallel import _bitwise, _float32_sums, _params, signal_rank_one
 
 from deepdsl.cli import cli
 
@@ -216,27 +216,9 @@ def test_a_killed_or_stopped_rank_ends_the_run_under_open_mpi(programs: Path) ->
     """Rank 1 killed (SIGKILL) mid-run: Open MPI's mpirun ends the job naming its rank and process id; rank 1
     stopped (SIGSTOP): rank 0's watchdog names it within the timeout and MPI_Abort ends the job. Never a hang."""
     for sig, timeout in ((signal.SIGKILL, "300"), (signal.SIGSTOP, "3")):
-        pids = programs / f"pids_{sig.name}"
-        pids.mkdir(exist_ok=True)
-        java = f"java -cp {programs / 'dp' / 'build'}:{jna_jar()} LeNet --device cpu --threads 1 --data synthetic"
-        script = f"echo $$ > {pids}/$OMPI_COMM_WORLD_RANK; exec {java} --iters 100000"
-        t0 = time.monotonic()
-        p = subprocess.Popen([*_mpirun(2), "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, cwd=programs, env=_env(DEEPDSL_DP_TIMEOUT=timeout))  # fmt: skip
-        line = ""
-        try:
-            while not (pids / "1").exists() or "iter " not in (line := p.stdout.readline()):
-                assert line or p.poll() is None, p.stderr.read()
-                assert time.monotonic() - t0 < 120, "the run did not start"
-            pid = (pids / "1").read_text().strip()
-            os.kill(int(pid), sig)
-            out, err = p.communicate(timeout=60)
-        finally:
-            if p.poll() is None:
-                p.kill()
+        p, pid, text, err = signal_rank_one(programs, _mpirun(2), "OMPI_COMM_WORLD_RANK", sig,
+                                            _env(DEEPDSL_DP_TIMEOUT=timeout))  # fmt: skip
         assert p.returncode != 0
-        text = line + out + err
-        assert "iter 100000/100000" not in text
         if sig == signal.SIGKILL:
             assert f"process rank 1 with PID {pid} on node" in text and "signal 9 (Killed)" in text, err
         else:
