@@ -90,6 +90,8 @@ public final class MpiCollective implements Collective {
   // ranks that have not reached it; up to LEDGER_RANKS ranks (the messages grow as the square of the ranks)
   static final int LEDGER_RANKS = 64;
   private static final int LEDGER_TAG = 7301;
+  /** The ledger's last message to a rank: this rank has ended its run (a count is never negative). */
+  private static final long LEDGER_END = -1;
   /** How long a failing rank waits, after printing its error, before MPI_Abort (see {@link #abort}). */
   private static final long ABORT_GRACE_NANOS = 200_000_000L;
   private long starts; // the all-reduces this rank has started
@@ -98,6 +100,7 @@ public final class MpiCollective implements Collective {
   private ByteBuffer[] outbox; // this rank's count, as sent to each rank
   private Object[] receiving; // the MPI_Irecv posted for each rank
   private Object[] sending; // the last MPI_Isend to each rank (null: none in flight)
+  private boolean[] ended; // the ranks whose last message (LEDGER_END) has come: nothing more will
 
   /** A bucket's all-reduce in flight: its request, its tensors and its staging buffer. */
   private record Pending(Object request, Buf[] gradients, ByteBuffer staged) {}
@@ -301,7 +304,7 @@ public final class MpiCollective implements Collective {
               + size[0]
               + ", but the launch says "
               + launch
-              + ": start the program under mpiexec (or srun) with as many processes as ranks");
+              + ": start the program under mpiexec, mpirun or srun --mpi=pmi2, with as many processes as ranks");
     }
     int n = launch.size();
     if (n <= LEDGER_RANKS) {
@@ -310,6 +313,7 @@ public final class MpiCollective implements Collective {
       outbox = new ByteBuffer[n];
       receiving = new Object[n];
       sending = new Object[n];
+      ended = new boolean[n];
       ByteBuffer in = ByteBuffer.allocateDirect(8 * n).order(ByteOrder.nativeOrder());
       ByteBuffer out = ByteBuffer.allocateDirect(8 * n).order(ByteOrder.nativeOrder());
       for (int q = 0; q < n; q++) {
@@ -331,17 +335,76 @@ public final class MpiCollective implements Collective {
     check("MPI_Irecv", call("MPI_Irecv", inbox[q], 1, h(abi.longType), q, LEDGER_TAG, h(abi.world), receiving[q]));
   }
 
-  /** Reads every count that has arrived (each rank's latest), the receives posted again. */
+  /** Reads every count that has arrived (each rank's latest), the receives posted again until a rank's last. */
   private void hear() {
     int[] done = {0};
     for (int q = 0; seen != null && q < seen.length; q++) {
-      while (q != launch.rank()) {
+      while (q != launch.rank() && !ended[q]) {
         check("MPI_Test", call("MPI_Test", receiving[q], done, abi.statusIgnore));
         if (done[0] == 0) {
           break;
         }
-        seen[q] = Math.max(seen[q], inbox[q].getLong(0));
-        receive(q);
+        long count = inbox[q].getLong(0);
+        if (count == LEDGER_END) {
+          ended[q] = true;
+        } else {
+          seen[q] = Math.max(seen[q], count);
+          receive(q);
+        }
+      }
+    }
+  }
+
+  /**
+   * Ends the ledger with no message of it left unreceived: this rank's last count goes, then {@link #LEDGER_END}
+   * to every rank, and every rank's {@code LEDGER_END} is heard (messages between two ranks arrive in order, so
+   * nothing comes after it). MPI_Finalize fails on a communicator that still holds an unreceived message; under
+   * srun the other rank then waited in MPI_Finalize for good (seen with MPICH's PMI, and fixed here).
+   */
+  private void endLedger() {
+    if (seen == null) {
+      return;
+    }
+    for (int q = 0; q < seen.length; q++) {
+      if (q != launch.rank()) {
+        if (sending[q] != null) {
+          waitFor(sending[q], "the end of the run");
+        }
+        outbox[q].putLong(0, LEDGER_END);
+        sending[q] = request();
+        check("MPI_Isend", call("MPI_Isend", outbox[q], 1, h(abi.longType), q, LEDGER_TAG, h(abi.world),
+            sending[q]));
+      }
+    }
+    long deadline = System.nanoTime() + (long) (timeout * 1e9);
+    for (int spin = 0; ; spin++) {
+      hear();
+      StringBuilder missing = new StringBuilder();
+      for (int q = 0; q < seen.length; q++) {
+        if (q != launch.rank() && !ended[q]) {
+          missing.append(missing.length() == 0 ? "rank " : ", rank ").append(q);
+        }
+      }
+      if (missing.length() == 0) {
+        break;
+      }
+      if (System.nanoTime() > deadline) {
+        failed = true;
+        throw new Device.Unavailable(
+            String.format(
+                "rank %d: the end of the run waited %.0f s for %s, which died or stalled (the timeout is %s or"
+                    + " DEEPDSL_DP_TIMEOUT); stopping every rank",
+                launch.rank(), timeout, missing, TIMEOUT_PROPERTY));
+      }
+      if (spin > 1000) {
+        LockSupport.parkNanos(50_000);
+      } else {
+        Thread.onSpinWait();
+      }
+    }
+    for (int q = 0; q < seen.length; q++) {
+      if (q != launch.rank()) {
+        waitFor(sending[q], "the end of the run");
       }
     }
   }
@@ -540,6 +603,7 @@ public final class MpiCollective implements Collective {
       // under MPICH's mpiexec (5 runs of 12 without this; tested)
       System.out.flush();
       try {
+        endLedger();
         Object request = request();
         check("MPI_Ibarrier", call("MPI_Ibarrier", h(abi.world), request));
         waitFor(request, "the end of the run");
@@ -548,16 +612,12 @@ public final class MpiCollective implements Collective {
         abort();
         return;
       }
-      for (int q = 0; seen != null && q < seen.length; q++) { // the ledger's messages: received, or cancelled
-        if (q != launch.rank()) {
-          if (sending[q] != null) {
-            call("MPI_Wait", sending[q], abi.statusIgnore);
-          }
-          call("MPI_Cancel", receiving[q]);
-          call("MPI_Wait", receiving[q], abi.statusIgnore);
-        }
+      int rc = call("MPI_Finalize");
+      if (rc != 0) { // never silent: the launcher may wait on this rank's PMI for good
+        System.err.println("error: rank " + launch.rank() + ": MPI_Finalize failed: " + errorString(rc));
+        System.err.flush();
+        System.exit(1);
       }
-      call("MPI_Finalize");
     }
   }
 

@@ -1,0 +1,133 @@
+"""`srun` launches (issue 32), on a real one-node Slurm cluster (slurm_cluster.py): the NumPy runner and the Java
+CPU device started by `srun --mpi=pmi2 -n 2` train exactly as one process of two micro-batches, bit for bit; rank 0
+alone prints; `srun` without `--mpi=pmi2` is refused naming it; a killed or stopped rank ends the run with an error.
+
+MPI is PyPI's mpich (the dist extra), which speaks PMI to Slurm's pmi2 plugin. These runs found that a rank's
+MPI_Finalize failed on unreceived watchdog messages and the other rank then waited in MPI_Finalize for good
+(MpiCollective.endLedger)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT
+from java_env import JAVA_MARKS, javac, jna_jar, launch_env, mpi
+from slurm_cluster import Cluster, slurm_cluster
+from test_java_data_parallel import _bitwise, _params, signal_rank_one
+
+from deepdsl.cli import cli
+
+pytestmark = [*JAVA_MARKS, pytest.mark.slow]
+
+MLP = ROOT / "networks" / "mlp.ddsl"
+LENET = ROOT / "networks" / "lenet.ddsl"
+SRUN = ["srun", "--mpi=pmi2", "-n", "2"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with slurm_cluster(tmp_path_factory.mktemp("slurm")) as c:
+        yield c
+
+
+def _env(cluster: Cluster, **extra: str) -> dict[str, str]:
+    """A launch's environment on the cluster: the test MPI's folder on PATH (its libraries are found beside its
+    mpiexec), one BLAS thread, this checkout importable."""
+    _, lib = mpi()
+    base = launch_env(PATH=f"{lib.parent / 'bin'}:{os.environ.get('PATH', '')}", PYTHONPATH=str(ROOT),
+                      OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", **extra)  # fmt: skip
+    return cluster.env(base)
+
+
+def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd, check=False)
+
+
+# ---- the NumPy runner ----
+
+
+def test_two_numpy_ranks_under_srun_equal_two_micro_batches(cluster: Cluster, tmp_path: Path) -> None:
+    common = ["-m", "deepdsl", "run", str(MLP), "--set", "N=8", "--iters", "3", "--data", "synthetic", "--json"]
+    env = _env(cluster)
+    micro = _run([sys.executable, *common, "--micro-batches", "2", "--save", "micro.npz"], env, tmp_path)
+    assert micro.returncode == 0, micro.stderr
+    ranks = _run([*SRUN, sys.executable, *common, "--save", "ranks.npz"], env, tmp_path)
+    assert ranks.returncode == 0, ranks.stderr
+    outs = [line for line in ranks.stdout.splitlines() if line.strip()]
+    assert len(outs) == 1, ranks.stdout  # rank 0 alone writes --json
+    assert json.loads(outs[0])["losses"] == json.loads(micro.stdout)["losses"]
+    assert _bitwise(_params(tmp_path / "micro.npz"), _params(tmp_path / "ranks.npz")) == []
+
+
+def test_srun_without_pmi_is_refused_naming_the_flag(cluster: Cluster, tmp_path: Path) -> None:
+    """Without --mpi=pmi2 (this cluster's MpiDefault is none) each process is an MPI world of one: refused, never
+    two single-process trainings."""
+    cmd = ["srun", "-n", "2", sys.executable, "-m", "deepdsl", "run", str(MLP), "--set", "N=8", "--iters", "1",
+           "--data", "synthetic"]  # fmt: skip
+    r = _run(cmd, _env(cluster), tmp_path)
+    assert r.returncode != 0 and "iter 1/1" not in r.stdout
+    for rank in (0, 1):
+        assert (f"error: rank {rank} of 2 by Slurm (SLURM_PROCID={rank}, SLURM_NTASKS=2), but MPI sees rank 0 of 1"
+                in r.stderr)  # fmt: skip
+    assert "srun --mpi=pmi2" in r.stderr
+
+
+# ---- the Java CPU device ----
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MLP (N = 8) and LeNet compiled with --data-parallel into dp/, built."""
+    folder = tmp_path_factory.mktemp("srun_java")
+    for source, sets in ((MLP, ["--set=N=8"]), (LENET, [])):
+        r = CliRunner().invoke(cli, ["compile", str(source), *sets, "--data-parallel", "-o", str(folder / "dp")])
+        assert r.exit_code == 0, r.output
+    src = folder / "dp"
+    javac(src, [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")], src / "build")
+    return folder
+
+
+def _java(programs: Path, *args: str) -> list[str]:
+    return ["java", "-cp", f"{programs / 'dp' / 'build'}:{jna_jar()}", "MLP", "--device", "cpu", "--threads", "1",
+            "--data", "synthetic", "--iters", "3", "--json", *args]  # fmt: skip
+
+
+def test_two_java_ranks_under_srun_equal_two_micro_batches(cluster: Cluster, programs: Path) -> None:
+    env = _env(cluster)
+    micro = _run(_java(programs, "--micro-batches", "2", "--save", "micro.npz"), env, programs)
+    assert micro.returncode == 0, micro.stderr
+    ranks = _run([*SRUN, *_java(programs, "--save", "ranks.npz")], env, programs, timeout=120)
+    assert ranks.returncode == 0, ranks.stderr  # both ranks finalized: none waits in MPI_Finalize for good
+    assert "MPI_Finalize failed" not in ranks.stderr
+    outs = [line for line in ranks.stdout.splitlines() if line.strip()]
+    assert len(outs) == 1 and ranks.stderr.count("device: cpu") == 1, ranks.stdout + ranks.stderr
+    assert "data parallel: rank 0 of 2" in ranks.stderr
+    assert json.loads(outs[0])["losses"] == json.loads(micro.stdout)["losses"]
+    assert _bitwise(_params(programs / "micro.npz"), _params(programs / "ranks.npz")) == []
+
+
+def test_a_killed_or_stopped_java_rank_under_srun_ends_the_run_with_an_error(cluster: Cluster,
+                                                                            programs: Path) -> None:  # fmt: skip
+    """Rank 1 killed (SIGKILL) or stopped (SIGSTOP) mid-run: rank 0's watchdog names it within the timeout, and
+    its MPI_Abort ends the step. Never a hang (signal_rank_one's own limits)."""
+    for sig in (signal.SIGKILL, signal.SIGSTOP):
+        p, _, text, err = signal_rank_one(programs, SRUN, "SLURM_PROCID", sig, _env(cluster, DEEPDSL_DP_TIMEOUT="3"))
+        assert p.returncode != 0
+        assert "error: rank 0: the all-reduce of bucket" in err, text
+        assert re.search(r"waited 3 s for rank 1 \((its all-reduces started|it started it too)", err), err
+
+
+def test_java_ranks_under_srun_without_pmi_are_refused_naming_the_flag(cluster: Cluster, programs: Path) -> None:
+    r = _run(["srun", "-n", "2", *_java(programs)], _env(cluster), programs, timeout=120)
+    assert r.returncode != 0 and "iter " not in r.stdout + r.stderr
+    assert r.stderr.count("MPI says rank 0 of 1, but the launch says rank") == 2, r.stderr
+    assert "srun --mpi=pmi2" in r.stderr
