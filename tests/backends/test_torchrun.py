@@ -1,0 +1,212 @@
+"""The CUDA devices' data-parallel runs launched as torchrun launches them (issue 32): plain processes, no MPI, with
+torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
+TORCHELASTIC_*), so that the ranks meet through NCCL's own rendezvous at NCCL_COMM_ID = MASTER_ADDR:(MASTER_PORT+1)
+(set by the programs). Without a GPU: the Java CUDA device on the stand-in driver and the PyCUDA runner on the
+emulated GPU, with the stand-in NCCL (fake_libnccl.c), which outside an MPI launch meets and reduces over TCP
+sockets as NCCL's bootstrap does (rank 0 listens at NCCL_COMM_ID, the others connect). Two ranks must equal one
+process of `--micro-batches 2` bit for bit; a rank whose peer never comes, or dies, must end with an error, never
+hang. Then the same under the real `torchrun` where it is installed (DEEPDSL_TORCHRUN=PATH, or `torchrun` on
+PATH: PyTorch), and scripts/gpu_nccl_check.py (the GPU machine's NCCL step) run end to end on the emulated GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from java_env import jcuda_jars, jna_jar, launch_env, mpi
+from test_gpu_data_parallel import HERE, ROOT, _build_kernels, _differ, _env, needs_mpich, work  # noqa: F401
+from test_gpu_data_parallel import _run as _gpu_run
+from test_java_nccl import JAVA_MARKS, STAND_IN, _params, program  # noqa: F401
+from test_java_nccl import _run as _java_run
+
+pytestmark = pytest.mark.slow
+
+TORCHRUN = os.environ.get("DEEPDSL_TORCHRUN") or shutil.which("torchrun")
+needs_torchrun = pytest.mark.skipif(
+    TORCHRUN is None or not Path(TORCHRUN).exists(),
+    reason="no torchrun: install PyTorch (its `torchrun` on PATH) or set DEEPDSL_TORCHRUN=/path/to/torchrun",
+)
+MLP = str(ROOT / "networks" / "mlp.ddsl")
+LAUNCHERS = ("PMI_", "PMIX_", "OMPI_", "SLURM_", "HYDRA_", "MPI_LOCAL", "TORCHELASTIC_", "NCCL_", "FAKE_NCCL")
+
+
+def _free_port() -> int:
+    """A port free now whose next one is free too (MASTER_PORT and NCCL's MASTER_PORT+1)."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            if port >= 65000:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise AssertionError("no two free ports in a row")
+
+
+def _plain(env: dict[str, str]) -> dict[str, str]:
+    """`env` without any launcher's variables: what a process that no MPI launcher started sees."""
+    return {k: v for k, v in env.items() if not k.startswith(LAUNCHERS) and k not in (
+        "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")}  # fmt: skip
+
+
+def _torchrun_env(base: dict[str, str], rank: int, size: int, port: int, local_rank: int | None = None) -> dict:
+    """The variables torchrun gives worker `rank` of `size` on one node (as torchrun 2.15 sets them)."""
+    local = rank if local_rank is None else local_rank
+    return {**_plain(base), "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(local),
+            "LOCAL_WORLD_SIZE": str(size), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(size), "ROLE_NAME": "default", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": "deepdsl-test", "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "OMP_NUM_THREADS": "1"}  # fmt: skip
+
+
+def _launch(cmds: list[list[str]], envs: list[dict[str, str]], cwd: Path, timeout: float = 300) -> list[dict]:
+    """Each command a plain process with its environment, all at once (no launcher); their return codes and output.
+    A process not done within `timeout` fails the test (a hang), after every one is killed."""
+    procs = [subprocess.Popen(c, env=e, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c, e in zip(cmds, envs, strict=True)]  # fmt: skip
+    t0 = time.monotonic()
+    got = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+            got.append({"rc": p.returncode, "stdout": out, "stderr": err})
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        outs = [p.communicate() for p in procs]
+        pytest.fail(f"a rank hung past {timeout} s: {[o[1][-2000:] for o in outs]}")
+    for g in got:
+        objects = [line for line in g["stdout"].splitlines() if line.startswith("{")]
+        g["objects"] = len(objects)
+        if len(objects) == 1:
+            g.update(json.loads(objects[0]))
+    return got
+
+
+# ---- the stand-in NCCL itself: TCP against MPI ----
+
+PROBE = r"""
+import ctypes, sys
+import numpy as np
+lib = ctypes.CDLL(sys.argv[1])
+rank, size = int(sys.argv[2]), int(sys.argv[3])
+class Id(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+uid = Id()
+assert lib.ncclGetUniqueId(ctypes.byref(uid)) == 0
+comm = ctypes.c_void_p()
+lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, Id, ctypes.c_int]
+status = lib.ncclCommInitRank(ctypes.byref(comm), size, uid, rank)
+if status:
+    sys.exit(f"ncclCommInitRank: {status}")
+p, n, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+lib.ncclAllReduce.argtypes = [p, p, n, i, i, p, p]
+lib.ncclBroadcast.argtypes = [p, p, n, i, i, p, p]
+rng = np.random.default_rng(1234 + rank)
+out = {}
+x = (rng.standard_normal(100003) * np.exp(rng.uniform(-20, 20, 100003))).astype(np.float32)  # all magnitudes
+for name, array, op in (("sum", x, 0), ("max", x, 2), ("int64", rng.integers(-2**40, 2**40, 999), 0)):
+    a = array.copy()
+    kind = 7 if a.dtype == np.float32 else 4
+    assert lib.ncclAllReduce(a.ctypes.data, a.ctypes.data, a.size, kind, op, comm, None) == 0
+    out[name] = a
+b = np.full(17, float(rank), np.float32) + np.arange(17, dtype=np.float32)
+assert lib.ncclBroadcast(b.ctypes.data, b.ctypes.data, b.size, 7, size - 1, comm, None) == 0
+out["broadcast"] = b
+np.savez(sys.argv[4], **out)
+lib.ncclCommDestroy(comm)
+"""
+
+
+@needs_mpich
+def test_the_stand_in_reduces_over_tcp_as_mpi_does_bit_for_bit(work: Path) -> None:  # noqa: F811
+    """Two plain processes (torchrun's environment) meet at NCCL_COMM_ID and reduce over TCP; the same calls under
+    mpiexec go through MPI: the sums (float32 over magnitudes 1e-9..1e9), maxima, int64 sums and a broadcast from
+    the last rank are the same bytes, and the float sums are r0 + r1 exactly."""
+    from test_gpu_data_parallel import MPIEXEC
+
+    (work / "probe.py").write_text(PROBE)
+    lib = str(work / "nccl" / "libnccl.so.2")
+    port = _free_port()
+    envs = [_torchrun_env(dict(os.environ), r, 2, port) | {"NCCL_COMM_ID": f"127.0.0.1:{port + 1}",
+                                                          "NCCL_DEBUG": "INFO"} for r in (0, 1)]  # fmt: skip
+    tcp = _launch([[sys.executable, "probe.py", lib, str(r), "2", f"tcp{r}.npz"] for r in (0, 1)], envs, work, 120)
+    assert [g["rc"] for g in tcp] == [0, 0], [g["stderr"] for g in tcp]
+    assert all("(the stand-in, over TCP) - Init COMPLETE" in g["stderr"] for g in tcp)
+    env = _plain(dict(os.environ)) | {"NCCL_DEBUG": "INFO", "NCCL_COMM_ID": "127.0.0.1:1"}  # one id (MPI: no socket)
+    r = subprocess.run([str(MPIEXEC), "-n", "2", "sh", "-c", f'exec {sys.executable} probe.py {lib} $PMI_RANK 2 '
+                        'mpi$PMI_RANK.npz'], cwd=work, env=env, capture_output=True, text=True, timeout=120,
+                       check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "(the stand-in, over MPI) - Init COMPLETE" in r.stderr
+    got = [_params(work / f"tcp{k}.npz") for k in (0, 1)] + [_params(work / f"mpi{k}.npz") for k in (0, 1)]
+    assert all(_differ(g, got[0]) == [] for g in got[1:])
+    rng = [np.random.default_rng(1234 + k) for k in (0, 1)]
+    xs = [(g.standard_normal(100003) * np.exp(g.uniform(-20, 20, 100003))).astype(np.float32) for g in rng]
+    assert got[0]["sum"].tobytes() == (xs[0] + xs[1]).tobytes()
+    assert got[0]["broadcast"].tolist() == (np.arange(17) + 1.0).tolist()
+
+
+# ---- the PyCUDA runner on the emulated GPU, as torchrun launches it ----
+
+
+def _losses(stdout: str) -> list[str]:
+    """The losses of rank 0's progress lines, as printed."""
+    return re.findall(r"iter +\d+/\d+ +loss ([-0-9.]+)", stdout)
+
+
+def _gpu_rank(work: Path, rank: int, size: int, port: int, *args: str, tag: str = "", **extra: str) -> tuple:
+    """Rank `rank`'s command (`deepdsl run` of the MLP on the emulated GPU) and its environment."""
+    cmd = [sys.executable, str(HERE / "emulated_rank.py"), str(work / "emulated_mlp"), "run", MLP, "--data",
+           "synthetic", "--device", "cuda", "--kernels", "own", "--set", "N=8", *args]  # fmt: skip
+    env = _torchrun_env(_env(work), rank, size, port) | {"FAKE_NCCL_CALLS": str(work / f"calls{tag}.{rank}"), **extra}
+    return cmd, env
+
+
+@needs_mpich
+def test_two_gpu_ranks_launched_as_torchrun_does_equal_two_micro_batches(work: Path) -> None:  # noqa: F811
+    """`deepdsl run --device cuda` as two plain processes with torchrun's variables (no MPI): NCCL's rendezvous at
+    MASTER_ADDR:(MASTER_PORT+1), the stand-in over TCP, the step's buckets all-reduced inside the replayed graph;
+    the parameters of one process of --micro-batches 2 bit for bit; each rank on its LOCAL_RANK's GPU."""
+    _build_kernels(work, "mlp", "--set", "N=8")
+    iters = 3
+    micro = _gpu_run(work, "mlp", "--iters", str(iters), "--set", "N=8", "--micro-batches", "2", "--save",
+                     "tr_micro.npz")  # fmt: skip
+    assert micro["rc"] == 0, micro["stderr"]
+    port = _free_port()
+    ranks = [_gpu_rank(work, r, 2, port, "--iters", str(iters), "--save", "tr_two.npz", tag="tr", NCCL_DEBUG="INFO")
+             for r in (0, 1)]  # fmt: skip
+    got = _launch([c for c, _ in ranks], [e for _, e in ranks], work)
+    assert [g["rc"] for g in got] == [0, 0], [g["stderr"][-3000:] for g in got]
+    said = got[0]["stdout"]
+    assert "2 rank(s) [torchrun (RANK=0, WORLD_SIZE=2)]" in said, said[-3000:]
+    assert f"2 ranks, rendezvous NCCL_COMM_ID=127.0.0.1:{port + 1})" in said  # MASTER_PORT + 1
+    assert "iter" not in got[1]["stdout"]  # rank 0 alone prints
+    assert all("nranks 2 cudaDev 0 busId 0" in g["stderr"] and "over TCP) - Init COMPLETE" in g["stderr"]
+               for g in got)  # fmt: skip
+    assert "graph: on" in said
+    assert [int((work / f"callstr.{r}").read_text()) for r in (0, 1)] == [3 * iters + 1] * 2
+    assert _losses(said) == [f"{x:.4f}" for x in micro["losses"]]
+    assert _differ(_params(work / "tr_two.npz"), _params(work / "tr_micro.npz")) == []
+    # LOCAL_RANK picks the GPU: with one emulated GPU, rank 1 (local rank 1) is refused, naming GPU 1
+    port = _free_port()
+    ranks = [_gpu_rank(work, r, 2, port, "--iters", "1", EMULATED_GPUS="1", DEEPDSL_DP_TIMEOUT="10") for r in (0, 1)]
+    one_gpu = _launch([c for c, _ in ranks], [e for _, e in ranks], work, 120)
+    assert one_gpu[1]["rc"] == 1 and "GPU 1 (this rank's local rank) is not among this machine's 1" in \
+        one_gpu[1]["stderr"]  # fmt: skip
+    assert one_gpu[0]["rc"] != 0  # its peer never came: an error, not a hang
