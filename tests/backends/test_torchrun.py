@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,11 +22,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from java_env import jcuda_jars, jna_jar, launch_env, mpi
-from test_gpu_data_parallel import HERE, ROOT, _build_kernels, _differ, _env, needs_mpich, work  # noqa: F401
+from java_env import JAVA_MARKS, jcuda_jars, jna_jar, launch_env, mpi
+from test_gpu_data_parallel import HERE, ROOT, _build_kernels, _differ, _env, needs_mpich
 from test_gpu_data_parallel import _run as _gpu_run
-from test_java_nccl import JAVA_MARKS, STAND_IN, _params, program  # noqa: F401
+from test_gpu_data_parallel import work as work  # noqa: PLC0414 — the fixture, shared
+from test_java_nccl import _params
 from test_java_nccl import _run as _java_run
+from test_java_nccl import program as program  # noqa: PLC0414 — the fixture, shared
 
 pytestmark = pytest.mark.slow
 
@@ -59,8 +60,8 @@ def _free_port() -> int:
 
 def _plain(env: dict[str, str]) -> dict[str, str]:
     """`env` without any launcher's variables: what a process that no MPI launcher started sees."""
-    return {k: v for k, v in env.items() if not k.startswith(LAUNCHERS) and k not in (
-        "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")}  # fmt: skip
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+    return {k: v for k, v in env.items() if not k.startswith(LAUNCHERS) and k not in names}
 
 
 def _torchrun_env(base: dict[str, str], rank: int, size: int, port: int, local_rank: int | None = None) -> dict:
@@ -134,7 +135,7 @@ lib.ncclCommDestroy(comm)
 
 
 @needs_mpich
-def test_the_stand_in_reduces_over_tcp_as_mpi_does_bit_for_bit(work: Path) -> None:  # noqa: F811
+def test_the_stand_in_reduces_over_tcp_as_mpi_does_bit_for_bit(work: Path) -> None:
     """Two plain processes (torchrun's environment) meet at NCCL_COMM_ID and reduce over TCP; the same calls under
     mpiexec go through MPI: the sums (float32 over magnitudes 1e-9..1e9), maxima, int64 sums and a broadcast from
     the last rank are the same bytes, and the float sums are r0 + r1 exactly."""
@@ -179,7 +180,7 @@ def _gpu_rank(work: Path, rank: int, size: int, port: int, *args: str, tag: str 
 
 
 @needs_mpich
-def test_two_gpu_ranks_launched_as_torchrun_does_equal_two_micro_batches(work: Path) -> None:  # noqa: F811
+def test_two_gpu_ranks_launched_as_torchrun_does_equal_two_micro_batches(work: Path) -> None:
     """`deepdsl run --device cuda` as two plain processes with torchrun's variables (no MPI): NCCL's rendezvous at
     MASTER_ADDR:(MASTER_PORT+1), the stand-in over TCP, the step's buckets all-reduced inside the replayed graph;
     the parameters of one process of --micro-batches 2 bit for bit; each rank on its LOCAL_RANK's GPU."""
@@ -210,3 +211,109 @@ def test_two_gpu_ranks_launched_as_torchrun_does_equal_two_micro_batches(work: P
     assert one_gpu[1]["rc"] == 1 and "GPU 1 (this rank's local rank) is not among this machine's 1" in \
         one_gpu[1]["stderr"]  # fmt: skip
     assert one_gpu[0]["rc"] != 0  # its peer never came: an error, not a hang
+
+
+@needs_mpich
+def test_a_gpu_rank_whose_peer_never_comes_or_dies_ends_with_an_error(work: Path) -> None:
+    """Never a hang: rank 0 started alone (its peer never comes) fails when the stand-in's rendezvous times out
+    (FAKE_NCCL_TIMEOUT) or, where NCCL would wait longer, at the runner's own deadline (DEEPDSL_DP_TIMEOUT), naming
+    the rendezvous; rank 1 told another MASTER_PORT cannot reach rank 0; a rank killed mid-run makes the other's
+    NCCL report the peer gone (ncclRemoteError) and its watchdog end it."""
+    _build_kernels(work, "mlp", "--set", "N=8")
+    port = _free_port()
+    at = f"NCCL_COMM_ID=127.0.0.1:{port + 1}"
+    t0 = time.monotonic()
+    cmd, env = _gpu_rank(work, 0, 2, port, "--iters", "2", FAKE_NCCL_TIMEOUT="4", NCCL_DEBUG="WARN")
+    (alone,) = _launch([cmd], [env], work, 120)
+    assert alone["rc"] == 1 and time.monotonic() - t0 < 60, alone["stderr"]
+    assert f"error: rank 0: ncclCommInitRank failed (NCCL error 2: unhandled system error (run with NCCL_DEBUG=INFO " \
+           f"for details)) at NCCL's rendezvous ({at}): did every rank start, and can they reach it?" \
+           in alone["stderr"]  # fmt: skip
+    assert f"waited 4 s at NCCL_COMM_ID 127.0.0.1:{port + 1} for 1 of its 1 peer ranks" in alone["stderr"]
+    # the stand-in patient (as NCCL), the runner's deadline ends both: rank 1 looks for rank 0 at another port
+    other = _free_port()
+    ranks = [_gpu_rank(work, r, 2, (port, other)[r], "--iters", "2", DEEPDSL_DP_TIMEOUT="4") for r in (0, 1)]
+    t0 = time.monotonic()
+    apart = _launch([c for c, _ in ranks], [e for _, e in ranks], work, 120)
+    assert [g["rc"] for g in apart] == [1, 1] and time.monotonic() - t0 < 60
+    for r, p in ((0, port), (1, other)):
+        assert f"error: rank {r}: NCCL's rendezvous (NCCL_COMM_ID=127.0.0.1:{p + 1}) did not finish within 4 s " \
+               "(DEEPDSL_DP_TIMEOUT): another rank did not start, died or stalled" in apart[r]["stderr"]  # fmt: skip
+    # a rank killed mid-run: the other's NCCL reports it gone, its watchdog aborts
+    port = _free_port()
+    ranks = [_gpu_rank(work, r, 2, port, "--iters", "100000", NCCL_DEBUG="WARN") for r in (0, 1)]
+    procs = [subprocess.Popen(c, env=e, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c, e in ranks]  # fmt: skip
+    try:
+        _progress(procs[0], 3)
+        procs[1].kill()
+        _, err = procs[0].communicate(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert procs[0].returncode == 1, err
+    assert "error: rank 0: NCCL reported NCCL error 6: remote process exited or there was a network error (a rank " \
+           "died or the network failed); the communicator was aborted" in err  # fmt: skip
+    assert "rank 1's connection closed during a collective (the process died or aborted)" in err
+
+
+def _progress(proc: subprocess.Popen, step: int, timeout: float = 180) -> None:
+    """Read `proc`'s output until the progress line of `step` (rank 0 prints it)."""
+    t0 = time.monotonic()
+    while not re.search(rf"iter +{step}/", line := proc.stdout.readline()):
+        assert line or proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() - t0 < timeout, "the run did not start"
+
+
+# ---- the Java CUDA device on the stand-in driver, as torchrun launches it ----
+
+
+def _java_rank(folder: Path, rank: int, size: int, port: int, *args: str, tag: str = "", **extra: str) -> tuple:
+    """Rank `rank`'s command (the compiled MLP on the stand-in GPU 0) and its torchrun environment."""
+    _, lib = mpi()
+    cp = f"{folder / 'build'}:{folder / 'src'}:{jcuda_jars()}/*:{jna_jar()}"
+    cmd = ["java", "-Ddeepdsl.gpu=0", f"-Dorg.bytedeco.javacpp.cachedir={folder / 'javacpp'}", "-cp", cp, "MLP",
+           "--data", "synthetic", "--device", "cuda", "--kernels", "own", *args]  # fmt: skip
+    env = launch_env(LD_LIBRARY_PATH=str(folder / "fake"), DEEPDSL_FAKE_CUDA_KERNELS=str(folder / "MLP" /
+                     "emulated.so"), PATH=f"{lib.parent / 'bin'}:/usr/bin:/bin")  # fmt: skip
+    env = _torchrun_env(env, rank, size, port) | {"FAKE_NCCL_CALLS": str(folder / f"nccl{tag}.{rank}"), **extra}
+    return cmd, env
+
+
+@pytest.mark.java
+@JAVA_MARKS[1]
+def test_two_java_cuda_ranks_launched_as_torchrun_does_equal_two_micro_batches(program: Path) -> None:
+    """The compiled program's CUDA device as two plain processes with torchrun's variables: NCCL_COMM_ID set by the
+    program to MASTER_ADDR:(MASTER_PORT+1), the stand-in over TCP, the all-reduces inside the replayed graph; the
+    one-process --micro-batches 2 run's losses and parameters bit for bit. Rank 0 alone (its peer never comes)
+    ends at the program's rendezvous deadline, or at NCCL's own failure, naming the rendezvous."""
+    iters = 3
+    micro = _java_run(program, "--iters", str(iters), "--micro-batches", "2", "--save", "tr_micro.npz", ranks=0)
+    assert micro["rc"] == 0, micro["stderr"]
+    port = _free_port()
+    ranks = [_java_rank(program, r, 2, port, "--json", "--iters", str(iters), "--save", "tr_two.npz", tag="tr",
+                        NCCL_DEBUG="INFO") for r in (0, 1)]  # fmt: skip
+    got = _launch([c for c, _ in ranks], [e for _, e in ranks], program)
+    assert [g["rc"] for g in got] == [0, 0], [g["stderr"][-3000:] for g in got]
+    assert [g["objects"] for g in got] == [1, 0]  # rank 0 alone writes --json
+    assert f"2 ranks, rendezvous NCCL_COMM_ID=127.0.0.1:{port + 1}" in got[0]["stderr"]  # MASTER_PORT + 1
+    assert all("nranks 2 cudaDev 0 busId 0" in g["stderr"] and "over TCP) - Init COMPLETE" in g["stderr"]
+               for g in got)  # fmt: skip
+    assert [int((program / f"nccltr.{r}").read_text()) for r in (0, 1)] == [3 * iters + 1] * 2
+    assert got[0]["losses"] == micro["losses"]
+    want = _params(program / "tr_micro.npz")
+    assert all(np.array_equal(v, want[k]) for k, v in _params(program / "tr_two.npz").items())
+    # rank 0 alone: the program's deadline (the stand-in as patient as NCCL), then the stand-in's own timeout
+    port = _free_port()
+    at = f"NCCL_COMM_ID=127.0.0.1:{port + 1}"
+    for extra, said in (({"DEEPDSL_DP_TIMEOUT": "4"}, f"error: rank 0: NCCL's rendezvous ({at}) did not finish "
+                         "within 4 s (the timeout is deepdsl.collective.timeout or DEEPDSL_DP_TIMEOUT): another rank "
+                         "did not start, died or stalled"),
+                        ({"FAKE_NCCL_TIMEOUT": "4"}, f"error: rank 0: ncclCommInitRank failed: NCCL error 2 "
+                         f"(rendezvous {at}: did every rank start, and can they reach it?)")):  # fmt: skip
+        cmd, env = _java_rank(program, 0, 2, port, "--iters", "2", **extra)
+        t0 = time.monotonic()
+        (alone,) = _launch([cmd], [env], program, 120)
+        assert alone["rc"] == 1 and time.monotonic() - t0 < 60
+        assert said in alone["stderr"], alone["stderr"]
