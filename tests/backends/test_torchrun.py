@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -317,3 +318,141 @@ def test_two_java_cuda_ranks_launched_as_torchrun_does_equal_two_micro_batches(p
         (alone,) = _launch([cmd], [env], program, 120)
         assert alone["rc"] == 1 and time.monotonic() - t0 < 60
         assert said in alone["stderr"], alone["stderr"]
+
+
+# ---- the real torchrun (PyTorch's), where installed ----
+
+
+def _under_torchrun(work: Path, tag: str, *torchrun: str) -> list[str]:
+    """torchrun's command line running a rank's command (the arguments after it) through `sh`, which writes the
+    MASTER_ADDR:MASTER_PORT the rank was given and its process id to files, and points FAKE_NCCL_CALLS at a file
+    of its own."""
+    # no `$$`: torchrun substitutes its macros in the arguments with string.Template, where `$$` means `$`; the
+    # shell's `read` (a builtin) opens /proc/self/stat as itself
+    each = (f'echo "$MASTER_ADDR:$MASTER_PORT" > {work}/master{tag}.$RANK; read pid rest < /proc/self/stat; '
+            f'echo $pid > {work}/pid{tag}.$RANK; FAKE_NCCL_CALLS={work}/calls{tag}.$RANK exec "$@"')  # fmt: skip
+    return [str(TORCHRUN), *torchrun, "--no-python", "sh", "-c", each, "sh"]
+
+
+def _masters(work: Path, tag: str) -> tuple[str, int]:
+    """The MASTER_ADDR and MASTER_PORT torchrun gave the ranks (the same to both)."""
+    seen = {(work / f"master{tag}.{r}").read_text().strip() for r in (0, 1)}
+    assert len(seen) == 1, seen
+    host, port = seen.pop().rsplit(":", 1)
+    return host, int(port)
+
+
+@needs_torchrun
+@needs_mpich
+def test_the_real_torchrun_launches_two_gpu_ranks_equal_to_two_micro_batches(work: Path) -> None:
+    """`torchrun --standalone --nproc_per_node=2 --no-python python emulated_rank.py ... run mlp.ddsl --device cuda`:
+    torchrun's own store holds MASTER_PORT, NCCL's rendezvous is MASTER_ADDR:(MASTER_PORT+1), the stand-in meets
+    and reduces over TCP; two ranks equal one process of --micro-batches 2 bit for bit."""
+    _build_kernels(work, "mlp", "--set", "N=8")
+    iters = 3
+    micro = _gpu_run(work, "mlp", "--iters", str(iters), "--set", "N=8", "--micro-batches", "2", "--save",
+                     "rt_micro.npz")  # fmt: skip
+    assert micro["rc"] == 0, micro["stderr"]
+    cmd = _under_torchrun(work, "rt", "--standalone", "--nproc_per_node=2")
+    cmd += [sys.executable, str(HERE / "emulated_rank.py"), str(work / "emulated_mlp"), "run", MLP, "--data",
+            "synthetic", "--device", "cuda", "--kernels", "own", "--set", "N=8", "--iters", str(iters), "--save",
+            "rt_two.npz"]  # fmt: skip
+    r = subprocess.run(cmd, env=_plain(_env(work)) | {"NCCL_DEBUG": "INFO"}, cwd=work, capture_output=True, text=True,
+                       timeout=300, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    host, port = _masters(work, "rt")
+    assert "2 rank(s) [torchrun (RANK=0, WORLD_SIZE=2)]" in r.stdout
+    assert f"2 ranks, rendezvous NCCL_COMM_ID={host}:{port + 1})" in r.stdout  # MASTER_PORT + 1
+    assert r.stderr.count("nranks 2 cudaDev 0 busId 0") == 2 and "over TCP) - Init COMPLETE" in r.stderr
+    assert [int((work / f"callsrt.{k}").read_text()) for k in (0, 1)] == [3 * iters + 1] * 2
+    assert _losses(r.stdout) == [f"{x:.4f}" for x in micro["losses"]]
+    assert _differ(_params(work / "rt_two.npz"), _params(work / "rt_micro.npz")) == []
+
+
+@needs_torchrun
+@needs_mpich
+def test_under_the_real_torchrun_a_killed_gpu_rank_ends_the_run_with_an_error(work: Path) -> None:
+    """A rank killed (SIGKILL) mid-run under torchrun: the run ends with torchrun's error naming the rank and its
+    signal, within the timeout; no rank is left behind."""
+    _build_kernels(work, "mlp", "--set", "N=8")
+    cmd = _under_torchrun(work, "kill", "--standalone", "--nproc_per_node=2")
+    cmd += [sys.executable, str(HERE / "emulated_rank.py"), str(work / "emulated_mlp"), "run", MLP, "--data",
+            "synthetic", "--device", "cuda", "--kernels", "own", "--set", "N=8", "--iters", "100000"]  # fmt: skip
+    p = subprocess.Popen(cmd, env=_plain(_env(work)), cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)  # fmt: skip
+    try:
+        _progress(p, 3)
+        pids = [int((work / f"pidkill.{r}").read_text()) for r in (0, 1)]
+        os.kill(pids[1], signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode != 0 and time.monotonic() - t0 < 60
+    assert re.search(r"local_rank: +1 \(pid: " + str(pids[1]) + r"\)[\s\S]*Signal 9 \(SIGKILL\)", err), err[-3000:]
+    assert not Path(f"/proc/{pids[0]}").exists() or "zombie" in Path(f"/proc/{pids[0]}/status").read_text().lower()
+
+
+@needs_torchrun
+@pytest.mark.java
+@JAVA_MARKS[1]
+def test_the_real_torchrun_launches_two_java_cuda_ranks_equal_to_two_micro_batches(program: Path) -> None:
+    """`torchrun --nproc_per_node=2 --master_addr=127.0.0.1 --master_port=P --no-python java ... MLP --device cuda`:
+    torchrun's store at P, the program's NCCL rendezvous at P+1 (the stand-in over TCP); the one-process
+    --micro-batches 2 run's losses and parameters bit for bit."""
+    iters = 3
+    micro = _java_run(program, "--iters", str(iters), "--micro-batches", "2", "--save", "rj_micro.npz", ranks=0)
+    assert micro["rc"] == 0, micro["stderr"]
+    port = _free_port()
+    java, env = _java_rank(program, 0, 1, port, "--json", "--iters", str(iters), "--save", "rj_two.npz")
+    cmd = _under_torchrun(program, "rj", "--nnodes=1", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+                          f"--master_port={port}") + java  # fmt: skip
+    r = subprocess.run(cmd, env=_plain(env) | {"NCCL_DEBUG": "INFO"}, cwd=program, capture_output=True, text=True,
+                       timeout=300, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert _masters(program, "rj") == ("127.0.0.1", port)
+    assert f"2 ranks, rendezvous NCCL_COMM_ID=127.0.0.1:{port + 1}" in r.stderr  # MASTER_PORT + 1
+    assert r.stderr.count("nranks 2 cudaDev 0 busId 0") == 2 and "over TCP) - Init COMPLETE" in r.stderr
+    objects = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(objects) == 1  # rank 0 alone writes --json
+    assert [int((program / f"callsrj.{k}").read_text()) for k in (0, 1)] == [3 * iters + 1] * 2
+    assert json.loads(objects[0])["losses"] == micro["losses"]
+    want = _params(program / "rj_micro.npz")
+    assert all(np.array_equal(v, want[k]) for k, v in _params(program / "rj_two.npz").items())
+
+
+def _torch_python() -> str | None:
+    """The Python whose torchrun TORCHRUN is (its script's `#!` line), which has PyTorch."""
+    try:
+        first = Path(str(TORCHRUN)).read_bytes()[:300].split(b"\n")[0].decode()
+    except (OSError, UnicodeDecodeError):
+        return None
+    python = first[2:].strip().split()[0] if first.startswith("#!") and first[2:].strip() else ""
+    return python if python and Path(python).exists() else None
+
+
+@needs_torchrun
+@needs_mpich
+def test_the_gpu_machines_nccl_check_runs_end_to_end_under_the_real_torchrun(work: Path, tmp_path: Path) -> None:
+    """scripts/gpu_nccl_check.py as scripts/gpu_check.sh runs it (in the repository, on the Python that has
+    PyTorch), with the runner on the emulated GPU (DEEPDSL_NCCL_CHECK_RUNNER: emulated_rank.py) and the stand-in
+    NCCL: the one-rank torchrun runs (DEEPDSL_DP_FORCE=1) equal the plain run and say NCCL's "Init COMPLETE"; the two
+    ranks sharing GPU 0 train and equal --micro-batches 2 (the stand-in does not refuse a shared GPU as NCCL does)."""
+    python = _torch_python()
+    if python is None:
+        pytest.skip(f"{TORCHRUN} is not a Python script whose interpreter exists (the check runs on torch's Python)")
+    runner = f"{sys.executable} {HERE / 'emulated_rank.py'} {work / 'emulated_lenet'}"
+    env = _plain(_env(work)) | {"DEEPDSL_NCCL_CHECK_RUNNER": runner, "EMULATED_GPUS": "1"}
+    r = subprocess.run([python, "scripts/gpu_nccl_check.py", str(tmp_path), "--set N=2", "2"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    report = json.loads((tmp_path / "nccl_pycuda.json").read_text())
+    assert r.returncode == 0 and report["pass"] is True, (r.stdout, r.stderr[-3000:])
+    for tag in ("nccl_one_rank", "nccl_one_rank_nograph"):
+        assert report[tag]["against_plain"]["equal"] is True
+        assert "nranks 1 cudaDev 0" in report[tag]["nccl_init"][0] and "over TCP" in report[tag]["nccl_init"][0]
+        assert "torch.distributed.run --standalone --nproc_per_node=1" in (tmp_path / f"{tag}.log").read_text()
+    assert report["nccl_one_rank_nograph"]["gpu_graph"] == "off (--no-graph)"
+    two = report["two_ranks_one_gpu"]
+    assert two["outcome"] == "trained" and two["against_micro_batches_2"]["equal"] is True
+    assert "--nproc_per_node=2 --no-python env LOCAL_RANK=0" in (tmp_path / "nccl_two_ranks.log").read_text()
