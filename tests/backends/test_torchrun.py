@@ -334,6 +334,34 @@ def _under_torchrun(work: Path, tag: str, *torchrun: str) -> list[str]:
     return [str(TORCHRUN), *torchrun, "--no-python", "sh", "-c", each, "sh"]
 
 
+def _end_ranks(work: Path, tag: str) -> None:
+    """Kill the ranks of `tag` still alive (by the process ids they wrote, where that process's command line still
+    names `work`: not a process id reused since): a torchrun killed on a test's timeout leaves its workers behind."""
+    for f in work.glob(f"pid{tag}.*"):
+        try:
+            pid = int(f.read_text())
+            if str(work) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                os.kill(pid, signal.SIGKILL)
+        except (ValueError, OSError):
+            pass
+
+
+def _torchrun(cmd: list[str], env: dict[str, str], cwd: Path, tag: str, timeout: float = 300) -> dict:
+    """Run torchrun's command line to its end (failing the test past `timeout`: a hang); no rank outlives it."""
+    p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        pytest.fail(f"torchrun hung past {timeout} s: {err[-3000:]}")
+    finally:
+        if p.poll() is None:
+            p.kill()
+        _end_ranks(cwd, tag)
+    return {"rc": p.returncode, "stdout": out, "stderr": err}
+
+
 def _masters(work: Path, tag: str) -> tuple[str, int]:
     """The MASTER_ADDR and MASTER_PORT torchrun gave the ranks (the same to both)."""
     seen = {(work / f"master{tag}.{r}").read_text().strip() for r in (0, 1)}
@@ -357,15 +385,14 @@ def test_the_real_torchrun_launches_two_gpu_ranks_equal_to_two_micro_batches(wor
     cmd += [sys.executable, str(HERE / "emulated_rank.py"), str(work / "emulated_mlp"), "run", MLP, "--data",
             "synthetic", "--device", "cuda", "--kernels", "own", "--set", "N=8", "--iters", str(iters), "--save",
             "rt_two.npz"]  # fmt: skip
-    r = subprocess.run(cmd, env=_plain(_env(work)) | {"NCCL_DEBUG": "INFO"}, cwd=work, capture_output=True, text=True,
-                       timeout=300, check=False)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-4000:]
+    r = _torchrun(cmd, _plain(_env(work)) | {"NCCL_DEBUG": "INFO"}, work, "rt")
+    assert r["rc"] == 0, r["stderr"][-4000:]
     host, port = _masters(work, "rt")
-    assert "2 rank(s) [torchrun (RANK=0, WORLD_SIZE=2)]" in r.stdout
-    assert f"2 ranks, rendezvous NCCL_COMM_ID={host}:{port + 1})" in r.stdout  # MASTER_PORT + 1
-    assert r.stderr.count("nranks 2 cudaDev 0 busId 0") == 2 and "over TCP) - Init COMPLETE" in r.stderr
+    assert "2 rank(s) [torchrun (RANK=0, WORLD_SIZE=2)]" in r["stdout"]
+    assert f"2 ranks, rendezvous NCCL_COMM_ID={host}:{port + 1})" in r["stdout"]  # MASTER_PORT + 1
+    assert r["stderr"].count("nranks 2 cudaDev 0 busId 0") == 2 and "over TCP) - Init COMPLETE" in r["stderr"]
     assert [int((work / f"callsrt.{k}").read_text()) for k in (0, 1)] == [3 * iters + 1] * 2
-    assert _losses(r.stdout) == [f"{x:.4f}" for x in micro["losses"]]
+    assert _losses(r["stdout"]) == [f"{x:.4f}" for x in micro["losses"]]
     assert _differ(_params(work / "rt_two.npz"), _params(work / "rt_micro.npz")) == []
 
 
@@ -389,6 +416,7 @@ def test_under_the_real_torchrun_a_killed_gpu_rank_ends_the_run_with_an_error(wo
     finally:
         if p.poll() is None:
             p.kill()
+        _end_ranks(work, "kill")
     assert p.returncode != 0 and time.monotonic() - t0 < 60
     assert re.search(r"local_rank: +1 \(pid: " + str(pids[1]) + r"\)[\s\S]*Signal 9 \(SIGKILL\)", err), err[-3000:]
     assert not Path(f"/proc/{pids[0]}").exists() or "zombie" in Path(f"/proc/{pids[0]}/status").read_text().lower()
@@ -408,13 +436,12 @@ def test_the_real_torchrun_launches_two_java_cuda_ranks_equal_to_two_micro_batch
     java, env = _java_rank(program, 0, 1, port, "--json", "--iters", str(iters), "--save", "rj_two.npz")
     cmd = _under_torchrun(program, "rj", "--nnodes=1", "--nproc_per_node=2", "--master_addr=127.0.0.1",
                           f"--master_port={port}") + java  # fmt: skip
-    r = subprocess.run(cmd, env=_plain(env) | {"NCCL_DEBUG": "INFO"}, cwd=program, capture_output=True, text=True,
-                       timeout=300, check=False)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-4000:]
+    r = _torchrun(cmd, _plain(env) | {"NCCL_DEBUG": "INFO"}, program, "rj")
+    assert r["rc"] == 0, r["stderr"][-4000:]
     assert _masters(program, "rj") == ("127.0.0.1", port)
-    assert f"2 ranks, rendezvous NCCL_COMM_ID=127.0.0.1:{port + 1}" in r.stderr  # MASTER_PORT + 1
-    assert r.stderr.count("nranks 2 cudaDev 0 busId 0") == 2 and "over TCP) - Init COMPLETE" in r.stderr
-    objects = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    assert f"2 ranks, rendezvous NCCL_COMM_ID=127.0.0.1:{port + 1}" in r["stderr"]  # MASTER_PORT + 1
+    assert r["stderr"].count("nranks 2 cudaDev 0 busId 0") == 2 and "over TCP) - Init COMPLETE" in r["stderr"]
+    objects = [line for line in r["stdout"].splitlines() if line.startswith("{")]
     assert len(objects) == 1  # rank 0 alone writes --json
     assert [int((program / f"callsrj.{k}").read_text()) for k in (0, 1)] == [3 * iters + 1] * 2
     assert json.loads(objects[0])["losses"] == micro["losses"]
