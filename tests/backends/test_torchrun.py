@@ -287,8 +287,9 @@ def _java_rank(folder: Path, rank: int, size: int, port: int, *args: str, tag: s
 def test_two_java_cuda_ranks_launched_as_torchrun_does_equal_two_micro_batches(program: Path) -> None:
     """The compiled program's CUDA device as two plain processes with torchrun's variables: NCCL_COMM_ID set by the
     program to MASTER_ADDR:(MASTER_PORT+1), the stand-in over TCP, the all-reduces inside the replayed graph; the
-    one-process --micro-batches 2 run's losses and parameters bit for bit. Rank 0 alone (its peer never comes)
-    ends at the program's rendezvous deadline, or at NCCL's own failure, naming the rendezvous."""
+    one-process --micro-batches 2 run's losses and parameters bit for bit; LOCAL_RANK picks the GPU. Rank 0 alone
+    (its peer never comes) ends at the program's rendezvous deadline, or at NCCL's own failure, naming the
+    rendezvous."""
     iters = 3
     micro = _java_run(program, "--iters", str(iters), "--micro-batches", "2", "--save", "tr_micro.npz", ranks=0)
     assert micro["rc"] == 0, micro["stderr"]
@@ -305,6 +306,11 @@ def test_two_java_cuda_ranks_launched_as_torchrun_does_equal_two_micro_batches(p
     assert got[0]["losses"] == micro["losses"]
     want = _params(program / "tr_micro.npz")
     assert all(np.array_equal(v, want[k]) for k, v in _params(program / "tr_two.npz").items())
+    # LOCAL_RANK picks the GPU: rank 1 (local rank 1) without -Ddeepdsl.gpu=0 is refused, the stand-in driver having one
+    cmd, env = _java_rank(program, 1, 2, _free_port(), "--iters", "1")
+    (local,) = _launch([[a for a in cmd if a != "-Ddeepdsl.gpu=0"]], [env], program, 120)
+    assert local["rc"] == 1
+    assert "GPU 1 (deepdsl.gpu, a rank's local rank) is not among this machine's 1 GPU" in local["stderr"]
     # rank 0 alone: the program's deadline (the stand-in as patient as NCCL), then the stand-in's own timeout
     port = _free_port()
     at = f"NCCL_COMM_ID=127.0.0.1:{port + 1}"
@@ -469,6 +475,7 @@ def test_the_gpu_machines_nccl_check_runs_end_to_end_under_the_real_torchrun(wor
     python = _torch_python()
     if python is None:
         pytest.skip(f"{TORCHRUN} is not a Python script whose interpreter exists (the check runs on torch's Python)")
+    _build_kernels(work, "lenet", "--set", "N=2")  # before the script's runs, each of which has 120 s
     runner = f"{sys.executable} {HERE / 'emulated_rank.py'} {work / 'emulated_lenet'}"
     env = _plain(_env(work)) | {"DEEPDSL_NCCL_CHECK_RUNNER": runner, "EMULATED_GPUS": "1"}
     r = subprocess.run([python, "scripts/gpu_nccl_check.py", str(tmp_path), "--set N=2", "2"], cwd=ROOT, env=env,
