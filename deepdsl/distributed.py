@@ -453,8 +453,9 @@ class GpuComm(Comm):
             return None
         environ = os.environ if environ is None else environ
         nccl = self.nccl if self.nccl is not None else self.load()
+        comm_id = self.rendezvous(environ)
+        at = f" (NCCL_COMM_ID={comm_id})" if comm_id is not None else ""
         try:
-            comm_id = self.rendezvous(environ)
             broadcast = None
             if comm_id is None and self.size == 1:  # a forced one rank: its own id is everyone's
                 broadcast = lambda raw: raw  # noqa: E731
@@ -462,11 +463,12 @@ class GpuComm(Comm):
                 world = self.mpi.COMM_WORLD
                 broadcast = lambda raw: world.bcast(raw, root=0)  # noqa: E731
             # NCCL's rendezvous blocks until every rank is there: a rank that never comes ends the run
-            with Deadline(self.timeout, self.report, f"rank {self.rank}: NCCL's rendezvous"):
+            with Deadline(self.timeout, self.report, f"rank {self.rank}: NCCL's rendezvous{at}"):
                 uid, how = exchange_id(nccl, self.rank, comm_id, broadcast, environ)
                 comm = nccl.communicator(self.size, self.rank, uid)
         except NcclError as err:
-            raise DistributedError(f"rank {self.rank}: {err.message}", abort=True) from None
+            where = f" at NCCL's rendezvous{at}: did every rank start, and can they reach it?" if at else ""
+            raise DistributedError(f"rank {self.rank}: {err.message}{where}", abort=True) from None
         self.reducer = NcclReducer(nccl, comm, self.rank, self.size, reducer_streams(driver), self.timeout,
                                    self.report, how)  # fmt: skip
         self.memory = driver

@@ -11,6 +11,10 @@
 Writes nccl_pycuda.json into OUTDIR; exit status 1 where a comparison differs or a run failed otherwise.
 
     python scripts/gpu_nccl_check.py OUTDIR "LENET_SETS" ITERS
+
+$DEEPDSL_NCCL_CHECK_RUNNER (tests only) replaces `python -m deepdsl` in every command by the command it holds
+(shell words): tests/backends/test_torchrun.py runs this script end to end with the real torchrun and the runner
+on the emulated GPU (tests/backends/emulated_rank.py) with the stand-in NCCL.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -25,12 +30,19 @@ from pathlib import Path
 import numpy as np
 
 REFUSAL = "Duplicate GPU"  # NCCL's warning where two ranks of a communicator are on one GPU
+RUNNER = "DEEPDSL_NCCL_CHECK_RUNNER"  # tests only: the command standing for `python -m deepdsl`
+
+
+def deepdsl() -> list[str]:
+    """The command of the deepdsl CLI: this Python's `-m deepdsl`, or what $DEEPDSL_NCCL_CHECK_RUNNER says."""
+    stand_in = os.environ.get(RUNNER, "").strip()
+    return shlex.split(stand_in) if stand_in else [sys.executable, "-m", "deepdsl"]
 
 
 def run(out: Path, tag: str, sets: list[str], iters: int, *flags: str, ranks: int = 0, **env: str) -> dict:
     """`deepdsl run lenet --device cuda --kernels own` (under torchrun with `ranks` processes where ranks > 0):
     the --json object of rank 0 with the return code and the tail of stderr; parameters saved to TAG.npz."""
-    cmd = [sys.executable, "-m", "deepdsl", "run", "networks/lenet.ddsl", *sets, "--data", "synthetic", "--iters",
+    cmd = [*deepdsl(), "run", "networks/lenet.ddsl", *sets, "--data", "synthetic", "--iters",
            str(iters), "--device", "cuda", "--kernels", "own", "--json", "--save", str(out / f"{tag}.npz"),
            *flags]  # fmt: skip
     if ranks:

@@ -146,10 +146,22 @@ public final class NcclCollective implements Collective {
       }
     }
     comm = commClass.getConstructor().newInstance();
-    check(
-        "ncclCommInitRank",
-        nccl.getMethod("ncclCommInitRank", commClass, int.class, idClass, int.class)
-            .invoke(null, comm, launch.size(), id, launch.rank()));
+    // NCCL's rendezvous blocks until every rank is there: a rank that never comes ends the run
+    Thread deadline = deadline(launch.rank(), rendezvous, timeout);
+    int status;
+    try {
+      status =
+          (Integer)
+              nccl.getMethod("ncclCommInitRank", commClass, int.class, idClass, int.class)
+                  .invoke(null, comm, launch.size(), id, launch.rank());
+    } finally {
+      deadline.interrupt();
+    }
+    if (status != 0) {
+      throw new Device.Unavailable(
+          "rank " + launch.rank() + ": ncclCommInitRank failed: NCCL error " + status + " (rendezvous "
+              + rendezvous + ": did every rank start, and can they reach it?)");
+    }
     send = bytes.getConstructor().newInstance();
     cuStreamCreate(commStream, 0);
     commStreamObject = streamClass.getConstructor().newInstance();
@@ -176,6 +188,29 @@ public final class NcclCollective implements Collective {
       }
       throw new Device.Unavailable("NCCL does not load (" + CudaBlas.reason(cause) + "): it needs " + LIBRARY);
     }
+  }
+
+  /**
+   * A watchdog for NCCL's rendezvous, which has no timeout of its own: unless interrupted within
+   * {@code seconds}, it says why and ends the process (exit 1).
+   */
+  private static Thread deadline(int rank, String rendezvous, double seconds) {
+    Thread t = new Thread(() -> {
+      try {
+        Thread.sleep((long) (seconds * 1e3));
+      } catch (InterruptedException e) {
+        return;
+      }
+      System.err.println(String.format(
+          "error: rank %d: NCCL's rendezvous (%s) did not finish within %.0f s (the timeout is %s or"
+              + " DEEPDSL_DP_TIMEOUT): another rank did not start, died or stalled",
+          rank, rendezvous, seconds, TIMEOUT_PROPERTY));
+      System.err.flush();
+      Runtime.getRuntime().halt(1);
+    }, "deepdsl-nccl-rendezvous");
+    t.setDaemon(true);
+    t.start();
+    return t;
   }
 
   /** Sets a variable of this process's environment (NCCL reads NCCL_COMM_ID there): libc through JNA. */

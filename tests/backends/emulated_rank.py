@@ -1,6 +1,8 @@
 """`python emulated_rank.py FOLDER deepdsl-arguments...`: the `deepdsl` command line with the PyCUDA runner on the
 emulated GPU (cuda_emulator.EmulatedDriver, its kernels built in FOLDER) instead of PyCUDA, for the data-parallel
-tests' processes (tests/backends/test_gpu_data_parallel.py), which mpiexec starts. The stand-in NCCL
+tests' processes, which mpiexec starts (tests/backends/test_gpu_data_parallel.py) or which are started as torchrun
+starts them, by torchrun itself or with its environment (tests/backends/test_torchrun.py: the stand-in NCCL then
+meets and reduces over TCP). $EMULATED_GPUS: how many GPUs the emulated machine has (default 1). The stand-in NCCL
 (fake_libnccl.c, found by the runner on LD_LIBRARY_PATH as the real one is) records its calls while the emulated
 driver captures a graph, through the same recorder the stand-in cuBLAS and cuDNN use."""
 
