@@ -1,6 +1,8 @@
 """`srun` launches (issue 32), on a real one-node Slurm cluster (slurm_cluster.py): the NumPy runner and the Java
 CPU device started by `srun --mpi=pmi2 -n 2` train exactly as one process of two micro-batches, bit for bit; rank 0
-alone prints; `srun` without `--mpi=pmi2` is refused naming it; a killed or stopped rank ends the run with an error.
+alone prints; `srun` without `--mpi=pmi2` is refused naming it; a killed or stopped rank ends the run with an error;
+the Java CUDA device (the stand-in driver and NCCL) as `srun` launches it for GPUs, MASTER_ADDR and MASTER_PORT
+exported.
 
 MPI is PyPI's mpich (the dist extra), which speaks PMI to Slurm's pmi2 plugin. These runs found that a rank's
 MPI_Finalize failed on unreceived watchdog messages and the other rank then waited in MPI_Finalize for good
@@ -20,9 +22,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import ROOT
-from java_env import JAVA_MARKS, javac, jna_jar, launch_env, mpi
+from java_env import JAVA_MARKS, javac, jcuda_jars, jna_jar, launch_env, mpi
 from slurm_cluster import Cluster, slurm_cluster
 from test_java_data_parallel import _bitwise, _params, signal_rank_one
+from test_java_nccl import _run as _java_cuda_run
+from test_java_nccl import program as program  # noqa: PLC0414 — the fixture (MLP on the stand-in GPU), shared
+from test_torchrun import _free_port
 
 from deepdsl.cli import cli
 
@@ -131,3 +136,31 @@ def test_java_ranks_under_srun_without_pmi_are_refused_naming_the_flag(cluster: 
     assert r.returncode != 0 and "iter " not in r.stdout + r.stderr
     assert r.stderr.count("MPI says rank 0 of 1, but the launch says rank") == 2, r.stderr
     assert "srun --mpi=pmi2" in r.stderr
+
+
+# ---- the Java CUDA device, as srun launches it for GPUs ----
+
+
+def test_two_java_cuda_ranks_under_srun_equal_two_micro_batches(cluster: Cluster, program: Path) -> None:
+    """`srun -n 2` (no MPI) with MASTER_ADDR and MASTER_PORT exported, as a batch script does: the ranks are Slurm's
+    (SLURM_PROCID), meet at NCCL_COMM_ID = MASTER_ADDR:(MASTER_PORT+1) through the stand-in NCCL's own rendezvous
+    (TCP: no MPI launch), and equal one process of --micro-batches 2 bit for bit."""
+    folder = program
+    micro = _java_cuda_run(folder, "--iters", "3", "--micro-batches", "2", "--save", "srun_micro.npz", ranks=0)
+    assert micro["rc"] == 0, micro["stderr"]
+    _, lib = mpi()
+    port = _free_port()
+    cp = f"{folder / 'build'}:{folder / 'src'}:{jcuda_jars()}/*:{jna_jar()}"
+    java = ["java", "-Ddeepdsl.gpu=0", f"-Dorg.bytedeco.javacpp.cachedir={folder / 'javacpp'}", "-cp", cp, "MLP",
+            "--data", "synthetic", "--device", "cuda", "--kernels", "own", "--iters", "3", "--json", "--save",
+            "srun_two.npz"]  # fmt: skip
+    env = cluster.env(launch_env(LD_LIBRARY_PATH=str(folder / "fake"), PATH=f"{lib.parent / 'bin'}:/usr/bin:/bin",
+                                 DEEPDSL_FAKE_CUDA_KERNELS=str(folder / "MLP" / "emulated.so"),
+                                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))  # fmt: skip
+    r = _run(["srun", "-n", "2", *java], env, folder, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "rank 0 of 2 (Slurm)" in r.stderr and f"rendezvous NCCL_COMM_ID=127.0.0.1:{port + 1}" in r.stderr
+    outs = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(outs) == 1  # rank 0 alone writes --json
+    assert json.loads(outs[0])["losses"] == micro["losses"]
+    assert _bitwise(_params(folder / "srun_micro.npz"), _params(folder / "srun_two.npz")) == []
