@@ -1,8 +1,8 @@
 """`srun` launches (issue 32), on a real one-node Slurm cluster (slurm_cluster.py): the NumPy runner and the Java
 CPU device started by `srun --mpi=pmi2 -n 2` train exactly as one process of two micro-batches, bit for bit; rank 0
 alone prints; `srun` without `--mpi=pmi2` is refused naming it; a killed or stopped rank ends the run with an error;
-the Java CUDA device (the stand-in driver and NCCL) as `srun` launches it for GPUs, MASTER_ADDR and MASTER_PORT
-exported.
+the Java CUDA device (the stand-in driver and NCCL) and the PyCUDA runner (the emulated GPU) as `srun` launches
+them for GPUs, MASTER_ADDR and MASTER_PORT exported.
 
 MPI is PyPI's mpich (the dist extra), which speaks PMI to Slurm's pmi2 plugin. These runs found that a rank's
 MPI_Finalize failed on unreceived watchdog messages and the other rank then waited in MPI_Finalize for good
@@ -24,6 +24,10 @@ from click.testing import CliRunner
 from conftest import ROOT
 from java_env import JAVA_MARKS, javac, jcuda_jars, jna_jar, launch_env, mpi
 from slurm_cluster import Cluster, slurm_cluster
+from test_gpu_data_parallel import HERE, _build_kernels, _differ, needs_mpich
+from test_gpu_data_parallel import _env as _gpu_env
+from test_gpu_data_parallel import _run as _gpu_run
+from test_gpu_data_parallel import work as work  # noqa: PLC0414 — the fixture (the stand-in NCCL), shared
 from test_java_data_parallel import _bitwise, _params, signal_rank_one
 from test_java_nccl import _run as _java_cuda_run
 from test_java_nccl import program as program  # noqa: PLC0414 — the fixture (MLP on the stand-in GPU), shared
@@ -164,3 +168,27 @@ def test_two_java_cuda_ranks_under_srun_equal_two_micro_batches(cluster: Cluster
     assert len(outs) == 1  # rank 0 alone writes --json
     assert json.loads(outs[0])["losses"] == micro["losses"]
     assert _bitwise(_params(folder / "srun_micro.npz"), _params(folder / "srun_two.npz")) == []
+
+
+@needs_mpich
+def test_two_pycuda_ranks_under_srun_equal_two_micro_batches(cluster: Cluster, work: Path) -> None:
+    """`srun -n 2 python -m deepdsl run --device cuda` (here the runner on the emulated GPU) with MASTER_ADDR and
+    MASTER_PORT exported: Slurm's ranks and local ranks (each its own emulated GPU), NCCL's rendezvous at
+    MASTER_PORT+1, equal to one process of --micro-batches 2 bit for bit; rank 0 alone prints."""
+    _build_kernels(work, "mlp", "--set", "N=8")
+    micro = _gpu_run(work, "mlp", "--iters", "3", "--set", "N=8", "--micro-batches", "2", "--save", "srun_micro.npz")
+    assert micro["rc"] == 0, micro["stderr"]
+    port = _free_port()
+    cmd = ["srun", "-n", "2", sys.executable, str(HERE / "emulated_rank.py"), str(work / "emulated_mlp"), "run",
+           str(MLP), "--data", "synthetic", "--device", "cuda", "--kernels", "own", "--set", "N=8", "--iters", "3",
+           "--save", "srun_two.npz"]  # fmt: skip
+    env = cluster.env(_gpu_env(work, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+    r = _run(cmd, env, work, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = r.stdout
+    assert said.count("device: cuda (emulated GPU 0") == 1  # rank 0 alone prints
+    assert "2 rank(s) [Slurm (SLURM_PROCID=0, SLURM_NTASKS=2)]" in said, said
+    assert f"2 ranks, rendezvous NCCL_COMM_ID=127.0.0.1:{port + 1})" in said  # MASTER_PORT + 1
+    losses = re.findall(r"iter +\d+/\d+ +loss ([-0-9.]+)", said)
+    assert losses == [f"{x:.4f}" for x in micro["losses"]]
+    assert _differ(_params(work / "srun_two.npz"), _params(work / "srun_micro.npz")) == []
