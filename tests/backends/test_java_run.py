@@ -88,7 +88,8 @@ def test_losses_equal_the_numpy_runner(cli, programs: Path, name: str) -> None:
     assert set(got) == set(want)
 
 
-@pytest.mark.parametrize("blas", ["openblas", "java"])
+# (java: LeNet on the Java SGEMM is test_losses_equal_the_numpy_runner[LeNet] too; slow for the default's 4 minutes)
+@pytest.mark.parametrize("blas", ["openblas", pytest.param("java", marks=pytest.mark.slow)])
 def test_lenet_on_either_sgemm_equals_the_numpy_runner(cli, programs: Path, blas: str) -> None:
     """--blas: the convolutions' and linear layers' products through OpenBLAS or the Java SGEMM, the device line
     says which; both give the NumPy runner's losses."""
