@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from deepdsl.ir.graph import Stmt
 from deepdsl.ir.launches import Group, Launch, launch_groups
 from deepdsl.ir.reductions import ReductionGroup
-from deepdsl.memory.groups import Region, apart_or_same, planned_groups, region
+from deepdsl.memory.groups import Region, planned_groups, region
 from deepdsl.memory.plan import Buffer, Plan
 
 
@@ -58,10 +58,12 @@ class _Memory:
 
 
 class _Apart:
-    """`apart` (below) as launch_groups asks it, of one growing launch after another: the launch's memory is kept
-    and only the groups added since the last question are read, so that n updates cost about n log n, not n^2
-    (a 65-block transformer's 1,045 groups took 20 s of `memcheck`). The same answers as `apart`
-    (tests/memory/test_launches.py)."""
+    """Whether a group may join a launch, as launch_groups asks it of one growing launch after another: the group
+    writes no memory the launch's groups read or write, and reads none they write (memory/groups.py's
+    `apart_or_same`, not element for element). The launch's memory is kept and only the groups added since the last
+    question are read, so that n updates cost about n log n, not n^2
+    (a 65-block transformer's 1,045 groups took 20 s of `memcheck`). The same answers as comparing every region of the
+    group with every region of the launch (tests/memory/test_launches.py)."""
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
@@ -85,17 +87,6 @@ class _Apart:
         return not any(self.touched.meets(r) for r in mine_written) and not any(
             self.written.meets(r) for r in mine_read
         )
-
-
-def apart(plan: Plan, launch: Sequence[Group], group: Group) -> bool:
-    """`group` writes no memory that the launch's groups read or write, and reads none they write."""
-    written = [region(plan, s.out.name) for g in launch for s in g]
-    read = [region(plan, v.name) for g in launch for s in g for v in s.inputs]
-    mine_written = [region(plan, s.out.name) for s in group]
-    mine_read = [region(plan, v.name) for s in group for v in s.inputs]
-    return all(apart_or_same(a, b, False) for a in mine_written for b in written + read) and all(
-        apart_or_same(a, b, False) for a in written for b in mine_read
-    )
 
 
 def pass_scratch(plan: Plan, stmts: Sequence[Stmt], rg: ReductionGroup) -> tuple[Buffer, ...] | None:

@@ -12,6 +12,8 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.locks.LockSupport;
+import java.util.function.BooleanSupplier;
+import java.util.function.Supplier;
 
 /**
  * The CPU device's collective: the MPI C library, called through JNA ({@code
@@ -272,37 +274,26 @@ public final class MpiCollective implements Collective {
             sending[q]));
       }
     }
-    long deadline = System.nanoTime() + (long) (timeout * 1e9);
-    for (int spin = 0; ; spin++) {
+    waitUntil(() -> {
       hear();
-      StringBuilder missing = new StringBuilder();
-      for (int q = 0; q < seen.length; q++) {
-        if (q != launch.rank() && !ended[q]) {
-          missing.append(missing.length() == 0 ? "rank " : ", rank ").append(q);
-        }
-      }
-      if (missing.length() == 0) {
-        break;
-      }
-      if (System.nanoTime() > deadline) {
-        failed = true;
-        throw new Device.Unavailable(
-            String.format(
-                "rank %d: the end of the run waited %.0f s for %s, which died or stalled (the timeout is %s or"
-                    + " DEEPDSL_DP_TIMEOUT); stopping every rank",
-                launch.rank(), timeout, missing, TIMEOUT_PROPERTY));
-      }
-      if (spin > 1000) {
-        LockSupport.parkNanos(50_000);
-      } else {
-        Thread.onSpinWait();
-      }
-    }
+      return notEnded().isEmpty();
+    }, "the end of the run", this::notEnded);
     for (int q = 0; q < seen.length; q++) {
       if (q != launch.rank()) {
         waitFor(sending[q], "the end of the run");
       }
     }
+  }
+
+  /** The ranks whose last ledger message has not come, as an error names them ("" when none). */
+  private String notEnded() {
+    StringBuilder missing = new StringBuilder();
+    for (int q = 0; q < seen.length; q++) {
+      if (q != launch.rank() && !ended[q]) {
+        missing.append(missing.length() == 0 ? "rank " : ", rank ").append(q);
+      }
+    }
+    return missing.toString();
   }
 
   /** Tells every other rank this rank's count of starts (where the last message to it has gone). */
@@ -421,16 +412,23 @@ public final class MpiCollective implements Collective {
 
   /** Polls {@code request} until it completes or the watchdog's timeout passes. */
   private void waitFor(Object request, String what) {
-    long deadline = System.nanoTime() + (long) (timeout * 1e9);
     int[] done = {0};
-    for (int spin = 0; ; spin++) {
+    waitUntil(() -> {
       check("MPI_Test", call("MPI_Test", request, done, abi.statusIgnore()));
-      if (done[0] != 0) {
-        return;
-      }
+      return done[0] != 0;
+    }, what, this::late);
+  }
+
+  /**
+   * Polls {@code done} (spinning, then parking) until it holds or the watchdog's timeout passes: then the run stops
+   * with an error naming the ranks {@code late} says this rank waits for.
+   */
+  private void waitUntil(BooleanSupplier done, String what, Supplier<String> late) {
+    long deadline = System.nanoTime() + (long) (timeout * 1e9);
+    for (int spin = 0; !done.getAsBoolean(); spin++) {
       if (System.nanoTime() > deadline) {
         failed = true;
-        String others = late();
+        String others = late.get();
         throw new Device.Unavailable(
             String.format(
                 "rank %d: %s waited %.0f s for %s, which died or stalled (the timeout is %s or"

@@ -11,7 +11,6 @@ MPI_Finalize failed on unreceived watchdog messages and the other rank then wait
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from test_gpu_data_parallel import _env as _gpu_env
 from test_gpu_data_parallel import _run as _gpu_run
 from test_gpu_data_parallel import work as work  # noqa: PLC0414 — the fixture (the stand-in NCCL), shared
 from test_java_data_parallel import _bitwise, _params, signal_rank_one
+from test_java_data_parallel import _env as _mpi_env
 from test_java_nccl import _run as _java_cuda_run
 from test_java_nccl import program as program  # noqa: PLC0414 — the fixture (MLP on the stand-in GPU), shared
 from test_torchrun import _free_port
@@ -52,9 +52,7 @@ def _env(cluster: Cluster, **extra: str) -> dict[str, str]:
     """A launch's environment on the cluster: the test MPI's folder on PATH (its libraries are found beside its
     mpiexec), one BLAS thread, this checkout importable."""
     _, lib = mpi()
-    base = launch_env(PATH=f"{lib.parent / 'bin'}:{os.environ.get('PATH', '')}", PYTHONPATH=str(ROOT),
-                      OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", **extra)  # fmt: skip
-    return cluster.env(base)
+    return cluster.env(_mpi_env(lib, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", **extra))
 
 
 def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
