@@ -20,9 +20,11 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,6 +155,34 @@ def test_the_library_is_found_under_open_mpis_mpirun(ompi: OpenMpi, driver: Path
     r = _check(ompi, driver, "launch")
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.splitlines()) == ["0 2 0 Open MPI", "1 2 1 Open MPI"]
+
+
+@pytest.mark.slow  # 3 s: one Open MPI launch of two JVMs
+def test_a_user_without_root_needs_no_flags_under_open_mpi(ompi: OpenMpi, driver: Path) -> None:
+    """The other tests run as root (CI's container) with Open MPI's two root flags; here `nobody` runs the same sums
+    without them, from a copy of the classes and JNA's jar it may read."""
+    if os.geteuid() != 0:
+        pytest.skip("the tests already run as a user without root")
+    if shutil.which("runuser") is None:
+        pytest.skip("no runuser to become the user nobody")
+    mpirun = ompi.prefix() / "bin" / "mpirun"
+    as_nobody = ["runuser", "-u", "nobody", "--"]
+    if subprocess.run([*as_nobody, "test", "-x", str(mpirun)], check=False, timeout=30).returncode:
+        pytest.skip(f"the user nobody cannot run {mpirun} (a folder above it is not readable by others)")
+    with tempfile.TemporaryDirectory() as folder:
+        shared = Path(folder)
+        shutil.copytree(driver, shared / "build")
+        shutil.copy(jna_jar(), shared / "jna.jar")
+        for path in [shared, *shared.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        env = {k: v for k, v in launch_env(HOME=str(shared)).items() if not k.startswith("OMPI_ALLOW")}
+        cmd = [str(mpirun), "-n", "2", "java", "-cp", f"{shared / 'build'}:{shared / 'jna.jar'}",
+               "deepdsl.runtime.CollectiveCheck", "allreduce"]  # fmt: skip
+        r = subprocess.run([*as_nobody, *cmd], capture_output=True, text=True, timeout=120, env=env, cwd=shared,
+                           check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert r.stdout.split() == _float32_sums() * 2
+    assert r.stderr.count(device_line(ompi, "libmpi.so.40")) == 2, r.stderr
 
 
 @pytest.mark.slow  # 3 s: two Open MPI launches of two JVMs
