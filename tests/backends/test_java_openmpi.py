@@ -94,8 +94,10 @@ class OpenMpi:
 OPEN_MPIS = (OpenMpi("5.0.11", "openmpi", "DEEPDSL_OPENMPI"), OpenMpi("4.1.8", "openmpi4", "DEEPDSL_OPENMPI4"))
 
 
-@pytest.fixture(params=OPEN_MPIS, ids=lambda o: f"openmpi-{o.version}")
+@pytest.fixture(params=[OPEN_MPIS[0], pytest.param(OPEN_MPIS[1], marks=pytest.mark.slow)],
+                ids=lambda o: f"openmpi-{o.version}")  # fmt: skip
 def ompi(request: pytest.FixtureRequest) -> OpenMpi:
+    """Each Open MPI; 4.1.8's runs all in the slow tier (the default tier has one check, under 5.0.11)."""
     return request.param
 
 
