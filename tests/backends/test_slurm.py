@@ -213,12 +213,12 @@ def pmix(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
 
 
 def _ompi_env(cluster: Cluster, ompi: OpenMpi, **extra: str) -> dict[str, str]:
-    """An Open MPI user's environment: its bin/ on PATH and lib/ on LD_LIBRARY_PATH (srun sets neither), one BLAS
-    thread, this checkout importable."""
+    """An Open MPI user's environment: its bin/ on PATH, lib/ on LD_LIBRARY_PATH and OPAL_PREFIX (srun sets none of
+    them; the wheels' help texts are found through OPAL_PREFIX), one BLAS thread, this checkout importable."""
     prefix = ompi.prefix()
     return cluster.env(launch_env(PATH=f"{prefix / 'bin'}:/usr/bin:/bin", LD_LIBRARY_PATH=str(prefix / "lib"),
-                                  PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
-                                  **extra))  # fmt: skip
+                                  OPAL_PREFIX=str(prefix), PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1",
+                                  OMP_NUM_THREADS="1", **extra))  # fmt: skip
 
 
 OPEN_MPI = pytest.mark.parametrize("ompi", OPEN_MPIS, ids=lambda o: f"openmpi-{o.version}")
@@ -291,3 +291,17 @@ def test_mpich_ranks_under_srun_pmix_are_told_what_they_need(pmix: Cluster, tmp_
     assert r.returncode == 1 and "iter 1/1" not in r.stdout, r.stderr
     assert r.stderr.count("a PMIx launch (srun --mpi=pmix or Open MPI's mpirun) needs Open MPI's library") == 2
     assert "srun --mpi=pmi2" in r.stderr and "unsupported PMI version" not in r.stderr
+
+
+@OPEN_MPI
+def test_a_killed_or_stopped_open_mpi_rank_under_srun_pmix_ends_the_run(pmix: Cluster, ompi: OpenMpi,
+                                                                        programs: Path) -> None:  # fmt: skip
+    """Rank 1 killed: Slurm's pmix plugin hears of it and cancels the step, naming the task; rank 1 stopped: rank
+    0's watchdog names it within the timeout and its MPI_Abort ends the step. Never a hang."""
+    for sig in (signal.SIGKILL, signal.SIGSTOP):
+        env = _ompi_env(pmix, ompi, DEEPDSL_DP_TIMEOUT="3")
+        p, _, text, err = signal_rank_one(programs, PMIX, "SLURM_PROCID", sig, env)
+        assert p.returncode != 0
+        assert "task 1: Killed" in err and "CANCELLED" in err, err
+        if sig == signal.SIGSTOP:
+            assert "error: rank 0: the all-reduce of bucket" in err and "waited 3 s for rank 1 (" in err, err
