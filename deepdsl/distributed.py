@@ -88,6 +88,18 @@ def _whole(env: Mapping[str, str], name: str, low: int) -> int:
     return int(raw)
 
 
+def _local_of_the_same_world(env: Mapping[str, str], rank: int, size: int) -> int:
+    """The local rank where the launcher that says the rank sets none: another launcher's whose rank and size are
+    the same (Slurm's pmi2 plugin sets PMI_RANK and PMI_SIZE but not MPICH's MPI_LOCALRANKID; SLURM_LOCALID restarts
+    at 0 on each node), else 0."""
+    for _, rank_var, size_var, local_vars in LAUNCHERS:
+        same = [env.get(v, "").strip() for v in (rank_var, size_var)] == [str(rank), str(size)]
+        local_var = next((v for v in local_vars if v in env), None)
+        if same and local_var:
+            return _whole(env, local_var, 0)
+    return 0
+
+
 def world_from_env(
     env: Mapping[str, str] | None = None, ranks: int | None = None, rank: int | None = None,
     local_rank: int | None = None,
@@ -102,7 +114,7 @@ def world_from_env(
             size = _whole(env, size_var, 1)
             r = _whole(env, rank_var, 0)
             local_var = next((v for v in local_vars if v in env), None)
-            local = _whole(env, local_var, 0) if local_var else 0
+            local = _whole(env, local_var, 0) if local_var else _local_of_the_same_world(env, r, size)
             found = World(r, size, local, f"{name} ({rank_var}={r}, {size_var}={size})")
             break
     addr = env.get("MASTER_ADDR") or None

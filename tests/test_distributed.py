@@ -90,6 +90,11 @@ def _bitwise(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[str]:
         ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1"}, (1, 2, 1, "MPICH/PMI")),
         ({"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1"}, (9, 16, 1, "Slurm")),
         ({"PMI_RANK": "0", "PMI_SIZE": "2", "SLURM_PROCID": "7", "SLURM_NTASKS": "16"}, (0, 2, 0, "MPICH/PMI")),
+        # srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE, no MPI_LOCALRANKID: Slurm's local rank, where it is the same world
+        ({"PMI_RANK": "3", "PMI_SIZE": "4", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1"},
+         (3, 4, 1, "MPICH/PMI")),
+        ({"PMI_RANK": "1", "PMI_SIZE": "2", "SLURM_PROCID": "7", "SLURM_NTASKS": "16", "SLURM_LOCALID": "3"},
+         (1, 2, 0, "MPICH/PMI")),
         ({}, (0, 1, 0, "single process")),
     ],
 )  # fmt: skip

@@ -23,7 +23,8 @@ import java.util.Map;
  *
  * <p>The flags {@code --ranks R}, {@code --rank r} and {@code --local-rank l} override what the
  * environment says (each alone: the others still come from the environment). Without any of them the run is one process
- * (rank 0 of 1). A local rank missing from the environment is the rank (one machine). A variable
+ * (rank 0 of 1). A local rank the launcher does not set is another launcher's of the same rank and size
+ * ({@code srun --mpi=pmi2}: {@code SLURM_LOCALID}), else the rank (one machine). A variable
  * that is not a whole number, or a rank outside [0, size), is an error naming the variable.
  */
 public record Launch(int rank, int size, int localRank, String launcher) {
@@ -72,7 +73,10 @@ public record Launch(int rank, int size, int localRank, String launcher) {
         }
         rank = whole(s.rank(), env.get(s.rank()), 0);
         size = whole(s.size(), env.get(s.size()), 1);
-        local = env.containsKey(s.local()) ? whole(s.local(), env.get(s.local()), 0) : null;
+        local =
+            env.containsKey(s.local())
+                ? Integer.valueOf(whole(s.local(), env.get(s.local()), 0))
+                : sameWorldLocal(env, rank, size);
         launcher = s.launcher();
         break;
       }
@@ -111,6 +115,22 @@ public record Launch(int rank, int size, int localRank, String launcher) {
           "rank " + rank + " is not in [0, " + size + ") (" + launcher + ")");
     }
     return new Launch(rank, size, local != null ? local : rank, launcher);
+  }
+
+  /**
+   * The local rank where the launcher that says the rank sets none: another launcher's whose rank and
+   * size are the same (Slurm's pmi2 plugin sets PMI_RANK and PMI_SIZE but not MPICH's MPI_LOCALRANKID;
+   * SLURM_LOCALID restarts at 0 on each node), else null.
+   */
+  private static Integer sameWorldLocal(Map<String, String> env, int rank, int size) {
+    for (Source s : SOURCES) {
+      String r = env.getOrDefault(s.rank(), "").strip();
+      String n = env.getOrDefault(s.size(), "").strip();
+      if (r.equals(Integer.toString(rank)) && n.equals(Integer.toString(size)) && env.containsKey(s.local())) {
+        return whole(s.local(), env.get(s.local()), 0);
+      }
+    }
+    return null;
   }
 
   private static int whole(String name, String value, int low) {

@@ -1,7 +1,13 @@
-"""A one-node Slurm cluster for the tests, so that `srun` starts the ranks as it does on a cluster: Debian's
-slurm-wlm (22.05: slurmctld, slurmd, srun), started as root in a temporary folder with ports of its own, auth/none
-(no munge daemon), no cgroups (proctrack/linuxproc, task/none), the node's CPUs as `slurmd -C` reads them and
+"""A Slurm cluster for the tests, so that `srun` starts the ranks as it does on a cluster: Debian's slurm-wlm
+(22.05: slurmctld, slurmd, srun), started as root in a temporary folder with ports of its own, auth/none (no munge
+daemon), no cgroups (proctrack/linuxproc, task/none), the node's CPUs as `slurmd -C` reads them and
 `config_overrides`, so that more tasks than cores may share it. Every client command finds it through SLURM_CONF.
+
+One node by default. `nodes=N` emulates N nodes on this one machine, as Slurm's "multiple slurmd" mode does: one
+slurmd per node (`slurmd -N node1` ...), each NodeName with its own Port and NodeAddr 127.0.0.1, and `%n` in the
+slurmd's pid file, spool folder and log, so that `srun -N 2` places tasks on two nodes with SLURM_NODEID and
+SLURM_LOCALID as a two-node cluster sets them (Debian's 22.05 runs this mode; checked by test_slurm_nodes.py). The
+nodes share the machine's CPUs, memory and file system: a launch across them, not across machines.
 
 .ci/run installs slurm-wlm where it runs as root with apt-get (`apt-get install --no-install-recommends slurm-wlm`);
 elsewhere the tests that need the cluster skip, saying so. It is never the user's own cluster: nothing is read
@@ -28,10 +34,11 @@ INSTALL = "apt-get install --no-install-recommends slurm-wlm (as root; .ci/run d
 
 @dataclass(frozen=True)
 class Cluster:
-    """A running cluster: its slurm.conf and folder."""
+    """A running cluster: its slurm.conf, folder and node names (as SLURMD_NODENAME says them)."""
 
     conf: Path
     folder: Path
+    nodes: tuple[str, ...] = ()
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
         """`base` (a launch's environment, no launcher's variables in it) with this cluster's SLURM_CONF."""
@@ -66,9 +73,31 @@ def _node() -> tuple[str, int]:
     return fields["NodeName"], int(fields["CPUs"])
 
 
-def _conf(folder: Path) -> str:
-    node, cpus = _node()
-    ctld, slurmd = _free_ports(2)
+def _names(nodes: int) -> tuple[str, ...]:
+    """The node names: this machine's own for one node (its slurmd finds itself by its host name); node1 ...
+    nodeN for emulated nodes, each slurmd told its own with -N."""
+    return (_node()[0],) if nodes == 1 else tuple(f"node{i}" for i in range(1, nodes + 1))
+
+
+def _conf(folder: Path, names: tuple[str, ...]) -> str:
+    host, cpus = _node()
+    ctld, *slurmds = _free_ports(1 + len(names))
+    if len(names) == 1:
+        daemons = [
+            f"SlurmdPort={slurmds[0]}",
+            f"SlurmdSpoolDir={folder / 'spool'}",
+            f"SlurmdPidFile={folder / 'slurmd.pid'}",
+            f"SlurmdLogFile={folder / 'slurmd.log'}",
+        ]
+        node_lines = [f"NodeName={names[0]} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN"]
+    else:  # one slurmd per node: each its own port, and %n (the node's name) in what would otherwise collide
+        daemons = [
+            f"SlurmdSpoolDir={folder / 'spool' / '%n'}",
+            f"SlurmdPidFile={folder / 'slurmd.%n.pid'}",
+            f"SlurmdLogFile={folder / 'slurmd.%n.log'}",
+        ]
+        node_lines = [f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} State=UNKNOWN"
+                      for name, port in zip(names, slurmds, strict=True)]  # fmt: skip
     return "\n".join(
         [
             "ClusterName=deepdsl-tests",
@@ -77,19 +106,16 @@ def _conf(folder: Path) -> str:
             # truncated': what another job of that id left); with these, 10 runs of 10 passed
             f"FirstJobId={random.randint(1_000_000, 60_000_000)}",
             f"TmpFS={folder / 'tmp'}",
-            f"SlurmctldHost={node}(127.0.0.1)",
+            f"SlurmctldHost={host}(127.0.0.1)",
             "AuthType=auth/none",
             "CredType=cred/none",
             "SlurmUser=root",
             "SlurmdUser=root",
             f"SlurmctldPort={ctld}",
-            f"SlurmdPort={slurmd}",
+            *daemons,
             f"StateSaveLocation={folder / 'state'}",
-            f"SlurmdSpoolDir={folder / 'spool'}",
             f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
-            f"SlurmdPidFile={folder / 'slurmd.pid'}",
             f"SlurmctldLogFile={folder / 'slurmctld.log'}",
-            f"SlurmdLogFile={folder / 'slurmd.log'}",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none",
@@ -98,7 +124,7 @@ def _conf(folder: Path) -> str:
             "SlurmdParameters=config_overrides",
             "MpiDefault=none",
             "ReturnToService=2",
-            f"NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
+            *node_lines,
             "PartitionName=tests Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8",
             "",
         ]
@@ -119,12 +145,12 @@ def _steps(cluster: Cluster) -> list[int]:
 
 
 def _stop(cluster: Cluster, env: dict[str, str]) -> None:
-    """Cancels every job (a test that timed out leaves its step running), shuts the daemons down, and kills what
-    is left of them."""
+    """Cancels every job (a test that timed out leaves its step running), shuts the daemons down (slurmctld tells
+    every slurmd), and kills what is left of them: the pid files of this cluster's folder alone, every slurmd's."""
     daemons = []
-    for daemon in ("slurmd", "slurmctld"):
+    for pid_file in [*sorted(cluster.folder.glob("slurmd*.pid")), cluster.folder / "slurmctld.pid"]:
         try:
-            daemons.append(int((cluster.folder / f"{daemon}.pid").read_text().strip()))
+            daemons.append(int(pid_file.read_text().strip()))
         except (OSError, ValueError):
             continue
     subprocess.run(["scancel", "--partition=tests"], env=env, capture_output=True, timeout=30, check=False)
@@ -152,32 +178,37 @@ def _alive(pid: int) -> bool:
 
 
 @contextmanager
-def slurm_cluster(folder: Path) -> Iterator[Cluster]:
-    """Starts the cluster in `folder` (skipping the test where this machine cannot), yields it once its node is
-    idle, and shuts it down."""
+def slurm_cluster(folder: Path, nodes: int = 1) -> Iterator[Cluster]:
+    """Starts the cluster of `nodes` nodes in `folder` (skipping the test where this machine cannot), yields it once
+    every node is idle, and shuts it down."""
     why = missing()
     if why:
         pytest.skip(why)
-    for sub in ("state", "spool", "tmp"):
+    assert nodes >= 1, nodes
+    names = _names(nodes)
+    for sub in ("state", "spool", "tmp", *(f"spool/{name}" for name in names if nodes > 1)):
         (folder / sub).mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(folder / "slurm.conf", folder)
-    cluster.conf.write_text(_conf(folder))
+    cluster = Cluster(folder / "slurm.conf", folder, names)
+    cluster.conf.write_text(_conf(folder, names))
     env = cluster.env(dict(os.environ))
     try:
-        for daemon in (["slurmctld", "-i"], ["slurmd"]):
+        slurmds = [["slurmd"]] if nodes == 1 else [["slurmd", "-N", name] for name in names]
+        for daemon in (["slurmctld", "-i"], *slurmds):
             r = subprocess.run(daemon, env=env, capture_output=True, text=True, timeout=60, check=False)
-            assert r.returncode == 0, f"{daemon[0]} did not start: {r.stderr}"
+            assert r.returncode == 0, f"{' '.join(daemon)} did not start: {r.stderr}"
         deadline = time.monotonic() + 60
-        state = ""
+        states: list[str] = []
         while time.monotonic() < deadline:
-            r = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True, timeout=30,
-                               check=False)  # fmt: skip
-            state = r.stdout.strip()
-            if state == "idle":
+            r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=env, capture_output=True, text=True,
+                               timeout=30, check=False)  # fmt: skip
+            states = sorted(r.stdout.split("\n")[:-1])
+            if states == sorted(f"{name} idle" for name in names):
                 break
             time.sleep(0.2)
         log = (folder / "slurmctld.log").read_text() if (folder / "slurmctld.log").exists() else ""
-        assert state == "idle", f"the test cluster's node is {state!r}, not idle:\n{log[-2000:]}"
+        assert states == sorted(f"{name} idle" for name in names), (
+            f"the test cluster's nodes are {states!r}, not all idle:\n{log[-2000:]}"
+        )
         yield cluster
     finally:
         _stop(cluster, env)

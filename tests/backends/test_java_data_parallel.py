@@ -68,6 +68,9 @@ LAUNCHES = [  # (environment, flags --ranks --rank --local-rank, what Launch say
      "9 16 1 Slurm | 10.0.0.7:6001"),
     # an MPI job under srun: MPI's variables say the ranks (deepdsl/distributed.py's order)
     ("PMI_RANK=0 PMI_SIZE=2 SLURM_PROCID=7 SLURM_NTASKS=16", "- - -", "0 2 0 MPICH/PMI | null"),
+    # srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE, no MPI_LOCALRANKID: Slurm's local rank, where it is the same world
+    ("PMI_RANK=3 PMI_SIZE=4 SLURM_PROCID=3 SLURM_NTASKS=4 SLURM_LOCALID=1", "- - -", "3 4 1 MPICH/PMI | null"),
+    ("PMI_RANK=1 PMI_SIZE=2 SLURM_PROCID=7 SLURM_NTASKS=16 SLURM_LOCALID=3", "- - -", "1 2 1 MPICH/PMI | null"),
     ("", "- - -", "0 1 0 single process | null"),
     ("PMI_RANK=4 PMI_SIZE=8", "- - -", "4 8 4 MPICH/PMI | null"),  # no local rank: one machine
     ("RANK=1 WORLD_SIZE=2 NCCL_COMM_ID=10.1.1.1:7000 MASTER_ADDR=a MASTER_PORT=1", "- - -",

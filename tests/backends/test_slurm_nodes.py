@@ -1,0 +1,174 @@
+"""`srun` across nodes (issue 32): a two-node Slurm cluster emulated on this machine (slurm_cluster.py's `nodes=2`:
+one slurmd per node, Slurm's "multiple slurmd" mode), so that `srun -N 2 -n 4` places ranks 0, 1 on node1 and 2, 3
+on node2, SLURM_LOCALID restarting at 0 on each node, as on a two-node cluster. What this checks:
+
+- each rank's place as deepdsl reads it (the NumPy runner's `world_from_env`, the Java program's `Launch`): rank,
+  size and the local rank (the GPU a rank takes) 0, 1, 0, 1 under `srun -N 2 -n 4`, with and without
+  `--mpi=pmi2`. Slurm's pmi2 plugin sets PMI_RANK and PMI_SIZE but no local rank (MPICH's own launcher sets
+  MPI_LOCALRANKID): these tests found the local rank read as 0 on every rank (Python) and as the global rank
+  (Java) there, so the local rank is taken from SLURM_LOCALID where Slurm's rank and size agree with PMI's;
+- the NumPy runner and the Java CPU device under `srun --mpi=pmi2` across the two nodes (MPICH then sees two nodes
+  in PMI's process mapping): two ranks, one per node, equal one process of two micro-batches bit for bit; four
+  ranks, two per node, equal four micro-batches within rounding (an all-reduce of four sums in its own order),
+  and four ranks on one node bit for bit. A launch whose MPI_Init failed on Slurm 22.05's cut PMI-1 request (see
+  PMI2_SPLIT) is tried again, and said so as a warning.
+
+The nodes share this machine: this is a launch across nodes, not a network between machines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from java_env import JAVA_MARKS, javac
+from slurm_cluster import Cluster, slurm_cluster
+from test_java_data_parallel import _bitwise, _params
+from test_java_data_parallel import driver as driver  # noqa: PLC0414 — the fixture (CollectiveCheck), shared
+from test_slurm import MLP, _env, _java, _run
+
+from deepdsl.cli import cli
+
+pytestmark = [*JAVA_MARKS, pytest.mark.slow]
+
+# where srun's block distribution puts the ranks of -N 2 -n 4: (rank, local rank, node)
+PLACES = [(0, 0, "node1"), (1, 1, "node1"), (2, 0, "node2"), (3, 1, "node2")]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with slurm_cluster(tmp_path_factory.mktemp("slurm_nodes"), nodes=2) as c:
+        yield c
+
+
+def _lines(out: str) -> list[str]:
+    return sorted(line for line in out.splitlines() if line.strip())
+
+
+# ---- each rank's place ----
+
+PLACE_PY = (
+    "import os; from deepdsl.distributed import world_from_env; w = world_from_env(); "
+    "print(w.rank, w.size, w.local_rank, os.environ['SLURMD_NODENAME'], os.environ['SLURM_NODEID'])"
+)
+
+
+@pytest.mark.parametrize("pmi", [[], ["--mpi=pmi2"]], ids=["srun", "srun-pmi2"])
+def test_each_python_ranks_place_across_two_nodes(cluster: Cluster, tmp_path: Path, pmi: list[str]) -> None:
+    r = _run(["srun", *pmi, "-N", "2", "-n", "4", sys.executable, "-c", PLACE_PY], _env(cluster), tmp_path, 120)
+    assert r.returncode == 0, r.stderr
+    assert cluster.nodes == ("node1", "node2")
+    assert _lines(r.stdout) == [f"{rank} 4 {local} {node} {node[-1:] == '2':d}" for rank, local, node in PLACES]
+
+
+@pytest.mark.parametrize("pmi", [[], ["--mpi=pmi2"]], ids=["srun", "srun-pmi2"])
+def test_each_java_ranks_place_across_two_nodes(cluster: Cluster, driver: Path, tmp_path: Path,
+                                                pmi: list[str]) -> None:  # fmt: skip
+    """Launch as the Java program reads it (CollectiveCheck's launch mode: rank, size, local rank, launcher)."""
+    java = f"java -cp {driver} deepdsl.runtime.CollectiveCheck launch"
+    script = f'echo "$({java}) | $SLURMD_NODENAME $SLURM_NODEID"'
+    r = _run(["srun", *pmi, "-N", "2", "-n", "4", "sh", "-c", script], _env(cluster), tmp_path, 120)
+    assert r.returncode == 0, r.stderr
+    launcher = "MPICH/PMI" if pmi else "Slurm"
+    assert _lines(r.stdout) == [f"{rank} 4 {local} {launcher} | {node} {node[-1:] == '2':d}"
+                                for rank, local, node in PLACES]  # fmt: skip
+
+
+# ---- training across the nodes ----
+
+NODES = {  # srun's layout: (its flags, the micro-batches it equals, bit for bit?)
+    "2-nodes-1-each": (["-N", "2", "-n", "2"], 2, True),
+    "2-nodes-2-each": (["-N", "2", "-n", "4"], 4, False),
+    "1-node-4": (["-N", "1", "-n", "4", "--overcommit"], 4, False),
+}
+
+
+def _close(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[str]:
+    assert a.keys() == b.keys()
+    return [k for k in a if not np.allclose(a[k], b[k], rtol=1e-5, atol=1e-6)]
+
+
+# Slurm 22.05's pmi2 plugin tells MPICH that a PMI value may hold 1024 characters (vallen_max=1024) but reads each
+# PMI-1 request with one read() of at most 1024 bytes ("TODO: read until newline" in its pmi1.c). Across nodes MPICH's
+# MPI_Init puts each rank's network address into PMI in segments (nine a rank here, PMI_DEBUG=1), each up to that
+# length: a `cmd=put ... value=...` line longer than 1024 bytes is cut in two, Slurm logs PMI2_SPLIT for the second
+# piece, and MPI_Init fails or hangs. The lengths follow the addresses' bytes, so it comes and goes: by hand 5 of 32
+# launches of the Java MLP across the two nodes failed so, 4 more logged it and ran; none in 20 launches of mpi4py
+# and the NumPy runner across the nodes (the same library: it may happen there too), none on one node.
+PMI2_SPLIT = "mpi/pmi2: invalid client request"
+TRIES = 4
+
+
+def _srun(cluster: Cluster, cmd: list[str], folder: Path) -> subprocess.CompletedProcess:
+    """`cmd` under srun on the cluster, tried again (TRIES in all, a minute each) only where a try failed and
+    Slurm's pmi2 plugin logged a cut request (PMI2_SPLIT), never for any other failure; a retry is said as a
+    warning."""
+    tries = []
+    for _ in range(TRIES):
+        try:
+            r = _run(cmd, _env(cluster), folder, timeout=60)
+        except subprocess.TimeoutExpired as e:
+            err = e.stderr.decode() if isinstance(e.stderr, bytes) else e.stderr or ""
+            r = subprocess.CompletedProcess(cmd, -9, "", err + "\n(timed out)")
+            subprocess.run(["scancel", "--partition=tests"], env=_env(cluster), capture_output=True, timeout=30)
+        if r.returncode == 0 or PMI2_SPLIT not in r.stderr:
+            if tries:  # said, never hidden
+                warnings.warn(f"{' '.join(cmd[:6])}: tried {len(tries) + 1} times (Slurm's cut PMI-1 request)",
+                              stacklevel=2)  # fmt: skip
+            return r
+        tries.append(r.stderr[-1500:])
+    pytest.fail(f"{TRIES} tries, each failed on Slurm's cut PMI-1 request:\n" + "\n----\n".join(tries))
+
+
+def _compare(cluster: Cluster, folder: Path, program: list[str]) -> None:
+    """`program` (a command that takes --micro-batches, --save and writes --json) as one process of 2 and of 4
+    micro-batches, and under `srun --mpi=pmi2` in each of NODES' layouts: rank 0 alone writes --json; each layout's
+    losses and parameters equal its micro-batch run's (bit for bit or within rounding, as NODES says), and four
+    ranks on two nodes equal four ranks on one node bit for bit (the same MPI sum)."""
+    env = _env(cluster)
+    micro = {}
+    for m in (2, 4):
+        r = _run([*program, "--micro-batches", str(m), "--save", f"micro{m}.npz"], env, folder)
+        assert r.returncode == 0, r.stderr
+        micro[m] = json.loads(r.stdout)["losses"]
+    params = {}
+    for name, (layout, m, bitwise) in NODES.items():
+        r = _srun(cluster, ["srun", "--mpi=pmi2", *layout, *program, "--save", f"{name}.npz"], folder)
+        assert r.returncode == 0, f"{name}: {r.stderr}"
+        outs = [line for line in r.stdout.splitlines() if line.startswith("{")]
+        assert len(outs) == 1, r.stdout  # rank 0 alone writes --json
+        losses = json.loads(outs[0])["losses"]
+        params[name] = _params(folder / f"{name}.npz")
+        if bitwise:
+            assert losses == micro[m], name
+            assert _bitwise(params[name], _params(folder / f"micro{m}.npz")) == [], name
+        else:
+            assert np.allclose(losses, micro[m], rtol=1e-5), name
+            assert _close(params[name], _params(folder / f"micro{m}.npz")) == [], name
+    assert _bitwise(params["2-nodes-2-each"], params["1-node-4"]) == []
+
+
+def test_numpy_ranks_across_two_nodes_equal_micro_batches(cluster: Cluster, tmp_path: Path) -> None:
+    _compare(cluster, tmp_path, [sys.executable, "-m", "deepdsl", "run", str(MLP), "--set", "N=8", "--iters", "3",
+                                 "--data", "synthetic", "--json"])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MLP (N = 8) compiled with --data-parallel into dp/, built (test_slurm's layout, for its _java)."""
+    folder = tmp_path_factory.mktemp("srun_nodes_java")
+    r = CliRunner().invoke(cli, ["compile", str(MLP), "--set=N=8", "--data-parallel", "-o", str(folder / "dp")])
+    assert r.exit_code == 0, r.output
+    src = folder / "dp"
+    javac(src, [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")], src / "build")
+    return folder
+
+
+def test_java_ranks_across_two_nodes_equal_micro_batches(cluster: Cluster, programs: Path) -> None:
+    _compare(cluster, programs, _java(programs))
