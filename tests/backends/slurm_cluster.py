@@ -95,6 +95,9 @@ def _conf(folder: Path, names: tuple[str, ...]) -> str:
             f"SlurmdSpoolDir={folder / 'spool' / '%n'}",
             f"SlurmdPidFile={folder / 'slurmd.%n.pid'}",
             f"SlurmdLogFile={folder / 'slurmd.%n.log'}",
+            # the pmix plugin makes its clients' folder in TmpFS under the job's name alone, so two nodes in one
+            # TmpFS collide ('Cannot create client cli tmpdir ... File exists'): one each
+            f"TmpFS={folder / 'tmp' / '%n'}",
         ]
         node_lines = [f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} State=UNKNOWN"
                       for name, port in zip(names, slurmds, strict=True)]  # fmt: skip
@@ -105,7 +108,7 @@ def _conf(folder: Path, names: tuple[str, ...]) -> str:
             # failed or hung under srun --mpi=pmi2 about half the time ('failed to unpack address', 'Message
             # truncated': what another job of that id left); with these, 10 runs of 10 passed
             f"FirstJobId={random.randint(1_000_000, 60_000_000)}",
-            f"TmpFS={folder / 'tmp'}",
+            *([f"TmpFS={folder / 'tmp'}"] if len(names) == 1 else []),
             f"SlurmctldHost={host}(127.0.0.1)",
             "AuthType=auth/none",
             "CredType=cred/none",
@@ -186,7 +189,7 @@ def slurm_cluster(folder: Path, nodes: int = 1) -> Iterator[Cluster]:
         pytest.skip(why)
     assert nodes >= 1, nodes
     names = _names(nodes)
-    for sub in ("state", "spool", "tmp", *(f"spool/{name}" for name in names if nodes > 1)):
+    for sub in ("state", "spool", "tmp", *(f"{d}/{name}" for name in names for d in ("spool", "tmp") if nodes > 1)):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     cluster = Cluster(folder / "slurm.conf", folder, names)
     cluster.conf.write_text(_conf(folder, names))
