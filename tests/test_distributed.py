@@ -366,7 +366,7 @@ def test_ranks_with_other_seeds_are_refused() -> None:
 
 
 @needs_mpi
-@pytest.mark.parametrize("fault", ["kill", "stall"])
+@pytest.mark.parametrize("fault", ["kill", pytest.param("stall", marks=pytest.mark.slow)])  # stall: 4 s
 def test_a_dead_or_stalled_rank_stops_the_run_with_an_error(fault: str) -> None:
     t0 = time.monotonic()
     r = _deepdsl("run", MLP, "--set", "N=8", "--iters", "5", "--data", "synthetic", ranks=2, timeout=90,

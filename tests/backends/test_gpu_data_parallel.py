@@ -270,6 +270,7 @@ def test_bf16_gradients_are_packed_into_the_float32_buckets(tmp_path: Path, monk
 
 
 @needs_mpich
+@pytest.mark.slow  # 4.4 s; the two-rank runs below keep NCCL's path in the default tier
 def test_one_forced_gpu_rank_goes_through_nccl_and_equals_the_plain_run(work: Path) -> None:
     """DEEPDSL_DP_FORCE=1 (scripts/gpu_check.sh's one-rank NCCL run): one process, no launcher, still through the
     data-parallel pass and a one-rank NCCL communicator (every step's buckets all-reduced, inside the graph and call
