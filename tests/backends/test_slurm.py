@@ -68,17 +68,22 @@ def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float = 240) -
 # ---- the NumPy runner ----
 
 
-def test_two_numpy_ranks_under_srun_equal_two_micro_batches(cluster: Cluster, tmp_path: Path) -> None:
+def _numpy_ranks_equal_two_micro_batches(srun: list[str], env: dict[str, str], tmp_path: Path) -> None:
+    """The NumPy runner's MLP as two ranks under `srun` and as one process of two micro-batches: rank 0 alone writes
+    --json, and the losses and parameters are the same bit for bit."""
     common = ["-m", "deepdsl", "run", str(MLP), "--set", "N=8", "--iters", "3", "--data", "synthetic", "--json"]
-    env = _env(cluster)
     micro = _run([sys.executable, *common, "--micro-batches", "2", "--save", "micro.npz"], env, tmp_path)
     assert micro.returncode == 0, micro.stderr
-    ranks = _run([*SRUN, sys.executable, *common, "--save", "ranks.npz"], env, tmp_path)
+    ranks = _run([*srun, sys.executable, *common, "--save", "ranks.npz"], env, tmp_path)
     assert ranks.returncode == 0, ranks.stderr
     outs = [line for line in ranks.stdout.splitlines() if line.strip()]
     assert len(outs) == 1, ranks.stdout  # rank 0 alone writes --json
     assert json.loads(outs[0])["losses"] == json.loads(micro.stdout)["losses"]
     assert _bitwise(_params(tmp_path / "micro.npz"), _params(tmp_path / "ranks.npz")) == []
+
+
+def test_two_numpy_ranks_under_srun_equal_two_micro_batches(cluster: Cluster, tmp_path: Path) -> None:
+    _numpy_ranks_equal_two_micro_batches(SRUN, _env(cluster), tmp_path)
 
 
 def test_srun_without_pmi_is_refused_naming_the_flag(cluster: Cluster, tmp_path: Path) -> None:
@@ -229,16 +234,7 @@ PMIX = ["srun", "--mpi=pmix", "-n", "2"]
 def test_numpy_ranks_of_open_mpi_under_srun_pmix_equal_two_micro_batches(pmix: Cluster, ompi: OpenMpi,
                                                                          tmp_path: Path) -> None:  # fmt: skip
     """No MPI4PY_* set: under a PMIx launch (PMIX_RANK) deepdsl has mpi4py take Open MPI's library."""
-    common = ["-m", "deepdsl", "run", str(MLP), "--set", "N=8", "--iters", "3", "--data", "synthetic", "--json"]
-    env = _ompi_env(pmix, ompi)
-    micro = _run([sys.executable, *common, "--micro-batches", "2", "--save", "micro.npz"], env, tmp_path)
-    assert micro.returncode == 0, micro.stderr
-    ranks = _run([*PMIX, sys.executable, *common, "--save", "ranks.npz"], env, tmp_path)
-    assert ranks.returncode == 0, ranks.stderr
-    outs = [line for line in ranks.stdout.splitlines() if line.strip()]
-    assert len(outs) == 1, ranks.stdout  # rank 0 alone writes --json
-    assert json.loads(outs[0])["losses"] == json.loads(micro.stdout)["losses"]
-    assert _bitwise(_params(tmp_path / "micro.npz"), _params(tmp_path / "ranks.npz")) == []
+    _numpy_ranks_equal_two_micro_batches(PMIX, _ompi_env(pmix, ompi), tmp_path)
 
 
 @OPEN_MPI
