@@ -150,6 +150,7 @@ def test_swapping_a_relu_for_a_leaky_relu(cli, edited: Path) -> None:  # noqa: A
     np.testing.assert_allclose(_losses(edited, "TinyLeaky", "cuda", kernels="leaky"), want, rtol=1e-4)
 
 
+@pytest.mark.slow  # 3 s, for the default's 4 minutes
 def test_printing_a_layers_output_norm(edited: Path) -> None:
     printed = {}
     for device in ("cpu", "cuda"):
@@ -160,6 +161,7 @@ def test_printing_a_layers_output_norm(edited: Path) -> None:
     np.testing.assert_allclose(_losses(edited, "TinyNorm", "cpu"), _losses(edited, "Tiny", "cpu"), rtol=0)
 
 
+@pytest.mark.slow  # 3 s, for the default's 4 minutes
 def test_plugging_in_a_data_source(cli, edited: Path) -> None:  # noqa: ANN001
     want = _numpy(cli, edited, "tiny.ddsl", "--data", f"npz:{edited / 'mine.npz'}")  # the same samples from a file
     for device in ("cpu", "cuda"):
