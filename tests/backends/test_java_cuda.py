@@ -195,7 +195,7 @@ def cpu(folder: Path, name: str, *args: str) -> dict:
     "name",
     [
         "Small",
-        "Wide",
+        pytest.param("Wide", marks=pytest.mark.slow),  # 2.6 s, for the default's 4 minutes (Small, SplitNet stay)
         "SplitNet",
         pytest.param("Causal", marks=pytest.mark.slow),
         pytest.param("LeNet", marks=pytest.mark.slow),

@@ -161,8 +161,8 @@ def test_check_plan_refuses_a_result_over_memory_a_reduction_pass_still_reads(mo
 
 
 @needs_gxx
-@pytest.mark.parametrize(  # adam slow for the default's 4 minutes: adamw (adam and a weight decay) stays there
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "adam" else n for n in OPTIMISERS]
+@pytest.mark.parametrize(  # slow for the default's 4 minutes: adam (adamw stays there) and rmsprop (rmsprop_momentum)
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in ("adam", "rmsprop") else n for n in OPTIMISERS]
 )
 def test_the_multi_tensor_kernel_computes_each_update_as_numpy(name: str, tmp_path: Path) -> None:
     """The multi-tensor launch alone, on the same inputs as the NumPy kernels of its statements (random gradients,
