@@ -138,6 +138,28 @@ public interface Collective extends AutoCloseable {
    *
    * @throws Device.Unavailable naming the library or jar that is missing
    */
+  /**
+   * Sets {@code name} in this process's C environment, where native libraries read it (NCCL its rendezvous, UCX its
+   * signals): libc's setenv through JNA, named by reflection. {@code overwrite} false keeps a value already set.
+   *
+   * @throws IllegalStateException where JNA or libc cannot be reached, or setenv fails
+   */
+  static void setenv(String name, String value, boolean overwrite) {
+    int rc;
+    try {
+      Class<?> nativeLibrary = Class.forName("com.sun.jna.NativeLibrary");
+      Object c = nativeLibrary.getMethod("getInstance", String.class).invoke(null, "c");
+      Object f = nativeLibrary.getMethod("getFunction", String.class).invoke(c, "setenv");
+      Object[] args = {name, value, overwrite ? 1 : 0};
+      rc = (int) f.getClass().getMethod("invokeInt", Object[].class).invoke(f, (Object) args);
+    } catch (ReflectiveOperationException | LinkageError e) {
+      throw new IllegalStateException("libc's setenv is not reachable through JNA (" + e + ")");
+    }
+    if (rc != 0) {
+      throw new IllegalStateException("setenv(" + name + ") returned " + rc);
+    }
+  }
+
   static Collective open(Launch launch, Device device) {
     if (!launch.distributed() && !forced()) {
       return SINGLE;

@@ -108,7 +108,7 @@ public final class MpiCollective implements Collective {
     } catch (ReflectiveOperationException | LinkageError e) {
       throw new Device.Unavailable("JNA does not load (" + e + "): " + JNA);
     }
-    keepJvmSignals(getInstance, getFunction, invoke);
+    keepJvmSignals();
     List<String> tried = new ArrayList<>();
     for (String candidate : MpiLibrary.candidates()) {
       Object lib;
@@ -146,18 +146,11 @@ public final class MpiCollective implements Collective {
    * ("Caught signal 11" in ucs_handle_error, then a JVM crash: tested). UCX reads {@code UCX_ERROR_SIGNALS} as it
    * loads, so it is set empty in the C environment (libc's setenv) before any MPI library is, unless the user set it.
    */
-  private static void keepJvmSignals(MethodHandle getInstance, MethodHandle getFunction, MethodHandle invoke) {
+  private static void keepJvmSignals() {
     try {
-      Object setenv = getFunction.invoke(getInstance.invoke("c"), "setenv");
-      Object[] args = {"UCX_ERROR_SIGNALS", "", 0};
-      int rc = (int) invoke.invoke(setenv, args);
-      if (rc != 0) {
-        throw new Device.Unavailable("setenv(UCX_ERROR_SIGNALS) failed before MPI loads");
-      }
-    } catch (Device.Unavailable e) {
-      throw e;
-    } catch (Throwable e) {
-      throw new Device.Unavailable("libc's setenv is not reachable through JNA (" + e + ")");
+      Collective.setenv("UCX_ERROR_SIGNALS", "", false);
+    } catch (IllegalStateException e) {
+      throw new Device.Unavailable("UCX_ERROR_SIGNALS could not be set before MPI loads: " + e.getMessage());
     }
   }
 

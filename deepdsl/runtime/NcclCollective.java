@@ -213,17 +213,11 @@ public final class NcclCollective implements Collective {
     return t;
   }
 
-  /** Sets a variable of this process's environment (NCCL reads NCCL_COMM_ID there): libc through JNA. */
+  /** Sets a variable of this process's environment (NCCL reads NCCL_COMM_ID there). */
   private static void setenv(String name, String value) {
     try {
-      Class<?> nativeLibrary = Class.forName("com.sun.jna.NativeLibrary");
-      Object c = nativeLibrary.getMethod("getInstance", String.class).invoke(null, "c");
-      Object f = nativeLibrary.getMethod("getFunction", String.class).invoke(c, "setenv");
-      int rc = (int) f.getClass().getMethod("invokeInt", Object[].class).invoke(f, (Object) new Object[] {name, value, 1});
-      if (rc != 0) {
-        throw new IllegalStateException("setenv returned " + rc);
-      }
-    } catch (ReflectiveOperationException | LinkageError | IllegalStateException e) {
+      Collective.setenv(name, value, true);
+    } catch (IllegalStateException e) {
       throw new Device.Unavailable(
           "NCCL's rendezvous needs " + name + "=" + value + " in the environment: set it (or put JNA,"
               + " jna-5.19.1.jar, on the class path so that the program sets it)");
