@@ -74,7 +74,7 @@ def write_program(
         for line in java.build_commands(folder, name):
             yield f"  {line}"
     if maven is not None:
-        resources = java.write_maven(Path(maven), prog, replace_readonly)
+        resources = java.write_maven(Path(maven), prog, replace_readonly, data_parallel=b.options.buckets is not None)
         java.write_ptx(resources, name, modules, replace_readonly)
         jar = f"target/{name.lower()}-1.0.jar"
         yield f"wrote the Maven project {maven}: cd {maven} && mvn -q package && java -jar {jar}"

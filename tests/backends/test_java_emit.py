@@ -4,6 +4,8 @@ every registry op, all in one JVM)."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import re
 import shutil
@@ -13,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import GOLDEN, NETWORKS, ROOT
-from java_env import JAVA_MARKS, java, javac
+from java_env import JAVA_MARKS, java, javac, launch_env, mpi
 from ops.test_registry_complete import EXAMPLES
 from oracle_inputs import op_inputs
 
@@ -98,6 +100,19 @@ def test_maven_project_layout(cli, tmp_path: Path) -> None:
     assert (tmp_path / "mlp" / "src" / "main" / "java" / "MLP.java").is_file()
     assert (tmp_path / "mlp" / "src" / "main" / "resources" / "MLP.cu").is_file()  # in the jar: on the class path
     assert (tmp_path / "mlp" / "src" / "main" / "java" / "deepdsl" / "runtime" / "Network.java").is_file()
+    assert "<artifactId>jna</artifactId>" not in pom  # one rank: no MPI, no NCCL, no JNA
+
+
+def test_a_data_parallel_maven_project_brings_jna(cli, tmp_path: Path) -> None:
+    """JNA is the data-parallel runtime's binding to MPI and libc: `--data-parallel --maven` puts it in the pom, so
+    that the jar runs under mpiexec without a class path of the user's making (it did not: 'JNA ... is not on the
+    class path')."""
+    r = cli("compile", str(ROOT / "networks" / "mlp.ddsl"), "--data-parallel", "--maven", str(tmp_path / "mlp"))
+    assert r.exit_code == 0, r.output
+    pom = (tmp_path / "mlp" / "pom.xml").read_text()
+    jna = pom.index("<artifactId>jna</artifactId>")
+    assert pom.rindex("<dependency>", 0, jna) > pom.index("<dependencies>")  # the build's own, not a profile's
+    assert pom.index("<version>5.19.1</version>", jna) < pom.index("</dependency>", jna)
 
 
 @pytest.mark.slow
@@ -121,6 +136,27 @@ def test_maven_package_builds_a_runnable_jar(cli, tmp_path: Path) -> None:
     r = subprocess.run(["java", "-jar", "target/mlp-1.0.jar", "--data", "synthetic", "--iters", "1", "--device", "cpu"],
                        cwd=project, capture_output=True, text=True, check=False)  # fmt: skip
     assert r.returncode == 0 and "GEMM OpenBLAS 0.3.30, " in r.stdout.splitlines()[0], r.stdout + r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mvn") is None, reason="mvn is not on PATH")
+def test_a_data_parallel_maven_jar_trains_under_mpiexec(cli, tmp_path: Path) -> None:
+    """The jar of `--data-parallel --maven`, as `mvn package` builds it, under `mpiexec -n 2` (the dist extra's
+    MPICH, its library found beside mpiexec): the same losses as one process of two micro-batches."""
+    mpiexec, lib = mpi()
+    project = tmp_path / "mlp"
+    args = ["compile", str(ROOT / "networks" / "mlp.ddsl"), "--set", "N=8", "--data-parallel", "--maven", str(project)]
+    assert cli(*args).exit_code == 0
+    subprocess.run(["mvn", "-B", "-q", "package"], cwd=project, check=True)
+    run = ["java", "-jar", "target/mlp-1.0.jar", "--device", "cpu", "--data", "synthetic", "--iters", "3", "--json"]
+    env = launch_env(PATH=f"{lib.parent / 'bin'}:{os.environ.get('PATH', '')}", OPENBLAS_NUM_THREADS="1")
+    ranks = subprocess.run([mpiexec, "-n", "2", *run], cwd=project, capture_output=True, text=True, env=env,
+                           timeout=120, check=False)  # fmt: skip
+    assert ranks.returncode == 0, ranks.stderr
+    micro = subprocess.run([*run, "--micro-batches", "2"], cwd=project, capture_output=True, text=True, env=env,
+                           timeout=120, check=False)  # fmt: skip
+    assert micro.returncode == 0, micro.stderr
+    assert json.loads(ranks.stdout)["losses"] == json.loads(micro.stdout)["losses"]
 
 
 # ---- kernels: random index expressions and every op's index form, against `evaluate` ----

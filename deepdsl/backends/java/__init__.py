@@ -108,10 +108,11 @@ def build_commands(folder: Path, name: str) -> list[str]:
     ]
 
 
-def write_maven(folder: Path, p: JavaProgram, replace_readonly: bool = False) -> Path:
+def write_maven(folder: Path, p: JavaProgram, replace_readonly: bool = False, data_parallel: bool = False) -> Path:
     """A Maven project: pom.xml (JCuda, and OpenBLAS through JavaCPP, with their linux-x86_64 natives; profiles
-    cuda13 and cuda12 for JavaCPP's CUDA presets), the network, the runtime, and the CUDA source
-    as a resource of the jar; returns the resource folder (where PTX goes too)."""
+    cuda13 and cuda12 for JavaCPP's CUDA presets; with `data_parallel`, JNA, the CPU device's MPI binding and
+    the CUDA device's way to set NCCL's rendezvous), the network, the runtime, and the CUDA source as a resource
+    of the jar; returns the resource folder (where PTX goes too)."""
     try:
         java, resources = _subfolder(folder, "src", "main", "java"), _subfolder(folder, "src", "main", "resources")
     except OSError as exc:
@@ -123,7 +124,7 @@ def write_maven(folder: Path, p: JavaProgram, replace_readonly: bool = False) ->
     write_sources(java, p, resources, replace_readonly)
     try:
         pom = POM.format(artifact=p.name.lower(), main=p.name, jcuda=JCUDA_VERSION, cuda_deps=CUDA_PRESETS,
-                         **JAVACPP_VERSIONS)  # fmt: skip
+                         jna=JNA if data_parallel else "", **JAVACPP_VERSIONS)  # fmt: skip
         write_atomically(folder / "pom.xml", pom, replace_readonly=replace_readonly)
     except OSError as exc:
         raise DslProgramError(f"cannot write '{folder / 'pom.xml'}': {exc.strerror or exc}") from None
@@ -134,6 +135,14 @@ JCUDA_VERSION = "12.6.0"
 # JavaCPP's presets: one JavaCPP version per build (the OpenBLAS presets exist for 1.5.13 and 1.5.12, not 1.5.14)
 JAVACPP_VERSIONS = {"javacpp": "1.5.13", "openblas": "0.3.31-1.5.13", "cuda13": "13.1-9.19-1.5.13",
                     "javacpp12": "1.5.12", "openblas12": "0.3.30-1.5.12", "cuda12": "12.9-9.10-1.5.12"}  # fmt: skip
+# JNA: the data-parallel runtime's binding to MPI's C library and libc's setenv (the runtime names it by
+# reflection: a program that never starts MPI or NCCL runs without it)
+JNA = """
+    <dependency>
+      <groupId>net.java.dev.jna</groupId>
+      <artifactId>jna</artifactId>
+      <version>5.19.1</version>
+    </dependency>"""
 CUDA_PRESETS = """
         <dependency>
           <groupId>org.bytedeco</groupId>
@@ -197,7 +206,7 @@ POM = """<?xml version="1.0" encoding="UTF-8"?>
       <artifactId>javacpp</artifactId>
       <version>${{javacpp.version}}</version>
       <classifier>linux-x86_64</classifier>
-    </dependency>
+    </dependency>{jna}
   </dependencies>
 
   <!-- JavaCPP's CUDA presets (cuBLAS, cuDNN) for the CUDA 13 or CUDA 12 libraries a user has: `mvn -P cuda13
