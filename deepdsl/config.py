@@ -19,7 +19,7 @@ class Config:
     # scripts/gpu_check.sh sets it, so that its processes compile one network's kernels once)
     ptx_cache: bool = False
     # DEEPDSL_DP_TIMEOUT: seconds a data-parallel rank waits for a bucket's reduction before it names the ranks that
-    # did not start it and stops the run (deepdsl/distributed.py); DEEPDSL_DP_FAULT=RANK:STEP:kill|stall: a test's
+    # did not start it and stops the run (distributed/engines.py); DEEPDSL_DP_FAULT=RANK:STEP:kill|stall: a test's
     # fault injection (that rank dies or stalls at that step); DEEPDSL_DP_FORCE=1: `deepdsl run --device cuda` of one
     # rank goes through the data-parallel pass and NCCL all the same (a one-rank communicator: scripts/gpu_check.sh
     # checks NCCL's path on one GPU with it, as the Java program's -Ddeepdsl.collective=true)

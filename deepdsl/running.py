@@ -222,7 +222,7 @@ def run_training(
     """Train `build` and report through `report` (warnings through `warn`: a batch larger than the data); `driver`
     runs it on that GPU instead of picking by `device` and `kernels` (open_device); `graphs`: on the GPU, the train
     step as a CUDA graph from its second run on; `replace_readonly`: the save may replace a read-only file
-    (files.py); `session`: this process's rank of a data-parallel run, or its micro-batches (deepdsl/distributed.py;
+    (files.py); `session`: this process's rank of a data-parallel run, or its micro-batches (deepdsl/distributed/;
     the build then has the data-parallel program, Options.buckets)."""
     if iters is not None and not 0 <= iters <= MAX_ITERATIONS:  # (the CLI refuses it as a usage error first)
         raise DslProgramError(f"--iters takes a whole number in [0, {MAX_ITERATIONS}], not '{iters}'")

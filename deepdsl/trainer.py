@@ -89,7 +89,7 @@ class Trainer:
         self.gpu: GpuRunner | None = None
         self.reducer: Any = None  # a data-parallel rank's NCCL reducer on the GPU (nccl.py NcclReducer)
         self._gpu_ahead = False  # the GPU holds newer parameters than self.arrays
-        # data-parallel training or gradient accumulation (deepdsl/distributed.py): this rank's session and the
+        # data-parallel training or gradient accumulation (deepdsl/distributed/): this rank's session and the
         # executor of the data-parallel program (Options.buckets); None: the plain step
         self.session = session
         self.executor: Executor | None = None
@@ -111,7 +111,7 @@ class Trainer:
         s = self.session if self.executor is not None else None
         if s is not None and not isinstance(s.comm, GpuComm) and (s.world.size > 1 or s.micro_batches > 1):
             raise DslProgramError("this data-parallel session reduces over MPI on the NumPy runner (--device cpu)")
-        # a data-parallel rank's reductions: NCCL on this GPU (deepdsl/distributed.py); micro-batches summed here
+        # a data-parallel rank's reductions: NCCL on this GPU (deepdsl/distributed/gpu.py); micro-batches summed here
         reducer = s.comm.connect(driver) if s is not None and isinstance(s.comm, GpuComm) else None
         self.gpu = GpuRunner(driver, self.plan, self.build.infer_plan, self.arrays, self.build.eval_plan, graphs,
                              self.build.options.deterministic, reducer,

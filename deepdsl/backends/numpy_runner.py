@@ -80,7 +80,7 @@ def run(
 
 
 def execute(s: Stmt, env: dict[str, np.ndarray], dtype: type = np.float32) -> np.ndarray:
-    """Statement `s`'s result from the values in `env` (by name), in `dtype` (deepdsl/distributed.py's steps)."""
+    """Statement `s`'s result from the values in `env` (by name), in `dtype` (distributed/executor.py's steps)."""
     return _execute(s, env, dtype)
 
 

@@ -4,7 +4,7 @@ the wait for it, and the views of the reduced gradients; and the dropout mask of
 The NumPy kernels here compute what the statements mean in one process with one rank: the pack (the bucket's
 tensors, flattened and concatenated in order, times the scale input 1/(ranks x micro-batches)), the wait as the
 identity and the slices as views. The communication itself is the runner's: each runner performs
-`allreduce_start` / `allreduce_wait` around these kernels (deepdsl/distributed.py for the NumPy runner; the Java
+`allreduce_start` / `allreduce_wait` around these kernels (distributed/executor.py for the NumPy runner; the Java
 runtime's data-parallel classes), so no Java call or CUDA rule is registered for them.
 """
 

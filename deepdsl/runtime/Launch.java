@@ -19,7 +19,7 @@ import java.util.Map;
  *       (last: an MPI job under srun sets both, and MPI's variables say the MPI ranks).
  * </ul>
  *
- * (the order of deepdsl/distributed.py's {@code world_from_env}, the NumPy runner's).
+ * (the order of deepdsl/distributed/world.py's {@code world_from_env}, the NumPy runner's).
  *
  * <p>The flags {@code --ranks R}, {@code --rank r} and {@code --local-rank l} override what the
  * environment says (each alone: the others still come from the environment). Without any of them the run is one process

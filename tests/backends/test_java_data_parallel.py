@@ -66,7 +66,7 @@ LAUNCHES = [  # (environment, flags --ranks --rank --local-rank, what Launch say
     ("PMI_RANK=1 PMI_SIZE=2 MPI_LOCALRANKID=1", "- - -", "1 2 1 MPICH/PMI | null"),
     ("SLURM_PROCID=9 SLURM_NTASKS=16 SLURM_LOCALID=1 MASTER_ADDR=10.0.0.7 MASTER_PORT=6000", "- - -",
      "9 16 1 Slurm | 10.0.0.7:6001"),
-    # an MPI job under srun: MPI's variables say the ranks (deepdsl/distributed.py's order)
+    # an MPI job under srun: MPI's variables say the ranks (deepdsl/distributed/world.py's order)
     ("PMI_RANK=0 PMI_SIZE=2 SLURM_PROCID=7 SLURM_NTASKS=16", "- - -", "0 2 0 MPICH/PMI | null"),
     # srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE, no MPI_LOCALRANKID: Slurm's local rank, where it is the same world
     ("PMI_RANK=3 PMI_SIZE=4 SLURM_PROCID=3 SLURM_NTASKS=4 SLURM_LOCALID=1", "- - -", "3 4 1 MPICH/PMI | null"),

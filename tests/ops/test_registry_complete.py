@@ -223,7 +223,7 @@ KEEPS_NOTHING = {
 }
 NO_VJP = {"fill": "reads no input: there is nothing to differentiate"}
 # data-parallel statements (ops/collective.py) that no shared kernel computes: each runner that trains data-parallel
-# performs them itself (the NumPy runner in deepdsl/distributed.py); a backend may still register a call
+# performs them itself (the NumPy runner in deepdsl/distributed/executor.py); a backend may still register a call
 RUNNER_PERFORMS = {
     "allreduce_start": "a collective: the runner packs the bucket and starts its all-reduce (MPI, NCCL)",
     "dropout_mask_at": "a data-parallel draw: the NumPy runner's kernel and the Java CPU device's; no CUDA one yet",

@@ -166,7 +166,7 @@ class GpuRunner:
             if self._trial[1]:
                 driver.free(self._trial[0])
             self._trial = (0, 0)
-        # the reductions among the train step's calls, and the micro-batches' accumulators (deepdsl/distributed.py)
+        # the reductions among the train step's calls, and the micro-batches' accumulators (distributed/gpu.py)
         self.parallel: ParallelStep | None = None
         self.accumulator_bytes = 0
         if is_data_parallel(train.graph):
