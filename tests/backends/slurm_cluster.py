@@ -9,12 +9,21 @@ slurmd's pid file, spool folder and log, so that `srun -N 2` places tasks on two
 SLURM_LOCALID as a two-node cluster sets them (Debian's 22.05 runs this mode; checked by test_slurm_nodes.py). The
 nodes share the machine's CPUs, memory and file system: a launch across them, not across machines.
 
+`hosts=True` (with `nodes` >= 2) makes each node a host of its own as far as the network goes: its slurmd, and so
+every task it starts, runs in a network namespace and a UTS namespace of its own (`ip netns`, `nsenter`,
+`unshare --uts`), with the node's name as its host name and one address on a bridge that the test machine's
+slurmctld and srun reach at .1. MPI's ranks on two nodes then see two hosts and talk over TCP through the bridge
+(`Cluster.traffic` counts its bytes), as on two machines; they still share the CPUs and the file system (as a
+cluster's shared home), and /dev/shm. Where namespaces cannot be made (no root, no iproute2, a container without
+CAP_NET_ADMIN) the tests skip, saying so.
+
 .ci/run installs slurm-wlm where it runs as root with apt-get (`apt-get install --no-install-recommends slurm-wlm`);
 elsewhere the tests that need the cluster skip, saying so. It is never the user's own cluster: nothing is read
 from /etc/slurm."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -39,17 +48,83 @@ class Cluster:
     conf: Path
     folder: Path
     nodes: tuple[str, ...] = ()
+    network: Network | None = None  # hosts=True: the nodes' namespaces and the bridge between them
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
         """`base` (a launch's environment, no launcher's variables in it) with this cluster's SLURM_CONF."""
         return {**base, "SLURM_CONF": str(self.conf)}
 
+    def traffic(self) -> int:
+        """The bytes the nodes have sent into the bridge so far (hosts=True: their links' counters)."""
+        assert self.network is not None
+        return sum(int(Path(f"/sys/class/net/{link}/statistics/rx_bytes").read_text()) for link in self.network.links)
 
-def missing() -> str | None:
-    """Why this machine cannot start the cluster, or None."""
+
+@dataclass(frozen=True)
+class Network:
+    """The nodes' network: a bridge (address `subnet`.1, this machine's side), and per node a network namespace
+    with one end of a veth pair at `subnet`.(10 + k); the other end, `links[k - 1]`, is a port of the bridge."""
+
+    bridge: str
+    subnet: str
+    namespaces: tuple[str, ...]
+    links: tuple[str, ...]
+
+    def address(self, k: int) -> str:
+        """Node k's address (k from 0); -1: this machine's, the bridge's."""
+        return f"{self.subnet}.{11 + k if k >= 0 else 1}"
+
+
+def _ip(*args: str) -> None:
+    r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=False)
+    if r.returncode != 0:
+        raise OSError(f"ip {' '.join(args)}: {r.stderr.strip()}")
+
+
+@contextmanager
+def _network(names: tuple[str, ...]) -> Iterator[Network]:
+    """A bridge and a network namespace per node, linked to it; removed afterwards (a namespace's removal takes its
+    link's ends with it). The names and the subnet are drawn at random (pytest-xdist's workers each start clusters);
+    a test skips where they cannot be made."""
+    tag = f"{random.randrange(16**5):05x}"
+    net = Network(f"ddbr{tag}", f"10.{random.randint(200, 249)}.{random.randint(1, 254)}",
+                  tuple(f"dd{tag}{name}" for name in names),
+                  tuple(f"dd{tag}h{k}" for k in range(len(names))))  # fmt: skip
+    made: list[tuple[str, ...]] = []
+    try:
+        try:
+            _ip("link", "add", net.bridge, "type", "bridge")
+            made.append(("link", "del", net.bridge))
+            _ip("addr", "add", f"{net.address(-1)}/24", "dev", net.bridge)
+            _ip("link", "set", net.bridge, "up")
+            for k, (ns, link) in enumerate(zip(net.namespaces, net.links, strict=True)):
+                _ip("netns", "add", ns)
+                made.append(("netns", "del", ns))
+                inner = f"{link[:-2]}n{k}"
+                _ip("link", "add", link, "type", "veth", "peer", "name", inner)
+                _ip("link", "set", inner, "netns", ns)
+                _ip("link", "set", link, "master", net.bridge)
+                _ip("link", "set", link, "up")
+                for args in (("addr", "add", f"{net.address(k)}/24", "dev", inner), ("link", "set", inner, "up"),
+                             ("link", "set", "lo", "up")):  # fmt: skip
+                    _ip("-n", ns, *args)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            pytest.skip(f"the nodes' network namespaces cannot be made here ({exc})")
+        yield net
+    finally:
+        for undo in reversed(made):
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                _ip(*undo)
+
+
+def missing(hosts: bool = False) -> str | None:
+    """Why this machine cannot start the cluster (with `hosts`: its nodes in namespaces of their own), or None."""
     absent = [tool for tool in NEEDS if shutil.which(tool) is None]
     if absent:
         return f"no Slurm ({', '.join(absent)} missing): {INSTALL}"
+    absent = [tool for tool in ("ip", "nsenter", "unshare") if hosts and shutil.which(tool) is None]
+    if absent:
+        return f"no {', '.join(absent)} for the nodes' namespaces: apt-get install iproute2 util-linux (.ci/run does)"
     if os.geteuid() != 0:
         return "the test cluster's slurmd runs as root (it starts every task), and these tests do not"
     return None
@@ -79,7 +154,7 @@ def _names(nodes: int) -> tuple[str, ...]:
     return (_node()[0],) if nodes == 1 else tuple(f"node{i}" for i in range(1, nodes + 1))
 
 
-def _conf(folder: Path, names: tuple[str, ...]) -> str:
+def _conf(folder: Path, names: tuple[str, ...], network: Network | None = None) -> str:
     host, cpus = _node()
     ctld, *slurmds = _free_ports(1 + len(names))
     if len(names) == 1:
@@ -99,8 +174,11 @@ def _conf(folder: Path, names: tuple[str, ...]) -> str:
             # TmpFS collide ('Cannot create client cli tmpdir ... File exists'): one each
             f"TmpFS={folder / 'tmp' / '%n'}",
         ]
-        node_lines = [f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} State=UNKNOWN"
-                      for name, port in zip(names, slurmds, strict=True)]  # fmt: skip
+        node_lines = [
+            f"NodeName={name} NodeHostname={host if network is None else name} "
+            f"NodeAddr={'127.0.0.1' if network is None else network.address(k)} Port={port} CPUs={cpus} State=UNKNOWN"
+            for k, (name, port) in enumerate(zip(names, slurmds, strict=True))
+        ]  # fmt: skip
     return "\n".join(
         [
             "ClusterName=deepdsl-tests",
@@ -109,7 +187,7 @@ def _conf(folder: Path, names: tuple[str, ...]) -> str:
             # truncated': what another job of that id left); with these, 10 runs of 10 passed
             f"FirstJobId={random.randint(1_000_000, 60_000_000)}",
             *([f"TmpFS={folder / 'tmp'}"] if len(names) == 1 else []),
-            f"SlurmctldHost={host}(127.0.0.1)",
+            f"SlurmctldHost={host}({'127.0.0.1' if network is None else network.address(-1)})",
             "AuthType=auth/none",
             "CredType=cred/none",
             "SlurmUser=root",
@@ -181,37 +259,52 @@ def _alive(pid: int) -> bool:
 
 
 @contextmanager
-def slurm_cluster(folder: Path, nodes: int = 1) -> Iterator[Cluster]:
-    """Starts the cluster of `nodes` nodes in `folder` (skipping the test where this machine cannot), yields it once
-    every node is idle, and shuts it down."""
-    why = missing()
+def slurm_cluster(folder: Path, nodes: int = 1, hosts: bool = False) -> Iterator[Cluster]:
+    """Starts the cluster of `nodes` nodes in `folder` (skipping the test where this machine cannot), each node a
+    host of its own where `hosts` (the module's docstring), yields it once every node is idle, and shuts it down."""
+    why = missing(hosts)
     if why:
         pytest.skip(why)
-    assert nodes >= 1, nodes
+    assert nodes >= 1 and (nodes > 1 or not hosts), (nodes, hosts)
     names = _names(nodes)
     for sub in ("state", "spool", "tmp", *(f"{d}/{name}" for name in names for d in ("spool", "tmp") if nodes > 1)):
         (folder / sub).mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(folder / "slurm.conf", folder, names)
-    cluster.conf.write_text(_conf(folder, names))
-    env = cluster.env(dict(os.environ))
-    try:
-        slurmds = [["slurmd"]] if nodes == 1 else [["slurmd", "-N", name] for name in names]
-        for daemon in (["slurmctld", "-i"], *slurmds):
-            r = subprocess.run(daemon, env=env, capture_output=True, text=True, timeout=60, check=False)
-            assert r.returncode == 0, f"{' '.join(daemon)} did not start: {r.stderr}"
-        deadline = time.monotonic() + 60
-        states: list[str] = []
-        while time.monotonic() < deadline:
-            r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=env, capture_output=True, text=True,
-                               timeout=30, check=False)  # fmt: skip
-            states = sorted(r.stdout.split("\n")[:-1])
-            if states == sorted(f"{name} idle" for name in names):
-                break
-            time.sleep(0.2)
-        log = (folder / "slurmctld.log").read_text() if (folder / "slurmctld.log").exists() else ""
-        assert states == sorted(f"{name} idle" for name in names), (
-            f"the test cluster's nodes are {states!r}, not all idle:\n{log[-2000:]}"
-        )
-        yield cluster
-    finally:
-        _stop(cluster, env)
+    with _network(names) if hosts else contextlib.nullcontext() as network:
+        cluster = Cluster(folder / "slurm.conf", folder, names, network)
+        cluster.conf.write_text(_conf(folder, names, network))
+        env = cluster.env(dict(os.environ))
+        try:
+            for daemon in (["slurmctld", "-i"], *_slurmds(names, network)):
+                r = subprocess.run(daemon, env=env, capture_output=True, text=True, timeout=60, check=False)
+                assert r.returncode == 0, f"{' '.join(daemon)} did not start: {r.stderr}"
+            _wait_idle(cluster, env)
+            yield cluster
+        finally:
+            _stop(cluster, env)
+
+
+def _slurmds(names: tuple[str, ...], network: Network | None) -> list[list[str]]:
+    """The commands that start the nodes' slurmd: this machine's one; one per emulated node (-N); in the node's
+    network namespace, under its own host name, where it is a host (nsenter keeps this machine's /sys, where
+    slurmd finds the cgroup file system: `ip netns exec` mounts a /sys of the namespace's own)."""
+    if len(names) == 1:
+        return [["slurmd"]]
+    if network is None:
+        return [["slurmd", "-N", name] for name in names]
+    return [["nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "sh", "-c",
+             f"hostname {name} && exec slurmd -N {name}"]
+            for name, ns in zip(names, network.namespaces, strict=True)]  # fmt: skip
+
+
+def _wait_idle(cluster: Cluster, env: dict[str, str]) -> None:
+    deadline = time.monotonic() + 60
+    states: list[str] = []
+    while time.monotonic() < deadline:
+        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=env, capture_output=True, text=True,
+                           timeout=30, check=False)  # fmt: skip
+        states = sorted(r.stdout.split("\n")[:-1])
+        if states == sorted(f"{name} idle" for name in cluster.nodes):
+            return
+        time.sleep(0.2)
+    log = (cluster.folder / "slurmctld.log").read_text() if (cluster.folder / "slurmctld.log").exists() else ""
+    raise AssertionError(f"the test cluster's nodes are {states!r}, not all idle:\n{log[-2000:]}")

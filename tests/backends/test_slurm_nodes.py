@@ -12,11 +12,16 @@ on node2, SLURM_LOCALID restarting at 0 on each node, as on a two-node cluster. 
   micro-batches within rounding (an all-reduce of four sums in its own order). MPICH's ranks are not trained
   across nodes here: see PMI1_CUT.
 
-The nodes share this machine: this is a launch across nodes, not a network between machines."""
+Each test runs twice: with the nodes on this machine's network and host name (`one-host`), and with each node a
+host of its own (`two-hosts`: slurm_cluster.py's `hosts`, a network namespace and host name per node and a bridge
+between them), where the tasks see their node's name as the host name and the gradients' sums are checked to cross
+the bridge. The nodes still share this machine's CPUs, file system and /dev/shm: separate hosts as far as the
+network and MPI go, not separate machines."""
 
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,10 +45,17 @@ pytestmark = [*JAVA_MARKS, pytest.mark.slow]
 PLACES = [(0, 0, "node1"), (1, 1, "node1"), (2, 0, "node2"), (3, 1, "node2")]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with slurm_cluster(tmp_path_factory.mktemp("slurm_nodes"), nodes=2) as c:
+@pytest.fixture(scope="module", params=[False, True], ids=["one-host", "two-hosts"])
+def cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """The two nodes on this machine's network and host name, then each a host of its own (slurm_cluster.py's
+    `hosts`: a network namespace and a host name per node, a bridge between them)."""
+    with slurm_cluster(tmp_path_factory.mktemp("slurm_nodes"), nodes=2, hosts=request.param) as c:
         yield c
+
+
+def _host(cluster: Cluster, node: str) -> str:
+    """The host name a task on `node` sees: the node's where nodes are hosts, else this machine's."""
+    return node if cluster.network is not None else socket.gethostname()
 
 
 def _lines(out: str) -> list[str]:
@@ -54,7 +66,8 @@ def _lines(out: str) -> list[str]:
 
 PLACE_PY = (
     "import os; from deepdsl.distributed import world_from_env; w = world_from_env(); "
-    "print(w.rank, w.size, w.local_rank, os.environ['SLURMD_NODENAME'], os.environ['SLURM_NODEID'])"
+    "import socket; print(w.rank, w.size, w.local_rank, os.environ['SLURMD_NODENAME'], os.environ['SLURM_NODEID'], "
+    "socket.gethostname())"
 )
 
 
@@ -66,7 +79,8 @@ def test_each_python_ranks_place_across_two_nodes(cluster: Cluster, tmp_path: Pa
     r = _run(["srun", *pmi, "-N", "2", "-n", "4", sys.executable, "-c", PLACE_PY], _env(cluster), tmp_path, 120)
     assert r.returncode == 0, r.stderr
     assert cluster.nodes == ("node1", "node2")
-    assert _lines(r.stdout) == [f"{rank} 4 {local} {node} {node[-1:] == '2':d}" for rank, local, node in PLACES]
+    assert _lines(r.stdout) == [f"{rank} 4 {local} {node} {node[-1:] == '2':d} {_host(cluster, node)}"
+                                for rank, local, node in PLACES]  # fmt: skip
 
 
 @pytest.mark.parametrize("pmi", [[], ["--mpi=pmi2"], ["--mpi=pmix"]], ids=["srun", "srun-pmi2", "srun-pmix"])
@@ -76,11 +90,11 @@ def test_each_java_ranks_place_across_two_nodes(cluster: Cluster, driver: Path, 
     if pmi == ["--mpi=pmix"]:
         request.getfixturevalue("pmix")  # skips where the plugin does not load
     java = f"java -cp {driver} deepdsl.runtime.CollectiveCheck launch"
-    script = f'echo "$({java}) | $SLURMD_NODENAME $SLURM_NODEID"'
+    script = f'echo "$({java}) | $SLURMD_NODENAME $SLURM_NODEID $(hostname)"'
     r = _run(["srun", *pmi, "-N", "2", "-n", "4", "sh", "-c", script], _env(cluster), tmp_path, 120)
     assert r.returncode == 0, r.stderr
     launcher = "MPICH/PMI" if pmi == ["--mpi=pmi2"] else "Slurm"
-    assert _lines(r.stdout) == [f"{rank} 4 {local} {launcher} | {node} {node[-1:] == '2':d}"
+    assert _lines(r.stdout) == [f"{rank} 4 {local} {launcher} | {node} {node[-1:] == '2':d} {_host(cluster, node)}"
                                 for rank, local, node in PLACES]  # fmt: skip
 
 
@@ -109,7 +123,8 @@ def _compare(cluster: Cluster, folder: Path, program: list[str]) -> None:
     """`program` (a command that takes --micro-batches, --save and writes --json) as one process of 2 and of 4
     micro-batches, and under `srun --mpi=pmix` (Open MPI 5.0.11) in each of NODES' layouts: rank 0 alone writes
     --json; each layout's losses and parameters equal its micro-batch run's (bit for bit or within rounding, as NODES
-    says)."""
+    says). Where the nodes are hosts, each step's gradients crossed the bridge between them: MPI did not take a
+    shared-memory path between the two nodes."""
     env = _ompi_env(cluster, OPEN_MPIS[0])
     micro = {}
     for m in (2, 4):
@@ -117,8 +132,16 @@ def _compare(cluster: Cluster, folder: Path, program: list[str]) -> None:
         assert r.returncode == 0, r.stderr
         micro[m] = json.loads(r.stdout)["losses"]
     for name, (layout, m, bitwise) in NODES.items():
+        sent = cluster.traffic() if cluster.network is not None else 0
         r = _run(["srun", "--mpi=pmix", *layout, *program, "--save", f"{name}.npz"], env, folder, timeout=120)
         assert r.returncode == 0, f"{name}: {r.stderr}"
+        if cluster.network is not None:
+            # a sum of every gradient across two hosts sends each element's partial sum both ways at least once:
+            # 2 x the parameters' bytes a step, three steps (measured: 1.004 x that bound with a rank a node, 1.5 x
+            # with two; two ranks on one node, which MPI joins through shared memory: 0.0004 x)
+            saved = _params(folder / f"{name}.npz")
+            gradients = sum(a.nbytes for k, a in saved.items() if not k.startswith("opt/"))
+            assert cluster.traffic() - sent >= 3 * 2 * gradients, (name, cluster.traffic() - sent, gradients)
         outs = [line for line in r.stdout.splitlines() if line.startswith("{")]
         assert len(outs) == 1, r.stdout  # rank 0 alone writes --json
         losses = json.loads(outs[0])["losses"]
