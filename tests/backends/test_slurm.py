@@ -158,7 +158,13 @@ def test_two_java_cuda_ranks_under_srun_equal_two_micro_batches(cluster: Cluster
     """`srun -n 2` (no MPI) with MASTER_ADDR and MASTER_PORT exported, as a batch script does: the ranks are Slurm's
     (SLURM_PROCID), meet at NCCL_COMM_ID = MASTER_ADDR:(MASTER_PORT+1) through the stand-in NCCL's own rendezvous
     (TCP: no MPI launch), and equal one process of --micro-batches 2 bit for bit."""
-    folder = program
+    java_cuda_ranks_equal_two_micro_batches(cluster, program, ["srun", "-n", "2"], "127.0.0.1")
+
+
+def java_cuda_ranks_equal_two_micro_batches(cluster: Cluster, folder: Path, srun: list[str], addr: str) -> None:
+    """The Java CUDA device's MLP (the stand-in driver and NCCL) as two ranks under `srun` with MASTER_ADDR=`addr`,
+    against one process of two micro-batches: Slurm's ranks, the rendezvous at MASTER_PORT + 1, rank 0 alone writes
+    --json, the same losses and parameters bit for bit (test_slurm_nodes.py runs it across two hosts too)."""
     micro = _java_cuda_run(folder, "--iters", "3", "--micro-batches", "2", "--save", "srun_micro.npz", ranks=0)
     assert micro["rc"] == 0, micro["stderr"]
     _, lib = mpi()
@@ -169,10 +175,10 @@ def test_two_java_cuda_ranks_under_srun_equal_two_micro_batches(cluster: Cluster
             "srun_two.npz"]  # fmt: skip
     env = cluster.env(launch_env(LD_LIBRARY_PATH=str(folder / "fake"), PATH=f"{lib.parent / 'bin'}:/usr/bin:/bin",
                                  DEEPDSL_FAKE_CUDA_KERNELS=str(folder / "MLP" / "emulated.so"),
-                                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))  # fmt: skip
-    r = _run(["srun", "-n", "2", *java], env, folder, timeout=300)
+                                 MASTER_ADDR=addr, MASTER_PORT=str(port)))  # fmt: skip
+    r = _run([*srun, *java], env, folder, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "rank 0 of 2 (Slurm)" in r.stderr and f"rendezvous NCCL_COMM_ID=127.0.0.1:{port + 1}" in r.stderr
+    assert "rank 0 of 2 (Slurm)" in r.stderr and f"rendezvous NCCL_COMM_ID={addr}:{port + 1}" in r.stderr
     outs = [line for line in r.stdout.splitlines() if line.startswith("{")]
     assert len(outs) == 1  # rank 0 alone writes --json
     assert json.loads(outs[0])["losses"] == micro["losses"]
@@ -184,20 +190,26 @@ def test_two_pycuda_ranks_under_srun_equal_two_micro_batches(cluster: Cluster, w
     """`srun -n 2 python -m deepdsl run --device cuda` (here the runner on the emulated GPU) with MASTER_ADDR and
     MASTER_PORT exported: Slurm's ranks and local ranks (each its own emulated GPU), NCCL's rendezvous at
     MASTER_PORT+1, equal to one process of --micro-batches 2 bit for bit; rank 0 alone prints."""
+    pycuda_ranks_equal_two_micro_batches(cluster, work, ["srun", "-n", "2"], "127.0.0.1")
+
+
+def pycuda_ranks_equal_two_micro_batches(cluster: Cluster, work: Path, srun: list[str], addr: str) -> None:
+    """The PyCUDA runner's MLP (the emulated GPU, the stand-in NCCL) as two ranks under `srun` with MASTER_ADDR=
+    `addr`, against one process of two micro-batches, bit for bit (test_slurm_nodes.py runs it across two hosts)."""
     _build_kernels(work, "mlp", "--set", "N=8")
     micro = _gpu_run(work, "mlp", "--iters", "3", "--set", "N=8", "--micro-batches", "2", "--save", "srun_micro.npz")
     assert micro["rc"] == 0, micro["stderr"]
     port = _free_port()
-    cmd = ["srun", "-n", "2", sys.executable, str(HERE / "emulated_rank.py"), str(work / "emulated_mlp"), "run",
+    cmd = [*srun, sys.executable, str(HERE / "emulated_rank.py"), str(work / "emulated_mlp"), "run",
            str(MLP), "--data", "synthetic", "--device", "cuda", "--kernels", "own", "--set", "N=8", "--iters", "3",
            "--save", "srun_two.npz"]  # fmt: skip
-    env = cluster.env(_gpu_env(work, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+    env = cluster.env(_gpu_env(work, MASTER_ADDR=addr, MASTER_PORT=str(port)))
     r = _run(cmd, env, work, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     said = r.stdout
     assert said.count("device: cuda (emulated GPU 0") == 1  # rank 0 alone prints
     assert "2 rank(s) [Slurm (SLURM_PROCID=0, SLURM_NTASKS=2)]" in said, said
-    assert f"2 ranks, rendezvous NCCL_COMM_ID=127.0.0.1:{port + 1})" in said  # MASTER_PORT + 1
+    assert f"2 ranks, rendezvous NCCL_COMM_ID={addr}:{port + 1})" in said  # MASTER_PORT + 1
     losses = re.findall(r"iter +\d+/\d+ +loss ([-0-9.]+)", said)
     assert losses == [f"{x:.4f}" for x in micro["losses"]]
     assert _differ(_params(work / "srun_two.npz"), _params(work / "srun_micro.npz")) == []

@@ -10,7 +10,11 @@ on node2, SLURM_LOCALID restarting at 0 on each node, as on a two-node cluster. 
 - the NumPy runner and the Java CPU device under `srun --mpi=pmix` (Open MPI 5.0.11) across the two nodes: two
   ranks, one per node, equal one process of two micro-batches bit for bit; four ranks, two per node, equal four
   micro-batches within rounding (an all-reduce of four sums in its own order). MPICH's ranks are not trained
-  across nodes here: see PMI1_CUT.
+  across nodes here: see PMI1_CUT;
+- the GPU devices' launch across the nodes, `srun -N 2 -n 2` with MASTER_ADDR (the first node's address) and
+  MASTER_PORT exported, as a batch script does: the Java CUDA device (the stand-in driver) and the PyCUDA runner
+  (the emulated GPU) meet at NCCL's rendezvous on node1 through the stand-in NCCL's TCP transport and equal one
+  process of two micro-batches bit for bit.
 
 Each test runs twice: with the nodes on this machine's network and host name (`one-host`), and with each node a
 host of its own (`two-hosts`: slurm_cluster.py's `hosts`, a network namespace and host name per node and a bridge
@@ -31,10 +35,21 @@ import pytest
 from click.testing import CliRunner
 from java_env import JAVA_MARKS, javac
 from slurm_cluster import Cluster, slurm_cluster
+from test_gpu_data_parallel import needs_mpich
+from test_gpu_data_parallel import work as work  # noqa: PLC0414 — the fixture (the stand-in NCCL), shared
 from test_java_data_parallel import _bitwise, _params
 from test_java_data_parallel import driver as driver  # noqa: PLC0414 — the fixture (CollectiveCheck), shared
+from test_java_nccl import program as program  # noqa: PLC0414 — the fixture (MLP on the stand-in GPU), shared
 from test_java_openmpi import OPEN_MPIS
-from test_slurm import MLP, _env, _java, _ompi_env, _run
+from test_slurm import (
+    MLP,
+    _env,
+    _java,
+    _ompi_env,
+    _run,
+    java_cuda_ranks_equal_two_micro_batches,
+    pycuda_ranks_equal_two_micro_batches,
+)
 from test_slurm import pmix as pmix  # noqa: PLC0414 — the fixture (this module's cluster, its pmix plugin loading)
 
 from deepdsl.cli import cli
@@ -114,6 +129,21 @@ NODES = {  # srun's layout: (its flags, the micro-batches it equals, bit for bit
 }
 
 
+def _sent(cluster: Cluster) -> int:
+    return cluster.traffic() if cluster.network is not None else 0
+
+
+def _crossed(cluster: Cluster, sent: int, saved: Path) -> None:
+    """Where the nodes are hosts: since `sent`, three steps' sums of every gradient (the parameters `saved`, not the
+    optimiser's state) crossed the bridge. A sum across two hosts sends each element's partial sum both ways at
+    least once, 2 x the parameters' bytes a step (measured under Open MPI: 1.004 x that bound with a rank a node,
+    1.5 x with two; two ranks on one node, which MPI joins through shared memory: 0.0004 x)."""
+    if cluster.network is not None:
+        gradients = sum(a.nbytes for k, a in _params(saved).items() if not k.startswith("opt/"))
+        crossed = cluster.traffic() - sent
+        assert crossed >= 3 * 2 * gradients, f"{crossed} bytes crossed the bridge; {gradients} bytes of gradients"
+
+
 def _close(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[str]:
     assert a.keys() == b.keys()
     return [k for k in a if not np.allclose(a[k], b[k], rtol=1e-5, atol=1e-6)]
@@ -132,16 +162,10 @@ def _compare(cluster: Cluster, folder: Path, program: list[str]) -> None:
         assert r.returncode == 0, r.stderr
         micro[m] = json.loads(r.stdout)["losses"]
     for name, (layout, m, bitwise) in NODES.items():
-        sent = cluster.traffic() if cluster.network is not None else 0
+        sent = _sent(cluster)
         r = _run(["srun", "--mpi=pmix", *layout, *program, "--save", f"{name}.npz"], env, folder, timeout=120)
         assert r.returncode == 0, f"{name}: {r.stderr}"
-        if cluster.network is not None:
-            # a sum of every gradient across two hosts sends each element's partial sum both ways at least once:
-            # 2 x the parameters' bytes a step, three steps (measured: 1.004 x that bound with a rank a node, 1.5 x
-            # with two; two ranks on one node, which MPI joins through shared memory: 0.0004 x)
-            saved = _params(folder / f"{name}.npz")
-            gradients = sum(a.nbytes for k, a in saved.items() if not k.startswith("opt/"))
-            assert cluster.traffic() - sent >= 3 * 2 * gradients, (name, cluster.traffic() - sent, gradients)
+        _crossed(cluster, sent, folder / f"{name}.npz")
         outs = [line for line in r.stdout.splitlines() if line.startswith("{")]
         assert len(outs) == 1, r.stdout  # rank 0 alone writes --json
         losses = json.loads(outs[0])["losses"]
@@ -172,3 +196,29 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_java_ranks_across_two_nodes_equal_micro_batches(pmix: Cluster, programs: Path) -> None:
     _compare(pmix, programs, _java(programs))
+
+
+# ---- the GPU devices' launch across the nodes: srun with MASTER_ADDR exported, NCCL's rendezvous ----
+
+
+def _master(cluster: Cluster) -> str:
+    """MASTER_ADDR as a batch script exports it: the first node's address (on a cluster, its host name)."""
+    return cluster.network.address(0) if cluster.network is not None else "127.0.0.1"
+
+
+def test_java_cuda_ranks_across_two_nodes_equal_two_micro_batches(cluster: Cluster, program: Path) -> None:
+    """`srun -N 2 -n 2 java ... --device cuda` (the stand-in driver and NCCL, over TCP: no MPI launch): rank 1 on
+    node2 meets rank 0 at MASTER_ADDR:(MASTER_PORT + 1) on node1, and the two equal one process of two micro-batches
+    bit for bit; as two hosts, through the bridge."""
+    sent = _sent(cluster)
+    java_cuda_ranks_equal_two_micro_batches(cluster, program, ["srun", "-N", "2", "-n", "2"], _master(cluster))
+    _crossed(cluster, sent, program / "srun_two.npz")
+
+
+@needs_mpich
+def test_pycuda_ranks_across_two_nodes_equal_two_micro_batches(cluster: Cluster, work: Path) -> None:
+    """`srun -N 2 -n 2 python -m deepdsl run --device cuda` (the emulated GPU, the stand-in NCCL over TCP), as the
+    Java test above."""
+    sent = _sent(cluster)
+    pycuda_ranks_equal_two_micro_batches(cluster, work, ["srun", "-N", "2", "-n", "2"], _master(cluster))
+    _crossed(cluster, sent, work / "srun_two.npz")
