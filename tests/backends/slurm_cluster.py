@@ -11,8 +11,10 @@ nodes share the machine's CPUs, memory and file system: a launch across them, no
 
 `hosts=True` (with `nodes` >= 2) makes each node a host of its own as far as the network goes: its slurmd, and so
 every task it starts, runs in a network namespace and a UTS namespace of its own (`ip netns`, `nsenter`,
-`unshare --uts`), with the node's name as its host name and one address on a bridge that the test machine's
-slurmctld and srun reach at .1. MPI's ranks on two nodes then see two hosts and talk over TCP through the bridge
+`unshare --uts --mount`), with the node's name as its host name, one address on a bridge that the test machine's
+slurmctld and srun reach at .1, and an /etc/hosts of the cluster's (bound over the machine's in the node's mount
+namespace) in which every node's name resolves to its address, as a cluster's DNS has it (so that MASTER_ADDR may
+be `node1`). MPI's ranks on two nodes then see two hosts and talk over TCP through the bridge
 (`Cluster.traffic` counts its bytes), as on two machines; they still share the CPUs and the file system (as a
 cluster's shared home), and /dev/shm. Where namespaces cannot be made (no root, no iproute2, a container without
 CAP_NET_ADMIN) the tests skip, saying so.
@@ -274,7 +276,7 @@ def slurm_cluster(folder: Path, nodes: int = 1, hosts: bool = False) -> Iterator
         cluster.conf.write_text(_conf(folder, names, network))
         env = cluster.env(dict(os.environ))
         try:
-            for daemon in (["slurmctld", "-i"], *_slurmds(names, network)):
+            for daemon in (["slurmctld", "-i"], *_slurmds(folder, names, network)):
                 r = subprocess.run(daemon, env=env, capture_output=True, text=True, timeout=60, check=False)
                 assert r.returncode == 0, f"{' '.join(daemon)} did not start: {r.stderr}"
             _wait_idle(cluster, env)
@@ -283,16 +285,20 @@ def slurm_cluster(folder: Path, nodes: int = 1, hosts: bool = False) -> Iterator
             _stop(cluster, env)
 
 
-def _slurmds(names: tuple[str, ...], network: Network | None) -> list[list[str]]:
-    """The commands that start the nodes' slurmd: this machine's one; one per emulated node (-N); in the node's
-    network namespace, under its own host name, where it is a host (nsenter keeps this machine's /sys, where
-    slurmd finds the cgroup file system: `ip netns exec` mounts a /sys of the namespace's own)."""
+def _slurmds(folder: Path, names: tuple[str, ...], network: Network | None) -> list[list[str]]:
+    """The commands that start the nodes' slurmd: this machine's one; one per emulated node (-N); where nodes are
+    hosts, in the node's network namespace, under its own host name, with the cluster's /etc/hosts (nsenter keeps
+    this machine's /sys, where slurmd finds the cgroup file system: `ip netns exec` mounts a /sys of the
+    namespace's own)."""
     if len(names) == 1:
         return [["slurmd"]]
     if network is None:
         return [["slurmd", "-N", name] for name in names]
-    return [["nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "sh", "-c",
-             f"hostname {name} && exec slurmd -N {name}"]
+    hosts = folder / "hosts"
+    hosts.write_text("".join(["127.0.0.1 localhost\n", *(f"{network.address(k)} {name}\n"
+                                                         for k, name in enumerate(names))]))  # fmt: skip
+    return [["nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "--mount", "sh", "-c",
+             f"mount --bind {hosts} /etc/hosts && hostname {name} && exec slurmd -N {name}"]
             for name, ns in zip(names, network.namespaces, strict=True)]  # fmt: skip
 
 

@@ -11,7 +11,7 @@ on node2, SLURM_LOCALID restarting at 0 on each node, as on a two-node cluster. 
   ranks, one per node, equal one process of two micro-batches bit for bit; four ranks, two per node, equal four
   micro-batches within rounding (an all-reduce of four sums in its own order). MPICH's ranks are not trained
   across nodes here: see PMI1_CUT;
-- the GPU devices' launch across the nodes, `srun -N 2 -n 2` with MASTER_ADDR (the first node's address) and
+- the GPU devices' launch across the nodes, `srun -N 2 -n 2` with MASTER_ADDR (the first node's name) and
   MASTER_PORT exported, as a batch script does: the Java CUDA device (the stand-in driver) and the PyCUDA runner
   (the emulated GPU) meet at NCCL's rendezvous on node1 through the stand-in NCCL's TCP transport and equal one
   process of two micro-batches bit for bit.
@@ -25,6 +25,7 @@ network and MPI go, not separate machines."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 from collections.abc import Iterator
@@ -35,7 +36,9 @@ import pytest
 from click.testing import CliRunner
 from java_env import JAVA_MARKS, javac
 from slurm_cluster import Cluster, slurm_cluster
-from test_gpu_data_parallel import needs_mpich
+from test_gpu_data_parallel import HERE, _build_kernels, _differ, needs_mpich
+from test_gpu_data_parallel import _env as _gpu_env
+from test_gpu_data_parallel import _run as _gpu_run
 from test_gpu_data_parallel import work as work  # noqa: PLC0414 — the fixture (the stand-in NCCL), shared
 from test_java_data_parallel import _bitwise, _params
 from test_java_data_parallel import driver as driver  # noqa: PLC0414 — the fixture (CollectiveCheck), shared
@@ -51,6 +54,7 @@ from test_slurm import (
     pycuda_ranks_equal_two_micro_batches,
 )
 from test_slurm import pmix as pmix  # noqa: PLC0414 — the fixture (this module's cluster, its pmix plugin loading)
+from test_torchrun import TORCHRUN, _free_port, needs_torchrun
 
 from deepdsl.cli import cli
 
@@ -202,8 +206,9 @@ def test_java_ranks_across_two_nodes_equal_micro_batches(pmix: Cluster, programs
 
 
 def _master(cluster: Cluster) -> str:
-    """MASTER_ADDR as a batch script exports it: the first node's address (on a cluster, its host name)."""
-    return cluster.network.address(0) if cluster.network is not None else "127.0.0.1"
+    """MASTER_ADDR as a batch script exports it: the first node's name (`scontrol show hostnames | head -n 1`), which
+    the nodes resolve where they are hosts; else this machine's address."""
+    return cluster.nodes[0] if cluster.network is not None else "127.0.0.1"
 
 
 def test_java_cuda_ranks_across_two_nodes_equal_two_micro_batches(cluster: Cluster, program: Path) -> None:
@@ -222,3 +227,35 @@ def test_pycuda_ranks_across_two_nodes_equal_two_micro_batches(cluster: Cluster,
     sent = _sent(cluster)
     pycuda_ranks_equal_two_micro_batches(cluster, work, ["srun", "-N", "2", "-n", "2"], _master(cluster))
     _crossed(cluster, sent, work / "srun_two.npz")
+
+
+@needs_torchrun
+@needs_mpich
+def test_multi_node_torchrun_under_srun_trains_gpu_ranks_across_two_hosts(cluster: Cluster, work: Path) -> None:
+    """`srun -N 2 -n 2 torchrun --nnodes=2 --nproc_per_node=1 --rdzv-backend=c10d --rdzv-endpoint=node1:PORT`, the
+    multi-node launch of PyTorch's docs, running `deepdsl run --device cuda` (the emulated GPU): torchrun's agents
+    meet at node1's store and give the ranks RANK, WORLD_SIZE and MASTER_ADDR; NCCL's rendezvous is MASTER_ADDR:
+    (MASTER_PORT + 1), through the bridge where the nodes are hosts; the two equal one process of two micro-batches
+    bit for bit."""
+    _build_kernels(work, "mlp", "--set", "N=8")
+    micro = _gpu_run(work, "mlp", "--iters", "3", "--set", "N=8", "--micro-batches", "2", "--save", "tr_micro.npz")
+    assert micro["rc"] == 0, micro["stderr"]
+    port = _free_port()
+    torchrun = [str(TORCHRUN), "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d", "--rdzv-id=deepdsl",
+                f"--rdzv-endpoint={_master(cluster)}:{port}", "--no-python"]  # fmt: skip
+    rank = [sys.executable, str(HERE / "emulated_rank.py"), str(work / "emulated_mlp"), "run", str(MLP), "--data",
+            "synthetic", "--device", "cuda", "--kernels", "own", "--set", "N=8", "--iters", "3", "--save",
+            "tr_two.npz"]  # fmt: skip
+    sent = _sent(cluster)
+    r = _run(["srun", "-N", "2", "-n", "2", *torchrun, *rank], cluster.env(_gpu_env(work)), work, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = r.stdout
+    assert said.count("device: cuda (emulated GPU 0") == 1  # rank 0 alone prints
+    assert "2 rank(s) [torchrun (RANK=0, WORLD_SIZE=2)]" in said, said
+    # MASTER_ADDR is torchrun's name for the store's host: node1's; on one host 127.0.0.1's, localhost
+    store = cluster.nodes[0] if cluster.network is not None else "localhost"
+    assert re.search(rf"2 ranks, rendezvous NCCL_COMM_ID={store}:\d+\)", said), said
+    losses = re.findall(r"iter +\d+/\d+ +loss ([-0-9.]+)", said)
+    assert losses == [f"{x:.4f}" for x in micro["losses"]]
+    assert _differ(_params(work / "tr_two.npz"), _params(work / "tr_micro.npz")) == []
+    _crossed(cluster, sent, work / "tr_two.npz")
