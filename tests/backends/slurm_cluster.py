@@ -17,7 +17,8 @@ namespace) in which every node's name resolves to its address, as a cluster's DN
 be `node1`). MPI's ranks on two nodes then see two hosts and talk over TCP through the bridge
 (`Cluster.traffic` counts its bytes), as on two machines; they still share the CPUs and the file system (as a
 cluster's shared home), and /dev/shm. Where namespaces cannot be made (no root, no iproute2, a container without
-CAP_NET_ADMIN) the tests skip, saying so.
+CAP_NET_ADMIN) the tests skip, saying so. What a killed run's cluster left (its namespaces `ddsl*`, its bridge
+`ddslbr*`) the next one removes (`remove_orphan_networks`).
 
 .ci/run installs slurm-wlm where it runs as root with apt-get (`apt-get install --no-install-recommends slurm-wlm`);
 elsewhere the tests that need the cluster skip, saying so. It is never the user's own cluster: nothing is read
@@ -77,6 +78,34 @@ class Network:
         return f"{self.subnet}.{11 + k if k >= 0 else 1}"
 
 
+NETNS = Path("/run/netns")
+
+
+def remove_orphan_networks(min_age: float = 600.0, tag: str = "") -> list[str]:
+    """What clusters of killed test runs left (a run killed before its cluster stopped keeps its namespaces and
+    bridge, whose subnet a later cluster may draw): each namespace `ddsl<tag>*` that no process is in, made at least
+    `min_age` seconds ago, and each bridge `ddslbr<tag>*` without ports whose tag no namespace has. Returns their
+    names."""
+    removed = []
+    for ns in sorted(NETNS.glob(f"ddsl{tag}*")) if NETNS.is_dir() else []:
+        try:
+            idle = subprocess.run(["ip", "netns", "pids", ns.name], capture_output=True, text=True, timeout=30,
+                                  check=True).stdout.strip() == ""  # fmt: skip
+            if idle and time.time() - ns.stat().st_mtime >= min_age:
+                _ip("netns", "del", ns.name)
+                removed.append(ns.name)
+        except (OSError, subprocess.SubprocessError):
+            continue
+    for bridge in sorted(Path("/sys/class/net").glob(f"ddslbr{tag}*")):
+        own = bridge.name[len("ddslbr") :]
+        ports = list((bridge / "brif").iterdir()) if (bridge / "brif").is_dir() else []
+        if not ports and not (NETNS.is_dir() and any(NETNS.glob(f"ddsl{own}*"))):
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                _ip("link", "del", bridge.name)
+                removed.append(bridge.name)
+    return removed
+
+
 def _ip(*args: str) -> None:
     r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=False)
     if r.returncode != 0:
@@ -89,19 +118,21 @@ def _network(names: tuple[str, ...]) -> Iterator[Network]:
     link's ends with it). The names and the subnet are drawn at random (pytest-xdist's workers each start clusters);
     a test skips where they cannot be made."""
     tag = f"{random.randrange(16**5):05x}"
-    net = Network(f"ddbr{tag}", f"10.{random.randint(200, 249)}.{random.randint(1, 254)}",
-                  tuple(f"dd{tag}{name}" for name in names),
-                  tuple(f"dd{tag}h{k}" for k in range(len(names))))  # fmt: skip
+    net = Network(f"ddslbr{tag}", f"10.{random.randint(200, 249)}.{random.randint(1, 254)}",
+                  tuple(f"ddsl{tag}{name}" for name in names),
+                  tuple(f"ddsl{tag}h{k}" for k in range(len(names))))  # fmt: skip
+    remove_orphan_networks()
     made: list[tuple[str, ...]] = []
     try:
-        try:
+        try:  # the namespaces before the bridge: a bridge without namespaces of its tag is an orphan
+            for ns in net.namespaces:
+                _ip("netns", "add", ns)
+                made.append(("netns", "del", ns))
             _ip("link", "add", net.bridge, "type", "bridge")
             made.append(("link", "del", net.bridge))
             _ip("addr", "add", f"{net.address(-1)}/24", "dev", net.bridge)
             _ip("link", "set", net.bridge, "up")
             for k, (ns, link) in enumerate(zip(net.namespaces, net.links, strict=True)):
-                _ip("netns", "add", ns)
-                made.append(("netns", "del", ns))
                 inner = f"{link[:-2]}n{k}"
                 _ip("link", "add", link, "type", "veth", "peer", "name", inner)
                 _ip("link", "set", inner, "netns", ns)

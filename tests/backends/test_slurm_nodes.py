@@ -27,7 +27,9 @@ from __future__ import annotations
 import json
 import re
 import socket
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,7 +37,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from java_env import JAVA_MARKS, javac
-from slurm_cluster import Cluster, slurm_cluster
+from slurm_cluster import NETNS, Cluster, missing, remove_orphan_networks, slurm_cluster
 from test_gpu_data_parallel import HERE, _build_kernels, _differ, needs_mpich
 from test_gpu_data_parallel import _env as _gpu_env
 from test_gpu_data_parallel import _run as _gpu_run
@@ -259,3 +261,36 @@ def test_multi_node_torchrun_under_srun_trains_gpu_ranks_across_two_hosts(cluste
     assert losses == [f"{x:.4f}" for x in micro["losses"]]
     assert _differ(_params(work / "tr_two.npz"), _params(work / "tr_micro.npz")) == []
     _crossed(cluster, sent, work / "tr_two.npz")
+
+
+def test_networks_that_killed_runs_left_are_removed() -> None:
+    """A namespace that no process is in goes once it is old enough, and so does a bridge without ports whose
+    namespaces are gone; a namespace with a process in it stays, and so does its bridge. (The test's names have a
+    tag of their own, so that it touches no cluster of another run.)"""
+    if missing(hosts=True) or subprocess.run(["ip", "netns", "add", "ddslzzzzprobe"], capture_output=True).returncode:
+        pytest.skip("no network namespaces here")
+    subprocess.run(["ip", "netns", "del", "ddslzzzzprobe"], check=True)
+    idle, busy, orphan, kept = "ddslzzzz1idle", "ddslzzzz2busy", "ddslbrzzzz1", "ddslbrzzzz2"
+    sleeper = None
+    try:
+        for ns in (idle, busy):
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+        for bridge in (orphan, kept):
+            subprocess.run(["ip", "link", "add", bridge, "type", "bridge"], check=True)
+        sleeper = subprocess.Popen(["ip", "netns", "exec", busy, "sleep", "60"])
+        deadline = time.monotonic() + 10
+        while not subprocess.run(["ip", "netns", "pids", busy], capture_output=True, text=True).stdout.strip():
+            assert time.monotonic() < deadline, "the sleeper never entered its namespace"
+            time.sleep(0.05)
+        assert remove_orphan_networks(min_age=3600, tag="zzzz") == []  # young, busy, bridges with namespaces
+        assert remove_orphan_networks(min_age=0, tag="zzzz") == [idle, orphan]
+        assert not (NETNS / idle).exists() and (NETNS / busy).exists()
+        assert not Path(f"/sys/class/net/{orphan}").exists() and Path(f"/sys/class/net/{kept}").exists()
+    finally:
+        if sleeper is not None:
+            sleeper.kill()
+            sleeper.wait()
+        for ns in (idle, busy):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        for bridge in (orphan, kept):
+            subprocess.run(["ip", "link", "del", bridge], capture_output=True)
