@@ -11,6 +11,8 @@ on node2, SLURM_LOCALID restarting at 0 on each node, as on a two-node cluster. 
   ranks, one per node, equal one process of two micro-batches bit for bit; four ranks, two per node, equal four
   micro-batches within rounding (an all-reduce of four sums in its own order). MPICH's ranks are not trained
   across nodes here: see PMI1_CUT;
+- the same under Open MPI's `mpirun` inside an allocation (`salloc -N 2 -n 4 mpirun -np 4 ...`: its daemons
+  started on the nodes through srun), under 5.0.11 and 4.1.8;
 - the GPU devices' launch across the nodes, `srun -N 2 -n 2` with MASTER_ADDR (the first node's name) and
   MASTER_PORT exported, as a batch script does: the Java CUDA device (the stand-in driver) and the PyCUDA runner
   (the emulated GPU) meet at NCCL's rendezvous on node1 through the stand-in NCCL's TCP transport and equal one
@@ -30,7 +32,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +47,7 @@ from test_gpu_data_parallel import work as work  # noqa: PLC0414 — the fixture
 from test_java_data_parallel import _bitwise, _params
 from test_java_data_parallel import driver as driver  # noqa: PLC0414 — the fixture (CollectiveCheck), shared
 from test_java_nccl import program as program  # noqa: PLC0414 — the fixture (MLP on the stand-in GPU), shared
-from test_java_openmpi import OPEN_MPIS
+from test_java_openmpi import OPEN_MPIS, OpenMpi
 from test_slurm import (
     MLP,
     _env,
@@ -155,13 +157,34 @@ def _close(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[str]:
     return [k for k in a if not np.allclose(a[k], b[k], rtol=1e-5, atol=1e-6)]
 
 
-def _compare(cluster: Cluster, folder: Path, program: list[str]) -> None:
+def _srun_pmix(layout: list[str]) -> list[str]:
+    return ["srun", "--mpi=pmix", *layout]
+
+
+def _mpirun_in_an_allocation(layout: list[str]) -> list[str]:
+    """Open MPI's mpirun inside a Slurm allocation of the layout's nodes and tasks: it starts its daemons on the
+    nodes through srun, then the ranks."""
+    return ["salloc", *layout, "mpirun", "-np", layout[layout.index("-n") + 1]]
+
+
+def _one_host_orte(cluster: Cluster, ompi: OpenMpi) -> None:
+    """Skips Open MPI 4's mpirun across the nodes of one host: its ORTE daemons of two nodes under one host name
+    crash the ranks in its shared-memory transport (vader: a segmentation fault in mca_btl_vader_poll_handle_frag),
+    which the same run as two hosts of their own does not: the emulation's doing, since no two nodes of a cluster
+    share a host name."""
+    if cluster.network is None and ompi.version.startswith("4."):
+        pytest.skip("Open MPI 4's mpirun across two nodes of one host name crashes in its shared memory (vader); "
+                    "it runs as two hosts")  # fmt: skip
+
+
+def _compare(cluster: Cluster, folder: Path, program: list[str], ompi: OpenMpi = OPEN_MPIS[0],
+             launch: Callable[[list[str]], list[str]] = _srun_pmix) -> None:  # fmt: skip
     """`program` (a command that takes --micro-batches, --save and writes --json) as one process of 2 and of 4
-    micro-batches, and under `srun --mpi=pmix` (Open MPI 5.0.11) in each of NODES' layouts: rank 0 alone writes
-    --json; each layout's losses and parameters equal its micro-batch run's (bit for bit or within rounding, as NODES
-    says). Where the nodes are hosts, each step's gradients crossed the bridge between them: MPI did not take a
-    shared-memory path between the two nodes."""
-    env = _ompi_env(cluster, OPEN_MPIS[0])
+    micro-batches, and launched (`srun --mpi=pmix` by default; Open MPI 5.0.11 by default) in each of NODES'
+    layouts: rank 0 alone writes --json; each layout's losses and parameters equal its micro-batch run's (bit for
+    bit or within rounding, as NODES says). Where the nodes are hosts, each step's gradients crossed the bridge
+    between them: MPI did not take a shared-memory path between the two nodes."""
+    env = _ompi_env(cluster, ompi, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     micro = {}
     for m in (2, 4):
         r = _run([*program, "--micro-batches", str(m), "--save", f"micro{m}.npz"], env, folder)
@@ -169,7 +192,7 @@ def _compare(cluster: Cluster, folder: Path, program: list[str]) -> None:
         micro[m] = json.loads(r.stdout)["losses"]
     for name, (layout, m, bitwise) in NODES.items():
         sent = _sent(cluster)
-        r = _run(["srun", "--mpi=pmix", *layout, *program, "--save", f"{name}.npz"], env, folder, timeout=120)
+        r = _run([*launch(layout), *program, "--save", f"{name}.npz"], env, folder, timeout=120)
         assert r.returncode == 0, f"{name}: {r.stderr}"
         _crossed(cluster, sent, folder / f"{name}.npz")
         outs = [line for line in r.stdout.splitlines() if line.startswith("{")]
@@ -294,3 +317,25 @@ def test_networks_that_killed_runs_left_are_removed() -> None:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         for bridge in (orphan, kept):
             subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+
+
+# ---- Open MPI's mpirun inside an allocation: salloc -N 2 ... mpirun ----
+
+OPEN_MPI = pytest.mark.parametrize("ompi", OPEN_MPIS, ids=lambda o: f"openmpi-{o.version}")
+
+
+@OPEN_MPI
+def test_numpy_ranks_of_mpirun_in_an_allocation_equal_micro_batches(cluster: Cluster, ompi: OpenMpi,
+                                                                    tmp_path: Path) -> None:  # fmt: skip
+    """`salloc -N 2 -n 4 mpirun -np 4 python -m deepdsl run ...`: Open MPI's mpirun (5.0.11's PRRTE, 4.1.8's ORTE)
+    starts its daemons on the allocation's nodes through srun, as on a cluster without PMIx in Slurm."""
+    _one_host_orte(cluster, ompi)
+    _compare(cluster, tmp_path, [sys.executable, "-m", "deepdsl", "run", str(MLP), "--set", "N=8", "--iters", "3",
+                                 "--data", "synthetic", "--json"], ompi, _mpirun_in_an_allocation)  # fmt: skip
+
+
+@OPEN_MPI
+def test_java_ranks_of_mpirun_in_an_allocation_equal_micro_batches(cluster: Cluster, ompi: OpenMpi,
+                                                                   programs: Path) -> None:  # fmt: skip
+    _one_host_orte(cluster, ompi)
+    _compare(cluster, programs, _java(programs), ompi, _mpirun_in_an_allocation)
