@@ -13,8 +13,9 @@ nodes share the machine's CPUs, memory and file system: a launch across them, no
 every task it starts, runs in a network namespace and a UTS namespace of its own (`ip netns`, `nsenter`,
 `unshare --uts --mount`), with the node's name as its host name, one address on a bridge that the test machine's
 slurmctld and srun reach at .1, and an /etc/hosts of the cluster's (bound over the machine's in the node's mount
-namespace) in which every node's name resolves to its address, as a cluster's DNS has it (so that MASTER_ADDR may
-be `node1`). MPI's ranks on two nodes then see two hosts and talk over TCP through the bridge
+namespace) in which every node's name resolves to its address, and this machine's name to the bridge's, as a
+cluster's DNS has them (so that MASTER_ADDR may be `node1`, and a launcher on this machine, a cluster's login node,
+is reached by its name). MPI's ranks on two nodes then see two hosts and talk over TCP through the bridge
 (`Cluster.traffic` counts its bytes), as on two machines; they still share the CPUs and the file system (as a
 cluster's shared home), and /dev/shm. Where namespaces cannot be made (no root, no iproute2, a container without
 CAP_NET_ADMIN) the tests skip, saying so. What a killed run's cluster left (its namespaces `ddsl*`, its bridge
@@ -326,8 +327,9 @@ def _slurmds(folder: Path, names: tuple[str, ...], network: Network | None) -> l
     if network is None:
         return [["slurmd", "-N", name] for name in names]
     hosts = folder / "hosts"
-    hosts.write_text("".join(["127.0.0.1 localhost\n", *(f"{network.address(k)} {name}\n"
-                                                         for k, name in enumerate(names))]))  # fmt: skip
+    lines = ["127.0.0.1 localhost", f"{network.address(-1)} {_node()[0]}",  # this machine: a cluster's login node
+             *(f"{network.address(k)} {name}" for k, name in enumerate(names))]  # fmt: skip
+    hosts.write_text("\n".join(lines) + "\n")
     return [["nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "--mount", "sh", "-c",
              f"mount --bind {hosts} /etc/hosts && hostname {name} && exec slurmd -N {name}"]
             for name, ns in zip(names, network.namespaces, strict=True)]  # fmt: skip

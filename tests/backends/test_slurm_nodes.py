@@ -12,7 +12,8 @@ on node2, SLURM_LOCALID restarting at 0 on each node, as on a two-node cluster. 
   micro-batches within rounding (an all-reduce of four sums in its own order). MPICH's ranks are not trained
   across nodes here: see PMI1_CUT;
 - the same under Open MPI's `mpirun` inside an allocation (`salloc -N 2 -n 4 mpirun -np 4 ...`: its daemons
-  started on the nodes through srun), under 5.0.11 and 4.1.8;
+  started on the nodes through srun), under 5.0.11 and 4.1.8, and under MPICH's `mpiexec` there (Hydra's proxies
+  through srun, its own PMI);
 - the GPU devices' launch across the nodes, `srun -N 2 -n 2` with MASTER_ADDR (the first node's name) and
   MASTER_PORT exported, as a batch script does: the Java CUDA device (the stand-in driver) and the PyCUDA runner
   (the emulated GPU) meet at NCCL's rendezvous on node1 through the stand-in NCCL's TCP transport and equal one
@@ -177,14 +178,23 @@ def _one_host_orte(cluster: Cluster, ompi: OpenMpi) -> None:
                     "it runs as two hosts")  # fmt: skip
 
 
-def _compare(cluster: Cluster, folder: Path, program: list[str], ompi: OpenMpi = OPEN_MPIS[0],
+def _mpiexec_in_an_allocation(layout: list[str]) -> list[str]:
+    """MPICH's mpiexec (Hydra) inside a Slurm allocation: its proxies started on the nodes through srun, its own PMI
+    server (not Slurm's pmi2 plugin, whose cut requests PMI1_CUT describes)."""
+    return ["salloc", *layout, "mpiexec", "-n", layout[layout.index("-n") + 1]]
+
+
+def _compare(cluster: Cluster, folder: Path, program: list[str], ompi: OpenMpi | None = OPEN_MPIS[0],
              launch: Callable[[list[str]], list[str]] = _srun_pmix) -> None:  # fmt: skip
     """`program` (a command that takes --micro-batches, --save and writes --json) as one process of 2 and of 4
-    micro-batches, and launched (`srun --mpi=pmix` by default; Open MPI 5.0.11 by default) in each of NODES'
-    layouts: rank 0 alone writes --json; each layout's losses and parameters equal its micro-batch run's (bit for
-    bit or within rounding, as NODES says). Where the nodes are hosts, each step's gradients crossed the bridge
-    between them: MPI did not take a shared-memory path between the two nodes."""
-    env = _ompi_env(cluster, ompi, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    micro-batches, and launched (`srun --mpi=pmix` by default) in each of NODES' layouts, over `ompi` (Open MPI
+    5.0.11 by default; None: the dist extra's MPICH): rank 0 alone writes --json; each layout's losses and
+    parameters equal its micro-batch run's (bit for bit or within rounding, as NODES says). Where the nodes are
+    hosts, Open MPI's ranks are checked to have sent each step's gradients across the bridge (MPI took no
+    shared-memory path between the two nodes). MPICH's are not: its UCX finds the two namespaces on one kernel and
+    joins them through shared memory (28 kB crossed the bridge in an all-reduce of 4 MB)."""
+    env = (_env(cluster) if ompi is None
+           else _ompi_env(cluster, ompi, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))  # fmt: skip
     micro = {}
     for m in (2, 4):
         r = _run([*program, "--micro-batches", str(m), "--save", f"micro{m}.npz"], env, folder)
@@ -194,7 +204,8 @@ def _compare(cluster: Cluster, folder: Path, program: list[str], ompi: OpenMpi =
         sent = _sent(cluster)
         r = _run([*launch(layout), *program, "--save", f"{name}.npz"], env, folder, timeout=120)
         assert r.returncode == 0, f"{name}: {r.stderr}"
-        _crossed(cluster, sent, folder / f"{name}.npz")
+        if ompi is not None:
+            _crossed(cluster, sent, folder / f"{name}.npz")
         outs = [line for line in r.stdout.splitlines() if line.startswith("{")]
         assert len(outs) == 1, r.stdout  # rank 0 alone writes --json
         losses = json.loads(outs[0])["losses"]
@@ -339,3 +350,17 @@ def test_java_ranks_of_mpirun_in_an_allocation_equal_micro_batches(cluster: Clus
                                                                    programs: Path) -> None:  # fmt: skip
     _one_host_orte(cluster, ompi)
     _compare(cluster, programs, _java(programs), ompi, _mpirun_in_an_allocation)
+
+
+# ---- MPICH's mpiexec inside an allocation: salloc -N 2 ... mpiexec ----
+
+
+def test_numpy_ranks_of_mpiexec_in_an_allocation_equal_micro_batches(cluster: Cluster, tmp_path: Path) -> None:
+    """`salloc -N 2 -n 4 mpiexec -n 4 python -m deepdsl run ...` (the dist extra's MPICH): what docs/distributed.md
+    tells MPICH's users to launch across nodes with, since Slurm's pmi2 plugin cuts its requests there."""
+    _compare(cluster, tmp_path, [sys.executable, "-m", "deepdsl", "run", str(MLP), "--set", "N=8", "--iters", "3",
+                                 "--data", "synthetic", "--json"], None, _mpiexec_in_an_allocation)  # fmt: skip
+
+
+def test_java_ranks_of_mpiexec_in_an_allocation_equal_micro_batches(cluster: Cluster, programs: Path) -> None:
+    _compare(cluster, programs, _java(programs), None, _mpiexec_in_an_allocation)
