@@ -111,14 +111,23 @@ def remove_orphans(paths: set[Path], min_age: float = 10.0) -> list[Path]:
     return removed
 
 
+# the shared-memory segments of MPICH's ranks, and of Open MPI's (its sm transport: sm_segment.HOST.UID.JOB.RANK)
+SEGMENTS = ("mpich_shm_*", "sm_segment.*")
+
+
+def _segments() -> set[Path]:
+    return {path for pattern in SEGMENTS for path in SHM.glob(pattern)}
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_shared_memory_left_by_killed_ranks():  # noqa: ANN201
-    """MPICH's ranks unlink their shared-memory segments (/dev/shm/mpich_shm_*) at MPI_Finalize; those the tests
-    kill never do (1-4 MB each: over a day of test runs, 3 GB of a machine's memory). At the end of the session
-    those that appeared during it and no process maps any longer are removed; a segment written in its last
-    seconds is too young then, so each session first removes the unmapped ones ten minutes old, whoever left
-    them: a segment nobody maps is of no use to anyone."""
-    remove_orphans(set(SHM.glob("mpich_shm_*")), min_age=600)
-    before = set(SHM.glob("mpich_shm_*"))
+    """MPI's ranks unlink their shared-memory segments (/dev/shm/mpich_shm_*, Open MPI's sm_segment.*) at
+    MPI_Finalize; those the tests kill never do (MPICH's are 1-4 MB each: over a day of test runs, 3 GB of a
+    machine's memory; Open MPI's about 100 kB). At the end of the session those that appeared during it and no
+    process maps any longer are removed; a segment written in its last seconds is too young then, so each session
+    first removes the unmapped ones ten minutes old, whoever left them: a segment nobody maps is of no use to
+    anyone."""
+    remove_orphans(_segments(), min_age=600)
+    before = _segments()
     yield
-    remove_orphans(set(SHM.glob("mpich_shm_*")) - before)
+    remove_orphans(_segments() - before)
