@@ -66,8 +66,8 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Network:
-    """The nodes' network: a bridge (address `subnet`.1, this machine's side), and per node a network namespace
-    with one end of a veth pair at `subnet`.(10 + k); the other end, `links[k - 1]`, is a port of the bridge."""
+    """The nodes' network: a bridge (address `subnet`.1, this machine's side), and per node k (from 0) a network
+    namespace with one end of a veth pair at `subnet`.(11 + k); the other end, `links[k]`, is a port of the bridge."""
 
     bridge: str
     subnet: str
@@ -330,7 +330,7 @@ def _slurmds(folder: Path, names: tuple[str, ...], network: Network | None) -> l
     lines = ["127.0.0.1 localhost", f"{network.address(-1)} {_node()[0]}",  # this machine: a cluster's login node
              *(f"{network.address(k)} {name}" for k, name in enumerate(names))]  # fmt: skip
     hosts.write_text("\n".join(lines) + "\n")
-    return [["nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "--mount", "sh", "-c",
+    return [["nsenter", f"--net={NETNS / ns}", "unshare", "--uts", "--mount", "sh", "-c",
              f"mount --bind {hosts} /etc/hosts && hostname {name} && exec slurmd -N {name}"]
             for name, ns in zip(names, network.namespaces, strict=True)]  # fmt: skip
 

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -162,10 +163,17 @@ def _srun_pmix(layout: list[str]) -> list[str]:
     return ["srun", "--mpi=pmix", *layout]
 
 
-def _mpirun_in_an_allocation(layout: list[str]) -> list[str]:
-    """Open MPI's mpirun inside a Slurm allocation of the layout's nodes and tasks: it starts its daemons on the
-    nodes through srun, then the ranks."""
-    return ["salloc", *layout, "mpirun", "-np", layout[layout.index("-n") + 1]]
+def _in_an_allocation(launcher: tuple[str, str], layout: list[str]) -> list[str]:
+    """`launcher` (the command and its flag for the number of ranks) inside a Slurm allocation of the layout's
+    nodes and tasks, as many ranks as tasks."""
+    return ["salloc", *layout, *launcher, layout[layout.index("-n") + 1]]
+
+
+# Open MPI's mpirun: it starts its daemons on the nodes through srun, then the ranks
+_mpirun_in_an_allocation = partial(_in_an_allocation, ("mpirun", "-np"))
+# MPICH's mpiexec (Hydra): its proxies started on the nodes through srun, its own PMI server (not Slurm's pmi2
+# plugin, whose cut requests PMI1_CUT describes)
+_mpiexec_in_an_allocation = partial(_in_an_allocation, ("mpiexec", "-n"))
 
 
 def _one_host_orte(cluster: Cluster, ompi: OpenMpi) -> None:
@@ -176,12 +184,6 @@ def _one_host_orte(cluster: Cluster, ompi: OpenMpi) -> None:
     if cluster.network is None and ompi.version.startswith("4."):
         pytest.skip("Open MPI 4's mpirun across two nodes of one host name crashes in its shared memory (vader); "
                     "it runs as two hosts")  # fmt: skip
-
-
-def _mpiexec_in_an_allocation(layout: list[str]) -> list[str]:
-    """MPICH's mpiexec (Hydra) inside a Slurm allocation: its proxies started on the nodes through srun, its own PMI
-    server (not Slurm's pmi2 plugin, whose cut requests PMI1_CUT describes)."""
-    return ["salloc", *layout, "mpiexec", "-n", layout[layout.index("-n") + 1]]
 
 
 def _compare(cluster: Cluster, folder: Path, program: list[str], ompi: OpenMpi | None = OPEN_MPIS[0],
