@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 from deepdsl import api  # noqa: E402
-from deepdsl.backends.cuda.kernels import Launch  # noqa: E402
+from deepdsl.backends.cuda.launch import Launch  # noqa: E402
 from deepdsl.backends.cuda.runner import GpuRunner  # noqa: E402
 from deepdsl.initializers import init_array  # noqa: E402
 from deepdsl.ir import REGISTRY  # noqa: E402
@@ -84,7 +84,7 @@ def stmt_flops(s: Stmt, part: str = "all") -> int:
 
 
 def is_epilogue(launch: Launch) -> bool:
-    """A statement's epilogue launched after its op (kernels.py names that kernel NAME_epilogue)."""
+    """A statement's epilogue launched after its op (translation.py names that kernel NAME_epilogue)."""
     return launch.kernel.endswith("_epilogue")
 
 

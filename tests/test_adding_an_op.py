@@ -244,7 +244,7 @@ def test_the_example_network_checks_and_trains(guide_ops, cli, example: str, tmp
 
 def test_the_java_and_cuda_backends_write_them(guide_ops, cli, tmp_path: Path) -> None:  # noqa: ANN001
     from deepdsl import api
-    from deepdsl.backends.cuda import kernels
+    from deepdsl.backends.cuda import translation
 
     for example in ("hard_swish", "cumsum"):
         r = cli("compile", str(network(example, tmp_path)), "-o", str(tmp_path / example))
@@ -254,11 +254,11 @@ def test_the_java_and_cuda_backends_write_them(guide_ops, cli, tmp_path: Path) -
     cumsum = (tmp_path / "cumsum" / "Cumsum.java").read_text()
     calls = re.findall(r"dev\.cumsum\((\w+), (\w+), (true|false)\);", cumsum)
     assert {c[2] for c in calls} == {"false", "true"}  # forward, and the gradient from the other end
-    swish_cu = kernels.program(
+    swish_cu = translation.program(
         api.compile_source(network("hard_swish", tmp_path).read_text(), "hs.ddsl", stop_at="plan").plan
     )
     assert "fminf(" in swish_cu.body and "fmaxf(" in swish_cu.body
-    cumsum_cu = kernels.program(
+    cumsum_cu = translation.program(
         api.compile_source(network("cumsum", tmp_path).read_text(), "cs.ddsl", stop_at="plan").plan
     )
     assert len(re.findall(r"dd_cumsum\(out, in0, \d+, 16, [01]\);", cumsum_cu.body)) == 2
@@ -280,11 +280,11 @@ def op_plan():  # noqa: ANN201
 def test_the_cuda_launches_fit_their_kernels(guide_ops) -> None:  # noqa: ANN001
     from test_cuda_emit import check_launches
 
-    from deepdsl.backends.cuda import kernels
+    from deepdsl.backends.cuda import translation
 
     p = op_plan()
     assert {s.op for s in p.graph.stmts} == {"hard_swish", "hard_swish_grad", "cumsum"}
-    check_launches(p, kernels.program(p))
+    check_launches(p, translation.program(p))
 
 
 # ---- slow: the CUDA kernels run on the CPU, the Java programs trained ----
@@ -299,12 +299,12 @@ def _with_guide(text: str, path: str) -> str:
 def test_the_cuda_kernels_agree_with_numpy(guide_ops, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     from cuda_emulator import emulate, run_launch
 
-    from deepdsl.backends.cuda import kernels, nvrtc
+    from deepdsl.backends.cuda import nvrtc, translation
 
-    library = kernels.library_source()
-    monkeypatch.setattr(kernels, "library_source", lambda: _with_guide(library, "deepdsl/backends/cuda/library.cu"))
+    library = translation.library_source()
+    monkeypatch.setattr(translation, "library_source", lambda: _with_guide(library, "deepdsl/backends/cuda/library.cu"))
     p = op_plan()
-    prog = kernels.program(p)
+    prog = translation.program(p)
     lib = emulate(prog.source, prog.kernels, tmp_path)
     rng = np.random.default_rng(5)
     env = {name: np.ascontiguousarray(rng.uniform(-6, 6, (4, 10)).astype(np.float32)) for name in ("x", "g")}
@@ -335,10 +335,10 @@ def test_the_java_programs_train_as_the_numpy_runner(
     from java_env import java_json, javac
 
     import deepdsl.backends.java as java_backend
-    from deepdsl.backends.cuda import kernels, nvrtc
+    from deepdsl.backends.cuda import nvrtc, translation
 
-    library, entries_cu = kernels.library_source(), kernels.entries_source()
-    monkeypatch.setattr(kernels, "library_source", lambda: _with_guide(library, "deepdsl/backends/cuda/library.cu"))
+    library, entries_cu = translation.library_source(), translation.entries_source()
+    monkeypatch.setattr(translation, "library_source", lambda: _with_guide(library, "deepdsl/backends/cuda/library.cu"))
     monkeypatch.setattr(
         java_backend, "entries_source", lambda: _with_guide(entries_cu, "deepdsl/backends/cuda/entries.cu")
     )

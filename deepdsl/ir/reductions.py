@@ -20,7 +20,7 @@ statistics' updates done by the last block; and adjacent sums over the same rang
 (batch norm's dgamma = sum(g * xhat) and dbeta = sum(g)).
 
 This is the rule on the program alone (the kernel counts of `deepdsl ir --stats` use it); the CUDA program
-(backends/cuda/kernels.py) writes the kernels.
+(backends/cuda/passes.py) writes the kernels.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ package deepdsl.runtime;
  * block wraps back to zero); the last block to finish adds each output's partial sums in slice order (the same bits
  * every run, whichever block is last) and writes the per-element results. Where one slice covers the range, each
  * block writes its outputs itself. The kernel and its launch shape are those of the PyCUDA runner
- * (deepdsl/backends/cuda/kernels.py {@code pass_kernels}), so both CUDA devices launch what {@code deepdsl ir
+ * (deepdsl/backends/cuda/passes.py {@code pass_kernels}), so both CUDA devices launch what {@code deepdsl ir
  * --stats} counts: one launch a pass.
  *
  * <p>A call ({@link Device#pass}) passes its buffers in one order, the kernel's: the results (the sums', then the

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from deepdsl.backends.cuda.graphs import CaptureFailed
-from deepdsl.backends.cuda.kernels import Launch
+from deepdsl.backends.cuda.launch import Launch
 from deepdsl.backends.cuda.runner import CpuClock
 from deepdsl.backends.cuda.vendor import OWN, Vendor
 

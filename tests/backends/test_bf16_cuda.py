@@ -17,8 +17,9 @@ from helpers import SMALL
 
 from deepdsl import api
 from deepdsl.backends.cuda import nvrtc
-from deepdsl.backends.cuda.kernels import ie_kernel, program, translation_unit
+from deepdsl.backends.cuda.kernels import ie_kernel
 from deepdsl.backends.cuda.runner import GpuRunner, check_bf16_arch
+from deepdsl.backends.cuda.translation import program, translation_unit
 from deepdsl.backends.cuda.vendor import open_vendor
 from deepdsl.errors import DslProgramError
 from deepdsl.ir.indexexpr import Affine, Read

@@ -17,8 +17,19 @@ import pytest
 from deepdsl import api
 from deepdsl.autodiff import infer_program
 from deepdsl.backends import cuda
-from deepdsl.backends.cuda import kernels, nvrtc
-from deepdsl.backends.cuda.kernels import GRID_LIMITS, MAX_STATIC_SMEM, MAX_THREADS, TILE, TILE_M, TILE_N, CudaProgram
+from deepdsl.backends.cuda import expressions, kernels, nvrtc, translation
+from deepdsl.backends.cuda.launch import (
+    GRID_LIMITS,
+    MAX_STATIC_SMEM,
+    MAX_THREADS,
+    SEGMENT_BLOCKS,
+    TILE,
+    TILE_M,
+    TILE_N,
+    CudaProgram,
+    Launch,
+    multi_table,
+)
 from deepdsl.ir import REGISTRY, GraphBuilder, Init, InputDef, ParamDef, TensorType, Value
 from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Reduce, Var
 from deepdsl.ir.types import DType
@@ -94,7 +105,7 @@ def check_launches(p: Plan, prog: CudaProgram) -> None:
         assert launch.args[0].value == launch.stmt, where
 
 
-def check_multi_tensor(p: Plan, launch: kernels.Launch, signature: str) -> None:
+def check_multi_tensor(p: Plan, launch: Launch, signature: str) -> None:
     """A multi-tensor launch: its segments' blocks follow each other and make its grid, each segment covers its
     statements' elements, and its arguments (the table's pointers) are those statements' results and inputs."""
     values = {s.out.name: s for s in p.graph.stmts}
@@ -103,8 +114,8 @@ def check_multi_tensor(p: Plan, launch: kernels.Launch, signature: str) -> None:
     assert all(values[m].a.get("multi_tensor") for m in members)
     first, at = 0, 0
     for start, blocks, n, kind, count in launch.table:
-        assert start == first and 1 <= blocks <= kernels.SEGMENT_BLOCKS and kind >= 0 and count <= launch.width - 4
-        assert blocks == min(kernels.SEGMENT_BLOCKS, -(-n // launch.block[0]))
+        assert start == first and 1 <= blocks <= SEGMENT_BLOCKS and kind >= 0 and count <= launch.width - 4
+        assert blocks == min(SEGMENT_BLOCKS, -(-n // launch.block[0]))
         first += blocks
         outs = [a.value for a in launch.args[at : at + count] if a.value in members]
         assert outs and all(values[o].out.type.numel == n for o in outs)
@@ -219,7 +230,7 @@ def _op_plan() -> Plan:
 @needs_compiler
 def test_ops_outside_the_networks_compile() -> None:
     p = _op_plan()
-    prog = kernels.program(p)
+    prog = translation.program(p)
     check_launches(p, prog)
     for arch in ("sm_90", "sm_80"):
         assert ".entry softmax__v" in nvrtc.ptx(prog.source, arch)
@@ -230,7 +241,7 @@ def test_ops_outside_the_networks_compile() -> None:
 
 def test_lenet_golden(golden, compiled) -> None:  # noqa: ANN001
     c = compiled("lenet", stop_at="plan")
-    prog = kernels.program(c.plan)
+    prog = translation.program(c.plan)
     golden(GOLDEN / "cuda" / "lenet.train.cu", prog.body)
     rows = []
     for x in prog.launches:
@@ -267,7 +278,7 @@ OUT = (("i0", 4), ("i1", 8))
     ],
 )  # fmt: skip
 def test_expression_text(ie, shapes, text) -> None:  # noqa: ANN001
-    assert kernels.cuda_expr(ie, OUT, shapes) == text
+    assert expressions.cuda_expr(ie, OUT, shapes) == text
 
 
 def test_elementwise_kernel_is_one_flat_loop() -> None:
@@ -318,18 +329,18 @@ def test_index_names_that_clash_with_c_are_renamed() -> None:
 
 
 def test_float_literals() -> None:
-    assert kernels.float_literal(1.0) == "1.0f"
-    assert kernels.float_literal(0.1) == "0.1f"
-    assert kernels.float_literal(1e-5) == "1e-05f"
-    assert kernels.float_literal(float("nan")) == "__int_as_float(0x7fffffff)"
-    assert kernels.float_literal(1e39) == "__int_as_float(0x7f800000)"  # beyond float32
+    assert expressions.float_literal(1.0) == "1.0f"
+    assert expressions.float_literal(0.1) == "0.1f"
+    assert expressions.float_literal(1e-5) == "1e-05f"
+    assert expressions.float_literal(float("nan")) == "__int_as_float(0x7fffffff)"
+    assert expressions.float_literal(1e39) == "__int_as_float(0x7f800000)"  # beyond float32
 
 
 def test_dropout_mask_uses_the_splitmix_stream(compiled) -> None:  # noqa: ANN001
     from deepdsl import initializers
     from deepdsl.ops.random import STEP_MIX
 
-    lib = kernels.library_source()
+    lib = translation.library_source()
     for const in (initializers.GAMMA, initializers._MUL1, initializers._MUL2, STEP_MIX):
         assert f"0x{const:016X}ull" in lib
     assert "z >> 40" in lib and "1.0 / 16777216.0" in lib and initializers._U24 == 1.0 / 16777216.0
@@ -337,7 +348,8 @@ def test_dropout_mask_uses_the_splitmix_stream(compiled) -> None:  # noqa: ANN00
     s = next(s for s in c.plan.graph.stmts if s.op == "dropout_mask")
     seed = initializers.stream_seed(s.a["site"] + "#dropout", s.a["seed"])
     assert (
-        f"0x{seed:016X}ull, {s.a['p']!r}, {kernels.float_literal(1 / (1 - s.a['p']))})" in kernels.program(c.plan).body
+        f"0x{seed:016X}ull, {s.a['p']!r}, {expressions.float_literal(1 / (1 - s.a['p']))})"
+        in translation.program(c.plan).body
     )
 
 
@@ -436,7 +448,7 @@ def test_kernels_agree_with_numpy(case: str, tmp_path: Path, compiled) -> None: 
     import numpy as np
 
     p = _emulation_plan(case, compiled)
-    prog = kernels.program(p)
+    prog = translation.program(p)
     lib = emulate(prog.source, prog.kernels, tmp_path)
     env = _values(p)
     by_stmt: dict[str, list] = {}
@@ -467,7 +479,7 @@ def test_kernels_agree_with_numpy(case: str, tmp_path: Path, compiled) -> None: 
                 else:
                     ptrs.append(arrays.setdefault(arg.value, np.array(env[arg.value], order="C")).ctypes.data)
             if x.table:  # the kernel's one argument: the table of its segments' sizes and pointers
-                table = kernels.multi_table(x, ptrs)
+                table = multi_table(x, ptrs)
                 ptrs = [table.ctypes.data]
             run_launch(lib, x, ptrs, small=big)
         for r in results:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deepdsl.backends.cuda import kernels, nvrtc
+from deepdsl.backends.cuda import launch, nvrtc, translation
 from deepdsl.ir import REGISTRY, GraphBuilder, Init, ParamDef, TensorType, Value
 from deepdsl.memory import Plan, plan
 
@@ -51,14 +51,14 @@ def _kernel_texts(source: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("n", [6, 10])  # 2 x 6 = 12 elements: float4s; 2 x 10 = 20 elements: float4s too
 def test_element_wise_kernels_take_float4s_and_restrict_where_they_can(n: int) -> None:
-    prog = kernels.program(_plan(n))
+    prog = translation.program(_plan(n))
     texts = _kernel_texts(prog.source)
     flat = [x for x in prog.launches if x.loop == "grid-stride"]
     assert flat
     for x in flat:
         text = texts[x.kernel]
         assert "float4" in text and "DD_GRID_STRIDE(q, " in text, text
-        assert x.grid[0] == -(-x.covers // 4 // kernels.BLOCK)
+        assert x.grid[0] == -(-x.covers // 4 // launch.BLOCK)
         # the output is __restrict__ unless an input shares its memory (an in-place statement); every input that is
         # not the output's memory is const __restrict__
         shared = any(a.storage == x.args[0].storage and a.offset == x.args[0].offset and a.name == x.args[0].name
@@ -69,20 +69,20 @@ def test_element_wise_kernels_take_float4s_and_restrict_where_they_can(n: int) -
 
 @pytest.mark.parametrize("n", [5, 7])  # 10 and 14 elements: not a multiple of 4
 def test_sizes_not_a_multiple_of_4_keep_the_scalar_loop(n: int) -> None:
-    prog = kernels.program(_plan(n))
+    prog = translation.program(_plan(n))
     for x in prog.launches:
         assert "float4" not in _kernel_texts(prog.source)[x.kernel]
-        assert x.grid[0] == -(-x.covers // kernels.BLOCK)
+        assert x.grid[0] == -(-x.covers // launch.BLOCK)
 
 
 def test_a_buffer_not_16_byte_aligned_keeps_the_scalar_loop() -> None:
     """Every planned offset is a multiple of 256 (memory/plan.py ALIGN); moved by 4 bytes, no kernel reads float4s."""
     p = _plan(6)
-    assert all(b.offset % kernels.VECTOR_ALIGN == 0 for b in p.buffers)
+    assert all(b.offset % launch.VECTOR_ALIGN == 0 for b in p.buffers)
     moved = dataclasses.replace(p, buffers=tuple(dataclasses.replace(b, offset=b.offset + 4) for b in p.buffers))
     # the program's own kernels (`body`): the library before them (library.cu) has float4 code of its own
-    assert "float4" in kernels.program(p).body and "float4" not in kernels.program(moved).body
-    assert all(a.offset % kernels.VECTOR_ALIGN == 4 for x in kernels.program(moved).launches for a in x.args
+    assert "float4" in translation.program(p).body and "float4" not in translation.program(moved).body
+    assert all(a.offset % launch.VECTOR_ALIGN == 4 for x in translation.program(moved).launches for a in x.args
                if a.storage == "arena")  # fmt: skip
 
 
@@ -90,7 +90,7 @@ def test_a_buffer_not_16_byte_aligned_keeps_the_scalar_loop() -> None:
 @pytest.mark.parametrize("n", [6, 5, 1])  # 12, 10 and 2 elements
 def test_vectorised_and_scalar_kernels_agree_with_numpy(n: int, tmp_path: Path) -> None:
     p = _plan(n)
-    prog = kernels.program(p)
+    prog = translation.program(p)
     lib = emulate(prog.source, prog.kernels, tmp_path)
     env = _values(p)
     for x in prog.launches:
@@ -112,6 +112,6 @@ def _have_compiler() -> bool:
 @pytest.mark.skipif(not _have_compiler() and not os.environ.get("CI"), reason=f"pip install '{nvrtc.PINNED_NVRTC}'")
 def test_vectorised_kernels_compile_with_nvrtc() -> None:
     for n in (6, 5):
-        text = nvrtc.ptx(kernels.program(_plan(n)).source, "sm_90", "v.cu")
+        text = nvrtc.ptx(translation.program(_plan(n)).source, "sm_90", "v.cu")
         assert ".entry" in text
         assert ("ld.global.nc.v4.f32" in text) == (n == 6)  # const __restrict__: the read-only path, 4 floats a load

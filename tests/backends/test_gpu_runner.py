@@ -337,7 +337,7 @@ def test_the_train_step_is_one_graph_from_the_second_step_on(tmp_path: Path) -> 
     the step recorded, none run, the batch uploaded before) and replayed, as are the third and fourth; the losses
     and parameters are those of the run without the graph bit for bit. A replay that drops the step's last call
     shows in the parameters."""
-    from deepdsl.backends.cuda.kernels import program
+    from deepdsl.backends.cuda.translation import program
 
     build = _build(TINY, "tiny.ddsl")
     on, off = EmulatedDriver(tmp_path), EmulatedDriver(tmp_path)

@@ -22,7 +22,7 @@ from cuda_emulator import TILED, emulate, fake_driver, kernel_names
 from java_env import JAVA_MARKS, java, javac, jcuda_jars
 
 from deepdsl import api
-from deepdsl.backends.cuda import kernels
+from deepdsl.backends.cuda import translation
 from deepdsl.passes.pipeline import kernels as kernel_count
 
 pytestmark = [
@@ -132,7 +132,7 @@ def test_the_cuda_device_runs_the_split_passes_and_gives_the_cpu_devices_losses(
     # only the linear layer's bias gradient (16 rows: below a pass, on the PyCUDA runner a kernel of its own too),
     # once in each of the two steps that launch (the first, and the second, captured; the third replays the graph)
     assert launched["channelMean"] == launched["channelVar"] == 0, launched
-    prog = kernels.program(api.build(api.compile_source(RESBN, "resbn.ddsl").program).train_plan)
+    prog = translation.program(api.build(api.compile_source(RESBN, "resbn.ddsl").program).train_plan)
     alone = [x for x in prog.launches if x.op == "channel_sum" and x.loop != "split"]
     assert launched["channelSum"] == 2 * len(alone) == 2, (launched, alone)
 
@@ -142,7 +142,7 @@ def test_the_cuda_devices_launches_a_step_are_the_pycuda_runners_and_ir_stats(re
     _cuda(resbn, "--iters", "1", "--kernels", "own", log=log)
     launched = log.read_text().split()
     build = api.build(api.compile_source(RESBN, "resbn.ddsl").program)
-    prog = kernels.program(build.train_plan)
+    prog = translation.program(build.train_plan)
     # the reduction passes' launches: one a pass, split ones too (a split-K filter gradient's finishing launch,
     # `finishes`, is the convolution's own, not a pass's)
     split = [x for x in prog.launches if x.loop == "split"]
@@ -178,7 +178,7 @@ def test_the_classs_pass_calls_launch_what_the_pycuda_runners_passes_do(network:
 
     source = RESBN if network == "resbn" else (ROOT / "networks" / "lenet.ddsl").read_text()
     b = api.build(api.compile_source(source, f"{network}.ddsl").program, Options(workspace_limit=limit))
-    prog = kernels.program(b.train_plan)
+    prog = translation.program(b.train_plan)
     passes = [x for x in prog.launches if x.loop == "split"]
     text = java_program(b.program, b.train_plan, b.infer_plan, b.eval_plan or b.train_plan, limit or 0).java
     training = text[text.index("private final class Training") :]

@@ -188,7 +188,7 @@ def test_every_call_restricts_the_pointers_its_tensors_allow(request: pytest.Fix
     """For every call of an element-wise kernel in a step, read off the class (its layout of the arena and its fields):
     the output is __restrict__ exactly where no input's memory overlaps it, an input exactly where it does not overlap
     the output. So no kernel's __restrict__ promise is broken by a call, and none is left out (the rule of
-    cuda/kernels.py `memory`, the PyCUDA runner's)."""
+    cuda/translation.py `memory`, the PyCUDA runner's)."""
     p: JavaProgram = request.getfixturevalue(name)
     kernel_of = {const: k for const, k in re.findall(r'static final Kernel (\w+) =\s*Kernel\.vectorised\(\s*"(\w+)"',
                                                       p.java)}  # fmt: skip

@@ -10,7 +10,7 @@ import pytest
 
 from deepdsl import api
 from deepdsl.backends import java, loops
-from deepdsl.backends.cuda import kernels as cuda_kernels
+from deepdsl.backends.cuda import expressions as cuda_expressions
 from deepdsl.backends.java import kernels as java_kernels
 from deepdsl.ir.indexexpr import Affine, Apply, Const, Read, Reduce
 
@@ -18,7 +18,7 @@ SHARED = ("bind", "range_of", "count_of", "affine", "bounds", "strided", "generi
           "compound", "start", "accumulate", "reduce")  # fmt: skip
 
 
-@pytest.mark.parametrize("module", [java_kernels, cuda_kernels], ids=["java", "cuda"])
+@pytest.mark.parametrize("module", [java_kernels, cuda_expressions], ids=["java", "cuda"])
 def test_each_backend_keeps_only_its_dialect(module) -> None:  # noqa: ANN001
     gen = module.Gen
     assert issubclass(gen, loops.LoopGen)
@@ -41,7 +41,7 @@ def test_one_body_reads_the_same_in_both_dialects() -> None:
     # out[i] = max over r < 3 of x[i + r - 1] (a window padded by one), then halved
     window = Reduce("max", (("r", 3),), Read(0, (Affine((("i", 1), ("r", 1)), -1),)))
     body = Apply("*", (Const(0.5), window))
-    cuda = _print(cuda_kernels.Gen(((4,),)), body, (("i", 4),))
+    cuda = _print(cuda_expressions.Gen(((4,),)), body, (("i", 4),))
     java = _print(java_kernels.Gen(((4,),)), body, (("i", 4),))
     assert cuda == [
         "  float s0 = __int_as_float(0xff800000);",
@@ -60,12 +60,12 @@ def test_one_body_reads_the_same_in_both_dialects() -> None:
 
 
 def test_a_taken_name_is_renamed_in_each_dialects_way() -> None:
-    cuda, java = cuda_kernels.Gen(((2,),)), java_kernels.Gen(((2,),), taken={"i"})
+    cuda, java = cuda_expressions.Gen(((2,),)), java_kernels.Gen(((2,),), taken={"i"})
     assert cuda.bind("int", 2) == "int_2"  # a C keyword
     assert java.bind("i", 2) == "i2"
 
 
-@pytest.mark.parametrize("gen", [java_kernels.Gen, cuda_kernels.Gen], ids=["java", "cuda"])
+@pytest.mark.parametrize("gen", [java_kernels.Gen, cuda_expressions.Gen], ids=["java", "cuda"])
 @pytest.mark.parametrize("name", ["no0", "sto1", "n0_1", "st2_0", "in0", "s3"])
 def test_a_reserved_name_is_renamed_to_one_that_is_not(gen, name: str) -> None:  # noqa: ANN001
     # Java's renaming appended digits, so a name of its sizes (`no0`: the output's first dim) stayed one for ever

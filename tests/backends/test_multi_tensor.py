@@ -15,7 +15,7 @@ from conftest import ROOT
 from cuda_emulator import EmulatedDriver
 
 from deepdsl import api
-from deepdsl.backends.cuda import kernels
+from deepdsl.backends.cuda import launch, translation
 from deepdsl.passes.pipeline import kernels as kernel_count
 from deepdsl.running import run_training
 
@@ -62,7 +62,7 @@ def test_every_update_is_one_launch(name: str) -> None:
     else of the program launches an optimiser op."""
     b = _build(name)
     g = b.train_plan.graph
-    prog = kernels.program(b.train_plan)
+    prog = translation.program(b.train_plan)
     multi = [x for x in prog.launches if x.loop == "multi-tensor"]
     assert len(multi) == 1
     computed = {multi[0].stmt, *multi[0].also}
@@ -173,7 +173,7 @@ def test_the_multi_tensor_kernel_computes_each_update_as_numpy(name: str, tmp_pa
 
     p = _build(name).train_plan
     g = p.graph
-    prog = kernels.program(p)
+    prog = translation.program(p)
     (multi,) = [x for x in prog.launches if x.loop == "multi-tensor"]
     members = {multi.stmt, *multi.also}
     rng = np.random.default_rng(1)
@@ -194,7 +194,7 @@ def test_the_multi_tensor_kernel_computes_each_update_as_numpy(name: str, tmp_pa
             ptrs.append(arrays.setdefault(arg.value, np.zeros_like(env[arg.value])).ctypes.data)
         else:
             ptrs.append(arrays.setdefault(arg.value, np.array(env[arg.value], np.float32, order="C")).ctypes.data)
-    table = kernels.multi_table(multi, ptrs)
+    table = launch.multi_table(multi, ptrs)
     run_launch(lib, multi, [table.ctypes.data], small=False)
     for m in members:
         # Adam's bias correction: powf in float32 on the device, the power in float64 in NumPy, its error divided by
@@ -235,7 +235,7 @@ def test_the_pycuda_runner_launches_what_the_count_says(tmp_path: Path) -> None:
     epilogue as a second launch, and a filter gradient split over its reduction a finishing launch, which a vendor
     routine serving the statement drops): ResNet-50 at N=2 (a split reduction's two launches depend on the batch)."""
     c = api.compile_file(ROOT / "networks" / "resnet50.ddsl", {"N": 2}, stop_at="plan")
-    prog = kernels.program(c.plan)
+    prog = translation.program(c.plan)
     epilogues = sum(1 for s in c.plan.graph.stmts if "epilogue" in s.a)
     finishes = sum(1 for x in prog.launches if x.finishes)
     assert len(prog.launches) == kernel_count(c.plan.graph) + epilogues + finishes
@@ -254,11 +254,11 @@ def test_the_pycuda_runner_launches_one_kernel_per_counted_launch(tmp_path: Path
                       api.Options(disabled=disabled))  # fmt: skip
         driver = EmulatedDriver(tmp_path / "_".join(disabled or ("multi",)))
         got = run_training(b, iters=1, device="cpu", driver=driver, graphs=False)
-        prog = kernels.program(b.train_plan)
+        prog = translation.program(b.train_plan)
         epilogues = sum(1 for s in b.train_plan.graph.stmts if "epilogue" in s.a)
         assert len(prog.launches) == kernel_count(b.train_plan.graph) + epilogues
         assert b.eval_plan is not None and "test_loss" in got  # the step, then the test loss over the test batches
-        tests = len(kernels.program(b.eval_plan).launches)
+        tests = len(translation.program(b.eval_plan).launches)
         assert driver.launches > len(prog.launches) and (driver.launches - len(prog.launches)) % tests == 0
         launched[disabled] = len(prog.launches)
         if disabled:
@@ -322,12 +322,12 @@ def test_the_java_cuda_device_launches_the_updates_once(tmp_path: Path) -> None:
     single = api.build(program, api.Options(disabled=("multi_tensor",)))
     multi = api.build(program)
     # each device launches what the PyCUDA runner's program does; with the pass, the updates are one launch
-    assert counts["multi"] == len(kernels.program(multi.train_plan).launches)
-    assert counts["single"] == len(kernels.program(single.train_plan).launches)
+    assert counts["multi"] == len(translation.program(multi.train_plan).launches)
+    assert counts["single"] == len(translation.program(single.train_plan).launches)
     assert update_launches(multi) == 1 and update_launches(single) == 9
     # without the pass, the fusion puts bn.gamma's momentum update into its gradient's reduction, so batch norm's
     # dgamma and dbeta are two passes, not the one-pass pair: one launch more than the updates alone
-    pair = [[x.kernel.startswith("channel_sum_channel_sum__bn") for x in kernels.program(b.train_plan).launches]
+    pair = [[x.kernel.startswith("channel_sum_channel_sum__bn") for x in translation.program(b.train_plan).launches]
             for b in (multi, single)]  # fmt: skip
     assert any(pair[0]) and not any(pair[1])
     assert counts["single"] - counts["multi"] == (update_launches(single) - 1) + 1

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deepdsl.backends.cuda import kernels, nvrtc
-from deepdsl.backends.cuda.kernels import TILE_M, TILE_N
+from deepdsl.backends.cuda import launch, nvrtc, translation
+from deepdsl.backends.cuda.launch import TILE_M, TILE_N
 from deepdsl.ir import REGISTRY, GraphBuilder, InputDef, TensorType, Value
 from deepdsl.memory import plan
 from deepdsl.ops.conv import SPLIT_BLOCKS, SPLIT_MIN, filter_gradient_splits
@@ -47,7 +47,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    source = kernels.library_source() + "\n" + kernels.entries_source()
+    source = translation.library_source() + "\n" + translation.entries_source()
     return emulate(source, ENTRIES, tmp_path_factory.mktemp("own"))
 
 
@@ -158,7 +158,7 @@ def _have_compiler() -> bool:
 
 @pytest.mark.skipif(not _have_compiler(), reason=f"no CUDA compiler: pip install '{nvrtc.PINNED_NVRTC}'")
 def test_nvrtc_compiles_the_tiled_kernels_with_vector_shared_loads() -> None:
-    text = nvrtc.ptx(kernels.library_source() + "\n" + kernels.entries_source(), "sm_90")
+    text = nvrtc.ptx(translation.library_source() + "\n" + translation.entries_source(), "sm_90")
     for entry in ENTRIES:
         assert f".entry {entry}(" in text
     body = text[text.index(".entry dd_k_conv2d(") :]
@@ -171,15 +171,15 @@ def test_nvrtc_compiles_the_tiled_kernels_with_vector_shared_loads() -> None:
 
 
 def test_the_tile_and_split_constants_agree_in_cuda_python_and_java() -> None:
-    """library.cu's tile, the launch geometry's (kernels.py, ops/conv.py) and the Java CUDA device's are one."""
+    """library.cu's tile, the launch geometry's (launch.py, ops/conv.py) and the Java CUDA device's are one."""
     import re
 
     from deepdsl.ops.conv import OWN_TILE
 
-    lib = kernels.library_source()
+    lib = translation.library_source()
     cuda = tuple(int(re.search(rf"#define {d} (\d+)", lib)[1]) for d in ("DD_BM", "DD_BN", "DD_BK"))
-    assert cuda == OWN_TILE == (TILE_M, TILE_N, kernels.TILE_K)
-    java = (Path(kernels.__file__).parents[2] / "runtime" / "CudaMemory.java").read_text()
+    assert cuda == OWN_TILE == (TILE_M, TILE_N, launch.TILE_K)
+    java = (Path(translation.__file__).parents[2] / "runtime" / "CudaMemory.java").read_text()
     ints = dict(re.findall(r"static final int (\w+) = (\d+);", java))
     assert (int(ints["TILE_M"]), int(ints["TILE_N"])) == OWN_TILE[:2]
     assert (int(ints["SPLIT_BLOCKS"]), int(ints["SPLIT_MIN"])) == (SPLIT_BLOCKS, SPLIT_MIN)
@@ -205,7 +205,7 @@ def _filter_plan(limit: int | None) -> tuple:
     g = b.add_input(InputDef(Value("g", TensorType((4, 20, 16, 16))), "g"))
     b.output("dw", b.emit("conv2d_backward_filter", x, g, stride=(1, 1), pad=(1, 1), groups=1, w_shape=(20, 6, 3, 3)))
     p = plan(b.build(), limit)
-    return p, kernels.program(p)
+    return p, translation.program(p)
 
 
 def test_the_split_reduction_works_in_the_planned_workspace() -> None:
@@ -257,7 +257,7 @@ def _split_build():  # noqa: ANN202
 
 
 def test_the_split_network_splits_two_filter_gradients() -> None:
-    prog = kernels.program(_split_build().train_plan)
+    prog = translation.program(_split_build().train_plan)
     finishes = [x for x in prog.launches if x.finishes]
     assert len(finishes) == 2  # the 3x3 and the first 1x1 (512 pixels: 2 slices); the strided 1x1 has 128
     assert all(x.op == "conv2d_backward_filter" for x in finishes)

@@ -1,4 +1,4 @@
-"""Large reductions on the CUDA path (ir/reductions.py, backends/cuda/kernels.py `pass_kernels`): split over enough
+"""Large reductions on the CUDA path (ir/reductions.py, backends/cuda/passes.py `pass_kernels`): split over enough
 blocks to fill a GPU, ONE launch whose last block to finish adds the partial sums in slice order (the same bits every
 run, whatever order the blocks run in, the block counter back at zero after every pass and every graph replay), a
 batch norm's statistics and its dgamma/dbeta in one pass each with the running updates done by that last block, the
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from deepdsl import api
-from deepdsl.backends.cuda import kernels
+from deepdsl.backends.cuda import launch, translation
 from deepdsl.ir.reductions import SPLIT_MIN, TARGET_BLOCKS, is_total, reduction_group, split_of
 from deepdsl.memory.check import check_plan
 from deepdsl.passes.pipeline import kernels as kernel_count
@@ -49,7 +49,7 @@ def bn_plan():  # noqa: ANN201
     return api.compile_source(BN, "bn.ddsl", stop_at="plan").plan
 
 
-def _split_launches(prog: kernels.CudaProgram) -> list[kernels.Launch]:
+def _split_launches(prog: launch.CudaProgram) -> list[launch.Launch]:
     """The partial-sum launches of split passes (a pass over a small range is one launch of the same form)."""
     return [x for x in prog.launches if x.loop == "split" and x.grid[1] > 1]
 
@@ -79,7 +79,7 @@ def test_a_small_reduction_is_one_launch() -> None:
 
 
 def test_the_launches_fill_the_gpu(bn_plan) -> None:  # noqa: ANN001
-    prog = kernels.program(bn_plan)
+    prog = translation.program(bn_plan)
     check_launches(bn_plan, prog)
     split = _split_launches(prog)
     assert split, "no reduction was split"
@@ -96,13 +96,13 @@ def test_the_launches_fill_the_gpu(bn_plan) -> None:  # noqa: ANN001
         text = text[: text.index("\n}\n")]
         assert "if (dd_last_block()) {" in text, x.kernel
         assert any(a.value.startswith("workspace:") for a in x.args), x.kernel
-    library = kernels.library_source()
+    library = translation.library_source()
     assert "__device__ unsigned int dd_pass_count = 0;" in library  # zeroed when the module loads
     assert "__threadfence();" in library and "atomicInc(&dd_pass_count, blocks - 1)" in library
 
 
 def test_no_division_per_element_and_an_unrolled_loop(bn_plan) -> None:  # noqa: ANN001
-    prog = kernels.program(bn_plan)
+    prog = translation.program(bn_plan)
     for x in [x for x in prog.launches if x.loop == "split"]:
         text = prog.source[prog.source.index(f"void {x.kernel}(") :]
         text = text[: text.index("\n}\n")]
@@ -113,7 +113,7 @@ def test_no_division_per_element_and_an_unrolled_loop(bn_plan) -> None:  # noqa:
 def test_statistics_and_running_updates_are_one_pass(bn_plan) -> None:  # noqa: ANN001
     """channel_mean, channel_var and both running updates: one launch, split over blocks (the first batch norm) or
     not (the second); dgamma, dbeta and the inverse deviation likewise."""
-    prog = kernels.program(bn_plan)
+    prog = translation.program(bn_plan)
     ops = {s.out.name: s.op for s in bn_plan.graph.stmts}
     stats = [x for x in prog.launches if x.op == "channel_mean"]
     assert len(stats) == 2  # split + not split: one launch each
@@ -131,7 +131,7 @@ def test_statistics_and_running_updates_are_one_pass(bn_plan) -> None:  # noqa: 
 
 def test_the_partial_sums_are_in_the_checked_plan(bn_plan) -> None:  # noqa: ANN001
     check_plan(bn_plan)  # workspace spans the pass, no buffer overlaps it (memory/check.py)
-    prog = kernels.program(bn_plan)
+    prog = translation.program(bn_plan)
     for x in _split_launches(prog):
         for a in x.args:
             if a.value.startswith("workspace:"):
@@ -170,7 +170,7 @@ def _pass_count(lib) -> int:  # noqa: ANN001
     return ctypes.c_uint.in_dll(lib, "dd_pass_count").value
 
 
-def _in_slice_order(p, x: kernels.Launch, got: dict, scratch: dict) -> list[str]:  # noqa: ANN001
+def _in_slice_order(p, x: launch.Launch, got: dict, scratch: dict) -> list[str]:  # noqa: ANN001
     """What the last block of the split pass `x` must have written, recomputed from the partial sums it left in its
     scratch added in slice order (Python floats are IEEE doubles added one at a time, as the kernel's loop): each sum
     that is its total (a channel sum, dgamma), a mean (its total over the count, in float) or a variance (from the
@@ -268,7 +268,7 @@ def _split_pass_problems(lib, prog, p, env, stop: bool = False) -> list[str]:  #
 def test_split_passes_agree_with_numpy_and_give_the_same_bits_twice(bn_plan, tmp_path: Path) -> None:  # noqa: ANN001
     """Every pass (the one-launch form too) twice: the same bits; every split pass in several block orders, one run
     after another: the same bits, its partial sums added in slice order, the counter reset (`_split_pass_problems`)."""
-    prog = kernels.program(bn_plan)
+    prog = translation.program(bn_plan)
     lib = emulate(prog.source, prog.kernels, tmp_path)
     env = _values(bn_plan)
     ops = {s.out.name: s.op for s in bn_plan.graph.stmts}
@@ -312,7 +312,7 @@ def test_split_passes_agree_with_numpy_and_give_the_same_bits_twice(bn_plan, tmp
 def test_the_check_catches_a_wrong_reset_or_order(bn_plan, tmp_path: Path, mutation: tuple) -> None:  # noqa: ANN001
     """`_split_pass_problems` finds a kernel whose last block does not reset the counter, adds the partial sums in
     another order, or is not the last to finish: the checks above can fail."""
-    prog = kernels.program(bn_plan)
+    prog = translation.program(bn_plan)
     _, pattern, replacement = mutation
     source, n = re.subn(pattern if mutation[0] == "order" else re.escape(pattern), replacement, prog.source)
     assert n >= 1, "the mutated code is not in the source"
@@ -345,7 +345,7 @@ def test_a_graph_replayed_runs_the_split_passes_as_call_for_call(tmp_path: Path)
     from deepdsl.running import run_training
 
     build = api.build(api.compile_source(REPLAY_NET, "r.ddsl").program)
-    prog = kernels.program(build.train_plan)
+    prog = translation.program(build.train_plan)
     assert len(_split_launches(prog)) >= 2  # the statistics, dgamma/dbeta
     runs, arrays, drivers = {}, {}, {}
     for graphs in (True, False):
@@ -397,7 +397,7 @@ def test_the_gpu_runner_trains_with_split_passes_as_numpy_does(tmp_path: Path) -
     from deepdsl.running import run_training
 
     build = api.build(api.compile_source(SPLIT_NET, "s.ddsl").program)
-    prog = kernels.program(build.train_plan)
+    prog = translation.program(build.train_plan)
     assert len([x for x in prog.launches if x.loop == "split" and x.grid[1] > 1]) >= 2  # statistics, dgamma/dbeta
     arrays: dict[str, dict] = {}
     runs = {}
@@ -421,7 +421,7 @@ def test_without_scratch_a_pass_falls_back_to_a_kernel_a_statement(tmp_path: Pat
     c = api.compile_source(BN, "bn.ddsl", stop_at="opt")
     p = api.planned(c.opt, workspace_limit=0)
     assert not p.workspace
-    prog = kernels.program(p)
+    prog = translation.program(p)
     check_launches(p, prog)
     assert not [x for x in prog.launches if x.loop == "split" and x.grid[1] > 1]
     lib = emulate(prog.source, prog.kernels, tmp_path)
@@ -449,7 +449,7 @@ def test_sums_of_every_shape_split_and_agree(tmp_path: Path) -> None:
     for k, v in enumerate(outs):
         b.output(f"o{k}", v)
     p = plan(b.build())
-    prog = kernels.program(p)
+    prog = translation.program(p)
     check_launches(p, prog)
     split = _split_launches(prog)
     assert {r for x in split for r in (x.stmt, *x.also)} == {v.name for v in outs}  # sum and sum_squares: one pass
@@ -472,7 +472,7 @@ def test_nvrtc_compiles_the_one_launch_pass_with_its_counter_zero_at_module_load
     pass counts its blocks with a global atomic increment after a fence and reads the partial sums past L1."""
     from deepdsl.backends.cuda import nvrtc
 
-    prog = kernels.program(bn_plan)
+    prog = translation.program(bn_plan)
     text = nvrtc.ptx(prog.source, "sm_90")
     assert re.search(r"^\.global \.align 4 \.u32 dd_pass_count;$", text, re.M), "the counter: a zeroed .global"
     for x in _split_launches(prog):

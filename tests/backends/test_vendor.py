@@ -595,7 +595,7 @@ def test_the_graph_holds_the_vendor_calls(tmp_path: Path, cublas_folder: Path) -
     (convolutions and their gradients, the bias gradient, pooling, GEMMs), recorded and not made, and each replay
     makes them: 4 steps give the bits of the run without the graph, with as many library calls. Libraries left on
     the default stream make their calls during the capture and never again, which the parameters show."""
-    from deepdsl.backends.cuda.kernels import program
+    from deepdsl.backends.cuda.translation import program
 
     build = _build("pooled")
     runs = {}

@@ -169,14 +169,14 @@ loss = softmax_cross_entropy(full(flatten(se(x)), 5), y)
 
 def test_a_product_with_an_expanded_scale_is_one_kernel() -> None:
     from deepdsl import api
-    from deepdsl.backends.cuda import kernels
+    from deepdsl.backends.cuda import translation
 
     c = api.compile_source(SE, "se.ddsl", stop_at="plan")
     assert "expand" not in [s.op for s in c.opt.stmts]
     # the product reads x and the [N, C, 1, 1] scale itself: one loop, no [N, C, H, W] copy of the scale
     product = next(s for s in c.opt.stmts if s.out.type.shape == (2, 4, 3, 3))
     assert product.op == "fused" and [v.type.shape for v in product.inputs] == [(2, 4, 3, 3), (2, 4, 1, 1)]
-    prog = kernels.program(c.plan)
+    prog = translation.program(c.plan)
     assert any(k.startswith("expand_mul__") for k in prog.kernels), prog.kernels
     assert not any(k.startswith("expand__") for k in prog.kernels), prog.kernels
 

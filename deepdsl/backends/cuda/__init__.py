@@ -1,4 +1,4 @@
-"""The CUDA backend: every kernel of a Plan as CUDA C (kernels.py), compiled to PTX with NVRTC or nvcc (nvrtc.py).
+"""The CUDA backend: every kernel of a Plan as CUDA C (translation.py), compiled to PTX with NVRTC or nvcc (nvrtc.py).
 
 `cuda_source(plan)` is the translation unit of one program; `ptx_for(train, infer, archs)` the PTX of a network's
 training program (and its inference program, where the network has `predict`) in one module per architecture.
@@ -8,7 +8,7 @@ The plans are a Build's `train_plan` and `infer_plan` (api.build); the backend n
 from __future__ import annotations
 
 from deepdsl.backends.cuda import ops  # noqa: F401 — attaches the CUDA kernels to the registry entries
-from deepdsl.backends.cuda.kernels import Arg, CudaProgram, Launch, program, translation_unit
+from deepdsl.backends.cuda.launch import Arg, CudaProgram, Launch
 from deepdsl.backends.cuda.nvrtc import (
     DEFAULT_ARCHS,
     CudaCompileError,
@@ -17,6 +17,7 @@ from deepdsl.backends.cuda.nvrtc import (
     ptx,
     supported_archs,
 )
+from deepdsl.backends.cuda.translation import program, translation_unit
 from deepdsl.memory import Plan
 
 __all__ = [

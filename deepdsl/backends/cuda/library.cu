@@ -4,7 +4,7 @@
 // each statement in an extern "C" __global__ kernel that calls it with the statement's shapes as constants.
 // Semantics are exactly those of the NumPy kernels in deepdsl/ops/*.py. Every loop over an output is a
 // grid-stride loop (threads over elements, or blocks over rows), so any launch covers its output, except the
-// GEMMs and convolutions (register-tiled, dd_tiled), whose grid kernels.py sizes to the output.
+// GEMMs and convolutions (register-tiled, dd_tiled), whose grid cuda/ops.py sizes to the output.
 // Indices are int: the emitter refuses tensors of 2^31 elements or more.
 
 #define DD_NEG_INF __int_as_float(0xff800000)

@@ -12,17 +12,16 @@ import itertools
 import math
 
 import deepdsl.ops  # noqa: F401 — the registry's entries, which this module attaches its CUDA fields to
-from deepdsl.backends.cuda.kernels import (
+from deepdsl.backends.cuda.expressions import float_literal
+from deepdsl.backends.cuda.kernels import Form, library_call
+from deepdsl.backends.cuda.launch import (
     GEMM_SMEM,
     TILE,
     TILE_M,
     TILE_N,
-    Form,
     Kernel,
     c_ints,
     elementwise_launch,
-    float_literal,
-    library_call,
     one_block_launch,
     row_launch,
 )

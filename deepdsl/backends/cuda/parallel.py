@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from deepdsl.backends.cuda.kernels import BLOCK, Launch
+from deepdsl.backends.cuda.launch import BLOCK, Launch
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import REGISTRY
 from deepdsl.memory.plan import Plan

@@ -1,4 +1,4 @@
-"""The GPU runner: a Plan's CUDA program (kernels.py) executed on a GPU, for `deepdsl run --device cuda`.
+"""The GPU runner: a Plan's CUDA program (translation.py) executed on a GPU, for `deepdsl run --device cuda`.
 
 The runner holds one arena of the planned size, one device tensor per input, parameter, model state and
 optimizer state, and the module of the training, inference and test kernels. A step uploads the batch (and the step
@@ -35,8 +35,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from deepdsl.backends.cuda.graphs import CaptureFailed, StreamGraphs
-from deepdsl.backends.cuda.kernels import Arg, CudaProgram, Launch, multi_table, program, translation_unit
+from deepdsl.backends.cuda.launch import Arg, CudaProgram, Launch, multi_table
 from deepdsl.backends.cuda.parallel import ParallelStep, Reducer, accumulate_launch, accumulate_source
+from deepdsl.backends.cuda.translation import program, translation_unit
 from deepdsl.backends.cuda.vendor import Bound, Vendor, open_vendor
 from deepdsl.backends.numpy_runner import param_value
 from deepdsl.errors import DslProgramError

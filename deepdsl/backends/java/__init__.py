@@ -10,7 +10,7 @@ import errno
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepdsl.backends.cuda.kernels import entries_source, translation_unit
+from deepdsl.backends.cuda.translation import entries_source, translation_unit
 from deepdsl.backends.java import bf16
 from deepdsl.backends.java.emitter import DEFAULT_WORKSPACE_LIMIT, emit_java, runtime_sources
 from deepdsl.backends.java.names import class_name

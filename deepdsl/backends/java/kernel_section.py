@@ -198,7 +198,7 @@ def places(p: Plan) -> dict[str, tuple[str, str, int, int]]:
 
 def apart(e: Emitter, out: Value, inputs: tuple[Value | None, ...]) -> tuple[bool, ...]:
     """Which pointers of an element-wise kernel writing `out` from `inputs` may be `__restrict__` (memory no other
-    pointer of the kernel writes), as the PyCUDA runner decides them (cuda/kernels.py `memory`): the output where no
+    pointer of the kernel writes), as the PyCUDA runner decides them (cuda/translation.py `memory`): the output where no
     input shares its memory, an input where it is not the output's memory; None (a number or setting the call
     passes, which no kernel writes) always. A value the plan does not place (`e.places`) shares everyone's."""
     mine = e.places.get(out.name)

@@ -1,7 +1,7 @@
 """Large reductions on the Java program's CUDA device as on the PyCUDA runner (ir/reductions.py): the statements
 of one pass (a batch norm's channel mean and variance with its running statistics, dgamma with dbeta and the inverse
 deviation, a bias gradient alone) are one call `dev.pass(PASS, results..., partials..., inputs..., running...)` of
-a `ReductionPass` constant naming the kernel cuda/kernels.py `pass_kernels` writes (the same text, the same grid: one
+a `ReductionPass` constant naming the kernel cuda/passes.py `pass_kernels` writes (the same text, the same grid: one
 launch, partial sums in double over a 2-D grid into the pass's workspace of the plan, the last block to finish adding
 them in slice order). A device without it (the CPU) answers false and runs the statements' own calls, which follow
 the call:
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deepdsl.backends.cuda.kernels import pass_kernels
+from deepdsl.backends.cuda.passes import pass_kernels
 from deepdsl.backends.escape import java_comment
 from deepdsl.backends.java.names import camel
 from deepdsl.backends.java.state import Emitter
@@ -48,7 +48,7 @@ class Pass:
 
 
 def plan_passes(p: Plan, groups: Sequence[tuple[Stmt, ...]]) -> list[Pass | tuple[Stmt, ...]]:
-    """The planned `groups` with the passes a CUDA device launches (as cuda/kernels.py `program`: every group
+    """The planned `groups` with the passes a CUDA device launches (as cuda/translation.py `program`: every group
     `reduction_group` takes, where a split one has its workspace in the plan) as `Pass`es; every other group as
     it is."""
     out: list[Pass | tuple[Stmt, ...]] = []
