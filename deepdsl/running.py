@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from deepdsl.backends.cuda.runner import BF16_ARCH, Driver, PyCudaDriver, pycuda_available
+from deepdsl.backends.cuda.drivers import PyCudaDriver, pycuda_available
+from deepdsl.backends.cuda.runner import BF16_ARCH, Driver
 from deepdsl.backends.cuda.vendor import MissingLibrary
 from deepdsl.build import Build
 from deepdsl.checkpoint import check_writable, save_npz

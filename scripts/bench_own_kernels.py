@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     sets = {k: int(v) for k, v in (s.split("=", 1) for s in args.sets)} or {"N": 64}
     c = api.compile_file(ROOT / "networks" / f"{args.network}.ddsl", sets, stop_at="plan")
-    from deepdsl.backends.cuda.runner import PyCudaDriver
+    from deepdsl.backends.cuda.drivers import PyCudaDriver
 
     result = measure(c, lambda: PyCudaDriver("own"), lambda: PyCudaDriver("vendor"), args.repeats)
     print(f"{args.network} {sets}: our convolutions against cuDNN's, each launch timed alone")

@@ -50,7 +50,7 @@ def runner_for(c: api.Compilation, kernels: str, driver: Any = None) -> tuple[Gp
     """A runner of `c`'s train step with its parameters initialised (on `driver`, else GPU 0 through PyCUDA with
     `kernels`), and the feeds of step k (random inputs and labels, fixed by the seed)."""
     if driver is None:
-        from deepdsl.backends.cuda.runner import PyCudaDriver
+        from deepdsl.backends.cuda.drivers import PyCudaDriver
 
         driver = PyCudaDriver(kernels)
     g = c.plan.graph

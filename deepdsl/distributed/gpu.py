@@ -7,8 +7,8 @@ import os
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
+from deepdsl.backends.cuda.drivers import reducer_streams
 from deepdsl.backends.cuda.nccl import Deadline, Nccl, NcclError, NcclReducer, exchange_id, load_nccl
-from deepdsl.backends.cuda.runner import reducer_streams
 from deepdsl.distributed.engines import Comm, load_mpi
 from deepdsl.distributed.world import DistributedError, World
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from deepdsl.backends.cuda.drivers import CpuClock
 from deepdsl.backends.cuda.graphs import CaptureFailed
 from deepdsl.backends.cuda.launch import Launch
-from deepdsl.backends.cuda.runner import CpuClock
 from deepdsl.backends.cuda.vendor import OWN, Vendor
 
 EMULATION = r"""

@@ -16,6 +16,7 @@ from cuda_emulator import EmulatedDriver, same_bits
 from helpers import NORMED, POOLED, SMALL
 
 from deepdsl import api
+from deepdsl.backends.cuda import drivers
 from deepdsl.backends.cuda import runner as gpu_runner
 from deepdsl.cli import cli
 from deepdsl.data.named import fields_of, load_samples
@@ -103,9 +104,9 @@ def test_a_plan_larger_than_the_gpu_is_a_message_with_the_numbers(tmp_path: Path
 
 
 def test_cuda_without_pycuda_is_a_clear_message(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpu_runner, "pycuda_available", lambda: False)
+    monkeypatch.setattr(drivers, "pycuda_available", lambda: False)
     with pytest.raises(DslProgramError, match=r"needs PyCUDA.*pip install 'deepdsl\[gpu\]'"):
-        gpu_runner.PyCudaDriver()
+        drivers.PyCudaDriver()
 
 
 def test_auto_says_why_it_runs_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,7 +129,7 @@ def test_auto_says_why_it_runs_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_run_device_cuda_on_a_machine_without_it_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
-    if gpu_runner.pycuda_available():
+    if drivers.pycuda_available():
         pytest.skip("PyCUDA is installed here: --device cuda may well work")
     result = CliRunner().invoke(cli, ["run", str(ROOT / "networks" / "mlp.ddsl"), "--device", "cuda", "--iters", "1"])
     assert result.exit_code == 1
@@ -142,10 +143,10 @@ def test_run_device_cuda_on_a_machine_without_it_exits_1(monkeypatch: pytest.Mon
 
 
 def _real_gpu(kernels: str = "own"):  # noqa: ANN202
-    if not gpu_runner.pycuda_available():
+    if not drivers.pycuda_available():
         pytest.skip("PyCUDA is not installed")
     try:
-        return gpu_runner.PyCudaDriver(kernels)
+        return drivers.PyCudaDriver(kernels)
     except DslProgramError as err:
         pytest.skip(err.message)
 
