@@ -109,7 +109,8 @@ def network(example: str, folder: Path) -> Path:
 def test_the_guide_gives_both_examples_and_names_every_file_it_changes() -> None:
     text = GUIDE.read_text(encoding="utf-8")
     for example, needed in (
-        ("hard_swish", {"deepdsl/ops/elementwise.py", "deepdsl/frontend/builtins.py", "tests/ops/test_grads.py"}),
+        ("hard_swish", {"deepdsl/ops/elementwise.py", "deepdsl/frontend/builtin_activations.py",
+                        "tests/ops/test_grads.py"}),
         ("cumsum", {"deepdsl/ops/reduce.py", "deepdsl/backends/cuda/ops.py", "deepdsl/backends/cuda/library.cu",
                     "deepdsl/backends/cuda/entries.cu", "deepdsl/runtime/Device.java", "deepdsl/runtime/CpuDevice.java",
                     "deepdsl/runtime/CpuShapes.java", "deepdsl/runtime/CudaDevice.java"}),
@@ -127,7 +128,7 @@ def test_hard_swish_is_in_the_repository_as_the_guide_writes_it() -> None:
     """The guide's `hard_swish` is the real one: each of its blocks (but the example network) is in the file it
     names, line for line; the fixture swaps the real entries for the guide's, so both are the same code."""
     swish = [b for b in BLOCKS if b.example == "hard_swish" and not b.path.endswith(".ddsl")]
-    assert {b.path for b in swish} >= {"deepdsl/ops/elementwise.py", "deepdsl/frontend/builtins.py"}
+    assert {b.path for b in swish} >= {"deepdsl/ops/elementwise.py", "deepdsl/frontend/builtin_activations.py"}
     for b in swish:
         assert b.text in (ROOT / b.path).read_text(encoding="utf-8"), f"the guide's block for {b.path} is not in it"
     assert "cumsum" not in REGISTRY and "cumsum" not in BUILTINS
