@@ -1,4 +1,4 @@
-"""The `deepdsl` console script and `python -m deepdsl`: the command line (cli.py), started so that a command that
+"""The `deepdsl` console script and `python -m deepdsl`: the command line (cli/), started so that a command that
 computes nothing in BLAS (check, compile, memcheck, ir, import, export, data) does not pay for NumPy's OpenBLAS
 threads, which spin for a while after they start (about 0.1 s of CPU a process, a tenth of a compile). `run`,
 `eval` and `predict` keep every thread; a user's OPENBLAS_NUM_THREADS always wins."""
