@@ -115,6 +115,40 @@ def test_a_data_parallel_maven_project_brings_jna(cli, tmp_path: Path) -> None:
     assert pom.index("<version>5.19.1</version>", jna) < pom.index("</dependency>", jna)
 
 
+def test_the_pinned_versions_are_the_tested_ones() -> None:
+    """The versions a user's build gets (the pom `--maven` writes, the JNA the runtime's messages name, the jars
+    scripts/gpu_prepare.sh carries to a GPU) are those of .ci/jcuda/pom.xml, the jars every Java test compiles and
+    runs against: a version bumped in one place alone fails here."""
+    import xml.etree.ElementTree as ET
+
+    from deepdsl.backends import java as java_backend
+
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    tested: dict[str, set[str]] = {}
+    for dep in ET.parse(ROOT / ".ci" / "jcuda" / "pom.xml").getroot().iterfind(".//m:dependency", ns):
+        tested.setdefault(dep.findtext("m:artifactId", namespaces=ns), set()).add(
+            dep.findtext("m:version", namespaces=ns)
+        )
+    versions = java_backend.JAVACPP_VERSIONS
+    assert tested["jcuda"] == tested["jcuda-natives"] == {java_backend.JCUDA_VERSION}
+    assert tested["javacpp"] == {versions["javacpp"]}
+    assert tested["openblas"] == {versions["openblas"]}
+    assert tested["cuda"] == {versions["cuda13"]}
+    assert versions["cuda13"].endswith("-" + versions["javacpp"]) and versions["openblas"].endswith(
+        "-" + versions["javacpp"]
+    )
+    (jna,) = tested["jna"]
+    assert re.findall(r"<version>([^<]+)</version>", java_backend.JNA) == [jna]
+    runtime = ROOT / "deepdsl" / "runtime"
+    named = {v for f in ("MpiCollective.java", "NcclCollective.java")
+             for v in re.findall(r"jna[:-](\d+\.\d+\.\d+)", (runtime / f).read_text())}  # fmt: skip
+    assert named == {jna}
+    prepare = (ROOT / "scripts" / "gpu_prepare.sh").read_text()
+    assert set(re.findall(r"jcuda-(\d+\.\d+\.\d+)\.jar", prepare)) == {java_backend.JCUDA_VERSION}
+    assert set(re.findall(r"javacpp-(\d+\.\d+\.\d+)", prepare)) == {versions["javacpp"]}
+    assert set(re.findall(r"CUDA_PRESETS=cuda-(\S+)", prepare)) == {versions["cuda13"]}
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("mvn") is None, reason="mvn is not on PATH")
 def test_maven_package_builds_a_runnable_jar(cli, tmp_path: Path) -> None:
