@@ -30,7 +30,7 @@ from deepdsl.ir.analysis import classified_label, regression_target
 from deepdsl.memory.footprint import available_memory, check_fits, footprint, memory_limits
 from deepdsl.memory.report import total_peak
 from deepdsl.ops.collective import is_data_parallel
-from deepdsl.passes.data_parallel import refuse_micro_batches
+from deepdsl.passes.sync_batch_norm import refuse_micro_batches
 
 # The largest step counter a parameter file may hold: far beyond any run, and small enough that iteration x batch
 # (the sample position the data source computes, in int64 in the Java runtime) cannot overflow.

@@ -166,7 +166,7 @@ def memcheck(c: api.Compilation, file: str, sets: dict, options: api.Options, gp
                          micro_batches=micro_batches)  # fmt: skip
     echo_warnings(c)
     if options.buckets is not None:
-        from deepdsl.passes.data_parallel import refuse_micro_batches
+        from deepdsl.passes.sync_batch_norm import refuse_micro_batches
 
         train = b.program.train
         refuse_micro_batches(b.train, micro_batches, train.sync_batch_norm_at if train.sync_batch_norm else None)
