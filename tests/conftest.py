@@ -5,6 +5,7 @@ that MPI ranks the tests kill leave behind."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +18,17 @@ GOLDEN = ROOT / "tests" / "golden"
 
 # every test verifies what the driver builds: the graph after every pass and rematerialisation, and every plan
 os.environ["DEEPDSL_VERIFY"] = "1"
+
+
+# The test modules import ROOT, NETWORKS, GOLDEN and remove_orphans `from conftest`: that name is the last conftest.py
+# pytest imported, since each one outside a package is imported as the module `conftest` (tests/backends/ has one of
+# its own). Once another is registered, the name is pointed back here.
+_THIS = sys.modules[__name__]
+
+
+def pytest_plugin_registered(plugin: object) -> None:
+    if plugin is not _THIS and getattr(plugin, "__name__", None) == __name__:
+        sys.modules[__name__] = _THIS
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -40,21 +40,6 @@ needs_mpich = pytest.mark.skipif(
 )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The stand-in NCCL in nccl/, the networks' files; each network's emulated kernels get a folder of their own."""
-    folder = tmp_path_factory.mktemp("gpu_dp")
-    (folder / "nccl").mkdir()
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-DFAKE_NCCL_MPICH", f"-I{VENV / 'include'}",
-                    str(HERE / "fake_libnccl.c"), f"-L{MPICH.parent}", "-lmpi", f"-Wl,-rpath,{MPICH.parent}",
-                    "-Wl,-soname,libnccl.so.2", "-o", str(folder / "nccl" / "libnccl.so.2"), "-ldl"],
-                   check=True)  # fmt: skip
-    (folder / "nonccl").mkdir()
-    (folder / "res.ddsl").write_text(RESIDUAL)
-    (folder / "drop.ddsl").write_text(DROPOUT)
-    return folder
-
-
 def _env(work: Path, nccl: bool = True, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "OMPI_", "SLURM_", "DEEPDSL_DP", "MPI_LOCAL", "NCCL_", "FAKE_NCCL"))

@@ -1,6 +1,6 @@
 """Synchronised batch norm (issue 32, `sync_batch_norm`) on the PyCUDA runner without a GPU: two ranks under
 `mpiexec -n 2` of `deepdsl run --device cuda --sync-batch-norm` on the emulated GPU with NCCL's stand-in
-(test_gpu_data_parallel.py's fixtures) train the batch-norm/residual network as the NumPy runner's two synchronised
+(conftest.py's `work`) train the batch-norm/residual network as the NumPy runner's two synchronised
 ranks do, within rounding, eagerly and inside the captured CUDA graph; each step adds the statistics' blocking
 all-reduces to the gradient buckets'."""
 
@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import test_gpu_data_parallel as gpu_dp
 from click.testing import CliRunner
 from cuda_emulator import EmulatedDriver
 from test_distributed import _deepdsl
@@ -22,8 +21,6 @@ from test_sync_batch_norm import BY_SGD, SYNC, _far
 
 from deepdsl import running
 from deepdsl.cli import cli
-
-work = gpu_dp.work  # the fixture: the stand-in NCCL built against MPICH
 
 # the largest difference allowed between the GPU's and the NumPy runner's synchronised ranks, relative to the
 # tensor's largest magnitude (at least 1): float32 rounding of the same sums in other orders (the emulated kernels'

@@ -28,8 +28,6 @@ from deepdsl.cli import cli
 
 pytestmark = JAVA_MARKS
 
-RUNTIME = ROOT / "deepdsl" / "runtime"
-DRIVER = Path(__file__).resolve().parent / "java" / "CollectiveCheck.java"
 MLP = ROOT / "networks" / "mlp.ddsl"
 LENET = ROOT / "networks" / "lenet.ddsl"
 
@@ -37,14 +35,6 @@ LENET = ROOT / "networks" / "lenet.ddsl"
 def _env(lib: Path, **extra: str) -> dict[str, str]:
     """The launched runs' environment: the MPI's folder on PATH (MpiCollective finds ../lib beside mpiexec)."""
     return launch_env(PATH=f"{lib.parent / 'bin'}:{os.environ.get('PATH', '')}", **extra)
-
-
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """CollectiveCheck and the runtime, compiled."""
-    folder = tmp_path_factory.mktemp("collective")
-    javac(folder, [DRIVER, *RUNTIME.glob("*.java")], folder / "build")
-    return folder / "build"
 
 
 def _check(build: Path, *args: str, ranks: int = 2, jvm: tuple[str, ...] = (), jna: bool = True,

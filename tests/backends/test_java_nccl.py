@@ -31,13 +31,6 @@ STAND_IN = Path(__file__).with_name("fake_libnccl.c")
 
 
 @pytest.fixture(scope="module")
-def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """MLP (N = 8) compiled with --data-parallel and --ptx into src/, built; its kernels for the CPU; the stand-in
-    driver, CUDA 13 libraries and NCCL in fake/."""
-    return _built(tmp_path_factory.mktemp("java_nccl"), ROOT / "networks" / "mlp.ddsl", "MLP", "--set", "N=8")
-
-
-@pytest.fixture(scope="module")
 def dropout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The small dropout network of tests/dp_nets.py built as `program` is."""
     import sys

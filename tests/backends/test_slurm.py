@@ -31,11 +31,9 @@ from slurm_cluster import Cluster, slurm_cluster
 from test_gpu_data_parallel import HERE, _build_kernels, _differ, needs_mpich
 from test_gpu_data_parallel import _env as _gpu_env
 from test_gpu_data_parallel import _run as _gpu_run
-from test_gpu_data_parallel import work as work  # noqa: PLC0414 — the fixture (the stand-in NCCL), shared
 from test_java_data_parallel import _bitwise, _params, signal_rank_one
 from test_java_data_parallel import _env as _mpi_env
 from test_java_nccl import _run as _java_cuda_run
-from test_java_nccl import program as program  # noqa: PLC0414 — the fixture (MLP on the stand-in GPU), shared
 from test_java_openmpi import OPEN_MPIS, OpenMpi
 from test_torchrun import _free_port
 
@@ -216,17 +214,6 @@ def pycuda_ranks_equal_two_micro_batches(cluster: Cluster, work: Path, srun: lis
 
 
 # ---- Open MPI's ranks: srun --mpi=pmix ----
-
-
-@pytest.fixture(scope="module")
-def pmix(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
-    """The cluster, where its pmix plugin loads (it opens Debian's libpmix.so, which only libpmix-dev installs)."""
-    r = _run(["srun", "--mpi=pmix", "-n", "1", "true"], cluster.env(launch_env()), tmp_path_factory.mktemp("pmix"),
-             timeout=60)  # fmt: skip
-    if r.returncode != 0:
-        reason = next((line for line in r.stderr.splitlines() if "pmix" in line.lower()), r.stderr.strip())
-        pytest.skip(f"Slurm's pmix plugin does not load ({reason}): apt-get install libpmix-dev (.ci/run does)")
-    return cluster
 
 
 def _ompi_env(cluster: Cluster, ompi: OpenMpi, **extra: str) -> dict[str, str]:

@@ -45,10 +45,7 @@ from slurm_cluster import NETNS, Cluster, missing, remove_orphan_networks, slurm
 from test_gpu_data_parallel import HERE, _build_kernels, _differ, needs_mpich
 from test_gpu_data_parallel import _env as _gpu_env
 from test_gpu_data_parallel import _run as _gpu_run
-from test_gpu_data_parallel import work as work  # noqa: PLC0414 — the fixture (the stand-in NCCL), shared
 from test_java_data_parallel import _bitwise, _params
-from test_java_data_parallel import driver as driver  # noqa: PLC0414 — the fixture (CollectiveCheck), shared
-from test_java_nccl import program as program  # noqa: PLC0414 — the fixture (MLP on the stand-in GPU), shared
 from test_java_openmpi import OPEN_MPIS, OpenMpi
 from test_slurm import (
     MLP,
@@ -59,7 +56,6 @@ from test_slurm import (
     java_cuda_ranks_equal_two_micro_batches,
     pycuda_ranks_equal_two_micro_batches,
 )
-from test_slurm import pmix as pmix  # noqa: PLC0414 — the fixture (this module's cluster, its pmix plugin loading)
 from test_torchrun import TORCHRUN, _free_port, needs_torchrun
 
 from deepdsl.cli import cli

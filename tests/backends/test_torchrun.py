@@ -26,10 +26,8 @@ import pytest
 from java_env import JAVA_MARKS, jcuda_jars, jna_jar, launch_env, mpi
 from test_gpu_data_parallel import HERE, ROOT, _build_kernels, _differ, _env, needs_mpich
 from test_gpu_data_parallel import _run as _gpu_run
-from test_gpu_data_parallel import work as work  # noqa: PLC0414 — the fixture, shared
 from test_java_nccl import _params
 from test_java_nccl import _run as _java_run
-from test_java_nccl import program as program  # noqa: PLC0414 — the fixture, shared
 
 pytestmark = pytest.mark.slow
 
