@@ -5,30 +5,14 @@ that MPI ranks the tests kill leave behind."""
 from __future__ import annotations
 
 import os
-import sys
-import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-ROOT = Path(__file__).resolve().parent.parent
-NETWORKS = sorted((ROOT / "networks").glob("*.ddsl"))
-GOLDEN = ROOT / "tests" / "golden"
+from helpers import ROOT, SHM, remove_orphans
 
 # every test verifies what the driver builds: the graph after every pass and rematerialisation, and every plan
 os.environ["DEEPDSL_VERIFY"] = "1"
-
-
-# The test modules import ROOT, NETWORKS, GOLDEN and remove_orphans `from conftest`: that name is the last conftest.py
-# pytest imported, since each one outside a package is imported as the module `conftest` (tests/backends/ has one of
-# its own). Once another is registered, the name is pointed back here.
-_THIS = sys.modules[__name__]
-
-
-def pytest_plugin_registered(plugin: object) -> None:
-    if plugin is not _THIS and getattr(plugin, "__name__", None) == __name__:
-        sys.modules[__name__] = _THIS
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -91,36 +75,6 @@ def cli():  # noqa: ANN201
         return runner.invoke(group, list(args), catch_exceptions=True)
 
     return run
-
-
-SHM = Path("/dev/shm")
-
-
-def _mapped() -> set[str]:
-    """The files some process here has mapped (/proc/*/maps), as far as this user may read them."""
-    names = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            lines = maps.read_text().splitlines()
-        except OSError:
-            continue
-        names.update(fields[5] for fields in (line.split(None, 5) for line in lines) if len(fields) == 6)
-    return names
-
-
-def remove_orphans(paths: set[Path], min_age: float = 10.0) -> list[Path]:
-    """Removes those of `paths` that no process maps and nobody wrote in the last `min_age` seconds (a segment just
-    made, which its other ranks have yet to map, is younger); returns them."""
-    mapped = _mapped()
-    removed = []
-    for path in sorted(paths):
-        try:
-            if str(path) not in mapped and time.time() - path.stat().st_mtime > min_age:
-                path.unlink()
-                removed.append(path)
-        except OSError:
-            continue
-    return removed
 
 
 # the shared-memory segments of MPICH's ranks, and of Open MPI's (its sm transport: sm_segment.HOST.UID.JOB.RANK)

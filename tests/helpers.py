@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from deepdsl import api
 from deepdsl.errors import DslError, render
 
 ROOT = Path(__file__).resolve().parent.parent
+NETWORKS = sorted((ROOT / "networks").glob("*.ddsl"))
+GOLDEN = ROOT / "tests" / "golden"
 
 HEADER = "network T\nconst N = 4\ninput x : [N, 3, 8, 8]\nlabel y : [N] classes 10\n"
 
@@ -258,3 +261,33 @@ loss = cross_entropy(softmax(net(x)), y)
 predict = log_softmax(net(x))
 train { data = synthetic(seed=6) optimizer = sgd(lr=0.05, momentum=0.9) iterations = 3 seed = 4 }
 """
+
+
+SHM = Path("/dev/shm")
+
+
+def _mapped() -> set[str]:
+    """The files some process here has mapped (/proc/*/maps), as far as this user may read them."""
+    names = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            lines = maps.read_text().splitlines()
+        except OSError:
+            continue
+        names.update(fields[5] for fields in (line.split(None, 5) for line in lines) if len(fields) == 6)
+    return names
+
+
+def remove_orphans(paths: set[Path], min_age: float = 10.0) -> list[Path]:
+    """Removes those of `paths` that no process maps and nobody wrote in the last `min_age` seconds (a segment just
+    made, which its other ranks have yet to map, is younger); returns them."""
+    mapped = _mapped()
+    removed = []
+    for path in sorted(paths):
+        try:
+            if str(path) not in mapped and time.time() - path.stat().st_mtime > min_age:
+                path.unlink()
+                removed.append(path)
+        except OSError:
+            continue
+    return removed

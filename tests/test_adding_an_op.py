@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 import deepdsl.backends.cuda  # noqa: F401 — attaches the CUDA fields, before the guide's CUDA rule is added
 import deepdsl.ops  # noqa: F401

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import NETWORKS, ROOT
+from helpers import NETWORKS, ROOT
 
 LENET = str(ROOT / "networks" / "lenet.ddsl")
 

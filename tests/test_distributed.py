@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
 from dp_nets import DROPOUT, RESIDUAL
+from helpers import ROOT
 
 from deepdsl import api
 from deepdsl.build import Options

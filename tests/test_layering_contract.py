@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT
+from helpers import ROOT
 
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"  # installed with the `test` extra
 

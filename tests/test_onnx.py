@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
-from helpers import REDUCED, with_slow
+from helpers import REDUCED, ROOT, with_slow
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

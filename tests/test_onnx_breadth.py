@@ -78,8 +78,7 @@ def test_one_gap_is_the_one_line_error(tmp_path: Path) -> None:
 
 # ---- export: every network in networks/ and every op, ONNX Runtime against deepdsl ----
 
-from conftest import ROOT  # noqa: E402
-from helpers import REDUCED  # noqa: E402
+from helpers import REDUCED, ROOT  # noqa: E402
 from test_onnx import OPSETS  # noqa: E402
 
 from deepdsl import api  # noqa: E402

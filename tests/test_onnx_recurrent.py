@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

@@ -262,7 +262,7 @@ def test_lr_mult_and_freeze_accept_the_documented_forms() -> None:
 
 
 def test_the_finetune_example_trains_its_head_and_keeps_its_stem(tmp_path) -> None:  # noqa: ANN001
-    from conftest import ROOT
+    from helpers import ROOT
 
     c = api.compile_file(str(ROOT / "networks" / "examples" / "finetune.ddsl"))
     assert c.program.train.freeze == ("cv1", "bn") and c.program.train.optimizer[0] == "adamw"

@@ -9,8 +9,7 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
-from helpers import SMALL, feeds_and_params
+from helpers import ROOT, SMALL, feeds_and_params
 from sequence_nets import story
 
 from deepdsl import api

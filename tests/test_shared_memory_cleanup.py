@@ -1,4 +1,4 @@
-"""conftest.remove_orphans, which removes the shared-memory segments of MPI ranks the tests killed: a file some
+"""helpers.remove_orphans, which removes the shared-memory segments of MPI ranks the tests killed: a file some
 process maps, or one just written, is kept; an old one nobody maps is removed."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from conftest import remove_orphans
+from helpers import remove_orphans
 
 
 def test_only_old_unmapped_segments_are_removed(tmp_path: Path) -> None:

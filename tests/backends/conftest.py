@@ -3,9 +3,9 @@ it): the stand-in NCCL for the emulated GPU (`work`), CollectiveCheck and the ru
 stand-in GPU (`program`), and the module's own Slurm cluster where its pmix plugin loads (`pmix`, over the requesting
 module's `cluster`).
 
-The fixtures import their helpers when they run, not here: java_env and the test modules import ROOT `from
-conftest`, and while this file loads that name is this module (tests/conftest.py points it back once this one is
-registered)."""
+The fixtures import the helpers they share with the test modules (which hold them) when they run. What the test
+modules share as plain names is in tests/helpers.py, never imported `from conftest`: each folder's conftest.py is
+imported as the module `conftest`, so that name would be whichever pytest loaded last."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 JCUDA = ROOT / ".ci" / "jcuda"
 JAVA_MARKS = [

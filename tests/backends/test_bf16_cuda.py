@@ -11,9 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
 from cuda_emulator import EmulatedDriver, emulate, fake_vendor
-from helpers import SMALL
+from helpers import ROOT, SMALL
 
 from deepdsl import api
 from deepdsl.backends.cuda import nvrtc

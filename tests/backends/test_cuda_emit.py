@@ -36,9 +36,12 @@ from deepdsl.ir.types import DType
 from deepdsl.memory import Plan, plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import GOLDEN  # noqa: E402
 from cuda_emulator import emulate, run_launch  # noqa: E402
-from helpers import REDUCED, with_slow  # noqa: E402
+from helpers import (  # noqa: E402
+    GOLDEN,  # noqa: E402
+    REDUCED,
+    with_slow,
+)
 
 # every network at a reduced size (ResNet-50 and GoogLeNet at N=2), and SMALL: batch norm, a residual add, concat,
 # dropout and a tensor function in one small network, the default suite's stand-in for the big ones (slow)

@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
 from cuda_emulator import EmulatedDriver, fake_vendor, same_bits
-from helpers import POOLED, SMALL
+from helpers import POOLED, ROOT, SMALL
 from test_vendor import CONV_OPS, CONVS, ONE_BY_ONE, _conv_case
 
 from deepdsl import api

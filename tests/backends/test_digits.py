@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 
 @pytest.mark.slow  # 200 NumPy steps and a test pass: 12 s of CPU

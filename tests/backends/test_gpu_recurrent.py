@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
 from cuda_emulator import EmulatedDriver
+from helpers import ROOT
 
 from deepdsl import api
 from deepdsl.running import run_training

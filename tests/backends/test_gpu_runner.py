@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
 from cuda_emulator import EmulatedDriver, same_bits
-from helpers import NORMED, POOLED, SMALL
+from helpers import NORMED, POOLED, ROOT, SMALL
 
 from deepdsl import api
 from deepdsl.backends.cuda import drivers

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
 from cuda_emulator import EmulatedDriver, fake_vendor
+from helpers import ROOT
 
 from deepdsl import api, running
 from deepdsl.backends.cuda.vendor import open_vendor

@@ -1,6 +1,6 @@
 """Synchronised batch norm (issue 32, `sync_batch_norm`) on the PyCUDA runner without a GPU: two ranks under
 `mpiexec -n 2` of `deepdsl run --device cuda --sync-batch-norm` on the emulated GPU with NCCL's stand-in
-(conftest.py's `work`) train the batch-norm/residual network as the NumPy runner's two synchronised
+(tests/backends/conftest.py's `work`) train the batch-norm/residual network as the NumPy runner's two synchronised
 ranks do, within rounding, eagerly and inside the captured CUDA graph; each step adds the statistics' blocking
 all-reduces to the gradient buckets'."""
 

@@ -14,9 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
 from cuda13_stand_ins import fake_cuda13, fake_cudnn9
-from helpers import SMALL
+from helpers import ROOT, SMALL
 from java_env import JAVA_MARKS, java
 from test_bf16_cuda import AGREE, FIRST, MARGIN
 from test_java_cuda import build_programs, cpu, run

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 from java_env import openblas_classpath
 from ops.test_registry_complete import EXAMPLES
 

@@ -19,10 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
 from cuda13_stand_ins import CUDA13, fake_cuda13, fake_cudnn9
 from cuda_emulator import TILED, emulate, fake_driver, kernel_names
-from helpers import SMALL
+from helpers import ROOT, SMALL
 from java_env import JAVA_MARKS, java, javac, jcuda_jars
 from test_own_kernels import SPLIT
 from transformer_nets import causal_attention

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
 from dp_nets import DROPOUT, RESIDUAL
+from helpers import ROOT
 from java_env import JAVA_MARKS, javac, jna_jar, launch_env, mpi
 
 from deepdsl.cli import cli

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 from java_env import JAVA_MARKS, java, java_json, javac
 
 pytestmark = [*JAVA_MARKS, pytest.mark.slow]  # one javac run of three programs

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, NETWORKS, ROOT
+from helpers import GOLDEN, NETWORKS, ROOT
 from java_env import JAVA_MARKS, java, javac, launch_env, mpi
 from ops.test_registry_complete import EXAMPLES
 from oracle_inputs import op_inputs

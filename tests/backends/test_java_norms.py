@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
 from cuda_emulator import TILED, emulate, fake_driver, kernel_names
+from helpers import ROOT
 from java_env import JAVA_MARKS, java_json, javac, jcuda_jars
 
 pytestmark = [

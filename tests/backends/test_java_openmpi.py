@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
 from dp_nets import RESIDUAL
+from helpers import ROOT
 from java_env import JAVA_MARKS, javac, jna_jar, launch_env, mpi
 from test_java_data_parallel import _bitwise, _float32_sums, _params, signal_rank_one
 

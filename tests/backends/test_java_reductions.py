@@ -171,7 +171,7 @@ def _pass_launches(java_text: str, calls: str) -> tuple[int, int]:
 def test_the_classs_pass_calls_launch_what_the_pycuda_runners_passes_do(network: str, limit: int | None) -> None:
     """Without running anything: the generated class's pass calls stand for as many launches as the PyCUDA
     runner's passes, also where no workspace is allowed (`--workspace-limit 0`: no split pass on either device)."""
-    from conftest import ROOT
+    from helpers import ROOT
 
     from deepdsl.backends.java import java_program
     from deepdsl.build import Options

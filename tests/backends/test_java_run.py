@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
-from helpers import SMALL
+from helpers import ROOT, SMALL
 from java_env import JAVA_MARKS, java, java_json, javac, openblas_classpath
 
 pytestmark = JAVA_MARKS

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 from java_env import JAVA_MARKS, java_json, javac
 from sequence_nets import story
 from transformer_nets import causal_attention

@@ -8,7 +8,7 @@ import re
 from functools import cache
 
 import numpy as np
-from conftest import GOLDEN, ROOT
+from helpers import GOLDEN, ROOT
 from test_java_constants import TWO_NORMS
 
 from deepdsl.api import build, compile_source

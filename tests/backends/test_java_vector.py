@@ -24,9 +24,11 @@ from deepdsl.backends.cuda import nvrtc
 from deepdsl.backends.java import JavaProgram, java_program
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import ROOT  # noqa: E402
 from cuda_emulator import emulate  # noqa: E402
-from helpers import SMALL  # noqa: E402
+from helpers import (
+    ROOT,  # noqa: E402
+    SMALL,  # noqa: E402
+)
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to run the kernels on the CPU")
 

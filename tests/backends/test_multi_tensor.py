@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
 from cuda_emulator import EmulatedDriver
+from helpers import ROOT
 
 from deepdsl import api
 from deepdsl.backends.cuda import launch, translation

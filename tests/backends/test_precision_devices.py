@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
 from cuda_emulator import EmulatedDriver, fake_vendor
+from helpers import ROOT
 
 import deepdsl.running as running
 from deepdsl import api

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
+from helpers import ROOT
 from java_env import JAVA_MARKS, javac, jcuda_jars, jna_jar, launch_env, mpi
 from slurm_cluster import Cluster, slurm_cluster
 from test_gpu_data_parallel import HERE, _build_kernels, _differ, needs_mpich

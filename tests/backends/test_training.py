@@ -7,8 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import ROOT
-from helpers import HEADER, REDUCED, STEP, compile_text, feeds_and_params, with_slow
+from helpers import HEADER, REDUCED, ROOT, STEP, compile_text, feeds_and_params, with_slow
 
 from deepdsl import api
 from deepdsl.autodiff import gradient_program

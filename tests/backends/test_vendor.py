@@ -14,9 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
 from cuda_emulator import EmulatedDriver, fake_vendor, same_bits
-from helpers import NORMED, POOLED, SMALL
+from helpers import NORMED, POOLED, ROOT, SMALL
 
 import deepdsl.running as running
 from deepdsl import api

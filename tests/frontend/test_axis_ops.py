@@ -269,8 +269,7 @@ tensor group_centre(x[B, C, H, W]) -> [n, c, h, w] {
 
 @pytest.mark.parametrize("remat", ["none", "cheap", "full"])
 def test_the_example_runs_inside_its_poisoned_plan(remat: str) -> None:
-    from conftest import ROOT
-    from helpers import feeds_and_params
+    from helpers import ROOT, feeds_and_params
 
     from deepdsl import api
     from deepdsl.backends.numpy_runner import run_plan

@@ -9,8 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import ROOT
-from helpers import compile_text, error_text
+from helpers import ROOT, compile_text, error_text
 
 from deepdsl.autodiff import gradient_program, infer_program
 from deepdsl.backends.numpy_runner import run

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import GOLDEN, NETWORKS, ROOT
+from helpers import GOLDEN, NETWORKS, ROOT
 
 FULL_TEXT = ("mlp", "lenet")
 STAGES = ("ast", "graph", "train", "infer", "opt", "plan")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from deepdsl import api
 from deepdsl.ir import Graph, GraphBuilder, Init, InputDef, ParamDef, TensorType, Value

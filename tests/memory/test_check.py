@@ -7,8 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from conftest import ROOT
-from helpers import feeds_and_params
+from helpers import ROOT, feeds_and_params
 
 from deepdsl import api
 from deepdsl.backends.numpy_runner import run, run_plan

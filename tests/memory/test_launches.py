@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from deepdsl import api
 from deepdsl.ir.launches import launch_groups

@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
-from helpers import SMALL
+from helpers import ROOT, SMALL
 
 from deepdsl import api
 from deepdsl.memory.report import largest_batch, parse_size, total_peak

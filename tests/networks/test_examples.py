@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "tests" / "backends"))  # java_env
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import NETWORKS as ALL_NETWORKS
+from helpers import NETWORKS as ALL_NETWORKS
 
 from deepdsl import api
 from deepdsl.ir.verify import check_graph

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 VAE = ROOT / "networks" / "examples" / "vae.ddsl"
 SMALL = ["--set", "N=8", "--set", "D=32", "--set", "H=16", "--set", "Z=4", "--data", "synthetic"]

@@ -8,7 +8,7 @@ import importlib.util
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from deepdsl import api
 from deepdsl.ir.verify import check_graph

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
-from helpers import compile_text, error_text
+from helpers import ROOT, compile_text, error_text
 
 from deepdsl.autodiff import gradients, lower, replay
 from deepdsl.backends.numpy_runner import run

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import ROOT
-from helpers import feeds_and_params
+from helpers import ROOT, feeds_and_params
 
 from deepdsl import api
 from deepdsl.backends.numpy_runner import run

@@ -9,8 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import ROOT
-from helpers import feeds_and_params
+from helpers import ROOT, feeds_and_params
 from transformer_nets import ATTENTION, CAUSAL
 
 from deepdsl import api

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import GOLDEN, ROOT
-from helpers import HEADER
+from helpers import GOLDEN, HEADER, ROOT
 
 from deepdsl import api
 from deepdsl.ir.printer import format_graph

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import ROOT
-from helpers import REDUCED, feeds_and_params, with_slow
+from helpers import REDUCED, ROOT, feeds_and_params, with_slow
 
 from deepdsl import api
 from deepdsl.backends.numpy_runner import run

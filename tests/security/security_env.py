@@ -1,6 +1,6 @@
 """What the security tests share: three small networks whose source text attacks the Java emitter (the issue's
 two proofs of concept and a newline in a file name), compiled by one javac run, and how to run them. (Not a
-conftest.py: the other test folders import theirs as `conftest`.)"""
+conftest.py: the test modules import it by name, as they import tests/helpers.py.)"""
 
 from __future__ import annotations
 

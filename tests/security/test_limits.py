@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ROOT
 from deep_networks import SMALL
+from helpers import ROOT
 
 from deepdsl import api
 from deepdsl.data.synthetic import MAX_BYTES, synthetic_sizes

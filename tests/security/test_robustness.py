@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
 from deep_networks import SMALL, chain, residual_mlp
+from helpers import ROOT
 
 from deepdsl import api
 from deepdsl.memory.plan import first_fit
