@@ -99,7 +99,7 @@ def _collect(g: Graph, rows: Stmt, kind: str, hidden: int, users: Mapping[str, l
 
 
 def emit(w: Any, app: Application, s: Stmt, arrays: Mapping[str, np.ndarray]) -> None:
-    """The ONNX nodes of `app` (writer w of onnx_export), named after the layer; `s` its first statement."""
+    """The ONNX nodes of `app` (w an onnx_writer.Writer), named after the layer; `s` its first statement."""
     h, kind, layer = app.hidden, app.kind, app.layer
     n, steps, _ = app.x.type.shape
     x_t = f"{app.first}/time_major"
