@@ -1,175 +1,36 @@
-"""`deepdsl run`: pick a device, load data, train a Build (api.build), test, save; report progress through a
-callback."""
+"""`deepdsl run`, `eval` and `predict`: pick a device (devices.py), load data, train a Build (api.build), test, save;
+report progress through a callback."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from deepdsl.backends.cuda.drivers import PyCudaDriver, pycuda_available
-from deepdsl.backends.cuda.runner import BF16_ARCH, Driver
-from deepdsl.backends.cuda.vendor import MissingLibrary
+from deepdsl.backends.cuda.runner import Driver
 from deepdsl.build import Build
 from deepdsl.checkpoint import check_writable, save_npz
 from deepdsl.data import parse_data_flag
 from deepdsl.data.named import Samples, fields_of, load_samples
+from deepdsl.devices import (
+    CPU,
+    cuda_not_used,
+    given_line,
+    open_device,
+    precision_json,
+    precision_line,
+    trainer_arch,
+    with_graph,
+)
 from deepdsl.distributed import DistributedError, GpuComm, MpiComm, Session, startup_check
 from deepdsl.errors import DslProgramError
-from deepdsl.frontend.builtins import FLOAT32_MAX  # a setting the kernels read as a float32 stays finite there
-from deepdsl.frontend.program import Program, Schedule
 from deepdsl.frontend.train import MAX_ITERATIONS
 from deepdsl.trainer import Trainer, TrainResult, batch_size
 
 BAR = 24
-
-# The numeric options of `deepdsl run` and the flags of the Java program (CommandLine.java's RANGES: the same ranges,
-# syntax and messages): flag -> (low, high, high excluded, whole number). --threads is the Java program's only.
-SETTING_RANGES: dict[str, tuple[float, float, bool, bool]] = {
-    "--iters": (0, MAX_ITERATIONS, False, True),
-    "--threads": (1, 1024, False, True),
-    "--lr": (0, FLOAT32_MAX, False, False),
-    "--momentum": (0, 1, True, False),
-    "--weight-decay": (0, FLOAT32_MAX, False, False),
-    "--beta1": (0, 1, True, False),
-    "--beta2": (0, 1, True, False),
-    "--eps": (0, FLOAT32_MAX, False, False),
-    "--clip": (0, FLOAT32_MAX, False, False),
-    "--alpha": (0, 1, True, False),  # RMSprop's smoothing constant
-}
-OPTIMIZER_FLAGS = ("--lr", "--momentum", "--weight-decay", "--beta1", "--beta2", "--eps", "--clip", "--alpha")
-_NUMBER = re.compile(r"[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?")
-_WHOLE = re.compile(r"[+-]?[0-9]{1,18}")
-
-
-def _fmt(x: float) -> str:
-    return str(int(x)) if x == int(x) and abs(x) < 1e15 else f"{x:.2g}"
-
-
-def parse_setting(flag: str, raw: str) -> float | int:
-    """The value of a numeric option `flag` (a key of SETTING_RANGES) given as `raw`: a decimal number (a whole
-    one for --iters and --threads), finite, in its range. ValueError with what it takes otherwise."""
-    low, high, open_high, whole = SETTING_RANGES[flag]
-    text = raw.strip()
-    value: float | int | None = None
-    if whole and _WHOLE.fullmatch(text):
-        value = int(text)
-    elif not whole and _NUMBER.fullmatch(text):
-        value = float(text)
-    if value is None or not math.isfinite(value) or value < low or (value >= high if open_high else value > high):
-        takes = f"{'a whole number' if whole else 'a number'} in [{_fmt(low)}, {_fmt(high)}{')' if open_high else ']'}"
-        raise ValueError(f"{flag} takes {takes}, not {raw!r}")
-    return value
-
-
-def with_settings(program: Program, settings: dict[str, float]) -> Program:
-    """`program` with its optimizer's hyperparameters replaced, as the Java program's flags set its settings
-    (`settings`: lr, momentum, weight_decay, beta1, beta2, eps, clip, alpha; checked with parse_setting): `lr` under a
-    schedule is the schedule's base rate. A setting the optimizer does not have (as the Java class has none:
-    sgd's momentum or clip where it is 0) is a DslProgramError."""
-    if not settings:
-        return program
-    cfg = program.train
-    name, args = cfg.optimizer
-    values = dict(args)
-    have = [k for k, v in args if f"--{k.replace('_', '-')}" in SETTING_RANGES and not (k in ("momentum", "clip")
-            and v == 0)]  # fmt: skip
-    lr = cfg.lr
-    for key, value in settings.items():
-        if key not in have:
-            raise DslProgramError(
-                f"the optimizer {name} of {program.graph.name} has no setting '{key}' (it has {', '.join(have)})"
-                + ("; a 0 in the train block leaves it out: give it there" if key in ("momentum", "clip") else "")
-            )
-        if key == "lr" and lr is not None:
-            lr = _with_base(lr, float(value))
-        else:
-            values[key] = float(value)
-    train = dataclasses.replace(cfg, optimizer=(name, tuple(values.items())), lr=lr)
-    return dataclasses.replace(program, train=train)
-
-
-def _with_base(s: Schedule, base: float) -> Schedule:
-    """The schedule `s` from another base rate (Schedule.java's withBase)."""
-    if s.base is None:
-        return dataclasses.replace(s, value=base)
-    return dataclasses.replace(s, base=_with_base(s.base, base))
-
-
-CPU = "cpu (NumPy reference runner)"
-
-
-def _arch(trainer: Trainer) -> str | None:
-    """The architecture of the GPU `trainer` runs on; None on the NumPy runner."""
-    return trainer.gpu.driver.arch if trainer.gpu is not None else None
-
-
-def precision_ran(build: Build, arch: str | None) -> tuple[str, str | None]:
-    """The precision a run of `build` computes in, on the GPU of architecture `arch` (None: the NumPy runner), and a
-    note where that is not the one asked for: the NumPy runner has no TF32 math, nor has a GPU before Ampere (sm_80),
-    so tf32 runs there as fp32, and says so (bf16 the NumPy runner runs, rounding where the plan stores bf16)."""
-    if build.precision == "tf32" and arch is None:
-        return "fp32", "tf32 asked: the NumPy runner has no TF32 math and runs it as fp32"
-    if build.precision == "tf32" and int(arch.removeprefix("sm_")) < BF16_ARCH:
-        return "fp32", (f"tf32 asked: this GPU ({arch}) has no TF32 tensor cores (compute capability 8.0 or newer), "
-                        "so cuBLAS and cuDNN run it as fp32")  # fmt: skip
-    return build.precision, None
-
-
-def _precision_line(build: Build, arch: str | None) -> str:
-    """The device line's last part: `  precision fp32`, with the note where the precision asked did not run."""
-    ran, note = precision_ran(build, arch)
-    return f"  precision {ran}" + (f" ({note})" if note else "")
-
-
-def _precision_json(build: Build, arch: str | None) -> dict[str, str]:
-    """The `--json` fields of the precision: `precision` (what ran) and, where it is not what was asked,
-    `precision_note` (docs/formats.md)."""
-    ran, note = precision_ran(build, arch)
-    return {"precision": ran, **({"precision_note": note} if note else {})}
-
-
-def open_device(
-    device: str, double: bool = False, kernels: str = "auto", tf32: bool = False, gpu: int = 0
-) -> tuple[Driver | None, str, str | None]:
-    """The GPU driver for `device` (None: the NumPy runner), what runs the program (the device line) and, under
-    `auto` on the CPU, why CUDA is not used (a line of its own).
-
-    `auto` takes the GPU when PyCUDA is installed and finds one, and says why not when PyCUDA is there but cannot
-    run the program (no GPU, a plan too large); without PyCUDA (the `gpu` extra) it says nothing, and neither do
-    `cpu` and `auto` with --float64 (which runs on the CPU); `cuda` is a user error (with the reason) when it
-    cannot have one. On the GPU, `kernels` picks the vendor libraries (backends/cuda/vendor.py): `vendor` without
-    them is an error wherever the GPU is opened (under `cuda`, and under `auto` once PyCUDA is there); the NumPy
-    runner has no vendor libraries and ignores it. `tf32`: the vendor GEMMs and convolutions in TF32 tensor-op math
-    (--precision tf32). `gpu`: which GPU (a data-parallel rank's local rank)."""
-    if device == "cpu" or (device == "auto" and double):  # the CPU asked for (--float64 runs there): no CUDA line
-        return None, CPU, None
-    if device == "auto" and not pycuda_available():  # no GPU extra: a CPU install, no news on every command
-        return None, CPU, None
-    if double:
-        raise DslProgramError("--float64 runs on the NumPy runner only; use --device cpu")
-    try:
-        driver = PyCudaDriver(kernels, tf32=tf32, **({"index": gpu} if gpu else {}))  # (GPU 0: the default)
-    except DslProgramError as err:
-        if device == "cuda" or isinstance(err, MissingLibrary):
-            raise
-        return None, CPU, _not_used(err.message)
-    return driver, f"cuda ({driver.description}, PyCUDA runner; {driver.vendor.description})", None
-
-
-def _given(driver: Driver) -> str:
-    """The device line of a driver the caller gave (tests)."""
-    return f"cuda ({driver.description}; {driver.vendor.description})"
-
-
-def _with_graph(line: str, graph: str) -> str:
-    """The device line of the GPU runner with its CUDA graph choice: `cuda (...; graph: on)`."""
-    return f"{line[:-1]}; graph: {graph})"
 
 
 def _tested(loss: float, accuracy: float | None) -> str:
@@ -209,11 +70,6 @@ def repeats(data: Samples, batch: int, kind: str) -> list[str]:
     return out
 
 
-def _not_used(why: str) -> str:
-    """The line of a run under `auto` that could have used the GPU and did not: why."""
-    return f"CUDA not used: {why.removeprefix('--device cuda: ')}"
-
-
 def run_training(
     build: Build, iters: int | None = None, data_flag: str | None = None, load: str | None = None,
     save: str | None = None, device: str = "auto", double: bool = False, report: Callable[[str], None] | None = None,
@@ -234,7 +90,7 @@ def run_training(
         raise DslProgramError("--float64 runs fp32 programs in float64; this one is compiled for bf16 "
                               "(--precision fp32 with --float64)")  # fmt: skip
     if driver:
-        gpu, description, note = driver, _given(driver), None
+        gpu, description, note = driver, given_line(driver), None
     elif session is not None and isinstance(session.comm, GpuComm):  # a data-parallel rank: its local rank's GPU
         try:
             gpu, description, note = open_device(device, double, kernels, build.tf32, gpu=session.world.local_rank)
@@ -255,7 +111,7 @@ def run_training(
             gpu.close()
     on_gpu = result.gpu_memory_bytes is not None
     out: dict[str, Any] = {"device": "cuda" if on_gpu else "cpu",
-                           **_precision_json(build, gpu.arch if on_gpu and gpu is not None else None),
+                           **precision_json(build, gpu.arch if on_gpu and gpu is not None else None),
                            "losses": result.losses}  # fmt: skip
     if result.loss_terms:
         out["loss_terms"] = result.loss_terms
@@ -294,8 +150,8 @@ def evaluate(
     with _loaded(build, data, kind, driver, device, load, report, kernels) as trainer:
         measured = trainer.measure()
         assert measured is not None
-        arch = _arch(trainer)
-    out: dict[str, Any] = {"device": "cuda" if arch else "cpu", **_precision_json(build, arch), **measured}
+        arch = trainer_arch(trainer)
+    out: dict[str, Any] = {"device": "cuda" if arch else "cpu", **precision_json(build, arch), **measured}
     if report:
         for line in metric_lines(measured):
             report(line)
@@ -325,11 +181,11 @@ def predict(
     assert arrays is not None
     with _loaded(build, data, kind, driver, device, load, report, kernels) as trainer:
         values = trainer.predict(Samples(arrays))
-        arch = _arch(trainer)
+        arch = trainer_arch(trainer)
     save_npz(output, {"predict": values}, replace_readonly=replace_readonly)
     if report:
         report(f"wrote {output}: predict {list(values.shape)} for {len(values)} samples (the {split} split)")
-    return {"device": "cuda" if arch else "cpu", **_precision_json(build, arch), "output": output, "split": split,
+    return {"device": "cuda" if arch else "cpu", **precision_json(build, arch), "output": output, "split": split,
             "samples": len(values), "shape": list(values.shape)}  # fmt: skip
 
 
@@ -345,7 +201,7 @@ def _loaded(
 ) -> Iterator[Trainer]:  # fmt: skip
     """A trainer of `build` on `data` holding the parameters of `load`, on `driver` (else the GPU `device` picks)
     where it takes the program (under `auto`, else the CPU), the device line reported; the GPU is closed after."""
-    gpu, description, note = (driver, _given(driver), None) if driver else open_device(device, kernels=kernels,
+    gpu, description, note = (driver, given_line(driver), None) if driver else open_device(device, kernels=kernels,
                                                                                          tf32=build.tf32)  # fmt: skip
     try:
         trainer = Trainer(build, data)
@@ -355,13 +211,13 @@ def _loaded(
             except DslProgramError as err:
                 if device != "auto":
                     raise
-                description, note = CPU, _not_used(err.message)
+                description, note = CPU, cuda_not_used(err.message)
         trainer.load(load)
         if report:
             if note:
                 report(note)
             report(f"device: {description}  network {build.program.graph.name}  data {kind}"
-                   + _precision_line(build, _arch(trainer)))  # fmt: skip
+                   + precision_line(build, trainer_arch(trainer)))  # fmt: skip
         yield trainer
     finally:
         if gpu is not None:
@@ -393,10 +249,10 @@ def _train(
         except DslProgramError as err:
             if not fallback:
                 raise
-            description, note = CPU, _not_used(err.message)
+            description, note = CPU, cuda_not_used(err.message)
     graph = trainer.gpu.graph if trainer.gpu is not None else None
     if graph is not None:
-        description = _with_graph(description, graph)
+        description = with_graph(description, graph)
     if load:
         trainer.load(load)
     pids = None
@@ -410,7 +266,7 @@ def _train(
             report(note)
         source = source or _data_label(kind, args, build.seed)
         report(f"device: {description}  network {program.graph.name}  batch {batch}  data {source}"
-               + _precision_line(build, _arch(trainer)))  # fmt: skip
+               + precision_line(build, trainer_arch(trainer)))  # fmt: skip
         if session is not None:
             w, m = session.world, session.micro_batches
             reducer = getattr(session.comm, "reducer", None)  # on the GPU: NCCL's

@@ -14,7 +14,8 @@ from deepdsl.autodiff import LR, gradient_program, train_program
 from deepdsl.backends.numpy_runner import run
 from deepdsl.errors import DslError
 from deepdsl.memory.report import report
-from deepdsl.running import parse_setting, run_training, with_settings
+from deepdsl.run_settings import parse_setting, with_settings
+from deepdsl.running import run_training
 
 NET = (HEADER + "layer h = full(6)\nlayer f = full(10)\nz = f(relu(h(flatten(x))))\n"
        "loss = softmax_cross_entropy(z, y)\npredict = z\n")  # fmt: skip

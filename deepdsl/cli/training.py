@@ -47,8 +47,9 @@ TRAINED = click.option(
 
 
 def _setting(ctx: click.Context, param: click.Parameter, value: str | None) -> float | int | None:
-    """A numeric option of `run` in its range (running.SETTING_RANGES, the Java program's too): a usage error else."""
-    from deepdsl.running import parse_setting
+    """A numeric option of `run` in its range (run_settings.SETTING_RANGES, the Java program's too): a usage error
+    else."""
+    from deepdsl.run_settings import parse_setting
 
     if value is None:
         return None
@@ -103,7 +104,7 @@ def run(
 ) -> None:  # fmt: skip
     """Train FILE for a few iterations with the reference runner and report the losses. Under mpiexec / mpirun /
     srun (or with --ranks), each process trains one rank of a data-parallel run (docs/distributed.md)."""
-    from deepdsl import distributed, running
+    from deepdsl import distributed, run_settings, running
 
     config = from_env()
     world = distributed.world_from_env(ranks=ranks, rank=rank)
@@ -130,7 +131,7 @@ def run(
     if lead:
         echo_warnings(c)
     try:
-        program = running.with_settings(c.program, {k: v for k, v in optimizer.items() if v is not None})
+        program = run_settings.with_settings(c.program, {k: v for k, v in optimizer.items() if v is not None})
     except DslError as exc:
         raise click.UsageError(exc.message) from None
     report = None if as_json or not lead else lambda line: click.echo(line)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 REQUIRED = object()
 # the largest float32: an optimizer's hyperparameter is read as a float32 and must stay finite there (the same
-# bound as the run options and the Java program's flags, deepdsl/running.py SETTING_RANGES)
+# bound as the run options and the Java program's flags, deepdsl/run_settings.py SETTING_RANGES)
 FLOAT32_MAX = 3.4028234663852886e38
 
 

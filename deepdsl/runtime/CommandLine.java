@@ -51,7 +51,7 @@ final class CommandLine {
 
   /**
    * The range of each numeric flag: {@code [low, high]}, or {@code [low, high)} where {@code
-   * highOpen}. The same table as deepdsl/running.py's SETTING_RANGES (and the optimizers' arguments
+   * highOpen}. The same table as deepdsl/run_settings.py's SETTING_RANGES (and the optimizers' arguments
    * in the language), with the same messages.
    */
   private record Range(double low, double high, boolean highOpen, boolean whole) {
@@ -72,7 +72,7 @@ final class CommandLine {
     }
   }
 
-  /** A decimal number as the flags take it (no hex, no suffix, no NaN or Infinity): running.py's. */
+  /** A decimal number as the flags take it (no hex, no suffix, no NaN or Infinity): run_settings.py's. */
   private static final String NUMBER = "[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?";
 
   private static final Map<String, Range> RANGES =

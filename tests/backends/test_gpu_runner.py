@@ -19,8 +19,9 @@ from deepdsl.backends.cuda import drivers
 from deepdsl.backends.cuda import runner as gpu_runner
 from deepdsl.cli import cli
 from deepdsl.data.named import fields_of, load_samples
+from deepdsl.devices import open_device
 from deepdsl.errors import DslProgramError
-from deepdsl.running import evaluate, open_device, predict, run_training
+from deepdsl.running import evaluate, predict, run_training
 from deepdsl.trainer import Trainer
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to run the kernels on the CPU")
@@ -109,9 +110,9 @@ def test_cuda_without_pycuda_is_a_clear_message(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_auto_says_why_it_runs_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    import deepdsl.running as running
+    import deepdsl.devices as devices
 
-    monkeypatch.setattr(running, "pycuda_available", lambda: False)
+    monkeypatch.setattr(devices, "pycuda_available", lambda: False)
     driver, line, why = open_device("auto")  # a CPU install (no gpu extra): nothing about CUDA on every command
     assert driver is None and line == "cpu (NumPy reference runner)" and why is None
     driver, line, why = open_device("auto", double=True)

@@ -52,7 +52,7 @@ def _text(name: str) -> str:
 def _numpy(name: str, *flags: str) -> dict:
     program = api.compile_source(_text(name), f"{name}.ddsl").program
     if flags:
-        from deepdsl.running import with_settings
+        from deepdsl.run_settings import with_settings
 
         program = with_settings(program, {flags[0].removeprefix("--"): float(flags[1])})
     return run_training(api.build(program), device="cpu", data_flag="synthetic")

@@ -14,6 +14,7 @@ import pytest
 from cuda_emulator import EmulatedDriver, fake_vendor
 from helpers import ROOT
 
+import deepdsl.devices as devices
 import deepdsl.running as running
 from deepdsl import api
 from deepdsl.backends.cuda.vendor import open_vendor
@@ -76,9 +77,9 @@ def test_lenet_under_tf32_runs_its_gemms_and_convolutions_in_tf32(tmp_path: Path
 
 def test_tf32_before_ampere_runs_as_fp32() -> None:
     build = api.build(api.compile_file(ROOT / "networks" / "mlp.ddsl", {"N": 4}).program, api.Options(precision="tf32"))
-    assert running.precision_ran(build, "sm_90") == ("tf32", None)
-    assert running.precision_ran(build, "sm_80") == ("tf32", None)
-    ran, note = running.precision_ran(build, "sm_75")
+    assert devices.precision_ran(build, "sm_90") == ("tf32", None)
+    assert devices.precision_ran(build, "sm_80") == ("tf32", None)
+    ran, note = devices.precision_ran(build, "sm_75")
     assert ran == "fp32" and note is not None and "(sm_75) has no TF32 tensor cores" in note
 
 
@@ -101,15 +102,15 @@ def test_run_precision_tf32_opens_the_gpu_in_tf32(monkeypatch: pytest.MonkeyPatc
     """The setting reaches the driver: --precision tf32 asks PyCudaDriver for TF32 math, fp32 does not."""
     asked: list[bool] = []
 
-    class Refused(running.DslProgramError):
+    class Refused(devices.DslProgramError):
         pass
 
     def driver(kernels: str, tf32: bool = False) -> None:
         asked.append(tf32)
         raise Refused("--device cuda: no GPU here (test)")
 
-    monkeypatch.setattr(running, "pycuda_available", lambda: True)
-    monkeypatch.setattr(running, "PyCudaDriver", driver)
+    monkeypatch.setattr(devices, "pycuda_available", lambda: True)
+    monkeypatch.setattr(devices, "PyCudaDriver", driver)
     program = api.compile_file(ROOT / "networks" / "mlp.ddsl", {"N": 4}).program
     for precision in ("tf32", "fp32"):
         build = api.build(program, api.Options(precision=precision))

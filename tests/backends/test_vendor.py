@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from cuda_emulator import EmulatedDriver, fake_vendor, same_bits
 from helpers import NORMED, POOLED, ROOT, SMALL
 
-import deepdsl.running as running
+import deepdsl.devices as devices
 from deepdsl import api
 from deepdsl.backends.cuda import runner as gpu_runner
 from deepdsl.backends.cuda.vendor import (
@@ -701,12 +701,12 @@ def test_an_algorithm_wanting_more_than_the_plan_gave_takes_the_shared_scratch(
 
 def _emulated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, folders: list[Path]) -> None:
     """`--device cuda` opens the emulated GPU, whose vendor libraries are searched in `folders` only."""
-    monkeypatch.setattr(running, "pycuda_available", lambda: True)
+    monkeypatch.setattr(devices, "pycuda_available", lambda: True)
 
     def driver(kernels: str, tf32: bool = False) -> EmulatedDriver:
         return EmulatedDriver(tmp_path / "gpu", vendor=open_vendor(kernels, folders, tf32=tf32))
 
-    monkeypatch.setattr(running, "PyCudaDriver", driver)
+    monkeypatch.setattr(devices, "PyCudaDriver", driver)
 
 
 def _run(*flags: str) -> tuple[int, str]:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from security_env import ROOT
 
-from deepdsl.running import SETTING_RANGES, parse_setting
+from deepdsl.run_settings import SETTING_RANGES, parse_setting
 
 NET = """network Lim
 const N = 4
@@ -47,7 +47,7 @@ BAD = [
 
 
 def takes(flag: str, value: str) -> str:
-    """What both say of a bad value: `--lr takes a number in [0, 3.4e+38], not '1e39'` (running.SETTING_RANGES)."""
+    """What both say of a bad value: `--lr takes a number in [0, 3.4e+38], not '1e39'` (run_settings.SETTING_RANGES)."""
     with pytest.raises(ValueError) as err:
         parse_setting(flag, value)
     return str(err.value)
