@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from deepdsl.onnx_import import more_rules
+from deepdsl.onnx_import import normalisation
 
 if TYPE_CHECKING:
     from deepdsl.onnx_import.importer import Importer
@@ -188,7 +188,7 @@ def _layer_norm(g: _Graph, k: int, mean: Any) -> None:
                 last, node = shift
 
     def write(imp: Importer, where: Any) -> None:
-        more_rules.layer_norm_layer(imp, node, where, imp.tensor(x, where), gamma, beta, eps)
+        normalisation.layer_norm_layer(imp, node, where, imp.tensor(x, where), gamma, beta, eps)
 
     _claim(g, inner, last, write)
 

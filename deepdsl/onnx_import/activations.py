@@ -1,0 +1,118 @@
+"""Import rules for the activations: Relu, Sigmoid, Tanh, LeakyRelu, Gelu (the exact form), Clip (`relu6`, `relu`
+or `clip`), HardSigmoid, HardSwish, Softmax and LogSoftmax (over axis 1 of [N, K] or the last axis of any rank),
+and Dropout (the language's `dropout`; nothing at ratio 0)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from deepdsl.onnx_import.rule_support import inputs_const, positive_axis
+from deepdsl.onnx_import.writing import Node, call, need, num
+
+if TYPE_CHECKING:
+    from deepdsl.onnx_import.importer import Importer
+
+
+def unary(fn: str) -> Callable[..., None]:
+    def rule(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+        imp.bind(node, f"{fn}({imp.tensor(node.input[0], where)})")
+
+    return rule
+
+
+def leaky(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+    alpha = float(attrs.get("alpha", 0.01))
+    kw = {} if np.float32(alpha) == np.float32(0.01) else {"slope": num(alpha)}
+    imp.bind(node, call(where, "leaky_relu", [imp.tensor(node.input[0], where)], kw))
+
+
+def gelu(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+    approx = attrs.get("approximate", b"none")
+    approx = approx.decode() if isinstance(approx, bytes) else str(approx)
+    if approx != "none":
+        raise where.refuse(f"approximate='{approx}': the language's gelu is the exact (erf) form")
+    imp.bind(node, f"gelu({imp.tensor(node.input[0], where)})")
+
+
+def clip(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+    if imp.opset < 11 or len(node.input) > 1:
+        low, high = (inputs_const(imp, node, where, 1) + [None, None])[:2]
+        lo = None if low is None else float(low.reshape(-1)[0])
+        hi = None if high is None else float(high.reshape(-1)[0])
+    else:
+        lo, hi = attrs.get("min"), attrs.get("max")
+    x = imp.tensor(node.input[0], where)
+    if lo == 0 and hi == 6:
+        need(where, "relu6")
+        imp.bind(node, f"relu6({x})")
+    elif lo == 0 and hi is None:
+        imp.bind(node, f"relu({x})")
+    elif lo is None or hi is None:
+        raise where.refuse("a Clip with one bound only (other than min=0): deepdsl's clip takes both")
+    else:
+        need(where, "clip")
+        imp.bind(node, f"clip({x}, {num(lo)}, {num(hi)})")
+
+
+def hard_sigmoid(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+    need(where, "hard_sigmoid")
+    alpha, beta = float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
+    kw = []
+    if np.float32(alpha) != np.float32(1 / 6):
+        kw.append(f"alpha={num(alpha)}")
+    if np.float32(beta) != np.float32(0.5):
+        kw.append(f"beta={num(beta)}")
+    imp.bind(node, f"hard_sigmoid({', '.join([imp.tensor(node.input[0], where), *kw])})")
+
+
+def hard_swish(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+    need(where, "hard_swish")
+    imp.bind(node, f"hard_swish({imp.tensor(node.input[0], where)})")
+
+
+def softmax(fn: str) -> Callable[..., None]:
+    def rule(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+        if softmax_last(imp, node, where, attrs, fn):
+            return
+        rank = len(imp.shape(node.input[0], where))
+        axis = int(attrs.get("axis", -1 if imp.opset >= 13 else 1))
+        if rank != 2 or (axis + rank if axis < 0 else axis) != 1:
+            raise where.refuse(f"axis={axis} of a rank-{rank} input: the language's {fn} is over axis 1 of [N, K]")
+        imp.bind(node, f"{fn}({imp.tensor(node.input[0], where)})")
+
+    return rule
+
+
+def softmax_last(imp: Importer, node: Any, where: Node, attrs: dict, fn: str) -> bool:
+    """Softmax over the last axis of a rank > 2 input (attention's weights): `softmax(x, axis=-1)`; False where
+    the node is something else."""
+    rank = len(imp.shape(node.input[0], where))
+    axis = int(attrs.get("axis", -1 if imp.opset >= 13 else 1))
+    if rank <= 2 or positive_axis(axis, rank) != rank - 1:
+        return False
+    imp.bind(node, f"{fn}({imp.tensor(node.input[0], where)}, axis=-1)")
+    return True
+
+
+def dropout(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+    x = imp.tensor(node.input[0], where)
+    imp.only_output(node, where)
+    ratio = float(attrs.get("ratio", 0.5))
+    if len(node.input) > 1 and node.input[1]:
+        r = imp.const(node.input[1])
+        if r is None or r.size != 1:
+            raise where.refuse("the ratio must be a constant number")
+        ratio = float(r.reshape(-1)[0])
+    if len(node.input) > 2 and node.input[2]:
+        mode = imp.const(node.input[2])
+        if mode is None or mode.size != 1 or bool(mode.reshape(-1)[0]):
+            raise where.refuse("training_mode must be a constant false (export the model in eval mode)")
+    if not 0 <= ratio < 1:
+        raise where.refuse(f"ratio {ratio} lies outside [0, 1)")
+    if ratio == 0:
+        imp.env[node.output[0]] = x
+        return
+    imp.bind(node, call(where, "dropout", [x], {} if ratio == 0.5 else {"p": num(ratio)}))

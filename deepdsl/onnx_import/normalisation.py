@@ -1,0 +1,72 @@
+"""Import rules for the normalisations: BatchNormalization (a trainable `batch_norm` with its running statistics,
+epsilon and momentum), LRN (odd sizes), and LayerNormalization over the last axis (a `layer_norm` layer, which
+patterns.py writes for the decomposed form too)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from deepdsl.onnx_import.rule_support import inputs_const, positive_axis
+from deepdsl.onnx_import.writing import Node, attr, call, num
+
+if TYPE_CHECKING:
+    from deepdsl.onnx_import.importer import Importer
+
+
+def batch_norm(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+    x = imp.tensor(node.input[0], where)
+    stats = [imp.const(i) for i in node.input[1:5]]
+    if len(stats) != 4 or any(s is None for s in stats):
+        raise where.refuse("scale, B, mean and var must be initialisers (constants)")
+    if int(attrs.get("training_mode", 0)):
+        raise where.refuse("training_mode=1 is not supported; export the model in inference (eval) mode")
+    imp.only_output(node, where)
+    if len(imp.shape(node.input[0], where)) not in (2, 4):
+        raise where.refuse("deepdsl's batch_norm takes [N, C, H, W] or [N, D]")
+    scale, bias, mean, var = (np.asarray(s, np.float32).reshape(-1) for s in stats)  # type: ignore[arg-type]
+    kw = {}
+    eps, momentum = attr(attrs.get("epsilon", 1e-5)), attr(attrs.get("momentum", 0.9))
+    if np.float32(eps) != np.float32(1e-5):
+        kw["eps"] = num(eps)
+    if np.float32(1 - momentum) != np.float32(0.1):
+        kw["momentum"] = num(1 - momentum)  # ONNX keeps `momentum` of the old statistics, deepdsl (PyTorch) the new
+    params = {"gamma": scale, "beta": bias, "running_mean": mean, "running_var": var}
+    name = imp.layer(node, where, call(where, "batch_norm", [], kw), params)
+    imp.bind(node, f"{name}({x})", name)
+
+
+def lrn(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+    size = int(attrs["size"])
+    if size % 2 == 0:
+        raise where.refuse(f"size={size}: ONNX centres an even window differently from the language (PyTorch)")
+    kw = {}
+    if size != 5:
+        kw["size"] = str(size)
+    for key, ours, default in (("alpha", "alpha", 1e-4), ("beta", "beta", 0.75), ("bias", "k", 1.0)):
+        v = float(attrs.get(key, default))
+        if np.float32(v) != np.float32(default):
+            kw[ours] = num(v)
+    imp.bind(node, call(where, "lrn", [imp.tensor(node.input[0], where)], kw))
+
+
+def layer_norm_layer(imp: Importer, node: Any, where: Node, x: str, gamma: np.ndarray, beta: np.ndarray,
+                     eps: float) -> None:  # fmt: skip
+    kw = {} if np.float32(eps) == np.float32(1e-5) else {"eps": num(eps)}
+    name = imp.layer(node, where, call(where, "layer_norm", [], kw), {"gamma": gamma, "beta": beta})
+    imp.bind(node, f"{name}({x})", name)
+
+
+def layer_normalization(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+    shape = imp.shape(node.input[0], where)
+    axis = positive_axis(int(attrs.get("axis", -1)), len(shape))
+    if axis != len(shape) - 1:
+        raise where.refuse(f"axis={attrs.get('axis')} normalises over several axes; the language's layer_norm is "
+                           "over the last axis")  # fmt: skip
+    imp.only_output(node, where)
+    scale, bias = (inputs_const(imp, node, where, 1) + [None])[:2]
+    d = shape[-1]
+    gamma = np.ones(d, np.float32) if scale is None else np.broadcast_to(scale, (d,))
+    beta = np.zeros(d, np.float32) if bias is None else np.broadcast_to(bias, (d,))
+    layer_norm_layer(imp, node, where, imp.tensor(node.input[0], where), gamma, beta, float(attrs.get("epsilon", 1e-5)))
