@@ -141,7 +141,7 @@ def test_the_train_blocks_counts_fit_an_int(cli, tmp_path, key: str) -> None:  #
     (tmp_path / "t.ddsl").write_text(text)
     r = cli("check", str(tmp_path / "t.ddsl"))
     assert r.exit_code == 1, r.output
-    # iterations has its own, smaller bound (the flags' --iters: frontend/train.py MAX_ITERATIONS); the others a Java int's
+    # iterations has its own, smaller bound (--iters: frontend/train.py MAX_ITERATIONS); the others a Java int's
     most = MAX_ITERATIONS if key == "iterations" else INT_MAX
     assert f"'{key}' must be at most {most:,}" in r.stderr and "t.ddsl:9:" in r.stderr
     extra = f"  seed = {2**62 - 1}\n" + ('  save = "w.npz"\n' if key == "save_every" else "")  # the seed is a long
