@@ -72,6 +72,27 @@ class _Lowering:
     def constant(self, value: np.ndarray, dtype: Any = np.float32) -> str:
         return self.w.const(self.s.layer or "indexed", np.array(value, dtype, order="C"))  # 0-d stays 0-d
 
+    def target(self, shape: tuple[int, ...], want: tuple[int, ...]) -> str:
+        """The shape input of an Expand of a value of `shape` to `want` (the same rank): 1 where the value has the axis
+        already (ONNX broadcasts it), else the axis's size; where the value grows along the batch axis (the grid's
+        first, at the batch's exported size), the model's input's batch at run time (Shape, Gather), so that the
+        model runs at any batch, as its symbolic N says (a class token broadcast to the batch)."""
+        target = [1 if have == n else n for have, n in zip(shape, want)]
+        if not self.grows_batch(shape, want):
+            return self.constant(target, np.int64)
+        dims = self.node("Shape", [self.w.g.inputs[0].value.name], (len(self.w.g.inputs[0].value.type.shape),))
+        batch = self.node("Gather", [dims.name, self.constant([0], np.int64)], (1,), axis=0)  # type: ignore[list-item]
+        if len(target) == 1:
+            return batch.name  # type: ignore[return-value]
+        rest = self.constant(target[1:], np.int64)
+        return self.node("Concat", [batch.name, rest], (len(target),), axis=0).name  # type: ignore[list-item, return-value]
+
+    def grows_batch(self, shape: tuple[int, ...], want: tuple[int, ...]) -> bool:
+        """Whether a value of `shape` broadcast to `want` grows along the batch axis (the grid's first, of the batch's
+        exported size, the model's input's first)."""
+        return (self.batch is not None and self.batch > 1 and bool(want) and want[0] == self.batch and shape[0] == 1
+                and bool(self.w.g.inputs))  # fmt: skip
+
     def tensor(self, v: _Val, boolean: bool) -> str:
         """`v` as an ONNX tensor name of float type (or bool where `boolean`), cast where it is the other."""
         if v.const is not None:
@@ -271,13 +292,15 @@ class _Lowering:
                 self.ranges[a] = (saved[0] + lo, hi - lo)
                 v = self.value(e.args[1] if which else e.args[2])
                 want = tuple(size for _, size in self.ranges)
-                if v.const is not None:
-                    parts.append(self.constant(np.broadcast_to(v.const, want)))
-                    continue
                 shape = (1,) * (self.rank - len(v.shape)) + tuple(v.shape)
-                name = self.tensor(v, False)
+                if v.const is not None:  # a constant at the batch's size only where its batch axis is the grid's
+                    at = (shape[0], *want[1:]) if self.grows_batch(shape, want) else want
+                    name = self.constant(np.broadcast_to(np.reshape(v.const, shape), at))
+                    shape = at
+                else:
+                    name = self.tensor(v, False)
                 if shape != want:
-                    name = self.node("Expand", [name, self.constant(list(want), np.int64)], want).name  # type: ignore[assignment]
+                    name = self.node("Expand", [name, self.target(shape, want)], want).name  # type: ignore[assignment]
                 parts.append(name)
         finally:
             self.ranges[a] = saved
@@ -295,15 +318,19 @@ def lower_indexed(w: Any, s: Stmt, out: str, batch: int | None) -> None:
     low = _Lowering(w, s, batch)
     v = low.value(s.a["body"])
     want = tuple(n for _, n in low.out)
-    if v.const is not None:
-        value = np.broadcast_to(v.const, want).astype(np.float32)
-        w.node("Identity", [low.constant(value)], out, s)
+    if v.const is not None:  # the batch axis kept at 1 and grown at run time where the value does not vary along it
+        shape = (1,) * (len(want) - np.ndim(v.const)) + np.shape(v.const)
+        at = (shape[0], *want[1:]) if low.grows_batch(shape, want) else want
+        value = low.constant(np.broadcast_to(np.reshape(v.const, shape), at).astype(np.float32))
+        if at != want:
+            w.node("Expand", [value, low.target(at, want)], out, s)
+        else:
+            w.node("Identity", [value], out, s)
         return
     name = low.tensor(v, False)
     shape = (1,) * (len(want) - len(v.shape)) + tuple(v.shape)
     if shape != want:  # Expand to the grid, 1 where the value has the axis already (the batch stays symbolic)
-        target = [1 if have == n else n for have, n in zip(shape, want)]
-        w.node("Expand", [name, low.constant(target, np.int64)], out, s)
+        w.node("Expand", [name, low.target(shape, want)], out, s)
     elif low.k and w.nodes[-1].output[0] == name:  # the last node made it: it writes the result's name
         w.nodes[-1].output[0] = out
     else:
