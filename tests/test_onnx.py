@@ -389,7 +389,7 @@ def test_what_the_language_cannot_say_is_refused(cli, tmp_path: Path, case: str)
     assert any(__import__("re").search(message, line) for line in r.output.splitlines()), r.output
     assert not (tmp_path / "n.ddsl").exists()
     if case == "unsupported":
-        assert "hint: deepdsl imports Add, AveragePool, BatchNormalization" in r.output
+        assert "hint: deepdsl imports Abs, Add, AveragePool, BatchNormalization" in r.output
 
 
 def test_a_file_that_is_not_onnx_is_an_error(cli, tmp_path: Path) -> None:

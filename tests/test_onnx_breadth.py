@@ -76,6 +76,23 @@ def test_one_gap_is_the_one_line_error(tmp_path: Path) -> None:
         text_of(tmp_path, m)
 
 
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax"])
+def test_a_reduction_over_the_batch_or_of_nothing_is_refused(tmp_path: Path, op: str) -> None:
+    """ReduceSum / ReduceMax over the batch axis (a network's samples mixed), or with noop_with_empty_axes and no
+    axes (the identity ONNX means by it), is a one-line error naming the node; the axes attribute form (opset 11)."""
+    cases = (({"axes": [0, 1]}, "over the batch axis", [1, 1, 6, 6]),
+             ({"noop_with_empty_axes": 1}, "reduces nothing", ["N", 2, 6, 6]))  # fmt: skip
+    for attrs, why, shape in cases:
+        n = Net([1, 2, 6, 6])
+        opset = 11 if "axes" in attrs else 18
+        y = helper.make_tensor_value_info(n.node(op, ["input"], "r", **attrs), TensorProto.FLOAT, shape)
+        m = helper.make_model(
+            helper.make_graph(n.nodes, "g", [n.x], [y]), opset_imports=[helper.make_opsetid("", opset)]
+        )
+        with pytest.raises(DslError, match=rf"node '/r/{op}' \({op}, opset {opset}\): .*{why}"):
+            text_of(tmp_path, m)
+
+
 # ---- export: every network in networks/ and every op, ONNX Runtime against deepdsl ----
 
 from helpers import REDUCED, ROOT  # noqa: E402
@@ -456,6 +473,26 @@ def test_every_network_round_trips(tmp_path: Path, net: str, opset: int) -> None
         assert "int vocab 65" in got.text and "embedding(65, 64)" in got.text and "i3 <= i2 ?" in got.text
     if net == "vit_tiny":  # the class token and the position embedding: parameters again
         assert "layer_norm(" in got.text and "matmul(" in got.text and "softmax(" in got.text
+
+
+@pytest.mark.parametrize("net", ["axis_ops", "siamese", "vae"])
+def test_example_networks_round_trip(tmp_path: Path, net: str) -> None:
+    """Examples whose exports hold ReduceSum and ReduceMax (axis_ops), Abs (siamese) and Exp (vae: the sampling's
+    inference mean, exp(log_var / 2) beside it): imported again, the same outputs, and the same parameter count but
+    where one layer's weights serve two inputs (siamese's encoder): the import gives each use its own copy."""
+    program = api.compile_file(str(ROOT / "networks" / "examples" / f"{net}.ddsl"), {"N": 2}).program
+    arrays = initial_arrays(program)
+    model = export_graph(infer_program(program.graph), arrays, 17)
+    ops = {nd.op_type for nd in model.graph.node}
+    assert {"axis_ops": {"ReduceSum", "ReduceMax"}, "siamese": {"Abs"}, "vae": {"Exp"}}[net] <= ops
+    onnx.save(model, tmp_path / "m.onnx")
+    feeds = feeds_for(program, np.random.default_rng(2))
+    got = import_model(tmp_path / "m.onnx", 2)
+    again = api.compile_source(got.text, "again.ddsl").program
+    encoder = sum(v.size for k, v in arrays.items() if k.startswith("encoder.")) if net == "siamese" else 0
+    assert again.graph.parameter_count == program.graph.parameter_count + encoder
+    ours = {d.value.name: v for d, v in zip(infer_program(again.graph).inputs, feeds.values())}
+    close(run_deepdsl(again, got.arrays, ours), run_deepdsl(program, arrays, feeds))
 
 
 # ---- external data as PyTorch's dynamo exporter writes it ----

@@ -16,12 +16,12 @@ FOLDED = ("Cast", "Gather", "Shape", "Squeeze", "Unsqueeze")
 
 # operators with no rule of their own that exporters apply to shapes and constants (a mask's ConstantOfShape,
 # Equal and Where, a head size's Mod): folded where every input is known, else refused
-FOLD_ONLY = ("ConstantOfShape", "Equal", "Where", "Mod", "Range", "Not", "Less", "Greater", "Neg", "Abs", "Min",
+FOLD_ONLY = ("ConstantOfShape", "Equal", "Where", "Mod", "Range", "Not", "Less", "Greater", "Neg", "Min",
              "Max", "Floor", "Ceil", "Reciprocal", "ReduceProd")  # fmt: skip
 
 # every operator `fold` computes on known inputs (those with a rule for computed tensors too)
 FOLDABLE = frozenset((*FOLDED, *FOLD_ONLY, "Concat", "Slice", "Expand", "Add", "Sub", "Mul", "Div", "Sqrt", "Pow",
-                      "Reshape", "Identity", "Transpose"))  # fmt: skip
+                      "Abs", "Reshape", "Identity", "Transpose"))  # fmt: skip
 
 _ELEMENTWISE = {
     "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Equal": np.equal, "Less": np.less,

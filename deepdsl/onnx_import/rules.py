@@ -16,6 +16,8 @@ SUPPORTED = (
     # issue 33
     "Clip", "ConvTranspose", "Expand", "Gelu", "HardSigmoid", "HardSwish", "LayerNormalization", "Pow", "Resize",
     "Slice", "Split", "Sqrt", "Transpose",
+    # what deepdsl's own exports of networks/examples/ hold (siamese, vae, axis_ops, groupnorm_swish, ...)
+    "Abs", "Exp", "Log", "ReduceMax", "ReduceSum",
 )  # fmt: skip
 
 
@@ -33,13 +35,15 @@ RULES: dict[str, Callable[..., None]] = {
     "LeakyRelu": activations.leaky, "Gelu": activations.gelu, "Clip": activations.clip,
     "HardSigmoid": activations.hard_sigmoid, "HardSwish": activations.hard_swish,
     "Softmax": activations.softmax("softmax"), "LogSoftmax": activations.softmax("log_softmax"),
-    "Dropout": activations.dropout,
+    "Dropout": activations.dropout, "Abs": activations.unary("abs"), "Exp": activations.unary("exp"),
+    "Log": activations.unary("log"),
     # normalisation.py
     "BatchNormalization": normalisation.batch_norm, "LRN": normalisation.lrn,
     "LayerNormalization": normalisation.layer_normalization,
     # shapes.py
     "Flatten": shapes.flatten, "Reshape": shapes.reshape, "Transpose": shapes.transpose, "Concat": shapes.concat,
     "Slice": shapes.slice_, "Split": shapes.split, "Expand": shapes.expand, "ReduceMean": shapes.reduce_mean,
+    "ReduceSum": shapes.reduce_axes("sum"), "ReduceMax": shapes.reduce_axes("max"),
     # folded_ops.py
     "Identity": folded_ops.identity, "Constant": folded_ops.constant,
     **{op: folded_ops.folded for op in (*FOLDED, *FOLD_ONLY)},

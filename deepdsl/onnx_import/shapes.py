@@ -5,6 +5,7 @@ over H and W, else `mean` over any axes but the batch)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -198,27 +199,49 @@ def expand(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
 
 
 def reduce_mean(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
-    """The mean over H and W of an NCHW tensor (as exporters write adaptive average pooling to 1x1)."""
+    """The mean over H and W of an NCHW tensor (as exporters write adaptive average pooling to 1x1), else `mean`
+    along the axes."""
     rank = len(imp.shape(node.input[0], where))
-    axes = attrs.get("axes")
-    if len(node.input) > 1 and node.input[1]:  # opset 18: the axes are an input
-        axes = imp.const(node.input[1])
-        if axes is None:
-            raise where.refuse("the axes must be a constant")
-    got = sorted(int(a) + (rank if int(a) < 0 else 0) for a in np.ravel(axes)) if axes is not None else None
+    got = _reduced_axes(imp, node, where, attrs, rank)
     if rank != 4 or got != [2, 3]:
-        reduce_mean_axes(imp, node, where, attrs, got)
+        _along_axes(imp, node, where, attrs, "mean", got)
         return
     pooled = f"global_avg_pool({imp.tensor(node.input[0], where)})"
     imp.bind(node, pooled if int(attrs.get("keepdims", 1)) else f"flatten({pooled})")
 
 
-def reduce_mean_axes(imp: Importer, node: Any, where: Node, attrs: dict, got: list[int] | None) -> None:
-    """`mean(x, axis=..., keepdim=...)` over any axes but the batch."""
+def reduce_axes(fn: str) -> Callable[..., None]:
+    """ReduceSum / ReduceMax: `sum(x, axis=..., keepdim=...)` / `max(...)` over any axes but the batch."""
+
+    def rule(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+        rank = len(imp.shape(node.input[0], where))
+        _along_axes(imp, node, where, attrs, fn, _reduced_axes(imp, node, where, attrs, rank))
+
+    return rule
+
+
+def _reduced_axes(imp: Importer, node: Any, where: Node, attrs: dict, rank: int) -> list[int] | None:
+    """A Reduce node's axes, counted from the front and sorted (an attribute, or from opset 13/18 an input); None for
+    every axis (none given)."""
+    axes = attrs.get("axes")
+    if len(node.input) > 1 and node.input[1]:  # opset 18 (ReduceSum: 13): the axes are an input
+        axes = imp.const(node.input[1])
+        if axes is None:
+            raise where.refuse("the axes must be a constant")
+    if axes is None or np.size(axes) == 0:  # none given: every axis, or none at all where noop_with_empty_axes says
+        if int(attrs.get("noop_with_empty_axes", 0)):
+            raise where.refuse("noop_with_empty_axes=1 with no axes: it reduces nothing")
+        return None
+    return sorted(int(a) + (rank if int(a) < 0 else 0) for a in np.ravel(axes)) if axes is not None else None
+
+
+def _along_axes(imp: Importer, node: Any, where: Node, attrs: dict, fn: str, got: list[int] | None) -> None:
+    """`fn(x, axis=..., keepdim=...)` over any axes but the batch."""
     rank = len(imp.shape(node.input[0], where))
     axes = list(range(rank)) if got is None else got
     if 0 in axes:
-        raise where.refuse("it averages over the batch axis")
+        raise where.refuse({"mean": "it averages", "sum": "it sums", "max": "it takes the maximum"}[fn]
+                            + " over the batch axis")  # fmt: skip
     keep = "true" if int(attrs.get("keepdims", 1)) else "false"
     axis = str(axes[0]) if len(axes) == 1 else f"({', '.join(map(str, axes))})"
-    imp.bind(node, f"mean({imp.tensor(node.input[0], where)}, axis={axis}, keepdim={keep})")
+    imp.bind(node, f"{fn}({imp.tensor(node.input[0], where)}, axis={axis}, keepdim={keep})")
