@@ -153,7 +153,8 @@ def test_every_network_exports_and_ort_equals_deepdsl(net: str, opset: int) -> N
     feeds = feeds_for(program, np.random.default_rng(1))
     want = run_deepdsl(program, arrays, feeds)
     close(run_ort(model, feeds), want)
-    check_any_batch(model, feeds, want)
+    if opset == 17:  # the batch's export does not depend on the opset (the default suite's four minutes)
+        check_any_batch(model, feeds, want)
     ops = {nd.op_type for nd in model.graph.node}
     if net == "vit_tiny":
         assert {"Transpose", "MatMul", "Softmax"} <= ops
