@@ -56,7 +56,7 @@ def _close(a: list[float], b: list[float], rtol: float = 1e-4) -> None:
 
 
 @needs_gxx
-@pytest.mark.parametrize("case", ["tiny", "small", "regression"])
+@pytest.mark.parametrize("case", [pytest.param("tiny", marks=pytest.mark.slow), "small", "regression"])  # tiny: 2.4 s
 def test_runner_agrees_with_numpy_on_the_cpu(case: str, tmp_path: Path) -> None:
     """The GPU runner's whole training run (arena offsets, tensors, in-place updates, copies, the test program for
     the test loss and accuracy) with the kernels on the CPU gives the NumPy runner's losses and accuracy; the

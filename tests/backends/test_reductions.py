@@ -335,6 +335,7 @@ train { data = synthetic(seed=3) optimizer = sgd(lr=0.05, momentum=0.9) iteratio
 
 
 @needs_gxx
+@pytest.mark.slow  # 3.3 s (the default suite's four minutes; test_gpu_runner's graph-replay check stays)
 def test_a_graph_replayed_runs_the_split_passes_as_call_for_call(tmp_path: Path) -> None:
     """Four training steps on the emulated driver: the first call for call, the second captured as a CUDA graph and
     the graph replayed for the rest (three replays), against four steps call for call: the same losses and

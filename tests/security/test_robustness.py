@@ -103,6 +103,7 @@ def test_the_vectorised_placement_gives_the_same_offsets() -> None:
         assert first_fit(roots, size, start, end) == _first_fit_reference(roots, size, start, end)
 
 
+@pytest.mark.slow  # 3.2 s: two processes plan ResNet-50 (the default suite's four minutes)
 def test_the_plan_does_not_depend_on_the_hash_seed() -> None:
     # the schedule iterated over sets of value names: ResNet-50's order changed with PYTHONHASHSEED
     code = (
