@@ -93,6 +93,15 @@ class _Lowering:
         return (self.batch is not None and self.batch > 1 and bool(want) and want[0] == self.batch and shape[0] == 1
                 and bool(self.w.g.inputs))  # fmt: skip
 
+    def on_grid(self, v: _Val, want: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
+        """`v` as a float tensor of `want`'s rank, and its shape: a constant broadcast to `want` but along a batch axis
+        it does not vary on (kept 1, for `target` to grow at run time)."""
+        shape = (1,) * (len(want) - len(v.shape)) + tuple(v.shape)
+        if v.const is None:
+            return self.tensor(v, False), shape
+        at = (shape[0], *want[1:]) if self.grows_batch(shape, want) else want
+        return self.constant(np.broadcast_to(np.reshape(v.const, shape), at)), at
+
     def tensor(self, v: _Val, boolean: bool) -> str:
         """`v` as an ONNX tensor name of float type (or bool where `boolean`), cast where it is the other."""
         if v.const is not None:
@@ -292,13 +301,7 @@ class _Lowering:
                 self.ranges[a] = (saved[0] + lo, hi - lo)
                 v = self.value(e.args[1] if which else e.args[2])
                 want = tuple(size for _, size in self.ranges)
-                shape = (1,) * (self.rank - len(v.shape)) + tuple(v.shape)
-                if v.const is not None:  # a constant at the batch's size only where its batch axis is the grid's
-                    at = (shape[0], *want[1:]) if self.grows_batch(shape, want) else want
-                    name = self.constant(np.broadcast_to(np.reshape(v.const, shape), at))
-                    shape = at
-                else:
-                    name = self.tensor(v, False)
+                name, shape = self.on_grid(v, want)
                 if shape != want:
                     name = self.node("Expand", [name, self.target(shape, want)], want).name  # type: ignore[assignment]
                 parts.append(name)
@@ -318,17 +321,7 @@ def lower_indexed(w: Any, s: Stmt, out: str, batch: int | None) -> None:
     low = _Lowering(w, s, batch)
     v = low.value(s.a["body"])
     want = tuple(n for _, n in low.out)
-    if v.const is not None:  # the batch axis kept at 1 and grown at run time where the value does not vary along it
-        shape = (1,) * (len(want) - np.ndim(v.const)) + np.shape(v.const)
-        at = (shape[0], *want[1:]) if low.grows_batch(shape, want) else want
-        value = low.constant(np.broadcast_to(np.reshape(v.const, shape), at).astype(np.float32))
-        if at != want:
-            w.node("Expand", [value, low.target(at, want)], out, s)
-        else:
-            w.node("Identity", [value], out, s)
-        return
-    name = low.tensor(v, False)
-    shape = (1,) * (len(want) - len(v.shape)) + tuple(v.shape)
+    name, shape = low.on_grid(v, want)
     if shape != want:  # Expand to the grid, 1 where the value has the axis already (the batch stays symbolic)
         w.node("Expand", [name, low.target(shape, want)], out, s)
     elif low.k and w.nodes[-1].output[0] == name:  # the last node made it: it writes the result's name
