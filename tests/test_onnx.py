@@ -376,6 +376,10 @@ REFUSED = {
         "Gather from a computed tensor at one constant",
     ),
     "broadcast": (_one_node("Add", [np.ones((2, 1, 2, 6, 6), np.float32)], {}, rank=5), "would broadcast the input"),
+    "broadcast_batch": (
+        _one_node("Mul", [np.arange(144, dtype=np.float32).reshape(2, 2, 6, 6)], {}),
+        "would broadcast",
+    ),
 }
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from deepdsl.backends import onnx_recurrent
 from deepdsl.backends.onnx_convs import CONV_FAMILY, conv_folds
-from deepdsl.backends.onnx_nodes import emit, layer_norm, layer_norms
+from deepdsl.backends.onnx_nodes import emit, group_norm, group_norms, layer_norm, layer_norms
 from deepdsl.backends.onnx_writer import DEFAULT_OPSET, Writer, require_onnx, users_of
 from deepdsl.errors import DslProgramError
 from deepdsl.ir import Graph, Stmt
@@ -57,6 +57,9 @@ def export_graph(g: Graph, arrays: Mapping[str, np.ndarray], opset: int = DEFAUL
     for rows, *_ in norms.values():
         folded |= {rows.out.name, *(v.name for v in users[rows.out.name][0].inputs[1:]),
                    users[rows.out.name][0].out.name}  # fmt: skip
+    groups = group_norms(g, users, outputs)  # the view back ending a group norm -> (its view, rows, groups)
+    for view, rows, _ in groups.values():
+        folded |= {view.out.name, rows.out.name}
     folds = conv_folds(g, users, outputs)
     batch = g.inputs[0].value.type.shape[0] if g.inputs else None
     recurrent = onnx_recurrent.find(g, users)  # each lstm / gru layer: one ONNX LSTM or GRU node
@@ -69,6 +72,9 @@ def export_graph(g: Graph, arrays: Mapping[str, np.ndarray], opset: int = DEFAUL
             continue
         if s.out.name in norms:
             layer_norm(w, s, *norms[s.out.name], opset)
+            continue
+        if s.out.name in groups:
+            group_norm(w, s, *groups[s.out.name])
             continue
         emit(w, s, with_bias.get(s.out.name), batch, folds, opset)
     for p in g.params:

@@ -221,7 +221,11 @@ class _Lowering:
         plain = [a.plain_var for a in r.index]
         if all(v in self.axis for v in plain):
             pos = [self.axis[v] for v in plain]  # type: ignore[index]
-            if pos == sorted(set(pos)) and all(self.full(p, n) for p, n in zip(pos, shape)):
+            if len(set(pos)) == len(pos) and all(self.full(p, n) for p, n in zip(pos, shape)):
+                if pos != sorted(pos):  # the axes in another order (`x[b, t, c]` on a grid b, c, t): a Transpose
+                    perm = sorted(range(len(pos)), key=pos.__getitem__)
+                    shape, pos = tuple(shape[k] for k in perm), sorted(pos)
+                    name = self.node("Transpose", [name], shape, perm=perm).name  # type: ignore[assignment]
                 full = tuple(shape[pos.index(k)] if k in pos else 1 for k in range(self.rank))
                 if pos == list(range(self.rank - len(pos), self.rank)):  # the last axes: ONNX broadcasts it
                     return _Val(tuple(shape), name=name)

@@ -53,6 +53,39 @@ def layer_norms(g: Graph, users: dict, outputs: set, arrays: Mapping) -> dict[st
     return out
 
 
+def group_norms(g: Graph, users: dict, outputs: set) -> dict[str, tuple[Stmt, Stmt, int]]:
+    """group_norm and instance_norm as the language lowers them: x [N, C, ...] viewed as rows [N·G, D],
+    layer_norm_rows, viewed back to x's shape, each step read only by the next: by the back view's output name,
+    (the view into rows, the rows statement, G). Their scale and shift are a Mul and Add after it, as elsewhere."""
+    made = {s.out.name: s for s in g.stmts}
+    out: dict[str, tuple[Stmt, Stmt, int]] = {}
+    for s in g.stmts:
+        view = made.get(s.inputs[0].name) if s.op == "layer_norm_rows" else None
+        readers = users.get(s.out.name, [])
+        if view is None or view.op != "reshape" or len(users[view.out.name]) != 1 or len(readers) != 1:
+            continue
+        back, shape = readers[0], view.inputs[0].type.shape
+        rows, n = s.out.type.shape, shape[0] if shape else 0
+        if back.op != "reshape" or back.out.type.shape != shape or len(shape) < 2 or rows[0] % n:
+            continue
+        if {view.out.name, s.out.name} & outputs or shape[1] % (rows[0] // n):
+            continue
+        out[back.out.name] = (view, s, rows[0] // n)
+    return out
+
+
+def group_norm(w: Writer, back: Stmt, view: Stmt, rows: Stmt, groups: int) -> None:
+    """As PyTorch exports nn.GroupNorm and nn.InstanceNorm: x reshaped to [N, G, -1], InstanceNormalization of
+    those groups (a scale of ones and a shift of zeros), reshaped back to x's shape (the batch kept symbolic)."""
+    x, out = view.inputs[0].name, back.out.name
+    shape = view.inputs[0].type.shape
+    where = rows.layer or "norm"
+    w.node("Reshape", [x, w.const(where, np.asarray([0, groups, -1], np.int64))], f"{out}/groups", view)
+    ones, zeros = (w.const(where, np.full(groups, v, np.float32)) for v in (1.0, 0.0))
+    w.node("InstanceNormalization", [f"{out}/groups", ones, zeros], f"{out}/normed", rows, epsilon=float(rows.a["eps"]))
+    w.node("Reshape", [f"{out}/normed", w.const(where, np.asarray([0, *shape[1:]], np.int64))], out, back)
+
+
 def layer_norm(w: Writer, s: Stmt, rows: Stmt, gamma: str, beta: str, opset: int) -> None:
     """One LayerNormalization over the last axis (opset 17 on), else its decomposition, then the scale and shift."""
     x, eps = rows.inputs[0].name, float(rows.a["eps"])

@@ -41,21 +41,24 @@ def arith(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     assert c is not None
     x, shape = imp.tensor(t, where), imp.shape(t, where)
     try:
-        if np.broadcast_shapes(shape, c.shape) != shape:
+        out = tuple(np.broadcast_shapes(shape, c.shape))
+        if len(out) != len(shape) or out[:1] != shape[:1]:  # a new axis, or the batch grown: not the input's grid
             raise ValueError
     except ValueError:
         raise where.refuse(f"the constant of shape {list(c.shape)} would broadcast the input {list(shape)}") from None
     if c.size == 0 or not np.issubdtype(c.dtype, np.floating) and not np.issubdtype(c.dtype, np.integer):
         raise where.refuse(f"the constant holds {c.dtype}")
     flat = c.reshape(-1).astype(np.float32)
-    if np.all(flat == flat[0]):  # one number: a literal
+    if np.all(flat == flat[0]) and out == shape:  # one number: a literal
         try:
             v = num(flat[0])
         except ValueError:
             raise where.refuse(f"the constant {flat[0]} is not finite") from None
         imp.bind(node, f"{v} {sym} {x}" if left else f"{x} {sym} {v}")
         return
-    # a constant tensor broadcast over the input: a tensor function with the constant as its parameter
+    # a constant tensor broadcast over the input: a tensor function with the constant as its parameter; where the
+    # constant is larger along an axis of size 1 of the input (the rows of a pooling matrix against a column), the
+    # function's result grows along it and reads the input's one position there
     kc = c.reshape(c.shape[len(c.shape) - len(shape) :] if c.ndim > len(shape) else c.shape).astype(np.float32)
     idx = [f"i{d}" for d in range(len(shape))]
     at = idx[len(shape) - kc.ndim :]
@@ -63,7 +66,8 @@ def arith(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     sizes = ", ".join(f"S{d}" for d in range(len(shape)))
     name = imp.names.make(where.base, node.op_type.lower())
     fn = imp.names.make(f"{name}_fn", "fn")
-    xk, kk = f"t[{', '.join(idx)}]", f"k[{k_idx}]"
+    xk = f"t[{', '.join('0' if n != shape[d] else idx[d] for d, n in enumerate(out))}]"
+    kk = f"k[{k_idx}]"
     expr = f"{kk} {sym} {xk}" if left else f"{xk} {sym} {kk}"
     imp.tensor_fns += [
         f"tensor {fn}(t[{sizes}]) -> [{', '.join(idx)}] {{   # {node.op_type} of a constant, broadcast",

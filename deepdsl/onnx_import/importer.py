@@ -28,6 +28,7 @@ class Importer:
         self.opset = self._opset()
         self.graph = model.graph
         self.consts: dict[str, np.ndarray] = {}
+        self.folded: dict[str, np.ndarray] = {}  # constants shape inference computed (a Reshape of a weight): patterns
         self.names = Names()
         self.env: dict[str, str] = {}  # ONNX value -> the .ddsl tensor holding it
         self.producer: dict[str, str] = {}  # ONNX value -> the op type that made it
@@ -207,6 +208,7 @@ class Importer:
                 shapes[name] = a.shape
             more = self._fold_shapes(shapes, folded)
             if not more:
+                self.folded = folded
                 return shapes
             folded.update(more)
         raise AssertionError("shape folding did not converge")

@@ -1,9 +1,12 @@
 """Import rules for the normalisations: BatchNormalization (a trainable `batch_norm` with its running statistics,
-epsilon and momentum), LRN (odd sizes), and LayerNormalization over the last axis (a `layer_norm` layer, which
-patterns.py writes for the decomposed form too)."""
+epsilon and momentum), LRN (odd sizes), LayerNormalization over the last axis (a `layer_norm` layer, which
+patterns.py writes for the decomposed form too) and InstanceNormalization (`instance_norm`; patterns.py writes
+`group_norm` for the form PyTorch exports nn.GroupNorm in). ONNX's GroupNormalization is not imported: ONNX's shape
+inference gives its output no shape, and PyTorch's exporters write the InstanceNormalization form instead."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -70,3 +73,41 @@ def layer_normalization(imp: Importer, k: int, node: Any, where: Node, attrs: di
     gamma = np.ones(d, np.float32) if scale is None else np.broadcast_to(scale, (d,))
     beta = np.zeros(d, np.float32) if bias is None else np.broadcast_to(bias, (d,))
     layer_norm_layer(imp, node, where, imp.tensor(node.input[0], where), gamma, beta, float(attrs.get("epsilon", 1e-5)))
+
+
+def group_norm_layer(imp: Importer, node: Any, where: Node, x: str, shape: tuple[int, ...], groups: int,
+                     gamma: np.ndarray, beta: np.ndarray, eps: float, affine: bool) -> None:  # fmt: skip
+    """x [N, C, ...] normalised over `groups` groups of channels, then, with `affine`, scaled by gamma [C] and
+    shifted by beta [C] (trainable parameters): `instance_norm` where each channel is its own group (as PyTorch's
+    InstanceNorm), else `group_norm(groups)`. Without `affine`, gamma and beta must be 1 and 0."""
+    c = shape[1]
+    if len(shape) < 2 or c % groups or math.prod(shape[2:]) * (c // groups) == 1:
+        raise where.refuse(f"{groups} groups of {list(shape)}: the language's group_norm and instance_norm take "
+                           "[N, C, ...] with more than one value per group")  # fmt: skip
+    kw = {} if np.float32(eps) == np.float32(1e-5) else {"eps": num(eps)}
+    if not affine and not (np.all(gamma == 1) and np.all(beta == 0)):
+        raise AssertionError("a scale and shift other than 1 and 0 without affine")
+    fn = "instance_norm" if groups == c and len(shape) > 2 else "group_norm"
+    if fn == "instance_norm" and affine:
+        kw["affine"] = "true"
+    if fn == "group_norm" and not affine:
+        kw["affine"] = "false"
+    args = [] if fn == "instance_norm" else [str(groups)]
+    params = {"gamma": gamma.astype(np.float32), "beta": beta.astype(np.float32)} if affine else {}
+    name = imp.layer(node, where, call(where, fn, args, kw), params)
+    imp.bind(node, f"{name}({x})", name)
+
+
+def instance_normalization(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+    """Each channel of each sample over its positions, with a scale and shift per channel (nn.InstanceNorm): a scale
+    of ones and a shift of zeros are PyTorch's InstanceNorm without `affine` (its default; the exporter writes them
+    as constants), so `instance_norm()`; any other values are trained, `instance_norm(affine=true)`."""
+    shape = imp.shape(node.input[0], where)
+    scale, bias = inputs_const(imp, node, where, 1)
+    c = shape[1] if len(shape) > 1 else 0
+    if scale is None or bias is None or scale.size != c or bias.size != c:
+        raise where.refuse(f"scale and B must be constants of the {c} channels")
+    gamma, beta = scale.reshape(-1), bias.reshape(-1)
+    affine = not (np.all(gamma == 1) and np.all(beta == 0))
+    group_norm_layer(imp, node, where, imp.tensor(node.input[0], where), shape, c, gamma, beta,
+                     float(attrs.get("epsilon", 1e-5)), affine)  # fmt: skip

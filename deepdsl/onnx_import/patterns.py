@@ -1,7 +1,9 @@
 """Patterns of several nodes that are one built-in of the language, found before the nodes are imported: the Erf
 form of GELU, x * 0.5 * (1 + erf(x / sqrt 2)) (as exporters write it before opset 20); the layer norm the
 TorchScript exporter writes before opset 17 (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, then Mul and Add of
-its scale and shift); and x * sigmoid(x) as `silu` where the language has it. Each inner value must be read only
+its scale and shift); a group norm as exporters decompose it (a Reshape of [N, C, ...] into groups,
+InstanceNormalization of them, a Reshape back, a Mul and Add per channel); and x * sigmoid(x)
+as `silu` where the language has it. Each inner value must be read only
 inside the pattern; the pattern's last node then writes the built-in and the others are absorbed."""
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ class _Graph:
             return None
         return float(np.asarray(c).reshape(-1)[0])
 
+    def constant(self, name: str) -> np.ndarray | None:
+        """An initialiser, or a constant the shape folding computed (a weight reshaped to [C, 1, 1]); else None."""
+        c = self.imp.consts.get(name)
+        return self.imp.folded.get(name) if c is None else c
+
     def other(self, node: Any, value: str) -> str | None:
         """The input of binary `node` that is not `value`."""
         if len(node.input) != 2 or value not in node.input:
@@ -82,6 +89,8 @@ def find(imp: Importer) -> None:
             _layer_norm(g, k, node)
         elif node.op_type == "Sigmoid":
             _silu(g, k, node)
+        elif node.op_type == "InstanceNormalization":
+            _group_norm(g, k, node)
 
 
 def _claim(g: _Graph, inner: list[int], last: int, write: Any) -> None:
@@ -204,3 +213,56 @@ def _silu(g: _Graph, k: int, sig: Any) -> None:
         imp.bind(node, f"silu({imp.tensor(x, where)})")
 
     _claim(g, [k], mul[0], write)
+
+
+def _group_norm(g: _Graph, k: int, norm: Any) -> None:
+    """x [N, C, ...] reshaped into groups of channels [N, G, D], InstanceNormalization of the groups, reshaped back to
+    x's shape, then a Mul and an Add per channel ([C, 1, 1] or [1, C, 1, 1]): nn.GroupNorm as both PyTorch
+    exporters write it (a scale of ones [G] and zeros to InstanceNormalization, the weight and bias after it) and
+    as deepdsl exports `group_norm` and `instance_norm`: one `group_norm` (`instance_norm` where a group is a
+    channel), trainable where a Mul or Add per channel follows (PyTorch's affine, its default), the normalisation's
+    own scale and shift per group folded into them."""
+    imp = g.imp
+    rows = norm.input[0]
+    if rows not in g.made or g.only_reader(rows, norm.op_type) is None:
+        return
+    j, reshape = g.made[rows]
+    x = reshape.input[0]
+    shape, view = imp.shapes.get(x), imp.shapes.get(rows)
+    if reshape.op_type != "Reshape" or not shape or len(shape) < 2 or not view or len(view) != 3:
+        return
+    n, c, groups, d = shape[0], shape[1], view[1], view[2]
+    from onnx import helper
+
+    eps = next((float(helper.get_attribute_value(a)) for a in norm.attribute if a.name == "epsilon"), 1e-5)
+    scale, bias = (g.constant(i) for i in norm.input[1:3])
+    if view[0] != n or scale is None or bias is None or scale.size != groups or bias.size != groups:
+        return
+    per_group = (scale.reshape(-1), bias.reshape(-1))
+    if groups < 1 or c % groups or d != c // groups * math.prod(shape[2:]):
+        return
+    back = g.only_reader(norm.output[0], "Reshape")
+    if back is None or imp.shapes.get(back[1].output[0]) != shape:
+        return
+    inner, (last, node) = [j, k], back
+    affine = False  # trainable where the model scales or shifts per channel (PyTorch's affine GroupNorm)
+    gamma, beta = (np.repeat(v.astype(np.float64), c // groups) for v in per_group)
+    channel = (1,) * (len(shape) - 1)
+    for op in ("Mul", "Add"):  # the scale, then the shift, each per channel ([C, 1, 1] or [1, C, 1, 1])
+        step = g.only_reader(node.output[0], op)
+        v = g.constant(g.other(step[1], node.output[0]) or "") if step is not None else None
+        if step is None or v is None or v.size != c or (1,) * (len(shape) - v.ndim) + v.shape != (1, c, *channel[1:]):
+            continue
+        if op == "Mul":
+            gamma, beta = gamma * v.reshape(-1), beta * v.reshape(-1)
+        else:
+            beta = beta + v.reshape(-1)
+        inner.append(last)
+        last, node, affine = *step, True
+    if not affine and (np.any(gamma != 1) or np.any(beta != 0)):
+        return  # a scale per group alone: left to the nodes' own rules
+
+    def write(imp: Importer, where: Any) -> None:
+        normalisation.group_norm_layer(imp, node, where, imp.tensor(x, where), shape, groups, gamma, beta, eps, affine)
+
+    _claim(g, inner, last, write)

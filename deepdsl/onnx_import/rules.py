@@ -18,6 +18,8 @@ SUPPORTED = (
     "Slice", "Split", "Sqrt", "Transpose",
     # what deepdsl's own exports of networks/examples/ hold (siamese, vae, axis_ops, groupnorm_swish, ...)
     "Abs", "Exp", "Log", "ReduceMax", "ReduceSum",
+    # instance normalisation (and nn.GroupNorm, which PyTorch exports through it: patterns.py)
+    "InstanceNormalization",
 )  # fmt: skip
 
 
@@ -40,6 +42,7 @@ RULES: dict[str, Callable[..., None]] = {
     # normalisation.py
     "BatchNormalization": normalisation.batch_norm, "LRN": normalisation.lrn,
     "LayerNormalization": normalisation.layer_normalization,
+    "InstanceNormalization": normalisation.instance_normalization,
     # shapes.py
     "Flatten": shapes.flatten, "Reshape": shapes.reshape, "Transpose": shapes.transpose, "Concat": shapes.concat,
     "Slice": shapes.slice_, "Split": shapes.split, "Expand": shapes.expand, "ReduceMean": shapes.reduce_mean,

@@ -1,0 +1,106 @@
+"""Group and instance normalisation on import: PyTorch's nn.GroupNorm as both its exporters decompose it (a Reshape
+into groups, InstanceNormalization, a Reshape back, a Mul and Add per channel), deepdsl's own export of `group_norm`
+(LayerNormalization of the groups' rows) and InstanceNormalization nodes: each one `group_norm` or `instance_norm`
+layer, trainable where the model scales and shifts per channel, equal to ONNX Runtime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+from onnx import helper  # noqa: E402
+from test_onnx import close  # noqa: E402
+from test_onnx_breadth import f32, feeds_for, graph, import_and_compare, ort_feeds, run_deepdsl  # noqa: E402
+
+from deepdsl import api  # noqa: E402
+from deepdsl.autodiff import infer_program  # noqa: E402
+from deepdsl.backends.onnx_export import export_graph  # noqa: E402
+from deepdsl.interop import initial_arrays  # noqa: E402
+from deepdsl.onnx_import import import_model  # noqa: E402
+
+
+def torch_group_norm(groups: int, c: int, scale: float = 1.0, eps: float = 1e-5) -> object:
+    """nn.GroupNorm(groups, c) on [N, c, 3, 4] as the TorchScript exporter writes it: Reshape to [0, G, -1],
+    InstanceNormalization with a scale of ones [G] (times `scale`) and zeros, Reshape to the input's Shape, Mul by
+    the weight [c, 1, 1], Add the bias [c, 1, 1]; a ReLU after it."""
+    init = {"grouped": np.asarray([0, groups, -1], np.int64), "ones": np.full(groups, scale, np.float32),
+            "zeros": np.zeros(groups, np.float32), "w": 1 + f32(c, 1, 1), "b": f32(c, 1, 1)}  # fmt: skip
+    nodes = [helper.make_node("Reshape", ["x", "grouped"], ["r"], name="/gn/Reshape"),
+             helper.make_node("InstanceNormalization", ["r", "ones", "zeros"], ["i"], name="/gn/InstanceNormalization",
+                              epsilon=eps),
+             helper.make_node("Shape", ["x"], ["s"], name="/gn/Shape"),
+             helper.make_node("Reshape", ["i", "s"], ["v"], name="/gn/Reshape_1"),
+             helper.make_node("Mul", ["v", "w"], ["m"], name="/gn/Mul"),
+             helper.make_node("Add", ["m", "b"], ["a"], name="/gn/Add"),
+             helper.make_node("Relu", ["a"], ["y"], name="/act/Relu")]  # fmt: skip
+    return graph(nodes, [("x", ["N", c, 3, 4])], ("y", ["N", c, 3, 4]), init, 13)
+
+
+@pytest.mark.parametrize(
+    ("groups", "layer"), [(2, "group_norm(2, eps=0.001)"), (4, "instance_norm(eps=0.001, affine=true)")]
+)
+def test_pytorch_group_norm_is_one_layer(tmp_path: Path, groups: int, layer: str) -> None:
+    model = torch_group_norm(groups, 4, eps=1e-3)
+    text = import_and_compare(tmp_path, model, {"x": f32(3, 4, 3, 4, scale=2.0)}, loss=False)
+    assert f"layer gn = {layer}" in text and "y = relu(gn_out)" in text, text
+    assert "Reshape" not in text and "reshape(" not in text, text
+
+
+def test_a_scale_per_group_is_folded_into_the_channels(tmp_path: Path) -> None:
+    """The normalisation's own scale (per group) times the weight per channel: one gamma."""
+    text = import_and_compare(tmp_path, torch_group_norm(2, 4, scale=0.5), {"x": f32(2, 4, 3, 4)}, loss=False)
+    assert "layer gn = group_norm(2)" in text, text
+
+
+@pytest.mark.parametrize(("values", "layer"), [("ones", "instance_norm()"), ("random", "instance_norm(affine=true)")])
+def test_instance_normalization(tmp_path: Path, values: str, layer: str) -> None:
+    """PyTorch's InstanceNorm2d without affine (its default) writes a scale of ones and zeros: no parameters."""
+    scale, bias = (np.ones(3, np.float32), np.zeros(3, np.float32)) if values == "ones" else (f32(3), f32(3))
+    node = helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], name="/inorm/InstanceNormalization")
+    model = graph([node], [("x", ["N", 3, 5, 5])], ("y", ["N", 3, 5, 5]), {"s": scale, "b": bias})
+    text = import_and_compare(tmp_path, model, {"x": f32(2, 3, 5, 5, scale=3.0)}, loss=False)
+    assert f"layer inorm = {layer}" in text, text
+
+
+NORMS = """
+network Norms
+const N = 2
+input x : [N, 4, 5, 6]
+label y : [N] classes 3
+layer gn = group_norm(2, eps=0.001)
+layer inorm = instance_norm()
+layer ia = instance_norm(affine=true)
+layer rows = group_norm(4)
+layer fc = full(3)
+h = fc(relu(rows(flatten(ia(relu(inorm(gn(x))))))))
+loss = softmax_cross_entropy(h, y)
+predict = h
+"""
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_deepdsl_exports_group_and_instance_norms_as_pytorch_does(tmp_path: Path, opset: int) -> None:
+    """group_norm on [N, C, H, W] and on [N, D], instance_norm with and without a scale and shift: exported as
+    PyTorch writes them (InstanceNormalization of the groups, no LayerNormalization), ONNX Runtime's outputs
+    deepdsl's, and imported again the same layers, parameter count and outputs, trained parameters included."""
+    program = api.compile_source(NORMS, "norms.ddsl").program
+    rng = np.random.default_rng(5)
+    arrays = {k: v + rng.standard_normal(v.shape).astype(np.float32) * 0.3 for k, v in initial_arrays(program).items()}
+    model = export_graph(infer_program(program.graph), arrays, opset)
+    ops = [nd.op_type for nd in model.graph.node]
+    assert ops.count("InstanceNormalization") == 4 and "LayerNormalization" not in ops, ops
+    feeds = feeds_for(program, rng)
+    want = run_deepdsl(program, arrays, feeds)
+    close(ort_feeds(model, {"x": feeds["x"]}), want)
+    onnx.save(model, tmp_path / "m.onnx")
+    got = import_model(tmp_path / "m.onnx", 2)
+    for layer in ("group_norm(2, eps=0.001)", "instance_norm()", "instance_norm(affine=true)", "group_norm(4)"):
+        assert f"= {layer}\n" in got.text, got.text
+    again = api.compile_source(got.text, "again.ddsl").program
+    assert again.graph.parameter_count == program.graph.parameter_count
+    ours = {d.value.name: v for d, v in zip(infer_program(again.graph).inputs, feeds.values())}
+    close(run_deepdsl(again, got.arrays, ours), want)
