@@ -102,6 +102,20 @@ def models() -> dict[str, tuple[Callable, tuple]]:
         "lstm": (lambda: Recurrent("lstm"), ((BATCH, 5, 6),)),
         "gru": (lambda: Recurrent("gru"), ((BATCH, 5, 6),)),
         "two_inputs": (TwoInputs, ((BATCH, 3, 8, 8), (BATCH, 5))),
+        "group_norm": (
+            lambda: nn.Sequential(  # nn.GroupNorm and an affine nn.InstanceNorm2d
+                nn.Conv2d(3, 16, 3, padding=1),
+                nn.GroupNorm(4, 16),
+                nn.SiLU(),
+                nn.Conv2d(16, 32, 3, stride=2, padding=1),
+                nn.InstanceNorm2d(32, affine=True),
+                nn.ReLU(),
+                nn.AdaptiveAvgPool2d(1),
+                nn.Flatten(),
+                nn.Linear(32, 10),
+            ),
+            ((BATCH, 3, 16, 16),),
+        ),
     }
 
 
