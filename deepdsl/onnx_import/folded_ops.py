@@ -1,7 +1,7 @@
 """Import rules for Constant, Identity and the operators folding.py computes (Shape, Gather, Squeeze, Unsqueeze,
 Cast, Where, ...) of constants and known shapes; where such a node reads a computed tensor: a Gather of rows of a
-constant table (an `embedding`), a Gather of one position (a class token), a Where of a causal mask, a Squeeze or
-Unsqueeze as a view, a Cast to float."""
+constant table (an `embedding`), a Gather of one position (a class token) or of every position in order (a view),
+a Where of a causal mask, a Squeeze or Unsqueeze as a view, a Cast to float."""
 
 from __future__ import annotations
 
@@ -64,8 +64,12 @@ def gather_position(imp: Importer, node: Any, where: Node, attrs: dict) -> None:
     shape = imp.shape(node.input[0], where)
     axis = positive_axis(int(attrs.get("axis", 0)), len(shape))
     index = imp.const(node.input[1])
+    if index is not None and index.ndim > 0 and np.array_equal(index.reshape(-1), np.arange(shape[axis])):
+        reshape_any(imp, node, where)  # every position in order (PyTorch's as_strided of a contiguous tensor): a view
+        return
     if index is None or index.size != 1 or index.ndim != 0:
-        raise where.refuse("deepdsl imports a Gather from a computed tensor at one constant position only")
+        raise where.refuse("deepdsl imports a Gather from a computed tensor at one constant position, or at every "
+                           "position in order (a view)")  # fmt: skip
     at = int(index.reshape(-1)[0])
     at = at + shape[axis] if at < 0 else at
     if not 0 <= at < shape[axis]:
