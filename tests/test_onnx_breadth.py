@@ -426,6 +426,47 @@ TEXT_CASES = {
         "expand(x, (N, 4, 6, 6))",
         ["expand"],
     ),
+    # padding at the end beyond the start's: ceil mode's last window where it is ONNX's (TensorFlow's SAME, a 1-D
+    # pool in ceil mode as deepdsl exports it, end pads past half the window), else the pads as (t, l, b, r)
+    "same_upper_pool": (
+        one("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}, shape=(2, 4, 8, 8)),
+        "max_pool(x, 3, stride=2, ceil_mode=true)",
+        [],
+    ),
+    "end_pads_pool": (
+        one("MaxPool", {"kernel_shape": [1, 3], "strides": [1, 2], "pads": [0, 0, 0, 1]}, shape=(2, 4, 1, 10)),
+        "max_pool(x, (1, 3), stride=(1, 2), ceil_mode=true)",
+        [],
+    ),
+    "end_pads_past_half_the_window": (
+        one("MaxPool", {"kernel_shape": [5, 5], "strides": [2, 2], "pads": [1, 1, 3, 3]}, shape=(2, 4, 8, 8)),
+        "max_pool(x, 5, stride=2, pad=1, ceil_mode=true)",
+        [],
+    ),
+    "same_lower_pool": (  # the padding at the end: none of its windows reads it
+        one("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_LOWER"}, shape=(2, 4, 8, 8)),
+        "max_pool(x, 3, stride=2, pad=1)",
+        [],
+    ),
+    "same_upper_pool_4": (  # k=4, stride 1: ceil mode gives 5 of 6; the pads as they are
+        one("MaxPool", {"kernel_shape": [4, 4], "auto_pad": "SAME_UPPER"}, shape=(2, 4, 6, 6)),
+        "max_pool(x, 4, stride=1, pad=(1, 1, 2, 2))",
+        [],
+    ),
+    "same_upper_avg_exclude_pad": (  # TensorFlow's SAME average: ceil mode divides by the elements too
+        one("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}, shape=(2, 4, 8, 8)),
+        "avg_pool(x, 3, stride=2, ceil_mode=true)",
+        [],
+    ),
+    "end_pads_avg_counted": (  # ceil mode would divide the last window by 2, ONNX by 3: the pads as they are
+        one(
+            "AveragePool",
+            {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 1, 1], "count_include_pad": 1},
+            shape=(2, 4, 8, 8),
+        ),
+        "avg_pool(x, 3, stride=2, pad=(0, 0, 1, 1))",
+        [],
+    ),  # fmt: skip
 }
 
 
@@ -441,6 +482,41 @@ def test_each_rule_imports_and_equals_ort(tmp_path: Path, case: str) -> None:
     model, _, _ = TEXT_CASES[case]
     shape = [d.dim_value or 2 for d in model.graph.input[0].type.tensor_type.shape.dim]
     import_and_compare(tmp_path, model, {"x": f32(*shape, scale=3.0)}, loss=False)
+
+
+POOLS_REFUSED = {
+    "end_pads_past_half_the_window": (
+        one("MaxPool", {"kernel_shape": [3, 3], "pads": [0, 0, 2, 2]}, shape=(2, 4, 6, 6)),
+        r"pads \[0, 0, 2, 2\], kernel \[3, 3\], strides \[1, 1\]: no max_pool of the language reads the same windows "
+        r"\(no padding, either ceil_mode: 4 outputs along H, not ONNX's 6; pad=\(0, 0, 2, 2\), either ceil_mode: "
+        r"max_pool: padding 2 is more than half the window 3\)",
+    ),
+    "avg_end_pads_counted_past_half": (  # ceil mode's last window: 2 values; ONNX counts the padding: 3
+        one("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 2, 2], "count_include_pad": 1},
+            shape=(2, 4, 8, 8)),
+        r"no avg_pool of the language reads the same windows \(no padding: 3 outputs along H, not ONNX's 4; "
+        r"no padding, ceil_mode=true: output 3 along H averages over 2 values, ONNX's over 3; "
+        r"pad=\(0, 0, 2, 2\), either ceil_mode: avg_pool: padding 2 is more than half the window 3\)",
+    ),
+    "avg_exclude_pad_at_the_start": (
+        one("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_LOWER"}, shape=(2, 4, 8, 8)),
+        r"count_include_pad=0 with padding \[1, 1, 0, 0\]: the language's avg_pool counts the padding at the start",
+    ),
+    "window_past_the_input": (
+        one("MaxPool", {"kernel_shape": [2, 1], "strides": [3, 3], "ceil_mode": 1}, shape=(2, 4, 3, 4)),
+        r"ceil_mode=1: output 1 along H is a window past the input \(padding alone\); the language's pools have none",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(POOLS_REFUSED))
+def test_a_pool_the_language_cannot_say_is_refused_with_why(tmp_path: Path, case: str) -> None:
+    """Each form tried (the start's padding on both sides, ONNX's pads; floor and ceil mode) and why it differs."""
+    model, message = POOLS_REFUSED[case]
+    with pytest.raises(
+        DslError, match=r"node '/m/(Max|Average)Pool' \((Max|Average)Pool, opset 17\): " + ".*" + message
+    ):
+        text_of(tmp_path, model)
 
 
 def test_silu_and_a_gate_broadcast(tmp_path: Path) -> None:
@@ -476,16 +552,18 @@ def test_every_network_round_trips(tmp_path: Path, net: str, opset: int) -> None
         assert "layer_norm(" in got.text and "matmul(" in got.text and "softmax(" in got.text
 
 
-@pytest.mark.parametrize("net", ["axis_ops", "siamese", "vae"])
+@pytest.mark.parametrize("net", ["audio_1d", "axis_ops", "siamese", "vae"])
 def test_example_networks_round_trip(tmp_path: Path, net: str) -> None:
-    """Examples whose exports hold ReduceSum and ReduceMax (axis_ops), Abs (siamese) and Exp (vae: the sampling's
-    inference mean, exp(log_var / 2) beside it): imported again, the same outputs, and the same parameter count but
-    where one layer's weights serve two inputs (siamese's encoder): the import gives each use its own copy."""
+    """Examples whose exports hold a MaxPool padded at the end only (audio_1d: a 1-D pool in ceil mode, imported in
+    ceil mode again), ReduceSum and ReduceMax (axis_ops), Abs (siamese) and Exp (vae: the sampling's inference
+    mean, exp(log_var / 2) beside it): imported again, the same outputs, and the same parameter count but where one
+    layer's weights serve two inputs (siamese's encoder): the import gives each use its own copy."""
     program = api.compile_file(str(ROOT / "networks" / "examples" / f"{net}.ddsl"), {"N": 2}).program
     arrays = initial_arrays(program)
     model = export_graph(infer_program(program.graph), arrays, 17)
     ops = {nd.op_type for nd in model.graph.node}
-    assert {"axis_ops": {"ReduceSum", "ReduceMax"}, "siamese": {"Abs"}, "vae": {"Exp"}}[net] <= ops
+    want_ops = {"audio_1d": {"MaxPool"}, "axis_ops": {"ReduceSum", "ReduceMax"}, "siamese": {"Abs"}, "vae": {"Exp"}}
+    assert want_ops[net] <= ops
     onnx.save(model, tmp_path / "m.onnx")
     feeds = feeds_for(program, np.random.default_rng(2))
     got = import_model(tmp_path / "m.onnx", 2)
@@ -494,6 +572,10 @@ def test_example_networks_round_trip(tmp_path: Path, net: str) -> None:
     assert again.graph.parameter_count == program.graph.parameter_count + encoder
     ours = {d.value.name: v for d, v in zip(infer_program(again.graph).inputs, feeds.values())}
     close(run_deepdsl(again, got.arrays, ours), run_deepdsl(program, arrays, feeds))
+    if net == "audio_1d":  # max_pool1d(..., 3, stride=2, ceil_mode=true), exported as pads [0, 0, 0, 1]
+        pool = next(nd for nd in model.graph.node if nd.op_type == "MaxPool")
+        assert list(next(a for a in pool.attribute if a.name == "pads").ints) == [0, 0, 0, 1]
+        assert "max_pool(h_7, (1, 3), stride=(1, 2), ceil_mode=true)" in got.text, got.text
 
 
 # ---- external data as PyTorch's dynamo exporter writes it ----
