@@ -555,9 +555,9 @@ def test_every_network_round_trips(tmp_path: Path, net: str, opset: int) -> None
 @pytest.mark.parametrize("net", ["audio_1d", "axis_ops", "siamese", "vae"])
 def test_example_networks_round_trip(tmp_path: Path, net: str) -> None:
     """Examples whose exports hold a MaxPool padded at the end only (audio_1d: a 1-D pool in ceil mode, imported in
-    ceil mode again), ReduceSum and ReduceMax (axis_ops), Abs (siamese) and Exp (vae: the sampling's inference
-    mean, exp(log_var / 2) beside it): imported again, the same outputs, and the same parameter count but where one
-    layer's weights serve two inputs (siamese's encoder): the import gives each use its own copy."""
+    ceil mode again), ReduceSum and ReduceMax (axis_ops), Abs and one encoder's weights read by both images' nodes
+    (siamese: one layer again, called twice) and Exp (vae: the sampling's inference mean, exp(log_var / 2) beside
+    it): imported again, the same outputs and the same parameter count."""
     program = api.compile_file(str(ROOT / "networks" / "examples" / f"{net}.ddsl"), {"N": 2}).program
     arrays = initial_arrays(program)
     model = export_graph(infer_program(program.graph), arrays, 17)
@@ -568,14 +568,72 @@ def test_example_networks_round_trip(tmp_path: Path, net: str) -> None:
     feeds = feeds_for(program, np.random.default_rng(2))
     got = import_model(tmp_path / "m.onnx", 2)
     again = api.compile_source(got.text, "again.ddsl").program
-    encoder = sum(v.size for k, v in arrays.items() if k.startswith("encoder.")) if net == "siamese" else 0
-    assert again.graph.parameter_count == program.graph.parameter_count + encoder
+    assert again.graph.parameter_count == program.graph.parameter_count
+    assert sum(a.size for a in got.arrays.values()) == sum(a.size for a in arrays.values())
     ours = {d.value.name: v for d, v in zip(infer_program(again.graph).inputs, feeds.values())}
     close(run_deepdsl(again, got.arrays, ours), run_deepdsl(program, arrays, feeds))
     if net == "audio_1d":  # max_pool1d(..., 3, stride=2, ceil_mode=true), exported as pads [0, 0, 0, 1]
         pool = next(nd for nd in model.graph.node if nd.op_type == "MaxPool")
         assert list(next(a for a in pool.attribute if a.name == "pads").ints) == [0, 0, 0, 1]
         assert "max_pool(h_7, (1, 3), stride=(1, 2), ceil_mode=true)" in got.text, got.text
+    if net == "siamese":  # the encoder's three layers, each called for the left and the right image
+        assert got.text.count("layer encoder_cv1 = conv(16, kernel=5)") == 1 and "encoder_cv1_2" not in got.text
+        assert "encoder_cv1(left)" in got.text and "encoder_cv1(right)" in got.text
+        assert sorted(got.arrays) == sorted(k.replace("encoder.", "encoder_") for k in arrays)
+
+
+GEMMS = {  # the second Gemm's weight, bias and attributes; the first reads fc.w and fc.b
+    "shared": (("fc.w", "fc.b"), {}, 1),
+    "other_bias": (("fc.w", "fc.b2"), {}, 2),  # equal values under another name: two parameters in the model
+    "other_alpha": (("fc.w", "fc.b"), {"alpha": 0.5}, 2),  # the same initialisers, another weight
+}
+
+
+@pytest.mark.parametrize("case", list(GEMMS))
+def test_one_weight_read_by_two_nodes_is_one_layer_called_twice(cli, tmp_path: Path, case: str) -> None:
+    """Two Gemm nodes reading the very same initialisers for weight and bias (a module applied twice, as PyTorch
+    exports it): one `layer` line, called for each input, its parameters stored once, and the program trains. A
+    share of some parameters only, or of all with other attributes: a layer each."""
+    (w, b), attrs, layers = GEMMS[case]
+    init = {"fc.w": f32(3, 4), "fc.b": f32(3), "head.w": f32(2, 3), "head.b": f32(2)}
+    init["fc.b2"] = init["fc.b"].copy()
+    nodes = [
+        helper.make_node("Gemm", ["a", "fc.w", "fc.b"], ["ha"], name="/fc/Gemm", transB=1),
+        helper.make_node("Gemm", ["b", w, b], ["hb"], name="/fc/Gemm_1", transB=1, **attrs),
+        helper.make_node("Sub", ["ha", "hb"], ["d"], name="/Sub"),
+        helper.make_node("Gemm", ["d", "head.w", "head.b"], ["y"], name="/head/Gemm", transB=1),
+    ]
+    model = graph(nodes, [("a", ["N", 4]), ("b", ["N", 4])], ("y", ["N", 2]), init)
+    text = import_and_compare(tmp_path, model, {"a": f32(2, 4, scale=1.0), "b": f32(2, 4, scale=1.0)})
+    assert text.count("= full(3)") == layers, text
+    assert ("fc(a)" in text and "fc(b)" in text) == (layers == 1), text
+    assert ("layer fc = full(3)   # one set of weights for 2 nodes" in text) == (layers == 1), text
+    r = cli("import", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "n.ddsl"), "--batch", "4")
+    assert r.exit_code == 0, r.output
+    stored = set(np.load(tmp_path / "n.npz"))
+    assert stored == {"fc.W", "fc.b", "head.W", "head.b"} | ({"fc_2.W", "fc_2.b"} if layers == 2 else set())
+    r = cli("run", str(tmp_path / "n.ddsl"), "--load", str(tmp_path / "n.npz"), "--iters", "2", "--device", "cpu",
+            "--data", "synthetic", "--save", str(tmp_path / "s.npz"))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert not np.array_equal(np.load(tmp_path / "s.npz")["fc.W"], np.load(tmp_path / "n.npz")["fc.W"])  # trained
+
+
+def test_a_weight_folded_for_each_use_is_still_one_layer(tmp_path: Path) -> None:
+    """An exporter may write the computation of a weight once for each use (a Reshape by a shape of its own name, a
+    Transpose: MatMul by Wᵀ, then Add): the import follows the folded nodes back to the one initialiser."""
+    init = {"w": f32(12), "fc.b": f32(3), "s1": np.asarray([3, 4], np.int64), "s2": np.asarray([3, 4], np.int64),
+            "head.w": f32(2, 3), "head.b": f32(2)}  # fmt: skip
+    nodes = []
+    for side, shape, k in (("a", "s1", ""), ("b", "s2", "_1")):  # PyTorch's names: /fc/MatMul, /fc/MatMul_1
+        nodes += [helper.make_node("Reshape", ["w", shape], [f"w_{side}"], name=f"/fc/Reshape{k}"),
+                  helper.make_node("Transpose", [f"w_{side}"], [f"wt_{side}"], name=f"/fc/Transpose{k}", perm=[1, 0]),
+                  helper.make_node("MatMul", [side, f"wt_{side}"], [f"m_{side}"], name=f"/fc/MatMul{k}"),
+                  helper.make_node("Add", [f"m_{side}", "fc.b"], [f"h_{side}"], name=f"/fc/Add{k}")]  # fmt: skip
+    nodes += [helper.make_node("Sub", ["h_a", "h_b"], ["d"], name="/Sub"),
+              helper.make_node("Gemm", ["d", "head.w", "head.b"], ["y"], name="/head/Gemm", transB=1)]  # fmt: skip
+    model = graph(nodes, [("a", ["N", 4]), ("b", ["N", 4])], ("y", ["N", 2]), init)
+    text = import_and_compare(tmp_path, model, {"a": f32(2, 4, scale=1.0), "b": f32(2, 4, scale=1.0)})
+    assert text.count("= full(3)") == 1 and "fc(a)" in text and "fc(b)" in text, text
 
 
 # ---- external data as PyTorch's dynamo exporter writes it ----

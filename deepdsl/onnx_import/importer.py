@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,9 @@ class Importer:
         self.batch = batch
         self.absorbed: set[int] = set()  # nodes folded into an earlier one (MatMul + Add: one `full`)
         self.overrides: dict[int, Any] = {}  # node -> what writes the built-in a pattern ending there is (patterns)
+        self.origins: dict[str, tuple] = {}  # constant folded here -> what it was computed from (`origin`)
+        self.shared: dict[tuple, tuple[str, dict]] = {}  # (text, parameters' origins) -> the layer, its parameters
+        self.calls: dict[str, list[int]] = {}  # a layer that may be shared -> [its line in self.layers, its callers]
 
     # ---- the model's frame ----
 
@@ -278,7 +282,23 @@ class Importer:
         if value is None:
             return False
         self.consts[node.output[0]] = np.asarray(value)
+        # an exporter may write a weight's Transpose or Reshape once for each use (a MatMul's Wᵀ): the same
+        # computation of the same tensor is the same parameter (of values alone: `origin`'s default)
+        ins = tuple(self.origin(i) if i else None for i in node.input)
+        if any(o is not None and o[0] != "value" for o in ins):
+            self.origins[node.output[0]] = (node.op_type, tuple(sorted((k, repr(v)) for k, v in attrs.items())), ins)
         return True
+
+    def origin(self, name: str) -> tuple:
+        """What constant `name` is, to tell the parameters of two nodes apart: a float tensor is itself (its name: two
+        initialisers of equal values are two parameters), one folded from such a tensor the computation that made it,
+        an integer one (a shape, an axis) its value, which each node may hold under its own name."""
+        if name in self.origins:
+            return self.origins[name]
+        a = self.consts.get(name)
+        if a is not None and a.dtype.kind in "biu":
+            return ("value", a.dtype.str, a.shape, a.tobytes())
+        return ("tensor", name)
 
     def tensor(self, name: str, where: Node) -> str:
         if name in self.env:
@@ -302,11 +322,36 @@ class Importer:
         self.body.append(f"{name} = {expr}")
         self.env[out] = name
 
-    def layer(self, node: Any, where: Node, text: str, params: dict[str, np.ndarray]) -> str:
+    def layer(self, node: Any, where: Node, text: str, params: dict[str, np.ndarray],
+              sources: Sequence[str | None] | None = None) -> str:  # fmt: skip
+        """The name of a `layer NAME = text` line holding `params`, written once for the nodes of one module: where an
+        earlier node's layer has the same text, its parameters come from the very same constants (`sources`: the
+        names they are computed from, by default the node's constant inputs; traced through the folded nodes to the
+        initialisers by `origin`) and hold the same values, that layer is called again, as the model reads one
+        initialiser twice (siamese's encoder), so that trained the two uses stay one (its line says for how many
+        nodes). A source of None (a parameter the model does not hold, such as a LayerNormalization's absent scale)
+        or sharing only some sources: a layer of its own."""
+        if sources is None:
+            sources = [i for i in node.input if i in self.consts]
+        key = (text, tuple(self.origin(s) for s in sources)) if sources and all(sources) else None
+        if key in self.shared:
+            name, theirs = self.shared[key]
+            # the same constants may still give other values (a Gemm's alpha, its transB of a square B): a copy
+            if params.keys() == theirs.keys() and all(np.array_equal(np.asarray(a, np.float32), theirs[p])
+                                                      for p, a in params.items()):  # fmt: skip
+                # said on its line: an exporter that merges initialisers of equal values (PyTorch's TorchScript
+                # one in eval mode) makes separate layers that held the same values look like this one
+                self.calls[name][1] += 1
+                line, nodes = self.calls[name]
+                self.layers[line] = f"layer {name} = {text}   # one set of weights for {nodes} nodes"
+                return name
         name = self.names.make(where.base, node.op_type.lower())
         self.layers.append(f"layer {name} = {text}")
         for p, a in params.items():
             self.store(f"{name}.{p}", a, where)
+        if key is not None and key not in self.shared:
+            self.shared[key] = (name, {p: self.arrays[f"{name}.{p}"] for p in params})
+            self.calls[name] = [len(self.layers) - 1, 1]
         return name
 
     def store(self, name: str, a: np.ndarray, where: Node) -> None:

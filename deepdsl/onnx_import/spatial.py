@@ -82,7 +82,8 @@ def conv(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     if b is None:
         kw["bias"] = "false"
     params = {"W": w} if b is None else {"W": w, "b": b.reshape(-1)}
-    name = imp.layer(node, where, call(where, "conv", [str(w.shape[0])], kw), params)
+    sources = [i for i in node.input[1:3] if i]
+    name = imp.layer(node, where, call(where, "conv", [str(w.shape[0])], kw), params, sources)
     imp.bind(node, f"{name}({x})", name)
 
 
@@ -259,7 +260,8 @@ def conv_transpose(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -
         kw["bias"] = "false"
     params = {"W": w} if b is None else {"W": w, "b": b.reshape(-1)}
     out = int(w.shape[1]) * groups
-    name = imp.layer(node, where, call(where, "conv_transpose", [str(out)], kw), params)
+    sources = [i for i in node.input[1:3] if i]
+    name = imp.layer(node, where, call(where, "conv_transpose", [str(out)], kw), params, sources)
     imp.bind(node, f"{name}({x})", name)
 
 
