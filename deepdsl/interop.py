@@ -31,12 +31,18 @@ def _check_target(path: str, what: str, replace_readonly: bool) -> None:
 
 
 def import_onnx(
-    model: str, output: str, params: str | None, batch: int | None, loss: bool, replace_readonly: bool = False
+    model: str,
+    output: str,
+    params: str | None,
+    batch: int | None,
+    loss: bool,
+    replace_readonly: bool = False,
+    share: bool = True,
 ) -> list[str]:
     """Write the `.ddsl` of `model` to `output` and its parameters to `params` (default: beside it, NAME.npz): both
     or neither. Each goes to its temporary file first; the parameters are put in place, then the network, so a
     failure anywhere before leaves neither new file."""
-    imported: Imported = import_model(model, batch, loss)
+    imported: Imported = import_model(model, batch, loss, share)
     _check_imported(model, imported.text, output)
     params = params if params is not None else str(Path(output).with_suffix(".npz"))
     if os.path.abspath(params) == os.path.abspath(output):
@@ -56,8 +62,13 @@ def import_onnx(
         raise DslProgramError(f"cannot write {what} '{path}': {e.strerror or e}") from None
     count = sum(a.size for name, a in imported.arrays.items() if not name.endswith(("running_mean", "running_var")))
     then = f"deepdsl run {output} --load {params}" if loss else f"deepdsl export {output} --load {params} -o F.onnx"
-    return [f"wrote {output} (network {imported.network}, {count:,} parameters) and {params}",
-            f"  {then}   |   deepdsl compile {output} -o out/"]  # fmt: skip
+    lines = [f"wrote {output} (network {imported.network}, {count:,} parameters) and {params}",
+             f"  {then}   |   deepdsl compile {output} -o out/"]  # fmt: skip
+    if imported.shared:  # said, since an exporter that merges equal initialisers makes untrained clones look so
+        which = ", ".join(f"{name} ({nodes} nodes)" for name, nodes in imported.shared)
+        lines.append(f"note: one set of weights for several nodes, as the model reads one initialiser there: {which}; "
+                     "trained, they stay one (--no-share gives each node its own copy)")  # fmt: skip
+    return lines
 
 
 def _check_imported(model: str, text: str, output: str) -> None:

@@ -38,7 +38,10 @@ def models() -> dict[str, tuple[Callable, tuple]]:
 
     tv = torchvision.models
 
-    class Encoder(nn.Module):  # an nn.TransformerEncoder classifier over a sequence of feature vectors
+    # an nn.TransformerEncoder classifier over a sequence of feature vectors. Its two layers are copies of one, equal
+    # until trained: the TorchScript exporter in eval mode merges equal initialisers, so that the import gives both
+    # one set of weights (each `layer` line called twice, docs/onnx.md): PyTorch's outputs, fine-tuned tied
+    class Encoder(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, activation="gelu")
@@ -63,6 +66,7 @@ def models() -> dict[str, tuple[Callable, tuple]]:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             d = self.down(x)
             u = self.up(self.mid(self.pool(d))) + d
+            # mid2[0] applied twice: one initialiser that both Conv nodes read, one layer called twice on import
             return self.out(torch.cat([self.resize(self.mid2(u)), self.mid2[0](u)], dim=1))
 
     class Recurrent(nn.Module):

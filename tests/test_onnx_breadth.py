@@ -426,6 +426,47 @@ TEXT_CASES = {
         "expand(x, (N, 4, 6, 6))",
         ["expand"],
     ),
+    # padding at the end beyond the start's: ceil mode's last window where it is ONNX's (TensorFlow's SAME, a 1-D
+    # pool in ceil mode as deepdsl exports it, end pads past half the window), else the pads as (t, l, b, r)
+    "same_upper_pool": (
+        one("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}, shape=(2, 4, 8, 8)),
+        "max_pool(x, 3, stride=2, ceil_mode=true)",
+        [],
+    ),
+    "end_pads_pool": (
+        one("MaxPool", {"kernel_shape": [1, 3], "strides": [1, 2], "pads": [0, 0, 0, 1]}, shape=(2, 4, 1, 10)),
+        "max_pool(x, (1, 3), stride=(1, 2), ceil_mode=true)",
+        [],
+    ),
+    "end_pads_past_half_the_window": (
+        one("MaxPool", {"kernel_shape": [5, 5], "strides": [2, 2], "pads": [1, 1, 3, 3]}, shape=(2, 4, 8, 8)),
+        "max_pool(x, 5, stride=2, pad=1, ceil_mode=true)",
+        [],
+    ),
+    "same_lower_pool": (  # the padding at the end: none of its windows reads it
+        one("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_LOWER"}, shape=(2, 4, 8, 8)),
+        "max_pool(x, 3, stride=2, pad=1)",
+        [],
+    ),
+    "same_upper_pool_4": (  # k=4, stride 1: ceil mode gives 5 of 6; the pads as they are
+        one("MaxPool", {"kernel_shape": [4, 4], "auto_pad": "SAME_UPPER"}, shape=(2, 4, 6, 6)),
+        "max_pool(x, 4, stride=1, pad=(1, 1, 2, 2))",
+        [],
+    ),
+    "same_upper_avg_exclude_pad": (  # TensorFlow's SAME average: ceil mode divides by the elements too
+        one("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}, shape=(2, 4, 8, 8)),
+        "avg_pool(x, 3, stride=2, ceil_mode=true)",
+        [],
+    ),
+    "end_pads_avg_counted": (  # ceil mode would divide the last window by 2, ONNX by 3: the pads as they are
+        one(
+            "AveragePool",
+            {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 1, 1], "count_include_pad": 1},
+            shape=(2, 4, 8, 8),
+        ),
+        "avg_pool(x, 3, stride=2, pad=(0, 0, 1, 1))",
+        [],
+    ),  # fmt: skip
 }
 
 
@@ -441,6 +482,41 @@ def test_each_rule_imports_and_equals_ort(tmp_path: Path, case: str) -> None:
     model, _, _ = TEXT_CASES[case]
     shape = [d.dim_value or 2 for d in model.graph.input[0].type.tensor_type.shape.dim]
     import_and_compare(tmp_path, model, {"x": f32(*shape, scale=3.0)}, loss=False)
+
+
+POOLS_REFUSED = {
+    "end_pads_past_half_the_window": (
+        one("MaxPool", {"kernel_shape": [3, 3], "pads": [0, 0, 2, 2]}, shape=(2, 4, 6, 6)),
+        r"pads \[0, 0, 2, 2\], kernel \[3, 3\], strides \[1, 1\]: no max_pool of the language reads the same windows "
+        r"\(no padding, either ceil_mode: 4 outputs along H, not ONNX's 6; pad=\(0, 0, 2, 2\), either ceil_mode: "
+        r"max_pool: padding 2 is more than half the window 3\)",
+    ),
+    "avg_end_pads_counted_past_half": (  # ceil mode's last window: 2 values; ONNX counts the padding: 3
+        one("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 2, 2], "count_include_pad": 1},
+            shape=(2, 4, 8, 8)),
+        r"no avg_pool of the language reads the same windows \(no padding: 3 outputs along H, not ONNX's 4; "
+        r"no padding, ceil_mode=true: output 3 along H averages over 2 values, ONNX's over 3; "
+        r"pad=\(0, 0, 2, 2\), either ceil_mode: avg_pool: padding 2 is more than half the window 3\)",
+    ),
+    "avg_exclude_pad_at_the_start": (
+        one("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_LOWER"}, shape=(2, 4, 8, 8)),
+        r"count_include_pad=0 with padding \[1, 1, 0, 0\]: the language's avg_pool counts the padding at the start",
+    ),
+    "window_past_the_input": (
+        one("MaxPool", {"kernel_shape": [2, 1], "strides": [3, 3], "ceil_mode": 1}, shape=(2, 4, 3, 4)),
+        r"ceil_mode=1: output 1 along H is a window past the input \(padding alone\); the language's pools have none",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(POOLS_REFUSED))
+def test_a_pool_the_language_cannot_say_is_refused_with_why(tmp_path: Path, case: str) -> None:
+    """Each form tried (the start's padding on both sides, ONNX's pads; floor and ceil mode) and why it differs."""
+    model, message = POOLS_REFUSED[case]
+    with pytest.raises(
+        DslError, match=r"node '/m/(Max|Average)Pool' \((Max|Average)Pool, opset 17\): " + ".*" + message
+    ):
+        text_of(tmp_path, model)
 
 
 def test_silu_and_a_gate_broadcast(tmp_path: Path) -> None:
@@ -486,19 +562,21 @@ def test_every_network_round_trips(tmp_path: Path, net: str, opset: int) -> None
         assert "layer_norm(" in got.text and "matmul(" in got.text and "softmax(" in got.text
 
 
-EXAMPLE_OPS = {"axis_ops": {"ReduceSum", "ReduceMax"}, "siamese": {"Abs"}, "vae": {"Exp"},
-               "groupnorm_swish": {"Transpose", "InstanceNormalization"}, "transformer_classifier": {"Transpose"}}  # fmt: skip
+EXAMPLE_OPS = {"audio_1d": {"MaxPool"}, "axis_ops": {"ReduceSum", "ReduceMax"}, "siamese": {"Abs"}, "vae": {"Exp"},
+               "groupnorm_swish": {"Transpose", "InstanceNormalization"},
+               "transformer_classifier": {"Transpose"}}  # fmt: skip
 
 
 @pytest.mark.parametrize("net", list(EXAMPLE_OPS))
 def test_example_networks_round_trip(tmp_path: Path, net: str) -> None:
-    """Examples whose exports hold ReduceSum and ReduceMax (axis_ops), Abs (siamese), Exp (vae: the sampling's
-    inference mean, exp(log_var / 2) beside it), a tensor function reading its input's axes in another order
-    (transformer_classifier's mean over positions, groupnorm_swish's adaptive pooling: a Transpose, not a Gather by
-    positions) and a pooling matrix broadcast against a column (groupnorm_swish): imported again, the same outputs,
-    and the same parameter count but where one layer's weights serve two inputs (siamese's encoder: the import
-    gives each use its own copy) and where a constant becomes a parameter (groupnorm_swish's two [3, 7] pooling
-    matrices, as every constant a Mul broadcasts is)."""
+    """Examples whose exports hold a MaxPool padded at the end only (audio_1d: a 1-D pool in ceil mode, imported in
+    ceil mode again), ReduceSum and ReduceMax (axis_ops), Abs and one encoder's weights read by both images' nodes
+    (siamese: one layer again, called twice), Exp (vae: the sampling's inference mean, exp(log_var / 2) beside it),
+    a tensor function reading its input's axes in another order (transformer_classifier's mean over positions,
+    groupnorm_swish's adaptive pooling: a Transpose, not a Gather by positions), group norms (groupnorm_swish: as
+    PyTorch writes them) and a pooling matrix broadcast against a column (groupnorm_swish): imported again, the
+    same outputs, and the same parameter count but where a constant becomes a parameter (groupnorm_swish's two
+    [3, 7] pooling matrices, as every constant a Mul broadcasts is)."""
     program = api.compile_file(str(ROOT / "networks" / "examples" / f"{net}.ddsl"), {"N": 2}).program
     arrays = initial_arrays(program)
     model = export_graph(infer_program(program.graph), arrays, 17)
@@ -510,10 +588,93 @@ def test_example_networks_round_trip(tmp_path: Path, net: str) -> None:
     feeds = feeds_for(program, np.random.default_rng(2))
     got = import_model(tmp_path / "m.onnx", 2)
     again = api.compile_source(got.text, "again.ddsl").program
-    extra = {"siamese": sum(v.size for k, v in arrays.items() if k.startswith("encoder.")), "groupnorm_swish": 2 * 21}
-    assert again.graph.parameter_count == program.graph.parameter_count + extra.get(net, 0)
+    extra = 2 * 21 if net == "groupnorm_swish" else 0
+    assert again.graph.parameter_count == program.graph.parameter_count + extra
+    assert sum(a.size for a in got.arrays.values()) == sum(a.size for a in arrays.values()) + extra
     ours = {d.value.name: v for d, v in zip(infer_program(again.graph).inputs, feeds.values())}
     close(run_deepdsl(again, got.arrays, ours), run_deepdsl(program, arrays, feeds))
+    if net == "audio_1d":  # max_pool1d(..., 3, stride=2, ceil_mode=true), exported as pads [0, 0, 0, 1]
+        pool = next(nd for nd in model.graph.node if nd.op_type == "MaxPool")
+        assert list(next(a for a in pool.attribute if a.name == "pads").ints) == [0, 0, 0, 1]
+        assert "max_pool(h_7, (1, 3), stride=(1, 2), ceil_mode=true)" in got.text, got.text
+    if net == "siamese":  # the encoder's three layers, each called for the left and the right image
+        assert got.text.count("layer encoder_cv1 = conv(16, kernel=5)") == 1 and "encoder_cv1_2" not in got.text
+        assert "encoder_cv1(left)" in got.text and "encoder_cv1(right)" in got.text
+        assert sorted(got.arrays) == sorted(k.replace("encoder.", "encoder_") for k in arrays)
+
+
+GEMMS = {  # the second Gemm's weight, bias and attributes; the first reads fc.w and fc.b
+    "shared": (("fc.w", "fc.b"), {}, 1),
+    "other_bias": (("fc.w", "fc.b2"), {}, 2),  # equal values under another name: two parameters in the model
+    "other_alpha": (("fc.w", "fc.b"), {"alpha": 0.5}, 2),  # the same initialisers, another weight
+}
+
+
+@pytest.mark.parametrize("case", list(GEMMS))
+def test_one_weight_read_by_two_nodes_is_one_layer_called_twice(cli, tmp_path: Path, case: str) -> None:
+    """Two Gemm nodes reading the very same initialisers for weight and bias (a module applied twice, as PyTorch
+    exports it): one `layer` line, called for each input, its parameters stored once, and the program trains. A
+    share of some parameters only, or of all with other attributes: a layer each."""
+    (w, b), attrs, layers = GEMMS[case]
+    init = {"fc.w": f32(3, 4), "fc.b": f32(3), "head.w": f32(2, 3), "head.b": f32(2)}
+    init["fc.b2"] = init["fc.b"].copy()
+    nodes = [
+        helper.make_node("Gemm", ["a", "fc.w", "fc.b"], ["ha"], name="/fc/Gemm", transB=1),
+        helper.make_node("Gemm", ["b", w, b], ["hb"], name="/fc/Gemm_1", transB=1, **attrs),
+        helper.make_node("Sub", ["ha", "hb"], ["d"], name="/Sub"),
+        helper.make_node("Gemm", ["d", "head.w", "head.b"], ["y"], name="/head/Gemm", transB=1),
+    ]
+    model = graph(nodes, [("a", ["N", 4]), ("b", ["N", 4])], ("y", ["N", 2]), init)
+    text = import_and_compare(tmp_path, model, {"a": f32(2, 4, scale=1.0), "b": f32(2, 4, scale=1.0)})
+    assert text.count("= full(3)") == layers, text
+    assert ("fc(a)" in text and "fc(b)" in text) == (layers == 1), text
+    assert ("layer fc = full(3)   # one set of weights for 2 nodes" in text) == (layers == 1), text
+    r = cli("import", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "n.ddsl"), "--batch", "4")
+    assert r.exit_code == 0, r.output
+    assert ("note: one set of weights for several nodes, as the model reads one initialiser there: fc (2 nodes)"
+            in r.output) == (layers == 1), r.output  # fmt: skip
+    stored = set(np.load(tmp_path / "n.npz"))
+    assert stored == {"fc.W", "fc.b", "head.W", "head.b"} | ({"fc_2.W", "fc_2.b"} if layers == 2 else set())
+    r = cli("import", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "copies.ddsl"), "--no-share")
+    assert r.exit_code == 0 and "note:" not in r.output, r.output
+    assert set(np.load(tmp_path / "copies.npz")) == {"fc.W", "fc.b", "fc_2.W", "fc_2.b", "head.W", "head.b"}
+    r = cli("run", str(tmp_path / "n.ddsl"), "--load", str(tmp_path / "n.npz"), "--iters", "2", "--device", "cpu",
+            "--data", "synthetic", "--save", str(tmp_path / "s.npz"))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert not np.array_equal(np.load(tmp_path / "s.npz")["fc.W"], np.load(tmp_path / "n.npz")["fc.W"])  # trained
+
+
+def test_untrained_layers_merged_by_the_exporter_stay_apart(tmp_path: Path) -> None:
+    """PyTorch's exporters merge initialisers of equal values: two freshly initialised layer norms then read one
+    scale of ones and one shift of zeros (and zero biases one zero vector). Such constants say nothing of the
+    model's modules: a layer each, not one tied layer; a parameterless node never counts as shared."""
+    init = {"ones": np.ones(4, np.float32), "zeros": np.zeros(4, np.float32)}
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "ones", "zeros"], ["a"], name="/ln1/LayerNormalization"),
+        helper.make_node("Relu", ["a"], ["r"], name="/Relu"),
+        helper.make_node("LayerNormalization", ["r", "ones", "zeros"], ["y"], name="/ln2/LayerNormalization"),
+    ]
+    model = graph(nodes, [("x", ["N", 4])], ("y", ["N", 4]), init)  # fmt: skip
+    text = import_and_compare(tmp_path, model, {"x": f32(2, 4, scale=2.0)}, loss=False)
+    assert text.count("= layer_norm()") == 2 and "one set of weights" not in text, text
+
+
+def test_a_weight_folded_for_each_use_is_still_one_layer(tmp_path: Path) -> None:
+    """An exporter may write the computation of a weight once for each use (a Reshape by a shape of its own name, a
+    Transpose: MatMul by Wᵀ, then Add): the import follows the folded nodes back to the one initialiser."""
+    init = {"w": f32(12), "fc.b": f32(3), "s1": np.asarray([3, 4], np.int64), "s2": np.asarray([3, 4], np.int64),
+            "head.w": f32(2, 3), "head.b": f32(2)}  # fmt: skip
+    nodes = []
+    for side, shape, k in (("a", "s1", ""), ("b", "s2", "_1")):  # PyTorch's names: /fc/MatMul, /fc/MatMul_1
+        nodes += [helper.make_node("Reshape", ["w", shape], [f"w_{side}"], name=f"/fc/Reshape{k}"),
+                  helper.make_node("Transpose", [f"w_{side}"], [f"wt_{side}"], name=f"/fc/Transpose{k}", perm=[1, 0]),
+                  helper.make_node("MatMul", [side, f"wt_{side}"], [f"m_{side}"], name=f"/fc/MatMul{k}"),
+                  helper.make_node("Add", [f"m_{side}", "fc.b"], [f"h_{side}"], name=f"/fc/Add{k}")]  # fmt: skip
+    nodes += [helper.make_node("Sub", ["h_a", "h_b"], ["d"], name="/Sub"),
+              helper.make_node("Gemm", ["d", "head.w", "head.b"], ["y"], name="/head/Gemm", transB=1)]  # fmt: skip
+    model = graph(nodes, [("a", ["N", 4]), ("b", ["N", 4])], ("y", ["N", 2]), init)
+    text = import_and_compare(tmp_path, model, {"a": f32(2, 4, scale=1.0), "b": f32(2, 4, scale=1.0)})
+    assert text.count("= full(3)") == 1 and "fc(a)" in text and "fc(b)" in text, text
 
 
 # ---- external data as PyTorch's dynamo exporter writes it ----

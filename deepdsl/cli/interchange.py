@@ -70,10 +70,10 @@ def data_(name: str, directory: str, base_url: str | None, deadline: float, min_
 
 
 def _import(c: api.Compilation, file: str, sets: dict, options: api.Options, output: str, params: str | None,
-            batch: int | None, no_loss: bool, replace_readonly: bool) -> None:  # fmt: skip
+            batch: int | None, no_loss: bool, replace_readonly: bool, share: bool) -> None:  # fmt: skip
     from deepdsl import interop
 
-    for line in interop.import_onnx(file, output, params, batch, not no_loss, replace_readonly):
+    for line in interop.import_onnx(file, output, params, batch, not no_loss, replace_readonly, share):
         click.echo(line)
 
 
@@ -94,13 +94,16 @@ def _import(c: api.Compilation, file: str, sets: dict, options: api.Options, out
 @click.option("--no-loss", "no_loss", is_flag=True,
               help="No label and classification loss: the output may have any shape (a regression loss against "
                    "an input `target` stands in, as the language needs a loss).")  # fmt: skip
+@click.option("--no-share", "no_share", is_flag=True,
+              help="A copy of the weights for each node, also where nodes read the very same initialisers (by "
+                   "default one layer, called for each: a module applied twice).")  # fmt: skip
 @REPLACE_READONLY
-def import_(model: str, output: str, params: str | None, batch: int | None, no_loss: bool,
+def import_(model: str, output: str, params: str | None, batch: int | None, no_loss: bool, no_share: bool,
             replace_readonly: bool) -> None:  # fmt: skip
     """Import the ONNX model MODEL as a readable .ddsl network and its weights as a parameter file."""
     # common's error handling and exit codes, without its compiler options
     common(_import)(model, {}, 2, (), None, False, output=output, params=params, batch=batch, no_loss=no_loss,
-                    replace_readonly=replace_readonly)  # fmt: skip
+                    replace_readonly=replace_readonly, share=not no_share)  # fmt: skip
 
 
 @click.command()

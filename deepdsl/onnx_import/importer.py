@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from deepdsl.onnx_import.writing import GENERIC_GRAPH_NAMES, TAKEN, Imported, Na
 
 
 class Importer:
-    def __init__(self, model: Any, file: str, batch: int | None, loss: bool):
+    def __init__(self, model: Any, file: str, batch: int | None, loss: bool, share: bool = True):
         self.onnx = require_onnx()
         self.model = model
         self.file = file
@@ -39,6 +40,10 @@ class Importer:
         self.batch = batch
         self.absorbed: set[int] = set()  # nodes folded into an earlier one (MatMul + Add: one `full`)
         self.overrides: dict[int, Any] = {}  # node -> what writes the built-in a pattern ending there is (patterns)
+        self.origins: dict[str, tuple] = {}  # constant folded here -> what it was computed from (`origin`)
+        self.shared: dict[tuple, tuple[str, dict]] = {}  # (text, parameters' origins) -> the layer, its parameters
+        self.share = share  # nodes reading the very same initialisers: one layer (`layer`), else a copy each
+        self.calls: dict[str, list[int]] = {}  # a layer that may be shared -> [its line in self.layers, its callers]
 
     # ---- the model's frame ----
 
@@ -118,7 +123,8 @@ class Importer:
         tail.append(f"predict = {result}")
         source = f"# imported from {Path(self.file).name} (ONNX opset {self.opset}) by deepdsl import"
         text = "\n".join([source, *lines, "", *self.tensor_fns, *self.layers, "", *self.body, "", *tail, ""])
-        return Imported(text.replace("\n\n\n", "\n\n"), self.arrays, network)
+        shared = tuple((name, nodes) for name, (_, nodes) in self.calls.items() if nodes > 1)
+        return Imported(text.replace("\n\n\n", "\n\n"), self.arrays, network, shared)
 
     def _vocab(self, name: str) -> int | None:
         """The rows of the constant table every reader of integer input `name` gathers from (an embedding)."""
@@ -280,7 +286,23 @@ class Importer:
         if value is None:
             return False
         self.consts[node.output[0]] = np.asarray(value)
+        # an exporter may write a weight's Transpose or Reshape once for each use (a MatMul's Wᵀ): the same
+        # computation of the same tensor is the same parameter (of values alone: `origin`'s default)
+        ins = tuple(self.origin(i) if i else None for i in node.input)
+        if any(o is not None and o[0] != "value" for o in ins):
+            self.origins[node.output[0]] = (node.op_type, tuple(sorted((k, repr(v)) for k, v in attrs.items())), ins)
         return True
+
+    def origin(self, name: str) -> tuple:
+        """What constant `name` is, to tell the parameters of two nodes apart: a float tensor is itself (its name: two
+        initialisers of equal values are two parameters), one folded from such a tensor the computation that made it,
+        an integer one (a shape, an axis) its value, which each node may hold under its own name."""
+        if name in self.origins:
+            return self.origins[name]
+        a = self.consts.get(name)
+        if a is not None and a.dtype.kind in "biu":
+            return ("value", a.dtype.str, a.shape, a.tobytes())
+        return ("tensor", name)
 
     def tensor(self, name: str, where: Node) -> str:
         if name in self.env:
@@ -304,11 +326,42 @@ class Importer:
         self.body.append(f"{name} = {expr}")
         self.env[out] = name
 
-    def layer(self, node: Any, where: Node, text: str, params: dict[str, np.ndarray]) -> str:
+    def layer(self, node: Any, where: Node, text: str, params: dict[str, np.ndarray],
+              sources: Sequence[str | None] | None = None) -> str:  # fmt: skip
+        """The name of a `layer NAME = text` line holding `params`, written once for the nodes of one module: where an
+        earlier node's layer has the same text, its parameters come from the very same constants (`sources`: the
+        names they are computed from, by default the node's constant inputs; traced through the folded nodes to the
+        initialisers by `origin`) and hold the same values, that layer is called again, as the model reads one
+        initialiser twice (siamese's encoder), so that trained the two uses stay one (its line says for how many
+        nodes). A source of None (a parameter the model does not hold, such as a LayerNormalization's absent scale)
+        or sharing only some sources: a layer of its own. So is one without parameters, one whose every parameter
+        holds one value throughout (a layer norm's ones and zeros, a zero bias: exporters that merge initialisers of
+        equal values make untrained layers read one such constant, which says nothing of the model's modules), and
+        every layer without `share` (`deepdsl import --no-share`)."""
+        if sources is None:
+            sources = [i for i in node.input if i in self.consts]
+        telling = any(np.ptp(np.asarray(a, np.float64)) > 0 for a in params.values() if np.size(a))
+        key = None
+        if self.share and telling and sources and all(sources):
+            key = (text, tuple(self.origin(s) for s in sources))
+        if key in self.shared:
+            name, theirs = self.shared[key]
+            # the same constants may still give other values (a Gemm's alpha, its transB of a square B): a copy
+            if params.keys() == theirs.keys() and all(np.array_equal(np.asarray(a, np.float32), theirs[p])
+                                                      for p, a in params.items()):  # fmt: skip
+                # said on its line: an exporter that merges initialisers of equal values (PyTorch's TorchScript
+                # one in eval mode) makes separate layers that held the same values look like this one
+                self.calls[name][1] += 1
+                line, nodes = self.calls[name]
+                self.layers[line] = f"layer {name} = {text}   # one set of weights for {nodes} nodes"
+                return name
         name = self.names.make(where.base, node.op_type.lower())
         self.layers.append(f"layer {name} = {text}")
         for p, a in params.items():
             self.store(f"{name}.{p}", a, where)
+        if key is not None and key not in self.shared:
+            self.shared[key] = (name, {p: self.arrays[f"{name}.{p}"] for p in params})
+            self.calls[name] = [len(self.layers) - 1, 1]
         return name
 
     def store(self, name: str, a: np.ndarray, where: Node) -> None:
@@ -348,7 +401,8 @@ def refusals(file: str, opset: int, gaps: list[NodeRefused], after: list[NodeRef
     return DslProgramError("\n".join(lines), hint=hints[0] if hints else None)
 
 
-def import_model(path: str | Path, batch: int | None = None, loss: bool = True) -> Imported:
+def import_model(path: str | Path, batch: int | None = None, loss: bool = True, share: bool = True) -> Imported:
     """The model in `path` as `.ddsl` text and parameter arrays; `batch` fixes N (default: the model's, or 1 where
-    it is symbolic); `loss` adds a label and a classification loss (else a regression against a `target` input)."""
-    return Importer(load_model(path), str(path), batch, loss).run()
+    it is symbolic); `loss` adds a label and a classification loss (else a regression against a `target` input);
+    `share`: nodes that read the very same initialisers are one layer (else each its copy)."""
+    return Importer(load_model(path), str(path), batch, loss, share).run()

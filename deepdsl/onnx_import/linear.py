@@ -15,11 +15,12 @@ if TYPE_CHECKING:
     from deepdsl.onnx_import.importer import Importer
 
 
-def full_layer(imp: Importer, node: Any, where: Node, x: str, w: np.ndarray, b: np.ndarray | None) -> None:
-    """`full` with weight `w` [out, in] and optional bias [out]."""
+def full_layer(imp: Importer, node: Any, where: Node, x: str, w: np.ndarray, b: np.ndarray | None,
+               sources: list[str]) -> None:  # fmt: skip
+    """`full` with weight `w` [out, in] and optional bias [out], computed from the constants named `sources`."""
     kw = {} if b is not None else {"bias": "false"}
     params = {"W": w} if b is None else {"W": w, "b": b}
-    name = imp.layer(node, where, call(where, "full", [str(w.shape[0])], kw), params)
+    name = imp.layer(node, where, call(where, "full", [str(w.shape[0])], kw), params, sources)
     imp.bind(node, f"{name}({x})", name)
 
 
@@ -53,7 +54,7 @@ def gemm(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         if bias is None:
             raise where.refuse(f"C of shape {list(c.shape)} differs between samples; deepdsl's bias is one vector")
         bias = bias * np.float32(attrs.get("beta", 1.0))
-    full_layer(imp, node, where, x, w, bias)
+    full_layer(imp, node, where, x, w, bias, [i for i in node.input[1:] if i])
 
 
 def matmul(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
@@ -66,6 +67,7 @@ def matmul(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     if len(shape) < 2 or w.ndim != 2:
         raise where.refuse("deepdsl imports MatMul of a [batch, ..., features] input by a matrix")
     bias = None
+    sources = [node.input[1]]
     users = imp.readers.get(node.output[0], [])
     graph_out = {o.name for o in imp.graph.output}
     if len(users) == 1 and users[0][1].op_type == "Add" and node.output[0] not in graph_out:
@@ -76,10 +78,11 @@ def matmul(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         if bias is not None:
             imp.absorbed.add(j)
             node = Renamed(node, add.output[0])
+            sources.append(other[0])
     if len(shape) > 2:
-        matmul_rows(imp, node, where, x, shape, w.T, bias)
+        matmul_rows(imp, node, where, x, shape, w.T, bias, sources)
         return
-    full_layer(imp, node, where, x, w.T, bias)
+    full_layer(imp, node, where, x, w.T, bias, sources)
 
 
 def matmul_computed(imp: Importer, node: Any, where: Node) -> None:
@@ -91,7 +94,8 @@ def matmul_computed(imp: Importer, node: Any, where: Node) -> None:
     imp.bind(node, f"matmul({imp.tensor(node.input[0], where)}, {imp.tensor(node.input[1], where)})")
 
 
-def matmul_rows(imp: Importer, node: Any, where: Node, x: str, shape: tuple, w: np.ndarray, bias: Any) -> None:
+def matmul_rows(imp: Importer, node: Any, where: Node, x: str, shape: tuple, w: np.ndarray, bias: Any,
+                sources: list[str]) -> None:  # fmt: skip
     """A constant weight applied to the last axis of a rank > 2 input (a Linear on [N, T, D]): the rows through one
     `full`, viewed back."""
     rows = int(np.prod(shape[:-1]))
@@ -103,5 +107,5 @@ def matmul_rows(imp: Importer, node: Any, where: Node, x: str, shape: tuple, w: 
         output = [f"{out_name}#rows"]
         op_type = node.op_type
 
-    full_layer(imp, _Out, where, flat, w, bias)
+    full_layer(imp, _Out, where, flat, w, bias, sources)
     imp.bind(node, f"reshape({imp.env[_Out.output[0]]}, {dims(imp, (*shape[:-1], w.shape[0]))})")

@@ -36,7 +36,7 @@ def batch_norm(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> No
     if np.float32(1 - momentum) != np.float32(0.1):
         kw["momentum"] = num(1 - momentum)  # ONNX keeps `momentum` of the old statistics, deepdsl (PyTorch) the new
     params = {"gamma": scale, "beta": bias, "running_mean": mean, "running_var": var}
-    name = imp.layer(node, where, call(where, "batch_norm", [], kw), params)
+    name = imp.layer(node, where, call(where, "batch_norm", [], kw), params, list(node.input[1:5]))
     imp.bind(node, f"{name}({x})", name)
 
 
@@ -55,9 +55,10 @@ def lrn(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
 
 
 def layer_norm_layer(imp: Importer, node: Any, where: Node, x: str, gamma: np.ndarray, beta: np.ndarray,
-                     eps: float) -> None:  # fmt: skip
+                     eps: float, sources: list[str | None]) -> None:  # fmt: skip
+    """A `layer_norm` layer; `sources` name the constants of gamma and beta (None for one the model does not hold)."""
     kw = {} if np.float32(eps) == np.float32(1e-5) else {"eps": num(eps)}
-    name = imp.layer(node, where, call(where, "layer_norm", [], kw), {"gamma": gamma, "beta": beta})
+    name = imp.layer(node, where, call(where, "layer_norm", [], kw), {"gamma": gamma, "beta": beta}, sources)
     imp.bind(node, f"{name}({x})", name)
 
 
@@ -72,7 +73,9 @@ def layer_normalization(imp: Importer, k: int, node: Any, where: Node, attrs: di
     d = shape[-1]
     gamma = np.ones(d, np.float32) if scale is None else np.broadcast_to(scale, (d,))
     beta = np.zeros(d, np.float32) if bias is None else np.broadcast_to(bias, (d,))
-    layer_norm_layer(imp, node, where, imp.tensor(node.input[0], where), gamma, beta, float(attrs.get("epsilon", 1e-5)))
+    sources = [name or None for name in (*node.input[1:3], "", "")[:2]]  # an absent scale or bias: no source
+    layer_norm_layer(imp, node, where, imp.tensor(node.input[0], where), gamma, beta, float(attrs.get("epsilon", 1e-5)),
+                     sources)  # fmt: skip
 
 
 def group_norm_layer(imp: Importer, node: Any, where: Node, x: str, shape: tuple[int, ...], groups: int,

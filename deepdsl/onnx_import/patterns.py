@@ -182,22 +182,25 @@ def _layer_norm(g: _Graph, k: int, mean: Any) -> None:
         return
     dim = shape[-1]
     gamma, beta = np.ones(dim, np.float32), np.zeros(dim, np.float32)
+    sources: list[str | None] = [None, None]  # the constants of gamma and beta, where the model holds them
     mul = g.only_reader(div[1].output[0], "Mul")
     if mul is not None:  # the scale, then the shift
         c = g.imp.consts.get(g.other(mul[1], div[1].output[0]) or "")
         if c is not None and c.size == dim:
             gamma = c.reshape(-1).astype(np.float32)
+            sources[0] = g.other(mul[1], div[1].output[0])
             inner.append(last)
             last, node = mul
             shift = g.only_reader(mul[1].output[0], "Add")
             b = g.imp.consts.get(g.other(shift[1], mul[1].output[0]) or "") if shift is not None else None
             if shift is not None and b is not None and b.size == dim:
                 beta = b.reshape(-1).astype(np.float32)
+                sources[1] = g.other(shift[1], mul[1].output[0])
                 inner.append(last)
                 last, node = shift
 
     def write(imp: Importer, where: Any) -> None:
-        normalisation.layer_norm_layer(imp, node, where, imp.tensor(x, where), gamma, beta, eps)
+        normalisation.layer_norm_layer(imp, node, where, imp.tensor(x, where), gamma, beta, eps, sources)
 
     _claim(g, inner, last, write)
 

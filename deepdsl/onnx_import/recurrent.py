@@ -260,7 +260,7 @@ def _recurrent(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> No
         kw["bias"] = "false"
     else:
         params |= {"b_ih": torch_order(b[0, : gates * h]), "b_hh": torch_order(b[0, gates * h :])}
-    name = imp.layer(node, where, call(where, op.lower(), [str(h)], kw), params)
+    name = imp.layer(node, where, call(where, op.lower(), [str(h)], kw), params, [i for i in node.input[1:4] if i])
     imp.absorbed.update(passed)
     value = f"{name}({x})"
     target = _Bound(result)

@@ -6,8 +6,11 @@ H and W (`upsample`, nearest or bilinear; two Resizes, as deepdsl exports upsamp
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from deepdsl.errors import DslShapeError
+from deepdsl.frontend.convs import pool_geometry
 from deepdsl.onnx_import.rule_support import Renamed
 from deepdsl.onnx_import.writing import Node, call, pair
 
@@ -19,11 +22,9 @@ def int_list(attrs: dict, key: str, default: list[int]) -> list[int]:
     return [int(v) for v in attrs.get(key, default)]
 
 
-def _spatial(
-    imp: Importer, node: Any, where: Node, attrs: dict, kernel: tuple[int, int], conv: bool = False
-) -> tuple[tuple, tuple]:
-    """(stride, pad) of a 2-D window op, refusing what the language cannot say; a convolution's pad may be
-    asymmetric (top, left, bottom, right) where the language takes that 4-tuple, its dilation is `_dilation`."""
+def _spatial(imp: Importer, node: Any, where: Node, attrs: dict, kernel: tuple[int, int]) -> tuple[tuple, tuple]:
+    """(stride, pads as (top, left, bottom, right)) of a 2-D window op, auto_pad's SAME_UPPER, SAME_LOWER and VALID
+    spelled out as ONNX defines them."""
     strides = tuple(int_list(attrs, "strides", [1, 1]))
     pads = int_list(attrs, "pads", [0, 0, 0, 0])
     auto = attrs.get("auto_pad", b"NOTSET")
@@ -40,13 +41,7 @@ def _spatial(
         pads = [0, 0, 0, 0]
     if len(pads) != 4 or len(strides) != 2:
         raise where.refuse("only 2-D windows are supported (an NCHW input)")
-    if pads[0] != pads[2] or pads[1] != pads[3]:
-        if conv:  # conv's pad=(top, left, bottom, right)
-            return strides, tuple(pads)
-        raise where.refuse(f"pads {pads} are asymmetric; the language's pools pad both sides alike")
-    if not conv and any(d != 1 for d in int_list(attrs, "dilations", [1, 1])):
-        raise where.refuse(f"dilations {int_list(attrs, 'dilations', [1, 1])}: the language has no dilated windows")
-    return strides, (pads[0], pads[1])
+    return strides, tuple(pads)
 
 
 def _dilation(where: Node, attrs: dict, fn: str) -> str | None:
@@ -70,14 +65,14 @@ def conv(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     kernel = (int(w.shape[2]), int(w.shape[3]))
     if "kernel_shape" in attrs and tuple(attrs["kernel_shape"]) != kernel:
         raise where.refuse(f"kernel_shape {list(attrs['kernel_shape'])} differs from the weight's {list(kernel)}")
-    stride, pad = _spatial(imp, node, where, attrs, kernel, conv=True)
+    stride, pad = _spatial(imp, node, where, attrs, kernel)
     kw = {"kernel": pair(kernel)}
     if stride != (1, 1):
         kw["stride"] = pair(stride)
-    if len(pad) == 4:
+    if pad[:2] != pad[2:]:  # conv's pad=(top, left, bottom, right)
         kw["pad"] = f"({', '.join(map(str, pad))})"
-    elif pad != (0, 0):
-        kw["pad"] = pair(pad)
+    elif pad[:2] != (0, 0):
+        kw["pad"] = pair(pad[:2])
     dilation = _dilation(where, attrs, "conv")
     if dilation is not None:
         kw["dilation"] = dilation
@@ -87,8 +82,105 @@ def conv(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     if b is None:
         kw["bias"] = "false"
     params = {"W": w} if b is None else {"W": w, "b": b.reshape(-1)}
-    name = imp.layer(node, where, call(where, "conv", [str(w.shape[0])], kw), params)
+    sources = [i for i in node.input[1:3] if i]
+    name = imp.layer(node, where, call(where, "conv", [str(w.shape[0])], kw), params, sources)
     imp.bind(node, f"{name}({x})", name)
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """One axis of an ONNX pooling: the input's size, the window, the stride, the padding at the start and at the
+    end, and the output's size (ONNX shape inference's, which is ONNX Runtime's)."""
+
+    name: str  # H or W, for messages
+    size: int
+    kernel: int
+    stride: int
+    begin: int
+    end: int
+    out: int
+
+    def onnx_windows(self, divisor: str) -> list[tuple[int, int, int]]:
+        """Each output's window as ONNX computes it: the input it reads (first, last + 1) and, for an average, what
+        it divides by: with count_include_pad (`divisor` "pad") the window's part before the end of the padding,
+        without ("real") the elements it reads."""
+        out = []
+        for i in range(self.out):
+            start = i * self.stride - self.begin
+            lo, hi = max(start, 0), min(start + self.kernel, self.size)
+            by = {"pad": min(start + self.kernel, self.size + self.end) - start, "real": hi - lo}.get(divisor, 0)
+            out.append((lo, hi, by))
+        return out
+
+    def language_windows(self, before: int, after: int, count: int, divisor: str) -> list[tuple[int, int, int]]:
+        """The same of the language's pool padded by (before, after) with `count` outputs: an average divides by the
+        window's part inside the padded input, the window's size but where ceil mode's last window hangs past it
+        (frontend/convs.py's divisor correction)."""
+        out = []
+        for i in range(count):
+            start = i * self.stride - before
+            lo, hi = max(start, 0), min(start + self.kernel, self.size)
+            out.append((lo, hi, min(start + self.kernel, self.size + after) - start if divisor else 0))
+        return out
+
+
+def _differs(fn: str, axes: tuple[_Axis, _Axis], pad: tuple[int, ...], ceil: bool, divisor: str) -> str | None:
+    """Why the language's `fn` with `pad` (top, left, bottom, right) and `ceil` reads other windows than the ONNX
+    pooling (or divides them otherwise), None where it reads the very same ones."""
+    try:
+        sizes, _ = pool_geometry(fn, (axes[0].size, axes[1].size), (axes[0].kernel, axes[1].kernel),
+                                 (axes[0].stride, axes[1].stride), pad, ceil, None, "its input")  # type: ignore[arg-type]  # fmt: skip
+    except DslShapeError as e:
+        return e.message
+    for a, count, before, after in zip(axes, sizes, pad[:2], pad[2:]):
+        if count != a.out:
+            return f"{count} output{'s' if count != 1 else ''} along {a.name}, not ONNX's {a.out}"
+        theirs, ours = a.onnx_windows(divisor), a.language_windows(before, after, count, divisor)
+        for i, (t, o) in enumerate(zip(theirs, ours)):
+            if t != o:  # the windows start alike (the same padding at the start): only an average's divisor differs
+                return f"output {i} along {a.name} averages over {o[2]} values, ONNX's over {t[2]}"
+    return None
+
+
+def _written(pad: tuple[int, ...], ceil: bool) -> dict[str, str]:
+    kw = {}
+    if pad[:2] != pad[2:]:
+        kw["pad"] = f"({', '.join(map(str, pad))})"
+    elif pad[:2] != (0, 0):
+        kw["pad"] = pair(pad[:2])
+    if ceil:
+        kw["ceil_mode"] = "true"
+    return kw
+
+
+def _pool_form(fn: str, where: Node, axes: tuple[_Axis, _Axis], divisor: str, what: str) -> dict[str, str]:
+    """The `pad=` and `ceil_mode=` of the language's pool that reads the very windows the ONNX pooling reads and,
+    for an average, divides each by the same count. Tried in turn: the padding at the start on both sides, in floor
+    then in ceil mode (where the padding at the end exceeds the start's, ceil mode's last window is ONNX's: a 1-D
+    pool in ceil mode as deepdsl exports it, TensorFlow's SAME), then ONNX's pads as (top, left, bottom, right), in
+    floor then in ceil mode; ceil mode is one setting for both axes, so a form must hold along both. Refused with
+    why each form differs (`what`: the pads, the window and the strides, as the message names them)."""
+    for a in axes:
+        empty = next((i for i, (lo, hi, _) in enumerate(a.onnx_windows(divisor)) if lo >= hi), None)
+        if empty is not None:
+            raise where.refuse(f"{what}: output {empty} along {a.name} is a window past the input (padding alone); "
+                               "the language's pools have none")  # fmt: skip
+    sym = (axes[0].begin, axes[1].begin) * 2
+    onnx_pads = (axes[0].begin, axes[1].begin, axes[0].end, axes[1].end)
+    why: list[str] = []
+    for pad in dict.fromkeys((sym, onnx_pads)):
+        floor = _differs(fn, axes, pad, False, divisor)
+        if floor is None:
+            return _written(pad, False)
+        ceil = _differs(fn, axes, pad, True, divisor)
+        if ceil is None:
+            return _written(pad, True)
+        form = ", ".join(f"{k}={v}" for k, v in _written(pad, False).items()) or "no padding"
+        if ceil == floor:
+            why.append(f"{form}, either ceil_mode: {floor}")
+        else:
+            why += [f"{form}: {floor}", f"{form}, ceil_mode=true: {ceil}"]
+    raise where.refuse(f"{what}: no {fn} of the language reads the same windows ({'; '.join(why)})")
 
 
 def pool(fn: str) -> Callable[..., None]:
@@ -100,24 +192,27 @@ def pool(fn: str) -> Callable[..., None]:
         kernel = tuple(int_list(attrs, "kernel_shape", []))
         if len(kernel) != 2:
             raise where.refuse(f"kernel_shape {list(kernel)}: only 2-D windows are supported")
-        stride, pad = _spatial(imp, node, where, attrs, kernel)  # type: ignore[arg-type]
+        stride, pads = _spatial(imp, node, where, attrs, kernel)  # type: ignore[arg-type]
+        if any(d != 1 for d in int_list(attrs, "dilations", [1, 1])):
+            raise where.refuse(f"dilations {int_list(attrs, 'dilations', [1, 1])}: the language has no dilated windows")
         if int(attrs.get("storage_order", 0)):
             raise where.refuse("storage_order=1 is not supported")
         imp.only_output(node, where)
-        if fn == "avg_pool" and pad != (0, 0) and not int(attrs.get("count_include_pad", 0)):
-            raise where.refuse("count_include_pad=0 with padding: the language's avg_pool counts the padding")
-        ceil = False
-        if int(attrs.get("ceil_mode", 0)):
-            floor = [(s + 2 * p - kk) // st + 1 for s, p, kk, st in zip(shape[2:], pad, kernel, stride)]
-            if tuple(floor) != imp.shape(node.output[0], where)[2:]:
-                ceil = True
-        kw = {}
+        divisor = ""
+        if fn == "avg_pool":
+            divisor = "pad" if int(attrs.get("count_include_pad", 0)) else "real"
+            if divisor == "real" and any(pads[:2]):
+                raise where.refuse(f"count_include_pad=0 with padding {list(pads)}: the language's avg_pool counts "
+                                   "the padding at the start")  # fmt: skip
+        out = imp.shape(node.output[0], where)[2:]
+        axes = tuple(_Axis(n, *a) for n, a in zip("HW", zip(shape[2:], kernel, stride, pads[:2], pads[2:], out)))
+        auto = attrs.get("auto_pad", b"NOTSET")
+        auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+        what = f"pads {list(pads)}" + (f" (auto_pad {auto})" if auto != "NOTSET" else "")
+        what += f", kernel {list(kernel)}, strides {list(stride)}" + (", ceil_mode=1" if attrs.get("ceil_mode") else "")
+        kw = _pool_form(fn, where, axes, divisor, what)  # type: ignore[arg-type]
         if stride != kernel:
-            kw["stride"] = pair(stride)
-        if pad != (0, 0):
-            kw["pad"] = pair(pad)
-        if ceil:
-            kw["ceil_mode"] = "true"
+            kw = {"stride": pair(stride), **kw}
         imp.bind(node, call(where, fn, [x, pair(kernel)], kw))  # type: ignore[arg-type]
 
     return rule
@@ -165,7 +260,8 @@ def conv_transpose(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -
         kw["bias"] = "false"
     params = {"W": w} if b is None else {"W": w, "b": b.reshape(-1)}
     out = int(w.shape[1]) * groups
-    name = imp.layer(node, where, call(where, "conv_transpose", [str(out)], kw), params)
+    sources = [i for i in node.input[1:3] if i]
+    name = imp.layer(node, where, call(where, "conv_transpose", [str(out)], kw), params, sources)
     imp.bind(node, f"{name}({x})", name)
 
 

@@ -33,6 +33,7 @@ class Imported:
     text: str  # the .ddsl source
     arrays: dict[str, np.ndarray]  # every parameter and state array under its deepdsl name
     network: str
+    shared: tuple[tuple[str, int], ...] = ()  # (layer, nodes) of each layer written once for several nodes
 
 
 class Names:
