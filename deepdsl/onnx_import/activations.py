@@ -1,6 +1,8 @@
 """Import rules for the activations: Relu, Sigmoid, Tanh, LeakyRelu, Gelu (the exact form), Clip (`relu6`, `relu`
 or `clip`), HardSigmoid, HardSwish, Softmax and LogSoftmax (over axis 1 of [N, K] or the last axis of any rank),
-and Dropout (the language's `dropout`; nothing at ratio 0)."""
+Dropout (the language's `dropout`; nothing at ratio 0); the activations the language has no built-in for (Elu,
+Selu, Celu, Softplus, Softsign, Mish, ThresholdedRelu, Neg, Reciprocal) as element-wise tensor functions, and PRelu
+as one whose parameter is the slope."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from deepdsl.onnx_import import folded_ops
 from deepdsl.onnx_import.rule_support import inputs_const, positive_axis
 from deepdsl.onnx_import.writing import Node, call, need, num
 
@@ -116,3 +119,72 @@ def dropout(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         imp.env[node.output[0]] = x
         return
     imp.bind(node, call(where, "dropout", [x], {} if ratio == 0.5 else {"p": num(ratio)}))
+
+
+# @ is the element `t[i0, ...]`; each formula is ONNX's definition (Softplus in the form that does not overflow)
+_SOFTPLUS = "(max(@, 0) + log(1 + exp(-abs(@))))"
+_FORMULAS: dict[str, Callable[[dict], str]] = {
+    "Elu": lambda a: f"@ > 0 ? @ : {num(float(a.get('alpha', 1.0)))} * (exp(@) - 1)",
+    "Celu": lambda a: (f"max(@, 0) + min(0, {num(float(a.get('alpha', 1.0)))} * (exp(@ / "
+                       f"{num(float(a.get('alpha', 1.0)))}) - 1))"),
+    "Selu": lambda a: (f"{num(float(a.get('gamma', 1.0507009873554805)))} * (@ > 0 ? @ : "
+                       f"{num(float(a.get('alpha', 1.6732632423543772)))} * (exp(@) - 1))"),
+    "Softplus": lambda a: _SOFTPLUS,
+    "Softsign": lambda a: "@ / (1 + abs(@))",
+    "Mish": lambda a: f"@ * tanh{_SOFTPLUS}",
+    "ThresholdedRelu": lambda a: f"@ > {num(float(a.get('alpha', 1.0)))} ? @ : 0",
+    "Neg": lambda a: "-@",
+    "Reciprocal": lambda a: "1 / @",
+}  # fmt: skip
+
+
+def formula(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+    """An element-wise activation as a tensor function of its ONNX formula, written once for each formula and rank
+    and called for each node (its gradient derived like any other's)."""
+    if imp.const(node.input[0]) is not None:  # Neg or Reciprocal of a constant (a shape computed): folded
+        folded_ops.folded(imp, k, node, where, attrs)
+        return
+    shape = imp.shape(node.input[0], where)
+    try:
+        body = _FORMULAS[node.op_type](attrs)
+    except ValueError as exc:  # num(): an attribute that is not finite
+        raise where.refuse(str(exc)) from None
+    idx = [f"i{d}" for d in range(len(shape))]
+    key = (body, len(shape))
+    if key not in imp.functions:
+        fn = imp.functions[key] = imp.names.make(f"{node.op_type.lower()}_fn", "fn")
+        sizes = ", ".join(f"S{d}" for d in range(len(shape)))
+        element = f"t[{', '.join(idx)}]"
+        imp.tensor_fns += [f"tensor {fn}(t[{sizes}]) -> [{', '.join(idx)}] = "
+                           f"{body.replace('@', element)}   # {node.op_type}", ""]  # fmt: skip
+    imp.bind(node, f"{imp.functions[key]}({imp.tensor(node.input[0], where)})")
+
+
+def prelu(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+    """PRelu: x where x >= 0, else slope · x, the slope (nn.PReLU's weight, one per channel or one for all) a
+    trainable parameter of a tensor function, read where it broadcasts."""
+    shape = imp.shape(node.input[0], where)
+    slope = imp.const(node.input[1])
+    if slope is None:
+        raise where.refuse("the slope must be an initialiser (a constant)")
+    try:
+        if np.broadcast_shapes(shape, slope.shape) != tuple(shape) or slope.ndim > len(shape):
+            raise ValueError
+    except ValueError:
+        raise where.refuse(f"the slope of shape {list(slope.shape)} would broadcast the input {list(shape)}") from None
+    idx = [f"i{d}" for d in range(len(shape))]
+    at = idx[len(shape) - slope.ndim :]
+    reads = ", ".join("0" if slope.shape[d] == 1 else at[d] for d in range(slope.ndim))
+    x = f"t[{', '.join(idx)}]"
+    a = f"a[{reads}]" if slope.ndim else "a[0]"
+    dims = ", ".join(map(str, slope.shape)) if slope.ndim else "1"
+    fn = imp.names.make(f"{imp.names.clean(where.base, 'prelu')}_fn", "fn")
+    imp.tensor_fns += [
+        f"tensor {fn}(t[{', '.join(f'S{d}' for d in range(len(shape)))}]) -> [{', '.join(idx)}] {{   # PRelu",
+        f"  param a[{dims}] = constant(0.25)",
+        f"  return {x} >= 0 ? {x} : {a} * {x}",
+        "}",
+        "",
+    ]
+    name = imp.layer(node, where, fn, {"a": slope.reshape(slope.shape or (1,))}, [node.input[1]])
+    imp.bind(node, f"{name}({imp.tensor(node.input[0], where)})", name)

@@ -35,6 +35,9 @@ class Importer:
         self.producer: dict[str, str] = {}  # ONNX value -> the op type that made it
         self.layers: list[str] = []
         self.tensor_fns: list[str] = []
+        self.functions: dict[
+            tuple, str
+        ] = {}  # (what it computes, rank) -> a tensor function written once (activations)
         self.body: list[str] = []
         self.arrays: dict[str, np.ndarray] = {}
         self.batch = batch

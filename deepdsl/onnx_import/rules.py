@@ -20,6 +20,8 @@ SUPPORTED = (
     "Abs", "Exp", "Log", "ReduceMax", "ReduceSum",
     # instance normalisation (and nn.GroupNorm, which PyTorch exports through it: patterns.py)
     "InstanceNormalization",
+    # activations as tensor functions of their formulas
+    "Celu", "Elu", "Mish", "Neg", "PRelu", "Reciprocal", "Selu", "Softplus", "Softsign", "ThresholdedRelu",
 )  # fmt: skip
 
 
@@ -38,7 +40,7 @@ RULES: dict[str, Callable[..., None]] = {
     "HardSigmoid": activations.hard_sigmoid, "HardSwish": activations.hard_swish,
     "Softmax": activations.softmax("softmax"), "LogSoftmax": activations.softmax("log_softmax"),
     "Dropout": activations.dropout, "Abs": activations.unary("abs"), "Exp": activations.unary("exp"),
-    "Log": activations.unary("log"),
+    "Log": activations.unary("log"), "PRelu": activations.prelu,
     # normalisation.py
     "BatchNormalization": normalisation.batch_norm, "LRN": normalisation.lrn,
     "LayerNormalization": normalisation.layer_normalization,
@@ -50,6 +52,9 @@ RULES: dict[str, Callable[..., None]] = {
     # folded_ops.py
     "Identity": folded_ops.identity, "Constant": folded_ops.constant,
     **{op: folded_ops.folded for op in (*FOLDED, *FOLD_ONLY)},
+    # after the folded ones: Neg and Reciprocal of a computed tensor too (of constants, formula folds them)
+    **{op: activations.formula for op in ("Celu", "Elu", "Mish", "Neg", "Reciprocal", "Selu", "Softplus", "Softsign",
+                                          "ThresholdedRelu")},
 }  # fmt: skip
 
 
