@@ -103,6 +103,7 @@ def models() -> dict[str, tuple[Callable, tuple]]:
         "convnext_tiny": (lambda: tv.convnext_tiny(num_classes=10), (img,)),
         "shufflenet_v2": (lambda: tv.shufflenet_v2_x0_5(num_classes=10), (img,)),
         "regnet_y_400mf": (lambda: tv.regnet_y_400mf(num_classes=10), (img,)),
+        "swin_t": (lambda: tv.swin_t(num_classes=10), (img,)),
         "vit": (vit, ((BATCH, 3, 32, 32),)),
         "transformer_encoder": (Encoder, ((BATCH, 7, 8),)),
         "unet": (UNet, ((BATCH, 3, 16, 16),)),

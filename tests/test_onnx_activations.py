@@ -1,7 +1,7 @@
 """The activations the language has no built-in for, imported as element-wise tensor functions of their ONNX
 formulas (Elu, Selu, Celu, Softplus, Softsign, Mish, ThresholdedRelu, Neg, Reciprocal), and PRelu as one whose
 parameter is the slope: each equal to ONNX Runtime, one function written for each formula however many nodes use
-it, and the slope trained."""
+it, and the slope trained; and Pad in constant mode (a tensor function that reads the input shifted)."""
 
 from __future__ import annotations
 
@@ -66,3 +66,81 @@ def test_prelu_trains_its_slope(cli, tmp_path: Path, slope: tuple) -> None:
             "--data", "synthetic", "--save", str(tmp_path / "s.npz"))  # fmt: skip
     assert r.exit_code == 0, r.output
     assert not np.array_equal(np.load(tmp_path / "s.npz")["act.a"], np.load(tmp_path / "n.npz")["act.a"])
+
+
+# ---- Pad in constant mode ----
+
+
+@pytest.mark.parametrize(
+    ("opset", "pads", "value", "axes"),
+    [(13, [0, 0, 1, 2, 0, 0, 2, 1], 0.0, None),  # nn.ZeroPad2d((2, 1, 1, 2))
+     (13, [0, 0, -1, 2, 0, 1, 0, -2], 1.5, None),  # a value, cropping
+     (18, [1, 1, 0, 2], -2.0, [2, -1])],  # opset 18's axes
+    ids=["zero", "value_and_crop", "axes"],
+)  # fmt: skip
+def test_pad(tmp_path: Path, opset: int, pads: list, value: float, axes: list | None) -> None:
+    init = {"pads": np.asarray(pads, np.int64), "value": np.asarray(value, np.float32)}
+    ins = ["x", "pads", "value"]
+    if axes is not None:
+        init["axes"] = np.asarray(axes, np.int64)
+        ins.append("axes")
+    node = helper.make_node("Pad", ins, ["p"], name="/pad/Pad", mode="constant")
+    relu = helper.make_node("Relu", ["p"], ["y"], name="/Relu")
+    x = f32(2, 3, 4, 5, scale=2.0)
+    out = [d for d in x.shape]
+    for a, b, e in zip(axes or range(4), pads[: len(pads) // 2], pads[len(pads) // 2 :]):
+        out[a] += b + e
+    model = graph([node, relu], [("x", ["N", 3, 4, 5])], ("y", ["N", *out[1:]]), init, opset)
+    text = import_and_compare(tmp_path, model, {"x": x}, loss=False)
+    assert "# Pad" in text and (" ? " in text) == (value != 0), text
+
+
+@pytest.mark.parametrize(
+    ("mode", "pads", "why"),
+    [("reflect", [0, 0, 1, 1, 0, 0, 1, 1], "mode 'reflect': deepdsl imports constant padding only"),
+     ("constant", [1, 0, 0, 0, 0, 0, 0, 0], "it pads the batch axis")],
+)  # fmt: skip
+def test_pad_refusals(tmp_path: Path, mode: str, pads: list, why: str) -> None:
+    from test_onnx_breadth import text_of
+
+    from deepdsl.errors import DslError
+
+    node = helper.make_node("Pad", ["x", "pads"], ["y"], name="/pad/Pad", mode=mode)
+    model = graph([node], [("x", ["N", 3, 4, 5])], ("y", ["N", 3, 6, 7] if mode == "reflect" else [3, 3, 4, 5]),
+                  {"pads": np.asarray(pads, np.int64)})  # fmt: skip
+    with pytest.raises(DslError, match=f"'/pad/Pad'.*{why}"):
+        text_of(tmp_path, model)
+
+
+# ---- what Swin-T and ConvNeXt exported by the dynamo exporter hold besides ----
+
+
+def test_a_strided_slice(tmp_path: Path) -> None:
+    """x[:, :, 0::2, 1::2] (Swin's patch merging): a tensor function reading every second element."""
+    init = {"s": np.asarray([0, 1], np.int64), "e": np.asarray([6, 6], np.int64), "a": np.asarray([2, 3], np.int64),
+            "st": np.asarray([2, 2], np.int64)}  # fmt: skip
+    node = helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"], name="/merge/Slice")
+    model = graph([node], [("x", ["N", 4, 6, 6])], ("y", ["N", 4, 3, 3]), init)
+    text = import_and_compare(tmp_path, model, {"x": f32(2, 4, 6, 6)}, loss=False)
+    assert "t[i0, i1, 2 * i2, 2 * i3 + 1]" in text, text
+
+
+def test_a_mask_built_by_scatter_is_folded(tmp_path: Path) -> None:
+    """ScatterND of constants (Swin's shifted-window mask, built by slice assignment) is computed at import."""
+    init = {"zeros": np.zeros((4, 5), np.float32), "where": np.asarray([[1], [3]], np.int64),
+            "rows": np.full((2, 5), -100.0, np.float32)}  # fmt: skip
+    nodes = [helper.make_node("ScatterND", ["zeros", "where", "rows"], ["mask"], name="/mask/ScatterND"),
+             helper.make_node("Add", ["x", "mask"], ["y"], name="/Add")]  # fmt: skip
+    model = graph(nodes, [("x", ["N", 4, 5])], ("y", ["N", 4, 5]), init)
+    import_and_compare(tmp_path, model, {"x": f32(2, 4, 5)}, loss=False)
+
+
+def test_a_gather_of_every_position_in_order_is_a_view(tmp_path: Path) -> None:
+    """The dynamo exporter's as_strided of a contiguous tensor: the whole tensor flattened (its batch folded in),
+    then a Gather by 0, 1, 2, ... in the output's shape: a reshape."""
+    init = {"flat": np.asarray([-1], np.int64), "order": np.arange(24, dtype=np.int64).reshape(2, 12)}
+    nodes = [helper.make_node("Reshape", ["x", "flat"], ["f"], name="/Reshape"),
+             helper.make_node("Gather", ["f", "order"], ["y"], name="/as_strided", axis=0)]  # fmt: skip
+    model = graph(nodes, [("x", [2, 3, 2, 2])], ("y", [2, 12]), init)
+    text = import_and_compare(tmp_path, model, {"x": f32(2, 3, 2, 2)}, loss=False)
+    assert "reshape(" in text and "tensor " not in text, text

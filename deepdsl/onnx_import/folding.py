@@ -17,7 +17,7 @@ FOLDED = ("Cast", "Gather", "Shape", "Squeeze", "Unsqueeze")
 # operators with no rule of their own that exporters apply to shapes and constants (a mask's ConstantOfShape,
 # Equal and Where, a head size's Mod): folded where every input is known, else refused
 FOLD_ONLY = ("ConstantOfShape", "Equal", "Where", "Mod", "Range", "Not", "Less", "Greater", "Neg", "Min",
-             "Max", "Floor", "Ceil", "Reciprocal", "ReduceProd")  # fmt: skip
+             "Max", "Floor", "Ceil", "Reciprocal", "ReduceProd", "ScatterND")  # fmt: skip
 
 # every operator `fold` computes on known inputs (those with a rule for computed tensors too)
 FOLDABLE = frozenset((*FOLDED, *FOLD_ONLY, "Concat", "Slice", "Expand", "Add", "Sub", "Mul", "Div", "Sqrt", "Pow",
@@ -98,6 +98,18 @@ def _fold(
         if delta == 0 or abs((limit - start) / delta) > MAX_ELEMENTS:
             raise where.refuse(f"a Range from {start} to {limit} by {delta}")
         return np.arange(start, limit, delta, dtype=np.result_type(*xs))
+    if op == "ScatterND":  # a mask built by slice assignment (Swin's shifted windows), on constants
+        if len(xs) < 3 or any(v is None for v in xs[:3]) or attrs.get("reduction", b"none") not in (b"none", "none"):
+            return None
+        out, index = np.array(x), xs[1].astype(np.int64)
+        k = index.shape[-1]
+        if index.dtype.kind not in "iu" or k > out.ndim or xs[2].shape != index.shape[:-1] + out.shape[k:]:
+            raise where.refuse(f"indices of shape {list(index.shape)} do not fit data {list(out.shape)}")
+        flat = index.reshape(-1, k)
+        if flat.size and ((flat < -np.asarray(out.shape[:k])).any() or (flat >= np.asarray(out.shape[:k])).any()):
+            raise where.refuse("an index out of range")
+        out[tuple(flat.T)] = xs[2].reshape(-1, *out.shape[k:])
+        return out
     if op == "ReduceProd":
         return np.asarray(np.prod(x, keepdims=bool(int(attrs.get("keepdims", 1)))))
     if op == "Slice":

@@ -22,6 +22,8 @@ SUPPORTED = (
     "InstanceNormalization",
     # activations as tensor functions of their formulas
     "Celu", "Elu", "Mish", "Neg", "PRelu", "Reciprocal", "Selu", "Softplus", "Softsign", "ThresholdedRelu",
+    # padding in constant mode
+    "Pad",
 )  # fmt: skip
 
 
@@ -48,7 +50,7 @@ RULES: dict[str, Callable[..., None]] = {
     # shapes.py
     "Flatten": shapes.flatten, "Reshape": shapes.reshape, "Transpose": shapes.transpose, "Concat": shapes.concat,
     "Slice": shapes.slice_, "Split": shapes.split, "Expand": shapes.expand, "ReduceMean": shapes.reduce_mean,
-    "ReduceSum": shapes.reduce_axes("sum"), "ReduceMax": shapes.reduce_axes("max"),
+    "ReduceSum": shapes.reduce_axes("sum"), "ReduceMax": shapes.reduce_axes("max"), "Pad": shapes.pad,
     # folded_ops.py
     "Identity": folded_ops.identity, "Constant": folded_ops.constant,
     **{op: folded_ops.folded for op in (*FOLDED, *FOLD_ONLY)},

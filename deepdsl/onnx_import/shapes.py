@@ -1,7 +1,8 @@
 """Import rules for the operators that reshape a tensor or work along its axes: Flatten and Reshape (`flatten`, or
 `reshape` to the shape ONNX infers: heads split and joined), Transpose (`permute`), Concat (of computed tensors, or
-with constants through a tensor function), Slice and Split (`slice`), Expand, and ReduceMean (`global_avg_pool`
-over H and W, else `mean` over any axes but the batch)."""
+with constants through a tensor function), Slice and Split (`slice`), Expand, ReduceMean (`global_avg_pool`
+over H and W, else `mean` over any axes but the batch), and Pad in constant mode (a tensor function whose reads
+outside the input are the pad value)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from deepdsl.onnx_import.folding import fold
 from deepdsl.onnx_import.rule_support import dims, inputs_const, positive_axis
-from deepdsl.onnx_import.writing import Node, call, need
+from deepdsl.onnx_import.writing import Node, call, need, num
 
 if TYPE_CHECKING:
     from deepdsl.onnx_import.importer import Importer
@@ -136,27 +137,50 @@ def slice_(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     else:
         starts, ends, axes, steps = (inputs_const(imp, node, where, 1) + [None, None])[:4]
     axes_l = list(range(len(np.ravel(starts)))) if axes is None else [int(a) for a in np.ravel(axes)]
-    if steps is not None and any(int(s) != 1 for s in np.ravel(steps)):
-        raise where.refuse(f"steps {np.ravel(steps).tolist()}: deepdsl's slice takes every element (step 1)")
+    steps_l = [1] * len(axes_l) if steps is None else [int(v) for v in np.ravel(steps)]
+    if any(st < 1 for st in steps_l):
+        raise where.refuse(f"steps {steps_l}: deepdsl imports slices forward (a step of 1 or more)")
     x = imp.tensor(node.input[0], where)
-    for a, s, e in zip(axes_l, np.ravel(starts), np.ravel(ends)):
+    cuts: dict[int, tuple[int, int, int]] = {}  # axis -> (start, end, step), in range
+    for a, s, e, st in zip(axes_l, np.ravel(starts), np.ravel(ends), steps_l):
         a = positive_axis(a, len(shape))
         n = shape[a]
-        s, e = int(s), int(e)
+        s, e = int(max(min(int(s), 2**62), -(2**62))), int(max(min(int(e), 2**62), -(2**62)))
         s, e = (s + n if s < 0 else s), (e + n if e < 0 else e)
         s, e = min(max(s, 0), n), min(max(e, 0), n)
         if a == 0:
-            if (s, e) == (0, n):
+            if (s, e, st) == (0, n, 1):
                 continue
             raise where.refuse("it slices the batch axis")
         if e <= s:
             raise where.refuse(f"it takes nothing of axis {a} ({s} to {e})")
-        if (s, e) != (0, n):
-            x = _slice_text(x, s, e, a)
+        if (s, e, st) != (0, n, 1):
+            cuts[a] = (s, e, st)
+    if any(
+        st != 1 for _, _, st in cuts.values()
+    ):  # every st-th element (a Swin patch merge's x[:, 0::2]): a tensor function
+        strided(imp, node, where, shape, cuts)
+        return
+    for a, (s, e, _) in cuts.items():
+        x = _slice_text(x, s, e, a)
     if x == imp.tensor(node.input[0], where):
         imp.env[node.output[0]] = x
     else:
         imp.bind(node, x)
+
+
+def strided(imp: Importer, node: Any, where: Node, shape: tuple[int, ...], cuts: dict) -> None:
+    """A Slice with steps: a tensor function reading `step * i + start` along each cut axis, its range given."""
+    rank = len(shape)
+    idx = [f"i{d}" for d in range(rank)]
+    reads, ranges = list(idx), list(idx)
+    for a, (s, e, st) in cuts.items():
+        reads[a] = " + ".join(p for p in (f"{st} * {idx[a]}" if st != 1 else idx[a], str(s) if s else "") if p)
+        ranges[a] = f"{idx[a]}: {-(-(e - s) // st)}"
+    fn = imp.names.make(f"{imp.names.clean(where.base, 'slice')}_fn", "fn")
+    sizes = ", ".join(f"S{d}" for d in range(rank))
+    imp.tensor_fns += [f"tensor {fn}(t[{sizes}]) -> [{', '.join(ranges)}] = t[{', '.join(reads)}]   # Slice", ""]
+    imp.bind(node, f"{fn}({imp.tensor(node.input[0], where)})")
 
 
 def split(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
@@ -245,3 +269,48 @@ def _along_axes(imp: Importer, node: Any, where: Node, attrs: dict, fn: str, got
     keep = "true" if int(attrs.get("keepdims", 1)) else "false"
     axis = str(axes[0]) if len(axes) == 1 else f"({', '.join(map(str, axes))})"
     imp.bind(node, f"{fn}({imp.tensor(node.input[0], where)}, axis={axis}, keepdim={keep})")
+
+
+def pad(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+    """Pad of a computed tensor in constant mode (nn.ZeroPad2d, F.pad; negative pads crop): a tensor function
+    reading the input shifted by the pads at the start, each padded axis's range given; a read outside the input
+    is 0 in the language, so another pad value is a `select` on where the input lies."""
+    shape = imp.shape(node.input[0], where)
+    mode = attrs.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode != "constant":
+        raise where.refuse(f"mode '{mode}': deepdsl imports constant padding only")
+    got = inputs_const(imp, node, where, 1) if len(node.input) > 1 else [np.asarray(attrs.get("pads", []))]
+    pads, value, axes = (got + [None, None, None])[:3]
+    if pads is None:
+        raise where.refuse("the pads must be given")
+    rank = len(shape)
+    axes_l = list(range(rank)) if axes is None else [positive_axis(int(a), rank) for a in np.ravel(axes)]
+    flat = [int(v) for v in np.ravel(pads)]
+    if len(flat) != 2 * len(axes_l):
+        raise where.refuse(f"{len(flat)} pads for {len(axes_l)} axes")
+    begin, end = [0] * rank, [0] * rank
+    for a, b, e in zip(axes_l, flat[: len(axes_l)], flat[len(axes_l) :]):
+        begin[a], end[a] = b, e
+    fill = float(np.ravel(value)[0]) if value is not None and np.size(value) else float(attrs.get("value", 0.0))
+    if np.isnan(fill):
+        raise where.refuse("the pad value is NaN")
+    if begin[0] or end[0]:
+        raise where.refuse("it pads the batch axis")
+    out = [n + b + e for n, b, e in zip(shape, begin, end)]
+    if min(out) < 1:
+        raise where.refuse(f"the pads {flat} leave an axis of size {min(out)}")
+    idx = [f"i{d}" for d in range(rank)]
+    reads = ", ".join(idx[d] if not begin[d] else f"{idx[d]} {'-' if begin[d] > 0 else '+'} {abs(begin[d])}"
+                      for d in range(rank))  # fmt: skip
+    ranges = ", ".join(idx[d] if (begin[d], end[d]) == (0, 0) else f"{idx[d]}: {out[d]}" for d in range(rank))
+    body = f"t[{reads}]"
+    if fill != 0:
+        inside = " and ".join(f"{idx[d]} >= {begin[d]} and {idx[d]} < {begin[d] + shape[d]}"
+                              for d in range(rank) if begin[d] > 0 or end[d] > 0)  # fmt: skip
+        text = num(fill) if np.isfinite(fill) else "inf" if fill > 0 else "-inf"  # -inf before a max pool
+        body = f"{inside} ? {body} : {text}" if inside else body
+    fn = imp.names.make(f"{imp.names.clean(where.base, 'pad')}_fn", "fn")
+    sizes = ", ".join(f"S{d}" for d in range(rank))
+    imp.tensor_fns += [f"tensor {fn}(t[{sizes}]) -> [{ranges}] = {body}   # Pad {flat}", ""]
+    imp.bind(node, f"{fn}({imp.tensor(node.input[0], where)})")
