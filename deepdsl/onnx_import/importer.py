@@ -17,7 +17,7 @@ from deepdsl.onnx_import import patterns
 from deepdsl.onnx_import.folding import FOLD_ONLY, FOLDABLE, FOLDED, fold, numpy_helper_value
 from deepdsl.onnx_import.reading import MIN_OPSET, load_model, newest_opset, require_onnx, skeleton, tensor_array
 from deepdsl.onnx_import.rules import RULES, SUPPORTED
-from deepdsl.onnx_import.writing import GENERIC_GRAPH_NAMES, TAKEN, Imported, Names, Node, NodeRefused
+from deepdsl.onnx_import.writing import GENERIC_GRAPH_NAMES, TAKEN, Imported, Names, Node, NodeRefused, refusals
 
 
 class Importer:
@@ -383,25 +383,6 @@ class Importer:
 
 
 GAP = "<not imported>"  # what the output of a refused node holds while the rest of the graph is read
-
-
-def refusals(file: str, opset: int, gaps: list[NodeRefused], after: list[NodeRefused]) -> DslProgramError:
-    """One error listing every node that cannot be imported, grouped by op type (in the order each type first
-    appears), each node with its name, opset and why; then the nodes refused only after reading such a node's
-    output (they may follow from it)."""
-    groups: dict[str, list[NodeRefused]] = {}
-    for e in gaps:
-        groups.setdefault(e.node.op, []).append(e)
-    total = len(gaps) + len(after)
-    lines = [f"{file}: {total} nodes cannot be imported (opset {opset}); by op type:"]
-    for op, es in groups.items():
-        lines.append(f"  {op} ({len(es)} node{'s' if len(es) > 1 else ''}):")
-        lines += [f"    {e.node.label}: {e.why}" for e in es]
-    if after:
-        lines.append(f"  and {len(after)} that read the output of a node above (refused perhaps only for that):")
-        lines += [f"    {e.node.label}: {e.why}" for e in after]
-    hints = [e.hint for e in (*gaps, *after) if e.hint]
-    return DslProgramError("\n".join(lines), hint=hints[0] if hints else None)
 
 
 def import_model(path: str | Path, batch: int | None = None, loss: bool = True, share: bool = True) -> Imported:

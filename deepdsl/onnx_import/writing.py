@@ -1,6 +1,7 @@
 """Writing the `.ddsl` text of an import: the names it makes (`Names`: sanitised, unique, none the language
 takes), numbers and pairs as literals, a built-in's call with its keywords checked against the ranges the built-in
-takes (`call`), the node being imported (`Node`, for messages) and the result (`Imported`)."""
+takes (`call`), the node being imported (`Node`, for messages), the one error that lists every node refused
+(`refusals`) and the result (`Imported`)."""
 
 from __future__ import annotations
 
@@ -130,3 +131,22 @@ class NodeRefused(DslProgramError):
         super().__init__(f"{node.file}: {node.label}: {why}", hint=hint)
         self.node = node
         self.why = why
+
+
+def refusals(file: str, opset: int, gaps: list[NodeRefused], after: list[NodeRefused]) -> DslProgramError:
+    """One error listing every node that cannot be imported, grouped by op type (in the order each type first
+    appears), each node with its name, opset and why; then the nodes refused only after reading such a node's
+    output (they may follow from it)."""
+    groups: dict[str, list[NodeRefused]] = {}
+    for e in gaps:
+        groups.setdefault(e.node.op, []).append(e)
+    total = len(gaps) + len(after)
+    lines = [f"{file}: {total} nodes cannot be imported (opset {opset}); by op type:"]
+    for op, es in groups.items():
+        lines.append(f"  {op} ({len(es)} node{'s' if len(es) > 1 else ''}):")
+        lines += [f"    {e.node.label}: {e.why}" for e in es]
+    if after:
+        lines.append(f"  and {len(after)} that read the output of a node above (refused perhaps only for that):")
+        lines += [f"    {e.node.label}: {e.why}" for e in after]
+    hints = [e.hint for e in (*gaps, *after) if e.hint]
+    return DslProgramError("\n".join(lines), hint=hints[0] if hints else None)
