@@ -107,7 +107,9 @@ def export_graph(g: Graph, arrays: Mapping[str, np.ndarray], opset: int = DEFAUL
         elif v.name != name:  # an input or a parameter returned as it is
             w.nodes.append(helper.make_node("Identity", [v.name], [name], name=f"{name}/Identity"))
         outs.append(info(name, v.type.shape))
-    inits = [numpy_helper.from_array(np.array(a, order="C"), name) for name, a in w.inits.items()]  # 0-d stays 0-d
+    read = {i for n in w.nodes for i in n.input}  # a parameter whose node took a reshaped copy (bias_add's) is not
+    inits = [numpy_helper.from_array(np.array(a, order="C"), name) for name, a in w.inits.items()  # 0-d stays 0-d
+             if name in read]  # fmt: skip
     graph = helper.make_graph(w.nodes, g.name, inputs, outs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="deepdsl",
                               producer_version=__version__)  # fmt: skip
