@@ -25,6 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-4
 BATCH = 2
+VOCAB = 50  # the token ids of gpt2_like
 # the fine-tuning step: ResNet-50 at random initialisation, its batch norm over two 64x64 samples (2x2 at the
 # last stage), diverges to NaN by the fourth step at 0.001
 LR = {"resnet50": 1e-4}
@@ -51,6 +52,31 @@ def models() -> dict[str, tuple[Callable, tuple]]:
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.head(self.encoder(self.embed(x))[:, 0])
+
+    class GPT(nn.Module):  # GPT-2 in small: token and position embeddings, causal attention by masked_fill, GELU's
+        def __init__(self) -> None:  # tanh form (gelu_new), the head tied to the token embedding
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(VOCAB, 32), nn.Embedding(8, 32)
+            self.ln1, self.ln2, self.ln_f = nn.LayerNorm(32), nn.LayerNorm(32), nn.LayerNorm(32)
+            self.qkv, self.proj, self.fc, self.out = (
+                nn.Linear(32, 96),
+                nn.Linear(32, 32),
+                nn.Linear(32, 128),
+                nn.Linear(128, 32),
+            )
+            self.head = nn.Linear(32, VOCAB, bias=False)
+            self.head.weight = self.wte.weight
+            self.register_buffer("causal", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))
+
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            b, t = idx.shape
+            x = self.wte(idx) + self.wpe(torch.arange(t))
+            q, k, v = (z.view(b, t, 4, 8).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(32, dim=2))
+            att = (q @ k.transpose(-2, -1)) * (8**-0.5)
+            att = torch.softmax(att.masked_fill(self.causal[:, :, :t, :t] == 0, float("-inf")), dim=-1)
+            x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, 32))
+            x = x + self.out(nn.functional.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+            return self.head(self.ln_f(x))
 
     class UNet(nn.Module):  # a U-Net-style model: down, up by ConvTranspose and by Resize, a skip concatenated
         def __init__(self) -> None:
@@ -106,6 +132,7 @@ def models() -> dict[str, tuple[Callable, tuple]]:
         "swin_t": (lambda: tv.swin_t(num_classes=10), (img,)),
         "vit": (vit, ((BATCH, 3, 32, 32),)),
         "transformer_encoder": (Encoder, ((BATCH, 7, 8),)),
+        "gpt2_like": (GPT, (("tokens", (BATCH, 8)),)),
         "unet": (UNet, ((BATCH, 3, 16, 16),)),
         "lstm": (lambda: Recurrent("lstm"), ((BATCH, 5, 6),)),
         "gru": (lambda: Recurrent("gru"), ((BATCH, 5, 6),)),
@@ -164,7 +191,8 @@ def check(name: str, exporter: str, make: Callable, shapes: tuple, folder: Path,
                 m.running_mean.uniform_(-0.1, 0.1)
                 m.running_var.uniform_(0.5, 1.5)
     rng = np.random.default_rng(0)
-    xs = tuple(rng.standard_normal(s).astype(np.float32) for s in shapes)
+    xs = tuple(rng.integers(0, VOCAB, s[1]).astype(np.int64) if s[0] == "tokens" else
+               rng.standard_normal(s).astype(np.float32) for s in shapes)  # fmt: skip
     with torch.no_grad():
         want = model(*(torch.from_numpy(x) for x in xs)).numpy()
     row = {"model": name, "exporter": exporter}
@@ -174,7 +202,7 @@ def check(name: str, exporter: str, make: Callable, shapes: tuple, folder: Path,
         export(model, tuple(torch.from_numpy(x) for x in xs), path, exporter)
     except Exception as exc:  # noqa: BLE001 — the exporter's own failure
         return {**row, "result": f"PyTorch's export fails: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"}
-    loss = want.ndim == 2
+    loss = want.ndim in (2, 3)  # classes, or classes per position [N, T, K]
     try:
         got = import_model(path, BATCH, loss)
         program = api.compile_source(got.text, f"{name}.ddsl").program
@@ -198,7 +226,7 @@ def check(name: str, exporter: str, make: Callable, shapes: tuple, folder: Path,
     arrays = {d.value.name: x for d, x in zip(b.infer.inputs, xs)}
     if loss:
         arrays[next(d.value.name for d in program.graph.inputs if d.kind == "label")] = rng.integers(
-            0, want.shape[1], BATCH).astype(np.int64)  # fmt: skip
+            0, want.shape[-1], want.shape[:-1]).astype(np.int64)  # fmt: skip
     else:
         arrays["target"] = (want + rng.standard_normal(want.shape).astype(np.float32)).astype(np.float32)
     np.savez(data, **arrays)

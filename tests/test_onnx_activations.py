@@ -144,3 +144,25 @@ def test_a_gather_of_every_position_in_order_is_a_view(tmp_path: Path) -> None:
     model = graph(nodes, [("x", [2, 3, 2, 2])], ("y", [2, 12]), init)
     text = import_and_compare(tmp_path, model, {"x": f32(2, 3, 2, 2)}, loss=False)
     assert "reshape(" in text and "tensor " not in text, text
+
+
+# ---- what a GPT-2 exported from PyTorch holds besides ----
+
+
+def test_gelu_in_its_tanh_form(tmp_path: Path) -> None:
+    """Gelu(approximate='tanh') (GPT-2's gelu_new): its formula as a tensor function."""
+    node = helper.make_node("Gelu", ["x"], ["y"], name="/mlp/Gelu", approximate="tanh")
+    model = graph([node], [("x", ["N", 3, 4])], ("y", ["N", 3, 4]), opset=20)
+    text = import_and_compare(tmp_path, model, {"x": f32(2, 3, 4, scale=3.0)}, loss=False)
+    assert "tanh(0.7978845608028654 *" in text, text
+
+
+def test_masked_fill_writes_the_number_first(tmp_path: Path) -> None:
+    """att.masked_fill(causal == 0, -inf) exports Where(mask, -inf, att): the mask negated, `j <= i`."""
+    upper = ~np.tril(np.ones((4, 4), bool)).reshape(1, 1, 4, 4)
+    nodes = [helper.make_node("Where", ["upper", "minf", "x"], ["m"], name="/attn/Where"),
+             helper.make_node("Softmax", ["m"], ["y"], name="/attn/Softmax", axis=-1)]  # fmt: skip
+    model = graph(nodes, [("x", ["N", 2, 4, 4])], ("y", ["N", 2, 4, 4]),
+                  {"upper": upper, "minf": np.asarray(-np.inf, np.float32)})  # fmt: skip
+    text = import_and_compare(tmp_path, model, {"x": f32(2, 2, 4, 4, scale=2.0)}, loss=False)
+    assert "i3 <= i2 ? t[i0, i1, i2, i3] : -inf" in text, text

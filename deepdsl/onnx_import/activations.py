@@ -35,8 +35,11 @@ def leaky(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
 def gelu(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     approx = attrs.get("approximate", b"none")
     approx = approx.decode() if isinstance(approx, bytes) else str(approx)
+    if approx == "tanh":  # GPT-2's gelu_new: its formula as a tensor function
+        formula(imp, k, node, where, attrs)
+        return
     if approx != "none":
-        raise where.refuse(f"approximate='{approx}': the language's gelu is the exact (erf) form")
+        raise where.refuse(f"approximate='{approx}': deepdsl imports the exact (erf) and the tanh forms")
     imp.bind(node, f"gelu({imp.tensor(node.input[0], where)})")
 
 
@@ -134,6 +137,7 @@ _FORMULAS: dict[str, Callable[[dict], str]] = {
     "Mish": lambda a: f"@ * tanh{_SOFTPLUS}",
     "ThresholdedRelu": lambda a: f"@ > {num(float(a.get('alpha', 1.0)))} ? @ : 0",
     "Neg": lambda a: "-@",
+    "Gelu": lambda a: "0.5 * @ * (1 + tanh(0.7978845608028654 * (@ + 0.044715 * @ * @ * @)))",  # approximate='tanh'
     "Reciprocal": lambda a: "1 / @",
 }  # fmt: skip
 

@@ -102,9 +102,12 @@ _MASKS = {"<=": np.less_equal, "<": np.less, ">=": np.greater_equal, ">": np.gre
 
 def where_mask(imp: Importer, node: Any, where: Node) -> None:
     """Where(a constant condition, x, a number) whose condition compares the last two axes' indices (a causal mask
-    `j <= i`): a tensor function with that condition, as the language writes masked attention."""
+    `j <= i`): a tensor function with that condition, as the language writes masked attention. Where(mask, a
+    number, x) (`masked_fill(mask == 0, -inf)`, GPT-2's) is the same with the mask negated."""
     cond, x, other = node.input
     c, fill = imp.const(cond), imp.const(other)
+    if c is not None and fill is None and imp.const(x) is not None:  # the number first: keep x where the mask is not
+        c, fill, x = ~np.asarray(c, bool), imp.const(x), other
     if c is None or fill is None or fill.size != 1 or imp.const(x) is not None:
         raise where.refuse("deepdsl imports a Where of a constant mask, a computed tensor and one number only")
     shape = imp.shape(x, where)
