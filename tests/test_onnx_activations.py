@@ -166,3 +166,24 @@ def test_masked_fill_writes_the_number_first(tmp_path: Path) -> None:
                   {"upper": upper, "minf": np.asarray(-np.inf, np.float32)})  # fmt: skip
     text = import_and_compare(tmp_path, model, {"x": f32(2, 2, 4, 4, scale=2.0)}, loss=False)
     assert "i3 <= i2 ? t[i0, i1, i2, i3] : -inf" in text, text
+
+
+# ---- 1-D convolutions and pools (nn.Conv1d, nn.MaxPool1d, nn.AvgPool1d) ----
+
+
+def test_one_dimensional_conv_and_pools(tmp_path: Path) -> None:
+    """Conv on [N, C, L] with a stride, dilation, groups and asymmetric pads; MaxPool with auto_pad SAME_UPPER;
+    AveragePool in ceil mode: conv1d, max_pool1d and avg_pool1d (their weights as nn.Conv1d's), ONNX Runtime's."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="/c1/Conv", kernel_shape=[3], strides=[2],
+                              pads=[2, 1], dilations=[2], group=2),
+             helper.make_node("MaxPool", ["c"], ["m"], name="/pool/MaxPool", kernel_shape=[3], strides=[2],
+                              auto_pad="SAME_UPPER"),
+             helper.make_node("AveragePool", ["m"], ["a"], name="/avg/AveragePool", kernel_shape=[2], strides=[2],
+                              ceil_mode=1, count_include_pad=1),
+             helper.make_node("Flatten", ["a"], ["f"], name="/Flatten"),
+             helper.make_node("Gemm", ["f", "head.w", "head.b"], ["y"], name="/head/Gemm", transB=1)]  # fmt: skip
+    init = {"w": f32(6, 2, 3), "b": f32(6), "head.w": f32(3, 6 * 3), "head.b": f32(3)}
+    model = graph(nodes, [("x", ["N", 4, 20])], ("y", ["N", 3]), init)
+    text = import_and_compare(tmp_path, model, {"x": f32(2, 4, 20, scale=2.0)})
+    assert "conv1d(6, 3, stride=2, pad=(2, 1), dilation=2, groups=2)" in text, text
+    assert "max_pool1d(" in text and "avg_pool1d(" in text and "ceil_mode=true" in text, text

@@ -22,15 +22,29 @@ def int_list(attrs: dict, key: str, default: list[int]) -> list[int]:
     return [int(v) for v in attrs.get(key, default)]
 
 
+def _lifted(attrs: dict) -> dict:
+    """A 1-D window op's attributes as the 2-D op's on [N, C, 1, L] (as the language's conv1d and pools are)."""
+    ones = {"kernel_shape": 1, "strides": 1, "dilations": 1}
+    out = dict(attrs)
+    for key, one in ones.items():
+        if key in attrs:
+            out[key] = [one, *attrs[key]]
+    if "pads" in attrs:
+        out["pads"] = [0, attrs["pads"][0], 0, attrs["pads"][1]]
+    if "strides" not in attrs:
+        out["strides"] = [1, 1]
+    return out
+
+
 def _spatial(imp: Importer, node: Any, where: Node, attrs: dict, kernel: tuple[int, int]) -> tuple[tuple, tuple]:
-    """(stride, pads as (top, left, bottom, right)) of a 2-D window op, auto_pad's SAME_UPPER, SAME_LOWER and VALID
-    spelled out as ONNX defines them."""
+    """(stride, pads as (top, left, bottom, right)) of a 2-D window op (or a 1-D one, `_lifted`, on [N, C, 1, L]),
+    auto_pad's SAME_UPPER, SAME_LOWER and VALID spelled out as ONNX defines them."""
     strides = tuple(int_list(attrs, "strides", [1, 1]))
     pads = int_list(attrs, "pads", [0, 0, 0, 0])
     auto = attrs.get("auto_pad", b"NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else str(auto)
     if auto in ("SAME_UPPER", "SAME_LOWER"):
-        h, w = imp.shape(node.input[0], where)[2:]
+        h, w = (1, *imp.shape(node.input[0], where)[2:])[-2:]
         pads = []
         for size, k, s in zip((h, w), kernel, strides):
             total = max((-(-size // s) - 1) * s + k - size, 0)
@@ -57,8 +71,11 @@ def conv(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     w = imp.const(node.input[1])
     if w is None:
         raise where.refuse("the weight must be an initialiser (a constant)")
-    if w.ndim != 4 or len(imp.shape(node.input[0], where)) != 4:
-        raise where.refuse(f"only 2-D convolutions are supported (weight of rank {w.ndim})")
+    rank = len(imp.shape(node.input[0], where))
+    if w.ndim != rank or rank not in (3, 4):
+        raise where.refuse(f"only 1-D and 2-D convolutions are supported (weight of rank {w.ndim})")
+    if rank == 3:  # nn.Conv1d: the language's conv1d, a view of conv on [N, C, 1, L]
+        attrs, w = _lifted(attrs), w[:, :, None, :]
     b = imp.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
     if len(node.input) > 2 and node.input[2] and b is None:
         raise where.refuse("the bias must be an initialiser (a constant)")
@@ -76,6 +93,19 @@ def conv(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     dilation = _dilation(where, attrs, "conv")
     if dilation is not None:
         kw["dilation"] = dilation
+    fn, args = "conv", [str(w.shape[0])]
+    if rank == 3:  # the same in conv1d's terms: one kernel size, stride and dilation, pad (left, right)
+        fn, args, w = "conv1d", [str(w.shape[0]), str(kernel[1])], w[:, :, 0, :]
+        dilation1 = int_list(attrs, "dilations", [1, 1])[1]
+        kw = {}
+        if stride[1] != 1:
+            kw["stride"] = str(stride[1])
+        if pad[1] != pad[3]:
+            kw["pad"] = f"({pad[1]}, {pad[3]})"
+        elif pad[1]:
+            kw["pad"] = str(pad[1])
+        if dilation1 != 1:
+            kw["dilation"] = str(dilation1)
     groups = int(attrs.get("group", 1))
     if groups != 1:
         kw["groups"] = str(groups)
@@ -83,7 +113,7 @@ def conv(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         kw["bias"] = "false"
     params = {"W": w} if b is None else {"W": w, "b": b.reshape(-1)}
     sources = [i for i in node.input[1:3] if i]
-    name = imp.layer(node, where, call(where, "conv", [str(w.shape[0])], kw), params, sources)
+    name = imp.layer(node, where, call(where, fn, args, kw), params, sources)
     imp.bind(node, f"{name}({x})", name)
 
 
@@ -153,13 +183,14 @@ def _written(pad: tuple[int, ...], ceil: bool) -> dict[str, str]:
     return kw
 
 
-def _pool_form(fn: str, where: Node, axes: tuple[_Axis, _Axis], divisor: str, what: str) -> dict[str, str]:
-    """The `pad=` and `ceil_mode=` of the language's pool that reads the very windows the ONNX pooling reads and,
-    for an average, divides each by the same count. Tried in turn: the padding at the start on both sides, in floor
-    then in ceil mode (where the padding at the end exceeds the start's, ceil mode's last window is ONNX's: a 1-D
-    pool in ceil mode as deepdsl exports it, TensorFlow's SAME), then ONNX's pads as (top, left, bottom, right), in
-    floor then in ceil mode; ceil mode is one setting for both axes, so a form must hold along both. Refused with
-    why each form differs (`what`: the pads, the window and the strides, as the message names them)."""
+def _pool_form(fn: str, where: Node, axes: tuple[_Axis, _Axis], divisor: str, what: str) -> tuple[tuple, bool]:
+    """The pad (top, left, bottom, right) and ceil mode of the language's pool that reads the very windows the ONNX
+    pooling reads and, for an average, divides each by the same count. Tried in turn: the padding at the start on
+    both sides, in floor then in ceil mode (where the padding at the end exceeds the start's, ceil mode's last
+    window is ONNX's: a 1-D pool in ceil mode as deepdsl exports it, TensorFlow's SAME), then ONNX's pads as (top,
+    left, bottom, right), in floor then in ceil mode; ceil mode is one setting for both axes, so a form must hold
+    along both. Refused with why each form differs (`what`: the pads, the window and the strides, as the message
+    names them)."""
     for a in axes:
         empty = next((i for i, (lo, hi, _) in enumerate(a.onnx_windows(divisor)) if lo >= hi), None)
         if empty is not None:
@@ -171,10 +202,10 @@ def _pool_form(fn: str, where: Node, axes: tuple[_Axis, _Axis], divisor: str, wh
     for pad in dict.fromkeys((sym, onnx_pads)):
         floor = _differs(fn, axes, pad, False, divisor)
         if floor is None:
-            return _written(pad, False)
+            return pad, False
         ceil = _differs(fn, axes, pad, True, divisor)
         if ceil is None:
-            return _written(pad, True)
+            return pad, True
         form = ", ".join(f"{k}={v}" for k, v in _written(pad, False).items()) or "no padding"
         if ceil == floor:
             why.append(f"{form}, either ceil_mode: {floor}")
@@ -187,8 +218,11 @@ def pool(fn: str) -> Callable[..., None]:
     def rule(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         x = imp.tensor(node.input[0], where)
         shape = imp.shape(node.input[0], where)
-        if len(shape) != 4:
-            raise where.refuse("only 2-D pooling is supported (an NCHW input)")
+        if len(shape) not in (3, 4):
+            raise where.refuse("only 1-D and 2-D pooling is supported (an [N, C, L] or NCHW input)")
+        one_d = len(shape) == 3
+        if one_d:  # max_pool1d / avg_pool1d: the 2-D pool on [N, C, 1, L]
+            attrs, shape = _lifted(attrs), (*shape[:2], 1, shape[2])
         kernel = tuple(int_list(attrs, "kernel_shape", []))
         if len(kernel) != 2:
             raise where.refuse(f"kernel_shape {list(kernel)}: only 2-D windows are supported")
@@ -204,13 +238,22 @@ def pool(fn: str) -> Callable[..., None]:
             if divisor == "real" and any(pads[:2]):
                 raise where.refuse(f"count_include_pad=0 with padding {list(pads)}: the language's avg_pool counts "
                                    "the padding at the start")  # fmt: skip
-        out = imp.shape(node.output[0], where)[2:]
+        out = (1, *imp.shape(node.output[0], where)[2:])[-2:]
         axes = tuple(_Axis(n, *a) for n, a in zip("HW", zip(shape[2:], kernel, stride, pads[:2], pads[2:], out)))
         auto = attrs.get("auto_pad", b"NOTSET")
         auto = auto.decode() if isinstance(auto, bytes) else str(auto)
         what = f"pads {list(pads)}" + (f" (auto_pad {auto})" if auto != "NOTSET" else "")
         what += f", kernel {list(kernel)}, strides {list(stride)}" + (", ceil_mode=1" if attrs.get("ceil_mode") else "")
-        kw = _pool_form(fn, where, axes, divisor, what)  # type: ignore[arg-type]
+        pad, ceil = _pool_form(fn, where, axes, divisor, what)  # type: ignore[arg-type]
+        if one_d:  # in the 1-D pool's terms: one window, stride, pad (left, right)
+            kw = {"stride": str(stride[1])} if stride[1] != kernel[1] else {}
+            if pad[1] != pad[3] or pad[1]:
+                kw["pad"] = str(pad[1]) if pad[1] == pad[3] else f"({pad[1]}, {pad[3]})"
+            if ceil:
+                kw["ceil_mode"] = "true"
+            imp.bind(node, call(where, f"{fn}1d", [x, str(kernel[1])], kw))
+            return
+        kw = _written(pad, ceil)
         if stride != kernel:
             kw = {"stride": pair(stride), **kw}
         imp.bind(node, call(where, fn, [x, pair(kernel)], kw))  # type: ignore[arg-type]
