@@ -1,7 +1,8 @@
-"""Group and instance normalisation on import: PyTorch's nn.GroupNorm as both its exporters decompose it (a Reshape
-into groups, InstanceNormalization, a Reshape back, a Mul and Add per channel), deepdsl's own export of `group_norm`
-(LayerNormalization of the groups' rows) and InstanceNormalization nodes: each one `group_norm` or `instance_norm`
-layer, trainable where the model scales and shifts per channel, equal to ONNX Runtime."""
+"""Group and instance normalisation on import (and, last, a symbolic batch's multiples): PyTorch's nn.GroupNorm as both
+its exporters decompose it (a Reshape into groups, InstanceNormalization, a Reshape back, a Mul and Add per
+channel), deepdsl's own export of `group_norm` and `instance_norm` (the same
+form) and InstanceNormalization nodes: each one `group_norm` or `instance_norm` layer, trainable where the model scales and shifts per channel,
+equal to ONNX Runtime."""
 
 from __future__ import annotations
 
@@ -104,3 +105,23 @@ def test_deepdsl_exports_group_and_instance_norms_as_pytorch_does(tmp_path: Path
     assert again.graph.parameter_count == program.graph.parameter_count
     ours = {d.value.name: v for d, v in zip(infer_program(again.graph).inputs, feeds.values())}
     close(run_deepdsl(again, got.arrays, ours), want)
+
+
+def test_a_symbolic_batch_imported_at_one_keeps_its_multiples(tmp_path: Path) -> None:
+    """A model whose batch is symbolic imports at N = 1, where a Reshape to [N·4, 8] and one to [4, 8] look alike:
+    a second shape inference at another batch tells them apart, so the file says `N * 4` and runs at any N once its
+    `const N` is edited (here 3, against ONNX Runtime at 3)."""
+    init = {"rows": np.asarray([-1, 8], np.int64), "back": np.asarray([-1, 4, 5], np.int64), "w": f32(5, 8),
+            "b": f32(5)}  # fmt: skip
+    nodes = [helper.make_node("Reshape", ["x", "rows"], ["r"], name="/Reshape"),
+             helper.make_node("Gemm", ["r", "w", "b"], ["g"], name="/fc/Gemm", transB=1),
+             helper.make_node("Reshape", ["g", "back"], ["y"], name="/Reshape_1")]  # fmt: skip
+    model = graph(nodes, [("x", ["N", 4, 8])], ("y", ["N", 4, 5]), init)
+    onnx.save(model, tmp_path / "m.onnx")
+    got = import_model(tmp_path / "m.onnx", None, False)
+    assert "const N = 1" in got.text and "reshape(x, (N * 4, 8))" in got.text, got.text
+    again = api.compile_source(got.text.replace("const N = 1", "const N = 3"), "again.ddsl").program
+    x = f32(3, 4, 8)
+    close(
+        run_deepdsl(again, got.arrays, {"x": x, "target": np.zeros((3, 4, 5), np.float32)}), ort_feeds(model, {"x": x})
+    )

@@ -95,9 +95,9 @@ def broadcast_binary(imp: Importer, node: Any, where: Node, sym: str) -> bool:
     need(where, "expand")
     xa, xb = imp.tensor(a, where), imp.tensor(b, where)
     if sa != out:
-        xa = f"expand({xa}, {dims(imp, out)})"
+        xa = f"expand({xa}, {dims(imp, out, node.output[0])})"
     if sb != out:
-        xb = f"expand({xb}, {dims(imp, out)})"
+        xb = f"expand({xb}, {dims(imp, out, node.output[0])})"
     imp.bind(node, f"{xa} {sym} {xb}")
     return True
 

@@ -100,12 +100,15 @@ def matmul_rows(imp: Importer, node: Any, where: Node, x: str, shape: tuple, w: 
     `full`, viewed back."""
     rows = int(np.prod(shape[:-1]))
     flat = imp.names.make(f"{where.base}_rows", "rows")
-    imp.body.append(f"{flat} = reshape({x}, {dims(imp, (rows, shape[-1]))})")
     out_name = node.output[0]
+    if node.input[0] in imp.per_batch:  # the rows scale with the batch as the input does
+        per = imp.per_batch[node.input[0]]
+        imp.per_batch[f"{out_name}#rows"] = None if per is None else rows // shape[0] * per
+    imp.body.append(f"{flat} = reshape({x}, {dims(imp, (rows, shape[-1]), f'{out_name}#rows')})")
 
     class _Out:  # the `full` writes a temporary; the view back takes the node's output
         output = [f"{out_name}#rows"]
         op_type = node.op_type
 
     full_layer(imp, _Out, where, flat, w, bias, sources)
-    imp.bind(node, f"reshape({imp.env[_Out.output[0]]}, {dims(imp, (*shape[:-1], w.shape[0]))})")
+    imp.bind(node, f"reshape({imp.env[_Out.output[0]]}, {dims(imp, (*shape[:-1], w.shape[0]), out_name)})")

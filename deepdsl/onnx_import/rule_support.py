@@ -15,12 +15,17 @@ if TYPE_CHECKING:
     from deepdsl.onnx_import.importer import Importer
 
 
-def dims(imp: Importer, shape: tuple[int, ...]) -> str:
+def dims(imp: Importer, shape: tuple[int, ...], value: str | None = None) -> str:
     """A shape as the language writes it, its first axis in terms of the batch N where it is N or a multiple of it
-    (so that `--batch` changes it too)."""
+    (so that `--batch`, or an edited `const N`, changes it too): as the second shape inference of a model with a
+    symbolic batch told for `value` (`Importer.per_batch`), else where the axis is a multiple of the batch."""
     n = imp.n
     parts = [str(d) for d in shape]
-    if shape and n > 1 and shape[0] % n == 0:
+    if shape and value in imp.per_batch:
+        per = imp.per_batch[value]
+        if per is not None:
+            parts[0] = "N" if per == 1 else f"N * {per}"
+    elif shape and n > 1 and shape[0] % n == 0:
         parts[0] = "N" if shape[0] == n else f"N * {shape[0] // n}"
     elif shape and n == 1 and shape[0] == 1:
         parts[0] = "N"

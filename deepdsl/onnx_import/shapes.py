@@ -47,7 +47,7 @@ def reshape(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
 def reshape_any(imp: Importer, node: Any, where: Node) -> None:
     """A Reshape to any shape (heads split and joined): `reshape(x, (...))` with the shape ONNX infers."""
     out = imp.shape(node.output[0], where)
-    imp.bind(node, f"reshape({imp.tensor(node.input[0], where)}, {dims(imp, out)})")
+    imp.bind(node, f"reshape({imp.tensor(node.input[0], where)}, {dims(imp, out, node.output[0])})")
 
 
 def transpose(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
@@ -219,7 +219,7 @@ def expand(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     need(where, "expand")
     if len(src) != len(out):
         raise where.refuse(f"it expands rank {len(src)} to rank {len(out)}; deepdsl's expand keeps the rank")
-    imp.bind(node, f"expand({x}, {dims(imp, out)})")
+    imp.bind(node, f"expand({x}, {dims(imp, out, node.output[0])})")
 
 
 def reduce_mean(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
