@@ -1,7 +1,7 @@
-"""Group and instance normalisation on import (and, last, a symbolic batch's multiples): PyTorch's nn.GroupNorm as both
-its exporters decompose it (a Reshape into groups, InstanceNormalization, a Reshape back, a Mul and Add per
-channel), deepdsl's own export of `group_norm` and `instance_norm` (the same
-form) and InstanceNormalization nodes: each one `group_norm` or `instance_norm` layer, trainable where the model scales and shifts per channel,
+"""Group and instance normalisation on import (and, last, a symbolic batch's multiples): PyTorch's nn.GroupNorm as
+both its exporters decompose it (a Reshape into groups, InstanceNormalization, a Reshape back, a Mul and Add per
+channel), deepdsl's own export of `group_norm` and `instance_norm` (the same form) and InstanceNormalization
+nodes: each one `group_norm` or `instance_norm` layer, trainable where the model scales and shifts per channel,
 equal to ONNX Runtime."""
 
 from __future__ import annotations
