@@ -187,3 +187,23 @@ def test_one_dimensional_conv_and_pools(tmp_path: Path) -> None:
     text = import_and_compare(tmp_path, model, {"x": f32(2, 4, 20, scale=2.0)})
     assert "conv1d(6, 3, stride=2, pad=(2, 1), dilation=2, groups=2)" in text, text
     assert "max_pool1d(" in text and "avg_pool1d(" in text and "ceil_mode=true" in text, text
+
+
+# ---- names: the dynamo exporter's module scopes ----
+
+
+def test_a_dynamo_export_names_layers_after_its_modules(tmp_path: Path) -> None:
+    """PyTorch's dynamo exporter names nodes by op (`node_Conv_82`) and gives the module path in each node's
+    metadata: the layer is named after the innermost module (`features.1.0.block.0` -> `features_1_0_block_0`),
+    as the TorchScript exporter's `/features/.../Conv` names it; metadata that is no list of names is ignored."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="node_Conv_82", kernel_shape=[3, 3]),
+             helper.make_node("Relu", ["c"], ["r"], name="node_relu"),
+             helper.make_node("Conv", ["r", "w2"], ["y"], name="node_Conv_83", kernel_shape=[1, 1])]  # fmt: skip
+    scopes = ["['', 'features', 'features.1', 'features.1.0.block.0', 'conv2d']", "['', 'relu']", "x" * 10_000]
+    for nd, value in zip(nodes, scopes):
+        entry = nd.metadata_props.add()
+        entry.key, entry.value = "pkg.torch.onnx.name_scopes", value
+    model = graph(nodes, [("x", ["N", 2, 5, 5])], ("y", ["N", 3, 3, 3]), {"w": f32(4, 2, 3, 3), "w2": f32(3, 4, 1, 1)})
+    text = import_and_compare(tmp_path, model, {"x": f32(2, 2, 5, 5)}, loss=False)
+    assert "layer features_1_0_block_0 = conv(4, kernel=3, bias=false)" in text, text
+    assert "layer node_Conv_83 = conv(3, kernel=1, bias=false)" in text, text

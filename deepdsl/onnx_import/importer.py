@@ -255,9 +255,16 @@ class Importer:
     # ---- nodes ----
 
     def _where(self, k: int, node: Any) -> Node:
-        # PyTorch names a node by its module path and op type (`/layer1/layer1.0/conv1/Conv`): the path names it
+        # PyTorch's TorchScript exporter names a node by its module path and op type (`/layer1/layer1.0/conv1/Conv`):
+        # the path names it; its dynamo exporter names nodes by op (`node_Conv_82`) and says the module in the
+        # node's metadata (`pkg.torch.onnx.name_scopes`: ['', 'layer1', 'layer1.0', 'layer1.0.conv1', 'conv2d']):
+        # the innermost module names it (`layer1_0_conv1`)
         name = node.name or f"{node.op_type}_{k}"
         path = re.sub(rf"/{node.op_type}(_[0-9]+)?$", "", name)
+        scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), "")
+        modules = re.findall(r"'([^']*)'", scopes[:4000])  # a list of quoted names, read without evaluating it
+        if len(modules) > 2 and modules[-2]:
+            path = modules[-2]
         shown = name if len(name) <= 200 else f"{name[:100]}...({len(name):,} characters)"
         return Node(self.file, shown, node.op_type, self.opset, path if path.strip("/") else name)
 
