@@ -125,3 +125,12 @@ def test_a_symbolic_batch_imported_at_one_keeps_its_multiples(tmp_path: Path) ->
     close(
         run_deepdsl(again, got.arrays, {"x": x, "target": np.zeros((3, 4, 5), np.float32)}), ort_feeds(model, {"x": x})
     )
+
+
+def test_batch_norm_on_sequences(tmp_path: Path) -> None:
+    """BatchNormalization on [N, C, L] (nn.BatchNorm1d over a sequence, where no convolution absorbs it)."""
+    init = {"g": 1 + f32(3), "b": f32(3), "m": f32(3), "v": (0.5 + np.abs(f32(3))).astype(np.float32)}
+    node = helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y"], name="/bn/BatchNormalization")
+    model = graph([node], [("x", ["N", 3, 7])], ("y", ["N", 3, 7]), init)
+    text = import_and_compare(tmp_path, model, {"x": f32(2, 3, 7, scale=2.0)}, loss=False)
+    assert "layer bn = batch_norm()" in text, text

@@ -26,8 +26,8 @@ def batch_norm(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> No
     if int(attrs.get("training_mode", 0)):
         raise where.refuse("training_mode=1 is not supported; export the model in inference (eval) mode")
     imp.only_output(node, where)
-    if len(imp.shape(node.input[0], where)) not in (2, 4):
-        raise where.refuse("deepdsl's batch_norm takes [N, C, H, W] or [N, D]")
+    if len(imp.shape(node.input[0], where)) not in (2, 3, 4):
+        raise where.refuse("deepdsl's batch_norm takes [N, C, H, W], [N, C, L] or [N, D]")
     scale, bias, mean, var = (np.asarray(s, np.float32).reshape(-1) for s in stats)  # type: ignore[arg-type]
     kw = {}
     eps, momentum = attr(attrs.get("epsilon", 1e-5)), attr(attrs.get("momentum", 0.9))
