@@ -19,7 +19,8 @@ from deepdsl.autodiff import eval_program, infer_program, train_program
 from deepdsl.build import Build, Options
 from deepdsl.errors import DslError, DslProgramError
 from deepdsl.frontend import ast
-from deepdsl.frontend.elaborate import MAX_INCLUDE_DEPTH, Elaborator, include_path
+from deepdsl.frontend.declarations import MAX_INCLUDE_DEPTH, include_path
+from deepdsl.frontend.elaborate import Elaborator
 from deepdsl.frontend.parser import parse_text
 from deepdsl.frontend.program import Program
 from deepdsl.ir import Graph

@@ -14,7 +14,7 @@ from deepdsl.backends.cuda.runner import Driver
 from deepdsl.build import Build
 from deepdsl.checkpoint import check_writable, save_npz
 from deepdsl.data import parse_data_flag
-from deepdsl.data.named import Samples, fields_of, load_samples
+from deepdsl.data.named import Samples, batch_size, fields_of, load_samples
 from deepdsl.devices import (
     CPU,
     cuda_not_used,
@@ -28,7 +28,7 @@ from deepdsl.devices import (
 from deepdsl.distributed import DistributedError, GpuComm, MpiComm, Session, startup_check
 from deepdsl.errors import DslProgramError
 from deepdsl.frontend.train import MAX_ITERATIONS
-from deepdsl.trainer import Trainer, TrainResult, batch_size
+from deepdsl.trainer import Trainer, TrainResult
 
 BAR = 24
 

@@ -87,9 +87,9 @@ def data_parallel_report(b: api.Build, file: str, sets: dict, options: api.Optio
     """memcheck's section on data-parallel training: the buckets of one rank's program, and what holding each
     gradient until its bucket is reduced costs against the plain program's plan at the same level (the plan is
     per rank: every rank runs the same program on its own batch of N)."""
+    from deepdsl.data.named import batch_size
     from deepdsl.memory.report import total_peak
     from deepdsl.ops.collective import buckets_of
-    from deepdsl.trainer import batch_size
 
     plain = api.peak_bytes(file, sets, dataclasses.replace(options, buckets=None, remat=b.remat))
     peak = total_peak(b.train_plan)

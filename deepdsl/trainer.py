@@ -21,7 +21,7 @@ from deepdsl.backends.numpy_runner import NonFinite, run, run_plan
 from deepdsl.build import Build
 from deepdsl.checkpoint import load_npz, save_npz
 from deepdsl.data.augment import augment
-from deepdsl.data.named import Samples
+from deepdsl.data.named import Samples, batch_size
 from deepdsl.distributed import Executor, GpuComm, Session, inject_fault
 from deepdsl.errors import DslProgramError
 from deepdsl.initializers import init_array
@@ -404,21 +404,4 @@ def _single() -> tuple:
     return World(), 1, Accumulate()
 
 
-def batch_size(g: Graph) -> int:
-    """N, the samples of one step: the leading dimension every input and label shares (a user error otherwise)."""
-    data = [d for d in g.inputs if d.kind in ("input", "label")]
-    if not data or not data[0].value.type.shape:
-        raise DslProgramError("the network needs an `input` whose first dimension is the batch, e.g. [N, 784]")
-    n = data[0].value.type.shape[0]
-    for d in data[1:]:
-        if not d.value.type.shape or d.value.type.shape[0] != n:
-            first = data[0].value.name
-            raise DslProgramError(
-                f"{d.kind} '{d.value.name}' is {d.value.type}, but every input and label holds one row per sample "
-                f"and '{first}' has a batch of {n}",
-                d.span,
-            )
-    return n
-
-
-__all__ = ["TrainResult", "Trainer", "batch_size"]
+__all__ = ["TrainResult", "Trainer"]

@@ -94,7 +94,7 @@ MUTATIONS = [
     # normalisation
     Mutation("bn_eps_dropped_numpy", "norm", "numpy", "deepdsl/ops/norm.py",
              'scale = 1 / np.sqrt(var + x.dtype.type(a["eps"]))', "scale = 1 / np.sqrt(var)", (OPS,)),
-    Mutation("layer_norm_mean_axis_numpy", "norm", "numpy", "deepdsl/ops/norm.py",
+    Mutation("layer_norm_mean_axis_numpy", "norm", "numpy", "deepdsl/ops/layer_norm.py",
              "    centred = x - x.mean(axis=1, keepdims=True)", "    centred = x - x.mean(axis=0, keepdims=True)",
              (OPS,)),
     Mutation("bn_eps_dropped_java", "norm", "java", "deepdsl/runtime/CpuNormalisation.java",

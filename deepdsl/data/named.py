@@ -22,14 +22,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import DslProgramError
 from . import fit_shape, load_data, sample_indices, source_argument
 
-__all__ = ["Field", "Samples", "fields_of", "load_samples"]
+if TYPE_CHECKING:
+    from ..ir import Graph
+
+__all__ = ["Field", "Samples", "batch_size", "fields_of", "load_samples"]
 
 
 @dataclass(frozen=True)
@@ -286,3 +289,20 @@ def fields_of(inputs: Any) -> tuple[Field, ...]:
         for d in inputs
         if d.kind in ("input", "label")
     )
+
+
+def batch_size(g: Graph) -> int:
+    """N, the samples of one step: the leading dimension every input and label shares (a user error otherwise)."""
+    data = [d for d in g.inputs if d.kind in ("input", "label")]
+    if not data or not data[0].value.type.shape:
+        raise DslProgramError("the network needs an `input` whose first dimension is the batch, e.g. [N, 784]")
+    n = data[0].value.type.shape[0]
+    for d in data[1:]:
+        if not d.value.type.shape or d.value.type.shape[0] != n:
+            first = data[0].value.name
+            raise DslProgramError(
+                f"{d.kind} '{d.value.name}' is {d.value.type}, but every input and label holds one row per sample "
+                f"and '{first}' has a batch of {n}",
+                d.span,
+            )
+    return n

@@ -10,7 +10,6 @@ collected and elaboration goes on with the next, so several are reported at once
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 from deepdsl.errors import (
@@ -28,7 +27,9 @@ from deepdsl.errors import (
 from deepdsl.frontend import arith, ast, calls
 from deepdsl.frontend.builtins import BUILTINS, QUERIES, SPECS
 from deepdsl.frontend.calls import CallArg
+from deepdsl.frontend.declarations import bound_names, hoist
 from deepdsl.frontend.javanames import java_class, reserved_class_names
+from deepdsl.frontend.limits import INT_LIMIT, MAX_STATEMENTS, MAX_STEPS, too_large, too_many, too_many_elements
 from deepdsl.frontend.params import ParamStore, join, no_gradient_check
 from deepdsl.frontend.program import LayerRow, Program
 from deepdsl.frontend.tensorfn import check_uncalled
@@ -36,25 +37,16 @@ from deepdsl.frontend.train import train_config
 from deepdsl.frontend.values import (
     BuiltinFn,
     Composed,
-    DefFn,
     Env,
     Function,
     LayerInstance,
     Scope,
     Spec,
-    TensorFn,
     TensorVal,
     describe,
 )
-from deepdsl.ir import Graph, GraphBuilder, InputDef, ShapeError, TensorType, Value
+from deepdsl.ir import GraphBuilder, InputDef, ShapeError, TensorType, Value
 from deepdsl.ir.types import INT_MAX, MAX_ELEMENTS, DType
-
-MAX_STEPS = 2_000_000  # evaluation steps before we call a program too large to unroll
-INT_LIMIT = 2**62
-# statements of the forward program: ResNet-50 has 177, a residual MLP of 1,000 blocks 3,999; every later stage
-# (autodiff, the passes, the memory plan) takes seconds per thousand, so a loop run away is refused here
-MAX_STATEMENTS = 10_000
-MAX_INCLUDE_DEPTH = 64  # files in one chain of includes below the network's own
 
 
 class Poisoned(Exception):
@@ -110,18 +102,18 @@ class Elaborator:
                     hint=f"choose another name, such as '{cls}Net'",
                 )  # fmt: skip
             )
-        self._hoist(m, [])
+        hoist(self, m, [])
         for item in m.items:
             try:
                 self._item(item)
             except (Poisoned, DslError) as err:
                 if isinstance(err, DslError):
                     self.diags.add(err)
-                for name in _bound_names(item):
+                for name in bound_names(item):
                     self.globals.values[name] = _POISON
             except RecursionError:
                 self.diags.add(DslProgramError("the expression is nested too deeply", item.span))
-                for name in _bound_names(item):  # reported once: its users see a poisoned name, not "used before"
+                for name in bound_names(item):  # reported once: its users see a poisoned name, not "used before"
                     self.globals.values[name] = _POISON
         for item in m.items:  # what no one calls is checked all the same
             if isinstance(item, ast.TensorDef) and item.name not in self.tensor_fns_called:
@@ -155,7 +147,7 @@ class Elaborator:
         if self.predict is not None:
             self.b.output("predict", self.predict.value)
         graph = self.b.build()
-        for err in _too_many_elements(graph):
+        for err in too_many_elements(graph):
             self.diags.add(err)
         self.diags.raise_if_errors()
         error, warnings = no_gradient_check(graph, self.loss_span)
@@ -168,70 +160,6 @@ class Elaborator:
 
     def _const_names(self) -> set[str]:
         return {i.name for mod in [self.module] for i in mod.items if isinstance(i, ast.Const)}
-
-    def _hoist(self, m: ast.Module, stack: list[str]) -> None:
-        """Defs and tensor functions (of this file and its includes) are visible everywhere."""
-        for item in m.items:
-            if isinstance(item, ast.Include):
-                self._include(item, m, stack)
-            elif isinstance(item, (ast.Def, ast.TensorDef)):
-                self._check_parameters(item)
-                if self._declare(item.name, item.span):
-                    self.globals.values[item.name] = DefFn(item) if isinstance(item, ast.Def) else TensorFn(item)
-            elif m is self.module:
-                for name in _bound_names(item):
-                    self._declare(name, item.span, define=False)
-
-    def _check_parameters(self, item: ast.Def | ast.TensorDef) -> None:
-        seen: dict[str, Span] = {}
-        params = [(p.name, p.span) for p in item.params] if isinstance(item, ast.Def) else []
-        if isinstance(item, ast.TensorDef):
-            params = [(t.name, t.span) for t in item.inputs] + [(d.name, d.span) for d in item.params]
-        for name, span in params:
-            if name in seen:
-                self.diags.add(
-                    DslNameError(
-                        f"'{name}' names two parameters of '{item.name}'", span, notes=[Note("the first", seen[name])]
-                    )  # fmt: skip
-                )
-            seen[name] = span
-
-    def _include(self, item: ast.Include, m: ast.Module, stack: list[str]) -> None:
-        key = include_path(m.file, item.path)
-        if key in stack or key == self.module.file:
-            self.diags.add(DslProgramError(f"include cycle: {' -> '.join([*stack, key])}", item.span))
-            return
-        if len(stack) >= MAX_INCLUDE_DEPTH:
-            chain = " -> ".join(os.path.basename(f) for f in [self.module.file, *stack[:3]])
-            self.diags.add(DslProgramError(
-                f"includes nest more than {MAX_INCLUDE_DEPTH} files deep ({chain} -> ... -> "
-                f"{os.path.basename(m.file)} -> {item.path})", item.span,
-            ))  # fmt: skip
-            return
-        sub = self.modules.get(key)
-        if isinstance(sub, DslError):
-            self.diags.add(sub)
-            return
-        if sub is None:
-            self.diags.add(DslProgramError(f"cannot read included file '{item.path}'", item.span))
-            return
-        for inner in sub.items:
-            if not isinstance(inner, (ast.Def, ast.TensorDef, ast.Include)):
-                self.diags.add(
-                    DslProgramError("an included file may hold only def, tensor and include items", inner.span)
-                )
-        self._hoist(sub, [*stack, key])
-
-    def _declare(self, name: str, span: Span, define: bool = True) -> bool:
-        if name in self.declared and self.declared[name] != span:
-            first = self.declared[name]
-            self.diags.add(DslNameError(f"'{name}' is defined twice", span, notes=[Note("first defined here", first)]))
-            return False
-        if name in BUILTINS or name in SPECS or name in QUERIES:
-            self.diags.add(DslNameError(f"'{name}' is a built-in and cannot be redefined", span))
-            return False
-        self.declared[name] = span
-        return True
 
     # ---- items ----
 
@@ -246,7 +174,7 @@ class Elaborator:
             dims = tuple(self.eval_int(d, g, "a dimension", low=1) for d in item.shape)
             if math.prod(dims) > MAX_ELEMENTS:
                 what = "label" if isinstance(item, ast.Label) else "input"
-                raise _too_many(f"{what} '{item.name}'", TensorType(dims), item.span)
+                raise too_many(f"{what} '{item.name}'", TensorType(dims), item.span)
             if isinstance(item, ast.TokenInput):
                 k = self.eval_int(item.vocab, g, "the vocabulary size", low=1)
                 v = self.b.add_input(InputDef(Value(item.name, TensorType(dims, DType.I64)), "input", k, item.span))
@@ -426,7 +354,7 @@ class Elaborator:
     ) -> TensorVal:
         """Make parameter `path.local` (or return it, for a shared layer applied again)."""
         if math.prod(shape) > MAX_ELEMENTS:
-            raise _too_many(f"parameter {join(path, local)}", TensorType(shape), span)
+            raise too_many(f"parameter {join(path, local)}", TensorType(shape), span)
         return self.params.make(self.scope, path, local, shape, init, span, kind)
 
     def emit(self, op: str, xs: tuple[TensorVal, ...], span: Span, path: str, kind: str, **attrs: Any) -> TensorVal:
@@ -436,7 +364,7 @@ class Elaborator:
                 hint="a loop bound or a depth may be larger than meant",
             )  # fmt: skip
         for key, value in attrs.items():
-            if _too_large(value):
+            if too_large(value):
                 raise DslArgumentError(f"{kind}: {key}={value} holds an integer above {INT_MAX:,} (2^31 - 1), which "
                                        "the generated programs cannot hold", span)  # fmt: skip
         notes = [Note(f"{x.value.type} comes from {x.origin}", x.span) for x in xs if "parameter" not in x.origin]
@@ -446,50 +374,12 @@ class Elaborator:
             raise DslShapeError(str(exc), span, notes=notes) from None
         origin = f"{kind} '{path}'" if path else f"`{kind}`"
         if v.type.numel > MAX_ELEMENTS:
-            raise _too_many(f"the result of {kind}", v.type, span, notes)
+            raise too_many(f"the result of {kind}", v.type, span, notes)
         return TensorVal(v, origin, span)
 
 
 # ---- helpers ----
 
 
-def _too_many(what: str, t: TensorType, span: Span | None, notes: list[Note] | None = None) -> DslShapeError:
-    """The error of a tensor with more than MAX_ELEMENTS elements (ir/types.py: the generated CUDA kernels index
-    with 32-bit integers in grid-stride loops that step by up to 2^24, and Java arrays hold at most 2^31 - 1)."""
-    return DslShapeError(
-        f"{what} {t} has {t.numel:,} elements; at most {MAX_ELEMENTS:,} (2^31 - 2^24) fit the backends' 32-bit "
-        "indices", span, notes=notes or (), hint="a smaller batch (--set N=...) or smaller layers",
-    )  # fmt: skip
-
-
-def _too_many_elements(g: Graph) -> list[DslError]:
-    """A diagnostic for the first input, parameter or value with more than MAX_ELEMENTS elements (each is refused
-    where it is made; this is the last word on the graph as built)."""
-    found: list[tuple[str, TensorType, Span | None]] = [(d.value.name, d.value.type, d.span) for d in g.inputs]
-    found += [(p.value.name, p.value.type, p.span) for p in g.params]
-    found += [(f"the result of {s.op}", s.out.type, s.span) for s in g.stmts]
-    return [_too_many(what, t, span) for what, t, span in found if t.numel > MAX_ELEMENTS][:1]
-
-
-def _too_large(value: Any) -> bool:
-    """Whether an attribute holds an integer (or a tuple of them) above INT_MAX in magnitude."""
-    if isinstance(value, tuple):
-        return any(_too_large(v) for v in value)
-    return isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_MAX
-
-
 def _needs_params(fn: Function) -> bool:
     return isinstance(fn, BuiltinFn) and fn.name in ("conv", "conv_transpose", "full", "batch_norm", "embedding")
-
-
-def _bound_names(item: ast.Item) -> tuple[str, ...]:
-    if isinstance(item, (ast.Const, ast.Input, ast.TokenInput, ast.Label, ast.Layer, ast.Bind)):
-        return (item.name,)
-    return ()
-
-
-def include_path(base: str, rel: str) -> str:
-    """The absolute path of an include, symlinks followed (a symlink loop is left for reading to report)."""
-    from pathlib import Path
-
-    return os.path.realpath(Path(base).parent / rel)

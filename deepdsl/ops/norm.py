@@ -1,4 +1,5 @@
-"""Normalisation: batch norm (per channel / feature), layer norm (per row) and local response normalisation."""
+"""Batch norm (per channel / feature): the op, its lowering in the train and infer programs, and the statements it
+lowers to (the apply, its training form and gradient, the inverse deviation, the running statistics' updates)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from deepdsl.ir.registry import (
     vjp_rule,
 )
 from deepdsl.ir.types import ShapeError, TensorType
-from deepdsl.ir.vendor import BatchNorm, Lrn, LrnBackward
+from deepdsl.ir.vendor import BatchNorm
 from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float, need_rank
 from deepdsl.ops._index_forms import ap, c, pointwise, read
@@ -38,16 +39,6 @@ def batch_norm(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorTy
     for t in rest:
         if t.shape != (x.shape[1],):
             raise ShapeError(f"batch_norm: per-channel tensor {t} does not fit {x}")
-    return x
-
-
-@defop("lrn", 1)
-def lrn(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
-    """Across channels: x / (k + alpha/size * sum x^2)^beta. attrs: size, alpha, beta, k."""
-    (x,) = types
-    need_rank(x, (4,), "lrn", " ([N, C, H, W])")
-    if attrs["size"] < 1:
-        raise ShapeError(f"lrn: size must be at least 1, got {attrs['size']}")
     return x
 
 
@@ -124,81 +115,6 @@ def _lower_batch_norm(b: Any, s: Any, ctx: Any) -> Any:
     # NOTE: with a scale, the apply whose gradient is batch norm's closed form (one statement for dx, a sum each
     # for the scale and shift); without one, bn_apply, whose gradient reaches x through the statistics' own rules
     return _e(b, s, "bn_train_apply" if affine else "bn_apply", x, mean, var, *affine, eps=eps)
-
-
-# ---- layer norm: PyTorch's nn.LayerNorm over the last axis, lowered to batch norm's own statements ----
-
-
-@defop("layer_norm", 3)  # lowered before anything runs: see _lower_layer_norm
-def layer_norm(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
-    """Per row of x [R, D]: (x - mean) / sqrt(biased var + eps) * gamma + beta; inputs x, gamma [D], beta [D]."""
-    x, gamma, beta = types
-    need_float(x, "layer_norm")
-    need_rank(x, (2,), "layer_norm", " ([rows, features]; the built-in reshapes to it)")
-    if gamma.shape != (x.shape[1],) or beta.shape != (x.shape[1],):
-        raise ShapeError(f"layer_norm: scale {gamma} and shift {beta} do not fit rows of {x}")
-    return x
-
-
-@lowering("layer_norm")
-def _lower_layer_norm(b: Any, s: Any, ctx: Any) -> Any:
-    # NOTE: the rows normalised by one statement (layer_norm_rows, whose gradient is one statement too), then the
-    # scale and shift, which fuse with what reads them. Each row's statistics stay inside the two statements, as
-    # a row at a time: a pass over the rows forward and one backward, where the statistics as statements of their
-    # own (channel_mean, channel_var and bn_apply over [1, R, D]) took four passes forward and ten backward. The
-    # same in training and inference (no running state).
-    x, gamma, beta = s.inputs
-    rows, d = x.type.shape
-    h = _e(b, s, "layer_norm_rows", x, eps=s.a["eps"])
-    scaled = _e(b, s, "mul", h, _e(b, s, "broadcast_channel", gamma, shape=(rows, d)))
-    return _e(b, s, "bias_add", scaled, beta)
-
-
-@defop("layer_norm_rows", 1, cheap_to_recompute=True)  # a pass over each row of its input, which its gradient keeps
-def layer_norm_rows(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
-    """Each row of x [R, D] as (x - mean) / sqrt(biased var + eps), its mean and variance over the row; attrs: eps."""
-    (x,) = types
-    need_float(x, "layer_norm_rows")
-    need_rank(x, (2,), "layer_norm_rows", " ([rows, features])")
-    return x
-
-
-@defop("layer_norm_rows_backward", 2, differentiable=False)
-def layer_norm_rows_backward(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
-    """d layer_norm_rows / d x: inputs x, g (d y); per row r (g - mean(g) - y mean(g y)) with y the row normalised
-    and r its 1 / sqrt(var + eps); attrs as layer_norm_rows."""
-    x, g = types
-    if x.shape != g.shape:
-        raise ShapeError(f"layer_norm_rows_backward: gradient {g} does not fit input {x}")
-    return layer_norm_rows((x,), attrs)
-
-
-def _normalised_rows(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """Each row of x normalised, and each row's 1 / sqrt(var + eps) (a column)."""
-    centred = x - x.mean(axis=1, keepdims=True)
-    r = 1 / np.sqrt(np.mean(centred * centred, axis=1, keepdims=True) + x.dtype.type(eps))
-    return centred * r, r
-
-
-numpy_kernel("layer_norm_rows")(lambda xs, a: _normalised_rows(xs[0], a["eps"])[0])
-
-
-@numpy_kernel("layer_norm_rows_backward")
-def _layer_norm_rows_backward_np(xs: tuple, a: dict) -> np.ndarray:
-    x, g = xs
-    y, r = _normalised_rows(x, a["eps"])
-    return r * (g - g.mean(axis=1, keepdims=True) - y * np.mean(g * y, axis=1, keepdims=True))
-
-
-@flops_rule("layer_norm_rows", "layer_norm_rows_backward")
-def _layer_norm_rows_flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
-    # forward: the sum, the centred squares' sum, the scaling; backward: those again, two sums, the result
-    return out.numel * (5 if len(types) == 1 else 11)
-
-
-@vjp_rule("layer_norm_rows")
-def _layer_norm_rows_vjp(b: Any, s: Any, g: Any) -> tuple:
-    return (_e(b, s, "layer_norm_rows_backward", s.inputs[0], g, **s.a),)
 
 
 def _bc(v: np.ndarray, ndim: int) -> np.ndarray:
@@ -287,78 +203,6 @@ def _bn_train_apply_vjp(b: Any, s: Any, g: Any) -> tuple:
     return (dx, None, None, gamma_grad, beta_grad)
 
 
-# ---- local response normalisation ----
-# y = x * d^-beta with d = k + alpha/size * S(x^2), S summing the channels c - size//2 .. c + (size-1)//2
-# (zero-padded), PyTorch's LocalResponseNorm.
-
-
-@defop("lrn_backward", 3, differentiable=False)
-def lrn_backward(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> TensorType:
-    """d lrn / d x: inputs x, y (the lrn output), g (d y); attrs as lrn."""
-    x, y, g = types
-    if not x.shape == y.shape == g.shape:
-        raise ShapeError(f"lrn_backward: output {y} and gradient {g} do not fit input {x}")
-    return lrn((x,), attrs)
-
-
-def _window_sum(v: np.ndarray, before: int, after: int) -> np.ndarray:
-    """out[:, c] = sum of v[:, c - before .. c + after] along axis 1, zero outside the channels."""
-    c = v.shape[1]
-    out = np.zeros_like(v)
-    for o in range(max(-before, 1 - c), min(after, c - 1) + 1):  # offsets past the channels add nothing
-        lo, hi = max(0, -o), min(c, c - o)  # out[:, lo:hi] takes v[:, lo + o : hi + o]
-        if lo < hi:
-            out[:, lo:hi] += v[:, lo + o : hi + o]
-    return out
-
-
-def _lrn_denominator(x: np.ndarray, a: dict) -> np.ndarray:
-    size = a["size"]
-    t = x.dtype.type
-    return t(a["k"]) + t(a["alpha"] / size) * _window_sum(x * x, size // 2, (size - 1) // 2)
-
-
-@numpy_kernel("lrn")
-def _lrn_np(xs: tuple, a: dict) -> np.ndarray:
-    (x,) = xs
-    return x * np.power(_lrn_denominator(x, a), x.dtype.type(-a["beta"]))
-
-
-@numpy_kernel("lrn_backward")
-def _lrn_backward_np(xs: tuple, a: dict) -> np.ndarray:
-    # dx_j = g_j d_j^-beta - 2 alpha beta / size * x_j * sum over the c whose window holds j of g_c y_c / d_c
-    x, y, g = xs
-    size, t = a["size"], x.dtype.type
-    d = _lrn_denominator(x, a)
-    back = _window_sum(g * y / d, (size - 1) // 2, size // 2)  # the transposed window
-    return g * np.power(d, t(-a["beta"])) - t(2 * a["alpha"] * a["beta"] / size) * x * back
-
-
-@flops_rule("lrn", "lrn_backward")
-def _lrn_flops(types: tuple[TensorType, ...], out: TensorType, a: dict) -> int:
-    per = a["size"] + 4  # square, window sum, scale and shift, power, product
-    return out.numel * (per if len(types) == 1 else 2 * per + 4)
-
-
-def _lrn_fact(x: TensorType, a: dict) -> Lrn | None:
-    """cuDNN's cross-channel LRN where it computes ours: an odd window (cuDNN looks (size - 1) // 2 channels behind,
-    size // 2 ahead; ours size // 2 behind, (size - 1) // 2 ahead) within cuDNN's limits (window 1..16, k >= 1e-5,
-    beta >= 0.01); None (our kernel) elsewhere. cuDNN divides alpha by the window inside the library, as we do."""
-    size, alpha, beta, k = a["size"], a["alpha"], a["beta"], a["k"]
-    if size % 2 == 0 or not 1 <= size <= 16 or k < 1e-5 or beta < 0.01:
-        return None
-    return Lrn(*x.shape, size, alpha, beta, k)
-
-
-vendor_rule("lrn")(lambda types, out, a: _lrn_fact(out, a))
-vendor_rule("lrn_backward")(lambda types, out, a: None if (f := _lrn_fact(out, a)) is None else LrnBackward(f))
-
-
-@vjp_rule("lrn")
-def _lrn_vjp(b: Any, s: Any, g: Any) -> tuple:
-    return (_e(b, s, "lrn_backward", s.inputs[0], s.out, g, **s.a),)
-
-
 @index_form("bn_apply", "bn_train_apply")
 def _bn_apply_form(types: tuple[TensorType, ...], out: TensorType, a: dict) -> Any:
     x, m, v, *affine = (read(k, t, out) for k, t in enumerate(types))
@@ -372,22 +216,11 @@ index_form("running_update")(
 )
 
 
-# what eager autograd keeps: the input and the batch's mean and inverse deviation per channel; for LRN (composite
-# in PyTorch) the input, the squares padded by size - 1 channels, the scale and its power
+# what eager autograd keeps: the input and the batch's mean and inverse deviation per channel
 eager_saves("batch_norm", which=(0,), extra=lambda types, out, a: 2 * types[0].shape[1] * 4)
-# layer norm keeps its input and each row's mean and inverse deviation (native_layer_norm)
-eager_saves("layer_norm", which=(0,), extra=lambda types, out, a: 2 * types[0].shape[0] * 4)
-eager_saves(
-    "lrn",
-    which=(0,),
-    extra=lambda types, out, a: 2 * out.nbytes + out.nbytes // out.shape[1] * (out.shape[1] + a["size"] - 1),
-)
 
 
 # the Java runtime's method for each op (deepdsl/runtime): its parameters after the output
-java_call("lrn", "Buf x, float alpha, float beta, float k, int size", cls="CpuNormalisation")
-java_call("layer_norm_rows", "Buf x, float eps", cls="CpuNormalisation")
-java_call("layer_norm_rows_backward", "Buf x, Buf g, float eps", cls="CpuNormalisation")
 java_call(
     "bn_train_backward",
     "Buf x, Buf g, Buf mean, Buf invstd, Buf gamma, Buf gammaGrad, Buf betaGrad, float eps",
@@ -403,7 +236,6 @@ java_call(
     device="bnApply",
     called=True,
 )
-java_call("lrn_backward", "Buf x, Buf y, Buf g, float alpha, float beta, float k, int size", cls="CpuNormalisation")
 
 # --precision bf16: the running statistics are fp32 state, updated in fp32
 storage("fp32", "running_update")

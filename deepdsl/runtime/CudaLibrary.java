@@ -326,7 +326,7 @@ abstract class CudaLibrary extends CudaConvolution {
    * The LRN (forward: {@code g} null) through cuDNN, if it takes it: an odd window alone, where
    * cuDNN's (which looks (size - 1) / 2 channels behind, size / 2 ahead) is ours; within cuDNN's
    * limits (window 1..16, k at least 1e-5, beta at least 0.01), as the registry's vendor rule
-   * (deepdsl/ops/norm.py), so that {@code vendor} runs our kernel outside them too.
+   * (deepdsl/ops/lrn.py), so that {@code vendor} runs our kernel outside them too.
    */
   boolean dnnLrn(Buf out, Buf x, Buf y, Buf g, float alpha, float beta, float k, int size) {
     if (size % 2 == 0 || size < 1 || size > 16 || k < 1e-5f || beta < 0.01f || !float32(out, x)

@@ -134,9 +134,9 @@ final class Npy {
   }
 
   /**
-   * The tokens of a {@code .npy} header, as npzfile.py's _TOKEN takes them: quoted strings (no
-   * backslash inside), True/False, decimal integers without leading zeros, and {@code {}():,}; each
-   * a pair {kind, text}.
+   * The tokens of a {@code .npy} header, as npzfile/npy.py's _TOKEN takes them: quoted strings
+   * (no backslash inside), True/False, decimal integers without leading zeros, and {@code {}():,};
+   * each a pair {kind, text}.
    */
   static List<String[]> tokens(String text, String where) throws IOException {
     List<String[]> out = new ArrayList<>();

@@ -95,7 +95,7 @@ public final class Npz {
 
   /**
    * The arrays of the archive at {@code path}, by name (the entry name without {@code .npy}), in
-   * file order. The ZIP container is read by the steps and rules of {@code deepdsl/npzfile.py}
+   * file order. The ZIP container is read by the steps and rules of {@code deepdsl/npzfile/}
    * (docs/formats.md, "Reading an .npz archive"), so both runtimes accept and refuse the same
    * files: every entry is checked from the central directory (method stored or deflate, not
    * encrypted, named once, under 4 GiB, inside the archive, the deflated ones promising at most

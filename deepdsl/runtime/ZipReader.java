@@ -17,7 +17,7 @@ import java.util.zip.Inflater;
 
 /**
  * The ZIP container of an {@code .npz} archive, read by the steps and rules of {@code
- * deepdsl/npzfile.py} (docs/formats.md, "Reading an .npz archive"; {@link Npz#read} lists them):
+ * deepdsl/npzfile/} (docs/formats.md, "Reading an .npz archive"; {@link Npz#read} lists them):
  * the end record and central directory, each entry's record checked before anything is allocated,
  * its local header, and its bytes stored or inflated with their CRC-32 checked. What an entry holds
  * is {@link Npy}'s to read.

@@ -1,4 +1,4 @@
-"""A corpus of crafted `.npz` archives that both npz readers (deepdsl/npzfile.py, deepdsl/runtime/Npz.java) must
+"""A corpus of crafted `.npz` archives that both npz readers (deepdsl/npzfile/, deepdsl/runtime/Npz.java) must
 read alike (issue 36: one format, one reading). `write_corpus(folder)` writes every case and gives
 {case: (path, verdict)}, verdict "accept" or the phrase the refusal must hold.
 

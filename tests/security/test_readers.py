@@ -1,6 +1,6 @@
 """Readers check sizes before they allocate, and the two npz readers read alike (issue 36, items 4, 6 and 10).
 
-One corpus of crafted archives (npz_corpus.py) goes through both npz readers: deepdsl/npzfile.py here, and
+One corpus of crafted archives (npz_corpus.py) goes through both npz readers: deepdsl/npzfile/ here, and
 deepdsl/runtime/Npz.java through the driver java/NpzRead.java, every archive in one JVM of 256 MB heap (so
 allocating what a record merely claims fails the run). For each archive they must agree: both accept it with the
 same arrays (names, shapes, values), or both refuse it, in words holding the case's phrase. The archives that

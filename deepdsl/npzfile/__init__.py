@@ -20,30 +20,28 @@ archive is checked from its central directory before any array is allocated:
   syntax NumPy writes; its element type a float of 2, 4 or 8 bytes or an integer of 1 to 8 bytes (an unsigned
   8-byte value above 2^63 - 1 is refused); its shape at most 2^31 - 9 elements; the entry holds exactly header +
   shape x item size bytes, and its CRC-32 matches.
+
+The ZIP container is read here, each entry's `.npy` array by `npy.py`.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import zlib
 from dataclasses import dataclass
 from typing import IO
 
 import numpy as np
 
-from .errors import DslProgramError
+from ..errors import DslProgramError
+from .npy import MAGIC, Bad, read_array
 
-__all__ = ["MAX_ELEMENTS", "MAX_ENTRY_BYTES", "MAX_INFLATE_RATIO", "MIN_INFLATE_LIMIT", "inflate_limit", "read_npz"]
+__all__ = ["MAX_ENTRY_BYTES", "MAX_INFLATE_RATIO", "MIN_INFLATE_LIMIT", "inflate_limit", "read_npz"]
 
 MAX_ENTRY_BYTES = 2**32  # an entry of this size or more is refused (the Java runtime reads the same)
-MAX_ELEMENTS = 2**31 - 9  # the most elements of one Java array
 MAX_INFLATE_RATIO = 16  # the deflated entries of an archive promise at most this many times its size in all ...
 MIN_INFLATE_LIMIT = 64 * 2**20  # ... or this many bytes, whichever is more
 MAX_DIRECTORY_BYTES = 16 * 2**20  # a larger central directory (some 300,000 entries) is refused
-_MAGIC = b"\x93NUMPY"
-_CHUNK = 1 << 20
 _END, _END64, _LOCATOR = b"PK\x05\x06", b"PK\x06\x06", b"PK\x06\x07"
 _CENTRAL, _LOCAL = b"PK\x01\x02", b"PK\x03\x04"
 _METHODS = {0: "stored", 8: "deflate"}
@@ -54,10 +52,6 @@ _ENCRYPTED, _PATCHED, _STRONG, _UTF8 = 0x1, 0x20, 0x40, 0x800
 def inflate_limit(archive_bytes: int) -> int:
     """The most bytes the deflated entries of an archive of `archive_bytes` bytes may promise in all."""
     return max(MAX_INFLATE_RATIO * archive_bytes, MIN_INFLATE_LIMIT)
-
-
-class _Bad(ValueError):
-    """A damaged or refused archive; the message says what is wrong (naming the entry where there is one)."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +70,7 @@ def read_npz(path: str, what: str) -> dict[str, np.ndarray]:
     """The arrays of the `.npz` archive at `path` (`what` names the kind of file in messages)."""
     try:
         with open(path, "rb") as f:
-            if f.read(len(_MAGIC)) == _MAGIC:
+            if f.read(len(MAGIC)) == MAGIC:
                 raise DslProgramError(f"{what} '{path}' is a single .npy array, not an .npz archive")
             size = os.fstat(f.fileno()).st_size
             start, entries = _directory(f, size)
@@ -88,7 +82,7 @@ def read_npz(path: str, what: str) -> dict[str, np.ndarray]:
             return out
     except DslProgramError:
         raise
-    except _Bad as e:
+    except Bad as e:
         raise DslProgramError(f"cannot read {what} '{path}': {e}") from None
     except (OSError, EOFError, ValueError, MemoryError) as e:
         raise DslProgramError(f"cannot read {what} '{path}': {getattr(e, 'strerror', None) or e}") from None
@@ -109,12 +103,12 @@ def _directory(f: IO[bytes], size: int) -> tuple[int, list[_Entry]]:
     tail = f.read(tail_size)
     at = tail.rfind(_END, 0, len(tail) - 18)  # a whole record fits after it
     if at < 0:
-        raise _Bad("not an .npz archive (no ZIP end record)")
+        raise Bad("not an .npz archive (no ZIP end record)")
     end = at + 22 + _u(tail, at + 20, 2)
     if end < len(tail):
-        raise _Bad(f"{len(tail) - end} bytes of other data after the archive's end")
+        raise Bad(f"{len(tail) - end} bytes of other data after the archive's end")
     if end > len(tail):
-        raise _Bad("not an .npz archive (its end record's comment runs past the end of the file)")
+        raise Bad("not an .npz archive (its end record's comment runs past the end of the file)")
     record = size - tail_size + at  # where the end record begins
     disk, cd_disk = _u(tail, at + 4, 2), _u(tail, at + 6, 2)
     count_here, count = _u(tail, at + 8, 2), _u(tail, at + 10, 2)
@@ -127,32 +121,32 @@ def _directory(f: IO[bytes], size: int) -> tuple[int, list[_Entry]]:
         z64 = f.read(56)
         if locator[:4] == _LOCATOR and z64[:4] == _END64:
             if _u(locator, 4, 4) != 0 or _u(locator, 16, 4) > 1:
-                raise _Bad("an archive that spans several disks is not read")
+                raise Bad("an archive that spans several disks is not read")
             disk, cd_disk = _u(z64, 16, 4), _u(z64, 20, 4)
             count_here, count, cd_size, cd_offset = _u(z64, 24, 8), _u(z64, 32, 8), _u(z64, 40, 8), _u(z64, 48, 8)
             before = record - 20 - 56
     if disk != 0 or cd_disk != 0 or count_here != count:
-        raise _Bad("an archive that spans several disks is not read")
+        raise Bad("an archive that spans several disks is not read")
     if cd_offset + cd_size != before:
-        raise _Bad(
+        raise Bad(
             f"damaged ZIP archive: its central directory ({cd_size} bytes at {cd_offset}) does not end where its end "
             f"record begins ({before}); data before or inside the archive is not read"
         )
     if cd_size > MAX_DIRECTORY_BYTES:
-        raise _Bad(f"its central directory of {cd_size} bytes is larger than deepdsl reads ({MAX_DIRECTORY_BYTES})")
+        raise Bad(f"its central directory of {cd_size} bytes is larger than deepdsl reads ({MAX_DIRECTORY_BYTES})")
     f.seek(cd_offset)
     cd = f.read(cd_size)
     entries: list[_Entry] = []
     pos = 0
     while pos < len(cd):
         if len(cd) - pos < 46 or cd[pos : pos + 4] != _CENTRAL:
-            raise _Bad(f"damaged ZIP archive: a bad central directory record at {cd_offset + pos}")
+            raise Bad(f"damaged ZIP archive: a bad central directory record at {cd_offset + pos}")
         flags, method, crc = _u(cd, pos + 8, 2), _u(cd, pos + 10, 2), _u(cd, pos + 16, 4)
         packed, unpacked = _u(cd, pos + 20, 4), _u(cd, pos + 24, 4)
         n, m, k = _u(cd, pos + 28, 2), _u(cd, pos + 30, 2), _u(cd, pos + 32, 2)
         offset = _u(cd, pos + 42, 4)
         if pos + 46 + n + m + k > len(cd):
-            raise _Bad(f"damaged ZIP archive: a central directory record at {cd_offset + pos} runs past its end")
+            raise Bad(f"damaged ZIP archive: a central directory record at {cd_offset + pos} runs past its end")
         raw = cd[pos + 46 : pos + 46 + n]
         name = _name(raw, flags, f"the central directory record at {cd_offset + pos}")
         extra = cd[pos + 46 + n : pos + 46 + n + m]
@@ -160,21 +154,21 @@ def _directory(f: IO[bytes], size: int) -> tuple[int, list[_Entry]]:
         entries.append(_Entry(name, raw, flags, method, crc, packed, unpacked, offset))
         pos += 46 + n + m + k
     if len(entries) != count:
-        raise _Bad(f"damaged ZIP archive: its end record counts {count} entries, its central directory holds "
+        raise Bad(f"damaged ZIP archive: its end record counts {count} entries, its central directory holds "
                    f"{len(entries)}")  # fmt: skip
     return cd_offset, entries
 
 
 def _name(raw: bytes, flags: int, where: str) -> str:
     if b"\0" in raw:
-        raise _Bad(f"{where}: an entry name holding a NUL byte")
+        raise Bad(f"{where}: an entry name holding a NUL byte")
     if flags & _UTF8:
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise _Bad(f"{where}: an entry name flagged UTF-8 that is not UTF-8") from None
+            raise Bad(f"{where}: an entry name flagged UTF-8 that is not UTF-8") from None
     if not raw.isascii():
-        raise _Bad(f"{where}: an entry name of other than ASCII characters without the UTF-8 flag")
+        raise Bad(f"{where}: an entry name of other than ASCII characters without the UTF-8 flag")
     return raw.decode("ascii")
 
 
@@ -184,7 +178,7 @@ def _zip64(extra: bytes, unpacked: int, packed: int, offset: int, name: str) -> 
     while len(extra) >= 4:
         kind, n = _u(extra, 0, 2), _u(extra, 2, 2)
         if 4 + n > len(extra):
-            raise _Bad(f"entry '{name}': damaged ZIP data (an extra field runs past its record)")
+            raise Bad(f"entry '{name}': damaged ZIP data (an extra field runs past its record)")
         data = extra[4 : 4 + n]
         if kind == 1 and not seen:
             seen = True
@@ -192,7 +186,7 @@ def _zip64(extra: bytes, unpacked: int, packed: int, offset: int, name: str) -> 
             for i in range(3):
                 if values[i] == 0xFFFFFFFF:
                     if len(data) < 8:
-                        raise _Bad(f"entry '{name}': damaged ZIP data (a ZIP64 extra field too short)")
+                        raise Bad(f"entry '{name}': damaged ZIP data (a ZIP64 extra field too short)")
                     values[i], data = _u(data, 0, 8), data[8:]
             unpacked, packed, offset = values
         extra = extra[4 + n :]
@@ -207,38 +201,38 @@ def _check_entries(entries: list[_Entry], archive: int, directory: int) -> None:
     for e in entries:
         where = f"entry '{e.name}'"
         if e.flags & (_ENCRYPTED | _STRONG):
-            raise _Bad(f"{where} is encrypted; encrypted entries are not read")
+            raise Bad(f"{where} is encrypted; encrypted entries are not read")
         if e.flags & _PATCHED:
-            raise _Bad(f"{where} holds patch data; it is not read")
+            raise Bad(f"{where} holds patch data; it is not read")
         if e.method not in _METHODS:
             known = f" ({_KNOWN_METHODS[e.method]})" if e.method in _KNOWN_METHODS else ""
-            raise _Bad(f"{where} uses compression method {e.method}{known}; only stored (0) and deflate (8) entries "
+            raise Bad(f"{where} uses compression method {e.method}{known}; only stored (0) and deflate (8) entries "
                        "are read")  # fmt: skip
         name = _array_name(e.name)
         if not e.name.endswith("/"):
             if name in names:
-                raise _Bad(f"{where}: the array '{name}' appears twice")
+                raise Bad(f"{where}: the array '{name}' appears twice")
             names.add(name)
         if e.size >= MAX_ENTRY_BYTES:
-            raise _Bad(f"{where} is {e.size} bytes; entries of 4 GiB or more are not read")
+            raise Bad(f"{where} is {e.size} bytes; entries of 4 GiB or more are not read")
         if e.method == 0 and e.packed != e.size:
-            raise _Bad(f"{where}: a stored entry of {e.size} bytes that takes {e.packed}")
+            raise Bad(f"{where}: a stored entry of {e.size} bytes that takes {e.packed}")
         if e.method == 8:
             inflated += e.size
             if inflated > inflate_limit(archive):
-                raise _Bad(
+                raise Bad(
                     f"{where}: the deflated entries promise {inflated} bytes or more in all, more than deepdsl "
                     f"inflates from an archive of {archive} bytes ({MAX_INFLATE_RATIO} times its size, at least "
                     f"{MIN_INFLATE_LIMIT >> 20} MiB)"
                 )
         end = e.offset + 30 + len(e.raw_name) + e.packed  # (at the least: the local header's extra field adds)
         if end > directory:
-            raise _Bad(f"{where}: damaged ZIP data (its data runs past the entries into the central directory)")
+            raise Bad(f"{where}: damaged ZIP data (its data runs past the entries into the central directory)")
         regions.append((e.offset, end, e.name))
     regions.sort()
     for (_, end, name), (start, _, other) in zip(regions, regions[1:]):
         if end > start:
-            raise _Bad(f"entry '{other}' overlaps entry '{name}' (damaged or crafted ZIP data)")
+            raise Bad(f"entry '{other}' overlaps entry '{name}' (damaged or crafted ZIP data)")
 
 
 def _read_entry(f: IO[bytes], e: _Entry, directory: int) -> np.ndarray:
@@ -246,22 +240,22 @@ def _read_entry(f: IO[bytes], e: _Entry, directory: int) -> np.ndarray:
     f.seek(e.offset)
     head = f.read(30)
     if len(head) < 30 or head[:4] != _LOCAL:
-        raise _Bad(f"{where}: damaged ZIP data (no local header at {e.offset})")
+        raise Bad(f"{where}: damaged ZIP data (no local header at {e.offset})")
     n, m = _u(head, 26, 2), _u(head, 28, 2)
     local = f.read(n)
     if local != e.raw_name or (not local.isascii() and not _u(head, 6, 2) & _UTF8):
-        raise _Bad(f"{where}: damaged ZIP data (its local header names '{local.decode('latin-1')}')")
+        raise Bad(f"{where}: damaged ZIP data (its local header names '{local.decode('latin-1')}')")
     start = e.offset + 30 + n + m
     if start + e.packed > directory:
-        raise _Bad(f"{where}: damaged ZIP data (its data runs past the entries into the central directory)")
+        raise Bad(f"{where}: damaged ZIP data (its data runs past the entries into the central directory)")
     f.seek(start)
-    stream = _Stream(f, e, where)
-    array = _array(stream, e.size, where)
+    stream = Stream(f, e, where)
+    array = read_array(stream, e.size, where)
     stream.finish()
     return array
 
 
-class _Stream:
+class Stream:
     """An entry's bytes: at most its size, read or inflated chunk by chunk, its CRC-32 checked at the end."""
 
     def __init__(self, f: IO[bytes], e: _Entry, where: str):
@@ -274,7 +268,7 @@ class _Stream:
         n = min(self.left_in, n)
         data = self.f.read(n)
         if len(data) < n:
-            raise _Bad(f"{self.where}: truncated (the archive ends inside it)")
+            raise Bad(f"{self.where}: truncated (the archive ends inside it)")
         self.left_in -= n
         return data
 
@@ -295,7 +289,7 @@ class _Stream:
                 try:
                     chunk = self.inflate.decompress(self.tail, n - got)
                 except zlib.error as err:
-                    raise _Bad(f"{self.where}: damaged ZIP data ({err})") from None
+                    raise Bad(f"{self.where}: damaged ZIP data ({err})") from None
                 self.tail = b"" if self.inflate.eof else self.inflate.unconsumed_tail
             parts.append(chunk)
             got += len(chunk)
@@ -306,127 +300,5 @@ class _Stream:
 
     def finish(self) -> None:
         if self.crc != self.expected:
-            raise _Bad(f"{self.where}: damaged ZIP data (its CRC-32 is {self.crc:08x}, the archive records "
+            raise Bad(f"{self.where}: damaged ZIP data (its CRC-32 is {self.crc:08x}, the archive records "
                        f"{self.expected:08x})")  # fmt: skip
-
-
-def _read(e: _Stream, n: int, where: str, inside: str) -> bytes:
-    data = e.read(n)
-    if len(data) < n:
-        raise _Bad(f"{where}: truncated (it ends inside {inside})")
-    return data
-
-
-def _array(e: _Stream, size: int, where: str) -> np.ndarray:
-    prefix = e.read(8)
-    if len(prefix) < 8 or prefix[:6] != _MAGIC:
-        raise _Bad(f"{where}: not a .npy array (bad magic bytes)")
-    major, minor = prefix[6], prefix[7]
-    if major not in (1, 2, 3):
-        raise _Bad(f"{where}: unsupported .npy format version {major}.{minor}")
-    width = 2 if major == 1 else 4
-    length = int.from_bytes(_read(e, width, where, "its .npy header"), "little")
-    if length > 1 << 20:
-        raise _Bad(f"{where}: implausible .npy header length {length}")
-    try:
-        text = _read(e, length, where, "its .npy header").decode("utf-8" if major == 3 else "latin-1")
-    except UnicodeDecodeError:
-        raise _Bad(f"{where}: its .npy header is not UTF-8") from None
-    dtype, fortran, shape = _header(text, where)
-    count = math.prod(shape)
-    described = f"{count} elements of {dtype.str} {list(shape)}"
-    if count > MAX_ELEMENTS:
-        raise _Bad(f"{where}: shape {list(shape)} holds {count} elements, more than one array may ({MAX_ELEMENTS})")
-    data_bytes = size - 8 - width - length
-    if data_bytes < count * dtype.itemsize:
-        raise _Bad(f"{where}: truncated (it ends inside {described})")
-    if data_bytes > count * dtype.itemsize:
-        raise _Bad(f"{where}: more data than its header's {described}")
-    data = bytearray()  # grows with what the entry really holds, whatever its size claims
-    while len(data) < count * dtype.itemsize:
-        data += _read(e, min(count * dtype.itemsize - len(data), _CHUNK), where, described)
-    array = np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C")
-    if dtype.kind == "u" and dtype.itemsize == 8 and array.size and int(array.max()) > 2**63 - 1:
-        raise _Bad(f"{where}: the value {int(array.max())} does not fit in int64")
-    return array.copy(order="C") if fortran else array
-
-
-# the .npy header's literal syntax, as NumPy writes it (and the Java runtime parses it): a dict of quoted keys
-_TOKEN = re.compile(r"[ \t\r\n]*(?:('[^'\\]*'|\"[^\"\\]*\")|(True|False)|(0|[1-9][0-9]*)|([{}():,]))")
-_KEYS = ("descr", "fortran_order", "shape")
-
-
-def _tokens(text: str, where: str) -> list[tuple[str, str]]:
-    out, pos = [], 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if m is None:
-            if text[pos:].strip(" \t\r\n"):
-                raise _Bad(f"{where}: unreadable .npy header {_shown(text)}")
-            break
-        kind = "str" if m[1] else "bool" if m[2] else "int" if m[3] else m[4]
-        out.append((kind, m[1][1:-1] if m[1] else m[0].strip(" \t\r\n")))
-        pos = m.end()
-    return out
-
-
-def _shown(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= 200 else text[:200] + "..."
-
-
-def _header(text: str, where: str) -> tuple[np.dtype, bool, tuple[int, ...]]:
-    bad = _Bad(f"{where}: unreadable .npy header {_shown(text)}")
-    tokens = _tokens(text, where)
-    fields: dict[str, object] = {}
-    i = 0
-
-    def take(*kinds: str) -> tuple[str, str]:
-        nonlocal i
-        if i >= len(tokens) or tokens[i][0] not in kinds:
-            raise bad
-        i += 1
-        return tokens[i - 1]
-
-    take("{")
-    while tokens[i:i + 1] != [("}", "}")]:  # fmt: skip
-        key = take("str")[1]
-        take(":")
-        kind, value = take("str", "bool", "(")
-        if kind == "(":
-            dims: list[int] = []
-            while tokens[i:i + 1] != [(")", ")")]:  # fmt: skip
-                digits = take("int")[1]
-                if len(digits) > 10 or int(digits) > MAX_ELEMENTS:
-                    raise _Bad(f"{where}: bad shape in its .npy header {_shown(text)}")
-                dims.append(int(digits))
-                if take(",", ")")[0] == ")":
-                    i -= 1
-                    if len(dims) == 1:
-                        raise bad  # (5) is not a tuple
-                    break
-            take(")")
-            parsed: object = tuple(dims)
-        else:
-            parsed = value if kind == "str" else value == "True"
-        if key in fields:
-            raise _Bad(f"{where}: its .npy header gives '{key}' twice")
-        if key not in _KEYS:
-            raise _Bad(f"{where}: its .npy header has a key '{key}' other than {', '.join(_KEYS)}")
-        fields[key] = (kind, parsed)
-        if take(",", "}")[0] == "}":
-            i -= 1
-            break
-    take("}")
-    if i != len(tokens) or set(fields) != set(_KEYS):
-        raise bad
-    kinds = {k: fields[k][0] for k in _KEYS}  # type: ignore[index]
-    if kinds != {"descr": "str", "fortran_order": "bool", "shape": "("}:
-        raise bad
-    descr, fortran, shape = (fields[k][1] for k in _KEYS)  # type: ignore[index]
-    assert isinstance(descr, str) and isinstance(fortran, bool) and isinstance(shape, tuple)
-    ok = len(descr) == 3 and descr[0] in "<>=|"
-    ok = ok and (descr[1] == "f" and descr[2] in "248" or descr[1] in "iu" and descr[2] in "1248")
-    if not ok:
-        raise _Bad(f"{where}: unsupported element type '{descr}' (expected floats or integers)")
-    return np.dtype(descr), fortran, shape
