@@ -98,7 +98,8 @@ def test_pad(tmp_path: Path, opset: int, pads: list, value: float, axes: list | 
 @pytest.mark.parametrize(
     ("mode", "pads", "why"),
     [("reflect", [0, 0, 1, 1, 0, 0, 1, 1], "mode 'reflect': deepdsl imports constant padding only"),
-     ("constant", [1, 0, 0, 0, 0, 0, 0, 0], "it pads the batch axis")],
+     ("constant", [1, 0, 0, 0, 0, 0, 0, 0], "it pads the batch axis"),
+     ("constant", [0, 0, 0, 10**9, 0, 0, 0, 10**9], "make 48,000,000,120 elements")],
 )  # fmt: skip
 def test_pad_refusals(tmp_path: Path, mode: str, pads: list, why: str) -> None:
     from test_onnx_breadth import text_of
@@ -106,8 +107,8 @@ def test_pad_refusals(tmp_path: Path, mode: str, pads: list, why: str) -> None:
     from deepdsl.errors import DslError
 
     node = helper.make_node("Pad", ["x", "pads"], ["y"], name="/pad/Pad", mode=mode)
-    model = graph([node], [("x", ["N", 3, 4, 5])], ("y", ["N", 3, 6, 7] if mode == "reflect" else [3, 3, 4, 5]),
-                  {"pads": np.asarray(pads, np.int64)})  # fmt: skip
+    out = [[4, 3, 4, 5], [2, 3, 4, 2 * 10**9 + 5]][pads[3] > 0] if mode == "constant" else ["N", 3, 6, 7]
+    model = graph([node], [("x", ["N", 3, 4, 5])], ("y", out), {"pads": np.asarray(pads, np.int64)})
     with pytest.raises(DslError, match=f"'/pad/Pad'.*{why}"):
         text_of(tmp_path, model)
 

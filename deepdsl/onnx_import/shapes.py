@@ -6,11 +6,13 @@ outside the input are the pad value)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from deepdsl.ir.types import MAX_ELEMENTS
 from deepdsl.onnx_import.folding import fold
 from deepdsl.onnx_import.rule_support import dims, inputs_const, positive_axis
 from deepdsl.onnx_import.writing import Node, call, need, num
@@ -300,6 +302,8 @@ def pad(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     out = [n + b + e for n, b, e in zip(shape, begin, end)]
     if min(out) < 1:
         raise where.refuse(f"the pads {flat} leave an axis of size {min(out)}")
+    if math.prod(out) > MAX_ELEMENTS:
+        raise where.refuse(f"the pads {flat[:8]} make {math.prod(out):,} elements; at most {MAX_ELEMENTS:,}")
     idx = [f"i{d}" for d in range(rank)]
     reads = ", ".join(idx[d] if not begin[d] else f"{idx[d]} {'-' if begin[d] > 0 else '+'} {abs(begin[d])}"
                       for d in range(rank))  # fmt: skip
