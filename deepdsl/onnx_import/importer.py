@@ -84,20 +84,9 @@ class Importer:
             for i in set(node.input):
                 self.readers.setdefault(i, []).append((j, node))
         self.used = set(self.readers) | {o.name for o in g.output}
-        self.shapes, self.folded = self._infer_shapes({d.name for d in data}, n)
-        # which values' first axis is the batch or a multiple of it: told apart by a second inference at another
-        # batch where the model's is symbolic (at batch 1, [N·16, 32] and [16, 32] look alike); `dims` writes them
-        self.per_batch: dict[str, int | None] = {}  # value -> its first axis over N, None where it does not scale
-        if model_batch is None:
-            try:
-                probe, _ = self._infer_shapes({d.name for d in data}, n + 1)
-            except DslProgramError:  # a model that runs at one batch only (a constant shape): `dims` guesses
-                probe = {}
-            for v, got in self.shapes.items():
-                other = probe.get(v)
-                if got and other and len(got) == len(other) and v not in self.consts:
-                    scales = got[0] % n == 0 and other[0] == got[0] // n * (n + 1) and got[0] != other[0]
-                    self.per_batch[v] = got[0] // n if scales else None
+        self.shapes, self.folded = self.infer_shapes({d.name for d in data}, n)
+        self.data_names = {d.name for d in data}
+        self.multiples: dict[str, int | None] | None = None  # rule_support.per_batch's, worked out when first asked
         xs = []
         for d in data:
             x = self.names.make(d.name if Names.clean(d.name, "x") not in TAKEN else "x", "x")  # not input_2
@@ -200,7 +189,7 @@ class Importer:
             raise gaps[0]
         raise refusals(self.file, self.opset, gaps, after)
 
-    def _infer_shapes(self, inputs: set[str], n: int) -> tuple[dict[str, tuple[int, ...]], dict[str, np.ndarray]]:
+    def infer_shapes(self, inputs: set[str], n: int) -> tuple[dict[str, tuple[int, ...]], dict[str, np.ndarray]]:
         """Every value's shape with the batch fixed at `n`: ONNX shape inference over the model's skeleton, again
         with the shape computations (Shape, Gather, Concat, ...) folded into constants until none is left, so
         that a Reshape to a computed shape has one; and those folded constants."""

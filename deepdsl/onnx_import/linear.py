@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from deepdsl.onnx_import.rule_support import Renamed, dims
+from deepdsl.onnx_import.rule_support import Renamed, dims, per_batch
 from deepdsl.onnx_import.writing import Node, call
 
 if TYPE_CHECKING:
@@ -101,9 +101,10 @@ def matmul_rows(imp: Importer, node: Any, where: Node, x: str, shape: tuple, w: 
     rows = int(np.prod(shape[:-1]))
     flat = imp.names.make(f"{where.base}_rows", "rows")
     out_name = node.output[0]
-    if node.input[0] in imp.per_batch:  # the rows scale with the batch as the input does
-        per = imp.per_batch[node.input[0]]
-        imp.per_batch[f"{out_name}#rows"] = None if per is None else rows // shape[0] * per
+    multiples = per_batch(imp)
+    if node.input[0] in multiples:  # the rows scale with the batch as the input does
+        per = multiples[node.input[0]]
+        multiples[f"{out_name}#rows"] = None if per is None else rows // shape[0] * per
     imp.body.append(f"{flat} = reshape({x}, {dims(imp, (rows, shape[-1]), f'{out_name}#rows')})")
 
     class _Out:  # the `full` writes a temporary; the view back takes the node's output

@@ -1,6 +1,7 @@
 """What the import rule families share: an axis counted from the start (`positive_axis`), a node's constant inputs
-(`inputs_const`), a shape as the language writes it, its first axis in terms of the batch N (`dims`), and a node
-standing for a later node's output (`Renamed`: the Add folded into a MatMul, the second of two Resizes)."""
+(`inputs_const`), a shape as the language writes it, its first axis in terms of the batch N (`dims`, told by
+`per_batch`), and a node standing for a later node's output (`Renamed`: the Add folded into a MatMul, the second of
+two Resizes)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,42 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from deepdsl.errors import DslProgramError
 from deepdsl.onnx_import.writing import Node
 
 if TYPE_CHECKING:
     from deepdsl.onnx_import.importer import Importer
 
 
+def per_batch(imp: Importer) -> dict[str, int | None]:
+    """Each value's first axis over the batch N (None where it does not scale with it), where the model's batch is
+    symbolic: told apart by a second shape inference at another batch (at batch 1, [N·16, 32] and [16, 32] look
+    alike), so that `dims` writes `N * 16`; empty where the batch is fixed or the model runs at one batch only (a
+    constant shape), where `dims` guesses. Worked out when first asked (most models never ask) and kept."""
+    if imp.multiples is None:
+        imp.multiples = {}
+        n = imp.n
+        try:
+            probe = imp.infer_shapes(imp.data_names, n + 1)[0] if imp.model_batch is None else {}
+        except DslProgramError:
+            probe = {}
+        for v, got in imp.shapes.items():
+            other = probe.get(v)
+            if got and other and len(got) == len(other) and v not in imp.consts:
+                scales = got[0] % n == 0 and other[0] == got[0] // n * (n + 1) and got[0] != other[0]
+                imp.multiples[v] = got[0] // n if scales else None
+    return imp.multiples
+
+
 def dims(imp: Importer, shape: tuple[int, ...], value: str | None = None) -> str:
     """A shape as the language writes it, its first axis in terms of the batch N where it is N or a multiple of it
     (so that `--batch`, or an edited `const N`, changes it too): as the second shape inference of a model with a
-    symbolic batch told for `value` (`Importer.per_batch`), else where the axis is a multiple of the batch."""
+    symbolic batch told for `value` (`per_batch`), else where the axis is a multiple of the batch."""
     n = imp.n
     parts = [str(d) for d in shape]
-    if shape and value in imp.per_batch:
-        per = imp.per_batch[value]
+    multiples = per_batch(imp) if value is not None else {}
+    if shape and value in multiples:
+        per = multiples[value]
         if per is not None:
             parts[0] = "N" if per == 1 else f"N * {per}"
     elif shape and n > 1 and shape[0] % n == 0:
