@@ -16,6 +16,20 @@ from helpers import ROOT, SHM, remove_orphans
 # every test verifies what the driver builds: the graph after every pass and rematerialisation, and every plan
 os.environ["DEEPDSL_VERIFY"] = "1"
 
+# NumPy's BLAS on one thread in the test processes (not in the processes they launch: the variable is left alone).
+# xdist runs a worker per core, and the tests' products are small: a second BLAS thread per worker only waits for a
+# core, spinning, while the other worker holds it (LeNet's five steps on the NumPy runner took 2-4 s of CPU with two
+# BLAS threads on a busy two-core machine, 0.3 s with one). $OPENBLAS_NUM_THREADS, where set, wins.
+if "OPENBLAS_NUM_THREADS" not in os.environ:
+    import numpy  # noqa: F401  (threadpoolctl limits the BLAS libraries loaded so far)
+
+    try:
+        from threadpoolctl import threadpool_limits  # scikit-learn's dependency (the test extra)
+    except ImportError:  # only slower without it
+        pass
+    else:
+        BLAS_LIMIT = threadpool_limits(limits=1, user_api="blas")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite the golden files from the current output")
