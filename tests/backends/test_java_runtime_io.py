@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import JAVAC
 
 from deepdsl.checkpoint import load_npz, save_npz
 from deepdsl.data import load_data, parse_data_flag
@@ -121,7 +122,7 @@ def compile_runtime(classes: Path) -> None:
     runs in the temporary folder, not the repository: a javac that fails writes javac.DATE.args into its working
     directory."""
     own = [str(RUNTIME / f"{name}.java") for name in OWN_SOURCES] + [str(DRIVER)]
-    subprocess.run(["javac", "-Xlint:all", "-Werror", "-d", str(classes), *own], cwd=classes.parent, check=True)
+    subprocess.run([*JAVAC, "-Xlint:all", "-Werror", "-d", str(classes), *own], cwd=classes.parent, check=True)
 
 
 @pytest.fixture(scope="module")
