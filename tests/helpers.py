@@ -25,6 +25,15 @@ GOLDEN = ROOT / "tests" / "golden"
 HEADER = "network T\nconst N = 4\ninput x : [N, 3, 8, 8]\nlabel y : [N] classes 10\n"
 
 
+def one_blas_thread():  # noqa: ANN201
+    """A context in which NumPy's BLAS runs on one thread, as in a process started with OPENBLAS_NUM_THREADS=1 (the
+    ranks the tests launch): for a run in process whose bits are compared with theirs, whatever the variable says
+    here. (tests/conftest.py puts the test processes on one thread already, unless the variable is set.)"""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 def compile_text(text: str, sets: dict | None = None, file: str = "t.ddsl") -> api.Compilation:
     return api.compile_source(text, file, sets)
 
