@@ -1,10 +1,12 @@
-"""Shared fixtures: the --update-golden switch, the networks, the session's compile cache, an in-process CLI
-runner, a check that no test leaves javac or JVM droppings in the repository, and the removal of the shared memory
-that MPI ranks the tests kill leave behind."""
+"""Shared fixtures: the --update-golden switch, the networks, the session's compile cache, the run's folder of
+native builds made once, an in-process CLI runner, a check that no test leaves javac or JVM droppings in the
+repository, and the removal of the shared memory that MPI ranks the tests kill leave behind."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,9 +16,42 @@ from helpers import ROOT, SHM, remove_orphans
 # every test verifies what the driver builds: the graph after every pass and rematerialisation, and every plan
 os.environ["DEEPDSL_VERIFY"] = "1"
 
+# NumPy's BLAS on one thread in the test processes (not in the processes they launch: the variable is left alone).
+# xdist runs a worker per core, and the tests' products are small: a second BLAS thread per worker only waits for a
+# core, spinning, while the other worker holds it (LeNet's five steps on the NumPy runner took 2-4 s of CPU with two
+# BLAS threads on a busy two-core machine, 0.3 s with one). $OPENBLAS_NUM_THREADS, where set, wins.
+if "OPENBLAS_NUM_THREADS" not in os.environ:
+    import numpy  # noqa: F401  (threadpoolctl limits the BLAS libraries loaded so far)
+
+    try:
+        from threadpoolctl import threadpool_limits  # scikit-learn's dependency (the test extra)
+    except ImportError:  # only slower without it
+        pass
+    else:
+        BLAS_LIMIT = threadpool_limits(limits=1, user_api="blas")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite the golden files from the current output")
+
+
+# the run's folder of native builds made once (tests/backends/built_once.py), removed by the process that made it
+BUILDS = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A fresh folder for the run's builds: made here in the process pytest started, before xdist starts its
+    workers, which inherit the variable (as do the processes the tests launch), so that they all share it."""
+    if not os.environ.get("DEEPDSL_TEST_BUILDS"):
+        folder = tempfile.mkdtemp(prefix="deepdsl-test-builds-")
+        os.environ["DEEPDSL_TEST_BUILDS"] = config.stash[BUILDS] = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(BUILDS, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+        del os.environ["DEEPDSL_TEST_BUILDS"]
 
 
 # what a failing javac (javac.DATE.args) or a crashing JVM (hs_err_pid*.log) leaves in its working directory

@@ -1,5 +1,6 @@
 """Small helpers for tests: compile a snippet, render its diagnostics, the session's compile cache, the
-networks at a reduced size (and which of them only `pytest -m slow` runs)."""
+networks at a reduced size (and which of them only `pytest -m slow` runs), javac's command line, NumPy's BLAS on one
+thread for a run in process."""
 
 from __future__ import annotations
 
@@ -18,6 +19,20 @@ NETWORKS = sorted((ROOT / "networks").glob("*.ddsl"))
 GOLDEN = ROOT / "tests" / "golden"
 
 HEADER = "network T\nconst N = 4\ninput x : [N, 3, 8, 8]\nlabel y : [N] classes 10\n"
+
+# javac as the tests run it: its own JVM on the first JIT tier alone, with the serial collector. A javac run is a
+# few seconds, too short for the optimising JIT to pay for the CPU its threads take compiling javac itself (that is
+# half of a javac run's CPU: the runtime's 52 sources took 5.0 s of CPU, 2.1 s so); the class files are the same.
+JAVAC = ("javac", "-J-XX:TieredStopAtLevel=1", "-J-XX:+UseSerialGC")
+
+
+def one_blas_thread():  # noqa: ANN201
+    """A context in which NumPy's BLAS runs on one thread, as in a process started with OPENBLAS_NUM_THREADS=1 (the
+    ranks the tests launch): for a run in process whose bits are compared with theirs, whatever the variable says
+    here. (tests/conftest.py puts the test processes on one thread already, unless the variable is set.)"""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def compile_text(text: str, sets: dict | None = None, file: str = "t.ddsl") -> api.Compilation:

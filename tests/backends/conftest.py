@@ -1,7 +1,7 @@
 """The fixtures that several modules here share, each module scoped as before (built once for each module that uses
-it): the stand-in NCCL for the emulated GPU (`work`), CollectiveCheck and the runtime compiled (`driver`), MLP on the
-stand-in GPU (`program`), and the module's own Slurm cluster where its pmix plugin loads (`pmix`, over the requesting
-module's `cluster`).
+it): the stand-in NCCL for the emulated GPU (`work`), CollectiveCheck and the runtime compiled (`driver`, whose javac
+runs once a run), MLP on the stand-in GPU (`program`), and the module's own Slurm cluster where its pmix plugin loads
+(`pmix`, over the requesting module's `cluster`).
 
 The fixtures import the helpers they share with the test modules (which hold them) when they run. What the test
 modules share as plain names is in tests/helpers.py, never imported `from conftest`: each folder's conftest.py is
@@ -40,11 +40,14 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """CollectiveCheck and the runtime, compiled."""
+    """CollectiveCheck and the runtime, compiled: by one javac a run (built_once.py), copied into the module's
+    folder (test_java_data_parallel's and test_java_openmpi's are the same classes)."""
+    from built_once import in_folder, text_of
     from java_env import javac
 
+    sources = [DRIVER, *sorted(RUNTIME.glob("*.java"))]
     folder = tmp_path_factory.mktemp("collective")
-    javac(folder, [DRIVER, *RUNTIME.glob("*.java")], folder / "build")
+    in_folder(f"collective\0{text_of(*sources)}", folder, lambda into: javac(into, sources, into / "build"))
     return folder / "build"
 
 

@@ -28,6 +28,8 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from built_once import in_folder, text_of
+
 CUDA13 = ("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13")  # in the order the loader misses them
 # the stand-ins beside fake_libcublas.c: JavaCPP's loading needs their sonames; nothing of them is called
 STAND_INS = {
@@ -40,20 +42,24 @@ def fake_cuda13(folder: Path, libraries: Sequence[str] = CUDA13) -> Path:
     """The CUDA 13 libraries JavaCPP's presets link (`readelf -d -V` on libjnicudart.so and libjnicublas.so: each
     NEEDED soname, and its symbols in a version node named after it) as stand-ins in `folder`: fake_libcublas.c as
     libcublas.so.13, the two others (libcudart.so.13, libcublasLt.so.13) loaded, never called; returns `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for soname in libraries:
-        script = folder / f"{soname}.map"
-        script.write_text(f"{soname} {{ global: *; }};\n")
-        if soname in STAND_INS:
-            source = folder / f"{soname}.c"
-            source.write_text(STAND_INS[soname])
-            flags = []
-        else:
-            source, flags = Path(__file__).with_name("fake_libcublas.c"), ["-DFAKE_CUBLAS_VERSION=130000"]
-        link = [f"-Wl,-soname,{soname}", f"-Wl,--version-script={script}"]
-        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", *flags, *link, "-o", str(folder / soname), str(source)],
-                       check=True)  # fmt: skip
-    return folder
+    cublas = Path(__file__).with_name("fake_libcublas.c")
+
+    def make(into: Path) -> None:
+        for soname in libraries:
+            script = into / f"{soname}.map"
+            script.write_text(f"{soname} {{ global: *; }};\n")
+            if soname in STAND_INS:
+                source = into / f"{soname}.c"
+                source.write_text(STAND_INS[soname])
+                flags = []
+            else:
+                source, flags = cublas, ["-DFAKE_CUBLAS_VERSION=130000"]
+            link = [f"-Wl,-soname,{soname}", f"-Wl,--version-script={script}"]
+            subprocess.run(["gcc", "-O2", "-shared", "-fPIC", *flags, *link, "-o", str(into / soname), str(source)],
+                           check=True)  # fmt: skip
+
+    # gcc once a run for these libraries (built_once.py; the files are the same wherever they are built)
+    return in_folder(f"fake_cuda13\0{list(libraries)}\0{STAND_INS}\0{text_of(cublas)}", folder, make)
 
 
 # the calls of fake_libcudnn.c that libjnicudnn.so takes from libcudnn_graph.so.9 and libcudnn_cnn.so.9; the others
@@ -65,8 +71,12 @@ CNN = ("cudnnConvolution*", "cudnnCreateConvolutionDescriptor", "cudnnDestroyCon
 
 def fake_cudnn9(folder: Path) -> Path:
     """cuDNN 9 as JavaCPP's libjnicudnn.so links it (see the module's note) in `folder`; returns `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
     main = Path(__file__).with_name("fake_libcudnn.c")
+    # fake_libcudnn.c built four times (about 4 s): once a run (built_once.py; the files are the same wherever built)
+    return in_folder(f"fake_cudnn9\0{GRAPH}\0{CNN}\0{text_of(main)}", folder, lambda into: _build_cudnn9(into, main))
+
+
+def _build_cudnn9(folder: Path, main: Path) -> None:
     plain = folder / "plain.so"  # its symbols, to name each in its library's node
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(plain), str(main), "-lm"], check=True)
     listed = subprocess.run(["nm", "-D", "--defined-only", str(plain)], capture_output=True, text=True, check=True)
@@ -89,4 +99,3 @@ def fake_cudnn9(folder: Path) -> Path:
         script.write_text(f"{soname} {{ global: *; }};\n")
         subprocess.run(["gcc", "-O2", "-shared", "-fPIC", f"-Wl,-soname,{soname}", f"-Wl,--version-script={script}",
                         "-o", str(folder / soname), str(stub)], check=True)  # fmt: skip
-    return folder

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+from built_once import in_folder, text_of
 
 from deepdsl.backends.cuda.drivers import CpuClock
 from deepdsl.backends.cuda.graphs import CaptureFailed
@@ -216,31 +217,40 @@ def emulate(source: str, kernels: Sequence[str], folder: Path, strided: Sequence
     src, lib = folder / "emulated.cpp", folder / "emulated.so"
     text = EMULATION + source + "\n" + "\n".join(runners) + "\n"
     if not (lib.exists() and src.exists() and src.read_text() == text):  # built already: drivers may share a folder
-        src.write_text(text)
-        subprocess.run(["g++", "-O1", "-U_FORTIFY_SOURCE", "-shared", "-fPIC", "-w", "-o", str(lib), str(src)],
-                       check=True)  # fmt: skip
+
+        def make(into: Path) -> None:
+            (into / src.name).write_text(text)
+            subprocess.run(["g++", "-O1", "-U_FORTIFY_SOURCE", "-shared", "-fPIC", "-w", "-o", str(into / lib.name),
+                            str(into / src.name)], check=True)  # fmt: skip
+
+        # the same unit in several tests (a network's kernels, each test's driver): g++ once a run (built_once.py)
+        in_folder(f"emulate\0{text}", folder, make)
     return ctypes.CDLL(str(lib))
 
 
 def fake_driver(folder: Path) -> Path:
     """fake_libcuda.c built as `folder/libcuda.so.1`; returns the folder (for LD_LIBRARY_PATH)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    out = folder / "libcuda.so.1"
     c = Path(__file__).with_name("fake_libcuda.c")
-    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(out), str(c), "-ldl"],
-                   check=True)  # fmt: skip
-    return folder
+
+    def make(into: Path) -> None:
+        subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(into / "libcuda.so.1"),
+                        str(c), "-ldl"], check=True)  # fmt: skip
+
+    return in_folder(f"fake_driver\0{text_of(c)}", folder, make)  # gcc once a run (built_once.py)
 
 
 def fake_vendor(folder: Path, libraries: Sequence[str] = ("libcublas.so.12", "libcudnn.so.9")) -> Path:
     """The stand-ins fake_libcublas.c and fake_libcudnn.c built as `folder/libcublas.so.12` and
     `folder/libcudnn.so.9` (those of them in `libraries`); returns the folder (for vendor.open_vendor)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for soname in libraries:
-        c = Path(__file__).with_name(f"fake_{soname.split('.so')[0]}.c")
-        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(folder / soname), str(c),
-                        "-lm"], check=True)  # fmt: skip
-    return folder
+    sources = [Path(__file__).with_name(f"fake_{soname.split('.so')[0]}.c") for soname in libraries]
+
+    def make(into: Path) -> None:
+        for soname, c in zip(libraries, sources):
+            subprocess.run(["gcc", "-O2", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(into / soname),
+                            str(c), "-lm"], check=True)  # fmt: skip
+
+    # gcc once a run for these libraries (built_once.py): fake_libcudnn.c alone takes a second
+    return in_folder(f"fake_vendor\0{list(libraries)}\0{text_of(*sources)}", folder, make)
 
 
 def same_bits(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import JAVAC, ROOT
 
 JCUDA = ROOT / ".ci" / "jcuda"
 JAVA_MARKS = [
@@ -45,7 +45,7 @@ def openblas_classpath() -> str:
 
 
 def _javac(folder: Path, sources: list[Path], build: Path, cp: str) -> None:
-    r = subprocess.run(["javac", "-encoding", "UTF-8", "-nowarn", "-cp", cp, "-d", str(build), *map(str, sources)],
+    r = subprocess.run([*JAVAC, "-encoding", "UTF-8", "-nowarn", "-cp", cp, "-d", str(build), *map(str, sources)],
                        cwd=folder, capture_output=True, text=True, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr[-6000:]
 

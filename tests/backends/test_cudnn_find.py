@@ -347,8 +347,9 @@ def test_on_a_gpu_find_times_every_convolution_before_the_capture(tmp_path: Path
     """LeNet's convolutions through the real cuDNN: each found by timing (a time per convolution), the graph on (so
     no Find ran inside the capture, which would have broken it), the losses NumPy's; the shared scratch is the most a
     chosen algorithm needs beyond its planned workspace. Under --deterministic, two runs give the same bits."""
-    from test_gpu_runner import _close, _losses, _real_gpu
+    from test_gpu_runner import _close, _losses, _needs_pycuda, _real_gpu
 
+    _needs_pycuda()  # before LeNet's build
     lenet = api.compile_file(ROOT / "networks" / "lenet.ddsl", {"N": 16}).program
     build = api.build(lenet)
     got = run_training(build, iters=5, data_flag="synthetic", device="cuda", driver=_real_gpu("vendor"))

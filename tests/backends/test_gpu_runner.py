@@ -142,9 +142,15 @@ def test_run_device_cuda_on_a_machine_without_it_exits_1(monkeypatch: pytest.Mon
 # ---- on a real GPU (scripts/gpu_check.sh) ----
 
 
-def _real_gpu(kernels: str = "own"):  # noqa: ANN202
+def _needs_pycuda() -> None:
+    """Skips a GPU test where PyCUDA is missing; called first, so that such a machine skips it before the NumPy
+    runner's reference run and the build (LeNet's: seconds of the default suite, for a test that then skips)."""
     if not drivers.pycuda_available():
         pytest.skip("PyCUDA is not installed")
+
+
+def _real_gpu(kernels: str = "own"):  # noqa: ANN202
+    _needs_pycuda()
     try:
         return drivers.PyCudaDriver(kernels)
     except DslProgramError as err:
@@ -158,6 +164,7 @@ def test_pycuda_runner_agrees_with_numpy(case: str, kernels: str) -> None:
     """5 iterations on the GPU, with our kernels and with cuBLAS and cuDNN (GEMMs; convolutions and their gradients,
     pooling, softmax, LRN), give the NumPy runner's losses (1e-4 relative), and the GPU memory the runner took is the
     plan's: arena plus tensors, to within the driver's allocation granularity (and the libraries' own workspace)."""
+    _needs_pycuda()
     if case in ("mlp", "lenet"):
         build = api.build(api.compile_file(ROOT / "networks" / f"{case}.ddsl", {"N": 16}).program)
     else:
@@ -182,6 +189,7 @@ def test_pycuda_graph_replays_the_train_step_bit_for_bit(kernels: str, tmp_path:
     """5 steps of LeNet on the GPU with the train step as a CUDA graph (captured through libcuda at the second step,
     cuBLAS and cuDNN on the captured stream) give the losses and parameters of the run without it, bit for bit (cuDNN's
     deterministic algorithms: the fastest found by timing may differ from run to run, or use atomics)."""
+    _needs_pycuda()
     build = api.build(api.compile_file(ROOT / "networks" / "lenet.ddsl", {"N": 16}).program,
                       api.Options(deterministic=True))  # fmt: skip
     runs = []

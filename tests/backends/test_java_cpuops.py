@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import ROOT
+from helpers import JAVAC, ROOT
 from java_env import openblas_classpath
 from ops.test_registry_complete import EXAMPLES
 
@@ -296,7 +296,7 @@ def java_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     # runtime's JCuda-bound classes need no jars here
     driver = ROOT / "tests" / "backends" / "java" / "OpCheck.java"
     built = subprocess.run(
-        ["javac", "-sourcepath", str(ROOT), "-d", str(work / "classes"), str(driver)],
+        [*JAVAC, "-sourcepath", str(ROOT), "-d", str(work / "classes"), str(driver)],
         cwd=work,  # not the repository: a failing javac writes javac.DATE.args into its cwd
         capture_output=True,
         text=True,
@@ -394,7 +394,7 @@ def test_gemm_reads_a_direct_buffer_operand(blas: str, tmp_path: Path) -> None:
     transposed, from an inner element, on either SGEMM, against float64 loops (tests/backends/java/GemmCheck.java)."""
     check = ROOT / "tests" / "backends" / "java" / "GemmCheck.java"
     built = subprocess.run(
-        ["javac", "-sourcepath", str(ROOT), "-d", str(tmp_path), str(check)],
+        [*JAVAC, "-sourcepath", str(ROOT), "-d", str(tmp_path), str(check)],
         cwd=tmp_path,
         capture_output=True,
         text=True,

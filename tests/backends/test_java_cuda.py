@@ -9,6 +9,7 @@ presets' cuDNN bindings need it (`fake_cudnn9`)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -190,6 +191,20 @@ def cpu(folder: Path, name: str, *args: str) -> dict:
     return json.loads(r.stdout)
 
 
+_REFERENCES: dict[tuple, dict] = {}
+
+
+def reference(folder: Path, name: str, *args: str) -> dict:
+    """cpu(folder, name, *args), run once per module: several tests compare the CUDA device with the same CPU run
+    (Small's three steps, five times), a JVM of its own each time. Only for runs that neither read nor write a
+    parameter file (nothing another test changes); each caller gets its own copy."""
+    assert not {"--save", "--load", "--predict"} & set(args), args
+    key = (folder, name, args)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = cpu(folder, name, *args)
+    return copy.deepcopy(_REFERENCES[key])
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -204,7 +219,7 @@ def test_the_cuda_device_gives_the_cpu_devices_losses(request: pytest.FixtureReq
     programs = request.getfixturevalue("programs" if name != "LeNet" else "lenet_programs")
     got = run(programs, name, "--iters", "3")
     assert got["rc"] == 0, got["stderr"]
-    want = cpu(programs, name, "--iters", "3")
+    want = reference(programs, name, "--iters", "3")
     assert got["device"] == "cuda"
     assert f"kernels from {name}.sm_90.ptx" in got["stderr"]
     np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
@@ -243,7 +258,7 @@ def test_the_cuda_device_allocates_what_the_plan_says(programs: Path) -> None:
 
 @pytest.mark.slow  # 6 s (the default suite's four minutes)
 def test_parameters_move_between_the_gpu_and_files(programs: Path) -> None:
-    whole = cpu(programs, "Small", "--iters", "4")["losses"]
+    whole = reference(programs, "Small", "--iters", "4")["losses"]
     first = run(programs, "Small", "--iters", "2", "--save", "gpu.npz")
     assert first["rc"] == 0, first["stderr"]
     rest = cpu(programs, "Small", "--load", "gpu.npz", "--iters", "2")["losses"]
@@ -263,7 +278,7 @@ def test_without_ptx_the_source_is_compiled_at_start_or_the_reason_given(program
     got = run(programs, "Small", "--iters", "2", classpath=cp, nvrtc=True)
     assert got["rc"] == 0, got["stderr"]
     assert "Small.cu, compiled at start with NVRTC" in got["stderr"]
-    np.testing.assert_allclose(got["losses"], cpu(programs, "Small", "--iters", "2")["losses"], rtol=1e-4)
+    np.testing.assert_allclose(got["losses"], reference(programs, "Small", "--iters", "2")["losses"], rtol=1e-4)
 
     refused = run(programs, "Small", "--iters", "1", classpath=cp)  # no NVRTC to be found
     assert refused["rc"] == 1 and "deepdsl compile --ptx --arch sm_90" in refused["stderr"]
@@ -278,9 +293,9 @@ def test_a_setting_reaches_the_gpu_kernels(programs: Path) -> None:
     got = run(programs, "Small", "--iters", "3", "--lr", "0.05")
     assert got["rc"] == 0 and "graph: on)" in got["stderr"], got["stderr"]
     np.testing.assert_allclose(
-        got["losses"], cpu(programs, "Small", "--iters", "3", "--lr", "0.05")["losses"], rtol=1e-4
+        got["losses"], reference(programs, "Small", "--iters", "3", "--lr", "0.05")["losses"], rtol=1e-4
     )
-    assert not np.allclose(got["losses"], cpu(programs, "Small", "--iters", "3")["losses"], rtol=1e-4)
+    assert not np.allclose(got["losses"], reference(programs, "Small", "--iters", "3")["losses"], rtol=1e-4)
 
 
 def _float4_kernels(java: str) -> set[str]:
@@ -303,7 +318,7 @@ def test_element_wise_kernels_launch_a_thread_per_float4_where_the_size_allows(r
     grids.unlink(missing_ok=True)
     got = run(programs, name, "--iters", "2", "--no-graph", extra={"FAKE_CUDA_LAUNCH_GRIDS": str(grids)})
     assert got["rc"] == 0, got["stderr"]
-    np.testing.assert_allclose(got["losses"], cpu(programs, name, "--iters", "2")["losses"], rtol=1e-4)
+    np.testing.assert_allclose(got["losses"], reference(programs, name, "--iters", "2")["losses"], rtol=1e-4)
     vectorised = _float4_kernels((programs / "src" / f"{name}.java").read_text())
     lines = [line.split() for line in grids.read_text().splitlines()]
     launched = [(k, int(gx), int(bx), int(n)) for k, gx, bx, n in lines if k in vectorised]
@@ -340,7 +355,7 @@ def test_gemms_through_cublas_give_the_cpu_devices_losses(
     assert "GEMMs: cuBLAS 13.0.0" in got["stderr"]
     # each has a linear layer: forward, backward-data and backward-filter in each of 3 steps, and the test pass
     assert int(calls.read_text()) >= 10
-    want = cpu(programs, name, "--iters", "3")
+    want = reference(programs, name, "--iters", "3")
     np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-4)
     assert got["test_accuracy"] == pytest.approx(want["test_accuracy"])
 
@@ -437,7 +452,7 @@ def test_convolutions_through_cudnn_give_the_cpu_devices_losses(
 ) -> None:
     programs = request.getfixturevalue("programs" if name != "LeNet" else "lenet_programs")
     counts, convolutions = programs / f"{name}.launches", programs / f"{name}.cudnn_calls"
-    want = cpu(programs, name, "--iters", "3")
+    want = reference(programs, name, "--iters", "3")
     done = {}
     for flag in ("--graph", "--no-graph"):
         args = ("--iters", "3", "--kernels", "vendor", *([flag] if flag == "--no-graph" else []))
@@ -505,7 +520,7 @@ def test_a_call_cudnn_refuses_runs_our_kernel_under_auto_and_is_an_error_under_v
     refuse = {"FAKE_CUDNN_OPS_CALLS": str(ops), "FAKE_CUDNN_REFUSE": "cudnnSetLRNDescriptor"}
     auto = run(programs, "Wide", "--iters", "2", vendor=[cuda13, cudnn9], extra=refuse)
     assert auto["rc"] == 0, auto["stderr"]
-    np.testing.assert_allclose(auto["losses"], cpu(programs, "Wide", "--iters", "2")["losses"], rtol=1e-4)
+    np.testing.assert_allclose(auto["losses"], reference(programs, "Wide", "--iters", "2")["losses"], rtol=1e-4)
     got = cudnn_ops(ops)
     assert got["cudnnLRNCrossChannelForward"] == got["cudnnLRNCrossChannelBackward"] == 0  # our kernels
     assert got["cudnnPoolingBackward"] == 2 * 2 and got["cudnnSoftmaxBackward"] == 2 * 2  # the rest: cuDNN
@@ -550,7 +565,7 @@ def test_the_cuda_device_finds_the_convolution_algorithms_the_python_runner_does
     build = api.build(api.compile_source(SMALL, "small.ddsl", {}).program)
     arrays = {p.value.name: np.zeros(p.value.type.shape, np.float32) for p in build.train_plan.graph.params}
     stand_ins = fake_vendor(tmp_path / "vendor")
-    want = cpu(programs, "Small", "--iters", "2")
+    want = reference(programs, "Small", "--iters", "2")
     rest = set()  # the GPU memory measured less the shared scratch: the same, whichever algorithms (one scratch)
     for flags, deterministic in (((), False), (("--deterministic",), True)):
         driver = EmulatedDriver(tmp_path / str(deterministic), vendor=open_vendor("vendor", [stand_ins]))
@@ -577,7 +592,7 @@ def test_precision_tf32_runs_cublas_and_cudnn_in_tf32_math(programs: Path, cuda1
     CPU device runs tf32 as fp32 and says so."""
     gemms, convolutions = programs / "Small.tf32_gemms", programs / "Small.tf32_convolutions"
     counted = {"FAKE_CUBLAS_TF32_CALLS": str(gemms), "FAKE_CUDNN_TF32_CALLS": str(convolutions)}
-    want = cpu(programs, "Small", "--iters", "3")
+    want = reference(programs, "Small", "--iters", "3")
     for precision in ("fp32", "tf32"):
         got = run(programs, "Small", "--iters", "3", "--kernels", "vendor", "--precision", precision,
                   vendor=[cuda13, cudnn9], extra=counted)  # fmt: skip
@@ -587,7 +602,7 @@ def test_precision_tf32_runs_cublas_and_cudnn_in_tf32_math(programs: Path, cuda1
         assert (min(tf32) > 0) if precision == "tf32" else tf32 == (0, 0)
         assert (", TF32;" in got["stderr"]) == (precision == "tf32")
         np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-2)  # TF32 keeps ~3 decimal digits
-    on_cpu = cpu(programs, "Small", "--iters", "1", "--precision", "tf32")
+    on_cpu = reference(programs, "Small", "--iters", "1", "--precision", "tf32")
     assert on_cpu["precision"] == "fp32" and "no TF32 math" in on_cpu["precision_note"]
 
 

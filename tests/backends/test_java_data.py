@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import JAVAC
 from java_env import JAVA_MARKS
 
 from deepdsl.data.augment import augment
@@ -37,7 +38,7 @@ def classes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("java_data")
     sources = [str(ROOT / "deepdsl" / "runtime" / f"{s}.java") for s in SOURCES]
     sources.append(str(Path(__file__).parent / "java" / "DataCheck.java"))
-    subprocess.run(["javac", "-Xlint:all", "-Werror", "-d", str(work / "classes"), *sources], cwd=work, check=True)
+    subprocess.run([*JAVAC, "-Xlint:all", "-Werror", "-d", str(work / "classes"), *sources], cwd=work, check=True)
     return work / "classes"
 
 

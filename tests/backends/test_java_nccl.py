@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 from cuda13_stand_ins import fake_cuda13
 from cuda_emulator import TILED, emulate, fake_driver, kernel_names
+from helpers import JAVAC
 from java_env import JAVA_MARKS, javac, jcuda_jars, jna_jar, launch_env, mpi
 
 from deepdsl.cli import cli
@@ -275,7 +276,7 @@ def test_cuda_micro_batches_keep_the_refusals(program: Path, synced: Path) -> No
     inseparable = program / "inseparable"
     (inseparable / "build").mkdir(parents=True, exist_ok=True)
     (inseparable / "MLP.java").write_text(source.replace(separable, separable.replace("true", "false")))
-    r = subprocess.run(["javac", "-nowarn", "-cp", f"{program / 'build'}:{jcuda_jars()}/*", "-d",
+    r = subprocess.run([*JAVAC, "-nowarn", "-cp", f"{program / 'build'}:{jcuda_jars()}/*", "-d",
                         str(inseparable / "build"), str(inseparable / "MLP.java")], capture_output=True, text=True,
                        cwd=inseparable, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr

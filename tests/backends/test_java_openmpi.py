@@ -41,8 +41,6 @@ from deepdsl.cli import cli
 
 pytestmark = JAVA_MARKS
 
-RUNTIME = ROOT / "deepdsl" / "runtime"
-DRIVER = Path(__file__).resolve().parent / "java" / "CollectiveCheck.java"
 MLP = ROOT / "networks" / "mlp.ddsl"
 LENET = ROOT / "networks" / "lenet.ddsl"
 
@@ -108,14 +106,6 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _mpirun(ompi: OpenMpi, ranks: int) -> list[str]:
     return [str(ompi.prefix() / "bin" / "mpirun"), "--oversubscribe", "-n", str(ranks)]
-
-
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """CollectiveCheck and the runtime, compiled."""
-    folder = tmp_path_factory.mktemp("collective_ompi")
-    javac(folder, [DRIVER, *RUNTIME.glob("*.java")], folder / "build")
-    return folder / "build"
 
 
 def _check(ompi: OpenMpi, build: Path, *args: str, ranks: int = 2, jvm: tuple[str, ...] = (),

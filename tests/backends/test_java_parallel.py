@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import JAVAC
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +28,7 @@ pytestmark = [
 def test_the_team_runs_every_piece_once_and_reports_failures(tmp_path: Path) -> None:
     check = ROOT / "tests" / "backends" / "java" / "ParallelCheck.java"
     built = subprocess.run(
-        ["javac", "-sourcepath", str(ROOT), "-d", str(tmp_path), str(check)],
+        [*JAVAC, "-sourcepath", str(ROOT), "-d", str(tmp_path), str(check)],
         cwd=tmp_path,  # not the repository: a failing javac writes javac.DATE.args into its cwd
         capture_output=True,
         text=True,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import JAVAC
 
 from deepdsl.checkpoint import load_npz, save_npz
 from deepdsl.data import load_data, parse_data_flag
@@ -116,14 +117,12 @@ def case(build: Callable[[Batch], Callable[[], None]]) -> Callable[[Batch], Call
 
 
 def compile_runtime(classes: Path) -> None:
-    """All of deepdsl/runtime; where that fails (a source mid-edit, or the CUDA sources without the JCuda
-    jars), only the sources tested here, which must compile warning-free. javac runs in the temporary folder,
-    not the repository: a javac that fails writes javac.DATE.args into its working directory."""
-    every = [*map(str, sorted(RUNTIME.glob("*.java"))), str(DRIVER)]
-    done = subprocess.run(["javac", "-d", str(classes), *every], cwd=classes.parent, capture_output=True, text=True)
-    if done.returncode != 0:
-        own = [str(RUNTIME / f"{name}.java") for name in OWN_SOURCES] + [str(DRIVER)]
-        subprocess.run(["javac", "-Xlint:all", "-Werror", "-d", str(classes), *own], cwd=classes.parent, check=True)
+    """The sources tested here, which must compile warning-free, and the driver: only these, since IoCheck needs
+    nothing else and the rest of deepdsl/runtime (its CUDA sources) does not compile without the JCuda jars. javac
+    runs in the temporary folder, not the repository: a javac that fails writes javac.DATE.args into its working
+    directory."""
+    own = [str(RUNTIME / f"{name}.java") for name in OWN_SOURCES] + [str(DRIVER)]
+    subprocess.run([*JAVAC, "-Xlint:all", "-Werror", "-d", str(classes), *own], cwd=classes.parent, check=True)
 
 
 @pytest.fixture(scope="module")

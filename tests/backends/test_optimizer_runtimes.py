@@ -73,7 +73,8 @@ def test_the_gpu_runner_gives_the_numpy_runners_losses(name: str, tmp_path: Path
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every case compiled (with --ptx, for the CUDA device) and built by one javac."""
+    """Every case compiled and built by one javac. The PTX the CUDA device loads is compiled by the test that runs
+    it (`_with_ptx`): NVRTC takes a second a program, and the default suite runs one of them on the CUDA device."""
     from click.testing import CliRunner
 
     from deepdsl.cli import cli
@@ -81,12 +82,26 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("optimizers")
     for name in CASES:
         (folder / f"{name}.ddsl").write_text(_text(name))
-        r = CliRunner().invoke(cli, ["compile", str(folder / f"{name}.ddsl"), "-o", str(folder / "src"), "--ptx",
-                                     "--arch", "sm_90"])  # fmt: skip
+        r = CliRunner().invoke(cli, ["compile", str(folder / f"{name}.ddsl"), "-o", str(folder / "src")])
         assert r.exit_code == 0, r.output
     src = folder / "src"
     javac(src, [*src.glob("*.java"), *(src / "deepdsl" / "runtime").glob("*.java")], folder / "build")
     return folder
+
+
+def _with_ptx(programs: Path, name: str) -> None:
+    """`name` compiled again with --ptx for sm_90, its PTX put beside its sources (on the CUDA device's class path):
+    the program and kernels of the fixture's compile, with the module the device loads."""
+    from click.testing import CliRunner
+
+    from deepdsl.cli import cli
+
+    out = programs / "ptx" / name
+    r = CliRunner().invoke(cli, ["compile", str(programs / f"{name}.ddsl"), "-o", str(out), "--ptx", "--arch", "sm_90"])
+    assert r.exit_code == 0, r.output
+    for suffix in (".java", ".cu"):  # the same program as the one built
+        assert (out / f"{name}{suffix}").read_text() == (programs / "src" / f"{name}{suffix}").read_text()
+    shutil.copy(out / f"{name}.sm_90.ptx", programs / "src")
 
 
 def _java(fn):  # noqa: ANN001, ANN202
@@ -119,6 +134,7 @@ def test_the_java_programs_alpha_flag_is_deepdsl_runs(programs: Path) -> None:
 def test_the_java_cuda_device_gives_the_cpu_devices_losses(programs: Path, name: str) -> None:
     """The CUDA device on the stand-in driver (fake_libcuda.c) running the program's own kernels, compiled for the
     CPU (as tests/backends/test_java_cuda.py does)."""
+    _with_ptx(programs, name)
     unit = (programs / "src" / f"{name}.cu").read_text()
     kernels = kernel_names(unit)
     work = programs / name

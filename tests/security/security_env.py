@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import JAVAC
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_javac = pytest.mark.skipif(shutil.which("javac") is None or shutil.which("java") is None, reason="no JDK")
@@ -59,7 +60,7 @@ def build_programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert r.exit_code == 0, r.output
     src = folder / "src"
     classes = [str(src / f"{cls}.java") for cls in PROGRAMS]  # the runtime classes they use come by -sourcepath
-    r = subprocess.run(["javac", "-nowarn", "-d", str(folder / "build"), "-sourcepath", str(src), *classes],
+    r = subprocess.run([*JAVAC, "-nowarn", "-d", str(folder / "build"), "-sourcepath", str(src), *classes],
                        capture_output=True, text=True, timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr[-4000:]
     _BUILT["folder"] = folder

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import JAVAC
 from security_env import ROOT
 
 from deepdsl.run_settings import SETTING_RANGES, parse_setting
@@ -301,7 +302,7 @@ def test_the_java_program_refuses_and_reports_as_deepdsl_does(cli, folder: Path)
     assert r.exit_code == 0, r.output
     (folder / "src" / "Harness.java").write_text(HARNESS)
     build = folder / "build"
-    done = subprocess.run(["javac", "-encoding", "UTF-8", "-nowarn", "-d", str(build), "-sourcepath",
+    done = subprocess.run([*JAVAC, "-encoding", "UTF-8", "-nowarn", "-d", str(build), "-sourcepath",
                            str(folder / "src"), str(folder / "src" / "Lim.java"), str(folder / "src" / "Harness.java")],
                           capture_output=True, text=True, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

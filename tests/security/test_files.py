@@ -35,6 +35,7 @@ from pathlib import Path
 import lark
 import numpy as np
 import pytest
+from helpers import JAVAC
 from security_env import PROGRAMS, ROOT, build_programs, needs_javac, run_java
 
 from deepdsl.checkpoint import load_npz, save_npz
@@ -191,7 +192,7 @@ def java_io(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, P
         RUNTIME / f"{n}.java"
         for n in ("Buf", "Rng", "Init", "Npz", "Npy", "ZipReader", "Data", "DataFiles", "TextData")
     ]
-    subprocess.run(["javac", "-nowarn", "-d", str(classes), *map(str, own), str(DRIVER)], check=True, timeout=600)
+    subprocess.run([*JAVAC, "-nowarn", "-d", str(classes), *map(str, own), str(DRIVER)], check=True, timeout=600)
     lines, cases = [], {}
 
     def add(case: str, *fields: object) -> None:

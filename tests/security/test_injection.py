@@ -21,6 +21,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from helpers import JAVAC
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from security_env import PROGRAMS, build_programs, needs_javac, run_java
@@ -129,7 +130,7 @@ def test_javac_reads_back_every_literal_and_comment(tmp_path: Path) -> None:
     (tmp_path / "Fuzz.java").write_text(source, encoding="ascii")
     strings = [v for k, v in java_tokens(source) if k == "STRING"]
     assert strings[: len(texts)] == list(map(java_text, texts))  # the lexer model agrees with javac below
-    subprocess.run(["javac", "-d", str(tmp_path), str(tmp_path / "Fuzz.java")], check=True, timeout=300)
+    subprocess.run([*JAVAC, "-d", str(tmp_path), str(tmp_path / "Fuzz.java")], check=True, timeout=300)
     out = subprocess.run(["java", "-cp", str(tmp_path), "Fuzz"], capture_output=True, text=True, check=True).stdout
     rows = out.splitlines()
     assert rows[0] == str(len(texts))

@@ -8,6 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 from deep_networks import SMALL
+from helpers import JAVAC
 
 from deepdsl.frontend.train import MAX_ITERATIONS
 
@@ -35,7 +36,7 @@ def program(tmp_path_factory):  # noqa: ANN001, ANN201
     r = CliRunner().invoke(cli, ["compile", str(folder / "lim.ddsl"), "-o", str(folder / "out")])
     assert r.exit_code == 0, r.output
     build = folder / "build"
-    javac = ["javac", "-encoding", "UTF-8", "-nowarn", "-d", str(build), "-sourcepath", str(folder / "out"),
+    javac = [*JAVAC, "-encoding", "UTF-8", "-nowarn", "-d", str(build), "-sourcepath", str(folder / "out"),
              str(folder / "out" / "Lim.java")]  # fmt: skip
     done = subprocess.run(javac, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -128,7 +129,7 @@ def test_check_accepts_javac(tmp_path) -> None:  # noqa: ANN001
         assert r.exit_code == 0, r.output
     mains = sorted((tmp_path / "out").glob("*.java"))
     assert len(mains) == 3
-    javac = ["javac", "-encoding", "UTF-8", "-nowarn", "-d", str(tmp_path / "build"), "-sourcepath",
+    javac = [*JAVAC, "-encoding", "UTF-8", "-nowarn", "-d", str(tmp_path / "build"), "-sourcepath",
              str(tmp_path / "out"), *map(str, mains)]  # fmt: skip
     done = subprocess.run(javac, capture_output=True, text=True, cwd=tmp_path, check=False, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import JAVAC
 from npz_corpus import CASES, MEMORY_CASES, write_corpus
 from security_env import ROOT, needs_javac
 
@@ -39,7 +40,7 @@ def java_reader(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for n in ("Buf", "Rng", "Init", "Npz", "Npy", "ZipReader", "Data", "DataFiles", "TextData")
     ]
     sources += [HERE / "java" / "NpzRead.java", HERE / "java" / "DataRead.java"]
-    r = subprocess.run(["javac", "-nowarn", "-d", str(classes), *map(str, sources)], capture_output=True, text=True,
+    r = subprocess.run([*JAVAC, "-nowarn", "-d", str(classes), *map(str, sources)], capture_output=True, text=True,
                        timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr[-4000:]
     return classes
