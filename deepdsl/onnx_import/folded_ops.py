@@ -65,7 +65,8 @@ def gather_position(imp: Importer, node: Any, where: Node, attrs: dict) -> None:
     axis = positive_axis(int(attrs.get("axis", 0)), len(shape))
     index = imp.const(node.input[1])
     whole = axis > 0 or shape[0] != imp.n  # along the batch itself it would pick samples: never a view
-    if index is not None and index.ndim > 0 and whole and np.array_equal(index.reshape(-1), np.arange(shape[axis])):
+    in_order = index is not None and index.ndim > 0 and index.size == shape[axis]  # sizes first: no huge arange
+    if in_order and whole and np.array_equal(index.reshape(-1), np.arange(shape[axis])):  # type: ignore[union-attr]
         reshape_any(imp, node, where)  # every position in order (PyTorch's as_strided of a contiguous tensor): a view
         return
     if index is None or index.size != 1 or index.ndim != 0:

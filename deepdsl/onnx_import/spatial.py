@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from deepdsl.errors import DslShapeError
 from deepdsl.frontend.convs import pool_geometry
+from deepdsl.ir.types import MAX_ELEMENTS
 from deepdsl.onnx_import.rule_support import Renamed
 from deepdsl.onnx_import.writing import Node, call, pair
 
@@ -191,6 +192,13 @@ def _pool_form(fn: str, where: Node, axes: tuple[_Axis, _Axis], divisor: str, wh
     left, bottom, right), in floor then in ceil mode; ceil mode is one setting for both axes, so a form must hold
     along both. Refused with why each form differs (`what`: the pads, the window and the strides, as the message
     names them)."""
+    for a in axes:  # each window is listed below: bounded first (a hostile model's pads or sizes would be billions)
+        if a.size > MAX_ELEMENTS or a.out > MAX_ELEMENTS or a.kernel > MAX_ELEMENTS:
+            raise where.refuse(f"{what}: {max(a.size, a.out, a.kernel):,} positions along {a.name}; the backends take "
+                               f"at most {MAX_ELEMENTS:,}")  # fmt: skip
+        if a.begin > a.kernel or a.end > a.kernel or a.begin < 0 or a.end < 0 or a.stride < 1:
+            raise where.refuse(f"{what}: padding of more than a window (or negative), or a stride below 1, along "
+                               f"{a.name}; the language's pools have none")  # fmt: skip
     for a in axes:
         empty = next((i for i, (lo, hi, _) in enumerate(a.onnx_windows(divisor)) if lo >= hi), None)
         if empty is not None:

@@ -242,6 +242,10 @@ LATER = {
                                x_shape=(1, 2, 4, 4)), "stride=(2147483648, 1): the language's conv takes at most"),
     "pool_stride_2_31": (model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[1, 1], strides=[2**31] * 2)],
                                [], x_shape=(1, 2, 4, 4)), "stride=2147483648: the language's max_pool takes at most"),
+    "pool_pads_2_20": (model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], pads=[0, 0, 0, 2**20])],
+                             [], x_shape=(1, 2, 4, 4)), "padding of more than a window"),  # listed its windows: OOM
+    "pool_input_2_40": (model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[1, 1], pads=[0, 0, 0, 1])],
+                              [], x_shape=(1, 2, 4, 2**40)), "1,099,511,627,777 positions along W"),
     "huge_input": (model([helper.make_node("Relu", ["x"], ["y"])], [], x_shape=(1, 2**40)),
                    "imports as a network that does not check: input 'x' f32[1,1099511627776] has"),
 }  # fmt: skip
