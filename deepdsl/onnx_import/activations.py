@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from deepdsl.onnx_import import folded_ops
-from deepdsl.onnx_import.rule_support import inputs_const, positive_axis
+from deepdsl.onnx_import.rule_support import broadcast_read, inputs_const, positive_axis, signature
 from deepdsl.onnx_import.writing import Node, call, need, num
 
 if TYPE_CHECKING:
@@ -157,9 +157,8 @@ def formula(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     key = (body, len(shape))
     if key not in imp.functions:
         fn = imp.functions[key] = imp.names.make(f"{node.op_type.lower()}_fn", "fn")
-        sizes = ", ".join(f"S{d}" for d in range(len(shape)))
         element = f"t[{', '.join(idx)}]"
-        imp.tensor_fns += [f"tensor {fn}(t[{sizes}]) -> [{', '.join(idx)}] = "
+        imp.tensor_fns += [f"tensor {fn}({signature(len(shape))}) -> [{', '.join(idx)}] = "
                            f"{body.replace('@', element)}   # {node.op_type}", ""]  # fmt: skip
     imp.bind(node, f"{imp.functions[key]}({imp.tensor(node.input[0], where)})")
 
@@ -177,14 +176,12 @@ def prelu(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     except ValueError:
         raise where.refuse(f"the slope of shape {list(slope.shape)} would broadcast the input {list(shape)}") from None
     idx = [f"i{d}" for d in range(len(shape))]
-    at = idx[len(shape) - slope.ndim :]
-    reads = ", ".join("0" if slope.shape[d] == 1 else at[d] for d in range(slope.ndim))
     x = f"t[{', '.join(idx)}]"
-    a = f"a[{reads}]" if slope.ndim else "a[0]"
+    a = broadcast_read("a", slope.shape, len(shape))
     dims = ", ".join(map(str, slope.shape)) if slope.ndim else "1"
     fn = imp.names.make(f"{imp.names.clean(where.base, 'prelu')}_fn", "fn")
     imp.tensor_fns += [
-        f"tensor {fn}(t[{', '.join(f'S{d}' for d in range(len(shape)))}]) -> [{', '.join(idx)}] {{   # PRelu",
+        f"tensor {fn}({signature(len(shape))}) -> [{', '.join(idx)}] {{   # PRelu",
         f"  param a[{dims}] = constant(0.25)",
         f"  return {x} >= 0 ? {x} : {a} * {x}",
         "}",

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from deepdsl.onnx_import.rule_support import dims
+from deepdsl.onnx_import.rule_support import broadcast_read, dims, signature
 from deepdsl.onnx_import.writing import Node, need, num
 
 if TYPE_CHECKING:
@@ -61,16 +61,13 @@ def arith(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     # function's result grows along it and reads the input's one position there
     kc = c.reshape(c.shape[len(c.shape) - len(shape) :] if c.ndim > len(shape) else c.shape).astype(np.float32)
     idx = [f"i{d}" for d in range(len(shape))]
-    at = idx[len(shape) - kc.ndim :]
-    k_idx = ", ".join("0" if kc.shape[d] == 1 else at[d] for d in range(kc.ndim))
-    sizes = ", ".join(f"S{d}" for d in range(len(shape)))
     name = imp.names.make(where.base, node.op_type.lower())
     fn = imp.names.make(f"{name}_fn", "fn")
     xk = f"t[{', '.join('0' if n != shape[d] else idx[d] for d, n in enumerate(out))}]"
-    kk = f"k[{k_idx}]"
+    kk = broadcast_read("k", kc.shape, len(shape))
     expr = f"{kk} {sym} {xk}" if left else f"{xk} {sym} {kk}"
     imp.tensor_fns += [
-        f"tensor {fn}(t[{sizes}]) -> [{', '.join(idx)}] {{   # {node.op_type} of a constant, broadcast",
+        f"tensor {fn}({signature(len(shape))}) -> [{', '.join(idx)}] {{   # {node.op_type} of a constant, broadcast",
         f"  param k[{', '.join(map(str, kc.shape))}] = constant(0)",
         f"  return {expr}",
         "}",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from deepdsl.onnx_import.folding import fold, numpy_helper_value
-from deepdsl.onnx_import.rule_support import positive_axis
+from deepdsl.onnx_import.rule_support import positive_axis, signature
 from deepdsl.onnx_import.shapes import reshape_any
 from deepdsl.onnx_import.writing import Node, num
 
@@ -80,9 +80,8 @@ def gather_position(imp: Importer, node: Any, where: Node, attrs: dict) -> None:
     reads = ", ".join(str(at) if d == axis else idx[d] for d in range(len(shape)))
     name = imp.names.make(where.base, "gather")
     fn = imp.names.make(f"{name}_fn", "fn")
-    sizes = ", ".join(f"S{d}" for d in range(len(shape)))
     outs = ", ".join(idx[d] for d in range(len(shape)) if d != axis)
-    imp.tensor_fns += [f"tensor {fn}(t[{sizes}]) -> [{outs}] = t[{reads}]   # Gather of position {at}", ""]
+    imp.tensor_fns += [f"tensor {fn}({signature(len(shape))}) -> [{outs}] = t[{reads}]   # Gather of position {at}", ""]
     imp.bind(node, f"{fn}({imp.tensor(node.input[0], where)})")
 
 
@@ -125,8 +124,7 @@ def where_mask(imp: Importer, node: Any, where: Node) -> None:
     idx = [f"i{d}" for d in range(rank)]
     name = imp.names.make(where.base, "mask")
     fn = imp.names.make(f"{name}_fn", "fn")
-    sizes = ", ".join(f"S{d}" for d in range(rank))
     read = f"t[{', '.join(idx)}]"
-    imp.tensor_fns += [f"tensor {fn}(t[{sizes}]) -> [{', '.join(idx)}] = {idx[-1]} {found} {idx[-2]} ? {read} : "
+    imp.tensor_fns += [f"tensor {fn}({signature(rank)}) -> [{', '.join(idx)}] = {idx[-1]} {found} {idx[-2]} ? {read} : "
                        f"{value}   # Where of a mask", ""]  # fmt: skip
     imp.bind(node, f"{fn}({imp.tensor(x, where)})")

@@ -55,6 +55,18 @@ def dims(imp: Importer, shape: tuple[int, ...], value: str | None = None) -> str
     return f"({', '.join(parts)})"
 
 
+def signature(rank: int) -> str:
+    """A tensor function's one input of rank `rank`, its sizes named: `t[S0, S1, ...]`."""
+    return f"t[{', '.join(f'S{d}' for d in range(rank))}]"
+
+
+def broadcast_read(param: str, cshape: tuple[int, ...], rank: int) -> str:
+    """The read of a tensor function's parameter `param` of shape `cshape` (a constant broadcast against the output
+    of rank `rank`, aligned on the last axes) at the output's indices i0, i1, ...: index 0 where it has size 1."""
+    at = [f"i{d}" for d in range(rank)][rank - len(cshape) :]
+    return f"{param}[{', '.join('0' if n == 1 else at[d] for d, n in enumerate(cshape)) or '0'}]"
+
+
 def positive_axis(a: int, rank: int) -> int:
     return a + rank if a < 0 else a
 

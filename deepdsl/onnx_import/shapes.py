@@ -14,7 +14,7 @@ import numpy as np
 
 from deepdsl.ir.types import MAX_ELEMENTS
 from deepdsl.onnx_import.folding import fold
-from deepdsl.onnx_import.rule_support import dims, inputs_const, positive_axis
+from deepdsl.onnx_import.rule_support import dims, inputs_const, positive_axis, signature
 from deepdsl.onnx_import.writing import Node, call, need, num
 
 if TYPE_CHECKING:
@@ -180,8 +180,7 @@ def strided(imp: Importer, node: Any, where: Node, shape: tuple[int, ...], cuts:
         reads[a] = " + ".join(p for p in (f"{st} * {idx[a]}" if st != 1 else idx[a], str(s) if s else "") if p)
         ranges[a] = f"{idx[a]}: {-(-(e - s) // st)}"
     fn = imp.names.make(f"{imp.names.clean(where.base, 'slice')}_fn", "fn")
-    sizes = ", ".join(f"S{d}" for d in range(rank))
-    imp.tensor_fns += [f"tensor {fn}(t[{sizes}]) -> [{', '.join(ranges)}] = t[{', '.join(reads)}]   # Slice", ""]
+    imp.tensor_fns += [f"tensor {fn}({signature(rank)}) -> [{', '.join(ranges)}] = t[{', '.join(reads)}]   # Slice", ""]
     imp.bind(node, f"{fn}({imp.tensor(node.input[0], where)})")
 
 
@@ -315,6 +314,5 @@ def pad(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         text = num(fill) if np.isfinite(fill) else "inf" if fill > 0 else "-inf"  # -inf before a max pool
         body = f"{inside} ? {body} : {text}" if inside else body
     fn = imp.names.make(f"{imp.names.clean(where.base, 'pad')}_fn", "fn")
-    sizes = ", ".join(f"S{d}" for d in range(rank))
-    imp.tensor_fns += [f"tensor {fn}(t[{sizes}]) -> [{ranges}] = {body}   # Pad {flat}", ""]
+    imp.tensor_fns += [f"tensor {fn}({signature(rank)}) -> [{ranges}] = {body}   # Pad {flat}", ""]
     imp.bind(node, f"{fn}({imp.tensor(node.input[0], where)})")

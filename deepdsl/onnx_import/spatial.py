@@ -59,6 +59,14 @@ def _spatial(imp: Importer, node: Any, where: Node, attrs: dict, kernel: tuple[i
     return strides, tuple(pads)
 
 
+def _pad_1d(pad: tuple[int, ...]) -> dict[str, str]:
+    """The `pad=` of a 1-D window op from the 2-D op's (top, left, bottom, right) on [N, C, 1, L]: `(left, right)`,
+    one number where they agree, nothing where both are 0."""
+    if pad[1] == pad[3]:
+        return {"pad": str(pad[1])} if pad[1] else {}
+    return {"pad": f"({pad[1]}, {pad[3]})"}
+
+
 def _dilation(where: Node, attrs: dict, fn: str) -> str | None:
     """A convolution's dilation as the `dilation=` value, None where it is 1."""
     d = tuple(int_list(attrs, "dilations", [1, 1]))
@@ -101,10 +109,7 @@ def conv(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         kw = {}
         if stride[1] != 1:
             kw["stride"] = str(stride[1])
-        if pad[1] != pad[3]:
-            kw["pad"] = f"({pad[1]}, {pad[3]})"
-        elif pad[1]:
-            kw["pad"] = str(pad[1])
+        kw.update(_pad_1d(pad))
         if dilation1 != 1:
             kw["dilation"] = str(dilation1)
     groups = int(attrs.get("group", 1))
@@ -255,8 +260,7 @@ def pool(fn: str) -> Callable[..., None]:
         pad, ceil = _pool_form(fn, where, axes, divisor, what)  # type: ignore[arg-type]
         if one_d:  # in the 1-D pool's terms: one window, stride, pad (left, right)
             kw = {"stride": str(stride[1])} if stride[1] != kernel[1] else {}
-            if pad[1] != pad[3] or pad[1]:
-                kw["pad"] = str(pad[1]) if pad[1] == pad[3] else f"({pad[1]}, {pad[3]})"
+            kw.update(_pad_1d(pad))
             if ceil:
                 kw["ceil_mode"] = "true"
             imp.bind(node, call(where, f"{fn}1d", [x, str(kernel[1])], kw))
