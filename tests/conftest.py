@@ -5,8 +5,10 @@ repository, and the removal of the shared memory that MPI ranks the tests kill l
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -35,15 +37,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite the golden files from the current output")
 
 
-# the run's folder of native builds made once (tests/backends/built_once.py), removed by the process that made it
+# the run's folder of native builds made once (tests/backends/built_once.py), removed by the process that named it
 BUILDS = pytest.StashKey[str]()
+BUILDS_PREFIX = "deepdsl-test-builds-"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """A fresh folder for the run's builds: made here in the process pytest started, before xdist starts its
-    workers, which inherit the variable (as do the processes the tests launch), so that they all share it."""
+    """A fresh folder for the run's builds, named here in the process pytest started, before xdist starts its
+    workers, which inherit the variable (as do the processes the tests launch), so that they all share it; the first
+    build makes it (a run that builds nothing leaves nothing). A run that was killed never removes its folder: the
+    folders a day old, whoever left them, are removed first (no run lasts a day)."""
     if not os.environ.get("DEEPDSL_TEST_BUILDS"):
-        folder = tempfile.mkdtemp(prefix="deepdsl-test-builds-")
+        temp = Path(tempfile.gettempdir())
+        for old in temp.glob(f"{BUILDS_PREFIX}*"):
+            try:
+                if time.time() - old.stat().st_mtime > 86400:
+                    shutil.rmtree(old, ignore_errors=True)
+            except OSError:
+                continue
+        folder = str(temp / f"{BUILDS_PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
         os.environ["DEEPDSL_TEST_BUILDS"] = config.stash[BUILDS] = folder
 
 

@@ -2,11 +2,11 @@
 and the CUDA 13 and cuDNN 9 sets made from them) and the emulated kernels of a translation unit are the same files
 in every test that builds them, and gcc or g++ costs a second or more each time (fake_libcudnn.c alone, built four
 times for a cuDNN 9 set: about 4 s). `in_folder(key, folder, make)` builds with `make(tmp)` once per key in the run's
-cache folder, $DEEPDSL_TEST_BUILDS (tests/conftest.py makes a fresh one for each pytest run, shared by its xdist
-workers and what they launch, and removes it at the end), and copies the files into `folder`. Each test still gets
-files of its own, so a library is loaded from its own path as before (a second dlopen of one path would share the
-first one's state). Without $DEEPDSL_TEST_BUILDS (scripts/gpu_prepare.sh, scripts/profile_gpu.py) `make(folder)`
-builds in place, as before.
+cache folder, $DEEPDSL_TEST_BUILDS (tests/conftest.py names a fresh one for each pytest run, shared by its xdist
+workers and what they launch, made by the first build and removed at the end), and copies the files into `folder`.
+Each test still gets files of its own, so a library is loaded from its own path as before (a second dlopen of one
+path would share the first one's state). Without $DEEPDSL_TEST_BUILDS (scripts/gpu_prepare.sh,
+scripts/profile_gpu.py) `make(folder)` builds in place, as before.
 
 The key names everything the files depend on that may differ within a run (the caller's arguments and the sources'
 text); a build that fails is not kept, so every test that asks for it fails the same way."""
@@ -34,6 +34,7 @@ def in_folder(key: str, folder: Path, make: Callable[[Path], None]) -> Path:
         return folder
     done = Path(cache) / hashlib.sha256(key.encode()).hexdigest()[:24]
     if not done.is_dir():
+        Path(cache).mkdir(mode=0o700, exist_ok=True)  # the run's first build makes it
         with open(done.with_name(f"{done.name}.lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another xdist worker or rank may be building the same key
             if not done.is_dir():
