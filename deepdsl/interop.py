@@ -68,6 +68,13 @@ def import_onnx(
         which = ", ".join(f"{name} ({nodes} nodes)" for name, nodes in imported.shared)
         lines.append(f"note: one set of weights for several nodes, as the model reads one initialiser there: {which}; "
                      "trained, they stay one (--no-share gives each node its own copy)")  # fmt: skip
+    if imported.folded_norms:  # the same outputs, but not the same training: said, with how to export for it
+        some = ", ".join(imported.folded_norms[:4]) + (", ..." if len(imported.folded_norms) > 4 else "")
+        lines.append(f"note: {len(imported.folded_norms)} convolutions ({some}) hold a batch norm that PyTorch's "
+                     "exporter folded into them (eval mode): the outputs are the model's, but trained they have no "
+                     "batch norm. To train the model as PyTorch does, export it with its batch norms: "
+                     "torch.onnx.export(..., dynamo=True, optimize=False) or (..., dynamo=False, "
+                     "do_constant_folding=False)")  # fmt: skip
     return lines
 
 

@@ -5,7 +5,12 @@ Prints one table row per model and exporter. PyTorch is never a dependency of de
 has torch, torchvision, onnx and onnxscript (the dynamo exporter's), and deepdsl on the path:
 
     PYTHONPATH=$PWD /work/torchvenv/bin/python scripts/pytorch_onnx_models.py [--only resnet18,vit] [--java]
-        [--exporters dynamo,torchscript] [--iters 4]
+        [--exporters dynamo,torchscript] [--iters 4] [--keep-norms]
+
+Both exporters fold each batch norm that follows a convolution into it in eval mode (the import says so): the
+outputs are the model's, the trainable parameters are not. --keep-norms exports as one does to train the model
+(the dynamo exporter with optimize=False, the TorchScript one with do_constant_folding=False); the `params` column
+compares the import's trainable parameters with the PyTorch model's.
 """
 
 from __future__ import annotations
@@ -168,7 +173,7 @@ def models() -> dict[str, tuple[Callable, tuple]]:
     }
 
 
-def export(model, xs: tuple, path: Path, exporter: str) -> None:  # noqa: ANN001
+def export(model, xs: tuple, path: Path, exporter: str, keep_norms: bool) -> None:  # noqa: ANN001
     import torch
 
     names = [f"x{k}" for k in range(len(xs))] if len(xs) > 1 else ["x"]
@@ -177,16 +182,18 @@ def export(model, xs: tuple, path: Path, exporter: str) -> None:  # noqa: ANN001
         if exporter == "dynamo":
             # PyTorch's defaults: the weights in a file beside the model (external data), read from its folder
             torch.onnx.export(model, xs, str(path), input_names=names, dynamo=True, external_data=True,
-                              verbose=False)  # fmt: skip
+                              verbose=False, optimize=not keep_norms)  # fmt: skip
         else:
-            torch.onnx.export(model, xs, str(path), input_names=names, dynamo=False, opset_version=17)
+            torch.onnx.export(model, xs, str(path), input_names=names, dynamo=False, opset_version=17,
+                              do_constant_folding=not keep_norms)  # fmt: skip
 
 
 def deepdsl_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "deepdsl", *args], capture_output=True, text=True, check=False)
 
 
-def check(name: str, exporter: str, make: Callable, shapes: tuple, folder: Path, iters: int, java: bool) -> dict:
+def check(name: str, exporter: str, make: Callable, shapes: tuple, folder: Path, iters: int, java: bool,
+          keep_norms: bool = False) -> dict:  # fmt: skip
     import torch
 
     from deepdsl import api
@@ -213,7 +220,7 @@ def check(name: str, exporter: str, make: Callable, shapes: tuple, folder: Path,
     path = folder / f"{name}_{exporter}.onnx"
     t0 = time.perf_counter()
     try:
-        export(model, tuple(torch.from_numpy(x) for x in xs), path, exporter)
+        export(model, tuple(torch.from_numpy(x) for x in xs), path, exporter, keep_norms)
     except Exception as exc:  # noqa: BLE001 — the exporter's own failure
         return {**row, "result": f"PyTorch's export fails: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"}
     loss = want.ndim in (2, 3)  # classes, or classes per position [N, T, K]
@@ -228,6 +235,9 @@ def check(name: str, exporter: str, make: Callable, shapes: tuple, folder: Path,
             "result": "not imported: " + (lines[0][-120:] if len(lines) == 1 else f"{lines[0][-60:]} {more}"),
         }
     row["import_s"] = time.perf_counter() - t0
+    ours = sum(a.size for k, a in got.arrays.items() if not k.endswith(("running_mean", "running_var")))
+    theirs = sum(q.numel() for q in model.parameters())
+    row["params"] = "=" if ours == theirs else f"{ours:,} vs {theirs:,}"
     b = api.build(program)
     feeds = {d.value.name: x for d, x in zip(b.infer.inputs, xs)}  # the inputs in the model's order
     out = run(b.infer, feeds, got.arrays).outputs["predict"]
@@ -287,6 +297,7 @@ def main() -> None:
     p.add_argument("--exporters", default="dynamo,torchscript")
     p.add_argument("--iters", type=int, default=4, help="fine-tuning steps of `deepdsl run`")
     p.add_argument("--java", action="store_true", help="also compile the Java program and train it 2 steps")
+    p.add_argument("--keep-norms", action="store_true", help="export with the batch norms kept, to train the model")
     a = p.parse_args()
     sys.path.insert(0, str(ROOT))
     import torch
@@ -294,15 +305,17 @@ def main() -> None:
     table = models()
     names = [n for n in a.only.split(",") if n] or list(table)
     print(f"torch {torch.__version__}; batch {BATCH}; within {TOL} of the output's scale is ok")
-    print(f"{'model':<20} {'exporter':<12} {'result':<40} {'diff/scale':>10} {'export+import s':>8}  fine-tune")
+    print(f"{'model':<20} {'exporter':<12} {'result':<40} {'diff/scale':>10} {'export+import s':>8}  "
+          f"{'params':<24} fine-tune")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             make, shapes = table[name]
             for exporter in a.exporters.split(","):
-                row = check(name, exporter, make, shapes, Path(tmp), a.iters, a.java)
+                row = check(name, exporter, make, shapes, Path(tmp), a.iters, a.java, a.keep_norms)
                 diff = f"{row['diff']:.1e}" if "diff" in row else ""
                 secs = f"{row['import_s']:.2f}" if "import_s" in row else ""
-                print(f"{name:<20} {exporter:<12} {row['result']:<40} {diff:>10} {secs:>8}  {row.get('loss', '')}"
+                print(f"{name:<20} {exporter:<12} {row['result']:<40} {diff:>10} {secs:>8}  "
+                      f"{row.get('params', ''):<24} {row.get('loss', '')}"
                       + (f"  java: {row['java']}" if "java" in row else ""), flush=True)  # fmt: skip
 
 

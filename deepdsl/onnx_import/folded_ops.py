@@ -52,10 +52,25 @@ def folded(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         if int(attrs.get("to", 0)) == 1:  # to float: what a computed tensor is already
             imp.env[node.output[0]] = imp.tensor(node.input[0], where)
             return
+    if value is None and node.op_type == "CastLike":
+        cast_like(imp, node, where)
+        return
     if value is None:
         raise where.refuse(f"deepdsl imports {node.op_type} of constants and shapes only (as exporters compute "
                            "shapes)")  # fmt: skip
     imp.consts[node.output[0]] = np.asarray(value)
+
+
+def cast_like(imp: Importer, node: Any, where: Node) -> None:
+    """CastLike to the type of a computed tensor (PyTorch's dynamo exporter without its optimiser writes one for
+    each convolution's zero bias): a constant cast to float32, or a computed tensor as it is, since every computed
+    tensor deepdsl imports is float32 (integer token ids are read by embeddings alone, `Importer._vocab`); a CastLike
+    to a constant's type is folded before this rule."""
+    x = imp.const(node.input[0])
+    if x is not None:
+        imp.consts[node.output[0]] = x.astype(np.float32)
+    else:
+        imp.env[node.output[0]] = imp.tensor(node.input[0], where)
 
 
 def gather_position(imp: Importer, node: Any, where: Node, attrs: dict) -> None:

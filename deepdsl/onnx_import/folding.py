@@ -17,7 +17,7 @@ FOLDED = ("Cast", "Gather", "Shape", "Squeeze", "Unsqueeze")
 # operators with no rule of their own that exporters apply to shapes and constants (a mask's ConstantOfShape,
 # Equal and Where, a head size's Mod): folded where every input is known, else refused
 FOLD_ONLY = ("ConstantOfShape", "Equal", "Where", "Mod", "Range", "Not", "Less", "Greater", "Neg", "Min",
-             "Max", "Floor", "Ceil", "Reciprocal", "ReduceProd", "ScatterND")  # fmt: skip
+             "Max", "Floor", "Ceil", "Reciprocal", "ReduceProd", "ScatterND", "CastLike")  # fmt: skip
 
 # every operator `fold` computes on known inputs (those with a rule for computed tensors too)
 FOLDABLE = frozenset((*FOLDED, *FOLD_ONLY, "Concat", "Slice", "Expand", "Add", "Sub", "Mul", "Div", "Sqrt", "Pow",
@@ -169,4 +169,6 @@ def _fold(
             kind = TensorProto.DataType.Name(to) if to in TensorProto.DataType.values() else f"type {to}"
             raise where.refuse(f"a Cast to {kind}: deepdsl folds Casts to numbers only")
         return x.astype(np.dtype(DTYPES[to]).newbyteorder("="))
+    if op == "CastLike" and xs[1] is not None:  # to the second input's type (its values unused)
+        return x.astype(xs[1].dtype)
     return None

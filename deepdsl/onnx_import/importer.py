@@ -35,9 +35,8 @@ class Importer:
         self.producer: dict[str, str] = {}  # ONNX value -> the op type that made it
         self.layers: list[str] = []
         self.tensor_fns: list[str] = []
-        self.functions: dict[
-            tuple, str
-        ] = {}  # (what it computes, rank) -> a tensor function written once (activations)
+        self.functions: dict[tuple, str] = {}  # (what it computes, rank) -> a tensor function written once
+        self.folded_norms: list[str] = []  # convolution layers the exporter folded a batch norm into (`folded_norm`)
         self.body: list[str] = []
         self.arrays: dict[str, np.ndarray] = {}
         self.batch = batch
@@ -129,7 +128,7 @@ class Importer:
         source = f"# imported from {Path(self.file).name} (ONNX opset {self.opset}) by deepdsl import"
         text = "\n".join([source, *lines, "", *self.tensor_fns, *self.layers, "", *self.body, "", *tail, ""])
         shared = tuple((name, nodes) for name, (_, nodes) in self.calls.items() if nodes > 1)
-        return Imported(text.replace("\n\n\n", "\n\n"), self.arrays, network, shared)
+        return Imported(text.replace("\n\n\n", "\n\n"), self.arrays, network, shared, tuple(self.folded_norms))
 
     def _vocab(self, name: str) -> int | None:
         """The rows of the constant table every reader of integer input `name` gathers from (an embedding)."""

@@ -5,6 +5,7 @@ two Resizes)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,44 @@ def per_batch(imp: Importer) -> dict[str, int | None]:
                 scales = got[0] % n == 0 and other[0] == got[0] // n * (n + 1) and got[0] != other[0]
                 imp.multiples[v] = got[0] // n if scales else None
     return imp.multiples
+
+
+def initialisers_read(imp: Importer, name: str) -> set[str]:
+    """The initialisers constant `name` is computed from (itself, where it is one), through the nodes folded here."""
+    names = {t.name for t in imp.graph.initializer}
+    found: set[str] = set()
+
+    def walk(origin: tuple) -> None:
+        if origin[0] == "tensor":
+            found.update({origin[1]} & names)
+        elif origin[0] != "value":
+            for o in origin[2]:
+                if o is not None:
+                    walk(o)
+
+    walk(imp.origin(name))
+    return found
+
+
+def computed_zeros(imp: Importer, name: str) -> bool:
+    """Whether constant `name` is all zeros and comes from no initialiser: a zero the exporter computed (PyTorch's
+    dynamo exporter without its optimiser writes a convolution of `bias=False` with the bias
+    `Expand(CastLike(0))`), which stands for no parameter of the model, unlike a zero bias held as an initialiser."""
+    value = imp.consts.get(name)
+    return value is not None and not value.any() and not initialisers_read(imp, name)
+
+
+def folded_norm(imp: Importer, node: Any) -> bool:
+    """Whether PyTorch's exporter folded a batch norm into convolution `node` (both exporters do in eval mode): the
+    dynamo exporter says so in the node's metadata (its innermost module is the BatchNorm), the TorchScript one names
+    the weight it computed `onnx::Conv_NNN` where a convolution's own weight keeps its module's name."""
+    modules = re.findall(r"'([^']*)'", next((p.value[:4000] for p in node.metadata_props
+                                              if p.key == "pkg.torch.onnx.class_hierarchy"), ""))  # fmt: skip
+    if len(modules) >= 2:
+        return "BatchNorm" in modules[-2]
+    return imp.model.producer_name == "pytorch" and any(
+        re.fullmatch(r"onnx::Conv_[0-9]+", n) for n in initialisers_read(imp, node.input[1])
+    )
 
 
 def dims(imp: Importer, shape: tuple[int, ...], value: str | None = None) -> str:

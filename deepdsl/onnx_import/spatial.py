@@ -5,6 +5,7 @@ H and W (`upsample`, nearest or bilinear; two Resizes, as deepdsl exports upsamp
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from deepdsl.errors import DslShapeError
 from deepdsl.frontend.convs import pool_geometry
 from deepdsl.ir.types import MAX_ELEMENTS
-from deepdsl.onnx_import.rule_support import Renamed
+from deepdsl.onnx_import.rule_support import Renamed, computed_zeros, folded_norm
 from deepdsl.onnx_import.writing import Node, call, pair
 
 if TYPE_CHECKING:
@@ -88,6 +89,8 @@ def conv(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     b = imp.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
     if len(node.input) > 2 and node.input[2] and b is None:
         raise where.refuse("the bias must be an initialiser (a constant)")
+    if b is not None and computed_zeros(imp, node.input[2]):  # no bias in the model: the exporter's zeros
+        b = None
     kernel = (int(w.shape[2]), int(w.shape[3]))
     if "kernel_shape" in attrs and tuple(attrs["kernel_shape"]) != kernel:
         raise where.refuse(f"kernel_shape {list(attrs['kernel_shape'])} differs from the weight's {list(kernel)}")
@@ -118,8 +121,14 @@ def conv(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     if b is None:
         kw["bias"] = "false"
     params = {"W": w} if b is None else {"W": w, "b": b.reshape(-1)}
-    sources = [i for i in node.input[1:3] if i]
+    sources = [i for i in node.input[1 : 2 if b is None else 3] if i]
+    folded = folded_norm(imp, node)
+    own = node.input[1].removesuffix(".weight")  # the dynamo exporter names a folded node after its batch norm
+    if folded and own != node.input[1] and "/" not in where.base:  # the convolution's module names it instead
+        where = dataclasses.replace(where, base=own)
     name = imp.layer(node, where, call(where, fn, args, kw), params, sources)
+    if folded and name not in imp.folded_norms:
+        imp.folded_norms.append(name)
     imp.bind(node, f"{name}({x})", name)
 
 

@@ -35,6 +35,7 @@ class Imported:
     arrays: dict[str, np.ndarray]  # every parameter and state array under its deepdsl name
     network: str
     shared: tuple[tuple[str, int], ...] = ()  # (layer, nodes) of each layer written once for several nodes
+    folded_norms: tuple[str, ...] = ()  # convolution layers holding a batch norm the exporter folded into them
 
 
 class Names:
