@@ -68,6 +68,10 @@ def import_onnx(
         which = ", ".join(f"{name} ({nodes} nodes)" for name, nodes in imported.shared)
         lines.append(f"note: one set of weights for several nodes, as the model reads one initialiser there: {which}; "
                      "trained, they stay one (--no-share gives each node its own copy)")  # fmt: skip
+    if imported.tied:  # said, as the tie is read off the weights' values (docs/onnx.md)
+        which = ", ".join(f"{head} (the table of {tok})" for head, tok in imported.tied)
+        lines.append(f"note: heads tied to an embedding, as their weight is its table: {which}; trained, they stay one "
+                     "(--no-share gives each head its own weight)")  # fmt: skip
     return lines
 
 

@@ -228,6 +228,10 @@ def check(name: str, exporter: str, make: Callable, shapes: tuple, folder: Path,
             "result": "not imported: " + (lines[0][-120:] if len(lines) == 1 else f"{lines[0][-60:]} {more}"),
         }
     row["import_s"] = time.perf_counter() - t0
+    # trainable parameters, each counted once (PyTorch's parameters() lists a tied or shared one once): gpt2_like's
+    # tied head imports as full(tied=wte), one table
+    theirs, ours = sum(q.numel() for q in model.parameters()), program.graph.parameter_count
+    row["params"] = f"{ours:,}" + (" = PyTorch's" if ours == theirs else f" (PyTorch {theirs:,})")
     b = api.build(program)
     feeds = {d.value.name: x for d, x in zip(b.infer.inputs, xs)}  # the inputs in the model's order
     out = run(b.infer, feeds, got.arrays).outputs["predict"]
@@ -303,7 +307,8 @@ def main() -> None:
                 diff = f"{row['diff']:.1e}" if "diff" in row else ""
                 secs = f"{row['import_s']:.2f}" if "import_s" in row else ""
                 print(f"{name:<20} {exporter:<12} {row['result']:<40} {diff:>10} {secs:>8}  {row.get('loss', '')}"
-                      + (f"  java: {row['java']}" if "java" in row else ""), flush=True)  # fmt: skip
+                      + (f"  java: {row['java']}" if "java" in row else "")
+                      + (f"  params: {row['params']}" if "params" in row else ""), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -94,6 +94,7 @@ def embedding(imp: Importer, node: Any, where: Node, attrs: dict) -> None:
                            "(an embedding)")  # fmt: skip
     v, d = (int(n) for n in table.shape)
     name = imp.layer(node, where, f"embedding({v}, {d})", {"W": table})
+    imp.tables.setdefault(name, imp.arrays[f"{name}.W"])  # a head whose weight is this table is tied to it (linear.py)
     imp.bind(node, f"{name}({imp.tensor(node.input[1], where)})", name)
 
 

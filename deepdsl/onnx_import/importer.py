@@ -35,9 +35,7 @@ class Importer:
         self.producer: dict[str, str] = {}  # ONNX value -> the op type that made it
         self.layers: list[str] = []
         self.tensor_fns: list[str] = []
-        self.functions: dict[
-            tuple, str
-        ] = {}  # (what it computes, rank) -> a tensor function written once (activations)
+        self.functions: dict[tuple, str] = {}  # (what it computes, rank) -> a tensor function written once
         self.body: list[str] = []
         self.arrays: dict[str, np.ndarray] = {}
         self.batch = batch
@@ -47,6 +45,8 @@ class Importer:
         self.shared: dict[tuple, tuple[str, dict]] = {}  # (text, parameters' origins) -> the layer, its parameters
         self.share = share  # nodes reading the very same initialisers: one layer (`layer`), else a copy each
         self.calls: dict[str, list[int]] = {}  # a layer that may be shared -> [its line in self.layers, its callers]
+        self.tables: dict[str, np.ndarray] = {}  # an embedding layer -> its table, which a head may be tied to
+        self.tied: list[tuple[str, str]] = []  # (head, embedding) of each head written as full(tied=embedding)
 
     # ---- the model's frame ----
 
@@ -129,7 +129,7 @@ class Importer:
         source = f"# imported from {Path(self.file).name} (ONNX opset {self.opset}) by deepdsl import"
         text = "\n".join([source, *lines, "", *self.tensor_fns, *self.layers, "", *self.body, "", *tail, ""])
         shared = tuple((name, nodes) for name, (_, nodes) in self.calls.items() if nodes > 1)
-        return Imported(text.replace("\n\n\n", "\n\n"), self.arrays, network, shared)
+        return Imported(text.replace("\n\n\n", "\n\n"), self.arrays, network, shared, tuple(self.tied))
 
     def _vocab(self, name: str) -> int | None:
         """The rows of the constant table every reader of integer input `name` gathers from (an embedding)."""

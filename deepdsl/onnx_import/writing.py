@@ -35,6 +35,7 @@ class Imported:
     arrays: dict[str, np.ndarray]  # every parameter and state array under its deepdsl name
     network: str
     shared: tuple[tuple[str, int], ...] = ()  # (layer, nodes) of each layer written once for several nodes
+    tied: tuple[tuple[str, str], ...] = ()  # (head, embedding) of each head tied to an embedding's table
 
 
 class Names:
@@ -86,7 +87,7 @@ def call(where: Node, fn: str, args: list[str], kw: dict[str, str]) -> str:
         spec = specs.get(key)
         if spec is None:
             raise where.refuse(f"it needs {fn}(..., {key}={text}), which the language has no {key}= for in this build")
-        if text in ("true", "false"):
+        if text in ("true", "false") or spec.kind == "table":  # a flag, or a layer's name (tied=)
             continue
         for v in (float(t) for t in text.strip("()").split(",")):
             if spec.kind in ("int", "pair", "ints") and abs(v) > INT_MAX:
