@@ -1,7 +1,7 @@
 """A head tied to a token embedding, `full(h, tied=tok)` (GPT-2's logits = h @ wte.T): the program reads the one
 parameter `tok.W` in the embedding and in the head's GEMM, its gradient is the sum of both uses (float64 central
 differences, and the gradients of an untied twin added up), it is counted and updated once, and the mistakes are
-located (tests/backends/test_java_tied_head.py: the Java program)."""
+located (tests/backends/test_tied_head_backends.py: the Java program and the GPU runner)."""
 
 from __future__ import annotations
 
