@@ -75,6 +75,10 @@ def import_onnx(
                      "batch norm. To train the model as PyTorch does, export it with its batch norms: "
                      "torch.onnx.export(..., dynamo=True, optimize=False) or (..., dynamo=False, "
                      "do_constant_folding=False)")  # fmt: skip
+    if imported.tied:  # said, as the tie is read off the weights' values (docs/onnx.md)
+        which = ", ".join(f"{head} (the table of {tok})" for head, tok in imported.tied)
+        lines.append(f"note: heads tied to an embedding, as their weight is its table: {which}; trained, they stay one "
+                     "(--no-share gives each head its own weight)")  # fmt: skip
     return lines
 
 

@@ -235,9 +235,10 @@ def check(name: str, exporter: str, make: Callable, shapes: tuple, folder: Path,
             "result": "not imported: " + (lines[0][-120:] if len(lines) == 1 else f"{lines[0][-60:]} {more}"),
         }
     row["import_s"] = time.perf_counter() - t0
-    ours = sum(a.size for k, a in got.arrays.items() if not k.endswith(("running_mean", "running_var")))
-    theirs = sum(q.numel() for q in model.parameters())
-    row["params"] = "=" if ours == theirs else f"{ours:,} vs {theirs:,}"
+    # trainable parameters, each counted once (PyTorch's parameters() lists a tied or shared one once): gpt2_like's
+    # tied head imports as full(tied=wte), one table
+    theirs, ours = sum(q.numel() for q in model.parameters()), program.graph.parameter_count
+    row["params"] = f"{ours:,}" + (" = PyTorch's" if ours == theirs else f" (PyTorch {theirs:,})")
     b = api.build(program)
     feeds = {d.value.name: x for d, x in zip(b.infer.inputs, xs)}  # the inputs in the model's order
     out = run(b.infer, feeds, got.arrays).outputs["predict"]

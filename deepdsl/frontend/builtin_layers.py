@@ -1,5 +1,6 @@
-"""The built-in layers with parameters: the convolutions `conv`, `conv_transpose` and `conv1d`, `full`,
-`embedding`, and the normalisations `batch_norm`, `layer_norm`, `group_norm` and `instance_norm`.
+"""The built-in layers with parameters: the convolutions `conv`, `conv_transpose` and `conv1d`, `full` (also as a
+head tied to an embedding's table, `full(tied=tok)`), `embedding`, and the normalisations `batch_norm`, `layer_norm`,
+`group_norm` and `instance_norm`.
 
 Each makes its parameters under the layer's path (`el.param`: NAME.W, NAME.b, NAME.gamma, ...) and emits registry
 ops; the convolutions' asymmetric padding and the 1-D layers' views are composed in frontend/convs.py.
@@ -10,9 +11,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from deepdsl.errors import DslArgumentError, DslShapeError, Span
+from deepdsl.errors import DslArgumentError, DslProgramError, DslShapeError, Note, Span
 from deepdsl.frontend import convs
-from deepdsl.frontend.builtins import HE, ONE, ZERO, Args, ArgSpec, builtin, need_rank, view
+from deepdsl.frontend.builtins import HE, ONE, ZERO, Args, ArgSpec, builtin, need_rank, origin_notes, view
 from deepdsl.frontend.values import Spec, TensorVal
 
 if TYPE_CHECKING:
@@ -104,23 +105,62 @@ def conv_transpose(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args
 
 @builtin(
     "full",
-    ArgSpec("out", "int", low=1),
+    ArgSpec("out", "int", None, low=1),  # required, but for a tied head (the table's rows)
     ArgSpec("bias", "bool", True),
-    ArgSpec("init", "init", HE),
+    ArgSpec("init", "init", None),  # he() where left out; a tied head has the table's
     ArgSpec("bias_init", "init", ZERO),
+    ArgSpec("tied", "table", None, keyword=True),  # by name only: full(tied=tok)
 )
 def full(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     # nn.Linear: over the last axis of any rank (issue 34), the leading axes viewed as rows and back (free views)
     (x,) = xs
     need_rank(x, (2, 3, 4, 5, 6), "full", span, "full works on [N, D] rows, or on the last axis of [N, ..., D]")
     d = x.shape[-1]
-    w = el.param(path, "W", (a["out"], d), a["init"], span)
+    if a["tied"] is not None:
+        w = tied_table(el, a, x, span)
+    elif a["out"] is None:
+        hint = "full(out, bias=..., init=..., bias_init=...), or full(tied=EMBEDDING)"
+        raise DslArgumentError("full needs its argument 'out'", span, hint=hint)
+    else:
+        w = el.param(path, "W", (a["out"], d), a["init"] or HE, span)
+    out = w.shape[0]
     rows = view(el, x, (math.prod(x.shape[:-1]), d), span, path, "full")
     y = el.emit("linear", (rows, w), span, path, "full")
     if a["bias"]:
-        b = el.param(path, "b", (a["out"],), a["bias_init"], span)
+        b = el.param(path, "b", (out,), a["bias_init"], span)
         y = el.emit("bias_add", (y, b), span, path, "full")
-    return view(el, y, (*x.shape[:-1], a["out"]), span, path, "full")
+    return view(el, y, (*x.shape[:-1], out), span, path, "full")
+
+
+def tied_table(el: Elaborator, a: Args, x: TensorVal, span: Span) -> TensorVal:
+    """The weight of a head tied to an embedding (`full(h, tied=tok)`, GPT-2's logits = h @ wte.T): the table
+    `tok.W` [V, D] itself, the parameter that embedding made, so that the program reads one parameter twice and its
+    gradient is the sum of both uses; the head's output is V wide. The embedding must be applied first (its table
+    is made there)."""
+    tok = a["tied"]
+    table = el.params.made(f"{tok.path}.W")
+    if table is None:
+        raise DslProgramError(
+            f"full(tied={tok.path}): the embedding '{tok.path}' is applied nowhere before this head, so it has no "
+            "table yet", span, notes=[Note(f"'{tok.path}' is bound here", tok.span)],
+            hint=f"apply the embedding first ({tok.path}(tokens)); the head reads its table",
+        )  # fmt: skip
+    v, dim = table.shape
+    if a["init"] is not None:
+        raise DslArgumentError(f"full(tied={tok.path}) takes no init=: its weight is the table {tok.path}.W", span)
+    if a["out"] is not None and a["out"] != v:
+        raise DslShapeError(
+            f"full(tied={tok.path}): out={a['out']}, but the table {tok.path}.W has {v} rows (its vocab)",
+            span,
+            hint="leave out `out`: a tied head is as wide as the vocabulary",
+        )
+    if x.shape[-1] != dim:
+        raise DslShapeError(
+            f"full(tied={tok.path}): the input's last axis is {x.shape[-1]} ({x.value.type} from {x.origin}), but the "
+            f"table {tok.path}.W is {table.value.type}: a tied head reads rows of width {dim}", span,
+            notes=[*origin_notes(x), Note(f"'{tok.path}' is bound here", tok.span)],
+        )  # fmt: skip
+    return table
 
 
 @builtin(

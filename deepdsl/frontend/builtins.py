@@ -33,7 +33,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 @dataclass(frozen=True)
 class ArgSpec:
     name: str
-    kind: str  # int, pair, ints, float, floats, bool, init, str, schedule
+    kind: str  # int, pair, ints, float, floats, bool, init, str, schedule, table (an embedding layer: full's tied=)
     default: Any = REQUIRED
     low: float | None = None  # smallest allowed value (ints, pairs, floats)
     below: float | None = None  # values must be strictly less than this

@@ -351,7 +351,7 @@ def convert(fname: str, spec: ArgSpec, v: Any, span: Span) -> Any:
         for p in ints:
             check_int(p)
         return tuple(ints)
-    if spec.kind == "floats":  # a number or a tuple of numbers (class weights)
+    if spec.kind == "floats":  # a number or a tuple of numbers (class weights, normalize's mean and std)
         nums = (v,) if is_int or isinstance(v, float) else v
         if not (isinstance(nums, tuple) and all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in nums)):
             raise bad("a number or a tuple of numbers (a, b, ...)")
@@ -363,13 +363,6 @@ def convert(fname: str, spec: ArgSpec, v: Any, span: Span) -> Any:
             raise bad("a number")
         check_range(float(v))
         return float(v)
-    if spec.kind == "floats":  # a number or a tuple of numbers (normalize's per-channel mean and std)
-        items = v if isinstance(v, tuple) else (v,)
-        if not all((isinstance(p, (int, float)) and not isinstance(p, bool)) for p in items):
-            raise bad("a number or a tuple of numbers (a, b, ...)")
-        for p in items:
-            check_range(float(p))
-        return tuple(float(p) for p in items)
     if spec.kind == "bool":
         if not isinstance(v, bool):
             raise bad("true or false")
@@ -387,6 +380,13 @@ def convert(fname: str, spec: ArgSpec, v: Any, span: Span) -> Any:
         if float(v) < 0:
             raise DslArgumentError(f"argument '{spec.name}' of {fname} must be at least 0, got {v:g}", span)
         return float(v)
+    if spec.kind == "table":  # a layer bound to embedding(...), whose table a tied head reads
+        inner = v.fn if isinstance(v, LayerInstance) else None
+        if not (isinstance(inner, Partial) and inner.fn == BuiltinFn("embedding")):
+            got = describe(v) if not isinstance(v, LayerInstance) else f"the layer '{v.path}', which is no embedding"
+            raise DslArgumentError(f"argument '{spec.name}' of {fname} must be an embedding layer bound by name, as "
+                                   f"`layer tok = embedding(V, D)`, got {got}", span)  # fmt: skip
+        return v
     if spec.kind == "init":
         if isinstance(v, BuiltinFn) and v.name in SPECS and SPECS[v.name][0] == "init" and not SPECS[v.name][1]:
             return Spec("init", v.name, ())

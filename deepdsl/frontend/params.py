@@ -29,6 +29,10 @@ class ParamStore:
         self.spans: dict[str, Span] = {}
         self.first_use: dict[str, Span] = {}  # a shared layer's parameter -> the application that made it
 
+    def made(self, name: str) -> TensorVal | None:
+        """Parameter `name` where it has been made (a tied head reads its embedding's table), else None."""
+        return self.store[name][0] if name in self.store else None
+
     def make(
         self, scope: Scope, path: str, local: str, shape: tuple[int, ...], init: Spec, span: Span, kind: str = "param"
     ) -> TensorVal:

@@ -64,8 +64,8 @@ def folded(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
 def cast_like(imp: Importer, node: Any, where: Node) -> None:
     """CastLike to the type of a computed tensor (PyTorch's dynamo exporter without its optimiser writes one for
     each convolution's zero bias): a constant cast to float32, or a computed tensor as it is, since every computed
-    tensor deepdsl imports is float32 (integer token ids are read by embeddings alone, `Importer._vocab`); a CastLike
-    to a constant's type is folded before this rule."""
+    tensor deepdsl imports is float32 (integer token ids are read by embeddings alone, `rule_support.vocabulary`); a
+    CastLike to a constant's type is folded before this rule."""
     x = imp.const(node.input[0])
     if x is not None:
         imp.consts[node.output[0]] = x.astype(np.float32)
@@ -109,6 +109,7 @@ def embedding(imp: Importer, node: Any, where: Node, attrs: dict) -> None:
                            "(an embedding)")  # fmt: skip
     v, d = (int(n) for n in table.shape)
     name = imp.layer(node, where, f"embedding({v}, {d})", {"W": table})
+    imp.tables.setdefault(name, imp.arrays[f"{name}.W"])  # a head whose weight is this table is tied to it (linear.py)
     imp.bind(node, f"{name}({imp.tensor(node.input[1], where)})", name)
 
 

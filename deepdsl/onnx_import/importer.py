@@ -16,6 +16,7 @@ from deepdsl.frontend.javanames import java_class, reserved_class_names
 from deepdsl.onnx_import import patterns
 from deepdsl.onnx_import.folding import FOLD_ONLY, FOLDABLE, FOLDED, fold, numpy_helper_value
 from deepdsl.onnx_import.reading import MIN_OPSET, load_model, newest_opset, require_onnx, skeleton, tensor_array
+from deepdsl.onnx_import.rule_support import vocabulary
 from deepdsl.onnx_import.rules import RULES, SUPPORTED
 from deepdsl.onnx_import.writing import GENERIC_GRAPH_NAMES, TAKEN, Imported, Names, Node, NodeRefused, refusals
 
@@ -46,6 +47,8 @@ class Importer:
         self.shared: dict[tuple, tuple[str, dict]] = {}  # (text, parameters' origins) -> the layer, its parameters
         self.share = share  # nodes reading the very same initialisers: one layer (`layer`), else a copy each
         self.calls: dict[str, list[int]] = {}  # a layer that may be shared -> [its line in self.layers, its callers]
+        self.tables: dict[str, np.ndarray] = {}  # an embedding layer -> its table, which a head may be tied to
+        self.tied: list[tuple[str, str]] = []  # (head, embedding) of each head written as full(tied=embedding)
 
     # ---- the model's frame ----
 
@@ -101,7 +104,7 @@ class Importer:
         lines = [f"network {network}", ""]
         lines.append(f"const N = {n}" + ("   # the model's batch was symbolic" if model_batch is None else ""))
         for d, x, (x_dims, _) in zip(data, xs, dims):
-            vocab = self._vocab(d.name) if d.type.tensor_type.elem_type != self.onnx.TensorProto.FLOAT else None
+            vocab = vocabulary(self, d.name) if d.type.tensor_type.elem_type != self.onnx.TensorProto.FLOAT else None
             kind = f" int vocab {vocab}" if vocab is not None else ""
             lines.append(f"input {x} : [{', '.join(['N', *map(str, x_dims[1:])])}]{kind}")
         tail: list[str] = []
@@ -128,24 +131,14 @@ class Importer:
         source = f"# imported from {Path(self.file).name} (ONNX opset {self.opset}) by deepdsl import"
         text = "\n".join([source, *lines, "", *self.tensor_fns, *self.layers, "", *self.body, "", *tail, ""])
         shared = tuple((name, nodes) for name, (_, nodes) in self.calls.items() if nodes > 1)
-        return Imported(text.replace("\n\n\n", "\n\n"), self.arrays, network, shared, tuple(self.folded_norms))
-
-    def _vocab(self, name: str) -> int | None:
-        """The rows of the constant table every reader of integer input `name` gathers from (an embedding)."""
-        sizes = set()
-        for node in self.graph.node:
-            if name in node.input:
-                table = self.consts.get(node.input[0])
-                if node.op_type != "Gather" or list(node.input) != [node.input[0], name] or table is None:
-                    return None
-                sizes.add(int(table.shape[0]))
-        return sizes.pop() if len(sizes) == 1 else None
+        return Imported(text.replace("\n\n\n", "\n\n"), self.arrays, network, shared, tuple(self.folded_norms),
+                        tuple(self.tied))  # fmt: skip
 
     def _input_dims(self, vi: Any) -> tuple[list[int], int | None]:
         t = vi.type.tensor_type
         ints = (self.onnx.TensorProto.INT64, self.onnx.TensorProto.INT32)
         if not vi.type.HasField("tensor_type") or t.elem_type != self.onnx.TensorProto.FLOAT and (
-                t.elem_type not in ints or self._vocab(vi.name) is None):  # fmt: skip
+                t.elem_type not in ints or vocabulary(self, vi.name) is None):  # fmt: skip
             raise DslProgramError(f"'{self.file}': the input '{vi.name}' is not a float32 tensor (nor token ids that "
                                   "a Gather from a constant table reads)")  # fmt: skip
         dims = list(t.shape.dim)

@@ -1,6 +1,7 @@
 """Import rules for Gemm and MatMul: a constant weight as a `full` layer (MatMul + Add of a constant vector, as
-exporters write a linear layer, is one `full`; on [N, T, D] the rows go through one `full`, viewed back), and
-MatMul of two computed tensors (attention's q kᵀ and weights v) as `matmul`."""
+exporters write a linear layer, is one `full`; on [N, T, D] the rows go through one `full`, viewed back; a weight
+that is an embedding's table, a head tied to it: `full(tied=...)`), and MatMul of two computed tensors (attention's
+q kᵀ and weights v) as `matmul`."""
 
 from __future__ import annotations
 
@@ -17,11 +18,31 @@ if TYPE_CHECKING:
 
 def full_layer(imp: Importer, node: Any, where: Node, x: str, w: np.ndarray, b: np.ndarray | None,
                sources: list[str]) -> None:  # fmt: skip
-    """`full` with weight `w` [out, in] and optional bias [out], computed from the constants named `sources`."""
+    """`full` with weight `w` [out, in] and optional bias [out], computed from the constants named `sources` (the
+    weight's first); a head whose weight is an embedding's table, `full(tied=...)`, with its bias alone."""
     kw = {} if b is not None else {"bias": "false"}
+    tok = tied_embedding(imp, w)
+    if tok is not None:
+        name = imp.layer(node, where, call(where, "full", [], {**kw, "tied": tok}), {} if b is None else {"b": b},
+                         sources[1:])  # fmt: skip
+        imp.tied.append((name, tok))
+        imp.bind(node, f"{name}({x})", name)
+        return
     params = {"W": w} if b is None else {"W": w, "b": b}
     name = imp.layer(node, where, call(where, "full", [str(w.shape[0])], kw), params, sources)
     imp.bind(node, f"{name}({x})", name)
+
+
+def tied_embedding(imp: Importer, w: np.ndarray) -> str | None:
+    """The embedding layer imported before whose table [V, D] is, value for value, this weight [out, in] (a head tied
+    to it: GPT-2's logits = h @ wte.T), else None; never with --no-share, nor for a table of one value throughout.
+    Equal values, not one initialiser: the very same initialiser read transposed (a Gemm with transB=1, as deepdsl
+    exports the head) gives them, and so does the copy of the table's transpose that both PyTorch exporters write
+    as an initialiser of its own for the head's MatMul; a [V, D] of varying values equal to a table is that table."""
+    if not imp.share or w.ndim != 2 or not w.size or np.ptp(w) == 0:
+        return None
+    w32 = np.asarray(w, np.float32)
+    return next((name for name, t in imp.tables.items() if t.shape == w32.shape and np.array_equal(t, w32)), None)
 
 
 def _bias_vector(c: np.ndarray, m: int) -> np.ndarray | None:

@@ -38,6 +38,19 @@ def per_batch(imp: Importer) -> dict[str, int | None]:
     return imp.multiples
 
 
+def vocabulary(imp: Importer, name: str) -> int | None:
+    """The rows of the constant table every reader of integer input `name` gathers from (an embedding); None where
+    another node reads it (the model's integer inputs are token ids, or refused)."""
+    sizes = set()
+    for node in imp.graph.node:
+        if name in node.input:
+            table = imp.consts.get(node.input[0])
+            if node.op_type != "Gather" or list(node.input) != [node.input[0], name] or table is None:
+                return None
+            sizes.add(int(table.shape[0]))
+    return sizes.pop() if len(sizes) == 1 else None
+
+
 def initialisers_read(imp: Importer, name: str) -> set[str]:
     """The initialisers constant `name` is computed from (itself, where it is one), through the nodes folded here."""
     names = {t.name for t in imp.graph.initializer}

@@ -36,6 +36,7 @@ class Imported:
     network: str
     shared: tuple[tuple[str, int], ...] = ()  # (layer, nodes) of each layer written once for several nodes
     folded_norms: tuple[str, ...] = ()  # convolution layers holding a batch norm the exporter folded into them
+    tied: tuple[tuple[str, str], ...] = ()  # (head, embedding) of each head tied to an embedding's table
 
 
 class Names:
@@ -87,7 +88,7 @@ def call(where: Node, fn: str, args: list[str], kw: dict[str, str]) -> str:
         spec = specs.get(key)
         if spec is None:
             raise where.refuse(f"it needs {fn}(..., {key}={text}), which the language has no {key}= for in this build")
-        if text in ("true", "false"):
+        if text in ("true", "false") or spec.kind == "table":  # a flag, or a layer's name (tied=)
             continue
         for v in (float(t) for t in text.strip("()").split(",")):
             if spec.kind in ("int", "pair", "ints") and abs(v) > INT_MAX:
