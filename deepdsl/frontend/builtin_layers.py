@@ -40,7 +40,7 @@ def _dilated(a: Args) -> dict[str, Any]:
     return {"dilation": a["dilation"]} if tuple(a["dilation"]) != (1, 1) else {}
 
 
-@builtin("conv", *CONV_ARGS)
+@builtin("conv", *CONV_ARGS, params=True)
 def conv(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     (x,) = xs
     need_rank(x, (4,), "conv", span, "conv works on [N, C, H, W] images")
@@ -63,7 +63,7 @@ def _conv_with(el: Elaborator, path: str, x: TensorVal, w: TensorVal, a: Args, s
     return y
 
 
-@builtin("conv_transpose", *CONV_ARGS, ArgSpec("output_padding", "pair", 0, low=0))
+@builtin("conv_transpose", *CONV_ARGS, ArgSpec("output_padding", "pair", 0, low=0), params=True)
 def conv_transpose(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     # the adjoint of conv: its data gradient (conv2d_backward_data) with x in the place of the output gradient;
     # weight [C, out/groups, kh, kw] as PyTorch's ConvTranspose2d, output (H - 1)·stride - 2·pad +
@@ -110,6 +110,7 @@ def conv_transpose(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args
     ArgSpec("init", "init", None),  # he() where left out; a tied head has the table's
     ArgSpec("bias_init", "init", ZERO),
     ArgSpec("tied", "table", None, keyword=True),  # by name only: full(tied=tok)
+    params=True,
 )
 def full(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     # nn.Linear: over the last axis of any rank (issue 34), the leading axes viewed as rows and back (free views)
@@ -168,6 +169,7 @@ def tied_table(el: Elaborator, a: Args, x: TensorVal, span: Span) -> TensorVal:
     ArgSpec("eps", "float", 1e-5, low=1e-30),
     ArgSpec("momentum", "float", 0.1, low=0.0, high=1.0),  # PyTorch's: the weight of the batch's statistics
     ArgSpec("affine", "bool", True),
+    params=True,
 )
 def batch_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     # [N, C] (BatchNorm1d on features), [N, C, L] (BatchNorm1d on sequences: viewed as [N, C, L, 1], issue 34),
@@ -195,6 +197,7 @@ def batch_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, sp
     ArgSpec("vocab", "int", low=1),
     ArgSpec("dim", "int", low=1),
     ArgSpec("init", "init", Spec("init", "gaussian", (("std", 1.0),))),  # PyTorch's nn.Embedding: N(0, 1)
+    params=True,
 )
 def embedding(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     (tokens,) = xs
@@ -226,6 +229,7 @@ def embedding(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, spa
     ArgSpec("bias", "bool", True),
     ArgSpec("init", "init", HE),
     ArgSpec("bias_init", "init", ZERO),
+    params=True,
 )
 def conv1d(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     # [N, C, L] -> [N, out, L'], weight NAME.W [out, C/groups, k] (nn.Conv1d's layout), as conv2d on [N, C, 1, L]
@@ -245,7 +249,7 @@ def conv1d(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: 
 # ---- layer, group and instance norm (shapes as in PyTorch; group and instance norm: issue 34) --------------------
 
 
-@builtin("layer_norm", ArgSpec("eps", "float", 1e-5, low=1e-30))
+@builtin("layer_norm", ArgSpec("eps", "float", 1e-5, low=1e-30), params=True)
 def layer_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     """nn.LayerNorm(last axis): each vector along the last axis normalised, then scaled by NAME.gamma and shifted
     by NAME.beta (both of the last axis' size)."""
@@ -276,7 +280,7 @@ def _group_rows(el: Elaborator, path: str, x: TensorVal, groups: int, eps: float
 
 
 @builtin("group_norm", ArgSpec("groups", "int", low=1), ArgSpec("eps", "float", 1e-5, low=1e-30),
-         ArgSpec("affine", "bool", True))  # fmt: skip
+         ArgSpec("affine", "bool", True), params=True)  # fmt: skip
 def group_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     """nn.GroupNorm(groups, C): the same in training and inference (no running statistics)."""
     (x,) = xs
@@ -287,7 +291,7 @@ def group_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, sp
     return _group_rows(el, path, x, a["groups"], a["eps"], a["affine"], "group_norm", span)
 
 
-@builtin("instance_norm", ArgSpec("eps", "float", 1e-5, low=1e-30), ArgSpec("affine", "bool", False))
+@builtin("instance_norm", ArgSpec("eps", "float", 1e-5, low=1e-30), ArgSpec("affine", "bool", False), params=True)
 def instance_norm(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
     """nn.InstanceNorm1d/2d/3d (track_running_stats=False): each channel of each sample over its positions."""
     (x,) = xs

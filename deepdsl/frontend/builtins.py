@@ -52,6 +52,7 @@ class Builtin:
     args: tuple[ArgSpec, ...]
     apply: Apply
     layer: bool = True  # a layer gets a naming scope and a row in `check --layers`
+    params: bool = False  # it makes parameters: `layer l = NAME` makes them once for every use of l
 
 
 HE = Spec("init", "he", ())
@@ -61,9 +62,11 @@ ONE = Spec("init", "constant", (("v", 1.0),))
 BUILTINS: dict[str, Builtin] = {}
 
 
-def builtin(name: str, *args: ArgSpec, inputs: int = 1, layer: bool = True) -> Callable[[Apply], Apply]:
+def builtin(
+    name: str, *args: ArgSpec, inputs: int = 1, layer: bool = True, params: bool = False
+) -> Callable[[Apply], Apply]:
     def register(fn: Apply) -> Apply:
-        BUILTINS[name] = Builtin(name, inputs, args, fn, layer)
+        BUILTINS[name] = Builtin(name, inputs, args, fn, layer, params)
         return fn
 
     return register

@@ -382,4 +382,5 @@ class Elaborator:
 
 
 def _needs_params(fn: Function) -> bool:
-    return isinstance(fn, BuiltinFn) and fn.name in ("conv", "conv_transpose", "full", "batch_norm", "embedding")
+    """A built-in that makes parameters (`layer ln = layer_norm`): bound once, so that every use shares them."""
+    return isinstance(fn, BuiltinFn) and BUILTINS[fn.name].params

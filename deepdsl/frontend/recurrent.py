@@ -204,4 +204,5 @@ for _kind in _GATES:
         ArgSpec("hidden", "int", low=1),
         ArgSpec("sequences", "bool", True),
         ArgSpec("bias", "bool", True),
+        params=True,
     )(_recurrent(_kind))
