@@ -274,3 +274,20 @@ def test_what_the_language_cannot_say_is_refused(tmp_path: Path, case: str, mess
         import_model(tmp_path / "m.onnx", N, loss=False)
     assert message in str(err.value)
     assert "(LSTM, opset 17)" in str(err.value) or "(GRU, opset 17)" in str(err.value)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_dynamo_unoptimised_reshape_to_a_shape_computed_from_y(tmp_path: Path, op: str) -> None:
+    """torch.onnx.export(dynamo=True, optimize=False): the Reshape's shape is computed from a Shape of Y's Transpose
+    (which then has two readers, the Shape reading its shape alone)."""
+    m = Model([N, T, D])
+    xt = m.node("Transpose", ["x"], perm=[1, 0, 2])[0]
+    y = recurrent(m, op, xt, D, H, n_out=1, layout=0)[0]
+    y = m.node("Transpose", [y], perm=[0, 2, 1, 3])[0]
+    lead = m.node("Slice", [m.node("Shape", [y])[0], m.init("s0", np.asarray([0], np.int64)),
+                            m.init("s2", np.asarray([2], np.int64))])[0]  # fmt: skip
+    shape = m.node("Concat", [lead, m.init("h", np.asarray([H], np.int64))], axis=0)[0]
+    y = m.node("Transpose", [m.node("Reshape", [y, shape])[0]], perm=[1, 0, 2])[0]
+    last = m.node("Gather", [y, m.init("last", np.asarray(-1, np.int64))], axis=1)[0]
+    text = imported_equals_ort(tmp_path, m.model(last, [N, H]))
+    assert f"{op.lower()}({H}, sequences=false)" in text

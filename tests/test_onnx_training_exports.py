@@ -6,6 +6,7 @@ exporters write them (PyTorch is not a dependency); scripts/pytorch_onnx_models.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,8 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from test_onnx_breadth import import_and_compare, text_of  # noqa: E402
+
+from deepdsl.errors import DslError  # noqa: E402
 
 RNG = np.random.default_rng(7)
 X = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])
@@ -109,3 +112,64 @@ def test_a_batch_norm_folded_into_a_convolution_is_said(cli, tmp_path: Path, for
     if form == "dynamo":  # named after the convolution's module (its weight), not the batch norm it holds
         assert "layer stem = conv(4" in (tmp_path / "n.ddsl").read_text(), (tmp_path / "n.ddsl").read_text()
     assert text_of(tmp_path, folded(form))  # the same network either way: the note only says how it was made
+
+
+def split_model(split: np.ndarray | None, positions: list[int], axis: int = 1, keepdims: int = 1) -> object:
+    """x [N, 6, 4, 4] -> SplitToSequence -> SequenceAt at each position -> Concat along the axis (a reordering)."""
+    inits = {"at": np.asarray(0, np.int64)} | ({"split": split} if split is not None else {})
+    nodes = [helper.make_node("SplitToSequence", ["x6", *(["split"] if split is not None else [])], ["seq"],
+                              axis=axis, keepdims=keepdims)]  # fmt: skip
+    parts = []
+    for k, p in enumerate(positions):
+        inits[f"p{k}"] = np.asarray(p, np.int64)
+        nodes.append(helper.make_node("SequenceAt", ["seq", f"p{k}"], [f"part{k}"]))
+        parts.append(f"part{k}")
+    nodes.append(helper.make_node("Concat", parts, ["y"], axis=1))
+    x6 = helper.make_tensor_value_info("x6", TensorProto.FLOAT, ["N", 6, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "C", 4, 4][: 4 if keepdims else 3])
+    init = [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()]
+    m = helper.make_model(helper.make_graph(nodes, "main_graph", [x6], [y], init),
+                          opset_imports=[helper.make_opsetid("", 18)])  # fmt: skip
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("split, positions", [(np.asarray(3, np.int64), [1, 0]),  # torch.chunk(x, 2, 1)
+                                              (np.asarray([2, 2, 2], np.int64), [2, -3, 1]),
+                                              (None, [5, 0, 3])])  # fmt: skip
+def test_split_to_sequence_parts_are_slices(tmp_path: Path, split: np.ndarray | None, positions: list) -> None:
+    feeds = {"x6": RNG.standard_normal((2, 6, 4, 4)).astype(np.float32)}
+    text = import_and_compare(tmp_path, split_model(split, positions), feeds, loss=False)
+    assert "slice(" in text and "Sequence" not in text, text
+
+
+@pytest.mark.parametrize("model, message", [
+    (lambda: split_model(np.asarray(3, np.int64), [2]), "position 2 of 2 parts"),
+    (lambda: split_model(np.asarray(1, np.int64), [0], axis=0), "it splits the batch axis"),
+    (lambda: split_model(np.asarray([1, 2], np.int64), [0]), "Sum of split values not equal"),  # ONNX's check
+    (lambda: split_model(None, [0], keepdims=0), "keepdims=0"),
+])  # fmt: skip
+def test_what_split_to_sequence_cannot_say_is_refused(tmp_path: Path, model, message: str) -> None:  # noqa: ANN001
+    with pytest.raises(DslError, match=re.escape(message)):
+        text_of(tmp_path, model())
+
+
+def test_gather_nd_and_one_input_max_of_constants_fold(tmp_path: Path) -> None:
+    """Swin's relative-position bias as the unoptimised dynamo export writes it: a table read by GatherND at an index
+    buffer passed through a one-input Max, added to a computed tensor."""
+    table = RNG.standard_normal((5, 3)).astype(np.float32)
+    index = np.asarray([[4], [0], [2], [-1]], np.int64)
+    nodes = [helper.make_node("Max", ["index"], ["index_max"]),
+             helper.make_node("GatherND", ["table", "index_max"], ["bias"]),
+             helper.make_node("Add", ["x3", "bias"], ["y"])]  # fmt: skip
+    x3 = helper.make_tensor_value_info("x3", TensorProto.FLOAT, ["N", 4, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 3])
+    m = helper.make_model(helper.make_graph(nodes, "main_graph", [x3], [y], [
+        numpy_helper.from_array(table, "table"), numpy_helper.from_array(index, "index")]),
+        opset_imports=[helper.make_opsetid("", 18)])  # fmt: skip
+    m.ir_version = 8
+    import_and_compare(tmp_path, m, {"x3": RNG.standard_normal((2, 4, 3)).astype(np.float32)}, loss=False)
+    bad = numpy_helper.from_array(np.asarray([[5]], np.int64), "index")
+    m.graph.initializer[1].CopyFrom(bad)
+    with pytest.raises(DslError, match="indices out of range for an axis of 5"):
+        text_of(tmp_path, m)

@@ -3,6 +3,7 @@ Cast and Concat computed on constants and known shapes at import time (`fold`), 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -17,7 +18,7 @@ FOLDED = ("Cast", "Gather", "Shape", "Squeeze", "Unsqueeze")
 # operators with no rule of their own that exporters apply to shapes and constants (a mask's ConstantOfShape,
 # Equal and Where, a head size's Mod): folded where every input is known, else refused
 FOLD_ONLY = ("ConstantOfShape", "Equal", "Where", "Mod", "Range", "Not", "Less", "Greater", "Neg", "Min",
-             "Max", "Floor", "Ceil", "Reciprocal", "ReduceProd", "ScatterND", "CastLike")  # fmt: skip
+             "Max", "Floor", "Ceil", "Reciprocal", "ReduceProd", "ScatterND", "CastLike", "GatherND")  # fmt: skip
 
 # every operator `fold` computes on known inputs (those with a rule for computed tensors too)
 FOLDABLE = frozenset((*FOLDED, *FOLD_ONLY, "Concat", "Slice", "Expand", "Add", "Sub", "Mul", "Div", "Sqrt", "Pow",
@@ -75,6 +76,10 @@ def _fold(
     if not xs or xs[0] is None:
         return None
     x = xs[0]
+    if op in ("Max", "Min"):  # of one input or more (the dynamo exporter's unoptimised max() of an index buffer)
+        if any(v is None for v in xs):
+            return None
+        return functools.reduce(_ELEMENTWISE[op], xs).astype(np.result_type(*xs))
     if op in _ELEMENTWISE or op in ("Div", "Mod", "Where"):
         if len(xs) < (3 if op == "Where" else 2) or any(v is None for v in xs):
             return None
@@ -141,6 +146,8 @@ def _fold(
         return np.transpose(x, attrs.get("perm"))
     if op == "Concat":
         return None if any(v is None for v in xs) else np.concatenate(xs, axis=int(attrs.get("axis", 0)))  # type: ignore
+    if op == "GatherND":
+        return None if len(xs) < 2 or xs[1] is None else _gather_nd(x, xs[1], attrs, where)
     if op == "Gather":
         if len(xs) < 2 or xs[1] is None:
             return None
@@ -172,3 +179,19 @@ def _fold(
     if op == "CastLike" and xs[1] is not None:  # to the second input's type (its values unused)
         return x.astype(xs[1].dtype)
     return None
+
+
+def _gather_nd(x: np.ndarray, index: np.ndarray, attrs: dict, where: Node) -> np.ndarray:
+    """GatherND of constants (the dynamo exporter's unoptimised relative-position bias of Swin: a parameter table
+    read at a constant index), batch_dims 0: the slices of `x` at each row of the index's last axis."""
+    if int(attrs.get("batch_dims", 0)):
+        raise where.refuse("GatherND with batch_dims: deepdsl folds batch_dims=0 only")
+    k = index.shape[-1] if index.ndim else 0
+    if index.dtype.kind not in "iu" or not 1 <= k <= x.ndim:
+        raise where.refuse(f"indices of shape {list(index.shape)[:8]} into a tensor of rank {x.ndim}")
+    _size([*index.shape[:-1], *x.shape[k:]], where)
+    rows = index.reshape(-1, k)
+    for d in range(k):
+        if rows.size and not (-x.shape[d] <= rows[:, d].min() and rows[:, d].max() < x.shape[d]):
+            raise where.refuse(f"indices out of range for an axis of {x.shape[d]}")
+    return x[tuple(rows[:, d] for d in range(k))].reshape(*index.shape[:-1], *x.shape[k:])

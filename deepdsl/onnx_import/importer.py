@@ -48,6 +48,7 @@ class Importer:
         self.share = share  # nodes reading the very same initialisers: one layer (`layer`), else a copy each
         self.calls: dict[str, list[int]] = {}  # a layer that may be shared -> [its line in self.layers, its callers]
         self.tables: dict[str, np.ndarray] = {}  # an embedding layer -> its table, which a head may be tied to
+        self.sequences: dict[str, tuple] = {}  # SplitToSequence -> (tensor, axis, shape, bounds): shapes.sequence_at
         self.tied: list[tuple[str, str]] = []  # (head, embedding) of each head written as full(tied=embedding)
 
     # ---- the model's frame ----

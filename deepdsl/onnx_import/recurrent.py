@@ -53,7 +53,9 @@ def _time_major(imp: Importer) -> dict[str, str]:
 
 
 def _readers(imp: Importer, name: str) -> list[tuple[int, Any]]:
-    return imp.readers.get(name, [])
+    """The nodes reading `name`'s values: a Shape reads only its shape, which is known (the dynamo exporter's
+    unoptimised Reshape of Y to a shape computed from it)."""
+    return [(j, r) for j, r in imp.readers.get(name, []) if r.op_type != "Shape"]
 
 
 def _is_output(imp: Importer, name: str) -> bool:
@@ -66,6 +68,8 @@ def _const(imp: Importer, name: str, where: Node) -> np.ndarray | None:
     if not name:
         return None
     c = imp.const(name)
+    if c is None:
+        c = imp.folded.get(name)  # a shape computed from the known shapes (folded before any rule ran)
     if c is not None:
         return c
     for node in imp.graph.node:

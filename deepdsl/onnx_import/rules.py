@@ -24,6 +24,8 @@ SUPPORTED = (
     "Celu", "Elu", "Mish", "Neg", "PRelu", "Reciprocal", "Selu", "Softplus", "Softsign", "ThresholdedRelu",
     # padding in constant mode
     "Pad",
+    # the dynamo exporter's torch.split / chunk without its optimiser
+    "SplitToSequence", "SequenceAt",
 )  # fmt: skip
 
 
@@ -51,6 +53,7 @@ RULES: dict[str, Callable[..., None]] = {
     "Flatten": shapes.flatten, "Reshape": shapes.reshape, "Transpose": shapes.transpose, "Concat": shapes.concat,
     "Slice": shapes.slice_, "Split": shapes.split, "Expand": shapes.expand, "ReduceMean": shapes.reduce_mean,
     "ReduceSum": shapes.reduce_axes("sum"), "ReduceMax": shapes.reduce_axes("max"), "Pad": shapes.pad,
+    "SplitToSequence": shapes.split_to_sequence, "SequenceAt": shapes.sequence_at,
     # folded_ops.py
     "Identity": folded_ops.identity, "Constant": folded_ops.constant,
     **{op: folded_ops.folded for op in (*FOLDED, *FOLD_ONLY)},

@@ -210,6 +210,58 @@ def split(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         at += size
 
 
+def split_to_sequence(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+    """SplitToSequence, as the dynamo exporter writes torch.split / chunk without its optimiser: the parts' bounds
+    along the axis, kept for the SequenceAt nodes that pick them (`sequence_at`); nothing is written here."""
+    shape = imp.shape(node.input[0], where)
+    axis = positive_axis(int(attrs.get("axis", 0)), len(shape))
+    if axis == 0:
+        raise where.refuse("it splits the batch axis")
+    n, given = shape[axis], len(node.input) > 1 and bool(node.input[1])
+    split = imp.const(node.input[1]) if given else None
+    if given and split is None:
+        raise where.refuse("the split sizes must be constant")
+    if split is None and not int(attrs.get("keepdims", 1)):
+        raise where.refuse("a split into single positions without keeping the axis (keepdims=0, torch.unbind)")
+    if split is None or np.ndim(split) == 0:  # parts of one size, the last one smaller
+        each = 1 if split is None else int(split)
+        if each < 1:
+            raise where.refuse(f"a split of size {each}")
+        bounds: tuple[int, ...] | int = each
+    else:
+        sizes = [int(v) for v in np.ravel(split)]
+        if min(sizes, default=0) < 0 or sum(sizes) != n:
+            raise where.refuse(f"split sizes {sizes[:8]} for an axis of {n}")
+        bounds = tuple(int(v) for v in np.cumsum([0, *sizes]))
+    imp.sequences[node.output[0]] = (imp.tensor(node.input[0], where), axis, tuple(shape), bounds)
+
+
+def sequence_at(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+    """SequenceAt at a constant position of a SplitToSequence's parts: that part, a `slice`."""
+    need(where, "slice")
+    seq, at = imp.sequences.get(node.input[0]), imp.const(node.input[1])
+    if seq is None:
+        raise where.refuse("deepdsl imports SequenceAt of a SplitToSequence only")
+    if at is None or np.size(at) != 1 or at.dtype.kind not in "iu":
+        raise where.refuse("the position must be a constant integer")
+    x, axis, shape, bounds = seq
+    n = shape[axis]
+    count = -(-n // bounds) if isinstance(bounds, int) else len(bounds) - 1
+    pos = int(np.ravel(at)[0])
+    pos += count if pos < 0 else 0
+    if not 0 <= pos < count:
+        raise where.refuse(f"position {int(np.ravel(at)[0])} of {count} parts")
+    start, end = (pos * bounds, min(n, pos * bounds + bounds)) if isinstance(bounds, int) else bounds[pos : pos + 2]
+    # ONNX's shape inference gives parts of unequal sizes no shape: the part's is known here
+    imp.shapes[node.output[0]] = (*shape[:axis], end - start, *shape[axis + 1 :])
+    if (start, end) == (0, n):
+        imp.env[node.output[0]] = x
+        return
+    name = imp.names.make(node.output[0], "part")
+    imp.body.append(f"{name} = {_slice_text(x, start, end, axis)}")
+    imp.env[node.output[0]] = name
+
+
 def expand(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     out = imp.shape(node.output[0], where)
     src = imp.shape(node.input[0], where)
