@@ -114,6 +114,41 @@ def models() -> dict[str, tuple[Callable, tuple]]:
         def forward(self, image: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
             return self.head(torch.cat([self.image(image), torch.relu(self.side(meta))], dim=1))
 
+    def resnet_block(c: int) -> nn.Sequential:  # CycleGAN's: reflect-padded 3x3 convolutions, instance norm
+        return nn.Sequential(nn.ReflectionPad2d(1), nn.Conv2d(c, c, 3), nn.InstanceNorm2d(c), nn.ReLU(),
+                             nn.ReflectionPad2d(1), nn.Conv2d(c, c, 3), nn.InstanceNorm2d(c))  # fmt: skip
+
+    class ResnetGenerator(nn.Module):  # CycleGAN / pix2pix's ResNet generator in small, and a ReplicationPad2d
+        def __init__(self) -> None:
+            super().__init__()
+            self.down = nn.Sequential(
+                nn.ReflectionPad2d(3),
+                nn.Conv2d(3, 8, 7),
+                nn.InstanceNorm2d(8),
+                nn.ReLU(),
+                nn.Conv2d(8, 16, 3, stride=2, padding=1),
+                nn.InstanceNorm2d(16),
+                nn.ReLU(),
+            )
+            self.blocks = nn.ModuleList([resnet_block(16), resnet_block(16)])
+            self.up = nn.Sequential(
+                nn.ConvTranspose2d(16, 8, 3, stride=2, padding=1, output_padding=1),
+                nn.InstanceNorm2d(8, affine=True),
+                nn.ReLU(),
+                nn.ReplicationPad2d((1, 2, 0, 1)),
+                nn.Conv2d(8, 8, (2, 4)),
+                nn.ReflectionPad2d(3),
+                nn.Conv2d(8, 3, 7),
+                nn.Tanh(),
+            )
+            # fmt: skip
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.down(x)
+            for block in self.blocks:
+                h = h + block(h)
+            return self.up(h)
+
     def vit() -> nn.Module:  # vit_b_16 reduced: 32x32 images, 8x8 patches, 2 layers of width 32
         return tv.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
                                     mlp_dim=64, num_classes=10)  # fmt: skip
@@ -148,6 +183,7 @@ def models() -> dict[str, tuple[Callable, tuple]]:
             ((BATCH, 1, 200),),
         ),
         "unet": (UNet, ((BATCH, 3, 16, 16),)),
+        "resnet_generator": (ResnetGenerator, ((BATCH, 3, 32, 32),)),
         "lstm": (lambda: Recurrent("lstm"), ((BATCH, 5, 6),)),
         "gru": (lambda: Recurrent("gru"), ((BATCH, 5, 6),)),
         "two_inputs": (TwoInputs, ((BATCH, 3, 8, 8), (BATCH, 5))),

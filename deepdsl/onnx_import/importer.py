@@ -37,7 +37,7 @@ class Importer:
         self.tensor_fns: list[str] = []
         self.functions: dict[
             tuple, str
-        ] = {}  # (what it computes, rank) -> a tensor function written once (activations)
+        ] = {}  # (what it computes, rank) -> a tensor function written once (activations, pads)
         self.body: list[str] = []
         self.arrays: dict[str, np.ndarray] = {}
         self.batch = batch

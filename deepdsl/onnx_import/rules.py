@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from deepdsl.onnx_import import activations, arithmetic, folded_ops, linear, normalisation, shapes, spatial
+from deepdsl.onnx_import import activations, arithmetic, folded_ops, linear, normalisation, padding, shapes, spatial
 from deepdsl.onnx_import.folding import FOLD_ONLY, FOLDED
 
 SUPPORTED = (
@@ -22,7 +22,7 @@ SUPPORTED = (
     "InstanceNormalization",
     # activations as tensor functions of their formulas
     "Celu", "Elu", "Mish", "Neg", "PRelu", "Reciprocal", "Selu", "Softplus", "Softsign", "ThresholdedRelu",
-    # padding in constant mode
+    # padding: constant, reflect, edge and wrap modes
     "Pad",
 )  # fmt: skip
 
@@ -50,7 +50,9 @@ RULES: dict[str, Callable[..., None]] = {
     # shapes.py
     "Flatten": shapes.flatten, "Reshape": shapes.reshape, "Transpose": shapes.transpose, "Concat": shapes.concat,
     "Slice": shapes.slice_, "Split": shapes.split, "Expand": shapes.expand, "ReduceMean": shapes.reduce_mean,
-    "ReduceSum": shapes.reduce_axes("sum"), "ReduceMax": shapes.reduce_axes("max"), "Pad": shapes.pad,
+    "ReduceSum": shapes.reduce_axes("sum"), "ReduceMax": shapes.reduce_axes("max"),
+    # padding.py
+    "Pad": padding.pad,
     # folded_ops.py
     "Identity": folded_ops.identity, "Constant": folded_ops.constant,
     **{op: folded_ops.folded for op in (*FOLDED, *FOLD_ONLY)},

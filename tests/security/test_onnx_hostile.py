@@ -257,6 +257,31 @@ def test_what_a_later_stage_refused_is_refused_at_import(cli, tmp_path, case: st
     refused(cli, tmp_path, m, message)
 
 
+def _pad(mode: str, pads: list[int], x_shape: tuple = (1, 2, 4, 4), opset: int = 13):  # noqa: ANN202
+    pads_init = numpy_helper.from_array(np.asarray(pads, np.int64), "pads")
+    return model([helper.make_node("Pad", ["x", "pads"], ["y"], mode=mode)], [pads_init], x_shape=x_shape, opset=opset)
+
+
+PADS = {  # every size bounded before a tensor function's text is built: a pad's range is never listed
+    "edge_2_62": (_pad("edge", [0, 0, 2**62, 2**62, 0, 0, 2**62, 2**62]), "Integer overflow"),  # ONNX's own check
+    "edge_2_40": (_pad("edge", [0, 0, 2**40, 0, 0, 0, 0, 0]), "make 8,796,093,022,240 elements; at most 2,130,706,432"),
+    "constant_2_40": (_pad("constant", [0, 0, 0, 2**40, 0, 0, 0, 0]), "8,796,093,022,240 elements; at most"),
+    "reflect_2_40": (_pad("reflect", [0, 0, 2**40, 0, 0, 0, 0, 0]), "a reflected pad must be smaller than the axis"),
+    "wrap_2_40": (_pad("wrap", [0, 0, 0, 2**40, 0, 0, 0, 0], opset=19), "deepdsl wraps at most once"),
+    "negative_past_the_axis": (_pad("constant", [0, 0, -(2**62), 0, 0, 0, 2**62, 0]),
+                               "crop axis 2 of size 4 by 4611686018427387904"),
+    "negative_both_ends": (_pad("constant", [0, 0, -3, 0, 0, 0, -3, 0]), "leave an axis of size -2"),
+    "rank_12_edge": (_pad("edge", [0] + [1] * 11 + [0] + [1] * 11, x_shape=(1,) + (2,) * 11),
+                     "along 11 axes: deepdsl imports it along at most 3"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(PADS))
+def test_a_hostile_pad_is_refused_before_it_is_built(cli, tmp_path, case: str) -> None:  # noqa: ANN001
+    m, message = PADS[case]
+    refused(cli, tmp_path, m, message)
+
+
 LONG = "n" * 100_000
 
 
