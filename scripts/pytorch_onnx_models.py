@@ -184,6 +184,16 @@ def models() -> dict[str, tuple[Callable, tuple]]:
         ),
         "unet": (UNet, ((BATCH, 3, 16, 16),)),
         "resnet_generator": (ResnetGenerator, ((BATCH, 3, 32, 32),)),
+        "upsample_aligned": (
+            lambda: nn.Sequential(  # bilinear upsampling with align_corners=True (Resize, 'align_corners')
+                nn.Conv2d(3, 8, 3, padding=1),
+                nn.ReLU(),
+                nn.UpsamplingBilinear2d(scale_factor=2),
+                nn.Conv2d(8, 4, 3, padding=1),
+                nn.Upsample(scale_factor=3, mode="bilinear", align_corners=True),
+            ),
+            ((BATCH, 3, 8, 8),),
+        ),
         "lstm": (lambda: Recurrent("lstm"), ((BATCH, 5, 6),)),
         "gru": (lambda: Recurrent("gru"), ((BATCH, 5, 6),)),
         "two_inputs": (TwoInputs, ((BATCH, 3, 8, 8), (BATCH, 5))),

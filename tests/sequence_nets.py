@@ -35,7 +35,7 @@ const N = 2
 input x : [N, 3, 4, 4]
 label y : [N] classes 5
 h = conv_transpose(x, 6, kernel=3, stride=2, pad=1, groups=3)
-u = upsample(relu(h), 2, mode="bilinear")
+u = upsample(relu(h), 2, mode="bilinear") + upsample(h, 2, mode="bilinear", align_corners=true)
 v = upsample(conv(u, 2, kernel=3), 3)
 loss = softmax_cross_entropy(full(flatten(v), 5), y)
 predict = v
