@@ -29,6 +29,8 @@ VOCAB = 50  # the token ids of gpt2_like
 # the fine-tuning step: ResNet-50 at random initialisation, its batch norm over two 64x64 samples (2x2 at the
 # last stage), diverges to NaN by the fourth step at 0.001
 LR = {"resnet50": 1e-4}
+# the dynamo exporter's opset where not its default: from 21 it writes nn.GroupNorm as ONNX's GroupNormalization
+OPSET = {"group_norm_op": 21}
 
 
 def models() -> dict[str, tuple[Callable, tuple]]:
@@ -149,6 +151,15 @@ def models() -> dict[str, tuple[Callable, tuple]]:
                 h = h + block(h)
             return self.up(h)
 
+    def group_norm_op() -> nn.Module:  # nn.GroupNorm, which the dynamo exporter writes as GroupNormalization at 21
+        m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                          nn.GroupNorm(8, 8), nn.Flatten(), nn.Linear(8 * 8 * 8, 5))  # fmt: skip
+        with torch.no_grad():  # a weight and bias per channel that are not ones and zeros, as trained
+            for norm in (m[1], m[4]):
+                norm.weight.uniform_(0.5, 1.5)
+                norm.bias.uniform_(-0.5, 0.5)
+        return m
+
     def vit() -> nn.Module:  # vit_b_16 reduced: 32x32 images, 8x8 patches, 2 layers of width 32
         return tv.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
                                     mlp_dim=64, num_classes=10)  # fmt: skip
@@ -184,6 +195,7 @@ def models() -> dict[str, tuple[Callable, tuple]]:
         ),
         "unet": (UNet, ((BATCH, 3, 16, 16),)),
         "resnet_generator": (ResnetGenerator, ((BATCH, 3, 32, 32),)),
+        "group_norm_op": (group_norm_op, ((BATCH, 3, 8, 8),)),
         "upsample_aligned": (
             lambda: nn.Sequential(  # bilinear upsampling with align_corners=True (Resize, 'align_corners')
                 nn.Conv2d(3, 8, 3, padding=1),
@@ -214,7 +226,7 @@ def models() -> dict[str, tuple[Callable, tuple]]:
     }
 
 
-def export(model, xs: tuple, path: Path, exporter: str) -> None:  # noqa: ANN001
+def export(model, xs: tuple, path: Path, exporter: str, opset: int | None = None) -> None:  # noqa: ANN001
     import torch
 
     names = [f"x{k}" for k in range(len(xs))] if len(xs) > 1 else ["x"]
@@ -223,7 +235,7 @@ def export(model, xs: tuple, path: Path, exporter: str) -> None:  # noqa: ANN001
         if exporter == "dynamo":
             # PyTorch's defaults: the weights in a file beside the model (external data), read from its folder
             torch.onnx.export(model, xs, str(path), input_names=names, dynamo=True, external_data=True,
-                              verbose=False)  # fmt: skip
+                              verbose=False, **({"opset_version": opset} if opset else {}))  # fmt: skip
         else:
             torch.onnx.export(model, xs, str(path), input_names=names, dynamo=False, opset_version=17)
 
@@ -259,7 +271,7 @@ def check(name: str, exporter: str, make: Callable, shapes: tuple, folder: Path,
     path = folder / f"{name}_{exporter}.onnx"
     t0 = time.perf_counter()
     try:
-        export(model, tuple(torch.from_numpy(x) for x in xs), path, exporter)
+        export(model, tuple(torch.from_numpy(x) for x in xs), path, exporter, OPSET.get(name))
     except Exception as exc:  # noqa: BLE001 — the exporter's own failure
         return {**row, "result": f"PyTorch's export fails: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"}
     loss = want.ndim in (2, 3)  # classes, or classes per position [N, T, K]

@@ -18,8 +18,8 @@ SUPPORTED = (
     "Slice", "Split", "Sqrt", "Transpose",
     # what deepdsl's own exports of networks/examples/ hold (siamese, vae, axis_ops, groupnorm_swish, ...)
     "Abs", "Exp", "Log", "ReduceMax", "ReduceSum",
-    # instance normalisation (and nn.GroupNorm, which PyTorch exports through it: patterns.py)
-    "InstanceNormalization",
+    # instance normalisation (and nn.GroupNorm, which PyTorch exports through it: patterns.py), group normalisation
+    "GroupNormalization", "InstanceNormalization",
     # activations as tensor functions of their formulas
     "Celu", "Elu", "Mish", "Neg", "PRelu", "Reciprocal", "Selu", "Softplus", "Softsign", "ThresholdedRelu",
     # padding: constant, reflect, edge and wrap modes
@@ -47,6 +47,7 @@ RULES: dict[str, Callable[..., None]] = {
     "BatchNormalization": normalisation.batch_norm, "LRN": normalisation.lrn,
     "LayerNormalization": normalisation.layer_normalization,
     "InstanceNormalization": normalisation.instance_normalization,
+    "GroupNormalization": normalisation.group_normalization,
     # shapes.py
     "Flatten": shapes.flatten, "Reshape": shapes.reshape, "Transpose": shapes.transpose, "Concat": shapes.concat,
     "Slice": shapes.slice_, "Split": shapes.split, "Expand": shapes.expand, "ReduceMean": shapes.reduce_mean,
