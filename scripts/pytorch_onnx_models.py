@@ -120,7 +120,7 @@ def models() -> dict[str, tuple[Callable, tuple]]:
         return nn.Sequential(nn.ReflectionPad2d(1), nn.Conv2d(c, c, 3), nn.InstanceNorm2d(c), nn.ReLU(),
                              nn.ReflectionPad2d(1), nn.Conv2d(c, c, 3), nn.InstanceNorm2d(c))  # fmt: skip
 
-    class ResnetGenerator(nn.Module):  # CycleGAN / pix2pix's ResNet generator in small, and a ReplicationPad2d
+    class ResnetGenerator(nn.Module):  # CycleGAN / pix2pix's ResNet generator in small, a ReplicationPad2d, circular
         def __init__(self) -> None:
             super().__init__()
             self.down = nn.Sequential(
@@ -132,6 +132,7 @@ def models() -> dict[str, tuple[Callable, tuple]]:
                 nn.InstanceNorm2d(16),
                 nn.ReLU(),
             )
+            self.circular = nn.Conv2d(16, 16, 3)  # after F.pad(mode="circular"): Pad wrap (dynamo), Slice+Concat
             self.blocks = nn.ModuleList([resnet_block(16), resnet_block(16)])
             self.up = nn.Sequential(
                 nn.ConvTranspose2d(16, 8, 3, stride=2, padding=1, output_padding=1),
@@ -146,7 +147,7 @@ def models() -> dict[str, tuple[Callable, tuple]]:
             # fmt: skip
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            h = self.down(x)
+            h = self.circular(nn.functional.pad(self.down(x), (1, 1, 1, 1), mode="circular"))
             for block in self.blocks:
                 h = h + block(h)
             return self.up(h)
