@@ -126,22 +126,25 @@ def _check_axis(mode: str, where: Node, d: int, n: int, b: int, e: int, flat: li
 def _from_the_input(mode: str, where: Node, shape: tuple[int, ...], begin: list[int], end: list[int]) -> str:
     """reflect, edge and wrap: each output element reads one input element; along each padded axis a `select` on
     the output index's range picks the read, the axes' selects nested."""
-    rank = len(shape)
-    pieces = [_pieces(mode, f"i{d}", shape[d], begin[d], end[d]) for d in range(rank)]
-    if math.prod(len(p) for p in pieces) > MAX_READS:
-        padded = sum(len(p) > 1 for p in pieces)
-        raise where.refuse(f"mode '{mode}' along {padded} axes: deepdsl imports it along at most 3")
+    pieces = [_pieces(mode, f"i{d}", shape[d], begin[d], end[d]) for d in range(len(shape))]
+    padded = [d for d, p in enumerate(pieces) if len(p) > 1]  # the selects nest over these alone: a few
+    reads = math.prod(len(pieces[d]) for d in padded)
+    if reads > MAX_READS:
+        raise where.refuse(f"mode '{mode}' along {len(padded)} axes reads the input at {reads:,} places; deepdsl "
+                           f"imports at most {MAX_READS} (three axes padded at both ends)")  # fmt: skip
 
-    def nest(d: int, reads: tuple[str, ...]) -> str:
-        if d == rank:
-            return f"t[{', '.join(reads)}]"
+    def nest(k: int, index: tuple[str, ...]) -> str:
+        """The selects of padded axes k, k+1, ..., the indices of the axes before them fixed in `index`."""
+        if k == len(padded):
+            return f"t[{', '.join(index)}]"
+        d = padded[k]
         *conditional, (_, last) = pieces[d]
-        text = nest(d + 1, (*reads, last))
+        text = nest(k + 1, (*index[:d], last, *index[d + 1 :]))
         for cond, read in reversed(conditional):
-            text = f"{cond} ? {_wrapped(nest(d + 1, (*reads, read)))} : {_wrapped(text)}"
+            text = f"{cond} ? {_wrapped(nest(k + 1, (*index[:d], read, *index[d + 1 :])))} : {_wrapped(text)}"
         return text
 
-    return nest(0, ())
+    return nest(0, tuple(p[0][1] for p in pieces))  # an axis not padded reads its own index
 
 
 def _wrapped(text: str) -> str:
