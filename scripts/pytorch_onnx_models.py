@@ -34,6 +34,8 @@ VOCAB = 50  # the token ids of gpt2_like
 # the fine-tuning step: ResNet-50 at random initialisation, its batch norm over two 64x64 samples (2x2 at the
 # last stage), diverges to NaN by the fourth step at 0.001
 LR = {"resnet50": 1e-4}
+# the dynamo exporter's opset where not its default: from 21 it writes nn.GroupNorm as ONNX's GroupNormalization
+OPSET = {"group_norm_op": 21}
 
 
 def models() -> dict[str, tuple[Callable, tuple]]:
@@ -119,6 +121,51 @@ def models() -> dict[str, tuple[Callable, tuple]]:
         def forward(self, image: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
             return self.head(torch.cat([self.image(image), torch.relu(self.side(meta))], dim=1))
 
+    def resnet_block(c: int) -> nn.Sequential:  # CycleGAN's: reflect-padded 3x3 convolutions, instance norm
+        return nn.Sequential(nn.ReflectionPad2d(1), nn.Conv2d(c, c, 3), nn.InstanceNorm2d(c), nn.ReLU(),
+                             nn.ReflectionPad2d(1), nn.Conv2d(c, c, 3), nn.InstanceNorm2d(c))  # fmt: skip
+
+    class ResnetGenerator(nn.Module):  # CycleGAN / pix2pix's ResNet generator in small, a ReplicationPad2d, circular
+        def __init__(self) -> None:
+            super().__init__()
+            self.down = nn.Sequential(
+                nn.ReflectionPad2d(3),
+                nn.Conv2d(3, 8, 7),
+                nn.InstanceNorm2d(8),
+                nn.ReLU(),
+                nn.Conv2d(8, 16, 3, stride=2, padding=1),
+                nn.InstanceNorm2d(16),
+                nn.ReLU(),
+            )
+            self.circular = nn.Conv2d(16, 16, 3)  # after F.pad(mode="circular"): Pad wrap (dynamo), Slice+Concat
+            self.blocks = nn.ModuleList([resnet_block(16), resnet_block(16)])
+            self.up = nn.Sequential(
+                nn.ConvTranspose2d(16, 8, 3, stride=2, padding=1, output_padding=1),
+                nn.InstanceNorm2d(8, affine=True),
+                nn.ReLU(),
+                nn.ReplicationPad2d((1, 2, 0, 1)),
+                nn.Conv2d(8, 8, (2, 4)),
+                nn.ReflectionPad2d(3),
+                nn.Conv2d(8, 3, 7),
+                nn.Tanh(),
+            )
+            # fmt: skip
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.circular(nn.functional.pad(self.down(x), (1, 1, 1, 1), mode="circular"))
+            for block in self.blocks:
+                h = h + block(h)
+            return self.up(h)
+
+    def group_norm_op() -> nn.Module:  # nn.GroupNorm, which the dynamo exporter writes as GroupNormalization at 21
+        m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                          nn.GroupNorm(8, 8), nn.Flatten(), nn.Linear(8 * 8 * 8, 5))  # fmt: skip
+        with torch.no_grad():  # a weight and bias per channel that are not ones and zeros, as trained
+            for norm in (m[1], m[4]):
+                norm.weight.uniform_(0.5, 1.5)
+                norm.bias.uniform_(-0.5, 0.5)
+        return m
+
     def vit() -> nn.Module:  # vit_b_16 reduced: 32x32 images, 8x8 patches, 2 layers of width 32
         return tv.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
                                     mlp_dim=64, num_classes=10)  # fmt: skip
@@ -153,6 +200,18 @@ def models() -> dict[str, tuple[Callable, tuple]]:
             ((BATCH, 1, 200),),
         ),
         "unet": (UNet, ((BATCH, 3, 16, 16),)),
+        "resnet_generator": (ResnetGenerator, ((BATCH, 3, 32, 32),)),
+        "group_norm_op": (group_norm_op, ((BATCH, 3, 8, 8),)),
+        "upsample_aligned": (
+            lambda: nn.Sequential(  # bilinear upsampling with align_corners=True (Resize, 'align_corners')
+                nn.Conv2d(3, 8, 3, padding=1),
+                nn.ReLU(),
+                nn.UpsamplingBilinear2d(scale_factor=2),
+                nn.Conv2d(8, 4, 3, padding=1),
+                nn.Upsample(scale_factor=3, mode="bilinear", align_corners=True),
+            ),
+            ((BATCH, 3, 8, 8),),
+        ),
         "lstm": (lambda: Recurrent("lstm"), ((BATCH, 5, 6),)),
         "gru": (lambda: Recurrent("gru"), ((BATCH, 5, 6),)),
         "two_inputs": (TwoInputs, ((BATCH, 3, 8, 8), (BATCH, 5))),
@@ -173,7 +232,8 @@ def models() -> dict[str, tuple[Callable, tuple]]:
     }
 
 
-def export(model, xs: tuple, path: Path, exporter: str, keep_norms: bool) -> None:  # noqa: ANN001
+def export(model, xs: tuple, path: Path, exporter: str, keep_norms: bool,  # noqa: ANN001
+           opset: int | None = None) -> None:  # fmt: skip
     import torch
 
     names = [f"x{k}" for k in range(len(xs))] if len(xs) > 1 else ["x"]
@@ -182,7 +242,8 @@ def export(model, xs: tuple, path: Path, exporter: str, keep_norms: bool) -> Non
         if exporter == "dynamo":
             # PyTorch's defaults: the weights in a file beside the model (external data), read from its folder
             torch.onnx.export(model, xs, str(path), input_names=names, dynamo=True, external_data=True,
-                              verbose=False, optimize=not keep_norms)  # fmt: skip
+                              verbose=False, optimize=not keep_norms,
+                              **({"opset_version": opset} if opset else {}))  # fmt: skip
         else:
             torch.onnx.export(model, xs, str(path), input_names=names, dynamo=False, opset_version=17,
                               do_constant_folding=not keep_norms)  # fmt: skip
@@ -220,7 +281,7 @@ def check(name: str, exporter: str, make: Callable, shapes: tuple, folder: Path,
     path = folder / f"{name}_{exporter}.onnx"
     t0 = time.perf_counter()
     try:
-        export(model, tuple(torch.from_numpy(x) for x in xs), path, exporter, keep_norms)
+        export(model, tuple(torch.from_numpy(x) for x in xs), path, exporter, keep_norms, OPSET.get(name))
     except Exception as exc:  # noqa: BLE001 — the exporter's own failure
         return {**row, "result": f"PyTorch's export fails: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"}
     loss = want.ndim in (2, 3)  # classes, or classes per position [N, T, K]

@@ -34,9 +34,13 @@ IMAGES = """network Images
 const N = 2
 input x : [N, 3, 4, 4]
 label y : [N] classes 5
+# a reflect pad of H by 1 and an edge pad of W at its start by 1, as the ONNX import writes nn.ReflectionPad2d
+tensor mirror(t[B, C, H, W]) -> [b, c, i: H + 2, j: W + 1] = i < 1 ? (j < 1 ? t[b, c, 1 - i, 0] : t[b, c, 1 - i, j - 1])
+  : (i < H + 1 ? (j < 1 ? t[b, c, i - 1, 0] : t[b, c, i - 1, j - 1])
+                : (j < 1 ? t[b, c, 2 * H - 1 - i, 0] : t[b, c, 2 * H - 1 - i, j - 1]))
 h = conv_transpose(x, 6, kernel=3, stride=2, pad=1, groups=3)
-u = upsample(relu(h), 2, mode="bilinear")
-v = upsample(conv(u, 2, kernel=3), 3)
+u = upsample(relu(h), 2, mode="bilinear") + upsample(h, 2, mode="bilinear", align_corners=true)
+v = upsample(conv(mirror(u), 2, kernel=3), 3)
 loss = softmax_cross_entropy(full(flatten(v), 5), y)
 predict = v
 """

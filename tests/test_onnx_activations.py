@@ -1,7 +1,7 @@
 """The activations the language has no built-in for, imported as element-wise tensor functions of their ONNX
 formulas (Elu, Selu, Celu, Softplus, Softsign, Mish, ThresholdedRelu, Neg, Reciprocal), and PRelu as one whose
 parameter is the slope: each equal to ONNX Runtime, one function written for each formula however many nodes use
-it, and the slope trained; and Pad in constant mode (a tensor function that reads the input shifted)."""
+it, and the slope trained; and what Swin-T, ConvNeXt and GPT-2 exported hold besides (Pad: test_onnx_padding.py)."""
 
 from __future__ import annotations
 
@@ -66,51 +66,6 @@ def test_prelu_trains_its_slope(cli, tmp_path: Path, slope: tuple) -> None:
             "--data", "synthetic", "--save", str(tmp_path / "s.npz"))  # fmt: skip
     assert r.exit_code == 0, r.output
     assert not np.array_equal(np.load(tmp_path / "s.npz")["act.a"], np.load(tmp_path / "n.npz")["act.a"])
-
-
-# ---- Pad in constant mode ----
-
-
-@pytest.mark.parametrize(
-    ("opset", "pads", "value", "axes"),
-    [(13, [0, 0, 1, 2, 0, 0, 2, 1], 0.0, None),  # nn.ZeroPad2d((2, 1, 1, 2))
-     (13, [0, 0, -1, 2, 0, 1, 0, -2], 1.5, None),  # a value, cropping
-     (18, [1, 1, 0, 2], -2.0, [2, -1])],  # opset 18's axes
-    ids=["zero", "value_and_crop", "axes"],
-)  # fmt: skip
-def test_pad(tmp_path: Path, opset: int, pads: list, value: float, axes: list | None) -> None:
-    init = {"pads": np.asarray(pads, np.int64), "value": np.asarray(value, np.float32)}
-    ins = ["x", "pads", "value"]
-    if axes is not None:
-        init["axes"] = np.asarray(axes, np.int64)
-        ins.append("axes")
-    node = helper.make_node("Pad", ins, ["p"], name="/pad/Pad", mode="constant")
-    relu = helper.make_node("Relu", ["p"], ["y"], name="/Relu")
-    x = f32(2, 3, 4, 5, scale=2.0)
-    out = [d for d in x.shape]
-    for a, b, e in zip(axes or range(4), pads[: len(pads) // 2], pads[len(pads) // 2 :]):
-        out[a] += b + e
-    model = graph([node, relu], [("x", ["N", 3, 4, 5])], ("y", ["N", *out[1:]]), init, opset)
-    text = import_and_compare(tmp_path, model, {"x": x}, loss=False)
-    assert "# Pad" in text and (" ? " in text) == (value != 0), text
-
-
-@pytest.mark.parametrize(
-    ("mode", "pads", "why"),
-    [("reflect", [0, 0, 1, 1, 0, 0, 1, 1], "mode 'reflect': deepdsl imports constant padding only"),
-     ("constant", [1, 0, 0, 0, 0, 0, 0, 0], "it pads the batch axis"),
-     ("constant", [0, 0, 0, 10**9, 0, 0, 0, 10**9], "make 48,000,000,120 elements")],
-)  # fmt: skip
-def test_pad_refusals(tmp_path: Path, mode: str, pads: list, why: str) -> None:
-    from test_onnx_breadth import text_of
-
-    from deepdsl.errors import DslError
-
-    node = helper.make_node("Pad", ["x", "pads"], ["y"], name="/pad/Pad", mode=mode)
-    out = [[4, 3, 4, 5], [2, 3, 4, 2 * 10**9 + 5]][pads[3] > 0] if mode == "constant" else ["N", 3, 6, 7]
-    model = graph([node], [("x", ["N", 3, 4, 5])], ("y", out), {"pads": np.asarray(pads, np.int64)})
-    with pytest.raises(DslError, match=f"'/pad/Pad'.*{why}"):
-        text_of(tmp_path, model)
 
 
 # ---- what Swin-T and ConvNeXt exported by the dynamo exporter hold besides ----

@@ -730,7 +730,7 @@ def net(x) {
   d = relu(conv(x, 4, kernel=3, stride=2, pad=1, name="down"))
   u = conv_transpose(d, 4, kernel=4, stride=2, pad=1, name="up")
   n = upsample(d, 2, mode="nearest")
-  b = upsample(d, 2, mode="bilinear") + n
+  b = upsample(d, 2, mode="bilinear") + n + upsample(d, 2, mode="bilinear", align_corners=true)
   return conv(concat(u, b), 2, kernel=1, name="out")
 }
 
@@ -746,13 +746,14 @@ def test_conv_transpose_and_upsample_export_and_round_trip(tmp_path: Path, opset
     arrays = {k: v + np.float32(0.1) for k, v in initial_arrays(program).items()}  # biases not all zero
     model = export_graph(infer_program(program.graph), arrays, opset)
     ops = [nd.op_type for nd in model.graph.node]
-    assert "ConvTranspose" in ops and ops.count("Resize") == 4
+    assert "ConvTranspose" in ops and ops.count("Resize") == 6
     feeds = {"x": f32(2, 3, 8, 8, scale=1.0)}
     want = run_deepdsl(program, arrays, feeds)
     close(run_ort(model, feeds), want)
     onnx.save(model, tmp_path / "m.onnx")
     got = import_model(tmp_path / "m.onnx", 2, loss=False)
     assert "upsample(" in got.text and "conv_transpose(4, kernel=4, stride=2, pad=1)" in got.text
+    assert 'mode="bilinear", align_corners=true)' in got.text, got.text
     again = api.compile_source(got.text, "again.ddsl").program
     assert again.graph.parameter_count == program.graph.parameter_count
     close(run_deepdsl(again, got.arrays, feeds), want)

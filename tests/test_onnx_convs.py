@@ -1,6 +1,7 @@
 """ONNX export of the convolution family (issues 33 and 34): dilations, asymmetric pads, ConvTranspose with its
 output padding, ceil-mode pooling and the 1-D layers, each as ONNX's attributes; onnxruntime computes what the
-NumPy runner computes."""
+NumPy runner computes. Import of Resize in linear mode with align_corners coordinates (`upsample(...,
+align_corners=true)`), as PyTorch's exporters write F.interpolate(align_corners=True), and what it refuses."""
 
 from __future__ import annotations
 
@@ -73,3 +74,39 @@ def test_1d_layers_export_through_reshapes() -> None:
         "ceil_mode=true)"
     )
     assert nodes["Conv"]["dilations"] == [1, 2] and nodes["Conv"]["pads"] == [0, 2, 0, 0]
+
+
+# ---- Resize, linear, align_corners ----
+
+
+@pytest.mark.parametrize(("opset", "by"), [(11, "sizes"), (13, "scales"), (19, "scales")])
+def test_resize_with_aligned_corners_imports(tmp_path, opset: int, by: str) -> None:  # noqa: ANN001
+    """F.interpolate(scale_factor=2, mode='bilinear', align_corners=True): ONNX Runtime's output, trained through
+    (the upsample has no parameters: the gradient of the resize is checked in tests/ops)."""
+    from onnx import helper
+    from test_onnx_breadth import f32, graph, import_and_compare
+
+    init = {"roi": np.zeros(0, np.float32), "scales": np.asarray([1, 1, 2, 2], np.float32),
+            "none": np.zeros(0, np.float32), "sizes": np.asarray([2, 3, 8, 10], np.int64)}  # fmt: skip
+    ins = ["x", "roi", "scales"] if by == "scales" else ["x", "roi", "none", "sizes"]  # opset 11: scales empty
+    nodes = [helper.make_node("Resize", ins, ["r"], name="/up/Resize", mode="linear",
+                              coordinate_transformation_mode="align_corners"),
+             helper.make_node("Conv", ["r", "w"], ["y"], name="/c/Conv", kernel_shape=[3, 3])]  # fmt: skip
+    init = {k: v for k, v in init.items() if k in ins} | {"w": f32(2, 3, 3, 3)}
+    model = graph(nodes, [("x", ["N", 3, 4, 5])], ("y", ["N", 2, 6, 8]), init, opset)
+    text = import_and_compare(tmp_path, model, {"x": f32(2, 3, 4, 5, scale=2.0)}, loss=False)
+    assert 'upsample(x, 2, mode="bilinear", align_corners=true)' in text, text
+
+
+def test_a_resize_upsample_cannot_say_is_refused(tmp_path) -> None:  # noqa: ANN001
+    from onnx import helper
+    from test_onnx_breadth import graph, text_of
+
+    from deepdsl.errors import DslError
+
+    init = {"roi": np.zeros(0, np.float32), "scales": np.asarray([1, 1, 2, 2], np.float32)}
+    node = helper.make_node("Resize", ["x", "roi", "scales"], ["y"], name="/up/Resize", mode="linear",
+                            coordinate_transformation_mode="asymmetric")  # fmt: skip
+    model = graph([node], [("x", ["N", 3, 4, 5])], ("y", ["N", 3, 8, 10]), init, 13)
+    with pytest.raises(DslError, match="'/up/Resize'.*linear with coordinate_transformation_mode='asymmetric'"):
+        text_of(tmp_path, model)

@@ -134,3 +134,81 @@ def test_batch_norm_on_sequences(tmp_path: Path) -> None:
     model = graph([node], [("x", ["N", 3, 7])], ("y", ["N", 3, 7]), init)
     text = import_and_compare(tmp_path, model, {"x": f32(2, 3, 7, scale=2.0)}, loss=False)
     assert "layer bn = batch_norm()" in text, text
+
+
+# ---- ONNX's GroupNormalization (the dynamo exporter's nn.GroupNorm from opset 21) ----
+
+
+def group_normalization(opset: int, groups: int, c: int = 4, per: int | None = None, head: bool = False,
+                        **attrs: int) -> object:  # fmt: skip
+    """x [N, c, 3, 5] -> GroupNormalization(num_groups=groups) -> Relu (-> Flatten -> Gemm to 3 classes with
+    `head`); scale and bias of `per` values (opset 18: one per group, 21: one per channel). Not checked by onnx's
+    checker, which refuses opset 18's form as deprecated (ONNX Runtime runs it)."""
+    from onnx import TensorProto
+
+    per = per or (groups if opset < 21 else c)
+    init = {"scale": 1 + f32(per), "bias": f32(per), "head.w": f32(3, c * 15), "head.b": f32(3)}
+    nodes = [helper.make_node("GroupNormalization", ["x", "scale", "bias"], ["g"], name="/gn/GroupNormalization",
+                              num_groups=groups, epsilon=1e-3, **attrs),
+             helper.make_node("Relu", ["g"], ["r" if head else "y"], name="/act/Relu")]  # fmt: skip
+    if head:
+        nodes += [helper.make_node("Flatten", ["r"], ["f"], name="/Flatten"),
+                  helper.make_node("Gemm", ["f", "head.w", "head.b"], ["y"], name="/head/Gemm", transB=1)]  # fmt: skip
+    else:
+        init = {k: v for k, v in init.items() if not k.startswith("head")}
+    g = helper.make_graph(nodes, "torch_jit", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", c, 3, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3] if head else ["N", c, 3, 5])],
+                          [onnx.numpy_helper.from_array(v, k) for k, v in init.items()])  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 10
+    return m
+
+
+@pytest.mark.parametrize(
+    ("opset", "groups", "layer"),
+    [(18, 2, "group_norm(2, eps=0.001)"), (21, 2, "group_norm(2, eps=0.001)"),
+     (21, 4, "instance_norm(eps=0.001, affine=true)"), (21, 1, "group_norm(1, eps=0.001)")],
+)  # fmt: skip
+def test_group_normalization_is_a_group_norm(tmp_path: Path, opset: int, groups: int, layer: str) -> None:
+    """The output's shape (which ONNX's shape inference does not give) is its input's; opset 18's scale per group
+    and opset 21's per channel both ONNX Runtime's outputs."""
+    model = group_normalization(opset, groups)
+    text = import_and_compare(tmp_path, model, {"x": f32(2, 4, 3, 5, scale=2.0)}, loss=False)
+    assert f"layer gn = {layer}" in text and "y = relu(gn_out)" in text, text
+
+
+def test_group_normalization_trains_its_scale_and_bias(cli, tmp_path: Path) -> None:
+    """Opset 18's per-group scale comes in repeated over each group's channels as gamma [C]; `deepdsl run` trains
+    gamma and beta (each channel apart, as nn.GroupNorm does)."""
+    model = group_normalization(18, 2, head=True)
+    import_and_compare(tmp_path, model, {"x": f32(2, 4, 3, 5, scale=2.0)})
+    r = cli("import", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "n.ddsl"), "--batch", "4")
+    assert r.exit_code == 0, r.output
+    before = np.load(tmp_path / "n.npz")
+    scale = onnx.numpy_helper.to_array(model.graph.initializer[0])
+    np.testing.assert_array_equal(before["gn.gamma"], np.repeat(scale, 2))
+    r = cli("run", str(tmp_path / "n.ddsl"), "--load", str(tmp_path / "n.npz"), "--iters", "2", "--device", "cpu",
+            "--data", "synthetic", "--save", str(tmp_path / "s.npz"))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    after = np.load(tmp_path / "s.npz")
+    for p in ("gn.gamma", "gn.beta"):
+        assert not np.array_equal(after[p], before[p]), p
+
+
+@pytest.mark.parametrize(
+    ("opset", "groups", "per", "attrs", "why"),
+    [(21, 3, None, {}, "num_groups=3 does not divide the 4 channels"),
+     (21, 0, 4, {}, "num_groups=0 does not divide the 4 channels"),
+     (21, 2, 2, {}, "scale and bias of 2 and 2 values: GroupNormalization takes one for each of the 4 channels"),
+     (18, 2, 4, {}, "scale and bias of 4 and 4 values: .* each of the 2 groups"),
+     (21, 2, None, {"stash_type": 10}, "stash_type=10: deepdsl computes the statistics in float32")],
+    ids=["groups", "zero_groups", "per_group_at_21", "per_channel_at_18", "stash_type"],
+)  # fmt: skip
+def test_what_a_group_normalization_cannot_say_is_refused(tmp_path: Path, opset: int, groups: int,
+                                                          per: int | None, attrs: dict, why: str) -> None:  # fmt: skip
+    from test_onnx_breadth import text_of
+
+    from deepdsl.errors import DslError
+
+    with pytest.raises(DslError, match=f"'/gn/GroupNormalization' \\(GroupNormalization, opset {opset}\\): {why}"):
+        text_of(tmp_path, group_normalization(opset, groups, per=per, **attrs))

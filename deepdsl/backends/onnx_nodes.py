@@ -142,8 +142,9 @@ def emit(
         scales = np.ones(rank, np.float32)
         scales[int(a["axis"])] = float(a["factor"])
         roi = w.const(s.layer or "resize", np.zeros(0, np.float32))
+        coords = "align_corners" if a["mode"] == "bilinear_align_corners" else "half_pixel"
         mode = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"} if (
-            a["mode"] == "nearest") else {"mode": "linear", "coordinate_transformation_mode": "half_pixel"}  # fmt: skip
+            a["mode"] == "nearest") else {"mode": "linear", "coordinate_transformation_mode": coords}  # fmt: skip
         w.node("Resize", [xs[0], roi, w.const(s.layer or "resize", scales)], out, s, **mode)
     elif s.op == "matmul" and not (a.get("transpose_a") or a.get("transpose_b")):
         w.node("MatMul", xs, out, s)

@@ -66,16 +66,23 @@ def global_avg_pool(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Arg
     return el.emit("global_avg_pool", xs, span, path, "global_avg_pool")
 
 
-@builtin("upsample", ArgSpec("factor", "int", low=1), ArgSpec("mode", "str", "nearest"))
+@builtin("upsample", ArgSpec("factor", "int", low=1), ArgSpec("mode", "str", "nearest"),
+         ArgSpec("align_corners", "bool", False))  # fmt: skip
 def upsample(el: Elaborator, path: str, xs: tuple[TensorVal, ...], a: Args, span: Span) -> TensorVal:
-    # [N, C, H, W] -> [N, C, f·H, f·W] (PyTorch's F.interpolate(scale_factor=f), align_corners=False): along H,
-    # then along W (ops/resize.py)
+    # [N, C, H, W] -> [N, C, f·H, f·W] (PyTorch's F.interpolate(scale_factor=f), align_corners as given): along H,
+    # then along W (ops/resize.py; align_corners=true is its mode bilinear_align_corners)
     (x,) = xs
     need_rank(x, (4,), "upsample", span, "upsample works on [N, C, H, W] images")
     if a["mode"] not in ("nearest", "bilinear"):
         raise DslArgumentError(f'upsample: mode must be "nearest" or "bilinear", got {a["mode"]!r}', span)
+    mode = a["mode"]
+    if a["align_corners"]:
+        if mode != "bilinear":
+            why = "it moves the source coordinates of an interpolation; nearest has none, as in PyTorch"
+            raise DslArgumentError(f'upsample: align_corners=true needs mode="bilinear" ({why})', span)
+        mode = "bilinear_align_corners"
     for axis in (2, 3):
-        x = el.emit("resize_axis", (x,), span, path, "upsample", axis=axis, factor=a["factor"], mode=a["mode"])
+        x = el.emit("resize_axis", (x,), span, path, "upsample", axis=axis, factor=a["factor"], mode=mode)
     return x
 
 

@@ -1,8 +1,9 @@
 """Import rules for the normalisations: BatchNormalization (a trainable `batch_norm` with its running statistics,
 epsilon and momentum), LRN (odd sizes), LayerNormalization over the last axis (a `layer_norm` layer, which
 patterns.py writes for the decomposed form too) and InstanceNormalization (`instance_norm`; patterns.py writes
-`group_norm` for the form PyTorch exports nn.GroupNorm in). ONNX's GroupNormalization is not imported: ONNX's shape
-inference gives its output no shape, and PyTorch's exporters write the InstanceNormalization form instead."""
+`group_norm` for the form PyTorch exports nn.GroupNorm in) and GroupNormalization (a trainable `group_norm`: opset
+18's scale and bias per group repeated over each group's channels, opset 21's per channel; its output's shape is
+its input's, which reading.py's skeleton supplies where ONNX's shape inference gives none)."""
 
 from __future__ import annotations
 
@@ -114,3 +115,32 @@ def instance_normalization(imp: Importer, k: int, node: Any, where: Node, attrs:
     affine = not (np.all(gamma == 1) and np.all(beta == 0))
     group_norm_layer(imp, node, where, imp.tensor(node.input[0], where), shape, c, gamma, beta,
                      float(attrs.get("epsilon", 1e-5)), affine)  # fmt: skip
+
+
+def group_normalization(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
+    """ONNX's GroupNormalization (the dynamo exporter's nn.GroupNorm from opset 21): `group_norm(num_groups)` whose
+    gamma and beta are the scale and bias, trained; at opsets 18 to 20 one value per group (the operator's first
+    form, which ONNX deprecated for that), repeated over the group's channels, from 21 one per channel. The
+    statistics are float32, as stash_type's default says."""
+    shape = imp.shape(node.input[0], where)
+    if len(shape) < 2:
+        raise where.refuse(f"an input of shape {list(shape)}: GroupNormalization takes [N, C, ...]")
+    c, groups = shape[1], int(attrs.get("num_groups", 0))
+    if groups < 1 or c % groups:
+        raise where.refuse(f"num_groups={groups} does not divide the {c} channels")
+    stash = int(attrs.get("stash_type", 1))
+    if stash != 1:
+        raise where.refuse(f"stash_type={stash}: deepdsl computes the statistics in float32 (stash_type=1)")
+    if len(node.input) < 3 or not node.input[1] or not node.input[2]:
+        raise where.refuse("it needs its scale and bias inputs")
+    imp.only_output(node, where)
+    scale, bias = inputs_const(imp, node, where, 1)[:2]
+    per = groups if imp.opset < 21 else c  # GroupNormalization-18 scales each group, -21 each channel
+    what = f"the {groups} groups (opset {imp.opset} < 21)" if imp.opset < 21 else f"the {c} channels (opset 21 on)"
+    if scale is None or bias is None or scale.size != per or bias.size != per:
+        sizes = [None if v is None else v.size for v in (scale, bias)]
+        raise where.refuse(f"scale and bias of {sizes[0]} and {sizes[1]} values: GroupNormalization takes one for each "
+                           f"of {what}")  # fmt: skip
+    gamma, beta = (np.repeat(np.asarray(v, np.float32).reshape(-1), c // per) for v in (scale, bias))
+    group_norm_layer(imp, node, where, imp.tensor(node.input[0], where), shape, groups, gamma, beta,
+                     float(attrs.get("epsilon", 1e-5)), affine=True)  # fmt: skip

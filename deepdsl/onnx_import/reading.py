@@ -1,6 +1,7 @@
 """Reading an ONNX file: the model loaded without trusting its sizes (`load_model`), its external data read from
 the model's own folder only (`read_external_data`), a tensor's array checked before it is made (`tensor_array`),
-and the skeleton without the weights that the checker and shape inference see."""
+and the skeleton without the weights that the checker and shape inference see (GroupNormalization standing in as an
+Identity of its input there: ONNX infers no shape for it, and its checker refuses opset 18's as deprecated)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,12 @@ def newest_opset() -> int:
 SMALL_CONSTANT = 64  # elements: an initialiser this small (a shape, a ratio) stays a constant in the skeleton
 
 
+# operators whose output has their first input's shape but get none from ONNX's shape inference (GroupNormalization,
+# a function whose body it does not infer through), and whose opset-18 form onnx's checker refuses as deprecated
+# (ONNX Runtime runs both): an Identity of that input in the skeleton; the import rule checks the node itself
+SAME_SHAPE_STAND_INS = frozenset({"GroupNormalization"})
+
+
 def skeleton(model: Any) -> Any:
     """`model` without its weights' data: every initialiser larger than SMALL_CONSTANT becomes a graph input of its
     type, so that the checker and shape inference need not copy or read a 100 MB model."""
@@ -67,6 +74,10 @@ def skeleton(model: Any) -> Any:
             g.initializer.append(t)
         elif t.name not in listed:
             g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    for node in g.node:
+        if node.op_type in SAME_SHAPE_STAND_INS and node.domain in ("", "ai.onnx") and node.input:
+            node.op_type, node.domain = "Identity", ""
+            del node.input[1:], node.attribute[:]
     return m
 
 

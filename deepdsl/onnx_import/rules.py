@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from deepdsl.onnx_import import activations, arithmetic, folded_ops, linear, normalisation, shapes, spatial
+from deepdsl.onnx_import import activations, arithmetic, folded_ops, linear, normalisation, padding, shapes, spatial
 from deepdsl.onnx_import.folding import FOLD_ONLY, FOLDED
 
 SUPPORTED = (
@@ -18,11 +18,11 @@ SUPPORTED = (
     "Slice", "Split", "Sqrt", "Transpose",
     # what deepdsl's own exports of networks/examples/ hold (siamese, vae, axis_ops, groupnorm_swish, ...)
     "Abs", "Exp", "Log", "ReduceMax", "ReduceSum",
-    # instance normalisation (and nn.GroupNorm, which PyTorch exports through it: patterns.py)
-    "InstanceNormalization",
+    # instance normalisation (and nn.GroupNorm, which PyTorch exports through it: patterns.py), group normalisation
+    "GroupNormalization", "InstanceNormalization",
     # activations as tensor functions of their formulas
     "Celu", "Elu", "Mish", "Neg", "PRelu", "Reciprocal", "Selu", "Softplus", "Softsign", "ThresholdedRelu",
-    # padding in constant mode
+    # padding: constant, reflect, edge and wrap modes
     "Pad",
     # the dynamo exporter's torch.split / chunk without its optimiser
     "SplitToSequence", "SequenceAt",
@@ -49,11 +49,14 @@ RULES: dict[str, Callable[..., None]] = {
     "BatchNormalization": normalisation.batch_norm, "LRN": normalisation.lrn,
     "LayerNormalization": normalisation.layer_normalization,
     "InstanceNormalization": normalisation.instance_normalization,
+    "GroupNormalization": normalisation.group_normalization,
     # shapes.py
     "Flatten": shapes.flatten, "Reshape": shapes.reshape, "Transpose": shapes.transpose, "Concat": shapes.concat,
     "Slice": shapes.slice_, "Split": shapes.split, "Expand": shapes.expand, "ReduceMean": shapes.reduce_mean,
-    "ReduceSum": shapes.reduce_axes("sum"), "ReduceMax": shapes.reduce_axes("max"), "Pad": shapes.pad,
+    "ReduceSum": shapes.reduce_axes("sum"), "ReduceMax": shapes.reduce_axes("max"),
     "SplitToSequence": shapes.split_to_sequence, "SequenceAt": shapes.sequence_at,
+    # padding.py
+    "Pad": padding.pad,
     # folded_ops.py
     "Identity": folded_ops.identity, "Constant": folded_ops.constant,
     **{op: folded_ops.folded for op in (*FOLDED, *FOLD_ONLY)},

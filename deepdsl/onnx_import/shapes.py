@@ -1,21 +1,18 @@
 """Import rules for the operators that reshape a tensor or work along its axes: Flatten and Reshape (`flatten`, or
 `reshape` to the shape ONNX infers: heads split and joined), Transpose (`permute`), Concat (of computed tensors, or
 with constants through a tensor function), Slice and Split (`slice`), Expand, ReduceMean (`global_avg_pool`
-over H and W, else `mean` over any axes but the batch), and Pad in constant mode (a tensor function whose reads
-outside the input are the pad value)."""
+over H and W, else `mean` over any axes but the batch), ReduceSum and ReduceMax. Pad is `padding.py`'s."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from deepdsl.ir.types import MAX_ELEMENTS
 from deepdsl.onnx_import.folding import fold
 from deepdsl.onnx_import.rule_support import dims, inputs_const, positive_axis, signature
-from deepdsl.onnx_import.writing import Node, call, need, num
+from deepdsl.onnx_import.writing import Node, call, need
 
 if TYPE_CHECKING:
     from deepdsl.onnx_import.importer import Importer
@@ -322,49 +319,3 @@ def _along_axes(imp: Importer, node: Any, where: Node, attrs: dict, fn: str, got
     keep = "true" if int(attrs.get("keepdims", 1)) else "false"
     axis = str(axes[0]) if len(axes) == 1 else f"({', '.join(map(str, axes))})"
     imp.bind(node, f"{fn}({imp.tensor(node.input[0], where)}, axis={axis}, keepdim={keep})")
-
-
-def pad(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
-    """Pad of a computed tensor in constant mode (nn.ZeroPad2d, F.pad; negative pads crop): a tensor function
-    reading the input shifted by the pads at the start, each padded axis's range given; a read outside the input
-    is 0 in the language, so another pad value is a `select` on where the input lies."""
-    shape = imp.shape(node.input[0], where)
-    mode = attrs.get("mode", b"constant")
-    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
-    if mode != "constant":
-        raise where.refuse(f"mode '{mode}': deepdsl imports constant padding only")
-    got = inputs_const(imp, node, where, 1) if len(node.input) > 1 else [np.asarray(attrs.get("pads", []))]
-    pads, value, axes = (got + [None, None, None])[:3]
-    if pads is None:
-        raise where.refuse("the pads must be given")
-    rank = len(shape)
-    axes_l = list(range(rank)) if axes is None else [positive_axis(int(a), rank) for a in np.ravel(axes)]
-    flat = [int(v) for v in np.ravel(pads)]
-    if len(flat) != 2 * len(axes_l):
-        raise where.refuse(f"{len(flat)} pads for {len(axes_l)} axes")
-    begin, end = [0] * rank, [0] * rank
-    for a, b, e in zip(axes_l, flat[: len(axes_l)], flat[len(axes_l) :]):
-        begin[a], end[a] = b, e
-    fill = float(np.ravel(value)[0]) if value is not None and np.size(value) else float(attrs.get("value", 0.0))
-    if np.isnan(fill):
-        raise where.refuse("the pad value is NaN")
-    if begin[0] or end[0]:
-        raise where.refuse("it pads the batch axis")
-    out = [n + b + e for n, b, e in zip(shape, begin, end)]
-    if min(out) < 1:
-        raise where.refuse(f"the pads {flat} leave an axis of size {min(out)}")
-    if math.prod(out) > MAX_ELEMENTS:
-        raise where.refuse(f"the pads {flat[:8]} make {math.prod(out):,} elements; at most {MAX_ELEMENTS:,}")
-    idx = [f"i{d}" for d in range(rank)]
-    reads = ", ".join(idx[d] if not begin[d] else f"{idx[d]} {'-' if begin[d] > 0 else '+'} {abs(begin[d])}"
-                      for d in range(rank))  # fmt: skip
-    ranges = ", ".join(idx[d] if (begin[d], end[d]) == (0, 0) else f"{idx[d]}: {out[d]}" for d in range(rank))
-    body = f"t[{reads}]"
-    if fill != 0:
-        inside = " and ".join(f"{idx[d]} >= {begin[d]} and {idx[d]} < {begin[d] + shape[d]}"
-                              for d in range(rank) if begin[d] > 0 or end[d] > 0)  # fmt: skip
-        text = num(fill) if np.isfinite(fill) else "inf" if fill > 0 else "-inf"  # -inf before a max pool
-        body = f"{inside} ? {body} : {text}" if inside else body
-    fn = imp.names.make(f"{imp.names.clean(where.base, 'pad')}_fn", "fn")
-    imp.tensor_fns += [f"tensor {fn}({signature(rank)}) -> [{ranges}] = {body}   # Pad {flat}", ""]
-    imp.bind(node, f"{fn}({imp.tensor(node.input[0], where)})")

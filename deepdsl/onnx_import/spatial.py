@@ -331,7 +331,8 @@ def conv_transpose(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -
 
 def resize(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     """Resize by one integer factor on H and W: `upsample(x, factor, mode=...)` (nearest as PyTorch's
-    nn.Upsample(mode='nearest') exports it, linear without align_corners as mode='bilinear')."""
+    nn.Upsample(mode='nearest') exports it, linear as mode='bilinear', with align_corners=true where its coordinates
+    are 'align_corners')."""
     shape = imp.shape(node.input[0], where)
     out = imp.shape(node.output[0], where)
     if len(shape) != 4 or shape[:2] != out[:2]:
@@ -367,9 +368,10 @@ def resize(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
                                "does not repeat each pixel as deepdsl's upsample does")  # fmt: skip
         imp.bind(node, f'upsample({x}, {fh}, mode="nearest")')
     elif mode == "linear":
-        if coords not in ("half_pixel", "pytorch_half_pixel"):
-            raise where.refuse(f"linear with coordinate_transformation_mode='{coords}' (align_corners?): deepdsl's "
-                               "bilinear upsample is PyTorch's align_corners=False")  # fmt: skip
-        imp.bind(node, f'upsample({x}, {fh}, mode="bilinear")')
+        if coords not in ("half_pixel", "pytorch_half_pixel", "align_corners"):
+            raise where.refuse(f"linear with coordinate_transformation_mode='{coords}': deepdsl's bilinear upsample "
+                               "is PyTorch's, align_corners=False (half_pixel) or True (align_corners)")  # fmt: skip
+        corners = ", align_corners=true" if coords == "align_corners" else ""
+        imp.bind(node, f'upsample({x}, {fh}, mode="bilinear"{corners})')
     else:
         raise where.refuse(f"mode '{mode}': deepdsl upsamples nearest or bilinear")

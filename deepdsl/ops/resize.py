@@ -1,4 +1,5 @@
-"""Upsampling by an integer factor along one axis, nearest or bilinear (PyTorch's `align_corners=False`).
+"""Upsampling by an integer factor along one axis, nearest or bilinear (PyTorch's `align_corners=False`, or with
+mode `bilinear_align_corners` its `align_corners=True`).
 
     resize_axis(x) {axis, factor, mode} -> x with axis `axis` `factor` times longer
     resize_axis_backward(g) {axis, factor, mode, size} -> the gradient of x, axis `axis` of length `size`
@@ -7,6 +8,8 @@ Both are the linear map `out[..., i, ...] = Σ_a w(i, a) · x[..., a, ...]` alon
 
     nearest:   w(i, a) = 1 where a = ⌊i / f⌋ (f·a ≤ i < f·a + f), else 0
     bilinear:  w(i, a) = max(0, 1 − |s(i) − a|),  s(i) = min(max((i + ½) / f − ½, 0), n − 1)
+    bilinear_align_corners:  the same tent at s(i) = i · (n − 1) / (n·f − 1) (0 where n·f = 1): the first and last
+                             elements of both axes lined up, as ONNX's coordinate_transformation_mode='align_corners'
 
 (the tent of linear interpolation at PyTorch's source coordinate, clamped at the borders as it clamps); the
 backward op is the transposed map. `upsample(factor)` on [N, C, H, W] is two of them, H then W, so that each
@@ -28,7 +31,7 @@ from deepdsl.ops._helpers import emit_like as _e
 from deepdsl.ops._helpers import need_float
 from deepdsl.ops._index_forms import ap, c
 
-MODES = ("nearest", "bilinear")
+MODES = ("nearest", "bilinear", "bilinear_align_corners")
 
 
 def _check(x: TensorType, a: dict[str, Any], what: str) -> tuple[int, int]:
@@ -39,7 +42,7 @@ def _check(x: TensorType, a: dict[str, Any], what: str) -> tuple[int, int]:
     return axis, factor
 
 
-@defop("resize_axis", 1, doc="upsampling along attrs axis by an integer factor, nearest or bilinear")
+@defop("resize_axis", 1, doc="upsampling along attrs axis by an integer factor, nearest or bilinear (align_corners)")
 def _resize(types: tuple[TensorType, ...], a: dict[str, Any]) -> TensorType:
     (x,) = types
     axis, factor = _check(x, a, "upsample")
@@ -66,7 +69,10 @@ def weights(n: int, factor: int, mode: str) -> np.ndarray:
     a = np.arange(n, dtype=np.float64)[None, :]
     if mode == "nearest":
         return ((factor * a <= i) & (i < factor * a + factor)).astype(np.float64)
-    s = np.clip((i + 0.5) / factor - 0.5, 0.0, n - 1)
+    if mode == "bilinear_align_corners":
+        s = i * (n - 1) / max(n * factor - 1, 1)
+    else:
+        s = np.clip((i + 0.5) / factor - 0.5, 0.0, n - 1)
     return np.maximum(0.0, 1.0 - np.abs(s - a))
 
 
@@ -96,8 +102,11 @@ def _weight(i: IE, a: IE, n: int, factor: int, mode: str) -> IE:
     if mode == "nearest":
         fa = ap("*", c(factor), a)
         return ap("select", ap("and", ap("<=", fa, i), ap("<", i, ap("+", fa, c(factor)))), c(1), c(0))
-    s = ap("-", ap("/", ap("+", i, c(0.5)), c(factor)), c(0.5))
-    s = ap("min", ap("max", s, c(0)), c(n - 1))
+    if mode == "bilinear_align_corners":  # i · (n − 1) / (n·f − 1): exact at both ends, never past them
+        s = ap("/", ap("*", i, c(n - 1)), c(max(n * factor - 1, 1)))
+    else:
+        s = ap("-", ap("/", ap("+", i, c(0.5)), c(factor)), c(0.5))
+        s = ap("min", ap("max", s, c(0)), c(n - 1))
     return ap("max", c(0), ap("-", c(1), ap("abs", ap("-", s, a))))
 
 

@@ -70,6 +70,7 @@ CASES = {
     "embedding": ([labels(6, 5).reshape(2, 3), rand(5, 4)], {}),
     "resize_axis": ([rand(2, 3, 4)], {"axis": 1, "factor": 2, "mode": "nearest"}),
     "resize_axis/bilinear": ([rand(2, 3, 4)], {"axis": 2, "factor": 3, "mode": "bilinear"}),
+    "resize_axis/align_corners": ([rand(2, 3, 4)], {"axis": 2, "factor": 3, "mode": "bilinear_align_corners"}),
     "conv2d_backward_data": (  # conv_transpose
         [rand(2, 4, 3, 3), rand(4, 3, 3, 2)],
         {"stride": (2, 1), "pad": (1, 0), "groups": 2, "in_shape": (2, 6, 5, 4)},

@@ -46,12 +46,13 @@ def test_conv_transpose_is_pytorchs(stride: tuple, pad: tuple, groups: int) -> N
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-def naive_bilinear(x: np.ndarray, f: int) -> np.ndarray:
-    """PyTorch's upsample_bilinear2d, align_corners=False: source index, clamped, and its two neighbours."""
+def naive_bilinear(x: np.ndarray, f: int, align_corners: bool = False) -> np.ndarray:
+    """PyTorch's upsample_bilinear2d: source index (align_corners=False: clamped; True: i·(n − 1)/(n·f − 1), the
+    corners lined up), and its two neighbours."""
     n, c, h, w = x.shape
 
     def taps(size: int, i: int) -> tuple[int, int, float]:
-        src = max((i + 0.5) / f - 0.5, 0.0)
+        src = i * (size - 1) / max(size * f - 1, 1) if align_corners else max((i + 0.5) / f - 0.5, 0.0)
         i0 = math.floor(src)
         return i0, min(i0 + 1, size - 1), src - i0
 
@@ -76,6 +77,27 @@ def test_upsample_is_pytorchs(f: int) -> None:
         near[:, :, i, j] = x[:, :, i // f, j // f]
     np.testing.assert_allclose(upsample(x, f, "nearest"), near, rtol=0, atol=0)
     np.testing.assert_allclose(upsample(x, f, "bilinear"), naive_bilinear(x, f), rtol=1e-12, atol=1e-12)
+    corners = naive_bilinear(x, f, align_corners=True)
+    np.testing.assert_allclose(upsample(x, f, "bilinear_align_corners"), corners, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bilinear_align_corners"])
+@pytest.mark.parametrize("op", ["resize_axis", "resize_axis_backward"])
+def test_the_index_form_the_backends_compile_is_the_kernel(op: str, mode: str) -> None:
+    """The CUDA and Java kernels are written from the index form: it computes the NumPy kernel's map, the short
+    axis of one element (n = 1, where align_corners' denominator would be 0) included."""
+    from deepdsl.ir.analysis import out_vars
+    from deepdsl.ir.types import TensorType
+    from deepdsl.ops.indexed import evaluate
+
+    for size in (5, 1):
+        attrs = {"axis": 2, "factor": 3, "mode": mode, "size": size}
+        x = RNG.standard_normal((2, 3, size if op == "resize_axis" else 3 * size))
+        types = (TensorType(x.shape),)
+        out = lookup(op).shape(types, attrs)
+        form = lookup(op).index_form(types, out, attrs)
+        got = evaluate(form, tuple(zip(out_vars(out), out.shape)), (x,), np.float64)
+        np.testing.assert_allclose(got, lookup(op).numpy((x,), attrs), rtol=1e-12, atol=1e-12)
 
 
 NET = """network Img
@@ -102,10 +124,16 @@ def test_the_layers_give_their_shapes_and_parameters() -> None:
     "change, message",
     [
         ('mode="bilinear"', 'upsample: mode must be "nearest" or "bilinear", got \'cubic\''),
+        ("kernel=3), 3)", 'upsample: align_corners=true needs mode="bilinear"'),
         ("stride=2, pad=1,", "conv_transpose: padding (3, 3) leaves no output"),
         ("groups=3)", "conv_transpose: groups=4 must divide the 3 input channels"),
     ],
 )
 def test_bad_arguments_are_errors(change: str, message: str) -> None:
-    broken = {'mode="bilinear"': 'mode="cubic"', "stride=2, pad=1,": "stride=1, pad=3,", "groups=3)": "groups=4)"}
+    broken = {
+        'mode="bilinear"': 'mode="cubic"',
+        "kernel=3), 3)": "kernel=3), 3, align_corners=true)",
+        "stride=2, pad=1,": "stride=1, pad=3,",
+        "groups=3)": "groups=4)",
+    }
     assert message in error_text(NET.replace(change, broken[change]))

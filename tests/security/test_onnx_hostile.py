@@ -257,6 +257,47 @@ def test_what_a_later_stage_refused_is_refused_at_import(cli, tmp_path, case: st
     refused(cli, tmp_path, m, message)
 
 
+def _pad(mode: str, pads: list[int], x_shape: tuple = (1, 2, 4, 4), opset: int = 13):  # noqa: ANN202
+    pads_init = numpy_helper.from_array(np.asarray(pads, np.int64), "pads")
+    return model([helper.make_node("Pad", ["x", "pads"], ["y"], mode=mode)], [pads_init], x_shape=x_shape, opset=opset)
+
+
+PAD_AND_GROUP_NORM = {  # every size bounded before a tensor function's text is built: a pad's range is never listed
+    "edge_2_62": (_pad("edge", [0, 0, 2**62, 2**62, 0, 0, 2**62, 2**62]), "Integer overflow"),  # ONNX's own check
+    "edge_2_40": (_pad("edge", [0, 0, 2**40, 0, 0, 0, 0, 0]), "make 8,796,093,022,240 elements; at most 2,130,706,432"),
+    "constant_2_40": (_pad("constant", [0, 0, 0, 2**40, 0, 0, 0, 0]), "8,796,093,022,240 elements; at most"),
+    "reflect_2_40": (_pad("reflect", [0, 0, 2**40, 0, 0, 0, 0, 0]), "a reflected pad must be smaller than the axis"),
+    "wrap_2_40": (_pad("wrap", [0, 0, 0, 2**40, 0, 0, 0, 0], opset=19), "deepdsl wraps at most once"),
+    "negative_past_the_axis": (_pad("constant", [0, 0, -(2**62), 0, 0, 0, 2**62, 0]),
+                               "crop axis 2 of size 4 by 4611686018427387904"),
+    "negative_both_ends": (_pad("constant", [0, 0, -3, 0, 0, 0, -3, 0]), "leave an axis of size -2"),
+    "rank_12_edge": (_pad("edge", [0] + [1] * 11 + [0] + [1] * 11, x_shape=(1,) + (2,) * 11),
+                     "along 11 axes reads the input at 177,147 places"),
+}  # fmt: skip
+
+
+def _group_norm(inputs: list[str], opset: int = 21, **attrs):  # noqa: ANN003, ANN202
+    inits = [numpy_helper.from_array(np.ones(2, np.float32), n) for n in ("s", "b")]
+    return model([helper.make_node("GroupNormalization", inputs, ["y"], **attrs)], inits, x_shape=(1, 2, 4, 4),
+                 opset=opset)  # fmt: skip
+
+
+# GroupNormalization is an Identity in the skeleton that onnx checks: the import rule checks the node itself
+PAD_AND_GROUP_NORM |= {
+    "group_norm_2_62": (_group_norm(["x", "s", "b"], num_groups=2**62), "num_groups=4611686018427387904 does not"),
+    "group_norm_negative": (_group_norm(["x", "s", "b"], num_groups=-1), "num_groups=-1 does not divide"),
+    "group_norm_no_scale": (_group_norm(["x"], num_groups=1), "it needs its scale and bias inputs"),
+    "group_norm_18_eps_nan": (_group_norm(["x", "s", "b"], 18, num_groups=2, epsilon=float("nan")),
+                              "its attribute epsilon=nan is not a finite number"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(PAD_AND_GROUP_NORM))
+def test_a_hostile_pad_or_group_norm_is_a_clear_error(cli, tmp_path, case: str) -> None:  # noqa: ANN001
+    m, message = PAD_AND_GROUP_NORM[case]
+    refused(cli, tmp_path, m, message)
+
+
 LONG = "n" * 100_000
 
 
