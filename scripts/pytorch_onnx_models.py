@@ -5,12 +5,14 @@ Prints one table row per model and exporter. PyTorch is never a dependency of de
 has torch, torchvision, onnx and onnxscript (the dynamo exporter's), and deepdsl on the path:
 
     PYTHONPATH=$PWD /work/torchvenv/bin/python scripts/pytorch_onnx_models.py [--only resnet18,vit] [--java]
-        [--exporters dynamo,torchscript] [--iters 4] [--keep-norms]
+        [--exporters dynamo,torchscript] [--iters 4] [--keep-norms] [--extended]
 
 Both exporters fold each batch norm that follows a convolution into it in eval mode (the import says so): the
 outputs are the model's, the trainable parameters are not. --keep-norms exports as one does to train the model
 (the dynamo exporter with optimize=False, the TorchScript one with do_constant_folding=False); the `params` column
-compares the import's trainable parameters with the PyTorch model's.
+compares the import's trainable parameters with the PyTorch model's. --extended adds the torchvision models of
+scripts/pytorch_onnx_zoo.py (DenseNet, GoogLeNet, Inception-v3, MNASNet, EfficientNetV2, ResNeXt, MobileNetV3-large
+and three segmentation models).
 """
 
 from __future__ import annotations
@@ -360,12 +362,15 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=4, help="fine-tuning steps of `deepdsl run`")
     p.add_argument("--java", action="store_true", help="also compile the Java program and train it 2 steps")
     p.add_argument("--keep-norms", action="store_true", help="export with the batch norms kept, to train the model")
+    p.add_argument("--extended", action="store_true", help="also the models of scripts/pytorch_onnx_zoo.py")
     a = p.parse_args()
     sys.path.insert(0, str(ROOT))
     import torch
+    from pytorch_onnx_zoo import more_models
 
-    table = models()
-    names = [n for n in a.only.split(",") if n] or list(table)
+    more = more_models(BATCH)
+    table = models() | more
+    names = [n for n in a.only.split(",") if n] or [n for n in table if a.extended or n not in more]
     print(f"torch {torch.__version__}; batch {BATCH}; within {TOL} of the output's scale is ok")
     print(f"{'model':<20} {'exporter':<12} {'result':<40} {'diff/scale':>10} {'export+import s':>8}  "
           f"{'params':<24} fine-tune")  # fmt: skip

@@ -173,3 +173,13 @@ def test_gather_nd_and_one_input_max_of_constants_fold(tmp_path: Path) -> None:
     m.graph.initializer[1].CopyFrom(bad)
     with pytest.raises(DslError, match="indices out of range for an axis of 5"):
         text_of(tmp_path, m)
+
+
+@pytest.mark.parametrize("name, trained", [("block.layer_scale", True), ("onnx::Mul_5", False), ("scale", False)])
+def test_a_fresh_layer_scale_is_a_parameter(tmp_path: Path, name: str, trained: bool) -> None:
+    """ConvNeXt's layer scale, 1e-6 throughout when fresh: a module's parameter (its initialiser's name a module
+    path) stays trainable; the same values in a constant an exporter made are a literal."""
+    nodes = [helper.make_node("Mul", ["x", name], ["y"])]
+    m = model(nodes, {name: np.full((3, 1, 1), 1e-6, np.float32)}, ["N", 3, 6, 6])
+    text = import_and_compare(tmp_path, m, {"x": RNG.standard_normal((2, 3, 6, 6)).astype(np.float32)}, loss=False)
+    assert ("param k[3, 1, 1]" in text) == trained and ("1e-06 * x" in text or "x * 1e-06" in text) != trained, text

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from deepdsl.onnx_import.rule_support import broadcast_read, dims, signature
+from deepdsl.onnx_import.rule_support import broadcast_read, dims, module_parameter, signature
 from deepdsl.onnx_import.writing import Node, need, num
 
 if TYPE_CHECKING:
@@ -49,7 +49,9 @@ def arith(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     if c.size == 0 or not np.issubdtype(c.dtype, np.floating) and not np.issubdtype(c.dtype, np.integer):
         raise where.refuse(f"the constant holds {c.dtype}")
     flat = c.reshape(-1).astype(np.float32)
-    if np.all(flat == flat[0]) and out == shape:  # one number: a literal
+    # one number: a literal, unless a module's parameter holds it (a fresh ConvNeXt layer scale, 1e-6 throughout)
+    named = c.size > 1 and module_parameter(imp, a if left else b)
+    if np.all(flat == flat[0]) and out == shape and not named:
         try:
             v = num(flat[0])
         except ValueError:

@@ -68,6 +68,12 @@ def initialisers_read(imp: Importer, name: str) -> set[str]:
     return found
 
 
+def module_parameter(imp: Importer, name: str) -> bool:
+    """Whether constant `name` is read from an initialiser named as a PyTorch module's parameter or buffer
+    (`features.1.0.layer_scale`), not one an exporter made (`onnx::Mul_12`, `val_3`) nor a computed constant."""
+    return any(re.fullmatch(r"[A-Za-z_]\w*(\.\w+)+", n) for n in initialisers_read(imp, name))
+
+
 def computed_zeros(imp: Importer, name: str) -> bool:
     """Whether constant `name` is all zeros and comes from no initialiser: a zero the exporter computed (PyTorch's
     dynamo exporter without its optimiser writes a convolution of `bias=False` with the bias
