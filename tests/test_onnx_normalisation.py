@@ -57,12 +57,17 @@ def test_a_scale_per_group_is_folded_into_the_channels(tmp_path: Path) -> None:
     assert "layer gn = group_norm(2)" in text, text
 
 
-@pytest.mark.parametrize(("values", "layer"), [("ones", "instance_norm()"), ("random", "instance_norm(affine=true)")])
-def test_instance_normalization(tmp_path: Path, values: str, layer: str) -> None:
-    """PyTorch's InstanceNorm2d without affine (its default) writes a scale of ones and zeros: no parameters."""
+@pytest.mark.parametrize(("values", "names", "layer"), [
+    ("ones", ("s", "b"), "instance_norm()"), ("random", ("s", "b"), "instance_norm(affine=true)"),
+    ("ones", ("inorm.weight", "inorm.bias"), "instance_norm(affine=true)"),
+])  # fmt: skip
+def test_instance_normalization(tmp_path: Path, values: str, names: tuple, layer: str) -> None:
+    """PyTorch's InstanceNorm2d without affine (its default) writes a scale of ones and zeros as constants of the
+    exporter's (`val_3`, a Constant node): no parameters; a fresh affine=True one's ones and zeros are the module's
+    own initialisers (`inorm.weight`): trained."""
     scale, bias = (np.ones(3, np.float32), np.zeros(3, np.float32)) if values == "ones" else (f32(3), f32(3))
-    node = helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], name="/inorm/InstanceNormalization")
-    model = graph([node], [("x", ["N", 3, 5, 5])], ("y", ["N", 3, 5, 5]), {"s": scale, "b": bias})
+    node = helper.make_node("InstanceNormalization", ["x", *names], ["y"], name="/inorm/InstanceNormalization")
+    model = graph([node], [("x", ["N", 3, 5, 5])], ("y", ["N", 3, 5, 5]), dict(zip(names, (scale, bias))))
     text = import_and_compare(tmp_path, model, {"x": f32(2, 3, 5, 5, scale=3.0)}, loss=False)
     assert f"layer inorm = {layer}" in text, text
 

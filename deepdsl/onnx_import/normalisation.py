@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from deepdsl.onnx_import.rule_support import inputs_const, positive_axis
+from deepdsl.onnx_import.rule_support import inputs_const, module_parameter, positive_axis
 from deepdsl.onnx_import.writing import Node, attr, call, num
 
 if TYPE_CHECKING:
@@ -104,15 +104,16 @@ def group_norm_layer(imp: Importer, node: Any, where: Node, x: str, shape: tuple
 
 def instance_normalization(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
     """Each channel of each sample over its positions, with a scale and shift per channel (nn.InstanceNorm): a scale
-    of ones and a shift of zeros are PyTorch's InstanceNorm without `affine` (its default; the exporter writes them
-    as constants), so `instance_norm()`; any other values are trained, `instance_norm(affine=true)`."""
+    of ones and a shift of zeros are PyTorch's InstanceNorm without `affine` (its default; the exporters write them
+    as constants, `val_3` or a Constant node), so `instance_norm()`, unless they are the module's own parameters
+    (initialisers named `1.weight`: a fresh `affine=True`); any other values are trained, `affine=true`."""
     shape = imp.shape(node.input[0], where)
     scale, bias = inputs_const(imp, node, where, 1)
     c = shape[1] if len(shape) > 1 else 0
     if scale is None or bias is None or scale.size != c or bias.size != c:
         raise where.refuse(f"scale and B must be constants of the {c} channels")
     gamma, beta = scale.reshape(-1), bias.reshape(-1)
-    affine = not (np.all(gamma == 1) and np.all(beta == 0))
+    affine = not (np.all(gamma == 1) and np.all(beta == 0)) or module_parameter(imp, node.input[1])
     group_norm_layer(imp, node, where, imp.tensor(node.input[0], where), shape, c, gamma, beta,
                      float(attrs.get("epsilon", 1e-5)), affine)  # fmt: skip
 
