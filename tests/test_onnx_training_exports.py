@@ -183,3 +183,26 @@ def test_a_fresh_layer_scale_is_a_parameter(tmp_path: Path, name: str, trained: 
     m = model(nodes, {name: np.full((3, 1, 1), 1e-6, np.float32)}, ["N", 3, 6, 6])
     text = import_and_compare(tmp_path, m, {"x": RNG.standard_normal((2, 3, 6, 6)).astype(np.float32)}, loss=False)
     assert ("param k[3, 1, 1]" in text) == trained and ("1e-06 * x" in text or "x * 1e-06" in text) != trained, text
+
+
+def test_a_group_norm_whose_weights_are_cast_like_it(tmp_path: Path) -> None:
+    """nn.GroupNorm(2, 4) as the unoptimised dynamo export writes it: its weight and bias cast like the tensor they
+    meet (a CastLike reading the normalised tensor for its type alone, beside the Mul that reads its values), fresh
+    (ones and zeros, the module's own initialisers): one trainable group_norm(2)."""
+    inits = {"gn.weight": np.ones((4, 1, 1), np.float32), "gn.bias": np.zeros((4, 1, 1), np.float32),
+             "ones": np.ones(2, np.float32), "zeros": np.zeros(2, np.float32),
+             "groups": np.asarray([0, 2, -1], np.int64), "back": np.asarray([0, 4, 6, 6], np.int64)}  # fmt: skip
+    nodes = [helper.make_node("Reshape", ["x4", "groups"], ["g"]),
+             helper.make_node("InstanceNormalization", ["g", "ones", "zeros"], ["gn"], epsilon=1e-5),
+             helper.make_node("Reshape", ["gn", "back"], ["y"]),
+             helper.make_node("CastLike", ["gn.weight", "y"], ["w"]), helper.make_node("Mul", ["y", "w"], ["s"]),
+             helper.make_node("CastLike", ["gn.bias", "s"], ["b"]),
+             helper.make_node("Add", ["s", "b"], ["out"])]  # fmt: skip
+    x4 = helper.make_tensor_value_info("x4", TensorProto.FLOAT, ["N", 4, 6, 6])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 4, 6, 6])
+    init = [numpy_helper.from_array(v, k) for k, v in inits.items()]
+    m = helper.make_model(helper.make_graph(nodes, "main_graph", [x4], [out], init),
+                          opset_imports=[helper.make_opsetid("", 18)])  # fmt: skip
+    m.ir_version = 8
+    text = import_and_compare(tmp_path, m, {"x4": RNG.standard_normal((2, 4, 6, 6)).astype(np.float32)}, loss=False)
+    assert "= group_norm(2)" in text and "CastLike" not in text, text

@@ -14,8 +14,15 @@ import numpy as np
 from deepdsl.errors import DslProgramError
 from deepdsl.frontend.javanames import java_class, reserved_class_names
 from deepdsl.onnx_import import patterns
-from deepdsl.onnx_import.folding import FOLD_ONLY, FOLDABLE, FOLDED, fold, numpy_helper_value
-from deepdsl.onnx_import.reading import MIN_OPSET, load_model, newest_opset, require_onnx, skeleton, tensor_array
+from deepdsl.onnx_import.folding import FOLD_ONLY, FOLDABLE, FOLDED, fold
+from deepdsl.onnx_import.inference import infer_shapes
+from deepdsl.onnx_import.reading import (
+    MIN_OPSET,
+    load_model,
+    newest_opset,
+    require_onnx,
+    tensor_array,
+)
 from deepdsl.onnx_import.rule_support import vocabulary
 from deepdsl.onnx_import.rules import RULES, SUPPORTED
 from deepdsl.onnx_import.writing import GENERIC_GRAPH_NAMES, TAKEN, Imported, Names, Node, NodeRefused, refusals
@@ -87,7 +94,7 @@ class Importer:
             for i in set(node.input):
                 self.readers.setdefault(i, []).append((j, node))
         self.used = set(self.readers) | {o.name for o in g.output}
-        self.shapes, self.folded = self.infer_shapes({d.name for d in data}, n)
+        self.shapes, self.folded = infer_shapes(self, {d.name for d in data}, n)
         self.data_names = {d.name for d in data}
         self.multiples: dict[str, int | None] | None = None  # rule_support.per_batch's, worked out when first asked
         xs = []
@@ -181,58 +188,6 @@ class Importer:
         if len(gaps) == 1 and not after:
             raise gaps[0]
         raise refusals(self.file, self.opset, gaps, after)
-
-    def infer_shapes(self, inputs: set[str], n: int) -> tuple[dict[str, tuple[int, ...]], dict[str, np.ndarray]]:
-        """Every value's shape with the batch fixed at `n`: ONNX shape inference over the model's skeleton, again
-        with the shape computations (Shape, Gather, Concat, ...) folded into constants until none is left, so
-        that a Reshape to a computed shape has one; and those folded constants."""
-        onnx = self.onnx
-        from onnx import numpy_helper
-
-        folded: dict[str, np.ndarray] = {}
-        for _ in range(len(self.graph.node) + 1):
-            m = skeleton(self.model)
-            del m.graph.value_info[:]
-            for vi in (*m.graph.input, *m.graph.output):
-                if vi.name in inputs:
-                    vi.type.tensor_type.shape.dim[0].dim_value = n
-                elif vi.name not in self.consts and vi.type.tensor_type.shape.dim:
-                    vi.type.tensor_type.shape.dim[0].Clear()  # the output's batch follows from the input's
-            m.graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in folded.items())
-            try:
-                m = onnx.shape_inference.infer_shapes(m, strict_mode=True)
-            except Exception as exc:  # noqa: BLE001 — onnx raises its own error kinds
-                raise DslProgramError(f"'{self.file}': ONNX shape inference fails at batch {n}: {exc}") from None
-            shapes: dict[str, tuple[int, ...]] = {}
-            for vi in (*m.graph.value_info, *m.graph.input, *m.graph.output):
-                dims = vi.type.tensor_type.shape.dim
-                if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
-                    shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
-            for name, a in (*self.consts.items(), *folded.items()):
-                shapes[name] = a.shape
-            more = self._fold_shapes(shapes, folded)
-            if not more:
-                return shapes, folded
-            folded.update(more)
-        raise AssertionError("shape folding did not converge")
-
-    def _fold_shapes(self, shapes: dict[str, tuple[int, ...]], folded: dict[str, np.ndarray]) -> dict:
-        """The shape computations that can be folded now and were not yet, by output name."""
-        known = {**self.consts, **folded}
-        more: dict[str, np.ndarray] = {}
-        for k, node in enumerate(self.graph.node):
-            if node.op_type not in FOLDABLE | {"Constant"} or not node.output or node.output[0] in known:
-                continue
-            where = self._where(k, node)
-            attrs = self._attrs(node, where)
-            if node.op_type == "Constant":
-                value = numpy_helper_value(attrs, where)
-            else:
-                shape = shapes.get(node.input[0]) if node.input else None
-                value = fold(node.op_type, attrs, [known.get(i) for i in node.input], shape, where)
-            if value is not None:
-                known[node.output[0]] = more[node.output[0]] = np.asarray(value)
-        return more
 
     # ---- nodes ----
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from deepdsl.onnx_import import normalisation
+from deepdsl.onnx_import.rule_support import value_readers
 
 if TYPE_CHECKING:
     from deepdsl.onnx_import.importer import Importer
@@ -30,7 +31,7 @@ class _Graph:
 
     def only_reader(self, value: str, op: str | tuple[str, ...]) -> tuple[int, Any] | None:
         """The one node that reads `value`, where it is of type `op` and `value` is no graph output."""
-        users = self.imp.readers.get(value, [])
+        users = value_readers(self.imp, value)
         ops = (op,) if isinstance(op, str) else op
         if len(users) != 1 or value in self.outputs or users[0][1].op_type not in ops:
             return None

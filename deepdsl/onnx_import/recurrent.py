@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from deepdsl.onnx_import.folding import numpy_helper_value
+from deepdsl.onnx_import.rule_support import value_readers
 from deepdsl.onnx_import.writing import Node, call
 
 if TYPE_CHECKING:
@@ -53,9 +54,7 @@ def _time_major(imp: Importer) -> dict[str, str]:
 
 
 def _readers(imp: Importer, name: str) -> list[tuple[int, Any]]:
-    """The nodes reading `name`'s values: a Shape reads only its shape, which is known (the dynamo exporter's
-    unoptimised Reshape of Y to a shape computed from it)."""
-    return [(j, r) for j, r in imp.readers.get(name, []) if r.op_type != "Shape"]
+    return value_readers(imp, name)  # a Shape of Y (the dynamo exporter's unoptimised Reshape) reads no value
 
 
 def _is_output(imp: Importer, name: str) -> bool:

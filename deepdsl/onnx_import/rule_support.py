@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from deepdsl.errors import DslProgramError
+from deepdsl.onnx_import.inference import infer_shapes
 from deepdsl.onnx_import.writing import Node
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ def per_batch(imp: Importer) -> dict[str, int | None]:
         imp.multiples = {}
         n = imp.n
         try:
-            probe = imp.infer_shapes(imp.data_names, n + 1)[0] if imp.model_batch is None else {}
+            probe = infer_shapes(imp, imp.data_names, n + 1)[0] if imp.model_batch is None else {}
         except DslProgramError:
             probe = {}
         for v, got in imp.shapes.items():
@@ -36,6 +37,16 @@ def per_batch(imp: Importer) -> dict[str, int | None]:
                 scales = got[0] % n == 0 and other[0] == got[0] // n * (n + 1) and got[0] != other[0]
                 imp.multiples[v] = got[0] // n if scales else None
     return imp.multiples
+
+
+def value_readers(imp: Importer, name: str) -> list[tuple[int, Any]]:
+    """The nodes reading `name`'s values: not a Shape, nor a CastLike whose type it gives, which read only what is
+    known of it (the dynamo exporter's unoptimised graphs cast each constant like the tensor it meets)."""
+    return [
+        (j, r)
+        for j, r in imp.readers.get(name, [])
+        if r.op_type != "Shape" and not (r.op_type == "CastLike" and list(r.input[1:2]) == [name] != r.input[:1])
+    ]
 
 
 def vocabulary(imp: Importer, name: str) -> int | None:
@@ -71,7 +82,7 @@ def initialisers_read(imp: Importer, name: str) -> set[str]:
 def module_parameter(imp: Importer, name: str) -> bool:
     """Whether constant `name` is read from an initialiser named as a PyTorch module's parameter or buffer
     (`features.1.0.layer_scale`), not one an exporter made (`onnx::Mul_12`, `val_3`) nor a computed constant."""
-    return any(re.fullmatch(r"[A-Za-z_]\w*(\.\w+)+", n) for n in initialisers_read(imp, name))
+    return any(re.fullmatch(r"\w+(\.\w+)+", n) for n in initialisers_read(imp, name))
 
 
 def computed_zeros(imp: Importer, name: str) -> bool:
