@@ -109,7 +109,15 @@ def _reads_nothing(e: IE) -> bool:
 def sum_form(s: Stmt) -> SumForm | None:
     """`s` as one large sum, where its kernel is a reduction shared by blocks (see the module docstring): a float32
     result whose body holds exactly one top-level sum, is otherwise a function of that sum alone (a mean's count),
-    and reduces at least 64 elements per output."""
+    and reduces at least 64 elements per output. Kept on the statement, as a cached_property keeps its value: the
+    passes and the emitters ask of every statement, for every group of kernels, again (ResNet-50: ~27,000 asks of
+    ~1,000 statements, 0.8 s of a 1.6 s compile)."""
+    if "_sum_form" not in s.__dict__:
+        s.__dict__["_sum_form"] = _sum_form(s)
+    return s.__dict__["_sum_form"]
+
+
+def _sum_form(s: Stmt) -> SumForm | None:
     if s.out.type.dtype.value != "f32":
         return None
     form = index_form(s)
