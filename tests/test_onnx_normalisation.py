@@ -60,11 +60,13 @@ def test_a_scale_per_group_is_folded_into_the_channels(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("values", "names", "layer"), [
     ("ones", ("s", "b"), "instance_norm()"), ("random", ("s", "b"), "instance_norm(affine=true)"),
     ("ones", ("inorm.weight", "inorm.bias"), "instance_norm(affine=true)"),
+    ("ones", ("up.weight", "up.bias"), "instance_norm()"),  # another module's, merged in by the exporter
 ])  # fmt: skip
 def test_instance_normalization(tmp_path: Path, values: str, names: tuple, layer: str) -> None:
     """PyTorch's InstanceNorm2d without affine (its default) writes a scale of ones and zeros as constants of the
     exporter's (`val_3`, a Constant node): no parameters; a fresh affine=True one's ones and zeros are the module's
-    own initialisers (`inorm.weight`): trained."""
+    own initialisers (`inorm.weight`): trained; another module's ones (an exporter merging equal initialisers gives
+    them to a non-affine norm) are not."""
     scale, bias = (np.ones(3, np.float32), np.zeros(3, np.float32)) if values == "ones" else (f32(3), f32(3))
     node = helper.make_node("InstanceNormalization", ["x", *names], ["y"], name="/inorm/InstanceNormalization")
     model = graph([node], [("x", ["N", 3, 5, 5])], ("y", ["N", 3, 5, 5]), dict(zip(names, (scale, bias))))

@@ -50,7 +50,7 @@ def arith(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         raise where.refuse(f"the constant holds {c.dtype}")
     flat = c.reshape(-1).astype(np.float32)
     # one number: a literal, unless a module's parameter holds it (a fresh ConvNeXt layer scale, 1e-6 throughout)
-    named = c.size > 1 and module_parameter(imp, a if left else b)
+    named = c.size > 1 and module_parameter(imp, a if left else b, where)
     if np.all(flat == flat[0]) and out == shape and not named:
         try:
             v = num(flat[0])

@@ -113,7 +113,7 @@ def instance_normalization(imp: Importer, k: int, node: Any, where: Node, attrs:
     if scale is None or bias is None or scale.size != c or bias.size != c:
         raise where.refuse(f"scale and B must be constants of the {c} channels")
     gamma, beta = scale.reshape(-1), bias.reshape(-1)
-    affine = not (np.all(gamma == 1) and np.all(beta == 0)) or module_parameter(imp, node.input[1])
+    affine = not (np.all(gamma == 1) and np.all(beta == 0)) or module_parameter(imp, node.input[1], where)
     group_norm_layer(imp, node, where, imp.tensor(node.input[0], where), shape, c, gamma, beta,
                      float(attrs.get("epsilon", 1e-5)), affine)  # fmt: skip
 

@@ -79,10 +79,17 @@ def initialisers_read(imp: Importer, name: str) -> set[str]:
     return found
 
 
-def module_parameter(imp: Importer, name: str) -> bool:
+def module_parameter(imp: Importer, name: str, where: Node) -> bool:
     """Whether constant `name` is read from an initialiser named as a PyTorch module's parameter or buffer
-    (`features.1.0.layer_scale`), not one an exporter made (`onnx::Mul_12`, `val_3`) nor a computed constant."""
-    return any(re.fullmatch(r"\w+(\.\w+)+", n) for n in initialisers_read(imp, name))
+    (`features.1.0.layer_scale`), not one an exporter made (`onnx::Mul_12`, `val_3`) nor a computed constant; and,
+    where the node names its module (`where.base`: the dynamo exporter's `features.1.0`, the TorchScript exporter's
+    `/features/features.1/features.1.0`), of that module: an exporter that merges equal initialisers gives a
+    non-affine norm's ones another module's weight."""
+    named = [n for n in initialisers_read(imp, name) if re.fullmatch(r"\w+(\.\w+)+", n)]
+    if where.base == where.name:  # the node names no module (another exporter, or no metadata)
+        return bool(named)
+    module = where.base.rsplit("/", 1)[-1]
+    return any(n.rsplit(".", 1)[0] == module for n in named)
 
 
 def computed_zeros(imp: Importer, name: str) -> bool:
