@@ -53,10 +53,6 @@ def _time_major(imp: Importer) -> dict[str, str]:
     return found
 
 
-def _readers(imp: Importer, name: str) -> list[tuple[int, Any]]:
-    return value_readers(imp, name)  # a Shape of Y (the dynamo exporter's unoptimised Reshape) reads no value
-
-
 def _is_output(imp: Importer, name: str) -> bool:
     return name in {o.name for o in imp.graph.output}
 
@@ -107,7 +103,7 @@ def _follow(imp: Importer, name: str, form: str, n: int, t: int, h: int) -> tupl
     are the indices of the nodes passed (absorbed into the layer)."""
     passed: list[int] = []
     while True:
-        readers = _readers(imp, name)
+        readers = value_readers(imp, name)  # a Shape of Y (the unoptimised dynamo Reshape) reads none
         if (
             form == "TNH"
             and readers
@@ -283,7 +279,7 @@ class _Bound:
 def _transpose(fallback: Callable[..., None] | None) -> Callable[..., None]:
     def rule(imp: Importer, k: int, node: Any, where: Node, attrs: dict) -> None:
         perm = [int(p) for p in attrs.get("perm", [])]
-        readers = _readers(imp, node.output[0])
+        readers = value_readers(imp, node.output[0])
         # read as X by recurrent nodes (and by Shape nodes, which the TorchScript exporter writes to size the zero
         # initial states: they fold from the shape alone)
         to_rnn = any(r.op_type in ("LSTM", "GRU") for _, r in readers) and all(
